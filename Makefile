@@ -1,0 +1,29 @@
+# Each target installs what it needs into .venv; nothing is installed by hand.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/corral demo
+
+test: $(STAMP)
+	$(BIN)/ruff check events projections services tests bench
+	$(BIN)/mypy events projections
+	$(BIN)/pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.fold
+	$(BIN)/python -m bench.replay
+	$(BIN)/python -m bench.append
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,67 @@
+"""Decision family: the placer's and preemptor's proposals, on ``corral.ev.decision.<role>``.
+
+Each is a proposal the fold checks against the state at its position in the log; one event may
+carry a whole cycle's worth of them, so a busy cycle costs one append.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from events.base import Decision, Reason
+
+
+class MigSlot(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A MIG GPU instance: ``profile`` (e.g. ``"3g.40gb"``) at memory slice ``start``."""
+
+    profile: str
+    start: int
+
+
+class GpuClaim(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A share of one GPU: the whole GPU (1000 milli), a fraction of it, or one MIG slot."""
+
+    gpu: int
+    milli: int = 1000
+    mig: MigSlot | None = None
+
+
+class WorkerSlot(msgspec.Struct, frozen=True, omit_defaults=True):
+    rank: int
+    node: str
+    gpus: tuple[GpuClaim, ...] = ()
+
+
+class Placement(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The whole gang of one job, one slot per worker rank."""
+
+    job_id: str
+    attempt: int
+    workers: tuple[WorkerSlot, ...]
+
+
+class JobsPlaced(Decision, frozen=True, kw_only=True):
+    placements: tuple[Placement, ...]
+
+
+class Unschedulable(msgspec.Struct, frozen=True, omit_defaults=True):
+    job_id: str
+    attempt: int
+    reasons: tuple[Reason, ...]
+
+
+class JobsUnschedulable(Decision, frozen=True, kw_only=True):
+    jobs: tuple[Unschedulable, ...]
+
+
+class Victim(msgspec.Struct, frozen=True, omit_defaults=True):
+    job_id: str
+    attempt: int
+
+
+class PreemptionRequested(Decision, frozen=True, kw_only=True):
+    """Ask ``victims`` to checkpoint by ``deadline`` (a log time) and stop, for ``beneficiary``."""
+
+    beneficiary: str
+    victims: tuple[Victim, ...]
+    deadline: float

@@ -1,0 +1,138 @@
+"""Job family: what tenants ask for and what admission and the fold say about jobs.
+
+Subjects: requests on ``corral.in.<tenant>.<verb>``; admission's events on ``corral.ev.job.<id>``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from events.base import Decision, Event, Reason, Request
+
+TopologyPack = Literal["none", "nvlink", "node", "rack", "block", "spread"]
+RestartPolicy = Literal["never", "on-failure", "always"]
+
+
+class Topology(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Where the gang's workers should sit relative to each other."""
+
+    pack: TopologyPack = "none"
+    required: bool = False
+
+
+class Mount(msgspec.Struct, frozen=True, omit_defaults=True):
+    source: str
+    target: str
+    read_only: bool = True
+
+
+class Resources(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What one worker of the gang needs.
+
+    GPUs are asked for in one of three shapes: ``gpus`` whole GPUs; ``gpu_milli`` thousandths of
+    one shared GPU (``gpus`` must then be 1); or one ``mig`` profile such as ``"3g.40gb"``.
+    """
+
+    gpus: int = 0
+    gpu_milli: int = 1000
+    mig: str | None = None
+    cpu_milli: int = 1000
+    memory_mib: int = 1024
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_mib: int = 0
+
+
+class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Everything a tenant says about a job. Validated by admission, never trusted by the fold
+    beyond what its own arithmetic needs."""
+
+    queue: str
+    name: str = ""
+    priority_class: str = "normal"
+    replicas: int = 1
+    min_replicas: int | None = None
+    resources: Resources = Resources()
+    topology: Topology = Topology()
+    preemptible: bool = True
+    checkpointable: bool = False
+    grace_seconds: float = 30.0
+    runtime_estimate_s: float | None = None
+    restart_policy: RestartPolicy = "on-failure"
+    max_restarts: int = 3
+    command: tuple[str, ...] = ()
+    image: str | None = None
+    env: dict[str, str] = {}
+    mounts: tuple[Mount, ...] = ()
+    labels: dict[str, str] = {}
+    node_selector: dict[str, str] = {}
+
+
+# -- requests (corral.in.<tenant>.<verb>) ---------------------------------------------------------
+
+
+class SubmitJob(Request, frozen=True, kw_only=True):
+    """``request_id`` names the job: the same id sent twice is one job."""
+
+    request_id: str
+    job: JobSpec
+
+
+class CancelJob(Request, frozen=True, kw_only=True):
+    job_id: str
+    reason: str = ""
+
+
+class ResizeJob(Request, frozen=True, kw_only=True):
+    """Change an elastic job's wanted replica count within its min..max."""
+
+    job_id: str
+    replicas: int
+
+
+# -- admission's facts (corral.ev.job.<id>) -------------------------------------------------------
+
+
+class JobAccepted(Event, frozen=True, kw_only=True):
+    """The request passed validation; the job waits in its queue."""
+
+    job_id: str
+    priority: int
+
+
+class JobRejected(Event, frozen=True, kw_only=True):
+    """A request that will never run, with why. ``request_seq`` points at the request."""
+
+    job_id: str
+    request_seq: int
+    reason: Reason
+
+
+class PendingReasonChanged(Event, frozen=True, kw_only=True):
+    job_id: str
+    reasons: tuple[Reason, ...]
+
+
+class Admission(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Quota held for a whole gang: ``replicas`` workers, ``gpus`` per GPU model (``"*"`` = any)."""
+
+    job_id: str
+    attempt: int
+    replicas: int
+    gpus: dict[str, int] = {}
+
+
+class JobsAdmitted(Decision, frozen=True, kw_only=True):
+    """One admission cycle's proposals; the fold accepts or voids each one independently."""
+
+    admissions: tuple[Admission, ...]
+
+
+class JobRequeued(Event, frozen=True, kw_only=True):
+    """A stopped or interrupted job goes back to its queue for another attempt."""
+
+    job_id: str
+    attempt: int
+    reason: Reason
+    resume_from: str | None = None

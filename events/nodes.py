@@ -1,0 +1,99 @@
+"""Node family: inventories, what agents saw their workers do, and health facts.
+
+Subject: ``corral.ev.node.<node>``. Agents write only their own node's subject; the health monitor
+writes health facts for any node.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from events.base import Event
+
+NodeCondition = Literal["ready", "suspect", "lost"]
+
+
+class GpuInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One physical GPU as discovered (NVML) or simulated.
+
+    ``island`` groups GPUs joined by NVLink/NVSwitch all-to-all; -1 means PCIe only.
+    ``mig`` is true when the GPU is in MIG mode: it is then shared by MIG instances only.
+    """
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    island: int = -1
+    mig: bool = False
+    nvlinks: int = 0
+
+
+class NodeInventory(msgspec.Struct, frozen=True, omit_defaults=True):
+    cpu_milli: int
+    memory_mib: int
+    gpus: tuple[GpuInfo, ...] = ()
+    labels: dict[str, str] = {}
+
+
+class NodeRegistered(Event, frozen=True, kw_only=True):
+    """An agent (or the simulator) announces a node and what it has. Re-registering replaces the
+    inventory; GPUs held by running work stay held."""
+
+    node: str
+    inventory: NodeInventory
+
+
+class WorkerStarted(Event, frozen=True, kw_only=True):
+    node: str
+    job_id: str
+    attempt: int
+    rank: int
+    pid: int = 0
+
+
+class WorkerExited(Event, frozen=True, kw_only=True):
+    """``code`` is the exit status; ``stopped`` says corral itself stopped the worker."""
+
+    node: str
+    job_id: str
+    attempt: int
+    rank: int
+    code: int
+    stopped: bool = False
+
+
+class CheckpointCompleted(Event, frozen=True, kw_only=True):
+    node: str
+    job_id: str
+    attempt: int
+    location: str
+    step: int
+
+
+class NodeConditionChanged(Event, frozen=True, kw_only=True):
+    """Health monitor: node suspect (missed heartbeats), lost (timed out) or ready again."""
+
+    node: str
+    condition: NodeCondition
+    reason: str = ""
+
+
+class GpuHealthChanged(Event, frozen=True, kw_only=True):
+    """Health monitor: a GPU turned unhealthy (or healthy again), with the signal, e.g. ``xid:79``."""
+
+    node: str
+    gpu: int
+    healthy: bool
+    signal: str = ""
+
+
+class NodeCordoned(Event, frozen=True, kw_only=True):
+    """No new work lands on a cordoned node; ``drain`` also moves its running work away."""
+
+    node: str
+    cordoned: bool
+    drain: bool = False
+    reason: str = ""

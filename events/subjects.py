@@ -1,0 +1,57 @@
+"""Subject names. Subjects name the entity an event is about, so a reader can subscribe narrowly
+(one job, one node) and the stream can bound what any one subject stores."""
+
+from __future__ import annotations
+
+import re
+
+STREAM = "CORRAL"
+IN = "corral.in"
+EV = "corral.ev"
+STREAM_SUBJECTS = (f"{IN}.>", f"{EV}.>")
+ADMIN = "admin"
+
+# One NATS subject token: no dots, wildcards or whitespace. Job, node, queue and tenant names
+# must be one, since each becomes a token in a subject.
+_TOKEN = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
+
+
+def is_token(name: str) -> bool:
+    return bool(_TOKEN.match(name))
+
+
+def request(tenant: str, verb: str) -> str:
+    return f"{IN}.{tenant}.{verb}"
+
+
+def admin(verb: str) -> str:
+    return f"{IN}.{ADMIN}.{verb}"
+
+
+def job(job_id: str) -> str:
+    return f"{EV}.job.{job_id}"
+
+
+def node(node_id: str) -> str:
+    return f"{EV}.node.{node_id}"
+
+
+def queue(name: str) -> str:
+    return f"{EV}.queue.{name}"
+
+
+def decision(role: str) -> str:
+    return f"{EV}.decision.{role}"
+
+
+def heartbeat(node_id: str) -> str:
+    """Heartbeats travel on core NATS, not the log."""
+    return f"corral.hb.{node_id}"
+
+
+def parse_request(subject: str) -> tuple[str, str] | None:
+    """``corral.in.<tenant>.<verb>`` → (tenant, verb); None for anything else."""
+    parts = subject.split(".")
+    if len(parts) != 4 or parts[0] != "corral" or parts[1] != "in":
+        return None
+    return parts[2], parts[3]

@@ -1,0 +1,619 @@
+"""The fold: ``apply(state, record) -> state``, the one function that turns the log into state.
+
+Every service, the CLI, replay and the simulator use it, so every reader agrees on the state at
+any sequence. It is deterministic (no clock, no IO, no randomness: time comes from the log) and
+total: malformed payloads, unknown types, forbidden writers, illegal transitions and proposals
+that no longer hold become recorded rejections, and the fold moves on.
+
+Proposals are arbitrated here. A placement, an admission or a preemption is checked against the
+state at its position in the log; if it no longer holds it is recorded void and changes nothing,
+so a GPU is never held twice whatever races happen between writers.
+
+``apply`` updates ``state`` in place and returns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from events import codec
+from events import subjects as subj
+from events.base import Event, Reason
+from events.codec import DecodeError
+from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested
+from events.jobs import (
+    CancelJob,
+    JobAccepted,
+    JobRejected,
+    JobRequeued,
+    JobsAdmitted,
+    PendingReasonChanged,
+    ResizeJob,
+    SubmitJob,
+)
+from events.log import Record
+from events.nodes import (
+    CheckpointCompleted,
+    GpuHealthChanged,
+    NodeConditionChanged,
+    NodeCordoned,
+    NodeRegistered,
+    WorkerExited,
+    WorkerStarted,
+)
+from events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CordonNode, DeleteQueue
+from projections import claims
+from projections.lifecycle import FINAL, IllegalTransition, Trigger, advance
+from projections.state import (
+    MAX_REJECTIONS,
+    Checkpoint,
+    GpuState,
+    JobState,
+    NodeState,
+    Rejection,
+    State,
+)
+
+
+class Refused(Exception):
+    """Raised by a handler to record a rejection of the current record."""
+
+    def __init__(self, code: str, message: str, job_id: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.job_id = job_id
+
+
+class Ctx:
+    """Where the record being folded came from."""
+
+    __slots__ = ("seq", "subject", "time", "tenant", "kind", "key")
+
+    def __init__(self, seq: int, subject: str, time: float, tenant: str | None) -> None:
+        self.seq = seq
+        self.subject = subject
+        self.time = time
+        self.tenant = tenant
+        # corral.ev.<kind>.<key>: the entity the subject names.
+        parts = subject.split(".", 3)
+        self.kind = parts[2] if len(parts) > 2 else ""
+        self.key = parts[3] if len(parts) > 3 else ""
+
+
+def fold(records: Iterable[Record], state: State | None = None) -> State:
+    state = State() if state is None else state
+    for r in records:
+        apply(state, r)
+    return state
+
+
+def apply(state: State, record: Record) -> State:
+    if record.seq <= state.seq:
+        return state  # already folded (a redelivery, or a snapshot ahead of this record)
+    state.seq = record.seq
+    if record.time > state.time:
+        state.time = record.time
+    try:
+        body, ctx = _decode(record)
+        HANDLERS[type(body)](state, ctx, body)
+    except Exception as e:  # noqa: BLE001 - the fold must never take a service down
+        _refused(state, record.seq, record.subject, e)
+    return state
+
+
+def apply_event(
+    state: State, seq: int, subject: str, body: Event, time: float, tenant: str | None = None
+) -> State:
+    """Fold an already-decoded event: the simulator's path, with no bytes in between. Requests
+    name their ``tenant``; service events must sit on the subject they speak for, as on the wire."""
+    if seq <= state.seq:
+        return state
+    state.seq = seq
+    if time > state.time:
+        state.time = time
+    try:
+        ctx = Ctx(seq, subject, time, tenant)
+        if tenant is None:
+            _check_writer(ctx, body)
+        HANDLERS[type(body)](state, ctx, body)
+    except Exception as e:  # noqa: BLE001
+        _refused(state, seq, subject, e)
+    return state
+
+
+def _refused(state: State, seq: int, subject: str, e: Exception) -> None:
+    if isinstance(e, Refused):
+        _reject(state, seq, subject, e.code, str(e), e.job_id)
+    elif isinstance(e, DecodeError):
+        _reject(state, seq, subject, "malformed", str(e))
+    elif isinstance(e, IllegalTransition):
+        _reject(state, seq, subject, "illegal", str(e))
+    else:
+        state.faults += 1
+        _reject(state, seq, subject, "fault", f"{type(e).__name__}: {e}")
+
+
+def _decode(record: Record) -> tuple[Event, Ctx]:
+    subject = record.subject
+    if subject.startswith("corral.in."):
+        parsed = subj.parse_request(subject)
+        if parsed is None:
+            raise Refused("unknown", f"not a request subject: {subject}")
+        tenant, verb = parsed
+        verbs = codec.ADMIN_VERBS if tenant == subj.ADMIN else codec.TENANT_VERBS
+        if verb not in verbs:
+            raise Refused("unknown", f"tenant {tenant} may not {verb!r}")
+        return codec.decode_request(verb, record.data), Ctx(
+            record.seq, subject, record.time, tenant
+        )
+    if subject.startswith("corral.ev."):
+        env = codec.decode_envelope(record.data)
+        ctx = Ctx(record.seq, subject, record.time, None)
+        _check_writer(ctx, env.body)
+        return env.body, ctx
+    raise Refused("unknown", f"subject {subject} is not corral's")
+
+
+# Which subject each service event may arrive on: (kind, the field naming the key, or a role).
+_PLACE: dict[type[Event], tuple[str, str]] = {
+    JobAccepted: ("job", "job_id"),
+    JobRejected: ("job", "job_id"),
+    PendingReasonChanged: ("job", "job_id"),
+    JobRequeued: ("job", "job_id"),
+    JobsAdmitted: ("decision", "=admission"),
+    JobsPlaced: ("decision", "=placer"),
+    JobsUnschedulable: ("decision", "=placer"),
+    PreemptionRequested: ("decision", "=preemptor"),
+    NodeRegistered: ("node", "node"),
+    WorkerStarted: ("node", "node"),
+    WorkerExited: ("node", "node"),
+    CheckpointCompleted: ("node", "node"),
+    NodeConditionChanged: ("node", "node"),
+    GpuHealthChanged: ("node", "node"),
+    NodeCordoned: ("node", "node"),
+}
+
+
+def _check_writer(ctx: Ctx, body: Event) -> None:
+    """A service event must sit on the subject of the entity it speaks about: the NATS
+    permissions that bind a writer to its subjects then bind it to those entities too."""
+    place = _PLACE.get(type(body))
+    if place is None:
+        raise Refused("unknown", f"{type(body).__name__} is a request, not an event")
+    kind, key = place
+    expected = key[1:] if key.startswith("=") else getattr(body, key)
+    if ctx.kind != kind or ctx.key != expected:
+        raise Refused(
+            "forbidden",
+            f"{type(body).__name__} about {expected} may not be written on {ctx.subject}",
+        )
+
+
+def _reject(
+    state: State, seq: int, subject: str, code: str, message: str, job_id: str = ""
+) -> None:
+    state.rejected_total += 1
+    if code == "void":
+        state.void_total += 1
+    state.rejections.append(Rejection(seq, subject, code, message, job_id))
+    if len(state.rejections) > MAX_REJECTIONS:
+        del state.rejections[: len(state.rejections) - MAX_REJECTIONS]
+
+
+def _job(state: State, job_id: str) -> JobState:
+    job = state.jobs.get(job_id)
+    if job is None:
+        raise Refused("unknown", f"no job {job_id}", job_id)
+    return job
+
+
+def _node(state: State, name: str) -> NodeState:
+    node = state.nodes.get(name)
+    if node is None:
+        raise Refused("unknown", f"no node {name}")
+    return node
+
+
+def _move(job: JobState, trigger: Trigger, ctx: Ctx) -> None:
+    job.phase = advance(job.phase, trigger)
+    job.phase_since = ctx.time
+    job.updated_seq = ctx.seq
+
+
+def _stop_holding(state: State, job: JobState) -> None:
+    """A job that left the running phases gives its GPUs back once its last worker is gone."""
+    if job.held is not None and not job.live:
+        claims.release(state, job)
+
+
+def _void(job_id: str, message: str) -> Refused:
+    return Refused("void", message, job_id)
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
+    assert ctx.tenant is not None
+    if not subj.is_token(req.request_id):
+        raise Refused("malformed", f"request id {req.request_id!r} is not a valid name")
+    existing = state.jobs.get(req.request_id)
+    if existing is not None:
+        if existing.tenant == ctx.tenant:
+            raise Refused(
+                "duplicate", f"job {req.request_id} was already submitted", req.request_id
+            )
+        raise Refused("forbidden", f"job id {req.request_id} is taken", req.request_id)
+    state.jobs[req.request_id] = JobState(
+        id=req.request_id,
+        tenant=ctx.tenant,
+        spec=req.job,
+        submitted_seq=ctx.seq,
+        submitted_at=ctx.time,
+        phase_since=ctx.time,
+        updated_seq=ctx.seq,
+    )
+
+
+def _owned(state: State, ctx: Ctx, job_id: str) -> JobState:
+    job = _job(state, job_id)
+    if ctx.tenant not in (job.tenant, subj.ADMIN):
+        # Say the same as for a job that does not exist: a tenant learns nothing of others' jobs.
+        raise Refused("unknown", f"no job {job_id}", job_id)
+    return job
+
+
+def _cancel(state: State, ctx: Ctx, req: CancelJob) -> None:
+    job = _owned(state, ctx, req.job_id)
+    if job.phase in FINAL:
+        raise Refused("illegal", f"job {job.id} is already {job.phase}", job.id)
+    _move(job, "cancel", ctx)
+    job.reasons = (Reason("cancelled", req.reason or f"cancelled by {ctx.tenant}"),)
+    _stop_holding(state, job)
+
+
+def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
+    job = _owned(state, ctx, req.job_id)
+    lo = job.spec.min_replicas
+    if lo is None or req.replicas < lo:
+        raise Refused("illegal", f"job {job.id} is not elastic down to {req.replicas}", job.id)
+    job.spec = msgspec.structs.replace(job.spec, replicas=req.replicas)
+    job.updated_seq = ctx.seq
+
+
+def _admin(ctx: Ctx) -> None:
+    if ctx.tenant != subj.ADMIN:
+        raise Refused("forbidden", "only the admin identity may change queues and nodes")
+
+
+def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
+    _admin(ctx)
+    q = req.queue
+    if not subj.is_token(q.name):
+        raise Refused("malformed", f"queue name {q.name!r} is not a valid name")
+    if q.weight <= 0 or any(v.nominal < 0 for v in q.quotas.values()):
+        raise Refused("malformed", f"queue {q.name}: weight and quotas must be positive")
+    state.queues[q.name] = q
+
+
+def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:
+    _admin(ctx)
+    c = req.cohort
+    if not subj.is_token(c.name):
+        raise Refused("malformed", f"cohort name {c.name!r} is not a valid name")
+    parent, seen = c.parent, {c.name}
+    while parent is not None:
+        if parent in seen:
+            raise Refused("malformed", f"cohort {c.name}: parent chain loops at {parent}")
+        seen.add(parent)
+        p = state.cohorts.get(parent)
+        parent = p.parent if p is not None else None
+    state.cohorts[c.name] = c
+
+
+def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> None:
+    _admin(ctx)
+    if not subj.is_token(req.priority_class.name):
+        raise Refused("malformed", f"priority class {req.priority_class.name!r} is not a name")
+    state.priority_classes[req.priority_class.name] = req.priority_class
+
+
+def _delete_queue(state: State, ctx: Ctx, req: DeleteQueue) -> None:
+    _admin(ctx)
+    if req.name not in state.queues:
+        raise Refused("unknown", f"no queue {req.name}")
+    if any(j.spec.queue == req.name and j.phase not in FINAL for j in state.jobs.values()):
+        raise Refused("illegal", f"queue {req.name} still has jobs")
+    del state.queues[req.name]
+
+
+def _cordon_request(state: State, ctx: Ctx, req: CordonNode) -> None:
+    _admin(ctx)
+    node = _node(state, req.node)
+    node.cordoned = req.cordoned
+    node.draining = req.cordoned and req.drain
+
+
+# -- admission ----------------------------------------------------------------------------------
+
+
+def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
+    job = _job(state, ev.job_id)
+    _move(job, "accept", ctx)
+    job.priority = ev.priority
+    job.reasons = ()
+
+
+def _rejected(state: State, ctx: Ctx, ev: JobRejected) -> None:
+    job = _job(state, ev.job_id)
+    _move(job, "reject", ctx)
+    job.reasons = (ev.reason,)
+
+
+def _pending_reason(state: State, ctx: Ctx, ev: PendingReasonChanged) -> None:
+    job = _job(state, ev.job_id)
+    if job.phase in FINAL:
+        raise Refused("illegal", f"job {job.id} is {job.phase}", job.id)
+    job.reasons = ev.reasons
+    job.updated_seq = ctx.seq
+
+
+def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
+    void: list[str] = []
+    for adm in ev.admissions:
+        job = state.jobs.get(adm.job_id)
+        if job is None or job.phase != "queued" or job.attempt != adm.attempt:
+            void.append(f"{adm.job_id}: not queued at attempt {adm.attempt}")
+            continue
+        lo = job.spec.min_replicas if job.spec.min_replicas is not None else job.spec.replicas
+        if not lo <= adm.replicas <= job.spec.replicas:
+            void.append(f"{adm.job_id}: {adm.replicas} replicas outside {lo}..{job.spec.replicas}")
+            continue
+        _move(job, "admit", ctx)
+        job.admission = adm
+        job.reasons = ()
+    if void:
+        raise _void("", "admissions void: " + "; ".join(void))
+
+
+def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
+    job = _job(state, ev.job_id)
+    if job.attempt != ev.attempt:
+        raise _void(job.id, f"job {job.id} is at attempt {job.attempt}, not {ev.attempt}")
+    _move(job, "requeue", ctx)
+    job.attempt += 1
+    job.admission = None
+    job.placement = None
+    job.started = set()
+    job.exit_codes = {}
+    job.reasons = (ev.reason,)
+
+
+# -- placement and preemption -------------------------------------------------------------------
+
+
+def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
+    void: list[str] = []
+    for p in ev.placements:
+        job = state.jobs.get(p.job_id)
+        if job is None or job.phase != "admitted" or job.attempt != p.attempt:
+            void.append(f"{p.job_id}: not admitted at attempt {p.attempt}")
+            continue
+        if job.held is not None:
+            void.append(f"{p.job_id}: workers of an earlier attempt still hold GPUs")
+            continue
+        try:
+            claims.check(state, job, p)
+        except claims.ClaimError as e:
+            void.append(f"{p.job_id}: {e}")
+            continue
+        claims.take(state, job, p)
+        _move(job, "place", ctx)
+        job.placement = p
+        job.reasons = ()
+    if void:
+        raise _void("", "placements void: " + "; ".join(void))
+
+
+def _unschedulable(state: State, ctx: Ctx, ev: JobsUnschedulable) -> None:
+    for u in ev.jobs:
+        job = state.jobs.get(u.job_id)
+        if job is not None and job.attempt == u.attempt and job.phase == "admitted":
+            job.reasons = u.reasons
+            job.updated_seq = ctx.seq
+
+
+def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
+    beneficiary = state.jobs.get(ev.beneficiary)
+    if beneficiary is None or beneficiary.phase in FINAL:
+        raise _void(ev.beneficiary, f"beneficiary {ev.beneficiary} is not waiting")
+    victims = []
+    for v in ev.victims:
+        job = state.jobs.get(v.job_id)
+        if job is None or job.attempt != v.attempt:
+            raise _void(ev.beneficiary, f"victim {v.job_id} is not at attempt {v.attempt}")
+        if job.phase not in ("placed", "starting", "running"):
+            raise _void(ev.beneficiary, f"victim {v.job_id} is {job.phase}")
+        pc = state.priority_classes.get(job.spec.priority_class)
+        if not job.spec.preemptible or (pc is not None and not pc.preemptible):
+            raise _void(ev.beneficiary, f"victim {v.job_id} may not be preempted")
+        if job.priority >= beneficiary.priority and job.spec.queue == beneficiary.spec.queue:
+            raise _void(ev.beneficiary, f"victim {v.job_id} is not of lower priority")
+        victims.append(job)
+    for job in victims:
+        _move(job, "preempt", ctx)
+        job.preemptions += 1
+        job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
+        if not job.live:
+            _move(job, "stop", ctx)
+            _stop_holding(state, job)
+
+
+# -- nodes and workers --------------------------------------------------------------------------
+
+
+def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
+    if not subj.is_token(ev.node):
+        raise Refused("malformed", f"node name {ev.node!r} is not a valid name")
+    indices = [g.index for g in ev.inventory.gpus]
+    if indices != list(range(len(indices))):
+        raise Refused("malformed", f"node {ev.node}: GPU indices must be 0..{len(indices) - 1}")
+    old = state.nodes.get(ev.node)
+    gpus = []
+    for info in ev.inventory.gpus:
+        prev = old.gpus[info.index] if old is not None and info.index < len(old.gpus) else None
+        if prev is not None and prev.holders:
+            prev.info = info  # work still holds it: keep what it holds
+            gpus.append(prev)
+        else:
+            gpus.append(GpuState(info=info))
+    if old is None:
+        state.nodes[ev.node] = NodeState(name=ev.node, inventory=ev.inventory, gpus=gpus)
+    else:
+        old.inventory = ev.inventory
+        old.gpus = gpus
+
+
+def _placed_job(state: State, ev: WorkerStarted | WorkerExited | CheckpointCompleted) -> JobState:
+    job = _job(state, ev.job_id)
+    if ev.attempt > job.attempt:
+        raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
+    return job
+
+
+def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
+    job = _placed_job(state, ev)
+    slot = (
+        None
+        if job.placement is None
+        else next((w for w in job.placement.workers if w.rank == ev.rank), None)
+    )
+    if ev.attempt != job.attempt or slot is None or slot.node != ev.node:
+        raise Refused("illegal", f"job {job.id} has no rank {ev.rank} on {ev.node} now", job.id)
+    if job.phase not in ("placed", "starting"):
+        raise IllegalTransition(job.phase, "start")
+    job.started.add(ev.rank)
+    job.live.add(ev.rank)
+    _move(job, "start", ctx)
+    if len(job.started) == len(job.placement.workers):  # type: ignore[union-attr]
+        _move(job, "run", ctx)
+
+
+def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
+    job = _placed_job(state, ev)
+    if ev.attempt < job.attempt or job.phase in FINAL or job.phase in ("preempted", "interrupted"):
+        # A straggler of an attempt already over: it only gives its GPUs back.
+        job.live.discard(ev.rank)
+        _stop_holding(state, job)
+        return
+    if ev.rank not in job.live:
+        raise Refused("illegal", f"rank {ev.rank} of job {job.id} is not running", job.id)
+    job.live.discard(ev.rank)
+    job.exit_codes[ev.rank] = ev.code
+    job.updated_seq = ctx.seq
+    if job.phase == "checkpointing":
+        if not job.live:
+            _move(job, "stop", ctx)
+    elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
+        n = len(job.placement.workers) if job.placement is not None else 0
+        if len(job.exit_codes) == n and not any(job.exit_codes.values()):
+            _move(job, "succeed", ctx)
+    else:
+        _worker_failed(job, ctx, f"rank {ev.rank} exited with code {ev.code}")
+    _stop_holding(state, job)
+
+
+def _worker_failed(job: JobState, ctx: Ctx, why: str) -> None:
+    """A gang with a dead worker is broken: restart it whole, or fail it when out of restarts."""
+    if job.spec.restart_policy != "never" and job.restarts < job.spec.max_restarts:
+        job.restarts += 1
+        _move(job, "interrupt", ctx)
+        job.reasons = (Reason("restarting", f"{why}; restart {job.restarts}"),)
+    else:
+        _move(job, "fail", ctx)
+        job.reasons = (Reason("failed", f"{why}; no restarts left"),)
+
+
+def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
+    job = _placed_job(state, ev)
+    if job.phase in FINAL:
+        raise Refused("illegal", f"job {job.id} is {job.phase}", job.id)
+    if job.checkpoint is None or ev.step >= job.checkpoint.step:
+        job.checkpoint = Checkpoint(ev.location, ev.step, ev.attempt, ctx.seq)
+
+
+def _interrupt_on(state: State, ctx: Ctx, node: str, gpu: int | None, why: str) -> None:
+    """Jobs holding GPUs on ``node`` (only GPU ``gpu`` if given) lost them: their workers there
+    are gone, and the job goes back to its queue (not counted against its restarts)."""
+    for job in list(state.jobs.values()):
+        if job.held is None:
+            continue
+        hit = [
+            w.rank
+            for w in job.held.workers
+            if w.node == node and (gpu is None or any(c.gpu == gpu for c in w.gpus))
+        ]
+        if not hit:
+            continue
+        if node_lost := (gpu is None):
+            for rank in hit:
+                job.live.discard(rank)
+        if job.phase in ("placed", "starting", "running", "checkpointing"):
+            _move(job, "interrupt", ctx)
+            job.reasons = (Reason("interrupted", why),)
+        if node_lost:
+            _stop_holding(state, job)
+
+
+def _condition(state: State, ctx: Ctx, ev: NodeConditionChanged) -> None:
+    node = _node(state, ev.node)
+    node.condition = ev.condition
+    if ev.condition == "lost":
+        _interrupt_on(state, ctx, ev.node, None, f"node {ev.node} lost: {ev.reason}")
+
+
+def _gpu_health(state: State, ctx: Ctx, ev: GpuHealthChanged) -> None:
+    node = _node(state, ev.node)
+    if not 0 <= ev.gpu < len(node.gpus):
+        raise Refused("unknown", f"node {ev.node} has no GPU {ev.gpu}")
+    g = node.gpus[ev.gpu]
+    g.healthy, g.signal = ev.healthy, ev.signal
+    if not ev.healthy:
+        _interrupt_on(state, ctx, ev.node, ev.gpu, f"GPU {ev.gpu} of {ev.node}: {ev.signal}")
+
+
+def _cordoned(state: State, ctx: Ctx, ev: NodeCordoned) -> None:
+    node = _node(state, ev.node)
+    node.cordoned = ev.cordoned
+    node.draining = ev.cordoned and ev.drain
+
+
+Handler = Callable[[State, Ctx, Any], None]
+HANDLERS: dict[type[Event], Handler] = {
+    SubmitJob: _submit,
+    CancelJob: _cancel,
+    ResizeJob: _resize,
+    ApplyQueue: _apply_queue,
+    ApplyCohort: _apply_cohort,
+    ApplyPriorityClass: _apply_priority_class,
+    DeleteQueue: _delete_queue,
+    CordonNode: _cordon_request,
+    JobAccepted: _accepted,
+    JobRejected: _rejected,
+    PendingReasonChanged: _pending_reason,
+    JobsAdmitted: _admitted,
+    JobRequeued: _requeued,
+    JobsPlaced: _placed,
+    JobsUnschedulable: _unschedulable,
+    PreemptionRequested: _preemption,
+    NodeRegistered: _registered,
+    WorkerStarted: _worker_started,
+    WorkerExited: _worker_exited,
+    CheckpointCompleted: _checkpointed,
+    NodeConditionChanged: _condition,
+    GpuHealthChanged: _gpu_health,
+    NodeCordoned: _cordoned,
+}

@@ -1,0 +1,115 @@
+"""The cluster state every service folds from the log.
+
+These are mutable msgspec Structs: the fold updates them in place (a copy per event would cost
+more than the rest of the fold together), and msgspec gives snapshots and equality for free.
+Nothing here is stored that the fold cannot derive again from the log.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from events.base import Reason
+from events.decisions import Placement
+from events.jobs import Admission, JobSpec
+from events.nodes import GpuInfo, NodeCondition, NodeInventory
+from events.queues import CohortSpec, PriorityClassSpec, QueueSpec
+from projections.lifecycle import Phase
+
+WHOLE = 1000  # milli-GPU in one GPU
+
+
+class MigInstance(msgspec.Struct):
+    job_id: str
+    profile: str
+
+
+class GpuState(msgspec.Struct):
+    info: GpuInfo
+    healthy: bool = True
+    signal: str = ""
+    used_milli: int = 0
+    mig_used: int = 0  # bit mask of the 8 MIG memory slices taken
+    mig: dict[int, MigInstance] = {}  # start slice -> instance
+    holders: dict[str, int] = {}  # job id -> milli-GPU it holds here (MIG: its memory share)
+
+    @property
+    def free_milli(self) -> int:
+        return WHOLE - self.used_milli
+
+    @property
+    def idle(self) -> bool:
+        return not self.holders
+
+
+class NodeState(msgspec.Struct):
+    name: str
+    inventory: NodeInventory
+    gpus: list[GpuState]
+    condition: NodeCondition = "ready"
+    cordoned: bool = False
+    draining: bool = False
+    cpu_used: int = 0
+    memory_used: int = 0
+
+    @property
+    def schedulable(self) -> bool:
+        return self.condition == "ready" and not self.cordoned
+
+
+class Checkpoint(msgspec.Struct, frozen=True):
+    location: str
+    step: int
+    attempt: int
+    seq: int
+
+
+class JobState(msgspec.Struct):
+    id: str
+    tenant: str
+    spec: JobSpec
+    submitted_seq: int
+    submitted_at: float
+    phase: Phase = "submitted"
+    attempt: int = 0
+    priority: int = 0
+    admission: Admission | None = None
+    placement: Placement | None = None
+    started: set[int] = set()  # ranks that started in this attempt
+    live: set[int] = set()  # ranks started and not yet exited (they still hold their GPUs)
+    exit_codes: dict[int, int] = {}
+    held: Placement | None = None  # the GPUs this job holds now (maybe from an older attempt)
+    checkpoint: Checkpoint | None = None
+    reasons: tuple[Reason, ...] = ()
+    restarts: int = 0
+    preemptions: int = 0
+    phase_since: float = 0.0
+    updated_seq: int = 0
+
+
+class Rejection(msgspec.Struct, frozen=True):
+    """A request or proposal the fold refused, and why. ``code`` values:
+    ``malformed``, ``unknown``, ``forbidden``, ``illegal``, ``void``, ``duplicate``, ``fault``."""
+
+    seq: int
+    subject: str
+    code: str
+    message: str
+    job_id: str = ""
+
+
+class State(msgspec.Struct):
+    seq: int = 0  # last folded stream sequence
+    time: float = 0.0  # stream time of the last folded record
+    nodes: dict[str, NodeState] = {}
+    jobs: dict[str, JobState] = {}
+    queues: dict[str, QueueSpec] = {}
+    cohorts: dict[str, CohortSpec] = {}
+    priority_classes: dict[str, PriorityClassSpec] = {}
+    rejections: list[Rejection] = []  # newest last, the most recent MAX_REJECTIONS only
+    rejected_total: int = 0
+    void_total: int = 0
+    faults: int = 0  # internal errors caught by the fold; non-zero means a corral bug
+
+
+MAX_REJECTIONS = 1000

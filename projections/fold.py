@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from events import codec
+from events import codec, routing
 from events import subjects as subj
 from events.base import Event, Reason
 from events.codec import DecodeError
@@ -70,10 +70,13 @@ class Refused(Exception):
 class Ctx:
     """Where the record being folded came from."""
 
-    __slots__ = ("seq", "subject", "time", "tenant", "kind", "key")
+    __slots__ = ("seq", "subject", "time", "tenant", "kind", "key", "trace")
 
-    def __init__(self, seq: int, subject: str, time: float, tenant: str | None) -> None:
+    def __init__(
+        self, seq: int, subject: str, time: float, tenant: str | None, trace: str | None = None
+    ) -> None:
         self.seq = seq
+        self.trace = trace  # W3C traceparent the writer sent: a job's trace starts at its submit
         self.subject = subject
         self.time = time
         self.tenant = tenant
@@ -146,45 +149,23 @@ def _decode(record: Record) -> tuple[Event, Ctx]:
         verbs = codec.ADMIN_VERBS if tenant == subj.ADMIN else codec.TENANT_VERBS
         if verb not in verbs:
             raise Refused("unknown", f"tenant {tenant} may not {verb!r}")
-        return codec.decode_request(verb, record.data), Ctx(
-            record.seq, subject, record.time, tenant
-        )
+        trace = record.headers.get("traceparent") if record.headers else None
+        return codec.decode_request(verb, record.data), Ctx(record.seq, subject, record.time, tenant, trace)
     if subject.startswith("corral.ev."):
         env = codec.decode_envelope(record.data)
-        ctx = Ctx(record.seq, subject, record.time, None)
+        ctx = Ctx(record.seq, subject, record.time, None, env.traceparent)
         _check_writer(ctx, env.body)
         return env.body, ctx
     raise Refused("unknown", f"subject {subject} is not corral's")
 
 
-# Which subject each service event may arrive on: (kind, the field naming the key, or a role).
-_PLACE: dict[type[Event], tuple[str, str]] = {
-    JobAccepted: ("job", "job_id"),
-    JobRejected: ("job", "job_id"),
-    PendingReasonChanged: ("job", "job_id"),
-    JobRequeued: ("job", "job_id"),
-    JobsAdmitted: ("decision", "=admission"),
-    JobsPlaced: ("decision", "=placer"),
-    JobsUnschedulable: ("decision", "=placer"),
-    PreemptionRequested: ("decision", "=preemptor"),
-    NodeRegistered: ("node", "node"),
-    WorkerStarted: ("node", "node"),
-    WorkerExited: ("node", "node"),
-    CheckpointCompleted: ("node", "node"),
-    NodeConditionChanged: ("node", "node"),
-    GpuHealthChanged: ("node", "node"),
-    NodeCordoned: ("node", "node"),
-}
-
-
 def _check_writer(ctx: Ctx, body: Event) -> None:
     """A service event must sit on the subject of the entity it speaks about: the NATS
     permissions that bind a writer to its subjects then bind it to those entities too."""
-    place = _PLACE.get(type(body))
+    place = routing.home(body)
     if place is None:
         raise Refused("unknown", f"{type(body).__name__} is a request, not an event")
-    kind, key = place
-    expected = key[1:] if key.startswith("=") else getattr(body, key)
+    kind, expected = place
     if ctx.kind != kind or ctx.key != expected:
         raise Refused(
             "forbidden",
@@ -255,6 +236,7 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         submitted_at=ctx.time,
         phase_since=ctx.time,
         updated_seq=ctx.seq,
+        traceparent=ctx.trace or "",
     )
 
 

@@ -85,6 +85,7 @@ class JobState(msgspec.Struct):
     preemptions: int = 0
     phase_since: float = 0.0
     updated_seq: int = 0
+    traceparent: str = ""  # the trace every event about this job joins
 
 
 class Rejection(msgspec.Struct, frozen=True):

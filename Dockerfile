@@ -1,0 +1,8 @@
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY events events
+COPY projections projections
+COPY services services
+RUN pip install --no-cache-dir .
+ENTRYPOINT []

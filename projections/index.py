@@ -1,0 +1,189 @@
+"""Each job's history in the log: which jobs a record concerns, what it says about each of them in
+an operator's words, and whether the fold refused it.
+
+Pure: the query view stores these entries, and ``corral explain`` can compute them just as well
+over an exported log with no database at all.
+
+A record concerns a job if it is a request naming it, an event with its ``job_id``, or a decision
+listing it (admissions, placements, unschedulable jobs, a preemption's beneficiary and victims).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from events import codec, subjects
+from events.base import Event, Reason
+from events.codec import DecodeError
+from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested
+from events.jobs import (
+    CancelJob,
+    JobAccepted,
+    JobRejected,
+    JobRequeued,
+    JobsAdmitted,
+    PendingReasonChanged,
+    ResizeJob,
+    Resources,
+    SubmitJob,
+)
+from events.log import Record
+from events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
+from events.routing import job_ids as job_ids_of
+from projections.state import WHOLE, Rejection, State
+
+__all__ = ["JobEvent", "gpus_per_worker", "job_events", "job_ids_of", "summarize"]
+
+
+class JobEvent(msgspec.Struct, frozen=True):
+    """A record concerning one job. ``refused`` is the fold's ``code: message`` when it refused
+    the record (or this job's part of a batch decision), else empty."""
+
+    job_id: str
+    seq: int
+    subject: str
+    type: str
+    time: float
+    summary: str
+    refused: str
+
+
+def job_events(state: State, records: Sequence[Record]) -> list[JobEvent]:
+    """The entries of ``records``, which ``state`` has just folded (its rejections are read to
+    tell which records the fold refused). Undecodable records concern no job anyone can name."""
+    out: list[JobEvent] = []
+    refusals = _refusals(state, records[0].seq if records else state.seq + 1)
+    for rec in records:
+        body, tenant = _decode(rec)
+        if body is None:
+            continue
+        refusal = refusals.get(rec.seq)
+        kind = type(body).__name__
+        for job_id in job_ids_of(body):
+            if tenant is not None and not _may_speak_of(state, tenant, job_id, body):
+                continue
+            summary, refused = summarize(body, job_id), _refused(refusal, body, job_id)
+            out.append(JobEvent(job_id, rec.seq, rec.subject, kind, rec.time, summary, refused))
+    return out
+
+
+def _decode(rec: Record) -> tuple[Event | None, str | None]:
+    """The record's body and, for a request, the tenant it came from."""
+    try:
+        if rec.subject.startswith(subjects.EV + "."):
+            body: Event = codec.decode_envelope(rec.data).body
+            return body, None
+        parsed = subjects.parse_request(rec.subject)
+        if parsed is not None:
+            return codec.decode_request(parsed[1], rec.data), parsed[0]
+    except DecodeError:
+        pass
+    return None, None
+
+
+def _may_speak_of(state: State, tenant: str, job_id: str, body: Event) -> bool:
+    """A tenant's request joins a job's history only if the job is that tenant's: another
+    tenant's refused attempt on it is not its owner's business, nor theirs to learn of."""
+    if tenant == subjects.ADMIN:
+        return True
+    job = state.jobs.get(job_id)
+    if job is None:
+        return isinstance(body, SubmitJob)  # a submit refused outright, e.g. for a bad id
+    return job.tenant == tenant
+
+
+def _refusals(state: State, first_seq: int) -> dict[int, Rejection]:
+    out: dict[int, Rejection] = {}
+    for rej in reversed(state.rejections):  # newest last: stop at the first older one
+        if rej.seq < first_seq:
+            break
+        out[rej.seq] = rej
+    return out
+
+
+def _refused(rej: Rejection | None, body: Event, job_id: str) -> str:
+    if rej is None:
+        return ""
+    if rej.code == "void" and isinstance(body, JobsAdmitted | JobsPlaced):
+        # These batches are arbitrated item by item; their one rejection lists the voided items
+        # as "<kind> void: <job>: <why>; <job>: <why>". The other items were applied.
+        items = rej.message.partition(": ")[2]
+        part = next((p for p in items.split("; ") if p.startswith(f"{job_id}: ")), None)
+        return "" if part is None else f"void: {part[len(job_id) + 2 :]}"
+    return f"{rej.code}: {rej.message}"
+
+
+# -- summaries --------------------------------------------------------------------------------
+
+
+def gpus_per_worker(res: Resources) -> float | None:
+    """Whole GPUs, or the fraction of one shared GPU; None for a MIG instance."""
+    if res.mig is not None:
+        return None
+    if res.gpus == 1 and 0 < res.gpu_milli < WHOLE:
+        return res.gpu_milli / WHOLE
+    return float(res.gpus)
+
+
+def _shape(res: Resources) -> str:
+    if res.mig is not None:
+        return f"MIG {res.mig}"
+    gpus = gpus_per_worker(res)
+    return f"{gpus:g} GPU" if gpus else "no GPU"
+
+
+def _reasons_text(reasons: Iterable[Reason]) -> str:
+    return "; ".join(f"{r.code}: {r.message}" for r in reasons) or "no reason given"
+
+
+_WORD = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def summarize(body: Event, job_id: str) -> str:
+    """One line on what ``body`` says about job ``job_id``."""
+    match body:
+        case SubmitJob(job=spec):
+            return f"submitted to queue {spec.queue}: {spec.replicas} × {_shape(spec.resources)}"
+        case CancelJob():
+            return "cancel requested" + (f": {body.reason}" if body.reason else "")
+        case ResizeJob():
+            return f"resize to {body.replicas} replicas requested"
+        case JobAccepted():
+            return f"accepted at priority {body.priority}"
+        case JobRejected():
+            return f"rejected: {_reasons_text([body.reason])}"
+        case PendingReasonChanged():
+            return f"pending: {_reasons_text(body.reasons)}"
+        case JobRequeued():
+            resume = f", resuming from {body.resume_from}" if body.resume_from else ""
+            return f"requeued for attempt {body.attempt + 1}: {_reasons_text([body.reason])}{resume}"
+        case JobsAdmitted():
+            for a in body.admissions:
+                if a.job_id == job_id:
+                    quota = ", ".join(f"{n} {m}" for m, n in sorted(a.gpus.items())) or "no GPU quota"
+                    return f"admitted attempt {a.attempt}: {a.replicas} replicas, {quota}"
+        case JobsPlaced():
+            for p in body.placements:
+                if p.job_id == job_id:
+                    nodes = sorted({w.node for w in p.workers})
+                    return f"placed attempt {p.attempt}: {len(p.workers)} workers on {', '.join(nodes)}"
+        case JobsUnschedulable():
+            for u in body.jobs:
+                if u.job_id == job_id:
+                    return f"unschedulable: {_reasons_text(u.reasons)}"
+        case PreemptionRequested():
+            if job_id == body.beneficiary:
+                victims = ", ".join(v.job_id for v in body.victims)
+                return f"preemption requested on its behalf: victims {victims}"
+            return f"asked to checkpoint and yield to {body.beneficiary} by t={body.deadline:g}"
+        case WorkerStarted():
+            return f"rank {body.rank} started on {body.node}"
+        case WorkerExited():
+            how = "stopped" if body.stopped else "exited"
+            return f"rank {body.rank} {how} with code {body.code} on {body.node}"
+        case CheckpointCompleted():
+            return f"checkpoint at step {body.step}: {body.location}"
+    return _WORD.sub(" ", type(body).__name__).lower()

@@ -1,0 +1,135 @@
+"""Snapshots of a service's State in SQLite, so a restart replays only the tail of the log.
+
+Invariants:
+
+- A snapshot row holds the State (msgpack) and the stream sequence it reflects, written in one
+  row of one transaction: the position is never stored apart from the data it describes.
+- A snapshot is only an accelerator. Anything doubtful (an undecodable blob, a format other than
+  this build's, a sequence that disagrees with its data, a log shorter than the snapshot) is
+  ignored and the State is refolded from the log, which is always correct.
+- The format is ``FORMAT`` plus a fingerprint of State's schema. Any change to State's shape
+  changes it, so a snapshot taken before a new derived field existed is never loaded with that
+  field at its default. A change to what the fold derives (same shape, new meaning) must bump
+  ``FORMAT`` by hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from types import TracebackType
+
+import aiosqlite
+import msgspec
+
+from events.log import EventLog
+from projections.fold import fold
+from projections.state import State
+
+FORMAT = 1
+KEEP = 3  # the newest few: one bad write still leaves an older snapshot to start from
+
+
+def _fingerprint() -> str:
+    schema = msgspec.json.encode(msgspec.json.schema(State))
+    return f"{FORMAT}:{hashlib.sha256(schema).hexdigest()[:16]}"
+
+
+FORMAT_ID = _fingerprint()
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    seq INTEGER PRIMARY KEY,
+    format TEXT NOT NULL,
+    time REAL NOT NULL,
+    state BLOB NOT NULL
+)
+"""
+
+_decoder = msgspec.msgpack.Decoder(State)
+
+
+class SnapshotStore:
+    """Snapshots in one SQLite file (``":memory:"`` for tests). Open with ``await
+    SnapshotStore.open(path)``; close with ``await store.close()`` or ``async with``."""
+
+    def __init__(self, db: aiosqlite.Connection, keep: int = KEEP, format_id: str = FORMAT_ID) -> None:
+        self._db = db
+        self._keep = keep
+        self._format = format_id
+
+    @classmethod
+    async def open(cls, path: str, keep: int = KEEP, format_id: str = FORMAT_ID) -> SnapshotStore:
+        # Autocommit mode: every transaction is an explicit BEGIN ... COMMIT below.
+        db = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            if path != ":memory:":
+                await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA busy_timeout=5000")
+            await db.execute(_SCHEMA)
+        except BaseException:
+            await db.close()
+            raise
+        return cls(db, keep, format_id)
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def __aenter__(self) -> SnapshotStore:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def save(self, state: State) -> None:
+        # Encode before the first await: the caller may go on folding into ``state`` meanwhile,
+        # and the blob and its sequence must describe the same moment.
+        seq, time, blob = state.seq, state.time, msgspec.msgpack.encode(state)
+        db = self._db
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            await db.execute(
+                "INSERT OR REPLACE INTO snapshots (seq, format, time, state) VALUES (?, ?, ?, ?)",
+                (seq, self._format, time, blob),
+            )
+            await db.execute(
+                "DELETE FROM snapshots WHERE seq NOT IN "
+                "(SELECT seq FROM snapshots ORDER BY seq DESC LIMIT ?)",
+                (self._keep,),
+            )
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+
+    async def load(self) -> State | None:
+        """The newest snapshot this build can read, or None: the caller then folds from seq 1."""
+        async with self._db.execute(
+            "SELECT seq, state FROM snapshots WHERE format = ? ORDER BY seq DESC", (self._format,)
+        ) as cursor:
+            async for seq, blob in cursor:
+                try:
+                    state = _decoder.decode(blob)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue  # a torn or foreign blob: an older snapshot still helps
+                if state.seq == seq:
+                    return state
+        return None
+
+    async def seqs(self) -> list[int]:
+        """Sequences of the stored snapshots, newest first (any format)."""
+        async with self._db.execute("SELECT seq FROM snapshots ORDER BY seq DESC") as cursor:
+            return [row[0] async for row in cursor]
+
+
+async def restore(store: SnapshotStore, log: EventLog) -> State:
+    """The State at the log's end: the newest usable snapshot, then the tail folded onto it."""
+    state = await store.load()
+    if state is None or state.seq > await log.last_seq():
+        # No snapshot, or one from a longer log than this one (the stream was recreated): the
+        # snapshot describes another history, so start over.
+        state = State()
+    async for batch in log.read(state.seq + 1):
+        fold(batch, state)
+    return state

@@ -1,0 +1,428 @@
+"""The ``corral`` command: start a cluster, submit and inspect work, export and replay the log.
+
+Every failure a person can cause (a wrong flag, an unreachable server, a bad job file) is one line
+on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import msgspec
+
+from events import codec, subjects
+from events.jobs import CancelJob, JobSpec, Resources, SubmitJob, Topology
+from events.log import Append, EventLog, LogError, Record
+from events.queues import (
+    ApplyCohort,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CohortSpec,
+    PriorityClassSpec,
+    QueueSpec,
+)
+from projections.fold import fold
+from projections.state import State
+from services import logfile, present, table
+from services.jobfile import BadInput, convert, load_document
+
+DEFAULT_SERVER = "nats://127.0.0.1:4222"
+STATE_DIR = Path(os.environ.get("CORRAL_HOME", ".corral"))
+
+
+class Failure(Exception):
+    """A one-line error for the person at the terminal."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"corral: {message} (see corral --help)\n")
+
+
+def server_url(given: str | None) -> str:
+    if given:
+        return given
+    if os.environ.get("CORRAL_SERVER"):
+        return os.environ["CORRAL_SERVER"]
+    recorded = STATE_DIR / "server"
+    if recorded.exists():
+        return recorded.read_text().strip()
+    return DEFAULT_SERVER
+
+
+async def open_log(url: str) -> EventLog:
+    from events.jetstream import JetStreamLog
+
+    try:
+        return await asyncio.wait_for(JetStreamLog.connect(url), timeout=5)
+    except (TimeoutError, OSError, LogError) as e:
+        raise Failure(f"cannot reach the corral server at {url}: {e or type(e).__name__}") from None
+    except Exception as e:  # nats-py raises its own family for refused connections
+        raise Failure(f"cannot reach the corral server at {url}: {e or type(e).__name__}") from None
+
+
+async def read_all(log: EventLog, until: int | None = None) -> list[Record]:
+    out: list[Record] = []
+    async for batch in log.read(1, until):
+        out.extend(batch)
+    return out
+
+
+async def remote_state(url: str) -> State:
+    log = await open_log(url)
+    try:
+        return fold(await read_all(log))
+    finally:
+        await log.close()
+
+
+def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = None) -> None:
+    if args.output == "json":
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    elif headers is not None:
+        print(table.render(headers, [[row.get(h, "") for h in headers] for row in data]))
+    else:
+        print(data)
+
+
+# -- verbs --------------------------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    from services.up import run_cluster
+
+    asyncio.run(run_cluster(args.server, args.nodes, args.profile, Path(args.data), args.port))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from services.demo import run_demo
+
+    asyncio.run(run_demo(Path(args.data)))
+
+
+def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
+    if args.file:
+        doc = load_document(args.file)
+        if not isinstance(doc, dict):
+            raise BadInput(f"{args.file}: a job file holds one table/object of job fields")
+        job_id = doc.pop("id", None)
+        return job_id, convert(doc, JobSpec, args.file)
+    if not args.queue:
+        raise BadInput("give a job file, or at least --queue")
+    res = Resources(
+        gpus=args.gpus, gpu_milli=args.gpu_milli, mig=args.mig, cpu_milli=args.cpu, memory_mib=args.memory
+    )
+    spec = JobSpec(
+        queue=args.queue,
+        name=args.name or "",
+        priority_class=args.priority_class,
+        replicas=args.replicas,
+        resources=res,
+        topology=Topology(pack=args.pack) if args.pack else Topology(),
+        command=tuple(args.command or ()),
+    )
+    return None, spec
+
+
+async def publish_request(url: str, tenant: str, verb: str, body: Any, msg_id: str) -> int:
+    from services import tracing
+
+    tracing.setup("cli")
+    log = await open_log(url)
+    try:
+        with tracing.span(f"corral.{verb}", attributes={"corral.tenant": tenant}, service="cli") as s:
+            tp = tracing.traceparent_of(s)
+            item = Append(
+                subjects.request(tenant, verb),
+                codec.encode(body),
+                msg_id=msg_id,
+                headers={"traceparent": tp} if tp else None,
+            )
+            ack = await log.append(item)
+            return ack.seq
+    finally:
+        await log.close()
+
+
+def cmd_submit(args: argparse.Namespace) -> None:
+    job_id, spec = job_from_args(args)
+    job_id = args.id or job_id or f"j-{secrets.token_hex(5)}"
+    if not subjects.is_token(job_id):
+        raise BadInput(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")
+    req = SubmitJob(request_id=job_id, job=spec)
+    asyncio.run(
+        publish_request(server_url(args.server), args.tenant, "submit", req, f"submit:{args.tenant}:{job_id}")
+    )
+    print(job_id)
+
+
+def cmd_cancel(args: argparse.Namespace) -> None:
+    req = CancelJob(job_id=args.job, reason=args.reason or "")
+    msg_id = f"cancel:{args.tenant}:{args.job}"
+    asyncio.run(publish_request(server_url(args.server), args.tenant, "cancel", req, msg_id))
+    print(f"cancel requested for {args.job}")
+
+
+class QueueFile(msgspec.Struct, forbid_unknown_fields=True):
+    """What ``corral queue apply`` takes: cohorts, queues and priority classes, all optional."""
+
+    cohorts: list[CohortSpec] = []
+    queues: list[QueueSpec] = []
+    priority_classes: list[PriorityClassSpec] = []
+
+
+def cmd_queue_apply(args: argparse.Namespace) -> None:
+    doc = convert(load_document(args.file), QueueFile, args.file)
+    # Parents before children, so a cohort tree applies in one go whatever order the file uses.
+    requests: list[tuple[str, Any, str]] = []
+    requests += [
+        ("priority-class", ApplyPriorityClass(priority_class=p), p.name) for p in doc.priority_classes
+    ]
+    requests += [("cohort", ApplyCohort(cohort=c), c.name) for c in _parents_first(doc.cohorts)]
+    requests += [("queue", ApplyQueue(queue=q), q.name) for q in doc.queues]
+
+    async def run() -> None:
+        log = await open_log(server_url(args.server))
+        try:
+            stamp = time.time_ns()
+            items = [
+                Append(subjects.admin(verb), codec.encode(body), msg_id=f"{verb}:{name}:{stamp}")
+                for verb, body, name in requests
+            ]
+            for r in await log.append_many(items):
+                if isinstance(r, LogError):
+                    raise Failure(f"the log refused a change: {r}")
+        finally:
+            await log.close()
+
+    asyncio.run(run())
+    counts = f"{len(doc.priority_classes)} priority classes, {len(doc.cohorts)} cohorts"
+    print(f"applied {counts}, {len(doc.queues)} queues")
+
+
+def _parents_first(cohorts: list[CohortSpec]) -> list[CohortSpec]:
+    by_name = {c.name: c for c in cohorts}
+    out: list[CohortSpec] = []
+    seen: set[str] = set()
+
+    def visit(c: CohortSpec, path: tuple[str, ...]) -> None:
+        if c.name in seen or c.name in path:
+            return
+        if c.parent in by_name:
+            visit(by_name[c.parent], (*path, c.name))
+        seen.add(c.name)
+        out.append(c)
+
+    for c in cohorts:
+        visit(c, ())
+    return out
+
+
+def cmd_queues(args: argparse.Namespace) -> None:
+    from services.queues_view import queue_rows
+
+    state = asyncio.run(remote_state(server_url(args.server)))
+    rows = queue_rows(state)
+    emit(args, rows, list(rows[0]) if rows else ["queue"])
+
+
+JOB_COLUMNS = ["id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "reason"]
+NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "unhealthy", "mig"]
+
+
+def cmd_jobs(args: argparse.Namespace) -> None:
+    state = asyncio.run(remote_state(server_url(args.server)))
+    rows = [present.job_row(j) for j in state.jobs.values() if args.tenant in (None, j.tenant)]
+    emit(args, rows, JOB_COLUMNS)
+
+
+def cmd_nodes(args: argparse.Namespace) -> None:
+    state = asyncio.run(remote_state(server_url(args.server)))
+    emit(args, [present.node_row(n) for n in state.nodes.values()], NODE_COLUMNS)
+
+
+def cmd_log_export(args: argparse.Namespace) -> None:
+    async def run() -> int:
+        log = await open_log(server_url(args.server))
+        try:
+            return logfile.write(args.file, await read_all(log))
+        finally:
+            await log.close()
+
+    n = asyncio.run(run())
+    print(f"exported {n} records to {args.file}")
+
+
+def cmd_log_import(args: argparse.Namespace) -> None:
+    records = logfile.read(args.file)
+
+    async def run() -> int:
+        log = await open_log(server_url(args.server))
+        try:
+            items = [Append(r.subject, r.data, headers=r.headers) for r in records]
+            results = await log.append_many(items)
+            failed = [r for r in results if isinstance(r, LogError)]
+            if failed:
+                raise Failure(f"{len(failed)} of {len(items)} records were refused: {failed[0]}")
+            return len(items)
+        finally:
+            await log.close()
+
+    print(f"imported {asyncio.run(run())} records from {args.file}")
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    if args.file:
+        records = logfile.read(args.file)
+    else:
+
+        async def run() -> list[Record]:
+            log = await open_log(server_url(args.server))
+            try:
+                return await read_all(log, args.until)
+            finally:
+                await log.close()
+
+        records = asyncio.run(run())
+    if args.until is not None:
+        records = [r for r in records if r.seq <= args.until]
+    if args.at is not None:
+        records = [r for r in records if r.time <= args.at]
+    state = fold(records)
+    if args.output == "json":
+        emit(args, present.full(state))
+        return
+    s = present.summary(state)
+    print(f"state at seq {s['seq']}: {s['nodes']} nodes, {s['gpus']} GPUs, {s['jobs']} jobs")
+    print(f"phases: {s['phases']}; rejected {s['rejected']} (void {s['void']}); faults {s['faults']}")
+    print()
+    print(
+        table.render(
+            NODE_COLUMNS, [[present.node_row(n)[c] for c in NODE_COLUMNS] for n in state.nodes.values()]
+        )
+    )
+    print()
+    print(
+        table.render(JOB_COLUMNS, [[present.job_row(j)[c] for c in JOB_COLUMNS] for j in state.jobs.values()])
+    )
+
+
+def cmd_explain(args: argparse.Namespace) -> None:
+    from services.explain import explain
+
+    async def run() -> list[Record]:
+        log = await open_log(server_url(args.server))
+        try:
+            return await read_all(log)
+        finally:
+            await log.close()
+
+    records = asyncio.run(run())
+    report = explain(records, args.job, args.tenant)
+    if report is None:
+        raise Failure(f"no job {args.job}")
+    emit(args, report if args.output == "json" else report["text"])
+
+
+# -- parser -------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="corral", description="Event-sourced GPU scheduler.")
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--server", help="NATS URL (default: $CORRAL_SERVER, the running `corral up`, or localhost)"
+    )
+    common.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    common.add_argument("--tenant", default=os.environ.get("CORRAL_TENANT", "default"))
+    sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+
+    up = sub.add_parser("up", parents=[common], help="embedded NATS, the services and simulated nodes")
+    up.add_argument("--nodes", type=int, default=5)
+    up.add_argument("--profile", default="mixed", help="node profile, or 'mixed' for one of each")
+    up.add_argument("--data", default=str(STATE_DIR / "data"), help="JetStream store directory")
+    up.add_argument("--port", type=int, default=0, help="NATS port (default: a free one)")
+    up.set_defaults(fn=cmd_up)
+
+    demo = sub.add_parser("demo", parents=[common], help="the whole mission on one machine, narrated")
+    demo.add_argument("--data", default=str(STATE_DIR / "demo"))
+    demo.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("submit", parents=[common], help="submit a job (file or flags); prints its id")
+    s.add_argument("file", nargs="?", help="job file: .toml, .yaml or .json")
+    s.add_argument("--id", help="job id (default: generated); the same id twice is one job")
+    s.add_argument("--queue")
+    s.add_argument("--name")
+    s.add_argument("--priority-class", default="normal")
+    s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--gpus", type=int, default=1)
+    s.add_argument("--gpu-milli", type=int, default=1000, help="thousandths of one shared GPU")
+    s.add_argument("--mig", help="MIG profile, e.g. 3g.40gb")
+    s.add_argument("--cpu", type=int, default=1000, help="milli-CPU per worker")
+    s.add_argument("--memory", type=int, default=4096, help="MiB per worker")
+    s.add_argument("--pack", choices=["none", "nvlink", "node", "rack", "block", "spread"])
+    s.add_argument("--command", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_submit)
+
+    c = sub.add_parser("cancel", parents=[common], help="cancel a job of yours")
+    c.add_argument("job")
+    c.add_argument("--reason")
+    c.set_defaults(fn=cmd_cancel)
+
+    for name, fn, help_ in (("jobs", cmd_jobs, "list jobs"), ("nodes", cmd_nodes, "list nodes")):
+        sub.add_parser(name, parents=[common], help=help_).set_defaults(fn=fn)
+
+    e = sub.add_parser("explain", parents=[common], help="a job's history and why it waits")
+    e.add_argument("job")
+    e.set_defaults(fn=cmd_explain)
+
+    q = sub.add_parser("queue", help="queues, cohorts and priority classes")
+    qsub = q.add_subparsers(dest="queue_verb", required=True, parser_class=_Parser)
+    qa = qsub.add_parser("apply", parents=[common], help="apply a queue file (.toml, .yaml, .json)")
+    qa.add_argument("file")
+    qa.set_defaults(fn=cmd_queue_apply)
+    sub.add_parser("queues", parents=[common], help="quota, usage and fair share per queue").set_defaults(
+        fn=cmd_queues
+    )
+
+    lg = sub.add_parser("log", help="move the log to and from a JSON Lines file")
+    lsub = lg.add_subparsers(dest="log_verb", required=True, parser_class=_Parser)
+    ex = lsub.add_parser("export", parents=[common])
+    ex.add_argument("file")
+    ex.set_defaults(fn=cmd_log_export)
+    im = lsub.add_parser("import", parents=[common])
+    im.add_argument("file")
+    im.set_defaults(fn=cmd_log_import)
+
+    r = sub.add_parser("replay", parents=[common], help="rebuild the state from a log file or the server")
+    r.add_argument("file", nargs="?")
+    r.add_argument("--until", type=int, help="stop after this sequence number")
+    r.add_argument("--at", type=float, help="stop at this time (unix seconds)")
+    r.set_defaults(fn=cmd_replay)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except (Failure, BadInput, logfile.LogFileError) as e:
+        print(f"corral: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

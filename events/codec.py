@@ -11,10 +11,11 @@ upcaster registered in ``UPCASTERS`` that rewrites the old payload before it is 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
+from events import subjects
 from events.base import Event
 from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested
 from events.jobs import (
@@ -100,7 +101,12 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class DecodeError(ValueError):
-    """A payload that is not a corral event. The fold records it; it never propagates further."""
+    """A record that is not a corral event: ``code`` is ``malformed`` (does not parse) or
+    ``unknown`` (a subject or verb corral does not take). The fold records it and moves on."""
+
+    def __init__(self, message: str, code: str = "malformed") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 # type -> function rewriting a raw body dict of an older schema into the current one.
@@ -167,8 +173,35 @@ def decode_request(verb: str, data: bytes) -> Event:
     """A bare request for ``verb``; its ``type`` field may be omitted."""
     decoder = _request_decoders.get(verb)
     if decoder is None:
-        raise DecodeError(f"unknown verb {verb!r}")
+        raise DecodeError(f"unknown verb {verb!r}", "unknown")
     try:
         return decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DecodeError(str(exc)) from None
+
+
+class Decoded(NamedTuple):
+    body: Event
+    tenant: str | None  # set for a request: the tenant its subject names
+    traceparent: str | None
+
+
+def decode_body(subject: str, data: bytes, headers: dict[str, str] | None = None) -> Decoded:
+    """Any record's event, with the tenant of a request and the trace it belongs to.
+
+    Requests are checked against the verbs their tenant may use (admin verbs only for ``admin``).
+    """
+    if subject.startswith("corral.in."):
+        parsed = subjects.parse_request(subject)
+        if parsed is None:
+            raise DecodeError(f"not a request subject: {subject}", "unknown")
+        tenant, verb = parsed
+        verbs = ADMIN_VERBS if tenant == subjects.ADMIN else TENANT_VERBS
+        if verb not in verbs:
+            raise DecodeError(f"tenant {tenant} may not {verb!r}", "unknown")
+        trace = headers.get("traceparent") if headers else None
+        return Decoded(decode_request(verb, data), tenant, trace)
+    if subject.startswith("corral.ev."):
+        env = decode_envelope(data)
+        return Decoded(env.body, None, env.traceparent)
+    raise DecodeError(f"subject {subject} is not corral's", "unknown")

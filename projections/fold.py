@@ -131,7 +131,7 @@ def _refused(state: State, seq: int, subject: str, e: Exception) -> None:
     if isinstance(e, Refused):
         _reject(state, seq, subject, e.code, str(e), e.job_id)
     elif isinstance(e, DecodeError):
-        _reject(state, seq, subject, "malformed", str(e))
+        _reject(state, seq, subject, e.code, str(e))
     elif isinstance(e, IllegalTransition):
         _reject(state, seq, subject, "illegal", str(e))
     else:
@@ -140,23 +140,11 @@ def _refused(state: State, seq: int, subject: str, e: Exception) -> None:
 
 
 def _decode(record: Record) -> tuple[Event, Ctx]:
-    subject = record.subject
-    if subject.startswith("corral.in."):
-        parsed = subj.parse_request(subject)
-        if parsed is None:
-            raise Refused("unknown", f"not a request subject: {subject}")
-        tenant, verb = parsed
-        verbs = codec.ADMIN_VERBS if tenant == subj.ADMIN else codec.TENANT_VERBS
-        if verb not in verbs:
-            raise Refused("unknown", f"tenant {tenant} may not {verb!r}")
-        trace = record.headers.get("traceparent") if record.headers else None
-        return codec.decode_request(verb, record.data), Ctx(record.seq, subject, record.time, tenant, trace)
-    if subject.startswith("corral.ev."):
-        env = codec.decode_envelope(record.data)
-        ctx = Ctx(record.seq, subject, record.time, None, env.traceparent)
-        _check_writer(ctx, env.body)
-        return env.body, ctx
-    raise Refused("unknown", f"subject {subject} is not corral's")
+    body, tenant, trace = codec.decode_body(record.subject, record.data, record.headers)
+    ctx = Ctx(record.seq, record.subject, record.time, tenant, trace)
+    if tenant is None:
+        _check_writer(ctx, body)
+    return body, ctx
 
 
 def _check_writer(ctx: Ctx, body: Event) -> None:
@@ -173,9 +161,7 @@ def _check_writer(ctx: Ctx, body: Event) -> None:
         )
 
 
-def _reject(
-    state: State, seq: int, subject: str, code: str, message: str, job_id: str = ""
-) -> None:
+def _reject(state: State, seq: int, subject: str, code: str, message: str, job_id: str = "") -> None:
     state.rejected_total += 1
     if code == "void":
         state.void_total += 1
@@ -224,9 +210,7 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
     existing = state.jobs.get(req.request_id)
     if existing is not None:
         if existing.tenant == ctx.tenant:
-            raise Refused(
-                "duplicate", f"job {req.request_id} was already submitted", req.request_id
-            )
+            raise Refused("duplicate", f"job {req.request_id} was already submitted", req.request_id)
         raise Refused("forbidden", f"job id {req.request_id} is taken", req.request_id)
     state.jobs[req.request_id] = JobState(
         id=req.request_id,
@@ -469,9 +453,7 @@ def _placed_job(state: State, ev: WorkerStarted | WorkerExited | CheckpointCompl
 def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
     job = _placed_job(state, ev)
     slot = (
-        None
-        if job.placement is None
-        else next((w for w in job.placement.workers if w.rank == ev.rank), None)
+        None if job.placement is None else next((w for w in job.placement.workers if w.rank == ev.rank), None)
     )
     if ev.attempt != job.attempt or slot is None or slot.node != ev.node:
         raise Refused("illegal", f"job {job.id} has no rank {ev.rank} on {ev.node} now", job.id)

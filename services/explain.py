@@ -19,10 +19,7 @@ from services import present
 
 def _body(r: Record) -> Event | None:
     try:
-        if r.subject.startswith("corral.in."):
-            parsed = subjects.parse_request(r.subject)
-            return None if parsed is None else codec.decode_request(parsed[1], r.data)
-        return codec.decode_envelope(r.data).body
+        return codec.decode_body(r.subject, r.data).body
     except DecodeError:
         return None
 

@@ -1,0 +1,99 @@
+"""One line per log record, in an operator's words: what `corral demo` and `corral watch` print."""
+
+from __future__ import annotations
+
+from events import codec
+from events.base import Event
+from events.codec import DecodeError
+from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested
+from events.jobs import (
+    CancelJob,
+    JobAccepted,
+    JobRejected,
+    JobRequeued,
+    JobsAdmitted,
+    PendingReasonChanged,
+    SubmitJob,
+)
+from events.log import Record
+from events.nodes import (
+    CheckpointCompleted,
+    GpuHealthChanged,
+    NodeConditionChanged,
+    NodeCordoned,
+    NodeRegistered,
+    WorkerExited,
+    WorkerStarted,
+)
+from events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" + ("s" if n != 1 else "")
+
+
+def describe(body: Event, tenant: str | None = None) -> str:
+    match body:
+        case SubmitJob(request_id=jid, job=spec):
+            r = spec.resources
+            size = (
+                f"MIG {r.mig}"
+                if r.mig
+                else f"{r.gpu_milli / 1000:g} GPU"
+                if r.gpu_milli < 1000
+                else _gpus(r.gpus)
+            )
+            return f"{tenant} submits {jid}: {spec.replicas} × {size} in queue {spec.queue}"
+        case CancelJob(job_id=jid):
+            return f"{tenant} cancels {jid}"
+        case ApplyQueue(queue=q):
+            quota = ", ".join(f"{m}: {v.nominal}" for m, v in q.quotas.items()) or "no quota"
+            return f"admin applies queue {q.name} (cohort {q.cohort or '-'}, {quota})"
+        case ApplyCohort(cohort=c):
+            return f"admin applies cohort {c.name}" + (f" under {c.parent}" if c.parent else "")
+        case ApplyPriorityClass(priority_class=p):
+            return f"admin applies priority class {p.name} = {p.value}"
+        case JobAccepted(job_id=jid, priority=prio):
+            return f"admission accepts {jid} (priority {prio})"
+        case JobRejected(job_id=jid, reason=r):
+            return f"admission rejects {jid}: {r.message}"
+        case PendingReasonChanged(job_id=jid, reasons=rs):
+            return f"{jid} waits: " + "; ".join(r.message for r in rs)
+        case JobsAdmitted(admissions=adms):
+            return "admission admits " + ", ".join(f"{a.job_id}×{a.replicas}" for a in adms)
+        case JobRequeued(job_id=jid, resume_from=ck):
+            return f"{jid} goes back to its queue" + (f", resuming from {ck}" if ck else "")
+        case JobsPlaced(placements=ps):
+            return "placer places " + ", ".join(
+                f"{p.job_id} on {','.join(sorted({w.node for w in p.workers}))}" for p in ps
+            )
+        case JobsUnschedulable(jobs=js):
+            return "placer cannot place " + "; ".join(
+                f"{u.job_id} ({u.reasons[0].message if u.reasons else '?'})" for u in js
+            )
+        case PreemptionRequested(beneficiary=b, victims=vs):
+            return f"preemptor asks {', '.join(v.job_id for v in vs)} to checkpoint and stop, for {b}"
+        case NodeRegistered(node=n, inventory=inv):
+            models = sorted({g.model for g in inv.gpus})
+            return f"node {n} registers {len(inv.gpus)} × {','.join(models) or 'no GPU'}"
+        case WorkerStarted(node=n, job_id=jid, rank=rank):
+            return f"{jid} rank {rank} starts on {n}"
+        case WorkerExited(node=n, job_id=jid, rank=rank, code=code):
+            return f"{jid} rank {rank} exits {code} on {n}"
+        case CheckpointCompleted(job_id=jid, step=step, location=loc):
+            return f"{jid} checkpointed step {step} to {loc}"
+        case NodeConditionChanged(node=n, condition=c, reason=why):
+            return f"node {n} is {c}" + (f": {why}" if why else "")
+        case GpuHealthChanged(node=n, gpu=g, healthy=ok, signal=sig):
+            return f"GPU {g} of {n} is {'healthy' if ok else 'unhealthy'}" + (f" ({sig})" if sig else "")
+        case NodeCordoned(node=n, cordoned=c, drain=d):
+            return f"node {n} {'cordoned' if c else 'uncordoned'}" + (" and draining" if d else "")
+    return type(body).__name__
+
+
+def line(record: Record) -> str:
+    try:
+        decoded = codec.decode_body(record.subject, record.data)
+        return describe(decoded.body, decoded.tenant)
+    except DecodeError as e:
+        return f"unreadable record on {record.subject}: {e}"

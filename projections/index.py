@@ -73,15 +73,10 @@ def job_events(state: State, records: Sequence[Record]) -> list[JobEvent]:
 def _decode(rec: Record) -> tuple[Event | None, str | None]:
     """The record's body and, for a request, the tenant it came from."""
     try:
-        if rec.subject.startswith(subjects.EV + "."):
-            body: Event = codec.decode_envelope(rec.data).body
-            return body, None
-        parsed = subjects.parse_request(rec.subject)
-        if parsed is not None:
-            return codec.decode_request(parsed[1], rec.data), parsed[0]
+        decoded = codec.decode_body(rec.subject, rec.data, rec.headers)
     except DecodeError:
-        pass
-    return None, None
+        return None, None
+    return decoded.body, decoded.tenant
 
 
 def _may_speak_of(state: State, tenant: str, job_id: str, body: Event) -> bool:

@@ -156,21 +156,16 @@ class QueryView:
         self._node_rows: dict[str, tuple[Any, ...]] = {}  # as last written, to skip unchanged
 
     @classmethod
-    async def open(cls, path: str) -> QueryView:
-        db = await aiosqlite.connect(path, isolation_level=None)
+    async def open(cls, path: str, *, readonly: bool = False) -> QueryView:
+        """``readonly`` for a reader such as the CLI: it never creates, migrates or writes."""
+        if readonly:
+            db = await aiosqlite.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        else:
+            db = await aiosqlite.connect(path, isolation_level=None)
         try:
-            if path != ":memory:":
-                await db.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
             await db.execute("PRAGMA busy_timeout=5000")
-            await db.execute("BEGIN IMMEDIATE")
-            if await _format(db) not in (None, FORMAT):
-                for table in _TABLES:
-                    await db.execute(f"DROP TABLE IF EXISTS {table}")
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    await db.execute(statement)
-            await db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('format', ?)", (FORMAT,))
-            await db.execute("COMMIT")
+            if not readonly:
+                await _prepare(db, path)
             seq = await _meta(db, "seq")
         except BaseException:
             await db.close()
@@ -256,16 +251,30 @@ class QueryView:
         return await _meta(self._db, "seq") or 0
 
 
+async def _prepare(db: aiosqlite.Connection, path: str) -> None:
+    if path != ":memory:":
+        await db.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
+    await db.execute("BEGIN IMMEDIATE")
+    try:
+        if await _meta(db, "format") not in (None, FORMAT):
+            for table in _TABLES:
+                await db.execute(f"DROP TABLE IF EXISTS {table}")
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                await db.execute(statement)
+        await db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('format', ?)", (FORMAT,))
+        await db.execute("COMMIT")
+    except BaseException:
+        await db.execute("ROLLBACK")
+        raise
+
+
 async def _meta(db: aiosqlite.Connection, key: str) -> int | None:
     try:
         rows = list(await db.execute_fetchall("SELECT value FROM meta WHERE key = ?", (key,)))
     except aiosqlite.OperationalError:
         return None  # no meta table yet
     return int(rows[0][0]) if rows else None
-
-
-async def _format(db: aiosqlite.Connection) -> int | None:
-    return await _meta(db, "format")
 
 
 # -- rows -------------------------------------------------------------------------------------

@@ -89,7 +89,8 @@ class Service:
     async def restore(self) -> None:
         if self.snapshots is not None:
             loaded = await self.snapshots.load()
-            if loaded is not None:
+            # A snapshot ahead of the log belongs to a stream that was since recreated.
+            if loaded is not None and loaded.seq <= await self.log.last_seq():
                 self.state = loaded
                 self._snapshot_seq = loaded.seq
         async for batch in self.log.read(self.state.seq + 1):

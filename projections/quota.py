@@ -1,0 +1,537 @@
+"""Quota: what each queue holds, may still take, borrows and lends, derived from the State.
+
+Units. Quotas are whole GPUs per GPU model key (``"*"`` = any model); the arithmetic here counts
+milli-GPU (1000 per GPU) so that fractional and MIG workers are charged exactly: a worker of
+``gpus`` whole GPUs costs ``gpus * 1000``, a fractional worker its ``gpu_milli``, a MIG worker
+its profile's share of the GPU's memory slices. ``Admission.gpus`` records the whole GPUs of the
+charge rounded up per job (what people read); the exact charge is always recomputed from the
+job's resources and admitted replicas, so a gang of ten 0.1-GPU workers holds exactly one GPU.
+
+Keys. A job with no ``gpu_models`` counts against ``"*"``. A job constrained to models counts
+against the first of them, in its own order, that its queue lists a quota for (admission may take
+a later one when an earlier one is full), else against ``"*"``. A queue uses only the keys it
+lists; list a key with nominal 0 to let a queue borrow it and nothing more.
+
+The cohort tree (Kueue's hierarchical cohorts). Queues are leaves; a queue names its cohort, a
+cohort names its parent (organisation → team cohorts → queues, any depth). Per key, for a node n:
+
+    subtree(n)    = own nominal (cohorts may hold quota too) + Σ children (subtree − guaranteed)
+    guaranteed(n) = subtree(n) − lending_limit, never below 0  (0 without a lending limit)
+    usage(queue)  = what its admitted jobs hold;  usage(cohort) = Σ children max(0, usage − guaranteed)
+    available(root) = subtree − usage
+    available(n)  = max(0, guaranteed − usage) + min(available(parent),
+                                                     subtree − guaranteed − max(0, usage − guaranteed)
+                                                     + borrowing_limit)      (no limit: no min)
+
+So a queue keeps ``nominal − lending_limit`` for itself whatever others do (it never lends more
+than its lending limit), its usage never exceeds ``nominal + borrowing_limit``, and a cohort never
+lends more than its members' lendable quota plus its own. Admitting a demand that fits keeps every
+one of these true, which is what the fold relies on when it arbitrates ``JobsAdmitted``.
+
+Cost: building the tree is O(queues + cohorts); charging the jobs that hold quota is O(jobs);
+each fit check and each charge walk the tree's depth. Nothing here reads a clock or mutates State.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import msgspec
+
+from events.base import Reason
+from events.jobs import Admission, JobSpec, Resources
+from events.queues import QueueSpec, Quota
+from projections import mig
+from projections.lifecycle import HOLDS_QUOTA
+from projections.state import WHOLE, JobState, State
+
+ANY = "*"
+
+# MIG-capable models, for charging a MIG worker whose model is not pinned: the largest memory
+# share its profile name has on any of them (a profile name means different slices on different
+# models, e.g. 1g.10gb is one slice of an A100-80GB and two of an A100-40GB).
+MIG_MODELS: tuple[str, ...] = ("A100-40GB", "A100-80GB", "H100-80GB", "H100-NVL", "H200-141GB")
+
+_NO_QUOTA = Quota()
+
+
+# -- what a job costs ------------------------------------------------------------------------------
+
+
+def mig_milli(profile: str, models: Iterable[str]) -> int | None:
+    """A MIG instance's charge: its memory slices' share of one GPU, the largest over ``models``;
+    None if the profile exists on none of them."""
+    sizes = [p.size for m in models if (p := mig.profile(m, profile)) is not None]
+    return max(sizes) * WHOLE // mig.SLICES if sizes else None
+
+
+def worker_milli(res: Resources, key: str = ANY) -> int:
+    """What one worker costs against quota key ``key``, in milli-GPU."""
+    if res.mig is not None:
+        models = (key,) if key != ANY else (res.gpu_models or MIG_MODELS)
+        found = mig_milli(res.mig, models)
+        if found is None and key != ANY:
+            found = mig_milli(res.mig, res.gpu_models or MIG_MODELS)
+        return WHOLE if found is None else found
+    if res.gpus <= 0:
+        return 0
+    if res.gpus == 1 and 0 < res.gpu_milli < WHOLE:
+        return res.gpu_milli
+    return res.gpus * WHOLE
+
+
+def candidate_keys(queue: QueueSpec, res: Resources) -> tuple[str, ...]:
+    """The quota keys a job may count against in ``queue``, in order of preference."""
+    if res.gpu_models:
+        keys = tuple(m for m in res.gpu_models if m in queue.quotas)
+        if keys:
+            return keys
+    return (ANY,)
+
+
+def worker_demands(queue: QueueSpec, res: Resources) -> tuple[tuple[str, int], ...]:
+    """(key, milli-GPU per worker) for each key the job may count against, in order of
+    preference; empty when a worker needs no GPU. Called per pending job per cycle: the common
+    shape (no model, no MIG) takes the short path."""
+    if res.mig is None and not res.gpu_models:
+        if res.gpus <= 0:
+            return ()
+        return ((ANY, res.gpu_milli if res.gpus == 1 and 0 < res.gpu_milli < WHOLE else res.gpus * WHOLE),)
+    return tuple((k, worker_milli(res, k)) for k in candidate_keys(queue, res) if worker_milli(res, k) > 0)
+
+
+def min_replicas(spec: JobSpec) -> int:
+    return spec.min_replicas if spec.min_replicas is not None else spec.replicas
+
+
+def whole_gpus(milli: int) -> int:
+    """The whole GPUs a charge is recorded as in ``Admission.gpus`` (rounded up)."""
+    return -(-milli // WHOLE)
+
+
+def admission_gpus(key: str, milli: int) -> dict[str, int]:
+    return {key: whole_gpus(milli)} if milli > 0 else {}
+
+
+def fmt_gpus(milli: int) -> str:
+    """Milli-GPU for people: ``16``, ``2.5``, ``0.125``."""
+    if milli % WHOLE == 0:
+        return str(milli // WHOLE)
+    return f"{milli / WHOLE:.3f}".rstrip("0")
+
+
+def key_name(key: str) -> str:
+    return "GPUs" if key == ANY else key
+
+
+# -- the cohort tree -------------------------------------------------------------------------------
+
+
+class _Node:
+    """A queue (leaf) or a cohort of the tree, with its per-key arithmetic in milli-GPU."""
+
+    __slots__ = ("name", "is_queue", "parent", "children", "quotas", "subtree", "guaranteed", "usage")
+
+    def __init__(self, name: str, is_queue: bool, quotas: Mapping[str, Quota]) -> None:
+        self.name = name
+        self.is_queue = is_queue
+        self.parent: _Node | None = None
+        self.children: list[_Node] = []
+        self.quotas = quotas
+        self.subtree: dict[str, int] = {}
+        self.guaranteed: dict[str, int] = {}
+        self.usage: dict[str, int] = {}
+
+    def root(self) -> _Node:
+        n = self
+        while n.parent is not None:
+            n = n.parent
+        return n
+
+
+class Ledger:
+    """The cohort tree and every queue's usage, built from one State, then updated by charges.
+
+    ``decide`` charges its own admissions as it makes them; the fold charges each admission of a
+    ``JobsAdmitted`` in order, so both see the same arithmetic at the same log position.
+    """
+
+    def __init__(self, state: State) -> None:
+        self._queues: dict[str, _Node] = {}
+        self._cohorts: dict[str, _Node] = {}
+        self._specs = state.queues
+        self._trees: dict[_Node, list[_Node]] | None = None  # root -> its queues, on first use
+        self._ceilings: dict[tuple[str, str], int] = {}  # depend on the tree only
+        for c in sorted(state.cohorts):
+            self._cohorts[c] = _Node(c, False, state.cohorts[c].quotas)
+        for name in sorted(state.queues):
+            q = state.queues[name]
+            node = self._queues[name] = _Node(name, True, q.quotas)
+            if q.cohort is not None:
+                node.parent = self._cohort(q.cohort)
+        for name in sorted(state.cohorts):
+            parent = state.cohorts[name].parent
+            if parent is not None:
+                self._cohorts[name].parent = self._cohort(parent)
+        self._cut_loops()
+        nodes = [*self._cohorts.values(), *self._queues.values()]
+        for n in nodes:
+            if n.parent is not None:
+                n.parent.children.append(n)
+        keys = sorted({k for n in nodes for k in n.quotas})
+        for n in sorted(nodes, key=lambda n: -_depth(n)):  # children before parents
+            for k in keys:
+                own = n.quotas.get(k, _NO_QUOTA)
+                sub = own.nominal * WHOLE + sum(c.subtree[k] - c.guaranteed[k] for c in n.children)
+                n.subtree[k] = sub
+                ll = own.lending_limit
+                n.guaranteed[k] = max(0, sub - ll * WHOLE) if ll is not None and n.parent else 0
+
+    @classmethod
+    def from_state(cls, state: State) -> Ledger:
+        ledger = cls(state)
+        for job in state.jobs.values():
+            if job.phase in HOLDS_QUOTA:
+                ledger.hold(job)
+        return ledger
+
+    def _cohort(self, name: str) -> _Node:
+        """A cohort named by a queue or as a parent need not be defined: it is then an empty
+        root that only pools its members' quota."""
+        node = self._cohorts.get(name)
+        if node is None:
+            node = self._cohorts[name] = _Node(name, False, {})
+        return node
+
+    def _cut_loops(self) -> None:
+        # The fold refuses a cohort whose parent chain loops; this only keeps the walk finite.
+        for name in sorted(self._cohorts):
+            seen: set[str] = set()
+            n: _Node | None = self._cohorts[name]
+            while n is not None and n.parent is not None:
+                if n.name in seen:
+                    n.parent = None
+                    break
+                seen.add(n.name)
+                n = n.parent
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def has_queue(self, queue: str) -> bool:
+        return queue in self._queues
+
+    def spec(self, queue: str) -> QueueSpec:
+        return self._specs[queue]
+
+    def quota(self, queue: str, key: str) -> Quota:
+        return self._queues[queue].quotas.get(key, _NO_QUOTA)
+
+    def listed(self, queue: str, key: str) -> bool:
+        return key in self._queues[queue].quotas
+
+    def nominal(self, queue: str, key: str) -> int:
+        return self.quota(queue, key).nominal * WHOLE
+
+    def used(self, queue: str, key: str) -> int:
+        return self._queues[queue].usage.get(key, 0)
+
+    def usage(self, queue: str) -> Mapping[str, int]:
+        return self._queues[queue].usage
+
+    def cohort(self, queue: str) -> str | None:
+        parent = self._queues[queue].parent
+        return None if parent is None else parent.name
+
+    def root(self, queue: str) -> str:
+        return self._queues[queue].root().name
+
+    def cohort_root(self, cohort: str) -> str:
+        node = self._cohorts.get(cohort)
+        return cohort if node is None else node.root().name
+
+    def capacity(self, queue: str, key: str) -> int:
+        """All quota for ``key`` in the queue's tree: what fair share is measured against."""
+        return self._queues[queue].root().subtree.get(key, 0)
+
+    def guaranteed(self, queue: str, key: str) -> int:
+        """What the queue keeps for itself: nominal less what it lends (all of it at a root)."""
+        node = self._queues[queue]
+        return node.guaranteed.get(key, 0) if node.parent is not None else node.subtree.get(key, 0)
+
+    def available(self, queue: str, key: str) -> int:
+        """How much more the queue may hold of ``key`` right now (may be < 0 after a quota cut)."""
+        node = self._queues[queue]
+        if key not in node.quotas:
+            return 0
+        return _available(node, key)
+
+    def from_cohort(self, queue: str, key: str) -> int:
+        """What the queue could borrow right now on top of what it keeps for itself."""
+        node = self._queues[queue]
+        if node.parent is None or key not in node.quotas:
+            return 0
+        return _available(node, key) - max(0, node.guaranteed.get(key, 0) - node.usage.get(key, 0))
+
+    def ceiling(self, queue: str, key: str) -> int:
+        """The most the queue could ever hold of ``key``: its available with the tree idle."""
+        found = self._ceilings.get((queue, key))
+        if found is None:
+            node = self._queues[queue]
+            found = self._ceilings[queue, key] = _ceiling(node, key) if key in node.quotas else 0
+        return found
+
+    def fits(self, queue: str, key: str, milli: int) -> bool:
+        return milli <= 0 or milli <= self.available(queue, key)
+
+    def borrowers(self, queue: str, key: str, exclude: bool = True) -> list[tuple[str, int]]:
+        """Queues of ``queue``'s tree holding more than their nominal (itself too unless
+        ``exclude``), biggest first."""
+        root = self._queues[queue].root()
+        if self._trees is None:
+            self._trees = {}
+            for n in self._queues.values():
+                self._trees.setdefault(n.root(), []).append(n)
+        out = [
+            (n.name, n.usage.get(key, 0) - n.quotas.get(key, _NO_QUOTA).nominal * WHOLE)
+            for n in self._trees[root]
+            if not (exclude and n.name == queue)
+        ]
+        return sorted(((name, b) for name, b in out if b > 0), key=lambda x: (-x[1], x[0]))
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def charge(self, queue: str, key: str, milli: int) -> None:
+        """Add ``milli`` (negative: release) to the queue's usage and carry it up the tree."""
+        n = self._queues[queue]
+        old = n.usage.get(key, 0)
+        new = old + milli
+        n.usage[key] = new
+        while n.parent is not None:
+            g = n.guaranteed.get(key, 0)
+            delta = max(0, new - g) - max(0, old - g)
+            if delta == 0:
+                return
+            n = n.parent
+            old = n.usage.get(key, 0)
+            new = old + delta
+            n.usage[key] = new
+
+    def hold(self, job: JobState) -> tuple[str, int] | None:
+        """Charge what an admitted job holds; returns its (key, milli), None if nothing."""
+        adm = job.admission
+        if adm is None or job.spec.queue not in self._queues or not adm.gpus:
+            return None
+        res = job.spec.resources
+        if len(adm.gpus) == 1:
+            for key in adm.gpus:
+                milli = worker_milli(res, key) * adm.replicas
+                self.charge(job.spec.queue, key, milli)
+                return key, milli
+        # More than one key cannot be proposed through ``check``; charge it as recorded.
+        for key, gpus in sorted(adm.gpus.items()):
+            self.charge(job.spec.queue, key, gpus * WHOLE)
+        return None
+
+    # -- the admission rule -------------------------------------------------------------------
+
+    def admissible(self, queue: str, demand: Mapping[str, int]) -> Reason | None:
+        """Whether ``demand`` (milli-GPU per key, all or nothing) fits the queue right now."""
+        if queue not in self._queues:
+            return Reason("unknown-queue", f"no queue {queue}")
+        for key in sorted(demand):
+            milli = demand[key]
+            if milli <= 0:
+                continue
+            if key not in self._queues[queue].quotas:
+                return Reason("no-quota", f"queue {queue} has no quota for {key_name(key)}")
+            if not self.fits(queue, key, milli):
+                return Reason("quota", self.describe(queue, key, milli))
+        return None
+
+    def check(self, job: JobState, adm: Admission) -> Reason | None:
+        """Whether ``adm`` is a faithful, fitting admission of ``job`` at this point of the log:
+        one key the job may count against, its GPUs as the job's resources say, within quota."""
+        spec = job.spec
+        queue = spec.queue
+        if queue not in self._queues:
+            return Reason("unknown-queue", f"no queue {queue}")
+        res = spec.resources
+        if worker_milli(res) == 0:
+            if adm.gpus:
+                return Reason("shape", f"job {job.id} uses no GPU but the admission holds some")
+            return None
+        if len(adm.gpus) != 1:
+            return Reason("shape", f"admission of {job.id} must name exactly one quota key")
+        key, gpus = next(iter(adm.gpus.items()))
+        keys = candidate_keys(self._specs[queue], res)
+        if key not in keys:
+            return Reason("shape", f"job {job.id} may count against {', '.join(keys)}, not {key}")
+        milli = worker_milli(res, key) * adm.replicas
+        if gpus != whole_gpus(milli):
+            return Reason("shape", f"{adm.replicas} workers of {job.id} hold {fmt_gpus(milli)} {key}")
+        return self.admissible(queue, {key: milli})
+
+    def claim(self, job: JobState, adm: Admission) -> Reason | None:
+        """``check``, then charge the admission if it holds: the fold's call per admission."""
+        why = self.check(job, adm)
+        if why is None:
+            self.hold_admission(job, adm)
+        return why
+
+    def hold_admission(self, job: JobState, adm: Admission) -> None:
+        for key in adm.gpus:
+            self.charge(job.spec.queue, key, worker_milli(job.spec.resources, key) * adm.replicas)
+
+    def describe(self, queue: str, key: str, milli: int) -> str:
+        """Why ``milli`` of ``key`` does not fit ``queue`` now, in operator terms."""
+        return f"needs {fmt_gpus(milli)} {key_name(key)}; {self.standing(queue, key)}"
+
+    def standing(self, queue: str, key: str) -> str:
+        """Where the queue stands on ``key``: its usage against nominal, what its cohort lends."""
+        name = key_name(key)
+        used, nominal = self.used(queue, key), self.nominal(queue, key)
+        if used > nominal:
+            text = (
+                f"queue {queue} over its nominal {fmt_gpus(used)}/{fmt_gpus(nominal)} {name}"
+                f" (borrowing {fmt_gpus(used - nominal)})"
+            )
+        elif used == nominal:
+            text = f"queue {queue} at its nominal {fmt_gpus(used)}/{fmt_gpus(nominal)} {name}"
+        else:
+            text = f"queue {queue} using {fmt_gpus(used)} of its nominal {fmt_gpus(nominal)} {name}"
+        limit = self.quota(queue, key).borrowing_limit
+        if limit is not None:
+            text += f", borrowing limit {limit}"
+        cohort = self.cohort(queue)
+        if cohort is None:
+            return f"{text}; no cohort to borrow from"
+        return f"{text}; cohort {cohort} has {fmt_gpus(max(0, self.from_cohort(queue, key)))} to lend"
+
+
+def _depth(n: _Node) -> int:
+    d = 0
+    while n.parent is not None:
+        n = n.parent
+        d += 1
+    return d
+
+
+def _available(n: _Node, key: str) -> int:
+    if n.parent is None:
+        return n.subtree.get(key, 0) - n.usage.get(key, 0)
+    g = n.guaranteed.get(key, 0)
+    used = n.usage.get(key, 0)
+    # An over-committed parent (its quota was cut) takes nothing from what n keeps for itself.
+    from_parent = max(0, _available(n.parent, key))
+    limit = n.quotas.get(key, _NO_QUOTA).borrowing_limit
+    if limit is not None:
+        stored = n.subtree.get(key, 0) - g
+        from_parent = min(from_parent, stored - max(0, used - g) + limit * WHOLE)
+    return max(0, g - used) + from_parent
+
+
+def _ceiling(n: _Node, key: str) -> int:
+    if n.parent is None:
+        return n.subtree.get(key, 0)
+    g = n.guaranteed.get(key, 0)
+    from_parent = _ceiling(n.parent, key)
+    limit = n.quotas.get(key, _NO_QUOTA).borrowing_limit
+    if limit is not None:
+        from_parent = min(from_parent, n.subtree.get(key, 0) - g + limit * WHOLE)
+    return g + from_parent
+
+
+# -- the functions other modules call --------------------------------------------------------------
+
+
+def admissible(state: State, queue: str, demand: Mapping[str, int]) -> Reason | None:
+    """Whether ``demand`` (milli-GPU per quota key) fits ``queue`` in ``state`` right now.
+    Builds a Ledger (O(jobs)); callers checking many demands build one and reuse it."""
+    return Ledger.from_state(state).admissible(queue, demand)
+
+
+def job_demand(queue: QueueSpec, spec: JobSpec, replicas: int | None = None) -> dict[str, int]:
+    """The job's charge on its first candidate key at ``replicas`` (default: all of them)."""
+    key = candidate_keys(queue, spec.resources)[0]
+    milli = worker_milli(spec.resources, key) * (spec.replicas if replicas is None else replicas)
+    return {key: milli} if milli > 0 else {}
+
+
+def admission(
+    queue: QueueSpec, job: JobState, replicas: int | None = None, key: str | None = None
+) -> Admission:
+    """The faithful admission of ``job`` at ``replicas`` (default: all) on ``key`` (default: its
+    first candidate key): what ``Ledger.check`` expects to see proposed."""
+    res = job.spec.resources
+    key = candidate_keys(queue, res)[0] if key is None else key
+    n = job.spec.replicas if replicas is None else replicas
+    return Admission(job.id, job.attempt, n, admission_gpus(key, worker_milli(res, key) * n))
+
+
+class KeyUsage(msgspec.Struct, frozen=True):
+    """One queue's standing on one quota key, in milli-GPU."""
+
+    nominal: int
+    used: int
+    borrowed: int
+    lent: int
+    available: int
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+
+class QueueUsage(msgspec.Struct, frozen=True):
+    name: str
+    cohort: str | None
+    weight: float
+    keys: dict[str, KeyUsage]
+
+
+def queue_usage(state: State) -> dict[str, QueueUsage]:
+    """Every queue's nominal, used, borrowed, lent and available per key (``corral queues``).
+
+    ``lent`` attributes what the tree's borrowers hold to the queues whose idle lendable quota
+    it came from, pro rata (cohorts' own quota lends too), so the lent figures of a tree never
+    add up to more than its borrowed figures.
+    """
+    ledger = Ledger.from_state(state)
+    # Per (tree root, key): what queues borrow, and what each lender has idle and lendable.
+    borrowed: dict[tuple[str, str], int] = {}
+    idle: dict[tuple[str, str], int] = {}
+    lendable: dict[tuple[str, str], int] = {}
+    for name in state.queues:
+        root = ledger.root(name)
+        for key in set(ledger.usage(name)) | set(ledger.spec(name).quotas):
+            used, nominal = ledger.used(name, key), ledger.nominal(name, key)
+            borrowed[root, key] = borrowed.get((root, key), 0) + max(0, used - nominal)
+            if ledger.cohort(name) is None:
+                continue
+            spare = max(0, min(nominal - ledger.guaranteed(name, key), nominal - used))
+            lendable[name, key] = spare
+            idle[root, key] = idle.get((root, key), 0) + spare
+    for cname, c in state.cohorts.items():
+        root = ledger.cohort_root(cname)
+        for key, q in c.quotas.items():
+            idle[root, key] = idle.get((root, key), 0) + q.nominal * WHOLE
+    out: dict[str, QueueUsage] = {}
+    for name in sorted(state.queues):
+        spec = state.queues[name]
+        root = ledger.root(name)
+        keys: dict[str, KeyUsage] = {}
+        for key in sorted(set(ledger.usage(name)) | set(spec.quotas)):
+            used, nominal = ledger.used(name, key), ledger.nominal(name, key)
+            q = ledger.quota(name, key)
+            pool = idle.get((root, key), 0)
+            taken = min(borrowed.get((root, key), 0), pool)
+            lent = lendable.get((name, key), 0) * taken // pool if pool else 0
+            keys[key] = KeyUsage(
+                nominal=nominal,
+                used=used,
+                borrowed=max(0, used - nominal),
+                lent=lent,
+                available=ledger.available(name, key),
+                borrowing_limit=q.borrowing_limit,
+                lending_limit=q.lending_limit,
+            )
+        out[name] = QueueUsage(name=name, cohort=spec.cohort, weight=spec.weight, keys=keys)
+    return out

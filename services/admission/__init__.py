@@ -1,0 +1,7 @@
+"""The admission service: the only door to the GPUs.
+
+``decide`` (pure) validates submitted jobs, requeues stopped ones, keeps every queue in
+fair-share order and admits whole gangs within quota; ``order`` is the fair-share order,
+``validate`` the request checks. Quota arithmetic lives in ``projections.quota`` because the fold
+uses it too, to arbitrate the admissions ``decide`` proposes.
+"""

@@ -1,0 +1,325 @@
+"""Admission's decision core: one cycle over all pending work, as events. Pure: no IO, no clock.
+
+``decide(state, now, config)`` reads a State folded up to ``state.seq`` and returns, in order:
+
+1. ``JobAccepted`` / ``JobRejected`` for every submitted job (``validate``), by submission;
+2. ``JobRequeued`` for every preempted or interrupted job, resuming from its last checkpoint;
+3. one ``JobsAdmitted`` (``based_on = state.seq``, ``now``) holding this cycle's admissions:
+   queued jobs in fair-share order (``order``), each gang admitted whole or not at all, an
+   elastic job at the largest replica count in min..max that fits (at least min);
+4. ``PendingReasonChanged`` for every waiting job whose reason differs from the one it has.
+
+Jobs accepted or requeued in steps 1-2 compete in step 3 of the same cycle: their events come
+first in the output, so when the fold reaches ``JobsAdmitted`` they are queued at the attempt
+the admission names. Quota is charged in a Ledger as admissions are made, in the order they are
+listed, which is the order the fold checks them in; so folding the output voids nothing.
+
+Reasons. The first ``config.detail`` waiting jobs of each queue carry figures ("needs 8 H100;
+queue team-a at its nominal 16/16 H100; cohort org has 0 to lend; position 3 of 7; would fit
+now if team-b's 8 borrowed H100 were reclaimed"); jobs further back carry one stable reason per
+queue, and get it only once they had another one, so that a deep backlog does not turn every
+admission into thousands of reason events.
+
+Growing running elastic jobs as quota frees up is not done here yet: an elastic job is admitted
+once, at the size that fits then.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import msgspec
+
+from events.base import Event, Reason
+from events.jobs import Admission, JobAccepted, JobRejected, JobRequeued, JobsAdmitted, PendingReasonChanged
+from projections import quota
+from projections.lifecycle import FINAL, HOLDS_QUOTA
+from projections.quota import Ledger, fmt_gpus, key_name
+from projections.state import JobState, State
+from services.admission.order import Cursor, FairShare, FairShareOrder, sort_queue
+from services.admission.validate import priority_value, validate
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    half_life_s: float = 24 * 3600.0  # fair share: how fast past usage is forgotten
+    detail: int = 10  # jobs at the front of each queue whose reasons carry figures
+    max_admissions: int = 1000  # per cycle, to bound the size of one JobsAdmitted event
+    # Best-effort queues: how many jobs that do not fit a cycle may look past, per queue. Bounds
+    # a cycle over deep, full queues; jobs further back wait for the queue to move.
+    lookahead: int = 64
+
+
+DEFAULT = AdmissionConfig()
+
+# A holder of quota that preemption could stop: (priority, milli-GPU, preemptible).
+_Holder = tuple[int, int, bool]
+
+
+def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[Event]:
+    # 0. Snapshot: one pass over the jobs builds usage, history and the per-queue backlogs.
+    ledger = Ledger(state)
+    fair = FairShare(ledger, now, config.half_life_s)
+    holders: dict[tuple[str, str], list[_Holder]] = {}
+    submitted: list[JobState] = []
+    stopped: list[JobState] = []
+    waiting: defaultdict[str, list[JobState]] = defaultdict(list)
+    explained: defaultdict[str, list[JobState]] = defaultdict(list)  # waiting jobs with a reason
+    last_seq, in_order = -1, True  # whether queued jobs come in submission order (they do)
+    for job in state.jobs.values():
+        phase = job.phase
+        if phase == "queued":
+            waiting[job.spec.queue].append(job)
+            if job.reasons:
+                explained[job.spec.queue].append(job)
+            if job.submitted_seq <= last_seq:
+                in_order = False
+            last_seq = job.submitted_seq
+        elif phase in HOLDS_QUOTA:
+            held = ledger.hold(job)
+            fair.remember(job)
+            if held is not None:
+                holders.setdefault((job.spec.queue, held[0]), []).append(
+                    (job.priority, held[1], _preemptible(state, job))
+                )
+        elif phase == "submitted":
+            submitted.append(job)
+        elif phase == "preempted" or phase == "interrupted":
+            stopped.append(job)
+            fair.remember(job)
+        elif phase in FINAL and job.admission is not None:
+            fair.remember(job)
+    events: list[Event] = []
+
+    # 1. Accept or reject what was submitted, in submission order.
+    submitted.sort(key=lambda j: (j.submitted_seq, j.id))
+    for job in submitted:
+        why = validate(state, job, ledger)
+        if why is not None:
+            events.append(JobRejected(job_id=job.id, request_seq=job.submitted_seq, reason=why))
+            continue
+        prio = priority_value(state, job.spec.priority_class) or 0
+        events.append(JobAccepted(job_id=job.id, priority=prio))
+        as_queued = msgspec.structs.replace(job, phase="queued", priority=prio, reasons=())
+        waiting[job.spec.queue].append(as_queued)
+
+    # 2. Send stopped jobs back to their queue for their next attempt.
+    stopped.sort(key=lambda j: (j.submitted_seq, j.id))
+    for job in stopped:
+        reason = _requeue_reason(job)
+        resume = job.checkpoint.location if job.checkpoint is not None else None
+        events.append(JobRequeued(job_id=job.id, attempt=job.attempt, reason=reason, resume_from=resume))
+        as_queued = msgspec.structs.replace(
+            job, phase="queued", attempt=job.attempt + 1, admission=None, placement=None, reasons=(reason,)
+        )
+        waiting[job.spec.queue].append(as_queued)
+        explained[job.spec.queue].append(as_queued)
+
+    # 3. Order the backlog by fair share; 4. admit whole gangs while quota allows.
+    lost = sorted(
+        (job for name, jobs in waiting.items() if not ledger.has_queue(name) for job in jobs),
+        key=lambda j: (j.submitted_seq, j.id),
+    )
+    # Jobs accepted or requeued this cycle were appended out of submission order.
+    touched = {j.spec.queue for j in submitted} | {j.spec.queue for j in stopped}
+    sorted_already = [q for q in waiting if q not in touched] if in_order else []
+    order = FairShareOrder(waiting, ledger, fair, config.lookahead, sorted_already)
+    admissions = _admit(order, ledger, config.max_admissions)
+    if admissions:
+        events.append(JobsAdmitted(based_on=state.seq, now=now, admissions=tuple(admissions)))
+
+    # 5. Say why everything else waits, where that changed.
+    events.extend(_reasons(order, explained, ledger, holders, config.detail))
+    for job in lost:
+        why = Reason("unknown-queue", f"queue {job.spec.queue} no longer exists; cancel and resubmit the job")
+        if job.reasons != (why,):
+            events.append(PendingReasonChanged(job_id=job.id, reasons=(why,)))
+    return events
+
+
+def _preemptible(state: State, job: JobState) -> bool:
+    pc = state.priority_classes.get(job.spec.priority_class)
+    return job.spec.preemptible and (pc is None or pc.preemptible)
+
+
+def _requeue_reason(job: JobState) -> Reason:
+    why = job.reasons[0].message if job.reasons else job.phase
+    msg = f"{why}; back in queue {job.spec.queue} for attempt {job.attempt + 1}"
+    if job.checkpoint is not None:
+        msg += f", resuming from step {job.checkpoint.step}"
+    return Reason("requeued", msg)
+
+
+# -- 4. admission ----------------------------------------------------------------------------------
+
+
+def _admit(order: FairShareOrder, ledger: Ledger, cap: int) -> list[Admission]:
+    out: list[Admission] = []
+    while len(out) < cap and (cur := order.pop()) is not None:
+        job = cur.head
+        spec = job.spec
+        demands = quota.worker_demands(cur.spec, spec.resources)
+        if not demands:  # needs no GPU, so no quota
+            out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=spec.replicas))
+            order.admitted(cur)
+            continue
+        lo, hi = quota.min_replicas(spec), spec.replicas
+        for key, per_worker in demands:
+            room = cur.room.get(key)
+            if room is not None and per_worker * lo > room:
+                continue
+            avail = ledger.available(cur.name, key)
+            replicas = min(hi, avail // per_worker)
+            if replicas >= lo:
+                milli = per_worker * replicas
+                ledger.charge(cur.name, key, milli)
+                cur.room[key] = avail - milli
+                gpus = quota.admission_gpus(key, milli)
+                out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus))
+                order.admitted(cur)
+                break
+            cur.room[key] = avail
+        else:
+            order.passed(cur)
+    return out
+
+
+# -- 5. reasons ------------------------------------------------------------------------------------
+
+
+class _Explainer:
+    """Reasons for waiting jobs, with the what-if arithmetic cached per queue, key and size."""
+
+    def __init__(self, ledger: Ledger, holders: dict[tuple[str, str], list[_Holder]], detail: int) -> None:
+        self.ledger = ledger
+        self.holders = holders
+        self.detail = detail
+        self._quota: dict[tuple[str, str, int, int], tuple[str, str]] = {}
+        self._standing: dict[tuple[str, str], str] = {}
+        self._trees: dict[tuple[str, str], list[tuple[str, int]]] = {}  # (root, key) -> borrowers
+        self._borrowed: dict[tuple[str, str], tuple[list[tuple[str, int]], int]] = {}
+
+    def quota(self, cur: Cursor, job: JobState, position: str) -> Reason:
+        demands = quota.worker_demands(cur.spec, job.spec.resources)
+        if not demands:
+            return Reason("queued", f"waiting for the next admission cycle; {position}")
+        key, per_worker = demands[0]
+        need = per_worker * quota.min_replicas(job.spec)
+        cache_key = (cur.name, key, need, job.priority)
+        found = self._quota.get(cache_key)
+        if found is None:
+            if self.ledger.fits(cur.name, key, need):
+                # Not looked at this cycle: further back than a best-effort queue's lookahead.
+                fits_now = f"needs {fmt_gpus(need)} {key_name(key)}, which fits now"
+                text = f"{fits_now}; waiting behind jobs that do not"
+                found = (text, "")
+            else:
+                standing = self._standing.get((cur.name, key))
+                if standing is None:
+                    standing = self._standing[cur.name, key] = self.ledger.standing(cur.name, key)
+                text = f"needs {fmt_gpus(need)} {key_name(key)}; {standing}"
+                found = (text, self._help(cur.name, key, need, job.priority))
+            self._quota[cache_key] = found
+        text, helps = found
+        return Reason("quota", f"{text}; {position}{helps}", bool(helps))
+
+    def _help(self, queue: str, key: str, need: int, priority: int) -> str:
+        """What preemption could free for this job: GPUs other queues borrowed, when the job is
+        within its queue's nominal (reclaim), or GPUs held by lower-priority preemptible jobs of
+        its own queue. Simulated on the ledger, then undone."""
+        ledger = self.ledger
+        name = key_name(key)
+        borrowers, borrowed_total = self._borrowers(queue, key)
+        if ledger.used(queue, key) + need <= ledger.nominal(queue, key) and (
+            need <= ledger.available(queue, key) + borrowed_total
+        ):
+            taken: list[tuple[str, int]] = []
+            fits = False
+            for other, borrowed in borrowers:
+                ledger.charge(other, key, -borrowed)
+                taken.append((other, borrowed))
+                if fits := ledger.fits(queue, key, need):
+                    break
+            for other, borrowed in taken:
+                ledger.charge(other, key, borrowed)
+            if fits:
+                who = ", ".join(f"{q}'s {fmt_gpus(b)}" for q, b in taken)
+                return f"; would fit now if {who} borrowed {name} were reclaimed"
+        lower = sum(m for p, m, ok in self.holders.get((queue, key), ()) if p < priority and ok)
+        if lower > 0:
+            ledger.charge(queue, key, -lower)
+            fits = ledger.fits(queue, key, need)
+            ledger.charge(queue, key, lower)
+            if fits:
+                return f"; would fit now if lower-priority jobs of {queue} gave back {fmt_gpus(lower)} {name}"
+        return ""
+
+    def _borrowers(self, queue: str, key: str) -> tuple[list[tuple[str, int]], int]:
+        """Other queues of the tree above their nominal, biggest first, and what they borrow."""
+        found = self._borrowed.get((queue, key))
+        if found is None:
+            tree = (self.ledger.root(queue), key)
+            everyone = self._trees.get(tree)
+            if everyone is None:
+                everyone = self._trees[tree] = self.ledger.borrowers(queue, key, exclude=False)
+            others = [(q, b) for q, b in everyone if q != queue]
+            found = self._borrowed[queue, key] = (others, sum(b for _, b in others))
+        return found
+
+    def fifo(self, cur: Cursor, position: str) -> Reason:
+        head = cur.head
+        return Reason("fifo", f"queue {cur.name} is strict FIFO: waiting behind {head.id}; {position}")
+
+    def tail(self, cur: Cursor, code: str) -> Reason:
+        if code == "fifo":
+            return Reason(
+                "fifo", f"waiting in strict-FIFO queue {cur.name} behind {self.detail} or more jobs"
+            )
+        return Reason(
+            "quota", f"waiting in queue {cur.name} behind {self.detail} or more jobs; its quota is in use"
+        )
+
+
+def _reasons(
+    order: FairShareOrder,
+    explained: dict[str, list[JobState]],
+    ledger: Ledger,
+    holders: dict[tuple[str, str], list[_Holder]],
+    detail: int,
+) -> list[Event]:
+    ex = _Explainer(ledger, holders, detail)
+    out: list[Event] = []
+    for name in sorted(order.cursors):
+        cur = order.cursors[name]
+        jobs = cur.jobs
+        done = set(cur.admitted)
+        left = len(jobs) - len(done)
+        # Jobs at or past pos were not reached (the cycle hit its cap) unless the queue stopped.
+        reached = len(jobs) if cur.blocked or cur.stopped else cur.pos
+        total = str(left) if left <= detail else f"more than {detail}"
+        front: set[str] = set()
+        position = 0
+        i = 0
+        while i < reached and position < detail:  # the front: reasons with figures
+            job = jobs[i]
+            front.add(job.id)
+            if i not in done:
+                position += 1
+                where = f"position {position} of {total} in {name}"
+                reason = ex.fifo(cur, where) if cur.blocked and i > cur.pos else ex.quota(cur, job, where)
+                if job.reasons != (reason,):
+                    out.append(PendingReasonChanged(job_id=job.id, reasons=(reason,)))
+            i += 1
+        if reached < len(jobs):
+            continue  # the cycle ended before it reached the rest of this queue
+        # Further back, one stable reason per queue, given only to jobs that carry another: the
+        # deep backlog costs nothing here, and no event, until a job has something to unsay.
+        tail = (ex.tail(cur, "fifo" if cur.blocked else "quota"),)
+        admitted = {jobs[k].id for k in done}
+        stale = explained.get(name, [])
+        sort_queue(stale)  # events in queue order, whatever order the State held the jobs in
+        for job in stale:
+            if job.id not in front and job.id not in admitted and job.reasons != tail:
+                out.append(PendingReasonChanged(job_id=job.id, reasons=tail))
+    return out

@@ -1,0 +1,289 @@
+"""Fair-share order of pending jobs: which queue's head goes next.
+
+Within a queue, jobs wait by priority (highest first), then submission (log sequence), then id.
+Across queues, the next job is the head of the queue that
+
+1. would stay within its nominal quota (jobs that need no borrowing go before jobs that do),
+2. has the lowest weighted dominant share: the largest, over GPU keys, of
+   (held now + decayed past holding) / all quota of that key in the queue's cohort tree,
+   divided by the queue's weight,
+3. then the head with the higher priority, the earlier submission, the smaller id.
+
+After each admission the admitting queue's share is recomputed before its next head competes,
+so teams interleave rather than one queue draining first. A strict-FIFO queue stops at a head
+that does not fit; a best-effort-FIFO queue lets later jobs go, looking at most ``lookahead``
+jobs past ones that do not fit per cycle (the rest wait for the queue to move).
+
+Past holding decays with a half-life: a GPU held ``t`` seconds ago weighs
+``2 ** (-t / half_life)``, normalised so that holding ``g`` GPUs forever counts as ``g``; a team
+that used little lately goes first.
+
+Past holding is derived from the State alone, so every replica computes the same order: a job
+holding quota counts from the start of its current phase; a job that held quota and has ended
+counts for its runtime estimate (at most from submission to end), since the State keeps no start
+time for it. Everything is deterministic: no clock (``now`` is an argument), no dict-order
+dependence (queues are visited by name, ties end at job id).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Collection, Mapping
+from itertools import islice
+from operator import attrgetter, lt
+
+from events.queues import QueueSpec
+from projections import quota
+from projections.lifecycle import FINAL, HOLDS_QUOTA
+from projections.quota import Ledger
+from projections.state import WHOLE, JobState, State
+
+_by_id = attrgetter("id")
+_by_seq = attrgetter("submitted_seq")
+_by_priority = attrgetter("priority")
+
+
+def sort_queue(jobs: list[JobState], in_submission_order: bool = False) -> None:
+    """Order one queue's pending jobs in place: priority, then submission, then id.
+
+    ``in_submission_order``: the caller saw the jobs' submission sequences strictly increase
+    (the fold inserts jobs in submission order, so a scan of the State yields them so), and the
+    check, costly over a deep backlog, is skipped."""
+    if not jobs:
+        return
+    if not in_submission_order:
+        # The submission sequence is the SubmitJob record's log position, one per job; only a
+        # State built by hand can repeat one, and then the id decides.
+        seqs = list(map(_by_seq, jobs))
+        if not all(map(lt, seqs, islice(seqs, 1, None))):
+            if len(set(seqs)) != len(seqs):
+                jobs.sort(key=_by_id)
+            jobs.sort(key=_by_seq)
+    jobs.sort(key=_by_priority, reverse=True)  # stable, also in reverse
+
+
+class FairShare:
+    """Per queue and key: held now (from the ledger, which admissions keep current) plus decayed
+    past holding (``remember``-ed jobs), and the weighted dominant share that follows."""
+
+    def __init__(self, ledger: Ledger, now: float, half_life_s: float) -> None:
+        self._ledger = ledger
+        self._now = now
+        self._rate = math.log(2) / half_life_s if half_life_s > 0 else 0.0
+        # queue -> key -> decayed milli-GPU of each job; summed with fsum, exactly rounded, so
+        # the share does not depend on the order jobs were visited in.
+        self._parts: dict[str, dict[str, list[float]]] = {}
+        self._history: dict[str, dict[str, float]] = {}
+        self._caps: dict[str, dict[str, int]] = {}  # the tree's quota per key: fixed for a cycle
+
+    def remember(self, job: JobState) -> None:
+        """Count the quota ``job`` holds or held into its queue's past usage."""
+        adm = job.admission
+        if self._rate == 0.0 or adm is None or len(adm.gpus) != 1:
+            return
+        if job.phase in HOLDS_QUOTA:
+            start, end = job.phase_since, self._now
+        elif job.phase in FINAL or job.phase in ("preempted", "interrupted"):
+            end = job.phase_since
+            ran = min(job.spec.runtime_estimate_s or 0.0, max(0.0, end - job.submitted_at))
+            start = end - ran
+        else:
+            return
+        if end <= start:
+            return
+        key = next(iter(adm.gpus))
+        milli = quota.worker_milli(job.spec.resources, key) * adm.replicas
+        decayed = milli * (
+            math.exp(-self._rate * max(0.0, self._now - end))
+            - math.exp(-self._rate * max(0.0, self._now - start))
+        )
+        self._parts.setdefault(job.spec.queue, {}).setdefault(key, []).append(decayed)
+        self._history.pop(job.spec.queue, None)
+
+    def history(self, queue: str) -> dict[str, float]:
+        """Decayed past holding of ``queue`` per key, in milli-GPU."""
+        found = self._history.get(queue)
+        if found is None:
+            parts = self._parts.get(queue, {})
+            found = self._history[queue] = {k: math.fsum(v) for k, v in parts.items()}
+        return found
+
+    def share(self, queue: str) -> float:
+        """Weighted dominant share: called after every admission, so kept to dict lookups."""
+        ledger = self._ledger
+        past = self.history(queue)
+        used = ledger.usage(queue)
+        caps = self._caps.get(queue)
+        if caps is None:
+            caps = self._caps[queue] = {}
+        worst = 0.0
+        for key in used.keys() | past.keys():
+            cap = caps.get(key)
+            if cap is None:
+                cap = caps[key] = ledger.capacity(queue, key)
+            if cap > 0:
+                worst = max(worst, (used.get(key, 0) + past.get(key, 0.0)) / cap)
+        return worst / ledger.spec(queue).weight
+
+
+class Cursor:
+    """One queue's pending jobs in order, and how far this cycle has walked them."""
+
+    __slots__ = ("name", "spec", "jobs", "pos", "blocked", "stopped", "passes", "admitted", "room")
+
+    def __init__(self, name: str, spec: QueueSpec, jobs: list[JobState]) -> None:
+        self.name = name
+        self.spec = spec
+        self.jobs = jobs
+        self.pos = 0  # jobs before pos were admitted or found not to fit
+        self.blocked = False  # strict FIFO: the head at pos does not fit, the rest wait for it
+        self.stopped = False  # best effort: looked ``lookahead`` jobs past ones that do not fit
+        self.passes = 0  # jobs found not to fit this cycle
+        self.admitted: list[int] = []  # positions admitted this cycle
+        # Per key, an upper bound on what the queue may still take this cycle: availability only
+        # shrinks within a cycle, so a job needing more is known not to fit without a check.
+        self.room: dict[str, int] = {}
+
+    @property
+    def strict(self) -> bool:
+        return self.spec.strategy == "strict-fifo"
+
+    @property
+    def head(self) -> JobState:
+        return self.jobs[self.pos]
+
+
+class FairShareOrder:
+    """A heap of queue heads keyed by fair share; the caller pops a head, decides about it, and
+    says what happened (``admitted``, ``passed``) so the queue competes again with its next job."""
+
+    def __init__(
+        self,
+        waiting: Mapping[str, list[JobState]],
+        ledger: Ledger,
+        fair: FairShare,
+        lookahead: int = 1 << 30,
+        in_submission_order: Collection[str] = (),
+    ) -> None:
+        self._ledger = ledger
+        self._lookahead = lookahead
+        self._fair = fair
+        self._heap: list[tuple[bool, float, int, int, str, str]] = []
+        self.cursors: dict[str, Cursor] = {}
+        for name in sorted(waiting):
+            jobs = waiting[name]
+            if not jobs or not ledger.has_queue(name):
+                continue
+            sort_queue(jobs, name in in_submission_order)
+            cur = self.cursors[name] = Cursor(name, ledger.spec(name), jobs)
+            self.push(cur)
+
+    def push(self, cur: Cursor) -> None:
+        if cur.blocked or cur.stopped or cur.pos >= len(cur.jobs):
+            return
+        job = cur.head
+        heapq.heappush(
+            self._heap,
+            (
+                self._borrows(cur, job),
+                self._fair.share(cur.name),
+                -job.priority,
+                job.submitted_seq,
+                job.id,
+                cur.name,
+            ),
+        )
+
+    def pop(self) -> Cursor | None:
+        if not self._heap:
+            return None
+        return self.cursors[heapq.heappop(self._heap)[-1]]
+
+    def admitted(self, cur: Cursor) -> None:
+        cur.admitted.append(cur.pos)
+        cur.pos += 1
+        self.push(cur)
+
+    def passed(self, cur: Cursor) -> None:
+        """The head does not fit: a strict FIFO queue stops here; a best-effort one goes on with
+        the next job its ``room`` does not already rule out (skipped without a heap round each),
+        looking at most ``lookahead`` jobs past ones that do not fit per cycle, so that a cycle
+        over deep, full queues stays cheap; the rest wait for the queue to move."""
+        if cur.strict:
+            cur.blocked = True
+            return
+        jobs, room, spec = cur.jobs, cur.room, cur.spec
+        big = 1 << 62
+        room_any = room.get(quota.ANY, big)
+        keys_of: dict[tuple[str, ...], tuple[str, ...]] = {}
+        start = cur.pos + 1
+        end = min(len(jobs), start + max(0, self._lookahead - cur.passes - 1))
+        pos = start
+        while pos < end:
+            job_spec = jobs[pos].spec
+            res = job_spec.resources
+            if res.mig is not None:
+                break  # rare: let the full check decide
+            g = res.gpus
+            if g <= 0:
+                break
+            need = res.gpu_milli if g == 1 and 0 < res.gpu_milli < WHOLE else g * WHOLE
+            need *= job_spec.replicas if job_spec.min_replicas is None else job_spec.min_replicas
+            models = res.gpu_models
+            if not models:
+                if need <= room_any:
+                    break
+            else:
+                keys = keys_of.get(models)
+                if keys is None:
+                    keys = keys_of[models] = quota.candidate_keys(spec, res)
+                if any(need <= room.get(k, big) for k in keys):
+                    break
+            pos += 1
+        cur.passes += pos - start + 1
+        cur.pos = pos
+        if pos == end and end < len(jobs):
+            cur.stopped = True
+        self.push(cur)
+
+    def _borrows(self, cur: Cursor, job: JobState) -> bool:
+        demands = quota.worker_demands(cur.spec, job.spec.resources)
+        if not demands:
+            return False
+        key, per_worker = demands[0]
+        need = per_worker * quota.min_replicas(job.spec)
+        return self._ledger.used(cur.name, key) + need > self._ledger.nominal(cur.name, key)
+
+
+def waiting_by_queue(jobs: list[JobState]) -> dict[str, list[JobState]]:
+    out: dict[str, list[JobState]] = {}
+    for job in jobs:
+        out.setdefault(job.spec.queue, []).append(job)
+    return out
+
+
+def pending_order(state: State, now: float, half_life_s: float) -> list[JobState]:
+    """Every queued job in the order admission would consider it if each were admitted in
+    turn (``corral queues`` and ``corral explain`` positions). Deterministic for a State."""
+    ledger = Ledger(state)
+    fair = FairShare(ledger, now, half_life_s)
+    queued: list[JobState] = []
+    for job in state.jobs.values():
+        if job.phase in HOLDS_QUOTA:
+            ledger.hold(job)
+        if job.phase == "queued":
+            queued.append(job)
+        else:
+            fair.remember(job)
+    order = FairShareOrder(waiting_by_queue(queued), ledger, fair)
+    out: list[JobState] = []
+    while (cur := order.pop()) is not None:
+        job = cur.head
+        out.append(job)
+        demands = quota.worker_demands(cur.spec, job.spec.resources)
+        if demands:
+            key, per_worker = demands[0]
+            ledger.charge(cur.name, key, per_worker * job.spec.replicas)
+        order.admitted(cur)
+    return out

@@ -62,8 +62,21 @@ def server_url(given: str | None) -> str:
 async def open_log(url: str) -> EventLog:
     from events.jetstream import JetStreamLog
 
+    async def quiet(e: Exception) -> None:
+        return None  # the one-line failure below says it; nats-py would print a traceback
+
     try:
-        return await asyncio.wait_for(JetStreamLog.connect(url), timeout=5)
+        return await asyncio.wait_for(
+            JetStreamLog.connect(
+                url,
+                connect_timeout=3,
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.1,
+                error_cb=quiet,
+            ),
+            timeout=10,
+        )
     except (TimeoutError, OSError, LogError) as e:
         raise Failure(f"cannot reach the corral server at {url}: {e or type(e).__name__}") from None
     except Exception as e:  # nats-py raises its own family for refused connections
@@ -101,6 +114,32 @@ def cmd_up(args: argparse.Namespace) -> None:
     from services.up import run_cluster
 
     asyncio.run(run_cluster(args.server, args.nodes, args.profile, Path(args.data), args.port))
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    """One decision service as its own process, against a running NATS."""
+    from services.shell import Service, stop_on_signals
+    from services.up import service_roles
+
+    roles = service_roles()
+    if args.role not in roles:
+        raise BadInput(f"unknown service {args.role!r}; services: {', '.join(roles)}")
+
+    async def run() -> None:
+        log = await open_log(server_url(args.server))
+        snapshots = None
+        try:
+            if args.snapshot:
+                from projections.snapshot import SnapshotStore
+
+                snapshots = await SnapshotStore.open(args.snapshot)
+            await Service(args.role, roles[args.role], log, snapshots=snapshots).run(stop_on_signals())
+        finally:
+            if snapshots is not None:
+                await snapshots.close()
+            await log.close()
+
+    asyncio.run(run())
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -153,22 +192,29 @@ async def publish_request(url: str, tenant: str, verb: str, body: Any, msg_id: s
         await log.close()
 
 
+def tenant_of(args: argparse.Namespace) -> str:
+    tenant: str = args.tenant or "default"
+    if not subjects.is_token(tenant):
+        raise BadInput(f"tenant {tenant!r}: use letters, digits, '-' and '_'")
+    return tenant
+
+
 def cmd_submit(args: argparse.Namespace) -> None:
     job_id, spec = job_from_args(args)
     job_id = args.id or job_id or f"j-{secrets.token_hex(5)}"
     if not subjects.is_token(job_id):
         raise BadInput(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")
     req = SubmitJob(request_id=job_id, job=spec)
-    asyncio.run(
-        publish_request(server_url(args.server), args.tenant, "submit", req, f"submit:{args.tenant}:{job_id}")
-    )
+    tenant = tenant_of(args)
+    asyncio.run(publish_request(server_url(args.server), tenant, "submit", req, f"submit:{tenant}:{job_id}"))
     print(job_id)
 
 
 def cmd_cancel(args: argparse.Namespace) -> None:
     req = CancelJob(job_id=args.job, reason=args.reason or "")
-    msg_id = f"cancel:{args.tenant}:{args.job}"
-    asyncio.run(publish_request(server_url(args.server), args.tenant, "cancel", req, msg_id))
+    tenant = tenant_of(args)
+    msg_id = f"cancel:{tenant}:{args.job}"
+    asyncio.run(publish_request(server_url(args.server), tenant, "cancel", req, msg_id))
     print(f"cancel requested for {args.job}")
 
 
@@ -343,7 +389,11 @@ def parser() -> argparse.ArgumentParser:
         "--server", help="NATS URL (default: $CORRAL_SERVER, the running `corral up`, or localhost)"
     )
     common.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    common.add_argument("--tenant", default=os.environ.get("CORRAL_TENANT", "default"))
+    common.add_argument(
+        "--tenant",
+        default=os.environ.get("CORRAL_TENANT"),
+        help="who you act as (default: $CORRAL_TENANT, else 'default'); lists show only its jobs",
+    )
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
 
     up = sub.add_parser("up", parents=[common], help="embedded NATS, the services and simulated nodes")
@@ -352,6 +402,11 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--data", default=str(STATE_DIR / "data"), help="JetStream store directory")
     up.add_argument("--port", type=int, default=0, help="NATS port (default: a free one)")
     up.set_defaults(fn=cmd_up)
+
+    sv = sub.add_parser("serve", parents=[common], help="run one decision service (its own process)")
+    sv.add_argument("role")
+    sv.add_argument("--snapshot", help="SQLite file for snapshots of its state")
+    sv.set_defaults(fn=cmd_serve)
 
     demo = sub.add_parser("demo", parents=[common], help="the whole mission on one machine, narrated")
     demo.add_argument("--data", default=str(STATE_DIR / "demo"))

@@ -23,15 +23,10 @@ from services.shell import Decide, Service, stop_on_signals
 
 
 def service_roles() -> dict[str, Decide]:
-    """The decision services that run in a cluster, by role."""
-    roles: dict[str, Decide] = {}
-    try:
-        from services.admission.service import decide as admission
+    """The decision services that run in a cluster, by role, each a pure ``decide``."""
+    from services.admission.decide import decide as admission
 
-        roles["admission"] = admission
-    except ImportError:
-        pass
-    return roles
+    return {"admission": admission}
 
 
 async def connect(url: str) -> EventLog:

@@ -1,0 +1,550 @@
+"""Safety properties of the fold, on logs hypothesis makes up.
+
+- It never raises and never faults, whatever it is fed: random bytes, random subjects, JSON of the
+  wrong types, valid events out of order or on the wrong subject.
+- A snapshot (msgpack of State) at any cut, plus the tail, is the same state as folding it all.
+- Whatever placers race to propose, no GPU is over-allocated, a whole GPU has one holder, and
+  the winners are exactly the first proposals that still held, in log order; replicas agree.
+- Folding is deterministic, and the simulator's decoded path agrees with the wire path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from events import codec
+from events import subjects as subj
+from events.base import Event, Reason
+from events.decisions import GpuClaim, JobsPlaced, MigSlot, Placement, PreemptionRequested, Victim, WorkerSlot
+from events.jobs import Admission, CancelJob, JobRequeued, JobsAdmitted, JobSpec, ResizeJob, SubmitJob
+from events.log import Record
+from events.nodes import (
+    CheckpointCompleted,
+    GpuHealthChanged,
+    GpuInfo,
+    NodeConditionChanged,
+    NodeCordoned,
+    NodeInventory,
+    NodeRegistered,
+    WorkerExited,
+    WorkerStarted,
+)
+from events.queues import (
+    ApplyCohort,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CohortSpec,
+    CordonNode,
+    DeleteQueue,
+    PriorityClassSpec,
+    QueueSpec,
+)
+from projections.fold import apply_event, fold
+from projections.state import WHOLE, State
+from services.inventory import h100_8x_mig, h100_8x_nvswitch
+from tests.builders import (
+    LogBuilder,
+    home_subject,
+    job,
+    job_specs,
+    mig_slot,
+    names,
+    on,
+    placement,
+    service_events,
+    share,
+    whole,
+    worker,
+)
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# -- what the log may hold ------------------------------------------------------------------------
+
+SUBJECTS = [
+    "corral.in.alice.submit",
+    "corral.in.alice.cancel",
+    "corral.in.bob.resize",
+    "corral.in.alice.queue",
+    "corral.in.admin.queue",
+    "corral.in.admin.cohort",
+    "corral.in.admin.cordon",
+    "corral.in.admin.submit",
+    "corral.ev.job.j1",
+    "corral.ev.job.j2",
+    "corral.ev.node.node-00",
+    "corral.ev.node.node-01",
+    "corral.ev.decision.placer",
+    "corral.ev.decision.admission",
+    "corral.ev.decision.preemptor",
+    "corral.ev.queue.team-a",
+    "corral.in.",
+    "corral.ev.",
+    "corral.hb.node-00",
+]
+subjects = st.sampled_from(SUBJECTS) | st.text(max_size=30)
+tenants = st.sampled_from(["alice", "bob", "admin"])
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+requests: st.SearchStrategy[tuple[str, Event]] = st.one_of(
+    st.tuples(st.just("submit"), st.builds(SubmitJob, request_id=names, job=job_specs)),
+    st.tuples(st.just("cancel"), st.builds(CancelJob, job_id=names)),
+    st.tuples(st.just("resize"), st.builds(ResizeJob, job_id=names, replicas=st.integers(-1, 4))),
+    st.tuples(
+        st.just("queue"),
+        st.builds(
+            ApplyQueue, queue=st.builds(QueueSpec, names, cohort=st.none() | names, weight=st.floats(-1, 2))
+        ),
+    ),
+    st.tuples(
+        st.just("cohort"),
+        st.builds(ApplyCohort, cohort=st.builds(CohortSpec, names, parent=st.none() | names)),
+    ),
+    st.tuples(
+        st.just("priority-class"),
+        st.builds(
+            ApplyPriorityClass,
+            priority_class=st.builds(PriorityClassSpec, names, st.integers(-5, 5), preemptible=st.booleans()),
+        ),
+    ),
+    st.tuples(st.just("delete-queue"), st.builds(DeleteQueue, name=names)),
+    st.tuples(
+        st.just("cordon"), st.builds(CordonNode, node=names, cordoned=st.booleans(), drain=st.booleans())
+    ),
+)
+
+inventories = st.builds(
+    NodeInventory,
+    cpu_milli=st.integers(0, 300_000),
+    memory_mib=st.integers(0, 1 << 21),
+    gpus=st.integers(0, 3).flatmap(
+        lambda n: st.tuples(
+            *(
+                st.builds(
+                    GpuInfo,
+                    index=st.just(i) if n < 3 else st.integers(0, 3),
+                    uuid=st.just(f"GPU-{i}"),
+                    model=st.sampled_from(["H100-80GB", "A100-80GB", "T4"]),
+                    memory_mib=st.just(81_920),
+                    mig=st.booleans(),
+                )
+                for i in range(n)
+            )
+        )
+    ),
+)
+registrations = st.builds(
+    NodeRegistered, node=st.sampled_from(["node-00", "node-01", "node-02"]), inventory=inventories
+)
+
+
+def _typed_garbage(t: type[Event], fields: dict[str, Any]) -> bytes:
+    """An envelope naming a real type whose body fields hold JSON of any type."""
+    body = {"type": t.__name__, **fields}
+    return msgspec.json.encode({"id": "x", "type": t.__name__, "time": 0.0, "producer": "p", "body": body})
+
+
+def _field_names(t: type[Event]) -> list[str]:
+    return [f.name for f in msgspec.structs.fields(t)]
+
+
+typed_garbage = st.sampled_from(codec.EVENT_TYPES).flatmap(
+    lambda t: st.dictionaries(st.sampled_from(_field_names(t)), json_values, max_size=4).map(
+        lambda fields: _typed_garbage(t, fields)
+    )
+)
+
+
+def _sealed(ev: Event) -> bytes:
+    return codec.encode(codec.seal(ev, event_id="e", time=0.0, producer="p"))
+
+
+JOBS = {"j1": "node-00", "j2": "node-00", "j3": "node-01"}  # where each base job can go
+attempts = st.integers(0, 1)
+
+
+def _claim_for(job_id: str, gpu: int, start: int) -> GpuClaim:
+    if job_id == "j1":
+        return GpuClaim(gpu)
+    if job_id == "j2":
+        return GpuClaim(gpu, milli=500)
+    return GpuClaim(gpu, mig=MigSlot("3g.40gb", start))
+
+
+def _node_of(job_id: str, other: bool) -> str:
+    node = JOBS.get(job_id, "node-00")
+    return ("node-01" if node == "node-00" else "node-00") if other else node
+
+
+job_ids = st.sampled_from(sorted(JOBS))
+node_ids = st.sampled_from(["node-00", "node-01"])
+_T = 0.0
+
+# Events that make sense for the base jobs, so the fold goes deep: admissions, placements,
+# starts, exits, checkpoints, requeues, preemptions, health, re-registrations that shrink a node.
+plausible_events: st.SearchStrategy[Event] = st.one_of(
+    st.builds(
+        lambda j, a: JobsAdmitted(based_on=0, now=_T, admissions=(Admission(j, a, 1),)), job_ids, attempts
+    ),
+    st.builds(
+        lambda j, a, g, s, other: JobsPlaced(
+            based_on=0,
+            now=_T,
+            placements=(Placement(j, a, (WorkerSlot(0, _node_of(j, other), (_claim_for(j, g, s),)),)),),
+        ),
+        job_ids,
+        attempts,
+        st.integers(0, 2),
+        st.sampled_from([0, 4]),
+        st.sampled_from([False, False, False, True]),
+    ),
+    st.builds(lambda j, a: WorkerStarted(node=JOBS[j], job_id=j, attempt=a, rank=0), job_ids, attempts),
+    st.builds(
+        lambda j, a, c, stop: WorkerExited(node=JOBS[j], job_id=j, attempt=a, rank=0, code=c, stopped=stop),
+        job_ids,
+        attempts,
+        st.sampled_from([0, 1, 137]),
+        st.booleans(),
+    ),
+    st.builds(
+        lambda j, a: CheckpointCompleted(node=JOBS[j], job_id=j, attempt=a, location="/c", step=1),
+        job_ids,
+        attempts,
+    ),
+    st.builds(lambda j, a: JobRequeued(job_id=j, attempt=a, reason=Reason("r", "r")), job_ids, attempts),
+    st.builds(
+        lambda b, v, a: PreemptionRequested(
+            based_on=0, now=_T, beneficiary=b, victims=(Victim(v, a),), deadline=_T
+        ),
+        job_ids,
+        job_ids,
+        attempts,
+    ),
+    st.builds(
+        lambda n, g, h: GpuHealthChanged(node=n, gpu=g, healthy=h), node_ids, st.integers(0, 2), st.booleans()
+    ),
+    st.builds(
+        lambda n, c: NodeConditionChanged(node=n, condition=c),
+        node_ids,
+        st.sampled_from(["ready", "suspect", "lost"]),
+    ),
+    st.builds(lambda n, c: NodeCordoned(node=n, cordoned=c), node_ids, st.booleans()),
+    st.builds(
+        lambda n, k: NodeRegistered(node=n, inventory=_shrunk(n, k)), node_ids, st.sampled_from([0, 1, 2, 8])
+    ),
+)
+
+
+def _shrunk(node: str, gpus: int) -> NodeInventory:
+    inv = h100_8x_nvswitch(node) if node == "node-00" else h100_8x_mig(node)
+    return NodeInventory(inv.cpu_milli, inv.memory_mib, inv.gpus[:gpus], inv.labels)
+
+
+# One record's (subject, payload): mostly plausible, some hostile.
+parts: st.SearchStrategy[tuple[str, bytes]] = st.one_of(
+    plausible_events.map(lambda ev: (home_subject(ev), _sealed(ev))),
+    plausible_events.map(lambda ev: (home_subject(ev), _sealed(ev))),
+    plausible_events.map(lambda ev: (home_subject(ev), _sealed(ev))),
+    st.tuples(st.sampled_from(["alice", "bob"]), job_ids).map(
+        lambda tj: (subj.request(tj[0], "cancel"), codec.encode(CancelJob(job_id=tj[1])))
+    ),
+    service_events.map(lambda ev: (home_subject(ev), _sealed(ev))),
+    service_events.map(lambda ev: (home_subject(ev), _sealed(ev))),
+    registrations.map(lambda ev: (home_subject(ev), _sealed(ev))),
+    st.tuples(tenants, requests).map(lambda tr: (subj.request(tr[0], tr[1][0]), codec.encode(tr[1][1]))),
+    st.tuples(subjects, service_events.map(_sealed)),
+    st.tuples(subjects, st.binary(max_size=40)),
+    st.tuples(subjects, json_values.map(msgspec.json.encode)),
+    st.tuples(st.sampled_from(SUBJECTS), typed_garbage),
+)
+
+
+def _base() -> LogBuilder:
+    """Two real nodes (one in MIG mode) and three jobs in three queues, so that random events have
+    targets and preemption across queues is possible."""
+    log = LogBuilder().node("node-00", h100_8x_nvswitch("node-00")).node("node-01", h100_8x_mig("node-01"))
+    log.submit("alice", "j1", job("team-a").gpus(1).restarts(1))
+    log.submit("bob", "j2", job("team-b").milli(500).checkpointable())
+    log.submit("carol", "j3", job("team-c").mig("3g.40gb").restarts(0))
+    return log.accept("j1", priority=1).accept("j2", priority=2).accept("j3", priority=3)
+
+
+def _records(drawn: list[tuple[str, bytes]]) -> list[Record]:
+    log = _base()
+    for subject, data in drawn:
+        log.raw(subject, data)
+    return log.records
+
+
+def _home(ev: Event) -> tuple[str, bytes]:
+    return home_subject(ev), _sealed(ev)
+
+
+@st.composite
+def stories(draw: st.DrawFn) -> list[Record]:
+    """Each base job's lifecycle, one or two attempts of admit, place, start, exit or checkpoint,
+    requeue, interleaved with each other and with failures, preemptions and hostile records."""
+    lanes: list[list[tuple[str, bytes]]] = []
+    for j, node in JOBS.items():
+        lane: list[Event] = []
+        for a in range(draw(st.integers(1, 2))):
+            claim = _claim_for(j, draw(st.integers(0, 2)), draw(st.sampled_from([0, 4])))
+            lane += [
+                JobsAdmitted(based_on=0, now=_T, admissions=(Admission(j, a, 1),)),
+                JobsPlaced(
+                    based_on=0, now=_T, placements=(Placement(j, a, (WorkerSlot(0, node, (claim,)),)),)
+                ),
+                WorkerStarted(node=node, job_id=j, attempt=a, rank=0),
+            ]
+            if draw(st.booleans()):
+                lane.append(CheckpointCompleted(node=node, job_id=j, attempt=a, location="/c", step=a))
+            code = draw(st.sampled_from([0, 1, 137]))
+            lane.append(WorkerExited(node=node, job_id=j, attempt=a, rank=0, code=code, stopped=code == 137))
+            lane.append(JobRequeued(job_id=j, attempt=a, reason=Reason("r", "r")))
+        lanes.append([_home(ev) for ev in lane])
+    lanes.append(draw(st.lists(plausible_events.map(_home), max_size=12)))
+    lanes.append(draw(st.lists(parts, max_size=4)))
+    merged: list[tuple[str, bytes]] = []
+    while any(lanes):
+        lane_index = draw(st.sampled_from([i for i, lane in enumerate(lanes) if lane]))
+        merged.append(lanes[lane_index].pop(0))
+    return _records(merged)
+
+
+logs = st.one_of(st.lists(parts, max_size=40).map(_records), stories())
+
+
+def check_gpus(state: State) -> None:
+    """No GPU over-allocated; a whole GPU has one holder; the books balance."""
+    for node in state.nodes.values():
+        for g in node.gpus:
+            assert 0 <= g.used_milli <= WHOLE, (node.name, g)
+            assert g.used_milli == sum(g.holders.values()), (node.name, g)
+            if WHOLE in g.holders.values():
+                assert len(g.holders) == 1, (node.name, g)
+            if g.info.mig:
+                assert {i.job_id for i in g.mig.values()} == set(g.holders), (node.name, g)
+
+
+# -- never raises, never faults -------------------------------------------------------------------
+
+
+@FAST
+@given(logs)
+def test_fold_never_raises_and_never_faults(records: list[Record]) -> None:
+    state = fold(records)
+    assert state.seq == records[-1].seq
+    faults = [r for r in state.rejections if r.code == "fault"]
+    assert state.faults == 0, faults
+    check_gpus(state)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(subjects, st.binary(max_size=60)), min_size=1, max_size=30))
+def test_random_bytes_are_recorded_not_folded(drawn: list[tuple[str, bytes]]) -> None:
+    state = fold(_records(drawn))
+    base = fold(_base().records)
+    assert state.faults == 0 and state.rejected_total >= base.rejected_total
+
+
+def _story() -> list[Record]:
+    """A log of real events: gangs, shares, MIG, failures, restarts, preemption, lost nodes."""
+    log = _base().admit("j1", "j2", "j3")
+    log.place(on("node-00", 0, job_id="j1"), placement("j2", worker(0, "node-00", share(1, 500))))
+    log.place(placement("j3", worker(0, "node-01", mig_slot(0, "3g.40gb", 4))))
+    log.started("node-00", "j1").started("node-00", "j2").started("node-01", "j3")
+    log.exited("node-00", "j1", code=1).requeue("j1", 0).admit("j1", attempt=1)
+    log.place(on("node-00", 2, job_id="j1", attempt=1)).started("node-00", "j1", attempt=1)
+    log.submit("carol", "g", job("team-b").gpus(2).replicas(2)).accept("g", priority=9).admit("g", replicas=2)
+    log.place(
+        placement("g", worker(0, "node-00", whole(4), whole(5)), worker(1, "node-00", whole(6), whole(7)))
+    )
+    log.started("node-00", "g", rank=0).preempt("g", "j2").checkpoint("node-00", "j2", step=7)
+    log.exited("node-00", "j2", code=0, stopped=True).requeue("j2", 0)
+    log.started("node-00", "g", rank=1).gpu_health("node-00", 4, False).exited(
+        "node-00", "g", rank=0, code=137
+    )
+    log.condition("node-01", "lost").exited("node-00", "j1", attempt=1).cordon("node-00")
+    log.request("carol", "cancel", {"job_id": "g"}).exited("node-00", "g", rank=1, code=143, stopped=True)
+    return log.records
+
+
+STORY = _story()
+
+
+@FAST
+@given(st.permutations(STORY), st.integers(0, len(STORY)))
+def test_real_events_out_of_order_never_fault(shuffled: list[Record], n: int) -> None:
+    """Real records, shuffled, cut and renumbered: lifecycles arrive backwards, twice, or half."""
+    records = [msgspec.structs.replace(r, seq=i + 1) for i, r in enumerate(shuffled[:n])]
+    state = fold(records)
+    assert state.faults == 0, [r for r in state.rejections if r.code == "fault"]
+    check_gpus(state)
+
+
+def test_the_story_itself_folds_cleanly() -> None:
+    state = fold(STORY)
+    assert state.faults == 0 and state.void_total == 0, state.rejections
+    check_gpus(state)
+
+
+# -- snapshots ------------------------------------------------------------------------------------
+
+
+@FAST
+@given(logs, st.integers(min_value=0))
+def test_snapshot_at_any_cut_then_the_tail_equals_folding_everything(records: list[Record], cut: int) -> None:
+    cut %= len(records) + 1
+    head = fold(records[:cut])
+    restored = msgspec.msgpack.decode(msgspec.msgpack.encode(head), type=State)
+    assert restored == head
+    assert fold(records[cut:], restored) == fold(records)
+
+
+# -- racing placers -------------------------------------------------------------------------------
+
+NODES = ("node-a", "node-b")
+GPUS_PER_NODE = 3
+SHARES = (250, 500, 750)
+
+
+def _race_node(name: str) -> NodeInventory:
+    gpus = tuple(GpuInfo(i, f"GPU-{name}-{i}", "H100-80GB", 81_559, island=0) for i in range(GPUS_PER_NODE))
+    return NodeInventory(1_000_000, 1 << 30, gpus)
+
+
+@st.composite
+def races(draw: st.DrawFn) -> tuple[dict[str, JobSpec], list[list[Placement]]]:
+    """Admitted jobs (whole GPUs or a share) and several placers' proposals for them, interleaved."""
+    specs: dict[str, JobSpec] = {}
+    for i in range(draw(st.integers(2, 6))):
+        whole_gpus = draw(st.integers(0, 2))
+        shape = job().gpus(whole_gpus) if whole_gpus else job().milli(draw(st.sampled_from(SHARES)))
+        specs[f"j{i}"] = shape.replicas(draw(st.integers(1, 2))).build()
+    events: list[list[Placement]] = []
+    for _ in range(draw(st.integers(1, 12))):
+        batch = []
+        for job_id in draw(st.lists(st.sampled_from(sorted(specs)), min_size=1, max_size=3)):
+            spec = specs[job_id]
+            workers = []
+            for rank in range(spec.replicas):
+                node = draw(st.sampled_from(NODES))
+                gpu = st.integers(0, GPUS_PER_NODE - 1)
+                if spec.resources.gpus == 1 and spec.resources.gpu_milli < WHOLE:
+                    claims: tuple[GpuClaim, ...] = (GpuClaim(draw(gpu), milli=spec.resources.gpu_milli),)
+                else:
+                    picked = draw(st.lists(gpu, min_size=spec.resources.gpus, max_size=spec.resources.gpus))
+                    claims = tuple(GpuClaim(g) for g in picked)
+                workers.append(WorkerSlot(rank, node, claims))
+            batch.append(Placement(job_id, 0, tuple(workers)))
+        events.append(batch)
+    return specs, events
+
+
+def _race_log(specs: dict[str, JobSpec], events: list[list[Placement]]) -> LogBuilder:
+    log = LogBuilder()
+    for name in NODES:
+        log.node(name, _race_node(name))
+    for job_id, spec in specs.items():
+        log.submit("alice", job_id, spec).accept(job_id)
+    for job_id, spec in specs.items():
+        log.admit(job_id, replicas=spec.replicas)
+    for batch in events:
+        log.place(*batch)
+    return log
+
+
+def _first_valid_proposals(
+    specs: dict[str, JobSpec], events: list[list[Placement]]
+) -> tuple[dict[str, Placement], dict[tuple[str, int], dict[str, int]]]:
+    """The oracle: walk proposals in log order; one wins iff its job is still unplaced and every
+    GPU it names can take its claims at that point. Returns the winners and every GPU's holders."""
+    held: dict[tuple[str, int], dict[str, int]] = {(n, g): {} for n in NODES for g in range(GPUS_PER_NODE)}
+    won: dict[str, Placement] = {}
+    for batch in events:
+        for p in batch:
+            if p.job_id in won:
+                continue
+            per_gpu: dict[tuple[str, int], list[int]] = {}
+            for w in p.workers:
+                for c in w.gpus:
+                    per_gpu.setdefault((w.node, c.gpu), []).append(c.milli)
+            ok = True
+            for key, millis in per_gpu.items():
+                holders = held[key]
+                if WHOLE in millis:
+                    ok &= len(millis) == 1 and not holders
+                else:
+                    ok &= WHOLE not in holders.values() and sum(holders.values()) + sum(millis) <= WHOLE
+            if ok:
+                won[p.job_id] = p
+                for key, millis in per_gpu.items():
+                    held[key][p.job_id] = held[key].get(p.job_id, 0) + sum(millis)
+    return won, held
+
+
+@settings(max_examples=200, deadline=None)
+@given(races())
+def test_racing_placements_never_share_a_gpu_and_the_first_valid_one_wins(
+    race: tuple[dict[str, JobSpec], list[list[Placement]]],
+) -> None:
+    specs, events = race
+    records = _race_log(specs, events).records
+    state = fold(records)
+    assert state.faults == 0
+    check_gpus(state)
+    won, held = _first_valid_proposals(specs, events)
+    placed = {j.id: j.placement for j in state.jobs.values() if j.phase == "placed"}
+    assert placed == won
+    for (node, index), holders in held.items():
+        assert state.nodes[node].gpus[index].holders == holders
+    replica = fold(records)  # another service, folding the same log on its own
+    assert replica == state
+
+
+# -- determinism ----------------------------------------------------------------------------------
+
+
+@FAST
+@given(logs)
+def test_folding_the_same_log_twice_gives_the_same_state(records: list[Record]) -> None:
+    assert fold(records) == fold(records)
+
+
+def _fold_decoded(records: list[Record]) -> State:
+    """The simulator's path: events decoded first, then folded with ``apply_event``."""
+    state = State()
+    for r in records:
+        try:
+            body, tenant, _ = codec.decode_body(r.subject, r.data, r.headers)
+        except codec.DecodeError:
+            continue
+        apply_event(state, r.seq, r.subject, body, r.time, tenant)
+    return state
+
+
+@FAST
+@given(logs)
+def test_decoded_path_agrees_with_the_wire_path(records: list[Record]) -> None:
+    """Apart from the records that never decode (kept only as rejections), both paths agree."""
+    wire, decoded = fold(records), _fold_decoded(records)
+    assert decoded.faults == 0
+    assert (wire.jobs, wire.nodes, wire.queues, wire.cohorts) == (
+        decoded.jobs,
+        decoded.nodes,
+        decoded.queues,
+        decoded.cohorts,
+    )
+    assert wire.priority_classes == decoded.priority_classes and wire.void_total == decoded.void_total

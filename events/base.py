@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True):
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True, gc=False):
     """Base of every event and request. The tag (class name) travels as ``type``."""
 
 
@@ -30,7 +30,7 @@ class Decision(Event, frozen=True, kw_only=True):
     now: float
 
 
-class Reason(msgspec.Struct, frozen=True, omit_defaults=True):
+class Reason(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """Why something did not happen, in terms an operator can act on.
 
     ``code`` is stable and machine-readable; ``message`` is for people; ``preemption_helps`` says

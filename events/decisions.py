@@ -11,14 +11,14 @@ import msgspec
 from events.base import Decision, Reason
 
 
-class MigSlot(msgspec.Struct, frozen=True, omit_defaults=True):
+class MigSlot(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """A MIG GPU instance: ``profile`` (e.g. ``"3g.40gb"``) at memory slice ``start``."""
 
     profile: str
     start: int
 
 
-class GpuClaim(msgspec.Struct, frozen=True, omit_defaults=True):
+class GpuClaim(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """A share of one GPU: the whole GPU (1000 milli), a fraction of it, or one MIG slot."""
 
     gpu: int
@@ -26,13 +26,13 @@ class GpuClaim(msgspec.Struct, frozen=True, omit_defaults=True):
     mig: MigSlot | None = None
 
 
-class WorkerSlot(msgspec.Struct, frozen=True, omit_defaults=True):
+class WorkerSlot(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     rank: int
     node: str
     gpus: tuple[GpuClaim, ...] = ()
 
 
-class Placement(msgspec.Struct, frozen=True, omit_defaults=True):
+class Placement(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """The whole gang of one job, one slot per worker rank."""
 
     job_id: str
@@ -44,7 +44,7 @@ class JobsPlaced(Decision, frozen=True, kw_only=True):
     placements: tuple[Placement, ...]
 
 
-class Unschedulable(msgspec.Struct, frozen=True, omit_defaults=True):
+class Unschedulable(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     job_id: str
     attempt: int
     reasons: tuple[Reason, ...]
@@ -54,7 +54,7 @@ class JobsUnschedulable(Decision, frozen=True, kw_only=True):
     jobs: tuple[Unschedulable, ...]
 
 
-class Victim(msgspec.Struct, frozen=True, omit_defaults=True):
+class Victim(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     job_id: str
     attempt: int
 

@@ -15,20 +15,20 @@ TopologyPack = Literal["none", "nvlink", "node", "rack", "block", "spread"]
 RestartPolicy = Literal["never", "on-failure", "always"]
 
 
-class Topology(msgspec.Struct, frozen=True, omit_defaults=True):
+class Topology(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """Where the gang's workers should sit relative to each other."""
 
     pack: TopologyPack = "none"
     required: bool = False
 
 
-class Mount(msgspec.Struct, frozen=True, omit_defaults=True):
+class Mount(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     source: str
     target: str
     read_only: bool = True
 
 
-class Resources(msgspec.Struct, frozen=True, omit_defaults=True):
+class Resources(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """What one worker of the gang needs.
 
     GPUs are asked for in one of three shapes: ``gpus`` whole GPUs; ``gpu_milli`` thousandths of
@@ -44,7 +44,7 @@ class Resources(msgspec.Struct, frozen=True, omit_defaults=True):
     min_gpu_memory_mib: int = 0
 
 
-class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """Everything a tenant says about a job. Validated by admission, never trusted by the fold
     beyond what its own arithmetic needs."""
 
@@ -114,7 +114,7 @@ class PendingReasonChanged(Event, frozen=True, kw_only=True):
     reasons: tuple[Reason, ...]
 
 
-class Admission(msgspec.Struct, frozen=True, omit_defaults=True):
+class Admission(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """Quota held for a whole gang: ``replicas`` workers, ``gpus`` per GPU model (``"*"`` = any)."""
 
     job_id: str

@@ -15,7 +15,7 @@ from events.base import Event
 NodeCondition = Literal["ready", "suspect", "lost"]
 
 
-class GpuInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+class GpuInfo(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """One physical GPU as discovered (NVML) or simulated.
 
     ``island`` groups GPUs joined by NVLink/NVSwitch all-to-all; -1 means PCIe only.
@@ -31,7 +31,7 @@ class GpuInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     nvlinks: int = 0
 
 
-class NodeInventory(msgspec.Struct, frozen=True, omit_defaults=True):
+class NodeInventory(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     cpu_milli: int
     memory_mib: int
     gpus: tuple[GpuInfo, ...] = ()

@@ -10,7 +10,7 @@ import msgspec
 from events.base import Request
 
 
-class Quota(msgspec.Struct, frozen=True, omit_defaults=True):
+class Quota(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """GPUs of one model (``"*"`` = any model): nominal, plus how many may be borrowed from and
     lent to the cohort. ``None`` limits mean unlimited."""
 
@@ -19,7 +19,7 @@ class Quota(msgspec.Struct, frozen=True, omit_defaults=True):
     lending_limit: int | None = None
 
 
-class QueueSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+class QueueSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     name: str
     cohort: str | None = None
     quotas: dict[str, Quota] = {}
@@ -28,7 +28,7 @@ class QueueSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     strategy: str = "best-effort-fifo"
 
 
-class CohortSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+class CohortSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """A cohort pools its queues' unused quota; ``parent`` nests cohorts (org → team cohorts)."""
 
     name: str
@@ -36,7 +36,7 @@ class CohortSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     quotas: dict[str, Quota] = {}
 
 
-class PriorityClassSpec(msgspec.Struct, frozen=True, omit_defaults=True):
+class PriorityClassSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     name: str
     value: int
     preemptible: bool = True

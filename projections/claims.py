@@ -95,13 +95,9 @@ def _check_gpu(node: NodeState, index: int, claims: list[GpuClaim], res: Resourc
         me = any(i.profile.endswith("+me") for i in gpu.mig.values())
         for c in claims:
             if c.mig is None:
-                raise ClaimError(
-                    "mig", f"{where} is in MIG mode; it is shared by MIG instances only"
-                )
+                raise ClaimError("mig", f"{where} is in MIG mode; it is shared by MIG instances only")
             if not mig.fits(gpu.info.model, c.mig.profile, c.mig.start, used):
-                raise ClaimError(
-                    "mig", f"MIG {c.mig.profile} cannot start at slice {c.mig.start} on {where}"
-                )
+                raise ClaimError("mig", f"MIG {c.mig.profile} cannot start at slice {c.mig.start} on {where}")
             if c.mig.profile.endswith("+me"):
                 if me:
                     raise ClaimError("mig", f"{where} already has its one +me instance")
@@ -156,7 +152,8 @@ def release(state: State, job: JobState) -> None:
             gpu = node.gpus[c.gpu]
             held = gpu.holders.pop(job.id, 0)
             gpu.used_milli = max(0, gpu.used_milli - held)
-            if c.mig is not None and c.mig.start in gpu.mig:
+            inst = gpu.mig.get(c.mig.start) if c.mig is not None else None
+            if c.mig is not None and inst is not None and inst.job_id == job.id:
                 p = mig.profile(gpu.info.model, c.mig.profile)
                 if p is not None:
                     gpu.mig_used &= ~mig.mask(p, c.mig.start)

@@ -45,8 +45,8 @@ from events.nodes import (
     WorkerStarted,
 )
 from events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CordonNode, DeleteQueue
-from projections import claims
-from projections.lifecycle import FINAL, IllegalTransition, Trigger, advance
+from projections import claims, quota
+from projections.lifecycle import FINAL, HOLDS_QUOTA, IllegalTransition, Trigger, advance
 from projections.state import (
     MAX_REJECTIONS,
     Checkpoint,
@@ -184,10 +184,27 @@ def _node(state: State, name: str) -> NodeState:
     return node
 
 
-def _move(job: JobState, trigger: Trigger, ctx: Ctx) -> None:
-    job.phase = advance(job.phase, trigger)
+def _move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
+    before = job.phase
+    job.phase = advance(before, trigger)
     job.phase_since = ctx.time
     job.updated_seq = ctx.seq
+    held_before, held_now = before in HOLDS_QUOTA, job.phase in HOLDS_QUOTA
+    if held_before != held_now:
+        _count_quota(state, job, 1 if held_now else -1)
+
+
+def _count_quota(state: State, job: JobState, sign: int) -> None:
+    """Keep ``State.quota_held`` equal to what jobs in quota-holding phases hold."""
+    per_key = state.quota_held.setdefault(job.spec.queue, {})
+    for key, milli in quota.holding(job):
+        left = per_key.get(key, 0) + sign * milli
+        if left:
+            per_key[key] = left
+        else:
+            per_key.pop(key, None)
+    if not per_key:
+        del state.quota_held[job.spec.queue]
 
 
 def _stop_holding(state: State, job: JobState) -> None:
@@ -236,7 +253,7 @@ def _cancel(state: State, ctx: Ctx, req: CancelJob) -> None:
     job = _owned(state, ctx, req.job_id)
     if job.phase in FINAL:
         raise Refused("illegal", f"job {job.id} is already {job.phase}", job.id)
-    _move(job, "cancel", ctx)
+    _move(state, job, "cancel", ctx)
     job.reasons = (Reason("cancelled", req.reason or f"cancelled by {ctx.tenant}"),)
     _stop_holding(state, job)
 
@@ -308,14 +325,14 @@ def _cordon_request(state: State, ctx: Ctx, req: CordonNode) -> None:
 
 def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
     job = _job(state, ev.job_id)
-    _move(job, "accept", ctx)
+    _move(state, job, "accept", ctx)
     job.priority = ev.priority
     job.reasons = ()
 
 
 def _rejected(state: State, ctx: Ctx, ev: JobRejected) -> None:
     job = _job(state, ev.job_id)
-    _move(job, "reject", ctx)
+    _move(state, job, "reject", ctx)
     job.reasons = (ev.reason,)
 
 
@@ -329,6 +346,7 @@ def _pending_reason(state: State, ctx: Ctx, ev: PendingReasonChanged) -> None:
 
 def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
     void: list[str] = []
+    ledger = quota.Ledger.from_state(state)
     for adm in ev.admissions:
         job = state.jobs.get(adm.job_id)
         if job is None or job.phase != "queued" or job.attempt != adm.attempt:
@@ -338,8 +356,12 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
         if not lo <= adm.replicas <= job.spec.replicas:
             void.append(f"{adm.job_id}: {adm.replicas} replicas outside {lo}..{job.spec.replicas}")
             continue
-        _move(job, "admit", ctx)
-        job.admission = adm
+        why = ledger.claim(job, adm)  # the quota it claims must be there; charged when it is
+        if why is not None:
+            void.append(f"{adm.job_id}: {why.message}")
+            continue
+        job.admission = adm  # before the move: the move counts what the admission holds
+        _move(state, job, "admit", ctx)
         job.reasons = ()
     if void:
         raise _void("", "admissions void: " + "; ".join(void))
@@ -349,7 +371,7 @@ def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
     job = _job(state, ev.job_id)
     if job.attempt != ev.attempt:
         raise _void(job.id, f"job {job.id} is at attempt {job.attempt}, not {ev.attempt}")
-    _move(job, "requeue", ctx)
+    _move(state, job, "requeue", ctx)
     job.attempt += 1
     job.admission = None
     job.placement = None
@@ -377,7 +399,7 @@ def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
             void.append(f"{p.job_id}: {e}")
             continue
         claims.take(state, job, p)
-        _move(job, "place", ctx)
+        _move(state, job, "place", ctx)
         job.placement = p
         job.reasons = ()
     if void:
@@ -396,6 +418,8 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
     beneficiary = state.jobs.get(ev.beneficiary)
     if beneficiary is None or beneficiary.phase in FINAL:
         raise _void(ev.beneficiary, f"beneficiary {ev.beneficiary} is not waiting")
+    if len({v.job_id for v in ev.victims}) != len(ev.victims):
+        raise _void(ev.beneficiary, "a victim is named twice")
     victims = []
     for v in ev.victims:
         job = state.jobs.get(v.job_id)
@@ -410,11 +434,11 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
             raise _void(ev.beneficiary, f"victim {v.job_id} is not of lower priority")
         victims.append(job)
     for job in victims:
-        _move(job, "preempt", ctx)
+        _move(state, job, "preempt", ctx)
         job.preemptions += 1
         job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
         if not job.live:
-            _move(job, "stop", ctx)
+            _move(state, job, "stop", ctx)
             _stop_holding(state, job)
 
 
@@ -461,9 +485,9 @@ def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
         raise IllegalTransition(job.phase, "start")
     job.started.add(ev.rank)
     job.live.add(ev.rank)
-    _move(job, "start", ctx)
+    _move(state, job, "start", ctx)
     if len(job.started) == len(job.placement.workers):  # type: ignore[union-attr]
-        _move(job, "run", ctx)
+        _move(state, job, "run", ctx)
 
 
 def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
@@ -480,24 +504,24 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     job.updated_seq = ctx.seq
     if job.phase == "checkpointing":
         if not job.live:
-            _move(job, "stop", ctx)
+            _move(state, job, "stop", ctx)
     elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
         n = len(job.placement.workers) if job.placement is not None else 0
         if len(job.exit_codes) == n and not any(job.exit_codes.values()):
-            _move(job, "succeed", ctx)
+            _move(state, job, "succeed", ctx)
     else:
-        _worker_failed(job, ctx, f"rank {ev.rank} exited with code {ev.code}")
+        _worker_failed(state, job, ctx, f"rank {ev.rank} exited with code {ev.code}")
     _stop_holding(state, job)
 
 
-def _worker_failed(job: JobState, ctx: Ctx, why: str) -> None:
+def _worker_failed(state: State, job: JobState, ctx: Ctx, why: str) -> None:
     """A gang with a dead worker is broken: restart it whole, or fail it when out of restarts."""
     if job.spec.restart_policy != "never" and job.restarts < job.spec.max_restarts:
         job.restarts += 1
-        _move(job, "interrupt", ctx)
+        _move(state, job, "interrupt", ctx)
         job.reasons = (Reason("restarting", f"{why}; restart {job.restarts}"),)
     else:
-        _move(job, "fail", ctx)
+        _move(state, job, "fail", ctx)
         job.reasons = (Reason("failed", f"{why}; no restarts left"),)
 
 
@@ -522,14 +546,13 @@ def _interrupt_on(state: State, ctx: Ctx, node: str, gpu: int | None, why: str) 
         ]
         if not hit:
             continue
-        if node_lost := (gpu is None):
+        if gpu is None:  # the node is lost: its workers are gone with it
             for rank in hit:
                 job.live.discard(rank)
         if job.phase in ("placed", "starting", "running", "checkpointing"):
-            _move(job, "interrupt", ctx)
+            _move(state, job, "interrupt", ctx)
             job.reasons = (Reason("interrupted", why),)
-        if node_lost:
-            _stop_holding(state, job)
+        _stop_holding(state, job)
 
 
 def _condition(state: State, ctx: Ctx, ev: NodeConditionChanged) -> None:

@@ -149,6 +149,18 @@ class _Node:
         return n
 
 
+def holding(job: JobState) -> list[tuple[str, int]]:
+    """What an admitted job holds: (key, milli-GPU) per quota key of its admission."""
+    adm = job.admission
+    if adm is None or not adm.gpus:
+        return []
+    if len(adm.gpus) == 1:
+        key = next(iter(adm.gpus))
+        return [(key, worker_milli(job.spec.resources, key) * adm.replicas)]
+    # More than one key cannot be proposed through ``check``; it is held as recorded.
+    return [(key, gpus * WHOLE) for key, gpus in sorted(adm.gpus.items())]
+
+
 class Ledger:
     """The cohort tree and every queue's usage, built from one State, then updated by charges.
 
@@ -189,6 +201,18 @@ class Ledger:
 
     @classmethod
     def from_state(cls, state: State) -> Ledger:
+        """The ledger at the state's position; usage comes from what the fold keeps per queue
+        (``State.quota_held``), so building one costs O(queues + cohorts), not O(jobs)."""
+        ledger = cls(state)
+        for queue in sorted(state.quota_held):
+            if queue in ledger._queues:
+                for key, milli in sorted(state.quota_held[queue].items()):
+                    ledger.charge(queue, key, milli)
+        return ledger
+
+    @classmethod
+    def from_jobs(cls, state: State) -> Ledger:
+        """The same ledger charged job by job: the definition ``from_state`` must agree with."""
         ledger = cls(state)
         for job in state.jobs.values():
             if job.phase in HOLDS_QUOTA:
@@ -318,19 +342,12 @@ class Ledger:
 
     def hold(self, job: JobState) -> tuple[str, int] | None:
         """Charge what an admitted job holds; returns its (key, milli), None if nothing."""
-        adm = job.admission
-        if adm is None or job.spec.queue not in self._queues or not adm.gpus:
+        if job.spec.queue not in self._queues:
             return None
-        res = job.spec.resources
-        if len(adm.gpus) == 1:
-            for key in adm.gpus:
-                milli = worker_milli(res, key) * adm.replicas
-                self.charge(job.spec.queue, key, milli)
-                return key, milli
-        # More than one key cannot be proposed through ``check``; charge it as recorded.
-        for key, gpus in sorted(adm.gpus.items()):
-            self.charge(job.spec.queue, key, gpus * WHOLE)
-        return None
+        held = holding(job)
+        for key, milli in held:
+            self.charge(job.spec.queue, key, milli)
+        return held[0] if len(held) == 1 else None
 
     # -- the admission rule -------------------------------------------------------------------
 

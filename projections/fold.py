@@ -191,20 +191,7 @@ def _move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
     job.updated_seq = ctx.seq
     held_before, held_now = before in HOLDS_QUOTA, job.phase in HOLDS_QUOTA
     if held_before != held_now:
-        _count_quota(state, job, 1 if held_now else -1)
-
-
-def _count_quota(state: State, job: JobState, sign: int) -> None:
-    """Keep ``State.quota_held`` equal to what jobs in quota-holding phases hold."""
-    per_key = state.quota_held.setdefault(job.spec.queue, {})
-    for key, milli in quota.holding(job):
-        left = per_key.get(key, 0) + sign * milli
-        if left:
-            per_key[key] = left
-        else:
-            per_key.pop(key, None)
-    if not per_key:
-        del state.quota_held[job.spec.queue]
+        quota.count_holding(state, job, 1 if held_now else -1)
 
 
 def _stop_holding(state: State, job: JobState) -> None:

@@ -161,6 +161,20 @@ def holding(job: JobState) -> list[tuple[str, int]]:
     return [(key, gpus * WHOLE) for key, gpus in sorted(adm.gpus.items())]
 
 
+def count_holding(state: State, job: JobState, sign: int) -> None:
+    """Add (sign 1) or remove (sign -1) what ``job`` holds to ``State.quota_held``: the fold
+    calls it whenever a job enters or leaves a quota-holding phase."""
+    per_key = state.quota_held.setdefault(job.spec.queue, {})
+    for key, milli in holding(job):
+        left = per_key.get(key, 0) + sign * milli
+        if left:
+            per_key[key] = left
+        else:
+            per_key.pop(key, None)
+    if not per_key:
+        del state.quota_held[job.spec.queue]
+
+
 class Ledger:
     """The cohort tree and every queue's usage, built from one State, then updated by charges.
 

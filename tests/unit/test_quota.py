@@ -50,6 +50,7 @@ def hold(s: State, queue: str, gpus: int, key: str = ANY, job_id: str | None = N
         admission=Admission(jid, 0, gpus, {key: gpus}),
     )
     s.jobs[jid] = job
+    quota.count_holding(s, job, 1)  # what the fold does when a job is admitted
     return job
 
 
@@ -358,7 +359,9 @@ def test_unknown_queue() -> None:
 def test_released_quota_is_available_again() -> None:
     s = cluster({"a": (None, {ANY: Q(8)})}, held={"a": 8})
     s.jobs["held-0"].phase = "succeeded"
+    quota.count_holding(s, s.jobs["held-0"], -1)  # what the fold does when a job leaves
     assert Ledger.from_state(s).available("a", ANY) == 8 * G
+    assert Ledger.from_jobs(s).available("a", ANY) == 8 * G
 
 
 def test_charge_and_release_round_trip_through_nested_cohorts() -> None:

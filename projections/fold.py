@@ -57,6 +57,8 @@ from projections.state import (
     State,
 )
 
+MAX_PREEMPTION_TIMES = 32  # enough for any per-hour cap a priority class sets
+
 
 class Refused(Exception):
     """Raised by a handler to record a rejection of the current record."""
@@ -423,6 +425,8 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
     for job in victims:
         _move(state, job, "preempt", ctx)
         job.preemptions += 1
+        job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
+        job.preempted_for = ev.beneficiary
         job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
         if not job.live:
             _move(state, job, "stop", ctx)
@@ -517,7 +521,8 @@ def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
     if job.phase in FINAL:
         raise Refused("illegal", f"job {job.id} is {job.phase}", job.id)
     if job.checkpoint is None or ev.step >= job.checkpoint.step:
-        job.checkpoint = Checkpoint(ev.location, ev.step, ev.attempt, ctx.seq)
+        job.checkpoint = Checkpoint(ev.location, ev.step, ev.attempt, ctx.seq, ctx.time)
+        job.updated_seq = ctx.seq
 
 
 def _interrupt_on(state: State, ctx: Ctx, node: str, gpu: int | None, why: str) -> None:

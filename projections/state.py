@@ -64,6 +64,7 @@ class Checkpoint(msgspec.Struct, frozen=True, gc=False):
     step: int
     attempt: int
     seq: int
+    time: float = 0.0  # log time it completed: work since then is what a preemption loses
 
 
 class JobState(msgspec.Struct, gc=False):
@@ -85,6 +86,8 @@ class JobState(msgspec.Struct, gc=False):
     reasons: tuple[Reason, ...] = ()
     restarts: int = 0
     preemptions: int = 0
+    preempted_at: tuple[float, ...] = ()  # log times of the latest preemptions (anti-thrash)
+    preempted_for: str = ""  # the beneficiary of the preemption under way
     phase_since: float = 0.0
     updated_seq: int = 0
     traceparent: str = ""  # the trace every event about this job joins

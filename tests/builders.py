@@ -3,6 +3,12 @@
 They keep tests readable (``job().gpus(8).pack("nvlink").build()``) and put every wire detail
 (subjects, envelopes, sequence numbers) in one place, so a test says what happens, not how it is
 encoded. The hypothesis strategies at the end build the same things at random.
+
+Admissions claim quota, and the fold voids one that does not name what the job holds or that its
+queue cannot give. So ``LogBuilder.admit`` proposes what admission would: the GPUs the job's gang
+holds on the quota key its queue counts them on (``projections.quota.admission``), and a log that
+admits jobs must first apply their queues (``LogBuilder.queue``; ``AMPLE`` quota unless a test is
+about quota). ``running`` does that for the one queue it needs.
 """
 
 from __future__ import annotations
@@ -41,9 +47,15 @@ from events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
+from events.queues import ApplyQueue, DeleteQueue, QueueSpec, Quota
+from projections import quota
 from projections.fold import fold
-from projections.state import State
+from projections.state import JobState, State
 from services.inventory import cluster
+
+# Quota (whole GPUs, any model) of the queues tests apply when quota is not what they are about:
+# more than any test cluster here holds, so only a test that means to meet a quota limit does.
+AMPLE = 1024
 
 # -- job specs ------------------------------------------------------------------------------------
 
@@ -124,6 +136,31 @@ def job(queue: str = "team-a") -> JobBuilder:
     return JobBuilder(JobSpec(queue=queue, resources=Resources(gpus=1)))
 
 
+# -- queues and admissions ------------------------------------------------------------------------
+
+
+def queue_spec(
+    name: str = "team-a",
+    nominal: int = AMPLE,
+    *,
+    cohort: str | None = None,
+    borrowing_limit: int | None = None,
+    lending_limit: int | None = None,
+    key: str = quota.ANY,
+) -> QueueSpec:
+    """A queue with one quota key (any model unless ``key`` names one)."""
+    return QueueSpec(name, cohort=cohort, quotas={key: Quota(nominal, borrowing_limit, lending_limit)})
+
+
+def admission(
+    queue: QueueSpec, job_id: str, spec: SpecLike, attempt: int = 0, replicas: int | None = None
+) -> Admission:
+    """The faithful admission of job ``job_id`` of ``spec`` in ``queue`` at ``replicas`` (default
+    all of them): what the fold expects an admission cycle to propose."""
+    waiting = JobState(job_id, "", spec_of(spec), submitted_seq=0, submitted_at=0.0, attempt=attempt)
+    return quota.admission(queue, waiting, replicas)
+
+
 # -- placements -----------------------------------------------------------------------------------
 
 
@@ -184,6 +221,10 @@ class LogBuilder:
         self.records: list[Record] = []
         self._seq = start_seq
         self._time = start_time
+        # What ``admit`` needs to propose faithful admissions: each job's spec as first submitted
+        # (a later duplicate is refused by the fold) and each queue as the admin last applied it.
+        self._specs: dict[str, JobSpec] = {}
+        self._queues: dict[str, QueueSpec] = {}
 
     @property
     def last_seq(self) -> int:
@@ -196,6 +237,12 @@ class LogBuilder:
         return self
 
     def request(self, tenant: str, verb: str, body: Event | dict[str, Any]) -> LogBuilder:
+        if isinstance(body, SubmitJob) and verb == "submit":
+            self._specs.setdefault(body.request_id, body.job)
+        elif tenant == subj.ADMIN and isinstance(body, ApplyQueue) and verb == "queue":
+            self._queues[body.queue.name] = body.queue
+        elif tenant == subj.ADMIN and isinstance(body, DeleteQueue) and verb == "delete-queue":
+            self._queues.pop(body.name, None)
         return self.raw(subj.request(tenant, verb), codec.encode(body))
 
     def event(self, subject: str, body: Event) -> LogBuilder:
@@ -210,15 +257,38 @@ class LogBuilder:
     def admin(self, verb: str, body: Event) -> LogBuilder:
         return self.request(subj.ADMIN, verb, body)
 
+    def queue(self, spec: QueueSpec | str = "team-a") -> LogBuilder:
+        """The admin applies a queue: ``spec``, or one of that name with ``AMPLE`` quota."""
+        q = queue_spec(spec) if isinstance(spec, str) else spec
+        return self.admin("queue", ApplyQueue(queue=q))
+
+    def queues(self, *names: str) -> LogBuilder:
+        """The admin applies each queue of ``names`` with ``AMPLE`` quota."""
+        for name in names:
+            self.queue(name)
+        return self
+
     # admission
 
     def accept(self, job_id: str, priority: int = 0) -> LogBuilder:
         return self.event(subj.job(job_id), JobAccepted(job_id=job_id, priority=priority))
 
     def admit(self, *job_ids: str, attempt: int = 0, replicas: int = 1) -> LogBuilder:
-        admissions = tuple(Admission(j, attempt, replicas) for j in job_ids)
+        """One admission cycle admitting ``job_ids`` in order, each as admission would propose it."""
+        return self.admit_as(*(self.admission(j, attempt, replicas) for j in job_ids))
+
+    def admit_as(self, *admissions: Admission) -> LogBuilder:
+        """One admission cycle proposing exactly ``admissions``, faithful or not."""
         body = JobsAdmitted(based_on=self.last_seq, now=self._time, admissions=admissions)
         return self.event(subj.decision("admission"), body)
+
+    def admission(self, job_id: str, attempt: int = 0, replicas: int = 1) -> Admission:
+        """The faithful admission of a job submitted to this log, in its queue as applied so far.
+        A job this log never submitted holds nothing; a queue never applied counts on ``"*"``."""
+        spec = self._specs.get(job_id)
+        if spec is None:
+            return Admission(job_id, attempt, replicas)
+        return admission(self._queues.get(spec.queue, QueueSpec(spec.queue)), job_id, spec, attempt, replicas)
 
     def requeue(self, job_id: str, attempt: int, code: str = "retry") -> LogBuilder:
         body = JobRequeued(job_id=job_id, attempt=attempt, reason=Reason(code, code))
@@ -292,8 +362,10 @@ def running(
     log: LogBuilder | None = None,
     nodes: Cluster | None = None,
 ) -> LogBuilder:
-    """A log in which one single-worker job runs on whole GPUs ``gpus`` of ``node``."""
-    log = LogBuilder().nodes(nodes or Cluster()) if log is None else log
+    """A log in which one single-worker job runs on whole GPUs ``gpus`` of ``node``. A new log
+    starts with the nodes and the job's queue; a given ``log`` must have applied the queue."""
+    if log is None:
+        log = LogBuilder().nodes(nodes or Cluster()).queue(spec_of(spec).queue)
     return (
         log.submit(tenant, job_id, spec)
         .accept(job_id)
@@ -352,7 +424,16 @@ service_events: st.SearchStrategy[Event] = st.one_of(
         JobsAdmitted,
         based_on=st.just(0),
         now=st.just(_T),
-        admissions=st.lists(st.builds(Admission, names, small_ints, small_ints), max_size=3).map(tuple),
+        admissions=st.lists(
+            st.builds(
+                Admission,
+                names,
+                small_ints,
+                small_ints,
+                st.dictionaries(st.sampled_from([quota.ANY, "H100-80GB"]), small_ints, max_size=2),
+            ),
+            max_size=3,
+        ).map(tuple),
     ),
     st.builds(
         JobsPlaced,

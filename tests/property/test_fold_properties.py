@@ -5,11 +5,15 @@
 - A snapshot (msgpack of State) at any cut, plus the tail, is the same state as folding it all.
 - Whatever placers race to propose, no GPU is over-allocated, a whole GPU has one holder, and
   the winners are exactly the first proposals that still held, in log order; replicas agree.
+- Whatever admissions are proposed, no queue ever holds more than its nominal quota plus its
+  borrowing limit, nor a cohort more than its members lend; an admission wins exactly when it
+  is faithful and keeps both true.
 - Folding is deterministic, and the simulator's decoded path agrees with the wire path.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -20,7 +24,7 @@ from events import codec
 from events import subjects as subj
 from events.base import Event, Reason
 from events.decisions import GpuClaim, JobsPlaced, MigSlot, Placement, PreemptionRequested, Victim, WorkerSlot
-from events.jobs import Admission, CancelJob, JobRequeued, JobsAdmitted, JobSpec, ResizeJob, SubmitJob
+from events.jobs import CancelJob, JobRequeued, JobsAdmitted, JobSpec, ResizeJob, SubmitJob
 from events.log import Record
 from events.nodes import (
     CheckpointCompleted,
@@ -42,12 +46,16 @@ from events.queues import (
     DeleteQueue,
     PriorityClassSpec,
     QueueSpec,
+    Quota,
 )
 from projections.fold import apply_event, fold
+from projections.lifecycle import HOLDS_QUOTA
 from projections.state import WHOLE, State
 from services.inventory import h100_8x_mig, h100_8x_nvswitch
 from tests.builders import (
+    JobBuilder,
     LogBuilder,
+    admission,
     home_subject,
     job,
     job_specs,
@@ -55,6 +63,7 @@ from tests.builders import (
     names,
     on,
     placement,
+    queue_spec,
     service_events,
     share,
     whole,
@@ -98,6 +107,11 @@ json_values = st.recursive(
     max_leaves=8,
 )
 
+# One quota key's limits; a negative nominal is malformed and refused.
+quota_limits = st.builds(
+    Quota, st.integers(-1, 8), st.none() | st.integers(0, 4), st.none() | st.integers(0, 4)
+)
+
 requests: st.SearchStrategy[tuple[str, Event]] = st.one_of(
     st.tuples(st.just("submit"), st.builds(SubmitJob, request_id=names, job=job_specs)),
     st.tuples(st.just("cancel"), st.builds(CancelJob, job_id=names)),
@@ -105,7 +119,14 @@ requests: st.SearchStrategy[tuple[str, Event]] = st.one_of(
     st.tuples(
         st.just("queue"),
         st.builds(
-            ApplyQueue, queue=st.builds(QueueSpec, names, cohort=st.none() | names, weight=st.floats(-1, 2))
+            ApplyQueue,
+            queue=st.builds(
+                QueueSpec,
+                names,
+                cohort=st.none() | names,
+                quotas=st.dictionaries(st.sampled_from(["*", "H100-80GB"]), quota_limits, max_size=2),
+                weight=st.floats(-1, 2),
+            ),
         ),
     ),
     st.tuples(
@@ -172,7 +193,21 @@ def _sealed(ev: Event) -> bytes:
 
 
 JOBS = {"j1": "node-00", "j2": "node-00", "j3": "node-01"}  # where each base job can go
+# The base jobs (tenant, priority, spec): a whole GPU, half a GPU, a MIG instance, in three queues.
+BASE: dict[str, tuple[str, int, JobBuilder]] = {
+    "j1": ("alice", 1, job("team-a").gpus(1).restarts(1)),
+    "j2": ("bob", 2, job("team-b").milli(500).checkpointable()),
+    "j3": ("carol", 3, job("team-c").mig("3g.40gb").restarts(0)),
+}
 attempts = st.integers(0, 1)
+
+
+def _admitted(job_id: str, attempt: int) -> JobsAdmitted:
+    """Admission of a base job as admission proposes it: the quota its worker holds."""
+    spec = BASE[job_id][2]
+    return JobsAdmitted(
+        based_on=0, now=_T, admissions=(admission(queue_spec(spec.build().queue), job_id, spec, attempt),)
+    )
 
 
 def _claim_for(job_id: str, gpu: int, start: int) -> GpuClaim:
@@ -195,9 +230,7 @@ _T = 0.0
 # Events that make sense for the base jobs, so the fold goes deep: admissions, placements,
 # starts, exits, checkpoints, requeues, preemptions, health, re-registrations that shrink a node.
 plausible_events: st.SearchStrategy[Event] = st.one_of(
-    st.builds(
-        lambda j, a: JobsAdmitted(based_on=0, now=_T, admissions=(Admission(j, a, 1),)), job_ids, attempts
-    ),
+    st.builds(_admitted, job_ids, attempts),
     st.builds(
         lambda j, a, g, s, other: JobsPlaced(
             based_on=0,
@@ -272,13 +305,15 @@ parts: st.SearchStrategy[tuple[str, bytes]] = st.one_of(
 
 
 def _base() -> LogBuilder:
-    """Two real nodes (one in MIG mode) and three jobs in three queues, so that random events have
-    targets and preemption across queues is possible."""
+    """Two real nodes (one in MIG mode) and three jobs in three queues with ample quota, so that
+    random events have targets and preemption across queues is possible."""
     log = LogBuilder().node("node-00", h100_8x_nvswitch("node-00")).node("node-01", h100_8x_mig("node-01"))
-    log.submit("alice", "j1", job("team-a").gpus(1).restarts(1))
-    log.submit("bob", "j2", job("team-b").milli(500).checkpointable())
-    log.submit("carol", "j3", job("team-c").mig("3g.40gb").restarts(0))
-    return log.accept("j1", priority=1).accept("j2", priority=2).accept("j3", priority=3)
+    log.queues("team-a", "team-b", "team-c")
+    for job_id, (tenant, _, spec) in BASE.items():
+        log.submit(tenant, job_id, spec)
+    for job_id, (_, priority, _) in BASE.items():
+        log.accept(job_id, priority=priority)
+    return log
 
 
 def _records(drawn: list[tuple[str, bytes]]) -> list[Record]:
@@ -302,7 +337,7 @@ def stories(draw: st.DrawFn) -> list[Record]:
         for a in range(draw(st.integers(1, 2))):
             claim = _claim_for(j, draw(st.integers(0, 2)), draw(st.sampled_from([0, 4])))
             lane += [
-                JobsAdmitted(based_on=0, now=_T, admissions=(Admission(j, a, 1),)),
+                _admitted(j, a),
                 JobsPlaced(
                     based_on=0, now=_T, placements=(Placement(j, a, (WorkerSlot(0, node, (claim,)),)),)
                 ),
@@ -454,7 +489,7 @@ def races(draw: st.DrawFn) -> tuple[dict[str, JobSpec], list[list[Placement]]]:
 
 
 def _race_log(specs: dict[str, JobSpec], events: list[list[Placement]]) -> LogBuilder:
-    log = LogBuilder()
+    log = LogBuilder().queue("team-a")
     for name in NODES:
         log.node(name, _race_node(name))
     for job_id, spec in specs.items():
@@ -548,3 +583,150 @@ def test_decoded_path_agrees_with_the_wire_path(records: list[Record]) -> None:
         decoded.cohorts,
     )
     assert wire.priority_classes == decoded.priority_classes and wire.void_total == decoded.void_total
+
+
+# -- admissions within quota ----------------------------------------------------------------------
+
+QUEUES = ("team-a", "team-b", "team-c")
+COHORT = "org"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One admission proposed: ``lie`` is what the proposal adds to the GPUs the gang holds."""
+
+    job_id: str
+    replicas: int
+    lie: int = 0
+
+
+Step = list[Ask] | str  # an admission cycle, or the owner cancelling a job
+
+
+@dataclass
+class QuotaStory:
+    queues: dict[str, QueueSpec]
+    specs: dict[str, JobSpec]
+    steps: list[Step]
+
+
+@st.composite
+def quota_stories(draw: st.DrawFn) -> QuotaStory:
+    """Three queues, each alone or in one cohort with its own limits; whole-GPU gangs, some
+    elastic; admission cycles asking for several of them at once (some twice, some out of their
+    elastic range, some naming the wrong GPUs), and cancels that give quota back."""
+    limits = st.builds(Quota, st.integers(0, 8), st.none() | st.integers(0, 4), st.none() | st.integers(0, 4))
+    queues = {
+        q: QueueSpec(q, cohort=draw(st.none() | st.just(COHORT)), quotas={"*": draw(limits)}) for q in QUEUES
+    }
+    specs: dict[str, JobSpec] = {}
+    for i in range(draw(st.integers(2, 8))):
+        replicas = draw(st.integers(1, 3))
+        spec = job(draw(st.sampled_from(QUEUES))).gpus(draw(st.integers(1, 4)))
+        specs[f"j{i}"] = spec.replicas(replicas, draw(st.none() | st.integers(1, replicas))).build()
+
+    def asks(job_id: str) -> st.SearchStrategy[Ask]:
+        n = specs[job_id].replicas  # mostly the whole gang, sometimes any size, even a wrong one
+        lies = st.sampled_from([0, 0, 0, 0, 0, 0, -1, 1])
+        return st.builds(Ask, st.just(job_id), st.just(n) | st.just(n) | st.integers(0, n + 1), lies)
+
+    cycle: st.SearchStrategy[Step] = st.lists(
+        st.sampled_from(sorted(specs)).flatmap(asks), min_size=1, max_size=4
+    )
+    cancel: st.SearchStrategy[Step] = st.sampled_from(sorted(specs))
+    steps = draw(st.lists(st.one_of(cycle, cycle, cycle, cancel), min_size=1, max_size=10))
+    return QuotaStory(queues, specs, steps)
+
+
+def _guaranteed(q: Quota) -> int:
+    """What a queue of a cohort keeps for itself: all but what it may lend (nothing if unlimited)."""
+    return max(0, q.nominal - q.lending_limit) if q.lending_limit is not None else 0
+
+
+def _within_quota(queues: dict[str, QueueSpec], usage: dict[str, int]) -> bool:
+    """Every queue holds at most its nominal plus its borrowing limit (its nominal alone with no
+    cohort to borrow from), and the cohort lends no more than its members may lend."""
+    lent = lendable = 0
+    for name, spec in queues.items():
+        q, used = spec.quotas["*"], usage.get(name, 0)
+        if spec.cohort is None:
+            if used > q.nominal:
+                return False
+            continue
+        if q.borrowing_limit is not None and used > q.nominal + q.borrowing_limit:
+            return False
+        g = _guaranteed(q)
+        lent += max(0, used - g)
+        lendable += q.nominal - g
+    return lent <= lendable
+
+
+def _usage(state: State) -> dict[str, int]:
+    """GPUs each queue holds, from the jobs' own sizes and admitted replicas (not from what the
+    admissions say they hold)."""
+    usage: dict[str, int] = {}
+    for j in state.jobs.values():
+        if j.phase in HOLDS_QUOTA and j.admission is not None:
+            used = j.spec.resources.gpus * j.admission.replicas
+            usage[j.spec.queue] = usage.get(j.spec.queue, 0) + used
+    return usage
+
+
+def _quota_oracle(story: QuotaStory) -> dict[str, tuple[str, int]]:
+    """Walk the story: an admission wins iff its job is queued, its replicas are within the
+    elastic range, it names exactly the GPUs the gang holds, and the queues stay within quota."""
+    phase = {j: "queued" for j in story.specs}
+    replicas = dict.fromkeys(story.specs, 0)
+    usage: dict[str, int] = {}
+    for step in story.steps:
+        if isinstance(step, str):
+            if phase[step] != "cancelled":
+                phase[step] = "cancelled"
+                queue = story.specs[step].queue
+                usage[queue] = usage.get(queue, 0) - story.specs[step].resources.gpus * replicas[step]
+            continue
+        for ask in step:
+            spec = story.specs[ask.job_id]
+            lo = spec.min_replicas if spec.min_replicas is not None else spec.replicas
+            if phase[ask.job_id] != "queued" or not lo <= ask.replicas <= spec.replicas or ask.lie:
+                continue
+            after = dict(usage)
+            after[spec.queue] = after.get(spec.queue, 0) + spec.resources.gpus * ask.replicas
+            if _within_quota(story.queues, after):
+                usage, phase[ask.job_id], replicas[ask.job_id] = after, "admitted", ask.replicas
+    return {j: (phase[j], replicas[j] if phase[j] == "admitted" else 0) for j in story.specs}
+
+
+def _quota_log(story: QuotaStory) -> LogBuilder:
+    log = LogBuilder()
+    for q in story.queues.values():
+        log.queue(q)
+    for job_id, spec in story.specs.items():
+        log.submit("alice", job_id, spec).accept(job_id)
+    for step in story.steps:
+        if isinstance(step, str):
+            log.request("alice", "cancel", CancelJob(job_id=step))
+            continue
+        proposals = []
+        for ask in step:
+            adm = log.admission(ask.job_id, replicas=ask.replicas)
+            proposals.append(msgspec.structs.replace(adm, gpus={"*": adm.gpus.get("*", 0) + ask.lie}))
+        log.admit_as(*proposals)
+    return log
+
+
+@FAST
+@given(quota_stories())
+def test_admissions_keep_every_queue_within_quota_and_win_exactly_when_they_fit(
+    story: QuotaStory,
+) -> None:
+    state = State()
+    for record in _quota_log(story).records:
+        fold([record], state)
+        assert _within_quota(story.queues, _usage(state)), (record.seq, _usage(state), state.rejections)
+    assert state.faults == 0 and state.queues == story.queues
+    got = {
+        j.id: (j.phase, j.admission.replicas if j.phase == "admitted" and j.admission is not None else 0)
+        for j in state.jobs.values()
+    }
+    assert got == _quota_oracle(story)

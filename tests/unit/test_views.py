@@ -51,6 +51,7 @@ from events.queues import (
     DeleteQueue,
     PriorityClassSpec,
     QueueSpec,
+    Quota,
 )
 from projections.fold import fold
 from projections.state import State
@@ -87,15 +88,16 @@ def small_log() -> Log:
     log = Log()
     log.event(subjects.node("gpu-a"), NodeRegistered(node="gpu-a", inventory=h100_8x_nvswitch("gpu-a")))
     log.event(subjects.node("gpu-b"), NodeRegistered(node="gpu-b", inventory=t4_2x("gpu-b")))
-    log.request(subjects.ADMIN, "queue", ApplyQueue(queue=QueueSpec(name="team-a")))
+    log.request(subjects.ADMIN, "queue", ApplyQueue(queue=QueueSpec(name="team-a", quotas={"*": Quota(16)})))
     log.request("alpha", "submit", SubmitJob(request_id="train", job=TRAIN))
     log.request("beta", "submit", SubmitJob(request_id="infer", job=INFER))
     log.request("beta", "cancel", CancelJob(job_id="train"))  # not beta's job: refused, not shown
     log.event(subjects.job("train"), JobAccepted(job_id="train", priority=10))
     log.event(subjects.job("infer"), JobAccepted(job_id="infer", priority=0))
+    # What each gang holds of team-a's quota: 2×4 GPUs, and half a GPU rounded up to one.
     admissions = (
-        Admission(job_id="train", attempt=0, replicas=2, gpus={"H100-80GB": 8}),
-        Admission(job_id="infer", attempt=0, replicas=1),
+        Admission(job_id="train", attempt=0, replicas=2, gpus={"*": 8}),
+        Admission(job_id="infer", attempt=0, replicas=1, gpus={"*": 1}),
     )
     log.event(subjects.decision("admission"), JobsAdmitted(based_on=8, now=9.0, admissions=admissions))
     train = Placement(

@@ -18,7 +18,7 @@ from typing import Protocol
 import msgspec
 
 
-class Record(msgspec.Struct, frozen=True, array_like=True):
+class Record(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One stored message: its stream sequence, subject, payload, headers, and the stream's
     timestamp (seconds) for it."""
 

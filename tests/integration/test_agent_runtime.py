@@ -1,0 +1,513 @@
+"""The agent's runtime with real processes: the environment contract, logs, exit codes, stops,
+the gang start barrier, checkpoint and resume with ``examples/train.py``, and bubblewrap sandboxes
+with data mounts.
+
+Nothing here sleeps: every test waits for the runtime's next report (or a process's exit) with a
+timeout. Where a test runs in both modes, ``bwrap`` is skipped only when bubblewrap is missing
+or cannot create namespaces on this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from events import subjects as subj
+from events.jobs import JobSpec, Mount
+from projections.state import State
+from services.agent.decide import (
+    GONE_CODE,
+    Action,
+    Checkpointed,
+    Exited,
+    Report,
+    ReportGone,
+    RequestCheckpoint,
+    Started,
+    StartFailed,
+    StartGang,
+    StartWorker,
+    StopWorker,
+    WorkerKey,
+    decide,
+    report_events,
+)
+from services.agent.runtime import REQUEST, Runtime, SandboxMode, job_logs, log_path, restart_backoff
+from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
+
+N0 = "node-00"
+WAIT = 60.0  # generous: a loaded 2-core CI machine starts Python with numpy slowly
+TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
+PY = sys.executable
+MODES: list[SandboxMode] = ["none", "bwrap"]
+
+
+async def bwrap_works() -> bool:
+    return await Runtime("/nonexistent", sandbox="auto").sandboxed()
+
+
+@pytest.fixture(params=MODES)
+async def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Runtime]:
+    mode: SandboxMode = request.param
+    if mode == "bwrap" and not await bwrap_works():
+        pytest.skip("bubblewrap (bwrap) is not installed or cannot create namespaces here")
+    rt = Runtime(tmp_path / "agent", sandbox=mode, poll_interval=0.02)
+    try:
+        yield rt
+    finally:
+        await rt.close(grace=2.0)
+
+
+@pytest.fixture
+async def plain(tmp_path: Path) -> AsyncIterator[Runtime]:
+    rt = Runtime(tmp_path / "agent", sandbox="none", poll_interval=0.02)
+    try:
+        yield rt
+    finally:
+        await rt.close(grace=2.0)
+
+
+async def until(rt: Runtime, want: Callable[[Report], bool], timeout: float = WAIT) -> list[Report]:
+    """Reports up to and including the first one ``want`` accepts."""
+    seen: list[Report] = []
+    while True:
+        r = await rt.next_report(timeout)
+        seen.append(r)
+        if want(r):
+            return seen
+
+
+def exit_of(key: WorkerKey) -> Callable[[Report], bool]:
+    return lambda r: isinstance(r, Exited) and r.key == key
+
+
+def spec_for(tmp: Path, job_id: str, command: list[str], rank: int = 0, **kw: object) -> StartWorker:
+    ckpt = tmp / "ckpt" / job_id
+    base = StartWorker(
+        job_id=job_id,
+        attempt=0,
+        rank=rank,
+        gpus=(),
+        env={"CORRAL_JOB_ID": job_id, "CORRAL_CHECKPOINT_DIR": str(ckpt / f"rank-{rank}")},
+        command=tuple(command),
+        checkpoint_dir=str(ckpt / f"rank-{rank}"),
+        job_checkpoint_dir=str(ckpt),
+    )
+    return msgspec.structs.replace(base, **kw)
+
+
+LOOP = "import time\nwhile True: time.sleep(0.05)"  # the worker waits; the test never does
+
+
+# -- the environment contract and logs ------------------------------------------------------------
+
+DUMP = (
+    "import json, os\n"
+    "keys = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT',\n"
+    "        'CUDA_VISIBLE_DEVICES', 'CORRAL_JOB_ID', 'CORRAL_ATTEMPT', 'CORRAL_CHECKPOINT_DIR', 'DATASET']\n"
+    "print(json.dumps({'env': {k: os.environ.get(k) for k in keys}, 'cwd': os.getcwd(),\n"
+    "    'ckpt_writable': os.access(os.environ['CORRAL_CHECKPOINT_DIR'], os.W_OK)}))\n"
+    "print('to stderr', file=__import__('sys').stderr)\n"
+)
+
+
+def gang_state(spec: JobSpec, ranks: int = 2) -> State:
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a", "team-b")
+    log.submit("alice", "g", spec).accept("g").admit("g", replicas=ranks)
+    log.place(placement("g", *(worker(r, N0, whole(r + 2)) for r in range(ranks))))
+    state = log.fold()
+    assert state.jobs["g"].phase == "placed"
+    return state
+
+
+async def test_workers_get_the_rendezvous_environment_and_their_logs_are_kept(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    spec = msgspec.structs.replace(
+        job().replicas(2).build(), command=(PY, "-c", DUMP), env={"DATASET": "imagenet"}
+    )
+    [gang] = decide(gang_state(spec), N0, runtime.workers(), 0.0, str(tmp_path / "ckpt"))
+    assert isinstance(gang, StartGang)
+    result = await runtime.start_gang(gang.workers, timeout=WAIT)
+    assert result.started == (WorkerKey("g", 0, 0), WorkerKey("g", 0, 1)) and result.failed is None
+    reports = await until(runtime, exit_of(WorkerKey("g", 0, 0)))
+    if not any(exit_of(WorkerKey("g", 0, 1))(r) for r in reports):
+        reports += await until(runtime, exit_of(WorkerKey("g", 0, 1)))
+    starts = [r for r in reports if isinstance(r, Started)]
+    assert [r.key.rank for r in starts] == [0, 1] and all(r.pid > 0 for r in starts)
+    assert sorted((r.key.rank, r.code, r.stopped) for r in reports if isinstance(r, Exited)) == [
+        (0, 0, False),
+        (1, 0, False),
+    ]
+    logs = job_logs(runtime.root, "g")
+    assert logs == [log_path(runtime.root, WorkerKey("g", 0, r)) for r in (0, 1)]
+    for rank, path in enumerate(logs):
+        first, second = path.read_text().splitlines()
+        seen = json.loads(first)
+        assert seen["env"] == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": N0,
+            "MASTER_PORT": gang.workers[0].env["MASTER_PORT"],
+            "CUDA_VISIBLE_DEVICES": f"GPU-{N0}-0{rank + 2}",
+            "CORRAL_JOB_ID": "g",
+            "CORRAL_ATTEMPT": "0",
+            "CORRAL_CHECKPOINT_DIR": str(tmp_path / "ckpt" / "g" / "attempt-0" / f"rank-{rank}"),
+            "DATASET": "imagenet",
+        }
+        assert seen["cwd"].endswith(f"work/g/attempt-0/rank-{rank}") and seen["ckpt_writable"]
+        assert second == "to stderr"
+    # The fold agrees: both ranks started, both exited 0, the job succeeded.
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "g", spec).accept("g").admit("g", replicas=2)
+    log.place(placement("g", *(worker(r, N0, whole(r + 2)) for r in range(2))))
+    for r in reports:
+        for ev in report_events(N0, r):
+            log.event(subj.node(N0), ev)
+    assert log.fold().jobs["g"].phase == "succeeded"
+
+
+# -- exit codes and stops --------------------------------------------------------------------------
+
+
+async def start_one(rt: Runtime, s: StartWorker) -> None:
+    result = await rt.start_gang([s], timeout=WAIT)
+    assert result.failed is None, result.reason
+    assert await until(rt, lambda r: isinstance(r, Started))
+
+
+async def test_exit_codes_are_reported(runtime: Runtime, tmp_path: Path) -> None:
+    s = spec_for(tmp_path, "e", [PY, "-c", "import sys; sys.exit(3)"])
+    await start_one(runtime, s)
+    [exited] = await until(runtime, exit_of(s.key))
+    assert exited == Exited(s.key, 3, stopped=False)
+    assert runtime.workers() == {s.key: "exited"}
+
+
+async def test_a_worker_killed_by_a_signal_reports_128_plus_the_signal(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    s = spec_for(tmp_path, "k", [PY, "-c", LOOP])
+    await start_one(runtime, s)
+    pid = runtime.pid(s.key)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # kill -9 from outside corral: a crash, not a stop
+    [exited] = await until(runtime, exit_of(s.key))
+    assert exited == Exited(s.key, 128 + signal.SIGKILL, stopped=False)
+
+
+async def test_stop_sends_sigterm_and_reports_a_stopped_exit(runtime: Runtime, tmp_path: Path) -> None:
+    s = spec_for(tmp_path, "t", [PY, "-c", LOOP])
+    await start_one(runtime, s)
+    await runtime.act(StopWorker(s.key, "cancelled", grace=WAIT))
+    assert runtime.workers()[s.key] == "stopping"
+    [exited] = await until(runtime, exit_of(s.key))
+    assert exited == Exited(s.key, 128 + signal.SIGTERM, stopped=True)
+
+
+# Ignores SIGTERM, then says so the only way a worker talks to the agent: a checkpoint report.
+STUBBORN = (
+    "import json, os, pathlib, signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "d = pathlib.Path(os.environ['CORRAL_CHECKPOINT_DIR'])\n"
+    "(d / 'x.tmp').write_text(json.dumps({'step': 0, 'location': 'armed'}))\n"
+    "os.replace(d / 'x.tmp', d / 'DONE')\n"
+    "while True: time.sleep(0.05)\n"
+)
+
+
+async def test_a_worker_ignoring_sigterm_is_killed_after_its_grace(runtime: Runtime, tmp_path: Path) -> None:
+    s = spec_for(tmp_path, "s", [PY, "-c", STUBBORN])
+    await start_one(runtime, s)
+    assert await runtime.next_report(WAIT) == Checkpointed(s.key, 0, "armed")  # SIGTERM is ignored now
+    await runtime.stop(s.key, grace=0.3)
+    [exited] = await until(runtime, exit_of(s.key))
+    assert exited == Exited(s.key, 128 + signal.SIGKILL, stopped=True)
+
+
+async def test_a_command_that_does_not_exist_cannot_start(plain: Runtime, tmp_path: Path) -> None:
+    s = spec_for(tmp_path, "x", ["/no/such/program"])
+    result = await plain.start_gang([s], timeout=WAIT)
+    assert result.failed == s.key and "/no/such/program" in result.reason
+    [failed] = await until(plain, lambda r: True)
+    assert isinstance(failed, StartFailed) and failed.key == s.key
+    assert plain.workers() == {s.key: "exited"}  # kept until the log has the failure
+
+
+async def test_a_worker_lost_with_an_earlier_agent_is_reported_gone_once(plain: Runtime) -> None:
+    key = WorkerKey("old", 2, 1)
+    await plain.act(ReportGone(key))
+    await plain.act(ReportGone(key))
+    assert await plain.next_report(WAIT) == Exited(key, GONE_CODE)
+    assert plain.reports.empty() and plain.workers() == {key: "exited"}
+
+
+# -- the gang start barrier ------------------------------------------------------------------------
+
+
+async def test_a_gang_that_does_not_start_in_time_is_stopped_whole(runtime: Runtime, tmp_path: Path) -> None:
+    never = asyncio.Event()
+
+    async def prepare(s: StartWorker) -> None:
+        if s.rank == 1:
+            await never.wait()  # e.g. a MIG instance that never comes up
+
+    rt = Runtime(runtime.root, sandbox="bwrap" if await runtime.sandboxed() else "none", prepare=prepare)
+    gang = [spec_for(tmp_path, "gang", [PY, "-c", LOOP], rank=r) for r in range(3)]
+    try:
+        result = await rt.start_gang(gang, timeout=1.0)
+        assert result.started == () and result.failed == gang[1].key
+        assert result.reason == "not started within 1s"
+        # The ranks that did start are stopped, and silently: the log never heard of them.
+        for s in (gang[0], gang[2]):
+            assert await rt.wait_exited(s.key, WAIT) in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+        assert await rt.next_report(WAIT) == StartFailed(gang[1].key, "not started within 1s")
+        assert rt.reports.empty()
+        assert set(rt.workers().values()) == {"exited"}
+    finally:
+        await rt.close(grace=1.0)
+
+
+async def test_one_rank_failing_to_start_stops_the_others(runtime: Runtime, tmp_path: Path) -> None:
+    bad = Mount(str(tmp_path / "missing"), "/data")
+    gang = [spec_for(tmp_path, "gm", [PY, "-c", LOOP], rank=r) for r in range(2)]
+    gang[1] = msgspec.structs.replace(gang[1], mounts=(bad,))
+    result = await runtime.start_gang(gang, timeout=WAIT)
+    assert result.failed == gang[1].key and "does not exist" in result.reason
+    failed = await runtime.next_report(WAIT)
+    assert isinstance(failed, StartFailed) and failed.key == gang[1].key
+    if runtime.workers().get(gang[0].key) != "exited":
+        await runtime.wait_exited(gang[0].key, WAIT)
+    assert runtime.reports.empty()
+
+
+# -- checkpoints -----------------------------------------------------------------------------------
+
+
+class Agent:
+    """The agent's loop, driven by hand: fold the log, decide, act, and append the reports."""
+
+    def __init__(self, rt: Runtime, log: LogBuilder, ckpt: Path) -> None:
+        self.rt, self.log, self.ckpt = rt, log, ckpt
+
+    def state(self) -> State:
+        state = self.log.fold()
+        assert state.faults == 0
+        return state
+
+    def decide(self, now: float) -> list[Action]:
+        return decide(self.state(), N0, self.rt.workers(), now, str(self.ckpt))
+
+    async def act(self, now: float) -> list[Action]:
+        actions = self.decide(now)
+        for a in actions:
+            await self.rt.act(a, start_timeout=WAIT)
+        return actions
+
+    def append(self, reports: list[Report]) -> None:
+        for r in reports:
+            for ev in report_events(N0, r):
+                self.log.event(subj.node(N0), ev)
+
+    async def until(self, want: Callable[[Report], bool]) -> Report:
+        reports = await until(self.rt, want)
+        self.append(reports)
+        return reports[-1]
+
+
+async def test_a_preempted_training_job_checkpoints_and_resumes_from_its_step(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    command = (PY, TRAIN, "--steps", "1000000000", "--step-seconds", "0.001", "--checkpoint-every", "40")
+    spec = msgspec.structs.replace(job().build(), command=command, checkpointable=True, grace_seconds=600.0)
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a", "team-b")
+    log.submit("alice", "train", spec).accept("train").admit("train").place(on(N0, 0, job_id="train"))
+    agent = Agent(runtime, log, tmp_path / "ckpt")
+    key = WorkerKey("train", 0, 0)
+
+    [start] = await agent.act(now=0.0)
+    assert isinstance(start, StartGang)
+    await agent.until(lambda r: isinstance(r, Started))
+    first = await agent.until(lambda r: isinstance(r, Checkpointed))  # a periodic one: it trains
+    assert isinstance(first, Checkpointed) and first.step == 40
+
+    # An urgent job preempts it: the agent asks for a checkpoint, then stops it.
+    log.submit("bob", "urgent", job("team-b")).accept("urgent", priority=10).preempt("urgent", "train")
+    deadline = agent.state().jobs["train"].phase_since + 600.0
+    assert await agent.act(now=deadline - 590) == [RequestCheckpoint(key, deadline)]
+    assert runtime.workers()[key] == "checkpoint-requested"
+    saved = await agent.until(lambda r: isinstance(r, Checkpointed) and r.step > 40)
+    assert isinstance(saved, Checkpointed) and runtime.workers()[key] == "checkpointed"
+    [stop] = await agent.act(now=deadline - 580)
+    assert isinstance(stop, StopWorker) and stop.reason == "preempted"
+    exited = await agent.until(exit_of(key))
+    assert exited == Exited(key, 0, stopped=True)  # train.py exits 0 when asked to stop
+    state = agent.state()
+    j = state.jobs["train"]
+    assert j.phase == "preempted" and j.checkpoint is not None and j.checkpoint.step == saved.step
+
+    # Back in the queue and placed again: the next attempt gets the checkpoint back.
+    log.requeue("train", 0, code="preempted").admit("train", attempt=1).place(
+        on(N0, 1, job_id="train", attempt=1)
+    )
+    actions = agent.decide(now=deadline)
+    resume = next(a for a in actions if isinstance(a, StartGang)).workers[0]
+    assert resume.env["CORRAL_RESUME_FROM"] == saved.location
+    # Let the resumed run finish 50 steps after the checkpoint, and a run that never stopped too.
+    end = str(saved.step + 50)
+    resumed = msgspec.structs.replace(resume, command=(PY, TRAIN, "--steps", end))
+    straight = spec_for(tmp_path, "straight", [PY, TRAIN, "--steps", end])
+    for s in (resumed, straight):
+        await runtime.start_gang([s], timeout=WAIT)
+        assert (await until(runtime, exit_of(s.key)))[-1] == Exited(s.key, 0)
+    out = log_path(runtime.root, resumed.key).read_text()
+    assert f"resumed from step {saved.step} " in out
+    done = [line for line in out.splitlines() if " done at step " in line]
+    assert done and done[0].startswith(f"rank 0: done at step {end} ")
+    # Same data, same per-step batches: resuming lost nothing and repeated nothing.
+    straight_done = [
+        ln for ln in log_path(runtime.root, straight.key).read_text().splitlines() if "done at" in ln
+    ]
+    assert done == straight_done
+
+
+async def test_a_worker_without_a_sigusr1_handler_is_not_killed_by_a_request(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    # It watches the REQUEST file only; SIGUSR1 would kill it, so the runtime must not send one.
+    watcher = (
+        "import json, os, pathlib, time\n"
+        "d = pathlib.Path(os.environ['CORRAL_CHECKPOINT_DIR'])\n"
+        "while not (d / 'REQUEST').exists(): time.sleep(0.01)\n"
+        "deadline = float((d / 'REQUEST').read_text())\n"
+        "(d / 'x.tmp').write_text(json.dumps({'step': 7, 'location': f'deadline={deadline:.0f}'}))\n"
+        "os.replace(d / 'x.tmp', d / 'DONE')\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    s = spec_for(tmp_path, "w", [PY, "-c", watcher])
+    await start_one(runtime, s)
+    await runtime.request_checkpoint(s.key, 1234.0)
+    report = await runtime.next_report(WAIT)
+    assert report == Checkpointed(s.key, 7, "deadline=1234")
+    assert not (Path(s.checkpoint_dir) / "DONE").exists() and not (Path(s.checkpoint_dir) / REQUEST).exists()
+    await runtime.stop(s.key, grace=WAIT)
+    assert (await until(runtime, exit_of(s.key)))[-1] == Exited(s.key, 128 + signal.SIGTERM, stopped=True)
+
+
+# -- sandboxes and data mounts ---------------------------------------------------------------------
+
+PROBE = r"""
+import os, pathlib, json
+out = {}
+out["read"] = pathlib.Path("/data/in/words.txt").read_text().strip()
+targets = [("ro", "/data/in/new.txt"), ("root", "/etc/corral-test"), ("rw", "/scratch/out/result.txt")]
+for name, path in targets:
+    try:
+        pathlib.Path(path).write_text("written")
+        out[name] = "writable"
+    except OSError as e:
+        out[name] = e.strerror
+out["pid"] = os.getpid()
+out["host_tmp_visible"] = os.path.exists(os.environ["HOST_TMP_MARKER"])
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+async def sandboxed(tmp_path: Path) -> AsyncIterator[Runtime]:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed; apt-get install -y bubblewrap")
+    if not await bwrap_works():
+        pytest.skip("bwrap is installed but cannot create namespaces here")
+    rt = Runtime(tmp_path / "agent", sandbox="bwrap", poll_interval=0.02)
+    try:
+        yield rt
+    finally:
+        await rt.close(grace=2.0)
+
+
+async def test_data_mounts_are_bound_where_the_job_asked_read_only_when_asked(
+    sandboxed: Runtime, tmp_path: Path
+) -> None:
+    data, out = tmp_path / "dataset", tmp_path / "results"
+    data.mkdir()
+    out.mkdir()
+    (data / "words.txt").write_text("hello from the dataset\n")
+    marker = Path("/tmp") / f"corral-marker-{os.getpid()}-{tmp_path.name}"
+    marker.write_text("host")
+    try:
+        mounts = (
+            Mount(str(data), "/data/in", read_only=True),
+            Mount(str(out), "/scratch/out", read_only=False),
+        )
+        s = spec_for(tmp_path, "m", [PY, "-c", PROBE], mounts=mounts)
+        s = msgspec.structs.replace(s, env={**s.env, "HOST_TMP_MARKER": str(marker)})
+        await start_one(sandboxed, s)
+        assert (await until(sandboxed, exit_of(s.key)))[-1] == Exited(s.key, 0)
+    finally:
+        marker.unlink()
+    seen = json.loads(log_path(sandboxed.root, s.key).read_text())
+    assert seen == {
+        "read": "hello from the dataset",
+        "ro": "Read-only file system",
+        "root": "Read-only file system",
+        "rw": "writable",
+        "pid": 2,  # its own PID namespace: bwrap's init is 1, the command 2
+        "host_tmp_visible": False,  # a private /tmp
+    }
+    assert (out / "result.txt").read_text() == "written" and not (data / "new.txt").exists()
+
+
+async def test_a_mount_target_inside_the_read_only_root_is_refused_with_a_reason(
+    sandboxed: Runtime, tmp_path: Path
+) -> None:
+    (tmp_path / "d").mkdir()
+    s = spec_for(
+        tmp_path, "bad", [PY, "-c", "pass"], mounts=(Mount(str(tmp_path / "d"), "/usr/corral-data"),)
+    )
+    result = await sandboxed.start_gang([s], timeout=WAIT)
+    assert result.failed == s.key
+    assert "read-only root" in result.reason and "/usr/corral-data" in result.reason
+
+
+async def test_without_a_sandbox_a_job_with_mounts_cannot_start(plain: Runtime, tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    s = spec_for(tmp_path, "nm", [PY, "-c", "pass"], mounts=(Mount(str(tmp_path / "d"), "/data"),))
+    result = await plain.start_gang([s], timeout=WAIT)
+    assert result.failed == s.key and "bubblewrap" in result.reason
+
+
+async def test_an_image_job_is_refused_on_a_node_without_containers(plain: Runtime, tmp_path: Path) -> None:
+    s = spec_for(tmp_path, "img", [PY, "-c", "pass"], image="pytorch/pytorch:2.3")
+    result = await plain.start_gang([s], timeout=WAIT)
+    assert result.failed == s.key and "containers" in result.reason
+
+
+async def test_mig_placeholders_resolve_to_instance_uuids(plain: Runtime) -> None:
+    from services.agent.discovery import MigDevice
+
+    plain.set_mig_devices([MigDevice(0, "GPU-abc", "MIG-123", 1, 0, 40_000, start=4, profile="3g.40gb")])
+    assert plain.resolve_devices("GPU-x,mig:GPU-abc/3g.40gb@4,mig:GPU-abc/3g.40gb@0") == (
+        "GPU-x,MIG-123,mig:GPU-abc/3g.40gb@0"
+    )
+
+
+# -- restart backoff -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("restarts", "seconds"), [(0, 0.0), (1, 2.0), (2, 4.0), (3, 8.0), (8, 256.0), (9, 300.0), (10_000, 300.0)]
+)
+def test_restart_backoff_doubles_up_to_a_cap(restarts: int, seconds: float) -> None:
+    assert restart_backoff(restarts) == seconds

@@ -1,0 +1,379 @@
+"""The node agent's pure core: which workers start, checkpoint and stop, with which environment.
+
+Each test folds a small log with ``LogBuilder`` and asks ``decide`` what node-00's agent must do,
+given what its runtime runs. Only what the fold accepted for this node may start anything.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from events import subjects as subj
+from events.jobs import CancelJob, JobSpec, Mount
+from events.nodes import CheckpointCompleted, NodeInventory, WorkerExited, WorkerStarted
+from projections.state import State
+from services.agent.decide import (
+    GONE_CODE,
+    PORT_BASE,
+    PORT_SPAN,
+    START_FAILED_CODE,
+    Action,
+    Checkpointed,
+    Exited,
+    Forget,
+    ReportGone,
+    RequestCheckpoint,
+    Started,
+    StartFailed,
+    StartGang,
+    StartWorker,
+    StopWorker,
+    WorkerKey,
+    WorkerPhase,
+    decide,
+    master_port,
+    preemption_deadline,
+    report_events,
+)
+from services.inventory import h100_8x_nvswitch
+from tests.builders import Cluster, LogBuilder, job, mig_slot, on, placement, running, whole, worker
+
+N0, N1 = "node-00", "node-01"
+ROOT = "/ckpt"
+NOW = 5000.0
+
+
+def fold(log: LogBuilder) -> State:
+    state = log.fold()
+    assert state.faults == 0
+    return state
+
+
+def act(
+    state: State, workers: dict[WorkerKey, WorkerPhase] | None = None, now: float = NOW, node: str = N0
+) -> list[Action]:
+    return decide(state, node, workers or {}, now, ROOT)
+
+
+def starts(actions: list[Action]) -> list[StartWorker]:
+    return [w for a in actions if isinstance(a, StartGang) for w in a.workers]
+
+
+def spec(gpus: int = 1, **changes: object) -> JobSpec:
+    return msgspec.structs.replace(job().gpus(gpus).build(), **changes)
+
+
+def base(nodes: Cluster | None = None) -> LogBuilder:
+    """Nodes and both teams' queues, with ample quota."""
+    return LogBuilder().nodes(nodes or Cluster(2)).queues("team-a", "team-b")
+
+
+def placed(
+    job_id: str = "j1", s: JobSpec | None = None, *gpus: int, log: LogBuilder | None = None
+) -> LogBuilder:
+    log = log if log is not None else base()
+    return (
+        log.submit("alice", job_id, s)
+        .accept(job_id)
+        .admit(job_id)
+        .place(on(N0, *(gpus or (0,)), job_id=job_id))
+    )
+
+
+K = WorkerKey("j1", 0, 0)
+
+
+# -- starting --------------------------------------------------------------------------------------
+
+
+def test_an_accepted_placement_starts_its_worker_with_the_rendezvous_environment() -> None:
+    s = spec(2, command=("python", "train.py"), env={"LR": "0.1", "RANK": "99"}, grace_seconds=12.0)
+    state = fold(placed("j1", s, 2, 3))
+    [gang] = act(state)
+    assert isinstance(gang, StartGang) and (gang.job_id, gang.attempt) == ("j1", 0)
+    [w] = gang.workers
+    assert (w.key, w.command, w.grace_seconds) == (K, ("python", "train.py"), 12.0)
+    assert [g.index for g in w.gpus] == [2, 3]
+    assert w.env == {
+        "LR": "0.1",
+        "RANK": "0",  # corral's variables win over the job's
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0",
+        "NODE_RANK": "0",
+        "MASTER_ADDR": N0,
+        "MASTER_PORT": str(master_port("j1", 0)),
+        "CUDA_VISIBLE_DEVICES": f"GPU-{N0}-02,GPU-{N0}-03",
+        "CORRAL_JOB_ID": "j1",
+        "CORRAL_ATTEMPT": "0",
+        "CORRAL_CHECKPOINT_DIR": f"{ROOT}/j1/attempt-0/rank-0",
+    }
+    assert w.checkpoint_dir == f"{ROOT}/j1/attempt-0/rank-0" and w.job_checkpoint_dir == f"{ROOT}/j1"
+
+
+def test_a_placement_on_another_node_starts_nothing_here() -> None:
+    state = fold(placed())
+    assert act(state, node=N1) == []
+
+
+def test_a_voided_placement_starts_nothing() -> None:
+    log = placed("j1")
+    log.submit("alice", "j2").accept("j2").admit("j2").place(on(N0, 0, job_id="j2"))  # GPU 0 is taken
+    state = fold(log)
+    assert state.jobs["j2"].phase == "admitted" and state.void_total == 1
+    assert [w.job_id for w in starts(act(state))] == ["j1"]
+
+
+def test_an_admitted_job_without_placement_starts_nothing() -> None:
+    state = fold(base(Cluster(1)).submit("alice", "j1").accept("j1").admit("j1"))
+    assert act(state) == []
+
+
+@pytest.mark.parametrize("phase", ["starting", "running", "checkpoint-requested", "stopping", "exited"])
+def test_a_worker_the_runtime_has_is_not_started_again(phase: WorkerPhase) -> None:
+    state = fold(placed())
+    assert starts(act(state, {K: phase})) == []
+
+
+def test_a_rank_that_started_and_exited_is_not_started_again() -> None:
+    g = job().replicas(2).build()
+    log = base(Cluster(1)).submit("alice", "j1", g).accept("j1").admit("j1", replicas=2)
+    log.place(placement("j1", worker(0, N0, whole(0)), worker(1, N0, whole(1))))
+    log.started(N0, "j1", rank=0).started(N0, "j1", rank=1).exited(N0, "j1", rank=0, code=0)
+    state = fold(log)
+    assert state.jobs["j1"].phase == "running"
+    assert act(state, {WorkerKey("j1", 0, 1): "running"}) == []
+
+
+def test_a_gang_across_two_nodes_gets_local_ranks_and_one_master() -> None:
+    nodes = Cluster(2)
+    inv = nodes.nodes[0][1]
+    nodes.nodes[0] = (N0, NodeInventory(inv.cpu_milli, inv.memory_mib, inv.gpus, {"address": "10.0.0.7"}))
+    g = job().replicas(4).build()
+    log = base(nodes).submit("alice", "g", g).accept("g").admit("g", replicas=4)
+    log.place(
+        placement(
+            "g",
+            worker(0, N0, whole(0)),
+            worker(1, N1, whole(0)),
+            worker(2, N0, whole(1)),
+            worker(3, N1, whole(1)),
+        )
+    )
+    state = fold(log)
+    here, there = starts(act(state, node=N0)), starts(act(state, node=N1))
+    assert [(w.rank, w.env["LOCAL_RANK"], w.env["GROUP_RANK"]) for w in here] == [
+        (0, "0", "0"),
+        (2, "1", "0"),
+    ]
+    assert [(w.rank, w.env["LOCAL_RANK"], w.env["GROUP_RANK"]) for w in there] == [
+        (1, "0", "1"),
+        (3, "1", "1"),
+    ]
+    for w in here + there:
+        assert (w.env["WORLD_SIZE"], w.env["LOCAL_WORLD_SIZE"], w.env["MASTER_ADDR"]) == (
+            "4",
+            "2",
+            "10.0.0.7",
+        )
+        assert w.env["MASTER_PORT"] == str(master_port("g", 0))
+    assert len([a for a in act(state) if isinstance(a, StartGang)]) == 1  # one barrier per gang
+
+
+def test_a_mig_slot_is_a_placeholder_the_runtime_resolves() -> None:
+    log = base(Cluster(1, profile="h100-8x-mig"))
+    log.submit("alice", "m", job().mig("3g.40gb")).accept("m").admit("m")
+    log.place(placement("m", worker(0, N0, mig_slot(5, "3g.40gb", 4))))
+    [w] = starts(act(fold(log)))
+    assert w.env["CUDA_VISIBLE_DEVICES"] == f"mig:GPU-{N0}-05/3g.40gb@4"
+    assert w.gpus[0].mig is not None and w.gpus[0].mig.start == 4
+
+
+def test_a_shared_gpu_says_its_share() -> None:
+    log = base(Cluster(1)).submit("alice", "f", job().milli(250)).accept("f").admit("f")
+    log.place(placement("f", worker(0, N0, msgspec.structs.replace(whole(0), milli=250))))
+    [w] = starts(act(fold(log)))
+    assert (w.env["CUDA_VISIBLE_DEVICES"], w.env["CORRAL_GPU_MILLI"]) == (f"GPU-{N0}-00", "250")
+
+
+def test_mounts_and_image_travel_with_the_worker() -> None:
+    mounts = (Mount("/datasets/imagenet", "/data", read_only=True),)
+    [w] = starts(act(fold(placed("j1", spec(mounts=mounts, image="pytorch:2")))))
+    assert (w.mounts, w.image) == (mounts, "pytorch:2")
+
+
+def test_a_restarted_job_resumes_from_its_checkpoint() -> None:
+    log = running("j1", log=base()).checkpoint(N0, "j1", step=40).exited(N0, "j1", code=1)
+    log.requeue("j1", 0).admit("j1", attempt=1).place(on(N0, 4, job_id="j1", attempt=1))
+    state = fold(log)
+    [w] = starts(act(state))
+    assert (w.key, w.env["CORRAL_RESUME_FROM"], w.env["CORRAL_ATTEMPT"]) == (
+        WorkerKey("j1", 1, 0),
+        "/ckpt/j1/40",
+        "1",
+    )
+    assert w.env["MASTER_PORT"] == str(master_port("j1", 1))
+
+
+def test_master_port_is_deterministic_in_range_and_differs_between_attempts() -> None:
+    ports = [master_port("job-7", a) for a in range(20)]
+    assert ports == [master_port("job-7", a) for a in range(20)]
+    assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
+    assert len(set(ports)) > 15
+
+
+# -- checkpointing and stopping --------------------------------------------------------------------
+
+
+def preempted(checkpointable: bool = True, grace: float = 30.0) -> State:
+    s = spec(checkpointable=checkpointable, grace_seconds=grace)
+    log = running("v", s, log=base())
+    log.submit("bob", "b", job("team-b")).accept("b", priority=10).preempt("b", "v")
+    state = fold(log)
+    assert state.jobs["v"].phase == "checkpointing"
+    return state
+
+
+V = WorkerKey("v", 0, 0)
+
+
+def test_a_preempted_worker_is_asked_to_checkpoint_by_its_grace_deadline() -> None:
+    state = preempted(grace=30.0)
+    deadline = preemption_deadline(state.jobs["v"])
+    assert deadline == state.jobs["v"].phase_since + 30.0
+    assert act(state, {V: "running"}, now=deadline - 10) == [RequestCheckpoint(V, deadline)]
+
+
+def test_an_asked_worker_is_left_alone_until_its_deadline_then_stopped() -> None:
+    state = preempted()
+    deadline = preemption_deadline(state.jobs["v"])
+    assert act(state, {V: "checkpoint-requested"}, now=deadline - 1) == []
+    [stop] = act(state, {V: "checkpoint-requested"}, now=deadline)
+    assert isinstance(stop, StopWorker) and (stop.key, stop.reason) == (V, "preempted")
+
+
+def test_a_worker_that_checkpointed_is_stopped_before_its_deadline() -> None:
+    state = preempted()
+    deadline = preemption_deadline(state.jobs["v"])
+    [stop] = act(state, {V: "checkpointed"}, now=deadline - 20)
+    assert isinstance(stop, StopWorker) and stop.reason == "preempted" and stop.grace == pytest.approx(20)
+
+
+def test_a_job_that_cannot_checkpoint_is_stopped_with_its_grace() -> None:
+    state = preempted(checkpointable=False, grace=15.0)
+    deadline = preemption_deadline(state.jobs["v"])
+    [stop] = act(state, {V: "running"}, now=deadline - 15)
+    assert isinstance(stop, StopWorker) and stop.grace == pytest.approx(15)
+
+
+def cancelled() -> LogBuilder:
+    return running("j1", log=base()).request("alice", "cancel", CancelJob(job_id="j1"))
+
+
+@pytest.mark.parametrize(
+    ("log", "reason"),
+    [
+        pytest.param(cancelled(), "cancelled", id="cancelled"),
+        pytest.param(running("j1", log=base()).gpu_health(N0, 0, False), "interrupted", id="bad-gpu"),
+        pytest.param(
+            running("j1", job().restarts(0), log=base()).exited(N0, "j1", code=9),
+            "job-over",
+            id="finished",
+        ),
+    ],
+)
+def test_a_worker_whose_job_is_over_or_interrupted_is_stopped(log: LogBuilder, reason: str) -> None:
+    state = fold(log)
+    assert state.rejected_total == 0
+    [stop] = act(state, {K: "running"})
+    assert isinstance(stop, StopWorker) and (stop.key, stop.reason) == (K, reason)
+
+
+def test_a_worker_already_stopping_is_not_stopped_twice() -> None:
+    assert act(fold(cancelled()), {K: "stopping"}) == []
+
+
+@pytest.mark.parametrize(
+    "key",
+    [WorkerKey("j1", 0, 5), WorkerKey("nope", 0, 0), WorkerKey("j1", 7, 0)],
+    ids=["rank", "job", "attempt"],
+)
+def test_a_worker_the_log_does_not_know_is_stopped_as_superseded(key: WorkerKey) -> None:
+    state = fold(placed())
+    stops = [a for a in act(state, {K: "running", key: "running"}) if isinstance(a, StopWorker)]
+    assert stops == [StopWorker(key, "superseded", stops[0].grace)]
+
+
+def test_an_old_attempt_is_stopped_when_the_job_moved_on() -> None:
+    log = running("j1", log=base()).gpu_health(N0, 0, False).requeue("j1", 0).admit("j1", attempt=1)
+    state = fold(log.place(on(N1, 0, job_id="j1", attempt=1)))
+    assert act(state, {K: "running"}) == [StopWorker(K, "superseded", 10.0)]
+
+
+# -- reconciling with the log ----------------------------------------------------------------------
+
+
+def test_a_worker_live_in_the_log_but_not_running_here_is_reported_gone() -> None:
+    state = fold(running("j1", log=base()))
+    assert act(state, {}) == [ReportGone(K)]
+    assert report_events(N0, Exited(K, GONE_CODE))[0] == WorkerExited(
+        node=N0, job_id="j1", attempt=0, rank=0, code=GONE_CODE
+    )
+
+
+def test_an_exited_worker_is_kept_until_the_log_has_its_exit() -> None:
+    log = running("j1", log=base())
+    assert act(fold(log), {K: "exited"}) == []  # exit reported, not folded yet: no ReportGone either
+    assert act(fold(log.exited(N0, "j1", code=3)), {K: "exited"}) == [Forget(K)]
+
+
+def test_a_failed_start_is_kept_until_the_log_has_its_start_and_exit() -> None:
+    log = placed()
+    assert act(fold(log), {K: "exited"}) == []  # not started again before the fold saw the failure
+    log.started(N0, "j1").exited(N0, "j1", code=START_FAILED_CODE)
+    assert act(fold(log), {K: "exited"}) == [Forget(K)]
+
+
+def test_decide_is_deterministic() -> None:
+    log = placed("a")
+    placed("b", None, 1, log=log)
+    placed("c", None, 2, log=log)
+    state = fold(log)
+    assert act(state) == act(state) and len(starts(act(state))) == 3
+
+
+# -- reports into events ---------------------------------------------------------------------------
+
+
+def test_reports_become_node_events() -> None:
+    assert report_events(N0, Started(K, 42)) == [
+        WorkerStarted(node=N0, job_id="j1", attempt=0, rank=0, pid=42)
+    ]
+    assert report_events(N0, Exited(K, 143, stopped=True)) == [
+        WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=143, stopped=True)
+    ]
+    assert report_events(N0, StartFailed(K, "no such file")) == [
+        WorkerStarted(node=N0, job_id="j1", attempt=0, rank=0),
+        WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=START_FAILED_CODE),
+    ]
+    assert report_events(N0, Checkpointed(K, 7, "/c/7")) == [
+        CheckpointCompleted(node=N0, job_id="j1", attempt=0, location="/c/7", step=7)
+    ]
+    assert (
+        report_events(N0, Checkpointed(WorkerKey("j1", 0, 1), 7, "/c/7")) == []
+    )  # rank 0 speaks for the job
+
+
+def test_a_failed_start_restarts_the_gang_through_the_fold() -> None:
+    log = placed("j1", job().restarts(2).build())
+    for ev in report_events(N0, StartFailed(K, "bwrap: cannot mount")):
+        log.event(subj.node(N0), ev)
+    j = fold(log).jobs["j1"]
+    assert (j.phase, j.restarts, j.held) == ("interrupted", 1, None)
+    assert "code 127" in j.reasons[0].message
+
+
+def test_simulated_inventory_matches_its_profile() -> None:
+    assert Cluster(1).nodes[0][1].gpus == h100_8x_nvswitch(N0).gpus

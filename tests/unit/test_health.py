@@ -1,0 +1,335 @@
+"""The health monitor's policy: which GPU signals are ignored, recorded, alerted on, drain a GPU
+or drain the node; and the node state machine ready → suspect → lost → (probation) → ready.
+
+Time is injected: every test says ``now``; no test waits.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from events.nodes import GpuHealthChanged, NodeConditionChanged, NodeCordoned, NodeRegistered
+from events.queues import CordonNode
+from services.agent.discovery import GpuHealthSample, XidReport
+from services.agent.health import (
+    XID_ACTIONS,
+    Action,
+    Heartbeat,
+    HeartbeatTracker,
+    Notice,
+    sample_signals,
+    xid_action,
+)
+from tests.builders import Cluster, LogBuilder
+
+N0, N1 = "node-00", "node-01"
+T0 = 1000.0
+
+# -- XIDs ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("xid", "action"),
+    [
+        *[pytest.param(x, "ignore", id=f"xid{x}-application") for x in (13, 31, 43, 45, 68)],
+        *[
+            pytest.param(x, "gpu", id=f"xid{x}-drain-gpu")
+            for x in (48, 62, 64, 74, 94, 95, 109, 119, 120, 140)
+        ],
+        pytest.param(79, "node", id="xid79-off-the-bus-drains-node"),
+        pytest.param(63, "record", id="xid63-remap-recorded"),
+        pytest.param(92, "alert", id="xid92-sbe-rate-alert"),
+        pytest.param(61, "gpu", id="xid61-unknown-drains-gpu"),
+        pytest.param(999, "gpu", id="xid999-nvml-unknown"),
+        pytest.param(4242, "gpu", id="new-xid"),
+    ],
+)
+def test_xid_policy(xid: int, action: Action) -> None:
+    assert xid_action(xid) == action
+
+
+def test_no_application_xid_makes_a_gpu_unhealthy() -> None:
+    assert {x for x, a in XID_ACTIONS.items() if a == "ignore"} == {13, 31, 43, 45, 68}
+
+
+# -- health counters -------------------------------------------------------------------------------
+
+
+def sample(**fields: object) -> GpuHealthSample:
+    base: dict[str, object] = {"index": 0, "uuid": "GPU-node-00-00", "nvlinks_active": 18}
+    return GpuHealthSample(**{**base, **fields})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("s", "expected"),
+    [
+        pytest.param(sample(), [], id="healthy"),
+        pytest.param(sample(ecc_uncorrected=None, remap_pending=False), [], id="not-supported-is-silent"),
+        pytest.param(sample(ecc_corrected=12), [], id="corrected-ecc-ignored"),
+        pytest.param(sample(ecc_uncorrected=2), [("ecc:uncorrected:2", "gpu")], id="uncorrectable-ecc"),
+        pytest.param(sample(remap_pending=True), [("row-remap:pending", "gpu")], id="remap-pending"),
+        pytest.param(sample(remap_failed=True), [("row-remap:failed", "gpu")], id="remap-failed"),
+        pytest.param(
+            sample(retired_pages_pending=True), [("page-retire:pending", "gpu")], id="retire-pending"
+        ),
+        pytest.param(sample(nvlinks_active=16), [("nvlink:down:2", "gpu")], id="nvlinks-down"),
+        pytest.param(sample(lost=True), [("gpu:lost", "node")], id="gpu-lost"),
+        pytest.param(sample(temperature_c=91, utilisation_pct=100), [], id="hot-and-busy-is-fine"),
+    ],
+)
+def test_sample_signals(s: GpuHealthSample, expected: list[tuple[str, Action]]) -> None:
+    assert sample_signals(s, expected_nvlinks=18) == expected
+
+
+def test_pcie_gpus_expect_no_nvlinks() -> None:
+    assert sample_signals(sample(nvlinks_active=0), expected_nvlinks=0) == []
+
+
+# -- the tracker -----------------------------------------------------------------------------------
+
+
+class Clock:
+    """A monitor's view: a tracker synced to a folded log, heartbeats fed at chosen times."""
+
+    def __init__(self, nodes: int = 2) -> None:
+        self.state = LogBuilder().nodes(Cluster(nodes)).fold()
+        self.t = HeartbeatTracker(interval=5.0, suspect_after=3, lost_after=60.0, probation=30.0)
+        self.t.sync(self.state, T0)
+        self.seq = 0
+
+    def beat(self, now: float, node: str = N0, ok: bool = True, **kw: object) -> None:
+        self.seq += 1
+        inv = self.state.nodes[node].inventory
+        gpus = kw.pop("gpus", None)
+        if gpus is None:
+            gpus = tuple(
+                GpuHealthSample(index=g.index, uuid=g.uuid, nvlinks_active=g.nvlinks) for g in inv.gpus
+            )
+        self.t.record(node, now, Heartbeat(node=node, seq=self.seq, gpus=gpus, ok=ok, **kw))  # type: ignore[arg-type]
+
+    def beats(self, start: float, end: float, node: str = N0, every: float = 5.0) -> None:
+        now = start
+        while now <= end:
+            self.beat(now, node)
+            now += every
+
+    def conditions(self, now: float, node: str = N0) -> list[str]:
+        return [
+            e.condition
+            for e in self.t.evaluate(now)
+            if isinstance(e, NodeConditionChanged) and e.node == node
+        ]
+
+
+def test_a_node_that_heartbeats_stays_ready_and_nothing_is_written() -> None:
+    c = Clock()
+    for i in range(20):
+        c.beat(T0 + 5 * i, N0)
+        c.beat(T0 + 5 * i, N1)
+        assert c.t.evaluate(T0 + 5 * i + 1) == []
+
+
+def test_missed_heartbeats_make_a_node_suspect_then_lost_once_each() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0)
+    assert c.conditions(T0 + 15) == []  # three intervals: not yet more than three missed
+    assert c.conditions(T0 + 15.1) == ["suspect"]
+    assert c.conditions(T0 + 30) == []  # already suspect: said once
+    assert c.conditions(T0 + 60.1) == ["lost"]
+    assert c.conditions(T0 + 600) == []
+
+
+def test_a_node_that_never_heartbeats_is_counted_from_when_the_monitor_learnt_of_it() -> None:
+    c = Clock(nodes=1)
+    assert c.conditions(T0 + 10) == []
+    assert c.conditions(T0 + 61) == ["lost"]  # straight to lost: it was silent all along
+
+
+def test_a_lost_node_is_ready_again_only_after_a_probation_of_healthy_heartbeats() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0)
+    assert c.conditions(T0 + 61) == ["lost"]
+    c.beats(T0 + 100, T0 + 125)
+    assert c.conditions(T0 + 126) == []  # 25 s of heartbeats: still on probation
+    c.beats(T0 + 130, T0 + 130)
+    assert c.conditions(T0 + 131) == ["ready"]
+
+
+def test_a_gap_during_probation_starts_it_again() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0)
+    c.conditions(T0 + 61)
+    c.beats(T0 + 100, T0 + 120)
+    c.beats(T0 + 140, T0 + 160)  # a 20 s gap: more than three intervals
+    assert c.conditions(T0 + 161) == []  # 60 s since the first heartbeat, but only 20 s unbroken
+    c.beats(T0 + 165, T0 + 170)
+    assert c.conditions(T0 + 171) == ["ready"]
+
+
+def test_heartbeats_from_an_unwell_agent_do_not_count_towards_probation() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0)
+    c.conditions(T0 + 16)
+    for i in range(10):
+        c.beat(T0 + 20 + 5 * i, ok=False)
+    assert c.conditions(T0 + 70) == []  # heartbeats arrive, so not lost, but not trusted either
+    c.beats(T0 + 75, T0 + 105)
+    assert c.conditions(T0 + 106) == ["ready"]
+
+
+def test_a_suspect_node_recovers_through_probation_too() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0)
+    assert c.conditions(T0 + 16) == ["suspect"]
+    c.beats(T0 + 20, T0 + 45)
+    assert c.conditions(T0 + 46) == []
+    c.beats(T0 + 50, T0 + 50)
+    assert c.conditions(T0 + 51) == ["ready"]
+
+
+def test_repeated_and_old_heartbeats_are_ignored() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0)
+    hb = Heartbeat(node=N0, seq=c.seq)
+    c.t.record(N0, T0 + 14, hb)  # the same heartbeat again, late: not a sign of life
+    assert c.conditions(T0 + 15.1) == ["suspect"]
+
+
+def test_nodes_the_log_does_not_know_get_no_facts() -> None:
+    c = Clock(nodes=1)
+    c.t.record("stranger", T0, Heartbeat(node="stranger", seq=1, xids=(XidReport(0, 79),)))
+    assert [e for e in c.t.evaluate(T0 + 1000) if getattr(e, "node", None) == "stranger"] == []
+
+
+def test_a_resynced_tracker_does_not_repeat_what_the_log_says() -> None:
+    log = LogBuilder().nodes(Cluster(1)).condition(N0, "lost").gpu_health(N0, 3, False, "xid:79")
+    t = HeartbeatTracker()
+    t.sync(log.fold(), T0)
+    assert t.evaluate(T0 + 1) == []  # lost already; GPU 3 unhealthy already
+
+
+# -- GPU health and cordons ------------------------------------------------------------------------
+
+
+def test_a_critical_xid_makes_the_gpu_unhealthy_once_and_it_stays_so() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=2, xid=48),))
+    assert c.t.evaluate(T0 + 1) == [GpuHealthChanged(node=N0, gpu=2, healthy=False, signal="xid:48")]
+    c.beat(T0 + 5)
+    assert c.t.evaluate(T0 + 6) == []  # sticky until a person clears it
+    c.t.clear(N0, 2)
+    assert c.t.evaluate(T0 + 7) == [GpuHealthChanged(node=N0, gpu=2, healthy=True)]
+
+
+def test_application_xids_change_nothing() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0, xids=tuple(XidReport(gpu=0, xid=x) for x in (13, 31, 43, 45, 68)))
+    assert c.t.evaluate(T0 + 1) == [] and c.t.take_notices() == []
+
+
+def test_xid_79_drains_the_node() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=5, xid=79),))
+    assert c.t.evaluate(T0 + 1) == [
+        GpuHealthChanged(node=N0, gpu=5, healthy=False, signal="xid:79"),
+        NodeCordoned(node=N0, cordoned=True, drain=True, reason="xid:79 on GPU 5"),
+    ]
+    c.beat(T0 + 5, xids=(XidReport(gpu=6, xid=79),))
+    assert c.t.evaluate(T0 + 6) == [GpuHealthChanged(node=N0, gpu=6, healthy=False, signal="xid:79")]
+
+
+def test_recorded_and_alerted_xids_are_notices_not_facts() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=1, xid=63), XidReport(gpu=1, xid=92)))
+    assert c.t.evaluate(T0 + 1) == []
+    assert c.t.take_notices() == [Notice(N0, 1, "xid:63", "record"), Notice(N0, 1, "xid:92", "alert")]
+    assert c.t.take_notices() == []
+
+
+def test_counter_signals_clear_when_the_counters_do() -> None:
+    c = Clock(nodes=1)
+    inv = c.state.nodes[N0].inventory
+    healthy = [GpuHealthSample(index=g.index, uuid=g.uuid, nvlinks_active=18) for g in inv.gpus]
+    bad = list(healthy)
+    bad[4] = GpuHealthSample(index=4, uuid=inv.gpus[4].uuid, nvlinks_active=18, remap_pending=True)
+    c.beat(T0, gpus=tuple(bad))
+    assert c.t.evaluate(T0 + 1) == [
+        GpuHealthChanged(node=N0, gpu=4, healthy=False, signal="row-remap:pending")
+    ]
+    c.beat(T0 + 5, gpus=tuple(bad))
+    assert c.t.evaluate(T0 + 6) == []
+    c.beat(T0 + 10, gpus=tuple(healthy))  # the GPU was reset
+    assert c.t.evaluate(T0 + 11) == [GpuHealthChanged(node=N0, gpu=4, healthy=True)]
+
+
+def test_nvlinks_down_are_measured_against_registration() -> None:
+    c = Clock(nodes=1)
+    inv = c.state.nodes[N0].inventory
+    gpus = [GpuHealthSample(index=g.index, uuid=g.uuid, nvlinks_active=18) for g in inv.gpus]
+    gpus[7] = GpuHealthSample(index=7, uuid=inv.gpus[7].uuid, nvlinks_active=12, nvlinks_down=6)
+    c.beat(T0, gpus=tuple(gpus))
+    assert c.t.evaluate(T0 + 1) == [GpuHealthChanged(node=N0, gpu=7, healthy=False, signal="nvlink:down:6")]
+
+
+def test_a_gpu_nvml_no_longer_lists_drains_the_node() -> None:
+    c = Clock(nodes=1)
+    inv = c.state.nodes[N0].inventory
+    # GPU 3 fell off the bus: NVML renumbers the rest, so samples are matched by UUID, not index.
+    gpus = tuple(
+        GpuHealthSample(index=i, uuid=g.uuid, nvlinks_active=18)
+        for i, g in enumerate(inv.gpus[:3] + inv.gpus[4:])
+    )
+    c.beat(T0, gpus=gpus)
+    assert c.t.evaluate(T0 + 1) == [
+        GpuHealthChanged(node=N0, gpu=3, healthy=False, signal="gpu:missing"),
+        NodeCordoned(node=N0, cordoned=True, drain=True, reason="gpu:missing on GPU 3"),
+    ]
+
+
+def test_observing_its_own_events_keeps_the_tracker_quiet() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=0, xid=79),))
+    events = c.t.evaluate(T0 + 1)
+    for ev in events:
+        c.t.observe(ev, T0 + 2)
+    assert c.t.evaluate(T0 + 3) == []
+
+
+def test_a_reregistered_node_gets_its_sticky_gpu_verdict_written_again() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=1, xid=95),))
+    c.t.evaluate(T0 + 1)
+    # The agent restarted: re-registering makes the fold trust every idle GPU again.
+    c.t.observe(NodeRegistered(node=N0, inventory=c.state.nodes[N0].inventory), T0 + 2)
+    c.beat(T0 + 5)
+    assert c.t.evaluate(T0 + 6) == [GpuHealthChanged(node=N0, gpu=1, healthy=False, signal="xid:95")]
+
+
+def test_the_health_monitor_never_uncordons() -> None:
+    log = LogBuilder().nodes(Cluster(1)).cordon(N0, True, drain=True)
+    t = HeartbeatTracker()
+    t.sync(log.fold(), T0)
+    t.record(N0, T0, Heartbeat(node=N0, seq=1))
+    assert [e for e in t.evaluate(T0 + 1) if isinstance(e, NodeCordoned)] == []
+
+
+def test_after_an_admin_uncordons_a_new_xid_79_cordons_again() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=5, xid=79),))
+    for ev in c.t.evaluate(T0 + 1):
+        c.t.observe(ev, T0 + 1)
+    c.t.observe(CordonNode(node=N0, cordoned=False), T0 + 100)  # repaired and uncordoned by hand
+    c.t.clear(N0, 5)
+    c.beat(T0 + 105)
+    assert c.t.evaluate(T0 + 106) == [GpuHealthChanged(node=N0, gpu=5, healthy=True)]
+    c.beat(T0 + 110, xids=(XidReport(gpu=2, xid=79),))
+    assert NodeCordoned(node=N0, cordoned=True, drain=True, reason="xid:79 on GPU 2") in c.t.evaluate(
+        T0 + 111
+    )
+
+
+def test_an_agent_that_cannot_watch_its_gpus_trusts_none_of_them() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=-1, xid=999),))
+    events = c.t.evaluate(T0 + 1)
+    assert events == [GpuHealthChanged(node=N0, gpu=g, healthy=False, signal="xid:999") for g in range(8)]

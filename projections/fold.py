@@ -304,9 +304,18 @@ def _delete_queue(state: State, ctx: Ctx, req: DeleteQueue) -> None:
 
 def _cordon_request(state: State, ctx: Ctx, req: CordonNode) -> None:
     _admin(ctx)
-    node = _node(state, req.node)
-    node.cordoned = req.cordoned
-    node.draining = req.cordoned and req.drain
+    _cordon(state, ctx, req.node, req.cordoned, req.drain, req.reason or "drained by admin")
+
+
+def _cordon(state: State, ctx: Ctx, name: str, cordoned: bool, drain: bool, why: str) -> None:
+    """No new work lands on a cordoned node; draining one also sends its work elsewhere: the
+    jobs there are interrupted (their agents stop the workers) and resume from their last
+    checkpoint on other nodes."""
+    node = _node(state, name)
+    node.cordoned = cordoned
+    node.draining = cordoned and drain
+    if node.draining:
+        _interrupt_on(state, ctx, name, None, f"node {name} is draining: {why}", node_gone=False)
 
 
 # -- admission ----------------------------------------------------------------------------------
@@ -427,6 +436,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         job.preemptions += 1
         job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
         job.preempted_for = ev.beneficiary
+        job.preempt_deadline = ev.deadline
         job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
         if not job.live:
             _move(state, job, "stop", ctx)
@@ -525,7 +535,9 @@ def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
         job.updated_seq = ctx.seq
 
 
-def _interrupt_on(state: State, ctx: Ctx, node: str, gpu: int | None, why: str) -> None:
+def _interrupt_on(
+    state: State, ctx: Ctx, node: str, gpu: int | None, why: str, node_gone: bool = True
+) -> None:
     """Jobs holding GPUs on ``node`` (only GPU ``gpu`` if given) lost them: their workers there
     are gone, and the job goes back to its queue (not counted against its restarts)."""
     for job in list(state.jobs.values()):
@@ -538,7 +550,7 @@ def _interrupt_on(state: State, ctx: Ctx, node: str, gpu: int | None, why: str) 
         ]
         if not hit:
             continue
-        if gpu is None:  # the node is lost: its workers are gone with it
+        if gpu is None and node_gone:  # the node is lost: its workers are gone with it
             for rank in hit:
                 job.live.discard(rank)
         if job.phase in ("placed", "starting", "running", "checkpointing"):
@@ -565,9 +577,7 @@ def _gpu_health(state: State, ctx: Ctx, ev: GpuHealthChanged) -> None:
 
 
 def _cordoned(state: State, ctx: Ctx, ev: NodeCordoned) -> None:
-    node = _node(state, ev.node)
-    node.cordoned = ev.cordoned
-    node.draining = ev.cordoned and ev.drain
+    _cordon(state, ctx, ev.node, ev.cordoned, ev.drain, ev.reason or "cordoned by the health monitor")
 
 
 Handler = Callable[[State, Ctx, Any], None]

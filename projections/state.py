@@ -88,6 +88,7 @@ class JobState(msgspec.Struct, gc=False):
     preemptions: int = 0
     preempted_at: tuple[float, ...] = ()  # log times of the latest preemptions (anti-thrash)
     preempted_for: str = ""  # the beneficiary of the preemption under way
+    preempt_deadline: float = 0.0  # log time by which the preemption under way must be done
     phase_since: float = 0.0
     updated_seq: int = 0
     traceparent: str = ""  # the trace every event about this job joins

@@ -97,6 +97,12 @@ def cluster(count: int, profile: str = "mixed", prefix: str = "node") -> list[tu
         kind = kinds[i % len(kinds)]
         name = f"{prefix}-{i:02d}"
         inv = PROFILES[kind](name)
-        labels = {"profile": kind, "rack": f"rack-{i // 4}", "block": f"block-{i // 16}"}
+        # Simulated nodes all live on this machine: workers meet at loopback for rendezvous.
+        labels = {
+            "profile": kind,
+            "rack": f"rack-{i // 4}",
+            "block": f"block-{i // 16}",
+            "address": "127.0.0.1",
+        }
         out.append((name, NodeInventory(inv.cpu_milli, inv.memory_mib, inv.gpus, labels)))
     return out

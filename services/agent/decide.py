@@ -231,9 +231,9 @@ def _checkpointing(
 
 
 def preemption_deadline(job: JobState) -> float:
-    """When a checkpointing job's grace runs out: its grace period after the preemption (the
-    log time at which the fold moved it to checkpointing)."""
-    return job.phase_since + job.spec.grace_seconds
+    """When a checkpointing job's grace runs out: the deadline the preemption named, or (for a
+    preemption recorded without one) its grace period after the fold moved it to checkpointing."""
+    return job.preempt_deadline or job.phase_since + job.spec.grace_seconds
 
 
 def _stop_reason(job: JobState | None) -> StopReason:

@@ -103,7 +103,7 @@ def test_an_accepted_placement_starts_its_worker_with_the_rendezvous_environment
         "LOCAL_WORLD_SIZE": "1",
         "GROUP_RANK": "0",
         "NODE_RANK": "0",
-        "MASTER_ADDR": N0,
+        "MASTER_ADDR": "127.0.0.1",  # the simulated nodes' address label
         "MASTER_PORT": str(master_port("j1", 0)),
         "CUDA_VISIBLE_DEVICES": f"GPU-{N0}-02,GPU-{N0}-03",
         "CORRAL_JOB_ID": "j1",

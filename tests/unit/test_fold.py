@@ -1127,11 +1127,20 @@ def test_gpu_unhealthy_before_any_worker_started_gives_the_gpus_back() -> None:
 
 
 def test_cordon_keeps_running_work_and_blocks_new_work() -> None:
-    log = running(nodes=Cluster(2)).cordon(N0, drain=True)
+    log = running(nodes=Cluster(2)).cordon(N0)
     state = fold(log)
-    assert state.jobs["j1"].phase == "running" and state.nodes[N0].draining
+    assert state.jobs["j1"].phase == "running" and state.nodes[N0].cordoned
     log.submit("alice", "j2").accept("j2").admit("j2").place(on(N0, 1, job_id="j2"))
     assert last(fold(log)).code == "void"
+
+
+def test_drain_interrupts_the_work_on_the_node_and_keeps_its_gpus_until_workers_exit() -> None:
+    log = running(nodes=Cluster(2)).cordon(N0, drain=True)
+    state = fold(log)
+    j1 = state.jobs["j1"]
+    assert state.nodes[N0].draining and j1.phase == "interrupted"
+    assert j1.live and gpu(state, 0).holders == {"j1": 1000}  # its worker is still stopping
+    assert state.faults == 0
 
 
 def test_reregistering_keeps_held_gpus_and_resets_idle_ones() -> None:

@@ -1,0 +1,134 @@
+"""Replay from JetStream into the fold: ``python -m bench.replay [--events N]``.
+
+Fills a stream on an embedded server with ``bench.workload.synthetic_log`` (pipelined appends),
+then reads it all back with ``JetStreamLog.read``:
+
+  transport       records read, nothing decoded
+  transport+fold  every record folded into a fresh State with ``projections.fold.apply``
+  fold only       the same records folded from memory (no transport), for where the time goes
+
+Prints the median of a few repetitions: events per second of wall time, and this process's CPU
+time per event (what the reader costs on a machine shared with other work). The goal for
+transport+fold is 100,000 events/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+
+from bench.workload import records, synthetic_log
+from events.jetstream import JetStreamLog
+from events.log import Append, LogError, Record
+from events.server import EmbeddedServer
+from projections.fold import apply, fold
+from projections.state import State
+
+GOAL = 100_000
+CHUNK = 20_000  # appends per append_many while filling
+
+
+async def fill(log: JetStreamLog, appends: list[Append]) -> None:
+    for lo in range(0, len(appends), CHUNK):
+        results = await log.append_many(appends[lo : lo + CHUNK])
+        failed = [r for r in results if isinstance(r, LogError)]
+        if failed:
+            raise SystemExit(f"fill failed at {lo}: {failed[0]} ({len(failed)} failures)")
+
+
+class Timer:
+    """Wall time and this process's CPU time: on a shared machine the second says what the reader
+    itself costs, whatever else runs beside it."""
+
+    def __enter__(self) -> Timer:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu
+
+
+async def transport(log: JetStreamLog, n: int) -> Timer:
+    got = 0
+    with Timer() as t:
+        async for batch in log.read():
+            got += len(batch)
+    if got != n:
+        raise SystemExit(f"read {got} of {n} records")
+    return t
+
+
+async def transport_fold(log: JetStreamLog, n: int) -> Timer:
+    state = State()
+    with Timer() as t:
+        async for batch in log.read():
+            for record in batch:
+                apply(state, record)
+    check(state, n)
+    return t
+
+
+def fold_only(recs: list[Record]) -> Timer:
+    state = State()
+    with Timer() as t:
+        for record in recs:
+            apply(state, record)
+    check(state, len(recs))
+    return t
+
+
+def check(state: State, n: int) -> None:
+    if state.seq != n or state.faults:
+        raise SystemExit(f"folded to {state.seq} of {n} with {state.faults} faults")
+
+
+async def main(args: argparse.Namespace) -> None:
+    t = time.perf_counter()
+    appends = synthetic_log(args.events, seed=args.seed)
+    generated = time.perf_counter() - t
+    n = len(appends)
+    recs = records(appends)
+    folded = fold(recs)
+    print(
+        f"{n:,} events ({sum(len(a.data) for a in appends) / n:.0f} bytes on average), generated in "
+        f"{generated:.1f}s: {len(folded.jobs):,} jobs on {len(folded.nodes)} nodes, "
+        f"{folded.rejected_total} rejections, {folded.faults} faults"
+    )
+    runs: dict[str, list[Timer]] = {"transport": [], "transport+fold": [], "fold only": []}
+    with tempfile.TemporaryDirectory(prefix="corral-bench-") as store:
+        async with EmbeddedServer(store) as server:
+            log = await JetStreamLog.connect(server.url)
+            try:
+                with Timer() as filled:
+                    await fill(log, appends)
+                print(f"fill (pipelined appends): {n / filled.wall:,.0f} events/s")
+                for _ in range(args.reps):
+                    runs["transport"].append(await transport(log, n))
+                    runs["transport+fold"].append(await transport_fold(log, n))
+                    runs["fold only"].append(fold_only(recs))
+            finally:
+                await log.close()
+    print(f"replay of {n:,} events, median of {args.reps}; CPU is this process's alone")
+    print(f"{'path':<15} {'events/s':>10} {'CPU us/event':>13} {'events/CPU-s':>13}")
+    for name, timers in runs.items():
+        wall = statistics.median(t.wall for t in timers)
+        cpu = statistics.median(t.cpu for t in timers)
+        print(f"{name:<15} {n / wall:>10,.0f} {cpu / n * 1e6:>13.1f} {n / cpu:>13,.0f}")
+    got = n / statistics.median(t.wall for t in runs["transport+fold"])
+    print(f"goal {GOAL:,} events/s into the fold: {'met' if got >= GOAL else 'not met'} ({got / GOAL:.0%})")
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=200_000)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))

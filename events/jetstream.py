@@ -1,0 +1,621 @@
+"""``JetStreamLog``: the ``EventLog`` on the NATS JetStream stream ``CORRAL``.
+
+Appends are JetStream publishes whose acknowledgements come back on one reply subscription of
+this client; many may be in flight at once, and ``append_many`` keeps a window of them on the
+wire while it gathers the acknowledgements of the window before. ``Append.msg_id`` travels as
+``Nats-Msg-Id`` (the stream stores a repeat once and acknowledges it with the original sequence)
+and ``expected_last_subject_seq`` as ``Nats-Expected-Last-Subject-Sequence`` (the stream refuses
+the append when another writer got there first: a ``ConflictError``).
+
+Reads use ordered push consumers: the server pushes the stream in order, flow controlled; a gap
+in delivery, or heartbeats that stop, make the reader recreate its consumer after the last
+record it took. Deliveries to the log's own subscriptions (consumers and acknowledgements) are
+handed straight from the protocol parser to the log, without nats-py's per-message object,
+queue and task switch: that machinery costs more than the rest of a replay. The stream sequence
+and timestamp come from the delivery's reply subject. Headers the server adds or consumes
+(``Nats-*``) are not part of a record; only the writer's own headers are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.subscription import Subscription
+from nats.js import api
+from nats.js.client import JetStreamContext
+from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, Parser
+
+from events.log import Ack, Append, ConflictError, LogError, Record
+from events.subjects import STREAM, STREAM_SUBJECTS
+
+MSG_ID = "Nats-Msg-Id"
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+# JetStream API errors: the expected last (subject) sequence is stale, with the sequence found
+# (10071) or without it (10164, when another append to the subject is still in flight).
+WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+STREAM_NAME_IN_USE = 10058  # JetStream API error: the stream exists with another configuration
+MIB = 1024 * 1024
+HEARTBEAT = 2.0  # seconds between a consumer's idle heartbeats; two missed ones reset it
+
+_CONTROL = b"NATS/1.0 100"  # status line of flow control requests and idle heartbeats
+_CRLF = b"\r\n"
+
+# (subject, reply, data, headers) of one delivery, straight from the protocol parser.
+Delivery = Callable[[bytes, bytes, bytes, "bytes | None"], None]
+
+
+class StreamStatus(msgspec.Struct, frozen=True):
+    messages: int
+    first_seq: int
+    last_seq: int
+    bytes: int
+
+
+class _ApiError(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class _PubAck(msgspec.Struct):
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool = False
+    error: _ApiError | None = None
+
+
+_decode_ack = msgspec.json.Decoder(_PubAck).decode
+
+
+class _Parser(Parser):
+    """nats-py's protocol parser with a fast path for messages: it walks the buffer by offset
+    (the stock parser matches regular expressions per message and shifts the buffer after each)
+    and hands deliveries of direct subscriptions to their function without a coroutine. Any
+    other operation (PING, INFO, -ERR, ...) and the rest of its chunk go to the stock parser,
+    which shares this one's state."""
+
+    nc: Client
+
+    async def parse(self, data: bytes = b"") -> None:
+        buf = self.buf
+        buf.extend(data)
+        direct = self.nc._direct
+        pos = 0
+        try:
+            while True:
+                if self.state == AWAITING_MSG_PAYLOAD:  # a message whose payload was still coming
+                    arg = self.msg_arg
+                    subject, sid, reply = arg["subject"], arg["sid"], arg["reply"]
+                    hn, needed = self.header_needed, self.needed
+                else:
+                    end = buf.find(b"\r\n", pos)
+                    if end < 0:
+                        return
+                    head = buf[pos : pos + 5]
+                    if head == b"HMSG ":  # HMSG subject sid [reply] header-size total-size
+                        args = bytes(buf[pos:end]).split()
+                        hn, needed = int(args[-2]), int(args[-1])
+                        reply = args[3] if len(args) == 6 else b""
+                    elif head[:4] == b"MSG ":  # MSG subject sid [reply] size
+                        args = bytes(buf[pos:end]).split()
+                        hn, needed = 0, int(args[-1])
+                        reply = args[3] if len(args) == 5 else b""
+                    else:
+                        del buf[:pos]
+                        pos = 0
+                        await super().parse()
+                        return
+                    subject, sid = args[1], int(args[2])
+                    pos = end + 2
+                if len(buf) - pos < needed + 2:
+                    self.msg_arg = {"subject": subject, "sid": sid, "reply": reply}
+                    self.header_needed, self.needed = hn, needed
+                    self.state = AWAITING_MSG_PAYLOAD
+                    return
+                headers = bytes(buf[pos : pos + hn]) if hn else None
+                payload = bytes(buf[pos + hn : pos + needed])
+                pos += needed + 2
+                self.state = AWAITING_CONTROL_LINE
+                self.header_needed = 0
+                handler = direct.get(sid)
+                if handler is not None:
+                    handler(subject, reply, payload, headers)
+                    continue
+                await self.nc._process_msg(sid, subject, reply, payload, headers)
+                if self.buf is not buf:
+                    return  # the connection was reset meanwhile: what is left here is stale
+        finally:
+            if pos and self.buf is buf:
+                del buf[:pos]
+
+
+class Client(NATS):
+    """nats-py's client, able to hand a subscription's deliveries straight to a function.
+
+    Everything else (connection, reconnection, requests, other subscriptions, JetStream and KV
+    APIs) is nats-py's own, so a service can share this connection for all its NATS traffic.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._direct: dict[int, Delivery] = {}
+        self._ps = _Parser(self)
+
+    async def _process_msg(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+    ) -> None:
+        handler = self._direct.get(sid)
+        if handler is None:
+            # nats-py annotates headers as bytes; its parser passes None for a message without.
+            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+        else:
+            handler(subject, reply, data, headers)
+
+    async def subscribe_direct(self, subject: str, handler: Delivery) -> Subscription:
+        sub = await self.subscribe(subject)
+        self._direct[sub._id] = handler
+        return sub
+
+    async def unsubscribe_direct(self, sub: Subscription) -> None:
+        self._direct.pop(sub._id, None)
+        if not self.is_closed:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+
+
+def _headers(raw: bytes) -> dict[str, str] | None:
+    """The writer's headers from a raw ``NATS/1.0`` header block; the server's own are dropped."""
+    out: dict[str, str] | None = None
+    for line in raw.split(_CRLF)[1:]:
+        if not line or line.startswith(b"Nats-"):
+            continue
+        key, _, value = line.partition(b":")
+        if out is None:
+            out = {}
+        out[key.strip().decode()] = value.strip().decode(errors="replace")
+    return out
+
+
+class _Consumer:
+    """One ordered push consumer from ``start``, gathering records into a list that the reader
+    swaps out whole. It recreates itself (after the last record taken) on a delivery gap, a
+    heartbeat that reports deliveries we never saw, or two missed heartbeats."""
+
+    def __init__(
+        self, nc: Client, js: JetStreamContext, stream: str, start: int, heartbeat: float = HEARTBEAT
+    ) -> None:
+        self._nc = nc
+        self._js = js
+        self._stream = stream
+        self._heartbeat = heartbeat
+        self.records: list[Record] = []
+        self.ready = asyncio.Event()
+        self.last = start - 1  # newest stream sequence taken in
+        self.pending = -1  # messages the server still had for us after the newest one
+        self.closed = False
+        self._dseq = 1  # next delivery sequence expected from the current consumer
+        self._sub: Subscription | None = None
+        self._name = ""
+        self._active = True
+        self._resetting = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe_direct(self._nc.new_inbox(), self._on_delivery)
+        config = api.ConsumerConfig(
+            deliver_subject=self._sub.subject,
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=self.last + 1,
+            ack_policy=api.AckPolicy.NONE,
+            max_deliver=1,
+            flow_control=True,
+            idle_heartbeat=self._heartbeat,
+            mem_storage=True,
+            num_replicas=1,
+            inactive_threshold=60.0,  # the server drops it if this client vanishes
+        )
+        info = await self._js._jsm.add_consumer(self._stream, config)
+        self._name = info.name
+        self._spawn(self._watch())
+
+    def _on_delivery(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        if headers is not None and headers.startswith(_CONTROL):
+            self._control(reply, headers)
+            return
+        self._active = True
+        # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts_ns>.<pending>, or the form
+        # with domain and account hash in front and a random token behind (12 tokens).
+        t = reply.split(b".")
+        if len(t) == 9:
+            seq, dseq, ts, pending = int(t[5]), int(t[6]), int(t[7]), int(t[8])
+        else:
+            seq, dseq, ts, pending = int(t[7]), int(t[8]), int(t[9]), int(t[10])
+        if dseq != self._dseq:
+            self._reset()  # a delivery went missing: start again after the last one taken
+            return
+        self._dseq = dseq + 1
+        if seq <= self.last:
+            return
+        self.last = seq
+        self.pending = pending
+        self.records.append(
+            Record(seq, subject.decode(), data, None if headers is None else _headers(headers), ts / 1e9)
+        )
+        self.ready.set()
+
+    def _control(self, reply: bytes, headers: bytes) -> None:
+        self._active = True
+        if reply:  # a flow control request: everything before it has been taken in
+            self._spawn(self._nc.publish(reply.decode()))
+            return
+        fields = {
+            k.strip(): v.strip()
+            for k, _, v in (line.partition(b":") for line in headers.split(_CRLF)[1:] if line)
+        }
+        stalled = fields.get(b"Nats-Consumer-Stalled")
+        if stalled:
+            self._spawn(self._nc.publish(stalled.decode()))
+        last = fields.get(b"Nats-Last-Consumer")
+        if last is not None and int(last) != self._dseq - 1:
+            self._reset()
+
+    def _reset(self) -> None:
+        if self._resetting or self.closed:
+            return
+        self._resetting = True
+        self._spawn(self._restart())
+
+    async def _restart(self) -> None:
+        try:
+            while not self.closed:
+                await self._drop()
+                self._dseq = 1
+                try:
+                    await self.start()
+                    return
+                except (nats.errors.Error, nats.js.errors.Error):
+                    # The server is away (restarting, or the connection is reconnecting).
+                    await asyncio.sleep(self._heartbeat)
+        finally:
+            self._resetting = False
+
+    async def _watch(self) -> None:
+        sub = self._sub
+        while not self.closed and sub is self._sub:
+            # The server sends something at least every heartbeat; two silent periods mean the
+            # consumer is gone (a server restart loses it: it lives in memory).
+            await asyncio.sleep(2 * self._heartbeat)
+            if not self._active and sub is self._sub:
+                self._reset()
+                return
+            self._active = False
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drop(self) -> None:
+        sub, name, self._sub = self._sub, self._name, None
+        if sub is not None:
+            await self._nc.unsubscribe_direct(sub)
+        if name and not self._nc.is_closed:
+            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
+                await self._js._jsm.delete_consumer(self._stream, name)
+
+    def take(self) -> list[Record]:
+        batch, self.records = self.records, []
+        self.ready.clear()
+        return batch
+
+    def close(self) -> None:
+        self.closed = True
+        self.ready.set()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def stop(self) -> None:
+        self.close()
+        await self._drop()
+
+
+class JetStreamLog:
+    """An ``EventLog`` on a JetStream stream. Build one with ``await JetStreamLog.connect(url)``."""
+
+    def __init__(
+        self,
+        nc: Client,
+        *,
+        stream: str = STREAM,
+        ack_timeout: float = 10.0,
+        window: int = 2_000,
+        batch: int = 10_000,
+        read_idle_timeout: float = 30.0,
+        heartbeat: float = HEARTBEAT,
+        owns_connection: bool = True,
+    ) -> None:
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream()
+        self.stream = stream
+        self._ack_timeout = ack_timeout
+        self._window = window
+        self._batch = batch
+        self._read_idle_timeout = read_idle_timeout
+        self._heartbeat = heartbeat
+        self._owns = owns_connection
+        self._inbox = ""
+        self._ack_sub: Subscription | None = None
+        self._waiting: dict[bytes, asyncio.Future[_PubAck]] = {}
+        self._tokens = itertools.count(1)
+        self._consumers: set[_Consumer] = set()
+
+    @property
+    def nc(self) -> Client:
+        """The connection, for a service's other NATS traffic (heartbeats, leases)."""
+        return self._nc
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str | list[str],
+        *,
+        stream: str = STREAM,
+        replicas: int = 1,
+        duplicate_window: float = 120.0,
+        max_msg_size: int = MIB,
+        ack_timeout: float = 10.0,
+        batch: int = 10_000,
+        heartbeat: float = HEARTBEAT,
+        name: str | None = None,
+        **options: Any,
+    ) -> JetStreamLog:
+        """Connect, create or update the stream, and return the log on it. ``options`` go to
+        nats-py's ``connect`` (credentials, TLS, reconnect policy)."""
+        nc = Client()
+        try:
+            await nc.connect(url, name=name, **options)
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise LogError(f"cannot connect to {url}: {e}") from e
+        log = cls(nc, stream=stream, ack_timeout=ack_timeout, batch=batch, heartbeat=heartbeat)
+        try:
+            await log.ensure_stream(
+                replicas=replicas, duplicate_window=duplicate_window, max_msg_size=max_msg_size
+            )
+            log._inbox = nc.new_inbox() + "."
+            log._ack_sub = await nc.subscribe_direct(log._inbox + "*", log._on_ack)
+        except BaseException:
+            await nc.close()
+            raise
+        return log
+
+    async def ensure_stream(
+        self, *, replicas: int = 1, duplicate_window: float = 120.0, max_msg_size: int = MIB
+    ) -> None:
+        """Create the stream, or bring an existing one to this configuration. Idempotent."""
+        config = api.StreamConfig(
+            name=self.stream,
+            subjects=list(STREAM_SUBJECTS),
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            num_replicas=replicas,
+            duplicate_window=duplicate_window,
+            max_msg_size=max_msg_size,
+            # The log is the record of every decision: nothing is removed from it piecemeal.
+            deny_delete=True,
+            allow_direct=True,
+        )
+        jsm = self._js._jsm
+        try:
+            await jsm.add_stream(config)
+        except nats.js.errors.BadRequestError as e:
+            if e.err_code != STREAM_NAME_IN_USE:
+                raise LogError(f"cannot create stream {self.stream}: {e.description}") from e
+            try:
+                await jsm.update_stream(config)
+            except nats.js.errors.Error as e2:
+                raise LogError(f"cannot update stream {self.stream}: {e2}") from e2
+        except (nats.errors.Error, nats.js.errors.Error) as e:
+            raise LogError(f"cannot create stream {self.stream}: {e}") from e
+
+    # -- appends --------------------------------------------------------------------------------
+
+    def _on_ack(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        fut = self._waiting.pop(subject[subject.rfind(b".") + 1 :], None)
+        if fut is None or fut.done():
+            return  # answered after its writer gave up waiting
+        if not data:  # a status only: 503 when no stream listens on the subject
+            status = headers.split(_CRLF, 1)[0].decode(errors="replace") if headers else ""
+            fut.set_result(_PubAck(error=_ApiError(503, 0, f"no stream answered ({status})")))
+            return
+        try:
+            fut.set_result(_decode_ack(data))
+        except msgspec.DecodeError:
+            fut.set_result(_PubAck(error=_ApiError(0, 0, f"unreadable acknowledgement {data!r}")))
+
+    async def _send(self, item: Append) -> asyncio.Future[_PubAck]:
+        """Publish one append; the future resolves with the server's acknowledgement."""
+        headers = item.headers
+        if item.msg_id is not None or item.expected_last_subject_seq is not None:
+            headers = dict(headers) if headers else {}
+            if item.msg_id is not None:
+                headers[MSG_ID] = item.msg_id
+            if item.expected_last_subject_seq is not None:
+                headers[EXPECTED_LAST_SUBJECT_SEQ] = str(item.expected_last_subject_seq)
+        token = str(next(self._tokens))
+        fut: asyncio.Future[_PubAck] = asyncio.get_running_loop().create_future()
+        self._waiting[token.encode()] = fut
+        try:
+            await self._nc.publish(item.subject, item.data, reply=self._inbox + token, headers=headers)
+        except Exception as e:
+            self._waiting.pop(token.encode(), None)
+            fut.set_result(_PubAck(error=_ApiError(0, 0, f"{type(e).__name__}: {e}")))
+        return fut
+
+    @staticmethod
+    def _result(item: Append, ack: _PubAck) -> Ack | LogError:
+        err = ack.error
+        if err is None:
+            return Ack(ack.seq, ack.duplicate)
+        if err.err_code in WRONG_LAST_SEQUENCE:
+            assert item.expected_last_subject_seq is not None
+            return ConflictError(item.subject, item.expected_last_subject_seq, _actual(err.description))
+        return LogError(f"append to {item.subject} refused: {err.description} ({err.err_code or err.code})")
+
+    async def _settle(self, item: Append, result: Ack | LogError) -> Ack | LogError:
+        """A conflict with our own earlier copy is a duplicate.
+
+        A standalone server checks the expected subject sequence before the message id, so the
+        retry of a conditional append whose acknowledgement was lost comes back as a conflict
+        with the very message it repeats. Answer it as the stream answers any other repeat (and
+        as a clustered stream does): with the stored copy's sequence, marked duplicate.
+        """
+        if not (isinstance(result, ConflictError) and item.msg_id and result.actual):
+            return result
+        try:
+            stored = await self._js._jsm.get_msg(self.stream, seq=result.actual, direct=True)
+        except (nats.errors.Error, nats.js.errors.Error):
+            return result
+        if stored.subject == item.subject and (stored.headers or {}).get(MSG_ID) == item.msg_id:
+            return Ack(result.actual, duplicate=True)
+        return result
+
+    def _timed_out(self, fut: asyncio.Future[_PubAck]) -> _PubAck:
+        fut.cancel()
+        return _PubAck(error=_ApiError(408, 0, f"no acknowledgement within {self._ack_timeout}s"))
+
+    async def append(self, item: Append) -> Ack:
+        fut = await self._send(item)
+        try:
+            async with asyncio.timeout(self._ack_timeout):
+                ack = await fut
+        except TimeoutError:
+            ack = self._timed_out(fut)
+            self._waiting = {k: f for k, f in self._waiting.items() if not f.done()}
+        result = await self._settle(item, self._result(item, ack))
+        if isinstance(result, LogError):
+            raise result
+        return result
+
+    async def append_many(self, items: Sequence[Append]) -> list[Ack | LogError]:
+        # Windows of acknowledgements overlap: window k+1 is on the wire before window k is
+        # awaited, so the server never waits for us and at most two windows are in flight.
+        results: list[Ack | LogError] = []
+        previous: list[asyncio.Future[_PubAck]] = []
+        start = 0
+        for lo in range(0, len(items), self._window):
+            current = [await self._send(item) for item in items[lo : lo + self._window]]
+            results += await self._collect(items, start, previous)
+            start, previous = lo, current
+        results += await self._collect(items, start, previous)
+        for i, r in enumerate(results):
+            if isinstance(r, ConflictError):
+                results[i] = await self._settle(items[i], r)
+        return results
+
+    async def _collect(
+        self, items: Sequence[Append], start: int, futs: list[asyncio.Future[_PubAck]]
+    ) -> list[Ack | LogError]:
+        if not futs:
+            return []
+        _, late = await asyncio.wait(futs, timeout=self._ack_timeout)
+        results = [
+            self._result(items[start + i], f.result() if f.done() else self._timed_out(f))
+            for i, f in enumerate(futs)
+        ]
+        if late:  # forget them: an acknowledgement that still comes finds nobody waiting
+            self._waiting = {k: f for k, f in self._waiting.items() if not f.done()}
+        return results
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def info(self) -> StreamStatus:
+        try:
+            si = await self._js._jsm.stream_info(self.stream)
+        except (nats.errors.Error, nats.js.errors.Error) as e:
+            raise LogError(f"cannot read stream {self.stream}: {e}") from e
+        s = si.state
+        return StreamStatus(s.messages, s.first_seq, s.last_seq, s.bytes)
+
+    async def last_seq(self) -> int:
+        return (await self.info()).last_seq
+
+    async def read(self, start: int = 1, stop: int | None = None) -> AsyncIterator[list[Record]]:
+        status = await self.info()
+        end = status.last_seq if stop is None else min(stop, status.last_seq)
+        start = max(start, status.first_seq, 1)
+        if start > end:
+            return
+        async with self._consume(start) as feed:
+            while True:
+                try:
+                    async with asyncio.timeout(self._read_idle_timeout):
+                        await feed.ready.wait()
+                except TimeoutError:
+                    raise LogError(
+                        f"read of {self.stream} stalled at {feed.last} of {end} for "
+                        f"{self._read_idle_timeout}s"
+                    ) from None
+                done = feed.closed or feed.last >= end or feed.pending == 0
+                batch = feed.take()
+                if batch and batch[-1].seq > end:
+                    batch = [r for r in batch if r.seq <= end]
+                for lo in range(0, len(batch), self._batch):
+                    yield batch[lo : lo + self._batch]
+                if done:
+                    return
+
+    async def follow(self, start: int = 1) -> AsyncIterator[list[Record]]:
+        async with self._consume(max(start, 1)) as feed:
+            while not feed.closed:
+                await feed.ready.wait()
+                batch = feed.take()
+                for lo in range(0, len(batch), self._batch):
+                    yield batch[lo : lo + self._batch]
+
+    @contextlib.asynccontextmanager
+    async def _consume(self, start: int) -> AsyncIterator[_Consumer]:
+        consumer = _Consumer(self._nc, self._js, self.stream, start, self._heartbeat)
+        try:
+            await consumer.start()
+        except (nats.errors.Error, nats.js.errors.Error) as e:
+            await consumer.stop()
+            raise LogError(f"cannot read stream {self.stream}: {e}") from e
+        self._consumers.add(consumer)
+        try:
+            yield consumer
+        finally:
+            self._consumers.discard(consumer)
+            await consumer.stop()
+
+    async def close(self) -> None:
+        for consumer in list(self._consumers):
+            consumer.close()
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_result(_PubAck(error=_ApiError(0, 0, "log closed")))
+        self._waiting.clear()
+        if self._owns and not self._nc.is_closed:
+            # Closing a connection whose server is gone can fail while flushing: it is closed anyway.
+            with contextlib.suppress(OSError, nats.errors.Error):
+                await self._nc.close()
+
+
+async def connect(url: str | list[str], **kwargs: Any) -> JetStreamLog:
+    """``JetStreamLog.connect``: connect and make sure the stream exists."""
+    return await JetStreamLog.connect(url, **kwargs)
+
+
+def _actual(description: str) -> int | None:
+    """The sequence the server found, from e.g. ``wrong last sequence: 42``."""
+    tail = description.rsplit(":", 1)[-1].strip()
+    return int(tail) if tail.isdigit() else None

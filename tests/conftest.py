@@ -1,0 +1,27 @@
+"""Shared fixtures. Integration tests get a real nats-server with JetStream, one per test, on a
+free loopback port with its store in the test's temporary directory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from events.server import EmbeddedServer
+
+
+@pytest.fixture
+async def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedServer]:
+    """The server itself, for tests that stop and restart it (the port and store are kept)."""
+    server = EmbeddedServer(tmp_path_factory.mktemp("nats"))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def nats_server(embedded_server: EmbeddedServer) -> AsyncIterator[str]:
+    """The URL of a running nats-server with JetStream, e.g. ``nats://127.0.0.1:40123``."""
+    yield embedded_server.url

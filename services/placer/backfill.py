@@ -1,0 +1,177 @@
+"""No starvation: a reservation for the first job that does not fit, and backfill around it.
+
+The head of the placement order that finds no room (for lack of free capacity, not for a
+constraint no node meets) gets a reservation: the GPUs it would get once running work ends. The
+placer projects the future from the state alone: every job holding GPUs is expected to end at
+``phase_since + runtime_estimate_s`` (``grace_seconds`` for one that is checkpointing; never, if
+it has no estimate), and holders are released earliest end first on a scratch snapshot until the
+head's gang fits. The reservation starts when the last of those releases happens.
+
+Jobs after the head may use the reserved GPUs that are free now only if they will not delay the
+head: their own runtime estimate ends before the reservation starts, or they are preemptible (the
+preemptor can take the GPUs back). Everyone else sees those GPUs, and the CPU and memory the head
+needs beside them, as taken. Nothing is stored between cycles: the reservation is derived again
+from the state every cycle, so every replica of the placer agrees on it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import msgspec
+
+from events.base import Reason
+from events.decisions import GpuClaim, Placement
+from events.jobs import Resources
+from projections import mig
+from projections.state import JobState, State
+from services.placer import gang
+from services.placer.framework import Chain, Request
+from services.placer.snapshot import NodeView, Snapshot
+
+
+def expected_end(job: JobState, now: float) -> float:
+    """When ``job`` is expected to give its GPUs back (``inf``: unknown)."""
+    spec = job.spec
+    if job.phase == "checkpointing":
+        end = job.phase_since + spec.grace_seconds
+    elif job.phase == "running":
+        end = math.inf if spec.runtime_estimate_s is None else job.phase_since + spec.runtime_estimate_s
+    elif job.phase in ("placed", "starting"):
+        est = spec.runtime_estimate_s
+        end = math.inf if est is None else max(job.phase_since, now) + est
+    else:
+        end = now  # stopped or stopping: its last workers are on their way out
+    return max(end, now)
+
+
+@dataclass
+class Reservation:
+    """GPUs held for ``job_id`` from ``start``; ``now_free`` is the part that is free today."""
+
+    job_id: str
+    start: float
+    placement: Placement
+    res: Resources
+    now_free: tuple[tuple[str, Resources, tuple[GpuClaim, ...]], ...]
+
+    def admits(self, req: Request, now: float) -> bool:
+        """May ``req`` use the reserved GPUs? Only if it cannot delay the reserved job."""
+        if req.preemptible:
+            return True
+        est = req.runtime_estimate_s
+        return est is not None and now + est <= self.start
+
+    def hide(self, snap: Snapshot) -> None:
+        for node, res, gpus in self.now_free:
+            snap.take(node, res, gpus)
+
+    def unhide(self, snap: Snapshot) -> None:
+        for node, res, gpus in self.now_free:
+            snap.give_back(node, res, gpus)
+
+    def gpus(self) -> int:
+        return sum(len(w.gpus) for w in self.placement.workers)
+
+    def when(self) -> str:
+        # An absolute log time, not "in N seconds": the reason stays the same from cycle to cycle
+        # while the projection does, so it is not announced again every cycle.
+        if math.isinf(self.start):
+            return "when jobs without a runtime estimate end"
+        return f"at t={self.start:.0f}"
+
+    def reason(self) -> Reason:
+        nodes = sorted({w.node for w in self.placement.workers})
+        where = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        return Reason(
+            "reserved", f"holds a reservation on {self.gpus()} GPUs of {where}, free {self.when()}", True
+        )
+
+    def blocking(self) -> Reason:
+        return Reason(
+            "reservation",
+            f"the free GPUs that fit are reserved for {self.job_id} (free {self.when()}); a job may use them "
+            "only if its runtime estimate ends before then or it is preemptible",
+            True,
+        )
+
+
+def reserve(
+    state: State,
+    snap: Snapshot,
+    chain: Chain,
+    req: Request,
+    now: float,
+    label_keys: dict[str, str],
+    placed: list[tuple[Placement, Request]],
+) -> Reservation | None:
+    """Project when and where ``req`` would fit; None if it never would on this cluster.
+
+    ``snap`` is the cycle's snapshot and ``placed`` what the cycle has placed so far: those jobs
+    hold their GPUs in the projection too, until their own estimated end."""
+    holders = [(expected_end(j, now), j.id, j.held, j.spec.resources) for j in state.jobs.values() if j.held]
+    for p, r in placed:
+        est = r.runtime_estimate_s
+        holders.append((math.inf if est is None else now + est, p.job_id, p, r.res))
+    holders.sort(key=lambda t: (t[0], t[1]))
+    future = Snapshot(state)
+    for p, r in placed:
+        for w in p.workers:
+            future.take(w.node, r.res, w.gpus)
+    i = 0
+    while i < len(holders):
+        end = holders[i][0]
+        while i < len(holders) and holders[i][0] == end:
+            _, _, held, res = holders[i]
+            assert held is not None
+            future.release(held, res)
+            i += 1
+        if not _might_fit(future, req):
+            continue
+        result = gang.place(chain, future, req, label_keys)
+        if isinstance(result, Placement):
+            return Reservation(req.job_id, end, result, req.res, _free_now(snap, result, req.res))
+    return None
+
+
+def _might_fit(snap: Snapshot, req: Request) -> bool:
+    """A cheap count before a full search: enough free whole GPUs of an acceptable model."""
+    need = req.need
+    if need.kind != "whole":
+        return True
+    total = 0
+    for model in snap.models():
+        if need.model_ok(model):
+            total += sum(snap.free_whole_count(n, model) for n in snap.ready)
+    return total >= need.gpus * req.replicas
+
+
+def _free_now(
+    snap: Snapshot, placement: Placement, res: Resources
+) -> tuple[tuple[str, Resources, tuple[GpuClaim, ...]], ...]:
+    """The part of a projected placement that is free in the cycle's snapshot now: what later
+    jobs must not take. Worked out by taking it worker by worker (so two workers on one node do
+    not count the same free CPU twice), then given back: ``hide`` takes it when it matters."""
+    out = []
+    for w in placement.workers:
+        node = snap.view(w.node)
+        gpus = tuple(c for c in w.gpus if _is_free(node, c))
+        cpu = min(res.cpu_milli, max(0, node.cpu_free))
+        mem = min(res.memory_mib, max(0, node.mem_free))
+        if gpus or cpu or mem:
+            part = msgspec.structs.replace(res, cpu_milli=cpu, memory_mib=mem)
+            snap.take(w.node, part, gpus)
+            out.append((w.node, part, gpus))
+    for node_name, part, gpus in reversed(out):
+        snap.give_back(node_name, part, gpus)
+    return tuple(out)
+
+
+def _is_free(node: NodeView, c: GpuClaim) -> bool:
+    g = node.gpus[c.gpu]
+    if c.mig is not None:
+        return mig.fits(g.model, c.mig.profile, c.mig.start, g.mig_used)
+    if c.milli >= 1000:
+        return g.whole_free
+    return g.free >= c.milli

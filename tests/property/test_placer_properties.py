@@ -1,0 +1,172 @@
+"""Safety properties of the placer, over random clusters and random admitted jobs.
+
+Clusters mix the simulated node profiles (NVSwitch H100s, NVLink-paired A100s, PCIe A100s, T4s,
+H100s in MIG mode), with unhealthy GPUs and cordoned nodes; jobs mix whole-GPU gangs, shared
+fractions, MIG slices and CPU-only workers, with model constraints, node selectors and every
+topology intent. Two cycles run, the first one's placements folded before the second, so later
+placements must respect GPUs already held. For every cycle:
+
+- every proposed placement folds without a void (the fold's own check agrees);
+- no GPU is ever over capacity: whole GPUs have one holder, fractions add up to at most 1000
+  milli, MIG instances sit on valid, non-overlapping slices;
+- a gang is placed whole: exactly the admitted number of workers, ranks 0..n-1, each with the
+  shape it asked for;
+- no unhealthy GPU, cordoned or unready node, foreign GPU model or unmatched label is used;
+- the same state and input give the same events.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from events import subjects
+from events.decisions import JobsPlaced, Placement
+from events.jobs import Admission, JobsAdmitted, JobSpec, Resources, Topology
+from events.queues import ApplyQueue, QueueSpec, Quota
+from projections import claims, mig, quota
+from projections.fold import apply_event
+from projections.state import WHOLE, State
+from services.inventory import PROFILES
+from services.placer.decide import decide
+from tests.builders import Cluster, LogBuilder
+
+QUEUE = QueueSpec("team-a", quotas={quota.ANY: Quota(1_000_000)})
+MIG_PROFILES = ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+MODELS = ["H100-80GB", "A100-80GB", "A100-40GB", "T4"]
+
+
+@st.composite
+def resources(draw: st.DrawFn) -> Resources:
+    kind = draw(st.sampled_from(["whole", "whole", "share", "mig", "cpu"]))
+    models = draw(st.sampled_from([(), (), (), ("H100-80GB",), ("A100-80GB", "T4"), ("A100-40GB",)]))
+    cpu = draw(st.sampled_from([500, 2000, 8000, 32_000]))
+    mem = draw(st.sampled_from([1024, 16_384, 131_072]))
+    if kind == "whole":
+        gpus = draw(st.sampled_from([1, 1, 2, 4, 8]))
+        return Resources(gpus=gpus, cpu_milli=cpu, memory_mib=mem, gpu_models=models)
+    if kind == "share":
+        return Resources(
+            gpus=1, gpu_milli=draw(st.integers(50, 950)), cpu_milli=cpu, memory_mib=mem, gpu_models=models
+        )
+    if kind == "mig":
+        return Resources(gpus=1, mig=draw(st.sampled_from(MIG_PROFILES)), cpu_milli=cpu, memory_mib=mem)
+    return Resources(gpus=0, cpu_milli=cpu, memory_mib=mem)
+
+
+@st.composite
+def job_specs(draw: st.DrawFn) -> tuple[JobSpec, int]:
+    replicas = draw(st.integers(1, 4))
+    pack = draw(st.sampled_from(["none", "nvlink", "node", "rack", "block", "spread"]))
+    selector = draw(st.sampled_from([{}, {}, {}, {"rack": "rack-0"}, {"profile": "h100-8x"}]))
+    spec = JobSpec(
+        queue="team-a",
+        replicas=replicas,
+        resources=draw(resources()),
+        topology=Topology(pack, draw(st.booleans())),  # type: ignore[arg-type]
+        node_selector=selector,
+        preemptible=draw(st.booleans()),
+        runtime_estimate_s=draw(st.none() | st.sampled_from([60.0, 3600.0])),
+    )
+    return spec, replicas
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[LogBuilder, list[tuple[JobSpec, int]], list[tuple[JobSpec, int]]]:
+    log = LogBuilder().admin("queue", ApplyQueue(queue=QUEUE))
+    profiles = draw(st.lists(st.sampled_from(sorted(PROFILES)), min_size=1, max_size=5))
+    for i, profile in enumerate(profiles):
+        for name, inv in Cluster(1, profile, prefix=f"n{i}").nodes:
+            log.node(name, msgspec.structs.replace(inv, labels={**inv.labels, "rack": f"rack-{i % 2}"}))
+            for g in draw(st.lists(st.integers(0, len(inv.gpus) - 1), max_size=1)):
+                log.gpu_health(name, g, healthy=False)
+            if draw(st.integers(0, 5)) == 0:
+                log.cordon(name)
+    first = draw(st.lists(job_specs(), min_size=1, max_size=5))
+    second = draw(st.lists(job_specs(), min_size=0, max_size=4))
+    return log, first, second
+
+
+def admit(log: LogBuilder, prefix: str, jobs: list[tuple[JobSpec, int]]) -> None:
+    for i, (spec, replicas) in enumerate(jobs):
+        job_id = f"{prefix}{i}"
+        log.submit("alice", job_id, spec).accept(job_id)
+        gpus = quota.admission_gpus(quota.ANY, quota.worker_milli(spec.resources) * replicas)
+        body = JobsAdmitted(
+            based_on=log.last_seq, now=1000.0, admissions=(Admission(job_id, 0, replicas, gpus),)
+        )
+        log.event(subjects.decision("admission"), body)
+
+
+def check_cycle(state: State, now: float) -> None:
+    before = msgspec.convert(msgspec.to_builtins(state), State)
+    events = decide(state, now)
+    assert decide(before, now) == events, "same state, same events"
+    placements = [p for e in events if isinstance(e, JobsPlaced) for p in e.placements]
+    for p in placements:
+        check_placement(state, p)
+    voids = state.void_total
+    seq = state.seq
+    for e in events:
+        seq += 1
+        apply_event(state, seq, subjects.decision("placer"), e, now)
+    assert state.void_total == voids, state.rejections[-1:]
+    assert state.faults == 0
+    for p in placements:
+        assert state.jobs[p.job_id].phase == "placed"
+    check_capacity(state)
+
+
+def check_placement(state: State, p: Placement) -> None:
+    job = state.jobs[p.job_id]
+    assert job.admission is not None
+    assert sorted(w.rank for w in p.workers) == list(range(job.admission.replicas)), "the whole gang"
+    res = job.spec.resources
+    for w in p.workers:
+        claims.check_worker_shape(res, w.gpus)
+        node = state.nodes[w.node]
+        assert node.schedulable
+        assert all(node.inventory.labels.get(k) == v for k, v in job.spec.node_selector.items())
+        for c in w.gpus:
+            gpu = node.gpus[c.gpu]
+            assert gpu.healthy, f"unhealthy GPU {c.gpu} of {w.node}"
+            assert not res.gpu_models or gpu.info.model in res.gpu_models
+    if job.spec.topology.required and job.spec.topology.pack in ("nvlink", "node"):
+        assert len({w.node for w in p.workers}) == 1
+    if job.spec.topology.required and job.spec.topology.pack == "spread":
+        assert len({w.node for w in p.workers}) == len(p.workers)
+
+
+def check_capacity(state: State) -> None:
+    for node in state.nodes.values():
+        assert node.cpu_used <= node.inventory.cpu_milli and node.memory_used <= node.inventory.memory_mib
+        for g in node.gpus:
+            assert 0 <= g.used_milli <= WHOLE
+            assert sum(g.holders.values()) == g.used_milli
+            if g.info.mig:
+                used = 0
+                for start, inst in g.mig.items():
+                    p = mig.profile(g.info.model, inst.profile)
+                    assert p is not None and start in p.starts
+                    m = mig.mask(p, start)
+                    assert not used & m, "overlapping MIG instances"
+                    used |= m
+                assert used == g.mig_used
+                assert sum(1 for i in g.mig.values() if i.profile.endswith("+me")) <= 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_placements_are_safe_whole_and_deterministic(
+    scenario: tuple[LogBuilder, list[tuple[JobSpec, int]], list[tuple[JobSpec, int]]],
+) -> None:
+    log, first, second = scenario
+    admit(log, "a", first)
+    state = log.fold()
+    check_cycle(state, 2000.0)
+    # A second cycle: new jobs must fit around what the first one placed.
+    more = LogBuilder(start_seq=state.seq + 1, start_time=state.time + 1)
+    admit(more, "b", second)
+    more.fold(state)
+    check_cycle(state, 3000.0)

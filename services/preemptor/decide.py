@@ -1,0 +1,230 @@
+"""The preemptor's decision: one cycle over the work that waits for GPUs it could free. Pure: no
+IO, no clock.
+
+``decide(state, now, config)`` reads a State folded up to ``state.seq`` and returns the events to
+append, each with ``based_on = state.seq`` and ``now``:
+
+0. snapshot: the placer's view of free GPUs, the quota ledger and the jobs that may be stopped
+   (preemptible, not protected by the anti-thrash guards), read once (``victims.Simulation``);
+1. in flight: jobs still checkpointing for a beneficiary that still waits count as gone, and
+   their GPUs (and quota) as that beneficiary's: it is skipped this cycle (its preemption is
+   under way) and nobody else is offered the GPUs being freed for it;
+2. beneficiaries, highest priority first, then by submission: admitted jobs the placer could not
+   place and whose reasons say preemption helps; queued jobs whose queue stays within its nominal
+   quota but cannot get it because other queues of its cohort tree borrow it (reclaim);
+3. for each, ``victims.search``: the minimal victims found by simulation, checked with the fold's
+   arithmetic, then kept in the simulation with the beneficiary placed on the freed GPUs, so
+   that no two beneficiaries of a cycle are offered the same GPUs and no job is a victim twice;
+4. emit one ``PreemptionRequested`` per beneficiary that needs victims, with the deadline
+   ``now`` plus the longest grace period among them; a beneficiary that fits without anyone
+   stopping gets nothing (the placer will place it). Elastic jobs shrink before anyone is stopped
+   whole when ``config.shrink_event`` says how a shrink is written to the log; without it
+   elastic jobs are only ever stopped whole.
+
+Same state, same ``now``, same config: same events. Every order is total (ties by job id), and
+the simulation reads the State only in its insertion order, which the fold makes the log's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from events.base import Event
+from events.decisions import Placement, PreemptionRequested, Victim
+from projections.state import JobState, State
+from services.placer.stack import PlacerConfig
+from services.preemptor.victims import (
+    Pool,
+    Simulation,
+    Target,
+    admitted_target,
+    candidates,
+    charge_of,
+    commit,
+    queued_target,
+    reclaim_target,
+    search,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Shrink:
+    """An elastic job asked to give up its top ranks and keep ``replicas`` workers."""
+
+    job_id: str
+    attempt: int
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one beneficiary needs: victims stopped whole, elastic jobs shrunk, by ``deadline``;
+    ``placement`` is where the simulation put its gang on the GPUs they free."""
+
+    beneficiary: str
+    victims: tuple[Victim, ...]
+    shrinks: tuple[Shrink, ...]
+    deadline: float
+    placement: Placement
+
+
+# (plan, shrink, based_on, now) -> the event that asks the elastic job to shrink
+ShrinkEvent = Callable[[Plan, Shrink, int, float], Event]
+
+
+@dataclass(frozen=True)
+class PreemptorConfig:
+    placer: PlacerConfig = field(default_factory=PlacerConfig)  # the fit is the placer's own search
+    max_beneficiaries: int = 64  # searched per cycle: bounds a cycle over a deep backlog
+    # Borrowed quota is lent on the understanding that it comes back on demand: a queue reclaiming
+    # its nominal share may stop borrowers whatever their priority. False: only lower priority.
+    reclaim_any_priority: bool = True
+    shrink_event: ShrinkEvent | None = None
+
+
+DEFAULT = PreemptorConfig()
+
+
+def decide(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Event]:
+    events: list[Event] = []
+    for p in plan(state, now, config):
+        if p.victims:
+            events.append(
+                PreemptionRequested(
+                    based_on=state.seq,
+                    now=now,
+                    beneficiary=p.beneficiary,
+                    victims=p.victims,
+                    deadline=p.deadline,
+                )
+            )
+        if config.shrink_event is not None:
+            events.extend(config.shrink_event(p, s, state.seq, now) for s in p.shrinks)
+    return events
+
+
+def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Plan]:
+    """The cycle's preemptions, in the order they are proposed."""
+    # 0. Snapshot.
+    sim = Simulation(state, config.placer)
+    # 1. Preemptions under way.
+    under_way = _settle(sim, state)
+    pool = Pool(state, sim.ledger, now)
+    # 2. Beneficiaries; 3. victims for each.
+    plans: list[Plan] = []
+    searched = 0
+    # Shapes no set of candidates could make room for, with the highest priority that tried: a
+    # job of the same shape and no higher priority has no candidate the search did not try, so
+    # it is not searched again this cycle (a search that fails costs O(candidates)). Room an
+    # earlier beneficiary's victims free beyond its needs is left for the next cycle.
+    hopeless: dict[tuple[object, ...], int] = {}
+    # Queued jobs of one queue and shape that do not reclaim: the answer holds until the ledger
+    # changes (a commit), and a deep backlog asks the same question many times.
+    no_reclaim: set[tuple[object, ...]] = set()
+    for job in beneficiaries(state):
+        if searched >= config.max_beneficiaries:
+            break
+        if job.id in under_way:
+            continue
+        if job.phase == "admitted":
+            target: Target | None = admitted_target(sim.ledger, job)
+        else:
+            shape = (job.spec.queue, job.spec.resources, job.spec.replicas, job.spec.min_replicas)
+            if shape in no_reclaim:
+                continue
+            target = reclaim_target(state, sim.ledger, job)
+            if target is None:
+                no_reclaim.add(shape)
+        if target is None or hopeless.get(target.shape(), job.priority - 1) >= job.priority:
+            continue
+        searched += 1
+        units = candidates(
+            target,
+            pool,
+            sim.taken,
+            sim.ledger,
+            shrink=config.shrink_event is not None,
+            any_priority=config.reclaim_any_priority,
+        )
+        found = search(sim, target, units)
+        if found is None:
+            hopeless[target.shape()] = job.priority
+            continue
+        if commit(sim, target, found) is not None:
+            continue
+        no_reclaim.clear()
+        if not found.whole and not found.shrinks:
+            continue  # fits as things are: the placer places it, on the GPUs kept for it here
+        # 4. The proposal.
+        stopping = [*found.whole, *(j for j, _ in found.shrinks)]
+        plans.append(
+            Plan(
+                beneficiary=job.id,
+                victims=tuple(Victim(v.id, v.attempt) for v in sorted(found.whole, key=lambda v: v.id)),
+                shrinks=tuple(
+                    Shrink(j.id, j.attempt, keep) for j, keep in sorted(found.shrinks, key=lambda s: s[0].id)
+                ),
+                deadline=now + max(max(0.0, j.spec.grace_seconds) for j in stopping),
+                placement=found.placement,
+            )
+        )
+    return plans
+
+
+def beneficiaries(state: State) -> list[JobState]:
+    """Jobs preemption could get going, highest priority first, then by submission: admitted jobs
+    the placer says preemption would help, and every queued job (``reclaim_target`` keeps only
+    those whose queue reclaims its nominal quota)."""
+    out = [
+        job
+        for job in state.jobs.values()
+        if job.phase == "queued"
+        or (job.phase == "admitted" and job.held is None and any(r.preemption_helps for r in job.reasons))
+    ]
+    out.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
+    return out
+
+
+def preempted_for(job: JobState) -> str:
+    """The beneficiary a job checkpointing or stopped by a preemption was stopped for ("" if
+    none); the fold records it in the job's reason, ``preempted for <beneficiary>``."""
+    recorded: str = getattr(job, "preempted_for", "") or ""
+    if recorded:
+        return recorded
+    for r in job.reasons:
+        if r.code == "preempted" and r.message.startswith("preempted for "):
+            return r.message.removeprefix("preempted for ")
+    return ""
+
+
+def _settle(sim: Simulation, state: State) -> set[str]:
+    """Take the GPUs of jobs still stopping for a waiting beneficiary as freed and nominate the
+    beneficiary onto them; returns the beneficiaries whose preemption is under way."""
+    leaving: dict[str, list[JobState]] = {}
+    for job in state.jobs.values():
+        if job.held is not None and job.phase in ("checkpointing", "preempted"):
+            who = preempted_for(job)
+            if who:
+                leaving.setdefault(who, []).append(job)
+    under_way: set[str] = set()
+    waiting = [
+        state.jobs[b] for b in leaving if b in state.jobs and state.jobs[b].phase in ("admitted", "queued")
+    ]
+    waiting.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
+    for b in waiting:
+        under_way.add(b.id)
+        for victim in leaving[b.id]:
+            # A job still checkpointing holds quota; one already stopped holds only GPUs.
+            key, per_worker = charge_of(sim.ledger, victim) if victim.phase == "checkpointing" else (None, 0)
+            sim.release(victim, key, per_worker, None)
+            sim.taken.add(victim.id)
+        if b.held is not None:
+            continue
+        target: Target | None
+        target = (
+            admitted_target(sim.ledger, b) if b.phase == "admitted" else queued_target(state, sim.ledger, b)
+        )
+        if target is not None:
+            sim.place(target)
+    return under_way

@@ -1,0 +1,70 @@
+"""Anti-thrash guards: whether a job may be preempted at ``now``, by its priority class.
+
+A job preempted again and again makes no progress and keeps the cluster busy checkpointing and
+restarting. Three guards, each off unless the job's ``PriorityClassSpec`` sets it:
+
+- ``min_runtime_s``: the job has run at least this long in its current attempt (a job that is
+  placed or starting has run for 0 s, so a guarded class is never preempted before it runs);
+- ``cooldown_s``: at least this long since the job was last preempted;
+- ``max_preemptions_per_hour``: fewer than this many preemptions of the job in the last hour.
+
+Preemption times come from the state: ``JobState.preempted_at`` (the log times of the job's
+preemptions) where it records them. A state that only counts them (``JobState.preemptions``) is
+read as if every past preemption happened when the job's current phase began: none can have
+happened later, so with that reading the guards block at least as often as with exact times.
+
+Pure: the answer depends only on the job, its class and ``now``.
+"""
+
+from __future__ import annotations
+
+from events.base import Reason
+from events.queues import PriorityClassSpec
+from projections.state import JobState
+
+HOUR = 3600.0
+
+
+def preemption_times(job: JobState) -> tuple[float, ...]:
+    """The log times of the job's past preemptions, oldest first."""
+    recorded: tuple[float, ...] | None = getattr(job, "preempted_at", None)
+    if recorded is not None:
+        return recorded
+    return (job.phase_since,) * job.preemptions
+
+
+def runtime(job: JobState, now: float) -> float:
+    """How long the job's current attempt has been running (all ranks started)."""
+    return max(0.0, now - job.phase_since) if job.phase == "running" else 0.0
+
+
+def guard(job: JobState, pc: PriorityClassSpec | None, now: float) -> Reason | None:
+    """Why ``job`` may not be preempted at ``now``, or None if it may."""
+    if pc is None:
+        return None
+    if pc.min_runtime_s > 0:
+        ran = runtime(job, now)
+        if ran < pc.min_runtime_s:
+            return Reason(
+                "min-runtime",
+                f"job {job.id} has run {ran:.0f}s of the {pc.min_runtime_s:.0f}s class {pc.name} "
+                "guarantees before it may be preempted",
+            )
+    times = preemption_times(job)
+    if pc.cooldown_s > 0 and times:
+        since = now - times[-1]
+        if since < pc.cooldown_s:
+            return Reason(
+                "cooldown",
+                f"job {job.id} was preempted {since:.0f}s ago; class {pc.name} waits "
+                f"{pc.cooldown_s:.0f}s between preemptions",
+            )
+    cap = pc.max_preemptions_per_hour
+    if cap is not None:
+        recent = sum(1 for t in times if now - t < HOUR)
+        if recent >= cap:
+            return Reason(
+                "preemption-cap",
+                f"job {job.id} was preempted {recent} times in the last hour; class {pc.name} allows {cap}",
+            )
+    return None

@@ -1,0 +1,546 @@
+"""Victim selection: which running work to stop so that one beneficiary's whole gang fits.
+
+Simulate first, act second (Kueue ``GetTargets`` / ``fillBackWorkloads``). For one beneficiary:
+
+1. candidates: work holding GPUs that may be stopped for it (``candidates``): jobs of its own
+   queue with a lower priority and, when its queue reclaims its nominal quota, jobs of other
+   queues of its cohort tree that run on borrowed quota. Never a job that is not preemptible
+   (spec or class), never one the anti-thrash guards protect (``thrash.py``), never one of equal
+   or higher priority in the beneficiary's queue. Elastic jobs running above their minimum offer
+   their top ranks first, one by one (a shrink), before anyone is stopped whole;
+2. order: shrinks before whole jobs; then borrowers before the beneficiary's own queue; then the
+   least work lost (seconds since the last checkpoint of the running attempt, or since it started
+   running, times the GPUs held), the lowest priority, the youngest; ties by job id;
+3. remove candidates from a snapshot in that order until the gang fits, skipping a borrower
+   whose queue no longer borrows once earlier removals gave quota back; if the gang does not
+   fit with every candidate removed, stop nobody;
+4. fill back: add back, in reverse order, every removed candidate the gang fits without. An
+   elastic job keeps contiguous ranks: once one of its ranks must stay stopped, so do the ranks
+   above it. What is left is minimal: no victim can be spared.
+
+"Fits" is the placer's own gang search (``services/placer``: filters, reserves, topology) on its
+``Snapshot``, plus the queue's quota (``projections.quota.Ledger``) for a beneficiary that is
+not yet admitted. The result is then checked with the fold's arithmetic (``projections.claims``)
+on scratch copies of the nodes involved, cumulative over the cycle, exactly as the fold will see
+the GPUs once the victims are gone and the beneficiary is placed.
+
+The ``Simulation`` is the cycle's one mutable view; the State itself is never touched.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from events.base import Reason
+from events.decisions import Placement, WorkerSlot
+from projections import claims, quota
+from projections.quota import Ledger
+from projections.state import WHOLE, JobState, State
+from services.placer import gang, stack
+from services.placer.framework import Chain, Request
+from services.placer.plugins.packing import Fragmentation, workload_of
+from services.placer.snapshot import Snapshot
+from services.placer.stack import PlacerConfig
+from services.preemptor import thrash
+
+RUNNING = ("placed", "starting", "running")  # the phases a PreemptionRequested may stop
+
+
+# -- what stopping a job costs ----------------------------------------------------------------------
+
+
+def gpus_held(state: State, job: JobState) -> float:
+    """GPUs the job holds now, fractions and MIG slices counted by their share of a GPU."""
+    if job.held is None:
+        return 0.0
+    milli = 0
+    for w in job.held.workers:
+        node = state.nodes.get(w.node)
+        for c in w.gpus:
+            if node is not None and c.mig is not None and 0 <= c.gpu < len(node.gpus):
+                milli += claims.claim_milli(node.gpus[c.gpu].info.model, c)
+            else:
+                milli += c.milli
+    return milli / WHOLE
+
+
+def work_lost(state: State, job: JobState, now: float) -> float:
+    """GPU-seconds stopping ``job`` now would throw away: time since the last checkpoint of the
+    running attempt (or since it started running) times the GPUs it holds. A job not yet running
+    has done no work to lose."""
+    if job.phase != "running":
+        return 0.0
+    since = job.phase_since
+    ckpt = job.checkpoint
+    if ckpt is not None and ckpt.attempt == job.attempt:
+        at: float | None = getattr(ckpt, "time", None)
+        if at is not None:
+            since = max(since, at)
+    return max(0.0, now - since) * gpus_held(state, job)
+
+
+def preemptible(state: State, job: JobState) -> bool:
+    pc = state.priority_classes.get(job.spec.priority_class)
+    return job.spec.preemptible and (pc is None or pc.preemptible)
+
+
+# -- beneficiaries and candidates -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A beneficiary as it would hold quota and GPUs: ``job`` carries the admission it holds (or
+    would get), ``need`` the quota still to charge (0 once admitted), ``reclaim`` whether its
+    queue is within its nominal quota and so may take back what others borrow on ``key``."""
+
+    job: JobState
+    req: Request
+    key: str | None
+    need: int
+    reclaim: bool
+
+    def shape(self) -> tuple[object, ...]:
+        """What decides, besides priority, which candidates it has and whether they suffice."""
+        r = self.req
+        return (
+            self.job.spec.queue,
+            self.key,
+            self.need,
+            self.reclaim,
+            r.need,
+            r.selector,
+            r.pack,
+            r.required,
+            r.replicas,
+        )
+
+
+def admitted_target(ledger: Ledger, job: JobState) -> Target:
+    adm = job.admission
+    key = next(iter(adm.gpus)) if adm is not None and len(adm.gpus) == 1 else None
+    q = job.spec.queue
+    reclaim = key is not None and ledger.has_queue(q) and ledger.used(q, key) <= ledger.nominal(q, key)
+    return Target(job, Request.of(job), key, 0, reclaim)
+
+
+def queued_target(state: State, ledger: Ledger, job: JobState) -> Target | None:
+    """A queued job as admission would admit it: at its minimum replicas, on its first quota
+    key; None if it needs no GPU or its queue is gone."""
+    demand = _demand(state, ledger, job)
+    return None if demand is None else _as_admitted(state, job, *demand)
+
+
+def reclaim_target(state: State, ledger: Ledger, job: JobState) -> Target | None:
+    """A queued job that only waits because other queues of its tree borrow its nominal quota:
+    admitting it keeps its queue within nominal, but the quota is not available."""
+    demand = _demand(state, ledger, job)
+    if demand is None:
+        return None
+    key, need = demand
+    q = job.spec.queue
+    if ledger.fits(q, key, need):
+        return None  # admission can admit it without anyone giving quota back
+    if ledger.used(q, key) + need > ledger.nominal(q, key) or not ledger.borrowers(q, key):
+        return None
+    return _as_admitted(state, job, key, need)
+
+
+def _demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | None:
+    """(quota key, milli-GPU) a queued job would be admitted with, at its minimum replicas."""
+    qspec = state.queues.get(job.spec.queue)
+    if qspec is None or not ledger.has_queue(job.spec.queue):
+        return None
+    demands = quota.worker_demands(qspec, job.spec.resources)
+    replicas = quota.min_replicas(job.spec)
+    if not demands or replicas <= 0:
+        return None
+    key, per_worker = demands[0]
+    return key, per_worker * replicas
+
+
+def _as_admitted(state: State, job: JobState, key: str, need: int) -> Target:
+    qspec = state.queues[job.spec.queue]
+    adm = quota.admission(qspec, job, replicas=quota.min_replicas(job.spec), key=key)
+    as_admitted = msgspec.structs.replace(job, admission=adm)
+    return Target(as_admitted, Request.of(as_admitted), key, need, True)
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A job that may be stopped, as the cycle sees it once: where it counts against quota and
+    what stopping it costs."""
+
+    job: JobState
+    key: str | None
+    per_worker: int  # quota milli-GPU of one worker on ``key``
+    lost: float  # work_lost at ``now``
+
+
+class Pool:
+    """The jobs that may be stopped this cycle (preemptible, in a phase a preemption may stop,
+    not protected by the anti-thrash guards), per queue, in the order victims are taken: least
+    work lost, lowest priority, youngest, job id. Finding one beneficiary's candidates costs
+    what its own queue and the queues that borrow from it hold, not what the cluster holds."""
+
+    def __init__(self, state: State, ledger: Ledger, now: float) -> None:
+        found: list[Holder] = []
+        for job in state.jobs.values():
+            if job.phase not in RUNNING or job.held is None or not preemptible(state, job):
+                continue
+            if thrash.guard(job, state.priority_classes.get(job.spec.priority_class), now) is not None:
+                continue
+            key, per_worker = charge_of(ledger, job)
+            found.append(Holder(job, key, per_worker, work_lost(state, job, now)))
+        found.sort(key=_order)
+        self.by_queue: dict[str, list[Holder]] = {}
+        self.elastic_by_queue: dict[str, list[Holder]] = {}  # the same, elastic jobs only
+        for h in found:
+            self.by_queue.setdefault(h.job.spec.queue, []).append(h)
+            if h.job.spec.min_replicas is not None:
+                self.elastic_by_queue.setdefault(h.job.spec.queue, []).append(h)
+
+
+def _order(h: Holder) -> tuple[float, int, int, str]:
+    return h.lost, h.job.priority, -h.job.submitted_seq, h.job.id
+
+
+def charge_of(ledger: Ledger, job: JobState) -> tuple[str | None, int]:
+    """The quota key the job's admission holds and the milli-GPU one of its workers costs there
+    (what ``Ledger.hold`` charged); (None, 0) if it holds no quota the ledger knows."""
+    adm = job.admission
+    if adm is None or len(adm.gpus) != 1 or not ledger.has_queue(job.spec.queue):
+        return None, 0
+    key = next(iter(adm.gpus))
+    return key, quota.worker_milli(job.spec.resources, key)
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One step of the search: stop ``holder``'s whole job (``rank`` None) or one rank of an
+    elastic job (a shrink by one worker)."""
+
+    holder: Holder
+    rank: int | None
+    borrower: bool  # another queue's job, stoppable only while that queue borrows
+
+    @property
+    def job(self) -> JobState:
+        return self.holder.job
+
+
+def candidates(
+    target: Target,
+    pool: Pool,
+    taken: set[str],
+    ledger: Ledger,
+    *,
+    shrink: bool,
+    any_priority: bool,
+) -> Iterator[Unit]:
+    """The units that may be stopped for ``target``, in the order the search removes them:
+    shrinks, then whole jobs; borrowers before the beneficiary's own queue; then the pool's
+    order. Lazy: the search usually stops long before the end."""
+    b = target.job
+    queue = b.spec.queue
+    key = target.key
+    # Queues of the beneficiary's tree holding more than their nominal on its key, now.
+    lenders = [q for q, _ in ledger.borrowers(queue, key)] if target.reclaim and key is not None else []
+
+    def own(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
+        for h in index.get(queue, ()):
+            if h.job.priority < b.priority and h.job.id != b.id and h.job.id not in taken:
+                yield h, False
+
+    def borrowers(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
+        for h in heapq.merge(*(index.get(q, ()) for q in sorted(lenders)), key=_order):
+            job = h.job
+            if h.key == key and (any_priority or job.priority < b.priority) and job.id not in taken:
+                yield h, True
+
+    if shrink:
+        for h, borrower in itertools.chain(borrowers(pool.elastic_by_queue), own(pool.elastic_by_queue)):
+            held, lo = h.job.held, h.job.spec.min_replicas
+            assert held is not None and lo is not None
+            ranks = sorted((w.rank for w in held.workers), reverse=True)
+            for rank in ranks[: max(0, len(ranks) - max(lo, 1))]:
+                yield Unit(h, rank, borrower)
+    for h, borrower in itertools.chain(borrowers(pool.by_queue), own(pool.by_queue)):
+        yield Unit(h, None, borrower)
+
+
+# -- the simulation ---------------------------------------------------------------------------------
+
+
+_Removed = list[tuple[Unit, tuple[int, ...]]]
+
+
+class _FitOnly(Chain):
+    """The placer's chain, minus the explanation of a gang that does not fit (a pass over every
+    node): the search asks whether a gang fits many times a cycle and never why not."""
+
+    def diagnose(self, snap: Snapshot, req: Request) -> tuple[Reason, ...]:
+        return ()
+
+
+@dataclass
+class Found:
+    """The victims one beneficiary needs, and where the simulation placed it."""
+
+    whole: list[JobState]
+    shrinks: list[tuple[JobState, int]]  # (elastic job, replicas it keeps)
+    placement: Placement
+    removed: _Removed = field(default_factory=list)  # (unit, ranks it gave back), in removal order
+
+
+@dataclass
+class Simulation:
+    """The cycle's view of the cluster: the placer's snapshot and a quota ledger, both updated as
+    victims are removed and beneficiaries placed, and scratch copies of the nodes the fold's
+    arithmetic has checked so far."""
+
+    state: State
+    placer: PlacerConfig
+    snap: Snapshot = field(init=False)
+    ledger: Ledger = field(init=False)
+    scratch: State = field(init=False)
+    released: dict[str, set[int]] = field(default_factory=dict)  # job -> ranks given back
+    taken: set[str] = field(default_factory=set)  # jobs stopped or shrunk this cycle
+
+    def __post_init__(self) -> None:
+        self.snap = Snapshot(self.state)
+        self.ledger = Ledger.from_state(self.state)
+        self.scratch = State(seq=self.state.seq, nodes={})
+        self._chain: Chain | None = None  # built on first use: a cycle may never place anything
+
+    @property
+    def chain(self) -> Chain:
+        if self._chain is None:
+            built = stack.build(self.placer, Fragmentation(workload_of(self.state)))
+            self._chain = _FitOnly(built.filters, built.reserves, built.scores, built.limit)
+        return self._chain
+
+    # -- removing and restoring work --------------------------------------------------------------
+
+    def borrowing(self, unit: Unit) -> bool:
+        h = unit.holder
+        if h.key is None:
+            return False
+        q = unit.job.spec.queue
+        return self.ledger.used(q, h.key) > self.ledger.nominal(q, h.key)
+
+    def release(self, job: JobState, key: str | None, per_worker: int, rank: int | None) -> tuple[int, ...]:
+        """Give back what ``job`` holds (only ``rank`` if given) in the snapshot and the ledger;
+        returns the ranks given back (a rank already given back is not given twice)."""
+        if job.held is None:
+            return ()
+        gone = self.released.setdefault(job.id, set())
+        slots = [w for w in job.held.workers if (rank is None or w.rank == rank) and w.rank not in gone]
+        self._apply(job, key, per_worker, slots, +1)
+        gone.update(w.rank for w in slots)
+        return tuple(w.rank for w in slots)
+
+    def restore(self, job: JobState, key: str | None, per_worker: int, ranks: tuple[int, ...]) -> None:
+        if job.held is None or not ranks:
+            return
+        gone = self.released.get(job.id, set())
+        slots = [w for w in job.held.workers if w.rank in ranks]
+        self._apply(job, key, per_worker, slots, -1)
+        gone.difference_update(ranks)
+
+    def _apply(
+        self, job: JobState, key: str | None, per_worker: int, slots: list[WorkerSlot], sign: int
+    ) -> None:
+        res = job.spec.resources
+        for w in slots:
+            if w.node in self.state.nodes:
+                if sign > 0:
+                    self.snap.give_back(w.node, res, w.gpus)
+                else:
+                    self.snap.take(w.node, res, w.gpus)
+        if key is not None and per_worker and slots and self.ledger.has_queue(job.spec.queue):
+            self.ledger.charge(job.spec.queue, key, -sign * per_worker * len(slots))
+
+    # -- placing the beneficiary ------------------------------------------------------------------
+
+    def place(self, target: Target) -> Placement | None:
+        """Place ``target`` on the snapshot (taking its GPUs and quota) if it fits now."""
+        q = target.job.spec.queue
+        if target.need and (target.key is None or not self.ledger.fits(q, target.key, target.need)):
+            return None
+        found = gang.place(self.chain, self.snap, target.req, self.placer.label_keys)
+        if not isinstance(found, Placement):
+            return None
+        if target.need and target.key is not None:
+            self.ledger.charge(q, target.key, target.need)
+        return found
+
+    def unplace(self, target: Target, placement: Placement) -> None:
+        self.snap.release(placement, target.req.res)
+        if target.need and target.key is not None:
+            self.ledger.charge(target.job.spec.queue, target.key, -target.need)
+
+    def fits(self, target: Target) -> bool:
+        found = self.place(target)
+        if found is None:
+            return False
+        self.unplace(target, found)
+        return True
+
+    # -- the fold's arithmetic ----------------------------------------------------------------------
+
+    def gate(self, target: Target, found: Found) -> claims.ClaimError | None:
+        """Check ``found`` with ``projections.claims`` on copies of the scratch nodes it touches;
+        keep the copies if it holds, so the next beneficiary is checked against them."""
+        jobs = [*found.whole, *(j for j, _ in found.shrinks)]
+        names = {w.node for j in jobs if j.held is not None for w in j.held.workers}
+        names |= {w.node for w in found.placement.workers}
+        trial = State(seq=self.state.seq, nodes={})
+        for name in sorted(names):
+            src = self.scratch.nodes.get(name)
+            if src is None:
+                src = self.state.nodes.get(name)
+            if src is not None:
+                trial.nodes[name] = copy.deepcopy(src)
+        for job in found.whole:
+            claims.release(trial, msgspec.structs.replace(job))
+        for job, keep in found.shrinks:
+            assert job.held is not None
+            shadow = msgspec.structs.replace(job)
+            claims.release(trial, shadow)
+            kept = tuple(w for w in job.held.workers if w.rank < keep)
+            claims.take(trial, shadow, Placement(job.id, job.attempt, kept))
+        try:
+            claims.check(trial, target.job, found.placement)
+        except claims.ClaimError as e:
+            return e
+        claims.take(trial, msgspec.structs.replace(target.job), found.placement)
+        self.scratch.nodes.update(trial.nodes)
+        return None
+
+
+# -- the search -------------------------------------------------------------------------------------
+
+
+def search(sim: Simulation, target: Target, units: Iterable[Unit]) -> Found | None:
+    """The minimal victims that let ``target``'s gang fit, with the gang placed on the snapshot;
+    None (and the snapshot as it was) if no set of candidates is enough. No victims at all when
+    the gang fits already."""
+    placed = sim.place(target)
+    if placed is not None:
+        return Found([], [], placed)
+    removed = _remove(sim, target, units)
+    if removed is None:
+        return None
+    removed = _fill_back(sim, target, removed)
+    placed = sim.place(target)
+    if placed is None:  # the placer's search need not be monotone; give up rather than guess
+        _restore_all(sim, removed)
+        return None
+    return _found(removed, placed)
+
+
+def _remove(sim: Simulation, target: Target, units: Iterable[Unit]) -> _Removed | None:
+    """The shortest prefix of ``units`` whose removal lets ``target`` fit, removed; None (and
+    nothing removed) if even all of them are not enough.
+
+    Asking after every removal costs a gang search per candidate; instead ask after 1, 2, 4,
+    8, ... removals, then halve the last interval back to the first count that fits: O(log n)
+    searches, and the same prefix whenever more removals never make a fitting gang unfit.
+    """
+    removed: _Removed = []
+    lo, probe, fitted = 0, 1, False  # lo: a count of removals known not to be enough
+    for u in units:
+        if u.borrower and not sim.borrowing(u):
+            continue  # its queue gave back all it borrowed already
+        ranks = sim.release(u.job, u.holder.key, u.holder.per_worker, u.rank)
+        if not ranks:
+            continue
+        removed.append((u, ranks))
+        if len(removed) >= probe:
+            if sim.fits(target):
+                fitted = True
+                break
+            lo, probe = len(removed), 2 * len(removed)
+    if not fitted and len(removed) > lo:
+        fitted = sim.fits(target)
+    if not fitted:
+        _restore_all(sim, removed)
+        return None
+    hi = len(removed)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        _restore_all(sim, removed[mid:])
+        if sim.fits(target):
+            del removed[mid:]
+            hi = mid
+        else:
+            for j in range(mid, hi):
+                u = removed[j][0]
+                removed[j] = (u, sim.release(u.job, u.holder.key, u.holder.per_worker, u.rank))
+            lo = mid
+    return removed
+
+
+def _restore_all(sim: Simulation, removed: _Removed) -> None:
+    for u, ranks in reversed(removed):
+        sim.restore(u.job, u.holder.key, u.holder.per_worker, ranks)
+
+
+def _fill_back(sim: Simulation, target: Target, removed: _Removed) -> _Removed:
+    """Kueue's fillBackWorkloads: the last removal was needed; try to spare each earlier one."""
+    kept: list[bool] = [True] * len(removed)
+    whole = {u.job.id for u, _ in removed if u.rank is None}
+    # Elastic jobs whose lowest stopped rank stays stopped: the ranks above it stay stopped too,
+    # so that the job keeps ranks 0..n-1. Its ranks were removed top first, so they come back
+    # lowest first here, and the first one that cannot come back pins the rest.
+    pinned: set[str] = set()
+    last = removed[-1][0] if removed else None
+    if last is not None and last.rank is not None:
+        pinned.add(last.job.id)
+    for i in range(len(removed) - 2, -1, -1):
+        u, ranks = removed[i]
+        jid = u.job.id
+        if u.rank is not None and (jid in whole or jid in pinned):
+            continue  # stopped whole anyway, or its ranks must stay contiguous
+        sim.restore(u.job, u.holder.key, u.holder.per_worker, ranks)
+        if sim.fits(target):
+            kept[i] = False
+            if u.rank is None:
+                whole.discard(jid)
+        else:
+            removed[i] = (u, sim.release(u.job, u.holder.key, u.holder.per_worker, u.rank))
+            if u.rank is not None:
+                pinned.add(jid)
+    return [r for r, keep in zip(removed, kept, strict=True) if keep]
+
+
+def _found(removed: _Removed, placement: Placement) -> Found:
+    whole: dict[str, JobState] = {}
+    shrunk: dict[str, tuple[JobState, int]] = {}
+    for u, ranks in removed:
+        job = u.job
+        if u.rank is None:
+            whole[job.id] = job
+        else:
+            held = len(job.held.workers) if job.held is not None else 0
+            prev = shrunk.get(job.id, (job, held))[1]
+            shrunk[job.id] = (job, prev - len(ranks))
+    shrinks = [s for jid, s in shrunk.items() if jid not in whole]
+    return Found(list(whole.values()), shrinks, placement, removed)
+
+
+def commit(sim: Simulation, target: Target, found: Found) -> claims.ClaimError | None:
+    """Keep ``found`` in the simulation if the fold's arithmetic agrees; else undo it."""
+    error = sim.gate(target, found)
+    if error is not None:
+        sim.unplace(target, found.placement)
+        _restore_all(sim, found.removed)
+        return error
+    sim.taken.update(u.job.id for u, _ in found.removed)
+    return None

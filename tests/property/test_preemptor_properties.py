@@ -1,0 +1,281 @@
+"""Preemptor properties over random clusters, queues, priority classes and running work: a
+preemption never stops a job of equal or higher priority in the beneficiary's queue, nor one that
+may not be preempted, nor one of another queue unless that queue borrows in the beneficiary's
+cohort tree; the beneficiary always fits once its victims are gone (so nothing is stopped for a
+job that would still not fit), and no two beneficiaries are offered the same GPUs; the fold
+accepts every proposal; the same state gives the same decision. Two cycles run, the second with
+the first one's preemptions under way."""
+
+from __future__ import annotations
+
+import copy
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from events import subjects as subj
+from events.base import Event, Reason
+from events.decisions import (
+    GpuClaim,
+    JobsPlaced,
+    JobsUnschedulable,
+    Placement,
+    PreemptionRequested,
+    Unschedulable,
+    WorkerSlot,
+)
+from events.jobs import JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob
+from events.nodes import NodeRegistered, WorkerStarted
+from events.queues import (
+    ApplyCohort,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CohortSpec,
+    PriorityClassSpec,
+    QueueSpec,
+    Quota,
+)
+from projections import claims, quota
+from projections.fold import apply_event
+from projections.quota import ANY, Ledger
+from projections.state import JobState, State
+from services.inventory import cluster
+from services.preemptor.decide import Plan, PreemptorConfig, Shrink, decide, plan
+from services.preemptor.victims import preemptible
+
+CLASSES = {
+    "low": PriorityClassSpec("low", 0),
+    "mid": PriorityClassSpec("mid", 5, min_runtime_s=120.0, max_preemptions_per_hour=2),
+    "high": PriorityClassSpec("high", 10),
+    "prod": PriorityClassSpec("prod", 20, preemptible=False),
+}
+QUEUES = ("team-a", "team-b", "team-c")  # a and b share cohort org; c is alone
+
+
+class World:
+    def __init__(self) -> None:
+        self.state = State()
+        self.seq = 0
+        self.time = 1000.0
+
+    def emit(self, subject: str, body: Event, tenant: str | None = None, dt: float = 1.0) -> None:
+        before = self.state.rejected_total
+        self.seq += 1
+        self.time += dt
+        apply_event(self.state, self.seq, subject, body, self.time, tenant)
+        assert self.state.rejected_total == before, self.state.rejections[-1]
+
+
+job_shapes = st.tuples(
+    st.sampled_from(QUEUES),
+    st.sampled_from(sorted(CLASSES)),
+    st.sampled_from([1, 1, 2, 4, 8]),  # GPUs per worker
+    st.integers(1, 4),  # replicas
+    st.booleans(),  # preemptible in the spec
+    st.booleans(),  # elastic (min 1)
+    st.floats(0, 900),  # seconds before it is submitted
+)
+
+urgent_shapes = st.tuples(
+    st.sampled_from(QUEUES),
+    st.just("high"),
+    st.sampled_from([4, 8]),
+    st.just(1),
+    st.just(True),
+    st.just(False),
+    st.just(0.0),
+)
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> World:
+    w = World()
+    for name, inv in cluster(draw(st.integers(1, 2)), "h100-8x"):
+        w.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
+    for pc in CLASSES.values():
+        w.emit(subj.admin("pc"), ApplyPriorityClass(priority_class=pc), subj.ADMIN)
+    w.emit(subj.admin("cohort"), ApplyCohort(cohort=CohortSpec("org")), subj.ADMIN)
+    for q in QUEUES:
+        cohort = "org" if q != "team-c" else None
+        nominal = draw(st.integers(0, 24))
+        qspec = QueueSpec(name=q, cohort=cohort, quotas={ANY: Quota(nominal)})
+        w.emit(subj.admin("queue"), ApplyQueue(queue=qspec), subj.ADMIN)
+    ledger = Ledger.from_state(w.state)
+    # Urgent work arriving last, on a cluster the rest has likely filled.
+    shapes = draw(st.lists(job_shapes, min_size=6, max_size=16)) + draw(st.lists(urgent_shapes, max_size=2))
+    for i, (q, pc, per, n, ok, elastic, dt) in enumerate(shapes):
+        jid = f"j{i:02d}"
+        spec = JobSpec(
+            queue=q,
+            priority_class=pc,
+            replicas=n,
+            min_replicas=1 if elastic else None,
+            resources=Resources(gpus=per),
+            preemptible=ok,
+            grace_seconds=float(10 * (i % 4)),
+        )
+        w.emit(subj.request("t", "submit"), SubmitJob(request_id=jid, job=spec), "t", dt)
+        w.emit(subj.job(jid), JobAccepted(job_id=jid, priority=CLASSES[pc].value))
+        job = w.state.jobs[jid]
+        adm = quota.admission(w.state.queues[q], job)
+        if ledger.check(job, adm) is not None:
+            continue  # waits in its queue: perhaps for quota others borrow
+        ledger.hold_admission(job, adm)
+        w.emit(subj.decision("admission"), JobsAdmitted(based_on=w.seq, now=w.time, admissions=(adm,)))
+        slots = _first_fit(w.state, n, per)
+        if slots is None:
+            helps = Reason("gpus", "no free GPUs", True)
+            body = JobsUnschedulable(based_on=w.seq, now=w.time, jobs=(Unschedulable(jid, 0, (helps,)),))
+            w.emit(subj.decision("placer"), body)
+            continue
+        p = Placement(jid, 0, slots)
+        w.emit(subj.decision("placer"), JobsPlaced(based_on=w.seq, now=w.time, placements=(p,)))
+        if draw(st.booleans()):
+            for s in slots:
+                w.emit(subj.node(s.node), WorkerStarted(node=s.node, job_id=jid, attempt=0, rank=s.rank))
+    w.time += draw(st.floats(0, 600))
+    return w
+
+
+def _first_fit(state: State, replicas: int, per: int) -> tuple[WorkerSlot, ...] | None:
+    taken: dict[str, set[int]] = {}
+    slots = []
+    for rank in range(replicas):
+        for name, node in state.nodes.items():
+            free = [
+                g.info.index
+                for g in node.gpus
+                if not g.holders and g.info.index not in taken.get(name, set())
+            ]
+            if len(free) >= per:
+                taken.setdefault(name, set()).update(free[:per])
+                slots.append(WorkerSlot(rank, name, tuple(GpuClaim(g) for g in free[:per])))
+                break
+        else:
+            return None
+    return tuple(slots)
+
+
+def shrink_event(p: Plan, s: Shrink, based_on: int, now: float) -> Event:
+    # Switches shrinks on; the properties read them from ``plan``, which never calls this.
+    raise AssertionError("plan() does not write events")
+
+
+def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event]:
+    plans = plan(state, now, config)
+    events = decide(state, now, config)
+    # Deterministic: again, and on a copy.
+    assert decide(state, now, config) == events
+    assert decide(copy.deepcopy(state), now, config) == events
+    preemptions = [e for e in events if isinstance(e, PreemptionRequested)]
+    assert [(e.beneficiary, e.victims) for e in preemptions] == [
+        (p.beneficiary, p.victims) for p in plans if p.victims
+    ]
+    ledger = Ledger.from_state(state)
+    stopped: set[str] = set()
+    for p in plans:
+        b = state.jobs[p.beneficiary]
+        assert p.victims or p.shrinks
+        for v in p.victims:
+            job = state.jobs[v.job_id]
+            assert v.attempt == job.attempt and job.phase in ("placed", "starting", "running")
+            assert preemptible(state, job)
+            assert job.id not in stopped  # never a victim twice
+            stopped.add(job.id)
+            if job.spec.queue == b.spec.queue:
+                assert job.priority < b.priority
+            else:
+                # Reclaim: a borrower of the beneficiary's cohort tree.
+                q = job.spec.queue
+                assert ledger.root(q) == ledger.root(b.spec.queue) and ledger.used(q, ANY) > ledger.nominal(
+                    q, ANY
+                )
+        assert p.deadline == now + max(
+            state.jobs[j].spec.grace_seconds
+            for j in [v.job_id for v in p.victims] + [s.job_id for s in p.shrinks]
+        )
+    # The beneficiaries fit once their victims are gone, each on GPUs of its own.
+    scratch = copy.deepcopy(state)
+    for job in scratch.jobs.values():
+        if job.phase in ("checkpointing", "preempted"):
+            claims.release(scratch, job)
+    for p in plans:
+        for v in p.victims:
+            claims.release(scratch, scratch.jobs[v.job_id])
+        b = scratch.jobs[p.beneficiary]
+        if b.admission is None:  # a queued job reclaiming quota, as admission will admit it
+            b = msgspec.structs.replace(
+                b, admission=quota.admission(state.queues[b.spec.queue], b, quota.min_replicas(b.spec))
+            )
+        claims.check(scratch, b, p.placement)
+        claims.take(scratch, msgspec.structs.replace(b), p.placement)
+    # The fold accepts every proposal.
+    folded = copy.deepcopy(state)
+    before = folded.rejected_total
+    for i, e in enumerate(events):
+        apply_event(folded, folded.seq + 1, subj.decision("preemptor"), e, now + i)
+    assert folded.rejected_total == before, folded.rejections[-1:]
+    for e in preemptions:
+        for v in e.victims:
+            assert folded.jobs[v.job_id].phase in ("checkpointing", "preempted")
+    return events
+
+
+@settings(max_examples=150, deadline=None)
+@given(worlds(), st.booleans())
+def test_preemptions_are_safe_fitting_accepted_and_deterministic(w: World, any_priority: bool) -> None:
+    config = PreemptorConfig(reclaim_any_priority=any_priority)
+    events = check_cycle(w.state, w.time, config)
+    # The fold takes them; a second cycle sees them under way.
+    for e in events:
+        w.emit(subj.decision("preemptor"), e)
+    again = check_cycle(w.state, w.time + 1, config)
+    first = {e.beneficiary for e in events if isinstance(e, PreemptionRequested)}
+    for e in again:
+        assert isinstance(e, PreemptionRequested)
+        b = w.state.jobs[e.beneficiary]
+        # A beneficiary whose victims are still stopping is not served twice.
+        assert not (e.beneficiary in first and _under_way(w.state, b))
+
+
+def _under_way(state: State, b: JobState) -> bool:
+    return any(
+        j.phase == "checkpointing"
+        and j.held is not None
+        and f"preempted for {b.id}" in (r.message for r in j.reasons)
+        for j in state.jobs.values()
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(worlds())
+def test_elastic_shrinks_keep_the_same_guarantees(w: World) -> None:
+    config = PreemptorConfig(shrink_event=shrink_event)
+    plans = plan(w.state, w.time, config)
+    assert plans == plan(copy.deepcopy(w.state), w.time, config)
+    scratch = copy.deepcopy(w.state)
+    for job in scratch.jobs.values():
+        if job.phase in ("checkpointing", "preempted"):
+            claims.release(scratch, job)
+    for p in plans:
+        b = w.state.jobs[p.beneficiary]
+        for s in p.shrinks:
+            job = w.state.jobs[s.job_id]
+            assert job.spec.min_replicas is not None and job.spec.min_replicas <= s.replicas
+            assert job.admission is not None and s.replicas < job.admission.replicas
+            assert preemptible(w.state, job)
+            assert job.spec.queue != b.spec.queue or job.priority < b.priority
+            kept = scratch.jobs[s.job_id]
+            assert kept.held is not None
+            claims.release(scratch, kept)
+            remaining = tuple(wk for wk in job.held.workers if wk.rank < s.replicas)  # type: ignore[union-attr]
+            claims.take(scratch, kept, Placement(job.id, job.attempt, remaining))
+        for v in p.victims:
+            claims.release(scratch, scratch.jobs[v.job_id])
+        if b.admission is None:
+            b = msgspec.structs.replace(
+                b, admission=quota.admission(w.state.queues[b.spec.queue], b, quota.min_replicas(b.spec))
+            )
+        claims.check(scratch, b, p.placement)
+        claims.take(scratch, msgspec.structs.replace(b), p.placement)

@@ -1,0 +1,593 @@
+"""The preemptor's pure core: victim selection tables, the anti-thrash guards, reclaim, elastic
+shrinks, and the cycle's bookkeeping (one PreemptionRequested per beneficiary, no GPUs offered
+twice, preemptions under way left alone). States are built by folding events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import pytest
+
+from events import subjects as subj
+from events.base import Decision, Event, Reason
+from events.decisions import (
+    GpuClaim,
+    JobsPlaced,
+    JobsUnschedulable,
+    MigSlot,
+    Placement,
+    PreemptionRequested,
+    Unschedulable,
+    Victim,
+    WorkerSlot,
+)
+from events.jobs import (
+    CancelJob,
+    JobAccepted,
+    JobRequeued,
+    JobsAdmitted,
+    JobSpec,
+    Resources,
+    SubmitJob,
+    Topology,
+)
+from events.nodes import CheckpointCompleted, NodeRegistered, WorkerExited, WorkerStarted
+from events.queues import (
+    ApplyCohort,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CohortSpec,
+    PriorityClassSpec,
+    QueueSpec,
+    Quota,
+)
+from projections import quota
+from projections.fold import apply_event
+from projections.quota import ANY
+from projections.state import Checkpoint, State
+from services.inventory import cluster
+from services.preemptor import thrash
+from services.preemptor.decide import Plan, PreemptorConfig, Shrink, decide, plan
+from services.preemptor.victims import work_lost
+
+HELPS = Reason("gpus", "no free GPU suits 8 whole GPUs", True)
+
+
+# -- a world built by folding events -----------------------------------------------------------------
+
+
+class World:
+    """A State folded from events, one second of log time per event, with readable steps."""
+
+    def __init__(self, nodes: int = 1, profile: str = "h100-8x") -> None:
+        self.state = State()
+        self.seq = 0
+        self.time = 1000.0
+        for name, inv in cluster(nodes, profile):
+            self.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
+
+    def emit(self, subject: str, body: Event, tenant: str | None = None) -> None:
+        before = self.state.rejected_total
+        self.seq += 1
+        self.time += 1.0
+        apply_event(self.state, self.seq, subject, body, self.time, tenant)
+        assert self.state.rejected_total == before, self.state.rejections[-1]
+
+    def wait(self, seconds: float) -> World:
+        self.time += seconds
+        return self
+
+    # admin
+
+    def queue(
+        self, name: str, nominal: int = 64, cohort: str | None = None, lending_limit: int | None = None
+    ) -> World:
+        q = QueueSpec(name=name, cohort=cohort, quotas={ANY: Quota(nominal, lending_limit=lending_limit)})
+        self.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+        return self
+
+    def cohort(self, name: str) -> World:
+        self.emit(subj.admin("cohort"), ApplyCohort(cohort=CohortSpec(name=name)), subj.ADMIN)
+        return self
+
+    def priority_class(self, name: str, value: int, **kw: Any) -> World:
+        pc = PriorityClassSpec(name=name, value=value, **kw)
+        self.emit(subj.admin("priority-class"), ApplyPriorityClass(priority_class=pc), subj.ADMIN)
+        return self
+
+    # jobs
+
+    def submit(self, job_id: str, spec: JobSpec, priority: int = 0) -> World:
+        self.emit(subj.request("alice", "submit"), SubmitJob(request_id=job_id, job=spec), "alice")
+        self.emit(subj.job(job_id), JobAccepted(job_id=job_id, priority=priority))
+        return self
+
+    def admit(self, job_id: str, replicas: int | None = None) -> World:
+        job = self.state.jobs[job_id]
+        adm = quota.admission(self.state.queues[job.spec.queue], job, replicas)
+        self.emit(
+            subj.decision("admission"), JobsAdmitted(based_on=self.seq, now=self.time, admissions=(adm,))
+        )
+        return self
+
+    def place(self, job_id: str, *workers: tuple[str, tuple[GpuClaim, ...]]) -> World:
+        job = self.state.jobs[job_id]
+        slots = tuple(WorkerSlot(rank, node, gpus) for rank, (node, gpus) in enumerate(workers))
+        p = Placement(job_id, job.attempt, slots)
+        self.emit(subj.decision("placer"), JobsPlaced(based_on=self.seq, now=self.time, placements=(p,)))
+        return self
+
+    def start(self, job_id: str) -> World:
+        job = self.state.jobs[job_id]
+        assert job.placement is not None
+        for w in job.placement.workers:
+            self.emit(
+                subj.node(w.node), WorkerStarted(node=w.node, job_id=job_id, attempt=job.attempt, rank=w.rank)
+            )
+        return self
+
+    def run(
+        self, job_id: str, spec: JobSpec, *workers: tuple[str, tuple[GpuClaim, ...]], priority: int = 0
+    ) -> World:
+        return self.submit(job_id, spec, priority).admit(job_id).place(job_id, *workers).start(job_id)
+
+    def waiting(self, job_id: str, spec: JobSpec, priority: int = 0) -> World:
+        """Admitted, and the placer says preemption would help."""
+        self.submit(job_id, spec, priority).admit(job_id)
+        job = self.state.jobs[job_id]
+        body = JobsUnschedulable(
+            based_on=self.seq, now=self.time, jobs=(Unschedulable(job_id, job.attempt, (HELPS,)),)
+        )
+        self.emit(subj.decision("placer"), body)
+        return self
+
+    def preempt(self, beneficiary: str, *victims: str) -> World:
+        vs = tuple(Victim(v, self.state.jobs[v].attempt) for v in victims)
+        body = PreemptionRequested(
+            based_on=self.seq, now=self.time, beneficiary=beneficiary, victims=vs, deadline=self.time + 30
+        )
+        self.emit(subj.decision("preemptor"), body)
+        return self
+
+    def stop(self, job_id: str) -> World:
+        job = self.state.jobs[job_id]
+        assert job.placement is not None
+        for w in job.placement.workers:
+            body = WorkerExited(
+                node=w.node, job_id=job_id, attempt=job.attempt, rank=w.rank, code=0, stopped=True
+            )
+            self.emit(subj.node(w.node), body)
+        return self
+
+    def requeue(self, job_id: str) -> World:
+        job = self.state.jobs[job_id]
+        self.emit(
+            subj.job(job_id), JobRequeued(job_id=job_id, attempt=job.attempt, reason=Reason("preempted", "x"))
+        )
+        return self
+
+    def checkpoint(self, job_id: str, step: int) -> World:
+        job = self.state.jobs[job_id]
+        assert job.placement is not None
+        node = job.placement.workers[0].node
+        body = CheckpointCompleted(
+            node=node, job_id=job_id, attempt=job.attempt, location=f"/c/{step}", step=step
+        )
+        self.emit(subj.node(node), body)
+        return self
+
+    # deciding
+
+    def decide(self, config: PreemptorConfig | None = None) -> list[Event]:
+        return decide(self.state, self.time, config or PreemptorConfig())
+
+    def plan(self, config: PreemptorConfig | None = None) -> list[Plan]:
+        return plan(self.state, self.time, config or PreemptorConfig())
+
+    def victims(self, config: PreemptorConfig | None = None) -> dict[str, list[str]]:
+        """beneficiary -> victims, from the cycle's PreemptionRequested events."""
+        return {
+            e.beneficiary: [v.job_id for v in e.victims]
+            for e in self.decide(config)
+            if isinstance(e, PreemptionRequested)
+        }
+
+
+def gpus(n: int, queue: str = "team-a", **kw: Any) -> JobSpec:
+    return JobSpec(queue=queue, resources=Resources(gpus=n), **kw)
+
+
+def whole(node: str, *indices: int) -> tuple[str, tuple[GpuClaim, ...]]:
+    return node, tuple(GpuClaim(i) for i in indices)
+
+
+N0, N1 = "node-00", "node-01"
+
+
+def full_node_world() -> World:
+    """One 8-GPU node: ``low`` holds 4 GPUs, ``other`` (not preemptible) 4; ``urgent``
+    (priority 10) waits for 4 GPUs."""
+    w = World().queue("team-a")
+    w.run("low", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.run("other", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+    return w.waiting("urgent", gpus(4), priority=10)
+
+
+# -- victim selection -----------------------------------------------------------------------------
+
+
+def test_a_lower_priority_job_is_stopped_for_an_urgent_one() -> None:
+    w = full_node_world()
+    events = w.decide()
+    assert len(events) == 1
+    ev = events[0]
+    assert isinstance(ev, PreemptionRequested)
+    assert (ev.beneficiary, ev.victims) == ("urgent", (Victim("low", 0),))
+    assert ev.based_on == w.seq and ev.now == w.time
+    assert ev.deadline == w.time + 30.0  # the default grace period
+
+
+def test_deadline_is_the_longest_grace_of_the_victims() -> None:
+    w = World().queue("team-a")
+    w.run("a", gpus(4, grace_seconds=120.0), whole(N0, 0, 1, 2, 3))
+    w.run("b", gpus(4, grace_seconds=45.0), whole(N0, 4, 5, 6, 7))
+    w.waiting("urgent", gpus(8), priority=10)
+    (ev,) = w.decide()
+    assert isinstance(ev, PreemptionRequested)
+    assert sorted(v.job_id for v in ev.victims) == ["a", "b"]
+    assert ev.deadline == w.time + 120.0
+
+
+@pytest.mark.parametrize(
+    ("victim", "priority"),
+    [
+        pytest.param({}, 10, id="equal-priority"),
+        pytest.param({}, 20, id="higher-priority"),
+        pytest.param({"preemptible": False}, 0, id="not-preemptible"),
+        pytest.param({"priority_class": "prod"}, 0, id="class-not-preemptible"),
+    ],
+)
+def test_never_a_victim(victim: dict[str, Any], priority: int) -> None:
+    w = World().queue("team-a").priority_class("prod", 0, preemptible=False)
+    w.run("low", gpus(8, **victim), whole(N0, *range(8)), priority=priority)
+    w.waiting("urgent", gpus(4), priority=10)
+    assert w.decide() == []
+
+
+def test_no_victim_set_suffices_no_preemption() -> None:
+    # Stopping ``low`` frees 4 GPUs; the other 4 are not preemptible; 8 are needed.
+    w = World().queue("team-a")
+    w.run("low", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.run("other", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+    w.waiting("urgent", gpus(8), priority=10)
+    assert w.decide() == []
+
+
+def test_a_smaller_set_is_chosen() -> None:
+    # ``a`` and ``b`` lose the least work but free only 2 GPUs on a node held by a job that may not
+    # stop; ``big`` holds a whole node. Removal order is a, b, big; fill-back spares a and b.
+    w = World(nodes=2).queue("team-a")
+    w.run("big", gpus(8), whole(N1, *range(8)))
+    w.wait(600)
+    w.run("a", gpus(1), whole(N0, 0))
+    w.run("b", gpus(1), whole(N0, 1))
+    w.run("pinned", gpus(6, preemptible=False), whole(N0, 2, 3, 4, 5, 6, 7))
+    w.waiting("urgent", gpus(8, topology=Topology("node", True)), priority=10)
+    assert w.victims() == {"urgent": ["big"]}
+
+
+def test_two_small_victims_beat_one_big_when_they_lose_less() -> None:
+    w = World().queue("team-a")
+    w.run("big", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.wait(600)
+    w.run("s1", gpus(2), whole(N0, 4, 5))
+    w.run("s2", gpus(2), whole(N0, 6, 7))
+    w.waiting("urgent", gpus(4), priority=10)
+    assert w.victims() == {"urgent": ["s1", "s2"]}
+
+
+def test_least_work_lost_first() -> None:
+    # Both free enough; ``old`` has run much longer on as many GPUs.
+    w = World().queue("team-a")
+    w.run("old", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.wait(3600)
+    w.run("new", gpus(4), whole(N0, 4, 5, 6, 7))
+    w.waiting("urgent", gpus(4), priority=10)
+    assert w.victims() == {"urgent": ["new"]}
+
+
+def test_work_lost_is_time_since_checkpoint_times_gpus() -> None:
+    w = World().queue("team-a")
+    w.run("j", gpus(4), whole(N0, 0, 1, 2, 3))
+    job = w.state.jobs["j"]
+    assert work_lost(w.state, job, job.phase_since + 100) == 400.0
+
+    class Timed(Checkpoint, frozen=True):
+        time: float = 0.0
+
+    job.checkpoint = Timed("/c/1", 1, job.attempt, w.seq, time=job.phase_since + 90)
+    assert work_lost(w.state, job, job.phase_since + 100) == 40.0
+    job.checkpoint = Timed("/c/0", 0, job.attempt - 1, w.seq, time=job.phase_since + 90)
+    assert work_lost(w.state, job, job.phase_since + 100) == 400.0  # an earlier attempt's
+
+
+def test_equal_work_lost_lowest_priority_then_youngest() -> None:
+    # Placed jobs that have not started have lost nothing: priority, then age decide.
+    w = World().queue("team-a")
+    w.submit("p1", gpus(4), priority=1).admit("p1").place("p1", whole(N0, 0, 1, 2, 3))
+    w.submit("p0", gpus(4), priority=0).admit("p0").place("p0", whole(N0, 4, 5, 6, 7))
+    w.waiting("urgent", gpus(4), priority=10)
+    assert w.victims() == {"urgent": ["p0"]}
+
+    w = World().queue("team-a")
+    w.submit("older", gpus(4)).admit("older").place("older", whole(N0, 0, 1, 2, 3))
+    w.submit("younger", gpus(4)).admit("younger").place("younger", whole(N0, 4, 5, 6, 7))
+    w.waiting("urgent", gpus(4), priority=10)
+    assert w.victims() == {"urgent": ["younger"]}
+
+
+def test_fractions_and_mig_slices_are_freed_too() -> None:
+    w = World(profile="h100-8x-mig").queue("team-a")
+    mig = JobSpec(queue="team-a", resources=Resources(gpus=1, mig="3g.40gb"))
+    for g in range(8):
+        for start in (0, 4):
+            w.run(f"m{g}-{start}", mig, (N0, (GpuClaim(g, mig=MigSlot("3g.40gb", start)),)))
+    w.waiting("urgent", JobSpec(queue="team-a", resources=Resources(gpus=1, mig="7g.80gb")), priority=10)
+    (victims,) = w.victims().values()
+    assert len(victims) == 2 and {v.split("-")[0] for v in victims} == {victims[0].split("-")[0]}
+
+    w = World().queue("team-a")
+    half = JobSpec(queue="team-a", resources=Resources(gpus=1, gpu_milli=500))
+    w.run("h1", half, (N0, (GpuClaim(0, milli=500),)))
+    w.run("h2", half, (N0, (GpuClaim(0, milli=500),)))
+    w.run("rest", gpus(7, preemptible=False), whole(N0, 1, 2, 3, 4, 5, 6, 7))
+    w.waiting("urgent", gpus(1), priority=10)
+    assert sorted(w.victims()["urgent"]) == ["h1", "h2"]
+
+
+# -- reclaim -----------------------------------------------------------------------------------------
+
+
+def reclaim_world() -> World:
+    """One 8-GPU node; team-a's nominal is all 8, team-b's 0: team-b borrows what it runs."""
+    w = World().cohort("org").queue("team-a", 8, "org").queue("team-b", 0, "org")
+    w.run("a-low", gpus(2), whole(N0, 0, 1))
+    w.wait(3600)
+    w.run("b-borrow", gpus(6, queue="team-b"), whole(N0, 2, 3, 4, 5, 6, 7), priority=50)
+    return w
+
+
+def test_reclaim_takes_borrowed_gpus_back_first() -> None:
+    # a-low has lost far more work than b-borrow, and either would do: the borrower goes first.
+    w = reclaim_world()
+    w.wait(3600)
+    w.submit("a-new", gpus(2), priority=5)  # queued: team-a's quota is lent out
+    assert w.victims() == {"a-new": ["b-borrow"]}
+
+
+def test_reclaim_for_an_admitted_job_the_placer_could_not_place() -> None:
+    # The cohort's quota (20) is more than its 16 GPUs: a2 holds quota but finds no GPU.
+    w = World(nodes=2).cohort("org").queue("team-a", 12, "org").queue("team-b", 8, "org")
+    w.run("b1", gpus(8, queue="team-b"), whole(N1, *range(8)))
+    w.run("b2", gpus(4, queue="team-b"), whole(N0, 0, 1, 2, 3))  # 4 borrowed from team-a
+    w.run("a1", gpus(4), whole(N0, 4, 5, 6, 7), priority=1)
+    w.waiting("a2", gpus(4))  # team-a within its nominal 12 with a2's quota held
+    assert w.victims() == {"a2": ["b2"]}
+
+
+def test_reclaim_only_while_the_other_queue_borrows() -> None:
+    # team-b runs within its own nominal: nothing to reclaim, and a1 is not lower priority.
+    w = World(nodes=2).cohort("org").queue("team-a", 8, "org").queue("team-b", 8, "org")
+    w.run("b1", gpus(8, queue="team-b"), whole(N1, *range(8)))
+    w.run("a1", gpus(8), whole(N0, *range(8)))
+    w.submit("a2", gpus(4))
+    w.submit("b2", gpus(4, queue="team-b"))
+    assert w.decide() == []
+
+
+def test_no_reclaim_beyond_nominal() -> None:
+    # team-a would go past its nominal 8 with a-big: it may borrow, never reclaim.
+    w = reclaim_world()
+    w.submit("a-big", gpus(8), priority=100)
+    victims = w.victims()
+    assert "a-big" not in victims
+
+
+def test_reclaim_never_crosses_into_another_tree() -> None:
+    w = World().cohort("org").cohort("other").queue("team-a", 8, "org").queue("team-x", 0, "other")
+    w.queue("team-y", 8, "other")
+    w.run("x", gpus(8, queue="team-x"), whole(N0, *range(8)))
+    w.submit("a", gpus(8), priority=10)
+    assert w.decide() == []
+
+
+# -- anti-thrash guards -------------------------------------------------------------------------------
+
+
+def test_min_runtime_guard() -> None:
+    w = World().queue("team-a").priority_class("batch", 0, min_runtime_s=600.0)
+    w.run("low", gpus(8, priority_class="batch"), whole(N0, *range(8)))
+    w.waiting("urgent", gpus(8), priority=10)
+    assert w.decide() == []
+    w.wait(600)
+    assert w.victims() == {"urgent": ["low"]}
+
+
+def preempted_once(**guards: Any) -> World:
+    """``low`` was preempted once, requeued and runs again; ``urgent`` waits for its GPUs."""
+    w = World().queue("team-a").priority_class("batch", 0, **guards)
+    w.run("low", gpus(8, priority_class="batch"), whole(N0, *range(8)))
+    w.submit("first", gpus(8), priority=10).admit("first")
+    w.preempt("first", "low").stop("low").requeue("low")
+    w.emit(subj.request("alice", "cancel"), CancelJob(job_id="first"), "alice")
+    w.admit("low").place("low", whole(N0, *range(8))).start("low")
+    return w.waiting("urgent", gpus(8), priority=10)
+
+
+def test_cooldown_guard() -> None:
+    w = preempted_once(cooldown_s=900.0)
+    assert w.decide() == []
+    w.wait(900)
+    assert w.victims() == {"urgent": ["low"]}
+
+
+def test_preemptions_per_hour_guard() -> None:
+    w = preempted_once(max_preemptions_per_hour=1)
+    assert w.decide() == []
+    w.wait(3600)
+    assert w.victims() == {"urgent": ["low"]}
+
+
+@pytest.mark.parametrize(
+    ("times", "cap", "blocked"),
+    [
+        pytest.param((), 1, False, id="never-preempted"),
+        pytest.param((0.0,), 1, True, id="at-cap"),
+        pytest.param((0.0, 3000.0), 3, False, id="under-cap"),
+        pytest.param((-4000.0, 100.0), 2, False, id="old-ones-expire"),
+    ],
+)
+def test_preemption_cap_counts_the_last_hour(times: tuple[float, ...], cap: int, blocked: bool) -> None:
+    w = World().queue("team-a")
+    w.run("j", gpus(1), whole(N0, 0))
+    job = msgspec.structs.replace(w.state.jobs["j"])
+
+    @dataclass
+    class WithTimes:
+        base: object
+        preempted_at: tuple[float, ...]
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.base, name)
+
+    pc = PriorityClassSpec("c", 0, max_preemptions_per_hour=cap)
+    view = WithTimes(job, times)
+    assert (thrash.guard(view, pc, 3500.0) is not None) is blocked  # type: ignore[arg-type]
+
+
+# -- the cycle -----------------------------------------------------------------------------------------
+
+
+def test_two_beneficiaries_never_share_freed_gpus() -> None:
+    # One stoppable 8-GPU job; two urgent 8-GPU jobs: only the first (by priority) is served.
+    w = World(nodes=2).queue("team-a")
+    w.run("low", gpus(8), whole(N0, *range(8)))
+    w.run("pinned", gpus(8, preemptible=False), whole(N1, *range(8)))
+    w.waiting("u1", gpus(8), priority=10)
+    w.waiting("u2", gpus(8), priority=20)
+    assert w.victims() == {"u2": ["low"]}
+
+
+def test_each_beneficiary_gets_its_own_victims() -> None:
+    w = World(nodes=2).queue("team-a")
+    w.run("l0", gpus(8), whole(N0, *range(8)))
+    w.run("l1", gpus(8), whole(N1, *range(8)))
+    w.waiting("u1", gpus(8), priority=10)
+    w.waiting("u2", gpus(8), priority=10)
+    assert w.victims() == {"u1": ["l1"], "u2": ["l0"]}  # l1 is younger: it goes first
+
+
+def test_a_preemption_under_way_is_left_alone() -> None:
+    w = World().queue("team-a")
+    w.run("l1", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.wait(60)
+    w.run("l2", gpus(4), whole(N0, 4, 5, 6, 7))
+    w.waiting("urgent", gpus(4), priority=10)
+    (ev,) = w.decide()
+    assert isinstance(ev, PreemptionRequested) and ev.victims == (Victim("l2", 0),)
+    w.emit(subj.decision("preemptor"), ev)
+    assert w.state.jobs["l2"].phase == "checkpointing"
+    assert w.decide() == []  # urgent's victim is checkpointing: nothing more for it
+    # The GPUs l2 frees are urgent's: a second urgent job needs a victim of its own.
+    w.waiting("urgent2", gpus(4), priority=10)
+    assert w.victims() == {"urgent2": ["l1"]}
+
+
+def test_a_beneficiary_that_fits_already_needs_no_victims() -> None:
+    w = World().queue("team-a")
+    w.run("low", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.waiting("urgent", gpus(4), priority=10)  # the placer's reason is stale: 4 GPUs are free
+    assert w.decide() == []
+
+
+def test_only_jobs_preemption_helps_are_beneficiaries() -> None:
+    w = World().queue("team-a")
+    w.run("low", gpus(8), whole(N0, *range(8)))
+    w.submit("urgent", gpus(8), priority=10).admit("urgent")  # no placer reason yet
+    assert w.decide() == []
+
+
+def test_deterministic() -> None:
+    w = World(nodes=2).queue("team-a")
+    for i in range(8):
+        w.run(f"l{i}", gpus(2), whole(N0 if i < 4 else N1, 2 * (i % 4), 2 * (i % 4) + 1))
+    w.waiting("u1", gpus(4), priority=10)
+    w.waiting("u2", gpus(6), priority=10)
+    first = w.decide()
+    copy_ = msgspec.convert(msgspec.to_builtins(w.state), State)
+    assert first == w.decide() == decide(copy_, w.time, PreemptorConfig())
+
+
+# -- elastic jobs ------------------------------------------------------------------------------------
+
+
+class ShrinkRequested(Decision, frozen=True, kw_only=True):
+    job_id: str
+    attempt: int
+    replicas: int
+    beneficiary: str
+    deadline: float
+
+
+def shrink_event(p: Plan, s: Shrink, based_on: int, now: float) -> Event:
+    return ShrinkRequested(
+        based_on=based_on,
+        now=now,
+        job_id=s.job_id,
+        attempt=s.attempt,
+        replicas=s.replicas,
+        beneficiary=p.beneficiary,
+        deadline=p.deadline,
+    )
+
+
+ELASTIC = PreemptorConfig(shrink_event=shrink_event)
+
+
+def elastic_world() -> World:
+    """``el`` runs 6 one-GPU workers (at least 2), ``low`` 2 GPUs; both stoppable."""
+    w = World().queue("team-a")
+    el = JobSpec(queue="team-a", replicas=6, min_replicas=2, resources=Resources(gpus=1))
+    w.run("el", el, *(whole(N0, g) for g in range(6)))
+    w.wait(3600)
+    w.run("low", gpus(2), whole(N0, 6, 7))
+    return w
+
+
+def test_elastic_jobs_shrink_before_anyone_is_stopped_whole() -> None:
+    w = elastic_world().waiting("urgent", gpus(3), priority=10)
+    (p,) = w.plan(ELASTIC)
+    assert p.victims == () and p.shrinks == (Shrink("el", 0, 3),)
+    (ev,) = w.decide(ELASTIC)
+    assert isinstance(ev, ShrinkRequested) and (ev.job_id, ev.replicas, ev.beneficiary) == ("el", 3, "urgent")
+
+
+def test_shrink_to_the_minimum_then_stop_whole() -> None:
+    w = elastic_world().waiting("urgent", gpus(6), priority=10)
+    (p,) = w.plan(ELASTIC)
+    assert p.victims == (Victim("low", 0),) and p.shrinks == (Shrink("el", 0, 2),)
+
+
+def test_without_a_shrink_event_elastic_jobs_are_stopped_whole() -> None:
+    w = elastic_world().waiting("urgent", gpus(3), priority=10)
+    assert w.victims() == {"urgent": ["el"]}
+
+
+def test_shrunk_ranks_stay_contiguous() -> None:
+    # The gang's ranks sit on GPUs 0..5; what is freed is always its top ranks.
+    w = elastic_world().waiting("urgent", gpus(1), priority=10)
+    (p,) = w.plan(ELASTIC)
+    assert p.shrinks == (Shrink("el", 0, 5),)
+    assert {c.gpu for wk in p.placement.workers for c in wk.gpus} == {5}

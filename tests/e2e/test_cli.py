@@ -1,0 +1,145 @@
+"""The corral CLI end to end: `corral up` in a subprocess, submits from the CLI and from a raw NATS
+client, then the exported log replays to exactly the state the server's log folds to."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+CORRAL = [sys.executable, "-m", "services.cli"]
+QUEUES = """
+[[priority_classes]]
+name = "normal"
+value = 0
+
+[[cohorts]]
+name = "research"
+
+[[queues]]
+name = "team-a"
+cohort = "research"
+tenants = ["team-a"]
+quotas = { "*" = { nominal = 8 } }
+
+[[queues]]
+name = "team-b"
+cohort = "research"
+tenants = ["team-b"]
+quotas = { "*" = { nominal = 8 } }
+"""
+
+
+def corral(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([*CORRAL, *args], env=env, capture_output=True, text=True, timeout=60)
+    if check and done.returncode != 0:
+        raise AssertionError(f"corral {' '.join(args)} exited {done.returncode}: {done.stderr}")
+    return done
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "CORRAL_HOME": str(tmp_path / "home"), "PYTHONPATH": os.getcwd()}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
+    """`corral up` in the background; yields its NATS URL once it says it is up."""
+    proc = subprocess.Popen(
+        [*CORRAL, "up", "--nodes", "5", "--data", str(tmp_path / "data")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or ()], daemon=True).start()
+    url = None
+    seen = []
+    try:
+        while url is None:
+            line = lines.get(timeout=60)
+            seen.append(line)
+            if line.startswith("corral is up at "):
+                url = line.split()[-1]
+        yield url
+    except queue.Empty:
+        raise AssertionError("corral up did not come up:\n" + "".join(seen)) from None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, "".join(seen)
+
+
+async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_path: Path) -> None:
+    queues = tmp_path / "queues.toml"
+    queues.write_text(QUEUES)
+    corral("queue", "apply", str(queues), "--server", cluster, env=env)
+
+    job_file = tmp_path / "train.yaml"
+    job_file.write_text("id: train-1\nqueue: team-a\nreplicas: 2\nresources: {gpus: 4}\n")
+    out = corral("submit", str(job_file), "--server", cluster, "--tenant", "team-a", env=env)
+    assert out.stdout.strip() == "train-1"
+    out = corral("submit", "--queue", "team-a", "--gpus", "1", "--server", cluster, "--tenant", "team-a", env=env)
+    flag_job = out.stdout.strip()
+
+    # Any NATS client in any language: plain JSON on the tenant's subject, acked by JetStream.
+    nc = await nats.connect(cluster)
+    try:
+        js = nc.jetstream()
+        body = {"request_id": "raw-1", "job": {"queue": "team-b", "resources": {"gpus": 2}}}
+        await js.publish("corral.in.team-b.submit", json.dumps(body).encode())
+    finally:
+        await nc.close()
+
+    jobs = json.loads(corral("jobs", "-o", "json", "--server", cluster, env=env).stdout)
+    by_id = {j["id"]: j for j in jobs}
+    assert {"train-1", flag_job, "raw-1"} <= set(by_id)
+    assert by_id["raw-1"]["tenant"] == "team-b"
+    assert by_id["train-1"]["workers"] == 2
+
+    nodes = json.loads(corral("nodes", "-o", "json", "--server", cluster, env=env).stdout)
+    assert len(nodes) == 5
+
+    exported = tmp_path / "log.jsonl"
+    corral("log", "export", str(exported), "--server", cluster, env=env)
+    last = max(json.loads(line)["seq"] for line in exported.read_text().splitlines())
+    from_file = json.loads(corral("replay", str(exported), "-o", "json", env=env).stdout)
+    live = json.loads(corral("replay", "--server", cluster, "--until", str(last), "-o", "json", env=env).stdout)
+    assert from_file == live
+    assert from_file["faults"] == 0
+    assert {"train-1", "raw-1"} <= set(from_file["jobs"])
+
+
+def test_errors_are_one_line_with_status_2(env: dict[str, str], tmp_path: Path) -> None:
+    wrong_flag = corral("jobs", "--no-such-flag", env=env, check=False)
+    unreachable = corral("jobs", "--server", "nats://127.0.0.1:1", env=env, check=False)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("queue = [unclosed\n")
+    bad_file = corral("submit", str(bad), "--server", "nats://127.0.0.1:1", env=env, check=False)
+    wrong_type = tmp_path / "wrong.json"
+    wrong_type.write_text('{"queue": "a", "replicas": "many"}')
+    bad_field = corral("submit", str(wrong_type), "--server", "nats://127.0.0.1:1", env=env, check=False)
+    for done in (wrong_flag, unreachable, bad_file, bad_field):
+        assert done.returncode == 2
+        assert done.stderr.startswith("corral: ")
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
+    assert "cannot reach" in unreachable.stderr
+    assert "bad.toml" in bad_file.stderr
+    assert "replicas" in bad_field.stderr

@@ -17,7 +17,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check events projections services tests bench
-	$(BIN)/mypy events projections
+	$(BIN)/mypy events projections services
 	$(BIN)/pytest -q -p no:cacheprovider
 
 bench: $(STAMP)

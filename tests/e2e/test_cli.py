@@ -95,7 +95,9 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     job_file.write_text("id: train-1\nqueue: team-a\nreplicas: 2\nresources: {gpus: 4}\n")
     out = corral("submit", str(job_file), "--server", cluster, "--tenant", "team-a", env=env)
     assert out.stdout.strip() == "train-1"
-    out = corral("submit", "--queue", "team-a", "--gpus", "1", "--server", cluster, "--tenant", "team-a", env=env)
+    out = corral(
+        "submit", "--queue", "team-a", "--gpus", "1", "--server", cluster, "--tenant", "team-a", env=env
+    )
     flag_job = out.stdout.strip()
 
     # Any NATS client in any language: plain JSON on the tenant's subject, acked by JetStream.
@@ -120,7 +122,9 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     corral("log", "export", str(exported), "--server", cluster, env=env)
     last = max(json.loads(line)["seq"] for line in exported.read_text().splitlines())
     from_file = json.loads(corral("replay", str(exported), "-o", "json", env=env).stdout)
-    live = json.loads(corral("replay", "--server", cluster, "--until", str(last), "-o", "json", env=env).stdout)
+    live = json.loads(
+        corral("replay", "--server", cluster, "--until", str(last), "-o", "json", env=env).stdout
+    )
     assert from_file == live
     assert from_file["faults"] == 0
     assert {"train-1", "raw-1"} <= set(from_file["jobs"])

@@ -25,8 +25,10 @@ from services.shell import Decide, Service, stop_on_signals
 def service_roles() -> dict[str, Decide]:
     """The decision services that run in a cluster, by role, each a pure ``decide``."""
     from services.admission.decide import decide as admission
+    from services.placer.decide import decide as placer
+    from services.preemptor.decide import decide as preemptor
 
-    return {"admission": admission}
+    return {"admission": admission, "placer": placer, "preemptor": preemptor}
 
 
 async def connect(url: str) -> EventLog:

@@ -362,6 +362,20 @@ def cmd_replay(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_logs(args: argparse.Namespace) -> None:
+    """A job's worker output, from the agents' directories on this machine."""
+    from services.agent.runtime import job_logs
+
+    root = Path(args.root)
+    agents = sorted({p.parent.parent.parent for p in root.glob(f"**/logs/{args.job}/*.log")})
+    files = [f for agent in agents for f in job_logs(agent, args.job)]
+    if not files:
+        raise Failure(f"no logs of job {args.job} under {root}")
+    for f in files:
+        print(f"==> {f.parent.parent.parent.name}: {f.name} <==")
+        print(f.read_text(errors="replace"), end="")
+
+
 def cmd_explain(args: argparse.Namespace) -> None:
     from services.explain import explain
 
@@ -435,6 +449,11 @@ def parser() -> argparse.ArgumentParser:
 
     for name, fn, help_ in (("jobs", cmd_jobs, "list jobs"), ("nodes", cmd_nodes, "list nodes")):
         sub.add_parser(name, parents=[common], help=help_).set_defaults(fn=fn)
+
+    lo = sub.add_parser("logs", parents=[common], help="a job's worker output (agents on this machine)")
+    lo.add_argument("job")
+    lo.add_argument("--root", default=str(STATE_DIR), help="where the agents keep their work")
+    lo.set_defaults(fn=cmd_logs)
 
     e = sub.add_parser("explain", parents=[common], help="a job's history and why it waits")
     e.add_argument("job")

@@ -24,6 +24,8 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.fold
 	$(BIN)/python -m bench.replay
 	$(BIN)/python -m bench.append
+	$(BIN)/python -m bench.admission
+	$(BIN)/python -m bench.placer
 
 clean:
 	rm -rf $(VENV) build *.egg-info

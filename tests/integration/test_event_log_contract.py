@@ -467,7 +467,7 @@ async def test_fast_parser_agrees_with_the_stock_one(frames: list[bytes], cuts: 
     """Whatever the chunking, the fast path hands over exactly what the stock parser does."""
     from nats.protocol.parser import Parser
 
-    from events.jetstream import _Parser
+    from events.nats_client import _Parser
 
     wire = b"".join(frames)
     bounds = sorted({0, len(wire), *(c for c in cuts if c < len(wire))})

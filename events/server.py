@@ -99,8 +99,14 @@ class EmbeddedServer:
         ]  # fmt: skip
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]  # binds to HOST too: the monitor follows -a
+        # Its own session: a Ctrl-C at the terminal reaches corral, which drains its services
+        # before it stops the server, instead of the server dying under them.
         self._proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             await self._wait_ready(self._proc, Path(binary).name)

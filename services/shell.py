@@ -179,6 +179,7 @@ class Service:
         finally:
             nxt.cancel()
             stopping.cancel()
+            await asyncio.gather(nxt, stopping, return_exceptions=True)
             aclose = getattr(batches, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):

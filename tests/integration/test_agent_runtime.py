@@ -158,7 +158,7 @@ async def test_workers_get_the_rendezvous_environment_and_their_logs_are_kept(
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": "2",
             "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": N0,
+            "MASTER_ADDR": "127.0.0.1",  # simulated nodes advertise loopback
             "MASTER_PORT": gang.workers[0].env["MASTER_PORT"],
             "CUDA_VISIBLE_DEVICES": f"GPU-{N0}-0{rank + 2}",
             "CORRAL_JOB_ID": "g",
@@ -344,7 +344,7 @@ async def test_a_preempted_training_job_checkpoints_and_resumes_from_its_step(
 
     # An urgent job preempts it: the agent asks for a checkpoint, then stops it.
     log.submit("bob", "urgent", job("team-b")).accept("urgent", priority=10).preempt("urgent", "train")
-    deadline = agent.state().jobs["train"].phase_since + 600.0
+    deadline = agent.state().jobs["train"].preempt_deadline  # what the preemption named
     assert await agent.act(now=deadline - 590) == [RequestCheckpoint(key, deadline)]
     assert runtime.workers()[key] == "checkpoint-requested"
     saved = await agent.until(lambda r: isinstance(r, Checkpointed) and r.step > 40)

@@ -1,24 +1,35 @@
 """``corral up``: a whole corral on one machine.
 
 An embedded nats-server with JetStream (unless ``--server`` names one), the decision services
-(each with its own connection, as if it were its own process), and simulated nodes registered in
-the log. Runs in the foreground until Ctrl-C or SIGTERM, then drains and stops in order.
+(each with its own connection, as if it were its own process), the health monitor, and one node
+agent per simulated node, each with its own connection, its own work directory under the data
+directory (``nodes/<node>``: workers' working directories and logs) and a checkpoint directory
+shared by all of them (``checkpoints``, as a shared filesystem would be on a real cluster, so a
+job resumes on any node). Runs in the foreground until Ctrl-C or SIGTERM, then stops in order:
+the decision services and the health monitor first (nothing new is decided), then the agents
+(their workers are stopped and their exits reported), then the connections and the server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from events import codec, subjects
+from events.jetstream import JetStreamLog
 from events.log import Append, EventLog
 from events.nodes import NodeInventory, NodeRegistered
 from events.server import EmbeddedServer
 from services import inventory
+from services.agent import discovery
+from services.agent.health import HeartbeatTracker
+from services.agent.runtime import SandboxMode
+from services.agent.service import NodeAgent
+from services.health.service import HealthMonitor
 from services.shell import Decide, Service, stop_on_signals
 
 
@@ -31,14 +42,12 @@ def service_roles() -> dict[str, Decide]:
     return {"admission": admission, "placer": placer, "preemptor": preemptor}
 
 
-async def connect(url: str) -> EventLog:
-    from events.jetstream import JetStreamLog
-
+async def connect(url: str) -> JetStreamLog:
     return await JetStreamLog.connect(url)
 
 
 async def register_nodes(log: EventLog, nodes: list[tuple[str, NodeInventory]], now: float) -> None:
-    """Announce simulated nodes, as their agents would. Deduplicated by node name, so running
+    """Announce simulated nodes without agents. Deduplicated by node name, so running
     ``corral up`` again on the same store registers nothing twice."""
     items = []
     for name, inv in nodes:
@@ -50,11 +59,33 @@ async def register_nodes(log: EventLog, nodes: list[tuple[str, NodeInventory]], 
             raise result
 
 
+@dataclass(frozen=True)
+class Settings:
+    """How a one-machine corral runs. The defaults suit a person at a terminal; tests shorten
+    the intervals (heartbeats of 0.2 s, a node lost after 2 s)."""
+
+    tick: float = 1.0  # decision services and the health monitor decide at least this often
+    agents: bool = True  # run a node agent per node (else only register the nodes)
+    agent_tick: float = 0.5
+    heartbeat: float = 5.0  # seconds between an agent's heartbeats
+    suspect_after: int = 3  # missed heartbeats before a node is suspect
+    lost_after: float = 60.0  # seconds of silence before a node is lost
+    probation: float = 30.0  # healthy heartbeats before a suspect or lost node is trusted again
+    restart_backoff: float = 2.0  # first restart's wait; doubled for each restart after it
+    sandbox: SandboxMode = "auto"  # workers in bubblewrap where it works
+    stop_grace: float = 10.0  # SIGTERM to SIGKILL when the agents stop their workers
+    start_timeout: float = 120.0  # a gang's start barrier on one node
+    gang_timeout: float = 300.0  # a gang's start barrier across nodes
+
+
 @dataclass
 class Cluster:
     url: str
     services: list[Service] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
+    agents: dict[str, NodeAgent] = field(default_factory=dict)  # by node: to kill, cut off, inspect
+    health: HealthMonitor | None = None
+    data_dir: Path | None = None
 
 
 @asynccontextmanager
@@ -65,11 +96,13 @@ async def cluster(
     data_dir: Path,
     port: int = 0,
     clock: Callable[[], float] | None = None,
+    settings: Settings | None = None,
 ) -> AsyncIterator[Cluster]:
-    """Start everything; on exit stop the services first, then the server."""
+    """Start everything; on exit stop the services, then the agents, then the server."""
     import time
 
     clock = clock or time.time
+    cfg = settings or Settings()
     async with AsyncExitStack() as stack:
         if server is None:
             srv = EmbeddedServer(data_dir, port=port or None)
@@ -81,26 +114,88 @@ async def cluster(
         log = await connect(url)
         stack.push_async_callback(log.close)
         simulated = inventory.cluster(nodes, profile)
-        await register_nodes(log, simulated, clock())
-        running = Cluster(url, nodes=[n for n, _ in simulated])
+        if not cfg.agents:
+            await register_nodes(log, simulated, clock())
+        running = Cluster(url, nodes=[n for n, _ in simulated], data_dir=data_dir)
+
         stop = asyncio.Event()
         tasks = []
         for role, decide in service_roles().items():
             service_log = await connect(url)
             stack.push_async_callback(service_log.close)
-            svc = Service(role, decide, service_log, clock=clock)
+            svc = Service(role, decide, service_log, clock=clock, tick=cfg.tick)
             running.services.append(svc)
             tasks.append(asyncio.create_task(svc.run(stop), name=role))
+        monitor_log = await connect(url)
+        stack.push_async_callback(monitor_log.close)
+        tracker = HeartbeatTracker(cfg.heartbeat, cfg.suspect_after, cfg.lost_after, cfg.probation)
+        monitor = HealthMonitor(monitor_log, monitor_log.nc, tracker=tracker, clock=clock, tick=cfg.tick)
+        running.health = monitor
+        tasks.append(asyncio.create_task(monitor.run(stop), name="health"))
+
+        agents_stop = asyncio.Event()
+        agent_tasks = []
+        for name, inv in simulated if cfg.agents else ():
+            agent_log = await connect(url)
+            stack.push_async_callback(agent_log.close)
+            agent = NodeAgent(
+                name,
+                agent_log,
+                work_dir=data_dir / "nodes" / name,
+                checkpoint_root=data_dir / "checkpoints",
+                found=discovery.simulated(name, inv.labels["profile"], labels=inv.labels),
+                publish=agent_log.nc.publish,
+                clock=clock,
+                tick=cfg.agent_tick,
+                heartbeat_interval=cfg.heartbeat,
+                sandbox=cfg.sandbox,
+                backoff=cfg.restart_backoff,
+                start_timeout=cfg.start_timeout,
+                gang_timeout=cfg.gang_timeout,
+                stop_grace=cfg.stop_grace,
+            )
+            running.agents[name] = agent
+            agent_tasks.append(asyncio.create_task(agent.run(agents_stop), name=f"agent-{name}"))
+
+        async def stop_agents() -> None:
+            agents_stop.set()
+            await _finish(agent_tasks, cfg.stop_grace + 20)
 
         async def stop_services() -> None:
             stop.set()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait_for(t, timeout=10)
+            await _finish(tasks, 10)
 
+        stack.push_async_callback(stop_agents)
         stack.push_async_callback(stop_services)
-        await asyncio.gather(*(s.caught_up.wait() for s in running.services))
+        ready = [s.caught_up for s in running.services] + [monitor.caught_up]
+        ready += [a.registered for a in running.agents.values()]
+        await _ready(ready, tasks + agent_tasks)
         yield running
+
+
+async def _ready(events: Iterable[asyncio.Event], tasks: list[asyncio.Task[None]]) -> None:
+    """Wait until every part says it is up; a part that dies meanwhile raises its error."""
+    waiting = asyncio.ensure_future(_all_set(events))
+    try:
+        while not waiting.done():
+            await asyncio.wait([waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
+                if t.done():
+                    t.result()  # raises what it died of
+                    raise RuntimeError(f"{t.get_name()} stopped while corral was starting")
+    finally:
+        waiting.cancel()
+
+
+async def _all_set(events: Iterable[asyncio.Event]) -> None:
+    for e in events:
+        await e.wait()
+
+
+async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> None:
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(t, timeout=timeout)
 
 
 async def run_cluster(server: str | None, nodes: int, profile: str, data_dir: Path, port: int) -> None:
@@ -110,10 +205,11 @@ async def run_cluster(server: str | None, nodes: int, profile: str, data_dir: Pa
     async with cluster(server, nodes, profile, data_dir, port) as running:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / "server").write_text(running.url + "\n")
-        roles = ", ".join(s.role for s in running.services) or "none"
+        roles = ", ".join([s.role for s in running.services] + ["health"])
         print(f"corral is up at {running.url}", flush=True)
         print(f"  services: {roles}", flush=True)
-        print(f"  nodes: {len(running.nodes)} simulated ({profile})", flush=True)
+        print(f"  nodes: {len(running.nodes)} simulated ({profile}), one agent each", flush=True)
+        print(f"  workers and their logs: {data_dir / 'nodes'}", flush=True)
         print("  Ctrl-C to stop", flush=True)
         try:
             await stop.wait()

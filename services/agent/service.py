@@ -1,0 +1,468 @@
+"""The node agent's service: one per node, the async shell around ``decide`` and ``Runtime``.
+
+It registers its node (NVML discovery, or a simulated inventory), folds the whole log with the
+one fold, and on every batch (and every ``tick``) asks ``decide`` what its node must start,
+checkpoint and stop; the runtime carries that out with real processes, and its reports become
+``WorkerStarted`` / ``WorkerExited`` / ``CheckpointCompleted`` on ``corral.ev.node.<node>``. Beside
+the log it publishes a heartbeat on core NATS (``corral.hb.<node>``) every interval, with the
+health and load of its GPUs and the XID errors seen since the last one.
+
+Invariants:
+
+- Only what the fold accepted runs: ``decide`` reads placements from the folded state, never from
+  a proposal, so a voided placement starts nothing.
+- Reports are appended in the order the runtime made them, pipelined, each with a deterministic
+  message id (``started:<job>:<attempt>:<rank>``, ``exited:…``, ``checkpoint:<job>:<attempt>:<step>``):
+  an append retried after a lost acknowledgement is stored once. Reports whose append failed are
+  kept, in order, and sent again on the next cycle.
+- A gang whose job has restarted before starts only after its restart backoff (counted from its
+  placement); a gang whose ranks on other nodes do not all start within ``gang_timeout`` is
+  stopped here, so the fold restarts it whole.
+- ``crash`` is a node dying: no heartbeat, no report, every worker killed at once. Tests use it
+  (and ``pause_heartbeats``, ``inject_xid``, ``kill_worker``) to play failures on a live cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from events import codec, routing, subjects
+from events.base import Event
+from events.log import Append, EventLog, LogError
+from events.nodes import (
+    CheckpointCompleted,
+    NodeInventory,
+    NodeRegistered,
+    WorkerExited,
+    WorkerStarted,
+)
+from projections.state import State
+from services.agent import discovery
+from services.agent.decide import (
+    STOP_GRACE,
+    Report,
+    StartGang,
+    decide,
+    report_events,
+)
+from services.agent.discovery import Discovery, GpuHealthSample, NvmlGpus, XidReport
+from services.agent.health import Heartbeat
+from services.agent.runtime import Runtime, SandboxMode, job_logs, restart_backoff
+from services.shell import Service
+
+log = logging.getLogger("corral.agent")
+
+Publish = Callable[[str, bytes], Awaitable[None]]
+
+
+def _decide_nothing(state: State, now: float) -> list[Event]:
+    return []  # the agent's decisions are actions on processes, made in ``NodeAgent.cycle``
+
+
+def msg_id(body: Event) -> str:
+    """The deterministic message id of a node event: the same fact appended twice is stored once."""
+    match body:
+        case WorkerStarted():
+            return f"started:{body.job_id}:{body.attempt}:{body.rank}"
+        case WorkerExited():
+            return f"exited:{body.job_id}:{body.attempt}:{body.rank}"
+        case CheckpointCompleted():
+            return f"checkpoint:{body.job_id}:{body.attempt}:{body.step}"
+        case NodeRegistered():
+            return f"register:{body.node}:{zlib.crc32(codec.encode(body.inventory)):08x}"
+    raise ValueError(f"a node agent does not write {type(body).__name__}")
+
+
+# -- GPU health ------------------------------------------------------------------------------------
+
+
+class GpuWatch(Protocol):
+    """Where heartbeats get GPU health from: NVML on a GPU node, a simulation elsewhere."""
+
+    async def sample(self, used_milli: Sequence[int]) -> tuple[GpuHealthSample, ...]: ...
+
+    def take_xids(self) -> tuple[XidReport, ...]: ...
+
+    def inject_xid(self, gpu: int, xid: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class SimulatedGpus:
+    """A simulated node's GPUs: all well and as busy as the fold says, unless a test injects an
+    XID (sent with the next heartbeat) or a faulty counter (``fault(gpu, ecc_uncorrected=1)``)."""
+
+    def __init__(self, inventory: NodeInventory) -> None:
+        self._gpus = inventory.gpus
+        self._xids: list[XidReport] = []
+        self._faults: dict[int, dict[str, Any]] = {}
+
+    async def sample(self, used_milli: Sequence[int]) -> tuple[GpuHealthSample, ...]:
+        out = []
+        for g in self._gpus:
+            used = used_milli[g.index] if g.index < len(used_milli) else 0
+            sample = GpuHealthSample(
+                index=g.index,
+                uuid=g.uuid,
+                ecc_uncorrected=0,
+                ecc_corrected=0,
+                nvlinks_active=g.nvlinks,
+                utilisation_pct=used // 10,
+                memory_used_mib=g.memory_mib * used // 1000,
+            )
+            fault = self._faults.get(g.index)
+            out.append(msgspec.structs.replace(sample, **fault) if fault else sample)
+        return tuple(out)
+
+    def take_xids(self) -> tuple[XidReport, ...]:
+        out, self._xids = tuple(self._xids), []
+        return out
+
+    def inject_xid(self, gpu: int, xid: int) -> None:
+        self._xids.append(XidReport(gpu=gpu, xid=xid))
+
+    def fault(self, gpu: int, **fields: Any) -> None:
+        """Make GPU ``gpu``'s samples carry ``fields`` (e.g. ``remap_pending=True``); no fields
+        clears it."""
+        if fields:
+            self._faults[gpu] = fields
+        else:
+            self._faults.pop(gpu, None)
+
+    async def close(self) -> None:
+        return None
+
+
+class NvmlWatch:
+    """Real GPUs through NVML: samples read in a worker thread (NVML calls may block), XID events
+    waited for in a thread of their own."""
+
+    def __init__(self, nvml: Any) -> None:
+        self._gpus = NvmlGpus(nvml)
+        self._lock = threading.Lock()
+        self._xids: list[XidReport] = []
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self._gpus.watch_xids():
+            self._thread = threading.Thread(target=self._watch, name="nvml-xid", daemon=True)
+            self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._closed.is_set():
+            x = self._gpus.wait_xid(500)
+            if x is not None:
+                with self._lock:
+                    self._xids.append(x)
+
+    async def sample(self, used_milli: Sequence[int]) -> tuple[GpuHealthSample, ...]:
+        return await asyncio.to_thread(self._gpus.health)
+
+    def take_xids(self) -> tuple[XidReport, ...]:
+        with self._lock:
+            out, self._xids = tuple(self._xids), []
+        return out
+
+    def inject_xid(self, gpu: int, xid: int) -> None:
+        with self._lock:
+            self._xids.append(XidReport(gpu=gpu, xid=xid))
+
+    async def close(self) -> None:
+        self._closed.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 2.0)
+        self._gpus.close()
+
+
+def gpu_watch(found: Discovery) -> GpuWatch:
+    if found.source == "nvml":
+        module = discovery.load_nvml()
+        if module is not None:
+            return NvmlWatch(module)
+    return SimulatedGpus(found.inventory)
+
+
+# -- the agent -------------------------------------------------------------------------------------
+
+
+class NodeAgent(Service):
+    """The agent of node ``node``. ``run(stop)`` until ``stop`` is set: then every worker is
+    stopped (SIGTERM, SIGKILL after ``stop_grace``) and its exit reported."""
+
+    def __init__(
+        self,
+        node: str,
+        log_: EventLog,
+        *,
+        work_dir: str | Path,
+        checkpoint_root: str | Path | None = None,
+        found: Discovery | None = None,
+        gpus: GpuWatch | None = None,
+        publish: Publish | None = None,
+        clock: Callable[[], float] = time.time,
+        tick: float = 0.5,
+        heartbeat_interval: float = 5.0,
+        sandbox: SandboxMode = "auto",
+        backoff: float = 2.0,
+        backoff_cap: float = 300.0,
+        start_timeout: float = 120.0,
+        gang_timeout: float = 300.0,
+        stop_grace: float = STOP_GRACE,
+    ) -> None:
+        """``found``: the node's inventory (default: NVML discovery, a simulated H100 node
+        without GPUs); ``checkpoint_root``: where jobs checkpoint, shared by every node that may
+        resume them (default: under ``work_dir``); ``publish``: core NATS publish for heartbeats
+        (none: no heartbeats)."""
+        super().__init__("agent", _decide_nothing, log_, clock=clock, tick=tick)
+        self.node = node
+        self.producer = f"agent/{node}@{self.producer.split('@', 1)[1]}"
+        self.found = found if found is not None else discovery.discover(node)
+        self.gpus = gpus if gpus is not None else gpu_watch(self.found)
+        self.work_dir = Path(work_dir)
+        self.checkpoint_root = str(checkpoint_root or self.work_dir / "checkpoints")
+        self.runtime = Runtime(self.work_dir, sandbox=sandbox, mig_devices=self.found.mig_devices)
+        self.reports = self.runtime.reports = _Reports()
+        self.publish = publish
+        self.heartbeat_interval = heartbeat_interval
+        self.backoff = backoff
+        self.backoff_cap = backoff_cap
+        self.start_timeout = start_timeout
+        self.gang_timeout = gang_timeout
+        self.stop_grace = stop_grace
+        self.registered = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.heartbeats_sent = 0
+        self._beating = True
+        self._hb_seq = 0
+        self._halt = asyncio.Event()
+        self._unsent: list[Event] = []
+        self._starting: dict[tuple[str, int], asyncio.Task[Any]] = {}
+
+    # -- failures a test (or an operator's drill) can play -------------------------------------
+
+    def pause_heartbeats(self) -> None:
+        self._beating = False
+
+    def resume_heartbeats(self) -> None:
+        self._beating = True
+
+    def inject_xid(self, gpu: int, xid: int) -> None:
+        """Report XID ``xid`` on GPU ``gpu`` with the next heartbeat, as NVML would."""
+        self.gpus.inject_xid(gpu, xid)
+
+    def kill_worker(self, job_id: str, rank: int = 0, sig: signal.Signals = signal.SIGKILL) -> int:
+        """Send ``sig`` to the newest attempt's worker ``rank`` of ``job_id`` here; its pid."""
+        keys = [k for k in self.runtime.workers() if k.job_id == job_id and k.rank == rank]
+        pid = self.runtime.pid(max(keys)) if keys else None
+        if pid is None:
+            raise LookupError(f"no running worker {rank} of {job_id} on {self.node}")
+        os.kill(pid, sig)
+        return pid
+
+    async def crash(self) -> None:
+        """Die as a node dies: heartbeats and reports stop, every worker is killed at once."""
+        self._beating = False
+        self._halt.set()
+        await self.stopped.wait()
+
+    def logs(self, job_id: str) -> list[Path]:
+        """This node's log files of ``job_id``, oldest attempt first."""
+        return job_logs(self.work_dir, job_id)
+
+    # -- registering and heartbeats ------------------------------------------------------------
+
+    async def register(self) -> None:
+        """Announce the node, unless the log already holds this very inventory."""
+        inventory = self.found.inventory
+        known = self.state.nodes.get(self.node)
+        if known is None or known.inventory != inventory:
+            body = NodeRegistered(node=self.node, inventory=inventory)
+            await self.log.append(self._append(body, self.clock()))
+        self.registered.set()
+
+    async def _heartbeats(self) -> None:
+        subject = subjects.heartbeat(self.node)
+        while True:
+            if self._beating and self.publish is not None:
+                try:
+                    await self.publish(subject, codec.encode(await self._heartbeat()))
+                    self.heartbeats_sent += 1
+                except Exception as e:  # noqa: BLE001 - a missed heartbeat is the monitor's to judge
+                    log.warning("%s: heartbeat not sent: %s", self.node, e)
+            await asyncio.sleep(self.heartbeat_interval)
+
+    async def _heartbeat(self) -> Heartbeat:
+        here = self.state.nodes.get(self.node)
+        used = [g.used_milli for g in here.gpus] if here is not None else []
+        samples = await self.gpus.sample(used)
+        # Growing across agent restarts too (the monitor drops a sequence it has seen), from the clock.
+        self._hb_seq = max(self._hb_seq + 1, int(self.clock() * 1000))
+        return Heartbeat(node=self.node, seq=self._hb_seq, gpus=samples, xids=self.gpus.take_xids())
+
+    # -- one cycle -----------------------------------------------------------------------------
+
+    async def cycle(self) -> int:
+        """Bring the node's workers in line with the fold, then append what they reported."""
+        now = self.clock()
+        workers = self.runtime.workers()
+        for action in decide(self.state, self.node, workers, now, self.checkpoint_root):
+            if isinstance(action, StartGang):
+                self._start(action, now)
+                continue
+            try:
+                await self.runtime.act(action)
+            except Exception:  # noqa: BLE001 - one action failing must not take the node down
+                log.exception("%s: %s failed; it is decided again next cycle", self.node, action)
+        await self._gang_deadlines(now)
+        return await self.flush(now)
+
+    def _start(self, gang: StartGang, now: float) -> None:
+        key = (gang.job_id, gang.attempt)
+        if key in self._starting:
+            return
+        if not self._due(gang.job_id, now):
+            return
+        task = asyncio.create_task(self.runtime.start_gang(gang.workers, self.start_timeout))
+        self._starting[key] = task
+        task.add_done_callback(lambda t: self._started(key, t))
+
+    def _due(self, job_id: str, now: float) -> bool:
+        """A job that failed waits out its restart backoff, counted from its placement."""
+        job = self.state.jobs.get(job_id)
+        if job is None or job.restarts <= 0 or job.phase != "placed":
+            return True
+        return now >= job.phase_since + restart_backoff(job.restarts, self.backoff, self.backoff_cap)
+
+    def _started(self, key: tuple[str, int], task: asyncio.Task[Any]) -> None:
+        self._starting.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: starting %s attempt %s failed: %r", self.node, *key, task.exception())
+
+    async def _gang_deadlines(self, now: float) -> None:
+        """A gang is running only when every rank has started: ranks here that have waited for
+        the others longer than ``gang_timeout`` are stopped, and the fold restarts the gang."""
+        for key, phase in self.runtime.workers().items():
+            if phase != "running":
+                continue
+            job = self.state.jobs.get(key.job_id)
+            if job is None or job.attempt != key.attempt or job.phase != "starting":
+                continue
+            if now - job.phase_since > self.gang_timeout:
+                log.warning("%s: gang %s attempt %s did not start everywhere", self.node, *key[:2])
+                await self.runtime.stop(key, STOP_GRACE)
+
+    async def flush(self, now: float | None = None) -> int:
+        """Append the runtime's reports as node events, in order; keep the ones that failed.
+        This is the queue's only reader, so reports keep the order the runtime made them in."""
+        while not self.reports.empty():
+            self._unsent.extend(report_events(self.node, self.reports.get_nowait()))
+        if not self._unsent:
+            return 0
+        now = self.clock() if now is None else now
+        bodies, self._unsent = self._unsent, []
+        results = await self.log.append_many([self._append(b, now) for b in bodies])
+        for body, result in zip(bodies, results, strict=True):
+            if isinstance(result, LogError):
+                log.warning("%s: append of %s failed, will retry: %s", self.node, msg_id(body), result)
+                self._unsent.append(body)
+        return len(bodies) - len(self._unsent)
+
+    def _append(self, body: Event, now: float) -> Append:
+        mid = msg_id(body)
+        traceparent = self._trace(body)
+        env = codec.seal(body, event_id=mid, time=now, producer=self.producer, traceparent=traceparent)
+        headers = {"traceparent": traceparent} if traceparent else None
+        return Append(routing.subject_of(body), codec.encode(env), mid, None, headers)
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await self.restore()
+            await self.register()
+            await self._serve(stop)
+        finally:
+            self.stopped.set()
+
+    async def _serve(self, stop: asyncio.Event) -> None:
+        beat = asyncio.create_task(self._heartbeats())
+        batches = self.log.follow(self.state.seq + 1)
+        arrived = self.reports.arrived
+        nxt: asyncio.Future[Any] = asyncio.ensure_future(anext(batches))
+        report = asyncio.ensure_future(arrived.wait())
+        ended = asyncio.ensure_future(_first(stop.wait(), self._halt.wait()))
+        try:
+            await self.cycle()
+            while not ended.done():
+                done, _ = await asyncio.wait(
+                    {nxt, report, ended}, timeout=self.tick, return_when=asyncio.FIRST_COMPLETED
+                )
+                if nxt in done:
+                    self.fold(nxt.result())
+                    nxt = asyncio.ensure_future(anext(batches))
+                if report in done:
+                    arrived.clear()  # the cycle below appends everything reported so far
+                    report = asyncio.ensure_future(arrived.wait())
+                if ended.done():
+                    break
+                await self.cycle()
+        finally:
+            for f in (nxt, report, ended, beat):
+                f.cancel()
+            # Each cancelled read must end before the feed is closed: closing a generator that a
+            # pending read is still inside fails, and leaves that read's error unretrieved.
+            await asyncio.gather(nxt, report, ended, beat, return_exceptions=True)
+            aclose = getattr(batches, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+            await self._shut_down(crashed=self._halt.is_set())
+
+    async def _shut_down(self, crashed: bool) -> None:
+        # Gangs still starting finish their start first: a start cut short could leave a process
+        # the runtime never learnt of. Then every worker is stopped.
+        starting = list(self._starting.values())
+        if starting:
+            _, late = await asyncio.wait(starting, timeout=self.start_timeout)
+            for task in late:
+                task.cancel()
+        await self.runtime.close(grace=0.0 if crashed else self.stop_grace)
+        if not crashed:  # a node that stops cleanly says its workers stopped
+            try:
+                await asyncio.wait_for(self.flush(), 10.0)
+            except (TimeoutError, LogError) as e:
+                log.warning("%s: last reports not appended: %s", self.node, e)
+        await self.gpus.close()
+
+
+class _Reports(asyncio.Queue[Report]):
+    """The runtime's report queue, which also wakes the agent's loop when a report arrives (a
+    second reader waiting on the queue itself could take a report out of its order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = asyncio.Event()
+
+    def put_nowait(self, item: Report) -> None:
+        super().put_nowait(item)
+        self.arrived.set()
+
+
+async def _first(*waits: Awaitable[Any]) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()

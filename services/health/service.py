@@ -1,0 +1,102 @@
+"""The health monitor's service: heartbeats from core NATS, facts into the log only on change.
+
+It subscribes to ``corral.hb.*`` and records each heartbeat in a ``HeartbeatTracker`` under the
+node its subject names (NATS permissions let an agent publish only its own node's subject, so a
+payload naming another node is ignored), stamped with this monitor's receive time: an agent's
+own clock is never trusted. It folds the log like every service, and tells the tracker every node
+fact the fold accepted (registrations, conditions, GPU health, cordons, an admin's cordon
+request), so that the tracker's idea of the log is the log's. Every ``tick`` (and after every
+batch) ``evaluate`` turns silences and signals into ``NodeConditionChanged``,
+``GpuHealthChanged`` and ``NodeCordoned`` on ``corral.ev.node.<node>``, each once.
+
+The shell is ``services.shell.Service``: appends are pipelined, and the monitor does not evaluate
+again until its own last appends are folded, so it never states a fact twice from a stale view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from events import codec, subjects
+from events.base import Event
+from events.log import EventLog, Record
+from projections.fold import apply
+from projections.state import State
+from services.agent.health import Heartbeat, HeartbeatTracker
+from services.shell import Service
+
+log = logging.getLogger("corral.health")
+
+HEARTBEATS = subjects.heartbeat("*")
+_NODE_EVENTS = subjects.node("")
+_CORDON = subjects.admin("cordon")
+_decode_heartbeat = msgspec.json.Decoder(Heartbeat).decode
+
+
+class HealthMonitor(Service):
+    def __init__(
+        self,
+        log_: EventLog,
+        nc: Client,
+        *,
+        tracker: HeartbeatTracker | None = None,
+        clock: Callable[[], float] = time.time,
+        tick: float = 1.0,
+    ) -> None:
+        """``nc``: a NATS connection to subscribe to heartbeats on (``JetStreamLog.nc``)."""
+        self.tracker = tracker if tracker is not None else HeartbeatTracker()
+        super().__init__("health", self._evaluate, log_, clock=clock, tick=tick)
+        self.nc = nc
+        self.heartbeats = 0  # received and recorded
+
+    def _evaluate(self, state: State, now: float) -> list[Event]:
+        events = self.tracker.evaluate(now)
+        for n in self.tracker.take_notices():
+            log.warning("node %s GPU %s: %s (%s)", n.node, n.gpu, n.signal, n.action)
+        return events
+
+    def fold(self, batch: list[Record]) -> None:
+        state = self.state
+        for r in batch:
+            rejected = state.rejected_total
+            apply(state, r)
+            if state.rejected_total != rejected:
+                continue  # the fold refused it: it changed nothing the tracker should know
+            if r.subject.startswith(_NODE_EVENTS) or r.subject == _CORDON:
+                body = codec.decode_body(r.subject, r.data, r.headers).body
+                self.tracker.observe(body, self.clock())
+
+    async def restore(self) -> None:
+        await super().restore()
+        self.tracker.sync(self.state, self.clock())
+
+    def _on_heartbeat(self, subject: str, data: bytes) -> None:
+        node = subject.rsplit(".", 1)[-1]
+        try:
+            beat = _decode_heartbeat(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.warning("unreadable heartbeat on %s", subject)
+            return
+        if beat.node != node:
+            log.warning("heartbeat on %s names node %s: ignored", subject, beat.node)
+            return
+        self.tracker.record(node, self.clock(), beat)
+        self.heartbeats += 1
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async def on_message(msg: Msg) -> None:
+            self._on_heartbeat(msg.subject, msg.data)
+
+        sub = await self.nc.subscribe(HEARTBEATS, cb=on_message)
+        try:
+            await super().run(stop)
+        finally:
+            if not self.nc.is_closed:
+                await sub.unsubscribe()

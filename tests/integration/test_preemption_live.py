@@ -1,0 +1,66 @@
+"""Preemption on a live cluster: an urgent 8-GPU job arrives on a full node; a low-priority
+checkpointable job running ``examples/train.py`` checkpoints when asked, stops, the urgent job
+runs on the GPUs it gave back, and the preempted job later resumes from the step it saved.
+
+Real nats-server, every service, a node agent running real processes; the order of what happened
+is read from the log (sequence numbers), never from the clock, and the replay of the log must
+equal the live state (checked on the way out of ``live``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from events.decisions import PreemptionRequested, Victim
+from events.jobs import JobRequeued
+from events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
+from events.queues import PriorityClassSpec
+from tests.integration.test_cluster_failures import checkpointed, job_spec, live, phase, train
+
+CLASSES = (PriorityClassSpec("batch", 10), PriorityClassSpec("urgent", 1000, preemptible=False))
+
+
+async def test_an_urgent_job_preempts_a_checkpointing_one_which_resumes_from_its_step(
+    tmp_path: Path,
+) -> None:
+    async with live(tmp_path, nodes=1, classes=CLASSES) as it:
+        low = job_spec(
+            train(1000, every=100, pace=0.002),
+            gpus=8,
+            priority_class="batch",
+            checkpointable=True,
+            grace_seconds=20.0,
+        )
+        await it.submit("low", low)
+        await it.until(checkpointed("low", 100))  # it has made progress worth keeping
+        await it.submit("urgent", job_spec(train(100), gpus=8, priority_class="urgent"))
+
+        s = await it.until(lambda s: phase(s, "low") == "succeeded" and phase(s, "urgent") == "succeeded")
+        [(asked, request)] = it.events(PreemptionRequested)
+        assert (request.beneficiary, request.victims) == ("urgent", (Victim("low", 0),))
+
+        # Asked to checkpoint, it saved its step and stopped (exit 0, stopped by corral) ...
+        low_exits = {e.attempt: (seq, e) for seq, e in it.events(WorkerExited, "low")}
+        stopped_at, stop = low_exits[0]
+        saved = [c for seq, c in it.events(CheckpointCompleted, "low") if asked < seq < stopped_at]
+        assert saved and all(c.attempt == 0 for c in saved)
+        checkpoint = saved[-1]
+        assert (stop.code, stop.stopped) == (0, True)
+        [(requeued_at, requeue)] = it.events(JobRequeued, "low")
+        assert requeue.resume_from == checkpoint.location and requeued_at > stopped_at
+
+        # ... the urgent job ran on the GPUs it gave back, and only then did it run again.
+        [(urgent_started, _)] = it.events(WorkerStarted, "urgent")
+        [(urgent_exited, _)] = it.events(WorkerExited, "urgent")
+        low_starts = {e.attempt: seq for seq, e in it.events(WorkerStarted, "low")}
+        assert stopped_at < urgent_started < urgent_exited < low_starts[1]
+
+        # The resumed run starts at the saved step and finishes the job.
+        job = s.jobs["low"]
+        assert (job.attempt, job.preemptions, job.restarts) == (1, 1, 0)
+        first, second = it.cluster.agents["node-00"].logs("low")
+        assert f"rank 0: checkpoint at step {checkpoint.step} " in first.read_text()
+        resumed = second.read_text()
+        assert f"rank 0: resumed from step {checkpoint.step} " in resumed
+        assert "rank 0: done at step 1000" in resumed
+        assert checkpoint.step >= 100

@@ -1,5 +1,6 @@
 """Follow the log, fold it, and wait for what you expect: the demo's narrator and the tests' way
-of waiting on an event with a timeout instead of sleeping."""
+of waiting on an event with a timeout instead of sleeping. ``say`` sees each record with the
+state just after it."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ from collections.abc import Callable
 from events.log import EventLog, Record
 from projections.fold import apply
 from projections.state import State
-from services import narrate
 
 
 class Watcher:
-    def __init__(self, log: EventLog, say: Callable[[str], None] | None = None) -> None:
+    def __init__(self, log: EventLog, say: Callable[[Record, State], None] | None = None) -> None:
         self.log = log
         self.state = State()
         self.records: list[Record] = []
@@ -38,7 +38,7 @@ class Watcher:
                 apply(self.state, r)
                 self.records.append(r)
                 if self.say is not None:
-                    self.say(f"{r.seq:>5}  {narrate.line(r)}")
+                    self.say(r, self.state)
             async with self._changed:
                 self._changed.notify_all()
 

@@ -5,14 +5,24 @@
 1. ``JobAccepted`` / ``JobRejected`` for every submitted job (``validate``), by submission;
 2. ``JobRequeued`` for every preempted or interrupted job, resuming from its last checkpoint;
 3. one ``JobsAdmitted`` (``based_on = state.seq``, ``now``) holding this cycle's admissions:
-   queued jobs in fair-share order (``order``), each gang admitted whole or not at all, an
-   elastic job at the largest replica count in min..max that fits (at least min);
+   first the beneficiaries of preemptions (below), then queued jobs in fair-share order
+   (``order``), each gang admitted whole or not at all, an elastic job at the largest replica
+   count in min..max that fits (at least min);
 4. ``PendingReasonChanged`` for every waiting job whose reason differs from the one it has.
 
 Jobs accepted or requeued in steps 1-2 compete in step 3 of the same cycle: their events come
 first in the output, so when the fold reaches ``JobsAdmitted`` they are queued at the attempt
 the admission names. Quota is charged in a Ledger as admissions are made, in the order they are
 listed, which is the order the fold checks them in; so folding the output voids nothing.
+
+Nominations. A preemption frees quota for its beneficiary (the job its victims' ``preempted_for``
+names), and nobody else may take it meanwhile. While some victims of a waiting beneficiary still
+checkpoint, those already stopped stay stopped (not requeued) and their quota stays charged
+here; once none checkpoints, they are all requeued in one cycle, and in that cycle the queued
+beneficiaries of victims still stopping or stopped are admitted before the fair-share order.
+A stopped victim keeps its GPUs identifiable meanwhile (the placer keeps them for the
+beneficiary); how long it stays stopped is bounded by the preemption's deadline, by which every
+victim has stopped.
 
 Reasons. The first ``config.detail`` waiting jobs of each queue carry figures ("needs 8 H100;
 queue team-a at its nominal 16/16 H100; cohort org has 0 to lend; position 3 of 7; would fit
@@ -33,6 +43,7 @@ import msgspec
 
 from events.base import Event, Reason
 from events.jobs import Admission, JobAccepted, JobRejected, JobRequeued, JobsAdmitted, PendingReasonChanged
+from events.queues import QueueSpec
 from projections import quota
 from projections.lifecycle import FINAL, HOLDS_QUOTA
 from projections.quota import Ledger, fmt_gpus, key_name
@@ -67,6 +78,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     waiting: defaultdict[str, list[JobState]] = defaultdict(list)
     explained: defaultdict[str, list[JobState]] = defaultdict(list)  # waiting jobs with a reason
     last_seq, in_order = -1, True  # whether queued jobs come in submission order (they do)
+    stopping: set[str] = set()  # beneficiaries some victim still checkpoints for
     for job in state.jobs.values():
         phase = job.phase
         if phase == "queued":
@@ -83,6 +95,8 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
                 holders.setdefault((job.spec.queue, held[0]), []).append(
                     (job.priority, held[1], _preemptible(state, job))
                 )
+            if phase == "checkpointing" and job.preempted_for:
+                stopping.add(job.preempted_for)
         elif phase == "submitted":
             submitted.append(job)
         elif phase == "preempted" or phase == "interrupted":
@@ -104,7 +118,9 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         as_queued = msgspec.structs.replace(job, phase="queued", priority=prio, reasons=())
         waiting[job.spec.queue].append(as_queued)
 
-    # 2. Send stopped jobs back to their queue for their next attempt.
+    # 2. Send stopped jobs back to their queue for their next attempt, but for victims kept
+    # stopped for a beneficiary (see Nominations), whose quota stays charged.
+    stopped, nominated = _nominations(state, stopped, stopping, ledger)
     stopped.sort(key=lambda j: (j.submitted_seq, j.id))
     for job in stopped:
         reason = _requeue_reason(job)
@@ -124,8 +140,9 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     # Jobs accepted or requeued this cycle were appended out of submission order.
     touched = {j.spec.queue for j in submitted} | {j.spec.queue for j in stopped}
     sorted_already = [q for q in waiting if q not in touched] if in_order else []
+    first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, sorted_already)
-    admissions = _admit(order, ledger, config.max_admissions)
+    admissions = first + _admit(order, ledger, config.max_admissions - len(first))
     if admissions:
         events.append(JobsAdmitted(based_on=state.seq, now=now, admissions=tuple(admissions)))
 
@@ -149,6 +166,75 @@ def _requeue_reason(job: JobState) -> Reason:
     if job.checkpoint is not None:
         msg += f", resuming from step {job.checkpoint.step}"
     return Reason("requeued", msg)
+
+
+# -- nominations -----------------------------------------------------------------------------------
+
+
+def _nominations(
+    state: State, stopped: list[JobState], stopping: set[str], ledger: Ledger
+) -> tuple[list[JobState], set[str]]:
+    """Split the stopped jobs: those to requeue now, and victims kept stopped because another
+    victim of their waiting beneficiary still checkpoints (charged to the ledger again). Also
+    returns the beneficiaries nominated this cycle: those with victims stopping or stopped."""
+    nominated = set(stopping)
+    requeue: list[JobState] = []
+    for job in stopped:
+        b = job.preempted_for if job.phase == "preempted" else ""
+        if not b:
+            requeue.append(job)
+            continue
+        nominated.add(b)
+        beneficiary = state.jobs.get(b)
+        if b in stopping and beneficiary is not None and beneficiary.phase in ("queued", "admitted"):
+            ledger.hold(job)
+        else:
+            requeue.append(job)
+    return requeue, nominated
+
+
+def _admit_nominated(
+    state: State,
+    nominated: set[str],
+    waiting: dict[str, list[JobState]],
+    explained: dict[str, list[JobState]],
+    ledger: Ledger,
+    cap: int,
+) -> list[Admission]:
+    """Admit the queued beneficiaries of preemptions, highest priority first, ahead of the
+    fair-share order: the quota their victims gave back is theirs. Those admitted leave
+    ``waiting`` and ``explained``."""
+    found = [state.jobs[b] for b in nominated if b in state.jobs]
+    found = [b for b in found if b.phase == "queued" and ledger.has_queue(b.spec.queue)]
+    found.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
+    out: list[Admission] = []
+    for job in found[: max(0, cap)]:
+        queue = job.spec.queue
+        adm = _fit(queue, ledger.spec(queue), job, ledger)
+        if adm is None:
+            continue
+        out.append(adm)
+        waiting[queue] = [j for j in waiting.get(queue, ()) if j.id != job.id]
+        if queue in explained:
+            explained[queue] = [j for j in explained[queue] if j.id != job.id]
+    return out
+
+
+def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger) -> Admission | None:
+    """Admit one job whole if its quota allows (charged to ``ledger``), as ``_admit`` does."""
+    spec = job.spec
+    demands = quota.worker_demands(qspec, spec.resources)
+    if not demands:
+        return Admission(job_id=job.id, attempt=job.attempt, replicas=spec.replicas)
+    lo, hi = quota.min_replicas(spec), spec.replicas
+    for key, per_worker in demands:
+        replicas = min(hi, ledger.available(queue, key) // per_worker)
+        if replicas >= lo:
+            milli = per_worker * replicas
+            ledger.charge(queue, key, milli)
+            gpus = quota.admission_gpus(key, milli)
+            return Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus)
+    return None
 
 
 # -- 4. admission ----------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 ``decide(state, now, config)`` reads the folded state and returns the events to append:
 
-1. heads: admitted jobs, highest priority first, then in submission order;
-2. snapshot: what is free where, indexed, with an overlay for what this cycle gives away;
+1. heads: admitted jobs, nominated beneficiaries of preemptions first (below), then highest
+   priority first, then in submission order;
+2. snapshot: what is free where, indexed, with an overlay for what this cycle gives away, and
+   the GPUs held for beneficiaries of preemptions under way taken out (below);
 3. place: each job's whole gang or nothing, through the plugin chain (``stack.py``), each
    placement taking its GPUs from the snapshot so the next job sees what is left;
 4. reserve: the first job that does not fit for lack of capacity gets a reservation on the GPUs
@@ -14,6 +16,16 @@
 6. emit: one ``JobsPlaced`` with the cycle's placements and one ``JobsUnschedulable`` with the
    coded reasons of jobs whose reasons changed (unchanged ones are not repeated).
 
+Nominations. A preemption frees GPUs for its beneficiary, the job its victims' ``preempted_for``
+names, and the beneficiary gets them first. While its victims still checkpoint, or have stopped
+and are not requeued yet, the cycle finds where its gang would go once they are gone (at its
+minimum size if it is still queued) and hides the part of that which is free now from every
+other job: neither the GPUs its stopped victims left nor free GPUs it is counting on go to
+anyone else meanwhile. An admitted beneficiary is placed before anyone else while a victim of it
+still checkpoints, is stopped, or waits to be placed again after being requeued, so that the
+cycle that first sees it admitted (admission requeues its victims in the cycle it admits it)
+places it first; placed out of priority order, it does not take the cycle's reservation.
+
 Both events carry ``based_on=state.seq`` and ``now``, so ``corral replay --verify`` can re-run
 the cycle. Same state, same ``now``, same config: same events.
 """
@@ -21,12 +33,15 @@ the cycle. Same state, same ``now``, same config: same events.
 from __future__ import annotations
 
 import copy
+import dataclasses
+from dataclasses import dataclass, field
 
 import msgspec
 
 from events.base import Event, Reason
-from events.decisions import JobsPlaced, JobsUnschedulable, Placement, Unschedulable
-from projections import claims
+from events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Placement, Unschedulable
+from events.jobs import Resources
+from projections import claims, quota
 from projections.state import JobState, State
 from services.placer import backfill, gang, stack
 from services.placer.backfill import Reservation
@@ -45,11 +60,40 @@ def admitted(state: State) -> list[JobState]:
     return jobs
 
 
+# The phases in which a job preempted for a beneficiary names it as nominated: stopping, stopped,
+# or requeued and not placed again yet.
+_NAMING = frozenset({"checkpointing", "preempted", "queued", "admitted"})
+_STOPPING = frozenset({"checkpointing", "preempted"})  # a preemption under way
+
+
+@dataclass
+class Nominations:
+    """Beneficiaries of preemptions: those placed before everyone else, and, per beneficiary,
+    its victims still stopping (checkpointing, or stopped and not requeued)."""
+
+    first: set[str] = field(default_factory=set)
+    stopping: dict[str, list[JobState]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, state: State) -> Nominations:
+        out = cls()
+        for job in state.jobs.values():
+            b = job.preempted_for
+            if b and job.phase in _NAMING:
+                out.first.add(b)
+                if job.phase in _STOPPING:
+                    out.stopping.setdefault(b, []).append(job)
+        return out
+
+
 def decide(state: State, now: float, config: PlacerConfig = DEFAULT) -> list[Event]:
     queue = admitted(state)
     if not queue:
         return []
-    cycle = _Cycle(state, now, config)
+    nominated = Nominations.of(state)
+    if nominated.first:
+        queue.sort(key=lambda j: j.id not in nominated.first)  # stable: each part keeps its order
+    cycle = _Cycle(state, now, config, nominated)
     waiting: list[Unschedulable] = []
     for job in queue:
         reasons = cycle.place(job)
@@ -64,11 +108,17 @@ def decide(state: State, now: float, config: PlacerConfig = DEFAULT) -> list[Eve
     return events
 
 
+# (node, resources, claims) of one worker's share of what is held for a beneficiary
+_Held = list[tuple[str, Resources, tuple[GpuClaim, ...]]]
+
+
 class _Cycle:
     """One cycle's working set: the snapshot, the chain, the gate, what is placed so far, and the
     reservation once one is made."""
 
-    def __init__(self, state: State, now: float, config: PlacerConfig) -> None:
+    def __init__(
+        self, state: State, now: float, config: PlacerConfig, nominated: Nominations | None = None
+    ) -> None:
         self.state = state
         self.now = now
         self.config = config
@@ -77,11 +127,67 @@ class _Cycle:
         self.gate = _Gate(state)
         self.placed: list[tuple[Placement, Request]] = []
         self.reservation: Reservation | None = None
+        self.first = nominated.first if nominated is not None else set()
+        self.held = self._hold(nominated.stopping) if nominated is not None else {}
+
+    def _hold(self, stopping: dict[str, list[JobState]]) -> dict[str, _Held]:
+        """For each waiting beneficiary of a preemption under way, highest priority first: where
+        its gang goes once its victims are gone; the part of it free now is taken from the
+        snapshot, so that no other job of the cycle gets it."""
+        jobs = self.state.jobs
+        waiting = [jobs[b] for b in stopping if b in jobs and jobs[b].phase in ("queued", "admitted")]
+        waiting.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
+        out: dict[str, _Held] = {}
+        for b in waiting:
+            if b.held is not None:
+                continue
+            # What its victims still hold, given back for the search only.
+            gone = [
+                (w.node, v.spec.resources, w.gpus)
+                for v in stopping[b.id]
+                if v.held is not None
+                for w in v.held.workers
+                if w.node in self.state.nodes
+            ]
+            for node, res, claimed in gone:
+                self.snap.give_back(node, res, claimed)
+            req = Request.of(b, self.state.priority_classes)
+            if b.admission is None:
+                req = dataclasses.replace(req, replicas=quota.min_replicas(b.spec))
+            found = gang.place(self.chain, self.snap, req, self.config.label_keys)
+            if isinstance(found, Placement):
+                self.snap.release(found, req.res)
+            for node, res, claimed in gone:
+                self.snap.take(node, res, claimed)
+            if not isinstance(found, Placement):
+                continue
+            busy = {(node, c.gpu) for node, _, claimed in gone for c in claimed}
+            part: _Held = []
+            for w in found.workers:
+                free = tuple(c for c in w.gpus if (w.node, c.gpu) not in busy)
+                if free:
+                    self.snap.take(w.node, req.res, free)
+                    part.append((w.node, req.res, free))
+            out[b.id] = part
+        return out
 
     def place(self, job: JobState) -> tuple[Reason, ...] | None:
-        """Place ``job`` (None) or say why it waits."""
+        """Place ``job`` (None) or say why it waits; a beneficiary may use what is held for it,
+        which stays hidden from the rest of the cycle unless it was placed."""
         if job.held is not None:
             return (Reason("draining", "workers of its previous attempt still hold GPUs", False),)
+        held = self.held.pop(job.id, None)
+        if held is None:
+            return self._place(job)
+        for node, res, claimed in held:
+            self.snap.give_back(node, res, claimed)
+        result = self._place(job)
+        if result is not None:
+            for node, res, claimed in held:
+                self.snap.take(node, res, claimed)
+        return result
+
+    def _place(self, job: JobState) -> tuple[Reason, ...] | None:
         req = Request.of(job, self.state.priority_classes)
         held = self.reservation
         hidden = held is not None and not held.admits(req, self.now)
@@ -99,7 +205,7 @@ class _Cycle:
             return (Reason("conflict", f"placement withdrawn: {error.message}", False),)
         if held is not None and hidden:
             return self._behind(req, held, result)
-        if held is None and self.config.reservations and _for_capacity(result):
+        if held is None and self.config.reservations and _for_capacity(result) and job.id not in self.first:
             self.reservation = backfill.reserve(
                 self.state, self.snap, self.chain, req, self.now, self.config.label_keys, self.placed
             )

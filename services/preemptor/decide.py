@@ -6,12 +6,14 @@ append, each with ``based_on = state.seq`` and ``now``:
 
 0. snapshot: the placer's view of free GPUs, the quota ledger and the jobs that may be stopped
    (preemptible, not protected by the anti-thrash guards), read once (``victims.Simulation``);
-1. in flight: jobs still checkpointing for a beneficiary that still waits count as gone, and
-   their GPUs (and quota) as that beneficiary's: it is skipped this cycle (its preemption is
-   under way) and nobody else is offered the GPUs being freed for it;
+1. in flight: jobs still checkpointing, or stopped and not yet requeued, for a beneficiary that
+   still waits count as gone, and their GPUs (and quota) as that beneficiary's: it is skipped
+   this cycle (its preemption is under way) and nobody else is offered the GPUs being freed for
+   it (admission and the placer keep them for it too: the beneficiary is nominated);
 2. beneficiaries, highest priority first, then by submission: admitted jobs the placer could not
-   place and whose reasons say preemption helps; queued jobs whose queue stays within its nominal
-   quota but cannot get it because other queues of its cohort tree borrow it (reclaim);
+   place and whose reasons say preemption helps; queued jobs admission cannot admit because
+   their queue's quota is in use (``victims.blocked_target``), for which lower-priority jobs of
+   their queue, or other queues' borrowers, can give quota and GPUs back;
 3. for each, ``victims.search``: the minimal victims found by simulation, checked with the fold's
    arithmetic, then kept in the simulation with the beneficiary placed on the freed GPUs, so
    that no two beneficiaries of a cycle are offered the same GPUs and no job is a victim twice;
@@ -39,11 +41,11 @@ from services.preemptor.victims import (
     Simulation,
     Target,
     admitted_target,
+    blocked_target,
     candidates,
     charge_of,
     commit,
     queued_target,
-    reclaim_target,
     search,
 )
 
@@ -80,6 +82,10 @@ class PreemptorConfig:
     # Borrowed quota is lent on the understanding that it comes back on demand: a queue reclaiming
     # its nominal share may stop borrowers whatever their priority. False: only lower priority.
     reclaim_any_priority: bool = True
+    # A queue that would borrow to admit its job may still stop other queues' borrowers of a
+    # lower priority (Kueue's borrowWithinCohort: LowerPriority). False: it may only stop
+    # lower-priority jobs of its own queue.
+    borrow_within_cohort: bool = True
     shrink_event: ShrinkEvent | None = None
 
 
@@ -119,23 +125,27 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     # it is not searched again this cycle (a search that fails costs O(candidates)). Room an
     # earlier beneficiary's victims free beyond its needs is left for the next cycle.
     hopeless: dict[tuple[object, ...], int] = {}
-    # Queued jobs of one queue and shape that do not reclaim: the answer holds until the ledger
-    # changes (a commit), and a deep backlog asks the same question many times.
-    no_reclaim: set[tuple[object, ...]] = set()
+    # Queued jobs of one form (``_form``) that quota does not block (admission admits them, or
+    # no preemption ever could): the answer holds until the ledger changes (a commit), and a deep
+    # backlog asks the same question many times. A form also stands for its target's shape in
+    # ``hopeless``, so that a backlog of jobs no candidates could help is passed over cheaply.
+    unblocked: set[tuple[object, ...]] = set()
     for job in beneficiaries(state):
         if searched >= config.max_beneficiaries:
             break
         if job.id in under_way:
             continue
+        form: tuple[object, ...] | None = None
         if job.phase == "admitted":
             target: Target | None = admitted_target(sim.ledger, job)
         else:
-            shape = (job.spec.queue, job.spec.resources, job.spec.replicas, job.spec.min_replicas)
-            if shape in no_reclaim:
+            form = _form(job)
+            if form in unblocked or hopeless.get(form, job.priority - 1) >= job.priority:
                 continue
-            target = reclaim_target(state, sim.ledger, job)
+            target = blocked_target(state, sim.ledger, job)
             if target is None:
-                no_reclaim.add(shape)
+                unblocked.add(form)
+                continue
         if target is None or hopeless.get(target.shape(), job.priority - 1) >= job.priority:
             continue
         searched += 1
@@ -146,14 +156,17 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             sim.ledger,
             shrink=config.shrink_event is not None,
             any_priority=config.reclaim_any_priority,
+            borrow=config.borrow_within_cohort,
         )
         found = search(sim, target, units)
         if found is None:
             hopeless[target.shape()] = job.priority
+            if form is not None:
+                hopeless[form] = job.priority
             continue
         if commit(sim, target, found) is not None:
             continue
-        no_reclaim.clear()
+        unblocked.clear()
         if not found.whole and not found.shrinks:
             continue  # fits as things are: the placer places it, on the GPUs kept for it here
         # 4. The proposal.
@@ -172,10 +185,17 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     return plans
 
 
+def _form(job: JobState) -> tuple[object, ...]:
+    """What decides, besides priority and the ledger, a queued job's target and candidates."""
+    spec = job.spec
+    selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
+    return ("queued", spec.queue, spec.resources, spec.replicas, spec.min_replicas, spec.topology, selector)
+
+
 def beneficiaries(state: State) -> list[JobState]:
     """Jobs preemption could get going, highest priority first, then by submission: admitted jobs
-    the placer says preemption would help, and every queued job (``reclaim_target`` keeps only
-    those whose queue reclaims its nominal quota)."""
+    the placer says preemption would help, and every queued job (``blocked_target`` keeps only
+    those that quota blocks)."""
     out = [
         job
         for job in state.jobs.values()
@@ -199,11 +219,12 @@ def preempted_for(job: JobState) -> str:
 
 
 def _settle(sim: Simulation, state: State) -> set[str]:
-    """Take the GPUs of jobs still stopping for a waiting beneficiary as freed and nominate the
-    beneficiary onto them; returns the beneficiaries whose preemption is under way."""
+    """Take the GPUs of jobs stopping, or stopped and not yet requeued, for a waiting beneficiary
+    as freed and nominate the beneficiary onto them; returns the beneficiaries whose preemption
+    is under way."""
     leaving: dict[str, list[JobState]] = {}
     for job in state.jobs.values():
-        if job.held is not None and job.phase in ("checkpointing", "preempted"):
+        if job.phase == "checkpointing" or job.phase == "preempted":
             who = preempted_for(job)
             if who:
                 leaving.setdefault(who, []).append(job)
@@ -215,7 +236,8 @@ def _settle(sim: Simulation, state: State) -> set[str]:
     for b in waiting:
         under_way.add(b.id)
         for victim in leaving[b.id]:
-            # A job still checkpointing holds quota; one already stopped holds only GPUs.
+            # A job still checkpointing holds quota; one already stopped holds only GPUs, until
+            # its last worker is gone.
             key, per_worker = charge_of(sim.ledger, victim) if victim.phase == "checkpointing" else (None, 0)
             sim.release(victim, key, per_worker, None)
             sim.taken.add(victim.id)

@@ -2,12 +2,15 @@
 
 Simulate first, act second (Kueue ``GetTargets`` / ``fillBackWorkloads``). For one beneficiary:
 
-1. candidates: work holding GPUs that may be stopped for it (``candidates``): jobs of its own
-   queue with a lower priority and, when its queue reclaims its nominal quota, jobs of other
-   queues of its cohort tree that run on borrowed quota. Never a job that is not preemptible
-   (spec or class), never one the anti-thrash guards protect (``thrash.py``), never one of equal
-   or higher priority in the beneficiary's queue. Elastic jobs running above their minimum offer
-   their top ranks first, one by one (a shrink), before anyone is stopped whole;
+1. candidates: work holding GPUs that may be stopped for it (``candidates``), as Kueue's
+   ``withinClusterQueue: LowerPriority``, ``reclaimWithinCohort: Any`` and ``borrowWithinCohort:
+   LowerPriority`` have it: jobs of its own queue with a lower priority; jobs of other queues of
+   its cohort tree that run on borrowed quota, of any priority when the beneficiary's queue stays
+   within its nominal quota (it reclaims what it lent), of a lower priority when the
+   beneficiary's queue borrows too. Never a job that is not preemptible (spec or class), never
+   one the anti-thrash guards protect (``thrash.py``), never one of equal or higher priority in
+   the beneficiary's queue. Elastic jobs running above their minimum offer their top ranks
+   first, one by one (a shrink), before anyone is stopped whole;
 2. order: shrinks before whole jobs; then borrowers before the beneficiary's own queue; then the
    least work lost (seconds since the last checkpoint of the running attempt, or since it started
    running, times the GPUs held), the lowest priority, the youngest; ties by job id;
@@ -20,9 +23,11 @@ Simulate first, act second (Kueue ``GetTargets`` / ``fillBackWorkloads``). For o
 
 "Fits" is the placer's own gang search (``services/placer``: filters, reserves, topology) on its
 ``Snapshot``, plus the queue's quota (``projections.quota.Ledger``) for a beneficiary that is
-not yet admitted. The result is then checked with the fold's arithmetic (``projections.claims``)
-on scratch copies of the nodes involved, cumulative over the cycle, exactly as the fold will see
-the GPUs once the victims are gone and the beneficiary is placed.
+not yet admitted: a queued job blocked by quota needs both, so its victims are the smallest set
+after which admission can admit it and the placer can place it. The result is then checked with
+the fold's arithmetic (``projections.claims``) on scratch copies of the nodes involved,
+cumulative over the cycle, exactly as the fold will see the GPUs once the victims are gone and
+the beneficiary is placed.
 
 The ``Simulation`` is the cycle's one mutable view; the State itself is never touched.
 """
@@ -97,7 +102,8 @@ def preemptible(state: State, job: JobState) -> bool:
 class Target:
     """A beneficiary as it would hold quota and GPUs: ``job`` carries the admission it holds (or
     would get), ``need`` the quota still to charge (0 once admitted), ``reclaim`` whether its
-    queue is within its nominal quota and so may take back what others borrow on ``key``."""
+    queue stays within its nominal quota with it, and so may take back what others borrow on
+    ``key`` whatever their priority."""
 
     job: JobState
     req: Request
@@ -133,22 +139,22 @@ def queued_target(state: State, ledger: Ledger, job: JobState) -> Target | None:
     """A queued job as admission would admit it: at its minimum replicas, on its first quota
     key; None if it needs no GPU or its queue is gone."""
     demand = _demand(state, ledger, job)
-    return None if demand is None else _as_admitted(state, job, *demand)
+    return None if demand is None else _as_admitted(state, ledger, job, *demand)
 
 
-def reclaim_target(state: State, ledger: Ledger, job: JobState) -> Target | None:
-    """A queued job that only waits because other queues of its tree borrow its nominal quota:
-    admitting it keeps its queue within nominal, but the quota is not available."""
+def blocked_target(state: State, ledger: Ledger, job: JobState) -> Target | None:
+    """A queued job that waits because its queue's quota is in use: admission cannot admit it
+    now, but could once lower-priority jobs of its queue, or queues of its tree that borrow, gave
+    quota back. None if admission can admit it as things are, or if no preemption ever could (it
+    needs more than its queue could hold with the whole tree idle)."""
     demand = _demand(state, ledger, job)
     if demand is None:
         return None
     key, need = demand
     q = job.spec.queue
-    if ledger.fits(q, key, need):
-        return None  # admission can admit it without anyone giving quota back
-    if ledger.used(q, key) + need > ledger.nominal(q, key) or not ledger.borrowers(q, key):
+    if ledger.fits(q, key, need) or need > ledger.ceiling(q, key):
         return None
-    return _as_admitted(state, job, key, need)
+    return _as_admitted(state, ledger, job, key, need)
 
 
 def _demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | None:
@@ -164,11 +170,12 @@ def _demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | No
     return key, per_worker * replicas
 
 
-def _as_admitted(state: State, job: JobState, key: str, need: int) -> Target:
-    qspec = state.queues[job.spec.queue]
-    adm = quota.admission(qspec, job, replicas=quota.min_replicas(job.spec), key=key)
+def _as_admitted(state: State, ledger: Ledger, job: JobState, key: str, need: int) -> Target:
+    q = job.spec.queue
+    adm = quota.admission(state.queues[q], job, replicas=quota.min_replicas(job.spec), key=key)
     as_admitted = msgspec.structs.replace(job, admission=adm)
-    return Target(as_admitted, Request.of(as_admitted), key, need, True)
+    reclaim = ledger.used(q, key) + need <= ledger.nominal(q, key)
+    return Target(as_admitted, Request.of(as_admitted), key, need, reclaim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,15 +249,20 @@ def candidates(
     *,
     shrink: bool,
     any_priority: bool,
+    borrow: bool = True,
 ) -> Iterator[Unit]:
     """The units that may be stopped for ``target``, in the order the search removes them:
     shrinks, then whole jobs; borrowers before the beneficiary's own queue; then the pool's
-    order. Lazy: the search usually stops long before the end."""
+    order. Other queues' borrowers are candidates when the beneficiary reclaims (of any
+    priority if ``any_priority``) and, with ``borrow``, when it would borrow too (of a lower
+    priority only). Lazy: the search usually stops long before the end."""
     b = target.job
     queue = b.spec.queue
     key = target.key
+    reclaim_any = target.reclaim and any_priority
     # Queues of the beneficiary's tree holding more than their nominal on its key, now.
-    lenders = [q for q, _ in ledger.borrowers(queue, key)] if target.reclaim and key is not None else []
+    cross = key is not None and (target.reclaim or borrow)
+    lenders = [q for q, _ in ledger.borrowers(queue, key)] if cross and key is not None else []
 
     def own(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
         for h in index.get(queue, ()):
@@ -260,7 +272,7 @@ def candidates(
     def borrowers(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
         for h in heapq.merge(*(index.get(q, ()) for q in sorted(lenders)), key=_order):
             job = h.job
-            if h.key == key and (any_priority or job.priority < b.priority) and job.id not in taken:
+            if h.key == key and (reclaim_any or job.priority < b.priority) and job.id not in taken:
                 yield h, True
 
     if shrink:

@@ -4,16 +4,21 @@ may not be preempted, nor one of another queue unless that queue borrows in the 
 cohort tree; the beneficiary always fits once its victims are gone (so nothing is stopped for a
 job that would still not fit), and no two beneficiaries are offered the same GPUs; the fold
 accepts every proposal; the same state gives the same decision. Two cycles run, the second with
-the first one's preemptions under way."""
+the first one's preemptions under way. Then, on full cohorts whose nominal quotas add up to the
+capacity, an urgent queued job: it gets one victim exactly when one may be stopped for it
+(borrowers first), and once that victim stops, admission admits it and the placer places it on
+the freed GPUs, with the quota the fold keeps agreeing with the jobs throughout."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from events import routing
 from events import subjects as subj
 from events.base import Event, Reason
 from events.decisions import (
@@ -26,7 +31,7 @@ from events.decisions import (
     WorkerSlot,
 )
 from events.jobs import JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob
-from events.nodes import NodeRegistered, WorkerStarted
+from events.nodes import NodeRegistered, WorkerExited, WorkerStarted
 from events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
@@ -39,8 +44,10 @@ from events.queues import (
 from projections import claims, quota
 from projections.fold import apply_event
 from projections.quota import ANY, Ledger
-from projections.state import JobState, State
+from projections.state import WHOLE, JobState, State
+from services.admission.decide import decide as admission
 from services.inventory import cluster
+from services.placer.decide import decide as placer
 from services.preemptor.decide import Plan, PreemptorConfig, Shrink, decide, plan
 from services.preemptor.victims import preemptible
 
@@ -186,15 +193,35 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
             if job.spec.queue == b.spec.queue:
                 assert job.priority < b.priority
             else:
-                # Reclaim: a borrower of the beneficiary's cohort tree.
-                q = job.spec.queue
-                assert ledger.root(q) == ledger.root(b.spec.queue) and ledger.used(q, ANY) > ledger.nominal(
-                    q, ANY
+                # A borrower of the beneficiary's cohort tree: of any priority when the
+                # beneficiary's queue stays within its nominal quota (reclaim), else lower.
+                q, bq = job.spec.queue, b.spec.queue
+                assert ledger.root(q) == ledger.root(bq) and ledger.used(q, ANY) > ledger.nominal(q, ANY)
+                need = 0 if b.admission is not None else _need(state, b)
+                reclaim = ledger.used(bq, ANY) + need <= ledger.nominal(bq, ANY)
+                lower = job.priority < b.priority
+                assert (reclaim and (config.reclaim_any_priority or lower)) or (
+                    config.borrow_within_cohort and lower
                 )
         assert p.deadline == now + max(
             state.jobs[j].spec.grace_seconds
             for j in [v.job_id for v in p.victims] + [s.job_id for s in p.shrinks]
         )
+    # Queued beneficiaries fit their queue's quota once their victims give theirs back.
+    room = Ledger.from_state(state)
+    for job in state.jobs.values():
+        if job.phase == "checkpointing":
+            for key, milli in quota.holding(job):
+                room.charge(job.spec.queue, key, -milli)
+    for p in plans:
+        for v in p.victims:
+            victim = state.jobs[v.job_id]
+            for key, milli in quota.holding(victim):
+                room.charge(victim.spec.queue, key, -milli)
+        b = state.jobs[p.beneficiary]
+        if b.phase == "queued" and not p.shrinks:
+            assert room.fits(b.spec.queue, ANY, _need(state, b))
+            room.charge(b.spec.queue, ANY, _need(state, b))
     # The beneficiaries fit once their victims are gone, each on GPUs of its own.
     scratch = copy.deepcopy(state)
     for job in scratch.jobs.values():
@@ -223,9 +250,11 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
 
 
 @settings(max_examples=150, deadline=None)
-@given(worlds(), st.booleans())
-def test_preemptions_are_safe_fitting_accepted_and_deterministic(w: World, any_priority: bool) -> None:
-    config = PreemptorConfig(reclaim_any_priority=any_priority)
+@given(worlds(), st.booleans(), st.booleans())
+def test_preemptions_are_safe_fitting_accepted_and_deterministic(
+    w: World, any_priority: bool, borrow: bool
+) -> None:
+    config = PreemptorConfig(reclaim_any_priority=any_priority, borrow_within_cohort=borrow)
     events = check_cycle(w.state, w.time, config)
     # The fold takes them; a second cycle sees them under way.
     for e in events:
@@ -237,6 +266,12 @@ def test_preemptions_are_safe_fitting_accepted_and_deterministic(w: World, any_p
         b = w.state.jobs[e.beneficiary]
         # A beneficiary whose victims are still stopping is not served twice.
         assert not (e.beneficiary in first and _under_way(w.state, b))
+
+
+def _need(state: State, job: JobState) -> int:
+    """The milli-GPU a queued job would be admitted with, at its minimum replicas."""
+    demands = quota.worker_demands(state.queues[job.spec.queue], job.spec.resources)
+    return demands[0][1] * quota.min_replicas(job.spec) if demands else 0
 
 
 def _under_way(state: State, b: JobState) -> bool:
@@ -279,3 +314,117 @@ def test_elastic_shrinks_keep_the_same_guarantees(w: World) -> None:
             )
         claims.check(scratch, b, p.placement)
         claims.take(scratch, msgspec.structs.replace(b), p.placement)
+
+
+# -- an urgent job on a full cohort, from arrival to placement ------------------------------------------
+
+URGENT = PriorityClassSpec("urgent", 1000, preemptible=False)
+
+
+@st.composite
+def full_cohorts(draw: st.DrawFn) -> World:
+    """A cohort whose queues' nominal quotas add up to its capacity, every node running one
+    8-GPU job of some queue and class (so some queues borrow), and an urgent 8-GPU job, of a
+    class that may not be preempted, queued in one of the queues: quota blocks it."""
+    w = World()
+    n = draw(st.integers(2, 4))
+    for name, inv in cluster(n, "h100-8x"):
+        w.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
+    for spec_ in (*CLASSES.values(), URGENT):
+        w.emit(subj.admin("pc"), ApplyPriorityClass(priority_class=spec_), subj.ADMIN)
+    w.emit(subj.admin("cohort"), ApplyCohort(cohort=CohortSpec("research")), subj.ADMIN)
+    queues = QUEUES[: draw(st.integers(2, 3))]
+    cuts = sorted(draw(st.lists(st.integers(0, 2 * n), min_size=len(queues) - 1, max_size=len(queues) - 1)))
+    for q, lo, hi in zip(queues, [0, *cuts], [*cuts, 2 * n], strict=True):
+        qspec = QueueSpec(name=q, cohort="research", quotas={ANY: Quota(4 * (hi - lo))})
+        w.emit(subj.admin("queue"), ApplyQueue(queue=qspec), subj.ADMIN)
+    classes = sorted(c for c in CLASSES if c != "mid")  # no anti-thrash guards here
+    for i, node in enumerate(sorted(w.state.nodes)):
+        jid = f"j{i}"
+        pc = draw(st.sampled_from(classes))
+        spec = JobSpec(queue=draw(st.sampled_from(queues)), priority_class=pc, resources=Resources(gpus=8))
+        w.emit(subj.request("t", "submit"), SubmitJob(request_id=jid, job=spec), "t", draw(st.floats(1, 600)))
+        w.emit(subj.job(jid), JobAccepted(job_id=jid, priority=CLASSES[pc].value))
+        adm = quota.admission(w.state.queues[spec.queue], w.state.jobs[jid])
+        w.emit(subj.decision("admission"), JobsAdmitted(based_on=w.seq, now=w.time, admissions=(adm,)))
+        p = Placement(jid, 0, (WorkerSlot(0, node, tuple(GpuClaim(g) for g in range(8))),))
+        w.emit(subj.decision("placer"), JobsPlaced(based_on=w.seq, now=w.time, placements=(p,)))
+        w.emit(subj.node(node), WorkerStarted(node=node, job_id=jid, attempt=0, rank=0))
+    spec = JobSpec(queue=draw(st.sampled_from(queues)), priority_class="urgent", resources=Resources(gpus=8))
+    w.emit(
+        subj.request("t", "submit"), SubmitJob(request_id="urgent", job=spec), "t", draw(st.floats(1, 600))
+    )
+    w.emit(subj.job("urgent"), JobAccepted(job_id="urgent", priority=URGENT.value))
+    return w
+
+
+def _cycle(w: World, decide_fn: Callable[[State, float], list[Event]]) -> list[Event]:
+    events = decide_fn(w.state, w.time)
+    for e in events:
+        w.emit(routing.subject_of(e), e)
+    _quota_agrees(w.state)
+    return events
+
+
+def _quota_agrees(state: State) -> None:
+    """What the fold keeps per queue is what the jobs holding quota add up to."""
+    kept, counted = Ledger.from_state(state), Ledger.from_jobs(state)
+    for q in state.queues:
+        assert kept.used(q, ANY) == counted.used(q, ANY)
+        assert kept.used(q, ANY) <= kept.ceiling(q, ANY)
+
+
+@settings(max_examples=100, deadline=None)
+@given(full_cohorts(), st.booleans())
+def test_an_urgent_job_on_a_full_cohort_gets_what_one_victim_frees(w: World, borrow: bool) -> None:
+    config = PreemptorConfig(borrow_within_cohort=borrow)
+    state = w.state
+    urgent = state.jobs["urgent"]
+    q = urgent.spec.queue
+    ledger = Ledger.from_state(state)
+    reclaim = ledger.used(q, ANY) + 8 * WHOLE <= ledger.nominal(q, ANY)
+
+    def allowed(job: JobState) -> bool:
+        if not preemptible(state, job):
+            return False
+        if job.spec.queue == q:
+            return job.priority < urgent.priority
+        borrows = ledger.used(job.spec.queue, ANY) > ledger.nominal(job.spec.queue, ANY)
+        return borrows and (reclaim or (borrow and job.priority < urgent.priority))
+
+    # Every node holds one 8-GPU job and no queue has a lending or borrowing limit: stopping any
+    # one job frees a node and 8 GPUs of the cohort's quota, which is all the urgent job needs.
+    options = [j for j in state.jobs.values() if j.phase == "running" and allowed(j)]
+    events = check_cycle(state, w.time, config)
+    mine = [e for e in events if isinstance(e, PreemptionRequested) and e.beneficiary == "urgent"]
+    if not options:
+        assert mine == []
+        return
+    (ev,) = mine
+    (v,) = ev.victims  # the smallest set: one job
+    victim = state.jobs[v.job_id]
+    assert victim in options
+    if any(j.spec.queue != q for j in options):
+        assert victim.spec.queue != q  # borrowers first
+    node = victim.held.workers[0].node  # type: ignore[union-attr]
+    for e in events:
+        w.emit(subj.decision("preemptor"), e)
+    _quota_agrees(w.state)
+    # The victim stops; admission admits the urgent job first, and only it: the quota the victim
+    # gave back is the urgent job's, whatever the fair-share order says.
+    w.emit(subj.node(node), WorkerExited(node=node, job_id=v.job_id, attempt=0, rank=0, code=0, stopped=True))
+    admitted = [a.job_id for e in _cycle(w, admission) if isinstance(e, JobsAdmitted) for a in e.admissions]
+    assert admitted == ["urgent"]
+    assert w.state.jobs[v.job_id].phase == "queued" and w.state.jobs[v.job_id].attempt == 1
+    # The placer puts it on the GPUs the victim freed.
+    _cycle(w, placer)
+    placed = w.state.jobs["urgent"]
+    assert placed.phase == "placed" and placed.held is not None
+    assert {wk.node for wk in placed.held.workers} == {node}
+    # Nothing more is stopped for it, and every job is still there, once.
+    later = check_cycle(w.state, w.time, config)
+    assert not any(isinstance(e, PreemptionRequested) and e.beneficiary == "urgent" for e in later)
+    assert sorted(w.state.jobs) == sorted(state.jobs)
+    holders = [h for n in w.state.nodes.values() for g in n.gpus for h in g.holders]
+    assert len(holders) == 8 * len(w.state.nodes)  # every GPU held once, by a job that holds it
+    assert all(w.state.jobs[h].held is not None for h in holders)

@@ -1,15 +1,20 @@
 """The preemptor's pure core: victim selection tables, the anti-thrash guards, reclaim, elastic
-shrinks, and the cycle's bookkeeping (one PreemptionRequested per beneficiary, no GPUs offered
-twice, preemptions under way left alone). States are built by folding events."""
+shrinks, queued jobs blocked by quota, and the cycle's bookkeeping (one PreemptionRequested per
+beneficiary, no GPUs offered twice, preemptions under way left alone). Then the whole sequence
+through admission and the placer: the beneficiary is nominated, and what its victims free goes
+to it and to nobody else. States are built by folding events."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import pytest
 
+from events import routing
 from events import subjects as subj
 from events.base import Decision, Event, Reason
 from events.decisions import (
@@ -47,7 +52,9 @@ from projections import quota
 from projections.fold import apply_event
 from projections.quota import ANY
 from projections.state import Checkpoint, State
+from services.admission.decide import decide as admission
 from services.inventory import cluster
+from services.placer.decide import decide as placer
 from services.preemptor import thrash
 from services.preemptor.decide import Plan, PreemptorConfig, Shrink, decide, plan
 from services.preemptor.victims import work_lost
@@ -74,6 +81,12 @@ class World:
         self.time += 1.0
         apply_event(self.state, self.seq, subject, body, self.time, tenant)
         assert self.state.rejected_total == before, self.state.rejections[-1]
+
+    def fork(self) -> World:
+        """A World that goes on from a copy of this one's state."""
+        other = copy.copy(self)
+        other.state = copy.deepcopy(self.state)
+        return other
 
     def wait(self, seconds: float) -> World:
         self.time += seconds
@@ -180,6 +193,13 @@ class World:
 
     # deciding
 
+    def cycle(self, decide_fn: Callable[[State, float], list[Event]]) -> list[Event]:
+        """One cycle of a service: decide, then fold what it proposes (none of it may be void)."""
+        events = decide_fn(self.state, self.time)
+        for e in events:
+            self.emit(routing.subject_of(e), e)
+        return events
+
     def decide(self, config: PreemptorConfig | None = None) -> list[Event]:
         return decide(self.state, self.time, config or PreemptorConfig())
 
@@ -203,7 +223,7 @@ def whole(node: str, *indices: int) -> tuple[str, tuple[GpuClaim, ...]]:
     return node, tuple(GpuClaim(i) for i in indices)
 
 
-N0, N1 = "node-00", "node-01"
+N0, N1, N2 = "node-00", "node-01", "node-02"
 
 
 def full_node_world() -> World:
@@ -387,12 +407,22 @@ def test_reclaim_only_while_the_other_queue_borrows() -> None:
     assert w.decide() == []
 
 
-def test_no_reclaim_beyond_nominal() -> None:
-    # team-a would go past its nominal 8 with a-big: it may borrow, never reclaim.
+@pytest.mark.parametrize(
+    ("priority", "borrow", "victims"),
+    [
+        pytest.param(100, True, ["a-low", "b-borrow"], id="borrows-from-a-lower-priority-borrower"),
+        pytest.param(40, True, None, id="never-from-a-higher-priority-borrower"),
+        pytest.param(100, False, None, id="borrow-within-cohort-off"),
+    ],
+)
+def test_beyond_nominal_only_lower_priority_borrowers(priority: int, borrow: bool, victims: Any) -> None:
+    # team-a would go past its nominal 8 with a-big (2 + 8): it does not reclaim. It may still
+    # stop borrowers of a lower priority (Kueue's borrowWithinCohort: LowerPriority), never
+    # those of a higher one, and none at all with that policy off.
     w = reclaim_world()
-    w.submit("a-big", gpus(8), priority=100)
-    victims = w.victims()
-    assert "a-big" not in victims
+    w.submit("a-big", gpus(8), priority=priority)
+    found = w.victims(PreemptorConfig(borrow_within_cohort=borrow))
+    assert sorted(found.get("a-big", [])) == (victims or [])
 
 
 def test_reclaim_never_crosses_into_another_tree() -> None:
@@ -591,3 +621,176 @@ def test_shrunk_ranks_stay_contiguous() -> None:
     (p,) = w.plan(ELASTIC)
     assert p.shrinks == (Shrink("el", 0, 5),)
     assert {c.gpu for wk in p.placement.workers for c in wk.gpus} == {5}
+
+
+# -- queued jobs blocked by quota ------------------------------------------------------------------------
+
+
+def test_a_queued_job_blocked_by_its_own_queues_quota_stops_lower_priority_work() -> None:
+    w = World(nodes=2).queue("team-a", 8)  # 16 GPUs, but team-a may hold only 8
+    w.run("low", gpus(8), whole(N0, *range(8)))
+    w.submit("hi", gpus(8), priority=10)
+    assert w.victims() == {"hi": ["low"]}
+
+
+@pytest.mark.parametrize(
+    ("size", "priority"),
+    [
+        pytest.param(8, 0, id="equal-priority"),
+        pytest.param(16, 10, id="more-than-the-queue-could-ever-hold"),
+    ],
+)
+def test_a_queued_job_no_preemption_can_admit_stops_nobody(size: int, priority: int) -> None:
+    w = World(nodes=2).queue("team-a", 8)
+    w.run("low", gpus(8), whole(N0, *range(8)))
+    w.submit("hi", gpus(size), priority=priority)
+    assert w.decide() == []
+
+
+def full_cohort(competitor: bool = False) -> World:
+    """Cohort research: team-a and team-b, nominal 12 GPUs each, on 3 nodes of 8 H100, so their
+    nominal quotas add up to the capacity. team-a runs ``gang`` (8 GPUs, priority 0); team-b runs
+    ``b1`` and ``b2`` (8 each: it borrows 4). Then ``urgent`` (team-a, 8 GPUs, priority 1000, a
+    class that may not be preempted) arrives and is queued: quota blocks it. ``competitor``: team-c
+    (nominal 0: it only borrows) has an 8-GPU job waiting too, ahead of team-a by fair share."""
+    w = World(nodes=3).cohort("research")
+    w.queue("team-a", 12, "research").queue("team-b", 12, "research")
+    w.priority_class("urgent", 1000, preemptible=False)
+    w.run("gang", gpus(8), whole(N0, *range(8)))
+    w.run("b1", gpus(8, queue="team-b"), whole(N1, *range(8)))
+    w.wait(60)
+    w.run("b2", gpus(8, queue="team-b"), whole(N2, *range(8)))
+    w.wait(60)
+    if competitor:
+        w.queue("team-c", 0, "research")
+        w.submit("c1", gpus(8, queue="team-c"))
+    w.submit("urgent", gpus(8, priority_class="urgent"), priority=1000)
+    return w
+
+
+def test_an_urgent_job_queued_on_a_full_cohort_stops_a_borrower() -> None:
+    w = full_cohort()
+    w.cycle(admission)
+    urgent = w.state.jobs["urgent"]
+    assert urgent.phase == "queued" and urgent.reasons[0].preemption_helps
+    (ev,) = w.decide()
+    # One 8-GPU victim is enough; team-b's borrowers go before team-a's own gang, and b2 loses
+    # the least work.
+    assert isinstance(ev, PreemptionRequested)
+    assert (ev.beneficiary, ev.victims) == ("urgent", (Victim("b2", 0),))
+    w.emit(subj.decision("preemptor"), ev)  # accepted: nothing void
+    assert w.state.jobs["b2"].phase == "checkpointing"
+    assert w.state.jobs["b2"].preempted_for == "urgent"
+    assert w.decide() == []  # under way
+
+
+def test_without_borrowing_within_the_cohort_it_stops_its_own_queues_job() -> None:
+    w = full_cohort()
+    assert w.victims(PreemptorConfig(borrow_within_cohort=False)) == {"urgent": ["gang"]}
+
+
+def test_the_freed_quota_and_gpus_go_to_the_urgent_job() -> None:
+    w = full_cohort(competitor=True)
+    w.cycle(admission)
+    (ev,) = w.cycle(decide)
+    assert isinstance(ev, PreemptionRequested) and ev.victims == (Victim("b2", 0),)
+    w.checkpoint("b2", 40).stop("b2")  # GPUs and quota free; b2 stopped, not yet requeued
+    assert w.state.jobs["b2"].phase == "preempted" and w.state.jobs["b2"].held is None
+    assert w.cycle(placer) == []  # nothing admitted to place on them
+    assert w.decide() == []  # the GPUs are urgent's: its preemption is under way
+    events = w.cycle(admission)
+    # b2 back in its queue, resuming from its checkpoint; urgent admitted first: neither b2 nor
+    # team-c's job (ahead of team-a by fair share) gets the quota b2 gave back.
+    requeued = [e for e in events if isinstance(e, JobRequeued)]
+    assert [(e.job_id, e.resume_from) for e in requeued] == [("b2", "/c/40")]
+    assert [a.job_id for e in events if isinstance(e, JobsAdmitted) for a in e.admissions] == ["urgent"]
+    (placed,) = w.cycle(placer)
+    assert isinstance(placed, JobsPlaced)
+    (p,) = placed.placements
+    assert p.job_id == "urgent" and {wk.node for wk in p.workers} == {N2}  # b2's GPUs
+    w.start("urgent")
+    assert w.state.jobs["urgent"].phase == "running"
+    assert w.decide() == []  # b2 would borrow to come back: it stops nobody
+    assert not w.state.jobs["b2"].reasons[0].preemption_helps
+    assert [e for e in w.cycle(admission) if isinstance(e, JobsAdmitted)] == []
+
+
+def partial_world() -> World:
+    """One queue, 16 GPUs, nominal 20: ``low1`` and ``low2`` (4 GPUs each, priority 0) share
+    node-00 with nothing else; ``pinned`` (not preemptible) holds node-01; ``admitted4`` holds
+    the last 4 GPUs of quota but found no GPU. ``urgent`` (8 GPUs on one node) and ``small``
+    (4 GPUs, priority 5) are queued: the quota is all held."""
+    w = World(nodes=2).queue("team-a", 20)
+    w.run("low1", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.run("low2", gpus(4, grace_seconds=300.0), whole(N0, 4, 5, 6, 7))
+    w.run("pinned", gpus(8, preemptible=False), whole(N1, *range(8)))
+    w.submit("admitted4", gpus(4)).admit("admitted4")
+    w.submit("urgent", gpus(8, topology=Topology("node", True)), priority=10)
+    w.submit("small", gpus(4), priority=5)
+    return w
+
+
+def test_what_stopped_victims_free_is_kept_until_all_have_stopped() -> None:
+    w = partial_world()
+    w.cycle(placer)  # admitted4 finds no GPU
+    (ev,) = w.cycle(decide)
+    assert isinstance(ev, PreemptionRequested)
+    assert (ev.beneficiary, sorted(v.job_id for v in ev.victims)) == ("urgent", ["low1", "low2"])
+    w.stop("low1")  # low2 still checkpointing
+    # low1 stays stopped and keeps its quota: small (4 GPUs, priority 5) is not admitted into it
+    # and admitted4 is not placed on low1's GPUs.
+    events = w.cycle(admission)
+    assert not [e for e in events if isinstance(e, JobRequeued | JobsAdmitted)]
+    assert w.state.jobs["low1"].phase == "preempted"
+    assert not [e for e in w.cycle(placer) if isinstance(e, JobsPlaced)]
+    assert w.decide() == []  # urgent's preemption is under way
+    w.stop("low2")
+    events = w.cycle(admission)
+    assert sorted(e.job_id for e in events if isinstance(e, JobRequeued)) == ["low1", "low2"]
+    assert [a.job_id for e in events if isinstance(e, JobsAdmitted) for a in e.admissions] == ["urgent"]
+    (placed,) = [e for e in w.cycle(placer) if isinstance(e, JobsPlaced)]
+    assert [(p.job_id, p.workers[0].node) for p in placed.placements] == [("urgent", N0)]
+
+
+def test_a_nominated_job_is_placed_before_a_higher_priority_one() -> None:
+    # a2 reclaims team-b's borrowed GPUs; x (priority 100, in a queue of its own) waits for GPUs
+    # too, with nobody it may stop. The GPUs b2 frees are a2's.
+    w = World(nodes=2).cohort("org").queue("team-a", 12, "org").queue("team-b", 8, "org")
+    w.queue("team-x", 8)
+    w.run("b1", gpus(8, queue="team-b"), whole(N1, *range(8)))
+    w.run("b2", gpus(4, queue="team-b"), whole(N0, 0, 1, 2, 3))  # 4 borrowed from team-a
+    w.run("a1", gpus(4), whole(N0, 4, 5, 6, 7), priority=1)
+    w.waiting("x", gpus(4, queue="team-x"), priority=100)
+    w.waiting("a2", gpus(4))
+    (ev,) = w.cycle(decide)
+    assert isinstance(ev, PreemptionRequested) and (ev.beneficiary, ev.victims) == ("a2", (Victim("b2", 0),))
+    w.stop("b2")
+    # Placed before b2 is requeued: on the GPUs kept for it.
+    (placed,) = [e for e in w.fork().cycle(placer) if isinstance(e, JobsPlaced)]
+    assert [p.job_id for p in placed.placements] == ["a2"]
+    # Placed after b2 is requeued: first, ahead of x.
+    w.cycle(admission)
+    assert w.state.jobs["b2"].phase in ("queued", "admitted")
+    (placed,) = [e for e in w.cycle(placer) if isinstance(e, JobsPlaced)]
+    assert [p.job_id for p in placed.placements] == ["a2"]
+    assert {c.gpu for c in placed.placements[0].workers[0].gpus} == {0, 1, 2, 3}
+
+
+def test_free_gpus_the_beneficiary_counts_on_are_held_while_its_victims_checkpoint() -> None:
+    # urgent needs a whole node: low's 4 GPUs on node-00 (quota too) and the 4 free beside them.
+    w = World(nodes=2).queue("team-a", 12).queue("team-b", 4).queue("team-c", 4)
+    w.run("low", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.run("a-run", gpus(4, preemptible=False), whole(N1, 0, 1, 2, 3))
+    w.run("b-run", gpus(4, queue="team-b", preemptible=False), whole(N1, 4, 5, 6, 7))
+    w.submit("urgent", gpus(8, topology=Topology("node", True)), priority=10)
+    (ev,) = w.cycle(decide)
+    assert isinstance(ev, PreemptionRequested) and ev.victims == (Victim("low", 0),)
+    # While low checkpoints, c4 arrives and is admitted: the free half of node-00 is urgent's.
+    w.submit("c4", gpus(4, queue="team-c")).admit("c4")
+    assert not [e for e in w.cycle(placer) if isinstance(e, JobsPlaced)]
+    w.stop("low")
+    assert [a.job_id for e in w.cycle(admission) if isinstance(e, JobsAdmitted) for a in e.admissions] == [
+        "urgent"
+    ]
+    (placed,) = [e for e in w.cycle(placer) if isinstance(e, JobsPlaced)]
+    assert [(p.job_id, p.workers[0].node) for p in placed.placements] == [("urgent", N0)]

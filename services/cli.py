@@ -343,6 +343,15 @@ def cmd_replay(args: argparse.Namespace) -> None:
         records = [r for r in records if r.seq <= args.until]
     if args.at is not None:
         records = [r for r in records if r.time <= args.at]
+    if args.verify:
+        from services.up import service_roles
+        from services.verify import as_dict, format_report, verify
+
+        report = verify(records, service_roles())
+        emit(args, as_dict(report) if args.output == "json" else format_report(report))
+        if not report.clean:
+            sys.exit(1)
+        return
     state = fold(records)
     if args.output == "json":
         emit(args, present.full(state))
@@ -468,6 +477,10 @@ def parser() -> argparse.ArgumentParser:
         fn=cmd_queues
     )
 
+    from services.sim.cli import add_parser as add_sim
+
+    add_sim(sub, common)
+
     lg = sub.add_parser("log", help="move the log to and from a JSON Lines file")
     lsub = lg.add_subparsers(dest="log_verb", required=True, parser_class=_Parser)
     ex = lsub.add_parser("export", parents=[common])
@@ -481,6 +494,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("file", nargs="?")
     r.add_argument("--until", type=int, help="stop after this sequence number")
     r.add_argument("--at", type=float, help="stop at this time (unix seconds)")
+    r.add_argument(
+        "--verify",
+        action="store_true",
+        help="re-run every decision on the state it was based on; report divergences (exit 1)",
+    )
     r.set_defaults(fn=cmd_replay)
     return p
 

@@ -1,0 +1,584 @@
+"""The discrete-event driver: corral's own decision functions and its one fold on a simulated
+clock, with no NATS, for replaying traces far faster than real time.
+
+The simulated clock jumps from one event time to the next. At each time ``t``:
+
+1. the world's events due at ``t`` are folded: arrivals (a ``SubmitJob`` request of the job's
+   tenant) and what the node agents report (workers exiting, checkpoints written);
+2. the decision services decide on the folded state with ``now = t``: admission, placer and
+   preemptor, the same pure ``decide`` functions with the same configs as the live services, in
+   that order, pass after pass. Each proposal is folded at once with ``apply_event`` on its
+   routing subject, as the fold reads it from the live log. A service decides again whenever
+   the state has moved past what it last decided on, its own proposals included (a live service
+   does so on its next cycle); the passes end when one of them proposes nothing: the state is
+   quiet at ``t``;
+3. the node agents act on what the fold accepted: the workers of a placed gang start
+   (``WorkerStarted``, at ``t``), the victims of a preemption begin to checkpoint and stop;
+4. steps 2 and 3 repeat until neither the services nor the agents have anything to add.
+
+What is skipped, and why that changes no decision. Step 2 is skipped when no job waits for a
+decision (nothing submitted, queued, admitted or stopped: every service's answer is empty),
+and when all that happened since the services were quiet is periodic checkpoints and workers
+starting. A checkpoint changes no quota, GPU or phase. Workers start at the time of their
+placement, so the job's phase moves from placed to running while the time it counts from stays
+the same: its fair-share holding, the work a preemption would lose (none), its expected end and
+the time it has run for the anti-thrash guards are what they were. Decisions are taken at event
+times only: a live service also re-decides on a timer, so a condition that turns true by the
+mere passing of time (an anti-thrash guard expiring) is seen here at the next event, there
+within a second. With ``cycle_s`` the services decide only at multiples of it, as services that
+cycle on a slow timer would; ``compact_every`` keeps finished jobs from piling up in the state
+(``_compact``).
+
+The node agents, as the simulator plays them (``AgentModel``), keep the contract of the live
+agents (``services/agent``): start what the fold placed, report exits and checkpoints, and
+checkpoint within the grace period when preempted. No node or GPU fails.
+
+- all workers of a placed gang start at once, at the time of the placement;
+- a job needs ``work_s`` seconds of running in all; when an attempt has done the rest, each of
+  its workers exits with code 0;
+- a checkpointable job writes a checkpoint every ``checkpoint_interval_s`` seconds of running
+  (``CheckpointCompleted``; ``step`` is the number of seconds of work it holds);
+- asked to checkpoint by a preemption, a checkpointable job stops making progress and saves
+  what it has, which takes ``checkpoint_save_s``; if that ends by the grace deadline it then
+  exits (``stopped``); if not, it is killed at the deadline with nothing new saved. A job that
+  cannot checkpoint is stopped at once;
+- the next attempt resumes from the last checkpoint written: it has only the rest to do. So a
+  preemption costs a checkpointable job the save time, or the work since its last periodic
+  checkpoint when it could not save in time; it costs a job that cannot checkpoint all it did.
+
+What is measured per job (``JobStats``): submission, first start, end, GPU-seconds held, and
+GPU-seconds lost: held by an attempt but not kept (``held - GPUs x (work the attempt saved or
+finished)``). Observers see, between consecutive event times, the GPUs each tenant holds and
+asks for (``Observer``).
+
+Everything is deterministic: no wall clock, no randomness; events due at the same time are
+taken in the order they were scheduled; ties within the services are broken as they break them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time as wallclock
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from events import codec, routing, subjects
+from events.base import Event
+from events.decisions import JobsPlaced, PreemptionRequested, WorkerSlot
+from events.jobs import Admission, JobRejected, JobSpec, Resources, SubmitJob
+from events.log import Record
+from events.nodes import CheckpointCompleted, NodeInventory, NodeRegistered, WorkerExited, WorkerStarted
+from projections import quota
+from projections.fold import apply_event
+from projections.lifecycle import FINAL
+from projections.quota import Ledger
+from projections.state import WHOLE, JobState, State
+from services.admission.decide import AdmissionConfig
+from services.admission.decide import decide as admission_decide
+from services.admission.order import FairShare
+from services.placer.decide import decide as placer_decide
+from services.placer.stack import PlacerConfig
+from services.preemptor.decide import PreemptorConfig
+from services.preemptor.decide import decide as preemptor_decide
+
+# Phases in which a job waits for a decision of some service.
+WAITING = frozenset({"submitted", "queued", "admitted", "preempted", "interrupted"})
+_VERBS: dict[type[Event], str] = {t: verb for verb, t in codec.ADMIN_VERBS.items()}
+# Reports that change no service's answer at the time they are made (see the module docstring).
+_NO_NEWS = (CheckpointCompleted, WorkerStarted)
+
+
+class SimError(Exception):
+    """The simulation cannot go on (the services do not settle, or the fold refused what the
+    simulated world reported): a corral bug, not a property of the workload."""
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One job of a workload: submitted by ``tenant`` at ``arrival``; needs ``work_s`` seconds
+    of running to finish."""
+
+    id: str
+    tenant: str
+    spec: JobSpec
+    arrival: float
+    work_s: float
+
+
+@dataclass(frozen=True)
+class AgentModel:
+    """How the simulated node agents run workers (see the module docstring)."""
+
+    checkpoint_interval_s: float = 1800.0
+    checkpoint_save_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The services' configs (the live defaults unless changed) and the agents' model.
+    ``preemptor`` None runs no preemptor at all."""
+
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    placer: PlacerConfig = field(default_factory=PlacerConfig)
+    preemptor: PreemptorConfig | None = field(default_factory=PreemptorConfig)
+    agents: AgentModel = field(default_factory=AgentModel)
+    # Decide at most every ``cycle_s`` simulated seconds, at multiples of it (0: at every event
+    # time), as a live service that cycles on a timer.
+    cycle_s: float = 0.0
+    # Summarise finished jobs once this many have piled up (0: never); see ``_compact``.
+    compact_every: int = 0
+    max_rounds: int = 64  # passes of the services at one time before they are deemed not to settle
+
+
+@dataclass
+class JobStats:
+    id: str
+    tenant: str
+    queue: str
+    gpus: float
+    submitted: float
+    work_s: float
+    first_start: float | None = None
+    finished: float | None = None
+    phase: str = "submitted"
+    held_gpu_s: float = 0.0
+    lost_gpu_s: float = 0.0
+    preemptions: int = 0
+    attempts: int = 0
+
+    @property
+    def wait(self) -> float | None:
+        """Submission to first start."""
+        return None if self.first_start is None else self.first_start - self.submitted
+
+    @property
+    def jct(self) -> float | None:
+        """Job completion time: submission to the end of its last worker."""
+        return None if self.finished is None else self.finished - self.submitted
+
+
+@dataclass(frozen=True)
+class SimRecord:
+    """One event the simulation folded, and who wrote it: ``world`` (arrivals, nodes, queues),
+    ``agent`` (the simulated node agents) or a service role."""
+
+    seq: int
+    subject: str
+    body: Event
+    time: float
+    tenant: str | None
+    source: str
+
+
+# (from, to, GPUs each tenant holds, GPUs each tenant asks for: held plus waiting) over [from, to)
+Observer = Callable[[float, float, Mapping[str, float], Mapping[str, float]], None]
+Decide = Callable[[State, float], Sequence[Event]]
+
+
+@dataclass
+class _Run:
+    """An attempt the agents are running."""
+
+    attempt: int
+    ranks: tuple[tuple[int, str], ...]  # (rank, node)
+    started: float
+    progress0: float  # seconds of work done when it started (from the checkpoint it resumed)
+    token: int
+    stopping: bool = False
+    frozen: float | None = None  # progress when asked to checkpoint: it makes none after
+
+
+_DECIDE, _FINISH, _CHECKPOINT, _SAVED, _KILL = range(5)
+HISTORY = "~history"  # id prefix of the jobs ``_compact`` summarises finished ones into
+
+
+class Simulation:
+    def __init__(
+        self,
+        nodes: Sequence[tuple[str, NodeInventory]],
+        setup: Sequence[Event],
+        jobs: Iterable[SimJob],
+        config: SimConfig | None = None,
+        *,
+        record: bool = False,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        """``setup``: admin requests (priority classes, cohorts, queues), folded after the nodes
+        register, before the first arrival."""
+        self.config = config or SimConfig()
+        self.state = State()
+        self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
+        self.by_id = {j.id: j for j in self.jobs}
+        if len(self.by_id) != len(self.jobs):
+            raise SimError("job ids must be unique")
+        self.stats: dict[str, JobStats] = {}
+        self.records: list[SimRecord] | None = [] if record else None
+        self.observers = list(observers)
+        self.now = self.jobs[0].arrival if self.jobs else 0.0
+        self.cycles = 0  # decision passes run
+        self.decide_calls = 0
+        self.wall_s = 0.0
+        self._seq = 0
+        self._next = 0  # next arrival
+        self._heap: list[tuple[float, int, int, str, int]] = []  # (time, order, kind, job, token)
+        self._order = 0
+        self._tokens = 0
+        self._runs: dict[str, _Run] = {}
+        self._saved: dict[str, float] = {}  # seconds of work in each job's last checkpoint
+        self._waiting: set[str] = set()
+        self._dirty = False  # something a decision may depend on happened since the last one
+        self._seen: dict[str, int] = {}
+        self._started: list[str] = []
+        self._stopping: list[tuple[str, float]] = []
+        self._tick: float | None = None  # the decision time scheduled, if any
+        self._finished = 0  # jobs finished since the last compaction
+        self.held: dict[str, float] = {}
+        self.demand: dict[str, float] = {}
+        cfg = self.config
+        roles: list[tuple[str, Decide]] = [
+            ("admission", lambda s, now: admission_decide(s, now, cfg.admission)),
+            ("placer", lambda s, now: placer_decide(s, now, cfg.placer)),
+        ]
+        if cfg.preemptor is not None:
+            pre = cfg.preemptor
+            roles.append(("preemptor", lambda s, now: preemptor_decide(s, now, pre)))
+        self.roles = roles
+        for name, inv in nodes:
+            self._fold(NodeRegistered(node=name, inventory=inv), self.now, None, "world")
+        for req in setup:
+            self._fold(req, self.now, subjects.ADMIN, "world")
+
+    # -- folding ----------------------------------------------------------------------------------
+
+    def _fold(self, body: Event, now: float, tenant: str | None, source: str) -> None:
+        self._seq += 1
+        if tenant is not None:
+            subject = subjects.request(tenant, _VERBS[type(body)])
+        else:
+            subject = routing.subject_of(body)
+        state = self.state
+        before = state.rejected_total
+        apply_event(state, self._seq, subject, body, now, tenant)
+        if self.records is not None:
+            self.records.append(SimRecord(self._seq, subject, body, now, tenant, source))
+        if source in ("world", "agent") and state.rejected_total != before:
+            r = state.rejections[-1]
+            raise SimError(f"the fold refused what the simulated world reported at seq {r.seq}: {r.message}")
+        jobs = state.jobs
+        for job_id in routing.job_ids(body):
+            job = jobs.get(job_id)
+            if job is not None and job.phase in WAITING:
+                self._waiting.add(job_id)
+            else:
+                self._waiting.discard(job_id)
+        if not isinstance(body, _NO_NEWS):
+            self._dirty = True
+        if isinstance(body, JobRejected):
+            self._rejected(body.job_id)
+
+    def _rejected(self, job_id: str) -> None:
+        """A job that will never run asks for nothing any more."""
+        st = self.stats.get(job_id)
+        if st is not None and st.phase != "rejected":
+            st.phase = "rejected"
+            self.demand[st.tenant] -= st.gpus
+
+    # -- the clock ----------------------------------------------------------------------------------
+
+    def _push(self, at: float, kind: int, job_id: str, token: int) -> None:
+        self._order += 1
+        heapq.heappush(self._heap, (at, self._order, kind, job_id, token))
+
+    def _next_time(self) -> float | None:
+        nxt = self.jobs[self._next].arrival if self._next < len(self.jobs) else None
+        if self._heap and (nxt is None or self._heap[0][0] < nxt):
+            return self._heap[0][0]
+        return nxt
+
+    def run(self, until: float | None = None) -> Simulation:
+        """Run until every job is over and nothing is scheduled (or past ``until``)."""
+        started = wallclock.perf_counter()
+        try:
+            while (t := self._next_time()) is not None and (until is None or t <= until):
+                self._advance(t)
+                self._step(t)
+        finally:
+            self.wall_s += wallclock.perf_counter() - started
+        return self
+
+    def _advance(self, t: float) -> None:
+        if t > self.now:
+            for observe in self.observers:
+                observe(self.now, t, self.held, self.demand)
+            self.now = t
+
+    def _step(self, t: float) -> None:
+        jobs = self.jobs
+        while self._next < len(jobs) and jobs[self._next].arrival <= t:
+            self._arrive(jobs[self._next], t)
+            self._next += 1
+        heap = self._heap
+        while heap and heap[0][0] <= t:
+            _, _, kind, job_id, token = heapq.heappop(heap)
+            if kind == _DECIDE:
+                self._tick = None
+                continue
+            run = self._runs.get(job_id)
+            if run is None or run.token != token:
+                continue  # the attempt it was for is over
+            if kind == _FINISH:
+                self._finish(job_id, run, t)
+            elif kind == _CHECKPOINT:
+                self._checkpoint(job_id, run, t)
+            elif kind == _SAVED:
+                self._save_and_stop(job_id, run, t)
+            else:
+                self._exit(job_id, run, t, stopped=True)
+        every = self.config.compact_every
+        if every and self._finished >= every:
+            self._compact(t)
+        cycle = self.config.cycle_s
+        if cycle > 0 and self._dirty and self._waiting:
+            tick = math.ceil(t / cycle) * cycle
+            if tick > t:  # not yet: the services decide at their next tick
+                if self._tick is None:
+                    self._tick = tick
+                    self._push(tick, _DECIDE, "", 0)
+                return
+        self._settle(t)
+
+    # -- one time step ----------------------------------------------------------------------------
+
+    def _settle(self, now: float) -> None:
+        while True:
+            if self._dirty and self._waiting:
+                self._decide(now)
+            self._dirty = False
+            if not self._react(now):
+                return
+
+    def _decide(self, now: float) -> None:
+        state = self.state
+        seen = self._seen
+        for _ in range(self.config.max_rounds):
+            self.cycles += 1
+            moved = False
+            for role, decide in self.roles:
+                if seen.get(role) == state.seq:
+                    continue
+                self.decide_calls += 1
+                # It decides again once the state moves past what it decided on, its own
+                # proposals included (a live service does, on its next cycle).
+                seen[role] = state.seq
+                events = decide(state, now)
+                for ev in events:
+                    self._fold(ev, now, None, role)
+                    if isinstance(ev, JobsPlaced):
+                        self._started.extend(p.job_id for p in ev.placements)
+                    elif isinstance(ev, PreemptionRequested):
+                        self._stopping.extend((v.job_id, ev.deadline) for v in ev.victims)
+                moved = moved or bool(events)
+            if not moved:
+                return
+        raise SimError(f"the services did not settle at t={now} after {self.config.max_rounds} passes")
+
+    def _react(self, now: float) -> bool:
+        """The node agents act on what the fold accepted; True if they reported anything."""
+        started, self._started = self._started, []
+        stopping, self._stopping = self._stopping, []
+        acted = False
+        jobs = self.state.jobs
+        for job_id in started:
+            job = jobs.get(job_id)
+            if job is None or job.phase != "placed" or job.placement is None:
+                continue  # voided, or preempted before it started
+            self._start(job_id, job.attempt, job.placement.workers, now)
+            acted = True
+        for job_id, deadline in stopping:
+            job = jobs.get(job_id)
+            run = self._runs.get(job_id)
+            if job is None or job.phase != "checkpointing" or run is None or run.stopping:
+                continue
+            self._preempted(job_id, run, now, deadline)
+            acted = True
+        return acted
+
+    # -- the world and the agents ------------------------------------------------------------------
+
+    def _arrive(self, job: SimJob, now: float) -> None:
+        gpus = _gpus(job.spec)
+        self.stats[job.id] = JobStats(job.id, job.tenant, job.spec.queue, gpus, now, job.work_s)
+        self.demand[job.tenant] = self.demand.get(job.tenant, 0.0) + gpus
+        self._fold(SubmitJob(request_id=job.id, job=job.spec), now, job.tenant, "world")
+
+    def _start(self, job_id: str, attempt: int, workers: Sequence[WorkerSlot], now: float) -> None:
+        job = self.by_id[job_id]
+        ranks = tuple((w.rank, w.node) for w in workers)
+        for rank, node in ranks:
+            self._fold(
+                WorkerStarted(node=node, job_id=job_id, attempt=attempt, rank=rank), now, None, "agent"
+            )
+        self._tokens += 1
+        progress0 = self._saved.get(job_id, 0.0)
+        run = self._runs[job_id] = _Run(attempt, ranks, now, progress0, self._tokens)
+        st = self.stats[job_id]
+        if st.first_start is None:
+            st.first_start = now
+        st.attempts += 1
+        self.held[job.tenant] = self.held.get(job.tenant, 0.0) + st.gpus
+        left = max(0.0, job.work_s - progress0)
+        self._push(now + left, _FINISH, job_id, run.token)
+        self._next_checkpoint(job_id, run)
+
+    def _next_checkpoint(self, job_id: str, run: _Run) -> None:
+        job = self.by_id[job_id]
+        every = self.config.agents.checkpoint_interval_s
+        if not job.spec.checkpointable or every <= 0:
+            return
+        done = self._saved.get(job_id, 0.0)
+        at = run.started + (done - run.progress0) + every  # running time at which it is written
+        if done + every < job.work_s:
+            self._push(at, _CHECKPOINT, job_id, run.token)
+
+    def _progress(self, job_id: str, run: _Run, now: float) -> float:
+        if run.frozen is not None:
+            return run.frozen
+        return min(self.by_id[job_id].work_s, run.progress0 + (now - run.started))
+
+    def _write_checkpoint(self, job_id: str, run: _Run, progress: float, now: float) -> None:
+        step = int(progress)
+        node = run.ranks[0][1]
+        location = f"sim://{job_id}/{run.attempt}/{step}"
+        self._fold(
+            CheckpointCompleted(node=node, job_id=job_id, attempt=run.attempt, location=location, step=step),
+            now,
+            None,
+            "agent",
+        )
+        self._saved[job_id] = progress
+
+    def _checkpoint(self, job_id: str, run: _Run, now: float) -> None:
+        self._write_checkpoint(job_id, run, self._progress(job_id, run, now), now)
+        self._next_checkpoint(job_id, run)
+
+    def _finish(self, job_id: str, run: _Run, now: float) -> None:
+        self._exit(job_id, run, now, stopped=False)
+
+    def _preempted(self, job_id: str, run: _Run, now: float, deadline: float) -> None:
+        job = self.by_id[job_id]
+        run.stopping = True
+        run.frozen = self._progress(job_id, run, now)
+        self._tokens += 1
+        run.token = self._tokens  # what was scheduled for the attempt no longer happens
+        save = self.config.agents.checkpoint_save_s
+        if not job.spec.checkpointable:
+            self._exit(job_id, run, now, stopped=True)
+        elif now + save <= deadline:
+            self._push(now + save, _SAVED, job_id, run.token)
+        else:
+            self._push(deadline, _KILL, job_id, run.token)
+
+    def _save_and_stop(self, job_id: str, run: _Run, now: float) -> None:
+        assert run.frozen is not None
+        self._write_checkpoint(job_id, run, run.frozen, now)
+        self._exit(job_id, run, now, stopped=True)
+
+    def _exit(self, job_id: str, run: _Run, now: float, *, stopped: bool) -> None:
+        for rank, node in run.ranks:
+            self._fold(
+                WorkerExited(
+                    node=node, job_id=job_id, attempt=run.attempt, rank=rank, code=0, stopped=stopped
+                ),
+                now,
+                None,
+                "agent",
+            )
+        del self._runs[job_id]
+        job = self.by_id[job_id]
+        st = self.stats[job_id]
+        held = st.gpus * (now - run.started)
+        kept = (job.work_s if not stopped else self._saved.get(job_id, 0.0)) - run.progress0
+        st.held_gpu_s += held
+        st.lost_gpu_s += max(0.0, held - st.gpus * max(0.0, kept))
+        self.held[job.tenant] -= st.gpus
+        phase = self.state.jobs[job_id].phase
+        st.phase = phase
+        if stopped:
+            st.preemptions += 1
+            if not job.spec.checkpointable:
+                self._saved.pop(job_id, None)
+        elif phase in FINAL:
+            st.finished = now
+            self.demand[job.tenant] -= st.gpus
+            self._finished += 1
+        else:
+            raise SimError(f"job {job_id} finished its work at t={now} but the fold has it {phase}")
+
+    # -- compaction --------------------------------------------------------------------------------
+
+    def _compact(self, now: float) -> None:
+        """Replace the finished jobs in the state by one summary job per queue and quota key.
+
+        Every decide function scans every job each cycle, and finished jobs pile up: a replay of
+        tens of thousands of jobs would spend most of its time stepping over them. Of a finished
+        job, only admission's fair share still reads anything: its decayed past holding
+        (``services.admission.order.FairShare``). A decayed sum at ``now`` of ``e^(-r (now -
+        end)) - e^(-r (now - start))`` terms is ``e^(-r (now - t))`` times its value at ``t``,
+        so one finished job that held ``v`` milli-GPU from far in the past until ``t`` (its
+        ``v`` computed here by ``FairShare`` itself) weighs exactly what they all weigh, at
+        every later ``now``, to rounding of ``v`` to a whole milli-GPU. Decisions are unchanged
+        but for that rounding; the live services keep every job (a replay of the log does too).
+        """
+        self._finished = 0
+        state = self.state
+        fair = FairShare(Ledger(state), now, self.config.admission.half_life_s)
+        done = [job for job in state.jobs.values() if job.phase in FINAL]
+        for job in done:
+            fair.remember(job)
+            del state.jobs[job.id]
+        forever = 64 * self.config.admission.half_life_s  # 2^-64: nothing left of its start
+        for queue in sorted({job.spec.queue for job in done}):
+            for key, value in sorted(fair.history(queue).items()):
+                milli = round(value)
+                if milli <= 0:
+                    continue
+                job_id = f"{HISTORY}.{queue}.{key}"
+                state.jobs[job_id] = JobState(
+                    id=job_id,
+                    tenant="",
+                    spec=JobSpec(
+                        queue=queue, resources=Resources(gpus=1, gpu_milli=1), runtime_estimate_s=forever
+                    ),
+                    submitted_seq=0,
+                    submitted_at=now - forever,
+                    phase="succeeded",
+                    phase_since=now,
+                    admission=Admission(job_id, 0, replicas=milli, gpus={key: 1}),
+                )
+
+    # -- results ------------------------------------------------------------------------------------
+
+    def unfinished(self) -> list[str]:
+        return [j for j, st in self.stats.items() if st.finished is None]
+
+    def log(self) -> list[Record]:
+        """The recorded events as the live log would hold them (``record=True``): requests bare on
+        their tenant's subject, service events sealed in their envelope. Folding these records
+        with ``projections.fold.fold`` gives the simulation's state."""
+        if self.records is None:
+            raise SimError("the simulation was not recorded; pass record=True")
+        out = []
+        for r in self.records:
+            if r.tenant is not None:
+                data = codec.encode(r.body)
+            else:
+                env = codec.seal(r.body, event_id=f"{r.source}:{r.seq}", time=r.time, producer=r.source)
+                data = codec.encode(env)
+            out.append(Record(r.seq, r.subject, data, None, r.time))
+        return out
+
+
+def _gpus(spec: JobSpec) -> float:
+    """The GPUs a job holds when all its workers run (fractions and MIG slices by their share)."""
+    return quota.worker_milli(spec.resources) * spec.replicas / WHOLE

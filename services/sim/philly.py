@@ -1,0 +1,504 @@
+"""The time-dynamic Philly experiment: weeks of real arrivals and departures through corral's
+services, on the simulator, against FIFO on the same slice.
+
+The slice. Microsoft's Philly trace (``services/traces/philly.py``) sorted by arrival; the
+``jobs`` (default 20,000) that arrive first from ``start`` on (default 2017-10-23 00:00 UTC: a
+contiguous window of about 24 days, 13 of the 15 virtual clusters active, 85 jobs of more
+than 8 GPUs). Every virtual cluster is a team: one tenant and, under corral, one queue.
+
+The cluster. ``nodes`` (default 64) HGX H100 nodes of 8 GPUs on one NVSwitch (512 GPUs): the
+slice asks for about 500 GPUs on average over its window (GPU-seconds over the window's length),
+so the cluster is loaded near its capacity, with bursts well above it.
+
+The jobs. A job of ``g`` GPUs is one worker of ``g`` GPUs when ``g <= 8``; a larger job is a gang
+of ``g / d`` workers of ``d`` GPUs, ``d`` the largest divisor of ``g`` not above 8 (16 GPUs: two
+8-GPU workers; 12: two of 6), placed whole or not at all. Each worker asks 4 CPUs and 16 GiB per
+GPU (never the binding constraint on these nodes). The runtime estimate is the trace's duration
+(what a user who knows their job would say). A share of the jobs (``checkpointable``, default
+75 %, drawn with a fixed seed per job) can checkpoint: the simulated agents write a checkpoint
+every 30 minutes of running and on preemption (30 s to save, 60 s of grace); the others are
+stopped at once and start over when preempted. Every job is in the default priority class
+(normal, 0) and preemptible.
+
+The two policies, the same services and fold in both:
+
+- ``corral``: one queue per team, all in one cohort so idle quota is lent; each queue's nominal
+  quota is its share of the slice's GPU-hours (at least one GPU each, largest remainders, summing
+  to the cluster) and its fair-share weight is that nominal. Best-effort FIFO within a queue,
+  fair share across queues, the placer's reservation and backfill, and the preemptor reclaiming
+  nominal quota from borrowers.
+- ``fifo``: one strict-FIFO queue for everyone with the whole cluster as its quota (no fair
+  share), and no preemptor. The placer is the same.
+
+What is reported, per team and overall: jobs, average and p99 wait (submission to first
+start) and JCT (submission to end), preemptions and GPU-hours lost to them (held but not kept),
+GPU utilisation (GPU-seconds held over capacity, from the first to the last arrival of the slice,
+while the trace offers load), and Jain's fairness index of GPU share against entitlement: over
+the same window, each team's GPU-seconds held divided by its entitlement, the weighted max-min
+fair share of the cluster (weights: the nominal quotas) given the GPUs it asked for at each
+moment (held plus waiting); Jain's index of those ratios over the teams that were entitled to
+anything, 1.0 when every team got exactly its entitlement.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import random
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from events.base import Event
+from events.jobs import JobSpec, Resources
+from events.queues import (
+    ApplyCohort,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CohortSpec,
+    PriorityClassSpec,
+    QueueSpec,
+    Quota,
+)
+from services import inventory
+from services.placer.plot import line_chart
+from services.preemptor.decide import PreemptorConfig
+from services.sim.driver import JobStats, SimConfig, SimJob, Simulation
+from services.traces import philly
+
+START = "2017-10-23"
+JOBS = 20_000
+NODES = 64
+GPUS_PER_NODE = 8
+CHECKPOINTABLE = 0.75
+SEED = 0
+COHORT = "philly"
+FIFO_QUEUE = "fifo"
+POLICIES = ("corral", "fifo")
+COMPACT_EVERY = 100
+# The one priority class, with no anti-thrash guard: the preemptor only reclaims lent quota, and
+# the work a victim loses is its save time (or all it did, if it cannot checkpoint).
+NORMAL = PriorityClassSpec("normal", 0)
+
+
+# -- the slice ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    id: str
+    team: str
+    arrival: float
+    duration: float
+    gpus: int
+
+
+def parse_start(text: str) -> float:
+    """``2017-10-23`` or ``2017-10-23 06:00`` (UTC) as unix seconds."""
+    for fmt in ("%Y-%m-%d", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"):
+        try:
+            return dt.datetime.strptime(text, fmt).replace(tzinfo=dt.UTC).timestamp()
+        except ValueError:
+            continue
+    raise ValueError(f"start {text!r}: use YYYY-MM-DD or YYYY-MM-DD HH:MM")
+
+
+def load_slice(path: str | Path, start: str = START, jobs: int = JOBS) -> list[TraceJob]:
+    """The first ``jobs`` jobs arriving from ``start`` on, in arrival order."""
+    t0 = parse_start(start)
+    out: list[TraceJob] = []
+    for j in philly.read(path):
+        if j.arrival < t0:
+            continue
+        out.append(TraceJob(f"p{len(out):06d}", f"vc-{j.team}", j.arrival, max(1.0, j.duration), j.gpus))
+        if len(out) >= jobs:
+            break
+    return out
+
+
+def gang_shape(gpus: int) -> tuple[int, int]:
+    """(workers, GPUs per worker) for a job of ``gpus`` GPUs on 8-GPU nodes."""
+    if gpus <= GPUS_PER_NODE:
+        return 1, gpus
+    per = max(d for d in range(1, GPUS_PER_NODE + 1) if gpus % d == 0)
+    return gpus // per, per
+
+
+def nominal_quotas(trace: Sequence[TraceJob], total: int) -> dict[str, int]:
+    """Each team's share of ``total`` GPUs in proportion to its GPU-hours in the slice: one GPU
+    each first, the rest by largest remainder (ties by name)."""
+    work: dict[str, float] = {}
+    for j in trace:
+        work[j.team] = work.get(j.team, 0.0) + j.gpus * j.duration
+    teams = sorted(work)
+    if total < len(teams):
+        raise ValueError(f"{total} GPUs cannot give each of {len(teams)} teams one")
+    rest = total - len(teams)
+    whole_work = sum(work.values())
+    exact = {t: rest * work[t] / whole_work for t in teams}
+    out = {t: 1 + int(exact[t]) for t in teams}
+    left = total - sum(out.values())
+    for t in sorted(teams, key=lambda t: (-(exact[t] - int(exact[t])), t))[:left]:
+        out[t] += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Everything both policies share: the slice, the cluster and the entitlements."""
+
+    trace: tuple[TraceJob, ...]
+    nodes: int
+    checkpointable: float = CHECKPOINTABLE
+    seed: int = SEED
+    cycle_s: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * GPUS_PER_NODE
+
+    @property
+    def quotas(self) -> dict[str, int]:
+        return nominal_quotas(self.trace, self.gpus)
+
+    @property
+    def window(self) -> tuple[float, float]:
+        return self.trace[0].arrival, self.trace[-1].arrival
+
+    def cluster(self) -> list[tuple[str, Any]]:
+        return inventory.cluster(self.nodes, "h100-8x")
+
+    def jobs(self, policy: str) -> list[SimJob]:
+        rng = random.Random(self.seed)
+        out = []
+        for j in self.trace:
+            workers, per = gang_shape(j.gpus)
+            spec = JobSpec(
+                queue=FIFO_QUEUE if policy == "fifo" else j.team,
+                name=j.id,
+                replicas=workers,
+                resources=Resources(gpus=per, cpu_milli=4000 * per, memory_mib=16_384 * per),
+                checkpointable=rng.random() < self.checkpointable,
+                grace_seconds=60.0,
+                runtime_estimate_s=j.duration,
+            )
+            out.append(SimJob(j.id, j.team, spec, j.arrival, j.duration))
+        return out
+
+    def setup(self, policy: str) -> list[Event]:
+        if policy == "fifo":
+            everyone = QueueSpec(FIFO_QUEUE, quotas={"*": Quota(nominal=self.gpus)}, strategy="strict-fifo")
+            return [ApplyQueue(queue=everyone)]
+        out: list[Event] = [ApplyPriorityClass(priority_class=NORMAL), ApplyCohort(cohort=CohortSpec(COHORT))]
+        for team, nominal in sorted(self.quotas.items()):
+            spec = QueueSpec(
+                team,
+                cohort=COHORT,
+                quotas={"*": Quota(nominal=nominal)},
+                weight=float(nominal),
+                tenants=(team,),
+            )
+            out.append(ApplyQueue(queue=spec))
+        return out
+
+    def config(self, policy: str) -> SimConfig:
+        if policy == "fifo":
+            return SimConfig(preemptor=None, cycle_s=self.cycle_s, compact_every=COMPACT_EVERY)
+        if policy == "corral":
+            return SimConfig(preemptor=PreemptorConfig(), cycle_s=self.cycle_s, compact_every=COMPACT_EVERY)
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+
+
+# -- fairness --------------------------------------------------------------------------------------
+
+
+def water_fill(capacity: float, demand: Mapping[str, float], weight: Mapping[str, float]) -> dict[str, float]:
+    """Weighted max-min fair shares of ``capacity``: nobody gets more than it asks for, and what
+    is left over is shared in proportion to the weights of those who want more."""
+    out = dict.fromkeys(demand, 0.0)
+    wanting = sorted((t for t, d in demand.items() if d > 0 and weight.get(t, 0) > 0), key=lambda t: t)
+    left = capacity
+    while wanting and left > 1e-9:
+        total_w = sum(weight[t] for t in wanting)
+        # The team that is satisfied first at the common level takes its demand; repeat.
+        level = left / total_w
+        done = [t for t in wanting if demand[t] - out[t] <= level * weight[t]]
+        if not done:
+            for t in wanting:
+                out[t] += level * weight[t]
+            break
+        for t in done:
+            left -= demand[t] - out[t]
+            out[t] = demand[t]
+        wanting = [t for t in wanting if t not in done]
+    return out
+
+
+class Fairness:
+    """Integrates, over a window, each team's GPUs held and its entitlement (an ``Observer``)."""
+
+    def __init__(self, capacity: float, weights: Mapping[str, float], window: tuple[float, float]) -> None:
+        self.capacity = capacity
+        self.weights = dict(weights)
+        self.lo, self.hi = window
+        self.held: dict[str, float] = dict.fromkeys(weights, 0.0)
+        self.entitled: dict[str, float] = dict.fromkeys(weights, 0.0)
+        self.busy = 0.0  # GPU-seconds held by anyone in the window
+        self._cache: tuple[tuple[tuple[str, float], ...], dict[str, float]] | None = None
+
+    def __call__(self, t0: float, t1: float, held: Mapping[str, float], demand: Mapping[str, float]) -> None:
+        a, b = max(t0, self.lo), min(t1, self.hi)
+        if b <= a:
+            return
+        dt_ = b - a
+        for team, g in held.items():
+            if g:
+                self.held[team] = self.held.get(team, 0.0) + g * dt_
+                self.busy += g * dt_
+        key = tuple(sorted((t, d) for t, d in demand.items() if d > 0))
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, water_fill(self.capacity, dict(key), self.weights))
+        for team, e in self._cache[1].items():
+            self.entitled[team] = self.entitled.get(team, 0.0) + e * dt_
+
+    def ratios(self) -> dict[str, float]:
+        return {t: self.held.get(t, 0.0) / e for t, e in sorted(self.entitled.items()) if e > 0}
+
+    def jain(self) -> float:
+        xs = list(self.ratios().values())
+        if not xs:
+            return float("nan")
+        return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+    def utilisation(self) -> float:
+        span = self.hi - self.lo
+        return self.busy / (self.capacity * span) if span > 0 else float("nan")
+
+
+# -- one run and its figures -------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank percentile (``p`` in 0..100); nan for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, math.ceil(p / 100 * len(ordered)) - 1)
+    return ordered[k]
+
+
+@dataclass
+class Figures:
+    jobs: int
+    finished: int
+    avg_wait_s: float
+    p99_wait_s: float
+    avg_jct_s: float
+    p99_jct_s: float
+    preemptions: int
+    gpu_hours_lost: float
+
+    @classmethod
+    def of(cls, stats: Iterable[JobStats]) -> Figures:
+        stats = list(stats)
+        waits = [w for s in stats if (w := s.wait) is not None]
+        jcts = [c for s in stats if (c := s.jct) is not None]
+        return cls(
+            jobs=len(stats),
+            finished=len(jcts),
+            avg_wait_s=sum(waits) / len(waits) if waits else float("nan"),
+            p99_wait_s=percentile(waits, 99),
+            avg_jct_s=sum(jcts) / len(jcts) if jcts else float("nan"),
+            p99_jct_s=percentile(jcts, 99),
+            preemptions=sum(s.preemptions for s in stats),
+            gpu_hours_lost=sum(s.lost_gpu_s for s in stats) / 3600,
+        )
+
+
+@dataclass
+class Outcome:
+    """One policy's run on the slice."""
+
+    policy: str
+    overall: Figures
+    teams: dict[str, Figures]
+    utilisation: float
+    jain: float
+    share: dict[str, float]  # per team: GPU-seconds held / entitlement
+    simulated_s: float
+    wall_s: float
+    cpu_s: float
+    decide_calls: int
+    waits: list[float] = field(default_factory=list)
+    jcts: list[float] = field(default_factory=list)
+
+    @property
+    def speed(self) -> float:
+        """Simulated seconds per wall-clock second."""
+        return self.simulated_s / self.wall_s if self.wall_s > 0 else float("inf")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "overall": vars(self.overall),
+            "teams": {t: vars(f) for t, f in sorted(self.teams.items())},
+            "utilisation": self.utilisation,
+            "jain": self.jain,
+            "share_of_entitlement": self.share,
+            "simulated_s": self.simulated_s,
+            "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
+            "sim_s_per_wall_s": self.speed,
+            "decide_calls": self.decide_calls,
+        }
+
+
+def run_policy(exp: Experiment, policy: str) -> Outcome:
+    fairness = Fairness(exp.gpus, {t: float(n) for t, n in exp.quotas.items()}, exp.window)
+    started, cpu = time.perf_counter(), time.process_time()
+    sim = Simulation(
+        exp.cluster(), exp.setup(policy), exp.jobs(policy), exp.config(policy), observers=[fairness]
+    ).run()
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    stats = list(sim.stats.values())
+    by_team: dict[str, list[JobStats]] = {}
+    for s in stats:
+        by_team.setdefault(s.tenant, []).append(s)
+    return Outcome(
+        policy=policy,
+        overall=Figures.of(stats),
+        teams={t: Figures.of(v) for t, v in sorted(by_team.items())},
+        utilisation=fairness.utilisation(),
+        jain=fairness.jain(),
+        share=fairness.ratios(),
+        simulated_s=sim.now - exp.trace[0].arrival,
+        wall_s=wall,
+        cpu_s=cpu,
+        decide_calls=sim.decide_calls,
+        waits=[w for s in stats if (w := s.wait) is not None],
+        jcts=[c for s in stats if (c := s.jct) is not None],
+    )
+
+
+def _run(args: tuple[Experiment, str]) -> Outcome:
+    return run_policy(*args)
+
+
+def run(exp: Experiment, policies: Sequence[str] = POLICIES, parallel: bool = True) -> list[Outcome]:
+    """Every policy on the same slice; in parallel processes when there are CPUs for it."""
+    import os
+
+    if parallel and len(policies) > 1 and (os.cpu_count() or 1) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=min(len(policies), os.cpu_count() or 1)) as pool:
+            return list(pool.map(_run, [(exp, p) for p in policies]))
+    return [run_policy(exp, p) for p in policies]
+
+
+# -- the report ------------------------------------------------------------------------------------
+
+
+def _h(seconds: float) -> str:
+    return "-" if seconds != seconds else f"{seconds / 3600:.2f}"
+
+
+def table(exp: Experiment, outcomes: Sequence[Outcome]) -> str:
+    first = dt.datetime.fromtimestamp(exp.window[0], dt.UTC).strftime("%Y-%m-%d %H:%M")
+    days = (exp.window[1] - exp.window[0]) / 86400
+    lines = [
+        f"Philly slice: {len(exp.trace)} jobs from {first} UTC over {days:.1f} days; "
+        f"{exp.nodes} nodes x {GPUS_PER_NODE} GPUs = {exp.gpus} GPUs; {len(exp.quotas)} teams",
+        "",
+        f"{'policy':<8}{'avg wait h':>11}{'p99 wait h':>11}{'avg JCT h':>11}{'p99 JCT h':>11}"
+        f"{'util %':>8}{'Jain':>7}{'preempt':>9}{'GPU-h lost':>11}{'sim s/wall s':>14}",
+    ]
+    lines.append("-" * len(lines[-1]))
+    for o in outcomes:
+        f = o.overall
+        lines.append(
+            f"{o.policy:<8}{_h(f.avg_wait_s):>11}{_h(f.p99_wait_s):>11}{_h(f.avg_jct_s):>11}"
+            f"{_h(f.p99_jct_s):>11}{100 * o.utilisation:>8.1f}{o.jain:>7.3f}{f.preemptions:>9}"
+            f"{f.gpu_hours_lost:>11.1f}{o.speed:>14.0f}"
+        )
+    lines += ["", "per team (hours; share = GPU time held / entitlement):"]
+    head = f"{'team':<10}{'quota':>6}{'jobs':>6}"
+    for o in outcomes:
+        head += f" | {o.policy + ' wait':>11}{'p99 wait':>9}{'avg JCT':>9}{'share':>7}"
+    lines.append(head)
+    lines.append("-" * len(head))
+    quotas = exp.quotas
+    teams = sorted({t for o in outcomes for t in o.teams}, key=lambda t: (-quotas.get(t, 0), t))
+    for t in teams:
+        jobs = next((o.teams[t].jobs for o in outcomes if t in o.teams), 0)
+        row = f"{t:<10}{quotas.get(t, 0):>6}{jobs:>6}"
+        for o in outcomes:
+            fig = o.teams.get(t)
+            share = o.share.get(t, float("nan"))
+            if fig is None:
+                row += f" | {'-':>11}{'-':>9}{'-':>9}{'-':>7}"
+            else:
+                row += (
+                    f" | {_h(fig.avg_wait_s):>11}{_h(fig.p99_wait_s):>9}{_h(fig.avg_jct_s):>9}{share:>7.2f}"
+                )
+        lines.append(row)
+    worst = [
+        f"{o.policy} {max(o.teams.items(), key=lambda kv: _num(kv[1].p99_wait_s))[0]} "
+        f"{_h(max(_num(f.p99_wait_s) for f in o.teams.values()))} h"
+        for o in outcomes
+        if o.teams
+    ]
+    lines += ["", "worst team's p99 wait: " + "; ".join(worst)]
+    return "\n".join(lines)
+
+
+def _num(x: float) -> float:
+    return -1.0 if x != x else x
+
+
+def to_json(exp: Experiment, outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    return {
+        "slice": {
+            "jobs": len(exp.trace),
+            "first_arrival": exp.window[0],
+            "last_arrival": exp.window[1],
+            "nodes": exp.nodes,
+            "gpus": exp.gpus,
+            "quotas": exp.quotas,
+            "checkpointable": exp.checkpointable,
+        },
+        "policies": {o.policy: o.to_json() for o in outcomes},
+    }
+
+
+def plot(outcomes: Sequence[Outcome], path: str | Path) -> Path:
+    """Cumulative distributions of wait and JCT per policy, on a log scale of seconds."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for o in outcomes:
+        for what, values in (("JCT", o.jcts), ("wait", o.waits)):
+            series[f"{o.policy} {what}"] = _cdf(values)
+    return line_chart(
+        series,
+        path,
+        (0, 7),
+        (0, 100),
+        title="Philly slice: wait and JCT",
+        x_label="log10 seconds",
+        y_label="% of jobs",
+        ticks=(7, 10),
+    )
+
+
+def _cdf(values: Sequence[float], points: int = 141) -> list[tuple[float, float]]:
+    if not values:
+        return []
+    ordered = sorted(values)
+    n = len(ordered)
+    out = []
+    import bisect
+
+    for i in range(points):
+        x = 7 * i / (points - 1)
+        out.append((x, 100 * bisect.bisect_right(ordered, 10**x) / n))
+    return out

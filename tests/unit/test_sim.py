@@ -1,0 +1,360 @@
+"""The discrete-event simulator on small inputs: jobs run to completion, a preemption costs what
+the checkpoint model says, FIFO and fair share order two teams as expected, and a run is
+deterministic and is exactly what the fold makes of its own log."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from events.base import Event
+from events.jobs import JobSpec, Resources
+from events.nodes import CheckpointCompleted
+from events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
+from projections.fold import fold
+from services import inventory
+from services.jobfile import BadInput
+from services.sim import philly
+from services.sim.driver import AgentModel, SimConfig, SimJob, Simulation
+from services.traces import philly as philly_trace
+
+
+def gpus(n: int, queue: str = "team-a", work: float = 100.0, **spec: object) -> JobSpec:
+    return JobSpec(
+        queue=queue,
+        resources=Resources(gpus=n, cpu_milli=1000, memory_mib=1024),
+        runtime_estimate_s=work,
+        **spec,  # type: ignore[arg-type]
+    )
+
+
+def sim_job(job_id: str, spec: JobSpec, arrival: float, work: float = 100.0) -> SimJob:
+    return SimJob(job_id, spec.queue, spec, arrival, work)
+
+
+def one_queue(name: str = "team-a", nominal: int = 8, strategy: str = "best-effort-fifo") -> list[Event]:
+    return [ApplyQueue(queue=QueueSpec(name, quotas={"*": Quota(nominal=nominal)}, strategy=strategy))]
+
+
+def two_teams(nominal: int = 4) -> list[Event]:
+    """team-a and team-b, ``nominal`` GPUs each, in one cohort: idle quota is lent."""
+    out: list[Event] = [ApplyCohort(cohort=CohortSpec("org"))]
+    for team in ("team-a", "team-b"):
+        q = QueueSpec(team, cohort="org", quotas={"*": Quota(nominal=nominal)}, tenants=(team,))
+        out.append(ApplyQueue(queue=q))
+    return out
+
+
+def nodes(count: int = 1) -> list[tuple[str, object]]:
+    return list(inventory.cluster(count, "h100-8x"))
+
+
+def run(
+    jobs: list[SimJob], setup: list[Event], config: SimConfig | None = None, count: int = 1
+) -> Simulation:
+    sim = Simulation(nodes(count), setup, jobs, config, record=True).run()  # type: ignore[arg-type]
+    state = sim.state
+    assert state.faults == 0
+    assert state.void_total == 0, state.rejections
+    return sim
+
+
+# -- jobs run to completion ----------------------------------------------------------------------------
+
+
+def test_jobs_run_to_completion_and_wait_for_room() -> None:
+    jobs = [sim_job(f"j{i}", gpus(4), 0.0, 100.0) for i in range(3)]
+    sim = run(jobs, one_queue())
+    st = sim.stats
+    assert [st[j].first_start for j in ("j0", "j1", "j2")] == [0.0, 0.0, 100.0]
+    assert [st[j].finished for j in ("j0", "j1", "j2")] == [100.0, 100.0, 200.0]
+    assert {sim.state.jobs[j].phase for j in st} == {"succeeded"}
+    assert st["j2"].wait == 100.0 and st["j2"].jct == 200.0
+    assert all(s.lost_gpu_s == 0 and s.held_gpu_s == 4 * 100.0 for s in st.values())
+    assert not sim.unfinished()
+
+
+def test_gangs_of_several_workers_start_and_end_together() -> None:
+    spec = msgspec.structs.replace(gpus(8), replicas=2)
+    sim = run([sim_job("gang", spec, 10.0, 50.0)], one_queue(nominal=16), count=2)
+    job = sim.state.jobs["gang"]
+    assert job.phase == "succeeded"
+    assert {w.node for w in job.placement.workers} == {"node-00", "node-01"}  # type: ignore[union-attr]
+    assert sim.stats["gang"].finished == 60.0
+    assert sim.stats["gang"].held_gpu_s == 16 * 50.0
+
+
+def test_periodic_checkpoints_are_written_while_running() -> None:
+    spec = gpus(1, checkpointable=True)
+    config = SimConfig(agents=AgentModel(checkpoint_interval_s=30.0))
+    sim = run([sim_job("j", spec, 0.0, 100.0)], one_queue(), config)
+    steps = [r.body.step for r in sim.records or () if isinstance(r.body, CheckpointCompleted)]
+    assert steps == [30, 60, 90]
+
+
+# -- preemption and checkpoints --------------------------------------------------------------------------
+
+
+def reclaim(borrower: JobSpec, config: SimConfig) -> Simulation:
+    """team-a's 8-GPU job borrows team-b's idle quota from t=0 (1,000 s of work left at t=1000);
+    team-b wants its 4 GPUs back at t=1000 for 500 s."""
+    jobs = [
+        SimJob("a", "team-a", borrower, 0.0, 2000.0),
+        SimJob("b", "team-b", gpus(4, "team-b", 500.0), 1000.0, 500.0),
+    ]
+    return run(jobs, two_teams(4), config)
+
+
+AGENTS = AgentModel(checkpoint_interval_s=300.0, checkpoint_save_s=30.0)
+
+
+def test_a_preempted_job_that_checkpoints_in_time_loses_only_the_save() -> None:
+    spec = gpus(8, work=2000.0, checkpointable=True, grace_seconds=60.0)
+    sim = reclaim(spec, SimConfig(agents=AGENTS))
+    a, b = sim.stats["a"], sim.stats["b"]
+    assert a.preemptions == 1
+    assert b.first_start == 1030.0  # a saved its work for 30 s, then stopped
+    # a resumes once b gives the quota back, with the 1,000 s it saved done
+    assert a.finished == 1530.0 + 1000.0
+    assert a.lost_gpu_s == 8 * 30.0
+    requeued = [r.body for r in sim.records or () if type(r.body).__name__ == "JobRequeued"]
+    assert [b.resume_from for b in requeued] == ["sim://a/0/1000"]  # type: ignore[attr-defined]
+
+
+def test_a_preempted_job_that_cannot_save_in_its_grace_loses_the_time_since_its_last_checkpoint() -> None:
+    spec = gpus(8, work=2000.0, checkpointable=True, grace_seconds=60.0)
+    slow = AgentModel(checkpoint_interval_s=300.0, checkpoint_save_s=120.0)
+    sim = reclaim(spec, SimConfig(agents=slow))
+    a, b = sim.stats["a"], sim.stats["b"]
+    assert b.first_start == 1060.0  # killed at the grace deadline
+    # the last periodic checkpoint was at 900 s of work: 160 s on 8 GPUs are lost
+    assert a.lost_gpu_s == 8 * 160.0
+    assert a.finished == 1560.0 + (2000.0 - 900.0)
+
+
+def test_a_preempted_job_that_cannot_checkpoint_starts_over() -> None:
+    spec = gpus(8, work=2000.0, checkpointable=False)
+    sim = reclaim(spec, SimConfig(agents=AGENTS))
+    a, b = sim.stats["a"], sim.stats["b"]
+    assert b.first_start == 1000.0  # stopped at once
+    assert a.lost_gpu_s == 8 * 1000.0
+    assert a.finished == 1500.0 + 2000.0
+
+
+def test_without_a_preemptor_the_lender_waits() -> None:
+    spec = gpus(8, work=2000.0, checkpointable=True)
+    sim = reclaim(spec, SimConfig(preemptor=None))
+    assert sim.stats["a"].preemptions == 0
+    assert sim.stats["b"].first_start == 2000.0
+
+
+# -- FIFO and fair share -----------------------------------------------------------------------------
+
+
+def burst_then_one() -> list[SimJob]:
+    """team-a submits four whole-node jobs, then team-b one; none may be preempted."""
+    out = [SimJob(f"a{i}", "team-a", gpus(8, "team-a", preemptible=False), float(i), 100.0) for i in range(4)]
+    out.append(SimJob("b0", "team-b", gpus(8, "team-b", preemptible=False), 4.0, 100.0))
+    return out
+
+
+def start_order(sim: Simulation) -> list[str]:
+    return sorted(sim.stats, key=lambda j: (sim.stats[j].first_start, j))
+
+
+def test_fifo_runs_the_burst_first_and_fair_share_lets_the_other_team_in() -> None:
+    fifo_jobs = [
+        SimJob(j.id, j.tenant, msgspec.structs.replace(j.spec, queue="fifo"), j.arrival, j.work_s)
+        for j in burst_then_one()
+    ]
+    fifo = run(fifo_jobs, one_queue("fifo", 8, "strict-fifo"), SimConfig(preemptor=None))
+    fair = run(burst_then_one(), two_teams(4))
+    assert start_order(fifo) == ["a0", "a1", "a2", "a3", "b0"]
+    assert start_order(fair) == ["a0", "b0", "a1", "a2", "a3"]
+    assert fifo.stats["b0"].first_start == 400.0
+    assert fair.stats["b0"].first_start == 100.0
+
+
+# -- determinism and the fold --------------------------------------------------------------------------
+
+
+def mixed() -> list[SimJob]:
+    out = []
+    for i in range(24):
+        team = "team-a" if i % 3 else "team-b"
+        n = (1, 2, 4, 8)[i % 4]
+        spec = gpus(n, team, 50.0 + 37 * (i % 7), checkpointable=i % 2 == 0, grace_seconds=60.0)
+        out.append(SimJob(f"m{i:02d}", team, spec, 13.0 * i, 50.0 + 37 * (i % 7)))
+    return out
+
+
+def decisions(sim: Simulation) -> list[tuple[float, str, bytes]]:
+    return [(r.time, r.subject, msgspec.json.encode(r.body)) for r in sim.records or ()]
+
+
+def test_the_same_input_gives_the_same_run() -> None:
+    config = SimConfig(agents=AgentModel(checkpoint_interval_s=60.0))
+    one = run(mixed(), two_teams(4), config, count=2)
+    two = run(mixed(), two_teams(4), config, count=2)
+    assert decisions(one) == decisions(two)
+    assert one.stats == two.stats
+    assert one.state == two.state
+    assert not one.unfinished()
+    assert any(s.preemptions for s in one.stats.values())  # the workload exercises preemption
+
+
+def test_folding_the_simulations_log_gives_its_state() -> None:
+    sim = run(mixed(), two_teams(4), SimConfig(agents=AgentModel(checkpoint_interval_s=60.0)), count=2)
+    assert fold(sim.log()) == sim.state
+
+
+def test_summarising_finished_jobs_changes_no_decision() -> None:
+    base = SimConfig(agents=AgentModel(checkpoint_interval_s=60.0))
+    full = run(mixed(), two_teams(4), base, count=2)
+    compact = run(mixed(), two_teams(4), SimConfig(agents=base.agents, compact_every=2), count=2)
+    placed = [(t, s, b) for t, s, b in decisions(full) if b"JobsPlaced" in b or b"JobsAdmitted" in b]
+    placed_c = [(t, s, b) for t, s, b in decisions(compact) if b"JobsPlaced" in b or b"JobsAdmitted" in b]
+    assert [(t, b) for t, _, b in placed] == [(t, b) for t, _, b in placed_c]
+    assert {j: (s.first_start, s.finished) for j, s in full.stats.items()} == {
+        j: (s.first_start, s.finished) for j, s in compact.stats.items()
+    }
+    assert len(compact.state.jobs) < len(full.state.jobs)
+
+
+def test_decision_cycles_on_a_timer_wait_for_the_tick() -> None:
+    jobs = [sim_job("j", gpus(1), 5.0, 100.0)]
+    sim = run(jobs, one_queue(), SimConfig(cycle_s=60.0))
+    assert sim.stats["j"].first_start == 60.0
+    assert sim.stats["j"].finished == 160.0
+
+
+# -- the Philly experiment's parts -----------------------------------------------------------------------
+
+
+def test_gang_shapes_fit_8_gpu_nodes() -> None:
+    assert philly.gang_shape(1) == (1, 1)
+    assert philly.gang_shape(8) == (1, 8)
+    assert philly.gang_shape(16) == (2, 8)
+    assert philly.gang_shape(12) == (2, 6)
+    assert philly.gang_shape(128) == (16, 8)
+
+
+def test_quotas_follow_gpu_hours_and_fill_the_cluster() -> None:
+    trace = [
+        philly.TraceJob("1", "vc-a", 0.0, 3000.0, 2),
+        philly.TraceJob("2", "vc-b", 0.0, 1000.0, 2),
+        philly.TraceJob("3", "vc-c", 0.0, 1.0, 1),
+    ]
+    quotas = philly.nominal_quotas(trace, 16)
+    assert sum(quotas.values()) == 16
+    assert quotas["vc-c"] == 1 and quotas["vc-a"] > quotas["vc-b"] > 1
+
+
+def test_water_fill_gives_the_unsatisfied_the_rest_by_weight() -> None:
+    got = philly.water_fill(10.0, {"a": 2.0, "b": 100.0, "c": 100.0}, {"a": 1.0, "b": 1.0, "c": 3.0})
+    assert got["a"] == 2.0
+    assert got["b"] == pytest.approx(2.0)
+    assert got["c"] == pytest.approx(6.0)
+
+
+def test_jain_is_one_when_everyone_gets_their_entitlement() -> None:
+    f = philly.Fairness(8.0, {"a": 1.0, "b": 1.0}, (0.0, 10.0))
+    f(0.0, 10.0, {"a": 4.0, "b": 4.0}, {"a": 10.0, "b": 10.0})
+    assert f.jain() == pytest.approx(1.0)
+    assert f.utilisation() == pytest.approx(1.0)
+    unfair = philly.Fairness(8.0, {"a": 1.0, "b": 1.0}, (0.0, 10.0))
+    unfair(0.0, 10.0, {"a": 8.0, "b": 0.0}, {"a": 10.0, "b": 10.0})
+    assert unfair.jain() == pytest.approx(0.5)
+
+
+def trace_or_skip() -> Path:
+    try:
+        return philly_trace.find()
+    except FileNotFoundError:
+        pytest.skip("the Philly trace is not here")
+
+
+def test_a_small_philly_slice_runs_under_both_policies() -> None:
+    sliced = philly.load_slice(trace_or_skip(), jobs=150)
+    exp = philly.Experiment(tuple(sliced), nodes=4)
+    outcomes = philly.run(exp, parallel=False)
+    assert [o.policy for o in outcomes] == ["corral", "fifo"]
+    for o in outcomes:
+        assert o.overall.finished == o.overall.jobs == 150
+        assert 0 < o.utilisation <= 1
+        assert 0 < o.jain <= 1
+    text = philly.table(exp, outcomes)
+    assert "worst team's p99 wait" in text
+    assert set(philly.to_json(exp, outcomes)["policies"]) == {"corral", "fifo"}
+
+
+# -- corral sim ----------------------------------------------------------------------------------------
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    from services.sim.cli import add_parser
+
+    p = argparse.ArgumentParser()
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    add_parser(p.add_subparsers(dest="verb"), common)
+    return p.parse_args(["sim", *argv])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--trace", "philly", "--nodes", "many"),
+        ("--trace", "philly", "--policies", "lottery"),
+        ("--trace", "philly", "--pods", "x.csv"),
+        ("--trace", "philly", "--checkpointable", "2"),
+        ("--trace", "alibaba", "--seeds", "x-y"),
+        ("--trace", "alibaba", "--nodes", "/nonexistent/nodes.csv"),
+        ("--trace", "alibaba", "--jobs", "5"),
+    ],
+    ids=[
+        "nodes-not-a-number",
+        "unknown-policy",
+        "pods-for-philly",
+        "share-above-1",
+        "bad-seeds",
+        "no-file",
+        "jobs-for-alibaba",
+    ],
+)
+def test_mistakes_are_one_line_bad_input(argv: tuple[str, ...]) -> None:
+    args = parse(*argv)
+    with pytest.raises(BadInput) as e:
+        args.fn(args)
+    assert "\n" not in str(e.value)
+
+
+def test_corral_sim_philly_prints_both_policies(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace_or_skip()
+    png = tmp_path / "philly.png"
+    args = parse("--trace", "philly", "--jobs", "60", "--nodes", "4", "-o", "json", "--plot", str(png))
+    args.fn(args)
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["policies"]) == {"corral", "fifo"}
+    assert out["slice"]["jobs"] == 60
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_job_that_can_never_fit_is_rejected_and_asks_for_nothing() -> None:
+    seen: list[float] = []
+    jobs = [sim_job("huge", gpus(16), 0.0), sim_job("small", gpus(1), 10.0)]
+    sim = Simulation(
+        nodes(1),  # type: ignore[arg-type]
+        one_queue(nominal=8),
+        jobs,
+        observers=[lambda t0, t1, held, demand: seen.append(demand.get("team-a", 0.0))],
+    ).run()
+    assert sim.stats["huge"].phase == "rejected"
+    assert sim.unfinished() == ["huge"]
+    assert sim.stats["small"].finished == 110.0
+    assert seen == [0.0, 1.0]  # nothing asked for until 10, then the small job until 110

@@ -51,6 +51,16 @@ HOME: dict[type[Event], tuple[str, str]] = {
 }
 
 
+# event type -> (the subject it must be written on, None) for a decision subject, or (the subject's
+# prefix, the field naming its key): the fold checks each event's subject against it.
+WRITTEN_ON: dict[type[Event], tuple[str, str | None]] = {
+    t: (f"{subjects.EV}.{kind}.{field[1:]}", None)
+    if field.startswith("=")
+    else (f"{subjects.EV}.{kind}.", field)
+    for t, (kind, field) in HOME.items()
+}
+
+
 def home(body: Event) -> tuple[str, str] | None:
     """(kind, key) of the subject ``body`` must be written on; None for requests."""
     place = HOME.get(type(body))

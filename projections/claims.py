@@ -4,11 +4,14 @@ uses the same checks so that what it proposes is what the fold accepts."""
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
+
 from events.base import Reason
-from events.decisions import GpuClaim, Placement
+from events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
 from events.jobs import Resources
 from projections import mig
-from projections.state import WHOLE, JobState, MigInstance, NodeState, State
+from projections.state import WHOLE, GpuState, JobState, MigInstance, NodeState, State
 
 
 class ClaimError(Exception):
@@ -25,6 +28,9 @@ def claim_milli(gpu_model: str, claim: GpuClaim) -> int:
     return 0 if p is None else p.size * WHOLE // mig.SLICES
 
 
+_gpu_index = operator.attrgetter("gpu")
+
+
 def check_worker_shape(res: Resources, claims: tuple[GpuClaim, ...]) -> None:
     """A worker's claims must be exactly what the job asked for: no more, no less."""
     if res.mig is not None:
@@ -35,32 +41,115 @@ def check_worker_shape(res: Resources, claims: tuple[GpuClaim, ...]) -> None:
         if len(claims) != 1 or claims[0].mig is not None or claims[0].milli != res.gpu_milli:
             raise ClaimError("shape", f"each worker needs {res.gpu_milli} milli-GPU of one GPU")
         return
-    if len(claims) != res.gpus or any(c.milli != WHOLE or c.mig is not None for c in claims):
+    if len(claims) != res.gpus:
         raise ClaimError("shape", f"each worker needs {res.gpus} whole GPUs")
-    if len({c.gpu for c in claims}) != len(claims):
+    for c in claims:
+        if c.milli != WHOLE or c.mig is not None:
+            raise ClaimError("shape", f"each worker needs {res.gpus} whole GPUs")
+    if len(claims) > 1 and len(set(map(_gpu_index, claims))) != len(claims):
         raise ClaimError("shape", "a worker names the same GPU twice")
 
 
 def check(state: State, job: JobState, placement: Placement) -> None:
-    """Raise ClaimError unless every claim of ``placement`` can be taken right now."""
+    """Raise ClaimError unless every claim of ``placement`` can be taken right now.
+
+    The checks run in three rounds, and the first that fails is the one reported: each worker's
+    node, labels and shape; then CPU and memory per node; then each GPU, in the order claimed."""
     spec = job.spec
     res = spec.resources
-    ranks = sorted(w.rank for w in placement.workers)
+    workers = placement.workers
     want = job.admission.replicas if job.admission is not None else spec.replicas
-    if ranks != list(range(want)):
-        raise ClaimError("gang", f"placement names ranks {ranks}, the gang is ranks 0..{want - 1}")
+    in_order = len(workers) == want
+    if in_order:
+        for i, w in enumerate(workers):
+            if w.rank != i:
+                in_order = False
+                break
+    if not in_order:
+        ranks = sorted(w.rank for w in workers)
+        if ranks != list(range(want)):
+            raise ClaimError("gang", f"placement names ranks {ranks}, the gang is ranks 0..{want - 1}")
+    nodes = state.nodes
+    selector = spec.node_selector
+    if len(workers) == 1:  # most jobs: one worker, so the rounds are one after the other
+        w = workers[0]
+        node = nodes.get(w.node)
+        if node is None or node.condition != "ready" or node.cordoned or selector:
+            node = _worker_node(nodes, w, selector)
+        check_worker_shape(res, w.gpus)
+        inventory = node.inventory
+        if node.cpu_used + res.cpu_milli > inventory.cpu_milli or (
+            node.memory_used + res.memory_mib > inventory.memory_mib
+        ):
+            _check_room(node, w.node, res.cpu_milli, res.memory_mib)
+        _check_gpus(node, w.gpus, res)
+        return
+    on = []
+    for w in workers:
+        on.append(_worker_node(nodes, w, selector))
+        check_worker_shape(res, w.gpus)
+    if len({w.node for w in workers}) != len(workers):
+        _check_shared(state, res, workers)
+        return
+    # One worker per node, so each (node, GPU) is claimed by one worker, once.
+    for node, w in zip(on, workers, strict=True):
+        _check_room(node, w.node, res.cpu_milli, res.memory_mib)
+    for node, w in zip(on, workers, strict=True):
+        _check_gpus(node, w.gpus, res)
+
+
+def _worker_node(nodes: dict[str, NodeState], w: WorkerSlot, selector: dict[str, str]) -> NodeState:
+    node = nodes.get(w.node)
+    if node is None:
+        raise ClaimError("node", f"node {w.node} is not registered")
+    if node.condition != "ready" or node.cordoned:
+        raise ClaimError("node", f"node {w.node} is {_node_condition(node)}")
+    if selector and any(node.inventory.labels.get(k) != v for k, v in selector.items()):
+        raise ClaimError("labels", f"node {w.node} lacks the labels the job selects")
+    return node
+
+
+def _check_room(node: NodeState, name: str, cpu: int, memory: int) -> None:
+    inventory = node.inventory
+    if node.cpu_used + cpu > inventory.cpu_milli:
+        raise ClaimError("cpu", f"node {name} has not {cpu} milli-CPU free")
+    if node.memory_used + memory > inventory.memory_mib:
+        raise ClaimError("memory", f"node {name} has not {memory} MiB free")
+
+
+def _check_gpus(node: NodeState, claims: tuple[GpuClaim, ...], res: Resources) -> None:
+    """Each GPU one worker claims, on a node where no other worker of the gang claims any."""
+    gpus = node.gpus
+    models = res.gpu_models
+    memory = res.min_gpu_memory_mib
+    # The shape is checked: a whole-GPU worker claims only whole GPUs, and nothing of MIG.
+    whole = res.mig is None and not (res.gpus == 1 and 0 < res.gpu_milli < WHOLE)
+    for c in claims:
+        # The common claim, a whole idle healthy GPU that suits the job, passes here at once;
+        # any other goes through every check, which says what is wrong if anything is.
+        i = c.gpu
+        if whole and 0 <= i < len(gpus):
+            gpu = gpus[i]
+            info = gpu.info
+            if (
+                not gpu.holders
+                and gpu.used_milli <= 0
+                and gpu.healthy
+                and not info.mig
+                and info.memory_mib >= memory
+                and (not models or info.model in models)
+            ):
+                continue
+        _check_gpu(node, i, (c,), res)
+
+
+def _check_shared(state: State, res: Resources, workers: tuple[WorkerSlot, ...]) -> None:
+    """CPU, memory and GPU checks of a gang with several workers on one node: what they claim
+    there together must fit."""
     cpu: dict[str, int] = {}
     mem: dict[str, int] = {}
     taken: dict[tuple[str, int], list[GpuClaim]] = {}
-    for w in placement.workers:
-        node = state.nodes.get(w.node)
-        if node is None:
-            raise ClaimError("node", f"node {w.node} is not registered")
-        if not node.schedulable:
-            raise ClaimError("node", f"node {w.node} is {_node_condition(node)}")
-        if any(node.inventory.labels.get(k) != v for k, v in spec.node_selector.items()):
-            raise ClaimError("labels", f"node {w.node} lacks the labels the job selects")
-        check_worker_shape(res, w.gpus)
+    for w in workers:
         cpu[w.node] = cpu.get(w.node, 0) + res.cpu_milli
         mem[w.node] = mem.get(w.node, 0) + res.memory_mib
         for c in w.gpus:
@@ -79,59 +168,97 @@ def _node_condition(node: NodeState) -> str:
     return "cordoned" if node.cordoned else node.condition
 
 
-def _check_gpu(node: NodeState, index: int, claims: list[GpuClaim], res: Resources) -> None:
+def _where(node: NodeState, index: int) -> str:
+    return f"GPU {index} of {node.name}"
+
+
+def _check_gpu(node: NodeState, index: int, claims: Sequence[GpuClaim], res: Resources) -> None:
+    # Messages are composed only when a check fails: this runs for every GPU a placement claims.
     if not 0 <= index < len(node.gpus):
         raise ClaimError("gpu", f"node {node.name} has no GPU {index}")
     gpu = node.gpus[index]
-    where = f"GPU {index} of {node.name}"
     if not gpu.healthy:
-        raise ClaimError("unhealthy", f"{where} is unhealthy ({gpu.signal or 'reported bad'})")
-    if res.gpu_models and gpu.info.model not in res.gpu_models:
-        raise ClaimError("model", f"{where} is a {gpu.info.model}")
-    if gpu.info.memory_mib < res.min_gpu_memory_mib:
-        raise ClaimError("gpu-memory", f"{where} has {gpu.info.memory_mib} MiB")
-    if gpu.info.mig:
-        used = gpu.mig_used
-        me = any(i.profile.endswith("+me") for i in gpu.mig.values())
-        for c in claims:
-            if c.mig is None:
-                raise ClaimError("mig", f"{where} is in MIG mode; it is shared by MIG instances only")
-            if not mig.fits(gpu.info.model, c.mig.profile, c.mig.start, used):
-                raise ClaimError("mig", f"MIG {c.mig.profile} cannot start at slice {c.mig.start} on {where}")
-            if c.mig.profile.endswith("+me"):
-                if me:
-                    raise ClaimError("mig", f"{where} already has its one +me instance")
-                me = True
-            p = mig.profile(gpu.info.model, c.mig.profile)
-            assert p is not None
-            used |= mig.mask(p, c.mig.start)
+        raise ClaimError("unhealthy", f"{_where(node, index)} is unhealthy ({gpu.signal or 'reported bad'})")
+    info = gpu.info
+    if res.gpu_models and info.model not in res.gpu_models:
+        raise ClaimError("model", f"{_where(node, index)} is a {info.model}")
+    if info.memory_mib < res.min_gpu_memory_mib:
+        raise ClaimError("gpu-memory", f"{_where(node, index)} has {info.memory_mib} MiB")
+    if info.mig:
+        _check_mig(node, index, claims)
         return
-    if any(c.mig is not None for c in claims):
-        raise ClaimError("mig", f"{where} is not in MIG mode")
-    need = sum(c.milli for c in claims)
-    if any(c.milli == WHOLE for c in claims) and (len(claims) > 1 or gpu.holders):
-        raise ClaimError("busy", f"{where} is not free")
+    need = 0
+    whole = False
+    for c in claims:
+        if c.mig is not None:
+            raise ClaimError("mig", f"{_where(node, index)} is not in MIG mode")
+    for c in claims:
+        need += c.milli
+        if c.milli == WHOLE:
+            whole = True
+    if whole and (len(claims) > 1 or gpu.holders):
+        raise ClaimError("busy", f"{_where(node, index)} is not free")
     if gpu.used_milli + need > WHOLE:
-        raise ClaimError("busy", f"{where} has {gpu.free_milli} milli-GPU free, not {need}")
+        raise ClaimError("busy", f"{_where(node, index)} has {gpu.free_milli} milli-GPU free, not {need}")
+
+
+def _check_mig(node: NodeState, index: int, claims: Sequence[GpuClaim]) -> None:
+    gpu = node.gpus[index]
+    model = gpu.info.model
+    used = gpu.mig_used
+    me = any(i.profile.endswith("+me") for i in gpu.mig.values())
+    for c in claims:
+        slot = c.mig
+        if slot is None:
+            where = _where(node, index)
+            raise ClaimError("mig", f"{where} is in MIG mode; it is shared by MIG instances only")
+        if not mig.fits(model, slot.profile, slot.start, used):
+            raise ClaimError(
+                "mig", f"MIG {slot.profile} cannot start at slice {slot.start} on {_where(node, index)}"
+            )
+        if slot.profile.endswith("+me"):
+            if me:
+                raise ClaimError("mig", f"{_where(node, index)} already has its one +me instance")
+            me = True
+        p = mig.profile(model, slot.profile)
+        assert p is not None
+        used |= mig.mask(p, slot.start)
 
 
 def take(state: State, job: JobState, placement: Placement) -> None:
     res = job.spec.resources
+    job_id = job.id
+    nodes = state.nodes
+    cpu, memory = res.cpu_milli, res.memory_mib
     for w in placement.workers:
-        node = state.nodes[w.node]
-        node.cpu_used += res.cpu_milli
-        node.memory_used += res.memory_mib
+        node = nodes[w.node]
+        node.cpu_used += cpu
+        node.memory_used += memory
+        gpus = node.gpus
         for c in w.gpus:
-            gpu = node.gpus[c.gpu]
-            m = claim_milli(gpu.info.model, c)
-            gpu.used_milli += m
-            gpu.holders[job.id] = gpu.holders.get(job.id, 0) + m
+            gpu = gpus[c.gpu]
             if c.mig is not None:
-                p = mig.profile(gpu.info.model, c.mig.profile)
-                assert p is not None
-                gpu.mig_used |= mig.mask(p, c.mig.start)
-                gpu.mig[c.mig.start] = MigInstance(job.id, c.mig.profile)
+                _take_mig(gpu, c, job_id)
+                continue
+            m = c.milli
+            gpu.used_milli += m
+            holders = gpu.holders
+            if job_id in holders:
+                holders[job_id] += m
+            else:
+                holders[job_id] = m
     job.held = placement
+
+
+def _take_mig(gpu: GpuState, c: GpuClaim, job_id: str) -> None:
+    assert c.mig is not None
+    m = claim_milli(gpu.info.model, c)
+    gpu.used_milli += m
+    gpu.holders[job_id] = gpu.holders.get(job_id, 0) + m
+    p = mig.profile(gpu.info.model, c.mig.profile)
+    assert p is not None
+    gpu.mig_used |= mig.mask(p, c.mig.start)
+    gpu.mig[c.mig.start] = MigInstance(job_id, c.mig.profile)
 
 
 def release(state: State, job: JobState) -> None:
@@ -140,22 +267,39 @@ def release(state: State, job: JobState) -> None:
     if placement is None:
         return
     res = job.spec.resources
+    job_id = job.id
+    nodes = state.nodes
+    cpu, memory = res.cpu_milli, res.memory_mib
     for w in placement.workers:
-        node = state.nodes.get(w.node)
+        node = nodes.get(w.node)
         if node is None:
             continue
-        node.cpu_used = max(0, node.cpu_used - res.cpu_milli)
-        node.memory_used = max(0, node.memory_used - res.memory_mib)
+        left = node.cpu_used - cpu
+        node.cpu_used = left if left > 0 else 0
+        left = node.memory_used - memory
+        node.memory_used = left if left > 0 else 0
+        gpus = node.gpus
+        n = len(gpus)
         for c in w.gpus:
-            if not 0 <= c.gpu < len(node.gpus):
+            i = c.gpu
+            if i >= n or i < 0:
                 continue
-            gpu = node.gpus[c.gpu]
-            held = gpu.holders.pop(job.id, 0)
-            gpu.used_milli = max(0, gpu.used_milli - held)
-            inst = gpu.mig.get(c.mig.start) if c.mig is not None else None
-            if c.mig is not None and inst is not None and inst.job_id == job.id:
-                p = mig.profile(gpu.info.model, c.mig.profile)
-                if p is not None:
-                    gpu.mig_used &= ~mig.mask(p, c.mig.start)
-                del gpu.mig[c.mig.start]
+            gpu = gpus[i]
+            holders = gpu.holders
+            if job_id in holders:
+                left = gpu.used_milli - holders.pop(job_id)
+                gpu.used_milli = left if left > 0 else 0
+            elif gpu.used_milli < 0:
+                gpu.used_milli = 0
+            if c.mig is not None:
+                _release_mig(gpu, c.mig, job_id)
     job.held = None
+
+
+def _release_mig(gpu: GpuState, slot: MigSlot, job_id: str) -> None:
+    inst = gpu.mig.get(slot.start)
+    if inst is not None and inst.job_id == job_id:
+        p = mig.profile(gpu.info.model, slot.profile)
+        if p is not None:
+            gpu.mig_used &= ~mig.mask(p, slot.start)
+        del gpu.mig[slot.start]

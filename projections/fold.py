@@ -46,7 +46,15 @@ from events.nodes import (
 )
 from events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CordonNode, DeleteQueue
 from projections import claims, quota
-from projections.lifecycle import FINAL, HOLDS_QUOTA, IllegalTransition, Trigger, advance
+from projections.lifecycle import (
+    FINAL,
+    HOLDS_QUOTA,
+    TRANSITIONS,
+    TRIGGERS,
+    IllegalTransition,
+    Phase,
+    Trigger,
+)
 from projections.state import (
     MAX_REJECTIONS,
     Checkpoint,
@@ -69,23 +77,14 @@ class Refused(Exception):
         self.job_id = job_id
 
 
-class Ctx:
-    """Where the record being folded came from."""
+class Ctx(msgspec.Struct, gc=False):
+    """Where the record being folded came from (a Struct: one is made per record)."""
 
-    __slots__ = ("seq", "subject", "time", "tenant", "kind", "key", "trace")
-
-    def __init__(
-        self, seq: int, subject: str, time: float, tenant: str | None, trace: str | None = None
-    ) -> None:
-        self.seq = seq
-        self.trace = trace  # W3C traceparent the writer sent: a job's trace starts at its submit
-        self.subject = subject
-        self.time = time
-        self.tenant = tenant
-        # corral.ev.<kind>.<key>: the entity the subject names.
-        parts = subject.split(".", 3)
-        self.kind = parts[2] if len(parts) > 2 else ""
-        self.key = parts[3] if len(parts) > 3 else ""
+    seq: int
+    subject: str
+    time: float
+    tenant: str | None
+    trace: str | None = None  # W3C traceparent the writer sent: a job's trace starts at its submit
 
 
 def fold(records: Iterable[Record], state: State | None = None) -> State:
@@ -96,16 +95,35 @@ def fold(records: Iterable[Record], state: State | None = None) -> State:
 
 
 def apply(state: State, record: Record) -> State:
-    if record.seq <= state.seq:
+    seq = record.seq
+    if seq <= state.seq:
         return state  # already folded (a redelivery, or a snapshot ahead of this record)
-    state.seq = record.seq
-    if record.time > state.time:
-        state.time = record.time
+    state.seq = seq
+    time = record.time
+    if time > state.time:
+        state.time = time
+    subject = record.subject
+    body: Event
     try:
-        body, ctx = _decode(record)
-        HANDLERS[type(body)](state, ctx, body)
+        if subject.startswith("corral.ev."):
+            try:  # most records: a service event of the current schema
+                env = _decode_current_envelope(record.data)
+                body, tenant, trace = env.body, None, env.traceparent
+            except (msgspec.DecodeError, msgspec.ValidationError):  # upcast, or refused as malformed
+                body, tenant, trace = _decode_record(subject, record.data, record.headers)
+        else:
+            body, tenant, trace = _decode_record(subject, record.data, record.headers)
+        # ``_dispatch``, for what the decoder gives: one of corral's types, its key a str.
+        handler, home, key_of = _ROUTES[type(body)]
+        ctx = Ctx(seq, subject, time, tenant, trace)
+        if tenant is None:
+            if home is None:
+                raise Refused("unknown", f"{type(body).__name__} is a request, not an event")
+            if subject != (home if key_of is None else home + getattr(body, key_of)):
+                _check_writer(ctx, body)
+        handler(state, ctx, body)
     except Exception as e:  # noqa: BLE001 - the fold must never take a service down
-        _refused(state, record.seq, record.subject, e)
+        _refused(state, seq, subject, e)
     return state
 
 
@@ -120,13 +138,37 @@ def apply_event(
     if time > state.time:
         state.time = time
     try:
-        ctx = Ctx(seq, subject, time, tenant)
-        if tenant is None:
-            _check_writer(ctx, body)
-        HANDLERS[type(body)](state, ctx, body)
+        _dispatch(state, Ctx(seq, subject, time, tenant), body)
     except Exception as e:  # noqa: BLE001
         _refused(state, seq, subject, e)
     return state
+
+
+_decode_record = codec.decode_record
+_decode_current_envelope = codec.decode_current_envelope
+
+
+def _dispatch(state: State, ctx: Ctx, body: Event) -> None:
+    """Check the writer of a service event, then fold it with its type's handler."""
+    route = _ROUTES.get(type(body))
+    if route is None:  # not one of corral's types: refused as the general path says
+        if ctx.tenant is None:
+            _check_writer(ctx, body)
+        HANDLERS[type(body)](state, ctx, body)
+        return
+    handler, subject, key_of = route
+    if ctx.tenant is None:
+        if subject is None:
+            raise Refused("unknown", f"{type(body).__name__} is a request, not an event")
+        # The common case in one comparison; anything else takes the general check.
+        if key_of is None:
+            if ctx.subject != subject:
+                _check_writer(ctx, body)
+        else:
+            key = getattr(body, key_of)
+            if key.__class__ is not str or ctx.subject != subject + key:
+                _check_writer(ctx, body)
+    handler(state, ctx, body)
 
 
 def _refused(state: State, seq: int, subject: str, e: Exception) -> None:
@@ -141,14 +183,6 @@ def _refused(state: State, seq: int, subject: str, e: Exception) -> None:
         _reject(state, seq, subject, "fault", f"{type(e).__name__}: {e}")
 
 
-def _decode(record: Record) -> tuple[Event, Ctx]:
-    body, tenant, trace = codec.decode_body(record.subject, record.data, record.headers)
-    ctx = Ctx(record.seq, record.subject, record.time, tenant, trace)
-    if tenant is None:
-        _check_writer(ctx, body)
-    return body, ctx
-
-
 def _check_writer(ctx: Ctx, body: Event) -> None:
     """A service event must sit on the subject of the entity it speaks about: the NATS
     permissions that bind a writer to its subjects then bind it to those entities too."""
@@ -156,7 +190,9 @@ def _check_writer(ctx: Ctx, body: Event) -> None:
     if place is None:
         raise Refused("unknown", f"{type(body).__name__} is a request, not an event")
     kind, expected = place
-    if ctx.kind != kind or ctx.key != expected:
+    # corral.ev.<kind>.<key>: the entity the subject names.
+    parts = ctx.subject.split(".", 3)
+    if (parts[2] if len(parts) > 2 else "") != kind or (parts[3] if len(parts) > 3 else "") != expected:
         raise Refused(
             "forbidden",
             f"{type(body).__name__} about {expected} may not be written on {ctx.subject}",
@@ -186,14 +222,27 @@ def _node(state: State, name: str) -> NodeState:
     return node
 
 
+# trigger -> phase -> (next phase, 1 if the move takes quota, -1 if it gives it back, else 0):
+# the lifecycle's transition table, with what each move does to the quota the job holds.
+def _moves() -> dict[Trigger, dict[Phase, tuple[Phase, int]]]:
+    moves: dict[Trigger, dict[Phase, tuple[Phase, int]]] = {trigger: {} for trigger in TRIGGERS}
+    for (before, trigger), after in TRANSITIONS.items():
+        moves[trigger][before] = (after, (after in HOLDS_QUOTA) - (before in HOLDS_QUOTA))
+    return moves
+
+
+_MOVES = _moves()
+
+
 def _move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
-    before = job.phase
-    job.phase = advance(before, trigger)
+    try:
+        job.phase, quota_change = _MOVES[trigger][job.phase]
+    except KeyError:
+        raise IllegalTransition(job.phase, trigger) from None
     job.phase_since = ctx.time
     job.updated_seq = ctx.seq
-    held_before, held_now = before in HOLDS_QUOTA, job.phase in HOLDS_QUOTA
-    if held_before != held_now:
-        quota.count_holding(state, job, 1 if held_now else -1)
+    if quota_change:
+        quota.count_holding(state, job, quota_change)
 
 
 def _stop_holding(state: State, job: JobState) -> None:
@@ -322,7 +371,9 @@ def _cordon(state: State, ctx: Ctx, name: str, cordoned: bool, drain: bool, why:
 
 
 def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
-    job = _job(state, ev.job_id)
+    job = state.jobs.get(ev.job_id)
+    if job is None:
+        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
     _move(state, job, "accept", ctx)
     job.priority = ev.priority
     job.reasons = ()
@@ -344,15 +395,19 @@ def _pending_reason(state: State, ctx: Ctx, ev: PendingReasonChanged) -> None:
 
 def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
     void: list[str] = []
-    ledger = quota.Ledger.from_state(state)
+    # The fold's ledger: the tree is kept while queues and cohorts stay the same, and only its
+    # usage is brought to this point of the log, so an admission cycle costs its admissions.
+    ledger = quota.fold_ledger(state)
+    jobs = state.jobs
     for adm in ev.admissions:
-        job = state.jobs.get(adm.job_id)
+        job = jobs.get(adm.job_id)
         if job is None or job.phase != "queued" or job.attempt != adm.attempt:
             void.append(f"{adm.job_id}: not queued at attempt {adm.attempt}")
             continue
-        lo = job.spec.min_replicas if job.spec.min_replicas is not None else job.spec.replicas
-        if not lo <= adm.replicas <= job.spec.replicas:
-            void.append(f"{adm.job_id}: {adm.replicas} replicas outside {lo}..{job.spec.replicas}")
+        spec = job.spec
+        lo = spec.min_replicas if spec.min_replicas is not None else spec.replicas
+        if not lo <= adm.replicas <= spec.replicas:
+            void.append(f"{adm.job_id}: {adm.replicas} replicas outside {lo}..{spec.replicas}")
             continue
         why = ledger.claim(job, adm)  # the quota it claims must be there; charged when it is
         if why is not None:
@@ -383,8 +438,9 @@ def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
 
 def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
     void: list[str] = []
+    jobs = state.jobs
     for p in ev.placements:
-        job = state.jobs.get(p.job_id)
+        job = jobs.get(p.job_id)
         if job is None or job.phase != "admitted" or job.attempt != p.attempt:
             void.append(f"{p.job_id}: not admitted at attempt {p.attempt}")
             continue
@@ -469,50 +525,69 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
 
 
 def _placed_job(state: State, ev: WorkerStarted | WorkerExited | CheckpointCompleted) -> JobState:
-    job = _job(state, ev.job_id)
+    job = state.jobs.get(ev.job_id)
+    if job is None:
+        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
     if ev.attempt > job.attempt:
         raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
     return job
 
 
 def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
-    job = _placed_job(state, ev)
-    slot = (
-        None if job.placement is None else next((w for w in job.placement.workers if w.rank == ev.rank), None)
-    )
+    job = state.jobs.get(ev.job_id)  # ``_placed_job``, on the hot path
+    if job is None:
+        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
+    if ev.attempt > job.attempt:
+        raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
+    rank = ev.rank
+    placement = job.placement
+    slot = None
+    if placement is not None:
+        for w in placement.workers:
+            if w.rank == rank:
+                slot = w
+                break
     if ev.attempt != job.attempt or slot is None or slot.node != ev.node:
-        raise Refused("illegal", f"job {job.id} has no rank {ev.rank} on {ev.node} now", job.id)
+        raise Refused("illegal", f"job {job.id} has no rank {rank} on {ev.node} now", job.id)
     if job.phase not in ("placed", "starting"):
         raise IllegalTransition(job.phase, "start")
-    job.started.add(ev.rank)
-    job.live.add(ev.rank)
+    job.started.add(rank)
+    job.live.add(rank)
     _move(state, job, "start", ctx)
-    if len(job.started) == len(job.placement.workers):  # type: ignore[union-attr]
+    if len(job.started) == len(placement.workers):  # type: ignore[union-attr]
         _move(state, job, "run", ctx)
 
 
 def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
-    job = _placed_job(state, ev)
+    job = state.jobs.get(ev.job_id)  # ``_placed_job``, on the hot path
+    if job is None:
+        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
+    if ev.attempt > job.attempt:
+        raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
     if ev.attempt < job.attempt or job.phase in FINAL or job.phase in ("preempted", "interrupted"):
         # A straggler of an attempt already over: it only gives its GPUs back.
         job.live.discard(ev.rank)
         _stop_holding(state, job)
         return
-    if ev.rank not in job.live:
-        raise Refused("illegal", f"rank {ev.rank} of job {job.id} is not running", job.id)
-    job.live.discard(ev.rank)
-    job.exit_codes[ev.rank] = ev.code
+    rank = ev.rank
+    live = job.live
+    if rank not in live:
+        raise Refused("illegal", f"rank {rank} of job {job.id} is not running", job.id)
+    live.discard(rank)
+    codes = job.exit_codes
+    codes[rank] = ev.code
     job.updated_seq = ctx.seq
     if job.phase == "checkpointing":
-        if not job.live:
+        if not live:
             _move(state, job, "stop", ctx)
     elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
         n = len(job.placement.workers) if job.placement is not None else 0
-        if len(job.exit_codes) == n and not any(job.exit_codes.values()):
+        if len(codes) == n and not any(codes.values()):
             _move(state, job, "succeed", ctx)
     else:
-        _worker_failed(state, job, ctx, f"rank {ev.rank} exited with code {ev.code}")
-    _stop_holding(state, job)
+        _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
+    if job.held is not None and not live:
+        claims.release(state, job)  # the last worker is gone: the GPUs are free
 
 
 def _worker_failed(state: State, job: JobState, ctx: Ctx, why: str) -> None:
@@ -605,4 +680,11 @@ HANDLERS: dict[type[Event], Handler] = {
     NodeConditionChanged: _condition,
     GpuHealthChanged: _gpu_health,
     NodeCordoned: _cordoned,
+}
+
+# type -> (handler, the subject it must be written on or that subject's prefix, the field naming
+# its key): one lookup per record. Requests have no subject here: they come with the tenant their
+# subject names.
+_ROUTES: dict[type[Event], tuple[Handler, str | None, str | None]] = {
+    t: (h, *routing.WRITTEN_ON.get(t, (None, None))) for t, h in HANDLERS.items()
 }

@@ -34,13 +34,14 @@ each fit check and each charge walk the tree's depth. Nothing here reads a clock
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 
 import msgspec
 
 from events.base import Reason
 from events.jobs import Admission, JobSpec, Resources
-from events.queues import QueueSpec, Quota
+from events.queues import CohortSpec, QueueSpec, Quota
 from projections import mig
 from projections.lifecycle import HOLDS_QUOTA
 from projections.state import WHOLE, JobState, State
@@ -53,6 +54,7 @@ ANY = "*"
 MIG_MODELS: tuple[str, ...] = ("A100-40GB", "A100-80GB", "H100-80GB", "H100-NVL", "H200-141GB")
 
 _NO_QUOTA = Quota()
+_NOTHING: Mapping[str, int] = {}
 
 
 # -- what a job costs ------------------------------------------------------------------------------
@@ -65,19 +67,38 @@ def mig_milli(profile: str, models: Iterable[str]) -> int | None:
     return max(sizes) * WHOLE // mig.SLICES if sizes else None
 
 
+# (profile, gpu_models, key) -> a MIG worker's charge. The fold asks several times per job; the
+# answers depend on the MIG tables alone, and only so many are kept: profiles come from tenants.
+_mig_charges: dict[tuple[str, tuple[str, ...], str], int] = {}
+_MAX_MIG_CHARGES = 4096
+
+
+def _mig_worker_milli(profile: str, gpu_models: tuple[str, ...], key: str) -> int:
+    models = (key,) if key != ANY else (gpu_models or MIG_MODELS)
+    found = mig_milli(profile, models)
+    if found is None and key != ANY:
+        found = mig_milli(profile, gpu_models or MIG_MODELS)
+    return WHOLE if found is None else found
+
+
 def worker_milli(res: Resources, key: str = ANY) -> int:
     """What one worker costs against quota key ``key``, in milli-GPU."""
     if res.mig is not None:
-        models = (key,) if key != ANY else (res.gpu_models or MIG_MODELS)
-        found = mig_milli(res.mig, models)
-        if found is None and key != ANY:
-            found = mig_milli(res.mig, res.gpu_models or MIG_MODELS)
-        return WHOLE if found is None else found
-    if res.gpus <= 0:
+        if type(res.gpu_models) is not tuple:
+            return _mig_worker_milli(res.mig, res.gpu_models, key)
+        known = (res.mig, res.gpu_models, key)
+        milli = _mig_charges.get(known)
+        if milli is None:
+            milli = _mig_worker_milli(res.mig, res.gpu_models, key)
+            if len(_mig_charges) < _MAX_MIG_CHARGES:
+                _mig_charges[known] = milli
+        return milli
+    gpus = res.gpus
+    if gpus <= 0:
         return 0
-    if res.gpus == 1 and 0 < res.gpu_milli < WHOLE:
+    if gpus == 1 and 0 < res.gpu_milli < WHOLE:
         return res.gpu_milli
-    return res.gpus * WHOLE
+    return gpus * WHOLE
 
 
 def candidate_keys(queue: QueueSpec, res: Resources) -> tuple[str, ...]:
@@ -155,8 +176,8 @@ def holding(job: JobState) -> list[tuple[str, int]]:
     if adm is None or not adm.gpus:
         return []
     if len(adm.gpus) == 1:
-        key = next(iter(adm.gpus))
-        return [(key, worker_milli(job.spec.resources, key) * adm.replicas)]
+        for key in adm.gpus:
+            return [(key, worker_milli(job.spec.resources, key) * adm.replicas)]
     # More than one key cannot be proposed through ``check``; it is held as recorded.
     return [(key, gpus * WHOLE) for key, gpus in sorted(adm.gpus.items())]
 
@@ -164,15 +185,30 @@ def holding(job: JobState) -> list[tuple[str, int]]:
 def count_holding(state: State, job: JobState, sign: int) -> None:
     """Add (sign 1) or remove (sign -1) what ``job`` holds to ``State.quota_held``: the fold
     calls it whenever a job enters or leaves a quota-holding phase."""
-    per_key = state.quota_held.setdefault(job.spec.queue, {})
-    for key, milli in holding(job):
-        left = per_key.get(key, 0) + sign * milli
+    queue = job.spec.queue
+    per_key = state.quota_held.setdefault(queue, {})
+    adm = job.admission
+    if adm is not None and len(adm.gpus) == 1:  # ``holding``'s one key, without its list
+        (key,) = adm.gpus
+        res = job.spec.resources
+        if res.mig is None and res.gpus > 0:  # ``worker_milli``, on the hot path
+            milli = res.gpu_milli if res.gpus == 1 and 0 < res.gpu_milli < WHOLE else res.gpus * WHOLE
+        else:
+            milli = worker_milli(res, key)
+        left = per_key.get(key, 0) + sign * milli * adm.replicas
         if left:
             per_key[key] = left
         else:
             per_key.pop(key, None)
+    else:
+        for key, milli in holding(job):
+            left = per_key.get(key, 0) + sign * milli
+            if left:
+                per_key[key] = left
+            else:
+                per_key.pop(key, None)
     if not per_key:
-        del state.quota_held[job.spec.queue]
+        del state.quota_held[queue]
 
 
 class Ledger:
@@ -232,6 +268,29 @@ class Ledger:
             if job.phase in HOLDS_QUOTA:
                 ledger.hold(job)
         return ledger
+
+    def _sync(self, held: Mapping[str, Mapping[str, int]]) -> None:
+        """Bring each queue's usage to ``held`` (as ``State.quota_held`` counts it), charging only
+        the differences. Usage up the tree is a function of the queues' own usage alone, so this
+        ends where a new ledger charged with ``held`` starts."""
+        for name, node in self._queues.items():
+            usage = node.usage
+            want = held.get(name)
+            if want is None:
+                if not usage:
+                    continue
+                want = _NOTHING
+            elif usage == want:
+                continue
+            for key, milli in want.items():
+                delta = milli - usage.get(key, 0)
+                if delta:
+                    self.charge(name, key, delta)
+            if not usage.keys() <= want.keys():  # keys it held and holds no more
+                for key in [k for k in usage if k not in want]:
+                    if usage[key]:
+                        self.charge(name, key, -usage[key])
+                    del usage[key]
 
     def _cohort(self, name: str) -> _Node:
         """A cohort named by a queue or as a parent need not be defined: it is then an empty
@@ -344,9 +403,10 @@ class Ledger:
         old = n.usage.get(key, 0)
         new = old + milli
         n.usage[key] = new
+        # The arithmetic of the module docstring, without calls to max: this runs per charge.
         while n.parent is not None:
             g = n.guaranteed.get(key, 0)
-            delta = max(0, new - g) - max(0, old - g)
+            delta = (new - g if new > g else 0) - (old - g if old > g else 0)  # max(0, ·) each
             if delta == 0:
                 return
             n = n.parent
@@ -382,32 +442,51 @@ class Ledger:
     def check(self, job: JobState, adm: Admission) -> Reason | None:
         """Whether ``adm`` is a faithful, fitting admission of ``job`` at this point of the log:
         one key the job may count against, its GPUs as the job's resources say, within quota."""
-        spec = job.spec
-        queue = spec.queue
-        if queue not in self._queues:
-            return Reason("unknown-queue", f"no queue {queue}")
-        res = spec.resources
-        if worker_milli(res) == 0:
-            if adm.gpus:
-                return Reason("shape", f"job {job.id} uses no GPU but the admission holds some")
-            return None
-        if len(adm.gpus) != 1:
-            return Reason("shape", f"admission of {job.id} must name exactly one quota key")
-        key, gpus = next(iter(adm.gpus.items()))
-        keys = candidate_keys(self._specs[queue], res)
-        if key not in keys:
-            return Reason("shape", f"job {job.id} may count against {', '.join(keys)}, not {key}")
-        milli = worker_milli(res, key) * adm.replicas
-        if gpus != whole_gpus(milli):
-            return Reason("shape", f"{adm.replicas} workers of {job.id} hold {fmt_gpus(milli)} {key}")
-        return self.admissible(queue, {key: milli})
+        return self._verdict(job, adm)[0]
 
     def claim(self, job: JobState, adm: Admission) -> Reason | None:
         """``check``, then charge the admission if it holds: the fold's call per admission."""
-        why = self.check(job, adm)
-        if why is None:
-            self.hold_admission(job, adm)
+        why, key, milli = self._verdict(job, adm)
+        if why is None and key is not None:
+            self.charge(job.spec.queue, key, milli)  # what ``hold_admission`` charges
         return why
+
+    def _verdict(self, job: JobState, adm: Admission) -> tuple[Reason | None, str | None, int]:
+        """``check``'s answer, with the key and milli-GPU the admission charges (None: none)."""
+        spec = job.spec
+        queue = spec.queue
+        node = self._queues.get(queue)
+        if node is None:
+            return Reason("unknown-queue", f"no queue {queue}"), None, 0
+        res = spec.resources
+        if res.mig is None and res.gpus <= 0:  # ``worker_milli(res) == 0``: a MIG worker costs some
+            if adm.gpus:
+                return Reason("shape", f"job {job.id} uses no GPU but the admission holds some"), None, 0
+            return None, None, 0
+        if len(adm.gpus) != 1:
+            return Reason("shape", f"admission of {job.id} must name exactly one quota key"), None, 0
+        ((key, gpus),) = adm.gpus.items()
+        if res.gpu_models or key != ANY:  # else ``candidate_keys`` is (ANY,)
+            keys = candidate_keys(self._specs[queue], res)
+            if key not in keys:
+                why = f"job {job.id} may count against {', '.join(keys)}, not {key}"
+                return Reason("shape", why), None, 0
+        if res.mig is None:  # ``worker_milli``, on the hot path (``gpus`` > 0 here)
+            milli = res.gpu_milli if res.gpus == 1 and 0 < res.gpu_milli < WHOLE else res.gpus * WHOLE
+        else:
+            milli = worker_milli(res, key)
+        milli *= adm.replicas
+        if gpus != -(-milli // WHOLE):  # ``whole_gpus``
+            why = f"{adm.replicas} workers of {job.id} hold {fmt_gpus(milli)} {key}"
+            return Reason("shape", why), None, 0
+        # ``admissible(queue, {key: milli})``, for the one key an admission names.
+        if milli <= 0:
+            return None, key, milli
+        if key not in node.quotas:
+            return Reason("no-quota", f"queue {queue} has no quota for {key_name(key)}"), None, 0
+        if milli <= _available(node, key):
+            return None, key, milli
+        return Reason("quota", self.describe(queue, key, milli)), None, 0
 
     def hold_admission(self, job: JobState, adm: Admission) -> None:
         for key in adm.gpus:
@@ -450,15 +529,21 @@ def _depth(n: _Node) -> int:
 def _available(n: _Node, key: str) -> int:
     if n.parent is None:
         return n.subtree.get(key, 0) - n.usage.get(key, 0)
+    # The arithmetic of the module docstring, with comparisons for max and min: this runs per
+    # admission checked.
     g = n.guaranteed.get(key, 0)
     used = n.usage.get(key, 0)
     # An over-committed parent (its quota was cut) takes nothing from what n keeps for itself.
-    from_parent = max(0, _available(n.parent, key))
+    from_parent = _available(n.parent, key)
+    if from_parent < 0:
+        from_parent = 0
     limit = n.quotas.get(key, _NO_QUOTA).borrowing_limit
     if limit is not None:
         stored = n.subtree.get(key, 0) - g
-        from_parent = min(from_parent, stored - max(0, used - g) + limit * WHOLE)
-    return max(0, g - used) + from_parent
+        cap = stored - (used - g if used > g else 0) + limit * WHOLE
+        if cap < from_parent:
+            from_parent = cap
+    return (g - used if g > used else 0) + from_parent
 
 
 def _ceiling(n: _Node, key: str) -> int:
@@ -473,6 +558,32 @@ def _ceiling(n: _Node, key: str) -> int:
 
 
 # -- the functions other modules call --------------------------------------------------------------
+
+
+class _FoldLedger(threading.local):
+    """The fold's ledger, with the queues and cohorts its tree was built from, per thread."""
+
+    built: tuple[dict[str, QueueSpec], dict[str, CohortSpec], Ledger] | None = None
+
+
+_fold = _FoldLedger()
+
+
+def fold_ledger(state: State) -> Ledger:
+    """The ledger the fold arbitrates ``JobsAdmitted`` with: it answers as
+    ``Ledger.from_state(state)`` would, at a fraction of the cost. Its tree is built again only
+    when the state's queues or cohorts differ from those it was built from (the specs are frozen
+    values, so equal mappings make the same tree), and its usage is brought to the state's
+    ``quota_held`` by charging what changed. It is one object, reused call after call: a caller
+    charges it for the event at hand and does not keep it."""
+    built = _fold.built
+    if built is None or built[0] != state.queues or built[1] != state.cohorts:
+        ledger = Ledger(state)
+        queues = ledger._specs = dict(state.queues)  # its own: the state's mapping may change
+        _fold.built = built = (queues, dict(state.cohorts), ledger)
+    ledger = built[2]
+    ledger._sync(state.quota_held)
+    return ledger
 
 
 def admissible(state: State, queue: str, demand: Mapping[str, int]) -> Reason | None:

@@ -565,9 +565,11 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     if ev.attempt > job.attempt:
         raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
     if ev.attempt < job.attempt or job.phase in FINAL or job.phase in ("preempted", "interrupted"):
-        # A straggler of an attempt already over: it only gives its GPUs back.
-        job.live.discard(ev.rank)
-        _stop_holding(state, job)
+        # A straggler of an attempt already over: it only gives back what that attempt holds.
+        # A rank of the same number in a newer attempt is another process on other GPUs.
+        if job.held is not None and job.held.attempt == ev.attempt:
+            job.live.discard(ev.rank)
+            _stop_holding(state, job)
         return
     rank = ev.rank
     live = job.live

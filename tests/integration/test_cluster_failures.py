@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import msgspec
-import pytest
 
 from events import codec, subjects
 from events.base import Event
@@ -293,11 +292,6 @@ async def test_a_lost_node_s_job_resumes_elsewhere_from_its_checkpoint(tmp_path:
         assert it.state.jobs["lost"].restarts == 0  # a lost node is not the job's failure
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="projections/fold.py: the exit of a straggler of an older attempt takes the same rank of "
-    "the current attempt out of job.live and releases the GPUs it still runs on",
-)
 async def test_a_node_cut_off_is_lost_its_agent_stops_the_worker_and_trust_returns(tmp_path: Path) -> None:
     async with live(tmp_path, nodes=2, settings=DYING) as it:
         await it.submit("cut", job_spec(LONG, gpus=8))

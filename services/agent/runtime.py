@@ -43,6 +43,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Literal, NamedTuple
@@ -383,6 +384,8 @@ class Runtime:
             else:
                 args += ["--ro-bind", path, path]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        for path in _needed_under_tmp(w.spec.command):
+            args += ["--ro-bind", path, path]
         writable = [str(w.workdir), w.spec.job_checkpoint_dir]
         for d in writable:
             args += ["--bind", d, d]
@@ -595,6 +598,19 @@ async def _probe_bwrap() -> str | None:
     except (OSError, TimeoutError):
         return None
     return path if code == 0 else None
+
+
+def _needed_under_tmp(command: Sequence[str]) -> list[str]:
+    """What the worker needs from the host's ``/tmp``, which its private ``/tmp`` hides: the
+    top-level directories there holding the command's files, this interpreter's environment or
+    the agent's working directory (a checkout or virtualenv may well live in ``/tmp``)."""
+    candidates = [sys.prefix, os.getcwd(), *(a for a in command if a.startswith("/"))]
+    tops = set()
+    for c in candidates:
+        parts = PurePosixPath(c).parts
+        if len(parts) > 2 and parts[1] == "tmp" and os.path.exists(c):
+            tops.add(f"/tmp/{parts[2]}")
+    return sorted(tops)
 
 
 def _target_problem(m: Mount, writable: list[str]) -> str:

@@ -605,8 +605,8 @@ def _worker_failed(state: State, job: JobState, ctx: Ctx, why: str) -> None:
 
 def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
     job = _placed_job(state, ev)
-    if job.phase in FINAL:
-        raise Refused("illegal", f"job {job.id} is {job.phase}", job.id)
+    # A checkpoint may land after the job ended (a worker saving as it is stopped): it is a late
+    # fact, not a wrong one, and is kept; the job's phase does not change.
     if job.checkpoint is None or ev.step >= job.checkpoint.step:
         job.checkpoint = Checkpoint(ev.location, ev.step, ev.attempt, ctx.seq, ctx.time)
         job.updated_seq = ctx.seq

@@ -55,6 +55,34 @@ def check(state: State, job: JobState, placement: Placement) -> None:
 
     The checks run in three rounds, and the first that fails is the one reported: each worker's
     node, labels and shape; then CPU and memory per node; then each GPU, in the order claimed."""
+    _check(state, job, placement)
+
+
+def place(state: State, job: JobState, placement: Placement) -> None:
+    """``check``, then ``take``: the fold's call. A gang of whole idle GPUs, one worker per node
+    (the common placement), is taken from what the check looked up, without a second look."""
+    checked = _check(state, job, placement)
+    if checked is None:
+        take(state, job, placement)
+        return
+    on, idle = checked
+    res = job.spec.resources
+    cpu, memory = res.cpu_milli, res.memory_mib
+    for node in on:
+        node.cpu_used += cpu
+        node.memory_used += memory
+    job_id = job.id
+    for gpu in idle:  # as ``take`` does for a whole GPU that nothing holds
+        gpu.used_milli += WHOLE
+        gpu.holders[job_id] = WHOLE
+    job.held = placement
+
+
+def _check(
+    state: State, job: JobState, placement: Placement
+) -> tuple[list[NodeState], list[GpuState]] | None:
+    """``check``; then, if each worker has a node of its own and claims only whole GPUs that
+    nothing holds, the workers' nodes and those GPUs (else None: checked all the same)."""
     spec = job.spec
     res = spec.resources
     workers = placement.workers
@@ -82,20 +110,24 @@ def check(state: State, job: JobState, placement: Placement) -> None:
             node.memory_used + res.memory_mib > inventory.memory_mib
         ):
             _check_room(node, w.node, res.cpu_milli, res.memory_mib)
-        _check_gpus(node, w.gpus, res)
-        return
+        idle: list[GpuState] = []
+        return ([node], idle) if _check_gpus(node, w.gpus, res, idle) else None
     on = []
     for w in workers:
         on.append(_worker_node(nodes, w, selector))
         check_worker_shape(res, w.gpus)
     if len({w.node for w in workers}) != len(workers):
         _check_shared(state, res, workers)
-        return
+        return None
     # One worker per node, so each (node, GPU) is claimed by one worker, once.
     for node, w in zip(on, workers, strict=True):
         _check_room(node, w.node, res.cpu_milli, res.memory_mib)
+    idle = []
+    all_idle = True
     for node, w in zip(on, workers, strict=True):
-        _check_gpus(node, w.gpus, res)
+        if not _check_gpus(node, w.gpus, res, idle):
+            all_idle = False
+    return (on, idle) if all_idle else None
 
 
 def _worker_node(nodes: dict[str, NodeState], w: WorkerSlot, selector: dict[str, str]) -> NodeState:
@@ -117,8 +149,10 @@ def _check_room(node: NodeState, name: str, cpu: int, memory: int) -> None:
         raise ClaimError("memory", f"node {name} has not {memory} MiB free")
 
 
-def _check_gpus(node: NodeState, claims: tuple[GpuClaim, ...], res: Resources) -> None:
-    """Each GPU one worker claims, on a node where no other worker of the gang claims any."""
+def _check_gpus(node: NodeState, claims: tuple[GpuClaim, ...], res: Resources, idle: list[GpuState]) -> bool:
+    """Each GPU one worker claims, on a node where no other worker of the gang claims any. True
+    if every claim is a whole GPU that nothing holds; those GPUs are added to ``idle``."""
+    all_idle = True
     gpus = node.gpus
     models = res.gpu_models
     memory = res.min_gpu_memory_mib
@@ -139,8 +173,11 @@ def _check_gpus(node: NodeState, claims: tuple[GpuClaim, ...], res: Resources) -
                 and info.memory_mib >= memory
                 and (not models or info.model in models)
             ):
+                idle.append(gpu)
                 continue
         _check_gpu(node, i, (c,), res)
+        all_idle = False
+    return all_idle
 
 
 def _check_shared(state: State, res: Resources, workers: tuple[WorkerSlot, ...]) -> None:

@@ -222,8 +222,6 @@ def _node(state: State, name: str) -> NodeState:
     return node
 
 
-# trigger -> phase -> (next phase, 1 if the move takes quota, -1 if it gives it back, else 0):
-# the lifecycle's transition table, with what each move does to the quota the job holds.
 def _moves() -> dict[Trigger, dict[Phase, tuple[Phase, int]]]:
     moves: dict[Trigger, dict[Phase, tuple[Phase, int]]] = {trigger: {} for trigger in TRIGGERS}
     for (before, trigger), after in TRANSITIONS.items():
@@ -231,6 +229,9 @@ def _moves() -> dict[Trigger, dict[Phase, tuple[Phase, int]]]:
     return moves
 
 
+# trigger -> phase -> (next phase, 1 if the move takes quota, -1 if it gives it back, else 0):
+# the lifecycle's transition table, looked up by trigger first (no key to build per move), with
+# what each move does to the quota the job holds.
 _MOVES = _moves()
 
 
@@ -243,6 +244,26 @@ def _move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
     job.updated_seq = ctx.seq
     if quota_change:
         quota.count_holding(state, job, quota_change)
+
+
+def _move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: Ctx) -> None:
+    """``_move`` by ``first``, then by ``then``, storing the job's time and sequence once."""
+    before = job.phase
+    try:
+        middle, first_change = _MOVES[first][before]
+    except KeyError:
+        raise IllegalTransition(before, first) from None
+    step = _MOVES[then].get(middle)
+    if step is None:  # the first move stands, as two moves would leave it
+        _move(state, job, first, ctx)
+        raise IllegalTransition(middle, then)
+    job.phase, then_change = step
+    job.phase_since = ctx.time
+    job.updated_seq = ctx.seq
+    if first_change:
+        quota.count_holding(state, job, first_change)
+    if then_change:
+        quota.count_holding(state, job, then_change)
 
 
 def _stop_holding(state: State, job: JobState) -> None:
@@ -376,7 +397,8 @@ def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
         raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
     _move(state, job, "accept", ctx)
     job.priority = ev.priority
-    job.reasons = ()
+    if job.reasons:  # a store costs more than the look (Structs)
+        job.reasons = ()
 
 
 def _rejected(state: State, ctx: Ctx, ev: JobRejected) -> None:
@@ -415,7 +437,8 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
             continue
         job.admission = adm  # before the move: the move counts what the admission holds
         _move(state, job, "admit", ctx)
-        job.reasons = ()
+        if job.reasons:  # a store costs more than the look (Structs)
+            job.reasons = ()
     if void:
         raise _void("", "admissions void: " + "; ".join(void))
 
@@ -448,14 +471,14 @@ def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
             void.append(f"{p.job_id}: workers of an earlier attempt still hold GPUs")
             continue
         try:
-            claims.check(state, job, p)
+            claims.place(state, job, p)  # check, then take
         except claims.ClaimError as e:
             void.append(f"{p.job_id}: {e}")
             continue
-        claims.take(state, job, p)
         _move(state, job, "place", ctx)
         job.placement = p
-        job.reasons = ()
+        if job.reasons:  # a store costs more than the look (Structs)
+            job.reasons = ()
     if void:
         raise _void("", "placements void: " + "; ".join(void))
 
@@ -553,9 +576,10 @@ def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
         raise IllegalTransition(job.phase, "start")
     job.started.add(rank)
     job.live.add(rank)
-    _move(state, job, "start", ctx)
     if len(job.started) == len(placement.workers):  # type: ignore[union-attr]
-        _move(state, job, "run", ctx)
+        _move_twice(state, job, "start", "run", ctx)  # the gang's last worker: it runs
+    else:
+        _move(state, job, "start", ctx)
 
 
 def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:

@@ -534,7 +534,11 @@ def _available(n: _Node, key: str) -> int:
     g = n.guaranteed.get(key, 0)
     used = n.usage.get(key, 0)
     # An over-committed parent (its quota was cut) takes nothing from what n keeps for itself.
-    from_parent = _available(n.parent, key)
+    parent = n.parent
+    if parent.parent is None:  # the root, as the first lines say
+        from_parent = parent.subtree.get(key, 0) - parent.usage.get(key, 0)
+    else:
+        from_parent = _available(parent, key)
     if from_parent < 0:
         from_parent = 0
     limit = n.quotas.get(key, _NO_QUOTA).borrowing_limit

@@ -2,8 +2,9 @@
 jobs).
 
 Runs corral's policy and FIFO on the same slice of Microsoft's Philly trace (20,000 jobs from
-2017-10-23 on, 64 nodes of 8 GPUs; ``services/sim/philly.py`` says how the slice, the cluster,
-the quotas and the jobs are chosen), one policy per process, and prints:
+2017-10-23 on, 64 nodes of 8 GPUs, decisions once a simulated minute; ``services/sim/philly.py``
+says how the slice, the cluster, the quotas and the jobs are chosen), one policy per process, and
+prints:
 
 (a) per policy and per team: average and p99 wait and JCT, GPU utilisation, Jain's index of GPU
     share against entitlement, preemptions and GPU-hours lost; the worst team's p99 wait next to
@@ -35,12 +36,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=philly.JOBS)
     ap.add_argument("--nodes", type=int, default=philly.NODES)
     ap.add_argument("--start", default=philly.START)
+    ap.add_argument(
+        "--cycle", type=float, default=philly.CYCLE_S, help="seconds between decisions (0: every event)"
+    )
     ap.add_argument("--png", type=Path, default=Path(tempfile.gettempdir()) / "philly.png")
     args = ap.parse_args(argv)
     jobs = 2000 if args.quick else args.jobs
     t0 = time.perf_counter()
     sliced = philly.load_slice(trace.find(), args.start, jobs)
-    exp = philly.Experiment(tuple(sliced), args.nodes)
+    exp = philly.Experiment(tuple(sliced), args.nodes, cycle_s=args.cycle)
     print(f"slice read in {time.perf_counter() - t0:.1f}s\n")
     t0 = time.perf_counter()
     outcomes = philly.run(exp)

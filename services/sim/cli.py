@@ -68,6 +68,11 @@ def add_parser(subparsers: Any, common_parent: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, help="philly: jobs in the slice (default 20000)")
     p.add_argument("--start", help="philly: the slice starts at this UTC date (default 2017-10-23)")
     p.add_argument("--checkpointable", type=float, help="philly: share of jobs that checkpoint (0..1)")
+    p.add_argument(
+        "--cycle",
+        type=float,
+        help="philly: seconds between decisions of the services (default 60; 0: every event)",
+    )
     p.add_argument("--plot", help="write the figure to this PNG file")
     p.set_defaults(fn=cmd_sim)
 
@@ -109,7 +114,7 @@ def _replay(job: tuple[str, str, str, int]) -> Any:
 def _alibaba(args: argparse.Namespace) -> None:
     from services.placer import alibaba
 
-    for flag in ("file", "jobs", "start", "checkpointable"):
+    for flag in ("file", "jobs", "start", "checkpointable", "cycle"):
         if getattr(args, flag) is not None:
             raise BadInput(f"--{flag} is for --trace philly")
     nodes_csv = find_alibaba(ALIBABA_NODES, args.nodes)
@@ -171,6 +176,9 @@ def _philly(args: argparse.Namespace) -> None:
         raise BadInput("--nodes and --jobs must be at least 1")
     if not 0.0 <= share <= 1.0:
         raise BadInput(f"--checkpointable {share}: a share between 0 and 1")
+    cycle = args.cycle if args.cycle is not None else experiment.CYCLE_S
+    if cycle < 0:
+        raise BadInput(f"--cycle {cycle}: seconds, 0 or more")
     policies = _policies(args.policies, experiment.POLICIES)
     try:
         path = trace.find(args.file)
@@ -182,7 +190,7 @@ def _philly(args: argparse.Namespace) -> None:
         raise BadInput(f"{path}: {e}") from None
     if not sliced:
         raise BadInput(f"no job of {path} arrives from {args.start or experiment.START} on")
-    exp = experiment.Experiment(tuple(sliced), nodes, checkpointable=share)
+    exp = experiment.Experiment(tuple(sliced), nodes, checkpointable=share, cycle_s=cycle)
     try:
         exp.quotas  # noqa: B018 - checks that every team gets a GPU
     except ValueError as e:

@@ -358,3 +358,32 @@ def test_a_job_that_can_never_fit_is_rejected_and_asks_for_nothing() -> None:
     assert sim.unfinished() == ["huge"]
     assert sim.stats["small"].finished == 110.0
     assert seen == [0.0, 1.0]  # nothing asked for until 10, then the small job until 110
+
+
+def test_corral_sim_alibaba_takes_any_lists_in_the_published_format(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n"
+        + "".join(f"n{i},32000,131072,{(2, 4)[i % 2]},{('T4', 'V100M16')[i % 2]}\n" for i in range(6))
+    )
+    pods = tmp_path / "pods.csv"
+    head = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
+    rows = [
+        f"p{i:02d},{1000 * (1 + i % 4)},4096,{(1, 1, 2, 0)[i % 4]},{(500, 1000, 1000, 0)[i % 4]},"
+        f"{'V100M16' if i % 5 == 0 else ''},LS,Running,0,10,0\n"
+        for i in range(30)
+    ]
+    pods.write_text(head + "scheduled_time\n" + "".join(rows))
+    args = parse(
+        "--trace", "alibaba", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "42-43",
+        "--policies", "BestFit,corral", "-o", "json",
+    )  # fmt: skip
+    args.fn(args)
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["policies"]) == {"BestFit", "corral"}
+    assert set(out["policies"]["corral"]["seeds"]) == {"42", "43"}
+    assert 0 < out["policies"]["corral"]["mean_at_130"] <= 100

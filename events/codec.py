@@ -17,7 +17,7 @@ import msgspec
 
 from events import subjects
 from events.base import Event
-from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested
+from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
 from events.jobs import (
     CancelJob,
     JobAccepted,
@@ -58,6 +58,7 @@ AnyEvent = (
     | JobsPlaced
     | JobsUnschedulable
     | PreemptionRequested
+    | ShrinkRequested
     | NodeRegistered
     | WorkerStarted
     | WorkerExited

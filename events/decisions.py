@@ -65,3 +65,16 @@ class PreemptionRequested(Decision, frozen=True, kw_only=True):
     beneficiary: str
     victims: tuple[Victim, ...]
     deadline: float
+
+
+class ShrinkRequested(Decision, frozen=True, kw_only=True):
+    """Ask elastic job ``job_id`` (at ``attempt``) to keep ranks ``0..replicas-1`` and stop the
+    ones above by ``deadline`` (a log time), so that ``beneficiary`` gets their GPUs. The job goes
+    on running: its admission shrinks to ``replicas`` at once, and each leaving rank gives its
+    GPUs back when its worker has exited."""
+
+    job_id: str
+    attempt: int
+    replicas: int
+    beneficiary: str
+    deadline: float

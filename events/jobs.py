@@ -124,9 +124,13 @@ class Admission(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
 
 
 class JobsAdmitted(Decision, frozen=True, kw_only=True):
-    """One admission cycle's proposals; the fold accepts or voids each one independently."""
+    """One admission cycle's proposals; the fold accepts or voids each one independently.
+
+    ``growths`` are running elastic jobs admitted at more replicas than they hold (each names
+    the job's new total, not the increase); they are checked after ``admissions``, in order."""
 
     admissions: tuple[Admission, ...]
+    growths: tuple[Admission, ...] = ()
 
 
 class JobRequeued(Event, frozen=True, kw_only=True):

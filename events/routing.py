@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from events import subjects
 from events.base import Event
-from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested
+from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
 from events.jobs import (
     CancelJob,
     JobAccepted,
@@ -41,6 +41,7 @@ HOME: dict[type[Event], tuple[str, str]] = {
     JobsPlaced: ("decision", "=placer"),
     JobsUnschedulable: ("decision", "=placer"),
     PreemptionRequested: ("decision", "=preemptor"),
+    ShrinkRequested: ("decision", "=preemptor"),
     NodeRegistered: ("node", "node"),
     WorkerStarted: ("node", "node"),
     WorkerExited: ("node", "node"),
@@ -85,12 +86,14 @@ def job_ids(body: Event) -> list[str]:
         case CancelJob() | ResizeJob():
             return [body.job_id]
         case JobsAdmitted():
-            return [a.job_id for a in body.admissions]
+            return [a.job_id for a in (*body.admissions, *body.growths)]
         case JobsPlaced():
             return [p.job_id for p in body.placements]
         case JobsUnschedulable():
             return [u.job_id for u in body.jobs]
         case PreemptionRequested():
             return [body.beneficiary, *(v.job_id for v in body.victims)]
+        case ShrinkRequested():
+            return [body.beneficiary, body.job_id]
     job_id = getattr(body, "job_id", None)
     return [job_id] if isinstance(job_id, str) else []

@@ -7,6 +7,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 
+import msgspec
+
 from events.base import Reason
 from events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
 from events.jobs import Resources
@@ -84,7 +86,6 @@ def _check(
     """``check``; then, if each worker has a node of its own and claims only whole GPUs that
     nothing holds, the workers' nodes and those GPUs (else None: checked all the same)."""
     spec = job.spec
-    res = spec.resources
     workers = placement.workers
     want = job.admission.replicas if job.admission is not None else spec.replicas
     in_order = len(workers) == want
@@ -97,6 +98,15 @@ def _check(
         ranks = sorted(w.rank for w in workers)
         if ranks != list(range(want)):
             raise ClaimError("gang", f"placement names ranks {ranks}, the gang is ranks 0..{want - 1}")
+    return _check_workers(state, job, workers)
+
+
+def _check_workers(
+    state: State, job: JobState, workers: tuple[WorkerSlot, ...]
+) -> tuple[list[NodeState], list[GpuState]] | None:
+    """``_check`` of the workers themselves, whatever ranks they are."""
+    spec = job.spec
+    res = spec.resources
     nodes = state.nodes
     selector = spec.node_selector
     if len(workers) == 1:  # most jobs: one worker, so the rounds are one after the other
@@ -331,6 +341,60 @@ def release(state: State, job: JobState) -> None:
             if c.mig is not None:
                 _release_mig(gpu, c.mig, job_id)
     job.held = None
+
+
+def grow(state: State, job: JobState, placement: Placement) -> None:
+    """Take the GPUs of the ranks ``placement`` adds to a running job: its admitted ranks
+    ``0..n-1``, the first of them the workers the job holds, unchanged. Raise ClaimError (taking
+    nothing) unless every added claim can be taken now."""
+    held = job.held
+    want = job.admission.replicas if job.admission is not None else 0
+    if held is None or placement.attempt != held.attempt:
+        raise ClaimError("gang", f"job {job.id} holds no GPUs of attempt {placement.attempt}")
+    workers = tuple(sorted(placement.workers, key=lambda w: w.rank))
+    ranks = [w.rank for w in workers]
+    if ranks != list(range(want)):
+        raise ClaimError("gang", f"placement names ranks {ranks}, the grown gang is ranks 0..{want - 1}")
+    kept = len(held.workers)
+    if kept >= want or workers[:kept] != tuple(sorted(held.workers, key=lambda w: w.rank)):
+        why = f"a growth of {job.id} keeps its {kept} workers where they are and adds some"
+        raise ClaimError("gang", why)
+    added = workers[kept:]
+    _check_workers(state, job, added)
+    take(state, job, Placement(job.id, placement.attempt, added))
+    job.held = placement
+
+
+def release_rank(state: State, job: JobState, rank: int) -> None:
+    """Give back what one worker of the job holds (an elastic job's rank that left); the job
+    keeps the rest."""
+    held = job.held
+    if held is None:
+        return
+    slot = next((w for w in held.workers if w.rank == rank), None)
+    if slot is None:
+        return
+    res = job.spec.resources
+    node = state.nodes.get(slot.node)
+    if node is not None:
+        node.cpu_used = max(0, node.cpu_used - res.cpu_milli)
+        node.memory_used = max(0, node.memory_used - res.memory_mib)
+        for c in slot.gpus:
+            if not 0 <= c.gpu < len(node.gpus):
+                continue
+            gpu = node.gpus[c.gpu]
+            milli = claim_milli(gpu.info.model, c) if c.mig is not None else c.milli
+            holders = gpu.holders
+            if job.id in holders:
+                gave = min(milli, holders[job.id])
+                if holders[job.id] > gave:
+                    holders[job.id] -= gave
+                else:
+                    del holders[job.id]
+                gpu.used_milli = max(0, gpu.used_milli - gave)
+            if c.mig is not None:
+                _release_mig(gpu, c.mig, job.id)
+    job.held = msgspec.structs.replace(held, workers=tuple(w for w in held.workers if w.rank != rank))
 
 
 def _release_mig(gpu: GpuState, slot: MigSlot, job_id: str) -> None:

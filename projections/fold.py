@@ -23,8 +23,9 @@ from events import codec, routing
 from events import subjects as subj
 from events.base import Event, Reason
 from events.codec import DecodeError
-from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested
+from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
 from events.jobs import (
+    Admission,
     CancelJob,
     JobAccepted,
     JobRejected,
@@ -318,10 +319,19 @@ def _cancel(state: State, ctx: Ctx, req: CancelJob) -> None:
 
 
 def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
+    """A new most workers for an elastic job. A running job above it shrinks to it at once (its
+    ranks above leave within its grace period); below it, admission grows it when quota allows."""
     job = _owned(state, ctx, req.job_id)
     lo = job.spec.min_replicas
     if lo is None or req.replicas < lo:
         raise Refused("illegal", f"job {job.id} is not elastic down to {req.replicas}", job.id)
+    if job.phase in FINAL:
+        raise Refused("illegal", f"job {job.id} is already {job.phase}", job.id)
+    adm = job.admission
+    if adm is not None and req.replicas < adm.replicas:
+        if job.phase != "running":
+            raise Refused("illegal", f"job {job.id} is {job.phase}: it can shrink once it runs", job.id)
+        _shrink(state, ctx, job, req.replicas, "", ctx.time + job.spec.grace_seconds)
     job.spec = msgspec.structs.replace(job.spec, replicas=req.replicas)
     job.updated_seq = ctx.seq
 
@@ -439,8 +449,38 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
         _move(state, job, "admit", ctx)
         if job.reasons:  # a store costs more than the look (Structs)
             job.reasons = ()
+    for grown in ev.growths:
+        refused = _grow(state, ctx, ledger, grown)
+        if refused is not None:
+            void.append(f"{grown.job_id}: {refused}")
     if void:
         raise _void("", "admissions void: " + "; ".join(void))
+
+
+def _grow(state: State, ctx: Ctx, ledger: quota.Ledger, grown: Admission) -> str | None:
+    """Admit a running elastic job at more replicas; None if done, else why not. Its quota is
+    charged for the new total at once; the placer places the added ranks."""
+    job = state.jobs.get(grown.job_id)
+    if job is None or job.phase != "running" or job.attempt != grown.attempt or job.admission is None:
+        return f"not running at attempt {grown.attempt}"
+    spec, old = job.spec, job.admission
+    if spec.min_replicas is None or not old.replicas < grown.replicas <= spec.replicas:
+        return f"{grown.replicas} replicas is no growth of {old.replicas} within {spec.replicas}"
+    if job.placement is None or len(job.placement.workers) != old.replicas:
+        return f"its {old.replicas} admitted workers are not all placed, or some are leaving"
+    held = quota.holding(job)
+    for key, milli in held:
+        ledger.charge(spec.queue, key, -milli)
+    why = ledger.claim(job, grown)
+    if why is not None:
+        for key, milli in held:
+            ledger.charge(spec.queue, key, milli)
+        return why.message
+    quota.count_holding(state, job, -1)
+    job.admission = grown
+    quota.count_holding(state, job, 1)
+    job.updated_seq = ctx.seq
+    return None
 
 
 def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
@@ -464,6 +504,15 @@ def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
     jobs = state.jobs
     for p in ev.placements:
         job = jobs.get(p.job_id)
+        if job is not None and job.phase == "running" and job.attempt == p.attempt:
+            try:  # a running elastic job admitted at more replicas: its added ranks
+                claims.grow(state, job, p)
+            except claims.ClaimError as e:
+                void.append(f"{p.job_id}: {e}")
+                continue
+            job.placement = p
+            job.updated_seq = ctx.seq
+            continue
         if job is None or job.phase != "admitted" or job.attempt != p.attempt:
             void.append(f"{p.job_id}: not admitted at attempt {p.attempt}")
             continue
@@ -504,11 +553,9 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
             raise _void(ev.beneficiary, f"victim {v.job_id} is not at attempt {v.attempt}")
         if job.phase not in ("placed", "starting", "running"):
             raise _void(ev.beneficiary, f"victim {v.job_id} is {job.phase}")
-        pc = state.priority_classes.get(job.spec.priority_class)
-        if not job.spec.preemptible or (pc is not None and not pc.preemptible):
-            raise _void(ev.beneficiary, f"victim {v.job_id} may not be preempted")
-        if job.priority >= beneficiary.priority and job.spec.queue == beneficiary.spec.queue:
-            raise _void(ev.beneficiary, f"victim {v.job_id} is not of lower priority")
+        why = _may_stop(state, job, beneficiary)
+        if why is not None:
+            raise _void(ev.beneficiary, f"victim {why}")
         victims.append(job)
     for job in victims:
         _move(state, job, "preempt", ctx)
@@ -520,6 +567,51 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         if not job.live:
             _move(state, job, "stop", ctx)
             _stop_holding(state, job)
+
+
+def _may_stop(state: State, job: JobState, beneficiary: JobState) -> str | None:
+    """Why ``job`` may not give up GPUs for ``beneficiary``: None if it may."""
+    pc = state.priority_classes.get(job.spec.priority_class)
+    if not job.spec.preemptible or (pc is not None and not pc.preemptible):
+        return f"{job.id} may not be preempted"
+    if job.priority >= beneficiary.priority and job.spec.queue == beneficiary.spec.queue:
+        return f"{job.id} is not of lower priority"
+    return None
+
+
+def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
+    beneficiary = state.jobs.get(ev.beneficiary)
+    if beneficiary is None or beneficiary.phase in FINAL:
+        raise _void(ev.beneficiary, f"beneficiary {ev.beneficiary} is not waiting")
+    job = state.jobs.get(ev.job_id)
+    if job is None or job.attempt != ev.attempt or job.phase != "running":
+        raise _void(ev.job_id, f"{ev.job_id} is not running at attempt {ev.attempt}")
+    why = _may_stop(state, job, beneficiary)
+    if why is not None:
+        raise _void(ev.job_id, why)
+    lo, adm = job.spec.min_replicas, job.admission
+    if lo is None or adm is None or not lo <= ev.replicas < adm.replicas:
+        raise _void(ev.job_id, f"{job.id} cannot shrink to {ev.replicas} workers")
+    _shrink(state, ctx, job, ev.replicas, ev.beneficiary, ev.deadline)
+    job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {ev.beneficiary}"),)
+
+
+def _shrink(state: State, ctx: Ctx, job: JobState, replicas: int, beneficiary: str, deadline: float) -> None:
+    """Admit a running elastic job at fewer replicas: its quota shrinks at once; its ranks from
+    ``replicas`` up are leaving (their agents stop them) and hold their GPUs until they exit."""
+    adm = job.admission
+    assert adm is not None
+    per_key = quota.holding(job)
+    gpus = {key: quota.whole_gpus(milli * replicas // adm.replicas) for key, milli in per_key}
+    quota.count_holding(state, job, -1)
+    job.admission = Admission(job.id, adm.attempt, replicas, {k: g for k, g in gpus.items() if g})
+    quota.count_holding(state, job, 1)
+    job.preempted_for = beneficiary
+    job.preempt_deadline = deadline
+    job.updated_seq = ctx.seq
+    for rank in job.leaving:
+        if rank not in job.live:  # it had ended before: nothing to wait for
+            _left(state, job, rank, ctx)
 
 
 # -- nodes and workers --------------------------------------------------------------------------
@@ -572,6 +664,11 @@ def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
                 break
     if ev.attempt != job.attempt or slot is None or slot.node != ev.node:
         raise Refused("illegal", f"job {job.id} has no rank {rank} on {ev.node} now", job.id)
+    if job.phase == "running" and rank not in job.started:  # a rank an elastic job grew by
+        job.started.add(rank)
+        job.live.add(rank)
+        job.updated_seq = ctx.seq
+        return
     if job.phase not in ("placed", "starting"):
         raise IllegalTransition(job.phase, "start")
     job.started.add(rank)
@@ -600,20 +697,46 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     if rank not in live:
         raise Refused("illegal", f"rank {rank} of job {job.id} is not running", job.id)
     live.discard(rank)
+    job.updated_seq = ctx.seq
+    adm = job.admission
+    if job.phase == "running" and adm is not None and rank >= adm.replicas:
+        _left(state, job, rank, ctx)
+        if job.held is not None and not live:
+            claims.release(state, job)  # the ranks it kept had ended: the GPUs are free
+        return
     codes = job.exit_codes
     codes[rank] = ev.code
-    job.updated_seq = ctx.seq
     if job.phase == "checkpointing":
         if not live:
             _move(state, job, "stop", ctx)
     elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
-        n = len(job.placement.workers) if job.placement is not None else 0
-        if len(codes) == n and not any(codes.values()):
-            _move(state, job, "succeed", ctx)
+        _succeed_if_done(state, job, ctx)
     else:
         _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
     if job.held is not None and not live:
         claims.release(state, job)  # the last worker is gone: the GPUs are free
+
+
+def _succeed_if_done(state: State, job: JobState, ctx: Ctx) -> None:
+    """A job whose every rank has exited 0 has succeeded."""
+    codes = job.exit_codes
+    n = len(job.placement.workers) if job.placement is not None else 0
+    if len(codes) == n and not any(codes.values()):
+        _move(state, job, "succeed", ctx)
+
+
+def _left(state: State, job: JobState, rank: int, ctx: Ctx) -> None:
+    """A rank an elastic job shrank away from is gone: its GPUs are free, whatever its code;
+    once the last of them is gone, the shrink is over."""
+    claims.release_rank(state, job, rank)
+    job.exit_codes.pop(rank, None)
+    if job.placement is not None and job.held is not None:
+        job.placement = job.held
+    if not job.leaving:
+        job.preempted_for = ""
+        job.preempt_deadline = 0.0
+        if job.exit_codes and job.spec.restart_policy != "always":  # the ranks it kept had ended
+            _succeed_if_done(state, job, ctx)
 
 
 def _worker_failed(state: State, job: JobState, ctx: Ctx, why: str) -> None:
@@ -699,6 +822,7 @@ HANDLERS: dict[type[Event], Handler] = {
     JobsPlaced: _placed,
     JobsUnschedulable: _unschedulable,
     PreemptionRequested: _preemption,
+    ShrinkRequested: _shrink_requested,
     NodeRegistered: _registered,
     WorkerStarted: _worker_started,
     WorkerExited: _worker_exited,

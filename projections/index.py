@@ -18,7 +18,7 @@ import msgspec
 from events import codec, subjects
 from events.base import Event, Reason
 from events.codec import DecodeError
-from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested
+from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
 from events.jobs import (
     CancelJob,
     JobAccepted,
@@ -160,6 +160,9 @@ def summarize(body: Event, job_id: str) -> str:
                 if a.job_id == job_id:
                     quota = ", ".join(f"{n} {m}" for m, n in sorted(a.gpus.items())) or "no GPU quota"
                     return f"admitted attempt {a.attempt}: {a.replicas} replicas, {quota}"
+            for a in body.growths:
+                if a.job_id == job_id:
+                    return f"grown to {a.replicas} replicas"
         case JobsPlaced():
             for p in body.placements:
                 if p.job_id == job_id:
@@ -174,6 +177,10 @@ def summarize(body: Event, job_id: str) -> str:
                 victims = ", ".join(v.job_id for v in body.victims)
                 return f"preemption requested on its behalf: victims {victims}"
             return f"asked to checkpoint and yield to {body.beneficiary} by t={body.deadline:g}"
+        case ShrinkRequested():
+            if job_id == body.beneficiary:
+                return f"shrink of {body.job_id} to {body.replicas} workers requested on its behalf"
+            return f"asked to shrink to {body.replicas} workers for {body.beneficiary} by t={body.deadline:g}"
         case WorkerStarted():
             return f"rank {body.rank} started on {body.node}"
         case WorkerExited():

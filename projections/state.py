@@ -93,6 +93,15 @@ class JobState(msgspec.Struct, gc=False):
     updated_seq: int = 0
     traceparent: str = ""  # the trace every event about this job joins
 
+    @property
+    def leaving(self) -> list[int]:
+        """Ranks of a running elastic job that shrank and have not exited yet: those its placement
+        holds at or above its admitted count. Empty for every other job."""
+        adm, placement = self.admission, self.placement
+        if self.phase != "running" or adm is None or placement is None:
+            return []
+        return [w.rank for w in placement.workers if w.rank >= adm.replicas]
+
 
 class Rejection(msgspec.Struct, frozen=True):
     """A request or proposal the fold refused, and why. ``code`` values:

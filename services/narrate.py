@@ -5,7 +5,7 @@ from __future__ import annotations
 from events import codec
 from events.base import Event
 from events.codec import DecodeError
-from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested
+from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
 from events.jobs import (
     CancelJob,
     JobAccepted,
@@ -59,8 +59,10 @@ def describe(body: Event, tenant: str | None = None) -> str:
             return f"admission rejects {jid}: {r.message}"
         case PendingReasonChanged(job_id=jid, reasons=rs):
             return f"{jid} waits: " + "; ".join(r.message for r in rs)
-        case JobsAdmitted(admissions=adms):
-            return "admission admits " + ", ".join(f"{a.job_id}×{a.replicas}" for a in adms)
+        case JobsAdmitted(admissions=adms, growths=grown):
+            said = [f"admits {', '.join(f'{a.job_id}×{a.replicas}' for a in adms)}"] if adms else []
+            said += [f"grows {', '.join(f'{a.job_id} to ×{a.replicas}' for a in grown)}"] if grown else []
+            return "admission " + "; ".join(said)
         case JobRequeued(job_id=jid, resume_from=ck):
             return f"{jid} goes back to its queue" + (f", resuming from {ck}" if ck else "")
         case JobsPlaced(placements=ps):
@@ -73,6 +75,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
             )
         case PreemptionRequested(beneficiary=b, victims=vs):
             return f"preemptor asks {', '.join(v.job_id for v in vs)} to checkpoint and stop, for {b}"
+        case ShrinkRequested(job_id=jid, replicas=n, beneficiary=b):
+            return f"preemptor asks {jid} to shrink to {n} workers, for {b}"
         case NodeRegistered(node=n, inventory=inv):
             models = sorted({g.model for g in inv.gpus})
             return f"node {n} registers {len(inv.gpus)} × {','.join(models) or 'no GPU'}"

@@ -44,7 +44,7 @@ import msgspec
 from events import codec, routing, subjects
 from events.base import Decision, Event, Reason
 from events.codec import DecodeError
-from events.decisions import JobsPlaced, JobsUnschedulable, Placement, PreemptionRequested
+from events.decisions import JobsPlaced, JobsUnschedulable, Placement, PreemptionRequested, ShrinkRequested
 from events.jobs import (
     Admission,
     JobAccepted,
@@ -465,6 +465,8 @@ _VERBS = {
     "placed": ("placed", "places it"),
     "unschedulable": ("reported unschedulable", "reports it unschedulable"),
     "preemption": ("given a preemption", "asks a preemption for it"),
+    "grown": ("grown", "grows it"),
+    "shrink": ("given a shrink", "asks a shrink for it"),
     "accepted": ("accepted", "accepts it"),
     "rejected": ("rejected", "rejects it"),
     "requeued": ("requeued", "requeues it"),
@@ -476,7 +478,9 @@ def _items(body: Event, now: float) -> list[tuple[str, str, str]]:
     """(what, job, detail) for each job an event decides something about."""
     match body:
         case JobsAdmitted():
-            return [("admitted", a.job_id, _admission(a)) for a in body.admissions]
+            return [("admitted", a.job_id, _admission(a)) for a in body.admissions] + [
+                ("grown", a.job_id, _admission(a)) for a in body.growths
+            ]
         case JobsPlaced():
             return [("placed", p.job_id, _placement(p)) for p in body.placements]
         case JobsUnschedulable():
@@ -490,6 +494,14 @@ def _items(body: Event, now: float) -> list[tuple[str, str, str]]:
                     "preemption",
                     body.beneficiary,
                     f"victims {victims or 'none'}, deadline now+{body.deadline - now:g}s",
+                )
+            ]
+        case ShrinkRequested():
+            return [
+                (
+                    "shrink",
+                    body.beneficiary,
+                    f"{body.job_id} to {body.replicas} workers, deadline now+{body.deadline - now:g}s",
                 )
             ]
         case JobAccepted():

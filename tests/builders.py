@@ -22,7 +22,16 @@ from hypothesis import strategies as st
 from events import codec
 from events import subjects as subj
 from events.base import Event, Reason
-from events.decisions import GpuClaim, JobsPlaced, MigSlot, Placement, PreemptionRequested, Victim, WorkerSlot
+from events.decisions import (
+    GpuClaim,
+    JobsPlaced,
+    MigSlot,
+    Placement,
+    PreemptionRequested,
+    ShrinkRequested,
+    Victim,
+    WorkerSlot,
+)
 from events.jobs import (
     Admission,
     JobAccepted,
@@ -290,6 +299,16 @@ class LogBuilder:
             return Admission(job_id, attempt, replicas)
         return admission(self._queues.get(spec.queue, QueueSpec(spec.queue)), job_id, spec, attempt, replicas)
 
+    def grow(self, job_id: str, replicas: int, attempt: int = 0) -> LogBuilder:
+        """One admission cycle growing running elastic job ``job_id`` to ``replicas`` in all."""
+        body = JobsAdmitted(
+            based_on=self.last_seq,
+            now=self._time,
+            admissions=(),
+            growths=(self.admission(job_id, attempt, replicas),),
+        )
+        return self.event(subj.decision("admission"), body)
+
     def requeue(self, job_id: str, attempt: int, code: str = "retry") -> LogBuilder:
         body = JobRequeued(job_id=job_id, attempt=attempt, reason=Reason(code, code))
         return self.event(subj.job(job_id), body)
@@ -306,6 +325,18 @@ class LogBuilder:
             now=self._time,
             beneficiary=beneficiary,
             victims=tuple(Victim(v, attempt) for v in victims),
+            deadline=self._time + 30.0,
+        )
+        return self.event(subj.decision("preemptor"), body)
+
+    def shrink(self, job_id: str, replicas: int, beneficiary: str, attempt: int = 0) -> LogBuilder:
+        body = ShrinkRequested(
+            based_on=self.last_seq,
+            now=self._time,
+            job_id=job_id,
+            attempt=attempt,
+            replicas=replicas,
+            beneficiary=beneficiary,
             deadline=self._time + 30.0,
         )
         return self.event(subj.decision("preemptor"), body)
@@ -416,6 +447,14 @@ placements: st.SearchStrategy[Placement] = st.builds(
 
 _T = 1000.0
 
+admissions = st.builds(
+    Admission,
+    names,
+    small_ints,
+    small_ints,
+    st.dictionaries(st.sampled_from([quota.ANY, "H100-80GB"]), small_ints, max_size=2),
+)
+
 # Every service event and request, valid in shape but with arbitrary ids, attempts and indices.
 service_events: st.SearchStrategy[Event] = st.one_of(
     st.builds(JobAccepted, job_id=names, priority=small_ints),
@@ -424,16 +463,8 @@ service_events: st.SearchStrategy[Event] = st.one_of(
         JobsAdmitted,
         based_on=st.just(0),
         now=st.just(_T),
-        admissions=st.lists(
-            st.builds(
-                Admission,
-                names,
-                small_ints,
-                small_ints,
-                st.dictionaries(st.sampled_from([quota.ANY, "H100-80GB"]), small_ints, max_size=2),
-            ),
-            max_size=3,
-        ).map(tuple),
+        admissions=st.lists(admissions, max_size=3).map(tuple),
+        growths=st.lists(admissions, max_size=2).map(tuple),
     ),
     st.builds(
         JobsPlaced,
@@ -447,6 +478,16 @@ service_events: st.SearchStrategy[Event] = st.one_of(
         now=st.just(_T),
         beneficiary=names,
         victims=st.lists(st.builds(Victim, names, small_ints), max_size=3).map(tuple),
+        deadline=st.just(_T),
+    ),
+    st.builds(
+        ShrinkRequested,
+        based_on=st.just(0),
+        now=st.just(_T),
+        job_id=names,
+        attempt=small_ints,
+        replicas=small_ints,
+        beneficiary=names,
         deadline=st.just(_T),
     ),
     st.builds(WorkerStarted, node=names, job_id=names, attempt=small_ints, rank=small_ints),
@@ -474,7 +515,7 @@ def home_subject(ev: Event) -> str:
         return subj.decision("admission")
     if isinstance(ev, JobsPlaced):
         return subj.decision("placer")
-    if isinstance(ev, PreemptionRequested):
+    if isinstance(ev, PreemptionRequested | ShrinkRequested):
         return subj.decision("preemptor")
     node = getattr(ev, "node", None)
     if node is not None:

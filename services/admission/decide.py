@@ -30,8 +30,10 @@ now if team-b's 8 borrowed H100 were reclaimed"); jobs further back carry one st
 queue, and get it only once they had another one, so that a deep backlog does not turn every
 admission into thousands of reason events.
 
-Growing running elastic jobs as quota frees up is not done here yet: an elastic job is admitted
-once, at the size that fits then.
+Growth. Last, running elastic jobs below their most workers are admitted at more (``grow``),
+with the quota the cycle left over and only while nobody waits in their cohort tree; the growths
+ride in the same ``JobsAdmitted``, after the admissions. An elastic job shrinking for a
+beneficiary nominates it, as a checkpointing victim does.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from projections import quota
 from projections.lifecycle import FINAL, HOLDS_QUOTA
 from projections.quota import Ledger, fmt_gpus, key_name
 from projections.state import JobState, State
+from services.admission.grow import growths
 from services.admission.order import Cursor, FairShare, FairShareOrder, sort_queue
 from services.admission.validate import priority_value, validate
 
@@ -60,6 +63,7 @@ class AdmissionConfig:
     # Best-effort queues: how many jobs that do not fit a cycle may look past, per queue. Bounds
     # a cycle over deep, full queues; jobs further back wait for the queue to move.
     lookahead: int = 64
+    grow: bool = True  # grow running elastic jobs into quota nobody waits for
 
 
 DEFAULT = AdmissionConfig()
@@ -79,6 +83,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     explained: defaultdict[str, list[JobState]] = defaultdict(list)  # waiting jobs with a reason
     last_seq, in_order = -1, True  # whether queued jobs come in submission order (they do)
     stopping: set[str] = set()  # beneficiaries some victim still checkpoints for
+    elastic: list[JobState] = []  # running elastic jobs, which may grow
     for job in state.jobs.values():
         phase = job.phase
         if phase == "queued":
@@ -97,6 +102,10 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
                 )
             if phase == "checkpointing" and job.preempted_for:
                 stopping.add(job.preempted_for)
+            elif phase == "running" and job.spec.min_replicas is not None:
+                elastic.append(job)
+                if job.preempted_for and job.leaving:  # shrinking for a beneficiary
+                    stopping.add(job.preempted_for)
         elif phase == "submitted":
             submitted.append(job)
         elif phase == "preempted" or phase == "interrupted":
@@ -143,8 +152,11 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, sorted_already)
     admissions = first + _admit(order, ledger, config.max_admissions - len(first))
-    if admissions:
-        events.append(JobsAdmitted(based_on=state.seq, now=now, admissions=tuple(admissions)))
+    grown = growths(state, ledger, elastic, waiting, admissions) if config.grow else []
+    if admissions or grown:
+        events.append(
+            JobsAdmitted(based_on=state.seq, now=now, admissions=tuple(admissions), growths=tuple(grown))
+        )
 
     # 5. Say why everything else waits, where that changed.
     events.extend(_reasons(order, explained, ledger, holders, config.detail))

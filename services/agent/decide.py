@@ -9,6 +9,10 @@ Invariants:
 - Only placements the fold accepted start anything: a job's ``placement`` at its current
   ``attempt`` in phase placed/starting/running, for the ranks it puts on this node and that have
   not started yet. A voided proposal never reaches ``state.jobs[...].placement``.
+- An elastic job that shrank stops its ranks at and above its admitted count (they leave by the
+  shrink's deadline; the job goes on with the rest); one that grew starts its added ranks as
+  their placement arrives, with ``WORLD_SIZE`` the grown size: an elastic job's workers agree on
+  membership themselves (torchrun's ``--nnodes=MIN:MAX`` rendezvous, Horovod elastic).
 - A worker runs only while the fold wants it: a job moving to checkpointing asks its workers to
   checkpoint (or stops them at once when the job cannot checkpoint); past the grace deadline, or
   once they have checkpointed, they are stopped. Cancelled, preempted, interrupted, finished or
@@ -45,7 +49,7 @@ from projections.state import JobState, NodeState, State
 # What the runtime is doing with a worker. ``exited``: its exit is reported but the log may not
 # show it yet; the runtime keeps it until ``Forget``.
 WorkerPhase = Literal["starting", "running", "checkpoint-requested", "checkpointed", "stopping", "exited"]
-StopReason = Literal["cancelled", "preempted", "interrupted", "job-over", "superseded"]
+StopReason = Literal["cancelled", "preempted", "interrupted", "job-over", "superseded", "shrunk"]
 
 PORT_BASE = 20000  # below Linux's ephemeral range (32768-60999), so no client socket holds it
 PORT_SPAN = 10000
@@ -186,8 +190,16 @@ def decide(
         keys = [WorkerKey(job.id, job.attempt, w.rank) for w in mine]
         seen.update(keys)
         if job.phase in _RUNS:
+            leaving = job.leaving
+            if leaving:  # an elastic job that shrank: its ranks above its admitted count stop
+                grace = max(LATE_GRACE, preemption_deadline(job) - now)
+                for k in keys:
+                    if k.rank in leaving and workers.get(k) not in (None, "stopping", "exited"):
+                        actions.append(StopWorker(k, "shrunk", grace))
             fresh = [
-                w for w, k in zip(mine, keys, strict=True) if k not in workers and w.rank not in job.started
+                w
+                for w, k in zip(mine, keys, strict=True)
+                if k not in workers and w.rank not in job.started and w.rank not in leaving
             ]
             if fresh and here is not None:
                 starts = tuple(start_worker(state, here, job, p, w, checkpoint_root) for w in fresh)

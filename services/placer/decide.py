@@ -16,6 +16,11 @@
 6. emit: one ``JobsPlaced`` with the cycle's placements and one ``JobsUnschedulable`` with the
    coded reasons of jobs whose reasons changed (unchanged ones are not repeated).
 
+Growth. A running elastic job that admission grew has ranks admitted but not placed; after
+every admitted job had its turn, the cycle places them (all of them, or none this cycle) on
+what is left, and proposes the job's whole placement: the ranks it has where they are, the
+added ones numbered after them. Nothing is reserved for a growth, and it waits silently.
+
 Nominations. A preemption frees GPUs for its beneficiary, the job its victims' ``preempted_for``
 names, and the beneficiary gets them first. While its victims still checkpoint, or have stopped
 and are not requeued yet, the cycle finds where its gang would go once they are gone (at its
@@ -86,9 +91,25 @@ class Nominations:
         return out
 
 
+def growing(state: State) -> list[JobState]:
+    """Running elastic jobs with admitted ranks to place, in submission order."""
+    jobs = [
+        j
+        for j in state.jobs.values()
+        if j.phase == "running"
+        and j.admission is not None
+        and j.placement is not None
+        and j.admission.replicas > len(j.placement.workers)
+        and j.held == j.placement
+    ]
+    jobs.sort(key=lambda j: (j.submitted_seq, j.id))
+    return jobs
+
+
 def decide(state: State, now: float, config: PlacerConfig = DEFAULT) -> list[Event]:
     queue = admitted(state)
-    if not queue:
+    grow = growing(state)
+    if not queue and not grow:
         return []
     nominated = Nominations.of(state)
     if nominated.first:
@@ -99,6 +120,8 @@ def decide(state: State, now: float, config: PlacerConfig = DEFAULT) -> list[Eve
         reasons = cycle.place(job)
         if reasons is not None and reasons != job.reasons:
             waiting.append(Unschedulable(job.id, job.attempt, reasons))
+    for job in grow:
+        cycle.grow(job)
     events: list[Event] = []
     if cycle.placed:
         placements = tuple(p for p, _ in cycle.placed)
@@ -187,6 +210,24 @@ class _Cycle:
                 self.snap.take(node, res, claimed)
         return result
 
+    def grow(self, job: JobState) -> None:
+        """Place the ranks admission added to a running elastic job, if they all fit now."""
+        have = job.placement
+        assert have is not None and job.admission is not None
+        req = dataclasses.replace(
+            Request.of(job, self.state.priority_classes), replicas=job.admission.replicas - len(have.workers)
+        )
+        found = gang.place(self.chain, self.snap, req, self.config.label_keys)
+        if not isinstance(found, Placement):
+            return
+        n = len(have.workers)
+        added = tuple(msgspec.structs.replace(w, rank=n + w.rank) for w in found.workers)
+        whole = Placement(job.id, job.attempt, (*have.workers, *added))
+        if self.gate.check_growth(job, whole) is None:
+            self.placed.append((whole, req))
+        else:
+            self.snap.release(found, req.res)
+
     def _place(self, job: JobState) -> tuple[Reason, ...] | None:
         req = Request.of(job, self.state.priority_classes)
         held = self.reservation
@@ -243,4 +284,15 @@ class _Gate:
         except claims.ClaimError as e:
             return e.reason
         claims.take(self.shadow, msgspec.structs.replace(job), placement)
+        return None
+
+    def check_growth(self, job: JobState, placement: Placement) -> Reason | None:
+        """``check`` for a growth: the added ranks' claims, taken on the shadow if they hold."""
+        for w in placement.workers:
+            if w.node not in self.shadow.nodes and w.node in self.state.nodes:
+                self.shadow.nodes[w.node] = copy.deepcopy(self.state.nodes[w.node])
+        try:
+            claims.grow(self.shadow, msgspec.structs.replace(job), placement)
+        except claims.ClaimError as e:
+            return e.reason
         return None

@@ -19,9 +19,11 @@ append, each with ``based_on = state.seq`` and ``now``:
    that no two beneficiaries of a cycle are offered the same GPUs and no job is a victim twice;
 4. emit one ``PreemptionRequested`` per beneficiary that needs victims, with the deadline
    ``now`` plus the longest grace period among them; a beneficiary that fits without anyone
-   stopping gets nothing (the placer will place it). Elastic jobs shrink before anyone is stopped
-   whole when ``config.shrink_event`` says how a shrink is written to the log; without it
-   elastic jobs are only ever stopped whole.
+   stopping gets nothing (the placer will place it). Elastic jobs shrink toward their minimum
+   before anyone is stopped whole (``config.shrink``): one ``ShrinkRequested`` per elastic job
+   that gives up its top ranks, with the same deadline; they keep running on the ranks they
+   keep. A shrink under way counts like a preemption under way: its beneficiary is not searched
+   for again until the leaving ranks are gone.
 
 Same state, same ``now``, same config: same events. Every order is total (ties by job id), and
 the simulation reads the State only in its insertion order, which the fold makes the log's.
@@ -29,11 +31,10 @@ the simulation reads the State only in its insertion order, which the fold makes
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from events.base import Event
-from events.decisions import Placement, PreemptionRequested, Victim
+from events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
 from projections.state import JobState, State
 from services.placer.stack import PlacerConfig
 from services.preemptor.victims import (
@@ -71,10 +72,6 @@ class Plan:
     placement: Placement
 
 
-# (plan, shrink, based_on, now) -> the event that asks the elastic job to shrink
-ShrinkEvent = Callable[[Plan, Shrink, int, float], Event]
-
-
 @dataclass(frozen=True)
 class PreemptorConfig:
     placer: PlacerConfig = field(default_factory=PlacerConfig)  # the fit is the placer's own search
@@ -86,7 +83,9 @@ class PreemptorConfig:
     # lower priority (Kueue's borrowWithinCohort: LowerPriority). False: it may only stop
     # lower-priority jobs of its own queue.
     borrow_within_cohort: bool = True
-    shrink_event: ShrinkEvent | None = None
+    # Elastic jobs give up their top ranks before anyone is stopped whole. False: they are
+    # stopped whole like any other job.
+    shrink: bool = True
 
 
 DEFAULT = PreemptorConfig()
@@ -105,8 +104,18 @@ def decide(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[
                     deadline=p.deadline,
                 )
             )
-        if config.shrink_event is not None:
-            events.extend(config.shrink_event(p, s, state.seq, now) for s in p.shrinks)
+        events.extend(
+            ShrinkRequested(
+                based_on=state.seq,
+                now=now,
+                job_id=s.job_id,
+                attempt=s.attempt,
+                replicas=s.replicas,
+                beneficiary=p.beneficiary,
+                deadline=p.deadline,
+            )
+            for s in p.shrinks
+        )
     return events
 
 
@@ -154,7 +163,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             pool,
             sim.taken,
             sim.ledger,
-            shrink=config.shrink_event is not None,
+            shrink=config.shrink,
             any_priority=config.reclaim_any_priority,
             borrow=config.borrow_within_cohort,
         )
@@ -220,14 +229,16 @@ def preempted_for(job: JobState) -> str:
 
 def _settle(sim: Simulation, state: State) -> set[str]:
     """Take the GPUs of jobs stopping, or stopped and not yet requeued, for a waiting beneficiary
-    as freed and nominate the beneficiary onto them; returns the beneficiaries whose preemption
-    is under way."""
+    as freed (of an elastic job shrinking for one, those of its leaving ranks) and nominate the
+    beneficiary onto them; returns the beneficiaries whose preemption is under way."""
     leaving: dict[str, list[JobState]] = {}
     for job in state.jobs.values():
         if job.phase == "checkpointing" or job.phase == "preempted":
             who = preempted_for(job)
             if who:
                 leaving.setdefault(who, []).append(job)
+        elif job.preempted_for and job.leaving:
+            leaving.setdefault(job.preempted_for, []).append(job)
     under_way: set[str] = set()
     waiting = [
         state.jobs[b] for b in leaving if b in state.jobs and state.jobs[b].phase in ("admitted", "queued")
@@ -236,6 +247,11 @@ def _settle(sim: Simulation, state: State) -> set[str]:
     for b in waiting:
         under_way.add(b.id)
         for victim in leaving[b.id]:
+            if victim.phase == "running":  # shrinking: its quota is already given back
+                for rank in victim.leaving:
+                    sim.release(victim, None, 0, rank)
+                sim.taken.add(victim.id)
+                continue
             # A job still checkpointing holds quota; one already stopped holds only GPUs, until
             # its last worker is gone.
             key, per_worker = charge_of(sim.ledger, victim) if victim.phase == "checkpointing" else (None, 0)

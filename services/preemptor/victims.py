@@ -279,6 +279,8 @@ def candidates(
         for h, borrower in itertools.chain(borrowers(pool.elastic_by_queue), own(pool.elastic_by_queue)):
             held, lo = h.job.held, h.job.spec.min_replicas
             assert held is not None and lo is not None
+            if h.job.phase != "running" or h.job.leaving:
+                continue  # the fold shrinks a running job, one shrink at a time; else it is stopped whole
             ranks = sorted((w.rank for w in held.workers), reverse=True)
             for rank in ranks[: max(0, len(ranks) - max(lo, 1))]:
                 yield Unit(h, rank, borrower)

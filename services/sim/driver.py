@@ -117,11 +117,13 @@ class AgentModel:
 @dataclass(frozen=True)
 class SimConfig:
     """The services' configs (the live defaults unless changed) and the agents' model.
-    ``preemptor`` None runs no preemptor at all."""
+    ``preemptor`` None runs no preemptor at all. The simulated agents run a gang at one size
+    from start to end (how an elastic job's speed follows its size is the job's own), so elastic
+    jobs neither grow nor shrink here: they run at their admitted size, and are stopped whole."""
 
-    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    admission: AdmissionConfig = field(default_factory=lambda: AdmissionConfig(grow=False))
     placer: PlacerConfig = field(default_factory=PlacerConfig)
-    preemptor: PreemptorConfig | None = field(default_factory=PreemptorConfig)
+    preemptor: PreemptorConfig | None = field(default_factory=lambda: PreemptorConfig(shrink=False))
     agents: AgentModel = field(default_factory=AgentModel)
     # Decide at most every ``cycle_s`` simulated seconds, at multiples of it (0: at every event
     # time), as a live service that cycles on a timer.

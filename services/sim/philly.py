@@ -217,7 +217,9 @@ class Experiment:
         if policy == "fifo":
             return SimConfig(preemptor=None, cycle_s=self.cycle_s, compact_every=COMPACT_EVERY)
         if policy == "corral":
-            return SimConfig(preemptor=PreemptorConfig(), cycle_s=self.cycle_s, compact_every=COMPACT_EVERY)
+            return SimConfig(
+                preemptor=PreemptorConfig(shrink=False), cycle_s=self.cycle_s, compact_every=COMPACT_EVERY
+            )
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
 
 

@@ -24,6 +24,7 @@ from events.decisions import (
     MigSlot,
     Placement,
     PreemptionRequested,
+    ShrinkRequested,
     Unschedulable,
     Victim,
     WorkerSlot,
@@ -179,6 +180,15 @@ EVENTS: dict[type[Event], Event] = {
         beneficiary="llm-1",
         victims=(Victim("sweep-0042", 0), Victim("nb-7", 1)),
         deadline=1_717_000_123.0,
+    ),
+    ShrinkRequested: ShrinkRequested(
+        based_on=46,
+        now=1_717_000_004.0,
+        job_id="elastic-3",
+        attempt=0,
+        replicas=2,
+        beneficiary="llm-1",
+        deadline=1_717_000_064.0,
     ),
     NodeRegistered: NodeRegistered(
         node="node-00",

@@ -16,7 +16,7 @@ import pytest
 
 from events import routing
 from events import subjects as subj
-from events.base import Decision, Event, Reason
+from events.base import Event, Reason
 from events.decisions import (
     GpuClaim,
     JobsPlaced,
@@ -24,6 +24,7 @@ from events.decisions import (
     MigSlot,
     Placement,
     PreemptionRequested,
+    ShrinkRequested,
     Unschedulable,
     Victim,
     WorkerSlot,
@@ -563,27 +564,8 @@ def test_deterministic() -> None:
 # -- elastic jobs ------------------------------------------------------------------------------------
 
 
-class ShrinkRequested(Decision, frozen=True, kw_only=True):
-    job_id: str
-    attempt: int
-    replicas: int
-    beneficiary: str
-    deadline: float
-
-
-def shrink_event(p: Plan, s: Shrink, based_on: int, now: float) -> Event:
-    return ShrinkRequested(
-        based_on=based_on,
-        now=now,
-        job_id=s.job_id,
-        attempt=s.attempt,
-        replicas=s.replicas,
-        beneficiary=p.beneficiary,
-        deadline=p.deadline,
-    )
-
-
-ELASTIC = PreemptorConfig(shrink_event=shrink_event)
+ELASTIC = PreemptorConfig()
+WHOLE_ONLY = PreemptorConfig(shrink=False)
 
 
 def elastic_world() -> World:
@@ -610,9 +592,9 @@ def test_shrink_to_the_minimum_then_stop_whole() -> None:
     assert p.victims == (Victim("low", 0),) and p.shrinks == (Shrink("el", 0, 2),)
 
 
-def test_without_a_shrink_event_elastic_jobs_are_stopped_whole() -> None:
+def test_without_shrinks_elastic_jobs_are_stopped_whole() -> None:
     w = elastic_world().waiting("urgent", gpus(3), priority=10)
-    assert w.victims() == {"urgent": ["el"]}
+    assert w.victims(WHOLE_ONLY) == {"urgent": ["el"]}
 
 
 def test_shrunk_ranks_stay_contiguous() -> None:

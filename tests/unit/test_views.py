@@ -15,6 +15,7 @@ from events.decisions import (
     JobsUnschedulable,
     Placement,
     PreemptionRequested,
+    ShrinkRequested,
     Unschedulable,
     Victim,
     WorkerSlot,
@@ -277,6 +278,12 @@ NAMES_JOBS: dict[str, tuple[Event, list[str]]] = {
         JobsAdmitted(based_on=1, now=0.0, admissions=(Admission("a", 0, 1), Admission("b", 0, 2))),
         ["a", "b"],
     ),
+    "admitted-and-grown": (
+        JobsAdmitted(
+            based_on=1, now=0.0, admissions=(Admission("a", 0, 1),), growths=(Admission("e", 0, 3),)
+        ),
+        ["a", "e"],
+    ),
     "placed": (JobsPlaced(based_on=1, now=0.0, placements=(PLACEMENT_A, PLACEMENT_B)), ["a", "b"]),
     "unschedulable": (
         JobsUnschedulable(
@@ -289,6 +296,12 @@ NAMES_JOBS: dict[str, tuple[Event, list[str]]] = {
             based_on=1, now=0.0, beneficiary="a", victims=(Victim("b", 0), Victim("c", 2)), deadline=30.0
         ),
         ["a", "b", "c"],
+    ),
+    "shrink": (
+        ShrinkRequested(
+            based_on=1, now=0.0, job_id="e", attempt=0, replicas=2, beneficiary="a", deadline=9.0
+        ),
+        ["a", "e"],
     ),
     "worker-started": (WorkerStarted(node="n", job_id="a", attempt=0, rank=0), ["a"]),
     "worker-exited": (WorkerExited(node="n", job_id="a", attempt=0, rank=0, code=1), ["a"]),

@@ -1,0 +1,287 @@
+"""Elastic jobs resized while they run, in the fold: growth (admission admits more replicas, the
+placer places the added ranks, their workers join) and shrink (the preemptor or the owner asks
+for fewer; the ranks above leave and give their GPUs back one by one as they exit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from projections import quota
+from projections.state import State
+from tests.builders import LogBuilder, job, placement, queue_spec, whole, worker
+
+N0 = "node-00"
+
+
+def fold(log: LogBuilder) -> State:
+    state = log.fold()
+    assert state.faults == 0, [r for r in state.rejections if r.code == "fault"]
+    return state
+
+
+def ranks(n: int, first: int = 0) -> tuple:  # type: ignore[type-arg]
+    """Ranks ``first..n-1`` on node-00, rank r on GPU r."""
+    return tuple(worker(r, N0, whole(r)) for r in range(first, n))
+
+
+def elastic_running(
+    replicas: int = 2, most: int = 4, least: int = 2, nominal: int = 8, queue: str = "team-a"
+) -> LogBuilder:
+    """Elastic job ``e`` (``least..most`` one-GPU workers) running ``replicas`` ranks on node-00."""
+    from tests.builders import Cluster
+
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec(queue, nominal)).queue(queue_spec("team-b", 8))
+    log.submit("alice", "e", job(queue).replicas(most, minimum=least).checkpointable()).accept("e")
+    log.admit("e", replicas=replicas).place(placement("e", *ranks(replicas)))
+    for r in range(replicas):
+        log.started(N0, "e", rank=r)
+    return log
+
+
+def held_quota(state: State, queue: str = "team-a") -> int:
+    return state.quota_held.get(queue, {}).get(quota.ANY, 0)
+
+
+def gpu_holders(state: State) -> list[dict[str, int]]:
+    return [g.holders for g in state.nodes[N0].gpus]
+
+
+def check_quota_books(state: State) -> None:
+    """What the fold keeps incrementally equals what the jobs hold, recomputed."""
+    again: dict[str, dict[str, int]] = {}
+    for j in state.jobs.values():
+        if j.phase in ("admitted", "placed", "starting", "running", "checkpointing"):
+            for key, milli in quota.holding(j):
+                again.setdefault(j.spec.queue, {})[key] = again.get(j.spec.queue, {}).get(key, 0) + milli
+    assert {q: {k: v for k, v in d.items() if v} for q, d in again.items()} == state.quota_held
+
+
+# -- growth --------------------------------------------------------------------------------------
+
+
+def test_a_running_elastic_job_grows_and_its_added_ranks_join_it() -> None:
+    log = elastic_running().grow("e", 4)
+    state = fold(log)
+    e = state.jobs["e"]
+    assert (e.phase, e.admission.replicas if e.admission else 0, held_quota(state)) == ("running", 4, 4000)
+    log.place(placement("e", *ranks(4)))
+    state = fold(log)
+    assert [h for h in gpu_holders(state)[:5]] == [{"e": 1000}] * 4 + [{}]
+    log.started(N0, "e", rank=2).started(N0, "e", rank=3)
+    state = fold(log)
+    e = state.jobs["e"]
+    assert (e.phase, e.live, state.rejected_total) == ("running", {0, 1, 2, 3}, 0)
+    check_quota_books(state)
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda: elastic_running().grow("e", 5), "no growth"),
+        (lambda: elastic_running().grow("e", 2), "no growth"),
+        (lambda: elastic_running(nominal=3).grow("e", 4), "needs 4"),
+        (lambda: elastic_running().grow("e", 3, attempt=1), "not running"),
+        (lambda: elastic_running(replicas=1, least=1).exited(N0, "e", code=1).grow("e", 2), "not running"),
+    ],
+    ids=["beyond-most", "not-more", "quota-short", "stale-attempt", "not-running"],
+)
+def test_a_growth_that_does_not_hold_is_void_and_changes_nothing(
+    make: Callable[[], LogBuilder], why: str
+) -> None:
+    log = make()
+    before = LogBuilder()
+    before.records = log.records[:-1]
+    state = fold(log)
+    assert state.rejections[-1].code == "void" and why in state.rejections[-1].message
+    assert state.jobs == fold(before).jobs and state.quota_held == fold(before).quota_held
+
+
+def test_a_job_that_is_not_elastic_does_not_grow() -> None:
+    from tests.builders import Cluster
+
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "j", job().replicas(2)).accept("j").admit("j", replicas=2)
+    log.place(placement("j", *ranks(2))).started(N0, "j", rank=0).started(N0, "j", rank=1)
+    state = fold(log.grow("j", 3))
+    assert state.rejections[-1].code == "void" and state.jobs["j"].admission.replicas == 2  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [
+        (worker(0, N0, whole(5)), worker(1, N0, whole(1)), worker(2, N0, whole(2)), worker(3, N0, whole(3))),
+        ranks(3),
+        (*ranks(2), worker(2, N0, whole(1)), worker(3, N0, whole(3))),
+    ],
+    ids=["moves-a-kept-rank", "fewer-than-admitted", "claims-a-held-gpu"],
+)
+def test_a_growth_placement_must_keep_the_ranks_and_add_free_gpus(workers: tuple) -> None:  # type: ignore[type-arg]
+    log = elastic_running().grow("e", 4)
+    before = fold(log)
+    state = fold(log.place(placement("e", *workers)))
+    assert state.rejections[-1].code == "void"
+    assert state.nodes == before.nodes and state.jobs["e"].placement == before.jobs["e"].placement
+
+
+# -- shrink --------------------------------------------------------------------------------------
+
+
+def _with_beneficiary(log: LogBuilder, priority: int = 10, queue: str = "team-b") -> LogBuilder:
+    return log.submit("bob", "b", job(queue).replicas(2)).accept("b", priority=priority)
+
+
+def test_a_shrink_frees_quota_at_once_and_each_leaving_rank_its_gpus_as_it_exits() -> None:
+    log = _with_beneficiary(elastic_running(replicas=4)).shrink("e", 2, "b")
+    state = fold(log)
+    e = state.jobs["e"]
+    assert (e.phase, e.admission.replicas if e.admission else 0, e.leaving) == ("running", 2, [2, 3])
+    assert held_quota(state) == 2000 and e.preempted_for == "b"
+    assert gpu_holders(state)[:4] == [{"e": 1000}] * 4  # still held until the workers exit
+    check_quota_books(state)
+    state = fold(log.exited(N0, "e", rank=3, code=143, stopped=True))
+    e = state.jobs["e"]
+    assert gpu_holders(state)[:4] == [{"e": 1000}] * 3 + [{}] and e.leaving == [2]
+    state = fold(log.exited(N0, "e", rank=2, code=0, stopped=True))
+    e = state.jobs["e"]
+    assert gpu_holders(state)[:4] == [{"e": 1000}] * 2 + [{}, {}]
+    assert (e.phase, e.leaving, e.preempted_for, e.restarts) == ("running", [], "", 0)
+    assert e.placement is not None and [w.rank for w in e.placement.workers] == [0, 1]
+    state = fold(log.exited(N0, "e", rank=0, code=0).exited(N0, "e", rank=1, code=0))
+    assert state.jobs["e"].phase == "succeeded" and gpu_holders(state)[:2] == [{}, {}]
+    assert state.rejected_total == 0
+    check_quota_books(state)
+
+
+def test_a_job_whose_kept_ranks_ended_succeeds_when_the_last_leaving_rank_is_gone() -> None:
+    log = _with_beneficiary(elastic_running(replicas=3)).shrink("e", 2, "b")
+    log.exited(N0, "e", rank=0, code=0).exited(N0, "e", rank=1, code=0)
+    assert fold(log).jobs["e"].phase == "running"
+    state = fold(log.exited(N0, "e", rank=2, code=143, stopped=True))
+    assert state.jobs["e"].phase == "succeeded" and state.jobs["e"].held is None
+
+
+def test_the_owner_resizing_a_running_job_below_its_size_shrinks_it() -> None:
+    log = elastic_running(replicas=4).request("alice", "resize", {"job_id": "e", "replicas": 3})
+    state = fold(log)
+    e = state.jobs["e"]
+    assert (e.spec.replicas, e.admission.replicas if e.admission else 0, e.leaving) == (3, 3, [3])
+    assert held_quota(state) == 3000 and e.preempted_for == ""
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _with_beneficiary(elastic_running(replicas=4)).shrink("e", 1, "b"),
+        lambda: _with_beneficiary(elastic_running(replicas=2)).shrink("e", 2, "b"),
+        lambda: _with_beneficiary(elastic_running(replicas=4), priority=0, queue="team-a").shrink(
+            "e", 2, "b"
+        ),
+        lambda: _with_beneficiary(elastic_running(replicas=4)).shrink("e", 2, "nobody"),
+        lambda: _with_beneficiary(elastic_running(replicas=4)).shrink("e", 2, "b", attempt=1),
+    ],
+    ids=["below-least", "no-fewer", "same-queue-same-priority", "no-beneficiary", "stale-attempt"],
+)
+def test_a_shrink_that_does_not_hold_is_void_and_changes_nothing(make: Callable[[], LogBuilder]) -> None:
+    log = make()
+    before = LogBuilder()
+    before.records = log.records[:-1]
+    state = fold(log)
+    assert state.rejections[-1].code == "void"
+    assert state.jobs == fold(before).jobs and state.quota_held == fold(before).quota_held
+
+
+def test_a_job_that_may_not_be_preempted_is_not_shrunk_for_another() -> None:
+    from tests.builders import Cluster
+
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8)).queue(queue_spec("team-b", 8))
+    log.submit("alice", "e", job().replicas(4, minimum=2).preemptible(False)).accept("e")
+    log.admit("e", replicas=4).place(placement("e", *ranks(4)))
+    for r in range(4):
+        log.started(N0, "e", rank=r)
+    state = fold(_with_beneficiary(log).shrink("e", 2, "b"))
+    assert state.rejections[-1].code == "void" and state.jobs["e"].admission.replicas == 4  # type: ignore[union-attr]
+
+
+def test_a_shrinking_job_does_not_grow_until_its_leaving_ranks_are_gone() -> None:
+    log = _with_beneficiary(elastic_running(replicas=4)).shrink("e", 2, "b").grow("e", 3)
+    state = fold(log)
+    assert state.rejections[-1].code == "void" and state.jobs["e"].admission.replicas == 2  # type: ignore[union-attr]
+
+
+def test_a_shrinking_job_preempted_whole_gives_everything_back_when_its_workers_are_gone() -> None:
+    log = _with_beneficiary(elastic_running(replicas=4)).shrink("e", 2, "b").preempt("b", "e")
+    state = fold(log)
+    assert state.jobs["e"].phase == "checkpointing" and held_quota(state) == 2000
+    for r in range(4):
+        log.exited(N0, "e", rank=r, code=143, stopped=True)
+    state = fold(log)
+    assert state.jobs["e"].phase == "preempted" and gpu_holders(state)[:4] == [{}] * 4
+    check_quota_books(state)
+
+
+# -- the services: admission grows, the placer places the added ranks, agents stop leaving ranks --
+
+
+def _decided(log: LogBuilder, events: list, role: str) -> LogBuilder:  # type: ignore[type-arg]
+    from events import subjects as subj
+    from events.routing import subject_of
+
+    for ev in events:
+        log.event(subject_of(ev) if role != "admission" else subj.decision("admission"), ev)
+    return log
+
+
+def test_admission_grows_a_running_elastic_job_into_quota_nobody_waits_for() -> None:
+    from events.jobs import JobsAdmitted
+    from services.admission.decide import decide as admit
+    from services.placer.decide import decide as place
+
+    log = elastic_running(replicas=2, most=6, nominal=5)  # quota for 5 of its 6 workers
+    state = fold(log)
+    (ev,) = [e for e in admit(state, 2000.0) if isinstance(e, JobsAdmitted)]
+    assert ev.admissions == () and [(g.job_id, g.replicas) for g in ev.growths] == [("e", 5)]
+    state = fold(_decided(log, [ev], "admission"))
+    assert state.jobs["e"].admission.replicas == 5 and held_quota(state) == 5000  # type: ignore[union-attr]
+    placed = place(state, 2001.0)
+    state = fold(_decided(log, placed, "placer"))
+    e = state.jobs["e"]
+    assert e.placement is not None and [w.rank for w in e.placement.workers] == [0, 1, 2, 3, 4]
+    assert e.placement.workers[:2] == ranks(2) and state.rejected_total == 0
+    assert sum(1 for g in state.nodes[N0].gpus if g.holders) == 5
+
+
+def test_admission_does_not_grow_a_job_while_another_waits_in_its_cohort_tree() -> None:
+    from events.jobs import JobsAdmitted
+    from services.admission.decide import decide as admit
+
+    log = elastic_running(replicas=2, most=6, nominal=2)
+    log.submit("alice", "w", job().replicas(1)).accept("w")  # team-a is full: w waits
+    events = admit(fold(log), 2000.0)
+    assert not [e for e in events if isinstance(e, JobsAdmitted) and e.growths]
+
+
+def test_admission_grows_only_onto_gpus_that_are_free() -> None:
+    from events.jobs import JobsAdmitted
+    from services.admission.decide import decide as admit
+
+    log = elastic_running(replicas=2, most=8, nominal=16)
+    log.submit("bob", "x", job("team-b").replicas(5)).accept("x").admit("x", replicas=5)
+    log.place(placement("x", *(worker(r, N0, whole(2 + r)) for r in range(5))))  # 7 of 8 GPUs held
+    (ev,) = [e for e in admit(fold(log), 2000.0) if isinstance(e, JobsAdmitted)]
+    assert [(g.job_id, g.replicas) for g in ev.growths] == [("e", 3)]
+
+
+def test_an_agent_stops_the_leaving_ranks_of_a_shrunk_job_and_keeps_the_rest() -> None:
+    from services.agent.decide import StopWorker, WorkerKey
+    from services.agent.decide import decide as act
+
+    log = _with_beneficiary(elastic_running(replicas=4)).shrink("e", 2, "b")
+    state = fold(log)
+    workers = {WorkerKey("e", 0, r): "running" for r in range(4)}
+    actions = act(state, N0, workers, now=1010.0, checkpoint_root="/tmp/ck")  # type: ignore[arg-type]
+    stops = sorted((a.key.rank, a.reason) for a in actions if isinstance(a, StopWorker))
+    assert stops == [(2, "shrunk"), (3, "shrunk")]
+    assert all(not isinstance(a, StopWorker) or a.grace > 0 for a in actions)

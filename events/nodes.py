@@ -55,7 +55,9 @@ class WorkerStarted(Event, frozen=True, kw_only=True):
 
 
 class WorkerExited(Event, frozen=True, kw_only=True):
-    """``code`` is the exit status; ``stopped`` says corral itself stopped the worker."""
+    """``code`` is the exit status; ``stopped`` says corral itself stopped the worker; ``pid`` is
+    the one its start reported (0 if none did): a rank of an elastic job may run more than once in
+    one attempt, and each run's start and exit are facts of their own."""
 
     node: str
     job_id: str
@@ -63,6 +65,7 @@ class WorkerExited(Event, frozen=True, kw_only=True):
     rank: int
     code: int
     stopped: bool = False
+    pid: int = 0
 
 
 class CheckpointCompleted(Event, frozen=True, kw_only=True):

@@ -155,6 +155,7 @@ class Exited(msgspec.Struct, frozen=True):
     key: WorkerKey
     code: int
     stopped: bool = False
+    pid: int = 0  # as its start was reported
 
 
 class Checkpointed(msgspec.Struct, frozen=True):
@@ -276,6 +277,8 @@ def _exit_folded(job: JobState | None, key: WorkerKey) -> bool:
         return True
     if _live_in_log(job, key):
         return False
+    if key.rank in job.left and key.attempt == job.attempt:
+        return True  # a rank an elastic job shrank away from: a growth may start it anew
     return not (job.attempt == key.attempt and job.phase in _RUNS and key.rank not in job.started)
 
 
@@ -401,6 +404,7 @@ def report_events(node: str, report: Report) -> list[Event]:
             rank=k.rank,
             code=report.code,
             stopped=report.stopped,
+            pid=report.pid,
         )
         return [ev]
     if isinstance(report, StartFailed):

@@ -11,6 +11,12 @@ asked for, read-only when asked; it dies with the agent (``--die-with-parent``).
 workers run as plain processes in their own session, and a job with data mounts cannot start
 (unless each mount's target is its source).
 
+A job with an ``image`` runs in a container instead, with podman or docker (``container``): the
+same environment, directories, data mounts, logs, signals and exit codes, its GPUs passed as CDI
+devices, its signals sent by container name. Which engine runs containers is probed once, by the
+first image job to start; where none can, an image job fails to start and says why. Its command
+never runs on the host instead.
+
 Checkpoint contract (what a checkpointable job implements; ``examples/train.py`` does):
 
 1. ``$CORRAL_CHECKPOINT_DIR`` is the worker's own directory (one per attempt and rank) inside its
@@ -27,8 +33,8 @@ Checkpoint contract (what a checkpointable job implements; ``examples/train.py``
    polls for it, reports the checkpoint, and removes ``DONE`` and ``REQUEST``. A worker may also
    write ``DONE`` unasked, after a periodic checkpoint; it is reported the same way.
 4. To stop a worker the agent sends ``SIGTERM`` (to every process of the sandbox, or the
-   process group) and ``SIGKILL`` after the grace period. A worker that has checkpointed should
-   exit 0 on ``SIGTERM``.
+   process group; a container gets ``stop``, its image's stop signal) and ``SIGKILL`` after the
+   grace period. A worker that has checkpointed should exit 0 on ``SIGTERM``.
 
 Exit codes are reported as the process's status, or 128+N when signal N killed it.
 """
@@ -41,14 +47,18 @@ import json
 import logging
 import os
 import re
+import resource
 import shutil
 import signal
+import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Literal, NamedTuple
 
 from events.jobs import Mount
+from services.agent import container
+from services.agent.container import ContainerMode, EngineInfo, Probe
 from services.agent.decide import (
     GONE_CODE,
     STOP_GRACE,
@@ -127,7 +137,11 @@ class _Worker:
         self.log = log_path(root, self.key)
         self.checkpoints = Path(spec.checkpoint_dir)
         self.proc: asyncio.subprocess.Process | None = None
-        self.sandbox_pid: int | None = None  # bwrap's init process, pid 1 of the worker's namespace
+        # bwrap's init process, pid 1 of the worker's namespace; or the container's init, seen
+        # from the host once the container runs
+        self.sandbox_pid: int | None = None
+        self.container: str | None = None  # the container's name, for a worker in one
+        self.engine: EngineInfo | None = None
         self.status: asyncio.BaseTransport | None = None
         self.watcher: asyncio.Task[None] | None = None
         self.killer: asyncio.Task[None] | None = None
@@ -135,6 +149,7 @@ class _Worker:
         self.announced = False  # its start was reported: its exit and checkpoints are reported too
         self.stop_requested = False
         self.stop_grace = STOP_GRACE
+        self.reported_pid = 0  # the pid its start was reported with, and its exit is
         self.done = asyncio.Event()
         self.code: int | None = None
 
@@ -149,16 +164,23 @@ class Runtime:
         base_env: Mapping[str, str] | None = None,
         mig_devices: Iterable[MigDevice] = (),
         prepare: Prepare | None = None,
+        containers: ContainerMode = "auto",
+        node: str | None = None,
     ) -> None:
         """``prepare`` runs before each worker's process starts, inside the start barrier (e.g. to
         create its MIG instance); ``mig_devices`` resolve MIG placeholders in
-        ``CUDA_VISIBLE_DEVICES``."""
+        ``CUDA_VISIBLE_DEVICES``; ``containers`` says which engine runs image jobs (``auto``:
+        docker if its daemon answers, else podman); ``node`` names this node in reasons."""
         self.root = Path(root)
+        self.node = node or socket.gethostname()
         self.poll_interval = poll_interval
         self.reports: asyncio.Queue[Report] = asyncio.Queue()
         self._mode = sandbox
         self._bwrap: str | None = None
         self._probe: asyncio.Future[str | None] | None = None
+        self._containers = containers
+        self._engine_probe: asyncio.Future[Probe] | None = None
+        self._engine_calls: set[asyncio.Task[None]] = set()
         self._prepare = prepare
         self._workers: dict[WorkerKey, _Worker] = {}
         if base_env is None:
@@ -194,6 +216,13 @@ class Runtime:
         if self._mode == "bwrap" and self._bwrap is None:
             raise StartError("sandbox 'bwrap' was asked for, but bwrap is missing or cannot run here")
         return self._bwrap is not None
+
+    async def container_engine(self) -> Probe:
+        """The engine that runs image jobs here, or why none can (probed once, by the first
+        start to ask: an engine may be installed but unable to work)."""
+        if self._engine_probe is None:
+            self._engine_probe = asyncio.ensure_future(container.probe(self._containers))
+        return await asyncio.shield(self._engine_probe)
 
     async def next_report(self, timeout: float) -> Report:
         return await asyncio.wait_for(self.reports.get(), timeout)
@@ -240,7 +269,8 @@ class Runtime:
                     w.phase = "running"
                 w.announced = True
                 w.settled.set()
-                self.reports.put_nowait(Started(w.key, self._main_pid(w) or w.sandbox_pid or _pid(w)))
+                w.reported_pid = self._main_pid(w) or w.sandbox_pid or _pid(w)
+                self.reports.put_nowait(Started(w.key, w.reported_pid))
                 if w.stop_requested:  # stopped while it was starting
                     self._terminate(w, w.stop_grace)
             return GangResult(tuple(w.key for w in gang))
@@ -265,7 +295,8 @@ class Runtime:
     async def _launch(self, w: _Worker) -> None:
         spec = w.spec
         if spec.image is not None:
-            raise StartError(f"image {spec.image}: this node runs no containers; give the job a command")
+            await self._launch_container(w)
+            return
         if not spec.command:
             raise StartError("the job has no command to run")
         sandboxed = await self.sandboxed()
@@ -274,13 +305,7 @@ class Runtime:
                 raise StartError(f"mount source {m.source} does not exist on this node")
             if not sandboxed and os.path.realpath(m.source) != os.path.realpath(m.target):
                 raise StartError(f"data mount {m.target} needs bubblewrap (bwrap), which this node lacks")
-        try:
-            for d in (w.workdir, w.checkpoints, Path(spec.job_checkpoint_dir), w.log.parent):
-                d.mkdir(parents=True, exist_ok=True)
-            for stale in (REQUEST, DONE):
-                (w.checkpoints / stale).unlink(missing_ok=True)
-        except OSError as e:
-            raise StartError(f"cannot prepare directories: {e}") from None
+        _prepare_directories(w)
         if self._prepare is not None:
             await self._prepare(spec)
         env = {**self._base_env, **spec.env}
@@ -290,6 +315,46 @@ class Runtime:
             await self._spawn_sandboxed(w, env)
         else:
             await self._spawn_plain(w, env)
+
+    async def _launch_container(self, w: _Worker) -> None:
+        spec = w.spec
+        found = await self.container_engine()
+        engine = found.engine
+        if engine is None:
+            raise StartError(
+                f"image {spec.image} needs podman or docker, none can run containers on node "
+                f"{self.node}: {found.why}"
+            )
+        if spec.gpus and engine.name == "docker" and engine.major() < container.DOCKER_CDI_MAJOR:
+            raise StartError(
+                f"docker {engine.version} on node {self.node} cannot give containers GPUs: CDI devices "
+                f"need docker {container.DOCKER_CDI_MAJOR} or newer"
+            )
+        for m in spec.mounts:
+            problem = container.mount_problem(m)
+            if problem:
+                raise StartError(problem)
+            if not os.path.exists(m.source):
+                raise StartError(f"mount source {m.source} does not exist on this node")
+        _prepare_directories(w)
+        if self._prepare is not None:
+            await self._prepare(spec)
+        env = container.container_env(spec.env)
+        if "CUDA_VISIBLE_DEVICES" in env:
+            env["CUDA_VISIBLE_DEVICES"] = self.resolve_devices(env["CUDA_VISIBLE_DEVICES"])
+        try:
+            devices = container.gpu_devices(spec.gpus, self._mig)
+        except LookupError as e:
+            raise StartError(str(e)) from None
+        ulimits = None
+        if engine.name == "podman":
+            nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+            ulimits = container.podman_ulimits(nofile, resource.getrlimit(resource.RLIMIT_NPROC))
+        workdir = str(w.workdir)
+        argv = container.run_args(
+            engine.name, spec, workdir=workdir, env=env, devices=devices, ulimits=ulimits, exe=engine.path
+        )
+        await self._spawn_container(w, engine, argv)
 
     def resolve_devices(self, value: str) -> str:
         """Replace MIG placeholders by the instances' own UUIDs, where known."""
@@ -368,6 +433,42 @@ class Runtime:
             if problem:
                 raise StartError(f"sandbox setup failed: {problem}")
 
+    async def _spawn_container(self, w: _Worker, engine: EngineInfo, argv: list[str]) -> None:
+        w.engine = engine
+        w.container = name = container.container_name(w.key.job_id, w.key.attempt, w.key.rank)
+        # One left by an agent that died while this attempt ran here would hold the name.
+        await container.run_quietly(container.remove_args(engine.name, name, engine.path), 60.0)
+        with open(w.log, "ab") as out:
+            try:
+                w.proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                raise StartError(f"cannot run {engine.path}: {e.strerror or e}") from None
+        w.watcher = asyncio.create_task(self._watch(w))
+        # Started once the container's init runs: the engine may pull the image first, and may
+        # fail to create the container at all.
+        inspect = container.pid_args(engine.name, name, engine.path)
+        delay = 0.005
+        while not w.done.is_set():
+            code, answer = await container.run_quietly(inspect, 30.0)
+            if code == 0 and answer.strip().isdigit() and int(answer) > 0:
+                w.sandbox_pid = int(answer)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(w.done.wait(), delay)
+            delay = min(delay * 2, self.poll_interval)
+        # The client ended before the container was seen running: the engine failed, or the
+        # worker ran and ended in between (then it started, and its exit is reported).
+        problem = container.engine_error(_read(w.log)) if w.code in container.ENGINE_FAILURES else ""
+        if problem:
+            where = f"on node {self.node}"
+            raise StartError(f"{engine.name} could not run image {w.spec.image} {where}: {problem}")
+
     def _bwrap_args(self, w: _Worker, status_fd: int) -> list[str]:
         # No --new-session: the sandbox stays in the process group the agent started, so that a
         # kill of the group reaches every process even before bwrap's own parent-death signal
@@ -413,7 +514,7 @@ class Runtime:
         await w.settled.wait()
         if w.announced:
             self._poll_checkpoint(w, final=True)  # a checkpoint written just before exiting
-            self.reports.put_nowait(Exited(w.key, w.code, w.stop_requested))
+            self.reports.put_nowait(Exited(w.key, w.code, w.stop_requested, w.reported_pid))
         w.phase = "exited"
 
     def _poll_checkpoint(self, w: _Worker, final: bool) -> None:
@@ -450,7 +551,10 @@ class Runtime:
         w.phase = "checkpoint-requested"
         pid = self._main_pid(w)
         if pid is not None and _handles(pid, signal.SIGUSR1):
-            _kill(pid, signal.SIGUSR1)
+            if w.container is not None:
+                self._to_container(w, signal.SIGUSR1)
+            else:
+                _kill(pid, signal.SIGUSR1)
 
     async def stop(self, key: WorkerKey, grace: float = STOP_GRACE) -> None:
         """SIGTERM now, SIGKILL after ``grace`` seconds; the exit is reported when it happens."""
@@ -465,7 +569,11 @@ class Runtime:
 
     def _terminate(self, w: _Worker, grace: float) -> None:
         w.phase = "stopping"
-        self._signal_all(w, signal.SIGTERM)
+        if w.engine is not None and w.container is not None and w.sandbox_pid is not None:
+            argv = container.stop_args(w.engine.name, w.container, grace, w.engine.path)
+            self._engine_call(argv, timeout=grace + 30.0)
+        else:
+            self._signal_all(w, signal.SIGTERM)
         if w.killer is None:
             w.killer = asyncio.create_task(self._kill_after(w, grace))
 
@@ -480,6 +588,8 @@ class Runtime:
         agent), once: it is kept as exited until ``forget``."""
         if key in self._workers:
             return
+        if self._containers != "none":
+            self._track(self._remove_lost_container(key))
         spec = StartWorker(key.job_id, key.attempt, key.rank, (), {}, (), "", "")
         w = _Worker(spec, self.root)
         w.phase = "exited"
@@ -487,6 +597,14 @@ class Runtime:
         w.announced = True
         self._workers[key] = w
         self.reports.put_nowait(Exited(key, GONE_CODE))
+
+    async def _remove_lost_container(self, key: WorkerKey) -> None:
+        """A container outlives the agent that started it (its engine keeps it): one that still
+        runs a worker reported gone would hold its GPUs with no one to stop it."""
+        engine = (await self.container_engine()).engine
+        if engine is not None:
+            name = container.container_name(*key)
+            await container.run_quietly(container.remove_args(engine.name, name, engine.path), 60.0)
 
     def forget(self, key: WorkerKey) -> None:
         w = self._workers.get(key)
@@ -509,6 +627,8 @@ class Runtime:
         for w in self._workers.values():
             w.settled.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        while self._engine_calls:  # stops and kills sent to containers, which killers may add to
+            await asyncio.gather(*list(self._engine_calls), return_exceptions=True)
 
     # -- signals -----------------------------------------------------------------------------
 
@@ -526,6 +646,9 @@ class Runtime:
         (``--die-with-parent``), which would leave the worker no grace."""
         if w.proc is None or w.code is not None:
             return
+        if w.container is not None:
+            self._to_container(w, sig)
+            return
         if self._bwrap is not None and w.sandbox_pid is None:
             sig = signal.SIGKILL  # the sandbox is not built yet: nothing in it to stop gracefully
         if w.sandbox_pid is not None and sig != signal.SIGKILL:
@@ -539,6 +662,41 @@ class Runtime:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(w.proc.pid, sig)
+
+    def _to_container(self, w: _Worker, sig: signal.Signals) -> None:
+        """``sig`` to a container's worker, by name. A container not seen running yet has nothing
+        to stop gracefully: its client is killed, and whatever it created removed."""
+        assert w.engine is not None and w.container is not None and w.proc is not None
+        engine, name = w.engine, w.container
+        if w.sandbox_pid is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            self._engine_call(container.remove_args(engine.name, name, engine.path))
+        else:
+            self._engine_call(container.kill_args(engine.name, name, sig, engine.path))
+
+    def _engine_call(self, argv: list[str], timeout: float = 60.0) -> None:
+        async def call() -> None:
+            code, out = await container.run_quietly(argv, timeout)
+            if code != 0:  # most often: the container has ended meanwhile
+                log.debug("%s: exit %s: %s", " ".join(argv[1:]), code, out.strip()[-300:])
+
+        self._track(call())
+
+    def _track(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.create_task(work)
+        self._engine_calls.add(task)
+        task.add_done_callback(self._engine_calls.discard)
+
+
+def _prepare_directories(w: _Worker) -> None:
+    try:
+        for d in (w.workdir, w.checkpoints, Path(w.spec.job_checkpoint_dir), w.log.parent):
+            d.mkdir(parents=True, exist_ok=True)
+        for stale in (REQUEST, DONE):
+            (w.checkpoints / stale).unlink(missing_ok=True)
+    except OSError as e:
+        raise StartError(f"cannot prepare directories: {e}") from None
 
 
 def _pid(w: _Worker) -> int:
@@ -649,6 +807,13 @@ def _bwrap_error(path: Path) -> str:
     except OSError:
         return ""
     return next((line for line in reversed(lines[-20:]) if line.startswith("bwrap: ")), "")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _tail(path: Path, lines: int = 3) -> str:

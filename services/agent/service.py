@@ -72,12 +72,16 @@ def _decide_nothing(state: State, now: float) -> list[Event]:
 
 
 def msg_id(body: Event) -> str:
-    """The deterministic message id of a node event: the same fact appended twice is stored once."""
+    """The deterministic message id of a node event: the same fact appended twice is stored once.
+    A worker's start and exit name its pid: a rank an elastic job shrank away from and grew back
+    runs again in the same attempt, and that run's start is a new fact."""
     match body:
         case WorkerStarted():
-            return f"started:{body.job_id}:{body.attempt}:{body.rank}"
+            run = f":{body.pid}" if body.pid else ""
+            return f"started:{body.job_id}:{body.attempt}:{body.rank}{run}"
         case WorkerExited():
-            return f"exited:{body.job_id}:{body.attempt}:{body.rank}"
+            run = f":{body.pid}" if body.pid else ""
+            return f"exited:{body.job_id}:{body.attempt}:{body.rank}{run}"
         case CheckpointCompleted():
             return f"checkpoint:{body.job_id}:{body.attempt}:{body.step}"
         case NodeRegistered():
@@ -231,7 +235,9 @@ class NodeAgent(Service):
         self.gpus = gpus if gpus is not None else gpu_watch(self.found)
         self.work_dir = Path(work_dir)
         self.checkpoint_root = str(checkpoint_root or self.work_dir / "checkpoints")
-        self.runtime = Runtime(self.work_dir, sandbox=sandbox, mig_devices=self.found.mig_devices)
+        self.runtime = Runtime(
+            self.work_dir, sandbox=sandbox, mig_devices=self.found.mig_devices, node=self.node
+        )
         self.reports = self.runtime.reports = _Reports()
         self.publish = publish
         self.heartbeat_interval = heartbeat_interval

@@ -492,6 +492,7 @@ def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
     job.admission = None
     job.placement = None
     job.started = set()
+    job.left = set()
     job.exit_codes = {}
     job.reasons = (ev.reason,)
 
@@ -667,6 +668,7 @@ def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
     if job.phase == "running" and rank not in job.started:  # a rank an elastic job grew by
         job.started.add(rank)
         job.live.add(rank)
+        job.left.discard(rank)
         job.updated_seq = ctx.seq
         return
     if job.phase not in ("placed", "starting"):
@@ -730,6 +732,8 @@ def _left(state: State, job: JobState, rank: int, ctx: Ctx) -> None:
     once the last of them is gone, the shrink is over."""
     claims.release_rank(state, job, rank)
     job.exit_codes.pop(rank, None)
+    job.started.discard(rank)
+    job.left.add(rank)  # its agent may forget the process: a growth starts the rank anew
     if job.placement is not None and job.held is not None:
         job.placement = job.held
     if not job.leaving:

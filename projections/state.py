@@ -81,6 +81,7 @@ class JobState(msgspec.Struct, gc=False):
     started: set[int] = set()  # ranks that started in this attempt
     live: set[int] = set()  # ranks started and not yet exited (they still hold their GPUs)
     exit_codes: dict[int, int] = {}
+    left: set[int] = set()  # ranks an elastic shrink took away in this attempt, their exits folded
     held: Placement | None = None  # the GPUs this job holds now (maybe from an older attempt)
     checkpoint: Checkpoint | None = None
     reasons: tuple[Reason, ...] = ()

@@ -407,7 +407,9 @@ async def test_a_worker_without_a_sigusr1_handler_is_not_killed_by_a_request(
     assert report == Checkpointed(s.key, 7, "deadline=1234")
     assert not (Path(s.checkpoint_dir) / "DONE").exists() and not (Path(s.checkpoint_dir) / REQUEST).exists()
     await runtime.stop(s.key, grace=WAIT)
-    assert ran((await until(runtime, exit_of(s.key)))[-1]) == Exited(s.key, 128 + signal.SIGTERM, stopped=True)
+    assert ran((await until(runtime, exit_of(s.key)))[-1]) == Exited(
+        s.key, 128 + signal.SIGTERM, stopped=True
+    )
 
 
 # -- sandboxes and data mounts ---------------------------------------------------------------------

@@ -233,8 +233,10 @@ class NodeAgent(Service):
         self.producer = f"agent/{node}@{self.producer.split('@', 1)[1]}"
         self.found = found if found is not None else discovery.discover(node)
         self.gpus = gpus if gpus is not None else gpu_watch(self.found)
-        self.work_dir = Path(work_dir)
-        self.checkpoint_root = str(checkpoint_root or self.work_dir / "checkpoints")
+        # Absolute: workers run in their own working directory, and the checkpoint paths they are
+        # given and report must mean the same there as here.
+        self.work_dir = Path(work_dir).resolve()
+        self.checkpoint_root = str(Path(checkpoint_root or self.work_dir / "checkpoints").resolve())
         self.runtime = Runtime(
             self.work_dir, sandbox=sandbox, mig_devices=self.found.mig_devices, node=self.node
         )

@@ -6,6 +6,8 @@ given what its runtime runs. Only what the fold accepted for this node may start
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -377,3 +379,17 @@ def test_a_failed_start_restarts_the_gang_through_the_fold() -> None:
 
 def test_simulated_inventory_matches_its_profile() -> None:
     assert Cluster(1).nodes[0][1].gpus == h100_8x_nvswitch(N0).gpus
+
+
+def test_an_agent_given_relative_directories_hands_workers_absolute_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Workers run in their own working directory: a relative checkpoint path would point
+    # somewhere else there, and the agent would never see the checkpoints they write.
+    from events.log import InMemoryLog
+    from services.agent.service import NodeAgent
+
+    monkeypatch.chdir(tmp_path)
+    agent = NodeAgent(N0, InMemoryLog(), work_dir="data/nodes/node-00", checkpoint_root="data/checkpoints")
+    assert Path(agent.checkpoint_root) == tmp_path / "data" / "checkpoints"
+    assert agent.work_dir == tmp_path / "data" / "nodes" / "node-00"

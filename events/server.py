@@ -7,6 +7,11 @@ directory persists the stream, so a server restarted on the same directory finds
 
 Readiness is observed, never assumed: ``start`` waits (bounded) until the server has written its
 ports file and answers a TCP connection with an INFO line that says JetStream is on.
+
+Without ``users`` anyone who reaches the port may do anything. With ``users`` the server requires a
+user name and password, and each user may publish and subscribe only where its ``Permissions``
+allow (``None``: anywhere). They go into a config file in the store directory, readable by its
+owner only (it holds the passwords), rewritten on every start so a restart applies the list given.
 """
 
 from __future__ import annotations
@@ -21,10 +26,52 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 HOST = "127.0.0.1"
+CONFIG_NAME = "nats-server.conf"
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """Subjects a user may publish to and subscribe to (wildcards allowed); all else is denied."""
+
+    publish: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    password: str
+    permissions: Permissions | None = None  # None: may publish and subscribe anywhere
+
+
+def config_text(users: Sequence[User]) -> str:
+    """The ``authorization`` block for ``users``. The nats-server config format reads JSON, and
+    quoted strings are never taken for variables or bcrypt hashes, so JSON quotes it safely."""
+    entries: list[dict[str, object]] = []
+    for u in users:
+        entry: dict[str, object] = {"user": u.name, "password": u.password}
+        p = u.permissions
+        if p is not None:
+            entry["permissions"] = {
+                "publish": {"allow": list(p.publish)},
+                "subscribe": {"allow": list(p.subscribe)},
+            }
+        entries.append(entry)
+    return "authorization: " + json.dumps({"users": entries}, indent=2) + "\n"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, readable and writable by its owner only, even if it existed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
 
 
 class ServerError(RuntimeError):
@@ -50,6 +97,7 @@ class EmbeddedServer:
 
     Use as ``async with EmbeddedServer(dir) as server: ... server.url``, or call ``start`` and
     ``stop``. After the first start the port is kept, so a restart comes back at the same URL.
+    With ``users`` a client must log in as one of them (``nats.connect(url, user=, password=)``).
     """
 
     def __init__(
@@ -61,6 +109,7 @@ class EmbeddedServer:
         binary: str | None = None,
         ready_timeout: float = 15.0,
         stop_timeout: float = 10.0,
+        users: Sequence[User] = (),
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
@@ -68,7 +117,9 @@ class EmbeddedServer:
         self.binary = binary
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
+        self.users = tuple(users)
         self.log_path = self.store_dir / "nats-server.log"
+        self.config_path = self.store_dir / CONFIG_NAME
         self._proc: subprocess.Popen[bytes] | None = None
         self._ports_dir: str | None = None
 
@@ -99,6 +150,12 @@ class EmbeddedServer:
         ]  # fmt: skip
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]  # binds to HOST too: the monitor follows -a
+        if self.users:
+            # Only who may connect is in the file; the flags above still say everything else.
+            write_private(self.config_path, config_text(self.users))
+            args += ["-c", str(self.config_path)]
+        else:
+            self.config_path.unlink(missing_ok=True)  # no stale passwords beside an open server
         # Its own session: a Ctrl-C at the terminal reaches corral, which drains its services
         # before it stops the server, instead of the server dying under them.
         self._proc = subprocess.Popen(

@@ -2,6 +2,13 @@
 
 Every failure a person can cause (a wrong flag, an unreachable server, a bad job file) is one line
 on stderr and exit status 2, never a traceback.
+
+Who you are: nobody, on a server without logins; else the identity of ``--user`` (or
+``$CORRAL_USER``, or the one login in the credentials file, or the one the command speaks for:
+the tenant of ``--tenant``, ``admin`` for ``queue apply``, ``services`` for the log) with its
+password from ``--credentials FILE`` (or ``$CORRAL_CREDENTIALS``, or ``$CORRAL_PASSWORD``). As a
+tenant or ``admin`` the CLI only sends requests and asks the read service (``jobs``, ``explain``,
+``queues``, ``nodes``); as ``services``, or with no login, it reads the log itself.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import secrets
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,6 +42,8 @@ from projections.fold import fold
 from projections.state import State
 from services import logfile, present, table
 from services.jobfile import BadInput, convert, load_document
+from services.query import identities
+from services.query.client import Refused, Session
 
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 STATE_DIR = Path(os.environ.get("CORRAL_HOME", ".corral"))
@@ -59,16 +69,90 @@ def server_url(given: str | None) -> str:
     return DEFAULT_SERVER
 
 
-async def open_log(url: str) -> EventLog:
+@dataclass(frozen=True)
+class Login:
+    user: str
+    password: str
+
+    @property
+    def reads_log(self) -> bool:
+        """Only the services identity may read the stream; everyone else asks the read service."""
+        return self.user == identities.SERVICES
+
+
+def login_of(args: argparse.Namespace, default: str | None = None) -> Login | None:
+    """Who the command acts as (see the module's docstring); None: no login. A credentials file
+    of one login is that identity's; in the operator's file of all, ``default`` picks one."""
+    user: str | None = getattr(args, "user", None)
+    path = getattr(args, "credentials", None)
+    if path:
+        try:
+            passwords = identities.load(path)
+        except identities.CredentialsError as e:
+            raise Failure(str(e)) from None
+        if user is None:
+            user = next(iter(passwords)) if len(passwords) == 1 else default
+        if user is None:
+            raise Failure(f"{path} holds several logins: say which with --user (or --tenant)")
+        if user not in passwords:
+            raise Failure(f"no password for {user} in {path}")
+        return Login(user, passwords[user])
+    password = os.environ.get("CORRAL_PASSWORD")
+    if password is None:
+        return None
+    user = user or default
+    if user is None:
+        raise Failure("$CORRAL_PASSWORD is set: say whose it is with --user or $CORRAL_USER")
+    return Login(user, password)
+
+
+def as_client(login: Login | None) -> Login | None:
+    """The login if it is a tenant's or the admin's (who ask the read service), else None."""
+    return login if login is not None and not login.reads_log else None
+
+
+def needs_log(verb: str, login: Login | None) -> None:
+    if login is not None and not login.reads_log:
+        who = identities.SERVICES
+        raise Failure(f"{verb} reads the whole log: it takes the {who} login, not {login.user}")
+
+
+async def session(url: str, login: Login) -> Session:
+    try:
+        return await asyncio.wait_for(Session.open(url, login.user, login.password), timeout=10)
+    except TimeoutError:
+        raise Failure(f"cannot reach the corral server at {url}: no answer") from None
+    except Refused as e:
+        raise Failure(str(e)) from None
+
+
+def ask(url: str, login: Login, question: str, job: str = "") -> dict[str, Any]:
+    """The read service's answer, asked as ``login``."""
+
+    async def run() -> dict[str, Any]:
+        s = await session(url, login)
+        try:
+            return await s.ask(login.user, question, job=job)
+        except Refused as e:
+            raise Failure(str(e)) from None
+        finally:
+            await s.close()
+
+    return asyncio.run(run())
+
+
+async def open_log(url: str, login: Login | None = None) -> EventLog:
     from events.jetstream import JetStreamLog
 
     async def quiet(e: Exception) -> None:
         return None  # the one-line failure below says it; nats-py would print a traceback
 
+    creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
     try:
         return await asyncio.wait_for(
             JetStreamLog.connect(
                 url,
+                **creds,
                 connect_timeout=3,
                 allow_reconnect=False,
                 max_reconnect_attempts=1,
@@ -90,8 +174,8 @@ async def read_all(log: EventLog, until: int | None = None) -> list[Record]:
     return out
 
 
-async def remote_state(url: str) -> State:
-    log = await open_log(url)
+async def remote_state(url: str, login: Login | None = None) -> State:
+    log = await open_log(url, login)
     try:
         return fold(await read_all(log))
     finally:
@@ -111,22 +195,44 @@ def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = No
 
 
 def cmd_up(args: argparse.Namespace) -> None:
-    from services.up import run_cluster
+    from services.up import Settings, run_cluster
 
-    asyncio.run(run_cluster(args.server, args.nodes, args.profile, Path(args.data), args.port))
+    tenants = tuple(t for t in (args.tenants or "").split(",") if t)
+    if tenants and not args.auth:
+        raise BadInput("--tenants names the tenants that get a login: give --auth with it")
+    try:
+        for t in tenants:
+            identities.check_tenant(t)
+    except identities.CredentialsError as e:
+        raise BadInput(str(e)) from None
+    settings = Settings(auth=args.auth, tenants=tenants)
+    asyncio.run(run_cluster(args.server, args.nodes, args.profile, Path(args.data), args.port, settings))
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """One decision service as its own process, against a running NATS."""
+    from services.query import service as read_service
     from services.shell import Service, stop_on_signals
     from services.up import service_roles
 
     roles = service_roles()
-    if args.role not in roles:
-        raise BadInput(f"unknown service {args.role!r}; services: {', '.join(roles)}")
+    if args.role not in roles and args.role != read_service.ROLE:
+        names = [*roles, read_service.ROLE]
+        raise BadInput(f"unknown service {args.role!r}; services: {', '.join(names)}")
+    login = login_of(args, read_service.ROLE if args.role == read_service.ROLE else identities.SERVICES)
+    if args.role == read_service.ROLE:
+        creds = {"user": login.user, "password": login.password} if login is not None else {}
+        run_reader = read_service.serve(server_url(args.server), **creds)
+
+        async def read() -> None:
+            await run_reader(stop_on_signals())
+
+        asyncio.run(read())
+        return
+    needs_log(f"serve {args.role}", login)
 
     async def run() -> None:
-        log = await open_log(server_url(args.server))
+        log = await open_log(server_url(args.server), login)
         snapshots = None
         try:
             if args.snapshot:
@@ -172,28 +278,46 @@ def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
     return None, spec
 
 
-async def publish_request(url: str, tenant: str, verb: str, body: Any, msg_id: str) -> int:
+async def publish_request(
+    url: str, tenant: str, verb: str, body: Any, msg_id: str, login: Login | None = None
+) -> int:
     from services import tracing
 
     tracing.setup("cli")
-    log = await open_log(url)
-    try:
-        with tracing.span(f"corral.{verb}", attributes={"corral.tenant": tenant}, service="cli") as s:
-            tp = tracing.traceparent_of(s)
-            item = Append(
-                subjects.request(tenant, verb),
-                codec.encode(body),
-                msg_id=msg_id,
-                headers={"traceparent": tp} if tp else None,
-            )
-            ack = await log.append(item)
+    with tracing.span(f"corral.{verb}", attributes={"corral.tenant": tenant}, service="cli") as s:
+        tp = tracing.traceparent_of(s)
+        headers = {"traceparent": tp} if tp else None
+        subject, data = subjects.request(tenant, verb), codec.encode(body)
+        client = as_client(login)
+        if client is not None:
+            # A tenant's or the admin's own connection: the server decides what it may publish.
+            conn = await session(url, client)
+            try:
+                return await conn.send(subject, data, msg_id, headers)
+            except Refused as e:
+                raise Failure(str(e)) from None
+            finally:
+                await conn.close()
+        log = await open_log(url, login)
+        try:
+            ack = await log.append(Append(subject, data, msg_id=msg_id, headers=headers))
             return ack.seq
-    finally:
-        await log.close()
+        finally:
+            await log.close()
 
 
-def tenant_of(args: argparse.Namespace) -> str:
-    tenant: str = args.tenant or "default"
+def nonce() -> str:
+    """The unguessable part of a request's message id. The stream deduplicates message ids
+    across all subjects, so an id another tenant can predict is one it can publish first, and
+    ours would be dropped as its repeat. The same job id sent twice is still one job: the fold
+    refuses the second submit as a duplicate."""
+    return secrets.token_hex(8)
+
+
+def tenant_of(args: argparse.Namespace, login: Login | None = None) -> str:
+    """The tenant a request speaks for: ``--tenant``, else the tenant logged in, else 'default'."""
+    client = as_client(login)
+    tenant: str = args.tenant or (client.user if client is not None else "default")
     if not subjects.is_token(tenant):
         raise BadInput(f"tenant {tenant!r}: use letters, digits, '-' and '_'")
     return tenant
@@ -205,16 +329,19 @@ def cmd_submit(args: argparse.Namespace) -> None:
     if not subjects.is_token(job_id):
         raise BadInput(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")
     req = SubmitJob(request_id=job_id, job=spec)
-    tenant = tenant_of(args)
-    asyncio.run(publish_request(server_url(args.server), tenant, "submit", req, f"submit:{tenant}:{job_id}"))
+    login = login_of(args, args.tenant)
+    tenant = tenant_of(args, login)
+    msg_id = f"submit:{tenant}:{job_id}:{nonce()}"
+    asyncio.run(publish_request(server_url(args.server), tenant, "submit", req, msg_id, login))
     print(job_id)
 
 
 def cmd_cancel(args: argparse.Namespace) -> None:
     req = CancelJob(job_id=args.job, reason=args.reason or "")
-    tenant = tenant_of(args)
-    msg_id = f"cancel:{tenant}:{args.job}"
-    asyncio.run(publish_request(server_url(args.server), tenant, "cancel", req, msg_id))
+    login = login_of(args, args.tenant)
+    tenant = tenant_of(args, login)
+    msg_id = f"cancel:{tenant}:{args.job}:{nonce()}"
+    asyncio.run(publish_request(server_url(args.server), tenant, "cancel", req, msg_id, login))
     print(f"cancel requested for {args.job}")
 
 
@@ -235,22 +362,36 @@ def cmd_queue_apply(args: argparse.Namespace) -> None:
     ]
     requests += [("cohort", ApplyCohort(cohort=c), c.name) for c in _parents_first(doc.cohorts)]
     requests += [("queue", ApplyQueue(queue=q), q.name) for q in doc.queues]
+    stamp = time.time_ns()
+    items = [
+        Append(subjects.admin(verb), codec.encode(body), msg_id=f"{verb}:{name}:{stamp}")
+        for verb, body, name in requests
+    ]
+    login = login_of(args, identities.ADMIN)
+    client = as_client(login)
+
+    async def send() -> None:
+        assert client is not None
+        conn = await session(server_url(args.server), client)
+        try:
+            for item in items:  # in order: parents before children
+                assert item.msg_id is not None
+                await conn.send(item.subject, item.data, item.msg_id)
+        except Refused as e:
+            raise Failure(str(e)) from None
+        finally:
+            await conn.close()
 
     async def run() -> None:
-        log = await open_log(server_url(args.server))
+        log = await open_log(server_url(args.server), login)
         try:
-            stamp = time.time_ns()
-            items = [
-                Append(subjects.admin(verb), codec.encode(body), msg_id=f"{verb}:{name}:{stamp}")
-                for verb, body, name in requests
-            ]
             for r in await log.append_many(items):
                 if isinstance(r, LogError):
                     raise Failure(f"the log refused a change: {r}")
         finally:
             await log.close()
 
-    asyncio.run(run())
+    asyncio.run(send() if client is not None else run())
     counts = f"{len(doc.priority_classes)} priority classes, {len(doc.cohorts)} cohorts"
     print(f"applied {counts}, {len(doc.queues)} queues")
 
@@ -276,9 +417,19 @@ def _parents_first(cohorts: list[CohortSpec]) -> list[CohortSpec]:
 def cmd_queues(args: argparse.Namespace) -> None:
     from services.queues_view import queue_rows
 
-    state = asyncio.run(remote_state(server_url(args.server)))
-    rows = queue_rows(state)
+    login = login_of(args, args.tenant)
+    client = as_client(login)
+    if client is not None:
+        rows = answer_of(ask(server_url(args.server), client, "queues"), "queues")
+    else:
+        rows = queue_rows(asyncio.run(remote_state(server_url(args.server), login)))
     emit(args, rows, list(rows[0]) if rows else ["queue"])
+
+
+def answer_of(answer: dict[str, Any], key: str) -> Any:
+    if "error" in answer:
+        raise Failure(str(answer["error"]))
+    return answer[key]
 
 
 JOB_COLUMNS = ["id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "reason"]
@@ -286,19 +437,35 @@ NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "unheal
 
 
 def cmd_jobs(args: argparse.Namespace) -> None:
-    state = asyncio.run(remote_state(server_url(args.server)))
-    rows = [present.job_row(j) for j in state.jobs.values() if args.tenant in (None, j.tenant)]
+    login = login_of(args, args.tenant)
+    client = as_client(login)
+    if client is not None:
+        # The read service shows a tenant its own jobs only; the admin's may be narrowed here.
+        jobs = answer_of(ask(server_url(args.server), client, "jobs"), "jobs")
+        rows = [j for j in jobs if args.tenant in (None, j["tenant"])]
+    else:
+        state = asyncio.run(remote_state(server_url(args.server), login))
+        rows = [present.job_row(j) for j in state.jobs.values() if args.tenant in (None, j.tenant)]
     emit(args, rows, JOB_COLUMNS)
 
 
 def cmd_nodes(args: argparse.Namespace) -> None:
-    state = asyncio.run(remote_state(server_url(args.server)))
-    emit(args, [present.node_row(n) for n in state.nodes.values()], NODE_COLUMNS)
+    login = login_of(args, args.tenant)
+    client = as_client(login)
+    if client is not None:
+        rows = answer_of(ask(server_url(args.server), client, "nodes"), "nodes")
+    else:
+        state = asyncio.run(remote_state(server_url(args.server), login))
+        rows = [present.node_row(n) for n in state.nodes.values()]
+    emit(args, rows, NODE_COLUMNS)
 
 
 def cmd_log_export(args: argparse.Namespace) -> None:
+    login = login_of(args, identities.SERVICES)
+    needs_log("log export", login)
+
     async def run() -> int:
-        log = await open_log(server_url(args.server))
+        log = await open_log(server_url(args.server), login)
         try:
             return logfile.write(args.file, await read_all(log))
         finally:
@@ -310,9 +477,11 @@ def cmd_log_export(args: argparse.Namespace) -> None:
 
 def cmd_log_import(args: argparse.Namespace) -> None:
     records = logfile.read(args.file)
+    login = login_of(args, identities.SERVICES)
+    needs_log("log import", login)
 
     async def run() -> int:
-        log = await open_log(server_url(args.server))
+        log = await open_log(server_url(args.server), login)
         try:
             items = [Append(r.subject, r.data, headers=r.headers) for r in records]
             results = await log.append_many(items)
@@ -330,9 +499,11 @@ def cmd_replay(args: argparse.Namespace) -> None:
     if args.file:
         records = logfile.read(args.file)
     else:
+        login = login_of(args, identities.SERVICES)
+        needs_log("replay", login)
 
         async def run() -> list[Record]:
-            log = await open_log(server_url(args.server))
+            log = await open_log(server_url(args.server), login)
             try:
                 return await read_all(log, args.until)
             finally:
@@ -375,6 +546,10 @@ def cmd_logs(args: argparse.Namespace) -> None:
     """A job's worker output, from the agents' directories on this machine."""
     from services.agent.runtime import job_logs
 
+    client = as_client(login_of(args, args.tenant))
+    if client is not None:
+        # The files are on this machine; still show them only for a job the login may see.
+        answer_of(ask(server_url(args.server), client, "explain", args.job), "job")
     root = Path(args.root)
     agents = sorted({p.parent.parent.parent for p in root.glob(f"**/logs/{args.job}/*.log")})
     files = [f for agent in agents for f in job_logs(agent, args.job)]
@@ -388,8 +563,16 @@ def cmd_logs(args: argparse.Namespace) -> None:
 def cmd_explain(args: argparse.Namespace) -> None:
     from services.explain import explain
 
+    login = login_of(args, args.tenant)
+    client = as_client(login)
+    if client is not None:
+        answer = ask(server_url(args.server), client, "explain", args.job)
+        answer_of(answer, "job")
+        emit(args, answer if args.output == "json" else answer["text"])
+        return
+
     async def run() -> list[Record]:
-        log = await open_log(server_url(args.server))
+        log = await open_log(server_url(args.server), login)
         try:
             return await read_all(log)
         finally:
@@ -417,6 +600,17 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("CORRAL_TENANT"),
         help="who you act as (default: $CORRAL_TENANT, else 'default'); lists show only its jobs",
     )
+    common.add_argument(
+        "--credentials",
+        default=os.environ.get("CORRAL_CREDENTIALS"),
+        help="JSON file of user name to password, for a server with logins (default: $CORRAL_CREDENTIALS)",
+    )
+    common.add_argument(
+        "--user",
+        default=os.environ.get("CORRAL_USER"),
+        help="log in as this identity (default: $CORRAL_USER, else --tenant); password from "
+        "--credentials or $CORRAL_PASSWORD",
+    )
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
 
     up = sub.add_parser("up", parents=[common], help="embedded NATS, the services and simulated nodes")
@@ -424,6 +618,12 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--profile", default="mixed", help="node profile, or 'mixed' for one of each")
     up.add_argument("--data", default=str(STATE_DIR / "data"), help="JetStream store directory")
     up.add_argument("--port", type=int, default=0, help="NATS port (default: a free one)")
+    up.add_argument(
+        "--auth",
+        action="store_true",
+        help="require logins: each tenant may only send its own requests and ask about its own jobs",
+    )
+    up.add_argument("--tenants", help="with --auth: comma-separated tenants that get a login")
     up.set_defaults(fn=cmd_up)
 
     sv = sub.add_parser("serve", parents=[common], help="run one decision service (its own process)")
@@ -507,7 +707,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         args.fn(args)
-    except (Failure, BadInput, logfile.LogFileError) as e:
+    except (Failure, BadInput, logfile.LogFileError, identities.CredentialsError) as e:
         print(f"corral: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

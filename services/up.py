@@ -6,8 +6,14 @@ agent per simulated node, each with its own connection, its own work directory u
 directory (``nodes/<node>``: workers' working directories and logs) and a checkpoint directory
 shared by all of them (``checkpoints``, as a shared filesystem would be on a real cluster, so a
 job resumes on any node). Runs in the foreground until Ctrl-C or SIGTERM, then stops in order:
-the decision services and the health monitor first (nothing new is decided), then the agents
-(their workers are stopped and their exits reported), then the connections and the server.
+the decision services, the read service and the health monitor first (nothing new is decided),
+then the agents (their workers are stopped and their exits reported), then the connections and
+the server.
+
+With ``Settings.auth`` the embedded server requires a login: each part connects as its identity
+(``services.query.identities``: the services and agents as ``services``, the read service as
+``query``), and the passwords of those, of ``admin`` and of each tenant in ``Settings.tenants``
+are in ``credentials.json`` in the data directory, kept across restarts.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from events import codec, subjects
 from events.jetstream import JetStreamLog
@@ -30,6 +37,8 @@ from services.agent.health import HeartbeatTracker
 from services.agent.runtime import SandboxMode
 from services.agent.service import NodeAgent
 from services.health.service import HealthMonitor
+from services.query import identities
+from services.query import service as read_service
 from services.shell import Decide, Service, stop_on_signals
 
 
@@ -42,8 +51,9 @@ def service_roles() -> dict[str, Decide]:
     return {"admission": admission, "placer": placer, "preemptor": preemptor}
 
 
-async def connect(url: str) -> JetStreamLog:
-    return await JetStreamLog.connect(url)
+async def connect(url: str, **options: Any) -> JetStreamLog:
+    """A service's log; ``options`` go to nats-py's connect (``user``, ``password``)."""
+    return await JetStreamLog.connect(url, **options)
 
 
 async def register_nodes(log: EventLog, nodes: list[tuple[str, NodeInventory]], now: float) -> None:
@@ -76,6 +86,8 @@ class Settings:
     stop_grace: float = 10.0  # SIGTERM to SIGKILL when the agents stop their workers
     start_timeout: float = 120.0  # a gang's start barrier on one node
     gang_timeout: float = 300.0  # a gang's start barrier across nodes
+    auth: bool = False  # the embedded server requires a login, with per-identity permissions
+    tenants: tuple[str, ...] = ()  # with auth: the tenants that get a login
 
 
 @dataclass
@@ -85,7 +97,9 @@ class Cluster:
     nodes: list[str] = field(default_factory=list)
     agents: dict[str, NodeAgent] = field(default_factory=dict)  # by node: to kill, cut off, inspect
     health: HealthMonitor | None = None
+    query: read_service.ReadService | None = None
     data_dir: Path | None = None
+    credentials: Path | None = None  # with auth: every identity's password
 
 
 @asynccontextmanager
@@ -103,31 +117,47 @@ async def cluster(
 
     clock = clock or time.time
     cfg = settings or Settings()
+    passwords: dict[str, str] = {}
+    credentials = None
+    if cfg.auth:
+        credentials = data_dir / identities.CREDENTIALS
+        passwords = identities.ensure(credentials, cfg.tenants)
+
+    def login(name: str) -> dict[str, str]:
+        return identities.login(passwords, name) if cfg.auth else {}
+
     async with AsyncExitStack() as stack:
         if server is None:
-            srv = EmbeddedServer(data_dir, port=port or None)
+            srv = EmbeddedServer(data_dir, port=port or None, users=identities.users(passwords))
             await srv.start()
             stack.push_async_callback(srv.stop)
             url = srv.url
         else:
             url = server
-        log = await connect(url)
-        stack.push_async_callback(log.close)
+
+        async def service_log() -> JetStreamLog:
+            opened = await connect(url, **login(identities.SERVICES))
+            stack.push_async_callback(opened.close)
+            return opened
+
+        log = await service_log()
         simulated = inventory.cluster(nodes, profile)
         if not cfg.agents:
             await register_nodes(log, simulated, clock())
-        running = Cluster(url, nodes=[n for n, _ in simulated], data_dir=data_dir)
+        running = Cluster(url, nodes=[n for n, _ in simulated], data_dir=data_dir, credentials=credentials)
 
         stop = asyncio.Event()
         tasks = []
         for role, decide in service_roles().items():
-            service_log = await connect(url)
-            stack.push_async_callback(service_log.close)
-            svc = Service(role, decide, service_log, clock=clock, tick=cfg.tick)
+            svc = Service(role, decide, await service_log(), clock=clock, tick=cfg.tick)
             running.services.append(svc)
             tasks.append(asyncio.create_task(svc.run(stop), name=role))
-        monitor_log = await connect(url)
-        stack.push_async_callback(monitor_log.close)
+        query_log = await read_service.connect(url, **login(identities.QUERY))
+        stack.push_async_callback(query_log.close)
+        reader = read_service.ReadService(query_log)
+        running.query = reader
+        tasks.append(asyncio.create_task(reader.run(stop), name=reader.role))
+        monitor_log = await service_log()
         tracker = HeartbeatTracker(cfg.heartbeat, cfg.suspect_after, cfg.lost_after, cfg.probation)
         monitor = HealthMonitor(monitor_log, monitor_log.nc, tracker=tracker, clock=clock, tick=cfg.tick)
         running.health = monitor
@@ -136,8 +166,7 @@ async def cluster(
         agents_stop = asyncio.Event()
         agent_tasks = []
         for name, inv in simulated if cfg.agents else ():
-            agent_log = await connect(url)
-            stack.push_async_callback(agent_log.close)
+            agent_log = await service_log()
             agent = NodeAgent(
                 name,
                 agent_log,
@@ -167,7 +196,7 @@ async def cluster(
 
         stack.push_async_callback(stop_agents)
         stack.push_async_callback(stop_services)
-        ready = [s.caught_up for s in running.services] + [monitor.caught_up]
+        ready = [s.caught_up for s in running.services] + [reader.caught_up, monitor.caught_up]
         ready += [a.registered for a in running.agents.values()]
         await _ready(ready, tasks + agent_tasks)
         yield running
@@ -198,16 +227,20 @@ async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> None:
             await asyncio.wait_for(t, timeout=timeout)
 
 
-async def run_cluster(server: str | None, nodes: int, profile: str, data_dir: Path, port: int) -> None:
+async def run_cluster(
+    server: str | None, nodes: int, profile: str, data_dir: Path, port: int, settings: Settings | None = None
+) -> None:
     from services.cli import STATE_DIR
 
     stop = stop_on_signals()
-    async with cluster(server, nodes, profile, data_dir, port) as running:
+    async with cluster(server, nodes, profile, data_dir, port, settings=settings) as running:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / "server").write_text(running.url + "\n")
-        roles = ", ".join([s.role for s in running.services] + ["health"])
+        roles = ", ".join([s.role for s in running.services] + [read_service.ROLE, "health"])
         print(f"corral is up at {running.url}", flush=True)
         print(f"  services: {roles}", flush=True)
+        if running.credentials is not None:
+            print(f"  logins required; passwords of every identity: {running.credentials}", flush=True)
         print(f"  nodes: {len(running.nodes)} simulated ({profile}), one agent each", flush=True)
         print(f"  workers and their logs: {data_dir / 'nodes'}", flush=True)
         print("  Ctrl-C to stop", flush=True)

@@ -1,0 +1,149 @@
+"""The read service's answers: what one asker may see of the folded state. Pure: no IO, no clock.
+
+``answer(state, history, asker, question, ask)`` turns the state (and each job's history, as
+``projections.index`` tells it) into plain JSON-able data. The asker is the name the question's
+subject carries, ``corral.read.<asker>.<question>``, which NATS permissions allow only the identity
+of that name to publish on; nothing in the payload changes who asks.
+
+Invariants:
+
+- a tenant sees only its own jobs, only the queues open to it (no tenant list, or one naming it),
+  and only the rejections of its own requests; ``admin`` sees everything;
+- a job of another tenant is answered exactly as a job that does not exist;
+- a job id is looked up, never matched: wildcards, dots and anything else in it find nothing;
+- every answer carries ``seq``, the log position it reflects; a question that cannot be answered
+  gets ``error``, never an exception.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from events import subjects
+from events.log import Record
+from events.queues import QueueSpec
+from projections.index import JobEvent, job_events
+from projections.state import JobState, State
+from services import present
+from services.queues_view import queue_rows
+
+QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes")
+
+History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
+
+
+def add_history(history: dict[str, list[JobEvent]], state: State, batch: Sequence[Record]) -> None:
+    """Add to each job's history what ``batch`` (just folded into ``state``) says about it. A
+    refused submit of an id nobody holds joins no history: there is no job to show it with."""
+    for e in job_events(state, batch):
+        if e.job_id in state.jobs:
+            history.setdefault(e.job_id, []).append(e)
+
+
+class Ask(msgspec.Struct, frozen=True):
+    """What a question may carry: the job it is about, and the log position the answer should
+    reflect at least (so a client reads its own writes). Other fields are ignored."""
+
+    job: str = ""
+    after: int = 0
+
+
+class BadAsk(ValueError):
+    """A payload that is neither a JSON object of ``Ask`` fields nor a bare job id."""
+
+
+_decode_ask = msgspec.json.Decoder(Ask).decode
+
+
+def parse_ask(data: bytes) -> Ask:
+    """A JSON object (``{"job": "j-1", "after": 42}``), or the bare job id as text, or nothing."""
+    text = data.strip()
+    if not text:
+        return Ask()
+    if text.startswith(b"{"):
+        try:
+            return _decode_ask(text)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise BadAsk(f"unreadable question: {e}") from None
+    return Ask(job=text.decode("utf-8", errors="replace"))
+
+
+def sees_job(asker: str, job: JobState) -> bool:
+    return asker in (subjects.ADMIN, job.tenant)
+
+
+def sees_queue(asker: str, queue: QueueSpec) -> bool:
+    return asker == subjects.ADMIN or not queue.tenants or asker in queue.tenants
+
+
+def refusal(state: State, message: str) -> dict[str, Any]:
+    return {"seq": state.seq, "error": message}
+
+
+def answer(state: State, history: History, asker: str, question: str, ask: Ask) -> dict[str, Any]:
+    if question == "jobs":
+        rows = [present.job_row(j) for j in state.jobs.values() if sees_job(asker, j)]
+        return {"seq": state.seq, "jobs": rows}
+    if question == "explain":
+        job = state.jobs.get(ask.job)
+        if job is None or not sees_job(asker, job):
+            return refusal(state, f"no job {ask.job}")
+        return {"seq": state.seq, **explain(job, history.get(job.id, ()))}
+    if question == "queues":
+        open_ = {name for name, q in state.queues.items() if sees_queue(asker, q)}
+        return {"seq": state.seq, "queues": [r for r in queue_rows(state) if r["queue"] in open_]}
+    if question == "rejections":
+        own = f"{subjects.IN}.{asker}."
+        rows = [
+            {"seq": r.seq, "subject": r.subject, "code": r.code, "message": r.message, "job_id": r.job_id}
+            for r in state.rejections
+            if asker == subjects.ADMIN or r.subject.startswith(own)
+        ]
+        return {"seq": state.seq, "rejections": rows}
+    if question == "nodes":
+        # Capacity and health are the cluster's, not any tenant's: everyone may see them.
+        nodes = sorted(state.nodes.values(), key=lambda n: n.name)
+        return {"seq": state.seq, "nodes": [present.node_row(n) for n in nodes]}
+    return refusal(state, f"no question {question!r}; ask one of {', '.join(QUESTIONS)}")
+
+
+def explain(job: JobState, history: Sequence[JobEvent]) -> dict[str, Any]:
+    """A job's row, why it waits, its history and what of it was refused, with the same keys as
+    ``corral explain -o json`` reading the log itself, and the text a person reads."""
+    row = present.job_row(job)
+    reasons = [
+        {"code": r.code, "message": r.message, "preemption_helps": r.preemption_helps} for r in job.reasons
+    ]
+    events = [
+        {"seq": e.seq, "time": e.time, "type": e.type, "subject": e.subject, "summary": e.summary}
+        for e in history
+    ]
+    refused = []
+    for e in history:
+        if e.refused:
+            code, _, message = e.refused.partition(": ")
+            refused.append({"seq": e.seq, "code": code, "message": message})
+    lines = [
+        f"job {job.id} of {job.tenant} in queue {job.spec.queue}: {job.phase} (attempt {job.attempt})",
+        f"  wants {job.spec.replicas} worker(s) × {row['per_worker']}, priority {job.priority}",
+    ]
+    if job.placement is not None:
+        lines.append(f"  placed on {row['nodes']}")
+    if job.checkpoint is not None:
+        lines.append(f"  last checkpoint: step {job.checkpoint.step} at {job.checkpoint.location}")
+    for r in job.reasons:
+        hint = " (preemption could help)" if r.preemption_helps else ""
+        lines.append(f"  why: [{r.code}] {r.message}{hint}")
+    lines.append("  history:")
+    for e in history:
+        refused_note = f"  (refused: {e.refused})" if e.refused else ""
+        lines.append(f"    {e.seq:>6}  {_when(e.time)}  {e.summary}{refused_note}")
+    return {"job": row, "reasons": reasons, "history": events, "refused": refused, "text": "\n".join(lines)}
+
+
+def _when(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S") if t else "-"

@@ -1,0 +1,120 @@
+"""The client side, for any identity but ``services``: send requests into the log and ask the
+read service, over a plain NATS connection that can do nothing else.
+
+A request is a publish on ``corral.in.<tenant>.<verb>`` whose reply is JetStream's acknowledgement
+(the stream sequence it was stored at); ``Nats-Msg-Id`` deduplicates a retry. A question is a
+request on ``corral.read.<asker>.<question>``. Replies come into the identity's own inbox prefix,
+the only place its permissions let it listen.
+
+The server refuses what an identity may not do with a permissions violation and drops the
+message; ``Session`` turns that into ``Refused`` at once instead of waiting out a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import nats
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from services.query import identities
+
+MSG_ID = "Nats-Msg-Id"
+
+
+class Refused(Exception):
+    """The server refused the connection or the message, or nobody answered."""
+
+
+class Session:
+    """One connection as one identity. Use ``await Session.open(url, user, password)``; one
+    request or question at a time."""
+
+    def __init__(self, timeout: float) -> None:
+        self.nc: NATS | None = None
+        self.timeout = timeout
+        self._refused: asyncio.Future[str] | None = None
+
+    @classmethod
+    async def open(cls, url: str, user: str, password: str, *, timeout: float = 5.0) -> Session:
+        session = cls(timeout)
+        try:
+            session.nc = await nats.connect(
+                url,
+                user=user,
+                password=password,
+                inbox_prefix=identities.inbox_prefix(user),
+                error_cb=session._on_error,
+                connect_timeout=3,
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+            )
+        except nats.errors.AuthorizationError:
+            raise Refused(f"the server at {url} did not accept {user} and that password") from None
+        except (OSError, TimeoutError, nats.errors.Error) as e:
+            raise Refused(f"cannot reach the corral server at {url}: {e or type(e).__name__}") from None
+        return session
+
+    async def _on_error(self, e: Exception) -> None:
+        # nats-py reports a permissions violation here and keeps the connection open.
+        if "permissions violation" in str(e).lower():
+            refused = self._refused
+            if refused is not None and not refused.done():
+                refused.set_result(str(e).removeprefix("nats: "))
+
+    async def request(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> Msg:
+        assert self.nc is not None
+        refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._refused = refused
+        asked = self.nc.request(subject, data, timeout=self.timeout, headers=headers)
+        reply: asyncio.Future[Msg] = asyncio.ensure_future(asked)
+        try:
+            either: list[asyncio.Future[Any]] = [reply, refused]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if refused.done():
+                raise Refused(f"the server refused: {refused.result()}")
+            try:
+                return reply.result()
+            except nats.errors.NoRespondersError:
+                raise Refused(f"nobody answers on {subject}") from None
+            except nats.errors.TimeoutError:
+                raise Refused(f"no answer on {subject} within {self.timeout}s") from None
+        finally:
+            self._refused = None
+            reply.cancel()
+            refused.cancel()
+            with contextlib.suppress(BaseException):
+                await reply
+
+    async def send(
+        self, subject: str, data: bytes, msg_id: str, headers: dict[str, str] | None = None
+    ) -> int:
+        """Append a request to the log; returns the sequence it was stored at."""
+        msg = await self.request(subject, data, {**(headers or {}), MSG_ID: msg_id})
+        try:
+            ack = json.loads(msg.data)
+        except ValueError:
+            raise Refused(f"the log answered {msg.data[:200]!r}") from None
+        if "error" in ack:
+            raise Refused(f"the log refused {subject}: {ack['error'].get('description', ack['error'])}")
+        return int(ack["seq"])
+
+    async def ask(self, asker: str, question: str, *, job: str = "", after: int = 0) -> dict[str, Any]:
+        """The read service's answer to ``question`` asked as ``asker``."""
+        body = json.dumps({"job": job, "after": after}).encode()
+        msg = await self.request(identities.read_subject(asker, question), body)
+        try:
+            answer: dict[str, Any] = json.loads(msg.data)
+        except ValueError:
+            raise Refused(f"the read service answered {msg.data[:200]!r}") from None
+        return answer
+
+    async def close(self) -> None:
+        if self.nc is not None and not self.nc.is_closed:
+            with contextlib.suppress(OSError, nats.errors.Error):
+                await self.nc.close()

@@ -1,0 +1,140 @@
+"""Who may connect to a corral's NATS and what each identity may say, hear and ask.
+
+With authentication on, the embedded nats-server knows these users, each with a password from the
+cluster's credentials file (``credentials.json`` in the data directory, readable by its owner
+only, a JSON object of user name to password). The server, not corral's code, enforces:
+
+- ``services``: every decision service, the health monitor and the node agents: anything.
+- ``query``: the read service. It may read the stream (stream info, its own consumers and their
+  flow control), take questions on ``corral.read.>``, and publish only into the askers' inboxes:
+  so however a question names its reply subject, its answer can never land in the log.
+- ``admin``: publish ``corral.in.admin.>`` (queues, cohorts, priority classes, cordons), ask
+  ``corral.read.admin.>`` (the read service shows the admin everything).
+- one user per tenant T: publish ``corral.in.T.>`` (submit, cancel, resize), ask
+  ``corral.read.T.>``. Nothing of ``$JS.API``, nothing of ``corral.ev``: a tenant cannot read the
+  stream, only ask the read service, which answers with T's own jobs.
+
+Replies to an identity go to its own inbox prefix, ``_INBOX.corral.<name>``, the only subjects
+it may subscribe to: an identity allowed ``_INBOX.>`` could hear every other identity's answers.
+Identity names are NATS subject tokens; ``services``, ``query`` and ``admin`` are no tenant's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from events import subjects
+from events.server import Permissions, User, write_private
+
+SERVICES = "services"
+QUERY = "query"
+ADMIN = subjects.ADMIN
+RESERVED = frozenset({SERVICES, QUERY, ADMIN})
+CREDENTIALS = "credentials.json"
+
+READ = "corral.read"  # corral.read.<asker>.<question>: questions to the read service
+INBOXES = "_INBOX.corral"  # _INBOX.corral.<name>.<...>: where each identity hears its replies
+QUERY_INBOX = "_INBOX.query"  # the read service's own replies (JetStream API, deliveries)
+
+
+class CredentialsError(Exception):
+    """A credentials file that cannot be read, or a name that cannot be an identity."""
+
+
+def read_subject(asker: str, question: str) -> str:
+    return f"{READ}.{asker}.{question}"
+
+
+def parse_read(subject: str) -> tuple[str, str] | None:
+    """``corral.read.<asker>.<question>`` → (asker, question); None for anything else."""
+    parts = subject.split(".")
+    if len(parts) != 4 or f"{parts[0]}.{parts[1]}" != READ:
+        return None
+    return parts[2], parts[3]
+
+
+def inbox_prefix(name: str) -> str:
+    """Where ``name`` hears replies: give it to the client as its inbox prefix."""
+    return f"{INBOXES}.{name}"
+
+
+def check_tenant(name: str) -> str:
+    if not subjects.is_token(name):
+        raise CredentialsError(f"tenant {name!r}: use letters, digits, '-' and '_' (at most 64)")
+    if name in RESERVED:
+        raise CredentialsError(f"tenant {name!r}: that name is taken by corral's own {name} identity")
+    return name
+
+
+def _js_read(stream: str) -> tuple[str, ...]:
+    """What reading ``stream`` through an ordered push consumer needs to publish."""
+    api = "$JS.API"
+    return (
+        f"{api}.STREAM.INFO.{stream}",
+        f"{api}.CONSUMER.CREATE.{stream}",
+        f"{api}.CONSUMER.CREATE.{stream}.>",
+        f"{api}.CONSUMER.DELETE.{stream}.>",
+        f"$JS.FC.{stream}.>",  # flow control and stall answers
+    )
+
+
+def permissions(name: str) -> Permissions | None:
+    """What identity ``name`` may do; None for ``services`` (anything)."""
+    if name == SERVICES:
+        return None
+    if name == QUERY:
+        return Permissions(
+            publish=(*_js_read(subjects.STREAM), f"{INBOXES}.>"),
+            subscribe=(f"{QUERY_INBOX}.>", f"{READ}.>"),
+        )
+    # The admin and every tenant: their own requests, their own questions, their own inbox.
+    return Permissions(
+        publish=(f"{subjects.IN}.{name}.>", f"{READ}.{name}.>"),
+        subscribe=(f"{inbox_prefix(name)}.>",),
+    )
+
+
+def users(passwords: Mapping[str, str]) -> list[User]:
+    """The server's users for a credentials file's passwords."""
+    return [
+        User(name, pw, permissions(name if name in RESERVED else check_tenant(name)))
+        for name, pw in sorted(passwords.items())
+    ]
+
+
+def load(path: str | os.PathLike[str]) -> dict[str, str]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise CredentialsError(f"cannot read credentials {path}: {e}") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise CredentialsError(f"{path}: credentials are a JSON object of user name to password")
+    return data
+
+
+def ensure(path: str | os.PathLike[str], tenants: Iterable[str]) -> dict[str, str]:
+    """The cluster's passwords: those already in ``path``, and a new one for each identity (the
+    three of corral's own, each of ``tenants``) that has none yet. Written back readable by its
+    owner only. Existing passwords are kept, so clients keep working across restarts."""
+    p = Path(path)
+    passwords = load(p) if p.exists() else {}
+    wanted = [SERVICES, QUERY, ADMIN, *(check_tenant(t) for t in tenants)]
+    for name in wanted:
+        if name not in passwords:
+            passwords[name] = secrets.token_urlsafe(24)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    write_private(p, json.dumps(passwords, indent=2, sort_keys=True) + "\n")
+    return passwords
+
+
+def login(passwords: Mapping[str, str], name: str) -> dict[str, str]:
+    """nats-py connect options for identity ``name``."""
+    if name not in passwords:
+        raise CredentialsError(f"no password for {name!r} in the credentials")
+    return {"user": name, "password": passwords[name]}

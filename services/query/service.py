@@ -1,0 +1,170 @@
+"""The read service: folds the log and answers tenants' questions on ``corral.read.<asker>.<q>``.
+
+Tenants may not read the stream (their NATS permissions leave out ``$JS.API`` and ``corral.ev``),
+so this is how a tenant sees its jobs, why they wait, its queues and its refused requests. It
+follows the whole log with the one fold, like every service, and keeps each job's history
+(``projections.index``) for ``explain``. Questions arrive on core NATS, request-reply.
+
+Invariants:
+
+- the asker is the second token of the subject, never anything in the payload (``answer``);
+- an answer goes only into the asker's own inbox (``_INBOX.corral.<asker>.``); a question that
+  names any other reply subject is dropped. Under authentication the server enforces the same
+  (the ``query`` identity may publish nowhere else), so no question can make this service write
+  into the log or into another identity's inbox;
+- questions are taken only once the log has been folded to where it stood at start, and a
+  question that asks for a later position (``after``) waits for it, at most ``freshness_wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from events.jetstream import JetStreamLog
+from events.log import LogError, Record
+from events.nats_client import Client
+from projections.fold import apply
+from projections.index import JobEvent
+from projections.state import State
+from services.query import identities
+from services.query.answer import Ask, BadAsk, add_history, answer, parse_ask, refusal
+
+log = logging.getLogger("corral.query")
+
+ROLE = "query"
+MAX_WAITING = 256  # questions waiting for a later log position at once; more are answered now
+
+_encode = msgspec.json.Encoder().encode
+
+
+async def connect(url: str, **options: Any) -> JetStreamLog:
+    """A read-only log for the read service: its own inbox prefix, and no stream creation (which
+    the ``query`` identity may not do; the services that write create the stream)."""
+    nc = Client()
+    try:
+        await nc.connect(url, name=ROLE, inbox_prefix=identities.QUERY_INBOX, **options)
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        raise LogError(f"cannot connect to {url}: {e}") from e
+    return JetStreamLog(nc)
+
+
+class ReadService:
+    role = ROLE
+
+    def __init__(self, log_: JetStreamLog, *, freshness_wait: float = 5.0) -> None:
+        self.log = log_
+        self.freshness_wait = freshness_wait
+        self.state = State()
+        self.history: dict[str, list[JobEvent]] = {}
+        self.caught_up = asyncio.Event()
+        self._folded = asyncio.Condition()
+        self._waiting: set[asyncio.Task[None]] = set()
+
+    # -- folding --------------------------------------------------------------------------------
+
+    def fold(self, batch: list[Record]) -> None:
+        state = self.state
+        for r in batch:
+            apply(state, r)
+        add_history(self.history, state, batch)
+
+    # -- answering ------------------------------------------------------------------------------
+
+    async def _on_question(self, msg: Msg) -> None:
+        parsed = identities.parse_read(msg.subject)
+        if parsed is None:
+            return
+        asker, question = parsed
+        if not msg.reply.startswith(identities.inbox_prefix(asker) + "."):
+            log.debug("dropped a question of %s whose answer would go to %r", asker, msg.reply)
+            return
+        try:
+            ask = parse_ask(msg.data)
+        except BadAsk as e:
+            await self._send(msg.reply, refusal(self.state, str(e)))
+            return
+        if ask.after > self.state.seq and len(self._waiting) < MAX_WAITING:
+            task = asyncio.create_task(self._answer_later(msg.reply, asker, question, ask))
+            self._waiting.add(task)
+            task.add_done_callback(self._waiting.discard)
+            return
+        await self._answer(msg.reply, asker, question, ask)
+
+    async def _answer_later(self, reply: str, asker: str, question: str, ask: Ask) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with self._folded:
+                await asyncio.wait_for(
+                    self._folded.wait_for(lambda: self.state.seq >= ask.after), self.freshness_wait
+                )
+        await self._answer(reply, asker, question, ask)
+
+    async def _answer(self, reply: str, asker: str, question: str, ask: Ask) -> None:
+        await self._send(reply, answer(self.state, self.history, asker, question, ask))
+
+    async def _send(self, reply: str, body: dict[str, Any]) -> None:
+        nc = self.log.nc
+        data = _encode(body)
+        if len(data) > nc.max_payload:
+            data = _encode(refusal(self.state, f"the answer is {len(data)} bytes, more than NATS carries"))
+        try:
+            await nc.publish(reply, data)
+        except nats.errors.Error as e:
+            log.warning("could not answer on %s: %s", reply, e)
+
+    # -- running --------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fold the log, then answer questions and keep folding until ``stop`` is set."""
+        async for batch in self.log.read(1):
+            self.fold(batch)
+        nc = self.log.nc
+        # A queue group: replicas of the read service share the questions, each answered once.
+        sub: Subscription = await nc.subscribe(f"{identities.READ}.*.*", queue=ROLE, cb=self._on_question)
+        self.caught_up.set()
+        batches = self.log.follow(self.state.seq + 1)
+        stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+        nxt: asyncio.Future[Any] = asyncio.ensure_future(anext(batches))
+        try:
+            while not stop.is_set():
+                await asyncio.wait({nxt, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if nxt.done():
+                    self.fold(nxt.result())
+                    async with self._folded:
+                        self._folded.notify_all()
+                    nxt = asyncio.ensure_future(anext(batches))
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+            for task in list(self._waiting):
+                task.cancel()
+            nxt.cancel()
+            stopping.cancel()
+            await asyncio.gather(nxt, stopping, *self._waiting, return_exceptions=True)
+            aclose = getattr(batches, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+
+def serve(url: str, **options: Any) -> Callable[[asyncio.Event], Any]:
+    """``corral serve query``: connect, then run until ``stop``; the connection closes after."""
+
+    async def run(stop: asyncio.Event) -> None:
+        read_log = await connect(url, **options)
+        try:
+            await ReadService(read_log).run(stop)
+        finally:
+            await read_log.close()
+
+    return run

@@ -1,0 +1,306 @@
+"""Tenant isolation enforced by NATS itself: a corral with logins (``Settings.auth``), a real
+nats-server, every service and the read service.
+
+- a tenant submits into its own queue and reads why its job waits, through the read service;
+- the server refuses, with a permissions violation, every publish, request and subscription a
+  tenant may not make: other tenants' and the admin's requests, the stream (``corral.ev``,
+  ``$JS.API``), other tenants' questions and inboxes; nothing of it reaches the log;
+- another tenant's job reads exactly as a job that does not exist, and payload tricks (a tenant
+  field, ids with wildcards or dots, a reply subject into the log) change nothing;
+- the CLI, given a tenant's credentials, sends and asks as that tenant.
+
+Waits are on the log (``Watcher.until``) or on the server's answer, with a timeout; never sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import nats
+import pytest
+
+from events import codec, subjects
+from events.jetstream import JetStreamLog
+from events.jobs import CancelJob, JobSpec, Resources, SubmitJob
+from events.log import Record
+from events.queues import ApplyQueue, QueueSpec, Quota
+from events.server import EmbeddedServer
+from projections.state import State
+from services.query import identities
+from services.query.client import Refused, Session
+from services.up import Settings, cluster, connect
+from services.watch import Watcher
+
+WAIT = 30.0
+LOGINS = Settings(tick=0.1, agents=False, auth=True, tenants=("a", "b"))
+QUEUES = (
+    QueueSpec("qa", quotas={"*": Quota(16)}, tenants=("a",)),
+    QueueSpec("qb", quotas={"*": Quota(16)}, tenants=("b",)),
+)
+# One node of 8 GPUs: a gang of two 8-GPU workers fits its queue's quota but never the cluster,
+# so it waits with a reason.
+TOO_BIG = JobSpec(queue="qa", replicas=2, resources=Resources(gpus=8))
+
+
+@dataclass
+class Secured:
+    url: str
+    passwords: dict[str, str]
+    log: JetStreamLog  # the services identity's
+    watch: Watcher
+
+    async def session(self, user: str) -> Session:
+        return await Session.open(self.url, user, self.passwords[user])
+
+    async def submit(self, tenant: str, job_id: str, spec: JobSpec) -> int:
+        s = await self.session(tenant)
+        try:
+            body = codec.encode(SubmitJob(request_id=job_id, job=spec))
+            return await s.send(subjects.request(tenant, "submit"), body, f"submit:{job_id}")
+        finally:
+            await s.close()
+
+    async def until(self, seq: int) -> State:
+        return await self.watch.until(lambda st: st.seq >= seq, WAIT)
+
+
+@pytest.fixture
+async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
+    """A corral with logins for tenants ``a`` and ``b``, their queues applied by the admin."""
+    async with cluster(None, 1, "h100-8x", tmp_path / "data", settings=LOGINS) as running:
+        assert running.credentials is not None
+        passwords = identities.load(running.credentials)
+        log = await connect(running.url, **identities.login(passwords, identities.SERVICES))
+        try:
+            async with Watcher(log) as watch:
+                secured = Secured(running.url, passwords, log, watch)
+                admin = await secured.session(identities.ADMIN)
+                try:
+                    for q in QUEUES:
+                        body = codec.encode(ApplyQueue(queue=q))
+                        last = await admin.send(subjects.admin("queue"), body, f"queue:{q.name}")
+                finally:
+                    await admin.close()
+                await secured.watch.until(lambda st: st.seq >= last and len(st.queues) == 2, WAIT)
+                yield secured
+        finally:
+            await log.close()
+
+
+async def records_since(log: JetStreamLog, after: int) -> list[Record]:
+    return [r async for batch in log.read(after + 1) for r in batch]
+
+
+async def test_tenant_submits_and_reads_why_its_job_waits(secured: Secured) -> None:
+    seq = await secured.submit("a", "ja", TOO_BIG)
+    await secured.submit("b", "jb", msgspec.structs.replace(TOO_BIG, queue="qb"))
+    state = await secured.watch.until(lambda st: bool(st.jobs.get("ja") and st.jobs["ja"].reasons), WAIT)
+    assert state.jobs["ja"].tenant == "a" and seq > 0
+
+    a = await secured.session("a")
+    admin = await secured.session(identities.ADMIN)
+    try:
+        jobs = await a.ask("a", "jobs", after=state.seq)
+        assert jobs["seq"] >= state.seq
+        assert [j["id"] for j in jobs["jobs"]] == ["ja"]
+        assert jobs["jobs"][0]["reason"]  # why it waits, in the list
+
+        told = await a.ask("a", "explain", job="ja", after=state.seq)
+        assert told["job"]["id"] == "ja"
+        assert told["reasons"] and all(r["code"] and r["message"] for r in told["reasons"])
+        assert "why: [" in told["text"]
+
+        queues = await a.ask("a", "queues")
+        assert {q["queue"] for q in queues["queues"]} == {"qa"}
+
+        everything = await admin.ask(identities.ADMIN, "jobs", after=state.seq)
+        assert {j["id"] for j in everything["jobs"]} == {"ja", "jb"}
+    finally:
+        await a.close()
+        await admin.close()
+
+
+async def test_server_refuses_what_a_tenant_may_not_do(secured: Secured) -> None:
+    before = await secured.log.last_seq()
+    stolen = codec.encode(SubmitJob(request_id="stolen", job=JobSpec(queue="qb")))
+    a = await secured.session("a")
+    try:
+        for subject in ("corral.in.b.submit", "corral.in.admin.queue", "corral.ev.job.stolen"):
+            with pytest.raises(Refused, match="permissions violation"):
+                await a.send(subject, stolen, f"try:{subject}")
+        for subject in (
+            "corral.read.b.jobs",
+            "corral.read.admin.jobs",
+            f"$JS.API.STREAM.INFO.{subjects.STREAM}",
+            f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}",
+            f"$JS.API.STREAM.MSG.GET.{subjects.STREAM}",
+            f"$JS.API.DIRECT.GET.{subjects.STREAM}",
+        ):
+            with pytest.raises(Refused, match="permissions violation"):
+                await a.request(subject, b"{}")
+        # What a may do still works on the same connection, and is the only thing that got in.
+        barrier = await a.send("corral.in.a.cancel", codec.encode(CancelJob(job_id="nothing")), "c:1")
+    finally:
+        await a.close()
+    got = await records_since(secured.log, before)
+    assert [r.subject for r in got if r.seq <= barrier and r.subject.startswith("corral.in.")] == [
+        "corral.in.a.cancel"
+    ]
+    assert "stolen" not in (await secured.until(barrier)).jobs
+
+
+async def test_a_tenant_cannot_listen_to_the_stream_or_others_replies(secured: Secured) -> None:
+    violations: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_error(e: Exception) -> None:
+        await violations.put(str(e))
+
+    nc = await nats.connect(
+        secured.url,
+        user="a",
+        password=secured.passwords["a"],
+        inbox_prefix=identities.inbox_prefix("a"),
+        error_cb=on_error,
+        allow_reconnect=False,
+    )
+    try:
+        for subject in ("corral.ev.>", "corral.>", ">", "_INBOX.>", "_INBOX.corral.b.>", "$JS.API.>"):
+            await nc.subscribe(subject)
+            said = await asyncio.wait_for(violations.get(), WAIT)
+            assert "permissions violation for subscription" in said and subject.lower() in said.lower()
+        # A JetStream consumer is the API, refused the same way; a's connection lives on.
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
+            await nc.jetstream(timeout=1.0).stream_info(subjects.STREAM)
+        assert "permissions violation for publish" in await asyncio.wait_for(violations.get(), WAIT)
+        assert nc.is_connected
+    finally:
+        await nc.close()
+
+
+async def test_read_service_identity_cannot_write_the_log(secured: Secured) -> None:
+    """Whatever reply subject a question names, the read service's own login may publish only
+    into inboxes: enforced by the server, whatever the service's code did."""
+    before = await secured.log.last_seq()
+    query = await Session.open(secured.url, identities.QUERY, secured.passwords[identities.QUERY])
+    try:
+        for subject in ("corral.in.b.submit", "corral.in.admin.queue", "corral.ev.job.x"):
+            with pytest.raises(Refused, match="permissions violation"):
+                await query.send(subject, b"{}", "x")
+    finally:
+        await query.close()
+    assert await secured.log.last_seq() == before
+
+
+async def test_another_tenants_job_reads_as_one_that_does_not_exist(secured: Secured) -> None:
+    await secured.submit("b", "jb", msgspec.structs.replace(TOO_BIG, queue="qb"))
+    a = await secured.session("a")
+    try:
+        cancel = codec.encode(CancelJob(job_id="jb"))
+        seq = await a.send("corral.in.a.cancel", cancel, "cancel:jb")
+        other = await a.ask("a", "explain", job="jb", after=seq)
+        missing = await a.ask("a", "explain", job="zz", after=seq)
+        # The same answer but for the id (and the log position, which may move in between).
+        assert set(other) == set(missing) == {"seq", "error"}
+        assert (other["error"], missing["error"]) == ("no job jb", "no job zz")
+        # a may read why its own request was refused, and it says no more than that.
+        refused = await a.ask("a", "rejections", after=seq)
+        assert [(r["seq"], r["message"]) for r in refused["rejections"]] == [(seq, "no job jb")]
+        assert (await a.ask("a", "jobs", after=seq))["jobs"] == []
+    finally:
+        await a.close()
+    state = await secured.until(seq)
+    assert state.jobs["jb"].phase != "cancelled"
+
+
+async def test_payload_tricks_change_nothing(secured: Secured) -> None:
+    await secured.submit("b", "jb", msgspec.structs.replace(TOO_BIG, queue="qb"))
+    a = await secured.session("a")
+    try:
+        # A tenant field in the body: the fold takes the tenant from the subject.
+        body = {"request_id": "ja", "tenant": "b", "job": {"queue": "qa", "resources": {"gpus": 1}}}
+        await a.send("corral.in.a.submit", json.dumps(body).encode(), "submit:ja")
+        # An id with a dot never becomes a job; a can read why.
+        dotted = codec.encode(SubmitJob(request_id="jb.x", job=JobSpec(queue="qa")))
+        seq = await a.send("corral.in.a.submit", dotted, "submit:jb.x")
+        state = await secured.until(seq)
+        assert state.jobs["ja"].tenant == "a" and "jb.x" not in state.jobs
+
+        jobs = await a.request("corral.read.a.jobs", json.dumps({"tenant": "b", "after": seq}).encode())
+        assert [j["id"] for j in json.loads(jobs.data)["jobs"]] == ["ja"]
+        for job_id in ("*", ">", "jb.x", "corral.>", "jb ", " jb", "JB"):
+            told = await a.ask("a", "explain", job=job_id)
+            assert told["error"] == f"no job {job_id}", job_id
+        refused = await a.ask("a", "rejections")
+        assert any(r["seq"] == seq and r["code"] == "malformed" for r in refused["rejections"])
+
+        # A question whose answer would go into the log, or into b's inbox, is not answered.
+        assert a.nc is not None
+        before = await secured.log.last_seq()
+        await a.nc.publish("corral.read.a.jobs", b"", reply="corral.in.b.submit")
+        await a.nc.publish("corral.read.a.jobs", b"", reply="_INBOX.corral.b.stolen")
+        barrier = await a.send("corral.in.a.cancel", codec.encode(CancelJob(job_id="none")), "c:2")
+    finally:
+        await a.close()
+    got = await records_since(secured.log, before)
+    assert [r.subject for r in got if r.seq <= barrier and r.subject.startswith("corral.in.")] == [
+        "corral.in.a.cancel"
+    ]
+
+
+async def test_cli_acts_as_the_tenant_it_is_given(secured: Secured, tmp_path: Path) -> None:
+    own = tmp_path / "a.json"  # what the operator hands tenant a: its own login only
+    own.write_text(json.dumps({"a": secured.passwords["a"]}))
+    env = {**os.environ, "CORRAL_HOME": str(tmp_path / "home"), "PYTHONPATH": os.getcwd()}
+    env.pop("CORRAL_USER", None)
+    env.pop("CORRAL_PASSWORD", None)
+
+    async def corral(*args: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "services.cli", *args, "--server", secured.url, "--credentials", str(own),
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out.decode(), err.decode()
+
+    await secured.submit("b", "jb", msgspec.structs.replace(TOO_BIG, queue="qb"))
+    # b takes the message id a predictable client would use for a's submit: the stream would
+    # then drop a's submit as its repeat. The CLI's ids are unguessable, so a's job still comes.
+    b = await secured.session("b")
+    try:
+        decoy = codec.encode(SubmitJob(request_id="decoy", job=JobSpec(queue="qb")))
+        await b.send("corral.in.b.submit", decoy, "submit:a:cli-1")
+    finally:
+        await b.close()
+    submit = ("submit", "--id", "cli-1", "--queue", "qa", "--gpus", "8", "--replicas", "2")
+    code, out, err = await corral(*submit)
+    assert (code, out.strip()) == (0, "cli-1"), err
+    await secured.watch.until(lambda st: bool(st.jobs.get("cli-1") and st.jobs["cli-1"].reasons), WAIT)
+
+    code, out, err = await corral("jobs", "-o", "json")
+    assert code == 0, err
+    assert [j["id"] for j in json.loads(out)] == ["cli-1"]
+    code, out, err = await corral("explain", "cli-1")
+    assert code == 0 and "why: [" in out, err
+    code, out, err = await corral("explain", "jb")
+    assert (code, err.strip()) == (2, "corral: no job jb")
+
+    # As a, speaking for b: the server refuses it.
+    code, out, err = await corral("submit", "--user", "a", "--tenant", "b", "--queue", "qb")
+    assert code == 2 and "permissions violation" in err, err
+    code, out, err = await corral("log", "export", str(tmp_path / "log.jsonl"))
+    assert code == 2 and "services login" in err, err
+
+
+async def test_server_without_users_stays_open(tmp_path: Path) -> None:
+    """No users, no config file: anyone may connect, as before logins existed."""
+    async with EmbeddedServer(tmp_path / "nats") as server:
+        assert not server.config_path.exists()
+        nc = await nats.connect(server.url)
+        await nc.close()

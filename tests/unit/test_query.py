@@ -1,0 +1,196 @@
+"""The read service's answers, pure: who sees which jobs, queues, rejections and histories.
+
+One small log with three tenants' worth of work; each case asks one question as one asker and
+says what the answer must (and must not) show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from events import subjects
+from events.base import Reason
+from events.jobs import CancelJob, PendingReasonChanged
+from events.queues import QueueSpec, Quota
+from projections.index import JobEvent
+from projections.state import State
+from services.query import identities
+from services.query.answer import Ask, BadAsk, add_history, answer, parse_ask
+from tests.builders import Cluster, LogBuilder, job
+
+WAITING = Reason("quota", "queue qa has 0 of 8 GPUs free", preemption_helps=True)
+
+
+def small_log() -> LogBuilder:
+    log = LogBuilder().nodes(Cluster(1))
+    log.queue(QueueSpec("qa", quotas={"*": Quota(8)}, tenants=("a",)))
+    log.queue(QueueSpec("qb", quotas={"*": Quota(8)}, tenants=("b",)))
+    log.queue(QueueSpec("open", quotas={"*": Quota(8)}))
+    log.submit("a", "ja", job("qa").gpus(16))
+    log.submit("b", "jb", job("qb"))
+    log.submit("b", "jb2", job("open"))
+    log.event(subjects.job("ja"), PendingReasonChanged(job_id="ja", reasons=(WAITING,)))
+    log.request("a", "cancel", CancelJob(job_id="jb"))  # refused: not a's job
+    log.request("b", "cancel", CancelJob(job_id="ja"))  # refused: not b's job
+    log.submit("b", "bad.id", job("qb"))  # refused: malformed id
+    return log
+
+
+@pytest.fixture(scope="module")
+def world() -> tuple[State, dict[str, list[JobEvent]]]:
+    log = small_log()
+    state = log.fold()
+    history: dict[str, list[JobEvent]] = {}
+    add_history(history, state, log.records)
+    return state, history
+
+
+def ids(key: str) -> Callable[[dict[str, Any]], set[str]]:
+    field = {"jobs": "id", "queues": "queue", "rejections": "subject", "nodes": "name"}[key]
+    return lambda a: {row[field] for row in a[key]}
+
+
+@dataclass(frozen=True)
+class Case:
+    asker: str
+    question: str
+    ask: Ask
+    expect: Callable[[dict[str, Any]], Any]
+    wanted: Any
+
+
+CASES = {
+    "tenant lists its own jobs": Case("a", "jobs", Ask(), ids("jobs"), {"ja"}),
+    "other tenant lists its own": Case("b", "jobs", Ask(), ids("jobs"), {"jb", "jb2"}),
+    "admin lists every job": Case("admin", "jobs", Ask(), ids("jobs"), {"ja", "jb", "jb2"}),
+    "unknown tenant lists nothing": Case("c", "jobs", Ask(), ids("jobs"), set()),
+    "own job explained": Case("a", "explain", Ask("ja"), lambda a: a["job"]["id"], "ja"),
+    "own job's pending reason": Case(
+        "a", "explain", Ask("ja"), lambda a: [r["code"] for r in a["reasons"]], ["quota"]
+    ),
+    "other's job is no job": Case("a", "explain", Ask("jb"), lambda a: set(a), {"seq", "error"}),
+    "missing job is no job": Case("a", "explain", Ask("nope"), lambda a: a["error"], "no job nope"),
+    "admin explains any job": Case("admin", "explain", Ask("jb"), lambda a: a["job"]["tenant"], "b"),
+    "wildcard id finds nothing": Case("a", "explain", Ask("*"), lambda a: a["error"], "no job *"),
+    "tail wildcard id finds nothing": Case("a", "explain", Ask(">"), lambda a: a["error"], "no job >"),
+    "dotted id finds nothing": Case("a", "explain", Ask("ja.x"), lambda a: a["error"], "no job ja.x"),
+    "queues open to a": Case("a", "queues", Ask(), ids("queues"), {"qa", "open"}),
+    "queues open to b": Case("b", "queues", Ask(), ids("queues"), {"qb", "open"}),
+    "queues open to a stranger": Case("c", "queues", Ask(), ids("queues"), {"open"}),
+    "admin sees every queue": Case("admin", "queues", Ask(), ids("queues"), {"qa", "qb", "open"}),
+    "a's refused requests": Case("a", "rejections", Ask(), ids("rejections"), {"corral.in.a.cancel"}),
+    "b's refused requests": Case(
+        "b", "rejections", Ask(), ids("rejections"), {"corral.in.b.cancel", "corral.in.b.submit"}
+    ),
+    "admin sees every refusal": Case(
+        "admin",
+        "rejections",
+        Ask(),
+        ids("rejections"),
+        {"corral.in.a.cancel", "corral.in.b.cancel", "corral.in.b.submit"},
+    ),
+    "everyone sees the nodes": Case("c", "nodes", Ask(), ids("nodes"), {"node-00"}),
+    "unknown question": Case(
+        "a", "secrets", Ask(), lambda a: a["error"].split(";")[0], "no question 'secrets'"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_answer(case: Case, world: tuple[State, dict[str, list[JobEvent]]]) -> None:
+    state, history = world
+    got = answer(state, history, case.asker, case.question, case.ask)
+    assert got["seq"] == state.seq
+    assert case.expect(got) == case.wanted
+
+
+def test_another_tenants_job_is_answered_as_a_missing_one(
+    world: tuple[State, dict[str, list[JobEvent]]],
+) -> None:
+    state, history = world
+    other = answer(state, history, "a", "explain", Ask("jb"))
+    missing = answer(state, history, "a", "explain", Ask("zz"))
+    assert other == {**missing, "error": missing["error"].replace("zz", "jb")}
+
+
+def test_history_keeps_others_attempts_out(world: tuple[State, dict[str, list[JobEvent]]]) -> None:
+    """b's refused cancel of a's job is b's business, not part of the job a is shown."""
+    state, history = world
+    told = answer(state, history, "a", "explain", Ask("ja"))
+    assert [h["subject"] for h in told["history"]] == ["corral.in.a.submit", "corral.ev.job.ja"]
+    assert told["refused"] == []
+    assert "pending" in told["text"] and "[quota]" in told["text"]
+
+
+PARSES = {
+    "nothing": (b"", Ask()),
+    "bare id": (b" j-1\n", Ask("j-1")),
+    "object": (b'{"job": "j-1", "after": 7}', Ask("j-1", 7)),
+    "tenant field ignored": (b'{"job": "j-1", "tenant": "b", "asker": "admin"}', Ask("j-1")),
+    "wildcard id kept as text": (b"corral.>", Ask("corral.>")),
+}
+
+
+@pytest.mark.parametrize(("data", "want"), PARSES.values(), ids=PARSES.keys())
+def test_parse_ask(data: bytes, want: Ask) -> None:
+    assert parse_ask(data) == want
+
+
+@pytest.mark.parametrize("data", [b"{", b'{"job": 5}', b'{"after": "soon"}'], ids=["cut", "id", "after"])
+def test_unreadable_question(data: bytes) -> None:
+    with pytest.raises(BadAsk):
+        parse_ask(data)
+
+
+def test_payload_tricks_change_nothing(world: tuple[State, dict[str, list[JobEvent]]]) -> None:
+    state, history = world
+    plain = answer(state, history, "a", "jobs", Ask())
+    tricked = answer(state, history, "a", "jobs", parse_ask(b'{"tenant": "admin", "job": "*"}'))
+    assert plain == tricked
+
+
+# -- identities -----------------------------------------------------------------------------------
+
+
+def test_tenant_permissions_are_its_own_subjects_only() -> None:
+    p = identities.permissions("a")
+    assert p is not None
+    assert p.publish == ("corral.in.a.>", "corral.read.a.>")
+    assert p.subscribe == ("_INBOX.corral.a.>",)
+    assert identities.permissions(identities.SERVICES) is None
+
+
+def test_read_service_publishes_only_into_inboxes_and_reads_the_stream() -> None:
+    p = identities.permissions(identities.QUERY)
+    assert p is not None
+    assert not any(s.startswith(("corral.in", "corral.ev", ">")) for s in p.publish)
+    assert "_INBOX.corral.>" in p.publish
+    assert all(
+        s.startswith(("$JS.API.STREAM.INFO.", "$JS.API.CONSUMER.", "$JS.FC.", "_INBOX.")) for s in p.publish
+    )
+
+
+@pytest.mark.parametrize("name", ["admin", "services", "query", "a.b", "*", ">", "", "a b"])
+def test_reserved_or_odd_tenant_names_are_refused(name: str) -> None:
+    with pytest.raises(identities.CredentialsError):
+        identities.check_tenant(name)
+
+
+def test_credentials_are_private_and_kept(tmp_path: Any) -> None:
+    path = tmp_path / "credentials.json"
+    first = identities.ensure(path, ["a"])
+    assert set(first) == {"services", "query", "admin", "a"}
+    assert path.stat().st_mode & 0o777 == 0o600
+    second = identities.ensure(path, ["a", "b"])
+    assert {k: second[k] for k in first} == first
+    assert second["b"] and second["b"] != second["a"]
+
+
+def test_parse_read_subject() -> None:
+    assert identities.parse_read("corral.read.a.jobs") == ("a", "jobs")
+    assert identities.parse_read("corral.read.a.jobs.x") is None
+    assert identities.parse_read("corral.in.a.jobs") is None

@@ -329,9 +329,12 @@ def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
         raise Refused("illegal", f"job {job.id} is already {job.phase}", job.id)
     adm = job.admission
     if adm is not None and req.replicas < adm.replicas:
-        if job.phase != "running":
+        if job.phase == "admitted":  # nothing placed yet: it is placed at the smaller size
+            _readmit(state, job, req.replicas)
+        elif job.phase == "running":
+            _shrink(state, ctx, job, req.replicas, "", ctx.time + job.spec.grace_seconds)
+        else:
             raise Refused("illegal", f"job {job.id} is {job.phase}: it can shrink once it runs", job.id)
-        _shrink(state, ctx, job, req.replicas, "", ctx.time + job.spec.grace_seconds)
     job.spec = msgspec.structs.replace(job.spec, replicas=req.replicas)
     job.updated_seq = ctx.seq
 
@@ -597,9 +600,8 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {ev.beneficiary}"),)
 
 
-def _shrink(state: State, ctx: Ctx, job: JobState, replicas: int, beneficiary: str, deadline: float) -> None:
-    """Admit a running elastic job at fewer replicas: its quota shrinks at once; its ranks from
-    ``replicas`` up are leaving (their agents stop them) and hold their GPUs until they exit."""
+def _readmit(state: State, job: JobState, replicas: int) -> None:
+    """Lower an admitted job's admission to ``replicas``: the quota above it is free at once."""
     adm = job.admission
     assert adm is not None
     per_key = quota.holding(job)
@@ -607,6 +609,12 @@ def _shrink(state: State, ctx: Ctx, job: JobState, replicas: int, beneficiary: s
     quota.count_holding(state, job, -1)
     job.admission = Admission(job.id, adm.attempt, replicas, {k: g for k, g in gpus.items() if g})
     quota.count_holding(state, job, 1)
+
+
+def _shrink(state: State, ctx: Ctx, job: JobState, replicas: int, beneficiary: str, deadline: float) -> None:
+    """Admit a running elastic job at fewer replicas: its quota shrinks at once; its ranks from
+    ``replicas`` up are leaving (their agents stop them) and hold their GPUs until they exit."""
+    _readmit(state, job, replicas)
     job.preempted_for = beneficiary
     job.preempt_deadline = deadline
     job.updated_seq = ctx.seq

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import msgspec
 
 from events import codec, subjects
-from events.jobs import CancelJob, JobSpec, Resources, SubmitJob, Topology
+from events.jobs import CancelJob, JobSpec, ResizeJob, Resources, SubmitJob, Topology
 from events.log import Append, EventLog, LogError, Record
 from events.queues import (
     ApplyCohort,
@@ -345,6 +345,17 @@ def cmd_cancel(args: argparse.Namespace) -> None:
     print(f"cancel requested for {args.job}")
 
 
+def cmd_resize(args: argparse.Namespace) -> None:
+    if args.replicas < 1:
+        raise BadInput(f"replicas {args.replicas}: at least 1")
+    req = ResizeJob(job_id=args.job, replicas=args.replicas)
+    login = login_of(args, args.tenant)
+    tenant = tenant_of(args, login)
+    msg_id = f"resize:{tenant}:{args.job}:{nonce()}"
+    asyncio.run(publish_request(server_url(args.server), tenant, "resize", req, msg_id, login))
+    print(f"resize of {args.job} to at most {args.replicas} workers requested")
+
+
 class QueueFile(msgspec.Struct, forbid_unknown_fields=True):
     """What ``corral queue apply`` takes: cohorts, queues and priority classes, all optional."""
 
@@ -655,6 +666,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("job")
     c.add_argument("--reason")
     c.set_defaults(fn=cmd_cancel)
+
+    rz = sub.add_parser(
+        "resize", parents=[common], help="an elastic job's most workers (a running job above it shrinks)"
+    )
+    rz.add_argument("job")
+    rz.add_argument("replicas", type=int)
+    rz.set_defaults(fn=cmd_resize)
 
     for name, fn, help_ in (("jobs", cmd_jobs, "list jobs"), ("nodes", cmd_nodes, "list nodes")):
         sub.add_parser(name, parents=[common], help=help_).set_defaults(fn=fn)

@@ -118,6 +118,12 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     nodes = json.loads(corral("nodes", "-o", "json", "--server", cluster, env=env).stdout)
     assert len(nodes) == 5
 
+    elastic = tmp_path / "elastic.yaml"
+    elastic.write_text("id: el-1\nqueue: team-a\nreplicas: 4\nmin_replicas: 2\nresources: {gpus: 1}\n")
+    corral("submit", str(elastic), "--server", cluster, "--tenant", "team-a", env=env)
+    out = corral("resize", "el-1", "6", "--server", cluster, "--tenant", "team-a", env=env)
+    assert "el-1" in out.stdout
+
     exported = tmp_path / "log.jsonl"
     corral("log", "export", str(exported), "--server", cluster, env=env)
     last = max(json.loads(line)["seq"] for line in exported.read_text().splitlines())
@@ -128,6 +134,7 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     assert from_file == live
     assert from_file["faults"] == 0
     assert {"train-1", "raw-1"} <= set(from_file["jobs"])
+    assert from_file["jobs"]["el-1"]["spec"]["replicas"] == 6
 
 
 def test_errors_are_one_line_with_status_2(env: dict[str, str], tmp_path: Path) -> None:

@@ -285,3 +285,24 @@ def test_an_agent_stops_the_leaving_ranks_of_a_shrunk_job_and_keeps_the_rest() -
     stops = sorted((a.key.rank, a.reason) for a in actions if isinstance(a, StopWorker))
     assert stops == [(2, "shrunk"), (3, "shrunk")]
     assert all(not isinstance(a, StopWorker) or a.grace > 0 for a in actions)
+
+
+def test_resizing_an_admitted_job_below_its_admission_admits_it_smaller() -> None:
+    from tests.builders import Cluster
+
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "e", job().replicas(6, minimum=2)).accept("e").admit("e", replicas=6)
+    state = fold(log.request("alice", "resize", {"job_id": "e", "replicas": 3}))
+    e = state.jobs["e"]
+    assert (e.phase, e.admission.replicas if e.admission else 0, held_quota(state)) == ("admitted", 3, 3000)
+    check_quota_books(state)
+
+
+def test_resizing_a_starting_job_below_its_size_waits_until_it_runs() -> None:
+    from tests.builders import Cluster
+
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "e", job().replicas(4, minimum=2)).accept("e").admit("e", replicas=4)
+    log.place(placement("e", *ranks(4))).started(N0, "e", rank=0)
+    state = fold(log.request("alice", "resize", {"job_id": "e", "replicas": 2}))
+    assert state.rejections[-1].code == "illegal" and "once it runs" in state.rejections[-1].message

@@ -572,7 +572,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
-    from services.explain import explain
+    from services.explain import explain_log
 
     login = login_of(args, args.tenant)
     client = as_client(login)
@@ -590,7 +590,7 @@ def cmd_explain(args: argparse.Namespace) -> None:
             await log.close()
 
     records = asyncio.run(run())
-    report = explain(records, args.job, args.tenant)
+    report = explain_log(records, args.job, args.tenant)
     if report is None:
         raise Failure(f"no job {args.job}")
     emit(args, report if args.output == "json" else report["text"])

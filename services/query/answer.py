@@ -17,7 +17,6 @@ Invariants:
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ from events.queues import QueueSpec
 from projections.index import JobEvent, job_events
 from projections.state import JobState, State
 from services import present
+from services.explain import explain
 from services.queues_view import queue_rows
 
 QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes")
@@ -109,41 +109,3 @@ def answer(state: State, history: History, asker: str, question: str, ask: Ask) 
         nodes = sorted(state.nodes.values(), key=lambda n: n.name)
         return {"seq": state.seq, "nodes": [present.node_row(n) for n in nodes]}
     return refusal(state, f"no question {question!r}; ask one of {', '.join(QUESTIONS)}")
-
-
-def explain(job: JobState, history: Sequence[JobEvent]) -> dict[str, Any]:
-    """A job's row, why it waits, its history and what of it was refused, with the same keys as
-    ``corral explain -o json`` reading the log itself, and the text a person reads."""
-    row = present.job_row(job)
-    reasons = [
-        {"code": r.code, "message": r.message, "preemption_helps": r.preemption_helps} for r in job.reasons
-    ]
-    events = [
-        {"seq": e.seq, "time": e.time, "type": e.type, "subject": e.subject, "summary": e.summary}
-        for e in history
-    ]
-    refused = []
-    for e in history:
-        if e.refused:
-            code, _, message = e.refused.partition(": ")
-            refused.append({"seq": e.seq, "code": code, "message": message})
-    lines = [
-        f"job {job.id} of {job.tenant} in queue {job.spec.queue}: {job.phase} (attempt {job.attempt})",
-        f"  wants {job.spec.replicas} worker(s) × {row['per_worker']}, priority {job.priority}",
-    ]
-    if job.placement is not None:
-        lines.append(f"  placed on {row['nodes']}")
-    if job.checkpoint is not None:
-        lines.append(f"  last checkpoint: step {job.checkpoint.step} at {job.checkpoint.location}")
-    for r in job.reasons:
-        hint = " (preemption could help)" if r.preemption_helps else ""
-        lines.append(f"  why: [{r.code}] {r.message}{hint}")
-    lines.append("  history:")
-    for e in history:
-        refused_note = f"  (refused: {e.refused})" if e.refused else ""
-        lines.append(f"    {e.seq:>6}  {_when(e.time)}  {e.summary}{refused_note}")
-    return {"job": row, "reasons": reasons, "history": events, "refused": refused, "text": "\n".join(lines)}
-
-
-def _when(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S") if t else "-"

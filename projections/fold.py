@@ -704,7 +704,7 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
         return
     rank = ev.rank
     live = job.live
-    if rank not in live:
+    if rank not in live or rank not in job.started:  # live may hold an older attempt's rank
         raise Refused("illegal", f"rank {rank} of job {job.id} is not running", job.id)
     live.discard(rank)
     job.updated_seq = ctx.seq

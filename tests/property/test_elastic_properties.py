@@ -1,7 +1,8 @@
 """Elastic resizing never breaks the books: any sequence of growths, growth placements, shrinks,
 owner resizes, leaving and kept ranks exiting, whole preemptions and requeues keeps the quota a
 queue holds equal to what its jobs hold, every GPU's holders equal to the claims of the
-placements that hold it, no GPU over-committed, and an elastic job within its min..max.
+placements that hold it, no GPU over-committed, an elastic job within its min..max, and its
+queue within its nominal quota plus what it may borrow from its cohort.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tests.builders import Cluster, LogBuilder, job, placement, queue_spec, whol
 
 N0 = "node-00"
 LEAST, MOST = 1, 8
+NOMINAL, BORROW = 3, 2  # team-a may hold 5 GPUs at most: 3 of its own, 2 borrowed from team-b
 
 ops = st.lists(
     st.one_of(
@@ -52,6 +54,7 @@ def check_books(state: State) -> None:
         for g in node.gpus:
             assert g.holders == claimed.get((name, g.info.index), {})
             assert g.used_milli == sum(g.holders.values()) <= WHOLE
+    assert state.quota_held.get("team-a", {}).get(quota.ANY, 0) <= (NOMINAL + BORROW) * WHOLE
     e = state.jobs["e"]
     if e.admission is not None:
         assert LEAST <= e.admission.replicas <= MOST
@@ -62,9 +65,11 @@ def check_books(state: State) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(start=st.integers(LEAST, MOST), steps=ops)
+@given(start=st.integers(LEAST, NOMINAL + BORROW), steps=ops)
 def test_elastic_resizing_keeps_quota_and_gpus_consistent(start: int, steps: list[tuple[str, int]]) -> None:
-    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8)).queue(queue_spec("team-b", 8))
+    log = LogBuilder().nodes(Cluster(1))
+    log.queue(queue_spec("team-a", NOMINAL, cohort="org", borrowing_limit=BORROW))
+    log.queue(queue_spec("team-b", 8, cohort="org"))
     log.submit("alice", "e", job().replicas(MOST, minimum=LEAST).checkpointable()).accept("e")
     log.admit("e", replicas=start).place(placement("e", *(worker(r, N0, whole(r)) for r in range(start))))
     for r in range(start):

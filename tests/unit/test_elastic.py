@@ -306,3 +306,13 @@ def test_resizing_a_starting_job_below_its_size_waits_until_it_runs() -> None:
     log.place(placement("e", *ranks(4))).started(N0, "e", rank=0)
     state = fold(log.request("alice", "resize", {"job_id": "e", "replicas": 2}))
     assert state.rejections[-1].code == "illegal" and "once it runs" in state.rejections[-1].message
+
+
+def test_an_exit_for_a_rank_of_the_current_attempt_that_never_started_changes_nothing() -> None:
+    # Rank 0 of attempt 0 still runs (its gang was interrupted by rank 1's death); an exit that
+    # names rank 0 of attempt 1, which never started, must not be taken for it.
+    log = elastic_running(replicas=2).exited(N0, "e", rank=1, code=1).requeue("e", 0)
+    before = fold(log)
+    state = fold(log.exited(N0, "e", rank=0, code=1, attempt=1))
+    assert state.rejections[-1].code == "illegal"
+    assert state.jobs == before.jobs and state.nodes == before.nodes

@@ -730,3 +730,67 @@ def test_admissions_keep_every_queue_within_quota_and_win_exactly_when_they_fit(
         for j in state.jobs.values()
     }
     assert got == _quota_oracle(story)
+
+
+# -- a refusal changes nothing --------------------------------------------------------------------
+
+# What a refusal itself writes: the log position and the rejection books.
+_BOOKS = ("seq", "time", "rejections", "rejected_total", "void_total", "faults")
+
+
+def _without_books(state: State) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(state)
+    for name in _BOOKS:
+        out.pop(name, None)
+    return out
+
+
+def _gang_story() -> list[Record]:
+    """A gang whose rank 1 dies while rank 0 runs on, requeued; reports of both attempts, and an
+    elastic job shrunk, grown back and stopped."""
+    log = _base().submit("dave", "g2", job().replicas(2)).accept("g2").admit("g2", replicas=2)
+    log.place(placement("g2", worker(0, "node-00", whole(0)), worker(1, "node-00", whole(1))))
+    log.started("node-00", "g2", rank=0).started("node-00", "g2", rank=1)
+    log.exited("node-00", "g2", rank=1, code=1).requeue("g2", 0)
+    log.exited("node-00", "g2", rank=0, code=1, attempt=1).exited("node-00", "g2", rank=0, code=143)
+    log.submit("erin", "el", job().replicas(4, minimum=1)).accept("el").admit("el", replicas=3)
+    log.place(placement("el", *(worker(r, "node-00", whole(2 + r)) for r in range(3))))
+    for r in range(3):
+        log.started("node-00", "el", rank=r)
+    log.submit("frank", "b", job("team-b")).accept("b", priority=50).shrink("el", 1, "b")
+    log.exited("node-00", "el", rank=2, code=143, stopped=True).exited("node-00", "el", rank=1, code=0)
+    log.grow("el", 3).place(placement("el", *(worker(r, "node-00", whole(2 + r)) for r in range(3))))
+    log.started("node-00", "el", rank=1).started("node-00", "el", rank=2)
+    log.request("erin", "cancel", {"job_id": "el"})
+    for r in range(3):
+        log.exited("node-00", "el", rank=r, code=143, stopped=True)
+    return log.records
+
+
+GANG_STORY = _gang_story()
+
+
+def test_the_gang_story_itself_folds_cleanly() -> None:
+    state = fold(GANG_STORY)
+    assert state.faults == 0
+    assert [r.message for r in state.rejections] == ["rank 0 of job g2 is not running"]
+    assert state.jobs["el"].phase == "cancelled" and state.jobs["el"].held is None
+    check_gpus(state)
+
+
+@FAST
+@given(st.one_of(logs, st.permutations(STORY), st.permutations(GANG_STORY)))
+def test_a_refused_record_changes_nothing_but_the_rejection_books(records: list[Record]) -> None:
+    """A request or report the fold refuses leaves the state as it was. (A batch decision is
+    judged item by item: its valid items stand, so batches are left out here.)"""
+    from projections.fold import apply
+
+    state = State()
+    for i, r in enumerate(records):
+        r = msgspec.structs.replace(r, seq=i + 1)
+        before = _without_books(state)
+        refused = state.rejected_total
+        apply(state, r)
+        batch = r.subject in (subj.decision("admission"), subj.decision("placer"))
+        if state.rejected_total > refused and not batch:
+            assert _without_books(state) == before, state.rejections[-1]

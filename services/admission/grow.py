@@ -38,7 +38,9 @@ def growths(
     """The cycle's growths, charged to ``ledger``. ``running``: the running elastic jobs;
     ``waiting``: each queue's backlog this cycle, of which ``admitted`` were admitted (and, not
     yet placed, will take GPUs too)."""
-    candidates = sorted((j for j in running if growable(j)), key=lambda j: (j.submitted_seq, j.id))
+    # Most running elastic jobs are at their most workers: pass them over without a call each.
+    below = [j for j in running if j.admission is not None and j.admission.replicas < j.spec.replicas]
+    candidates = sorted((j for j in below if growable(j)), key=lambda j: (j.submitted_seq, j.id))
     if not candidates:
         return []
     free = free_gpus(state) - _unplaced_gpus(state, admitted)

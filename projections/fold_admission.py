@@ -1,0 +1,138 @@
+"""The fold's arbitration of admission's facts and proposals: accepted, rejected, pending reasons,
+admissions and growths of running elastic jobs (each checked against quota where it stands in
+the log, and charged only if it fits), and requeues to a job's next attempt.
+"""
+
+from __future__ import annotations
+
+from events.base import Event
+from events.jobs import (
+    Admission,
+    JobAccepted,
+    JobRejected,
+    JobRequeued,
+    JobsAdmitted,
+    PendingReasonChanged,
+)
+from projections import quota
+from projections.fold_moves import (
+    Ctx,
+    Handler,
+    Refused,
+    find_job,
+    move,
+    voided,
+)
+from projections.lifecycle import (
+    FINAL,
+)
+from projections.state import (
+    State,
+)
+
+# -- admission ----------------------------------------------------------------------------------
+
+
+def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
+    job = state.jobs.get(ev.job_id)
+    if job is None:
+        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
+    move(state, job, "accept", ctx)
+    job.priority = ev.priority
+    if job.reasons:  # a store costs more than the look (Structs)
+        job.reasons = ()
+
+
+def _rejected(state: State, ctx: Ctx, ev: JobRejected) -> None:
+    job = find_job(state, ev.job_id)
+    move(state, job, "reject", ctx)
+    job.reasons = (ev.reason,)
+
+
+def _pending_reason(state: State, ctx: Ctx, ev: PendingReasonChanged) -> None:
+    job = find_job(state, ev.job_id)
+    if job.phase in FINAL:
+        raise Refused("illegal", f"job {job.id} is {job.phase}", job.id)
+    job.reasons = ev.reasons
+    job.updated_seq = ctx.seq
+
+
+def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
+    void: list[str] = []
+    # The fold's ledger: the tree is kept while queues and cohorts stay the same, and only its
+    # usage is brought to this point of the log, so an admission cycle costs its admissions.
+    ledger = quota.fold_ledger(state)
+    jobs = state.jobs
+    for adm in ev.admissions:
+        job = jobs.get(adm.job_id)
+        if job is None or job.phase != "queued" or job.attempt != adm.attempt:
+            void.append(f"{adm.job_id}: not queued at attempt {adm.attempt}")
+            continue
+        spec = job.spec
+        lo = spec.min_replicas if spec.min_replicas is not None else spec.replicas
+        if not lo <= adm.replicas <= spec.replicas:
+            void.append(f"{adm.job_id}: {adm.replicas} replicas outside {lo}..{spec.replicas}")
+            continue
+        why = ledger.claim(job, adm)  # the quota it claims must be there; charged when it is
+        if why is not None:
+            void.append(f"{adm.job_id}: {why.message}")
+            continue
+        job.admission = adm  # before the move: the move counts what the admission holds
+        move(state, job, "admit", ctx)
+        if job.reasons:  # a store costs more than the look (Structs)
+            job.reasons = ()
+    for grown in ev.growths:
+        refused = _grow(state, ctx, ledger, grown)
+        if refused is not None:
+            void.append(f"{grown.job_id}: {refused}")
+    if void:
+        raise voided("", "admissions void: " + "; ".join(void))
+
+
+def _grow(state: State, ctx: Ctx, ledger: quota.Ledger, grown: Admission) -> str | None:
+    """Admit a running elastic job at more replicas; None if done, else why not. Its quota is
+    charged for the new total at once; the placer places the added ranks."""
+    job = state.jobs.get(grown.job_id)
+    if job is None or job.phase != "running" or job.attempt != grown.attempt or job.admission is None:
+        return f"not running at attempt {grown.attempt}"
+    spec, old = job.spec, job.admission
+    if spec.min_replicas is None or not old.replicas < grown.replicas <= spec.replicas:
+        return f"{grown.replicas} replicas is no growth of {old.replicas} within {spec.replicas}"
+    if job.placement is None or len(job.placement.workers) != old.replicas:
+        return f"its {old.replicas} admitted workers are not all placed, or some are leaving"
+    held = quota.holding(job)
+    for key, milli in held:
+        ledger.charge(spec.queue, key, -milli)
+    why = ledger.claim(job, grown)
+    if why is not None:
+        for key, milli in held:
+            ledger.charge(spec.queue, key, milli)
+        return why.message
+    quota.count_holding(state, job, -1)
+    job.admission = grown
+    quota.count_holding(state, job, 1)
+    job.updated_seq = ctx.seq
+    return None
+
+
+def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
+    job = find_job(state, ev.job_id)
+    if job.attempt != ev.attempt:
+        raise voided(job.id, f"job {job.id} is at attempt {job.attempt}, not {ev.attempt}")
+    move(state, job, "requeue", ctx)
+    job.attempt += 1
+    job.admission = None
+    job.placement = None
+    job.started = set()
+    job.left = set()
+    job.exit_codes = {}
+    job.reasons = (ev.reason,)
+
+
+HANDLERS: dict[type[Event], Handler] = {
+    JobAccepted: _accepted,
+    JobRejected: _rejected,
+    PendingReasonChanged: _pending_reason,
+    JobsAdmitted: _admitted,
+    JobRequeued: _requeued,
+}

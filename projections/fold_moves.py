@@ -1,0 +1,118 @@
+"""The fold's steps on one job or node: the lifecycle's moves with what they do to quota, and
+the refusal a handler raises when a record does not hold. Every handler module of the fold
+(``fold_requests``, ``fold_admission``, ``fold_preemption``, ``fold_nodes``) is written with these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from projections import claims, quota
+from projections.lifecycle import (
+    HOLDS_QUOTA,
+    TRANSITIONS,
+    TRIGGERS,
+    IllegalTransition,
+    Phase,
+    Trigger,
+)
+from projections.state import (
+    JobState,
+    NodeState,
+    State,
+)
+
+MAX_PREEMPTION_TIMES = 32  # enough for any per-hour cap a priority class sets
+
+
+class Refused(Exception):
+    """Raised by a handler to record a rejection of the current record."""
+
+    def __init__(self, code: str, message: str, job_id: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.job_id = job_id
+
+
+class Ctx(msgspec.Struct, gc=False):
+    """Where the record being folded came from (a Struct: one is made per record)."""
+
+    seq: int
+    subject: str
+    time: float
+    tenant: str | None
+    trace: str | None = None  # W3C traceparent the writer sent: a job's trace starts at its submit
+
+
+Handler = Callable[[State, Ctx, Any], None]
+
+
+def find_job(state: State, job_id: str) -> JobState:
+    job = state.jobs.get(job_id)
+    if job is None:
+        raise Refused("unknown", f"no job {job_id}", job_id)
+    return job
+
+
+def find_node(state: State, name: str) -> NodeState:
+    node = state.nodes.get(name)
+    if node is None:
+        raise Refused("unknown", f"no node {name}")
+    return node
+
+
+def _moves() -> dict[Trigger, dict[Phase, tuple[Phase, int]]]:
+    moves: dict[Trigger, dict[Phase, tuple[Phase, int]]] = {trigger: {} for trigger in TRIGGERS}
+    for (before, trigger), after in TRANSITIONS.items():
+        moves[trigger][before] = (after, (after in HOLDS_QUOTA) - (before in HOLDS_QUOTA))
+    return moves
+
+
+# trigger -> phase -> (next phase, 1 if the move takes quota, -1 if it gives it back, else 0):
+# the lifecycle's transition table, looked up by trigger first (no key to build per move), with
+# what each move does to the quota the job holds.
+MOVES = _moves()
+
+
+def move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
+    try:
+        job.phase, quota_change = MOVES[trigger][job.phase]
+    except KeyError:
+        raise IllegalTransition(job.phase, trigger) from None
+    job.phase_since = ctx.time
+    job.updated_seq = ctx.seq
+    if quota_change:
+        quota.count_holding(state, job, quota_change)
+
+
+def move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: Ctx) -> None:
+    """``_move`` by ``first``, then by ``then``, storing the job's time and sequence once."""
+    before = job.phase
+    try:
+        middle, first_change = MOVES[first][before]
+    except KeyError:
+        raise IllegalTransition(before, first) from None
+    step = MOVES[then].get(middle)
+    if step is None:  # the first move stands, as two moves would leave it
+        move(state, job, first, ctx)
+        raise IllegalTransition(middle, then)
+    job.phase, then_change = step
+    job.phase_since = ctx.time
+    job.updated_seq = ctx.seq
+    if first_change:
+        quota.count_holding(state, job, first_change)
+    if then_change:
+        quota.count_holding(state, job, then_change)
+
+
+def stop_holding(state: State, job: JobState) -> None:
+    """A job that left the running phases gives its GPUs back once its last worker is gone."""
+    if job.held is not None and not job.live:
+        claims.release(state, job)
+
+
+def voided(job_id: str, message: str) -> Refused:
+    return Refused("void", message, job_id)

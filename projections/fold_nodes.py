@@ -1,0 +1,253 @@
+"""The fold's handling of what nodes report: registrations, workers started and exited,
+checkpoints, and health: conditions, GPU health and cordons. A job gives its GPUs back only when
+its last live worker is gone; a lost node or a bad GPU interrupts the jobs on it.
+"""
+
+from __future__ import annotations
+
+from events import subjects as subj
+from events.base import Event, Reason
+from events.nodes import (
+    CheckpointCompleted,
+    GpuHealthChanged,
+    NodeConditionChanged,
+    NodeCordoned,
+    NodeRegistered,
+    WorkerExited,
+    WorkerStarted,
+)
+from projections import claims
+from projections.fold_moves import (
+    Ctx,
+    Handler,
+    Refused,
+    find_node,
+    move,
+    move_twice,
+    stop_holding,
+)
+from projections.lifecycle import (
+    FINAL,
+    IllegalTransition,
+)
+from projections.state import (
+    Checkpoint,
+    GpuState,
+    JobState,
+    NodeState,
+    State,
+)
+
+# -- nodes and workers --------------------------------------------------------------------------
+
+
+def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
+    if not subj.is_token(ev.node):
+        raise Refused("malformed", f"node name {ev.node!r} is not a valid name")
+    indices = [g.index for g in ev.inventory.gpus]
+    if indices != list(range(len(indices))):
+        raise Refused("malformed", f"node {ev.node}: GPU indices must be 0..{len(indices) - 1}")
+    old = state.nodes.get(ev.node)
+    gpus = []
+    for info in ev.inventory.gpus:
+        prev = old.gpus[info.index] if old is not None and info.index < len(old.gpus) else None
+        if prev is not None and prev.holders:
+            prev.info = info  # work still holds it: keep what it holds
+            gpus.append(prev)
+        else:
+            gpus.append(GpuState(info=info))
+    if old is None:
+        state.nodes[ev.node] = NodeState(name=ev.node, inventory=ev.inventory, gpus=gpus)
+    else:
+        old.inventory = ev.inventory
+        old.gpus = gpus
+
+
+def _placed_job(state: State, ev: WorkerStarted | WorkerExited | CheckpointCompleted) -> JobState:
+    job = state.jobs.get(ev.job_id)
+    if job is None:
+        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
+    if ev.attempt > job.attempt:
+        raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
+    return job
+
+
+def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
+    job = state.jobs.get(ev.job_id)  # ``_placed_job``, on the hot path
+    if job is None:
+        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
+    if ev.attempt > job.attempt:
+        raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
+    rank = ev.rank
+    placement = job.placement
+    slot = None
+    if placement is not None:
+        for w in placement.workers:
+            if w.rank == rank:
+                slot = w
+                break
+    if ev.attempt != job.attempt or slot is None or slot.node != ev.node:
+        raise Refused("illegal", f"job {job.id} has no rank {rank} on {ev.node} now", job.id)
+    if job.phase == "running" and rank not in job.started:  # a rank an elastic job grew by
+        job.started.add(rank)
+        job.live.add(rank)
+        job.left.discard(rank)
+        job.updated_seq = ctx.seq
+        return
+    if job.phase not in ("placed", "starting"):
+        raise IllegalTransition(job.phase, "start")
+    job.started.add(rank)
+    job.live.add(rank)
+    if len(job.started) == len(placement.workers):  # type: ignore[union-attr]
+        move_twice(state, job, "start", "run", ctx)  # the gang's last worker: it runs
+    else:
+        move(state, job, "start", ctx)
+
+
+def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
+    job = state.jobs.get(ev.job_id)  # ``_placed_job``, on the hot path
+    if job is None:
+        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
+    if ev.attempt > job.attempt:
+        raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
+    if ev.attempt < job.attempt or job.phase in FINAL or job.phase in ("preempted", "interrupted"):
+        # A straggler of an attempt already over: it only gives back what that attempt holds.
+        # A rank of the same number in a newer attempt is another process on other GPUs.
+        if job.held is not None and job.held.attempt == ev.attempt:
+            job.live.discard(ev.rank)
+            stop_holding(state, job)
+        return
+    rank = ev.rank
+    live = job.live
+    if rank not in live or rank not in job.started:  # live may hold an older attempt's rank
+        raise Refused("illegal", f"rank {rank} of job {job.id} is not running", job.id)
+    live.discard(rank)
+    job.updated_seq = ctx.seq
+    adm = job.admission
+    if job.phase == "running" and adm is not None and rank >= adm.replicas:
+        left(state, job, rank, ctx)
+        if job.held is not None and not live:
+            claims.release(state, job)  # the ranks it kept had ended: the GPUs are free
+        return
+    codes = job.exit_codes
+    codes[rank] = ev.code
+    if job.phase == "checkpointing":
+        if not live:
+            move(state, job, "stop", ctx)
+    elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
+        _succeed_if_done(state, job, ctx)
+    else:
+        _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
+    if job.held is not None and not live:
+        claims.release(state, job)  # the last worker is gone: the GPUs are free
+
+
+def _succeed_if_done(state: State, job: JobState, ctx: Ctx) -> None:
+    """A job whose every rank has exited 0 has succeeded."""
+    codes = job.exit_codes
+    n = len(job.placement.workers) if job.placement is not None else 0
+    if len(codes) == n and not any(codes.values()):
+        move(state, job, "succeed", ctx)
+
+
+def left(state: State, job: JobState, rank: int, ctx: Ctx) -> None:
+    """A rank an elastic job shrank away from is gone: its GPUs are free, whatever its code;
+    once the last of them is gone, the shrink is over."""
+    claims.release_rank(state, job, rank)
+    job.exit_codes.pop(rank, None)
+    job.started.discard(rank)
+    job.left.add(rank)  # its agent may forget the process: a growth starts the rank anew
+    if job.placement is not None and job.held is not None:
+        job.placement = job.held
+    if not job.leaving:
+        job.preempted_for = ""
+        job.preempt_deadline = 0.0
+        if job.exit_codes and job.spec.restart_policy != "always":  # the ranks it kept had ended
+            _succeed_if_done(state, job, ctx)
+
+
+def _worker_failed(state: State, job: JobState, ctx: Ctx, why: str) -> None:
+    """A gang with a dead worker is broken: restart it whole, or fail it when out of restarts."""
+    if job.spec.restart_policy != "never" and job.restarts < job.spec.max_restarts:
+        job.restarts += 1
+        move(state, job, "interrupt", ctx)
+        job.reasons = (Reason("restarting", f"{why}; restart {job.restarts}"),)
+    else:
+        move(state, job, "fail", ctx)
+        job.reasons = (Reason("failed", f"{why}; no restarts left"),)
+
+
+def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
+    job = _placed_job(state, ev)
+    # A checkpoint may land after the job ended (a worker saving as it is stopped): it is a late
+    # fact, not a wrong one, and is kept; the job's phase does not change.
+    if job.checkpoint is None or ev.step >= job.checkpoint.step:
+        job.checkpoint = Checkpoint(ev.location, ev.step, ev.attempt, ctx.seq, ctx.time)
+        job.updated_seq = ctx.seq
+
+
+def interrupt_on(
+    state: State, ctx: Ctx, node: str, gpu: int | None, why: str, node_gone: bool = True
+) -> None:
+    """Jobs holding GPUs on ``node`` (only GPU ``gpu`` if given) lost them: their workers there
+    are gone, and the job goes back to its queue (not counted against its restarts)."""
+    for job in list(state.jobs.values()):
+        if job.held is None:
+            continue
+        hit = [
+            w.rank
+            for w in job.held.workers
+            if w.node == node and (gpu is None or any(c.gpu == gpu for c in w.gpus))
+        ]
+        if not hit:
+            continue
+        if gpu is None and node_gone:  # the node is lost: its workers are gone with it
+            for rank in hit:
+                job.live.discard(rank)
+        if job.phase in ("placed", "starting", "running", "checkpointing"):
+            move(state, job, "interrupt", ctx)
+            job.reasons = (Reason("interrupted", why),)
+        stop_holding(state, job)
+
+
+def _condition(state: State, ctx: Ctx, ev: NodeConditionChanged) -> None:
+    node = find_node(state, ev.node)
+    node.condition = ev.condition
+    if ev.condition == "lost":
+        interrupt_on(state, ctx, ev.node, None, f"node {ev.node} lost: {ev.reason}")
+
+
+def _gpu_health(state: State, ctx: Ctx, ev: GpuHealthChanged) -> None:
+    node = find_node(state, ev.node)
+    if not 0 <= ev.gpu < len(node.gpus):
+        raise Refused("unknown", f"node {ev.node} has no GPU {ev.gpu}")
+    g = node.gpus[ev.gpu]
+    g.healthy, g.signal = ev.healthy, ev.signal
+    if not ev.healthy:
+        interrupt_on(state, ctx, ev.node, ev.gpu, f"GPU {ev.gpu} of {ev.node}: {ev.signal}")
+
+
+def _cordoned(state: State, ctx: Ctx, ev: NodeCordoned) -> None:
+    cordon(state, ctx, ev.node, ev.cordoned, ev.drain, ev.reason or "cordoned by the health monitor")
+
+
+def cordon(state: State, ctx: Ctx, name: str, cordoned: bool, drain: bool, why: str) -> None:
+    """No new work lands on a cordoned node; draining one also sends its work elsewhere: the
+    jobs there are interrupted (their agents stop the workers) and resume from their last
+    checkpoint on other nodes."""
+    node = find_node(state, name)
+    node.cordoned = cordoned
+    node.draining = cordoned and drain
+    if node.draining:
+        interrupt_on(state, ctx, name, None, f"node {name} is draining: {why}", node_gone=False)
+
+
+HANDLERS: dict[type[Event], Handler] = {
+    NodeRegistered: _registered,
+    WorkerStarted: _worker_started,
+    WorkerExited: _worker_exited,
+    CheckpointCompleted: _checkpointed,
+    NodeConditionChanged: _condition,
+    GpuHealthChanged: _gpu_health,
+    NodeCordoned: _cordoned,
+}

@@ -1,0 +1,159 @@
+"""The fold's arbitration of the placer's and the preemptor's proposals: placements (a gang's
+GPUs taken whole or not at all, or the ranks a grown elastic job adds), unschedulable reasons,
+preemptions and shrinks of elastic jobs (only of jobs that may give way to the beneficiary).
+"""
+
+from __future__ import annotations
+
+from events.base import Event, Reason
+from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
+from events.jobs import (
+    Admission,
+)
+from projections import claims, quota
+from projections.fold_moves import (
+    MAX_PREEMPTION_TIMES,
+    Ctx,
+    Handler,
+    move,
+    stop_holding,
+    voided,
+)
+from projections.fold_nodes import left
+from projections.lifecycle import (
+    FINAL,
+)
+from projections.state import (
+    JobState,
+    State,
+)
+
+# -- placement and preemption -------------------------------------------------------------------
+
+
+def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
+    void: list[str] = []
+    jobs = state.jobs
+    for p in ev.placements:
+        job = jobs.get(p.job_id)
+        if job is not None and job.phase == "running" and job.attempt == p.attempt:
+            try:  # a running elastic job admitted at more replicas: its added ranks
+                claims.grow(state, job, p)
+            except claims.ClaimError as e:
+                void.append(f"{p.job_id}: {e}")
+                continue
+            job.placement = p
+            job.updated_seq = ctx.seq
+            continue
+        if job is None or job.phase != "admitted" or job.attempt != p.attempt:
+            void.append(f"{p.job_id}: not admitted at attempt {p.attempt}")
+            continue
+        if job.held is not None:
+            void.append(f"{p.job_id}: workers of an earlier attempt still hold GPUs")
+            continue
+        try:
+            claims.place(state, job, p)  # check, then take
+        except claims.ClaimError as e:
+            void.append(f"{p.job_id}: {e}")
+            continue
+        move(state, job, "place", ctx)
+        job.placement = p
+        if job.reasons:  # a store costs more than the look (Structs)
+            job.reasons = ()
+    if void:
+        raise voided("", "placements void: " + "; ".join(void))
+
+
+def _unschedulable(state: State, ctx: Ctx, ev: JobsUnschedulable) -> None:
+    for u in ev.jobs:
+        job = state.jobs.get(u.job_id)
+        if job is not None and job.attempt == u.attempt and job.phase == "admitted":
+            job.reasons = u.reasons
+            job.updated_seq = ctx.seq
+
+
+def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
+    beneficiary = state.jobs.get(ev.beneficiary)
+    if beneficiary is None or beneficiary.phase in FINAL:
+        raise voided(ev.beneficiary, f"beneficiary {ev.beneficiary} is not waiting")
+    if len({v.job_id for v in ev.victims}) != len(ev.victims):
+        raise voided(ev.beneficiary, "a victim is named twice")
+    victims = []
+    for v in ev.victims:
+        job = state.jobs.get(v.job_id)
+        if job is None or job.attempt != v.attempt:
+            raise voided(ev.beneficiary, f"victim {v.job_id} is not at attempt {v.attempt}")
+        if job.phase not in ("placed", "starting", "running"):
+            raise voided(ev.beneficiary, f"victim {v.job_id} is {job.phase}")
+        why = _may_stop(state, job, beneficiary)
+        if why is not None:
+            raise voided(ev.beneficiary, f"victim {why}")
+        victims.append(job)
+    for job in victims:
+        move(state, job, "preempt", ctx)
+        job.preemptions += 1
+        job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
+        job.preempted_for = ev.beneficiary
+        job.preempt_deadline = ev.deadline
+        job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
+        if not job.live:
+            move(state, job, "stop", ctx)
+            stop_holding(state, job)
+
+
+def _may_stop(state: State, job: JobState, beneficiary: JobState) -> str | None:
+    """Why ``job`` may not give up GPUs for ``beneficiary``: None if it may."""
+    pc = state.priority_classes.get(job.spec.priority_class)
+    if not job.spec.preemptible or (pc is not None and not pc.preemptible):
+        return f"{job.id} may not be preempted"
+    if job.priority >= beneficiary.priority and job.spec.queue == beneficiary.spec.queue:
+        return f"{job.id} is not of lower priority"
+    return None
+
+
+def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
+    beneficiary = state.jobs.get(ev.beneficiary)
+    if beneficiary is None or beneficiary.phase in FINAL:
+        raise voided(ev.beneficiary, f"beneficiary {ev.beneficiary} is not waiting")
+    job = state.jobs.get(ev.job_id)
+    if job is None or job.attempt != ev.attempt or job.phase != "running":
+        raise voided(ev.job_id, f"{ev.job_id} is not running at attempt {ev.attempt}")
+    why = _may_stop(state, job, beneficiary)
+    if why is not None:
+        raise voided(ev.job_id, why)
+    lo, adm = job.spec.min_replicas, job.admission
+    if lo is None or adm is None or not lo <= ev.replicas < adm.replicas:
+        raise voided(ev.job_id, f"{job.id} cannot shrink to {ev.replicas} workers")
+    shrink(state, ctx, job, ev.replicas, ev.beneficiary, ev.deadline)
+    job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {ev.beneficiary}"),)
+
+
+def readmit(state: State, job: JobState, replicas: int) -> None:
+    """Lower an admitted job's admission to ``replicas``: the quota above it is free at once."""
+    adm = job.admission
+    assert adm is not None
+    per_key = quota.holding(job)
+    gpus = {key: quota.whole_gpus(milli * replicas // adm.replicas) for key, milli in per_key}
+    quota.count_holding(state, job, -1)
+    job.admission = Admission(job.id, adm.attempt, replicas, {k: g for k, g in gpus.items() if g})
+    quota.count_holding(state, job, 1)
+
+
+def shrink(state: State, ctx: Ctx, job: JobState, replicas: int, beneficiary: str, deadline: float) -> None:
+    """Admit a running elastic job at fewer replicas: its quota shrinks at once; its ranks from
+    ``replicas`` up are leaving (their agents stop them) and hold their GPUs until they exit."""
+    readmit(state, job, replicas)
+    job.preempted_for = beneficiary
+    job.preempt_deadline = deadline
+    job.updated_seq = ctx.seq
+    for rank in job.leaving:
+        if rank not in job.live:  # it had ended before: nothing to wait for
+            left(state, job, rank, ctx)
+
+
+HANDLERS: dict[type[Event], Handler] = {
+    JobsPlaced: _placed,
+    JobsUnschedulable: _unschedulable,
+    PreemptionRequested: _preemption,
+    ShrinkRequested: _shrink_requested,
+}

@@ -1,0 +1,158 @@
+"""The fold's handling of tenants' and the admin's requests: submit, cancel and resize a job
+(the tenant comes from the subject, and only the owner or the admin may touch a job), and
+queues, cohorts, priority classes and cordons (the admin only).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from events import subjects as subj
+from events.base import Event, Reason
+from events.jobs import (
+    CancelJob,
+    ResizeJob,
+    SubmitJob,
+)
+from events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CordonNode, DeleteQueue
+from projections.fold_moves import (
+    Ctx,
+    Handler,
+    Refused,
+    find_job,
+    move,
+    stop_holding,
+)
+from projections.fold_nodes import cordon
+from projections.fold_preemption import readmit, shrink
+from projections.lifecycle import (
+    FINAL,
+)
+from projections.state import (
+    JobState,
+    State,
+)
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
+    assert ctx.tenant is not None
+    if not subj.is_token(req.request_id):
+        raise Refused("malformed", f"request id {req.request_id!r} is not a valid name")
+    existing = state.jobs.get(req.request_id)
+    if existing is not None:
+        if existing.tenant == ctx.tenant:
+            raise Refused("duplicate", f"job {req.request_id} was already submitted", req.request_id)
+        raise Refused("forbidden", f"job id {req.request_id} is taken", req.request_id)
+    state.jobs[req.request_id] = JobState(
+        id=req.request_id,
+        tenant=ctx.tenant,
+        spec=req.job,
+        submitted_seq=ctx.seq,
+        submitted_at=ctx.time,
+        phase_since=ctx.time,
+        updated_seq=ctx.seq,
+        traceparent=ctx.trace or "",
+    )
+
+
+def _owned(state: State, ctx: Ctx, job_id: str) -> JobState:
+    job = find_job(state, job_id)
+    if ctx.tenant not in (job.tenant, subj.ADMIN):
+        # Say the same as for a job that does not exist: a tenant learns nothing of others' jobs.
+        raise Refused("unknown", f"no job {job_id}", job_id)
+    return job
+
+
+def _cancel(state: State, ctx: Ctx, req: CancelJob) -> None:
+    job = _owned(state, ctx, req.job_id)
+    if job.phase in FINAL:
+        raise Refused("illegal", f"job {job.id} is already {job.phase}", job.id)
+    move(state, job, "cancel", ctx)
+    job.reasons = (Reason("cancelled", req.reason or f"cancelled by {ctx.tenant}"),)
+    stop_holding(state, job)
+
+
+def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
+    """A new most workers for an elastic job. A running job above it shrinks to it at once (its
+    ranks above leave within its grace period); below it, admission grows it when quota allows."""
+    job = _owned(state, ctx, req.job_id)
+    lo = job.spec.min_replicas
+    if lo is None or req.replicas < lo:
+        raise Refused("illegal", f"job {job.id} is not elastic down to {req.replicas}", job.id)
+    if job.phase in FINAL:
+        raise Refused("illegal", f"job {job.id} is already {job.phase}", job.id)
+    adm = job.admission
+    if adm is not None and req.replicas < adm.replicas:
+        if job.phase == "admitted":  # nothing placed yet: it is placed at the smaller size
+            readmit(state, job, req.replicas)
+        elif job.phase == "running":
+            shrink(state, ctx, job, req.replicas, "", ctx.time + job.spec.grace_seconds)
+        else:
+            raise Refused("illegal", f"job {job.id} is {job.phase}: it can shrink once it runs", job.id)
+    job.spec = msgspec.structs.replace(job.spec, replicas=req.replicas)
+    job.updated_seq = ctx.seq
+
+
+def _admin(ctx: Ctx) -> None:
+    if ctx.tenant != subj.ADMIN:
+        raise Refused("forbidden", "only the admin identity may change queues and nodes")
+
+
+def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
+    _admin(ctx)
+    q = req.queue
+    if not subj.is_token(q.name):
+        raise Refused("malformed", f"queue name {q.name!r} is not a valid name")
+    if q.weight <= 0 or any(v.nominal < 0 for v in q.quotas.values()):
+        raise Refused("malformed", f"queue {q.name}: weight and quotas must be positive")
+    state.queues[q.name] = q
+
+
+def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:
+    _admin(ctx)
+    c = req.cohort
+    if not subj.is_token(c.name):
+        raise Refused("malformed", f"cohort name {c.name!r} is not a valid name")
+    parent, seen = c.parent, {c.name}
+    while parent is not None:
+        if parent in seen:
+            raise Refused("malformed", f"cohort {c.name}: parent chain loops at {parent}")
+        seen.add(parent)
+        p = state.cohorts.get(parent)
+        parent = p.parent if p is not None else None
+    state.cohorts[c.name] = c
+
+
+def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> None:
+    _admin(ctx)
+    if not subj.is_token(req.priority_class.name):
+        raise Refused("malformed", f"priority class {req.priority_class.name!r} is not a name")
+    state.priority_classes[req.priority_class.name] = req.priority_class
+
+
+def _delete_queue(state: State, ctx: Ctx, req: DeleteQueue) -> None:
+    _admin(ctx)
+    if req.name not in state.queues:
+        raise Refused("unknown", f"no queue {req.name}")
+    if any(j.spec.queue == req.name and j.phase not in FINAL for j in state.jobs.values()):
+        raise Refused("illegal", f"queue {req.name} still has jobs")
+    del state.queues[req.name]
+
+
+def _cordon_request(state: State, ctx: Ctx, req: CordonNode) -> None:
+    _admin(ctx)
+    cordon(state, ctx, req.node, req.cordoned, req.drain, req.reason or "drained by admin")
+
+
+HANDLERS: dict[type[Event], Handler] = {
+    SubmitJob: _submit,
+    CancelJob: _cancel,
+    ResizeJob: _resize,
+    ApplyQueue: _apply_queue,
+    ApplyCohort: _apply_cohort,
+    ApplyPriorityClass: _apply_priority_class,
+    DeleteQueue: _delete_queue,
+    CordonNode: _cordon_request,
+}

@@ -1,7 +1,8 @@
 """The job lifecycle: every phase a job can be in and every move between them, in one table.
 
-The fold consults ``advance`` for every phase change; a move not in the table is an illegal
-transition and is recorded as a rejection, never applied.
+The fold makes every phase change by this table (``fold_moves.MOVES`` is it, looked up by
+trigger); a move not in the table is an illegal transition and is recorded as a rejection,
+never applied. ``advance`` answers the same for everyone else.
 
     submitted ─accept→ queued ─admit→ admitted ─place→ placed ─start→ starting ─run→ running
     submitted ─reject→ rejected

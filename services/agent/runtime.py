@@ -48,16 +48,13 @@ import logging
 import os
 import re
 import resource
-import shutil
 import signal
 import socket
-import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Literal, NamedTuple
 
-from events.jobs import Mount
-from services.agent import container
+from services.agent import container, sandbox
 from services.agent.container import ContainerMode, EngineInfo, Probe
 from services.agent.decide import (
     GONE_CODE,
@@ -211,7 +208,7 @@ class Runtime:
         if self._mode == "none":
             return False
         if self._probe is None:
-            self._probe = asyncio.ensure_future(_probe_bwrap())
+            self._probe = asyncio.ensure_future(sandbox.probe())
         self._bwrap = await asyncio.shield(self._probe)
         if self._mode == "bwrap" and self._bwrap is None:
             raise StartError("sandbox 'bwrap' was asked for, but bwrap is missing or cannot run here")
@@ -384,7 +381,7 @@ class Runtime:
         assert self._bwrap is not None
         read_fd, write_fd = os.pipe()
         try:
-            argv = [self._bwrap, *self._bwrap_args(w, write_fd), "--", *w.spec.command]
+            argv = [self._bwrap, *self._sandbox_args(w, write_fd), "--", *w.spec.command]
             with open(w.log, "ab") as out:
                 try:
                     w.proc = await asyncio.create_subprocess_exec(
@@ -429,7 +426,7 @@ class Runtime:
                 await asyncio.wait_for(w.done.wait(), delay)
             delay = min(delay * 2, self.poll_interval)
         if w.done.is_set():
-            problem = _bwrap_error(w.log)
+            problem = sandbox.bwrap_error(w.log)
             if problem:
                 raise StartError(f"sandbox setup failed: {problem}")
 
@@ -469,34 +466,12 @@ class Runtime:
             where = f"on node {self.node}"
             raise StartError(f"{engine.name} could not run image {w.spec.image} {where}: {problem}")
 
-    def _bwrap_args(self, w: _Worker, status_fd: int) -> list[str]:
-        # No --new-session: the sandbox stays in the process group the agent started, so that a
-        # kill of the group reaches every process even before bwrap's own parent-death signal
-        # is armed. Workers have no terminal (stdin is /dev/null) to hijack.
-        args = ["--unshare-pid", "--die-with-parent", "--tmpfs", "/"]
-        # The host's root, read-only, one top-level entry at a time, so that data mounts can
-        # land at new top-level paths (a bind of / itself would leave nowhere to create them).
-        for name in sorted(os.listdir("/")):
-            path = "/" + name
-            if name in ("proc", "dev", "tmp"):
-                continue
-            if os.path.islink(path):
-                args += ["--symlink", os.readlink(path), path]
-            else:
-                args += ["--ro-bind", path, path]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        for path in _needed_under_tmp(w.spec.command):
-            args += ["--ro-bind", path, path]
-        writable = [str(w.workdir), w.spec.job_checkpoint_dir]
-        for d in writable:
-            args += ["--bind", d, d]
-        for m in w.spec.mounts:
-            problem = _target_problem(m, writable)
-            if problem:
-                raise StartError(problem)
-            args += ["--ro-bind" if m.read_only else "--bind", m.source, m.target]
-        args += ["--remount-ro", "/", "--chdir", str(w.workdir), "--json-status-fd", str(status_fd)]
-        return args
+    def _sandbox_args(self, w: _Worker, status_fd: int) -> list[str]:
+        spec = w.spec
+        try:
+            return sandbox.args(str(w.workdir), spec.job_checkpoint_dir, spec.command, spec.mounts, status_fd)
+        except sandbox.BindError as e:
+            raise StartError(str(e)) from None
 
     # -- watching ----------------------------------------------------------------------------
 
@@ -741,72 +716,10 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-async def _probe_bwrap() -> str | None:
-    path = shutil.which("bwrap")
-    if path is None:
-        return None
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            path, "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "true",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        code = await asyncio.wait_for(proc.wait(), 10.0)
-    except (OSError, TimeoutError):
-        return None
-    return path if code == 0 else None
-
-
-def _needed_under_tmp(command: Sequence[str]) -> list[str]:
-    """What the worker needs from the host's ``/tmp``, which its private ``/tmp`` hides: the
-    top-level directories there holding the command's files, this interpreter's environment or
-    the agent's working directory (a checkout or virtualenv may well live in ``/tmp``)."""
-    candidates = [sys.prefix, os.getcwd(), *(a for a in command if a.startswith("/"))]
-    tops = set()
-    for c in candidates:
-        parts = PurePosixPath(c).parts
-        if len(parts) > 2 and parts[1] == "tmp" and os.path.exists(c):
-            tops.add(f"/tmp/{parts[2]}")
-    return sorted(tops)
-
-
-def _target_problem(m: Mount, writable: list[str]) -> str:
-    """Why bwrap could not bind ``m`` at its target, or ``""``. The sandbox's root is a read-only
-    view of the host's, so a target must exist there already, or lie where the sandbox can
-    create it: a new top-level path, /tmp, or the worker's own directories."""
-    target = PurePosixPath(m.target)
-    if not target.is_absolute() or ".." in target.parts or len(target.parts) < 2:
-        return f"mount target {m.target} must be an absolute path below /"
-    top = target.parts[1]
-    if top in ("proc", "dev", "sys"):
-        return f"mount target {m.target} would hide the sandbox's /{top}"
-    if os.path.exists(m.target) or top == "tmp" or not os.path.exists("/" + top):
-        return ""
-    if any(str(target).startswith(d.rstrip("/") + "/") for d in writable):
-        return ""
-    parent = target.parent
-    while not os.path.exists(parent):
-        parent = parent.parent
-    return (
-        f"mount target {m.target}: {parent} is part of the read-only root and has no "
-        f"{target.relative_to(parent)}; use a path that exists, or a new top-level one such as /data"
-    )
-
-
 def _why(e: BaseException | None) -> str:
     if isinstance(e, StartError):
         return str(e)
     return f"{type(e).__name__}: {e}"
-
-
-def _bwrap_error(path: Path) -> str:
-    """bwrap's own complaint in a worker's log (``bwrap: Can't mkdir …``), or ``""``."""
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return next((line for line in reversed(lines[-20:]) if line.startswith("bwrap: ")), "")
 
 
 def _read(path: Path) -> str:

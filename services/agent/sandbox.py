@@ -1,0 +1,120 @@
+"""Runs a worker in its own mount and PID namespace with bubblewrap (``bwrap``), where it exists.
+
+The sandbox's root is a read-only view of the host's, entry by entry, so that data mounts can
+land at new top-level paths; ``/proc``, ``/dev`` and ``/tmp`` are its own (with what the command
+needs from the host's ``/tmp`` bound back read-only); the worker's working directory and its
+job's checkpoint directory are writable; each data mount is bound at its target, read-only when
+asked. bwrap reports the sandboxed process on a status pipe (``--json-status-fd``), and its own
+complaints start with ``bwrap: `` in the worker's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+
+from events.jobs import Mount
+
+
+class BindError(Exception):
+    """A data mount that cannot be bound where the job asked, and why."""
+
+
+def args(
+    workdir: str, job_checkpoint_dir: str, command: Sequence[str], mounts: Sequence[Mount], status_fd: int
+) -> list[str]:
+    """bwrap's arguments for one worker, before ``--`` and its command; raises BindError when a
+    data mount cannot be bound where the job asked."""
+    # No --new-session: the sandbox stays in the process group the agent started, so that a
+    # kill of the group reaches every process even before bwrap's own parent-death signal
+    # is armed. Workers have no terminal (stdin is /dev/null) to hijack.
+    args = ["--unshare-pid", "--die-with-parent", "--tmpfs", "/"]
+    # The host's root, read-only, one top-level entry at a time, so that data mounts can
+    # land at new top-level paths (a bind of / itself would leave nowhere to create them).
+    for name in sorted(os.listdir("/")):
+        path = "/" + name
+        if name in ("proc", "dev", "tmp"):
+            continue
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        else:
+            args += ["--ro-bind", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for path in needed_under_tmp(command):
+        args += ["--ro-bind", path, path]
+    writable = [workdir, job_checkpoint_dir]
+    for d in writable:
+        args += ["--bind", d, d]
+    for m in mounts:
+        problem = target_problem(m, writable)
+        if problem:
+            raise BindError(problem)
+        args += ["--ro-bind" if m.read_only else "--bind", m.source, m.target]
+    args += ["--remount-ro", "/", "--chdir", workdir, "--json-status-fd", str(status_fd)]
+    return args
+
+
+async def probe() -> str | None:
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            path, "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "true",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        code = await asyncio.wait_for(proc.wait(), 10.0)
+    except (OSError, TimeoutError):
+        return None
+    return path if code == 0 else None
+
+
+def needed_under_tmp(command: Sequence[str]) -> list[str]:
+    """What the worker needs from the host's ``/tmp``, which its private ``/tmp`` hides: the
+    top-level directories there holding the command's files, this interpreter's environment or
+    the agent's working directory (a checkout or virtualenv may well live in ``/tmp``)."""
+    candidates = [sys.prefix, os.getcwd(), *(a for a in command if a.startswith("/"))]
+    tops = set()
+    for c in candidates:
+        parts = PurePosixPath(c).parts
+        if len(parts) > 2 and parts[1] == "tmp" and os.path.exists(c):
+            tops.add(f"/tmp/{parts[2]}")
+    return sorted(tops)
+
+
+def target_problem(m: Mount, writable: list[str]) -> str:
+    """Why bwrap could not bind ``m`` at its target, or ``""``. The sandbox's root is a read-only
+    view of the host's, so a target must exist there already, or lie where the sandbox can
+    create it: a new top-level path, /tmp, or the worker's own directories."""
+    target = PurePosixPath(m.target)
+    if not target.is_absolute() or ".." in target.parts or len(target.parts) < 2:
+        return f"mount target {m.target} must be an absolute path below /"
+    top = target.parts[1]
+    if top in ("proc", "dev", "sys"):
+        return f"mount target {m.target} would hide the sandbox's /{top}"
+    if os.path.exists(m.target) or top == "tmp" or not os.path.exists("/" + top):
+        return ""
+    if any(str(target).startswith(d.rstrip("/") + "/") for d in writable):
+        return ""
+    parent = target.parent
+    while not os.path.exists(parent):
+        parent = parent.parent
+    return (
+        f"mount target {m.target}: {parent} is part of the read-only root and has no "
+        f"{target.relative_to(parent)}; use a path that exists, or a new top-level one such as /data"
+    )
+
+
+def bwrap_error(path: Path) -> str:
+    """bwrap's own complaint in a worker's log (``bwrap: Can't mkdir …``), or ``""``."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line for line in reversed(lines[-20:]) if line.startswith("bwrap: ")), "")

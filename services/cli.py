@@ -18,12 +18,13 @@ import asyncio
 import json
 import os
 import secrets
+import socket
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgspec
 
@@ -47,6 +48,9 @@ from services.query.client import Refused, Session
 
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 STATE_DIR = Path(os.environ.get("CORRAL_HOME", ".corral"))
+
+if TYPE_CHECKING:
+    from events.jetstream import JetStreamLog
 
 
 class Failure(Exception):
@@ -141,7 +145,7 @@ def ask(url: str, login: Login, question: str, job: str = "") -> dict[str, Any]:
     return asyncio.run(run())
 
 
-async def open_log(url: str, login: Login | None = None) -> EventLog:
+async def open_log(url: str, login: Login | None = None) -> JetStreamLog:
     from events.jetstream import JetStreamLog
 
     async def quiet(e: Exception) -> None:
@@ -211,6 +215,7 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """One decision service as its own process, against a running NATS."""
+    from services.lease import KvLease
     from services.query import service as read_service
     from services.shell import Service, stop_on_signals
     from services.up import service_roles
@@ -239,7 +244,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 from projections.snapshot import SnapshotStore
 
                 snapshots = await SnapshotStore.open(args.snapshot)
-            await Service(args.role, roles[args.role], log, snapshots=snapshots).run(stop_on_signals())
+            holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
+            lease = await KvLease.open(log.nc, args.role, holder)  # replicas of a role take turns
+            await Service(args.role, roles[args.role], log, snapshots=snapshots, lease=lease).run(
+                stop_on_signals()
+            )
         finally:
             if snapshots is not None:
                 await snapshots.close()

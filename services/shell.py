@@ -12,6 +12,8 @@ a timer, so time-based decisions happen on a quiet log too).
   replica wrote meanwhile the append is refused, and the next cycle decides on the newer state.
 - Message ids are deterministic (role, the sequence the state was folded to, position), so two
   replicas deciding the same on the same state are stored once.
+- With a ``lease`` (``services/lease.py``), only the replica holding the role's lease decides;
+  the others fold the log and stand by, ready to decide the moment they take it over.
 - OpenTelemetry stays here: every event about a job is a span in that job's trace.
 """
 
@@ -33,6 +35,7 @@ from events.log import Append, ConflictError, EventLog, LogError, Record
 from projections.fold import apply
 from projections.state import State
 from services import tracing
+from services.lease import Lease
 
 log = logging.getLogger("corral.shell")
 
@@ -57,6 +60,7 @@ class Service:
         snapshots: Snapshots | None = None,
         snapshot_every: int = 50_000,
         on_fold: Callable[[State, list[Record]], None] | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.role = role
         self.decide = decide
@@ -66,6 +70,7 @@ class Service:
         self.snapshots = snapshots
         self.snapshot_every = snapshot_every
         self.on_fold = on_fold
+        self.lease = lease
         self.state = State()
         self.producer = f"{role}@{socket.gethostname()}:{os.getpid()}"
         self.decision_subject = subjects.decision(role)
@@ -110,6 +115,8 @@ class Service:
         """Decide once on the current state and append the result. Returns events appended."""
         if self.state.seq < self._awaiting:
             return 0
+        if self.lease is not None and not await self.lease.hold():
+            return 0  # a standby: another replica decides
         now = self.clock()
         with tracing.span(f"{self.role}.decide", service=self.role) as cycle_span:
             cycle_span.set_attribute("corral.based_on", self.state.seq)
@@ -186,6 +193,8 @@ class Service:
                     await aclose()
             if self.snapshots is not None and self.state.seq > self._snapshot_seq:
                 await self.snapshots.save(self.state)
+            if self.lease is not None:
+                await self.lease.release()
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ from services.agent.health import HeartbeatTracker
 from services.agent.runtime import SandboxMode
 from services.agent.service import NodeAgent
 from services.health.service import HealthMonitor
+from services.lease import KvLease
 from services.query import identities
 from services.query import service as read_service
 from services.shell import Decide, Service, stop_on_signals
@@ -149,7 +152,10 @@ async def cluster(
         stop = asyncio.Event()
         tasks = []
         for role, decide in service_roles().items():
-            svc = Service(role, decide, await service_log(), clock=clock, tick=cfg.tick)
+            role_log = await service_log()
+            # A lease per role, as replicas in other processes (``corral serve``) take turns with.
+            lease = await KvLease.open(role_log.nc, role, f"{role}@{socket.gethostname()}:{os.getpid()}")
+            svc = Service(role, decide, role_log, clock=clock, tick=cfg.tick, lease=lease)
             running.services.append(svc)
             tasks.append(asyncio.create_task(svc.run(stop), name=role))
         query_log = await read_service.connect(url, **login(identities.QUERY))

@@ -1,0 +1,101 @@
+"""Leader leases: one replica of a decision role decides at a time, the others stand by.
+
+A lease is a key per role in the JetStream key-value bucket ``corral_leases``, whose entries
+expire ``ttl`` seconds after they were last written (the bucket's max age). The holder writes it
+with compare-and-swap on the revision it last wrote, at least every ``ttl / 3``; a standby
+creates it only once it is absent (expired, or deleted by a holder that stopped), so at most one
+replica holds it at a time as the server sees it. A holder that cannot renew in time (a pause, a
+partition) loses it at its next attempt, when its revision is no longer the latest.
+
+This is for efficiency, not safety: two replicas deciding at once (a holder that has not yet
+noticed it lost its lease) only make proposals the fold arbitrates, and the expected-sequence
+check on the decision subject makes one of them lose its race.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from nats import errors as nats_errors
+from nats.js import errors as js_errors
+
+log = logging.getLogger("corral.lease")
+
+BUCKET = "corral_leases"
+TTL = 10.0  # seconds a lease outlives its holder's last renewal
+
+
+class Lease(Protocol):
+    async def hold(self) -> bool:
+        """Whether this replica holds the role's lease now, taking or renewing it as needed."""
+        ...
+
+    async def release(self) -> None:
+        """Give the lease up (a replica that stops), so that a standby takes over at once."""
+        ...
+
+
+class KvLease:
+    """A role's lease in the ``corral_leases`` bucket, held under the name ``holder``."""
+
+    def __init__(
+        self, kv: Any, role: str, holder: str, ttl: float = TTL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.kv = kv
+        self.role = role
+        self.holder = holder
+        self.ttl = ttl
+        self.clock = clock
+        self._revision: int | None = None  # what we last wrote, while we hold the lease
+        self._renewed = 0.0
+
+    @classmethod
+    async def open(cls, nc: Any, role: str, holder: str, ttl: float = TTL) -> KvLease:
+        """The lease of ``role`` on the server ``nc`` is connected to (the bucket is made if
+        missing; one that exists is used as it is, whatever age it keeps entries for)."""
+        js = nc.jetstream()
+        try:
+            kv = await js.key_value(BUCKET)
+        except js_errors.BucketNotFoundError:
+            with contextlib.suppress(js_errors.BadRequestError):  # another replica made it first
+                await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1)
+            kv = await js.key_value(BUCKET)
+        return cls(kv, role, holder, ttl)
+
+    @property
+    def held(self) -> bool:
+        return self._revision is not None
+
+    async def hold(self) -> bool:
+        now = self.clock()
+        if self._revision is not None and now - self._renewed < self.ttl / 3:
+            return True
+        value = self.holder.encode()
+        try:
+            if self._revision is None:
+                self._revision = await self.kv.create(self.role, value)
+                log.info("%s: %s took the lease", self.role, self.holder)
+            else:
+                self._revision = await self.kv.update(self.role, value, last=self._revision)
+        except js_errors.KeyWrongLastSequenceError:
+            if self._revision is not None:
+                log.warning("%s: %s lost the lease", self.role, self.holder)
+            self._revision = None
+            return False
+        except (nats_errors.Error, TimeoutError) as e:  # no answer: decide nothing meanwhile
+            log.warning("%s: lease of %s not renewed: %s", self.role, self.holder, e)
+            self._revision = None
+            return False
+        self._renewed = now
+        return True
+
+    async def release(self) -> None:
+        if self._revision is None:
+            return
+        revision, self._revision = self._revision, None
+        with contextlib.suppress(nats_errors.Error, TimeoutError):
+            await self.kv.delete(self.role, last=revision)

@@ -1,0 +1,121 @@
+"""Leader leases on a real nats-server: one replica of a role holds the lease at a time; a
+standby takes it when the holder stops or stops renewing; a holder that lost it knows at its
+next renewal; and of two admission replicas on one log only the holder decides."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import nats
+import pytest
+
+from events import codec, subjects
+from events.jetstream import JetStreamLog
+from events.jobs import JobRejected, JobSpec, Resources, SubmitJob
+from events.log import Append
+from projections.state import State
+from services.admission.decide import decide as admit
+from services.lease import KvLease
+from services.shell import Service
+from services.watch import Watcher
+
+WAIT = 20.0
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = WAIT) -> None:
+    """Ask ``check`` until it says yes, or fail after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def decided(job_id: str) -> Callable[[State], bool]:
+    return lambda s: job_id in s.jobs and s.jobs[job_id].phase != "submitted"
+
+
+@pytest.fixture
+async def nc(nats_server: str) -> AsyncIterator[nats.NATS]:
+    conn = await nats.connect(nats_server)
+    yield conn
+    await conn.close()
+
+
+async def test_one_holder_at_a_time_and_a_standby_takes_over_when_it_stops(nc: nats.NATS) -> None:
+    a = await KvLease.open(nc, "admission", "replica-a", ttl=2.0)
+    b = await KvLease.open(nc, "admission", "replica-b", ttl=2.0)
+    other_role = await KvLease.open(nc, "placer", "replica-b", ttl=2.0)
+    assert await a.hold() and not await b.hold()
+    assert await other_role.hold()  # one lease per role
+    await a.release()
+    assert await b.hold() and not await a.hold()
+
+
+async def test_a_holder_that_stops_renewing_loses_the_lease_and_knows_it(nc: nats.NATS) -> None:
+    a = await KvLease.open(nc, "placer", "replica-a", ttl=1.0)
+    b = await KvLease.open(nc, "placer", "replica-b", ttl=1.0)
+    assert await a.hold()
+    await until(b.hold)  # a paused: its lease expired and b took it
+    a._renewed = -1e9  # a wakes up and renews with the revision it last wrote
+    assert not await a.hold() and not a.held
+    assert await b.hold()
+
+
+async def test_of_two_admission_replicas_only_the_lease_holder_decides(nats_server: str) -> None:
+    logs = [await JetStreamLog.connect(nats_server) for _ in range(3)]
+    stops = [asyncio.Event(), asyncio.Event()]
+    replicas = [
+        Service(
+            "admission",
+            admit,
+            logs[i],
+            tick=0.05,
+            lease=await KvLease.open(logs[i].nc, "admission", f"replica-{i}", ttl=2.0),
+        )
+        for i in range(2)
+    ]
+    for i, r in enumerate(replicas):
+        r.producer = f"admission/replica-{i}"  # one process here: tell the replicas apart
+    tasks = [asyncio.create_task(r.run(stops[i])) for i, r in enumerate(replicas)]
+
+    async def submit(job_id: str) -> None:
+        req = SubmitJob(request_id=job_id, job=JobSpec(queue="q", resources=Resources(gpus=0)))
+        await logs[2].append(Append(subjects.request("team-a", "submit"), codec.encode(req), job_id))
+
+    def accepted_by(watch: Watcher, job_id: str) -> str | None:
+        """Who decided on the job first (it names a queue nobody made: it is rejected)."""
+        for r in watch.records:
+            if r.subject == subjects.job(job_id):
+                env = codec.decode_envelope(r.data)
+                if isinstance(env.body, JobRejected):
+                    return env.producer
+        return None
+
+    try:
+        async with Watcher(logs[2]) as watch:
+            await submit("j1")
+            await watch.until(
+                lambda s: s.jobs.get("j1") is not None and s.jobs["j1"].phase != "submitted", WAIT
+            )
+            first = accepted_by(watch, "j1")
+            leader = next(i for i, r in enumerate(replicas) if r.producer == first)
+            assert replicas[leader].lease.held and not replicas[1 - leader].lease.held  # type: ignore[union-attr]
+
+            stops[leader].set()  # the holder stops and gives the lease up
+            await tasks[leader]
+            await submit("j2")
+            await watch.until(
+                lambda s: s.jobs.get("j2") is not None and s.jobs["j2"].phase != "submitted", WAIT
+            )
+            assert accepted_by(watch, "j2") == replicas[1 - leader].producer
+            facts = [r for r in watch.records if r.subject.startswith(subjects.job(""))]
+            assert len(facts) == 2  # each job decided once, by one replica
+    finally:
+        for s in stops:
+            s.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for log in logs:
+            with contextlib.suppress(Exception):
+                await log.close()

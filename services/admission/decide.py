@@ -15,6 +15,12 @@ first in the output, so when the fold reaches ``JobsAdmitted`` they are queued a
 the admission names. Quota is charged in a Ledger as admissions are made, in the order they are
 listed, which is the order the fold checks them in; so folding the output voids nothing.
 
+Holds. The first job of a best-effort queue that does not fit holds its share of the queue's
+nominal quota against later jobs of the queue (``order.Hold``); when it is free of the queue's
+own jobs is projected from when they end (``order.quota_end``; a job admitted this cycle, at
+``now`` plus its runtime estimate). The preemptor keeps the same holds: it stops nobody for a
+job that the hold would keep out.
+
 Nominations. A preemption frees quota for its beneficiary (the job its victims' ``preempted_for``
 names), and nobody else may take it meanwhile. While some victims of a waiting beneficiary still
 checkpoint, those already stopped stay stopped (not requeued) and their quota stays charged
@@ -38,6 +44,7 @@ beneficiary nominates it, as a checkpointing victim does.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -51,7 +58,7 @@ from projections.lifecycle import FINAL, HOLDS_QUOTA
 from projections.quota import Ledger, fmt_gpus, key_name
 from projections.state import JobState, State
 from services.admission.grow import growths
-from services.admission.order import Cursor, FairShare, FairShareOrder, sort_queue
+from services.admission.order import Cursor, FairShare, FairShareOrder, Hold, hold, quota_end, sort_queue
 from services.admission.validate import priority_value, validate
 
 
@@ -70,6 +77,8 @@ DEFAULT = AdmissionConfig()
 
 # A holder of quota that preemption could stop: (priority, milli-GPU, preemptible).
 _Holder = tuple[int, int, bool]
+# Per (queue, key), when its holders of quota are expected to give it back: (time, milli-GPU).
+_Ends = dict[tuple[str, str], list[tuple[float, int]]]
 
 
 def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[Event]:
@@ -84,6 +93,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     last_seq, in_order = -1, True  # whether queued jobs come in submission order (they do)
     stopping: set[str] = set()  # beneficiaries some victim still checkpoints for
     elastic: list[JobState] = []  # running elastic jobs, which may grow
+    ends: _Ends = {}
     for job in state.jobs.values():
         phase = job.phase
         if phase == "queued":
@@ -100,6 +110,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
                 holders.setdefault((job.spec.queue, held[0]), []).append(
                     (job.priority, held[1], _preemptible(state, job))
                 )
+                ends.setdefault((job.spec.queue, held[0]), []).append((quota_end(job, now), held[1]))
             if phase == "checkpointing" and job.preempted_for:
                 stopping.add(job.preempted_for)
             elif phase == "running" and job.spec.min_replicas is not None:
@@ -129,7 +140,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
 
     # 2. Send stopped jobs back to their queue for their next attempt, but for victims kept
     # stopped for a beneficiary (see Nominations), whose quota stays charged.
-    stopped, nominated = _nominations(state, stopped, stopping, ledger)
+    stopped, nominated = _nominations(state, stopped, stopping, ledger, ends, now)
     stopped.sort(key=lambda j: (j.submitted_seq, j.id))
     for job in stopped:
         reason = _requeue_reason(job)
@@ -150,8 +161,10 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     touched = {j.spec.queue for j in submitted} | {j.spec.queue for j in stopped}
     sorted_already = [q for q in waiting if q not in touched] if in_order else []
     first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions)
+    for adm in first:
+        _ends_at(ends, state.jobs[adm.job_id], adm, now)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, sorted_already)
-    admissions = first + _admit(order, ledger, config.max_admissions - len(first))
+    admissions = first + _admit(order, ledger, config.max_admissions - len(first), now, ends)
     grown = growths(state, ledger, elastic, waiting, admissions) if config.grow else []
     if admissions or grown:
         events.append(
@@ -159,7 +172,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         )
 
     # 5. Say why everything else waits, where that changed.
-    events.extend(_reasons(order, explained, ledger, holders, config.detail))
+    events.extend(_reasons(order, explained, ledger, holders, config.detail, now))
     for job in lost:
         why = Reason("unknown-queue", f"queue {job.spec.queue} no longer exists; cancel and resubmit the job")
         if job.reasons != (why,):
@@ -184,11 +197,12 @@ def _requeue_reason(job: JobState) -> Reason:
 
 
 def _nominations(
-    state: State, stopped: list[JobState], stopping: set[str], ledger: Ledger
+    state: State, stopped: list[JobState], stopping: set[str], ledger: Ledger, ends: _Ends, now: float
 ) -> tuple[list[JobState], set[str]]:
     """Split the stopped jobs: those to requeue now, and victims kept stopped because another
-    victim of their waiting beneficiary still checkpoints (charged to the ledger again). Also
-    returns the beneficiaries nominated this cycle: those with victims stopping or stopped."""
+    victim of their waiting beneficiary still checkpoints (charged to the ledger again, to be
+    given back as soon as they are requeued). Also returns the beneficiaries nominated this
+    cycle: those with victims stopping or stopped."""
     nominated = set(stopping)
     requeue: list[JobState] = []
     for job in stopped:
@@ -199,7 +213,9 @@ def _nominations(
         nominated.add(b)
         beneficiary = state.jobs.get(b)
         if b in stopping and beneficiary is not None and beneficiary.phase in ("queued", "admitted"):
-            ledger.hold(job)
+            held = ledger.hold(job)
+            if held is not None:
+                ends.setdefault((job.spec.queue, held[0]), []).append((now, held[1]))
         else:
             requeue.append(job)
     return requeue, nominated
@@ -252,7 +268,7 @@ def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger) -> Admissi
 # -- 4. admission ----------------------------------------------------------------------------------
 
 
-def _admit(order: FairShareOrder, ledger: Ledger, cap: int) -> list[Admission]:
+def _admit(order: FairShareOrder, ledger: Ledger, cap: int, now: float, ends: _Ends) -> list[Admission]:
     out: list[Admission] = []
     while len(out) < cap and (cur := order.pop()) is not None:
         job = cur.head
@@ -263,24 +279,42 @@ def _admit(order: FairShareOrder, ledger: Ledger, cap: int) -> list[Admission]:
             order.admitted(cur)
             continue
         lo, hi = quota.min_replicas(spec), spec.replicas
+        held = cur.hold
         for key, per_worker in demands:
             room = cur.room.get(key)
             if room is not None and per_worker * lo > room:
                 continue
             avail = ledger.available(cur.name, key)
             replicas = min(hi, avail // per_worker)
+            cur.room[key] = avail
+            if held is not None:  # what a job behind the held one may take without delaying it
+                spare = held.spare(ledger, cur.name, key, spec.runtime_estimate_s, now)
+                if spare is not None:
+                    replicas = min(replicas, spare // per_worker)
             if replicas >= lo:
                 milli = per_worker * replicas
                 ledger.charge(cur.name, key, milli)
                 cur.room[key] = avail - milli
                 gpus = quota.admission_gpus(key, milli)
                 out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus))
+                _ends_at(ends, job, out[-1], now)
                 order.admitted(cur)
                 break
-            cur.room[key] = avail
         else:
+            if held is None and not cur.strict:
+                cur.hold = hold(ledger, cur.name, job, ends.get((cur.name, demands[0][0]), []), now)
             order.passed(cur)
     return out
+
+
+def _ends_at(ends: _Ends, job: JobState, adm: Admission, now: float) -> None:
+    """Count a job admitted this cycle among its queue's holders: it ends its runtime estimate
+    from now."""
+    if len(adm.gpus) == 1:
+        key = next(iter(adm.gpus))
+        est = job.spec.runtime_estimate_s
+        milli = quota.worker_milli(job.spec.resources, key) * adm.replicas
+        ends.setdefault((job.spec.queue, key), []).append((math.inf if est is None else now + est, milli))
 
 
 # -- 5. reasons ------------------------------------------------------------------------------------
@@ -365,6 +399,27 @@ class _Explainer:
             found = self._borrowed[queue, key] = (others, sum(b for _, b in others))
         return found
 
+    def held(
+        self, cur: Cursor, hold: Hold, job: JobState, reason: Reason, position: str, now: float
+    ) -> Reason:
+        """A job behind the held one that the ledger would admit hears that the hold stops it."""
+        demands = quota.worker_demands(cur.spec, job.spec.resources)
+        if job.id == hold.job_id or not demands:
+            return reason
+        key, per_worker = demands[0]
+        need = per_worker * quota.min_replicas(job.spec)
+        spare = hold.spare(self.ledger, cur.name, key, job.spec.runtime_estimate_s, now)
+        if spare is None or need <= spare or not self.ledger.fits(cur.name, key, need):
+            return reason
+        name = key_name(key)
+        return Reason(
+            "quota-held",
+            f"needs {fmt_gpus(need)} {name}, which fits now, but queue {cur.name} holds "
+            f"{fmt_gpus(hold.need)} {name} of its nominal quota for {hold.job_id}, its first job that "
+            f"does not fit, free of its own jobs {hold.when()}; a job behind it goes first only if it "
+            f"leaves it that room or its runtime estimate ends by then; {position}",
+        )
+
     def fifo(self, cur: Cursor, position: str) -> Reason:
         head = cur.head
         return Reason("fifo", f"queue {cur.name} is strict FIFO: waiting behind {head.id}; {position}")
@@ -385,6 +440,7 @@ def _reasons(
     ledger: Ledger,
     holders: dict[tuple[str, str], list[_Holder]],
     detail: int,
+    now: float,
 ) -> list[Event]:
     ex = _Explainer(ledger, holders, detail)
     out: list[Event] = []
@@ -405,7 +461,12 @@ def _reasons(
             if i not in done:
                 position += 1
                 where = f"position {position} of {total} in {name}"
-                reason = ex.fifo(cur, where) if cur.blocked and i > cur.pos else ex.quota(cur, job, where)
+                if cur.blocked and i > cur.pos:
+                    reason = ex.fifo(cur, where)
+                else:
+                    reason = ex.quota(cur, job, where)
+                    if cur.hold is not None:
+                        reason = ex.held(cur, cur.hold, job, reason, where, now)
                 if job.reasons != (reason,):
                     out.append(PendingReasonChanged(job_id=job.id, reasons=(reason,)))
             i += 1

@@ -14,6 +14,17 @@ so teams interleave rather than one queue draining first. A strict-FIFO queue st
 that does not fit; a best-effort-FIFO queue lets later jobs go, looking at most ``lookahead``
 jobs past ones that do not fit per cycle (the rest wait for the queue to move).
 
+No starvation inside a queue. Letting later jobs go must not keep a large job out for ever:
+smaller jobs of its own queue would take every bit of quota its running jobs give back, and the
+preemptor cannot help it (it may take back lent quota, or stop lower-priority jobs, but not its
+queue's own jobs of its priority). So the first job of a best-effort queue that does not fit
+holds its quota (``Hold``), as the placer's reservation holds GPUs: of the queue's nominal quota,
+later jobs of the queue may use only what leaves room for it, unless their runtime estimate ends
+before the queue's own jobs are projected to have given it that room (a backfill). Once its
+queue is within its nominal with it, the preemptor reclaims what other queues borrow for it. A
+job that needs more than its queue's nominal can only run on borrowed quota, which nothing
+can hold for it: it holds nothing.
+
 Past holding decays with a half-life: a GPU held ``t`` seconds ago weighs
 ``2 ** (-t / half_life)``, normalised so that holding ``g`` GPUs forever counts as ``g``; a team
 that used little lately goes first.
@@ -30,6 +41,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from itertools import islice
 from operator import attrgetter, lt
 
@@ -38,6 +50,7 @@ from projections import quota
 from projections.lifecycle import FINAL, HOLDS_QUOTA
 from projections.quota import Ledger
 from projections.state import WHOLE, JobState, State
+from services.placer.backfill import expected_end
 
 _by_id = attrgetter("id")
 _by_seq = attrgetter("submitted_seq")
@@ -127,10 +140,81 @@ class FairShare:
         return worst / ledger.spec(queue).weight
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """``need`` milli-GPU of ``key`` of its queue's nominal quota kept for ``job_id``, the queue's
+    first job that does not fit; ``start``: when the queue's own jobs are projected to have given
+    it that room (``inf``: not known, as jobs without a runtime estimate hold it, so no job is
+    known to end before then)."""
+
+    job_id: str
+    key: str
+    need: int
+    start: float
+
+    def spare(self, ledger: Ledger, queue: str, key: str, estimate: float | None, now: float) -> int | None:
+        """How much of ``key`` a later job of the queue may take past the held job (None: no
+        limit beyond the ledger's): what leaves the held job room within the nominal, unless the
+        job's runtime estimate ends by ``start`` and so cannot delay it."""
+        if key != self.key or (estimate is not None and now + estimate <= self.start < math.inf):
+            return None
+        return ledger.nominal(queue, key) - ledger.used(queue, key) - self.need
+
+    def when(self) -> str:
+        # An absolute log time, as the placer's reservation says it: stable from cycle to cycle.
+        if math.isinf(self.start):
+            return "when jobs without a runtime estimate end"
+        return f"at t={self.start:.0f}"
+
+
+def quota_end(job: JobState, now: float) -> float:
+    """When ``job``, holding quota, is expected to give it back: as the placer projects the end of
+    a job holding GPUs (``expected_end``); a job admitted and not yet placed, its runtime estimate
+    from ``now``."""
+    if job.phase == "admitted":
+        est = job.spec.runtime_estimate_s
+        return math.inf if est is None else now + est
+    return expected_end(job, now)
+
+
+def quota_ends(state: State, now: float) -> dict[tuple[str, str], list[tuple[float, int]]]:
+    """Per (queue, key), when the jobs holding its quota give it back: (time, milli-GPU)."""
+    out: dict[tuple[str, str], list[tuple[float, int]]] = {}
+    for job in state.jobs.values():
+        if job.phase in HOLDS_QUOTA:
+            for key, milli in quota.holding(job):
+                out.setdefault((job.spec.queue, key), []).append((quota_end(job, now), milli))
+    return out
+
+
+def hold(ledger: Ledger, queue: str, job: JobState, ends: list[tuple[float, int]], now: float) -> Hold | None:
+    """The quota ``job`` holds in ``queue`` as its first job that does not fit: what it would be
+    admitted with (its minimum replicas, on its first key), and when the queue's holders, given
+    by (expected end, milli-GPU) in ``ends``, leave room for it in the nominal. None if it needs
+    no quota or more than the nominal."""
+    demands = quota.worker_demands(ledger.spec(queue), job.spec.resources)
+    if not demands:
+        return None
+    key, per_worker = demands[0]
+    need = per_worker * quota.min_replicas(job.spec)
+    nominal = ledger.nominal(queue, key)
+    if need > nominal:
+        return None
+    left, start = ledger.used(queue, key), now
+    for end, milli in sorted(ends):
+        if left + need <= nominal:
+            break
+        left -= milli
+        start = max(now, end)
+    if left + need > nominal:  # held by more than the projection knows of
+        start = math.inf
+    return Hold(job.id, key, need, start)
+
+
 class Cursor:
     """One queue's pending jobs in order, and how far this cycle has walked them."""
 
-    __slots__ = ("name", "spec", "jobs", "pos", "blocked", "stopped", "passes", "admitted", "room")
+    __slots__ = ("name", "spec", "jobs", "pos", "blocked", "stopped", "passes", "admitted", "room", "hold")
 
     def __init__(self, name: str, spec: QueueSpec, jobs: list[JobState]) -> None:
         self.name = name
@@ -144,6 +228,7 @@ class Cursor:
         # Per key, an upper bound on what the queue may still take this cycle: availability only
         # shrinks within a cycle, so a job needing more is known not to fit without a check.
         self.room: dict[str, int] = {}
+        self.hold: Hold | None = None  # best effort: quota kept for the first job that did not fit
 
     @property
     def strict(self) -> bool:

@@ -13,7 +13,11 @@ append, each with ``based_on = state.seq`` and ``now``:
 2. beneficiaries, highest priority first, then by submission: admitted jobs the placer could not
    place and whose reasons say preemption helps; queued jobs admission cannot admit because
    their queue's quota is in use (``victims.blocked_target``), for which lower-priority jobs of
-   their queue, or other queues' borrowers, can give quota and GPUs back;
+   their queue, or other queues' borrowers, can give quota and GPUs back; but not a queued job
+   that admission would keep out for an earlier job of its queue that holds the queue's quota
+   (``services.admission.order.Hold``): the first queued job of a best-effort queue that waits
+   (quota blocks it and no victims get it admitted) holds it here as it does in admission, so
+   that quota reclaimed for a later, smaller job does not go to a job that would delay it;
 3. for each, ``victims.search``: the minimal victims found by simulation, checked with the fold's
    arithmetic, then kept in the simulation with the beneficiary placed on the freed GPUs, so
    that no two beneficiaries of a cycle are offered the same GPUs and no job is a victim twice;
@@ -35,7 +39,9 @@ from dataclasses import dataclass, field
 
 from events.base import Event
 from events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
+from projections.quota import Ledger
 from projections.state import JobState, State
+from services.admission.order import Hold, hold, quota_ends
 from services.placer.stack import PlacerConfig
 from services.preemptor.victims import (
     Pool,
@@ -46,6 +52,7 @@ from services.preemptor.victims import (
     candidates,
     charge_of,
     commit,
+    queued_demand,
     queued_target,
     search,
 )
@@ -139,6 +146,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     # backlog asks the same question many times. A form also stands for its target's shape in
     # ``hopeless``, so that a backlog of jobs no candidates could help is passed over cheaply.
     unblocked: set[tuple[object, ...]] = set()
+    holds = _Holds(state, sim.ledger, now)
     for job in beneficiaries(state):
         if searched >= config.max_beneficiaries:
             break
@@ -148,14 +156,20 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         if job.phase == "admitted":
             target: Target | None = admitted_target(sim.ledger, job)
         else:
+            if holds.keeps_out(job):
+                continue
             form = _form(job)
-            if form in unblocked or hopeless.get(form, job.priority - 1) >= job.priority:
+            if form in unblocked:
+                continue
+            if hopeless.get(form, job.priority - 1) >= job.priority:
+                holds.note(job)
                 continue
             target = blocked_target(state, sim.ledger, job)
             if target is None:
                 unblocked.add(form)
                 continue
         if target is None or hopeless.get(target.shape(), job.priority - 1) >= job.priority:
+            holds.note(job)
             continue
         searched += 1
         units = candidates(
@@ -172,8 +186,10 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             hopeless[target.shape()] = job.priority
             if form is not None:
                 hopeless[form] = job.priority
+            holds.note(job)
             continue
         if commit(sim, target, found) is not None:
+            holds.note(job)
             continue
         unblocked.clear()
         if not found.whole and not found.shrinks:
@@ -192,6 +208,43 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             )
         )
     return plans
+
+
+class _Holds:
+    """Admission's holds as the cycle's simulation sees them: per best-effort queue, the quota
+    kept for its first queued job that waits (``services.admission.order.hold``)."""
+
+    def __init__(self, state: State, ledger: Ledger, now: float) -> None:
+        self.state = state
+        self.ledger = ledger
+        self.now = now
+        self.by_queue: dict[str, Hold] = {}
+        self._ends: dict[tuple[str, str], list[tuple[float, int]]] | None = None  # built on first use
+
+    def keeps_out(self, job: JobState) -> bool:
+        """Would admission keep ``job`` out for an earlier job of its queue, whatever is freed?"""
+        held = self.by_queue.get(job.spec.queue)
+        demand = None if held is None else queued_demand(self.state, self.ledger, job)
+        if held is None or demand is None:
+            return False
+        spare = held.spare(self.ledger, job.spec.queue, demand[0], job.spec.runtime_estimate_s, self.now)
+        return spare is not None and demand[1] > spare
+
+    def note(self, job: JobState) -> None:
+        """``job`` waits (no victims get it admitted this cycle): the first queued job of a
+        best-effort queue to wait holds the queue's quota, as in admission."""
+        q = job.spec.queue
+        qspec = self.state.queues.get(q)
+        if job.phase != "queued" or q in self.by_queue or qspec is None or qspec.strategy == "strict-fifo":
+            return
+        demand = queued_demand(self.state, self.ledger, job)
+        if demand is None:
+            return
+        if self._ends is None:
+            self._ends = quota_ends(self.state, self.now)
+        found = hold(self.ledger, q, job, self._ends.get((q, demand[0]), []), self.now)
+        if found is not None:
+            self.by_queue[q] = found
 
 
 def _form(job: JobState) -> tuple[object, ...]:

@@ -138,7 +138,7 @@ def admitted_target(ledger: Ledger, job: JobState) -> Target:
 def queued_target(state: State, ledger: Ledger, job: JobState) -> Target | None:
     """A queued job as admission would admit it: at its minimum replicas, on its first quota
     key; None if it needs no GPU or its queue is gone."""
-    demand = _demand(state, ledger, job)
+    demand = queued_demand(state, ledger, job)
     return None if demand is None else _as_admitted(state, ledger, job, *demand)
 
 
@@ -147,7 +147,7 @@ def blocked_target(state: State, ledger: Ledger, job: JobState) -> Target | None
     now, but could once lower-priority jobs of its queue, or queues of its tree that borrow, gave
     quota back. None if admission can admit it as things are, or if no preemption ever could (it
     needs more than its queue could hold with the whole tree idle)."""
-    demand = _demand(state, ledger, job)
+    demand = queued_demand(state, ledger, job)
     if demand is None:
         return None
     key, need = demand
@@ -157,7 +157,7 @@ def blocked_target(state: State, ledger: Ledger, job: JobState) -> Target | None
     return _as_admitted(state, ledger, job, key, need)
 
 
-def _demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | None:
+def queued_demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | None:
     """(quota key, milli-GPU) a queued job would be admitted with, at its minimum replicas."""
     qspec = state.queues.get(job.spec.queue)
     if qspec is None or not ledger.has_queue(job.spec.queue):

@@ -332,11 +332,13 @@ def test_accepts_rejects_and_admits_in_one_cycle() -> None:
 
 def test_a_gang_is_admitted_whole_or_not_at_all() -> None:
     s = two_teams(a=Quota(16, borrowing_limit=0))
-    job("run").gpus(8, H).running().into(s)
+    job("run").gpus(8, H).with_spec(runtime_estimate_s=7200.0).running().into(s)
     job("gang").gpus(4, H).replicas(3).into(s)  # 12 > 8 left
-    job("small").gpus(8, H).into(s)
+    job("small").gpus(8, H).with_spec(runtime_estimate_s=3600.0).into(s)
     out = decide(s, 0.0)
-    assert set(admitted(out)) == {"small"}  # best effort: the next job goes when the head cannot
+    # Best effort: the next job goes when the head cannot (``small`` ends before ``run`` would
+    # leave the gang room, so it cannot delay it).
+    assert set(admitted(out)) == {"small"}
     assert reasons(out)["gang"].code == "quota"
     assert fold_all(s, out) == 0
 
@@ -513,16 +515,107 @@ def test_decide_is_deterministic_whatever_order_the_state_holds_jobs_in() -> Non
 
 def test_best_effort_looks_only_so_far_past_jobs_that_do_not_fit() -> None:
     s = two_teams(a=Quota(8, borrowing_limit=0))
-    job("run").gpus(6, H).running().into(s)
+    job("run").gpus(6, H).with_spec(runtime_estimate_s=7200.0).running().into(s)
     for i in range(4):
         job(f"big{i}").gpus(8, H).into(s)
-    job("small").gpus(1, H).into(s)
+    job("small").gpus(1, H).with_spec(runtime_estimate_s=3600.0).into(s)  # it cannot delay big0
     assert "small" in admitted(decide(s, 0.0, AdmissionConfig(lookahead=8)))
     out = decide(s, 0.0, AdmissionConfig(lookahead=2))
     assert admitted(out) == {}
     assert reasons(out)["small"].message == (
         "needs 1 H100, which fits now; waiting behind jobs that do not; position 5 of 5 in team-a"
     )
+
+
+# -- holds: later jobs of a queue do not starve a large one ------------------------------------------
+
+
+def held_world(estimate: float | None = None) -> State:
+    """team-a (nominal 16, no borrowing) runs 8 GPUs until t=100 (its runtime estimate); ``gang``
+    (12) waits for them; two 4-GPU jobs, with ``estimate``, come after it."""
+    s = two_teams(a=Quota(16, borrowing_limit=0))
+    job("run").gpus(8, H).with_spec(runtime_estimate_s=100.0).running().into(s)
+    job("gang").gpus(4, H).replicas(3).into(s)
+    job("s1").gpus(4, H).with_spec(runtime_estimate_s=estimate).into(s)
+    job("s2").gpus(4, H).with_spec(runtime_estimate_s=estimate).into(s)
+    return s
+
+
+def test_the_first_job_that_does_not_fit_holds_its_queues_quota_against_later_jobs() -> None:
+    # Letting s1 and s2 take the 8 GPUs left would leave the gang waiting for them too, and for
+    # the next small jobs after them, for as long as small jobs keep coming.
+    s = held_world()
+    out = decide(s, 10.0)
+    assert admitted(out) == {}
+    assert reasons(out)["s1"] == Reason(
+        "quota-held",
+        "needs 4 H100, which fits now, but queue team-a holds 12 H100 of its nominal quota for gang, "
+        "its first job that does not fit, free of its own jobs at t=100; a job behind it goes first only "
+        "if it leaves it that room or its runtime estimate ends by then; position 2 of 3 in team-a",
+    )
+    assert reasons(out)["gang"].code == "quota"
+    assert fold_all(s, out) == 0
+    s.jobs["run"].phase = "succeeded"
+    out = decide(s, 100.0)
+    assert list(admitted(out)) == ["gang", "s1"]  # 12 + 4: the nominal 16
+    assert fold_all(s, out) == 0
+
+
+@pytest.mark.parametrize(
+    ("estimate", "goes"),
+    [
+        pytest.param(50.0, {"s1", "s2"}, id="ends-well-before"),
+        pytest.param(90.0, {"s1", "s2"}, id="ends-just-as-the-gang-could-start"),
+        pytest.param(91.0, set(), id="ends-after"),
+        pytest.param(None, set(), id="no-estimate"),
+    ],
+)
+def test_a_later_job_that_ends_before_the_held_job_could_start_goes_first(
+    estimate: float | None, goes: set[str]
+) -> None:
+    assert set(admitted(decide(held_world(estimate), 10.0))) == goes
+
+
+def test_no_job_is_known_to_end_before_jobs_without_an_estimate() -> None:
+    s = held_world(estimate=1.0)
+    s.jobs["run"].spec = msgspec.structs.replace(s.jobs["run"].spec, runtime_estimate_s=None)
+    out = decide(s, 10.0)
+    assert admitted(out) == {}
+    assert "free of its own jobs when jobs without a runtime estimate end" in reasons(out)["s1"].message
+
+
+def test_a_later_job_that_leaves_the_held_job_room_goes_first() -> None:
+    # team-b borrows 8 of team-a's nominal, so the cohort has 6 left: the gang (12) waits for
+    # them to be reclaimed. Within team-a's nominal 16, 2 + 12 leaves room for 2 more GPUs.
+    s = two_teams(a=Quota(16), b=Quota(8))
+    job("b-run", "team-b").gpus(16, H).with_(tenant="b").running().into(s)
+    job("a-run").gpus(2, H).running().into(s)
+    job("gang").gpus(4, H).replicas(3).into(s)
+    job("four").gpus(4, H).into(s)
+    job("two").gpus(2, H).into(s)
+    out = decide(s, 0.0)
+    assert set(admitted(out)) == {"two"}
+    assert reasons(out)["four"].code == "quota-held"
+    assert reasons(out)["gang"].preemption_helps  # team-b's borrowed GPUs can be reclaimed for it
+
+
+def test_a_job_larger_than_its_queues_nominal_holds_nothing() -> None:
+    # It can only ever run on borrowed quota, which no hold keeps for it: later jobs go.
+    s = two_teams(a=Quota(8), b=Quota(8))
+    job("b-run", "team-b").gpus(4, H).with_(tenant="b").running().into(s)
+    job("a-run").gpus(4, H).running().into(s)
+    job("gang").gpus(4, H).replicas(3).into(s)  # 12 > its nominal 8; 8 left in the cohort
+    job("small").gpus(4, H).into(s)
+    assert set(admitted(decide(s, 0.0))) == {"small"}
+
+
+def test_a_strict_fifo_queue_needs_no_hold() -> None:
+    s = two_teams(a=Quota(16, borrowing_limit=0), strategy="strict-fifo")
+    job("run").gpus(8, H).with_spec(runtime_estimate_s=100.0).running().into(s)
+    job("gang").gpus(4, H).replicas(3).into(s)
+    job("short").gpus(4, H).with_spec(runtime_estimate_s=1.0).into(s)
+    out = decide(s, 0.0)
+    assert admitted(out) == {} and reasons(out)["short"].code == "fifo"
 
 
 def test_a_job_whose_queue_is_gone_is_told_so() -> None:

@@ -629,6 +629,28 @@ def test_a_queued_job_no_preemption_can_admit_stops_nobody(size: int, priority: 
     assert w.decide() == []
 
 
+@pytest.mark.parametrize(
+    ("small_estimate", "victims"),
+    [
+        pytest.param(None, {}, id="it-would-delay-the-gang"),
+        pytest.param(3600.0, {"a-small": ["b1"]}, id="it-ends-before-the-gang-could-start"),
+    ],
+)
+def test_no_victims_for_a_job_admission_holds_its_queues_quota_against(
+    small_estimate: float | None, victims: dict[str, list[str]]
+) -> None:
+    # team-a's gang (its whole nominal 16) waits for a-run to end: no preemption can admit it
+    # sooner. a-small would be within team-a's nominal if team-b's borrowed GPUs were taken back,
+    # but admission holds that nominal for the gang, the first of team-a's jobs that does not
+    # fit: stopping b1 would not get a-small admitted, unless it ends before a-run does.
+    w = World(nodes=2).cohort("org").queue("team-a", 16, "org").queue("team-b", 0, "org")
+    w.run("a-run", gpus(8, runtime_estimate_s=7200.0), whole(N0, *range(8)))
+    w.run("b1", gpus(8, queue="team-b"), whole(N1, *range(8)))
+    w.submit("gang", gpus(8, replicas=2))
+    w.submit("a-small", gpus(8, runtime_estimate_s=small_estimate))
+    assert w.victims() == victims
+
+
 def full_cohort(competitor: bool = False) -> World:
     """Cohort research: team-a and team-b, nominal 12 GPUs each, on 3 nodes of 8 H100, so their
     nominal quotas add up to the capacity. team-a runs ``gang`` (8 GPUs, priority 0); team-b runs

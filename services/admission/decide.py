@@ -331,6 +331,7 @@ class _Explainer:
         self._standing: dict[tuple[str, str], str] = {}
         self._trees: dict[tuple[str, str], list[tuple[str, int]]] = {}  # (root, key) -> borrowers
         self._borrowed: dict[tuple[str, str], tuple[list[tuple[str, int]], int]] = {}
+        self._held: dict[tuple[object, ...], str | None] = {}  # queue and job shape -> what the hold says
 
     def quota(self, cur: Cursor, job: JobState, position: str) -> Reason:
         demands = quota.worker_demands(cur.spec, job.spec.resources)
@@ -403,21 +404,33 @@ class _Explainer:
         self, cur: Cursor, hold: Hold, job: JobState, reason: Reason, position: str, now: float
     ) -> Reason:
         """A job behind the held one that the ledger would admit hears that the hold stops it."""
-        demands = quota.worker_demands(cur.spec, job.spec.resources)
-        if job.id == hold.job_id or not demands:
+        if job.id == hold.job_id:
             return reason
+        spec = job.spec
+        # The verdict depends on the job's shape alone (the ledger does not change while reasons
+        # are given): asked once per queue and shape, not per job.
+        shape = (cur.name, spec.resources, spec.min_replicas, spec.replicas, spec.runtime_estimate_s)
+        if shape in self._held:
+            said = self._held[shape]
+        else:
+            said = self._held[shape] = self._held_text(cur, hold, job, now)
+        return reason if said is None else Reason("quota-held", f"{said}; {position}")
+
+    def _held_text(self, cur: Cursor, hold: Hold, job: JobState, now: float) -> str | None:
+        demands = quota.worker_demands(cur.spec, job.spec.resources)
+        if not demands:
+            return None
         key, per_worker = demands[0]
         need = per_worker * quota.min_replicas(job.spec)
         spare = hold.spare(self.ledger, cur.name, key, job.spec.runtime_estimate_s, now)
         if spare is None or need <= spare or not self.ledger.fits(cur.name, key, need):
-            return reason
+            return None
         name = key_name(key)
-        return Reason(
-            "quota-held",
+        return (
             f"needs {fmt_gpus(need)} {name}, which fits now, but queue {cur.name} holds "
             f"{fmt_gpus(hold.need)} {name} of its nominal quota for {hold.job_id}, its first job that "
             f"does not fit, free of its own jobs {hold.when()}; a job behind it goes first only if it "
-            f"leaves it that room or its runtime estimate ends by then; {position}",
+            f"leaves it that room or its runtime estimate ends by then"
         )
 
     def fifo(self, cur: Cursor, position: str) -> Reason:

@@ -525,7 +525,7 @@ class Runtime:
         os.replace(tmp, request)
         w.phase = "checkpoint-requested"
         pid = self._main_pid(w)
-        if pid is not None and _handles(pid, signal.SIGUSR1):
+        if pid is not None and handles(pid, signal.SIGUSR1):
             if w.container is not None:
                 self._to_container(w, signal.SIGUSR1)
             else:
@@ -683,7 +683,7 @@ def _kill(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-def _handles(pid: int, sig: signal.Signals) -> bool:
+def handles(pid: int, sig: signal.Signals) -> bool:
     """Whether ``pid`` catches or ignores ``sig``: SIGUSR1's default action is to terminate, and a
     worker still starting up (or one that only watches the file) must not die of a request."""
     bit = 1 << (int(sig) - 1)

@@ -25,7 +25,7 @@ import stat
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -37,7 +37,6 @@ from services.agent.container import EngineInfo
 from services.agent.decide import (
     Checkpointed,
     Exited,
-    Report,
     Started,
     StartFailed,
     StartWorker,
@@ -45,6 +44,7 @@ from services.agent.decide import (
     WorkerKey,
 )
 from services.agent.runtime import REQUEST, Runtime, handles, log_path
+from tests.integration.test_agent_runtime import exit_of, until
 
 WAIT = 60.0
 IMAGE = "localhost/corral-busybox:test"
@@ -138,19 +138,6 @@ def spec_for(tmp: Path, job_id: str, command: list[str], rank: int = 0, **kw: ob
         grace_seconds=5.0,
     )
     return msgspec.structs.replace(base, **kw)
-
-
-async def until(rt: Runtime, want: Callable[[Report], bool], timeout: float = WAIT) -> list[Report]:
-    seen: list[Report] = []
-    while True:
-        r = await rt.next_report(timeout)
-        seen.append(r)
-        if want(r):
-            return seen
-
-
-def exit_of(key: WorkerKey) -> Callable[[Report], bool]:
-    return lambda r: isinstance(r, Exited) and r.key == key
 
 
 async def start_one(rt: Runtime, s: StartWorker) -> None:

@@ -259,7 +259,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from services.demo import run_demo
+    from services.traces import philly
 
+    try:
+        philly.find()  # before anything starts: the demo's jobs come from the trace
+    except FileNotFoundError as e:
+        raise BadInput(f"demo: {e} (the folder that holds philly/philly.csv)") from None
     asyncio.run(run_demo(Path(args.data)))
 
 

@@ -1,0 +1,24 @@
+"""The CLI's refusals that need no server: one line on stderr, exit status 2, nothing started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services import cli
+from services.traces import philly
+
+
+def test_the_demo_without_its_trace_says_where_to_find_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(philly, "DEFAULT", tmp_path / "nowhere" / "philly.csv")
+    monkeypatch.setenv("CORRAL_TRACES", str(tmp_path / "empty"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["demo", "--data", str(tmp_path / "demo")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "philly.csv not found" in err and "CORRAL_TRACES" in err
+    assert not (tmp_path / "demo").exists()

@@ -147,6 +147,7 @@ class _Worker:
         self.stop_requested = False
         self.stop_grace = STOP_GRACE
         self.reported_pid = 0  # the pid its start was reported with, and its exit is
+        self.signal_owed = False  # asked to checkpoint, not yet signalled: it had no handler yet
         self.done = asyncio.Event()
         self.code: int | None = None
 
@@ -481,6 +482,8 @@ class Runtime:
         while not waiting.done():
             await asyncio.wait({waiting}, timeout=self.poll_interval)
             if w.announced:
+                if w.signal_owed:
+                    self._signal_checkpoint(w)
                 self._poll_checkpoint(w, final=False)
         w.code = exit_code(waiting.result())
         if w.status is not None:
@@ -524,12 +527,23 @@ class Runtime:
         tmp.write_text(f"{deadline:.3f}\n")
         os.replace(tmp, request)
         w.phase = "checkpoint-requested"
+        w.signal_owed = True
+        self._signal_checkpoint(w)
+
+    def _signal_checkpoint(self, w: _Worker) -> None:
+        """SIGUSR1 to a worker asked to checkpoint, once it handles the signal: one that installs
+        its handler a moment after it started still hears a request made before."""
+        if w.phase != "checkpoint-requested":
+            w.signal_owed = False
+            return
         pid = self._main_pid(w)
-        if pid is not None and handles(pid, signal.SIGUSR1):
-            if w.container is not None:
-                self._to_container(w, signal.SIGUSR1)
-            else:
-                _kill(pid, signal.SIGUSR1)
+        if pid is None or not _handles(pid, signal.SIGUSR1):
+            return
+        w.signal_owed = False
+        if w.container is not None:
+            self._to_container(w, signal.SIGUSR1)
+        else:
+            _kill(pid, signal.SIGUSR1)
 
     async def stop(self, key: WorkerKey, grace: float = STOP_GRACE) -> None:
         """SIGTERM now, SIGKILL after ``grace`` seconds; the exit is reported when it happens."""
@@ -683,7 +697,7 @@ def _kill(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-def handles(pid: int, sig: signal.Signals) -> bool:
+def _handles(pid: int, sig: signal.Signals) -> bool:
     """Whether ``pid`` catches or ignores ``sig``: SIGUSR1's default action is to terminate, and a
     worker still starting up (or one that only watches the file) must not die of a request."""
     bit = 1 << (int(sig) - 1)

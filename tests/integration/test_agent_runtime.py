@@ -412,6 +412,29 @@ async def test_a_worker_without_a_sigusr1_handler_is_not_killed_by_a_request(
     )
 
 
+async def test_a_worker_that_handles_sigusr1_only_after_the_request_still_hears_it(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    # It installs its handler only once the request is there, and checkpoints only on the
+    # signal: the runtime, which found no handler when it asked, must signal it once it has one.
+    late = (
+        "import json, os, pathlib, signal, time\n"
+        "d = pathlib.Path(os.environ['CORRAL_CHECKPOINT_DIR'])\n"
+        "def save(*_):\n"
+        "    (d / 'x.tmp').write_text(json.dumps({'step': 9, 'location': 'late'}))\n"
+        "    os.replace(d / 'x.tmp', d / 'DONE')\n"
+        "while not (d / 'REQUEST').exists(): time.sleep(0.01)\n"
+        "signal.signal(signal.SIGUSR1, save)\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    s = spec_for(tmp_path, "late", [PY, "-c", late])
+    await start_one(runtime, s)
+    await runtime.request_checkpoint(s.key, 1234.0)
+    assert await runtime.next_report(WAIT) == Checkpointed(s.key, 9, "late")
+    await runtime.stop(s.key, grace=WAIT)
+    await until(runtime, exit_of(s.key))
+
+
 # -- sandboxes and data mounts ---------------------------------------------------------------------
 
 PROBE = r"""

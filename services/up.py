@@ -236,7 +236,7 @@ async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> None:
 async def run_cluster(
     server: str | None, nodes: int, profile: str, data_dir: Path, port: int, settings: Settings | None = None
 ) -> None:
-    from services.cli import STATE_DIR
+    from services.cli_access import STATE_DIR
 
     stop = stop_on_signals()
     async with cluster(server, nodes, profile, data_dir, port, settings=settings) as running:

@@ -37,8 +37,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 
-import msgspec
-
 from events.base import Reason
 from events.jobs import Admission, JobSpec, Resources
 from events.queues import CohortSpec, QueueSpec, Quota
@@ -612,72 +610,3 @@ def admission(
     key = candidate_keys(queue, res)[0] if key is None else key
     n = job.spec.replicas if replicas is None else replicas
     return Admission(job.id, job.attempt, n, admission_gpus(key, worker_milli(res, key) * n))
-
-
-class KeyUsage(msgspec.Struct, frozen=True):
-    """One queue's standing on one quota key, in milli-GPU."""
-
-    nominal: int
-    used: int
-    borrowed: int
-    lent: int
-    available: int
-    borrowing_limit: int | None = None
-    lending_limit: int | None = None
-
-
-class QueueUsage(msgspec.Struct, frozen=True):
-    name: str
-    cohort: str | None
-    weight: float
-    keys: dict[str, KeyUsage]
-
-
-def queue_usage(state: State) -> dict[str, QueueUsage]:
-    """Every queue's nominal, used, borrowed, lent and available per key (``corral queues``).
-
-    ``lent`` attributes what the tree's borrowers hold to the queues whose idle lendable quota
-    it came from, pro rata (cohorts' own quota lends too), so the lent figures of a tree never
-    add up to more than its borrowed figures.
-    """
-    ledger = Ledger.from_state(state)
-    # Per (tree root, key): what queues borrow, and what each lender has idle and lendable.
-    borrowed: dict[tuple[str, str], int] = {}
-    idle: dict[tuple[str, str], int] = {}
-    lendable: dict[tuple[str, str], int] = {}
-    for name in state.queues:
-        root = ledger.root(name)
-        for key in set(ledger.usage(name)) | set(ledger.spec(name).quotas):
-            used, nominal = ledger.used(name, key), ledger.nominal(name, key)
-            borrowed[root, key] = borrowed.get((root, key), 0) + max(0, used - nominal)
-            if ledger.cohort(name) is None:
-                continue
-            spare = max(0, min(nominal - ledger.guaranteed(name, key), nominal - used))
-            lendable[name, key] = spare
-            idle[root, key] = idle.get((root, key), 0) + spare
-    for cname, c in state.cohorts.items():
-        root = ledger.cohort_root(cname)
-        for key, q in c.quotas.items():
-            idle[root, key] = idle.get((root, key), 0) + q.nominal * WHOLE
-    out: dict[str, QueueUsage] = {}
-    for name in sorted(state.queues):
-        spec = state.queues[name]
-        root = ledger.root(name)
-        keys: dict[str, KeyUsage] = {}
-        for key in sorted(set(ledger.usage(name)) | set(spec.quotas)):
-            used, nominal = ledger.used(name, key), ledger.nominal(name, key)
-            q = ledger.quota(name, key)
-            pool = idle.get((root, key), 0)
-            taken = min(borrowed.get((root, key), 0), pool)
-            lent = lendable.get((name, key), 0) * taken // pool if pool else 0
-            keys[key] = KeyUsage(
-                nominal=nominal,
-                used=used,
-                borrowed=max(0, used - nominal),
-                lent=lent,
-                available=ledger.available(name, key),
-                borrowing_limit=q.borrowing_limit,
-                lending_limit=q.lending_limit,
-            )
-        out[name] = QueueUsage(name=name, cohort=spec.cohort, weight=spec.weight, keys=keys)
-    return out

@@ -9,8 +9,9 @@ import pytest
 from events.jobs import Admission, JobSpec, Resources
 from events.queues import CohortSpec, QueueSpec, Quota
 from projections import quota
-from projections.quota import ANY, Ledger, queue_usage
+from projections.quota import ANY, Ledger
 from projections.state import JobState, State
+from services.queues_view import queue_usage
 
 G = 1000  # milli-GPU per GPU
 

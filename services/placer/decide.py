@@ -223,7 +223,7 @@ class _Cycle:
         n = len(have.workers)
         added = tuple(msgspec.structs.replace(w, rank=n + w.rank) for w in found.workers)
         whole = Placement(job.id, job.attempt, (*have.workers, *added))
-        if self.gate.check_growth(job, whole) is None:
+        if self.gate.check(job, whole) is None:
             self.placed.append((whole, req))
         else:
             self.snap.release(found, req.res)
@@ -276,23 +276,14 @@ class _Gate:
         self.shadow = State(seq=state.seq, nodes={})
 
     def check(self, job: JobState, placement: Placement) -> Reason | None:
+        """The fold's verdict on ``placement``, taken on the shadow if it holds; for a running
+        job, a growth: only the ranks it adds are checked and taken."""
         for w in placement.workers:
             if w.node not in self.shadow.nodes and w.node in self.state.nodes:
                 self.shadow.nodes[w.node] = copy.deepcopy(self.state.nodes[w.node])
+        take = claims.grow if job.phase == "running" else claims.place
         try:
-            claims.check(self.shadow, job, placement)
-        except claims.ClaimError as e:
-            return e.reason
-        claims.take(self.shadow, msgspec.structs.replace(job), placement)
-        return None
-
-    def check_growth(self, job: JobState, placement: Placement) -> Reason | None:
-        """``check`` for a growth: the added ranks' claims, taken on the shadow if they hold."""
-        for w in placement.workers:
-            if w.node not in self.shadow.nodes and w.node in self.state.nodes:
-                self.shadow.nodes[w.node] = copy.deepcopy(self.state.nodes[w.node])
-        try:
-            claims.grow(self.shadow, msgspec.structs.replace(job), placement)
+            take(self.shadow, msgspec.structs.replace(job), placement)
         except claims.ClaimError as e:
             return e.reason
         return None

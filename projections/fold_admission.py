@@ -100,13 +100,8 @@ def _grow(state: State, ctx: Ctx, ledger: quota.Ledger, grown: Admission) -> str
         return f"{grown.replicas} replicas is no growth of {old.replicas} within {spec.replicas}"
     if job.placement is None or len(job.placement.workers) != old.replicas:
         return f"its {old.replicas} admitted workers are not all placed, or some are leaving"
-    held = quota.holding(job)
-    for key, milli in held:
-        ledger.charge(spec.queue, key, -milli)
-    why = ledger.claim(job, grown)
+    why = ledger.claim_growth(job, grown)
     if why is not None:
-        for key, milli in held:
-            ledger.charge(spec.queue, key, milli)
         return why.message
     quota.count_holding(state, job, -1)
     job.admission = grown

@@ -449,6 +449,19 @@ class Ledger:
             self.charge(job.spec.queue, key, milli)  # what ``hold_admission`` charges
         return why
 
+    def claim_growth(self, job: JobState, grown: Admission) -> Reason | None:
+        """``claim`` of a larger admission of a job that holds quota already: what it holds is
+        given back for the check, and charged again if the growth does not fit."""
+        queue = job.spec.queue
+        held = holding(job)
+        for key, milli in held:
+            self.charge(queue, key, -milli)
+        why = self.claim(job, grown)
+        if why is not None:
+            for key, milli in held:
+                self.charge(queue, key, milli)
+        return why
+
     def _verdict(self, job: JobState, adm: Admission) -> tuple[Reason | None, str | None, int]:
         """``check``'s answer, with the key and milli-GPU the admission charges (None: none)."""
         spec = job.spec

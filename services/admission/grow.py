@@ -90,15 +90,11 @@ def _grow(job: JobState, ledger: Ledger, free: int) -> Admission | None:
     spec, queue = job.spec, job.spec.queue
     held = quota.holding(job)
     key = held[0][0] if len(held) == 1 else quota.candidate_keys(ledger.spec(queue), spec.resources)[0]
-    for key_, milli in held:
-        ledger.charge(queue, key_, -milli)
     most = min(spec.replicas, adm.replicas + free // spec.resources.gpus)
     for replicas in range(most, adm.replicas, -1):
         grown = quota.admission(ledger.spec(queue), job, replicas, key)
-        if ledger.claim(job, grown) is None:
+        if ledger.claim_growth(job, grown) is None:
             return grown
-    for key_, milli in held:
-        ledger.charge(queue, key_, milli)
     return None
 
 

@@ -54,6 +54,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from events.jobs import Mount
 from services.agent import container, sandbox
 from services.agent.container import ContainerMode, EngineInfo, Probe
 from services.agent.decide import (
@@ -299,16 +300,10 @@ class Runtime:
             raise StartError("the job has no command to run")
         sandboxed = await self.sandboxed()
         for m in spec.mounts:
-            if not os.path.exists(m.source):
-                raise StartError(f"mount source {m.source} does not exist on this node")
+            _check_source(m)
             if not sandboxed and os.path.realpath(m.source) != os.path.realpath(m.target):
                 raise StartError(f"data mount {m.target} needs bubblewrap (bwrap), which this node lacks")
-        _prepare_directories(w)
-        if self._prepare is not None:
-            await self._prepare(spec)
-        env = {**self._base_env, **spec.env}
-        if "CUDA_VISIBLE_DEVICES" in env:
-            env["CUDA_VISIBLE_DEVICES"] = self.resolve_devices(env["CUDA_VISIBLE_DEVICES"])
+        env = await self._prepare_start(w, {**self._base_env, **spec.env})
         if sandboxed:
             await self._spawn_sandboxed(w, env)
         else:
@@ -332,14 +327,8 @@ class Runtime:
             problem = container.mount_problem(m)
             if problem:
                 raise StartError(problem)
-            if not os.path.exists(m.source):
-                raise StartError(f"mount source {m.source} does not exist on this node")
-        _prepare_directories(w)
-        if self._prepare is not None:
-            await self._prepare(spec)
-        env = container.container_env(spec.env)
-        if "CUDA_VISIBLE_DEVICES" in env:
-            env["CUDA_VISIBLE_DEVICES"] = self.resolve_devices(env["CUDA_VISIBLE_DEVICES"])
+            _check_source(m)
+        env = await self._prepare_start(w, container.container_env(spec.env))
         try:
             devices = container.gpu_devices(spec.gpus, self._mig)
         except LookupError as e:
@@ -353,6 +342,16 @@ class Runtime:
             engine.name, spec, workdir=workdir, env=env, devices=devices, ulimits=ulimits, exe=engine.path
         )
         await self._spawn_container(w, engine, argv)
+
+    async def _prepare_start(self, w: _Worker, env: dict[str, str]) -> dict[str, str]:
+        """What every worker needs before it starts, in a container or not: its directories, the
+        node's own preparation (a MIG instance); ``env`` with its devices resolved."""
+        _prepare_directories(w)
+        if self._prepare is not None:
+            await self._prepare(w.spec)
+        if "CUDA_VISIBLE_DEVICES" in env:
+            env["CUDA_VISIBLE_DEVICES"] = self.resolve_devices(env["CUDA_VISIBLE_DEVICES"])
+        return env
 
     def resolve_devices(self, value: str) -> str:
         """Replace MIG placeholders by the instances' own UUIDs, where known."""
@@ -676,6 +675,11 @@ class Runtime:
         task = asyncio.create_task(work)
         self._engine_calls.add(task)
         task.add_done_callback(self._engine_calls.discard)
+
+
+def _check_source(m: Mount) -> None:
+    if not os.path.exists(m.source):
+        raise StartError(f"mount source {m.source} does not exist on this node")
 
 
 def _prepare_directories(w: _Worker) -> None:

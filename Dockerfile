@@ -4,5 +4,6 @@ COPY pyproject.toml README.md ./
 COPY events events
 COPY projections projections
 COPY services services
+COPY corral corral
 RUN pip install --no-cache-dir .
 ENTRYPOINT []

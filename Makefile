@@ -16,8 +16,8 @@ demo: $(STAMP)
 	$(BIN)/corral demo
 
 test: $(STAMP)
-	$(BIN)/ruff check events projections services tests bench
-	$(BIN)/mypy events projections services
+	$(BIN)/ruff check corral/*.py events projections services tests bench
+	$(BIN)/mypy corral
 	$(BIN)/pytest -q -p no:cacheprovider
 
 bench: $(STAMP)

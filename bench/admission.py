@@ -19,11 +19,11 @@ import random
 import statistics
 import time
 
-from events.jobs import Admission, JobSpec, PendingReasonChanged, Resources
-from events.queues import CohortSpec, PriorityClassSpec, QueueSpec, Quota
-from projections.lifecycle import Phase
-from projections.state import JobState, State
-from services.admission.decide import decide
+from corral.events.jobs import Admission, JobSpec, PendingReasonChanged, Resources
+from corral.events.queues import CohortSpec, PriorityClassSpec, QueueSpec, Quota
+from corral.projections.lifecycle import Phase
+from corral.projections.state import JobState, State
+from corral.services.admission.decide import decide
 
 QUEUES = 200
 COHORTS = 20

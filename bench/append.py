@@ -19,13 +19,13 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
-from events import codec
-from events import subjects as subj
-from events.decisions import GpuClaim, JobsPlaced, Placement, WorkerSlot
-from events.jetstream import JetStreamLog
-from events.log import Append, EventLog, LogError
-from events.nodes import WorkerStarted
-from events.server import EmbeddedServer
+from corral.events import codec
+from corral.events import subjects as subj
+from corral.events.decisions import GpuClaim, JobsPlaced, Placement, WorkerSlot
+from corral.events.jetstream import JetStreamLog
+from corral.events.log import Append, EventLog, LogError
+from corral.events.nodes import WorkerStarted
+from corral.events.server import EmbeddedServer
 
 T0 = 1_700_000_000.0
 

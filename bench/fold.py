@@ -26,11 +26,11 @@ from collections.abc import Callable
 
 from bench.workload import records as to_records
 from bench.workload import synthetic_log
-from events import codec
-from events.base import Event
-from events.log import Record
-from projections.fold import apply, apply_event
-from projections.state import State
+from corral.events import codec
+from corral.events.base import Event
+from corral.events.log import Record
+from corral.projections.fold import apply, apply_event
+from corral.projections.state import State
 
 EVENTS = 1_000_000
 RUNS = 3

@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.sim import philly
-from services.traces import philly as trace
+from corral.services.sim import philly
+from corral.services.traces import philly as trace
 
 
 def main(argv: list[str] | None = None) -> None:

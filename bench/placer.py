@@ -21,19 +21,19 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from events import subjects
-from events.decisions import GpuClaim, Placement, WorkerSlot
-from events.jobs import Admission, JobSpec, Resources, Topology, TopologyPack
-from events.nodes import NodeRegistered
-from projections import claims
-from projections.fold import apply_event
-from projections.state import JobState, State
-from services.inventory import cluster
-from services.placer import alibaba, gang, stack
-from services.placer.decide import decide
-from services.placer.framework import Request
-from services.placer.plugins.packing import Fragmentation, workload_of
-from services.placer.snapshot import Snapshot
+from corral.events import subjects
+from corral.events.decisions import GpuClaim, Placement, WorkerSlot
+from corral.events.jobs import Admission, JobSpec, Resources, Topology, TopologyPack
+from corral.events.nodes import NodeRegistered
+from corral.projections import claims
+from corral.projections.fold import apply_event
+from corral.projections.state import JobState, State
+from corral.services.inventory import cluster
+from corral.services.placer import alibaba, gang, stack
+from corral.services.placer.decide import decide
+from corral.services.placer.framework import Request
+from corral.services.placer.plugins.packing import Fragmentation, workload_of
+from corral.services.placer.snapshot import Snapshot
 
 TRACE = Path("/work/shared/traces/alibaba-gpu-2023")
 NODES = 1250

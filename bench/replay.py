@@ -21,11 +21,11 @@ import tempfile
 import time
 
 from bench.workload import records, synthetic_log
-from events.jetstream import JetStreamLog
-from events.log import Append, LogError, Record
-from events.server import EmbeddedServer
-from projections.fold import apply, fold
-from projections.state import State
+from corral.events.jetstream import JetStreamLog
+from corral.events.log import Append, LogError, Record
+from corral.events.server import EmbeddedServer
+from corral.projections.fold import apply, fold
+from corral.projections.state import State
 
 GOAL = 100_000
 CHUNK = 20_000  # appends per append_many while filling

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 from msgspec.structs import replace
 
-from events import codec
-from events import subjects as subj
-from events.base import Event, Reason
-from events.decisions import (
+from corral.events import codec
+from corral.events import subjects as subj
+from corral.events.base import Event, Reason
+from corral.events.decisions import (
     GpuClaim,
     JobsPlaced,
     JobsUnschedulable,
@@ -34,7 +34,7 @@ from events.decisions import (
     Unschedulable,
     WorkerSlot,
 )
-from events.jobs import (
+from corral.events.jobs import (
     Admission,
     JobAccepted,
     JobRequeued,
@@ -44,9 +44,15 @@ from events.jobs import (
     SubmitJob,
     Topology,
 )
-from events.log import Append, Record
-from events.nodes import CheckpointCompleted, NodeInventory, NodeRegistered, WorkerExited, WorkerStarted
-from events.queues import (
+from corral.events.log import Append, Record
+from corral.events.nodes import (
+    CheckpointCompleted,
+    NodeInventory,
+    NodeRegistered,
+    WorkerExited,
+    WorkerStarted,
+)
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -55,10 +61,10 @@ from events.queues import (
     QueueSpec,
     Quota,
 )
-from projections import mig, quota
-from projections.fold import apply_event
-from projections.state import State
-from services.inventory import cluster
+from corral.projections import mig, quota
+from corral.projections.fold import apply_event
+from corral.projections.state import State
+from corral.services.inventory import cluster
 
 T0 = 1_700_000_000.0  # stream time of the first record
 RATE = 100.0  # records a second of stream time

@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from events import subjects
-from events.base import Event
-from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
-from events.jobs import (
+from corral.events import subjects
+from corral.events.base import Event
+from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
+from corral.events.jobs import (
     CancelJob,
     JobAccepted,
     JobRejected,
@@ -28,7 +28,7 @@ from events.jobs import (
     ResizeJob,
     SubmitJob,
 )
-from events.nodes import (
+from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
     NodeConditionChanged,
@@ -37,7 +37,7 @@ from events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CordonNode, DeleteQueue
+from corral.events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CordonNode, DeleteQueue
 
 SCHEMA_VERSION = 1
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from events.base import Decision, Reason
+from corral.events.base import Decision, Reason
 
 
 class MigSlot(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):

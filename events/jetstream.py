@@ -31,9 +31,9 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from events.log import Ack, Append, ConflictError, LogError, Record
-from events.nats_client import Client
-from events.subjects import STREAM, STREAM_SUBJECTS
+from corral.events.log import Ack, Append, ConflictError, LogError, Record
+from corral.events.nats_client import Client
+from corral.events.subjects import STREAM, STREAM_SUBJECTS
 
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"

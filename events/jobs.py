@@ -9,7 +9,7 @@ from typing import Literal
 
 import msgspec
 
-from events.base import Decision, Event, Reason, Request
+from corral.events.base import Decision, Event, Reason, Request
 
 TopologyPack = Literal["none", "nvlink", "node", "rack", "block", "spread"]
 RestartPolicy = Literal["never", "on-failure", "always"]

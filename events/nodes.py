@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-from events.base import Event
+from corral.events.base import Event
 
 NodeCondition = Literal["ready", "suspect", "lost"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-from events.base import Request
+from corral.events.base import Request
 
 
 class Quota(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):

@@ -8,10 +8,10 @@ the writer to those entities too.
 
 from __future__ import annotations
 
-from events import subjects
-from events.base import Event
-from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
-from events.jobs import (
+from corral.events import subjects
+from corral.events.base import Event
+from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
+from corral.events.jobs import (
     CancelJob,
     JobAccepted,
     JobRejected,
@@ -21,7 +21,7 @@ from events.jobs import (
     ResizeJob,
     SubmitJob,
 )
-from events.nodes import (
+from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
     NodeConditionChanged,

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 import msgspec
 
-from events.base import Reason
-from events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
-from events.jobs import Resources
-from projections import mig
-from projections.state import WHOLE, GpuState, JobState, MigInstance, NodeState, State
+from corral.events.base import Reason
+from corral.events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
+from corral.events.jobs import Resources
+from corral.projections import mig
+from corral.projections.state import WHOLE, GpuState, JobState, MigInstance, NodeState, State
 
 
 class ClaimError(Exception):

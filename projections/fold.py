@@ -18,20 +18,20 @@ from collections.abc import Iterable
 
 import msgspec
 
-from events import codec, routing
-from events.base import Event
-from events.codec import DecodeError
-from events.log import Record
-from projections import fold_admission, fold_nodes, fold_preemption, fold_requests
-from projections.fold_moves import (
+from corral.events import codec, routing
+from corral.events.base import Event
+from corral.events.codec import DecodeError
+from corral.events.log import Record
+from corral.projections import fold_admission, fold_nodes, fold_preemption, fold_requests
+from corral.projections.fold_moves import (
     Ctx,
     Handler,
     Refused,
 )
-from projections.lifecycle import (
+from corral.projections.lifecycle import (
     IllegalTransition,
 )
-from projections.state import (
+from corral.projections.state import (
     MAX_REJECTIONS,
     Rejection,
     State,

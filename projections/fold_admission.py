@@ -5,8 +5,8 @@ the log, and charged only if it fits), and requeues to a job's next attempt.
 
 from __future__ import annotations
 
-from events.base import Event
-from events.jobs import (
+from corral.events.base import Event
+from corral.events.jobs import (
     Admission,
     JobAccepted,
     JobRejected,
@@ -14,8 +14,8 @@ from events.jobs import (
     JobsAdmitted,
     PendingReasonChanged,
 )
-from projections import quota
-from projections.fold_moves import (
+from corral.projections import quota
+from corral.projections.fold_moves import (
     Ctx,
     Handler,
     Refused,
@@ -23,10 +23,10 @@ from projections.fold_moves import (
     move,
     voided,
 )
-from projections.lifecycle import (
+from corral.projections.lifecycle import (
     FINAL,
 )
-from projections.state import (
+from corral.projections.state import (
     State,
 )
 

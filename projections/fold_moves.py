@@ -10,8 +10,8 @@ from typing import Any
 
 import msgspec
 
-from projections import claims, quota
-from projections.lifecycle import (
+from corral.projections import claims, quota
+from corral.projections.lifecycle import (
     HOLDS_QUOTA,
     TRANSITIONS,
     TRIGGERS,
@@ -19,7 +19,7 @@ from projections.lifecycle import (
     Phase,
     Trigger,
 )
-from projections.state import (
+from corral.projections.state import (
     JobState,
     NodeState,
     State,

@@ -5,9 +5,9 @@ its last live worker is gone; a lost node or a bad GPU interrupts the jobs on it
 
 from __future__ import annotations
 
-from events import subjects as subj
-from events.base import Event, Reason
-from events.nodes import (
+from corral.events import subjects as subj
+from corral.events.base import Event, Reason
+from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
     NodeConditionChanged,
@@ -16,8 +16,8 @@ from events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from projections import claims
-from projections.fold_moves import (
+from corral.projections import claims
+from corral.projections.fold_moves import (
     Ctx,
     Handler,
     Refused,
@@ -26,11 +26,11 @@ from projections.fold_moves import (
     move_twice,
     stop_holding,
 )
-from projections.lifecycle import (
+from corral.projections.lifecycle import (
     FINAL,
     IllegalTransition,
 )
-from projections.state import (
+from corral.projections.state import (
     Checkpoint,
     GpuState,
     JobState,

@@ -5,13 +5,13 @@ preemptions and shrinks of elastic jobs (only of jobs that may give way to the b
 
 from __future__ import annotations
 
-from events.base import Event, Reason
-from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
-from events.jobs import (
+from corral.events.base import Event, Reason
+from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
+from corral.events.jobs import (
     Admission,
 )
-from projections import claims, quota
-from projections.fold_moves import (
+from corral.projections import claims, quota
+from corral.projections.fold_moves import (
     MAX_PREEMPTION_TIMES,
     Ctx,
     Handler,
@@ -19,11 +19,11 @@ from projections.fold_moves import (
     stop_holding,
     voided,
 )
-from projections.fold_nodes import left
-from projections.lifecycle import (
+from corral.projections.fold_nodes import left
+from corral.projections.lifecycle import (
     FINAL,
 )
-from projections.state import (
+from corral.projections.state import (
     JobState,
     State,
 )

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import msgspec
 
-from events import subjects as subj
-from events.base import Event, Reason
-from events.jobs import (
+from corral.events import subjects as subj
+from corral.events.base import Event, Reason
+from corral.events.jobs import (
     CancelJob,
     ResizeJob,
     SubmitJob,
 )
-from events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CordonNode, DeleteQueue
-from projections.fold_moves import (
+from corral.events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CordonNode, DeleteQueue
+from corral.projections.fold_moves import (
     Ctx,
     Handler,
     Refused,
@@ -23,12 +23,12 @@ from projections.fold_moves import (
     move,
     stop_holding,
 )
-from projections.fold_nodes import cordon
-from projections.fold_preemption import readmit, shrink
-from projections.lifecycle import (
+from corral.projections.fold_nodes import cordon
+from corral.projections.fold_preemption import readmit, shrink
+from corral.projections.lifecycle import (
     FINAL,
 )
-from projections.state import (
+from corral.projections.state import (
     JobState,
     State,
 )

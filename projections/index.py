@@ -15,11 +15,11 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from events import codec, subjects
-from events.base import Event, Reason
-from events.codec import DecodeError
-from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
-from events.jobs import (
+from corral.events import codec, subjects
+from corral.events.base import Event, Reason
+from corral.events.codec import DecodeError
+from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
+from corral.events.jobs import (
     CancelJob,
     JobAccepted,
     JobRejected,
@@ -30,10 +30,10 @@ from events.jobs import (
     Resources,
     SubmitJob,
 )
-from events.log import Record
-from events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
-from events.routing import job_ids as job_ids_of
-from projections.state import WHOLE, Rejection, State
+from corral.events.log import Record
+from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
+from corral.events.routing import job_ids as job_ids_of
+from corral.projections.state import WHOLE, Rejection, State
 
 __all__ = ["JobEvent", "gpus_per_worker", "job_events", "job_ids_of", "summarize"]
 

@@ -37,12 +37,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 
-from events.base import Reason
-from events.jobs import Admission, JobSpec, Resources
-from events.queues import CohortSpec, QueueSpec, Quota
-from projections import mig
-from projections.lifecycle import HOLDS_QUOTA
-from projections.state import WHOLE, JobState, State
+from corral.events.base import Reason
+from corral.events.jobs import Admission, JobSpec, Resources
+from corral.events.queues import CohortSpec, QueueSpec, Quota
+from corral.projections import mig
+from corral.projections.lifecycle import HOLDS_QUOTA
+from corral.projections.state import WHOLE, JobState, State
 
 ANY = "*"
 

@@ -21,9 +21,9 @@ from types import TracebackType
 import aiosqlite
 import msgspec
 
-from events.log import EventLog
-from projections.fold import fold
-from projections.state import State
+from corral.events.log import EventLog
+from corral.projections.fold import fold
+from corral.projections.state import State
 
 FORMAT = 1
 KEEP = 3  # the newest few: one bad write still leaves an older snapshot to start from

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import msgspec
 
-from events.base import Reason
-from events.decisions import Placement
-from events.jobs import Admission, JobSpec
-from events.nodes import GpuInfo, NodeCondition, NodeInventory
-from events.queues import CohortSpec, PriorityClassSpec, QueueSpec
-from projections.lifecycle import Phase
+from corral.events.base import Reason
+from corral.events.decisions import Placement
+from corral.events.jobs import Admission, JobSpec
+from corral.events.nodes import GpuInfo, NodeCondition, NodeInventory
+from corral.events.queues import CohortSpec, PriorityClassSpec, QueueSpec
+from corral.projections.lifecycle import Phase
 
 WHOLE = 1000  # milli-GPU in one GPU
 

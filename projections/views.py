@@ -24,10 +24,10 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from events.base import Reason
-from events.log import Record
-from projections.index import JobEvent, gpus_per_worker, job_events, job_ids_of
-from projections.state import JobState, NodeState, State
+from corral.events.base import Reason
+from corral.events.log import Record
+from corral.projections.index import JobEvent, gpus_per_worker, job_events, job_ids_of
+from corral.projections.state import JobState, NodeState, State
 
 __all__ = ["FORMAT", "JobEvent", "JobRow", "NodeRow", "QueryView", "job_ids_of"]
 

@@ -22,10 +22,11 @@ from typing import Any, NoReturn
 
 import msgspec
 
-from events import codec, subjects
-from events.jobs import CancelJob, JobSpec, ResizeJob, Resources, SubmitJob, Topology
-from events.log import Append, LogError, Record
-from events.queues import (
+import corral
+from corral.events import codec, subjects
+from corral.events.jobs import CancelJob, JobSpec, ResizeJob, Resources, SubmitJob, Topology
+from corral.events.log import Append, LogError, Record
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -33,9 +34,9 @@ from events.queues import (
     PriorityClassSpec,
     QueueSpec,
 )
-from projections.fold import fold
-from services import logfile, present, table
-from services.cli_access import (
+from corral.projections.fold import fold
+from corral.services import logfile, present, table
+from corral.services.cli_access import (
     STATE_DIR,
     Failure,
     as_client,
@@ -51,9 +52,9 @@ from services.cli_access import (
     session,
     tenant_of,
 )
-from services.jobfile import BadInput, convert, load_document
-from services.query import identities
-from services.query.client import Refused
+from corral.services.jobfile import BadInput, convert, load_document
+from corral.services.query import identities
+from corral.services.query.client import Refused
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,7 +75,7 @@ def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = No
 
 
 def cmd_up(args: argparse.Namespace) -> None:
-    from services.up import Settings, run_cluster
+    from corral.services.up import Settings, run_cluster
 
     tenants = tuple(t for t in (args.tenants or "").split(",") if t)
     if tenants and not args.auth:
@@ -90,10 +91,10 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """One decision service as its own process, against a running NATS."""
-    from services.lease import KvLease
-    from services.query import service as read_service
-    from services.shell import Service, stop_on_signals
-    from services.up import service_roles
+    from corral.services.lease import KvLease
+    from corral.services.query import service as read_service
+    from corral.services.shell import Service, stop_on_signals
+    from corral.services.up import service_roles
 
     roles = service_roles()
     if args.role not in roles and args.role != read_service.ROLE:
@@ -116,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         snapshots = None
         try:
             if args.snapshot:
-                from projections.snapshot import SnapshotStore
+                from corral.projections.snapshot import SnapshotStore
 
                 snapshots = await SnapshotStore.open(args.snapshot)
             holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
@@ -133,8 +134,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from services.demo import run_demo
-    from services.traces import philly
+    from corral.services.demo import run_demo
+    from corral.services.traces import philly
 
     try:
         philly.find()  # before anything starts: the demo's jobs come from the trace
@@ -270,7 +271,7 @@ def _parents_first(cohorts: list[CohortSpec]) -> list[CohortSpec]:
 
 
 def cmd_queues(args: argparse.Namespace) -> None:
-    from services.queues_view import queue_rows
+    from corral.services.queues_view import queue_rows
 
     login = login_of(args, args.tenant)
     client = as_client(login)
@@ -370,8 +371,8 @@ def cmd_replay(args: argparse.Namespace) -> None:
     if args.at is not None:
         records = [r for r in records if r.time <= args.at]
     if args.verify:
-        from services.up import service_roles
-        from services.verify import as_dict, format_report, verify
+        from corral.services.up import service_roles
+        from corral.services.verify import as_dict, format_report, verify
 
         report = verify(records, service_roles())
         emit(args, as_dict(report) if args.output == "json" else format_report(report))
@@ -399,7 +400,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
 def cmd_logs(args: argparse.Namespace) -> None:
     """A job's worker output, from the agents' directories on this machine."""
-    from services.agent.runtime import job_logs
+    from corral.services.agent.runtime import job_logs
 
     client = as_client(login_of(args, args.tenant))
     if client is not None:
@@ -416,7 +417,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
-    from services.explain import explain_log
+    from corral.services.explain import explain_log
 
     login = login_of(args, args.tenant)
     client = as_client(login)
@@ -445,6 +446,7 @@ def cmd_explain(args: argparse.Namespace) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="corral", description="Event-sourced GPU scheduler.")
+    p.add_argument("--version", action="version", version=f"corral {corral.__version__}")
     common = _Parser(add_help=False)
     common.add_argument(
         "--server", help="NATS URL (default: $CORRAL_SERVER, the running `corral up`, or localhost)"
@@ -539,7 +541,7 @@ def parser() -> argparse.ArgumentParser:
         fn=cmd_queues
     )
 
-    from services.sim.cli import add_parser as add_sim
+    from corral.services.sim.cli import add_parser as add_sim
 
     add_sim(sub, common)
 
@@ -576,7 +578,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
-
-
-if __name__ == "__main__":
-    main()

@@ -25,16 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from events import codec, subjects
-from events.log import Append, EventLog, LogError, Record
-from projections.fold import fold
-from projections.state import State
-from services.jobfile import BadInput
-from services.query import identities
-from services.query.client import Refused, Session
+from corral.events import codec, subjects
+from corral.events.log import Append, EventLog, LogError, Record
+from corral.projections.fold import fold
+from corral.projections.state import State
+from corral.services.jobfile import BadInput
+from corral.services.query import identities
+from corral.services.query.client import Refused, Session
 
 if TYPE_CHECKING:
-    from events.jetstream import JetStreamLog
+    from corral.events.jetstream import JetStreamLog
 
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 STATE_DIR = Path(os.environ.get("CORRAL_HOME", ".corral"))
@@ -128,7 +128,7 @@ def ask(url: str, login: Login, question: str, job: str = "") -> dict[str, Any]:
 
 
 async def open_log(url: str, login: Login | None = None) -> JetStreamLog:
-    from events.jetstream import JetStreamLog
+    from corral.events.jetstream import JetStreamLog
 
     async def quiet(e: Exception) -> None:
         return None  # the one-line failure below says it; nats-py would print a traceback
@@ -171,7 +171,7 @@ async def remote_state(url: str, login: Login | None = None) -> State:
 async def publish_request(
     url: str, tenant: str, verb: str, body: Any, msg_id: str, login: Login | None = None
 ) -> int:
-    from services import tracing
+    from corral.services import tracing
 
     tracing.setup("cli")
     with tracing.span(f"corral.{verb}", attributes={"corral.tenant": tenant}, service="cli") as s:

@@ -22,11 +22,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from events import codec, subjects
-from events.jobs import CancelJob, JobSpec, Resources, SubmitJob, Topology
-from events.log import Append, EventLog, Record
-from events.nodes import CheckpointCompleted
-from events.queues import (
+from corral.events import codec, subjects
+from corral.events.jobs import CancelJob, JobSpec, Resources, SubmitJob, Topology
+from corral.events.log import Append, EventLog, Record
+from corral.events.nodes import CheckpointCompleted
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -35,14 +35,14 @@ from events.queues import (
     QueueSpec,
     Quota,
 )
-from projections.fold import fold
-from projections.lifecycle import FINAL
-from projections.state import State
-from services import logfile, narrate, present, table
-from services.queues_view import queue_rows
-from services.traces import philly
-from services.up import Settings, cluster, connect
-from services.watch import Watcher
+from corral.projections.fold import fold
+from corral.projections.lifecycle import FINAL
+from corral.projections.state import State
+from corral.services import logfile, narrate, present, table
+from corral.services.queues_view import queue_rows
+from corral.services.traces import philly
+from corral.services.up import Settings, cluster, connect
+from corral.services.watch import Watcher
 
 TEAMS = ("team-a", "team-b")
 PHILLY_JOBS = 6  # per team

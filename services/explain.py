@@ -12,12 +12,12 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from events import subjects
-from events.log import Record
-from projections.fold import fold
-from projections.index import JobEvent, job_events
-from projections.state import JobState
-from services import present
+from corral.events import subjects
+from corral.events.log import Record
+from corral.projections.fold import fold
+from corral.projections.index import JobEvent, job_events
+from corral.projections.state import JobState
+from corral.services import present
 
 
 def explain_log(records: list[Record], job_id: str, tenant: str | None) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from events.nodes import GpuInfo, NodeInventory
+from corral.events.nodes import GpuInfo, NodeInventory
 
 GIB = 1024
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from events.log import Record
+from corral.events.log import Record
 
 
 class LogFileError(ValueError):

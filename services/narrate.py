@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from events import codec
-from events.base import Event
-from events.codec import DecodeError
-from events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
-from events.jobs import (
+from corral.events import codec
+from corral.events.base import Event
+from corral.events.codec import DecodeError
+from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
+from corral.events.jobs import (
     CancelJob,
     JobAccepted,
     JobRejected,
@@ -15,8 +15,8 @@ from events.jobs import (
     PendingReasonChanged,
     SubmitJob,
 )
-from events.log import Record
-from events.nodes import (
+from corral.events.log import Record
+from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
     NodeConditionChanged,
@@ -25,7 +25,7 @@ from events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue
+from corral.events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue
 
 
 def _gpus(n: int) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from projections.state import JobState, NodeState, State
+from corral.projections.state import JobState, NodeState, State
 
 
 def gpu_request(job: JobState) -> str:

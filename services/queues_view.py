@@ -10,10 +10,10 @@ from typing import Any
 
 import msgspec
 
-from projections import quota
-from projections.lifecycle import FINAL
-from projections.quota import Ledger
-from projections.state import WHOLE, State
+from corral.projections import quota
+from corral.projections.lifecycle import FINAL
+from corral.projections.quota import Ledger
+from corral.projections.state import WHOLE, State
 
 
 def queue_rows(state: State) -> list[dict[str, Any]]:

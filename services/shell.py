@@ -29,13 +29,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from events import codec, routing, subjects
-from events.base import Event
-from events.log import Append, ConflictError, EventLog, LogError, Record
-from projections.fold import apply
-from projections.state import State
-from services import tracing
-from services.lease import Lease
+from corral.events import codec, routing, subjects
+from corral.events.base import Event
+from corral.events.log import Append, ConflictError, EventLog, LogError, Record
+from corral.projections.fold import apply
+from corral.projections.state import State
+from corral.services import tracing
+from corral.services.lease import Lease
 
 log = logging.getLogger("corral.shell")
 

@@ -28,28 +28,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from events import codec, subjects
-from events.jetstream import JetStreamLog
-from events.log import Append, EventLog
-from events.nodes import NodeInventory, NodeRegistered
-from events.server import EmbeddedServer
-from services import inventory
-from services.agent import discovery
-from services.agent.health import HeartbeatTracker
-from services.agent.runtime import SandboxMode
-from services.agent.service import NodeAgent
-from services.health.service import HealthMonitor
-from services.lease import KvLease
-from services.query import identities
-from services.query import service as read_service
-from services.shell import Decide, Service, stop_on_signals
+from corral.events import codec, subjects
+from corral.events.jetstream import JetStreamLog
+from corral.events.log import Append, EventLog
+from corral.events.nodes import NodeInventory, NodeRegistered
+from corral.events.server import EmbeddedServer
+from corral.services import inventory
+from corral.services.agent import discovery
+from corral.services.agent.health import HeartbeatTracker
+from corral.services.agent.runtime import SandboxMode
+from corral.services.agent.service import NodeAgent
+from corral.services.health.service import HealthMonitor
+from corral.services.lease import KvLease
+from corral.services.query import identities
+from corral.services.query import service as read_service
+from corral.services.shell import Decide, Service, stop_on_signals
 
 
 def service_roles() -> dict[str, Decide]:
     """The decision services that run in a cluster, by role, each a pure ``decide``."""
-    from services.admission.decide import decide as admission
-    from services.placer.decide import decide as placer
-    from services.preemptor.decide import decide as preemptor
+    from corral.services.admission.decide import decide as admission
+    from corral.services.placer.decide import decide as placer
+    from corral.services.preemptor.decide import decide as preemptor
 
     return {"admission": admission, "placer": placer, "preemptor": preemptor}
 
@@ -236,7 +236,7 @@ async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> None:
 async def run_cluster(
     server: str | None, nodes: int, profile: str, data_dir: Path, port: int, settings: Settings | None = None
 ) -> None:
-    from services.cli_access import STATE_DIR
+    from corral.services.cli_access import STATE_DIR
 
     stop = stop_on_signals()
     async with cluster(server, nodes, profile, data_dir, port, settings=settings) as running:

@@ -41,11 +41,17 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from events import codec, routing, subjects
-from events.base import Decision, Event, Reason
-from events.codec import DecodeError
-from events.decisions import JobsPlaced, JobsUnschedulable, Placement, PreemptionRequested, ShrinkRequested
-from events.jobs import (
+from corral.events import codec, routing, subjects
+from corral.events.base import Decision, Event, Reason
+from corral.events.codec import DecodeError
+from corral.events.decisions import (
+    JobsPlaced,
+    JobsUnschedulable,
+    Placement,
+    PreemptionRequested,
+    ShrinkRequested,
+)
+from corral.events.jobs import (
     Admission,
     JobAccepted,
     JobRejected,
@@ -53,12 +59,12 @@ from events.jobs import (
     JobsAdmitted,
     PendingReasonChanged,
 )
-from events.log import Record
-from projections import quota
-from projections.fold import apply, fold
-from projections.quota import key_name
-from projections.state import State
-from services.shell import Decide
+from corral.events.log import Record
+from corral.projections import quota
+from corral.projections.fold import apply, fold
+from corral.projections.quota import key_name
+from corral.projections.state import State
+from corral.services.shell import Decide
 
 _T = TypeVar("_T")
 

@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from events.log import EventLog, Record
-from projections.fold import apply
-from projections.state import State
+from corral.events.log import EventLog, Record
+from corral.projections.fold import apply
+from corral.projections.state import State
 
 
 class Watcher:

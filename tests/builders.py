@@ -19,10 +19,10 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
-from events import codec
-from events import subjects as subj
-from events.base import Event, Reason
-from events.decisions import (
+from corral.events import codec
+from corral.events import subjects as subj
+from corral.events.base import Event, Reason
+from corral.events.decisions import (
     GpuClaim,
     JobsPlaced,
     MigSlot,
@@ -32,7 +32,7 @@ from events.decisions import (
     Victim,
     WorkerSlot,
 )
-from events.jobs import (
+from corral.events.jobs import (
     Admission,
     JobAccepted,
     JobRequeued,
@@ -44,8 +44,8 @@ from events.jobs import (
     Topology,
     TopologyPack,
 )
-from events.log import Record
-from events.nodes import (
+from corral.events.log import Record
+from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
     NodeCondition,
@@ -56,11 +56,11 @@ from events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from events.queues import ApplyQueue, DeleteQueue, QueueSpec, Quota
-from projections import quota
-from projections.fold import fold
-from projections.state import JobState, State
-from services.inventory import cluster
+from corral.events.queues import ApplyQueue, DeleteQueue, QueueSpec, Quota
+from corral.projections import quota
+from corral.projections.fold import fold
+from corral.projections.state import JobState, State
+from corral.services.inventory import cluster
 
 # Quota (whole GPUs, any model) of the queues tests apply when quota is not what they are about:
 # more than any test cluster here holds, so only a test that means to meet a quota limit does.

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from events.server import EmbeddedServer
+from corral.events.server import EmbeddedServer
 
 
 @pytest.fixture

@@ -50,16 +50,31 @@ from dataclasses import dataclass
 
 import msgspec
 
-from events.base import Event, Reason
-from events.jobs import Admission, JobAccepted, JobRejected, JobRequeued, JobsAdmitted, PendingReasonChanged
-from events.queues import QueueSpec
-from projections import quota
-from projections.lifecycle import FINAL, HOLDS_QUOTA
-from projections.quota import Ledger, fmt_gpus, key_name
-from projections.state import JobState, State
-from services.admission.grow import growths
-from services.admission.order import Cursor, FairShare, FairShareOrder, Hold, hold, quota_end, sort_queue
-from services.admission.validate import priority_value, validate
+from corral.events.base import Event, Reason
+from corral.events.jobs import (
+    Admission,
+    JobAccepted,
+    JobRejected,
+    JobRequeued,
+    JobsAdmitted,
+    PendingReasonChanged,
+)
+from corral.events.queues import QueueSpec
+from corral.projections import quota
+from corral.projections.lifecycle import FINAL, HOLDS_QUOTA
+from corral.projections.quota import Ledger, fmt_gpus, key_name
+from corral.projections.state import JobState, State
+from corral.services.admission.grow import growths
+from corral.services.admission.order import (
+    Cursor,
+    FairShare,
+    FairShareOrder,
+    Hold,
+    hold,
+    quota_end,
+    sort_queue,
+)
+from corral.services.admission.validate import priority_value, validate
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from events.jobs import Admission
-from projections import quota
-from projections.quota import Ledger
-from projections.state import JobState, State
+from corral.events.jobs import Admission
+from corral.projections import quota
+from corral.projections.quota import Ledger
+from corral.projections.state import JobState, State
 
 
 def growths(

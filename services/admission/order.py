@@ -45,12 +45,12 @@ from dataclasses import dataclass
 from itertools import islice
 from operator import attrgetter, lt
 
-from events.queues import QueueSpec
-from projections import quota
-from projections.lifecycle import FINAL, HOLDS_QUOTA
-from projections.quota import Ledger
-from projections.state import WHOLE, JobState, State
-from services.placer.backfill import expected_end
+from corral.events.queues import QueueSpec
+from corral.projections import quota
+from corral.projections.lifecycle import FINAL, HOLDS_QUOTA
+from corral.projections.quota import Ledger
+from corral.projections.state import WHOLE, JobState, State
+from corral.services.placer.backfill import expected_end
 
 _by_id = attrgetter("id")
 _by_seq = attrgetter("submitted_seq")

@@ -13,11 +13,11 @@ tenant learns nothing of other tenants' queues by probing.
 
 from __future__ import annotations
 
-from events.base import Reason
-from events.jobs import JobSpec, Resources
-from projections import quota
-from projections.quota import Ledger
-from projections.state import WHOLE, JobState, State
+from corral.events.base import Reason
+from corral.events.jobs import JobSpec, Resources
+from corral.projections import quota
+from corral.projections.quota import Ledger
+from corral.projections.state import WHOLE, JobState, State
 
 DEFAULT_PRIORITY_CLASS = "normal"  # value 0, available unless defined otherwise
 

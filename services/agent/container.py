@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Literal, NamedTuple
 
-from events.jobs import Mount
-from services.agent.decide import GpuBinding, StartWorker
+from corral.events.jobs import Mount
+from corral.services.agent.decide import GpuBinding, StartWorker
 
 Engine = Literal["podman", "docker"]
 ContainerMode = Literal["auto", "podman", "docker", "none"]

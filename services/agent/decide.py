@@ -39,12 +39,12 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from events.base import Event
-from events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
-from events.jobs import Mount
-from events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
-from projections.lifecycle import FINAL
-from projections.state import JobState, NodeState, State
+from corral.events.base import Event
+from corral.events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
+from corral.events.jobs import Mount
+from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
+from corral.projections.lifecycle import FINAL
+from corral.projections.state import JobState, NodeState, State
 
 # What the runtime is doing with a worker. ``exited``: its exit is reported but the log may not
 # show it yet; the runtime keeps it until ``Forget``.

@@ -35,9 +35,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from events.nodes import GpuInfo, NodeInventory
-from projections import mig
-from services.inventory import PROFILES
+from corral.events.nodes import GpuInfo, NodeInventory
+from corral.projections import mig
+from corral.services.inventory import PROFILES
 
 MIB = 1024 * 1024
 MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS

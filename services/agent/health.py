@@ -33,8 +33,8 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from events.base import Event
-from events.nodes import (
+from corral.events.base import Event
+from corral.events.nodes import (
     GpuHealthChanged,
     NodeCondition,
     NodeConditionChanged,
@@ -42,9 +42,9 @@ from events.nodes import (
     NodeInventory,
     NodeRegistered,
 )
-from events.queues import CordonNode
-from projections.state import State
-from services.agent.discovery import GpuHealthSample, XidReport
+from corral.events.queues import CordonNode
+from corral.projections.state import State
+from corral.services.agent.discovery import GpuHealthSample, XidReport
 
 Action = Literal["ignore", "record", "alert", "gpu", "node"]
 

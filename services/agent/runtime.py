@@ -54,10 +54,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from events.jobs import Mount
-from services.agent import container, sandbox
-from services.agent.container import ContainerMode, EngineInfo, Probe
-from services.agent.decide import (
+from corral.events.jobs import Mount
+from corral.services.agent import container, sandbox
+from corral.services.agent.container import ContainerMode, EngineInfo, Probe
+from corral.services.agent.decide import (
     GONE_CODE,
     STOP_GRACE,
     Action,
@@ -75,7 +75,7 @@ from services.agent.decide import (
     WorkerKey,
     WorkerPhase,
 )
-from services.agent.discovery import MigDevice
+from corral.services.agent.discovery import MigDevice
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from events.jobs import Mount
+from corral.events.jobs import Mount
 
 
 class BindError(Exception):

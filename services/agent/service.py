@@ -38,29 +38,29 @@ from typing import Any, Protocol
 
 import msgspec
 
-from events import codec, routing, subjects
-from events.base import Event
-from events.log import Append, EventLog, LogError
-from events.nodes import (
+from corral.events import codec, routing, subjects
+from corral.events.base import Event
+from corral.events.log import Append, EventLog, LogError
+from corral.events.nodes import (
     CheckpointCompleted,
     NodeInventory,
     NodeRegistered,
     WorkerExited,
     WorkerStarted,
 )
-from projections.state import State
-from services.agent import discovery
-from services.agent.decide import (
+from corral.projections.state import State
+from corral.services.agent import discovery
+from corral.services.agent.decide import (
     STOP_GRACE,
     Report,
     StartGang,
     decide,
     report_events,
 )
-from services.agent.discovery import Discovery, GpuHealthSample, NvmlGpus, XidReport
-from services.agent.health import Heartbeat
-from services.agent.runtime import Runtime, SandboxMode, job_logs, restart_backoff
-from services.shell import Service
+from corral.services.agent.discovery import Discovery, GpuHealthSample, NvmlGpus, XidReport
+from corral.services.agent.health import Heartbeat
+from corral.services.agent.runtime import Runtime, SandboxMode, job_logs, restart_backoff
+from corral.services.shell import Service
 
 log = logging.getLogger("corral.agent")
 

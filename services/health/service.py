@@ -24,13 +24,13 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from events import codec, subjects
-from events.base import Event
-from events.log import EventLog, Record
-from projections.fold import apply
-from projections.state import State
-from services.agent.health import Heartbeat, HeartbeatTracker
-from services.shell import Service
+from corral.events import codec, subjects
+from corral.events.base import Event
+from corral.events.log import EventLog, Record
+from corral.projections.fold import apply
+from corral.projections.state import State
+from corral.services.agent.health import Heartbeat, HeartbeatTracker
+from corral.services.shell import Service
 
 log = logging.getLogger("corral.health")
 

@@ -43,17 +43,17 @@ from itertools import accumulate, compress
 from operator import attrgetter
 from pathlib import Path
 
-from events import subjects
-from events.decisions import GpuClaim, Placement, WorkerSlot
-from events.jobs import JobSpec, Resources
-from events.nodes import GpuInfo, NodeInventory, NodeRegistered
-from projections import claims
-from projections.fold import apply_event
-from projections.state import JobState, State
-from services.placer import baselines
-from services.placer.plot import line_chart
-from services.placer.plugins import fit, packing
-from services.placer.plugins.fragmentation import WHOLE, TaskShape, Workload, fgd_choice, fragment
+from corral.events import subjects
+from corral.events.decisions import GpuClaim, Placement, WorkerSlot
+from corral.events.jobs import JobSpec, Resources
+from corral.events.nodes import GpuInfo, NodeInventory, NodeRegistered
+from corral.projections import claims
+from corral.projections.fold import apply_event
+from corral.projections.state import JobState, State
+from corral.services.placer import baselines
+from corral.services.placer.plot import line_chart
+from corral.services.placer.plugins import fit, packing
+from corral.services.placer.plugins.fragmentation import WHOLE, TaskShape, Workload, fgd_choice, fragment
 
 BASELINES = ("Random", "DotProd", "GpuClustering", "GpuPacking", "BestFit", "FGD")
 CORRAL = "corral"

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 import msgspec
 
-from events.base import Reason
-from events.decisions import GpuClaim, Placement
-from events.jobs import Resources
-from projections import mig
-from projections.state import JobState, State
-from services.placer import gang
-from services.placer.framework import Chain, Request
-from services.placer.snapshot import NodeView, Snapshot
+from corral.events.base import Reason
+from corral.events.decisions import GpuClaim, Placement
+from corral.events.jobs import Resources
+from corral.projections import mig
+from corral.projections.state import JobState, State
+from corral.services.placer import gang
+from corral.services.placer.framework import Chain, Request
+from corral.services.placer.snapshot import NodeView, Snapshot
 
 
 def expected_end(job: JobState, now: float) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from services.placer.plugins.fragmentation import WHOLE, TaskShape
+from corral.services.placer.plugins.fragmentation import WHOLE, TaskShape
 
 MAX_CPU = 128_000
 MAX_GPU = 8_000

@@ -43,17 +43,17 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from events.base import Event, Reason
-from events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Placement, Unschedulable
-from events.jobs import Resources
-from projections import claims, quota
-from projections.state import JobState, State
-from services.placer import backfill, gang, stack
-from services.placer.backfill import Reservation
-from services.placer.framework import Request
-from services.placer.plugins.packing import Fragmentation, workload_of
-from services.placer.snapshot import Snapshot
-from services.placer.stack import PlacerConfig
+from corral.events.base import Event, Reason
+from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Placement, Unschedulable
+from corral.events.jobs import Resources
+from corral.projections import claims, quota
+from corral.projections.state import JobState, State
+from corral.services.placer import backfill, gang, stack
+from corral.services.placer.backfill import Reservation
+from corral.services.placer.framework import Request
+from corral.services.placer.plugins.packing import Fragmentation, workload_of
+from corral.services.placer.snapshot import Snapshot
+from corral.services.placer.stack import PlacerConfig
 
 DEFAULT = PlacerConfig()
 

@@ -23,12 +23,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from events.base import Reason
-from events.decisions import GpuClaim
-from events.jobs import Resources, TopologyPack
-from events.queues import PriorityClassSpec
-from projections.state import WHOLE, JobState
-from services.placer.snapshot import NodeView, Snapshot
+from corral.events.base import Reason
+from corral.events.decisions import GpuClaim
+from corral.events.jobs import Resources, TopologyPack
+from corral.events.queues import PriorityClassSpec
+from corral.projections.state import WHOLE, JobState
+from corral.services.placer.snapshot import NodeView, Snapshot
 
 NeedKind = Literal["cpu", "whole", "share", "mig"]
 

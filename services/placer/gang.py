@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from events.base import Reason
-from events.decisions import GpuClaim, Placement, WorkerSlot
-from services.placer.framework import Chain, Request
-from services.placer.plugins.topology import Level, islands, levels, whole_free
-from services.placer.snapshot import Snapshot
+from corral.events.base import Reason
+from corral.events.decisions import GpuClaim, Placement, WorkerSlot
+from corral.services.placer.framework import Chain, Request
+from corral.services.placer.plugins.topology import Level, islands, levels, whole_free
+from corral.services.placer.snapshot import Snapshot
 
 MAX_DOMAINS = 32  # domains tried per level before giving up: bounds the cost of a hopeless gang
 

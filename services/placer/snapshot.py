@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
-from events.decisions import GpuClaim, Placement
-from events.jobs import Resources
-from projections import mig
-from projections.state import WHOLE, GpuState, NodeState, State
+from corral.events.decisions import GpuClaim, Placement
+from corral.events.jobs import Resources
+from corral.projections import mig
+from corral.projections.state import WHOLE, GpuState, NodeState, State
 
 
 class GpuView:

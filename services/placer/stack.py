@@ -25,14 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.placer.framework import Chain
-from services.placer.plugins.fit import FitFilter
-from services.placer.plugins.health import GpuHealthFilter, NodeHealthFilter
-from services.placer.plugins.labels import LabelsFilter
-from services.placer.plugins.mig import MigReserve
-from services.placer.plugins.model import ModelFilter
-from services.placer.plugins.packing import Fragmentation, PackingScore, Policy, SharedGpuReserve
-from services.placer.plugins.topology import IslandScore, WholeGpusReserve
+from corral.services.placer.framework import Chain
+from corral.services.placer.plugins.fit import FitFilter
+from corral.services.placer.plugins.health import GpuHealthFilter, NodeHealthFilter
+from corral.services.placer.plugins.labels import LabelsFilter
+from corral.services.placer.plugins.mig import MigReserve
+from corral.services.placer.plugins.model import ModelFilter
+from corral.services.placer.plugins.packing import Fragmentation, PackingScore, Policy, SharedGpuReserve
+from corral.services.placer.plugins.topology import IslandScore, WholeGpusReserve
 
 
 @dataclass(frozen=True)

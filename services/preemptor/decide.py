@@ -37,13 +37,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from events.base import Event
-from events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
-from projections.quota import Ledger
-from projections.state import JobState, State
-from services.admission.order import Hold, hold, quota_ends
-from services.placer.stack import PlacerConfig
-from services.preemptor.victims import (
+from corral.events.base import Event
+from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
+from corral.projections.quota import Ledger
+from corral.projections.state import JobState, State
+from corral.services.admission.order import Hold, hold, quota_ends
+from corral.services.placer.stack import PlacerConfig
+from corral.services.preemptor.victims import (
     Pool,
     Simulation,
     Target,

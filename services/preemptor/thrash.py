@@ -18,9 +18,9 @@ Pure: the answer depends only on the job, its class and ``now``.
 
 from __future__ import annotations
 
-from events.base import Reason
-from events.queues import PriorityClassSpec
-from projections.state import JobState
+from corral.events.base import Reason
+from corral.events.queues import PriorityClassSpec
+from corral.projections.state import JobState
 
 HOUR = 3600.0
 

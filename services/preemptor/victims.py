@@ -42,17 +42,17 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from events.base import Reason
-from events.decisions import Placement, WorkerSlot
-from projections import claims, quota
-from projections.quota import Ledger
-from projections.state import WHOLE, JobState, State
-from services.placer import gang, stack
-from services.placer.framework import Chain, Request
-from services.placer.plugins.packing import Fragmentation, workload_of
-from services.placer.snapshot import Snapshot
-from services.placer.stack import PlacerConfig
-from services.preemptor import thrash
+from corral.events.base import Reason
+from corral.events.decisions import Placement, WorkerSlot
+from corral.projections import claims, quota
+from corral.projections.quota import Ledger
+from corral.projections.state import WHOLE, JobState, State
+from corral.services.placer import gang, stack
+from corral.services.placer.framework import Chain, Request
+from corral.services.placer.plugins.packing import Fragmentation, workload_of
+from corral.services.placer.snapshot import Snapshot
+from corral.services.placer.stack import PlacerConfig
+from corral.services.preemptor import thrash
 
 RUNNING = ("placed", "starting", "running")  # the phases a PreemptionRequested may stop
 

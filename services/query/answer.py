@@ -22,14 +22,14 @@ from typing import Any
 
 import msgspec
 
-from events import subjects
-from events.log import Record
-from events.queues import QueueSpec
-from projections.index import JobEvent, job_events
-from projections.state import JobState, State
-from services import present
-from services.explain import explain
-from services.queues_view import queue_rows
+from corral.events import subjects
+from corral.events.log import Record
+from corral.events.queues import QueueSpec
+from corral.projections.index import JobEvent, job_events
+from corral.projections.state import JobState, State
+from corral.services import present
+from corral.services.explain import explain
+from corral.services.queues_view import queue_rows
 
 QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes")
 

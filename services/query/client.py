@@ -22,7 +22,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from services.query import identities
+from corral.services.query import identities
 
 MSG_ID = "Nats-Msg-Id"
 

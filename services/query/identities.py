@@ -27,8 +27,8 @@ import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from events import subjects
-from events.server import Permissions, User, write_private
+from corral.events import subjects
+from corral.events.server import Permissions, User, write_private
 
 SERVICES = "services"
 QUERY = "query"

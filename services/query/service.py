@@ -29,14 +29,14 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from events.jetstream import JetStreamLog
-from events.log import LogError, Record
-from events.nats_client import Client
-from projections.fold import apply
-from projections.index import JobEvent
-from projections.state import State
-from services.query import identities
-from services.query.answer import Ask, BadAsk, add_history, answer, parse_ask, refusal
+from corral.events.jetstream import JetStreamLog
+from corral.events.log import LogError, Record
+from corral.events.nats_client import Client
+from corral.projections.fold import apply
+from corral.projections.index import JobEvent
+from corral.projections.state import State
+from corral.services.query import identities
+from corral.services.query.answer import Ask, BadAsk, add_history, answer, parse_ask, refusal
 
 log = logging.getLogger("corral.query")
 

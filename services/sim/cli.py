@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from services.jobfile import BadInput
+from corral.services.jobfile import BadInput
 
 ALIBABA_DIR = "alibaba-gpu-2023"
 ALIBABA_NODES = "openb_node_list_gpu_node.csv"
@@ -105,14 +105,14 @@ def _print(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 def _replay(job: tuple[str, str, str, int]) -> Any:
-    from services.placer import alibaba
+    from corral.services.placer import alibaba
 
     nodes_csv, pods_csv, policy, seed = job
     return alibaba.replay(alibaba.load_nodes(nodes_csv), alibaba.load_pods(pods_csv), policy, seed)
 
 
 def _alibaba(args: argparse.Namespace) -> None:
-    from services.placer import alibaba
+    from corral.services.placer import alibaba
 
     for flag in ("file", "jobs", "start", "checkpointable", "cycle"):
         if getattr(args, flag) is not None:
@@ -160,8 +160,8 @@ def _alibaba(args: argparse.Namespace) -> None:
 
 
 def _philly(args: argparse.Namespace) -> None:
-    from services.sim import philly as experiment
-    from services.traces import philly as trace
+    from corral.services.sim import philly as experiment
+    from corral.services.traces import philly as trace
 
     for flag in ("pods", "published"):
         if getattr(args, flag) is not None:

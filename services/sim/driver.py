@@ -63,24 +63,30 @@ import time as wallclock
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from events import codec, routing, subjects
-from events.base import Event
-from events.decisions import JobsPlaced, PreemptionRequested, WorkerSlot
-from events.jobs import Admission, JobRejected, JobSpec, Resources, SubmitJob
-from events.log import Record
-from events.nodes import CheckpointCompleted, NodeInventory, NodeRegistered, WorkerExited, WorkerStarted
-from projections import quota
-from projections.fold import apply_event
-from projections.lifecycle import FINAL
-from projections.quota import Ledger
-from projections.state import WHOLE, JobState, State
-from services.admission.decide import AdmissionConfig
-from services.admission.decide import decide as admission_decide
-from services.admission.order import FairShare
-from services.placer.decide import decide as placer_decide
-from services.placer.stack import PlacerConfig
-from services.preemptor.decide import PreemptorConfig
-from services.preemptor.decide import decide as preemptor_decide
+from corral.events import codec, routing, subjects
+from corral.events.base import Event
+from corral.events.decisions import JobsPlaced, PreemptionRequested, WorkerSlot
+from corral.events.jobs import Admission, JobRejected, JobSpec, Resources, SubmitJob
+from corral.events.log import Record
+from corral.events.nodes import (
+    CheckpointCompleted,
+    NodeInventory,
+    NodeRegistered,
+    WorkerExited,
+    WorkerStarted,
+)
+from corral.projections import quota
+from corral.projections.fold import apply_event
+from corral.projections.lifecycle import FINAL
+from corral.projections.quota import Ledger
+from corral.projections.state import WHOLE, JobState, State
+from corral.services.admission.decide import AdmissionConfig
+from corral.services.admission.decide import decide as admission_decide
+from corral.services.admission.order import FairShare
+from corral.services.placer.decide import decide as placer_decide
+from corral.services.placer.stack import PlacerConfig
+from corral.services.preemptor.decide import PreemptorConfig
+from corral.services.preemptor.decide import decide as preemptor_decide
 
 # Phases in which a job waits for a decision of some service.
 WAITING = frozenset({"submitted", "queued", "admitted", "preempted", "interrupted"})

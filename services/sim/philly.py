@@ -57,9 +57,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from events.base import Event
-from events.jobs import JobSpec, Resources
-from events.queues import (
+from corral.events.base import Event
+from corral.events.jobs import JobSpec, Resources
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -68,11 +68,11 @@ from events.queues import (
     QueueSpec,
     Quota,
 )
-from services import inventory
-from services.placer.plot import line_chart
-from services.preemptor.decide import PreemptorConfig
-from services.sim.driver import JobStats, SimConfig, SimJob, Simulation
-from services.traces import philly
+from corral.services import inventory
+from corral.services.placer.plot import line_chart
+from corral.services.preemptor.decide import PreemptorConfig
+from corral.services.sim.driver import JobStats, SimConfig, SimJob, Simulation
+from corral.services.traces import philly
 
 START = "2017-10-23"
 JOBS = 20_000

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-CORRAL = [sys.executable, "-m", "services.cli"]
+CORRAL = [sys.executable, "-m", "corral"]
 QUEUES = """
 [[priority_classes]]
 name = "normal"

@@ -21,10 +21,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from events import subjects as subj
-from events.jobs import JobSpec, Mount
-from projections.state import State
-from services.agent.decide import (
+from corral.events import subjects as subj
+from corral.events.jobs import JobSpec, Mount
+from corral.projections.state import State
+from corral.services.agent.decide import (
     GONE_CODE,
     Action,
     Checkpointed,
@@ -41,7 +41,7 @@ from services.agent.decide import (
     decide,
     report_events,
 )
-from services.agent.runtime import REQUEST, Runtime, SandboxMode, job_logs, log_path, restart_backoff
+from corral.services.agent.runtime import REQUEST, Runtime, SandboxMode, job_logs, log_path, restart_backoff
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
 
 N0 = "node-00"
@@ -526,7 +526,7 @@ async def test_an_image_job_is_refused_on_a_node_without_containers(tmp_path: Pa
 
 
 async def test_mig_placeholders_resolve_to_instance_uuids(plain: Runtime) -> None:
-    from services.agent.discovery import MigDevice
+    from corral.services.agent.discovery import MigDevice
 
     plain.set_mig_devices([MigDevice(0, "GPU-abc", "MIG-123", 1, 0, 40_000, start=4, profile="3g.40gb")])
     assert plain.resolve_devices("GPU-x,mig:GPU-abc/3g.40gb@4,mig:GPU-abc/3g.40gb@0") == (

@@ -23,12 +23,12 @@ from typing import TypeVar
 
 import msgspec
 
-from events import codec, subjects
-from events.base import Event
-from events.jetstream import JetStreamLog
-from events.jobs import CancelJob, JobRequeued, JobSpec, Resources, SubmitJob
-from events.log import Append, Record
-from events.nodes import (
+from corral.events import codec, subjects
+from corral.events.base import Event
+from corral.events.jetstream import JetStreamLog
+from corral.events.jobs import CancelJob, JobRequeued, JobSpec, Resources, SubmitJob
+from corral.events.log import Append, Record
+from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
     NodeConditionChanged,
@@ -36,12 +36,12 @@ from events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
-from projections.fold import fold
-from projections.lifecycle import FINAL
-from projections.state import State
-from services.up import Cluster, Settings, cluster, connect
-from services.watch import Watcher
+from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
+from corral.projections.fold import fold
+from corral.projections.lifecycle import FINAL
+from corral.projections.state import State
+from corral.services.up import Cluster, Settings, cluster, connect
+from corral.services.watch import Watcher
 
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
 WAIT = 60.0  # generous: a loaded 2-core machine starts Python with numpy slowly

@@ -31,10 +31,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from events.jobs import Mount
-from services.agent import container
-from services.agent.container import EngineInfo
-from services.agent.decide import (
+from corral.events.jobs import Mount
+from corral.services.agent import container
+from corral.services.agent.container import EngineInfo
+from corral.services.agent.decide import (
     Checkpointed,
     Exited,
     Started,
@@ -43,7 +43,7 @@ from services.agent.decide import (
     StopWorker,
     WorkerKey,
 )
-from services.agent.runtime import REQUEST, Runtime, log_path
+from corral.services.agent.runtime import REQUEST, Runtime, log_path
 from tests.integration.test_agent_runtime import exit_of, until
 
 WAIT = 60.0

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import msgspec
 
-from events.decisions import PreemptionRequested, ShrinkRequested
-from events.jobs import CancelJob, JobsAdmitted
-from events.nodes import WorkerExited, WorkerStarted
-from events.queues import PriorityClassSpec
-from projections.state import State
+from corral.events.decisions import PreemptionRequested, ShrinkRequested
+from corral.events.jobs import CancelJob, JobsAdmitted
+from corral.events.nodes import WorkerExited, WorkerStarted
+from corral.events.queues import PriorityClassSpec
+from corral.projections.state import State
 from tests.integration.test_cluster_failures import LONG, job_spec, live, phase, train
 
 CLASSES = (PriorityClassSpec("batch", 10), PriorityClassSpec("urgent", 1000, preemptible=False))

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events.jetstream import JetStreamLog
-from events.log import Ack, Append, ConflictError, EventLog, InMemoryLog, LogError, Record
-from events.server import EmbeddedServer
-from events.subjects import STREAM, STREAM_SUBJECTS
+from corral.events.jetstream import JetStreamLog
+from corral.events.log import Ack, Append, ConflictError, EventLog, InMemoryLog, LogError, Record
+from corral.events.server import EmbeddedServer
+from corral.events.subjects import STREAM, STREAM_SUBJECTS
 
 pytestmark = pytest.mark.integration
 
@@ -467,7 +467,7 @@ async def test_fast_parser_agrees_with_the_stock_one(frames: list[bytes], cuts: 
     """Whatever the chunking, the fast path hands over exactly what the stock parser does."""
     from nats.protocol.parser import Parser
 
-    from events.nats_client import _Parser
+    from corral.events.nats_client import _Parser
 
     wire = b"".join(frames)
     bounds = sorted({0, len(wire), *(c for c in cuts if c < len(wire))})

@@ -11,15 +11,15 @@ from collections.abc import AsyncIterator, Callable
 import nats
 import pytest
 
-from events import codec, subjects
-from events.jetstream import JetStreamLog
-from events.jobs import JobRejected, JobSpec, Resources, SubmitJob
-from events.log import Append
-from projections.state import State
-from services.admission.decide import decide as admit
-from services.lease import KvLease
-from services.shell import Service
-from services.watch import Watcher
+from corral.events import codec, subjects
+from corral.events.jetstream import JetStreamLog
+from corral.events.jobs import JobRejected, JobSpec, Resources, SubmitJob
+from corral.events.log import Append
+from corral.projections.state import State
+from corral.services.admission.decide import decide as admit
+from corral.services.lease import KvLease
+from corral.services.shell import Service
+from corral.services.watch import Watcher
 
 WAIT = 20.0
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from events.decisions import PreemptionRequested, Victim
-from events.jobs import JobRequeued
-from events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
-from events.queues import PriorityClassSpec
+from corral.events.decisions import PreemptionRequested, Victim
+from corral.events.jobs import JobRequeued
+from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
+from corral.events.queues import PriorityClassSpec
 from tests.integration.test_cluster_failures import checkpointed, job_spec, live, phase, train
 
 CLASSES = (PriorityClassSpec("batch", 10), PriorityClassSpec("urgent", 1000, preemptible=False))

@@ -39,19 +39,19 @@ from typing import Any
 
 import pytest
 
-from events import codec
-from events.base import Event
-from events.decisions import JobsPlaced
-from events.jobs import JobsAdmitted, JobSpec, Resources
-from events.log import Append, EventLog, Record
-from events.nodes import NodeRegistered
-from events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
-from projections.fold import apply, apply_event
-from projections.state import State
-from services import inventory
-from services.sim.driver import AgentModel, SimConfig, SimJob, SimRecord, Simulation
-from services.up import Settings, cluster, connect
-from services.watch import Watcher
+from corral.events import codec
+from corral.events.base import Event
+from corral.events.decisions import JobsPlaced
+from corral.events.jobs import JobsAdmitted, JobSpec, Resources
+from corral.events.log import Append, EventLog, Record
+from corral.events.nodes import NodeRegistered
+from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
+from corral.projections.fold import apply, apply_event
+from corral.projections.state import State
+from corral.services import inventory
+from corral.services.sim.driver import AgentModel, SimConfig, SimJob, SimRecord, Simulation
+from corral.services.up import Settings, cluster, connect
+from corral.services.watch import Watcher
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events import codec, subjects
-from events.base import Event, Reason
-from events.decisions import (
+from corral.events import codec, subjects
+from corral.events.base import Event, Reason
+from corral.events.decisions import (
     GpuClaim,
     JobsPlaced,
     JobsUnschedulable,
@@ -25,7 +25,7 @@ from events.decisions import (
     Victim,
     WorkerSlot,
 )
-from events.jobs import (
+from corral.events.jobs import (
     Admission,
     CancelJob,
     JobAccepted,
@@ -38,8 +38,8 @@ from events.jobs import (
     Resources,
     SubmitJob,
 )
-from events.log import Append, InMemoryLog
-from events.nodes import (
+from corral.events.log import Append, InMemoryLog
+from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
     NodeCondition,
@@ -49,12 +49,12 @@ from events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
-from projections import mig
-from projections.fold import apply, fold
-from projections.snapshot import KEEP, SnapshotStore, restore
-from projections.state import JobState, State
-from services.inventory import cluster
+from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
+from corral.projections import mig
+from corral.projections.fold import apply, fold
+from corral.projections.snapshot import KEEP, SnapshotStore, restore
+from corral.projections.state import JobState, State
+from corral.services.inventory import cluster
 
 TENANTS = ("alpha", "beta")
 SHAPES = (

@@ -26,17 +26,17 @@ import msgspec
 import nats
 import pytest
 
-from events import codec, subjects
-from events.jetstream import JetStreamLog
-from events.jobs import CancelJob, JobSpec, Resources, SubmitJob
-from events.log import Record
-from events.queues import ApplyQueue, QueueSpec, Quota
-from events.server import EmbeddedServer
-from projections.state import State
-from services.query import identities
-from services.query.client import Refused, Session
-from services.up import Settings, cluster, connect
-from services.watch import Watcher
+from corral.events import codec, subjects
+from corral.events.jetstream import JetStreamLog
+from corral.events.jobs import CancelJob, JobSpec, Resources, SubmitJob
+from corral.events.log import Record
+from corral.events.queues import ApplyQueue, QueueSpec, Quota
+from corral.events.server import EmbeddedServer
+from corral.projections.state import State
+from corral.services.query import identities
+from corral.services.query.client import Refused, Session
+from corral.services.up import Settings, cluster, connect
+from corral.services.watch import Watcher
 
 WAIT = 30.0
 LOGINS = Settings(tick=0.1, agents=False, auth=True, tenants=("a", "b"))
@@ -263,7 +263,7 @@ async def test_cli_acts_as_the_tenant_it_is_given(secured: Secured, tmp_path: Pa
 
     async def corral(*args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.cli", *args, "--server", secured.url, "--credentials", str(own),
+            sys.executable, "-m", "corral", *args, "--server", secured.url, "--credentials", str(own),
             env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = await asyncio.wait_for(proc.communicate(), 60)

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import msgspec
 
-from events import codec, subjects
-from events.decisions import GpuClaim, JobsPlaced
-from events.jobs import JobSpec, Resources, SubmitJob
-from events.log import Append, EventLog, Record
-from events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
-from events.server import EmbeddedServer
-from projections.fold import fold
-from services import logfile
-from services.up import cluster, connect, service_roles
-from services.verify import format_report, verify
-from services.watch import Watcher
+from corral.events import codec, subjects
+from corral.events.decisions import GpuClaim, JobsPlaced
+from corral.events.jobs import JobSpec, Resources, SubmitJob
+from corral.events.log import Append, EventLog, Record
+from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
+from corral.events.server import EmbeddedServer
+from corral.projections.fold import fold
+from corral.services import logfile
+from corral.services.up import cluster, connect, service_roles
+from corral.services.verify import format_report, verify
+from corral.services.watch import Watcher
 
 NODES = 3  # 8×H100 each: 24 GPUs, less than the teams' quota, so some admitted jobs must wait
 TEAMS = ("team-a", "team-b")

@@ -12,10 +12,10 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events import subjects as subj
-from events.base import Event, Request
-from events.jobs import CancelJob, JobsAdmitted, JobSpec, Resources, SubmitJob
-from events.queues import (
+from corral.events import subjects as subj
+from corral.events.base import Event, Request
+from corral.events.jobs import CancelJob, JobsAdmitted, JobSpec, Resources, SubmitJob
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -24,13 +24,13 @@ from events.queues import (
     QueueSpec,
     Quota,
 )
-from projections import quota
-from projections.fold import apply_event
-from projections.lifecycle import HOLDS_QUOTA
-from projections.quota import ANY, Ledger
-from projections.state import WHOLE, State
-from services.admission.decide import AdmissionConfig, decide
-from services.admission.order import pending_order
+from corral.projections import quota
+from corral.projections.fold import apply_event
+from corral.projections.lifecycle import HOLDS_QUOTA
+from corral.projections.quota import ANY, Ledger
+from corral.projections.state import WHOLE, State
+from corral.services.admission.decide import AdmissionConfig, decide
+from corral.services.admission.order import pending_order
 
 KEYS = (ANY, "H100")
 PRIORITY_CLASSES = ("normal", "high", "low")

@@ -10,9 +10,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections import quota
-from projections.lifecycle import HOLDS_QUOTA
-from projections.state import WHOLE, State
+from corral.projections import quota
+from corral.projections.lifecycle import HOLDS_QUOTA
+from corral.projections.state import WHOLE, State
 from tests.builders import Cluster, LogBuilder, job, placement, queue_spec, whole, worker
 
 N0 = "node-00"

@@ -20,13 +20,21 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from events import codec
-from events import subjects as subj
-from events.base import Event, Reason
-from events.decisions import GpuClaim, JobsPlaced, MigSlot, Placement, PreemptionRequested, Victim, WorkerSlot
-from events.jobs import CancelJob, JobRequeued, JobsAdmitted, JobSpec, ResizeJob, SubmitJob
-from events.log import Record
-from events.nodes import (
+from corral.events import codec
+from corral.events import subjects as subj
+from corral.events.base import Event, Reason
+from corral.events.decisions import (
+    GpuClaim,
+    JobsPlaced,
+    MigSlot,
+    Placement,
+    PreemptionRequested,
+    Victim,
+    WorkerSlot,
+)
+from corral.events.jobs import CancelJob, JobRequeued, JobsAdmitted, JobSpec, ResizeJob, SubmitJob
+from corral.events.log import Record
+from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
     GpuInfo,
@@ -37,7 +45,7 @@ from events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from events.queues import (
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -48,10 +56,10 @@ from events.queues import (
     QueueSpec,
     Quota,
 )
-from projections.fold import apply_event, fold
-from projections.lifecycle import HOLDS_QUOTA
-from projections.state import WHOLE, State
-from services.inventory import h100_8x_mig, h100_8x_nvswitch
+from corral.projections.fold import apply_event, fold
+from corral.projections.lifecycle import HOLDS_QUOTA
+from corral.projections.state import WHOLE, State
+from corral.services.inventory import h100_8x_mig, h100_8x_nvswitch
 from tests.builders import (
     JobBuilder,
     LogBuilder,
@@ -783,7 +791,7 @@ def test_the_gang_story_itself_folds_cleanly() -> None:
 def test_a_refused_record_changes_nothing_but_the_rejection_books(records: list[Record]) -> None:
     """A request or report the fold refuses leaves the state as it was. (A batch decision is
     judged item by item: its valid items stand, so batches are left out here.)"""
-    from projections.fold import apply
+    from corral.projections.fold import apply
 
     state = State()
     for i, r in enumerate(records):

@@ -21,15 +21,15 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from events import subjects
-from events.decisions import JobsPlaced, Placement
-from events.jobs import Admission, JobsAdmitted, JobSpec, Resources, Topology
-from events.queues import ApplyQueue, QueueSpec, Quota
-from projections import claims, mig, quota
-from projections.fold import apply_event
-from projections.state import WHOLE, State
-from services.inventory import PROFILES
-from services.placer.decide import decide
+from corral.events import subjects
+from corral.events.decisions import JobsPlaced, Placement
+from corral.events.jobs import Admission, JobsAdmitted, JobSpec, Resources, Topology
+from corral.events.queues import ApplyQueue, QueueSpec, Quota
+from corral.projections import claims, mig, quota
+from corral.projections.fold import apply_event
+from corral.projections.state import WHOLE, State
+from corral.services.inventory import PROFILES
+from corral.services.placer.decide import decide
 from tests.builders import Cluster, LogBuilder
 
 QUEUE = QueueSpec("team-a", quotas={quota.ANY: Quota(1_000_000)})

@@ -18,10 +18,10 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events import routing
-from events import subjects as subj
-from events.base import Event, Reason
-from events.decisions import (
+from corral.events import routing
+from corral.events import subjects as subj
+from corral.events.base import Event, Reason
+from corral.events.decisions import (
     GpuClaim,
     JobsPlaced,
     JobsUnschedulable,
@@ -30,9 +30,9 @@ from events.decisions import (
     Unschedulable,
     WorkerSlot,
 )
-from events.jobs import JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob
-from events.nodes import NodeRegistered, WorkerExited, WorkerStarted
-from events.queues import (
+from corral.events.jobs import JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob
+from corral.events.nodes import NodeRegistered, WorkerExited, WorkerStarted
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -41,15 +41,15 @@ from events.queues import (
     QueueSpec,
     Quota,
 )
-from projections import claims, quota
-from projections.fold import apply_event
-from projections.quota import ANY, Ledger
-from projections.state import WHOLE, JobState, State
-from services.admission.decide import decide as admission
-from services.inventory import cluster
-from services.placer.decide import decide as placer
-from services.preemptor.decide import PreemptorConfig, decide, plan
-from services.preemptor.victims import preemptible
+from corral.projections import claims, quota
+from corral.projections.fold import apply_event
+from corral.projections.quota import ANY, Ledger
+from corral.projections.state import WHOLE, JobState, State
+from corral.services.admission.decide import decide as admission
+from corral.services.inventory import cluster
+from corral.services.placer.decide import decide as placer
+from corral.services.preemptor.decide import PreemptorConfig, decide, plan
+from corral.services.preemptor.victims import preemptible
 
 CLASSES = {
     "low": PriorityClassSpec("low", 0),

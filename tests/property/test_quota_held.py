@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.workload import records, synthetic_log
-from projections import quota
-from projections.fold import apply
-from projections.state import State
+from corral.projections import quota
+from corral.projections.fold import apply
+from corral.projections.state import State
 
 
 def _held_by_jobs(state: State) -> dict[str, dict[str, int]]:

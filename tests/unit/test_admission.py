@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from events import subjects as subj
-from events.base import Event, Reason
-from events.jobs import (
+from corral.events import subjects as subj
+from corral.events.base import Event, Reason
+from corral.events.jobs import (
     Admission,
     JobAccepted,
     JobRejected,
@@ -22,14 +22,14 @@ from events.jobs import (
     PendingReasonChanged,
     Resources,
 )
-from events.queues import CohortSpec, PriorityClassSpec, QueueSpec, Quota
-from projections.fold import apply_event
-from projections.lifecycle import Phase
-from projections.quota import ANY, Ledger
-from projections.state import Checkpoint, JobState, State
-from services.admission.decide import AdmissionConfig, decide
-from services.admission.order import pending_order
-from services.admission.validate import validate
+from corral.events.queues import CohortSpec, PriorityClassSpec, QueueSpec, Quota
+from corral.projections.fold import apply_event
+from corral.projections.lifecycle import Phase
+from corral.projections.quota import ANY, Ledger
+from corral.projections.state import Checkpoint, JobState, State
+from corral.services.admission.decide import AdmissionConfig, decide
+from corral.services.admission.order import pending_order
+from corral.services.admission.validate import validate
 
 H = "H100"
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from events import subjects as subj
-from events.jobs import CancelJob, JobSpec, Mount
-from events.nodes import CheckpointCompleted, NodeInventory, WorkerExited, WorkerStarted
-from projections.state import State
-from services.agent.decide import (
+from corral.events import subjects as subj
+from corral.events.jobs import CancelJob, JobSpec, Mount
+from corral.events.nodes import CheckpointCompleted, NodeInventory, WorkerExited, WorkerStarted
+from corral.projections.state import State
+from corral.services.agent.decide import (
     GONE_CODE,
     PORT_BASE,
     PORT_SPAN,
@@ -38,7 +38,7 @@ from services.agent.decide import (
     preemption_deadline,
     report_events,
 )
-from services.inventory import h100_8x_nvswitch
+from corral.services.inventory import h100_8x_nvswitch
 from tests.builders import Cluster, LogBuilder, job, mig_slot, on, placement, running, whole, worker
 
 N0, N1 = "node-00", "node-01"
@@ -386,8 +386,8 @@ def test_an_agent_given_relative_directories_hands_workers_absolute_paths(
 ) -> None:
     # Workers run in their own working directory: a relative checkpoint path would point
     # somewhere else there, and the agent would never see the checkpoints they write.
-    from events.log import InMemoryLog
-    from services.agent.service import NodeAgent
+    from corral.events.log import InMemoryLog
+    from corral.services.agent.service import NodeAgent
 
     monkeypatch.chdir(tmp_path)
     agent = NodeAgent(N0, InMemoryLog(), work_dir="data/nodes/node-00", checkpoint_root="data/checkpoints")

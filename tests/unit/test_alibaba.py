@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from events.jobs import Resources
-from services.placer import alibaba, stack
-from services.placer.framework import Need, Request
-from services.placer.plugins import fit
-from services.placer.plugins.fragmentation import TaskShape
-from services.placer.plugins.packing import Fragmentation, workload_of
-from services.placer.snapshot import Snapshot
+from corral.events.jobs import Resources
+from corral.services.placer import alibaba, stack
+from corral.services.placer.framework import Need, Request
+from corral.services.placer.plugins import fit
+from corral.services.placer.plugins.fragmentation import TaskShape
+from corral.services.placer.plugins.packing import Fragmentation, workload_of
+from corral.services.placer.snapshot import Snapshot
 
 TRACE = Path("/work/shared/traces/alibaba-gpu-2023")
 NODES_CSV = TRACE / "openb_node_list_gpu_node.csv"

@@ -7,10 +7,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from events.decisions import GpuClaim, Placement
-from events.jobs import Resources
-from projections import claims
-from projections.state import JobState, State
+from corral.events.decisions import GpuClaim, Placement
+from corral.events.jobs import Resources
+from corral.projections import claims
+from corral.projections.state import JobState, State
 from tests.builders import (
     Cluster,
     LogBuilder,

@@ -13,10 +13,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from events.decisions import MigSlot
-from events.jobs import Mount
-from services.agent import container
-from services.agent.container import (
+from corral.events.decisions import MigSlot
+from corral.events.jobs import Mount
+from corral.services.agent import container
+from corral.services.agent.container import (
     EngineInfo,
     Probe,
     cdi_device,
@@ -33,7 +33,7 @@ from services.agent.container import (
     run_args,
     stop_args,
 )
-from services.agent.decide import GpuBinding, StartWorker
+from corral.services.agent.decide import GpuBinding, StartWorker
 
 WORK = "/var/lib/corral/work/train/attempt-2/rank-1"
 

@@ -17,8 +17,8 @@ import msgspec
 import pynvml
 import pytest
 
-from events.nodes import GpuInfo, NodeInventory
-from services.agent.discovery import (
+from corral.events.nodes import GpuInfo, NodeInventory
+from corral.services.agent.discovery import (
     MIB,
     GpuHealthSample,
     MigDevice,
@@ -28,7 +28,7 @@ from services.agent.discovery import (
     discover,
     model_name,
 )
-from services.inventory import a100_8x_nvlink, h100_8x_nvswitch, t4_2x
+from corral.services.inventory import a100_8x_nvlink, h100_8x_nvswitch, t4_2x
 
 NODE = "gpu-07"
 HOST = (96_000, 512 * 1024)

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from projections import quota
-from projections.state import State
+from corral.projections import quota
+from corral.projections.state import State
 from tests.builders import LogBuilder, job, placement, queue_spec, whole, worker
 
 N0 = "node-00"
@@ -226,8 +226,8 @@ def test_a_shrinking_job_preempted_whole_gives_everything_back_when_its_workers_
 
 
 def _decided(log: LogBuilder, events: list, role: str) -> LogBuilder:  # type: ignore[type-arg]
-    from events import subjects as subj
-    from events.routing import subject_of
+    from corral.events import subjects as subj
+    from corral.events.routing import subject_of
 
     for ev in events:
         log.event(subject_of(ev) if role != "admission" else subj.decision("admission"), ev)
@@ -235,9 +235,9 @@ def _decided(log: LogBuilder, events: list, role: str) -> LogBuilder:  # type: i
 
 
 def test_admission_grows_a_running_elastic_job_into_quota_nobody_waits_for() -> None:
-    from events.jobs import JobsAdmitted
-    from services.admission.decide import decide as admit
-    from services.placer.decide import decide as place
+    from corral.events.jobs import JobsAdmitted
+    from corral.services.admission.decide import decide as admit
+    from corral.services.placer.decide import decide as place
 
     log = elastic_running(replicas=2, most=6, nominal=5)  # quota for 5 of its 6 workers
     state = fold(log)
@@ -254,8 +254,8 @@ def test_admission_grows_a_running_elastic_job_into_quota_nobody_waits_for() -> 
 
 
 def test_admission_does_not_grow_a_job_while_another_waits_in_its_cohort_tree() -> None:
-    from events.jobs import JobsAdmitted
-    from services.admission.decide import decide as admit
+    from corral.events.jobs import JobsAdmitted
+    from corral.services.admission.decide import decide as admit
 
     log = elastic_running(replicas=2, most=6, nominal=2)
     log.submit("alice", "w", job().replicas(1)).accept("w")  # team-a is full: w waits
@@ -264,8 +264,8 @@ def test_admission_does_not_grow_a_job_while_another_waits_in_its_cohort_tree() 
 
 
 def test_admission_grows_only_onto_gpus_that_are_free() -> None:
-    from events.jobs import JobsAdmitted
-    from services.admission.decide import decide as admit
+    from corral.events.jobs import JobsAdmitted
+    from corral.services.admission.decide import decide as admit
 
     log = elastic_running(replicas=2, most=8, nominal=16)
     log.submit("bob", "x", job("team-b").replicas(5)).accept("x").admit("x", replicas=5)
@@ -275,8 +275,8 @@ def test_admission_grows_only_onto_gpus_that_are_free() -> None:
 
 
 def test_an_agent_stops_the_leaving_ranks_of_a_shrunk_job_and_keeps_the_rest() -> None:
-    from services.agent.decide import StopWorker, WorkerKey
-    from services.agent.decide import decide as act
+    from corral.services.agent.decide import StopWorker, WorkerKey
+    from corral.services.agent.decide import decide as act
 
     log = _with_beneficiary(elastic_running(replicas=4)).shrink("e", 2, "b")
     state = fold(log)

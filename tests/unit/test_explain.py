@@ -3,10 +3,10 @@ it was refused, and nothing of it for another tenant."""
 
 from __future__ import annotations
 
-from events import subjects as subj
-from events.base import Reason
-from events.jobs import PendingReasonChanged
-from services.explain import explain_log
+from corral.events import subjects as subj
+from corral.events.base import Reason
+from corral.events.jobs import PendingReasonChanged
+from corral.services.explain import explain_log
 from tests.builders import Cluster, LogBuilder, job
 
 

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from events import codec
-from events import subjects as subj
-from events.base import Event, Reason
-from events.decisions import JobsPlaced, Placement, PreemptionRequested, Victim
-from events.jobs import Admission, JobAccepted, JobsAdmitted, RestartPolicy, SubmitJob
-from events.log import Record
-from events.nodes import NodeInventory, NodeRegistered, WorkerStarted
-from events.queues import (
+from corral.events import codec
+from corral.events import subjects as subj
+from corral.events.base import Event, Reason
+from corral.events.decisions import JobsPlaced, Placement, PreemptionRequested, Victim
+from corral.events.jobs import Admission, JobAccepted, JobsAdmitted, RestartPolicy, SubmitJob
+from corral.events.log import Record
+from corral.events.nodes import NodeInventory, NodeRegistered, WorkerStarted
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -30,9 +30,9 @@ from events.queues import (
     QueueSpec,
     Quota,
 )
-from projections.fold import apply, apply_event
-from projections.state import MAX_REJECTIONS, GpuState, Rejection, State
-from services.inventory import h100_8x_mig
+from corral.projections.fold import apply, apply_event
+from corral.projections.state import MAX_REJECTIONS, GpuState, Rejection, State
+from corral.services.inventory import h100_8x_mig
 from tests.builders import (
     Cluster,
     JobBuilder,
@@ -353,7 +353,7 @@ def test_full_lifecycle_phase_by_phase_and_resources_come_back() -> None:
 
 
 def test_rejected_job_stays_rejected() -> None:
-    from events.jobs import JobRejected
+    from corral.events.jobs import JobRejected
 
     log = LogBuilder().submit("alice", "j1")
     log.event(subj.job("j1"), JobRejected(job_id="j1", request_seq=1, reason=Reason("quota", "no quota")))
@@ -389,8 +389,8 @@ def test_redelivered_record_is_folded_once() -> None:
 
 
 def test_pending_reasons_and_unschedulable_reasons_are_kept() -> None:
-    from events.decisions import JobsUnschedulable, Unschedulable
-    from events.jobs import PendingReasonChanged
+    from corral.events.decisions import JobsUnschedulable, Unschedulable
+    from corral.events.jobs import PendingReasonChanged
 
     why = (Reason("capacity", "no 8-GPU island free", True),)
     log = queued()

@@ -14,10 +14,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from events import codec
-from events.base import Event, Reason
-from events.codec import Envelope
-from events.decisions import (
+from corral.events import codec
+from corral.events.base import Event, Reason
+from corral.events.codec import Envelope
+from corral.events.decisions import (
     GpuClaim,
     JobsPlaced,
     JobsUnschedulable,
@@ -29,7 +29,7 @@ from events.decisions import (
     Victim,
     WorkerSlot,
 )
-from events.jobs import (
+from corral.events.jobs import (
     Admission,
     CancelJob,
     JobAccepted,
@@ -44,7 +44,7 @@ from events.jobs import (
     SubmitJob,
     Topology,
 )
-from events.nodes import (
+from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
     GpuInfo,
@@ -55,7 +55,7 @@ from events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from events.queues import (
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -341,10 +341,10 @@ def test_raising_upcaster_is_a_decode_error(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_upcasted_event_folds_like_the_new_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    from events.log import Record
-    from projections.fold import apply
-    from projections.state import State
-    from services.inventory import h100_8x_nvswitch
+    from corral.events.log import Record
+    from corral.projections.fold import apply
+    from corral.projections.state import State
+    from corral.services.inventory import h100_8x_nvswitch
 
     monkeypatch.setitem(codec.UPCASTERS, "NodeLost", _node_lost_to_condition)
     state = State()

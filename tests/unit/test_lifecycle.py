@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from projections.lifecycle import (
+from corral.projections.lifecycle import (
     FINAL,
     HOLDS_GPUS,
     HOLDS_QUOTA,

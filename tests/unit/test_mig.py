@@ -10,12 +10,12 @@ from functools import cache
 
 import pytest
 
-from events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
-from events.jobs import JobSpec, Resources
-from events.nodes import NodeInventory
-from projections import claims, mig
-from projections.state import JobState, State
-from services.inventory import h100_8x_mig
+from corral.events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
+from corral.events.jobs import JobSpec, Resources
+from corral.events.nodes import NodeInventory
+from corral.projections import claims, mig
+from corral.projections.state import JobState, State
+from corral.services.inventory import h100_8x_mig
 from tests.builders import LogBuilder
 
 MIG_MODELS = ["A100-40GB", "A100-80GB", "H100-80GB", "H100-NVL", "H200-141GB"]

@@ -12,26 +12,26 @@ from dataclasses import dataclass, field
 import msgspec
 import pytest
 
-from events import subjects
-from events.base import Event, Reason
-from events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, MigSlot, Placement, WorkerSlot
-from events.jobs import Admission, JobsAdmitted, JobSpec, Resources
-from events.nodes import GpuInfo, NodeCondition, NodeInventory
-from events.queues import ApplyQueue, QueueSpec, Quota
-from projections import claims, quota
-from projections.fold import apply_event
-from projections.state import GpuState, JobState, MigInstance, NodeState, State
-from services.placer import backfill, baselines, gang, stack
-from services.placer.decide import admitted, decide
-from services.placer.framework import Need, Request
-from services.placer.plugins import mig as mig_plugin
-from services.placer.plugins.fit import FitFilter, node_fits
-from services.placer.plugins.fragmentation import TaskShape, Workload, fgd_score, fragment, take_whole
-from services.placer.plugins.health import GpuHealthFilter, NodeHealthFilter
-from services.placer.plugins.labels import LabelsFilter
-from services.placer.plugins.mig import MigReserve
-from services.placer.plugins.model import ModelFilter
-from services.placer.plugins.packing import (
+from corral.events import subjects
+from corral.events.base import Event, Reason
+from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, MigSlot, Placement, WorkerSlot
+from corral.events.jobs import Admission, JobsAdmitted, JobSpec, Resources
+from corral.events.nodes import GpuInfo, NodeCondition, NodeInventory
+from corral.events.queues import ApplyQueue, QueueSpec, Quota
+from corral.projections import claims, quota
+from corral.projections.fold import apply_event
+from corral.projections.state import GpuState, JobState, MigInstance, NodeState, State
+from corral.services.placer import backfill, baselines, gang, stack
+from corral.services.placer.decide import admitted, decide
+from corral.services.placer.framework import Need, Request
+from corral.services.placer.plugins import mig as mig_plugin
+from corral.services.placer.plugins.fit import FitFilter, node_fits
+from corral.services.placer.plugins.fragmentation import TaskShape, Workload, fgd_score, fragment, take_whole
+from corral.services.placer.plugins.health import GpuHealthFilter, NodeHealthFilter
+from corral.services.placer.plugins.labels import LabelsFilter
+from corral.services.placer.plugins.mig import MigReserve
+from corral.services.placer.plugins.model import ModelFilter
+from corral.services.placer.plugins.packing import (
     Fragmentation,
     PackingScore,
     SharedGpuReserve,
@@ -40,8 +40,8 @@ from services.placer.plugins.packing import (
     kappa_of,
     workload_of,
 )
-from services.placer.plugins.topology import IslandScore, WholeGpusReserve, levels
-from services.placer.snapshot import NodeView, Snapshot
+from corral.services.placer.plugins.topology import IslandScore, WholeGpusReserve, levels
+from corral.services.placer.snapshot import NodeView, Snapshot
 from tests.builders import Cluster, JobBuilder, LogBuilder, job
 
 # -- builders -------------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ class N:
                 g.used_milli = self.load[info.index]
                 g.holders = {"other": self.load[info.index]}
             for profile, start in self.slices.get(info.index, []):
-                from projections import mig
+                from corral.projections import mig
 
                 p = mig.profile(self.model, profile)
                 assert p is not None

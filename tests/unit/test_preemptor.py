@@ -14,10 +14,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from events import routing
-from events import subjects as subj
-from events.base import Event, Reason
-from events.decisions import (
+from corral.events import routing
+from corral.events import subjects as subj
+from corral.events.base import Event, Reason
+from corral.events.decisions import (
     GpuClaim,
     JobsPlaced,
     JobsUnschedulable,
@@ -29,7 +29,7 @@ from events.decisions import (
     Victim,
     WorkerSlot,
 )
-from events.jobs import (
+from corral.events.jobs import (
     CancelJob,
     JobAccepted,
     JobRequeued,
@@ -39,8 +39,8 @@ from events.jobs import (
     SubmitJob,
     Topology,
 )
-from events.nodes import CheckpointCompleted, NodeRegistered, WorkerExited, WorkerStarted
-from events.queues import (
+from corral.events.nodes import CheckpointCompleted, NodeRegistered, WorkerExited, WorkerStarted
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -49,16 +49,16 @@ from events.queues import (
     QueueSpec,
     Quota,
 )
-from projections import quota
-from projections.fold import apply_event
-from projections.quota import ANY
-from projections.state import Checkpoint, State
-from services.admission.decide import decide as admission
-from services.inventory import cluster
-from services.placer.decide import decide as placer
-from services.preemptor import thrash
-from services.preemptor.decide import Plan, PreemptorConfig, Shrink, decide, plan
-from services.preemptor.victims import work_lost
+from corral.projections import quota
+from corral.projections.fold import apply_event
+from corral.projections.quota import ANY
+from corral.projections.state import Checkpoint, State
+from corral.services.admission.decide import decide as admission
+from corral.services.inventory import cluster
+from corral.services.placer.decide import decide as placer
+from corral.services.preemptor import thrash
+from corral.services.preemptor.decide import Plan, PreemptorConfig, Shrink, decide, plan
+from corral.services.preemptor.victims import work_lost
 
 HELPS = Reason("gpus", "no free GPU suits 8 whole GPUs", True)
 

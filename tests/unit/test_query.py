@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from events import subjects
-from events.base import Reason
-from events.jobs import CancelJob, PendingReasonChanged
-from events.queues import QueueSpec, Quota
-from projections.index import JobEvent
-from projections.state import State
-from services.query import identities
-from services.query.answer import Ask, BadAsk, add_history, answer, parse_ask
+from corral.events import subjects
+from corral.events.base import Reason
+from corral.events.jobs import CancelJob, PendingReasonChanged
+from corral.events.queues import QueueSpec, Quota
+from corral.projections.index import JobEvent
+from corral.projections.state import State
+from corral.services.query import identities
+from corral.services.query.answer import Ask, BadAsk, add_history, answer, parse_ask
 from tests.builders import Cluster, LogBuilder, job
 
 WAITING = Reason("quota", "queue qa has 0 of 8 GPUs free", preemption_helps=True)

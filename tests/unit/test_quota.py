@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from events.jobs import Admission, JobSpec, Resources
-from events.queues import CohortSpec, QueueSpec, Quota
-from projections import quota
-from projections.quota import ANY, Ledger
-from projections.state import JobState, State
-from services.queues_view import queue_usage
+from corral.events.jobs import Admission, JobSpec, Resources
+from corral.events.queues import CohortSpec, QueueSpec, Quota
+from corral.projections import quota
+from corral.projections.quota import ANY, Ledger
+from corral.projections.state import JobState, State
+from corral.services.queues_view import queue_usage
 
 G = 1000  # milli-GPU per GPU
 

@@ -10,16 +10,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from events.base import Event
-from events.jobs import JobSpec, Resources
-from events.nodes import CheckpointCompleted
-from events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
-from projections.fold import fold
-from services import inventory
-from services.jobfile import BadInput
-from services.sim import philly
-from services.sim.driver import AgentModel, SimConfig, SimJob, Simulation
-from services.traces import philly as philly_trace
+from corral.events.base import Event
+from corral.events.jobs import JobSpec, Resources
+from corral.events.nodes import CheckpointCompleted
+from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
+from corral.projections.fold import fold
+from corral.services import inventory
+from corral.services.jobfile import BadInput
+from corral.services.sim import philly
+from corral.services.sim.driver import AgentModel, SimConfig, SimJob, Simulation
+from corral.services.traces import philly as philly_trace
 
 
 def gpus(n: int, queue: str = "team-a", work: float = 100.0, **spec: object) -> JobSpec:
@@ -295,7 +295,7 @@ def test_a_small_philly_slice_runs_under_both_policies() -> None:
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    from services.sim.cli import add_parser
+    from corral.services.sim.cli import add_parser
 
     p = argparse.ArgumentParser()
     common = argparse.ArgumentParser(add_help=False)

@@ -4,11 +4,11 @@ fit; it must not let them keep a large gang out for as long as they keep coming.
 
 from __future__ import annotations
 
-from events.base import Event
-from events.jobs import JobSpec, Resources
-from events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
-from services import inventory
-from services.sim.driver import SimConfig, SimJob, Simulation
+from corral.events.base import Event
+from corral.events.jobs import JobSpec, Resources
+from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
+from corral.services import inventory
+from corral.services.sim.driver import SimConfig, SimJob, Simulation
 
 HOUR = 3600.0
 

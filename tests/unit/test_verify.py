@@ -11,18 +11,18 @@ from collections.abc import Sequence
 import msgspec
 import pytest
 
-from events import codec, subjects
-from events.base import Event, Reason
-from events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Unschedulable
-from events.jobs import Admission, JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob
-from events.log import Append, InMemoryLog, Record
-from events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
-from projections.fold import fold
-from projections.state import State
-from services import inventory
-from services.shell import Decide, Service
-from services.up import register_nodes, service_roles
-from services.verify import as_dict, format_report, verify
+from corral.events import codec, subjects
+from corral.events.base import Event, Reason
+from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Unschedulable
+from corral.events.jobs import Admission, JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob
+from corral.events.log import Append, InMemoryLog, Record
+from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
+from corral.projections.fold import fold
+from corral.projections.state import State
+from corral.services import inventory
+from corral.services.shell import Decide, Service
+from corral.services.up import register_nodes, service_roles
+from corral.services.verify import as_dict, format_report, verify
 
 T0 = 1_700_000_000.0
 
@@ -305,7 +305,7 @@ def test_decisions_that_cannot_be_rerun_are_reported(record: Record, why: str) -
 def test_records_of_other_writers_are_not_decisions() -> None:
     roles: dict[str, Decide] = {"placer": lambda s, n: []}
     node = inventory.cluster(1, "t4-2x")[0]
-    from events.nodes import NodeRegistered
+    from corral.events.nodes import NodeRegistered
 
     env = codec.seal(
         NodeRegistered(node=node[0], inventory=node[1]), event_id="register:x", time=T0, producer="a"

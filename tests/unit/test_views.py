@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from events import codec, subjects
-from events.base import Event, Reason
-from events.decisions import (
+from corral.events import codec, subjects
+from corral.events.base import Event, Reason
+from corral.events.decisions import (
     GpuClaim,
     JobsPlaced,
     JobsUnschedulable,
@@ -20,7 +20,7 @@ from events.decisions import (
     Victim,
     WorkerSlot,
 )
-from events.jobs import (
+from corral.events.jobs import (
     Admission,
     CancelJob,
     JobAccepted,
@@ -33,8 +33,8 @@ from events.jobs import (
     Resources,
     SubmitJob,
 )
-from events.log import Record
-from events.nodes import (
+from corral.events.log import Record
+from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
     NodeConditionChanged,
@@ -43,7 +43,7 @@ from events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from events.queues import (
+from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
@@ -54,10 +54,10 @@ from events.queues import (
     QueueSpec,
     Quota,
 )
-from projections.fold import fold
-from projections.state import State
-from projections.views import QueryView, job_ids_of
-from services.inventory import h100_8x_nvswitch, t4_2x
+from corral.projections.fold import fold
+from corral.projections.state import State
+from corral.projections.views import QueryView, job_ids_of
+from corral.services.inventory import h100_8x_nvswitch, t4_2x
 
 TRAIN = JobSpec(queue="team-a", name="llm", replicas=2, resources=Resources(gpus=4))
 INFER = JobSpec(queue="team-a", resources=Resources(gpus=1, gpu_milli=500))

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from events.base import Reason
-from services.placer.framework import Request
-from services.placer.plugins import mig as mig_plugin
-from services.placer.plugins.fragmentation import TaskShape
-from services.placer.plugins.model import suits
-from services.placer.snapshot import NodeView
+from corral.events.base import Reason
+from corral.services.placer.framework import Request
+from corral.services.placer.plugins import mig as mig_plugin
+from corral.services.placer.plugins.fragmentation import TaskShape
+from corral.services.placer.plugins.model import suits
+from corral.services.placer.snapshot import NodeView
 
 
 def node_fits(

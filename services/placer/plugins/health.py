@@ -7,10 +7,10 @@ if they are idle. Neither is something preemption can fix.
 
 from __future__ import annotations
 
-from events.base import Reason
-from services.placer.framework import Request
-from services.placer.plugins.model import suits
-from services.placer.snapshot import NodeView
+from corral.events.base import Reason
+from corral.services.placer.framework import Request
+from corral.services.placer.plugins.model import suits
+from corral.services.placer.snapshot import NodeView
 
 
 class NodeHealthFilter:

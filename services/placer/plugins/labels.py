@@ -3,9 +3,9 @@ value), as the fold's placement check insists."""
 
 from __future__ import annotations
 
-from events.base import Reason
-from services.placer.framework import Request
-from services.placer.snapshot import NodeView
+from corral.events.base import Reason
+from corral.services.placer.framework import Request
+from corral.services.placer.snapshot import NodeView
 
 
 class LabelsFilter:

@@ -9,11 +9,11 @@ profiles still find room later. Ties: lowest start, then lowest GPU index.
 
 from __future__ import annotations
 
-from events.decisions import GpuClaim, MigSlot
-from projections import mig
-from services.placer.framework import Need, NeedKind, Request
-from services.placer.plugins.model import suits
-from services.placer.snapshot import GpuView, NodeView
+from corral.events.decisions import GpuClaim, MigSlot
+from corral.projections import mig
+from corral.services.placer.framework import Need, NeedKind, Request
+from corral.services.placer.plugins.model import suits
+from corral.services.placer.snapshot import GpuView, NodeView
 
 
 def free_starts(g: GpuView, need: Need) -> list[int]:

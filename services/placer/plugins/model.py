@@ -6,10 +6,10 @@ These are facts of the hardware, not of what is busy: no preemption changes them
 
 from __future__ import annotations
 
-from events.base import Reason
-from projections import mig
-from services.placer.framework import Need, Request
-from services.placer.snapshot import GpuView, NodeView
+from corral.events.base import Reason
+from corral.projections import mig
+from corral.services.placer.framework import Need, Request
+from corral.services.placer.snapshot import GpuView, NodeView
 
 
 def suits(need: Need, g: GpuView) -> bool:

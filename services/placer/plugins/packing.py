@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from events.decisions import GpuClaim
-from projections.lifecycle import FINAL
-from projections.state import State
-from services.placer.framework import NeedKind, Request
-from services.placer.plugins.fragmentation import (
+from corral.events.decisions import GpuClaim
+from corral.projections.lifecycle import FINAL
+from corral.projections.state import State
+from corral.services.placer.framework import NeedKind, Request
+from corral.services.placer.plugins.fragmentation import (
     WHOLE,
     FragTable,
     TaskShape,
@@ -39,8 +39,8 @@ from services.placer.plugins.fragmentation import (
     take_shared,
     take_whole,
 )
-from services.placer.plugins.model import suits
-from services.placer.snapshot import GpuView, NodeView
+from corral.services.placer.plugins.model import suits
+from corral.services.placer.snapshot import GpuView, NodeView
 
 Policy = Literal["binpack", "spread", "fgd", "corral"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fgd", "corral")

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from events.decisions import GpuClaim
-from projections.state import WHOLE
-from services.placer.framework import NeedKind, Request
-from services.placer.snapshot import GpuView, NodeView
+from corral.events.decisions import GpuClaim
+from corral.projections.state import WHOLE
+from corral.services.placer.framework import NeedKind, Request
+from corral.services.placer.snapshot import GpuView, NodeView
 
 Level = Literal["island", "node", "rack", "block", "cluster"]
 WIDER: tuple[Level, ...] = ("island", "node", "rack", "block", "cluster")

@@ -1,0 +1,5 @@
+"""``python -m corral``: the same as the ``corral`` command."""
+
+from corral.services.cli import main
+
+main()

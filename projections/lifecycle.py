@@ -2,14 +2,29 @@
 
 The fold makes every phase change by this table (``fold_moves.MOVES`` is it, looked up by
 trigger); a move not in the table is an illegal transition and is recorded as a rejection,
-never applied. ``advance`` answers the same for everyone else.
+never applied. ``advance`` answers the same for everyone else. Every edge is taken by some
+record the fold accepts (``tests/unit/test_lifecycle_edges.py`` drives each one); an edge no
+record can take does not belong here.
 
-    submitted ─accept→ queued ─admit→ admitted ─place→ placed ─start→ starting ─run→ running
+The table, as ``diagram()`` draws it:
+
+    submitted ─accept→ queued
     submitted ─reject→ rejected
-    running ─preempt→ checkpointing ─stop→ preempted ─requeue→ queued (next attempt)
-    placed | starting | running ─interrupt→ interrupted ─requeue→ queued (next attempt)
-    running ─succeed→ succeeded;  placed | starting | running ─fail→ failed
+    queued ─admit→ admitted
+    admitted ─place→ placed
+    placed | starting ─start→ starting
+    starting ─run→ running
+    placed | starting | running ─preempt→ checkpointing
+    checkpointing ─stop→ preempted
+    placed | starting | running ─interrupt→ interrupted
+    checkpointing ─interrupt→ preempted
+    preempted | interrupted ─requeue→ queued
+    running ─succeed→ succeeded
+    starting | running ─fail→ failed
     any phase that is not final ─cancel→ cancelled
+
+``preempted`` and ``interrupted`` are waiting points: admission's ``JobRequeued`` moves the job
+to its next attempt, so restart policy and back-off stay decisions, not arithmetic in the fold.
 """
 
 from __future__ import annotations
@@ -45,7 +60,6 @@ Trigger = Literal[
     "succeed",
     "fail",
     "cancel",
-    "unadmit",
 ]
 
 PHASES: tuple[Phase, ...] = Phase.__args__  # type: ignore[attr-defined]
@@ -60,30 +74,27 @@ TRANSITIONS: dict[tuple[Phase, Trigger], Phase] = {
     ("submitted", "accept"): "queued",
     ("submitted", "reject"): "rejected",
     ("queued", "admit"): "admitted",
-    # Admission withdrawn before placement (the quota was needed back, or the job shrank to 0).
-    ("admitted", "unadmit"): "queued",
     ("admitted", "place"): "placed",
     ("placed", "start"): "starting",
     ("starting", "start"): "starting",
-    ("placed", "run"): "running",
+    # A gang's last worker to start makes it run (a worker of one, at once: start, then run).
     ("starting", "run"): "running",
     ("running", "preempt"): "checkpointing",
     ("placed", "preempt"): "checkpointing",
     ("starting", "preempt"): "checkpointing",
+    # A victim with no live worker stops at once; else when its last worker has exited.
     ("checkpointing", "stop"): "preempted",
     ("preempted", "requeue"): "queued",
     ("placed", "interrupt"): "interrupted",
     ("starting", "interrupt"): "interrupted",
     ("running", "interrupt"): "interrupted",
-    ("checkpointing", "interrupt"): "preempted",
+    ("checkpointing", "interrupt"): "preempted",  # its node was lost while it checkpointed
     ("interrupted", "requeue"): "queued",
     ("running", "succeed"): "succeeded",
-    ("checkpointing", "succeed"): "succeeded",
-    ("placed", "fail"): "failed",
+    # A started worker that fails with no restarts left. (While checkpointing, any exit counts
+    # towards the stop: the job is preempted either way.)
     ("starting", "fail"): "failed",
     ("running", "fail"): "failed",
-    ("checkpointing", "fail"): "failed",
-    ("interrupted", "fail"): "failed",
     **{(p, "cancel"): "cancelled" for p in PHASES if p not in FINAL},
 }
 
@@ -93,6 +104,23 @@ class IllegalTransition(Exception):
         super().__init__(f"cannot {trigger} a job that is {phase}")
         self.phase = phase
         self.trigger = trigger
+
+
+def diagram() -> str:
+    """The table drawn as text, a line per trigger and target, in the order phases and triggers
+    are declared: the diagram in this module's docstring, which a test keeps equal to it."""
+    live = [p for p in PHASES if p not in FINAL]
+    lines = []
+    for trigger in TRIGGERS:
+        by_target: dict[Phase, list[Phase]] = {}
+        for (phase, t), target in TRANSITIONS.items():
+            if t == trigger:
+                by_target.setdefault(target, []).append(phase)
+        for target, sources in by_target.items():
+            ordered = [p for p in PHASES if p in sources]
+            text = "any phase that is not final" if ordered == live else " | ".join(ordered)
+            lines.append(f"{text} ─{trigger}→ {target}")
+    return "\n".join(lines)
 
 
 def advance(phase: Phase, trigger: Trigger) -> Phase:

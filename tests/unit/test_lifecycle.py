@@ -1,6 +1,7 @@
-"""The lifecycle table, walked whole: every (phase, trigger) pair is either an edge of the table,
-which gives its target, or an illegal transition. Plus the shape every operator relies on: final
-phases are final, anything else can be cancelled, and every phase can be reached."""
+"""The lifecycle table, walked whole: every (phase, trigger) pair outside the table is an illegal
+transition, and the docstring's diagram is the table's. Plus the shape every operator relies on:
+final phases are final, anything else can be cancelled, and every phase can be reached. That the
+fold really takes each edge, on real records, is ``test_lifecycle_edges.py``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import itertools
 
 import pytest
 
+from corral.projections import lifecycle
 from corral.projections.lifecycle import (
     FINAL,
     HOLDS_GPUS,
@@ -40,9 +42,16 @@ def test_every_pair_is_walked() -> None:
     assert EDGES and ILLEGAL
 
 
-@pytest.mark.parametrize("pair", EDGES, ids=_id)
-def test_edge_gives_its_target(pair: tuple[Phase, Trigger]) -> None:
-    assert advance(*pair) == TRANSITIONS[pair]
+def test_the_docstring_draws_the_table() -> None:
+    drawn = "\n".join("    " + line for line in lifecycle.diagram().split("\n"))
+    assert drawn in (lifecycle.__doc__ or ""), f"draw the table in the docstring as:\n{drawn}"
+
+
+def test_the_diagram_names_every_edge() -> None:
+    lines = lifecycle.diagram().split("\n")
+    for (phase, trigger), target in TRANSITIONS.items():
+        drawn = [line for line in lines if line.endswith(f"─{trigger}→ {target}")]
+        assert any(phase in line or line.startswith("any phase") for line in drawn), (phase, trigger)
 
 
 @pytest.mark.parametrize("pair", ILLEGAL, ids=_id)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from corral.services.sim import philly
-from corral.services.traces import philly as trace
+from corral.services.sim.traces import philly as trace
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,13 +27,14 @@ from corral.events.jobs import Admission, JobSpec, Resources, Topology, Topology
 from corral.events.nodes import NodeRegistered
 from corral.projections import claims
 from corral.projections.fold import apply_event
+from corral.projections.placement import gang, stack
+from corral.projections.placement.framework import Request
+from corral.projections.placement.plugins.packing import Fragmentation, workload_of
+from corral.projections.placement.snapshot import Snapshot
 from corral.projections.state import JobState, State
-from corral.services.inventory import cluster
-from corral.services.placer import alibaba, gang, stack
+from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide
-from corral.services.placer.framework import Request
-from corral.services.placer.plugins.packing import Fragmentation, workload_of
-from corral.services.placer.snapshot import Snapshot
+from corral.services.sim import alibaba
 
 TRACE = Path("/work/shared/traces/alibaba-gpu-2023")
 NODES = 1250

@@ -1,6 +1,6 @@
 """A synthetic log with the shape of a busy cluster's, for the benchmarks.
 
-``synthetic_log(n)`` plays job lifecycles on a simulated cluster (``services.inventory.cluster``)
+``synthetic_log(n)`` plays job lifecycles on a simulated cluster (``services.agent.inventory.cluster``)
 in scheduling cycles, and writes what each writer would append for them: admin requests setting
 up queues, node registrations, tenants' submit requests (bare JSON on
 ``corral.in.<tenant>.submit``), admission's acceptances, requeues and batched admissions, the
@@ -64,7 +64,7 @@ from corral.events.queues import (
 from corral.projections import mig, quota
 from corral.projections.fold import apply_event
 from corral.projections.state import State
-from corral.services.inventory import cluster
+from corral.services.agent.inventory import cluster
 
 T0 = 1_700_000_000.0  # stream time of the first record
 RATE = 100.0  # records a second of stream time

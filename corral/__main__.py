@@ -1,5 +1,5 @@
 """``python -m corral``: the same as the ``corral`` command."""
 
-from corral.services.cli import main
+from corral.services.cli.main import main
 
 main()

@@ -2,7 +2,7 @@
 mini-batch gradient descent on synthetic data from a fixed seed, that checkpoints when corral asks
 and resumes from the step it saved.
 
-It follows corral's checkpoint contract (see ``services/agent/runtime.py``):
+It follows corral's checkpoint contract (see ``services/agent/workers.py``):
 
 - on ``SIGUSR1``, or when ``$CORRAL_CHECKPOINT_DIR/REQUEST`` appears, it saves weights and step to
   ``$CORRAL_CHECKPOINT_DIR/step-<N>.npz`` and writes ``DONE`` (``{"step": N, "location": ...}``);

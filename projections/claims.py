@@ -12,7 +12,7 @@ import msgspec
 from corral.events.base import Reason
 from corral.events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
 from corral.events.jobs import Resources
-from corral.projections import mig
+from corral.projections import mig, shape
 from corral.projections.state import WHOLE, GpuState, JobState, MigInstance, NodeState, State
 
 
@@ -35,11 +35,12 @@ _gpu_index = operator.attrgetter("gpu")
 
 def check_worker_shape(res: Resources, claims: tuple[GpuClaim, ...]) -> None:
     """A worker's claims must be exactly what the job asked for: no more, no less."""
-    if res.mig is not None:
+    k = shape.kind(res)
+    if k == "mig":
         if len(claims) != 1 or claims[0].mig is None or claims[0].mig.profile != res.mig:
             raise ClaimError("shape", f"each worker needs one MIG {res.mig} instance")
         return
-    if res.gpus == 1 and 0 < res.gpu_milli < WHOLE:
+    if k == "fraction":
         if len(claims) != 1 or claims[0].mig is not None or claims[0].milli != res.gpu_milli:
             raise ClaimError("shape", f"each worker needs {res.gpu_milli} milli-GPU of one GPU")
         return
@@ -167,7 +168,7 @@ def _check_gpus(node: NodeState, claims: tuple[GpuClaim, ...], res: Resources, i
     models = res.gpu_models
     memory = res.min_gpu_memory_mib
     # The shape is checked: a whole-GPU worker claims only whole GPUs, and nothing of MIG.
-    whole = res.mig is None and not (res.gpus == 1 and 0 < res.gpu_milli < WHOLE)
+    whole = shape.kind(res) in ("whole", "cpu")
     for c in claims:
         # The common claim, a whole idle healthy GPU that suits the job, passes here at once;
         # any other goes through every check, which says what is wrong if anything is.

@@ -27,15 +27,15 @@ from corral.events.jobs import (
     JobsAdmitted,
     PendingReasonChanged,
     ResizeJob,
-    Resources,
     SubmitJob,
 )
 from corral.events.log import Record
 from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
 from corral.events.routing import job_ids as job_ids_of
-from corral.projections.state import WHOLE, Rejection, State
+from corral.projections.shape import Shape
+from corral.projections.state import Rejection, State
 
-__all__ = ["JobEvent", "gpus_per_worker", "job_events", "job_ids_of", "summarize"]
+__all__ = ["JobEvent", "job_events", "job_ids_of", "summarize"]
 
 
 class JobEvent(msgspec.Struct, frozen=True):
@@ -114,22 +114,6 @@ def _refused(rej: Rejection | None, body: Event, job_id: str) -> str:
 # -- summaries --------------------------------------------------------------------------------
 
 
-def gpus_per_worker(res: Resources) -> float | None:
-    """Whole GPUs, or the fraction of one shared GPU; None for a MIG instance."""
-    if res.mig is not None:
-        return None
-    if res.gpus == 1 and 0 < res.gpu_milli < WHOLE:
-        return res.gpu_milli / WHOLE
-    return float(res.gpus)
-
-
-def _shape(res: Resources) -> str:
-    if res.mig is not None:
-        return f"MIG {res.mig}"
-    gpus = gpus_per_worker(res)
-    return f"{gpus:g} GPU" if gpus else "no GPU"
-
-
 def _reasons_text(reasons: Iterable[Reason]) -> str:
     return "; ".join(f"{r.code}: {r.message}" for r in reasons) or "no reason given"
 
@@ -141,7 +125,8 @@ def summarize(body: Event, job_id: str) -> str:
     """One line on what ``body`` says about job ``job_id``."""
     match body:
         case SubmitJob(job=spec):
-            return f"submitted to queue {spec.queue}: {spec.replicas} × {_shape(spec.resources)}"
+            worker = Shape.of(spec.resources).gpus_short()
+            return f"submitted to queue {spec.queue}: {spec.replicas} × {worker}"
         case CancelJob():
             return "cancel requested" + (f": {body.reason}" if body.reason else "")
         case ResizeJob():

@@ -42,6 +42,7 @@ from corral.events.jobs import Admission, JobSpec, Resources
 from corral.events.queues import CohortSpec, QueueSpec, Quota
 from corral.projections import mig
 from corral.projections.lifecycle import HOLDS_QUOTA
+from corral.projections.shape import kind_of
 from corral.projections.state import WHOLE, JobState, State
 
 ANY = "*"
@@ -79,6 +80,13 @@ def _mig_worker_milli(profile: str, gpu_models: tuple[str, ...], key: str) -> in
     return WHOLE if found is None else found
 
 
+def _gpu_milli(res: Resources) -> int:
+    """Milli-GPU of one worker that is not a MIG slice: the one reading of the shape, without
+    building a ``Shape`` (this is on the fold's and admission's hot paths)."""
+    k = kind_of(res.gpus, res.gpu_milli, res.mig)
+    return res.gpu_milli if k == "fraction" else (res.gpus * WHOLE if k == "whole" else 0)
+
+
 def worker_milli(res: Resources, key: str = ANY) -> int:
     """What one worker costs against quota key ``key``, in milli-GPU."""
     if res.mig is not None:
@@ -91,12 +99,7 @@ def worker_milli(res: Resources, key: str = ANY) -> int:
             if len(_mig_charges) < _MAX_MIG_CHARGES:
                 _mig_charges[known] = milli
         return milli
-    gpus = res.gpus
-    if gpus <= 0:
-        return 0
-    if gpus == 1 and 0 < res.gpu_milli < WHOLE:
-        return res.gpu_milli
-    return gpus * WHOLE
+    return _gpu_milli(res)
 
 
 def candidate_keys(queue: QueueSpec, res: Resources) -> tuple[str, ...]:
@@ -115,7 +118,7 @@ def worker_demands(queue: QueueSpec, res: Resources) -> tuple[tuple[str, int], .
     if res.mig is None and not res.gpu_models:
         if res.gpus <= 0:
             return ()
-        return ((ANY, res.gpu_milli if res.gpus == 1 and 0 < res.gpu_milli < WHOLE else res.gpus * WHOLE),)
+        return ((ANY, _gpu_milli(res)),)
     return tuple((k, worker_milli(res, k)) for k in candidate_keys(queue, res) if worker_milli(res, k) > 0)
 
 
@@ -189,10 +192,7 @@ def count_holding(state: State, job: JobState, sign: int) -> None:
     if adm is not None and len(adm.gpus) == 1:  # ``holding``'s one key, without its list
         (key,) = adm.gpus
         res = job.spec.resources
-        if res.mig is None and res.gpus > 0:  # ``worker_milli``, on the hot path
-            milli = res.gpu_milli if res.gpus == 1 and 0 < res.gpu_milli < WHOLE else res.gpus * WHOLE
-        else:
-            milli = worker_milli(res, key)
+        milli = worker_milli(res, key)
         left = per_key.get(key, 0) + sign * milli * adm.replicas
         if left:
             per_key[key] = left
@@ -482,10 +482,7 @@ class Ledger:
             if key not in keys:
                 why = f"job {job.id} may count against {', '.join(keys)}, not {key}"
                 return Reason("shape", why), None, 0
-        if res.mig is None:  # ``worker_milli``, on the hot path (``gpus`` > 0 here)
-            milli = res.gpu_milli if res.gpus == 1 and 0 < res.gpu_milli < WHOLE else res.gpus * WHOLE
-        else:
-            milli = worker_milli(res, key)
+        milli = worker_milli(res, key)
         milli *= adm.replicas
         if gpus != -(-milli // WHOLE):  # ``whole_gpus``
             why = f"{adm.replicas} workers of {job.id} hold {fmt_gpus(milli)} {key}"
@@ -605,13 +602,6 @@ def admissible(state: State, queue: str, demand: Mapping[str, int]) -> Reason | 
     """Whether ``demand`` (milli-GPU per quota key) fits ``queue`` in ``state`` right now.
     Builds a Ledger (O(jobs)); callers checking many demands build one and reuse it."""
     return Ledger.from_state(state).admissible(queue, demand)
-
-
-def job_demand(queue: QueueSpec, spec: JobSpec, replicas: int | None = None) -> dict[str, int]:
-    """The job's charge on its first candidate key at ``replicas`` (default: all of them)."""
-    key = candidate_keys(queue, spec.resources)[0]
-    milli = worker_milli(spec.resources, key) * (spec.replicas if replicas is None else replicas)
-    return {key: milli} if milli > 0 else {}
 
 
 def admission(

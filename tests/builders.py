@@ -60,7 +60,7 @@ from corral.events.queues import ApplyQueue, DeleteQueue, QueueSpec, Quota
 from corral.projections import quota
 from corral.projections.fold import fold
 from corral.projections.state import JobState, State
-from corral.services.inventory import cluster
+from corral.services.agent.inventory import cluster
 
 # Quota (whole GPUs, any model) of the queues tests apply when quota is not what they are about:
 # more than any test cluster here holds, so only a test that means to meet a quota limit does.
@@ -202,7 +202,7 @@ def on(node: str, *gpus: int, job_id: str, attempt: int = 0) -> Placement:
 
 
 class Cluster:
-    """Simulated nodes from ``services.inventory.cluster``, as the events their agents send."""
+    """Simulated nodes from ``services.agent.inventory.cluster``, as the events their agents send."""
 
     def __init__(self, count: int = 1, profile: str = "h100-8x", prefix: str = "node") -> None:
         self.nodes: list[tuple[str, NodeInventory]] = cluster(count, profile, prefix)

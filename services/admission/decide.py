@@ -16,8 +16,8 @@ the admission names. Quota is charged in a Ledger as admissions are made, in the
 listed, which is the order the fold checks them in; so folding the output voids nothing.
 
 Holds. The first job of a best-effort queue that does not fit holds its share of the queue's
-nominal quota against later jobs of the queue (``order.Hold``); when it is free of the queue's
-own jobs is projected from when they end (``order.quota_end``; a job admitted this cycle, at
+nominal quota against later jobs of the queue (``projections.holds.Hold``); when it is free of the queue's
+own jobs is projected from when they end (``projections.holds.quota_end``; a job admitted this cycle, at
 ``now`` plus its runtime estimate). The preemptor keeps the same holds: it stops nobody for a
 job that the hold would keep out.
 
@@ -61,19 +61,12 @@ from corral.events.jobs import (
 )
 from corral.events.queues import QueueSpec
 from corral.projections import quota
+from corral.projections.holds import Hold, hold, quota_end
 from corral.projections.lifecycle import FINAL, HOLDS_QUOTA
 from corral.projections.quota import Ledger, fmt_gpus, key_name
 from corral.projections.state import JobState, State
 from corral.services.admission.grow import growths
-from corral.services.admission.order import (
-    Cursor,
-    FairShare,
-    FairShareOrder,
-    Hold,
-    hold,
-    quota_end,
-    sort_queue,
-)
+from corral.services.admission.order import Cursor, FairShare, FairShareOrder, sort_queue
 from corral.services.admission.validate import priority_value, validate
 
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 
 from corral.events.jobs import Admission
-from corral.projections import quota
+from corral.projections import quota, shape
 from corral.projections.quota import Ledger
+from corral.projections.shape import Shape
 from corral.projections.state import JobState, State
 
 
@@ -76,9 +77,7 @@ def growable(job: JobState) -> bool:
         and adm.replicas < spec.replicas
         and placement is not None
         and len(placement.workers) == adm.replicas  # all placed, none leaving
-        and spec.resources.gpus >= 1
-        and spec.resources.mig is None
-        and not (spec.resources.gpus == 1 and 0 < spec.resources.gpu_milli < 1000)
+        and shape.kind(spec.resources) == "whole"
     )
 
 
@@ -119,6 +118,5 @@ def _unplaced_gpus(state: State, admitted: Collection[Admission]) -> int:
     for job_id, replicas in pending.items():
         found = state.jobs.get(job_id)
         if found is not None:
-            res = found.spec.resources
-            total += replicas * max(res.gpus, 1 if res.gpu_milli else 0)
+            total += replicas * Shape.of(found.spec.resources).gpus
     return total

@@ -43,6 +43,7 @@ from corral.events.base import Event
 from corral.events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
 from corral.events.jobs import Mount
 from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
+from corral.projections import shape
 from corral.projections.lifecycle import FINAL
 from corral.projections.state import JobState, NodeState, State
 
@@ -335,7 +336,7 @@ def start_worker(
     env = dict(spec.env)
     env.update(rendezvous_env(state, placement, slot))
     env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpus)
-    if spec.resources.gpus == 1 and 0 < spec.resources.gpu_milli < 1000 and spec.resources.mig is None:
+    if shape.kind(spec.resources) == "fraction":
         env["CORRAL_GPU_MILLI"] = str(spec.resources.gpu_milli)
     env["CORRAL_JOB_ID"] = job.id
     env["CORRAL_ATTEMPT"] = str(job.attempt)
@@ -419,7 +420,3 @@ def report_events(node: str, report: Report) -> list[Event]:
             node=node, job_id=k.job_id, attempt=k.attempt, location=report.location, step=report.step
         )
     ]
-
-
-def gone_events(node: str, key: WorkerKey) -> list[Event]:
-    return [WorkerExited(node=node, job_id=key.job_id, attempt=key.attempt, rank=key.rank, code=GONE_CODE)]

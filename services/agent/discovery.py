@@ -1,6 +1,6 @@
 """What GPUs this node has, read through NVML (pynvml), or a simulated inventory without them.
 
-Discovery produces the same ``NodeInventory`` as the simulated profiles of ``services.inventory``,
+Discovery produces the same ``NodeInventory`` as the simulated profiles of ``services.agent.inventory``,
 so nothing downstream can tell a real node from a simulated one:
 
 - ``model`` is corral's name (``H100-80GB``, ``A100-40GB``, ``H200-141GB``, ``T4``, …), taken from
@@ -35,9 +35,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from corral.events.heartbeats import GpuHealthSample, XidReport
 from corral.events.nodes import GpuInfo, NodeInventory
 from corral.projections import mig
-from corral.services.inventory import PROFILES
+from corral.services.agent.inventory import PROFILES
 
 MIB = 1024 * 1024
 MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS
@@ -86,40 +87,6 @@ _MIG_PROFILE_IDS: dict[int, tuple[int, int, bool]] = {
     5: (4, 4, False),
     0: (8, 7, False),
 }
-
-
-class GpuHealthSample(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One GPU's health counters and load at one moment, as heartbeats carry them.
-
-    ``None`` means NVML cannot tell on this GPU (NotSupported); the health policy then ignores
-    that signal. ``lost`` means NVML answered ``GpuIsLost`` for it.
-    """
-
-    index: int
-    uuid: str
-    lost: bool = False
-    ecc_uncorrected: int | None = None  # volatile count since the last driver load or reset
-    ecc_corrected: int | None = None
-    remap_pending: bool = False
-    remap_failed: bool = False
-    retired_pages_pending: bool = False
-    nvlinks_active: int = 0
-    nvlinks_down: int = 0  # links that exist but are not active
-    utilisation_pct: int | None = None
-    memory_used_mib: int | None = None
-    temperature_c: int | None = None
-    power_w: float | None = None
-    clock_event_reasons: int = 0  # NVML clocks event reasons bit mask (thermal, power, …)
-
-
-class XidReport(msgspec.Struct, frozen=True, omit_defaults=True):
-    """An XID error NVML reported; ``gpu_instance``/``compute_instance`` name a MIG instance
-    (-1: the whole GPU, or NVML could not attribute it)."""
-
-    gpu: int
-    xid: int
-    gpu_instance: int = -1
-    compute_instance: int = -1
 
 
 class MigDevice(msgspec.Struct, frozen=True, omit_defaults=True):

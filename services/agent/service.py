@@ -40,6 +40,7 @@ import msgspec
 
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
+from corral.events.heartbeats import GpuHealthSample, Heartbeat, XidReport
 from corral.events.log import Append, EventLog, LogError
 from corral.events.nodes import (
     CheckpointCompleted,
@@ -57,10 +58,9 @@ from corral.services.agent.decide import (
     decide,
     report_events,
 )
-from corral.services.agent.discovery import Discovery, GpuHealthSample, NvmlGpus, XidReport
-from corral.services.agent.health import Heartbeat
-from corral.services.agent.runtime import Runtime, SandboxMode, job_logs, restart_backoff
-from corral.services.shell import Service
+from corral.services.agent.discovery import Discovery, NvmlGpus
+from corral.services.agent.workers import Runtime, SandboxMode, job_logs, restart_backoff
+from corral.services.runtime.shell import Service
 
 log = logging.getLogger("corral.agent")
 

@@ -1,2 +1,3 @@
-"""The health monitor: heartbeats and GPU health in, node and GPU health facts out. ``service`` is
-its async shell; the policy it applies is ``services.agent.health`` (pure)."""
+"""The health monitor: heartbeats and GPU health in, node and GPU health facts out. ``decide`` is
+its pure policy (which GPU signals matter, and the node state machine), ``service`` its async
+shell."""

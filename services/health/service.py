@@ -9,7 +9,7 @@ request), so that the tracker's idea of the log is the log's. Every ``tick`` (an
 batch) ``evaluate`` turns silences and signals into ``NodeConditionChanged``,
 ``GpuHealthChanged`` and ``NodeCordoned`` on ``corral.ev.node.<node>``, each once.
 
-The shell is ``services.shell.Service``: appends are pipelined, and the monitor does not evaluate
+The shell is ``services.runtime.shell.Service``: appends are pipelined, and the monitor does not evaluate
 again until its own last appends are folded, so it never states a fact twice from a stale view.
 """
 
@@ -26,11 +26,12 @@ from nats.aio.msg import Msg
 
 from corral.events import codec, subjects
 from corral.events.base import Event
+from corral.events.heartbeats import Heartbeat
 from corral.events.log import EventLog, Record
 from corral.projections.fold import apply
 from corral.projections.state import State
-from corral.services.agent.health import Heartbeat, HeartbeatTracker
-from corral.services.shell import Service
+from corral.services.health.decide import HeartbeatTracker
+from corral.services.runtime.shell import Service
 
 log = logging.getLogger("corral.health")
 

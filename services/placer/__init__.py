@@ -1,8 +1,7 @@
 """The placer: which GPUs each admitted job gets.
 
-``decide.py`` is the pure decision (one cycle over the admitted jobs); ``stack.py`` assembles the
-plugin chain (``framework.py``, ``plugins/``); ``gang.py`` places a job's whole gang or nothing
-on a cycle's ``snapshot.py``; ``backfill.py`` holds a reservation for the first job that does not
-fit. ``alibaba.py`` replays the Alibaba GPU trace through the same fit and packing code, against
-the published policies (``baselines.py``), and ``plot.py`` draws its curves.
+``decide.py`` is the pure decision (one cycle over the admitted jobs) and ``service.py`` its shell.
+What fits where is the placement chain in ``projections.placement`` (filters, scores and
+reserves, a gang placed whole or not at all), which the preemptor asks too; ``backfill.py`` holds
+a reservation for the first job that does not fit and lets others backfill around it.
 """

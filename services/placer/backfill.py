@@ -25,25 +25,11 @@ from corral.events.base import Reason
 from corral.events.decisions import GpuClaim, Placement
 from corral.events.jobs import Resources
 from corral.projections import mig
-from corral.projections.state import JobState, State
-from corral.services.placer import gang
-from corral.services.placer.framework import Chain, Request
-from corral.services.placer.snapshot import NodeView, Snapshot
-
-
-def expected_end(job: JobState, now: float) -> float:
-    """When ``job`` is expected to give its GPUs back (``inf``: unknown)."""
-    spec = job.spec
-    if job.phase == "checkpointing":
-        end = job.phase_since + spec.grace_seconds
-    elif job.phase == "running":
-        end = math.inf if spec.runtime_estimate_s is None else job.phase_since + spec.runtime_estimate_s
-    elif job.phase in ("placed", "starting"):
-        est = spec.runtime_estimate_s
-        end = math.inf if est is None else max(job.phase_since, now) + est
-    else:
-        end = now  # stopped or stopping: its last workers are on their way out
-    return max(end, now)
+from corral.projections.holds import expected_end
+from corral.projections.placement import gang
+from corral.projections.placement.framework import Chain, Request
+from corral.projections.placement.snapshot import NodeView, Snapshot
+from corral.projections.state import State
 
 
 @dataclass

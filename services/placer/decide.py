@@ -47,13 +47,14 @@ from corral.events.base import Event, Reason
 from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Placement, Unschedulable
 from corral.events.jobs import Resources
 from corral.projections import claims, quota
+from corral.projections.placement import gang, stack
+from corral.projections.placement.framework import Request
+from corral.projections.placement.plugins.packing import Fragmentation, workload_of
+from corral.projections.placement.snapshot import Snapshot
+from corral.projections.placement.stack import PlacerConfig
 from corral.projections.state import JobState, State
-from corral.services.placer import backfill, gang, stack
+from corral.services.placer import backfill
 from corral.services.placer.backfill import Reservation
-from corral.services.placer.framework import Request
-from corral.services.placer.plugins.packing import Fragmentation, workload_of
-from corral.services.placer.snapshot import Snapshot
-from corral.services.placer.stack import PlacerConfig
 
 DEFAULT = PlacerConfig()
 

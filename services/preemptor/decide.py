@@ -15,7 +15,7 @@ append, each with ``based_on = state.seq`` and ``now``:
    their queue's quota is in use (``victims.blocked_target``), for which lower-priority jobs of
    their queue, or other queues' borrowers, can give quota and GPUs back; but not a queued job
    that admission would keep out for an earlier job of its queue that holds the queue's quota
-   (``services.admission.order.Hold``): the first queued job of a best-effort queue that waits
+   (``projections.holds.Hold``): the first queued job of a best-effort queue that waits
    (quota blocks it and no victims get it admitted) holds it here as it does in admission, so
    that quota reclaimed for a later, smaller job does not go to a job that would delay it;
 3. for each, ``victims.search``: the minimal victims found by simulation, checked with the fold's
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 
 from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
+from corral.projections.holds import Hold, hold, quota_ends
+from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
-from corral.services.admission.order import Hold, hold, quota_ends
-from corral.services.placer.stack import PlacerConfig
 from corral.services.preemptor.victims import (
     Pool,
     Simulation,

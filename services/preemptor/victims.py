@@ -45,13 +45,13 @@ import msgspec
 from corral.events.base import Reason
 from corral.events.decisions import Placement, WorkerSlot
 from corral.projections import claims, quota
+from corral.projections.placement import gang, stack
+from corral.projections.placement.framework import Chain, Request
+from corral.projections.placement.plugins.packing import Fragmentation, workload_of
+from corral.projections.placement.snapshot import Snapshot
+from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, JobState, State
-from corral.services.placer import gang, stack
-from corral.services.placer.framework import Chain, Request
-from corral.services.placer.plugins.packing import Fragmentation, workload_of
-from corral.services.placer.snapshot import Snapshot
-from corral.services.placer.stack import PlacerConfig
 from corral.services.preemptor import thrash
 
 RUNNING = ("placed", "starting", "running")  # the phases a PreemptionRequested may stop

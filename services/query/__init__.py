@@ -1,3 +1,3 @@
-"""What a tenant may see and say, enforced by NATS: the identities and their permissions
-(``identities``), the read service that answers tenants' questions from the folded log
-(``answer`` pure, ``service`` its shell), and the client side of both (``client``)."""
+"""The read service: what a tenant may see, answered from the folded log. ``decide`` is the pure
+``answer`` (with ``explain``, ``queues`` and ``present`` for what it shows), ``service`` its
+shell; ``identities`` holds the logins and their NATS permissions, ``client`` the asking side."""

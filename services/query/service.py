@@ -36,7 +36,7 @@ from corral.projections.fold import apply
 from corral.projections.index import JobEvent
 from corral.projections.state import State
 from corral.services.query import identities
-from corral.services.query.answer import Ask, BadAsk, add_history, answer, parse_ask, refusal
+from corral.services.query.decide import Ask, BadAsk, add_history, answer, parse_ask, refusal
 
 log = logging.getLogger("corral.query")
 

@@ -78,13 +78,13 @@ from corral.events.nodes import (
 from corral.projections import quota
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import FINAL
+from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, JobState, State
 from corral.services.admission.decide import AdmissionConfig
 from corral.services.admission.decide import decide as admission_decide
 from corral.services.admission.order import FairShare
 from corral.services.placer.decide import decide as placer_decide
-from corral.services.placer.stack import PlacerConfig
 from corral.services.preemptor.decide import PreemptorConfig
 from corral.services.preemptor.decide import decide as preemptor_decide
 

@@ -1,7 +1,7 @@
 """The time-dynamic Philly experiment: weeks of real arrivals and departures through corral's
 services, on the simulator, against FIFO on the same slice.
 
-The slice. Microsoft's Philly trace (``services/traces/philly.py``) sorted by arrival; the
+The slice. Microsoft's Philly trace (``services/sim/traces/philly.py``) sorted by arrival; the
 ``jobs`` (default 20,000) that arrive first from ``start`` on (default 2017-10-23 00:00 UTC: a
 contiguous window of about 24 days, 13 of the 15 virtual clusters active, 85 jobs of more
 than 8 GPUs). Every virtual cluster is a team: one tenant and, under corral, one queue.
@@ -68,11 +68,11 @@ from corral.events.queues import (
     QueueSpec,
     Quota,
 )
-from corral.services import inventory
-from corral.services.placer.plot import line_chart
+from corral.services.agent import inventory
 from corral.services.preemptor.decide import PreemptorConfig
 from corral.services.sim.driver import JobStats, SimConfig, SimJob, Simulation
-from corral.services.traces import philly
+from corral.services.sim.plot import line_chart
+from corral.services.sim.traces import philly
 
 START = "2017-10-23"
 JOBS = 20_000

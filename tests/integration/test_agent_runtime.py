@@ -41,7 +41,7 @@ from corral.services.agent.decide import (
     decide,
     report_events,
 )
-from corral.services.agent.runtime import REQUEST, Runtime, SandboxMode, job_logs, log_path, restart_backoff
+from corral.services.agent.workers import REQUEST, Runtime, SandboxMode, job_logs, log_path, restart_backoff
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
 
 N0 = "node-00"

@@ -40,8 +40,8 @@ from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSp
 from corral.projections.fold import fold
 from corral.projections.lifecycle import FINAL
 from corral.projections.state import State
-from corral.services.up import Cluster, Settings, cluster, connect
-from corral.services.watch import Watcher
+from corral.services.cli.up import Cluster, Settings, cluster, connect
+from corral.services.cli.watch import Watcher
 
 TRAIN = str(Path(__file__).resolve().parents[2] / "examples" / "train.py")
 WAIT = 60.0  # generous: a loaded 2-core machine starts Python with numpy slowly

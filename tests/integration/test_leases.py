@@ -17,9 +17,9 @@ from corral.events.jobs import JobRejected, JobSpec, Resources, SubmitJob
 from corral.events.log import Append
 from corral.projections.state import State
 from corral.services.admission.decide import decide as admit
-from corral.services.lease import KvLease
-from corral.services.shell import Service
-from corral.services.watch import Watcher
+from corral.services.cli.watch import Watcher
+from corral.services.runtime.lease import KvLease
+from corral.services.runtime.shell import Service
 
 WAIT = 20.0
 

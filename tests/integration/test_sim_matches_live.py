@@ -3,7 +3,7 @@ same small input.
 
 The simulator runs first and records every event it folded, with who wrote it: the world
 (queues, arrivals), the simulated node agents, or a service. Then a real nats-server, the live
-admission, placer and preemptor (``services.up.cluster``) and the same simulated nodes get the
+admission, placer and preemptor (``services.cli.up.cluster``) and the same simulated nodes get the
 same input: the test appends the world's and the agents' records, in the simulator's order, and
 lets the live services write their own decisions. The cluster runs no node agents of its own
 (the simulator's play that part) and its health monitor expects no heartbeats within the test.
@@ -48,10 +48,10 @@ from corral.events.nodes import NodeRegistered
 from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
 from corral.projections.fold import apply, apply_event
 from corral.projections.state import State
-from corral.services import inventory
+from corral.services.agent import inventory
+from corral.services.cli.up import Settings, cluster, connect
+from corral.services.cli.watch import Watcher
 from corral.services.sim.driver import AgentModel, SimConfig, SimJob, SimRecord, Simulation
-from corral.services.up import Settings, cluster, connect
-from corral.services.watch import Watcher
 
 pytestmark = pytest.mark.integration
 

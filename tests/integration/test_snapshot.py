@@ -54,7 +54,7 @@ from corral.projections import mig
 from corral.projections.fold import apply, fold
 from corral.projections.snapshot import KEEP, SnapshotStore, restore
 from corral.projections.state import JobState, State
-from corral.services.inventory import cluster
+from corral.services.agent.inventory import cluster
 
 TENANTS = ("alpha", "beta")
 SHAPES = (

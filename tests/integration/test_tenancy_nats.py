@@ -33,10 +33,10 @@ from corral.events.log import Record
 from corral.events.queues import ApplyQueue, QueueSpec, Quota
 from corral.events.server import EmbeddedServer
 from corral.projections.state import State
+from corral.services.cli.up import Settings, cluster, connect
+from corral.services.cli.watch import Watcher
 from corral.services.query import identities
 from corral.services.query.client import Refused, Session
-from corral.services.up import Settings, cluster, connect
-from corral.services.watch import Watcher
 
 WAIT = 30.0
 LOGINS = Settings(tick=0.1, agents=False, auth=True, tenants=("a", "b"))

@@ -1,5 +1,5 @@
 """``corral replay --verify`` on a log written by a live run: embedded nats-server, the decision
-services and simulated nodes (``services.up.cluster``), tenants submitting more than fits. The log
+services and simulated nodes (``services.cli.up.cluster``), tenants submitting more than fits. The log
 verifies clean; the same log with one placement moved to another GPU, or with a decision written
 by hand, does not, and the report names that decision."""
 
@@ -16,10 +16,11 @@ from corral.events.log import Append, EventLog, Record
 from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
 from corral.events.server import EmbeddedServer
 from corral.projections.fold import fold
-from corral.services import logfile
-from corral.services.up import cluster, connect, service_roles
-from corral.services.verify import format_report, verify
-from corral.services.watch import Watcher
+from corral.services.cli import logfile
+from corral.services.cli.up import cluster, connect, service_roles
+from corral.services.cli.watch import Watcher
+from corral.services.replay.report import format_report
+from corral.services.replay.verify import verify
 
 NODES = 3  # 8×H100 each: 24 GPUs, less than the teams' quota, so some admitted jobs must wait
 TEAMS = ("team-a", "team-b")

@@ -59,7 +59,7 @@ from corral.events.queues import (
 from corral.projections.fold import apply_event, fold
 from corral.projections.lifecycle import HOLDS_QUOTA
 from corral.projections.state import WHOLE, State
-from corral.services.inventory import h100_8x_mig, h100_8x_nvswitch
+from corral.services.agent.inventory import h100_8x_mig, h100_8x_nvswitch
 from tests.builders import (
     JobBuilder,
     LogBuilder,

@@ -28,7 +28,7 @@ from corral.events.queues import ApplyQueue, QueueSpec, Quota
 from corral.projections import claims, mig, quota
 from corral.projections.fold import apply_event
 from corral.projections.state import WHOLE, State
-from corral.services.inventory import PROFILES
+from corral.services.agent.inventory import PROFILES
 from corral.services.placer.decide import decide
 from tests.builders import Cluster, LogBuilder
 

@@ -46,7 +46,7 @@ from corral.projections.fold import apply_event
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import WHOLE, JobState, State
 from corral.services.admission.decide import decide as admission
-from corral.services.inventory import cluster
+from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide as placer
 from corral.services.preemptor.decide import PreemptorConfig, decide, plan
 from corral.services.preemptor.victims import preemptible

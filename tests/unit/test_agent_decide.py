@@ -38,7 +38,7 @@ from corral.services.agent.decide import (
     preemption_deadline,
     report_events,
 )
-from corral.services.inventory import h100_8x_nvswitch
+from corral.services.agent.inventory import h100_8x_nvswitch
 from tests.builders import Cluster, LogBuilder, job, mig_slot, on, placement, running, whole, worker
 
 N0, N1 = "node-00", "node-01"

@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from corral.events.jobs import Resources
-from corral.services.placer import alibaba, stack
-from corral.services.placer.framework import Need, Request
-from corral.services.placer.plugins import fit
-from corral.services.placer.plugins.fragmentation import TaskShape
-from corral.services.placer.plugins.packing import Fragmentation, workload_of
-from corral.services.placer.snapshot import Snapshot
+from corral.projections.placement import stack
+from corral.projections.placement.framework import Need, Request
+from corral.projections.placement.plugins import fit
+from corral.projections.placement.plugins.fragmentation import TaskShape
+from corral.projections.placement.plugins.packing import Fragmentation, workload_of
+from corral.projections.placement.snapshot import Snapshot
+from corral.services.sim import alibaba
 
 TRACE = Path("/work/shared/traces/alibaba-gpu-2023")
 NODES_CSV = TRACE / "openb_node_list_gpu_node.csv"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.services import cli
-from corral.services.traces import philly
+from corral.services.cli import main as cli
+from corral.services.sim.traces import philly
 
 
 def test_the_demo_without_its_trace_says_where_to_find_one(

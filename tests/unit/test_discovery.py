@@ -2,7 +2,7 @@
 GPUs described in a few lines. Every capability a GPU lacks answers ``NotSupported`` as the real
 library does, and discovery must treat that as a missing value, never an error.
 
-The machines follow the simulated profiles of ``services.inventory``, so the test can say "NVML
+The machines follow the simulated profiles of ``services.agent.inventory``, so the test can say "NVML
 discovery of this machine equals its simulated profile" (UUIDs and host CPU/memory aside).
 """
 
@@ -28,7 +28,7 @@ from corral.services.agent.discovery import (
     discover,
     model_name,
 )
-from corral.services.inventory import a100_8x_nvlink, h100_8x_nvswitch, t4_2x
+from corral.services.agent.inventory import a100_8x_nvlink, h100_8x_nvswitch, t4_2x
 
 NODE = "gpu-07"
 HOST = (96_000, 512 * 1024)

@@ -32,7 +32,7 @@ from corral.events.queues import (
 )
 from corral.projections.fold import apply, apply_event
 from corral.projections.state import MAX_REJECTIONS, GpuState, Rejection, State
-from corral.services.inventory import h100_8x_mig
+from corral.services.agent.inventory import h100_8x_mig
 from tests.builders import (
     Cluster,
     JobBuilder,

@@ -344,7 +344,7 @@ def test_upcasted_event_folds_like_the_new_one(monkeypatch: pytest.MonkeyPatch) 
     from corral.events.log import Record
     from corral.projections.fold import apply
     from corral.projections.state import State
-    from corral.services.inventory import h100_8x_nvswitch
+    from corral.services.agent.inventory import h100_8x_nvswitch
 
     monkeypatch.setitem(codec.UPCASTERS, "NodeLost", _node_lost_to_condition)
     state = State()

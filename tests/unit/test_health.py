@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from corral.events.heartbeats import GpuHealthSample, XidReport
 from corral.events.nodes import GpuHealthChanged, NodeConditionChanged, NodeCordoned, NodeRegistered
 from corral.events.queues import CordonNode
-from corral.services.agent.discovery import GpuHealthSample, XidReport
-from corral.services.agent.health import (
+from corral.services.health.decide import (
     XID_ACTIONS,
     Action,
     Heartbeat,

@@ -15,7 +15,7 @@ from corral.events.jobs import JobSpec, Resources
 from corral.events.nodes import NodeInventory
 from corral.projections import claims, mig
 from corral.projections.state import JobState, State
-from corral.services.inventory import h100_8x_mig
+from corral.services.agent.inventory import h100_8x_mig
 from tests.builders import LogBuilder
 
 MIG_MODELS = ["A100-40GB", "A100-80GB", "H100-80GB", "H100-NVL", "H200-141GB"]

@@ -18,20 +18,24 @@ from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Mig
 from corral.events.jobs import Admission, JobsAdmitted, JobSpec, Resources
 from corral.events.nodes import GpuInfo, NodeCondition, NodeInventory
 from corral.events.queues import ApplyQueue, QueueSpec, Quota
-from corral.projections import claims, quota
+from corral.projections import claims, holds, quota
 from corral.projections.fold import apply_event
-from corral.projections.state import GpuState, JobState, MigInstance, NodeState, State
-from corral.services.placer import backfill, baselines, gang, stack
-from corral.services.placer.decide import admitted, decide
-from corral.services.placer.framework import Need, Request
-from corral.services.placer.plugins import mig as mig_plugin
-from corral.services.placer.plugins.fit import FitFilter, node_fits
-from corral.services.placer.plugins.fragmentation import TaskShape, Workload, fgd_score, fragment, take_whole
-from corral.services.placer.plugins.health import GpuHealthFilter, NodeHealthFilter
-from corral.services.placer.plugins.labels import LabelsFilter
-from corral.services.placer.plugins.mig import MigReserve
-from corral.services.placer.plugins.model import ModelFilter
-from corral.services.placer.plugins.packing import (
+from corral.projections.placement import gang, stack
+from corral.projections.placement.framework import Need, Request
+from corral.projections.placement.plugins import mig as mig_plugin
+from corral.projections.placement.plugins.fit import FitFilter, node_fits
+from corral.projections.placement.plugins.fragmentation import (
+    TaskShape,
+    Workload,
+    fgd_score,
+    fragment,
+    take_whole,
+)
+from corral.projections.placement.plugins.health import GpuHealthFilter, NodeHealthFilter
+from corral.projections.placement.plugins.labels import LabelsFilter
+from corral.projections.placement.plugins.mig import MigReserve
+from corral.projections.placement.plugins.model import ModelFilter
+from corral.projections.placement.plugins.packing import (
     Fragmentation,
     PackingScore,
     SharedGpuReserve,
@@ -40,8 +44,11 @@ from corral.services.placer.plugins.packing import (
     kappa_of,
     workload_of,
 )
-from corral.services.placer.plugins.topology import IslandScore, WholeGpusReserve, levels
-from corral.services.placer.snapshot import NodeView, Snapshot
+from corral.projections.placement.plugins.topology import IslandScore, WholeGpusReserve, levels
+from corral.projections.placement.snapshot import NodeView, Snapshot
+from corral.projections.state import GpuState, JobState, MigInstance, NodeState, State
+from corral.services.placer.decide import admitted, decide
+from corral.services.sim import baselines
 from tests.builders import Cluster, JobBuilder, LogBuilder, job
 
 # -- builders -------------------------------------------------------------------------------------
@@ -740,11 +747,11 @@ def test_expected_end() -> None:
     j = JobState(
         id="x", tenant="t", spec=spec, submitted_seq=0, submitted_at=0.0, phase="running", phase_since=50.0
     )
-    assert backfill.expected_end(j, 10.0) == 150.0
+    assert holds.expected_end(j, 10.0) == 150.0
     j.phase = "checkpointing"
-    assert backfill.expected_end(j, 10.0) == 80.0
+    assert holds.expected_end(j, 10.0) == 80.0
     j.phase, j.spec = "running", JobSpec(queue="q")
-    assert math.isinf(backfill.expected_end(j, 10.0))
+    assert math.isinf(holds.expected_end(j, 10.0))
 
 
 def reservation_state() -> State:

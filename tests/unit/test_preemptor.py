@@ -54,7 +54,7 @@ from corral.projections.fold import apply_event
 from corral.projections.quota import ANY
 from corral.projections.state import Checkpoint, State
 from corral.services.admission.decide import decide as admission
-from corral.services.inventory import cluster
+from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide as placer
 from corral.services.preemptor import thrash
 from corral.services.preemptor.decide import Plan, PreemptorConfig, Shrink, decide, plan

@@ -11,7 +11,7 @@ from corral.events.queues import CohortSpec, QueueSpec, Quota
 from corral.projections import quota
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import JobState, State
-from corral.services.queues_view import queue_usage
+from corral.services.query.queues import queue_usage
 
 G = 1000  # milli-GPU per GPU
 

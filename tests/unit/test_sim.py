@@ -15,11 +15,11 @@ from corral.events.jobs import JobSpec, Resources
 from corral.events.nodes import CheckpointCompleted
 from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
 from corral.projections.fold import fold
-from corral.services import inventory
-from corral.services.jobfile import BadInput
+from corral.services.agent import inventory
+from corral.services.cli.jobfile import BadInput
 from corral.services.sim import philly
 from corral.services.sim.driver import AgentModel, SimConfig, SimJob, Simulation
-from corral.services.traces import philly as philly_trace
+from corral.services.sim.traces import philly as philly_trace
 
 
 def gpus(n: int, queue: str = "team-a", work: float = 100.0, **spec: object) -> JobSpec:
@@ -295,7 +295,7 @@ def test_a_small_philly_slice_runs_under_both_policies() -> None:
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    from corral.services.sim.cli import add_parser
+    from corral.services.cli.sim import add_parser
 
     p = argparse.ArgumentParser()
     common = argparse.ArgumentParser(add_help=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from corral.events.base import Event
 from corral.events.jobs import JobSpec, Resources
 from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
-from corral.services import inventory
+from corral.services.agent import inventory
 from corral.services.sim.driver import SimConfig, SimJob, Simulation
 
 HOUR = 3600.0

@@ -19,10 +19,11 @@ from corral.events.log import Append, InMemoryLog, Record
 from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
 from corral.projections.fold import fold
 from corral.projections.state import State
-from corral.services import inventory
-from corral.services.shell import Decide, Service
-from corral.services.up import register_nodes, service_roles
-from corral.services.verify import as_dict, format_report, verify
+from corral.services.agent import inventory
+from corral.services.cli.up import register_nodes, service_roles
+from corral.services.replay.report import as_dict, format_report
+from corral.services.replay.verify import verify
+from corral.services.runtime.shell import Decide, Service
 
 T0 = 1_700_000_000.0
 

@@ -1,0 +1,60 @@
+"""Heartbeats: what a node agent tells the health monitor every interval, on core NATS.
+
+They travel on ``corral.hb.<node>``, not in the log: the monitor turns them into logged facts
+(``NodeConditionChanged``, ``GpuHealthChanged``) only when something changes. Like every message
+here they are JSON, so an agent in any language can send them. An agent's own clock is never in
+them: the monitor stamps each with its receive time.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class GpuHealthSample(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One GPU's health counters and load at one moment, as heartbeats carry them.
+
+    ``None`` means NVML cannot tell on this GPU (NotSupported); the health policy then ignores
+    that signal. ``lost`` means NVML answered ``GpuIsLost`` for it.
+    """
+
+    index: int
+    uuid: str
+    lost: bool = False
+    ecc_uncorrected: int | None = None  # volatile count since the last driver load or reset
+    ecc_corrected: int | None = None
+    remap_pending: bool = False
+    remap_failed: bool = False
+    retired_pages_pending: bool = False
+    nvlinks_active: int = 0
+    nvlinks_down: int = 0  # links that exist but are not active
+    utilisation_pct: int | None = None
+    memory_used_mib: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    clock_event_reasons: int = 0  # NVML clocks event reasons bit mask (thermal, power, …)
+
+
+class XidReport(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An XID error NVML reported; ``gpu_instance``/``compute_instance`` name a MIG instance
+    (-1: the whole GPU, or NVML could not attribute it)."""
+
+    gpu: int
+    xid: int
+    gpu_instance: int = -1
+    compute_instance: int = -1
+
+
+class Heartbeat(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What an agent publishes on ``corral.hb.<node>`` every interval.
+
+    ``seq`` grows by one per heartbeat (older or repeated ones are ignored); ``xids`` are those
+    seen since the previous heartbeat (``NvmlGpus.wait_xid``); ``ok`` is false when the agent
+    cannot do its work (NVML broken, runtime failing).
+    """
+
+    node: str
+    seq: int
+    gpus: tuple[GpuHealthSample, ...] = ()
+    xids: tuple[XidReport, ...] = ()
+    ok: bool = True

@@ -1,0 +1,109 @@
+"""When holders give GPUs and quota back, and what a waiting job keeps for itself meanwhile.
+
+Admission, the placer and the preemptor all project the near future from the state alone, the
+same way, so that they agree on it: a job holding GPUs is expected to end at ``phase_since +
+runtime_estimate_s`` (``grace_seconds`` for one that is checkpointing; never, if it has no
+estimate), and a job admitted but not placed yet holds its quota for its runtime estimate from
+now (``expected_end``, ``quota_end``).
+
+A best-effort queue's first job that does not fit holds its share of the queue's nominal quota
+(``Hold``, ``hold``): later jobs of the queue may use only what leaves it room, unless they end
+before the queue's own jobs are projected to give it that room. Admission keeps the hold when it
+admits; the preemptor keeps the same hold when it chooses victims.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from corral.projections import quota
+from corral.projections.lifecycle import HOLDS_QUOTA
+from corral.projections.quota import Ledger
+from corral.projections.state import JobState, State
+
+
+def expected_end(job: JobState, now: float) -> float:
+    """When ``job`` is expected to give its GPUs back (``inf``: unknown)."""
+    spec = job.spec
+    if job.phase == "checkpointing":
+        end = job.phase_since + spec.grace_seconds
+    elif job.phase == "running":
+        end = math.inf if spec.runtime_estimate_s is None else job.phase_since + spec.runtime_estimate_s
+    elif job.phase in ("placed", "starting"):
+        est = spec.runtime_estimate_s
+        end = math.inf if est is None else max(job.phase_since, now) + est
+    else:
+        end = now  # stopped or stopping: its last workers are on their way out
+    return max(end, now)
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """``need`` milli-GPU of ``key`` of its queue's nominal quota kept for ``job_id``, the queue's
+    first job that does not fit; ``start``: when the queue's own jobs are projected to have given
+    it that room (``inf``: not known, as jobs without a runtime estimate hold it, so no job is
+    known to end before then)."""
+
+    job_id: str
+    key: str
+    need: int
+    start: float
+
+    def spare(self, ledger: Ledger, queue: str, key: str, estimate: float | None, now: float) -> int | None:
+        """How much of ``key`` a later job of the queue may take past the held job (None: no
+        limit beyond the ledger's): what leaves the held job room within the nominal, unless the
+        job's runtime estimate ends by ``start`` and so cannot delay it."""
+        if key != self.key or (estimate is not None and now + estimate <= self.start < math.inf):
+            return None
+        return ledger.nominal(queue, key) - ledger.used(queue, key) - self.need
+
+    def when(self) -> str:
+        # An absolute log time, as the placer's reservation says it: stable from cycle to cycle.
+        if math.isinf(self.start):
+            return "when jobs without a runtime estimate end"
+        return f"at t={self.start:.0f}"
+
+
+def quota_end(job: JobState, now: float) -> float:
+    """When ``job``, holding quota, is expected to give it back: as the placer projects the end of
+    a job holding GPUs (``expected_end``); a job admitted and not yet placed, its runtime estimate
+    from ``now``."""
+    if job.phase == "admitted":
+        est = job.spec.runtime_estimate_s
+        return math.inf if est is None else now + est
+    return expected_end(job, now)
+
+
+def quota_ends(state: State, now: float) -> dict[tuple[str, str], list[tuple[float, int]]]:
+    """Per (queue, key), when the jobs holding its quota give it back: (time, milli-GPU)."""
+    out: dict[tuple[str, str], list[tuple[float, int]]] = {}
+    for job in state.jobs.values():
+        if job.phase in HOLDS_QUOTA:
+            for key, milli in quota.holding(job):
+                out.setdefault((job.spec.queue, key), []).append((quota_end(job, now), milli))
+    return out
+
+
+def hold(ledger: Ledger, queue: str, job: JobState, ends: list[tuple[float, int]], now: float) -> Hold | None:
+    """The quota ``job`` holds in ``queue`` as its first job that does not fit: what it would be
+    admitted with (its minimum replicas, on its first key), and when the queue's holders, given
+    by (expected end, milli-GPU) in ``ends``, leave room for it in the nominal. None if it needs
+    no quota or more than the nominal."""
+    demands = quota.worker_demands(ledger.spec(queue), job.spec.resources)
+    if not demands:
+        return None
+    key, per_worker = demands[0]
+    need = per_worker * quota.min_replicas(job.spec)
+    nominal = ledger.nominal(queue, key)
+    if need > nominal:
+        return None
+    left, start = ledger.used(queue, key), now
+    for end, milli in sorted(ends):
+        if left + need <= nominal:
+            break
+        left -= milli
+        start = max(now, end)
+    if left + need > nominal:  # held by more than the projection knows of
+        start = math.inf
+    return Hold(job.id, key, need, start)

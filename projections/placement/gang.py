@@ -1,0 +1,201 @@
+"""Gang placement: all of a job's workers in one go, or none of them.
+
+For each topology level the job allows (``plugins/topology.py``), narrowest first, the search
+tries candidate domains: one NVLink island or one node for the whole gang, or one rack or block
+whose free GPUs can hold it (the tightest such domain first), or the whole cluster. Inside a
+domain the workers are placed one by one through the chain (filters, reserve, scores), each
+taking its share of the snapshot so the next worker sees what is left. If a worker finds no room
+the domain's takes are given back and the next domain is tried. Nothing is ever half placed.
+
+Candidate nodes come from the snapshot's index: nodes with enough free whole GPUs, tightest
+first (bin packing) or emptiest first (spreading); nodes with a partly used GPU before idle ones
+for fractions; nodes with MIG GPUs for MIG slices; every ready node for CPU-only workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from corral.events.base import Reason
+from corral.events.decisions import GpuClaim, Placement, WorkerSlot
+from corral.projections.placement.framework import Chain, Request
+from corral.projections.placement.plugins.topology import Level, islands, levels, whole_free
+from corral.projections.placement.snapshot import Snapshot
+
+MAX_DOMAINS = 32  # domains tried per level before giving up: bounds the cost of a hopeless gang
+
+
+@dataclass
+class Attempt:
+    """What one job has taken from the snapshot so far (given back if the gang does not fit)."""
+
+    snap: Snapshot
+    req: Request
+    slots: list[WorkerSlot] = field(default_factory=list)
+
+    def take(self, node: str, gpus: tuple[GpuClaim, ...]) -> None:
+        self.snap.take(node, self.req.res, gpus)
+        self.slots.append(WorkerSlot(len(self.slots), node, gpus))
+
+    def undo(self) -> None:
+        for w in reversed(self.slots):
+            self.snap.give_back(w.node, self.req.res, w.gpus)
+        self.slots.clear()
+
+
+def candidates(snap: Snapshot, req: Request, per_node: int = 1, most_first: bool = False) -> Iterator[str]:
+    """Nodes that might take ``per_node`` workers of ``req``, best first for the packing."""
+    need = req.need
+    if need.kind == "whole":
+        models = [m for m in snap.models() if need.model_ok(m)]
+        yield from snap.by_free_whole(models, need.gpus * per_node, most_first)
+    elif need.kind == "fraction":
+        yield from snap.partial
+        models = [m for m in snap.models() if need.model_ok(m)]
+        partial = snap.partial
+        for name in snap.by_free_whole(models, 1, most_first):
+            if name not in partial:
+                yield name
+    elif need.kind == "mig":
+        yield from snap.sliced
+    else:
+        yield from snap.ready
+
+
+def place(
+    chain: Chain, snap: Snapshot, req: Request, label_keys: dict[str, str]
+) -> Placement | tuple[Reason, ...]:
+    """Place the whole gang of ``req`` on ``snap`` (taking what it uses) or say why not."""
+    if req.replicas <= 0:
+        return (Reason("shape", "the gang has no workers"),)
+    for level in levels(req):
+        slots = _at_level(chain, snap, req, level, label_keys)
+        if slots is not None:
+            return Placement(req.job_id, req.attempt, tuple(slots))
+    return _why_not(chain, snap, req)
+
+
+def _at_level(
+    chain: Chain, snap: Snapshot, req: Request, level: Level, label_keys: dict[str, str]
+) -> list[WorkerSlot] | None:
+    if level == "cluster":
+        return _anywhere(chain, snap, req)
+    if level in ("island", "node"):
+        tried = 0
+        for name in candidates(snap, req, per_node=req.replicas):
+            node = snap.view(name)
+            if chain.reject(req, node) is not None:
+                continue
+            tried += 1
+            if tried > MAX_DOMAINS:
+                break
+            groups: Iterable[int | None] = [None]
+            if level == "island":
+                free = whole_free(req, node) if req.need.kind == "whole" else node.gpus
+                groups = [
+                    k
+                    for k, grp in sorted(islands(free).items(), key=lambda kv: (len(kv[1]), kv[0]))
+                    if k >= 0 and (req.need.kind != "whole" or len(grp) >= req.need.gpus * req.replicas)
+                ]
+            for island in groups:
+                slots = _fill(chain, snap, req, [name] * req.replicas, island)
+                if slots is not None:
+                    return slots
+        return None
+    return _in_domains(chain, snap, req, level, label_keys)
+
+
+def _fill(
+    chain: Chain, snap: Snapshot, req: Request, order: list[str], island: int | None
+) -> list[WorkerSlot] | None:
+    """Put worker ``i`` on ``order[i]`` (same node repeated for a one-node gang)."""
+    attempt = Attempt(snap, req)
+    for name in order:
+        pick = chain.best(snap, req, (name,), island)
+        if pick is None:
+            attempt.undo()
+            return None
+        attempt.take(pick.node, pick.gpus)
+    return attempt.slots
+
+
+def _anywhere(chain: Chain, snap: Snapshot, req: Request) -> list[WorkerSlot] | None:
+    """Workers one by one on the best node each; ``spread`` keeps them on distinct nodes (if
+    required, else as far as it can)."""
+    spread = req.pack == "spread"
+    passes = (True,) if (spread and req.required) else ((True, False) if spread else (False,))
+    for distinct in passes:
+        attempt = Attempt(snap, req)
+        for _ in range(req.replicas):
+            used = frozenset(w.node for w in attempt.slots) if distinct else frozenset()
+            pick = chain.best(snap, req, candidates(snap, req, most_first=spread), exclude=used)
+            if pick is None:
+                attempt.undo()
+                break
+            attempt.take(pick.node, pick.gpus)
+        else:
+            return attempt.slots
+    return None
+
+
+def _in_domains(
+    chain: Chain, snap: Snapshot, req: Request, level: Level, label_keys: dict[str, str]
+) -> list[WorkerSlot] | None:
+    """One rack or block for the whole gang: the tightest domain that can hold it first."""
+    # Room is counted from the index alone (no filters yet): a domain that turns out smaller is
+    # simply passed over when its workers do not all fit.
+    members: dict[str, list[str]] = {}
+    room: dict[str, int] = {}
+    label = label_keys[level]
+    models = [m for m in snap.models() if req.need.model_ok(m)]
+    for name in candidates(snap, req):
+        key = snap.state.nodes[name].inventory.labels.get(label)
+        if key is None:
+            continue
+        members.setdefault(key, []).append(name)
+        if req.need.kind == "whole":
+            free = sum(snap.free_whole_count(name, m) for m in models)
+            room[key] = room.get(key, 0) + free // req.need.gpus
+        else:
+            room[key] = room.get(key, 0) + req.replicas  # not counted ahead: tried in turn
+    fitting = sorted((k for k in members if room[k] >= req.replicas), key=lambda k: (room[k], k))
+    for key in fitting[:MAX_DOMAINS]:
+        # Within the domain, fill the roomiest nodes first: fewer nodes, closer ranks.
+        order = sorted(members[key], key=lambda n: -len(whole_free(req, snap.view(n))))
+        slots = _first_fit(chain, snap, req, order)
+        if slots is not None:
+            return slots
+    return None
+
+
+def _first_fit(chain: Chain, snap: Snapshot, req: Request, order: list[str]) -> list[WorkerSlot] | None:
+    """Each worker on the first node of ``order`` that still takes one."""
+    attempt = Attempt(snap, req)
+    for _ in range(req.replicas):
+        for name in order:
+            pick = chain.best(snap, req, (name,))
+            if pick is not None:
+                attempt.take(pick.node, pick.gpus)
+                break
+        else:
+            attempt.undo()
+            return None
+    return attempt.slots
+
+
+def _why_not(chain: Chain, snap: Snapshot, req: Request) -> tuple[Reason, ...]:
+    reasons = chain.diagnose(snap, req)
+    if reasons:
+        return reasons
+    # Every node could take one worker, but not the whole gang at once in the domain it asked for.
+    where = f"in one {levels(req)[0]}" if req.pack not in ("none", "spread") else "at once"
+    if req.pack == "spread" and req.required:
+        where = "on distinct nodes"
+    return (
+        Reason(
+            "gang",
+            f"no room for all {req.replicas} workers ({req.need.describe()} each) {where}",
+            True,
+        ),
+    )

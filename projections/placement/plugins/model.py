@@ -1,0 +1,54 @@
+"""Model: does the node have GPUs of a model the job accepts, with enough memory, in the right
+mode (MIG GPUs for a MIG profile, non-MIG GPUs otherwise), and enough of them for one worker?
+
+These are facts of the hardware, not of what is busy: no preemption changes them.
+"""
+
+from __future__ import annotations
+
+from corral.events.base import Reason
+from corral.projections import mig
+from corral.projections.placement.framework import Need, Request
+from corral.projections.placement.snapshot import GpuView, NodeView
+
+
+def suits(need: Need, g: GpuView) -> bool:
+    """Whether GPU ``g`` could ever serve ``need`` (busy or not, healthy or not)."""
+    if not need.model_ok(g.model) or g.memory_mib < need.min_gpu_memory:
+        return False
+    if need.kind == "mig":
+        return g.mig and need.mig is not None and mig.profile(g.model, need.mig) is not None
+    return not g.mig
+
+
+class ModelFilter:
+    name = "model"
+    static = True
+
+    def check(self, req: Request, node: NodeView) -> Reason | None:
+        need = req.need
+        if need.kind == "cpu":
+            return None
+        models = [g for g in node.gpus if need.model_ok(g.model)]
+        if not models:
+            have = sorted({g.model for g in node.gpus}) or ["no GPUs"]
+            want = " or ".join(sorted(need.models)) if need.models else "any"
+            return Reason("gpu-model", f"node {node.name} has {', '.join(have)}; the job wants {want}")
+        big = [g for g in models if g.memory_mib >= need.min_gpu_memory]
+        if not big:
+            return Reason(
+                "gpu-memory",
+                f"node {node.name}: GPUs have {models[0].memory_mib} MiB, need {need.min_gpu_memory}",
+            )
+        fitting = [g for g in big if suits(need, g)]
+        if need.kind == "mig" and not fitting:
+            return Reason("mig-profile", f"node {node.name}: no GPU in MIG mode offers {need.mig}")
+        if not fitting:
+            return Reason(
+                "mig-mode", f"node {node.name}: its GPUs are in MIG mode, shared by MIG instances only"
+            )
+        if len(fitting) < need.gpus:
+            return Reason(
+                "gpu-count", f"node {node.name} has {len(fitting)} suitable GPUs; a worker needs {need.gpus}"
+            )
+        return None

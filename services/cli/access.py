@@ -1,0 +1,213 @@
+"""How the ``corral`` command reaches a corral, and as whom.
+
+Which server: ``--server``, else ``$CORRAL_SERVER``, else the one ``corral up`` recorded in the
+state directory, else the default port on this machine.
+
+Who you are: nobody, on a server without logins; else the identity of ``--user`` (or
+``$CORRAL_USER``, or the one login in the credentials file, or the one the command speaks for:
+the tenant of ``--tenant``, ``admin`` for ``queue apply``, ``services`` for the log) with its
+password from ``--credentials FILE`` (or ``$CORRAL_CREDENTIALS``, or ``$CORRAL_PASSWORD``). As a
+tenant or ``admin`` the CLI only sends requests and asks the read service (``jobs``, ``explain``,
+``queues``, ``nodes``); as ``services``, or with no login, it reads the log itself.
+
+Three ways in: the log itself (``open_log``, the ``services`` login or none), the read service
+(``ask``), and a request published on ``corral.in.<tenant>.<verb>`` (``publish_request``). A
+failure to get in is one ``Failure`` line for the person at the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corral.events import codec, subjects
+from corral.events.log import Append, EventLog, LogError, Record
+from corral.projections.fold import fold
+from corral.projections.state import State
+from corral.services.cli.jobfile import BadInput
+from corral.services.query import identities
+from corral.services.query.client import Refused, Session
+
+if TYPE_CHECKING:
+    from corral.events.jetstream import JetStreamLog
+
+DEFAULT_SERVER = "nats://127.0.0.1:4222"
+STATE_DIR = Path(os.environ.get("CORRAL_HOME", ".corral"))
+
+
+class Failure(Exception):
+    """A one-line error for the person at the terminal."""
+
+
+def server_url(given: str | None) -> str:
+    if given:
+        return given
+    if os.environ.get("CORRAL_SERVER"):
+        return os.environ["CORRAL_SERVER"]
+    recorded = STATE_DIR / "server"
+    if recorded.exists():
+        return recorded.read_text().strip()
+    return DEFAULT_SERVER
+
+
+@dataclass(frozen=True)
+class Login:
+    user: str
+    password: str
+
+    @property
+    def reads_log(self) -> bool:
+        """Only the services identity may read the stream; everyone else asks the read service."""
+        return self.user == identities.SERVICES
+
+
+def login_of(args: argparse.Namespace, default: str | None = None) -> Login | None:
+    """Who the command acts as (see the module's docstring); None: no login. A credentials file
+    of one login is that identity's; in the operator's file of all, ``default`` picks one."""
+    user: str | None = getattr(args, "user", None)
+    path = getattr(args, "credentials", None)
+    if path:
+        try:
+            passwords = identities.load(path)
+        except identities.CredentialsError as e:
+            raise Failure(str(e)) from None
+        if user is None:
+            user = next(iter(passwords)) if len(passwords) == 1 else default
+        if user is None:
+            raise Failure(f"{path} holds several logins: say which with --user (or --tenant)")
+        if user not in passwords:
+            raise Failure(f"no password for {user} in {path}")
+        return Login(user, passwords[user])
+    password = os.environ.get("CORRAL_PASSWORD")
+    if password is None:
+        return None
+    user = user or default
+    if user is None:
+        raise Failure("$CORRAL_PASSWORD is set: say whose it is with --user or $CORRAL_USER")
+    return Login(user, password)
+
+
+def as_client(login: Login | None) -> Login | None:
+    """The login if it is a tenant's or the admin's (who ask the read service), else None."""
+    return login if login is not None and not login.reads_log else None
+
+
+def needs_log(verb: str, login: Login | None) -> None:
+    if login is not None and not login.reads_log:
+        who = identities.SERVICES
+        raise Failure(f"{verb} reads the whole log: it takes the {who} login, not {login.user}")
+
+
+async def session(url: str, login: Login) -> Session:
+    try:
+        return await asyncio.wait_for(Session.open(url, login.user, login.password), timeout=10)
+    except TimeoutError:
+        raise Failure(f"cannot reach the corral server at {url}: no answer") from None
+    except Refused as e:
+        raise Failure(str(e)) from None
+
+
+def ask(url: str, login: Login, question: str, job: str = "") -> dict[str, Any]:
+    """The read service's answer, asked as ``login``."""
+
+    async def run() -> dict[str, Any]:
+        s = await session(url, login)
+        try:
+            return await s.ask(login.user, question, job=job)
+        except Refused as e:
+            raise Failure(str(e)) from None
+        finally:
+            await s.close()
+
+    return asyncio.run(run())
+
+
+async def open_log(url: str, login: Login | None = None) -> JetStreamLog:
+    from corral.events.jetstream import JetStreamLog
+
+    async def quiet(e: Exception) -> None:
+        return None  # the one-line failure below says it; nats-py would print a traceback
+
+    creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
+    try:
+        return await asyncio.wait_for(
+            JetStreamLog.connect(
+                url,
+                **creds,
+                connect_timeout=3,
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.1,
+                error_cb=quiet,
+            ),
+            timeout=10,
+        )
+    except (TimeoutError, OSError, LogError) as e:
+        raise Failure(f"cannot reach the corral server at {url}: {e or type(e).__name__}") from None
+    except Exception as e:  # nats-py raises its own family for refused connections
+        raise Failure(f"cannot reach the corral server at {url}: {e or type(e).__name__}") from None
+
+
+async def read_all(log: EventLog, until: int | None = None) -> list[Record]:
+    out: list[Record] = []
+    async for batch in log.read(1, until):
+        out.extend(batch)
+    return out
+
+
+async def remote_state(url: str, login: Login | None = None) -> State:
+    log = await open_log(url, login)
+    try:
+        return fold(await read_all(log))
+    finally:
+        await log.close()
+
+
+async def publish_request(
+    url: str, tenant: str, verb: str, body: Any, msg_id: str, login: Login | None = None
+) -> int:
+    from corral.services.runtime import tracing
+
+    tracing.setup("cli")
+    with tracing.span(f"corral.{verb}", attributes={"corral.tenant": tenant}, service="cli") as s:
+        tp = tracing.traceparent_of(s)
+        headers = {"traceparent": tp} if tp else None
+        subject, data = subjects.request(tenant, verb), codec.encode(body)
+        client = as_client(login)
+        if client is not None:
+            # A tenant's or the admin's own connection: the server decides what it may publish.
+            conn = await session(url, client)
+            try:
+                return await conn.send(subject, data, msg_id, headers)
+            except Refused as e:
+                raise Failure(str(e)) from None
+            finally:
+                await conn.close()
+        log = await open_log(url, login)
+        try:
+            ack = await log.append(Append(subject, data, msg_id=msg_id, headers=headers))
+            return ack.seq
+        finally:
+            await log.close()
+
+
+def nonce() -> str:
+    """The unguessable part of a request's message id. The stream deduplicates message ids
+    across all subjects, so an id another tenant can predict is one it can publish first, and
+    ours would be dropped as its repeat. The same job id sent twice is still one job: the fold
+    refuses the second submit as a duplicate."""
+    return secrets.token_hex(8)
+
+
+def tenant_of(args: argparse.Namespace, login: Login | None = None) -> str:
+    """The tenant a request speaks for: ``--tenant``, else the tenant logged in, else 'default'."""
+    client = as_client(login)
+    tenant: str = args.tenant or (client.user if client is not None else "default")
+    if not subjects.is_token(tenant):
+        raise BadInput(f"tenant {tenant!r}: use letters, digits, '-' and '_'")
+    return tenant

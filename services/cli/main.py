@@ -1,0 +1,579 @@
+"""The ``corral`` command: start a cluster, submit and inspect work, export and replay the log.
+
+Every failure a person can cause (a wrong flag, an unreachable server, a bad job file) is one line
+on stderr and exit status 2, never a traceback.
+
+How it reaches a corral, and as whom: ``services/cli/access.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import msgspec
+
+import corral
+from corral.events import codec, subjects
+from corral.events.jobs import CancelJob, JobSpec, ResizeJob, Resources, SubmitJob, Topology
+from corral.events.log import Append, LogError, Record
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CohortSpec,
+    PriorityClassSpec,
+    QueueSpec,
+)
+from corral.projections.fold import fold
+from corral.services.cli import logfile, table
+from corral.services.cli.access import (
+    STATE_DIR,
+    Failure,
+    as_client,
+    ask,
+    login_of,
+    needs_log,
+    nonce,
+    open_log,
+    publish_request,
+    read_all,
+    remote_state,
+    server_url,
+    session,
+    tenant_of,
+)
+from corral.services.cli.jobfile import BadInput, convert, load_document
+from corral.services.query import identities, present
+from corral.services.query.client import Refused
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"corral: {message} (see corral --help)\n")
+
+
+def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = None) -> None:
+    if args.output == "json":
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    elif headers is not None:
+        print(table.render(headers, [[row.get(h, "") for h in headers] for row in data]))
+    else:
+        print(data)
+
+
+# -- verbs --------------------------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    from corral.services.cli.up import Settings, run_cluster
+
+    tenants = tuple(t for t in (args.tenants or "").split(",") if t)
+    if tenants and not args.auth:
+        raise BadInput("--tenants names the tenants that get a login: give --auth with it")
+    try:
+        for t in tenants:
+            identities.check_tenant(t)
+    except identities.CredentialsError as e:
+        raise BadInput(str(e)) from None
+    settings = Settings(auth=args.auth, tenants=tenants)
+    asyncio.run(run_cluster(args.server, args.nodes, args.profile, Path(args.data), args.port, settings))
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    """One decision service as its own process, against a running NATS."""
+    from corral.services.cli.up import DECISION_SERVICES
+    from corral.services.query import service as read_service
+    from corral.services.runtime.lease import KvLease
+    from corral.services.runtime.shell import stop_on_signals
+
+    roles = {s.ROLE: s for s in DECISION_SERVICES}
+    if args.role not in roles and args.role != read_service.ROLE:
+        names = [*roles, read_service.ROLE]
+        raise BadInput(f"unknown service {args.role!r}; services: {', '.join(names)}")
+    login = login_of(args, read_service.ROLE if args.role == read_service.ROLE else identities.SERVICES)
+    if args.role == read_service.ROLE:
+        creds = {"user": login.user, "password": login.password} if login is not None else {}
+        run_reader = read_service.serve(server_url(args.server), **creds)
+
+        async def read() -> None:
+            await run_reader(stop_on_signals())
+
+        asyncio.run(read())
+        return
+    needs_log(f"serve {args.role}", login)
+
+    async def run() -> None:
+        log = await open_log(server_url(args.server), login)
+        snapshots = None
+        try:
+            if args.snapshot:
+                from corral.projections.snapshot import SnapshotStore
+
+                snapshots = await SnapshotStore.open(args.snapshot)
+            holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
+            lease = await KvLease.open(log.nc, args.role, holder)  # replicas of a role take turns
+            await roles[args.role].service(log, snapshots=snapshots, lease=lease).run(stop_on_signals())
+        finally:
+            if snapshots is not None:
+                await snapshots.close()
+            await log.close()
+
+    asyncio.run(run())
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from corral.services.cli.demo import run_demo
+    from corral.services.sim.traces import philly
+
+    try:
+        philly.find()  # before anything starts: the demo's jobs come from the trace
+    except FileNotFoundError as e:
+        raise BadInput(f"demo: {e} (the folder that holds philly/philly.csv)") from None
+    asyncio.run(run_demo(Path(args.data)))
+
+
+def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
+    if args.file:
+        doc = load_document(args.file)
+        if not isinstance(doc, dict):
+            raise BadInput(f"{args.file}: a job file holds one table/object of job fields")
+        job_id = doc.pop("id", None)
+        return job_id, convert(doc, JobSpec, args.file)
+    if not args.queue:
+        raise BadInput("give a job file, or at least --queue")
+    res = Resources(
+        gpus=args.gpus, gpu_milli=args.gpu_milli, mig=args.mig, cpu_milli=args.cpu, memory_mib=args.memory
+    )
+    spec = JobSpec(
+        queue=args.queue,
+        name=args.name or "",
+        priority_class=args.priority_class,
+        replicas=args.replicas,
+        resources=res,
+        topology=Topology(pack=args.pack) if args.pack else Topology(),
+        command=tuple(args.command or ()),
+    )
+    return None, spec
+
+
+def cmd_submit(args: argparse.Namespace) -> None:
+    job_id, spec = job_from_args(args)
+    job_id = args.id or job_id or f"j-{secrets.token_hex(5)}"
+    if not subjects.is_token(job_id):
+        raise BadInput(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")
+    req = SubmitJob(request_id=job_id, job=spec)
+    login = login_of(args, args.tenant)
+    tenant = tenant_of(args, login)
+    msg_id = f"submit:{tenant}:{job_id}:{nonce()}"
+    asyncio.run(publish_request(server_url(args.server), tenant, "submit", req, msg_id, login))
+    print(job_id)
+
+
+def cmd_cancel(args: argparse.Namespace) -> None:
+    req = CancelJob(job_id=args.job, reason=args.reason or "")
+    login = login_of(args, args.tenant)
+    tenant = tenant_of(args, login)
+    msg_id = f"cancel:{tenant}:{args.job}:{nonce()}"
+    asyncio.run(publish_request(server_url(args.server), tenant, "cancel", req, msg_id, login))
+    print(f"cancel requested for {args.job}")
+
+
+def cmd_resize(args: argparse.Namespace) -> None:
+    if args.replicas < 1:
+        raise BadInput(f"replicas {args.replicas}: at least 1")
+    req = ResizeJob(job_id=args.job, replicas=args.replicas)
+    login = login_of(args, args.tenant)
+    tenant = tenant_of(args, login)
+    msg_id = f"resize:{tenant}:{args.job}:{nonce()}"
+    asyncio.run(publish_request(server_url(args.server), tenant, "resize", req, msg_id, login))
+    print(f"resize of {args.job} to at most {args.replicas} workers requested")
+
+
+class QueueFile(msgspec.Struct, forbid_unknown_fields=True):
+    """What ``corral queue apply`` takes: cohorts, queues and priority classes, all optional."""
+
+    cohorts: list[CohortSpec] = []
+    queues: list[QueueSpec] = []
+    priority_classes: list[PriorityClassSpec] = []
+
+
+def cmd_queue_apply(args: argparse.Namespace) -> None:
+    doc = convert(load_document(args.file), QueueFile, args.file)
+    # Parents before children, so a cohort tree applies in one go whatever order the file uses.
+    requests: list[tuple[str, Any, str]] = []
+    requests += [
+        ("priority-class", ApplyPriorityClass(priority_class=p), p.name) for p in doc.priority_classes
+    ]
+    requests += [("cohort", ApplyCohort(cohort=c), c.name) for c in _parents_first(doc.cohorts)]
+    requests += [("queue", ApplyQueue(queue=q), q.name) for q in doc.queues]
+    stamp = time.time_ns()
+    items = [
+        Append(subjects.admin(verb), codec.encode(body), msg_id=f"{verb}:{name}:{stamp}")
+        for verb, body, name in requests
+    ]
+    login = login_of(args, identities.ADMIN)
+    client = as_client(login)
+
+    async def send() -> None:
+        assert client is not None
+        conn = await session(server_url(args.server), client)
+        try:
+            for item in items:  # in order: parents before children
+                assert item.msg_id is not None
+                await conn.send(item.subject, item.data, item.msg_id)
+        except Refused as e:
+            raise Failure(str(e)) from None
+        finally:
+            await conn.close()
+
+    async def run() -> None:
+        log = await open_log(server_url(args.server), login)
+        try:
+            for r in await log.append_many(items):
+                if isinstance(r, LogError):
+                    raise Failure(f"the log refused a change: {r}")
+        finally:
+            await log.close()
+
+    asyncio.run(send() if client is not None else run())
+    counts = f"{len(doc.priority_classes)} priority classes, {len(doc.cohorts)} cohorts"
+    print(f"applied {counts}, {len(doc.queues)} queues")
+
+
+def _parents_first(cohorts: list[CohortSpec]) -> list[CohortSpec]:
+    by_name = {c.name: c for c in cohorts}
+    out: list[CohortSpec] = []
+    seen: set[str] = set()
+
+    def visit(c: CohortSpec, path: tuple[str, ...]) -> None:
+        if c.name in seen or c.name in path:
+            return
+        if c.parent in by_name:
+            visit(by_name[c.parent], (*path, c.name))
+        seen.add(c.name)
+        out.append(c)
+
+    for c in cohorts:
+        visit(c, ())
+    return out
+
+
+def cmd_queues(args: argparse.Namespace) -> None:
+    from corral.services.query.queues import queue_rows
+
+    login = login_of(args, args.tenant)
+    client = as_client(login)
+    if client is not None:
+        rows = answer_of(ask(server_url(args.server), client, "queues"), "queues")
+    else:
+        rows = queue_rows(asyncio.run(remote_state(server_url(args.server), login)))
+    emit(args, rows, list(rows[0]) if rows else ["queue"])
+
+
+def answer_of(answer: dict[str, Any], key: str) -> Any:
+    if "error" in answer:
+        raise Failure(str(answer["error"]))
+    return answer[key]
+
+
+JOB_COLUMNS = ["id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "reason"]
+NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "unhealthy", "mig"]
+
+
+def cmd_jobs(args: argparse.Namespace) -> None:
+    login = login_of(args, args.tenant)
+    client = as_client(login)
+    if client is not None:
+        # The read service shows a tenant its own jobs only; the admin's may be narrowed here.
+        jobs = answer_of(ask(server_url(args.server), client, "jobs"), "jobs")
+        rows = [j for j in jobs if args.tenant in (None, j["tenant"])]
+    else:
+        state = asyncio.run(remote_state(server_url(args.server), login))
+        rows = [present.job_row(j) for j in state.jobs.values() if args.tenant in (None, j.tenant)]
+    emit(args, rows, JOB_COLUMNS)
+
+
+def cmd_nodes(args: argparse.Namespace) -> None:
+    login = login_of(args, args.tenant)
+    client = as_client(login)
+    if client is not None:
+        rows = answer_of(ask(server_url(args.server), client, "nodes"), "nodes")
+    else:
+        state = asyncio.run(remote_state(server_url(args.server), login))
+        rows = [present.node_row(n) for n in state.nodes.values()]
+    emit(args, rows, NODE_COLUMNS)
+
+
+def cmd_log_export(args: argparse.Namespace) -> None:
+    login = login_of(args, identities.SERVICES)
+    needs_log("log export", login)
+
+    async def run() -> int:
+        log = await open_log(server_url(args.server), login)
+        try:
+            return logfile.write(args.file, await read_all(log))
+        finally:
+            await log.close()
+
+    n = asyncio.run(run())
+    print(f"exported {n} records to {args.file}")
+
+
+def cmd_log_import(args: argparse.Namespace) -> None:
+    records = logfile.read(args.file)
+    login = login_of(args, identities.SERVICES)
+    needs_log("log import", login)
+
+    async def run() -> int:
+        log = await open_log(server_url(args.server), login)
+        try:
+            items = [Append(r.subject, r.data, headers=r.headers) for r in records]
+            results = await log.append_many(items)
+            failed = [r for r in results if isinstance(r, LogError)]
+            if failed:
+                raise Failure(f"{len(failed)} of {len(items)} records were refused: {failed[0]}")
+            return len(items)
+        finally:
+            await log.close()
+
+    print(f"imported {asyncio.run(run())} records from {args.file}")
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    if args.file:
+        records = logfile.read(args.file)
+    else:
+        login = login_of(args, identities.SERVICES)
+        needs_log("replay", login)
+
+        async def run() -> list[Record]:
+            log = await open_log(server_url(args.server), login)
+            try:
+                return await read_all(log, args.until)
+            finally:
+                await log.close()
+
+        records = asyncio.run(run())
+    if args.until is not None:
+        records = [r for r in records if r.seq <= args.until]
+    if args.at is not None:
+        records = [r for r in records if r.time <= args.at]
+    if args.verify:
+        from corral.services.cli.up import service_roles
+        from corral.services.replay.report import as_dict, format_report
+        from corral.services.replay.verify import verify
+
+        report = verify(records, service_roles())
+        emit(args, as_dict(report) if args.output == "json" else format_report(report))
+        if not report.clean:
+            sys.exit(1)
+        return
+    state = fold(records)
+    if args.output == "json":
+        emit(args, present.full(state))
+        return
+    s = present.summary(state)
+    print(f"state at seq {s['seq']}: {s['nodes']} nodes, {s['gpus']} GPUs, {s['jobs']} jobs")
+    print(f"phases: {s['phases']}; rejected {s['rejected']} (void {s['void']}); faults {s['faults']}")
+    print()
+    print(
+        table.render(
+            NODE_COLUMNS, [[present.node_row(n)[c] for c in NODE_COLUMNS] for n in state.nodes.values()]
+        )
+    )
+    print()
+    print(
+        table.render(JOB_COLUMNS, [[present.job_row(j)[c] for c in JOB_COLUMNS] for j in state.jobs.values()])
+    )
+
+
+def cmd_logs(args: argparse.Namespace) -> None:
+    """A job's worker output, from the agents' directories on this machine."""
+    from corral.services.agent.workers import job_logs
+
+    client = as_client(login_of(args, args.tenant))
+    if client is not None:
+        # The files are on this machine; still show them only for a job the login may see.
+        answer_of(ask(server_url(args.server), client, "explain", args.job), "job")
+    root = Path(args.root)
+    agents = sorted({p.parent.parent.parent for p in root.glob(f"**/logs/{args.job}/*.log")})
+    files = [f for agent in agents for f in job_logs(agent, args.job)]
+    if not files:
+        raise Failure(f"no logs of job {args.job} under {root}")
+    for f in files:
+        print(f"==> {f.parent.parent.parent.name}: {f.name} <==")
+        print(f.read_text(errors="replace"), end="")
+
+
+def cmd_explain(args: argparse.Namespace) -> None:
+    from corral.services.query.explain import explain_log
+
+    login = login_of(args, args.tenant)
+    client = as_client(login)
+    if client is not None:
+        answer = ask(server_url(args.server), client, "explain", args.job)
+        answer_of(answer, "job")
+        emit(args, answer if args.output == "json" else answer["text"])
+        return
+
+    async def run() -> list[Record]:
+        log = await open_log(server_url(args.server), login)
+        try:
+            return await read_all(log)
+        finally:
+            await log.close()
+
+    records = asyncio.run(run())
+    report = explain_log(records, args.job, args.tenant)
+    if report is None:
+        raise Failure(f"no job {args.job}")
+    emit(args, report if args.output == "json" else report["text"])
+
+
+# -- parser -------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="corral", description="Event-sourced GPU scheduler.")
+    p.add_argument("--version", action="version", version=f"corral {corral.__version__}")
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--server", help="NATS URL (default: $CORRAL_SERVER, the running `corral up`, or localhost)"
+    )
+    common.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    common.add_argument(
+        "--tenant",
+        default=os.environ.get("CORRAL_TENANT"),
+        help="who you act as (default: $CORRAL_TENANT, else 'default'); lists show only its jobs",
+    )
+    common.add_argument(
+        "--credentials",
+        default=os.environ.get("CORRAL_CREDENTIALS"),
+        help="JSON file of user name to password, for a server with logins (default: $CORRAL_CREDENTIALS)",
+    )
+    common.add_argument(
+        "--user",
+        default=os.environ.get("CORRAL_USER"),
+        help="log in as this identity (default: $CORRAL_USER, else --tenant); password from "
+        "--credentials or $CORRAL_PASSWORD",
+    )
+    sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+
+    up = sub.add_parser("up", parents=[common], help="embedded NATS, the services and simulated nodes")
+    up.add_argument("--nodes", type=int, default=5)
+    up.add_argument("--profile", default="mixed", help="node profile, or 'mixed' for one of each")
+    up.add_argument("--data", default=str(STATE_DIR / "data"), help="JetStream store directory")
+    up.add_argument("--port", type=int, default=0, help="NATS port (default: a free one)")
+    up.add_argument(
+        "--auth",
+        action="store_true",
+        help="require logins: each tenant may only send its own requests and ask about its own jobs",
+    )
+    up.add_argument("--tenants", help="with --auth: comma-separated tenants that get a login")
+    up.set_defaults(fn=cmd_up)
+
+    sv = sub.add_parser("serve", parents=[common], help="run one decision service (its own process)")
+    sv.add_argument("role")
+    sv.add_argument("--snapshot", help="SQLite file for snapshots of its state")
+    sv.set_defaults(fn=cmd_serve)
+
+    demo = sub.add_parser("demo", parents=[common], help="the whole mission on one machine, narrated")
+    demo.add_argument("--data", default=str(STATE_DIR / "demo"))
+    demo.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("submit", parents=[common], help="submit a job (file or flags); prints its id")
+    s.add_argument("file", nargs="?", help="job file: .toml, .yaml or .json")
+    s.add_argument("--id", help="job id (default: generated); the same id twice is one job")
+    s.add_argument("--queue")
+    s.add_argument("--name")
+    s.add_argument("--priority-class", default="normal")
+    s.add_argument("--replicas", type=int, default=1)
+    s.add_argument("--gpus", type=int, default=1)
+    s.add_argument("--gpu-milli", type=int, default=1000, help="thousandths of one shared GPU")
+    s.add_argument("--mig", help="MIG profile, e.g. 3g.40gb")
+    s.add_argument("--cpu", type=int, default=1000, help="milli-CPU per worker")
+    s.add_argument("--memory", type=int, default=4096, help="MiB per worker")
+    s.add_argument("--pack", choices=["none", "nvlink", "node", "rack", "block", "spread"])
+    s.add_argument("--command", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_submit)
+
+    c = sub.add_parser("cancel", parents=[common], help="cancel a job of yours")
+    c.add_argument("job")
+    c.add_argument("--reason")
+    c.set_defaults(fn=cmd_cancel)
+
+    rz = sub.add_parser(
+        "resize", parents=[common], help="an elastic job's most workers (a running job above it shrinks)"
+    )
+    rz.add_argument("job")
+    rz.add_argument("replicas", type=int)
+    rz.set_defaults(fn=cmd_resize)
+
+    for name, fn, help_ in (("jobs", cmd_jobs, "list jobs"), ("nodes", cmd_nodes, "list nodes")):
+        sub.add_parser(name, parents=[common], help=help_).set_defaults(fn=fn)
+
+    lo = sub.add_parser("logs", parents=[common], help="a job's worker output (agents on this machine)")
+    lo.add_argument("job")
+    lo.add_argument("--root", default=str(STATE_DIR), help="where the agents keep their work")
+    lo.set_defaults(fn=cmd_logs)
+
+    e = sub.add_parser("explain", parents=[common], help="a job's history and why it waits")
+    e.add_argument("job")
+    e.set_defaults(fn=cmd_explain)
+
+    q = sub.add_parser("queue", help="queues, cohorts and priority classes")
+    qsub = q.add_subparsers(dest="queue_verb", required=True, parser_class=_Parser)
+    qa = qsub.add_parser("apply", parents=[common], help="apply a queue file (.toml, .yaml, .json)")
+    qa.add_argument("file")
+    qa.set_defaults(fn=cmd_queue_apply)
+    sub.add_parser("queues", parents=[common], help="quota, usage and fair share per queue").set_defaults(
+        fn=cmd_queues
+    )
+
+    from corral.services.cli.sim import add_parser as add_sim
+
+    add_sim(sub, common)
+
+    lg = sub.add_parser("log", help="move the log to and from a JSON Lines file")
+    lsub = lg.add_subparsers(dest="log_verb", required=True, parser_class=_Parser)
+    ex = lsub.add_parser("export", parents=[common])
+    ex.add_argument("file")
+    ex.set_defaults(fn=cmd_log_export)
+    im = lsub.add_parser("import", parents=[common])
+    im.add_argument("file")
+    im.set_defaults(fn=cmd_log_import)
+
+    r = sub.add_parser("replay", parents=[common], help="rebuild the state from a log file or the server")
+    r.add_argument("file", nargs="?")
+    r.add_argument("--until", type=int, help="stop after this sequence number")
+    r.add_argument("--at", type=float, help="stop at this time (unix seconds)")
+    r.add_argument(
+        "--verify",
+        action="store_true",
+        help="re-run every decision on the state it was based on; report divergences (exit 1)",
+    )
+    r.set_defaults(fn=cmd_replay)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except (Failure, BadInput, logfile.LogFileError, identities.CredentialsError) as e:
+        print(f"corral: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)

@@ -1,0 +1,205 @@
+"""``corral sim``: replay a real trace on the simulator, no NATS needed.
+
+- ``--trace alibaba``: the time-less placement protocol of the FGD paper on the openb trace
+  (``services/sim/alibaba.py``): the six published policies and corral's, every seed, the
+  table of allocation at 130 % beside the published means, and the curves as a PNG.
+- ``--trace philly``: weeks of arrivals and departures of Microsoft's Philly trace through
+  corral's services and through FIFO (``services/sim/philly.py``): waits, JCT, utilisation,
+  fairness, preemptions, per team and overall.
+
+Trace files default to ``$CORRAL_TRACES/<trace>/`` or ``shared/traces/`` beside the repository.
+Every mistake a person can make here is one line and exit status 2 (``BadInput``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from corral.services.cli.jobfile import BadInput
+
+ALIBABA_DIR = "alibaba-gpu-2023"
+ALIBABA_NODES = "openb_node_list_gpu_node.csv"
+ALIBABA_PODS = "openb_pod_list_default.csv"
+ALIBABA_PUBLISHED = "published_alloc_ratio_default.csv"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+
+
+def find_alibaba(name: str, explicit: str | None = None) -> Path:
+    """A file of the Alibaba trace: the given path, $CORRAL_TRACES/alibaba-gpu-2023/<name>, or
+    shared/traces/alibaba-gpu-2023/ beside the repository (or beside the working directory)."""
+    if explicit:
+        if not Path(explicit).exists():
+            raise BadInput(f"{explicit}: no such file")
+        return Path(explicit)
+    env = os.environ.get("CORRAL_TRACES")
+    for candidate in (
+        Path(env) / ALIBABA_DIR / name if env else None,
+        SHARED / ALIBABA_DIR / name,
+        Path.cwd().parent / "shared" / "traces" / ALIBABA_DIR / name,
+    ):
+        if candidate is not None and candidate.exists():
+            return candidate
+    raise BadInput(f"{name} not found: pass its path or set CORRAL_TRACES")
+
+
+def add_parser(subparsers: Any, common_parent: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "sim",
+        parents=[common_parent],
+        help="replay a trace on the simulator: alibaba (placement) or philly (weeks of arrivals)",
+    )
+    p.add_argument("--trace", choices=["alibaba", "philly"], required=True)
+    p.add_argument("--nodes", help="alibaba: the node list CSV; philly: how many 8-GPU nodes (default 64)")
+    p.add_argument("--pods", help="alibaba: the pod list CSV")
+    p.add_argument("--published", help="alibaba: the published summary CSV (default: the trace's)")
+    p.add_argument("--seeds", default="42-51", help="alibaba: seeds, e.g. 42-51 or 42,45")
+    p.add_argument(
+        "--policies",
+        help="comma-separated; alibaba: Random,DotProd,GpuClustering,GpuPacking,BestFit,FGD,corral; "
+        "philly: corral,fifo (default: all)",
+    )
+    p.add_argument("--file", help="philly: the trace CSV (default: philly/philly.csv)")
+    p.add_argument("--jobs", type=int, help="philly: jobs in the slice (default 20000)")
+    p.add_argument("--start", help="philly: the slice starts at this UTC date (default 2017-10-23)")
+    p.add_argument("--checkpointable", type=float, help="philly: share of jobs that checkpoint (0..1)")
+    p.add_argument(
+        "--cycle",
+        type=float,
+        help="philly: seconds between decisions of the services (default 60; 0: every event)",
+    )
+    p.add_argument("--plot", help="write the figure to this PNG file")
+    p.set_defaults(fn=cmd_sim)
+
+
+def cmd_sim(args: argparse.Namespace) -> None:
+    if args.trace == "alibaba":
+        _alibaba(args)
+    else:
+        _philly(args)
+
+
+def _policies(text: str | None, known: Sequence[str]) -> list[str]:
+    if not text:
+        return list(known)
+    wanted = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in wanted if p not in known]
+    if unknown or not wanted:
+        raise BadInput(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(known)}")
+    return wanted
+
+
+def _print(args: argparse.Namespace, data: Any, text: str) -> None:
+    if args.output == "json":
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    else:
+        print(text)
+
+
+# -- alibaba -----------------------------------------------------------------------------------------
+
+
+def _replay(job: tuple[str, str, str, int]) -> Any:
+    from corral.services.sim import alibaba
+
+    nodes_csv, pods_csv, policy, seed = job
+    return alibaba.replay(alibaba.load_nodes(nodes_csv), alibaba.load_pods(pods_csv), policy, seed)
+
+
+def _alibaba(args: argparse.Namespace) -> None:
+    from corral.services.sim import alibaba
+
+    for flag in ("file", "jobs", "start", "checkpointable", "cycle"):
+        if getattr(args, flag) is not None:
+            raise BadInput(f"--{flag} is for --trace philly")
+    nodes_csv = find_alibaba(ALIBABA_NODES, args.nodes)
+    pods_csv = find_alibaba(ALIBABA_PODS, args.pods)
+    try:
+        seeds = alibaba.parse_seeds(args.seeds)
+    except ValueError:
+        raise BadInput(f"--seeds {args.seeds!r}: use e.g. 42-51 or 42,43,50") from None
+    if not seeds:
+        raise BadInput("--seeds: give at least one seed")
+    policies = _policies(args.policies, alibaba.POLICIES)
+    try:
+        alibaba.load_nodes(nodes_csv)
+        alibaba.load_pods(pods_csv)
+    except (KeyError, ValueError) as e:
+        raise BadInput(f"not a node and pod list in the published format: {e}") from None
+    published = None
+    pub_path = Path(args.published) if args.published else nodes_csv.parent / ALIBABA_PUBLISHED
+    if pub_path.exists():
+        published = alibaba.load_published(pub_path)
+    elif args.published:
+        raise BadInput(f"{args.published}: no such file")
+    jobs = [(str(nodes_csv), str(pods_csv), p, s) for p in policies for s in seeds]
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            curves = list(pool.map(_replay, jobs))
+    else:
+        curves = [_replay(j) for j in jobs]
+    results = alibaba.Results(curves)
+    data: dict[str, Any] = {"policies": results.to_json()}
+    if published:
+        data["published"] = published
+    text = alibaba.table(results, published)
+    if args.plot:
+        path = alibaba.plot(results, args.plot)
+        data["plot"] = str(path)
+        text += f"\nplot: {path}"
+    _print(args, data, text)
+
+
+# -- philly ------------------------------------------------------------------------------------------
+
+
+def _philly(args: argparse.Namespace) -> None:
+    from corral.services.sim import philly as experiment
+    from corral.services.sim.traces import philly as trace
+
+    for flag in ("pods", "published"):
+        if getattr(args, flag) is not None:
+            raise BadInput(f"--{flag} is for --trace alibaba")
+    try:
+        nodes = int(args.nodes) if args.nodes is not None else experiment.NODES
+    except ValueError:
+        raise BadInput(f"--nodes {args.nodes!r}: with --trace philly, give a number of 8-GPU nodes") from None
+    jobs = args.jobs if args.jobs is not None else experiment.JOBS
+    share = args.checkpointable if args.checkpointable is not None else experiment.CHECKPOINTABLE
+    if nodes < 1 or jobs < 1:
+        raise BadInput("--nodes and --jobs must be at least 1")
+    if not 0.0 <= share <= 1.0:
+        raise BadInput(f"--checkpointable {share}: a share between 0 and 1")
+    cycle = args.cycle if args.cycle is not None else experiment.CYCLE_S
+    if cycle < 0:
+        raise BadInput(f"--cycle {cycle}: seconds, 0 or more")
+    policies = _policies(args.policies, experiment.POLICIES)
+    try:
+        path = trace.find(args.file)
+    except FileNotFoundError as e:
+        raise BadInput(str(e)) from None
+    try:
+        sliced = experiment.load_slice(path, args.start or experiment.START, jobs)
+    except (KeyError, ValueError) as e:
+        raise BadInput(f"{path}: {e}") from None
+    if not sliced:
+        raise BadInput(f"no job of {path} arrives from {args.start or experiment.START} on")
+    exp = experiment.Experiment(tuple(sliced), nodes, checkpointable=share, cycle_s=cycle)
+    try:
+        exp.quotas  # noqa: B018 - checks that every team gets a GPU
+    except ValueError as e:
+        raise BadInput(f"--nodes {nodes}: {e}") from None
+    outcomes = experiment.run(exp, policies)
+    data = experiment.to_json(exp, outcomes)
+    text = experiment.table(exp, outcomes)
+    if args.plot:
+        png = experiment.plot(outcomes, args.plot)
+        data["plot"] = str(png)
+        text += f"\nplot: {png}"
+    _print(args, data, text)

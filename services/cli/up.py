@@ -1,0 +1,258 @@
+"""``corral up``: a whole corral on one machine.
+
+An embedded nats-server with JetStream (unless ``--server`` names one), the decision services
+(each with its own connection, as if it were its own process), the health monitor, and one node
+agent per simulated node, each with its own connection, its own work directory under the data
+directory (``nodes/<node>``: workers' working directories and logs) and a checkpoint directory
+shared by all of them (``checkpoints``, as a shared filesystem would be on a real cluster, so a
+job resumes on any node). Runs in the foreground until Ctrl-C or SIGTERM, then stops in order:
+the decision services, the read service and the health monitor first (nothing new is decided),
+then the agents (their workers are stopped and their exits reported), then the connections and
+the server.
+
+With ``Settings.auth`` the embedded server requires a login: each part connects as its identity
+(``services.query.identities``: the services and agents as ``services``, the read service as
+``query``), and the passwords of those, of ``admin`` and of each tenant in ``Settings.tenants``
+are in ``credentials.json`` in the data directory, kept across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from corral.events import codec, subjects
+from corral.events.jetstream import JetStreamLog
+from corral.events.log import Append, EventLog
+from corral.events.nodes import NodeInventory, NodeRegistered
+from corral.events.server import EmbeddedServer
+from corral.services.admission import service as admission_service
+from corral.services.agent import discovery, inventory
+from corral.services.agent.service import NodeAgent
+from corral.services.agent.workers import SandboxMode
+from corral.services.health.decide import HeartbeatTracker
+from corral.services.health.service import HealthMonitor
+from corral.services.placer import service as placer_service
+from corral.services.preemptor import service as preemptor_service
+from corral.services.query import identities
+from corral.services.query import service as read_service
+from corral.services.runtime.lease import KvLease
+from corral.services.runtime.shell import Decide, Service, stop_on_signals
+
+# The decision services, each its own package with a pure ``decide`` and a thin ``service``.
+DECISION_SERVICES = (admission_service, placer_service, preemptor_service)
+
+
+def service_roles() -> dict[str, Decide]:
+    """The decision services that run in a cluster, by role, each a pure ``decide``."""
+    return {s.ROLE: s.decide for s in DECISION_SERVICES}
+
+
+async def connect(url: str, **options: Any) -> JetStreamLog:
+    """A service's log; ``options`` go to nats-py's connect (``user``, ``password``)."""
+    return await JetStreamLog.connect(url, **options)
+
+
+async def register_nodes(log: EventLog, nodes: list[tuple[str, NodeInventory]], now: float) -> None:
+    """Announce simulated nodes without agents. Deduplicated by node name, so running
+    ``corral up`` again on the same store registers nothing twice."""
+    items = []
+    for name, inv in nodes:
+        body = NodeRegistered(node=name, inventory=inv)
+        env = codec.seal(body, event_id=f"register:{name}", time=now, producer=f"agent@{name}")
+        items.append(Append(subjects.node(name), codec.encode(env), msg_id=f"register:{name}"))
+    for result in await log.append_many(items):
+        if isinstance(result, Exception):
+            raise result
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a one-machine corral runs. The defaults suit a person at a terminal; tests shorten
+    the intervals (heartbeats of 0.2 s, a node lost after 2 s)."""
+
+    tick: float = 1.0  # decision services and the health monitor decide at least this often
+    agents: bool = True  # run a node agent per node (else only register the nodes)
+    agent_tick: float = 0.5
+    heartbeat: float = 5.0  # seconds between an agent's heartbeats
+    suspect_after: int = 3  # missed heartbeats before a node is suspect
+    lost_after: float = 60.0  # seconds of silence before a node is lost
+    probation: float = 30.0  # healthy heartbeats before a suspect or lost node is trusted again
+    restart_backoff: float = 2.0  # first restart's wait; doubled for each restart after it
+    sandbox: SandboxMode = "auto"  # workers in bubblewrap where it works
+    stop_grace: float = 10.0  # SIGTERM to SIGKILL when the agents stop their workers
+    start_timeout: float = 120.0  # a gang's start barrier on one node
+    gang_timeout: float = 300.0  # a gang's start barrier across nodes
+    auth: bool = False  # the embedded server requires a login, with per-identity permissions
+    tenants: tuple[str, ...] = ()  # with auth: the tenants that get a login
+
+
+@dataclass
+class Cluster:
+    url: str
+    services: list[Service] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    agents: dict[str, NodeAgent] = field(default_factory=dict)  # by node: to kill, cut off, inspect
+    health: HealthMonitor | None = None
+    query: read_service.ReadService | None = None
+    data_dir: Path | None = None
+    credentials: Path | None = None  # with auth: every identity's password
+
+
+@asynccontextmanager
+async def cluster(
+    server: str | None,
+    nodes: int,
+    profile: str,
+    data_dir: Path,
+    port: int = 0,
+    clock: Callable[[], float] | None = None,
+    settings: Settings | None = None,
+) -> AsyncIterator[Cluster]:
+    """Start everything; on exit stop the services, then the agents, then the server."""
+    import time
+
+    clock = clock or time.time
+    cfg = settings or Settings()
+    passwords: dict[str, str] = {}
+    credentials = None
+    if cfg.auth:
+        credentials = data_dir / identities.CREDENTIALS
+        passwords = identities.ensure(credentials, cfg.tenants)
+
+    def login(name: str) -> dict[str, str]:
+        return identities.login(passwords, name) if cfg.auth else {}
+
+    async with AsyncExitStack() as stack:
+        if server is None:
+            srv = EmbeddedServer(data_dir, port=port or None, users=identities.users(passwords))
+            await srv.start()
+            stack.push_async_callback(srv.stop)
+            url = srv.url
+        else:
+            url = server
+
+        async def service_log() -> JetStreamLog:
+            opened = await connect(url, **login(identities.SERVICES))
+            stack.push_async_callback(opened.close)
+            return opened
+
+        log = await service_log()
+        simulated = inventory.cluster(nodes, profile)
+        if not cfg.agents:
+            await register_nodes(log, simulated, clock())
+        running = Cluster(url, nodes=[n for n, _ in simulated], data_dir=data_dir, credentials=credentials)
+
+        stop = asyncio.Event()
+        tasks = []
+        for decider in DECISION_SERVICES:
+            role, role_log = decider.ROLE, await service_log()
+            # A lease per role, as replicas in other processes (``corral serve``) take turns with.
+            lease = await KvLease.open(role_log.nc, role, f"{role}@{socket.gethostname()}:{os.getpid()}")
+            svc = decider.service(role_log, clock=clock, tick=cfg.tick, lease=lease)
+            running.services.append(svc)
+            tasks.append(asyncio.create_task(svc.run(stop), name=role))
+        query_log = await read_service.connect(url, **login(identities.QUERY))
+        stack.push_async_callback(query_log.close)
+        reader = read_service.ReadService(query_log)
+        running.query = reader
+        tasks.append(asyncio.create_task(reader.run(stop), name=reader.role))
+        monitor_log = await service_log()
+        tracker = HeartbeatTracker(cfg.heartbeat, cfg.suspect_after, cfg.lost_after, cfg.probation)
+        monitor = HealthMonitor(monitor_log, monitor_log.nc, tracker=tracker, clock=clock, tick=cfg.tick)
+        running.health = monitor
+        tasks.append(asyncio.create_task(monitor.run(stop), name="health"))
+
+        agents_stop = asyncio.Event()
+        agent_tasks = []
+        for name, inv in simulated if cfg.agents else ():
+            agent_log = await service_log()
+            agent = NodeAgent(
+                name,
+                agent_log,
+                work_dir=data_dir / "nodes" / name,
+                checkpoint_root=data_dir / "checkpoints",
+                found=discovery.simulated(name, inv.labels["profile"], labels=inv.labels),
+                publish=agent_log.nc.publish,
+                clock=clock,
+                tick=cfg.agent_tick,
+                heartbeat_interval=cfg.heartbeat,
+                sandbox=cfg.sandbox,
+                backoff=cfg.restart_backoff,
+                start_timeout=cfg.start_timeout,
+                gang_timeout=cfg.gang_timeout,
+                stop_grace=cfg.stop_grace,
+            )
+            running.agents[name] = agent
+            agent_tasks.append(asyncio.create_task(agent.run(agents_stop), name=f"agent-{name}"))
+
+        async def stop_agents() -> None:
+            agents_stop.set()
+            await _finish(agent_tasks, cfg.stop_grace + 20)
+
+        async def stop_services() -> None:
+            stop.set()
+            await _finish(tasks, 10)
+
+        stack.push_async_callback(stop_agents)
+        stack.push_async_callback(stop_services)
+        ready = [s.caught_up for s in running.services] + [reader.caught_up, monitor.caught_up]
+        ready += [a.registered for a in running.agents.values()]
+        await _ready(ready, tasks + agent_tasks)
+        yield running
+
+
+async def _ready(events: Iterable[asyncio.Event], tasks: list[asyncio.Task[None]]) -> None:
+    """Wait until every part says it is up; a part that dies meanwhile raises its error."""
+    waiting = asyncio.ensure_future(_all_set(events))
+    try:
+        while not waiting.done():
+            await asyncio.wait([waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
+                if t.done():
+                    t.result()  # raises what it died of
+                    raise RuntimeError(f"{t.get_name()} stopped while corral was starting")
+    finally:
+        waiting.cancel()
+
+
+async def _all_set(events: Iterable[asyncio.Event]) -> None:
+    for e in events:
+        await e.wait()
+
+
+async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> None:
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(t, timeout=timeout)
+
+
+async def run_cluster(
+    server: str | None, nodes: int, profile: str, data_dir: Path, port: int, settings: Settings | None = None
+) -> None:
+    from corral.services.cli.access import STATE_DIR
+
+    stop = stop_on_signals()
+    async with cluster(server, nodes, profile, data_dir, port, settings=settings) as running:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        (STATE_DIR / "server").write_text(running.url + "\n")
+        roles = ", ".join([s.role for s in running.services] + [read_service.ROLE, "health"])
+        print(f"corral is up at {running.url}", flush=True)
+        print(f"  services: {roles}", flush=True)
+        if running.credentials is not None:
+            print(f"  logins required; passwords of every identity: {running.credentials}", flush=True)
+        print(f"  nodes: {len(running.nodes)} simulated ({profile}), one agent each", flush=True)
+        print(f"  workers and their logs: {data_dir / 'nodes'}", flush=True)
+        print("  Ctrl-C to stop", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            (STATE_DIR / "server").unlink(missing_ok=True)
+    print("corral stopped", flush=True)

@@ -1,0 +1,337 @@
+"""The health monitor's pure policy: which GPU signals matter, and the node state machine.
+
+Heartbeats travel on core NATS (``corral.hb.<node>``), not in the log; this module turns them
+into logged facts only when something changes. It has no IO and no clock: time comes in as
+``now`` (the monitor's receive time; an agent's own clock is never trusted).
+
+GPU signals (``XID_ACTIONS``, ``sample_signals``), per NVIDIA's XID catalogue and the k8s device
+plugin:
+
+- ``ignore``: application errors (XID 13, 31, 43, 45, 68). The job fails; the GPU is fine.
+- ``record``: worth knowing, no action now (XID 63, a row remap that succeeded).
+- ``alert``: tell a person, change nothing (XID 92, a high single-bit ECC rate).
+- ``gpu``: the GPU is unhealthy: it leaves the capacity the placer sees and the fold interrupts
+  the jobs on it (XID 48, 62, 64, 74, 94, 95, 109, 119, 120, 140; any XID not in the table,
+  61 included; uncorrectable ECC; pending or failed row remaps; pending page retirement; NVLinks
+  down that were up at registration).
+- ``node``: the GPU is unhealthy and the whole node is cordoned and drained (XID 79, fallen off
+  the bus, needs a reboot; a GPU NVML reports lost or no longer lists).
+
+XID and ``node`` verdicts are sticky: the GPU stays unhealthy until someone clears it (``clear``)
+after a reset. Counter signals (ECC, remaps, NVLinks) clear themselves when the counters do.
+
+Node conditions (``HeartbeatTracker``): ready → suspect after ``suspect_after`` missed heartbeat
+intervals → lost after ``lost_after`` seconds of silence. A suspect or lost node becomes ready
+again only after on-time heartbeats, every one of them saying the agent is well, for
+``probation`` seconds: a node that flaps is not trusted. The health monitor never uncordons a
+node; a person does.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+from corral.events.base import Event
+from corral.events.heartbeats import GpuHealthSample, Heartbeat
+from corral.events.nodes import (
+    GpuHealthChanged,
+    NodeCondition,
+    NodeConditionChanged,
+    NodeCordoned,
+    NodeInventory,
+    NodeRegistered,
+)
+from corral.events.queues import CordonNode
+from corral.projections.state import State
+
+Action = Literal["ignore", "record", "alert", "gpu", "node"]
+
+XID_ACTIONS: dict[int, Action] = {
+    # Application errors: the job's fault, the GPU stays healthy (the device plugin's list).
+    13: "ignore",  # graphics engine exception
+    31: "ignore",  # GPU memory page fault
+    43: "ignore",  # GPU stopped processing; "GPU remains in a healthy state"
+    45: "ignore",  # preemptive cleanup after earlier errors; the accompanying XID decides
+    68: "ignore",  # NVDEC0 exception
+    # The GPU needs a reset: drain it.
+    48: "gpu",  # double-bit ECC
+    62: "gpu",  # internal micro-controller halt
+    64: "gpu",  # row-remap failure
+    74: "gpu",  # NVLink error
+    94: "gpu",  # contained ECC error: reset when convenient, keep work off it until then
+    95: "gpu",  # uncontained ECC error
+    109: "gpu",  # context-switch timeout: the catalogue says reset (the device plugin ignores it)
+    119: "gpu",  # GSP RPC timeout
+    120: "gpu",  # GSP error
+    140: "gpu",  # ECC unrecovered error escape
+    # The node needs a reboot: drain all of it.
+    79: "node",  # fallen off the bus
+    # Worth knowing only.
+    63: "record",  # row remap / page retirement event
+    92: "alert",  # high single-bit ECC error rate
+}
+UNKNOWN_XID: Action = "gpu"  # 61 (unused on A100/H100: contact support), 999 (NVML: unknown), new ones
+
+
+def xid_action(xid: int) -> Action:
+    return XID_ACTIONS.get(xid, UNKNOWN_XID)
+
+
+def sample_signals(sample: GpuHealthSample, expected_nvlinks: int) -> list[tuple[str, Action]]:
+    """The signals one health sample raises, each with its action; empty when the GPU is well."""
+    if sample.lost:
+        return [("gpu:lost", "node")]
+    out: list[tuple[str, Action]] = []
+    if sample.ecc_uncorrected:
+        out.append((f"ecc:uncorrected:{sample.ecc_uncorrected}", "gpu"))
+    if sample.remap_failed:
+        out.append(("row-remap:failed", "gpu"))
+    if sample.remap_pending:
+        out.append(("row-remap:pending", "gpu"))
+    if sample.retired_pages_pending:
+        out.append(("page-retire:pending", "gpu"))
+    if sample.nvlinks_active < expected_nvlinks:
+        out.append((f"nvlink:down:{expected_nvlinks - sample.nvlinks_active}", "gpu"))
+    return out
+
+
+# -- heartbeats ----------------------------------------------------------------------------------
+
+
+class Notice(NamedTuple):
+    """A signal that changes no state but an operator should see (``record`` and ``alert``)."""
+
+    node: str
+    gpu: int
+    signal: str
+    action: Action
+
+
+class _Gpu:
+    __slots__ = ("uuid", "nvlinks", "healthy", "signal", "sticky", "live")
+
+    def __init__(self, uuid: str, nvlinks: int) -> None:
+        self.uuid = uuid
+        self.nvlinks = nvlinks
+        self.healthy = True  # what the log says (or will, once our last change is folded)
+        self.signal = ""
+        self.sticky = ""  # an XID verdict: stays until cleared
+        self.live = ""  # the worst counter signal of the latest sample
+
+
+class _Node:
+    __slots__ = (
+        "known", "condition", "cordoned", "draining", "gpus", "since", "last_seen", "last_seq",
+        "probation_from", "drain_signal",
+    )  # fmt: skip
+
+    def __init__(self, since: float) -> None:
+        self.known = False  # registered in the log: only then are its facts written
+        self.condition: NodeCondition = "ready"
+        self.cordoned = False
+        self.draining = False
+        self.gpus: list[_Gpu] = []
+        self.since = since  # when silence started counting if it never heartbeated
+        self.last_seen: float | None = None
+        self.last_seq = -1
+        self.probation_from: float | None = None  # start of the current run of good heartbeats
+        self.drain_signal = ""
+
+
+class HeartbeatTracker:
+    """Heartbeats in, node and GPU health facts out, each fact once.
+
+    Feed it the log's node facts (``sync`` from a folded state at start, ``observe`` for each node
+    event folded since) and heartbeats (``record``); ``evaluate(now)`` returns the events that
+    bring the log in line with what the heartbeats say, and assumes they will be appended.
+    """
+
+    def __init__(
+        self,
+        interval: float = 5.0,
+        suspect_after: int = 3,
+        lost_after: float = 60.0,
+        probation: float = 30.0,
+    ) -> None:
+        self.interval = interval
+        self.suspect_after = suspect_after
+        self.lost_after = lost_after
+        self.probation = probation
+        self._nodes: dict[str, _Node] = {}
+        self._notices: list[Notice] = []
+
+    @property
+    def _suspect_silence(self) -> float:
+        return self.suspect_after * self.interval
+
+    def _node(self, name: str, now: float) -> _Node:
+        n = self._nodes.get(name)
+        if n is None:
+            n = self._nodes[name] = _Node(now)
+        return n
+
+    # what the log says
+
+    def sync(self, state: State, now: float) -> None:
+        """Adopt the log's view of every node (a monitor starting from a snapshot or replay)."""
+        for name, ns in state.nodes.items():
+            n = self._node(name, now)
+            self._register(n, ns.inventory)
+            n.condition, n.cordoned, n.draining = ns.condition, ns.cordoned, ns.draining
+            for g, gs in zip(n.gpus, ns.gpus, strict=False):
+                g.healthy, g.signal = gs.healthy, gs.signal
+                if not gs.healthy and _sticky(gs.signal):
+                    g.sticky = gs.signal
+
+    def observe(self, event: Event, now: float) -> None:
+        """A node event folded from the log (ours or anyone's), or an admin's cordon request the
+        fold accepted."""
+        name = getattr(event, "node", None)
+        if not isinstance(name, str):
+            return
+        if isinstance(event, NodeConditionChanged | GpuHealthChanged | NodeCordoned | CordonNode):
+            n = self._node(name, now)
+        elif isinstance(event, NodeRegistered):
+            self._register(self._node(name, now), event.inventory)
+            return
+        else:
+            return
+        if isinstance(event, NodeConditionChanged):
+            n.condition = event.condition
+        elif isinstance(event, NodeCordoned | CordonNode):  # CordonNode: an admin, by hand
+            n.cordoned, n.draining = event.cordoned, event.cordoned and event.drain
+        elif isinstance(event, GpuHealthChanged) and 0 <= event.gpu < len(n.gpus):
+            g = n.gpus[event.gpu]
+            g.healthy, g.signal = event.healthy, event.signal
+            if not event.healthy and _sticky(event.signal):
+                g.sticky = event.signal
+
+    def _register(self, n: _Node, inventory: NodeInventory) -> None:
+        old = {g.uuid: g for g in n.gpus}
+        n.known = True
+        n.gpus = []
+        for info in inventory.gpus:
+            g = _Gpu(info.uuid, info.nvlinks)
+            prev = old.get(info.uuid)
+            if prev is not None:
+                g.sticky = prev.sticky  # a GPU that failed stays failed across an agent restart
+            n.gpus.append(g)
+
+    def clear(self, node: str, gpu: int) -> None:
+        """A person reset the GPU: forget its sticky XID verdict."""
+        n = self._nodes.get(node)
+        if n is not None and 0 <= gpu < len(n.gpus):
+            n.gpus[gpu].sticky = ""
+
+    # what the heartbeats say
+
+    def record(self, node: str, now: float, payload: Heartbeat) -> None:
+        n = self._node(node, now)
+        if payload.seq <= n.last_seq and n.last_seen is not None:
+            return  # repeated or out of order
+        gap = now - (n.last_seen if n.last_seen is not None else n.since)
+        n.last_seen, n.last_seq = now, payload.seq
+        if not payload.ok or gap > self._suspect_silence:
+            n.probation_from = now if payload.ok else None
+        elif n.probation_from is None:
+            n.probation_from = now
+        by_uuid = {s.uuid: s for s in payload.gpus}
+        for i, g in enumerate(n.gpus):
+            sample = by_uuid.get(g.uuid)
+            signals: list[tuple[str, Action]]
+            if sample is None and payload.gpus:
+                signals = [("gpu:missing", "node")]  # NVML no longer lists it
+            else:
+                signals = sample_signals(sample, g.nvlinks) if sample is not None else []
+            g.live = ""
+            for signal, action in signals:
+                self._act(n, node, i, signal, action, sticky=False)
+        for x in payload.xids:
+            # A MIG instance's XID marks its whole GPU: the fold keeps health per GPU.
+            # GPU -1: the agent could not watch its GPUs at all, so none is trusted.
+            for gpu in range(len(n.gpus)) if x.gpu == -1 else (x.gpu,):
+                if 0 <= gpu < len(n.gpus):
+                    self._act(n, node, gpu, f"xid:{x.xid}", xid_action(x.xid), sticky=True)
+
+    def _act(self, n: _Node, node: str, gpu: int, signal: str, action: Action, sticky: bool) -> None:
+        g = n.gpus[gpu]
+        if action in ("record", "alert"):
+            self._notices.append(Notice(node, gpu, signal, action))
+            return
+        if action == "ignore":
+            return
+        if sticky or action == "node":  # a GPU that fell off the bus stays suspect until reset
+            g.sticky = g.sticky or signal
+        elif not g.live:
+            g.live = signal
+        if action == "node" and not n.drain_signal:
+            n.drain_signal = f"{signal} on GPU {gpu}"
+
+    def take_notices(self) -> list[Notice]:
+        out, self._notices = self._notices, []
+        return out
+
+    # deciding
+
+    def evaluate(self, now: float) -> list[Event]:
+        out: list[Event] = []
+        for name in sorted(self._nodes):
+            n = self._nodes[name]
+            if n.known:
+                out.extend(self._condition(name, n, now))
+                out.extend(self._gpu_health(name, n))
+                out.extend(self._cordon(name, n))
+        return out
+
+    def _condition(self, name: str, n: _Node, now: float) -> list[Event]:
+        last = n.last_seen if n.last_seen is not None else n.since
+        silence = now - last
+        new: NodeCondition | None = None
+        reason = ""
+        if n.condition != "lost" and silence > self.lost_after:
+            new, reason = "lost", f"no heartbeat for {silence:.0f}s"
+        elif n.condition == "ready" and silence > self._suspect_silence:
+            missed = int(silence // self.interval)
+            new, reason = "suspect", f"missed {missed} heartbeats ({silence:.0f}s)"
+        elif (
+            n.condition != "ready"
+            and n.probation_from is not None
+            and silence <= self._suspect_silence
+            and last - n.probation_from >= self.probation
+        ):
+            new, reason = "ready", f"healthy heartbeats for {last - n.probation_from:.0f}s"
+        if new is None:
+            return []
+        n.condition = new
+        if new != "ready":
+            n.probation_from = None  # trust is earned again from the next heartbeat on
+        return [NodeConditionChanged(node=name, condition=new, reason=reason)]
+
+    def _gpu_health(self, name: str, n: _Node) -> list[Event]:
+        out: list[Event] = []
+        for i, g in enumerate(n.gpus):
+            signal = g.sticky or g.live
+            if signal and g.healthy:
+                g.healthy, g.signal = False, signal
+                out.append(GpuHealthChanged(node=name, gpu=i, healthy=False, signal=signal))
+            elif not signal and not g.healthy:
+                g.healthy, g.signal = True, ""
+                out.append(GpuHealthChanged(node=name, gpu=i, healthy=True))
+        return out
+
+    def _cordon(self, name: str, n: _Node) -> list[Event]:
+        if not n.drain_signal:
+            return []
+        signal, n.drain_signal = n.drain_signal, ""
+        if n.cordoned and n.draining:
+            return []
+        n.cordoned = n.draining = True
+        return [NodeCordoned(node=name, cordoned=True, drain=True, reason=signal)]
+
+    def condition(self, node: str) -> NodeCondition | None:
+        n = self._nodes.get(node)
+        return n.condition if n is not None else None
+
+
+def _sticky(signal: str) -> bool:
+    return signal.startswith(("xid:", "gpu:"))

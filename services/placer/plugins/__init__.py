@@ -1,1 +1,0 @@
-"""The placer's plugins, one small module each; ``services/placer/stack.py`` assembles them."""

@@ -1,0 +1,22 @@
+"""The preemptor service: the shared shell (``corral.services.runtime.shell``) around ``decide``.
+
+It folds the log, and once per cycle asks the fewest, cheapest victims to checkpoint and stop (or
+elastic jobs to shrink) for a job that waits on quota or GPUs it may have. Its decisions go out
+fenced on ``corral.ev.decision.preemptor``; of any number of replicas, the one holding the role's
+lease decides and the others fold the log and stand by.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.events.log import EventLog
+from corral.services.preemptor.decide import decide
+from corral.services.runtime.shell import Service
+
+ROLE = "preemptor"
+
+
+def service(log: EventLog, **options: Any) -> Service:
+    """The service on ``log``; ``options`` go to ``Service`` (clock, tick, snapshots, lease)."""
+    return Service(ROLE, decide, log, **options)

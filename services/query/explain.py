@@ -1,0 +1,66 @@
+"""``corral explain JOB``: a job's history and, if it waits, why, in an operator's words.
+
+``explain(job, history)`` is the one presentation, used by the CLI reading the log itself and by
+the read service answering a tenant. ``explain_log(records, job_id, tenant)`` builds it from the
+log alone: every record that names the job, in order, and the folded state of the job at the
+end. A tenant sees only its own jobs; another tenant's job is "no such job".
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from corral.events import subjects
+from corral.events.log import Record
+from corral.projections.fold import fold
+from corral.projections.index import JobEvent, job_events
+from corral.projections.state import JobState
+from corral.services.query import present
+
+
+def explain_log(records: list[Record], job_id: str, tenant: str | None) -> dict[str, Any] | None:
+    state = fold(records)
+    job = state.jobs.get(job_id)
+    if job is None or (tenant not in (None, job.tenant, subjects.ADMIN)):
+        return None
+    return explain(job, [e for e in job_events(state, records) if e.job_id == job_id])
+
+
+def explain(job: JobState, history: Sequence[JobEvent]) -> dict[str, Any]:
+    """A job's row, why it waits, its history and what of it was refused, and the text a person
+    reads."""
+    row = present.job_row(job)
+    reasons = [
+        {"code": r.code, "message": r.message, "preemption_helps": r.preemption_helps} for r in job.reasons
+    ]
+    events = [
+        {"seq": e.seq, "time": e.time, "type": e.type, "subject": e.subject, "summary": e.summary}
+        for e in history
+    ]
+    refused = []
+    for e in history:
+        if e.refused:
+            code, _, message = e.refused.partition(": ")
+            refused.append({"seq": e.seq, "code": code, "message": message})
+    lines = [
+        f"job {job.id} of {job.tenant} in queue {job.spec.queue}: {job.phase} (attempt {job.attempt})",
+        f"  wants {job.spec.replicas} worker(s) × {row['per_worker']}, priority {job.priority}",
+    ]
+    if job.placement is not None:
+        lines.append(f"  placed on {row['nodes']}")
+    if job.checkpoint is not None:
+        lines.append(f"  last checkpoint: step {job.checkpoint.step} at {job.checkpoint.location}")
+    for r in job.reasons:
+        hint = " (preemption could help)" if r.preemption_helps else ""
+        lines.append(f"  why: [{r.code}] {r.message}{hint}")
+    lines.append("  history:")
+    for e in history:
+        refused_note = f"  (refused: {e.refused})" if e.refused else ""
+        lines.append(f"    {e.seq:>6}  {_when(e.time)}  {e.summary}{refused_note}")
+    return {"job": row, "reasons": reasons, "history": events, "refused": refused, "text": "\n".join(lines)}
+
+
+def _when(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S") if t else "-"

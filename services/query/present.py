@@ -1,0 +1,71 @@
+"""What the CLI shows of a State: rows for tables and plain data for ``-o json``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from corral.projections.shape import Shape
+from corral.projections.state import WHOLE, JobState, NodeState, State
+
+
+def gpu_request(job: JobState) -> str:
+    worker = Shape.of(job.spec.resources)
+    if worker.kind == "mig":
+        return f"mig {worker.mig}"
+    return f"{worker.gpu_milli / WHOLE:g} gpu"
+
+
+def job_row(job: JobState) -> dict[str, Any]:
+    nodes = sorted({w.node for w in job.placement.workers}) if job.placement else []
+    return {
+        "id": job.id,
+        "tenant": job.tenant,
+        "queue": job.spec.queue,
+        "phase": job.phase,
+        "attempt": job.attempt,
+        "workers": job.spec.replicas,
+        "per_worker": gpu_request(job),
+        "nodes": ",".join(nodes),
+        "reason": "; ".join(r.message for r in job.reasons),
+    }
+
+
+def node_row(node: NodeState) -> dict[str, Any]:
+    models = sorted({g.info.model for g in node.gpus})
+    return {
+        "name": node.name,
+        "condition": "cordoned" if node.cordoned else node.condition,
+        "model": ",".join(models) or "-",
+        "gpus": len(node.gpus),
+        "free": sum(1 for g in node.gpus if g.idle and g.healthy),
+        "unhealthy": sum(1 for g in node.gpus if not g.healthy),
+        "milli_used": sum(g.used_milli for g in node.gpus),
+        "mig": sum(1 for g in node.gpus if g.info.mig),
+        "profile": node.inventory.labels.get("profile", ""),
+    }
+
+
+def summary(state: State) -> dict[str, Any]:
+    phases: dict[str, int] = {}
+    for j in state.jobs.values():
+        phases[j.phase] = phases.get(j.phase, 0) + 1
+    gpus = [g for n in state.nodes.values() for g in n.gpus]
+    return {
+        "seq": state.seq,
+        "nodes": len(state.nodes),
+        "gpus": len(gpus),
+        "gpus_allocated_milli": sum(g.used_milli for g in gpus),
+        "jobs": len(state.jobs),
+        "phases": dict(sorted(phases.items())),
+        "queues": len(state.queues),
+        "rejected": state.rejected_total,
+        "void": state.void_total,
+        "faults": state.faults,
+    }
+
+
+def full(state: State) -> Any:
+    """The whole state as plain JSON-able data: what ``corral replay -o json`` prints."""
+    return msgspec.to_builtins(state)

@@ -1,0 +1,207 @@
+"""The shape every decision service shares: consume → fold → decide → append.
+
+A service reads the whole log in order, folds each record into its own State with the one fold,
+asks its pure ``decide(state, now)`` what to do, and appends what it returns. Decisions are made in
+cycles: everything that has arrived is folded first, then ``decide`` runs once for all of it (and on
+a timer, so time-based decisions happen on a quiet log too).
+
+- Appends are pipelined: one cycle's events go out together and the acks are gathered after.
+- A service does not decide again until the log has come back to it with its own last appends
+  folded, so it never proposes twice from a state that lacks its own proposals.
+- Events on the role's decision subject carry ``Nats-Expected-Last-Subject-Sequence``: if another
+  replica wrote meanwhile the append is refused, and the next cycle decides on the newer state.
+- Message ids are deterministic (role, the sequence the state was folded to, position), so two
+  replicas deciding the same on the same state are stored once.
+- With a ``lease`` (``services/runtime/lease.py``), only the replica holding the role's lease decides;
+  the others fold the log and stand by, ready to decide the moment they take it over.
+- OpenTelemetry stays here: every event about a job is a span in that job's trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from corral.events import codec, routing, subjects
+from corral.events.base import Event
+from corral.events.log import Append, ConflictError, EventLog, LogError, Record
+from corral.projections.fold import apply
+from corral.projections.state import State
+from corral.services.runtime import tracing
+from corral.services.runtime.lease import Lease
+
+log = logging.getLogger("corral.shell")
+
+Decide = Callable[[State, float], Sequence[Event]]
+
+
+class Snapshots(Protocol):
+    async def save(self, state: State) -> None: ...
+
+    async def load(self) -> State | None: ...
+
+
+class Service:
+    def __init__(
+        self,
+        role: str,
+        decide: Decide,
+        log_: EventLog,
+        *,
+        clock: Callable[[], float] = time.time,
+        tick: float = 1.0,
+        snapshots: Snapshots | None = None,
+        snapshot_every: int = 50_000,
+        on_fold: Callable[[State, list[Record]], None] | None = None,
+        lease: Lease | None = None,
+    ) -> None:
+        self.role = role
+        self.decide = decide
+        self.log = log_
+        self.clock = clock
+        self.tick = tick
+        self.snapshots = snapshots
+        self.snapshot_every = snapshot_every
+        self.on_fold = on_fold
+        self.lease = lease
+        self.state = State()
+        self.producer = f"{role}@{socket.gethostname()}:{os.getpid()}"
+        self.decision_subject = subjects.decision(role)
+        self._last_decision_seq = 0  # last seq on our decision subject, as folded
+        self._awaiting = 0  # our newest appended seq; no deciding before it is folded
+        self._snapshot_seq = 0
+        self.caught_up = asyncio.Event()
+        tracing.setup(role)
+
+    # -- folding --------------------------------------------------------------------------------
+
+    def fold(self, batch: list[Record]) -> None:
+        state = self.state
+        for r in batch:
+            apply(state, r)
+            if r.subject == self.decision_subject:
+                self._last_decision_seq = r.seq
+        if self.on_fold is not None:
+            self.on_fold(state, batch)
+
+    async def restore(self) -> None:
+        if self.snapshots is not None:
+            loaded = await self.snapshots.load()
+            # A snapshot ahead of the log belongs to a stream that was since recreated.
+            if loaded is not None and loaded.seq <= await self.log.last_seq():
+                self.state = loaded
+                self._snapshot_seq = loaded.seq
+        async for batch in self.log.read(self.state.seq + 1):
+            self.fold(batch)
+        # The decision subject's last sequence is not in a snapshot; the expected-sequence check
+        # then fails once, and the first fold of our own subject sets it right.
+        self.caught_up.set()
+
+    async def _maybe_snapshot(self) -> None:
+        if self.snapshots is not None and self.state.seq - self._snapshot_seq >= self.snapshot_every:
+            await self.snapshots.save(self.state)
+            self._snapshot_seq = self.state.seq
+
+    # -- deciding -------------------------------------------------------------------------------
+
+    async def cycle(self) -> int:
+        """Decide once on the current state and append the result. Returns events appended."""
+        if self.state.seq < self._awaiting:
+            return 0
+        if self.lease is not None and not await self.lease.hold():
+            return 0  # a standby: another replica decides
+        now = self.clock()
+        with tracing.span(f"{self.role}.decide", service=self.role) as cycle_span:
+            cycle_span.set_attribute("corral.based_on", self.state.seq)
+            events = list(self.decide(self.state, now))
+            cycle_span.set_attribute("corral.events", len(events))
+            if not events:
+                return 0
+            appends = [self._append_for(i, body, now) for i, body in enumerate(events)]
+        results = await self.log.append_many(appends)
+        stored = 0
+        for item, result in zip(appends, results, strict=True):
+            if isinstance(result, ConflictError):
+                log.info("%s: lost a race on %s; deciding again on the newer state", self.role, item.subject)
+            elif isinstance(result, LogError):
+                log.error("%s: append to %s failed: %s", self.role, item.subject, result)
+            else:
+                stored += 1
+                self._awaiting = max(self._awaiting, result.seq)
+        return stored
+
+    def _append_for(self, index: int, body: Event, now: float) -> Append:
+        subject = routing.subject_of(body)
+        event_id = f"{self.role}:{self.state.seq}:{index}"
+        traceparent = self._trace(body)
+        envelope = codec.seal(
+            body, event_id=event_id, time=now, producer=self.producer, traceparent=traceparent
+        )
+        headers = {"traceparent": traceparent} if traceparent else None
+        expected = self._last_decision_seq if subject == self.decision_subject and index == 0 else None
+        return Append(subject, codec.encode(envelope), event_id, expected, headers)
+
+    def _trace(self, body: Event) -> str | None:
+        """A span for this event in each job's trace; the envelope carries the first job's."""
+        first: str | None = None
+        for job_id in routing.job_ids(body):
+            job = self.state.jobs.get(job_id)
+            if job is None:
+                continue
+            attrs = {"corral.job": job_id, "corral.phase": job.phase, "corral.based_on": self.state.seq}
+            with tracing.span(
+                f"{self.role}.{type(body).__name__}", job.traceparent or None, attrs, self.role
+            ) as s:
+                first = first or tracing.traceparent_of(s)
+        return first
+
+    # -- running --------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fold and decide until ``stop`` is set; then finish the current cycle and return."""
+        await self.restore()
+        await self.cycle()
+        batches = self.log.follow(self.state.seq + 1)
+        stopping: asyncio.Future[object] = asyncio.ensure_future(stop.wait())
+        nxt: asyncio.Future[object] = asyncio.ensure_future(anext(batches))
+        try:
+            while not stop.is_set():
+                done, _ = await asyncio.wait(
+                    {nxt, stopping}, timeout=self.tick, return_when=asyncio.FIRST_COMPLETED
+                )
+                if nxt in done:
+                    self.fold(nxt.result())  # type: ignore[arg-type]
+                    nxt = asyncio.ensure_future(anext(batches))
+                if stop.is_set():
+                    break
+                await self.cycle()
+                await self._maybe_snapshot()
+        finally:
+            nxt.cancel()
+            stopping.cancel()
+            await asyncio.gather(nxt, stopping, return_exceptions=True)
+            aclose = getattr(batches, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+            if self.snapshots is not None and self.state.seq > self._snapshot_seq:
+                await self.snapshots.save(self.state)
+            if self.lease is not None:
+                await self.lease.release()
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set on SIGTERM or SIGINT, so a service drains and closes instead of dying."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop

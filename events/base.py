@@ -7,18 +7,29 @@ defaults, so that old payloads keep decoding (the golden payloads in tests guard
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+
+# Every integer on the wire fits in 64 bits. JSON allows any size, and Python would carry one,
+# but msgpack snapshots, SQLite and most other languages' clients cannot: a larger one is
+# refused when it is decoded, as malformed, instead of crashing whoever stores it later.
+Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True, gc=False):
     """Base of every event and request. The tag (class name) travels as ``type``."""
 
 
-class Request(Event, frozen=True, kw_only=True):
+class Request(Event, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a client asked for, published on ``corral.in.<tenant>.<verb>``.
 
     The tenant is never a field: it is taken from the subject the request arrived on, which the
     NATS account of that tenant is the only one allowed to publish to.
+
+    A request, and every spec inside it, names only fields corral knows: an unknown one (a typo,
+    or a field of a newer version) is refused with its name, never silently dropped, since a
+    job run without what its owner asked for is worse than one refused.
     """
 
 
@@ -26,7 +37,7 @@ class Decision(Event, frozen=True, kw_only=True):
     """A proposal made by a decision service: it records the log position its state was folded
     up to (``based_on``) and the ``now`` it used, so ``corral replay --verify`` can re-run it."""
 
-    based_on: int
+    based_on: Int
     now: float
 
 

@@ -102,6 +102,12 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc
     traceparent: str | None = None
 
 
+# What a decoder raises on bytes it cannot make one of corral's types of. RecursionError too: a
+# JSON document nested a few thousand levels deep (in any field, known or not, since msgspec
+# walks skipped values as well) exhausts the interpreter's recursion limit inside msgspec.
+UNREADABLE: tuple[type[Exception], ...] = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
 class DecodeError(ValueError):
     """A record that is not a corral event: ``code`` is ``malformed`` (does not parse) or
     ``unknown`` (a subject or verb corral does not take). The fold records it and moves on."""
@@ -152,7 +158,7 @@ def encode(obj: Any) -> bytes:
 def decode_envelope(data: bytes) -> Envelope:
     try:
         return _envelope_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except UNREADABLE as exc:
         upcast = _upcast(data)
         if upcast is None:
             raise DecodeError(str(exc)) from None
@@ -170,7 +176,7 @@ def _upcast(data: bytes) -> Envelope | None:
             return None
         raw["body"] = upcaster(body)
         return msgspec.convert(raw, Envelope)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, KeyError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError, TypeError, KeyError):
         return None
 
 
@@ -181,7 +187,7 @@ def decode_request(verb: str, data: bytes) -> Event:
         raise DecodeError(f"unknown verb {verb!r}", "unknown")
     try:
         return decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except UNREADABLE as exc:
         raise DecodeError(str(exc)) from None
 
 
@@ -224,7 +230,7 @@ def decode_record(
     if subject.startswith("corral.ev."):
         try:
             env = _envelope_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except UNREADABLE as exc:
             upcast = _upcast(data)
             if upcast is None:
                 raise DecodeError(str(exc)) from None
@@ -236,7 +242,7 @@ def decode_record(
         trace = headers.get("traceparent") if headers else None
         try:
             return decode(data), tenant, trace
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except UNREADABLE as exc:
             raise DecodeError(str(exc)) from None
     raise DecodeError(f"subject {subject} is not corral's", "unknown")
 

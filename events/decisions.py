@@ -8,26 +8,26 @@ from __future__ import annotations
 
 import msgspec
 
-from corral.events.base import Decision, Reason
+from corral.events.base import Decision, Int, Reason
 
 
 class MigSlot(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """A MIG GPU instance: ``profile`` (e.g. ``"3g.40gb"``) at memory slice ``start``."""
 
     profile: str
-    start: int
+    start: Int
 
 
 class GpuClaim(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """A share of one GPU: the whole GPU (1000 milli), a fraction of it, or one MIG slot."""
 
-    gpu: int
-    milli: int = 1000
+    gpu: Int
+    milli: Int = 1000
     mig: MigSlot | None = None
 
 
 class WorkerSlot(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
-    rank: int
+    rank: Int
     node: str
     gpus: tuple[GpuClaim, ...] = ()
 
@@ -36,7 +36,7 @@ class Placement(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """The whole gang of one job, one slot per worker rank."""
 
     job_id: str
-    attempt: int
+    attempt: Int
     workers: tuple[WorkerSlot, ...]
 
 
@@ -46,7 +46,7 @@ class JobsPlaced(Decision, frozen=True, kw_only=True):
 
 class Unschedulable(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     job_id: str
-    attempt: int
+    attempt: Int
     reasons: tuple[Reason, ...]
 
 
@@ -56,7 +56,7 @@ class JobsUnschedulable(Decision, frozen=True, kw_only=True):
 
 class Victim(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     job_id: str
-    attempt: int
+    attempt: Int
 
 
 class PreemptionRequested(Decision, frozen=True, kw_only=True):
@@ -74,7 +74,7 @@ class ShrinkRequested(Decision, frozen=True, kw_only=True):
     GPUs back when its worker has exited."""
 
     job_id: str
-    attempt: int
-    replicas: int
+    attempt: Int
+    replicas: Int
     beneficiary: str
     deadline: float

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
+from corral.events.base import Int
+
 
 class GpuHealthSample(msgspec.Struct, frozen=True, omit_defaults=True):
     """One GPU's health counters and load at one moment, as heartbeats carry them.
@@ -18,31 +20,31 @@ class GpuHealthSample(msgspec.Struct, frozen=True, omit_defaults=True):
     that signal. ``lost`` means NVML answered ``GpuIsLost`` for it.
     """
 
-    index: int
+    index: Int
     uuid: str
     lost: bool = False
-    ecc_uncorrected: int | None = None  # volatile count since the last driver load or reset
-    ecc_corrected: int | None = None
+    ecc_uncorrected: Int | None = None  # volatile count since the last driver load or reset
+    ecc_corrected: Int | None = None
     remap_pending: bool = False
     remap_failed: bool = False
     retired_pages_pending: bool = False
-    nvlinks_active: int = 0
-    nvlinks_down: int = 0  # links that exist but are not active
-    utilisation_pct: int | None = None
-    memory_used_mib: int | None = None
-    temperature_c: int | None = None
+    nvlinks_active: Int = 0
+    nvlinks_down: Int = 0  # links that exist but are not active
+    utilisation_pct: Int | None = None
+    memory_used_mib: Int | None = None
+    temperature_c: Int | None = None
     power_w: float | None = None
-    clock_event_reasons: int = 0  # NVML clocks event reasons bit mask (thermal, power, …)
+    clock_event_reasons: Int = 0  # NVML clocks event reasons bit mask (thermal, power, …)
 
 
 class XidReport(msgspec.Struct, frozen=True, omit_defaults=True):
     """An XID error NVML reported; ``gpu_instance``/``compute_instance`` name a MIG instance
     (-1: the whole GPU, or NVML could not attribute it)."""
 
-    gpu: int
-    xid: int
-    gpu_instance: int = -1
-    compute_instance: int = -1
+    gpu: Int
+    xid: Int
+    gpu_instance: Int = -1
+    compute_instance: Int = -1
 
 
 class Heartbeat(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -54,7 +56,7 @@ class Heartbeat(msgspec.Struct, frozen=True, omit_defaults=True):
     """
 
     node: str
-    seq: int
+    seq: Int
     gpus: tuple[GpuHealthSample, ...] = ()
     xids: tuple[XidReport, ...] = ()
     ok: bool = True

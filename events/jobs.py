@@ -9,50 +9,50 @@ from typing import Literal
 
 import msgspec
 
-from corral.events.base import Decision, Event, Reason, Request
+from corral.events.base import Decision, Event, Int, Reason, Request
 
 TopologyPack = Literal["none", "nvlink", "node", "rack", "block", "spread"]
 RestartPolicy = Literal["never", "on-failure", "always"]
 
 
-class Topology(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+class Topology(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
     """Where the gang's workers should sit relative to each other."""
 
     pack: TopologyPack = "none"
     required: bool = False
 
 
-class Mount(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+class Mount(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
     source: str
     target: str
     read_only: bool = True
 
 
-class Resources(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+class Resources(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
     """What one worker of the gang needs.
 
     GPUs are asked for in one of three shapes: ``gpus`` whole GPUs; ``gpu_milli`` thousandths of
     one shared GPU (``gpus`` must then be 1); or one ``mig`` profile such as ``"3g.40gb"``.
     """
 
-    gpus: int = 0
-    gpu_milli: int = 1000
+    gpus: Int = 0
+    gpu_milli: Int = 1000
     mig: str | None = None
-    cpu_milli: int = 1000
-    memory_mib: int = 1024
+    cpu_milli: Int = 1000
+    memory_mib: Int = 1024
     gpu_models: tuple[str, ...] = ()
-    min_gpu_memory_mib: int = 0
+    min_gpu_memory_mib: Int = 0
 
 
-class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
     """Everything a tenant says about a job. Validated by admission, never trusted by the fold
     beyond what its own arithmetic needs."""
 
     queue: str
     name: str = ""
     priority_class: str = "normal"
-    replicas: int = 1
-    min_replicas: int | None = None
+    replicas: Int = 1
+    min_replicas: Int | None = None
     resources: Resources = Resources()
     topology: Topology = Topology()
     preemptible: bool = True
@@ -60,7 +60,7 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     grace_seconds: float = 30.0
     runtime_estimate_s: float | None = None
     restart_policy: RestartPolicy = "on-failure"
-    max_restarts: int = 3
+    max_restarts: Int = 3
     command: tuple[str, ...] = ()
     image: str | None = None
     env: dict[str, str] = {}
@@ -88,7 +88,7 @@ class ResizeJob(Request, frozen=True, kw_only=True):
     """Change an elastic job's wanted replica count within its min..max."""
 
     job_id: str
-    replicas: int
+    replicas: Int
 
 
 # -- admission's facts (corral.ev.job.<id>) -------------------------------------------------------
@@ -98,14 +98,14 @@ class JobAccepted(Event, frozen=True, kw_only=True):
     """The request passed validation; the job waits in its queue."""
 
     job_id: str
-    priority: int
+    priority: Int
 
 
 class JobRejected(Event, frozen=True, kw_only=True):
     """A request that will never run, with why. ``request_seq`` points at the request."""
 
     job_id: str
-    request_seq: int
+    request_seq: Int
     reason: Reason
 
 
@@ -118,9 +118,9 @@ class Admission(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """Quota held for a whole gang: ``replicas`` workers, ``gpus`` per GPU model (``"*"`` = any)."""
 
     job_id: str
-    attempt: int
-    replicas: int
-    gpus: dict[str, int] = {}
+    attempt: Int
+    replicas: Int
+    gpus: dict[str, Int] = {}
 
 
 class JobsAdmitted(Decision, frozen=True, kw_only=True):
@@ -137,6 +137,6 @@ class JobRequeued(Event, frozen=True, kw_only=True):
     """A stopped or interrupted job goes back to its queue for another attempt."""
 
     job_id: str
-    attempt: int
+    attempt: Int
     reason: Reason
     resume_from: str | None = None

@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-from corral.events.base import Event
+from corral.events.base import Event, Int
 
 NodeCondition = Literal["ready", "suspect", "lost"]
 
@@ -22,18 +22,18 @@ class GpuInfo(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     ``mig`` is true when the GPU is in MIG mode: it is then shared by MIG instances only.
     """
 
-    index: int
+    index: Int
     uuid: str
     model: str
-    memory_mib: int
-    island: int = -1
+    memory_mib: Int
+    island: Int = -1
     mig: bool = False
-    nvlinks: int = 0
+    nvlinks: Int = 0
 
 
 class NodeInventory(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
-    cpu_milli: int
-    memory_mib: int
+    cpu_milli: Int
+    memory_mib: Int
     gpus: tuple[GpuInfo, ...] = ()
     labels: dict[str, str] = {}
 
@@ -49,9 +49,9 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
 class WorkerStarted(Event, frozen=True, kw_only=True):
     node: str
     job_id: str
-    attempt: int
-    rank: int
-    pid: int = 0
+    attempt: Int
+    rank: Int
+    pid: Int = 0
 
 
 class WorkerExited(Event, frozen=True, kw_only=True):
@@ -61,19 +61,19 @@ class WorkerExited(Event, frozen=True, kw_only=True):
 
     node: str
     job_id: str
-    attempt: int
-    rank: int
-    code: int
+    attempt: Int
+    rank: Int
+    code: Int
     stopped: bool = False
-    pid: int = 0
+    pid: Int = 0
 
 
 class CheckpointCompleted(Event, frozen=True, kw_only=True):
     node: str
     job_id: str
-    attempt: int
+    attempt: Int
     location: str
-    step: int
+    step: Int
 
 
 class NodeConditionChanged(Event, frozen=True, kw_only=True):
@@ -88,7 +88,7 @@ class GpuHealthChanged(Event, frozen=True, kw_only=True):
     """Health monitor: a GPU turned unhealthy (or healthy again), with the signal, e.g. ``xid:79``."""
 
     node: str
-    gpu: int
+    gpu: Int
     healthy: bool
     signal: str = ""
 

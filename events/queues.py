@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import msgspec
 
-from corral.events.base import Request
+from corral.events.base import Int, Request
 
 
-class Quota(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+class Quota(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
     """GPUs of one model (``"*"`` = any model): nominal, plus how many may be borrowed from and
     lent to the cohort. ``None`` limits mean unlimited."""
 
-    nominal: int = 0
-    borrowing_limit: int | None = None
-    lending_limit: int | None = None
+    nominal: Int = 0
+    borrowing_limit: Int | None = None
+    lending_limit: Int | None = None
 
 
-class QueueSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+class QueueSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
     name: str
     cohort: str | None = None
     quotas: dict[str, Quota] = {}
@@ -28,7 +28,7 @@ class QueueSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     strategy: str = "best-effort-fifo"
 
 
-class CohortSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+class CohortSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
     """A cohort pools its queues' unused quota; ``parent`` nests cohorts (org → team cohorts)."""
 
     name: str
@@ -36,13 +36,15 @@ class CohortSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     quotas: dict[str, Quota] = {}
 
 
-class PriorityClassSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+class PriorityClassSpec(
+    msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True
+):
     name: str
-    value: int
+    value: Int
     preemptible: bool = True
     min_runtime_s: float = 0.0
     cooldown_s: float = 0.0
-    max_preemptions_per_hour: int | None = None
+    max_preemptions_per_hour: Int | None = None
 
 
 class ApplyQueue(Request, frozen=True, kw_only=True):

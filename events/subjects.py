@@ -13,11 +13,13 @@ ADMIN = "admin"
 
 # One NATS subject token: no dots, wildcards or whitespace. Job, node, queue and tenant names
 # must be one, since each becomes a token in a subject.
-_TOKEN = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")
+_TOKEN = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 
 
 def is_token(name: str) -> bool:
-    return bool(_TOKEN.match(name))
+    # fullmatch, not ``^...$``: ``$`` also matches before a final newline, and a name ending in
+    # one would pass here and then break every subject built from it.
+    return _TOKEN.fullmatch(name) is not None
 
 
 def request(tenant: str, verb: str) -> str:

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import msgspec
-
-from corral.events import codec, routing
+from corral.events import codec, routing, subjects
 from corral.events.base import Event
 from corral.events.codec import DecodeError
 from corral.events.log import Record
@@ -60,7 +58,7 @@ def apply(state: State, record: Record) -> State:
             try:  # most records: a service event of the current schema
                 env = _decode_current_envelope(record.data)
                 body, tenant, trace = env.body, None, env.traceparent
-            except (msgspec.DecodeError, msgspec.ValidationError):  # upcast, or refused as malformed
+            except codec.UNREADABLE:  # upcast, or refused as malformed
                 body, tenant, trace = _decode_record(subject, record.data, record.headers)
         else:
             body, tenant, trace = _decode_record(subject, record.data, record.headers)
@@ -150,10 +148,22 @@ def _check_writer(ctx: Ctx, body: Event) -> None:
         )
 
 
+# A rejection keeps a bounded record of what was refused, never the payload: a request's fields
+# (an id of a megabyte, an unknown field's name) reach the message through the decoder's error.
+MAX_MESSAGE = 512
+MAX_SUBJECT = 256
+
+
 def _reject(state: State, seq: int, subject: str, code: str, message: str, job_id: str = "") -> None:
     state.rejected_total += 1
     if code == "void":
         state.void_total += 1
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 1] + "…"
+    if len(subject) > MAX_SUBJECT:
+        subject = subject[: MAX_SUBJECT - 1] + "…"
+    if job_id and not subjects.is_token(job_id):
+        job_id = ""  # not a name any job can have: nobody's job to be shown it
     state.rejections.append(Rejection(seq, subject, code, message, job_id))
     if len(state.rejections) > MAX_REJECTIONS:
         del state.rejections[: len(state.rejections) - MAX_REJECTIONS]

@@ -110,6 +110,11 @@ def _bounds(spec: JobSpec) -> str | None:
     when the field is set: most jobs leave most of them empty.)"""
     if len(spec.name) > MAX_NAME:
         return f"name is {len(spec.name)} characters; at most {MAX_NAME}"
+    # What tables and logs print as it is may not carry control characters (a name that clears
+    # an operator's terminal, or forges a line of ``corral jobs``). Commands and environment
+    # values may: they go to a process, not to a screen.
+    if not spec.name.isprintable():
+        return "name has control characters"
     cmd = spec.command
     if cmd and (len(cmd) > MAX_ARGS or sum(map(len, cmd)) > MAX_COMMAND_BYTES):
         return f"command is too long: at most {MAX_ARGS} arguments and {MAX_COMMAND_BYTES} bytes"
@@ -123,6 +128,8 @@ def _bounds(spec: JobSpec) -> str | None:
             len(labels) > MAX_LABELS or any(len(k) + len(v) > MAX_LABEL_BYTES for k, v in labels.items())
         ):
             return f"{what}: at most {MAX_LABELS} entries of at most {MAX_LABEL_BYTES} bytes each"
+        if labels and not all(k.isprintable() and v.isprintable() for k, v in labels.items()):
+            return f"{what}: keys and values may not have control characters"
     mounts = spec.mounts
     if mounts and (
         len(mounts) > MAX_MOUNTS

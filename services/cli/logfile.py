@@ -13,6 +13,7 @@ from pathlib import Path
 
 import msgspec
 
+from corral.events import codec
 from corral.events.log import Record
 
 
@@ -60,7 +61,7 @@ def read(path: str | Path) -> list[Record]:
                     continue
                 try:
                     line = _decoder.decode(raw)
-                except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                except codec.UNREADABLE as e:
                     raise LogFileError(f"{path}:{i}: not a corral log line: {e}") from None
                 data = (
                     base64.b64decode(line.data_b64)

@@ -82,7 +82,7 @@ class HealthMonitor(Service):
         node = subject.rsplit(".", 1)[-1]
         try:
             beat = _decode_heartbeat(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except codec.UNREADABLE:
             log.warning("unreadable heartbeat on %s", subject)
             return
         if beat.node != node:

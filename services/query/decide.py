@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from corral.events import subjects
+from corral.events import codec, subjects
 from corral.events.log import Record
 from corral.events.queues import QueueSpec
 from corral.projections.index import JobEvent, job_events
@@ -67,7 +67,7 @@ def parse_ask(data: bytes) -> Ask:
     if text.startswith(b"{"):
         try:
             return _decode_ask(text)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except codec.UNREADABLE as e:
             raise BadAsk(f"unreadable question: {e}") from None
     return Ask(job=text.decode("utf-8", errors="replace"))
 

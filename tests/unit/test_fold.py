@@ -84,11 +84,18 @@ def queued(job_id: str = "j1", spec: SpecLike | None = None, tenant: str = "alic
 
 
 def test_submit_takes_the_tenant_from_the_subject_not_the_payload() -> None:
-    body = {"request_id": "j1", "job": {"queue": "team-a"}, "tenant": "bob"}
+    body = {"request_id": "j1", "job": {"queue": "team-a"}}
     state = fold(LogBuilder().request("alice", "submit", body))
     j = state.jobs["j1"]
     assert (j.tenant, j.phase, j.submitted_seq, j.attempt) == ("alice", "submitted", 1, 0)
     assert state.rejected_total == 0
+
+
+def test_a_payload_that_names_a_tenant_is_refused() -> None:
+    body = {"request_id": "j1", "job": {"queue": "team-a"}, "tenant": "bob"}
+    state = fold(LogBuilder().request("alice", "submit", body))
+    assert state.jobs == {}
+    assert [(r.code, "tenant" in r.message) for r in state.rejections] == [("malformed", True)]
 
 
 def test_duplicate_submit_by_the_same_tenant_is_one_job() -> None:

@@ -75,7 +75,7 @@ async def timed(
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as store:
         async with EmbeddedServer(store) as server:
-            log = await JetStreamLog.connect(server.url)
+            log = await JetStreamLog.connect(server.url, create=True)
             try:
                 await pipelined(log, [started("warm", i) for i in range(2_000)])
                 runs: dict[str, list[tuple[float, float]]] = {"awaited": [], "pipelined": [], "batched": []}

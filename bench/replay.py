@@ -101,7 +101,7 @@ async def main(args: argparse.Namespace) -> None:
     runs: dict[str, list[Timer]] = {"transport": [], "transport+fold": [], "fold only": []}
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as store:
         async with EmbeddedServer(store) as server:
-            log = await JetStreamLog.connect(server.url)
+            log = await JetStreamLog.connect(server.url, create=True)
             try:
                 with Timer() as filled:
                     await fill(log, appends)

@@ -268,6 +268,7 @@ class JetStreamLog:
         url: str | list[str],
         *,
         stream: str = STREAM,
+        create: bool = False,
         replicas: int = 1,
         duplicate_window: float = 120.0,
         max_msg_size: int = MIB,
@@ -277,8 +278,11 @@ class JetStreamLog:
         name: str | None = None,
         **options: Any,
     ) -> JetStreamLog:
-        """Connect, create or update the stream, and return the log on it. ``options`` go to
-        nats-py's ``connect`` (credentials, TLS, reconnect policy)."""
+        """Connect and return the log on the stream. The stream is configured once, by whoever
+        sets the corral up (``create``: create it, or bring it to ``replicas``,
+        ``duplicate_window`` and ``max_msg_size``); everyone else only checks that it is there,
+        so no client's or service's connection can change the stream (scale it down to one
+        replica, say). ``options`` go to nats-py's ``connect`` (credentials, TLS, reconnects)."""
         nc = Client()
         try:
             await nc.connect(url, name=name, **options)
@@ -288,15 +292,27 @@ class JetStreamLog:
             raise LogError(f"cannot connect to {url}: {e}") from e
         log = cls(nc, stream=stream, ack_timeout=ack_timeout, batch=batch, heartbeat=heartbeat)
         try:
-            await log.ensure_stream(
-                replicas=replicas, duplicate_window=duplicate_window, max_msg_size=max_msg_size
-            )
+            if create:
+                await log.ensure_stream(
+                    replicas=replicas, duplicate_window=duplicate_window, max_msg_size=max_msg_size
+                )
+            else:
+                await log.check_stream()
             log._inbox = nc.new_inbox() + "."
             log._ack_sub = await nc.subscribe_direct(log._inbox + "*", log._on_ack)
         except BaseException:
             await nc.close()
             raise
         return log
+
+    async def check_stream(self) -> None:
+        """Raise LogError unless the stream exists."""
+        try:
+            await self._js._jsm.stream_info(self.stream)
+        except nats.js.errors.NotFoundError:
+            raise LogError(f"there is no stream {self.stream}: `corral up` creates it") from None
+        except (nats.errors.Error, nats.js.errors.Error) as e:
+            raise LogError(f"cannot read stream {self.stream}: {e}") from e
 
     async def ensure_stream(
         self, *, replicas: int = 1, duplicate_window: float = 120.0, max_msg_size: int = MIB
@@ -310,8 +326,10 @@ class JetStreamLog:
             num_replicas=replicas,
             duplicate_window=duplicate_window,
             max_msg_size=max_msg_size,
-            # The log is the record of every decision: nothing is removed from it piecemeal.
+            # The log is the record of every decision: nothing is removed from it, piecemeal or
+            # whole, by anyone who may append (only changing this configuration could allow it).
             deny_delete=True,
+            deny_purge=True,
             allow_direct=True,
         )
         jsm = self._js._jsm

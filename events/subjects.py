@@ -7,6 +7,10 @@ import re
 
 STREAM = "CORRAL"
 IN = "corral.in"
+# Where clients send requests, request-reply on core NATS: the intake appends them to the log at
+# ``corral.in.<tenant>.<verb>`` and answers. No client publishes into the stream itself, since
+# JetStream sends its acknowledgement wherever the publisher's reply subject points.
+REQ = "corral.req"
 EV = "corral.ev"
 STREAM_SUBJECTS = (f"{IN}.>", f"{EV}.>")
 ADMIN = "admin"
@@ -24,6 +28,19 @@ def is_token(name: str) -> bool:
 
 def request(tenant: str, verb: str) -> str:
     return f"{IN}.{tenant}.{verb}"
+
+
+def intake(tenant: str, verb: str) -> str:
+    """Where a client of ``tenant`` sends a ``verb`` request (the intake's subject)."""
+    return f"{REQ}.{tenant}.{verb}"
+
+
+def parse_intake(subject: str) -> tuple[str, str] | None:
+    """``corral.req.<tenant>.<verb>`` → (tenant, verb); None for anything else."""
+    parts = subject.split(".")
+    if len(parts) != 4 or parts[0] != "corral" or parts[1] != "req":
+        return None
+    return parts[2], parts[3]
 
 
 def admin(verb: str) -> str:

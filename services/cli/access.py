@@ -11,7 +11,8 @@ tenant or ``admin`` the CLI only sends requests and asks the read service (``job
 ``queues``, ``nodes``); as ``services``, or with no login, it reads the log itself.
 
 Three ways in: the log itself (``open_log``, the ``services`` login or none), the read service
-(``ask``), and a request published on ``corral.in.<tenant>.<verb>`` (``publish_request``). A
+(``ask``), and a request sent to the intake, which appends it at ``corral.in.<tenant>.<verb>``
+(``publish_request``; with no login, the CLI appends it itself). A
 failure to get in is one ``Failure`` line for the person at the terminal.
 """
 
@@ -30,8 +31,8 @@ from corral.events.log import Append, EventLog, LogError, Record
 from corral.projections.fold import fold
 from corral.projections.state import State
 from corral.services.cli.jobfile import BadInput
-from corral.services.query import identities
 from corral.services.query.client import Refused, Session
+from corral.services.runtime import identities
 
 if TYPE_CHECKING:
     from corral.events.jetstream import JetStreamLog

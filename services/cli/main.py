@@ -53,8 +53,9 @@ from corral.services.cli.access import (
     tenant_of,
 )
 from corral.services.cli.jobfile import BadInput, convert, load_document
-from corral.services.query import identities, present
+from corral.services.query import present
 from corral.services.query.client import Refused
+from corral.services.runtime import identities
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,23 +93,27 @@ def cmd_up(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     """One decision service as its own process, against a running NATS."""
     from corral.services.cli.up import DECISION_SERVICES
+    from corral.services.intake import service as intake_service
     from corral.services.query import service as read_service
     from corral.services.runtime.lease import KvLease
     from corral.services.runtime.shell import stop_on_signals
 
     roles = {s.ROLE: s for s in DECISION_SERVICES}
-    if args.role not in roles and args.role != read_service.ROLE:
-        names = [*roles, read_service.ROLE]
+    # Services that fold nothing to decide, or only to answer, and hold no lease: any number of
+    # replicas share the work, each with its own login.
+    stateless = {read_service.ROLE: read_service.serve, intake_service.ROLE: intake_service.serve}
+    if args.role not in roles and args.role not in stateless:
+        names = [*roles, *stateless]
         raise BadInput(f"unknown service {args.role!r}; services: {', '.join(names)}")
-    login = login_of(args, read_service.ROLE if args.role == read_service.ROLE else identities.SERVICES)
-    if args.role == read_service.ROLE:
+    login = login_of(args, args.role if args.role in stateless else identities.SERVICES)
+    if args.role in stateless:
         creds = {"user": login.user, "password": login.password} if login is not None else {}
-        run_reader = read_service.serve(server_url(args.server), **creds)
+        run_one = stateless[args.role](server_url(args.server), **creds)
 
-        async def read() -> None:
-            await run_reader(stop_on_signals())
+        async def serve_one() -> None:
+            await run_one(stop_on_signals())
 
-        asyncio.run(read())
+        asyncio.run(serve_one())
         return
     needs_log(f"serve {args.role}", login)
 
@@ -482,7 +487,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--tenants", help="with --auth: comma-separated tenants that get a login")
     up.set_defaults(fn=cmd_up)
 
-    sv = sub.add_parser("serve", parents=[common], help="run one decision service (its own process)")
+    sv = sub.add_parser("serve", parents=[common], help="run one service as its own process: admission, placer, preemptor, query, intake")
     sv.add_argument("role")
     sv.add_argument("--snapshot", help="SQLite file for snapshots of its state")
     sv.set_defaults(fn=cmd_serve)

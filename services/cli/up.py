@@ -11,7 +11,7 @@ then the agents (their workers are stopped and their exits reported), then the c
 the server.
 
 With ``Settings.auth`` the embedded server requires a login: each part connects as its identity
-(``services.query.identities``: the services and agents as ``services``, the read service as
+(``services.runtime.identities``: the services and agents as ``services``, the read service as
 ``query``), and the passwords of those, of ``admin`` and of each tenant in ``Settings.tenants``
 are in ``credentials.json`` in the data directory, kept across restarts.
 """
@@ -39,10 +39,11 @@ from corral.services.agent.service import NodeAgent
 from corral.services.agent.workers import SandboxMode
 from corral.services.health.decide import HeartbeatTracker
 from corral.services.health.service import HealthMonitor
+from corral.services.intake import service as intake_service
 from corral.services.placer import service as placer_service
 from corral.services.preemptor import service as preemptor_service
-from corral.services.query import identities
 from corral.services.query import service as read_service
+from corral.services.runtime import identities
 from corral.services.runtime.lease import KvLease
 from corral.services.runtime.shell import Decide, Service, stop_on_signals
 
@@ -102,6 +103,7 @@ class Cluster:
     agents: dict[str, NodeAgent] = field(default_factory=dict)  # by node: to kill, cut off, inspect
     health: HealthMonitor | None = None
     query: read_service.ReadService | None = None
+    intake: intake_service.Intake | None = None
     data_dir: Path | None = None
     credentials: Path | None = None  # with auth: every identity's password
 
@@ -139,12 +141,12 @@ async def cluster(
         else:
             url = server
 
-        async def service_log() -> JetStreamLog:
-            opened = await connect(url, **login(identities.SERVICES))
+        async def service_log(create: bool = False) -> JetStreamLog:
+            opened = await connect(url, create=create, **login(identities.SERVICES))
             stack.push_async_callback(opened.close)
             return opened
 
-        log = await service_log()
+        log = await service_log(create=True)  # the one place the stream is configured
         simulated = inventory.cluster(nodes, profile)
         if not cfg.agents:
             await register_nodes(log, simulated, clock())
@@ -164,6 +166,11 @@ async def cluster(
         reader = read_service.ReadService(query_log)
         running.query = reader
         tasks.append(asyncio.create_task(reader.run(stop), name=reader.role))
+        intake_log = await intake_service.connect(url, **login(identities.INTAKE))
+        stack.push_async_callback(intake_log.close)
+        intake = intake_service.Intake(intake_log)
+        running.intake = intake
+        tasks.append(asyncio.create_task(intake.run(stop), name=intake_service.ROLE))
         monitor_log = await service_log()
         tracker = HeartbeatTracker(cfg.heartbeat, cfg.suspect_after, cfg.lost_after, cfg.probation)
         monitor = HealthMonitor(monitor_log, monitor_log.nc, tracker=tracker, clock=clock, tick=cfg.tick)
@@ -203,7 +210,7 @@ async def cluster(
 
         stack.push_async_callback(stop_agents)
         stack.push_async_callback(stop_services)
-        ready = [s.caught_up for s in running.services] + [reader.caught_up, monitor.caught_up]
+        ready = [s.caught_up for s in running.services] + [reader.caught_up, intake.ready, monitor.caught_up]
         ready += [a.registered for a in running.agents.values()]
         await _ready(ready, tasks + agent_tasks)
         yield running
@@ -243,7 +250,8 @@ async def run_cluster(
     async with cluster(server, nodes, profile, data_dir, port, settings=settings) as running:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / "server").write_text(running.url + "\n")
-        roles = ", ".join([s.role for s in running.services] + [read_service.ROLE, "health"])
+        roles = ", ".join([s.role for s in running.services] + [read_service.ROLE, intake_service.ROLE])
+        roles += ", health"
         print(f"corral is up at {running.url}", flush=True)
         print(f"  services: {roles}", flush=True)
         if running.credentials is not None:

@@ -1,9 +1,10 @@
 """The client side, for any identity but ``services``: send requests into the log and ask the
 read service, over a plain NATS connection that can do nothing else.
 
-A request is a publish on ``corral.in.<tenant>.<verb>`` whose reply is JetStream's acknowledgement
-(the stream sequence it was stored at); ``Nats-Msg-Id`` deduplicates a retry. A question is a
-request on ``corral.read.<asker>.<question>``. Replies come into the identity's own inbox prefix,
+A request goes to the intake on ``corral.req.<tenant>.<verb>``, which appends it to the log at
+``corral.in.<tenant>.<verb>`` and answers as JetStream would (the stream sequence it was stored
+at, or why not); ``Nats-Msg-Id`` deduplicates a retry. A question is a request on
+``corral.read.<asker>.<question>``. Replies come into the identity's own inbox prefix,
 the only place its permissions let it listen.
 
 The server refuses what an identity may not do with a permissions violation and drops the
@@ -22,7 +23,8 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from corral.services.query import identities
+from corral.events import subjects
+from corral.services.runtime import identities
 
 MSG_ID = "Nats-Msg-Id"
 
@@ -94,8 +96,12 @@ class Session:
     async def send(
         self, subject: str, data: bytes, msg_id: str, headers: dict[str, str] | None = None
     ) -> int:
-        """Append a request to the log; returns the sequence it was stored at."""
-        msg = await self.request(subject, data, {**(headers or {}), MSG_ID: msg_id})
+        """Have the intake append a request to the log at ``subject`` (``corral.in.<tenant>.<verb>``);
+        returns the sequence it was stored at. Any other subject is published to as it is (and
+        refused by the server, for every identity that may use a session)."""
+        parsed = subjects.parse_request(subject)
+        target = subjects.intake(*parsed) if parsed is not None else subject
+        msg = await self.request(target, data, {**(headers or {}), MSG_ID: msg_id})
         try:
             ack = json.loads(msg.data)
         except ValueError:

@@ -35,8 +35,8 @@ from corral.events.nats_client import Client
 from corral.projections.fold import apply
 from corral.projections.index import JobEvent
 from corral.projections.state import State
-from corral.services.query import identities
 from corral.services.query.decide import Ask, BadAsk, add_history, answer, parse_ask, refusal
+from corral.services.runtime import identities
 
 log = logging.getLogger("corral.query")
 

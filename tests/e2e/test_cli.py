@@ -100,12 +100,13 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     )
     flag_job = out.stdout.strip()
 
-    # Any NATS client in any language: plain JSON on the tenant's subject, acked by JetStream.
-    nc = await nats.connect(cluster)
+    # Any NATS client in any language: plain JSON to the intake, request-reply, answered from
+    # the tenant's own inbox with where the log stored it.
+    nc = await nats.connect(cluster, inbox_prefix="_INBOX.corral.team-b")
     try:
-        js = nc.jetstream()
         body = {"request_id": "raw-1", "job": {"queue": "team-b", "resources": {"gpus": 2}}}
-        await js.publish("corral.in.team-b.submit", json.dumps(body).encode())
+        answer = await nc.request("corral.req.team-b.submit", json.dumps(body).encode(), timeout=10)
+        assert json.loads(answer.data)["seq"] > 0
     finally:
         await nc.close()
 

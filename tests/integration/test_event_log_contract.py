@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import TypeVar
 
 import nats
+import nats.js.errors
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,7 +45,7 @@ async def log(
     # The same per-test server as the nats_server fixture; started here since an async fixture
     # cannot be requested by name from inside another.
     async with EmbeddedServer(tmp_path_factory.mktemp("nats")) as server:
-        js = await JetStreamLog.connect(server.url, batch=BATCH)
+        js = await JetStreamLog.connect(server.url, batch=BATCH, create=True)
         try:
             yield js
         finally:
@@ -286,9 +287,9 @@ async def test_many_appends_read_back_exactly(log: EventLog) -> None:
 
 
 async def test_connect_twice_keeps_one_stream(nats_server: str) -> None:
-    a = await JetStreamLog.connect(nats_server)
+    a = await JetStreamLog.connect(nats_server, create=True)
     await a.append(ev())
-    b = await JetStreamLog.connect(nats_server)
+    b = await JetStreamLog.connect(nats_server, create=True)
     try:
         assert await b.last_seq() == 1
         assert (await b.append(ev())).seq == 2
@@ -309,7 +310,7 @@ async def test_connect_twice_keeps_one_stream(nats_server: str) -> None:
 
 
 async def test_log_survives_a_server_restart(embedded_server: EmbeddedServer) -> None:
-    log = await JetStreamLog.connect(embedded_server.url)
+    log = await JetStreamLog.connect(embedded_server.url, create=True)
     await fill(log, 20)
     await log.append(ev(headers={"traceparent": "t"}, msg_id="m"))
     before = [r for b in await read_all(log) for r in b]
@@ -318,7 +319,7 @@ async def test_log_survives_a_server_restart(embedded_server: EmbeddedServer) ->
     await embedded_server.stop()
     await embedded_server.start()
 
-    log = await JetStreamLog.connect(embedded_server.url)
+    log = await JetStreamLog.connect(embedded_server.url, create=True)
     try:
         after = [r for b in await read_all(log) for r in b]
         assert after == before
@@ -330,7 +331,7 @@ async def test_log_survives_a_server_restart(embedded_server: EmbeddedServer) ->
 async def test_follow_carries_on_across_a_server_restart(embedded_server: EmbeddedServer) -> None:
     # The consumer lives in the server's memory and is lost with it; the reader notices the
     # silence (missed heartbeats) and recreates it after the last record it took.
-    log = await JetStreamLog.connect(embedded_server.url, heartbeat=0.2, reconnect_time_wait=0.1)
+    log = await JetStreamLog.connect(embedded_server.url, heartbeat=0.2, reconnect_time_wait=0.1, create=True)
     try:
         await fill(log, 3)
         got: list[int] = []
@@ -351,7 +352,9 @@ async def test_follow_carries_on_across_a_server_restart(embedded_server: Embedd
 
 
 async def test_append_to_a_stopped_server_is_a_log_error(embedded_server: EmbeddedServer) -> None:
-    log = await JetStreamLog.connect(embedded_server.url, ack_timeout=0.3, reconnect_time_wait=0.1)
+    log = await JetStreamLog.connect(
+        embedded_server.url, ack_timeout=0.3, reconnect_time_wait=0.1, create=True
+    )
     try:
         await log.append(ev())
         await embedded_server.stop()
@@ -364,7 +367,7 @@ async def test_append_to_a_stopped_server_is_a_log_error(embedded_server: Embedd
 
 
 async def test_oversized_append_is_a_log_error(nats_server: str) -> None:
-    log = await JetStreamLog.connect(nats_server, max_msg_size=1024)
+    log = await JetStreamLog.connect(nats_server, max_msg_size=1024, create=True)
     try:
         with pytest.raises(LogError) as caught:
             await log.append(ev(data=b"x" * 2048))
@@ -378,7 +381,7 @@ async def test_oversized_append_is_a_log_error(nats_server: str) -> None:
 
 
 async def test_append_outside_the_stream_is_a_log_error(nats_server: str) -> None:
-    log = await JetStreamLog.connect(nats_server, ack_timeout=5.0)
+    log = await JetStreamLog.connect(nats_server, ack_timeout=5.0, create=True)
     try:
         with pytest.raises(LogError):
             await log.append(ev("elsewhere.entirely"))
@@ -397,7 +400,7 @@ async def test_connect_to_nothing_is_a_log_error(unused_tcp_port: int) -> None:
 
 
 async def test_follow_ends_when_the_log_closes(nats_server: str) -> None:
-    log = await JetStreamLog.connect(nats_server)
+    log = await JetStreamLog.connect(nats_server, create=True)
     await log.append(ev())
     it = log.follow()
     first = await asyncio.wait_for(anext(it), WAIT)
@@ -479,3 +482,30 @@ async def test_fast_parser_agrees_with_the_stock_one(frames: list[bytes], cuts: 
         await stock_parser.parse(chunk)
     assert fast.got == stock.got
     assert len(fast.got) == len(frames)
+
+
+async def test_only_the_one_who_sets_up_configures_the_stream(nats_server: str) -> None:
+    """A connection that does not create the stream finds it or fails, and changes nothing:
+    a client with defaults of its own must not scale a replicated stream down, or re-limit it."""
+    with pytest.raises(LogError, match="no stream"):
+        await JetStreamLog.connect(nats_server)
+    owner = await JetStreamLog.connect(nats_server, max_msg_size=4096, duplicate_window=60.0, create=True)
+    client = await JetStreamLog.connect(nats_server)  # defaults: 1 MiB messages, 120 s window
+    try:
+        nc = await nats.connect(nats_server)
+        try:
+            info = await nc.jetstream().stream_info(STREAM)
+            assert (info.config.max_msg_size, info.config.duplicate_window) == (4096, 60.0)
+            assert info.config.deny_delete and info.config.deny_purge
+            # Nothing is removed from the log, whole or piecemeal, by anyone who may append.
+            await client.append(ev())
+            with pytest.raises(nats.js.errors.Error):
+                await nc.jetstream().purge_stream(STREAM)
+            with pytest.raises(nats.js.errors.Error):
+                await nc.jetstream().delete_msg(STREAM, 1)
+            assert (await nc.jetstream().stream_info(STREAM)).state.messages == 1
+        finally:
+            await nc.close()
+    finally:
+        await client.close()
+        await owner.close()

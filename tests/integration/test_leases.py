@@ -59,7 +59,7 @@ async def test_a_holder_that_stops_renewing_loses_the_lease_and_knows_it(nc: nat
 
 
 async def test_of_two_admission_replicas_only_the_lease_holder_decides(nats_server: str) -> None:
-    logs = [await JetStreamLog.connect(nats_server) for _ in range(3)]
+    logs = [await JetStreamLog.connect(nats_server, create=True) for _ in range(3)]
     stops = [asyncio.Event(), asyncio.Event()]
     replicas = [
         Service(

@@ -25,6 +25,7 @@ from pathlib import Path
 import msgspec
 import nats
 import pytest
+from nats.aio.msg import Msg
 
 from corral.events import codec, subjects
 from corral.events.jetstream import JetStreamLog
@@ -35,8 +36,8 @@ from corral.events.server import EmbeddedServer
 from corral.projections.state import State
 from corral.services.cli.up import Settings, cluster, connect
 from corral.services.cli.watch import Watcher
-from corral.services.query import identities
 from corral.services.query.client import Refused, Session
+from corral.services.runtime import identities
 
 WAIT = 30.0
 LOGINS = Settings(tick=0.1, agents=False, auth=True, tenants=("a", "b"))
@@ -223,8 +224,12 @@ async def test_payload_tricks_change_nothing(secured: Secured) -> None:
     await secured.submit("b", "jb", msgspec.structs.replace(TOO_BIG, queue="qb"))
     a = await secured.session("a")
     try:
-        # A tenant field in the body: the fold takes the tenant from the subject.
+        # A tenant field in the body: the intake refuses it (the tenant is the subject's), and
+        # nothing is appended.
         body = {"request_id": "ja", "tenant": "b", "job": {"queue": "qa", "resources": {"gpus": 1}}}
+        with pytest.raises(Refused, match="unknown field `tenant`"):
+            await a.send("corral.in.a.submit", json.dumps(body).encode(), "submit:ja")
+        del body["tenant"]
         await a.send("corral.in.a.submit", json.dumps(body).encode(), "submit:ja")
         # An id with a dot never becomes a job; a can read why.
         dotted = codec.encode(SubmitJob(request_id="jb.x", job=JobSpec(queue="qa")))
@@ -304,3 +309,89 @@ async def test_server_without_users_stays_open(tmp_path: Path) -> None:
         assert not server.config_path.exists()
         nc = await nats.connect(server.url)
         await nc.close()
+
+
+async def test_no_reply_subject_a_tenant_chooses_makes_anyone_write_for_it(secured: Secured) -> None:
+    """JetStream acknowledges a publish on the reply subject the publisher names, by the server
+    itself and past the publisher's permissions. So a tenant may not publish into the stream at
+    all, and the intake, which appends for it, answers only into the tenant's own inbox: no reply
+    subject lands a record in the log, in another tenant's inbox, or in the leaders' leases."""
+    targets = (
+        "corral.ev.job.forged",
+        "corral.in.b.submit",
+        "corral.in.admin.queue",
+        "$KV.corral_leases.placer",
+        "_INBOX.corral.b.stolen",
+    )
+    kv = await secured.log.nc.jetstream().key_value("corral_leases")
+    lease_before = await kv.get("placer")
+    spy = await nats.connect(secured.url, **identities.login(secured.passwords, identities.SERVICES))
+    heard: list[str] = []
+
+    async def hear(msg: Msg) -> None:
+        heard.append(msg.subject)
+
+    await spy.subscribe("_INBOX.corral.b.>", cb=hear)
+    before = await secured.log.last_seq()
+    a = await secured.session("a")
+    try:
+        assert a.nc is not None
+        body = codec.encode(SubmitJob(request_id="via-reply", job=JobSpec(queue="qa")))
+        for target in targets:
+            # Straight into the stream, on a's own request subject: the server refuses it.
+            with pytest.raises(Refused, match="permissions violation"):
+                await a.request("corral.in.a.submit", body, {"Nats-Msg-Id": f"direct:{target}"})
+            # Through the intake, answered elsewhere: dropped, nothing appended.
+            await a.nc.publish(subjects.intake("a", "submit"), body, reply=target)
+        # Headers a client must not set do not reach the log: a conditional append would let a
+        # tenant fence services out of their own subjects.
+        forged = {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Rollup": "all"}
+        honest = codec.encode(SubmitJob(request_id="honest", job=JobSpec(queue="qa")))
+        seq = await a.send("corral.in.a.submit", honest, "honest", headers=forged)
+        await a.nc.flush()
+    finally:
+        await a.close()
+    got = await records_since(secured.log, before)
+    assert [(r.seq, r.subject) for r in got if r.seq <= seq] == [(seq, "corral.in.a.submit")]
+    assert not (got[0].headers or {}).keys() & {"Nats-Expected-Last-Subject-Sequence", "Nats-Rollup"}
+    await spy.flush()
+    assert heard == []
+    lease_after = await kv.get("placer")
+    assert lease_after.value == lease_before.value  # renewed by its holder, never written by a
+    await spy.close()
+
+
+async def test_a_tenant_cannot_take_another_tenants_message_id(secured: Secured) -> None:
+    """The stream drops a message id it has seen, on any subject. The intake files each id under
+    its tenant, so b sending a's next id first (even a predictable one) costs a nothing."""
+    b = await secured.session("b")
+    a = await secured.session("a")
+    try:
+        decoy = codec.encode(SubmitJob(request_id="decoy", job=JobSpec(queue="qb")))
+        await b.send("corral.in.b.submit", decoy, "submit:mine")
+        real = codec.encode(SubmitJob(request_id="mine", job=JobSpec(queue="qa")))
+        seq = await a.send("corral.in.a.submit", real, "submit:mine")
+        again = await a.send("corral.in.a.submit", real, "submit:mine")  # a's own retry: one record
+    finally:
+        await a.close()
+        await b.close()
+    assert again == seq
+    state = await secured.until(seq)
+    assert state.jobs["mine"].tenant == "a"
+
+
+async def test_the_intake_refuses_what_is_not_a_request(secured: Secured) -> None:
+    a = await secured.session("a")
+    try:
+        before = await secured.log.last_seq()
+        for verb, body, why in (
+            ("submit", b"[" * 5000 + b"]" * 5000, "not a submit request"),
+            ("submit", b'{"request_id":"x","job":{"queue":"qa","replicas":' + b"9" * 40 + b"}}", "<="),
+            ("queue", b'{"queue":{"name":"mine"}}', "may not 'queue'"),
+            ("purge", b"{}", "may not 'purge'"),
+        ):
+            with pytest.raises(Refused, match=why):
+                await a.send(f"corral.in.a.{verb}", body, f"bad:{verb}")
+        assert await secured.log.last_seq() == before
+    finally:
+        await a.close()

@@ -18,8 +18,8 @@ from corral.events.jobs import CancelJob, PendingReasonChanged
 from corral.events.queues import QueueSpec, Quota
 from corral.projections.index import JobEvent
 from corral.projections.state import State
-from corral.services.query import identities
 from corral.services.query.decide import Ask, BadAsk, add_history, answer, parse_ask
+from corral.services.runtime import identities
 from tests.builders import Cluster, LogBuilder, job
 
 WAITING = Reason("quota", "queue qa has 0 of 8 GPUs free", preemption_helps=True)

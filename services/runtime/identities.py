@@ -5,14 +5,18 @@ cluster's credentials file (``credentials.json`` in the data directory, readable
 only, a JSON object of user name to password). The server, not corral's code, enforces:
 
 - ``services``: every decision service, the health monitor and the node agents: anything.
+- ``intake``: takes clients' requests on ``corral.req.>`` and appends them to the log at
+  ``corral.in.<tenant>.<verb>``; it may publish there, into askers' inboxes (its answers) and
+  ask the stream's info, nothing else. Its JetStream acknowledgements come to its own inbox.
 - ``query``: the read service. It may read the stream (stream info, its own consumers and their
   flow control), take questions on ``corral.read.>``, and publish only into the askers' inboxes:
   so however a question names its reply subject, its answer can never land in the log.
-- ``admin``: publish ``corral.in.admin.>`` (queues, cohorts, priority classes, cordons), ask
+- ``admin``: send ``corral.req.admin.>`` (queues, cohorts, priority classes, cordons), ask
   ``corral.read.admin.>`` (the read service shows the admin everything).
-- one user per tenant T: publish ``corral.in.T.>`` (submit, cancel, resize), ask
-  ``corral.read.T.>``. Nothing of ``$JS.API``, nothing of ``corral.ev``: a tenant cannot read the
-  stream, only ask the read service, which answers with T's own jobs.
+- one user per tenant T: send ``corral.req.T.>`` (submit, cancel, resize), ask
+  ``corral.read.T.>``. Nothing of ``$JS.API``, nothing of the stream's subjects: a tenant can
+  neither write the log (JetStream would acknowledge to any reply subject it chose, into the
+  log, a lease, another's inbox) nor read it, only ask the intake and the read service.
 
 Replies to an identity go to its own inbox prefix, ``_INBOX.corral.<name>``, the only subjects
 it may subscribe to: an identity allowed ``_INBOX.>`` could hear every other identity's answers.
@@ -32,13 +36,15 @@ from corral.events.server import Permissions, User, write_private
 
 SERVICES = "services"
 QUERY = "query"
+INTAKE = "intake"
 ADMIN = subjects.ADMIN
-RESERVED = frozenset({SERVICES, QUERY, ADMIN})
+RESERVED = frozenset({SERVICES, QUERY, INTAKE, ADMIN})
 CREDENTIALS = "credentials.json"
 
 READ = "corral.read"  # corral.read.<asker>.<question>: questions to the read service
 INBOXES = "_INBOX.corral"  # _INBOX.corral.<name>.<...>: where each identity hears its replies
 QUERY_INBOX = "_INBOX.query"  # the read service's own replies (JetStream API, deliveries)
+INTAKE_INBOX = "_INBOX.intake"  # the intake's own replies (JetStream acknowledgements)
 
 
 class CredentialsError(Exception):
@@ -91,9 +97,14 @@ def permissions(name: str) -> Permissions | None:
             publish=(*_js_read(subjects.STREAM), f"{INBOXES}.>"),
             subscribe=(f"{QUERY_INBOX}.>", f"{READ}.>"),
         )
+    if name == INTAKE:
+        return Permissions(
+            publish=(f"{subjects.IN}.>", f"{INBOXES}.>", f"$JS.API.STREAM.INFO.{subjects.STREAM}"),
+            subscribe=(f"{INTAKE_INBOX}.>", f"{subjects.REQ}.>"),
+        )
     # The admin and every tenant: their own requests, their own questions, their own inbox.
     return Permissions(
-        publish=(f"{subjects.IN}.{name}.>", f"{READ}.{name}.>"),
+        publish=(f"{subjects.REQ}.{name}.>", f"{READ}.{name}.>"),
         subscribe=(f"{inbox_prefix(name)}.>",),
     )
 
@@ -120,11 +131,11 @@ def load(path: str | os.PathLike[str]) -> dict[str, str]:
 
 def ensure(path: str | os.PathLike[str], tenants: Iterable[str]) -> dict[str, str]:
     """The cluster's passwords: those already in ``path``, and a new one for each identity (the
-    three of corral's own, each of ``tenants``) that has none yet. Written back readable by its
+    four of corral's own, each of ``tenants``) that has none yet. Written back readable by its
     owner only. Existing passwords are kept, so clients keep working across restarts."""
     p = Path(path)
     passwords = load(p) if p.exists() else {}
-    wanted = [SERVICES, QUERY, ADMIN, *(check_tenant(t) for t in tenants)]
+    wanted = [SERVICES, QUERY, INTAKE, ADMIN, *(check_tenant(t) for t in tenants)]
     for name in wanted:
         if name not in passwords:
             passwords[name] = secrets.token_urlsafe(24)

@@ -1,0 +1,92 @@
+"""What one client request becomes: an append to the log as its tenant's, a refusal, or nothing.
+
+Clients send requests request-reply on ``corral.req.<tenant>.<verb>``, never into the stream: a
+JetStream publish is acknowledged on whatever reply subject the publisher names, by the server
+itself, past the publisher's permissions, so a tenant allowed to publish into the stream could
+make the server write its acknowledgements into the log, another tenant's inbox or the leaders'
+lease bucket. The intake appends for them, with its own identity and its own inbox, and answers.
+
+- The tenant is the subject's second token (NATS lets each identity send only on its own).
+- The answer goes only into the tenant's own inbox (``_INBOX.corral.<tenant>.``); a request
+  naming any other reply subject is dropped unanswered, and nothing is appended for it.
+- A request must decode as its verb's type (admin verbs only for ``admin``) and fit in
+  ``MAX_REQUEST`` bytes; else it is refused with the reason, and nothing is appended.
+- What is appended is the request's bytes as sent, at ``corral.in.<tenant>.<verb>``, with the
+  client's message id under the tenant's name (``<tenant>/<id>``): the stream deduplicates ids
+  across every subject, and a tenant may not pre-empt another's id. Of the client's headers only
+  the trace context travels; ``Nats-Expected-*``, ``Nats-Rollup`` and the like are the intake's
+  to set, never a client's.
+
+The answer has the shape of a JetStream acknowledgement (``{"stream", "seq", "duplicate"}`` or
+``{"error": {"code", "description"}}``), so a client written against the stream reads it as is.
+What the fold and admission then make of the request, the read service tells (ask ``after`` the
+answered ``seq``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from corral.events import codec, subjects
+from corral.events.codec import DecodeError
+
+MAX_REQUEST = 256 * 1024  # bytes: a job spec is bounded far below this by admission
+MAX_MSG_ID = 128
+MSG_ID = "Nats-Msg-Id"
+FORWARDED_HEADERS = ("traceparent", "tracestate")
+MAX_REASON = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """Append ``data`` at ``subject`` with ``msg_id`` (None: no deduplication) and ``headers``."""
+
+    subject: str
+    data: bytes
+    msg_id: str | None
+    headers: dict[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer that the request was refused, and why; append nothing."""
+
+    code: int  # as JetStream's error codes: 400 a bad request, 403 a forbidden one
+    description: str
+
+
+def decide(
+    subject: str, reply: str, headers: Mapping[str, str] | None, data: bytes, *, inbox_prefix: str
+) -> Accept | Refuse | None:
+    """The verdict on one request; None when there is nowhere safe to answer (then it is
+    dropped). ``inbox_prefix`` is where replies to identity names go (``_INBOX.corral``)."""
+    parsed = subjects.parse_intake(subject)
+    if parsed is None:
+        return None
+    tenant, verb = parsed
+    if not subjects.is_token(tenant) or not reply.startswith(f"{inbox_prefix}.{tenant}."):
+        return None
+    verbs = codec.ADMIN_VERBS if tenant == subjects.ADMIN else codec.TENANT_VERBS
+    if verb not in verbs:
+        return Refuse(403, f"{tenant} may not {verb[:64]!r}; verbs: {', '.join(sorted(verbs))}")
+    if len(data) > MAX_REQUEST:
+        return Refuse(400, f"a request is at most {MAX_REQUEST} bytes, not {len(data)}")
+    try:
+        codec.decode_request(verb, data)
+    except DecodeError as e:
+        return Refuse(400, _bounded(f"not a {verb} request: {e}"))
+    msg_id = None
+    forwarded: dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if name == MSG_ID:
+            if not 0 < len(value) <= MAX_MSG_ID:
+                return Refuse(400, f"a message id is 1..{MAX_MSG_ID} characters")
+            msg_id = f"{tenant}/{value}"
+        elif name.lower() in FORWARDED_HEADERS:
+            forwarded[name.lower()] = value[:256]
+    return Accept(subjects.request(tenant, verb), data, msg_id, forwarded or None)
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"

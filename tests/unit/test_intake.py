@@ -1,0 +1,84 @@
+"""The intake's verdict on one request, by table: appended as the subject's tenant's, refused
+with a reason, or dropped when there is nowhere safe to answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corral.services.intake.decide import MAX_REQUEST, Accept, Refuse, decide
+
+INBOXES = "_INBOX.corral"
+SUBMIT = json.dumps({"request_id": "j1", "job": {"queue": "q"}}).encode()
+QUEUE = json.dumps({"queue": {"name": "q"}}).encode()
+
+
+def _decide(subject: str, data: bytes = SUBMIT, reply: str = "_INBOX.corral.a.x1", **headers: str) -> object:
+    return decide(subject, reply, headers or None, data, inbox_prefix=INBOXES)
+
+
+def test_a_request_is_appended_as_its_subjects_tenants() -> None:
+    got = _decide("corral.req.a.submit", **{"Nats-Msg-Id": "submit:j1", "traceparent": "00-ab-cd-01"})
+    assert got == Accept("corral.in.a.submit", SUBMIT, "a/submit:j1", {"traceparent": "00-ab-cd-01"})
+
+
+def test_without_a_message_id_nothing_is_deduplicated() -> None:
+    assert _decide("corral.req.a.submit") == Accept("corral.in.a.submit", SUBMIT, None, None)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "",  # a publish, not a request: nobody to answer
+        "corral.ev.job.j1",  # into the log
+        "corral.in.b.submit",  # as another tenant
+        "$KV.corral_leases.placer",  # over a leader's lease
+        "_INBOX.corral.b.x",  # into another tenant's inbox
+        "_INBOX.corral.ab.x",  # a tenant whose name starts with a's
+        "_INBOX.corral.a",  # the prefix itself, not an inbox under it
+    ],
+)
+def test_an_answer_goes_only_into_the_tenants_own_inbox(reply: str) -> None:
+    assert _decide("corral.req.a.submit", reply=reply) is None
+
+
+@pytest.mark.parametrize(
+    "subject", ["corral.req.a", "corral.req.a.submit.x", "corral.in.a.submit", "other.a.b.c"]
+)
+def test_only_intake_subjects_are_taken(subject: str) -> None:
+    assert _decide(subject) is None
+
+
+@pytest.mark.parametrize(
+    ("subject", "data", "reply", "words"),
+    [
+        ("corral.req.a.queue", QUEUE, "_INBOX.corral.a.1", "a may not 'queue'"),
+        ("corral.req.a.purge", b"{}", "_INBOX.corral.a.1", "may not 'purge'"),
+        ("corral.req.a.submit", b"{", "_INBOX.corral.a.1", "not a submit request"),
+        ("corral.req.a.submit", b'{"request_id":"j","job":{"replica":2}}', "_INBOX.corral.a.1", "replica"),
+        ("corral.req.a.submit", b" " * (MAX_REQUEST + 1), "_INBOX.corral.a.1", "at most"),
+    ],
+)
+def test_what_is_not_a_request_of_the_tenant_is_refused(
+    subject: str, data: bytes, reply: str, words: str
+) -> None:
+    got = _decide(subject, data, reply)
+    assert isinstance(got, Refuse) and words in got.description
+    assert len(got.description) <= 512
+
+
+def test_the_admin_may_use_admin_verbs() -> None:
+    assert _decide("corral.req.admin.queue", QUEUE, "_INBOX.corral.admin.1") == Accept(
+        "corral.in.admin.queue", QUEUE, None, None
+    )
+
+
+def test_headers_only_the_intake_may_set_are_not_passed_on() -> None:
+    headers = {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Rollup": "all", "Nats-Batch-Id": "x"}
+    got = _decide("corral.req.a.submit", **headers)
+    assert got == Accept("corral.in.a.submit", SUBMIT, None, None)
+
+
+def test_a_message_id_is_bounded() -> None:
+    assert isinstance(_decide("corral.req.a.submit", **{"Nats-Msg-Id": "x" * 129}), Refuse)

@@ -487,8 +487,10 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--tenants", help="with --auth: comma-separated tenants that get a login")
     up.set_defaults(fn=cmd_up)
 
-    sv = sub.add_parser("serve", parents=[common], help="run one service as its own process: admission, placer, preemptor, query, intake")
-    sv.add_argument("role")
+    sv = sub.add_parser(
+        "serve", parents=[common], help="run one service as its own process: admission, placer, …"
+    )
+    sv.add_argument("role", help="admission, placer, preemptor, query or intake")
     sv.add_argument("--snapshot", help="SQLite file for snapshots of its state")
     sv.set_defaults(fn=cmd_serve)
 

@@ -24,7 +24,6 @@ from nats.aio.subscription import Subscription
 from corral.events import subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import Append, LogError
-from corral.events.nats_client import Client
 from corral.services.intake.decide import Accept, Refuse, decide
 from corral.services.runtime import identities
 

@@ -159,9 +159,16 @@ def test_payload_tricks_change_nothing(world: tuple[State, dict[str, list[JobEve
 def test_tenant_permissions_are_its_own_subjects_only() -> None:
     p = identities.permissions("a")
     assert p is not None
-    assert p.publish == ("corral.in.a.>", "corral.read.a.>")
+    assert p.publish == ("corral.req.a.>", "corral.read.a.>")
     assert p.subscribe == ("_INBOX.corral.a.>",)
     assert identities.permissions(identities.SERVICES) is None
+
+
+def test_the_intake_appends_requests_and_answers_into_inboxes_only() -> None:
+    p = identities.permissions(identities.INTAKE)
+    assert p is not None
+    assert set(p.publish) == {"corral.in.>", "_INBOX.corral.>", "$JS.API.STREAM.INFO.CORRAL"}
+    assert set(p.subscribe) == {"corral.req.>", "_INBOX.intake.>"}
 
 
 def test_read_service_publishes_only_into_inboxes_and_reads_the_stream() -> None:
@@ -183,7 +190,7 @@ def test_reserved_or_odd_tenant_names_are_refused(name: str) -> None:
 def test_credentials_are_private_and_kept(tmp_path: Any) -> None:
     path = tmp_path / "credentials.json"
     first = identities.ensure(path, ["a"])
-    assert set(first) == {"services", "query", "admin", "a"}
+    assert set(first) == {"services", "query", "intake", "admin", "a"}
     assert path.stat().st_mode & 0o777 == 0o600
     second = identities.ensure(path, ["a", "b"])
     assert {k: second[k] for k in first} == first

@@ -31,12 +31,19 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from corral.events.log import Ack, Append, ConflictError, LogError, Record
+from corral.events.log import Ack, Append, ConflictError, Fence, LogError, Record
 from corral.events.nats_client import Client
 from corral.events.subjects import STREAM, STREAM_SUBJECTS
 
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+EXPECTED_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"  # the subject that check is on
+# Atomic batch publish (nats-server 2.12 and later, on a stream that allows it): messages of one
+# batch id are stored together at its commit, or not at all.
+BATCH_ID = "Nats-Batch-Id"
+BATCH_SEQUENCE = "Nats-Batch-Sequence"
+BATCH_COMMIT = "Nats-Batch-Commit"
+MAX_BATCH = 1000  # the server's limit on the messages of one atomic batch
 # JetStream API errors: the expected last (subject) sequence is stale, with the sequence found
 # (10071) or without it (10164, when another append to the subject is still in flight).
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
@@ -65,6 +72,7 @@ class _PubAck(msgspec.Struct):
     stream: str = ""
     seq: int = 0
     duplicate: bool = False
+    count: int = 0  # an atomic batch's commit: how many messages it stored
     error: _ApiError | None = None
 
 
@@ -331,6 +339,7 @@ class JetStreamLog:
             deny_delete=True,
             deny_purge=True,
             allow_direct=True,
+            allow_atomic=True,  # decision cycles are appended as atomic batches
         )
         jsm = self._js._jsm
         try:
@@ -439,6 +448,57 @@ class JetStreamLog:
             if isinstance(r, ConflictError):
                 results[i] = await self._settle(items[i], r)
         return results
+
+    async def append_fenced(self, items: Sequence[Append], fence: Fence) -> list[Ack]:
+        """As atomic batches of at most ``MAX_BATCH``, each conditional on the fence's subject
+        not having moved: the first on ``fence``, each later one on where the batches before it
+        left that subject (known from their acknowledgements, since a batch's messages take
+        consecutive sequences). A batch refused leaves the ones after it unsent."""
+        acks: list[Ack] = []
+        last = fence.last_seq
+        for lo in range(0, len(items), MAX_BATCH):
+            chunk = items[lo : lo + MAX_BATCH]
+            stored = await self._append_batch(chunk, Fence(fence.subject, last))
+            acks += stored
+            on_fence = [a.seq for a, item in zip(stored, chunk, strict=True) if item.subject == fence.subject]
+            last = max([last, *on_fence])
+        return acks
+
+    async def _append_batch(self, items: Sequence[Append], fence: Fence) -> list[Ack]:
+        batch_id = f"{next(self._tokens)}.{id(self):x}.{len(items)}"
+        n = len(items)
+        for i, item in enumerate(items, 1):
+            headers = dict(item.headers) if item.headers else {}
+            headers[BATCH_ID] = batch_id
+            headers[BATCH_SEQUENCE] = str(i)
+            if item.msg_id is not None:
+                headers[MSG_ID] = item.msg_id
+            if i == 1:
+                headers[EXPECTED_LAST_SUBJECT_SEQ] = str(fence.last_seq)
+                headers[EXPECTED_SUBJECT] = fence.subject
+            if i < n:  # only the commit is answered
+                try:
+                    await self._nc.publish(item.subject, item.data, headers=headers)
+                except Exception as e:
+                    raise LogError(f"append to {item.subject} failed: {type(e).__name__}: {e}") from e
+        headers[BATCH_COMMIT] = "1"
+        last = items[-1]
+        fut = await self._send(Append(last.subject, last.data, headers=headers))
+        try:
+            async with asyncio.timeout(self._ack_timeout):
+                ack = await fut
+        except TimeoutError:
+            ack = self._timed_out(fut)
+            self._waiting = {k: f for k, f in self._waiting.items() if not f.done()}
+        err = ack.error
+        if err is not None:
+            if err.err_code in WRONG_LAST_SEQUENCE:
+                raise ConflictError(fence.subject, fence.last_seq, _actual(err.description))
+            raise LogError(f"batch of {n} refused: {err.description} ({err.err_code or err.code})")
+        if ack.count != n:
+            raise LogError(f"batch of {n} stored {ack.count} messages at {ack.seq}")
+        first = ack.seq - n + 1  # a batch's messages take consecutive sequences
+        return [Ack(first + i) for i in range(n)]
 
     async def _collect(
         self, items: Sequence[Append], start: int, futs: list[asyncio.Future[_PubAck]]

@@ -41,6 +41,15 @@ class Append(msgspec.Struct, frozen=True):
     headers: dict[str, str] | None = None
 
 
+class Fence(msgspec.Struct, frozen=True):
+    """A condition on a whole append: ``subject``'s last sequence must still be ``last_seq``
+    (0: nothing stored on it yet). A decision service fences each cycle on its decision subject,
+    so that a cycle decided on a state another replica has since written to is refused whole."""
+
+    subject: str
+    last_seq: int
+
+
 class Ack(msgspec.Struct, frozen=True):
     seq: int
     duplicate: bool = False
@@ -69,6 +78,12 @@ class EventLog(Protocol):
     async def append_many(self, items: Sequence[Append]) -> list[Ack | LogError]:
         """Append several, pipelined: all are sent before any acknowledgement is awaited. Each
         result is the ack or the error of the item at the same index; order is preserved."""
+        ...
+
+    async def append_fenced(self, items: Sequence[Append], fence: Fence) -> list[Ack]:
+        """Append all of ``items``, in order, or none of them: none if ``fence`` no longer holds
+        (raises ``ConflictError``) or the log refuses any of them (raises ``LogError``). The
+        items' own ``expected_last_subject_seq`` are ignored: the fence is the condition."""
         ...
 
     async def last_seq(self) -> int:
@@ -111,6 +126,19 @@ class InMemoryLog:
         async with self._grew:
             self._grew.notify_all()
         return results
+
+    async def append_fenced(self, items: Sequence[Append], fence: Fence) -> list[Ack]:
+        actual = self._last_by_subject.get(fence.subject, 0)
+        if actual != fence.last_seq:
+            raise ConflictError(fence.subject, fence.last_seq, actual)
+        acks = []
+        for item in items:
+            result = self._store(msgspec.structs.replace(item, expected_last_subject_seq=None))
+            assert not isinstance(result, LogError)  # nothing but a fence refuses an append here
+            acks.append(result)
+        async with self._grew:
+            self._grew.notify_all()
+        return acks
 
     def append_sync(self, item: Append) -> Ack:
         """For the simulator, which has no event loop to spare."""

@@ -21,9 +21,10 @@ Invariants:
   are re-run with the settings ``roles`` gives them (``corral``'s defaults); a service started
   with other settings diverges by design, and the report says so.
 - A cycle whose first event is missing while everything else it appended matches the re-run at
-  the same positions lost an append race (that event alone is conditional on the role's
-  decision subject being unchanged); a cycle cut short by the end of the log matches up to
-  there. Both are noted, not counted as divergences.
+  the same positions lost an append race: in logs written before cycles were appended as one
+  fenced atomic batch, that event alone was conditional on the role's decision subject. A cycle
+  cut short by the end of the log matches up to there. Both are noted, not counted as
+  divergences.
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ a timer, so time-based decisions happen on a quiet log too).
 - Appends are pipelined: one cycle's events go out together and the acks are gathered after.
 - A service does not decide again until the log has come back to it with its own last appends
   folded, so it never proposes twice from a state that lacks its own proposals.
-- Events on the role's decision subject carry ``Nats-Expected-Last-Subject-Sequence``: if another
-  replica wrote meanwhile the append is refused, and the next cycle decides on the newer state.
+- A cycle's events are appended all or none, fenced on the role's decision subject
+  (``EventLog.append_fenced``: an atomic batch whose first message carries the subject's
+  expected last sequence): if another replica wrote there meanwhile, nothing of the cycle is
+  stored, whichever subjects its events are on, and the next cycle decides on the newer state.
 - Message ids are deterministic (role, the sequence the state was folded to, position), so two
   replicas deciding the same on the same state are stored once.
 - With a ``lease`` (``services/runtime/lease.py``), only the replica holding the role's lease decides;
@@ -31,7 +33,7 @@ from typing import Protocol
 
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
-from corral.events.log import Append, ConflictError, EventLog, LogError, Record
+from corral.events.log import Append, ConflictError, EventLog, Fence, LogError, Record
 from corral.projections.fold import apply
 from corral.projections.state import State
 from corral.services.runtime import tracing
@@ -125,17 +127,21 @@ class Service:
             if not events:
                 return 0
             appends = [self._append_for(i, body, now) for i, body in enumerate(events)]
-        results = await self.log.append_many(appends)
-        stored = 0
-        for item, result in zip(appends, results, strict=True):
-            if isinstance(result, ConflictError):
-                log.info("%s: lost a race on %s; deciding again on the newer state", self.role, item.subject)
-            elif isinstance(result, LogError):
-                log.error("%s: append to %s failed: %s", self.role, item.subject, result)
-            else:
-                stored += 1
-                self._awaiting = max(self._awaiting, result.seq)
-        return stored
+        try:
+            fence = Fence(self.decision_subject, self._last_decision_seq)
+            acks = await self.log.append_fenced(appends, fence)
+        except ConflictError as e:
+            log.info("%s: lost a race on %s; deciding again on the newer state", self.role, e.subject)
+            if e.actual is not None and e.actual <= self.state.seq:
+                # What was written there is already folded: the fence was only unknown (a
+                # snapshot does not keep it), not stale. The next cycle is fenced on it.
+                self._last_decision_seq = e.actual
+            return 0
+        except LogError as e:
+            log.error("%s: appending a cycle of %d events failed: %s", self.role, len(appends), e)
+            return 0
+        self._awaiting = max(self._awaiting, *(a.seq for a in acks))
+        return len(acks)
 
     def _append_for(self, index: int, body: Event, now: float) -> Append:
         subject = routing.subject_of(body)
@@ -145,8 +151,7 @@ class Service:
             body, event_id=event_id, time=now, producer=self.producer, traceparent=traceparent
         )
         headers = {"traceparent": traceparent} if traceparent else None
-        expected = self._last_decision_seq if subject == self.decision_subject and index == 0 else None
-        return Append(subject, codec.encode(envelope), event_id, expected, headers)
+        return Append(subject, codec.encode(envelope), event_id, headers=headers)
 
     def _trace(self, body: Event) -> str | None:
         """A span for this event in each job's trace; the envelope carries the first job's."""

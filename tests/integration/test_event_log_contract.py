@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.events.jetstream import JetStreamLog
-from corral.events.log import Ack, Append, ConflictError, EventLog, InMemoryLog, LogError, Record
+from corral.events.jetstream import MAX_BATCH, JetStreamLog
+from corral.events.log import Ack, Append, ConflictError, EventLog, Fence, InMemoryLog, LogError, Record
 from corral.events.server import EmbeddedServer
 from corral.events.subjects import STREAM, STREAM_SUBJECTS
 
@@ -261,6 +261,33 @@ async def test_append_many_gives_per_item_results_in_order(log: EventLog) -> Non
     assert [r.subject for r in stored] == ["corral.ev.job.a", subject, "corral.ev.job.b", subject]
 
 
+async def test_a_fenced_append_stores_all_in_order(log: EventLog) -> None:
+    await fill(log, 2, "corral.ev.decision.placer")
+    items = [ev("corral.ev.job.a"), ev("corral.ev.decision.placer", msg_id="p:1"), ev("corral.ev.job.b")]
+    acks = await log.append_fenced(items, Fence("corral.ev.decision.placer", 2))
+    assert [a.seq for a in acks] == [3, 4, 5]
+    assert [r.subject for r in (await read_all(log))[-1][-3:]] == [i.subject for i in items]
+
+
+async def test_a_fenced_append_whose_fence_moved_stores_nothing(log: EventLog) -> None:
+    """Whichever subjects the items are on, and whatever they expect themselves."""
+    await fill(log, 2, "corral.ev.decision.placer")
+    items = [ev("corral.ev.job.a"), ev("corral.ev.job.b", expected_last_subject_seq=0)]
+    with pytest.raises(ConflictError) as caught:
+        await log.append_fenced(items, Fence("corral.ev.decision.placer", 1))
+    assert (caught.value.subject, caught.value.expected, caught.value.actual) == (
+        "corral.ev.decision.placer",
+        1,
+        2,
+    )
+    assert await log.last_seq() == 2
+    with pytest.raises(ConflictError):  # an empty subject is at 0
+        await log.append_fenced([ev("corral.ev.job.a")], Fence("corral.ev.decision.admission", 5))
+    assert await log.last_seq() == 2
+    acks = await log.append_fenced([ev("corral.ev.job.a")], Fence("corral.ev.decision.admission", 0))
+    assert [a.seq for a in acks] == [3]
+
+
 async def test_append_many_of_nothing(log: EventLog) -> None:
     assert await log.append_many([]) == []
 
@@ -482,6 +509,20 @@ async def test_fast_parser_agrees_with_the_stock_one(frames: list[bytes], cuts: 
         await stock_parser.parse(chunk)
     assert fast.got == stock.got
     assert len(fast.got) == len(frames)
+
+
+async def test_a_fenced_append_beyond_one_batch_is_fenced_batch_by_batch(nats_server: str) -> None:
+    """More than the server takes in one atomic batch: each batch is fenced on where the ones
+    before it left the fence's subject, so a writer slipping in between stops the rest."""
+    log = await JetStreamLog.connect(nats_server, create=True)
+    try:
+        n = MAX_BATCH + 5
+        items = [ev("corral.ev.decision.placer" if i % 100 == 0 else "corral.ev.job.a") for i in range(n)]
+        acks = await log.append_fenced(items, Fence("corral.ev.decision.placer", 0))
+        assert [a.seq for a in acks] == list(range(1, n + 1))
+        assert await log.last_seq() == n
+    finally:
+        await log.close()
 
 
 async def test_only_the_one_who_sets_up_configures_the_stream(nats_server: str) -> None:

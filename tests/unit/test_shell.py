@@ -1,0 +1,80 @@
+"""The service shell against a competing writer: a cycle decided on a state another replica has
+since written to is refused whole, whichever subjects its events are on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from corral.events.base import Event
+from corral.events.decisions import JobsPlaced
+from corral.events.jobs import JobAccepted
+from corral.events.log import InMemoryLog, Record
+from corral.projections.state import State
+from corral.services.runtime.shell import Service
+
+
+def facts_only(state: State, now: float) -> Sequence[Event]:
+    """A cycle that writes nothing on the decision subject: before, nothing fenced it."""
+    return [JobAccepted(job_id=f"accepted-at-{state.seq}", priority=0)]
+
+
+def with_a_decision(state: State, now: float) -> Sequence[Event]:
+    return [
+        JobAccepted(job_id=f"accepted-at-{state.seq}", priority=0),
+        JobsPlaced(based_on=state.seq, now=now, placements=()),
+    ]
+
+
+async def _folded(svc: Service, log: InMemoryLog) -> None:
+    svc.fold([r for r in log.records if r.seq > svc.state.seq])
+
+
+def _subjects(log: InMemoryLog) -> list[str]:
+    return [r.subject for r in log.records]
+
+
+async def test_a_stale_replica_stores_nothing_of_its_cycle() -> None:
+    log = InMemoryLog()
+    leader = Service("placer", with_a_decision, log, clock=lambda: 1.0)
+    stale = Service("placer", facts_only, log, clock=lambda: 1.0)
+    await leader.restore()
+    await stale.restore()
+
+    assert await leader.cycle() == 2
+    assert _subjects(log) == ["corral.ev.job.accepted-at-0", "corral.ev.decision.placer"]
+    # The stale replica decided on the empty log; the leader has written since.
+    assert await stale.cycle() == 0
+    assert len(log.records) == 2
+
+    await _folded(stale, log)
+    assert await stale.cycle() == 1  # on the newer state, it may
+    assert _subjects(log)[-1] == "corral.ev.job.accepted-at-2"
+
+
+async def test_all_of_a_cycle_or_none() -> None:
+    """A competing write between deciding and appending voids the whole cycle, not only the
+    events on the decision subject."""
+    log = InMemoryLog()
+    svc = Service("placer", with_a_decision, log, clock=lambda: 1.0)
+    await svc.restore()
+    other = Service("placer", with_a_decision, log, clock=lambda: 1.0)
+    await other.restore()
+    await other.cycle()
+    before = list(log.records)
+    assert await svc.cycle() == 0
+    assert list(log.records) == before
+
+
+async def test_a_fence_unknown_after_a_snapshot_is_learnt_not_a_stall() -> None:
+    """A service restored from a snapshot does not know where its decision subject stands; the
+    first conflict tells it, and once it has folded that far it decides again."""
+    log = InMemoryLog()
+    first = Service("placer", with_a_decision, log, clock=lambda: 1.0)
+    await first.restore()
+    await first.cycle()
+    restored = Service("placer", with_a_decision, log, clock=lambda: 1.0)
+    restored.state = State()
+    restored.fold([Record(r.seq, "corral.ev.job.other", r.data, r.headers, r.time) for r in log.records])
+    assert restored._last_decision_seq == 0  # as after a snapshot: the subject's seq unknown
+    assert await restored.cycle() == 0
+    assert await restored.cycle() == 2

@@ -14,6 +14,7 @@ outlives the cluster. Nothing sleeps: every wait is ``Watcher.until`` with a tim
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -209,15 +210,25 @@ def resumed_step(it: Live, job_id: str, attempt: int = 1) -> int:
 
 async def resumes_elsewhere(it: Live, job_id: str, left: str) -> str:
     """Wait until the job runs again on another node and checkpoints there; check that it went
-    on from the step its requeue handed back (the first checkpoint of a run resumed at step S is
-    at S + 100) and that its log says so. Returns the node it runs on now."""
+    on from a checkpoint of the attempt before, no older than the one its requeue handed back
+    (the first checkpoint of a run resumed at step S is at S + 100), as its log says. Returns
+    the node it runs on now.
+
+    Which checkpoint that is depends on timing: a node cut off while its agent lives goes on
+    saving checkpoints until it is told to stop, and the new attempt starts from the newest its
+    agent had folded when it started the worker; the worker's own log says which."""
     s = await it.until(checkpointed(job_id, 0, attempt=1))
     node = node_of(s, job_id)
-    step = resumed_step(it, job_id)
-    first = next(c for _, c in it.events(CheckpointCompleted, job_id) if c.attempt == 1)
-    assert node != left and step >= 100 and first.step == step + 100
     [log] = it.cluster.agents[node].logs(job_id)
-    assert f"rank 0: resumed from step {step} " in log.read_text()
+    said = re.search(r"rank 0: resumed from step (\d+) ", log.read_text())
+    assert said is not None, "the new attempt did not resume from a checkpoint"
+    step = int(said.group(1))
+    [requeue] = [e for _, e in it.events(JobRequeued, job_id) if e.attempt == 0]
+    checkpoints = [c for _, c in it.events(CheckpointCompleted, job_id)]
+    handed = next(c.step for c in checkpoints if c.location == requeue.resume_from)
+    saved = {c.step for c in checkpoints if c.attempt == 0}
+    first = next(c for c in checkpoints if c.attempt == 1)
+    assert node != left and step in saved and step >= handed >= 100 and first.step == step + 100
     return node
 
 

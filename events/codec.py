@@ -88,7 +88,9 @@ ADMIN_VERBS: dict[str, type[Event]] = {
 
 class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """Metadata every service event carries. ``type`` mirrors the body's tag so that a reader in
-    another language can route without parsing the body; ``v`` is the body's schema version.
+    another language can route without parsing the body; ``v`` is the body's schema version (a
+    reader refuses a record of a newer one than it knows, never guesses at it); ``rules`` is the
+    version of the fold's rules its writer decided under (0: not recorded).
     (Untracked by the cyclic garbage collector, like the events: it never holds a cycle.)"""
 
     id: str
@@ -97,6 +99,7 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc
     producer: str
     body: AnyEvent
     v: int = SCHEMA_VERSION
+    rules: int = 0
     causation: str | None = None
     correlation: str | None = None
     traceparent: str | None = None
@@ -138,6 +141,7 @@ def seal(
     causation: str | None = None,
     correlation: str | None = None,
     traceparent: str | None = None,
+    rules: int = 0,
 ) -> Envelope:
     return Envelope(
         id=event_id,
@@ -145,6 +149,7 @@ def seal(
         time=time,
         producer=producer,
         body=body,  # type: ignore[arg-type]
+        rules=rules,
         causation=causation,
         correlation=correlation,
         traceparent=traceparent,
@@ -157,12 +162,21 @@ def encode(obj: Any) -> bytes:
 
 def decode_envelope(data: bytes) -> Envelope:
     try:
-        return _envelope_decoder.decode(data)
+        env = _envelope_decoder.decode(data)
     except UNREADABLE as exc:
         upcast = _upcast(data)
         if upcast is None:
             raise DecodeError(str(exc)) from None
-        return upcast
+        env = upcast
+    return readable(env)
+
+
+def readable(env: Envelope) -> Envelope:
+    """``env``, unless a newer corral wrote it: a body of a schema version this build does not
+    know is refused, never read as if it were the old one."""
+    if env.v > SCHEMA_VERSION:
+        raise DecodeError(f"written in schema v{env.v}; this corral reads up to v{SCHEMA_VERSION}", "unknown")
+    return env
 
 
 def _upcast(data: bytes) -> Envelope | None:
@@ -228,13 +242,7 @@ def decode_record(
     """``decode_body`` as a plain (body, tenant, traceparent) tuple: the fold's path, once per
     record, so it does no more work than the decoder itself needs."""
     if subject.startswith("corral.ev."):
-        try:
-            env = _envelope_decoder.decode(data)
-        except UNREADABLE as exc:
-            upcast = _upcast(data)
-            if upcast is None:
-                raise DecodeError(str(exc)) from None
-            env = upcast
+        env = decode_envelope(data)
         return env.body, None, env.traceparent
     if subject.startswith("corral.in."):
         route = _request_routes.get(subject)

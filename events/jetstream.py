@@ -527,6 +527,16 @@ class JetStreamLog:
     async def last_seq(self) -> int:
         return (await self.info()).last_seq
 
+    async def identity(self) -> str:
+        """Which stream this is: its name and when it was created. A stream deleted and created
+        again under the same name is another history, and has another identity."""
+        try:
+            si = await self._js._jsm.stream_info(self.stream)
+        except (nats.errors.Error, nats.js.errors.Error) as e:
+            raise LogError(f"cannot read stream {self.stream}: {e}") from e
+        created = si.created.isoformat() if si.created is not None else "unknown"
+        return f"{self.stream}@{created}"
+
     async def read(self, start: int = 1, stop: int | None = None) -> AsyncIterator[list[Record]]:
         status = await self.info()
         end = status.last_seq if stop is None else min(stop, status.last_seq)

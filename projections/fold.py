@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
-from corral.events.codec import DecodeError
+from corral.events.codec import SCHEMA_VERSION, DecodeError
 from corral.events.log import Record
 from corral.projections import fold_admission, fold_nodes, fold_preemption, fold_requests
 from corral.projections.fold_moves import (
@@ -57,6 +57,8 @@ def apply(state: State, record: Record) -> State:
         if subject.startswith("corral.ev."):
             try:  # most records: a service event of the current schema
                 env = _decode_current_envelope(record.data)
+                if env.v > SCHEMA_VERSION:
+                    codec.readable(env)  # raises: a newer schema than this build reads
                 body, tenant, trace = env.body, None, env.traceparent
             except codec.UNREADABLE:  # upcast, or refused as malformed
                 body, tenant, trace = _decode_record(subject, record.data, record.headers)

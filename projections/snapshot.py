@@ -7,10 +7,10 @@ Invariants:
 - A snapshot is only an accelerator. Anything doubtful (an undecodable blob, a format other than
   this build's, a sequence that disagrees with its data, a log shorter than the snapshot) is
   ignored and the State is refolded from the log, which is always correct.
-- The format is ``FORMAT`` plus a fingerprint of State's schema. Any change to State's shape
-  changes it, so a snapshot taken before a new derived field existed is never loaded with that
-  field at its default. A change to what the fold derives (same shape, new meaning) must bump
-  ``FORMAT`` by hand.
+- The format is ``FORMAT``, the fold's ``RULES`` and a fingerprint of State's schema. Any change
+  to State's shape changes it, so a snapshot taken before a new derived field existed is never
+  loaded with that field at its default; a change to what the fold derives (same shape, new
+  meaning) is a new ``RULES``, so a snapshot folded under other rules is never loaded either.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import msgspec
 
 from corral.events.log import EventLog
 from corral.projections.fold import fold
+from corral.projections.rules import RULES
 from corral.projections.state import State
 
 FORMAT = 1
@@ -31,7 +32,7 @@ KEEP = 3  # the newest few: one bad write still leaves an older snapshot to star
 
 def _fingerprint() -> str:
     schema = msgspec.json.encode(msgspec.json.schema(State))
-    return f"{FORMAT}:{hashlib.sha256(schema).hexdigest()[:16]}"
+    return f"{FORMAT}.{RULES}:{hashlib.sha256(schema).hexdigest()[:16]}"
 
 
 FORMAT_ID = _fingerprint()
@@ -52,13 +53,21 @@ class SnapshotStore:
     """Snapshots in one SQLite file (``":memory:"`` for tests). Open with ``await
     SnapshotStore.open(path)``; close with ``await store.close()`` or ``async with``."""
 
-    def __init__(self, db: aiosqlite.Connection, keep: int = KEEP, format_id: str = FORMAT_ID) -> None:
+    def __init__(
+        self, db: aiosqlite.Connection, keep: int = KEEP, format_id: str = FORMAT_ID, stream: str = ""
+    ) -> None:
         self._db = db
         self._keep = keep
-        self._format = format_id
+        # A snapshot is of one stream: another stream of the same name (recreated, or another
+        # cluster's) may be longer than the snapshot and still hold another history.
+        self._format = f"{format_id}@{stream}" if stream else format_id
 
     @classmethod
-    async def open(cls, path: str, keep: int = KEEP, format_id: str = FORMAT_ID) -> SnapshotStore:
+    async def open(
+        cls, path: str, keep: int = KEEP, format_id: str = FORMAT_ID, stream: str = ""
+    ) -> SnapshotStore:
+        """``stream``: the identity of the stream the snapshots fold (``JetStreamLog.identity``);
+        a snapshot of any other is never loaded."""
         # Autocommit mode: every transaction is an explicit BEGIN ... COMMIT below.
         db = await aiosqlite.connect(path, isolation_level=None)
         try:
@@ -69,7 +78,7 @@ class SnapshotStore:
         except BaseException:
             await db.close()
             raise
-        return cls(db, keep, format_id)
+        return cls(db, keep, format_id, stream)
 
     async def close(self) -> None:
         await self._db.close()

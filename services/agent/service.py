@@ -49,6 +49,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
+from corral.projections.rules import RULES
 from corral.projections.state import State
 from corral.services.agent import discovery
 from corral.services.agent.decide import (
@@ -389,7 +390,9 @@ class NodeAgent(Service):
     def _append(self, body: Event, now: float) -> Append:
         mid = msg_id(body)
         traceparent = self._trace(body)
-        env = codec.seal(body, event_id=mid, time=now, producer=self.producer, traceparent=traceparent)
+        env = codec.seal(
+            body, event_id=mid, time=now, producer=self.producer, traceparent=traceparent, rules=RULES
+        )
         headers = {"traceparent": traceparent} if traceparent else None
         return Append(routing.subject_of(body), codec.encode(env), mid, None, headers)
 

@@ -124,7 +124,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
             if args.snapshot:
                 from corral.projections.snapshot import SnapshotStore
 
-                snapshots = await SnapshotStore.open(args.snapshot)
+                snapshots = await SnapshotStore.open(args.snapshot, stream=await log.identity())
             holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
             lease = await KvLease.open(log.nc, args.role, holder)  # replicas of a role take turns
             await roles[args.role].service(log, snapshots=snapshots, lease=lease).run(stop_on_signals())

@@ -52,6 +52,7 @@ from corral.events.jobs import (
 )
 from corral.events.log import Record
 from corral.projections.fold import apply, fold
+from corral.projections.rules import RULES
 from corral.projections.state import State
 from corral.services.replay.report import (
     VERBS,
@@ -97,6 +98,7 @@ class _Logged:
     producer: str
     body: Event
     time: float
+    rules: int = 0  # the fold's rules its writer decided under (0: not recorded)
 
 
 @dataclass(slots=True)
@@ -134,6 +136,16 @@ def verify(records: Sequence[Record], roles: dict[str, Decide], workers: int | N
         )
     if records and records[0].seq != 1:
         notes.append(f"the log starts at seq {records[0].seq}: decisions are re-run without what came before")
+    other_rules = Counter(e.rules for c in cycles.values() for e in c.events if e.rules != RULES)
+    if other_rules:
+        under = ", ".join(
+            f"{n} under rules {r}" if r else f"{n} with no rules recorded"
+            for r, n in sorted(other_rules.items())
+        )
+        notes.append(
+            f"decision events written under other rules than this build's ({RULES}): {under}; "
+            "where the rules differ, so may the decisions, by design"
+        )
 
     due: list[_Cycle] = []
     for cycle in cycles.values():
@@ -302,7 +314,7 @@ def _collect(
             if role is None or role not in roles:
                 continue
             based_on = body.based_on if isinstance(body, Decision) else None
-        logged = _Logged(r.seq, index, env.producer, body, env.time)
+        logged = _Logged(r.seq, index, env.producer, body, env.time, env.rules)
         if based_on is None:
             d = _bad(r.seq, role, None, f"its id {env.id!r} does not name the cycle that decided it")
             _fill_logged(d, [logged])

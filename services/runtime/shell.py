@@ -35,6 +35,7 @@ from corral.events import codec, routing, subjects
 from corral.events.base import Event
 from corral.events.log import Append, ConflictError, EventLog, Fence, LogError, Record
 from corral.projections.fold import apply
+from corral.projections.rules import RULES
 from corral.projections.state import State
 from corral.services.runtime import tracing
 from corral.services.runtime.lease import Lease
@@ -148,7 +149,7 @@ class Service:
         event_id = f"{self.role}:{self.state.seq}:{index}"
         traceparent = self._trace(body)
         envelope = codec.seal(
-            body, event_id=event_id, time=now, producer=self.producer, traceparent=traceparent
+            body, event_id=event_id, time=now, producer=self.producer, traceparent=traceparent, rules=RULES
         )
         headers = {"traceparent": traceparent} if traceparent else None
         return Append(subject, codec.encode(envelope), event_id, headers=headers)

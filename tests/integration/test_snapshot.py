@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import msgspec
+import nats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,7 @@ from corral.events.decisions import (
     Victim,
     WorkerSlot,
 )
+from corral.events.jetstream import JetStreamLog
 from corral.events.jobs import (
     Admission,
     CancelJob,
@@ -50,11 +52,13 @@ from corral.events.nodes import (
     WorkerStarted,
 )
 from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
+from corral.events.server import EmbeddedServer
 from corral.projections import mig
 from corral.projections.fold import apply, fold
 from corral.projections.snapshot import KEEP, SnapshotStore, restore
 from corral.projections.state import JobState, State
 from corral.services.agent.inventory import cluster
+from tests.builders import LogBuilder, job
 
 TENANTS = ("alpha", "beta")
 SHAPES = (
@@ -478,3 +482,34 @@ def test_restore_from_a_snapshot_at_any_cut_equals_the_fold_of_everything(
     # Byte-equal too: dict order survives, so whatever iterates the state decides the same.
     assert msgspec.msgpack.encode(restored) == msgspec.msgpack.encode(sim.state)
     assert sim.state.faults == 0, sim.state.rejections[-5:]
+
+
+async def test_a_snapshot_of_another_stream_is_never_loaded(tmp_path: Path) -> None:
+    """A stream deleted and created again under the same name may grow longer than a snapshot
+    of the old one: the sequence alone cannot tell the two histories apart, the identity does."""
+    path = str(tmp_path / "snap.db")
+    state = fold(LogBuilder().queues("team-a").submit("alice", "j1", job()).records)
+    async with await SnapshotStore.open(path, stream="CORRAL@2026-01-01T00:00:00") as store:
+        await store.save(state)
+    async with await SnapshotStore.open(path, stream="CORRAL@2026-06-01T00:00:00") as other:
+        assert await other.load() is None
+    async with await SnapshotStore.open(path, stream="CORRAL@2026-01-01T00:00:00") as same:
+        loaded = await same.load()
+        assert loaded is not None and loaded.seq == state.seq
+
+
+async def test_a_stream_created_again_has_another_identity(tmp_path: Path) -> None:
+    async with EmbeddedServer(tmp_path / "nats") as server:
+        log = await JetStreamLog.connect(server.url, create=True)
+        try:
+            first = await log.identity()
+            assert first.startswith("CORRAL@") and first == await log.identity()
+            nc = await nats.connect(server.url)
+            try:
+                await nc.jetstream().delete_stream("CORRAL")
+            finally:
+                await nc.close()
+            await log.ensure_stream()
+            assert await log.identity() != first
+        finally:
+            await log.close()

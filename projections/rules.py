@@ -1,0 +1,18 @@
+"""The version of the fold's rules: what a log means.
+
+The log is the truth only together with the rules that fold it. ``RULES`` names this build's:
+it is bumped by any change after which the same log folds to a different state (a new check on
+a proposal, a different arbitration, a derived field computed otherwise), and only then. A test
+folds a golden log, committed as a file, and compares the state's hash with a committed one, so
+no such change goes unnoticed (``tests/unit/test_golden_log.py``): changing the fold means
+bumping ``RULES`` and the golden hash in the same commit.
+
+Every event a service seals carries the rules it was decided under (``Envelope.rules``), and
+snapshots are keyed by them, so ``corral replay --verify`` can tell a divergence the code makes
+by design (a log written under other rules) from one it should not, and a service never resumes
+from a snapshot another version of the rules folded.
+"""
+
+from __future__ import annotations
+
+RULES = 1

@@ -1,0 +1,78 @@
+"""The golden log: one of every kind of record the fold takes, in a life of a small cluster.
+
+``python -m tests.golden_log`` writes it to ``tests/golden/log.jsonl`` and its state's hash to
+``tests/golden/state.sha256``. Run it only when the fold's rules change on purpose, in the same
+commit that bumps ``projections.rules.RULES``: the file is the record of what a log meant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import msgspec
+
+from corral.events import subjects
+from corral.events.base import Reason
+from corral.events.jobs import CancelJob, JobRejected, ResizeJob
+from corral.events.log import Record
+from corral.events.queues import ApplyCohort, ApplyPriorityClass, CohortSpec, CordonNode, PriorityClassSpec
+from corral.projections.fold import fold
+from corral.projections.state import State
+from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+LOG = GOLDEN / "log.jsonl"
+HASH = GOLDEN / "state.sha256"
+
+
+def records() -> list[Record]:
+    lb = LogBuilder()
+    lb.nodes(Cluster(3))
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=PriorityClassSpec("urgent", 100)))
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    lb.queues("team-a", "team-b")
+    # a job runs, checkpoints and is preempted for an urgent one, then resumes
+    lb.submit("alice", "low", job().gpus(8).checkpointable()).accept("low").admit("low")
+    lb.place(on("node-00", *range(8), job_id="low")).started("node-00", "low")
+    lb.checkpoint("node-00", "low", 100)
+    lb.submit("bob", "urgent", job("team-b").gpus(8).priority_class("urgent")).accept("urgent", priority=100)
+    lb.preempt("urgent", "low").exited("node-00", "low", code=0, stopped=True)
+    lb.requeue("low", 0, "preempted").admit("low", attempt=1)
+    lb.admit("urgent").place(on("node-00", *range(8), job_id="urgent")).started("node-00", "urgent")
+    lb.place(on("node-01", *range(8), job_id="low", attempt=1)).started("node-01", "low", attempt=1)
+    # a gang of two that fails and is restarted
+    lb.submit("alice", "gang", job().gpus(1).replicas(2).restarts(1))
+    lb.accept("gang").admit("gang", replicas=2)
+    lb.place(placement("gang", worker(0, "node-02", whole(0)), worker(1, "node-02", whole(1))))
+    lb.started("node-02", "gang", 0).exited("node-02", "gang", 0, code=1)
+    # an elastic job grows, then is resized
+    lb.submit("bob", "elastic", job("team-b").gpus(1).replicas(4, minimum=1))
+    lb.accept("elastic").admit("elastic", replicas=1)
+    lb.request("bob", "resize", ResizeJob(job_id="elastic", replicas=2))
+    # refusals: a rejected job, a stranger's cancel, a malformed request, a void placement
+    lb.submit("alice", "huge", job().gpus(1).replicas(5000))
+    rejected = JobRejected(job_id="huge", request_seq=lb.last_seq, reason=Reason("invalid", "too big"))
+    lb.event(subjects.job("huge"), rejected)
+    lb.request("bob", "cancel", CancelJob(job_id="gang"))
+    lb.raw(subjects.request("alice", "submit"), b'{"request_id": 7}')
+    lb.place(on("node-02", 2, job_id="elastic"), on("node-00", 0, job_id="huge"))
+    # hardware: a GPU goes bad, a node is cordoned, another lost
+    lb.gpu_health("node-01", 7, healthy=False)
+    lb.admin("cordon", CordonNode(node="node-00", cordoned=True))
+    lb.condition("node-01", "lost")
+    lb.request("alice", "cancel", CancelJob(job_id="low"))
+    return lb.records
+
+
+def state_hash(state: State) -> str:
+    return hashlib.sha256(msgspec.msgpack.encode(state)).hexdigest()
+
+
+if __name__ == "__main__":
+    from corral.services.cli import logfile
+
+    recs = records()
+    logfile.write(LOG, recs)
+    HASH.write_text(state_hash(fold(recs)) + "\n")
+    print(f"wrote {len(recs)} records to {LOG} and the state's hash to {HASH}")

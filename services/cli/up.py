@@ -11,9 +11,10 @@ then the agents (their workers are stopped and their exits reported), then the c
 the server.
 
 With ``Settings.auth`` the embedded server requires a login: each part connects as its identity
-(``services.runtime.identities``: the services and agents as ``services``, the read service as
-``query``), and the passwords of those, of ``admin`` and of each tenant in ``Settings.tenants``
-are in ``credentials.json`` in the data directory, kept across restarts.
+(``services.runtime.identities``: the services as ``services``, each node's agent as
+``agent-<node>``, the read service as ``query``, the intake as ``intake``), and the passwords of
+those, of ``admin`` and of each tenant in ``Settings.tenants`` are in ``credentials.json`` in
+the data directory, kept across restarts.
 """
 
 from __future__ import annotations
@@ -125,9 +126,11 @@ async def cluster(
     cfg = settings or Settings()
     passwords: dict[str, str] = {}
     credentials = None
+    simulated = inventory.cluster(nodes, profile)
     if cfg.auth:
         credentials = data_dir / identities.CREDENTIALS
-        passwords = identities.ensure(credentials, cfg.tenants)
+        agents = [n for n, _ in simulated] if cfg.agents else []
+        passwords = identities.ensure(credentials, cfg.tenants, agents)
 
     def login(name: str) -> dict[str, str]:
         return identities.login(passwords, name) if cfg.auth else {}
@@ -147,7 +150,6 @@ async def cluster(
             return opened
 
         log = await service_log(create=True)  # the one place the stream is configured
-        simulated = inventory.cluster(nodes, profile)
         if not cfg.agents:
             await register_nodes(log, simulated, clock())
         running = Cluster(url, nodes=[n for n, _ in simulated], data_dir=data_dir, credentials=credentials)
@@ -180,7 +182,11 @@ async def cluster(
         agents_stop = asyncio.Event()
         agent_tasks = []
         for name, inv in simulated if cfg.agents else ():
-            agent_log = await service_log()
+            # Each agent as its own node's identity: it may report for that node only.
+            agent_log = await connect(
+                url, inbox_prefix=identities.agent_inbox(name), **login(identities.agent(name))
+            )
+            stack.push_async_callback(agent_log.close)
             agent = NodeAgent(
                 name,
                 agent_log,

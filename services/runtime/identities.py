@@ -4,7 +4,10 @@ With authentication on, the embedded nats-server knows these users, each with a 
 cluster's credentials file (``credentials.json`` in the data directory, readable by its owner
 only, a JSON object of user name to password). The server, not corral's code, enforces:
 
-- ``services``: every decision service, the health monitor and the node agents: anything.
+- ``services``: every decision service and the health monitor: anything.
+- ``agent-<node>``, one per node: its agent reads the stream, appends on its own node's subject
+  ``corral.ev.node.<node>`` and heartbeats on ``corral.hb.<node>``, nothing else; so an agent
+  (or whoever took its node) cannot report for another node or write decisions.
 - ``intake``: takes clients' requests on ``corral.req.>`` and appends them to the log at
   ``corral.in.<tenant>.<verb>``; it may publish there, into askers' inboxes (its answers) and
   ask the stream's info, nothing else. Its JetStream acknowledgements come to its own inbox.
@@ -45,6 +48,8 @@ READ = "corral.read"  # corral.read.<asker>.<question>: questions to the read se
 INBOXES = "_INBOX.corral"  # _INBOX.corral.<name>.<...>: where each identity hears its replies
 QUERY_INBOX = "_INBOX.query"  # the read service's own replies (JetStream API, deliveries)
 INTAKE_INBOX = "_INBOX.intake"  # the intake's own replies (JetStream acknowledgements)
+AGENT_PREFIX = "agent-"  # agent-<node>: a node agent's identity
+AGENT_INBOXES = "_INBOX.agent"  # _INBOX.agent.<node>.<...>: where each agent hears its replies
 
 
 class CredentialsError(Exception):
@@ -73,7 +78,24 @@ def check_tenant(name: str) -> str:
         raise CredentialsError(f"tenant {name!r}: use letters, digits, '-' and '_' (at most 64)")
     if name in RESERVED:
         raise CredentialsError(f"tenant {name!r}: that name is taken by corral's own {name} identity")
+    if name.startswith(AGENT_PREFIX):
+        raise CredentialsError(f"tenant {name!r}: names starting {AGENT_PREFIX!r} are node agents'")
     return name
+
+
+def agent(node: str) -> str:
+    """The identity of ``node``'s agent."""
+    return f"{AGENT_PREFIX}{node}"
+
+
+def agent_inbox(node: str) -> str:
+    """Where ``node``'s agent hears its replies: give it to its connection as the inbox prefix."""
+    return f"{AGENT_INBOXES}.{node}"
+
+
+def _node_of(name: str) -> str | None:
+    node = name[len(AGENT_PREFIX) :] if name.startswith(AGENT_PREFIX) else None
+    return node if node is not None and subjects.is_token(node) else None
 
 
 def _js_read(stream: str) -> tuple[str, ...]:
@@ -97,6 +119,12 @@ def permissions(name: str) -> Permissions | None:
             publish=(*_js_read(subjects.STREAM), f"{INBOXES}.>"),
             subscribe=(f"{QUERY_INBOX}.>", f"{READ}.>"),
         )
+    node = _node_of(name)
+    if node is not None:
+        return Permissions(
+            publish=(subjects.node(node), subjects.heartbeat(node), *_js_read(subjects.STREAM)),
+            subscribe=(f"{agent_inbox(node)}.>",),
+        )
     if name == INTAKE:
         return Permissions(
             publish=(f"{subjects.IN}.>", f"{INBOXES}.>", f"$JS.API.STREAM.INFO.{subjects.STREAM}"),
@@ -112,7 +140,7 @@ def permissions(name: str) -> Permissions | None:
 def users(passwords: Mapping[str, str]) -> list[User]:
     """The server's users for a credentials file's passwords."""
     return [
-        User(name, pw, permissions(name if name in RESERVED else check_tenant(name)))
+        User(name, pw, permissions(name if name in RESERVED or _node_of(name) else check_tenant(name)))
         for name, pw in sorted(passwords.items())
     ]
 
@@ -129,13 +157,14 @@ def load(path: str | os.PathLike[str]) -> dict[str, str]:
     return data
 
 
-def ensure(path: str | os.PathLike[str], tenants: Iterable[str]) -> dict[str, str]:
+def ensure(path: str | os.PathLike[str], tenants: Iterable[str], nodes: Iterable[str] = ()) -> dict[str, str]:
     """The cluster's passwords: those already in ``path``, and a new one for each identity (the
-    four of corral's own, each of ``tenants``) that has none yet. Written back readable by its
-    owner only. Existing passwords are kept, so clients keep working across restarts."""
+    four of corral's own, each of ``tenants``, each agent of ``nodes``) that has none yet.
+    Written back readable by its owner only. Existing passwords are kept, so clients keep
+    working across restarts."""
     p = Path(path)
     passwords = load(p) if p.exists() else {}
-    wanted = [SERVICES, QUERY, INTAKE, ADMIN, *(check_tenant(t) for t in tenants)]
+    wanted = [SERVICES, QUERY, INTAKE, ADMIN, *(check_tenant(t) for t in tenants), *map(agent, nodes)]
     for name in wanted:
         if name not in passwords:
             passwords[name] = secrets.token_urlsafe(24)

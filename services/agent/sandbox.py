@@ -6,6 +6,12 @@ needs from the host's ``/tmp`` bound back read-only); the worker's working direc
 job's checkpoint directory are writable; each data mount is bound at its target, read-only when
 asked. bwrap reports the sandboxed process on a status pipe (``--json-status-fd``), and its own
 complaints start with ``bwrap: `` in the worker's log.
+
+What corral keeps for itself is hidden: each of the agent's ``hidden`` directories (the data
+directory, with its credentials, the NATS store, every node's and job's files) is an empty
+directory in the sandbox, with the worker's own working and checkpoint directories bound back
+into it. Run as root, the worker keeps no capability (``--cap-drop ALL``), so it cannot unmount
+what hides them.
 """
 
 from __future__ import annotations
@@ -25,7 +31,12 @@ class BindError(Exception):
 
 
 def args(
-    workdir: str, job_checkpoint_dir: str, command: Sequence[str], mounts: Sequence[Mount], status_fd: int
+    workdir: str,
+    job_checkpoint_dir: str,
+    command: Sequence[str],
+    mounts: Sequence[Mount],
+    status_fd: int,
+    hidden: Sequence[str] = (),
 ) -> list[str]:
     """bwrap's arguments for one worker, before ``--`` and its command; raises BindError when a
     data mount cannot be bound where the job asked."""
@@ -46,6 +57,11 @@ def args(
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in needed_under_tmp(command):
         args += ["--ro-bind", path, path]
+    for path in hidden:
+        if os.path.isdir(path):
+            args += ["--tmpfs", os.path.realpath(path)]
+    if os.geteuid() == 0:
+        args += ["--cap-drop", "ALL"]
     writable = [workdir, job_checkpoint_dir]
     for d in writable:
         args += ["--bind", d, d]

@@ -165,6 +165,7 @@ class Runtime:
         prepare: Prepare | None = None,
         containers: ContainerMode = "auto",
         node: str | None = None,
+        hidden: Iterable[str | Path] = (),
     ) -> None:
         """``prepare`` runs before each worker's process starts, inside the start barrier (e.g. to
         create its MIG instance); ``mig_devices`` resolve MIG placeholders in
@@ -175,6 +176,7 @@ class Runtime:
         self.poll_interval = poll_interval
         self.reports: asyncio.Queue[Report] = asyncio.Queue()
         self._mode = sandbox
+        self._hidden = [str(p) for p in hidden]  # directories a sandboxed worker never sees
         self._bwrap: str | None = None
         self._probe: asyncio.Future[str | None] | None = None
         self._containers = containers
@@ -469,7 +471,9 @@ class Runtime:
     def _sandbox_args(self, w: _Worker, status_fd: int) -> list[str]:
         spec = w.spec
         try:
-            return sandbox.args(str(w.workdir), spec.job_checkpoint_dir, spec.command, spec.mounts, status_fd)
+            return sandbox.args(
+                str(w.workdir), spec.job_checkpoint_dir, spec.command, spec.mounts, status_fd, self._hidden
+            )
         except sandbox.BindError as e:
             raise StartError(str(e)) from None
 

@@ -197,7 +197,10 @@ async def cluster(
                 clock=clock,
                 tick=cfg.agent_tick,
                 heartbeat_interval=cfg.heartbeat,
-                sandbox=cfg.sandbox,
+                # With logins, tenants share nodes: a worker runs sandboxed or not at all, and
+                # never sees the data directory (the credentials, the log's store, others' jobs).
+                sandbox="bwrap" if cfg.auth and cfg.sandbox == "auto" else cfg.sandbox,
+                hidden=[data_dir],
                 backoff=cfg.restart_backoff,
                 start_timeout=cfg.start_timeout,
                 gang_timeout=cfg.gang_timeout,

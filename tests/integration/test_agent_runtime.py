@@ -542,3 +542,38 @@ async def test_mig_placeholders_resolve_to_instance_uuids(plain: Runtime) -> Non
 )
 def test_restart_backoff_doubles_up_to_a_cap(restarts: int, seconds: float) -> None:
     assert restart_backoff(restarts) == seconds
+
+
+SNOOP = r"""
+import ctypes, json, os, pathlib, sys
+secret = pathlib.Path(sys.argv[1])
+out = {"secret": secret.exists(), "listing": sorted(os.listdir(secret.parent))}
+libc = ctypes.CDLL(None, use_errno=True)
+out["umount"] = libc.umount2(str(secret.parent).encode(), 2) == 0  # MNT_DETACH
+out["own_dir"] = os.access(os.getcwd(), os.W_OK)
+out["secret_after"] = secret.exists()
+print(json.dumps(out))
+"""
+
+
+async def test_a_worker_never_sees_what_the_agent_hides(tmp_path: Path) -> None:
+    """A job of one tenant must not read corral's credentials, the log's store or another
+    job's files: the data directory is hidden in the sandbox, the worker's own directories bound
+    back into it, and the worker cannot unmount what hides it."""
+    if shutil.which("bwrap") is None or not await bwrap_works():
+        pytest.skip("bubblewrap (bwrap) is not installed or cannot create namespaces here")
+    data = tmp_path / "data"
+    secret = data / "credentials.json"
+    data.mkdir()
+    secret.write_text('{"admin": "s3cret"}')
+    rt = Runtime(data / "nodes" / "n0", sandbox="bwrap", poll_interval=0.02, hidden=[data])
+    try:
+        s = spec_for(data, "snoop", [PY, "-c", SNOOP, str(secret)])
+        await start_one(rt, s)
+        assert ran((await until(rt, exit_of(s.key)))[-1]) == Exited(s.key, 0)
+    finally:
+        await rt.close(grace=2.0)
+    seen = json.loads(log_path(rt.root, s.key).read_text())
+    assert seen["secret"] is False and "credentials.json" not in seen["listing"]
+    assert seen["umount"] is False and seen["secret_after"] is False
+    assert seen["own_dir"] is True

@@ -5,8 +5,11 @@ its last live worker is gone; a lost node or a bad GPU interrupts the jobs on it
 
 from __future__ import annotations
 
+import msgspec
+
 from corral.events import subjects as subj
 from corral.events.base import Event, Reason
+from corral.events.decisions import Placement, WorkerSlot
 from corral.events.nodes import (
     CheckpointCompleted,
     GpuHealthChanged,
@@ -47,11 +50,19 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
     indices = [g.index for g in ev.inventory.gpus]
     if indices != list(range(len(indices))):
         raise Refused("malformed", f"node {ev.node}: GPU indices must be 0..{len(indices) - 1}")
+    uuids = [g.uuid for g in ev.inventory.gpus]
+    if len(set(uuids)) != len(uuids):
+        raise Refused("malformed", f"node {ev.node}: two GPUs with one UUID")
     old = state.nodes.get(ev.node)
+    # A GPU is its UUID, not its index: NVML numbers GPUs anew when one falls off the bus. What
+    # work holds follows the GPU to its new index, or leaves with it.
+    held = {g.info.uuid: g for g in old.gpus if g.holders} if old is not None else {}
+    now_at = {g.uuid: g.index for g in ev.inventory.gpus}
+    moved = {g.info.index: now_at.get(u) for u, g in held.items() if now_at.get(u) != g.info.index}
     gpus = []
     for info in ev.inventory.gpus:
-        prev = old.gpus[info.index] if old is not None and info.index < len(old.gpus) else None
-        if prev is not None and prev.holders:
+        prev = held.get(info.uuid)
+        if prev is not None:
             prev.info = info  # work still holds it: keep what it holds
             gpus.append(prev)
         else:
@@ -61,6 +72,44 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
     else:
         old.inventory = ev.inventory
         old.gpus = gpus
+    if moved:
+        _gpus_moved(state, ctx, ev.node, moved)
+
+
+def _gpus_moved(state: State, ctx: Ctx, node: str, moved: dict[int, int | None]) -> None:
+    """Jobs holding a GPU of ``node`` that is at another index now (``moved``: old index → new,
+    None if it left the node): their claims follow it, so that what they give back is what they
+    hold, and they are interrupted, since their workers were placed by indices that now name
+    other GPUs. (A re-registration is rare; this walks the jobs.)"""
+    for job in list(state.jobs.values()):
+        held = job.held
+        if held is None or not any(w.node == node and _on(w, moved) for w in held.workers):
+            continue
+        job.held = _renumbered(held, node, moved)
+        if job.placement is not None and job.placement.attempt == held.attempt:
+            job.placement = _renumbered(job.placement, node, moved)
+        if job.phase in ("placed", "starting", "running", "checkpointing"):
+            move(state, job, "interrupt", ctx)
+            job.reasons = (Reason("interrupted", f"a GPU it held on node {node} left or was renumbered"),)
+        stop_holding(state, job)
+
+
+def _on(worker: WorkerSlot, moved: dict[int, int | None]) -> bool:
+    return any(c.gpu in moved for c in worker.gpus)
+
+
+def _renumbered(placement: Placement, node: str, moved: dict[int, int | None]) -> Placement:
+    workers = []
+    for w in placement.workers:
+        if w.node == node:
+            gpus = []
+            for c in w.gpus:
+                to = moved.get(c.gpu, c.gpu)
+                if to is not None:
+                    gpus.append(c if to == c.gpu else msgspec.structs.replace(c, gpu=to))
+            w = msgspec.structs.replace(w, gpus=tuple(gpus))
+        workers.append(w)
+    return msgspec.structs.replace(placement, workers=tuple(workers))
 
 
 def _placed_job(state: State, ev: WorkerStarted | WorkerExited | CheckpointCompleted) -> JobState:

@@ -15,4 +15,6 @@ from a snapshot another version of the rules folded.
 
 from __future__ import annotations
 
-RULES = 1
+# 2: a node's registration holds GPUs by UUID: holds follow a renumbered GPU, and the jobs on a
+#    GPU that moved or left are interrupted.
+RULES = 2

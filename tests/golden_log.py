@@ -19,6 +19,7 @@ from corral.events.log import Record
 from corral.events.queues import ApplyCohort, ApplyPriorityClass, CohortSpec, CordonNode, PriorityClassSpec
 from corral.projections.fold import fold
 from corral.projections.state import State
+from corral.services.agent.inventory import h100_8x_nvswitch
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -57,7 +58,12 @@ def records() -> list[Record]:
     lb.request("bob", "cancel", CancelJob(job_id="gang"))
     lb.raw(subjects.request("alice", "submit"), b'{"request_id": 7}')
     lb.place(on("node-02", 2, job_id="elastic"), on("node-00", 0, job_id="huge"))
-    # hardware: a GPU goes bad, a node is cordoned, another lost
+    # hardware: a GPU falls off the bus and the node registers again, renumbered; a GPU goes bad,
+    # a node is cordoned, another lost
+    inv = h100_8x_nvswitch("node-02")
+    left = [g for g in inv.gpus if g.index != 1]
+    rest = tuple(msgspec.structs.replace(g, index=i) for i, g in enumerate(left))
+    lb.node("node-02", msgspec.structs.replace(inv, gpus=rest))
     lb.gpu_health("node-01", 7, healthy=False)
     lb.admin("cordon", CordonNode(node="node-00", cordoned=True))
     lb.condition("node-01", "lost")

@@ -285,12 +285,30 @@ plausible_events: st.SearchStrategy[Event] = st.one_of(
     st.builds(
         lambda n, k: NodeRegistered(node=n, inventory=_shrunk(n, k)), node_ids, st.sampled_from([0, 1, 2, 8])
     ),
+    # a GPU fell off the bus and NVML numbered the rest anew; or the same GPUs in another order
+    st.builds(lambda n, d: NodeRegistered(node=n, inventory=_renumbered(n, d)), node_ids, st.integers(0, 7)),
+    st.builds(lambda n: NodeRegistered(node=n, inventory=_reordered(n)), node_ids),
 )
 
 
 def _shrunk(node: str, gpus: int) -> NodeInventory:
     inv = h100_8x_nvswitch(node) if node == "node-00" else h100_8x_mig(node)
     return NodeInventory(inv.cpu_milli, inv.memory_mib, inv.gpus[:gpus], inv.labels)
+
+
+def _numbered(inv: NodeInventory, gpus: list[GpuInfo]) -> NodeInventory:
+    renumbered = tuple(msgspec.structs.replace(g, index=i) for i, g in enumerate(gpus))
+    return NodeInventory(inv.cpu_milli, inv.memory_mib, renumbered, inv.labels)
+
+
+def _renumbered(node: str, dropped: int) -> NodeInventory:
+    inv = h100_8x_nvswitch(node) if node == "node-00" else h100_8x_mig(node)
+    return _numbered(inv, [g for g in inv.gpus if g.index != dropped])
+
+
+def _reordered(node: str) -> NodeInventory:
+    inv = h100_8x_nvswitch(node) if node == "node-00" else h100_8x_mig(node)
+    return _numbered(inv, list(reversed(inv.gpus)))
 
 
 # One record's (subject, payload): mostly plausible, some hostile.
@@ -379,6 +397,21 @@ def check_gpus(state: State) -> None:
                 assert len(g.holders) == 1, (node.name, g)
             if g.info.mig:
                 assert {i.job_id for i in g.mig.values()} == set(g.holders), (node.name, g)
+
+
+def check_holders(state: State) -> None:
+    """Each GPU's holders are exactly the jobs whose held placement claims it: no hold without
+    a claim that gives it back, no claim on a GPU that does not count it."""
+    claimed: dict[tuple[str, int], set[str]] = {}
+    for held_by in state.jobs.values():
+        for w in held_by.held.workers if held_by.held is not None else ():
+            node = state.nodes.get(w.node)
+            for c in w.gpus:
+                if node is not None and 0 <= c.gpu < len(node.gpus):
+                    claimed.setdefault((w.node, c.gpu), set()).add(held_by.id)
+    for name, node in state.nodes.items():
+        for g in node.gpus:
+            assert set(g.holders) == claimed.get((name, g.info.index), set()), (name, g.info.index, g.holders)
 
 
 # -- never raises, never faults -------------------------------------------------------------------
@@ -784,6 +817,20 @@ def test_the_gang_story_itself_folds_cleanly() -> None:
     assert [r.message for r in state.rejections] == ["rank 0 of job g2 is not running"]
     assert state.jobs["el"].phase == "cancelled" and state.jobs["el"].held is None
     check_gpus(state)
+
+
+@FAST
+@given(st.one_of(logs, st.permutations(STORY), st.permutations(GANG_STORY)))
+def test_after_every_record_each_gpus_holders_are_the_jobs_that_hold_it(records: list[Record]) -> None:
+    """Whatever the writers: random proposals of any role, reports out of order, nodes that
+    register again shrunk, renumbered or reordered."""
+    from corral.projections.fold import apply
+
+    state = State()
+    for i, r in enumerate(records):
+        apply(state, msgspec.structs.replace(r, seq=i + 1))
+        check_gpus(state)
+        check_holders(state)
 
 
 @FAST

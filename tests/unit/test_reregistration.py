@@ -1,0 +1,77 @@
+"""A node that registers again: GPUs are who they are (UUID), not where they are (index).
+
+NVML numbers GPUs anew after one falls off the bus, so a node's second registration may list the
+same GPUs at other indices, or fewer of them. What work holds must follow each GPU to its new
+index (or leave with it), the jobs on a GPU that moved or left are interrupted, and no GPU is
+ever given out while a job still holds it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from corral.events.nodes import NodeInventory
+from corral.projections.state import State
+from corral.services.agent.inventory import h100_8x_nvswitch
+from tests.builders import LogBuilder, job, on
+
+NODE = "node-00"
+FULL = h100_8x_nvswitch(NODE)
+
+
+def _without(gpu: int) -> NodeInventory:
+    """The node as NVML lists it after GPU ``gpu`` fell off the bus: the rest, renumbered."""
+    rest = [g for g in FULL.gpus if g.index != gpu]
+    renumbered = tuple(msgspec.structs.replace(g, index=i) for i, g in enumerate(rest))
+    return msgspec.structs.replace(FULL, gpus=renumbered)
+
+
+def _running_on(gpu: int) -> LogBuilder:
+    lb = LogBuilder().node(NODE, FULL).queues("team-a")
+    lb.submit("alice", "j", job().gpus(1)).accept("j").admit("j")
+    return lb.place(on(NODE, gpu, job_id="j")).started(NODE, "j")
+
+
+def _holders(state: State) -> dict[str, list[str]]:
+    return {g.info.uuid: sorted(g.holders) for g in state.nodes[NODE].gpus if g.holders}
+
+
+def test_a_job_whose_gpu_left_the_bus_is_interrupted_and_holds_nothing_of_the_others() -> None:
+    lb = _running_on(3).node(NODE, _without(3))
+    state = lb.fold()
+    job = state.jobs["j"]
+    assert job.phase == "interrupted"
+    assert _holders(state) == {}  # index 3 is another GPU now, and nobody holds it
+    assert job.held is not None and [c.gpu for w in job.held.workers for c in w.gpus] == []
+    state = lb.exited(NODE, "j", code=137).fold()
+    assert state.jobs["j"].held is None and _holders(state) == {}
+
+
+def test_a_held_gpu_renumbered_keeps_its_holder_at_its_new_index() -> None:
+    uuid = FULL.gpus[5].uuid
+    lb = _running_on(5).node(NODE, _without(3))  # GPU 5 is GPU 4 now
+    state = lb.fold()
+    assert state.jobs["j"].phase == "interrupted"
+    assert _holders(state) == {uuid: ["j"]}
+    assert state.nodes[NODE].gpus[4].info.uuid == uuid and state.nodes[NODE].gpus[4].holders == {"j": 1000}
+    # Another job may have index 5 (another GPU now), never index 4 while j still holds it.
+    lb.submit("alice", "k", job().gpus(1)).accept("k").admit("k")
+    refused = lb.place(on(NODE, 4, job_id="k")).fold()
+    assert refused.jobs["k"].phase == "admitted" and refused.rejections[-1].code == "void"
+    state = lb.place(on(NODE, 5, job_id="k")).fold()
+    assert state.jobs["k"].phase == "placed"
+    # Once j's worker has exited, its GPU is free again, at its new index.
+    state = lb.exited(NODE, "j", code=137).fold()
+    assert _holders(state) == {FULL.gpus[6].uuid: ["k"]}
+
+
+def test_the_same_gpus_at_the_same_indices_change_nothing() -> None:
+    state = _running_on(2).node(NODE, FULL).fold()
+    assert state.jobs["j"].phase == "running" and _holders(state) == {FULL.gpus[2].uuid: ["j"]}
+
+
+def test_two_gpus_with_one_uuid_are_refused() -> None:
+    twice = msgspec.structs.replace(FULL, gpus=(FULL.gpus[0], msgspec.structs.replace(FULL.gpus[0], index=1)))
+    state = _running_on(0).node(NODE, twice).fold()
+    assert state.rejections[-1].code == "malformed" and "UUID" in state.rejections[-1].message
+    assert state.jobs["j"].phase == "running" and len(state.nodes[NODE].gpus) == 8

@@ -10,7 +10,7 @@ from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionReq
 from corral.events.jobs import (
     Admission,
 )
-from corral.projections import claims, quota
+from corral.projections import claims, preemption, quota
 from corral.projections.fold_moves import (
     MAX_PREEMPTION_TIMES,
     Ctx,
@@ -85,7 +85,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
             raise voided(ev.beneficiary, f"victim {v.job_id} is not at attempt {v.attempt}")
         if job.phase not in ("placed", "starting", "running"):
             raise voided(ev.beneficiary, f"victim {v.job_id} is {job.phase}")
-        why = _may_stop(state, job, beneficiary)
+        why = preemption.may_stop(state, job, beneficiary, ctx.time)
         if why is not None:
             raise voided(ev.beneficiary, f"victim {why}")
         victims.append(job)
@@ -101,16 +101,6 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
             stop_holding(state, job)
 
 
-def _may_stop(state: State, job: JobState, beneficiary: JobState) -> str | None:
-    """Why ``job`` may not give up GPUs for ``beneficiary``: None if it may."""
-    pc = state.priority_classes.get(job.spec.priority_class)
-    if not job.spec.preemptible or (pc is not None and not pc.preemptible):
-        return f"{job.id} may not be preempted"
-    if job.priority >= beneficiary.priority and job.spec.queue == beneficiary.spec.queue:
-        return f"{job.id} is not of lower priority"
-    return None
-
-
 def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     beneficiary = state.jobs.get(ev.beneficiary)
     if beneficiary is None or beneficiary.phase in FINAL:
@@ -118,7 +108,7 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     job = state.jobs.get(ev.job_id)
     if job is None or job.attempt != ev.attempt or job.phase != "running":
         raise voided(ev.job_id, f"{ev.job_id} is not running at attempt {ev.attempt}")
-    why = _may_stop(state, job, beneficiary)
+    why = preemption.may_stop(state, job, beneficiary, ctx.time)
     if why is not None:
         raise voided(ev.job_id, why)
     lo, adm = job.spec.min_replicas, job.admission

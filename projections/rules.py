@@ -17,4 +17,6 @@ from __future__ import annotations
 
 # 2: a node's registration holds GPUs by UUID: holds follow a renumbered GPU, and the jobs on a
 #    GPU that moved or left are interrupted.
-RULES = 2
+# 3: the fold stops a job for another only by the preemptor's own rule (projections.preemption):
+#    another queue's job only while that queue borrows, never one its class's guards protect.
+RULES = 3

@@ -37,7 +37,7 @@ def records() -> list[Record]:
     lb.submit("alice", "low", job().gpus(8).checkpointable()).accept("low").admit("low")
     lb.place(on("node-00", *range(8), job_id="low")).started("node-00", "low")
     lb.checkpoint("node-00", "low", 100)
-    lb.submit("bob", "urgent", job("team-b").gpus(8).priority_class("urgent")).accept("urgent", priority=100)
+    lb.submit("bob", "urgent", job("team-a").gpus(8).priority_class("urgent")).accept("urgent", priority=100)
     lb.preempt("urgent", "low").exited("node-00", "low", code=0, stopped=True)
     lb.requeue("low", 0, "preempted").admit("low", attempt=1)
     lb.admit("urgent").place(on("node-00", *range(8), job_id="urgent")).started("node-00", "urgent")

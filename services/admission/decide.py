@@ -60,7 +60,7 @@ from corral.events.jobs import (
     PendingReasonChanged,
 )
 from corral.events.queues import QueueSpec
-from corral.projections import quota
+from corral.projections import preemption, quota
 from corral.projections.holds import Hold, hold, quota_end
 from corral.projections.lifecycle import FINAL, HOLDS_QUOTA
 from corral.projections.quota import Ledger, fmt_gpus, key_name
@@ -116,7 +116,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             fair.remember(job)
             if held is not None:
                 holders.setdefault((job.spec.queue, held[0]), []).append(
-                    (job.priority, held[1], _preemptible(state, job))
+                    (job.priority, held[1], preemption.preemptible(state, job))
                 )
                 ends.setdefault((job.spec.queue, held[0]), []).append((quota_end(job, now), held[1]))
             if phase == "checkpointing" and job.preempted_for:
@@ -186,11 +186,6 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         if job.reasons != (why,):
             events.append(PendingReasonChanged(job_id=job.id, reasons=(why,)))
     return events
-
-
-def _preemptible(state: State, job: JobState) -> bool:
-    pc = state.priority_classes.get(job.spec.priority_class)
-    return job.spec.preemptible and (pc is None or pc.preemptible)
 
 
 def _requeue_reason(job: JobState) -> Reason:

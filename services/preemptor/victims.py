@@ -44,7 +44,7 @@ import msgspec
 
 from corral.events.base import Reason
 from corral.events.decisions import Placement, WorkerSlot
-from corral.projections import claims, quota
+from corral.projections import claims, preemption, quota
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Chain, Request
 from corral.projections.placement.plugins.packing import Fragmentation, workload_of
@@ -52,7 +52,6 @@ from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, JobState, State
-from corral.services.preemptor import thrash
 
 RUNNING = ("placed", "starting", "running")  # the phases a PreemptionRequested may stop
 
@@ -90,9 +89,7 @@ def work_lost(state: State, job: JobState, now: float) -> float:
     return max(0.0, now - since) * gpus_held(state, job)
 
 
-def preemptible(state: State, job: JobState) -> bool:
-    pc = state.priority_classes.get(job.spec.priority_class)
-    return job.spec.preemptible and (pc is None or pc.preemptible)
+preemptible = preemption.preemptible
 
 
 # -- beneficiaries and candidates -------------------------------------------------------------------
@@ -157,17 +154,7 @@ def blocked_target(state: State, ledger: Ledger, job: JobState) -> Target | None
     return _as_admitted(state, ledger, job, key, need)
 
 
-def queued_demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | None:
-    """(quota key, milli-GPU) a queued job would be admitted with, at its minimum replicas."""
-    qspec = state.queues.get(job.spec.queue)
-    if qspec is None or not ledger.has_queue(job.spec.queue):
-        return None
-    demands = quota.worker_demands(qspec, job.spec.resources)
-    replicas = quota.min_replicas(job.spec)
-    if not demands or replicas <= 0:
-        return None
-    key, per_worker = demands[0]
-    return key, per_worker * replicas
+queued_demand = preemption.demand
 
 
 def _as_admitted(state: State, ledger: Ledger, job: JobState, key: str, need: int) -> Target:
@@ -198,9 +185,7 @@ class Pool:
     def __init__(self, state: State, ledger: Ledger, now: float) -> None:
         found: list[Holder] = []
         for job in state.jobs.values():
-            if job.phase not in RUNNING or job.held is None or not preemptible(state, job):
-                continue
-            if thrash.guard(job, state.priority_classes.get(job.spec.priority_class), now) is not None:
+            if job.phase not in RUNNING or job.held is None or preemption.protected(state, job, now):
                 continue
             key, per_worker = charge_of(ledger, job)
             found.append(Holder(job, key, per_worker, work_lost(state, job, now)))
@@ -259,20 +244,26 @@ def candidates(
     b = target.job
     queue = b.spec.queue
     key = target.key
-    reclaim_any = target.reclaim and any_priority
     # Queues of the beneficiary's tree holding more than their nominal on its key, now.
     cross = key is not None and (target.reclaim or borrow)
     lenders = [q for q, _ in ledger.borrowers(queue, key)] if cross and key is not None else []
+    lending = set(lenders)
+
+    # The rule the fold enforces (``projections.preemption``), under this preemptor's settings.
+    def may(h: Holder) -> bool:
+        return h.job.id not in taken and preemption.eligible(
+            h.job, h.key, b, key, borrowing=lending, reclaim=target.reclaim, any_priority=any_priority,
+            borrow=borrow,
+        )  # fmt: skip
 
     def own(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
         for h in index.get(queue, ()):
-            if h.job.priority < b.priority and h.job.id != b.id and h.job.id not in taken:
+            if may(h):
                 yield h, False
 
     def borrowers(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
         for h in heapq.merge(*(index.get(q, ()) for q in sorted(lenders)), key=_order):
-            job = h.job
-            if h.key == key and (reclaim_any or job.priority < b.priority) and job.id not in taken:
+            if may(h):
                 yield h, True
 
     if shrink:

@@ -798,7 +798,7 @@ def _gang_story() -> list[Record]:
     log.place(placement("el", *(worker(r, "node-00", whole(2 + r)) for r in range(3))))
     for r in range(3):
         log.started("node-00", "el", rank=r)
-    log.submit("frank", "b", job("team-b")).accept("b", priority=50).shrink("el", 1, "b")
+    log.submit("frank", "b", job("team-a")).accept("b", priority=50).shrink("el", 1, "b")
     log.exited("node-00", "el", rank=2, code=143, stopped=True).exited("node-00", "el", rank=1, code=0)
     log.grow("el", 3).place(placement("el", *(worker(r, "node-00", whole(2 + r)) for r in range(3))))
     log.started("node-00", "el", rank=1).started("node-00", "el", rank=2)

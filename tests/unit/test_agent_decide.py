@@ -232,7 +232,7 @@ def test_master_port_is_deterministic_in_range_and_differs_between_attempts() ->
 def preempted(checkpointable: bool = True, grace: float = 30.0) -> State:
     s = spec(checkpointable=checkpointable, grace_seconds=grace)
     log = running("v", s, log=base())
-    log.submit("bob", "b", job("team-b")).accept("b", priority=10).preempt("b", "v")
+    log.submit("bob", "b", job("team-a")).accept("b", priority=10).preempt("b", "v")
     state = fold(log)
     assert state.jobs["v"].phase == "checkpointing"
     return state

@@ -129,7 +129,7 @@ def test_a_growth_placement_must_keep_the_ranks_and_add_free_gpus(workers: tuple
 # -- shrink --------------------------------------------------------------------------------------
 
 
-def _with_beneficiary(log: LogBuilder, priority: int = 10, queue: str = "team-b") -> LogBuilder:
+def _with_beneficiary(log: LogBuilder, priority: int = 10, queue: str = "team-a") -> LogBuilder:
     return log.submit("bob", "b", job(queue).replicas(2)).accept("b", priority=priority)
 
 

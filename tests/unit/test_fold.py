@@ -998,8 +998,10 @@ def test_worker_and_node_reports_that_do_not_fit_are_refused(
 
 
 def _victim_and_beneficiary(
-    victim: SpecLike | None = None, priority: int = 0, queue: str = "team-b"
+    victim: SpecLike | None = None, priority: int = 0, queue: str = "team-a"
 ) -> LogBuilder:
+    """A victim running in team-a, and a beneficiary of priority 10 (in its queue, by default:
+    a job of another queue may stop it only while its queue borrows)."""
     log = two_nodes().submit("alice", "v", victim or job().checkpointable())
     log.accept("v", priority).admit("v").place(on(N0, 0, job_id="v")).started(N0, "v")
     return log.submit("bob", "b", job(queue)).accept("b", priority=10)
@@ -1029,7 +1031,7 @@ def test_older_checkpoint_does_not_replace_a_newer_one() -> None:
 
 def test_preempting_a_placed_job_that_never_started_frees_it_at_once() -> None:
     log = two_nodes().submit("alice", "v").accept("v").admit("v").place(on(N0, 0, job_id="v"))
-    log.submit("bob", "b", job("team-b")).accept("b", priority=10).preempt("b", "v")
+    log.submit("bob", "b", job("team-a")).accept("b", priority=10).preempt("b", "v")
     state = fold(log)
     assert state.jobs["v"].phase == "preempted" and holders(state)[0] == {}
 
@@ -1082,7 +1084,7 @@ def test_lower_priority_victim_of_the_same_queue_may_be_preempted() -> None:
 
 def test_preemption_naming_a_victim_twice_changes_nothing_or_everything() -> None:
     log = two_nodes().submit("alice", "v").accept("v").admit("v").place(on(N0, 0, job_id="v"))
-    log.submit("bob", "b", job("team-b")).accept("b", priority=10).preempt("b", "v", "v")
+    log.submit("bob", "b", job("team-a")).accept("b", priority=10).preempt("b", "v", "v")
     state = fold(log)
     refused = state.rejected_total > 0
     assert refused == (state.jobs["v"].phase == "placed")

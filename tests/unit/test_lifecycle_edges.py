@@ -28,14 +28,14 @@ Step = Callable[[LogBuilder], LogBuilder]
 
 def _log(replicas: int = 1, restarts: int = 3) -> LogBuilder:
     """Job ``j`` of ``replicas`` one-GPU workers submitted to team-a; ``b``, of higher priority
-    in team-b, is there to be preempted for."""
+    in the same queue, is there to be preempted for."""
     spec = job("team-a").replicas(replicas).restarts(restarts)
     return (
         LogBuilder()
         .nodes(Cluster(1))
         .queues("team-a", "team-b")
         .submit("alice", "j", spec)
-        .submit("bob", "b", job("team-b"))
+        .submit("bob", "b", job("team-a"))
         .accept("b", priority=10)
     )
 

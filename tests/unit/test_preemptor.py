@@ -49,14 +49,13 @@ from corral.events.queues import (
     QueueSpec,
     Quota,
 )
-from corral.projections import quota
+from corral.projections import quota, thrash
 from corral.projections.fold import apply_event
 from corral.projections.quota import ANY
 from corral.projections.state import Checkpoint, State
 from corral.services.admission.decide import decide as admission
 from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide as placer
-from corral.services.preemptor import thrash
 from corral.services.preemptor.decide import Plan, PreemptorConfig, Shrink, decide, plan
 from corral.services.preemptor.victims import work_lost
 

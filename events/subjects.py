@@ -37,10 +37,7 @@ def intake(tenant: str, verb: str) -> str:
 
 def parse_intake(subject: str) -> tuple[str, str] | None:
     """``corral.req.<tenant>.<verb>`` → (tenant, verb); None for anything else."""
-    parts = subject.split(".")
-    if len(parts) != 4 or parts[0] != "corral" or parts[1] != "req":
-        return None
-    return parts[2], parts[3]
+    return _tenant_and_verb(subject, "req")
 
 
 def admin(verb: str) -> str:
@@ -70,7 +67,11 @@ def heartbeat(node_id: str) -> str:
 
 def parse_request(subject: str) -> tuple[str, str] | None:
     """``corral.in.<tenant>.<verb>`` → (tenant, verb); None for anything else."""
+    return _tenant_and_verb(subject, "in")
+
+
+def _tenant_and_verb(subject: str, kind: str) -> tuple[str, str] | None:
     parts = subject.split(".")
-    if len(parts) != 4 or parts[0] != "corral" or parts[1] != "in":
+    if len(parts) != 4 or parts[0] != "corral" or parts[1] != kind:
         return None
     return parts[2], parts[3]

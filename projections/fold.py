@@ -36,6 +36,19 @@ from corral.projections.state import (
 )
 
 
+def fold_refusals(state: State, records: Iterable[Record]) -> dict[int, Rejection]:
+    """Fold ``records`` into ``state`` and say which the fold refused: each refused record's
+    rejection, by sequence, taken as it is made (the state keeps only the latest
+    ``MAX_REJECTIONS``; a reader that needs every verdict of a batch gets them here)."""
+    out: dict[int, Rejection] = {}
+    for r in records:
+        before = state.rejected_total
+        apply(state, r)
+        if state.rejected_total > before:
+            out[r.seq] = state.rejections[-1]
+    return out
+
+
 def fold(records: Iterable[Record], state: State | None = None) -> State:
     state = State() if state is None else state
     for r in records:
@@ -124,7 +137,7 @@ def _dispatch(state: State, ctx: Ctx, body: Event) -> None:
 
 def _refused(state: State, seq: int, subject: str, e: Exception) -> None:
     if isinstance(e, Refused):
-        _reject(state, seq, subject, e.code, str(e), e.job_id)
+        _reject(state, seq, subject, e.code, str(e), e.job_id, e.voided)
     elif isinstance(e, DecodeError):
         _reject(state, seq, subject, e.code, str(e))
     elif isinstance(e, IllegalTransition):
@@ -156,7 +169,15 @@ MAX_MESSAGE = 512
 MAX_SUBJECT = 256
 
 
-def _reject(state: State, seq: int, subject: str, code: str, message: str, job_id: str = "") -> None:
+def _reject(
+    state: State,
+    seq: int,
+    subject: str,
+    code: str,
+    message: str,
+    job_id: str = "",
+    voided: tuple[tuple[str, str], ...] = (),
+) -> None:
     state.rejected_total += 1
     if code == "void":
         state.void_total += 1
@@ -166,7 +187,8 @@ def _reject(state: State, seq: int, subject: str, code: str, message: str, job_i
         subject = subject[: MAX_SUBJECT - 1] + "…"
     if job_id and not subjects.is_token(job_id):
         job_id = ""  # not a name any job can have: nobody's job to be shown it
-    state.rejections.append(Rejection(seq, subject, code, message, job_id))
+    voided = tuple((j, why if len(why) <= MAX_MESSAGE else why[: MAX_MESSAGE - 1] + "…") for j, why in voided)
+    state.rejections.append(Rejection(seq, subject, code, message, job_id, voided))
     if len(state.rejections) > MAX_REJECTIONS:
         del state.rejections[: len(state.rejections) - MAX_REJECTIONS]
 

@@ -21,6 +21,7 @@ from corral.projections.fold_moves import (
     Refused,
     find_job,
     move,
+    void_items,
     voided,
 )
 from corral.projections.lifecycle import (
@@ -58,7 +59,7 @@ def _pending_reason(state: State, ctx: Ctx, ev: PendingReasonChanged) -> None:
 
 
 def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
-    void: list[str] = []
+    void: list[tuple[str, str]] = []
     # The fold's ledger: the tree is kept while queues and cohorts stay the same, and only its
     # usage is brought to this point of the log, so an admission cycle costs its admissions.
     ledger = quota.fold_ledger(state)
@@ -66,16 +67,16 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
     for adm in ev.admissions:
         job = jobs.get(adm.job_id)
         if job is None or job.phase != "queued" or job.attempt != adm.attempt:
-            void.append(f"{adm.job_id}: not queued at attempt {adm.attempt}")
+            void.append((adm.job_id, f"not queued at attempt {adm.attempt}"))
             continue
         spec = job.spec
         lo = spec.min_replicas if spec.min_replicas is not None else spec.replicas
         if not lo <= adm.replicas <= spec.replicas:
-            void.append(f"{adm.job_id}: {adm.replicas} replicas outside {lo}..{spec.replicas}")
+            void.append((adm.job_id, f"{adm.replicas} replicas outside {lo}..{spec.replicas}"))
             continue
         why = ledger.claim(job, adm)  # the quota it claims must be there; charged when it is
         if why is not None:
-            void.append(f"{adm.job_id}: {why.message}")
+            void.append((adm.job_id, why.message))
             continue
         job.admission = adm  # before the move: the move counts what the admission holds
         move(state, job, "admit", ctx)
@@ -84,9 +85,9 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
     for grown in ev.growths:
         refused = _grow(state, ctx, ledger, grown)
         if refused is not None:
-            void.append(f"{grown.job_id}: {refused}")
+            void.append((grown.job_id, str(refused)))
     if void:
-        raise voided("", "admissions void: " + "; ".join(void))
+        raise void_items("admissions", void)
 
 
 def _grow(state: State, ctx: Ctx, ledger: quota.Ledger, grown: Admission) -> str | None:

@@ -31,10 +31,13 @@ MAX_PREEMPTION_TIMES = 32  # enough for any per-hour cap a priority class sets
 class Refused(Exception):
     """Raised by a handler to record a rejection of the current record."""
 
-    def __init__(self, code: str, message: str, job_id: str = "") -> None:
+    def __init__(
+        self, code: str, message: str, job_id: str = "", voided: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.job_id = job_id
+        self.voided = voided
 
 
 class Ctx(msgspec.Struct, gc=False):
@@ -116,3 +119,9 @@ def stop_holding(state: State, job: JobState) -> None:
 
 def voided(job_id: str, message: str) -> Refused:
     return Refused("void", message, job_id)
+
+
+def void_items(kind: str, items: list[tuple[str, str]]) -> Refused:
+    """The refusal of a batch decision's voided items (job id, why); its other items stand."""
+    text = "; ".join(f"{job_id}: {why}" for job_id, why in items)
+    return Refused("void", f"{kind} void: {text}", voided=tuple(items))

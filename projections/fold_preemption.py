@@ -17,6 +17,7 @@ from corral.projections.fold_moves import (
     Handler,
     move,
     stop_holding,
+    void_items,
     voided,
 )
 from corral.projections.fold_nodes import left
@@ -32,7 +33,7 @@ from corral.projections.state import (
 
 
 def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
-    void: list[str] = []
+    void: list[tuple[str, str]] = []
     jobs = state.jobs
     for p in ev.placements:
         job = jobs.get(p.job_id)
@@ -40,28 +41,28 @@ def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
             try:  # a running elastic job admitted at more replicas: its added ranks
                 claims.grow(state, job, p)
             except claims.ClaimError as e:
-                void.append(f"{p.job_id}: {e}")
+                void.append((p.job_id, str(e)))
                 continue
             job.placement = p
             job.updated_seq = ctx.seq
             continue
         if job is None or job.phase != "admitted" or job.attempt != p.attempt:
-            void.append(f"{p.job_id}: not admitted at attempt {p.attempt}")
+            void.append((p.job_id, f"not admitted at attempt {p.attempt}"))
             continue
         if job.held is not None:
-            void.append(f"{p.job_id}: workers of an earlier attempt still hold GPUs")
+            void.append((p.job_id, "workers of an earlier attempt still hold GPUs"))
             continue
         try:
             claims.place(state, job, p)  # check, then take
         except claims.ClaimError as e:
-            void.append(f"{p.job_id}: {e}")
+            void.append((p.job_id, str(e)))
             continue
         move(state, job, "place", ctx)
         job.placement = p
         if job.reasons:  # a store costs more than the look (Structs)
             job.reasons = ()
     if void:
-        raise voided("", "placements void: " + "; ".join(void))
+        raise void_items("placements", void)
 
 
 def _unschedulable(state: State, ctx: Ctx, ev: JobsUnschedulable) -> None:

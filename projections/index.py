@@ -11,7 +11,7 @@ listing it (admissions, placements, unschedulable jobs, a preemption's beneficia
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -51,11 +51,13 @@ class JobEvent(msgspec.Struct, frozen=True):
     refused: str
 
 
-def job_events(state: State, records: Sequence[Record]) -> list[JobEvent]:
-    """The entries of ``records``, which ``state`` has just folded (its rejections are read to
-    tell which records the fold refused). Undecodable records concern no job anyone can name."""
+def job_events(
+    state: State, records: Sequence[Record], refusals: Mapping[int, Rejection]
+) -> list[JobEvent]:
+    """The entries of ``records``, which ``state`` has just folded, ``refusals`` saying which of
+    them the fold refused (``fold_refusals``). Undecodable records concern no job anyone can
+    name."""
     out: list[JobEvent] = []
-    refusals = _refusals(state, records[0].seq if records else state.seq + 1)
     for rec in records:
         body, tenant = _decode(rec)
         if body is None:
@@ -90,24 +92,13 @@ def _may_speak_of(state: State, tenant: str, job_id: str, body: Event) -> bool:
     return job.tenant == tenant
 
 
-def _refusals(state: State, first_seq: int) -> dict[int, Rejection]:
-    out: dict[int, Rejection] = {}
-    for rej in reversed(state.rejections):  # newest last: stop at the first older one
-        if rej.seq < first_seq:
-            break
-        out[rej.seq] = rej
-    return out
-
-
 def _refused(rej: Rejection | None, body: Event, job_id: str) -> str:
     if rej is None:
         return ""
     if rej.code == "void" and isinstance(body, JobsAdmitted | JobsPlaced):
-        # These batches are arbitrated item by item; their one rejection lists the voided items
-        # as "<kind> void: <job>: <why>; <job>: <why>". The other items were applied.
-        items = rej.message.partition(": ")[2]
-        part = next((p for p in items.split("; ") if p.startswith(f"{job_id}: ")), None)
-        return "" if part is None else f"void: {part[len(job_id) + 2 :]}"
+        # Batches are arbitrated item by item: only the items the fold voided were refused.
+        why = next((why for voided, why in rej.voided if voided == job_id), None)
+        return "" if why is None else f"void: {why}"
     return f"{rej.code}: {rej.message}"
 
 

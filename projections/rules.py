@@ -19,4 +19,5 @@ from __future__ import annotations
 #    GPU that moved or left are interrupted.
 # 3: the fold stops a job for another only by the preemptor's own rule (projections.preemption):
 #    another queue's job only while that queue borrows, never one its class's guards protect.
-RULES = 3
+# 4: a rejection of a batch decision says which of its items were void, and why, as data.
+RULES = 4

@@ -113,6 +113,9 @@ class Rejection(msgspec.Struct, frozen=True):
     code: str
     message: str
     job_id: str = ""
+    # A batch decision is arbitrated item by item: the jobs whose part the fold voided, and why
+    # (the rest was applied). Data, not text, so no reader parses the message for it.
+    voided: tuple[tuple[str, str], ...] = ()
 
 
 class State(msgspec.Struct, gc=False):

@@ -26,7 +26,7 @@ from corral.events import codec, subjects
 from corral.events.log import Record
 from corral.events.queues import QueueSpec
 from corral.projections.index import JobEvent, job_events
-from corral.projections.state import JobState, State
+from corral.projections.state import JobState, Rejection, State
 from corral.services.query import present
 from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
@@ -36,10 +36,16 @@ QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes")
 History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
 
 
-def add_history(history: dict[str, list[JobEvent]], state: State, batch: Sequence[Record]) -> None:
-    """Add to each job's history what ``batch`` (just folded into ``state``) says about it. A
-    refused submit of an id nobody holds joins no history: there is no job to show it with."""
-    for e in job_events(state, batch):
+def add_history(
+    history: dict[str, list[JobEvent]],
+    state: State,
+    batch: Sequence[Record],
+    refusals: Mapping[int, Rejection],
+) -> None:
+    """Add to each job's history what ``batch`` (just folded into ``state``, ``refusals`` the
+    records of it the fold refused) says about it. A refused submit of an id nobody holds joins
+    no history: there is no job to show it with."""
+    for e in job_events(state, batch, refusals):
         if e.job_id in state.jobs:
             history.setdefault(e.job_id, []).append(e)
 

@@ -14,18 +14,19 @@ from typing import Any
 
 from corral.events import subjects
 from corral.events.log import Record
-from corral.projections.fold import fold
+from corral.projections.fold import fold_refusals
 from corral.projections.index import JobEvent, job_events
-from corral.projections.state import JobState
+from corral.projections.state import JobState, State
 from corral.services.query import present
 
 
 def explain_log(records: list[Record], job_id: str, tenant: str | None) -> dict[str, Any] | None:
-    state = fold(records)
+    state = State()
+    refusals = fold_refusals(state, records)
     job = state.jobs.get(job_id)
     if job is None or (tenant not in (None, job.tenant, subjects.ADMIN)):
         return None
-    return explain(job, [e for e in job_events(state, records) if e.job_id == job_id])
+    return explain(job, [e for e in job_events(state, records, refusals) if e.job_id == job_id])
 
 
 def explain(job: JobState, history: Sequence[JobEvent]) -> dict[str, Any]:

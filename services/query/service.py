@@ -32,7 +32,7 @@ from nats.aio.subscription import Subscription
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import LogError, Record
 from corral.events.nats_client import Client
-from corral.projections.fold import apply
+from corral.projections.fold import fold_refusals
 from corral.projections.index import JobEvent
 from corral.projections.state import State
 from corral.services.query.decide import Ask, BadAsk, add_history, answer, parse_ask, refusal
@@ -74,10 +74,7 @@ class ReadService:
     # -- folding --------------------------------------------------------------------------------
 
     def fold(self, batch: list[Record]) -> None:
-        state = self.state
-        for r in batch:
-            apply(state, r)
-        add_history(self.history, state, batch)
+        add_history(self.history, self.state, batch, fold_refusals(self.state, batch))
 
     # -- answering ------------------------------------------------------------------------------
 

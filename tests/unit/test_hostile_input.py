@@ -21,7 +21,7 @@ from corral.events.codec import DecodeError
 from corral.events.jobs import JobSpec
 from corral.events.log import Record
 from corral.events.subjects import is_token
-from corral.projections.fold import MAX_MESSAGE, fold
+from corral.projections.fold import MAX_MESSAGE, fold, fold_refusals
 from corral.projections.index import job_events
 from corral.projections.state import State
 from corral.services.admission.validate import validate
@@ -93,7 +93,8 @@ def test_a_hostile_record_is_refused_and_loses_nothing_else(verb: str, payload: 
     assert len(refusal.message) <= MAX_MESSAGE and len(refusal.job_id) <= len(ID)
     # What every reader of the log does with it must not raise either.
     msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)  # the snapshot round trip
-    job_events(state, lb.records)
+    replayed = State()
+    job_events(replayed, lb.records, fold_refusals(replayed, lb.records))
     assert verify(lb.records, service_roles()).clean
 
 

@@ -16,6 +16,7 @@ from corral.events import subjects
 from corral.events.base import Reason
 from corral.events.jobs import CancelJob, PendingReasonChanged
 from corral.events.queues import QueueSpec, Quota
+from corral.projections.fold import fold_refusals
 from corral.projections.index import JobEvent
 from corral.projections.state import State
 from corral.services.query.decide import Ask, BadAsk, add_history, answer, parse_ask
@@ -43,9 +44,10 @@ def small_log() -> LogBuilder:
 @pytest.fixture(scope="module")
 def world() -> tuple[State, dict[str, list[JobEvent]]]:
     log = small_log()
-    state = log.fold()
+    state = State()
+    refusals = fold_refusals(state, log.records)
     history: dict[str, list[JobEvent]] = {}
-    add_history(history, state, log.records)
+    add_history(history, state, log.records, refusals)
     return state, history
 
 

@@ -11,23 +11,43 @@ What corral keeps for itself is hidden: each of the agent's ``hidden`` directori
 directory, with its credentials, the NATS store, every node's and job's files) is an empty
 directory in the sandbox, with the worker's own working and checkpoint directories bound back
 into it. Run as root, the worker keeps no capability (``--cap-drop ALL``), so it cannot unmount
-what hides them.
+what hides them; given a user (``RunAs``: multi-tenant corrals give ``nobody``) it runs as that
+unprivileged host user instead, bwrap and all, its own directories handed to it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
+from typing import Any, NamedTuple
 
 from corral.events.jobs import Mount
 
 
 class BindError(Exception):
     """A data mount that cannot be bound where the job asked, and why."""
+
+
+class RunAs(NamedTuple):
+    """The unprivileged host user a worker runs as (uid and gid; no supplementary groups)."""
+
+    uid: int
+    gid: int
+
+    @classmethod
+    def named(cls, name: str) -> RunAs:
+        entry = pwd.getpwnam(name)
+        return cls(entry.pw_uid, entry.pw_gid)
+
+
+def as_user(user: RunAs | None) -> dict[str, Any]:
+    """``subprocess`` arguments that start a process as ``user`` (none: as the agent)."""
+    return {} if user is None else {"user": user.uid, "group": user.gid, "extra_groups": []}
 
 
 def args(
@@ -37,6 +57,7 @@ def args(
     mounts: Sequence[Mount],
     status_fd: int,
     hidden: Sequence[str] = (),
+    privileged: bool = False,
 ) -> list[str]:
     """bwrap's arguments for one worker, before ``--`` and its command; raises BindError when a
     data mount cannot be bound where the job asked."""
@@ -60,7 +81,7 @@ def args(
     for path in hidden:
         if os.path.isdir(path):
             args += ["--tmpfs", os.path.realpath(path)]
-    if os.geteuid() == 0:
+    if privileged:  # a worker left as root keeps no capability (one run as a user has none)
         args += ["--cap-drop", "ALL"]
     writable = [workdir, job_checkpoint_dir]
     for d in writable:
@@ -74,7 +95,8 @@ def args(
     return args
 
 
-async def probe() -> str | None:
+async def probe(user: RunAs | None = None) -> str | None:
+    """bwrap's path if it can build a sandbox here (as ``user``, when given), else None."""
     path = shutil.which("bwrap")
     if path is None:
         return None
@@ -84,6 +106,7 @@ async def probe() -> str | None:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
+            **as_user(user),
         )  # fmt: skip
         code = await asyncio.wait_for(proc.wait(), 10.0)
     except (OSError, TimeoutError):

@@ -225,12 +225,14 @@ class NodeAgent(Service):
         gang_timeout: float = 300.0,
         stop_grace: float = STOP_GRACE,
         hidden: Sequence[str | Path] = (),
+        worker_user: str | None = None,
     ) -> None:
         """``found``: the node's inventory (default: NVML discovery, a simulated H100 node
         without GPUs); ``checkpoint_root``: where jobs checkpoint, shared by every node that may
         resume them (default: under ``work_dir``); ``publish``: core NATS publish for heartbeats
         (none: no heartbeats); ``hidden``: directories no sandboxed worker may see (corral's
-        data directory: credentials, the log's store, other jobs' files)."""
+        data directory: credentials, the log's store, other jobs' files); ``worker_user``: the
+        unprivileged host user workers run as (none: the agent's own)."""
         super().__init__("agent", _decide_nothing, log_, clock=clock, tick=tick)
         self.node = node
         self.producer = f"agent/{node}@{self.producer.split('@', 1)[1]}"
@@ -241,7 +243,12 @@ class NodeAgent(Service):
         self.work_dir = Path(work_dir).resolve()
         self.checkpoint_root = str(Path(checkpoint_root or self.work_dir / "checkpoints").resolve())
         self.runtime = Runtime(
-            self.work_dir, sandbox=sandbox, mig_devices=self.found.mig_devices, node=self.node, hidden=hidden
+            self.work_dir,
+            sandbox=sandbox,
+            mig_devices=self.found.mig_devices,
+            node=self.node,
+            hidden=hidden,
+            worker_user=worker_user,
         )
         self.reports = self.runtime.reports = _Reports()
         self.publish = publish

@@ -76,6 +76,7 @@ from corral.services.agent.decide import (
     WorkerPhase,
 )
 from corral.services.agent.discovery import MigDevice
+from corral.services.agent.sandbox import RunAs
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ class Runtime:
         containers: ContainerMode = "auto",
         node: str | None = None,
         hidden: Iterable[str | Path] = (),
+        worker_user: str | None = None,
     ) -> None:
         """``prepare`` runs before each worker's process starts, inside the start barrier (e.g. to
         create its MIG instance); ``mig_devices`` resolve MIG placeholders in
@@ -177,6 +179,8 @@ class Runtime:
         self.reports: asyncio.Queue[Report] = asyncio.Queue()
         self._mode = sandbox
         self._hidden = [str(p) for p in hidden]  # directories a sandboxed worker never sees
+        # The host user workers run as: only a root agent can start them as another.
+        self._as = RunAs.named(worker_user) if worker_user and os.geteuid() == 0 else None
         self._bwrap: str | None = None
         self._probe: asyncio.Future[str | None] | None = None
         self._containers = containers
@@ -212,7 +216,7 @@ class Runtime:
         if self._mode == "none":
             return False
         if self._probe is None:
-            self._probe = asyncio.ensure_future(sandbox.probe())
+            self._probe = asyncio.ensure_future(sandbox.probe(self._as))
         self._bwrap = await asyncio.shield(self._probe)
         if self._mode == "bwrap" and self._bwrap is None:
             raise StartError("sandbox 'bwrap' was asked for, but bwrap is missing or cannot run here")
@@ -348,7 +352,7 @@ class Runtime:
     async def _prepare_start(self, w: _Worker, env: dict[str, str]) -> dict[str, str]:
         """What every worker needs before it starts, in a container or not: its directories, the
         node's own preparation (a MIG instance); ``env`` with its devices resolved."""
-        _prepare_directories(w)
+        _prepare_directories(w, self._as)
         if self._prepare is not None:
             await self._prepare(w.spec)
         if "CUDA_VISIBLE_DEVICES" in env:
@@ -374,6 +378,7 @@ class Runtime:
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,  # its own process group: a stop reaches its children
+                    **sandbox.as_user(self._as),
                 )
             except OSError as e:
                 raise StartError(f"cannot run {w.spec.command[0]}: {e.strerror or e}") from None
@@ -394,6 +399,7 @@ class Runtime:
                         stderr=asyncio.subprocess.STDOUT,
                         start_new_session=True,
                         pass_fds=(write_fd,),
+                        **sandbox.as_user(self._as),
                     )
                 except OSError as e:
                     raise StartError(f"cannot run bwrap: {e.strerror or e}") from None
@@ -472,7 +478,13 @@ class Runtime:
         spec = w.spec
         try:
             return sandbox.args(
-                str(w.workdir), spec.job_checkpoint_dir, spec.command, spec.mounts, status_fd, self._hidden
+                str(w.workdir),
+                spec.job_checkpoint_dir,
+                spec.command,
+                spec.mounts,
+                status_fd,
+                self._hidden,
+                privileged=self._as is None and os.geteuid() == 0,
             )
         except sandbox.BindError as e:
             raise StartError(str(e)) from None
@@ -686,12 +698,15 @@ def _check_source(m: Mount) -> None:
         raise StartError(f"mount source {m.source} does not exist on this node")
 
 
-def _prepare_directories(w: _Worker) -> None:
+def _prepare_directories(w: _Worker, user: RunAs | None = None) -> None:
     try:
         for d in (w.workdir, w.checkpoints, Path(w.spec.job_checkpoint_dir), w.log.parent):
             d.mkdir(parents=True, exist_ok=True)
         for stale in (REQUEST, DONE):
             (w.checkpoints / stale).unlink(missing_ok=True)
+        if user is not None:  # the worker's own directories are the only ones it may write
+            for d in (w.workdir, w.checkpoints, Path(w.spec.job_checkpoint_dir)):
+                os.chown(d, user.uid, user.gid)
     except OSError as e:
         raise StartError(f"cannot prepare directories: {e}") from None
 

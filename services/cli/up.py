@@ -94,6 +94,9 @@ class Settings:
     gang_timeout: float = 300.0  # a gang's start barrier across nodes
     auth: bool = False  # the embedded server requires a login, with per-identity permissions
     tenants: tuple[str, ...] = ()  # with auth: the tenants that get a login
+    # With auth: the unprivileged host user workers run as (e.g. "nobody"; it must reach the data
+    # directory and the jobs' commands). None: the agent's own user, without capabilities.
+    worker_user: str | None = None
 
 
 @dataclass
@@ -201,6 +204,7 @@ async def cluster(
                 # never sees the data directory (the credentials, the log's store, others' jobs).
                 sandbox="bwrap" if cfg.auth and cfg.sandbox == "auto" else cfg.sandbox,
                 hidden=[data_dir],
+                worker_user=cfg.worker_user if cfg.auth else None,
                 backoff=cfg.restart_backoff,
                 start_timeout=cfg.start_timeout,
                 gang_timeout=cfg.gang_timeout,

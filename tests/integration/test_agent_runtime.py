@@ -350,7 +350,7 @@ async def test_a_preempted_training_job_checkpoints_and_resumes_from_its_step(
     assert isinstance(first, Checkpointed) and first.step == 40
 
     # An urgent job preempts it: the agent asks for a checkpoint, then stops it.
-    log.submit("bob", "urgent", job("team-b")).accept("urgent", priority=10).preempt("urgent", "train")
+    log.submit("bob", "urgent", job("team-a")).accept("urgent", priority=10).preempt("urgent", "train")
     deadline = agent.state().jobs["train"].preempt_deadline  # what the preemption named
     assert await agent.act(now=deadline - 590) == [RequestCheckpoint(key, deadline)]
     assert runtime.workers()[key] == "checkpoint-requested"

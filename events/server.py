@@ -37,10 +37,12 @@ CONFIG_NAME = "nats-server.conf"
 
 @dataclass(frozen=True)
 class Permissions:
-    """Subjects a user may publish to and subscribe to (wildcards allowed); all else is denied."""
+    """Subjects a user may publish to and subscribe to (wildcards allowed); all else is denied,
+    and so is publishing to ``deny_publish`` even where ``publish`` allows it."""
 
     publish: tuple[str, ...] = ()
     subscribe: tuple[str, ...] = ()
+    deny_publish: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,10 @@ def config_text(users: Sequence[User]) -> str:
         entry: dict[str, object] = {"user": u.name, "password": u.password}
         p = u.permissions
         if p is not None:
-            entry["permissions"] = {
-                "publish": {"allow": list(p.publish)},
-                "subscribe": {"allow": list(p.subscribe)},
-            }
+            publish: dict[str, list[str]] = {"allow": list(p.publish)}
+            if p.deny_publish:
+                publish["deny"] = list(p.deny_publish)
+            entry["permissions"] = {"publish": publish, "subscribe": {"allow": list(p.subscribe)}}
         entries.append(entry)
     return "authorization: " + json.dumps({"users": entries}, indent=2) + "\n"
 

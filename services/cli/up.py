@@ -45,7 +45,7 @@ from corral.services.placer import service as placer_service
 from corral.services.preemptor import service as preemptor_service
 from corral.services.query import service as read_service
 from corral.services.runtime import identities
-from corral.services.runtime.lease import KvLease
+from corral.services.runtime.lease import KvLease, ensure_bucket
 from corral.services.runtime.shell import Decide, Service, stop_on_signals
 
 # The decision services, each its own package with a pure ``decide`` and a thin ``service``.
@@ -147,12 +147,20 @@ async def cluster(
         else:
             url = server
 
-        async def service_log(create: bool = False) -> JetStreamLog:
-            opened = await connect(url, create=create, **login(identities.SERVICES))
+        async def service_log() -> JetStreamLog:
+            opened = await connect(url, **login(identities.SERVICES))
             stack.push_async_callback(opened.close)
             return opened
 
-        log = await service_log(create=True)  # the one place the stream is configured
+        # The one place the log's stream and the leases' bucket are configured, as the
+        # administrator: the services may use them, not make, change, purge or delete them.
+        admin = {"inbox_prefix": identities.inbox_prefix(identities.ADMIN), **login(identities.ADMIN)}
+        setup = await connect(url, create=True, **admin)
+        try:
+            await ensure_bucket(setup.nc)
+        finally:
+            await setup.close()
+        log = await service_log()
         if not cfg.agents:
             await register_nodes(log, simulated, clock())
         running = Cluster(url, nodes=[n for n, _ in simulated], data_dir=data_dir, credentials=credentials)

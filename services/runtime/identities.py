@@ -4,7 +4,8 @@ With authentication on, the embedded nats-server knows these users, each with a 
 cluster's credentials file (``credentials.json`` in the data directory, readable by its owner
 only, a JSON object of user name to password). The server, not corral's code, enforces:
 
-- ``services``: every decision service and the health monitor: anything.
+- ``services``: every decision service and the health monitor: anything, but create, change,
+  purge or delete a stream (the log or the leases' bucket): those are the administrator's.
 - ``agent-<node>``, one per node: its agent reads the stream, appends on its own node's subject
   ``corral.ev.node.<node>`` and heartbeats on ``corral.hb.<node>``, nothing else; so an agent
   (or whoever took its node) cannot report for another node or write decisions.
@@ -15,7 +16,8 @@ only, a JSON object of user name to password). The server, not corral's code, en
   flow control), take questions on ``corral.read.>``, and publish only into the askers' inboxes:
   so however a question names its reply subject, its answer can never land in the log.
 - ``admin``: send ``corral.req.admin.>`` (queues, cohorts, priority classes, cordons), ask
-  ``corral.read.admin.>`` (the read service shows the admin everything).
+  ``corral.read.admin.>`` (the read service shows the admin everything), and create and
+  configure the log's stream and the leases' bucket (``corral up`` does it as ``admin``).
 - one user per tenant T: send ``corral.req.T.>`` (submit, cancel, resize), ask
   ``corral.read.T.>``. Nothing of ``$JS.API``, nothing of the stream's subjects: a tenant can
   neither write the log (JetStream would acknowledge to any reply subject it chose, into the
@@ -110,10 +112,27 @@ def _js_read(stream: str) -> tuple[str, ...]:
     )
 
 
+# The streams corral keeps: the log, and the leases' key-value bucket.
+STREAMS = (subjects.STREAM, "KV_corral_leases")
+
+
+def _stream_admin() -> tuple[str, ...]:
+    """What creating and configuring corral's streams needs to publish."""
+    api = "$JS.API.STREAM"
+    return tuple(f"{api}.{verb}.{s}" for s in STREAMS for verb in ("CREATE", "UPDATE", "INFO"))
+
+
 def permissions(name: str) -> Permissions | None:
-    """What identity ``name`` may do; None for ``services`` (anything)."""
+    """What identity ``name`` may do (None: anything)."""
     if name == SERVICES:
-        return None
+        api = "$JS.API.STREAM"
+        return Permissions(
+            publish=(">",),
+            subscribe=(">",),
+            deny_publish=tuple(
+                f"{api}.{verb}.>" for verb in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE")
+            ),
+        )
     if name == QUERY:
         return Permissions(
             publish=(*_js_read(subjects.STREAM), f"{INBOXES}.>"),
@@ -131,8 +150,9 @@ def permissions(name: str) -> Permissions | None:
             subscribe=(f"{INTAKE_INBOX}.>", f"{subjects.REQ}.>"),
         )
     # The admin and every tenant: their own requests, their own questions, their own inbox.
+    own = (f"{subjects.REQ}.{name}.>", f"{READ}.{name}.>")
     return Permissions(
-        publish=(f"{subjects.REQ}.{name}.>", f"{READ}.{name}.>"),
+        publish=(*own, *_stream_admin()) if name == ADMIN else own,
         subscribe=(f"{inbox_prefix(name)}.>",),
     )
 

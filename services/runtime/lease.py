@@ -39,6 +39,17 @@ class Lease(Protocol):
         ...
 
 
+async def ensure_bucket(nc: Any, ttl: float = TTL) -> None:
+    """Create the leases' bucket if it is missing (whoever sets the corral up: the services may
+    use it, not make or remove it)."""
+    js = nc.jetstream()
+    try:
+        await js.key_value(BUCKET)
+    except js_errors.BucketNotFoundError:
+        with contextlib.suppress(js_errors.BadRequestError):  # another made it first
+            await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1)
+
+
 class KvLease:
     """A role's lease in the ``corral_leases`` bucket, held under the name ``holder``."""
 

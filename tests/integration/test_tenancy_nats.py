@@ -395,3 +395,33 @@ async def test_the_intake_refuses_what_is_not_a_request(secured: Secured) -> Non
         assert await secured.log.last_seq() == before
     finally:
         await a.close()
+
+
+async def test_only_the_administrator_configures_the_log_and_nobody_removes_it(secured: Secured) -> None:
+    """The services append and hold leases; they may not change, purge or delete the log or the
+    leases' bucket. The administrator configures them; nobody may purge or delete records."""
+    services = await nats.connect(secured.url, **identities.login(secured.passwords, identities.SERVICES))
+    admin = await nats.connect(
+        secured.url,
+        inbox_prefix=identities.inbox_prefix(identities.ADMIN),
+        **identities.login(secured.passwords, identities.ADMIN),
+    )
+    try:
+        js = services.jetstream(timeout=1.0)  # a refused request is never answered
+        for attempt in (
+            js.purge_stream("CORRAL"),
+            js.delete_stream("CORRAL"),
+            js.delete_msg("CORRAL", 1),
+            js.delete_stream("KV_corral_leases"),
+            js.update_stream(nats.js.api.StreamConfig(name="CORRAL", subjects=["corral.>"])),
+        ):
+            with pytest.raises((nats.errors.Error, nats.js.errors.Error)):
+                await attempt
+        info = await admin.jetstream().stream_info("CORRAL")
+        assert info.config.deny_purge and info.config.deny_delete
+        with pytest.raises((nats.errors.Error, nats.js.errors.Error)):
+            await admin.jetstream(timeout=1.0).purge_stream("CORRAL")  # no login may purge it
+        assert (await admin.jetstream().stream_info("CORRAL")).state.messages == info.state.messages
+    finally:
+        await services.close()
+        await admin.close()

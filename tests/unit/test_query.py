@@ -163,7 +163,9 @@ def test_tenant_permissions_are_its_own_subjects_only() -> None:
     assert p is not None
     assert p.publish == ("corral.req.a.>", "corral.read.a.>")
     assert p.subscribe == ("_INBOX.corral.a.>",)
-    assert identities.permissions(identities.SERVICES) is None
+    services = identities.permissions(identities.SERVICES)
+    assert services is not None and services.publish == (">",)
+    assert {"$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>"} <= set(services.deny_publish)
 
 
 def test_the_intake_appends_requests_and_answers_into_inboxes_only() -> None:

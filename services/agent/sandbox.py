@@ -1,7 +1,8 @@
 """Runs a worker in its own mount and PID namespace with bubblewrap (``bwrap``), where it exists.
 
 The sandbox's root is a read-only view of the host's, entry by entry, so that data mounts can
-land at new top-level paths; ``/proc``, ``/dev`` and ``/tmp`` are its own (with what the command
+land at new top-level paths (a narrow view, for multi-tenant corrals, shows only the system's
+directories, ``SYSTEM``, the interpreter's environment and the command's own files); ``/proc``, ``/dev`` and ``/tmp`` are its own (with what the command
 needs from the host's ``/tmp`` bound back read-only); the worker's working directory and its
 job's checkpoint directory are writable; each data mount is bound at its target, read-only when
 asked. bwrap reports the sandboxed process on a status pipe (``--json-status-fd``), and its own
@@ -58,6 +59,7 @@ def args(
     status_fd: int,
     hidden: Sequence[str] = (),
     privileged: bool = False,
+    narrow: bool = False,
 ) -> list[str]:
     """bwrap's arguments for one worker, before ``--`` and its command; raises BindError when a
     data mount cannot be bound where the job asked."""
@@ -66,14 +68,18 @@ def args(
     # is armed. Workers have no terminal (stdin is /dev/null) to hijack.
     args = ["--unshare-pid", "--die-with-parent", "--tmpfs", "/"]
     # The host's root, read-only, one top-level entry at a time, so that data mounts can
-    # land at new top-level paths (a bind of / itself would leave nowhere to create them).
+    # land at new top-level paths (a bind of / itself would leave nowhere to create them);
+    # ``narrow``: only the system's directories, and what the command runs from.
     for name in sorted(os.listdir("/")):
         path = "/" + name
-        if name in ("proc", "dev", "tmp"):
+        if name in ("proc", "dev", "tmp") or (narrow and name not in SYSTEM):
             continue
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
         else:
+            args += ["--ro-bind", path, path]
+    if narrow:
+        for path in runs_from(command):
             args += ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in needed_under_tmp(command):
@@ -112,6 +118,28 @@ async def probe(user: RunAs | None = None) -> str | None:
     except (OSError, TimeoutError):
         return None
     return path if code == 0 else None
+
+
+# What every process needs of the host: programs, libraries, configuration. In a narrow view the
+# worker sees these, its interpreter's environment and its command's files, nothing else.
+SYSTEM = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt"})
+
+
+def runs_from(command: Sequence[str]) -> list[str]:
+    """What outside ``SYSTEM`` and ``/tmp`` the command runs from: this interpreter's
+    environment (a virtualenv and the Python it was made from), and the directory of each file
+    the command names by its absolute path (its program, its script)."""
+    wanted = {sys.prefix, sys.base_prefix}
+    program = shutil.which(command[0]) if command else None
+    for path in [*(a for a in command if a.startswith("/")), *([program] if program else [])]:
+        real = os.path.realpath(path)
+        wanted.add(real if os.path.isdir(real) else os.path.dirname(real))
+    out = []
+    for path in sorted(wanted):
+        parts = PurePosixPath(path).parts
+        if len(parts) > 1 and parts[1] not in SYSTEM and parts[1] != "tmp" and os.path.exists(path):
+            out.append(path)
+    return [p for p in out if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in out)]
 
 
 def needed_under_tmp(command: Sequence[str]) -> list[str]:

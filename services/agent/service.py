@@ -226,13 +226,16 @@ class NodeAgent(Service):
         stop_grace: float = STOP_GRACE,
         hidden: Sequence[str | Path] = (),
         worker_user: str | None = None,
+        narrow_view: bool = False,
     ) -> None:
         """``found``: the node's inventory (default: NVML discovery, a simulated H100 node
         without GPUs); ``checkpoint_root``: where jobs checkpoint, shared by every node that may
         resume them (default: under ``work_dir``); ``publish``: core NATS publish for heartbeats
         (none: no heartbeats); ``hidden``: directories no sandboxed worker may see (corral's
         data directory: credentials, the log's store, other jobs' files); ``worker_user``: the
-        unprivileged host user workers run as (none: the agent's own)."""
+        unprivileged host user workers run as (none: the agent's own); ``narrow_view``: the
+        sandbox shows the system's directories and what the job runs from, not the host's
+        whole root."""
         super().__init__("agent", _decide_nothing, log_, clock=clock, tick=tick)
         self.node = node
         self.producer = f"agent/{node}@{self.producer.split('@', 1)[1]}"
@@ -249,6 +252,7 @@ class NodeAgent(Service):
             node=self.node,
             hidden=hidden,
             worker_user=worker_user,
+            narrow_view=narrow_view,
         )
         self.reports = self.runtime.reports = _Reports()
         self.publish = publish

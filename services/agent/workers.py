@@ -168,6 +168,7 @@ class Runtime:
         node: str | None = None,
         hidden: Iterable[str | Path] = (),
         worker_user: str | None = None,
+        narrow_view: bool = False,
     ) -> None:
         """``prepare`` runs before each worker's process starts, inside the start barrier (e.g. to
         create its MIG instance); ``mig_devices`` resolve MIG placeholders in
@@ -179,6 +180,7 @@ class Runtime:
         self.reports: asyncio.Queue[Report] = asyncio.Queue()
         self._mode = sandbox
         self._hidden = [str(p) for p in hidden]  # directories a sandboxed worker never sees
+        self._narrow = narrow_view  # the sandbox shows only the system and what the job runs from
         # The host user workers run as: only a root agent can start them as another.
         self._as = RunAs.named(worker_user) if worker_user and os.geteuid() == 0 else None
         self._bwrap: str | None = None
@@ -485,6 +487,7 @@ class Runtime:
                 status_fd,
                 self._hidden,
                 privileged=self._as is None and os.geteuid() == 0,
+                narrow=self._narrow,
             )
         except sandbox.BindError as e:
             raise StartError(str(e)) from None

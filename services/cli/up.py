@@ -213,6 +213,7 @@ async def cluster(
                 sandbox="bwrap" if cfg.auth and cfg.sandbox == "auto" else cfg.sandbox,
                 hidden=[data_dir],
                 worker_user=cfg.worker_user if cfg.auth else None,
+                narrow_view=cfg.auth,
                 backoff=cfg.restart_backoff,
                 start_timeout=cfg.start_timeout,
                 gang_timeout=cfg.gang_timeout,

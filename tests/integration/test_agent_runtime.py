@@ -627,3 +627,35 @@ async def test_a_worker_can_run_as_an_unprivileged_user() -> None:
     nobody = pwd.getpwnam("nobody").pw_uid
     assert (seen["uid"], seen["euid"], seen["groups"]) == (nobody, nobody, [])
     assert seen["root_only"] == "denied" and seen["own"] == "written"
+
+
+NARROW = r"""
+import json, os
+print(json.dumps({"root": sorted(os.listdir("/")), "secret": os.path.exists(os.environ["SECRET"])}))
+"""
+
+
+async def test_a_narrow_sandbox_shows_the_system_and_what_the_job_runs_from(tmp_path: Path) -> None:
+    """In a multi-tenant corral the sandbox shows the host's programs, libraries and settings,
+    the interpreter and the command's own files: not the rest of the host, where other tenants'
+    data or the operator's files may lie."""
+    if shutil.which("bwrap") is None or not await bwrap_works():
+        pytest.skip("bubblewrap (bwrap) is not installed or cannot create namespaces here")
+    elsewhere = Path(tempfile.mkdtemp(prefix="corral-narrow-", dir="/var/tmp"))
+    secret = elsewhere / "other-tenant.txt"
+    secret.write_text("theirs")
+    rt = Runtime(tmp_path / "agent", sandbox="bwrap", poll_interval=0.02, narrow_view=True)
+    try:
+        # named in its environment, not in its command: a file the command names is one it runs
+        s = spec_for(tmp_path, "narrow", [PY, "-c", NARROW])
+        s = msgspec.structs.replace(s, env={**s.env, "SECRET": str(secret)})
+        await start_one(rt, s)
+        exited = (await until(rt, exit_of(s.key)))[-1]
+        assert ran(exited) == Exited(s.key, 0), log_path(rt.root, s.key).read_text()
+        seen = json.loads(log_path(rt.root, s.key).read_text().splitlines()[-1])
+    finally:
+        await rt.close(grace=2.0)
+        shutil.rmtree(elsewhere, ignore_errors=True)
+    assert seen["secret"] is False
+    assert "var" not in seen["root"] and "home" not in seen["root"] and "srv" not in seen["root"]
+    assert {"usr", "etc", "proc", "dev", "tmp"} <= set(seen["root"])

@@ -2,8 +2,9 @@
 
 The sandbox's root is a read-only view of the host's, entry by entry, so that data mounts can
 land at new top-level paths (a narrow view, for multi-tenant corrals, shows only the system's
-directories, ``SYSTEM``, the interpreter's environment and the command's own files); ``/proc``, ``/dev`` and ``/tmp`` are its own (with what the command
-needs from the host's ``/tmp`` bound back read-only); the worker's working directory and its
+directories, ``SYSTEM``, the interpreter's environment and the command's own files); ``/proc``,
+``/dev`` and ``/tmp`` are its own (with what the command needs from the host's ``/tmp`` bound
+back read-only); the worker's working directory and its
 job's checkpoint directory are writable; each data mount is bound at its target, read-only when
 asked. bwrap reports the sandboxed process on a status pipe (``--json-status-fd``), and its own
 complaints start with ``bwrap: `` in the worker's log.
@@ -12,8 +13,10 @@ What corral keeps for itself is hidden: each of the agent's ``hidden`` directori
 directory, with its credentials, the NATS store, every node's and job's files) is an empty
 directory in the sandbox, with the worker's own working and checkpoint directories bound back
 into it. Run as root, the worker keeps no capability (``--cap-drop ALL``), so it cannot unmount
-what hides them; given a user (``RunAs``: multi-tenant corrals give ``nobody``) it runs as that
-unprivileged host user instead, bwrap and all, its own directories handed to it.
+what hides them. Given a user (``RunAs``: multi-tenant corrals give ``nobody``), bwrap builds
+the sandbox as root and the command runs in it as that unprivileged host user (``setpriv``
+switches to it, with no groups and no way to regain privileges), its own directories handed to
+it; bwrap, not the user, opens what is bound, so the user need not reach the host's paths.
 """
 
 from __future__ import annotations
@@ -51,6 +54,18 @@ def as_user(user: RunAs | None) -> dict[str, Any]:
     return {} if user is None else {"user": user.uid, "group": user.gid, "extra_groups": []}
 
 
+def become(user: RunAs) -> list[str]:
+    """The command prefix that, run as root inside the sandbox, becomes ``user`` for good; raises
+    BindError when the host has no ``setpriv`` (then no worker may run: none would drop root)."""
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    if setpriv is None:
+        raise BindError("setpriv (util-linux) is missing: workers cannot run as an unprivileged user")
+    return [
+        setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs",
+        "--inh-caps=-all", "--",
+    ]  # fmt: skip
+
+
 def args(
     workdir: str,
     job_checkpoint_dir: str,
@@ -60,6 +75,7 @@ def args(
     hidden: Sequence[str] = (),
     privileged: bool = False,
     narrow: bool = False,
+    as_user: bool = False,
 ) -> list[str]:
     """bwrap's arguments for one worker, before ``--`` and its command; raises BindError when a
     data mount cannot be bound where the job asked."""
@@ -67,6 +83,7 @@ def args(
     # kill of the group reaches every process even before bwrap's own parent-death signal
     # is armed. Workers have no terminal (stdin is /dev/null) to hijack.
     args = ["--unshare-pid", "--die-with-parent", "--tmpfs", "/"]
+    bound: list[str] = []  # host directories shown as they are, their owners' modes and all
     # The host's root, read-only, one top-level entry at a time, so that data mounts can
     # land at new top-level paths (a bind of / itself would leave nowhere to create them);
     # ``narrow``: only the system's directories, and what the command runs from.
@@ -78,18 +95,26 @@ def args(
             args += ["--symlink", os.readlink(path), path]
         else:
             args += ["--ro-bind", path, path]
+            bound.append(path)
     if narrow:
         for path in runs_from(command):
             args += ["--ro-bind", path, path]
+            bound.append(path)
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in needed_under_tmp(command):
         args += ["--ro-bind", path, path]
+        bound.append(path)
     for path in hidden:
         if os.path.isdir(path):
             args += ["--tmpfs", os.path.realpath(path)]
     if privileged:  # a worker left as root keeps no capability (one run as a user has none)
         args += ["--cap-drop", "ALL"]
     writable = [workdir, job_checkpoint_dir]
+    if as_user:
+        # bwrap makes the directories leading to a bind with their host modes (pytest's, say,
+        # root's alone): a worker that is not root could not reach its own directories.
+        for d in _leading(writable, bound):
+            args += ["--perms", "0755", "--dir", d]
     for d in writable:
         args += ["--bind", d, d]
     for m in mounts:
@@ -101,8 +126,21 @@ def args(
     return args
 
 
-async def probe(user: RunAs | None = None) -> str | None:
-    """bwrap's path if it can build a sandbox here (as ``user``, when given), else None."""
+def _leading(dirs: Sequence[str], bound: Sequence[str]) -> list[str]:
+    """The directories leading to ``dirs`` that the sandbox makes itself (not inside anything
+    ``bound``), outermost first."""
+    out: list[str] = []
+    for d in dirs:
+        for parent in reversed(PurePosixPath(d).parents):
+            p = str(parent)
+            inside = any(p == b or p.startswith(b.rstrip("/") + "/") for b in bound)
+            if p != "/" and not inside and p not in out:
+                out.append(p)
+    return out
+
+
+async def probe() -> str | None:
+    """bwrap's path if it can build a sandbox here, else None."""
     path = shutil.which("bwrap")
     if path is None:
         return None
@@ -112,7 +150,6 @@ async def probe(user: RunAs | None = None) -> str | None:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
-            **as_user(user),
         )  # fmt: skip
         code = await asyncio.wait_for(proc.wait(), 10.0)
     except (OSError, TimeoutError):

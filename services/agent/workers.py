@@ -218,7 +218,7 @@ class Runtime:
         if self._mode == "none":
             return False
         if self._probe is None:
-            self._probe = asyncio.ensure_future(sandbox.probe(self._as))
+            self._probe = asyncio.ensure_future(sandbox.probe())
         self._bwrap = await asyncio.shield(self._probe)
         if self._mode == "bwrap" and self._bwrap is None:
             raise StartError("sandbox 'bwrap' was asked for, but bwrap is missing or cannot run here")
@@ -388,9 +388,13 @@ class Runtime:
 
     async def _spawn_sandboxed(self, w: _Worker, env: dict[str, str]) -> None:
         assert self._bwrap is not None
+        try:
+            become = sandbox.become(self._as) if self._as is not None else []
+        except sandbox.BindError as e:
+            raise StartError(str(e)) from None
         read_fd, write_fd = os.pipe()
         try:
-            argv = [self._bwrap, *self._sandbox_args(w, write_fd), "--", *w.spec.command]
+            argv = [self._bwrap, *self._sandbox_args(w, write_fd), "--", *become, *w.spec.command]
             with open(w.log, "ab") as out:
                 try:
                     w.proc = await asyncio.create_subprocess_exec(
@@ -401,7 +405,6 @@ class Runtime:
                         stderr=asyncio.subprocess.STDOUT,
                         start_new_session=True,
                         pass_fds=(write_fd,),
-                        **sandbox.as_user(self._as),
                     )
                 except OSError as e:
                     raise StartError(f"cannot run bwrap: {e.strerror or e}") from None
@@ -486,8 +489,11 @@ class Runtime:
                 spec.mounts,
                 status_fd,
                 self._hidden,
+                # A worker left as root keeps no capability; one that becomes a user needs
+                # CAP_SETUID to, and keeps none once it has.
                 privileged=self._as is None and os.geteuid() == 0,
                 narrow=self._narrow,
+                as_user=self._as is not None,
             )
         except sandbox.BindError as e:
             raise StartError(str(e)) from None

@@ -94,9 +94,9 @@ class Settings:
     gang_timeout: float = 300.0  # a gang's start barrier across nodes
     auth: bool = False  # the embedded server requires a login, with per-identity permissions
     tenants: tuple[str, ...] = ()  # with auth: the tenants that get a login
-    # With auth: the unprivileged host user workers run as (e.g. "nobody"; it must reach the data
-    # directory and the jobs' commands). None: the agent's own user, without capabilities.
-    worker_user: str | None = None
+    # With auth: the unprivileged host user workers run as (None: the agent's own user, without
+    # capabilities).
+    worker_user: str | None = "nobody"
 
 
 @dataclass

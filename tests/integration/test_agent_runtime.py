@@ -582,10 +582,10 @@ async def test_a_worker_never_sees_what_the_agent_hides(tmp_path: Path) -> None:
 
 
 AS_NOBODY = r"""
-import json, os, pathlib, sys
+import json, os, pathlib
 out = {"uid": os.getuid(), "euid": os.geteuid(), "groups": os.getgroups()}
 try:
-    pathlib.Path(sys.argv[1]).read_text()
+    (pathlib.Path(os.environ["CORRAL_CHECKPOINT_DIR"]).parent / "root-only.txt").read_text()
     out["root_only"] = "read"
 except PermissionError:
     out["root_only"] = "denied"
@@ -597,33 +597,31 @@ print(json.dumps(out))
 """
 
 
-async def test_a_worker_can_run_as_an_unprivileged_user() -> None:
-    """Workers can run as an unprivileged host user (nobody): what the host keeps for root stays
-    root's, and the worker writes only its own directories, which are handed to it."""
+@pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
+async def test_a_worker_can_run_as_an_unprivileged_user(tmp_path: Path, narrow: bool) -> None:
+    """Workers run as an unprivileged host user (nobody): what the host keeps for root stays
+    root's, and the worker writes only its own directories, which are handed to it. bwrap opens
+    what is bound as root, so the user needs no way to the interpreter (in root's home, say) or
+    to its directories (in pytest's directory, root's alone)."""
     if os.geteuid() != 0:
         pytest.skip("only a root agent starts workers as another user")
     if shutil.which("bwrap") is None or not await bwrap_works():
         pytest.skip("bubblewrap (bwrap) is not installed or cannot create namespaces here")
-    # The user must reach its command and its directories: this interpreter may live in root's
-    # home, and pytest's own temporary directory is root's alone.
-    python = shutil.which("python3", path="/usr/bin:/usr/local/bin")
-    if python is None:
-        pytest.skip("no system python3 that another user may run")
-    tmp_path = Path(tempfile.mkdtemp(prefix="corral-nobody-"))
-    tmp_path.chmod(0o755)
-    private = tmp_path / "root-only.txt"
+    s = spec_for(tmp_path, "nobody", [PY, "-c", AS_NOBODY])
+    private = Path(s.job_checkpoint_dir) / "root-only.txt"  # in sight, but root's
+    private.parent.mkdir(parents=True)
     private.write_text("secret")
     private.chmod(0o600)
-    rt = Runtime(tmp_path / "agent", sandbox="bwrap", poll_interval=0.02, worker_user="nobody")
+    rt = Runtime(
+        tmp_path / "agent", sandbox="bwrap", poll_interval=0.02, worker_user="nobody", narrow_view=narrow
+    )
     try:
-        s = spec_for(tmp_path, "nobody", [python, "-c", AS_NOBODY, str(private)])
         await start_one(rt, s)
         exited = (await until(rt, exit_of(s.key)))[-1]
         assert ran(exited) == Exited(s.key, 0), log_path(rt.root, s.key).read_text()
         seen = json.loads(log_path(rt.root, s.key).read_text().splitlines()[-1])
     finally:
         await rt.close(grace=2.0)
-        shutil.rmtree(tmp_path, ignore_errors=True)
     nobody = pwd.getpwnam("nobody").pw_uid
     assert (seen["uid"], seen["euid"], seen["groups"]) == (nobody, nobody, [])
     assert seen["root_only"] == "denied" and seen["own"] == "written"

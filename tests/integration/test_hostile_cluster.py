@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pwd
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -127,15 +128,26 @@ async def test_a_flood_of_hostile_traffic_loses_no_valid_job(corral: tuple[Clust
     finally:
         await log.close()
 
-    # The services still answer: a new job runs, and the read service tells about it.
+    # The services still answer: a new job runs, and the read service tells about it. Its worker
+    # ran as nobody, not as the agent's user.
     a = await Session.open(running.url, "a", passwords["a"])
     try:
-        after = codec.encode(SubmitJob(request_id="after", job=VALID))
+        uid = (sys.executable, "-c", "import os; print('uid', os.getuid())")
+        who = msgspec.structs.replace(VALID, command=uid)
+        after = codec.encode(SubmitJob(request_id="after", job=who))
         seq = await a.send(subjects.request("a", "submit"), after, "after")
         told = await a.ask("a", "explain", job="after", after=seq)
         assert told["job"]["id"] == "after"
     finally:
         await a.close()
+    log = await connect(running.url, **identities.login(passwords, identities.SERVICES))
+    try:
+        async with Watcher(log) as watch:
+            await watch.until(lambda s: "after" in s.jobs and s.jobs["after"].phase == "succeeded", WAIT)
+    finally:
+        await log.close()
+    [out] = running.agents["node-00"].logs("after")
+    assert f"uid {pwd.getpwnam('nobody').pw_uid}" in out.read_text()
 
 
 def _rejected_job(state: State, seq: int) -> bool:

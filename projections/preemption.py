@@ -14,7 +14,10 @@ A running job (or an elastic job's top ranks) may be stopped for a beneficiary o
 The preemptor applies it with its settings (``any_priority``, ``borrow``); the fold with both
 allowed, so that it voids exactly what no setting of the preemptor could propose: a job of another
 tree, of a queue that does not borrow, of a queue's own equal or higher priority, or protected.
-Quota and priorities are read at the fold's position in the log, guards at its log time.
+Quota and priorities are read at the fold's position in the log, guards at its log time, and
+quota as it will stand once the stops under way are done (``planning_ledger``): the preemptor
+plans each cycle on that view, and adds each of its proposals to it as the fold will, so that the
+two read every proposal the same way.
 """
 
 from __future__ import annotations
@@ -103,13 +106,42 @@ def charged_key(ledger: Ledger, job: JobState) -> str | None:
     return next(iter(adm.gpus))
 
 
+def planning_ledger(state: State) -> Ledger:
+    """The quota the rule reads: the state's, as it will stand once the stops under way are done.
+    A job being preempted (checkpointing) has given its quota back, and each job a stop is for
+    (of one under way, or done and not yet requeued), while it is queued, has taken what it would
+    be admitted with. (A shrink gives quota back at
+    once, in the state itself.)"""
+    ledger = Ledger.from_state(state)
+    waiting: set[str] = set()
+    for job in state.jobs.values():
+        if job.phase == "checkpointing":
+            release(ledger, job)
+        if job.preempted_for and (job.phase in ("checkpointing", "preempted") or job.leaving):
+            waiting.add(job.preempted_for)
+    for job_id in sorted(waiting):
+        beneficiary = state.jobs.get(job_id)
+        if beneficiary is not None and beneficiary.phase == "queued":
+            found = demand(state, ledger, beneficiary)
+            if found is not None:
+                ledger.charge(beneficiary.spec.queue, *found)
+    return ledger
+
+
+def release(ledger: Ledger, job: JobState) -> None:
+    """Give back, in ``ledger``, the quota ``job`` holds."""
+    if ledger.has_queue(job.spec.queue):
+        for key, milli in quota.holding(job):
+            ledger.charge(job.spec.queue, key, -milli)
+
+
 def may_stop(state: State, victim: JobState, beneficiary: JobState, now: float) -> str | None:
     """Why the fold may not let ``victim`` give up GPUs for ``beneficiary`` at ``now``; None if
     some setting of the preemptor could have chosen it."""
     why = protected(state, victim, now)
     if why is not None:
         return why
-    ledger = Ledger.from_state(state)  # the cohort tree with every queue's usage at this point
+    ledger = planning_ledger(state)
     key, reclaim = claim(state, ledger, beneficiary)
     queue = beneficiary.spec.queue
     borrowing = {q for q, _ in ledger.borrowers(queue, key)} if key and ledger.has_queue(queue) else set()

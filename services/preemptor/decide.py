@@ -176,7 +176,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             target,
             pool,
             sim.taken,
-            sim.ledger,
+            sim.rules,
             shrink=config.shrink,
             any_priority=config.reclaim_any_priority,
             borrow=config.borrow_within_cohort,
@@ -194,6 +194,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         unblocked.clear()
         if not found.whole and not found.shrinks:
             continue  # fits as things are: the placer places it, on the GPUs kept for it here
+        sim.proposed(target, found)
         # 4. The proposal.
         stopping = [*found.whole, *(j for j, _ in found.shrinks)]
         plans.append(

@@ -244,15 +244,19 @@ def candidates(
     b = target.job
     queue = b.spec.queue
     key = target.key
-    # Queues of the beneficiary's tree holding more than their nominal on its key, now.
-    cross = key is not None and (target.reclaim or borrow)
+    # Whether it reclaims, and which queues of its tree borrow on its key, as the fold will read
+    # them (``ledger`` is the simulation's ``rules``).
+    reclaim = False
+    if key is not None and ledger.has_queue(queue):
+        reclaim = ledger.used(queue, key) + target.need <= ledger.nominal(queue, key)
+    cross = key is not None and (reclaim or borrow)
     lenders = [q for q, _ in ledger.borrowers(queue, key)] if cross and key is not None else []
     lending = set(lenders)
 
     # The rule the fold enforces (``projections.preemption``), under this preemptor's settings.
     def may(h: Holder) -> bool:
         return h.job.id not in taken and preemption.eligible(
-            h.job, h.key, b, key, borrowing=lending, reclaim=target.reclaim, any_priority=any_priority,
+            h.job, h.key, b, key, borrowing=lending, reclaim=reclaim, any_priority=any_priority,
             borrow=borrow,
         )  # fmt: skip
 
@@ -313,6 +317,7 @@ class Simulation:
     placer: PlacerConfig
     snap: Snapshot = field(init=False)
     ledger: Ledger = field(init=False)
+    rules: Ledger = field(init=False)  # quota as the fold reads it for the rule: proposals only
     scratch: State = field(init=False)
     released: dict[str, set[int]] = field(default_factory=dict)  # job -> ranks given back
     taken: set[str] = field(default_factory=set)  # jobs stopped or shrunk this cycle
@@ -320,6 +325,7 @@ class Simulation:
     def __post_init__(self) -> None:
         self.snap = Snapshot(self.state)
         self.ledger = Ledger.from_state(self.state)
+        self.rules = preemption.planning_ledger(self.state)
         self.scratch = State(seq=self.state.seq, nodes={})
         self._chain: Chain | None = None  # built on first use: a cycle may never place anything
 
@@ -372,6 +378,20 @@ class Simulation:
             self.ledger.charge(job.spec.queue, key, -sign * per_worker * len(slots))
 
     # -- placing the beneficiary ------------------------------------------------------------------
+
+    def proposed(self, target: Target, found: Found) -> None:
+        """Add a proposal to the rule's view as the fold will read it once it is logged: its
+        victims give their quota back, shrinks their top ranks', and a queued beneficiary takes
+        what it needs."""
+        for job in found.whole:
+            preemption.release(self.rules, job)
+        for job, keep in found.shrinks:
+            key, per_worker = charge_of(self.rules, job)
+            adm = job.admission
+            if key is not None and adm is not None and adm.replicas > keep:
+                self.rules.charge(job.spec.queue, key, -per_worker * (adm.replicas - keep))
+        if target.need and target.key is not None and self.rules.has_queue(target.job.spec.queue):
+            self.rules.charge(target.job.spec.queue, target.key, target.need)
 
     def place(self, target: Target) -> Placement | None:
         """Place ``target`` on the snapshot (taking its GPUs and quota) if it fits now."""

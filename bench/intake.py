@@ -70,8 +70,12 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as store:
         passwords = identities.ensure(f"{store}/credentials.json", [TENANT])
         async with EmbeddedServer(f"{store}/nats", users=identities.users(passwords)) as server:
-            services = identities.login(passwords, identities.SERVICES)
-            log = await JetStreamLog.connect(server.url, create=True, **services)
+            admin = identities.login(passwords, identities.ADMIN)
+            setup = await JetStreamLog.connect(
+                server.url, create=True, inbox_prefix=identities.inbox_prefix(identities.ADMIN), **admin
+            )
+            await setup.close()  # the administrator configures the stream; the services append
+            log = await JetStreamLog.connect(server.url, **identities.login(passwords, identities.SERVICES))
             intake_log = await intake_connect(server.url, **identities.login(passwords, identities.INTAKE))
             intake = Intake(intake_log)
             stop = asyncio.Event()

@@ -833,6 +833,58 @@ def test_after_every_record_each_gpus_holders_are_the_jobs_that_hold_it(records:
         check_holders(state)
 
 
+@st.composite
+def preemptions_of_running_jobs(draw: st.DrawFn) -> list[Record]:
+    """The base jobs all running, then preemptions and shrinks any writer might propose, between
+    any of them, mixed with the rest of the plausible events."""
+    lane: list[Event] = []
+    for j, node in JOBS.items():
+        claim = _claim_for(j, draw(st.integers(0, 2)), draw(st.sampled_from([0, 4])))
+        lane += [
+            _admitted(j, 0),
+            JobsPlaced(based_on=0, now=_T, placements=(Placement(j, 0, (WorkerSlot(0, node, (claim,)),)),)),
+            WorkerStarted(node=node, job_id=j, attempt=0, rank=0),
+        ]
+    stops = st.builds(
+        lambda b, v: PreemptionRequested(
+            based_on=0, now=_T, beneficiary=b, victims=(Victim(v, 0),), deadline=_T
+        ),
+        job_ids,
+        job_ids,
+    )
+    lane += draw(st.lists(st.one_of(stops, plausible_events), min_size=1, max_size=8))
+    return _records([_home(ev) for ev in lane])
+
+
+@FAST
+@given(st.one_of(preemptions_of_running_jobs(), logs, st.permutations(STORY), st.permutations(GANG_STORY)))
+def test_no_writer_stops_a_job_the_rules_protect(records: list[Record]) -> None:
+    """Whatever preemptions and shrinks any writer proposes, a job is stopped (or shrunk) for
+    another only if it may be preempted, and the other is of its queue with a higher priority or
+    of a queue of its cohort tree. Judged without the rule's code: the queues of these logs are
+    each their own tree, so no job is ever stopped for another queue's."""
+    from corral.projections.fold import apply
+
+    state = State()
+    for i, r in enumerate(records):
+        before = {
+            j.id: (j.preempted_for, j.priority, j.spec.queue, j.spec.preemptible) for j in state.jobs.values()
+        }
+        apply(state, msgspec.structs.replace(r, seq=i + 1))
+        for stopped in state.jobs.values():
+            was = before.get(stopped.id)
+            if not stopped.preempted_for or was is None or was[0] == stopped.preempted_for:
+                continue
+            _, priority, queue, preemptible = was
+            beneficiary = state.jobs[stopped.preempted_for]
+            cohorts = {state.queues[q].cohort for q in (queue, beneficiary.spec.queue) if q in state.queues}
+            assert preemptible, (stopped.id, "may not be preempted")
+            if beneficiary.spec.queue == queue:
+                assert priority < beneficiary.priority, (stopped.id, beneficiary.id)
+            else:
+                assert None not in cohorts and len(cohorts) == 1, (stopped.id, beneficiary.id, cohorts)
+
+
 @FAST
 @given(st.one_of(logs, st.permutations(STORY), st.permutations(GANG_STORY)))
 def test_a_refused_record_changes_nothing_but_the_rejection_books(records: list[Record]) -> None:

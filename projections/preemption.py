@@ -110,8 +110,8 @@ def planning_ledger(state: State) -> Ledger:
     """The quota the rule reads: the state's, as it will stand once the stops under way are done.
     A job being preempted (checkpointing) has given its quota back, and each job a stop is for
     (of one under way, or done and not yet requeued), while it is queued, has taken what it would
-    be admitted with. (A shrink gives quota back at
-    once, in the state itself.)"""
+    be admitted with. (A shrink gives quota back at once, in the state itself.) It walks the jobs:
+    the fold calls it once per preemption or shrink proposed, the preemptor once per cycle."""
     ledger = Ledger.from_state(state)
     waiting: set[str] = set()
     for job in state.jobs.values():

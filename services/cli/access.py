@@ -128,7 +128,9 @@ def ask(url: str, login: Login, question: str, job: str = "") -> dict[str, Any]:
     return asyncio.run(run())
 
 
-async def open_log(url: str, login: Login | None = None) -> JetStreamLog:
+async def open_log(url: str, login: Login | None = None, *, create: bool = False) -> JetStreamLog:
+    """The log at ``url``; ``create``: make the stream if it is not there (only a command that
+    sets a log up does, and only a login that may configure streams can)."""
     from corral.events.jetstream import JetStreamLog
 
     async def quiet(e: Exception) -> None:
@@ -140,6 +142,7 @@ async def open_log(url: str, login: Login | None = None) -> JetStreamLog:
             JetStreamLog.connect(
                 url,
                 **creds,
+                create=create,
                 connect_timeout=3,
                 allow_reconnect=False,
                 max_reconnect_attempts=1,

@@ -340,7 +340,8 @@ def cmd_log_import(args: argparse.Namespace) -> None:
     needs_log("log import", login)
 
     async def run() -> int:
-        log = await open_log(server_url(args.server), login)
+        # Importing sets a log up: into a server with no corral yet, the stream is made.
+        log = await open_log(server_url(args.server), login, create=True)
         try:
             items = [Append(r.subject, r.data, headers=r.headers) for r in records]
             results = await log.append_many(items)

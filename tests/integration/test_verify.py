@@ -5,6 +5,7 @@ by hand, does not, and the report names that decision."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
@@ -21,6 +22,7 @@ from corral.services.cli.up import cluster, connect, service_roles
 from corral.services.cli.watch import Watcher
 from corral.services.replay.report import format_report
 from corral.services.replay.verify import verify
+from tests.builders import LogBuilder, job
 
 NODES = 3  # 8×H100 each: 24 GPUs, less than the teams' quota, so some admitted jobs must wait
 TEAMS = ("team-a", "team-b")
@@ -160,3 +162,21 @@ async def test_a_live_log_verifies_clean_and_changes_to_it_are_reported(tmp_path
     assert d.producers == ["operator@laptop"]
     assert "written by operator@laptop, not by the placer service" in d.changes[0]
     assert any(c.startswith(f"job {waiting.id}: placed in the log") for c in d.changes), d.changes
+
+
+async def test_an_exported_log_imports_into_a_server_with_no_corral(tmp_path: Path) -> None:
+    """A log file from a bug report goes into a bare nats-server, stream and all, and reads back
+    as it was written."""
+    from corral.services.cli.main import main
+
+    lb = LogBuilder().queues("team-a").submit("alice", "j1", job()).accept("j1")
+    path = tmp_path / "log.jsonl"
+    logfile.write(path, lb.records)
+    async with EmbeddedServer(tmp_path / "nats") as server:
+        await asyncio.to_thread(main, ["log", "import", str(path), "--server", server.url])
+        log = await connect(server.url)
+        try:
+            back = await _read_all(log)
+        finally:
+            await log.close()
+    assert [(r.subject, r.data) for r in back] == [(r.subject, r.data) for r in lb.records]

@@ -86,10 +86,10 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
             raise voided(ev.beneficiary, f"victim {v.job_id} is not at attempt {v.attempt}")
         if job.phase not in ("placed", "starting", "running"):
             raise voided(ev.beneficiary, f"victim {v.job_id} is {job.phase}")
-        why = preemption.may_stop(state, job, beneficiary, ctx.time)
-        if why is not None:
-            raise voided(ev.beneficiary, f"victim {why}")
         victims.append(job)
+    why = preemption.may_stop(state, victims, beneficiary, ctx.time)
+    if why is not None:
+        raise voided(ev.beneficiary, f"victim {why}")
     for job in victims:
         move(state, job, "preempt", ctx)
         job.preemptions += 1
@@ -109,7 +109,7 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     job = state.jobs.get(ev.job_id)
     if job is None or job.attempt != ev.attempt or job.phase != "running":
         raise voided(ev.job_id, f"{ev.job_id} is not running at attempt {ev.attempt}")
-    why = preemption.may_stop(state, job, beneficiary, ctx.time)
+    why = preemption.may_stop(state, [job], beneficiary, ctx.time)
     if why is not None:
         raise voided(ev.job_id, why)
     lo, adm = job.spec.min_replicas, job.admission

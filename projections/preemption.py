@@ -22,7 +22,7 @@ two read every proposal the same way.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from corral.projections import quota, thrash
 from corral.projections.quota import Ledger
@@ -135,18 +135,24 @@ def release(ledger: Ledger, job: JobState) -> None:
             ledger.charge(job.spec.queue, key, -milli)
 
 
-def may_stop(state: State, victim: JobState, beneficiary: JobState, now: float) -> str | None:
-    """Why the fold may not let ``victim`` give up GPUs for ``beneficiary`` at ``now``; None if
-    some setting of the preemptor could have chosen it."""
-    why = protected(state, victim, now)
-    if why is not None:
-        return why
+def may_stop(state: State, victims: Sequence[JobState], beneficiary: JobState, now: float) -> str | None:
+    """Why the fold may not let one of ``victims`` give up GPUs for ``beneficiary`` at ``now``;
+    None if some setting of the preemptor could have chosen them all. The quota view is built
+    once for the record, whatever the number of victims."""
+    for victim in victims:
+        why = protected(state, victim, now)
+        if why is not None:
+            return why
     ledger = planning_ledger(state)
     key, reclaim = claim(state, ledger, beneficiary)
     queue = beneficiary.spec.queue
     borrowing = {q for q, _ in ledger.borrowers(queue, key)} if key and ledger.has_queue(queue) else set()
-    if eligible(victim, charged_key(ledger, victim), beneficiary, key, borrowing=borrowing, reclaim=reclaim):
-        return None
-    if victim.spec.queue == queue:
-        return f"{victim.id} is not of lower priority than {beneficiary.id} in queue {queue}"
-    return f"{victim.id} of queue {victim.spec.queue} borrows nothing {beneficiary.id} of {queue} may take"
+    for victim in victims:
+        victim_key = charged_key(ledger, victim)
+        if eligible(victim, victim_key, beneficiary, key, borrowing=borrowing, reclaim=reclaim):
+            continue
+        if victim.spec.queue == queue:
+            return f"{victim.id} is not of lower priority than {beneficiary.id} in queue {queue}"
+        borrower = f"{victim.id} of queue {victim.spec.queue}"
+        return f"{borrower} borrows nothing {beneficiary.id} of {queue} may take"
+    return None

@@ -5,9 +5,15 @@ Admin requests arrive on ``corral.in.admin.<verb>``; only the admin identity may
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from corral.events.base import Int, Request
+
+WithinQueue = Literal["never", "lower-priority", "lower-or-newer-equal-priority"]
+ReclaimWithinCohort = Literal["never", "lower-priority", "any"]
+BorrowWithinCohort = Literal["never", "lower-priority"]
 
 
 class Quota(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
@@ -19,6 +25,29 @@ class Quota(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_un
     lending_limit: Int | None = None
 
 
+class PreemptionPolicy(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
+    """Whom a queue's waiting jobs may stop (Kueue's ClusterQueue ``preemption``; the
+    defaults differ: corral preempts by checkpoint, so stopping work costs little).
+
+    - ``within_queue``: jobs of the same queue, of a lower priority (``lower-priority``), also
+      of equal priority submitted later (``lower-or-newer-equal-priority``), or none (``never``);
+    - ``reclaim_within_cohort``: jobs of other queues of the cohort tree that hold quota lent by
+      the job's side of the tree, when the job's side stays within its own quota with it
+      (it takes back what it lent): of any priority (``any``), a lower one, or none;
+    - ``borrow_within_cohort``: jobs of other queues that borrow, when the job itself would
+      borrow: of a lower priority (``lower-priority``), and with ``borrow_priority_threshold``
+      only those of that priority or below; or none (``never``).
+    """
+
+    within_queue: WithinQueue = "lower-priority"
+    reclaim_within_cohort: ReclaimWithinCohort = "any"
+    borrow_within_cohort: BorrowWithinCohort = "lower-priority"
+    borrow_priority_threshold: Int | None = None
+
+
+DEFAULT_PREEMPTION = PreemptionPolicy()
+
+
 class QueueSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
     name: str
     cohort: str | None = None
@@ -26,6 +55,7 @@ class QueueSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbi
     weight: float = 1.0
     tenants: tuple[str, ...] = ()
     strategy: str = "best-effort-fifo"
+    preemption: PreemptionPolicy = DEFAULT_PREEMPTION
 
 
 class CohortSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):

@@ -109,7 +109,7 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     job = state.jobs.get(ev.job_id)
     if job is None or job.attempt != ev.attempt or job.phase != "running":
         raise voided(ev.job_id, f"{ev.job_id} is not running at attempt {ev.attempt}")
-    why = preemption.may_stop(state, [job], beneficiary, ctx.time)
+    why = preemption.may_stop(state, [job], beneficiary, ctx.time, keep=ev.replicas)
     if why is not None:
         raise voided(ev.job_id, why)
     lo, adm = job.spec.min_replicas, job.admission

@@ -4,26 +4,28 @@ A running job (or an elastic job's top ranks) may be stopped for a beneficiary o
 
 - it may be preempted at all: its spec and its priority class say so, and its class's
   anti-thrash guards (``thrash``) do not protect it at that moment;
-- and it is of the beneficiary's queue with a lower priority; or of another queue of the
-  beneficiary's cohort tree that borrows (holds more than its nominal quota) on the quota key
-  the beneficiary needs, charged on that key itself, and either the beneficiary's queue stays
-  within its nominal with the beneficiary (it reclaims what it lent: any priority, if reclaim
-  across priorities is allowed) or the victim's priority is lower (and preempting to borrow is
-  allowed, or the beneficiary reclaims).
+- and the beneficiary's queue's preemption policy (``PreemptionPolicy``) allows it:
+  a job of the beneficiary's own queue by ``within_queue`` (lower priority; or also equal
+  priority submitted later); a job of another queue of the cohort tree only if it holds quota
+  lent by the beneficiary's side of the tree (``Ledger.borrows_from``: it holds more than its
+  nominal, and so does its side below the cohort where the two meet) on the key the beneficiary
+  needs, and then by ``reclaim_within_cohort`` when the beneficiary's side stays within its own
+  quota once the record's victims are gone (it takes back what it lent), else by
+  ``borrow_within_cohort`` (a lower priority, at most the threshold).
 
-The preemptor applies it with its settings (``any_priority``, ``borrow``); the fold with both
-allowed, so that it voids exactly what no setting of the preemptor could propose: a job of another
-tree, of a queue that does not borrow, of a queue's own equal or higher priority, or protected.
-Quota and priorities are read at the fold's position in the log, guards at its log time, and
-quota as it will stand once the stops under way are done (``planning_ledger``): the preemptor
-plans each cycle on that view, and adds each of its proposals to it as the fold will, so that the
-two read every proposal the same way.
+Whether the beneficiary reclaims is judged with every victim of the record gone, its own queue's
+too: a job that is back within its nominal after stopping its queue's lower-priority work takes
+back what it lent in the same proposal. Quota and priorities are read at the fold's position in
+the log, guards at its log time, and quota as it will stand once the stops under way are done
+(``planning_ledger``): the preemptor plans each cycle on that view, and adds each of its
+proposals to it as the fold will, so that the two read every proposal the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
+from corral.events.queues import DEFAULT_PREEMPTION, PreemptionPolicy
 from corral.projections import quota, thrash
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
@@ -44,29 +46,51 @@ def protected(state: State, job: JobState, now: float) -> str | None:
 
 
 def eligible(
+    policy: PreemptionPolicy,
     victim: JobState,
     victim_key: str | None,
     beneficiary: JobState,
     key: str | None,
     *,
-    borrowing: Collection[str],
-    reclaim: bool,
-    any_priority: bool = True,
-    borrow: bool = True,
+    lent: bool,
+    reclaims: bool,
 ) -> bool:
-    """The queue-and-priority part, for a victim charged on ``victim_key``, a beneficiary that
-    needs ``key`` (``reclaim``: its queue stays within its nominal with it) and the queues of its
-    tree that ``borrowing`` on ``key`` now."""
+    """The queue-and-priority part, under the beneficiary's queue's ``policy``, for a victim
+    charged on ``victim_key`` and a beneficiary that needs ``key``. ``lent``: the victim's queue
+    holds quota of ``key`` lent by the beneficiary's side (``Ledger.borrows_from``, before any
+    stop); ``reclaims``: the beneficiary's side stays within its own quota with it once the
+    proposal's victims are gone (``Ledger.within_own``)."""
     if victim.id == beneficiary.id:
         return False
-    lower = victim.priority < beneficiary.priority
+    vp, bp = victim.priority, beneficiary.priority
     if victim.spec.queue == beneficiary.spec.queue:
-        return lower
-    if key is None or victim_key != key or victim.spec.queue not in borrowing:
+        within = policy.within_queue
+        if within == "never":
+            return False
+        newer = within == "lower-or-newer-equal-priority" and victim.submitted_seq > beneficiary.submitted_seq
+        return vp < bp or (vp == bp and newer)
+    if key is None or victim_key != key or not lent:
         return False
-    if reclaim and any_priority:
-        return True
-    return lower and (reclaim or borrow)
+    if reclaims:
+        reclaim = policy.reclaim_within_cohort
+        if reclaim == "any" or (reclaim == "lower-priority" and vp < bp):
+            return True
+    return may_borrow_over(policy, vp, bp)
+
+
+def may_borrow_over(policy: PreemptionPolicy, victim_priority: int, beneficiary_priority: int) -> bool:
+    """Whether a beneficiary that would borrow may stop a borrower of this priority."""
+    threshold = policy.borrow_priority_threshold
+    return (
+        policy.borrow_within_cohort == "lower-priority"
+        and victim_priority < beneficiary_priority
+        and (threshold is None or victim_priority <= threshold)
+    )
+
+
+def policy_of(state: State, job: JobState) -> PreemptionPolicy:
+    q = state.queues.get(job.spec.queue)
+    return DEFAULT_PREEMPTION if q is None else q.preemption
 
 
 def demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | None:
@@ -82,20 +106,14 @@ def demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | Non
     return key, per_worker * replicas
 
 
-def claim(state: State, ledger: Ledger, job: JobState) -> tuple[str | None, bool]:
-    """The quota key a beneficiary holds or would be admitted on, and whether its queue stays
-    within its nominal with it there (it reclaims)."""
-    q = job.spec.queue
+def claim(state: State, ledger: Ledger, job: JobState) -> tuple[str | None, int]:
+    """The quota key a beneficiary holds or would be admitted on, and what it still needs there
+    (0 once it holds its admission)."""
     adm = job.admission
     if adm is not None and job.phase != "queued":
-        key = next(iter(adm.gpus)) if len(adm.gpus) == 1 else None
-        reclaim = key is not None and ledger.has_queue(q) and ledger.used(q, key) <= ledger.nominal(q, key)
-        return key, reclaim
+        return (next(iter(adm.gpus)) if len(adm.gpus) == 1 else None), 0
     found = demand(state, ledger, job)
-    if found is None:
-        return None, False
-    key, need = found
-    return key, ledger.used(q, key) + need <= ledger.nominal(q, key)
+    return (None, 0) if found is None else found
 
 
 def charged_key(ledger: Ledger, job: JobState) -> str | None:
@@ -135,24 +153,40 @@ def release(ledger: Ledger, job: JobState) -> None:
             ledger.charge(job.spec.queue, key, -milli)
 
 
-def may_stop(state: State, victims: Sequence[JobState], beneficiary: JobState, now: float) -> str | None:
-    """Why the fold may not let one of ``victims`` give up GPUs for ``beneficiary`` at ``now``;
-    None if some setting of the preemptor could have chosen them all. The quota view is built
-    once for the record, whatever the number of victims."""
+def may_stop(
+    state: State, victims: Sequence[JobState], beneficiary: JobState, now: float, keep: int | None = None
+) -> str | None:
+    """Why the fold may not let ``victims`` give up GPUs for ``beneficiary`` at ``now`` (all of
+    their GPUs, or, with ``keep``, all but their first ``keep`` workers); None if the
+    beneficiary's queue's policy allows every one. The quota view is built once for the record,
+    whatever the number of victims."""
     for victim in victims:
         why = protected(state, victim, now)
         if why is not None:
             return why
     ledger = planning_ledger(state)
-    key, reclaim = claim(state, ledger, beneficiary)
+    key, need = claim(state, ledger, beneficiary)
     queue = beneficiary.spec.queue
-    borrowing = {q for q, _ in ledger.borrowers(queue, key)} if key and ledger.has_queue(queue) else set()
-    for victim in victims:
-        victim_key = charged_key(ledger, victim)
-        if eligible(victim, victim_key, beneficiary, key, borrowing=borrowing, reclaim=reclaim):
+    policy = policy_of(state, beneficiary)
+    charged = [(v, charged_key(ledger, v)) for v in victims]
+    lent = {v.id: k is not None and ledger.borrows_from(v.spec.queue, queue, k) for v, k in charged}
+    for victim, victim_key in charged:  # what the record frees, for whether the beneficiary reclaims
+        if victim_key is not None:
+            milli = quota.worker_milli(victim.spec.resources, victim_key)
+            adm = victim.admission
+            stopping = adm.replicas if adm is not None and keep is None else 0
+            if adm is not None and keep is not None:
+                stopping = max(0, adm.replicas - keep)
+            ledger.charge(victim.spec.queue, victim_key, -milli * stopping)
+    for victim, victim_key in charged:
+        reclaims = key is not None and ledger.has_queue(queue) and ledger.within_own(
+            queue, victim.spec.queue, key, need
+        )  # fmt: skip
+        if eligible(policy, victim, victim_key, beneficiary, key, lent=lent[victim.id], reclaims=reclaims):
             continue
         if victim.spec.queue == queue:
-            return f"{victim.id} is not of lower priority than {beneficiary.id} in queue {queue}"
+            rule = policy.within_queue
+            return f"{victim.id} may not be stopped for {beneficiary.id} in queue {queue} (within: {rule})"
         borrower = f"{victim.id} of queue {victim.spec.queue}"
-        return f"{borrower} borrows nothing {beneficiary.id} of {queue} may take"
+        return f"{borrower} holds nothing {beneficiary.id} of {queue} may take back or borrow over"
     return None

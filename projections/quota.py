@@ -152,7 +152,9 @@ def key_name(key: str) -> str:
 class _Node:
     """A queue (leaf) or a cohort of the tree, with its per-key arithmetic in milli-GPU."""
 
-    __slots__ = ("name", "is_queue", "parent", "children", "quotas", "subtree", "guaranteed", "usage")
+    __slots__ = (
+        "name", "is_queue", "parent", "children", "quotas", "subtree", "guaranteed", "usage", "own", "held",
+    )  # fmt: skip
 
     def __init__(self, name: str, is_queue: bool, quotas: Mapping[str, Quota]) -> None:
         self.name = name
@@ -163,6 +165,8 @@ class _Node:
         self.subtree: dict[str, int] = {}
         self.guaranteed: dict[str, int] = {}
         self.usage: dict[str, int] = {}
+        self.own: dict[str, int] = {}  # nominal quota of the whole subtree, lent or not
+        self.held: dict[str, int] = {}  # what the subtree's queues hold, borrowed or not
 
     def root(self) -> _Node:
         n = self
@@ -244,6 +248,7 @@ class Ledger:
                 own = n.quotas.get(k, _NO_QUOTA)
                 sub = own.nominal * WHOLE + sum(c.subtree[k] - c.guaranteed[k] for c in n.children)
                 n.subtree[k] = sub
+                n.own[k] = own.nominal * WHOLE + sum(c.own[k] for c in n.children)
                 ll = own.lending_limit
                 n.guaranteed[k] = max(0, sub - ll * WHOLE) if ll is not None and n.parent else 0
 
@@ -381,17 +386,80 @@ class Ledger:
     def borrowers(self, queue: str, key: str, exclude: bool = True) -> list[tuple[str, int]]:
         """Queues of ``queue``'s tree holding more than their nominal (itself too unless
         ``exclude``), biggest first."""
+        out = [
+            (n.name, n.usage.get(key, 0) - n.quotas.get(key, _NO_QUOTA).nominal * WHOLE)
+            for n in self._tree(queue)
+            if not (exclude and n.name == queue)
+        ]
+        return sorted(((name, b) for name, b in out if b > 0), key=lambda x: (-x[1], x[0]))
+
+    def lenders_to(self, queue: str, key: str) -> list[str]:
+        """The queues of ``queue``'s tree that hold quota of ``key`` lent by ``queue``'s side
+        (``borrows_from``), by name."""
+        return sorted(n.name for n in self._tree(queue) if self.borrows_from(n.name, queue, key))
+
+    def _tree(self, queue: str) -> list[_Node]:
         root = self._queues[queue].root()
         if self._trees is None:
             self._trees = {}
             for n in self._queues.values():
                 self._trees.setdefault(n.root(), []).append(n)
-        out = [
-            (n.name, n.usage.get(key, 0) - n.quotas.get(key, _NO_QUOTA).nominal * WHOLE)
-            for n in self._trees[root]
-            if not (exclude and n.name == queue)
-        ]
-        return sorted(((name, b) for name, b in out if b > 0), key=lambda x: (-x[1], x[0]))
+        return self._trees[root]
+
+    def sides(self, queue: str, other: str) -> tuple[_Node, _Node] | None:
+        """The two sides of the cohort tree two queues meet in: the children of their lowest
+        common cohort that hold ``queue`` and ``other`` (the queues themselves when they share a
+        cohort); None for one queue, or queues of different trees."""
+        start = self._queues.get(queue)
+        if start is None or queue == other:
+            return None
+        below: dict[_Node, _Node] = {}  # each cohort above ``queue`` -> its child on the way up
+        n: _Node | None = start.parent
+        child = start
+        while n is not None:
+            below[n] = child
+            child = n
+            n = n.parent
+        m, theirs = self._queues.get(other), None
+        while m is not None:
+            if m in below and theirs is not None:
+                return below[m], theirs
+            m, theirs = m.parent, m
+        return None
+
+    def borrows_from(self, holder: str, queue: str, key: str) -> bool:
+        """Whether ``holder`` holds quota of ``key`` lent by ``queue``'s side of the tree: it holds
+        more than its own nominal, and so does its side (the queues below the cohort the two
+        meet in, on its branch), so the excess came from the other side's quota."""
+        sides = self.sides(queue, holder)
+        if sides is None:
+            return False
+        theirs = sides[1]
+        node = self._queues[holder]
+        return node.usage.get(key, 0) > node.own.get(key, 0) and _held(theirs, key) > theirs.own.get(key, 0)
+
+    def within_own(self, queue: str, holder: str, key: str, extra: int, freed: int = 0) -> bool:
+        """Whether ``queue``'s side of the tree, against ``holder``'s, stays within its own nominal
+        quota holding ``extra`` more and ``freed`` less: it would take back only what it lent."""
+        sides = self.sides(queue, holder)
+        if sides is None:
+            return False
+        mine = sides[0]
+        return _held(mine, key) + extra - freed <= mine.own.get(key, 0)
+
+    def side_of(self, queue: str, holder: str) -> set[str]:
+        """The queues on ``queue``'s side of the tree against ``holder`` (see ``sides``)."""
+        sides = self.sides(queue, holder)
+        if sides is None:
+            return set()
+        out: set[str] = set()
+        stack = [sides[0]]
+        while stack:
+            n = stack.pop()
+            if n.is_queue:
+                out.add(n.name)
+            stack.extend(n.children)
+        return out
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -401,6 +469,10 @@ class Ledger:
         old = n.usage.get(key, 0)
         new = old + milli
         n.usage[key] = new
+        up: _Node | None = n.parent
+        while up is not None:
+            up.held[key] = up.held.get(key, 0) + milli
+            up = up.parent
         # The arithmetic of the module docstring, without calls to max: this runs per charge.
         while n.parent is not None:
             g = n.guaranteed.get(key, 0)
@@ -524,6 +596,10 @@ class Ledger:
         if cohort is None:
             return f"{text}; no cohort to borrow from"
         return f"{text}; cohort {cohort} has {fmt_gpus(max(0, self.from_cohort(queue, key)))} to lend"
+
+
+def _held(n: _Node, key: str) -> int:
+    return n.usage.get(key, 0) if n.is_queue else n.held.get(key, 0)
 
 
 def _depth(n: _Node) -> int:

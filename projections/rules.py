@@ -20,4 +20,7 @@ from __future__ import annotations
 # 3: the fold stops a job for another only by the preemptor's own rule (projections.preemption):
 #    another queue's job only while that queue borrows, never one its class's guards protect.
 # 4: a rejection of a batch decision says which of its items were void, and why, as data.
-RULES = 4
+# 5: who may be stopped for whom follows the beneficiary's queue's preemption policy; a lender
+#    takes back lent quota counting the record's own-queue victims as gone, and the sides of a
+#    cohort tree two queues meet in decide who lent to whom.
+RULES = 5

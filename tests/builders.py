@@ -56,7 +56,14 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.events.queues import ApplyQueue, DeleteQueue, QueueSpec, Quota
+from corral.events.queues import (
+    DEFAULT_PREEMPTION,
+    ApplyQueue,
+    DeleteQueue,
+    PreemptionPolicy,
+    QueueSpec,
+    Quota,
+)
 from corral.projections import quota
 from corral.projections.fold import fold
 from corral.projections.state import JobState, State
@@ -156,9 +163,11 @@ def queue_spec(
     borrowing_limit: int | None = None,
     lending_limit: int | None = None,
     key: str = quota.ANY,
+    preemption: PreemptionPolicy = DEFAULT_PREEMPTION,
 ) -> QueueSpec:
     """A queue with one quota key (any model unless ``key`` names one)."""
-    return QueueSpec(name, cohort=cohort, quotas={key: Quota(nominal, borrowing_limit, lending_limit)})
+    quotas = {key: Quota(nominal, borrowing_limit, lending_limit)}
+    return QueueSpec(name, cohort=cohort, quotas=quotas, preemption=preemption)
 
 
 def admission(

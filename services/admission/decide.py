@@ -22,13 +22,20 @@ own jobs is projected from when they end (``projections.holds.quota_end``; a job
 job that the hold would keep out.
 
 Nominations. A preemption frees quota for its beneficiary (the job its victims' ``preempted_for``
-names), and nobody else may take it meanwhile. While some victims of a waiting beneficiary still
-checkpoint, those already stopped stay stopped (not requeued) and their quota stays charged
-here; once none checkpoints, they are all requeued in one cycle, and in that cycle the queued
-beneficiaries of victims still stopping or stopped are admitted before the fair-share order.
-A stopped victim keeps its GPUs identifiable meanwhile (the placer keeps them for the
-beneficiary); how long it stays stopped is bounded by the preemption's deadline, by which every
-victim has stopped.
+names), and nobody else may take it meanwhile. While some victims of a queued beneficiary still
+checkpoint (or shrink), what the beneficiary will be admitted with is charged here on top of
+what the victims still hold: the quota the preemptor counted on, the victims' and what was free
+besides, so that no newcomer takes it; and victims already stopped stay stopped (not requeued),
+their quota charged, so that the placer keeps their GPUs for the beneficiary. Once none
+checkpoints, they are all requeued in one cycle, and in that cycle the queued beneficiaries of
+stopped victims are admitted before the fair-share order. How long a victim stays stopped is
+bounded by the preemption's deadline, by which every victim has stopped.
+
+Lending holds. A queue whose first waiting job would be within its nominal quota but does not
+fit, because other queues borrow what it lent, keeps that share from being lent again for the
+rest of the cycle (Kueue's reservation for a lender that cannot be sure to reclaim; here for
+every policy, so that borrowers are not admitted into quota the preemptor is about to take back
+for it, and stopped again).
 
 Reasons. The first ``config.detail`` waiting jobs of each queue carry figures ("needs 8 H100;
 queue team-a at its nominal 16/16 H100; cohort org has 0 to lend; position 3 of 7; would fit
@@ -44,6 +51,7 @@ beneficiary nominates it, as a checkpointing victim does.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -112,16 +120,16 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
                 in_order = False
             last_seq = job.submitted_seq
         elif phase in HOLDS_QUOTA:
-            held = ledger.hold(job)
             fair.remember(job)
+            if phase == "checkpointing" and job.preempted_for:
+                stopping.add(job.preempted_for)
+            held = ledger.hold(job)
             if held is not None:
                 holders.setdefault((job.spec.queue, held[0]), []).append(
                     (job.priority, held[1], preemption.preemptible(state, job))
                 )
                 ends.setdefault((job.spec.queue, held[0]), []).append((quota_end(job, now), held[1]))
-            if phase == "checkpointing" and job.preempted_for:
-                stopping.add(job.preempted_for)
-            elif phase == "running" and job.spec.min_replicas is not None:
+            if phase == "running" and job.spec.min_replicas is not None:
                 elastic.append(job)
                 if job.preempted_for and job.leaving:  # shrinking for a beneficiary
                     stopping.add(job.preempted_for)
@@ -146,9 +154,21 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         as_queued = msgspec.structs.replace(job, phase="queued", priority=prio, reasons=())
         waiting[job.spec.queue].append(as_queued)
 
-    # 2. Send stopped jobs back to their queue for their next attempt, but for victims kept
-    # stopped for a beneficiary (see Nominations), whose quota stays charged.
+    # 2. Hold what the queued beneficiaries of stops under way will be admitted with, all the
+    # preemptor counted on (the victims' quota and what was free besides), on top of what the
+    # victims still hold until they are gone. Send stopped jobs back to their queue for their
+    # next attempt, but for victims kept stopped for a beneficiary (see Nominations), whose
+    # quota stays charged.
+    for job_id in sorted(stopping):
+        beneficiary = state.jobs.get(job_id)
+        if beneficiary is not None and beneficiary.phase == "queued":
+            found = preemption.demand(state, ledger, beneficiary)
+            if found is not None:
+                ledger.charge(beneficiary.spec.queue, *found)
+            queue = beneficiary.spec.queue
+            waiting[queue] = [j for j in waiting.get(queue, ()) if j.id != job_id]
     stopped, nominated = _nominations(state, stopped, stopping, ledger, ends, now)
+    nominated -= stopping
     stopped.sort(key=lambda j: (j.submitted_seq, j.id))
     for job in stopped:
         reason = _requeue_reason(job)
@@ -172,7 +192,8 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     for adm in first:
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, sorted_already)
-    admissions = first + _admit(order, ledger, config.max_admissions - len(first), now, ends)
+    lending_holds: list[tuple[str, str, int]] = []
+    admissions = first + _admit(order, ledger, config.max_admissions - len(first), now, ends, lending_holds)
     grown = growths(state, ledger, elastic, waiting, admissions) if config.grow else []
     if admissions or grown:
         events.append(
@@ -271,7 +292,14 @@ def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger) -> Admissi
 # -- 4. admission ----------------------------------------------------------------------------------
 
 
-def _admit(order: FairShareOrder, ledger: Ledger, cap: int, now: float, ends: _Ends) -> list[Admission]:
+def _admit(
+    order: FairShareOrder,
+    ledger: Ledger,
+    cap: int,
+    now: float,
+    ends: _Ends,
+    lending_holds: list[tuple[str, str, int]],
+) -> list[Admission]:
     out: list[Admission] = []
     while len(out) < cap and (cur := order.pop()) is not None:
         job = cur.head
@@ -287,7 +315,7 @@ def _admit(order: FairShareOrder, ledger: Ledger, cap: int, now: float, ends: _E
             room = cur.room.get(key)
             if room is not None and per_worker * lo > room:
                 continue
-            avail = ledger.available(cur.name, key)
+            avail = _available(ledger, cur.name, key, lending_holds)
             replicas = min(hi, avail // per_worker)
             cur.room[key] = avail
             if held is not None:  # what a job behind the held one may take without delaying it
@@ -304,10 +332,28 @@ def _admit(order: FairShareOrder, ledger: Ledger, cap: int, now: float, ends: _E
                 order.admitted(cur)
                 break
         else:
-            if held is None and not cur.strict:
-                cur.hold = hold(ledger, cur.name, job, ends.get((cur.name, demands[0][0]), []), now)
+            if held is None:
+                found = hold(ledger, cur.name, job, ends.get((cur.name, demands[0][0]), []), now)
+                if found is not None:
+                    if ledger.used(cur.name, found.key) + found.need <= ledger.nominal(cur.name, found.key):
+                        lending_holds.append((cur.name, found.key, found.need))
+                    if not cur.strict:  # a strict queue goes no further than its head anyway
+                        cur.hold = found
             order.passed(cur)
     return out
+
+
+def _available(ledger: Ledger, queue: str, key: str, lending_holds: list[tuple[str, str, int]]) -> int:
+    """What ``queue`` may still take of ``key``, other queues' lending holds kept: each as if its
+    held job were admitted (a queue's own hold is ``Hold.spare``'s, which lets jobs that end in
+    time go first)."""
+    others = [(q, milli) for q, k, milli in lending_holds if k == key and q != queue]
+    for q, milli in others:
+        ledger.charge(q, key, milli)
+    avail = ledger.available(queue, key)
+    for q, milli in others:
+        ledger.charge(q, key, -milli)
+    return avail
 
 
 def _ends_at(ends: _Ends, job: JobState, adm: Admission, now: float) -> None:

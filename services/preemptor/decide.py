@@ -39,11 +39,15 @@ from dataclasses import dataclass, field
 
 from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
+from corral.projections import preemption
 from corral.projections.holds import Hold, hold, quota_ends
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
 from corral.services.preemptor.victims import (
+    COHORT,
+    OWN,
+    Found,
     Pool,
     Simulation,
     Target,
@@ -83,13 +87,6 @@ class Plan:
 class PreemptorConfig:
     placer: PlacerConfig = field(default_factory=PlacerConfig)  # the fit is the placer's own search
     max_beneficiaries: int = 64  # searched per cycle: bounds a cycle over a deep backlog
-    # Borrowed quota is lent on the understanding that it comes back on demand: a queue reclaiming
-    # its nominal share may stop borrowers whatever their priority. False: only lower priority.
-    reclaim_any_priority: bool = True
-    # A queue that would borrow to admit its job may still stop other queues' borrowers of a
-    # lower priority (Kueue's borrowWithinCohort: LowerPriority). False: it may only stop
-    # lower-priority jobs of its own queue.
-    borrow_within_cohort: bool = True
     # Elastic jobs give up their top ranks before anyone is stopped whole. False: they are
     # stopped whole like any other job.
     shrink: bool = True
@@ -172,16 +169,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             holds.note(job)
             continue
         searched += 1
-        units = candidates(
-            target,
-            pool,
-            sim.taken,
-            sim.rules,
-            shrink=config.shrink,
-            any_priority=config.reclaim_any_priority,
-            borrow=config.borrow_within_cohort,
-        )
-        found = search(sim, target, units)
+        found = _search(sim, pool, target, config)
         if found is None:
             hopeless[target.shape()] = job.priority
             if form is not None:
@@ -209,6 +197,20 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             )
         )
     return plans
+
+
+def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig) -> Found | None:
+    """Kueue's attempts, under the beneficiary's queue's policy: first with other queues' jobs
+    that hold what its side lent, borrowers first (those it may borrow over, and those it takes
+    back lent quota from, its side then within its own quota), and its own queue's; then, if
+    that is not enough, its own queue's jobs alone, the beneficiary borrowing."""
+    policy = preemption.policy_of(sim.state, target.job)
+    for mode in (COHORT, OWN):
+        units = candidates(target, pool, sim.taken, sim.rules, policy, mode=mode, shrink=config.shrink)
+        found = search(sim, target, units, policy if mode == COHORT else None)
+        if found is not None:
+            return found
+    return None
 
 
 class _Holds:

@@ -37,13 +37,14 @@ from __future__ import annotations
 import copy
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
 
 from corral.events.base import Reason
 from corral.events.decisions import Placement, WorkerSlot
+from corral.events.queues import PreemptionPolicy
 from corral.projections import claims, preemption, quota
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Chain, Request
@@ -98,15 +99,12 @@ preemptible = preemption.preemptible
 @dataclass(frozen=True, slots=True)
 class Target:
     """A beneficiary as it would hold quota and GPUs: ``job`` carries the admission it holds (or
-    would get), ``need`` the quota still to charge (0 once admitted), ``reclaim`` whether its
-    queue stays within its nominal quota with it, and so may take back what others borrow on
-    ``key`` whatever their priority."""
+    would get), ``need`` the quota still to charge (0 once admitted)."""
 
     job: JobState
     req: Request
     key: str | None
     need: int
-    reclaim: bool
 
     def shape(self) -> tuple[object, ...]:
         """What decides, besides priority, which candidates it has and whether they suffice."""
@@ -115,7 +113,6 @@ class Target:
             self.job.spec.queue,
             self.key,
             self.need,
-            self.reclaim,
             r.need,
             r.selector,
             r.pack,
@@ -127,9 +124,7 @@ class Target:
 def admitted_target(ledger: Ledger, job: JobState) -> Target:
     adm = job.admission
     key = next(iter(adm.gpus)) if adm is not None and len(adm.gpus) == 1 else None
-    q = job.spec.queue
-    reclaim = key is not None and ledger.has_queue(q) and ledger.used(q, key) <= ledger.nominal(q, key)
-    return Target(job, Request.of(job), key, 0, reclaim)
+    return Target(job, Request.of(job), key, 0)
 
 
 def queued_target(state: State, ledger: Ledger, job: JobState) -> Target | None:
@@ -161,8 +156,7 @@ def _as_admitted(state: State, ledger: Ledger, job: JobState, key: str, need: in
     q = job.spec.queue
     adm = quota.admission(state.queues[q], job, replicas=quota.min_replicas(job.spec), key=key)
     as_admitted = msgspec.structs.replace(job, admission=adm)
-    reclaim = ledger.used(q, key) + need <= ledger.nominal(q, key)
-    return Target(as_admitted, Request.of(as_admitted), key, need, reclaim)
+    return Target(as_admitted, Request.of(as_admitted), key, need)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +192,8 @@ class Pool:
                 self.elastic_by_queue.setdefault(h.job.spec.queue, []).append(h)
 
 
-def _order(h: Holder) -> tuple[float, int, int, str]:
-    return h.lost, h.job.priority, -h.job.submitted_seq, h.job.id
+def _order(h: Holder) -> tuple[int, float, int, str]:
+    return h.job.priority, h.lost, -h.job.submitted_seq, h.job.id
 
 
 def charge_of(ledger: Ledger, job: JobState) -> tuple[str | None, int]:
@@ -226,39 +220,50 @@ class Unit:
         return self.holder.job
 
 
+COHORT, OWN = "cohort", "own"  # the search's attempts, in order
+
+
 def candidates(
     target: Target,
     pool: Pool,
     taken: set[str],
     ledger: Ledger,
+    policy: PreemptionPolicy,
     *,
+    mode: str,
     shrink: bool,
-    any_priority: bool,
-    borrow: bool = True,
 ) -> Iterator[Unit]:
-    """The units that may be stopped for ``target``, in the order the search removes them:
-    shrinks, then whole jobs; borrowers before the beneficiary's own queue; then the pool's
-    order. Other queues' borrowers are candidates when the beneficiary reclaims (of any
-    priority if ``any_priority``) and, with ``borrow``, when it would borrow too (of a lower
-    priority only). Lazy: the search usually stops long before the end."""
+    """The units that may be stopped for ``target`` in one attempt of the search, in the order
+    it removes them: shrinks, then whole jobs; other queues' jobs before the beneficiary's own;
+    then the pool's order. The beneficiary's own queue's jobs by the policy's ``within_queue``;
+    with ``COHORT``, also other queues' jobs that hold quota lent by its side
+    (``Ledger.borrows_from``) and that ``borrow_within_cohort`` or ``reclaim_within_cohort``
+    allows (those only the latter allows need the beneficiary within its side's own quota once
+    the victims are gone: ``Simulation.allowed``). Lazy: the search usually stops long before
+    the end."""
     b = target.job
     queue = b.spec.queue
     key = target.key
-    # Whether it reclaims, and which queues of its tree borrow on its key, as the fold will read
-    # them (``ledger`` is the simulation's ``rules``).
-    reclaim = False
-    if key is not None and ledger.has_queue(queue):
-        reclaim = ledger.used(queue, key) + target.need <= ledger.nominal(queue, key)
-    cross = key is not None and (reclaim or borrow)
-    lenders = [q for q, _ in ledger.borrowers(queue, key)] if cross and key is not None else []
+    # Which queues hold what the beneficiary's side lent, as the fold will read them (``ledger``
+    # is the simulation's ``rules``).
+    lenders: list[str] = []
+    if key is not None and mode == COHORT and ledger.has_queue(queue):
+        lenders = ledger.lenders_to(queue, key)
     lending = set(lenders)
 
-    # The rule the fold enforces (``projections.preemption``), under this preemptor's settings.
+    # The rule the fold enforces (``projections.preemption``) under the queue's policy.
+    under: dict[str, bool] = {}  # per other queue: the beneficiary's side is under its own quota now
+
     def may(h: Holder) -> bool:
-        return h.job.id not in taken and preemption.eligible(
-            h.job, h.key, b, key, borrowing=lending, reclaim=reclaim, any_priority=any_priority,
-            borrow=borrow,
-        )  # fmt: skip
+        if h.job.id in taken:
+            return False
+        other = h.job.spec.queue
+        if other not in lending:
+            return preemption.eligible(policy, h.job, h.key, b, key, lent=False, reclaims=False)
+        if other not in under:
+            # As Kueue: taking back lent quota is tried only from under the side's own quota.
+            under[other] = key is not None and ledger.within_own(queue, other, key, 1)
+        return preemption.eligible(policy, h.job, h.key, b, key, lent=True, reclaims=under[other])
 
     def own(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
         for h in index.get(queue, ()):
@@ -266,7 +271,7 @@ def candidates(
                 yield h, False
 
     def borrowers(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
-        for h in heapq.merge(*(index.get(q, ()) for q in sorted(lenders)), key=_order):
+        for h in heapq.merge(*(index.get(q, ()) for q in lenders), key=_order):
             if may(h):
                 yield h, True
 
@@ -338,12 +343,31 @@ class Simulation:
 
     # -- removing and restoring work --------------------------------------------------------------
 
-    def borrowing(self, unit: Unit) -> bool:
+    def borrowing(self, unit: Unit, target: Target) -> bool:
+        """Whether ``unit``'s queue still holds quota lent by ``target``'s side, after what the
+        search has removed so far."""
         h = unit.holder
         if h.key is None:
             return False
-        q = unit.job.spec.queue
-        return self.ledger.used(q, h.key) > self.ledger.nominal(q, h.key)
+        return self.ledger.borrows_from(unit.job.spec.queue, target.job.spec.queue, h.key)
+
+    def allowed(self, target: Target, policy: PreemptionPolicy, before: dict[str, int]) -> bool:
+        """Whether the fold will let ``target`` take every other queue's job the search removed
+        since ``before`` (ranks given back per job when it began): one the policy lets it borrow
+        over, or one it takes back lent quota from, its side of the tree then within its own
+        quota with every removal counted."""
+        q, key = target.job.spec.queue, target.key
+        b = target.job.priority
+        for job_id, ranks in self.released.items():
+            if len(ranks) <= before.get(job_id, 0):
+                continue
+            victim = self.state.jobs[job_id]
+            other = victim.spec.queue
+            if other == q or preemption.may_borrow_over(policy, victim.priority, b):
+                continue
+            if key is None or not self.ledger.within_own(q, other, key, target.need):
+                return False
+        return True
 
     def release(self, job: JobState, key: str | None, per_worker: int, rank: int | None) -> tuple[int, ...]:
         """Give back what ``job`` holds (only ``rank`` if given) in the snapshot and the ledger;
@@ -452,25 +476,38 @@ class Simulation:
 # -- the search -------------------------------------------------------------------------------------
 
 
-def search(sim: Simulation, target: Target, units: Iterable[Unit]) -> Found | None:
+def search(
+    sim: Simulation, target: Target, units: Iterable[Unit], policy: PreemptionPolicy | None = None
+) -> Found | None:
     """The minimal victims that let ``target``'s gang fit, with the gang placed on the snapshot;
     None (and the snapshot as it was) if no set of candidates is enough. No victims at all when
-    the gang fits already."""
+    the gang fits already. With the beneficiary's queue's ``policy``, the gang fits only if the
+    fold will let it take every other queue's job removed (``Simulation.allowed``)."""
     placed = sim.place(target)
     if placed is not None:
         return Found([], [], placed)
-    removed = _remove(sim, target, units)
+    before = {job_id: len(ranks) for job_id, ranks in sim.released.items()}
+
+    def allowed() -> bool:
+        return policy is None or sim.allowed(target, policy, before)
+
+    def fits() -> bool:
+        return sim.fits(target) and allowed()
+
+    removed = _remove(sim, target, units, fits)
     if removed is None:
         return None
-    removed = _fill_back(sim, target, removed)
-    placed = sim.place(target)
+    removed = _fill_back(sim, removed, fits)
+    placed = sim.place(target) if allowed() else None
     if placed is None:  # the placer's search need not be monotone; give up rather than guess
         _restore_all(sim, removed)
         return None
     return _found(removed, placed)
 
 
-def _remove(sim: Simulation, target: Target, units: Iterable[Unit]) -> _Removed | None:
+def _remove(
+    sim: Simulation, target: Target, units: Iterable[Unit], fits: Callable[[], bool]
+) -> _Removed | None:
     """The shortest prefix of ``units`` whose removal lets ``target`` fit, removed; None (and
     nothing removed) if even all of them are not enough.
 
@@ -481,19 +518,19 @@ def _remove(sim: Simulation, target: Target, units: Iterable[Unit]) -> _Removed 
     removed: _Removed = []
     lo, probe, fitted = 0, 1, False  # lo: a count of removals known not to be enough
     for u in units:
-        if u.borrower and not sim.borrowing(u):
+        if u.borrower and not sim.borrowing(u, target):
             continue  # its queue gave back all it borrowed already
         ranks = sim.release(u.job, u.holder.key, u.holder.per_worker, u.rank)
         if not ranks:
             continue
         removed.append((u, ranks))
         if len(removed) >= probe:
-            if sim.fits(target):
+            if fits():
                 fitted = True
                 break
             lo, probe = len(removed), 2 * len(removed)
     if not fitted and len(removed) > lo:
-        fitted = sim.fits(target)
+        fitted = fits()
     if not fitted:
         _restore_all(sim, removed)
         return None
@@ -501,7 +538,7 @@ def _remove(sim: Simulation, target: Target, units: Iterable[Unit]) -> _Removed 
     while hi - lo > 1:
         mid = (lo + hi) // 2
         _restore_all(sim, removed[mid:])
-        if sim.fits(target):
+        if fits():
             del removed[mid:]
             hi = mid
         else:
@@ -517,7 +554,7 @@ def _restore_all(sim: Simulation, removed: _Removed) -> None:
         sim.restore(u.job, u.holder.key, u.holder.per_worker, ranks)
 
 
-def _fill_back(sim: Simulation, target: Target, removed: _Removed) -> _Removed:
+def _fill_back(sim: Simulation, removed: _Removed, fits: Callable[[], bool]) -> _Removed:
     """Kueue's fillBackWorkloads: the last removal was needed; try to spare each earlier one."""
     kept: list[bool] = [True] * len(removed)
     whole = {u.job.id for u, _ in removed if u.rank is None}
@@ -534,7 +571,7 @@ def _fill_back(sim: Simulation, target: Target, removed: _Removed) -> _Removed:
         if u.rank is not None and (jid in whole or jid in pinned):
             continue  # stopped whole anyway, or its ranks must stay contiguous
         sim.restore(u.job, u.holder.key, u.holder.per_worker, ranks)
-        if sim.fits(target):
+        if fits():
             kept[i] = False
             if u.rank is None:
                 whole.discard(jid)

@@ -37,12 +37,14 @@ from corral.events.queues import (
     ApplyPriorityClass,
     ApplyQueue,
     CohortSpec,
+    PreemptionPolicy,
     PriorityClassSpec,
     QueueSpec,
     Quota,
 )
 from corral.projections import claims, quota
 from corral.projections.fold import apply_event
+from corral.projections.preemption import planning_ledger
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import WHOLE, JobState, State
 from corral.services.admission.decide import decide as admission
@@ -95,6 +97,15 @@ urgent_shapes = st.tuples(
 )
 
 
+policies = st.builds(
+    PreemptionPolicy,
+    within_queue=st.sampled_from(["never", "lower-priority", "lower-or-newer-equal-priority"]),
+    reclaim_within_cohort=st.sampled_from(["never", "lower-priority", "any"]),
+    borrow_within_cohort=st.sampled_from(["never", "lower-priority"]),
+    borrow_priority_threshold=st.sampled_from([None, 0, 5]),
+)
+
+
 @st.composite
 def worlds(draw: st.DrawFn) -> World:
     w = World()
@@ -106,7 +117,7 @@ def worlds(draw: st.DrawFn) -> World:
     for q in QUEUES:
         cohort = "org" if q != "team-c" else None
         nominal = draw(st.integers(0, 24))
-        qspec = QueueSpec(name=q, cohort=cohort, quotas={ANY: Quota(nominal)})
+        qspec = QueueSpec(name=q, cohort=cohort, quotas={ANY: Quota(nominal)}, preemption=draw(policies))
         w.emit(subj.admin("queue"), ApplyQueue(queue=qspec), subj.ADMIN)
     ledger = Ledger.from_state(w.state)
     # Urgent work arriving last, on a cluster the rest has likely filled.
@@ -174,45 +185,28 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
     assert [(e.beneficiary, e.victims) for e in preemptions] == [
         (p.beneficiary, p.victims) for p in plans if p.victims
     ]
-    ledger = Ledger.from_state(state)
     stopped: set[str] = set()
+    # Quota as the fold reads it record by record: the stops under way done, then each plan's
+    # victims gone and its queued beneficiary admitted.
+    room = planning_ledger(state)
     for p in plans:
         b = state.jobs[p.beneficiary]
+        bq = b.spec.queue
+        policy = state.queues[bq].preemption
         assert p.victims or p.shrinks
+        lent = {
+            v.job_id: room.used(state.jobs[v.job_id].spec.queue, ANY)
+            > room.nominal(state.jobs[v.job_id].spec.queue, ANY)
+            for v in p.victims
+        }
         for v in p.victims:
             job = state.jobs[v.job_id]
             assert v.attempt == job.attempt and job.phase in ("placed", "starting", "running")
             assert preemptible(state, job)
             assert job.id not in stopped  # never a victim twice
             stopped.add(job.id)
-            if job.spec.queue == b.spec.queue:
-                assert job.priority < b.priority
-            else:
-                # A borrower of the beneficiary's cohort tree: of any priority when the
-                # beneficiary's queue stays within its nominal quota (reclaim), else lower.
-                q, bq = job.spec.queue, b.spec.queue
-                assert ledger.root(q) == ledger.root(bq) and ledger.used(q, ANY) > ledger.nominal(q, ANY)
-                need = 0 if b.admission is not None else _need(state, b)
-                reclaim = ledger.used(bq, ANY) + need <= ledger.nominal(bq, ANY)
-                lower = job.priority < b.priority
-                assert (reclaim and (config.reclaim_any_priority or lower)) or (
-                    config.borrow_within_cohort and lower
-                )
-        assert p.deadline == now + max(
-            state.jobs[j].spec.grace_seconds
-            for j in [v.job_id for v in p.victims] + [s.job_id for s in p.shrinks]
-        )
-    # Queued beneficiaries fit their queue's quota once their victims give theirs back.
-    room = Ledger.from_state(state)
-    for job in state.jobs.values():
-        if job.phase == "checkpointing":
             for key, milli in quota.holding(job):
                 room.charge(job.spec.queue, key, -milli)
-    for p in plans:
-        for v in p.victims:
-            victim = state.jobs[v.job_id]
-            for key, milli in quota.holding(victim):
-                room.charge(victim.spec.queue, key, -milli)
         for s in p.shrinks:
             elastic = state.jobs[s.job_id]
             assert elastic.admission is not None
@@ -222,10 +216,35 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
                     key,
                     -milli * (elastic.admission.replicas - s.replicas) // elastic.admission.replicas,
                 )
-        b = state.jobs[p.beneficiary]
+        need = _need(state, b) if b.phase == "queued" else 0
+        reclaims = room.used(bq, ANY) + need <= room.nominal(bq, ANY)  # with every victim gone
+        for v in p.victims:
+            job = state.jobs[v.job_id]
+            lower = job.priority < b.priority
+            if job.spec.queue == bq:
+                newer = job.priority == b.priority and job.submitted_seq > b.submitted_seq
+                within = policy.within_queue
+                assert within != "never" and (lower or (within == "lower-or-newer-equal-priority" and newer))
+                continue
+            # Another queue of the beneficiary's cohort (flat here) that borrows: the policy lets
+            # the beneficiary take back lent quota from it (its queue then within its nominal) or
+            # borrow over it.
+            assert room.root(job.spec.queue) == room.root(bq) and lent[v.job_id]
+            reclaim = policy.reclaim_within_cohort
+            threshold = policy.borrow_priority_threshold
+            assert (reclaims and (reclaim == "any" or (reclaim == "lower-priority" and lower))) or (
+                policy.borrow_within_cohort == "lower-priority"
+                and lower
+                and (threshold is None or job.priority <= threshold)
+            )
         if b.phase == "queued" and not p.shrinks:
-            assert room.fits(b.spec.queue, ANY, _need(state, b))
-            room.charge(b.spec.queue, ANY, _need(state, b))
+            # Queued beneficiaries fit their queue's quota once their victims give theirs back.
+            assert room.fits(bq, ANY, need)
+            room.charge(bq, ANY, need)
+        assert p.deadline == now + max(
+            state.jobs[j].spec.grace_seconds
+            for j in [v.job_id for v in p.victims] + [s.job_id for s in p.shrinks]
+        )
     # The beneficiaries fit once their victims are gone, each on GPUs of its own.
     scratch = copy.deepcopy(state)
     for job in scratch.jobs.values():
@@ -257,11 +276,9 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
 
 
 @settings(max_examples=150, deadline=None)
-@given(worlds(), st.booleans(), st.booleans())
-def test_preemptions_are_safe_fitting_accepted_and_deterministic(
-    w: World, any_priority: bool, borrow: bool
-) -> None:
-    config = PreemptorConfig(reclaim_any_priority=any_priority, borrow_within_cohort=borrow)
+@given(worlds())
+def test_preemptions_are_safe_fitting_accepted_and_deterministic(w: World) -> None:
+    config = PreemptorConfig()
     events = check_cycle(w.state, w.time, config)
     # The fold takes them; a second cycle sees them under way.
     for e in events:
@@ -384,10 +401,13 @@ def _quota_agrees(state: State) -> None:
 @settings(max_examples=100, deadline=None)
 @given(full_cohorts(), st.booleans())
 def test_an_urgent_job_on_a_full_cohort_gets_what_one_victim_frees(w: World, borrow: bool) -> None:
-    config = PreemptorConfig(borrow_within_cohort=borrow)
-    state = w.state
-    urgent = state.jobs["urgent"]
+    config = PreemptorConfig()
+    urgent = w.state.jobs["urgent"]
     q = urgent.spec.queue
+    policy = PreemptionPolicy(borrow_within_cohort="lower-priority" if borrow else "never")
+    qspec = msgspec.structs.replace(w.state.queues[q], preemption=policy)
+    w.emit(subj.admin("queue"), ApplyQueue(queue=qspec), subj.ADMIN)
+    state = w.state
     ledger = Ledger.from_state(state)
     reclaim = ledger.used(q, ANY) + 8 * WHOLE <= ledger.nominal(q, ANY)
 

@@ -7,9 +7,18 @@ a writer that ignores the rule (a buggy or hostile preemptor) stops nobody it pr
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from corral.events.queues import ApplyCohort, ApplyPriorityClass, CohortSpec, PriorityClassSpec
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyPriorityClass,
+    CohortSpec,
+    PreemptionPolicy,
+    PriorityClassSpec,
+    Quota,
+)
 from corral.projections.state import State
 from tests.builders import Cluster, LogBuilder, job, on, queue_spec
 
@@ -50,7 +59,7 @@ def test_a_borrower_is_stopped_for_a_lender_reclaiming_whatever_their_priorities
 def test_a_queue_that_does_not_borrow_keeps_its_jobs() -> None:
     state = _preempt(_world(borrowing=False), beneficiary_priority=100)
     assert not _stopped(state)
-    assert state.rejections[-1].code == "void" and "borrows nothing" in state.rejections[-1].message
+    assert state.rejections[-1].code == "void" and "holds nothing" in state.rejections[-1].message
 
 
 def test_another_cohort_trees_jobs_are_never_stopped() -> None:
@@ -80,3 +89,155 @@ def test_a_class_that_guarantees_a_runtime_protects_its_jobs_until_then() -> Non
     lb.submit("alice", "b", job().gpus(8)).accept("b", priority=10)
     state = lb.preempt("b", "v").fold()
     assert not _stopped(state) and "guarantees" in state.rejections[-1].message
+
+
+# -- the beneficiary's queue's policy, as the fold reads it ------------------------------------------------
+
+
+def _policy_world(v_priority: int = 5, **policy: Any) -> LogBuilder:
+    """team-a (nominal 8, ``policy``) runs ``own`` (4 GPUs, priority 5); team-b (nominal 0) runs
+    ``v`` on 4 GPUs borrowed from team-a, at ``v_priority``."""
+    lb = two_nodes_log()
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    pol = PreemptionPolicy(**policy)
+    lb.queue(queue_spec("team-a", 8, cohort="org", preemption=pol)).queue(
+        queue_spec("team-b", 0, cohort="org")
+    )
+    lb.submit("alice", "own", job("team-a").gpus(4).checkpointable()).accept("own", priority=5)
+    lb.admit("own").place(on(N0, 0, 1, 2, 3, job_id="own")).started(N0, "own")
+    lb.submit("bob", "v", job("team-b").gpus(4).checkpointable()).accept("v", priority=v_priority)
+    lb.admit("v").place(on(N0, 4, 5, 6, 7, job_id="v")).started(N0, "v")
+    return lb
+
+
+@pytest.mark.parametrize(
+    ("policy", "priority", "victims", "stopped"),
+    [
+        # Kueue preemption.md, withinClusterQueue: LowerPriority / LowerOrNewerEqualPriority / Never.
+        pytest.param({}, 6, ("own",), True, id="within-lower"),
+        pytest.param({}, 5, ("own",), False, id="within-not-equal"),
+        pytest.param(
+            {"within_queue": "lower-or-newer-equal-priority"}, 5, ("own",), False, id="within-older-equal"
+        ),
+        pytest.param({"within_queue": "never"}, 6, ("own",), False, id="within-never"),
+        # reclaimWithinCohort: Any takes lent quota back whatever the priority; LowerPriority only
+        # below; Never not at all (team-a, 4 + 4 of its 8, stays within its nominal).
+        pytest.param({}, 0, ("v",), True, id="reclaim-any"),
+        pytest.param({"reclaim_within_cohort": "lower-priority"}, 5, ("v",), False, id="reclaim-lower-equal"),
+        pytest.param({"reclaim_within_cohort": "lower-priority"}, 6, ("v",), True, id="reclaim-lower"),
+        pytest.param(
+            {"reclaim_within_cohort": "never", "borrow_within_cohort": "never"},
+            9,
+            ("v",),
+            False,
+            id="reclaim-never",
+        ),
+    ],
+)
+def test_the_fold_applies_the_beneficiarys_queue_policy(
+    policy: Any, priority: int, victims: tuple[str, ...], stopped: bool
+) -> None:
+    lb = _policy_world(**policy)
+    lb.submit("alice", "b", job("team-a").gpus(4)).accept("b", priority=priority)
+    state = lb.preempt("b", *victims).fold()
+    assert all(state.jobs[v].phase == "checkpointing" for v in victims) is stopped
+
+
+@pytest.mark.parametrize(
+    ("policy", "victims", "stopped"),
+    [
+        # b (priority 6) needs 8: team-a (4 + 8 of its 8) would borrow, unless ``own`` is stopped in
+        # the same record; then it takes back what v (priority 9, so only a reclaim may stop it)
+        # borrows. Kueue's getTargets: cohort candidates with the queue's own, the preemptor then
+        # within its nominal quota.
+        pytest.param({}, ("own", "v"), True, id="reclaim-with-own-victims"),
+        pytest.param({"borrow_within_cohort": "never"}, ("own", "v"), True, id="without-borrowing"),
+        pytest.param({}, ("v",), False, id="v-alone-leaves-team-a-borrowing"),
+        pytest.param(
+            {"reclaim_within_cohort": "lower-priority"}, ("own", "v"), False, id="reclaim-lower-only"
+        ),
+    ],
+)
+def test_reclaim_counts_the_records_own_queue_victims(
+    policy: Any, victims: tuple[str, ...], stopped: bool
+) -> None:
+    lb = _policy_world(v_priority=9, **policy)
+    lb.submit("alice", "b", job("team-a").gpus(8)).accept("b", priority=6)
+    state = lb.preempt("b", *victims).fold()
+    assert (state.jobs["v"].phase == "checkpointing") is stopped
+
+
+@pytest.mark.parametrize(
+    ("threshold", "victim_priority", "stopped"),
+    [
+        # KEP 1337, borrowWithinCohort.maxPriorityThreshold: victims at or below it.
+        pytest.param(None, 5, True, id="no-threshold"),
+        pytest.param(5, 5, True, id="at-the-threshold"),
+        pytest.param(4, 5, False, id="above-the-threshold"),
+    ],
+)
+def test_borrowing_over_lower_priority_borrowers_up_to_a_threshold(
+    threshold: int | None, victim_priority: int, stopped: bool
+) -> None:
+    # b needs 12 of team-a's 8 and ``own`` is left running: it borrows, so it may stop v only
+    # as a lower-priority borrower, at most the threshold.
+    lb = _policy_world(reclaim_within_cohort="never", borrow_priority_threshold=threshold)
+    lb.submit("alice", "b", job("team-a").gpus(4)).accept("b", priority=9)
+    lb.admit("b")  # team-a now holds 8 of its 8: b2 borrows
+    lb.submit("alice", "b2", job("team-a").gpus(4)).accept("b2", priority=9)
+    state = lb.preempt("b2", "v").fold()
+    assert (state.jobs["v"].phase == "checkpointing") is stopped
+
+
+def _tree_world(x: bool = True) -> LogBuilder:
+    """Hierarchical cohorts (Kueue KEP 79): root ``org`` holds nothing; cohort ``ml`` (under org)
+    holds 8 GPUs of its own; team-a (nominal 0) is in ml; team-x (nominal 0) is in cohort
+    ``web`` (under org, no quota): team-x borrows all it runs, from ml's quota."""
+    lb = two_nodes_log()
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    ml = CohortSpec("ml", parent="org", quotas={"*": Quota(8)})
+    lb.admin("cohort", ApplyCohort(cohort=ml))
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("web", parent="org")))
+    lb.queue(queue_spec("team-a", 0, cohort="ml")).queue(queue_spec("team-x", 0, cohort="web"))
+    if not x:
+        return lb
+    lb.submit("bob", "x", job("team-x").gpus(8).checkpointable()).accept("x", priority=5)
+    lb.admit("x").place(on(N0, *range(8), job_id="x")).started(N0, "x")
+    return lb
+
+
+def test_a_queue_without_quota_reclaims_its_cohorts_quota_from_another_subtree() -> None:
+    # Kueue hierarchical preemption: team-a has no nominal of its own, but its cohort ml does and
+    # lends it to web; with ml within its own quota, team-a's job takes it back (any priority).
+    lb = _tree_world()
+    lb.submit("alice", "a", job("team-a").gpus(8)).accept("a", priority=0)
+    state = lb.preempt("a", "x").fold()
+    assert state.jobs["x"].phase == "checkpointing"
+
+
+@pytest.mark.parametrize(
+    ("within", "stopped"), [("lower-priority", False), ("lower-or-newer-equal-priority", True)]
+)
+def test_a_newer_job_of_equal_priority(within: str, stopped: bool) -> None:
+    # Kueue withinClusterQueue: LowerOrNewerEqualPriority: b waited first; ``late`` came after it,
+    # at the same priority, and runs.
+    lb = two_nodes_log().queue(queue_spec("team-a", 8, preemption=PreemptionPolicy(within_queue=within)))  # type: ignore[arg-type]
+    lb.submit("alice", "b", job("team-a").gpus(8)).accept("b", priority=5)
+    lb.submit("alice", "late", job("team-a").gpus(8).checkpointable()).accept("late", priority=5)
+    lb.admit("late").place(on(N0, *range(8), job_id="late")).started(N0, "late")
+    state = lb.preempt("b", "late").fold()
+    assert (state.jobs["late"].phase == "checkpointing") is stopped
+
+
+def test_a_sibling_on_the_cohorts_own_quota_is_not_reclaimed_from() -> None:
+    # Both team-a and team-s (nominal 0, in ml) borrow ml's quota: neither lent it, so a job of
+    # team-a may stop team-s's only as a borrower over a lower priority (Kueue: "infeasible
+    # preemption all available workloads in pruned subtrees").
+    lb = _tree_world(x=False)
+    lb.queue(queue_spec("team-s", 0, cohort="ml"))
+    lb.submit("sam", "s", job("team-s").gpus(8).checkpointable()).accept("s", priority=5)
+    lb.admit("s").place(on("node-01", *range(8), job_id="s")).started("node-01", "s")
+    lb.submit("alice", "a", job("team-a").gpus(8)).accept("a", priority=5)
+    assert lb.fold().jobs["s"].phase == "running"
+    state = lb.preempt("a", "s").fold()
+    assert state.jobs["s"].phase == "running" and "holds nothing" in state.rejections[-1].message

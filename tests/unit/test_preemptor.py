@@ -45,6 +45,7 @@ from corral.events.queues import (
     ApplyPriorityClass,
     ApplyQueue,
     CohortSpec,
+    PreemptionPolicy,
     PriorityClassSpec,
     QueueSpec,
     Quota,
@@ -95,9 +96,15 @@ class World:
     # admin
 
     def queue(
-        self, name: str, nominal: int = 64, cohort: str | None = None, lending_limit: int | None = None
+        self,
+        name: str,
+        nominal: int = 64,
+        cohort: str | None = None,
+        lending_limit: int | None = None,
+        **policy: Any,
     ) -> World:
-        q = QueueSpec(name=name, cohort=cohort, quotas={ANY: Quota(nominal, lending_limit=lending_limit)})
+        quotas = {ANY: Quota(nominal, lending_limit=lending_limit)}
+        q = QueueSpec(name=name, cohort=cohort, quotas=quotas, preemption=PreemptionPolicy(**policy))
         self.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
         return self
 
@@ -407,22 +414,45 @@ def test_reclaim_only_while_the_other_queue_borrows() -> None:
     assert w.decide() == []
 
 
+def policy_world(**policy: Any) -> World:
+    """``reclaim_world`` with team-a's preemption policy set."""
+    w = World().cohort("org").queue("team-a", 8, "org", **policy).queue("team-b", 0, "org")
+    w.run("a-low", gpus(2), whole(N0, 0, 1))
+    w.wait(3600)
+    w.run("b-borrow", gpus(6, queue="team-b"), whole(N0, 2, 3, 4, 5, 6, 7), priority=50)
+    return w
+
+
 @pytest.mark.parametrize(
-    ("priority", "borrow", "victims"),
+    ("priority", "policy", "victims"),
     [
-        pytest.param(100, True, ["a-low", "b-borrow"], id="borrows-from-a-lower-priority-borrower"),
-        pytest.param(40, True, None, id="never-from-a-higher-priority-borrower"),
-        pytest.param(100, False, None, id="borrow-within-cohort-off"),
+        pytest.param(100, {}, ["a-low", "b-borrow"], id="defaults"),
+        pytest.param(40, {}, ["a-low", "b-borrow"], id="reclaims-from-a-higher-priority-borrower"),
+        pytest.param(100, {"borrow_within_cohort": "never"}, ["a-low", "b-borrow"], id="borrow-off"),
+        pytest.param(40, {"reclaim_within_cohort": "lower-priority"}, None, id="reclaim-lower-only"),
+        pytest.param(100, {"reclaim_within_cohort": "never"}, ["a-low", "b-borrow"], id="borrows-over"),
+        pytest.param(
+            100, {"reclaim_within_cohort": "never", "borrow_within_cohort": "never"}, None, id="cohort-off"
+        ),
+        pytest.param(
+            100,
+            {"reclaim_within_cohort": "never", "borrow_priority_threshold": 49},
+            None,
+            id="above-the-borrow-threshold",
+        ),
+        pytest.param(100, {"within_queue": "never"}, None, id="own-queue-off"),
     ],
 )
-def test_beyond_nominal_only_lower_priority_borrowers(priority: int, borrow: bool, victims: Any) -> None:
-    # team-a would go past its nominal 8 with a-big (2 + 8): it does not reclaim. It may still
-    # stop borrowers of a lower priority (Kueue's borrowWithinCohort: LowerPriority), never
-    # those of a higher one, and none at all with that policy off.
-    w = reclaim_world()
+def test_reclaim_combined_with_own_queue_victims(priority: int, policy: Any, victims: Any) -> None:
+    # team-a (nominal 8) runs a-low (2) and lends 6 to team-b; a-big (8) is within team-a's
+    # nominal only once a-low is stopped too. Kueue's preemption.md ("Reclaim within cohort":
+    # a ClusterQueue under its nominal quota takes back what others borrow) with its second
+    # attempt of getTargets (cohort candidates together with the queue's own, the preemptor
+    # then within nominal), and KEP 1337 (borrowWithinCohort: LowerPriority, maxPriorityThreshold)
+    # when it would not be.
+    w = policy_world(**policy)
     w.submit("a-big", gpus(8), priority=priority)
-    found = w.victims(PreemptorConfig(borrow_within_cohort=borrow))
-    assert sorted(found.get("a-big", [])) == (victims or [])
+    assert sorted(w.victims().get("a-big", [])) == (victims or [])
 
 
 def test_reclaim_never_crosses_into_another_tree() -> None:
@@ -650,14 +680,14 @@ def test_no_victims_for_a_job_admission_holds_its_queues_quota_against(
     assert w.victims() == victims
 
 
-def full_cohort(competitor: bool = False) -> World:
+def full_cohort(competitor: bool = False, **policy: Any) -> World:
     """Cohort research: team-a and team-b, nominal 12 GPUs each, on 3 nodes of 8 H100, so their
     nominal quotas add up to the capacity. team-a runs ``gang`` (8 GPUs, priority 0); team-b runs
     ``b1`` and ``b2`` (8 each: it borrows 4). Then ``urgent`` (team-a, 8 GPUs, priority 1000, a
     class that may not be preempted) arrives and is queued: quota blocks it. ``competitor``: team-c
     (nominal 0: it only borrows) has an 8-GPU job waiting too, ahead of team-a by fair share."""
     w = World(nodes=3).cohort("research")
-    w.queue("team-a", 12, "research").queue("team-b", 12, "research")
+    w.queue("team-a", 12, "research", **policy).queue("team-b", 12, "research")
     w.priority_class("urgent", 1000, preemptible=False)
     w.run("gang", gpus(8), whole(N0, *range(8)))
     w.run("b1", gpus(8, queue="team-b"), whole(N1, *range(8)))
@@ -688,8 +718,11 @@ def test_an_urgent_job_queued_on_a_full_cohort_stops_a_borrower() -> None:
 
 
 def test_without_borrowing_within_the_cohort_it_stops_its_own_queues_job() -> None:
-    w = full_cohort()
-    assert w.victims(PreemptorConfig(borrow_within_cohort=False)) == {"urgent": ["gang"]}
+    # urgent would borrow 4 if b2 were stopped; with borrowing over borrowers off it may take
+    # team-b's jobs only to take back lent quota, and that leaves team-a within its nominal only
+    # once its own gang is stopped, after which b2 can stay (Kueue's fillBackWorkloads).
+    w = full_cohort(borrow_within_cohort="never")
+    assert w.victims() == {"urgent": ["gang"]}
 
 
 def test_the_freed_quota_and_gpus_go_to_the_urgent_job() -> None:

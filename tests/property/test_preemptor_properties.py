@@ -15,7 +15,7 @@ import copy
 from collections.abc import Callable
 
 import msgspec
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from corral.events import routing
@@ -44,13 +44,13 @@ from corral.events.queues import (
 )
 from corral.projections import claims, quota
 from corral.projections.fold import apply_event
-from corral.projections.preemption import planning_ledger
+from corral.projections.preemption import planning_ledger, protected
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import WHOLE, JobState, State
 from corral.services.admission.decide import decide as admission
 from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide as placer
-from corral.services.preemptor.decide import PreemptorConfig, decide, plan
+from corral.services.preemptor.decide import PreemptorConfig, beneficiaries, decide, plan
 from corral.services.preemptor.victims import preemptible
 
 CLASSES = {
@@ -133,26 +133,72 @@ def worlds(draw: st.DrawFn) -> World:
             preemptible=ok,
             grace_seconds=float(10 * (i % 4)),
         )
-        w.emit(subj.request("t", "submit"), SubmitJob(request_id=jid, job=spec), "t", dt)
-        w.emit(subj.job(jid), JobAccepted(job_id=jid, priority=CLASSES[pc].value))
-        job = w.state.jobs[jid]
-        adm = quota.admission(w.state.queues[q], job)
-        if ledger.check(job, adm) is not None:
-            continue  # waits in its queue: perhaps for quota others borrow
-        ledger.hold_admission(job, adm)
-        w.emit(subj.decision("admission"), JobsAdmitted(based_on=w.seq, now=w.time, admissions=(adm,)))
-        slots = _first_fit(w.state, n, per)
-        if slots is None:
-            helps = Reason("gpus", "no free GPUs", True)
-            body = JobsUnschedulable(based_on=w.seq, now=w.time, jobs=(Unschedulable(jid, 0, (helps,)),))
-            w.emit(subj.decision("placer"), body)
-            continue
-        p = Placement(jid, 0, slots)
-        w.emit(subj.decision("placer"), JobsPlaced(based_on=w.seq, now=w.time, placements=(p,)))
-        if draw(st.booleans()):
-            for s in slots:
-                w.emit(subj.node(s.node), WorkerStarted(node=s.node, job_id=jid, attempt=0, rank=s.rank))
+        _start(w, draw, ledger, jid, spec, dt, CLASSES[pc].value)
     w.time += draw(st.floats(0, 600))
+    return w
+
+
+def _start(w: World, draw: st.DrawFn, ledger: Ledger, jid: str, spec: JobSpec, dt: float, prio: int) -> None:
+    """Submit ``jid``; admit and place it if quota (``ledger``) and GPUs allow, else it waits."""
+    w.emit(subj.request("t", "submit"), SubmitJob(request_id=jid, job=spec), "t", dt)
+    w.emit(subj.job(jid), JobAccepted(job_id=jid, priority=prio))
+    job = w.state.jobs[jid]
+    adm = quota.admission(w.state.queues[spec.queue], job)
+    if ledger.check(job, adm) is not None:
+        return  # waits in its queue: perhaps for quota others borrow
+    ledger.hold_admission(job, adm)
+    w.emit(subj.decision("admission"), JobsAdmitted(based_on=w.seq, now=w.time, admissions=(adm,)))
+    slots = _first_fit(w.state, spec.replicas, spec.resources.gpus)
+    if slots is None:
+        helps = Reason("gpus", "no free GPUs", True)
+        body = JobsUnschedulable(based_on=w.seq, now=w.time, jobs=(Unschedulable(jid, 0, (helps,)),))
+        w.emit(subj.decision("placer"), body)
+        return
+    p = Placement(jid, 0, slots)
+    w.emit(subj.decision("placer"), JobsPlaced(based_on=w.seq, now=w.time, placements=(p,)))
+    if draw(st.booleans()):
+        for s in slots:
+            w.emit(subj.node(s.node), WorkerStarted(node=s.node, job_id=jid, attempt=0, rank=s.rank))
+
+
+@st.composite
+def lender_worlds(draw: st.DrawFn) -> World:
+    """Two 8-GPU nodes; team-a (a drawn policy) lends to team-b, which runs borrowers of drawn
+    priorities first; then team-a's low-priority work; then team-a's urgent job (priority 10)
+    of a size within team-a's nominal, which waits."""
+    w = World()
+    for name, inv in cluster(2, "h100-8x"):
+        w.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
+    for pc in CLASSES.values():
+        w.emit(subj.admin("pc"), ApplyPriorityClass(priority_class=pc), subj.ADMIN)
+    w.emit(subj.admin("cohort"), ApplyCohort(cohort=CohortSpec("org")), subj.ADMIN)
+    b_nominal = draw(st.integers(0, 8))
+    for q, nominal, pol in (
+        ("team-a", 16 - b_nominal, draw(policies)),
+        ("team-b", b_nominal, PreemptionPolicy()),
+    ):
+        qspec = QueueSpec(name=q, cohort="org", quotas={ANY: Quota(nominal)}, preemption=pol)
+        w.emit(subj.admin("queue"), ApplyQueue(queue=qspec), subj.ADMIN)
+    ledger = Ledger.from_state(w.state)
+    shapes = [
+        ("team-b", pc, n)
+        for pc, n in draw(
+            st.lists(
+                st.tuples(st.sampled_from(sorted(CLASSES)), st.sampled_from([1, 2, 4, 8])),
+                min_size=1,
+                max_size=5,
+            )
+        )
+    ]
+    shapes += [("team-a", "low", n) for n in draw(st.lists(st.sampled_from([1, 2, 4]), max_size=4))]
+    for i, (q, pc, n) in enumerate(shapes):
+        spec = JobSpec(queue=q, priority_class=pc, resources=Resources(gpus=n))
+        _start(w, draw, ledger, f"j{i:02d}", spec, 1.0, CLASSES[pc].value)
+    w.time += 600.0  # past every class's guards
+    spec = JobSpec(
+        queue="team-a", priority_class="high", resources=Resources(gpus=draw(st.sampled_from([2, 4, 8])))
+    )
+    _start(w, draw, ledger, "urgent", spec, 1.0, CLASSES["high"].value)
     return w
 
 
@@ -455,3 +501,45 @@ def test_an_urgent_job_on_a_full_cohort_gets_what_one_victim_frees(w: World, bor
     holders = [h for n in w.state.nodes.values() for g in n.gpus for h in g.holders]
     assert len(holders) == 8 * len(w.state.nodes)  # every GPU held once, by a job that holds it
     assert all(w.state.jobs[h].held is not None for h in holders)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(worlds(), lender_worlds()))
+def test_a_job_within_its_nominal_never_waits_for_a_lower_priority_one(w: World) -> None:
+    # The first job the preemptor searches for, if it is queued, its queue stays within its
+    # nominal with it and quota blocks it: when stopping every lower-priority job its queue's
+    # policy allows (its own queue's, and other queues' that hold what its side lent) would let
+    # it fit, quota and GPUs, the preemptor proposes a preemption for it.
+    state, now = w.state, w.time
+    first = beneficiaries(state)  # the preemptor's order: nobody is searched for before it
+    if not first or first[0].phase != "queued":
+        return
+    h = first[0]
+    q = h.spec.queue
+    ledger = planning_ledger(state)
+    need = _need(state, h)
+    if need == 0 or ledger.used(q, ANY) + need > ledger.nominal(q, ANY) or ledger.fits(q, ANY, need):
+        return
+    policy = state.queues[q].preemption
+    lenders = set(ledger.lenders_to(q, ANY))
+
+    def allowed(job: JobState) -> bool:
+        if job.phase not in ("placed", "starting", "running") or job.priority >= h.priority:
+            return False
+        if protected(state, job, now) is not None:
+            return False
+        if job.spec.queue == q:
+            return policy.within_queue != "never"
+        return job.spec.queue in lenders and policy.reclaim_within_cohort != "never"
+
+    room = copy.deepcopy(ledger)
+    scratch = copy.deepcopy(state)
+    for v in [j for j in state.jobs.values() if allowed(j)]:
+        for key, milli in quota.holding(v):
+            room.charge(v.spec.queue, key, -milli)
+        claims.release(scratch, scratch.jobs[v.id])
+    per = h.spec.resources.gpus
+    if not room.fits(q, ANY, need) or _first_fit(scratch, quota.min_replicas(h.spec), per) is None:
+        return
+    event("stopping lower-priority work would let it in")
+    assert h.id in {p.beneficiary for p in plan(state, now, PreemptorConfig(max_beneficiaries=1))}

@@ -181,6 +181,15 @@ class World:
             self.emit(subj.node(w.node), body)
         return self
 
+    def finish(self, job_id: str) -> World:
+        """Every worker of ``job_id`` exits 0: the job succeeded."""
+        job = self.state.jobs[job_id]
+        assert job.placement is not None
+        for w in job.placement.workers:
+            body = WorkerExited(node=w.node, job_id=job_id, attempt=job.attempt, rank=w.rank, code=0)
+            self.emit(subj.node(w.node), body)
+        return self
+
     def requeue(self, job_id: str) -> World:
         job = self.state.jobs[job_id]
         self.emit(
@@ -830,3 +839,52 @@ def test_free_gpus_the_beneficiary_counts_on_are_held_while_its_victims_checkpoi
     ]
     (placed,) = [e for e in w.cycle(placer) if isinstance(e, JobsPlaced)]
     assert [(p.job_id, p.workers[0].node) for p in placed.placements] == [("urgent", N0)]
+
+
+# -- what admission holds for a beneficiary and for a lender ----------------------------------------------
+
+
+def _admitted(events: list[Event]) -> list[str]:
+    return [a.job_id for e in events if isinstance(e, JobsAdmitted) for a in e.admissions]
+
+
+def test_while_victims_checkpoint_the_beneficiary_keeps_what_was_free_too() -> None:
+    # team-b borrows 4 of team-a's nominal 8 and 4 more are free: the preemptor stops b2 (4) for
+    # urgent (8), counting on both. A newcomer of team-b that would fit the free 4 waits, so that
+    # urgent is admitted as soon as b2 is gone and nobody is stopped a second time (Kueue keeps
+    # a preemptor's whole request charged in the cycle that issues the preemption).
+    w = World(nodes=2).cohort("org").queue("team-a", 8, "org").queue("team-b", 4, "org")
+    w.run("b1", gpus(4, queue="team-b"), whole(N1, 0, 1, 2, 3))
+    w.run("b2", gpus(4, queue="team-b"), whole(N0, 0, 1, 2, 3))
+    w.queue("team-c", 0, "org")
+    w.submit("urgent", gpus(8), priority=10)
+    w.cycle(admission)  # the cohort has 4 left: urgent does not fit
+    assert w.state.jobs["urgent"].phase == "queued"
+    (ev,) = w.cycle(decide)
+    assert isinstance(ev, PreemptionRequested) and ev.victims == (Victim("b2", 0),)
+    w.submit("c1", gpus(4, queue="team-c"), priority=100)
+    assert _admitted(w.cycle(admission)) == []  # b2 still checkpoints: the free 4 are urgent's
+    w.stop("b2")
+    assert _admitted(w.cycle(admission)) == ["urgent"]
+    assert w.decide() == []
+
+
+@pytest.mark.parametrize("reclaim", ["never", "lower-priority", "any"])
+def test_a_lender_that_waits_keeps_its_share_from_being_lent_again(reclaim: str) -> None:
+    # team-a lends all of its nominal 8 to team-b's two higher-priority jobs, which its policy
+    # may not (or, with "any", need not yet) take back. When one ends, a new borrower of team-b
+    # does not take the 4 freed: they are a1's (8, within team-a's nominal), which is admitted
+    # once the other ends (Kueue's reservation for a lender that cannot be sure to reclaim:
+    # "capacity blocked when lending clusterqueue not guaranteed to reclaim"; here whatever the
+    # policy, so that what the preemptor would take back is not lent again meanwhile).
+    w = World(nodes=2).cohort("org").queue("team-a", 8, "org", reclaim_within_cohort=reclaim)
+    w.queue("team-b", 0, "org")
+    w.run("b1", gpus(4, queue="team-b"), whole(N0, 0, 1, 2, 3), priority=10)
+    w.run("b2", gpus(4, queue="team-b"), whole(N0, 4, 5, 6, 7), priority=10)
+    w.submit("a1", gpus(8), priority=0)
+    w.submit("b3", gpus(4, queue="team-b"), priority=10)
+    assert _admitted(w.cycle(admission)) == []
+    w.finish("b1")
+    assert _admitted(w.cycle(admission)) == []  # b3 would borrow what a1 waits for
+    w.finish("b2")
+    assert _admitted(w.cycle(admission)) == ["a1"]

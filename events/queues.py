@@ -75,6 +75,7 @@ class PriorityClassSpec(
     min_runtime_s: float = 0.0
     cooldown_s: float = 0.0
     max_preemptions_per_hour: Int | None = None
+    max_preemptions: Int | None = None  # over the job's whole life: then it runs to its end
 
 
 class ApplyQueue(Request, frozen=True, kw_only=True):

@@ -22,5 +22,6 @@ from __future__ import annotations
 # 4: a rejection of a batch decision says which of its items were void, and why, as data.
 # 5: who may be stopped for whom follows the beneficiary's queue's preemption policy; a lender
 #    takes back lent quota counting the record's own-queue victims as gone, and the sides of a
-#    cohort tree two queues meet in decide who lent to whom.
+#    cohort tree two queues meet in decide who lent to whom; a priority class may cap a job's
+#    preemptions over its whole life.
 RULES = 5

@@ -1,12 +1,14 @@
 """Anti-thrash guards: whether a job may be preempted at ``now``, by its priority class.
 
 A job preempted again and again makes no progress and keeps the cluster busy checkpointing and
-restarting. Three guards, each off unless the job's ``PriorityClassSpec`` sets it:
+restarting. Four guards, each off unless the job's ``PriorityClassSpec`` sets it:
 
 - ``min_runtime_s``: the job has run at least this long in its current attempt (a job that is
   placed or starting has run for 0 s, so a guarded class is never preempted before it runs);
 - ``cooldown_s``: at least this long since the job was last preempted;
-- ``max_preemptions_per_hour``: fewer than this many preemptions of the job in the last hour.
+- ``max_preemptions_per_hour``: fewer than this many preemptions of the job in the last hour;
+- ``max_preemptions``: fewer than this many preemptions of the job in its whole life (a job
+  stopped that often runs to its end: it bounds the work any one job can lose).
 
 Preemption times come from the state: ``JobState.preempted_at`` (the log times of the job's
 preemptions) where it records them. A state that only counts them (``JobState.preemptions``) is
@@ -59,6 +61,12 @@ def guard(job: JobState, pc: PriorityClassSpec | None, now: float) -> Reason | N
                 f"job {job.id} was preempted {since:.0f}s ago; class {pc.name} waits "
                 f"{pc.cooldown_s:.0f}s between preemptions",
             )
+    if pc.max_preemptions is not None and job.preemptions >= pc.max_preemptions:
+        return Reason(
+            "preemption-cap",
+            f"job {job.id} has been preempted {job.preemptions} of the {pc.max_preemptions} times class "
+            f"{pc.name} allows",
+        )
     cap = pc.max_preemptions_per_hour
     if cap is not None:
         recent = sum(1 for t in times if now - t < HOUR)

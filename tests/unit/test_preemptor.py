@@ -502,6 +502,26 @@ def test_cooldown_guard() -> None:
     assert w.victims() == {"urgent": ["low"]}
 
 
+@pytest.mark.parametrize(("cap", "stopped"), [(1, False), (2, True)])
+def test_a_lifetime_cap_on_preemptions(cap: int, stopped: bool) -> None:
+    # Preempted once already: with a cap of 1 it runs to its end, however long anyone waits; the
+    # fold voids a preemption the preemptor would not propose.
+    w = preempted_once(max_preemptions=cap)
+    w.wait(30 * 24 * 3600)
+    assert (w.victims() == {"urgent": ["low"]}) is stopped
+    lb = w.fork()
+    before = lb.state.rejected_total
+    lb.preempt("urgent", "low") if stopped else None
+    if not stopped:
+        body = PreemptionRequested(
+            based_on=lb.seq, now=lb.time, beneficiary="urgent", victims=(Victim("low", 1),), deadline=lb.time
+        )
+        lb.seq += 1
+        apply_event(lb.state, lb.seq, subj.decision("preemptor"), body, lb.time, None)
+        assert lb.state.rejected_total == before + 1
+        assert "preempted 1 of the 1 times" in lb.state.rejections[-1].message
+
+
 def test_preemptions_per_hour_guard() -> None:
     w = preempted_once(max_preemptions_per_hour=1)
     assert w.decide() == []

@@ -447,6 +447,20 @@ class Ledger:
         mine = sides[0]
         return _held(mine, key) + extra - freed <= mine.own.get(key, 0)
 
+    def borrowing_height(self, queue: str, key: str, need: int) -> int:
+        """How far up the cohort tree ``queue`` must borrow to hold ``need`` more of ``key``: 0
+        within its own nominal, 1 within its cohort's own quota and its members' (its cohort
+        holds no more than that), and so on up (Kueue's borrowing height: who borrows less
+        goes first)."""
+        n: _Node | None = self._queues.get(queue)
+        height = 0
+        while n is not None:
+            if _held(n, key) + need <= n.own.get(key, 0):
+                return height
+            n = n.parent
+            height += 1
+        return height
+
     def side_of(self, queue: str, holder: str) -> set[str]:
         """The queues on ``queue``'s side of the tree against ``holder`` (see ``sides``)."""
         sides = self.sides(queue, holder)

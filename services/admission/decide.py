@@ -51,7 +51,6 @@ beneficiary nominates it, as a checkpointing victim does.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass

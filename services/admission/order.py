@@ -3,7 +3,8 @@
 Within a queue, jobs wait by priority (highest first), then submission (log sequence), then id.
 Across queues, the next job is the head of the queue that
 
-1. would stay within its nominal quota (jobs that need no borrowing go before jobs that do),
+1. borrows least far up its cohort tree (``Ledger.borrowing_height``: jobs within their queue's
+   nominal first, then jobs within their cohort's own quota and its members', and so on),
 2. has the lowest weighted dominant share: the largest, over GPU keys, of
    (held now + decayed past holding) / all quota of that key in the queue's cohort tree,
    divided by the queue's weight,
@@ -183,7 +184,7 @@ class FairShareOrder:
         self._ledger = ledger
         self._lookahead = lookahead
         self._fair = fair
-        self._heap: list[tuple[bool, float, int, int, str, str]] = []
+        self._heap: list[tuple[int, float, int, int, str, str]] = []
         self.cursors: dict[str, Cursor] = {}
         for name in sorted(waiting):
             jobs = waiting[name]
@@ -259,13 +260,17 @@ class FairShareOrder:
             cur.stopped = True
         self.push(cur)
 
-    def _borrows(self, cur: Cursor, job: JobState) -> bool:
+    def _borrows(self, cur: Cursor, job: JobState) -> int:
+        """How far up its cohort tree the head would borrow (``Ledger.borrowing_height``)."""
         demands = quota.worker_demands(cur.spec, job.spec.resources)
         if not demands:
-            return False
+            return 0
         key, per_worker = demands[0]
         need = per_worker * quota.min_replicas(job.spec)
-        return self._ledger.used(cur.name, key) + need > self._ledger.nominal(cur.name, key)
+        ledger = self._ledger
+        if ledger.used(cur.name, key) + need <= ledger.nominal(cur.name, key):
+            return 0  # the common case, without a walk up the tree
+        return ledger.borrowing_height(cur.name, key, need)
 
 
 def waiting_by_queue(jobs: list[JobState]) -> dict[str, list[JobState]]:

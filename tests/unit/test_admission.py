@@ -625,3 +625,23 @@ def test_a_job_whose_queue_is_gone_is_told_so() -> None:
     out = decide(s, 0.0)
     assert reasons(out)["orphan"].code == "unknown-queue"
     assert admitted(out) == {}
+
+
+def test_in_a_cohort_tree_who_borrows_less_goes_first() -> None:
+    # Kueue scheduler_test.go, "in a hierarchical cohort, workload borrowing less is scheduled
+    # first": cohort ``guaranteed`` holds 4 GPUs of its own for its queue ``g`` (nominal 0);
+    # ``best-effort`` (nominal 0) is in cohort ``others``, which holds nothing. Both heads
+    # borrow; g's only from its own cohort, be's from the root, so g1 goes first although be has
+    # the higher priority, and be finds nothing left.
+    s = State()
+    s.cohorts["root"] = CohortSpec("root")
+    s.cohorts["guaranteed"] = CohortSpec("guaranteed", parent="root", quotas={ANY: Quota(4)})
+    s.cohorts["others"] = CohortSpec("others", parent="root")
+    s.queues["g"] = QueueSpec("g", cohort="guaranteed", quotas={ANY: Quota(0)})
+    s.queues["best-effort"] = QueueSpec("best-effort", cohort="others", quotas={ANY: Quota(0)})
+    job("be", "best-effort").gpus(4).with_(priority=3, seq=1).into(s)
+    job("g1", "g").gpus(4).with_(priority=0, seq=2).into(s)
+    ledger = Ledger.from_state(s)
+    assert ledger.borrowing_height("g", ANY, 4000) == 1
+    assert ledger.borrowing_height("best-effort", ANY, 4000) == 2
+    assert set(admitted(decide(s, 0.0))) == {"g1"}

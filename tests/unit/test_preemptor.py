@@ -108,8 +108,10 @@ class World:
         self.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
         return self
 
-    def cohort(self, name: str) -> World:
-        self.emit(subj.admin("cohort"), ApplyCohort(cohort=CohortSpec(name=name)), subj.ADMIN)
+    def cohort(self, name: str, parent: str | None = None, nominal: int | None = None) -> World:
+        quotas = {} if nominal is None else {ANY: Quota(nominal)}
+        spec = CohortSpec(name=name, parent=parent, quotas=quotas)
+        self.emit(subj.admin("cohort"), ApplyCohort(cohort=spec), subj.ADMIN)
         return self
 
     def priority_class(self, name: str, value: int, **kw: Any) -> World:
@@ -908,3 +910,19 @@ def test_a_lender_that_waits_keeps_its_share_from_being_lent_again(reclaim: str)
     assert _admitted(w.cycle(admission)) == []  # b3 would borrow what a1 waits for
     w.finish("b2")
     assert _admitted(w.cycle(admission)) == ["a1"]
+
+
+def test_a_queue_without_quota_reclaims_its_cohorts_from_another_subtree() -> None:
+    # Hierarchical cohorts (Kueue KEP 79): ml holds 8 GPUs of its own for team-a (nominal 0);
+    # web's team-x (nominal 0) borrows all 8. team-a's job, within ml's own quota, takes them
+    # back whatever the priorities; a sibling of team-a on ml's quota would not be taken from.
+    w = World(nodes=1).cohort("org").cohort("ml", "org", nominal=8).cohort("web", "org")
+    w.queue("team-a", 0, "ml").queue("team-x", 0, "web")
+    w.run("x", gpus(8, queue="team-x"), whole(N0, *range(8)), priority=50)
+    w.submit("a", gpus(8), priority=0)
+    assert w.victims() == {"a": ["x"]}
+    w2 = World(nodes=1).cohort("org").cohort("ml", "org", nominal=8)
+    w2.queue("team-a", 0, "ml").queue("team-s", 0, "ml")
+    w2.run("s", gpus(8, queue="team-s"), whole(N0, *range(8)), priority=50)
+    w2.submit("a", gpus(8), priority=0)
+    assert w2.decide() == []

@@ -20,6 +20,7 @@ from corral.events.queues import QueueSpec, Quota
 from corral.projections import gpu_time
 from corral.projections.quota import ANY
 from corral.projections.state import GpuTime, State
+from corral.services.query.queues import queue_rows
 from tests.builders import AMPLE, Cluster, LogBuilder, job, on, placement, running, whole, worker
 
 HOUR = 3600.0
@@ -223,3 +224,9 @@ def test_a_half_life_must_be_a_positive_number_of_seconds() -> None:
 def test_never_set_the_half_life_is_a_day() -> None:
     assert State().fair_share.half_life_s == 86400.0
 
+
+def test_corral_queues_shows_the_gpus_a_queue_held_recently() -> None:
+    log = base(HOUR)
+    held_once(log)
+    (row,) = queue_rows(log.fold())  # as of the last record: the job's exit, one half-life on
+    assert (row["queue"], row["used"], row["recent"]) == ("team-a", "0", "0.5")

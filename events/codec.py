@@ -37,7 +37,14 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CordonNode, DeleteQueue
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyFairShare,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CordonNode,
+    DeleteQueue,
+)
 
 SCHEMA_VERSION = 1
 
@@ -50,6 +57,7 @@ AnyEvent = (
     | ApplyPriorityClass
     | DeleteQueue
     | CordonNode
+    | ApplyFairShare
     | JobAccepted
     | JobRejected
     | PendingReasonChanged
@@ -83,6 +91,7 @@ ADMIN_VERBS: dict[str, type[Event]] = {
     "priority-class": ApplyPriorityClass,
     "delete-queue": DeleteQueue,
     "cordon": CordonNode,
+    "fair-share": ApplyFairShare,
 }
 
 

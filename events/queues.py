@@ -1,4 +1,5 @@
-"""Queue family: queues, cohorts and priority classes, all changed by admin requests.
+"""Queue family: queues, cohorts, priority classes and the fair-share settings, all changed by
+admin requests.
 
 Admin requests arrive on ``corral.in.admin.<verb>``; only the admin identity may publish there.
 """
@@ -78,6 +79,15 @@ class PriorityClassSpec(
     max_preemptions: Int | None = None  # over the job's whole life: then it runs to its end
 
 
+class FairShareSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
+    """Cluster-wide fair-share settings. ``half_life_s``: how fast the GPU-time a queue held is
+    forgotten (a GPU-second held that long ago weighs half of one held now). It is part of the
+    log, not of a service's config, because the fold keeps each queue's decayed holding: every
+    replica and every replay must decay it alike."""
+
+    half_life_s: float = 24 * 3600.0
+
+
 class ApplyQueue(Request, frozen=True, kw_only=True):
     queue: QueueSpec
 
@@ -92,6 +102,10 @@ class ApplyPriorityClass(Request, frozen=True, kw_only=True):
 
 class DeleteQueue(Request, frozen=True, kw_only=True):
     name: str
+
+
+class ApplyFairShare(Request, frozen=True, kw_only=True):
+    fair_share: FairShareSpec
 
 
 class CordonNode(Request, frozen=True, kw_only=True):

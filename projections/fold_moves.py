@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from corral.projections import claims, quota
+from corral.projections import claims, gpu_time, quota
 from corral.projections.lifecycle import (
     HOLDS_QUOTA,
     TRANSITIONS,
@@ -111,10 +111,16 @@ def move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: 
         quota.count_holding(state, job, then_change)
 
 
-def stop_holding(state: State, job: JobState) -> None:
+def stop_holding(state: State, job: JobState, ctx: Ctx) -> None:
     """A job that left the running phases gives its GPUs back once its last worker is gone."""
     if job.held is not None and not job.live:
-        claims.release(state, job)
+        release(state, job, ctx)
+
+
+def release(state: State, job: JobState, ctx: Ctx) -> None:
+    """Give back every GPU the job holds: its queue stops holding GPU time for them."""
+    claims.release(state, job)
+    gpu_time.track(state, job, ctx.time)
 
 
 def voided(job_id: str, message: str) -> Refused:

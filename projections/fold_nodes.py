@@ -19,7 +19,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.projections import claims
+from corral.projections import claims, gpu_time
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -27,6 +27,7 @@ from corral.projections.fold_moves import (
     find_node,
     move,
     move_twice,
+    release,
     stop_holding,
 )
 from corral.projections.lifecycle import (
@@ -91,7 +92,7 @@ def _gpus_moved(state: State, ctx: Ctx, node: str, moved: dict[int, int | None])
         if job.phase in ("placed", "starting", "running", "checkpointing"):
             move(state, job, "interrupt", ctx)
             job.reasons = (Reason("interrupted", f"a GPU it held on node {node} left or was renumbered"),)
-        stop_holding(state, job)
+        stop_holding(state, job, ctx)
 
 
 def _on(worker: WorkerSlot, moved: dict[int, int | None]) -> bool:
@@ -164,7 +165,7 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
         # A rank of the same number in a newer attempt is another process on other GPUs.
         if job.held is not None and job.held.attempt == ev.attempt:
             job.live.discard(ev.rank)
-            stop_holding(state, job)
+            stop_holding(state, job, ctx)
         return
     rank = ev.rank
     live = job.live
@@ -176,7 +177,7 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     if job.phase == "running" and adm is not None and rank >= adm.replicas:
         left(state, job, rank, ctx)
         if job.held is not None and not live:
-            claims.release(state, job)  # the ranks it kept had ended: the GPUs are free
+            release(state, job, ctx)  # the ranks it kept had ended: the GPUs are free
         return
     codes = job.exit_codes
     codes[rank] = ev.code
@@ -188,7 +189,7 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     else:
         _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
     if job.held is not None and not live:
-        claims.release(state, job)  # the last worker is gone: the GPUs are free
+        release(state, job, ctx)  # the last worker is gone: the GPUs are free
 
 
 def _succeed_if_done(state: State, job: JobState, ctx: Ctx) -> None:
@@ -203,6 +204,7 @@ def left(state: State, job: JobState, rank: int, ctx: Ctx) -> None:
     """A rank an elastic job shrank away from is gone: its GPUs are free, whatever its code;
     once the last of them is gone, the shrink is over."""
     claims.release_rank(state, job, rank)
+    gpu_time.track(state, job, ctx.time)
     job.exit_codes.pop(rank, None)
     job.started.discard(rank)
     job.left.add(rank)  # its agent may forget the process: a growth starts the rank anew
@@ -256,7 +258,7 @@ def interrupt_on(
         if job.phase in ("placed", "starting", "running", "checkpointing"):
             move(state, job, "interrupt", ctx)
             job.reasons = (Reason("interrupted", why),)
-        stop_holding(state, job)
+        stop_holding(state, job, ctx)
 
 
 def _condition(state: State, ctx: Ctx, ev: NodeConditionChanged) -> None:

@@ -10,7 +10,7 @@ from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionReq
 from corral.events.jobs import (
     Admission,
 )
-from corral.projections import claims, preemption, quota
+from corral.projections import claims, gpu_time, preemption, quota
 from corral.projections.fold_moves import (
     MAX_PREEMPTION_TIMES,
     Ctx,
@@ -43,6 +43,7 @@ def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
             except claims.ClaimError as e:
                 void.append((p.job_id, str(e)))
                 continue
+            gpu_time.track(state, job, ctx.time)
             job.placement = p
             job.updated_seq = ctx.seq
             continue
@@ -57,6 +58,7 @@ def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
         except claims.ClaimError as e:
             void.append((p.job_id, str(e)))
             continue
+        gpu_time.track(state, job, ctx.time)  # its queue holds GPU time from now
         move(state, job, "place", ctx)
         job.placement = p
         if job.reasons:  # a store costs more than the look (Structs)
@@ -99,7 +101,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
         if not job.live:
             move(state, job, "stop", ctx)
-            stop_holding(state, job)
+            stop_holding(state, job, ctx)
 
 
 def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:

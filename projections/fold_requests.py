@@ -1,9 +1,11 @@
 """The fold's handling of tenants' and the admin's requests: submit, cancel and resize a job
 (the tenant comes from the subject, and only the owner or the admin may touch a job), and
-queues, cohorts, priority classes and cordons (the admin only).
+queues, cohorts, priority classes, fair-share settings and cordons (the admin only).
 """
 
 from __future__ import annotations
+
+import math
 
 import msgspec
 
@@ -14,7 +16,15 @@ from corral.events.jobs import (
     ResizeJob,
     SubmitJob,
 )
-from corral.events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CordonNode, DeleteQueue
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyFairShare,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CordonNode,
+    DeleteQueue,
+)
+from corral.projections import gpu_time
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -71,7 +81,7 @@ def _cancel(state: State, ctx: Ctx, req: CancelJob) -> None:
         raise Refused("illegal", f"job {job.id} is already {job.phase}", job.id)
     move(state, job, "cancel", ctx)
     job.reasons = (Reason("cancelled", req.reason or f"cancelled by {ctx.tenant}"),)
-    stop_holding(state, job)
+    stop_holding(state, job, ctx)
 
 
 def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
@@ -132,6 +142,14 @@ def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> No
     state.priority_classes[req.priority_class.name] = req.priority_class
 
 
+def _apply_fair_share(state: State, ctx: Ctx, req: ApplyFairShare) -> None:
+    _admin(ctx)
+    half_life = req.fair_share.half_life_s
+    if not (half_life > 0 and math.isfinite(half_life)):
+        raise Refused("malformed", f"fair share: half_life_s {half_life} is not a positive number of seconds")
+    gpu_time.apply_settings(state, req.fair_share, ctx.time)
+
+
 def _delete_queue(state: State, ctx: Ctx, req: DeleteQueue) -> None:
     _admin(ctx)
     if req.name not in state.queues:
@@ -153,6 +171,7 @@ HANDLERS: dict[type[Event], Handler] = {
     ApplyQueue: _apply_queue,
     ApplyCohort: _apply_cohort,
     ApplyPriorityClass: _apply_priority_class,
+    ApplyFairShare: _apply_fair_share,
     DeleteQueue: _delete_queue,
     CordonNode: _cordon_request,
 }

@@ -23,5 +23,7 @@ from __future__ import annotations
 # 5: who may be stopped for whom follows the beneficiary's queue's preemption policy; a lender
 #    takes back lent quota counting the record's own-queue victims as gone, and the sides of a
 #    cohort tree two queues meet in decide who lent to whom; a priority class may cap a job's
-#    preemptions over its whole life.
+#    preemptions over its whole life. The fold keeps each queue's GPU time held (placement to
+#    release), decayed with the half-life the admin sets (``ApplyFairShare``): fair share
+#    counts what ran.
 RULES = 5

@@ -15,7 +15,7 @@ from corral.events.base import Reason
 from corral.events.decisions import Placement
 from corral.events.jobs import Admission, JobSpec
 from corral.events.nodes import GpuInfo, NodeCondition, NodeInventory
-from corral.events.queues import CohortSpec, PriorityClassSpec, QueueSpec
+from corral.events.queues import CohortSpec, FairShareSpec, PriorityClassSpec, QueueSpec
 from corral.projections.lifecycle import Phase
 
 WHOLE = 1000  # milli-GPU in one GPU
@@ -83,6 +83,11 @@ class JobState(msgspec.Struct, gc=False):
     exit_codes: dict[int, int] = {}
     left: set[int] = set()  # ranks an elastic shrink took away in this attempt, their exits folded
     held: Placement | None = None  # the GPUs this job holds now (maybe from an older attempt)
+    # What its held GPUs count for in its queue's GPU time (``State.gpu_time``): the quota key
+    # (that of the admission they were placed under, which a requeue clears before they are
+    # given back) and milli-GPU, as quota charges them.
+    held_key: str = ""
+    held_milli: int = 0
     checkpoint: Checkpoint | None = None
     reasons: tuple[Reason, ...] = ()
     restarts: int = 0
@@ -118,6 +123,16 @@ class Rejection(msgspec.Struct, frozen=True):
     voided: tuple[tuple[str, str], ...] = ()
 
 
+class GpuTime(msgspec.Struct, gc=False):
+    """The GPU time one queue held on one quota key, decayed with the fair-share half-life:
+    ``decayed`` milli-GPU-seconds as they stood at log time ``at``, and the milli-GPU it has
+    held since (``projections/gpu_time.py`` keeps and reads it)."""
+
+    decayed: float = 0.0
+    at: float = 0.0
+    holding: int = 0
+
+
 class State(msgspec.Struct, gc=False):
     seq: int = 0  # last folded stream sequence
     time: float = 0.0  # stream time of the last folded record
@@ -133,6 +148,10 @@ class State(msgspec.Struct, gc=False):
     # milli-GPU held per queue and quota key by jobs in quota-holding phases, kept by the fold so
     # that arbitrating an admission costs O(queues), not O(jobs).
     quota_held: dict[str, dict[str, int]] = {}
+    fair_share: FairShareSpec = FairShareSpec()
+    # GPU time held per queue and quota key, from placement to release, decayed: what fair share
+    # orders queues by. Kept by the fold at each change of what a queue holds, in log time.
+    gpu_time: dict[str, dict[str, GpuTime]] = {}
 
 
 MAX_REJECTIONS = 1000

@@ -58,8 +58,10 @@ from corral.events.nodes import (
 )
 from corral.events.queues import (
     DEFAULT_PREEMPTION,
+    ApplyFairShare,
     ApplyQueue,
     DeleteQueue,
+    FairShareSpec,
     PreemptionPolicy,
     QueueSpec,
     Quota,
@@ -229,16 +231,18 @@ class Cluster:
 
 
 class LogBuilder:
-    """Records as the stream would store them: sequences from 1 up, stream time one second apart.
+    """Records as the stream would store them: sequences from 1 up, stream time ``step`` seconds
+    apart (one unless told; ``at`` moves the clock on).
 
     ``request`` publishes a bare request as a client does; ``event`` seals a service event in an
     envelope. The named shortcuts put each service event on the subject it belongs on.
     """
 
-    def __init__(self, start_seq: int = 1, start_time: float = 1000.0) -> None:
+    def __init__(self, start_seq: int = 1, start_time: float = 1000.0, step: float = 1.0) -> None:
         self.records: list[Record] = []
         self._seq = start_seq
         self._time = start_time
+        self._step = step
         # What ``admit`` needs to propose faithful admissions: each job's spec as first submitted
         # (a later duplicate is refused by the fold) and each queue as the admin last applied it.
         self._specs: dict[str, JobSpec] = {}
@@ -248,10 +252,20 @@ class LogBuilder:
     def last_seq(self) -> int:
         return self._seq - 1
 
+    @property
+    def time(self) -> float:
+        """The stream time the next record gets."""
+        return self._time
+
+    def at(self, time: float) -> LogBuilder:
+        """Stamp the next records from stream time ``time`` on."""
+        self._time = time
+        return self
+
     def raw(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> LogBuilder:
         self.records.append(Record(self._seq, subject, data, headers, self._time))
         self._seq += 1
-        self._time += 1.0
+        self._time += self._step
         return self
 
     def request(self, tenant: str, verb: str, body: Event | dict[str, Any]) -> LogBuilder:
@@ -279,6 +293,10 @@ class LogBuilder:
         """The admin applies a queue: ``spec``, or one of that name with ``AMPLE`` quota."""
         q = queue_spec(spec) if isinstance(spec, str) else spec
         return self.admin("queue", ApplyQueue(queue=q))
+
+    def fair_share(self, half_life_s: float) -> LogBuilder:
+        """The admin sets the fair-share half-life."""
+        return self.admin("fair-share", ApplyFairShare(fair_share=FairShareSpec(half_life_s=half_life_s)))
 
     def queues(self, *names: str) -> LogBuilder:
         """The admin applies each queue of ``names`` with ``AMPLE`` quota."""

@@ -16,7 +16,15 @@ from corral.events import subjects
 from corral.events.base import Reason
 from corral.events.jobs import CancelJob, JobRejected, ResizeJob
 from corral.events.log import Record
-from corral.events.queues import ApplyCohort, ApplyPriorityClass, CohortSpec, CordonNode, PriorityClassSpec
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyFairShare,
+    ApplyPriorityClass,
+    CohortSpec,
+    CordonNode,
+    FairShareSpec,
+    PriorityClassSpec,
+)
 from corral.projections.fold import fold
 from corral.projections.state import State
 from corral.services.agent.inventory import h100_8x_nvswitch
@@ -32,6 +40,7 @@ def records() -> list[Record]:
     lb.nodes(Cluster(3))
     lb.admin("priority-class", ApplyPriorityClass(priority_class=PriorityClassSpec("urgent", 100)))
     lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    lb.admin("fair-share", ApplyFairShare(fair_share=FairShareSpec(half_life_s=3600.0)))
     lb.queues("team-a", "team-b")
     # a job runs, checkpoints and is preempted for an urgent one, then resumes
     lb.submit("alice", "low", job().gpus(8).checkpointable()).accept("low").admit("low")

@@ -69,7 +69,7 @@ from corral.events.jobs import (
 from corral.events.queues import QueueSpec
 from corral.projections import preemption, quota
 from corral.projections.holds import Hold, hold, quota_end
-from corral.projections.lifecycle import FINAL, HOLDS_QUOTA
+from corral.projections.lifecycle import HOLDS_QUOTA
 from corral.projections.quota import Ledger, fmt_gpus, key_name
 from corral.projections.state import JobState, State
 from corral.services.admission.grow import growths
@@ -79,7 +79,6 @@ from corral.services.admission.validate import priority_value, validate
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    half_life_s: float = 24 * 3600.0  # fair share: how fast past usage is forgotten
     detail: int = 10  # jobs at the front of each queue whose reasons carry figures
     max_admissions: int = 1000  # per cycle, to bound the size of one JobsAdmitted event
     # Best-effort queues: how many jobs that do not fit a cycle may look past, per queue. Bounds
@@ -97,9 +96,9 @@ _Ends = dict[tuple[str, str], list[tuple[float, int]]]
 
 
 def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[Event]:
-    # 0. Snapshot: one pass over the jobs builds usage, history and the per-queue backlogs.
+    # 0. Snapshot: one pass over the jobs builds usage and the per-queue backlogs.
     ledger = Ledger(state)
-    fair = FairShare(ledger, now, config.half_life_s)
+    fair = FairShare(ledger, state, now)
     holders: dict[tuple[str, str], list[_Holder]] = {}
     submitted: list[JobState] = []
     stopped: list[JobState] = []
@@ -119,7 +118,6 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
                 in_order = False
             last_seq = job.submitted_seq
         elif phase in HOLDS_QUOTA:
-            fair.remember(job)
             if phase == "checkpointing" and job.preempted_for:
                 stopping.add(job.preempted_for)
             held = ledger.hold(job)
@@ -136,9 +134,6 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             submitted.append(job)
         elif phase == "preempted" or phase == "interrupted":
             stopped.append(job)
-            fair.remember(job)
-        elif phase in FINAL and job.admission is not None:
-            fair.remember(job)
     events: list[Event] = []
 
     # 1. Accept or reject what was submitted, in submission order.

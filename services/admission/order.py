@@ -26,29 +26,27 @@ queue is within its nominal with it, the preemptor reclaims what other queues bo
 job that needs more than its queue's nominal can only run on borrowed quota, which nothing
 can hold for it: it holds nothing.
 
-Past holding decays with a half-life: a GPU held ``t`` seconds ago weighs
-``2 ** (-t / half_life)``, normalised so that holding ``g`` GPUs forever counts as ``g``; a team
-that used little lately goes first.
-
-Past holding is derived from the State alone, so every replica computes the same order: a job
-holding quota counts from the start of its current phase; a job that held quota and has ended
-counts for its runtime estimate (at most from submission to end), since the State keeps no start
-time for it. Everything is deterministic: no clock (``now`` is an argument), no dict-order
+Past holding is the GPU time the queue's jobs held, from placement to release, every attempt,
+decayed with the half-life the admin set (``ApplyFairShare``): the fold keeps it per queue and
+key (``projections/gpu_time.py``), so it counts what ran, not what tenants estimated, and every
+replica computes the same order. A GPU held ``t`` seconds ago weighs ``2 ** (-t / half_life)``,
+normalised so that holding ``g`` GPUs for ever counts as ``g``; a team that used little lately
+goes first. Held now is the quota the queue holds (``Ledger``), which admissions keep current
+within a cycle. Everything is deterministic: no clock (``now`` is an argument), no dict-order
 dependence (queues are visited by name, ties end at job id).
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Collection, Mapping
 from itertools import islice
 from operator import attrgetter, lt
 
 from corral.events.queues import QueueSpec
-from corral.projections import quota
+from corral.projections import gpu_time, quota
 from corral.projections.holds import Hold
-from corral.projections.lifecycle import FINAL, HOLDS_QUOTA
+from corral.projections.lifecycle import HOLDS_QUOTA
 from corral.projections.quota import Ledger
 from corral.projections.shape import kind_of
 from corral.projections.state import WHOLE, JobState, State
@@ -78,49 +76,25 @@ def sort_queue(jobs: list[JobState], in_submission_order: bool = False) -> None:
 
 
 class FairShare:
-    """Per queue and key: held now (from the ledger, which admissions keep current) plus decayed
-    past holding (``remember``-ed jobs), and the weighted dominant share that follows."""
+    """Per queue and key: held now (from the ledger, which admissions keep current) plus the
+    decayed GPU time the queue held (from the State), and the weighted dominant share that
+    follows."""
 
-    def __init__(self, ledger: Ledger, now: float, half_life_s: float) -> None:
+    def __init__(self, ledger: Ledger, state: State, now: float) -> None:
         self._ledger = ledger
         self._now = now
-        self._rate = math.log(2) / half_life_s if half_life_s > 0 else 0.0
-        # queue -> key -> decayed milli-GPU of each job; summed with fsum, exactly rounded, so
-        # the share does not depend on the order jobs were visited in.
-        self._parts: dict[str, dict[str, list[float]]] = {}
+        self._half_life = state.fair_share.half_life_s
+        self._gpu_time = state.gpu_time
         self._history: dict[str, dict[str, float]] = {}
         self._caps: dict[str, dict[str, int]] = {}  # the tree's quota per key: fixed for a cycle
-
-    def remember(self, job: JobState) -> None:
-        """Count the quota ``job`` holds or held into its queue's past usage."""
-        adm = job.admission
-        if self._rate == 0.0 or adm is None or len(adm.gpus) != 1:
-            return
-        if job.phase in HOLDS_QUOTA:
-            start, end = job.phase_since, self._now
-        elif job.phase in FINAL or job.phase in ("preempted", "interrupted"):
-            end = job.phase_since
-            ran = min(job.spec.runtime_estimate_s or 0.0, max(0.0, end - job.submitted_at))
-            start = end - ran
-        else:
-            return
-        if end <= start:
-            return
-        key = next(iter(adm.gpus))
-        milli = quota.worker_milli(job.spec.resources, key) * adm.replicas
-        decayed = milli * (
-            math.exp(-self._rate * max(0.0, self._now - end))
-            - math.exp(-self._rate * max(0.0, self._now - start))
-        )
-        self._parts.setdefault(job.spec.queue, {}).setdefault(key, []).append(decayed)
-        self._history.pop(job.spec.queue, None)
 
     def history(self, queue: str) -> dict[str, float]:
         """Decayed past holding of ``queue`` per key, in milli-GPU."""
         found = self._history.get(queue)
         if found is None:
-            parts = self._parts.get(queue, {})
-            found = self._history[queue] = {k: math.fsum(v) for k, v in parts.items()}
+            now, half_life = self._now, self._half_life
+            held = self._gpu_time.get(queue, {})
+            found = self._history[queue] = {k: gpu_time.recent(g, now, half_life) for k, g in held.items()}
         return found
 
     def share(self, queue: str) -> float:
@@ -280,19 +254,17 @@ def waiting_by_queue(jobs: list[JobState]) -> dict[str, list[JobState]]:
     return out
 
 
-def pending_order(state: State, now: float, half_life_s: float) -> list[JobState]:
+def pending_order(state: State, now: float) -> list[JobState]:
     """Every queued job in the order admission would consider it if each were admitted in
     turn (``corral queues`` and ``corral explain`` positions). Deterministic for a State."""
     ledger = Ledger(state)
-    fair = FairShare(ledger, now, half_life_s)
+    fair = FairShare(ledger, state, now)
     queued: list[JobState] = []
     for job in state.jobs.values():
         if job.phase in HOLDS_QUOTA:
             ledger.hold(job)
         if job.phase == "queued":
             queued.append(job)
-        else:
-            fair.remember(job)
     order = FairShareOrder(waiting_by_queue(queued), ledger, fair)
     out: list[JobState] = []
     while (cur := order.pop()) is not None:

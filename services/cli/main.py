@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import secrets
 import socket
@@ -28,9 +29,11 @@ from corral.events.jobs import CancelJob, JobSpec, ResizeJob, Resources, SubmitJ
 from corral.events.log import Append, LogError, Record
 from corral.events.queues import (
     ApplyCohort,
+    ApplyFairShare,
     ApplyPriorityClass,
     ApplyQueue,
     CohortSpec,
+    FairShareSpec,
     PriorityClassSpec,
     QueueSpec,
 )
@@ -205,22 +208,44 @@ def cmd_resize(args: argparse.Namespace) -> None:
 
 
 class QueueFile(msgspec.Struct, forbid_unknown_fields=True):
-    """What ``corral queue apply`` takes: cohorts, queues and priority classes, all optional."""
+    """What ``corral queue apply`` takes: cohorts, queues, priority classes and the fair-share
+    settings, all optional."""
 
     cohorts: list[CohortSpec] = []
     queues: list[QueueSpec] = []
     priority_classes: list[PriorityClassSpec] = []
+    fair_share: FairShareSpec | None = None
 
 
 def cmd_queue_apply(args: argparse.Namespace) -> None:
     doc = convert(load_document(args.file), QueueFile, args.file)
     # Parents before children, so a cohort tree applies in one go whatever order the file uses.
     requests: list[tuple[str, Any, str]] = []
+    if doc.fair_share is not None:
+        requests.append(("fair-share", ApplyFairShare(fair_share=doc.fair_share), "cluster"))
     requests += [
         ("priority-class", ApplyPriorityClass(priority_class=p), p.name) for p in doc.priority_classes
     ]
     requests += [("cohort", ApplyCohort(cohort=c), c.name) for c in _parents_first(doc.cohorts)]
     requests += [("queue", ApplyQueue(queue=q), q.name) for q in doc.queues]
+    send_admin(args, requests)
+    counts = f"{len(doc.priority_classes)} priority classes, {len(doc.cohorts)} cohorts"
+    fair = ", fair share" if doc.fair_share is not None else ""
+    print(f"applied {counts}, {len(doc.queues)} queues{fair}")
+
+
+def cmd_queue_fair_share(args: argparse.Namespace) -> None:
+    half_life = args.half_life_s
+    if not (half_life > 0 and math.isfinite(half_life)):
+        raise BadInput(f"--half-life-s {half_life}: a positive number of seconds")
+    spec = FairShareSpec(half_life_s=half_life)
+    send_admin(args, [("fair-share", ApplyFairShare(fair_share=spec), "cluster")])
+    print(f"fair share: past GPU time halves every {half_life:g} s from now on")
+
+
+def send_admin(args: argparse.Namespace, requests: list[tuple[str, Any, str]]) -> None:
+    """Send the admin's ``(verb, request, name)`` requests, in order, through the intake (or, with
+    the services' login, straight into the log)."""
     stamp = time.time_ns()
     items = [
         Append(subjects.admin(verb), codec.encode(body), msg_id=f"{verb}:{name}:{stamp}")
@@ -251,8 +276,6 @@ def cmd_queue_apply(args: argparse.Namespace) -> None:
             await log.close()
 
     asyncio.run(send() if client is not None else run())
-    counts = f"{len(doc.priority_classes)} priority classes, {len(doc.cohorts)} cohorts"
-    print(f"applied {counts}, {len(doc.queues)} queues")
 
 
 def _parents_first(cohorts: list[CohortSpec]) -> list[CohortSpec]:
@@ -544,6 +567,16 @@ def parser() -> argparse.ArgumentParser:
     qa = qsub.add_parser("apply", parents=[common], help="apply a queue file (.toml, .yaml, .json)")
     qa.add_argument("file")
     qa.set_defaults(fn=cmd_queue_apply)
+    qf = qsub.add_parser(
+        "fair-share", parents=[common], help="cluster-wide fair-share settings (the half-life of past use)"
+    )
+    qf.add_argument(
+        "--half-life-s",
+        type=float,
+        required=True,
+        help="seconds after which GPU time a queue held weighs half in the fair-share order (default 86400)",
+    )
+    qf.set_defaults(fn=cmd_queue_fair_share)
     sub.add_parser("queues", parents=[common], help="quota, usage and fair share per queue").set_defaults(
         fn=cmd_queues
     )

@@ -25,7 +25,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue
+from corral.events.queues import ApplyCohort, ApplyFairShare, ApplyPriorityClass, ApplyQueue
 from corral.projections.shape import Shape
 
 
@@ -55,6 +55,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
             return f"admin applies cohort {c.name}" + (f" under {c.parent}" if c.parent else "")
         case ApplyPriorityClass(priority_class=p):
             return f"admin applies priority class {p.name} = {p.value}"
+        case ApplyFairShare(fair_share=f):
+            return f"admin sets the fair-share half-life to {f.half_life_s:g} s"
         case JobAccepted(job_id=jid, priority=prio):
             return f"admission accepts {jid} (priority {prio})"
         case JobRejected(job_id=jid, reason=r):

@@ -2,7 +2,8 @@
 
 ``queue_usage`` works the figures out from the quota ledger (``projections.quota``); ``queue_rows``
 puts them with each queue's pending and running jobs into the rows the CLI and the read service
-show."""
+show, with the GPUs it held recently: the decayed GPU time fair share orders queues by
+(``projections.gpu_time``), as of the last record folded."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from corral.projections import quota
+from corral.projections import gpu_time, quota
 from corral.projections.lifecycle import FINAL
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, State
@@ -26,8 +27,12 @@ def queue_rows(state: State) -> list[dict[str, Any]]:
         elif job.phase not in FINAL:
             running[job.spec.queue] = running.get(job.spec.queue, 0) + 1
     rows = []
+    half_life = state.fair_share.half_life_s
     for name, u in sorted(usage.items()):
+        held = state.gpu_time.get(name, {})
         for key, k in sorted(u.keys.items()):
+            g = held.get(key)
+            recent = round(gpu_time.recent(g, state.time, half_life)) if g is not None else 0
             rows.append(
                 {
                     "queue": name,
@@ -35,6 +40,7 @@ def queue_rows(state: State) -> list[dict[str, Any]]:
                     "gpu": quota.key_name(key),
                     "nominal": quota.fmt_gpus(k.nominal),
                     "used": quota.fmt_gpus(k.used),
+                    "recent": quota.fmt_gpus(recent),
                     "borrowed": quota.fmt_gpus(k.borrowed),
                     "lent": quota.fmt_gpus(k.lent),
                     "weight": u.weight,

@@ -21,8 +21,9 @@ decision (nothing submitted, queued, admitted or stopped: every service's answer
 and when all that happened since the services were quiet is periodic checkpoints and workers
 starting. A checkpoint changes no quota, GPU or phase. Workers start at the time of their
 placement, so the job's phase moves from placed to running while the time it counts from stays
-the same: its fair-share holding, the work a preemption would lose (none), its expected end and
-the time it has run for the anti-thrash guards are what they were. Decisions are taken at event
+the same: the GPU time its queue holds (counted from the placement), the work a preemption would
+lose (none), its expected end and the time it has run for the anti-thrash guards are what they
+were. Decisions are taken at event
 times only: a live service also re-decides on a timer, so a condition that turns true by the
 mere passing of time (an anti-thrash guard expiring) is seen here at the next event, there
 within a second. With ``cycle_s`` the services decide only at multiples of it, as services that
@@ -66,7 +67,7 @@ from dataclasses import dataclass, field
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
 from corral.events.decisions import JobsPlaced, PreemptionRequested, WorkerSlot
-from corral.events.jobs import Admission, JobRejected, JobSpec, Resources, SubmitJob
+from corral.events.jobs import JobRejected, JobSpec, SubmitJob
 from corral.events.log import Record
 from corral.events.nodes import (
     CheckpointCompleted,
@@ -79,11 +80,9 @@ from corral.projections import quota
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import FINAL
 from corral.projections.placement.stack import PlacerConfig
-from corral.projections.quota import Ledger
-from corral.projections.state import WHOLE, JobState, State
+from corral.projections.state import WHOLE, State
 from corral.services.admission.decide import AdmissionConfig
 from corral.services.admission.decide import decide as admission_decide
-from corral.services.admission.order import FairShare
 from corral.services.placer.decide import decide as placer_decide
 from corral.services.preemptor.decide import PreemptorConfig
 from corral.services.preemptor.decide import decide as preemptor_decide
@@ -198,7 +197,6 @@ class _Run:
 
 
 _DECIDE, _FINISH, _CHECKPOINT, _SAVED, _KILL = range(5)
-HISTORY = "~history"  # id prefix of the jobs ``_compact`` summarises finished ones into
 
 
 class Simulation:
@@ -345,7 +343,7 @@ class Simulation:
                 self._exit(job_id, run, t, stopped=True)
         every = self.config.compact_every
         if every and self._finished >= every:
-            self._compact(t)
+            self._compact()
         cycle = self.config.cycle_s
         if cycle > 0 and self._dirty and self._waiting:
             tick = math.ceil(t / cycle) * cycle
@@ -525,45 +523,19 @@ class Simulation:
 
     # -- compaction --------------------------------------------------------------------------------
 
-    def _compact(self, now: float) -> None:
-        """Replace the finished jobs in the state by one summary job per queue and quota key.
+    def _compact(self) -> None:
+        """Drop the finished jobs from the state.
 
         Every decide function scans every job each cycle, and finished jobs pile up: a replay of
-        tens of thousands of jobs would spend most of its time stepping over them. Of a finished
-        job, only admission's fair share still reads anything: its decayed past holding
-        (``services.admission.order.FairShare``). A decayed sum at ``now`` of ``e^(-r (now -
-        end)) - e^(-r (now - start))`` terms is ``e^(-r (now - t))`` times its value at ``t``,
-        so one finished job that held ``v`` milli-GPU from far in the past until ``t`` (its
-        ``v`` computed here by ``FairShare`` itself) weighs exactly what they all weigh, at
-        every later ``now``, to rounding of ``v`` to a whole milli-GPU. Decisions are unchanged
-        but for that rounding; the live services keep every job (a replay of the log does too).
+        tens of thousands of jobs would spend most of its time stepping over them. A finished job
+        that gave its GPUs back is read by no decision any more: the GPU time it held is in its
+        queue's ``State.gpu_time``, which the fold keeps apart from the jobs. So decisions are
+        unchanged; the live services keep every job (a replay of the log does too).
         """
         self._finished = 0
-        state = self.state
-        fair = FairShare(Ledger(state), now, self.config.admission.half_life_s)
-        done = [job for job in state.jobs.values() if job.phase in FINAL]
-        for job in done:
-            fair.remember(job)
-            del state.jobs[job.id]
-        forever = 64 * self.config.admission.half_life_s  # 2^-64: nothing left of its start
-        for queue in sorted({job.spec.queue for job in done}):
-            for key, value in sorted(fair.history(queue).items()):
-                milli = round(value)
-                if milli <= 0:
-                    continue
-                job_id = f"{HISTORY}.{queue}.{key}"
-                state.jobs[job_id] = JobState(
-                    id=job_id,
-                    tenant="",
-                    spec=JobSpec(
-                        queue=queue, resources=Resources(gpus=1, gpu_milli=1), runtime_estimate_s=forever
-                    ),
-                    submitted_seq=0,
-                    submitted_at=now - forever,
-                    phase="succeeded",
-                    phase_since=now,
-                    admission=Admission(job_id, 0, replicas=milli, gpus={key: 1}),
-                )
+        jobs = self.state.jobs
+        for job in [job for job in jobs.values() if job.phase in FINAL and job.held is None]:
+            del jobs[job.id]
 
     # -- results ------------------------------------------------------------------------------------
 

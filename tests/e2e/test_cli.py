@@ -20,6 +20,9 @@ pytestmark = pytest.mark.e2e
 
 CORRAL = [sys.executable, "-m", "corral"]
 QUEUES = """
+[fair_share]
+half_life_s = 43200
+
 [[priority_classes]]
 name = "normal"
 value = 0
@@ -89,7 +92,8 @@ def cluster(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
 async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_path: Path) -> None:
     queues = tmp_path / "queues.toml"
     queues.write_text(QUEUES)
-    corral("queue", "apply", str(queues), "--server", cluster, env=env)
+    out = corral("queue", "apply", str(queues), "--server", cluster, env=env)
+    assert "fair share" in out.stdout
 
     job_file = tmp_path / "train.yaml"
     job_file.write_text("id: train-1\nqueue: team-a\nreplicas: 2\nresources: {gpus: 4}\n")
@@ -136,6 +140,13 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     assert from_file["faults"] == 0
     assert {"train-1", "raw-1"} <= set(from_file["jobs"])
     assert from_file["jobs"]["el-1"]["spec"]["replicas"] == 6
+    assert from_file["fair_share"]["half_life_s"] == 43200.0
+
+    corral("queue", "fair-share", "--half-life-s", "7200", "--server", cluster, env=env)
+    corral("log", "export", str(exported), "--server", cluster, env=env)
+    replayed = json.loads(corral("replay", str(exported), "-o", "json", env=env).stdout)
+    assert replayed["fair_share"]["half_life_s"] == 7200.0
+    assert not [r for r in replayed["rejections"] if r["subject"].endswith(".fair-share")]
 
 
 def test_errors_are_one_line_with_status_2(env: dict[str, str], tmp_path: Path) -> None:

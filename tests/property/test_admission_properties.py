@@ -17,9 +17,11 @@ from corral.events.base import Event, Request
 from corral.events.jobs import CancelJob, JobsAdmitted, JobSpec, Resources, SubmitJob
 from corral.events.queues import (
     ApplyCohort,
+    ApplyFairShare,
     ApplyPriorityClass,
     ApplyQueue,
     CohortSpec,
+    FairShareSpec,
     PriorityClassSpec,
     QueueSpec,
     Quota,
@@ -203,10 +205,10 @@ def test_repeated_cycles_keep_quota_invariants(
     data: st.DataObject, cluster: tuple[list[ApplyCohort], list[ApplyQueue]]
 ) -> None:
     log = build(cluster)
+    half_life = FairShareSpec(half_life_s=data.draw(st.sampled_from((1.0, 60.0, 3600.0))))
+    log.request(ApplyFairShare(fair_share=half_life), subj.ADMIN, "fair-share")
     n_queues = len(cluster[1])
-    config = AdmissionConfig(
-        half_life_s=data.draw(st.sampled_from((0.0, 60.0, 3600.0))), detail=3, lookahead=4
-    )
+    config = AdmissionConfig(detail=3, lookahead=4)
     rng = random.Random(data.draw(st.integers(0, 2**16)))
     n = 0
     for _cycle in range(data.draw(st.integers(1, 5))):
@@ -241,9 +243,7 @@ def test_same_log_same_order_and_decisions(
         apply_event(again, seq, subject, body, float(seq), tenant)
     assert again == log.state
     now = float(log.state.seq) + 7.0
-    assert [j.id for j in pending_order(log.state, now, 60.0)] == [
-        j.id for j in pending_order(again, now, 60.0)
-    ]
+    assert [j.id for j in pending_order(log.state, now)] == [j.id for j in pending_order(again, now)]
     assert decide(log.state, now) == decide(again, now)
     # Nor does it matter in which order the State holds its jobs (e.g. after a snapshot).
     rng = random.Random(data.draw(st.integers(0, 2**16)))

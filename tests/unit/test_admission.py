@@ -22,7 +22,7 @@ from corral.events.jobs import (
     PendingReasonChanged,
     Resources,
 )
-from corral.events.queues import CohortSpec, PriorityClassSpec, QueueSpec, Quota
+from corral.events.queues import ApplyCohort, CohortSpec, PriorityClassSpec, QueueSpec, Quota
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import Phase
 from corral.projections.quota import ANY, Ledger
@@ -30,6 +30,8 @@ from corral.projections.state import Checkpoint, JobState, State
 from corral.services.admission.decide import AdmissionConfig, decide
 from corral.services.admission.order import pending_order
 from corral.services.admission.validate import validate
+from tests.builders import Cluster, JobBuilder, LogBuilder, on, queue_spec
+from tests.builders import job as spec
 
 H = "H100"
 
@@ -238,7 +240,7 @@ def test_order_within_a_queue_is_priority_then_submission() -> None:
     job("early").gpus(1, H).with_(seq=2).into(s)
     job("late").gpus(1, H).with_(seq=3).into(s)
     job("early-low").gpus(1, H).with_(priority=-10, seq=1).into(s)
-    assert [j.id for j in pending_order(s, 0.0, 3600.0)] == ["late-high", "early", "late", "early-low"]
+    assert [j.id for j in pending_order(s, 0.0)] == ["late-high", "early", "late", "early-low"]
 
 
 def test_order_interleaves_queues_by_dominant_share() -> None:
@@ -246,7 +248,7 @@ def test_order_interleaves_queues_by_dominant_share() -> None:
     for i in range(3):
         job(f"a{i}").gpus(4, H).into(s)
         job(f"b{i}", "team-b").gpus(4, H).with_(tenant="b").into(s)
-    assert [j.id for j in pending_order(s, 0.0, 3600.0)] == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    assert [j.id for j in pending_order(s, 0.0)] == ["a0", "b0", "a1", "b1", "a2", "b2"]
 
 
 def test_the_queue_using_less_goes_first() -> None:
@@ -254,7 +256,7 @@ def test_the_queue_using_less_goes_first() -> None:
     job("a-run").gpus(4, H).running().into(s)
     job("a0").gpus(1, H).with_(seq=100).into(s)
     job("b0", "team-b").gpus(1, H).with_(tenant="b", seq=101).into(s)
-    assert [j.id for j in pending_order(s, 0.0, 3600.0)][:2] == ["b0", "a0"]
+    assert [j.id for j in pending_order(s, 0.0)][:2] == ["b0", "a0"]
 
 
 def test_weight_scales_the_share() -> None:
@@ -265,7 +267,23 @@ def test_weight_scales_the_share() -> None:
     job("a0").gpus(1, H).with_(seq=100).into(s)
     job("b0", "team-b").gpus(1, H).with_(tenant="b", seq=101).into(s)
     # a holds 4/16 with weight 3 (0.083), b 2/16 with weight 1 (0.125): a goes first.
-    assert [j.id for j in pending_order(s, 0.0, 3600.0)][:2] == ["a0", "b0"]
+    assert [j.id for j in pending_order(s, 0.0)][:2] == ["a0", "b0"]
+
+
+def ran(
+    log: LogBuilder, tenant: str, job_id: str, spec: JobBuilder, start: float, hours: float
+) -> LogBuilder:
+    """``job_id`` runs on node-00 from ``start`` for ``hours``, with no runtime estimate."""
+    gpus = spec.build().resources.gpus
+    log.at(start).submit(tenant, job_id, spec).accept(job_id).admit(job_id)
+    log.place(on("node-00", *range(gpus), job_id=job_id)).started("node-00", job_id)
+    return log.at(start + hours * 3600.0).exited("node-00", job_id)
+
+
+def teams_log(half_life_s: float = 86400.0) -> LogBuilder:
+    """team-a and team-b (8 GPUs each) on one 8-GPU node, the half-life set by the admin."""
+    log = LogBuilder(start_time=0.0, step=0.0).nodes(Cluster(1)).fair_share(half_life_s)
+    return log.queue(queue_spec("team-a", 8)).queue(queue_spec("team-b", 8))
 
 
 @pytest.mark.parametrize(
@@ -274,15 +292,42 @@ def test_weight_scales_the_share() -> None:
     ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_past_usage_decays_with_the_half_life(id: str, ended_ago: float, first: str) -> None:
-    s = two_teams(a=Quota(8), b=Quota(8))
-    now = 40 * 86400.0
     # team-a held 8 GPUs for a day; team-b holds 1 now.
-    done = job("a-done").gpus(8, H).with_spec(runtime_estimate_s=86400.0).running().into(s)
-    done.phase, done.phase_since, done.submitted_at = "succeeded", now - ended_ago, 0.0
-    job("b-run", "team-b").gpus(1, H).running().with_(at=now).into(s)
-    job("a0").gpus(1, H).with_(seq=100).into(s)
-    job("b0", "team-b").gpus(1, H).with_(tenant="b", seq=101).into(s)
-    assert pending_order(s, now, 86400.0)[0].id == first
+    log = ran(teams_log(86400.0), "a", "a-done", spec().gpus(8), 0.0, 24.0)
+    now = 86400.0 + ended_ago
+    log.at(now - 1.0).submit("b", "b-run", spec("team-b")).accept("b-run").admit("b-run")
+    log.place(on("node-00", 0, job_id="b-run")).started("node-00", "b-run")
+    log.submit("a", "a0", spec()).accept("a0").submit("b", "b0", spec("team-b")).accept("b0")
+    state = log.fold()
+    assert state.rejected_total == 0, state.rejections
+    assert pending_order(state, now)[0].id == first
+
+
+NOW = 22.0 * 3600.0  # when both teams queue a job
+
+
+def test_a_team_without_estimates_that_ran_a_lot_goes_after_one_that_ran_little() -> None:
+    """Neither team gives runtime estimates; what counts is the GPU time their jobs held. One
+    8-GPU job of either team fits in their cohort's quota: the team that ran little gets it."""
+
+    def cohort_log(history: bool) -> LogBuilder:
+        log = LogBuilder(start_time=0.0, step=0.0).nodes(Cluster(1)).fair_share(86400.0)
+        log.admin("cohort", ApplyCohort(cohort=CohortSpec("ml")))
+        log.queue(queue_spec("team-a", 4, cohort="ml")).queue(queue_spec("team-b", 4, cohort="ml"))
+        if history:
+            ran(log, "a", "a-big", spec().gpus(8), 0.0, 10.0)  # team-a: 8 GPUs for 10 h, twice
+            ran(log, "a", "a-again", spec().gpus(8), 10.0 * 3600.0, 10.0)
+            ran(log, "b", "b-small", spec("team-b").gpus(1), 20.0 * 3600.0, 1.0)  # team-b: 1 GPU, 1 h
+        # Then both queue an 8-GPU job, team-a's first.
+        log.at(NOW).submit("a", "a0", spec().gpus(8)).accept("a0")
+        return log.submit("b", "b0", spec("team-b").gpus(8)).accept("b0")
+
+    # Without any history, team-a's job, submitted first, is admitted.
+    assert set(admitted(decide(cohort_log(history=False).fold(), NOW))) == {"a0"}
+    state = cohort_log(history=True).fold()
+    assert state.rejected_total == 0, state.rejections
+    assert all(j.spec.runtime_estimate_s is None for j in state.jobs.values())
+    assert set(admitted(decide(state, NOW))) == {"b0"}
 
 
 def test_jobs_within_nominal_go_before_borrowers() -> None:
@@ -291,7 +336,7 @@ def test_jobs_within_nominal_go_before_borrowers() -> None:
     job("a-run").gpus(8, H).running().into(s)
     job("a0").gpus(1, H).with_(seq=100).into(s)  # would borrow, though team-a's share is tiny
     job("b0", "team-b").gpus(1, H).with_(tenant="b", seq=101).into(s)
-    assert [j.id for j in pending_order(s, 0.0, 3600.0)] == ["b0", "a0"]
+    assert [j.id for j in pending_order(s, 0.0)] == ["b0", "a0"]
 
 
 def test_order_does_not_depend_on_the_order_jobs_are_held_in() -> None:
@@ -304,7 +349,7 @@ def test_order_does_not_depend_on_the_order_jobs_are_held_in() -> None:
             j = j.running()
         j.into(s)
     shuffled = msgspec.structs.replace(s, jobs=dict(sorted(s.jobs.items(), key=lambda _: rng.random())))
-    assert [j.id for j in pending_order(s, 5.0, 60.0)] == [j.id for j in pending_order(shuffled, 5.0, 60.0)]
+    assert [j.id for j in pending_order(s, 5.0)] == [j.id for j in pending_order(shuffled, 5.0)]
 
 
 # -- decide: one admission cycle ----------------------------------------------------------------------

@@ -22,3 +22,14 @@ def test_the_demo_without_its_trace_says_where_to_find_one(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "philly.csv not found" in err and "CORRAL_TRACES" in err
     assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("half_life", ["0", "-60", "inf", "nan"])
+def test_a_half_life_that_is_no_positive_number_of_seconds_is_refused(
+    half_life: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["queue", "fair-share", "--half-life-s", half_life, "--server", "nats://127.0.0.1:1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--half-life-s" in err

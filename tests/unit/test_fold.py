@@ -21,11 +21,13 @@ from corral.events.log import Record
 from corral.events.nodes import NodeInventory, NodeRegistered, WorkerStarted
 from corral.events.queues import (
     ApplyCohort,
+    ApplyFairShare,
     ApplyPriorityClass,
     ApplyQueue,
     CohortSpec,
     CordonNode,
     DeleteQueue,
+    FairShareSpec,
     PriorityClassSpec,
     QueueSpec,
     Quota,
@@ -193,6 +195,7 @@ ADMIN_ONLY: list[tuple[str, Event]] = [
     ("priority-class", ApplyPriorityClass(priority_class=PriorityClassSpec("high", 100))),
     ("delete-queue", DeleteQueue(name="team-a")),
     ("cordon", CordonNode(node=N0)),
+    ("fair-share", ApplyFairShare(fair_share=FairShareSpec(half_life_s=60.0))),
 ]
 
 
@@ -202,10 +205,11 @@ def test_admin_verb_from_a_tenant_subject_is_refused(verb: str, body: Event) -> 
     before = fold(log)
     state = fold(log.request("alice", verb, body))
     assert last(state).code == "unknown" and "alice" in last(state).message
-    assert (state.queues, state.cohorts, state.priority_classes) == (
+    assert (state.queues, state.cohorts, state.priority_classes, state.fair_share) == (
         before.queues,
         before.cohorts,
         before.priority_classes,
+        before.fair_share,
     )
     assert state.nodes == before.nodes
 
@@ -217,10 +221,11 @@ def test_admin_request_decoded_for_a_tenant_is_forbidden(verb: str, body: Event)
     state = fold(two_nodes())
     apply_event(state, state.seq + 1, subj.request("alice", verb), body, 2000.0, tenant="alice")
     assert last(state).code == "forbidden" and state.faults == 0
-    assert (state.queues, state.cohorts, state.priority_classes) == (
+    assert (state.queues, state.cohorts, state.priority_classes, state.fair_share) == (
         before.queues,
         before.cohorts,
         before.priority_classes,
+        before.fair_share,
     )
     assert not state.nodes[N0].cordoned
 

@@ -57,11 +57,13 @@ from corral.events.nodes import (
 )
 from corral.events.queues import (
     ApplyCohort,
+    ApplyFairShare,
     ApplyPriorityClass,
     ApplyQueue,
     CohortSpec,
     CordonNode,
     DeleteQueue,
+    FairShareSpec,
     PriorityClassSpec,
     QueueSpec,
     Quota,
@@ -125,6 +127,7 @@ REQUESTS: dict[type[Event], Event] = {
     ),
     DeleteQueue: DeleteQueue(name="vision"),
     CordonNode: CordonNode(node="node-00", cordoned=True, drain=True, reason="xid 79"),
+    ApplyFairShare: ApplyFairShare(fair_share=FairShareSpec(half_life_s=43_200.0)),
 }
 
 # The body of each golden envelope of a service event.

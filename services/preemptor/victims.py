@@ -1,22 +1,24 @@
 """Victim selection: which running work to stop so that one beneficiary's whole gang fits.
 
-Simulate first, act second (Kueue ``GetTargets`` / ``fillBackWorkloads``). For one beneficiary:
+Simulate first, act second (Kueue ``GetTargets`` / ``fillBackWorkloads``). For one beneficiary,
+under its queue's preemption policy (``PreemptionPolicy``, the rule of ``projections.preemption``):
 
-1. candidates: work holding GPUs that may be stopped for it (``candidates``), as Kueue's
-   ``withinClusterQueue: LowerPriority``, ``reclaimWithinCohort: Any`` and ``borrowWithinCohort:
-   LowerPriority`` have it: jobs of its own queue with a lower priority; jobs of other queues of
-   its cohort tree that run on borrowed quota, of any priority when the beneficiary's queue stays
-   within its nominal quota (it reclaims what it lent), of a lower priority when the
-   beneficiary's queue borrows too. Never a job that is not preemptible (spec or class), never
-   one the anti-thrash guards protect (``thrash.py``), never one of equal or higher priority in
-   the beneficiary's queue. Elastic jobs running above their minimum offer their top ranks
-   first, one by one (a shrink), before anyone is stopped whole;
-2. order: shrinks before whole jobs; then borrowers before the beneficiary's own queue; then the
-   least work lost (seconds since the last checkpoint of the running attempt, or since it started
-   running, times the GPUs held), the lowest priority, the youngest; ties by job id;
-3. remove candidates from a snapshot in that order until the gang fits, skipping a borrower
-   whose queue no longer borrows once earlier removals gave quota back; if the gang does not
-   fit with every candidate removed, stop nobody;
+1. candidates: work holding GPUs that may be stopped for it (``candidates``): jobs of its own
+   queue as ``within_queue`` allows; jobs of other queues of its cohort tree that hold quota its
+   side of the tree lent (``Ledger.borrows_from``), of a lower priority as
+   ``borrow_within_cohort`` allows, or as ``reclaim_within_cohort`` allows while its side is
+   under its own quota. Never a job that is not preemptible (spec or class), never one the
+   anti-thrash guards protect (``thrash.py``). Elastic jobs running above their minimum offer
+   their top ranks first, one by one (a shrink), before anyone is stopped whole;
+2. order: shrinks before whole jobs; then other queues' jobs before the beneficiary's own; then
+   the lowest priority, the least work lost (seconds since the last checkpoint of the running
+   attempt, or since it started running, times the GPUs held), the youngest; ties by job id;
+3. remove candidates from a snapshot in that order until the gang fits and the fold will let it
+   take every victim (``Simulation.allowed``: one taken only to take back lent quota needs the
+   beneficiary's side within its own quota once all the removals are counted, its own queue's
+   included), skipping another queue's job once earlier removals left that queue holding
+   nothing lent; if the gang does not fit with every candidate removed, stop nobody. If that
+   finds nothing, the same with the beneficiary's own queue's jobs alone (it then borrows);
 4. fill back: add back, in reverse order, every removed candidate the gang fits without. An
    elastic job keeps contiguous ranks: once one of its ranks must stay stopped, so do the ranks
    above it. What is left is minimal: no victim can be spared.

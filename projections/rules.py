@@ -20,4 +20,6 @@ from __future__ import annotations
 # 3: the fold stops a job for another only by the preemptor's own rule (projections.preemption):
 #    another queue's job only while that queue borrows, never one its class's guards protect.
 # 4: a rejection of a batch decision says which of its items were void, and why, as data.
-RULES = 4
+# 5: admission may withdraw an admitted job's admission (``AdmissionWithdrawn``): back to queued,
+#    its quota given back, when no node can host it any more.
+RULES = 5

@@ -28,6 +28,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import replace
 
 from corral.events.base import Reason
+from corral.events.jobs import JobSpec
 from corral.events.nodes import NodeInventory
 from corral.projections import mig, quota
 from corral.projections.placement import gang, stack
@@ -41,6 +42,7 @@ from corral.projections.state import GpuState, JobState, NodeState, State
 
 CODE = "no-node"  # the code of every reason given here: no node of the inventory can host the job
 MAX_VERDICTS = 4096  # shapes remembered per inventory; past that the memory starts again
+MAX_SPECS = 1 << 20  # specs remembered per inventory, likewise
 
 # How far a worker got through the chain's filters on a node, by the code of the first no: the
 # nodes that got furthest are the ones a reason speaks of ("the largest node that ...").
@@ -48,6 +50,7 @@ _STAGES = ("labels", "gpu-model", "gpu-memory", "mig-profile", "mig-mode", "gpu-
 _STAGE = {code: i for i, code in enumerate(_STAGES)}
 
 _Fingerprint = list[tuple[str, NodeInventory]]
+_UNJUDGED = Reason("", "")  # what a look-up answers for a spec not judged yet
 
 
 class _Idle:
@@ -64,7 +67,13 @@ class _Idle:
         config = stack.PlacerConfig(label_keys=label_keys)
         self.chain: Chain = stack.build(config, Fragmentation(Workload({})))
         self.label_keys = label_keys
-        self.verdicts: dict[Hashable, Reason | None] = {}
+        self.verdicts: dict[Hashable, Reason | None] = {}  # by job shape
+        # By the job's spec object (a job keeps its spec for life), cycle after cycle: a look-up
+        # by its id costs less than building the shape's key. Every spec judged is kept alive
+        # in ``specs``, so that no other object can take its id meanwhile. (The id shifted: the
+        # low bits of an address are all zero, and the dict indexes by the low bits.)
+        self.by_spec: dict[int, Reason | None] = {}
+        self.specs: list[JobSpec] = []
 
 
 class _Kept(threading.local):
@@ -95,11 +104,43 @@ class Inventory:
         if not self.nodes:
             return None
         spec = job.spec
+        idle = self._idle if self._idle is not None else self._built()
+        verdict = idle.by_spec.get(id(spec) >> 4, _UNJUDGED)
+        if verdict is not _UNJUDGED:
+            return verdict
+        verdict = self._judged(idle, job)
+        if len(idle.specs) >= MAX_SPECS:
+            idle.by_spec.clear()
+            idle.specs.clear()
+        idle.by_spec[id(spec) >> 4] = verdict
+        idle.specs.append(spec)
+        return verdict
+
+    def unhosted(self, jobs: Iterable[JobState]) -> list[tuple[JobState, Reason]]:
+        """``never_fits`` over many jobs: those no node could host, with why. (Walked every
+        cycle over every waiting job: the common answer, a spec already judged, is looked up
+        here without a call.)"""
+        if not self.nodes:
+            return []
+        known = (self._idle if self._idle is not None else self._built()).by_spec.get
+        out = []
+        for job in jobs:
+            why = known(id(job.spec) >> 4, _UNJUDGED)
+            if why is None:
+                continue
+            if why is _UNJUDGED:
+                why = self.never_fits(job)
+                if why is None:
+                    continue
+            out.append((job, why))
+        return out
+
+    def _judged(self, idle: _Idle, job: JobState) -> Reason | None:
+        spec = job.spec
         n = quota.min_replicas(spec)
         selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
         elastic = n < spec.replicas  # said in the reason: "at least n workers"
         key = (spec.resources, selector, spec.topology, n, elastic)
-        idle = self._built()
         try:
             return idle.verdicts[key]
         except KeyError:

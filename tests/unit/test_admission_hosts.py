@@ -169,6 +169,24 @@ def test_a_gang_whose_island_split_is_withdrawn() -> None:
     )
 
 
+def test_a_job_interrupted_by_its_node_leaving_waits_for_one_that_can_host_it() -> None:
+    """Requeued for its next attempt, it is not admitted while no node can host it: it says so
+    in the same cycle, and is admitted when the node is back."""
+    lb = two_nodes().submit("alice", "wide", job().gpus(8))
+    cycle(lb)
+    lb.place(on("big", *range(8), job_id="wide")).started("big", "wide")
+    lb.condition("big", "lost")
+    events, state = cycle(lb)
+    assert [type(e).__name__ for e in events] == ["JobRequeued", "PendingReasonChanged"]
+    wide = state.jobs["wide"]
+    assert (wide.phase, wide.attempt) == ("queued", 1)
+    assert wide.reasons[0].message == f"{NO_BIG_NODE}; {WAITS}"
+    assert state.quota_held == {}
+    lb.condition("big", "ready")
+    events, state = cycle(lb)
+    assert admitted(events) == ["wide"] and state.jobs["wide"].attempt == 1
+
+
 # -- the fold ---------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,8 @@ Scenarios:
   steady     the same after one cycle's reasons were folded: most reasons unchanged
   draining   quota free; the cycle admits up to its cap (1000) and explains the rest
   submitted  the same backlog still to be validated and accepted in the cycle
+  nodes      saturated, on a cluster of 1,250 8-GPU nodes (10,000 GPUs): every pending job is
+             also asked whether some node could host it (``Inventory``), a verdict per job shape
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import time
 from corral.events.jobs import Admission, JobSpec, PendingReasonChanged, Resources
 from corral.events.queues import CohortSpec, PriorityClassSpec, QueueSpec, Quota
 from corral.projections.lifecycle import Phase
-from corral.projections.state import JobState, State
+from corral.projections.state import GpuState, JobState, NodeState, State
 from corral.services.admission.decide import decide
+from corral.services.agent.inventory import a100_8x_nvlink, h100_8x_nvswitch
 
 QUEUES = 200
 COHORTS = 20
@@ -89,6 +92,15 @@ def build(pending: int, held_fraction: float, phase: Phase, seed: int = 7) -> St
     return s
 
 
+def with_nodes(state: State, count: int = 1250) -> State:
+    """Register ``count`` nodes, half 8×H100, half 8×A100, as their agents would."""
+    for i in range(count):
+        name = f"node-{i:04d}"
+        inv = (h100_8x_nvswitch if i % 2 else a100_8x_nvlink)(name)
+        state.nodes[name] = NodeState(name=name, inventory=inv, gpus=[GpuState(info=g) for g in inv.gpus])
+    return state
+
+
 def settle(state: State) -> State:
     """Give the jobs the reasons one cycle would give them, as folding its events would: later
     cycles then find most reasons unchanged, as in a running system."""
@@ -131,6 +143,7 @@ def main() -> None:
     run("steady", settle(build(args.pending, 0.9, "queued")), args.runs)
     run("draining", build(args.pending, 0.0, "queued"), args.runs)
     run("submitted", build(args.pending, 0.9, "submitted"), max(3, args.runs // 2))
+    run("nodes", with_nodes(build(args.pending, 0.9, "queued")), args.runs)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from corral.events import subjects
 from corral.events.base import Event
 from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
 from corral.events.jobs import (
+    AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
     JobRejected,
@@ -63,6 +64,7 @@ AnyEvent = (
     | PendingReasonChanged
     | JobsAdmitted
     | JobRequeued
+    | AdmissionWithdrawn
     | JobsPlaced
     | JobsUnschedulable
     | PreemptionRequested

@@ -133,6 +133,16 @@ class JobsAdmitted(Decision, frozen=True, kw_only=True):
     growths: tuple[Admission, ...] = ()
 
 
+class AdmissionWithdrawn(Event, frozen=True, kw_only=True):
+    """An admitted job that no node of the cluster can host any more (a node left, or its GPUs
+    changed) gives its quota back and waits in its queue again, at the same attempt (it never
+    ran), until a node that can host it registers. ``reason`` says what no node has."""
+
+    job_id: str
+    attempt: Int
+    reason: Reason
+
+
 class JobRequeued(Event, frozen=True, kw_only=True):
     """A stopped or interrupted job goes back to its queue for another attempt."""
 

@@ -12,6 +12,7 @@ from corral.events import subjects
 from corral.events.base import Event
 from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
 from corral.events.jobs import (
+    AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
     JobRejected,
@@ -37,6 +38,7 @@ HOME: dict[type[Event], tuple[str, str]] = {
     JobRejected: ("job", "job_id"),
     PendingReasonChanged: ("job", "job_id"),
     JobRequeued: ("job", "job_id"),
+    AdmissionWithdrawn: ("job", "job_id"),
     JobsAdmitted: ("decision", "=admission"),
     JobsPlaced: ("decision", "=placer"),
     JobsUnschedulable: ("decision", "=placer"),

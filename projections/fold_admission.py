@@ -1,6 +1,7 @@
 """The fold's arbitration of admission's facts and proposals: accepted, rejected, pending reasons,
 admissions and growths of running elastic jobs (each checked against quota where it stands in
-the log, and charged only if it fits), and requeues to a job's next attempt.
+the log, and charged only if it fits), admissions withdrawn from jobs no node can host any
+more, and requeues to a job's next attempt.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from corral.events.base import Event
 from corral.events.jobs import (
     Admission,
+    AdmissionWithdrawn,
     JobAccepted,
     JobRejected,
     JobRequeued,
@@ -111,6 +113,19 @@ def _grow(state: State, ctx: Ctx, ledger: quota.Ledger, grown: Admission) -> str
     return None
 
 
+def _withdrawn(state: State, ctx: Ctx, ev: AdmissionWithdrawn) -> None:
+    """Only an admission still waiting for its placement is withdrawn: a job placed meanwhile
+    (the placer found room after all) keeps it, and the record is void."""
+    job = find_job(state, ev.job_id)
+    if job.phase != "admitted" or job.attempt != ev.attempt:
+        raise voided(
+            job.id, f"job {job.id} is {job.phase} at attempt {job.attempt}, not admitted at {ev.attempt}"
+        )
+    move(state, job, "withdraw", ctx)  # before the admission goes: the move gives back what it holds
+    job.admission = None
+    job.reasons = (ev.reason,)
+
+
 def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
     job = find_job(state, ev.job_id)
     if job.attempt != ev.attempt:
@@ -131,4 +146,5 @@ HANDLERS: dict[type[Event], Handler] = {
     PendingReasonChanged: _pending_reason,
     JobsAdmitted: _admitted,
     JobRequeued: _requeued,
+    AdmissionWithdrawn: _withdrawn,
 }

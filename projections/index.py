@@ -20,6 +20,7 @@ from corral.events.base import Event, Reason
 from corral.events.codec import DecodeError
 from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
 from corral.events.jobs import (
+    AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
     JobRejected,
@@ -51,9 +52,7 @@ class JobEvent(msgspec.Struct, frozen=True):
     refused: str
 
 
-def job_events(
-    state: State, records: Sequence[Record], refusals: Mapping[int, Rejection]
-) -> list[JobEvent]:
+def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, Rejection]) -> list[JobEvent]:
     """The entries of ``records``, which ``state`` has just folded, ``refusals`` saying which of
     them the fold refused (``fold_refusals``). Undecodable records concern no job anyone can
     name."""
@@ -128,6 +127,8 @@ def summarize(body: Event, job_id: str) -> str:
             return f"rejected: {_reasons_text([body.reason])}"
         case PendingReasonChanged():
             return f"pending: {_reasons_text(body.reasons)}"
+        case AdmissionWithdrawn():
+            return f"admission withdrawn, back in its queue: {_reasons_text([body.reason])}"
         case JobRequeued():
             resume = f", resuming from {body.resume_from}" if body.resume_from else ""
             return f"requeued for attempt {body.attempt + 1}: {_reasons_text([body.reason])}{resume}"

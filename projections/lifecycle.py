@@ -11,6 +11,7 @@ The table, as ``diagram()`` draws it:
     submitted ─accept→ queued
     submitted ─reject→ rejected
     queued ─admit→ admitted
+    admitted ─withdraw→ queued
     admitted ─place→ placed
     placed | starting ─start→ starting
     starting ─run→ running
@@ -25,6 +26,8 @@ The table, as ``diagram()`` draws it:
 
 ``preempted`` and ``interrupted`` are waiting points: admission's ``JobRequeued`` moves the job
 to its next attempt, so restart policy and back-off stay decisions, not arithmetic in the fold.
+An admitted job that no node can host any more (a node left) is withdrawn by admission's
+``AdmissionWithdrawn``: back to ``queued`` at the same attempt, its quota given back.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ Trigger = Literal[
     "accept",
     "reject",
     "admit",
+    "withdraw",
     "place",
     "start",
     "run",
@@ -74,6 +78,8 @@ TRANSITIONS: dict[tuple[Phase, Trigger], Phase] = {
     ("submitted", "accept"): "queued",
     ("submitted", "reject"): "rejected",
     ("queued", "admit"): "admitted",
+    # No node of the cluster can host it any more: it gives its quota back and waits again.
+    ("admitted", "withdraw"): "queued",
     ("admitted", "place"): "placed",
     ("placed", "start"): "starting",
     ("starting", "start"): "starting",

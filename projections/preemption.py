@@ -13,6 +13,11 @@ A running job (or an elastic job's top ranks) may be stopped for a beneficiary o
   quota once the record's victims are gone (it takes back what it lent), else by
   ``borrow_within_cohort`` (a lower priority, at most the threshold).
 
+Never twice between the same two jobs, in either direction (``JobState.stopped_for``): a job
+stopped for another is not stopped for it again, nor is the other stopped for it, so that a
+borrower stopped by a lender's reclaim and a lender's job stopped by a borrower's higher
+priority do not take the same GPUs from each other in turn.
+
 Whether the beneficiary reclaims is judged with every victim of the record gone, its own queue's
 too: a job that is back within its nominal after stopping its queue's lower-priority work takes
 back what it lent in the same proposal. Quota and priorities are read at the fold's position in
@@ -60,8 +65,12 @@ def eligible(
     holds quota of ``key`` lent by the beneficiary's side (``Ledger.borrows_from``, before any
     stop); ``reclaims``: the beneficiary's side stays within its own quota with it once the
     proposal's victims are gone (``Ledger.within_own``)."""
-    if victim.id == beneficiary.id:
-        return False
+    if (
+        victim.id == beneficiary.id
+        or beneficiary.id in victim.stopped_for
+        or victim.id in beneficiary.stopped_for
+    ):
+        return False  # once one was stopped for the other, neither is stopped for the other again
     vp, bp = victim.priority, beneficiary.priority
     if victim.spec.queue == beneficiary.spec.queue:
         within = policy.within_queue
@@ -179,6 +188,11 @@ def may_stop(
                 stopping = max(0, adm.replicas - keep)
             ledger.charge(victim.spec.queue, victim_key, -milli * stopping)
     for victim, victim_key in charged:
+        if beneficiary.id in victim.stopped_for or victim.id in beneficiary.stopped_for:
+            first, second = (
+                (victim, beneficiary) if beneficiary.id in victim.stopped_for else (beneficiary, victim)
+            )
+            return f"{victim.id}: {first.id} was stopped for {second.id} before; not again between the two"
         reclaims = key is not None and ledger.has_queue(queue) and ledger.within_own(
             queue, victim.spec.queue, key, need
         )  # fmt: skip

@@ -23,7 +23,10 @@ from __future__ import annotations
 # 5: who may be stopped for whom follows the beneficiary's queue's preemption policy; a lender
 #    takes back lent quota counting the record's own-queue victims as gone, and the sides of a
 #    cohort tree two queues meet in decide who lent to whom; a priority class may cap a job's
-#    preemptions over its whole life. The fold keeps each queue's GPU time held (placement to
+#    preemptions over its whole life; no job is stopped for another once either was stopped
+#    for the other. The fold keeps each queue's GPU time held (placement to
 #    release), decayed with the half-life the admin sets (``ApplyFairShare``): fair share
 #    counts what ran.
+#    Admission may withdraw an admitted job's admission (``AdmissionWithdrawn``): back to
+#    queued, its quota given back, when no node can host it any more.
 RULES = 5

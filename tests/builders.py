@@ -34,6 +34,7 @@ from corral.events.decisions import (
 )
 from corral.events.jobs import (
     Admission,
+    AdmissionWithdrawn,
     JobAccepted,
     JobRequeued,
     JobsAdmitted,
@@ -335,6 +336,10 @@ class LogBuilder:
             growths=(self.admission(job_id, attempt, replicas),),
         )
         return self.event(subj.decision("admission"), body)
+
+    def withdraw(self, job_id: str, attempt: int = 0, why: str = "no node can host it") -> LogBuilder:
+        body = AdmissionWithdrawn(job_id=job_id, attempt=attempt, reason=Reason("no-node", why))
+        return self.event(subj.job(job_id), body)
 
     def requeue(self, job_id: str, attempt: int, code: str = "retry") -> LogBuilder:
         body = JobRequeued(job_id=job_id, attempt=attempt, reason=Reason(code, code))

@@ -77,6 +77,9 @@ def records() -> list[Record]:
     lb.admin("cordon", CordonNode(node="node-00", cordoned=True))
     lb.condition("node-01", "lost")
     lb.request("alice", "cancel", CancelJob(job_id="low"))
+    # a job admitted while the lost node could host it gives its quota back, and waits
+    lb.submit("bob", "wide", job("team-b").gpus(8).pack("nvlink", required=True)).accept("wide")
+    lb.admit("wide").withdraw("wide", why="needs 8 GPUs in one NVLink island; the largest has 7")
     return lb.records
 
 

@@ -4,6 +4,8 @@
 
 1. ``JobAccepted`` / ``JobRejected`` for every submitted job (``validate``), by submission;
 2. ``JobRequeued`` for every preempted or interrupted job, resuming from its last checkpoint;
+   then, for jobs no node of the cluster can host any more (``Inventory``), ``AdmissionWithdrawn``
+   for those admitted and ``PendingReasonChanged`` for those queued (see Hosts);
 3. one ``JobsAdmitted`` (``based_on = state.seq``, ``now``) holding this cycle's admissions:
    first the beneficiaries of preemptions (below), then queued jobs in fair-share order
    (``order``), each gang admitted whole or not at all, an elastic job at the largest replica
@@ -43,6 +45,14 @@ now if team-b's 8 borrowed H100 were reclaimed"); jobs further back carry one st
 queue, and get it only once they had another one, so that a deep backlog does not turn every
 admission into thousands of reason events.
 
+Hosts. A job no node can host is refused at submission (``validate``), but nodes leave and
+re-register with other GPUs. An admitted job that no node can host any more gives its quota back
+(``AdmissionWithdrawn``: queued again, same attempt), and a queued job no node can host is left
+out of the order: it holds no quota and blocks nobody, and it is admitted again in the first
+cycle after a node that can host it registers (or comes back). It is not rejected: a node that
+left may return. With no node at all (a cluster starting, or all of it gone at once) nothing
+is judged.
+
 Growth. Last, running elastic jobs below their most workers are admitted at more (``grow``),
 with the quota the cycle left over and only while nobody waits in their cohort tree; the growths
 ride in the same ``JobsAdmitted``, after the admissions. An elastic job shrinking for a
@@ -60,6 +70,7 @@ import msgspec
 from corral.events.base import Event, Reason
 from corral.events.jobs import (
     Admission,
+    AdmissionWithdrawn,
     JobAccepted,
     JobRejected,
     JobRequeued,
@@ -70,6 +81,7 @@ from corral.events.queues import QueueSpec
 from corral.projections import preemption, quota
 from corral.projections.holds import Hold, hold, quota_end
 from corral.projections.lifecycle import HOLDS_QUOTA
+from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger, fmt_gpus, key_name
 from corral.projections.state import JobState, State
 from corral.services.admission.grow import growths
@@ -98,6 +110,7 @@ _Ends = dict[tuple[str, str], list[tuple[float, int]]]
 def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[Event]:
     # 0. Snapshot: one pass over the jobs builds usage and the per-queue backlogs.
     ledger = Ledger(state)
+    inventory = Inventory(state)
     fair = FairShare(ledger, state, now)
     holders: dict[tuple[str, str], list[_Holder]] = {}
     submitted: list[JobState] = []
@@ -139,7 +152,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     # 1. Accept or reject what was submitted, in submission order.
     submitted.sort(key=lambda j: (j.submitted_seq, j.id))
     for job in submitted:
-        why = validate(state, job, ledger)
+        why = validate(state, job, ledger, inventory)
         if why is not None:
             events.append(JobRejected(job_id=job.id, request_seq=job.submitted_seq, reason=why))
             continue
@@ -173,6 +186,8 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         )
         waiting[job.spec.queue].append(as_queued)
         explained[job.spec.queue].append(as_queued)
+    unhosted = _unhosted(state, inventory, ledger, waiting, explained, events)
+    nominated -= unhosted
 
     # 3. Order the backlog by fair share; 4. admit whole gangs while quota allows.
     lost = sorted(
@@ -281,6 +296,60 @@ def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger) -> Admissi
             gpus = quota.admission_gpus(key, milli)
             return Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus)
     return None
+
+
+# -- hosts -----------------------------------------------------------------------------------------
+
+
+def _unhosted(
+    state: State,
+    inventory: Inventory,
+    ledger: Ledger,
+    waiting: dict[str, list[JobState]],
+    explained: dict[str, list[JobState]],
+    events: list[Event],
+) -> set[str]:
+    """Withdraw the admissions of jobs no node can host any more, and take the waiting ones out
+    of ``waiting`` and ``explained``, saying why they wait; returns the ids of both. Their quota
+    stays charged in ``ledger`` this cycle: the fold gives it back, and the next cycle uses it.
+    (One pass over the jobs in the State's order, which is the order they sit in memory: a walk
+    queue by queue costs several times more on a deep backlog.)"""
+    if inventory.empty:
+        return set()
+    out: set[str] = set()
+    homeless: dict[str, dict[str, Reason]] = {}  # queue -> job -> why it waits
+    for job, why in inventory.unhosted([j for j in state.jobs.values() if j.phase in _HOSTED_LATER]):
+        if job.phase == "admitted":
+            events.append(AdmissionWithdrawn(job_id=job.id, attempt=job.attempt, reason=_waits(why)))
+            out.add(job.id)
+        elif ledger.has_queue(job.spec.queue):  # else it waits for its queue, and is told so
+            homeless.setdefault(job.spec.queue, {})[job.id] = _waits(why)
+    for name, why_of in homeless.items():
+        if name not in waiting:
+            continue
+        kept = []
+        for job in waiting[name]:
+            reason = why_of.get(job.id)
+            if reason is None:
+                kept.append(job)
+                continue
+            out.add(job.id)
+            if job.reasons != (reason,):
+                events.append(PendingReasonChanged(job_id=job.id, reasons=(reason,)))
+        waiting[name] = kept
+        if name in explained:
+            explained[name] = [j for j in explained[name] if j.id not in out]
+    return out
+
+
+# Jobs that wait to be hosted: queued, admitted, or stopped and about to be queued again.
+_HOSTED_LATER = frozenset({"queued", "admitted", "preempted", "interrupted"})
+
+
+def _waits(why: Reason) -> Reason:
+    return Reason(
+        why.code, f"{why.message}; waits, holding no quota, until a node that can host it registers"
+    )
 
 
 # -- 4. admission ----------------------------------------------------------------------------------

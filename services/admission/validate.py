@@ -3,9 +3,15 @@
 ``validate`` is pure and answers with the first problem found, as a Reason a person can act on,
 or None. It checks, in order: the queue exists and admits the tenant (the tenant is the one the
 fold took from the request's subject, never the payload), the priority class exists, sizes and
-limits are sane, the content a job carries is bounded, and the gang could ever fit the queue's
-quota (nominal plus what it may borrow with the whole tree idle). A job that passes may still
-wait; a job that fails would wait forever, so it is rejected now.
+limits are sane, the content a job carries is bounded, the gang could ever fit the queue's
+quota (nominal plus what it may borrow with the whole tree idle), and some part of the cluster
+could host it (``projections.placement.inventory``: the placer's own chain and gang search over
+an idle copy of the nodes registered now, cordoned ones included, lost ones not). A job that
+passes may still wait; a job that fails would wait forever, so it is rejected now.
+
+A cluster with no node registered yet (still starting) has no inventory to judge by: jobs
+submitted then are not refused for it, and wait until nodes register (admission holds back a
+queued job no node can host).
 
 A queue that does not exist and one that does not admit the tenant get the same answer, so a
 tenant learns nothing of other tenants' queues by probing.
@@ -16,6 +22,7 @@ from __future__ import annotations
 from corral.events.base import Reason
 from corral.events.jobs import JobSpec, Resources
 from corral.projections import quota
+from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, JobState, State
 
@@ -48,9 +55,12 @@ def priority_value(state: State, name: str) -> int | None:
     return 0 if name == DEFAULT_PRIORITY_CLASS else None
 
 
-def validate(state: State, job: JobState, ledger: Ledger | None = None) -> Reason | None:
-    """The first reason ``job`` can never run as submitted, or None. Pass a ``ledger`` built
-    from ``state`` when validating many jobs: only its tree (not its usage) is consulted."""
+def validate(
+    state: State, job: JobState, ledger: Ledger | None = None, inventory: Inventory | None = None
+) -> Reason | None:
+    """The first reason ``job`` can never run as submitted, or None. Pass a ``ledger`` and an
+    ``inventory`` built from ``state`` when validating many jobs: only the ledger's tree (not
+    its usage) is consulted, and the inventory's verdicts are shared by jobs of one shape."""
     spec = job.spec
     q = state.queues.get(spec.queue)
     if q is None or (q.tenants and job.tenant not in q.tenants):
@@ -69,7 +79,10 @@ def validate(state: State, job: JobState, ledger: Ledger | None = None) -> Reaso
     why = _sizes(spec) or _bounds(spec)
     if why is not None:
         return Reason("invalid", why)
-    return _fits_ever(ledger if ledger is not None else Ledger(state), spec)
+    too_big = _fits_ever(ledger if ledger is not None else Ledger(state), spec)
+    if too_big is not None:
+        return too_big
+    return (inventory if inventory is not None else Inventory(state)).never_fits(job)
 
 
 def _sizes(spec: JobSpec) -> str | None:

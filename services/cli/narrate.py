@@ -7,6 +7,7 @@ from corral.events.base import Event
 from corral.events.codec import DecodeError
 from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
 from corral.events.jobs import (
+    AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
     JobRejected,
@@ -67,6 +68,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
             said = [f"admits {', '.join(f'{a.job_id}×{a.replicas}' for a in adms)}"] if adms else []
             said += [f"grows {', '.join(f'{a.job_id} to ×{a.replicas}' for a in grown)}"] if grown else []
             return "admission " + "; ".join(said)
+        case AdmissionWithdrawn(job_id=jid, reason=r):
+            return f"admission withdraws {jid}'s admission, back to its queue: {r.message}"
         case JobRequeued(job_id=jid, resume_from=ck):
             return f"{jid} goes back to its queue" + (f", resuming from {ck}" if ck else "")
         case JobsPlaced(placements=ps):

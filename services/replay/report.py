@@ -26,6 +26,7 @@ from corral.events.decisions import (
 )
 from corral.events.jobs import (
     Admission,
+    AdmissionWithdrawn,
     JobAccepted,
     JobRejected,
     JobRequeued,
@@ -84,6 +85,7 @@ VERBS = {
     "accepted": ("accepted", "accepts it"),
     "rejected": ("rejected", "rejects it"),
     "requeued": ("requeued", "requeues it"),
+    "withdrawn": ("withdrawn", "withdraws its admission"),
     "pending": ("given a pending reason", "gives it a pending reason"),
 }
 
@@ -122,6 +124,8 @@ def items(body: Event, now: float) -> list[tuple[str, str, str]]:
             return [("accepted", body.job_id, f"priority {body.priority}")]
         case JobRejected():
             return [("rejected", body.job_id, reasons((body.reason,)))]
+        case AdmissionWithdrawn():
+            return [("withdrawn", body.job_id, f"attempt {body.attempt}, {reasons((body.reason,))}")]
         case JobRequeued():
             resume = f", resume from {body.resume_from}" if body.resume_from else ""
             return [("requeued", body.job_id, f"attempt {body.attempt}, {reasons((body.reason,))}{resume}")]

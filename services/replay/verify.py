@@ -45,6 +45,7 @@ from corral.events import codec, routing, subjects
 from corral.events.base import Decision, Event
 from corral.events.codec import DecodeError
 from corral.events.jobs import (
+    AdmissionWithdrawn,
     JobAccepted,
     JobRejected,
     JobRequeued,
@@ -77,6 +78,7 @@ _JOB_FACTS: dict[type[Event], str] = {
     JobAccepted: "admission",
     JobRejected: "admission",
     JobRequeued: "admission",
+    AdmissionWithdrawn: "admission",
     PendingReasonChanged: "admission",
 }
 
@@ -549,5 +551,3 @@ def _divergence(
 
 
 # -- for people and for programs -----------------------------------------------------------------
-
-

@@ -31,6 +31,7 @@ from corral.events.decisions import (
 )
 from corral.events.jobs import (
     Admission,
+    AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
     JobRejected,
@@ -155,6 +156,11 @@ EVENTS: dict[type[Event], Event] = {
         attempt=1,
         reason=Reason("preempted", "preempted for llm-1"),
         resume_from="/ckpt/42/900",
+    ),
+    AdmissionWithdrawn: AdmissionWithdrawn(
+        job_id="sweep-0042",
+        attempt=1,
+        reason=Reason("no-node", "needs 8 GPUs per worker; the largest node has 4"),
     ),
     JobsPlaced: JobsPlaced(
         based_on=43,

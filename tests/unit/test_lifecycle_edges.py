@@ -95,6 +95,7 @@ EDGES: dict[tuple[Phase, Trigger], Step] = {
     ("submitted", "accept"): lambda lb: lb.accept("j"),
     ("submitted", "reject"): _reject,
     ("queued", "admit"): lambda lb: lb.admit("j"),
+    ("admitted", "withdraw"): lambda lb: lb.withdraw("j"),
     ("admitted", "place"): lambda lb: lb.place(placement("j", worker(0, NODE, whole(0)))),
     ("placed", "start"): _started(0),
     ("starting", "start"): _started(1),  # the second of three: still starting

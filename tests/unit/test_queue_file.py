@@ -1,0 +1,57 @@
+"""What ``corral queue apply`` reads: a queue file's preemption policy, and the refusals of a
+file that says something the queue types do not know."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.events.queues import PreemptionPolicy
+from corral.services.cli.jobfile import BadInput, convert, load_document
+from corral.services.cli.main import QueueFile
+
+
+def _load(tmp_path: Path, text: str) -> QueueFile:
+    path = tmp_path / "queues.toml"
+    path.write_text(text)
+    return convert(load_document(path), QueueFile, str(path))
+
+
+def test_a_queue_file_sets_each_preemption_field(tmp_path: Path) -> None:
+    doc = _load(
+        tmp_path,
+        """
+[[queues]]
+name = "team-a"
+quotas = { "*" = { nominal = 8 } }
+
+[queues.preemption]
+within_queue = "lower-or-newer-equal-priority"
+reclaim_within_cohort = "lower-priority"
+borrow_within_cohort = "never"
+borrow_priority_threshold = 5
+
+[[queues]]
+name = "team-b"
+""",
+    )
+    a, b = doc.queues
+    assert a.preemption == PreemptionPolicy("lower-or-newer-equal-priority", "lower-priority", "never", 5)
+    assert b.preemption == PreemptionPolicy()  # the documented defaults
+    assert (b.preemption.within_queue, b.preemption.reclaim_within_cohort) == ("lower-priority", "any")
+    assert b.preemption.borrow_within_cohort == "lower-priority"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('preemption = { reclaim = "any" }', "reclaim"),
+        ('preemption = { within_queue = "sometimes" }', "within_queue"),
+        ('preemption = { borrow_within_cohort = "any" }', "borrow_within_cohort"),
+        ("priority = 3", "priority"),
+    ],
+)
+def test_a_queue_file_with_what_corral_does_not_know_is_refused(tmp_path: Path, text: str, says: str) -> None:
+    with pytest.raises(BadInput, match=says):
+        _load(tmp_path, f'[[queues]]\nname = "team-a"\n{text}\n')

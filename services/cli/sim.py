@@ -195,12 +195,9 @@ def _alibaba(args: argparse.Namespace) -> None:
             text += f"\nplot: {png}"
         runs[variant] = run
         texts.append(text)
-    if len(variants) == 1:
-        data: dict[str, Any] = runs[variants[0]]
-    else:
-        data = {"variants": runs}
-        if all("corral_vs_FGD" in r for r in runs.values()):
-            texts.append(_versus_table(runs))
+    data: dict[str, Any] = runs[variants[0]] if len(variants) == 1 else {"variants": runs}
+    if all("corral_vs_FGD" in r for r in runs.values()):
+        texts.append(_versus_table(runs))
     _print(args, data, "\n\n".join(texts))
 
 

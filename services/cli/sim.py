@@ -3,6 +3,9 @@
 - ``--trace alibaba``: the time-less placement protocol of the FGD paper on the openb trace
   (``services/sim/alibaba.py``): the six published policies and corral's, every seed, the
   table of allocation at 130 % beside the published means, and the curves as a PNG.
+  ``--variant`` replays a pod list of the artifact's family instead of the default one
+  (``services/sim/alibaba_variants.py``; ``all`` for the whole family) and, when corral and FGD
+  both run, says by how much corral leads on the mean and on its worst seed.
 - ``--trace philly``: weeks of arrivals and departures of Microsoft's Philly trace through
   corral's services and through FIFO (``services/sim/philly.py``): waits, JCT, utilisation,
   fairness, preemptions, per team and overall.
@@ -58,6 +61,11 @@ def add_parser(subparsers: Any, common_parent: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", help="alibaba: the node list CSV; philly: how many 8-GPU nodes (default 64)")
     p.add_argument("--pods", help="alibaba: the pod list CSV")
     p.add_argument("--published", help="alibaba: the published summary CSV (default: the trace's)")
+    p.add_argument(
+        "--variant",
+        help="alibaba: the pod list derived from the default one: default, multigpu20..50, gpushare20..100, "
+        "gpuspec05..33, cpu0..cpu300, a comma-separated list, or all (default: default)",
+    )
     p.add_argument("--seeds", default="42-51", help="alibaba: seeds, e.g. 42-51 or 42,45")
     p.add_argument(
         "--policies",
@@ -104,15 +112,30 @@ def _print(args: argparse.Namespace, data: Any, text: str) -> None:
 # -- alibaba -----------------------------------------------------------------------------------------
 
 
-def _replay(job: tuple[str, str, str, int]) -> Any:
-    from corral.services.sim import alibaba
+def _replay(job: tuple[str, str, str, str, int]) -> Any:
+    from corral.services.sim import alibaba, alibaba_variants
 
-    nodes_csv, pods_csv, policy, seed = job
-    return alibaba.replay(alibaba.load_nodes(nodes_csv), alibaba.load_pods(pods_csv), policy, seed)
+    nodes_csv, pods_csv, variant, policy, seed = job
+    nodes = alibaba.load_nodes(nodes_csv)
+    pods = alibaba_variants.build(variant, alibaba.load_pods(pods_csv), nodes)
+    return alibaba.replay(nodes, pods, policy, seed)
+
+
+def _variants(text: str) -> list[str]:
+    from corral.services.sim.alibaba_variants import FAMILY
+
+    if text == "all":
+        return list(FAMILY)
+    wanted = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in wanted if v not in FAMILY]
+    if unknown or not wanted:
+        raise BadInput(f"unknown variant {', '.join(unknown) or '(none)'}; known: all, {', '.join(FAMILY)}")
+    return wanted
 
 
 def _alibaba(args: argparse.Namespace) -> None:
-    from corral.services.sim import alibaba
+    from corral.services.sim import alibaba, alibaba_variants
+    from corral.services.sim.alibaba_variants import DEFAULT
 
     for flag in ("file", "jobs", "start", "checkpointable", "cycle"):
         if getattr(args, flag) is not None:
@@ -126,34 +149,69 @@ def _alibaba(args: argparse.Namespace) -> None:
     if not seeds:
         raise BadInput("--seeds: give at least one seed")
     policies = _policies(args.policies, alibaba.POLICIES)
+    variants = _variants(DEFAULT if args.variant is None else args.variant)
     try:
-        alibaba.load_nodes(nodes_csv)
-        alibaba.load_pods(pods_csv)
+        nodes = alibaba.load_nodes(nodes_csv)
+        pods = alibaba.load_pods(pods_csv)
     except (KeyError, ValueError) as e:
         raise BadInput(f"not a node and pod list in the published format: {e}") from None
+    for variant in variants:
+        try:
+            alibaba_variants.build(variant, pods, nodes)
+        except ValueError as e:
+            raise BadInput(f"--variant {variant}: {e}") from None
     published = None
     pub_path = Path(args.published) if args.published else nodes_csv.parent / ALIBABA_PUBLISHED
     if pub_path.exists():
         published = alibaba.load_published(pub_path)
     elif args.published:
         raise BadInput(f"{args.published}: no such file")
-    jobs = [(str(nodes_csv), str(pods_csv), p, s) for p in policies for s in seeds]
+    jobs = [(str(nodes_csv), str(pods_csv), v, p, s) for v in variants for p in policies for s in seeds]
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     if workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             curves = list(pool.map(_replay, jobs))
     else:
         curves = [_replay(j) for j in jobs]
-    results = alibaba.Results(curves)
-    data: dict[str, Any] = {"policies": results.to_json()}
-    if published:
-        data["published"] = published
-    text = alibaba.table(results, published)
-    if args.plot:
-        path = alibaba.plot(results, args.plot)
-        data["plot"] = str(path)
-        text += f"\nplot: {path}"
-    _print(args, data, text)
+    per_run = len(policies) * len(seeds)
+    runs: dict[str, Any] = {}
+    texts: list[str] = []
+    for i, variant in enumerate(variants):
+        results = alibaba.Results(curves[i * per_run : (i + 1) * per_run])
+        # The published figures are the default list's; beside a variant they would mislead.
+        pub = published if variant == DEFAULT else None
+        run: dict[str, Any] = {"variant": variant, "policies": results.to_json()}
+        text = f"variant: {variant}\n" + alibaba.table(results, pub)
+        if pub:
+            run["published"] = pub
+        if alibaba.CORRAL in policies and "FGD" in policies:
+            run["corral_vs_FGD"] = alibaba.versus(results)
+        if args.plot:
+            path = Path(args.plot)
+            if len(variants) > 1:
+                path = path.with_name(f"{path.stem}-{variant}{path.suffix}")
+            png = alibaba.plot(results, path, title=f"GPU allocation vs arrived demand ({variant})")
+            run["plot"] = str(png)
+            text += f"\nplot: {png}"
+        runs[variant] = run
+        texts.append(text)
+    data: dict[str, Any] = runs[variants[0]] if len(variants) == 1 else {"variants": runs}
+    if all("corral_vs_FGD" in r for r in runs.values()):
+        texts.append(_versus_table(runs))
+    _print(args, data, "\n\n".join(texts))
+
+
+def _versus_table(runs: dict[str, Any]) -> str:
+    """corral against FGD on every variant: both means at 130 % and the worst seed's margin."""
+    head = f"{'variant':<14}{'corral':>9}{'FGD':>9}{'mean +/-':>10}{'worst seed':>12}{'ahead':>8}"
+    lines = [head, "-" * len(head)]
+    for name, run in runs.items():
+        v = run["corral_vs_FGD"]
+        lines.append(
+            f"{name:<14}{v['corral']:>9.2f}{v['FGD']:>9.2f}{v['mean_margin']:>+10.2f}"
+            f"{v['worst_margin']:>+12.2f}{v['seeds_ahead']:>5}/{v['seeds']}"
+        )
+    return "\n".join(lines)
 
 
 # -- philly ------------------------------------------------------------------------------------------
@@ -163,7 +221,7 @@ def _philly(args: argparse.Namespace) -> None:
     from corral.services.sim import philly as experiment
     from corral.services.sim.traces import philly as trace
 
-    for flag in ("pods", "published"):
+    for flag in ("pods", "published", "variant"):
         if getattr(args, flag) is not None:
             raise BadInput(f"--{flag} is for --trace alibaba")
     try:

@@ -566,6 +566,22 @@ def run(
     return out
 
 
+def versus(results: Results, policy: str = CORRAL, other: str = "FGD") -> dict[str, float]:
+    """``policy`` against ``other`` at 130 %, seed by seed: both means, and the worst and mean of
+    ``policy`` minus ``other`` over the seeds both ran (the worst is the figure that must stay
+    above 0 for ``policy`` to beat ``other`` on every seed)."""
+    theirs = {c.seed: c.at_130 for c in results.of(other)}
+    margins = [c.at_130 - theirs[c.seed] for c in results.of(policy) if c.seed in theirs]
+    return {
+        policy: round(results.mean_at(policy), 3),
+        other: round(results.mean_at(other), 3),
+        "worst_margin": round(min(margins), 3) if margins else float("nan"),
+        "mean_margin": round(sum(margins) / len(margins), 3) if margins else float("nan"),
+        "seeds_ahead": sum(1 for m in margins if m > 0),
+        "seeds": len(margins),
+    }
+
+
 def load_published(path: str | Path) -> dict[str, dict[str, float]]:
     """The published summary (``published_alloc_ratio_default.csv``): per policy, its mean, min and
     max at 130 %. Policy names lose their ``NN-`` prefix."""

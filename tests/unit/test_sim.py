@@ -360,9 +360,9 @@ def test_a_job_that_can_never_fit_is_rejected_and_asks_for_nothing() -> None:
     assert seen == [0.0, 1.0]  # nothing asked for until 10, then the small job until 110
 
 
-def test_corral_sim_alibaba_takes_any_lists_in_the_published_format(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def small_alibaba_lists(tmp_path: Path) -> tuple[Path, Path]:
+    """Six nodes (2xT4, 4xV100M16) and 30 pods of every kind: shared, whole, 2-GPU, CPU-only,
+    some bound to V100M16."""
     nodes = tmp_path / "nodes.csv"
     nodes.write_text(
         "sn,cpu_milli,memory_mib,gpu,model\n"
@@ -376,6 +376,13 @@ def test_corral_sim_alibaba_takes_any_lists_in_the_published_format(
         for i in range(30)
     ]
     pods.write_text(head + "scheduled_time\n" + "".join(rows))
+    return nodes, pods
+
+
+def test_corral_sim_alibaba_takes_any_lists_in_the_published_format(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    nodes, pods = small_alibaba_lists(tmp_path)
     args = parse(
         "--trace", "alibaba", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "42-43",
         "--policies", "BestFit,corral", "-o", "json",
@@ -387,3 +394,61 @@ def test_corral_sim_alibaba_takes_any_lists_in_the_published_format(
     assert set(out["policies"]) == {"BestFit", "corral"}
     assert set(out["policies"]["corral"]["seeds"]) == {"42", "43"}
     assert 0 < out["policies"]["corral"]["mean_at_130"] <= 100
+
+
+def test_corral_sim_alibaba_replays_a_variant_through_fgd_and_corral(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    nodes, pods = small_alibaba_lists(tmp_path)
+    args = parse(
+        "--trace", "alibaba", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "42-43",
+        "--policies", "FGD,corral", "--variant", "multigpu50", "-o", "json",
+    )  # fmt: skip
+    args.fn(args)
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["variant"] == "multigpu50"
+    assert "published" not in out  # the published figures are the default list's
+    versus = out["corral_vs_FGD"]
+    assert versus["seeds"] == 2
+    assert versus["corral"] == out["policies"]["corral"]["mean_at_130"]
+    assert versus["FGD"] == out["policies"]["FGD"]["mean_at_130"]
+
+
+def test_corral_sim_alibaba_runs_several_variants_and_compares(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    nodes, pods = small_alibaba_lists(tmp_path)
+    args = parse(
+        "--trace", "alibaba", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "42",
+        "--policies", "FGD,corral", "--variant", "default,gpushare100,cpu300",
+    )  # fmt: skip
+    args.fn(args)
+    text = capsys.readouterr().out
+    for variant in ("default", "gpushare100", "cpu300"):
+        assert f"variant: {variant}" in text
+    assert "worst seed" in text  # the comparison table across variants
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("--variant", "multigpu60"), ("--variant", ""), ("--trace", "philly", "--variant", "cpu300")],
+    ids=["unknown", "empty", "variant-for-philly"],
+)
+def test_a_variant_mistake_is_one_line_bad_input(argv: tuple[str, ...], tmp_path: Path) -> None:
+    nodes, pods = small_alibaba_lists(tmp_path)
+    trace = () if "--trace" in argv else ("--trace", "alibaba", "--nodes", str(nodes), "--pods", str(pods))
+    args = parse(*trace, *argv)
+    with pytest.raises(BadInput) as e:
+        args.fn(args)
+    assert "\n" not in str(e.value)
+
+
+def test_a_variant_the_pod_list_cannot_make_is_bad_input(tmp_path: Path) -> None:
+    nodes, pods = small_alibaba_lists(tmp_path)
+    lines = pods.read_text().splitlines(keepends=True)
+    pods.write_text("".join(line for line in lines if ",2,1000," not in line))  # no multi-GPU pods
+    args = parse("--trace", "alibaba", "--nodes", str(nodes), "--pods", str(pods), "--variant", "multigpu20")
+    with pytest.raises(BadInput, match="no multi-GPU pods"):
+        args.fn(args)

@@ -21,6 +21,7 @@ from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionReq
 from corral.events.jobs import (
     CancelJob,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -51,6 +52,7 @@ AnyEvent = (
     | DeleteQueue
     | CordonNode
     | JobAccepted
+    | JobPriorityChanged
     | JobRejected
     | PendingReasonChanged
     | JobsAdmitted

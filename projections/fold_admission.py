@@ -9,6 +9,7 @@ from corral.events.base import Event
 from corral.events.jobs import (
     Admission,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -42,6 +43,14 @@ def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
     job.priority = ev.priority
     if job.reasons:  # a store costs more than the look (Structs)
         job.reasons = ()
+
+
+def _priority_changed(state: State, ctx: Ctx, ev: JobPriorityChanged) -> None:
+    job = find_job(state, ev.job_id)
+    if job.phase in FINAL or job.phase == "submitted":
+        raise Refused("illegal", f"job {job.id} is {job.phase}", job.id)
+    job.priority = ev.priority
+    job.updated_seq = ctx.seq
 
 
 def _rejected(state: State, ctx: Ctx, ev: JobRejected) -> None:
@@ -127,6 +136,7 @@ def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
 
 HANDLERS: dict[type[Event], Handler] = {
     JobAccepted: _accepted,
+    JobPriorityChanged: _priority_changed,
     JobRejected: _rejected,
     PendingReasonChanged: _pending_reason,
     JobsAdmitted: _admitted,

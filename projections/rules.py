@@ -20,4 +20,6 @@ from __future__ import annotations
 # 3: the fold stops a job for another only by the preemptor's own rule (projections.preemption):
 #    another queue's job only while that queue borrows, never one its class's guards protect.
 # 4: a rejection of a batch decision says which of its items were void, and why, as data.
-RULES = 4
+# 5: a job's priority may change after it was accepted (``JobPriorityChanged``), and the
+#    preemption rule reads the priority it has then.
+RULES = 5

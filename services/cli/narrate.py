@@ -9,6 +9,7 @@ from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionReq
 from corral.events.jobs import (
     CancelJob,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -57,6 +58,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
             return f"admin applies priority class {p.name} = {p.value}"
         case JobAccepted(job_id=jid, priority=prio):
             return f"admission accepts {jid} (priority {prio})"
+        case JobPriorityChanged(job_id=jid, priority=prio, reason=r):
+            return f"{jid} moves to priority {prio}: {r.message}"
         case JobRejected(job_id=jid, reason=r):
             return f"admission rejects {jid}: {r.message}"
         case PendingReasonChanged(job_id=jid, reasons=rs):

@@ -27,6 +27,7 @@ from corral.events.decisions import (
 from corral.events.jobs import (
     Admission,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -120,6 +121,8 @@ def items(body: Event, now: float) -> list[tuple[str, str, str]]:
             ]
         case JobAccepted():
             return [("accepted", body.job_id, f"priority {body.priority}")]
+        case JobPriorityChanged():
+            return [("priority", body.job_id, f"{body.priority}, {reasons((body.reason,))}")]
         case JobRejected():
             return [("rejected", body.job_id, reasons((body.reason,)))]
         case JobRequeued():

@@ -46,6 +46,7 @@ from corral.events.base import Decision, Event
 from corral.events.codec import DecodeError
 from corral.events.jobs import (
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     PendingReasonChanged,
@@ -75,6 +76,7 @@ _EV_PREFIX = f"{subjects.EV}."
 # Events a role writes outside its decision subject: admission states its facts on each job.
 _JOB_FACTS: dict[type[Event], str] = {
     JobAccepted: "admission",
+    JobPriorityChanged: "admission",
     JobRejected: "admission",
     JobRequeued: "admission",
     PendingReasonChanged: "admission",

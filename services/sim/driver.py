@@ -137,6 +137,11 @@ class SimConfig:
     # Summarise finished jobs once this many have piled up (0: never); see ``_compact``.
     compact_every: int = 0
     max_rounds: int = 64  # passes of the services at one time before they are deemed not to settle
+    # Another scheduler in place of admission, placer and preemptor: a factory of one role that
+    # decides all of it (accept, requeue, admit, place, preempt) through the same fold, for a
+    # baseline such as Tiresias (``tiresias.py``). A factory, as such a role remembers things
+    # between its cycles and each run needs its own.
+    scheduler: Callable[[], Decide] | None = None
 
 
 @dataclass
@@ -248,7 +253,9 @@ class Simulation:
             ("admission", lambda s, now: admission_decide(s, now, cfg.admission)),
             ("placer", lambda s, now: placer_decide(s, now, cfg.placer)),
         ]
-        if cfg.preemptor is not None:
+        if cfg.scheduler is not None:
+            roles = [("scheduler", cfg.scheduler())]
+        elif cfg.preemptor is not None:
             pre = cfg.preemptor
             roles.append(("preemptor", lambda s, now: preemptor_decide(s, now, pre)))
         self.roles = roles

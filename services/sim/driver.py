@@ -202,7 +202,7 @@ class _Run:
     frozen: float | None = None  # progress when asked to checkpoint: it makes none after
 
 
-_DECIDE, _FINISH, _CHECKPOINT, _SAVED, _KILL = range(5)
+_DECIDE, _FINISH, _CHECKPOINT, _SAVED, _KILL, _WAKE = range(6)
 HISTORY = "~history"  # id prefix of the jobs ``_compact`` summarises finished ones into
 
 
@@ -245,6 +245,7 @@ class Simulation:
         self._started: list[str] = []
         self._stopping: list[tuple[str, float]] = []
         self._tick: float | None = None  # the decision time scheduled, if any
+        self._wake: float | None = None  # the latest time the scheduler asked to decide again
         self._finished = 0  # jobs finished since the last compaction
         self.held: dict[str, float] = {}
         self.demand: dict[str, float] = {}
@@ -339,6 +340,9 @@ class Simulation:
             if kind == _DECIDE:
                 self._tick = None
                 continue
+            if kind == _WAKE:  # the scheduler's answer may change by the passing of time alone
+                self._dirty = True
+                continue
             run = self._runs.get(job_id)
             if run is None or run.token != token:
                 continue  # the attempt it was for is over
@@ -395,8 +399,20 @@ class Simulation:
                         self._stopping.extend((v.job_id, ev.deadline) for v in ev.victims)
                 moved = moved or bool(events)
             if not moved:
+                self._wake_scheduler(now)
                 return
         raise SimError(f"the services did not settle at t={now} after {self.config.max_rounds} passes")
+
+    def _wake_scheduler(self, now: float) -> None:
+        """A scheduler in place of corral's services (``SimConfig.scheduler``) may say when its
+        answer changes by the passing of time alone (``wake_at``: Tiresias's jobs crossing a
+        queue's threshold): a live one decides on a timer, so the simulation decides then too."""
+        if self.config.scheduler is None:
+            return
+        at = getattr(self.roles[0][1], "wake_at", None)
+        if at is not None and at > now and at != self._wake:
+            self._wake = at
+            self._push(at, _WAKE, "", 0)
 
     def _react(self, now: float) -> bool:
         """The node agents act on what the fold accepted; True if they reported anything."""

@@ -22,9 +22,10 @@ What it does each cycle, in the paper's terms:
   same physics as corral's preemptor's; a job that cannot checkpoint is not preemptible, under
   every policy, and keeps its GPUs.
 - Placement is consolidated: each worker goes where it needs to stop the fewest GPUs of running
-  jobs, then on the node it fills best (best fit), so a gang lands on as few nodes as its
-  workers allow. The paper consolidates only "skewed" models (a few large tensors) and spreads
-  the others; the Philly trace says nothing of models, so every job is treated as skewed.
+  jobs (those it stops the latest in the order), then on the node it fills best (best fit), so
+  a gang lands on as few nodes as its workers allow. The paper consolidates only "skewed"
+  models (a few large tensors) and spreads the others; the Philly trace says nothing of
+  models, so every job is treated as skewed.
 
 The numbers. K = 2 queues, the threshold at 3,600 GPU-seconds (one GPU-hour) and PROMOTE_KNOB
 = 8: the paper evaluates with two queues and reports its results insensitive to the exact
@@ -42,9 +43,9 @@ and places, so each cycle is: accept, requeue, move between queues, admit and pl
 
 How much service a job has had is this role's own projection of the log: the time a job's
 attempt started (its phase's start while it runs) and the time it was stopped (the fold's
-``preempted_at``), kept between cycles in ``Service``. Decisions are taken at the simulator's
-decision times, so a demotion or promotion is noticed at the next cycle after the threshold is
-crossed, not at the instant (the authors' simulator schedules an event for the crossing).
+``preempted_at``), kept between cycles in ``Service``. Each cycle also says when the next job would
+cross a threshold by time alone (``Cycle.wake_at``), and the simulator decides again then, at
+its next decision tick, as the authors' simulator schedules an event for the crossing.
 
 Pure: ``decide`` reads the state, ``now`` and what it remembered, and returns events and what
 it remembers next; ties break by submission and node name.
@@ -186,21 +187,34 @@ def order(candidates: Iterable[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=lambda c: (-c.queue, not c.running, c.position))
 
 
-def plan(candidates: Iterable[Candidate], room: Mapping[str, int], free: Mapping[str, int]) -> Plan:
+def plan(
+    candidates: Iterable[Candidate],
+    room: Mapping[str, int],
+    free: Mapping[str, int],
+    leaving: Mapping[str, int] | None = None,
+) -> Plan:
     """Walk the candidates in Tiresias's order over the GPUs they may share.
 
     ``room``: per node, the GPUs the candidates may have between them (all usable GPUs less
-    those of jobs nobody may stop); ``free``: per node, the GPUs idle now. A running candidate
-    keeps its GPUs if what the jobs before it took leaves them; else it is stopped, for the
-    first job that took more than was idle on one of its nodes. A waiting candidate takes room
-    for each worker where it stops the fewest GPUs, then where it fits best, then by node name;
-    it starts now if all it took was idle, else it waits for the stops (holding the room)."""
+    those of jobs nobody may stop); ``free``: per node, the GPUs idle now; ``leaving``: per
+    node, the GPUs of jobs being stopped already (in ``room``, not yet idle). A running
+    candidate keeps its GPUs if what the jobs before it took leaves them; else it is stopped,
+    for the first job that took GPUs of running jobs on one of its nodes. A waiting candidate
+    takes room for each worker where it stops the fewest GPUs of running jobs, then where the
+    jobs it stops come latest in the order, then where it fits best, then by node name; it
+    starts now if all it took was idle, else it waits for the stops (holding the room)."""
+    walk = order(candidates)
     room = dict(room)
     idle = dict(free)
+    soon = {n: idle.get(n, 0) + (leaving or {}).get(n, 0) for n in room}  # idle once the stops end
+    last: dict[str, int] = {}  # node -> where in the walk the last running candidate on it is
+    for i, c in enumerate(walk):
+        for node, _ in c.running_on:
+            last[node] = i
     claimant: dict[str, str] = {}  # node -> the first job that took GPUs of running jobs there
     most = max(room.values(), default=0)  # the most room on one node: most waiting jobs skip here
     out = Plan()
-    for c in order(candidates):
+    for c in walk:
         if c.running:
             short = [node for node, n in c.running_on if room.get(node, 0) < n and node in claimant]
             if short:
@@ -212,18 +226,19 @@ def plan(candidates: Iterable[Candidate], room: Mapping[str, int], free: Mapping
             continue
         if c.gpus > most:
             continue
-        nodes = _fit(c, room, idle)
+        nodes = _fit(c, room, soon, last)
         if nodes is None:
             continue
-        needs_stop = False
+        waits = False
         for node in nodes:
             room[node] -= c.gpus
-            took = min(c.gpus, idle[node])
-            idle[node] -= took
-            if took < c.gpus:
-                needs_stop = True
+            now_idle, later = min(c.gpus, idle.get(node, 0)), min(c.gpus, soon[node])
+            idle[node] = idle.get(node, 0) - now_idle
+            soon[node] -= later
+            waits = waits or now_idle < c.gpus
+            if later < c.gpus:
                 claimant.setdefault(node, c.id)
-        if needs_stop:
+        if waits:
             out.held.append(c.id)
         else:
             out.start[c.id] = nodes
@@ -231,43 +246,56 @@ def plan(candidates: Iterable[Candidate], room: Mapping[str, int], free: Mapping
     return out
 
 
-def _fit(c: Candidate, room: Mapping[str, int], idle: Mapping[str, int]) -> tuple[str, ...] | None:
+def _fit(
+    c: Candidate, room: Mapping[str, int], soon: Mapping[str, int], last: Mapping[str, int]
+) -> tuple[str, ...] | None:
     """One node per worker, chosen one worker at a time on what the earlier ones left; None if
     the gang does not fit whole."""
     if c.workers == 1:  # the common case, without copying the cluster
-        best = _best(c.gpus, room, idle)
+        best = _best(c.gpus, room, soon, last)
         return None if best is None else (best,)
-    room_left, idle_left = dict(room), dict(idle)
+    room_left, soon_left = dict(room), dict(soon)
     nodes: list[str] = []
     for _ in range(c.workers):
-        best = _best(c.gpus, room_left, idle_left)
+        best = _best(c.gpus, room_left, soon_left, last)
         if best is None:
             return None
         nodes.append(best)
         room_left[best] -= c.gpus
-        idle_left[best] = max(0, idle_left.get(best, 0) - c.gpus)
+        soon_left[best] = max(0, soon_left.get(best, 0) - c.gpus)
     return tuple(nodes)
 
 
-def _best(need: int, room: Mapping[str, int], idle: Mapping[str, int]) -> str | None:
-    """The node for one worker of ``need`` GPUs: the fewest GPUs of running jobs to take, then
-    the best fit, then the name."""
-    best: tuple[int, int, str] | None = None
+def _best(need: int, room: Mapping[str, int], soon: Mapping[str, int], last: Mapping[str, int]) -> str | None:
+    """The node for one worker of ``need`` GPUs (see ``plan``)."""
+    best: tuple[int, int, int, str] | None = None
     for n, r in room.items():
         if r >= need:
-            key = (max(0, need - idle.get(n, 0)), r - need, n)
+            stops = max(0, need - soon.get(n, 0))
+            key = (stops, -last.get(n, -1) if stops else 0, r - need, n)
             if best is None or key < best:
                 best = key
-    return None if best is None else best[2]
+    return None if best is None else best[3]
 
 
 # -- one cycle ---------------------------------------------------------------------------------------
 
 
+@dataclass
+class Cycle:
+    """What one cycle decided, each live job's service as the role remembers it next, and the
+    first time after ``now`` at which a job would change queues by the passing of time alone
+    (None: none would)."""
+
+    events: list[Event]
+    services: dict[str, Service]
+    wake_at: float | None = None
+
+
 def decide(
     state: State, now: float, services: Mapping[str, Service], config: TiresiasConfig = TiresiasConfig()
-) -> tuple[list[Event], dict[str, Service]]:
-    """One cycle: the events, and each live job's service as the role remembers it next."""
+) -> Cycle:
+    """One cycle of the role."""
     ledger = Ledger(state)
     events: list[Event] = []
     remembered: dict[str, Service] = {}
@@ -319,13 +347,21 @@ def decide(
             )
             remembered[job.id] = Service()  # its service counts afresh
         events.append(JobPriorityChanged(job_id=job.id, priority=now_in, reason=why))
+    wake_at = min(
+        (t for job in live if (t := _crossing(job, level[job.id], remembered[job.id], now, config))),
+        default=None,
+    )
 
     # 4. Walk the order: who starts, who is stopped.
     room, free = _capacity(state)
+    leaving: dict[str, int] = {}
     candidates = []
     for job in live:
         per, workers = _shape(job)
-        if job.phase in _RUNNING:
+        if job.phase == "checkpointing":
+            for node, n in _held(job):
+                leaving[node] = leaving.get(node, 0) + n
+        elif job.phase in _RUNNING:
             on = _held(job)
             if not job.spec.preemptible:
                 for node, n in on:  # nobody may stop it: its GPUs are not in the walk
@@ -334,7 +370,7 @@ def decide(
             candidates.append(Candidate(job.id, level[job.id], (job.submitted_seq, job.id), workers, per, on))
         elif job.phase in ("queued", "admitted") and per > 0:
             candidates.append(Candidate(job.id, level[job.id], (job.submitted_seq, job.id), workers, per))
-    walked = plan(candidates, room, free)
+    walked = plan(candidates, room, free, leaving)
 
     # 5. Admit and place what starts, on the lowest free GPUs of its nodes.
     by_id = {job.id: job for job in live}
@@ -370,7 +406,21 @@ def decide(
                 deadline=deadline,
             )
         )
-    return events, remembered
+    return Cycle(events, remembered, wake_at)
+
+
+def _crossing(job: JobState, level: int, svc: Service, now: float, config: TiresiasConfig) -> float | None:
+    """When ``job`` would leave its queue if nothing else happened: a running job of the high
+    queue when its service reaches the threshold, a waiting one of the low queue when it has
+    waited long enough; None if never."""
+    gpus = _gpus(job)
+    if level == HIGH and svc.running_since is not None and gpus > 0:
+        at = svc.running_since + (config.threshold_gpu_s - svc.gpu_s) / gpus
+    elif level == LOW and svc.running_since is None and config.promote_knob > 0 and svc.ran(now) > 0:
+        at = now + config.promote_knob * svc.ran(now) - svc.waited(now)
+    else:
+        return None
+    return at if at > now else None
 
 
 def _shape(job: JobState) -> tuple[int, int]:
@@ -428,7 +478,9 @@ class Tiresias:
     def __init__(self, config: TiresiasConfig | None = None) -> None:
         self.config = config or TiresiasConfig()
         self.services: dict[str, Service] = {}
+        self.wake_at: float | None = None  # when to decide again though nothing else happens
 
     def __call__(self, state: State, now: float) -> Sequence[Event]:
-        events, self.services = decide(state, now, self.services, self.config)
-        return events
+        cycle = decide(state, now, self.services, self.config)
+        self.services, self.wake_at = cycle.services, cycle.wake_at
+        return cycle.events

@@ -7,7 +7,8 @@ The simulated clock jumps from one event time to the next. At each time ``t``:
    tenant) and what the node agents report (workers exiting, checkpoints written);
 2. the decision services decide on the folded state with ``now = t``: admission, placer and
    preemptor, the same pure ``decide`` functions with the same configs as the live services, in
-   that order, pass after pass. Each proposal is folded at once with ``apply_event`` on its
+   that order, pass after pass (or one other scheduler in their place, ``SimConfig.scheduler``,
+   for a baseline such as Tiresias). Each proposal is folded at once with ``apply_event`` on its
    routing subject, as the fold reads it from the live log. A service decides again whenever
    the state has moved past what it last decided on, its own proposals included (a live service
    does so on its next cycle); the passes end when one of them proposes nothing: the state is

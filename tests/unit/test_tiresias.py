@@ -297,9 +297,9 @@ def test_runtime_estimates_change_no_decision() -> None:
     assert run(True) == run(False)
 
 
-def test_the_role_remembers_nothing_it_could_not_read_again_from_the_log() -> None:
-    """A fresh role on the state of a run in progress decides as the one that ran it, given
-    the service it would have projected."""
+def test_a_fresh_role_reads_a_jobs_service_from_the_state() -> None:
+    """What the role remembers between cycles it can read again from the state: a fresh one,
+    on a run in progress, finds the running job's service and demotes it."""
     sim = Simulation(
         list(inventory.cluster(1, "h100-8x")),  # type: ignore[arg-type]
         setup(),

@@ -22,6 +22,7 @@ from corral.events.jobs import (
     AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -60,6 +61,7 @@ AnyEvent = (
     | CordonNode
     | ApplyFairShare
     | JobAccepted
+    | JobPriorityChanged
     | JobRejected
     | PendingReasonChanged
     | JobsAdmitted

@@ -101,6 +101,17 @@ class JobAccepted(Event, frozen=True, kw_only=True):
     priority: Int
 
 
+class JobPriorityChanged(Event, frozen=True, kw_only=True):
+    """The scheduler moves a waiting or running job to another priority, with why: for a policy
+    whose priorities follow what a job has received so far (Tiresias's least-attained-service
+    queues: a job that ran long enough drops to the lower queue, one that waited long enough in
+    it comes back up). Whom the preemption rule lets a job stop, and who may stop it, follow."""
+
+    job_id: str
+    priority: Int
+    reason: Reason
+
+
 class JobRejected(Event, frozen=True, kw_only=True):
     """A request that will never run, with why. ``request_seq`` points at the request."""
 

@@ -15,6 +15,7 @@ from corral.events.jobs import (
     AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -35,6 +36,7 @@ from corral.events.nodes import (
 # event type -> (subject kind, the field naming the key, or "=<role>" for a decision subject)
 HOME: dict[type[Event], tuple[str, str]] = {
     JobAccepted: ("job", "job_id"),
+    JobPriorityChanged: ("job", "job_id"),
     JobRejected: ("job", "job_id"),
     PendingReasonChanged: ("job", "job_id"),
     JobRequeued: ("job", "job_id"),

@@ -11,6 +11,7 @@ from corral.events.jobs import (
     Admission,
     AdmissionWithdrawn,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -44,6 +45,18 @@ def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
     job.priority = ev.priority
     if job.reasons:  # a store costs more than the look (Structs)
         job.reasons = ()
+
+
+def _priority_changed(state: State, ctx: Ctx, ev: JobPriorityChanged) -> None:
+    job = find_job(state, ev.job_id)
+    if job.phase in FINAL or job.phase == "submitted":
+        raise Refused("illegal", f"job {job.id} is {job.phase}", job.id)
+    if job.priority != ev.priority:
+        # Whom it was stopped for was judged at its old priority: the pairs it remembers
+        # (``JobState.stopped_for``) no longer say anything about who goes first.
+        job.stopped_for = ()
+    job.priority = ev.priority
+    job.updated_seq = ctx.seq
 
 
 def _rejected(state: State, ctx: Ctx, ev: JobRejected) -> None:
@@ -142,6 +155,7 @@ def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
 
 HANDLERS: dict[type[Event], Handler] = {
     JobAccepted: _accepted,
+    JobPriorityChanged: _priority_changed,
     JobRejected: _rejected,
     PendingReasonChanged: _pending_reason,
     JobsAdmitted: _admitted,

@@ -23,6 +23,7 @@ from corral.events.jobs import (
     AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -123,6 +124,8 @@ def summarize(body: Event, job_id: str) -> str:
             return f"resize to {body.replicas} replicas requested"
         case JobAccepted():
             return f"accepted at priority {body.priority}"
+        case JobPriorityChanged():
+            return f"priority {body.priority}: {_reasons_text([body.reason])}"
         case JobRejected():
             return f"rejected: {_reasons_text([body.reason])}"
         case PendingReasonChanged():

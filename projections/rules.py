@@ -29,4 +29,5 @@ from __future__ import annotations
 #    counts what ran.
 #    Admission may withdraw an admitted job's admission (``AdmissionWithdrawn``): back to
 #    queued, its quota given back, when no node can host it any more.
+#    A job's priority may change after it was accepted (``JobPriorityChanged``).
 RULES = 5

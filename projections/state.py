@@ -96,7 +96,8 @@ class JobState(msgspec.Struct, gc=False):
     preempted_for: str = ""  # the beneficiary of the preemption under way
     # Every job it was preempted for (the latest MAX_PREEMPTION_TIMES): neither is ever stopped
     # for the other again, so two jobs never take the same GPUs from each other in turn. (A
-    # shrink is not counted: an elastic job may shrink, then be stopped whole, for one job.)
+    # shrink is not counted: an elastic job may shrink, then be stopped whole, for one job.) A
+    # change of its priority forgets them.
     stopped_for: tuple[str, ...] = ()
     preempt_deadline: float = 0.0  # log time by which the preemption under way must be done
     phase_since: float = 0.0

@@ -14,7 +14,7 @@ import msgspec
 
 from corral.events import subjects
 from corral.events.base import Reason
-from corral.events.jobs import CancelJob, JobRejected, ResizeJob
+from corral.events.jobs import CancelJob, JobPriorityChanged, JobRejected, ResizeJob
 from corral.events.log import Record
 from corral.events.queues import (
     ApplyCohort,
@@ -60,6 +60,9 @@ def records() -> list[Record]:
     lb.submit("bob", "elastic", job("team-b").gpus(1).replicas(4, minimum=1))
     lb.accept("elastic").admit("elastic", replicas=1)
     lb.request("bob", "resize", ResizeJob(job_id="elastic", replicas=2))
+    # a scheduler whose priorities follow attained service moves the elastic job down
+    down = Reason("attained-service", "ran 3600 GPU-seconds: down to the lower queue")
+    lb.event(subjects.job("elastic"), JobPriorityChanged(job_id="elastic", priority=-1, reason=down))
     # refusals: a rejected job, a stranger's cancel, a malformed request, a void placement
     lb.submit("alice", "huge", job().gpus(1).replicas(5000))
     rejected = JobRejected(job_id="huge", request_seq=lb.last_seq, reason=Reason("invalid", "too big"))

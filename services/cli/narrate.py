@@ -10,6 +10,7 @@ from corral.events.jobs import (
     AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -60,6 +61,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
             return f"admin sets the fair-share half-life to {f.half_life_s:g} s"
         case JobAccepted(job_id=jid, priority=prio):
             return f"admission accepts {jid} (priority {prio})"
+        case JobPriorityChanged(job_id=jid, priority=prio, reason=r):
+            return f"{jid} moves to priority {prio}: {r.message}"
         case JobRejected(job_id=jid, reason=r):
             return f"admission rejects {jid}: {r.message}"
         case PendingReasonChanged(job_id=jid, reasons=rs):

@@ -7,8 +7,8 @@
   (``services/sim/alibaba_variants.py``; ``all`` for the whole family) and, when corral and FGD
   both run, says by how much corral leads on the mean and on its worst seed.
 - ``--trace philly``: weeks of arrivals and departures of Microsoft's Philly trace through
-  corral's services and through FIFO (``services/sim/philly.py``): waits, JCT, utilisation,
-  fairness, preemptions, per team and overall.
+  corral's services, through FIFO and through Tiresias's 2D-LAS (``services/sim/philly.py``):
+  waits, JCT, utilisation, fairness, preemptions, per team and overall.
 
 Trace files default to ``$CORRAL_TRACES/<trace>/`` or ``shared/traces/`` beside the repository.
 Every mistake a person can make here is one line and exit status 2 (``BadInput``).
@@ -70,7 +70,7 @@ def add_parser(subparsers: Any, common_parent: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policies",
         help="comma-separated; alibaba: Random,DotProd,GpuClustering,GpuPacking,BestFit,FGD,corral; "
-        "philly: corral,fifo (default: all)",
+        "philly: corral,fifo,tiresias (default: all)",
     )
     p.add_argument("--file", help="philly: the trace CSV (default: philly/philly.csv)")
     p.add_argument("--jobs", type=int, help="philly: jobs in the slice (default 20000)")

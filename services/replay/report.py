@@ -28,6 +28,7 @@ from corral.events.jobs import (
     Admission,
     AdmissionWithdrawn,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -122,6 +123,8 @@ def items(body: Event, now: float) -> list[tuple[str, str, str]]:
             ]
         case JobAccepted():
             return [("accepted", body.job_id, f"priority {body.priority}")]
+        case JobPriorityChanged():
+            return [("priority", body.job_id, f"{body.priority}, {reasons((body.reason,))}")]
         case JobRejected():
             return [("rejected", body.job_id, reasons((body.reason,)))]
         case AdmissionWithdrawn():

@@ -47,6 +47,7 @@ from corral.events.codec import DecodeError
 from corral.events.jobs import (
     AdmissionWithdrawn,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     PendingReasonChanged,
@@ -76,6 +77,7 @@ _EV_PREFIX = f"{subjects.EV}."
 # Events a role writes outside its decision subject: admission states its facts on each job.
 _JOB_FACTS: dict[type[Event], str] = {
     JobAccepted: "admission",
+    JobPriorityChanged: "admission",
     JobRejected: "admission",
     JobRequeued: "admission",
     AdmissionWithdrawn: "admission",

@@ -7,7 +7,8 @@ The simulated clock jumps from one event time to the next. At each time ``t``:
    tenant) and what the node agents report (workers exiting, checkpoints written);
 2. the decision services decide on the folded state with ``now = t``: admission, placer and
    preemptor, the same pure ``decide`` functions with the same configs as the live services, in
-   that order, pass after pass. Each proposal is folded at once with ``apply_event`` on its
+   that order, pass after pass (or one other scheduler in their place, ``SimConfig.scheduler``,
+   for a baseline such as Tiresias). Each proposal is folded at once with ``apply_event`` on its
    routing subject, as the fold reads it from the live log. A service decides again whenever
    the state has moved past what it last decided on, its own proposals included (a live service
    does so on its next cycle); the passes end when one of them proposes nothing: the state is
@@ -136,6 +137,11 @@ class SimConfig:
     # Summarise finished jobs once this many have piled up (0: never); see ``_compact``.
     compact_every: int = 0
     max_rounds: int = 64  # passes of the services at one time before they are deemed not to settle
+    # Another scheduler in place of admission, placer and preemptor: a factory of one role that
+    # decides all of it (accept, requeue, admit, place, preempt) through the same fold, for a
+    # baseline such as Tiresias (``tiresias.py``). A factory, as such a role remembers things
+    # between its cycles and each run needs its own.
+    scheduler: Callable[[], Decide] | None = None
 
 
 @dataclass
@@ -196,7 +202,7 @@ class _Run:
     frozen: float | None = None  # progress when asked to checkpoint: it makes none after
 
 
-_DECIDE, _FINISH, _CHECKPOINT, _SAVED, _KILL = range(5)
+_DECIDE, _FINISH, _CHECKPOINT, _SAVED, _KILL, _WAKE = range(6)
 
 
 class Simulation:
@@ -238,6 +244,7 @@ class Simulation:
         self._started: list[str] = []
         self._stopping: list[tuple[str, float]] = []
         self._tick: float | None = None  # the decision time scheduled, if any
+        self._wake: float | None = None  # the latest time the scheduler asked to decide again
         self._finished = 0  # jobs finished since the last compaction
         self.held: dict[str, float] = {}
         self.demand: dict[str, float] = {}
@@ -246,7 +253,9 @@ class Simulation:
             ("admission", lambda s, now: admission_decide(s, now, cfg.admission)),
             ("placer", lambda s, now: placer_decide(s, now, cfg.placer)),
         ]
-        if cfg.preemptor is not None:
+        if cfg.scheduler is not None:
+            roles = [("scheduler", cfg.scheduler())]
+        elif cfg.preemptor is not None:
             pre = cfg.preemptor
             roles.append(("preemptor", lambda s, now: preemptor_decide(s, now, pre)))
         self.roles = roles
@@ -330,6 +339,9 @@ class Simulation:
             if kind == _DECIDE:
                 self._tick = None
                 continue
+            if kind == _WAKE:  # the scheduler's answer may change by the passing of time alone
+                self._dirty = True
+                continue
             run = self._runs.get(job_id)
             if run is None or run.token != token:
                 continue  # the attempt it was for is over
@@ -386,8 +398,20 @@ class Simulation:
                         self._stopping.extend((v.job_id, ev.deadline) for v in ev.victims)
                 moved = moved or bool(events)
             if not moved:
+                self._wake_scheduler(now)
                 return
         raise SimError(f"the services did not settle at t={now} after {self.config.max_rounds} passes")
+
+    def _wake_scheduler(self, now: float) -> None:
+        """A scheduler in place of corral's services (``SimConfig.scheduler``) may say when its
+        answer changes by the passing of time alone (``wake_at``: Tiresias's jobs crossing a
+        queue's threshold): a live one decides on a timer, so the simulation decides then too."""
+        if self.config.scheduler is None:
+            return
+        at = getattr(self.roles[0][1], "wake_at", None)
+        if at is not None and at > now and at != self._wake:
+            self._wake = at
+            self._push(at, _WAKE, "", 0)
 
     def _react(self, now: float) -> bool:
         """The node agents act on what the fold accepted; True if they reported anything."""

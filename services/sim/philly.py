@@ -1,5 +1,5 @@
 """The time-dynamic Philly experiment: weeks of real arrivals and departures through corral's
-services, on the simulator, against FIFO on the same slice.
+services, on the simulator, against FIFO and Tiresias on the same slice.
 
 The slice. Microsoft's Philly trace (``services/sim/traces/philly.py``) sorted by arrival; the
 ``jobs`` (default 20,000) that arrive first from ``start`` on (default 2017-10-23 00:00 UTC: a
@@ -21,7 +21,7 @@ preemptible. The others cannot checkpoint and are not preemptible, as their owne
 stopping one throws away all it did. Every job is in one priority class, ``normal`` (0), whose
 one anti-thrash guard is five minutes of running before a job may be preempted.
 
-The two policies, the same services and fold in both:
+The three policies, the same fold and simulated agents in all:
 
 - ``corral``: one queue per team, all in one cohort so idle quota is lent; each queue's nominal
   quota is its share of the slice's GPU-hours (at least one GPU each, largest remainders, summing
@@ -30,6 +30,11 @@ The two policies, the same services and fold in both:
   nominal quota from borrowers.
 - ``fifo``: one strict-FIFO queue for everyone with the whole cluster as its quota (no fair
   share), and no preemptor. The placer is the same.
+- ``tiresias``: Tiresias's discretized 2D-LAS (``tiresias.py``) in place of corral's services:
+  one queue for everyone, two priority levels by attained GPU-time (one GPU-hour the
+  threshold, PROMOTE_KNOB 8), FIFO within each, the lower level's checkpointable jobs stopped
+  (the same 30 s save and 60 s grace) for the higher's, consolidated placement. Its jobs carry
+  no runtime estimate: Tiresias schedules without knowing durations.
 
 Both run on the simulator (``driver.py``) with the services deciding once a minute of simulated
 time (``cycle_s``, 60 s: a scheduler on a one-minute cycle; 0 decides at every event, which
@@ -37,7 +42,8 @@ waits about 0.1 h less on average here and takes about twice as long to simulate
 jobs summarised every 100 (``compact_every``), which changes no decision.
 
 What is reported, per team and overall: jobs, average and p99 wait (submission to first
-start) and JCT (submission to end), preemptions and GPU-hours lost to them (held but not kept),
+start) and JCT (submission to end), the p99 wait of the team that waits longest, preemptions
+(in all, and the most of any one job) and GPU-hours lost to them (held but not kept),
 GPU utilisation (GPU-seconds held over capacity, from the first to the last arrival of the slice,
 while the trace offers load), and Jain's fairness index of GPU share against entitlement: over
 the same window, each team's GPU-seconds held divided by its entitlement, the weighted max-min
@@ -70,6 +76,7 @@ from corral.events.queues import (
 )
 from corral.services.agent import inventory
 from corral.services.preemptor.decide import PreemptorConfig
+from corral.services.sim import tiresias
 from corral.services.sim.driver import JobStats, SimConfig, SimJob, Simulation
 from corral.services.sim.plot import line_chart
 from corral.services.sim.traces import philly
@@ -82,13 +89,16 @@ CHECKPOINTABLE = 0.75
 SEED = 0
 COHORT = "philly"
 FIFO_QUEUE = "fifo"
-POLICIES = ("corral", "fifo")
+TIRESIAS_QUEUE = "tiresias"
+POLICIES = ("corral", "fifo", "tiresias")
 COMPACT_EVERY = 100
 CYCLE_S = 60.0
 # The one priority class. Its one anti-thrash guard: a job runs five minutes before it may be
 # preempted, so a job is never stopped in the instant it was placed (a victim placed again at
 # once is not preempted again at once).
 NORMAL = PriorityClassSpec("normal", 0, min_runtime_s=300.0)
+# Tiresias's jobs enter its high queue; its own rules, not a guard, say when they may be stopped.
+TIRESIAS_CLASS = PriorityClassSpec("tiresias", tiresias.HIGH)
 
 
 # -- the slice ---------------------------------------------------------------------------------------
@@ -185,14 +195,16 @@ class Experiment:
             workers, per = gang_shape(j.gpus)
             saves = rng.random() < self.checkpointable
             spec = JobSpec(
-                queue=FIFO_QUEUE if policy == "fifo" else j.team,
+                queue={"fifo": FIFO_QUEUE, "tiresias": TIRESIAS_QUEUE}.get(policy, j.team),
                 name=j.id,
+                priority_class=TIRESIAS_CLASS.name if policy == "tiresias" else "normal",
                 replicas=workers,
                 resources=Resources(gpus=per, cpu_milli=4000 * per, memory_mib=16_384 * per),
                 checkpointable=saves,
                 preemptible=saves,
                 grace_seconds=60.0,
-                runtime_estimate_s=j.duration,
+                # Tiresias schedules without knowing how long a job runs: it is told nothing.
+                runtime_estimate_s=None if policy == "tiresias" else j.duration,
             )
             out.append(SimJob(j.id, j.team, spec, j.arrival, j.duration))
         return out
@@ -201,6 +213,9 @@ class Experiment:
         if policy == "fifo":
             everyone = QueueSpec(FIFO_QUEUE, quotas={"*": Quota(nominal=self.gpus)}, strategy="strict-fifo")
             return [ApplyQueue(queue=everyone)]
+        if policy == "tiresias":
+            everyone = QueueSpec(TIRESIAS_QUEUE, quotas={"*": Quota(nominal=self.gpus)})
+            return [ApplyPriorityClass(priority_class=TIRESIAS_CLASS), ApplyQueue(queue=everyone)]
         out: list[Event] = [ApplyPriorityClass(priority_class=NORMAL), ApplyCohort(cohort=CohortSpec(COHORT))]
         for team, nominal in sorted(self.quotas.items()):
             spec = QueueSpec(
@@ -220,6 +235,8 @@ class Experiment:
             return SimConfig(
                 preemptor=PreemptorConfig(shrink=False), cycle_s=self.cycle_s, compact_every=COMPACT_EVERY
             )
+        if policy == "tiresias":
+            return SimConfig(scheduler=tiresias.Tiresias, cycle_s=self.cycle_s, compact_every=COMPACT_EVERY)
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
 
 
@@ -310,6 +327,7 @@ class Figures:
     avg_jct_s: float
     p99_jct_s: float
     preemptions: int
+    max_preemptions: int  # of any one job
     gpu_hours_lost: float
 
     @classmethod
@@ -325,6 +343,7 @@ class Figures:
             avg_jct_s=sum(jcts) / len(jcts) if jcts else float("nan"),
             p99_jct_s=percentile(jcts, 99),
             preemptions=sum(s.preemptions for s in stats),
+            max_preemptions=max((s.preemptions for s in stats), default=0),
             gpu_hours_lost=sum(s.lost_gpu_s for s in stats) / 3600,
         )
 
@@ -347,6 +366,14 @@ class Outcome:
     jcts: list[float] = field(default_factory=list)
 
     @property
+    def worst_team(self) -> tuple[str, float]:
+        """The team whose p99 wait is the longest, and that wait (nan: no team waited)."""
+        waited = [(t, f.p99_wait_s) for t, f in sorted(self.teams.items()) if f.p99_wait_s == f.p99_wait_s]
+        if not waited:
+            return "-", float("nan")
+        return max(waited, key=lambda tw: tw[1])
+
+    @property
     def speed(self) -> float:
         """Simulated seconds per wall-clock second."""
         return self.simulated_s / self.wall_s if self.wall_s > 0 else float("inf")
@@ -357,6 +384,7 @@ class Outcome:
             "teams": {t: vars(f) for t, f in sorted(self.teams.items())},
             "utilisation": self.utilisation,
             "jain": self.jain,
+            "worst_team_p99_wait": {"team": self.worst_team[0], "p99_wait_s": self.worst_team[1]},
             "share_of_entitlement": self.share,
             "simulated_s": self.simulated_s,
             "wall_s": self.wall_s,
@@ -424,16 +452,17 @@ def table(exp: Experiment, outcomes: Sequence[Outcome]) -> str:
         f"{exp.nodes} nodes x {GPUS_PER_NODE} GPUs = {exp.gpus} GPUs; {len(exp.quotas)} teams; "
         f"decisions {f'every {exp.cycle_s:g} s' if exp.cycle_s > 0 else 'at every event'}",
         "",
-        f"{'policy':<8}{'avg wait h':>11}{'p99 wait h':>11}{'avg JCT h':>11}{'p99 JCT h':>11}"
-        f"{'util %':>8}{'Jain':>7}{'preempt':>9}{'GPU-h lost':>11}{'sim s/wall s':>14}",
+        f"{'policy':<9}{'avg wait h':>11}{'p99 wait h':>11}{'avg JCT h':>11}{'p99 JCT h':>11}"
+        f"{'worst team p99 wait h':>22}{'util %':>8}{'Jain':>7}{'preempt':>9}{'max/job':>8}"
+        f"{'GPU-h lost':>11}{'sim s/wall s':>14}",
     ]
     lines.append("-" * len(lines[-1]))
     for o in outcomes:
         f = o.overall
         lines.append(
-            f"{o.policy:<8}{_h(f.avg_wait_s):>11}{_h(f.p99_wait_s):>11}{_h(f.avg_jct_s):>11}"
-            f"{_h(f.p99_jct_s):>11}{100 * o.utilisation:>8.1f}{o.jain:>7.3f}{f.preemptions:>9}"
-            f"{f.gpu_hours_lost:>11.1f}{o.speed:>14.0f}"
+            f"{o.policy:<9}{_h(f.avg_wait_s):>11}{_h(f.p99_wait_s):>11}{_h(f.avg_jct_s):>11}"
+            f"{_h(f.p99_jct_s):>11}{_h(o.worst_team[1]):>22}{100 * o.utilisation:>8.1f}{o.jain:>7.3f}"
+            f"{f.preemptions:>9}{f.max_preemptions:>8}{f.gpu_hours_lost:>11.1f}{o.speed:>14.0f}"
         )
     lines += ["", "per team (hours; share = GPU time held / entitlement):"]
     head = f"{'team':<10}{'quota':>6}{'jobs':>6}"
@@ -456,18 +485,9 @@ def table(exp: Experiment, outcomes: Sequence[Outcome]) -> str:
                     f" | {_h(fig.avg_wait_s):>11}{_h(fig.p99_wait_s):>9}{_h(fig.avg_jct_s):>9}{share:>7.2f}"
                 )
         lines.append(row)
-    worst = [
-        f"{o.policy} {max(o.teams.items(), key=lambda kv: _num(kv[1].p99_wait_s))[0]} "
-        f"{_h(max(_num(f.p99_wait_s) for f in o.teams.values()))} h"
-        for o in outcomes
-        if o.teams
-    ]
+    worst = [f"{o.policy} {o.worst_team[0]} {_h(o.worst_team[1])} h" for o in outcomes if o.teams]
     lines += ["", "worst team's p99 wait: " + "; ".join(worst)]
     return "\n".join(lines)
-
-
-def _num(x: float) -> float:
-    return -1.0 if x != x else x
 
 
 def to_json(exp: Experiment, outcomes: Sequence[Outcome]) -> dict[str, Any]:

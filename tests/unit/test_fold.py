@@ -16,7 +16,14 @@ from corral.events import codec
 from corral.events import subjects as subj
 from corral.events.base import Event, Reason
 from corral.events.decisions import JobsPlaced, Placement, PreemptionRequested, Victim
-from corral.events.jobs import Admission, JobAccepted, JobsAdmitted, RestartPolicy, SubmitJob
+from corral.events.jobs import (
+    Admission,
+    JobAccepted,
+    JobPriorityChanged,
+    JobsAdmitted,
+    RestartPolicy,
+    SubmitJob,
+)
 from corral.events.log import Record
 from corral.events.nodes import NodeInventory, NodeRegistered, WorkerStarted
 from corral.events.queues import (
@@ -1085,6 +1092,36 @@ def test_preemption_that_no_longer_holds_is_void_and_changes_nothing(make: Calla
 def test_lower_priority_victim_of_the_same_queue_may_be_preempted() -> None:
     state = fold(_victim_and_beneficiary(priority=1, queue="team-a").preempt("b", "v"))
     assert state.jobs["v"].phase == "checkpointing"
+
+
+def _priority(log: LogBuilder, job_id: str, priority: int) -> LogBuilder:
+    why = Reason("attained-service", "ran its share")
+    return log.event(subj.job(job_id), JobPriorityChanged(job_id=job_id, priority=priority, reason=why))
+
+
+@pytest.mark.parametrize(
+    ("victim_priority", "beneficiary_priority", "phase"),
+    [(0, 10, "checkpointing"), (10, 10, "running"), (10, 11, "checkpointing"), (-5, -6, "running")],
+    ids=["lowered-below", "raised-to-equal", "beneficiary-raised-above", "beneficiary-lowered-below"],
+)
+def test_the_preemption_rule_reads_the_priority_a_job_has_now(
+    victim_priority: int, beneficiary_priority: int, phase: str
+) -> None:
+    log = _victim_and_beneficiary(priority=0, queue="team-a")
+    _priority(_priority(log, "v", victim_priority), "b", beneficiary_priority).preempt("b", "v")
+    state = fold(log)
+    assert state.jobs["v"].priority == victim_priority
+    assert state.jobs["v"].phase == phase
+
+
+@pytest.mark.parametrize("when", ["submitted", "finished"])
+def test_a_priority_change_of_a_job_not_accepted_or_over_is_refused(when: str) -> None:
+    log = two_nodes().submit("alice", "j")
+    if when == "finished":
+        log.accept("j").request("alice", "cancel", {"job_id": "j"})
+    state = fold(_priority(log, "j", 7))
+    assert last(state).code == "illegal"
+    assert state.jobs["j"].priority == 0
 
 
 def test_preemption_naming_a_victim_twice_changes_nothing_or_everything() -> None:

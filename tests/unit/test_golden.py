@@ -34,6 +34,7 @@ from corral.events.jobs import (
     AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
+    JobPriorityChanged,
     JobRejected,
     JobRequeued,
     JobsAdmitted,
@@ -134,6 +135,11 @@ REQUESTS: dict[type[Event], Event] = {
 # The body of each golden envelope of a service event.
 EVENTS: dict[type[Event], Event] = {
     JobAccepted: JobAccepted(job_id="sweep-0042", priority=1000),
+    JobPriorityChanged: JobPriorityChanged(
+        job_id="sweep-0042",
+        priority=0,
+        reason=Reason("attained-service", "ran 3600 GPU-seconds: down to the lower queue"),
+    ),
     JobRejected: JobRejected(
         job_id="sweep-0042",
         request_seq=17,

@@ -277,18 +277,45 @@ def trace_or_skip() -> Path:
         pytest.skip("the Philly trace is not here")
 
 
-def test_a_small_philly_slice_runs_under_both_policies() -> None:
+def test_a_small_philly_slice_runs_under_every_policy() -> None:
     sliced = philly.load_slice(trace_or_skip(), jobs=150)
     exp = philly.Experiment(tuple(sliced), nodes=4)
     outcomes = philly.run(exp, parallel=False)
-    assert [o.policy for o in outcomes] == ["corral", "fifo"]
+    assert [o.policy for o in outcomes] == ["corral", "fifo", "tiresias"]
     for o in outcomes:
         assert o.overall.finished == o.overall.jobs == 150
         assert 0 < o.utilisation <= 1
         assert 0 < o.jain <= 1
+        assert o.overall.max_preemptions <= o.overall.preemptions
+        team, wait = o.worst_team
+        assert wait == max(f.p99_wait_s for f in o.teams.values()) and o.teams[team].p99_wait_s == wait
+    assert outcomes[1].overall.preemptions == 0  # FIFO stops nobody
     text = philly.table(exp, outcomes)
     assert "worst team's p99 wait" in text
-    assert set(philly.to_json(exp, outcomes)["policies"]) == {"corral", "fifo"}
+    for o in outcomes:
+        assert any(line.startswith(o.policy) for line in text.splitlines())
+    data = philly.to_json(exp, outcomes)["policies"]
+    assert set(data) == {"corral", "fifo", "tiresias"}
+    assert {"max_preemptions", "p99_jct_s", "gpu_hours_lost"} <= set(data["tiresias"]["overall"])
+    assert data["tiresias"]["worst_team_p99_wait"]["team"] in data["tiresias"]["teams"]
+
+
+def test_tiresias_stops_jobs_of_its_low_queue_on_a_few_hundred_philly_jobs() -> None:
+    """A busy morning of the trace on 4 nodes: jobs that ran an hour of GPU-time are stopped for
+    newcomers, each one a checkpoint and a restart, and every job still ends."""
+    sliced = philly.load_slice(trace_or_skip(), jobs=300)
+    exp = philly.Experiment(tuple(sliced), nodes=4)
+    sim = Simulation(exp.cluster(), exp.setup("tiresias"), exp.jobs("tiresias"), exp.config("tiresias")).run()
+    assert sim.state.void_total == 0 and sim.state.faults == 0, sim.state.rejections
+    assert not sim.unfinished()
+    stats = list(sim.stats.values())
+    figures = philly.Figures.of(stats)
+    assert figures.preemptions > 0
+    assert figures.max_preemptions == max(s.preemptions for s in stats) >= 1
+    assert figures.gpu_hours_lost > 0
+    # only jobs that can checkpoint are stopped
+    spec = {j.id: j.spec for j in exp.jobs("tiresias")}
+    assert all(spec[s.id].checkpointable for s in stats if s.preemptions)
 
 
 # -- corral sim ----------------------------------------------------------------------------------------
@@ -332,7 +359,7 @@ def test_mistakes_are_one_line_bad_input(argv: tuple[str, ...]) -> None:
     assert "\n" not in str(e.value)
 
 
-def test_corral_sim_philly_prints_both_policies(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_corral_sim_philly_prints_every_policy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     trace_or_skip()
     png = tmp_path / "philly.png"
     args = parse("--trace", "philly", "--jobs", "60", "--nodes", "4", "-o", "json", "--plot", str(png))
@@ -340,7 +367,7 @@ def test_corral_sim_philly_prints_both_policies(capsys: pytest.CaptureFixture[st
     import json
 
     out = json.loads(capsys.readouterr().out)
-    assert set(out["policies"]) == {"corral", "fifo"}
+    assert set(out["policies"]) == {"corral", "fifo", "tiresias"}
     assert out["slice"]["jobs"] == 60
     assert png.read_bytes().startswith(b"\x89PNG")
 

@@ -52,9 +52,7 @@ def _priority_changed(state: State, ctx: Ctx, ev: JobPriorityChanged) -> None:
     if job.phase in FINAL or job.phase == "submitted":
         raise Refused("illegal", f"job {job.id} is {job.phase}", job.id)
     if job.priority != ev.priority:
-        # Whom it was stopped for was judged at its old priority: the pairs it remembers
-        # (``JobState.stopped_for``) no longer say anything about who goes first.
-        job.stopped_for = ()
+        job.priority_seq = ctx.seq
     job.priority = ev.priority
     job.updated_seq = ctx.seq
 

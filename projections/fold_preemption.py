@@ -97,7 +97,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         job.preemptions += 1
         job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
         job.preempted_for = ev.beneficiary
-        job.stopped_for = stopped_for(job, ev.beneficiary)
+        job.stopped_for = stopped_for(job, beneficiary)
         job.preempt_deadline = ev.deadline
         job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
         if not job.live:
@@ -133,11 +133,12 @@ def readmit(state: State, job: JobState, replicas: int) -> None:
     quota.count_holding(state, job, 1)
 
 
-def stopped_for(job: JobState, beneficiary: str) -> tuple[str, ...]:
-    """``job.stopped_for`` with ``beneficiary`` added (once), the oldest dropped past the bound."""
-    if beneficiary in job.stopped_for:
+def stopped_for(job: JobState, beneficiary: JobState) -> tuple[tuple[str, int, int], ...]:
+    """``job.stopped_for`` with this preemption added (once), the oldest dropped past the bound."""
+    entry = (beneficiary.id, beneficiary.priority_seq, job.priority_seq)
+    if entry in job.stopped_for:
         return job.stopped_for
-    return (*job.stopped_for[-(MAX_PREEMPTION_TIMES - 1) :], beneficiary)
+    return (*job.stopped_for[-(MAX_PREEMPTION_TIMES - 1) :], entry)
 
 
 def shrink(state: State, ctx: Ctx, job: JobState, replicas: int, beneficiary: str, deadline: float) -> None:

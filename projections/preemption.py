@@ -13,10 +13,10 @@ A running job (or an elastic job's top ranks) may be stopped for a beneficiary o
   quota once the record's victims are gone (it takes back what it lent), else by
   ``borrow_within_cohort`` (a lower priority, at most the threshold).
 
-Never twice between the same two jobs, in either direction (``JobState.stopped_for``): a job
-stopped for another is not stopped for it again, nor is the other stopped for it, so that a
-borrower stopped by a lender's reclaim and a lender's job stopped by a borrower's higher
-priority do not take the same GPUs from each other in turn.
+Never twice between the same two jobs, in either direction, while neither's priority changed
+(``JobState.stopped_for``): a job stopped for another is not stopped for it again, nor is the
+other stopped for it, so that a borrower stopped by a lender's reclaim and a lender's job
+stopped by a borrower's higher priority do not take the same GPUs from each other in turn.
 
 Whether the beneficiary reclaims is judged with every victim of the record gone, its own queue's
 too: a job that is back within its nominal after stopping its queue's lower-priority work takes
@@ -65,11 +65,7 @@ def eligible(
     holds quota of ``key`` lent by the beneficiary's side (``Ledger.borrows_from``, before any
     stop); ``reclaims``: the beneficiary's side stays within its own quota with it once the
     proposal's victims are gone (``Ledger.within_own``)."""
-    if (
-        victim.id == beneficiary.id
-        or beneficiary.id in victim.stopped_for
-        or victim.id in beneficiary.stopped_for
-    ):
+    if victim.id == beneficiary.id or stopped_before(victim, beneficiary) is not None:
         return False  # once one was stopped for the other, neither is stopped for the other again
     vp, bp = victim.priority, beneficiary.priority
     if victim.spec.queue == beneficiary.spec.queue:
@@ -85,6 +81,16 @@ def eligible(
         if reclaim == "any" or (reclaim == "lower-priority" and vp < bp):
             return True
     return may_borrow_over(policy, vp, bp)
+
+
+def stopped_before(victim: JobState, beneficiary: JobState) -> tuple[str, str] | None:
+    """(stopped, for whom) if one of the two was preempted for the other and neither's priority
+    changed since; None if not (after a change of priority the order between them is new)."""
+    if (beneficiary.id, beneficiary.priority_seq, victim.priority_seq) in victim.stopped_for:
+        return victim.id, beneficiary.id
+    if (victim.id, victim.priority_seq, beneficiary.priority_seq) in beneficiary.stopped_for:
+        return beneficiary.id, victim.id
+    return None
 
 
 def may_borrow_over(policy: PreemptionPolicy, victim_priority: int, beneficiary_priority: int) -> bool:
@@ -188,11 +194,10 @@ def may_stop(
                 stopping = max(0, adm.replicas - keep)
             ledger.charge(victim.spec.queue, victim_key, -milli * stopping)
     for victim, victim_key in charged:
-        if beneficiary.id in victim.stopped_for or victim.id in beneficiary.stopped_for:
-            first, second = (
-                (victim, beneficiary) if beneficiary.id in victim.stopped_for else (beneficiary, victim)
-            )
-            return f"{victim.id}: {first.id} was stopped for {second.id} before; not again between the two"
+        before = stopped_before(victim, beneficiary)
+        if before is not None:
+            first, second = before
+            return f"{victim.id}: {first} was stopped for {second} before; not again between the two"
         reclaims = key is not None and ledger.has_queue(queue) and ledger.within_own(
             queue, victim.spec.queue, key, need
         )  # fmt: skip

@@ -94,11 +94,12 @@ class JobState(msgspec.Struct, gc=False):
     preemptions: int = 0
     preempted_at: tuple[float, ...] = ()  # log times of the latest preemptions (anti-thrash)
     preempted_for: str = ""  # the beneficiary of the preemption under way
-    # Every job it was preempted for (the latest MAX_PREEMPTION_TIMES): neither is ever stopped
-    # for the other again, so two jobs never take the same GPUs from each other in turn. (A
-    # shrink is not counted: an elastic job may shrink, then be stopped whole, for one job.) A
-    # change of its priority forgets them.
-    stopped_for: tuple[str, ...] = ()
+    # Every job it was preempted for (the latest MAX_PREEMPTION_TIMES), with when each of the two
+    # last had its priority changed: while neither changed, neither is stopped for the other
+    # again, so two jobs never take the same GPUs from each other in turn. (A shrink is not
+    # counted: an elastic job may shrink, then be stopped whole, for one job.)
+    stopped_for: tuple[tuple[str, int, int], ...] = ()  # (beneficiary, its priority_seq, this job's)
+    priority_seq: int = 0  # the log position of its last change of priority (0: none since accepted)
     preempt_deadline: float = 0.0  # log time by which the preemption under way must be done
     phase_since: float = 0.0
     updated_seq: int = 0

@@ -246,7 +246,7 @@ def test_a_sibling_on_the_cohorts_own_quota_is_not_reclaimed_from() -> None:
 @pytest.mark.parametrize(("beneficiary", "victim"), [("b", "v"), ("v", "b")])
 def test_never_twice_between_the_same_two_jobs(beneficiary: str, victim: str) -> None:
     # v was stopped for b; b runs, then is stopped itself (for ``top``) and requeued, and v runs
-    # again. Neither may now be stopped for the other, whatever the priorities: a borrower and a
+    # again. Neither may now be stopped for the other while their priorities stay: a borrower and a
     # lender's job would otherwise take the same GPUs from each other in turn.
     lb = two_nodes_log().queue(queue_spec("team-a", 16))
     lb.submit("bob", "v", job("team-a").gpus(8).checkpointable()).accept("v", priority=0)
@@ -258,7 +258,7 @@ def test_never_twice_between_the_same_two_jobs(beneficiary: str, victim: str) ->
     lb.preempt("top", "b").exited(N0, "b", stopped=True).requeue("b", 0)
     lb.admit("v", attempt=1).place(on(N0, *range(8), job_id="v", attempt=1)).started(N0, "v", attempt=1)
     state = lb.fold()
-    assert state.jobs["v"].phase == "running" and state.jobs["v"].stopped_for == ("b",)
+    assert state.jobs["v"].phase == "running" and state.jobs["v"].stopped_for == (("b", 0, 0),)
     if victim == "b":  # b must be running to be a victim: let it run on the other node
         lb.admit("b", attempt=1).place(on("node-01", *range(8), job_id="b", attempt=1))
         lb.started("node-01", "b", attempt=1)

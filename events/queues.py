@@ -55,7 +55,10 @@ class QueueSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbi
     quotas: dict[str, Quota] = {}
     weight: float = 1.0
     tenants: tuple[str, ...] = ()
-    strategy: str = "best-effort-fifo"
+    # How the queue's jobs wait (``projections.queueing``): by submission, holding the quota a
+    # job that does not fit needs while later ones go if they leave it room (best-effort-fifo);
+    # by submission, none passing the first (strict-fifo); shortest first, with aging.
+    strategy: Literal["best-effort-fifo", "strict-fifo", "shortest-first"] = "best-effort-fifo"
     preemption: PreemptionPolicy = DEFAULT_PREEMPTION
 
 

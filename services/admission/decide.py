@@ -200,7 +200,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions)
     for adm in first:
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
-    order = FairShareOrder(waiting, ledger, fair, config.lookahead, sorted_already)
+    order = FairShareOrder(waiting, ledger, fair, config.lookahead, sorted_already, now)
     lending_holds: list[tuple[str, str, int]] = []
     admissions = first + _admit(order, ledger, config.max_admissions - len(first), now, ends, lending_holds)
     grown = growths(state, ledger, elastic, waiting, admissions) if config.grow else []

@@ -1,7 +1,8 @@
 """Fair-share order of pending jobs: which queue's head goes next.
 
-Within a queue, jobs wait by priority (highest first), then submission (log sequence), then id.
-Across queues, the next job is the head of the queue that
+Within a queue, jobs wait by priority (highest first), then submission (log sequence), then id;
+in a ``shortest-first`` queue, by priority then the highest response ratio
+(``projections.queueing``). Across queues, the next job is the head of the queue that
 
 1. borrows least far up its cohort tree (``Ledger.borrowing_height``: jobs within their queue's
    nominal first, then jobs within their cohort's own quota and its members', and so on),
@@ -44,7 +45,7 @@ from itertools import islice
 from operator import attrgetter, lt
 
 from corral.events.queues import QueueSpec
-from corral.projections import gpu_time, quota
+from corral.projections import gpu_time, queueing, quota
 from corral.projections.holds import Hold
 from corral.projections.lifecycle import HOLDS_QUOTA
 from corral.projections.quota import Ledger
@@ -56,8 +57,11 @@ _by_seq = attrgetter("submitted_seq")
 _by_priority = attrgetter("priority")
 
 
-def sort_queue(jobs: list[JobState], in_submission_order: bool = False) -> None:
-    """Order one queue's pending jobs in place: priority, then submission, then id.
+def sort_queue(
+    jobs: list[JobState], in_submission_order: bool = False, strategy: str = "", now: float = 0.0
+) -> None:
+    """Order one queue's pending jobs in place: priority, then submission, then id; for a
+    ``shortest-first`` queue, priority then response ratio (``projections.queueing``).
 
     ``in_submission_order``: the caller saw the jobs' submission sequences strictly increase
     (the fold inserts jobs in submission order, so a scan of the State yields them so), and the
@@ -73,6 +77,8 @@ def sort_queue(jobs: list[JobState], in_submission_order: bool = False) -> None:
                 jobs.sort(key=_by_id)
             jobs.sort(key=_by_seq)
     jobs.sort(key=_by_priority, reverse=True)  # stable, also in reverse
+    if strategy == queueing.SHORTEST_FIRST:
+        queueing.shortest_first(jobs, now)
 
 
 class FairShare:
@@ -154,6 +160,7 @@ class FairShareOrder:
         fair: FairShare,
         lookahead: int = 1 << 30,
         in_submission_order: Collection[str] = (),
+        now: float = 0.0,
     ) -> None:
         self._ledger = ledger
         self._lookahead = lookahead
@@ -164,8 +171,9 @@ class FairShareOrder:
             jobs = waiting[name]
             if not jobs or not ledger.has_queue(name):
                 continue
-            sort_queue(jobs, name in in_submission_order)
-            cur = self.cursors[name] = Cursor(name, ledger.spec(name), jobs)
+            spec = ledger.spec(name)
+            sort_queue(jobs, name in in_submission_order, spec.strategy, now)
+            cur = self.cursors[name] = Cursor(name, spec, jobs)
             self.push(cur)
 
     def push(self, cur: Cursor) -> None:
@@ -265,7 +273,7 @@ def pending_order(state: State, now: float) -> list[JobState]:
             ledger.hold(job)
         if job.phase == "queued":
             queued.append(job)
-    order = FairShareOrder(waiting_by_queue(queued), ledger, fair)
+    order = FairShareOrder(waiting_by_queue(queued), ledger, fair, now=now)
     out: list[JobState] = []
     while (cur := order.pop()) is not None:
         job = cur.head

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
-from corral.projections import preemption
+from corral.projections import preemption, queueing
 from corral.projections.holds import Hold, hold, quota_ends
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
@@ -144,7 +144,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     # ``hopeless``, so that a backlog of jobs no candidates could help is passed over cheaply.
     unblocked: set[tuple[object, ...]] = set()
     holds = _Holds(state, sim.ledger, now)
-    for job in beneficiaries(state):
+    for job in beneficiaries(state, now):
         if searched >= config.max_beneficiaries:
             break
         if job.id in under_way:
@@ -257,17 +257,25 @@ def _form(job: JobState) -> tuple[object, ...]:
     return ("queued", spec.queue, spec.resources, spec.replicas, spec.min_replicas, spec.topology, selector)
 
 
-def beneficiaries(state: State) -> list[JobState]:
+def beneficiaries(state: State, now: float = 0.0) -> list[JobState]:
     """Jobs preemption could get going, highest priority first, then by submission: admitted jobs
     the placer says preemption would help, and every queued job (``blocked_target`` keeps only
-    those that quota blocks)."""
-    out = [
-        job
-        for job in state.jobs.values()
-        if job.phase == "queued"
-        or (job.phase == "admitted" and job.held is None and any(r.preemption_helps for r in job.reasons))
-    ]
-    out.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
+    those that quota blocks). A shortest-first queue's queued jobs take its places in its own
+    order (``projections.queueing.slots``), so that its holds fall on the job admission holds for."""
+    out: list[JobState] = []
+    shortest: dict[str, list[JobState]] = {}
+    for job in state.jobs.values():
+        if job.phase == "queued":
+            q = state.queues.get(job.spec.queue)
+            if q is not None and q.strategy == queueing.SHORTEST_FIRST:
+                shortest.setdefault(job.spec.queue, []).append(job)
+            out.append(job)
+        elif job.phase == "admitted" and job.held is None and any(r.preemption_helps for r in job.reasons):
+            out.append(job)
+    place: dict[str, int] = {}
+    for jobs in shortest.values():
+        place.update(queueing.slots(jobs, now))
+    out.sort(key=lambda j: (-j.priority, place.get(j.id, j.submitted_seq), j.id))
     return out
 
 

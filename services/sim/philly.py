@@ -19,14 +19,16 @@ GPU (never the binding constraint on these nodes). The runtime estimate is the t
 every 30 minutes of running and on preemption (30 s to save, 60 s of grace), and these jobs are
 preemptible. The others cannot checkpoint and are not preemptible, as their owners would ask:
 stopping one throws away all it did. Every job is in one priority class, ``normal`` (0), whose
-one anti-thrash guard is five minutes of running before a job may be preempted.
+anti-thrash guards are five minutes of running before a job may be preempted and at most three
+preemptions in a job's life.
 
 The three policies, the same fold and simulated agents in all:
 
 - ``corral``: one queue per team, all in one cohort so idle quota is lent; each queue's nominal
   quota is its share of the slice's GPU-hours (at least one GPU each, largest remainders, summing
-  to the cluster) and its fair-share weight is that nominal. Best-effort FIFO within a queue,
-  fair share across queues, the placer's reservation and backfill, and the preemptor reclaiming
+  to the cluster) and its fair-share weight is that nominal. Shortest first with aging within a
+  queue (``shortest-first``: highest response ratio next, from the runtime estimates), fair
+  share across queues, the placer's reservation and backfill, and the preemptor reclaiming
   nominal quota from borrowers.
 - ``fifo``: one strict-FIFO queue for everyone with the whole cluster as its quota (no fair
   share), and no preemptor. The placer is the same.
@@ -93,10 +95,10 @@ TIRESIAS_QUEUE = "tiresias"
 POLICIES = ("corral", "fifo", "tiresias")
 COMPACT_EVERY = 100
 CYCLE_S = 60.0
-# The one priority class. Its one anti-thrash guard: a job runs five minutes before it may be
+# The one priority class. Its anti-thrash guards: a job runs five minutes before it may be
 # preempted, so a job is never stopped in the instant it was placed (a victim placed again at
-# once is not preempted again at once).
-NORMAL = PriorityClassSpec("normal", 0, min_runtime_s=300.0)
+# once is not preempted again at once), and it is preempted at most three times.
+NORMAL = PriorityClassSpec("normal", 0, min_runtime_s=300.0, max_preemptions=3)
 # Tiresias's jobs enter its high queue; its own rules, not a guard, say when they may be stopped.
 TIRESIAS_CLASS = PriorityClassSpec("tiresias", tiresias.HIGH)
 
@@ -224,6 +226,7 @@ class Experiment:
                 quotas={"*": Quota(nominal=nominal)},
                 weight=float(nominal),
                 tenants=(team,),
+                strategy="shortest-first",
             )
             out.append(ApplyQueue(queue=spec))
         return out

@@ -511,7 +511,7 @@ def test_a_job_within_its_nominal_never_waits_for_a_lower_priority_one(w: World)
     # policy allows (its own queue's, and other queues' that hold what its side lent) would let
     # it fit, quota and GPUs, the preemptor proposes a preemption for it.
     state, now = w.state, w.time
-    first = beneficiaries(state)  # the preemptor's order: nobody is searched for before it
+    first = beneficiaries(state, now)  # the preemptor's order: nobody is searched for before it
     if not first or first[0].phase != "queued":
         return
     h = first[0]

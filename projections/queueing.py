@@ -1,0 +1,51 @@
+"""The order jobs wait in within one queue, by its strategy: what admission admits by and the
+preemptor searches for victims by, so that the two agree on which job a queue serves next.
+
+- ``best-effort-fifo`` and ``strict-fifo``: priority, then submission.
+- ``shortest-first``: priority, then the highest response ratio, (waited + runtime estimate) /
+  runtime estimate (Brinch Hansen's highest-response-ratio-next): short jobs go first, and a
+  long one's ratio grows while it waits until it goes first too, so nothing waits for ever. A
+  job without an estimate counts as ``UNKNOWN_RUNTIME_S`` long. Waited is log time since
+  submission, so a requeued job keeps what it waited.
+
+Pure: the order depends on the jobs, the strategy and ``now`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from corral.projections.state import JobState
+
+SHORTEST_FIRST = "shortest-first"
+UNKNOWN_RUNTIME_S = 24 * 3600.0
+_MIN_ESTIMATE_S = 1.0  # a zero estimate would make every ratio infinite
+
+
+def response_ratio(job: JobState, now: float) -> float:
+    """(waited + estimate) / estimate: 1 on submission, growing while the job waits."""
+    est = job.spec.runtime_estimate_s
+    est = UNKNOWN_RUNTIME_S if est is None else max(_MIN_ESTIMATE_S, est)
+    return (max(0.0, now - job.submitted_at) + est) / est
+
+
+def shortest_first(jobs: list[JobState], now: float) -> None:
+    """Order jobs already in priority-then-submission order by priority, then response ratio
+    (highest first); the sort is stable, so equal ratios stay in submission order."""
+    jobs.sort(key=lambda j: (-j.priority, -response_ratio(j, now)))
+
+
+def slots(jobs: Sequence[JobState], now: float) -> dict[str, int]:
+    """For one shortest-first queue's waiting jobs: job id -> the submission sequence of the
+    place it takes in the queue's order. The queue's jobs keep the set of sequences they hold,
+    redistributed in its order, so a search over several queues by (priority, sequence) visits
+    each queue's jobs in that queue's order and interleaves the queues as by submission."""
+    by_priority: dict[int, list[JobState]] = {}
+    for job in jobs:
+        by_priority.setdefault(job.priority, []).append(job)
+    out: dict[str, int] = {}
+    for group in by_priority.values():
+        seqs = sorted(j.submitted_seq for j in group)
+        ordered = sorted(group, key=lambda j: (-response_ratio(j, now), j.submitted_seq, j.id))
+        out.update((j.id, seq) for j, seq in zip(ordered, seqs, strict=True))
+    return out

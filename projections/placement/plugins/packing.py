@@ -47,19 +47,36 @@ Policy = Literal["binpack", "spread", "fgd", "corral"]
 POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fgd", "corral")
 
 # The balance term only orders nodes FGD scores the same: it stays well inside one score step.
-BALANCE_SCALE = 1_000_000.0
+BALANCE_SCALE = 1e10
 
 
-def balance(cpu_after: int, gpu_after: int, kappa: float, gpu_task: bool) -> float:
-    """corral's tie-break, larger is better. ``kappa``: milli-CPU the workload asks per milli-GPU."""
+def balance(cpu_after: int, gpu_after: int, kappa: float, gpu_task: bool, cpu_milli: int = 0) -> float:
+    """corral's tie-break, larger is better. ``kappa``: milli-CPU a GPU task asks per milli-GPU;
+    ``gpu_after``: the node's free milli-GPU after the task; ``cpu_milli``: a CPU-only task's CPU.
+
+    A GPU task: how far the node's free CPU ends from what its free GPUs will need. A CPU-only
+    task, in this order: the CPU it takes that the node's free GPUs will need (none is best), the
+    node's free GPU (fewest first: CPU beside no free GPU is no GPU task's loss), then the CPU the
+    free GPUs will not need (least first, so large spares stay whole for large tasks)."""
     surplus = cpu_after - kappa * gpu_after
-    return -abs(surplus) if gpu_task else surplus
+    if gpu_task:
+        return -abs(surplus)
+    taken = min(max(-surplus, 0.0), float(cpu_milli))
+    spare = max(surplus + cpu_milli, 0.0)
+    return -(taken * 1e4 + gpu_after * 10.0 + spare * 1e-3)
 
 
 def corral_score(
-    before: float, after: float, cpu_after: int, gpu_after: int, kappa: float, gpu_task: bool
+    before: float,
+    after: float,
+    cpu_after: int,
+    gpu_after: int,
+    kappa: float,
+    gpu_task: bool,
+    cpu_milli: int = 0,
 ) -> float:
-    return fgd_score(before, after) + balance(cpu_after, gpu_after, kappa, gpu_task) / BALANCE_SCALE
+    tie = balance(cpu_after, gpu_after, kappa, gpu_task, cpu_milli)
+    return fgd_score(before, after) + tie / BALANCE_SCALE
 
 
 def corral_choice(
@@ -83,7 +100,7 @@ def corral_choice(
         return best[0] + balance(cpu_after, left, kappa, True) / BALANCE_SCALE, (where,)
     if shape.gpus == 0 or shape.gpu_milli == 0:
         after = fragment(table, cpu_after, gpu_free)
-        return corral_score(before, after, cpu_after, left, kappa, False), ()
+        return corral_score(before, after, cpu_after, left, kappa, False, shape.cpu_milli), ()
     free_after, chosen = take_whole(gpu_free, shape.gpus)
     return corral_score(before, fragment(table, cpu_after, free_after), cpu_after, left, kappa, True), chosen
 
@@ -106,8 +123,11 @@ def workload_of(state: State) -> Workload:
 
 
 def kappa_of(workload: Workload) -> float:
-    cpu = sum(p * s.cpu_milli for s, p in workload.shapes.items())
-    gpu = sum(p * s.gpu_milli * s.gpus for s, p in workload.shapes.items())
+    """Milli-CPU per milli-GPU over the workload's GPU tasks: what a free GPU will bring with it.
+    CPU-only tasks are left out; their CPU need not sit beside a GPU."""
+    gpu_tasks = [(s, p) for s, p in workload.shapes.items() if s.gpus > 0 and s.gpu_milli > 0]
+    cpu = sum(p * s.cpu_milli for s, p in gpu_tasks)
+    gpu = sum(p * s.gpu_milli * s.gpus for s, p in gpu_tasks)
     return cpu / gpu if gpu > 0 else 0.0
 
 
@@ -197,5 +217,11 @@ class PackingScore:
         if self.policy == "fgd":
             return float(fgd_score(before, frag_after))
         return corral_score(
-            before, frag_after, node.cpu_free - need.cpu, sum(after), self.frag.kappa, need.kind != "cpu"
+            before,
+            frag_after,
+            node.cpu_free - need.cpu,
+            sum(after),
+            self.frag.kappa,
+            need.kind != "cpu",
+            need.cpu,
         )

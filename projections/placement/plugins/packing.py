@@ -31,8 +31,8 @@ Named policies, chosen by the placer's configuration:
   gpuspec10..33; level on the multigpu lists (-0.02..+0.02, worst seed -0.12..-0.21: the GPU
   balance there is noise of about 0.2 either way, and without it corral is FGD); ahead on mean
   but not every seed on gpuspec05 (+0.19), cpu235 (+0.33) and cpu250 (+0.19, was -3.63 with the
-  old kappa); behind on cpu300 (-0.76), where CPU demand is 1.5 times the cluster's CPU and most
-  GPUs left idle are beside CPU that CPU-only tasks took before any tie arose.
+  old kappa); behind on cpu300 (-0.76, every seed), where CPU demand at 130 % is 1.5 times the
+  cluster's CPU: there the GPU balance itself still costs (not yet understood).
   Within a node a shared task takes the GPU with the best FGD score, the tightest among equals.
 
 The fragmentation arithmetic is ``fragmentation.py``; the trace simulator calls ``corral_choice``

@@ -32,7 +32,7 @@ Named policies, chosen by the placer's configuration:
   balance there is noise of about 0.2 either way, and without it corral is FGD); ahead on mean
   but not every seed on gpuspec05 (+0.19), cpu235 (+0.33) and cpu250 (+0.19, was -3.63 with the
   old kappa); behind on cpu300 (-0.76, every seed), where CPU demand at 130 % is 1.5 times the
-  cluster's CPU: there the GPU balance itself still costs (not yet understood).
+  cluster's CPU; why it loses there is not yet measured.
   Within a node a shared task takes the GPU with the best FGD score, the tightest among equals.
 
 The fragmentation arithmetic is ``fragmentation.py``; the trace simulator calls ``corral_choice``

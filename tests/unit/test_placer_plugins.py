@@ -417,17 +417,37 @@ def test_packing_fgd_prefers_filling_a_fragment() -> None:
 
 
 BALANCE = [
-    pytest.param(12_000, 1000, 12.0, True, 0.0, id="gpu-task-balanced"),
-    pytest.param(20_000, 1000, 12.0, True, -8000.0, id="gpu-task-cpu-heavy"),
-    pytest.param(4_000, 1000, 12.0, True, -8000.0, id="gpu-task-cpu-light"),
-    pytest.param(20_000, 1000, 12.0, False, 8000.0, id="cpu-task-surplus"),
-    pytest.param(4_000, 1000, 12.0, False, -8000.0, id="cpu-task-deficit"),
+    pytest.param(12_000, 1000, 12.0, True, 0, 0.0, id="gpu-task-balanced"),
+    pytest.param(20_000, 1000, 12.0, True, 0, -8000.0, id="gpu-task-cpu-heavy"),
+    pytest.param(4_000, 1000, 12.0, True, 0, -8000.0, id="gpu-task-cpu-light"),
+    # A CPU-only task of 4,000 milli-CPU: what it takes from the free GPUs' need, then free GPU,
+    # then the spare it leaves.
+    pytest.param(20_000, 1000, 12.0, False, 4000, -(10 * 1000 + 12_000 * 1e-3), id="cpu-task-from-spare"),
+    pytest.param(10_000, 1000, 12.0, False, 4000, -(2000 * 1e4 + 10 * 1000), id="cpu-task-takes-part"),
+    pytest.param(4_000, 1000, 12.0, False, 4000, -(4000 * 1e4 + 10 * 1000), id="cpu-task-takes-all"),
+    pytest.param(20_000, 0, 12.0, False, 4000, -(24_000 * 1e-3), id="cpu-task-beside-no-free-gpu"),
 ]
 
 
-@pytest.mark.parametrize(("cpu", "gpu", "kappa", "gpu_task", "want"), BALANCE)
-def test_corral_balance(cpu: int, gpu: int, kappa: float, gpu_task: bool, want: float) -> None:
-    assert balance(cpu, gpu, kappa, gpu_task) == pytest.approx(want)
+@pytest.mark.parametrize(("cpu", "gpu", "kappa", "gpu_task", "cpu_milli", "want"), BALANCE)
+def test_corral_balance(
+    cpu: int, gpu: int, kappa: float, gpu_task: bool, cpu_milli: int, want: float
+) -> None:
+    assert balance(cpu, gpu, kappa, gpu_task, cpu_milli) == pytest.approx(want)
+
+
+def test_corral_cpu_task_goes_beside_no_free_gpu_then_fits_spare_cpu() -> None:
+    # The same CPU-only task on three nodes FGD scores the same: beside no free GPU first, then the
+    # node whose spare CPU (beyond its free GPU's need) it fits tightest.
+    w = Workload({TaskShape(12_000, 1000, 1): 1.0, TaskShape(4_000, 0, 0): 1.0})
+    table, task = w.table("T4"), TaskShape(4_000, 0, 0)
+
+    def score(cpu: int, gpus: tuple[int, ...]) -> float:
+        return corral_choice(table, 12.0, cpu, gpus, task, fragment(table, cpu, gpus))[0]
+
+    full, tight, roomy = score(8_000, (0, 0)), score(17_000, (1000, 0)), score(40_000, (1000, 0))
+    assert round(full) == round(tight) == round(roomy) == 50
+    assert full > tight > roomy
 
 
 def test_corral_breaks_fgd_ties_by_balance() -> None:
@@ -445,8 +465,11 @@ def test_corral_breaks_fgd_ties_by_balance() -> None:
 
 
 def test_kappa_is_the_workloads_cpu_per_milli_gpu() -> None:
-    w = Workload({TaskShape(10_000, 1000, 1): 1.0, TaskShape(4_000, 0, 0): 1.0})
-    assert kappa_of(w) == pytest.approx(14.0)
+    # CPU-only tasks do not count: their CPU need not sit beside a GPU.
+    w = Workload(
+        {TaskShape(10_000, 1000, 1): 1.0, TaskShape(6_000, 500, 1): 1.0, TaskShape(4_000, 0, 0): 1.0}
+    )
+    assert kappa_of(w) == pytest.approx(16_000 / 1500)
 
 
 # -- fragmentation --------------------------------------------------------------------------------

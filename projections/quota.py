@@ -461,20 +461,6 @@ class Ledger:
             height += 1
         return height
 
-    def side_of(self, queue: str, holder: str) -> set[str]:
-        """The queues on ``queue``'s side of the tree against ``holder`` (see ``sides``)."""
-        sides = self.sides(queue, holder)
-        if sides is None:
-            return set()
-        out: set[str] = set()
-        stack = [sides[0]]
-        while stack:
-            n = stack.pop()
-            if n.is_queue:
-                out.add(n.name)
-            stack.extend(n.children)
-        return out
-
     # -- writing ------------------------------------------------------------------------------
 
     def charge(self, queue: str, key: str, milli: int) -> None:

@@ -93,12 +93,16 @@ def cmd_sim(args: argparse.Namespace) -> None:
 
 
 def _policies(text: str | None, known: Sequence[str]) -> list[str]:
-    if not text:
-        return list(known)
+    return _chosen("policy", text, known, ", ".join(known)) if text else list(known)
+
+
+def _chosen(what: str, text: str, known: Sequence[str], shown: str) -> list[str]:
+    """The names of a comma-separated ``text``, each one of ``known``; refused, saying ``shown``
+    are known, otherwise."""
     wanted = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in wanted if p not in known]
     if unknown or not wanted:
-        raise BadInput(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(known)}")
+        raise BadInput(f"unknown {what} {', '.join(unknown) or '(none)'}; known: {shown}")
     return wanted
 
 
@@ -124,13 +128,7 @@ def _replay(job: tuple[str, str, str, str, int]) -> Any:
 def _variants(text: str) -> list[str]:
     from corral.services.sim.alibaba_variants import FAMILY
 
-    if text == "all":
-        return list(FAMILY)
-    wanted = [v.strip() for v in text.split(",") if v.strip()]
-    unknown = [v for v in wanted if v not in FAMILY]
-    if unknown or not wanted:
-        raise BadInput(f"unknown variant {', '.join(unknown) or '(none)'}; known: all, {', '.join(FAMILY)}")
-    return wanted
+    return list(FAMILY) if text == "all" else _chosen("variant", text, FAMILY, "all, " + ", ".join(FAMILY))
 
 
 def _alibaba(args: argparse.Namespace) -> None:

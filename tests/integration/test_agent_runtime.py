@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -192,6 +193,14 @@ async def start_one(rt: Runtime, s: StartWorker) -> None:
     result = await rt.start_gang([s], timeout=WAIT)
     assert result.failed is None, result.reason
     assert await until(rt, lambda r: isinstance(r, Started))
+
+
+async def last_line_of(rt: Runtime, s: StartWorker) -> Any:
+    """Start ``s``, wait for it to exit 0, and read the JSON of its log's last line."""
+    await start_one(rt, s)
+    exited = (await until(rt, exit_of(s.key)))[-1]
+    assert ran(exited) == Exited(s.key, 0), log_path(rt.root, s.key).read_text()
+    return json.loads(log_path(rt.root, s.key).read_text().splitlines()[-1])
 
 
 async def test_exit_codes_are_reported(runtime: Runtime, tmp_path: Path) -> None:
@@ -616,10 +625,7 @@ async def test_a_worker_can_run_as_an_unprivileged_user(tmp_path: Path, narrow: 
         tmp_path / "agent", sandbox="bwrap", poll_interval=0.02, worker_user="nobody", narrow_view=narrow
     )
     try:
-        await start_one(rt, s)
-        exited = (await until(rt, exit_of(s.key)))[-1]
-        assert ran(exited) == Exited(s.key, 0), log_path(rt.root, s.key).read_text()
-        seen = json.loads(log_path(rt.root, s.key).read_text().splitlines()[-1])
+        seen = await last_line_of(rt, s)
     finally:
         await rt.close(grace=2.0)
     nobody = pwd.getpwnam("nobody").pw_uid
@@ -647,10 +653,7 @@ async def test_a_narrow_sandbox_shows_the_system_and_what_the_job_runs_from(tmp_
         # named in its environment, not in its command: a file the command names is one it runs
         s = spec_for(tmp_path, "narrow", [PY, "-c", NARROW])
         s = msgspec.structs.replace(s, env={**s.env, "SECRET": str(secret)})
-        await start_one(rt, s)
-        exited = (await until(rt, exit_of(s.key)))[-1]
-        assert ran(exited) == Exited(s.key, 0), log_path(rt.root, s.key).read_text()
-        seen = json.loads(log_path(rt.root, s.key).read_text().splitlines()[-1])
+        seen = await last_line_of(rt, s)
     finally:
         await rt.close(grace=2.0)
         shutil.rmtree(elsewhere, ignore_errors=True)

@@ -50,6 +50,7 @@ name = "team-b"
         ('preemption = { within_queue = "sometimes" }', "within_queue"),
         ('preemption = { borrow_within_cohort = "any" }', "borrow_within_cohort"),
         ("priority = 3", "priority"),
+        ('strategy = "random"', "strategy"),
     ],
 )
 def test_a_queue_file_with_what_corral_does_not_know_is_refused(tmp_path: Path, text: str, says: str) -> None:

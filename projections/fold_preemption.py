@@ -98,7 +98,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
         job.preempted_for = ev.beneficiary
         job.stopped_for = stopped_for(job, beneficiary)
-        job.preempt_deadline = ev.deadline
+        job.preempt_deadline = log_deadline(ctx, ev.now, ev.deadline)
         job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
         if not job.live:
             move(state, job, "stop", ctx)
@@ -118,8 +118,15 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     lo, adm = job.spec.min_replicas, job.admission
     if lo is None or adm is None or not lo <= ev.replicas < adm.replicas:
         raise voided(ev.job_id, f"{job.id} cannot shrink to {ev.replicas} workers")
-    shrink(state, ctx, job, ev.replicas, ev.beneficiary, ev.deadline)
+    shrink(state, ctx, job, ev.replicas, ev.beneficiary, log_deadline(ctx, ev.now, ev.deadline))
     job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {ev.beneficiary}"),)
+
+
+def log_deadline(ctx: Ctx, now: float, deadline: float) -> float:
+    """A decision's deadline in log time: the grace it grants (``deadline - now``, on the
+    decider's clock) counted from where the decision sits in the log. So no agent ever reads a
+    time set on the preemptor's host against its own host's clock."""
+    return ctx.time + max(0.0, deadline - now)
 
 
 def readmit(state: State, job: JobState, replicas: int) -> None:

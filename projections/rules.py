@@ -30,4 +30,6 @@ from __future__ import annotations
 #    Admission may withdraw an admitted job's admission (``AdmissionWithdrawn``): back to
 #    queued, its quota given back, when no node can host it any more.
 #    A job's priority may change after it was accepted (``JobPriorityChanged``).
-RULES = 5
+# 6: a preemption's or a shrink's deadline is log time: the grace its decision grants
+#    (``deadline - now``) counted from the record's own log time, not the decider's clock.
+RULES = 6

@@ -351,25 +351,33 @@ class LogBuilder:
         body = JobsPlaced(based_on=self.last_seq, now=self._time, placements=placements)
         return self.event(subj.decision("placer"), body)
 
-    def preempt(self, beneficiary: str, *victims: str, attempt: int = 0) -> LogBuilder:
+    def preempt(
+        self, beneficiary: str, *victims: str, attempt: int = 0, decided_at: float | None = None
+    ) -> LogBuilder:
+        """The preemptor asks ``victims`` to stop within 30 s; ``decided_at``: its ``now``, when
+        its clock is not the stream's."""
+        now = self._time if decided_at is None else decided_at
         body = PreemptionRequested(
             based_on=self.last_seq,
-            now=self._time,
+            now=now,
             beneficiary=beneficiary,
             victims=tuple(Victim(v, attempt) for v in victims),
-            deadline=self._time + 30.0,
+            deadline=now + 30.0,
         )
         return self.event(subj.decision("preemptor"), body)
 
-    def shrink(self, job_id: str, replicas: int, beneficiary: str, attempt: int = 0) -> LogBuilder:
+    def shrink(
+        self, job_id: str, replicas: int, beneficiary: str, attempt: int = 0, decided_at: float | None = None
+    ) -> LogBuilder:
+        now = self._time if decided_at is None else decided_at
         body = ShrinkRequested(
             based_on=self.last_seq,
-            now=self._time,
+            now=now,
             job_id=job_id,
             attempt=attempt,
             replicas=replicas,
             beneficiary=beneficiary,
-            deadline=self._time + 30.0,
+            deadline=now + 30.0,
         )
         return self.event(subj.decision("preemptor"), body)
 

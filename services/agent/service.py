@@ -336,7 +336,9 @@ class NodeAgent(Service):
 
     async def cycle(self) -> int:
         """Bring the node's workers in line with the fold, then append what they reported."""
-        now = self.clock()
+        # Log time at the least: checkpoint deadlines, restart back-offs and gang start timeouts
+        # are log times, and this host's clock may lag the server's.
+        now = self.now()
         workers = self.runtime.workers()
         for action in decide(self.state, self.node, workers, now, self.checkpoint_root):
             if isinstance(action, StartGang):

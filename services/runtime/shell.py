@@ -16,6 +16,8 @@ a timer, so time-based decisions happen on a quiet log too).
   replicas deciding the same on the same state are stored once.
 - With a ``lease`` (``services/runtime/lease.py``), only the replica holding the role's lease decides;
   the others fold the log and stand by, ready to decide the moment they take it over.
+- ``decide`` gets ``now`` from a ``LogClock`` (``clock.py``): never earlier than the log time
+  folded, so deadlines the fold stamped in log time are read in log time.
 - OpenTelemetry stays here: every event about a job is a span in that job's trace.
 """
 
@@ -38,6 +40,7 @@ from corral.projections.fold import apply
 from corral.projections.rules import RULES
 from corral.projections.state import State
 from corral.services.runtime import tracing
+from corral.services.runtime.clock import LogClock
 from corral.services.runtime.lease import Lease
 
 log = logging.getLogger("corral.shell")
@@ -65,10 +68,12 @@ class Service:
         on_fold: Callable[[State, list[Record]], None] | None = None,
         lease: Lease | None = None,
     ) -> None:
+        """``clock``: the host's clock, which ``now`` never lets fall behind the log's time."""
         self.role = role
         self.decide = decide
         self.log = log_
         self.clock = clock
+        self.log_clock = LogClock(clock)
         self.tick = tick
         self.snapshots = snapshots
         self.snapshot_every = snapshot_every
@@ -91,8 +96,13 @@ class Service:
             apply(state, r)
             if r.subject == self.decision_subject:
                 self._last_decision_seq = r.seq
+        self.log_clock.saw(state.time)
         if self.on_fold is not None:
             self.on_fold(state, batch)
+
+    def now(self) -> float:
+        """The time to decide at: the host's clock, never behind the log time folded."""
+        return self.log_clock.now()
 
     async def restore(self) -> None:
         if self.snapshots is not None:
@@ -120,7 +130,7 @@ class Service:
             return 0
         if self.lease is not None and not await self.lease.hold():
             return 0  # a standby: another replica decides
-        now = self.clock()
+        now = self.now()
         with tracing.span(f"{self.role}.decide", service=self.role) as cycle_span:
             cycle_span.set_attribute("corral.based_on", self.state.seq)
             events = list(self.decide(self.state, now))

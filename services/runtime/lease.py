@@ -35,7 +35,13 @@ class Lease(Protocol):
         ...
 
     async def release(self) -> None:
-        """Give the lease up (a replica that stops), so that a standby takes over at once."""
+        """Give the lease up (a replica that stops, or whose cycle failed), so that a standby
+        takes over at once."""
+        ...
+
+    @property
+    def held(self) -> bool:
+        """Whether this replica held the lease at its last ``hold``."""
         ...
 
 
@@ -48,6 +54,18 @@ async def ensure_bucket(nc: Any, ttl: float = TTL) -> None:
     except js_errors.BucketNotFoundError:
         with contextlib.suppress(js_errors.BadRequestError):  # another made it first
             await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1)
+
+
+async def bucket(nc: Any, ttl: float = TTL) -> Any:
+    """The leases' bucket on the server ``nc`` is connected to, made if missing (by a replica
+    started against a server nobody set up; under logins, ``corral up`` has made it)."""
+    js = nc.jetstream()
+    try:
+        return await js.key_value(BUCKET)
+    except js_errors.BucketNotFoundError:
+        with contextlib.suppress(js_errors.BadRequestError):  # another replica made it first
+            await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1)
+        return await js.key_value(BUCKET)
 
 
 class KvLease:
@@ -68,14 +86,7 @@ class KvLease:
     async def open(cls, nc: Any, role: str, holder: str, ttl: float = TTL) -> KvLease:
         """The lease of ``role`` on the server ``nc`` is connected to (the bucket is made if
         missing; one that exists is used as it is, whatever age it keeps entries for)."""
-        js = nc.jetstream()
-        try:
-            kv = await js.key_value(BUCKET)
-        except js_errors.BucketNotFoundError:
-            with contextlib.suppress(js_errors.BadRequestError):  # another replica made it first
-                await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1)
-            kv = await js.key_value(BUCKET)
-        return cls(kv, role, holder, ttl)
+        return cls(await bucket(nc, ttl), role, holder, ttl)
 
     @property
     def held(self) -> bool:

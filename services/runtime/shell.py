@@ -16,6 +16,10 @@ a timer, so time-based decisions happen on a quiet log too).
   replicas deciding the same on the same state are stored once.
 - With a ``lease`` (``services/runtime/lease.py``), only the replica holding the role's lease decides;
   the others fold the log and stand by, ready to decide the moment they take it over.
+- A cycle that raises is supervised (``supervise.py``): logged with the log sequence and the job
+  it was on, counted, retried after an exponential back-off, and meanwhile the lease is handed
+  over so that a standby decides. With a ``status`` board (``status.py``) each replica posts
+  its counts for ``corral status``.
 - ``decide`` gets ``now`` from a ``LogClock`` (``clock.py``): never earlier than the log time
   folded, so deadlines the fold stamped in log time are read in log time.
 - OpenTelemetry stays here: every event about a job is a span in that job's trace.
@@ -42,6 +46,8 @@ from corral.projections.state import State
 from corral.services.runtime import tracing
 from corral.services.runtime.clock import LogClock
 from corral.services.runtime.lease import Lease
+from corral.services.runtime.status import ServiceStatus, StatusBoard
+from corral.services.runtime.supervise import Supervision
 
 log = logging.getLogger("corral.shell")
 
@@ -67,6 +73,8 @@ class Service:
         snapshot_every: int = 50_000,
         on_fold: Callable[[State, list[Record]], None] | None = None,
         lease: Lease | None = None,
+        status: StatusBoard | None = None,
+        supervision: Supervision | None = None,
     ) -> None:
         """``clock``: the host's clock, which ``now`` never lets fall behind the log's time."""
         self.role = role
@@ -74,6 +82,8 @@ class Service:
         self.log = log_
         self.clock = clock
         self.log_clock = LogClock(clock)
+        self.supervision = supervision if supervision is not None else Supervision()
+        self.status = status
         self.tick = tick
         self.snapshots = snapshots
         self.snapshot_every = snapshot_every
@@ -128,16 +138,24 @@ class Service:
         """Decide once on the current state and append the result. Returns events appended."""
         if self.state.seq < self._awaiting:
             return 0
+        now = self.now()
+        if not self.supervision.may_decide(now):
+            return 0  # backing off after a failure; a standby holds the lease meanwhile
         if self.lease is not None and not await self.lease.hold():
             return 0  # a standby: another replica decides
-        now = self.now()
         with tracing.span(f"{self.role}.decide", service=self.role) as cycle_span:
             cycle_span.set_attribute("corral.based_on", self.state.seq)
-            events = list(self.decide(self.state, now))
+            try:
+                events = list(self.decide(self.state, now))
+                appends = [self._append_for(i, body, now) for i, body in enumerate(events)]
+            except Exception as e:  # noqa: BLE001 - one bad cycle must not take the service down
+                cycle_span.record_exception(e)
+                await self._failed(e, now)
+                return 0
+            self.supervision.succeeded()
             cycle_span.set_attribute("corral.events", len(events))
             if not events:
                 return 0
-            appends = [self._append_for(i, body, now) for i, body in enumerate(events)]
         try:
             fence = Fence(self.decision_subject, self._last_decision_seq)
             acks = await self.log.append_fenced(appends, fence)
@@ -153,6 +171,43 @@ class Service:
             return 0
         self._awaiting = max(self._awaiting, *(a.seq for a in acks))
         return len(acks)
+
+    async def _failed(self, error: Exception, now: float) -> None:
+        failure = self.supervision.failed(now, self.state.seq, error)
+        on = f" on job {failure.job}" if failure.job else ""
+        log.error(
+            "%s: cycle failed at log seq %d%s: %s (%d failures, %d in a row; next try in %.1fs)",
+            self.role,
+            failure.seq,
+            on,
+            failure.error,
+            self.supervision.failures,
+            self.supervision.in_a_row,
+            self.supervision.retry_at - now,
+            exc_info=error,
+        )
+        if self.lease is not None:
+            await self.lease.release()  # a standby decides while this one backs off
+
+    async def post_status(self) -> None:
+        if self.status is None:
+            return
+        sup = self.supervision
+        leading = self.lease is None or self.lease.held
+        await self.status.post(
+            ServiceStatus(
+                role=self.role,
+                replica=self.producer,
+                leading=leading and sup.may_decide(self.now()),
+                seq=self.state.seq,
+                cycles=sup.cycles,
+                failures=sup.failures,
+                in_a_row=sup.in_a_row,
+                retry_at=sup.retry_at,
+                last_failure=sup.last,
+                at=self.now(),
+            )
+        )
 
     def _append_for(self, index: int, body: Event, now: float) -> Append:
         subject = routing.subject_of(body)
@@ -184,6 +239,7 @@ class Service:
         """Fold and decide until ``stop`` is set; then finish the current cycle and return."""
         await self.restore()
         await self.cycle()
+        await self.post_status()
         batches = self.log.follow(self.state.seq + 1)
         stopping: asyncio.Future[object] = asyncio.ensure_future(stop.wait())
         nxt: asyncio.Future[object] = asyncio.ensure_future(anext(batches))
@@ -198,6 +254,7 @@ class Service:
                 if stop.is_set():
                     break
                 await self.cycle()
+                await self.post_status()
                 await self._maybe_snapshot()
         finally:
             nxt.cancel()
@@ -211,6 +268,8 @@ class Service:
                 await self.snapshots.save(self.state)
             if self.lease is not None:
                 await self.lease.release()
+            if self.status is not None:
+                await self.status.withdraw()
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -94,19 +94,22 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    """One decision service as its own process, against a running NATS."""
+    """One service as its own process, against a running NATS."""
     from corral.services.cli.up import DECISION_SERVICES
+    from corral.services.health import service as health_service
     from corral.services.intake import service as intake_service
     from corral.services.query import service as read_service
     from corral.services.runtime.lease import KvLease
-    from corral.services.runtime.shell import stop_on_signals
+    from corral.services.runtime.shell import Service, stop_on_signals
+    from corral.services.runtime.status import StatusBoard
 
     roles = {s.ROLE: s for s in DECISION_SERVICES}
+    leased = [*roles, health_service.ROLE]
     # Services that fold nothing to decide, or only to answer, and hold no lease: any number of
     # replicas share the work, each with its own login.
     stateless = {read_service.ROLE: read_service.serve, intake_service.ROLE: intake_service.serve}
-    if args.role not in roles and args.role not in stateless:
-        names = [*roles, *stateless]
+    if args.role not in leased and args.role not in stateless:
+        names = [*leased, *stateless]
         raise BadInput(f"unknown service {args.role!r}; services: {', '.join(names)}")
     login = login_of(args, args.role if args.role in stateless else identities.SERVICES)
     if args.role in stateless:
@@ -130,7 +133,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 snapshots = await SnapshotStore.open(args.snapshot, stream=await log.identity())
             holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
             lease = await KvLease.open(log.nc, args.role, holder)  # replicas of a role take turns
-            await roles[args.role].service(log, snapshots=snapshots, lease=lease).run(stop_on_signals())
+            board = await StatusBoard.open(log.nc, args.role, holder)
+            svc: Service
+            if args.role == health_service.ROLE:
+                # Heartbeats come on core NATS, over the log's own connection.
+                svc = health_service.HealthMonitor(log, log.nc, lease=lease, status=board)
+                svc.snapshots = snapshots
+            else:
+                svc = roles[args.role].service(log, snapshots=snapshots, lease=lease, status=board)
+            await svc.run(stop_on_signals())
         finally:
             if snapshots is not None:
                 await snapshots.close()
@@ -294,6 +305,48 @@ def _parents_first(cohorts: list[CohortSpec]) -> list[CohortSpec]:
     for c in cohorts:
         visit(c, ())
     return out
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    """Every live replica of every service with a lease, as each last posted itself."""
+    from corral.services.runtime import status
+
+    login = login_of(args, identities.SERVICES)
+    needs_log("status", login)
+
+    async def read() -> tuple[dict[str, str], list[status.ServiceStatus]]:
+        log = await open_log(server_url(args.server), login)
+        try:
+            return await status.read(log.nc)
+        finally:
+            await log.close()
+
+    holders, replicas = asyncio.run(read())
+    rows = []
+    for r in sorted(replicas, key=lambda r: (r.role, not r.leading, r.replica)):
+        last = r.last_failure
+        rows.append(
+            {
+                "ROLE": r.role,
+                "REPLICA": r.replica,
+                "LEADS": "yes" if holders.get(r.role) == r.replica else "no",
+                "SEQ": r.seq,
+                "CYCLES": r.cycles,
+                "FAILURES": r.failures,
+                "IN A ROW": r.in_a_row,
+                "RETRY IN": f"{max(0.0, r.retry_at - r.at):.0f}s" if r.in_a_row else "",
+                "LAST FAILURE": (
+                    f"seq {last.seq}{' job ' + last.job if last.job else ''}: {last.error}" if last else ""
+                ),
+            }
+        )
+    if args.output == "json":
+        emit(args, {"leases": holders, "replicas": [msgspec.to_builtins(r) for r in replicas]})
+        return
+    if not rows:
+        print("no service has posted its status (none running, or none with a lease)")
+        return
+    emit(args, rows, list(rows[0]))
 
 
 def cmd_queues(args: argparse.Namespace) -> None:
@@ -514,9 +567,14 @@ def parser() -> argparse.ArgumentParser:
     sv = sub.add_parser(
         "serve", parents=[common], help="run one service as its own process: admission, placer, …"
     )
-    sv.add_argument("role", help="admission, placer, preemptor, query or intake")
+    sv.add_argument("role", help="admission, placer, preemptor, health (with leases), query or intake")
     sv.add_argument("--snapshot", help="SQLite file for snapshots of its state")
     sv.set_defaults(fn=cmd_serve)
+
+    st = sub.add_parser(
+        "status", parents=[common], help="each service replica: leading or standing by, failures"
+    )
+    st.set_defaults(fn=cmd_status)
 
     demo = sub.add_parser("demo", parents=[common], help="the whole mission on one machine, narrated")
     demo.add_argument("--data", default=str(STATE_DIR / "demo"))

@@ -39,6 +39,7 @@ from corral.services.agent import discovery, inventory
 from corral.services.agent.service import NodeAgent
 from corral.services.agent.workers import SandboxMode
 from corral.services.health.decide import HeartbeatTracker
+from corral.services.health.service import ROLE as HEALTH
 from corral.services.health.service import HealthMonitor
 from corral.services.intake import service as intake_service
 from corral.services.placer import service as placer_service
@@ -47,6 +48,7 @@ from corral.services.query import service as read_service
 from corral.services.runtime import identities
 from corral.services.runtime.lease import KvLease, ensure_bucket
 from corral.services.runtime.shell import Decide, Service, stop_on_signals
+from corral.services.runtime.status import StatusBoard
 
 # The decision services, each its own package with a pure ``decide`` and a thin ``service``.
 DECISION_SERVICES = (admission_service, placer_service, preemptor_service)
@@ -170,8 +172,10 @@ async def cluster(
         for decider in DECISION_SERVICES:
             role, role_log = decider.ROLE, await service_log()
             # A lease per role, as replicas in other processes (``corral serve``) take turns with.
-            lease = await KvLease.open(role_log.nc, role, f"{role}@{socket.gethostname()}:{os.getpid()}")
-            svc = decider.service(role_log, clock=clock, tick=cfg.tick, lease=lease)
+            replica = f"{role}@{socket.gethostname()}:{os.getpid()}"
+            lease = await KvLease.open(role_log.nc, role, replica)
+            board = await StatusBoard.open(role_log.nc, role, replica)
+            svc = decider.service(role_log, clock=clock, tick=cfg.tick, lease=lease, status=board)
             running.services.append(svc)
             tasks.append(asyncio.create_task(svc.run(stop), name=role))
         query_log = await read_service.connect(url, **login(identities.QUERY))
@@ -186,9 +190,18 @@ async def cluster(
         tasks.append(asyncio.create_task(intake.run(stop), name=intake_service.ROLE))
         monitor_log = await service_log()
         tracker = HeartbeatTracker(cfg.heartbeat, cfg.suspect_after, cfg.lost_after, cfg.probation)
-        monitor = HealthMonitor(monitor_log, monitor_log.nc, tracker=tracker, clock=clock, tick=cfg.tick)
+        replica = f"{HEALTH}@{socket.gethostname()}:{os.getpid()}"
+        monitor = HealthMonitor(
+            monitor_log,
+            monitor_log.nc,
+            tracker=tracker,
+            clock=clock,
+            tick=cfg.tick,
+            lease=await KvLease.open(monitor_log.nc, HEALTH, replica),
+            status=await StatusBoard.open(monitor_log.nc, HEALTH, replica),
+        )
         running.health = monitor
-        tasks.append(asyncio.create_task(monitor.run(stop), name="health"))
+        tasks.append(asyncio.create_task(monitor.run(stop), name=HEALTH))
 
         agents_stop = asyncio.Event()
         agent_tasks = []

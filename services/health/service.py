@@ -11,6 +11,13 @@ batch) ``evaluate`` turns silences and signals into ``NodeConditionChanged``,
 
 The shell is ``services.runtime.shell.Service``: appends are pipelined, and the monitor does not evaluate
 again until its own last appends are folded, so it never states a fact twice from a stale view.
+Like the decision services it may run as several replicas (``corral serve health``): each
+listens to every heartbeat and folds the log, and only the holder of the ``health`` lease
+states facts; a standby's tracker is as current, so it takes over where the holder stopped.
+
+Its time is its own clock, not log time: what it measures is silences between heartbeats it
+received itself, which are not in the log, so a receive time is only ever compared with
+another receive time of the same host.
 """
 
 from __future__ import annotations
@@ -31,9 +38,13 @@ from corral.events.log import EventLog, Record
 from corral.projections.fold import apply
 from corral.projections.state import State
 from corral.services.health.decide import HeartbeatTracker
+from corral.services.runtime.lease import Lease
 from corral.services.runtime.shell import Service
+from corral.services.runtime.status import StatusBoard
 
 log = logging.getLogger("corral.health")
+
+ROLE = "health"
 
 HEARTBEATS = subjects.heartbeat("*")
 _NODE_EVENTS = subjects.node("")
@@ -50,10 +61,12 @@ class HealthMonitor(Service):
         tracker: HeartbeatTracker | None = None,
         clock: Callable[[], float] = time.time,
         tick: float = 1.0,
+        lease: Lease | None = None,
+        status: StatusBoard | None = None,
     ) -> None:
         """``nc``: a NATS connection to subscribe to heartbeats on (``JetStreamLog.nc``)."""
         self.tracker = tracker if tracker is not None else HeartbeatTracker()
-        super().__init__("health", self._evaluate, log_, clock=clock, tick=tick)
+        super().__init__(ROLE, self._evaluate, log_, clock=clock, tick=tick, lease=lease, status=status)
         self.nc = nc
         self.heartbeats = 0  # received and recorded
 
@@ -62,6 +75,9 @@ class HealthMonitor(Service):
         for n in self.tracker.take_notices():
             log.warning("node %s GPU %s: %s (%s)", n.node, n.gpu, n.signal, n.action)
         return events
+
+    def now(self) -> float:
+        return self.clock()  # the clock its heartbeats' receive times are read on
 
     def fold(self, batch: list[Record]) -> None:
         state = self.state

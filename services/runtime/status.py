@@ -109,4 +109,3 @@ async def read(nc: Any) -> tuple[dict[str, str], list[ServiceStatus]]:
         else:
             holders[k] = entry.value.decode(errors="replace")
     return holders, statuses
-

@@ -199,6 +199,13 @@ class EmbeddedServer:
         except OSError:
             return "(no log)"
 
+    async def exited(self) -> int:
+        """Wait until the server process ends, however it ends; its exit status."""
+        proc = self._proc
+        if proc is None:
+            raise ServerError("the server has not been started")
+        return await asyncio.to_thread(proc.wait)
+
     async def stop(self) -> None:
         """SIGTERM (JetStream flushes and closes its store), then kill if it will not stop."""
         proc, self._proc = self._proc, None

@@ -79,7 +79,7 @@ def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = No
 
 
 def cmd_up(args: argparse.Namespace) -> None:
-    from corral.services.cli.up import Settings, run_cluster
+    from corral.services.cli.up import PartStopped, Settings, run_cluster
 
     tenants = tuple(t for t in (args.tenants or "").split(",") if t)
     if tenants and not args.auth:
@@ -90,7 +90,11 @@ def cmd_up(args: argparse.Namespace) -> None:
     except identities.CredentialsError as e:
         raise BadInput(str(e)) from None
     settings = Settings(auth=args.auth, tenants=tenants)
-    asyncio.run(run_cluster(args.server, args.nodes, args.profile, Path(args.data), args.port, settings))
+    try:
+        asyncio.run(run_cluster(args.server, args.nodes, args.profile, Path(args.data), args.port, settings))
+    except PartStopped as e:  # not a person's mistake: status 1, for a supervisor to restart it
+        print(f"corral: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:

@@ -8,7 +8,10 @@ shared by all of them (``checkpoints``, as a shared filesystem would be on a rea
 job resumes on any node). Runs in the foreground until Ctrl-C or SIGTERM, then stops in order:
 the decision services, the read service and the health monitor first (nothing new is decided),
 then the agents (their workers are stopped and their exits reported), then the connections and
-the server.
+the server. A part that stops on its own (its task ends, whatever of) stops the whole corral the
+same way, and ``corral up`` exits with status 1 naming it: never up in name only, with a part
+gone. A decision core that raises does not end its part: the shell backs off and retries
+(``services.runtime.supervise``), and ``corral status`` shows the failures.
 
 With ``Settings.auth`` the embedded server requires a login: each part connects as its identity
 (``services.runtime.identities``: the services as ``services``, each node's agent as
@@ -20,7 +23,7 @@ the data directory, kept across restarts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -49,6 +52,8 @@ from corral.services.runtime import identities
 from corral.services.runtime.lease import KvLease, ensure_bucket
 from corral.services.runtime.shell import Decide, Service, stop_on_signals
 from corral.services.runtime.status import StatusBoard
+
+log = logging.getLogger("corral.up")
 
 # The decision services, each its own package with a pure ``decide`` and a thin ``service``.
 DECISION_SERVICES = (admission_service, placer_service, preemptor_service)
@@ -112,6 +117,35 @@ class Cluster:
     intake: intake_service.Intake | None = None
     data_dir: Path | None = None
     credentials: Path | None = None  # with auth: every identity's password
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # every part, by name
+
+
+class PartStopped(Exception):
+    """A part of a running corral stopped on its own."""
+
+    def __init__(self, name: str, error: BaseException | None) -> None:
+        why = "returned" if error is None else f"{type(error).__name__}: {error}".strip()
+        super().__init__(f"{name} stopped ({why}); corral is down")
+        self.name = name
+        self.error = error
+
+
+async def until_stopped(running: Cluster, stop: asyncio.Event) -> None:
+    """Wait for ``stop``; raise ``PartStopped`` if any part of ``running`` ends before it."""
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while not stop.is_set():
+            parts = set(running.tasks.values())
+            await asyncio.wait({stopping, *parts}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.is_set():
+                return
+            for name, task in running.tasks.items():
+                if task.done():
+                    error = None if task.cancelled() else task.exception()
+                    log.error("%s stopped on its own", name, exc_info=error)
+                    raise PartStopped(name, error)
+    finally:
+        stopping.cancel()
 
 
 @asynccontextmanager
@@ -141,11 +175,15 @@ async def cluster(
         return identities.login(passwords, name) if cfg.auth else {}
 
     async with AsyncExitStack() as stack:
+        server_task: asyncio.Task[None] | None = None
         if server is None:
             srv = EmbeddedServer(data_dir, port=port or None, users=identities.users(passwords))
             await srv.start()
             stack.push_async_callback(srv.stop)
             url = srv.url
+            # The server is a part too: every other part waits for it to come back, for ever.
+            server_task = asyncio.create_task(_server_exit(srv), name="nats-server")
+            stack.callback(server_task.cancel)
         else:
             url = server
 
@@ -243,12 +281,20 @@ async def cluster(
             stop.set()
             await _finish(tasks, 10)
 
+        running.tasks = {t.get_name(): t for t in tasks + agent_tasks}
+        if server_task is not None:
+            running.tasks[server_task.get_name()] = server_task
         stack.push_async_callback(stop_agents)
         stack.push_async_callback(stop_services)
         ready = [s.caught_up for s in running.services] + [reader.caught_up, intake.ready, monitor.caught_up]
         ready += [a.registered for a in running.agents.values()]
         await _ready(ready, tasks + agent_tasks)
         yield running
+
+
+async def _server_exit(srv: EmbeddedServer) -> None:
+    code = await srv.exited()
+    raise RuntimeError(f"nats-server exited with status {code}; its log: {srv.log_path}")
 
 
 async def _ready(events: Iterable[asyncio.Event], tasks: list[asyncio.Task[None]]) -> None:
@@ -271,9 +317,15 @@ async def _all_set(events: Iterable[asyncio.Event]) -> None:
 
 
 async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> None:
+    """Let each part finish; one that fails on its way out (or had died before: that was
+    reported) does not keep the others from stopping."""
     for t in tasks:
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+        try:
             await asyncio.wait_for(t, timeout=timeout)
+        except (asyncio.CancelledError, TimeoutError):
+            pass
+        except Exception as e:  # noqa: BLE001 - stopping goes on
+            log.warning("%s: %s: %s", t.get_name(), type(e).__name__, e)
 
 
 async def run_cluster(
@@ -295,7 +347,7 @@ async def run_cluster(
         print(f"  workers and their logs: {data_dir / 'nodes'}", flush=True)
         print("  Ctrl-C to stop", flush=True)
         try:
-            await stop.wait()
+            await until_stopped(running, stop)
         finally:
             (STATE_DIR / "server").unlink(missing_ok=True)
     print("corral stopped", flush=True)

@@ -5,6 +5,9 @@
   once the standby stops, the first replica decides the next cycles again.
 - ``corral serve health`` runs the health monitor under a lease: one replica holds it, and a
   standby takes it when the holder stops.
+- A part of a running corral that dies stops the corral (``until_stopped`` raises), and
+  ``corral up`` exits with status 1 when its embedded nats-server dies under it, instead of
+  looking healthy with nothing behind it.
 
 Nothing sleeps: every wait is on the log (``Watcher.until``), on a key of the leases' bucket
 (a KV watch), or on a process, each with a timeout.
@@ -15,14 +18,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import nats
+import pytest
 from nats.js.kv import KeyValue
 
 from corral.events import codec, subjects
@@ -32,6 +38,7 @@ from corral.events.jobs import JobRejected, JobSpec, Resources, SubmitJob
 from corral.events.log import Append
 from corral.projections.state import State
 from corral.services.admission.decide import decide as admit
+from corral.services.cli.up import PartStopped, Settings, cluster, until_stopped
 from corral.services.cli.watch import Watcher
 from corral.services.runtime import status
 from corral.services.runtime.lease import BUCKET, KvLease, bucket
@@ -200,3 +207,59 @@ async def test_corral_serve_health_holds_a_lease_and_a_standby_takes_it(
             if p is not None:
                 _stop(p)
         await setup.close()
+
+
+async def test_a_part_that_dies_stops_the_corral(tmp_path: Path) -> None:
+    settings = Settings(tick=0.1, agents=False)
+    async with cluster(None, 1, "h100-8x", tmp_path / "data", settings=settings) as running:
+        stop = asyncio.Event()
+        watching = asyncio.create_task(until_stopped(running, stop))
+        placer = next(s for s in running.services if s.role == "placer")
+        await placer.log.close()  # its connection is gone for good: its task ends
+        with pytest.raises(PartStopped) as stopped:
+            await asyncio.wait_for(watching, WAIT)
+        assert stopped.value.name == "placer"
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """The processes whose parent is ``pid``: (pid, name)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = (entry / "stat").read_text()
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            if ppid == pid:
+                out.append((int(entry.name), name))
+    return out
+
+
+def test_corral_up_exits_non_zero_when_its_server_dies(tmp_path: Path) -> None:
+    env = {**os.environ, "CORRAL_HOME": str(tmp_path / "home"), "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(
+        [*CORRAL, "up", "--nodes", "1", "--data", str(tmp_path / "data")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or ()], daemon=True).start()
+    seen: list[str] = []
+    try:
+        while not any(line.startswith("corral is up at ") for line in seen):
+            seen.append(lines.get(timeout=60))
+        servers = [pid for pid, name in _children(proc.pid) if name.startswith("nats-server")]
+        assert len(servers) == 1, _children(proc.pid)
+        os.kill(servers[0], signal.SIGKILL)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    while not lines.empty():
+        seen.append(lines.get())
+    assert code == 1, "".join(seen)
+    assert any("nats-server stopped" in line for line in seen), "".join(seen)

@@ -106,6 +106,8 @@ class HealthMonitor(Service):
             return
         self.tracker.record(node, self.clock(), beat)
         self.heartbeats += 1
+        if self.lease is not None and not self.lease.held:
+            self.tracker.take_notices()  # the holder logs them; a standby's would only pile up
 
     async def run(self, stop: asyncio.Event) -> None:
         async def on_message(msg: Msg) -> None:

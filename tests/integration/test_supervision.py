@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -200,6 +201,20 @@ async def test_corral_serve_health_holds_a_lease_and_a_standby_takes_it(
         # The standby is up (it posts its status) while the first holds the lease.
         await kv_until(kv, status.key("health", f"health@{HOST}:{second.pid}"), lambda v: True)
         assert (await kv.get("health")).value == held
+        shown = subprocess.run(
+            [*CORRAL, "status", "--server", nats_server, "-o", "json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+            check=True,
+        )
+        board = json.loads(shown.stdout)
+        assert board["leases"]["health"] == held.decode()
+        assert {r["replica"] for r in board["replicas"]} >= {
+            f"health@{HOST}:{first.pid}",
+            f"health@{HOST}:{second.pid}",
+        }
         assert _stop(first) == 0  # the holder stops and gives the lease up
         await kv_until(kv, "health", lambda v: v == f"health@{HOST}:{second.pid}".encode())
     finally:

@@ -30,4 +30,7 @@ from __future__ import annotations
 #    Admission may withdraw an admitted job's admission (``AdmissionWithdrawn``): back to
 #    queued, its quota given back, when no node can host it any more.
 #    A job's priority may change after it was accepted (``JobPriorityChanged``).
-RULES = 5
+# 7: finished jobs leave the state a retention period (log time, ``ApplyRetention``) after they
+#    end; a job id is free again once its job was let go. A job's ``priority_seq`` starts at its
+#    submission's position, so ``stopped_for`` never names a later job of the same id.
+RULES = 7

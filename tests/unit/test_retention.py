@@ -66,7 +66,8 @@ def test_a_failed_job_whose_workers_still_hold_gpus_stays_until_they_are_given_b
     """A gang of two fails when one worker exits non-zero; the other still holds its GPU until it
     exits. Only then does the job's retention period begin."""
     log = LogBuilder().nodes(Cluster(1)).retention(10.0).queue("team-a")
-    log.submit("alice", "g", job().gpus(1).replicas(2).restarts(0, "never")).accept("g").admit("g", replicas=2)
+    log.submit("alice", "g", job().gpus(1).replicas(2).restarts(0, "never"))
+    log.accept("g").admit("g", replicas=2)
     log.place(placement("g", worker(0, N0, whole(0)), worker(1, N0, whole(1))))
     log.started(N0, "g", rank=0).started(N0, "g", rank=1).exited(N0, "g", rank=0, code=1)
     state = log.fold()

@@ -44,6 +44,7 @@ from corral.events.queues import (
     ApplyFairShare,
     ApplyPriorityClass,
     ApplyQueue,
+    ApplyRetention,
     CordonNode,
     DeleteQueue,
 )
@@ -60,6 +61,7 @@ AnyEvent = (
     | DeleteQueue
     | CordonNode
     | ApplyFairShare
+    | ApplyRetention
     | JobAccepted
     | JobPriorityChanged
     | JobRejected
@@ -96,6 +98,7 @@ ADMIN_VERBS: dict[str, type[Event]] = {
     "delete-queue": DeleteQueue,
     "cordon": CordonNode,
     "fair-share": ApplyFairShare,
+    "retention": ApplyRetention,
 }
 
 

@@ -1,5 +1,5 @@
-"""Queue family: queues, cohorts, priority classes and the fair-share settings, all changed by
-admin requests.
+"""Queue family: queues, cohorts, priority classes, the fair-share settings and how long finished
+jobs are kept, all changed by admin requests.
 
 Admin requests arrive on ``corral.in.admin.<verb>``; only the admin identity may publish there.
 """
@@ -91,6 +91,21 @@ class FairShareSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, f
     half_life_s: float = 24 * 3600.0
 
 
+class RetentionSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
+    """How long the cluster's state keeps a finished job. ``finished_s``: seconds of log time
+    after a job reached a final phase and gave its GPUs back; then the fold lets it go (its
+    history stays in the log and in the read service's view). Part of the log, like the
+    half-life, because which jobs the state holds decides whether a job id is free again:
+    every replica and every replay must let jobs go alike. 0 lets a job go at the next record.
+
+    One hour by default: long enough for a person or a client to look at a job that just ended
+    (its phase, exit codes, why it failed) and for a client retrying a submission after a lost
+    reply to be told it is a duplicate, short enough that a cluster finishing 10,000 jobs an
+    hour keeps about that many, not every job it ever ran."""
+
+    finished_s: float = 3600.0
+
+
 class ApplyQueue(Request, frozen=True, kw_only=True):
     queue: QueueSpec
 
@@ -109,6 +124,10 @@ class DeleteQueue(Request, frozen=True, kw_only=True):
 
 class ApplyFairShare(Request, frozen=True, kw_only=True):
     fair_share: FairShareSpec
+
+
+class ApplyRetention(Request, frozen=True, kw_only=True):
+    retention: RetentionSpec
 
 
 class CordonNode(Request, frozen=True, kw_only=True):

@@ -9,6 +9,9 @@ Proposals are arbitrated here. A placement, an admission or a preemption is chec
 state at its position in the log; if it no longer holds it is recorded void and changes nothing,
 so a GPU is never held twice whatever races happen between writers.
 
+Before it folds a record, the fold lets go the finished jobs whose retention period has passed
+by that record's log time (``projections/retention.py``).
+
 ``apply`` updates ``state`` in place and returns it.
 """
 
@@ -20,7 +23,7 @@ from corral.events import codec, routing, subjects
 from corral.events.base import Event
 from corral.events.codec import SCHEMA_VERSION, DecodeError
 from corral.events.log import Record
-from corral.projections import fold_admission, fold_nodes, fold_preemption, fold_requests
+from corral.projections import fold_admission, fold_nodes, fold_preemption, fold_requests, retention
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -64,6 +67,9 @@ def apply(state: State, record: Record) -> State:
     time = record.time
     if time > state.time:
         state.time = time
+    fin, first = state.finished, state.finished_from
+    if len(fin) > first and fin[first][0] + state.retention.finished_s <= state.time:
+        retention.let_go(state)  # the finished jobs whose retention period has passed: O(them)
     subject = record.subject
     body: Event
     try:
@@ -101,6 +107,8 @@ def apply_event(
     state.seq = seq
     if time > state.time:
         state.time = time
+    if retention.is_due(state, state.time):
+        retention.let_go(state)
     try:
         _dispatch(state, Ctx(seq, subject, time, tenant), body)
     except Exception as e:  # noqa: BLE001

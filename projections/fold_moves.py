@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from corral.projections import claims, gpu_time, quota
+from corral.projections import claims, gpu_time, quota, retention
 from corral.projections.lifecycle import (
     HOLDS_QUOTA,
     TRANSITIONS,
@@ -89,6 +89,8 @@ def move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
     job.updated_seq = ctx.seq
     if quota_change:
         quota.count_holding(state, job, quota_change)
+    if job.held is None:
+        retention.note(state, job)
 
 
 def move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: Ctx) -> None:
@@ -109,6 +111,8 @@ def move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: 
         quota.count_holding(state, job, first_change)
     if then_change:
         quota.count_holding(state, job, then_change)
+    if job.held is None:
+        retention.note(state, job)
 
 
 def stop_holding(state: State, job: JobState, ctx: Ctx) -> None:
@@ -119,8 +123,11 @@ def stop_holding(state: State, job: JobState, ctx: Ctx) -> None:
 
 def release(state: State, job: JobState, ctx: Ctx) -> None:
     """Give back every GPU the job holds: its queue stops holding GPU time for them."""
+    held = job.held
     claims.release(state, job)
     gpu_time.track(state, job, ctx.time)
+    if held is not None:
+        retention.note(state, job)
 
 
 def voided(job_id: str, message: str) -> Refused:

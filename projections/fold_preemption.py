@@ -98,6 +98,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
         job.preempted_for = ev.beneficiary
         job.stopped_for = stopped_for(job, beneficiary)
+        add_victim(beneficiary, job)
         job.preempt_deadline = log_deadline(ctx, ev.now, ev.deadline)
         job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
         if not job.live:
@@ -119,6 +120,7 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     if lo is None or adm is None or not lo <= ev.replicas < adm.replicas:
         raise voided(ev.job_id, f"{job.id} cannot shrink to {ev.replicas} workers")
     shrink(state, ctx, job, ev.replicas, ev.beneficiary, log_deadline(ctx, ev.now, ev.deadline))
+    add_victim(beneficiary, job)
     job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {ev.beneficiary}"),)
 
 
@@ -146,6 +148,12 @@ def stopped_for(job: JobState, beneficiary: JobState) -> tuple[tuple[str, int, i
     if entry in job.stopped_for:
         return job.stopped_for
     return (*job.stopped_for[-(MAX_PREEMPTION_TIMES - 1) :], entry)
+
+
+def add_victim(beneficiary: JobState, victim: JobState) -> None:
+    """Remember on ``beneficiary`` a job stopped or shrunk for it (``JobState.victims``)."""
+    if victim.id not in beneficiary.victims:
+        beneficiary.victims = (*beneficiary.victims, victim.id)
 
 
 def shrink(state: State, ctx: Ctx, job: JobState, replicas: int, beneficiary: str, deadline: float) -> None:

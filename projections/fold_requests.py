@@ -1,6 +1,11 @@
 """The fold's handling of tenants' and the admin's requests: submit, cancel and resize a job
 (the tenant comes from the subject, and only the owner or the admin may touch a job), and
-queues, cohorts, priority classes, fair-share settings and cordons (the admin only).
+queues, cohorts, priority classes, fair-share settings, retention and cordons (the admin only).
+
+A job id is unique among the jobs the state holds: a submit naming one of them is refused (a
+duplicate of the owner's, or a taken id), one naming a job the state let go
+(``projections/retention.py``) is a new job, as a Kubernetes name is free again once its
+object is deleted. A cancel or resize of a job let go is refused as of a job that does not exist.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from corral.events.queues import (
     ApplyFairShare,
     ApplyPriorityClass,
     ApplyQueue,
+    ApplyRetention,
     CordonNode,
     DeleteQueue,
 )
-from corral.projections import gpu_time
+from corral.projections import gpu_time, retention
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -61,6 +67,7 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         spec=req.job,
         submitted_seq=ctx.seq,
         submitted_at=ctx.time,
+        priority_seq=ctx.seq,
         phase_since=ctx.time,
         updated_seq=ctx.seq,
         traceparent=ctx.trace or "",
@@ -150,6 +157,14 @@ def _apply_fair_share(state: State, ctx: Ctx, req: ApplyFairShare) -> None:
     gpu_time.apply_settings(state, req.fair_share, ctx.time)
 
 
+def _apply_retention(state: State, ctx: Ctx, req: ApplyRetention) -> None:
+    _admin(ctx)
+    keep = req.retention.finished_s
+    if not (keep >= 0 and math.isfinite(keep)):
+        raise Refused("malformed", f"retention: finished_s {keep} is not a number of seconds, 0 or more")
+    retention.apply_settings(state, req.retention)
+
+
 def _delete_queue(state: State, ctx: Ctx, req: DeleteQueue) -> None:
     _admin(ctx)
     if req.name not in state.queues:
@@ -172,6 +187,7 @@ HANDLERS: dict[type[Event], Handler] = {
     ApplyCohort: _apply_cohort,
     ApplyPriorityClass: _apply_priority_class,
     ApplyFairShare: _apply_fair_share,
+    ApplyRetention: _apply_retention,
     DeleteQueue: _delete_queue,
     CordonNode: _cordon_request,
 }

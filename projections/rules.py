@@ -32,4 +32,7 @@ from __future__ import annotations
 #    A job's priority may change after it was accepted (``JobPriorityChanged``).
 # 6: a preemption's or a shrink's deadline is log time: the grace its decision grants
 #    (``deadline - now``) counted from the record's own log time, not the decider's clock.
+#    Finished jobs leave the state a retention period (log time, ``ApplyRetention``) after they
+#    end; a job id is free again once its job was let go. A job's ``priority_seq`` starts at its
+#    submission's position, so ``stopped_for`` never names a later job of the same id.
 RULES = 6

@@ -15,7 +15,7 @@ from corral.events.base import Reason
 from corral.events.decisions import Placement
 from corral.events.jobs import Admission, JobSpec
 from corral.events.nodes import GpuInfo, NodeCondition, NodeInventory
-from corral.events.queues import CohortSpec, FairShareSpec, PriorityClassSpec, QueueSpec
+from corral.events.queues import CohortSpec, FairShareSpec, PriorityClassSpec, QueueSpec, RetentionSpec
 from corral.projections.lifecycle import Phase
 
 WHOLE = 1000  # milli-GPU in one GPU
@@ -99,7 +99,12 @@ class JobState(msgspec.Struct, gc=False):
     # again, so two jobs never take the same GPUs from each other in turn. (A shrink is not
     # counted: an elastic job may shrink, then be stopped whole, for one job.)
     stopped_for: tuple[tuple[str, int, int], ...] = ()  # (beneficiary, its priority_seq, this job's)
-    priority_seq: int = 0  # the log position of its last change of priority (0: none since accepted)
+    # The log position of its last change of priority, or of its submission: never the same for
+    # two jobs, so a ``stopped_for`` entry never names a later job given a let-go job's id.
+    priority_seq: int = 0
+    # The jobs stopped or shrunk for it: when it is let go (``projections/retention.py``), those
+    # still naming it in ``preempted_for`` stop naming it, so none names a later job of its id.
+    victims: tuple[str, ...] = ()
     preempt_deadline: float = 0.0  # log time by which the preemption under way must be done
     phase_since: float = 0.0
     updated_seq: int = 0
@@ -158,6 +163,13 @@ class State(msgspec.Struct, gc=False):
     # GPU time held per queue and quota key, from placement to release, decayed: what fair share
     # orders queues by. Kept by the fold at each change of what a queue holds, in log time.
     gpu_time: dict[str, dict[str, GpuTime]] = {}
+    retention: RetentionSpec = RetentionSpec()
+    # Finished jobs that gave their GPUs back, in the order they did (log time, job id, the
+    # job's submitted_seq), from ``finished_from`` on: the fold lets the first go once
+    # ``retention.finished_s`` has passed (``projections/retention.py``).
+    finished: list[tuple[float, str, int]] = []
+    finished_from: int = 0
+    let_go: int = 0  # finished jobs the state let go, in all
 
 
 MAX_REJECTIONS = 1000

@@ -61,11 +61,13 @@ from corral.events.queues import (
     DEFAULT_PREEMPTION,
     ApplyFairShare,
     ApplyQueue,
+    ApplyRetention,
     DeleteQueue,
     FairShareSpec,
     PreemptionPolicy,
     QueueSpec,
     Quota,
+    RetentionSpec,
 )
 from corral.projections import quota
 from corral.projections.fold import fold
@@ -298,6 +300,10 @@ class LogBuilder:
     def fair_share(self, half_life_s: float) -> LogBuilder:
         """The admin sets the fair-share half-life."""
         return self.admin("fair-share", ApplyFairShare(fair_share=FairShareSpec(half_life_s=half_life_s)))
+
+    def retention(self, finished_s: float) -> LogBuilder:
+        """The admin sets how long finished jobs stay in the state."""
+        return self.admin("retention", ApplyRetention(retention=RetentionSpec(finished_s=finished_s)))
 
     def queues(self, *names: str) -> LogBuilder:
         """The admin applies each queue of ``names`` with ``AMPLE`` quota."""

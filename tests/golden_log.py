@@ -20,10 +20,12 @@ from corral.events.queues import (
     ApplyCohort,
     ApplyFairShare,
     ApplyPriorityClass,
+    ApplyRetention,
     CohortSpec,
     CordonNode,
     FairShareSpec,
     PriorityClassSpec,
+    RetentionSpec,
 )
 from corral.projections.fold import fold
 from corral.projections.state import State
@@ -42,6 +44,11 @@ def records() -> list[Record]:
     lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
     lb.admin("fair-share", ApplyFairShare(fair_share=FairShareSpec(half_life_s=3600.0)))
     lb.queues("team-a", "team-b")
+    # a finished job is let go a minute of log time after it ends, and its id is free again
+    lb.admin("retention", ApplyRetention(retention=RetentionSpec(finished_s=60.0)))
+    lb.submit("bob", "nb", job("team-b").gpus(1)).accept("nb").admit("nb")
+    lb.place(on("node-02", 0, job_id="nb")).started("node-02", "nb").exited("node-02", "nb", code=0)
+    lb.at(lb.time + 120.0).submit("alice", "nb", job().gpus(1))
     # a job runs, checkpoints and is preempted for an urgent one, then resumes
     lb.submit("alice", "low", job().gpus(8).checkpointable()).accept("low").admit("low")
     lb.place(on("node-00", *range(8), job_id="low")).started("node-00", "low")

@@ -113,13 +113,13 @@ async def session(url: str, login: Login) -> Session:
         raise Failure(str(e)) from None
 
 
-def ask(url: str, login: Login, question: str, job: str = "") -> dict[str, Any]:
+def ask(url: str, login: Login, question: str, job: str = "", everything: bool = False) -> dict[str, Any]:
     """The read service's answer, asked as ``login``."""
 
     async def run() -> dict[str, Any]:
         s = await session(url, login)
         try:
-            return await s.ask(login.user, question, job=job)
+            return await s.ask(login.user, question, job=job, everything=everything)
         except Refused as e:
             raise Failure(str(e)) from None
         finally:

@@ -32,10 +32,12 @@ from corral.events.queues import (
     ApplyFairShare,
     ApplyPriorityClass,
     ApplyQueue,
+    ApplyRetention,
     CohortSpec,
     FairShareSpec,
     PriorityClassSpec,
     QueueSpec,
+    RetentionSpec,
 )
 from corral.projections.fold import fold
 from corral.services.cli import logfile, table
@@ -223,13 +225,14 @@ def cmd_resize(args: argparse.Namespace) -> None:
 
 
 class QueueFile(msgspec.Struct, forbid_unknown_fields=True):
-    """What ``corral queue apply`` takes: cohorts, queues, priority classes and the fair-share
-    settings, all optional."""
+    """What ``corral queue apply`` takes: cohorts, queues, priority classes, the fair-share
+    settings and the retention of finished jobs, all optional."""
 
     cohorts: list[CohortSpec] = []
     queues: list[QueueSpec] = []
     priority_classes: list[PriorityClassSpec] = []
     fair_share: FairShareSpec | None = None
+    retention: RetentionSpec | None = None
 
 
 def cmd_queue_apply(args: argparse.Namespace) -> None:
@@ -238,6 +241,8 @@ def cmd_queue_apply(args: argparse.Namespace) -> None:
     requests: list[tuple[str, Any, str]] = []
     if doc.fair_share is not None:
         requests.append(("fair-share", ApplyFairShare(fair_share=doc.fair_share), "cluster"))
+    if doc.retention is not None:
+        requests.append(("retention", ApplyRetention(retention=doc.retention), "cluster"))
     requests += [
         ("priority-class", ApplyPriorityClass(priority_class=p), p.name) for p in doc.priority_classes
     ]
@@ -246,6 +251,7 @@ def cmd_queue_apply(args: argparse.Namespace) -> None:
     send_admin(args, requests)
     counts = f"{len(doc.priority_classes)} priority classes, {len(doc.cohorts)} cohorts"
     fair = ", fair share" if doc.fair_share is not None else ""
+    fair += ", retention" if doc.retention is not None else ""
     print(f"applied {counts}, {len(doc.queues)} queues{fair}")
 
 
@@ -256,6 +262,15 @@ def cmd_queue_fair_share(args: argparse.Namespace) -> None:
     spec = FairShareSpec(half_life_s=half_life)
     send_admin(args, [("fair-share", ApplyFairShare(fair_share=spec), "cluster")])
     print(f"fair share: past GPU time halves every {half_life:g} s from now on")
+
+
+def cmd_queue_retention(args: argparse.Namespace) -> None:
+    keep = args.finished_s
+    if not (keep >= 0 and math.isfinite(keep)):
+        raise BadInput(f"--finished-s {keep}: a number of seconds, 0 or more")
+    spec = RetentionSpec(finished_s=keep)
+    send_admin(args, [("retention", ApplyRetention(retention=spec), "cluster")])
+    print(f"retention: finished jobs leave the state {keep:g} s after they end, from now on")
 
 
 def send_admin(args: argparse.Namespace, requests: list[tuple[str, Any, str]]) -> None:
@@ -376,16 +391,34 @@ NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "unheal
 
 
 def cmd_jobs(args: argparse.Namespace) -> None:
+    """The jobs the cluster holds; with ``--all``, also those it let go after their retention
+    period (the newest ``MAX_LET_GO``), from the read service's view of the log."""
+    from corral.services.query.decide import MAX_LET_GO
+    from corral.services.query.view import JobView
+
     login = login_of(args, args.tenant)
     client = as_client(login)
     if client is not None:
         # The read service shows a tenant its own jobs only; the admin's may be narrowed here.
-        jobs = answer_of(ask(server_url(args.server), client, "jobs"), "jobs")
+        answer = ask(server_url(args.server), client, "jobs", everything=args.all)
+        jobs, more = answer_of(answer, "jobs"), answer.get("more_let_go", 0)
         rows = [j for j in jobs if args.tenant in (None, j["tenant"])]
+    elif args.all:
+        view = JobView()
+        try:
+            view.fold(asyncio.run(log_records(server_url(args.server), login)))
+            older, more = view.jobs(args.tenant or subjects.ADMIN, MAX_LET_GO)
+            held = [present.job_row(j) for j in view.state.jobs.values() if args.tenant in (None, j.tenant)]
+            rows = older + held
+        finally:
+            view.close()
     else:
         state = asyncio.run(remote_state(server_url(args.server), login))
         rows = [present.job_row(j) for j in state.jobs.values() if args.tenant in (None, j.tenant)]
+        more = 0
     emit(args, rows, JOB_COLUMNS)
+    if more:
+        print(f"corral: and {more} older jobs let go, not shown", file=sys.stderr)
 
 
 def cmd_nodes(args: argparse.Namespace) -> None:
@@ -501,8 +534,16 @@ def cmd_logs(args: argparse.Namespace) -> None:
         print(f.read_text(errors="replace"), end="")
 
 
+async def log_records(url: str, login: Any) -> list[Record]:
+    log = await open_log(url, login)
+    try:
+        return await read_all(log)
+    finally:
+        await log.close()
+
+
 def cmd_explain(args: argparse.Namespace) -> None:
-    from corral.services.query.explain import explain_log
+    from corral.services.query.view import explain_log
 
     login = login_of(args, args.tenant)
     client = as_client(login)
@@ -512,14 +553,7 @@ def cmd_explain(args: argparse.Namespace) -> None:
         emit(args, answer if args.output == "json" else answer["text"])
         return
 
-    async def run() -> list[Record]:
-        log = await open_log(server_url(args.server), login)
-        try:
-            return await read_all(log)
-        finally:
-            await log.close()
-
-    records = asyncio.run(run())
+    records = asyncio.run(log_records(server_url(args.server), login))
     report = explain_log(records, args.job, args.tenant)
     if report is None:
         raise Failure(f"no job {args.job}")
@@ -612,8 +646,12 @@ def parser() -> argparse.ArgumentParser:
     rz.add_argument("replicas", type=int)
     rz.set_defaults(fn=cmd_resize)
 
-    for name, fn, help_ in (("jobs", cmd_jobs, "list jobs"), ("nodes", cmd_nodes, "list nodes")):
-        sub.add_parser(name, parents=[common], help=help_).set_defaults(fn=fn)
+    jb = sub.add_parser("jobs", parents=[common], help="list jobs")
+    jb.add_argument(
+        "--all", action="store_true", help="also the finished jobs let go after the retention period"
+    )
+    jb.set_defaults(fn=cmd_jobs)
+    sub.add_parser("nodes", parents=[common], help="list nodes").set_defaults(fn=cmd_nodes)
 
     lo = sub.add_parser("logs", parents=[common], help="a job's worker output (agents on this machine)")
     lo.add_argument("job")
@@ -639,6 +677,17 @@ def parser() -> argparse.ArgumentParser:
         help="seconds after which GPU time a queue held weighs half in the fair-share order (default 86400)",
     )
     qf.set_defaults(fn=cmd_queue_fair_share)
+    qr = qsub.add_parser(
+        "retention", parents=[common], help="how long the cluster's state keeps a finished job"
+    )
+    qr.add_argument(
+        "--finished-s",
+        type=float,
+        required=True,
+        help="seconds of log time a finished job stays in the state before it is let go (its "
+        "history stays in the log and in `corral jobs --all`); 0 lets it go at once (default 3600)",
+    )
+    qr.set_defaults(fn=cmd_queue_retention)
     sub.add_parser("queues", parents=[common], help="quota, usage and fair share per queue").set_defaults(
         fn=cmd_queues
     )

@@ -27,7 +27,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.events.queues import ApplyCohort, ApplyFairShare, ApplyPriorityClass, ApplyQueue
+from corral.events.queues import ApplyCohort, ApplyFairShare, ApplyPriorityClass, ApplyQueue, ApplyRetention
 from corral.projections.shape import Shape
 
 
@@ -59,6 +59,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
             return f"admin applies priority class {p.name} = {p.value}"
         case ApplyFairShare(fair_share=f):
             return f"admin sets the fair-share half-life to {f.half_life_s:g} s"
+        case ApplyRetention(retention=r):
+            return f"admin keeps finished jobs {r.finished_s:g} s in the state"
         case JobAccepted(job_id=jid, priority=prio):
             return f"admission accepts {jid} (priority {prio})"
         case JobPriorityChanged(job_id=jid, priority=prio, reason=r):

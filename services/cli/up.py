@@ -219,6 +219,7 @@ async def cluster(
         query_log = await read_service.connect(url, **login(identities.QUERY))
         stack.push_async_callback(query_log.close)
         reader = read_service.ReadService(query_log)
+        stack.callback(reader.close)
         running.query = reader
         tasks.append(asyncio.create_task(reader.run(stop), name=reader.role))
         intake_log = await intake_service.connect(url, **login(identities.INTAKE))

@@ -281,14 +281,9 @@ def beneficiaries(state: State, now: float = 0.0) -> list[JobState]:
 
 def preempted_for(job: JobState) -> str:
     """The beneficiary a job checkpointing or stopped by a preemption was stopped for ("" if
-    none); the fold records it in the job's reason, ``preempted for <beneficiary>``."""
-    recorded: str = getattr(job, "preempted_for", "") or ""
-    if recorded:
-        return recorded
-    for r in job.reasons:
-        if r.code == "preempted" and r.message.startswith("preempted for "):
-            return r.message.removeprefix("preempted for ")
-    return ""
+    none, or if the fold has let it go: ``projections/retention.py`` clears the field then, while
+    the job's reason still names it, so the field is read, never the reason)."""
+    return job.preempted_for
 
 
 def _settle(sim: Simulation, state: State) -> set[str]:

@@ -110,9 +110,12 @@ class Session:
             raise Refused(f"the log refused {subject}: {ack['error'].get('description', ack['error'])}")
         return int(ack["seq"])
 
-    async def ask(self, asker: str, question: str, *, job: str = "", after: int = 0) -> dict[str, Any]:
-        """The read service's answer to ``question`` asked as ``asker``."""
-        body = json.dumps({"job": job, "after": after}).encode()
+    async def ask(
+        self, asker: str, question: str, *, job: str = "", after: int = 0, everything: bool = False
+    ) -> dict[str, Any]:
+        """The read service's answer to ``question`` asked as ``asker``; ``everything``: for
+        ``jobs``, the jobs the fold let go too."""
+        body = json.dumps({"job": job, "after": after, "all": everything}).encode()
         msg = await self.request(identities.read_subject(asker, question), body)
         try:
             answer: dict[str, Any] = json.loads(msg.data)

@@ -11,6 +11,8 @@ Invariants:
   and only the rejections of its own requests; ``admin`` sees everything;
 - a job of another tenant is answered exactly as a job that does not exist;
 - a job id is looked up, never matched: wildcards, dots and anything else in it find nothing;
+- a job the fold let go is answered from ``let_go`` (the read service's SQLite view): the
+  newest of its id the asker may see, after any the state still holds;
 - every answer carries ``seq``, the log position it reflects; a question that cannot be answered
   gets ``error``, never an exception.
 """
@@ -18,44 +20,40 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from corral.events import codec, subjects
-from corral.events.log import Record
 from corral.events.queues import QueueSpec
-from corral.projections.index import JobEvent, job_events
-from corral.projections.state import JobState, Rejection, State
+from corral.projections.index import JobEvent
+from corral.projections.state import JobState, State
 from corral.services.query import present
 from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
 
 QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes")
+MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer must fit in a message
 
 History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
 
 
-def add_history(
-    history: dict[str, list[JobEvent]],
-    state: State,
-    batch: Sequence[Record],
-    refusals: Mapping[int, Rejection],
-) -> None:
-    """Add to each job's history what ``batch`` (just folded into ``state``, ``refusals`` the
-    records of it the fold refused) says about it. A refused submit of an id nobody holds joins
-    no history: there is no job to show it with."""
-    for e in job_events(state, batch, refusals):
-        if e.job_id in state.jobs:
-            history.setdefault(e.job_id, []).append(e)
+class LetGo(Protocol):
+    """The jobs the fold let go, as they stood then (``view.JobView`` keeps them in SQLite)."""
+
+    def jobs(self, asker: str, limit: int) -> tuple[list[dict[str, Any]], int]: ...
+
+    def explain(self, job_id: str, asker: str) -> dict[str, Any] | None: ...
 
 
 class Ask(msgspec.Struct, frozen=True):
     """What a question may carry: the job it is about, and the log position the answer should
-    reflect at least (so a client reads its own writes). Other fields are ignored."""
+    reflect at least (so a client reads its own writes), and for ``jobs`` whether to list the
+    jobs the fold let go too. Other fields are ignored."""
 
     job: str = ""
     after: int = 0
+    all: bool = False  # ``jobs``: also the jobs the fold let go (the newest MAX_LET_GO of them)
 
 
 class BadAsk(ValueError):
@@ -90,15 +88,23 @@ def refusal(state: State, message: str) -> dict[str, Any]:
     return {"seq": state.seq, "error": message}
 
 
-def answer(state: State, history: History, asker: str, question: str, ask: Ask) -> dict[str, Any]:
+def answer(
+    state: State, history: History, asker: str, question: str, ask: Ask, let_go: LetGo | None = None
+) -> dict[str, Any]:
     if question == "jobs":
         rows = [present.job_row(j) for j in state.jobs.values() if sees_job(asker, j)]
-        return {"seq": state.seq, "jobs": rows}
+        if not ask.all or let_go is None:
+            return {"seq": state.seq, "jobs": rows}
+        older, more = let_go.jobs(asker, MAX_LET_GO)
+        return {"seq": state.seq, "jobs": older + rows, "more_let_go": more}
     if question == "explain":
         job = state.jobs.get(ask.job)
-        if job is None or not sees_job(asker, job):
+        if job is not None and sees_job(asker, job):
+            return {"seq": state.seq, **explain(job, history.get(job.id, ()))}
+        kept = let_go.explain(ask.job, asker) if let_go is not None else None
+        if kept is None:
             return refusal(state, f"no job {ask.job}")
-        return {"seq": state.seq, **explain(job, history.get(job.id, ()))}
+        return {"seq": state.seq, **kept}
     if question == "queues":
         open_ = {name for name, q in state.queues.items() if sees_queue(asker, q)}
         return {"seq": state.seq, "queues": [r for r in queue_rows(state) if r["queue"] in open_]}

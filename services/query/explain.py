@@ -1,9 +1,9 @@
 """``corral explain JOB``: a job's history and, if it waits, why, in an operator's words.
 
 ``explain(job, history)`` is the one presentation, used by the CLI reading the log itself and by
-the read service answering a tenant. ``explain_log(records, job_id, tenant)`` builds it from the
-log alone: every record that names the job, in order, and the folded state of the job at the
-end. A tenant sees only its own jobs; another tenant's job is "no such job".
+the read service answering a tenant (``view.py``: for a job the state still holds, and for one
+the fold let go, as it stood then). A tenant sees only its own jobs; another tenant's job is
+"no such job".
 """
 
 from __future__ import annotations
@@ -12,21 +12,9 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from corral.events import subjects
-from corral.events.log import Record
-from corral.projections.fold import fold_refusals
-from corral.projections.index import JobEvent, job_events
-from corral.projections.state import JobState, State
+from corral.projections.index import JobEvent
+from corral.projections.state import JobState
 from corral.services.query import present
-
-
-def explain_log(records: list[Record], job_id: str, tenant: str | None) -> dict[str, Any] | None:
-    state = State()
-    refusals = fold_refusals(state, records)
-    job = state.jobs.get(job_id)
-    if job is None or (tenant not in (None, job.tenant, subjects.ADMIN)):
-        return None
-    return explain(job, [e for e in job_events(state, records, refusals) if e.job_id == job_id])
 
 
 def explain(job: JobState, history: Sequence[JobEvent]) -> dict[str, Any]:

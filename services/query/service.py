@@ -3,7 +3,8 @@
 Tenants may not read the stream (their NATS permissions leave out ``$JS.API`` and ``corral.ev``),
 so this is how a tenant sees its jobs, why they wait, its queues and its refused requests. It
 follows the whole log with the one fold, like every service, and keeps each job's history
-(``projections.index``) for ``explain``. Questions arrive on core NATS, request-reply.
+(``projections.index``) for ``explain``, and the jobs the fold lets go in SQLite (``view.py``)
+for ``jobs --all`` and ``explain`` of an old job. Questions arrive on core NATS, request-reply.
 
 Invariants:
 
@@ -32,10 +33,9 @@ from nats.aio.subscription import Subscription
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import LogError, Record
 from corral.events.nats_client import Client
-from corral.projections.fold import fold_refusals
-from corral.projections.index import JobEvent
 from corral.projections.state import State
-from corral.services.query.decide import Ask, BadAsk, add_history, answer, parse_ask, refusal
+from corral.services.query.decide import Ask, BadAsk, answer, parse_ask, refusal
+from corral.services.query.view import JobView
 from corral.services.runtime import identities
 
 log = logging.getLogger("corral.query")
@@ -62,19 +62,28 @@ async def connect(url: str, **options: Any) -> JetStreamLog:
 class ReadService:
     role = ROLE
 
-    def __init__(self, log_: JetStreamLog, *, freshness_wait: float = 5.0) -> None:
+    def __init__(self, log_: JetStreamLog, *, freshness_wait: float = 5.0, view: str = "") -> None:
+        """``view``: the SQLite file of the jobs the fold let go (by default a private temporary
+        one: the service refolds the log from its start whenever it starts)."""
         self.log = log_
         self.freshness_wait = freshness_wait
-        self.state = State()
-        self.history: dict[str, list[JobEvent]] = {}
+        self.view = JobView(view)
         self.caught_up = asyncio.Event()
         self._folded = asyncio.Condition()
         self._waiting: set[asyncio.Task[None]] = set()
 
     # -- folding --------------------------------------------------------------------------------
 
+    def close(self) -> None:
+        """Close the view of the jobs let go (a temporary one is deleted)."""
+        self.view.close()
+
+    @property
+    def state(self) -> State:
+        return self.view.state
+
     def fold(self, batch: list[Record]) -> None:
-        add_history(self.history, self.state, batch, fold_refusals(self.state, batch))
+        self.view.fold(batch)
 
     # -- answering ------------------------------------------------------------------------------
 
@@ -107,7 +116,8 @@ class ReadService:
         await self._answer(reply, asker, question, ask)
 
     async def _answer(self, reply: str, asker: str, question: str, ask: Ask) -> None:
-        await self._send(reply, answer(self.state, self.history, asker, question, ask))
+        view = self.view
+        await self._send(reply, answer(view.state, view.history, asker, question, ask, view))
 
     async def _send(self, reply: str, body: dict[str, Any]) -> None:
         nc = self.log.nc
@@ -159,9 +169,11 @@ def serve(url: str, **options: Any) -> Callable[[asyncio.Event], Any]:
 
     async def run(stop: asyncio.Event) -> None:
         read_log = await connect(url, **options)
+        reader = ReadService(read_log)
         try:
-            await ReadService(read_log).run(stop)
+            await reader.run(stop)
         finally:
+            reader.close()
             await read_log.close()
 
     return run

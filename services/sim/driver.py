@@ -28,8 +28,9 @@ were. Decisions are taken at event
 times only: a live service also re-decides on a timer, so a condition that turns true by the
 mere passing of time (an anti-thrash guard expiring) is seen here at the next event, there
 within a second. With ``cycle_s`` the services decide only at multiples of it, as services that
-cycle on a slow timer would; ``compact_every`` keeps finished jobs from piling up in the state
-(``_compact``).
+cycle on a slow timer would. Finished jobs leave the state as they do live: the fold lets them
+go once the retention period the setup's ``ApplyRetention`` sets has passed in simulated time
+(one hour if it sets none; a trace replay sets 0, as nothing reads a finished job's state).
 
 The node agents, as the simulator plays them (``AgentModel``), keep the contract of the live
 agents (``services/agent``): start what the fold placed, report exits and checkpoints, and
@@ -134,8 +135,6 @@ class SimConfig:
     # Decide at most every ``cycle_s`` simulated seconds, at multiples of it (0: at every event
     # time), as a live service that cycles on a timer.
     cycle_s: float = 0.0
-    # Summarise finished jobs once this many have piled up (0: never); see ``_compact``.
-    compact_every: int = 0
     max_rounds: int = 64  # passes of the services at one time before they are deemed not to settle
     # Another scheduler in place of admission, placer and preemptor: a factory of one role that
     # decides all of it (accept, requeue, admit, place, preempt) through the same fold, for a
@@ -245,7 +244,6 @@ class Simulation:
         self._stopping: list[tuple[str, float]] = []
         self._tick: float | None = None  # the decision time scheduled, if any
         self._wake: float | None = None  # the latest time the scheduler asked to decide again
-        self._finished = 0  # jobs finished since the last compaction
         self.held: dict[str, float] = {}
         self.demand: dict[str, float] = {}
         cfg = self.config
@@ -353,9 +351,6 @@ class Simulation:
                 self._save_and_stop(job_id, run, t)
             else:
                 self._exit(job_id, run, t, stopped=True)
-        every = self.config.compact_every
-        if every and self._finished >= every:
-            self._compact()
         cycle = self.config.cycle_s
         if cycle > 0 and self._dirty and self._waiting:
             tick = math.ceil(t / cycle) * cycle
@@ -541,25 +536,8 @@ class Simulation:
         elif phase in FINAL:
             st.finished = now
             self.demand[job.tenant] -= st.gpus
-            self._finished += 1
         else:
             raise SimError(f"job {job_id} finished its work at t={now} but the fold has it {phase}")
-
-    # -- compaction --------------------------------------------------------------------------------
-
-    def _compact(self) -> None:
-        """Drop the finished jobs from the state.
-
-        Every decide function scans every job each cycle, and finished jobs pile up: a replay of
-        tens of thousands of jobs would spend most of its time stepping over them. A finished job
-        that gave its GPUs back is read by no decision any more: the GPU time it held is in its
-        queue's ``State.gpu_time``, which the fold keeps apart from the jobs. So decisions are
-        unchanged; the live services keep every job (a replay of the log does too).
-        """
-        self._finished = 0
-        jobs = self.state.jobs
-        for job in [job for job in jobs.values() if job.phase in FINAL and job.held is None]:
-            del jobs[job.id]
 
     # -- results ------------------------------------------------------------------------------------
 

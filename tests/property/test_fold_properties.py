@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,12 +50,14 @@ from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
     ApplyQueue,
+    ApplyRetention,
     CohortSpec,
     CordonNode,
     DeleteQueue,
     PriorityClassSpec,
     QueueSpec,
     Quota,
+    RetentionSpec,
 )
 from corral.projections.fold import apply_event, fold
 from corral.projections.lifecycle import HOLDS_QUOTA
@@ -151,6 +154,12 @@ requests: st.SearchStrategy[tuple[str, Event]] = st.one_of(
     st.tuples(st.just("delete-queue"), st.builds(DeleteQueue, name=names)),
     st.tuples(
         st.just("cordon"), st.builds(CordonNode, node=names, cordoned=st.booleans(), drain=st.booleans())
+    ),
+    st.tuples(
+        st.just("retention"),
+        st.builds(
+            ApplyRetention, retention=st.builds(RetentionSpec, st.sampled_from([-1.0, 0.0, 5.0, math.nan]))
+        ),
     ),
 )
 

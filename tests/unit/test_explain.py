@@ -6,7 +6,7 @@ from __future__ import annotations
 from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.jobs import PendingReasonChanged
-from corral.services.query.explain import explain_log
+from corral.services.query.view import explain_log
 from tests.builders import Cluster, LogBuilder, job
 
 

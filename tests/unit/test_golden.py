@@ -62,6 +62,7 @@ from corral.events.queues import (
     ApplyFairShare,
     ApplyPriorityClass,
     ApplyQueue,
+    ApplyRetention,
     CohortSpec,
     CordonNode,
     DeleteQueue,
@@ -69,6 +70,7 @@ from corral.events.queues import (
     PriorityClassSpec,
     QueueSpec,
     Quota,
+    RetentionSpec,
 )
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -130,6 +132,7 @@ REQUESTS: dict[type[Event], Event] = {
     DeleteQueue: DeleteQueue(name="vision"),
     CordonNode: CordonNode(node="node-00", cordoned=True, drain=True, reason="xid 79"),
     ApplyFairShare: ApplyFairShare(fair_share=FairShareSpec(half_life_s=43_200.0)),
+    ApplyRetention: ApplyRetention(retention=RetentionSpec(finished_s=600.0)),
 }
 
 # The body of each golden envelope of a service event.

@@ -258,7 +258,9 @@ def test_never_twice_between_the_same_two_jobs(beneficiary: str, victim: str) ->
     lb.preempt("top", "b").exited(N0, "b", stopped=True).requeue("b", 0)
     lb.admit("v", attempt=1).place(on(N0, *range(8), job_id="v", attempt=1)).started(N0, "v", attempt=1)
     state = lb.fold()
-    assert state.jobs["v"].phase == "running" and state.jobs["v"].stopped_for == (("b", 0, 0),)
+    # Each job's priority_seq is where it was submitted while its priority never changed.
+    b_seq, v_seq = state.jobs["b"].submitted_seq, state.jobs["v"].submitted_seq
+    assert state.jobs["v"].phase == "running" and state.jobs["v"].stopped_for == (("b", b_seq, v_seq),)
     if victim == "b":  # b must be running to be a victim: let it run on the other node
         lb.admit("b", attempt=1).place(on("node-01", *range(8), job_id="b", attempt=1))
         lb.started("node-01", "b", attempt=1)

@@ -16,10 +16,10 @@ from corral.events import subjects
 from corral.events.base import Reason
 from corral.events.jobs import CancelJob, PendingReasonChanged
 from corral.events.queues import QueueSpec, Quota
-from corral.projections.fold import fold_refusals
 from corral.projections.index import JobEvent
 from corral.projections.state import State
-from corral.services.query.decide import Ask, BadAsk, add_history, answer, parse_ask
+from corral.services.query.decide import Ask, BadAsk, answer, parse_ask
+from corral.services.query.view import JobView
 from corral.services.runtime import identities
 from tests.builders import Cluster, LogBuilder, job
 
@@ -43,12 +43,9 @@ def small_log() -> LogBuilder:
 
 @pytest.fixture(scope="module")
 def world() -> tuple[State, dict[str, list[JobEvent]]]:
-    log = small_log()
-    state = State()
-    refusals = fold_refusals(state, log.records)
-    history: dict[str, list[JobEvent]] = {}
-    add_history(history, state, log.records, refusals)
-    return state, history
+    view = JobView(":memory:")
+    view.fold(small_log().records)
+    return view.state, view.history
 
 
 def ids(key: str) -> Callable[[dict[str, Any]], set[str]]:

@@ -13,7 +13,15 @@ import pytest
 from corral.events.base import Event
 from corral.events.jobs import JobSpec, Resources
 from corral.events.nodes import CheckpointCompleted
-from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyQueue,
+    ApplyRetention,
+    CohortSpec,
+    QueueSpec,
+    Quota,
+    RetentionSpec,
+)
 from corral.projections.fold import fold
 from corral.services.agent import inventory
 from corral.services.cli.jobfile import BadInput
@@ -211,17 +219,25 @@ def test_folding_the_simulations_log_gives_its_state() -> None:
     assert fold(sim.log()) == sim.state
 
 
-def test_summarising_finished_jobs_changes_no_decision() -> None:
-    base = SimConfig(agents=AgentModel(checkpoint_interval_s=60.0))
-    full = run(mixed(), two_teams(4), base, count=2)
-    compact = run(mixed(), two_teams(4), SimConfig(agents=base.agents, compact_every=2), count=2)
-    placed = [(t, s, b) for t, s, b in decisions(full) if b"JobsPlaced" in b or b"JobsAdmitted" in b]
-    placed_c = [(t, s, b) for t, s, b in decisions(compact) if b"JobsPlaced" in b or b"JobsAdmitted" in b]
-    assert [(t, b) for t, _, b in placed] == [(t, b) for t, _, b in placed_c]
-    assert {j: (s.first_start, s.finished) for j, s in full.stats.items()} == {
-        j: (s.first_start, s.finished) for j, s in compact.stats.items()
-    }
-    assert len(compact.state.jobs) < len(full.state.jobs)
+def keep_finished(seconds: float) -> ApplyRetention:
+    return ApplyRetention(retention=RetentionSpec(finished_s=seconds))
+
+
+def test_letting_finished_jobs_go_changes_no_decision() -> None:
+    """The fold letting each finished job go at once (a retention period of 0) makes every
+    decision it makes when it keeps them all: no decision reads a finished job."""
+    config = SimConfig(agents=AgentModel(checkpoint_interval_s=60.0))
+    kept = run(mixed(), [keep_finished(1e9), *two_teams(4)], config, count=2)
+    let_go = run(mixed(), [keep_finished(0.0), *two_teams(4)], config, count=2)
+
+    def records(sim: Simulation) -> list[tuple[float, str, bytes]]:
+        return [d for d in decisions(sim) if b"ApplyRetention" not in d[2]]
+
+    assert records(kept) == records(let_go)
+    assert kept.stats == let_go.stats
+    assert kept.state.let_go == 0 and not let_go.state.jobs.keys() - kept.state.jobs.keys()
+    assert let_go.state.let_go >= len(mixed()) - 1 and len(let_go.state.jobs) <= 1
+    assert (let_go.state.gpu_time, let_go.state.quota_held) == (kept.state.gpu_time, kept.state.quota_held)
 
 
 def test_decision_cycles_on_a_timer_wait_for_the_tick() -> None:

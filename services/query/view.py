@@ -1,0 +1,121 @@
+"""The read service's view of jobs: those the state holds, and in SQLite those the fold let go.
+
+The fold lets a finished job go a retention period after it ended (``projections/retention.py``),
+so the folded state alone cannot answer ``corral jobs --all`` or ``corral explain`` of an old
+job. ``JobView`` folds the log record by record; just before a record that lets jobs go is
+folded (``retention.due``), it writes each of them to SQLite as it stood (its row and its
+explanation, history included) and forgets its history in memory. Memory then holds the jobs
+the state holds; the rest is on disk.
+
+Invariants:
+
+- a job let go is stored once, keyed by its id and the position of its submission: an id the
+  fold gave to a later job keeps both, and ``explain`` shows the newest the asker may see (one
+  the state still holds before any let go);
+- a tenant sees only its own jobs here as in the state: another tenant's job is no job;
+- the view is derived: by default a private temporary SQLite database, gone when the view
+  closes, since the read service refolds the log from its start whenever it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from corral.events import subjects
+from corral.events.log import Record
+from corral.projections import retention
+from corral.projections.fold import apply
+from corral.projections.index import JobEvent, job_events
+from corral.projections.state import JobState, State
+from corral.services.query.explain import explain
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS let_go (
+    id TEXT NOT NULL,
+    submitted_seq INTEGER NOT NULL,
+    tenant TEXT NOT NULL,
+    let_go_seq INTEGER NOT NULL,
+    row TEXT NOT NULL,
+    explain TEXT NOT NULL,
+    PRIMARY KEY (id, submitted_seq)
+);
+CREATE INDEX IF NOT EXISTS let_go_by_tenant ON let_go (tenant, submitted_seq);
+"""
+
+
+class JobView:
+    """The folded state, each held job's history, and the jobs let go (SQLite at ``path``; the
+    empty path is a private temporary database, ``":memory:"`` one in memory)."""
+
+    def __init__(self, path: str = "") -> None:
+        self.state = State()
+        self.history: dict[str, list[JobEvent]] = {}
+        self.db = sqlite3.connect(path)
+        self.db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- folding --------------------------------------------------------------------------------
+
+    def fold(self, batch: Sequence[Record]) -> None:
+        """Fold ``batch``, keeping what each record says of each job, and the jobs it lets go."""
+        state, history = self.state, self.history
+        for rec in batch:
+            for job in retention.due(state, rec.seq, rec.time):
+                self._keep(job, rec.seq)
+            before = state.rejected_total
+            apply(state, rec)
+            refusals = {rec.seq: state.rejections[-1]} if state.rejected_total > before else {}
+            for e in job_events(state, (rec,), refusals):
+                if e.job_id in state.jobs:
+                    history.setdefault(e.job_id, []).append(e)
+        self.db.commit()
+
+    def _keep(self, job: JobState, seq: int) -> None:
+        report = explain(job, self.history.pop(job.id, ()))
+        report["text"] += f"\n  let go from the cluster's state at seq {seq}: it is kept here only"
+        self.db.execute(
+            "INSERT OR REPLACE INTO let_go VALUES (?, ?, ?, ?, ?, ?)",
+            (job.id, job.submitted_seq, job.tenant, seq, json.dumps(report["job"]), json.dumps(report)),
+        )
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def jobs(self, asker: str, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """The rows of the newest ``limit`` jobs let go that ``asker`` may see, oldest first, and
+        how many more there are."""
+        where, args = ("", ()) if asker == subjects.ADMIN else ("WHERE tenant = ?", (asker,))
+        (total,) = self.db.execute(f"SELECT count(*) FROM let_go {where}", args).fetchone()
+        rows = self.db.execute(
+            f"SELECT row FROM let_go {where} ORDER BY submitted_seq DESC LIMIT ?",
+            (*args, max(0, limit)),
+        ).fetchall()
+        return [json.loads(r) for (r,) in reversed(rows)], max(0, total - len(rows))
+
+    def explain(self, job_id: str, asker: str) -> dict[str, Any] | None:
+        """The explanation of the newest job let go of id ``job_id`` that ``asker`` may see."""
+        where, args = ("", ()) if asker == subjects.ADMIN else (" AND tenant = ?", (asker,))
+        found = self.db.execute(
+            f"SELECT explain FROM let_go WHERE id = ?{where} ORDER BY submitted_seq DESC LIMIT 1",
+            (job_id, *args),
+        ).fetchone()
+        return None if found is None else dict(json.loads(found[0]))
+
+
+def explain_log(records: Sequence[Record], job_id: str, tenant: str | None) -> dict[str, Any] | None:
+    """``corral explain`` from the log alone: the newest job of id ``job_id`` that ``tenant``
+    (None: anyone's) may see, held by the state at the end or let go before."""
+    view = JobView(":memory:")
+    try:
+        view.fold(records)
+        asker = subjects.ADMIN if tenant is None else tenant
+        job = view.state.jobs.get(job_id)
+        if job is not None and asker in (subjects.ADMIN, job.tenant):
+            return explain(job, view.history.get(job_id, ()))
+        return view.explain(job_id, asker)
+    finally:
+        view.close()

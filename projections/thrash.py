@@ -20,6 +20,8 @@ Pure: the answer depends only on the job, its class and ``now``.
 
 from __future__ import annotations
 
+import math
+
 from corral.events.base import Reason
 from corral.events.queues import PriorityClassSpec
 from corral.projections.state import JobState
@@ -38,6 +40,31 @@ def preemption_times(job: JobState) -> tuple[float, ...]:
 def runtime(job: JobState, now: float) -> float:
     """How long the job's current attempt has been running (all ranks started)."""
     return max(0.0, now - job.phase_since) if job.phase == "running" else 0.0
+
+
+def lifts_at(job: JobState, pc: PriorityClassSpec | None, now: float) -> float:
+    """The earliest log time at or after ``now`` at which ``guard`` may stop protecting ``job``
+    by the passing of time alone (its minimum runtime reached, its cooldown over, a preemption
+    leaving the last hour); ``now`` if it is not protected, infinity if only a lifetime cap or
+    something other than time protects it."""
+    if pc is None or guard(job, pc, now) is None:
+        return now
+    if pc.max_preemptions is not None and job.preemptions >= pc.max_preemptions:
+        return math.inf
+    at = now
+    if pc.min_runtime_s > 0:
+        if job.phase != "running":
+            return math.inf  # its runtime starts counting when it runs: a record, not time
+        at = max(at, job.phase_since + pc.min_runtime_s)
+    times = preemption_times(job)
+    if pc.cooldown_s > 0 and times:
+        at = max(at, times[-1] + pc.cooldown_s)
+    cap = pc.max_preemptions_per_hour
+    if cap is not None:
+        recent = [t for t in times if now - t < HOUR]
+        if len(recent) >= cap:
+            at = max(at, recent[len(recent) - cap] + HOUR)
+    return at
 
 
 def guard(job: JobState, pc: PriorityClassSpec | None, now: float) -> Reason | None:

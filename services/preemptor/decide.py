@@ -35,11 +35,12 @@ the simulation reads the State only in its insertion order, which the fold makes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
-from corral.projections import preemption, queueing
+from corral.projections import preemption, queueing, thrash
 from corral.projections.holds import Hold, hold, quota_ends
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
@@ -47,6 +48,7 @@ from corral.projections.state import JobState, State
 from corral.services.preemptor.victims import (
     COHORT,
     OWN,
+    RUNNING,
     Found,
     Pool,
     Simulation,
@@ -121,6 +123,19 @@ def decide(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[
             for s in p.shrinks
         )
     return events
+
+
+def wake(state: State, now: float) -> float:
+    """The earliest log time at which the passing of time alone may give a cycle that found no
+    victims new candidates: when an anti-thrash guard stops protecting a running job. (The rest
+    of what the cycle reads changes with records, or only orders what it tries.)"""
+    soonest = math.inf
+    for job in state.jobs.values():
+        if job.phase in RUNNING and job.held is not None and preemption.preemptible(state, job):
+            at = thrash.lifts_at(job, state.priority_classes.get(job.spec.priority_class), now)
+            if now < at < soonest:
+                soonest = at
+    return soonest
 
 
 def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Plan]:

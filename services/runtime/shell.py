@@ -5,6 +5,11 @@ asks its pure ``decide(state, now)`` what to do, and appends what it returns. De
 cycles: everything that has arrived is folded first, then ``decide`` runs once for all of it (and on
 a timer, so time-based decisions happen on a quiet log too).
 
+- A state that has not moved since a cycle that found nothing to do is not decided on again
+  (``decide`` is pure: the same state gets the same answer) until time alone could change the
+  answer: the service's ``wake`` says when (a guard expiring), and without one, every ``quiet_s``.
+  An idle service with a deep backlog so costs nothing per tick but its lease.
+
 - Appends are pipelined: one cycle's events go out together and the acks are gathered after.
 - A service does not decide again until the log has come back to it with its own last appends
   folded, so it never proposes twice from a state that lacks its own proposals.
@@ -75,8 +80,13 @@ class Service:
         lease: Lease | None = None,
         status: StatusBoard | None = None,
         supervision: Supervision | None = None,
+        wake: Callable[[State, float], float] | None = None,
+        quiet_s: float = 30.0,
     ) -> None:
-        """``clock``: the host's clock, which ``now`` never lets fall behind the log's time."""
+        """``clock``: the host's clock, which ``now`` never lets fall behind the log's time.
+        ``wake``: when, at the earliest, the passing of time alone could change ``decide``'s
+        answer on a state (a guard expiring); without it a quiet state is decided on again
+        every ``quiet_s`` seconds."""
         self.role = role
         self.decide = decide
         self.log = log_
@@ -89,6 +99,11 @@ class Service:
         self.snapshot_every = snapshot_every
         self.on_fold = on_fold
         self.lease = lease
+        self.wake = wake
+        self.quiet_s = quiet_s
+        self._quiet_seq = -1  # the state decided on last, when that cycle found nothing to do
+        self._quiet_until = 0.0  # ... and until when the same state gets the same empty answer
+        self.skipped = 0  # cycles not decided because the state had not moved
         self.state = State()
         self.producer = f"{role}@{socket.gethostname()}:{os.getpid()}"
         self.decision_subject = subjects.decision(role)
@@ -143,6 +158,9 @@ class Service:
             return 0  # backing off after a failure; a standby holds the lease meanwhile
         if self.lease is not None and not await self.lease.hold():
             return 0  # a standby: another replica decides
+        if self.state.seq == self._quiet_seq and now < self._quiet_until:
+            self.skipped += 1
+            return 0  # nothing moved since a cycle that found nothing to do: the answer is the same
         with tracing.span(f"{self.role}.decide", service=self.role) as cycle_span:
             cycle_span.set_attribute("corral.based_on", self.state.seq)
             try:
@@ -155,7 +173,9 @@ class Service:
             self.supervision.succeeded()
             cycle_span.set_attribute("corral.events", len(events))
             if not events:
+                self._quiet(now)
                 return 0
+            self._quiet_seq = -1
         try:
             fence = Fence(self.decision_subject, self._last_decision_seq)
             acks = await self.log.append_fenced(appends, fence)
@@ -171,6 +191,16 @@ class Service:
             return 0
         self._awaiting = max(self._awaiting, *(a.seq for a in acks))
         return len(acks)
+
+    def _quiet(self, now: float) -> None:
+        """The cycle at ``now`` found nothing to do: the same state gets the same empty answer
+        until something is folded, or until time alone may change it (``wake``, at the latest
+        ``quiet_s`` on), so an idle service costs nothing but its lease."""
+        until = now + self.quiet_s
+        if self.wake is not None:
+            until = min(until, self.wake(self.state, now))
+        self._quiet_seq = self.state.seq
+        self._quiet_until = until
 
     async def _failed(self, error: Exception, now: float) -> None:
         failure = self.supervision.failed(now, self.state.seq, error)

@@ -107,7 +107,7 @@ class _Consumer:
         self.records: list[Record] = []
         self.ready = asyncio.Event()
         self.last = start - 1  # newest stream sequence taken in
-        self.pending = -1  # messages the server still had for us after the newest one
+        self._tail = b""  # the reply subject of the newest delivery taken in: ``pending``
         self.closed = False
         self._dseq = 1  # next delivery sequence expected from the current consumer
         self._sub: Subscription | None = None
@@ -143,9 +143,9 @@ class _Consumer:
         # with domain and account hash in front and a random token behind (12 tokens).
         t = reply.split(b".")
         if len(t) == 9:
-            seq, dseq, ts, pending = int(t[5]), int(t[6]), int(t[7]), int(t[8])
+            seq, dseq, ts = int(t[5]), int(t[6]), int(t[7])
         else:
-            seq, dseq, ts, pending = int(t[7]), int(t[8]), int(t[9]), int(t[10])
+            seq, dseq, ts = int(t[7]), int(t[8]), int(t[9])
         if dseq != self._dseq:
             self._reset()  # a delivery went missing: start again after the last one taken
             return
@@ -153,11 +153,22 @@ class _Consumer:
         if seq <= self.last:
             return
         self.last = seq
-        self.pending = pending
+        self._tail = reply
         self.records.append(
             Record(seq, subject.decode(), data, None if headers is None else _headers(headers), ts / 1e9)
         )
-        self.ready.set()
+        if len(self.records) == 1:  # the reader is woken once per batch it takes, not per record
+            self.ready.set()
+
+    @property
+    def pending(self) -> int:
+        """Messages the server still had for us after the newest one taken in (-1: none taken
+        yet). Read from that delivery's reply subject when asked, not for every delivery."""
+        tail = self._tail
+        if not tail:
+            return -1
+        t = tail.split(b".")
+        return int(t[8] if len(t) == 9 else t[10])
 
     def _control(self, reply: bytes, headers: bytes) -> None:
         self._active = True

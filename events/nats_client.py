@@ -33,6 +33,12 @@ class _Parser(Parser):
     async def parse(self, data: bytes = b"") -> None:
         buf = self.buf
         buf.extend(data)
+        if self.state == AWAITING_MSG_PAYLOAD and len(buf) < self.needed + 2:
+            return  # a large payload still coming: copy nothing until it is all here
+        # One copy of the buffer per chunk read: a slice of it is the bytes handed over, where a
+        # slice of the bytearray would be copied a second time to become bytes.
+        raw = bytes(buf)
+        size = len(raw)
         direct = self.nc._direct
         pos = 0
         try:
@@ -42,16 +48,15 @@ class _Parser(Parser):
                     subject, sid, reply = arg["subject"], arg["sid"], arg["reply"]
                     hn, needed = self.header_needed, self.needed
                 else:
-                    end = buf.find(b"\r\n", pos)
+                    end = raw.find(b"\r\n", pos)
                     if end < 0:
                         return
-                    head = buf[pos : pos + 5]
-                    if head == b"HMSG ":  # HMSG subject sid [reply] header-size total-size
-                        args = bytes(buf[pos:end]).split()
+                    if raw.startswith(b"HMSG ", pos):  # HMSG subject sid [reply] header-size total-size
+                        args = raw[pos:end].split()
                         hn, needed = int(args[-2]), int(args[-1])
                         reply = args[3] if len(args) == 6 else b""
-                    elif head[:4] == b"MSG ":  # MSG subject sid [reply] size
-                        args = bytes(buf[pos:end]).split()
+                    elif raw.startswith(b"MSG ", pos):  # MSG subject sid [reply] size
+                        args = raw[pos:end].split()
                         hn, needed = 0, int(args[-1])
                         reply = args[3] if len(args) == 5 else b""
                     else:
@@ -61,13 +66,13 @@ class _Parser(Parser):
                         return
                     subject, sid = args[1], int(args[2])
                     pos = end + 2
-                if len(buf) - pos < needed + 2:
+                if size - pos < needed + 2:
                     self.msg_arg = {"subject": subject, "sid": sid, "reply": reply}
                     self.header_needed, self.needed = hn, needed
                     self.state = AWAITING_MSG_PAYLOAD
                     return
-                headers = bytes(buf[pos : pos + hn]) if hn else None
-                payload = bytes(buf[pos + hn : pos + needed])
+                headers = raw[pos : pos + hn] if hn else None
+                payload = raw[pos + hn : pos + needed]
                 pos += needed + 2
                 self.state = AWAITING_CONTROL_LINE
                 self.header_needed = 0

@@ -85,7 +85,14 @@ def track(state: State, job: JobState, now: float) -> None:
     g = per_key.get(key)
     if g is None:
         g = per_key[key] = GpuTime(at=now)
-    _bring(g, now, state.fair_share.half_life_s)
+    elif now > g.at:  # ``_bring``, spelled out: this runs at every placement and release
+        elapsed = now - g.at
+        k = LN2 / state.fair_share.half_life_s
+        if k == 0.0:
+            g.decayed = g.decayed + g.holding * elapsed
+        else:
+            g.decayed = g.decayed * math.exp(-k * elapsed) - g.holding * math.expm1(-k * elapsed) / k
+        g.at = now
     g.holding += milli - was
     job.held_milli = milli
     job.held_key = key if milli else ""

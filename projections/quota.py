@@ -191,7 +191,9 @@ def count_holding(state: State, job: JobState, sign: int) -> None:
     """Add (sign 1) or remove (sign -1) what ``job`` holds to ``State.quota_held``: the fold
     calls it whenever a job enters or leaves a quota-holding phase."""
     queue = job.spec.queue
-    per_key = state.quota_held.setdefault(queue, {})
+    per_key = state.quota_held.get(queue)
+    if per_key is None:
+        per_key = state.quota_held[queue] = {}
     adm = job.admission
     if adm is not None and len(adm.gpus) == 1:  # ``holding``'s one key, without its list
         (key,) = adm.gpus

@@ -296,7 +296,9 @@ async def test_a_lost_node_s_job_resumes_elsewhere_from_its_checkpoint(tmp_path:
         await it.cluster.agents[gone].crash()
         s = await it.until(lambda s: s.nodes[gone].condition == "lost")
         conditions = [e.condition for _, e in it.events(NodeConditionChanged) if e.node == gone]
-        assert conditions == ["suspect", "lost"]
+        # Suspect first, unless the monitor's cycle came late past both limits (a loaded
+        # machine): then it says lost at once, as for a node silent from the start.
+        assert conditions in (["suspect", "lost"], ["lost"])
         other = await resumes_elsewhere(it, "lost", gone)
         await cancel(it, "lost")
         exits = [(e.node, e.attempt, e.stopped) for _, e in it.events(WorkerExited, "lost")]

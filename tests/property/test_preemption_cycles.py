@@ -102,4 +102,4 @@ def test_no_job_is_stopped_twice_for_the_same_beneficiary(workload: tuple[list[E
     for sj in work:
         needs = sj.spec.resources.gpus
         if needs <= total:
-            assert state.jobs[sj.id].phase == "succeeded", (sj.id, state.jobs[sj.id].phase)
+            assert sim.stats[sj.id].phase == "succeeded", (sj.id, sim.stats[sj.id].phase)

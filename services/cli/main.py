@@ -95,18 +95,22 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """One decision service as its own process, against a running NATS."""
+    from corral.services.assignments import service as assignments_service
     from corral.services.cli.up import DECISION_SERVICES
     from corral.services.intake import service as intake_service
     from corral.services.query import service as read_service
     from corral.services.runtime.lease import KvLease
-    from corral.services.runtime.shell import stop_on_signals
+    from corral.services.runtime.shell import Service, stop_on_signals
+    from corral.services.runtime.views import KvViewStore
 
     roles = {s.ROLE: s for s in DECISION_SERVICES}
+    # The assignments service writes node views, not the log, but folds and leases like the rest.
+    views_role = assignments_service.ROLE
     # Services that fold nothing to decide, or only to answer, and hold no lease: any number of
     # replicas share the work, each with its own login.
     stateless = {read_service.ROLE: read_service.serve, intake_service.ROLE: intake_service.serve}
-    if args.role not in roles and args.role not in stateless:
-        names = [*roles, *stateless]
+    if args.role not in roles and args.role != views_role and args.role not in stateless:
+        names = [*roles, views_role, *stateless]
         raise BadInput(f"unknown service {args.role!r}; services: {', '.join(names)}")
     login = login_of(args, args.role if args.role in stateless else identities.SERVICES)
     if args.role in stateless:
@@ -130,7 +134,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 snapshots = await SnapshotStore.open(args.snapshot, stream=await log.identity())
             holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
             lease = await KvLease.open(log.nc, args.role, holder)  # replicas of a role take turns
-            await roles[args.role].service(log, snapshots=snapshots, lease=lease).run(stop_on_signals())
+            service: Service
+            if args.role == views_role:
+                store = await KvViewStore.open(log.nc)
+                service = assignments_service.service(log, store, snapshots=snapshots, lease=lease)
+            else:
+                service = roles[args.role].service(log, snapshots=snapshots, lease=lease)
+            await service.run(stop_on_signals())
         finally:
             if snapshots is not None:
                 await snapshots.close()
@@ -514,7 +524,7 @@ def parser() -> argparse.ArgumentParser:
     sv = sub.add_parser(
         "serve", parents=[common], help="run one service as its own process: admission, placer, …"
     )
-    sv.add_argument("role", help="admission, placer, preemptor, query or intake")
+    sv.add_argument("role", help="admission, placer, preemptor, assignments, query or intake")
     sv.add_argument("--snapshot", help="SQLite file for snapshots of its state")
     sv.set_defaults(fn=cmd_serve)
 

@@ -30,6 +30,12 @@ NODE = "bench-node"
 
 
 def _rss_mib() -> float:
+    """This process's peak RSS. ``VmHWM``, not ``ru_maxrss``: Linux keeps the latter across
+    ``execve``, so a child would report its parent's peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -38,7 +38,8 @@ from pathlib import PurePosixPath
 from typing import Literal, NamedTuple
 
 from corral.events.jobs import Mount
-from corral.services.agent.decide import GpuBinding, StartWorker
+from corral.projections.assignments import GpuBinding
+from corral.services.agent.decide import StartWorker
 
 Engine = Literal["podman", "docker"]
 ContainerMode = Literal["auto", "podman", "docker", "none"]

@@ -1,14 +1,16 @@
-"""The node agent's pure core: what this node must start, checkpoint and stop, given the fold.
+"""The node agent's pure core: what this node must start, checkpoint and stop, given its view.
 
-``decide(state, node, workers, now, checkpoint_root)`` compares what the log says should run on
-``node`` with what the runtime runs (``workers``: worker -> its phase in the runtime) and returns
+``decide(view, workers, now, checkpoint_root)`` compares what the log says should run on the
+view's node (its ``NodeView``: ``projections/assignments.py``, one pure function of the folded
+state) with what the runtime runs (``workers``: worker -> its phase in the runtime) and returns
 actions. It has no IO and no clock; calling it twice on the same input gives the same answer.
+It reads nothing but the view, so an agent's cost is its node's jobs, never the log's.
 
 Invariants:
 
 - Only placements the fold accepted start anything: a job's ``placement`` at its current
   ``attempt`` in phase placed/starting/running, for the ranks it puts on this node and that have
-  not started yet. A voided proposal never reaches ``state.jobs[...].placement``.
+  not started yet (the view holds nothing else). A voided proposal never reaches it.
 - An elastic job that shrank stops its ranks at and above its admitted count (they leave by the
   shrink's deadline; the job goes on with the rest); one that grew starts its added ranks as
   their placement arrives, with ``WORLD_SIZE`` the grown size: an elastic job's workers agree on
@@ -33,32 +35,27 @@ the job's environment of the same name.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping
 from typing import Literal, NamedTuple
 
 import msgspec
 
 from corral.events.base import Event
-from corral.events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
+from corral.events.decisions import MigSlot
 from corral.events.jobs import Mount
 from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
-from corral.projections import shape
+from corral.projections.assignments import AssignedRank, Assignment, GpuBinding, NodeView
 from corral.projections.lifecycle import FINAL
-from corral.projections.state import JobState, NodeState, State
 
 # What the runtime is doing with a worker. ``exited``: its exit is reported but the log may not
 # show it yet; the runtime keeps it until ``Forget``.
 WorkerPhase = Literal["starting", "running", "checkpoint-requested", "checkpointed", "stopping", "exited"]
 StopReason = Literal["cancelled", "preempted", "interrupted", "job-over", "superseded", "shrunk"]
 
-PORT_BASE = 20000  # below Linux's ephemeral range (32768-60999), so no client socket holds it
-PORT_SPAN = 10000
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL when a job is over or interrupted
 LATE_GRACE = 2.0  # after a checkpoint deadline has passed
 GONE_CODE = -1  # exit code reported for a worker the agent lost track of
 START_FAILED_CODE = 127  # exit code reported for a worker that never started (as a shell would)
-ADDRESS_LABEL = "address"
 
 _RUNS: frozenset[str] = frozenset({"placed", "starting", "running"})
 
@@ -70,15 +67,6 @@ class WorkerKey(NamedTuple):
 
 
 # -- actions -----------------------------------------------------------------------------------
-
-
-class GpuBinding(msgspec.Struct, frozen=True, omit_defaults=True):
-    """A GPU claim resolved on this node: index, UUID, and the share or MIG slot."""
-
-    index: int
-    uuid: str
-    milli: int = 1000
-    mig: MigSlot | None = None
 
 
 class StartWorker(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -172,40 +160,34 @@ Report = Started | StartFailed | Exited | Checkpointed
 
 
 def decide(
-    state: State,
-    node: str,
+    view: NodeView,
     workers: Mapping[WorkerKey, WorkerPhase],
     now: float,
     checkpoint_root: str,
 ) -> list[Action]:
-    """The actions that bring what runs on ``node`` in line with the folded ``state``."""
+    """The actions that bring what runs on ``view.node`` in line with its view of the log."""
     actions: list[Action] = []
-    here = state.nodes.get(node)
     seen: set[WorkerKey] = set()
-    for job in state.jobs.values():
-        p = job.placement
-        if p is None or p.attempt != job.attempt:
-            continue
-        mine = [w for w in p.workers if w.node == node]
-        if not mine:
-            continue
-        keys = [WorkerKey(job.id, job.attempt, w.rank) for w in mine]
+    for job in view.jobs:
+        if not job.ranks:
+            continue  # only workers of an older attempt are live here: ``_gone`` and the loop below
+        keys = [WorkerKey(job.job_id, job.attempt, r.rank) for r in job.ranks]
         seen.update(keys)
         if job.phase in _RUNS:
             leaving = job.leaving
             if leaving:  # an elastic job that shrank: its ranks above its admitted count stop
-                grace = max(LATE_GRACE, preemption_deadline(job) - now)
+                grace = max(LATE_GRACE, job.deadline - now)
                 for k in keys:
                     if k.rank in leaving and workers.get(k) not in (None, "stopping", "exited"):
                         actions.append(StopWorker(k, "shrunk", grace))
             fresh = [
-                w
-                for w, k in zip(mine, keys, strict=True)
-                if k not in workers and w.rank not in job.started and w.rank not in leaving
+                r
+                for r, k in zip(job.ranks, keys, strict=True)
+                if k not in workers and r.rank not in job.started and r.rank not in leaving
             ]
-            if fresh and here is not None:
-                starts = tuple(start_worker(state, here, job, p, w, checkpoint_root) for w in fresh)
-                actions.append(StartGang(job.id, job.attempt, starts))
+            if fresh and view.inventory is not None:
+                starts = tuple(start_worker(job, r, checkpoint_root) for r in fresh)
+                actions.append(StartGang(job.job_id, job.attempt, starts))
         elif job.phase == "checkpointing":
             actions.extend(_checkpointing(job, keys, workers, now))
         else:
@@ -215,25 +197,25 @@ def decide(
     for key, phase in workers.items():
         if key in seen and phase != "exited":
             continue
-        owner = state.jobs.get(key.job_id)
+        owner = view.job(key.job_id)
         if phase == "exited":
             if _exit_folded(owner, key):
                 actions.append(Forget(key))
         elif phase != "stopping":
             actions.append(StopWorker(key, _stop_reason(owner), STOP_GRACE))
-    actions.extend(_gone(state, node, workers))
+    actions.extend(_gone(view, workers))
     return actions
 
 
 def _checkpointing(
-    job: JobState, keys: list[WorkerKey], workers: Mapping[WorkerKey, WorkerPhase], now: float
+    job: Assignment, keys: list[WorkerKey], workers: Mapping[WorkerKey, WorkerPhase], now: float
 ) -> list[Action]:
-    deadline = preemption_deadline(job)
+    deadline = job.deadline
     out: list[Action] = []
     for k in keys:
         phase = workers.get(k)
         if phase in ("starting", "running"):
-            if job.spec.checkpointable and now < deadline:
+            if job.checkpointable and now < deadline:
                 out.append(RequestCheckpoint(k, deadline))
             else:
                 out.append(StopWorker(k, "preempted", max(LATE_GRACE, deadline - now)))
@@ -244,13 +226,9 @@ def _checkpointing(
     return out
 
 
-def preemption_deadline(job: JobState) -> float:
-    """When a checkpointing job's grace runs out: the deadline the preemption named, or (for a
-    preemption recorded without one) its grace period after the fold moved it to checkpointing."""
-    return job.preempt_deadline or job.phase_since + job.spec.grace_seconds
-
-
-def _stop_reason(job: JobState | None) -> StopReason:
+def _stop_reason(job: Assignment | None) -> StopReason:
+    """Why a worker stops. A job no longer in the view is over here (finished, or moved on to
+    another attempt or node, with nothing of it live here): a worker of it is superseded."""
     if job is None:
         return "superseded"
     if job.phase == "cancelled":
@@ -264,13 +242,11 @@ def _stop_reason(job: JobState | None) -> StopReason:
     return "superseded"
 
 
-def _live_in_log(job: JobState | None, key: WorkerKey) -> bool:
-    return (
-        job is not None and job.held is not None and job.held.attempt == key.attempt and key.rank in job.live
-    )
+def _live_in_log(job: Assignment | None, key: WorkerKey) -> bool:
+    return job is not None and job.held_attempt == key.attempt and key.rank in job.live
 
 
-def _exit_folded(job: JobState | None, key: WorkerKey) -> bool:
+def _exit_folded(job: Assignment | None, key: WorkerKey) -> bool:
     """Whether the log has caught up with a worker the runtime saw end: it is not live there, and
     if its attempt still runs, its start is folded too (a failed start is reported as a start and
     an exit, and the rank must not be started again before the fold has seen both)."""
@@ -283,26 +259,17 @@ def _exit_folded(job: JobState | None, key: WorkerKey) -> bool:
     return not (job.attempt == key.attempt and job.phase in _RUNS and key.rank not in job.started)
 
 
-def _gone(state: State, node: str, workers: Mapping[WorkerKey, WorkerPhase]) -> list[Action]:
+def _gone(view: NodeView, workers: Mapping[WorkerKey, WorkerPhase]) -> list[Action]:
     out: list[Action] = []
-    for job in state.jobs.values():
-        held = job.held
-        if held is None or not job.live:
-            continue
-        for w in held.workers:
-            key = WorkerKey(job.id, held.attempt, w.rank)
-            if w.node == node and w.rank in job.live and key not in workers:
+    for job in view.jobs:
+        for rank in job.live:
+            key = WorkerKey(job.job_id, job.held_attempt, rank)
+            if key not in workers:
                 out.append(ReportGone(key))
     return out
 
 
 # -- a worker's contract -------------------------------------------------------------------------
-
-
-def master_port(job_id: str, attempt: int) -> int:
-    """The rendezvous port of one attempt: the same on every node, different between attempts
-    (a restarted gang never meets a straggler of the last one)."""
-    return PORT_BASE + zlib.crc32(f"{job_id}:{attempt}".encode()) % PORT_SPAN
 
 
 def mig_placeholder(gpu_uuid: str, slot: MigSlot) -> str:
@@ -315,72 +282,37 @@ def checkpoint_dirs(root: str, job_id: str, attempt: int, rank: int) -> tuple[st
     return f"{job_dir}/attempt-{attempt}/rank-{rank}", job_dir
 
 
-def bind_gpus(node: NodeState, claims: tuple[GpuClaim, ...]) -> tuple[GpuBinding, ...]:
-    out = []
-    for c in claims:
-        uuid = node.gpus[c.gpu].info.uuid if 0 <= c.gpu < len(node.gpus) else f"GPU-missing-{c.gpu}"
-        out.append(GpuBinding(c.gpu, uuid, c.milli, c.mig))
-    return tuple(out)
-
-
 def visible_devices(gpus: tuple[GpuBinding, ...]) -> str:
     return ",".join(g.uuid if g.mig is None else mig_placeholder(g.uuid, g.mig) for g in gpus)
 
 
-def start_worker(
-    state: State, node: NodeState, job: JobState, placement: Placement, slot: WorkerSlot, checkpoint_root: str
-) -> StartWorker:
-    spec = job.spec
-    gpus = bind_gpus(node, slot.gpus)
-    ckpt, job_ckpt = checkpoint_dirs(checkpoint_root, job.id, job.attempt, slot.rank)
-    env = dict(spec.env)
-    env.update(rendezvous_env(state, placement, slot))
-    env["CUDA_VISIBLE_DEVICES"] = visible_devices(gpus)
-    if shape.kind(spec.resources) == "fraction":
-        env["CORRAL_GPU_MILLI"] = str(spec.resources.gpu_milli)
-    env["CORRAL_JOB_ID"] = job.id
+def start_worker(job: Assignment, rank: AssignedRank, checkpoint_root: str) -> StartWorker:
+    ckpt, job_ckpt = checkpoint_dirs(checkpoint_root, job.job_id, job.attempt, rank.rank)
+    env = dict(job.env)
+    env.update(rank.rendezvous)
+    env["CUDA_VISIBLE_DEVICES"] = visible_devices(rank.gpus)
+    if job.gpu_milli:
+        env["CORRAL_GPU_MILLI"] = str(job.gpu_milli)
+    env["CORRAL_JOB_ID"] = job.job_id
     env["CORRAL_ATTEMPT"] = str(job.attempt)
     env["CORRAL_CHECKPOINT_DIR"] = ckpt
-    if job.checkpoint is not None:
-        env["CORRAL_RESUME_FROM"] = job.checkpoint.location
+    if job.resume_from:
+        env["CORRAL_RESUME_FROM"] = job.resume_from
     else:
         env.pop("CORRAL_RESUME_FROM", None)
     return StartWorker(
-        job_id=job.id,
+        job_id=job.job_id,
         attempt=job.attempt,
-        rank=slot.rank,
-        gpus=gpus,
+        rank=rank.rank,
+        gpus=rank.gpus,
         env=env,
-        command=spec.command,
+        command=job.command,
         checkpoint_dir=ckpt,
         job_checkpoint_dir=job_ckpt,
-        mounts=spec.mounts,
-        image=spec.image,
-        grace_seconds=spec.grace_seconds,
+        mounts=job.mounts,
+        image=job.image,
+        grace_seconds=job.grace_seconds,
     )
-
-
-def rendezvous_env(state: State, placement: Placement, slot: WorkerSlot) -> dict[str, str]:
-    """torchrun's variables for ``slot``: ranks, world sizes, group rank, master address/port."""
-    ranks = sorted(placement.workers, key=lambda w: w.rank)
-    nodes: list[str] = []
-    for w in ranks:
-        if w.node not in nodes:
-            nodes.append(w.node)  # node order = order of each node's lowest rank
-    local = [w.rank for w in ranks if w.node == slot.node]
-    master = ranks[0].node if ranks else slot.node
-    master_node = state.nodes.get(master)
-    address = master_node.inventory.labels.get(ADDRESS_LABEL, master) if master_node else master
-    return {
-        "RANK": str(slot.rank),
-        "WORLD_SIZE": str(len(ranks)),
-        "LOCAL_RANK": str(local.index(slot.rank)),
-        "LOCAL_WORLD_SIZE": str(len(local)),
-        "GROUP_RANK": str(nodes.index(slot.node)),
-        "NODE_RANK": str(nodes.index(slot.node)),
-        "MASTER_ADDR": address,
-        "MASTER_PORT": str(master_port(placement.job_id, placement.attempt)),
-    }
 
 
 # -- reports into events -------------------------------------------------------------------------

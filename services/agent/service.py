@@ -1,16 +1,22 @@
 """The node agent's service: one per node, the async shell around ``decide`` and ``Runtime``.
 
-It registers its node (NVML discovery, or a simulated inventory), folds the whole log with the
-one fold, and on every batch (and every ``tick``) asks ``decide`` what its node must start,
-checkpoint and stop; the runtime carries that out with real processes, and its reports become
-``WorkerStarted`` / ``WorkerExited`` / ``CheckpointCompleted`` on ``corral.ev.node.<node>``. Beside
-the log it publishes a heartbeat on core NATS (``corral.hb.<node>``) every interval, with the
-health and load of its GPUs and the XID errors seen since the last one.
+It registers its node (NVML discovery, or a simulated inventory) and watches its node's view
+(``NodeView``: its node's assignments, which the assignments service derives from the log and
+keeps in the ``corral_assignments`` bucket; ``services/runtime/views.py``). It does not read the
+log: its start-up and memory are its node's, not the log's. On every new view (and every
+``tick``) it asks ``decide`` what its node must start, checkpoint and stop; the runtime carries
+that out with real processes, and its reports become ``WorkerStarted`` / ``WorkerExited`` /
+``CheckpointCompleted`` on ``corral.ev.node.<node>``. Beside the log it publishes a heartbeat on
+core NATS (``corral.hb.<node>``) every interval, with the health and load of its GPUs and the XID
+errors seen since the last one.
 
 Invariants:
 
-- Only what the fold accepted runs: ``decide`` reads placements from the folded state, never from
-  a proposal, so a voided placement starts nothing.
+- Only what the fold accepted runs: the view is one pure function of the folded state
+  (``projections.assignments.node_view``), which holds placements, never proposals, so a voided
+  placement starts nothing.
+- A view lags the log; ``decide`` is written for that: a worker whose exit the view does not show
+  yet is kept (as exited) until it does, so nothing is started twice.
 - Reports are appended in the order the runtime made them, pipelined, each with a deterministic
   message id (``started:<job>:<attempt>:<rank>``, ``exited:…``, ``checkpoint:<job>:<attempt>:<step>``):
   an append retried after a lost acknowledgement is stored once. Reports whose append failed are
@@ -29,10 +35,11 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,8 +56,8 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
+from corral.projections.assignments import NodeView
 from corral.projections.rules import RULES
-from corral.projections.state import State
 from corral.services.agent import discovery
 from corral.services.agent.decide import (
     STOP_GRACE,
@@ -61,15 +68,13 @@ from corral.services.agent.decide import (
 )
 from corral.services.agent.discovery import Discovery, NvmlGpus
 from corral.services.agent.workers import Runtime, SandboxMode, job_logs, restart_backoff
-from corral.services.runtime.shell import Service
+from corral.services.runtime import tracing
+from corral.services.runtime.clock import LogClock
+from corral.services.runtime.views import NodeViews
 
 log = logging.getLogger("corral.agent")
 
 Publish = Callable[[str, bytes], Awaitable[None]]
-
-
-def _decide_nothing(state: State, now: float) -> list[Event]:
-    return []  # the agent's decisions are actions on processes, made in ``NodeAgent.cycle``
 
 
 def msg_id(body: Event) -> str:
@@ -201,14 +206,17 @@ def gpu_watch(found: Discovery) -> GpuWatch:
 # -- the agent -------------------------------------------------------------------------------------
 
 
-class NodeAgent(Service):
+class NodeAgent:
     """The agent of node ``node``. ``run(stop)`` until ``stop`` is set: then every worker is
     stopped (SIGTERM, SIGKILL after ``stop_grace``) and its exit reported."""
+
+    role = "agent"
 
     def __init__(
         self,
         node: str,
         log_: EventLog,
+        views: NodeViews,
         *,
         work_dir: str | Path,
         checkpoint_root: str | Path | None = None,
@@ -227,18 +235,28 @@ class NodeAgent(Service):
         hidden: Sequence[str | Path] = (),
         worker_user: str | None = None,
         narrow_view: bool = False,
+        first_view_wait: float = 5.0,
     ) -> None:
-        """``found``: the node's inventory (default: NVML discovery, a simulated H100 node
-        without GPUs); ``checkpoint_root``: where jobs checkpoint, shared by every node that may
-        resume them (default: under ``work_dir``); ``publish``: core NATS publish for heartbeats
-        (none: no heartbeats); ``hidden``: directories no sandboxed worker may see (corral's
-        data directory: credentials, the log's store, other jobs' files); ``worker_user``: the
-        unprivileged host user workers run as (none: the agent's own); ``narrow_view``: the
-        sandbox shows the system's directories and what the job runs from, not the host's
-        whole root."""
-        super().__init__("agent", _decide_nothing, log_, clock=clock, tick=tick)
+        """``log_``: where its reports are appended (it reads nothing there); ``views``: where it watches its
+        node's view; ``found``: the node's inventory (default: NVML discovery, a simulated H100 node
+        without GPUs); ``checkpoint_root``: where jobs checkpoint, shared by every node that may resume
+        them (default: under ``work_dir``); ``publish``: core NATS publish for heartbeats (none: no
+        heartbeats); ``hidden``: directories no sandboxed worker may see (corral's data directory:
+        credentials, the log's store, other jobs' files); ``worker_user``: the unprivileged host user
+        workers run as (none: the agent's own); ``narrow_view``: the sandbox shows the system's directories
+        and what the job runs from, not the host's whole root; ``first_view_wait``: how long it waits for
+        its node's view before registering (a node the log already holds as it is now need not be announced
+        again)."""
         self.node = node
-        self.producer = f"agent/{node}@{self.producer.split('@', 1)[1]}"
+        self.log = log_
+        self.views = views
+        self.view = NodeView(node)  # nothing known until the first view arrives
+        self.clock = clock
+        self.log_clock = LogClock(clock)
+        self.tick = tick
+        self.first_view_wait = first_view_wait
+        self.producer = f"agent/{node}@{socket.gethostname()}:{os.getpid()}"
+        tracing.setup("agent")
         self.found = found if found is not None else discovery.discover(node)
         self.gpus = gpus if gpus is not None else gpu_watch(self.found)
         # Absolute: workers run in their own working directory, and the checkpoint paths they are
@@ -307,8 +325,7 @@ class NodeAgent(Service):
     async def register(self) -> None:
         """Announce the node, unless the log already holds this very inventory."""
         inventory = self.found.inventory
-        known = self.state.nodes.get(self.node)
-        if known is None or known.inventory != inventory:
+        if self.view.inventory != inventory:
             body = NodeRegistered(node=self.node, inventory=inventory)
             await self.log.append(self._append(body, self.clock()))
         self.registered.set()
@@ -325,12 +342,18 @@ class NodeAgent(Service):
             await asyncio.sleep(self.heartbeat_interval)
 
     async def _heartbeat(self) -> Heartbeat:
-        here = self.state.nodes.get(self.node)
-        used = [g.used_milli for g in here.gpus] if here is not None else []
-        samples = await self.gpus.sample(used)
+        samples = await self.gpus.sample(self.view.used_milli)
         # Growing across agent restarts too (the monitor drops a sequence it has seen), from the clock.
         self._hb_seq = max(self._hb_seq + 1, int(self.clock() * 1000))
         return Heartbeat(node=self.node, seq=self._hb_seq, gpus=samples, xids=self.gpus.take_xids())
+
+    def _saw(self, view: NodeView) -> None:
+        self.view = view
+        self.log_clock.saw(view.time)
+
+    def now(self) -> float:
+        """This host's clock, never behind the log time of the node's newest view."""
+        return self.log_clock.now()
 
     # -- one cycle -----------------------------------------------------------------------------
 
@@ -340,7 +363,7 @@ class NodeAgent(Service):
         # are log times, and this host's clock may lag the server's.
         now = self.now()
         workers = self.runtime.workers()
-        for action in decide(self.state, self.node, workers, now, self.checkpoint_root):
+        for action in decide(self.view, workers, now, self.checkpoint_root):
             if isinstance(action, StartGang):
                 self._start(action, now)
                 continue
@@ -363,7 +386,7 @@ class NodeAgent(Service):
 
     def _due(self, job_id: str, now: float) -> bool:
         """A job that failed waits out its restart backoff, counted from its placement."""
-        job = self.state.jobs.get(job_id)
+        job = self.view.job(job_id)
         if job is None or job.restarts <= 0 or job.phase != "placed":
             return True
         return now >= job.phase_since + restart_backoff(job.restarts, self.backoff, self.backoff_cap)
@@ -379,7 +402,7 @@ class NodeAgent(Service):
         for key, phase in self.runtime.workers().items():
             if phase != "running":
                 continue
-            job = self.state.jobs.get(key.job_id)
+            job = self.view.job(key.job_id)
             if job is None or job.attempt != key.attempt or job.phase != "starting":
                 continue
             if now - job.phase_since > self.gang_timeout:
@@ -411,32 +434,53 @@ class NodeAgent(Service):
         headers = {"traceparent": traceparent} if traceparent else None
         return Append(routing.subject_of(body), codec.encode(env), mid, None, headers)
 
+    def _trace(self, body: Event) -> str | None:
+        """A span for a report in its job's trace (the view carries the trace each job joins)."""
+        for job_id in routing.job_ids(body):
+            job = self.view.job(job_id)
+            if job is not None:
+                attrs = {"corral.job": job_id, "corral.phase": job.phase, "corral.node": self.node}
+                with tracing.span(
+                    f"agent.{type(body).__name__}", job.traceparent or None, attrs, "agent"
+                ) as s:
+                    return tracing.traceparent_of(s)
+        return None
+
     # -- running -------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        views = aiter(self.views.watch(self.node))
+        nxt: asyncio.Future[NodeView] = asyncio.ensure_future(anext(views))
         try:
-            await self.restore()
-            await self.register()
-            await self._serve(stop)
+            try:
+                # The node's view says whether the log already holds this node as it is now.
+                await asyncio.wait({nxt}, timeout=self.first_view_wait)
+                if nxt.done():
+                    self._saw(nxt.result())
+                    nxt = asyncio.ensure_future(anext(views))
+                await self.register()
+            except BaseException:
+                nxt.cancel()
+                raise
+            await self._serve(stop, views, nxt)
         finally:
             self.stopped.set()
 
-    async def _serve(self, stop: asyncio.Event) -> None:
+    async def _serve(
+        self, stop: asyncio.Event, views: AsyncIterator[NodeView], nxt: asyncio.Future[NodeView]
+    ) -> None:
         beat = asyncio.create_task(self._heartbeats())
-        batches = self.log.follow(self.state.seq + 1)
         arrived = self.reports.arrived
-        nxt: asyncio.Future[Any] = asyncio.ensure_future(anext(batches))
         report = asyncio.ensure_future(arrived.wait())
         ended = asyncio.ensure_future(_first(stop.wait(), self._halt.wait()))
         try:
             await self.cycle()
             while not ended.done():
-                done, _ = await asyncio.wait(
-                    {nxt, report, ended}, timeout=self.tick, return_when=asyncio.FIRST_COMPLETED
-                )
+                waits: set[asyncio.Future[Any]] = {nxt, report, ended}
+                done, _ = await asyncio.wait(waits, timeout=self.tick, return_when=asyncio.FIRST_COMPLETED)
                 if nxt in done:
-                    self.fold(nxt.result())
-                    nxt = asyncio.ensure_future(anext(batches))
+                    self._saw(nxt.result())
+                    nxt = asyncio.ensure_future(anext(views))
                 if report in done:
                     arrived.clear()  # the cycle below appends everything reported so far
                     report = asyncio.ensure_future(arrived.wait())
@@ -449,7 +493,7 @@ class NodeAgent(Service):
             # Each cancelled read must end before the feed is closed: closing a generator that a
             # pending read is still inside fails, and leaves that read's error unretrieved.
             await asyncio.gather(nxt, report, ended, beat, return_exceptions=True)
-            aclose = getattr(batches, "aclose", None)
+            aclose = getattr(views, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()

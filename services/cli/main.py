@@ -101,6 +101,7 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """One service as its own process, against a running NATS."""
+    from corral.services.assignments import service as assignments_service
     from corral.services.cli.up import DECISION_SERVICES
     from corral.services.health import service as health_service
     from corral.services.intake import service as intake_service
@@ -108,9 +109,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from corral.services.runtime.lease import KvLease
     from corral.services.runtime.shell import Service, stop_on_signals
     from corral.services.runtime.status import StatusBoard
+    from corral.services.runtime.views import KvViewStore
 
     roles = {s.ROLE: s for s in DECISION_SERVICES}
-    leased = [*roles, health_service.ROLE]
+    # The assignments service writes node views, not the log, but folds and leases like the rest.
+    views_role = assignments_service.ROLE
+    leased = [*roles, health_service.ROLE, views_role]
     # Services that fold nothing to decide, or only to answer, and hold no lease: any number of
     # replicas share the work, each with its own login.
     stateless = {read_service.ROLE: read_service.serve, intake_service.ROLE: intake_service.serve}
@@ -145,6 +149,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 # Heartbeats come on core NATS, over the log's own connection.
                 svc = health_service.HealthMonitor(log, log.nc, lease=lease, status=board)
                 svc.snapshots = snapshots
+            elif args.role == views_role:
+                store = await KvViewStore.open(log.nc)
+                svc = assignments_service.service(log, store, snapshots=snapshots, lease=lease, status=board)
             else:
                 svc = roles[args.role].service(log, snapshots=snapshots, lease=lease, status=board)
             await svc.run(stop_on_signals())
@@ -605,7 +612,9 @@ def parser() -> argparse.ArgumentParser:
     sv = sub.add_parser(
         "serve", parents=[common], help="run one service as its own process: admission, placer, …"
     )
-    sv.add_argument("role", help="admission, placer, preemptor, health (with leases), query or intake")
+    sv.add_argument(
+        "role", help="admission, placer, preemptor, health, assignments (with leases), query or intake"
+    )
     sv.add_argument("--snapshot", help="SQLite file for snapshots of its state")
     sv.set_defaults(fn=cmd_serve)
 

@@ -1,7 +1,8 @@
 """``corral up``: a whole corral on one machine.
 
 An embedded nats-server with JetStream (unless ``--server`` names one), the decision services
-(each with its own connection, as if it were its own process), the health monitor, and one node
+(each with its own connection, as if it were its own process), the health monitor, the
+assignments service (each node's view of the log, which its agent watches), and one node
 agent per simulated node, each with its own connection, its own work directory under the data
 directory (``nodes/<node>``: workers' working directories and logs) and a checkpoint directory
 shared by all of them (``checkpoints``, as a shared filesystem would be on a real cluster, so a
@@ -41,6 +42,7 @@ from corral.services.admission import service as admission_service
 from corral.services.agent import discovery, inventory
 from corral.services.agent.service import NodeAgent
 from corral.services.agent.workers import SandboxMode
+from corral.services.assignments import service as assignments_service
 from corral.services.health.decide import HeartbeatTracker
 from corral.services.health.service import ROLE as HEALTH
 from corral.services.health.service import HealthMonitor
@@ -49,6 +51,7 @@ from corral.services.placer import service as placer_service
 from corral.services.preemptor import service as preemptor_service
 from corral.services.query import service as read_service
 from corral.services.runtime import identities
+from corral.services.runtime import views as node_views
 from corral.services.runtime.lease import KvLease, ensure_bucket
 from corral.services.runtime.shell import Decide, Service, stop_on_signals
 from corral.services.runtime.status import StatusBoard
@@ -113,6 +116,7 @@ class Cluster:
     nodes: list[str] = field(default_factory=list)
     agents: dict[str, NodeAgent] = field(default_factory=dict)  # by node: to kill, cut off, inspect
     health: HealthMonitor | None = None
+    assignments: Service | None = None
     query: read_service.ReadService | None = None
     intake: intake_service.Intake | None = None
     data_dir: Path | None = None
@@ -198,6 +202,7 @@ async def cluster(
         setup = await connect(url, create=True, **admin)
         try:
             await ensure_bucket(setup.nc)
+            await node_views.ensure_bucket(setup.nc)
         finally:
             await setup.close()
         log = await service_log()
@@ -227,6 +232,14 @@ async def cluster(
         intake = intake_service.Intake(intake_log)
         running.intake = intake
         tasks.append(asyncio.create_task(intake.run(stop), name=intake_service.ROLE))
+        # Each node's view of the log, in the bucket its agent watches: agents fold nothing.
+        views_log = await service_log()
+        holder = f"{assignments_service.ROLE}@{socket.gethostname()}:{os.getpid()}"
+        lease = await KvLease.open(views_log.nc, assignments_service.ROLE, holder)
+        store = await node_views.KvViewStore.open(views_log.nc)
+        projection = assignments_service.service(views_log, store, clock=clock, lease=lease)
+        running.assignments = projection
+        tasks.append(asyncio.create_task(projection.run(stop), name=assignments_service.ROLE))
         monitor_log = await service_log()
         tracker = HeartbeatTracker(cfg.heartbeat, cfg.suspect_after, cfg.lost_after, cfg.probation)
         replica = f"{HEALTH}@{socket.gethostname()}:{os.getpid()}"
@@ -253,6 +266,7 @@ async def cluster(
             agent = NodeAgent(
                 name,
                 agent_log,
+                node_views.KvNodeViews(agent_log.nc),
                 work_dir=data_dir / "nodes" / name,
                 checkpoint_root=data_dir / "checkpoints",
                 found=discovery.simulated(name, inv.labels["profile"], labels=inv.labels),
@@ -288,6 +302,7 @@ async def cluster(
         stack.push_async_callback(stop_agents)
         stack.push_async_callback(stop_services)
         ready = [s.caught_up for s in running.services] + [reader.caught_up, intake.ready, monitor.caught_up]
+        ready.append(projection.caught_up)
         ready += [a.registered for a in running.agents.values()]
         await _ready(ready, tasks + agent_tasks)
         yield running

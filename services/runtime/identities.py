@@ -6,9 +6,11 @@ only, a JSON object of user name to password). The server, not corral's code, en
 
 - ``services``: every decision service and the health monitor: anything, but create, change,
   purge or delete a stream (the log or the leases' bucket): those are the administrator's.
-- ``agent-<node>``, one per node: its agent reads the stream, appends on its own node's subject
-  ``corral.ev.node.<node>`` and heartbeats on ``corral.hb.<node>``, nothing else; so an agent
-  (or whoever took its node) cannot report for another node or write decisions.
+- ``agent-<node>``, one per node: its agent reads its own node's view and no other (its key in
+  the ``corral_assignments`` bucket: a direct get whose subject names the key, and the key's
+  subject to hear it change), appends on its own node's subject ``corral.ev.node.<node>`` and
+  heartbeats on ``corral.hb.<node>``, nothing else; so an agent (or whoever took its node) cannot
+  read the log or other nodes' assignments, report for another node or write decisions.
 - ``intake``: takes clients' requests on ``corral.req.>`` and appends them to the log at
   ``corral.in.<tenant>.<verb>``; it may publish there, into askers' inboxes (its answers) and
   ask the stream's info, nothing else. Its JetStream acknowledgements come to its own inbox.
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from corral.events import subjects
 from corral.events.server import Permissions, User, write_private
+from corral.services.runtime import views
 
 SERVICES = "services"
 QUERY = "query"
@@ -112,8 +115,8 @@ def _js_read(stream: str) -> tuple[str, ...]:
     )
 
 
-# The streams corral keeps: the log, and the leases' key-value bucket.
-STREAMS = (subjects.STREAM, "KV_corral_leases")
+# The streams corral keeps: the log, the leases' key-value bucket and the node views' bucket.
+STREAMS = (subjects.STREAM, "KV_corral_leases", views.STREAM)
 
 
 def _stream_admin() -> tuple[str, ...]:
@@ -141,8 +144,13 @@ def permissions(name: str) -> Permissions | None:
     node = _node_of(name)
     if node is not None:
         return Permissions(
-            publish=(subjects.node(node), subjects.heartbeat(node), *_js_read(subjects.STREAM)),
-            subscribe=(f"{agent_inbox(node)}.>",),
+            publish=(
+                subjects.node(node),
+                subjects.heartbeat(node),
+                f"$JS.API.STREAM.INFO.{subjects.STREAM}",  # that the log is there, to append to it
+                views.direct_get_subject(node),
+            ),
+            subscribe=(f"{agent_inbox(node)}.>", views.key_subject(node)),
         )
     if name == INTAKE:
         return Permissions(

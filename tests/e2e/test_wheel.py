@@ -85,9 +85,7 @@ def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
     assert "corral/projections/placement/plugins/fit.py" in names  # nested packages are carried too
 
 
-def test_corral_and_the_public_events_package_work_side_by_side(
-    wheel: Path, tmp_path: Path
-) -> None:
+def test_corral_and_the_public_events_package_work_side_by_side(wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], tmp_path)
     py = venv / "bin" / "python"

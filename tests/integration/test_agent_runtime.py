@@ -26,6 +26,7 @@ import pytest
 
 from corral.events import subjects as subj
 from corral.events.jobs import JobSpec, Mount
+from corral.projections.assignments import node_view
 from corral.projections.state import State
 from corral.services.agent.decide import (
     GONE_CODE,
@@ -143,7 +144,7 @@ async def test_workers_get_the_rendezvous_environment_and_their_logs_are_kept(
     spec = msgspec.structs.replace(
         job().replicas(2).build(), command=(PY, "-c", DUMP), env={"DATASET": "imagenet"}
     )
-    [gang] = decide(gang_state(spec), N0, runtime.workers(), 0.0, str(tmp_path / "ckpt"))
+    [gang] = decide(node_view(gang_state(spec), N0), runtime.workers(), 0.0, str(tmp_path / "ckpt"))
     assert isinstance(gang, StartGang)
     result = await runtime.start_gang(gang.workers, timeout=WAIT)
     assert result.started == (WorkerKey("g", 0, 0), WorkerKey("g", 0, 1)) and result.failed is None
@@ -323,7 +324,7 @@ class Agent:
         return state
 
     def decide(self, now: float) -> list[Action]:
-        return decide(self.state(), N0, self.rt.workers(), now, str(self.ckpt))
+        return decide(node_view(self.state(), N0), self.rt.workers(), now, str(self.ckpt))
 
     async def act(self, now: float) -> list[Action]:
         actions = self.decide(now)

@@ -14,11 +14,10 @@ import pytest
 from corral.events import subjects as subj
 from corral.events.jobs import CancelJob, JobSpec, Mount
 from corral.events.nodes import CheckpointCompleted, NodeInventory, WorkerExited, WorkerStarted
+from corral.projections.assignments import PORT_BASE, PORT_SPAN, master_port, node_view, preemption_deadline
 from corral.projections.state import State
 from corral.services.agent.decide import (
     GONE_CODE,
-    PORT_BASE,
-    PORT_SPAN,
     START_FAILED_CODE,
     Action,
     Checkpointed,
@@ -34,8 +33,6 @@ from corral.services.agent.decide import (
     WorkerKey,
     WorkerPhase,
     decide,
-    master_port,
-    preemption_deadline,
     report_events,
 )
 from corral.services.agent.inventory import h100_8x_nvswitch
@@ -55,7 +52,7 @@ def fold(log: LogBuilder) -> State:
 def act(
     state: State, workers: dict[WorkerKey, WorkerPhase] | None = None, now: float = NOW, node: str = N0
 ) -> list[Action]:
-    return decide(state, node, workers or {}, now, ROOT)
+    return decide(node_view(state, node), workers or {}, now, ROOT)
 
 
 def starts(actions: list[Action]) -> list[StartWorker]:
@@ -279,9 +276,11 @@ def cancelled() -> LogBuilder:
     [
         pytest.param(cancelled(), "cancelled", id="cancelled"),
         pytest.param(running("j1", log=base()).gpu_health(N0, 0, False), "interrupted", id="bad-gpu"),
+        # A job that is over with nothing live here has left the node's view: whatever of it
+        # still runs is superseded.
         pytest.param(
             running("j1", job().restarts(0), log=base()).exited(N0, "j1", code=9),
-            "job-over",
+            "superseded",
             id="finished",
         ),
     ],
@@ -390,6 +389,10 @@ def test_an_agent_given_relative_directories_hands_workers_absolute_paths(
     from corral.services.agent.service import NodeAgent
 
     monkeypatch.chdir(tmp_path)
-    agent = NodeAgent(N0, InMemoryLog(), work_dir="data/nodes/node-00", checkpoint_root="data/checkpoints")
+    from corral.services.runtime.views import MemoryViews
+
+    agent = NodeAgent(
+        N0, InMemoryLog(), MemoryViews(), work_dir="data/nodes/node-00", checkpoint_root="data/checkpoints"
+    )
     assert Path(agent.checkpoint_root) == tmp_path / "data" / "checkpoints"
     assert agent.work_dir == tmp_path / "data" / "nodes" / "node-00"

@@ -15,6 +15,7 @@ import pytest
 
 from corral.events.decisions import MigSlot
 from corral.events.jobs import Mount
+from corral.projections.assignments import GpuBinding
 from corral.services.agent import container
 from corral.services.agent.container import (
     EngineInfo,
@@ -33,7 +34,7 @@ from corral.services.agent.container import (
     run_args,
     stop_args,
 )
-from corral.services.agent.decide import GpuBinding, StartWorker
+from corral.services.agent.decide import StartWorker
 
 WORK = "/var/lib/corral/work/train/attempt-2/rank-1"
 

@@ -275,13 +275,14 @@ def test_admission_grows_only_onto_gpus_that_are_free() -> None:
 
 
 def test_an_agent_stops_the_leaving_ranks_of_a_shrunk_job_and_keeps_the_rest() -> None:
+    from corral.projections.assignments import node_view
     from corral.services.agent.decide import StopWorker, WorkerKey
     from corral.services.agent.decide import decide as act
 
     log = _with_beneficiary(elastic_running(replicas=4)).shrink("e", 2, "b")
     state = fold(log)
     workers = {WorkerKey("e", 0, r): "running" for r in range(4)}
-    actions = act(state, N0, workers, now=1010.0, checkpoint_root="/tmp/ck")  # type: ignore[arg-type]
+    actions = act(node_view(state, N0), workers, now=1010.0, checkpoint_root="/tmp/ck")  # type: ignore[arg-type]
     stops = sorted((a.key.rank, a.reason) for a in actions if isinstance(a, StopWorker))
     assert stops == [(2, "shrunk"), (3, "shrunk")]
     assert all(not isinstance(a, StopWorker) or a.grace > 0 for a in actions)

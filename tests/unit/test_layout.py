@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = ("admission", "placer", "preemptor", "health", "agent", "query", "intake")
+SERVICES = ("admission", "placer", "preemptor", "health", "agent", "assignments", "query", "intake")
 
 
 def _imports(path: Path) -> set[str]:

@@ -41,8 +41,10 @@ def _log(replicas: int = 1, restarts: int = 3) -> LogBuilder:
 
 
 def _placed(replicas: int) -> Step:
-    return lambda lb: lb.accept("j").admit("j", replicas=replicas).place(
-        placement("j", *(worker(r, NODE, whole(r)) for r in range(replicas)))
+    return lambda lb: (
+        lb.accept("j")
+        .admit("j", replicas=replicas)
+        .place(placement("j", *(worker(r, NODE, whole(r)) for r in range(replicas))))
     )
 
 

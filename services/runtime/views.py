@@ -1,0 +1,176 @@
+"""Where node views live: the JetStream key-value bucket ``corral_assignments``, one key per node.
+
+The assignments service writes a node's ``NodeView`` (``projections/assignments.py``) under the
+node's name whenever it changes; the node's agent reads its own key and no other. The log stays
+the truth: the bucket is derived, keeps one value per key (no history) and can be rebuilt from the
+log at any time (a restarted assignments service rewrites every key).
+
+How an agent watches without being able to read other nodes' keys: a JetStream KV watch is a
+consumer whose create request names its filter only in its payload, which NATS permissions cannot
+look into. So an agent subscribes, on core NATS, to its key's own subject
+(``$KV.corral_assignments.<node>``: every put is a message there, heard by plain subscribers as
+the stream stores it) and reads the key's last value with a direct get on a subject that names the
+key (``$JS.API.DIRECT.GET.KV_corral_assignments.$KV.corral_assignments.<node>``); both can be
+allowed per node. Each view carries the log position it was computed at, so the agent keeps the
+newest whatever order a get and a message arrive in, and it reads the key again every
+``refresh`` seconds and after a reconnect, so a message missed while disconnected is not missed
+for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import msgspec
+from nats import errors as nats_errors
+from nats.js import errors as js_errors
+
+from corral.projections.assignments import NodeView, decode
+
+log = logging.getLogger("corral.views")
+
+BUCKET = "corral_assignments"
+STREAM = f"KV_{BUCKET}"
+REFRESH = 30.0  # seconds between an agent's reads of its key, besides the messages it hears
+
+
+def key_subject(node: str) -> str:
+    """The subject a node's key is stored on (and heard on)."""
+    return f"$KV.{BUCKET}.{node}"
+
+
+def direct_get_subject(node: str) -> str:
+    """The direct get of a node's key's last value, its key in the subject."""
+    return f"$JS.API.DIRECT.GET.{STREAM}.{key_subject(node)}"
+
+
+class ViewStore(Protocol):
+    """Where the assignments service writes node views."""
+
+    async def put(self, node: str, value: bytes) -> None: ...
+
+
+class NodeViews(Protocol):
+    """Where an agent reads its node's view."""
+
+    def watch(self, node: str) -> AsyncIterator[NodeView]:
+        """The node's current view (once there is one), then each newer one."""
+        ...
+
+
+async def ensure_bucket(nc: Any) -> None:
+    """Create the views' bucket if it is missing (whoever sets the corral up, as for the
+    leases' bucket: the services write it, the agents read it, nobody else makes it)."""
+    js = nc.jetstream()
+    try:
+        await js.key_value(BUCKET)
+    except js_errors.BucketNotFoundError:
+        with contextlib.suppress(js_errors.BadRequestError):  # another made it first
+            await js.create_key_value(bucket=BUCKET, history=1, direct=True)
+
+
+class KvViewStore:
+    """The bucket, as the assignments service writes it."""
+
+    def __init__(self, kv: Any) -> None:
+        self.kv = kv
+
+    @classmethod
+    async def open(cls, nc: Any) -> KvViewStore:
+        return cls(await nc.jetstream().key_value(BUCKET))
+
+    async def put(self, node: str, value: bytes) -> None:
+        await self.kv.put(node, value)
+
+
+class KvNodeViews:
+    """The bucket, as one node's agent reads it (its own key, nothing else)."""
+
+    def __init__(self, nc: Any, refresh: float = REFRESH, timeout: float = 5.0) -> None:
+        self.nc = nc
+        self.refresh = refresh
+        self.timeout = timeout
+
+    async def get(self, node: str) -> NodeView | None:
+        """The key's last value; None when it has none yet (or the server did not answer)."""
+        try:
+            msg = await self.nc.request(direct_get_subject(node), b"", timeout=self.timeout)
+        except (nats_errors.Error, TimeoutError) as e:
+            log.warning("%s: view not read: %s", node, e)
+            return None
+        headers = msg.headers or {}
+        if headers.get("Status") or not msg.data:  # 404: nothing written yet
+            return None
+        return _decoded(node, msg.data)
+
+    async def watch(self, node: str) -> AsyncIterator[NodeView]:
+        heard: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_message(msg: Any) -> None:
+            heard.put_nowait(msg.data)
+
+        sub = await self.nc.subscribe(key_subject(node), cb=on_message)
+        newest = -1
+        try:
+            while True:
+                found = await self.get(node)  # after subscribing: nothing falls in between
+                while True:
+                    if found is not None and found.seq > newest:
+                        newest = found.seq
+                        yield found
+                    try:
+                        raw = await asyncio.wait_for(heard.get(), self.refresh)
+                    except TimeoutError:
+                        break  # read the key again: a message may have been missed
+                    found = _decoded(node, raw)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
+class MemoryViews:
+    """Node views kept in memory: the bucket's stand-in where there is no NATS (unit tests, one
+    process), both sides of it."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.puts = 0
+        self._changed = asyncio.Condition()
+
+    async def put(self, node: str, value: bytes) -> None:
+        async with self._changed:
+            self.values[node] = value
+            self.puts += 1
+            self._changed.notify_all()
+
+    def get(self, node: str) -> NodeView | None:
+        raw = self.values.get(node)
+        return None if raw is None else _decoded(node, raw)
+
+    async def watch(self, node: str) -> AsyncIterator[NodeView]:
+        newest = -1
+
+        def newer() -> bool:
+            v = self.get(node)
+            return v is not None and v.seq > newest
+
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(newer)
+                view = self.get(node)
+            assert view is not None
+            newest = view.seq
+            yield view
+
+
+def _decoded(node: str, raw: bytes) -> NodeView | None:
+    try:
+        view = decode(raw)
+    except msgspec.DecodeError as e:
+        log.error("%s: unreadable view: %s", node, e)
+        return None
+    return view if view.node == node else None

@@ -1,0 +1,111 @@
+"""Node agents run from their node's view, on a real nats-server.
+
+- The assignments service writes each node's view into the ``corral_assignments`` bucket; an
+  agent that reads nothing but its own key starts a job's worker (a real process), and a cancel
+  reaches the worker through the view; a job on another node is in that node's key only.
+- With logins, a node's agent may read its own key and no other, and may not read the log.
+
+Nothing sleeps: every wait is on the log (``Watcher.until``) or on a key, with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import nats
+import pytest
+from nats import errors as nats_errors
+
+from corral.events.jobs import CancelJob
+from corral.events.nodes import WorkerExited
+from corral.events.server import EmbeddedServer
+from corral.projections.assignments import NodeView, decode, encode
+from corral.services.runtime import identities
+from corral.services.runtime import views as node_views
+from tests.integration.test_cluster_failures import LONG, WAIT, events_of, job_spec, live, phase, train
+
+
+async def key_of(url: str, node: str, until: object, timeout: float = WAIT) -> NodeView:
+    """The node's key once ``until(view)`` holds, read as the services read it."""
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(node_views.BUCKET)
+        watcher = await kv.watch(node)
+
+        async def first() -> NodeView:
+            async for entry in watcher:
+                if entry is not None and entry.value:
+                    view = decode(entry.value)
+                    if until(view):  # type: ignore[operator]
+                        return view
+            raise AssertionError("the watch ended")
+
+        try:
+            return await asyncio.wait_for(first(), timeout)
+        finally:
+            await watcher.stop()
+    finally:
+        await nc.close()
+
+
+async def test_an_agent_that_reads_only_its_node_view_starts_and_stops_workers(tmp_path: Path) -> None:
+    async with live(tmp_path, nodes=2) as it:
+        agent = it.cluster.agents["node-00"]
+        assert not hasattr(agent, "state")  # it folds no log
+        await it.submit("long", job_spec(LONG))
+        s = await it.until(lambda s: phase(s, "long") == "running")
+        [slot] = s.jobs["long"].placement.workers  # type: ignore[union-attr]
+        here, other = slot.node, next(n for n in it.cluster.nodes if n != slot.node)
+        view = await key_of(it.cluster.url, here, lambda v: any(a.job_id == "long" for a in v.jobs))
+        assert view.inventory is not None
+        assert not (await key_of(it.cluster.url, other, lambda v: True)).jobs  # another node's key
+
+        await it.request("team-a", "cancel", CancelJob(job_id="long"), "cancel:long")
+        s = await it.until(lambda s: phase(s, "long") == "cancelled" and not s.jobs["long"].live)
+        [(_, exited)] = events_of(it.watch.records, WorkerExited, "long")
+        assert exited.stopped and exited.node == here  # the stop reached the worker
+        await key_of(it.cluster.url, here, lambda v: not v.jobs)  # and the job left the view
+
+        await it.submit("short", job_spec(train(50)))
+        await it.until(lambda s: phase(s, "short") == "succeeded")
+
+
+async def test_an_agent_may_read_its_own_view_and_nothing_else(tmp_path: Path) -> None:
+    passwords = identities.ensure(tmp_path / identities.CREDENTIALS, [], ["node-00", "node-01"])
+    server = EmbeddedServer(tmp_path / "nats", users=identities.users(passwords))
+    await server.start()
+    try:
+        admin = await nats.connect(
+            server.url,
+            inbox_prefix=identities.inbox_prefix(identities.ADMIN),
+            **identities.login(passwords, identities.ADMIN),
+        )
+        await node_views.ensure_bucket(admin)
+        await admin.close()
+        services = await nats.connect(server.url, **identities.login(passwords, identities.SERVICES))
+        store = await node_views.KvViewStore.open(services)
+        for n in ("node-00", "node-01"):
+            await store.put(n, encode(NodeView(n, seq=7)))
+        agent = await nats.connect(
+            server.url,
+            inbox_prefix=identities.agent_inbox("node-00"),
+            **identities.login(passwords, identities.agent("node-00")),
+        )
+        try:
+            mine = node_views.KvNodeViews(agent, timeout=2.0)
+            own = await mine.get("node-00")
+            assert own is not None and own.node == "node-00"
+            assert await mine.get("node-01") is None  # refused: another node's key
+            views = aiter(mine.watch("node-00"))
+            assert (await asyncio.wait_for(anext(views), WAIT)).seq == 7
+            await store.put("node-00", encode(NodeView("node-00", seq=9)))
+            assert (await asyncio.wait_for(anext(views), WAIT)).seq == 9  # heard, not polled
+            await views.aclose()  # type: ignore[attr-defined]
+            with pytest.raises((nats_errors.Error, TimeoutError)):
+                await agent.jetstream().subscribe("corral.ev.>", ordered_consumer=True)
+        finally:
+            await agent.close()
+            await services.close()
+    finally:
+        await server.stop()

@@ -1,0 +1,174 @@
+"""A node's view of the log (``projections.assignments.node_view``) and how the assignments
+service keeps every node's view up to date (``services.assignments.decide``).
+
+Each test folds a small log with ``LogBuilder`` and reads the view of one node: placements,
+stops, checkpoint requests and jobs leaving the node. The last tests fold logs record by record
+as the service does and check that the views it recomputes for the nodes it marks dirty are the
+views a full recomputation gives, for every node, after every record.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from corral.events import codec
+from corral.events.jobs import CancelJob, JobSpec
+from corral.events.nodes import NodeConditionChanged
+from corral.projections.assignments import body, decode, encode, node_view
+from corral.projections.fold import apply
+from corral.projections.state import State
+from corral.services.assignments.decide import Index, touched, views
+from tests.builders import Cluster, LogBuilder, job, on, placement, running, whole, worker
+
+N0, N1, N2 = "node-00", "node-01", "node-02"
+
+
+def base() -> LogBuilder:
+    return LogBuilder().nodes(Cluster(3)).queues("team-a", "team-b")
+
+
+def spec(gpus: int = 1, **changes: object) -> JobSpec:
+    return msgspec.structs.replace(job().gpus(gpus).build(), **changes)
+
+
+def gang(log: LogBuilder) -> LogBuilder:
+    """Job g: ranks 0, 1 on node-00, rank 2 on node-01."""
+    slots = (worker(0, N0, whole(0)), worker(1, N0, whole(1)), worker(2, N1, whole(0)))
+    return (
+        log.submit("alice", "g", job().replicas(3))
+        .accept("g")
+        .admit("g", replicas=3)
+        .place(placement("g", *slots))
+    )
+
+
+# -- placements --------------------------------------------------------------------------------
+
+
+def test_a_placement_is_in_the_view_of_its_node_only_with_what_its_worker_needs() -> None:
+    s = spec(2, command=("python", "train.py"), env={"LR": "0.1"}, grace_seconds=12.0, checkpointable=True)
+    state = base().submit("alice", "j1", s).accept("j1").admit("j1").place(on(N0, 2, 3, job_id="j1")).fold()
+    [a] = node_view(state, N0).jobs
+    assert (a.job_id, a.attempt, a.phase) == ("j1", 0, "placed")
+    assert (a.command, a.env, a.grace_seconds, a.checkpointable) == (
+        ("python", "train.py"),
+        {"LR": "0.1"},
+        12.0,
+        True,
+    )
+    [r] = a.ranks
+    assert [(g.index, g.uuid) for g in r.gpus] == [(2, f"GPU-{N0}-02"), (3, f"GPU-{N0}-03")]
+    assert r.rendezvous["WORLD_SIZE"] == "1" and r.rendezvous["MASTER_ADDR"] == "127.0.0.1"
+    assert (a.started, a.live, a.held_attempt) == ((), (), 0)
+    assert node_view(state, N1).jobs == ()
+    assert node_view(state, N0).used_milli[2:4] == (1000, 1000)
+
+
+def test_a_gang_across_nodes_shows_each_node_its_own_ranks_and_the_whole_rendezvous() -> None:
+    state = gang(base()).started(N0, "g", rank=0).fold()
+    [here] = node_view(state, N0).jobs
+    [there] = node_view(state, N1).jobs
+    assert [r.rank for r in here.ranks] == [0, 1] and [r.rank for r in there.ranks] == [2]
+    assert here.started == (0,) and there.started == ()  # only this node's ranks
+    assert here.live == (0,) and there.live == ()
+    assert there.ranks[0].rendezvous["GROUP_RANK"] == "1"
+    assert there.ranks[0].rendezvous["WORLD_SIZE"] == "3"
+
+
+def test_an_unregistered_node_has_an_empty_view_without_inventory() -> None:
+    view = node_view(base().fold(), "node-99")
+    assert (view.inventory, view.jobs) == (None, ())
+    assert node_view(base().fold(), N0).inventory is not None
+
+
+# -- stops and checkpoint requests -------------------------------------------------------------
+
+
+def test_a_cancelled_job_stays_in_the_view_while_its_worker_is_live_then_leaves() -> None:
+    log = running("j1", log=base()).request("alice", "cancel", CancelJob(job_id="j1"))
+    [a] = node_view(log.fold(), N0).jobs
+    assert (a.phase, a.live) == ("cancelled", (0,))
+    assert node_view(log.exited(N0, "j1", code=143, stopped=True).fold(), N0).jobs == ()
+
+
+def test_a_preempted_job_shows_its_checkpoint_deadline() -> None:
+    log = running("v", spec(checkpointable=True, grace_seconds=30.0), log=base())
+    state = log.submit("bob", "b", job("team-a")).accept("b", priority=10).preempt("b", "v").fold()
+    [a] = node_view(state, N0).jobs
+    v = state.jobs["v"]
+    assert (a.phase, a.checkpointable) == ("checkpointing", True)
+    assert a.deadline == (v.preempt_deadline or v.phase_since + 30.0)
+
+
+def test_a_checkpoint_is_where_the_next_attempt_resumes_from() -> None:
+    log = running("j1", log=base()).checkpoint(N0, "j1", step=7)
+    [a] = node_view(log.fold(), N0).jobs
+    assert a.resume_from != "" and a.resume_from == log.fold().jobs["j1"].checkpoint.location  # type: ignore[union-attr]
+
+
+# -- jobs leaving the node ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        pytest.param(running("j1", log=base()).exited(N0, "j1", code=0), id="succeeded"),
+        pytest.param(running("j1", job().restarts(0), log=base()).exited(N0, "j1", code=9), id="failed"),
+    ],
+)
+def test_a_finished_job_with_nothing_live_here_leaves_the_view(log: LogBuilder) -> None:
+    assert node_view(log.fold(), N0).jobs == ()
+
+
+def test_a_lost_node_keeps_nothing_of_the_jobs_it_ran() -> None:
+    log = running("j1", log=base()).event(
+        "corral.ev.node." + N0, NodeConditionChanged(node=N0, condition="lost")
+    )
+    state = log.fold()
+    assert state.jobs["j1"].phase == "interrupted"
+    assert [a.live for a in node_view(state, N0).jobs] in ([], [()])
+
+
+# -- the view on the wire -----------------------------------------------------------------------
+
+
+def test_a_view_round_trips_and_its_body_ignores_the_log_position() -> None:
+    state = gang(base()).fold()
+    view = node_view(state, N0)
+    assert decode(encode(view)) == view
+    later = msgspec.structs.replace(view, seq=view.seq + 100)
+    assert body(later) == body(view) and encode(later) != encode(view)
+
+
+# -- the service's incremental views equal a full recomputation ---------------------------------
+
+
+def _logs() -> list[LogBuilder]:
+    preempted = running("v", spec(checkpointable=True), log=base())
+    preempted.submit("bob", "b", job("team-a")).accept("b", priority=10).preempt("b", "v")
+    preempted.checkpoint(N0, "v", step=3).exited(N0, "v", code=0, stopped=True)
+    restarted = gang(base()).started(N0, "g", 0).started(N0, "g", 1).started(N1, "g", 2)
+    restarted.exited(N1, "g", rank=2, code=1)
+    restarted.request("alice", "cancel", CancelJob(job_id="g"))
+    lost = running("j1", log=base()).event(
+        "corral.ev.node." + N0, NodeConditionChanged(node=N0, condition="lost")
+    )
+    return [preempted, restarted, lost]
+
+
+@pytest.mark.parametrize("log", _logs(), ids=["preempted", "gang-restarted-cancelled", "node-lost"])
+def test_views_kept_record_by_record_equal_views_computed_from_scratch(log: LogBuilder) -> None:
+    state, index = State(), Index()
+    written: dict[str, bytes] = {}
+    nodes = {N0, N1, N2}
+    for record in log.records:
+        apply(state, record)
+        dirty: set[str] = set()
+        body_, _, _ = codec.decode_record(record.subject, record.data, record.headers)
+        jobs, node = touched(body_)
+        index.mark(state, jobs, node, dirty)
+        for view in views(state, index, dirty):
+            written[view.node] = body(view)
+        for n in nodes:
+            assert written.get(n, body(node_view(state, n))) == body(node_view(state, n)), (record.seq, n)

@@ -10,7 +10,7 @@ submits through the intake as fast as the intake answers. Then, from one run, it
 
 1. the anchor: the raw pipelined JetStream publish rate of the same submit payloads on this
    machine (to a scratch stream, every publish acknowledged, many acknowledgements in flight);
-2. free capacity: ``--jobs`` jobs of the mix (about what the cluster holds at once) placed per
+2. free capacity: ``--jobs`` jobs of the mix (by default about half what the cluster holds) placed per
    second, start to end in stream time, and its share of the anchor; submit→placed p50/p95/p99
    from the stream's timestamps; each service's decision lag; each process's CPU and RSS;
 3. ``--queued`` jobs queued behind quota (one tenant's queue with a quota of 8 GPUs): every
@@ -249,6 +249,12 @@ async def measured(
     print(f" (e.g. {watch.rejected[rejected[0]]})" if rejected else "")
     print(f"  placed/s      {rate:,.0f} (first submit to last placement, stream time)"
           f" = {rate / anchor_rate:.1%} of the anchor")  # fmt: skip
+    times = sorted(watch.placed[j] for j in placed)
+    if times:  # the last few may wait for room (a gang for a free rack): the rate without them
+        most = times[: max(1, int(0.95 * len(times)))]
+        r95 = len(most) / (most[-1] - first) if most[-1] > first else float("nan")
+        print(f"  95 % placed   {most[-1] - first:.2f} s after the first submit: {r95:,.0f}/s"
+              f" = {r95 / anchor_rate:.1%} of the anchor")  # fmt: skip
     print(
         f"  submit→placed p50 {percentile(waits, 0.5):,.0f} ms  p95 {percentile(waits, 0.95):,.0f} ms"
         f"  p99 {percentile(waits, 0.99):,.0f} ms  max {max(waits, default=float('nan')):,.0f} ms"
@@ -451,7 +457,10 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=1_250, help="simulated 8-GPU nodes")
     p.add_argument(
-        "--jobs", type=int, default=0, help="jobs of the mix per measurement (default: 2 per node)"
+        "--jobs",
+        type=int,
+        default=0,
+        help="jobs of the mix per measurement (default: one per node, half the cluster's GPUs)",
     )
     p.add_argument("--queued", type=int, default=100_000, help="jobs queued behind quota (0: skip)")
     p.add_argument("--duration", type=float, default=600, help="the longest to wait for any one step, s")
@@ -465,7 +474,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--soak-jobs", type=int, default=1_000_000)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    args.jobs = args.jobs or 2 * args.nodes
+    args.jobs = args.jobs or args.nodes
     args.agent_processes = max(1, min(args.agent_processes, args.nodes))
     return args
 

@@ -268,20 +268,21 @@ async def soak(
     client: asyncio.subprocess.Process,
 ) -> None:  # fmt: skip
     """Keep the cluster about full (what is submitted and not finished stays under the number of
-    jobs the cluster holds) until ``--soak-jobs`` have finished; report at each tenth."""
+    jobs the cluster holds) until ``--soak-jobs`` have finished. At each tenth: the rate, each
+    decision service's cycle as the log shows it (decision lag) and every process's share of a
+    core and RSS over that tenth. Flat lines are the goal."""
     assert client.stdin is not None
     print(f"\nsoak: until {args.soak_jobs:,} jobs have finished", flush=True)
-    print(f"  {'finished':>10} {'elapsed s':>9} {'jobs/s':>7}  "
-          "lag p50/p99 ms: admission  placer  preemptor   RSS MiB per process", flush=True)  # fmt: skip
+    print("  finished  elapsed s  jobs/s   decision lag p50/p99 ms: admission, placer, preemptor")
+    print("      then each process: CPU as a share of a core / RSS MiB, over that tenth", flush=True)
     start_finished, t0 = watch.finished, time.monotonic()
     window = max(1, int(args.nodes * 8 / MEAN_GPUS))
     chunk = max(1, min(500, window // 4))
     sent, step, mark, mark_t = 0, 1, time.time(), t0
+    before = usage_of(parts, server)
     pending: asyncio.Task[str] | None = None
-    while True:
+    while step <= 10 and time.monotonic() - t0 <= args.duration:
         finished = watch.finished - start_finished
-        if finished >= args.soak_jobs or time.monotonic() - t0 > args.duration:
-            break
         if pending is not None and pending.done():
             pending.result()
             pending = None
@@ -291,18 +292,21 @@ async def soak(
             pending = asyncio.create_task(line_of(client, args.duration))
             sent += chunk
         if finished >= step * args.soak_jobs / 10:
-            now = time.monotonic()
+            now, after = time.monotonic(), usage_of(parts, server)
             lags = []
             for role in ROLES:
                 ms = [lag * 1000 for at, lag in watch.lags.get(role, ()) if at >= mark]
-                lags.append(f"{percentile(ms, 0.5):.0f}/{percentile(ms, 0.99):.0f}")
-            rss = " ".join(f"{n}={u.rss_mib:.0f}" for n, u in usage_of(parts, server).items())
+                lags.append(f"{percentile(ms, 0.5):.0f}/{percentile(ms, 0.99):.0f}" if ms else "-")
             rate = (finished - (step - 1) * args.soak_jobs / 10) / (now - mark_t)
-            print(
-                f"  {finished:>10,} {now - t0:>9.0f} {rate:>7.0f}  {'  '.join(lags):>30}   {rss}", flush=True
-            )
-            step, mark, mark_t = step + 1, time.time(), now
-            for role in ROLES:  # only the window's lags are kept: the soak must not grow here
+            print(f"  {finished:>8,} {now - t0:>10.0f} {rate:>7.0f}   {', '.join(lags)}")
+            shares = [
+                f"{n} {(u.cpu_s - before[n].cpu_s) / (now - mark_t):.0%}/{u.rss_mib:.0f}"
+                for n, u in after.items()
+                if n in before
+            ]
+            print(f"      {'  '.join(shares)}", flush=True)
+            step, mark, mark_t, before = step + 1, time.time(), now, after
+            for role in ROLES:  # only the tenth's lags are kept: the soak must not grow here
                 watch.lags[role] = [x for x in watch.lags.get(role, ()) if x[0] >= mark]
         parts.check()
         await asyncio.sleep(0.1)

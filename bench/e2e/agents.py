@@ -215,7 +215,7 @@ async def host_shared(url: str, names: list[str], work: Path, tick: float, heart
                 if stop.is_set():
                     break
                 woke.clear()
-                await asyncio.gather(*(a.cycle() for a in agents))
+                await cycle_all(agents)
         finally:
             for f in (nxt, ended):
                 f.cancel()
@@ -231,6 +231,19 @@ async def host_shared(url: str, names: list[str], work: Path, tick: float, heart
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(*(a.flush() for a in agents)), 10.0)
         await conn.close()
+
+
+async def cycle_all(agents: list[NodeAgent], between: int = 16) -> None:
+    """Every agent's cycle, letting the connection read and write after every ``between``
+    agents' decisions: agents in processes of their own would not hold up each other's
+    sockets, and a connection left unread for a whole round is cut by the server as a slow
+    consumer."""
+    cycles = []
+    for i, a in enumerate(agents):
+        cycles.append(asyncio.create_task(a.cycle()))
+        if i % between == between - 1:
+            await asyncio.sleep(0)  # the loop polls its sockets before the next agents decide
+    await asyncio.gather(*cycles)
 
 
 def _fold(state: State, batch: list[Record]) -> None:

@@ -6,7 +6,8 @@
   process's clock: a job's submit→placed is the time of the first placement of it the placer
   stored minus the time of its submit request; a decision's lag is the time it was stored minus
   the time of the record its state was folded up to (its ``based_on``): the service's whole
-  cycle, from the last fact it saw to its decision in the log.
+  cycle, from the last fact it saw to its decision in the log, including any time it spent
+  behind the log. (On a quiet log it includes the wait for the service's tick too.)
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.admission
 	$(BIN)/python -m bench.placer
 	$(BIN)/python -m bench.intake
+	$(BIN)/python -m bench.e2e --nodes 125 --queued 10000
 
 clean:
 	rm -rf $(VENV) build *.egg-info

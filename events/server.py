@@ -132,6 +132,11 @@ class EmbeddedServer:
         return f"nats://{HOST}:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (to measure it, as the benchmarks do)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

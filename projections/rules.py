@@ -30,4 +30,6 @@ from __future__ import annotations
 #    Admission may withdraw an admitted job's admission (``AdmissionWithdrawn``): back to
 #    queued, its quota given back, when no node can host it any more.
 #    A job's priority may change after it was accepted (``JobPriorityChanged``).
-RULES = 5
+# 8: the fold keeps indexes of the jobs in the State (``projections/indexes.py``): job ids per
+#    phase, queued job ids per queue, ids of the jobs holding GPUs per node.
+RULES = 8

@@ -158,6 +158,13 @@ class State(msgspec.Struct, gc=False):
     # GPU time held per queue and quota key, from placement to release, decayed: what fair share
     # orders queues by. Kept by the fold at each change of what a queue holds, in log time.
     gpu_time: dict[str, dict[str, GpuTime]] = {}
+    # Indexes of ``jobs`` the fold keeps (``projections/indexes.py``): job ids per phase, in the
+    # order they entered it; per queue, its queued jobs' ids, in the order they were queued; per
+    # node, the ids of the jobs holding GPUs there. So that a cycle costs the jobs it asks for,
+    # not every job that ever existed.
+    jobs_by_phase: dict[str, dict[str, None]] = {}
+    queued_by_queue: dict[str, dict[str, None]] = {}
+    holding_by_node: dict[str, dict[str, None]] = {}
 
 
 MAX_REJECTIONS = 1000

@@ -77,7 +77,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.projections import quota
+from corral.projections import indexes, quota
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import FINAL
 from corral.projections.placement.stack import PlacerConfig
@@ -93,6 +93,7 @@ WAITING = frozenset({"submitted", "queued", "admitted", "preempted", "interrupte
 _VERBS: dict[type[Event], str] = {t: verb for verb, t in codec.ADMIN_VERBS.items()}
 # Reports that change no service's answer at the time they are made (see the module docstring).
 _NO_NEWS = (CheckpointCompleted, WorkerStarted)
+_FINAL = indexes.ordered(FINAL)
 
 
 class SimError(Exception):
@@ -548,18 +549,19 @@ class Simulation:
     # -- compaction --------------------------------------------------------------------------------
 
     def _compact(self) -> None:
-        """Drop the finished jobs from the state.
+        """Drop the finished jobs from the state, and from its indexes (``indexes.forget``).
 
-        Every decide function scans every job each cycle, and finished jobs pile up: a replay of
-        tens of thousands of jobs would spend most of its time stepping over them. A finished job
-        that gave its GPUs back is read by no decision any more: the GPU time it held is in its
-        queue's ``State.gpu_time``, which the fold keeps apart from the jobs. So decisions are
-        unchanged; the live services keep every job (a replay of the log does too).
+        The decide functions read the fold's indexes and look at no finished job, but finished
+        jobs still fill memory and every copy of the state. A finished job that gave its GPUs
+        back is read by no decision any more: the GPU time it held is in its queue's
+        ``State.gpu_time``, which the fold keeps apart from the jobs. So decisions are unchanged;
+        the live services keep every job (a replay of the log does too).
         """
         self._finished = 0
-        jobs = self.state.jobs
-        for job in [job for job in jobs.values() if job.phase in FINAL and job.held is None]:
-            del jobs[job.id]
+        state = self.state
+        for job in indexes.jobs_in(state, *_FINAL):
+            if job.held is None:
+                indexes.forget(state, job)
 
     # -- results ------------------------------------------------------------------------------------
 

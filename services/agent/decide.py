@@ -43,7 +43,7 @@ from corral.events.base import Event
 from corral.events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
 from corral.events.jobs import Mount
 from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
-from corral.projections import shape
+from corral.projections import indexes, shape
 from corral.projections.lifecycle import FINAL
 from corral.projections.state import JobState, NodeState, State
 
@@ -182,7 +182,7 @@ def decide(
     actions: list[Action] = []
     here = state.nodes.get(node)
     seen: set[WorkerKey] = set()
-    for job in state.jobs.values():
+    for job in _concerned(state, node, workers):
         p = job.placement
         if p is None or p.attempt != job.attempt:
             continue
@@ -283,9 +283,23 @@ def _exit_folded(job: JobState | None, key: WorkerKey) -> bool:
     return not (job.attempt == key.attempt and job.phase in _RUNS and key.rank not in job.started)
 
 
+def _concerned(state: State, node: str, workers: Mapping[WorkerKey, WorkerPhase]) -> list[JobState]:
+    """The jobs that may have work on ``node``, in submission order: those holding GPUs there
+    (every job the fold has placed or running there holds them) and those the runtime runs
+    workers of. It costs the node's jobs, not the cluster's."""
+    found = {job.id: job for job in indexes.holding_on(state, node)}
+    jobs = state.jobs
+    for key in workers:
+        if key.job_id not in found:
+            job = jobs.get(key.job_id)
+            if job is not None:
+                found[job.id] = job
+    return sorted(found.values(), key=lambda j: (j.submitted_seq, j.id))
+
+
 def _gone(state: State, node: str, workers: Mapping[WorkerKey, WorkerPhase]) -> list[Action]:
     out: list[Action] = []
-    for job in state.jobs.values():
+    for job in indexes.holding_on(state, node):
         held = job.held
         if held is None or not job.live:
             continue

@@ -64,7 +64,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import islice
+from operator import attrgetter, lt
 
 import msgspec
 
@@ -104,6 +105,7 @@ DEFAULT = AdmissionConfig()
 
 # Submission order, which a walk of ``State.jobs`` gave (the fold adds jobs as they are submitted).
 _SUBMISSION = attrgetter("submitted_seq", "id")
+_SEQ = attrgetter("submitted_seq")
 
 # A holder of quota that preemption could stop: (priority, milli-GPU, preemptible).
 _Holder = tuple[int, int, bool]
@@ -137,14 +139,23 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             elastic.append(job)
             if job.preempted_for and job.leaving:  # shrinking for a beneficiary
                 stopping.add(job.preempted_for)
-    for name in state.queued_by_queue:
-        # Queued in the order they entered the queue; in submission order, as the queue orders
-        # them (a list that is in order but for its requeued jobs sorts in about linear time).
-        jobs = waiting[name] = indexes.queued_in(state, name)
-        jobs.sort(key=_SUBMISSION)
-        with_reasons = [j for j in jobs if j.reasons]
-        if with_reasons:
-            explained[name] = with_reasons
+    # The queued jobs, in the order they were queued: one pass, in about the order they sit in
+    # memory (each queue's index would be a look-up per job scattered over the whole State).
+    last_seq, in_order = -1, True  # whether they come in submission order (a requeued job does not)
+    queued = indexes.jobs_in(state, "queued")
+    for job in queued:
+        waiting[job.spec.queue].append(job)
+        if job.reasons:
+            explained[job.spec.queue].append(job)
+        if job.submitted_seq <= last_seq:
+            in_order = False
+        last_seq = job.submitted_seq
+    if not in_order:  # each queue in submission order, as a walk of every job found them
+        for name, jobs in waiting.items():
+            if not all(map(lt, map(_SEQ, jobs), map(_SEQ, islice(jobs, 1, None)))):
+                jobs.sort(key=_SUBMISSION)
+                if name in explained:
+                    explained[name] = [j for j in jobs if j.reasons]
     submitted = indexes.jobs_in(state, "submitted")
     stopped = indexes.jobs_in(state, "preempted", "interrupted")
     stopped.sort(key=_SUBMISSION)
@@ -187,7 +198,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         )
         waiting[job.spec.queue].append(as_queued)
         explained[job.spec.queue].append(as_queued)
-    unhosted = _unhosted(state, inventory, ledger, waiting, explained, events)
+    unhosted = _unhosted(state, inventory, ledger, queued, waiting, explained, events)
     nominated -= unhosted
 
     # 3. Order the backlog by fair share; 4. admit whole gangs while quota allows.
@@ -306,6 +317,7 @@ def _unhosted(
     state: State,
     inventory: Inventory,
     ledger: Ledger,
+    queued: list[JobState],
     waiting: dict[str, list[JobState]],
     explained: dict[str, list[JobState]],
     events: list[Event],
@@ -313,14 +325,15 @@ def _unhosted(
     """Withdraw the admissions of jobs no node can host any more, and take the waiting ones out
     of ``waiting`` and ``explained``, saying why they wait; returns the ids of both. Their quota
     stays charged in ``ledger`` this cycle: the fold gives it back, and the next cycle uses it.
-    (One pass over the jobs of those phases in the order the fold keeps them, which is about the
-    order they sit in memory: a walk queue by queue costs several times more on a deep backlog.
-    What it finds is then taken in submission order.)"""
+    (One pass over ``queued``, the State's queued jobs as the cycle found them, then the admitted
+    and stopped ones, in the order the fold keeps them, which is about the order they sit in
+    memory: a walk queue by queue costs several times more on a deep backlog. What it finds is
+    then taken in submission order.)"""
     if inventory.empty:
         return set()
     out: set[str] = set()
     homeless: dict[str, dict[str, Reason]] = {}  # queue -> job -> why it waits
-    found = inventory.unhosted(indexes.jobs_in(state, *_HOSTED_LATER))
+    found = inventory.unhosted([*queued, *indexes.jobs_in(state, *_HOSTED_LATER)])
     found.sort(key=lambda item: _SUBMISSION(item[0]))
     for job, why in found:
         if job.phase == "admitted":
@@ -346,8 +359,9 @@ def _unhosted(
     return out
 
 
-# Jobs that wait to be hosted: queued, admitted, or stopped and about to be queued again.
-_HOSTED_LATER: tuple[Phase, ...] = ("queued", "admitted", "preempted", "interrupted")
+# Jobs that wait to be hosted, besides the queued ones: admitted, or stopped and about to be
+# queued again.
+_HOSTED_LATER: tuple[Phase, ...] = ("admitted", "preempted", "interrupted")
 
 
 def _waits(why: Reason) -> Reason:

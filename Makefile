@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.append
 	$(BIN)/python -m bench.admission
 	$(BIN)/python -m bench.placer
+	$(BIN)/python -m bench.cycle
 	$(BIN)/python -m bench.intake
 	$(BIN)/python -m bench.e2e --nodes 125 --queued 10000
 

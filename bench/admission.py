@@ -23,6 +23,7 @@ import time
 
 from corral.events.jobs import Admission, JobSpec, PendingReasonChanged, Resources
 from corral.events.queues import CohortSpec, PriorityClassSpec, QueueSpec, Quota
+from corral.projections import indexes
 from corral.projections.lifecycle import Phase
 from corral.projections.state import GpuState, JobState, NodeState, State
 from corral.services.admission.decide import decide
@@ -89,7 +90,7 @@ def build(pending: int, held_fraction: float, phase: Phase, seed: int = 7) -> St
         )  # fmt: skip
     s.seq = seq
     s.time = float(seq)
-    return s
+    return indexes.rebuild(s)  # built by hand: the indexes the fold would have kept
 
 
 def with_nodes(state: State, count: int = 1250) -> State:
@@ -124,7 +125,7 @@ def run(name: str, state: State, runs: int) -> None:
     for e in out:
         kinds[type(e).__name__] = kinds.get(type(e).__name__, 0) + 1
     admitted = sum(len(e.admissions) for e in out if hasattr(e, "admissions"))
-    pending = sum(1 for j in state.jobs.values() if j.phase in ("queued", "submitted"))
+    pending = indexes.count(state, "queued", "submitted")
     print(
         f"{name:10s} median {med * 1000:6.1f} ms (cpu {statistics.median(cpu) * 1000:6.1f} ms)  "
         f"min {min(times) * 1000:6.1f} ms  "

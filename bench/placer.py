@@ -25,7 +25,7 @@ from corral.events import subjects
 from corral.events.decisions import GpuClaim, Placement, WorkerSlot
 from corral.events.jobs import Admission, JobSpec, Resources, Topology, TopologyPack
 from corral.events.nodes import NodeRegistered
-from corral.projections import claims
+from corral.projections import claims, indexes
 from corral.projections.fold import apply_event
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Request
@@ -68,7 +68,7 @@ def busy_cluster(nodes: int = NODES, busy: float = 0.5, seed: int = 1) -> State:
         claims.take(state, job, p)
         job.placement = p
         job.phase_since = 0.0
-        state.jobs[job.id] = job
+        indexes.add(state, job)
         held += k
     state.seq = seq
     return state
@@ -119,13 +119,13 @@ def latency(trials: int) -> None:
                 raise SystemExit(f"{label}: not placed: {result}")
             snap.release(result, req.res)
         print(f"    {label:<34}{percentile(times, 0.5):>9.3f}{percentile(times, 0.99):>9.3f}{trials:>8}")
-    state.jobs["g-nvlink"] = cases[0][1]
+    indexes.add(state, cases[0][1])
     cycles = []
     for _ in range(max(5, trials // 50)):
         t = time.perf_counter()
         events = decide(state, 1.0, config)
         cycles.append((time.perf_counter() - t) * 1000)
-    del state.jobs["g-nvlink"]
+    indexes.forget(state, cases[0][1])
     assert events, "the cycle placed nothing"
     print(f"    whole decide() cycle, one admitted 8-rank gang: p50 {statistics.median(cycles):.2f} ms")
 

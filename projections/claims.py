@@ -1,6 +1,8 @@
 """GPU, CPU and memory arithmetic of placements: checking a gang's claims against the state,
 taking them, and giving them back. The fold uses it to arbitrate placement proposals; the placer
-uses the same checks so that what it proposes is what the fold accepts."""
+uses the same checks so that what it proposes is what the fold accepts. What a job holds
+(``JobState.held``) changes only here and through ``indexes.hold``, which keeps the index of the
+jobs holding GPUs on each node."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import msgspec
 from corral.events.base import Reason
 from corral.events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
 from corral.events.jobs import Resources
-from corral.projections import mig, shape
+from corral.projections import indexes, mig, shape
 from corral.projections.state import WHOLE, GpuState, JobState, MigInstance, NodeState, State
 
 
@@ -78,7 +80,7 @@ def place(state: State, job: JobState, placement: Placement) -> None:
     for gpu in idle:  # as ``take`` does for a whole GPU that nothing holds
         gpu.used_milli += WHOLE
         gpu.holders[job_id] = WHOLE
-    job.held = placement
+    indexes.hold(state, job, placement)
 
 
 def _check(
@@ -274,11 +276,17 @@ def _check_mig(node: NodeState, index: int, claims: Sequence[GpuClaim]) -> None:
 
 
 def take(state: State, job: JobState, placement: Placement) -> None:
+    """Take every claim of ``placement``, unchecked: ``job`` holds it."""
+    _take(state, job, placement.workers)
+    indexes.hold(state, job, placement)
+
+
+def _take(state: State, job: JobState, workers: tuple[WorkerSlot, ...]) -> None:
     res = job.spec.resources
     job_id = job.id
     nodes = state.nodes
     cpu, memory = res.cpu_milli, res.memory_mib
-    for w in placement.workers:
+    for w in workers:
         node = nodes[w.node]
         node.cpu_used += cpu
         node.memory_used += memory
@@ -295,7 +303,6 @@ def take(state: State, job: JobState, placement: Placement) -> None:
                 holders[job_id] += m
             else:
                 holders[job_id] = m
-    job.held = placement
 
 
 def _take_mig(gpu: GpuState, c: GpuClaim, job_id: str) -> None:
@@ -341,7 +348,7 @@ def release(state: State, job: JobState) -> None:
                 gpu.used_milli = 0
             if c.mig is not None:
                 _release_mig(gpu, c.mig, job_id)
-    job.held = None
+    indexes.hold(state, job, None)
 
 
 def grow(state: State, job: JobState, placement: Placement) -> None:
@@ -362,8 +369,8 @@ def grow(state: State, job: JobState, placement: Placement) -> None:
         raise ClaimError("gang", why)
     added = workers[kept:]
     _check_workers(state, job, added)
-    take(state, job, Placement(job.id, placement.attempt, added))
-    job.held = placement
+    _take(state, job, added)
+    indexes.hold(state, job, placement)
 
 
 def release_rank(state: State, job: JobState, rank: int) -> None:
@@ -395,7 +402,8 @@ def release_rank(state: State, job: JobState, rank: int) -> None:
                 gpu.used_milli = max(0, gpu.used_milli - gave)
             if c.mig is not None:
                 _release_mig(gpu, c.mig, job.id)
-    job.held = msgspec.structs.replace(held, workers=tuple(w for w in held.workers if w.rank != rank))
+    kept = tuple(w for w in held.workers if w.rank != rank)
+    indexes.hold(state, job, msgspec.structs.replace(held, workers=kept))
 
 
 def _release_mig(gpu: GpuState, slot: MigSlot, job_id: str) -> None:

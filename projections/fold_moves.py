@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from corral.projections import claims, gpu_time, quota, retention
+from corral.projections import claims, gpu_time, indexes, quota, retention
 from corral.projections.lifecycle import (
     HOLDS_QUOTA,
     TRANSITIONS,
@@ -81,10 +81,12 @@ MOVES = _moves()
 
 
 def move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
+    before = job.phase
     try:
-        job.phase, quota_change = MOVES[trigger][job.phase]
+        job.phase, quota_change = MOVES[trigger][before]
     except KeyError:
-        raise IllegalTransition(job.phase, trigger) from None
+        raise IllegalTransition(before, trigger) from None
+    indexes.moved(state, job, before)
     job.phase_since = ctx.time
     job.updated_seq = ctx.seq
     if quota_change:
@@ -105,6 +107,7 @@ def move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: 
         move(state, job, first, ctx)
         raise IllegalTransition(middle, then)
     job.phase, then_change = step
+    indexes.moved(state, job, before)
     job.phase_since = ctx.time
     job.updated_seq = ctx.seq
     if first_change:

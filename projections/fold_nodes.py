@@ -19,7 +19,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.projections import claims, gpu_time
+from corral.projections import claims, gpu_time, indexes
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -81,12 +81,12 @@ def _gpus_moved(state: State, ctx: Ctx, node: str, moved: dict[int, int | None])
     """Jobs holding a GPU of ``node`` that is at another index now (``moved``: old index → new,
     None if it left the node): their claims follow it, so that what they give back is what they
     hold, and they are interrupted, since their workers were placed by indices that now name
-    other GPUs. (A re-registration is rare; this walks the jobs.)"""
-    for job in list(state.jobs.values()):
+    other GPUs."""
+    for job in indexes.holding_on(state, node):
         held = job.held
         if held is None or not any(w.node == node and _on(w, moved) for w in held.workers):
             continue
-        job.held = _renumbered(held, node, moved)
+        indexes.hold(state, job, _renumbered(held, node, moved))
         if job.placement is not None and job.placement.attempt == held.attempt:
             job.placement = _renumbered(job.placement, node, moved)
         if job.phase in ("placed", "starting", "running", "checkpointing"):
@@ -241,8 +241,9 @@ def interrupt_on(
     state: State, ctx: Ctx, node: str, gpu: int | None, why: str, node_gone: bool = True
 ) -> None:
     """Jobs holding GPUs on ``node`` (only GPU ``gpu`` if given) lost them: their workers there
-    are gone, and the job goes back to its queue (not counted against its restarts)."""
-    for job in list(state.jobs.values()):
+    are gone, and the job goes back to its queue (not counted against its restarts). It costs
+    the jobs on the node, in submission order (``indexes.holding_on``)."""
+    for job in indexes.holding_on(state, node):
         if job.held is None:
             continue
         hit = [

@@ -30,7 +30,7 @@ from corral.events.queues import (
     CordonNode,
     DeleteQueue,
 )
-from corral.projections import gpu_time, retention
+from corral.projections import gpu_time, indexes, retention
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -61,7 +61,7 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         if existing.tenant == ctx.tenant:
             raise Refused("duplicate", f"job {req.request_id} was already submitted", req.request_id)
         raise Refused("forbidden", f"job id {req.request_id} is taken", req.request_id)
-    state.jobs[req.request_id] = JobState(
+    job = JobState(
         id=req.request_id,
         tenant=ctx.tenant,
         spec=req.job,
@@ -72,6 +72,7 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         updated_seq=ctx.seq,
         traceparent=ctx.trace or "",
     )
+    indexes.add(state, job)
 
 
 def _owned(state: State, ctx: Ctx, job_id: str) -> JobState:
@@ -169,7 +170,8 @@ def _delete_queue(state: State, ctx: Ctx, req: DeleteQueue) -> None:
     _admin(ctx)
     if req.name not in state.queues:
         raise Refused("unknown", f"no queue {req.name}")
-    if any(j.spec.queue == req.name and j.phase not in FINAL for j in state.jobs.values()):
+    # Every unfinished job, whatever its queue: a rare request, and it costs no finished job.
+    if any(j.spec.queue == req.name for j in indexes.unfinished(state)):
         raise Refused("illegal", f"queue {req.name} still has jobs")
     del state.queues[req.name]
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from corral.projections import quota
-from corral.projections.lifecycle import HOLDS_QUOTA
+from corral.projections import indexes, quota
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
 
@@ -78,10 +77,9 @@ def quota_end(job: JobState, now: float) -> float:
 def quota_ends(state: State, now: float) -> dict[tuple[str, str], list[tuple[float, int]]]:
     """Per (queue, key), when the jobs holding its quota give it back: (time, milli-GPU)."""
     out: dict[tuple[str, str], list[tuple[float, int]]] = {}
-    for job in state.jobs.values():
-        if job.phase in HOLDS_QUOTA:
-            for key, milli in quota.holding(job):
-                out.setdefault((job.spec.queue, key), []).append((quota_end(job, now), milli))
+    for job in indexes.jobs_in(state, *indexes.HOLDS_QUOTA):
+        for key, milli in quota.holding(job):
+            out.setdefault((job.spec.queue, key), []).append((quota_end(job, now), milli))
     return out
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from corral.events.queues import DEFAULT_PREEMPTION, PreemptionPolicy
-from corral.projections import quota, thrash
+from corral.projections import indexes, quota, thrash
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
 
@@ -143,11 +143,12 @@ def planning_ledger(state: State) -> Ledger:
     """The quota the rule reads: the state's, as it will stand once the stops under way are done.
     A job being preempted (checkpointing) has given its quota back, and each job a stop is for
     (of one under way, or done and not yet requeued), while it is queued, has taken what it would
-    be admitted with. (A shrink gives quota back at once, in the state itself.) It walks the jobs:
-    the fold calls it once per preemption or shrink proposed, the preemptor once per cycle."""
+    be admitted with. (A shrink gives quota back at once, in the state itself.) It walks the jobs
+    stopping, stopped and running (an elastic job shrinking runs): the fold calls it once per
+    preemption or shrink proposed, the preemptor once per cycle."""
     ledger = Ledger.from_state(state)
     waiting: set[str] = set()
-    for job in state.jobs.values():
+    for job in indexes.jobs_in(state, "checkpointing", "preempted", "running"):
         if job.phase == "checkpointing":
             release(ledger, job)
         if job.preempted_for and (job.phase in ("checkpointing", "preempted") or job.leaving):

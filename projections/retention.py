@@ -29,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 from corral.events.queues import RetentionSpec
+from corral.projections import indexes
 from corral.projections.lifecycle import FINAL
 from corral.projections.state import JobState, State
 
@@ -79,7 +80,7 @@ def let_go(state: State) -> None:
         job = jobs.get(job_id)
         if job is None or job.submitted_seq != submitted:
             continue
-        del jobs[job_id]
+        indexes.forget(state, job)
         state.let_go += 1
         for v in job.victims:
             victim = jobs.get(v)

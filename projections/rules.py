@@ -35,4 +35,6 @@ from __future__ import annotations
 #    Finished jobs leave the state a retention period (log time, ``ApplyRetention``) after they
 #    end; a job id is free again once its job was let go. A job's ``priority_seq`` starts at its
 #    submission's position, so ``stopped_for`` never names a later job of the same id.
+#    The fold keeps indexes of the jobs in the State (``projections/indexes.py``): job ids per
+#    phase, queued job ids per queue, ids of the jobs holding GPUs per node.
 RULES = 6

@@ -170,6 +170,13 @@ class State(msgspec.Struct, gc=False):
     finished: list[tuple[float, str, int]] = []
     finished_from: int = 0
     let_go: int = 0  # finished jobs the state let go, in all
+    # Indexes of ``jobs`` the fold keeps (``projections/indexes.py``): job ids per phase, in the
+    # order they entered it; per queue, its queued jobs' ids, in the order they were queued; per
+    # node, the ids of the jobs holding GPUs there. So that a cycle costs the jobs it asks for,
+    # not every job that ever existed.
+    jobs_by_phase: dict[str, dict[str, None]] = {}
+    queued_by_queue: dict[str, dict[str, None]] = {}
+    holding_by_node: dict[str, dict[str, None]] = {}
 
 
 MAX_REJECTIONS = 1000

@@ -69,8 +69,9 @@ from corral.events.queues import (
     Quota,
     RetentionSpec,
 )
-from corral.projections import quota
+from corral.projections import indexes, quota
 from corral.projections.fold import fold
+from corral.projections.lifecycle import Phase
 from corral.projections.state import JobState, State
 from corral.services.agent.inventory import cluster
 
@@ -182,6 +183,15 @@ def admission(
     all of them): what the fold expects an admission cycle to propose."""
     waiting = JobState(job_id, "", spec_of(spec), submitted_seq=0, submitted_at=0.0, attempt=attempt)
     return quota.admission(queue, waiting, replicas)
+
+
+def move_to(state: State, job_id: str, phase: Phase) -> JobState:
+    """Put a job of a State built by hand in ``phase``, in the State's indexes too, as a move of
+    the fold would (the fold's own moves come from records)."""
+    job = state.jobs[job_id]
+    before, job.phase = job.phase, phase
+    indexes.moved(state, job, before)
+    return job
 
 
 # -- placements -----------------------------------------------------------------------------------

@@ -64,6 +64,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import islice
+from operator import attrgetter, lt
 
 import msgspec
 
@@ -78,9 +80,9 @@ from corral.events.jobs import (
     PendingReasonChanged,
 )
 from corral.events.queues import QueueSpec
-from corral.projections import preemption, quota
+from corral.projections import indexes, preemption, quota
 from corral.projections.holds import Hold, hold, quota_end
-from corral.projections.lifecycle import HOLDS_QUOTA
+from corral.projections.lifecycle import Phase
 from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger, fmt_gpus, key_name
 from corral.projections.state import JobState, State
@@ -101,6 +103,10 @@ class AdmissionConfig:
 
 DEFAULT = AdmissionConfig()
 
+# Submission order, which a walk of ``State.jobs`` gave (the fold adds jobs as they are submitted).
+_SUBMISSION = attrgetter("submitted_seq", "id")
+_SEQ = attrgetter("submitted_seq")
+
 # A holder of quota that preemption could stop: (priority, milli-GPU, preemptible).
 _Holder = tuple[int, int, bool]
 # Per (queue, key), when its holders of quota are expected to give it back: (time, milli-GPU).
@@ -108,45 +114,51 @@ _Ends = dict[tuple[str, str], list[tuple[float, int]]]
 
 
 def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[Event]:
-    # 0. Snapshot: one pass over the jobs builds usage and the per-queue backlogs.
+    # 0. Snapshot, from the fold's indexes: usage from the jobs holding quota, each queue's
+    # backlog from its queued jobs, in submission order. No finished job is looked at.
     ledger = Ledger(state)
     inventory = Inventory(state)
     fair = FairShare(ledger, state, now)
     holders: dict[tuple[str, str], list[_Holder]] = {}
-    submitted: list[JobState] = []
-    stopped: list[JobState] = []
     waiting: defaultdict[str, list[JobState]] = defaultdict(list)
     explained: defaultdict[str, list[JobState]] = defaultdict(list)  # waiting jobs with a reason
-    last_seq, in_order = -1, True  # whether queued jobs come in submission order (they do)
     stopping: set[str] = set()  # beneficiaries some victim still checkpoints for
     elastic: list[JobState] = []  # running elastic jobs, which may grow
     ends: _Ends = {}
-    for job in state.jobs.values():
+    for job in indexes.jobs_in(state, *indexes.HOLDS_QUOTA):
         phase = job.phase
-        if phase == "queued":
-            waiting[job.spec.queue].append(job)
-            if job.reasons:
-                explained[job.spec.queue].append(job)
-            if job.submitted_seq <= last_seq:
-                in_order = False
-            last_seq = job.submitted_seq
-        elif phase in HOLDS_QUOTA:
-            if phase == "checkpointing" and job.preempted_for:
+        if phase == "checkpointing" and job.preempted_for:
+            stopping.add(job.preempted_for)
+        held = ledger.hold(job)
+        if held is not None:
+            holders.setdefault((job.spec.queue, held[0]), []).append(
+                (job.priority, held[1], preemption.preemptible(state, job))
+            )
+            ends.setdefault((job.spec.queue, held[0]), []).append((quota_end(job, now), held[1]))
+        if phase == "running" and job.spec.min_replicas is not None:
+            elastic.append(job)
+            if job.preempted_for and job.leaving:  # shrinking for a beneficiary
                 stopping.add(job.preempted_for)
-            held = ledger.hold(job)
-            if held is not None:
-                holders.setdefault((job.spec.queue, held[0]), []).append(
-                    (job.priority, held[1], preemption.preemptible(state, job))
-                )
-                ends.setdefault((job.spec.queue, held[0]), []).append((quota_end(job, now), held[1]))
-            if phase == "running" and job.spec.min_replicas is not None:
-                elastic.append(job)
-                if job.preempted_for and job.leaving:  # shrinking for a beneficiary
-                    stopping.add(job.preempted_for)
-        elif phase == "submitted":
-            submitted.append(job)
-        elif phase == "preempted" or phase == "interrupted":
-            stopped.append(job)
+    # The queued jobs, in the order they were queued: one pass, in about the order they sit in
+    # memory (each queue's index would be a look-up per job scattered over the whole State).
+    last_seq, in_order = -1, True  # whether they come in submission order (a requeued job does not)
+    queued = indexes.jobs_in(state, "queued")
+    for job in queued:
+        waiting[job.spec.queue].append(job)
+        if job.reasons:
+            explained[job.spec.queue].append(job)
+        if job.submitted_seq <= last_seq:
+            in_order = False
+        last_seq = job.submitted_seq
+    if not in_order:  # each queue in submission order, as a walk of every job found them
+        for name, jobs in waiting.items():
+            if not all(map(lt, map(_SEQ, jobs), map(_SEQ, islice(jobs, 1, None)))):
+                jobs.sort(key=_SUBMISSION)
+                if name in explained:
+                    explained[name] = [j for j in jobs if j.reasons]
+    submitted = indexes.jobs_in(state, "submitted")
+    stopped = indexes.jobs_in(state, "preempted", "interrupted")
+    stopped.sort(key=_SUBMISSION)
     events: list[Event] = []
 
     # 1. Accept or reject what was submitted, in submission order.
@@ -186,7 +198,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         )
         waiting[job.spec.queue].append(as_queued)
         explained[job.spec.queue].append(as_queued)
-    unhosted = _unhosted(state, inventory, ledger, waiting, explained, events)
+    unhosted = _unhosted(state, inventory, ledger, queued, waiting, explained, events)
     nominated -= unhosted
 
     # 3. Order the backlog by fair share; 4. admit whole gangs while quota allows.
@@ -196,7 +208,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     )
     # Jobs accepted or requeued this cycle were appended out of submission order.
     touched = {j.spec.queue for j in submitted} | {j.spec.queue for j in stopped}
-    sorted_already = [q for q in waiting if q not in touched] if in_order else []
+    sorted_already = [q for q in waiting if q not in touched]
     first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions)
     for adm in first:
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
@@ -305,6 +317,7 @@ def _unhosted(
     state: State,
     inventory: Inventory,
     ledger: Ledger,
+    queued: list[JobState],
     waiting: dict[str, list[JobState]],
     explained: dict[str, list[JobState]],
     events: list[Event],
@@ -312,13 +325,17 @@ def _unhosted(
     """Withdraw the admissions of jobs no node can host any more, and take the waiting ones out
     of ``waiting`` and ``explained``, saying why they wait; returns the ids of both. Their quota
     stays charged in ``ledger`` this cycle: the fold gives it back, and the next cycle uses it.
-    (One pass over the jobs in the State's order, which is the order they sit in memory: a walk
-    queue by queue costs several times more on a deep backlog.)"""
+    (One pass over ``queued``, the State's queued jobs as the cycle found them, then the admitted
+    and stopped ones, in the order the fold keeps them, which is about the order they sit in
+    memory: a walk queue by queue costs several times more on a deep backlog. What it finds is
+    then taken in submission order.)"""
     if inventory.empty:
         return set()
     out: set[str] = set()
     homeless: dict[str, dict[str, Reason]] = {}  # queue -> job -> why it waits
-    for job, why in inventory.unhosted([j for j in state.jobs.values() if j.phase in _HOSTED_LATER]):
+    found = inventory.unhosted([*queued, *indexes.jobs_in(state, *_HOSTED_LATER)])
+    found.sort(key=lambda item: _SUBMISSION(item[0]))
+    for job, why in found:
         if job.phase == "admitted":
             events.append(AdmissionWithdrawn(job_id=job.id, attempt=job.attempt, reason=_waits(why)))
             out.add(job.id)
@@ -342,8 +359,9 @@ def _unhosted(
     return out
 
 
-# Jobs that wait to be hosted: queued, admitted, or stopped and about to be queued again.
-_HOSTED_LATER = frozenset({"queued", "admitted", "preempted", "interrupted"})
+# Jobs that wait to be hosted, besides the queued ones: admitted, or stopped and about to be
+# queued again.
+_HOSTED_LATER: tuple[Phase, ...] = ("admitted", "preempted", "interrupted")
 
 
 def _waits(why: Reason) -> Reason:

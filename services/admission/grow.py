@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 
 from corral.events.jobs import Admission
-from corral.projections import quota, shape
+from corral.projections import indexes, quota, shape
 from corral.projections.quota import Ledger
 from corral.projections.shape import Shape
 from corral.projections.state import JobState, State
@@ -111,8 +111,8 @@ def free_gpus(state: State) -> int:
 def _unplaced_gpus(state: State, admitted: Collection[Admission]) -> int:
     """GPUs that admitted jobs not yet placed will take: the cycle's admissions and earlier ones."""
     pending = {a.job_id: a.replicas for a in admitted}
-    for job in state.jobs.values():
-        if job.phase == "admitted" and job.admission is not None and job.held is None:
+    for job in indexes.jobs_in(state, "admitted"):
+        if job.admission is not None and job.held is None:
             pending.setdefault(job.id, job.admission.replicas)
     total = 0
     for job_id, replicas in pending.items():

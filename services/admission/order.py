@@ -45,9 +45,8 @@ from itertools import islice
 from operator import attrgetter, lt
 
 from corral.events.queues import QueueSpec
-from corral.projections import gpu_time, queueing, quota
+from corral.projections import gpu_time, indexes, queueing, quota
 from corral.projections.holds import Hold
-from corral.projections.lifecycle import HOLDS_QUOTA
 from corral.projections.quota import Ledger
 from corral.projections.shape import kind_of
 from corral.projections.state import WHOLE, JobState, State
@@ -255,25 +254,15 @@ class FairShareOrder:
         return ledger.borrowing_height(cur.name, key, need)
 
 
-def waiting_by_queue(jobs: list[JobState]) -> dict[str, list[JobState]]:
-    out: dict[str, list[JobState]] = {}
-    for job in jobs:
-        out.setdefault(job.spec.queue, []).append(job)
-    return out
-
-
 def pending_order(state: State, now: float) -> list[JobState]:
     """Every queued job in the order admission would consider it if each were admitted in
     turn (``corral queues`` and ``corral explain`` positions). Deterministic for a State."""
     ledger = Ledger(state)
     fair = FairShare(ledger, state, now)
-    queued: list[JobState] = []
-    for job in state.jobs.values():
-        if job.phase in HOLDS_QUOTA:
-            ledger.hold(job)
-        if job.phase == "queued":
-            queued.append(job)
-    order = FairShareOrder(waiting_by_queue(queued), ledger, fair, now=now)
+    for job in indexes.jobs_in(state, *indexes.HOLDS_QUOTA):
+        ledger.hold(job)
+    waiting = {name: indexes.queued_in(state, name) for name in state.queued_by_queue}
+    order = FairShareOrder(waiting, ledger, fair, now=now)
     out: list[JobState] = []
     while (cur := order.pop()) is not None:
         job = cur.head

@@ -24,7 +24,7 @@ import msgspec
 from corral.events.base import Reason
 from corral.events.decisions import GpuClaim, Placement
 from corral.events.jobs import Resources
-from corral.projections import mig
+from corral.projections import indexes, mig
 from corral.projections.holds import expected_end
 from corral.projections.placement import gang
 from corral.projections.placement.framework import Chain, Request
@@ -96,7 +96,7 @@ def reserve(
 
     ``snap`` is the cycle's snapshot and ``placed`` what the cycle has placed so far: those jobs
     hold their GPUs in the projection too, until their own estimated end."""
-    holders = [(expected_end(j, now), j.id, j.held, j.spec.resources) for j in state.jobs.values() if j.held]
+    holders = [(expected_end(j, now), j.id, j.held, j.spec.resources) for j in indexes.holding(state)]
     for p, r in placed:
         est = r.runtime_estimate_s
         holders.append((math.inf if est is None else now + est, p.job_id, p, r.res))

@@ -46,7 +46,8 @@ import msgspec
 from corral.events.base import Event, Reason
 from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Placement, Unschedulable
 from corral.events.jobs import Resources
-from corral.projections import claims, quota
+from corral.projections import claims, indexes, quota
+from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Request
 from corral.projections.placement.plugins.packing import Fragmentation, workload_of
@@ -61,14 +62,14 @@ DEFAULT = PlacerConfig()
 
 def admitted(state: State) -> list[JobState]:
     """Jobs waiting for GPUs, in placement order: priority, then who was submitted first."""
-    jobs = [j for j in state.jobs.values() if j.phase == "admitted"]
+    jobs = indexes.jobs_in(state, "admitted")
     jobs.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
     return jobs
 
 
 # The phases in which a job preempted for a beneficiary names it as nominated: stopping, stopped,
 # or requeued and not placed again yet.
-_NAMING = frozenset({"checkpointing", "preempted", "queued", "admitted"})
+_NAMING: tuple[Phase, ...] = ("checkpointing", "preempted", "queued", "admitted")
 _STOPPING = frozenset({"checkpointing", "preempted"})  # a preemption under way
 
 
@@ -82,10 +83,12 @@ class Nominations:
 
     @classmethod
     def of(cls, state: State) -> Nominations:
+        """A look at every job stopping or waiting (a requeued victim may be queued anywhere in
+        the backlog), none at a running or finished one."""
         out = cls()
-        for job in state.jobs.values():
+        for job in indexes.jobs_in(state, *_NAMING):
             b = job.preempted_for
-            if b and job.phase in _NAMING:
+            if b:
                 out.first.add(b)
                 if job.phase in _STOPPING:
                     out.stopping.setdefault(b, []).append(job)
@@ -96,9 +99,8 @@ def growing(state: State) -> list[JobState]:
     """Running elastic jobs with admitted ranks to place, in submission order."""
     jobs = [
         j
-        for j in state.jobs.values()
-        if j.phase == "running"
-        and j.admission is not None
+        for j in indexes.jobs_in(state, "running")
+        if j.admission is not None
         and j.placement is not None
         and j.admission.replicas > len(j.placement.workers)
         and j.held == j.placement

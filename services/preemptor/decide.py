@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
-from corral.projections import preemption, queueing, thrash
+from corral.projections import indexes, preemption, queueing, thrash
 from corral.projections.holds import Hold, hold, quota_ends
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
@@ -130,8 +130,8 @@ def wake(state: State, now: float) -> float:
     victims new candidates: when an anti-thrash guard stops protecting a running job. (The rest
     of what the cycle reads changes with records, or only orders what it tries.)"""
     soonest = math.inf
-    for job in state.jobs.values():
-        if job.phase in RUNNING and job.held is not None and preemption.preemptible(state, job):
+    for job in indexes.jobs_in(state, *RUNNING):
+        if job.held is not None and preemption.preemptible(state, job):
             at = thrash.lifts_at(job, state.priority_classes.get(job.spec.priority_class), now)
             if now < at < soonest:
                 soonest = at
@@ -277,15 +277,13 @@ def beneficiaries(state: State, now: float = 0.0) -> list[JobState]:
     the placer says preemption would help, and every queued job (``blocked_target`` keeps only
     those that quota blocks). A shortest-first queue's queued jobs take its places in its own
     order (``projections.queueing.slots``), so that its holds fall on the job admission holds for."""
-    out: list[JobState] = []
+    out = indexes.jobs_in(state, "queued")
     shortest: dict[str, list[JobState]] = {}
-    for job in state.jobs.values():
-        if job.phase == "queued":
-            q = state.queues.get(job.spec.queue)
-            if q is not None and q.strategy == queueing.SHORTEST_FIRST:
-                shortest.setdefault(job.spec.queue, []).append(job)
-            out.append(job)
-        elif job.phase == "admitted" and job.held is None and any(r.preemption_helps for r in job.reasons):
+    for name, spec in state.queues.items():
+        if spec.strategy == queueing.SHORTEST_FIRST and name in state.queued_by_queue:
+            shortest[name] = indexes.queued_in(state, name)
+    for job in indexes.jobs_in(state, "admitted"):
+        if job.held is None and any(r.preemption_helps for r in job.reasons):
             out.append(job)
     place: dict[str, int] = {}
     for jobs in shortest.values():
@@ -306,13 +304,17 @@ def _settle(sim: Simulation, state: State) -> set[str]:
     as freed (of an elastic job shrinking for one, those of its leaving ranks) and nominate the
     beneficiary onto them; returns the beneficiaries whose preemption is under way."""
     leaving: dict[str, list[JobState]] = {}
-    for job in state.jobs.values():
-        if job.phase == "checkpointing" or job.phase == "preempted":
-            who = preempted_for(job)
-            if who:
-                leaving.setdefault(who, []).append(job)
-        elif job.preempted_for and job.leaving:
+    # Jobs stopping and stopped, and running ones (an elastic job shrinking runs); each
+    # beneficiary's in submission order, as a walk of every job found them.
+    for job in indexes.jobs_in(state, "checkpointing", "preempted"):
+        who = preempted_for(job)
+        if who:
+            leaving.setdefault(who, []).append(job)
+    for job in indexes.jobs_in(state, "running"):
+        if job.preempted_for and job.leaving:
             leaving.setdefault(job.preempted_for, []).append(job)
+    for victims in leaving.values():
+        victims.sort(key=lambda j: (j.submitted_seq, j.id))
     under_way: set[str] = set()
     waiting = [
         state.jobs[b] for b in leaving if b in state.jobs and state.jobs[b].phase in ("admitted", "queued")

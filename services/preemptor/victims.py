@@ -47,7 +47,8 @@ import msgspec
 from corral.events.base import Reason
 from corral.events.decisions import Placement, WorkerSlot
 from corral.events.queues import PreemptionPolicy
-from corral.projections import claims, preemption, quota
+from corral.projections import claims, indexes, preemption, quota
+from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Chain, Request
 from corral.projections.placement.plugins.packing import Fragmentation, workload_of
@@ -56,7 +57,7 @@ from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, JobState, State
 
-RUNNING = ("placed", "starting", "running")  # the phases a PreemptionRequested may stop
+RUNNING: tuple[Phase, ...] = ("placed", "starting", "running")  # the phases a PreemptionRequested may stop
 
 
 # -- what stopping a job costs ----------------------------------------------------------------------
@@ -180,8 +181,8 @@ class Pool:
 
     def __init__(self, state: State, ledger: Ledger, now: float) -> None:
         found: list[Holder] = []
-        for job in state.jobs.values():
-            if job.phase not in RUNNING or job.held is None or preemption.protected(state, job, now):
+        for job in indexes.jobs_in(state, *RUNNING):
+            if job.held is None or preemption.protected(state, job, now):
                 continue
             key, per_worker = charge_of(ledger, job)
             found.append(Holder(job, key, per_worker, work_lost(state, job, now)))

@@ -48,9 +48,7 @@ def node_row(node: NodeState) -> dict[str, Any]:
 
 
 def summary(state: State) -> dict[str, Any]:
-    phases: dict[str, int] = {}
-    for j in state.jobs.values():
-        phases[j.phase] = phases.get(j.phase, 0) + 1
+    phases = {phase: len(ids) for phase, ids in state.jobs_by_phase.items()}
     gpus = [g for n in state.nodes.values() for g in n.gpus]
     return {
         "seq": state.seq,

@@ -11,8 +11,7 @@ from typing import Any
 
 import msgspec
 
-from corral.projections import gpu_time, quota
-from corral.projections.lifecycle import FINAL
+from corral.projections import gpu_time, indexes, quota
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, State
 
@@ -21,10 +20,10 @@ def queue_rows(state: State) -> list[dict[str, Any]]:
     usage = queue_usage(state)
     pending: dict[str, int] = {}
     running: dict[str, int] = {}
-    for job in state.jobs.values():
+    for job in indexes.unfinished(state):
         if job.phase in ("submitted", "queued", "preempted", "interrupted"):
             pending[job.spec.queue] = pending.get(job.spec.queue, 0) + 1
-        elif job.phase not in FINAL:
+        else:
             running[job.spec.queue] = running.get(job.spec.queue, 0) + 1
     rows = []
     half_life = state.fair_share.half_life_s

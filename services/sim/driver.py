@@ -78,7 +78,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.projections import quota
+from corral.projections import indexes, quota
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import FINAL
 from corral.projections.placement.stack import PlacerConfig
@@ -94,6 +94,7 @@ WAITING = frozenset({"submitted", "queued", "admitted", "preempted", "interrupte
 _VERBS: dict[type[Event], str] = {t: verb for verb, t in codec.ADMIN_VERBS.items()}
 # Reports that change no service's answer at the time they are made (see the module docstring).
 _NO_NEWS = (CheckpointCompleted, WorkerStarted)
+_FINAL = indexes.ordered(FINAL)
 
 
 class SimError(Exception):

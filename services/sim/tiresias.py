@@ -68,8 +68,7 @@ from corral.events.jobs import (
     JobRequeued,
     JobsAdmitted,
 )
-from corral.projections import quota
-from corral.projections.lifecycle import FINAL
+from corral.projections import indexes, quota
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
 from corral.services.admission.validate import priority_value, validate
@@ -301,9 +300,7 @@ def decide(
     remembered: dict[str, Service] = {}
     live: list[JobState] = []  # accepted, not over, in submission order
     attempt: dict[str, int] = {}
-    for job in sorted(state.jobs.values(), key=lambda j: (j.submitted_seq, j.id)):
-        if job.phase in FINAL:
-            continue
+    for job in sorted(indexes.unfinished(state), key=lambda j: (j.submitted_seq, j.id)):
         # 1. Accept or reject what was submitted, as admission would.
         if job.phase == "submitted":
             why = validate(state, job, ledger)

@@ -59,6 +59,7 @@ from corral.events.queues import (
     Quota,
     RetentionSpec,
 )
+from corral.projections import indexes
 from corral.projections.fold import apply_event, fold
 from corral.projections.lifecycle import HOLDS_QUOTA
 from corral.projections.state import WHOLE, State
@@ -434,6 +435,7 @@ def test_fold_never_raises_and_never_faults(records: list[Record]) -> None:
     faults = [r for r in state.rejections if r.code == "fault"]
     assert state.faults == 0, faults
     check_gpus(state)
+    indexes.check(state)
 
 
 @settings(max_examples=100, deadline=None)
@@ -477,12 +479,14 @@ def test_real_events_out_of_order_never_fault(shuffled: list[Record], n: int) ->
     state = fold(records)
     assert state.faults == 0, [r for r in state.rejections if r.code == "fault"]
     check_gpus(state)
+    indexes.check(state)
 
 
 def test_the_story_itself_folds_cleanly() -> None:
     state = fold(STORY)
     assert state.faults == 0 and state.void_total == 0, state.rejections
     check_gpus(state)
+    indexes.check(state)
 
 
 # -- snapshots ------------------------------------------------------------------------------------
@@ -495,7 +499,20 @@ def test_snapshot_at_any_cut_then_the_tail_equals_folding_everything(records: li
     head = fold(records[:cut])
     restored = msgspec.msgpack.decode(msgspec.msgpack.encode(head), type=State)
     assert restored == head
-    assert fold(records[cut:], restored) == fold(records)
+    # The indexes' order is part of what a replica must agree on: a snapshot keeps it.
+    assert _in_order(restored) == _in_order(head)
+    whole = fold(records)
+    assert fold(records[cut:], restored) == whole
+    assert _in_order(restored) == _in_order(whole)
+    indexes.check(whole)
+
+
+def _in_order(state: State) -> list[tuple[str, str, list[str]]]:
+    return [
+        (name, key, list(ids))
+        for name in ("jobs_by_phase", "queued_by_queue", "holding_by_node")
+        for key, ids in getattr(state, name).items()
+    ]
 
 
 # -- racing placers -------------------------------------------------------------------------------
@@ -590,6 +607,7 @@ def test_racing_placements_never_share_a_gpu_and_the_first_valid_one_wins(
     state = fold(records)
     assert state.faults == 0
     check_gpus(state)
+    indexes.check(state)
     won, held = _first_valid_proposals(specs, events)
     placed = {j.id: j.placement for j in state.jobs.values() if j.phase == "placed"}
     assert placed == won
@@ -633,6 +651,8 @@ def test_decoded_path_agrees_with_the_wire_path(records: list[Record]) -> None:
         decoded.cohorts,
     )
     assert wire.priority_classes == decoded.priority_classes and wire.void_total == decoded.void_total
+    assert _in_order(wire) == _in_order(decoded)
+    indexes.check(decoded)
 
 
 # -- admissions within quota ----------------------------------------------------------------------
@@ -826,6 +846,7 @@ def test_the_gang_story_itself_folds_cleanly() -> None:
     assert [r.message for r in state.rejections] == ["rank 0 of job g2 is not running"]
     assert state.jobs["el"].phase == "cancelled" and state.jobs["el"].held is None
     check_gpus(state)
+    indexes.check(state)
 
 
 @FAST
@@ -839,7 +860,9 @@ def test_after_every_record_each_gpus_holders_are_the_jobs_that_hold_it(records:
     for i, r in enumerate(records):
         apply(state, msgspec.structs.replace(r, seq=i + 1))
         check_gpus(state)
+        indexes.check(state)
         check_holders(state)
+        indexes.check(state)
 
 
 @st.composite

@@ -23,6 +23,7 @@ from corral.events.jobs import (
     Resources,
 )
 from corral.events.queues import ApplyCohort, CohortSpec, PriorityClassSpec, QueueSpec, Quota
+from corral.projections import indexes
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import Phase
 from corral.projections.quota import ANY, Ledger
@@ -30,7 +31,7 @@ from corral.projections.state import Checkpoint, JobState, State
 from corral.services.admission.decide import AdmissionConfig, decide
 from corral.services.admission.order import pending_order
 from corral.services.admission.validate import validate
-from tests.builders import Cluster, JobBuilder, LogBuilder, on, queue_spec
+from tests.builders import Cluster, JobBuilder, LogBuilder, move_to, on, queue_spec
 from tests.builders import job as spec
 
 H = "H100"
@@ -91,7 +92,7 @@ class Job:
             reasons=self.reasons,
             phase_since=self.at,
         )
-        s.jobs[self.id] = job
+        indexes.add(s, job)
         return job
 
 
@@ -348,7 +349,9 @@ def test_order_does_not_depend_on_the_order_jobs_are_held_in() -> None:
         if rng.random() < 0.3:
             j = j.running()
         j.into(s)
+    # The same jobs, in another order: in the State and so in the indexes rebuilt from it.
     shuffled = msgspec.structs.replace(s, jobs=dict(sorted(s.jobs.items(), key=lambda _: rng.random())))
+    indexes.rebuild(shuffled)
     assert [j.id for j in pending_order(s, 5.0)] == [j.id for j in pending_order(shuffled, 5.0)]
 
 
@@ -473,7 +476,7 @@ def test_reasons_are_emitted_only_when_they_change() -> None:
     assert set(reasons(out)) == {"w0", "w1"}
     assert fold_all(s, out) == 0
     assert decide(s, 1.0) == []
-    s.jobs["run"].phase = "succeeded"  # quota frees: w0 goes, w1 moves up
+    move_to(s, "run", "succeeded")  # quota frees: w0 goes, w1 moves up
     out = decide(s, 2.0)
     assert set(admitted(out)) == {"w0"}
     assert reasons(out)["w1"].message.endswith("position 1 of 1 in team-a")
@@ -494,8 +497,8 @@ def test_deep_backlog_gets_one_stable_reason_and_only_where_another_was() -> Non
 
 def test_requeues_stopped_jobs_from_their_checkpoint_and_admits_them() -> None:
     s = two_teams()
-    j = job("pre").gpus(8, H).running().into(s)
-    j.phase, j.attempt = "preempted", 2
+    j = move_to(s, job("pre").gpus(8, H).running().into(s).id, "preempted")
+    j.attempt = 2
     j.reasons = (Reason("preempted", "preempted for hi"),)
     j.checkpoint = Checkpoint("s3://ckpt/pre/100", 100, 2, 7)
     out = decide(s, 0.0)
@@ -554,7 +557,9 @@ def test_decide_is_deterministic_whatever_order_the_state_holds_jobs_in() -> Non
         if rng.random() < 0.2:
             j = j.running()
         j.into(s)
+    # The same jobs, in another order: in the State and so in the indexes rebuilt from it.
     shuffled = msgspec.structs.replace(s, jobs=dict(sorted(s.jobs.items(), key=lambda _: rng.random())))
+    indexes.rebuild(shuffled)
     assert decide(s, 9.0) == decide(shuffled, 9.0)
 
 
@@ -600,7 +605,7 @@ def test_the_first_job_that_does_not_fit_holds_its_queues_quota_against_later_jo
     )
     assert reasons(out)["gang"].code == "quota"
     assert fold_all(s, out) == 0
-    s.jobs["run"].phase = "succeeded"
+    move_to(s, "run", "succeeded")
     out = decide(s, 100.0)
     assert list(admitted(out)) == ["gang", "s1"]  # 12 + 4: the nominal 16
     assert fold_all(s, out) == 0

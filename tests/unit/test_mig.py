@@ -13,7 +13,7 @@ import pytest
 from corral.events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
 from corral.events.jobs import JobSpec, Resources
 from corral.events.nodes import NodeInventory
-from corral.projections import claims, mig
+from corral.projections import claims, indexes, mig
 from corral.projections.state import JobState, State
 from corral.services.agent.inventory import h100_8x_mig
 from tests.builders import LogBuilder
@@ -221,7 +221,7 @@ def _one_gpu_state() -> State:
 def _claim(state: State, job_id: str, profile: str, start: int) -> None:
     """Check and take one instance for a new one-worker job; ClaimError if it is refused."""
     job = JobState(job_id, "t", JobSpec(queue="q", resources=Resources(gpus=1, mig=profile)), 0, 0.0)
-    state.jobs[job_id] = job
+    indexes.add(state, job)
     p = Placement(job_id, 0, (WorkerSlot(0, MIG_NODE, (GpuClaim(0, mig=MigSlot(profile, start)),)),))
     claims.check(state, job, p)
     claims.take(state, job, p)

@@ -18,7 +18,7 @@ from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Mig
 from corral.events.jobs import Admission, JobsAdmitted, JobSpec, Resources
 from corral.events.nodes import GpuInfo, NodeCondition, NodeInventory
 from corral.events.queues import ApplyQueue, QueueSpec, Quota
-from corral.projections import claims, holds, quota
+from corral.projections import claims, holds, indexes, quota
 from corral.projections.fold import apply_event
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Need, Request
@@ -723,7 +723,7 @@ def test_unschedulable_reported_once_until_reasons_change() -> None:
 
 def test_a_job_whose_old_workers_still_hold_gpus_waits() -> None:
     state = admitted_log(("a", job().gpus(1), 1)).fold()
-    state.jobs["a"].held = Placement("a", 0, (WorkerSlot(0, "node-00", (GpuClaim(0),)),))
+    indexes.hold(state, state.jobs["a"], Placement("a", 0, (WorkerSlot(0, "node-00", (GpuClaim(0),)),)))
     events = decide(state, 2000.0)
     assert isinstance(events[0], JobsUnschedulable) and events[0].jobs[0].reasons[0].code == "draining"
 
@@ -756,13 +756,13 @@ def running_holder(
     p = Placement(job_id, 0, (WorkerSlot(0, node, tuple(GpuClaim(i) for i in gpus)),))
     claims.take(state, holder, p)
     holder.placement = p
-    state.jobs[job_id] = holder
+    indexes.add(state, holder)
 
 
 def admit(state: State, job_id: str, spec: JobSpec, seq: int, replicas: int = 1) -> None:
     j = JobState(id=job_id, tenant="t", spec=spec, submitted_seq=seq, submitted_at=0.0, phase="admitted")
     j.admission = Admission(job_id, 0, replicas)
-    state.jobs[job_id] = j
+    indexes.add(state, j)
 
 
 def test_expected_end() -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from corral.events.jobs import JobSpec, Resources
 from corral.events.queues import QueueSpec, Quota
-from corral.projections import queueing
+from corral.projections import indexes, queueing
 from corral.projections.state import JobState, State
 from corral.services.admission.decide import decide
 from corral.services.admission.order import sort_queue
@@ -66,7 +66,7 @@ def _state(strategy: str) -> State:
     s = State()
     s.queues["q"] = QueueSpec("q", quotas={"*": Quota(8)}, strategy=strategy)  # type: ignore[arg-type]
     for job in (waiting("long", 10 * HOUR, 0.0, 1), waiting("short", HOUR, 0.0, 2)):
-        s.jobs[job.id] = job
+        indexes.add(s, job)
     return s
 
 
@@ -79,13 +79,16 @@ def test_admission_admits_in_the_queues_order(strategy: str, first: str) -> None
 def test_the_preemptor_searches_a_shortest_first_queue_in_its_order() -> None:
     s = _state("shortest-first")
     s.queues["fifo"] = QueueSpec("fifo", quotas={"*": Quota(8)})
-    s.jobs["f"] = JobState(
-        id="f",
-        tenant="t",
-        spec=JobSpec(queue="fifo", resources=Resources(gpus=8)),
-        submitted_seq=3,
-        submitted_at=0.0,
-        phase="queued",
+    indexes.add(
+        s,
+        JobState(
+            id="f",
+            tenant="t",
+            spec=JobSpec(queue="fifo", resources=Resources(gpus=8)),
+            submitted_seq=3,
+            submitted_at=0.0,
+            phase="queued",
+        ),
     )
     # The queue's places (sequences 1 and 2) go to its jobs in its order; f keeps its own.
     assert [j.id for j in beneficiaries(s, HOUR)] == ["short", "long", "f"]

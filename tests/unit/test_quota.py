@@ -8,10 +8,11 @@ import pytest
 
 from corral.events.jobs import Admission, JobSpec, Resources
 from corral.events.queues import CohortSpec, QueueSpec, Quota
-from corral.projections import quota
+from corral.projections import indexes, quota
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import JobState, State
 from corral.services.query.queues import queue_usage
+from tests.builders import move_to
 
 G = 1000  # milli-GPU per GPU
 
@@ -50,7 +51,7 @@ def hold(s: State, queue: str, gpus: int, key: str = ANY, job_id: str | None = N
         phase="running",
         admission=Admission(jid, 0, gpus, {key: gpus}),
     )
-    s.jobs[jid] = job
+    indexes.add(s, job)
     quota.count_holding(s, job, 1)  # what the fold does when a job is admitted
     return job
 
@@ -312,7 +313,7 @@ def test_fractions_are_exact_and_recorded_rounded_up() -> None:
 def _queued(s: State, queue: str, res: Resources, replicas: int = 1) -> JobState:
     spec = JobSpec(queue=queue, replicas=replicas, resources=res)
     job = JobState(id="j", tenant="t", spec=spec, submitted_seq=99, submitted_at=0.0, phase="queued")
-    s.jobs["j"] = job
+    indexes.add(s, job)
     return job
 
 
@@ -359,7 +360,7 @@ def test_unknown_queue() -> None:
 
 def test_released_quota_is_available_again() -> None:
     s = cluster({"a": (None, {ANY: Q(8)})}, held={"a": 8})
-    s.jobs["held-0"].phase = "succeeded"
+    move_to(s, "held-0", "succeeded")
     quota.count_holding(s, s.jobs["held-0"], -1)  # what the fold does when a job leaves
     assert Ledger.from_state(s).available("a", ANY) == 8 * G
     assert Ledger.from_jobs(s).available("a", ANY) == 8 * G

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from corral.events.decisions import GpuClaim
-from corral.projections.lifecycle import FINAL
+from corral.projections import indexes
 from corral.projections.placement.framework import NeedKind, Request
 from corral.projections.placement.plugins.fragmentation import (
     WHOLE,
@@ -127,18 +127,24 @@ def corral_choice(
 def workload_of(state: State) -> Workload:
     """The target workload the live placer measures fragmentation against: the worker shapes of
     every job not yet finished, weighted by their worker count. Derived from the state each
-    cycle, so every replica of the placer agrees on it."""
+    cycle, so every replica of the placer agrees on it. It costs a look at every unfinished job
+    (queued ones included: they are the workload to come), none at a finished one."""
     counts: dict[TaskShape, float] = {}
-    for job in state.jobs.values():
-        if job.phase in FINAL:
-            continue
+    for job in indexes.unfinished(state):
         res = job.spec.resources
         worker = Shape.of(res)
         if worker.kind == "mig":
             continue  # MIG slices are packed by the MIG plugin, not by milli-GPU
         shape = TaskShape(worker.cpu, worker.milli, res.gpus, frozenset(res.gpu_models))
         counts[shape] = counts.get(shape, 0.0) + max(1, job.spec.replicas)
-    return Workload(counts)
+    # The scores sum over the shapes in this order: one that depends on the shapes alone, not on
+    # the order the jobs are found in.
+    return Workload(dict(sorted(counts.items(), key=_shape_order)))
+
+
+def _shape_order(item: tuple[TaskShape, float]) -> tuple[int, int, int, tuple[str, ...]]:
+    s = item[0]
+    return s.cpu_milli, s.gpu_milli, s.gpus, tuple(sorted(s.models))
 
 
 def kappa_of(workload: Workload) -> float:

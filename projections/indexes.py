@@ -1,0 +1,232 @@
+"""Indexes of the jobs, kept by the fold: the jobs in each phase, the queued jobs of each queue,
+the jobs holding GPUs on each node.
+
+Why. Every decision cycle, and the fold's handlers of node events, want a few kinds of jobs: the
+queued ones, those holding quota, those on one node. A walk of ``State.jobs`` for them costs every
+job that ever existed, finished ones included, at every cycle and every GPU health event. The fold
+keeps these indexes instead, where what they index changes, so that a reader pays for the jobs it
+asks for:
+
+- ``State.jobs_by_phase``: phase -> ids of its jobs, in the order they entered it. Kept where a
+  job is made (``fold_requests``, through ``add``) and where its phase changes
+  (``fold_moves.move`` and ``move_twice``, the only places, through ``moved``).
+- ``State.queued_by_queue``: queue -> ids of its queued jobs, in the order they were queued. (A
+  queue's own order, by priority and submission or response ratio, is the reader's to sort:
+  priorities change while jobs wait, and shortest-first depends on the time.)
+- ``State.holding_by_node``: node -> ids of the jobs holding GPUs, CPU or memory there
+  (``JobState.held``), in the order they took them. ``held`` changes only through ``hold``
+  (``projections/claims.py`` and ``fold_nodes`` call it), which keeps this.
+
+They are ids, not the ``JobState`` objects again, so that a snapshot encodes each job once. They
+are part of the State: snapshots carry them and every replica builds them in the same order, so
+any walk of them is deterministic. An index entry left empty is removed: a State has one form.
+``forget`` takes a job out of the State and every index (the simulator's compaction of finished
+jobs); ``rebuild`` makes the indexes of a State built by hand (benchmarks, tests); ``check``
+recomputes them from ``State.jobs`` and says where they differ (tests).
+
+Order. An index's order is the order of events, not submission order. Readers that need an order
+sort by their own key with ties by id, as before; ``holding_on`` gives a node's jobs in
+submission order, the order a walk of ``State.jobs`` found them (the fold inserts jobs in
+submission order), so that what the fold does to them in turn is what it did before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+from corral.events.decisions import Placement
+from corral.projections import lifecycle
+from corral.projections.lifecycle import FINAL, PHASES, Phase
+from corral.projections.state import JobState, State
+
+
+def ordered(phases: Collection[Phase]) -> tuple[Phase, ...]:
+    """``phases`` in the order the lifecycle declares them: a set of phases (``HOLDS_QUOTA``)
+    iterates in an order that changes from one process to the next, a walk of the index by this
+    tuple does not."""
+    return tuple(p for p in PHASES if p in phases)
+
+
+UNFINISHED: tuple[Phase, ...] = tuple(p for p in PHASES if p not in FINAL)
+HOLDS_QUOTA: tuple[Phase, ...] = ordered(lifecycle.HOLDS_QUOTA)
+
+Index = dict[str, dict[str, None]]
+
+
+def _add(index: Index, key: str, job_id: str) -> None:
+    ids = index.get(key)
+    if ids is None:
+        index[key] = {job_id: None}
+    else:
+        ids[job_id] = None
+
+
+def _remove(index: Index, key: str, job_id: str) -> None:
+    # Tolerant: a scratch State (the placer's gate, the preemptor's trial) takes and gives back
+    # claims of jobs it does not index.
+    ids = index.get(key)
+    if ids is not None:
+        ids.pop(job_id, None)
+        if not ids:
+            del index[key]
+
+
+def _nodes(placement: Placement) -> Iterable[str]:
+    workers = placement.workers
+    if len(workers) == 1:
+        return (workers[0].node,)
+    return dict.fromkeys(w.node for w in workers)
+
+
+# -- kept by the fold -------------------------------------------------------------------------------
+
+
+def add(state: State, job: JobState) -> None:
+    """Put a new job into the State and its indexes."""
+    state.jobs[job.id] = job
+    _add(state.jobs_by_phase, job.phase, job.id)
+    if job.phase == "queued":
+        _add(state.queued_by_queue, job.spec.queue, job.id)
+    if job.held is not None:
+        for node in _nodes(job.held):
+            _add(state.holding_by_node, node, job.id)
+
+
+def moved(state: State, job: JobState, before: Phase) -> None:
+    """``job`` has moved from phase ``before`` to ``job.phase``. (A move to the same phase, a
+    gang's next worker starting, keeps its place.)"""
+    after = job.phase
+    if after == before:
+        return
+    job_id = job.id
+    by_phase = state.jobs_by_phase
+    ids = by_phase.get(before)
+    if ids is not None:
+        ids.pop(job_id, None)
+        if not ids:
+            del by_phase[before]
+    ids = by_phase.get(after)
+    if ids is None:
+        by_phase[after] = {job_id: None}
+    else:
+        ids[job_id] = None
+    if before == "queued":
+        _remove(state.queued_by_queue, job.spec.queue, job_id)
+    if after == "queued":
+        _add(state.queued_by_queue, job.spec.queue, job_id)
+
+
+def hold(state: State, job: JobState, held: Placement | None) -> None:
+    """Set what ``job`` holds (``JobState.held``): the one way it changes."""
+    old = job.held
+    job.held = held
+    if old is None and held is None:
+        return
+    index = state.holding_by_node
+    job_id = job.id
+    if old is None:
+        assert held is not None
+        for node in _nodes(held):
+            _add(index, node, job_id)
+        return
+    before = _nodes(old)
+    after = () if held is None else _nodes(held)
+    for node in before:
+        if node not in after:
+            _remove(index, node, job_id)
+    for node in after:
+        if node not in before:
+            _add(index, node, job_id)
+
+
+def forget(state: State, job: JobState) -> None:
+    """Take ``job`` out of the State and every index."""
+    state.jobs.pop(job.id, None)
+    _remove(state.jobs_by_phase, job.phase, job.id)
+    if job.phase == "queued":
+        _remove(state.queued_by_queue, job.spec.queue, job.id)
+    if job.held is not None:
+        for node in _nodes(job.held):
+            _remove(state.holding_by_node, node, job.id)
+
+
+# -- read ---------------------------------------------------------------------------------------------
+
+
+def jobs_in(state: State, *phases: Phase) -> list[JobState]:
+    """The jobs in ``phases``, phase by phase as given, each in the order it entered it."""
+    jobs = state.jobs
+    by_phase = state.jobs_by_phase
+    if len(phases) == 1:
+        return [jobs[i] for i in by_phase.get(phases[0], ())]
+    return [jobs[i] for p in phases for i in by_phase.get(p, ())]
+
+
+def count(state: State, *phases: Phase) -> int:
+    by_phase = state.jobs_by_phase
+    return sum(len(by_phase.get(p, ())) for p in phases)
+
+
+def unfinished(state: State) -> list[JobState]:
+    """Every job not finished: as many as are queued, admitted or running, whatever finished."""
+    return jobs_in(state, *UNFINISHED)
+
+
+def queued_in(state: State, queue: str) -> list[JobState]:
+    """The queued jobs of ``queue``, in the order they were queued."""
+    jobs = state.jobs
+    return [jobs[i] for i in state.queued_by_queue.get(queue, ())]
+
+
+def holding_on(state: State, node: str) -> list[JobState]:
+    """The jobs holding GPUs, CPU or memory on ``node``, in submission order."""
+    jobs = state.jobs
+    found = [jobs[i] for i in state.holding_by_node.get(node, ())]
+    if len(found) > 1:
+        found.sort(key=lambda j: (j.submitted_seq, j.id))
+    return found
+
+
+def holding(state: State) -> list[JobState]:
+    """Every job holding GPUs, CPU or memory anywhere, once, node by node."""
+    jobs = state.jobs
+    ids: dict[str, None] = {}
+    for on_node in state.holding_by_node.values():
+        ids.update(on_node)
+    return [jobs[i] for i in ids]
+
+
+# -- made again, and checked ------------------------------------------------------------------------
+
+
+def rebuild(state: State) -> State:
+    """Make every index from ``State.jobs``, in its order: for a State built by hand."""
+    state.jobs_by_phase = {}
+    state.queued_by_queue = {}
+    state.holding_by_node = {}
+    jobs = list(state.jobs.values())
+    state.jobs.clear()
+    for job in jobs:
+        add(state, job)
+    return state
+
+
+def check(state: State) -> None:
+    """Raise AssertionError, saying where, unless every index holds exactly what ``State.jobs``
+    says it should (the order within an entry is the fold's history, which this cannot know)."""
+    want = rebuild(State(jobs=dict(state.jobs)))
+    problems = []
+    for name in ("jobs_by_phase", "queued_by_queue", "holding_by_node"):
+        have_index: Index = getattr(state, name)
+        want_index: Index = getattr(want, name)
+        for key in sorted(have_index.keys() | want_index.keys()):
+            have, should = set(have_index.get(key, ())), set(want_index.get(key, ()))
+            if key in have_index and not have:
+                problems.append(f"{name}[{key}] is empty and kept")
+            if have != should:
+                extra, missing = sorted(have - should), sorted(should - have)
+                problems.append(
+                    f"{name}[{key}]: has {extra[:5]} ({len(extra)}), lacks {missing[:5]} ({len(missing)})"
+                )
+    if problems:
+        raise AssertionError("indexes differ from the jobs: " + "; ".join(problems))

@@ -56,6 +56,8 @@ from corral.services.runtime.supervise import Supervision
 
 log = logging.getLogger("corral.shell")
 
+MIN_QUIET_S = 2.0  # the least a quiet state waits for time alone to change its answer
+
 Decide = Callable[[State, float], Sequence[Event]]
 
 
@@ -198,7 +200,9 @@ class Service:
         ``quiet_s`` on), so an idle service costs nothing but its lease."""
         until = now + self.quiet_s
         if self.wake is not None:
-            until = min(until, self.wake(self.state, now))
+            # Not sooner than ``MIN_QUIET_S``: with thousands of jobs running, some guard lifts
+            # every few milliseconds, and an idle cycle over a deep backlog is not free.
+            until = min(until, max(now + MIN_QUIET_S, self.wake(self.state, now)))
         self._quiet_seq = self.state.seq
         self._quiet_until = until
 

@@ -69,7 +69,7 @@ async def test_wake_brings_the_next_cycle_forward() -> None:
     calls: list[float] = []
     clock = Clock()
     svc = Service(
-        "placer", _counting(calls), InMemoryLog(), clock=clock, quiet_s=3600.0, wake=lambda s, now: 1_010.0
+        "placer", _counting(calls), InMemoryLog(), clock=clock, quiet_s=3600.0, wake=lambda s, now: 1_010.0 if now < 1_010.0 else 1_010.5
     )
     await svc.restore()
     await svc.cycle()
@@ -79,6 +79,12 @@ async def test_wake_brings_the_next_cycle_forward() -> None:
     clock.t = 1_010.0
     await svc.cycle()
     assert len(calls) == 2
+    clock.t = 1_011.0  # a wake half a second on waits for MIN_QUIET_S
+    await svc.cycle()
+    assert len(calls) == 2
+    clock.t = 1_012.0
+    await svc.cycle()
+    assert len(calls) == 3
 
 
 GUARDED = PriorityClassSpec("normal", 0, min_runtime_s=300.0, cooldown_s=600.0, max_preemptions_per_hour=2)

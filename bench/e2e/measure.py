@@ -7,7 +7,10 @@
   stored minus the time of its submit request; a decision's lag is the time it was stored minus
   the time of the record its state was folded up to (its ``based_on``): the service's whole
   cycle, from the last fact it saw to its decision in the log, including any time it spent
-  behind the log. (On a quiet log it includes the wait for the service's tick too.)
+  behind the log. (On a quiet log it includes the wait for the service's tick too.) A job's
+  placed→started is the time of the first ``WorkerStarted`` of its first attempt's rank 0 minus
+  that of its placement: the assignments service's fold and write of the node's view, the
+  agent's read of it and its report, all in one figure.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from corral.events.base import Decision
 from corral.events.decisions import JobsPlaced
 from corral.events.jobs import JobRejected
 from corral.events.log import Record
-from corral.events.nodes import WorkerExited
+from corral.events.nodes import WorkerExited, WorkerStarted
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -71,6 +74,7 @@ class Watch:
 
     submitted: dict[str, float] = field(default_factory=dict)  # job -> stream time of its submit
     placed: dict[str, float] = field(default_factory=dict)  # job -> of its first placement
+    started: dict[str, float] = field(default_factory=dict)  # job -> of its first attempt's rank 0 start
     answered: set[str] = field(default_factory=set)  # jobs admission accepted or rejected
     rejected: dict[str, str] = field(default_factory=dict)  # job -> why
     finished: int = 0  # workers of rank 0 that exited 0: jobs done
@@ -115,3 +119,7 @@ class Watch:
                 body = codec.decode_envelope(r.data).body
                 if isinstance(body, WorkerExited) and body.rank == 0 and body.code == 0:
                     self.finished += 1
+            elif s.startswith(node_prefix) and b"WorkerStarted" in r.data:
+                body = codec.decode_envelope(r.data).body
+                if isinstance(body, WorkerStarted) and body.rank == 0 and body.attempt == 0:
+                    self.started.setdefault(body.job_id, r.time)

@@ -16,7 +16,8 @@ answers. Then, from one run, it prints:
 2. free capacity: ``--jobs`` jobs of the mix (by default about half what the cluster holds) placed per
    second, start to end in stream time, and its share of the anchor; submit→placed p50/p95/p99
    and placed→started (placement to the agent's report of its start, through the node's view)
-   from the stream's timestamps; each service's decision lag; each process's CPU and RSS;
+   from the stream's timestamps; each service's lag (a decision's, or a node view's, stream
+   time minus that of the log record it was based on); each process's CPU and RSS;
 3. ``--queued`` jobs queued behind quota (one tenant's queue with a quota of 8 GPUs): every
    process's CPU while nothing else happens, then the same ``--jobs`` of the other tenants
    measured as in 2;
@@ -219,12 +220,13 @@ def print_usage(before: dict[str, Usage], after: dict[str, Usage], seconds: floa
 
 
 def print_lags(watch: Watch, since: float) -> None:
-    for role in (*ROLES, "health"):
+    for role in (*ROLES, "health", "assignments"):
         lags = [lag for at, lag in watch.lags.get(role, ()) if at >= since]
         if lags:
             ms = [x * 1000 for x in lags]
+            what = "views" if role == "assignments" else "decisions"  # it writes the bucket, not the log
             print(
-                f"  {role:<10} decisions {len(ms):>6}  lag p50 {percentile(ms, 0.5):7.1f} ms"
+                f"  {role:<11} {what:<9} {len(ms):>6}  lag p50 {percentile(ms, 0.5):7.1f} ms"
                 f"  p99 {percentile(ms, 0.99):7.1f} ms  max {max(ms):7.1f} ms"
             )
 
@@ -288,7 +290,7 @@ async def soak(
     core and RSS over that tenth. Flat lines are the goal."""
     assert client.stdin is not None
     print(f"\nsoak: until {args.soak_jobs:,} jobs have finished", flush=True)
-    print("  finished  elapsed s  jobs/s   decision lag p50/p99 ms: admission, placer, preemptor")
+    print("  finished  elapsed s  jobs/s   lag p50/p99 ms: admission, placer, preemptor, assignments")
     print("      then each process: CPU as a share of a core / RSS MiB, over that tenth", flush=True)
     start_finished, t0 = watch.finished, time.monotonic()
     window = max(1, int(args.nodes * 8 / MEAN_GPUS))
@@ -309,7 +311,7 @@ async def soak(
         if finished >= step * args.soak_jobs / 10:
             now, after = time.monotonic(), usage_of(parts, server)
             lags = []
-            for role in ROLES:
+            for role in (*ROLES, "assignments"):
                 ms = [lag * 1000 for at, lag in watch.lags.get(role, ()) if at >= mark]
                 lags.append(f"{percentile(ms, 0.5):.0f}/{percentile(ms, 0.99):.0f}" if ms else "-")
             rate = (finished - (step - 1) * args.soak_jobs / 10) / (now - mark_t)
@@ -321,7 +323,10 @@ async def soak(
             ]
             print(f"      {'  '.join(shares)}", flush=True)
             step, mark, mark_t, before = step + 1, time.time(), now, after
-            for role in ROLES:  # only the tenth's lags are kept: the soak must not grow here
+            for role in (
+                *ROLES,
+                "assignments",
+            ):  # only the tenth's lags are kept: the soak must not grow here
                 watch.lags[role] = [x for x in watch.lags.get(role, ()) if x[0] >= mark]
         parts.check()
         await asyncio.sleep(0.1)
@@ -341,7 +346,8 @@ async def run(args: argparse.Namespace) -> None:
         (store / "logs").mkdir()
         parts = Parts(store / "logs")
         server = EmbeddedServer(store / "nats")
-        follow: asyncio.Task[None] | None = None
+        follow: asyncio.Future[object] | None = None
+        views_log: JetStreamLog | None = None
         log: JetStreamLog | None = None
         try:
             await server.start()
@@ -360,7 +366,12 @@ async def run(args: argparse.Namespace) -> None:
                 async for batch in log.follow(1):
                     watch.take(batch)
 
-            follow = asyncio.create_task(watching())
+            async def watching_views() -> None:
+                async for batch in views_log.follow(1):
+                    watch.take_views(batch)
+
+            views_log = await JetStreamLog.connect(url, stream=views.STREAM, name="bench-views")
+            follow = asyncio.gather(watching(), watching_views())
             corral = [PY, "-m", "corral"]
             for role in SERVICES:
                 await parts.start(role, [*corral, "serve", role, "--server", url])
@@ -405,8 +416,9 @@ async def run(args: argparse.Namespace) -> None:
                 follow.cancel()
                 await asyncio.gather(follow, return_exceptions=True)
             await parts.stop()
-            if log is not None:
-                await log.close()
+            for opened in (log, views_log):
+                if opened is not None:
+                    await opened.close()
             await server.stop()
 
 

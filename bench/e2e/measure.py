@@ -10,11 +10,14 @@
   behind the log. (On a quiet log it includes the wait for the service's tick too.) A job's
   placed→started is the time of the first ``WorkerStarted`` of its first attempt's rank 0 minus
   that of its placement: the assignments service's fold and write of the node's view, the
-  agent's read of it and its report, all in one figure.
+  agent's read of it and its report, all in one figure. The assignments service's own share of
+  it is its lag, as a decision's: the time a node's view was stored in the ``corral_assignments``
+  bucket (its stream's timestamp) minus that of the log record the view was computed at.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,6 +40,13 @@ class _Id(msgspec.Struct):
 
 
 _request_id = msgspec.json.Decoder(_Id).decode
+
+
+class _At(msgspec.Struct):
+    seq: int = 0  # of a node's view: the log position it was computed at
+
+
+_view_seq = msgspec.json.Decoder(_At).decode
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,7 @@ class Watch:
     records: int = 0
     _times: dict[int, float] = field(default_factory=dict)
     _order: deque[int] = field(default_factory=deque)
+    _views: list[tuple[float, int]] = field(default_factory=list)  # (stored, seq) not yet matched
 
     def take(self, batch: list[Record]) -> None:
         job_prefix = subjects.job("")
@@ -123,3 +134,22 @@ class Watch:
                 body = codec.decode_envelope(r.data).body
                 if isinstance(body, WorkerStarted) and body.rank == 0 and body.attempt == 0:
                     self.started.setdefault(body.job_id, r.time)
+        self._match_views()
+
+    def take_views(self, batch: list[Record]) -> None:
+        """Records of the views' bucket's stream: each a node's view, as the assignments service
+        wrote it. Its lag is matched once the log's record it names has been taken."""
+        for r in batch:
+            with contextlib.suppress(msgspec.DecodeError):
+                self._views.append((r.time, _view_seq(r.data).seq))
+        self._match_views()
+
+    def _match_views(self) -> None:
+        newest = self._order[-1] if self._order else 0
+        waiting = []
+        for at, seq in self._views:
+            if seq > newest:
+                waiting.append((at, seq))  # the log's follower is behind the bucket's
+            elif (before := self._times.get(seq)) is not None:
+                self.lags.setdefault("assignments", []).append((at, at - before))
+        self._views = waiting

@@ -57,6 +57,7 @@ def test_tiny_run_places_every_job_and_prints_figures() -> None:
     starts = rf"placed→started p50 {NUMBER} ms +p95 {NUMBER} ms +p99 {NUMBER} ms +max {NUMBER} ms; 50 of 50"
     assert len(re.findall(starts, out)) == 2, out
     assert len(re.findall(rf"placer +decisions +\d+ +lag p50 +{NUMBER} ms", out)) == 2, out
+    assert len(re.findall(rf"assignments +views +\d+ +lag p50 +{NUMBER} ms", out)) == 2, out
     assert "submitted and accepted" in out, out
     # Every process, each phase: CPU seconds, share of a core, RSS and peak RSS in MiB.
     parts = ("nats-server", "admission", "placer", "preemptor", "health", "assignments", "query", "intake")

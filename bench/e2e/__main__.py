@@ -271,10 +271,15 @@ async def measured(
         f"  p99 {percentile(waits, 0.99):,.0f} ms  max {max(waits, default=float('nan')):,.0f} ms"
     )
     begun = [(watch.started[j] - watch.placed[j]) * 1000 for j in placed if j in watch.started]
+    viewed = [(watch.viewed[j] - watch.placed[j]) * 1000 for j in placed if j in watch.viewed]
     print(
         f"  placed→started p50 {percentile(begun, 0.5):,.0f} ms  p95 {percentile(begun, 0.95):,.0f} ms"
         f"  p99 {percentile(begun, 0.99):,.0f} ms  max {max(begun, default=float('nan')):,.0f} ms;"
         f" {len(begun)} of {len(placed)} started"
+    )
+    print(
+        f"  placed→in view p50 {percentile(viewed, 0.5):,.0f} ms  p95 {percentile(viewed, 0.95):,.0f} ms"
+        f"  p99 {percentile(viewed, 0.99):,.0f} ms  (in its node's view in the bucket)"
     )
     print_lags(watch, first)
     print_usage(before, after, seconds)

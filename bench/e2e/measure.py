@@ -10,14 +10,14 @@
   behind the log. (On a quiet log it includes the wait for the service's tick too.) A job's
   placed→started is the time of the first ``WorkerStarted`` of its first attempt's rank 0 minus
   that of its placement: the assignments service's fold and write of the node's view, the
-  agent's read of it and its report, all in one figure. The assignments service's own share of
-  it is its lag, as a decision's: the time a node's view was stored in the ``corral_assignments``
-  bucket (its stream's timestamp) minus that of the log record the view was computed at.
+  agent's read of it and its report, all in one figure; the job's first appearance in a node's
+  view (the stream time of that view's storing in the ``corral_assignments`` bucket) splits it
+  in two. The assignments service's lag is a decision's: a view's storing minus the time of the
+  log record it was computed at.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,11 +42,17 @@ class _Id(msgspec.Struct):
 _request_id = msgspec.json.Decoder(_Id).decode
 
 
-class _At(msgspec.Struct):
-    seq: int = 0  # of a node's view: the log position it was computed at
+class _Job(msgspec.Struct):
+    job_id: str
+    attempt: int
 
 
-_view_seq = msgspec.json.Decoder(_At).decode
+class _View(msgspec.Struct):
+    seq: int = 0  # the log position it was computed at
+    jobs: list[_Job] = []
+
+
+_view = msgspec.json.Decoder(_View).decode
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class Watch:
     submitted: dict[str, float] = field(default_factory=dict)  # job -> stream time of its submit
     placed: dict[str, float] = field(default_factory=dict)  # job -> of its first placement
     started: dict[str, float] = field(default_factory=dict)  # job -> of its first attempt's rank 0 start
+    viewed: dict[str, float] = field(default_factory=dict)  # job -> its first attempt in a node's view
     answered: set[str] = field(default_factory=set)  # jobs admission accepted or rejected
     rejected: dict[str, str] = field(default_factory=dict)  # job -> why
     finished: int = 0  # workers of rank 0 that exited 0: jobs done
@@ -140,8 +147,14 @@ class Watch:
         """Records of the views' bucket's stream: each a node's view, as the assignments service
         wrote it. Its lag is matched once the log's record it names has been taken."""
         for r in batch:
-            with contextlib.suppress(msgspec.DecodeError):
-                self._views.append((r.time, _view_seq(r.data).seq))
+            try:
+                view = _view(r.data)
+            except msgspec.DecodeError:
+                continue
+            self._views.append((r.time, view.seq))
+            for job in view.jobs:
+                if job.attempt == 0:
+                    self.viewed.setdefault(job.job_id, r.time)
         self._match_views()
 
     def _match_views(self) -> None:

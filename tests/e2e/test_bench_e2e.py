@@ -56,6 +56,9 @@ def test_tiny_run_places_every_job_and_prints_figures() -> None:
     # Every placed job's worker started, from its node's view alone (agents read no log).
     starts = rf"placed→started p50 {NUMBER} ms +p95 {NUMBER} ms +p99 {NUMBER} ms +max {NUMBER} ms; 50 of 50"
     assert len(re.findall(starts, out)) == 2, out
+    assert len(re.findall(rf"placed→in view p50 {NUMBER} ms +p95 {NUMBER} ms +p99 {NUMBER} ms", out)) == 2, (
+        out
+    )
     assert len(re.findall(rf"placer +decisions +\d+ +lag p50 +{NUMBER} ms", out)) == 2, out
     assert len(re.findall(rf"assignments +views +\d+ +lag p50 +{NUMBER} ms", out)) == 2, out
     assert "submitted and accepted" in out, out

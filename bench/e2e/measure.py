@@ -7,7 +7,13 @@
   stored minus the time of its submit request; a decision's lag is the time it was stored minus
   the time of the record its state was folded up to (its ``based_on``): the service's whole
   cycle, from the last fact it saw to its decision in the log, including any time it spent
-  behind the log. (On a quiet log it includes the wait for the service's tick too.)
+  behind the log. (On a quiet log it includes the wait for the service's tick too.) A job's
+  placed→started is the time of the first ``WorkerStarted`` of its first attempt's rank 0 minus
+  that of its placement: the assignments service's fold and write of the node's view, the
+  agent's read of it and its report, all in one figure; the job's first appearance in a node's
+  view (the stream time of that view's storing in the ``corral_assignments`` bucket) splits it
+  in two. The assignments service's lag is a decision's: a view's storing minus the time of the
+  log record it was computed at.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from corral.events.base import Decision
 from corral.events.decisions import JobsPlaced
 from corral.events.jobs import JobRejected
 from corral.events.log import Record
-from corral.events.nodes import WorkerExited
+from corral.events.nodes import WorkerExited, WorkerStarted
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -34,6 +40,19 @@ class _Id(msgspec.Struct):
 
 
 _request_id = msgspec.json.Decoder(_Id).decode
+
+
+class _Job(msgspec.Struct):
+    job_id: str
+    attempt: int
+
+
+class _View(msgspec.Struct):
+    seq: int = 0  # the log position it was computed at
+    jobs: list[_Job] = []
+
+
+_view = msgspec.json.Decoder(_View).decode
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,8 @@ class Watch:
 
     submitted: dict[str, float] = field(default_factory=dict)  # job -> stream time of its submit
     placed: dict[str, float] = field(default_factory=dict)  # job -> of its first placement
+    started: dict[str, float] = field(default_factory=dict)  # job -> of its first attempt's rank 0 start
+    viewed: dict[str, float] = field(default_factory=dict)  # job -> its first attempt in a node's view
     answered: set[str] = field(default_factory=set)  # jobs admission accepted or rejected
     rejected: dict[str, str] = field(default_factory=dict)  # job -> why
     finished: int = 0  # workers of rank 0 that exited 0: jobs done
@@ -78,6 +99,7 @@ class Watch:
     records: int = 0
     _times: dict[int, float] = field(default_factory=dict)
     _order: deque[int] = field(default_factory=deque)
+    _views: list[tuple[float, int]] = field(default_factory=list)  # (stored, seq) not yet matched
 
     def take(self, batch: list[Record]) -> None:
         job_prefix = subjects.job("")
@@ -115,3 +137,32 @@ class Watch:
                 body = codec.decode_envelope(r.data).body
                 if isinstance(body, WorkerExited) and body.rank == 0 and body.code == 0:
                     self.finished += 1
+            elif s.startswith(node_prefix) and b"WorkerStarted" in r.data:
+                body = codec.decode_envelope(r.data).body
+                if isinstance(body, WorkerStarted) and body.rank == 0 and body.attempt == 0:
+                    self.started.setdefault(body.job_id, r.time)
+        self._match_views()
+
+    def take_views(self, batch: list[Record]) -> None:
+        """Records of the views' bucket's stream: each a node's view, as the assignments service
+        wrote it. Its lag is matched once the log's record it names has been taken."""
+        for r in batch:
+            try:
+                view = _view(r.data)
+            except msgspec.DecodeError:
+                continue
+            self._views.append((r.time, view.seq))
+            for job in view.jobs:
+                if job.attempt == 0:
+                    self.viewed.setdefault(job.job_id, r.time)
+        self._match_views()
+
+    def _match_views(self) -> None:
+        newest = self._order[-1] if self._order else 0
+        waiting = []
+        for at, seq in self._views:
+            if seq > newest:
+                waiting.append((at, seq))  # the log's follower is behind the bucket's
+            elif (before := self._times.get(seq)) is not None:
+                self.lags.setdefault("assignments", []).append((at, at - before))
+        self._views = waiting

@@ -53,12 +53,24 @@ def test_tiny_run_places_every_job_and_prints_figures() -> None:
     assert len(re.findall(rf"placed/s +{NUMBER} .* = {NUMBER}% of the anchor", out)) == 2, out
     latencies = rf"submit→placed p50 {NUMBER} ms +p95 {NUMBER} ms +p99 {NUMBER} ms +max {NUMBER} ms"
     assert len(re.findall(latencies, out)) == 2, out
+    # Every placed job's worker started, from its node's view alone (agents read no log).
+    starts = rf"placed→started p50 {NUMBER} ms +p95 {NUMBER} ms +p99 {NUMBER} ms +max {NUMBER} ms; 50 of 50"
+    assert len(re.findall(starts, out)) == 2, out
+    assert len(re.findall(rf"placed→in view p50 {NUMBER} ms +p95 {NUMBER} ms +p99 {NUMBER} ms", out)) == 2, (
+        out
+    )
     assert len(re.findall(rf"placer +decisions +\d+ +lag p50 +{NUMBER} ms", out)) == 2, out
+    assert len(re.findall(rf"assignments +views +\d+ +lag p50 +{NUMBER} ms", out)) == 2, out
     assert "submitted and accepted" in out, out
     # Every process, each phase: CPU seconds, share of a core, RSS and peak RSS in MiB.
-    for name in ("nats-server", "admission", "placer", "preemptor", "query", "intake", "health", "agents-0"):
+    parts = ("nats-server", "admission", "placer", "preemptor", "health", "assignments", "query", "intake")
+    for name in (*parts, "agents-0"):
         rows = re.findall(rf"^  {name} +{NUMBER} +\d+% +\d+ +\d+$", out, re.MULTILINE)
         assert len(rows) == 3, (name, out)
+    # Each leased role led all along, and no cycle of any failed.
+    for role in ("admission", "placer", "preemptor", "health", "assignments"):
+        row = rf"^  {role} +leads +seq +{NUMBER} +cycles +{NUMBER} +failures 0$"
+        assert re.search(row, out, re.MULTILINE), (role, out)
     assert survivors(url_of(out)) == []
 
 

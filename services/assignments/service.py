@@ -71,6 +71,9 @@ class AssignmentService(Service):
             self.index.mark(state, jobs, node, self.dirty)
 
     async def cycle(self) -> int:
+        now = self.now()
+        if not self.supervision.may_decide(now):
+            return 0  # backing off after a failure; a standby holds the lease meanwhile
         if self.lease is not None and not await self.lease.hold():
             self._writing = False
             return 0
@@ -82,10 +85,17 @@ class AssignmentService(Service):
             return 0
         dirty, self.dirty = self.dirty, set()
         pending = []
-        for view in views(self.state, self.index, dirty):
-            body = assignments.body(view)
-            if self.written.get(view.node) != body:
-                pending.append((view.node, body, assignments.encode(view)))
+        try:
+            for view in views(self.state, self.index, dirty):
+                body = assignments.body(view)
+                if self.written.get(view.node) != body:
+                    pending.append((view.node, body, assignments.encode(view)))
+        except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
+            self.dirty |= dirty
+            self._writing = False  # the replica that takes over, or this one after its back-off, writes all
+            await self._failed(e, now)
+            return 0
+        self.supervision.succeeded()
         results = await asyncio.gather(
             *(self.store.put(node, value) for node, _, value in pending), return_exceptions=True
         )

@@ -9,16 +9,21 @@ views a full recomputation gives, for every node, after every record.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
 from corral.events import codec
 from corral.events.jobs import CancelJob, JobSpec
+from corral.events.log import InMemoryLog
 from corral.events.nodes import NodeConditionChanged
 from corral.projections.assignments import body, decode, encode, node_view
 from corral.projections.fold import apply
 from corral.projections.state import State
+from corral.services.assignments import service as assignments_service
 from corral.services.assignments.decide import Index, touched, views
+from corral.services.runtime.views import MemoryViews
 from tests.builders import Cluster, LogBuilder, job, on, placement, running, whole, worker
 
 N0, N1, N2 = "node-00", "node-01", "node-02"
@@ -172,3 +177,30 @@ def test_views_kept_record_by_record_equal_views_computed_from_scratch(log: LogB
             written[view.node] = body(view)
         for n in nodes:
             assert written.get(n, body(node_view(state, n))) == body(node_view(state, n)), (record.seq, n)
+
+
+async def test_a_failing_view_is_counted_backed_off_and_written_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A view that cannot be computed (a bug meeting an input nobody foresaw) is supervised as
+    # every service's cycle is: counted, backed off, and the node stays due until a cycle writes it.
+    clock = [1_000.0]
+    svc = assignments_service.service(InMemoryLog(), MemoryViews(), clock=lambda: clock[0])
+    await svc.restore()
+    svc.fold(LogBuilder().nodes(Cluster(1)).records)
+    real = assignments_service.views
+    broken = [True]
+
+    def poisoned(*args: Any, **kw: Any) -> Any:
+        if broken[0]:
+            raise RuntimeError("poisoned")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(assignments_service, "views", poisoned)
+    assert await svc.cycle() == 0
+    assert svc.supervision.failures == 1 and svc.dirty
+    broken[0] = False
+    assert await svc.cycle() == 0  # still backing off
+    clock[0] += 5.0
+    assert await svc.cycle() == 1
+    assert svc.supervision.in_a_row == 0 and not svc.dirty

@@ -69,7 +69,12 @@ async def test_wake_brings_the_next_cycle_forward() -> None:
     calls: list[float] = []
     clock = Clock()
     svc = Service(
-        "placer", _counting(calls), InMemoryLog(), clock=clock, quiet_s=3600.0, wake=lambda s, now: 1_010.0 if now < 1_010.0 else 1_010.5
+        "placer",
+        _counting(calls),
+        InMemoryLog(),
+        clock=clock,
+        quiet_s=3600.0,
+        wake=lambda s, now: 1_010.0 if now < 1_010.0 else 1_010.5,
     )
     await svc.restore()
     await svc.cycle()

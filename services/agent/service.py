@@ -24,8 +24,18 @@ Invariants:
 - A gang whose job has restarted before starts only after its restart backoff (counted from its
   placement); a gang whose ranks on other nodes do not all start within ``gang_timeout`` is
   stopped here, so the fold restarts it whole.
-- ``crash`` is a node dying: no heartbeat, no report, every worker killed at once. Tests use it
-  (and ``pause_heartbeats``, ``inject_xid``, ``kill_worker``) to play failures on a live cluster.
+- Workers outlive their agent. Each runs under a keeper of its own (``keeper.py``) that
+  records it by pid and start time and writes its exit; an agent starting on a work directory
+  takes back every worker whose keeper still runs and reports, once, the exits of those that
+  ended while no agent watched (``Runtime.reattach``).
+- Three ways to end: ``run(stop)`` with ``stop`` set stops every worker and reports their exits
+  (``corral up`` stopping the whole corral); ``leave()`` ends the agent and leaves its workers
+  running, writing nothing that would charge their jobs (an agent restart: ``corral serve
+  agent`` on SIGTERM); ``crash()`` is a node dying: no heartbeat, no report, every worker killed
+  at once. An agent that stays away past the lost-node timeout has its node declared lost by
+  the health monitor, as any silent node: its jobs move on, and when it comes back the workers
+  it took back are stopped as superseded. Tests use ``crash`` (and ``pause_heartbeats``,
+  ``inject_xid``, ``kill_worker``) to play failures on a live cluster.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -63,6 +73,7 @@ from corral.services.agent.decide import (
     STOP_GRACE,
     Report,
     StartGang,
+    WorkerKey,
     decide,
     report_events,
 )
@@ -208,7 +219,8 @@ def gpu_watch(found: Discovery) -> GpuWatch:
 
 class NodeAgent:
     """The agent of node ``node``. ``run(stop)`` until ``stop`` is set: then every worker is
-    stopped (SIGTERM, SIGKILL after ``stop_grace``) and its exit reported."""
+    stopped (SIGTERM, SIGKILL after ``stop_grace``) and its exit reported; or until ``leave``,
+    which leaves them running for the next agent on ``work_dir``."""
 
     role = "agent"
 
@@ -286,6 +298,7 @@ class NodeAgent:
         self._beating = True
         self._hb_seq = 0
         self._halt = asyncio.Event()
+        self._ending: Literal["stop", "leave", "crash"] = "stop"
         self._unsent: list[Event] = []
         self._starting: dict[tuple[str, int], asyncio.Task[Any]] = {}
 
@@ -313,6 +326,15 @@ class NodeAgent:
     async def crash(self) -> None:
         """Die as a node dies: heartbeats and reports stop, every worker is killed at once."""
         self._beating = False
+        self._ending = "crash"
+        self._halt.set()
+        await self.stopped.wait()
+
+    async def leave(self) -> None:
+        """End this agent and leave its workers running, for the next agent on its work directory
+        to take back: what they reported so far is appended, and nothing else (no exit, so no
+        job is charged for an agent restarting)."""
+        self._ending = "leave"
         self._halt.set()
         await self.stopped.wait()
 
@@ -419,10 +441,16 @@ class NodeAgent:
         now = self.clock() if now is None else now
         bodies, self._unsent = self._unsent, []
         results = await self.log.append_many([self._append(b, now) for b in bodies])
+        appended = getattr(self.runtime, "appended", None)
         for body, result in zip(bodies, results, strict=True):
             if isinstance(result, LogError):
                 log.warning("%s: append of %s failed, will retry: %s", self.node, msg_id(body), result)
                 self._unsent.append(body)
+            elif appended is not None and isinstance(body, (WorkerStarted, WorkerExited)):
+                # The next agent must not report it again (after the stream's duplicate window
+                # the fold would refuse a second exit).
+                key = WorkerKey(body.job_id, body.attempt, body.rank)
+                appended(key, "start" if isinstance(body, WorkerStarted) else "exit")
         return len(bodies) - len(self._unsent)
 
     def _append(self, body: Event, now: float) -> Append:
@@ -449,6 +477,13 @@ class NodeAgent:
     # -- running -------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        # Before the first view: ``decide`` must see the workers an earlier agent left running,
+        # or it would report them gone.
+        reattach = getattr(self.runtime, "reattach", None)
+        if reattach is not None:
+            taken = reattach()
+            if taken:
+                log.info("%s: took back %d workers left running: %s", self.node, len(taken), taken)
         views = aiter(self.views.watch(self.node))
         nxt: asyncio.Future[NodeView] = asyncio.ensure_future(anext(views))
         try:
@@ -497,18 +532,22 @@ class NodeAgent:
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-            await self._shut_down(crashed=self._halt.is_set())
+            await self._shut_down(self._ending if self._halt.is_set() else "stop")
 
-    async def _shut_down(self, crashed: bool) -> None:
+    async def _shut_down(self, ending: Literal["stop", "leave", "crash"]) -> None:
         # Gangs still starting finish their start first: a start cut short could leave a process
-        # the runtime never learnt of. Then every worker is stopped.
+        # the runtime never learnt of. Then every worker is stopped, or left running.
         starting = list(self._starting.values())
         if starting:
             _, late = await asyncio.wait(starting, timeout=self.start_timeout)
             for task in late:
                 task.cancel()
-        await self.runtime.close(grace=0.0 if crashed else self.stop_grace)
-        if not crashed:  # a node that stops cleanly says its workers stopped
+        if ending == "leave":
+            await self.runtime.leave()
+        else:
+            await self.runtime.close(grace=0.0 if ending == "crash" else self.stop_grace)
+        if ending != "crash":  # a node that stops cleanly says its workers stopped; one that
+            # leaves them says what they reported so far
             try:
                 await asyncio.wait_for(self.flush(), 10.0)
             except (TimeoutError, LogError) as e:

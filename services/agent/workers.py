@@ -48,11 +48,15 @@ import logging
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
+
+import msgspec
 
 from corral.events.jobs import Mount
 from corral.services.agent import container, sandbox
@@ -76,6 +80,7 @@ from corral.services.agent.decide import (
     WorkerPhase,
 )
 from corral.services.agent.discovery import MigDevice
+from corral.services.agent.keeper import EXIT, STATE, boot_id, start_time
 from corral.services.agent.sandbox import RunAs
 
 log = logging.getLogger(__name__)
@@ -84,6 +89,8 @@ SandboxMode = Literal["auto", "bwrap", "none"]
 Prepare = Callable[[StartWorker], Awaitable[None]]
 REQUEST = "REQUEST"
 DONE = "DONE"
+RECORD = "worker.json"
+KEEPER = str(Path(__file__).with_name("keeper.py"))
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
 _MIG_PLACEHOLDER = re.compile(r"mig:([^/,]+)/([^@,]+)@(\d+)")
 
@@ -127,6 +134,27 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def keeper_dir(root: str | Path, key: WorkerKey) -> Path:
+    """Where the worker's keeper keeps its state, and the agent what it needs to take it back."""
+    return Path(root) / "keepers" / key.job_id / f"attempt-{key.attempt}.rank-{key.rank}"
+
+
+class _Record(msgspec.Struct, omit_defaults=True):
+    """What an agent needs to take a worker back from the agent before it (``RECORD`` in the
+    keeper's directory): what it runs, and how much of it the log has been told."""
+
+    spec: StartWorker
+    container: str | None = None
+    engine: EngineInfo | None = None
+    container_pid: int | None = None
+    sandboxed: bool = False
+    announced: bool = False  # its start was reported: its exit must be too
+    reported_pid: int = 0
+    stop_grace: float | None = None  # corral asked it to stop, with this grace
+    start_appended: bool = False  # the log has its start
+    exit_appended: bool = False  # the log has its exit
+
+
 class _Worker:
     def __init__(self, spec: StartWorker, root: Path) -> None:
         self.spec = spec
@@ -134,14 +162,20 @@ class _Worker:
         self.phase: WorkerPhase = "starting"
         self.workdir = root / "work" / spec.job_id / f"attempt-{spec.attempt}" / f"rank-{spec.rank}"
         self.log = log_path(root, self.key)
+        self.dir = keeper_dir(root, self.key)
         self.checkpoints = Path(spec.checkpoint_dir)
-        self.proc: asyncio.subprocess.Process | None = None
+        self.keeper: asyncio.subprocess.Process | None = None  # a keeper this agent started
+        self.keeper_id: tuple[int, int] | None = None  # its pid and start time
+        self.boot = ""  # the boot the keeper ran in: after a reboot no pid is its
+        self.pid: int | None = None  # the keeper's child: the command, bwrap or the engine's client
+        self.pid_start = 0
+        self.appended: set[str] = set()  # "start", "exit": what the log is known to hold
         # bwrap's init process, pid 1 of the worker's namespace; or the container's init, seen
         # from the host once the container runs
         self.sandbox_pid: int | None = None
         self.container: str | None = None  # the container's name, for a worker in one
+        self.sandboxed = False  # run by bwrap
         self.engine: EngineInfo | None = None
-        self.status: asyncio.BaseTransport | None = None
         self.watcher: asyncio.Task[None] | None = None
         self.killer: asyncio.Task[None] | None = None
         self.settled = asyncio.Event()  # the start barrier has decided about this worker
@@ -152,6 +186,36 @@ class _Worker:
         self.signal_owed = False  # asked to checkpoint, not yet signalled: it had no handler yet
         self.done = asyncio.Event()
         self.code: int | None = None
+
+    def record(self) -> _Record:
+        return _Record(
+            spec=self.spec,
+            container=self.container,
+            engine=self.engine,
+            container_pid=self.sandbox_pid if self.container is not None else None,
+            sandboxed=self.sandboxed,
+            announced=self.announced,
+            reported_pid=self.reported_pid,
+            stop_grace=self.stop_grace if self.stop_requested else None,
+            start_appended="start" in self.appended,
+            exit_appended="exit" in self.appended,
+        )
+
+    def save(self) -> None:
+        """Write the record, whole, where the next agent looks for it."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.dir / (RECORD + ".tmp")
+            tmp.write_bytes(msgspec.json.encode(self.record()))
+            os.replace(tmp, self.dir / RECORD)
+        except OSError as e:
+            log.warning("worker %s: cannot save its record: %s", self.key, e)
+
+    def drop(self) -> None:
+        """Forget the worker on disk: nothing of it is left to take back."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.dir.parent.rmdir()  # the job's, once its last worker here is dropped
 
 
 class Runtime:
@@ -277,6 +341,7 @@ class Runtime:
                 w.announced = True
                 w.settled.set()
                 w.reported_pid = self._main_pid(w) or w.sandbox_pid or _pid(w)
+                w.save()  # before its start is reported: the next agent reports what this one did
                 self.reports.put_nowait(Started(w.key, w.reported_pid))
                 if w.stop_requested:  # stopped while it was starting
                     self._terminate(w, w.stop_grace)
@@ -286,10 +351,12 @@ class Runtime:
         await asyncio.gather(*pending, return_exceptions=True)
         for w in gang:
             w.settled.set()
-            if w.proc is not None and w.code is None:
+            if w.pid is not None and w.code is None:
                 self._terminate(w, grace=1.0)
             else:
                 w.phase = "exited"
+                if w.watcher is None:
+                    w.drop()
         # A rank that failed says more than the ranks cancelled with the gang.
         real = [f for f in failures if launches[f[0]] in done]
         key, reason = min(real or failures, key=lambda f: f[0].rank)
@@ -369,22 +436,80 @@ class Runtime:
 
         return _MIG_PLACEHOLDER.sub(one, value)
 
-    async def _spawn_plain(self, w: _Worker, env: dict[str, str]) -> None:
+    async def _keep(
+        self,
+        w: _Worker,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        what: str,
+        *,
+        cwd: Path | None = None,
+        bwrap: bool = False,
+        user: RunAs | None = None,
+    ) -> None:
+        """Run ``argv`` under a keeper of its own (``keeper.py``), so that the worker outlives this
+        agent; return once the keeper has said what runs. ``what``: the program, in a reason."""
+        for stale in (STATE, EXIT):
+            (w.dir / stale).unlink(missing_ok=True)
+        w.save()
+        opts = [str(w.dir)]
+        if bwrap:
+            opts.append("--bwrap-status")
+        if user is not None:
+            opts += ["--user", str(user.uid), "--group", str(user.gid)]
         with open(w.log, "ab") as out:
             try:
-                w.proc = await asyncio.create_subprocess_exec(
-                    *w.spec.command,
-                    cwd=w.workdir,
-                    env=env,
+                w.keeper = await asyncio.create_subprocess_exec(
+                    sys.executable, "-I", KEEPER, *opts, "--", *argv,
+                    cwd=cwd,
+                    env=None if env is None else dict(env),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,  # its own process group: a stop reaches its children
-                    **sandbox.as_user(self._as),
-                )
+                    start_new_session=True,  # Ctrl-C at the agent's terminal is not the worker's
+                )  # fmt: skip
             except OSError as e:
-                raise StartError(f"cannot run {w.spec.command[0]}: {e.strerror or e}") from None
+                raise StartError(f"cannot run {sys.executable}: {e.strerror or e}") from None
+        keeper = w.keeper
+        try:
+            state = await self._keeper_state(w, lambda s: True)
+        except BaseException:
+            # A start cut short (the gang's barrier gave up): the keeper's end takes its child.
+            _kill(keeper.pid, signal.SIGKILL)
+            await asyncio.shield(keeper.wait())
+            raise
+        if state is None:
+            raise StartError(f"cannot run {what}: {_tail(w.log)}")
+        if "error" in state:
+            raise StartError(f"cannot run {what}: {state['error']}")
+        w.keeper_id = (keeper.pid, int(state["keeper"][1]))
+        w.boot = str(state.get("boot", ""))
+        w.pid, w.pid_start = int(state["worker"][0]), int(state["worker"][1])
         w.watcher = asyncio.create_task(self._watch(w))
+
+    async def _keeper_state(
+        self, w: _Worker, enough: Callable[[dict[str, Any]], bool]
+    ) -> dict[str, Any] | None:
+        """The keeper's state once ``enough`` says it is, or its last state once it has ended."""
+        # The keeper's end, or once a watcher waits for it, the worker's.
+        ended: asyncio.Future[Any] = asyncio.ensure_future(
+            w.keeper.wait() if w.watcher is None and w.keeper is not None else w.done.wait()
+        )
+        delay = 0.002
+        try:
+            while True:
+                state = _read_json(w.dir / STATE)
+                if state is not None and enough(state):
+                    return state
+                if ended.done():
+                    return _read_json(w.dir / STATE)
+                await asyncio.wait({ended}, timeout=delay)
+                delay = min(delay * 2, self.poll_interval)
+        finally:
+            ended.cancel()
+
+    async def _spawn_plain(self, w: _Worker, env: dict[str, str]) -> None:
+        await self._keep(w, w.spec.command, env, w.spec.command[0], cwd=w.workdir, user=self._as)
 
     async def _spawn_sandboxed(self, w: _Worker, env: dict[str, str]) -> None:
         assert self._bwrap is not None
@@ -392,44 +517,15 @@ class Runtime:
             become = sandbox.become(self._as) if self._as is not None else []
         except sandbox.BindError as e:
             raise StartError(str(e)) from None
-        read_fd, write_fd = os.pipe()
-        try:
-            argv = [self._bwrap, *self._sandbox_args(w, write_fd), "--", *become, *w.spec.command]
-            with open(w.log, "ab") as out:
-                try:
-                    w.proc = await asyncio.create_subprocess_exec(
-                        *argv,
-                        env=env,
-                        stdin=asyncio.subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=asyncio.subprocess.STDOUT,
-                        start_new_session=True,
-                        pass_fds=(write_fd,),
-                    )
-                except OSError as e:
-                    raise StartError(f"cannot run bwrap: {e.strerror or e}") from None
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-        w.watcher = asyncio.create_task(self._watch(w))
-        reader = asyncio.StreamReader()
-        loop = asyncio.get_running_loop()
-        # Kept open until bwrap exits: it writes the exit code there last.
-        w.status, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", 0)
-        )
-        while True:
-            line = await reader.readline()
-            if not line:
-                await w.done.wait()
-                raise StartError(f"sandbox setup failed: {_tail(w.log)}")
-            with contextlib.suppress(ValueError):
-                pid = json.loads(line).get("child-pid")
-                if isinstance(pid, int):
-                    w.sandbox_pid = pid
-                    break
+        # The keeper makes bwrap's status pipe and puts its end where the number stands.
+        argv = [self._bwrap, *self._sandbox_args(w, 0), "--", *become, *w.spec.command]
+        w.sandboxed = True
+        await self._keep(w, argv, env, "bwrap", bwrap=True)
+        state = await self._keeper_state(w, lambda s: "sandbox" in s)
+        if state is None or "sandbox" not in state:
+            await w.done.wait()
+            raise StartError(f"sandbox setup failed: {_tail(w.log)}")
+        w.sandbox_pid = int(state["sandbox"][0])
         # bwrap names its first process before building the sandbox; that process forks the
         # command only once every mount is in place. So the command's process is the sign that
         # the sandbox stands, and a bwrap that exits first says why in the log.
@@ -448,18 +544,7 @@ class Runtime:
         w.container = name = container.container_name(w.key.job_id, w.key.attempt, w.key.rank)
         # One left by an agent that died while this attempt ran here would hold the name.
         await container.run_quietly(container.remove_args(engine.name, name, engine.path), 60.0)
-        with open(w.log, "ab") as out:
-            try:
-                w.proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as e:
-                raise StartError(f"cannot run {engine.path}: {e.strerror or e}") from None
-        w.watcher = asyncio.create_task(self._watch(w))
+        await self._keep(w, argv, None, engine.path)
         # Started once the container's init runs: the engine may pull the image first, and may
         # fail to create the container at all.
         inspect = container.pid_args(engine.name, name, engine.path)
@@ -468,6 +553,7 @@ class Runtime:
             code, answer = await container.run_quietly(inspect, 30.0)
             if code == 0 and answer.strip().isdigit() and int(answer) > 0:
                 w.sandbox_pid = int(answer)
+                w.save()  # the next agent stops it by name once it runs
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(w.done.wait(), delay)
@@ -501,22 +587,37 @@ class Runtime:
     # -- watching ----------------------------------------------------------------------------
 
     async def _watch(self, w: _Worker) -> None:
-        assert w.proc is not None
-        waiting = asyncio.ensure_future(w.proc.wait())
-        while not waiting.done():
-            await asyncio.wait({waiting}, timeout=self.poll_interval)
-            if w.announced:
-                if w.signal_owed:
-                    self._signal_checkpoint(w)
-                self._poll_checkpoint(w, final=False)
-        w.code = exit_code(waiting.result())
-        if w.status is not None:
-            w.status.close()
+        """Until the keeper says how the worker ended: poll for its checkpoints meanwhile. A
+        keeper this agent started is its child, waited for; one taken back is looked at."""
+        waiting = asyncio.ensure_future(w.keeper.wait()) if w.keeper is not None else None
+        try:
+            while (code := _exit_of(w.dir)) is None:
+                if waiting is not None:
+                    if waiting.done():
+                        code = _exit_of(w.dir)
+                        break
+                    await asyncio.wait({waiting}, timeout=self.poll_interval)
+                elif not _alive(w.keeper_id, w.boot):
+                    code = _exit_of(w.dir)  # it may have written the exit as it ended
+                    break
+                else:
+                    await asyncio.sleep(self.poll_interval)  # not our child: nothing to wait on
+                if w.announced:
+                    if w.signal_owed:
+                        self._signal_checkpoint(w)
+                    self._poll_checkpoint(w, final=False)
+        finally:
+            if waiting is not None and not waiting.done():
+                waiting.cancel()
+        # A keeper gone without an exit (killed itself): its child died with it, how is unknown.
+        w.code = GONE_CODE if code is None else code
         w.done.set()
         await w.settled.wait()
         if w.announced:
             self._poll_checkpoint(w, final=True)  # a checkpoint written just before exiting
             self.reports.put_nowait(Exited(w.key, w.code, w.stop_requested, w.reported_pid))
+        else:
+            w.drop()  # never reported: nothing of it for the log, or for the next agent
         w.phase = "exited"
 
     def _poll_checkpoint(self, w: _Worker, final: bool) -> None:
@@ -576,8 +677,10 @@ class Runtime:
             return
         w.stop_requested = True
         w.stop_grace = grace
-        if w.proc is None or w.code is not None or not w.settled.is_set():
+        if w.pid is None or w.code is not None or not w.settled.is_set():
             return  # still starting: stopped once the barrier has decided
+        if w.announced:
+            w.save()  # a stop the next agent carries on, and reports as corral's
         self._terminate(w, grace)
 
     def _terminate(self, w: _Worker, grace: float) -> None:
@@ -623,6 +726,15 @@ class Runtime:
         w = self._workers.get(key)
         if w is not None and w.phase == "exited":
             del self._workers[key]
+            w.drop()
+
+    def appended(self, key: WorkerKey, what: Literal["start", "exit"]) -> None:
+        """The log holds the worker's start or exit now: a later agent must not report it again."""
+        w = self._workers.get(key)
+        if w is not None and w.announced and what not in w.appended:
+            w.appended.add(what)
+            if w.dir.is_dir():
+                w.save()
 
     async def wait_exited(self, key: WorkerKey, timeout: float) -> int:
         w = self._workers[key]
@@ -630,10 +742,92 @@ class Runtime:
         assert w.code is not None
         return w.code
 
+    async def leave(self) -> None:
+        """Let go of every worker without stopping it (the agent restarts): their keepers run on,
+        and the next agent on this work directory takes them back (``reattach``)."""
+        for w in self._workers.values():
+            if w.announced and w.dir.is_dir():
+                w.save()
+        tasks = [t for w in self._workers.values() for t in (w.watcher, w.killer) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        while self._engine_calls:  # a stop already sent to a container completes
+            await asyncio.gather(*list(self._engine_calls), return_exceptions=True)
+        self._workers.clear()
+
+    def reattach(self) -> list[WorkerKey]:
+        """Take back the workers an agent before this one left running here: each whose keeper
+        still runs (the same pid and start time, in this boot) is watched again; one whose
+        keeper wrote its exit meanwhile is reported exited, once; one whose keeper is gone
+        without an exit (killed, or the machine rebooted) is dropped, and the log's view of it
+        makes ``decide`` report it gone. Reports the log was not known to hold are made again,
+        with the pid they were made with: the message id of the same fact, stored once."""
+        taken: list[WorkerKey] = []
+        for d in sorted((self.root / "keepers").glob("*/attempt-*.rank-*")):
+            record = _read_record(d / RECORD)
+            if (
+                record is None
+                or record.spec.key in self._workers
+                or keeper_dir(self.root, record.spec.key) != d
+            ):
+                shutil.rmtree(d, ignore_errors=True)
+                continue
+            w = self._taken(record)
+            if w is not None:
+                taken.append(w.key)
+        return taken
+
+    def _taken(self, record: _Record) -> _Worker | None:
+        w = _Worker(record.spec, self.root)
+        w.container, w.engine, w.sandboxed = record.container, record.engine, record.sandboxed
+        w.announced, w.reported_pid = record.announced, record.reported_pid
+        w.appended = {
+            what for what, done in (("start", record.start_appended), ("exit", record.exit_appended)) if done
+        }
+        state = _read_json(w.dir / STATE) or {}
+        code = _exit_of(w.dir)
+        if "keeper" in state and "worker" in state:
+            w.keeper_id = (int(state["keeper"][0]), int(state["keeper"][1]))
+            w.boot = str(state.get("boot", ""))
+            w.pid, w.pid_start = int(state["worker"][0]), int(state["worker"][1])
+        if w.container is not None:
+            w.sandbox_pid = record.container_pid
+        elif "sandbox" in state:
+            w.sandbox_pid = int(state["sandbox"][0])
+        running = code is None and _alive(w.keeper_id, w.boot)
+        if not w.announced or (code is None and not running):
+            # Never reported started (its gang's start was cut short), or gone without an exit:
+            # nothing to take back. A keeper still there is ended, which ends its worker.
+            if running and w.keeper_id is not None:
+                _kill(w.keeper_id[0], signal.SIGKILL)
+            if w.container is not None and self._containers != "none":
+                self._track(self._remove_lost_container(w.key))
+            w.drop()
+            return None
+        w.settled.set()
+        self._workers[w.key] = w
+        if "start" not in w.appended:
+            self.reports.put_nowait(Started(w.key, w.reported_pid))
+        if record.stop_grace is not None:
+            w.stop_requested, w.stop_grace = True, record.stop_grace
+        if code is not None:
+            w.code, w.phase = code, "exited"
+            w.done.set()
+            if "exit" not in w.appended:
+                self._poll_checkpoint(w, final=True)
+                self.reports.put_nowait(Exited(w.key, code, w.stop_requested, w.reported_pid))
+            return w
+        w.phase = "running"
+        w.watcher = asyncio.create_task(self._watch(w))
+        if w.stop_requested:  # its stop carries on, with a kill after the grace
+            self._terminate(w, w.stop_grace)
+        return w
+
     async def close(self, grace: float = 5.0) -> None:
         """Stop every worker and wait for them (the agent is shutting down)."""
         for w in list(self._workers.values()):
-            if w.proc is not None and w.code is None:
+            if w.pid is not None and w.code is None:
                 w.stop_requested = True
                 self._terminate(w, grace)
         tasks = [t for w in self._workers.values() for t in (w.watcher, w.killer) if t is not None]
@@ -646,10 +840,10 @@ class Runtime:
     # -- signals -----------------------------------------------------------------------------
 
     def _main_pid(self, w: _Worker) -> int | None:
-        if w.proc is None or w.code is not None:
+        if w.pid is None or w.code is not None:
             return None
         if w.sandbox_pid is None:
-            return w.proc.pid
+            return w.pid
         children = _children(w.sandbox_pid)
         return children[0] if children else None
 
@@ -657,12 +851,12 @@ class Runtime:
         """``sig`` to every process of the worker. In a sandbox, SIGTERM goes to the processes
         inside only: bwrap itself dies of it, and its death kills the sandbox at once
         (``--die-with-parent``), which would leave the worker no grace."""
-        if w.proc is None or w.code is not None:
+        if w.pid is None or w.code is not None:
             return
         if w.container is not None:
             self._to_container(w, sig)
             return
-        if self._bwrap is not None and w.sandbox_pid is None:
+        if w.sandboxed and w.sandbox_pid is None:
             sig = signal.SIGKILL  # the sandbox is not built yet: nothing in it to stop gracefully
         if w.sandbox_pid is not None and sig != signal.SIGKILL:
             for pid in _descendants(w.sandbox_pid):
@@ -673,17 +867,19 @@ class Runtime:
             # to reap it, exits with 128+9.
             _kill(w.sandbox_pid, sig)
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(w.proc.pid, sig)
+        if start_time(w.pid) == w.pid_start:  # not a process that took its pid once it ended
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.pid, sig)
 
     def _to_container(self, w: _Worker, sig: signal.Signals) -> None:
         """``sig`` to a container's worker, by name. A container not seen running yet has nothing
         to stop gracefully: its client is killed, and whatever it created removed."""
-        assert w.engine is not None and w.container is not None and w.proc is not None
+        assert w.engine is not None and w.container is not None and w.pid is not None
         engine, name = w.engine, w.container
         if w.sandbox_pid is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(w.proc.pid, signal.SIGKILL)
+            if start_time(w.pid) == w.pid_start:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(w.pid, signal.SIGKILL)
             self._engine_call(container.remove_args(engine.name, name, engine.path))
         else:
             self._engine_call(container.kill_args(engine.name, name, sig, engine.path))
@@ -721,7 +917,37 @@ def _prepare_directories(w: _Worker, user: RunAs | None = None) -> None:
 
 
 def _pid(w: _Worker) -> int:
-    return w.proc.pid if w.proc is not None else 0
+    return w.pid or 0
+
+
+def _read_record(path: Path) -> _Record | None:
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=_Record)
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        body = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _exit_of(state_dir: Path) -> int | None:
+    """The worker's exit code as its keeper wrote it, or None while it has not ended."""
+    body = _read_json(state_dir / EXIT)
+    code = None if body is None else body.get("code")
+    return code if isinstance(code, int) else None
+
+
+def _alive(keeper: tuple[int, int] | None, boot: str) -> bool:
+    """Whether the keeper of this pid and start time still runs: after a reboot, or once its
+    pid is another process's, it does not."""
+    if keeper is None or (boot and boot != boot_id()):
+        return False
+    return start_time(keeper[0]) == keeper[1]
 
 
 def _kill(pid: int, sig: signal.Signals) -> None:

@@ -101,6 +101,9 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """One service as its own process, against a running NATS."""
+    if args.role == "agent":
+        serve_agent(args)
+        return
     from corral.services.assignments import service as assignments_service
     from corral.services.cli.up import DECISION_SERVICES
     from corral.services.health import service as health_service
@@ -158,6 +161,57 @@ def cmd_serve(args: argparse.Namespace) -> None:
         finally:
             if snapshots is not None:
                 await snapshots.close()
+            await log.close()
+
+    asyncio.run(run())
+
+
+def serve_agent(args: argparse.Namespace) -> None:
+    """One node's agent as its own process, watching its node's view. SIGTERM or SIGINT ends it
+    and leaves its workers running, for the next agent on the same work directory to take back
+    (an agent restart: an upgrade, a crash of the agent alone); ``--stop-workers`` stops them
+    instead and reports their exits (the node is being taken out of service)."""
+    from corral.events.jetstream import JetStreamLog
+    from corral.services.agent.service import NodeAgent
+    from corral.services.runtime.shell import stop_on_signals
+    from corral.services.runtime.views import KvNodeViews
+
+    if not args.node:
+        raise BadInput("serve agent: name the node with --node")
+    login = login_of(args, identities.agent(args.node))
+    creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
+    work = Path(args.work_dir or Path(STATE_DIR) / "nodes" / args.node)
+
+    async def run() -> None:
+        log = await JetStreamLog.connect(
+            server_url(args.server),
+            name=f"agent-{args.node}",
+            inbox_prefix=identities.agent_inbox(args.node),
+            **creds,
+        )
+        try:
+            agent = NodeAgent(
+                args.node,
+                log,
+                KvNodeViews(log.nc),
+                work_dir=work,
+                checkpoint_root=args.checkpoint_dir,
+                publish=log.nc.publish,
+                sandbox=args.sandbox,
+                hidden=list(args.hide or ()),
+            )
+            stop, ended = stop_on_signals(), asyncio.Event()
+            running = asyncio.create_task(agent.run(ended))
+            await asyncio.wait(
+                {running, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not running.done():
+                if args.stop_workers:
+                    ended.set()
+                else:
+                    await agent.leave()
+            await running
+        finally:
             await log.close()
 
     asyncio.run(run())
@@ -613,9 +667,26 @@ def parser() -> argparse.ArgumentParser:
         "serve", parents=[common], help="run one service as its own process: admission, placer, …"
     )
     sv.add_argument(
-        "role", help="admission, placer, preemptor, health, assignments (with leases), query or intake"
+        "role",
+        help="admission, placer, preemptor, health, assignments (with leases), query, intake, or agent",
     )
     sv.add_argument("--snapshot", help="SQLite file for snapshots of its state")
+    sv.add_argument("--node", help="agent: the node it runs (its name in the log)")
+    sv.add_argument(
+        "--work-dir", help="agent: workers' directories, logs and keepers (default: under ~/.corral)"
+    )
+    sv.add_argument(
+        "--checkpoint-dir", help="agent: where jobs checkpoint, shared by the nodes that resume them"
+    )
+    sv.add_argument(
+        "--sandbox", choices=["auto", "bwrap", "none"], default="auto", help="agent: run workers in bwrap"
+    )
+    sv.add_argument("--hide", action="append", help="agent: a directory no worker may see (repeatable)")
+    sv.add_argument(
+        "--stop-workers",
+        action="store_true",
+        help="agent: on SIGTERM stop this node's workers (default: leave them for the next agent)",
+    )
     sv.set_defaults(fn=cmd_serve)
 
     st = sub.add_parser(

@@ -8,11 +8,13 @@ directory (``nodes/<node>``: workers' working directories and logs) and a checkp
 shared by all of them (``checkpoints``, as a shared filesystem would be on a real cluster, so a
 job resumes on any node). Runs in the foreground until Ctrl-C or SIGTERM, then stops in order:
 the decision services, the read service and the health monitor first (nothing new is decided),
-then the agents (their workers are stopped and their exits reported), then the connections and
-the server. A part that stops on its own (its task ends, whatever of) stops the whole corral the
-same way, and ``corral up`` exits with status 1 naming it: never up in name only, with a part
-gone. A decision core that raises does not end its part: the shell backs off and retries
-(``services.runtime.supervise``), and ``corral status`` shows the failures.
+then the agents (their workers are stopped and their exits reported: stopping the whole corral
+stops its work, unlike an agent restarting, which leaves its workers running for the next agent
+to take back), then the connections and the server. A part that stops on its own (its task
+ends, whatever of) stops the whole corral the same way, and ``corral up`` exits with status 1
+naming it: never up in name only, with a part gone. A decision core that raises does not end its
+part: the shell backs off and retries (``services.runtime.supervise``), and ``corral status``
+shows the failures.
 
 With ``Settings.auth`` the embedded server requires a login: each part connects as its identity
 (``services.runtime.identities``: the services as ``services``, each node's agent as
@@ -27,7 +29,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +124,8 @@ class Cluster:
     data_dir: Path | None = None
     credentials: Path | None = None  # with auth: every identity's password
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # every part, by name
+    # Restart a node's agent, leaving its workers running (``NodeAgent.leave``): a drill.
+    restart_agent: Callable[[str, Callable[[], Awaitable[None]] | None], Awaitable[NodeAgent]] | None = None
 
 
 class PartStopped(Exception):
@@ -257,13 +261,9 @@ async def cluster(
 
         agents_stop = asyncio.Event()
         agent_tasks = []
-        for name, inv in simulated if cfg.agents else ():
-            # Each agent as its own node's identity: it may report for that node only.
-            agent_log = await connect(
-                url, inbox_prefix=identities.agent_inbox(name), **login(identities.agent(name))
-            )
-            stack.push_async_callback(agent_log.close)
-            agent = NodeAgent(
+
+        def make_agent(name: str, inv: NodeInventory, agent_log: JetStreamLog) -> NodeAgent:
+            return NodeAgent(
                 name,
                 agent_log,
                 node_views.KvNodeViews(agent_log.nc),
@@ -285,8 +285,39 @@ async def cluster(
                 gang_timeout=cfg.gang_timeout,
                 stop_grace=cfg.stop_grace,
             )
+
+        agent_logs: dict[str, tuple[NodeInventory, JetStreamLog]] = {}
+        for name, inv in simulated if cfg.agents else ():
+            # Each agent as its own node's identity: it may report for that node only.
+            agent_log = await connect(
+                url, inbox_prefix=identities.agent_inbox(name), **login(identities.agent(name))
+            )
+            stack.push_async_callback(agent_log.close)
+            agent_logs[name] = (inv, agent_log)
+            agent = make_agent(name, inv, agent_log)
             running.agents[name] = agent
             agent_tasks.append(asyncio.create_task(agent.run(agents_stop), name=f"agent-{name}"))
+
+        async def restart_agent(
+            name: str, meanwhile: Callable[[], Awaitable[None]] | None = None
+        ) -> NodeAgent:
+            """Stop the agent of ``name``, leaving its workers running, wait for ``meanwhile``
+            (what happens while no agent watches the node), and start a new one on the same
+            work directory, which takes them back."""
+            task = running.tasks.pop(f"agent-{name}")  # its end is not the corral's
+            await running.agents[name].leave()
+            await task
+            if meanwhile is not None:
+                await meanwhile()
+            agent = make_agent(name, *agent_logs[name])
+            running.agents[name] = agent
+            task = asyncio.create_task(agent.run(agents_stop), name=f"agent-{name}")
+            agent_tasks.append(task)
+            running.tasks[task.get_name()] = task
+            await _ready([agent.registered], [task])
+            return agent
+
+        running.restart_agent = restart_agent
 
         async def stop_agents() -> None:
             agents_stop.set()

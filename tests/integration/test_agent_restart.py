@@ -1,0 +1,137 @@
+"""A node agent restarting keeps its node's work alive: a live corral (real nats-server, every
+service, real worker processes), one node's agent stopped on purpose (``NodeAgent.leave``) and a
+new one started on the same work directory.
+
+- a job runs on through the restart, with no exit, interruption or restart in its log, and
+  succeeds at attempt 0;
+- a worker that ends while no agent watches has its exit reported once, by the agent that
+  comes back;
+- an agent that stays away past the lost-node timeout still makes its node lost: the job moves
+  on, uncharged, and the worker the returning agent takes back is stopped as superseded.
+
+The harness (``live``) replays the log and checks that no report was stored twice or refused,
+and that no worker process outlives the corral. Nothing sleeps: every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from corral.events.jobs import JobRequeued
+from corral.events.nodes import NodeConditionChanged, WorkerExited, WorkerStarted
+from corral.projections.lifecycle import FINAL
+from corral.services.agent.decide import WorkerKey
+from corral.services.agent.keeper import start_time
+from corral.services.agent.workers import keeper_dir
+from tests.integration.test_cluster_failures import DYING, WAIT, Live, cancel, job_spec, live, phase
+
+# Prints a step at a time until the file named by its arguments appears, then exits 0: the test
+# says when it ends, so that it ends neither before the restart nor during it by chance. (The
+# directory is an argument of its own: a sandbox binds the host's /tmp paths a command names.)
+STEPS = (
+    "import os, sys, time\n"
+    "step = 0\n"
+    "while not os.path.exists(os.path.join(sys.argv[1], sys.argv[2])):\n"
+    "    step += 1\n"
+    "    print('step', step, flush=True)\n"
+    "    time.sleep(0.02)\n"
+    "print('done at step', step, flush=True)\n"
+)
+
+
+def stepping(finish: Path) -> tuple[str, ...]:
+    return (sys.executable, "-c", STEPS, str(finish.parent), finish.name)
+
+
+async def until(predicate: object, timeout: float = WAIT) -> None:
+    """Wait until ``predicate()`` holds, looking every 20 ms, for at most ``timeout`` seconds."""
+    assert callable(predicate)
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+async def running(it: Live, job_id: str) -> tuple[str, int]:
+    """Wait until the job runs and its worker has taken a step; (its node, its rank 0's pid)."""
+    s = await it.until(lambda s: phase(s, job_id) == "running")
+    placement = s.jobs[job_id].placement
+    assert placement is not None
+    [(_, started)] = it.events(WorkerStarted, job_id)
+    node = placement.workers[0].node
+    agent = it.cluster.agents[node]
+    await until(lambda: any("step 1\n" in p.read_text() for p in agent.logs(job_id)))
+    return node, started.pid
+
+
+def alive(pid: int) -> bool:
+    return start_time(pid) is not None
+
+
+async def test_a_job_runs_on_through_its_agent_restarting(tmp_path: Path) -> None:
+    finish = tmp_path / "finish"
+    async with live(tmp_path) as it:
+        await it.submit("kept", job_spec(stepping(finish)))
+        node, pid = await running(it, "kept")
+        assert it.cluster.restart_agent is not None
+        agent = await it.cluster.restart_agent(node, None)
+        # The new agent took the worker back: the same process, running.
+        assert agent.runtime.workers() == {WorkerKey("kept", 0, 0): "running"}
+        assert agent.runtime.pid(WorkerKey("kept", 0, 0)) == pid and alive(pid)
+        finish.touch()
+        s = await it.until(lambda s: phase(s, "kept") in FINAL)
+        job = s.jobs["kept"]
+        assert (job.phase, job.attempt, job.restarts) == ("succeeded", 0, 0), job.reasons
+        exits = [(e.attempt, e.code, e.stopped, e.pid) for _, e in it.events(WorkerExited, "kept")]
+        assert exits == [(0, 0, False, pid)]
+        assert len(it.events(WorkerStarted, "kept")) == 1 and not it.events(JobRequeued, "kept")
+        text = agent.logs("kept")[0].read_text()
+        assert "step 1\n" in text and "done at step" in text
+
+
+async def test_a_worker_that_ends_while_its_agent_is_away_is_reported_once(tmp_path: Path) -> None:
+    finish = tmp_path / "finish"
+    async with live(tmp_path) as it:
+        await it.submit("away", job_spec(stepping(finish)))
+        node, pid = await running(it, "away")
+        exit_file = keeper_dir(tmp_path / "corral" / "nodes" / node, WorkerKey("away", 0, 0)) / "exit"
+
+        async def ends_meanwhile() -> None:
+            finish.touch()
+            await until(exit_file.exists)  # its keeper saw it end; no agent did
+            assert not it.events(WorkerExited, "away")
+
+        assert it.cluster.restart_agent is not None
+        await it.cluster.restart_agent(node, ends_meanwhile)
+        s = await it.until(lambda s: phase(s, "away") in FINAL)
+        job = s.jobs["away"]
+        assert (job.phase, job.attempt, job.restarts) == ("succeeded", 0, 0), job.reasons
+        await it.watch.caught_up()
+        exits = [(e.attempt, e.code, e.stopped, e.pid) for _, e in it.events(WorkerExited, "away")]
+        assert exits == [(0, 0, False, pid)]
+
+
+async def test_an_agent_away_past_the_lost_node_timeout_loses_its_node(tmp_path: Path) -> None:
+    finish = tmp_path / "finish"
+    async with live(tmp_path, nodes=2, settings=DYING) as it:
+        await it.submit("moved", job_spec(stepping(finish), gpus=8))
+        gone, pid = await running(it, "moved")
+
+        async def lost_and_moved() -> None:
+            await it.until(lambda s: s.nodes[gone].condition == "lost")
+            s = await it.until(lambda s: s.jobs["moved"].attempt == 1 and phase(s, "moved") == "running")
+            placement = s.jobs["moved"].placement
+            assert placement is not None and placement.workers[0].node != gone
+            assert alive(pid)  # no agent there to stop it
+
+        assert it.cluster.restart_agent is not None
+        await it.cluster.restart_agent(gone, lost_and_moved)
+        # Back, the agent takes its worker back, sees the job moved on, and stops it.
+        await it.until(lambda s: any(e.attempt == 0 for _, e in it.events(WorkerExited, "moved")))
+        conditions = [e.condition for _, e in it.events(NodeConditionChanged) if e.node == gone]
+        assert "lost" in conditions
+        assert it.state.jobs["moved"].restarts == 0  # a lost node is not the job's failure
+        await cancel(it, "moved")
+        exits = [(e.node, e.attempt, e.stopped, e.pid) for _, e in it.events(WorkerExited, "moved")]
+        assert exits[0] == (gone, 0, True, pid)

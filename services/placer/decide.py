@@ -49,7 +49,7 @@ from corral.events.jobs import Resources
 from corral.projections import claims, quota
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Request
-from corral.projections.placement.plugins.packing import Fragmentation, workload_of
+from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.state import JobState, State
@@ -147,7 +147,7 @@ class _Cycle:
         self.now = now
         self.config = config
         self.snap = Snapshot(state)
-        self.chain = stack.build(config, Fragmentation(workload_of(state)))
+        self.chain = stack.build(config, fragmentation_of(state))
         self.gate = _Gate(state)
         self.placed: list[tuple[Placement, Request]] = []
         self.reservation: Reservation | None = None

@@ -70,19 +70,24 @@ BALANCE_SCALE = 1e10
 
 
 def balance(cpu_after: int, gpu_after: int, kappa: float, gpu_task: bool, cpu_milli: int = 0) -> float:
-    """corral's tie-break, larger is better. ``kappa``: milli-CPU a GPU task asks per milli-GPU;
-    ``gpu_after``: the node's free milli-GPU after the task; ``cpu_milli``: a CPU-only task's CPU.
+    """corral's tie-break, larger is better. ``kappa``: milli-CPU a free milli-GPU can expect
+    (``kappa_of``); ``gpu_after``: the node's free milli-GPU after the task; ``cpu_milli``: a
+    CPU-only task's CPU.
 
     A GPU task: how far the node's free CPU ends from what its free GPUs will need. A CPU-only
-    task, in this order: the CPU it takes that the node's free GPUs will need (none is best), the
-    node's free GPU (fewest first: CPU beside no free GPU is no GPU task's loss), then the CPU the
-    free GPUs will not need (least first, so large spares stay whole for large tasks)."""
+    task, in this order: the node's free GPU (fewest first: a task's CPU can strand at most the
+    GPUs beside it, and none beside a full node's), then the CPU it takes that those GPUs will
+    need (least first), then the CPU they will not need (least first, so large spares stay whole
+    for large tasks). Fewest GPUs comes before least CPU taken because the CPU a node keeps for
+    its GPUs is not a smooth quantity: a whole 8-GPU node that gives up a few cores to a CPU-only
+    task can no longer take an 8-GPU task that asks for nearly all of its CPU, and taking the
+    least CPU first spreads CPU-only tasks over exactly those whole nodes."""
     surplus = cpu_after - kappa * gpu_after
     if gpu_task:
         return -abs(surplus)
     taken = min(max(-surplus, 0.0), float(cpu_milli))
     spare = max(surplus + cpu_milli, 0.0)
-    return -(taken * 1e4 + gpu_after * 10.0 + spare * 1e-3)
+    return -(gpu_after * 1e4 + taken + spare * 1e-3)
 
 
 def corral_score(
@@ -141,21 +146,45 @@ def workload_of(state: State) -> Workload:
     return Workload(counts)
 
 
-def kappa_of(workload: Workload) -> float:
-    """Milli-CPU per milli-GPU over the workload's GPU tasks: what a free GPU will bring with it.
-    CPU-only tasks are left out; their CPU need not sit beside a GPU."""
+def kappa_of(workload: Workload, cpu_per_gpu: float | None = None) -> float:
+    """Milli-CPU a free milli-GPU can expect: what the workload's GPU tasks ask per milli-GPU,
+    but no more than the cluster can give once CPU-only tasks have had theirs.
+
+    ``cpu_per_gpu`` is the cluster's milli-CPU per milli-GPU (``cluster_cpu_per_gpu``; None: no
+    bound). CPU-only tasks' CPU need not sit beside a GPU, so it does not raise what a GPU needs;
+    but when the workload asks more CPU per GPU than the cluster has, CPU runs out before GPU
+    and a free GPU can expect only what CPU-only tasks leave per GPU. Keeping the GPU tasks'
+    full ask beside every free GPU then only holds cores for GPUs that will never get them."""
     gpu_tasks = [(s, p) for s, p in workload.shapes.items() if s.gpus > 0 and s.gpu_milli > 0]
     cpu = sum(p * s.cpu_milli for s, p in gpu_tasks)
     gpu = sum(p * s.gpu_milli * s.gpus for s, p in gpu_tasks)
-    return cpu / gpu if gpu > 0 else 0.0
+    if gpu <= 0:
+        return 0.0
+    kappa = cpu / gpu
+    if cpu_per_gpu is None:
+        return kappa
+    cpu_only = sum(p * s.cpu_milli for s, p in workload.shapes.items() if s.gpus == 0 or s.gpu_milli == 0)
+    return max(0.0, min(kappa, cpu_per_gpu - cpu_only / gpu))
+
+
+def cluster_cpu_per_gpu(state: State) -> float | None:
+    """Milli-CPU per milli-GPU over the nodes that have GPUs (None: there are none). CPU-only
+    nodes are left out: their CPU is never beside a GPU."""
+    cpu = gpu = 0
+    for node in state.nodes.values():
+        n = len(node.inventory.gpus)
+        if n:
+            cpu += node.inventory.cpu_milli
+            gpu += n * WHOLE
+    return cpu / gpu if gpu else None
 
 
 class Fragmentation:
     """A cycle's workload, its per-model tables and kappa, computed once per cycle."""
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, cpu_per_gpu: float | None = None) -> None:
         self.workload = workload
-        self.kappa = kappa_of(workload)
+        self.kappa = kappa_of(workload, cpu_per_gpu)
 
     def view(self, node: NodeView, req: Request) -> tuple[FragTable, list[GpuView]]:
         """The node as the fragmentation measure sees it: its non-MIG healthy GPUs of the first
@@ -164,6 +193,11 @@ class Fragmentation:
         model = next((g.model for g in gpus if req.need.model_ok(g.model)), gpus[0].model if gpus else "")
         gpus = [g for g in gpus if g.model == model]
         return self.workload.table(model), gpus
+
+
+def fragmentation_of(state: State) -> Fragmentation:
+    """The live placer's cycle measure: the state's workload against the state's cluster."""
+    return Fragmentation(workload_of(state), cluster_cpu_per_gpu(state))
 
 
 class SharedGpuReserve:

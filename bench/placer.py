@@ -29,7 +29,7 @@ from corral.projections import claims, indexes
 from corral.projections.fold import apply_event
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Request
-from corral.projections.placement.plugins.packing import Fragmentation, workload_of
+from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.state import JobState, State
 from corral.services.agent.inventory import cluster
@@ -100,7 +100,7 @@ def latency(trials: int) -> None:
     print(f"    snapshot of the cluster (once per cycle): p50 {statistics.median(builds):.2f} ms")
     config = stack.PlacerConfig()
     snap = Snapshot(state)
-    chain = stack.build(config, Fragmentation(workload_of(state)))
+    chain = stack.build(config, fragmentation_of(state))
     cases = [
         ("8 ranks x 1 GPU, pack nvlink", gang_job("g-nvlink", 1, 8, "nvlink")),
         ("4 workers x 8 GPUs, pack rack", gang_job("g-rack", 8, 4, "rack")),

@@ -50,7 +50,7 @@ from corral.projections import claims, indexes, quota
 from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Request
-from corral.projections.placement.plugins.packing import Fragmentation, workload_of
+from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.state import JobState, State
@@ -149,7 +149,7 @@ class _Cycle:
         self.now = now
         self.config = config
         self.snap = Snapshot(state)
-        self.chain = stack.build(config, Fragmentation(workload_of(state)))
+        self.chain = stack.build(config, fragmentation_of(state))
         self.gate = _Gate(state)
         self.placed: list[tuple[Placement, Request]] = []
         self.reservation: Reservation | None = None

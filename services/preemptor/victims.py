@@ -51,7 +51,7 @@ from corral.projections import claims, indexes, preemption, quota
 from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Chain, Request
-from corral.projections.placement.plugins.packing import Fragmentation, workload_of
+from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
@@ -340,7 +340,7 @@ class Simulation:
     @property
     def chain(self) -> Chain:
         if self._chain is None:
-            built = stack.build(self.placer, Fragmentation(workload_of(self.state)))
+            built = stack.build(self.placer, fragmentation_of(self.state))
             self._chain = _FitOnly(built.filters, built.reserves, built.scores, built.limit)
         return self._chain
 

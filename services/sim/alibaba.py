@@ -327,7 +327,7 @@ class Replay:
             self.where.append(b)
         self.capacity = sum(n.gpus for n in nodes) * WHOLE
         self.used = 0
-        self.kappa = packing.kappa_of(workload)
+        self.kappa = packing.kappa_of(workload, sum(self.cpu) / self.capacity)
         self.shape_ids: dict[tuple[TaskShape, int], int] = {}
         self.scores: list[dict[_Bucket, float]] = []
         self.choices: list[dict[_Bucket, tuple[int, ...] | None]] = []

@@ -22,7 +22,7 @@ from corral.projections.placement import stack
 from corral.projections.placement.framework import Need, Request
 from corral.projections.placement.plugins import fit
 from corral.projections.placement.plugins.fragmentation import TaskShape
-from corral.projections.placement.plugins.packing import Fragmentation, workload_of
+from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.services.sim import alibaba
 
@@ -115,7 +115,7 @@ def test_replay_fit_is_the_live_fit(trace: tuple[list[alibaba.TraceNode], list[a
     assert r.state is not None
     snap = Snapshot(r.state)
     config = stack.PlacerConfig()
-    chain = stack.build(config, Fragmentation(workload_of(r.state)))
+    chain = stack.build(config, fragmentation_of(r.state))
     disagreements = 0
     for pod in rng.sample(order, 20):
         s = pod.shape

@@ -25,6 +25,7 @@ from corral.projections.placement.framework import Need, Request
 from corral.projections.placement.plugins import mig as mig_plugin
 from corral.projections.placement.plugins.fit import FitFilter, node_fits
 from corral.projections.placement.plugins.fragmentation import (
+    FragTable,
     TaskShape,
     Workload,
     fgd_score,
@@ -40,9 +41,10 @@ from corral.projections.placement.plugins.packing import (
     PackingScore,
     SharedGpuReserve,
     balance,
+    cluster_cpu_per_gpu,
     corral_choice,
+    fragmentation_of,
     kappa_of,
-    workload_of,
 )
 from corral.projections.placement.plugins.topology import IslandScore, WholeGpusReserve, levels
 from corral.projections.placement.snapshot import NodeView, Snapshot
@@ -420,12 +422,13 @@ BALANCE = [
     pytest.param(12_000, 1000, 12.0, True, 0, 0.0, id="gpu-task-balanced"),
     pytest.param(20_000, 1000, 12.0, True, 0, -8000.0, id="gpu-task-cpu-heavy"),
     pytest.param(4_000, 1000, 12.0, True, 0, -8000.0, id="gpu-task-cpu-light"),
-    # A CPU-only task of 4,000 milli-CPU: what it takes from the free GPUs' need, then free GPU,
-    # then the spare it leaves.
-    pytest.param(20_000, 1000, 12.0, False, 4000, -(10 * 1000 + 12_000 * 1e-3), id="cpu-task-from-spare"),
-    pytest.param(10_000, 1000, 12.0, False, 4000, -(2000 * 1e4 + 10 * 1000), id="cpu-task-takes-part"),
-    pytest.param(4_000, 1000, 12.0, False, 4000, -(4000 * 1e4 + 10 * 1000), id="cpu-task-takes-all"),
+    # A CPU-only task of 4,000 milli-CPU: the free GPU beside it, then what it takes from their
+    # need, then the spare it leaves.
+    pytest.param(20_000, 1000, 12.0, False, 4000, -(1000 * 1e4 + 12_000 * 1e-3), id="cpu-task-from-spare"),
+    pytest.param(10_000, 1000, 12.0, False, 4000, -(1000 * 1e4 + 2000), id="cpu-task-takes-part"),
+    pytest.param(4_000, 1000, 12.0, False, 4000, -(1000 * 1e4 + 4000), id="cpu-task-takes-all"),
     pytest.param(20_000, 0, 12.0, False, 4000, -(24_000 * 1e-3), id="cpu-task-beside-no-free-gpu"),
+    pytest.param(0, 0, 12.0, False, 4000, -(4000 * 1e-3), id="cpu-task-fills-a-full-node"),
 ]
 
 
@@ -470,6 +473,98 @@ def test_kappa_is_the_workloads_cpu_per_milli_gpu() -> None:
         {TaskShape(10_000, 1000, 1): 1.0, TaskShape(6_000, 500, 1): 1.0, TaskShape(4_000, 0, 0): 1.0}
     )
     assert kappa_of(w) == pytest.approx(16_000 / 1500)
+
+
+# GPU tasks ask 16,000 milli-CPU per 1,500 milli-GPU (10.67 per milli-GPU), CPU-only tasks 4,000
+# more (2.67 per milli-GPU of the workload's GPU demand): 13.33 in all.
+KAPPA_BOUNDS = [
+    pytest.param(None, 16_000 / 1500, id="no-cluster-bound"),
+    pytest.param(20.0, 16_000 / 1500, id="cpu-to-spare"),
+    pytest.param(16_000 / 1500 + 4_000 / 1500, 16_000 / 1500, id="cpu-just-enough"),
+    pytest.param(12.0, 12.0 - 4_000 / 1500, id="cpu-short-gpus-get-what-cpu-only-tasks-leave"),
+    pytest.param(2.0, 0.0, id="cpu-only-tasks-want-it-all"),
+]
+
+
+@pytest.mark.parametrize(("cpu_per_gpu", "want"), KAPPA_BOUNDS)
+def test_kappa_is_bounded_by_the_cpu_the_cluster_can_give(cpu_per_gpu: float | None, want: float) -> None:
+    w = Workload(
+        {TaskShape(10_000, 1000, 1): 1.0, TaskShape(6_000, 500, 1): 1.0, TaskShape(4_000, 0, 0): 1.0}
+    )
+    assert kappa_of(w, cpu_per_gpu) == pytest.approx(want)
+
+
+def test_cluster_cpu_per_gpu_counts_only_nodes_with_gpus() -> None:
+    state = State()
+    for node in (N(name="a", gpus=8, cpu=96_000), N(name="b", gpus=2, cpu=104_000), N(name="c", gpus=0)):
+        state.nodes[node.name] = node.build()
+    assert cluster_cpu_per_gpu(state) == pytest.approx(200_000 / 10_000)
+    assert cluster_cpu_per_gpu(State()) is None
+    f = fragmentation_of(state)
+    assert f.kappa == kappa_of(f.workload, 20.0)
+
+
+def corral_on(table: FragTable, kappa: float, task: TaskShape, cpu: int, gpus: tuple[int, ...]) -> float:
+    return corral_choice(table, kappa, cpu, gpus, task, fragment(table, cpu, gpus))[0]
+
+
+# Which of two nodes FGD scores the same corral picks for a task (kappa 12 milli-CPU per
+# milli-GPU unless the case says otherwise). The workload's GPU tasks ask 3,000 milli-CPU, so
+# FGD's measure does not see the CPU a node loses as long as 3,000 are left.
+CHOICES = [
+    pytest.param(
+        TaskShape(4_000, 0, 0),
+        12.0,
+        (20_000, (0, 0)),
+        (60_000, (1000, 1000)),
+        id="cpu-task-to-the-node-without-free-gpus",
+    ),
+    pytest.param(
+        TaskShape(4_000, 0, 0),
+        12.0,
+        (12_000, (1000,)),
+        (97_000, (1000,) * 8),
+        id="cpu-task-strands-one-gpu-rather-than-break-a-whole-node",
+    ),
+    pytest.param(
+        TaskShape(4_000, 0, 0),
+        12.0,
+        (60_000, (1000, 1000)),
+        (20_000, (1000, 1000)),
+        id="cpu-task-into-spare-cpu-rather-than-gpus-cpu",
+    ),
+    pytest.param(
+        TaskShape(3_000, 1000, 1),
+        12.0,
+        (27_000, (1000, 1000, 1000)),
+        (7_000, (1000, 1000, 1000)),
+        id="gpu-task-leaves-cpu-for-the-free-gpus",
+    ),
+    pytest.param(
+        TaskShape(3_000, 1000, 1),
+        12.0,
+        (27_000, (1000, 1000, 1000)),
+        (90_000, (1000, 1000, 1000)),
+        id="gpu-task-leaves-spare-cpu-for-cpu-heavy-tasks",
+    ),
+    pytest.param(
+        TaskShape(3_000, 1000, 1),
+        4.0,
+        (15_000, (1000, 1000, 1000)),
+        (27_000, (1000, 1000, 1000)),
+        id="cpu-short-cluster-gpu-task-keeps-only-what-a-gpu-can-expect",
+    ),
+]
+
+
+@pytest.mark.parametrize(("task", "kappa", "win", "lose"), CHOICES)
+def test_corral_choice(
+    task: TaskShape, kappa: float, win: tuple[int, tuple[int, ...]], lose: tuple[int, tuple[int, ...]]
+) -> None:
+    table = Workload({TaskShape(3_000, 1000, 1): 1.0, TaskShape(4_000, 0, 0): 1.0}).table("T4")
+    a, b = corral_on(table, kappa, task, *win), corral_on(table, kappa, task, *lose)
+    assert round(a) == round(b), "FGD must score both the same for the tie-break to decide"
+    assert a > b
 
 
 # -- fragmentation --------------------------------------------------------------------------------
@@ -594,7 +689,7 @@ def cluster_state(count: int, profile: str = "h100-8x") -> State:
 
 def place(state: State, request_: Request) -> Placement | tuple[Reason, ...]:
     config = stack.PlacerConfig()
-    chain = stack.build(config, Fragmentation(workload_of(state)))
+    chain = stack.build(config, fragmentation_of(state))
     return gang.place(chain, Snapshot(state), request_, config.label_keys)
 
 
@@ -609,7 +704,7 @@ def test_gang_is_all_or_nothing() -> None:
     state = cluster_state(2)
     snap = Snapshot(state)
     config = stack.PlacerConfig()
-    chain = stack.build(config, Fragmentation(workload_of(state)))
+    chain = stack.build(config, fragmentation_of(state))
     got = gang.place(chain, snap, req(gpus=8, replicas=3), config.label_keys)
     assert not isinstance(got, Placement)
     # Nothing stays taken: both nodes still offer all their GPUs to the next job.

@@ -26,8 +26,9 @@ append, each with ``based_on = state.seq`` and ``now``:
    stopping gets nothing (the placer will place it). Elastic jobs shrink toward their minimum
    before anyone is stopped whole (``config.shrink``): one ``ShrinkRequested`` per elastic job
    that gives up its top ranks, with the same deadline; they keep running on the ranks they
-   keep. A shrink under way counts like a preemption under way: its beneficiary is not searched
-   for again until the leaving ranks are gone.
+   keep. The shrinks come before the preemption, in the order the search took them, as the
+   fold judges record by record. A shrink under way counts like a preemption under way: its
+   beneficiary is not searched for again until the leaving ranks are gone.
 
 Same state, same ``now``, same config: same events. Every order is total (ties by job id), and
 the simulation reads the State only in its insertion order, which the fold makes the log's.
@@ -100,16 +101,10 @@ DEFAULT = PreemptorConfig()
 def decide(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Event]:
     events: list[Event] = []
     for p in plan(state, now, config):
-        if p.victims:
-            events.append(
-                PreemptionRequested(
-                    based_on=state.seq,
-                    now=now,
-                    beneficiary=p.beneficiary,
-                    victims=p.victims,
-                    deadline=p.deadline,
-                )
-            )
+        # Shrinks first, in the order the search took them, then the jobs stopped whole: the
+        # order the search removed them in, so that the fold, which judges record by record,
+        # reads each victim's queue as the search did when it took it (a queue that borrowed
+        # before the shrink may no longer borrow once the whole jobs are gone).
         events.extend(
             ShrinkRequested(
                 based_on=state.seq,
@@ -122,6 +117,16 @@ def decide(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[
             )
             for s in p.shrinks
         )
+        if p.victims:
+            events.append(
+                PreemptionRequested(
+                    based_on=state.seq,
+                    now=now,
+                    beneficiary=p.beneficiary,
+                    victims=p.victims,
+                    deadline=p.deadline,
+                )
+            )
     return events
 
 
@@ -204,9 +209,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             Plan(
                 beneficiary=job.id,
                 victims=tuple(Victim(v.id, v.attempt) for v in sorted(found.whole, key=lambda v: v.id)),
-                shrinks=tuple(
-                    Shrink(j.id, j.attempt, keep) for j, keep in sorted(found.shrinks, key=lambda s: s[0].id)
-                ),
+                shrinks=tuple(Shrink(j.id, j.attempt, keep) for j, keep in found.shrinks),  # removal order
                 deadline=now + max(max(0.0, j.spec.grace_seconds) for j in stopping),
                 placement=found.placement,
             )

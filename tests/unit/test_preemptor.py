@@ -926,3 +926,24 @@ def test_a_queue_without_quota_reclaims_its_cohorts_from_another_subtree() -> No
     w2.run("s", gpus(8, queue="team-s"), whole(N0, *range(8)), priority=50)
     w2.submit("a", gpus(8), priority=0)
     assert w2.decide() == []
+
+
+def test_a_shrink_is_proposed_before_the_whole_jobs_so_the_fold_judges_it_as_the_search_did() -> None:
+    # team-a (nominal 6) holds 8 GPUs: it borrows 2 of team-b's. team-b's urgent job needs 3 and
+    # may borrow over lower priorities. The search takes one rank of the elastic job while team-a
+    # still borrows (8 -> 7), then ``low`` whole (7 -> 5). The fold judges record by record: had
+    # the stop of ``low`` come first, team-a would hold only its nominal when the shrink is
+    # judged, and the shrink would be void.
+    w = World().cohort("org").queue("team-a", 6, "org").queue("team-b", 2, "org")
+    w.run("fixed", gpus(4, preemptible=False), whole(N0, 2, 3, 4, 5), priority=10)
+    el = JobSpec(queue="team-a", replicas=2, min_replicas=1, resources=Resources(gpus=1))
+    w.run("el", el, whole(N0, 6), whole(N0, 7), priority=10)
+    w.wait(3600)
+    w.submit("low", gpus(2), priority=10).admit("low").place("low", whole(N0, 0, 1))  # placed: loses nothing
+    w.submit("urgent", gpus(3, queue="team-b"), priority=20)
+    before = w.state.rejected_total
+    events = w.cycle(lambda s, now: decide(s, now, ELASTIC))
+    assert [type(e).__name__ for e in events] == ["ShrinkRequested", "PreemptionRequested"]
+    assert w.state.rejected_total == before, w.state.rejections[-1:]
+    assert w.state.jobs["low"].phase in ("checkpointing", "preempted")
+    assert w.state.jobs["el"].leaving == [1]

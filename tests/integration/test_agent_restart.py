@@ -15,8 +15,8 @@ and that no worker process outlives the corral. Nothing sleeps: every wait has a
 
 from __future__ import annotations
 
-import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from corral.events.jobs import JobRequeued
@@ -25,6 +25,7 @@ from corral.projections.lifecycle import FINAL
 from corral.services.agent.decide import WorkerKey
 from corral.services.agent.keeper import start_time
 from corral.services.agent.workers import keeper_dir
+from tests.integration import polling
 from tests.integration.test_cluster_failures import DYING, WAIT, Live, cancel, job_spec, live, phase
 
 # Prints a step at a time until the file named by its arguments appears, then exits 0: the test
@@ -45,12 +46,8 @@ def stepping(finish: Path) -> tuple[str, ...]:
     return (sys.executable, "-c", STEPS, str(finish.parent), finish.name)
 
 
-async def until(predicate: object, timeout: float = WAIT) -> None:
-    """Wait until ``predicate()`` holds, looking every 20 ms, for at most ``timeout`` seconds."""
-    assert callable(predicate)
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
+async def until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
+    await polling.until(predicate, timeout)
 
 
 async def running(it: Live, job_id: str) -> tuple[str, int]:

@@ -25,15 +25,14 @@ import pytest
 from corral.services.agent import keeper
 from corral.services.agent.decide import Exited, Started, StartWorker, WorkerKey
 from corral.services.agent.workers import RECORD, Runtime, SandboxMode, keeper_dir
+from tests.integration import polling
 from tests.integration.test_agent_runtime import LOOP, PY, WAIT, bwrap_works, spec_for
 
 MODES: list[SandboxMode] = ["none", "bwrap"]
 
 
 async def until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
+    await polling.until(predicate, timeout)
 
 
 def run_keeper(state: Path, *argv: str) -> subprocess.Popen[bytes]:

@@ -538,6 +538,13 @@ class JetStreamLog:
     async def last_seq(self) -> int:
         return (await self.info()).last_seq
 
+    def tail(self) -> int | None:
+        """The newest stream sequence this log's readers have heard the server holds, asking it
+        nothing: the last record a reader took in plus what the server said it still had for that
+        reader (None: no reader has taken one in yet). What a service has not folded of the log."""
+        known = [c.last + c.pending for c in self._consumers if c.pending >= 0]
+        return max(known, default=None)
+
     async def identity(self) -> str:
         """Which stream this is: its name and when it was created. A stream deleted and created
         again under the same name is another history, and has another identity."""

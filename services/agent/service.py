@@ -79,7 +79,7 @@ from corral.services.agent.decide import (
 )
 from corral.services.agent.discovery import Discovery, NvmlGpus
 from corral.services.agent.workers import Runtime, SandboxMode, job_logs, restart_backoff
-from corral.services.runtime import tracing
+from corral.services.runtime import logs, tracing
 from corral.services.runtime.clock import LogClock
 from corral.services.runtime.views import NodeViews
 
@@ -477,6 +477,7 @@ class NodeAgent:
     # -- running -------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        logs.set_role(f"agent-{self.node}")
         # Before the first view: ``decide`` must see the workers an earlier agent left running,
         # or it would report them gone.
         reattach = getattr(self.runtime, "reattach", None)

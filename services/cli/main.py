@@ -92,15 +92,34 @@ def cmd_up(args: argparse.Namespace) -> None:
     except identities.CredentialsError as e:
         raise BadInput(str(e)) from None
     settings = Settings(auth=args.auth, tenants=tenants)
+    observe(args)
     try:
-        asyncio.run(run_cluster(args.server, args.nodes, args.profile, Path(args.data), args.port, settings))
+        asyncio.run(
+            run_cluster(
+                args.server, args.nodes, args.profile, Path(args.data), args.port, settings, args.metrics_port
+            )
+        )
     except PartStopped as e:  # not a person's mistake: status 1, for a supervisor to restart it
         print(f"corral: {e}", file=sys.stderr)
         sys.exit(1)
 
 
+def observe(args: argparse.Namespace) -> None:
+    """Logging for a long-running process (``up``, ``serve``), once, before anything logs."""
+    from corral.services.runtime import logs
+
+    if args.metrics_port is not None and not 0 <= args.metrics_port < 65536:
+        raise BadInput(f"--metrics-port {args.metrics_port}: not a port (0 to 65535; 0: any free one)")
+    logs.configure(args.log_level)
+    if getattr(args, "role", None):
+        logs.set_role(args.role)
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     """One service as its own process, against a running NATS."""
+    from corral.services.runtime import metrics
+
+    observe(args)
     if args.role == "agent":
         serve_agent(args)
         return
@@ -130,13 +149,18 @@ def cmd_serve(args: argparse.Namespace) -> None:
         run_one = stateless[args.role](server_url(args.server), **creds)
 
         async def serve_one() -> None:
-            await run_one(stop_on_signals())
+            async with metrics.serving(f"corral-{args.role}", args.metrics_port):
+                await run_one(stop_on_signals())
 
         asyncio.run(serve_one())
         return
     needs_log(f"serve {args.role}", login)
 
     async def run() -> None:
+        async with metrics.serving(f"corral-{args.role}", args.metrics_port):
+            await run_leased()
+
+    async def run_leased() -> None:
         log = await open_log(server_url(args.server), login)
         snapshots = None
         try:
@@ -624,6 +648,20 @@ def cmd_explain(args: argparse.Namespace) -> None:
 # -- parser -------------------------------------------------------------------------------------
 
 
+def add_observing(p: argparse.ArgumentParser) -> None:
+    from corral.services.runtime.logs import LEVELS
+
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port at /metrics (0: any free one; default: none). "
+        "OTLP export too when OTEL_EXPORTER_OTLP_ENDPOINT is set",
+    )
+    p.add_argument(
+        "--log-level", choices=LEVELS, default="info", help="JSON lines on stderr unless it is a terminal"
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="corral", description="Event-sourced GPU scheduler.")
     p.add_argument("--version", action="version", version=f"corral {corral.__version__}")
@@ -661,6 +699,7 @@ def parser() -> argparse.ArgumentParser:
         help="require logins: each tenant may only send its own requests and ask about its own jobs",
     )
     up.add_argument("--tenants", help="with --auth: comma-separated tenants that get a login")
+    add_observing(up)
     up.set_defaults(fn=cmd_up)
 
     sv = sub.add_parser(
@@ -687,6 +726,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="agent: on SIGTERM stop this node's workers (default: leave them for the next agent)",
     )
+    add_observing(sv)
     sv.set_defaults(fn=cmd_serve)
 
     st = sub.add_parser(

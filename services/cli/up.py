@@ -52,7 +52,7 @@ from corral.services.intake import service as intake_service
 from corral.services.placer import service as placer_service
 from corral.services.preemptor import service as preemptor_service
 from corral.services.query import service as read_service
-from corral.services.runtime import identities
+from corral.services.runtime import identities, metrics
 from corral.services.runtime import views as node_views
 from corral.services.runtime.lease import KvLease, ensure_bucket
 from corral.services.runtime.shell import Decide, Service, stop_on_signals
@@ -376,12 +376,21 @@ async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> None:
 
 
 async def run_cluster(
-    server: str | None, nodes: int, profile: str, data_dir: Path, port: int, settings: Settings | None = None
+    server: str | None,
+    nodes: int,
+    profile: str,
+    data_dir: Path,
+    port: int,
+    settings: Settings | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     from corral.services.cli.access import STATE_DIR
 
     stop = stop_on_signals()
-    async with cluster(server, nodes, profile, data_dir, port, settings=settings) as running:
+    async with (
+        metrics.serving("corral", metrics_port) as telemetry,
+        cluster(server, nodes, profile, data_dir, port, settings=settings) as running,
+    ):
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / "server").write_text(running.url + "\n")
         roles = ", ".join([s.role for s in running.services] + [read_service.ROLE, intake_service.ROLE])
@@ -392,6 +401,8 @@ async def run_cluster(
             print(f"  logins required; passwords of every identity: {running.credentials}", flush=True)
         print(f"  nodes: {len(running.nodes)} simulated ({profile}), one agent each", flush=True)
         print(f"  workers and their logs: {data_dir / 'nodes'}", flush=True)
+        if telemetry is not None and telemetry.port:
+            print(f"  metrics: http://localhost:{telemetry.port}/metrics", flush=True)
         print("  Ctrl-C to stop", flush=True)
         try:
             await until_stopped(running, stop)

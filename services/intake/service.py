@@ -26,7 +26,7 @@ from corral.events import subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import Ack, Append, LogError
 from corral.services.intake.decide import Accept, Refuse, decide
-from corral.services.runtime import identities
+from corral.services.runtime import identities, logs
 
 log = logging.getLogger("corral.intake")
 
@@ -100,6 +100,7 @@ class Intake:
             await self.log.nc.publish(reply, _encode(body))
 
     async def run(self, stop: asyncio.Event) -> None:
+        logs.set_role(ROLE)
         sub: Subscription = await self.log.nc.subscribe(
             f"{subjects.REQ}.*.*", queue=ROLE, cb=self._on_request
         )

@@ -36,7 +36,7 @@ from corral.events.nats_client import Client
 from corral.projections.state import State
 from corral.services.query.decide import Ask, BadAsk, answer, parse_ask, refusal
 from corral.services.query.view import JobView
-from corral.services.runtime import identities
+from corral.services.runtime import identities, logs, metrics
 
 log = logging.getLogger("corral.query")
 
@@ -71,6 +71,7 @@ class ReadService:
         self.caught_up = asyncio.Event()
         self._folded = asyncio.Condition()
         self._waiting: set[asyncio.Task[None]] = set()
+        self._watch: metrics.FoldWatch | None = None
 
     # -- folding --------------------------------------------------------------------------------
 
@@ -83,7 +84,7 @@ class ReadService:
         return self.view.state
 
     def fold(self, batch: list[Record]) -> None:
-        self.view.fold(batch)
+        self.view.fold(batch, self._watch)
 
     # -- answering ------------------------------------------------------------------------------
 
@@ -133,6 +134,15 @@ class ReadService:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fold the log, then answer questions and keep folding until ``stop`` is set."""
+        logs.set_role(ROLE)
+        telemetry = metrics.current()
+        if telemetry is not None:
+            # The read service is the one role that reports the cluster and counts what the fold
+            # accepted: every corral runs one, and it folds the whole log.
+            from corral.services.query.figures import cluster_figures
+
+            telemetry.watch_cluster(lambda: self.state, cluster_figures)
+            self._watch = metrics.FoldWatch(telemetry)
         async for batch in self.log.read(1):
             self.fold(batch)
         nc = self.log.nc

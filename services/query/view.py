@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corral.events import subjects
 from corral.events.log import Record
@@ -31,6 +31,9 @@ from corral.projections.fold import apply
 from corral.projections.index import JobEvent, job_events
 from corral.projections.state import JobState, State
 from corral.services.query.explain import explain
+
+if TYPE_CHECKING:
+    from corral.services.runtime.metrics import FoldWatch
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS let_go (
@@ -61,14 +64,18 @@ class JobView:
 
     # -- folding --------------------------------------------------------------------------------
 
-    def fold(self, batch: Sequence[Record]) -> None:
-        """Fold ``batch``, keeping what each record says of each job, and the jobs it lets go."""
+    def fold(self, batch: Sequence[Record], watch: FoldWatch | None = None) -> None:
+        """Fold ``batch``, keeping what each record says of each job, and the jobs it lets go;
+        ``watch`` counts what the fold accepted, for the metrics."""
         state, history = self.state, self.history
         for rec in batch:
             for job in retention.due(state, rec.seq, rec.time):
                 self._keep(job, rec.seq)
             before = state.rejected_total
+            seen = watch.before(state, rec) if watch is not None else None
             apply(state, rec)
+            if seen:
+                watch.after(state, rec, seen)  # type: ignore[union-attr]
             refusals = {rec.seq: state.rejections[-1]} if state.rejected_total > before else {}
             for e in job_events(state, (rec,), refusals):
                 if e.job_id in state.jobs:

@@ -48,7 +48,7 @@ from corral.events.log import Append, ConflictError, EventLog, Fence, LogError, 
 from corral.projections.fold import apply
 from corral.projections.rules import RULES
 from corral.projections.state import State
-from corral.services.runtime import tracing
+from corral.services.runtime import logs, metrics, tracing
 from corral.services.runtime.clock import LogClock
 from corral.services.runtime.lease import Lease
 from corral.services.runtime.status import ServiceStatus, StatusBoard
@@ -113,6 +113,7 @@ class Service:
         self._awaiting = 0  # our newest appended seq; no deciding before it is folded
         self._snapshot_seq = 0
         self.caught_up = asyncio.Event()
+        self.telemetry: metrics.Telemetry | None = None  # the process's, from ``run``
         tracing.setup(role)
 
     # -- folding --------------------------------------------------------------------------------
@@ -163,6 +164,14 @@ class Service:
         if self.state.seq == self._quiet_seq and now < self._quiet_until:
             self.skipped += 1
             return 0  # nothing moved since a cycle that found nothing to do: the answer is the same
+        logs.set_seq(self.state.seq)
+        began = time.perf_counter()
+        appended = await self._decide_and_append(now)
+        if self.telemetry is not None:
+            self.telemetry.cycle(self.role, time.perf_counter() - began, appended)
+        return appended
+
+    async def _decide_and_append(self, now: float) -> int:
         with tracing.span(f"{self.role}.decide", service=self.role) as cycle_span:
             cycle_span.set_attribute("corral.based_on", self.state.seq)
             try:
@@ -219,6 +228,7 @@ class Service:
             self.supervision.in_a_row,
             self.supervision.retry_at - now,
             exc_info=error,
+            extra={"job": failure.job, "seq": failure.seq},
         )
         if self.lease is not None:
             await self.lease.release()  # a standby decides while this one backs off
@@ -271,6 +281,10 @@ class Service:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fold and decide until ``stop`` is set; then finish the current cycle and return."""
+        logs.set_role(self.role)
+        self.telemetry = metrics.current()
+        if self.telemetry is not None:
+            self.telemetry.watch_service(self)
         await self.restore()
         await self.cycle()
         await self.post_status()
@@ -304,6 +318,8 @@ class Service:
                 await self.lease.release()
             if self.status is not None:
                 await self.status.withdraw()
+            if self.telemetry is not None:
+                self.telemetry.forget_service(self)
 
 
 def stop_on_signals() -> asyncio.Event:

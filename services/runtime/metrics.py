@@ -1,0 +1,456 @@
+"""Metrics through the OpenTelemetry metrics SDK: declared here, read by Prometheus and OTLP.
+
+``METRICS`` is the one table of every metric corral exports: its name, unit and meaning, in
+OpenTelemetry's conventions (``corral.<thing>.<measure>``, units in UCUM, counts of things as
+``{thing}``, durations in ``s``). Three kinds of source feed them:
+
+- the cluster's state, read when a collection asks (observable gauges): queues, quota, GPUs,
+  fragmentation. The figures come from a function the read service passes in
+  (``watch_cluster``), computed once per folded log position from the fold's indexes;
+- what the fold accepted (counters and histograms): time to admit and to place, preemptions and
+  the GPU time they lost, restarts. ``FoldWatch`` looks at the jobs a record names before and
+  after the fold applies it, so a proposal the fold voided counts for nothing. One role counts
+  them (the read service), so a corral counts each fact once; a process that folds the log again
+  from its start counts the log's facts again, in log time, to the same totals;
+- each service's own running (``watch_service``): cycle durations and decisions per cycle, its
+  lag behind the log, which replica holds each lease.
+
+One ``Telemetry`` per process (``install``), with a Prometheus reader served on an HTTP port and,
+when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, OTLP over HTTP. Both collect on the event loop that
+folds, between two folds, so no callback reads a state half-folded; the OTLP request itself is
+sent from a thread, never holding the loop. Nothing here is imported by a decision core or the
+fold (STYLE.md rule 12): services hand their state to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExporter
+from opentelemetry.sdk.resources import Resource
+
+from corral.events import codec
+from corral.events.decisions import JobsPlaced, PreemptionRequested, ShrinkRequested
+from corral.events.jobs import JobsAdmitted
+from corral.events.log import Record
+from corral.events.nodes import WorkerExited
+from corral.projections.state import WHOLE, JobState, State
+
+log = logging.getLogger("corral.metrics")
+
+Kind = Literal["gauge", "counter", "histogram"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    kind: Kind
+    unit: str
+    description: str
+
+
+# Every metric corral exports. The dashboard's queries are checked against these names
+# (tests/unit/test_dashboard.py), so a metric renamed here is renamed there too.
+METRICS: dict[str, Metric] = {
+    # -- queues and quota (cluster state, from the read service) --
+    "corral.queue.jobs.pending": Metric("gauge", "{job}", "Jobs waiting in the queue"),
+    "corral.queue.jobs.admitted": Metric("gauge", "{job}", "Jobs of the queue holding quota"),
+    "corral.queue.quota.nominal": Metric("gauge", "{gpu}", "GPUs the queue is guaranteed"),
+    "corral.queue.quota.used": Metric("gauge", "{gpu}", "GPUs of quota the queue's jobs hold"),
+    "corral.queue.quota.borrowed": Metric("gauge", "{gpu}", "GPUs the queue holds beyond its nominal"),
+    "corral.queue.quota.lent": Metric("gauge", "{gpu}", "Of the queue's nominal, GPUs others borrow"),
+    # -- GPUs (cluster state) --
+    "corral.node.gpus.allocated": Metric("gauge", "{gpu}", "GPUs held by jobs (fractions counted)"),
+    "corral.node.gpus.free": Metric("gauge", "{gpu}", "Healthy GPUs free on schedulable nodes"),
+    "corral.node.gpus.unhealthy": Metric("gauge", "{gpu}", "GPUs marked unhealthy"),
+    "corral.cluster.gpus.fragmented": Metric(
+        "gauge", "{gpu}", "Free GPU capacity the pending and running workload could not use (FGD)"
+    ),
+    # -- what the fold accepted (from the read service) --
+    "corral.job.admission.duration": Metric("histogram", "s", "Time from entering the queue to admission"),
+    "corral.job.placement.duration": Metric("histogram", "s", "Time from entering the queue to placement"),
+    "corral.job.preemptions": Metric("counter", "{preemption}", "Jobs preempted or shrunk, by reason"),
+    "corral.job.preemption.lost_gpu_time": Metric(
+        "counter", "h", "GPU-hours of work since the last checkpoint, lost to preemption"
+    ),
+    "corral.job.restarts": Metric("counter", "{restart}", "Restarts of jobs whose worker failed"),
+    # -- each service --
+    "corral.service.cycle.duration": Metric("histogram", "s", "Time a decision cycle took, appends included"),
+    "corral.service.cycle.decisions": Metric("histogram", "{event}", "Events a decision cycle proposed"),
+    "corral.service.lag": Metric("gauge", "{record}", "Records in the log the service has not folded yet"),
+    "corral.lease.held": Metric("gauge", "{lease}", "1 for the replica holding the role's lease, else 0"),
+}
+
+# Seconds: waits in a queue run from a blink to hours; cycles from a millisecond to seconds.
+WAIT_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
+CYCLE_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+DECISION_BUCKETS: tuple[float, ...] = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+
+# Attribute keys.
+QUEUE, GPU_MODEL, POOL, ROLE, REPLICA = (
+    "corral.queue",
+    "corral.gpu.model",
+    "corral.node.pool",
+    "corral.role",
+    "corral.replica",
+)
+REASON, KIND = "corral.preemption.reason", "corral.preemption.kind"
+
+Figures = dict[str, list[tuple[float, dict[str, str]]]]  # metric name -> (value, attributes)
+
+
+class Watched(Protocol):
+    """What ``watch_service`` reads of a service (``shell.Service``)."""
+
+    role: str
+    producer: str
+    lease: Any
+    log: Any
+
+    @property
+    def state(self) -> State: ...
+
+
+class Telemetry:
+    """The process's meters and readers. ``prometheus``: serve the Prometheus text format on
+    this port (0: a free one; None: no endpoint). ``otlp``: export over OTLP/HTTP every
+    ``otlp_every`` seconds (by default when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set)."""
+
+    def __init__(
+        self,
+        service: str = "corral",
+        *,
+        otlp: bool | None = None,
+        otlp_every: float | None = None,
+        exporter: MetricExporter | None = None,
+    ) -> None:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry
+
+        self.registry = CollectorRegistry()
+        readers: list[Any] = [PrometheusMetricReader(registry=self.registry, scope_info_enabled=False)]
+        if otlp is None:
+            otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        self._otlp_reader: InMemoryMetricReader | None = None
+        self._exporter = exporter
+        if otlp:
+            if exporter is None:
+                from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+                # A collector that does not answer costs an export, never the service.
+                self._exporter = OTLPMetricExporter(timeout=5)
+            self._otlp_reader = InMemoryMetricReader()
+            readers.append(self._otlp_reader)
+        interval = os.environ.get("OTEL_METRIC_EXPORT_INTERVAL")  # milliseconds, as the SDK reads it
+        self.otlp_every = (
+            otlp_every if otlp_every is not None else (float(interval) / 1000 if interval else 30.0)
+        )
+        self.provider = MeterProvider(
+            resource=Resource.create({"service.name": service}), metric_readers=readers
+        )
+        meter = self.provider.get_meter("corral")
+        self._services: list[Watched] = []
+        self._cluster: tuple[Callable[[], State], Callable[[State], Figures]] | None = None
+        self._figures: tuple[int, Figures] = (-1, {})
+        self._instruments: dict[str, Any] = {}
+        for name, m in METRICS.items():
+            if m.kind == "gauge":
+                callback = (
+                    self._observe_service(name)
+                    if name.startswith(("corral.service.", "corral.lease."))
+                    else self._observe_cluster(name)
+                )
+                meter.create_observable_gauge(name, [callback], unit=m.unit, description=m.description)
+            elif m.kind == "counter":
+                self._instruments[name] = meter.create_counter(name, unit=m.unit, description=m.description)
+            else:
+                buckets = CYCLE_BUCKETS if name.endswith("cycle.duration") else WAIT_BUCKETS
+                if name.endswith("decisions"):
+                    buckets = DECISION_BUCKETS
+                self._instruments[name] = meter.create_histogram(
+                    name,
+                    unit=m.unit,
+                    description=m.description,
+                    explicit_bucket_boundaries_advisory=list(buckets),
+                )
+        self._server: asyncio.AbstractServer | None = None
+        self._exporting: asyncio.Task[None] | None = None
+        self.port = 0
+
+    # -- sources --------------------------------------------------------------------------------
+
+    def watch_service(self, service: Watched) -> None:
+        self._services.append(service)
+
+    def forget_service(self, service: Watched) -> None:
+        with contextlib.suppress(ValueError):
+            self._services.remove(service)
+
+    def watch_cluster(self, state: Callable[[], State], figures: Callable[[State], Figures]) -> None:
+        """Report the cluster's figures from ``state()`` (the read service's folded state)."""
+        self._cluster = (state, figures)
+
+    def cycle(self, role: str, seconds: float, events: int) -> None:
+        attrs = {ROLE: role}
+        self._instruments["corral.service.cycle.duration"].record(seconds, attrs)
+        self._instruments["corral.service.cycle.decisions"].record(events, attrs)
+
+    def add(self, name: str, value: float, attributes: Mapping[str, str]) -> None:
+        self._instruments[name].add(value, dict(attributes))
+
+    def record(self, name: str, value: float, attributes: Mapping[str, str]) -> None:
+        self._instruments[name].record(value, dict(attributes))
+
+    def _observe_cluster(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterator[Observation]:
+            if self._cluster is None:
+                return
+            state_of, figures_of = self._cluster
+            state = state_of()
+            seq, figures = self._figures
+            if seq != state.seq:  # the figures of one log position are computed once
+                figures = figures_of(state)
+                self._figures = (state.seq, figures)
+            for value, attrs in figures.get(name, ()):
+                yield Observation(value, attrs)
+
+        return observe
+
+    def _observe_service(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterator[Observation]:
+            for svc in self._services:
+                if name == "corral.service.lag":
+                    tail = getattr(svc.log, "tail", None)
+                    known = tail() if callable(tail) else None
+                    if known is not None:
+                        yield Observation(max(0, known - svc.state.seq), {ROLE: svc.role})
+                elif svc.lease is not None:
+                    yield Observation(1 if svc.lease.held else 0, {ROLE: svc.role, REPLICA: svc.producer})
+
+        return observe
+
+    # -- export ---------------------------------------------------------------------------------
+
+    def prometheus_text(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return bytes(generate_latest(self.registry))
+
+    async def start(self, port: int | None = None, host: str = "0.0.0.0") -> None:
+        """Serve ``/metrics`` on ``port`` (if given) and start the OTLP export (if configured)."""
+        if port is not None:
+            self._server = await asyncio.start_server(self._answer, host, port)
+            self.port = self._server.sockets[0].getsockname()[1]
+            log.info("metrics at http://%s:%d/metrics", host, self.port)
+        if self._otlp_reader is not None:
+            self._exporting = asyncio.create_task(self._export_every(), name="metrics-export")
+
+    async def stop(self) -> None:
+        """Stop serving; send what was measured one last time (bounded: a dead collector does
+        not hold a stopping service)."""
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+        if self._exporting is not None:
+            self._exporting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._exporting
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.export(), 3)
+        self.provider.shutdown(timeout_millis=1000)
+
+    async def export(self) -> None:
+        """Collect on this loop (between folds), send from a thread."""
+        if self._otlp_reader is None or self._exporter is None:
+            return
+        data = self._otlp_reader.get_metrics_data()
+        if data is not None:
+            await asyncio.to_thread(self._exporter.export, data)
+
+    async def _export_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.otlp_every)
+            try:
+                await self.export()
+            except Exception as e:  # noqa: BLE001 - metrics must never stop a service
+                log.warning("metrics export failed: %s", e)
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A minimal HTTP/1.0 answer: GET /metrics, anything else 404."""
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
+            if request.startswith(b"GET ") and path.split(b"?")[0] in (b"/metrics", b"/"):
+                body, status = self.prometheus_text(), b"200 OK"
+                kind = b"text/plain; version=0.0.4; charset=utf-8"
+            else:
+                body, status, kind = b"not found\n", b"404 Not Found", b"text/plain"
+            writer.write(
+                b"HTTP/1.0 "
+                + status
+                + b"\r\nContent-Type: "
+                + kind
+                + b"\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\nConnection: close\r\n\r\n"
+                + body
+            )
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+
+_current: Telemetry | None = None
+
+
+def install(telemetry: Telemetry | None) -> None:
+    """Make ``telemetry`` the process's (None: none, as before any was installed)."""
+    global _current
+    _current = telemetry
+
+
+def current() -> Telemetry | None:
+    return _current
+
+
+# -- what the fold accepted ---------------------------------------------------------------------
+
+
+class FoldWatch:
+    """Counts what the fold accepted of the records it is shown: ``before`` each record is
+    applied, ``after`` it. Only the records that can carry these facts are decoded (decisions
+    and node reports); a record the fold refused changes no job, so it counts for nothing."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+        self._queued_since: dict[str, float] = {}  # admitted jobs: when they entered the queue
+
+    def before(self, state: State, record: Record) -> list[tuple[JobState, tuple[Any, ...]]] | None:
+        subject = record.subject
+        if not subject.startswith(("corral.ev.decision.", "corral.ev.node.")):
+            return None
+        try:
+            body = codec.decode_body(subject, record.data, record.headers).body
+        except codec.DecodeError:
+            return None
+        if isinstance(body, JobsAdmitted | JobsPlaced):
+            ids = [a.job_id for a in getattr(body, "admissions", ())] or [
+                p.job_id for p in getattr(body, "placements", ())
+            ]
+        elif isinstance(body, PreemptionRequested):
+            ids = [v.job_id for v in body.victims]
+        elif isinstance(body, ShrinkRequested | WorkerExited):
+            ids = [body.job_id]
+        else:
+            return None
+        seen = []
+        for job_id in ids:
+            job = state.jobs.get(job_id)
+            if job is not None:
+                seen.append((job, _facts(job)))
+        return seen
+
+    def after(
+        self, state: State, record: Record, seen: list[tuple[JobState, tuple[Any, ...]]] | None
+    ) -> None:
+        if not seen:
+            return
+        t = self.telemetry
+        for job, (phase, since, restarts, preemptions, held, replicas) in seen:
+            queue = {QUEUE: job.spec.queue}
+            if phase == "queued" and job.phase == "admitted":
+                t.record("corral.job.admission.duration", max(0.0, record.time - since), queue)
+                self._queued_since[job.id] = since
+            elif phase == "admitted" and job.phase != "admitted":
+                waited_from = self._queued_since.pop(job.id, since)
+                if job.phase == "placed":
+                    t.record("corral.job.placement.duration", max(0.0, record.time - waited_from), queue)
+            if job.restarts > restarts:
+                t.add("corral.job.restarts", job.restarts - restarts, queue)
+            if job.preemptions > preemptions:
+                why = {**queue, REASON: _reason(state, job), KIND: "stop"}
+                t.add("corral.job.preemptions", 1, why)
+                lost = _lost_hours(job, phase, since, held, record.time)
+                t.add("corral.job.preemption.lost_gpu_time", lost, queue)
+            elif (
+                isinstance(replicas, int) and job.admission is not None and job.admission.replicas < replicas
+            ):
+                t.add("corral.job.preemptions", 1, {**queue, REASON: _reason(state, job), KIND: "shrink"})
+        if len(self._queued_since) > 2 * len(state.jobs_by_phase.get("admitted", ())) + 100:
+            # Jobs withdrawn or cancelled while admitted: keep only those still admitted.
+            admitted = state.jobs_by_phase.get("admitted", {})
+            self._queued_since = {j: s for j, s in self._queued_since.items() if j in admitted}
+
+
+def _facts(job: JobState) -> tuple[Any, ...]:
+    replicas = job.admission.replicas if job.admission is not None else None
+    return (job.phase, job.phase_since, job.restarts, job.preemptions, job.held_milli, replicas)
+
+
+def _reason(state: State, job: JobState) -> str:
+    """Whether a job was stopped for one of its own queue (priority) or of another queue of its
+    cohort (quota reclaimed, or borrowed by a higher priority)."""
+    beneficiary = state.jobs.get(job.preempted_for)
+    return (
+        "within-queue" if beneficiary is not None and beneficiary.spec.queue == job.spec.queue else "cohort"
+    )
+
+
+def _lost_hours(job: JobState, phase: str, since: float, held_milli: int, now: float) -> float:
+    """GPU-hours of the work a preempted job loses: from the later of its start running and its
+    last checkpoint of this attempt, to the preemption, on the GPUs it held."""
+    if phase != "running":
+        return 0.0  # placed or starting: no work done yet
+    start = since
+    cp = job.checkpoint
+    if cp is not None and cp.attempt == job.attempt and cp.time > start:
+        start = cp.time
+    return max(0.0, now - start) * held_milli / WHOLE / 3600.0
+
+
+@contextlib.asynccontextmanager
+async def serving(service: str, port: int | None, host: str = "0.0.0.0") -> AsyncIterator[Telemetry | None]:
+    """The process's telemetry while the block runs: ``/metrics`` on ``port`` (None: no
+    endpoint), OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; neither: none at all."""
+    if port is None and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        yield None
+        return
+    telemetry = Telemetry(service)
+    await telemetry.start(port, host)
+    install(telemetry)
+    try:
+        yield telemetry
+    finally:
+        install(None)
+        await telemetry.stop()
+
+
+# -- names as Prometheus shows them ------------------------------------------------------------
+
+_UNIT_SUFFIX = {"s": "seconds", "h": "hours", "1": "ratio", "By": "bytes"}
+
+
+def prometheus_names(name: str) -> tuple[str, ...]:
+    """The series names a metric has on the Prometheus endpoint: dots become underscores, the
+    unit is spelled out (``s``: ``_seconds``; an annotation such as ``{job}``: nothing),
+    counters end in ``_total``, histograms are ``_bucket``, ``_sum`` and ``_count``."""
+    m = METRICS[name]
+    base = name.replace(".", "_")
+    suffix = _UNIT_SUFFIX.get(m.unit, "")
+    if suffix and not base.endswith("_" + suffix):
+        base += "_" + suffix
+    if m.kind == "counter":
+        return (base + "_total",)
+    if m.kind == "histogram":
+        return (base + "_bucket", base + "_sum", base + "_count")
+    return (base,)

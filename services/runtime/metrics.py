@@ -89,7 +89,24 @@ METRICS: dict[str, Metric] = {
 }
 
 # Seconds: waits in a queue run from a blink to hours; cycles from a millisecond to seconds.
-WAIT_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
+WAIT_BUCKETS: tuple[float, ...] = (
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1800,
+    3600,
+    14400,
+    43200,
+)
 CYCLE_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 DECISION_BUCKETS: tuple[float, ...] = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 

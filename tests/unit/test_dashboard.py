@@ -1,0 +1,93 @@
+"""The Grafana dashboard queries only metrics corral exports, by the names Prometheus shows.
+
+The names come from the one table of metrics (``metrics.METRICS``) through ``prometheus_names``,
+which is itself checked against what OpenTelemetry's Prometheus reader really renders for every
+metric of the table, so the dashboard cannot drift from the code unnoticed."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from corral.projections.state import State
+from corral.services.runtime import metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "corral.json"
+
+
+def exported() -> set[str]:
+    return {n for name in metrics.METRICS for n in metrics.prometheus_names(name)}
+
+
+def queries(dashboard: dict[str, Any]) -> list[str]:
+    out = []
+    for panel in dashboard["panels"]:
+        for sub in [panel, *panel.get("panels", ())]:
+            out += [t["expr"] for t in sub.get("targets", ())]
+    return out
+
+
+class _Lease:
+    held = True
+
+
+class _Log:
+    def tail(self) -> int:
+        return 12
+
+
+class _Service:
+    role, producer, lease, log = "placer", "placer@host:1", _Lease(), _Log()
+    state = State(seq=10)
+
+
+def test_every_metric_the_dashboard_queries_is_exported() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = queries(dashboard)
+    assert len(exprs) >= 15
+    used = {name for e in exprs for name in re.findall(r"\bcorral_[a-z_]+", e)}
+    labels = {"corral_queue", "corral_gpu_model", "corral_node_pool", "corral_role", "corral_replica"}
+    labels |= {"corral_preemption_reason", "corral_preemption_kind"}
+    unknown = used - exported() - labels
+    assert not unknown, f"the dashboard queries metrics corral does not export: {sorted(unknown)}"
+    # Every family of metrics has a panel: queues, quota, GPUs, waits, preemptions, services.
+    for family in ("queue_jobs", "queue_quota", "node_gpus", "placement", "preemption", "service_lag"):
+        assert any(family in name for name in used), family
+
+
+def test_prometheus_names_are_what_the_endpoint_shows() -> None:
+    telemetry = metrics.Telemetry(otlp=False)
+    one = {"corral.queue": "q", "corral.gpu.model": "H100", "corral.node.pool": "p"}
+    gauges = [n for n, m in metrics.METRICS.items() if m.kind == "gauge"]
+    telemetry.watch_cluster(lambda: State(seq=3), lambda _: {n: [(1.0, one)] for n in gauges})
+    telemetry.watch_service(_Service())
+    for name, m in metrics.METRICS.items():
+        if m.kind == "counter":
+            telemetry.add(name, 1, one)
+        elif m.kind == "histogram":
+            telemetry.record(name, 1, one)
+    text = telemetry.prometheus_text().decode()
+    shown = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("corral_")}
+    assert shown == exported()
+    assert 'corral_service_lag{corral_role="placer"} 2.0' in text
+    assert 'corral_lease_held{corral_replica="placer@host:1",corral_role="placer"} 1.0' in text
+
+
+def test_grafana_and_prometheus_are_provisioned_in_compose() -> None:
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    for service in ("prometheus", "grafana"):
+        for volume in compose[service]["volumes"]:
+            assert (ROOT / volume.split(":")[0]).exists(), volume
+    datasource = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yaml").read_text()
+    )
+    uids = {d["uid"] for d in datasource["datasources"]}
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert {p["datasource"]["uid"] for p in dashboard["panels"] if "datasource" in p} == uids
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    assert [job["job_name"] for job in scrape["scrape_configs"]] == ["corral"]

@@ -99,8 +99,30 @@ def cmd_up(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def serve_roles() -> dict[str, str]:
+    """Every role ``corral serve`` runs, and how its replicas share it: ``leased`` (one leads,
+    under the role's lease; the others fold the log and stand by), ``shared`` (no lease: every
+    replica answers its share) or ``node`` (one agent per node). compose.yaml runs each of them
+    (``tests/unit/test_compose.py``)."""
+    from corral.services.assignments import service as assignments_service
+    from corral.services.cli.up import DECISION_SERVICES
+    from corral.services.health import service as health_service
+    from corral.services.intake import service as intake_service
+    from corral.services.query import service as read_service
+
+    # The assignments service writes node views, not the log, but folds and leases like the rest.
+    leased = [*(s.ROLE for s in DECISION_SERVICES), health_service.ROLE, assignments_service.ROLE]
+    # Services that fold nothing to decide, or only to answer, and hold no lease: any number of
+    # replicas share the work, each with its own login.
+    shared = [read_service.ROLE, intake_service.ROLE]
+    return {**dict.fromkeys(leased, "leased"), **dict.fromkeys(shared, "shared"), "agent": "node"}
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     """One service as its own process, against a running NATS."""
+    known = serve_roles()
+    if args.role not in known:
+        raise BadInput(f"unknown service {args.role!r}; services: {', '.join(known)}")
     if args.role == "agent":
         serve_agent(args)
         return
@@ -115,19 +137,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from corral.services.runtime.views import KvViewStore
 
     roles = {s.ROLE: s for s in DECISION_SERVICES}
-    # The assignments service writes node views, not the log, but folds and leases like the rest.
     views_role = assignments_service.ROLE
-    leased = [*roles, health_service.ROLE, views_role]
-    # Services that fold nothing to decide, or only to answer, and hold no lease: any number of
-    # replicas share the work, each with its own login.
     stateless = {read_service.ROLE: read_service.serve, intake_service.ROLE: intake_service.serve}
-    if args.role not in leased and args.role not in stateless:
-        names = [*leased, *stateless]
-        raise BadInput(f"unknown service {args.role!r}; services: {', '.join(names)}")
     login = login_of(args, args.role if args.role in stateless else identities.SERVICES)
+    holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
     if args.role in stateless:
         creds = {"user": login.user, "password": login.password} if login is not None else {}
         run_one = stateless[args.role](server_url(args.server), **creds)
+        announce(args.role, holder, "started; no lease: every replica answers its share")
 
         async def serve_one() -> None:
             await run_one(stop_on_signals())
@@ -144,8 +161,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 from corral.projections.snapshot import SnapshotStore
 
                 snapshots = await SnapshotStore.open(args.snapshot, stream=await log.identity())
-            holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
-            lease = await KvLease.open(log.nc, args.role, holder)  # replicas of a role take turns
+            # Replicas of a role take turns; each says when it starts and stops leading.
+            lease = await KvLease.open(
+                log.nc, args.role, holder, on_change=lambda leads: announce(args.role, holder, LEADS[leads])
+            )
+            announce(args.role, holder, "started; stands by until it holds the lease")
             board = await StatusBoard.open(log.nc, args.role, holder)
             svc: Service
             if args.role == health_service.ROLE:
@@ -166,6 +186,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     asyncio.run(run())
 
 
+LEADS = {True: "leads", False: "stops leading"}
+
+
+def announce(role: str, holder: str, what: str) -> None:
+    """One line on stderr for whoever watches a replica (its supervisor's log, a test)."""
+    print(f"corral serve {role}: {holder} {what}", file=sys.stderr, flush=True)
+
+
 def serve_agent(args: argparse.Namespace) -> None:
     """One node's agent as its own process, watching its node's view. SIGTERM or SIGINT ends it
     and leaves its workers running, for the next agent on the same work directory to take back
@@ -181,6 +209,10 @@ def serve_agent(args: argparse.Namespace) -> None:
     login = login_of(args, identities.agent(args.node))
     creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
     work = Path(args.work_dir or Path(STATE_DIR) / "nodes" / args.node)
+
+    announce(
+        "agent", f"agent-{args.node}@{socket.gethostname()}:{os.getpid()}", f"started for node {args.node}"
+    )
 
     async def run() -> None:
         log = await JetStreamLog.connect(

@@ -249,6 +249,43 @@ def serve_agent(args: argparse.Namespace) -> None:
     asyncio.run(run())
 
 
+def _names(text: str | None, what: str) -> list[str]:
+    names = [n for n in (text or "").split(",") if n]
+    bad = [n for n in names if not subjects.is_token(n)]
+    if bad:
+        raise BadInput(f"{what} {bad[0]!r}: use letters, digits, '-' and '_' (at most 64)")
+    return names
+
+
+def cmd_deploy(args: argparse.Namespace) -> None:
+    """What compose.yaml's init services run: NATS configs and logins, then the stream."""
+    from corral.services.cli import deploy
+
+    if args.step == "nats-config":
+        servers = _names(args.servers, "server")
+        if not servers:
+            raise BadInput("deploy nats-config: name the nats-servers with --servers")
+        try:
+            written = deploy.nats_config(
+                Path(args.out), servers, _names(args.nodes, "node"), _names(args.tenants, "tenant")
+            )
+        except identities.CredentialsError as e:
+            raise BadInput(str(e)) from None
+        print(
+            f"wrote {len(written)} files under {args.out}: {len(servers)} server configs, logins/<name>.json"
+        )
+        return
+    if args.replicas < 1:
+        raise BadInput(f"--replicas {args.replicas}: at least 1")
+    login = login_of(args, identities.ADMIN)
+    creds = {"user": login.user, "password": login.password} if login is not None else {}
+    try:
+        asyncio.run(deploy.setup(server_url(args.server), args.replicas, creds))
+    except LogError as e:
+        raise Failure(f"deploy setup: {e}") from None
+    print(f"the log and its buckets are ready, {args.replicas} replicas each")
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from corral.services.cli.demo import run_demo
     from corral.services.sim.traces import philly
@@ -720,6 +757,22 @@ def parser() -> argparse.ArgumentParser:
         help="agent: on SIGTERM stop this node's workers (default: leave them for the next agent)",
     )
     sv.set_defaults(fn=cmd_serve)
+
+    dp = sub.add_parser(
+        "deploy", parents=[common], help="set up a deployment of separate machines (compose.yaml's init)"
+    )
+    dp.add_argument(
+        "step",
+        choices=["nats-config", "setup"],
+        help="nats-config: passwords, each nats-server's config and each identity's login file (before "
+        "NATS starts); setup: the log's stream and buckets (once NATS answers)",
+    )
+    dp.add_argument("--out", default="/etc/corral", help="nats-config: the directory shared with NATS")
+    dp.add_argument("--servers", help="nats-config: comma-separated nats-server host names")
+    dp.add_argument("--nodes", help="nats-config: comma-separated nodes whose agents get a login")
+    dp.add_argument("--tenants", help="nats-config: comma-separated tenants that get a login")
+    dp.add_argument("--replicas", type=int, default=3, help="setup: copies of the log and the buckets")
+    dp.set_defaults(fn=cmd_deploy)
 
     st = sub.add_parser(
         "status", parents=[common], help="each service replica: leading or standing by, failures"

@@ -45,15 +45,15 @@ class Lease(Protocol):
         ...
 
 
-async def ensure_bucket(nc: Any, ttl: float = TTL) -> None:
+async def ensure_bucket(nc: Any, ttl: float = TTL, replicas: int = 1) -> None:
     """Create the leases' bucket if it is missing (whoever sets the corral up: the services may
-    use it, not make or remove it)."""
+    use it, not make or remove it), with ``replicas`` copies (as many as the log has)."""
     js = nc.jetstream()
     try:
         await js.key_value(BUCKET)
     except js_errors.BucketNotFoundError:
         with contextlib.suppress(js_errors.BadRequestError):  # another made it first
-            await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1)
+            await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1, replicas=replicas)
 
 
 async def bucket(nc: Any, ttl: float = TTL) -> Any:

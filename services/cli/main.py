@@ -115,10 +115,32 @@ def observe(args: argparse.Namespace) -> None:
         logs.set_role(args.role)
 
 
+def serve_roles() -> dict[str, str]:
+    """Every role ``corral serve`` runs, and how its replicas share it: ``leased`` (one leads,
+    under the role's lease; the others fold the log and stand by), ``shared`` (no lease: every
+    replica answers its share) or ``node`` (one agent per node). compose.yaml runs each of them
+    (``tests/unit/test_compose.py``)."""
+    from corral.services.assignments import service as assignments_service
+    from corral.services.cli.up import DECISION_SERVICES
+    from corral.services.health import service as health_service
+    from corral.services.intake import service as intake_service
+    from corral.services.query import service as read_service
+
+    # The assignments service writes node views, not the log, but folds and leases like the rest.
+    leased = [*(s.ROLE for s in DECISION_SERVICES), health_service.ROLE, assignments_service.ROLE]
+    # Services that fold nothing to decide, or only to answer, and hold no lease: any number of
+    # replicas share the work, each with its own login.
+    shared = [read_service.ROLE, intake_service.ROLE]
+    return {**dict.fromkeys(leased, "leased"), **dict.fromkeys(shared, "shared"), "agent": "node"}
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     """One service as its own process, against a running NATS."""
     from corral.services.runtime import metrics
 
+    known = serve_roles()
+    if args.role not in known:
+        raise BadInput(f"unknown service {args.role!r}; services: {', '.join(known)}")
     observe(args)
     if args.role == "agent":
         serve_agent(args)
@@ -134,19 +156,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from corral.services.runtime.views import KvViewStore
 
     roles = {s.ROLE: s for s in DECISION_SERVICES}
-    # The assignments service writes node views, not the log, but folds and leases like the rest.
     views_role = assignments_service.ROLE
-    leased = [*roles, health_service.ROLE, views_role]
-    # Services that fold nothing to decide, or only to answer, and hold no lease: any number of
-    # replicas share the work, each with its own login.
     stateless = {read_service.ROLE: read_service.serve, intake_service.ROLE: intake_service.serve}
-    if args.role not in leased and args.role not in stateless:
-        names = [*leased, *stateless]
-        raise BadInput(f"unknown service {args.role!r}; services: {', '.join(names)}")
     login = login_of(args, args.role if args.role in stateless else identities.SERVICES)
+    holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
     if args.role in stateless:
         creds = {"user": login.user, "password": login.password} if login is not None else {}
         run_one = stateless[args.role](server_url(args.server), **creds)
+        announce(args.role, holder, "started; no lease: every replica answers its share")
 
         async def serve_one() -> None:
             async with metrics.serving(f"corral-{args.role}", args.metrics_port):
@@ -168,8 +185,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 from corral.projections.snapshot import SnapshotStore
 
                 snapshots = await SnapshotStore.open(args.snapshot, stream=await log.identity())
-            holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
-            lease = await KvLease.open(log.nc, args.role, holder)  # replicas of a role take turns
+            # Replicas of a role take turns; each says when it starts and stops leading.
+            lease = await KvLease.open(
+                log.nc, args.role, holder, on_change=lambda leads: announce(args.role, holder, LEADS[leads])
+            )
+            announce(args.role, holder, "started; stands by until it holds the lease")
             board = await StatusBoard.open(log.nc, args.role, holder)
             svc: Service
             if args.role == health_service.ROLE:
@@ -190,6 +210,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     asyncio.run(run())
 
 
+LEADS = {True: "leads", False: "stops leading"}
+
+
+def announce(role: str, holder: str, what: str) -> None:
+    """One line on stderr for whoever watches a replica (its supervisor's log, a test)."""
+    print(f"corral serve {role}: {holder} {what}", file=sys.stderr, flush=True)
+
+
 def serve_agent(args: argparse.Namespace) -> None:
     """One node's agent as its own process, watching its node's view. SIGTERM or SIGINT ends it
     and leaves its workers running, for the next agent on the same work directory to take back
@@ -197,6 +225,7 @@ def serve_agent(args: argparse.Namespace) -> None:
     instead and reports their exits (the node is being taken out of service)."""
     from corral.events.jetstream import JetStreamLog
     from corral.services.agent.service import NodeAgent
+    from corral.services.runtime import metrics
     from corral.services.runtime.shell import stop_on_signals
     from corral.services.runtime.views import KvNodeViews
 
@@ -206,7 +235,16 @@ def serve_agent(args: argparse.Namespace) -> None:
     creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
     work = Path(args.work_dir or Path(STATE_DIR) / "nodes" / args.node)
 
+    announce(
+        "agent", f"agent-{args.node}@{socket.gethostname()}:{os.getpid()}", f"started for node {args.node}"
+    )
+
     async def run() -> None:
+        # The agent's own figures (its process, its exports); the cluster's come from the read service.
+        async with metrics.serving("corral-agent", args.metrics_port):
+            await run_agent()
+
+    async def run_agent() -> None:
         log = await JetStreamLog.connect(
             server_url(args.server),
             name=f"agent-{args.node}",
@@ -239,6 +277,43 @@ def serve_agent(args: argparse.Namespace) -> None:
             await log.close()
 
     asyncio.run(run())
+
+
+def _names(text: str | None, what: str) -> list[str]:
+    names = [n for n in (text or "").split(",") if n]
+    bad = [n for n in names if not subjects.is_token(n)]
+    if bad:
+        raise BadInput(f"{what} {bad[0]!r}: use letters, digits, '-' and '_' (at most 64)")
+    return names
+
+
+def cmd_deploy(args: argparse.Namespace) -> None:
+    """What compose.yaml's init services run: NATS configs and logins, then the stream."""
+    from corral.services.cli import deploy
+
+    if args.step == "nats-config":
+        servers = _names(args.servers, "server")
+        if not servers:
+            raise BadInput("deploy nats-config: name the nats-servers with --servers")
+        try:
+            written = deploy.nats_config(
+                Path(args.out), servers, _names(args.nodes, "node"), _names(args.tenants, "tenant")
+            )
+        except identities.CredentialsError as e:
+            raise BadInput(str(e)) from None
+        print(
+            f"wrote {len(written)} files under {args.out}: {len(servers)} server configs, logins/<name>.json"
+        )
+        return
+    if args.replicas < 1:
+        raise BadInput(f"--replicas {args.replicas}: at least 1")
+    login = login_of(args, identities.ADMIN)
+    creds = {"user": login.user, "password": login.password} if login is not None else {}
+    try:
+        asyncio.run(deploy.setup(server_url(args.server), args.replicas, creds))
+    except LogError as e:
+        raise Failure(f"deploy setup: {e}") from None
+    print(f"the log and its buckets are ready, {args.replicas} replicas each")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -728,6 +803,22 @@ def parser() -> argparse.ArgumentParser:
     )
     add_observing(sv)
     sv.set_defaults(fn=cmd_serve)
+
+    dp = sub.add_parser(
+        "deploy", parents=[common], help="set up a deployment of separate machines (compose.yaml's init)"
+    )
+    dp.add_argument(
+        "step",
+        choices=["nats-config", "setup"],
+        help="nats-config: passwords, each nats-server's config and each identity's login file (before "
+        "NATS starts); setup: the log's stream and buckets (once NATS answers)",
+    )
+    dp.add_argument("--out", default="/etc/corral", help="nats-config: the directory shared with NATS")
+    dp.add_argument("--servers", help="nats-config: comma-separated nats-server host names")
+    dp.add_argument("--nodes", help="nats-config: comma-separated nodes whose agents get a login")
+    dp.add_argument("--tenants", help="nats-config: comma-separated tenants that get a login")
+    dp.add_argument("--replicas", type=int, default=3, help="setup: copies of the log and the buckets")
+    dp.set_defaults(fn=cmd_deploy)
 
     st = sub.add_parser(
         "status", parents=[common], help="each service replica: leading or standing by, failures"

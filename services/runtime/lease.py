@@ -45,15 +45,15 @@ class Lease(Protocol):
         ...
 
 
-async def ensure_bucket(nc: Any, ttl: float = TTL) -> None:
+async def ensure_bucket(nc: Any, ttl: float = TTL, replicas: int = 1) -> None:
     """Create the leases' bucket if it is missing (whoever sets the corral up: the services may
-    use it, not make or remove it)."""
+    use it, not make or remove it), with ``replicas`` copies (as many as the log has)."""
     js = nc.jetstream()
     try:
         await js.key_value(BUCKET)
     except js_errors.BucketNotFoundError:
         with contextlib.suppress(js_errors.BadRequestError):  # another made it first
-            await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1)
+            await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1, replicas=replicas)
 
 
 async def bucket(nc: Any, ttl: float = TTL) -> Any:
@@ -72,27 +72,61 @@ class KvLease:
     """A role's lease in the ``corral_leases`` bucket, held under the name ``holder``."""
 
     def __init__(
-        self, kv: Any, role: str, holder: str, ttl: float = TTL, clock: Callable[[], float] = time.monotonic
+        self,
+        kv: Any,
+        role: str,
+        holder: str,
+        ttl: float = TTL,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[bool], None] | None = None,
     ) -> None:
+        """``on_change(leading)``: told each time this replica starts or stops holding the lease
+        (``corral serve`` says so on stderr, for whoever watches a replica)."""
         self.kv = kv
         self.role = role
         self.holder = holder
         self.ttl = ttl
         self.clock = clock
+        self.on_change = on_change
         self._revision: int | None = None  # what we last wrote, while we hold the lease
         self._renewed = 0.0
 
     @classmethod
-    async def open(cls, nc: Any, role: str, holder: str, ttl: float = TTL) -> KvLease:
+    async def open(
+        cls,
+        nc: Any,
+        role: str,
+        holder: str,
+        ttl: float = TTL,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> KvLease:
         """The lease of ``role`` on the server ``nc`` is connected to (the bucket is made if
-        missing; one that exists is used as it is, whatever age it keeps entries for)."""
-        return cls(await bucket(nc, ttl), role, holder, ttl)
+        missing with entries kept ``ttl`` seconds). One that exists is used as it is, and its
+        own age is the lease's: renewing every third of another age than the bucket's would
+        lose the lease between renewals, or keep a dead holder's longer than needed."""
+        kv = await bucket(nc, ttl)
+        with contextlib.suppress(nats_errors.Error, TimeoutError, AttributeError):
+            age = (await kv.status()).ttl
+            if age:
+                ttl = float(age)
+        return cls(kv, role, holder, ttl, on_change=on_change)
 
     @property
     def held(self) -> bool:
         return self._revision is not None
 
     async def hold(self) -> bool:
+        was = self._revision is not None
+        held = await self._hold()
+        if held != was:
+            self._changed(held)
+        return held
+
+    def _changed(self, leading: bool) -> None:
+        if self.on_change is not None:
+            self.on_change(leading)
+
+    async def _hold(self) -> bool:
         now = self.clock()
         if self._revision is not None and now - self._renewed < self.ttl / 3:
             return True
@@ -119,5 +153,6 @@ class KvLease:
         if self._revision is None:
             return
         revision, self._revision = self._revision, None
+        self._changed(False)
         with contextlib.suppress(nats_errors.Error, TimeoutError):
             await self.kv.delete(self.role, last=revision)

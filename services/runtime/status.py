@@ -59,7 +59,14 @@ class StatusBoard:
 
     @classmethod
     async def open(cls, nc: Any, role: str, replica: str, ttl: float = TTL) -> StatusBoard:
-        return cls(await bucket(nc, ttl), role, replica, ttl)
+        """The board in the leases' bucket; posts are renewed on the bucket's own age (as the
+        leases are), so a status does not expire between two posts."""
+        kv = await bucket(nc, ttl)
+        with contextlib.suppress(nats_errors.Error, TimeoutError, AttributeError):
+            age = (await kv.status()).ttl
+            if age:
+                ttl = float(age)
+        return cls(kv, role, replica, ttl)
 
     async def post(self, status: ServiceStatus) -> None:
         """Write ``status`` if it says something new, or the last write is near its expiry."""

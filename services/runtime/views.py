@@ -62,15 +62,16 @@ class NodeViews(Protocol):
         ...
 
 
-async def ensure_bucket(nc: Any) -> None:
+async def ensure_bucket(nc: Any, replicas: int = 1) -> None:
     """Create the views' bucket if it is missing (whoever sets the corral up, as for the
-    leases' bucket: the services write it, the agents read it, nobody else makes it)."""
+    leases' bucket: the services write it, the agents read it, nobody else makes it), with
+    ``replicas`` copies (as many as the log has, on a cluster)."""
     js = nc.jetstream()
     try:
         await js.key_value(BUCKET)
     except js_errors.BucketNotFoundError:
         with contextlib.suppress(js_errors.BadRequestError):  # another made it first
-            await js.create_key_value(bucket=BUCKET, history=1, direct=True)
+            await js.create_key_value(bucket=BUCKET, history=1, direct=True, replicas=replicas)
 
 
 class KvViewStore:

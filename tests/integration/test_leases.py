@@ -58,6 +58,18 @@ async def test_a_holder_that_stops_renewing_loses_the_lease_and_knows_it(nc: nat
     assert await b.hold()
 
 
+async def test_a_replica_renews_within_the_bucket_s_age_and_says_when_it_leads(nc: nats.NATS) -> None:
+    """The bucket was made by whoever set the corral up: a replica opening it with another age
+    in mind renews on the bucket's, and is told each time it starts or stops leading."""
+    first = await KvLease.open(nc, "placer", "replica-a", ttl=1.5)
+    said: list[bool] = []
+    later = await KvLease.open(nc, "placer", "replica-b", ttl=30.0, on_change=said.append)
+    assert first.ttl == later.ttl == 1.5
+    assert await later.hold() and await later.hold()
+    await later.release()
+    assert said == [True, False]
+
+
 async def test_of_two_admission_replicas_only_the_lease_holder_decides(nats_server: str) -> None:
     logs = [await JetStreamLog.connect(nats_server, create=True) for _ in range(3)]
     stops = [asyncio.Event(), asyncio.Event()]

@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode, TraceFlags
 
@@ -58,6 +58,25 @@ class _ChosenIds(IdGenerator):
     def generate_trace_id(self) -> int:
         chosen = getattr(self._local, "ids", (None, None))[0]
         return chosen if chosen else self._random.generate_trace_id()
+
+
+class _StopOnce(SpanExporter):
+    """The OTLP exporter, shut down once: ``shutdown`` stops it before its provider does."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.stopped = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.inner.export(spans)
+
+    def shutdown(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
 
 
 class _Role(NamedTuple):
@@ -101,14 +120,14 @@ def setup(role: str, processor: SpanProcessor | None = None) -> None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-            exporter = OTLPSpanExporter(timeout=_timeout())
+            exporter = _StopOnce(OTLPSpanExporter(timeout=_timeout()))
             processor = BatchSpanProcessor(exporter, schedule_delay_millis=500)
         if processor is not None:
             provider.add_span_processor(processor)
         tracer_ = provider.get_tracer(f"corral.{role}")
         _roles[role] = _Role(provider, tracer_, exporter, processor is not None)
         if not _at_exit:
-            atexit.register(shutdown)
+            atexit.register(shutdown)  # the SDK's own would wait out a dead collector's retries
             _at_exit = True
 
 
@@ -123,26 +142,30 @@ def tracer(role: str) -> trace.Tracer:
     return _roles[role].tracer
 
 
-def shutdown(wait_s: float = SHUTDOWN_WAIT_S) -> None:
+def shutdown(wait_s: float = SHUTDOWN_WAIT_S) -> list[str]:
     """Send what is queued if the collector takes it within ``wait_s``; then stop, abandoning
-    the rest: the exporter is shut down first, which ends its retries' back-offs at once, so no
-    process ever sits out a dead collector."""
+    the rest: the exporter is shut down, which ends its retries' back-offs at once, so no
+    process ever sits out a dead collector. Returns the roles whose spans were abandoned."""
     with _lock:
         roles = list(_roles.items())
         _roles.clear()
     flushes = []
-    for _, role in roles:
+    for name, role in roles:
         # force_flush blocks on the export, retries included: in a thread of its own, waited on
         # for a moment only.
-        t = threading.Thread(target=role.provider.force_flush, daemon=True, name="corral-trace-flush")
+        t = threading.Thread(target=role.provider.force_flush, daemon=True, name=f"corral-trace-{name}")
         t.start()
-        flushes.append(t)
-    for t in flushes:
+        flushes.append((name, t))
+    abandoned = []
+    for name, t in flushes:
         t.join(wait_s)
+        if t.is_alive():
+            abandoned.append(name)
     for _, role in roles:
         if role.exporter is not None:
             role.exporter.shutdown()
         role.provider.shutdown()
+    return abandoned
 
 
 # -- spans ---------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ Every replica of every role folds the same log, so who emits a span must be one 
 span would appear once per reader: the role that wrote the record that ends it (only the replica
 that wrote it: its ``producer`` is on the record), and for records no deciding role wrote (a node
 agent's reports, a client's requests) the holder of the admission lease, which keeps the
-lifecycle (it requeues and restarts); node facts an administrator asks for, the health
-monitor's holder. Ids come from ``projections/trace_ids.py``, so no emitter needs another's.
+lifecycle (it requeues and restarts); node facts (an agent's registration, an administrator's
+cordon), the health monitor's holder. Ids come from ``projections/trace_ids.py``, so no emitter needs another's.
 
 Made only when spans are exported (``tracing.enabled``); the fold's cost is untouched otherwise.
 """
@@ -66,6 +66,9 @@ SPAN_OF: dict[str, str] = {
     "preempted": "preempted",
     "interrupted": "interrupted",
 }
+# Node facts no deciding role wrote (an agent's registration, an administrator's cordon): the
+# health monitor's, as the node facts it states itself.
+_NODE_FACTS = (NodeRegistered, CordonNode)
 _FAILED = frozenset({"failed", "interrupted", "rejected"})
 _VOIDED = {
     JobsAdmitted: "admission void",
@@ -145,7 +148,7 @@ class JobTraces:
         except codec.UNREADABLE:
             return
         role, producer = writer_of(record, body)
-        owner = role if role in EMITTERS else ("health" if isinstance(body, CordonNode) else KEEPER)
+        owner = role if role in EMITTERS else ("health" if isinstance(body, _NODE_FACTS) else KEEPER)
         if owner != self.role:
             mine = False
         elif role == self.role:

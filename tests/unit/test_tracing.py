@@ -8,9 +8,18 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from corral.events import codec
+from corral.events.base import Event
 from corral.projections import trace_ids
+from corral.projections.fold import apply
+from corral.projections.state import State
 from corral.services.runtime import tracing
+from corral.services.runtime.traces import JobTraces
+from tests.builders import Cluster, LogBuilder, on
 
 
 @pytest.fixture
@@ -78,3 +87,61 @@ def test_every_reader_derives_the_same_trace_for_a_job() -> None:
         derived.worker_span(2, 1),
     )
     assert trace_ids.parse("00-nothex-1-01") is None
+
+
+# -- spans made from the log --------------------------------------------------------------------
+
+
+class AsWritten(LogBuilder):
+    """Records sealed as their writers would: a decision by its role, a node report by the agent."""
+
+    def event(self, subject: str, body: Event) -> LogBuilder:
+        if subject.startswith("corral.ev.decision."):
+            role = subject.rsplit(".", 1)[1]
+        else:
+            role = "agent/n" if subject.startswith("corral.ev.node.") else "admission"
+        envelope = codec.seal(
+            body, event_id=f"ev-{self.last_seq + 1}", time=self.time, producer=f"{role}@t:1"
+        )
+        return self.raw(subject, codec.encode(envelope))
+
+
+def spans_of(role: str, log: LogBuilder) -> list[ReadableSpan]:
+    """What role ``role`` emits while it folds ``log`` as its writer of record and lease holder."""
+    got = InMemorySpanExporter()
+    tracing.setup(role, processor=SimpleSpanProcessor(got))
+    traces = JobTraces(role, f"{role}@t:1", lambda: True)
+    traces.live = True
+    state = State()
+    for r in log.records:
+        rejected = state.rejected_total
+        apply(state, r)
+        traces.folded(state, r, rejected)
+    assert state.faults == 0
+    return list(got.get_finished_spans())
+
+
+def test_a_voided_placement_is_a_void_span_not_a_placement(fresh: None) -> None:
+    log = AsWritten().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "j1").accept("j1").submit("alice", "j2").accept("j2").admit("j1", "j2")
+    log.place(on("node-00", 0, job_id="j1"), on("node-00", 0, job_id="j2"))  # GPU 0 twice: j2's is void
+    spans = {s.name: s for s in spans_of("placer", log)}
+    assert set(spans) == {"waiting for placement", "placement void"}
+    void, placed = spans["placement void"], spans["waiting for placement"]
+    assert void.attributes is not None and placed.attributes is not None
+    assert (void.attributes["corral.job.id"], void.attributes["corral.void"]) == ("j2", True)
+    assert placed.attributes["corral.job.id"] == "j1"
+    assert [e.name for e in placed.events] == ["placed"]
+    # The placement span lasted from the admission to the placement, in log time (one second).
+    assert placed.end_time is not None and placed.start_time is not None
+    assert placed.end_time - placed.start_time == 1_000_000_000
+
+
+def test_a_role_emits_only_the_spans_of_what_it_wrote(fresh: None) -> None:
+    log = AsWritten().nodes(Cluster(1)).queues("team-a").submit("alice", "j1").accept("j1").admit("j1")
+    log.place(on("node-00", 0, job_id="j1")).started("node-00", "j1")
+    placer = [s.name for s in spans_of("placer", log)]
+    admission = [s.name for s in spans_of("admission", log)]
+    assert placer == ["waiting for placement"]
+    # Admission's own (queued), and the agent's report's (starting): no deciding role wrote it.
+    assert admission == ["queued", "starting"]

@@ -18,7 +18,8 @@ span would appear once per reader: the role that wrote the record that ends it (
 that wrote it: its ``producer`` is on the record), and for records no deciding role wrote (a node
 agent's reports, a client's requests) the holder of the admission lease, which keeps the
 lifecycle (it requeues and restarts); node facts (an agent's registration, an administrator's
-cordon), the health monitor's holder. Ids come from ``projections/trace_ids.py``, so no emitter needs another's.
+cordon), the health monitor's holder. Ids come from ``projections/trace_ids.py``, so no
+emitter needs another's.
 
 Made only when spans are exported (``tracing.enabled``); the fold's cost is untouched otherwise.
 """
@@ -193,7 +194,8 @@ class JobTraces:
         trace = open_.trace
         attrs = {**_attrs(job), "corral.attempt": attempt}
         name = SPAN_OF.get(before)
-        if name is not None and not (SPAN_OF.get(job.phase) == name and job.attempt == attempt):
+        same_span = name is not None and SPAN_OF.get(job.phase) == name and job.attempt == attempt
+        if name is not None and not same_span:
             events = [*open_.events, *self._decision(job, before, t)]
             links: list[LinkTo] = []
             if node_link is not None:
@@ -218,6 +220,7 @@ class JobTraces:
                     links=links,
                     error=error,
                 )
+        if not same_span:  # the next phase's span starts here (``submitted`` had none)
             open_.events = []
             open_.since = t
         open_.phase = job.phase

@@ -126,6 +126,8 @@ async def test_every_job_is_one_trace_an_operator_can_read(tmp_path: Path, colle
         assert [e for e, _ in placed.events] == ["placed"] * (2 if job == "gang" else 1)
         [queued] = named(in_trace, "queued", **{"corral.attempt": 0})
         assert queued.service == "corral-admission" and [e for e, _ in queued.events] == ["admitted"]
+        [attempt] = named(in_trace, "attempt 0")
+        assert attempt.start == queued.start >= root.start  # queued from its acceptance on
 
     # The gang: both ranks ran, each a worker span of the agent, started behind one barrier.
     gang = jobs["gang"]

@@ -12,6 +12,10 @@ It follows corral's checkpoint contract (see ``services/agent/workers.py``):
 Each step's mini-batch is drawn from a generator seeded by (seed, step), so a run resumed at step S
 ends with exactly the weights of a run that never stopped.
 
+With OpenTelemetry installed and a collector configured (``OTEL_EXPORTER_OTLP_ENDPOINT``, which
+corral's agent passes on), it adds its own spans to its job's trace, under the worker's run that
+``$TRACEPARENT`` names: the training loop, each checkpoint it saves, its loss as it goes.
+
     python examples/train.py --steps 500
 """
 
@@ -70,6 +74,53 @@ def save(directory: Path, step: int, w: np.ndarray, b: float) -> Path:
     return path
 
 
+class Spans:
+    """This job's own spans in its corral trace, when it can make them; else nothing at all."""
+
+    def __init__(self) -> None:
+        self.tracer = None
+        parent = os.environ.get("TRACEPARENT")
+        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        )
+        if not parent or not endpoint:
+            return
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        except ImportError:
+            return  # a job without OpenTelemetry trains all the same
+        self.provider = TracerProvider(resource=Resource.create(), shutdown_on_exit=False)
+        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(timeout=2.0)))
+        self.tracer = self.provider.get_tracer("corral.examples.train")
+        self.context = TraceContextTextMapPropagator().extract({"traceparent": parent})
+
+    def start(self, name: str, **attributes: object) -> object:
+        if self.tracer is None:
+            return None
+        return self.tracer.start_span(name, context=self.context, attributes=attributes)
+
+    def child(self, parent: object, name: str, **attributes: object) -> object:
+        if self.tracer is None or parent is None:
+            return None
+        from opentelemetry import trace
+
+        return self.tracer.start_span(name, context=trace.set_span_in_context(parent), attributes=attributes)
+
+    def close(self) -> None:
+        """Send what is left, for a moment only: a dead collector must not keep a job from ending."""
+        if self.tracer is None:
+            return
+        import threading
+
+        flush = threading.Thread(target=self.provider.force_flush, daemon=True)
+        flush.start()
+        flush.join(1.0)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=1000, help="train until this many steps are done")
@@ -94,13 +145,18 @@ def main(argv: list[str]) -> int:
     else:
         print(f"rank {rank}: starting from step 0", flush=True)
 
+    spans = Spans()
+    training = spans.start("train", **{"train.start_step": step, "train.steps": args.steps})
     saved_at = step
     while True:
         periodic = args.checkpoint_every and step % args.checkpoint_every == 0 and step != saved_at
         if _asked["checkpoint"] or request.exists() or periodic:
             _asked["checkpoint"] = False
             request.unlink(missing_ok=True)  # answered: the next request is a new one
+            saving = spans.child(training, "checkpoint", **{"train.step": step})
             print(f"rank {rank}: checkpoint at step {step} -> {save(ckpt_dir, step, w, b)}", flush=True)
+            if saving is not None:
+                saving.end()  # type: ignore[attr-defined]
             saved_at = step
         if step >= args.steps or _asked["stop"]:
             break
@@ -113,12 +169,18 @@ def main(argv: list[str]) -> int:
         if step % args.log_every == 0:
             loss, acc = loss_and_accuracy(w, b, x, y)
             print(f"rank {rank}: step {step} loss {loss:.4f} accuracy {acc:.3f}", flush=True)
+            if training is not None:
+                training.add_event("loss", {"train.step": step, "train.loss": loss, "train.accuracy": acc})  # type: ignore[attr-defined]
         if args.step_seconds:
             time.sleep(args.step_seconds)
 
     loss, acc = loss_and_accuracy(w, b, x, y)
     how = "stopped" if _asked["stop"] else "done"
     print(f"rank {rank}: {how} at step {step} loss {loss:.6f} accuracy {acc:.3f}", flush=True)
+    if training is not None:
+        training.set_attribute("train.end_step", step)  # type: ignore[attr-defined]
+        training.end()  # type: ignore[attr-defined]
+    spans.close()
     return 0
 
 

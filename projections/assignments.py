@@ -36,7 +36,7 @@ import msgspec
 from corral.events.decisions import GpuClaim, MigSlot, Placement, WorkerSlot
 from corral.events.jobs import Mount
 from corral.events.nodes import NodeInventory
-from corral.projections import shape
+from corral.projections import shape, trace_ids
 from corral.projections.lifecycle import FINAL, Phase
 from corral.projections.state import JobState, NodeState, State
 
@@ -86,7 +86,7 @@ class Assignment(msgspec.Struct, frozen=True, omit_defaults=True):
     checkpointable: bool = False
     gpu_milli: int = 0  # a fractional GPU's share (0: whole GPUs, a MIG slice or none)
     resume_from: str = ""  # the location of the job's last checkpoint
-    traceparent: str = ""
+    traceparent: str = ""  # the job's span in its trace (``projections/trace_ids.py``)
 
 
 class NodeView(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -198,7 +198,8 @@ def assignment(state: State, job: JobState, node: str) -> Assignment | None:
         checkpointable=spec.checkpointable,
         gpu_milli=spec.resources.gpu_milli if shape.kind(spec.resources) == "fraction" else 0,
         resume_from="" if job.checkpoint is None else job.checkpoint.location,
-        traceparent=job.traceparent,
+        # The job's own span (``trace_ids``): the agent hangs its workers' runs under the attempt.
+        traceparent=trace_ids.job_trace(job.id, job.submitted_seq, job.traceparent).traceparent,
     )
 
 

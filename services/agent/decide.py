@@ -30,7 +30,10 @@ written ``mig:<GPU uuid>/<profile>@<start slice>`` (e.g. ``mig:GPU-1a2b…/3g.40
 placeholder the runtime replaces by the MIG instance's own ``MIG-…`` UUID once the instance exists
 (a CUDA program never sees the placeholder on a real node). corral's own variables
 (``CORRAL_JOB_ID``, ``CORRAL_ATTEMPT``, ``CORRAL_CHECKPOINT_DIR``, ``CORRAL_RESUME_FROM``) win over
-the job's environment of the same name.
+the job's environment of the same name. ``TRACEPARENT`` names the worker's run in its job's trace,
+so the job's own spans join it; ``OTEL_SERVICE_NAME`` (``corral-job`` unless the job names itself)
+and ``OTEL_RESOURCE_ATTRIBUTES`` (job, attempt, rank) go with it, and the agent passes on its own
+``OTEL_EXPORTER_OTLP_*`` settings (``workers.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from corral.events.base import Event
 from corral.events.decisions import MigSlot
 from corral.events.jobs import Mount
 from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
+from corral.projections import trace_ids
 from corral.projections.assignments import AssignedRank, Assignment, GpuBinding, NodeView
 from corral.projections.lifecycle import FINAL
 
@@ -300,6 +304,14 @@ def start_worker(job: Assignment, rank: AssignedRank, checkpoint_root: str) -> S
         env["CORRAL_RESUME_FROM"] = job.resume_from
     else:
         env.pop("CORRAL_RESUME_FROM", None)
+    trace = trace_ids.from_traceparent(job.job_id, job.traceparent)
+    if trace is not None:
+        # The job's own spans join its trace under this worker's run (W3C's variable for it).
+        env["TRACEPARENT"] = trace_ids.traceparent(trace.trace_id, trace.worker_span(job.attempt, rank.rank))
+        env.setdefault("OTEL_SERVICE_NAME", "corral-job")
+        where = f"corral.job.id={job.job_id},corral.attempt={job.attempt},corral.rank={rank.rank}"
+        given = env.get("OTEL_RESOURCE_ATTRIBUTES")
+        env["OTEL_RESOURCE_ATTRIBUTES"] = f"{given},{where}" if given else where
     return StartWorker(
         job_id=job.job_id,
         attempt=job.attempt,

@@ -92,6 +92,7 @@ DONE = "DONE"
 RECORD = "worker.json"
 KEEPER = str(Path(__file__).with_name("keeper.py"))
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
+_OTLP = "OTEL_EXPORTER_OTLP_"  # where the agent sends spans, a job's own spans go too
 _MIG_PLACEHOLDER = re.compile(r"mig:([^/,]+)/([^@,]+)@(\d+)")
 
 
@@ -255,7 +256,7 @@ class Runtime:
         self._prepare = prepare
         self._workers: dict[WorkerKey, _Worker] = {}
         if base_env is None:
-            base_env = {k: os.environ[k] for k in _INHERITED if k in os.environ}
+            base_env = {k: v for k, v in os.environ.items() if k in _INHERITED or k.startswith(_OTLP)}
             base_env = {"PYTHONUNBUFFERED": "1", **base_env}  # logs readable while it runs
         self._base_env = dict(base_env)
         self._mig: dict[tuple[str, int], str] = {}

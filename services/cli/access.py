@@ -179,7 +179,9 @@ async def publish_request(
 
     tracing.setup("cli")
     with tracing.span(f"corral.{verb}", attributes={"corral.tenant": tenant}, service="cli") as s:
-        tp = tracing.traceparent_of(s)
+        # Sent only when the span is exported: a job's trace under a parent nobody records would
+        # have no root; without one, its trace is derived from the job (``trace_ids``).
+        tp = tracing.traceparent_of(s) if tracing.enabled("cli") else None
         headers = {"traceparent": tp} if tp else None
         subject, data = subjects.request(tenant, verb), codec.encode(body)
         client = as_client(login)

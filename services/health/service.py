@@ -81,9 +81,12 @@ class HealthMonitor(Service):
 
     def fold(self, batch: list[Record]) -> None:
         state = self.state
+        spans = self.traces
         for r in batch:
             rejected = state.rejected_total
             apply(state, r)
+            if spans is not None:
+                spans.folded(state, r, rejected)
             if state.rejected_total != rejected:
                 continue  # the fold refused it: it changed nothing the tracker should know
             if r.subject.startswith(_NODE_EVENTS) or r.subject == _CORDON:

@@ -27,7 +27,8 @@ a timer, so time-based decisions happen on a quiet log too).
   its counts for ``corral status``.
 - ``decide`` gets ``now`` from a ``LogClock`` (``clock.py``): never earlier than the log time
   folded, so deadlines the fold stamped in log time are read in log time.
-- OpenTelemetry stays here: every event about a job is a span in that job's trace.
+- OpenTelemetry stays here: what the fold accepted becomes spans of the jobs' and nodes' traces
+  (``traces.py``), and a cycle that decided something is a span linked to the jobs it moved.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import time
@@ -45,10 +47,11 @@ from typing import Protocol
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
 from corral.events.log import Append, ConflictError, EventLog, Fence, LogError, Record
+from corral.projections import trace_ids
 from corral.projections.fold import apply
 from corral.projections.rules import RULES
 from corral.projections.state import State
-from corral.services.runtime import logs, metrics, tracing
+from corral.services.runtime import logs, metrics, traces, tracing
 from corral.services.runtime.clock import LogClock
 from corral.services.runtime.lease import Lease
 from corral.services.runtime.status import ServiceStatus, StatusBoard
@@ -57,6 +60,7 @@ from corral.services.runtime.supervise import Supervision
 log = logging.getLogger("corral.shell")
 
 MIN_QUIET_S = 2.0  # the least a quiet state waits for time alone to change its answer
+MAX_CYCLE_LINKS = 128  # a cycle that moved thousands of jobs links the first ones: a span stays small
 
 Decide = Callable[[State, float], Sequence[Event]]
 
@@ -115,13 +119,25 @@ class Service:
         self.caught_up = asyncio.Event()
         self.telemetry: metrics.Telemetry | None = None  # the process's, from ``run``
         tracing.setup(role)
+        self.traces: traces.JobTraces | None = None
+        if role in traces.EMITTERS and tracing.enabled(role):
+            self.traces = traces.JobTraces(role, self.producer, self._leading)
+
+    def _leading(self) -> bool:
+        return self.lease is None or self.lease.held
 
     # -- folding --------------------------------------------------------------------------------
 
     def fold(self, batch: list[Record]) -> None:
         state = self.state
+        spans = self.traces
         for r in batch:
-            apply(state, r)
+            if spans is None:
+                apply(state, r)
+            else:
+                rejected = state.rejected_total
+                apply(state, r)
+                spans.folded(state, r, rejected)
             if r.subject == self.decision_subject:
                 self._last_decision_seq = r.seq
         self.log_clock.saw(state.time)
@@ -139,8 +155,12 @@ class Service:
             if loaded is not None and loaded.seq <= await self.log.last_seq():
                 self.state = loaded
                 self._snapshot_seq = loaded.seq
+        if self.traces is not None:
+            self.traces.seed(self.state)
         async for batch in self.log.read(self.state.seq + 1):
             self.fold(batch)
+        if self.traces is not None:
+            self.traces.live = True  # what was folded so far had its spans made when it happened
         # The decision subject's last sequence is not in a snapshot; the expected-sequence check
         # then fails once, and the first fold of our own subject sets it right.
         self.caught_up.set()
@@ -172,21 +192,20 @@ class Service:
         return appended
 
     async def _decide_and_append(self, now: float) -> int:
-        with tracing.span(f"{self.role}.decide", service=self.role) as cycle_span:
-            cycle_span.set_attribute("corral.based_on", self.state.seq)
-            try:
-                events = list(self.decide(self.state, now))
-                appends = [self._append_for(i, body, now) for i, body in enumerate(events)]
-            except Exception as e:  # noqa: BLE001 - one bad cycle must not take the service down
-                cycle_span.record_exception(e)
-                await self._failed(e, now)
-                return 0
-            self.supervision.succeeded()
-            cycle_span.set_attribute("corral.events", len(events))
-            if not events:
-                self._quiet(now)
-                return 0
-            self._quiet_seq = -1
+        started = time.time()
+        try:
+            events = list(self.decide(self.state, now))
+            appends = [self._append_for(i, body, now) for i, body in enumerate(events)]
+        except Exception as e:  # noqa: BLE001 - one bad cycle must not take the service down
+            self._cycle_span(started, [], e)
+            await self._failed(e, now)
+            return 0
+        self.supervision.succeeded()
+        if not events:
+            self._quiet(now)
+            return 0  # a cycle that decided nothing is no span: an idle service makes no traces
+        self._quiet_seq = -1
+        self._cycle_span(started, events)
         try:
             fence = Fence(self.decision_subject, self._last_decision_seq)
             acks = await self.log.append_fenced(appends, fence)
@@ -256,26 +275,48 @@ class Service:
     def _append_for(self, index: int, body: Event, now: float) -> Append:
         subject = routing.subject_of(body)
         event_id = f"{self.role}:{self.state.seq}:{index}"
-        traceparent = self._trace(body)
+        traceparent = self._traceparent(body)
         envelope = codec.seal(
             body, event_id=event_id, time=now, producer=self.producer, traceparent=traceparent, rules=RULES
         )
         headers = {"traceparent": traceparent} if traceparent else None
         return Append(subject, codec.encode(envelope), event_id, headers=headers)
 
-    def _trace(self, body: Event) -> str | None:
-        """A span for this event in each job's trace; the envelope carries the first job's."""
-        first: str | None = None
+    def _traceparent(self, body: Event) -> str | None:
+        """The trace of the first job the event names, for readers of the log: the job's span."""
         for job_id in routing.job_ids(body):
             job = self.state.jobs.get(job_id)
-            if job is None:
-                continue
-            attrs = {"corral.job": job_id, "corral.phase": job.phase, "corral.based_on": self.state.seq}
-            with tracing.span(
-                f"{self.role}.{type(body).__name__}", job.traceparent or None, attrs, self.role
-            ) as s:
-                first = first or tracing.traceparent_of(s)
-        return first
+            if job is not None:
+                return trace_ids.job_trace(job.id, job.submitted_seq, job.traceparent).traceparent
+        return None
+
+    def _cycle_span(self, started: float, events: list[Event], error: Exception | None = None) -> None:
+        """A cycle that decided something, or failed: a span linked to each job it moved."""
+        if not tracing.enabled(self.role):
+            return
+        links: dict[str, tracing.LinkTo] = {}
+        for body in events:
+            for job_id in routing.job_ids(body):
+                job = self.state.jobs.get(job_id)
+                if job is not None and job_id not in links and len(links) < MAX_CYCLE_LINKS:
+                    t = trace_ids.job_trace(job.id, job.submitted_seq, job.traceparent)
+                    links[job_id] = tracing.LinkTo(t.trace_id, t.job_span, {"corral.job.id": job_id})
+        tracing.emit(
+            self.role,
+            f"{self.role} cycle",
+            trace_id=random.getrandbits(128) or 1,
+            span_id=random.getrandbits(64) or 1,
+            start=started,
+            end=time.time(),
+            attributes={
+                "corral.based_on": self.state.seq,
+                "corral.decisions": len(events),
+                "corral.decided": sorted({type(e).__name__ for e in events}),
+                "corral.jobs": len({j for e in events for j in routing.job_ids(e)}),
+            },
+            links=list(links.values()),
+            error=f"{type(error).__name__}: {error}" if error is not None else "",
+        )
 
     # -- running --------------------------------------------------------------------------------
 

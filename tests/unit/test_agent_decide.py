@@ -14,6 +14,7 @@ import pytest
 from corral.events import subjects as subj
 from corral.events.jobs import CancelJob, JobSpec, Mount
 from corral.events.nodes import CheckpointCompleted, NodeInventory, WorkerExited, WorkerStarted
+from corral.projections import trace_ids
 from corral.projections.assignments import PORT_BASE, PORT_SPAN, master_port, node_view, preemption_deadline
 from corral.projections.state import State
 from corral.services.agent.decide import (
@@ -94,6 +95,8 @@ def test_an_accepted_placement_starts_its_worker_with_the_rendezvous_environment
     [w] = gang.workers
     assert (w.key, w.command, w.grace_seconds) == (K, ("python", "train.py"), 12.0)
     assert [g.index for g in w.gpus] == [2, 3]
+    job = state.jobs["j1"]
+    trace = trace_ids.job_trace("j1", job.submitted_seq, job.traceparent)
     assert w.env == {
         "LR": "0.1",
         "RANK": "0",  # corral's variables win over the job's
@@ -108,6 +111,10 @@ def test_an_accepted_placement_starts_its_worker_with_the_rendezvous_environment
         "CORRAL_JOB_ID": "j1",
         "CORRAL_ATTEMPT": "0",
         "CORRAL_CHECKPOINT_DIR": f"{ROOT}/j1/attempt-0/rank-0",
+        # the worker's run in its job's trace: the job's own spans join it there
+        "TRACEPARENT": trace_ids.traceparent(trace.trace_id, trace.worker_span(0, 0)),
+        "OTEL_SERVICE_NAME": "corral-job",
+        "OTEL_RESOURCE_ATTRIBUTES": "corral.job.id=j1,corral.attempt=0,corral.rank=0",
     }
     assert w.checkpoint_dir == f"{ROOT}/j1/attempt-0/rank-0" and w.job_checkpoint_dir == f"{ROOT}/j1"
 

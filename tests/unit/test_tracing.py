@@ -1,0 +1,147 @@
+"""Tracing never holds a process up: a CLI command with a collector configured but down ends at
+once, its span abandoned, instead of sitting out the exporter's retries."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from corral.events import codec
+from corral.events.base import Event
+from corral.projections import trace_ids
+from corral.projections.fold import apply
+from corral.projections.state import State
+from corral.services.runtime import tracing
+from corral.services.runtime.traces import JobTraces
+from tests.builders import Cluster, LogBuilder, on
+
+
+@pytest.fixture
+def fresh() -> Iterator[None]:
+    tracing.shutdown()  # providers made earlier in this process were made without a collector
+    try:
+        yield
+    finally:
+        tracing.shutdown()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port  # closed again: a connection there is refused, as by a collector that is down
+
+
+def test_shutdown_with_a_dead_collector_abandons_the_spans_instead_of_retrying(
+    fresh: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    # A patient exporter: left to itself it would retry with back-off for half a minute.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "30")
+    tracing.setup("cli")
+    assert tracing.enabled("cli")
+    with tracing.span("corral.submit", {"corral.tenant": "team-a"}, service="cli"):
+        pass
+    result: list[list[str]] = []
+    ended = threading.Event()
+
+    def stop() -> None:
+        result.append(tracing.shutdown(wait_s=0.2))
+        ended.set()
+
+    threading.Thread(target=stop, daemon=True).start()
+    # Generous: only a shutdown that waits out the retries (tens of seconds) misses it.
+    assert ended.wait(10.0), "shutdown waited on the dead collector"
+    assert result == [["cli"]]  # given up, not delivered
+    assert not tracing.enabled("cli")
+
+
+def test_without_a_collector_no_span_is_made_and_nothing_is_waited_on(
+    fresh: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    tracing.setup("cli")
+    assert not tracing.enabled("cli")
+    assert tracing.shutdown() == []
+
+
+def test_every_reader_derives_the_same_trace_for_a_job() -> None:
+    sent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    under = trace_ids.job_trace("j1", 7, sent)
+    assert (f"{under.trace_id:032x}", f"{under.submit_span:016x}") == (sent[3:35], sent[36:52])
+    derived = trace_ids.job_trace("j1", 7)
+    assert derived == trace_ids.job_trace("j1", 7) and derived.submit_span == 0
+    assert derived.trace_id != trace_ids.job_trace("j1", 8).trace_id  # the id reused later: a new trace
+    # An agent, from the job's span alone, names the same attempt and worker spans.
+    seen = trace_ids.from_traceparent("j1", derived.traceparent)
+    assert seen is not None
+    assert (seen.attempt_span(2), seen.worker_span(2, 1)) == (
+        derived.attempt_span(2),
+        derived.worker_span(2, 1),
+    )
+    assert trace_ids.parse("00-nothex-1-01") is None
+
+
+# -- spans made from the log --------------------------------------------------------------------
+
+
+class AsWritten(LogBuilder):
+    """Records sealed as their writers would: a decision by its role, a node report by the agent."""
+
+    def event(self, subject: str, body: Event) -> LogBuilder:
+        if subject.startswith("corral.ev.decision."):
+            role = subject.rsplit(".", 1)[1]
+        else:
+            role = "agent/n" if subject.startswith("corral.ev.node.") else "admission"
+        envelope = codec.seal(
+            body, event_id=f"ev-{self.last_seq + 1}", time=self.time, producer=f"{role}@t:1"
+        )
+        return self.raw(subject, codec.encode(envelope))
+
+
+def spans_of(role: str, log: LogBuilder) -> list[ReadableSpan]:
+    """What role ``role`` emits while it folds ``log`` as its writer of record and lease holder."""
+    got = InMemorySpanExporter()
+    tracing.setup(role, processor=SimpleSpanProcessor(got))
+    traces = JobTraces(role, f"{role}@t:1", lambda: True)
+    traces.live = True
+    state = State()
+    for r in log.records:
+        rejected = state.rejected_total
+        apply(state, r)
+        traces.folded(state, r, rejected)
+    assert state.faults == 0
+    return list(got.get_finished_spans())
+
+
+def test_a_voided_placement_is_a_void_span_not_a_placement(fresh: None) -> None:
+    log = AsWritten().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "j1").accept("j1").submit("alice", "j2").accept("j2").admit("j1", "j2")
+    log.place(on("node-00", 0, job_id="j1"), on("node-00", 0, job_id="j2"))  # GPU 0 twice: j2's is void
+    spans = {s.name: s for s in spans_of("placer", log)}
+    assert set(spans) == {"waiting for placement", "placement void"}
+    void, placed = spans["placement void"], spans["waiting for placement"]
+    assert void.attributes is not None and placed.attributes is not None
+    assert (void.attributes["corral.job.id"], void.attributes["corral.void"]) == ("j2", True)
+    assert placed.attributes["corral.job.id"] == "j1"
+    assert [e.name for e in placed.events] == ["placed"]
+    # The placement span lasted from the admission to the placement, in log time (one second).
+    assert placed.end_time is not None and placed.start_time is not None
+    assert placed.end_time - placed.start_time == 1_000_000_000
+
+
+def test_a_role_emits_only_the_spans_of_what_it_wrote(fresh: None) -> None:
+    log = AsWritten().nodes(Cluster(1)).queues("team-a").submit("alice", "j1").accept("j1").admit("j1")
+    log.place(on("node-00", 0, job_id="j1")).started("node-00", "j1")
+    placer = [s.name for s in spans_of("placer", log)]
+    admission = [s.name for s in spans_of("admission", log)]
+    assert placer == ["waiting for placement"]
+    # Admission's own (queued), and the agent's report's (starting): no deciding role wrote it.
+    assert admission == ["queued", "starting"]

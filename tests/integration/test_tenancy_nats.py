@@ -295,7 +295,7 @@ async def test_cli_acts_as_the_tenant_it_is_given(secured: Secured, tmp_path: Pa
     code, out, err = await corral("explain", "cli-1")
     assert code == 0 and "why: [" in out, err
     code, out, err = await corral("explain", "jb")
-    assert (code, err.strip()) == (2, "corral: no job jb")
+    assert (code, err.strip()) == (1, "corral: no such job jb")
 
     # As a, speaking for b: the server refuses it.
     code, out, err = await corral("submit", "--user", "a", "--tenant", "b", "--queue", "qb")

@@ -32,13 +32,13 @@ from corral.events.log import EventLog, LogError, Record
 from corral.projections.fold import fold
 from corral.projections.state import State
 from corral.services.cli.jobfile import BadInput
+from corral.services.client.aio import default_server
 from corral.services.query.client import Refused, Session
 from corral.services.runtime import identities
 
 if TYPE_CHECKING:
     from corral.events.jetstream import JetStreamLog
 
-DEFAULT_SERVER = "nats://127.0.0.1:4222"
 STATE_DIR = Path(os.environ.get("CORRAL_HOME", ".corral"))
 
 
@@ -47,14 +47,7 @@ class Failure(Exception):
 
 
 def server_url(given: str | None) -> str:
-    if given:
-        return given
-    if os.environ.get("CORRAL_SERVER"):
-        return os.environ["CORRAL_SERVER"]
-    recorded = STATE_DIR / "server"
-    if recorded.exists():
-        return recorded.read_text().strip()
-    return DEFAULT_SERVER
+    return given or default_server()
 
 
 @dataclass(frozen=True)

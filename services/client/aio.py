@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -44,6 +45,18 @@ CONNECT_TIMEOUT = 10.0  # seconds: an unreachable server is an answer, not a han
 VERDICT_TIMEOUT = 30.0  # seconds a request's verdict is waited for, by default
 
 
+def default_server() -> str:
+    """``$CORRAL_SERVER``, else the server the ``corral up`` run from this directory recorded
+    (under ``$CORRAL_HOME``, ``.corral`` by default), else the default port on this machine: as
+    the ``corral`` command finds it."""
+    if os.environ.get("CORRAL_SERVER"):
+        return os.environ["CORRAL_SERVER"]
+    recorded = Path(os.environ.get("CORRAL_HOME", ".corral")) / "server"
+    if recorded.exists():
+        return recorded.read_text().strip()
+    return DEFAULT_SERVER
+
+
 class AsyncClient:
     """``async with AsyncClient(server, tenant=..., user=..., password=...) as c``: one
     connection, one request at a time. Without a login (a server without logins) it acts as
@@ -60,7 +73,7 @@ class AsyncClient:
         credentials: str | os.PathLike[str] | None = None,
         timeout: float = 5.0,
     ) -> None:
-        self.server = server or os.environ.get("CORRAL_SERVER") or DEFAULT_SERVER
+        self.server = server or default_server()
         if credentials is not None:
             passwords = identities.load(credentials)
             user = user or (next(iter(passwords)) if len(passwords) == 1 else tenant)

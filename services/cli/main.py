@@ -254,6 +254,9 @@ def client_for(args: argparse.Namespace, *, reading: bool = False) -> Client:
     """The Python client as the command's login, for its tenant. Reading with no login (or the
     services login) and no ``--tenant``, it asks as the admin: the whole cluster, as the
     operator at the machine expects."""
+    from corral.services.runtime import tracing
+
+    tracing.setup("cli")  # the command's requests carry their trace context into the log
     login = login_of(args, args.tenant)
     if reading and args.tenant is None and as_client(login) is None:
         tenant = identities.ADMIN

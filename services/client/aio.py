@@ -75,7 +75,10 @@ class AsyncClient:
     ) -> None:
         self.server = server or default_server()
         if credentials is not None:
-            passwords = identities.load(credentials)
+            try:
+                passwords = identities.load(credentials)
+            except identities.CredentialsError as e:
+                raise Invalid(str(e)) from None
             user = user or (next(iter(passwords)) if len(passwords) == 1 else tenant)
             if user is None or user not in passwords:
                 raise Invalid(
@@ -181,7 +184,8 @@ class AsyncClient:
 
         session = await self._connected()
         msg_id = f"{verb}:{self.tenant}:{job_id}:{secrets.token_hex(8)}"
-        tracing.setup("client")
+        # A span under whatever tracer provider the program installed (none: no trace context
+        # travels); a library does not install one in someone else's process.
         attributes = {"corral.tenant": self.tenant}
         with tracing.span(f"corral.{verb}", attributes=attributes, service="client") as span:
             tp = tracing.traceparent_of(span)

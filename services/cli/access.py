@@ -8,12 +8,14 @@ Who you are: nobody, on a server without logins; else the identity of ``--user``
 the tenant of ``--tenant``, ``admin`` for ``queue apply``, ``services`` for the log) with its
 password from ``--credentials FILE`` (or ``$CORRAL_CREDENTIALS``, or ``$CORRAL_PASSWORD``). As a
 tenant or ``admin`` the CLI only sends requests and asks the read service (``jobs``, ``explain``,
-``queues``, ``nodes``); as ``services``, or with no login, it reads the log itself.
+``queues``, ``nodes``); as ``services``, or with no login, it reads the log itself for
+``queues``, ``nodes`` and the log verbs, and goes through the intake and the read service for
+a job's verbs (``submit``, ``cancel``, ``resize``, ``jobs``, ``explain``) like everyone.
 
 Three ways in: the log itself (``open_log``, the ``services`` login or none), the read service
-(``ask``), and a request sent to the intake, which appends it at ``corral.in.<tenant>.<verb>``
-(``publish_request``; with no login, the CLI appends it itself). A
-failure to get in is one ``Failure`` line for the person at the terminal.
+(``ask``), and the Python client (``corral.services.client``), which sends a job's requests to
+the intake and asks the read service for their verdict and for jobs and explanations, whatever
+the login. A failure to get in is one ``Failure`` line for the person at the terminal.
 """
 
 from __future__ import annotations
@@ -21,23 +23,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corral.events import codec, subjects
-from corral.events.log import Append, EventLog, LogError, Record
+from corral.events import subjects
+from corral.events.log import EventLog, LogError, Record
 from corral.projections.fold import fold
 from corral.projections.state import State
 from corral.services.cli.jobfile import BadInput
+from corral.services.client.aio import default_server
 from corral.services.query.client import Refused, Session
 from corral.services.runtime import identities
 
 if TYPE_CHECKING:
     from corral.events.jetstream import JetStreamLog
 
-DEFAULT_SERVER = "nats://127.0.0.1:4222"
 STATE_DIR = Path(os.environ.get("CORRAL_HOME", ".corral"))
 
 
@@ -46,14 +47,7 @@ class Failure(Exception):
 
 
 def server_url(given: str | None) -> str:
-    if given:
-        return given
-    if os.environ.get("CORRAL_SERVER"):
-        return os.environ["CORRAL_SERVER"]
-    recorded = STATE_DIR / "server"
-    if recorded.exists():
-        return recorded.read_text().strip()
-    return DEFAULT_SERVER
+    return given or default_server()
 
 
 @dataclass(frozen=True)
@@ -170,44 +164,6 @@ async def remote_state(url: str, login: Login | None = None) -> State:
         return fold(await read_all(log))
     finally:
         await log.close()
-
-
-async def publish_request(
-    url: str, tenant: str, verb: str, body: Any, msg_id: str, login: Login | None = None
-) -> int:
-    from corral.services.runtime import tracing
-
-    tracing.setup("cli")
-    with tracing.span(f"corral.{verb}", attributes={"corral.tenant": tenant}, service="cli") as s:
-        # Sent only when the span is exported: a job's trace under a parent nobody records would
-        # have no root; without one, its trace is derived from the job (``trace_ids``).
-        tp = tracing.traceparent_of(s) if tracing.enabled("cli") else None
-        headers = {"traceparent": tp} if tp else None
-        subject, data = subjects.request(tenant, verb), codec.encode(body)
-        client = as_client(login)
-        if client is not None:
-            # A tenant's or the admin's own connection: the server decides what it may publish.
-            conn = await session(url, client)
-            try:
-                return await conn.send(subject, data, msg_id, headers)
-            except Refused as e:
-                raise Failure(str(e)) from None
-            finally:
-                await conn.close()
-        log = await open_log(url, login)
-        try:
-            ack = await log.append(Append(subject, data, msg_id=msg_id, headers=headers))
-            return ack.seq
-        finally:
-            await log.close()
-
-
-def nonce() -> str:
-    """The unguessable part of a request's message id. The stream deduplicates message ids
-    across all subjects, so an id another tenant can predict is one it can publish first, and
-    ours would be dropped as its repeat. The same job id sent twice is still one job: the fold
-    refuses the second submit as a duplicate."""
-    return secrets.token_hex(8)
 
 
 def tenant_of(args: argparse.Namespace, login: Login | None = None) -> str:

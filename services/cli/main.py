@@ -13,7 +13,6 @@ import asyncio
 import json
 import math
 import os
-import secrets
 import socket
 import sys
 import time
@@ -25,7 +24,7 @@ import msgspec
 
 import corral
 from corral.events import codec, subjects
-from corral.events.jobs import CancelJob, JobSpec, ResizeJob, Resources, SubmitJob, Topology
+from corral.events.jobs import JobSpec, Resources, Topology
 from corral.events.log import Append, LogError, Record
 from corral.events.queues import (
     ApplyCohort,
@@ -48,9 +47,7 @@ from corral.services.cli.access import (
     ask,
     login_of,
     needs_log,
-    nonce,
     open_log,
-    publish_request,
     read_all,
     remote_state,
     server_url,
@@ -58,8 +55,9 @@ from corral.services.cli.access import (
     tenant_of,
 )
 from corral.services.cli.jobfile import BadInput, convert, load_document
+from corral.services.client import Client, CorralError, Refused, TimedOut
+from corral.services.query import client as wire
 from corral.services.query import present
-from corral.services.query.client import Refused
 from corral.services.runtime import identities
 
 
@@ -351,37 +349,38 @@ def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
     return None, spec
 
 
+def client_for(args: argparse.Namespace, *, reading: bool = False) -> Client:
+    """The Python client as the command's login, for its tenant. Reading with no login (or the
+    services login) and no ``--tenant``, it asks as the admin: the whole cluster, as the
+    operator at the machine expects."""
+    login = login_of(args, args.tenant)
+    if reading and args.tenant is None and as_client(login) is None:
+        tenant = identities.ADMIN
+    else:
+        tenant = tenant_of(args, login)
+    if login is None:
+        return Client(server_url(args.server), tenant=tenant)
+    return Client(server_url(args.server), tenant=tenant, user=login.user, password=login.password)
+
+
 def cmd_submit(args: argparse.Namespace) -> None:
     job_id, spec = job_from_args(args)
-    job_id = args.id or job_id or f"j-{secrets.token_hex(5)}"
-    if not subjects.is_token(job_id):
-        raise BadInput(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")
-    req = SubmitJob(request_id=job_id, job=spec)
-    login = login_of(args, args.tenant)
-    tenant = tenant_of(args, login)
-    msg_id = f"submit:{tenant}:{job_id}:{nonce()}"
-    asyncio.run(publish_request(server_url(args.server), tenant, "submit", req, msg_id, login))
-    print(job_id)
+    with client_for(args) as client:
+        done = client.submit(spec, args.id or job_id, wait=not args.no_wait, timeout=args.wait_timeout)
+    print(done.job_id)
 
 
 def cmd_cancel(args: argparse.Namespace) -> None:
-    req = CancelJob(job_id=args.job, reason=args.reason or "")
-    login = login_of(args, args.tenant)
-    tenant = tenant_of(args, login)
-    msg_id = f"cancel:{tenant}:{args.job}:{nonce()}"
-    asyncio.run(publish_request(server_url(args.server), tenant, "cancel", req, msg_id, login))
-    print(f"cancel requested for {args.job}")
+    with client_for(args) as client:
+        done = client.cancel(args.job, args.reason or "", wait=not args.no_wait, timeout=args.wait_timeout)
+    print(f"cancelled {args.job}" if done.applied else f"cancel of {args.job} requested")
 
 
 def cmd_resize(args: argparse.Namespace) -> None:
-    if args.replicas < 1:
-        raise BadInput(f"replicas {args.replicas}: at least 1")
-    req = ResizeJob(job_id=args.job, replicas=args.replicas)
-    login = login_of(args, args.tenant)
-    tenant = tenant_of(args, login)
-    msg_id = f"resize:{tenant}:{args.job}:{nonce()}"
-    asyncio.run(publish_request(server_url(args.server), tenant, "resize", req, msg_id, login))
-    print(f"resize of {args.job} to at most {args.replicas} workers requested")
+    with client_for(args) as client:
+        done = client.resize(args.job, args.replicas, wait=not args.no_wait, timeout=args.wait_timeout)
+    most = f"at most {args.replicas} workers"
+    print(f"{args.job} resized to {most}" if done.applied else f"resize of {args.job} to {most} requested")
 
 
 class QueueFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -451,7 +450,7 @@ def send_admin(args: argparse.Namespace, requests: list[tuple[str, Any, str]]) -
             for item in items:  # in order: parents before children
                 assert item.msg_id is not None
                 await conn.send(item.subject, item.data, item.msg_id)
-        except Refused as e:
+        except wire.Refused as e:
             raise Failure(str(e)) from None
         finally:
             await conn.close()
@@ -553,29 +552,10 @@ NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "unheal
 def cmd_jobs(args: argparse.Namespace) -> None:
     """The jobs the cluster holds; with ``--all``, also those it let go after their retention
     period (the newest ``MAX_LET_GO``), from the read service's view of the log."""
-    from corral.services.query.decide import MAX_LET_GO
-    from corral.services.query.view import JobView
-
-    login = login_of(args, args.tenant)
-    client = as_client(login)
-    if client is not None:
-        # The read service shows a tenant its own jobs only; the admin's may be narrowed here.
-        answer = ask(server_url(args.server), client, "jobs", everything=args.all)
-        jobs, more = answer_of(answer, "jobs"), answer.get("more_let_go", 0)
-        rows = [j for j in jobs if args.tenant in (None, j["tenant"])]
-    elif args.all:
-        view = JobView()
-        try:
-            view.fold(asyncio.run(log_records(server_url(args.server), login)))
-            older, more = view.jobs(args.tenant or subjects.ADMIN, MAX_LET_GO)
-            held = [present.job_row(j) for j in view.state.jobs.values() if args.tenant in (None, j.tenant)]
-            rows = older + held
-        finally:
-            view.close()
-    else:
-        state = asyncio.run(remote_state(server_url(args.server), login))
-        rows = [present.job_row(j) for j in state.jobs.values() if args.tenant in (None, j.tenant)]
-        more = 0
+    with client_for(args, reading=True) as client:
+        jobs, more = client.job_list(all=args.all)
+    # The read service shows a tenant its own jobs only; the admin's may be narrowed here.
+    rows = [msgspec.structs.asdict(j) for j in jobs if args.tenant in (None, j.tenant)]
     emit(args, rows, JOB_COLUMNS)
     if more:
         print(f"corral: and {more} older jobs let go, not shown", file=sys.stderr)
@@ -694,30 +674,10 @@ def cmd_logs(args: argparse.Namespace) -> None:
         print(f.read_text(errors="replace"), end="")
 
 
-async def log_records(url: str, login: Any) -> list[Record]:
-    log = await open_log(url, login)
-    try:
-        return await read_all(log)
-    finally:
-        await log.close()
-
-
 def cmd_explain(args: argparse.Namespace) -> None:
-    from corral.services.query.view import explain_log
-
-    login = login_of(args, args.tenant)
-    client = as_client(login)
-    if client is not None:
-        answer = ask(server_url(args.server), client, "explain", args.job)
-        answer_of(answer, "job")
-        emit(args, answer if args.output == "json" else answer["text"])
-        return
-
-    records = asyncio.run(log_records(server_url(args.server), login))
-    report = explain_log(records, args.job, args.tenant)
-    if report is None:
-        raise Failure(f"no job {args.job}")
-    emit(args, report if args.output == "json" else report["text"])
+    with client_for(args, reading=True) as client:
+        told = client.explain(args.job)
+    emit(args, msgspec.to_builtins(told) if args.output == "json" else told.text)
 
 
 # -- parser -------------------------------------------------------------------------------------
@@ -829,7 +789,23 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--data", default=str(STATE_DIR / "demo"))
     demo.set_defaults(fn=cmd_demo)
 
-    s = sub.add_parser("submit", parents=[common], help="submit a job (file or flags); prints its id")
+    verdict = _Parser(add_help=False)
+    verdict.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return once the log stored the request, without waiting for its verdict",
+    )
+    verdict.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the verdict (default 30; past it: exit 3, the request stands)",
+    )
+    s = sub.add_parser(
+        "submit",
+        parents=[common, verdict],
+        help="submit a job (file or flags); prints its id once accepted, or why not (exit 1)",
+    )
     s.add_argument("file", nargs="?", help="job file: .toml, .yaml or .json")
     s.add_argument("--id", help="job id (default: generated); the same id twice is one job")
     s.add_argument("--queue")
@@ -845,13 +821,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--command", nargs=argparse.REMAINDER)
     s.set_defaults(fn=cmd_submit)
 
-    c = sub.add_parser("cancel", parents=[common], help="cancel a job of yours")
+    c = sub.add_parser("cancel", parents=[common, verdict], help="cancel a job of yours")
     c.add_argument("job")
     c.add_argument("--reason")
     c.set_defaults(fn=cmd_cancel)
 
     rz = sub.add_parser(
-        "resize", parents=[common], help="an elastic job's most workers (a running job above it shrinks)"
+        "resize",
+        parents=[common, verdict],
+        help="an elastic job's most workers (a running job above it shrinks)",
     )
     rz.add_argument("job")
     rz.add_argument("replicas", type=int)
@@ -933,7 +911,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         args.fn(args)
-    except (Failure, BadInput, logfile.LogFileError, identities.CredentialsError) as e:
+    except Refused as e:  # the cluster said no: the request was made, and refused
+        print(f"corral: {e}", file=sys.stderr)
+        sys.exit(1)
+    except TimedOut as e:  # the request stands; its outcome is not known yet
+        print(f"corral: {e}", file=sys.stderr)
+        sys.exit(3)
+    except (Failure, BadInput, logfile.LogFileError, identities.CredentialsError, CorralError) as e:
         print(f"corral: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -43,14 +43,19 @@ class Session:
         self._refused: asyncio.Future[str] | None = None
 
     @classmethod
-    async def open(cls, url: str, user: str, password: str, *, timeout: float = 5.0) -> Session:
+    async def open(
+        cls, url: str, user: str, password: str | None, *, timeout: float = 5.0, inbox: str = ""
+    ) -> Session:
+        """``password`` None: no login (a server without logins), acting as ``user``. Answers come
+        to the inbox of ``inbox`` (default: ``user``'s): the services login, which may hear any,
+        takes the tenant's it speaks for, where the intake answers that tenant."""
         session = cls(timeout)
+        creds = {"user": user, "password": password} if password is not None else {}
         try:
             session.nc = await nats.connect(
                 url,
-                user=user,
-                password=password,
-                inbox_prefix=identities.inbox_prefix(user),
+                **creds,
+                inbox_prefix=identities.inbox_prefix(inbox or user),
                 error_cb=session._on_error,
                 connect_timeout=3,
                 allow_reconnect=False,
@@ -69,11 +74,14 @@ class Session:
             if refused is not None and not refused.done():
                 refused.set_result(str(e).removeprefix("nats: "))
 
-    async def request(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> Msg:
+    async def request(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None, *, timeout: float = 0.0
+    ) -> Msg:
         assert self.nc is not None
+        timeout = timeout or self.timeout
         refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._refused = refused
-        asked = self.nc.request(subject, data, timeout=self.timeout, headers=headers)
+        asked = self.nc.request(subject, data, timeout=timeout, headers=headers)
         reply: asyncio.Future[Msg] = asyncio.ensure_future(asked)
         try:
             either: list[asyncio.Future[Any]] = [reply, refused]
@@ -85,7 +93,7 @@ class Session:
             except nats.errors.NoRespondersError:
                 raise Refused(f"nobody answers on {subject}") from None
             except nats.errors.TimeoutError:
-                raise Refused(f"no answer on {subject} within {self.timeout}s") from None
+                raise Refused(f"no answer on {subject} within {timeout}s") from None
         finally:
             self._refused = None
             reply.cancel()
@@ -99,6 +107,12 @@ class Session:
         """Have the intake append a request to the log at ``subject`` (``corral.in.<tenant>.<verb>``);
         returns the sequence it was stored at. Any other subject is published to as it is (and
         refused by the server, for every identity that may use a session)."""
+        return (await self.store(subject, data, msg_id, headers))[0]
+
+    async def store(
+        self, subject: str, data: bytes, msg_id: str, headers: dict[str, str] | None = None
+    ) -> tuple[int, bool]:
+        """As ``send``, and whether the stream took it as a repeat of a message id it had."""
         parsed = subjects.parse_request(subject)
         target = subjects.intake(*parsed) if parsed is not None else subject
         msg = await self.request(target, data, {**(headers or {}), MSG_ID: msg_id})
@@ -108,15 +122,27 @@ class Session:
             raise Refused(f"the log answered {msg.data[:200]!r}") from None
         if "error" in ack:
             raise Refused(f"the log refused {subject}: {ack['error'].get('description', ack['error'])}")
-        return int(ack["seq"])
+        return int(ack["seq"]), bool(ack.get("duplicate", False))
 
     async def ask(
-        self, asker: str, question: str, *, job: str = "", after: int = 0, everything: bool = False
+        self,
+        asker: str,
+        question: str,
+        *,
+        job: str = "",
+        after: int = 0,
+        everything: bool = False,
+        verb: str = "",
+        until: str = "",
+        wait: float = 0.0,
     ) -> dict[str, Any]:
         """The read service's answer to ``question`` asked as ``asker``; ``everything``: for
-        ``jobs``, the jobs the fold let go too."""
-        body = json.dumps({"job": job, "after": after, "all": everything}).encode()
-        msg = await self.request(identities.read_subject(asker, question), body)
+        ``jobs``, the jobs the fold let go too; ``verb``, ``until`` and ``wait`` as ``Ask`` has
+        them (the answer may take ``wait`` seconds, so this waits that much longer)."""
+        fields = {"job": job, "after": after, "all": everything, "verb": verb, "until": until, "wait": wait}
+        body = json.dumps(fields).encode()
+        subject = identities.read_subject(asker, question)
+        msg = await self.request(subject, body, timeout=self.timeout + wait)
         try:
             answer: dict[str, Any] = json.loads(msg.data)
         except ValueError:

@@ -14,7 +14,10 @@ Invariants:
 - a job the fold let go is answered from ``let_go`` (the read service's SQLite view): the
   newest of its id the asker may see, after any the state still holds;
 - every answer carries ``seq``, the log position it reflects; a question that cannot be answered
-  gets ``error``, never an exception.
+  gets ``error``, never an exception;
+- ``verdict`` tells what became of the asker's own request stored at ``after`` (the position the
+  intake answered with), and only of its own: a refusal is looked up by that position and the
+  asker's own request subject, a submit's outcome on the job that request made.
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ import msgspec
 from corral.events import codec, subjects
 from corral.events.queues import QueueSpec
 from corral.projections.index import JobEvent
+from corral.projections.lifecycle import FINAL
 from corral.projections.state import JobState, State
 from corral.services.query import present
 from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
 
-QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes")
+QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes", "verdict")
+VERDICT_VERBS = ("submit", "cancel", "resize")
+MAX_WAIT = 60.0  # seconds one question may ask the read service to wait for its answer to settle
 MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer must fit in a message
 
 History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
@@ -45,6 +51,8 @@ class LetGo(Protocol):
 
     def explain(self, job_id: str, asker: str) -> dict[str, Any] | None: ...
 
+    def submitted(self, job_id: str, seq: int, asker: str) -> dict[str, Any] | None: ...
+
 
 class Ask(msgspec.Struct, frozen=True):
     """What a question may carry: the job it is about, and the log position the answer should
@@ -54,6 +62,15 @@ class Ask(msgspec.Struct, frozen=True):
     job: str = ""
     after: int = 0
     all: bool = False  # ``jobs``: also the jobs the fold let go (the newest MAX_LET_GO of them)
+    verb: str = ""  # ``verdict``: the verb of the request stored at ``after``
+    until: str = ""  # ``explain``: a phase to wait for (or any final one), with ``wait``
+    wait: float = 0.0  # seconds the answer may wait to settle (a verdict, ``until``), at most MAX_WAIT
+
+    def patience(self) -> float:
+        """``wait`` bounded to 0..MAX_WAIT (anything else, NaN included, is 0)."""
+        if self.wait > MAX_WAIT:
+            return MAX_WAIT
+        return self.wait if self.wait > 0 else 0.0
 
 
 class BadAsk(ValueError):
@@ -88,6 +105,60 @@ def refusal(state: State, message: str) -> dict[str, Any]:
     return {"seq": state.seq, "error": message}
 
 
+def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> dict[str, Any] | None:
+    """What became of ``asker``'s ``ask.verb`` request stored at ``ask.after`` about job ``ask.job``:
+    ``refused`` (by the fold: no such job, a duplicate id, ...), ``rejected`` (a submit admission
+    will never run, with why), ``accepted`` (a submit now waiting or further), ``applied`` (a
+    cancel or resize the fold took); None while it is not known yet (the log not folded that far,
+    or a submit admission has not judged)."""
+    if state.seq < ask.after or ask.after <= 0:
+        return None
+    own = f"{subjects.IN}.{asker}.{ask.verb}"
+    duplicate = False
+    for r in reversed(state.rejections):  # newest last: stop once past the request
+        if r.seq < ask.after:
+            break
+        if r.seq == ask.after and r.subject == own:
+            if r.code == "duplicate" and ask.verb == "submit":
+                duplicate = True  # the same id twice is one job: its verdict is the first's
+                break
+            reason = f"no such job {ask.job}" if r.code == "unknown" else r.message
+            return {"seq": state.seq, "verdict": "refused", "code": r.code, "reason": reason}
+    if ask.verb != "submit":
+        return {"seq": state.seq, "verdict": "applied"}
+    job = state.jobs.get(ask.job)
+    row: dict[str, Any] | None = None
+    code = "rejected"
+    if job is not None and sees_job(asker, job) and (duplicate or job.submitted_seq == ask.after):
+        if job.phase == "submitted":
+            return None
+        row = present.job_row(job)
+        code = job.reasons[0].code if job.reasons else code
+    elif let_go is not None:
+        row = let_go.submitted(ask.job, ask.after, asker)
+    if row is None:
+        reason = f"no submit of job {ask.job} by {asker} at seq {ask.after}"
+        return {"seq": state.seq, "verdict": "refused", "code": "unknown", "reason": reason}
+    told = {"seq": state.seq, "job": row, "duplicate": duplicate}
+    if row["phase"] == "rejected":
+        return {**told, "verdict": "rejected", "code": code, "reason": row["reason"]}
+    return {**told, "verdict": "accepted"}
+
+
+def settled(state: State, asker: str, question: str, ask: Ask, let_go: LetGo | None = None) -> bool:
+    """Whether the answer to ``question`` is as final as the asker asked: the log folded to
+    ``after``, a verdict known, the job of an ``explain ... until`` in that phase or a final one
+    (or not to be found)."""
+    if state.seq < ask.after:
+        return False
+    if question == "verdict":
+        return verdict(state, asker, ask, let_go) is not None
+    if question == "explain" and ask.until:
+        job = state.jobs.get(ask.job)
+        return job is None or not sees_job(asker, job) or job.phase == ask.until or job.phase in FINAL
+    return True
+
+
 def answer(
     state: State, history: History, asker: str, question: str, ask: Ask, let_go: LetGo | None = None
 ) -> dict[str, Any]:
@@ -120,4 +191,9 @@ def answer(
         # Capacity and health are the cluster's, not any tenant's: everyone may see them.
         nodes = sorted(state.nodes.values(), key=lambda n: n.name)
         return {"seq": state.seq, "nodes": [present.node_row(n) for n in nodes]}
+    if question == "verdict":
+        if ask.verb not in VERDICT_VERBS:
+            return refusal(state, f"verdict: verb {ask.verb[:64]!r}; one of {', '.join(VERDICT_VERBS)}")
+        told = verdict(state, asker, ask, let_go)
+        return told if told is not None else {"seq": state.seq, "verdict": "pending"}
     return refusal(state, f"no question {question!r}; ask one of {', '.join(QUESTIONS)}")

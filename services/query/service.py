@@ -14,7 +14,9 @@ Invariants:
   (the ``query`` identity may publish nowhere else), so no question can make this service write
   into the log or into another identity's inbox;
 - questions are taken only once the log has been folded to where it stood at start, and a
-  question that asks for a later position (``after``) waits for it, at most ``freshness_wait``.
+  question that asks for a later position (``after``) waits for it, at most ``freshness_wait``;
+  one that asks to wait for its answer to settle (``wait``: a request's verdict, a job reaching
+  a phase) waits for that, at most as long as it asked (``decide.MAX_WAIT`` at most).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from corral.events.jetstream import JetStreamLog
 from corral.events.log import LogError, Record
 from corral.events.nats_client import Client
 from corral.projections.state import State
-from corral.services.query.decide import Ask, BadAsk, answer, parse_ask, refusal
+from corral.services.query.decide import Ask, BadAsk, answer, parse_ask, refusal, settled
 from corral.services.query.view import JobView
 from corral.services.runtime import identities, logs, metrics
 
@@ -101,18 +103,22 @@ class ReadService:
         except BadAsk as e:
             await self._send(msg.reply, refusal(self.state, str(e)))
             return
-        if ask.after > self.state.seq and len(self._waiting) < MAX_WAITING:
-            task = asyncio.create_task(self._answer_later(msg.reply, asker, question, ask))
+        wait = max(self.freshness_wait if ask.after > self.state.seq else 0.0, ask.patience())
+        if wait > 0 and len(self._waiting) < MAX_WAITING and not self._settled(asker, question, ask):
+            task = asyncio.create_task(self._answer_later(msg.reply, asker, question, ask, wait))
             self._waiting.add(task)
             task.add_done_callback(self._waiting.discard)
             return
         await self._answer(msg.reply, asker, question, ask)
 
-    async def _answer_later(self, reply: str, asker: str, question: str, ask: Ask) -> None:
+    def _settled(self, asker: str, question: str, ask: Ask) -> bool:
+        return settled(self.state, asker, question, ask, self.view)
+
+    async def _answer_later(self, reply: str, asker: str, question: str, ask: Ask, wait: float) -> None:
         with contextlib.suppress(TimeoutError):
             async with self._folded:
                 await asyncio.wait_for(
-                    self._folded.wait_for(lambda: self.state.seq >= ask.after), self.freshness_wait
+                    self._folded.wait_for(lambda: self._settled(asker, question, ask)), wait
                 )
         await self._answer(reply, asker, question, ask)
 

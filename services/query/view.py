@@ -112,6 +112,14 @@ class JobView:
         ).fetchone()
         return None if found is None else dict(json.loads(found[0]))
 
+    def submitted(self, job_id: str, seq: int, asker: str) -> dict[str, Any] | None:
+        """The row of the job let go that the submit at ``seq`` made, if ``asker`` may see it."""
+        where, args = ("", ()) if asker == subjects.ADMIN else (" AND tenant = ?", (asker,))
+        found = self.db.execute(
+            f"SELECT row FROM let_go WHERE id = ? AND submitted_seq = ?{where}", (job_id, seq, *args)
+        ).fetchone()
+        return None if found is None else dict(json.loads(found[0]))
+
 
 def explain_log(records: Sequence[Record], job_id: str, tenant: str | None) -> dict[str, Any] | None:
     """``corral explain`` from the log alone: the newest job of id ``job_id`` that ``tenant``

@@ -46,7 +46,7 @@ QUEUES = (
     QueueSpec("qb", quotas={"*": Quota(16)}, tenants=("b",)),
 )
 # One node of 8 GPUs: a gang of two 8-GPU workers fits its queue's quota but never the cluster,
-# so it waits with a reason.
+# so admission rejects it with the reason.
 TOO_BIG = JobSpec(queue="qa", replicas=2, resources=Resources(gpus=8))
 
 
@@ -286,7 +286,8 @@ async def test_cli_acts_as_the_tenant_it_is_given(secured: Secured, tmp_path: Pa
         await b.close()
     submit = ("submit", "--id", "cli-1", "--queue", "qa", "--gpus", "8", "--replicas", "2")
     code, out, err = await corral(*submit)
-    assert (code, out.strip()) == (0, "cli-1"), err
+    # It came (the decoy took no id of a's), and the one node can never hold it: the verdict says so.
+    assert (code, out) == (1, "") and err.startswith("corral: cli-1 rejected: "), err
     await secured.watch.until(lambda st: bool(st.jobs.get("cli-1") and st.jobs["cli-1"].reasons), WAIT)
 
     code, out, err = await corral("jobs", "-o", "json")
@@ -295,7 +296,7 @@ async def test_cli_acts_as_the_tenant_it_is_given(secured: Secured, tmp_path: Pa
     code, out, err = await corral("explain", "cli-1")
     assert code == 0 and "why: [" in out, err
     code, out, err = await corral("explain", "jb")
-    assert (code, err.strip()) == (2, "corral: no job jb")
+    assert (code, err.strip()) == (1, "corral: no such job jb")
 
     # As a, speaking for b: the server refuses it.
     code, out, err = await corral("submit", "--user", "a", "--tenant", "b", "--queue", "qb")

@@ -14,11 +14,11 @@ import pytest
 
 from corral.events import subjects
 from corral.events.base import Reason
-from corral.events.jobs import CancelJob, PendingReasonChanged
+from corral.events.jobs import CancelJob, JobAccepted, JobRejected, PendingReasonChanged
 from corral.events.queues import QueueSpec, Quota
 from corral.projections.index import JobEvent
 from corral.projections.state import State
-from corral.services.query.decide import Ask, BadAsk, answer, parse_ask
+from corral.services.query.decide import Ask, BadAsk, answer, parse_ask, settled
 from corral.services.query.view import JobView
 from corral.services.runtime import identities
 from tests.builders import Cluster, LogBuilder, job
@@ -202,3 +202,85 @@ def test_parse_read_subject() -> None:
     assert identities.parse_read("corral.read.a.jobs") == ("a", "jobs")
     assert identities.parse_read("corral.read.a.jobs.x") is None
     assert identities.parse_read("corral.in.a.jobs") is None
+
+
+# -- verdicts: what became of a request, asked after the position the intake stored it at ------
+
+
+def verdict_log() -> tuple[LogBuilder, dict[str, int]]:
+    """Requests of tenants a and b, and where each was stored."""
+    log = LogBuilder().nodes(Cluster(1))
+    log.queue(QueueSpec("qa", quotas={"*": Quota(8)}, tenants=("a",)))
+    at: dict[str, int] = {}
+
+    def stored(name: str, step: LogBuilder) -> None:
+        at[name] = step.last_seq
+
+    stored("submit ja", log.submit("a", "ja", job("qa")))
+    log.event(subjects.job("ja"), JobAccepted(job_id="ja", priority=0))
+    stored("submit jr", log.submit("a", "jr", job("qa").gpus(80)))
+    why = Reason("never-fits", "needs 80 GPUs; queue qa can hold at most 8")
+    log.event(subjects.job("jr"), JobRejected(job_id="jr", request_seq=at["submit jr"], reason=why))
+    stored("submit jw", log.submit("a", "jw", job("qa")))  # admission has not judged it yet
+    stored("submit ja again", log.submit("a", "ja", job("qa")))
+    stored("b takes ja's id", log.submit("b", "ja", job("qa")))
+    stored("cancel nosuch", log.request("a", "cancel", CancelJob(job_id="nosuch")))
+    stored("b cancels ja", log.request("b", "cancel", CancelJob(job_id="ja")))
+    stored("a cancels ja", log.request("a", "cancel", CancelJob(job_id="ja")))
+    stored("a cancels ja again", log.request("a", "cancel", CancelJob(job_id="ja")))
+    return log, at
+
+
+VERDICTS = {
+    "accepted": ("a", "submit", "ja", "submit ja", ("accepted", None)),
+    "rejected with admission's reason": ("a", "submit", "jr", "submit jr", ("rejected", "needs 80 GPUs")),
+    "not judged yet": ("a", "submit", "jw", "submit jw", ("pending", None)),
+    "the same id twice is one job": ("a", "submit", "ja", "submit ja again", ("accepted", None)),
+    "another's id is taken": ("b", "submit", "ja", "b takes ja's id", ("refused", "job id ja is taken")),
+    "cancel of no job": ("a", "cancel", "nosuch", "cancel nosuch", ("refused", "no such job nosuch")),
+    "cancel of another's job": ("b", "cancel", "ja", "b cancels ja", ("refused", "no such job ja")),
+    "cancel applied": ("a", "cancel", "ja", "a cancels ja", ("applied", None)),
+    "cancel of a finished job": ("a", "cancel", "ja", "a cancels ja again", ("refused", "already cancelled")),
+    "another's verdict is not one's own": ("b", "cancel", "ja", "a cancels ja", ("applied", None)),
+    "another's submit is no submit": ("b", "submit", "jr", "submit jr", ("refused", "no submit of job jr")),
+}
+
+
+@pytest.mark.parametrize(
+    ("asker", "verb", "job_id", "stored_as", "want"), VERDICTS.values(), ids=VERDICTS.keys()
+)
+def test_verdict(asker: str, verb: str, job_id: str, stored_as: str, want: tuple[str, str | None]) -> None:
+    log, at = verdict_log()
+    view = JobView(":memory:")
+    view.fold(log.records)
+    got = answer(view.state, view.history, asker, "verdict", Ask(job_id, at[stored_as], verb=verb), view)
+    kind, reason = want
+    assert got["verdict"] == kind
+    if reason is not None:
+        assert reason in got["reason"]
+    if kind == "refused":  # one's own refusal only: a tenant learns nothing of another's request
+        assert set(got) == {"seq", "verdict", "code", "reason"}
+
+
+def test_a_verdict_waits_for_the_log_to_get_there() -> None:
+    log, at = verdict_log()
+    view = JobView(":memory:")
+    view.fold(log.records[: at["submit ja"] - 1])
+    ask = Ask("ja", at["submit ja"], verb="submit", wait=5.0)
+    assert not settled(view.state, "a", "verdict", ask, view)
+    assert answer(view.state, view.history, "a", "verdict", ask, view)["verdict"] == "pending"
+    view.fold(log.records[at["submit ja"] - 1 :])
+    assert settled(view.state, "a", "verdict", ask, view)
+
+
+def test_a_verdict_of_no_verb_is_refused(world: tuple[State, dict[str, list[JobEvent]]]) -> None:
+    state, history = world
+    assert "verdict" in answer(state, history, "a", "verdict", Ask("ja", 1, verb="drop"))["error"]
+
+
+WAITS = {"negative": (-1.0, 0.0), "NaN": (float("nan"), 0.0), "huge": (1e9, 60.0), "some": (2.5, 2.5)}
+
+
+@pytest.mark.parametrize(("wait", "patience"), WAITS.values(), ids=WAITS.keys())
+def test_how_long_a_question_may_wait_is_bounded(wait: float, patience: float) -> None:
+    assert Ask(wait=wait).patience() == patience

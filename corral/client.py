@@ -1,0 +1,42 @@
+"""corral's Python client (``services/client``): ``Client`` (blocking) and ``AsyncClient``,
+their results and errors. See that package's docstring."""
+
+from corral.services.client import (
+    Applied,
+    AsyncClient,
+    Client,
+    CorralError,
+    Explanation,
+    Forbidden,
+    HistoryEntry,
+    Invalid,
+    Job,
+    NoSuchJob,
+    Reason,
+    Refusal,
+    Refused,
+    Rejected,
+    Submitted,
+    TimedOut,
+    Unreachable,
+)
+
+__all__ = [
+    "Applied",
+    "AsyncClient",
+    "Client",
+    "CorralError",
+    "Explanation",
+    "Forbidden",
+    "HistoryEntry",
+    "Invalid",
+    "Job",
+    "NoSuchJob",
+    "Reason",
+    "Refusal",
+    "Refused",
+    "Rejected",
+    "Submitted",
+    "TimedOut",
+    "Unreachable",
+]

@@ -1,0 +1,47 @@
+"""corral's Python client, public as ``corral.client``: submit, wait, cancel, resize, list and
+explain jobs, from a script or a notebook (``Client``) or asyncio (``AsyncClient``), with typed
+results and the CLI's errors. The ``corral`` command's job verbs are built on it.
+
+Worker output is not reachable through it: it stays in the agents' directories on their nodes
+(``corral logs`` reads them on that machine), and nothing carries it over NATS.
+"""
+
+from corral.services.client.aio import AsyncClient
+from corral.services.client.results import (
+    Applied,
+    CorralError,
+    Explanation,
+    Forbidden,
+    HistoryEntry,
+    Invalid,
+    Job,
+    NoSuchJob,
+    Reason,
+    Refusal,
+    Refused,
+    Rejected,
+    Submitted,
+    TimedOut,
+    Unreachable,
+)
+from corral.services.client.sync import Client
+
+__all__ = [
+    "Applied",
+    "AsyncClient",
+    "Client",
+    "CorralError",
+    "Explanation",
+    "Forbidden",
+    "HistoryEntry",
+    "Invalid",
+    "Job",
+    "NoSuchJob",
+    "Reason",
+    "Refusal",
+    "Refused",
+    "Rejected",
+    "Submitted",
+    "TimedOut",
+    "Unreachable",
+]

@@ -1,0 +1,282 @@
+"""The asyncio client: requests through the intake, verdicts and answers from the read service.
+
+A request goes to the intake (``corral.req.<tenant>.<verb>``), which answers with the log
+sequence it stored it at; the read service then tells what became of it (``verdict`` asked
+``after`` that sequence: refused by the fold, rejected by admission, accepted, applied),
+waiting up to ``timeout`` for the log to get there. ``wait=False`` stops at the stored
+sequence. Nothing here reads the log itself: a tenant's login could not, and the same code
+serves every login.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from corral.events import codec, subjects
+from corral.events.jobs import CancelJob, JobSpec, ResizeJob, SubmitJob
+from corral.projections.lifecycle import FINAL
+from corral.services.client.results import (
+    Applied,
+    Explanation,
+    Forbidden,
+    Invalid,
+    Job,
+    NoSuchJob,
+    Refused,
+    Rejected,
+    Submitted,
+    TimedOut,
+    Unreachable,
+)
+from corral.services.query import client as wire
+from corral.services.query.decide import MAX_WAIT
+from corral.services.runtime import identities
+
+DEFAULT_SERVER = "nats://127.0.0.1:4222"
+CONNECT_TIMEOUT = 10.0  # seconds: an unreachable server is an answer, not a hang
+VERDICT_TIMEOUT = 30.0  # seconds a request's verdict is waited for, by default
+
+
+def default_server() -> str:
+    """``$CORRAL_SERVER``, else the server the ``corral up`` run from this directory recorded
+    (under ``$CORRAL_HOME``, ``.corral`` by default), else the default port on this machine: as
+    the ``corral`` command finds it."""
+    if os.environ.get("CORRAL_SERVER"):
+        return os.environ["CORRAL_SERVER"]
+    recorded = Path(os.environ.get("CORRAL_HOME", ".corral")) / "server"
+    if recorded.exists():
+        return recorded.read_text().strip()
+    return DEFAULT_SERVER
+
+
+class AsyncClient:
+    """``async with AsyncClient(server, tenant=..., user=..., password=...) as c``: one
+    connection, one request at a time. Without a login (a server without logins) it acts as
+    ``tenant``; ``credentials`` is a JSON file of login to password, as ``corral up --auth``
+    writes it (the one login in it, or ``user``'s)."""
+
+    def __init__(
+        self,
+        server: str | None = None,
+        *,
+        tenant: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        credentials: str | os.PathLike[str] | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        self.server = server or default_server()
+        if credentials is not None:
+            try:
+                passwords = identities.load(credentials)
+            except identities.CredentialsError as e:
+                raise Invalid(str(e)) from None
+            user = user or (next(iter(passwords)) if len(passwords) == 1 else tenant)
+            if user is None or user not in passwords:
+                raise Invalid(
+                    f"no password for {user or 'anyone: name the login with user='} in {credentials}"
+                )
+            password = passwords[user]
+        if password is not None and user is None:
+            raise Invalid("a password needs the user it is for")
+        self.user, self.password = user, password
+        speaks_for = user if user is not None and user != identities.SERVICES else None
+        tenant = tenant or os.environ.get("CORRAL_TENANT") or speaks_for or "default"
+        if not subjects.is_token(tenant):
+            raise Invalid(f"tenant {tenant!r}: use letters, digits, '-' and '_'")
+        self.tenant = tenant
+        # Who the read service answers: the login's own name, unless it is the services login
+        # (which may ask as anyone) or none (a server without logins): then the tenant.
+        self.asker = speaks_for or tenant
+        self.timeout = timeout
+        self._session: wire.Session | None = None
+
+    async def __aenter__(self) -> AsyncClient:
+        await self._connected()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    async def _connected(self) -> wire.Session:
+        if self._session is None:
+            name = self.user or self.tenant
+            try:
+                self._session = await asyncio.wait_for(
+                    wire.Session.open(
+                        self.server, name, self.password, timeout=self.timeout, inbox=self.asker
+                    ),
+                    CONNECT_TIMEOUT,
+                )
+            except TimeoutError:
+                raise Unreachable(f"cannot reach the corral server at {self.server}: no answer") from None
+            except wire.Refused as e:
+                raise Unreachable(str(e)) from None
+        return self._session
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        spec: JobSpec | dict[str, Any],
+        id: str | None = None,  # noqa: A002 - the job's id, as the job file calls it
+        *,
+        wait: bool = True,
+        timeout: float = VERDICT_TIMEOUT,
+    ) -> Submitted:
+        """Submit a job (a ``JobSpec`` or a dict of its fields); returns once admission accepted
+        it (``wait``), or once the log stored it. Raises ``Rejected`` with admission's reason,
+        ``Refused`` for an id another job holds, ``TimedOut`` if no verdict came in time."""
+        if not isinstance(spec, JobSpec):
+            try:
+                spec = msgspec.convert(spec, JobSpec)
+            except msgspec.ValidationError as e:
+                raise Invalid(f"job spec: {e}") from None
+        job_id = id or f"j-{secrets.token_hex(5)}"
+        if not subjects.is_token(job_id):
+            raise Invalid(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")
+        seq, duplicate = await self._store("submit", job_id, SubmitJob(request_id=job_id, job=spec))
+        if not wait:
+            return Submitted(job_id, seq, duplicate=duplicate)
+        told = await self._verdict("submit", job_id, seq, timeout)
+        return Submitted(job_id, seq, told["job"]["phase"], bool(told.get("duplicate")))
+
+    async def cancel(
+        self, job_id: str, reason: str = "", *, wait: bool = True, timeout: float = VERDICT_TIMEOUT
+    ) -> Applied:
+        """Cancel a job of this tenant's; ``NoSuchJob`` for one it may not see."""
+        seq, _ = await self._store("cancel", job_id, CancelJob(job_id=job_id, reason=reason))
+        if not wait:
+            return Applied(job_id, seq)
+        await self._verdict("cancel", job_id, seq, timeout)
+        return Applied(job_id, seq, applied=True)
+
+    async def resize(
+        self, job_id: str, replicas: int, *, wait: bool = True, timeout: float = VERDICT_TIMEOUT
+    ) -> Applied:
+        """An elastic job's most workers (a running job above it shrinks at once)."""
+        if replicas < 1:
+            raise Invalid(f"replicas {replicas}: at least 1")
+        seq, _ = await self._store("resize", job_id, ResizeJob(job_id=job_id, replicas=replicas))
+        if not wait:
+            return Applied(job_id, seq)
+        await self._verdict("resize", job_id, seq, timeout)
+        return Applied(job_id, seq, applied=True)
+
+    async def _store(self, verb: str, job_id: str, body: Any) -> tuple[int, bool]:
+        """Send a request to the intake; the log sequence it was stored at, and whether it was a
+        repeat of a message id. The message id's unguessable part keeps another tenant from
+        taking it first (the stream deduplicates ids across all subjects)."""
+        from corral.services.runtime import tracing
+
+        session = await self._connected()
+        msg_id = f"{verb}:{self.tenant}:{job_id}:{secrets.token_hex(8)}"
+        # The request's span is the root of its job's trace only when it is exported (a collector
+        # configured by OTEL_EXPORTER_OTLP_*): a trace under a parent nobody records would have no
+        # root, so without one no context travels and the job's trace is derived from the job.
+        attributes = {"corral.tenant": self.tenant}
+        with tracing.span(f"corral.{verb}", attributes=attributes, service="client") as span:
+            tp = tracing.traceparent_of(span) if tracing.enabled("client") else None
+            headers = {wire.MSG_ID: msg_id, **({"traceparent": tp} if tp else {})}
+            msg = await self._request(
+                session, subjects.intake(self.tenant, verb), codec.encode(body), headers
+            )
+        try:
+            ack = json.loads(msg)
+        except ValueError:
+            raise Unreachable(f"the intake answered {msg[:200]!r}") from None
+        if "error" in ack:
+            error = ack["error"]
+            raise Refused(str(error.get("code", "")), f"{verb} refused: {error.get('description', error)}")
+        return int(ack["seq"]), bool(ack.get("duplicate", False))
+
+    async def _request(
+        self, session: wire.Session, subject: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> bytes:
+        try:
+            return (await session.request(subject, data, headers)).data
+        except wire.Refused as e:
+            if "permissions violation" in str(e).lower():
+                raise Forbidden(str(e)) from None
+            raise Unreachable(str(e)) from None
+
+    async def _verdict(self, verb: str, job_id: str, seq: int, timeout: float) -> dict[str, Any]:
+        """The read service's verdict on the request at ``seq``, asked again until it is known
+        or ``timeout`` has passed; a refusal or rejection raised."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            told = await self._ask(
+                "verdict", job=job_id, after=seq, verb=verb, wait=min(max(left, 0), MAX_WAIT)
+            )
+            kind = told.get("verdict")
+            if kind == "refused":
+                error = NoSuchJob if told.get("code") == "unknown" else Refused
+                raise error(str(told.get("code")), str(told.get("reason")))
+            if kind == "rejected":
+                raise Rejected(str(told.get("code")), f"{job_id} rejected: {told.get('reason')}")
+            if kind in ("accepted", "applied"):
+                return told
+            if time.monotonic() >= deadline:
+                raise TimedOut(
+                    f"{verb} of {job_id} stored at seq {seq}, no verdict within {timeout:g}s "
+                    f"(corral explain {job_id} tells what became of it)"
+                )
+
+    async def _ask(self, question: str, **fields: Any) -> dict[str, Any]:
+        session = await self._connected()
+        try:
+            answer = await session.ask(self.asker, question, **fields)
+        except wire.Refused as e:
+            if "permissions violation" in str(e).lower():
+                raise Forbidden(str(e)) from None
+            raise Unreachable(str(e)) from None
+        error = answer.get("error")
+        if error is not None:
+            if str(error).startswith("no job "):
+                raise NoSuchJob("unknown", f"no such job {fields.get('job', '')}")
+            raise Refused("malformed", str(error))
+        return answer
+
+    # -- questions ----------------------------------------------------------------------------
+
+    async def jobs(self, *, all: bool = False) -> list[Job]:  # noqa: A002 - as `corral jobs --all`
+        """This tenant's jobs (the admin's: everyone's); ``all``: also those the cluster let go
+        after their retention period (the newest thousand)."""
+        return (await self.job_list(all=all))[0]
+
+    async def job_list(self, *, all: bool = False) -> tuple[list[Job], int]:  # noqa: A002
+        """As ``jobs``, and how many older jobs let go it left out."""
+        answer = await self._ask("jobs", everything=all)
+        return msgspec.convert(answer["jobs"], list[Job]), int(answer.get("more_let_go", 0))
+
+    async def explain(self, job_id: str) -> Explanation:
+        """A job's history and why it waits."""
+        return msgspec.convert(await self._ask("explain", job=job_id), Explanation)
+
+    async def wait(self, job_id: str, state: str = "running", *, timeout: float = 600.0) -> Job:
+        """The job once it is in ``state``, or in a final phase (succeeded, failed, cancelled,
+        rejected: it will never get there then; compare ``.phase``). ``TimedOut`` past
+        ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            answer = await self._ask("explain", job=job_id, until=state, wait=min(max(left, 0), MAX_WAIT))
+            job = msgspec.convert(answer["job"], Job)
+            if job.phase == state or job.phase in FINAL:
+                return job
+            if time.monotonic() >= deadline:
+                raise TimedOut(f"{job_id} is {job.phase}, not {state}, after {timeout:g}s")

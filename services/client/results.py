@@ -1,0 +1,116 @@
+"""What the client answers with, and how it says no: typed results and one family of errors.
+
+The errors are the CLI's exit statuses in Python: ``Refused`` (the cluster said no: the fold
+refused the request, or admission ``Rejected`` the job, or there is ``NoSuchJob`` the asker may
+see) is exit 1; ``Unreachable``, ``Forbidden`` and ``Invalid`` (the request could not be made)
+are exit 2; ``TimedOut`` (the request stands, its outcome is not known yet) is exit 3.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class CorralError(Exception):
+    """Anything the client could not do; ``str()`` is one line for a person."""
+
+
+class Unreachable(CorralError):
+    """No corral answers there: the server, its login, the intake or the read service."""
+
+
+class Forbidden(CorralError):
+    """The server refused the message: this login may not act as that tenant."""
+
+
+class Invalid(CorralError, ValueError):
+    """Bad input, caught before anything was sent."""
+
+
+class TimedOut(CorralError):
+    """No verdict, or not the state waited for, within the time given. The request stands."""
+
+
+class Refused(CorralError):
+    """The cluster said no: ``code`` is stable (``unknown``, ``duplicate``, ``illegal``,
+    ``forbidden``, ``malformed``, admission's reason codes), ``reason`` is for people."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class NoSuchJob(Refused):
+    """No job of that id that the asker may see (another tenant's job is answered the same)."""
+
+
+class Rejected(Refused):
+    """Admission rejected the job: it would never run (unknown queue, more than quota can ever
+    give, a shape no node can host, ...)."""
+
+
+class Submitted(msgspec.Struct, frozen=True):
+    """A submit the log stored at ``seq``; ``phase`` the job's once accepted ("" when not waited
+    for); ``duplicate``: the id was already this tenant's job, which this is."""
+
+    job_id: str
+    seq: int
+    phase: str = ""
+    duplicate: bool = False
+
+
+class Applied(msgspec.Struct, frozen=True):
+    """A cancel or resize the log stored at ``seq``; ``applied``: the fold took it (False when
+    not waited for)."""
+
+    job_id: str
+    seq: int
+    applied: bool = False
+
+
+class Job(msgspec.Struct, frozen=True):
+    """A job as ``corral jobs`` lists it."""
+
+    id: str
+    tenant: str
+    queue: str
+    phase: str
+    attempt: int
+    workers: int
+    per_worker: str
+    nodes: str
+    reason: str
+
+
+class Reason(msgspec.Struct, frozen=True):
+    code: str
+    message: str
+    preemption_helps: bool = False
+
+
+class HistoryEntry(msgspec.Struct, frozen=True):
+    seq: int
+    time: float
+    type: str
+    subject: str
+    summary: str
+
+
+class Refusal(msgspec.Struct, frozen=True):
+    """A request about the job that the fold refused."""
+
+    seq: int
+    code: str
+    message: str
+
+
+class Explanation(msgspec.Struct, frozen=True):
+    """``corral explain``: the job, why it waits, its history, what of it was refused, and
+    ``text`` as a person reads it."""
+
+    job: Job
+    reasons: list[Reason]
+    history: list[HistoryEntry]
+    text: str
+    refused: list[Refusal] = []

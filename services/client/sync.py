@@ -1,0 +1,93 @@
+"""The blocking client: the asyncio one run on a loop of its own, in a thread of its own, so it
+works the same in a script, in a notebook whose loop is already running, and in the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from corral.events.jobs import JobSpec
+from corral.services.client.aio import VERDICT_TIMEOUT, AsyncClient
+from corral.services.client.results import Applied, Explanation, Job, Submitted
+
+T = TypeVar("T")
+
+
+class Client:
+    """``with Client(server, tenant=...) as c: c.submit({...})``; the same arguments, methods and
+    errors as ``AsyncClient``, each call blocking until it has its answer."""
+
+    def __init__(
+        self,
+        server: str | None = None,
+        *,
+        tenant: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        credentials: str | os.PathLike[str] | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        self.aio = AsyncClient(
+            server, tenant=tenant, user=user, password=password, credentials=credentials, timeout=timeout
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="corral-client", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self.aio.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    @property
+    def tenant(self) -> str:
+        return self.aio.tenant
+
+    def submit(
+        self,
+        spec: JobSpec | dict[str, Any],
+        id: str | None = None,  # noqa: A002 - the job's id, as the job file calls it
+        *,
+        wait: bool = True,
+        timeout: float = VERDICT_TIMEOUT,
+    ) -> Submitted:
+        return self._run(self.aio.submit(spec, id, wait=wait, timeout=timeout))
+
+    def cancel(
+        self, job_id: str, reason: str = "", *, wait: bool = True, timeout: float = VERDICT_TIMEOUT
+    ) -> Applied:
+        return self._run(self.aio.cancel(job_id, reason, wait=wait, timeout=timeout))
+
+    def resize(
+        self, job_id: str, replicas: int, *, wait: bool = True, timeout: float = VERDICT_TIMEOUT
+    ) -> Applied:
+        return self._run(self.aio.resize(job_id, replicas, wait=wait, timeout=timeout))
+
+    def jobs(self, *, all: bool = False) -> list[Job]:  # noqa: A002 - as `corral jobs --all`
+        return self._run(self.aio.jobs(all=all))
+
+    def job_list(self, *, all: bool = False) -> tuple[list[Job], int]:  # noqa: A002
+        return self._run(self.aio.job_list(all=all))
+
+    def explain(self, job_id: str) -> Explanation:
+        return self._run(self.aio.explain(job_id))
+
+    def wait(self, job_id: str, state: str = "running", *, timeout: float = 600.0) -> Job:
+        return self._run(self.aio.wait(job_id, state, timeout=timeout))

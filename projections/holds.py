@@ -29,7 +29,8 @@ def expected_end(job: JobState, now: float) -> float:
     if job.phase == "checkpointing":
         end = job.phase_since + spec.grace_seconds
     elif job.phase == "running":
-        end = math.inf if runtimes.of(job) is None else job.phase_since + runtimes.of(job)
+        est = runtimes.of(job)
+        end = math.inf if est is None else job.phase_since + est
     elif job.phase in ("placed", "starting"):
         est = runtimes.of(job)
         end = math.inf if est is None else max(job.phase_since, now) + est

@@ -288,6 +288,7 @@ class Simulation:
             st = sim.stats[job.id] = JobStats(
                 job.id, job.tenant, job.spec.queue, _gpus(job.spec), job.submitted_at, sj.work_s
             )
+            sim.demand[job.tenant] = sim.demand.get(job.tenant, 0.0) + st.gpus
             if job.phase in WAITING:
                 sim._waiting.add(job.id)
                 sim.until_started.add(job.id)
@@ -314,7 +315,6 @@ class Simulation:
         run = self._runs[job.id] = _Run(placement.attempt, ranks, now, 0.0, self._tokens)
         st = self.stats[job.id]
         self.held[job.tenant] = self.held.get(job.tenant, 0.0) + st.gpus
-        self.demand[job.tenant] = self.demand.get(job.tenant, 0.0) + st.gpus
         if job.phase == "checkpointing" or job.phase in FINAL:
             self._preempted(job.id, run, now, max(now, job.preempt_deadline))
         else:

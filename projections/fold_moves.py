@@ -87,6 +87,8 @@ def move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
     except KeyError:
         raise IllegalTransition(before, trigger) from None
     indexes.moved(state, job, before)
+    if before == "running":
+        job.ran_s += ctx.time - job.phase_since
     job.phase_since = ctx.time
     job.updated_seq = ctx.seq
     if quota_change:
@@ -108,6 +110,8 @@ def move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: 
         raise IllegalTransition(middle, then)
     job.phase, then_change = step
     indexes.moved(state, job, before)
+    if before == "running":
+        job.ran_s += ctx.time - job.phase_since
     job.phase_since = ctx.time
     job.updated_seq = ctx.seq
     if first_change:

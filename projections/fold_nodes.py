@@ -19,7 +19,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.projections import claims, gpu_time, indexes
+from corral.projections import claims, gpu_time, indexes, runtimes
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -198,6 +198,7 @@ def _succeed_if_done(state: State, job: JobState, ctx: Ctx) -> None:
     n = len(job.placement.workers) if job.placement is not None else 0
     if len(codes) == n and not any(codes.values()):
         move(state, job, "succeed", ctx)
+        runtimes.learn(state, job)
 
 
 def left(state: State, job: JobState, rank: int, ctx: Ctx) -> None:

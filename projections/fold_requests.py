@@ -30,7 +30,7 @@ from corral.events.queues import (
     CordonNode,
     DeleteQueue,
 )
-from corral.projections import gpu_time, indexes, retention
+from corral.projections import gpu_time, indexes, retention, runtimes
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -71,6 +71,7 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         phase_since=ctx.time,
         updated_seq=ctx.seq,
         traceparent=ctx.trace or "",
+        learned_s=runtimes.learned(state, ctx.tenant, req.job),
     )
     indexes.add(state, job)
 

@@ -2,7 +2,8 @@
 
 Admission, the placer and the preemptor all project the near future from the state alone, the
 same way, so that they agree on it: a job holding GPUs is expected to end at ``phase_since +
-runtime_estimate_s`` (``grace_seconds`` for one that is checkpointing; never, if it has no
+its runtime estimate`` (its owner's, else one learned from history: ``runtimes.of``)
+(``grace_seconds`` for one that is checkpointing; never, if it has no
 estimate), and a job admitted but not placed yet holds its quota for its runtime estimate from
 now (``expected_end``, ``quota_end``).
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from corral.projections import indexes, quota
+from corral.projections import indexes, quota, runtimes
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
 
@@ -28,9 +29,10 @@ def expected_end(job: JobState, now: float) -> float:
     if job.phase == "checkpointing":
         end = job.phase_since + spec.grace_seconds
     elif job.phase == "running":
-        end = math.inf if spec.runtime_estimate_s is None else job.phase_since + spec.runtime_estimate_s
+        est = runtimes.of(job)
+        end = math.inf if est is None else job.phase_since + est
     elif job.phase in ("placed", "starting"):
-        est = spec.runtime_estimate_s
+        est = runtimes.of(job)
         end = math.inf if est is None else max(job.phase_since, now) + est
     else:
         end = now  # stopped or stopping: its last workers are on their way out
@@ -69,7 +71,7 @@ def quota_end(job: JobState, now: float) -> float:
     a job holding GPUs (``expected_end``); a job admitted and not yet placed, its runtime estimate
     from ``now``."""
     if job.phase == "admitted":
-        est = job.spec.runtime_estimate_s
+        est = runtimes.of(job)
         return math.inf if est is None else now + est
     return expected_end(job, now)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from corral.projections import runtimes
 from corral.projections.state import JobState
 
 SHORTEST_FIRST = "shortest-first"
@@ -24,7 +25,7 @@ _MIN_ESTIMATE_S = 1.0  # a zero estimate would make every ratio infinite
 
 def response_ratio(job: JobState, now: float) -> float:
     """(waited + estimate) / estimate: 1 on submission, growing while the job waits."""
-    est = job.spec.runtime_estimate_s
+    est = runtimes.of(job)
     est = UNKNOWN_RUNTIME_S if est is None else max(_MIN_ESTIMATE_S, est)
     return (max(0.0, now - job.submitted_at) + est) / est
 

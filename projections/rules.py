@@ -37,4 +37,7 @@ from __future__ import annotations
 #    submission's position, so ``stopped_for`` never names a later job of the same id.
 #    The fold keeps indexes of the jobs in the State (``projections/indexes.py``): job ids per
 #    phase, queued job ids per queue, ids of the jobs holding GPUs per node.
-RULES = 6
+# 7: a job's runtime estimate is fixed at submission, its owner's or else the median running time
+#    of the latest similar jobs that succeeded (``projections/runtimes.py``), and every reader
+#    of expected ends, holds, backfill and the shortest-first order uses it.
+RULES = 7

@@ -109,6 +109,10 @@ class JobState(msgspec.Struct, gc=False):
     phase_since: float = 0.0
     updated_seq: int = 0
     traceparent: str = ""  # the trace every event about this job joins
+    # The runtime estimate learned, at its submission, from the jobs that finished before it,
+    # when its owner gave none (``projections/runtimes.py``; read it with ``runtimes.of``).
+    learned_s: float | None = None
+    ran_s: float = 0.0  # log time it spent running, over all its attempts
 
     @property
     def leaving(self) -> list[int]:
@@ -177,6 +181,9 @@ class State(msgspec.Struct, gc=False):
     jobs_by_phase: dict[str, dict[str, None]] = {}
     queued_by_queue: dict[str, dict[str, None]] = {}
     holding_by_node: dict[str, dict[str, None]] = {}
+    # Per class of similar jobs, the running times of the latest that succeeded, the class
+    # updated longest ago first: what runtime estimates are learned from (``runtimes.py``).
+    runtimes: dict[str, list[float]] = {}
 
 
 MAX_REJECTIONS = 1000

@@ -27,6 +27,7 @@ from corral.events.base import Reason
 from corral.events.decisions import GpuClaim
 from corral.events.jobs import Resources, TopologyPack
 from corral.events.queues import PriorityClassSpec
+from corral.projections import runtimes
 from corral.projections.placement.snapshot import NodeView, Snapshot
 from corral.projections.shape import Shape, ShapeKind
 from corral.projections.state import JobState
@@ -89,7 +90,8 @@ class Request:
             required=spec.topology.required,
             # As the fold judges a victim: the job and its priority class must both allow it.
             preemptible=spec.preemptible and (pc is None or pc.preemptible),
-            runtime_estimate_s=spec.runtime_estimate_s,
+            # The owner's estimate, else the one learned from history (``runtimes.py``).
+            runtime_estimate_s=runtimes.of(job),
         )
 
 

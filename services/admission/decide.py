@@ -80,7 +80,7 @@ from corral.events.jobs import (
     PendingReasonChanged,
 )
 from corral.events.queues import QueueSpec
-from corral.projections import indexes, preemption, quota
+from corral.projections import indexes, preemption, quota, runtimes
 from corral.projections.holds import Hold, hold, quota_end
 from corral.projections.lifecycle import Phase
 from corral.projections.placement.inventory import Inventory
@@ -400,7 +400,7 @@ def _admit(
             replicas = min(hi, avail // per_worker)
             cur.room[key] = avail
             if held is not None:  # what a job behind the held one may take without delaying it
-                spare = held.spare(ledger, cur.name, key, spec.runtime_estimate_s, now)
+                spare = held.spare(ledger, cur.name, key, runtimes.of(job), now)
                 if spare is not None:
                     replicas = min(replicas, spare // per_worker)
             if replicas >= lo:
@@ -442,7 +442,7 @@ def _ends_at(ends: _Ends, job: JobState, adm: Admission, now: float) -> None:
     from now."""
     if len(adm.gpus) == 1:
         key = next(iter(adm.gpus))
-        est = job.spec.runtime_estimate_s
+        est = runtimes.of(job)
         milli = quota.worker_milli(job.spec.resources, key) * adm.replicas
         ends.setdefault((job.spec.queue, key), []).append((math.inf if est is None else now + est, milli))
 
@@ -539,7 +539,7 @@ class _Explainer:
         spec = job.spec
         # The verdict depends on the job's shape alone (the ledger does not change while reasons
         # are given): asked once per queue and shape, not per job.
-        shape = (cur.name, spec.resources, spec.min_replicas, spec.replicas, spec.runtime_estimate_s)
+        shape = (cur.name, spec.resources, spec.min_replicas, spec.replicas, runtimes.of(job))
         if shape in self._held:
             said = self._held[shape]
         else:
@@ -552,7 +552,7 @@ class _Explainer:
             return None
         key, per_worker = demands[0]
         need = per_worker * quota.min_replicas(job.spec)
-        spare = hold.spare(self.ledger, cur.name, key, job.spec.runtime_estimate_s, now)
+        spare = hold.spare(self.ledger, cur.name, key, runtimes.of(job), now)
         if spare is None or need <= spare or not self.ledger.fits(cur.name, key, need):
             return None
         name = key_name(key)

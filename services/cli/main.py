@@ -656,6 +656,29 @@ def cmd_replay(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_whatif(args: argparse.Namespace) -> None:
+    """What corral would do with the job if it were submitted now; nothing is written."""
+    import time
+
+    from corral.services.cli import whatif
+
+    job_id, spec = job_from_args(args)
+    login = login_of(args, identities.SERVICES)
+    needs_log("whatif", login)
+    tenant = tenant_of(args)
+
+    async def run() -> list[Record]:
+        log = await open_log(server_url(args.server), login)
+        try:
+            return await read_all(log, None)
+        finally:
+            await log.close()
+
+    state = fold(asyncio.run(run()))
+    job_id = job_id or "whatif"
+    print(whatif.report(state, tenant, job_id, spec, time.time()))
+
+
 def cmd_logs(args: argparse.Namespace) -> None:
     """A job's worker output, from the agents' directories on this machine."""
     from corral.services.agent.workers import job_logs
@@ -820,6 +843,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--pack", choices=["none", "nvlink", "node", "rack", "block", "spread"])
     s.add_argument("--command", nargs=argparse.REMAINDER)
     s.set_defaults(fn=cmd_submit)
+
+    w = sub.add_parser(
+        "whatif", parents=[common], help="what corral would do with a job submitted now (changes nothing)"
+    )
+    shared = {"help", "id"} | {a.dest for a in common._actions} | {a.dest for a in verdict._actions}
+    for action in s._actions:  # the same job file and flags as submit
+        if action.dest not in shared:
+            w._add_action(action)
+    w.set_defaults(fn=cmd_whatif)
 
     c = sub.add_parser("cancel", parents=[common, verdict], help="cancel a job of yours")
     c.add_argument("job")

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
-from corral.projections import indexes, preemption, queueing, thrash
+from corral.projections import indexes, preemption, queueing, runtimes, thrash
 from corral.projections.holds import Hold, hold, quota_ends
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
@@ -248,7 +248,7 @@ class _Holds:
         demand = None if held is None else queued_demand(self.state, self.ledger, job)
         if held is None or demand is None:
             return False
-        spare = held.spare(self.ledger, job.spec.queue, demand[0], job.spec.runtime_estimate_s, self.now)
+        spare = held.spare(self.ledger, job.spec.queue, demand[0], runtimes.of(job), self.now)
         return spare is not None and demand[1] > spare
 
     def note(self, job: JobState) -> None:

@@ -66,6 +66,8 @@ import time as wallclock
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
 from corral.events.decisions import JobsPlaced, PreemptionRequested, WorkerSlot
@@ -82,7 +84,7 @@ from corral.projections import indexes, quota
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import FINAL
 from corral.projections.placement.stack import PlacerConfig
-from corral.projections.state import WHOLE, State
+from corral.projections.state import WHOLE, JobState, State
 from corral.services.admission.decide import AdmissionConfig
 from corral.services.admission.decide import decide as admission_decide
 from corral.services.placer.decide import decide as placer_decide
@@ -258,10 +260,65 @@ class Simulation:
             pre = cfg.preemptor
             roles.append(("preemptor", lambda s, now: preemptor_decide(s, now, pre)))
         self.roles = roles
+        # Stop once every one of these jobs has started (``resume``: a forecast of starts).
+        self.until_started: set[str] | None = None
         for name, inv in nodes:
             self._fold(NodeRegistered(node=name, inventory=inv), self.now, None, "world")
         for req in setup:
             self._fold(req, self.now, subjects.ADMIN, "world")
+
+    @classmethod
+    def resume(
+        cls, state: State, now: float, config: SimConfig, work: Callable[[JobState], float]
+    ) -> Simulation:
+        """A simulation that goes on from a copy of ``state`` (a live one, or another
+        simulation's) at ``now``, with no arrivals. What the state does not say, the agents
+        are told: a job holding GPUs runs ``work(job)`` more seconds from ``now``; a waiting
+        job needs ``work(job)`` seconds in all; a job being preempted stops by its deadline.
+        It runs until every job waiting at ``now`` has started (``until_started``)."""
+        sim = cls([], [], [], config)
+        copy = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)
+        sim.state, sim.now, sim._seq = copy, max(now, state.time), state.seq
+        sim.until_started = set()
+        for job in copy.jobs.values():
+            if job.phase in FINAL and job.held is None:
+                continue
+            sj = SimJob(job.id, job.tenant, job.spec, job.submitted_at, max(0.0, work(job)))
+            sim.by_id[job.id] = sj
+            st = sim.stats[job.id] = JobStats(
+                job.id, job.tenant, job.spec.queue, _gpus(job.spec), job.submitted_at, sj.work_s
+            )
+            sim.demand[job.tenant] = sim.demand.get(job.tenant, 0.0) + st.gpus
+            if job.phase in WAITING:
+                sim._waiting.add(job.id)
+                sim.until_started.add(job.id)
+            else:
+                st.first_start = job.phase_since
+                sim._resume_holder(job)
+        sim._dirty = True
+        sim._push(sim.now, _WAKE, "", 0)
+        return sim
+
+    def _resume_holder(self, job: JobState) -> None:
+        """Take over a job that holds GPUs: start the ranks not started yet, end it as told."""
+        now, placement = self.now, job.held or job.placement
+        if placement is None:
+            return
+        workers = [w for w in placement.workers if w.rank in job.live or job.phase in ("placed", "starting")]
+        if job.phase in ("placed", "starting"):
+            for w in workers:
+                if w.rank not in job.started:
+                    ev = WorkerStarted(node=w.node, job_id=job.id, attempt=job.attempt, rank=w.rank)
+                    self._fold(ev, now, None, "agent")
+        self._tokens += 1
+        ranks = tuple((w.rank, w.node) for w in workers)
+        run = self._runs[job.id] = _Run(placement.attempt, ranks, now, 0.0, self._tokens)
+        st = self.stats[job.id]
+        self.held[job.tenant] = self.held.get(job.tenant, 0.0) + st.gpus
+        if job.phase == "checkpointing" or job.phase in FINAL:
+            self._preempted(job.id, run, now, max(now, job.preempt_deadline))
+        else:
+            self._push(now + self.by_id[job.id].work_s, _FINISH, job.id, run.token)
 
     # -- folding ----------------------------------------------------------------------------------
 
@@ -317,6 +374,8 @@ class Simulation:
             while (t := self._next_time()) is not None and (until is None or t <= until):
                 self._advance(t)
                 self._step(t)
+                if self.until_started is not None and not self.until_started:
+                    break
         finally:
             self.wall_s += wallclock.perf_counter() - started
         return self
@@ -451,6 +510,8 @@ class Simulation:
         st = self.stats[job_id]
         if st.first_start is None:
             st.first_start = now
+        if self.until_started is not None:
+            self.until_started.discard(job_id)
         st.attempts += 1
         self.held[job.tenant] = self.held.get(job.tenant, 0.0) + st.gpus
         left = max(0.0, job.work_s - progress0)

@@ -142,6 +142,22 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     assert from_file["jobs"]["el-1"]["spec"]["replicas"] == 6
     assert from_file["fair_share"]["half_life_s"] == 43200.0
 
+    # What if: read from the live log, written nowhere.
+    requests = [
+        r for r in map(json.loads, exported.read_text().splitlines()) if r["subject"].startswith("corral.in.")
+    ]
+    out = corral(
+        "whatif", "--queue", "team-a", "--gpus", "2", "--server", cluster, "--tenant", "team-a", env=env
+    )
+    assert out.stdout.startswith("accepted"), out.stdout
+    out = corral("whatif", "--queue", "nowhere", "--server", cluster, "--tenant", "team-a", env=env)
+    assert out.stdout.startswith("not accepted"), out.stdout
+    corral("log", "export", str(exported), "--server", cluster, env=env)
+    after = [
+        r for r in map(json.loads, exported.read_text().splitlines()) if r["subject"].startswith("corral.in.")
+    ]
+    assert after == requests
+
     corral("queue", "fair-share", "--half-life-s", "7200", "--server", cluster, env=env)
     corral("log", "export", str(exported), "--server", cluster, env=env)
     replayed = json.loads(corral("replay", str(exported), "-o", "json", env=env).stdout)

@@ -1,0 +1,178 @@
+"""How good are corral's start-time estimates? ``python -m bench.eta`` (``--jobs 2000`` on a slow
+machine).
+
+Replays the Philly slice under corral's policy (``services/sim/philly.py``: 64 nodes of 8 GPUs,
+decisions once a simulated minute). With ``--estimates learned`` (the default) no job carries a
+runtime estimate, as most users give none: every reader uses the one the fold learned from the
+jobs that finished (``projections/runtimes.py``); ``given`` tells each job its true duration.
+
+At the end of each simulated minute in which jobs arrived (before the services decide on them),
+and every 10 simulated minutes, it forecasts every waiting job's start (``services/sim/eta.py``:
+the simulator run forward from a copy of the state, no later arrivals, jobs ending at their
+estimates), and afterwards compares each forecast with the start the job actually got in the
+same run. Arrivals are moved half a second on, so none falls on a decision tick and every job's
+first forecast is made before any decision about it. Printed:
+
+- the share of jobs whose forecast at submission is within the band of their actual wait
+  (±20 %, or 5 minutes when the wait is under 25 minutes), by wait-length bucket; goal ≥ 80 %;
+- the same for every forecast made while a job waited (every 10 minutes);
+- the anchor, in the same run: the naive estimate, the sum of the runtime estimates of the jobs
+  ahead in the job's queue (as ``squeue --start`` is often read);
+- runtime estimates at submission against the actual runtime, in the same band, and the spread
+  of their errors (quartiles of estimate / actual);
+- the elapsed wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import msgspec
+
+from corral.projections import runtimes
+from corral.projections.queueing import UNKNOWN_RUNTIME_S
+from corral.services.sim import eta, philly
+from corral.services.sim.driver import WAITING, SimJob, Simulation
+from corral.services.sim.traces import philly as trace
+
+EVERY_S = 600.0
+BUCKETS = ((0.0, 1500.0, "< 25 min"), (1500.0, 7200.0, "25 min-2 h"), (7200.0, 28800.0, "2-8 h"))
+BUCKETS += ((28800.0, math.inf, ">= 8 h"),)
+
+
+def within(predicted: float, actual: float) -> bool:
+    """The issue's band: ±20 % of the actual value, or 5 minutes when it is under 25 minutes."""
+    if math.isinf(predicted):
+        return False
+    off = abs(predicted - actual)
+    return off <= 0.2 * actual or (actual < 1500.0 and off <= 300.0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.eta")
+    ap.add_argument("--jobs", type=int, default=philly.JOBS)
+    ap.add_argument("--nodes", type=int, default=philly.NODES)
+    ap.add_argument("--start", default=philly.START)
+    ap.add_argument("--estimates", choices=("learned", "given"), default="learned")
+    ap.add_argument("--trace", default=None, help="philly.csv (default: the shared traces)")
+    args = ap.parse_args(argv)
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    t0 = time.perf_counter()
+    sliced = philly.load_slice(trace.find(args.trace), args.start, args.jobs)
+    exp = philly.Experiment(tuple(sliced), args.nodes)
+    jobs = [
+        replace(
+            j,
+            arrival=j.arrival + 0.5,
+            spec=j.spec
+            if args.estimates == "given"
+            else msgspec.structs.replace(j.spec, runtime_estimate_s=None),
+        )
+        for j in exp.jobs("corral")
+    ]
+    print(run(exp, jobs, args.estimates))
+    print(f"elapsed {time.perf_counter() - t0:.0f} s")
+
+
+def run(exp: philly.Experiment, jobs: Sequence[SimJob], estimates: str) -> str:
+    config = exp.config("corral")
+    cycle = config.cycle_s
+    sim = Simulation(exp.cluster(), exp.setup("corral"), jobs, config)
+    points = sorted(
+        {math.floor(j.arrival / cycle) * cycle + cycle for j in jobs}
+        | {
+            k * EVERY_S
+            for k in range(int(jobs[0].arrival // EVERY_S) + 1, int(jobs[-1].arrival // EVERY_S) + 2)
+        }
+    )
+    at_submit: dict[str, float] = {}
+    naive: dict[str, float] = {}
+    estimate: dict[str, float] = {}
+    later: list[tuple[str, float, float]] = []  # (job, forecast at, forecast start)
+    forecast_s = 0.0
+    for point in points:
+        now = point - 1e-3
+        sim.run(until=now)
+        state = sim.state
+        waiting = [j for j in state.jobs.values() if j.phase in WAITING]
+        if not waiting:
+            continue
+        t = time.perf_counter()
+        fc = eta.forecast(state, now, config)
+        forecast_s += time.perf_counter() - t
+        ahead: dict[str, float] = {}
+        for job in sorted(waiting, key=lambda j: j.submitted_seq):
+            start = fc.starts.get(job.id, math.inf)
+            est = runtimes.of(job)
+            if job.id not in at_submit:
+                at_submit[job.id] = start
+                naive[job.id] = now + ahead.get(job.spec.queue, 0.0)
+                if est is not None:
+                    estimate[job.id] = est
+            else:
+                later.append((job.id, now, start))
+            q = job.spec.queue
+            ahead[q] = ahead.get(q, 0.0) + (UNKNOWN_RUNTIME_S if est is None else est)
+    sim.run()
+    stats = sim.stats
+    lines = [
+        f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
+        f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s of CPU in all",
+        f"({eta.ASSUMPTION})",
+        "",
+        "start forecast within the band of the actual wait (±20 %, or 5 min under 25 min):",
+        f"{'actual wait':<14}{'jobs':>7}{'at submit %':>13}{'naive %':>9}"
+        f"{'while waiting %':>17}{'forecasts':>11}",
+    ]
+
+    def share(ids: Sequence[str], pred: Callable[[str], float]) -> float:
+        if not ids:
+            return float("nan")
+        hits = 0
+        for i in ids:
+            st = stats[i]
+            hits += within(pred(i) - st.submitted, st.first_start - st.submitted)  # type: ignore[operator]
+        return 100.0 * hits / len(ids)
+
+    started = [i for i in at_submit if stats[i].first_start is not None]
+    for lo, hi, name in (*BUCKETS, (0.0, math.inf, "all")):
+        ids = [i for i in started if lo <= stats[i].wait < hi]  # type: ignore[operator]
+        again = [(i, s) for i, _, s in later if i in stats and stats[i].first_start is not None]
+        again = [(i, s) for i, s in again if lo <= stats[i].wait < hi]  # type: ignore[operator]
+        hits = sum(
+            within(s - stats[i].submitted, stats[i].first_start - stats[i].submitted)  # type: ignore[operator]
+            for i, s in again
+        )
+        lines.append(
+            f"{name:<14}{len(ids):>7}{share(ids, at_submit.__getitem__):>13.1f}"
+            f"{share(ids, naive.__getitem__):>9.1f}{100.0 * hits / max(1, len(again)):>17.1f}{len(again):>11}"
+        )
+    ok = share(started, at_submit.__getitem__)
+    lines.append(
+        f"goal: >= 80 % within the band at submission: {ok:.1f} % ({'met' if ok >= 80 else 'NOT met'})"
+    )
+    lines += ["", "runtime estimate at submission against the actual runtime (same band):"]
+    ids = [i for i in estimate]
+    hit = sum(within(estimate[i], sim.by_id[i].work_s) for i in ids)
+    known = len(ids)
+    lines.append(
+        f"  {known} of {len(at_submit)} jobs had an estimate; within the band: "
+        f"{100.0 * hit / max(1, known):.1f} %"
+    )
+    ratios = sorted(estimate[i] / sim.by_id[i].work_s for i in ids)
+    if ratios:
+        q = [ratios[int(p * (len(ratios) - 1))] for p in (0.1, 0.25, 0.5, 0.75, 0.9)]
+        lines.append(
+            "  estimate / actual at the 10th, 25th, 50th, 75th, 90th percentiles: "
+            + ", ".join(f"{x:.2f}" for x in q)
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Runtime estimates learned from the jobs that finished, for jobs whose owner gave none.
+
+Most people do not say how long their job runs, and those who do are often wrong; yet the
+placer's backfill, the head-of-queue reservation and hold, the shortest-first order and every
+start-time estimate need a runtime. Like Helios's QSSF (Hu et al., SC'21), which found that a
+user's jobs of the same name and size run alike, the fold keeps, per class of similar jobs, the
+running times of the latest ``HISTORY`` that succeeded, and a new job's estimate is the median of
+the most specific class with at least ``MIN_SAMPLES`` of them:
+
+1. the same tenant, name (or command, when it has no name) and GPUs;
+2. the same tenant and GPUs;
+3. the same tenant;
+4. the same queue.
+
+The median, not the mean: run times are heavy-tailed, and on the Philly trace the median of the
+last 20 of the same team and size came within the band (±20 %, or 5 minutes under 25 minutes)
+of half the jobs, the mean of a third (``bench/eta.py`` measures it in a run). Tiresias and
+Lucid learn from the same history; Tiresias without it (least attained service), Lucid with a
+model over more features than a log holds.
+
+A job's estimate (``of``) is its owner's ``runtime_estimate_s`` when given, else the one learned
+when it was submitted (``JobState.learned_s``; None while no class has enough history). Fixed
+at submission, so that every reader of a job agrees on it whatever was folded since. What a
+job ran for is the log time it spent running over all its attempts (``JobState.ran_s``).
+
+Bounded: at most ``MAX_CLASSES`` classes are kept, the one updated longest ago let go first, so
+unique names cost nothing for ever. Pure: the fold calls ``learn`` and ``estimate``.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from corral.events.jobs import JobSpec
+from corral.projections import quota
+from corral.projections.state import WHOLE, JobState, State
+
+HISTORY = 20
+MIN_SAMPLES = 3
+MAX_CLASSES = 10_000
+
+
+def classes(tenant: str, spec: JobSpec) -> tuple[str, ...]:
+    """The classes a job belongs to, most specific first (as history keys)."""
+    gpus = quota.worker_milli(spec.resources) * spec.replicas / WHOLE
+    what = spec.name or " ".join(spec.command)
+    out = [f"t={tenant} g={gpus:g}", f"t={tenant}", f"q={spec.queue}"]
+    if what:
+        out.insert(0, f"t={tenant} n={what} g={gpus:g}")
+    return tuple(out)
+
+
+def learned(state: State, tenant: str, spec: JobSpec) -> float | None:
+    """The median of the most specific class with enough history; None when none has, or when
+    the owner gave an estimate (theirs stands)."""
+    if spec.runtime_estimate_s is not None:
+        return None
+    history = state.runtimes
+    for key in classes(tenant, spec):
+        ran = history.get(key)
+        if ran is not None and len(ran) >= MIN_SAMPLES:
+            return float(statistics.median(ran))
+    return None
+
+
+def of(job: JobState) -> float | None:
+    """A job's runtime estimate: its owner's, else the one learned at its submission."""
+    est = job.spec.runtime_estimate_s
+    return job.learned_s if est is None else est
+
+
+def learn(state: State, job: JobState) -> None:
+    """Count a job that succeeded, having run ``job.ran_s``, in each of its classes."""
+    history = state.runtimes
+    for key in classes(job.tenant, job.spec):
+        ran = history.pop(key, None)  # re-inserted last: the dict's order is the order of updates
+        if ran is None:
+            ran = []
+        ran.append(job.ran_s)
+        if len(ran) > HISTORY:
+            del ran[0]
+        history[key] = ran
+    while len(history) > MAX_CLASSES:
+        del history[next(iter(history))]

@@ -1,0 +1,177 @@
+"""``corral whatif``: what corral would do with a job if it were submitted now, changing nothing.
+
+The job's submission is folded into a copy of the live state, and the simulator goes on from
+there with the services' own decision functions (``services/sim/eta.py``): so the answer is
+exactly what corral would do if nothing else changed (no later submission; jobs end at their
+runtime estimates). It says whether the job would be accepted, whether it is admitted and
+placed at once (on which nodes and NVLink islands, stopping which jobs), and its forecast
+start. When it would not start soon, it tries the smallest changes, each by running the same
+what-if: fewer workers, another queue open to the tenant, a relaxed topology, a share of a GPU
+in place of a whole one, and lists those that start at once.
+
+Tenancy: the jobs it would stop are named only when they are the tenant's own; others are
+counted by queue.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import msgspec
+
+from corral.events import subjects
+from corral.events.decisions import PreemptionRequested
+from corral.events.jobs import JobSpec, SubmitJob, Topology
+from corral.projections.fold import apply_event
+from corral.projections.state import State
+from corral.services.sim import eta
+from corral.services.sim.driver import SimConfig, Simulation
+
+SOON_S = 300.0  # a start later than this is worth suggesting changes for
+HORIZON_S = 7 * 86400.0
+
+
+@dataclass
+class Outcome:
+    accepted: bool
+    reason: str = ""
+    start: float = math.inf
+    now: float = 0.0
+    placed: list[tuple[int, str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    stops: list[str] = field(default_factory=list)
+    why_waiting: str = ""
+
+    @property
+    def starts_now(self) -> bool:
+        return self.accepted and self.start <= self.now + 1e-6
+
+
+def whatif(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) -> Outcome:
+    """What corral would do with ``spec`` submitted by ``tenant`` at ``now``."""
+    copy = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)
+    now = max(now, copy.time)
+    before = copy.rejected_total
+    apply_event(
+        copy,
+        copy.seq + 1,
+        subjects.request(tenant, "submit"),
+        SubmitJob(request_id=job_id, job=spec),
+        now,
+        tenant,
+    )
+    if copy.rejected_total != before:
+        return Outcome(False, copy.rejections[-1].message, now=now)
+    config = SimConfig()
+    sim = Simulation.resume(copy, now, config, lambda j: eta.runtime(j, now))
+    sim.records = []
+    sim.until_started = {job_id}  # the others' starts are not asked for
+    sim.run(until=now)
+    job = sim.state.jobs.get(job_id)
+    if job is None or job.phase == "rejected":
+        why = "; ".join(r.message for r in job.reasons) if job is not None else "let go"
+        return Outcome(False, why, now=now)
+    out = Outcome(True, now=now)
+    out.why_waiting = "; ".join(r.message for r in job.reasons)
+    own = {j.id for j in state.jobs.values() if j.tenant == tenant}
+    for r in sim.records:
+        if isinstance(r.body, PreemptionRequested) and r.body.beneficiary == job_id:
+            for v in r.body.victims:
+                victim = state.jobs.get(v.job_id)
+                queue = victim.spec.queue if victim is not None else "?"
+                out.stops.append(v.job_id if v.job_id in own else f"a job of queue {queue}")
+    if job.placement is not None:
+        for w in job.placement.workers:
+            node = sim.state.nodes[w.node]
+            islands = tuple(sorted({node.gpus[c.gpu].info.island for c in w.gpus}))
+            out.placed.append((w.rank, w.node, tuple(c.gpu for c in w.gpus), islands))
+    first = sim.stats[job_id].first_start
+    if first is not None:
+        out.start = first
+    else:
+        sim.run(until=now + HORIZON_S)
+        first = sim.stats[job_id].first_start
+        out.start = math.inf if first is None else first
+    return out
+
+
+def changes(state: State, tenant: str, spec: JobSpec) -> Iterator[tuple[str, JobSpec]]:
+    """Smaller asks, smallest change first: fewer workers, another queue, relaxed topology, a
+    share of one GPU."""
+    if spec.replicas > 1:
+        n = spec.replicas
+        while n > 1:
+            n //= 2
+            yield f"--replicas {n}", msgspec.structs.replace(spec, replicas=n, min_replicas=None)
+    for name, q in sorted(state.queues.items()):
+        if name != spec.queue and (not q.tenants or tenant in q.tenants):
+            yield f"--queue {name}", msgspec.structs.replace(spec, queue=name)
+    if spec.topology != Topology():
+        yield "no topology constraint", msgspec.structs.replace(spec, topology=Topology())
+    res = spec.resources
+    if res.gpus > 1 and res.mig is None:
+        yield (
+            f"--gpus {res.gpus // 2}",
+            msgspec.structs.replace(spec, resources=msgspec.structs.replace(res, gpus=res.gpus // 2)),
+        )
+    if res.gpus == 1 and res.mig is None and res.gpu_milli == 1000:
+        half = msgspec.structs.replace(res, gpu_milli=500)
+        yield "--gpu-milli 500 (half a GPU)", msgspec.structs.replace(spec, resources=half)
+
+
+def suggestions(
+    state: State, tenant: str, job_id: str, spec: JobSpec, now: float, most: int = 3
+) -> list[tuple[str, Outcome]]:
+    """The changes that let the job start at once, each checked by running it."""
+    out = []
+    for what, changed in changes(state, tenant, spec):
+        o = whatif(state, tenant, job_id, changed, now)
+        if o.starts_now:
+            out.append((what, o))
+            if len(out) >= most:
+                break
+    return out
+
+
+def report(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) -> str:
+    """What ``corral whatif`` prints."""
+    o = whatif(state, tenant, job_id, spec, now)
+    if not o.accepted:
+        return f"not accepted: {o.reason}"
+    lines = ["accepted"]
+    if o.starts_now:
+        lines.append("admitted and placed now:")
+        for rank, node, gpus, islands in o.placed:
+            where = ", ".join(str(g) for g in gpus) or "none"
+            lines.append(
+                f"  rank {rank}: {node} GPUs {where} (NVLink island {', '.join(map(str, islands)) or '-'})"
+            )
+        if o.stops:
+            lines.append(f"it would preempt {len(o.stops)}: {', '.join(o.stops)}")
+        return "\n".join(lines)
+    if o.stops:
+        lines.append(f"it would preempt {len(o.stops)}: {', '.join(o.stops)} (and start once they stop)")
+    if o.why_waiting:
+        lines.append(f"waits now: {o.why_waiting}")
+    if math.isinf(o.start):
+        lines.append(f"estimated start: not within {HORIZON_S / 86400:.0f} days")
+    else:
+        lines.append(f"estimated start: in {_span(o.start - now)}")
+    lines.append(f"({eta.ASSUMPTION})")
+    if o.start > now + SOON_S:
+        found = suggestions(state, tenant, job_id, spec, now)
+        if found:
+            lines.append("it would start now with:")
+            lines += [f"  {what}" for what, _ in found]
+        else:
+            lines.append("no smaller ask tried starts it now")
+    return "\n".join(lines)
+
+
+def _span(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,0 +1,30 @@
+"""``python -m bench.eta`` on a tiny hand-made trace in Philly's format: it runs, forecasts jobs
+that wait, and prints every figure the issue asks for."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bench import eta
+
+
+def test_bench_eta_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    for i in range(40):  # 40 jobs over 20 minutes on one 8-GPU node: most of them wait
+        gpus = (1, 2, 4, 8)[i % 4]
+        duration = 600 + 300 * (i % 5)
+        rows.append(
+            f"2017-10-23 00:{i // 2:02d}:{(i % 2) * 30:02d},{duration},{gpus},{gpus * duration},team{i % 3}"
+        )
+    csv = tmp_path / "philly.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    eta.main(["--trace", str(csv), "--jobs", "40", "--nodes", "1"])
+    out = capsys.readouterr().out
+    all_row = re.search(r"^all\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$", out, re.M)
+    assert all_row is not None, out
+    assert int(all_row[1]) == 40 and int(all_row[5]) > 0  # every job forecast, some again while waiting
+    assert "runtime estimate at submission" in out and "elapsed" in out
+    assert re.search(r"goal: >= 80 % within the band at submission: [\d.]+ %", out)

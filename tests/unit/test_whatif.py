@@ -1,0 +1,61 @@
+"""``corral whatif`` on small hand-made states: what it says for a job that starts now, one that
+waits (with the smaller asks that start now, each checked), one refused; and it changes nothing
+in the state it reads."""
+
+from __future__ import annotations
+
+import msgspec
+
+from corral.events.jobs import JobSpec, Resources
+from corral.events.queues import ApplyQueue, QueueSpec, Quota
+from corral.services.agent import inventory
+from corral.services.cli import whatif
+from corral.services.sim.driver import SimJob, Simulation
+
+
+def spec(gpus: int = 1, replicas: int = 1, queue: str = "q", estimate: float = 100.0) -> JobSpec:
+    return JobSpec(
+        queue=queue,
+        replicas=replicas,
+        resources=Resources(gpus=gpus, cpu_milli=1000, memory_mib=1024),
+        runtime_estimate_s=estimate,
+        preemptible=False,
+    )
+
+
+def busy(held: int) -> Simulation:
+    """One 8-GPU node, a queue of 8 GPUs, ``held`` GPUs held by a job expected to end at 1000."""
+    setup = [ApplyQueue(queue=QueueSpec("q", quotas={"*": Quota(nominal=8)}))]
+    jobs = [SimJob("running", "t", spec(held, estimate=1000.0), 0.0, 1000.0)]
+    return Simulation(inventory.cluster(1, "h100-8x"), setup, jobs).run(until=0.0)
+
+
+def test_a_job_that_fits_is_placed_now() -> None:
+    sim = busy(4)
+    o = whatif.whatif(sim.state, "t", "new", spec(2), 10.0)
+    assert o.accepted and o.starts_now
+    assert len(o.placed) == 1 and o.placed[0][0] == 0
+    assert len(o.placed[0][2]) == 2
+
+
+def test_a_job_that_waits_gets_its_start_and_smaller_asks() -> None:
+    sim = busy(4)
+    o = whatif.whatif(sim.state, "t", "new", spec(2, replicas=4), 10.0)
+    assert o.accepted and not o.starts_now
+    assert o.start == 1000.0  # when the running job is expected to end
+    found = dict(whatif.suggestions(sim.state, "t", "new", spec(2, replicas=4), 10.0))
+    assert "--replicas 2" in found and found["--replicas 2"].starts_now
+    text = whatif.report(sim.state, "t", "new", spec(2, replicas=4), 10.0)
+    assert "estimated start: in 16 min" in text and "--replicas 2" in text
+
+
+def test_a_job_no_node_could_host_is_not_accepted() -> None:
+    o = whatif.whatif(busy(4).state, "t", "new", spec(8, replicas=1, queue="nowhere"), 10.0)
+    assert not o.accepted and o.reason
+
+
+def test_whatif_changes_nothing() -> None:
+    sim = busy(4)
+    before = msgspec.msgpack.encode(sim.state)
+    whatif.report(sim.state, "t", "new", spec(2, replicas=4), 10.0)
+    assert msgspec.msgpack.encode(sim.state) == before

@@ -43,13 +43,15 @@ class Session:
         self._refused: asyncio.Future[str] | None = None
 
     @classmethod
-    async def open(cls, url: str, user: str, password: str, *, timeout: float = 5.0) -> Session:
+    async def open(cls, url: str, user: str, password: str | None, *, timeout: float = 5.0) -> Session:
+        """``password`` None: a server without logins, where ``user`` is only whom to ask as (its
+        inbox prefix is still the one the read service answers into)."""
         session = cls(timeout)
+        creds = {"user": user, "password": password} if password is not None else {}
         try:
             session.nc = await nats.connect(
                 url,
-                user=user,
-                password=password,
+                **creds,
                 inbox_prefix=identities.inbox_prefix(user),
                 error_cb=session._on_error,
                 connect_timeout=3,

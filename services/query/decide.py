@@ -9,7 +9,8 @@ Invariants:
 
 - a tenant sees only its own jobs, only the queues open to it (no tenant list, or one naming it),
   and only the rejections of its own requests; ``admin`` sees everything;
-- a job of another tenant is answered exactly as a job that does not exist;
+- a job of another tenant is answered exactly as a job that does not exist; on a GPU it shares
+  (``gpus``) it is only milli-GPU taken, with no id or queue;
 - a job id is looked up, never matched: wildcards, dots and anything else in it find nothing;
 - a job the fold let go is answered from ``let_go`` (the read service's SQLite view): the
   newest of its id the asker may see, after any the state still holds;
@@ -32,7 +33,7 @@ from corral.services.query import present
 from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
 
-QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes")
+QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes", "gpus")
 MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer must fit in a message
 
 History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
@@ -120,4 +121,10 @@ def answer(
         # Capacity and health are the cluster's, not any tenant's: everyone may see them.
         nodes = sorted(state.nodes.values(), key=lambda n: n.name)
         return {"seq": state.seq, "nodes": [present.node_row(n) for n in nodes]}
+    if question == "gpus":
+        # Every GPU of every node, and who holds it: the asker's own jobs by name and queue,
+        # anyone else's only as GPU taken (the dashboard's grid).
+        nodes = sorted(state.nodes.values(), key=lambda n: n.name)
+        rows = [present.node_gpus(n, state, lambda j: sees_job(asker, j)) for n in nodes]
+        return {"seq": state.seq, "nodes": rows}
     return refusal(state, f"no question {question!r}; ask one of {', '.join(QUESTIONS)}")

@@ -192,6 +192,8 @@ def timeline(job_id: str, explained: Answer) -> dict[str, Any]:
         a["start"], a["end"] = (min(times), max(times)) if times else (0.0, 0.0)
     if not attempts[-1]["events"]:
         attempts[-1]["start"] = attempts[-1]["end"] = attempts[-2]["end"] if len(attempts) > 1 else 0.0
+    for a in attempts:
+        a["rows"] = _runs(a["events"])
     row = explained["job"]
     return {
         "id": job_id,
@@ -204,6 +206,25 @@ def timeline(job_id: str, explained: Answer) -> dict[str, Any]:
 
 
 _COUNTED = ("placed", "preempted", "checkpoint", "requeued")
+
+
+def _runs(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The lines a person reads: a run of checkpoints (a job saves every few minutes for hours)
+    is one line saying how many and the last; every other record is a line of its own."""
+    rows: list[dict[str, Any]] = []
+    for e in events:
+        last = rows[-1] if rows else None
+        if (
+            e["kind"] == "checkpoint"
+            and not e["refused"]
+            and last is not None
+            and last["kind"] == "checkpoint"
+        ):
+            last.update(seq=e["seq"], time=e["time"], count=last["count"] + 1)
+            last["summary"] = f"{last['count']} checkpoints, the last {e['summary']}"
+            continue
+        rows.append({**e, "count": 1})
+    return rows
 
 
 def _refusal(explained: Answer, seq: int) -> str:

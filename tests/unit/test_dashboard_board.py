@@ -75,7 +75,10 @@ def test_a_job_s_cells_are_in_its_queue_s_colour(world: tuple[State, dict[str, l
     colour = {q["queue"]: q["colour"] for q in b["queues"]}
     grid = cells(b)
     assert [(s["job"], s["colour"], s["share"]) for s in grid["node-00/0"]] == [("ja", colour["qa"], 1.0)]
-    assert [(s["job"], s["colour"]) for s in grid["node-00/2"]] == [("ja2", colour["qa"]), ("jb", colour["qb"])]
+    assert [(s["job"], s["colour"]) for s in grid["node-00/2"]] == [
+        ("ja2", colour["qa"]),
+        ("jb", colour["qb"]),
+    ]
     assert colour["qa"] != colour["qb"]
     shared = next(g for n in b["nodes"] for g in n["gpus"] if g["id"] == "node-00/2")
     assert shared["free"] == pytest.approx(0.25)
@@ -90,7 +93,9 @@ def test_a_tenant_sees_others_jobs_only_as_gpus_taken(world: tuple[State, dict[s
     assert jobs_named(board_of(world, "b")) == {"jb"}
 
 
-def test_node_health_in_one_word_and_the_unhealthy_gpu(world: tuple[State, dict[str, list[JobEvent]]]) -> None:
+def test_node_health_in_one_word_and_the_unhealthy_gpu(
+    world: tuple[State, dict[str, list[JobEvent]]],
+) -> None:
     b = board_of(world, subjects.ADMIN)
     health = {n["name"]: n["health"] for n in b["nodes"]}
     assert health == {N0: "ready", N1: "draining"}
@@ -148,8 +153,35 @@ def test_a_preempted_job_s_timeline_has_two_attempts(world: tuple[State, dict[st
     assert (second["attempt"], second["events"]) == (1, [])
     assert t["counts"] == {"placed": 1, "preempted": 1, "checkpoint": 1, "requeued": 1}
     assert first["start"] <= first["end"] == second["start"]
+    assert [r["kind"] for r in first["rows"]] == kinds  # one checkpoint: a line of its own
     beneficiary = board.timeline("u", answer(state, history, "a", "explain", Ask("u")))
     assert "preempting" in [e["kind"] for a in beneficiary["attempts"] for e in a["events"]]
+
+
+def test_a_run_of_checkpoints_is_one_line() -> None:
+    def record(seq: int, kind: str, summary: str) -> dict[str, Any]:
+        return {"seq": seq, "time": float(seq), "type": kind, "summary": summary, "subject": ""}
+
+    steps = [
+        record(3 + i, "CheckpointCompleted", f"checkpoint at step {100 * (i + 1)}: /c") for i in range(3)
+    ]
+    history = [record(1, "JobsPlaced", "placed"), record(2, "WorkerStarted", "started"), *steps]
+    explained = {
+        "seq": 9,
+        "job": {},
+        "reasons": [],
+        "refused": [],
+        "history": [*history, record(6, "WorkerExited", "x")],
+    }
+    [attempt] = board.timeline("j", explained)["attempts"]
+    assert [(r["kind"], r["count"]) for r in attempt["rows"]] == [
+        ("placed", 1),
+        ("started", 1),
+        ("checkpoint", 3),
+        ("exited", 1),
+    ]
+    assert attempt["rows"][2]["summary"] == "3 checkpoints, the last checkpoint at step 300: /c"
+    assert len(attempt["events"]) == 6
 
 
 def test_another_tenant_s_job_has_no_timeline(world: tuple[State, dict[str, list[JobEvent]]]) -> None:

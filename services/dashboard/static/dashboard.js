@@ -167,7 +167,7 @@ function drawTimeline(job, t) {
     const marks = a.events.filter((e) => e.time && !e.refused).map((e) =>
       el("span", { class: "mark", dataset: { kind: e.kind }, title: `${when(e.time)} ${e.summary}`,
         style: { left: `${(100 * (e.time - t0)) / span}%` } }));
-    const events = a.events.map((e) =>
+    const events = a.rows.map((e) =>
       el("li", { class: "ev" + (e.refused ? " refused" : ""), dataset: { kind: e.kind, seq: String(e.seq) } },
         el("span", { class: "when" }, `${when(e.time)} #${e.seq}`),
         el("span", { class: "kind" }, e.kind),
@@ -191,6 +191,12 @@ function connect() {
   es.addEventListener("board", (m) => render(JSON.parse(m.data)));
   es.onerror = () => setStatus("reconnecting…", false);
 }
+
+// A link to a job (#job=<id>) opens its timeline, also when only the address's fragment changes.
+window.addEventListener("hashchange", () => {
+  const job = decodeURIComponent(location.hash.replace(/^#job=/, ""));
+  if (job && job !== selected) select(job);
+});
 
 if (selected) select(selected);
 connect();

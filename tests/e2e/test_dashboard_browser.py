@@ -176,7 +176,6 @@ async def test_the_dashboard_shows_the_cluster_live_and_each_tenant_its_own(tmp_
     shots = tmp_path / "shots"
     shots.mkdir()
     print(f"\nscreenshots: {shots}")
-    browser: Browser | None = None
     async with contextlib.AsyncExitStack() as stack:
         it = await stack.enter_async_context(live(tmp_path, nodes=2, classes=CLASSES))
         team_b = QueueSpec("team-b", quotas={"*": Quota(nominal=8)}, tenants=("team-b",))
@@ -185,14 +184,20 @@ async def test_the_dashboard_shows_the_cluster_live_and_each_tenant_its_own(tmp_
             stack.enter_async_context(contextlib.asynccontextmanager(dashboard)(it.cluster.url, who))
             for who in ("admin", "team-a")
         ]
-        opening = asyncio.gather(*pages, call(Browser, tmp_path / "chromium", shots))
+        opening, starting = (
+            asyncio.gather(*pages),
+            asyncio.ensure_future(call(Browser, tmp_path / "chromium", shots)),
+        )
         # Work for the page to show: team-b's 4 GPUs, and team-a's checkpointing 8-GPU job.
         b1 = msgspec.structs.replace(job_spec(SLEEP, gpus=4), queue="team-b")
         low = job_spec(LONG, gpus=8, priority_class="batch", checkpointable=True, grace_seconds=20.0)
         await it.submit("b1", b1)
         await it.submit("low", low)
-        admin_url, tenant_url, browser = await opening
-        stack.callback(browser.quit)
+        try:
+            admin_url, tenant_url = await opening
+        finally:
+            browser = await starting  # quit whatever else failed
+            stack.callback(browser.quit)
         await it.until(lambda s: checkpointed("low", 100)(s) and phase(s, "b1") == "running")
 
         # The admin's page: every job's cells in its queue's colour, and the quota.

@@ -703,6 +703,28 @@ def cmd_explain(args: argparse.Namespace) -> None:
     emit(args, msgspec.to_builtins(told) if args.output == "json" else told.text)
 
 
+def cmd_dashboard(args: argparse.Namespace) -> None:
+    """A live web page of the cluster, as one identity, over the read service."""
+    from corral.services.dashboard.app import Feed, serve
+    from corral.services.runtime.shell import stop_on_signals
+
+    login = login_of(args, args.tenant)
+    if login is not None and login.reads_log:
+        raise Failure(f"the dashboard asks the read service: log in as a tenant or admin, not {login.user}")
+    asker = login.user if login is not None else args.tenant or subjects.ADMIN
+    if not subjects.is_token(asker):
+        raise BadInput(f"tenant {asker!r}: use letters, digits, '-' and '_'")
+    feed = Feed(server_url(args.server), asker, login.password if login is not None else None)
+
+    async def run() -> None:
+        await serve(feed, args.host, args.port, stop_on_signals())
+
+    try:
+        asyncio.run(run())
+    except OSError as e:
+        raise Failure(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+
+
 # -- parser -------------------------------------------------------------------------------------
 
 
@@ -882,6 +904,15 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", parents=[common], help="a job's history and why it waits")
     e.add_argument("job")
     e.set_defaults(fn=cmd_explain)
+
+    db = sub.add_parser(
+        "dashboard",
+        parents=[common],
+        help="a live web page of GPUs, queues and jobs, showing what --tenant (or the login) may see",
+    )
+    db.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    db.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free one)")
+    db.set_defaults(fn=cmd_dashboard)
 
     q = sub.add_parser("queue", help="queues, cohorts and priority classes")
     qsub = q.add_subparsers(dest="queue_verb", required=True, parser_class=_Parser)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -44,6 +45,40 @@ def node_row(node: NodeState) -> dict[str, Any]:
         "milli_used": sum(g.used_milli for g in node.gpus),
         "mig": sum(1 for g in node.gpus if g.info.mig),
         "profile": node.inventory.labels.get("profile", ""),
+    }
+
+
+def node_gpus(node: NodeState, state: State, visible: Callable[[JobState], bool]) -> dict[str, Any]:
+    """A node's health and each of its GPUs with what holds it: the jobs ``visible`` says the
+    asker may see by id and queue, the others' share only as ``others_milli``."""
+    gpus = []
+    for g in node.gpus:
+        holders, others = [], 0
+        for job_id, milli in sorted(g.holders.items()):
+            job = state.jobs.get(job_id)
+            if job is not None and visible(job):
+                holders.append({"job": job_id, "queue": job.spec.queue, "milli": milli})
+            else:
+                others += milli
+        gpus.append(
+            {
+                "index": g.info.index,
+                "model": g.info.model,
+                "healthy": g.healthy,
+                "signal": g.signal,
+                "mig": g.info.mig,
+                "used_milli": g.used_milli,
+                "holders": holders,
+                "others_milli": others,
+            }
+        )
+    return {
+        "name": node.name,
+        "condition": node.condition,
+        "cordoned": node.cordoned,
+        "draining": node.draining,
+        "profile": node.inventory.labels.get("profile", ""),
+        "gpus": gpus,
     }
 
 

@@ -42,7 +42,8 @@ REFUSED = [
         "queues.toml",
         '[[queues]]\nname = "a"\nquotas = { "*" = { nominal = 8, borowing_limit = 2 } }\n',
         QUEUES,
-        ": unknown field queues[0].quotas.*.borowing_limit (did you mean queues[0].quotas.*.borrowing_limit?)",
+        ": unknown field queues[0].quotas.*.borowing_limit "
+        "(did you mean queues[0].quotas.*.borrowing_limit?)",
     ),
     (
         "in a list of mounts",

@@ -39,7 +39,8 @@ from corral.events.queues import (
     RetentionSpec,
 )
 from corral.projections.fold import fold
-from corral.services.cli import logfile, table
+from corral.projections.state import State
+from corral.services.cli import logfile, progress, table
 from corral.services.cli.access import (
     STATE_DIR,
     Failure,
@@ -54,7 +55,7 @@ from corral.services.cli.access import (
     session,
     tenant_of,
 )
-from corral.services.cli.jobfile import BadInput, convert, load_document
+from corral.services.cli.jobfile import BadInput, command_here, convert, load_document
 from corral.services.client import Client, CorralError, Refused, TimedOut
 from corral.services.query import client as wire
 from corral.services.query import present
@@ -331,7 +332,12 @@ def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
         if not isinstance(doc, dict):
             raise BadInput(f"{args.file}: a job file holds one table/object of job fields")
         job_id = doc.pop("id", None)
-        return job_id, convert(doc, JobSpec, args.file)
+        spec = convert(doc, JobSpec, args.file, also=("id",))
+        if args.command:
+            if spec.command:
+                raise BadInput(f"{args.file} gives the command already: give it there or after --, not both")
+            spec = msgspec.structs.replace(spec, command=tuple(args.command))
+        return job_id, spec
     if not args.queue:
         raise BadInput("give a job file, or at least --queue")
     res = Resources(
@@ -349,6 +355,17 @@ def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
     return None, spec
 
 
+def paths_here(job_id: str | None, spec: JobSpec) -> tuple[str | None, JobSpec]:
+    """The job with its command's relative paths taken from this directory (``jobfile.command_here``),
+    saying on stderr which it changed. An image's command is the image's: left as given."""
+    if spec.image is not None:
+        return job_id, spec
+    command, changed = command_here(spec.command, Path.cwd())
+    for given, absolute in changed:
+        print(f"corral: command: {given} is {absolute}", file=sys.stderr)
+    return job_id, msgspec.structs.replace(spec, command=command)
+
+
 def client_for(args: argparse.Namespace, *, reading: bool = False) -> Client:
     """The Python client as the command's login, for its tenant. Reading with no login (or the
     services login) and no ``--tenant``, it asks as the admin: the whole cluster, as the
@@ -364,7 +381,7 @@ def client_for(args: argparse.Namespace, *, reading: bool = False) -> Client:
 
 
 def cmd_submit(args: argparse.Namespace) -> None:
-    job_id, spec = job_from_args(args)
+    job_id, spec = paths_here(*job_from_args(args))
     with client_for(args) as client:
         done = client.submit(spec, args.id or job_id, wait=not args.no_wait, timeout=args.wait_timeout)
     print(done.job_id)
@@ -572,14 +589,35 @@ def cmd_nodes(args: argparse.Namespace) -> None:
     emit(args, rows, NODE_COLUMNS)
 
 
+async def read_shown(log: Any, until: int | None = None) -> list[Record]:
+    """The log from its start (to ``until``), with a bar on a terminal."""
+    total = until if until is not None else await log.last_seq()
+    out: list[Record] = []
+    with progress.shown("reading the log", total, "records", scale=True) as done:
+        async for batch in log.read(1, until):
+            out.extend(batch)
+            done(len(batch))
+    return out
+
+
+def read_file_shown(path: str) -> list[Record]:
+    """A log file's records, with a bar on a terminal (a missing file: LogFileError)."""
+    size = Path(path).stat().st_size if Path(path).is_file() else None
+    with progress.shown(f"reading {path}", size, "B", scale=True) as done:
+        return logfile.read(path, done)
+
+
 def cmd_log_export(args: argparse.Namespace) -> None:
     login = login_of(args, identities.SERVICES)
     needs_log("log export", login)
+    where = Path(args.file).absolute().parent
+    if not where.is_dir():  # before the whole log is read, not after
+        raise BadInput(f"{args.file}: no directory {where}")
 
     async def run() -> int:
         log = await open_log(server_url(args.server), login)
         try:
-            return logfile.write(args.file, await read_all(log))
+            return logfile.write(args.file, await read_shown(log))
         finally:
             await log.close()
 
@@ -588,7 +626,7 @@ def cmd_log_export(args: argparse.Namespace) -> None:
 
 
 def cmd_log_import(args: argparse.Namespace) -> None:
-    records = logfile.read(args.file)
+    records = read_file_shown(args.file)
     login = login_of(args, identities.SERVICES)
     needs_log("log import", login)
 
@@ -597,7 +635,11 @@ def cmd_log_import(args: argparse.Namespace) -> None:
         log = await open_log(server_url(args.server), login, create=True)
         try:
             items = [Append(r.subject, r.data, headers=r.headers) for r in records]
-            results = await log.append_many(items)
+            results: list[Any] = []
+            with progress.shown("importing", len(items), "records", scale=True) as done:
+                for i in range(0, len(items), IMPORT_BATCH):
+                    results += await log.append_many(items[i : i + IMPORT_BATCH])
+                    done(len(items[i : i + IMPORT_BATCH]))
             failed = [r for r in results if isinstance(r, LogError)]
             if failed:
                 raise Failure(f"{len(failed)} of {len(items)} records were refused: {failed[0]}")
@@ -608,9 +650,13 @@ def cmd_log_import(args: argparse.Namespace) -> None:
     print(f"imported {asyncio.run(run())} records from {args.file}")
 
 
+IMPORT_BATCH = 1000  # records appended at once: the bar moves, and the batch still pipelines
+FOLD_BATCH = 5000  # records folded between two moves of the bar
+
+
 def cmd_replay(args: argparse.Namespace) -> None:
     if args.file:
-        records = logfile.read(args.file)
+        records = read_file_shown(args.file)
     else:
         login = login_of(args, identities.SERVICES)
         needs_log("replay", login)
@@ -618,7 +664,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
         async def run() -> list[Record]:
             log = await open_log(server_url(args.server), login)
             try:
-                return await read_all(log, args.until)
+                return await read_shown(log, args.until)
             finally:
                 await log.close()
 
@@ -632,12 +678,17 @@ def cmd_replay(args: argparse.Namespace) -> None:
         from corral.services.replay.report import as_dict, format_report
         from corral.services.replay.verify import verify
 
-        report = verify(records, service_roles())
+        with progress.shown("verifying", None, "decisions", scale=True) as done:
+            report = verify(records, service_roles(), progress=done.at)
         emit(args, as_dict(report) if args.output == "json" else format_report(report))
         if not report.clean:
             sys.exit(1)
         return
-    state = fold(records)
+    state = State()
+    with progress.shown("folding", len(records), "records", scale=True) as done:
+        for i in range(0, len(records), FOLD_BATCH):
+            fold(records[i : i + FOLD_BATCH], state)
+            done(len(records[i : i + FOLD_BATCH]))
     if args.output == "json":
         emit(args, present.full(state))
         return
@@ -662,7 +713,7 @@ def cmd_whatif(args: argparse.Namespace) -> None:
 
     from corral.services.cli import whatif
 
-    job_id, spec = job_from_args(args)
+    job_id, spec = paths_here(*job_from_args(args))
     login = login_of(args, identities.SERVICES)
     needs_log("whatif", login)
     tenant = tenant_of(args)
@@ -863,7 +914,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--cpu", type=int, default=1000, help="milli-CPU per worker")
     s.add_argument("--memory", type=int, default=4096, help="MiB per worker")
     s.add_argument("--pack", choices=["none", "nvlink", "node", "rack", "block", "spread"])
-    s.add_argument("--command", nargs=argparse.REMAINDER)
+    s.add_argument(
+        "--command",
+        nargs=argparse.REMAINDER,
+        help="the rest of the line is the command (or give it after --)",
+    )
     s.set_defaults(fn=cmd_submit)
 
     w = sub.add_parser(
@@ -970,8 +1025,25 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments, with ``submit … -- python train.py``: what follows ``--`` is the job's
+    command (argparse alone would take ``python`` for the job file)."""
+    p = parser()
+    verb = next((a for a in argv if not a.startswith("-")), None)  # no option before it takes a value
+    if verb not in ("submit", "whatif") or "--" not in argv:
+        return p.parse_args(argv)
+    cut = argv.index("--")
+    args = p.parse_args(argv[:cut])
+    if args.command is not None:
+        p.error("give the command after --command or after --, not both")
+    if cut == len(argv) - 1:
+        p.error("nothing after --: give the command to run")
+    args.command = argv[cut + 1 :]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else list(argv))
     try:
         args.fn(args)
     except Refused as e:  # the cluster said no: the request was made, and refused

@@ -145,7 +145,8 @@ def summarize(body: Event, job_id: str) -> str:
                         for m, n in sorted(a.gpus.items())
                     )
                     quota = f"holding {held} of quota" if held else "no GPU quota"
-                    return f"admitted attempt {a.attempt}: {a.replicas} workers, {quota}"
+                    workers = f"{a.replicas} worker{'s' if a.replicas != 1 else ''}"
+                    return f"admitted attempt {a.attempt}: {workers}, {quota}"
             for a in body.growths:
                 if a.job_id == job_id:
                     return f"grown to {a.replicas} workers"

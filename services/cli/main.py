@@ -326,8 +326,23 @@ def cmd_demo(args: argparse.Namespace) -> None:
     asyncio.run(run_demo(Path(args.data)))
 
 
+# The job's fields as submit's flags, with the value each has when not given.
+JOB_FLAGS = {
+    "queue": None, "name": None, "priority_class": "normal", "replicas": 1, "gpus": 1, "gpu_milli": 1000,
+    "mig": None, "cpu": 1000, "memory": 4096, "pack": None, "required": False, "min_replicas": None,
+    "gpu_model": None, "image": None, "env": None, "mount": None, "runtime_estimate": None,
+    "checkpointable": False, "grace": None, "not_preemptible": False, "restart_policy": None,
+    "max_restarts": None, "label": None, "node_selector": None, "command": None,
+}  # fmt: skip
+
+
 def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
     if args.file:
+        # A flag beside a job file would be ignored: say so rather than submit something else.
+        given = [k for k, default in JOB_FLAGS.items() if getattr(args, k, default) != default]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise BadInput(f"{flag}: give the job's fields in {args.file} or as flags, not both")
         doc = load_document(args.file)
         if not isinstance(doc, dict):
             raise BadInput(f"{args.file}: a job file holds one table/object of job fields")

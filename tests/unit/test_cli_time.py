@@ -1,13 +1,16 @@
-"""Times and durations as people write them on the command line (``services/cli/when.py``)."""
+"""Times and durations as people write them on the command line (``services/cli/when.py``), and
+what submit's flags and ``--`` make of a job."""
 
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import pytest
 
 from corral.services.cli import when
-from corral.services.cli.main import parse
+from corral.services.cli.jobfile import BadInput
+from corral.services.cli.main import job_from_args, parse
 
 NOW = 1_796_000_000.0
 
@@ -73,3 +76,33 @@ def test_a_relative_time_and_a_command_after_dashes_reach_their_verbs() -> None:
     assert (args.queue, args.gpus, args.command) == ("q", 2, ["python", "train.py", "--lr", "3"])
     with pytest.raises(SystemExit):
         parse(["cancel", "j1", "--", "x"])  # only submit and whatif run a command
+
+
+def test_submit_flags_fill_the_spec_and_a_flag_beside_a_job_file_is_refused(tmp_path: Path) -> None:
+    args = parse(
+        [
+            "submit", "--queue", "q", "--replicas", "4", "--min-replicas", "2", "--env", "LR=3e-4",
+            "--mount", "/data:/data", "--mount", "/out:/out:rw", "--runtime-estimate", "1h30m",
+            "--checkpointable", "--grace", "90s", "--image", "pytorch:24.05", "--gpu-model", "H100-80GB",
+            "--not-preemptible", "--", "python", "train.py",
+        ]
+    )  # fmt: skip
+    _, spec = job_from_args(args)
+    assert (spec.replicas, spec.min_replicas, spec.env, spec.image) == (4, 2, {"LR": "3e-4"}, "pytorch:24.05")
+    assert [(m.source, m.read_only) for m in spec.mounts] == [("/data", True), ("/out", False)]
+    assert (spec.runtime_estimate_s, spec.grace_seconds, spec.checkpointable, spec.preemptible) == (
+        5400.0,
+        90.0,
+        True,
+        False,
+    )
+    assert spec.resources.gpu_models == ("H100-80GB",) and spec.command == ("python", "train.py")
+    plain = job_from_args(parse(["submit", "--queue", "q"]))[1]
+    assert plain.grace_seconds == 30.0 and plain.preemptible and plain.min_replicas is None
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("queue: q\n")
+    with pytest.raises(BadInput, match="--gpus: give the job's fields in .*job.yaml or as flags"):
+        job_from_args(parse(["submit", str(job_file), "--gpus", "4"]))
+    for bad, why in ((["--env", "LR"], "NAME=VALUE"), (["--mount", "/data"], "SOURCE:TARGET")):
+        with pytest.raises(BadInput, match=why):
+            job_from_args(parse(["submit", "--queue", "q", *bad]))

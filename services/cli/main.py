@@ -339,9 +339,9 @@ JOB_FLAGS = {
 def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
     if args.file:
         # A flag beside a job file would be ignored: say so rather than submit something else.
-        given = [k for k, default in JOB_FLAGS.items() if getattr(args, k, default) != default]
-        if given:
-            flag = "--" + given[0].replace("_", "-")
+        beside = [k for k, default in JOB_FLAGS.items() if getattr(args, k, default) != default]
+        if beside:
+            flag = "--" + beside[0].replace("_", "-")
             raise BadInput(f"{flag}: give the job's fields in {args.file} or as flags, not both")
         doc = load_document(args.file)
         if not isinstance(doc, dict):

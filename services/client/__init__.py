@@ -1,5 +1,6 @@
 """corral's Python client, public as ``corral.client``: submit, wait, cancel, resize, list and
-explain jobs, from a script or a notebook (``Client``) or asyncio (``AsyncClient``), with typed
+explain and watch jobs (and, as the admin, cordon, drain and uncordon nodes and delete
+queues), from a script or a notebook (``Client``) or asyncio (``AsyncClient``), with typed
 results and the CLI's errors. The ``corral`` command's job verbs are built on it.
 
 Worker output is not reachable through it: it stays in the agents' directories on their nodes

@@ -38,7 +38,7 @@ from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
 
 QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes", "verdict", "gpus")
-VERDICT_VERBS = ("submit", "cancel", "resize")
+VERDICT_VERBS = ("submit", "cancel", "resize", "cordon", "delete-queue")  # the last two: the admin's
 MAX_WAIT = 60.0  # seconds one question may ask the read service to wait for its answer to settle
 MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer must fit in a message
 
@@ -60,7 +60,7 @@ class Ask(msgspec.Struct, frozen=True):
     reflect at least (so a client reads its own writes), and for ``jobs`` whether to list the
     jobs the fold let go too. Other fields are ignored."""
 
-    job: str = ""
+    job: str = ""  # for the verdict on an admin's cordon or delete-queue: the node or the queue
     after: int = 0
     all: bool = False  # ``jobs``: also the jobs the fold let go (the newest MAX_LET_GO of them)
     verb: str = ""  # ``verdict``: the verb of the request stored at ``after``
@@ -123,7 +123,8 @@ def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> 
             if r.code == "duplicate" and ask.verb == "submit":
                 duplicate = True  # the same id twice is one job: its verdict is the first's
                 break
-            reason = f"no such job {ask.job}" if r.code == "unknown" else r.message
+            job_verb = ask.verb in ("cancel", "resize")
+            reason = f"no such job {ask.job}" if r.code == "unknown" and job_verb else r.message
             return {"seq": state.seq, "verdict": "refused", "code": r.code, "reason": reason}
     if ask.verb != "submit":
         return {"seq": state.seq, "verdict": "applied"}

@@ -12,14 +12,20 @@ from corral.projections.state import WHOLE, JobState, NodeState, State
 
 
 def gpu_request(job: JobState) -> str:
-    worker = Shape.of(job.spec.resources)
-    if worker.kind == "mig":
-        return f"mig {worker.mig}"
-    return f"{worker.gpu_milli / WHOLE:g} gpu"
+    return Shape.of(job.spec.resources).gpus_short()
+
+
+def gpus(milli: int) -> int | float:
+    """Milli-GPU as a number of GPUs for ``-o json``: ``16``, ``2.5``, ``0.125``."""
+    return milli // WHOLE if milli % WHOLE == 0 else milli / WHOLE
 
 
 def job_row(job: JobState) -> dict[str, Any]:
+    """A job as ``corral jobs`` lists it. Numbers stay numbers (``-o json``); ``workers`` is the
+    most it asks for, ``min_workers`` the least an elastic job runs with (``workers`` for any
+    other), ``running_workers`` how many run now; the table writes them with ``workers_text``."""
     nodes = sorted({w.node for w in job.placement.workers}) if job.placement else []
+    shape = Shape.of(job.spec.resources)
     return {
         "id": job.id,
         "tenant": job.tenant,
@@ -27,23 +33,46 @@ def job_row(job: JobState) -> dict[str, Any]:
         "phase": job.phase,
         "attempt": job.attempt,
         "workers": job.spec.replicas,
-        "per_worker": gpu_request(job),
+        "min_workers": job.spec.min_replicas or job.spec.replicas,
+        "running_workers": len(job.live),
+        "per_worker": shape.gpus_short(),
+        "gpus_per_worker": 0 if shape.kind in ("mig", "cpu") else gpus(shape.gpu_milli),
+        "mig": (shape.mig or "") if shape.kind == "mig" else "",
         "nodes": ",".join(nodes),
         "reason": "; ".join(r.message for r in job.reasons),
     }
 
 
+def workers_text(row: dict[str, Any]) -> str:
+    """``3 of 4`` (running of most); an elastic job's range, ``3 of 2..4``."""
+    most, least = row.get("workers", 0), row.get("min_workers", row.get("workers", 0))
+    asked = f"{least}..{most}" if least != most else f"{most}"
+    return f"{row.get('running_workers', 0)} of {asked}"
+
+
 def node_row(node: NodeState) -> dict[str, Any]:
+    """A node as ``corral nodes`` lists it: its condition as the scheduler reads it (cordoned
+    and draining over ready), each unhealthy GPU with its signal, its MIG instances and whose."""
     models = sorted({g.info.model for g in node.gpus})
+    condition: str = node.condition
+    if node.condition == "ready" and node.cordoned:
+        condition = "draining" if node.draining else "cordoned"
     return {
         "name": node.name,
-        "condition": "cordoned" if node.cordoned else node.condition,
+        "condition": condition,
+        "cordoned": node.cordoned,
+        "draining": node.draining,
         "model": ",".join(models) or "-",
         "gpus": len(node.gpus),
         "free": sum(1 for g in node.gpus if g.idle and g.healthy),
-        "unhealthy": sum(1 for g in node.gpus if not g.healthy),
-        "milli_used": sum(g.used_milli for g in node.gpus),
-        "mig": sum(1 for g in node.gpus if g.info.mig),
+        "gpus_used": gpus(sum(g.used_milli for g in node.gpus)),
+        "unhealthy": [{"gpu": i, "signal": g.signal} for i, g in enumerate(node.gpus) if not g.healthy],
+        "mig_gpus": sum(1 for g in node.gpus if g.info.mig),
+        "mig_instances": [
+            {"gpu": i, "profile": inst.profile, "job": inst.job_id}
+            for i, g in enumerate(node.gpus)
+            for _, inst in sorted(g.mig.items())
+        ],
         "profile": node.inventory.labels.get("profile", ""),
     }
 
@@ -80,6 +109,24 @@ def node_gpus(node: NodeState, state: State, visible: Callable[[JobState], bool]
         "profile": node.inventory.labels.get("profile", ""),
         "gpus": gpus,
     }
+
+
+def health_text(row: dict[str, Any]) -> str:
+    """``ok``, or each unhealthy GPU with its signal: ``gpu 3 xid:79``."""
+    bad = row.get("unhealthy") or []
+    return ", ".join(f"gpu {u['gpu']} {u['signal']}".rstrip() for u in bad) or "ok"
+
+
+def mig_text(row: dict[str, Any]) -> str:
+    """``-`` without MIG; else the MIG GPUs and the instances carved from them, by profile:
+    ``8 GPUs: 2×3g.40gb, 1g.10gb``."""
+    if not row.get("mig_gpus"):
+        return "-"
+    counts: dict[str, int] = {}
+    for inst in row.get("mig_instances") or []:
+        counts[inst["profile"]] = counts.get(inst["profile"], 0) + 1
+    used = ", ".join(f"{n}×{p}" if n > 1 else p for p, n in sorted(counts.items())) or "none in use"
+    return f"{row['mig_gpus']} GPUs: {used}"
 
 
 def summary(state: State) -> dict[str, Any]:

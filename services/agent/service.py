@@ -468,10 +468,9 @@ class NodeAgent:
             job = self.view.job(job_id)
             if job is not None:
                 attrs = {"corral.job": job_id, "corral.phase": job.phase, "corral.node": self.node}
-                with tracing.span(
+                return tracing.event_traceparent(
                     f"agent.{type(body).__name__}", job.traceparent or None, attrs, "agent"
-                ) as s:
-                    return tracing.traceparent_of(s)
+                )
         return None
 
     # -- running -------------------------------------------------------------------------------

@@ -254,17 +254,21 @@ class Service:
         return Append(subject, codec.encode(envelope), event_id, headers=headers)
 
     def _trace(self, body: Event) -> str | None:
-        """A span for this event in each job's trace; the envelope carries the first job's."""
+        """A span for this event in each job's trace; the envelope carries the first job's.
+        (Without export, only the first job's traceparent is made: see ``tracing``.)"""
         first: str | None = None
+        exporting = tracing.exporting()
         for job_id in routing.job_ids(body):
             job = self.state.jobs.get(job_id)
             if job is None:
                 continue
             attrs = {"corral.job": job_id, "corral.phase": job.phase, "corral.based_on": self.state.seq}
-            with tracing.span(
+            made = tracing.event_traceparent(
                 f"{self.role}.{type(body).__name__}", job.traceparent or None, attrs, self.role
-            ) as s:
-                first = first or tracing.traceparent_of(s)
+            )
+            first = first or made
+            if not exporting:
+                break
         return first
 
     # -- running --------------------------------------------------------------------------------

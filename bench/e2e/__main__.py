@@ -225,9 +225,11 @@ def print_lags(watch: Watch, since: float) -> None:
         if lags:
             ms = [x * 1000 for x in lags]
             what = "views" if role == "assignments" else "decisions"  # it writes the bucket, not the log
+            deciding = [x * 1000 for at, x in watch.deciding.get(role, ()) if at >= since]
+            split = f"  (decide+append p50 {percentile(deciding, 0.5):.1f} ms)" if deciding else ""
             print(
                 f"  {role:<11} {what:<9} {len(ms):>6}  lag p50 {percentile(ms, 0.5):7.1f} ms"
-                f"  p99 {percentile(ms, 0.99):7.1f} ms  max {max(ms):7.1f} ms"
+                f"  p99 {percentile(ms, 0.99):7.1f} ms  max {max(ms):7.1f} ms{split}"
             )
 
 
@@ -333,6 +335,7 @@ async def soak(
                 "assignments",
             ):  # only the tenth's lags are kept: the soak must not grow here
                 watch.lags[role] = [x for x in watch.lags.get(role, ()) if x[0] >= mark]
+                watch.deciding[role] = [x for x in watch.deciding.get(role, ()) if x[0] >= mark]
         parts.check()
         await asyncio.sleep(0.1)
     if pending is not None:

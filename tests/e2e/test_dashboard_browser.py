@@ -270,7 +270,7 @@ async def test_the_dashboard_shows_the_cluster_live_and_each_tenant_its_own(tmp_
         def quota_as_read_service_says() -> bool:
             [want] = [r for r in queue_rows(it.state) if r["queue"] == "team-a"]
             shown = browser.queue_row("team-a")
-            return all(shown.get(k) == want[k] for k in ("nominal", "used", "borrowed", "lent"))
+            return all(shown.get(k) == str(want[k]) for k in ("nominal", "used", "borrowed", "lent"))
 
         await call(browser.wait, "team-a's quota as the read service counts it", quota_as_read_service_says)
         page_text = browser.js("return document.body.innerText;")

@@ -123,10 +123,10 @@ def test_queue_figures_and_waiting_reasons(world: tuple[State, dict[str, list[Jo
     b = board_of(world, "a")
     [qa] = b["queues"]
     assert {k: qa[k] for k in ("nominal", "used", "borrowed", "lent")} == {
-        "nominal": "8",
-        "used": "2.25",
-        "borrowed": "0",
-        "lent": "0",
+        "nominal": 8,
+        "used": 2.25,
+        "borrowed": 0,
+        "lent": 0,
     }
     waiting = {j["id"]: j for j in b["waiting"]}
     assert waiting["jw"]["reason"] == WAITING.message  # the read service's words, as explain says them

@@ -17,7 +17,7 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -81,7 +81,8 @@ def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = No
 
 
 def cmd_up(args: argparse.Namespace) -> None:
-    from corral.services.cli.up import PartStopped, Settings, run_cluster
+    from corral.services.agent.inventory import MIXED
+    from corral.services.cli.up import PartStopped, Refused, Settings, run_cluster
 
     tenants = tuple(t for t in (args.tenants or "").split(",") if t)
     if tenants and not args.auth:
@@ -91,9 +92,29 @@ def cmd_up(args: argparse.Namespace) -> None:
             identities.check_tenant(t)
     except identities.CredentialsError as e:
         raise BadInput(str(e)) from None
-    settings = Settings(auth=args.auth, tenants=tenants)
+    if args.profile != "mixed" and args.profile not in MIXED:
+        raise BadInput(f"--profile {args.profile}: known profiles are mixed, {', '.join(MIXED)}")
+    if args.nodes < 1:
+        raise BadInput(f"--nodes {args.nodes}: a corral needs at least one node")
+    if not 0 <= args.port <= 65535:
+        raise BadInput(f"--port {args.port}: a TCP port is 1 to 65535 (0: a free one)")
+    if args.cluster is not None:
+        if args.server:
+            raise BadInput("--cluster starts NATS servers here; --server names ones running: give one")
+        if args.cluster < 3 or args.cluster % 2 == 0:
+            # A JetStream cluster of n survives (n - 1) // 2 servers lost: 2 survives none, as 1.
+            raise BadInput(f"--cluster {args.cluster}: an odd number of servers, 3 or more")
+    if args.replicas is not None and not 1 <= args.replicas <= 5:
+        raise BadInput(f"--replicas {args.replicas}: JetStream keeps 1 to 5 replicas")
+    if args.replicas is not None and args.server is None and args.replicas > (args.cluster or 1):
+        raise BadInput(f"--replicas {args.replicas}: more than the {args.cluster or 1} NATS servers started")
+    settings = Settings(
+        auth=args.auth, tenants=tenants, nats_servers=args.cluster or 1, replicas=args.replicas
+    )
     try:
         asyncio.run(run_cluster(args.server, args.nodes, args.profile, Path(args.data), args.port, settings))
+    except Refused as e:
+        raise Failure(str(e)) from None
     except PartStopped as e:  # not a person's mistake: status 1, for a supervisor to restart it
         print(f"corral: {e}", file=sys.stderr)
         sys.exit(1)
@@ -132,12 +153,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
         async def serve_one() -> None:
             await run_one(stop_on_signals())
 
-        asyncio.run(serve_one())
+        ended(serve_one)
         return
     needs_log(f"serve {args.role}", login)
 
     async def run() -> None:
-        log = await open_log(server_url(args.server), login)
+        # A service reconnects (to any server of the list) and resumes; one that cannot, exits.
+        log = await open_log(server_url(args.server), login, reconnect=True)
         snapshots = None
         try:
             if args.snapshot:
@@ -163,7 +185,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 await snapshots.close()
             await log.close()
 
-    asyncio.run(run())
+    ended(run)
 
 
 def serve_agent(args: argparse.Namespace) -> None:
@@ -214,7 +236,17 @@ def serve_agent(args: argparse.Namespace) -> None:
         finally:
             await log.close()
 
-    asyncio.run(run())
+    ended(run)
+
+
+def ended(serve: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run a service until it stops; one whose connection to NATS gave up (an outage longer
+    than it reconnects for) exits 1 with one line, for its supervisor to start it again."""
+    try:
+        asyncio.run(serve())
+    except LogError as e:
+        print(f"corral: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -629,7 +661,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"corral {corral.__version__}")
     common = _Parser(add_help=False)
     common.add_argument(
-        "--server", help="NATS URL (default: $CORRAL_SERVER, the running `corral up`, or localhost)"
+        "--server",
+        help="NATS URL, or several comma separated (a cluster's: clients fail over between them; "
+        "default: $CORRAL_SERVER, the running `corral up`, or localhost)",
     )
     common.add_argument("-o", "--output", choices=["table", "json"], default="table")
     common.add_argument(
@@ -661,6 +695,17 @@ def parser() -> argparse.ArgumentParser:
         help="require logins: each tenant may only send its own requests and ask about its own jobs",
     )
     up.add_argument("--tenants", help="with --auth: comma-separated tenants that get a login")
+    up.add_argument(
+        "--cluster",
+        type=int,
+        metavar="N",
+        help="run N nats-servers (odd, 3 or more) as one JetStream cluster here, the log in 3 replicas",
+    )
+    up.add_argument(
+        "--replicas",
+        type=int,
+        help="replicas of the log and the buckets (default: 3 with --cluster, else 1)",
+    )
     up.set_defaults(fn=cmd_up)
 
     sv = sub.add_parser(

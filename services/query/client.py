@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from corral.events import subjects
+from corral.events.nats_client import servers
 from corral.services.runtime import identities
 
 MSG_ID = "Nats-Msg-Id"
@@ -47,7 +48,7 @@ class Session:
         session = cls(timeout)
         try:
             session.nc = await nats.connect(
-                url,
+                servers(url),
                 user=user,
                 password=password,
                 inbox_prefix=identities.inbox_prefix(user),

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 from nats import errors as nats_errors
 from nats.js import errors as js_errors
 
+from corral.services.runtime import buckets
+
 log = logging.getLogger("corral.lease")
 
 BUCKET = "corral_leases"
@@ -45,27 +47,16 @@ class Lease(Protocol):
         ...
 
 
-async def ensure_bucket(nc: Any, ttl: float = TTL) -> None:
-    """Create the leases' bucket if it is missing (whoever sets the corral up: the services may
-    use it, not make or remove it)."""
-    js = nc.jetstream()
-    try:
-        await js.key_value(BUCKET)
-    except js_errors.BucketNotFoundError:
-        with contextlib.suppress(js_errors.BadRequestError):  # another made it first
-            await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1)
+async def ensure_bucket(nc: Any, ttl: float = TTL, replicas: int = 1) -> None:
+    """Create the leases' bucket if it is missing, with ``replicas`` (the log's), or bring it to
+    them (whoever sets the corral up: the services may use it, not make or remove it)."""
+    await buckets.ensure(nc.jetstream(), BUCKET, replicas, ttl=ttl, history=1)
 
 
 async def bucket(nc: Any, ttl: float = TTL) -> Any:
     """The leases' bucket on the server ``nc`` is connected to, made if missing (by a replica
     started against a server nobody set up; under logins, ``corral up`` has made it)."""
-    js = nc.jetstream()
-    try:
-        return await js.key_value(BUCKET)
-    except js_errors.BucketNotFoundError:
-        with contextlib.suppress(js_errors.BadRequestError):  # another replica made it first
-            await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1)
-        return await js.key_value(BUCKET)
+    return await buckets.open_bucket(nc.jetstream(), BUCKET, ttl=ttl, history=1)
 
 
 class KvLease:

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -189,3 +190,28 @@ async def open_client(url: str | Sequence[str], **options: Any) -> Client:
             await nc.close()
         raise
     return nc
+
+
+async def answers(url: str | Sequence[str], within: float) -> bool:
+    """Whether any server of ``url`` greets a TCP connection with its INFO line within ``within``
+    seconds, tried in turn until then. Plain asyncio, so a caller that is cancelled (Ctrl-C) stops
+    at once; a cancelled nats-py connect may carry on through its retries."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        for one in servers(url):
+            parsed = urlsplit(one if "://" in one else f"nats://{one}")
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                async with asyncio.timeout(min(left, 2.0)):
+                    reader, writer = await asyncio.open_connection(parsed.hostname, parsed.port or 4222)
+                    try:
+                        if (await reader.readline()).startswith(b"INFO "):
+                            return True
+                    finally:
+                        writer.close()
+            except (TimeoutError, OSError, ValueError):
+                pass
+        await asyncio.sleep(min(RECONNECT_WAIT, max(0.0, deadline - loop.time())))

@@ -27,6 +27,7 @@ import corral
 from corral.events import codec, subjects
 from corral.events.jobs import CancelJob, JobSpec, ResizeJob, Resources, SubmitJob, Topology
 from corral.events.log import Append, LogError, Record
+from corral.events.nats_client import RECONNECT_FOR, reconnecting
 from corral.events.queues import (
     ApplyCohort,
     ApplyFairShare,
@@ -122,6 +123,8 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """One service as its own process, against a running NATS."""
+    if args.reconnect_s <= 0:
+        raise BadInput(f"--reconnect-s {args.reconnect_s:g}: a number of seconds above 0")
     if args.role == "agent":
         serve_agent(args)
         return
@@ -147,8 +150,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise BadInput(f"unknown service {args.role!r}; services: {', '.join(names)}")
     login = login_of(args, args.role if args.role in stateless else identities.SERVICES)
     if args.role in stateless:
-        creds = {"user": login.user, "password": login.password} if login is not None else {}
-        run_one = stateless[args.role](server_url(args.server), **creds)
+        creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
+        run_one = stateless[args.role](server_url(args.server), **creds, **reconnecting(args.reconnect_s))
 
         async def serve_one() -> None:
             await run_one(stop_on_signals())
@@ -159,7 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     async def run() -> None:
         # A service reconnects (to any server of the list) and resumes; one that cannot, exits.
-        log = await open_log(server_url(args.server), login, reconnect=True)
+        log = await open_log(server_url(args.server), login, reconnect=args.reconnect_s)
         snapshots = None
         try:
             if args.snapshot:
@@ -202,6 +205,7 @@ def serve_agent(args: argparse.Namespace) -> None:
         raise BadInput("serve agent: name the node with --node")
     login = login_of(args, identities.agent(args.node))
     creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
+    creds.update(reconnecting(args.reconnect_s))
     work = Path(args.work_dir or Path(STATE_DIR) / "nodes" / args.node)
 
     async def run() -> None:
@@ -731,6 +735,13 @@ def parser() -> argparse.ArgumentParser:
         "--stop-workers",
         action="store_true",
         help="agent: on SIGTERM stop this node's workers (default: leave them for the next agent)",
+    )
+    sv.add_argument(
+        "--reconnect-s",
+        type=float,
+        default=RECONNECT_FOR,
+        help="seconds to try the servers again after losing them before exiting 1, for a supervisor "
+        f"to restart the service (default {RECONNECT_FOR:g})",
     )
     sv.set_defaults(fn=cmd_serve)
 

@@ -39,6 +39,7 @@ from typing import Any
 from corral.events import codec, subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import Append, EventLog, LogError
+from corral.events.nats_client import answers
 from corral.events.nats_client import servers as server_list
 from corral.events.nodes import NodeInventory, NodeRegistered
 from corral.events.server import EmbeddedCluster, EmbeddedServer
@@ -168,18 +169,18 @@ def lock_data_dir(data_dir: Path) -> int:
 
 async def _setup_log(url: str, replicas: int, within: float, **options: Any) -> JetStreamLog:
     """The administrator's connection that makes the stream, bounded: a ``--server`` nobody
-    answers at is one line within ``within`` seconds, not minutes of nats-py retrying."""
+    answers at is one line within ``within`` seconds, not minutes of nats-py retrying. Whether a
+    server answers is asked first with plain asyncio, which a Ctrl-C cancels at once."""
 
     async def quiet(e: Exception) -> None:
         return None  # the one line below says it; nats-py would log every attempt
 
+    if not await answers(url, within):
+        raise Refused(f"cannot reach NATS at {url}: no answer within {within:g}s")
+    # A server answered: nats-py tries each server of the list twice at most, then gives up.
+    bounded = {"max_reconnect_attempts": 2, "reconnect_time_wait": 0.5, "connect_timeout": 2}
     try:
-        return await asyncio.wait_for(
-            connect(url, create=True, replicas=replicas, error_cb=quiet, connect_timeout=2, **options),
-            timeout=within,
-        )
-    except TimeoutError:
-        raise Refused(f"cannot reach NATS at {url}: no answer within {within:g}s") from None
+        return await connect(url, create=True, replicas=replicas, error_cb=quiet, **bounded, **options)
     except LogError as e:
         raise Refused(str(e).splitlines()[0]) from None
 

@@ -127,9 +127,13 @@ class EmbeddedServer:
         cluster: str | None = None,
         cluster_port: int | None = None,
         routes: Sequence[str] = (),
+        sync_always: bool = False,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
+        # JetStream's default fsyncs its files every two minutes (``sync_interval``), trusting a
+        # cluster's replicas meanwhile; ``always`` fsyncs every write before acknowledging it.
+        self.sync_always = sync_always
         self.name = name  # the server's name: unique in a cluster, where JetStream needs one
         self.cluster = cluster  # the cluster's name; None: a server on its own
         self.cluster_port = cluster_port  # kept after the first start, as the client port is
@@ -183,9 +187,13 @@ class EmbeddedServer:
                 args += ["--routes", ",".join(self.routes)]
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]  # binds to HOST too: the monitor follows -a
-        if self.users:
-            # Only who may connect is in the file; the flags above still say everything else.
-            write_private(self.config_path, config_text(self.users))
+        if self.users or self.sync_always:
+            # Only who may connect, and how JetStream syncs, are in the file; the flags above
+            # still say everything else.
+            text = config_text(self.users) if self.users else ""
+            if self.sync_always:
+                text += "jetstream: {sync_interval: always}\n"
+            write_private(self.config_path, text)
             args += ["-c", str(self.config_path)]
         else:
             self.config_path.unlink(missing_ok=True)  # no stale passwords beside an open server
@@ -346,6 +354,7 @@ class EmbeddedCluster:
         probe: dict[str, str] | None = None,
         binary: str | None = None,
         ready_timeout: float = 30.0,
+        sync_always: bool = False,
     ) -> None:
         if size < 1:
             raise ServerError(f"a cluster of {size} servers")
@@ -361,6 +370,7 @@ class EmbeddedCluster:
                 users=users,
                 name=f"{CLUSTER_NAME}-{i}",
                 cluster=CLUSTER_NAME,
+                sync_always=sync_always,
             )
             for i in range(1, size + 1)
         ]

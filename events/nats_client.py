@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +27,8 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, Parser
+
+log = logging.getLogger("corral.nats")
 
 # How long a connection that lost its servers tries to get one back before it gives up, and
 # how long it waits before trying the same server again: a nats-server restarting, or a cluster
@@ -171,6 +174,12 @@ class Client(NATS):
                 await sub.unsubscribe()
 
 
+async def _one_line(e: Exception) -> None:
+    # nats-py's own logs each failed attempt with its traceback: while a server restarts, that
+    # is a screenful a second of the same refused connection.
+    log.warning("nats: %s: %s", type(e).__name__, e)
+
+
 async def open_client(url: str | Sequence[str], **options: Any) -> Client:
     """A ``Client`` connected to ``url`` (one server or several, comma separated), reconnecting
     as ``reconnecting()`` says unless ``options`` say otherwise; ``options`` go to nats-py's
@@ -184,7 +193,9 @@ async def open_client(url: str | Sequence[str], **options: Any) -> Client:
             await given()
 
     try:
-        await nc.connect(servers(url), closed_cb=closed, **{**reconnecting(), **options})
+        await nc.connect(
+            servers(url), closed_cb=closed, **{**reconnecting(), "error_cb": _one_line, **options}
+        )
     except BaseException:
         with contextlib.suppress(Exception):
             await nc.close()

@@ -101,6 +101,11 @@ class KvLease:
             return False
         except (nats_errors.Error, TimeoutError) as e:  # no answer: decide nothing meanwhile
             log.warning("%s: lease of %s not renewed: %s", self.role, self.holder, e)
+            if self._revision is not None and now - self._renewed < self.ttl:
+                # No answer is not a refusal (a NATS cluster electing the bucket's leader): try
+                # again with the same revision, which succeeds only if nobody took the lease
+                # meanwhile. Dropping it would leave the key to expire before anyone holds it.
+                return False
             self._revision = None
             return False
         self._renewed = now

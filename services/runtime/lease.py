@@ -5,7 +5,11 @@ expire ``ttl`` seconds after they were last written (the bucket's max age). The 
 with compare-and-swap on the revision it last wrote, at least every ``ttl / 3``; a standby
 creates it only once it is absent (expired, or deleted by a holder that stopped), so at most one
 replica holds it at a time as the server sees it. A holder that cannot renew in time (a pause, a
-partition) loses it at its next attempt, when its revision is no longer the latest.
+partition) loses it at its next attempt, when its revision is no longer the latest. A renewal
+that gets no answer (a NATS cluster electing the bucket's leader) is not a refusal: the holder
+decides nothing meanwhile and tries again with the same revision until the lease would have
+expired, and a renewal stored late (sent when the connection came back) is recognised by its
+value, the holder's own name, so a leader keeps its role across a NATS failover.
 
 This is for efficiency, not safety: two replicas deciding at once (a holder that has not yet
 noticed it lost its lease) only make proposals the fold arbitrates, and the expected-sequence
@@ -95,6 +99,12 @@ class KvLease:
             else:
                 self._revision = await self.kv.update(self.role, value, last=self._revision)
         except js_errors.KeyWrongLastSequenceError:
+            ours = await self._late_renewal() if self._revision is not None else None
+            if ours is not None:
+                # A renewal that got no answer was stored after all (sent when the connection
+                # came back): the key moved by our own hand, so the lease is still ours.
+                self._revision = ours
+                return False  # renewed from that revision at the next tick
             if self._revision is not None:
                 log.warning("%s: %s lost the lease", self.role, self.holder)
             self._revision = None
@@ -110,6 +120,14 @@ class KvLease:
             return False
         self._renewed = now
         return True
+
+    async def _late_renewal(self) -> int | None:
+        """The key's revision if its value is still this holder's (no one else writes it)."""
+        try:
+            entry = await self.kv.get(self.role)
+        except (js_errors.KeyNotFoundError, nats_errors.Error, TimeoutError):
+            return None
+        return int(entry.revision) if entry.value == self.holder.encode() else None
 
     async def release(self) -> None:
         if self._revision is None:

@@ -52,6 +52,12 @@ NO_PEERS = 10005  # JetStream API error: not enough servers of the cluster known
 PLACING_WITHIN = 30.0  # seconds a cluster just started (or electing) gets to place a stream
 MIB = 1024 * 1024
 HEARTBEAT = 2.0  # seconds between a consumer's idle heartbeats; two missed ones reset it
+RETRY = 0.5  # seconds between tries to re-create a consumer: a cluster's election ends any moment
+# Seconds an append waits for its acknowledgement. An append sent to a stream leader that just
+# died is never answered, and a service's cycle waits this long before it decides again on the
+# new leader: a few seconds, well above a loaded machine's time to store a batch, and below
+# the several seconds a cluster takes to elect one (bench/nats_loss.py).
+ACK_TIMEOUT = 5.0
 
 T = TypeVar("T")
 
@@ -200,14 +206,14 @@ class _Consumer:
     async def _restart(self) -> None:
         try:
             while not self.closed:
-                await self._drop()
+                await self._drop(wait=False)
                 self._dseq = 1
                 try:
                     await self.start()
                     return
                 except (nats.errors.Error, nats.js.errors.Error):
                     # The server is away (restarting, or the connection is reconnecting).
-                    await asyncio.sleep(self._heartbeat)
+                    await asyncio.sleep(min(RETRY, self._heartbeat))
         finally:
             self._resetting = False
 
@@ -227,13 +233,23 @@ class _Consumer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _drop(self) -> None:
+    async def _drop(self, wait: bool = True) -> None:
+        """Unsubscribe and delete the consumer. ``wait=False`` (a reset) does not wait for the
+        deletion: the consumer's server may be the one lost, and its deletion would go
+        unanswered for the API's whole timeout while the new consumer could already be reading
+        (a consumer left behind is dropped by its server once inactive)."""
         sub, name, self._sub = self._sub, self._name, None
         if sub is not None:
             await self._nc.unsubscribe_direct(sub)
         if name and not self._nc.is_closed:
-            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-                await self._js._jsm.delete_consumer(self._stream, name)
+            if wait:
+                await self._delete(name)
+            else:
+                self._spawn(self._delete(name))
+
+    async def _delete(self, name: str) -> None:
+        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
+            await self._js._jsm.delete_consumer(self._stream, name)
 
     def take(self) -> list[Record]:
         batch, self.records = self.records, []
@@ -265,7 +281,7 @@ class JetStreamLog:
         nc: Client,
         *,
         stream: str = STREAM,
-        ack_timeout: float = 10.0,
+        ack_timeout: float = ACK_TIMEOUT,
         window: int = 2_000,
         batch: int = 10_000,
         read_idle_timeout: float = 30.0,
@@ -303,7 +319,7 @@ class JetStreamLog:
         replicas: int = 1,
         duplicate_window: float = 120.0,
         max_msg_size: int = MIB,
-        ack_timeout: float = 10.0,
+        ack_timeout: float = ACK_TIMEOUT,
         batch: int = 10_000,
         heartbeat: float = HEARTBEAT,
         name: str | None = None,

@@ -174,10 +174,10 @@ async def test_corral_serve_resumes_after_a_nats_restart_and_exits_when_it_stays
         setup = await JetStreamLog.connect(server.url, create=True)
         await lease.ensure_bucket(setup.nc)
         await setup.close()
-        serve = Running(["serve", "admission", "--server", server.url, "--reconnect-s", "3"], env)
+        serve = Running(["serve", "admission", "--server", server.url, "--reconnect-s", "8"], env)
         try:
             await decided(server, "before")
-            await server.stop()
+            await server.kill()  # gone at once: a graceful stop can take longer than 8 s here
             await server.start()  # the same port and store
             await decided(server, "after")  # it reconnected, its consumer and lease came back
             await server.stop()  # and now it stays away

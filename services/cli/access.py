@@ -122,27 +122,26 @@ def ask(url: str, login: Login, question: str, job: str = "", everything: bool =
     return asyncio.run(run())
 
 
-async def open_log(url: str, login: Login | None = None, *, create: bool = False) -> JetStreamLog:
-    """The log at ``url``; ``create``: make the stream if it is not there (only a command that
-    sets a log up does, and only a login that may configure streams can)."""
+async def open_log(
+    url: str, login: Login | None = None, *, create: bool = False, reconnect: float = 0.0
+) -> JetStreamLog:
+    """The log at ``url`` (one server or several, comma separated); ``create``: make the stream
+    if it is not there (only a command that sets a log up does, and only a login that may
+    configure streams can). ``reconnect``: a long-running service's connection, which
+    reconnects to any server of the list for that many seconds when it loses its own (0: a
+    command's, which gives up at once)."""
     from corral.events.jetstream import JetStreamLog
+    from corral.events.nats_client import reconnecting
 
     async def quiet(e: Exception) -> None:
         return None  # the one-line failure below says it; nats-py would print a traceback
 
     creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
+    once: dict[str, Any] = {"allow_reconnect": False, "max_reconnect_attempts": 1, "reconnect_time_wait": 0.1}
+    options = {**(reconnecting(reconnect) if reconnect else once), "connect_timeout": 3, "error_cb": quiet}
     try:
         return await asyncio.wait_for(
-            JetStreamLog.connect(
-                url,
-                **creds,
-                create=create,
-                connect_timeout=3,
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-                reconnect_time_wait=0.1,
-                error_cb=quiet,
-            ),
+            JetStreamLog.connect(url, **creds, create=create, **options),
             timeout=10,
         )
     except (TimeoutError, OSError, LogError) as e:

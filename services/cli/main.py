@@ -16,7 +16,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, get_args
 
@@ -26,6 +26,7 @@ import corral
 from corral.events import codec, subjects
 from corral.events.jobs import JobSpec, Mount, Resources, Topology
 from corral.events.log import Append, LogError, Record
+from corral.events.nats_client import RECONNECT_FOR, reconnecting
 from corral.events.queues import (
     ApplyCohort,
     ApplyFairShare,
@@ -81,7 +82,8 @@ def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = No
 
 
 def cmd_up(args: argparse.Namespace) -> None:
-    from corral.services.cli.up import PartStopped, Settings, run_cluster
+    from corral.services.agent.inventory import MIXED
+    from corral.services.cli.up import PartStopped, Refused, Settings, run_cluster
 
     tenants = tuple(t for t in (args.tenants or "").split(",") if t)
     if tenants and not args.auth:
@@ -91,7 +93,25 @@ def cmd_up(args: argparse.Namespace) -> None:
             identities.check_tenant(t)
     except identities.CredentialsError as e:
         raise BadInput(str(e)) from None
-    settings = Settings(auth=args.auth, tenants=tenants)
+    if args.profile != "mixed" and args.profile not in MIXED:
+        raise BadInput(f"--profile {args.profile}: known profiles are mixed, {', '.join(MIXED)}")
+    if args.nodes < 1:
+        raise BadInput(f"--nodes {args.nodes}: a corral needs at least one node")
+    if not 0 <= args.port <= 65535:
+        raise BadInput(f"--port {args.port}: a TCP port is 1 to 65535 (0: a free one)")
+    if args.cluster is not None:
+        if args.server:
+            raise BadInput("--cluster starts NATS servers here; --server names ones running: give one")
+        if args.cluster < 3 or args.cluster % 2 == 0:
+            # A JetStream cluster of n survives (n - 1) // 2 servers lost: 2 survives none, as 1.
+            raise BadInput(f"--cluster {args.cluster}: an odd number of servers, 3 or more")
+    if args.replicas is not None and not 1 <= args.replicas <= 5:
+        raise BadInput(f"--replicas {args.replicas}: JetStream keeps 1 to 5 replicas")
+    if args.replicas is not None and args.server is None and args.replicas > (args.cluster or 1):
+        raise BadInput(f"--replicas {args.replicas}: more than the {args.cluster or 1} NATS servers started")
+    settings = Settings(
+        auth=args.auth, tenants=tenants, nats_servers=args.cluster or 1, replicas=args.replicas
+    )
     observe(args)
     try:
         asyncio.run(
@@ -99,6 +119,8 @@ def cmd_up(args: argparse.Namespace) -> None:
                 args.server, args.nodes, args.profile, Path(args.data), args.port, settings, args.metrics_port
             )
         )
+    except Refused as e:
+        raise Failure(str(e)) from None
     except PartStopped as e:  # not a person's mistake: status 1, for a supervisor to restart it
         print(f"corral: {e}", file=sys.stderr)
         sys.exit(1)
@@ -142,6 +164,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.role not in known:
         raise BadInput(f"unknown service {args.role!r}; services: {', '.join(known)}")
     observe(args)
+    if args.reconnect_s <= 0:
+        raise BadInput(f"--reconnect-s {args.reconnect_s:g}: a number of seconds above 0")
     if args.role == "agent":
         serve_agent(args)
         return
@@ -161,15 +185,15 @@ def cmd_serve(args: argparse.Namespace) -> None:
     login = login_of(args, args.role if args.role in stateless else identities.SERVICES)
     holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
     if args.role in stateless:
-        creds = {"user": login.user, "password": login.password} if login is not None else {}
-        run_one = stateless[args.role](server_url(args.server), **creds)
+        creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
+        run_one = stateless[args.role](server_url(args.server), **creds, **reconnecting(args.reconnect_s))
         announce(args.role, holder, "started; no lease: every replica answers its share")
 
         async def serve_one() -> None:
             async with metrics.serving(f"corral-{args.role}", args.metrics_port):
                 await run_one(stop_on_signals())
 
-        asyncio.run(serve_one())
+        ended(serve_one)
         return
     needs_log(f"serve {args.role}", login)
 
@@ -178,7 +202,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
             await run_leased()
 
     async def run_leased() -> None:
-        log = await open_log(server_url(args.server), login)
+        # A service reconnects (to any server of the list) and resumes; one that cannot, exits.
+        log = await open_log(server_url(args.server), login, reconnect=args.reconnect_s)
         snapshots = None
         try:
             if args.snapshot:
@@ -207,7 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
                 await snapshots.close()
             await log.close()
 
-    asyncio.run(run())
+    ended(run)
 
 
 LEADS = {True: "leads", False: "stops leading"}
@@ -233,6 +258,7 @@ def serve_agent(args: argparse.Namespace) -> None:
         raise BadInput("serve agent: name the node with --node")
     login = login_of(args, identities.agent(args.node))
     creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
+    creds.update(reconnecting(args.reconnect_s))
     work = Path(args.work_dir or Path(STATE_DIR) / "nodes" / args.node)
 
     announce(
@@ -276,7 +302,17 @@ def serve_agent(args: argparse.Namespace) -> None:
         finally:
             await log.close()
 
-    asyncio.run(run())
+    ended(run)
+
+
+def ended(serve: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run a service until it stops; one whose connection to NATS gave up (an outage longer
+    than it reconnects for) exits 1 with one line, for its supervisor to start it again."""
+    try:
+        asyncio.run(serve())
+    except LogError as e:
+        print(f"corral: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _names(text: str | None, what: str) -> list[str]:
@@ -951,7 +987,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"corral {corral.__version__}")
     common = _Parser(add_help=False)
     common.add_argument(
-        "--server", help="NATS URL (default: $CORRAL_SERVER, the running `corral up`, or localhost)"
+        "--server",
+        help="NATS URL, or several comma separated (a cluster's: clients fail over between them; "
+        "default: $CORRAL_SERVER, the running `corral up`, or localhost)",
     )
     common.add_argument("-o", "--output", choices=["table", "json"], default="table")
     common.add_argument(
@@ -984,6 +1022,17 @@ def parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--tenants", help="with --auth: comma-separated tenants that get a login")
     add_observing(up)
+    up.add_argument(
+        "--cluster",
+        type=int,
+        metavar="N",
+        help="run N nats-servers (odd, 3 or more) as one JetStream cluster here, the log in 3 replicas",
+    )
+    up.add_argument(
+        "--replicas",
+        type=int,
+        help="replicas of the log and the buckets (default: 3 with --cluster, else 1)",
+    )
     up.set_defaults(fn=cmd_up)
 
     sv = sub.add_parser(
@@ -1011,6 +1060,13 @@ def parser() -> argparse.ArgumentParser:
         help="agent: on SIGTERM stop this node's workers (default: leave them for the next agent)",
     )
     add_observing(sv)
+    sv.add_argument(
+        "--reconnect-s",
+        type=float,
+        default=RECONNECT_FOR,
+        help="seconds to try the servers again after losing them before exiting 1, for a supervisor "
+        f"to restart the service (default {RECONNECT_FOR:g})",
+    )
     sv.set_defaults(fn=cmd_serve)
 
     dp = sub.add_parser(

@@ -26,6 +26,7 @@ the data directory, kept across restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -37,9 +38,11 @@ from typing import Any
 
 from corral.events import codec, subjects
 from corral.events.jetstream import JetStreamLog
-from corral.events.log import Append, EventLog
+from corral.events.log import Append, EventLog, LogError
+from corral.events.nats_client import answers
+from corral.events.nats_client import servers as server_list
 from corral.events.nodes import NodeInventory, NodeRegistered
-from corral.events.server import EmbeddedServer
+from corral.events.server import EmbeddedCluster, EmbeddedServer
 from corral.services.admission import service as admission_service
 from corral.services.agent import discovery, inventory
 from corral.services.agent.service import NodeAgent
@@ -109,11 +112,17 @@ class Settings:
     # With auth: the unprivileged host user workers run as (None: the agent's own user, without
     # capabilities).
     worker_user: str | None = "nobody"
+    # Embedded nats-servers: 1, or a JetStream cluster of this many on loopback (odd, 3 or more).
+    nats_servers: int = 1
+    # The log's stream's and the buckets' replica count; None: one per embedded server (at most
+    # 3), or 1 on a server given with ``--server``.
+    replicas: int | None = None
+    connect_within: float = 5.0  # seconds to reach a server given with ``--server``
 
 
 @dataclass
 class Cluster:
-    url: str
+    url: str  # every NATS server's URL, comma separated
     services: list[Service] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
     agents: dict[str, NodeAgent] = field(default_factory=dict)  # by node: to kill, cut off, inspect
@@ -123,9 +132,57 @@ class Cluster:
     intake: intake_service.Intake | None = None
     data_dir: Path | None = None
     credentials: Path | None = None  # with auth: every identity's password
+    nats: EmbeddedServer | EmbeddedCluster | None = None  # the embedded server(s): to kill, restart
+    replicas: int = 1  # of the log's stream and the buckets
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # every part, by name
     # Restart a node's agent, leaving its workers running (``NodeAgent.leave``): a drill.
     restart_agent: Callable[[str, Callable[[], Awaitable[None]] | None], Awaitable[NodeAgent]] | None = None
+
+
+class Refused(Exception):
+    """``corral up`` cannot start as asked: the data directory is in use, the server is not
+    there. One line for the person at the terminal."""
+
+
+LOCK = "corral.lock"
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Hold ``data_dir`` for this process (an fcntl lock on ``corral.lock`` in it, released when
+    the process ends, however it ends): two corrals on one store would both run a nats-server
+    on it. The file says which process holds it."""
+    import fcntl
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise Refused(f"{data_dir} is in use by another corral up (pid {holder})") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+async def _setup_log(url: str, replicas: int, within: float, **options: Any) -> JetStreamLog:
+    """The administrator's connection that makes the stream, bounded: a ``--server`` nobody
+    answers at is one line within ``within`` seconds, not minutes of nats-py retrying. Whether a
+    server answers is asked first with plain asyncio, which a Ctrl-C cancels at once."""
+
+    async def quiet(e: Exception) -> None:
+        return None  # the one line below says it; nats-py would log every attempt
+
+    if not await answers(url, within):
+        raise Refused(f"cannot reach NATS at {url}: no answer within {within:g}s")
+    # A server answered: nats-py tries each server of the list twice at most, then gives up.
+    bounded = {"max_reconnect_attempts": 2, "reconnect_time_wait": 0.5, "connect_timeout": 2}
+    try:
+        return await connect(url, create=True, replicas=replicas, error_cb=quiet, **bounded, **options)
+    except LogError as e:
+        raise Refused(str(e).splitlines()[0]) from None
 
 
 class PartStopped(Exception):
@@ -183,17 +240,30 @@ async def cluster(
         return identities.login(passwords, name) if cfg.auth else {}
 
     async with AsyncExitStack() as stack:
-        server_task: asyncio.Task[None] | None = None
-        if server is None:
-            srv = EmbeddedServer(data_dir, port=port or None, users=identities.users(passwords))
-            await srv.start()
-            stack.push_async_callback(srv.stop)
-            url = srv.url
+        lock = lock_data_dir(data_dir)
+        stack.callback(os.close, lock)
+        server_tasks: list[asyncio.Task[None]] = []
+        embedded: EmbeddedServer | EmbeddedCluster | None = None
+        users = identities.users(passwords)
+        if server is None and cfg.nats_servers > 1:
+            size, probe = cfg.nats_servers, login(identities.SERVICES)
+            embedded = EmbeddedCluster(data_dir, size, port=port or None, users=users, probe=probe)
+            await embedded.start()
+            stack.push_async_callback(embedded.stop)
+            url = embedded.url
+        elif server is None:
+            embedded = EmbeddedServer(data_dir, port=port or None, users=users)
+            await embedded.start()
+            stack.push_async_callback(embedded.stop)
+            url = embedded.url
             # The server is a part too: every other part waits for it to come back, for ever.
-            server_task = asyncio.create_task(_server_exit(srv), name="nats-server")
-            stack.callback(server_task.cancel)
+            server_tasks.append(asyncio.create_task(_server_exit(embedded), name="nats-server"))
         else:
-            url = server
+            url = ",".join(server_list(server))
+        for t in server_tasks:
+            stack.callback(t.cancel)
+        embedded_count = cfg.nats_servers if server is None else 1
+        replicas = cfg.replicas or (min(embedded_count, 3) if server is None else 1)
 
         async def service_log() -> JetStreamLog:
             opened = await connect(url, **login(identities.SERVICES))
@@ -203,16 +273,25 @@ async def cluster(
         # The one place the log's stream and the leases' bucket are configured, as the
         # administrator: the services may use them, not make, change, purge or delete them.
         admin = {"inbox_prefix": identities.inbox_prefix(identities.ADMIN), **login(identities.ADMIN)}
-        setup = await connect(url, create=True, **admin)
+        within = cfg.connect_within if server is not None else 60.0  # ours: up, merely busy
+        setup = await _setup_log(url, replicas, within, **admin)
         try:
-            await ensure_bucket(setup.nc)
-            await node_views.ensure_bucket(setup.nc)
+            # The buckets as the stream: on a cluster, a lease or a node's view outlives a server.
+            await ensure_bucket(setup.nc, replicas=replicas)
+            await node_views.ensure_bucket(setup.nc, replicas=replicas)
         finally:
             await setup.close()
         log = await service_log()
         if not cfg.agents:
             await register_nodes(log, simulated, clock())
-        running = Cluster(url, nodes=[n for n, _ in simulated], data_dir=data_dir, credentials=credentials)
+        running = Cluster(
+            url,
+            nodes=[n for n, _ in simulated],
+            data_dir=data_dir,
+            credentials=credentials,
+            nats=embedded,
+            replicas=replicas,
+        )
 
         stop = asyncio.Event()
         tasks = []
@@ -327,9 +406,7 @@ async def cluster(
             stop.set()
             await _finish(tasks, 10)
 
-        running.tasks = {t.get_name(): t for t in tasks + agent_tasks}
-        if server_task is not None:
-            running.tasks[server_task.get_name()] = server_task
+        running.tasks = {t.get_name(): t for t in tasks + agent_tasks + server_tasks}
         stack.push_async_callback(stop_agents)
         stack.push_async_callback(stop_services)
         ready = [s.caught_up for s in running.services] + [reader.caught_up, intake.ready, monitor.caught_up]
@@ -384,28 +461,50 @@ async def run_cluster(
     settings: Settings | None = None,
     metrics_port: int | None = None,
 ) -> None:
+    """Run a corral until Ctrl-C or SIGTERM. One that comes while it is still starting (a server
+    slow to answer) ends it at once, with ``KeyboardInterrupt``."""
     from corral.services.cli.access import STATE_DIR
 
     stop = stop_on_signals()
-    async with (
-        metrics.serving("corral", metrics_port) as telemetry,
-        cluster(server, nodes, profile, data_dir, port, settings=settings) as running,
-    ):
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
-        (STATE_DIR / "server").write_text(running.url + "\n")
-        roles = ", ".join([s.role for s in running.services] + [read_service.ROLE, intake_service.ROLE])
-        roles += ", health"
-        print(f"corral is up at {running.url}", flush=True)
-        print(f"  services: {roles}", flush=True)
-        if running.credentials is not None:
-            print(f"  logins required; passwords of every identity: {running.credentials}", flush=True)
-        print(f"  nodes: {len(running.nodes)} simulated ({profile}), one agent each", flush=True)
-        print(f"  workers and their logs: {data_dir / 'nodes'}", flush=True)
-        if telemetry is not None and telemetry.port:
-            print(f"  metrics: http://localhost:{telemetry.port}/metrics", flush=True)
-        print("  Ctrl-C to stop", flush=True)
-        try:
-            await until_stopped(running, stop)
-        finally:
-            (STATE_DIR / "server").unlink(missing_ok=True)
-    print("corral stopped", flush=True)
+    started = asyncio.Event()
+
+    async def serve() -> None:
+        async with (
+            metrics.serving("corral", metrics_port) as telemetry,
+            cluster(server, nodes, profile, data_dir, port, settings=settings) as running,
+        ):
+            started.set()
+            STATE_DIR.mkdir(parents=True, exist_ok=True)
+            (STATE_DIR / "server").write_text(running.url + "\n")
+            roles = ", ".join([s.role for s in running.services] + [read_service.ROLE, intake_service.ROLE])
+            roles += ", health"
+            print(f"corral is up at {running.url}", flush=True)
+            if isinstance(running.nats, EmbeddedCluster):
+                n = len(running.nats.servers)
+                print(f"  NATS: a JetStream cluster of {n} servers, the log in {running.replicas} replicas")
+            print(f"  services: {roles}", flush=True)
+            if running.credentials is not None:
+                print(f"  logins required; passwords of every identity: {running.credentials}", flush=True)
+            print(f"  nodes: {len(running.nodes)} simulated ({profile}), one agent each", flush=True)
+            print(f"  workers and their logs: {data_dir / 'nodes'}", flush=True)
+            if telemetry is not None and telemetry.port:
+                print(f"  metrics: http://localhost:{telemetry.port}/metrics", flush=True)
+            print("  Ctrl-C to stop", flush=True)
+            try:
+                await until_stopped(running, stop)
+            finally:
+                (STATE_DIR / "server").unlink(missing_ok=True)
+        print("corral stopped", flush=True)
+
+    running = asyncio.create_task(serve())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set() and not started.is_set():
+            running.cancel()  # what was started is stopped on the way out
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+            raise KeyboardInterrupt
+        await running  # up: it stops in order itself
+    finally:
+        stopping.cancel()

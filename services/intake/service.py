@@ -106,8 +106,16 @@ class Intake:
         )
         appending = asyncio.create_task(self._appending(stop))
         self.ready.set()
+        lost = self.log.lost
         try:
-            await stop.wait()
+            # A connection that gave up reconnecting takes no request again: end, for a
+            # supervisor to start the intake anew, rather than stand by deaf.
+            either = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            for f in either:
+                f.cancel()
+            if lost.is_set() and not stop.is_set():
+                raise LogError("the intake lost its connection to NATS for good")
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()

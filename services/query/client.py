@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from corral.events import subjects
+from corral.events.nats_client import servers
 from corral.services.runtime import identities
 
 MSG_ID = "Nats-Msg-Id"
@@ -53,7 +54,7 @@ class Session:
         creds = {"user": user, "password": password} if password is not None else {}
         try:
             session.nc = await nats.connect(
-                url,
+                servers(url),
                 **creds,
                 inbox_prefix=identities.inbox_prefix(inbox or user),
                 error_cb=session._on_error,

@@ -34,7 +34,7 @@ from nats.aio.subscription import Subscription
 
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import LogError, Record
-from corral.events.nats_client import Client
+from corral.events.nats_client import open_client
 from corral.projections.state import State
 from corral.services.query.decide import Ask, BadAsk, answer, parse_ask, refusal, settled
 from corral.services.query.view import JobView
@@ -51,12 +51,9 @@ _encode = msgspec.json.Encoder().encode
 async def connect(url: str, **options: Any) -> JetStreamLog:
     """A read-only log for the read service: its own inbox prefix, and no stream creation (which
     the ``query`` identity may not do; the services that write create the stream)."""
-    nc = Client()
     try:
-        await nc.connect(url, name=ROLE, inbox_prefix=identities.QUERY_INBOX, **options)
+        nc = await open_client(url, name=ROLE, inbox_prefix=identities.QUERY_INBOX, **options)
     except Exception as e:
-        with contextlib.suppress(Exception):
-            await nc.close()
         raise LogError(f"cannot connect to {url}: {e}") from e
     return JetStreamLog(nc)
 

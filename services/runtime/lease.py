@@ -5,7 +5,11 @@ expire ``ttl`` seconds after they were last written (the bucket's max age). The 
 with compare-and-swap on the revision it last wrote, at least every ``ttl / 3``; a standby
 creates it only once it is absent (expired, or deleted by a holder that stopped), so at most one
 replica holds it at a time as the server sees it. A holder that cannot renew in time (a pause, a
-partition) loses it at its next attempt, when its revision is no longer the latest.
+partition) loses it at its next attempt, when its revision is no longer the latest. A renewal
+that gets no answer (a NATS cluster electing the bucket's leader) is not a refusal: the holder
+decides nothing meanwhile and tries again with the same revision until the lease would have
+expired, and a renewal stored late (sent when the connection came back) is recognised by its
+value, the holder's own name, so a leader keeps its role across a NATS failover.
 
 This is for efficiency, not safety: two replicas deciding at once (a holder that has not yet
 noticed it lost its lease) only make proposals the fold arbitrates, and the expected-sequence
@@ -22,6 +26,8 @@ from typing import Any, Protocol
 
 from nats import errors as nats_errors
 from nats.js import errors as js_errors
+
+from corral.services.runtime import buckets
 
 log = logging.getLogger("corral.lease")
 
@@ -46,26 +52,15 @@ class Lease(Protocol):
 
 
 async def ensure_bucket(nc: Any, ttl: float = TTL, replicas: int = 1) -> None:
-    """Create the leases' bucket if it is missing (whoever sets the corral up: the services may
-    use it, not make or remove it), with ``replicas`` copies (as many as the log has)."""
-    js = nc.jetstream()
-    try:
-        await js.key_value(BUCKET)
-    except js_errors.BucketNotFoundError:
-        with contextlib.suppress(js_errors.BadRequestError):  # another made it first
-            await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1, replicas=replicas)
+    """Create the leases' bucket if it is missing, with ``replicas`` (the log's), or bring it to
+    them (whoever sets the corral up: the services may use it, not make or remove it)."""
+    await buckets.ensure(nc.jetstream(), BUCKET, replicas, ttl=ttl, history=1)
 
 
 async def bucket(nc: Any, ttl: float = TTL) -> Any:
     """The leases' bucket on the server ``nc`` is connected to, made if missing (by a replica
     started against a server nobody set up; under logins, ``corral up`` has made it)."""
-    js = nc.jetstream()
-    try:
-        return await js.key_value(BUCKET)
-    except js_errors.BucketNotFoundError:
-        with contextlib.suppress(js_errors.BadRequestError):  # another replica made it first
-            await js.create_key_value(bucket=BUCKET, ttl=ttl, history=1)
-        return await js.key_value(BUCKET)
+    return await buckets.open_bucket(nc.jetstream(), BUCKET, ttl=ttl, history=1)
 
 
 class KvLease:
@@ -138,16 +133,35 @@ class KvLease:
             else:
                 self._revision = await self.kv.update(self.role, value, last=self._revision)
         except js_errors.KeyWrongLastSequenceError:
+            ours = await self._late_renewal() if self._revision is not None else None
+            if ours is not None:
+                # A renewal that got no answer was stored after all (sent when the connection
+                # came back): the key moved by our own hand, so the lease is still ours.
+                self._revision = ours
+                return False  # renewed from that revision at the next tick
             if self._revision is not None:
                 log.warning("%s: %s lost the lease", self.role, self.holder)
             self._revision = None
             return False
         except (nats_errors.Error, TimeoutError) as e:  # no answer: decide nothing meanwhile
             log.warning("%s: lease of %s not renewed: %s", self.role, self.holder, e)
+            if self._revision is not None and now - self._renewed < self.ttl:
+                # No answer is not a refusal (a NATS cluster electing the bucket's leader): try
+                # again with the same revision, which succeeds only if nobody took the lease
+                # meanwhile. Dropping it would leave the key to expire before anyone holds it.
+                return False
             self._revision = None
             return False
         self._renewed = now
         return True
+
+    async def _late_renewal(self) -> int | None:
+        """The key's revision if its value is still this holder's (no one else writes it)."""
+        try:
+            entry = await self.kv.get(self.role)
+        except (js_errors.KeyNotFoundError, nats_errors.Error, TimeoutError):
+            return None
+        return int(entry.revision) if entry.value == self.holder.encode() else None
 
     async def release(self) -> None:
         if self._revision is None:

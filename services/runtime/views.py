@@ -27,9 +27,10 @@ from typing import Any, Protocol
 
 import msgspec
 from nats import errors as nats_errors
-from nats.js import errors as js_errors
 
+from corral.events.log import LogError
 from corral.projections.assignments import NodeView, decode
+from corral.services.runtime import buckets
 
 log = logging.getLogger("corral.views")
 
@@ -63,15 +64,10 @@ class NodeViews(Protocol):
 
 
 async def ensure_bucket(nc: Any, replicas: int = 1) -> None:
-    """Create the views' bucket if it is missing (whoever sets the corral up, as for the
-    leases' bucket: the services write it, the agents read it, nobody else makes it), with
-    ``replicas`` copies (as many as the log has, on a cluster)."""
-    js = nc.jetstream()
-    try:
-        await js.key_value(BUCKET)
-    except js_errors.BucketNotFoundError:
-        with contextlib.suppress(js_errors.BadRequestError):  # another made it first
-            await js.create_key_value(bucket=BUCKET, history=1, direct=True, replicas=replicas)
+    """Create the views' bucket if it is missing, with ``replicas`` (the log's), or bring it to
+    them (whoever sets the corral up, as for the leases' bucket: the services write it, the
+    agents read it, nobody else makes it)."""
+    await buckets.ensure(nc.jetstream(), BUCKET, replicas, history=1, direct=True)
 
 
 class KvViewStore:
@@ -118,6 +114,10 @@ class KvNodeViews:
         newest = -1
         try:
             while True:
+                if getattr(self.nc, "lost", None) is not None and self.nc.lost.is_set():
+                    # It gave up reconnecting: no view will come again. End, for the agent's
+                    # supervisor to start it anew, rather than act on a view that stopped.
+                    raise LogError(f"{node}: lost the connection to NATS for good")
                 found = await self.get(node)  # after subscribing: nothing falls in between
                 while True:
                     if found is not None and found.seq > newest:

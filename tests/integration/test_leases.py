@@ -15,10 +15,12 @@ from corral.events import codec, subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.jobs import JobRejected, JobSpec, Resources, SubmitJob
 from corral.events.log import Append
+from corral.events.server import EmbeddedServer
 from corral.projections.state import State
 from corral.services.admission.decide import decide as admit
 from corral.services.cli.watch import Watcher
 from corral.services.runtime.lease import KvLease
+from corral.services.runtime.lease import bucket as lease_bucket
 from corral.services.runtime.shell import Service
 
 WAIT = 20.0
@@ -126,3 +128,27 @@ async def test_of_two_admission_replicas_only_the_lease_holder_decides(nats_serv
         for log in logs:
             with contextlib.suppress(Exception):
                 await log.close()
+
+
+async def test_a_renewal_nobody_answers_is_tried_again_with_the_same_revision(
+    embedded_server: EmbeddedServer,
+) -> None:
+    # A NATS cluster electing the bucket's leader answers nothing for seconds: the holder keeps
+    # its claim and renews it once answered, unless the lease would have expired meanwhile.
+    conn = await nats.connect(embedded_server.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
+    now = [0.0]
+    try:
+        bucket = await lease_bucket(conn, ttl=30.0)
+        a = KvLease(bucket, "placer", "replica-a", ttl=30.0, clock=lambda: now[0])
+        b = KvLease(bucket, "placer", "replica-b", ttl=30.0, clock=lambda: now[0])
+        assert await a.hold()
+        await embedded_server.stop()
+        now[0] = 11.0  # past a third of the ttl: a renews, and nobody answers
+        assert not await asyncio.wait_for(a.hold(), WAIT) and a.held
+        await embedded_server.start()  # the same store: the key is still a's
+        async with asyncio.timeout(WAIT):  # a few ticks while the connection comes back
+            while not await a.hold():
+                assert not await b.hold()
+        assert a.held and not await b.hold()
+    finally:
+        await conn.close()

@@ -1,0 +1,273 @@
+"""corral on a three-server NATS JetStream cluster, and through the loss of its servers.
+
+- the log's stream and both buckets are made with three replicas;
+- on R3, every acknowledged append survives kill -9 of the stream's leader, read through another
+  server;
+- a connection that gives up reconnecting ends its reader with a ``LogError`` (a service then
+  exits for its supervisor), never a wait for ever;
+- under a steady load of submits, with every service running against the cluster: kill -9 one
+  NATS server (the stream's leader) and bring it back; stop all three and start them again.
+  Placements carry on; at the end every acknowledged submit is in the log, each job was placed
+  at most once per attempt, no GPU is held twice, ``replay --verify`` is clean and every
+  service's state equals the log replayed to where it folded.
+
+Nodes are registered without agents (no worker processes: what is under test is the control
+plane and its log), so a placed job holds its GPUs to the end; there are GPUs for every submit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from corral.events import codec, subjects
+from corral.events.decisions import JobsPlaced
+from corral.events.jetstream import JetStreamLog
+from corral.events.jobs import JobSpec, Resources, SubmitJob
+from corral.events.log import Append, LogError, Record
+from corral.events.queues import ApplyQueue, QueueSpec, Quota
+from corral.events.server import EmbeddedCluster, EmbeddedServer
+from corral.projections.fold import fold
+from corral.projections.state import State
+from corral.services.cli.up import Cluster, Settings, cluster, connect, service_roles
+from corral.services.cli.watch import Watcher
+from corral.services.replay.report import format_report
+from corral.services.replay.verify import verify
+from corral.services.runtime import lease, views
+from tests.integration.polling import until
+
+WAIT = 60.0  # generous: a loaded 2-core machine, and a cluster electing leaders
+NODES = 24  # 192 GPUs: more than the load ever submits
+# No agents, no heartbeats to miss: a node stays ready whatever NATS goes through.
+CLUSTERED = Settings(tick=0.1, agents=False, heartbeat=3600.0, lost_after=86_400.0, nats_servers=3)
+PLACED = ("placed", "starting", "running")
+
+
+def leader_of(info: object) -> str:
+    cluster_info = getattr(info, "cluster", None)
+    return str(getattr(cluster_info, "leader", "") or "")
+
+
+async def stream_leader(log: JetStreamLog, stream: str = subjects.STREAM) -> str:
+    """The name of the server leading ``stream`` (waiting out an election)."""
+    js = log.nc.jetstream()
+    async with asyncio.timeout(WAIT):
+        while True:
+            with contextlib.suppress(Exception):
+                name = leader_of(await js.stream_info(stream))
+                if name:
+                    return name
+            await asyncio.sleep(0.1)
+
+
+def server_named(nats: EmbeddedCluster, name: str) -> int:
+    return next(i for i, s in enumerate(nats.servers) if s.name == name)
+
+
+# -- the stream and buckets ------------------------------------------------------------------
+
+
+async def test_the_log_and_both_buckets_have_three_replicas_and_an_ack_survives_its_leader(
+    nats_cluster: EmbeddedCluster,
+) -> None:
+    setup = await JetStreamLog.connect(nats_cluster.url, create=True, replicas=3)
+    try:
+        await lease.ensure_bucket(setup.nc, replicas=3)
+        await views.ensure_bucket(setup.nc, replicas=3)
+        js = setup.nc.jetstream()
+        for stream in (subjects.STREAM, f"KV_{lease.BUCKET}", views.STREAM):
+            assert (await js.stream_info(stream)).config.num_replicas == 3, stream
+        acked = [
+            (await setup.append(Append(subjects.job(f"j{i}"), b'{"n": %d}' % i, msg_id=f"m{i}"))).seq
+            for i in range(50)
+        ]
+        leader = server_named(nats_cluster, await stream_leader(setup))
+    finally:
+        await setup.close()
+
+    await nats_cluster.servers[leader].kill()  # no flush, no goodbye: as a power loss
+    others = [s.url for i, s in enumerate(nats_cluster.servers) if i != leader]
+    log = await JetStreamLog.connect(",".join(others))
+    try:
+        await stream_leader(log)  # a new one elected among the two left
+        records = [r for batch in await _read(log) for r in batch]
+        assert [r.seq for r in records] == acked
+        assert [r.data for r in records] == [b'{"n": %d}' % i for i in range(50)]
+    finally:
+        await log.close()
+
+
+async def _read(log: JetStreamLog) -> list[list[Record]]:
+    return [batch async for batch in log.read(1)]
+
+
+async def test_a_connection_that_gives_up_ends_its_reader(embedded_server: EmbeddedServer) -> None:
+    log = await JetStreamLog.connect(
+        embedded_server.url, create=True, heartbeat=0.2, max_reconnect_attempts=2, reconnect_time_wait=0.1
+    )
+    try:
+        await log.append(Append(subjects.job("j"), b"{}"))
+        follow = log.follow(1)
+        assert [r.seq for r in await asyncio.wait_for(anext(follow), WAIT)] == [1]
+        await embedded_server.stop()  # and it does not come back
+        with pytest.raises(LogError, match="for good"):
+            await asyncio.wait_for(anext(follow), WAIT)
+        assert log.lost.is_set()
+    finally:
+        await log.close()
+
+
+# -- faults under load -----------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """Submits one job after another through the log, as the intake would append them,
+    remembering which the log acknowledged; a refused or unanswered one is retried under the
+    same message id (so it is stored once) until acknowledged."""
+
+    log: JetStreamLog
+    acked: list[str] = field(default_factory=list)
+    refused: int = 0
+
+    async def run(self, stop: asyncio.Event, limit: int = 150) -> None:
+        for i in range(limit):
+            job_id = f"load-{i}"
+            spec = JobSpec(queue="team-a", resources=Resources(gpus=1), command=("sleep", "600"))
+            data = codec.encode(SubmitJob(request_id=job_id, job=spec))
+            item = Append(subjects.request("team-a", "submit"), data, msg_id=f"submit:{job_id}")
+            while True:
+                try:
+                    await self.log.append(item)
+                    break
+                except LogError:
+                    self.refused += 1  # no stream leader at the moment: again, shortly
+                    await asyncio.sleep(0.1)
+            self.acked.append(job_id)
+            if stop.is_set():
+                return
+            await asyncio.sleep(0.1)  # a steady trickle, not a flood: what is measured is recovery
+
+
+@dataclass
+class Faulted:
+    corral: Cluster
+    log: JetStreamLog
+    watch: Watcher
+    load: Load
+
+    @property
+    def nats(self) -> EmbeddedCluster:
+        assert isinstance(self.corral.nats, EmbeddedCluster)
+        return self.corral.nats
+
+    async def until(self, predicate: Callable[[State], bool]) -> State:
+        return await self.watch.until(predicate, WAIT)
+
+    async def placements_carry_on(self, more: int = 5) -> None:
+        """Wait until ``more`` jobs acknowledged from now on are placed."""
+        first = len(self.load.acked)
+        await until(lambda: len(self.load.acked) >= first + more, WAIT)
+        wanted = self.load.acked[first : first + more]
+        await self.until(
+            lambda s: all(s.jobs.get(j) is not None and s.jobs[j].phase in PLACED for j in wanted)
+        )
+
+
+@asynccontextmanager
+async def faulted(tmp_path: Path) -> AsyncIterator[Faulted]:
+    settings = dataclasses.replace(CLUSTERED)
+    async with cluster(None, NODES, "h100-8x", tmp_path / "corral", settings=settings) as c:
+        assert c.replicas == 3
+        log = await connect(c.url)
+        stop = asyncio.Event()
+        try:
+            async with Watcher(log) as watch:
+                queue = QueueSpec("team-a", quotas={"*": Quota(nominal=1000)}, tenants=("team-a",))
+                body = codec.encode(ApplyQueue(queue=queue))
+                await log.append(Append(subjects.request("admin", "queue"), body, msg_id="queue:team-a"))
+                await watch.until(lambda s: "team-a" in s.queues and len(s.nodes) == NODES, WAIT)
+                load = Load(log)
+                submitting = asyncio.create_task(load.run(stop))
+                it = Faulted(c, log, watch, load)
+                await it.placements_carry_on()
+                yield it
+                stop.set()
+                await asyncio.wait_for(submitting, WAIT)
+                await check_end(it)
+        finally:
+            stop.set()
+            await log.close()
+
+
+async def check_end(it: Faulted) -> None:
+    acked = list(it.load.acked)
+    # Every acknowledged submit is in the log, and placed (there are GPUs for all).
+    state = await it.until(
+        lambda s: all(s.jobs.get(j) is not None and s.jobs[j].phase in PLACED for j in acked)
+    )
+    records = list(it.watch.records)
+    submitted = Counter(r.subject for r in records if r.subject.startswith("corral.in.team-a.submit"))
+    assert submitted[subjects.request("team-a", "submit")] == len(acked), "a submit stored twice, or lost"
+    # Each job placed at most once per attempt, and no GPU held twice.
+    placed: Counter[tuple[str, int]] = Counter()
+    for r in records:
+        if r.subject == subjects.decision("placer"):
+            body = codec.decode_envelope(r.data).body
+            if isinstance(body, JobsPlaced):
+                placed.update((p.job_id, p.attempt) for p in body.placements)
+    assert max(placed.values()) == 1, [k for k, n in placed.items() if n > 1]
+    held: Counter[tuple[str, int]] = Counter()
+    for job in state.jobs.values():
+        if job.held is not None:
+            for w in job.held.workers:
+                held.update({(w.node, c.gpu): c.milli for c in w.gpus})
+    assert held and max(held.values()) <= 1000, "a GPU held twice"
+    # The log replays clean, to the state every service holds.
+    report = verify(records, service_roles())
+    assert report.clean, format_report(report)
+    assert fold(records) == it.watch.state and state.faults == 0
+    services = [*it.corral.services, it.corral.assignments, it.corral.health]
+    for svc in services:
+        assert svc is not None
+        await until(lambda svc=svc: it.watch.state.seq >= svc.state.seq, WAIT)  # type: ignore[misc]
+        seq = svc.state.seq  # nothing is folded from here to the comparison: no await between
+        assert svc.state == fold(r for r in it.watch.records if r.seq <= seq), svc.role
+
+
+async def test_kill_one_nats_server_of_three_then_bring_it_back(tmp_path: Path) -> None:
+    async with faulted(tmp_path) as it:
+        # The worst one to lose: the server leading the log's stream.
+        victim = server_named(it.nats, await stream_leader(it.log))
+        await it.nats.servers[victim].kill()
+        await it.placements_carry_on()  # two of three carry the log on
+        await it.nats.restart(victim)
+        await it.placements_carry_on()
+        # The server that came back has caught up: the log read through it alone is the log.
+        alone = await JetStreamLog.connect(it.nats.servers[victim].url)
+        try:
+            last = await it.log.last_seq()
+            await until(lambda: it.watch.state.seq >= last, WAIT)
+            async with asyncio.timeout(WAIT):
+                while (await alone.last_seq()) < last:
+                    await asyncio.sleep(0.1)
+            through_it = [r for batch in [b async for b in alone.read(1, last)] for r in batch]
+            assert through_it == [r for r in it.watch.records if r.seq <= last]
+        finally:
+            await alone.close()
+
+
+async def test_restart_all_three_nats_servers(tmp_path: Path) -> None:
+    async with faulted(tmp_path) as it:
+        await it.nats.stop()  # every connection loses its server at once
+        await asyncio.gather(*(s.start() for s in it.nats.servers))
+        await it.nats.wait_ready()
+        await it.placements_carry_on()  # everyone reconnected: submits are placed again

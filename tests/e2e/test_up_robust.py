@@ -179,7 +179,11 @@ async def test_corral_serve_resumes_after_a_nats_restart_and_exits_when_it_stays
             await decided(server, "before")
             await server.kill()  # gone at once: a graceful stop can take longer than 8 s here
             await server.start()  # the same port and store
-            await decided(server, "after")  # it reconnected, its consumer and lease came back
+            try:
+                await decided(server, "after")  # it reconnected, its consumer and lease came back
+            except BaseException:
+                print("SERVE OUTPUT:", "".join(serve.lines.queue))
+                raise
             await server.stop()  # and now it stays away
             assert await asyncio.to_thread(serve.ended) == 1
             tail = "".join(serve.lines.queue).strip().splitlines()

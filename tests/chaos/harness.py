@@ -254,6 +254,10 @@ class Corral:
 
 
 def producer(r: Record) -> str:
+    """Who wrote a record: a service's or an agent's envelope names it; a client's request
+    (``corral.in.<tenant>.<verb>``, the request's bytes as sent) names nobody."""
+    if subjects.parse_request(r.subject) is not None:
+        return ""
     return codec.decode_envelope(r.data).producer
 
 

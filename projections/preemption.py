@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 from corral.events.queues import DEFAULT_PREEMPTION, PreemptionPolicy
 from corral.projections import indexes, quota, thrash
+from corral.projections.lifecycle import Phase
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
 
@@ -210,3 +211,15 @@ def may_stop(
         borrower = f"{victim.id} of queue {victim.spec.queue}"
         return f"{borrower} holds nothing {beneficiary.id} of {queue} may take back or borrow over"
     return None
+
+
+# The phases in which a job stopped for a beneficiary names it (``JobState.preempted_for``):
+# stopping, stopped, or requeued and not placed again yet. The placer places the admitted jobs
+# so named before any other, and the preemptor gives them their GPUs first in its simulation.
+NAMING: tuple[Phase, ...] = ("checkpointing", "preempted", "queued", "admitted")
+
+
+def nominated(state: State) -> set[str]:
+    """The beneficiaries a job stopped for them names, in a phase of ``NAMING`` (a requeued
+    victim may be queued anywhere in the backlog)."""
+    return {job.preempted_for for job in indexes.jobs_in(state, *NAMING) if job.preempted_for}

@@ -45,8 +45,7 @@ import msgspec
 from corral.events.base import Event, Reason
 from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Placement, Unschedulable
 from corral.events.jobs import Resources
-from corral.projections import claims, indexes, quota
-from corral.projections.lifecycle import Phase
+from corral.projections import claims, indexes, preemption, quota
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Request
 from corral.projections.placement.plugins.packing import fragmentation_of
@@ -66,9 +65,6 @@ def admitted(state: State) -> list[JobState]:
     return jobs
 
 
-# The phases in which a job preempted for a beneficiary names it as nominated: stopping, stopped,
-# or requeued and not placed again yet.
-_NAMING: tuple[Phase, ...] = ("checkpointing", "preempted", "queued", "admitted")
 _STOPPING = frozenset({"checkpointing", "preempted"})  # a preemption under way
 
 
@@ -85,7 +81,7 @@ class Nominations:
         """A look at every job stopping or waiting (a requeued victim may be queued anywhere in
         the backlog), none at a running or finished one."""
         out = cls()
-        for job in indexes.jobs_in(state, *_NAMING):
+        for job in indexes.jobs_in(state, *preemption.NAMING):
             b = job.preempted_for
             if b:
                 out.first.add(b)

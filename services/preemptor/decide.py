@@ -17,7 +17,13 @@ append, each with ``based_on = state.seq`` and ``now``:
    that admission would keep out for an earlier job of its queue that holds the queue's quota
    (``projections.holds.Hold``): the first queued job of a best-effort queue that waits
    (quota blocks it and no victims get it admitted) holds it here as it does in admission, so
-   that quota reclaimed for a later, smaller job does not go to a job that would delay it;
+   that quota reclaimed for a later, smaller job does not go to a job that would delay it.
+   Admitted jobs the placer has not tried yet take their turn among them (nominated ones
+   first, as the placer places them): they keep in the simulation the GPUs they fit on now and
+   nothing is stopped for them, so that no job of lower priority has victims stopped for GPUs
+   the placer is about to give away (a victim requeued for a beneficiary, blocked by the quota
+   the beneficiary was just admitted into, would otherwise stop work for the GPUs freed for the
+   beneficiary, and hold them against it);
 3. for each, ``victims.search``: the minimal victims found by simulation, checked with the fold's
    arithmetic, then kept in the simulation with the beneficiary placed on the freed GPUs, so
    that no two beneficiaries of a cycle are offered the same GPUs and no job is a victim twice;
@@ -164,10 +170,13 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     # ``hopeless``, so that a backlog of jobs no candidates could help is passed over cheaply.
     unblocked: set[tuple[object, ...]] = set()
     holds = _Holds(state, sim.ledger, now)
-    for job in beneficiaries(state, now):
+    for job in _turns(state, now):
         if searched >= config.max_beneficiaries:
             break
         if job.id in under_way:
+            continue
+        if job.phase == "admitted" and not job.reasons:
+            _takes_its_gpus(sim, job)
             continue
         form: tuple[object, ...] | None = None
         if job.phase == "admitted":
@@ -301,19 +310,50 @@ def beneficiaries(state: State, now: float = 0.0) -> list[JobState]:
     the placer says preemption would help, and every queued job (``blocked_target`` keeps only
     those that quota blocks). A shortest-first queue's queued jobs take its places in its own
     order (``projections.queueing.slots``), so that its holds fall on the job admission holds for."""
+    return [j for j in _turns(state, now) if j.phase == "queued" or j.reasons]
+
+
+def _turns(state: State, now: float) -> list[JobState]:
+    """The beneficiaries, and admitted jobs the placer has not tried yet (no reasons since their
+    admission), in the order the cycle takes them: of the latter, those a stopped job names as
+    its beneficiary first (``projections.preemption.nominated``: the placer places them before
+    anyone), then all as ``beneficiaries``."""
     out = indexes.jobs_in(state, "queued")
     shortest: dict[str, list[JobState]] = {}
     for name, spec in state.queues.items():
         if spec.strategy == queueing.SHORTEST_FIRST and name in state.queued_by_queue:
             shortest[name] = indexes.queued_in(state, name)
+    first: set[str] = set()
     for job in indexes.jobs_in(state, "admitted"):
-        if job.held is None and any(r.preemption_helps for r in job.reasons):
+        if job.held is None and (not job.reasons or any(r.preemption_helps for r in job.reasons)):
             out.append(job)
+            if not first and not job.reasons:
+                first = preemption.nominated(state)  # a look at the backlog: only when it can matter
     place: dict[str, int] = {}
     for jobs in shortest.values():
         place.update(queueing.slots(jobs, now))
-    out.sort(key=lambda j: (-j.priority, place.get(j.id, j.submitted_seq), j.id))
+    out.sort(
+        key=lambda j: (
+            not (j.id in first and j.phase == "admitted" and not j.reasons),
+            -j.priority,
+            place.get(j.id, j.submitted_seq),
+            j.id,
+        )
+    )
     return out
+
+
+def _takes_its_gpus(sim: Simulation, job: JobState) -> None:
+    """An admitted job the placer has not tried yet: the placer places it on what is free before
+    any job the cycle could preempt for is admitted (a nominated one before anyone), so where it
+    fits now its GPUs are kept for it in the simulation, and no later beneficiary is offered them
+    (a queued job blocked by quota would have victims stopped for its quota, then find its GPUs
+    taken and wait for a second preemption). Where it does not fit, nothing is stopped for it
+    until the placer says preemption would help."""
+    target = admitted_target(sim.ledger, job)
+    found = search(sim, target, ())
+    if found is not None:
+        commit(sim, target, found)
 
 
 def preempted_for(job: JobState) -> str:

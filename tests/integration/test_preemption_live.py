@@ -1,6 +1,7 @@
 """Preemption on a live cluster: an urgent 8-GPU job arrives on a full node; a low-priority
 checkpointable job running ``examples/train.py`` checkpoints when asked, stops, the urgent job
-runs on the GPUs it gave back, and the preempted job later resumes from the step it saved.
+runs on the GPUs it gave back, and the preempted job later resumes from the step it saved. On
+two nodes, only the job on the node the urgent job needs is stopped, in that cycle and after it.
 
 Real nats-server, every service, a node agent running real processes; the order of what happened
 is read from the log (sequence numbers), never from the clock, and the replay of the log must
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+
 from corral.events.decisions import PreemptionRequested, Victim
 from corral.events.jobs import JobRequeued
 from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
-from corral.events.queues import PriorityClassSpec
-from tests.integration.test_cluster_failures import checkpointed, job_spec, live, phase, train
+from corral.events.queues import ApplyQueue, PriorityClassSpec, QueueSpec, Quota
+from tests.integration.test_cluster_failures import LONG, checkpointed, job_spec, live, node_of, phase, train
 
 CLASSES = (PriorityClassSpec("batch", 10), PriorityClassSpec("urgent", 1000, preemptible=False))
 
@@ -64,3 +67,28 @@ async def test_an_urgent_job_preempts_a_checkpointing_one_which_resumes_from_its
         assert f"rank 0: resumed from step {checkpoint.step} " in resumed
         assert "rank 0: done at step 1000" in resumed
         assert checkpoint.step >= 100
+
+
+async def test_only_the_job_on_the_node_the_urgent_job_needs_is_stopped(tmp_path: Path) -> None:
+    # Two nodes: low fills one, b1 (team-b) and a2 (team-a, 1 GPU, priority 0) share the other.
+    # Stopping low alone lets urgent in (team-a at 1 + 8 of 16). Once low is requeued and urgent
+    # admitted, and before the placer places urgent, low (blocked by team-a's quota) looked as
+    # if it would fit on the node freed for urgent if a2 gave its quota back: a2 was stopped.
+    sleep = ("sleep", "600")
+    async with live(tmp_path, nodes=2, classes=CLASSES) as it:
+        team_b = QueueSpec("team-b", quotas={"*": Quota(nominal=8)}, tenants=("team-b",))
+        await it.request("admin", "queue", ApplyQueue(queue=team_b), "queue:team-b")
+        await it.submit("b1", msgspec.structs.replace(job_spec(sleep, gpus=4), queue="team-b"))
+        low = job_spec(LONG, gpus=8, priority_class="batch", checkpointable=True, grace_seconds=20.0)
+        await it.submit("low", low)
+        await it.until(lambda s: checkpointed("low", 100)(s) and phase(s, "b1") == "running")
+        await it.submit("a2", job_spec(sleep, gpus=1))
+        await it.until(lambda s: phase(s, "a2") == "running")
+        low_node = node_of(it.state, "low")
+        await it.submit("urgent", job_spec(sleep, gpus=8, priority_class="urgent"))
+        s = await it.until(lambda s: phase(s, "urgent") == "running" and s.jobs["low"].attempt == 1)
+        await it.watch.caught_up()
+        proposed = [(e.beneficiary, e.victims) for _, e in it.events(PreemptionRequested)]
+        assert proposed == [("urgent", (Victim("low", 0),))]
+        assert (phase(s, "a2"), s.jobs["a2"].attempt) == ("running", 0)
+        assert node_of(s, "urgent") == low_node

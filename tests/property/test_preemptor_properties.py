@@ -30,7 +30,7 @@ from corral.events.decisions import (
     Unschedulable,
     WorkerSlot,
 )
-from corral.events.jobs import JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob
+from corral.events.jobs import JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob, Topology
 from corral.events.nodes import NodeRegistered, WorkerExited, WorkerStarted
 from corral.events.queues import (
     ApplyCohort,
@@ -42,8 +42,9 @@ from corral.events.queues import (
     QueueSpec,
     Quota,
 )
-from corral.projections import claims, quota
+from corral.projections import claims, indexes, quota
 from corral.projections.fold import apply_event
+from corral.projections.placement.stack import PlacerConfig
 from corral.projections.preemption import planning_ledger, protected
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import WHOLE, JobState, State
@@ -51,7 +52,13 @@ from corral.services.admission.decide import decide as admission
 from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide as placer
 from corral.services.preemptor.decide import PreemptorConfig, beneficiaries, decide, plan
-from corral.services.preemptor.victims import preemptible
+from corral.services.preemptor.victims import (
+    Simulation,
+    admitted_target,
+    charge_of,
+    preemptible,
+    queued_target,
+)
 
 CLASSES = {
     "low": PriorityClassSpec("low", 0),
@@ -384,6 +391,88 @@ def test_elastic_shrinks_keep_the_same_guarantees(w: World) -> None:
             )
         claims.check(scratch, b, p.placement)
         claims.take(scratch, msgspec.structs.replace(b), p.placement)
+
+
+@st.composite
+def spread_worlds(draw: st.DrawFn) -> World:
+    """Two or three 8-GPU nodes; team-a (a drawn nominal) and team-b (8) in no cohort, running
+    small jobs of drawn classes, each on a drawn node where it fits, so that the lowest-priority
+    ones are often on other nodes than the one an urgent job needs; then team-a's urgent job
+    (4 or 8 GPUs on one node, priority 10), which waits for quota or GPUs."""
+    w = World()
+    for name, inv in cluster(draw(st.integers(2, 3)), "h100-8x"):
+        w.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
+    for pc in CLASSES.values():
+        w.emit(subj.admin("pc"), ApplyPriorityClass(priority_class=pc), subj.ADMIN)
+    for q, nominal in (("team-a", draw(st.integers(8, 24))), ("team-b", 8)):
+        w.emit(subj.admin("queue"), ApplyQueue(queue=QueueSpec(q, quotas={ANY: Quota(nominal)})), subj.ADMIN)
+    ledger = Ledger.from_state(w.state)
+    nodes = sorted(w.state.nodes)
+    shapes = st.tuples(
+        st.sampled_from(["team-a", "team-a", "team-b"]),
+        st.sampled_from(["low", "low", "high", "prod"]),
+        st.sampled_from([1, 1, 2, 4, 8]),
+        st.sampled_from(nodes),
+    )
+    for i, (q, pc, n, node) in enumerate(draw(st.lists(shapes, min_size=4, max_size=12))):
+        jid = f"j{i:02d}"
+        spec = JobSpec(queue=q, priority_class=pc, resources=Resources(gpus=n))
+        free = [g.info.index for g in w.state.nodes[node].gpus if not g.holders]
+        w.emit(subj.request("t", "submit"), SubmitJob(request_id=jid, job=spec), "t", draw(st.floats(1, 60)))
+        w.emit(subj.job(jid), JobAccepted(job_id=jid, priority=CLASSES[pc].value))
+        job = w.state.jobs[jid]
+        adm = quota.admission(w.state.queues[q], job)
+        if len(free) < n or ledger.check(job, adm) is not None:
+            continue  # waits in its queue
+        ledger.hold_admission(job, adm)
+        w.emit(subj.decision("admission"), JobsAdmitted(based_on=w.seq, now=w.time, admissions=(adm,)))
+        p = Placement(jid, 0, (WorkerSlot(0, node, tuple(GpuClaim(g) for g in free[:n])),))
+        w.emit(subj.decision("placer"), JobsPlaced(based_on=w.seq, now=w.time, placements=(p,)))
+        w.emit(subj.node(node), WorkerStarted(node=node, job_id=jid, attempt=0, rank=0))
+    w.time += 600.0
+    spec = JobSpec(
+        queue="team-a",
+        priority_class="high",
+        resources=Resources(gpus=draw(st.sampled_from([4, 8]))),
+        topology=Topology("node", True),
+    )
+    _start(w, draw, ledger, "urgent", spec, 1.0, CLASSES["high"].value)
+    return w
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(spread_worlds(), worlds()), st.booleans())
+def test_no_victim_is_stopped_that_the_beneficiary_fits_without(w: World, shrink: bool) -> None:
+    # Minimal after fill-back: for the first beneficiary searched, with every other victim of
+    # its proposal gone, keeping any one victim leaves it unable to fit (its queue's quota and
+    # the placer's gang search), or leaves a victim the fold would not let it take.
+    state, now = w.state, w.time
+    if any(j.held is None and not j.reasons for j in indexes.jobs_in(state, "admitted")):
+        return  # none here; such a job would keep its GPUs in the simulation first
+    plans = plan(state, now, PreemptorConfig(max_beneficiaries=1, shrink=shrink))
+    if not plans or plans[0].shrinks:
+        return
+    (p,) = plans
+    b = state.jobs[p.beneficiary]
+    policy = state.queues[b.spec.queue].preemption
+    event(f"{len(p.victims)} victim(s)")
+    stopped = {v.job_id for v in p.victims}
+    if any(
+        j.id not in stopped and j.spec.queue == b.spec.queue and j.priority < b.priority
+        for j in indexes.jobs_in(state, "running")
+    ):
+        event("a lower-priority job of its queue kept running")
+    for kept in p.victims:
+        sim = Simulation(state, PlacerConfig())
+        for v in p.victims:
+            if v != kept:
+                job = state.jobs[v.job_id]
+                sim.release(job, *charge_of(sim.ledger, job), None)
+        target = (
+            admitted_target(sim.ledger, b) if b.phase == "admitted" else queued_target(state, sim.ledger, b)
+        )
+        assert target is not None
+        assert not (sim.fits(target) and sim.allowed(target, policy, {})), f"{kept.job_id} was not needed"
 
 
 # -- an urgent job on a full cohort, from arrival to placement ------------------------------------------

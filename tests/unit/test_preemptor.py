@@ -843,6 +843,65 @@ def test_a_nominated_job_is_placed_before_a_higher_priority_one() -> None:
     assert {c.gpu for c in placed.placements[0].workers[0].gpus} == {0, 1, 2, 3}
 
 
+def two_teams_world() -> World:
+    """Two 8-GPU nodes; team-a (nominal 16) and team-b (nominal 8), in no cohort. ``b1``
+    (team-b, 4 GPUs) and ``a2`` (team-a, 1 GPU, no priority class: priority 0) share node-00;
+    ``low`` (team-a, 8 GPUs, class batch, checkpointed) fills node-01. ``urgent`` (team-a, 8 GPUs,
+    class urgent, not preemptible) is queued: team-a holds 9 of its 16."""
+    w = World(nodes=2).priority_class("batch", 10).priority_class("urgent", 1000, preemptible=False)
+    w.queue("team-a", 16).queue("team-b", 8)
+    w.run("b1", gpus(4, queue="team-b"), whole(N0, 0, 1, 2, 3))
+    low = gpus(8, priority_class="batch", checkpointable=True, grace_seconds=20.0)
+    w.run("low", low, whole(N1, *range(8)), priority=10)
+    w.checkpoint("low", 100)
+    w.run("a2", gpus(1), whole(N0, 4))
+    return w.submit("urgent", gpus(8, priority_class="urgent"), priority=1000)
+
+
+@pytest.mark.parametrize(
+    "after_admission",
+    [
+        pytest.param((placer, decide), id="placer-first"),
+        pytest.param((decide, placer), id="preemptor-first"),
+    ],
+)
+def test_only_the_job_on_the_node_the_urgent_job_needs_is_stopped(after_admission: Any) -> None:
+    # Stopping low alone frees node-01 and leaves team-a at 1 + 8 of 16: a2, on the other node,
+    # is not needed, in the first cycle or in any after it. Once low is requeued and urgent
+    # admitted in its place, the preemptor may run before the placer has placed urgent: node-01
+    # looks free, low (queued, priority 10, blocked by team-a's quota) would fit there once a2
+    # gave its 1 GPU of quota back, but node-01 is urgent's.
+    w = two_teams_world()
+    (ev,) = w.cycle(decide)
+    assert isinstance(ev, PreemptionRequested)
+    assert (ev.beneficiary, ev.victims) == ("urgent", (Victim("low", 0),))
+    w.checkpoint("low", 120).stop("low")
+    w.cycle(admission)
+    assert (w.state.jobs["low"].phase, w.state.jobs["urgent"].phase) == ("queued", "admitted")
+    proposed = [e for fn in after_admission for e in w.cycle(fn)]
+    proposed += w.cycle(decide)
+    assert not [e for e in proposed if isinstance(e, PreemptionRequested | ShrinkRequested)]
+    urgent = w.state.jobs["urgent"]
+    assert urgent.phase == "placed" and urgent.held is not None
+    assert {wk.node for wk in urgent.held.workers} == {N1}
+    assert w.state.jobs["a2"].phase == "running"
+
+
+def test_gpus_an_admitted_job_not_yet_tried_fits_on_are_not_offered_to_a_queued_one() -> None:
+    # ``next`` (team-b, priority 20) is admitted and fits on node-01's free GPUs; the placer has
+    # not run yet. ``want`` (team-a, priority 10, 8 + 8 of 12 held) would fit there too once
+    # ``a-low`` gave its 4 back, but node-01 is next's: stopping a-low would not get want going
+    # (or, once the preemption held node-01 for want, next would wait for a lower-priority job).
+    w = World(nodes=2).queue("team-a", 12).queue("team-b", 8)
+    w.run("a-low", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.run("a-pinned", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+    w.submit("next", gpus(8, queue="team-b"), priority=20).admit("next")
+    w.submit("want", gpus(8), priority=10)
+    assert w.decide() == []
+    (placed,) = w.cycle(placer)
+    assert isinstance(placed, JobsPlaced) and [p.job_id for p in placed.placements] == ["next"]
+
+
 def test_free_gpus_the_beneficiary_counts_on_are_held_while_its_victims_checkpoint() -> None:
     # urgent needs a whole node: low's 4 GPUs on node-00 (quota too) and the 4 free beside them.
     w = World(nodes=2).queue("team-a", 12).queue("team-b", 4).queue("team-c", 4)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 
 import msgspec
 
@@ -163,11 +164,12 @@ def summarize(body: Event, job_id: str) -> str:
             if job_id == body.beneficiary:
                 victims = ", ".join(v.job_id for v in body.victims)
                 return f"preemption requested on its behalf: victims {victims}"
-            return f"asked to checkpoint and yield to {body.beneficiary} by t={body.deadline:g}"
+            return f"asked to checkpoint and yield to {body.beneficiary} by {_when(body.deadline)}"
         case ShrinkRequested():
             if job_id == body.beneficiary:
                 return f"shrink of {body.job_id} to {body.replicas} workers requested on its behalf"
-            return f"asked to shrink to {body.replicas} workers for {body.beneficiary} by t={body.deadline:g}"
+            by = _when(body.deadline)
+            return f"asked to shrink to {body.replicas} workers for {body.beneficiary} by {by}"
         case WorkerStarted():
             return f"rank {body.rank} started on {body.node}"
         case WorkerExited():
@@ -176,3 +178,11 @@ def summarize(body: Event, job_id: str) -> str:
         case CheckpointCompleted():
             return f"checkpoint at step {body.step}: {body.location}"
     return _WORD.sub(" ", type(body).__name__).lower()
+
+
+def _when(t: float) -> str:
+    """A deadline as a person reads it: a UTC time of day (a simulated log that starts at 0: its
+    seconds since the start)."""
+    if t < 1e9:
+        return f"t={t:.0f}s"
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%SZ")

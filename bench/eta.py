@@ -60,6 +60,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--start", default=philly.START)
     ap.add_argument("--estimates", choices=("learned", "given"), default="learned")
     ap.add_argument("--trace", default=None, help="philly.csv (default: the shared traces)")
+    ap.add_argument(
+        "--horizon", type=float, default=eta.HORIZON_S / 3600, help="hours a forecast looks ahead"
+    )
+    ap.add_argument(
+        "--again",
+        type=float,
+        default=EVERY_S / 60,
+        help="minutes between forecasts of waiting jobs (0: none)",
+    )
+    ap.add_argument(
+        "--scale", type=float, default=1.0, help="forecast with every runtime estimate times this"
+    )
     args = ap.parse_args(argv)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
@@ -75,21 +87,27 @@ def main(argv: list[str] | None = None) -> None:
         )
         for j in exp.jobs("corral")
     ]
-    print(run(exp, jobs, args.estimates))
+    print(run(exp, jobs, args.estimates, args.horizon * 3600, args.again * 60, args.scale))
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
 
 
-def run(exp: philly.Experiment, jobs: Sequence[SimJob], estimates: str) -> str:
+def run(
+    exp: philly.Experiment,
+    jobs: Sequence[SimJob],
+    estimates: str,
+    horizon_s: float = eta.HORIZON_S,
+    every_s: float = EVERY_S,
+    scale: float = 1.0,
+) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
     sim = Simulation(exp.cluster(), exp.setup("corral"), jobs, config)
-    points = sorted(
-        {math.floor(j.arrival / cycle) * cycle + cycle for j in jobs}
-        | {
-            k * EVERY_S
-            for k in range(int(jobs[0].arrival // EVERY_S) + 1, int(jobs[-1].arrival // EVERY_S) + 2)
-        }
-    )
+    arrivals = {math.floor(j.arrival / cycle) * cycle + cycle for j in jobs}
+    again: set[float] = set()
+    if every_s > 0:
+        first, last = int(jobs[0].arrival // every_s) + 1, int(jobs[-1].arrival // every_s) + 2
+        again = {k * every_s for k in range(first, last)}
+    points = sorted(arrivals | again)
     at_submit: dict[str, float] = {}
     naive: dict[str, float] = {}
     estimate: dict[str, float] = {}
@@ -102,8 +120,15 @@ def run(exp: philly.Experiment, jobs: Sequence[SimJob], estimates: str) -> str:
         waiting = [j for j in state.jobs.values() if j.phase in WAITING]
         if not waiting:
             continue
+        new = [j.id for j in waiting if j.id not in at_submit]
+        if point not in again:
+            if not new:
+                continue
+            asked: list[str] | None = new  # only they need a forecast: the run stops once they start
+        else:
+            asked = None
         t = time.perf_counter()
-        fc = eta.forecast(state, now, config)
+        fc = eta.forecast(state, now, config, scale=scale, horizon_s=horizon_s, jobs=asked)
         forecast_s += time.perf_counter() - t
         ahead: dict[str, float] = {}
         for job in sorted(waiting, key=lambda j: j.submitted_seq):
@@ -114,15 +139,18 @@ def run(exp: philly.Experiment, jobs: Sequence[SimJob], estimates: str) -> str:
                 naive[job.id] = now + ahead.get(job.spec.queue, 0.0)
                 if est is not None:
                     estimate[job.id] = est
-            else:
+            elif asked is None:
                 later.append((job.id, now, start))
-            q = job.spec.queue
-            ahead[q] = ahead.get(q, 0.0) + (UNKNOWN_RUNTIME_S if est is None else est)
+            if job.phase != "submitted":  # one not accepted yet is ahead of nobody
+                q = job.spec.queue
+                ahead[q] = ahead.get(q, 0.0) + (UNKNOWN_RUNTIME_S if est is None else est)
     sim.run()
     stats = sim.stats
     lines = [
         f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
         f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s of CPU in all",
+        f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
+        f"runtimes scaled by {scale:g} in forecasts",
         f"({eta.ASSUMPTION})",
         "",
         "start forecast within the band of the actual wait (±20 %, or 5 min under 25 min):",

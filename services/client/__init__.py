@@ -1,6 +1,7 @@
 """corral's Python client, public as ``corral.client``: submit, wait, cancel, resize, list and
-explain jobs, from a script or a notebook (``Client``) or asyncio (``AsyncClient``), with typed
-results and the CLI's errors. The ``corral`` command's job verbs are built on it.
+explain jobs (a waiting one with its forecast start), ask what if a job were submitted now,
+from a script or a notebook (``Client``) or asyncio (``AsyncClient``), with typed results and
+the CLI's errors. The ``corral`` command's job verbs are built on it.
 
 Worker output is not reachable through it: it stays in the agents' directories on their nodes
 (``corral logs`` reads them on that machine), and nothing carries it over NATS.
@@ -10,6 +11,7 @@ from corral.services.client.aio import AsyncClient
 from corral.services.client.results import (
     Applied,
     CorralError,
+    Eta,
     Explanation,
     Forbidden,
     HistoryEntry,
@@ -23,6 +25,7 @@ from corral.services.client.results import (
     Submitted,
     TimedOut,
     Unreachable,
+    WhatIf,
 )
 from corral.services.client.sync import Client
 
@@ -31,6 +34,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "CorralError",
+    "Eta",
     "Explanation",
     "Forbidden",
     "HistoryEntry",
@@ -44,4 +48,5 @@ __all__ = [
     "Submitted",
     "TimedOut",
     "Unreachable",
+    "WhatIf",
 ]

@@ -83,6 +83,7 @@ from corral.events.nodes import (
 from corral.projections import indexes, quota
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import FINAL
+from corral.projections.lifecycle import WAITING as WAITING
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.state import WHOLE, JobState, State
 from corral.services.admission.decide import AdmissionConfig
@@ -91,8 +92,6 @@ from corral.services.placer.decide import decide as placer_decide
 from corral.services.preemptor.decide import PreemptorConfig
 from corral.services.preemptor.decide import decide as preemptor_decide
 
-# Phases in which a job waits for a decision of some service.
-WAITING = frozenset({"submitted", "queued", "admitted", "preempted", "interrupted"})
 _VERBS: dict[type[Event], str] = {t: verb for verb, t in codec.ADMIN_VERBS.items()}
 # Reports that change no service's answer at the time they are made (see the module docstring).
 _NO_NEWS = (CheckpointCompleted, WorkerStarted)

@@ -33,6 +33,10 @@ ASSUMPTION = (
     "(its owner's, else learned from similar jobs that finished)"
 )
 EARLY, LATE = 0.5, 2.0
+# How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every
+# job in it, each time. A start further away is "not within the horizon" (``inf``): a week's
+# forecast is a guess whatever it costs, as everything submitted meanwhile moves it.
+HORIZON_S = 2 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -63,12 +67,18 @@ def forecast(
     config: SimConfig | None = None,
     *,
     scale: float = 1.0,
-    horizon_s: float | None = None,
+    horizon_s: float | None = HORIZON_S,
+    jobs: Iterable[str] | None = None,
 ) -> Forecast:
-    """Every waiting job's start, by one forward simulation from a copy of ``state`` (``state``
-    itself is not changed)."""
+    """Every waiting job's start (or only those of ``jobs``), by one forward simulation from a
+    copy of ``state`` (``state`` itself is not changed), at most ``horizon_s`` ahead (None: until
+    every one has started)."""
     sim = Simulation.resume(state, now, config or SimConfig(), lambda j: runtime(j, now, scale))
     waiting = set(sim.until_started or ())
+    if jobs is not None:
+        # The simulation stops once these have started: jobs behind them cost nothing.
+        waiting &= set(jobs)
+        sim.until_started = set(waiting)
     sim.run(until=None if horizon_s is None else now + horizon_s)
     starts = {}
     for job_id in waiting:
@@ -78,13 +88,18 @@ def forecast(
 
 
 def band(
-    state: State, now: float, config: SimConfig | None = None, jobs: Iterable[str] | None = None
+    state: State,
+    now: float,
+    config: SimConfig | None = None,
+    jobs: Iterable[str] | None = None,
+    horizon_s: float | None = HORIZON_S,
 ) -> dict[str, tuple[float, float, float]]:
     """Per waiting job: (early, forecast, late) starts (see the module docstring)."""
-    mid = forecast(state, now, config)
-    early = forecast(state, now, config, scale=EARLY)
-    late = forecast(state, now, config, scale=LATE)
-    ids = mid.starts if jobs is None else [j for j in jobs if j in mid.starts]
+    asked = None if jobs is None else list(jobs)
+    mid = forecast(state, now, config, horizon_s=horizon_s, jobs=asked)
+    early = forecast(state, now, config, scale=EARLY, horizon_s=horizon_s, jobs=asked)
+    late = forecast(state, now, config, scale=LATE, horizon_s=horizon_s, jobs=asked)
+    ids = list(mid.starts)
     out = {}
     for job_id in ids:
         s = mid.starts[job_id]

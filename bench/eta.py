@@ -72,6 +72,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--scale", type=float, default=1.0, help="forecast with every runtime estimate times this"
     )
+    ap.add_argument(
+        "--calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="scale estimates by the median error of those of the jobs that finished so far",
+    )
+    ap.add_argument(
+        "--band", action="store_true", help="also forecast early and late at submission (3x the cost)"
+    )
     args = ap.parse_args(argv)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
@@ -87,7 +96,18 @@ def main(argv: list[str] | None = None) -> None:
         )
         for j in exp.jobs("corral")
     ]
-    print(run(exp, jobs, args.estimates, args.horizon * 3600, args.again * 60, args.scale))
+    print(
+        run(
+            exp,
+            jobs,
+            args.estimates,
+            args.horizon * 3600,
+            args.again * 60,
+            args.scale,
+            calibrate=args.calibrate,
+            band=args.band,
+        )
+    )
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
 
 
@@ -98,6 +118,9 @@ def run(
     horizon_s: float = eta.HORIZON_S,
     every_s: float = EVERY_S,
     scale: float = 1.0,
+    *,
+    calibrate: bool = True,
+    band: bool = False,
 ) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
@@ -112,6 +135,9 @@ def run(
     naive: dict[str, float] = {}
     estimate: dict[str, float] = {}
     later: list[tuple[str, float, float]] = []  # (job, forecast at, forecast start)
+    bands: dict[str, tuple[float, float]] = {}  # job -> (early, late) start at submission
+    calibration = eta.Calibration()
+    unfinished: set[str] = set()  # jobs with an estimate whose error is not known yet
     forecast_s = 0.0
     for point in points:
         now = point - 1e-3
@@ -127,8 +153,18 @@ def run(
             asked: list[str] | None = new  # only they need a forecast: the run stops once they start
         else:
             asked = None
+        for i in [i for i in unfinished if sim.stats[i].finished is not None]:
+            unfinished.discard(i)
+            if sim.stats[i].phase == "succeeded":
+                calibration.saw(estimate[i], sim.by_id[i].work_s)
+        lo, at, hi = calibration.scales() if calibrate else (eta.EARLY, 1.0, eta.LATE)
         t = time.perf_counter()
-        fc = eta.forecast(state, now, config, scale=scale, horizon_s=horizon_s, jobs=asked)
+        fc = eta.forecast(state, now, config, scale=scale * at, horizon_s=horizon_s, jobs=asked)
+        if band and new:
+            early = eta.forecast(state, now, config, scale=scale * lo, horizon_s=horizon_s, jobs=new)
+            late = eta.forecast(state, now, config, scale=scale * hi, horizon_s=horizon_s, jobs=new)
+            for i in new:
+                bands[i] = (early.starts.get(i, math.inf), late.starts.get(i, math.inf))
         forecast_s += time.perf_counter() - t
         ahead: dict[str, float] = {}
         for job in sorted(waiting, key=lambda j: j.submitted_seq):
@@ -139,6 +175,7 @@ def run(
                 naive[job.id] = now + ahead.get(job.spec.queue, 0.0)
                 if est is not None:
                     estimate[job.id] = est
+                    unfinished.add(job.id)
             elif asked is None:
                 later.append((job.id, now, start))
             if job.phase != "submitted":  # one not accepted yet is ahead of nobody
@@ -150,7 +187,10 @@ def run(
         f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
         f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s of CPU in all",
         f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
-        f"runtimes scaled by {scale:g} in forecasts",
+        f"runtimes scaled by {scale:g} in forecasts"
+        + (
+            ", and by the median error of the estimates of the jobs that finished so far" if calibrate else ""
+        ),
         f"({eta.ASSUMPTION})",
         "",
         "start forecast within the band of the actual wait (±20 %, or 5 min under 25 min):",
@@ -180,6 +220,13 @@ def run(
             f"{name:<14}{len(ids):>7}{share(ids, at_submit.__getitem__):>13.1f}"
             f"{share(ids, naive.__getitem__):>9.1f}{100.0 * hits / max(1, len(again)):>17.1f}{len(again):>11}"
         )
+    if bands:
+        inside = [i for i in started if i in bands]
+        hit = sum(bands[i][0] - 1e-6 <= stats[i].first_start <= bands[i][1] + 1e-6 for i in inside)  # type: ignore[operator]
+        lines.append(
+            f"actual start between the early and late forecasts at submission: "
+            f"{100.0 * hit / max(1, len(inside)):.1f} % of {len(inside)}"
+        )
     ok = share(started, at_submit.__getitem__)
     lines.append(
         f"goal: >= 80 % within the band at submission: {ok:.1f} % ({'met' if ok >= 80 else 'NOT met'})"
@@ -199,6 +246,11 @@ def run(
             "  estimate / actual at the 10th, 25th, 50th, 75th, 90th percentiles: "
             + ", ".join(f"{x:.2f}" for x in q)
         )
+    lo, at, hi = calibration.scales()
+    lines.append(
+        f"  calibration at the end (actual / estimate, latest {len(calibration.ratios)} finished): "
+        f"quartiles {lo:.2f}, {at:.2f}, {hi:.2f}"
+    )
     return "\n".join(lines)
 
 

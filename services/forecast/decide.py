@@ -3,6 +3,8 @@ what a what-if question is answered with. No IO, no clock: the shell passes ``no
 
 Invariants:
 
+- forecasts are calibrated by how far the estimates of the jobs that succeeded last were off
+  (``finished``; each counted once, while the fold still holds it: its retention period);
 - a forecast is made again only when the state moved (a record was folded) or time alone may
   have moved a start (``REFRESH_S`` on a quiet log: a job ran past its estimate), and not more
   often than every ``EVERY_S``: on a busy log one forecast serves every record folded meanwhile;
@@ -20,6 +22,7 @@ import msgspec
 
 from corral.events import codec
 from corral.events.jobs import JobSpec
+from corral.projections import runtimes
 from corral.projections.state import State
 from corral.services.forecast import whatif
 from corral.services.runtime.forecasts import MOST, TenantForecast, eta
@@ -39,6 +42,20 @@ def due(last_seq: int, last_at: float | None, seq: int, now: float) -> bool:
         return True
     waited = now - last_at
     return (seq != last_seq and waited >= EVERY_S) or waited >= REFRESH_S
+
+
+def finished(state: State, seen: set[str]) -> list[tuple[str, float, float]]:
+    """The jobs that succeeded since ``seen`` (ids already counted), with the runtime estimate
+    each had and what it ran for: what calibrates the forecasts (``eta.Calibration``)."""
+    out = []
+    for job_id in state.jobs_by_phase.get("succeeded", ()):
+        if job_id in seen:
+            continue
+        job = state.jobs[job_id]
+        est = runtimes.of(job)
+        if est is not None:
+            out.append((job_id, est, job.ran_s))
+    return out
 
 
 def waiting(state: State) -> list[str]:

@@ -32,16 +32,22 @@ from corral.events.base import Event
 from corral.events.log import EventLog
 from corral.projections.state import State
 from corral.services.forecast.decide import ROLE as ROLE
-from corral.services.forecast.decide import WHATIF, due, values, waiting, whatif_answer
+from corral.services.forecast.decide import WHATIF, due, finished, values, waiting, whatif_answer
 from corral.services.runtime import identities
 from corral.services.runtime.forecasts import ForecastStore, encode
 from corral.services.runtime.lease import Lease
 from corral.services.runtime.shell import Service
 from corral.services.sim import eta
+from corral.services.sim.driver import SimConfig
 
 log = logging.getLogger("corral.forecast")
 
 _encode = msgspec.json.Encoder().encode
+
+
+# Forecasts decide at most every 10 simulated seconds, not at every simulated event: a start is
+# told to the minute, and a forecast of a deep backlog costs far fewer decisions so.
+FORECAST = SimConfig(cycle_s=10.0)
 
 
 def _decide_nothing(state: State, now: float) -> list[Event]:
@@ -71,6 +77,8 @@ class ForecastService(Service):
         self.last_at: float | None = None  # None: forecast at the next cycle (also after taking the lease)
         self.tenants: set[str] = set()  # tenants whose key was written since taking the lease
         self.forecasts = 0
+        self.calibration = eta.Calibration()
+        self._counted: set[str] = set()  # succeeded jobs already in the calibration
         self.whatifs = 0
         self._answering: set[asyncio.Task[None]] = set()
 
@@ -84,9 +92,15 @@ class ForecastService(Service):
         state = self.state
         if not due(self.last_seq, self.last_at, state.seq, now):
             return 0
+        for job_id, estimate, ran in finished(state, self._counted):
+            self.calibration.saw(estimate, ran)
+            self._counted.add(job_id)
+        self._counted &= set(state.jobs_by_phase.get("succeeded", ()))  # the fold let the others go
         copy = _copy(state)
         try:
-            bands = await asyncio.to_thread(eta.band, copy, now, None, waiting(copy))
+            bands = await asyncio.to_thread(
+                eta.band, copy, now, FORECAST, waiting(copy), eta.HORIZON_S, self.calibration
+            )
             written = values(copy, bands, now, self.tenants)
         except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
             await self._failed(e, now)

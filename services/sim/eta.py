@@ -10,18 +10,21 @@ run, the longer it is likely to go on); a job with no estimate at all runs
 ``queueing.UNKNOWN_RUNTIME_S``; no node fails; a job being preempted stops by its deadline.
 One forward run gives every waiting job's start at once.
 
-How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``;
-the learned estimates' errors are that wide or wider for about half the jobs on the Philly
-trace (``bench/eta.py`` prints the spread it measures). Later submissions that go first (a
-shorter job, a queue further below its fair share, a higher priority) can only make a start
-later than forecast, never earlier: the band does not cover them.
+How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``.
+Calibrated (``Calibration``): the estimates' errors are measured on the jobs that finished last
+(actual runtime over the estimate the job had), and the forecast scales every estimate by their
+median, the band by their quartiles: on the Philly trace the learned estimates ran about twice
+too long for the median job (``bench/eta.py`` prints the spread it measures). Later submissions
+that go first (a shorter job, a queue further below its fair share, a higher priority) can only
+make a start later than forecast, never earlier: the band does not cover them.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from corral.projections import runtimes
 from corral.projections.queueing import UNKNOWN_RUNTIME_S
@@ -37,6 +40,29 @@ EARLY, LATE = 0.5, 2.0
 # job in it, each time. A start further away is "not within the horizon" (``inf``): a week's
 # forecast is a guess whatever it costs, as everything submitted meanwhile moves it.
 HORIZON_S = 2 * 86400.0
+CALIBRATE_FROM = 500  # the latest jobs that finished whose estimates' errors calibrate forecasts
+MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
+
+
+@dataclass
+class Calibration:
+    """How far runtime estimates were off for the jobs that finished last: actual runtime over
+    the estimate each had, the latest ``CALIBRATE_FROM`` of them."""
+
+    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=CALIBRATE_FROM))
+
+    def saw(self, estimate: float, actual: float) -> None:
+        if estimate > 0 and actual > 0:
+            self.ratios.append(actual / estimate)
+
+    def scales(self) -> tuple[float, float, float]:
+        """(early, forecast, late) runtime scales: the quartiles and median of the ratios, or
+        ``EARLY``, 1, ``LATE`` while too few jobs finished."""
+        if len(self.ratios) < MIN_CALIBRATION:
+            return EARLY, 1.0, LATE
+        r = sorted(self.ratios)
+        q = [r[int(p * (len(r) - 1))] for p in (0.25, 0.5, 0.75)]
+        return q[0], q[1], q[2]
 
 
 @dataclass(frozen=True)
@@ -93,12 +119,14 @@ def band(
     config: SimConfig | None = None,
     jobs: Iterable[str] | None = None,
     horizon_s: float | None = HORIZON_S,
+    calibration: Calibration | None = None,
 ) -> dict[str, tuple[float, float, float]]:
     """Per waiting job: (early, forecast, late) starts (see the module docstring)."""
     asked = None if jobs is None else list(jobs)
-    mid = forecast(state, now, config, horizon_s=horizon_s, jobs=asked)
-    early = forecast(state, now, config, scale=EARLY, horizon_s=horizon_s, jobs=asked)
-    late = forecast(state, now, config, scale=LATE, horizon_s=horizon_s, jobs=asked)
+    lo, at, hi = (EARLY, 1.0, LATE) if calibration is None else calibration.scales()
+    mid = forecast(state, now, config, scale=at, horizon_s=horizon_s, jobs=asked)
+    early = forecast(state, now, config, scale=lo, horizon_s=horizon_s, jobs=asked)
+    late = forecast(state, now, config, scale=hi, horizon_s=horizon_s, jobs=asked)
     ids = list(mid.starts)
     out = {}
     for job_id in ids:

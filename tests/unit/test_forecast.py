@@ -117,3 +117,17 @@ def test_a_whole_gpu_job_is_offered_a_mig_slice_where_a_node_has_one() -> None:
     found = dict(whatif.suggestions(state, "t", "new", spec(1), 1.0))
     assert "--mig 7g.80gb (a MIG slice of a H100-80GB)" in found
     assert whatif.mig_slices(busy().state) == []  # no node in MIG mode: none offered
+
+
+def test_forecasts_are_calibrated_by_how_far_finished_jobs_estimates_were_off() -> None:
+    c = eta.Calibration()
+    for _ in range(eta.MIN_CALIBRATION - 1):
+        c.saw(1000.0, 500.0)
+    assert c.scales() == (eta.EARLY, 1.0, eta.LATE)  # too few yet
+    for ratio in (0.25, 0.5, 1.0):
+        c.saw(1000.0, 1000.0 * ratio)
+    assert c.scales()[1] == 0.5
+    # The job holding the node is expected to end at 1000; estimates ran half as long: 500.
+    state = busy(("t1", "t")).state
+    assert eta.band(state, 1.0, calibration=c)["t1"][1] == pytest.approx(500.0, abs=1.0)
+    assert eta.band(state, 1.0)["t1"][1] == 1000.0

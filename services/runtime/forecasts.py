@@ -122,6 +122,8 @@ class KvForecasts:
         """The tenant's forecast; None when there is none (or the server did not answer)."""
         try:
             msg = await self.nc.request(direct_get_subject(tenant), b"", timeout=self.timeout)
+        except nats_errors.NoRespondersError:
+            return None  # no bucket: no forecast role was ever set up here
         except (nats_errors.Error, TimeoutError) as e:
             log.warning("%s: forecast not read: %s", tenant, e)
             return None

@@ -410,7 +410,7 @@ async def run_cluster(
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / "server").write_text(running.url + "\n")
         roles = ", ".join([s.role for s in running.services] + [read_service.ROLE, intake_service.ROLE])
-        roles += ", health"
+        roles += ", health, assignments, forecast"
         print(f"corral is up at {running.url}", flush=True)
         print(f"  services: {roles}", flush=True)
         if running.credentials is not None:

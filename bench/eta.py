@@ -7,17 +7,22 @@ runtime estimate, as most users give none: every reader uses the one the fold le
 jobs that finished (``projections/runtimes.py``); ``given`` tells each job its true duration.
 
 At the end of each simulated minute in which jobs arrived (before the services decide on them),
-and every 10 simulated minutes, it forecasts every waiting job's start (``services/sim/eta.py``:
-the simulator run forward from a copy of the state, no later arrivals, jobs ending at their
-estimates), and afterwards compares each forecast with the start the job actually got in the
-same run. Arrivals are moved half a second on, so none falls on a decision tick and every job's
+it forecasts the start of the jobs just submitted, and every 10 simulated minutes (``--again``)
+that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of
+the state, no later arrivals, jobs ending at their estimates scaled by the median error of the
+estimates of the jobs that finished so far (``--no-calibrate``: as they are), at most
+``--horizon`` hours ahead; a forecast of the jobs just submitted stops once they have started),
+and afterwards compares each forecast with the start the job actually got in the same run. Arrivals are moved half a second on, so none falls on a decision tick and every job's
 first forecast is made before any decision about it. Printed:
 
 - the share of jobs whose forecast at submission is within the band of their actual wait
   (±20 %, or 5 minutes when the wait is under 25 minutes), by wait-length bucket; goal ≥ 80 %;
 - the same for every forecast made while a job waited (every 10 minutes);
 - the anchor, in the same run: the naive estimate, the sum of the runtime estimates of the jobs
-  ahead in the job's queue (as ``squeue --start`` is often read);
+  ahead in the job's queue (as ``squeue --start`` is often read), counting only jobs already
+  accepted (one submitted in the same minute is behind, not ahead);
+- with ``--band``, the share of jobs whose actual start fell between the early and late
+  forecasts made at submission (three forecasts each: three times the cost);
 - runtime estimates at submission against the actual runtime, in the same band, and the spread
   of their errors (quartiles of estimate / actual);
 - the elapsed wall time.

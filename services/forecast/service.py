@@ -7,8 +7,9 @@ one): one replica writes the bucket, the others fold and stand by. What-if quest
 by every replica (a queue group: each question once), since each holds the folded state. It
 appends nothing to the log.
 
-The simulation runs in a worker thread on a copy of the state made on the event loop, so the
-loop goes on folding, renewing the lease and answering while it runs.
+The simulation runs in a worker thread on a copy of the state made on the event loop, and no
+cycle waits for it, so the loop goes on folding, renewing the lease and answering while it
+runs; one forecast at a time, the next from the state folded by then.
 
 Invariants:
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -81,13 +83,20 @@ class ForecastService(Service):
         self._counted: set[str] = set()  # succeeded jobs already in the calibration
         self.whatifs = 0
         self._answering: set[asyncio.Task[None]] = set()
+        self._running: asyncio.Task[None] | None = None  # the forecast under way
+        self._stopping = threading.Event()  # tells a forecast's thread to give up
 
     async def cycle(self) -> int:
+        """Start a forecast when one is due and none is running; it writes when done. The cycle
+        never waits for it: the loop goes on folding and renewing the lease meanwhile, however
+        long a deep backlog takes to forecast."""
         now = self.now()
         if not self.supervision.may_decide(now):
             return 0
         if self.lease is not None and not await self.lease.hold():
             self.last_at = None  # whoever takes the lease over writes at once
+            return 0
+        if self._running is not None and not self._running.done():
             return 0
         state = self.state
         if not due(self.last_seq, self.last_at, state.seq, now):
@@ -96,18 +105,32 @@ class ForecastService(Service):
             self.calibration.saw(estimate, ran)
             self._counted.add(job_id)
         self._counted &= set(state.jobs_by_phase.get("succeeded", ()))  # the fold let the others go
-        copy = _copy(state)
+        self.last_seq, self.last_at = state.seq, now
+        self._running = asyncio.create_task(self._forecast(_copy(state), now))
+        return 0
+
+    async def _forecast(self, copy: State, now: float) -> None:
         try:
             bands = await asyncio.to_thread(
-                eta.band, copy, now, FORECAST, waiting(copy), eta.HORIZON_S, self.calibration
+                eta.band,
+                copy,
+                now,
+                FORECAST,
+                waiting(copy),
+                eta.HORIZON_S,
+                self.calibration,
+                self._stopping.is_set,
             )
             written = values(copy, bands, now, self.tenants)
+        except eta.Cancelled:
+            return  # stopping
         except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
             await self._failed(e, now)
-            return 0
+            return
         self.supervision.succeeded()
-        self.last_seq, self.last_at = copy.seq, now
         self.forecasts += 1
+        if self.lease is not None and not self.lease.held:
+            return  # another replica writes now
         results = await asyncio.gather(
             *(self.store.put(tenant, encode(v)) for tenant, v in written.items()), return_exceptions=True
         )
@@ -120,7 +143,6 @@ class ForecastService(Service):
             elif v.jobs:
                 kept.add(tenant)
         self.tenants = kept
-        return len(written)
 
     # -- what-if ----------------------------------------------------------------------------------
 
@@ -173,13 +195,15 @@ class ForecastService(Service):
         try:
             await super().run(stop)
         finally:
+            self._stopping.set()
             listening.cancel()
             if sub is not None:
                 with contextlib.suppress(nats.errors.Error):
                     await sub.unsubscribe()
-            for task in list(self._answering):
+            running = [self._running] if self._running is not None else []
+            for task in [*self._answering, *running]:
                 task.cancel()
-            await asyncio.gather(listening, *self._answering, return_exceptions=True)
+            await asyncio.gather(listening, *self._answering, *running, return_exceptions=True)
 
 
 def service(log_: EventLog, store: ForecastStore, **options: Any) -> ForecastService:

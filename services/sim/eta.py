@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from corral.projections import runtimes
@@ -95,6 +95,7 @@ def forecast(
     scale: float = 1.0,
     horizon_s: float | None = HORIZON_S,
     jobs: Iterable[str] | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Forecast:
     """Every waiting job's start (or only those of ``jobs``), by one forward simulation from a
     copy of ``state`` (``state`` itself is not changed), at most ``horizon_s`` ahead (None: until
@@ -105,12 +106,23 @@ def forecast(
         # The simulation stops once these have started: jobs behind them cost nothing.
         waiting &= set(jobs)
         sim.until_started = set(waiting)
+    if cancelled is not None:
+        sim.observers.append(lambda *_: _stop_if(cancelled))
     sim.run(until=None if horizon_s is None else now + horizon_s)
     starts = {}
     for job_id in waiting:
         first = sim.stats[job_id].first_start
         starts[job_id] = math.inf if first is None else first
     return Forecast(now, starts)
+
+
+class Cancelled(Exception):
+    """A forecast given up before it was done (``cancelled`` said so)."""
+
+
+def _stop_if(cancelled: Callable[[], bool]) -> None:
+    if cancelled():
+        raise Cancelled
 
 
 def band(
@@ -120,13 +132,17 @@ def band(
     jobs: Iterable[str] | None = None,
     horizon_s: float | None = HORIZON_S,
     calibration: Calibration | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> dict[str, tuple[float, float, float]]:
-    """Per waiting job: (early, forecast, late) starts (see the module docstring)."""
+    """Per waiting job: (early, forecast, late) starts (see the module docstring). ``cancelled``
+    is asked as simulated time moves on; when it says so, ``Cancelled`` is raised."""
     asked = None if jobs is None else list(jobs)
     lo, at, hi = (EARLY, 1.0, LATE) if calibration is None else calibration.scales()
-    mid = forecast(state, now, config, scale=at, horizon_s=horizon_s, jobs=asked)
-    early = forecast(state, now, config, scale=lo, horizon_s=horizon_s, jobs=asked)
-    late = forecast(state, now, config, scale=hi, horizon_s=horizon_s, jobs=asked)
+
+    def at_scale(scale: float) -> Forecast:
+        return forecast(state, now, config, scale=scale, horizon_s=horizon_s, jobs=asked, cancelled=cancelled)
+
+    mid, early, late = at_scale(at), at_scale(lo), at_scale(hi)
     ids = list(mid.starts)
     out = {}
     for job_id in ids:

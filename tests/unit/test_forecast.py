@@ -131,3 +131,9 @@ def test_forecasts_are_calibrated_by_how_far_finished_jobs_estimates_were_off() 
     state = busy(("t1", "t")).state
     assert eta.band(state, 1.0, calibration=c)["t1"][1] == pytest.approx(500.0, abs=1.0)
     assert eta.band(state, 1.0)["t1"][1] == 1000.0
+
+
+def test_a_forecast_gives_up_when_told() -> None:
+    """The forecast role's thread is told to stop when the role stops: it does not simulate on."""
+    with pytest.raises(eta.Cancelled):
+        eta.band(busy(("t1", "t")).state, 1.0, cancelled=lambda: True)

@@ -9,11 +9,13 @@ jobs that finished (``projections/runtimes.py``); ``given`` tells each job its t
 At the end of each simulated minute in which jobs arrived (before the services decide on them),
 it forecasts the start of the jobs just submitted, and every 10 simulated minutes (``--again``)
 that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of
-the state, no later arrivals, jobs ending at their estimates scaled by the median error of the
-estimates of the jobs that finished so far (``--no-calibrate``: as they are), at most
-``--horizon`` hours ahead; a forecast of the jobs just submitted stops once they have started),
-and afterwards compares each forecast with the start the job actually got in the same run. Arrivals are moved half a second on, so none falls on a decision tick and every job's
-first forecast is made before any decision about it. Printed:
+the state, no later arrivals (``--future M``: the submissions of the last M minutes come
+again), jobs ending at their estimates scaled by the median error of the estimates of the jobs
+that finished so far (``--no-calibrate``: as they are), at most ``--horizon`` hours ahead; a
+forecast of the jobs just submitted stops once they have started), and afterwards compares each
+forecast with the start the job actually got in the same run. Arrivals are moved half a second
+on, so none falls on a decision tick and every job's first forecast is made before any decision
+about it. Printed:
 
 - the share of jobs whose forecast at submission is within the band of their actual wait
   (±20 %, or 5 minutes when the wait is under 25 minutes), by wait-length bucket; goal ≥ 80 %;
@@ -86,6 +88,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--band", action="store_true", help="also forecast early and late at submission (3x the cost)"
     )
+    ap.add_argument(
+        "--future",
+        type=float,
+        default=0.0,
+        help="minutes: forecasts assume the jobs submitted in that many last minutes come again (0: none)",
+    )
     args = ap.parse_args(argv)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
@@ -111,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             args.scale,
             calibrate=args.calibrate,
             band=args.band,
+            future_s=args.future * 60,
         )
     )
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
@@ -126,6 +135,7 @@ def run(
     *,
     calibrate: bool = True,
     band: bool = False,
+    future_s: float = 0.0,
 ) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
@@ -164,10 +174,17 @@ def run(
                 calibration.saw(estimate[i], sim.by_id[i].work_s)
         lo, at, hi = calibration.scales() if calibrate else (eta.EARLY, 1.0, eta.LATE)
         t = time.perf_counter()
-        fc = eta.forecast(state, now, config, scale=scale * at, horizon_s=horizon_s, jobs=asked)
+        future = eta.recent(state, now, future_s, scale * at) if future_s > 0 else []
+        fc = eta.forecast(
+            state, now, config, scale=scale * at, horizon_s=horizon_s, jobs=asked, arrivals=future
+        )
         if band and new:
-            early = eta.forecast(state, now, config, scale=scale * lo, horizon_s=horizon_s, jobs=new)
-            late = eta.forecast(state, now, config, scale=scale * hi, horizon_s=horizon_s, jobs=new)
+            early = eta.forecast(
+                state, now, config, scale=scale * lo, horizon_s=horizon_s, jobs=new, arrivals=future
+            )
+            late = eta.forecast(
+                state, now, config, scale=scale * hi, horizon_s=horizon_s, jobs=new, arrivals=future
+            )
             for i in new:
                 bands[i] = (early.starts.get(i, math.inf), late.starts.get(i, math.inf))
         forecast_s += time.perf_counter() - t
@@ -192,6 +209,7 @@ def run(
         f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
         f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s of CPU in all",
         f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
+        f"submissions of the last {future_s / 60:g} min assumed to come again; "
         f"runtimes scaled by {scale:g} in forecasts"
         + (
             ", and by the median error of the estimates of the jobs that finished so far" if calibrate else ""

@@ -298,6 +298,15 @@ class Simulation:
         sim._push(sim.now, _WAKE, "", 0)
         return sim
 
+    def arrive(self, jobs: Sequence[SimJob]) -> None:
+        """Have ``jobs`` arrive, later than now, in a simulation that had no more arrivals (one
+        ``resume`` made): a forecast's assumption about what is submitted after now."""
+        if self._next < len(self.jobs):
+            raise SimError("arrivals added to a simulation that still has its own")
+        self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
+        self._next = 0
+        self.by_id.update((j.id, j) for j in self.jobs)
+
     def _resume_holder(self, job: JobState) -> None:
         """Take over a job that holds GPUs: start the ranks not started yet, end it as told."""
         now, placement = self.now, job.held or job.placement

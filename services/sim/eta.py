@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from corral.projections import runtimes
 from corral.projections.queueing import UNKNOWN_RUNTIME_S
 from corral.projections.state import JobState, State
-from corral.services.sim.driver import WAITING, SimConfig, Simulation
+from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 
 ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
@@ -96,11 +96,14 @@ def forecast(
     horizon_s: float | None = HORIZON_S,
     jobs: Iterable[str] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    arrivals: Sequence[SimJob] = (),
 ) -> Forecast:
     """Every waiting job's start (or only those of ``jobs``), by one forward simulation from a
     copy of ``state`` (``state`` itself is not changed), at most ``horizon_s`` ahead (None: until
     every one has started)."""
     sim = Simulation.resume(state, now, config or SimConfig(), lambda j: runtime(j, now, scale))
+    if arrivals:
+        sim.arrive(arrivals)
     waiting = set(sim.until_started or ())
     if jobs is not None:
         # The simulation stops once these have started: jobs behind them cost nothing.
@@ -114,6 +117,22 @@ def forecast(
         first = sim.stats[job_id].first_start
         starts[job_id] = math.inf if first is None else first
     return Forecast(now, starts)
+
+
+def recent(state: State, now: float, window_s: float, scale: float = 1.0) -> list[SimJob]:
+    """The jobs submitted in the last ``window_s`` (those the state still holds), submitted again
+    ``window_s`` later: arrivals as they came lately, for a forecast that does not assume that
+    nobody submits anything after now (in a shortest-first queue, later short jobs go first)."""
+    out = []
+    for job in state.jobs.values():
+        if now - window_s <= job.submitted_at < now:
+            est = runtimes.of(job)
+            work = (UNKNOWN_RUNTIME_S if est is None else est) * scale
+            again = f"again-{len(out)}"
+            while again in state.jobs:  # a name the fold would take for a duplicate
+                again += "-"
+            out.append(SimJob(again, job.tenant, job.spec, job.submitted_at + window_s, work))
+    return sorted(out, key=lambda j: (j.arrival, j.id))
 
 
 class Cancelled(Exception):

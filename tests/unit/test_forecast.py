@@ -137,3 +137,12 @@ def test_a_forecast_gives_up_when_told() -> None:
     """The forecast role's thread is told to stop when the role stops: it does not simulate on."""
     with pytest.raises(eta.Cancelled):
         eta.band(busy(("t1", "t")).state, 1.0, cancelled=lambda: True)
+
+
+def test_recent_submissions_can_be_assumed_to_come_again() -> None:
+    state = busy(("t1", "t")).state  # u-secret at 0.0, t1 at 1.0
+    again = eta.recent(state, 1.5, window_s=1.0)
+    assert [(j.id, j.tenant, j.arrival, j.work_s) for j in again] == [("again-0", "t", 2.0, 1000.0)]
+    before = msgspec.msgpack.encode(state)
+    got = eta.forecast(state, 1.5, arrivals=again)
+    assert set(got.starts) == {"t1"} and msgspec.msgpack.encode(state) == before

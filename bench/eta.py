@@ -10,8 +10,8 @@ At the end of each simulated minute in which jobs arrived (before the services d
 it forecasts the start of the jobs just submitted, and every 10 simulated minutes (``--again``)
 that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of
 the state, no later arrivals (``--future M``: the submissions of the last M minutes come
-again), jobs ending at their estimates scaled by the median error of the estimates of the jobs
-that finished so far (``--no-calibrate``: as they are), at most ``--horizon`` hours ahead; a
+again), jobs ending at their estimates scaled by how far off the estimates of the jobs that
+finished so far were in all (``--no-calibrate``: as they are), at most ``--horizon`` hours ahead; a
 forecast of the jobs just submitted stops once they have started), and afterwards compares each
 forecast with the start the job actually got in the same run. Arrivals are moved half a second
 on, so none falls on a decision tick and every job's first forecast is made before any decision
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         "--calibrate",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="scale estimates by the median error of those of the jobs that finished so far",
+        help="scale estimates by how far off those of the jobs that finished so far were in all",
     )
     ap.add_argument(
         "--band", action="store_true", help="also forecast early and late at submission (3x the cost)"
@@ -211,9 +211,7 @@ def run(
         f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
         f"submissions of the last {future_s / 60:g} min assumed to come again; "
         f"runtimes scaled by {scale:g} in forecasts"
-        + (
-            ", and by the median error of the estimates of the jobs that finished so far" if calibrate else ""
-        ),
+        + (", and by how far off the estimates of the jobs that finished so far were" if calibrate else ""),
         f"({eta.ASSUMPTION})",
         "",
         "start forecast within the band of the actual wait (±20 %, or 5 min under 25 min):",
@@ -271,8 +269,8 @@ def run(
         )
     lo, at, hi = calibration.scales()
     lines.append(
-        f"  calibration at the end (actual / estimate, latest {len(calibration.ratios)} finished): "
-        f"quartiles {lo:.2f}, {at:.2f}, {hi:.2f}"
+        f"  calibration at the end (latest {len(calibration.seen)} finished): runtime scales "
+        f"early {lo:.2f}, forecast {at:.2f} (total actual / total estimated), late {hi:.2f}"
     )
     return "\n".join(lines)
 

@@ -12,9 +12,9 @@ One forward run gives every waiting job's start at once.
 
 How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``.
 Calibrated (``Calibration``): the estimates' errors are measured on the jobs that finished last
-(actual runtime over the estimate the job had), and the forecast scales every estimate by their
-median, the band by their quartiles: on the Philly trace the learned estimates ran about twice
-too long for the median job (``bench/eta.py`` prints the spread it measures). Later submissions
+(actual runtime against the estimate the job had), and the forecast scales every estimate by
+their total actual over total estimated runtime, the band by the spread of the jobs' errors
+(``bench/eta.py`` prints the spread it measures). Later submissions
 that go first (a shorter job, a queue further below its fair share, a higher priority) can only
 make a start later than forecast, never earlier: the band does not cover them.
 """
@@ -46,23 +46,28 @@ MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
 
 @dataclass
 class Calibration:
-    """How far runtime estimates were off for the jobs that finished last: actual runtime over
-    the estimate each had, the latest ``CALIBRATE_FROM`` of them."""
+    """How far runtime estimates were off for the jobs that finished last (the latest
+    ``CALIBRATE_FROM``): each one's estimate and actual runtime."""
 
-    ratios: deque[float] = field(default_factory=lambda: deque(maxlen=CALIBRATE_FROM))
+    seen: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=CALIBRATE_FROM))
 
     def saw(self, estimate: float, actual: float) -> None:
         if estimate > 0 and actual > 0:
-            self.ratios.append(actual / estimate)
+            self.seen.append((estimate, actual))
 
     def scales(self) -> tuple[float, float, float]:
-        """(early, forecast, late) runtime scales: the quartiles and median of the ratios, or
-        ``EARLY``, 1, ``LATE`` while too few jobs finished."""
-        if len(self.ratios) < MIN_CALIBRATION:
+        """(early, forecast, late) runtime scales, or ``EARLY``, 1, ``LATE`` while too few jobs
+        finished. The forecast's is the total actual runtime over the total estimated: a queue
+        waits for the sum of the runtimes ahead of it, and in heavy-tailed runtimes that sum is
+        the few long jobs', which the median job's error (far smaller) leaves out. The band is
+        that, times the quartiles of each job's actual / estimate over their median."""
+        seen = self.seen
+        if len(seen) < MIN_CALIBRATION:
             return EARLY, 1.0, LATE
-        r = sorted(self.ratios)
-        q = [r[int(p * (len(r) - 1))] for p in (0.25, 0.5, 0.75)]
-        return q[0], q[1], q[2]
+        mid = sum(a for _, a in seen) / sum(e for e, _ in seen)
+        r = sorted(a / e for e, a in seen)
+        q1, q2, q3 = (r[int(p * (len(r) - 1))] for p in (0.25, 0.5, 0.75))
+        return mid * q1 / q2, mid, mid * q3 / q2
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ def recent(state: State, now: float, window_s: float, scale: float = 1.0) -> lis
     """The jobs submitted in the last ``window_s`` (those the state still holds), submitted again
     ``window_s`` later: arrivals as they came lately, for a forecast that does not assume that
     nobody submits anything after now (in a shortest-first queue, later short jobs go first)."""
-    out = []
+    out: list[SimJob] = []
     for job in state.jobs.values():
         if now - window_s <= job.submitted_at < now:
             est = runtimes.of(job)

@@ -117,11 +117,12 @@ def summarize(body: Event, job_id: str) -> str:
     match body:
         case SubmitJob(job=spec):
             worker = Shape.of(spec.resources).gpus_short()
-            return f"submitted to queue {spec.queue}: {spec.replicas} × {worker}"
+            elastic = f"{spec.min_replicas}..{spec.replicas}" if spec.min_replicas else f"{spec.replicas}"
+            return f"submitted to queue {spec.queue}: {elastic} × {worker}"
         case CancelJob():
             return "cancel requested" + (f": {body.reason}" if body.reason else "")
         case ResizeJob():
-            return f"resize to {body.replicas} replicas requested"
+            return f"resize to at most {body.replicas} workers requested"
         case JobAccepted():
             return f"accepted at priority {body.priority}"
         case JobPriorityChanged():
@@ -138,11 +139,17 @@ def summarize(body: Event, job_id: str) -> str:
         case JobsAdmitted():
             for a in body.admissions:
                 if a.job_id == job_id:
-                    quota = ", ".join(f"{n} {m}" for m, n in sorted(a.gpus.items())) or "no GPU quota"
-                    return f"admitted attempt {a.attempt}: {a.replicas} replicas, {quota}"
+                    # The quota key ``*`` is any model: "4 GPUs", not "4 *".
+                    held = ", ".join(
+                        f"{n} GPU{'s' if n != 1 else ''}" if m == "*" else f"{n} {m}"
+                        for m, n in sorted(a.gpus.items())
+                    )
+                    quota = f"holding {held} of quota" if held else "no GPU quota"
+                    workers = f"{a.replicas} worker{'s' if a.replicas != 1 else ''}"
+                    return f"admitted attempt {a.attempt}: {workers}, {quota}"
             for a in body.growths:
                 if a.job_id == job_id:
-                    return f"grown to {a.replicas} replicas"
+                    return f"grown to {a.replicas} workers"
         case JobsPlaced():
             for p in body.placements:
                 if p.job_id == job_id:

@@ -225,9 +225,11 @@ def print_lags(watch: Watch, since: float) -> None:
         if lags:
             ms = [x * 1000 for x in lags]
             what = "views" if role == "assignments" else "decisions"  # it writes the bucket, not the log
+            deciding = [x * 1000 for at, x in watch.deciding.get(role, ()) if at >= since]
+            split = f"  (decide+append p50 {percentile(deciding, 0.5):.1f} ms)" if deciding else ""
             print(
                 f"  {role:<11} {what:<9} {len(ms):>6}  lag p50 {percentile(ms, 0.5):7.1f} ms"
-                f"  p99 {percentile(ms, 0.99):7.1f} ms  max {max(ms):7.1f} ms"
+                f"  p99 {percentile(ms, 0.99):7.1f} ms  max {max(ms):7.1f} ms{split}"
             )
 
 
@@ -333,6 +335,7 @@ async def soak(
                 "assignments",
             ):  # only the tenth's lags are kept: the soak must not grow here
                 watch.lags[role] = [x for x in watch.lags.get(role, ()) if x[0] >= mark]
+                watch.deciding[role] = [x for x in watch.deciding.get(role, ()) if x[0] >= mark]
         parts.check()
         await asyncio.sleep(0.1)
     if pending is not None:
@@ -379,7 +382,12 @@ async def run(args: argparse.Namespace) -> None:
             follow = asyncio.gather(watching(), watching_views())
             corral = [PY, "-m", "corral"]
             for role in SERVICES:
-                await parts.start(role, [*corral, "serve", role, "--server", url])
+                argv = corral
+                if role in args.profile:  # cProfile writes its figures when the service stops
+                    args.profile_dir.mkdir(parents=True, exist_ok=True)
+                    out = args.profile_dir / f"{role}.prof"
+                    argv = [PY, "-m", "cProfile", "-o", str(out), "-m", "corral"]
+                await parts.start(role, [*argv, "serve", role, "--server", url])
             # Agents wait a while for their view before registering: have its writer lead first.
             await until_leading(log.nc, parts, 60)
             queues = store / "queues.toml"
@@ -513,7 +521,15 @@ def parse() -> argparse.Namespace:
     p.add_argument("--soak", action="store_true", help="run until --soak-jobs jobs have finished")
     p.add_argument("--soak-jobs", type=int, default=1_000_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--profile", default="", help="services to run under cProfile, comma-separated: admission,placer"
+    )
+    p.add_argument("--profile-dir", type=Path, default=Path("e2e-profiles"), help="where their profiles go")
     args = p.parse_args()
+    args.profile = {r for r in args.profile.split(",") if r}
+    args.profile_dir = args.profile_dir.resolve()  # the services run in the checkout
+    if args.profile - set(SERVICES):
+        p.error(f"--profile: services are {', '.join(SERVICES)}")
     args.jobs = args.jobs or args.nodes
     args.agent_processes = max(1, min(args.agent_processes, args.nodes))
     return args

@@ -7,7 +7,9 @@
   stored minus the time of its submit request; a decision's lag is the time it was stored minus
   the time of the record its state was folded up to (its ``based_on``): the service's whole
   cycle, from the last fact it saw to its decision in the log, including any time it spent
-  behind the log. (On a quiet log it includes the wait for the service's tick too.) A job's
+  behind the log. (On a quiet log it includes the wait for the service's tick too.) Its part
+  from the decision's ``now`` on (the time its cycle began deciding, by the host's clock, which
+  on one machine is the server's) is its decide and append; the rest, its wait and fold. A job's
   placed→started is the time of the first ``WorkerStarted`` of its first attempt's rank 0 minus
   that of its placement: the assignments service's fold and write of the node's view, the
   agent's read of it and its report, all in one figure; the job's first appearance in a node's
@@ -96,6 +98,8 @@ class Watch:
     rejected: dict[str, str] = field(default_factory=dict)  # job -> why
     finished: int = 0  # workers of rank 0 that exited 0: jobs done
     lags: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # role -> (at, lag)
+    # role -> (at, the part of its lag from the decision's ``now`` to its storing: decide and append)
+    deciding: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     records: int = 0
     _times: dict[int, float] = field(default_factory=dict)
     _order: deque[int] = field(default_factory=deque)
@@ -129,6 +133,7 @@ class Watch:
                     if before is not None:
                         role = s[len(decision_prefix) :]
                         self.lags.setdefault(role, []).append((r.time, r.time - before))
+                        self.deciding.setdefault(role, []).append((r.time, r.time - body.now))
                 if isinstance(body, JobsPlaced):
                     for p in body.placements:
                         if p.attempt == 0:

@@ -8,7 +8,7 @@ so that even garbage that reached the log replays byte for byte.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import msgspec
@@ -52,11 +52,14 @@ def write(path: str | Path, records: Iterable[Record]) -> int:
     return n
 
 
-def read(path: str | Path) -> list[Record]:
+def read(path: str | Path, progress: Callable[[int], object] | None = None) -> list[Record]:
+    """The file's records; ``progress`` is told the bytes read as they are."""
     out: list[Record] = []
     try:
         with open(path, "rb") as f:
             for i, raw in enumerate(f, 1):
+                if progress is not None:
+                    progress(len(raw))
                 if not raw.strip():
                     continue
                 try:

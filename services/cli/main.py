@@ -18,13 +18,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, get_args
 
 import msgspec
 
 import corral
 from corral.events import codec, subjects
-from corral.events.jobs import JobSpec, Resources, Topology
+from corral.events.jobs import JobSpec, Mount, Resources, Topology
 from corral.events.log import Append, LogError, Record
 from corral.events.queues import (
     ApplyCohort,
@@ -39,7 +39,9 @@ from corral.events.queues import (
     RetentionSpec,
 )
 from corral.projections.fold import fold
-from corral.services.cli import logfile, table
+from corral.projections.lifecycle import Phase
+from corral.projections.state import State
+from corral.services.cli import logfile, progress, table, when
 from corral.services.cli.access import (
     STATE_DIR,
     Failure,
@@ -48,13 +50,12 @@ from corral.services.cli.access import (
     login_of,
     needs_log,
     open_log,
-    read_all,
     remote_state,
     server_url,
     session,
     tenant_of,
 )
-from corral.services.cli.jobfile import BadInput, convert, load_document
+from corral.services.cli.jobfile import BadInput, command_here, convert, load_document
 from corral.services.client import Client, CorralError, Refused, TimedOut
 from corral.services.query import client as wire
 from corral.services.query import present
@@ -337,28 +338,111 @@ def cmd_demo(args: argparse.Namespace) -> None:
     asyncio.run(run_demo(Path(args.data)))
 
 
+# The job's fields as submit's flags, with the value each has when not given.
+JOB_FLAGS = {
+    "queue": None, "name": None, "priority_class": "normal", "replicas": 1, "gpus": 1, "gpu_milli": 1000,
+    "mig": None, "cpu": 1000, "memory": 4096, "pack": None, "required": False, "min_replicas": None,
+    "gpu_model": None, "image": None, "env": None, "mount": None, "runtime_estimate": None,
+    "checkpointable": False, "grace": None, "not_preemptible": False, "restart_policy": None,
+    "max_restarts": None, "label": None, "node_selector": None, "command": None,
+}  # fmt: skip
+
+
 def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
     if args.file:
+        # A flag beside a job file would be ignored: say so rather than submit something else.
+        beside = [k for k, default in JOB_FLAGS.items() if getattr(args, k, default) != default]
+        if beside:
+            flag = "--" + beside[0].replace("_", "-")
+            raise BadInput(f"{flag}: give the job's fields in {args.file} or as flags, not both")
         doc = load_document(args.file)
         if not isinstance(doc, dict):
             raise BadInput(f"{args.file}: a job file holds one table/object of job fields")
         job_id = doc.pop("id", None)
-        return job_id, convert(doc, JobSpec, args.file)
+        spec = convert(doc, JobSpec, args.file, also=("id",))
+        if args.command:
+            if spec.command:
+                raise BadInput(f"{args.file} gives the command already: give it there or after --, not both")
+            spec = msgspec.structs.replace(spec, command=tuple(args.command))
+        return job_id, spec
     if not args.queue:
         raise BadInput("give a job file, or at least --queue")
     res = Resources(
-        gpus=args.gpus, gpu_milli=args.gpu_milli, mig=args.mig, cpu_milli=args.cpu, memory_mib=args.memory
+        gpus=args.gpus,
+        gpu_milli=args.gpu_milli,
+        mig=args.mig,
+        cpu_milli=args.cpu,
+        memory_mib=args.memory,
+        gpu_models=tuple(args.gpu_model or ()),
     )
+    # Only what a flag gave: the rest keeps JobSpec's defaults, as a job file leaving it out.
+    given: dict[str, Any] = {
+        "min_replicas": args.min_replicas,
+        "image": args.image,
+        "runtime_estimate_s": _duration(args.runtime_estimate, "--runtime-estimate"),
+        "grace_seconds": _duration(args.grace, "--grace"),
+        "restart_policy": args.restart_policy,
+        "max_restarts": args.max_restarts,
+    }
+    if args.checkpointable:
+        given["checkpointable"] = True
+    if args.not_preemptible:
+        given["preemptible"] = False
     spec = JobSpec(
         queue=args.queue,
         name=args.name or "",
         priority_class=args.priority_class,
         replicas=args.replicas,
         resources=res,
-        topology=Topology(pack=args.pack) if args.pack else Topology(),
+        topology=Topology(pack=args.pack or "none", required=args.required),
         command=tuple(args.command or ()),
+        env=_pairs(args.env, "--env"),
+        labels=_pairs(args.label, "--label"),
+        node_selector=_pairs(args.node_selector, "--node-selector"),
+        mounts=tuple(_mount(m) for m in args.mount or ()),
+        **{k: v for k, v in given.items() if v is not None},
     )
     return None, spec
+
+
+def paths_here(job_id: str | None, spec: JobSpec) -> tuple[str | None, JobSpec]:
+    """The job with its command's relative paths taken from this directory (``jobfile.command_here``),
+    saying on stderr which it changed. An image's command is the image's: left as given."""
+    if spec.image is not None:
+        return job_id, spec
+    command, changed = command_here(spec.command, Path.cwd())
+    for given, absolute in changed:
+        print(f"corral: command: {given} is {absolute}", file=sys.stderr)
+    return job_id, msgspec.structs.replace(spec, command=command)
+
+
+def _duration(text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return when.duration(text)
+    except when.BadTime as e:
+        raise BadInput(f"{flag}: {e}") from None
+
+
+def _pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or ():
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise BadInput(f"{flag} {item!r}: write NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def _mount(text: str) -> Mount:
+    """``SOURCE:TARGET`` (read-only) or ``SOURCE:TARGET:rw``."""
+    parts = text.split(":")
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        return Mount(source=parts[0], target=parts[1], read_only=parts[2] == "ro")
+    if len(parts) == 2 and all(parts):
+        return Mount(source=parts[0], target=parts[1])
+    raise BadInput(f"--mount {text!r}: write SOURCE:TARGET, or SOURCE:TARGET:rw to let workers write")
 
 
 def client_for(args: argparse.Namespace, *, reading: bool = False) -> Client:
@@ -376,7 +460,7 @@ def client_for(args: argparse.Namespace, *, reading: bool = False) -> Client:
 
 
 def cmd_submit(args: argparse.Namespace) -> None:
-    job_id, spec = job_from_args(args)
+    job_id, spec = paths_here(*job_from_args(args))
     with client_for(args) as client:
         done = client.submit(spec, args.id or job_id, wait=not args.no_wait, timeout=args.wait_timeout)
     print(done.job_id)
@@ -560,27 +644,69 @@ def answer_of(answer: dict[str, Any], key: str) -> Any:
 JOB_COLUMNS = [
     "id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "starts", "reason"
 ]  # fmt: skip
-NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "unhealthy", "mig"]
+NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "health", "mig"]
+PHASES = get_args(Phase)
+
+
+def job_table(rows: Sequence[dict[str, Any]], header: bool = True) -> str:
+    """Jobs for people: workers as running of most (``3 of 2..4`` for an elastic job)."""
+    cells = [[present.workers_text(r) if c == "workers" else r.get(c, "") for c in JOB_COLUMNS] for r in rows]
+    text = table.render(JOB_COLUMNS, cells)
+    return text if header else "\n".join(text.splitlines()[1:])
+
+
+def node_table(rows: Sequence[dict[str, Any]]) -> str:
+    texts = {"health": present.health_text, "mig": present.mig_text}
+    return table.render(
+        NODE_COLUMNS, [[texts[c](r) if c in texts else r.get(c, "") for c in NODE_COLUMNS] for r in rows]
+    )
 
 
 def cmd_jobs(args: argparse.Namespace) -> None:
     """The jobs the cluster holds; with ``--all``, also those it let go after their retention
-    period (the newest ``MAX_LET_GO``), from the read service's view of the log."""
+    period (the newest ``MAX_LET_GO``), from the read service's view of the log. ``--watch``
+    then prints each job that changed, each time the log moves on (JSON Lines with ``-o json``)."""
+    phases = set(_names(args.state, "--state"))
+    unknown = sorted(phases - set(PHASES))
+    if unknown:
+        raise BadInput(f"--state {unknown[0]}: not a phase; phases: {', '.join(PHASES)}")
+
+    def shown(jobs: Sequence[Any], now: float | None = None) -> list[dict[str, Any]]:
+        # The read service shows a tenant its own jobs only; the admin's may be narrowed here.
+        # A waiting job's forecast start: in how long from ``now``, else when (what --watch
+        # shows, so that a row changes only when its forecast does).
+        return [
+            {
+                **msgspec.structs.asdict(j),
+                "eta": None if j.eta is None else msgspec.to_builtins(j.eta),
+                "starts": "" if j.eta is None else present.eta_text(msgspec.to_builtins(j.eta), now),
+            }
+            for j in jobs
+            if args.tenant in (None, j.tenant)
+            and (not phases or j.phase in phases)
+            and args.queue in (None, j.queue)
+        ]
+
     with client_for(args, reading=True) as client:
-        jobs, more = client.job_list(all=args.all)
-    # The read service shows a tenant its own jobs only; the admin's may be narrowed here.
-    now = time.time()
-    rows = [
-        {
-            **msgspec.to_builtins(j),
-            "starts": "" if j.eta is None else present.eta_text(msgspec.to_builtins(j.eta), now),
-        }
-        for j in jobs
-        if args.tenant in (None, j.tenant)
-    ]
-    emit(args, rows, JOB_COLUMNS)
-    if more:
-        print(f"corral: and {more} older jobs let go, not shown", file=sys.stderr)
+        if not args.watch:
+            jobs, more = client.job_list(all=args.all)
+            rows = shown(jobs, time.time())
+            if args.output == "json":
+                emit(args, rows)
+            else:
+                print(job_table(rows))
+            if more:
+                print(f"corral: and {more} older jobs let go, not shown", file=sys.stderr)
+            return
+        seen: dict[str, dict[str, Any]] = {}
+        for i, jobs in enumerate(client.watch(all=args.all)):
+            changed = [r for r in shown(jobs) if seen.get(r["id"]) != r]
+            seen.update((r["id"], r) for r in changed)
+            if args.output == "json":
+                for r in changed:
+                    print(json.dumps(r, sort_keys=True), flush=True)
+            elif changed or i == 0:
+                print(job_table(changed, header=i == 0), flush=True)
 
 
 def cmd_nodes(args: argparse.Namespace) -> None:
@@ -590,18 +716,74 @@ def cmd_nodes(args: argparse.Namespace) -> None:
         rows = answer_of(ask(server_url(args.server), client, "nodes"), "nodes")
     else:
         state = asyncio.run(remote_state(server_url(args.server), login))
-        rows = [present.node_row(n) for n in state.nodes.values()]
-    emit(args, rows, NODE_COLUMNS)
+        rows = [present.node_row(n) for n in sorted(state.nodes.values(), key=lambda n: n.name)]
+    if args.output == "json":
+        emit(args, rows)
+    else:
+        print(node_table(rows))
+
+
+def admin_client(args: argparse.Namespace) -> Client:
+    """The Python client as the admin (or as the tenant or login given, which the intake then
+    refuses with the reason)."""
+    login = login_of(args, identities.ADMIN)
+    client = as_client(login)
+    tenant = args.tenant or (client.user if client is not None else identities.ADMIN)
+    if login is None:
+        return Client(server_url(args.server), tenant=tenant)
+    return Client(server_url(args.server), tenant=tenant, user=login.user, password=login.password)
+
+
+def cmd_node(args: argparse.Namespace) -> None:
+    """Cordon, drain or uncordon a node: the admin's request, answered with its verdict."""
+    with admin_client(args) as client:
+        if args.node_verb == "uncordon":
+            client.uncordon(args.node)
+            print(f"{args.node} uncordoned: work may land on it again")
+            return
+        drain = args.node_verb == "drain"
+        client.cordon(args.node, args.reason, drain=drain)
+    if drain:
+        print(f"{args.node} draining: no new work, and its jobs move to other nodes")
+    else:
+        print(f"{args.node} cordoned: no new work lands on it; what runs there keeps running")
+
+
+def cmd_queue_delete(args: argparse.Namespace) -> None:
+    with admin_client(args) as client:
+        client.delete_queue(args.name)
+    print(f"deleted queue {args.name}")
+
+
+async def read_shown(log: Any, until: int | None = None) -> list[Record]:
+    """The log from its start (to ``until``), with a bar on a terminal."""
+    total = until if until is not None else await log.last_seq()
+    out: list[Record] = []
+    with progress.shown("reading the log", total, "records", scale=True) as done:
+        async for batch in log.read(1, until):
+            out.extend(batch)
+            done(len(batch))
+    return out
+
+
+def read_file_shown(path: str) -> list[Record]:
+    """A log file's records, with a bar on a terminal (a missing file: LogFileError)."""
+    size = Path(path).stat().st_size if Path(path).is_file() else None
+    with progress.shown(f"reading {path}", size, "B", scale=True) as done:
+        return logfile.read(path, done)
 
 
 def cmd_log_export(args: argparse.Namespace) -> None:
     login = login_of(args, identities.SERVICES)
     needs_log("log export", login)
+    where = Path(args.file).absolute().parent
+    if not where.is_dir():  # before the whole log is read, not after
+        raise BadInput(f"{args.file}: no directory {where}")
 
     async def run() -> int:
         log = await open_log(server_url(args.server), login)
         try:
-            return logfile.write(args.file, await read_all(log))
+            return logfile.write(args.file, await read_shown(log))
         finally:
             await log.close()
 
@@ -610,7 +792,7 @@ def cmd_log_export(args: argparse.Namespace) -> None:
 
 
 def cmd_log_import(args: argparse.Namespace) -> None:
-    records = logfile.read(args.file)
+    records = read_file_shown(args.file)
     login = login_of(args, identities.SERVICES)
     needs_log("log import", login)
 
@@ -619,7 +801,11 @@ def cmd_log_import(args: argparse.Namespace) -> None:
         log = await open_log(server_url(args.server), login, create=True)
         try:
             items = [Append(r.subject, r.data, headers=r.headers) for r in records]
-            results = await log.append_many(items)
+            results: list[Any] = []
+            with progress.shown("importing", len(items), "records", scale=True) as done:
+                for i in range(0, len(items), IMPORT_BATCH):
+                    results += await log.append_many(items[i : i + IMPORT_BATCH])
+                    done(len(items[i : i + IMPORT_BATCH]))
             failed = [r for r in results if isinstance(r, LogError)]
             if failed:
                 raise Failure(f"{len(failed)} of {len(items)} records were refused: {failed[0]}")
@@ -630,9 +816,13 @@ def cmd_log_import(args: argparse.Namespace) -> None:
     print(f"imported {asyncio.run(run())} records from {args.file}")
 
 
+IMPORT_BATCH = 1000  # records appended at once: the bar moves, and the batch still pipelines
+FOLD_BATCH = 5000  # records folded between two moves of the bar
+
+
 def cmd_replay(args: argparse.Namespace) -> None:
     if args.file:
-        records = logfile.read(args.file)
+        records = read_file_shown(args.file)
     else:
         login = login_of(args, identities.SERVICES)
         needs_log("replay", login)
@@ -640,7 +830,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
         async def run() -> list[Record]:
             log = await open_log(server_url(args.server), login)
             try:
-                return await read_all(log, args.until)
+                return await read_shown(log, args.until)
             finally:
                 await log.close()
 
@@ -648,34 +838,38 @@ def cmd_replay(args: argparse.Namespace) -> None:
     if args.until is not None:
         records = [r for r in records if r.seq <= args.until]
     if args.at is not None:
-        records = [r for r in records if r.time <= args.at]
+        try:
+            at = when.moment(args.at, time.time())
+        except when.BadTime as e:
+            raise BadInput(f"--at: {e}") from None
+        records = [r for r in records if r.time <= at]
     if args.verify:
         from corral.services.cli.up import service_roles
         from corral.services.replay.report import as_dict, format_report
         from corral.services.replay.verify import verify
 
-        report = verify(records, service_roles())
+        with progress.shown("verifying", None, "decisions", scale=True) as done:
+            report = verify(records, service_roles(), progress=done.at)
         emit(args, as_dict(report) if args.output == "json" else format_report(report))
         if not report.clean:
             sys.exit(1)
         return
-    state = fold(records)
+    state = State()
+    with progress.shown("folding", len(records), "records", scale=True) as done:
+        for i in range(0, len(records), FOLD_BATCH):
+            fold(records[i : i + FOLD_BATCH], state)
+            done(len(records[i : i + FOLD_BATCH]))
     if args.output == "json":
         emit(args, present.full(state))
         return
     s = present.summary(state)
     print(f"state at seq {s['seq']}: {s['nodes']} nodes, {s['gpus']} GPUs, {s['jobs']} jobs")
-    print(f"phases: {s['phases']}; rejected {s['rejected']} (void {s['void']}); faults {s['faults']}")
+    phases = ", ".join(f"{n} {phase}" for phase, n in s["phases"].items()) or "no jobs"
+    print(f"phases: {phases}; rejected {s['rejected']} (void {s['void']}); faults {s['faults']}")
     print()
-    print(
-        table.render(
-            NODE_COLUMNS, [[present.node_row(n)[c] for c in NODE_COLUMNS] for n in state.nodes.values()]
-        )
-    )
+    print(node_table([present.node_row(n) for n in sorted(state.nodes.values(), key=lambda n: n.name)]))
     print()
-    print(
-        table.render(JOB_COLUMNS, [[present.job_row(j)[c] for c in JOB_COLUMNS] for j in state.jobs.values()])
-    )
+    print(job_table([present.job_row(j) for j in state.jobs.values()]))
 
 
 def cmd_whatif(args: argparse.Namespace) -> None:
@@ -684,7 +878,7 @@ def cmd_whatif(args: argparse.Namespace) -> None:
     exported log instead, on this machine."""
     from corral.services.forecast import whatif
 
-    job_id, spec = job_from_args(args)
+    job_id, spec = paths_here(*job_from_args(args))
     job_id = job_id or "whatif"
     if args.log:
         state = fold(logfile.read(args.log))
@@ -696,27 +890,56 @@ def cmd_whatif(args: argparse.Namespace) -> None:
 
 
 def cmd_logs(args: argparse.Namespace) -> None:
-    """A job's worker output, from the agents' directories on this machine."""
-    from corral.services.agent.workers import job_logs
+    """A job's worker output, from the agents' directories on this machine: each worker's file
+    (``--rank``: one worker's), whole or its last ``--tail`` lines; ``--follow`` then prints
+    what the workers write until the job has ended (the read service says when)."""
+    from corral.services.cli import logs
 
+    if args.tail is not None and args.tail < 0:
+        raise BadInput(f"--tail {args.tail}: a number of lines, 0 or more")
+    if args.rank is not None and args.rank < 0:
+        raise BadInput(f"--rank {args.rank}: ranks are 0 and up")
     client = as_client(login_of(args, args.tenant))
-    if client is not None:
+    if client is not None and not args.follow:
         # The files are on this machine; still show them only for a job the login may see.
         answer_of(ask(server_url(args.server), client, "explain", args.job), "job")
-    root = Path(args.root)
-    agents = sorted({p.parent.parent.parent for p in root.glob(f"**/logs/{args.job}/*.log")})
-    files = [f for agent in agents for f in job_logs(agent, args.job)]
-    if not files:
-        raise Failure(f"no logs of job {args.job} under {root}")
-    for f in files:
-        print(f"==> {f.parent.parent.parent.name}: {f.name} <==")
-        print(f.read_text(errors="replace"), end="")
+    reader = logs.Reader(Path(args.root), args.job, args.rank)
+    if not args.follow:
+        if not reader.files():
+            raise Failure(f"no logs of job {args.job}{reader.which} under {args.root}")
+        reader.print_new(sys.stdout, args.tail)
+        return
+    with client_for(args, reading=True) as watcher:
+        watcher.explain(args.job)  # no such job (or another tenant's): one line, exit 1
+        logs.follow(reader, watcher, sys.stdout, args.tail)
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
     with client_for(args, reading=True) as client:
         told = client.explain(args.job)
     emit(args, msgspec.to_builtins(told) if args.output == "json" else told.text)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> None:
+    """A live web page of the cluster, as one identity, over the read service."""
+    from corral.services.dashboard.app import Feed, serve
+    from corral.services.runtime.shell import stop_on_signals
+
+    login = login_of(args, args.tenant)
+    if login is not None and login.reads_log:
+        raise Failure(f"the dashboard asks the read service: log in as a tenant or admin, not {login.user}")
+    asker = login.user if login is not None else args.tenant or subjects.ADMIN
+    if not subjects.is_token(asker):
+        raise BadInput(f"tenant {asker!r}: use letters, digits, '-' and '_'")
+    feed = Feed(server_url(args.server), asker, login.password if login is not None else None)
+
+    async def run() -> None:
+        await serve(feed, args.host, args.port, stop_on_signals())
+
+    try:
+        asyncio.run(run())
+    except OSError as e:
+        raise Failure(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
 
 
 # -- parser -------------------------------------------------------------------------------------
@@ -858,7 +1081,46 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--cpu", type=int, default=1000, help="milli-CPU per worker")
     s.add_argument("--memory", type=int, default=4096, help="MiB per worker")
     s.add_argument("--pack", choices=["none", "nvlink", "node", "rack", "block", "spread"])
-    s.add_argument("--command", nargs=argparse.REMAINDER)
+    s.add_argument("--required", action="store_true", help="--pack is a requirement, not a preference")
+    s.add_argument("--min-replicas", type=int, help="elastic: the fewest workers it runs with")
+    s.add_argument(
+        "--gpu-model",
+        action="append",
+        metavar="MODEL",
+        help="a GPU model it may use, e.g. H100-80GB (repeatable)",
+    )
+    s.add_argument("--image", help="run each worker in this container image (docker or podman)")
+    s.add_argument(
+        "--env", action="append", metavar="NAME=VALUE", help="in each worker's environment (repeatable)"
+    )
+    s.add_argument(
+        "--mount",
+        action="append",
+        metavar="SOURCE:TARGET[:rw]",
+        help="a data mount, read-only unless it ends in :rw (repeatable)",
+    )
+    s.add_argument("--runtime-estimate", metavar="DURATION", help=f"how long it runs; {when.DURATION_HELP}")
+    s.add_argument(
+        "--checkpointable", action="store_true", help="it checkpoints when asked (the worker contract)"
+    )
+    s.add_argument(
+        "--grace", metavar="DURATION", help="time it gets to checkpoint before it is stopped (30s)"
+    )
+    s.add_argument("--not-preemptible", action="store_true", help="never stopped for another job")
+    s.add_argument("--restart-policy", choices=["never", "on-failure", "always"])
+    s.add_argument("--max-restarts", type=int)
+    s.add_argument("--label", action="append", metavar="NAME=VALUE", help="a label of the job (repeatable)")
+    s.add_argument(
+        "--node-selector",
+        action="append",
+        metavar="LABEL=VALUE",
+        help="only nodes with this label (repeatable)",
+    )
+    s.add_argument(
+        "--command",
+        nargs=argparse.REMAINDER,
+        help="what each worker runs (the rest of the line; or after --)",
+    )
     s.set_defaults(fn=cmd_submit)
 
     w = sub.add_parser(
@@ -891,17 +1153,53 @@ def parser() -> argparse.ArgumentParser:
     jb.add_argument(
         "--all", action="store_true", help="also the finished jobs let go after the retention period"
     )
+    jb.add_argument("--state", help=f"only jobs in these phases, comma-separated: {', '.join(PHASES)}")
+    jb.add_argument("--queue", help="only jobs of this queue")
+    jb.add_argument(
+        "--watch",
+        action="store_true",
+        help="then a line for each job that changes, as the log moves on (Ctrl-C stops)",
+    )
     jb.set_defaults(fn=cmd_jobs)
-    sub.add_parser("nodes", parents=[common], help="list nodes").set_defaults(fn=cmd_nodes)
+    sub.add_parser(
+        "nodes", parents=[common], help="list nodes: condition, free GPUs, health, MIG instances"
+    ).set_defaults(fn=cmd_nodes)
+
+    nd = sub.add_parser("node", help="take a node out of service and back (the admin's)")
+    ndsub = nd.add_subparsers(dest="node_verb", required=True, parser_class=_Parser)
+    for verb, what in (
+        ("cordon", "no new work lands on the node; what runs there keeps running"),
+        ("drain", "cordon, and move its running jobs away (each resumes from its last checkpoint)"),
+        ("uncordon", "work may land on the node again"),
+    ):
+        nv = ndsub.add_parser(verb, parents=[common], help=what)
+        nv.add_argument("node")
+        if verb != "uncordon":
+            nv.add_argument("--reason", default="", help="why, for `corral explain` of the jobs it moves")
+        nv.set_defaults(fn=cmd_node, node_verb=verb)
 
     lo = sub.add_parser("logs", parents=[common], help="a job's worker output (agents on this machine)")
     lo.add_argument("job")
     lo.add_argument("--root", default=str(STATE_DIR), help="where the agents keep their work")
+    lo.add_argument("--rank", type=int, help="only this worker's output")
+    lo.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each worker's output")
+    lo.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing what workers write, until the job ends"
+    )
     lo.set_defaults(fn=cmd_logs)
 
     e = sub.add_parser("explain", parents=[common], help="a job's history and why it waits")
     e.add_argument("job")
     e.set_defaults(fn=cmd_explain)
+
+    db = sub.add_parser(
+        "dashboard",
+        parents=[common],
+        help="a live web page of GPUs, queues and jobs, showing what --tenant (or the login) may see",
+    )
+    db.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    db.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free one)")
+    db.set_defaults(fn=cmd_dashboard)
 
     q = sub.add_parser("queue", help="queues, cohorts and priority classes")
     qsub = q.add_subparsers(dest="queue_verb", required=True, parser_class=_Parser)
@@ -929,6 +1227,9 @@ def parser() -> argparse.ArgumentParser:
         "history stays in the log and in `corral jobs --all`); 0 lets it go at once (default 3600)",
     )
     qr.set_defaults(fn=cmd_queue_retention)
+    qd = qsub.add_parser("delete", parents=[common], help="delete a queue that has no unfinished jobs")
+    qd.add_argument("name")
+    qd.set_defaults(fn=cmd_queue_delete)
     sub.add_parser("queues", parents=[common], help="quota, usage and fair share per queue").set_defaults(
         fn=cmd_queues
     )
@@ -949,7 +1250,7 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", parents=[common], help="rebuild the state from a log file or the server")
     r.add_argument("file", nargs="?")
     r.add_argument("--until", type=int, help="stop after this sequence number")
-    r.add_argument("--at", type=float, help="stop at this time (unix seconds)")
+    r.add_argument("--at", help=f"stop at this time: {when.MOMENT_HELP}")
     r.add_argument(
         "--verify",
         action="store_true",
@@ -959,8 +1260,38 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# Options whose value may start with "-" (``--at -1h``): argparse would take it for an option.
+DASHED_VALUES = ("--at",)
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The arguments, with what people write that argparse alone would refuse: ``--at -1h``,
+    and a job's command after ``--`` (``corral submit --queue q -- python train.py``)."""
+    argv = list(argv)
+    command: list[str] | None = None
+    if "--" in argv:
+        at = argv.index("--")
+        argv, command = argv[:at], argv[at + 1 :]
+    fixed: list[str] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] in DASHED_VALUES and arg.startswith("-") and fixed:
+            fixed[-1] = f"{fixed[-1]}={arg}"
+        else:
+            fixed.append(arg)
+    args = parser().parse_args(fixed)
+    if command is not None:
+        if args.verb not in ("submit", "whatif"):
+            parser().error("only submit and whatif take a command after --")
+        if args.command:
+            parser().error("give the command after --command or after --, not both")
+        if not command:
+            parser().error("nothing after --: give the command to run")
+        args.command = command
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
     try:
         args.fn(args)
     except Refused as e:  # the cluster said no: the request was made, and refused

@@ -27,7 +27,15 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.events.queues import ApplyCohort, ApplyFairShare, ApplyPriorityClass, ApplyQueue, ApplyRetention
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyFairShare,
+    ApplyPriorityClass,
+    ApplyQueue,
+    ApplyRetention,
+    CordonNode,
+    DeleteQueue,
+)
 from corral.projections.shape import Shape
 
 
@@ -102,8 +110,11 @@ def describe(body: Event, tenant: str | None = None) -> str:
             return f"node {n} is {c}" + (f": {why}" if why else "")
         case GpuHealthChanged(node=n, gpu=g, healthy=ok, signal=sig):
             return f"GPU {g} of {n} is {'healthy' if ok else 'unhealthy'}" + (f" ({sig})" if sig else "")
-        case NodeCordoned(node=n, cordoned=c, drain=d):
-            return f"node {n} {'cordoned' if c else 'uncordoned'}" + (" and draining" if d else "")
+        case NodeCordoned(node=n, cordoned=c, drain=d) | CordonNode(node=n, cordoned=c, drain=d):
+            by = " by the admin" if isinstance(body, CordonNode) else ""
+            return f"node {n} {'cordoned' if c else 'uncordoned'}{by}" + (" and draining" if c and d else "")
+        case DeleteQueue(name=name):
+            return f"queue {name} deleted by the admin"
     return type(body).__name__
 
 

@@ -20,10 +20,11 @@ import argparse
 import json
 import os
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from corral.services.cli import progress
 from corral.services.cli.jobfile import BadInput
 
 ALIBABA_DIR = "alibaba-gpu-2023"
@@ -37,7 +38,7 @@ def find_alibaba(name: str, explicit: str | None = None) -> Path:
     """A file of the Alibaba trace: the given path, $CORRAL_TRACES/alibaba-gpu-2023/<name>, or
     shared/traces/alibaba-gpu-2023/ beside the repository (or beside the working directory)."""
     if explicit:
-        if not Path(explicit).exists():
+        if not Path(explicit).is_file():
             raise BadInput(f"{explicit}: no such file")
         return Path(explicit)
     env = os.environ.get("CORRAL_TRACES")
@@ -86,6 +87,9 @@ def add_parser(subparsers: Any, common_parent: argparse.ArgumentParser) -> None:
 
 
 def cmd_sim(args: argparse.Namespace) -> None:
+    if args.plot and not Path(args.plot).absolute().parent.is_dir():
+        # Refused now, not after minutes of simulation, when the figure would have nowhere to go.
+        raise BadInput(f"--plot {args.plot}: no directory {Path(args.plot).absolute().parent}")
     if args.trace == "alibaba":
         _alibaba(args)
     else:
@@ -160,17 +164,24 @@ def _alibaba(args: argparse.Namespace) -> None:
             raise BadInput(f"--variant {variant}: {e}") from None
     published = None
     pub_path = Path(args.published) if args.published else nodes_csv.parent / ALIBABA_PUBLISHED
-    if pub_path.exists():
-        published = alibaba.load_published(pub_path)
-    elif args.published:
+    if args.published and not pub_path.is_file():
         raise BadInput(f"{args.published}: no such file")
+    if pub_path.is_file():
+        published = alibaba.load_published(pub_path)
     jobs = [(str(nodes_csv), str(pods_csv), v, p, s) for v in variants for p in policies for s in seeds]
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            curves = list(pool.map(_replay, jobs))
-    else:
-        curves = [_replay(j) for j in jobs]
+    with progress.shown("replaying", len(jobs), "runs") as done:
+        if workers > 1:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = [pool.submit(_replay, j) for j in jobs]
+                for _ in as_completed(futures):
+                    done(1)
+                curves = [f.result() for f in futures]
+        else:
+            curves = []
+            for j in jobs:
+                curves.append(_replay(j))
+                done(1)
     per_run = len(policies) * len(seeds)
     runs: dict[str, Any] = {}
     texts: list[str] = []
@@ -251,7 +262,8 @@ def _philly(args: argparse.Namespace) -> None:
         exp.quotas  # noqa: B018 - checks that every team gets a GPU
     except ValueError as e:
         raise BadInput(f"--nodes {nodes}: {e}") from None
-    outcomes = experiment.run(exp, policies)
+    with progress.shown("simulating", len(sliced) * len(policies), "jobs", scale=True) as done:
+        outcomes = experiment.run(exp, policies, progress=done if progress.on_terminal() else None)
     data = experiment.to_json(exp, outcomes)
     text = experiment.table(exp, outcomes)
     if args.plot:

@@ -1,7 +1,8 @@
 """corral's Python client, public as ``corral.client``: submit, wait, cancel, resize, list and
-explain jobs (a waiting one with its forecast start), ask what if a job were submitted now,
-from a script or a notebook (``Client``) or asyncio (``AsyncClient``), with typed results and
-the CLI's errors. The ``corral`` command's job verbs are built on it.
+explain and watch jobs (a waiting one with its forecast start), ask what if a job were
+submitted now (and, as the admin, cordon, drain and uncordon nodes and delete queues), from a
+script or a notebook (``Client``) or asyncio (``AsyncClient``), with typed results and the
+CLI's errors. The ``corral`` command's job verbs are built on it.
 
 Worker output is not reachable through it: it stays in the agents' directories on their nodes
 (``corral logs`` reads them on that machine), and nothing carries it over NATS.

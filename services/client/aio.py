@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import msgspec
 
 from corral.events import codec, subjects
 from corral.events.jobs import CancelJob, JobSpec, ResizeJob, SubmitJob
+from corral.events.queues import CordonNode, DeleteQueue
 from corral.projections.lifecycle import FINAL
 from corral.services.client.results import (
     Applied,
@@ -44,6 +46,7 @@ from corral.services.runtime import identities
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 CONNECT_TIMEOUT = 10.0  # seconds: an unreachable server is an answer, not a hang
 VERDICT_TIMEOUT = 30.0  # seconds a request's verdict is waited for, by default
+JOB_VERBS = ("submit", "cancel", "resize")  # a refusal as "unknown" of these is NoSuchJob
 WHATIF_TIMEOUT = 60.0  # seconds a what-if may take: it simulates, the more so on a deep backlog
 
 
@@ -178,6 +181,33 @@ class AsyncClient:
         await self._verdict("resize", job_id, seq, timeout)
         return Applied(job_id, seq, applied=True)
 
+    # -- the admin's requests (the intake refuses them from any tenant but ``admin``) ---------
+
+    async def cordon(
+        self, node: str, reason: str = "", *, drain: bool = False, timeout: float = VERDICT_TIMEOUT
+    ) -> Applied:
+        """No new work lands on ``node``; ``drain``: its running jobs also move away (each
+        resumes elsewhere from its last checkpoint). ``Refused`` for a node the cluster does
+        not know, or from a login that is not the admin's."""
+        body = CordonNode(node=node, cordoned=True, drain=drain, reason=reason)
+        return await self._admin("cordon", node, body, timeout)
+
+    async def uncordon(self, node: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        """Work may land on ``node`` again (whoever cordoned it: the admin, or the health
+        monitor after a GPU fault; a GPU that is unhealthy stays unused)."""
+        return await self._admin("cordon", node, CordonNode(node=node, cordoned=False), timeout)
+
+    async def delete_queue(self, name: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        """Delete a queue; ``Refused`` while it still has unfinished jobs, or for no such queue."""
+        return await self._admin("delete-queue", name, DeleteQueue(name=name), timeout)
+
+    async def _admin(self, verb: str, name: str, body: Any, timeout: float) -> Applied:
+        if not subjects.is_token(name):
+            raise Invalid(f"{name!r}: use letters, digits, '-' and '_' (at most 64)")
+        seq, _ = await self._store(verb, name, body)
+        await self._verdict(verb, name, seq, timeout)
+        return Applied(name, seq, applied=True)
+
     async def _store(self, verb: str, job_id: str, body: Any) -> tuple[int, bool]:
         """Send a request to the intake; the log sequence it was stored at, and whether it was a
         repeat of a message id. The message id's unguessable part keeps another tenant from
@@ -226,7 +256,8 @@ class AsyncClient:
             )
             kind = told.get("verdict")
             if kind == "refused":
-                error = NoSuchJob if told.get("code") == "unknown" else Refused
+                unknown_job = told.get("code") == "unknown" and verb in JOB_VERBS
+                error = NoSuchJob if unknown_job else Refused
                 raise error(str(told.get("code")), str(told.get("reason")))
             if kind == "rejected":
                 raise Rejected(str(told.get("code")), f"{job_id} rejected: {told.get('reason')}")
@@ -264,6 +295,18 @@ class AsyncClient:
         """As ``jobs``, and how many older jobs let go it left out."""
         answer = await self._ask("jobs", everything=all)
         return msgspec.convert(answer["jobs"], list[Job]), int(answer.get("more_let_go", 0))
+
+    async def watch(self, *, all: bool = False) -> AsyncGenerator[list[Job], None]:  # noqa: A002
+        """The jobs as ``jobs`` lists them, now and again each time the log moves on: the read
+        service holds each question until it has folded a later record (or a minute passed),
+        so nothing is asked while nothing happens. Ends when the caller stops iterating."""
+        after = 0
+        while True:
+            answer = await self._ask("jobs", everything=all, after=after, wait=MAX_WAIT)
+            seq = int(answer.get("seq", 0))
+            if after == 0 or seq >= after:
+                yield msgspec.convert(answer["jobs"], list[Job])
+            after = seq + 1
 
     async def explain(self, job_id: str) -> Explanation:
         """A job's history and why it waits."""

@@ -84,7 +84,11 @@ class Eta(msgspec.Struct, frozen=True):
 
 
 class Job(msgspec.Struct, frozen=True):
-    """A job as ``corral jobs`` lists it; ``eta`` while it waits, once forecast."""
+    """A job as ``corral jobs`` lists it: ``workers`` the most it asks for, ``min_workers`` the
+    least an elastic job runs with (``workers`` for any other; 0 in rows of jobs let go before
+    it was recorded), ``running_workers`` how many run now; ``per_worker`` for people,
+    ``gpus_per_worker`` (whole or a fraction; 0 for a MIG slice, named in ``mig``) for programs;
+    ``eta``, its forecast start while it waits."""
 
     id: str
     tenant: str
@@ -95,6 +99,10 @@ class Job(msgspec.Struct, frozen=True):
     per_worker: str
     nodes: str
     reason: str
+    min_workers: int = 0
+    running_workers: int = 0
+    gpus_per_worker: int | float = 0
+    mig: str = ""
     eta: Eta | None = None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from corral.events.jobs import JobSpec
@@ -85,6 +85,30 @@ class Client:
 
     def job_list(self, *, all: bool = False) -> tuple[list[Job], int]:  # noqa: A002
         return self._run(self.aio.job_list(all=all))
+
+    def watch(self, *, all: bool = False) -> Iterator[list[Job]]:  # noqa: A002 - as `corral jobs --all`
+        """As ``AsyncClient.watch``: the jobs now, then again each time the log moves on."""
+        updates = self.aio.watch(all=all)
+
+        async def next_update() -> list[Job]:
+            return await anext(updates)
+
+        try:
+            while True:
+                yield self._run(next_update())
+        finally:
+            self._run(updates.aclose())
+
+    def cordon(
+        self, node: str, reason: str = "", *, drain: bool = False, timeout: float = VERDICT_TIMEOUT
+    ) -> Applied:
+        return self._run(self.aio.cordon(node, reason, drain=drain, timeout=timeout))
+
+    def uncordon(self, node: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        return self._run(self.aio.uncordon(node, timeout=timeout))
+
+    def delete_queue(self, name: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        return self._run(self.aio.delete_queue(name, timeout=timeout))
 
     def explain(self, job_id: str) -> Explanation:
         return self._run(self.aio.explain(job_id))

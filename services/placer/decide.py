@@ -37,7 +37,6 @@ the cycle. Same state, same ``now``, same config: same events.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -53,7 +52,7 @@ from corral.projections.placement.framework import Request
 from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
-from corral.projections.state import JobState, State
+from corral.projections.state import JobState, NodeState, State
 from corral.services.placer import backfill
 from corral.services.placer.backfill import Reservation
 
@@ -283,10 +282,18 @@ class _Gate:
         job, a growth: only the ranks it adds are checked and taken."""
         for w in placement.workers:
             if w.node not in self.shadow.nodes and w.node in self.state.nodes:
-                self.shadow.nodes[w.node] = copy.deepcopy(self.state.nodes[w.node])
+                self.shadow.nodes[w.node] = _scratch(self.state.nodes[w.node])
         take = claims.grow if job.phase == "running" else claims.place
         try:
             take(self.shadow, msgspec.structs.replace(job), placement)
         except claims.ClaimError as e:
             return e.reason
         return None
+
+
+def _scratch(node: NodeState) -> NodeState:
+    """A copy of ``node`` the gate may take claims on: what a claim changes (the node's CPU and
+    memory, each GPU's use, holders and MIG instances) is copied; what it only reads (the
+    inventory, each GPU's info, frozen) is shared. A deep copy cost a third of a cycle."""
+    gpus = [msgspec.structs.replace(g, mig=dict(g.mig), holders=dict(g.holders)) for g in node.gpus]
+    return msgspec.structs.replace(node, gpus=gpus)

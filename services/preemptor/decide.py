@@ -196,13 +196,16 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
                 hopeless[form] = job.priority
             holds.note(job)
             continue
-        if commit(sim, target, found) is not None:
+        committed = commit(sim, target, found)
+        holds.moved()
+        if committed is not None:
             holds.note(job)
             continue
         unblocked.clear()
         if not found.whole and not found.shrinks:
             continue  # fits as things are: the placer places it, on the GPUs kept for it here
         sim.proposed(target, found)
+        holds.moved()
         # 4. The proposal.
         stopping = [*found.whole, *(j for j, _ in found.shrinks)]
         plans.append(
@@ -241,15 +244,32 @@ class _Holds:
         self.now = now
         self.by_queue: dict[str, Hold] = {}
         self._ends: dict[tuple[str, str], list[tuple[float, int]]] | None = None  # built on first use
+        # Verdicts per queue and ask (what ``keeps_out`` reads of a job): a deep backlog behind a
+        # hold asks the same question many times. Valid until a hold is added or the ledger moves.
+        self._verdicts: dict[tuple[object, ...], bool] = {}
 
     def keeps_out(self, job: JobState) -> bool:
         """Would admission keep ``job`` out for an earlier job of its queue, whatever is freed?"""
-        held = self.by_queue.get(job.spec.queue)
-        demand = None if held is None else queued_demand(self.state, self.ledger, job)
-        if held is None or demand is None:
+        spec = job.spec
+        held = self.by_queue.get(spec.queue)
+        if held is None:
+            return False
+        ask = (spec.queue, spec.resources, spec.replicas, spec.min_replicas, spec.runtime_estimate_s)
+        found = self._verdicts.get(ask)
+        if found is None:
+            found = self._verdicts[ask] = self._keeps_out(held, job)
+        return found
+
+    def _keeps_out(self, held: Hold, job: JobState) -> bool:
+        demand = queued_demand(self.state, self.ledger, job)
+        if demand is None:
             return False
         spare = held.spare(self.ledger, job.spec.queue, demand[0], runtimes.of(job), self.now)
         return spare is not None and demand[1] > spare
+
+    def moved(self) -> None:
+        """The ledger may have moved (a commit was tried): verdicts are asked again."""
+        self._verdicts.clear()
 
     def note(self, job: JobState) -> None:
         """``job`` waits (no victims get it admitted this cycle): the first queued job of a
@@ -266,6 +286,7 @@ class _Holds:
         found = hold(self.ledger, q, job, self._ends.get((q, demand[0]), []), self.now)
         if found is not None:
             self.by_queue[q] = found
+            self._verdicts.clear()
 
 
 def _form(job: JobState) -> tuple[object, ...]:

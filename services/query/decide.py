@@ -9,7 +9,8 @@ Invariants:
 
 - a tenant sees only its own jobs, only the queues open to it (no tenant list, or one naming it),
   and only the rejections of its own requests; ``admin`` sees everything;
-- a job of another tenant is answered exactly as a job that does not exist;
+- a job of another tenant is answered exactly as a job that does not exist; on a GPU it shares
+  (``gpus``) it is only milli-GPU taken, with no id or queue;
 - a job id is looked up, never matched: wildcards, dots and anything else in it find nothing;
 - a job the fold let go is answered from ``let_go`` (the read service's SQLite view): the
   newest of its id the asker may see, after any the state still holds;
@@ -39,8 +40,8 @@ from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
 from corral.services.runtime.forecasts import TenantForecast
 
-QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes", "verdict")
-VERDICT_VERBS = ("submit", "cancel", "resize")
+QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes", "verdict", "gpus")
+VERDICT_VERBS = ("submit", "cancel", "resize", "cordon", "delete-queue")  # the last two: the admin's
 MAX_WAIT = 60.0  # seconds one question may ask the read service to wait for its answer to settle
 MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer must fit in a message
 
@@ -63,7 +64,7 @@ class Ask(msgspec.Struct, frozen=True):
     reflect at least (so a client reads its own writes), and for ``jobs`` whether to list the
     jobs the fold let go too. Other fields are ignored."""
 
-    job: str = ""
+    job: str = ""  # for the verdict on an admin's cordon or delete-queue: the node or the queue
     after: int = 0
     all: bool = False  # ``jobs``: also the jobs the fold let go (the newest MAX_LET_GO of them)
     verb: str = ""  # ``verdict``: the verb of the request stored at ``after``
@@ -126,7 +127,8 @@ def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> 
             if r.code == "duplicate" and ask.verb == "submit":
                 duplicate = True  # the same id twice is one job: its verdict is the first's
                 break
-            reason = f"no such job {ask.job}" if r.code == "unknown" else r.message
+            job_verb = ask.verb in ("cancel", "resize")
+            reason = f"no such job {ask.job}" if r.code == "unknown" and job_verb else r.message
             return {"seq": state.seq, "verdict": "refused", "code": r.code, "reason": reason}
     if ask.verb != "submit":
         return {"seq": state.seq, "verdict": "applied"}
@@ -241,4 +243,10 @@ def answer(
             return refusal(state, f"verdict: verb {ask.verb[:64]!r}; one of {', '.join(VERDICT_VERBS)}")
         told = verdict(state, asker, ask, let_go)
         return told if told is not None else {"seq": state.seq, "verdict": "pending"}
+    if question == "gpus":
+        # Every GPU of every node, and who holds it: the asker's own jobs by name and queue,
+        # anyone else's only as GPU taken (the dashboard's grid).
+        nodes = sorted(state.nodes.values(), key=lambda n: n.name)
+        rows = [present.node_gpus(n, state, lambda j: sees_job(asker, j)) for n in nodes]
+        return {"seq": state.seq, "nodes": rows}
     return refusal(state, f"no question {question!r}; ask one of {', '.join(QUESTIONS)}")

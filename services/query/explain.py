@@ -35,7 +35,8 @@ def explain(job: JobState, history: Sequence[JobEvent], eta: dict[str, Any] | No
             refused.append({"seq": e.seq, "code": code, "message": message})
     lines = [
         f"job {job.id} of {job.tenant} in queue {job.spec.queue}: {job.phase} (attempt {job.attempt})",
-        f"  wants {job.spec.replicas} worker(s) × {row['per_worker']}, priority {job.priority}",
+        f"  wants {_workers(job)} × {row['per_worker']}, priority {job.priority}; "
+        f"{row['running_workers']} running",
     ]
     if job.placement is not None:
         lines.append(f"  placed on {row['nodes']}")
@@ -46,11 +47,20 @@ def explain(job: JobState, history: Sequence[JobEvent], eta: dict[str, Any] | No
         lines.append(f"  why: [{r.code}] {r.message}{hint}")
     if eta is not None:
         lines.append(f"  estimated start: {present.eta_text(eta)}")
+        lines.append(f"    forecast at {present.clock(eta['forecast_at'])}; {eta['assumption']}")
     lines.append("  history:")
     for e in history:
         refused_note = f"  (refused: {e.refused})" if e.refused else ""
         lines.append(f"    {e.seq:>6}  {_when(e.time)}  {e.summary}{refused_note}")
     return {"job": row, "reasons": reasons, "history": events, "refused": refused, "text": "\n".join(lines)}
+
+
+def _workers(job: JobState) -> str:
+    most, least = job.spec.replicas, job.spec.min_replicas
+    if least is not None and least != most:
+        admitted = f", admitted at {job.admission.replicas}" if job.admission is not None else ""
+        return f"{least} to {most} workers (elastic{admitted})"
+    return f"{most} worker{'s' if most != 1 else ''}"
 
 
 def _when(t: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -12,14 +13,20 @@ from corral.projections.state import WHOLE, JobState, NodeState, State
 
 
 def gpu_request(job: JobState) -> str:
-    worker = Shape.of(job.spec.resources)
-    if worker.kind == "mig":
-        return f"mig {worker.mig}"
-    return f"{worker.gpu_milli / WHOLE:g} gpu"
+    return Shape.of(job.spec.resources).gpus_short()
+
+
+def gpus(milli: int) -> int | float:
+    """Milli-GPU as a number of GPUs for ``-o json``: ``16``, ``2.5``, ``0.125``."""
+    return milli // WHOLE if milli % WHOLE == 0 else milli / WHOLE
 
 
 def job_row(job: JobState) -> dict[str, Any]:
+    """A job as ``corral jobs`` lists it. Numbers stay numbers (``-o json``); ``workers`` is the
+    most it asks for, ``min_workers`` the least an elastic job runs with (``workers`` for any
+    other), ``running_workers`` how many run now; the table writes them with ``workers_text``."""
     nodes = sorted({w.node for w in job.placement.workers}) if job.placement else []
+    shape = Shape.of(job.spec.resources)
     return {
         "id": job.id,
         "tenant": job.tenant,
@@ -27,25 +34,100 @@ def job_row(job: JobState) -> dict[str, Any]:
         "phase": job.phase,
         "attempt": job.attempt,
         "workers": job.spec.replicas,
-        "per_worker": gpu_request(job),
+        "min_workers": job.spec.min_replicas or job.spec.replicas,
+        "running_workers": len(job.live),
+        "per_worker": shape.gpus_short(),
+        "gpus_per_worker": 0 if shape.kind in ("mig", "cpu") else gpus(shape.gpu_milli),
+        "mig": (shape.mig or "") if shape.kind == "mig" else "",
         "nodes": ",".join(nodes),
         "reason": "; ".join(r.message for r in job.reasons),
     }
 
 
+def workers_text(row: dict[str, Any]) -> str:
+    """``3 of 4`` (running of most); an elastic job's range, ``3 of 2..4``."""
+    most, least = row.get("workers", 0), row.get("min_workers", row.get("workers", 0))
+    asked = f"{least}..{most}" if least != most else f"{most}"
+    return f"{row.get('running_workers', 0)} of {asked}"
+
+
 def node_row(node: NodeState) -> dict[str, Any]:
+    """A node as ``corral nodes`` lists it: its condition as the scheduler reads it (cordoned
+    and draining over ready), each unhealthy GPU with its signal, its MIG instances and whose."""
     models = sorted({g.info.model for g in node.gpus})
+    condition: str = node.condition
+    if node.condition == "ready" and node.cordoned:
+        condition = "draining" if node.draining else "cordoned"
     return {
         "name": node.name,
-        "condition": "cordoned" if node.cordoned else node.condition,
+        "condition": condition,
+        "cordoned": node.cordoned,
+        "draining": node.draining,
         "model": ",".join(models) or "-",
         "gpus": len(node.gpus),
         "free": sum(1 for g in node.gpus if g.idle and g.healthy),
-        "unhealthy": sum(1 for g in node.gpus if not g.healthy),
-        "milli_used": sum(g.used_milli for g in node.gpus),
-        "mig": sum(1 for g in node.gpus if g.info.mig),
+        "gpus_used": gpus(sum(g.used_milli for g in node.gpus)),
+        "unhealthy": [{"gpu": i, "signal": g.signal} for i, g in enumerate(node.gpus) if not g.healthy],
+        "mig_gpus": sum(1 for g in node.gpus if g.info.mig),
+        "mig_instances": [
+            {"gpu": i, "profile": inst.profile, "job": inst.job_id}
+            for i, g in enumerate(node.gpus)
+            for _, inst in sorted(g.mig.items())
+        ],
         "profile": node.inventory.labels.get("profile", ""),
     }
+
+
+def node_gpus(node: NodeState, state: State, visible: Callable[[JobState], bool]) -> dict[str, Any]:
+    """A node's health and each of its GPUs with what holds it: the jobs ``visible`` says the
+    asker may see by id and queue, the others' share only as ``others_milli``."""
+    gpus = []
+    for g in node.gpus:
+        holders, others = [], 0
+        for job_id, milli in sorted(g.holders.items()):
+            job = state.jobs.get(job_id)
+            if job is not None and visible(job):
+                holders.append({"job": job_id, "queue": job.spec.queue, "milli": milli})
+            else:
+                others += milli
+        gpus.append(
+            {
+                "index": g.info.index,
+                "model": g.info.model,
+                "healthy": g.healthy,
+                "signal": g.signal,
+                "mig": g.info.mig,
+                "used_milli": g.used_milli,
+                "holders": holders,
+                "others_milli": others,
+            }
+        )
+    return {
+        "name": node.name,
+        "condition": node.condition,
+        "cordoned": node.cordoned,
+        "draining": node.draining,
+        "profile": node.inventory.labels.get("profile", ""),
+        "gpus": gpus,
+    }
+
+
+def health_text(row: dict[str, Any]) -> str:
+    """``ok``, or each unhealthy GPU with its signal: ``gpu 3 xid:79``."""
+    bad = row.get("unhealthy") or []
+    return ", ".join(f"gpu {u['gpu']} {u['signal']}".rstrip() for u in bad) or "ok"
+
+
+def mig_text(row: dict[str, Any]) -> str:
+    """``-`` without MIG; else the MIG GPUs and the instances carved from them, by profile:
+    ``8 GPUs: 2×3g.40gb, 1g.10gb``."""
+    if not row.get("mig_gpus"):
+        return "-"
+    counts: dict[str, int] = {}
+    for inst in row.get("mig_instances") or []:
+        counts[inst["profile"]] = counts.get(inst["profile"], 0) + 1
+    used = ", ".join(f"{n}×{p}" if n > 1 else p for p, n in sorted(counts.items())) or "none in use"
+    return f"{row['mig_gpus']} GPUs: {used}"
 
 
 def summary(state: State) -> dict[str, Any]:
@@ -71,19 +153,16 @@ def full(state: State) -> Any:
 
 
 def eta_text(eta: dict[str, Any], now: float | None = None) -> str:
-    """A forecast start as a person reads it: when (in how long, given ``now``), between when
-    and when, and what it assumes."""
+    """A forecast start as a person reads it: in how long (given ``now``), else when, and
+    between when and when (its band)."""
     start, early, late = eta["start"], eta["early"], eta["late"]
     if start is None:
-        return f"not within {eta['horizon_s'] / 3600:g} h of the forecast at {_clock(eta['forecast_at'])}"
+        return f"not within {eta['horizon_s'] / 3600:g} h of the forecast at {clock(eta['forecast_at'])}"
     if now is not None:
         return f"in {span(start - now)} (between {span(early - now)} and {_later(late, now)})"
-    lo = _clock(early) if early is not None else "?"
-    hi = _clock(late) if late is not None else "later"
-    return (
-        f"{_clock(start)} (between {lo} and {hi}; forecast at {_clock(eta['forecast_at'])}, "
-        f"{eta['assumption']})"
-    )
+    lo = clock(early) if early is not None else "?"
+    hi = clock(late) if late is not None else "beyond the horizon"
+    return f"{clock(start)} (between {lo} and {hi})"
 
 
 def _later(late: float | None, now: float) -> str:
@@ -101,5 +180,5 @@ def span(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
-def _clock(t: float) -> str:
+def clock(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

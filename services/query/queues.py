@@ -3,7 +3,8 @@
 ``queue_usage`` works the figures out from the quota ledger (``projections.quota``); ``queue_rows``
 puts them with each queue's pending and running jobs into the rows the CLI and the read service
 show, with the GPUs it held recently: the decayed GPU time fair share orders queues by
-(``projections.gpu_time``), as of the last record folded."""
+(``projections.gpu_time``), as of the last record folded. GPU figures are numbers of GPUs
+(``16``, ``2.5``), so ``-o json`` gives numbers."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import msgspec
 from corral.projections import gpu_time, indexes, quota
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, State
+from corral.services.query.present import gpus
 
 
 def queue_rows(state: State) -> list[dict[str, Any]]:
@@ -37,11 +39,11 @@ def queue_rows(state: State) -> list[dict[str, Any]]:
                     "queue": name,
                     "cohort": u.cohort or "-",
                     "gpu": quota.key_name(key),
-                    "nominal": quota.fmt_gpus(k.nominal),
-                    "used": quota.fmt_gpus(k.used),
-                    "recent": quota.fmt_gpus(recent),
-                    "borrowed": quota.fmt_gpus(k.borrowed),
-                    "lent": quota.fmt_gpus(k.lent),
+                    "nominal": gpus(k.nominal),
+                    "used": gpus(k.used),
+                    "recent": gpus(recent),
+                    "borrowed": gpus(k.borrowed),
+                    "lent": gpus(k.lent),
                     "weight": u.weight,
                     "pending": pending.get(name, 0),
                     "admitted": running.get(name, 0),

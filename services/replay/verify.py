@@ -34,7 +34,7 @@ import itertools
 import multiprocessing
 import os
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -116,8 +116,16 @@ class _Cycle:
 # -- the walk ------------------------------------------------------------------------------------
 
 
-def verify(records: Sequence[Record], roles: dict[str, Decide], workers: int | None = None) -> Report:
+def verify(
+    records: Sequence[Record],
+    roles: dict[str, Decide],
+    workers: int | None = None,
+    progress: Callable[[int, int], object] | None = None,
+) -> Report:
     """Re-run every decision cycle of ``roles`` found in ``records`` and report divergences.
+
+    ``progress(done, total)`` is told how many of the decision cycles are re-run as they are
+    (in one process, after each; shared by several, after each chunk).
 
     ``workers``: processes that share the re-runs (None: one per CPU, up to ``MAX_WORKERS``,
     for a log with at least ``PARALLEL_FROM`` decisions; else this process alone). The report
@@ -163,7 +171,7 @@ def verify(records: Sequence[Record], roles: dict[str, Decide], workers: int | N
     due.sort(key=lambda c: (c.based_on, c.role))
 
     checked: Counter[str] = Counter()
-    for outcome in _run(records, roles, due, workers):
+    for outcome in _run(records, roles, due, workers, progress):
         divergences += outcome.divergences
         notes += outcome.notes
         checked.update(outcome.checked)
@@ -200,15 +208,21 @@ class _Outcome:
 
 
 def _run(
-    records: Sequence[Record], roles: dict[str, Decide], due: list[_Cycle], workers: int | None
-) -> list[_Outcome]:
+    records: Sequence[Record],
+    roles: dict[str, Decide],
+    due: list[_Cycle],
+    workers: int | None,
+    progress: Callable[[int, int], object] | None = None,
+) -> Iterator[_Outcome]:
     """Re-run ``due`` (in ``based_on`` order): in one pass here, or in contiguous chunks shared
     by forked processes, each folding from the start of the log to its chunk."""
     if workers is None:
         workers = _cpus() if len(due) >= PARALLEL_FROM else 1
     workers = max(1, min(workers, MAX_WORKERS, len(due)))
     if workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [_check(records, roles, due)]
+        tick = None if progress is None else (lambda k: progress(k, len(due)))
+        yield _check(records, roles, due, tick)
+        return
     n = workers * _CHUNKS_PER_WORKER
     size = -(-len(due) // n)
     chunks = [due[i : i + size] for i in range(0, len(due), size)]
@@ -217,7 +231,12 @@ def _run(
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_adopt, initargs=(records, roles, chunks)
     ) as pool:
-        return list(pool.map(_check_chunk, range(len(chunks))))
+        done = 0
+        for chunk, outcome in zip(chunks, pool.map(_check_chunk, range(len(chunks))), strict=True):
+            done += len(chunk)
+            if progress is not None:
+                progress(done, len(due))
+            yield outcome
 
 
 def _cpus() -> int:
@@ -241,7 +260,12 @@ def _check_chunk(i: int) -> _Outcome:
     return _check(records, roles, chunks[i])
 
 
-def _check(records: Sequence[Record], roles: dict[str, Decide], due: list[_Cycle]) -> _Outcome:
+def _check(
+    records: Sequence[Record],
+    roles: dict[str, Decide],
+    due: list[_Cycle],
+    checked: Callable[[int], object] | None = None,
+) -> _Outcome:
     """Fold forward to each cycle's ``based_on`` and re-run it.
 
     Each role gets a State of its own from the first cycle on, folded forward and handed to its
@@ -260,12 +284,17 @@ def _check(records: Sequence[Record], roles: dict[str, Decide], due: list[_Cycle
         while k < len(due) and due[k].based_on < r.seq:  # every state is now at due[k].based_on
             _check_one(due[k], states[due[k].role], roles[due[k].role], out)
             k += 1
+            if checked is not None:
+                checked(k)
         if k == len(due):
             return out
         for state in states.values():
             apply(state, r)
     for cycle in due[k:]:
         _check_one(cycle, states[cycle.role], roles[cycle.role], out)
+        k += 1
+        if checked is not None:
+            checked(k)
     return out
 
 

@@ -61,7 +61,7 @@ import datetime as dt
 import math
 import random
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -403,13 +403,19 @@ class Outcome:
         }
 
 
-def run_policy(exp: Experiment, policy: str) -> Outcome:
+def run_policy(exp: Experiment, policy: str, finished: Callable[[int], object] | None = None) -> Outcome:
+    """One policy on the slice. ``finished`` is told, now and then, how many jobs are over."""
     fairness = Fairness(exp.gpus, {t: float(n) for t, n in exp.quotas.items()}, exp.window)
     started, cpu = time.perf_counter(), time.process_time()
     sim = Simulation(
         exp.cluster(), exp.setup(policy), exp.jobs(policy), exp.config(policy), observers=[fairness]
-    ).run()
+    )
+    if finished is not None:
+        sim.observers.append(_Counter(sim, finished))
+    sim.run()
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    if finished is not None:
+        finished(len(sim.jobs))
     stats = list(sim.stats.values())
     by_team: dict[str, list[JobStats]] = {}
     for s in stats:
@@ -430,20 +436,80 @@ def run_policy(exp: Experiment, policy: str) -> Outcome:
     )
 
 
-def _run(args: tuple[Experiment, str]) -> Outcome:
-    return run_policy(*args)
+class _Counter:
+    """An observer that counts the jobs over, at most every ``EVERY_S`` of wall time: counting
+    walks every job, and the simulation advances its clock many thousand times a second."""
+
+    EVERY_S = 0.25
+
+    def __init__(self, sim: Simulation, finished: Callable[[int], object]) -> None:
+        self.sim, self.finished, self.next = sim, finished, 0.0
+
+    def __call__(self, t0: float, t1: float, held: Mapping[str, float], demand: Mapping[str, float]) -> None:
+        now = time.monotonic()
+        if now >= self.next:
+            self.next = now + self.EVERY_S
+            self.finished(sum(1 for s in self.sim.stats.values() if s.finished is not None))
 
 
-def run(exp: Experiment, policies: Sequence[str] = POLICIES, parallel: bool = True) -> list[Outcome]:
-    """Every policy on the same slice; in parallel processes when there are CPUs for it."""
+# In a worker process of ``run``: the jobs over so far of each policy, shared with the parent.
+_over: Any = None
+
+
+def _share(over: Any) -> None:
+    global _over
+    _over = over
+
+
+def _run(args: tuple[Experiment, str, int]) -> Outcome:
+    exp, policy, i = args
+
+    def finished(n: int) -> None:
+        _over[i] = n
+
+    return run_policy(exp, policy, finished if _over is not None else None)
+
+
+def run(
+    exp: Experiment,
+    policies: Sequence[str] = POLICIES,
+    parallel: bool = True,
+    progress: Callable[[int], object] | None = None,
+) -> list[Outcome]:
+    """Every policy on the same slice; in parallel processes when there are CPUs for it.
+    ``progress`` is told how many more jobs are over, summed over the policies (``len(policies)
+    * len(exp.trace)`` in all)."""
     import os
 
-    if parallel and len(policies) > 1 and (os.cpu_count() or 1) > 1:
-        from concurrent.futures import ProcessPoolExecutor
+    if not (parallel and len(policies) > 1 and (os.cpu_count() or 1) > 1):
+        outcomes = []
+        for p in policies:
+            seen = [0]
 
-        with ProcessPoolExecutor(max_workers=min(len(policies), os.cpu_count() or 1)) as pool:
-            return list(pool.map(_run, [(exp, p) for p in policies]))
-    return [run_policy(exp, p) for p in policies]
+            def finished(n: int, seen: list[int] = seen) -> None:
+                assert progress is not None
+                progress(n - seen[0])
+                seen[0] = n
+
+            outcomes.append(run_policy(exp, p, finished if progress is not None else None))
+        return outcomes
+
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    over = multiprocessing.get_context().Array("q", len(policies), lock=False) if progress else None
+    with ProcessPoolExecutor(
+        max_workers=min(len(policies), os.cpu_count() or 1), initializer=_share, initargs=(over,)
+    ) as pool:
+        futures = [pool.submit(_run, (exp, p, i)) for i, p in enumerate(policies)]
+        told, pending = 0, set(futures)
+        while pending:
+            _, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            if progress is not None and over is not None:
+                now = sum(over)
+                progress(now - told)
+                told = now
+        return [f.result() for f in futures]
 
 
 # -- the report ------------------------------------------------------------------------------------

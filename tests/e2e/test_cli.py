@@ -182,3 +182,34 @@ def test_errors_are_one_line_with_status_2(env: dict[str, str], tmp_path: Path) 
     assert "cannot reach" in unreachable.stderr
     assert "bad.toml" in bad_file.stderr
     assert "replicas" in bad_field.stderr
+
+
+def test_a_script_named_relative_to_the_submit_directory_runs(
+    cluster: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """``corral submit … -- python train.py`` from the directory that holds train.py: the worker,
+    in a directory of its own, runs that file (taken from where the submit ran)."""
+    queues = tmp_path / "queues.toml"
+    queues.write_text(QUEUES)
+    corral("queue", "apply", str(queues), "--server", cluster, env=env)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("import os\nprint('trained in', os.getcwd())\n")
+    done = subprocess.run(
+        [*CORRAL, "submit", "--id", "rel-1", "--queue", "team-a", "--gpus", "1", "--tenant", "team-a"]
+        + ["--server", cluster, "--", sys.executable, "train.py"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "rel-1\n"), done.stderr
+    assert done.stderr == f"corral: command: train.py is {project / 'train.py'}\n"
+
+    from corral.client import Client
+
+    with Client(cluster, tenant="team-a") as client:
+        assert client.wait("rel-1", "succeeded", timeout=120).phase == "succeeded"
+    logs = corral("logs", "rel-1", "--root", str(tmp_path / "data"), env=env).stdout
+    assert "trained in " in logs and f"trained in {project}" not in logs  # its own directory

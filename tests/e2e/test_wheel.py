@@ -82,6 +82,7 @@ def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
     for package in ("events", "projections", "services"):
         assert f"corral/{package}/__init__.py" in names
     assert "corral/py.typed" in names
+    assert "corral/services/dashboard/static/index.html" in names  # the dashboard's page, package data
     assert "corral/projections/placement/plugins/fit.py" in names  # nested packages are carried too
 
 

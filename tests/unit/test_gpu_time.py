@@ -229,4 +229,4 @@ def test_corral_queues_shows_the_gpus_a_queue_held_recently() -> None:
     log = base(HOUR)
     held_once(log)
     (row,) = queue_rows(log.fold())  # as of the last record: the job's exit, one half-life on
-    assert (row["queue"], row["used"], row["recent"]) == ("team-a", "0", "0.5")
+    assert (row["queue"], row["used"], row["recent"]) == ("team-a", 0, 0.5)

@@ -93,6 +93,7 @@ CASES = {
         {"corral.in.a.cancel", "corral.in.b.cancel", "corral.in.b.submit"},
     ),
     "everyone sees the nodes": Case("c", "nodes", Ask(), ids("nodes"), {"node-00"}),
+    "everyone sees the nodes' GPUs": Case("c", "gpus", Ask(), ids("nodes"), {"node-00"}),
     "unknown question": Case(
         "a", "secrets", Ask(), lambda a: a["error"].split(";")[0], "no question 'secrets'"
     ),

@@ -316,6 +316,16 @@ def test_a_small_philly_slice_runs_under_every_policy() -> None:
     assert data["tiresias"]["worst_team_p99_wait"]["team"] in data["tiresias"]["teams"]
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["in this process", "in worker processes"])
+def test_philly_progress_counts_every_job_of_every_policy_once(parallel: bool) -> None:
+    """What ``corral sim``'s bar is told: jobs over, summed over the policies, never going back."""
+    sliced = philly.load_slice(trace_or_skip(), jobs=60)
+    exp = philly.Experiment(tuple(sliced), nodes=4)
+    told: list[int] = []
+    philly.run(exp, ["corral", "fifo"], parallel=parallel, progress=told.append)
+    assert sum(told) == 2 * 60 and all(n >= 0 for n in told)
+
+
 def test_tiresias_stops_jobs_of_its_low_queue_on_a_few_hundred_philly_jobs() -> None:
     """A busy morning of the trace on 4 nodes: jobs that ran an hour of GPU-time are stopped for
     newcomers, each one a checkpoint and a restart, and every job still ends."""

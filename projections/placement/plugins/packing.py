@@ -55,6 +55,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from corral.events.decisions import GpuClaim
+from corral.events.jobs import Resources
 from corral.projections import indexes
 from corral.projections.placement.framework import NeedKind, Request
 from corral.projections.placement.plugins.fragmentation import (
@@ -144,17 +145,31 @@ def workload_of(state: State) -> Workload:
     every job not yet finished, weighted by their worker count. Derived from the state each
     cycle, so every replica of the placer agrees on it. It costs a look at every unfinished job
     (queued ones included: they are the workload to come), none at a finished one."""
+    # A deep backlog asks for a few kinds of worker many times over: workers are counted per
+    # kind of ask first, and each kind is read once (whole counts: the sums are exact).
+    asks: dict[Resources, int] = {}
+    jobs = state.jobs
+    by_phase = state.jobs_by_phase
+    for phase in indexes.UNFINISHED:
+        for job_id in by_phase.get(phase, ()):
+            spec = jobs[job_id].spec
+            res = spec.resources
+            asks[res] = asks.get(res, 0) + max(1, spec.replicas)
     counts: dict[TaskShape, float] = {}
-    for job in indexes.unfinished(state):
-        res = job.spec.resources
-        worker = Shape.of(res)
-        if worker.kind == "mig":
-            continue  # MIG slices are packed by the MIG plugin, not by milli-GPU
-        shape = TaskShape(worker.cpu, worker.milli, res.gpus, frozenset(res.gpu_models))
-        counts[shape] = counts.get(shape, 0.0) + max(1, job.spec.replicas)
+    for res, workers in asks.items():
+        shape = _task_shape(res)
+        if shape is not None:
+            counts[shape] = counts.get(shape, 0.0) + workers
     # The scores sum over the shapes in this order: one that depends on the shapes alone, not on
     # the order the jobs are found in.
     return Workload(dict(sorted(counts.items(), key=_shape_order)))
+
+
+def _task_shape(res: Resources) -> TaskShape | None:
+    worker = Shape.of(res)
+    if worker.kind == "mig":
+        return None  # MIG slices are packed by the MIG plugin, not by milli-GPU
+    return TaskShape(worker.cpu, worker.milli, res.gpus, frozenset(res.gpu_models))
 
 
 def _shape_order(item: tuple[TaskShape, float]) -> tuple[int, int, int, tuple[str, ...]]:

@@ -37,8 +37,11 @@ def find(explicit: str | None = None) -> Path:
     """The trace file: the given path, $CORRAL_TRACES/philly/philly.csv, or shared/ beside the repo."""
     import os
 
+    if explicit:  # a path the person gave is the one they meant: never another trace instead
+        if not Path(explicit).is_file():
+            raise FileNotFoundError(f"{explicit}: no such file")
+        return Path(explicit)
     for candidate in (
-        explicit,
         os.environ.get("CORRAL_TRACES") and Path(os.environ["CORRAL_TRACES"]) / "philly" / "philly.csv",
         DEFAULT,
         Path.cwd().parent / "shared" / "traces" / "philly" / "philly.csv",

@@ -1,0 +1,200 @@
+"""``corral dashboard``: a live web page of the cluster, over the read service, as one identity.
+
+The page (plain HTML, JS and CSS from this package's ``static/``, no build step, nothing fetched
+from elsewhere) draws the board ``board.build`` makes and redraws it on every server-sent event.
+
+``Feed`` follows the read service: it asks ``gpus`` with ``after`` one past the log position it
+last showed, which the read service answers as soon as its state moves past it (or after its
+freshness wait, unchanged); then it asks ``queues`` and ``jobs``, builds the board and wakes every
+page listening on ``/events``. So the page moves when the log does, and a quiet log costs one
+question per freshness wait. Refreshes are at least ``min_interval`` apart, so a busy log costs
+the read service a bounded number of questions whatever its rate.
+
+Tenancy is the read service's: the dashboard asks as its identity (a login's, or on a server
+without logins the ``--tenant`` it is given, else ``admin``) and shows what the answers hold. One
+dashboard is one identity: anyone who can open its page sees what that identity may, so it
+listens on localhost unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.resources
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from corral.services.dashboard import board
+from corral.services.query.client import Refused, Session
+
+log = logging.getLogger("corral.dashboard")
+
+STATIC = {
+    "index.html": "text/html",
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+}
+KEEPALIVE_S = 15.0  # a comment line on a quiet stream, so proxies and browsers keep it open
+RETRY_S = 1.0  # after the read service could not be reached or refused
+
+
+class Feed:
+    """The newest board for one identity, and a wake-up for whoever waits for a newer one."""
+
+    def __init__(self, url: str, asker: str, password: str | None, *, min_interval: float = 0.2) -> None:
+        self.url = url
+        self.asker = asker
+        self.password = password
+        self.min_interval = min_interval
+        self.board: dict[str, Any] | None = None
+        self.problem = ""  # why the board is stale, in a person's words; empty when live
+        self.version = 0  # bumped each time the board or the problem changes
+        self._moved = asyncio.Condition()
+        self._watch: Session | None = None
+        self._asks: Session | None = None
+        self._asking = asyncio.Lock()  # a session answers one question at a time
+
+    async def _session(self) -> Session:
+        # Longer than the read service's freshness wait: a question about a later log position
+        # is answered only when the log gets there or that wait ends.
+        return await Session.open(self.url, self.asker, self.password, timeout=15.0)
+
+    async def close(self) -> None:
+        for s in (self._watch, self._asks):
+            if s is not None:
+                await s.close()
+
+    async def _publish(self, new_board: dict[str, Any] | None, problem: str) -> None:
+        async with self._moved:
+            if new_board is not None:
+                self.board = new_board
+            self.problem = problem
+            self.version += 1
+            self._moved.notify_all()
+
+    async def wait_newer(self, version: int, timeout: float) -> int:
+        """Wait until the version is past ``version`` (or ``timeout``); the version now."""
+        async with self._moved:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._moved.wait_for(lambda: self.version > version), timeout)
+            return self.version
+
+    def current(self) -> dict[str, Any]:
+        return {"board": self.board, "problem": self.problem, "version": self.version}
+
+    async def run(self) -> None:
+        """Follow the read service until cancelled."""
+        seq = -1
+        while True:
+            try:
+                if self._watch is None:
+                    self._watch = await self._session()
+                w = self._watch
+                probe = await w.ask(self.asker, "gpus", after=seq + 1)
+                if probe.get("seq", seq) != seq or self.problem:
+                    queues = await w.ask(self.asker, "queues")
+                    jobs = await w.ask(self.asker, "jobs")
+                    made = board.build(self.asker, probe, queues, jobs)
+                    seq = int(probe["seq"])
+                    await self._publish(made, "")
+                await asyncio.sleep(self.min_interval)
+            except (Refused, board.Unanswered) as e:
+                log.warning("the read service: %s", e)
+                if self._watch is not None:
+                    await self._watch.close()
+                    self._watch = None
+                await self._publish(None, str(e))
+                await asyncio.sleep(RETRY_S)
+
+    async def explain(self, job_id: str) -> dict[str, Any]:
+        """A job's timeline, or raises ``board.Unanswered`` (no such job, for this identity)."""
+        async with self._asking:
+            if self._asks is None:
+                self._asks = await self._session()
+            try:
+                answer = await self._asks.ask(self.asker, "explain", job=job_id)
+            except Refused:
+                await self._asks.close()
+                self._asks = None
+                raise
+        return board.timeline(job_id, answer)
+
+
+FEED = web.AppKey("feed", Feed)
+
+
+async def _static(request: web.Request) -> web.StreamResponse:
+    name = request.match_info.get("name", "index.html")
+    if name not in STATIC:
+        raise web.HTTPNotFound()
+    data = (importlib.resources.files("corral.services.dashboard") / "static" / name).read_bytes()
+    return web.Response(body=data, content_type=STATIC[name], headers={"Cache-Control": "no-cache"})
+
+
+async def _board(request: web.Request) -> web.StreamResponse:
+    return web.json_response(request.app[FEED].current())
+
+
+async def _job(request: web.Request) -> web.StreamResponse:
+    try:
+        return web.json_response(await request.app[FEED].explain(request.match_info["job"]))
+    except board.Unanswered as e:
+        return web.json_response({"error": str(e)}, status=404)
+    except Refused as e:
+        return web.json_response({"error": str(e)}, status=503)
+
+
+async def _events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: the board now, then each newer one as it is made."""
+    feed = request.app[FEED]
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    sent = -1
+    while True:
+        version = await feed.wait_newer(sent, KEEPALIVE_S)
+        if version == sent:
+            await resp.write(b": still here\n\n")
+            continue
+        sent = version
+        data = json.dumps(feed.current(), separators=(",", ":"))
+        await resp.write(f"event: board\ndata: {data}\n\n".encode())
+
+
+def make_app(feed: Feed) -> web.Application:
+    app = web.Application()
+    app[FEED] = feed
+
+    async def follow(app: web.Application) -> Any:
+        task = asyncio.create_task(feed.run(), name="dashboard-feed")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await feed.close()
+
+    app.cleanup_ctx.append(follow)
+    app.router.add_get("/", _static)
+    app.router.add_get("/static/{name}", _static)
+    app.router.add_get("/api/board", _board)
+    app.router.add_get("/api/jobs/{job}", _job)
+    app.router.add_get("/events", _events)
+    return app
+
+
+async def serve(feed: Feed, host: str, port: int, stop: asyncio.Event) -> None:
+    """Serve the dashboard until ``stop``; prints where, once it listens."""
+    runner = web.AppRunner(make_app(feed), shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0]
+        print(
+            f"dashboard at http://{bound[0]}:{bound[1]}/ as {feed.asker} (corral at {feed.url})", flush=True
+        )
+        await stop.wait()
+    finally:
+        await runner.cleanup()

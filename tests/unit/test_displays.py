@@ -1,0 +1,98 @@
+"""What the CLI shows tells the truth: an elastic job's running and most workers, numbers as
+numbers for ``-o json``, a node's health and MIG instances, quota in words (never ``4 *``)."""
+
+from __future__ import annotations
+
+import json
+
+from corral.events import subjects as subj
+from corral.events.jobs import Admission, JobsAdmitted, SubmitJob
+from corral.events.queues import CordonNode
+from corral.projections.index import summarize
+from corral.projections.state import State
+from corral.services.cli.main import job_table, node_table
+from corral.services.query import present
+from corral.services.query.explain import explain
+from corral.services.query.queues import queue_rows
+from tests.builders import Cluster, LogBuilder, job, mig_slot, placement, queue_spec, whole, worker
+
+N0 = "node-00"
+
+
+def elastic(running: int) -> LogBuilder:
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "e", job().replicas(4, minimum=2)).accept("e").admit("e", replicas=3)
+    log.place(placement("e", *(worker(r, N0, whole(r)) for r in range(3))))
+    for r in range(running):
+        log.started(N0, "e", rank=r)
+    return log
+
+
+def test_an_elastic_job_shows_how_many_run_of_its_range() -> None:
+    state = elastic(running=2).fold()
+    row = present.job_row(state.jobs["e"])
+    assert (row["workers"], row["min_workers"], row["running_workers"]) == (4, 2, 2)
+    assert present.workers_text(row) == "2 of 2..4"
+    assert "2 of 2..4" in job_table([row])
+    text = explain(state.jobs["e"], ())["text"]
+    assert "wants 2 to 4 workers (elastic, admitted at 3) × 1 GPU" in text and "2 running" in text
+
+
+def test_json_rows_hold_numbers_not_their_text() -> None:
+    state = elastic(running=3).fold()
+    row = json.loads(json.dumps(present.job_row(state.jobs["e"])))
+    assert row["gpus_per_worker"] == 1 and isinstance(row["gpus_per_worker"], int)
+    (q,) = queue_rows(state)
+    assert (q["nominal"], q["used"], q["borrowed"]) == (8, 3, 0)
+    assert all(not isinstance(q[k], str) for k in ("nominal", "used", "recent", "borrowed", "lent"))
+
+
+def test_a_fraction_and_a_mig_slice_per_worker() -> None:
+    log = LogBuilder().nodes(Cluster(1, profile="h100-8x-mig")).queue(queue_spec("team-a", 8))
+    log.submit("alice", "f", job().milli(250)).submit("alice", "m", job().mig("3g.40gb"))
+    state = log.fold()
+    frac, mig = present.job_row(state.jobs["f"]), present.job_row(state.jobs["m"])
+    assert (frac["per_worker"], frac["gpus_per_worker"]) == ("0.25 GPU", 0.25)
+    assert (mig["per_worker"], mig["gpus_per_worker"], mig["mig"]) == ("MIG 3g.40gb", 0, "3g.40gb")
+
+
+def test_a_node_shows_its_cordon_health_and_mig_instances() -> None:
+    log = LogBuilder().nodes(Cluster(1, profile="h100-8x-mig")).queue(queue_spec("team-a", 8))
+    log.submit("alice", "m", job().mig("3g.40gb")).accept("m").admit("m")
+    log.place(placement("m", worker(0, N0, mig_slot(2, "3g.40gb", 0)))).started(N0, "m")
+    log.gpu_health(N0, 5, healthy=False, signal="xid:79").cordon(N0, drain=True)
+    row = present.node_row(log.fold().nodes[N0])
+    assert (row["condition"], row["cordoned"], row["draining"]) == ("draining", True, True)
+    assert row["unhealthy"] == [{"gpu": 5, "signal": "xid:79"}]
+    assert row["mig_instances"] == [{"gpu": 2, "profile": "3g.40gb", "job": "m"}]
+    assert present.health_text(row) == "gpu 5 xid:79"
+    assert present.mig_text(row) == "8 GPUs: 3g.40gb"
+    shown = node_table([row])
+    assert "draining" in shown and "gpu 5 xid:79" in shown and "8 GPUs: 3g.40gb" in shown
+
+
+def test_an_admin_uncordons_a_node_the_health_monitor_drained() -> None:
+    log = LogBuilder().nodes(Cluster(1)).cordon(N0, drain=True)
+    assert present.node_row(log.fold().nodes[N0])["condition"] == "draining"
+    log.admin("cordon", CordonNode(node=N0, cordoned=False))
+    state = log.fold()
+    assert present.node_row(state.nodes[N0])["condition"] == "ready"
+    assert state.nodes[N0].schedulable
+
+
+def test_an_admission_reads_as_gpus_of_quota() -> None:
+    admitted = JobsAdmitted(based_on=1, now=0.0, admissions=(Admission("g", 0, 4, {"*": 16}),))
+    line = summarize(admitted, "g")
+    assert line == "admitted attempt 0: 4 workers, holding 16 GPUs of quota", line
+    by_model = JobsAdmitted(based_on=1, now=0.0, admissions=(Admission("g", 0, 1, {"H100-80GB": 8}),))
+    assert summarize(by_model, "g") == "admitted attempt 0: 1 worker, holding 8 H100-80GB of quota"
+    submitted = SubmitJob(request_id="g", job=job().gpus(4).replicas(4, minimum=2).build())
+    assert summarize(submitted, "g") == "submitted to queue team-a: 2..4 × 4 GPU"
+
+
+def test_nothing_shown_is_a_python_repr() -> None:
+    state: State = elastic(running=1).fold()
+    rows = [present.job_row(j) for j in state.jobs.values()]
+    for text in (job_table(rows), node_table([present.node_row(n) for n in state.nodes.values()])):
+        assert "{'" not in text and "['" not in text and "None" not in text
+    assert subj.ADMIN == "admin"

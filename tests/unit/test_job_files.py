@@ -1,0 +1,223 @@
+"""What ``corral submit`` and ``corral queue apply`` say about a file that is wrong: where (the
+line and column of a syntax error, the path of a field) and what (the closest known field, the
+type expected), and what a job's relative command paths become."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corral.events.jobs import JobSpec
+from corral.services.cli.jobfile import BadInput, command_here, convert, load_document
+from corral.services.cli.main import QueueFile
+
+JOB, QUEUES = JobSpec, QueueFile
+
+# (case id, file name, text, what it is read as, the whole message after "<file>")
+REFUSED = [
+    (
+        "issue example: replica and resources.gpu",
+        "job.yaml",
+        "queue: team-a\nreplica: 2\nresources: {gpu: 1}\n",
+        JOB,
+        ": unknown fields replica (did you mean replicas?), resources.gpu (did you mean resources.gpus?)",
+    ),
+    (
+        "issue example: quota in a queue",
+        "queues.toml",
+        '[[queues]]\nname = "team-a"\nquota = 3\n',
+        QUEUES,
+        ": unknown field queues[0].quota (did you mean queues[0].quotas?)",
+    ),
+    (
+        "quota at the top of a queue file",
+        "queues.toml",
+        "quota = 3\n",
+        QUEUES,
+        ": unknown field quota",
+    ),
+    (
+        "deep in a quota table",
+        "queues.toml",
+        '[[queues]]\nname = "a"\nquotas = { "*" = { nominal = 8, borowing_limit = 2 } }\n',
+        QUEUES,
+        ": unknown field queues[0].quotas.*.borowing_limit "
+        "(did you mean queues[0].quotas.*.borrowing_limit?)",
+    ),
+    (
+        "in a list of mounts",
+        "job.json",
+        '{"queue": "a", "mounts": [{"source": "/data", "targt": "/data"}]}',
+        JOB,
+        ": unknown field mounts[0].targt (did you mean mounts[0].target?)",
+    ),
+    (
+        "nothing close",
+        "job.yaml",
+        "queue: a\nflavour: large\n",
+        JOB,
+        ": unknown field flavour",
+    ),
+    (
+        "an integer given as words",
+        "job.yaml",
+        "queue: a\nreplicas: many\n",
+        JOB,
+        ": replicas: expected an integer, got a string",
+    ),
+    (
+        "a fraction of a GPU as gpus",
+        "job.yaml",
+        "queue: a\nresources: {gpus: 0.5}\n",
+        JOB,
+        ": resources.gpus: expected an integer, got a number",
+    ),
+    (
+        "a command as one string",
+        "job.toml",
+        'queue = "a"\ncommand = "python train.py"\n',
+        JOB,
+        ": command: expected a list, got a string",
+    ),
+    (
+        "resources as a list",
+        "job.yaml",
+        "queue: a\nresources: [1]\n",
+        JOB,
+        ": resources: expected a table of fields, got a list",
+    ),
+    (
+        "an env value that is no string",
+        "job.yaml",
+        "queue: a\nenv: {STEPS: 100}\n",
+        JOB,
+        ": env: each value: expected a string, got an integer",
+    ),
+    (
+        "a pack corral does not know",
+        "job.yaml",
+        "queue: a\ntopology: {pack: tight}\n",
+        JOB,
+        ": topology.pack: 'tight' is not one of block, node, none, nvlink, rack, spread",
+    ),
+    ("no queue", "job.yaml", "replicas: 2\n", JOB, ": missing field queue"),
+    (
+        "a queue without a name",
+        "queues.toml",
+        "[[queues]]\nweight = 2.0\n",
+        QUEUES,
+        ": queues[0]: missing field name",
+    ),
+    (
+        "YAML: a key indented under a value",
+        "job.yaml",
+        "queue: a\nresources:\n  gpus: 1\n   mig: x\n",
+        JOB,
+        ":4:7: not valid YAML: mapping values are not allowed here",
+    ),
+    (
+        "YAML: a key given twice",
+        "job.yaml",
+        "queue: a\nresources: {gpus: 1}\nresources: {gpus: 2}\n",
+        JOB,
+        ":3:1: not valid YAML: 'resources' given twice",
+    ),
+    (
+        "TOML: a key without =",
+        "queues.toml",
+        '[[queues]]\nname = "a"\nquotas = { "*" = { nominal 8 } }\n',
+        QUEUES,
+        ":3:28: not valid TOML: Expected '=' after a key in a key/value pair",
+    ),
+    (
+        "JSON: a value missing",
+        "job.json",
+        '{"queue": "a",\n "replicas": }',
+        JOB,
+        ":2:14: not valid JSON: Expecting value",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "kind", "says"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED]
+)
+def test_a_wrong_file_is_refused_saying_where_and_what(
+    tmp_path: Path, name: str, text: str, kind: type, says: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(BadInput) as refused:
+        convert(load_document(path), kind, str(path), also=("id",))
+    assert str(refused.value) == f"{path}{says}"
+
+
+def test_a_job_file_id_is_known_and_a_near_miss_of_it_is_suggested(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("ids: train-1\nqueue: a\n")
+    with pytest.raises(BadInput, match=r"unknown field ids \(did you mean id\?\)"):
+        convert(load_document(path), JobSpec, str(path), also=("id",))
+
+
+def test_a_right_file_reads_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("queue: a\nreplicas: 2\nresources: {gpus: 1}\nenv: {LR: '1e-3'}\n")
+    spec = convert(load_document(path), JobSpec, str(path))
+    assert (spec.replicas, spec.resources.gpus, spec.env) == (2, 1, {"LR": "1e-3"})
+
+
+# -- a command's relative paths --------------------------------------------------------------
+
+
+@pytest.fixture
+def here(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text("print('training')\n")
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "train.py").write_text("")
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "model").mkdir()  # a package: ``python -m model`` names it, not a path
+    return tmp_path
+
+
+TAKEN_FROM_HERE = [
+    (
+        "a script beside the submit",
+        ["python", "train.py", "--steps", "3"],
+        ["python", "@/train.py", "--steps", "3"],
+    ),
+    ("a script in a folder", ["python", "examples/train.py"], ["python", "@/examples/train.py"]),
+    ("a program by its path", ["./run.sh", "x"], ["@/run.sh", "x"]),
+    ("a folder written as a path", ["ls", "examples/"], ["ls", "@/examples"]),
+    ("a module, not a path", ["python", "-m", "model"], ["python", "-m", "model"]),
+    ("a program on the PATH", ["sh", "-c", "echo train.py"], ["sh", "-c", "echo train.py"]),
+    (
+        "absolute paths and options",
+        ["/bin/echo", "--out=x.py", "/tmp/y.py"],
+        ["/bin/echo", "--out=x.py", "/tmp/y.py"],
+    ),
+    ("an output not made yet", ["python", "train.py", "runs/exp1"], ["python", "@/train.py", "runs/exp1"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "becomes"), [c[1:] for c in TAKEN_FROM_HERE], ids=[c[0] for c in TAKEN_FROM_HERE]
+)
+def test_relative_paths_of_a_command_are_taken_from_the_submit_directory(
+    here: Path, command: list[str], becomes: list[str]
+) -> None:
+    got, changed = command_here(command, here)
+    assert list(got) == [a.replace("@", str(here)) for a in becomes]
+    assert [absolute for _, absolute in changed] == [a for a in got if a not in command]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["python", "trian.py"], ["python", "src/train.py"], ["./missing.sh"], ["bin/train", "--steps", "3"]],
+    ids=["a misspelt script", "a script in a folder not here", "a program not here", "a program in a folder"],
+)
+def test_a_relative_script_or_program_that_is_not_here_is_refused(here: Path, command: list[str]) -> None:
+    with pytest.raises(BadInput) as refused:
+        command_here(command, here)
+    said = str(refused.value)
+    assert said.startswith("command: ") and f"is not in {here}" in said and "absolute path" in said

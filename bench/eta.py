@@ -208,9 +208,8 @@ def run(
     lines = [
         f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
         f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s of CPU in all",
-        f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "(
-            f"submissions of the last {future_s / 60:g} min assumed to come again; " if future_s else ""
-        )
+        f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
+        + (f"submissions of the last {future_s / 60:g} min assumed to come again; " if future_s else "")
         + f"runtimes scaled by {scale:g} in forecasts"
         + (", and by how far off the estimates of the jobs that finished so far were" if calibrate else ""),
         f"({eta.ASSUMPTION})",

@@ -33,7 +33,8 @@ from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 
 ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
-    "(its owner's, else learned from similar jobs that finished)"
+    "(its owner's, else learned from similar jobs that finished), scaled by how far off the "
+    "estimates of the jobs that finished lately were, once enough did"
 )
 EARLY, LATE = 0.5, 2.0
 # How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every

@@ -7,17 +7,24 @@ runtime estimate, as most users give none: every reader uses the one the fold le
 jobs that finished (``projections/runtimes.py``); ``given`` tells each job its true duration.
 
 At the end of each simulated minute in which jobs arrived (before the services decide on them),
-and every 10 simulated minutes, it forecasts every waiting job's start (``services/sim/eta.py``:
-the simulator run forward from a copy of the state, no later arrivals, jobs ending at their
-estimates), and afterwards compares each forecast with the start the job actually got in the
-same run. Arrivals are moved half a second on, so none falls on a decision tick and every job's
-first forecast is made before any decision about it. Printed:
+it forecasts the start of the jobs just submitted, and every 10 simulated minutes (``--again``)
+that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of
+the state, no later arrivals (``--future M``: the submissions of the last M minutes come
+again), jobs ending at their estimates scaled by how far off the estimates of the jobs that
+finished so far were in all (``--no-calibrate``: as they are), at most ``--horizon`` hours ahead; a
+forecast of the jobs just submitted stops once they have started), and afterwards compares each
+forecast with the start the job actually got in the same run. Arrivals are moved half a second
+on, so none falls on a decision tick and every job's first forecast is made before any decision
+about it. Printed:
 
 - the share of jobs whose forecast at submission is within the band of their actual wait
   (±20 %, or 5 minutes when the wait is under 25 minutes), by wait-length bucket; goal ≥ 80 %;
 - the same for every forecast made while a job waited (every 10 minutes);
 - the anchor, in the same run: the naive estimate, the sum of the runtime estimates of the jobs
-  ahead in the job's queue (as ``squeue --start`` is often read);
+  ahead in the job's queue (as ``squeue --start`` is often read), counting only jobs already
+  accepted (one submitted in the same minute is behind, not ahead);
+- with ``--band``, the share of jobs whose actual start fell between the early and late
+  forecasts made at submission (three forecasts each: three times the cost);
 - runtime estimates at submission against the actual runtime, in the same band, and the spread
   of their errors (quartiles of estimate / actual);
 - the elapsed wall time.
@@ -60,6 +67,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--start", default=philly.START)
     ap.add_argument("--estimates", choices=("learned", "given"), default="learned")
     ap.add_argument("--trace", default=None, help="philly.csv (default: the shared traces)")
+    ap.add_argument(
+        "--horizon", type=float, default=eta.HORIZON_S / 3600, help="hours a forecast looks ahead"
+    )
+    ap.add_argument(
+        "--again",
+        type=float,
+        default=EVERY_S / 60,
+        help="minutes between forecasts of waiting jobs (0: none)",
+    )
+    ap.add_argument(
+        "--scale", type=float, default=1.0, help="forecast with every runtime estimate times this"
+    )
+    ap.add_argument(
+        "--calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="scale estimates by how far off those of the jobs that finished so far were in all",
+    )
+    ap.add_argument(
+        "--band", action="store_true", help="also forecast early and late at submission (3x the cost)"
+    )
+    ap.add_argument(
+        "--future",
+        type=float,
+        default=0.0,
+        help="minutes: forecasts assume the jobs submitted in that many last minutes come again (0: none)",
+    )
     args = ap.parse_args(argv)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
@@ -75,25 +109,50 @@ def main(argv: list[str] | None = None) -> None:
         )
         for j in exp.jobs("corral")
     ]
-    print(run(exp, jobs, args.estimates))
+    print(
+        run(
+            exp,
+            jobs,
+            args.estimates,
+            args.horizon * 3600,
+            args.again * 60,
+            args.scale,
+            calibrate=args.calibrate,
+            band=args.band,
+            future_s=args.future * 60,
+        )
+    )
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
 
 
-def run(exp: philly.Experiment, jobs: Sequence[SimJob], estimates: str) -> str:
+def run(
+    exp: philly.Experiment,
+    jobs: Sequence[SimJob],
+    estimates: str,
+    horizon_s: float = eta.HORIZON_S,
+    every_s: float = EVERY_S,
+    scale: float = 1.0,
+    *,
+    calibrate: bool = True,
+    band: bool = False,
+    future_s: float = 0.0,
+) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
     sim = Simulation(exp.cluster(), exp.setup("corral"), jobs, config)
-    points = sorted(
-        {math.floor(j.arrival / cycle) * cycle + cycle for j in jobs}
-        | {
-            k * EVERY_S
-            for k in range(int(jobs[0].arrival // EVERY_S) + 1, int(jobs[-1].arrival // EVERY_S) + 2)
-        }
-    )
+    arrivals = {math.floor(j.arrival / cycle) * cycle + cycle for j in jobs}
+    again: set[float] = set()
+    if every_s > 0:
+        first, last = int(jobs[0].arrival // every_s) + 1, int(jobs[-1].arrival // every_s) + 2
+        again = {k * every_s for k in range(first, last)}
+    points = sorted(arrivals | again)
     at_submit: dict[str, float] = {}
     naive: dict[str, float] = {}
     estimate: dict[str, float] = {}
     later: list[tuple[str, float, float]] = []  # (job, forecast at, forecast start)
+    bands: dict[str, tuple[float, float]] = {}  # job -> (early, late) start at submission
+    calibration = eta.Calibration()
+    unfinished: set[str] = set()  # jobs with an estimate whose error is not known yet
     forecast_s = 0.0
     for point in points:
         now = point - 1e-3
@@ -102,8 +161,32 @@ def run(exp: philly.Experiment, jobs: Sequence[SimJob], estimates: str) -> str:
         waiting = [j for j in state.jobs.values() if j.phase in WAITING]
         if not waiting:
             continue
+        new = [j.id for j in waiting if j.id not in at_submit]
+        if point not in again:
+            if not new:
+                continue
+            asked: list[str] | None = new  # only they need a forecast: the run stops once they start
+        else:
+            asked = None
+        for i in [i for i in unfinished if sim.stats[i].finished is not None]:
+            unfinished.discard(i)
+            if sim.stats[i].phase == "succeeded":
+                calibration.saw(estimate[i], sim.by_id[i].work_s)
+        lo, at, hi = calibration.scales() if calibrate else (eta.EARLY, 1.0, eta.LATE)
         t = time.perf_counter()
-        fc = eta.forecast(state, now, config)
+        future = eta.recent(state, now, future_s, scale * at) if future_s > 0 else []
+        fc = eta.forecast(
+            state, now, config, scale=scale * at, horizon_s=horizon_s, jobs=asked, arrivals=future
+        )
+        if band and new:
+            early = eta.forecast(
+                state, now, config, scale=scale * lo, horizon_s=horizon_s, jobs=new, arrivals=future
+            )
+            late = eta.forecast(
+                state, now, config, scale=scale * hi, horizon_s=horizon_s, jobs=new, arrivals=future
+            )
+            for i in new:
+                bands[i] = (early.starts.get(i, math.inf), late.starts.get(i, math.inf))
         forecast_s += time.perf_counter() - t
         ahead: dict[str, float] = {}
         for job in sorted(waiting, key=lambda j: j.submitted_seq):
@@ -114,15 +197,21 @@ def run(exp: philly.Experiment, jobs: Sequence[SimJob], estimates: str) -> str:
                 naive[job.id] = now + ahead.get(job.spec.queue, 0.0)
                 if est is not None:
                     estimate[job.id] = est
-            else:
+                    unfinished.add(job.id)
+            elif asked is None:
                 later.append((job.id, now, start))
-            q = job.spec.queue
-            ahead[q] = ahead.get(q, 0.0) + (UNKNOWN_RUNTIME_S if est is None else est)
+            if job.phase != "submitted":  # one not accepted yet is ahead of nobody
+                q = job.spec.queue
+                ahead[q] = ahead.get(q, 0.0) + (UNKNOWN_RUNTIME_S if est is None else est)
     sim.run()
     stats = sim.stats
     lines = [
         f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
         f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s of CPU in all",
+        f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
+        + (f"submissions of the last {future_s / 60:g} min assumed to come again; " if future_s else "")
+        + f"runtimes scaled by {scale:g} in forecasts"
+        + (", and by how far off the estimates of the jobs that finished so far were" if calibrate else ""),
         f"({eta.ASSUMPTION})",
         "",
         "start forecast within the band of the actual wait (±20 %, or 5 min under 25 min):",
@@ -152,6 +241,13 @@ def run(exp: philly.Experiment, jobs: Sequence[SimJob], estimates: str) -> str:
             f"{name:<14}{len(ids):>7}{share(ids, at_submit.__getitem__):>13.1f}"
             f"{share(ids, naive.__getitem__):>9.1f}{100.0 * hits / max(1, len(again)):>17.1f}{len(again):>11}"
         )
+    if bands:
+        inside = [i for i in started if i in bands]
+        hit = sum(bands[i][0] - 1e-6 <= stats[i].first_start <= bands[i][1] + 1e-6 for i in inside)  # type: ignore[operator]
+        lines.append(
+            f"actual start between the early and late forecasts at submission: "
+            f"{100.0 * hit / max(1, len(inside)):.1f} % of {len(inside)}"
+        )
     ok = share(started, at_submit.__getitem__)
     lines.append(
         f"goal: >= 80 % within the band at submission: {ok:.1f} % ({'met' if ok >= 80 else 'NOT met'})"
@@ -171,6 +267,11 @@ def run(exp: philly.Experiment, jobs: Sequence[SimJob], estimates: str) -> str:
             "  estimate / actual at the 10th, 25th, 50th, 75th, 90th percentiles: "
             + ", ".join(f"{x:.2f}" for x in q)
         )
+    lo, at, hi = calibration.scales()
+    lines.append(
+        f"  calibration at the end (latest {len(calibration.seen)} finished): runtime scales "
+        f"early {lo:.2f}, forecast {at:.2f} (total actual / total estimated), late {hi:.2f}"
+    )
     return "\n".join(lines)
 
 

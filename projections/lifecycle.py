@@ -73,6 +73,9 @@ FINAL: frozenset[Phase] = frozenset({"succeeded", "failed", "cancelled", "reject
 HOLDS_GPUS: frozenset[Phase] = frozenset({"placed", "starting", "running", "checkpointing"})
 # Phases in which the job holds quota.
 HOLDS_QUOTA: frozenset[Phase] = HOLDS_GPUS | {"admitted"}
+# Phases in which a job waits to start (for a decision of some service): those a start is
+# forecast for.
+WAITING: frozenset[Phase] = frozenset({"submitted", "queued", "admitted", "preempted", "interrupted"})
 
 TRANSITIONS: dict[tuple[Phase, Trigger], Phase] = {
     ("submitted", "accept"): "queued",

@@ -51,7 +51,6 @@ from corral.services.cli.access import (
     login_of,
     needs_log,
     open_log,
-    read_all,
     remote_state,
     server_url,
     session,
@@ -144,12 +143,19 @@ def serve_roles() -> dict[str, str]:
     (``tests/unit/test_compose.py``)."""
     from corral.services.assignments import service as assignments_service
     from corral.services.cli.up import DECISION_SERVICES
+    from corral.services.forecast import service as forecast_service
     from corral.services.health import service as health_service
     from corral.services.intake import service as intake_service
     from corral.services.query import service as read_service
 
-    # The assignments service writes node views, not the log, but folds and leases like the rest.
-    leased = [*(s.ROLE for s in DECISION_SERVICES), health_service.ROLE, assignments_service.ROLE]
+    # The assignments service writes node views, and the forecast role start forecasts, not the
+    # log, but they fold and lease like the rest.
+    leased = [
+        *(s.ROLE for s in DECISION_SERVICES),
+        health_service.ROLE,
+        assignments_service.ROLE,
+        forecast_service.ROLE,
+    ]
     # Services that fold nothing to decide, or only to answer, and hold no lease: any number of
     # replicas share the work, each with its own login.
     shared = [read_service.ROLE, intake_service.ROLE]
@@ -171,9 +177,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
         return
     from corral.services.assignments import service as assignments_service
     from corral.services.cli.up import DECISION_SERVICES
+    from corral.services.forecast import service as forecast_service
     from corral.services.health import service as health_service
     from corral.services.intake import service as intake_service
     from corral.services.query import service as read_service
+    from corral.services.runtime.forecasts import KvForecasts
     from corral.services.runtime.lease import KvLease
     from corral.services.runtime.shell import Service, stop_on_signals
     from corral.services.runtime.status import StatusBoard
@@ -224,6 +232,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
             elif args.role == views_role:
                 store = await KvViewStore.open(log.nc)
                 svc = assignments_service.service(log, store, snapshots=snapshots, lease=lease, status=board)
+            elif args.role == forecast_service.ROLE:
+                starts = await KvForecasts.open(log.nc)
+                svc = forecast_service.service(log, starts, snapshots=snapshots, lease=lease, status=board)
             else:
                 svc = roles[args.role].service(log, snapshots=snapshots, lease=lease, status=board)
             await svc.run(stop_on_signals())
@@ -666,7 +677,9 @@ def answer_of(answer: dict[str, Any], key: str) -> Any:
     return answer[key]
 
 
-JOB_COLUMNS = ["id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "reason"]
+JOB_COLUMNS = [
+    "id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "starts", "reason"
+]  # fmt: skip
 NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "health", "mig"]
 PHASES = get_args(Phase)
 
@@ -694,10 +707,16 @@ def cmd_jobs(args: argparse.Namespace) -> None:
     if unknown:
         raise BadInput(f"--state {unknown[0]}: not a phase; phases: {', '.join(PHASES)}")
 
-    def shown(jobs: Sequence[Any]) -> list[dict[str, Any]]:
+    def shown(jobs: Sequence[Any], now: float | None = None) -> list[dict[str, Any]]:
         # The read service shows a tenant its own jobs only; the admin's may be narrowed here.
+        # A waiting job's forecast start: in how long from ``now``, else when (what --watch
+        # shows, so that a row changes only when its forecast does).
         return [
-            msgspec.structs.asdict(j)
+            {
+                **msgspec.structs.asdict(j),
+                "eta": None if j.eta is None else msgspec.to_builtins(j.eta),
+                "starts": "" if j.eta is None else present.eta_text(msgspec.to_builtins(j.eta), now),
+            }
             for j in jobs
             if args.tenant in (None, j.tenant)
             and (not phases or j.phase in phases)
@@ -707,7 +726,7 @@ def cmd_jobs(args: argparse.Namespace) -> None:
     with client_for(args, reading=True) as client:
         if not args.watch:
             jobs, more = client.job_list(all=args.all)
-            rows = shown(jobs)
+            rows = shown(jobs, time.time())
             if args.output == "json":
                 emit(args, rows)
             else:
@@ -890,26 +909,20 @@ def cmd_replay(args: argparse.Namespace) -> None:
 
 
 def cmd_whatif(args: argparse.Namespace) -> None:
-    """What corral would do with the job if it were submitted now; nothing is written."""
-    import time
-
-    from corral.services.cli import whatif
+    """What corral would do with the job if it were submitted now; nothing is written. Asked of
+    the forecast role, which answers for the asking tenant only; ``--log FILE`` answers from an
+    exported log instead, on this machine."""
+    from corral.services.forecast import whatif
 
     job_id, spec = paths_here(*job_from_args(args))
-    login = login_of(args, identities.SERVICES)
-    needs_log("whatif", login)
-    tenant = tenant_of(args)
-
-    async def run() -> list[Record]:
-        log = await open_log(server_url(args.server), login)
-        try:
-            return await read_all(log, None)
-        finally:
-            await log.close()
-
-    state = fold(asyncio.run(run()))
     job_id = job_id or "whatif"
-    print(whatif.report(state, tenant, job_id, spec, time.time()))
+    if args.log:
+        state = fold(logfile.read(args.log))
+        print(whatif.report(state, tenant_of(args), job_id, spec, state.time))
+        return
+    with client_for(args) as client:
+        told = client.whatif(spec, job_id)
+    emit(args, msgspec.to_builtins(told) if args.output == "json" else told.text)
 
 
 def cmd_logs(args: argparse.Namespace) -> None:
@@ -1040,7 +1053,8 @@ def parser() -> argparse.ArgumentParser:
     )
     sv.add_argument(
         "role",
-        help="admission, placer, preemptor, health, assignments (with leases), query, intake, or agent",
+        help="admission, placer, preemptor, health, assignments, forecast (with leases), query, intake, "
+        "or agent",
     )
     sv.add_argument("--snapshot", help="SQLite file for snapshots of its state")
     sv.add_argument("--node", help="agent: the node it runs (its name in the log)")
@@ -1172,6 +1186,9 @@ def parser() -> argparse.ArgumentParser:
     for action in s._actions:  # the same job file and flags as submit
         if action.dest not in shared:
             w._add_action(action)
+    w.add_argument(
+        "--log", help="answer from this exported log file (corral log export) at its last record's time"
+    )
     w.set_defaults(fn=cmd_whatif)
 
     c = sub.add_parser("cancel", parents=[common, verdict], help="cancel a job of yours")

@@ -2,7 +2,8 @@
 
 An embedded nats-server with JetStream (unless ``--server`` names one), the decision services
 (each with its own connection, as if it were its own process), the health monitor, the
-assignments service (each node's view of the log, which its agent watches), and one node
+assignments service (each node's view of the log, which its agent watches), the forecast role
+(every waiting job's start, and what-if), and one node
 agent per simulated node, each with its own connection, its own work directory under the data
 directory (``nodes/<node>``: workers' working directories and logs) and a checkpoint directory
 shared by all of them (``checkpoints``, as a shared filesystem would be on a real cluster, so a
@@ -48,6 +49,7 @@ from corral.services.agent import discovery, inventory
 from corral.services.agent.service import NodeAgent
 from corral.services.agent.workers import SandboxMode
 from corral.services.assignments import service as assignments_service
+from corral.services.forecast import service as forecast_service
 from corral.services.health.decide import HeartbeatTracker
 from corral.services.health.service import ROLE as HEALTH
 from corral.services.health.service import HealthMonitor
@@ -55,7 +57,7 @@ from corral.services.intake import service as intake_service
 from corral.services.placer import service as placer_service
 from corral.services.preemptor import service as preemptor_service
 from corral.services.query import service as read_service
-from corral.services.runtime import identities, metrics
+from corral.services.runtime import forecasts, identities, metrics
 from corral.services.runtime import views as node_views
 from corral.services.runtime.lease import KvLease, ensure_bucket
 from corral.services.runtime.shell import Decide, Service, stop_on_signals
@@ -128,6 +130,7 @@ class Cluster:
     agents: dict[str, NodeAgent] = field(default_factory=dict)  # by node: to kill, cut off, inspect
     health: HealthMonitor | None = None
     assignments: Service | None = None
+    forecast: Service | None = None
     query: read_service.ReadService | None = None
     intake: intake_service.Intake | None = None
     data_dir: Path | None = None
@@ -279,6 +282,7 @@ async def cluster(
             # The buckets as the stream: on a cluster, a lease or a node's view outlives a server.
             await ensure_bucket(setup.nc, replicas=replicas)
             await node_views.ensure_bucket(setup.nc, replicas=replicas)
+            await forecasts.ensure_bucket(setup.nc, replicas=replicas)
         finally:
             await setup.close()
         log = await service_log()
@@ -323,6 +327,18 @@ async def cluster(
         projection = assignments_service.service(views_log, store, clock=clock, lease=lease)
         running.assignments = projection
         tasks.append(asyncio.create_task(projection.run(stop), name=assignments_service.ROLE))
+        # Every waiting job's start forecast, in the bucket the read service reads; what-if.
+        forecast_log = await service_log()
+        holder = f"{forecast_service.ROLE}@{socket.gethostname()}:{os.getpid()}"
+        forecaster = forecast_service.service(
+            forecast_log,
+            await forecasts.KvForecasts.open(forecast_log.nc),
+            clock=clock,
+            lease=await KvLease.open(forecast_log.nc, forecast_service.ROLE, holder),
+            status=await StatusBoard.open(forecast_log.nc, forecast_service.ROLE, holder),
+        )
+        running.forecast = forecaster
+        tasks.append(asyncio.create_task(forecaster.run(stop), name=forecast_service.ROLE))
         monitor_log = await service_log()
         tracker = HeartbeatTracker(cfg.heartbeat, cfg.suspect_after, cfg.lost_after, cfg.probation)
         replica = f"{HEALTH}@{socket.gethostname()}:{os.getpid()}"
@@ -477,7 +493,7 @@ async def run_cluster(
             STATE_DIR.mkdir(parents=True, exist_ok=True)
             (STATE_DIR / "server").write_text(running.url + "\n")
             roles = ", ".join([s.role for s in running.services] + [read_service.ROLE, intake_service.ROLE])
-            roles += ", health"
+            roles += ", health, assignments, forecast"
             print(f"corral is up at {running.url}", flush=True)
             if isinstance(running.nats, EmbeddedCluster):
                 n = len(running.nats.servers)

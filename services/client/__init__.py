@@ -1,7 +1,8 @@
 """corral's Python client, public as ``corral.client``: submit, wait, cancel, resize, list and
-explain and watch jobs (and, as the admin, cordon, drain and uncordon nodes and delete
-queues), from a script or a notebook (``Client``) or asyncio (``AsyncClient``), with typed
-results and the CLI's errors. The ``corral`` command's job verbs are built on it.
+explain and watch jobs (a waiting one with its forecast start), ask what if a job were
+submitted now (and, as the admin, cordon, drain and uncordon nodes and delete queues), from a
+script or a notebook (``Client``) or asyncio (``AsyncClient``), with typed results and the
+CLI's errors. The ``corral`` command's job verbs are built on it.
 
 Worker output is not reachable through it: it stays in the agents' directories on their nodes
 (``corral logs`` reads them on that machine), and nothing carries it over NATS.
@@ -11,6 +12,7 @@ from corral.services.client.aio import AsyncClient
 from corral.services.client.results import (
     Applied,
     CorralError,
+    Eta,
     Explanation,
     Forbidden,
     HistoryEntry,
@@ -24,6 +26,7 @@ from corral.services.client.results import (
     Submitted,
     TimedOut,
     Unreachable,
+    WhatIf,
 )
 from corral.services.client.sync import Client
 
@@ -32,6 +35,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "CorralError",
+    "Eta",
     "Explanation",
     "Forbidden",
     "HistoryEntry",
@@ -45,4 +49,5 @@ __all__ = [
     "Submitted",
     "TimedOut",
     "Unreachable",
+    "WhatIf",
 ]

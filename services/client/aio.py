@@ -37,6 +37,7 @@ from corral.services.client.results import (
     Submitted,
     TimedOut,
     Unreachable,
+    WhatIf,
 )
 from corral.services.query import client as wire
 from corral.services.query.decide import MAX_WAIT
@@ -46,6 +47,7 @@ DEFAULT_SERVER = "nats://127.0.0.1:4222"
 CONNECT_TIMEOUT = 10.0  # seconds: an unreachable server is an answer, not a hang
 VERDICT_TIMEOUT = 30.0  # seconds a request's verdict is waited for, by default
 JOB_VERBS = ("submit", "cancel", "resize")  # a refusal as "unknown" of these is NoSuchJob
+WHATIF_TIMEOUT = 60.0  # seconds a what-if may take: it simulates, the more so on a deep backlog
 
 
 def default_server() -> str:
@@ -309,6 +311,42 @@ class AsyncClient:
     async def explain(self, job_id: str) -> Explanation:
         """A job's history and why it waits."""
         return msgspec.convert(await self._ask("explain", job=job_id), Explanation)
+
+    async def whatif(
+        self,
+        spec: JobSpec | dict[str, Any],
+        id: str = "whatif",  # noqa: A002 - the job's id, as the job file calls it
+        *,
+        timeout: float = WHATIF_TIMEOUT,
+    ) -> WhatIf:
+        """What corral would do with the job if this tenant submitted it now: accepted or not,
+        placed where or started when, stopping what, and smaller asks that start it at once.
+        Nothing is written. Answered by the forecast role on the live state."""
+        if not isinstance(spec, JobSpec):
+            try:
+                spec = msgspec.convert(spec, JobSpec)
+            except msgspec.ValidationError as e:
+                raise Invalid(f"job spec: {e}") from None
+        if not subjects.is_token(id):
+            raise Invalid(f"job id {id!r}: use letters, digits, '-' and '_' (at most 64)")
+        session = await self._connected()
+        body = msgspec.json.encode({"job": spec, "id": id})
+        subject = identities.read_subject(self.asker, "whatif")
+        try:
+            msg = await session.request(subject, body, timeout=timeout)
+        except wire.Refused as e:
+            if "permissions violation" in str(e).lower():
+                raise Forbidden(str(e)) from None
+            raise Unreachable(f"no forecast role answered: {e}") from None
+        try:
+            told = msgspec.json.decode(msg.data)
+        except msgspec.DecodeError:
+            raise Unreachable(f"the forecast role answered {msg.data[:200]!r}") from None
+        if "error" in told:
+            raise Refused("malformed", str(told["error"]))
+        from corral.services.forecast.present import text
+
+        return msgspec.convert({**told, "text": text(told)}, WhatIf)
 
     async def wait(self, job_id: str, state: str = "running", *, timeout: float = 600.0) -> Job:
         """The job once it is in ``state``, or in a final phase (succeeded, failed, cancelled,

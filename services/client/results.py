@@ -69,11 +69,26 @@ class Applied(msgspec.Struct, frozen=True):
     applied: bool = False
 
 
+class Eta(msgspec.Struct, frozen=True):
+    """A waiting job's forecast start (log time, seconds since the epoch; None: not within
+    ``horizon_s`` of the forecast) and how sure it is: ``early`` and ``late`` are the starts
+    forecast with every runtime estimate halved and doubled. ``assumption`` says what the
+    forecast takes for granted (no later submission, jobs run for their estimates)."""
+
+    start: float | None
+    early: float | None
+    late: float | None
+    forecast_at: float
+    horizon_s: float
+    assumption: str
+
+
 class Job(msgspec.Struct, frozen=True):
     """A job as ``corral jobs`` lists it: ``workers`` the most it asks for, ``min_workers`` the
     least an elastic job runs with (``workers`` for any other; 0 in rows of jobs let go before
     it was recorded), ``running_workers`` how many run now; ``per_worker`` for people,
-    ``gpus_per_worker`` (whole or a fraction; 0 for a MIG slice, named in ``mig``) for programs."""
+    ``gpus_per_worker`` (whole or a fraction; 0 for a MIG slice, named in ``mig``) for programs;
+    ``eta``, its forecast start while it waits."""
 
     id: str
     tenant: str
@@ -88,6 +103,7 @@ class Job(msgspec.Struct, frozen=True):
     running_workers: int = 0
     gpus_per_worker: int | float = 0
     mig: str = ""
+    eta: Eta | None = None
 
 
 class Reason(msgspec.Struct, frozen=True):
@@ -121,3 +137,31 @@ class Explanation(msgspec.Struct, frozen=True):
     history: list[HistoryEntry]
     text: str
     refused: list[Refusal] = []
+
+
+class Placed(msgspec.Struct, frozen=True):
+    rank: int
+    node: str
+    gpus: list[int]
+    islands: list[int]
+
+
+class WhatIf(msgspec.Struct, frozen=True):
+    """What corral would do with a job submitted now (``corral whatif``); nothing is written.
+    ``start`` None: not accepted, or not within ``horizon_s``. ``preempts``: the jobs it would
+    stop (another tenant's as "a job of queue X"). ``start_now_with``: smaller asks that would
+    start it at once, each checked by running it. ``text``: as a person reads it."""
+
+    seq: int
+    now: float
+    accepted: bool
+    text: str
+    reason: str = ""
+    starts_now: bool = False
+    start: float | None = None
+    horizon_s: float = 0.0
+    placed: list[Placed] = []
+    preempts: list[str] = []
+    why_waiting: str = ""
+    assumption: str = ""
+    start_now_with: list[str] = []

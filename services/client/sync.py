@@ -10,8 +10,8 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from corral.events.jobs import JobSpec
-from corral.services.client.aio import VERDICT_TIMEOUT, AsyncClient
-from corral.services.client.results import Applied, Explanation, Job, Submitted
+from corral.services.client.aio import VERDICT_TIMEOUT, WHATIF_TIMEOUT, AsyncClient
+from corral.services.client.results import Applied, Explanation, Job, Submitted, WhatIf
 
 T = TypeVar("T")
 
@@ -112,6 +112,15 @@ class Client:
 
     def explain(self, job_id: str) -> Explanation:
         return self._run(self.aio.explain(job_id))
+
+    def whatif(
+        self,
+        spec: JobSpec | dict[str, Any],
+        id: str = "whatif",  # noqa: A002 - the job's id, as the job file calls it
+        *,
+        timeout: float = WHATIF_TIMEOUT,
+    ) -> WhatIf:
+        return self._run(self.aio.whatif(spec, id, timeout=timeout))
 
     def wait(self, job_id: str, state: str = "running", *, timeout: float = 600.0) -> Job:
         return self._run(self.aio.wait(job_id, state, timeout=timeout))

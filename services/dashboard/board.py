@@ -3,7 +3,8 @@
 ``build(asker, gpus, queues, jobs)`` turns the answers to ``gpus``, ``queues`` and ``jobs``
 (``services/query/decide.py``), all asked as one identity, into the board the page draws: each
 node's health and its GPUs as cells split among the jobs that hold them, coloured by queue; the
-queues' quota; the jobs that wait, with their reasons, and those that hold GPUs. ``timeline``
+queues' quota; the jobs that wait, with their reasons and forecast starts, and those that hold
+GPUs. ``timeline``
 turns the answer to ``explain`` into a job's attempts, each with its placements, starts, exits,
 checkpoints and preemptions.
 
@@ -138,7 +139,8 @@ def _queue(q: Mapping[str, Any], colours: Mapping[str, str]) -> dict[str, Any]:
 
 def _job(j: Mapping[str, Any], colours: Mapping[str, str]) -> dict[str, Any]:
     fields = ("id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "reason")
-    return {**{f: j[f] for f in fields}, "colour": colours.get(j["queue"], UNKNOWN_QUEUE)}
+    row = {**{f: j[f] for f in fields}, "colour": colours.get(j["queue"], UNKNOWN_QUEUE)}
+    return {**row, "eta": j.get("eta")}  # a waiting job's forecast start, when there is one
 
 
 # -- a job's timeline -------------------------------------------------------------------------

@@ -14,6 +14,8 @@ Invariants:
 - a job id is looked up, never matched: wildcards, dots and anything else in it find nothing;
 - a job the fold let go is answered from ``let_go`` (the read service's SQLite view): the
   newest of its id the asker may see, after any the state still holds;
+- a waiting job's row carries ``eta``, its forecast start from the asker's own forecasts (the
+  forecast role's bucket, ``runtime/forecasts.py``: a key per tenant), or None;
 - every answer carries ``seq``, the log position it reflects; a question that cannot be answered
   gets ``error``, never an exception;
 - ``verdict`` tells what became of the asker's own request stored at ``after`` (the position the
@@ -31,11 +33,12 @@ import msgspec
 from corral.events import codec, subjects
 from corral.events.queues import QueueSpec
 from corral.projections.index import JobEvent
-from corral.projections.lifecycle import FINAL
+from corral.projections.lifecycle import FINAL, WAITING
 from corral.projections.state import JobState, State
 from corral.services.query import present
 from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
+from corral.services.runtime.forecasts import TenantForecast
 
 QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes", "verdict", "gpus")
 VERDICT_VERBS = ("submit", "cancel", "resize", "cordon", "delete-queue")  # the last two: the admin's
@@ -43,6 +46,7 @@ MAX_WAIT = 60.0  # seconds one question may ask the read service to wait for its
 MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer must fit in a message
 
 History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
+Forecasts = Mapping[str, TenantForecast]  # tenant -> its jobs' forecast starts
 
 
 class LetGo(Protocol):
@@ -161,11 +165,52 @@ def settled(state: State, asker: str, question: str, ask: Ask, let_go: LetGo | N
     return True
 
 
+def eta_of(job: JobState, forecasts: Forecasts) -> dict[str, Any] | None:
+    """A waiting job's forecast start and how sure it is, from its tenant's forecast; None when
+    it does not wait or has none yet."""
+    told = forecasts.get(job.tenant)
+    if job.phase not in WAITING or told is None:
+        return None
+    e = told.jobs.get(job.id)
+    if e is None:
+        return None
+    return {
+        "start": e.start,
+        "early": e.early,
+        "late": e.late,
+        "forecast_at": told.at,
+        "horizon_s": told.horizon_s,
+        "assumption": told.assumption,
+    }
+
+
+def tenants_to_read(state: State, asker: str, question: str, ask: Ask) -> list[str]:
+    """Whose forecasts an answer to ``question`` needs: none, the asker's own, or (the admin's
+    ``jobs``) those of every tenant with a job waiting."""
+    if question not in ("jobs", "explain"):
+        return []
+    if asker != subjects.ADMIN:
+        return [asker]
+    if question == "explain":
+        job = state.jobs.get(ask.job)
+        return [] if job is None else [job.tenant]
+    return sorted({state.jobs[j].tenant for phase in WAITING for j in state.jobs_by_phase.get(phase, ())})
+
+
 def answer(
-    state: State, history: History, asker: str, question: str, ask: Ask, let_go: LetGo | None = None
+    state: State,
+    history: History,
+    asker: str,
+    question: str,
+    ask: Ask,
+    let_go: LetGo | None = None,
+    forecasts: Forecasts | None = None,
 ) -> dict[str, Any]:
+    etas: Forecasts = forecasts or {}
     if question == "jobs":
-        rows = [present.job_row(j) for j in state.jobs.values() if sees_job(asker, j)]
+        rows = [
+            {**present.job_row(j), "eta": eta_of(j, etas)} for j in state.jobs.values() if sees_job(asker, j)
+        ]
         if not ask.all or let_go is None:
             return {"seq": state.seq, "jobs": rows}
         older, more = let_go.jobs(asker, MAX_LET_GO)
@@ -173,7 +218,7 @@ def answer(
     if question == "explain":
         job = state.jobs.get(ask.job)
         if job is not None and sees_job(asker, job):
-            return {"seq": state.seq, **explain(job, history.get(job.id, ()))}
+            return {"seq": state.seq, **explain(job, history.get(job.id, ()), eta_of(job, etas))}
         kept = let_go.explain(ask.job, asker) if let_go is not None else None
         if kept is None:
             return refusal(state, f"no job {ask.job}")

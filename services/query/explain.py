@@ -17,10 +17,10 @@ from corral.projections.state import JobState
 from corral.services.query import present
 
 
-def explain(job: JobState, history: Sequence[JobEvent]) -> dict[str, Any]:
-    """A job's row, why it waits, its history and what of it was refused, and the text a person
-    reads."""
-    row = present.job_row(job)
+def explain(job: JobState, history: Sequence[JobEvent], eta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A job's row (with its forecast start, ``eta``, when it waits), why it waits, its history
+    and what of it was refused, and the text a person reads."""
+    row = {**present.job_row(job), "eta": eta}
     reasons = [
         {"code": r.code, "message": r.message, "preemption_helps": r.preemption_helps} for r in job.reasons
     ]
@@ -45,6 +45,9 @@ def explain(job: JobState, history: Sequence[JobEvent]) -> dict[str, Any]:
     for r in job.reasons:
         hint = " (preemption could help)" if r.preemption_helps else ""
         lines.append(f"  why: [{r.code}] {r.message}{hint}")
+    if eta is not None:
+        lines.append(f"  estimated start: {present.eta_text(eta)}")
+        lines.append(f"    forecast at {present.clock(eta['forecast_at'])}; {eta['assumption']}")
     lines.append("  history:")
     for e in history:
         refused_note = f"  (refused: {e.refused})" if e.refused else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
@@ -149,3 +150,35 @@ def summary(state: State) -> dict[str, Any]:
 def full(state: State) -> Any:
     """The whole state as plain JSON-able data: what ``corral replay -o json`` prints."""
     return msgspec.to_builtins(state)
+
+
+def eta_text(eta: dict[str, Any], now: float | None = None) -> str:
+    """A forecast start as a person reads it: in how long (given ``now``), else when, and
+    between when and when (its band)."""
+    start, early, late = eta["start"], eta["early"], eta["late"]
+    if start is None:
+        return f"not within {eta['horizon_s'] / 3600:g} h of the forecast at {clock(eta['forecast_at'])}"
+    if now is not None:
+        return f"in {span(start - now)} (between {span(early - now)} and {_later(late, now)})"
+    lo = clock(early) if early is not None else "?"
+    hi = clock(late) if late is not None else "beyond the horizon"
+    return f"{clock(start)} (between {lo} and {hi})"
+
+
+def _later(late: float | None, now: float) -> str:
+    return "beyond the horizon" if late is None else span(late - now)
+
+
+def span(seconds: float) -> str:
+    """A duration as a person reads it (none below zero: a start already due is "now")."""
+    if seconds < 60:
+        return "< 1 min" if seconds > 0 else "now"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def clock(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

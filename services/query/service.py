@@ -36,9 +36,10 @@ from corral.events.jetstream import JetStreamLog
 from corral.events.log import LogError, Record
 from corral.events.nats_client import open_client
 from corral.projections.state import State
-from corral.services.query.decide import Ask, BadAsk, answer, parse_ask, refusal, settled
+from corral.services.query.decide import Ask, BadAsk, answer, parse_ask, refusal, settled, tenants_to_read
 from corral.services.query.view import JobView
 from corral.services.runtime import identities, logs, metrics
+from corral.services.runtime.forecasts import ForecastStore, KvForecasts, TenantForecast
 
 log = logging.getLogger("corral.query")
 
@@ -61,10 +62,20 @@ async def connect(url: str, **options: Any) -> JetStreamLog:
 class ReadService:
     role = ROLE
 
-    def __init__(self, log_: JetStreamLog, *, freshness_wait: float = 5.0, view: str = "") -> None:
+    def __init__(
+        self,
+        log_: JetStreamLog,
+        *,
+        freshness_wait: float = 5.0,
+        view: str = "",
+        forecasts: ForecastStore | None = None,
+    ) -> None:
         """``view``: the SQLite file of the jobs the fold let go (by default a private temporary
-        one: the service refolds the log from its start whenever it starts)."""
+        one: the service refolds the log from its start whenever it starts). ``forecasts``:
+        where the forecast role keeps start forecasts (by default its bucket, read over the
+        log's connection)."""
         self.log = log_
+        self.forecasts = forecasts if forecasts is not None else KvForecasts(log_.nc)
         self.freshness_wait = freshness_wait
         self.view = JobView(view)
         self.caught_up = asyncio.Event()
@@ -92,6 +103,8 @@ class ReadService:
         if parsed is None:
             return
         asker, question = parsed
+        if question == "whatif":
+            return  # the forecast role answers what-if questions (``services/forecast``)
         if not msg.reply.startswith(identities.inbox_prefix(asker) + "."):
             log.debug("dropped a question of %s whose answer would go to %r", asker, msg.reply)
             return
@@ -121,7 +134,12 @@ class ReadService:
 
     async def _answer(self, reply: str, asker: str, question: str, ask: Ask) -> None:
         view = self.view
-        await self._send(reply, answer(view.state, view.history, asker, question, ask, view))
+        wanted = tenants_to_read(view.state, asker, question, ask)
+        forecasts: dict[str, TenantForecast] = {}
+        if wanted:
+            got = await asyncio.gather(*(self.forecasts.get(t) for t in wanted), return_exceptions=True)
+            forecasts = {t: f for t, f in zip(wanted, got, strict=True) if isinstance(f, TenantForecast)}
+        await self._send(reply, answer(view.state, view.history, asker, question, ask, view, forecasts))
 
     async def _send(self, reply: str, body: dict[str, Any]) -> None:
         nc = self.log.nc

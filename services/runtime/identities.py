@@ -15,7 +15,8 @@ only, a JSON object of user name to password). The server, not corral's code, en
   ``corral.in.<tenant>.<verb>``; it may publish there, into askers' inboxes (its answers) and
   ask the stream's info, nothing else. Its JetStream acknowledgements come to its own inbox.
 - ``query``: the read service. It may read the stream (stream info, its own consumers and their
-  flow control), take questions on ``corral.read.>``, and publish only into the askers' inboxes:
+  flow control) and the start forecasts' bucket (direct gets), take questions on
+  ``corral.read.>``, and publish only into the askers' inboxes:
   so however a question names its reply subject, its answer can never land in the log.
 - ``admin``: send ``corral.req.admin.>`` (queues, cohorts, priority classes, cordons), ask
   ``corral.read.admin.>`` (the read service shows the admin everything), and create and
@@ -40,7 +41,7 @@ from pathlib import Path
 
 from corral.events import subjects
 from corral.events.server import Permissions, User, write_private
-from corral.services.runtime import views
+from corral.services.runtime import forecasts, views
 
 SERVICES = "services"
 QUERY = "query"
@@ -115,8 +116,9 @@ def _js_read(stream: str) -> tuple[str, ...]:
     )
 
 
-# The streams corral keeps: the log, the leases' key-value bucket and the node views' bucket.
-STREAMS = (subjects.STREAM, "KV_corral_leases", views.STREAM)
+# The streams corral keeps: the log, the leases' key-value bucket, the node views' bucket and
+# the start forecasts' bucket.
+STREAMS = (subjects.STREAM, "KV_corral_leases", views.STREAM, forecasts.STREAM)
 
 
 def _stream_admin() -> tuple[str, ...]:
@@ -138,7 +140,8 @@ def permissions(name: str) -> Permissions | None:
         )
     if name == QUERY:
         return Permissions(
-            publish=(*_js_read(subjects.STREAM), f"{INBOXES}.>"),
+            # and the forecast role's bucket, key by key (direct gets), to add starts to answers
+            publish=(*_js_read(subjects.STREAM), f"{INBOXES}.>", f"$JS.API.DIRECT.GET.{forecasts.STREAM}.>"),
             subscribe=(f"{QUERY_INBOX}.>", f"{READ}.>"),
         )
     node = _node_of(name)

@@ -83,6 +83,7 @@ from corral.events.nodes import (
 from corral.projections import indexes, quota
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import FINAL
+from corral.projections.lifecycle import WAITING as WAITING
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.state import WHOLE, JobState, State
 from corral.services.admission.decide import AdmissionConfig
@@ -91,8 +92,6 @@ from corral.services.placer.decide import decide as placer_decide
 from corral.services.preemptor.decide import PreemptorConfig
 from corral.services.preemptor.decide import decide as preemptor_decide
 
-# Phases in which a job waits for a decision of some service.
-WAITING = frozenset({"submitted", "queued", "admitted", "preempted", "interrupted"})
 _VERBS: dict[type[Event], str] = {t: verb for verb, t in codec.ADMIN_VERBS.items()}
 # Reports that change no service's answer at the time they are made (see the module docstring).
 _NO_NEWS = (CheckpointCompleted, WorkerStarted)
@@ -298,6 +297,15 @@ class Simulation:
         sim._dirty = True
         sim._push(sim.now, _WAKE, "", 0)
         return sim
+
+    def arrive(self, jobs: Sequence[SimJob]) -> None:
+        """Have ``jobs`` arrive, later than now, in a simulation that had no more arrivals (one
+        ``resume`` made): a forecast's assumption about what is submitted after now."""
+        if self._next < len(self.jobs):
+            raise SimError("arrivals added to a simulation that still has its own")
+        self.jobs = sorted(jobs, key=lambda j: (j.arrival, j.id))
+        self._next = 0
+        self.by_id.update((j.id, j) for j in self.jobs)
 
     def _resume_holder(self, job: JobState) -> None:
         """Take over a job that holds GPUs: start the ranks not started yet, end it as told."""

@@ -10,29 +10,65 @@ run, the longer it is likely to go on); a job with no estimate at all runs
 ``queueing.UNKNOWN_RUNTIME_S``; no node fails; a job being preempted stops by its deadline.
 One forward run gives every waiting job's start at once.
 
-How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``;
-the learned estimates' errors are that wide or wider for about half the jobs on the Philly
-trace (``bench/eta.py`` prints the spread it measures). Later submissions that go first (a
-shorter job, a queue further below its fair share, a higher priority) can only make a start
-later than forecast, never earlier: the band does not cover them.
+How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``.
+Calibrated (``Calibration``): the estimates' errors are measured on the jobs that finished last
+(actual runtime against the estimate the job had), and the forecast scales every estimate by
+their total actual over total estimated runtime, the band by the spread of the jobs' errors
+(``bench/eta.py`` prints the spread it measures). Later submissions
+that go first (a shorter job, a queue further below its fair share, a higher priority) can only
+make a start later than forecast, never earlier: the band does not cover them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from corral.projections import runtimes
 from corral.projections.queueing import UNKNOWN_RUNTIME_S
 from corral.projections.state import JobState, State
-from corral.services.sim.driver import WAITING, SimConfig, Simulation
+from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 
 ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
-    "(its owner's, else learned from similar jobs that finished)"
+    "(its owner's, else learned from similar jobs that finished), scaled by how far off the "
+    "estimates of the jobs that finished lately were, once enough did"
 )
 EARLY, LATE = 0.5, 2.0
+# How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every
+# job in it, each time. A start further away is "not within the horizon" (``inf``): a week's
+# forecast is a guess whatever it costs, as everything submitted meanwhile moves it.
+HORIZON_S = 2 * 86400.0
+CALIBRATE_FROM = 500  # the latest jobs that finished whose estimates' errors calibrate forecasts
+MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
+
+
+@dataclass
+class Calibration:
+    """How far runtime estimates were off for the jobs that finished last (the latest
+    ``CALIBRATE_FROM``): each one's estimate and actual runtime."""
+
+    seen: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=CALIBRATE_FROM))
+
+    def saw(self, estimate: float, actual: float) -> None:
+        if estimate > 0 and actual > 0:
+            self.seen.append((estimate, actual))
+
+    def scales(self) -> tuple[float, float, float]:
+        """(early, forecast, late) runtime scales, or ``EARLY``, 1, ``LATE`` while too few jobs
+        finished. The forecast's is the total actual runtime over the total estimated: a queue
+        waits for the sum of the runtimes ahead of it, and in heavy-tailed runtimes that sum is
+        the few long jobs', which the median job's error (far smaller) leaves out. The band is
+        that, times the quartiles of each job's actual / estimate over their median."""
+        seen = self.seen
+        if len(seen) < MIN_CALIBRATION:
+            return EARLY, 1.0, LATE
+        mid = sum(a for _, a in seen) / sum(e for e, _ in seen)
+        r = sorted(a / e for e, a in seen)
+        q1, q2, q3 = (r[int(p * (len(r) - 1))] for p in (0.25, 0.5, 0.75))
+        return mid * q1 / q2, mid, mid * q3 / q2
 
 
 @dataclass(frozen=True)
@@ -63,12 +99,24 @@ def forecast(
     config: SimConfig | None = None,
     *,
     scale: float = 1.0,
-    horizon_s: float | None = None,
+    horizon_s: float | None = HORIZON_S,
+    jobs: Iterable[str] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    arrivals: Sequence[SimJob] = (),
 ) -> Forecast:
-    """Every waiting job's start, by one forward simulation from a copy of ``state`` (``state``
-    itself is not changed)."""
+    """Every waiting job's start (or only those of ``jobs``), by one forward simulation from a
+    copy of ``state`` (``state`` itself is not changed), at most ``horizon_s`` ahead (None: until
+    every one has started)."""
     sim = Simulation.resume(state, now, config or SimConfig(), lambda j: runtime(j, now, scale))
+    if arrivals:
+        sim.arrive(arrivals)
     waiting = set(sim.until_started or ())
+    if jobs is not None:
+        # The simulation stops once these have started: jobs behind them cost nothing.
+        waiting &= set(jobs)
+        sim.until_started = set(waiting)
+    if cancelled is not None:
+        sim.observers.append(lambda *_: _stop_if(cancelled))
     sim.run(until=None if horizon_s is None else now + horizon_s)
     starts = {}
     for job_id in waiting:
@@ -77,14 +125,50 @@ def forecast(
     return Forecast(now, starts)
 
 
+def recent(state: State, now: float, window_s: float, scale: float = 1.0) -> list[SimJob]:
+    """The jobs submitted in the last ``window_s`` (those the state still holds), submitted again
+    ``window_s`` later: arrivals as they came lately, for a forecast that does not assume that
+    nobody submits anything after now (in a shortest-first queue, later short jobs go first)."""
+    out: list[SimJob] = []
+    for job in state.jobs.values():
+        if now - window_s <= job.submitted_at < now:
+            est = runtimes.of(job)
+            work = (UNKNOWN_RUNTIME_S if est is None else est) * scale
+            again = f"again-{len(out)}"
+            while again in state.jobs:  # a name the fold would take for a duplicate
+                again += "-"
+            out.append(SimJob(again, job.tenant, job.spec, job.submitted_at + window_s, work))
+    return sorted(out, key=lambda j: (j.arrival, j.id))
+
+
+class Cancelled(Exception):
+    """A forecast given up before it was done (``cancelled`` said so)."""
+
+
+def _stop_if(cancelled: Callable[[], bool]) -> None:
+    if cancelled():
+        raise Cancelled
+
+
 def band(
-    state: State, now: float, config: SimConfig | None = None, jobs: Iterable[str] | None = None
+    state: State,
+    now: float,
+    config: SimConfig | None = None,
+    jobs: Iterable[str] | None = None,
+    horizon_s: float | None = HORIZON_S,
+    calibration: Calibration | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> dict[str, tuple[float, float, float]]:
-    """Per waiting job: (early, forecast, late) starts (see the module docstring)."""
-    mid = forecast(state, now, config)
-    early = forecast(state, now, config, scale=EARLY)
-    late = forecast(state, now, config, scale=LATE)
-    ids = mid.starts if jobs is None else [j for j in jobs if j in mid.starts]
+    """Per waiting job: (early, forecast, late) starts (see the module docstring). ``cancelled``
+    is asked as simulated time moves on; when it says so, ``Cancelled`` is raised."""
+    asked = None if jobs is None else list(jobs)
+    lo, at, hi = (EARLY, 1.0, LATE) if calibration is None else calibration.scales()
+
+    def at_scale(scale: float) -> Forecast:
+        return forecast(state, now, config, scale=scale, horizon_s=horizon_s, jobs=asked, cancelled=cancelled)
+
+    mid, early, late = at_scale(at), at_scale(lo), at_scale(hi)
+    ids = list(mid.starts)
     out = {}
     for job_id in ids:
         s = mid.starts[job_id]

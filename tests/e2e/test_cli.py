@@ -142,7 +142,7 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     assert from_file["jobs"]["el-1"]["spec"]["replicas"] == 6
     assert from_file["fair_share"]["half_life_s"] == 43200.0
 
-    # What if: read from the live log, written nowhere.
+    # What if: asked of the forecast role on the live state, written nowhere.
     requests = [
         r for r in map(json.loads, exported.read_text().splitlines()) if r["subject"].startswith("corral.in.")
     ]

@@ -55,7 +55,20 @@ def test_a_service_imports_no_other_service(role: str) -> None:
     assert _offending(f"services/{role}", allowed) == []
 
 
-@pytest.mark.parametrize("role", SERVICES)
+def test_the_forecast_role_drives_the_simulator_and_no_service_itself() -> None:
+    """It forecasts with the simulator (which runs the services' decide functions, as
+    ``corral sim`` does), and imports no service's shell."""
+    allowed = (
+        "corral.events",
+        "corral.projections",
+        "corral.services.runtime",
+        "corral.services.sim",
+        "corral.services.forecast",
+    )
+    assert _offending("services/forecast", allowed) == []
+
+
+@pytest.mark.parametrize("role", (*SERVICES, "forecast"))
 def test_a_service_is_a_pure_decide_and_a_shell(role: str) -> None:
     decide = ROOT / "services" / role / "decide.py"
     assert decide.exists() and (ROOT / "services" / role / "service.py").exists()

@@ -178,8 +178,10 @@ def test_read_service_publishes_only_into_inboxes_and_reads_the_stream() -> None
     assert p is not None
     assert not any(s.startswith(("corral.in", "corral.ev", ">")) for s in p.publish)
     assert "_INBOX.corral.>" in p.publish
+    forecasts = "$JS.API.DIRECT.GET.KV_corral_forecasts.>"  # the start forecasts, key by key
     assert all(
-        s.startswith(("$JS.API.STREAM.INFO.", "$JS.API.CONSUMER.", "$JS.FC.", "_INBOX.")) for s in p.publish
+        s.startswith(("$JS.API.STREAM.INFO.", "$JS.API.CONSUMER.", "$JS.FC.", "_INBOX.")) or s == forecasts
+        for s in p.publish
     )
 
 

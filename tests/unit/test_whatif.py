@@ -9,7 +9,7 @@ import msgspec
 from corral.events.jobs import JobSpec, Resources
 from corral.events.queues import ApplyQueue, QueueSpec, Quota
 from corral.services.agent import inventory
-from corral.services.cli import whatif
+from corral.services.forecast import whatif
 from corral.services.sim.driver import SimJob, Simulation
 
 

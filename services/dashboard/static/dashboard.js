@@ -98,18 +98,35 @@ function drawQueues(b) {
   $("#queues tbody").replaceChildren(...rows);
 }
 
-function jobRow(j, last) {
+function jobRow(j, ...last) {
   return el("tr", { dataset: { job: j.id }, class: j.id === selected ? "selected" : "", onclick: () => select(j.id) },
     el("td", { class: "id" }, j.id),
     el("td", { class: "queue" }, el("span", { class: "swatch", style: { background: j.colour } }), j.queue),
     el("td", { class: "phase" }, j.phase),
     el("td", { class: "num attempt" }, j.attempt),
     el("td", { class: "wants" }, `${j.workers} × ${j.per_worker}`),
-    last);
+    ...last);
+}
+
+// A waiting job's forecast start, in how long from now, and its band (what `corral jobs` shows).
+function span(s) {
+  if (s < 60) return s > 0 ? "< 1 min" : "now";
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  if (s < 2 * 86400) return `${(s / 3600).toFixed(1)} h`;
+  return `${(s / 86400).toFixed(1)} d`;
+}
+
+function starts(eta) {
+  if (!eta) return "–";
+  if (eta.start === null) return `not within ${eta.horizon_s / 3600} h`;
+  const now = Date.now() / 1000;
+  const late = eta.late === null ? "beyond the horizon" : span(eta.late - now);
+  return `in ${span(eta.start - now)} (${span(eta.early - now)} to ${late})`;
 }
 
 function drawJobs(b) {
-  $("#waiting tbody").replaceChildren(...b.waiting.map((j) => jobRow(j, el("td", { class: "reason" }, j.reason || "–"))));
+  $("#waiting tbody").replaceChildren(...b.waiting.map((j) =>
+    jobRow(j, el("td", { class: "starts" }, starts(j.eta)), el("td", { class: "reason" }, j.reason || "–"))));
   $("#running tbody").replaceChildren(...b.running.map((j) => jobRow(j, el("td", { class: "nodes" }, j.nodes))));
   $("#waiting-count").textContent = `(${b.waiting.length})`;
   $("#running-count").textContent = `(${b.running.length})`;

@@ -1,4 +1,4 @@
-"""``corral whatif``: what corral would do with a job if it were submitted now, changing nothing.
+"""What-if: what corral would do with a job if it were submitted now, changing nothing.
 
 The job's submission is folded into a copy of the live state, and the simulator goes on from
 there with the services' own decision functions (``services/sim/eta.py``): so the answer is
@@ -7,10 +7,12 @@ runtime estimates). It says whether the job would be accepted, whether it is adm
 placed at once (on which nodes and NVLink islands, stopping which jobs), and its forecast
 start. When it would not start soon, it tries the smallest changes, each by running the same
 what-if: fewer workers, another queue open to the tenant, a relaxed topology, a share of a GPU
-in place of a whole one, and lists those that start at once.
+in place of a whole one or a MIG slice where a node's GPUs are in MIG mode, and lists those
+that start at once.
 
-Tenancy: the jobs it would stop are named only when they are the tenant's own; others are
-counted by queue.
+Tenancy: the jobs it would stop are named only when they are the tenant's own; another tenant's
+is "a job of queue X". ``answer`` is what the forecast role sends the asker (``corral whatif``
+prints it with ``text``), plain data with nothing else of other tenants in it.
 """
 
 from __future__ import annotations
@@ -18,19 +20,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
 from corral.events import subjects
 from corral.events.decisions import PreemptionRequested
 from corral.events.jobs import JobSpec, SubmitJob, Topology
+from corral.projections import mig
 from corral.projections.fold import apply_event
 from corral.projections.state import State
+from corral.services.forecast.present import SOON_S, text
 from corral.services.sim import eta
 from corral.services.sim.driver import SimConfig, Simulation
 
-SOON_S = 300.0  # a start later than this is worth suggesting changes for
-HORIZON_S = 7 * 86400.0
+HORIZON_S = eta.HORIZON_S
 
 
 @dataclass
@@ -48,8 +52,11 @@ class Outcome:
         return self.accepted and self.start <= self.now + 1e-6
 
 
-def whatif(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) -> Outcome:
-    """What corral would do with ``spec`` submitted by ``tenant`` at ``now``."""
+def whatif(
+    state: State, tenant: str, job_id: str, spec: JobSpec, now: float, horizon_s: float = HORIZON_S
+) -> Outcome:
+    """What corral would do with ``spec`` submitted by ``tenant`` at ``now``; its start is looked
+    for ``horizon_s`` ahead (0: only whether it starts at once)."""
     copy = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)
     now = max(now, copy.time)
     before = copy.rejected_total
@@ -90,7 +97,7 @@ def whatif(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) ->
     if first is not None:
         out.start = first
     else:
-        sim.run(until=now + HORIZON_S)
+        sim.run(until=now + horizon_s)
         first = sim.stats[job_id].first_start
         out.start = math.inf if first is None else first
     return out
@@ -118,6 +125,27 @@ def changes(state: State, tenant: str, spec: JobSpec) -> Iterator[tuple[str, Job
     if res.gpus == 1 and res.mig is None and res.gpu_milli == 1000:
         half = msgspec.structs.replace(res, gpu_milli=500)
         yield "--gpu-milli 500 (half a GPU)", msgspec.structs.replace(spec, resources=half)
+        for model, name in mig_slices(state, res.gpu_models):
+            one = msgspec.structs.replace(res, mig=name, gpu_models=(model,))
+            yield f"--mig {name} (a MIG slice of a {model})", msgspec.structs.replace(spec, resources=one)
+
+
+def mig_slices(state: State, models: tuple[str, ...] = (), most: int = 2) -> list[tuple[str, str]]:
+    """The largest MIG profiles (``most`` per model) of the GPU models some node has in MIG mode,
+    of ``models`` when the job names some: a slice a whole-GPU job could make do with."""
+    found = sorted(
+        {
+            g.info.model
+            for n in state.nodes.values()
+            for g in n.gpus
+            if g.info.mig and (not models or g.info.model in models)
+        }
+    )
+    out = []
+    for model in found:
+        named = sorted(mig.profiles(model).items(), key=lambda kv: (-kv[1].size, -kv[1].compute, kv[0]))
+        out += [(model, name) for name, p in named if "+me" not in name][:most]
+    return out
 
 
 def suggestions(
@@ -126,7 +154,7 @@ def suggestions(
     """The changes that let the job start at once, each checked by running it."""
     out = []
     for what, changed in changes(state, tenant, spec):
-        o = whatif(state, tenant, job_id, changed, now)
+        o = whatif(state, tenant, job_id, changed, now, horizon_s=0.0)  # only: does it start now?
         if o.starts_now:
             out.append((what, o))
             if len(out) >= most:
@@ -134,44 +162,30 @@ def suggestions(
     return out
 
 
-def report(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) -> str:
-    """What ``corral whatif`` prints."""
+def answer(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) -> dict[str, Any]:
+    """What the asker is told, as plain data: ``text`` turns it into what ``corral whatif`` prints."""
     o = whatif(state, tenant, job_id, spec, now)
+    told: dict[str, Any] = {"seq": state.seq, "now": o.now, "accepted": o.accepted}
     if not o.accepted:
-        return f"not accepted: {o.reason}"
-    lines = ["accepted"]
-    if o.starts_now:
-        lines.append("admitted and placed now:")
-        for rank, node, gpus, islands in o.placed:
-            where = ", ".join(str(g) for g in gpus) or "none"
-            lines.append(
-                f"  rank {rank}: {node} GPUs {where} (NVLink island {', '.join(map(str, islands)) or '-'})"
-            )
-        if o.stops:
-            lines.append(f"it would preempt {len(o.stops)}: {', '.join(o.stops)}")
-        return "\n".join(lines)
-    if o.stops:
-        lines.append(f"it would preempt {len(o.stops)}: {', '.join(o.stops)} (and start once they stop)")
-    if o.why_waiting:
-        lines.append(f"waits now: {o.why_waiting}")
-    if math.isinf(o.start):
-        lines.append(f"estimated start: not within {HORIZON_S / 86400:.0f} days")
-    else:
-        lines.append(f"estimated start: in {_span(o.start - now)}")
-    lines.append(f"({eta.ASSUMPTION})")
-    if o.start > now + SOON_S:
-        found = suggestions(state, tenant, job_id, spec, now)
-        if found:
-            lines.append("it would start now with:")
-            lines += [f"  {what}" for what, _ in found]
-        else:
-            lines.append("no smaller ask tried starts it now")
-    return "\n".join(lines)
+        return {**told, "reason": o.reason}
+    told |= {
+        "starts_now": o.starts_now,
+        "start": None if math.isinf(o.start) else o.start,
+        "horizon_s": HORIZON_S,
+        "placed": [
+            {"rank": rank, "node": node, "gpus": list(gpus), "islands": list(islands)}
+            for rank, node, gpus, islands in o.placed
+        ],
+        "preempts": o.stops,
+        "why_waiting": o.why_waiting,
+        "assumption": eta.ASSUMPTION,
+        "start_now_with": [],
+    }
+    if not o.starts_now and o.start > o.now + SOON_S:
+        told["start_now_with"] = [what for what, _ in suggestions(state, tenant, job_id, spec, now)]
+    return told
 
 
-def _span(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+def report(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) -> str:
+    """What ``corral whatif`` prints, from the state at hand (``corral whatif --log FILE``)."""
+    return text(answer(state, tenant, job_id, spec, now))

@@ -1,0 +1,117 @@
+"""The forecast role's pure part: when to forecast again, what each tenant's key then holds, and
+what a what-if question is answered with. No IO, no clock: the shell passes ``now``.
+
+Invariants:
+
+- forecasts are calibrated by how far the estimates of the jobs that succeeded last were off
+  (``finished``; each counted once, while the fold still holds it: its retention period);
+- a forecast is made again only when the state moved (a record was folded) or time alone may
+  have moved a start (``REFRESH_S`` on a quiet log: a job ran past its estimate), and not more
+  often than every ``EVERY_S``: on a busy log one forecast serves every record folded meanwhile;
+- a tenant's value lists only that tenant's jobs (``values``); a tenant whose jobs all stopped
+  waiting gets an empty value, so no stale start outlives its wait;
+- a what-if is answered for the tenant of the question's subject only (``whatif_answer``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from corral.events import codec
+from corral.events.jobs import JobSpec
+from corral.projections import runtimes
+from corral.projections.state import State
+from corral.services.forecast import whatif
+from corral.services.runtime.forecasts import MOST, TenantForecast, eta
+from corral.services.sim import eta as sim_eta
+from corral.services.sim.driver import WAITING
+
+ROLE = "forecast"
+EVERY_S = 5.0  # the least time between two forecasts
+REFRESH_S = 60.0  # a quiet log is forecast again this often: time alone moves starts
+WHATIF = "whatif"  # the question, on corral.read.<tenant>.whatif
+
+
+def due(last_seq: int, last_at: float | None, seq: int, now: float) -> bool:
+    """Whether to forecast at ``now`` a state folded to ``seq``, the last forecast having been of
+    ``last_seq`` at ``last_at`` (None: none yet)."""
+    if last_at is None:
+        return True
+    waited = now - last_at
+    return (seq != last_seq and waited >= EVERY_S) or waited >= REFRESH_S
+
+
+def finished(state: State, seen: set[str]) -> list[tuple[str, float, float]]:
+    """The jobs that succeeded since ``seen`` (ids already counted), with the runtime estimate
+    each had and what it ran for: what calibrates the forecasts (``eta.Calibration``)."""
+    out = []
+    for job_id in state.jobs_by_phase.get("succeeded", ()):
+        if job_id in seen:
+            continue
+        job = state.jobs[job_id]
+        est = runtimes.of(job)
+        if est is not None:
+            out.append((job_id, est, job.ran_s))
+    return out
+
+
+def waiting(state: State) -> list[str]:
+    """The jobs a forecast is made for: those waiting."""
+    return [j.id for j in state.jobs.values() if j.phase in WAITING]
+
+
+def values(
+    state: State,
+    bands: Mapping[str, tuple[float, float, float]],
+    now: float,
+    before: Iterable[str] = (),
+    horizon_s: float = sim_eta.HORIZON_S,
+) -> dict[str, TenantForecast]:
+    """Per tenant, its waiting jobs' forecasts (``bands``: job → early, start, late), and an
+    empty one for each tenant of ``before`` (those written last time) that has none now. At most
+    ``MOST`` per tenant, the soonest first."""
+    per: dict[str, list[tuple[float, str]]] = {t: [] for t in before}
+    for job_id, (_, start, _) in bands.items():
+        job = state.jobs.get(job_id)
+        if job is not None:
+            per.setdefault(job.tenant, []).append((start, job_id))
+    out = {}
+    for tenant, jobs in per.items():
+        jobs.sort()
+        kept = {job_id: eta(*bands[job_id]) for _, job_id in jobs[:MOST]}
+        out[tenant] = TenantForecast(state.seq, now, horizon_s, sim_eta.ASSUMPTION, kept)
+    return out
+
+
+class WhatIf(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A what-if question: the job as it would be submitted, under the id it would have."""
+
+    job: JobSpec
+    id: str = "whatif"
+
+
+class BadWhatIf(ValueError):
+    pass
+
+
+_decode_whatif = msgspec.json.Decoder(WhatIf).decode
+
+
+def parse_whatif(data: bytes) -> WhatIf:
+    try:
+        return _decode_whatif(data)
+    except codec.UNREADABLE as e:
+        raise BadWhatIf(f"unreadable what-if: {e}") from None
+
+
+def whatif_answer(state: State, asker: str, data: bytes, now: float) -> dict[str, Any]:
+    """The answer to ``asker``'s what-if question ``data``: what corral would do with the job if
+    ``asker`` submitted it at ``now``, telling nothing of other tenants' jobs but their queues."""
+    try:
+        ask = parse_whatif(data)
+    except BadWhatIf as e:
+        return {"seq": state.seq, "error": str(e)}
+    return whatif.answer(state, asker, ask.id, ask.job, now)

@@ -1,0 +1,50 @@
+"""A what-if answer as a person reads it: what ``corral whatif`` prints. Plain data in, text
+out; nothing here imports the simulator, so the client can use it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SOON_S = 300.0  # a start later than this is worth suggesting changes for
+
+
+def text(told: dict[str, Any]) -> str:
+    """An answer as a person reads it."""
+    if not told["accepted"]:
+        return f"not accepted: {told['reason']}"
+    lines = ["accepted"]
+    stops = told.get("preempts", [])
+    if told["starts_now"]:
+        lines.append("admitted and placed now:")
+        for p in told["placed"]:
+            where = ", ".join(str(g) for g in p["gpus"]) or "none"
+            islands = ", ".join(map(str, p["islands"])) or "-"
+            lines.append(f"  rank {p['rank']}: {p['node']} GPUs {where} (NVLink island {islands})")
+        if stops:
+            lines.append(f"it would preempt {len(stops)}: {', '.join(stops)}")
+        return "\n".join(lines)
+    if stops:
+        lines.append(f"it would preempt {len(stops)}: {', '.join(stops)} (and start once they stop)")
+    if told["why_waiting"]:
+        lines.append(f"waits now: {told['why_waiting']}")
+    if told["start"] is None:
+        lines.append(f"estimated start: not within {told['horizon_s'] / 86400:.0f} days")
+    else:
+        lines.append(f"estimated start: in {span(told['start'] - told['now'])}")
+    lines.append(f"({told['assumption']})")
+    if told["start"] is None or told["start"] > told["now"] + SOON_S:
+        found = told["start_now_with"]
+        if found:
+            lines.append("it would start now with:")
+            lines += [f"  {what}" for what in found]
+        else:
+            lines.append("no smaller ask tried starts it now")
+    return "\n".join(lines)
+
+
+def span(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -1,0 +1,212 @@
+"""The forecast role's shell: fold the log, forecast every waiting job's start when the state
+moved, write each tenant's forecasts into the bucket ``corral_forecasts``, and answer what-if
+questions on ``corral.read.<tenant>.whatif``.
+
+It runs under a lease like the assignments service (``corral serve forecast``; ``corral up`` runs
+one): one replica writes the bucket, the others fold and stand by. What-if questions are answered
+by every replica (a queue group: each question once), since each holds the folded state. It
+appends nothing to the log.
+
+The simulation runs in a worker thread on a copy of the state made on the event loop, and no
+cycle waits for it, so the loop goes on folding, renewing the lease and answering while it
+runs; one forecast at a time, the next from the state folded by then.
+
+Invariants:
+
+- a tenant's key holds only that tenant's jobs (``decide.values``);
+- a what-if answer goes only into the asker's own inbox (``_INBOX.corral.<asker>.``), as the read
+  service's do; a question naming any other reply subject is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import nats.errors
+
+from corral.events.base import Event
+from corral.events.log import EventLog
+from corral.projections.state import State
+from corral.services.forecast.decide import ROLE as ROLE
+from corral.services.forecast.decide import WHATIF, due, finished, values, waiting, whatif_answer
+from corral.services.runtime import identities
+from corral.services.runtime.forecasts import ForecastStore, encode
+from corral.services.runtime.lease import Lease
+from corral.services.runtime.shell import Service
+from corral.services.sim import eta
+from corral.services.sim.driver import SimConfig
+
+log = logging.getLogger("corral.forecast")
+
+_encode = msgspec.json.Encoder().encode
+
+
+# Forecasts decide at most every 10 simulated seconds, not at every simulated event: a start is
+# told to the minute, and a forecast of a deep backlog costs far fewer decisions so.
+FORECAST = SimConfig(cycle_s=10.0)
+
+
+def _decide_nothing(state: State, now: float) -> list[Event]:
+    return []  # what it writes goes to the bucket, not the log: ``ForecastService.cycle``
+
+
+def _copy(state: State) -> State:
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)
+
+
+class ForecastService(Service):
+    def __init__(
+        self,
+        log_: EventLog,
+        store: ForecastStore,
+        *,
+        lease: Lease | None = None,
+        clock: Callable[[], float] | None = None,
+        tick: float = 1.0,
+        **options: Any,
+    ) -> None:
+        if clock is not None:
+            options["clock"] = clock
+        super().__init__(ROLE, _decide_nothing, log_, tick=tick, lease=lease, **options)
+        self.store = store
+        self.last_seq = -1
+        self.last_at: float | None = None  # None: forecast at the next cycle (also after taking the lease)
+        self.tenants: set[str] = set()  # tenants whose key was written since taking the lease
+        self.forecasts = 0
+        self.calibration = eta.Calibration()
+        self._counted: set[str] = set()  # succeeded jobs already in the calibration
+        self.whatifs = 0
+        self._answering: set[asyncio.Task[None]] = set()
+        self._running: asyncio.Task[None] | None = None  # the forecast under way
+        self._stopping = threading.Event()  # tells a forecast's thread to give up
+
+    async def cycle(self) -> int:
+        """Start a forecast when one is due and none is running; it writes when done. The cycle
+        never waits for it: the loop goes on folding and renewing the lease meanwhile, however
+        long a deep backlog takes to forecast."""
+        now = self.now()
+        if not self.supervision.may_decide(now):
+            return 0
+        if self.lease is not None and not await self.lease.hold():
+            self.last_at = None  # whoever takes the lease over writes at once
+            return 0
+        if self._running is not None and not self._running.done():
+            return 0
+        state = self.state
+        if not due(self.last_seq, self.last_at, state.seq, now):
+            return 0
+        for job_id, estimate, ran in finished(state, self._counted):
+            self.calibration.saw(estimate, ran)
+            self._counted.add(job_id)
+        self._counted &= set(state.jobs_by_phase.get("succeeded", ()))  # the fold let the others go
+        self.last_seq, self.last_at = state.seq, now
+        self._running = asyncio.create_task(self._forecast(_copy(state), now))
+        return 0
+
+    async def _forecast(self, copy: State, now: float) -> None:
+        try:
+            bands = await asyncio.to_thread(
+                eta.band,
+                copy,
+                now,
+                FORECAST,
+                waiting(copy),
+                eta.HORIZON_S,
+                self.calibration,
+                self._stopping.is_set,
+            )
+            written = values(copy, bands, now, self.tenants)
+        except eta.Cancelled:
+            return  # stopping
+        except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
+            await self._failed(e, now)
+            return
+        self.supervision.succeeded()
+        self.forecasts += 1
+        if self.lease is not None and not self.lease.held:
+            return  # another replica writes now
+        results = await asyncio.gather(
+            *(self.store.put(tenant, encode(v)) for tenant, v in written.items()), return_exceptions=True
+        )
+        kept = set()
+        for (tenant, v), result in zip(written.items(), results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("%s: forecast not written, will retry: %s", tenant, result)
+                self.last_at = None
+                kept.add(tenant)
+            elif v.jobs:
+                kept.add(tenant)
+        self.tenants = kept
+
+    # -- what-if ----------------------------------------------------------------------------------
+
+    async def _on_whatif(self, msg: Any) -> None:
+        parsed = identities.parse_read(msg.subject)
+        if parsed is None or parsed[1] != WHATIF:
+            return
+        asker = parsed[0]
+        if not msg.reply.startswith(identities.inbox_prefix(asker) + "."):
+            log.debug("dropped a what-if of %s whose answer would go to %r", asker, msg.reply)
+            return
+        task = asyncio.create_task(self._answer(msg.reply, asker, msg.data))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _answer(self, reply: str, asker: str, data: bytes) -> None:
+        now = self.now()
+        copy = _copy(self.state)
+        try:
+            told = await asyncio.to_thread(whatif_answer, copy, asker, data, now)
+        except Exception as e:  # noqa: BLE001 - one bad question must not take the role down
+            log.exception("what-if of %s failed", asker)
+            told = {"seq": copy.seq, "error": f"what-if failed: {type(e).__name__}"}
+        self.whatifs += 1
+        nc = getattr(self.log, "nc", None)
+        if nc is None:
+            return
+        body = _encode(told)
+        if len(body) > nc.max_payload:
+            body = _encode({"seq": copy.seq, "error": "the answer is more than NATS carries"})
+        try:
+            await nc.publish(reply, body)
+        except nats.errors.Error as e:
+            log.warning("could not answer on %s: %s", reply, e)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fold, forecast and answer until ``stop`` is set. What-if questions are taken once the
+        log has been folded to where it stood at start."""
+        nc = getattr(self.log, "nc", None)
+        sub = None
+
+        async def listen() -> None:
+            nonlocal sub
+            await self.caught_up.wait()
+            if nc is not None:
+                subject = identities.read_subject("*", WHATIF)
+                sub = await nc.subscribe(subject, queue=ROLE, cb=self._on_whatif)
+
+        listening = asyncio.create_task(listen())
+        try:
+            await super().run(stop)
+        finally:
+            self._stopping.set()
+            listening.cancel()
+            if sub is not None:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
+            running = [self._running] if self._running is not None else []
+            for task in [*self._answering, *running]:
+                task.cancel()
+            await asyncio.gather(listening, *self._answering, *running, return_exceptions=True)
+
+
+def service(log_: EventLog, store: ForecastStore, **options: Any) -> ForecastService:
+    """The service on ``log_`` writing to ``store``; ``options`` go to ``Service`` (clock, tick,
+    snapshots, lease, status)."""
+    return ForecastService(log_, store, **options)

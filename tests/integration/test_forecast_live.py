@@ -1,0 +1,91 @@
+"""Start forecasts and what-if on a live corral with logins: a real nats-server, every service,
+the read service and the forecast role.
+
+- a waiting job gets its forecast start in ``jobs`` and ``explain``, as its tenant's client
+  reads them (behind the job that holds the node, for that job's estimate);
+- a tenant's what-if works through its own login and tells nothing of another tenant's jobs;
+  another tenant's what-if subject is refused by the server.
+
+Waits are on the log or on the forecasts' bucket (its key's messages), with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import msgspec
+import pytest
+
+from corral.events.jobs import JobSpec, Resources
+from corral.services.client import AsyncClient, NoSuchJob
+from corral.services.query.client import Refused, Session
+from corral.services.runtime import forecasts, identities
+from tests.integration.test_tenancy_nats import WAIT, Secured
+from tests.integration.test_tenancy_nats import secured as secured  # the fixture
+
+WHOLE_NODE = Resources(gpus=8)
+HOUR = 3600.0
+
+
+async def test_a_waiting_job_gets_a_forecast_and_whatif_keeps_tenancy(secured: Secured) -> None:
+    heard: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_put(msg: object) -> None:
+        heard.put_nowait(msg.data)  # type: ignore[attr-defined]
+
+    sub = await secured.log.nc.subscribe(forecasts.key_subject("a"), cb=on_put)
+    try:
+        # b's job takes the one node for an hour; a's job waits behind it.
+        await secured.submit(
+            "b", "b-holds", JobSpec(queue="qb", resources=WHOLE_NODE, runtime_estimate_s=HOUR)
+        )
+        await secured.watch.until(
+            lambda st: st.jobs.get("b-holds") is not None and st.jobs["b-holds"].held, WAIT
+        )
+        await secured.submit(
+            "a", "a-waits", JobSpec(queue="qa", resources=WHOLE_NODE, runtime_estimate_s=600)
+        )
+
+        async def forecast_of_a() -> forecasts.TenantForecast:
+            while True:
+                value = forecasts.decode(await heard.get())
+                if value is not None and "a-waits" in value.jobs:
+                    return value
+
+        told = await asyncio.wait_for(forecast_of_a(), WAIT)
+        assert told.jobs["a-waits"].start is not None
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+    async with AsyncClient(secured.url, tenant="a", user="a", password=secured.passwords["a"]) as a:
+        jobs = {j.id: j for j in await a.jobs()}
+        assert set(jobs) == {"a-waits"}
+        eta = jobs["a-waits"].eta
+        assert eta is not None and eta.start is not None and eta.early is not None and eta.late is not None
+        # Behind b's hour on the node, and the band around the forecast.
+        assert eta.start >= eta.forecast_at + HOUR - 120
+        assert eta.early <= eta.start <= eta.late
+        explained = await a.explain("a-waits")
+        assert explained.job.eta is not None and "estimated start:" in explained.text
+        with pytest.raises(NoSuchJob):
+            await a.explain("b-holds")
+
+        # What if a submitted another whole-node job: accepted, waits, starts after both.
+        what = await a.whatif(JobSpec(queue="qa", resources=WHOLE_NODE, runtime_estimate_s=60), "a-maybe")
+        assert what.accepted and not what.starts_now
+        assert what.start is not None and what.start >= what.now + HOUR - 120
+        assert "estimated start: in" in what.text
+        raw = msgspec.json.encode(what)
+        assert b"b-holds" not in raw  # nothing of b's jobs but what a may see
+        # A what-if never writes: the job is not in the log.
+        assert "a-maybe" not in secured.watch.state.jobs
+
+    # Another tenant's what-if subject is the server's to refuse.
+    s = await Session.open(secured.url, "a", secured.passwords["a"])
+    try:
+        with pytest.raises(Refused, match="permissions violation"):
+            await s.request(identities.read_subject("b", "whatif"), b'{"job": {"queue": "qb"}}')
+    finally:
+        await s.close()

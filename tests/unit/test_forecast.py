@@ -1,0 +1,148 @@
+"""The forecast role's pure parts and what the read service makes of its forecasts, on small
+hand-made states: when a forecast is made again, what each tenant's key holds, how a waiting
+job's row and explanation carry their start, what a what-if tells one tenant of another's jobs,
+and the MIG slice it suggests."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import pytest
+
+from corral.events.jobs import JobSpec, Resources
+from corral.events.queues import ApplyQueue, QueueSpec, Quota
+from corral.services.agent import inventory
+from corral.services.forecast import decide, whatif
+from corral.services.forecast.decide import EVERY_S, REFRESH_S
+from corral.services.query.decide import Ask, answer, tenants_to_read
+from corral.services.query.present import eta_text
+from corral.services.runtime import forecasts
+from corral.services.sim import eta
+from corral.services.sim.driver import SimJob, Simulation
+
+
+@pytest.mark.parametrize(
+    ("last_seq", "last_at", "seq", "now", "expected"),
+    [
+        pytest.param(-1, None, 0, 0.0, True, id="never-forecast"),
+        pytest.param(5, 100.0, 5, 100.0 + EVERY_S, False, id="nothing-moved"),
+        pytest.param(5, 100.0, 6, 100.0 + EVERY_S / 2, False, id="moved-but-too-soon"),
+        pytest.param(5, 100.0, 6, 100.0 + EVERY_S, True, id="moved"),
+        pytest.param(5, 100.0, 5, 100.0 + REFRESH_S, True, id="quiet-but-time-passed"),
+    ],
+)
+def test_when_to_forecast_again(
+    last_seq: int, last_at: float | None, seq: int, now: float, expected: bool
+) -> None:
+    assert decide.due(last_seq, last_at, seq, now) == expected
+
+
+def spec(gpus: int = 8, queue: str = "q", estimate: float | None = 1000.0, mig: str | None = None) -> JobSpec:
+    return JobSpec(
+        queue=queue,
+        resources=Resources(gpus=gpus, cpu_milli=1000, memory_mib=1024, mig=mig),
+        runtime_estimate_s=estimate,
+        preemptible=False,
+    )
+
+
+def busy(*waiting: tuple[str, str], profile: str = "h100-8x", nodes: int = 1) -> Simulation:
+    """``nodes`` nodes; tenant ``u``'s job holds the first node's 8 GPUs until 1000; each of
+    ``waiting`` (id, tenant) asks for a whole node and waits."""
+    setup = [ApplyQueue(queue=QueueSpec("q", quotas={"*": Quota(nominal=64)}))]
+    jobs = [SimJob("u-secret", "u", spec(), 0.0, 1000.0)]
+    jobs += [SimJob(job_id, tenant, spec(), 1.0, 500.0) for job_id, tenant in waiting]
+    cluster = inventory.cluster(1, "h100-8x") + inventory.cluster(nodes - 1, profile, prefix="mig")
+    return Simulation(cluster, setup, jobs).run(until=1.0)
+
+
+def test_each_tenant_key_holds_its_own_jobs_and_a_tenant_with_none_left_is_emptied() -> None:
+    state = busy(("t1", "t"), ("u1", "u")).state
+    bands = eta.band(state, 1.0)
+    assert set(bands) == {"t1", "u1"}
+    got = decide.values(state, bands, 1.0, before=["gone"])
+    assert set(got) == {"t", "u", "gone"}
+    assert set(got["t"].jobs) == {"t1"} and set(got["u"].jobs) == {"u1"}
+    assert got["gone"].jobs == {}
+    e = got["t"].jobs["t1"]
+    assert e.early is not None and e.start is not None and e.late is not None
+    assert e.early <= e.start <= e.late and got["t"].seq == state.seq
+    raw = forecasts.encode(got["t"])
+    assert forecasts.decode(raw) == got["t"]  # what the read service reads back
+
+
+def test_a_start_beyond_the_horizon_is_none() -> None:
+    assert forecasts.eta(1.0, math.inf, math.inf) == forecasts.Eta(None, 1.0, None)
+
+
+def test_the_read_service_adds_a_waiting_jobs_start_for_its_own_tenant_only() -> None:
+    state = busy(("t1", "t"), ("u1", "u")).state
+    told = decide.values(state, eta.band(state, 1.0), 1.0)
+    assert tenants_to_read(state, "t", "jobs", Ask()) == ["t"]
+    assert tenants_to_read(state, "admin", "jobs", Ask()) == ["t", "u"]
+    assert tenants_to_read(state, "t", "queues", Ask()) == []
+    rows = answer(state, {}, "t", "jobs", Ask(), forecasts={"t": told["t"]})["jobs"]
+    assert [(r["id"], r["eta"]["start"]) for r in rows] == [("t1", told["t"].jobs["t1"].start)]
+    rows = answer(state, {}, "u", "jobs", Ask(), forecasts={"t": told["t"], "u": told["u"]})["jobs"]
+    assert {r["id"]: r["eta"] is not None for r in rows} == {"u-secret": False, "u1": True}  # running: none
+    explained = answer(state, {}, "t", "explain", Ask(job="t1"), forecasts={"t": told["t"]})
+    assert explained["job"]["eta"]["start"] == told["t"].jobs["t1"].start
+    assert "estimated start: 1970-01-01 00:16:" in explained["text"]
+
+
+def test_eta_text() -> None:
+    e = {"start": 700.0, "early": 400.0, "late": 1900.0, "forecast_at": 100.0, "horizon_s": 7200.0}
+    assert eta_text({**e, "assumption": "x"}, now=100.0) == "in 10 min (between 5 min and 30 min)"
+    beyond = {**e, "start": None, "early": None, "late": None, "assumption": "x"}
+    assert eta_text(beyond).startswith("not within 2 h of the forecast at 1970-01-01 00:01:40")
+
+
+def test_a_whatif_tells_nothing_of_another_tenants_job() -> None:
+    state = busy().state
+    data = msgspec.json.encode({"job": spec(), "id": "mine"})
+    told = decide.whatif_answer(state, "t", data, 1.0)
+    assert told["accepted"] and not told["starts_now"] and told["start"] == 1000.0
+    assert "u-secret" not in msgspec.json.encode(told).decode()
+    assert "error" in decide.whatif_answer(state, "t", b'{"job": {"queue": 1}}', 1.0)
+    assert msgspec.msgpack.encode(state) == msgspec.msgpack.encode(busy().state)  # nothing written
+
+
+def test_a_whole_gpu_job_is_offered_a_mig_slice_where_a_node_has_one() -> None:
+    state = busy(profile="h100-8x-mig", nodes=2).state
+    # The MIG node's GPUs take MIG slices only: one whole GPU waits for the first node.
+    o = whatif.whatif(state, "t", "new", spec(1), 1.0)
+    assert o.accepted and not o.starts_now
+    assert whatif.mig_slices(state) == [("H100-80GB", "7g.80gb"), ("H100-80GB", "4g.40gb")]
+    found = dict(whatif.suggestions(state, "t", "new", spec(1), 1.0))
+    assert "--mig 7g.80gb (a MIG slice of a H100-80GB)" in found
+    assert whatif.mig_slices(busy().state) == []  # no node in MIG mode: none offered
+
+
+def test_forecasts_are_calibrated_by_how_far_finished_jobs_estimates_were_off() -> None:
+    c = eta.Calibration()
+    for _ in range(eta.MIN_CALIBRATION - 1):
+        c.saw(1000.0, 500.0)
+    assert c.scales() == (eta.EARLY, 1.0, eta.LATE)  # too few yet
+    c.saw(1000.0, 500.0)
+    # In all, the estimates ran twice as long as the jobs did; one job in four ran half of that.
+    assert c.scales()[1] == 0.5
+    # The job holding the node is expected to end at 1000; estimates ran half as long: 500.
+    state = busy(("t1", "t")).state
+    assert eta.band(state, 1.0, calibration=c)["t1"][1] == pytest.approx(500.0, abs=1.0)
+    assert eta.band(state, 1.0)["t1"][1] == 1000.0
+
+
+def test_a_forecast_gives_up_when_told() -> None:
+    """The forecast role's thread is told to stop when the role stops: it does not simulate on."""
+    with pytest.raises(eta.Cancelled):
+        eta.band(busy(("t1", "t")).state, 1.0, cancelled=lambda: True)
+
+
+def test_recent_submissions_can_be_assumed_to_come_again() -> None:
+    state = busy(("t1", "t")).state  # u-secret at 0.0, t1 at 1.0
+    again = eta.recent(state, 1.5, window_s=1.0)
+    assert [(j.id, j.tenant, j.arrival, j.work_s) for j in again] == [("again-0", "t", 2.0, 1000.0)]
+    before = msgspec.msgpack.encode(state)
+    got = eta.forecast(state, 1.5, arrivals=again)
+    assert set(got.starts) == {"t1"} and msgspec.msgpack.encode(state) == before

@@ -9,9 +9,11 @@ the append when another writer got there first: a ``ConflictError``).
 
 Reads use ordered push consumers: the server pushes the stream in order, flow controlled; a gap
 in delivery, or heartbeats that stop, make the reader recreate its consumer after the last
-record it took. Deliveries to the log's own subscriptions (consumers and acknowledgements) are
-handed straight from the protocol parser to the log, without nats-py's per-message object,
-queue and task switch: that machinery costs more than the rest of a replay. The stream sequence
+record it took; a consumer whose creation goes unanswered (the server away, restarting, or
+electing) is asked for again, by a follower for as long as the connection lasts. Deliveries to
+the log's own subscriptions (consumers and acknowledgements) are handed straight from the
+protocol parser to the log, without nats-py's per-message object, queue and task switch: that
+machinery costs more than the rest of a replay. The stream sequence
 and timestamp come from the delivery's reply subject. Headers the server adds or consumes
 (``Nats-*``) are not part of a record; only the writer's own headers are.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -60,6 +63,17 @@ RETRY = 0.5  # seconds between tries to re-create a consumer: a cluster's electi
 ACK_TIMEOUT = 5.0
 
 T = TypeVar("T")
+
+log = logging.getLogger("corral.log")
+
+# What a JetStream API request meets while its server is away (restarting, the connection
+# reconnecting) or its cluster elects a leader: no answer yet, which is not a refusal.
+UNANSWERED: tuple[type[Exception], ...] = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.ServiceUnavailableError,
+)
 
 _CONTROL = b"NATS/1.0 100"  # status line of flow control requests and idle heartbeats
 _CRLF = b"\r\n"
@@ -144,6 +158,34 @@ class _Consumer:
         info = await self._js._jsm.add_consumer(self._stream, config)
         self._name = info.name
         self._spawn(self._watch())
+
+    async def begin(self, within: float | None) -> None:
+        """``start``, again while the server does not answer, for ``within`` seconds (None: for
+        as long as the connection tries to get a server back; when it gives up, the feed is
+        failed and this ends). A reader that starts just as its server goes away (a service
+        whose first cycle is done when NATS restarts) waits for it, as a reader that was
+        already running does; a refusal is raised at once."""
+        loop = asyncio.get_running_loop()
+        deadline = None if within is None else loop.time() + within
+        said = False
+        while not self.closed:
+            try:
+                await self.start()
+                return
+            except UNANSWERED as e:
+                await self._drop(wait=False)  # the consumer, if made after all, is dropped once idle
+                if deadline is not None and loop.time() >= deadline:
+                    raise
+                if not said:
+                    log.warning(
+                        "reading %s waits for NATS to answer: %s", self._stream, e or type(e).__name__
+                    )
+                    said = True
+            except (nats.errors.Error, nats.js.errors.Error):
+                if self.closed:
+                    return  # closed meanwhile (the log, or its connection given up): its reader ends
+                raise
+            await asyncio.sleep(min(RETRY, self._heartbeat))
 
     def _on_delivery(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         if headers is not None and headers.startswith(_CONTROL):
@@ -590,7 +632,7 @@ class JetStreamLog:
         start = max(start, status.first_seq, 1)
         if start > end:
             return
-        async with self._consume(start) as feed:
+        async with self._consume(start, self._read_idle_timeout) as feed:
             while True:
                 try:
                     async with asyncio.timeout(self._read_idle_timeout):
@@ -612,7 +654,7 @@ class JetStreamLog:
                     return
 
     async def follow(self, start: int = 1) -> AsyncIterator[list[Record]]:
-        async with self._consume(max(start, 1)) as feed:
+        async with self._consume(max(start, 1), None) as feed:
             while not feed.closed:
                 await feed.ready.wait()
                 batch = feed.take()
@@ -636,19 +678,21 @@ class JetStreamLog:
             consumer.fail(error)
 
     @contextlib.asynccontextmanager
-    async def _consume(self, start: int) -> AsyncIterator[_Consumer]:
+    async def _consume(self, start: int, within: float | None) -> AsyncIterator[_Consumer]:
+        """A consumer from ``start``, made as ``_Consumer.begin`` says: ``within`` seconds of
+        the server not answering, or (None) as long as the connection lasts."""
         if self._lost_watch is None:
             self._lost_watch = asyncio.ensure_future(self._watch_lost())
         if self._nc.lost.is_set():
             raise LogError("lost the connection to NATS for good")
         consumer = _Consumer(self._nc, self._js, self.stream, start, self._heartbeat)
-        try:
-            await consumer.start()
-        except (nats.errors.Error, nats.js.errors.Error) as e:
-            await consumer.stop()
-            raise LogError(f"cannot read stream {self.stream}: {e}") from e
+        # Known before it starts, so that a connection given up, or the log closed, ends it.
         self._consumers.add(consumer)
         try:
+            try:
+                await consumer.begin(within)
+            except (nats.errors.Error, nats.js.errors.Error) as e:
+                raise LogError(f"cannot read stream {self.stream}: {e}") from e
             yield consumer
         finally:
             self._consumers.discard(consumer)
@@ -691,11 +735,7 @@ async def answered(ask: Callable[[], Awaitable[T]], within: float = PLACING_WITH
     while True:
         try:
             return await ask()
-        except (
-            nats.errors.TimeoutError,
-            nats.errors.NoRespondersError,
-            nats.js.errors.ServiceUnavailableError,
-        ):
+        except UNANSWERED:
             if asyncio.get_running_loop().time() > deadline:
                 raise
         await asyncio.sleep(0.2)

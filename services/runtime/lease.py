@@ -85,6 +85,9 @@ class KvLease:
         self.on_change = on_change
         self._revision: int | None = None  # what we last wrote, while we hold the lease
         self._renewed = 0.0
+        # What ``on_change`` last said. Not ``held``: a renewal nobody answered keeps its claim
+        # (``held``) but decides nothing (``hold`` says False), and says so once, not per tick.
+        self._leading = False
 
     @classmethod
     async def open(
@@ -111,15 +114,15 @@ class KvLease:
         return self._revision is not None
 
     async def hold(self) -> bool:
-        was = self._revision is not None
         held = await self._hold()
-        if held != was:
-            self._changed(held)
+        self._changed(held)
         return held
 
     def _changed(self, leading: bool) -> None:
-        if self.on_change is not None:
-            self.on_change(leading)
+        if leading != self._leading:
+            self._leading = leading
+            if self.on_change is not None:
+                self.on_change(leading)
 
     async def _hold(self) -> bool:
         now = self.clock()
@@ -164,9 +167,9 @@ class KvLease:
         return int(entry.revision) if entry.value == self.holder.encode() else None
 
     async def release(self) -> None:
+        self._changed(False)
         if self._revision is None:
             return
         revision, self._revision = self._revision, None
-        self._changed(False)
         with contextlib.suppress(nats_errors.Error, TimeoutError):
             await self.kv.delete(self.role, last=revision)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
@@ -22,6 +23,7 @@ from corral.events.jetstream import MAX_BATCH, JetStreamLog
 from corral.events.log import Ack, Append, ConflictError, EventLog, Fence, InMemoryLog, LogError, Record
 from corral.events.server import EmbeddedServer
 from corral.events.subjects import STREAM, STREAM_SUBJECTS
+from tests.integration import polling
 
 pytestmark = pytest.mark.integration
 
@@ -374,6 +376,30 @@ async def test_follow_carries_on_across_a_server_restart(embedded_server: Embedd
             await asyncio.wait_for(log.append(ev("corral.ev.job.after")), WAIT)
             await asyncio.wait_for(until(4), WAIT)
         assert got == [1, 2, 3, 4]
+    finally:
+        await log.close()
+
+
+async def test_follow_begun_while_the_server_is_away_waits_for_it(
+    embedded_server: EmbeddedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A service starts following the log once its first cycle is done: if NATS is killed just
+    # then, its consumer cannot be made until the server is back. The reader waits for it, as a
+    # reader already running does, rather than end the service over one unanswered request.
+    caplog.set_level(logging.WARNING, logger="corral.log")
+    log = await JetStreamLog.connect(embedded_server.url, heartbeat=0.2, create=True)
+    try:
+        await fill(log, 1)
+        await embedded_server.kill()
+        async with closing(log.follow()) as it:
+            first = asyncio.ensure_future(anext(it))
+            # Its first try goes unanswered (the JetStream API's timeout): it says so and waits.
+            await polling.until(lambda: first.done() or "waits for NATS" in caplog.text, 4 * WAIT)
+            assert not first.done(), first.exception()
+            await embedded_server.start()
+            assert [r.seq for r in await asyncio.wait_for(first, 4 * WAIT)] == [1]
+            await asyncio.wait_for(log.append(ev()), WAIT)
+            assert [r.seq for r in await asyncio.wait_for(anext(it), WAIT)] == [2]
     finally:
         await log.close()
 

@@ -139,7 +139,8 @@ async def test_a_renewal_nobody_answers_is_tried_again_with_the_same_revision(
     now = [0.0]
     try:
         bucket = await lease_bucket(conn, ttl=30.0)
-        a = KvLease(bucket, "placer", "replica-a", ttl=30.0, clock=lambda: now[0])
+        said: list[bool] = []
+        a = KvLease(bucket, "placer", "replica-a", ttl=30.0, clock=lambda: now[0], on_change=said.append)
         b = KvLease(bucket, "placer", "replica-b", ttl=30.0, clock=lambda: now[0])
         assert await a.hold()
         await embedded_server.stop()
@@ -150,5 +151,7 @@ async def test_a_renewal_nobody_answers_is_tried_again_with_the_same_revision(
             while not await a.hold():
                 assert not await b.hold()
         assert a.held and not await b.hold()
+        # It said once that it stopped leading while nobody answered, and that it leads again.
+        assert said == [True, False, True]
     finally:
         await conn.close()

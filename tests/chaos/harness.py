@@ -99,6 +99,7 @@ class Corral:
     parts: dict[str, Part] = field(default_factory=dict)
     acked: set[str] = field(default_factory=set)  # submissions the log acknowledged
     _load: asyncio.Task[None] | None = None
+    _loaded: int = 0  # load jobs submitted so far
 
     # -- processes ----------------------------------------------------------------------------------
 
@@ -191,11 +192,10 @@ class Corral:
         submission the log did not acknowledge is not counted (a client would retry it)."""
 
         async def load() -> None:
-            i = 0
             while True:
+                i, self._loaded = self._loaded, self._loaded + 1  # a load started again goes on counting
                 with contextlib.suppress(LogError):
                     await self.submit(f"load-{i:04d}", job(("sleep", "2")))
-                i += 1
                 await asyncio.sleep(every)
 
         self._load = asyncio.create_task(load())

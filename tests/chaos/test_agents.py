@@ -17,6 +17,7 @@ import pytest
 from corral.events import codec
 from corral.events.log import Record
 from corral.events.nodes import WorkerExited, WorkerStarted
+from corral.projections import indexes
 from tests.chaos.harness import LEASED, corral, job
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
@@ -39,6 +40,12 @@ async def test_an_agent_killed_mid_gang_start_leaves_no_gang_running_in_part(
     async with corral(nats_server, tmp_path, dict.fromkeys(LEASED, 1)) as c:
         c.start_load()
         await c.until(lambda s: "load-0002" in s.jobs and s.jobs["load-0002"].phase == "running")
+        # The gang needs both nodes whole, and a frozen agent reports no exit: a load job left on
+        # node-1 would hold its GPUs until the node is lost. So the load pauses until node-1 is
+        # empty and the gang is half started (before node-1's silence makes it suspect), and goes
+        # on through the agent's death and restart.
+        await c.stop_load()
+        await c.until(lambda s: not indexes.holding_on(s, "node-1"))
         frozen = c.parts["agent-node-1"]
         c.kill(frozen, signal.SIGSTOP)
         await c.submit("gang", job(("sleep", "20"), gpus=8, replicas=2, priority_class="batch"))
@@ -47,6 +54,7 @@ async def test_an_agent_killed_mid_gang_start_leaves_no_gang_running_in_part(
             return bool(ranks(c.watch.records, "gang", WorkerStarted).get(0))
 
         await c.until(lambda s: half_started(s))  # the other node's rank runs, this one's cannot
+        c.start_load()
         c.kill(frozen)
         c.agent("node-1")  # its supervisor starts it again, on the same work directory
 

@@ -305,7 +305,8 @@ def summarize(state: State, watch: Watcher, data_dir: Path) -> State:
     jcols = ["id", "queue", "phase", "attempt", "workers", "per_worker", "nodes"]
     _say(table.render(jcols, [[present.job_row(j)[c] for c in jcols] for j in state.jobs.values()]))
     s = present.summary(state)
-    _say(f"\n{s['jobs']} jobs {s['phases']}; {s['rejected']} records refused ({s['void']} void proposals)")
+    phases = present.phases_text(s["phases"])
+    _say(f"\n{s['jobs']} jobs ({phases}); {s['rejected']} records refused ({s['void']} void proposals)")
 
     _act("the log is the truth: export it and replay it")
     path = data_dir / "corral-log.jsonl"

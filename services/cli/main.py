@@ -900,7 +900,7 @@ def cmd_replay(args: argparse.Namespace) -> None:
         return
     s = present.summary(state)
     print(f"state at seq {s['seq']}: {s['nodes']} nodes, {s['gpus']} GPUs, {s['jobs']} jobs")
-    phases = ", ".join(f"{n} {phase}" for phase, n in s["phases"].items()) or "no jobs"
+    phases = present.phases_text(s["phases"])
     print(f"phases: {phases}; rejected {s['rejected']} (void {s['void']}); faults {s['faults']}")
     print()
     print(node_table([present.node_row(n) for n in sorted(state.nodes.values(), key=lambda n: n.name)]))

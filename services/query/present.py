@@ -130,6 +130,11 @@ def mig_text(row: dict[str, Any]) -> str:
     return f"{row['mig_gpus']} GPUs: {used}"
 
 
+def phases_text(phases: dict[str, int]) -> str:
+    """``15 succeeded, 1 cancelled``: a summary's jobs by phase, as a person reads them."""
+    return ", ".join(f"{n} {phase}" for phase, n in phases.items()) or "no jobs"
+
+
 def summary(state: State) -> dict[str, Any]:
     phases = {phase: len(ids) for phase, ids in state.jobs_by_phase.items()}
     gpus = [g for n in state.nodes.values() for g in n.gpus]

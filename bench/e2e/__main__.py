@@ -25,7 +25,14 @@ answers. Then, from one run, it prints:
    have finished, and at each tenth of them the decision lags and every process's CPU and RSS,
    which should stay flat.
 
-Last, each leased replica as ``corral status`` shows it (cycles, failures). Every process it
+Last, each leased replica as ``corral status`` shows it (cycles, failures).
+
+``--cluster 3`` runs the same against three nats-servers as one JetStream cluster on loopback
+(``EmbeddedCluster``): the log, the two buckets and the anchor's scratch stream with three
+replicas, every service, agent and client given all three URLs. ``--compare-r1`` runs it twice in
+one invocation, one server (R1) and then three (R3), each from a fresh store, and last prints the
+two side by side with their ratio R3/R1: placed per second, submit→placed p50 and p99, and each
+run's own anchor (the raw publish rate at that replica count). Every process it
 started is stopped (SIGTERM, then SIGKILL) however it ends: done, failed, or Ctrl-C. The figures
 are of one run on a shared machine: indicative, not a verdict.
 """
@@ -43,6 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
@@ -52,9 +60,11 @@ from bench.e2e import client as mix
 from bench.e2e.measure import Usage, Watch, percentile, usage
 from corral.events import codec, subjects
 from corral.events.jetstream import JetStreamLog
+from corral.events.jetstream import placed as once_placed
 from corral.events.jobs import SubmitJob
 from corral.events.log import Append, LogError
-from corral.events.server import EmbeddedServer
+from corral.events.nats_client import servers
+from corral.events.server import EmbeddedCluster, EmbeddedServer
 from corral.services.runtime import status, views
 from corral.services.runtime.lease import ensure_bucket
 
@@ -65,6 +75,18 @@ LEASED = (*ROLES, "health", "assignments")  # one replica of each leads, under i
 SERVICES = (*LEASED, "query", "intake")
 MEAN_GPUS = sum(share * replicas * gpus for share, replicas, gpus, _ in mix.MIX)
 BACKLOG_GPUS = 8
+Nats = EmbeddedServer | EmbeddedCluster
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One measurement's headline figures, for the R1/R3 comparison."""
+
+    title: str
+    placed_per_s: float
+    p50_ms: float
+    p99_ms: float
+    anchor_per_s: float
 
 
 def queues_file(gpus: int) -> str:
@@ -170,13 +192,15 @@ async def until(what: str, done: Callable[[], bool], timeout: float, parts: Part
 # -- the anchor ------------------------------------------------------------------------------------
 
 
-async def anchor(url: str, n: int, args: argparse.Namespace) -> float:
-    """Submit payloads of the mix published straight into a scratch stream, pipelined."""
-    nc = await nats.connect(url, name="anchor")
+async def anchor(url: str, n: int, args: argparse.Namespace, replicas: int) -> float:
+    """Submit payloads of the mix published straight into a scratch stream, pipelined, with as
+    many replicas as the log: what the log's writes cost at this replica count, without corral."""
+    nc = await nats.connect(servers(url), name="anchor")
     try:
-        await nc.jetstream().add_stream(
-            api.StreamConfig(name="ANCHOR", subjects=["anchor.>"], storage=api.StorageType.FILE)
+        config = api.StreamConfig(
+            name="ANCHOR", subjects=["anchor.>"], storage=api.StorageType.FILE, num_replicas=replicas
         )
+        await once_placed(lambda: nc.jetstream().add_stream(config))  # a new cluster: until it can
     finally:
         await nc.close()
     log = await JetStreamLog.connect(url, stream="ANCHOR", name="anchor")
@@ -204,8 +228,12 @@ async def anchor(url: str, n: int, args: argparse.Namespace) -> float:
 # -- figures ---------------------------------------------------------------------------------------
 
 
-def usage_of(parts: Parts, server: EmbeddedServer) -> dict[str, Usage]:
-    pids = {"nats-server": server.pid, **parts.pids}
+def usage_of(parts: Parts, server: Nats) -> dict[str, Usage]:
+    if isinstance(server, EmbeddedCluster):
+        ours = {f"nats-server-{i}": s.pid for i, s in enumerate(server.servers, 1)}
+    else:
+        ours = {"nats-server": server.pid}
+    pids = {**ours, **parts.pids}
     return {name: u for name, pid in pids.items() if pid is not None and (u := usage(pid)) is not None}
 
 
@@ -234,9 +262,9 @@ def print_lags(watch: Watch, since: float) -> None:
 
 
 async def measured(
-    title: str, prefix: str, args: argparse.Namespace, parts: Parts, server: EmbeddedServer,
+    title: str, prefix: str, args: argparse.Namespace, parts: Parts, server: Nats,
     watch: Watch, client: asyncio.subprocess.Process, anchor_rate: float,
-) -> None:  # fmt: skip
+) -> Figures:  # fmt: skip
     """Submit ``args.jobs`` of the mix and print what it took them to be placed."""
     print(f"\n{title}", flush=True)
     before, t0 = usage_of(parts, server), time.monotonic()
@@ -285,10 +313,11 @@ async def measured(
     )
     print_lags(watch, first)
     print_usage(before, after, seconds)
+    return Figures(title, rate, percentile(waits, 0.5), percentile(waits, 0.99), anchor_rate)
 
 
 async def soak(
-    args: argparse.Namespace, parts: Parts, server: EmbeddedServer, watch: Watch,
+    args: argparse.Namespace, parts: Parts, server: Nats, watch: Watch,
     client: asyncio.subprocess.Process,
 ) -> None:  # fmt: skip
     """Keep the cluster about full (what is submitted and not finished stays under the number of
@@ -348,25 +377,59 @@ async def soak(
 
 
 async def run(args: argparse.Namespace) -> None:
+    if not args.compare_r1:
+        await run_once(args, args.cluster)
+        return
+    r1 = await run_once(args, 1)
+    print(f"\n{'=' * 100}\n", flush=True)
+    r3 = await run_once(args, 3)
+    print_comparison(r1, r3)
+
+
+def print_comparison(r1: list[Figures], r3: list[Figures]) -> None:
+    """Each measurement of the R3 run beside the R1 run's, and the ratio R3/R1."""
+    print("\nR3 against R1 (same invocation, same workload; ratio R3/R1)")
+    print(f"  {'':<30} {'R1':>10} {'R3':>10} {'R3/R1':>7}")
+    for one, three in zip(r1, r3, strict=True):
+        print(f"  {one.title}")
+        for what, a, b in (
+            ("placed/s", one.placed_per_s, three.placed_per_s),
+            ("submit→placed p50 ms", one.p50_ms, three.p50_ms),
+            ("submit→placed p99 ms", one.p99_ms, three.p99_ms),
+            ("anchor publish/s", one.anchor_per_s, three.anchor_per_s),
+        ):
+            print(f"    {what:<28} {a:>10,.0f} {b:>10,.0f} {b / a if a else float('nan'):>7.2f}")
+
+
+async def run_once(args: argparse.Namespace, cluster: int) -> list[Figures]:
+    """One whole run against ``cluster`` servers (1: one server; 3: a cluster, everything R3),
+    from a fresh store: the figures of each measurement it made."""
     gpus = args.nodes * 8
+    figures: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="corral-e2e-") as tmp:
         store = Path(tmp)
         (store / "logs").mkdir()
         parts = Parts(store / "logs")
-        server = EmbeddedServer(store / "nats")
+        server: Nats = (
+            EmbeddedCluster(store / "nats", cluster) if cluster > 1 else EmbeddedServer(store / "nats")
+        )
+        replicas = min(cluster, 3)
         follow: asyncio.Future[object] | None = None
         views_log: JetStreamLog | None = None
         log: JetStreamLog | None = None
         try:
             await server.start()
             url = server.url
-            print(f"corral end to end: {args.nodes:,} nodes ({gpus:,} GPUs), nats-server at {url}")
-            anchor_rate = await anchor(url, args.anchor, args)
+            at = f"nats-server at {url}" if cluster == 1 else f"{cluster} nats-servers (R{replicas}) at {url}"
+            print(f"corral end to end: {args.nodes:,} nodes ({gpus:,} GPUs), {at}")
+            anchor_rate = await anchor(url, args.anchor, args, replicas)
             print(f"  anchor: raw pipelined JetStream publish of {args.anchor:,} submit payloads:"
                   f" {anchor_rate:,.0f} /s")  # fmt: skip
-            log = await JetStreamLog.connect(url, create=True, name="bench")
-            await ensure_bucket(log.nc)  # leases and the status board, as ``corral up`` makes them
-            await views.ensure_bucket(log.nc)  # node views: the assignments service writes, agents read
+            log = await JetStreamLog.connect(url, create=True, replicas=replicas, name="bench")
+            # Leases and the status board, and the node views (the assignments service writes,
+            # agents read), as ``corral up`` makes them: with the log's replicas.
+            await ensure_bucket(log.nc, replicas=replicas)
+            await views.ensure_bucket(log.nc, replicas=replicas)
             watch = Watch()
 
             async def watching() -> None:
@@ -412,18 +475,19 @@ async def run(args: argparse.Namespace) -> None:
             if args.soak:
                 await soak(args, parts, server, watch, client)
                 await print_status(log.nc)
-                return
-            await measured(
+                return figures
+            figures.append(await measured(
                 f"free capacity: {args.jobs:,} jobs of the mix", "m1", args, parts, server, watch, client,
                 anchor_rate,
-            )  # fmt: skip
+            ))  # fmt: skip
             if args.queued:
                 await queue_up(args, parts, server, watch, client)
-                await measured(
+                figures.append(await measured(
                     f"with {args.queued:,} jobs queued behind quota: {args.jobs:,} jobs of the mix", "m2",
                     args, parts, server, watch, client, anchor_rate,
-                )  # fmt: skip
+                ))  # fmt: skip
             await print_status(log.nc)
+            return figures
         finally:
             if follow is not None:
                 follow.cancel()
@@ -479,7 +543,7 @@ async def apply_queues(corral: list[str], queues: Path, url: str, parts: Parts) 
 
 
 async def queue_up(
-    args: argparse.Namespace, parts: Parts, server: EmbeddedServer, watch: Watch,
+    args: argparse.Namespace, parts: Parts, server: Nats, watch: Watch,
     client: asyncio.subprocess.Process,
 ) -> None:  # fmt: skip
     """``--queued`` jobs for a queue that holds 8 GPUs; then every process's CPU while idle."""
@@ -522,6 +586,18 @@ def parse() -> argparse.Namespace:
     p.add_argument("--soak-jobs", type=int, default=1_000_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--cluster",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="nats-servers: 1, or 3 as one JetStream cluster on loopback with everything replicated 3 ways",
+    )
+    p.add_argument(
+        "--compare-r1",
+        action="store_true",
+        help="run on one server (R1), then on a cluster of three (R3), and print the two and R3/R1",
+    )
+    p.add_argument(
         "--profile", default="", help="services to run under cProfile, comma-separated: admission,placer"
     )
     p.add_argument("--profile-dir", type=Path, default=Path("e2e-profiles"), help="where their profiles go")
@@ -530,6 +606,10 @@ def parse() -> argparse.Namespace:
     args.profile_dir = args.profile_dir.resolve()  # the services run in the checkout
     if args.profile - set(SERVICES):
         p.error(f"--profile: services are {', '.join(SERVICES)}")
+    if args.compare_r1 and args.soak:
+        p.error("--compare-r1 compares the measured runs: not with --soak")
+    if args.compare_r1 and args.cluster != 1:
+        p.error("--compare-r1 runs both, one server and then three: not with --cluster")
     args.jobs = args.jobs or args.nodes
     args.agent_processes = max(1, min(args.agent_processes, args.nodes))
     return args

@@ -28,6 +28,7 @@ import nats
 
 from corral.events import codec, subjects
 from corral.events.jobs import JobSpec, Resources, SubmitJob, Topology
+from corral.events.nats_client import servers
 from corral.services.runtime import identities
 
 TEAMS = tuple(f"team-{i}" for i in range(4))
@@ -93,7 +94,9 @@ async def submit(
 async def main(args: argparse.Namespace) -> None:
     # A connection per tenant: the intake answers only into the asking tenant's own inbox.
     conns = {
-        t: await nats.connect(args.server, name=f"bench-{t}", inbox_prefix=identities.inbox_prefix(t))
+        t: await nats.connect(
+            servers(args.server), name=f"bench-{t}", inbox_prefix=identities.inbox_prefix(t)
+        )
         for t in (*TEAMS, BACKLOG)
     }
     rng = random.Random(args.seed)

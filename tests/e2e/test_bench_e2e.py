@@ -37,7 +37,7 @@ def survivors(url: str) -> list[str]:
 
 
 def url_of(out: str) -> str:
-    m = re.search(r"nats-server at (nats://\S+)", out)
+    m = re.search(r"nats-servers? (?:\(R3\) )?at (nats://\S+)", out)
     assert m, out
     return m.group(1)
 
@@ -72,6 +72,35 @@ def test_tiny_run_places_every_job_and_prints_figures() -> None:
         row = rf"^  {role} +leads +seq +{NUMBER} +cycles +{NUMBER} +failures 0$"
         assert re.search(row, out, re.MULTILINE), (role, out)
     assert survivors(url_of(out)) == []
+
+
+@pytest.mark.timeout(300)
+def test_tiny_run_on_a_cluster_of_three_places_every_job() -> None:
+    """``--cluster 3``: three servers, everything R3, every part given all three URLs."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    tiny = ["--cluster", "3", "--nodes", "4", "--jobs", "20", "--queued", "0", "--anchor", "500"]
+    tiny += ["--runtime-min", "1", "--runtime-max", "2", "--duration", "120"]
+    done = subprocess.run([*BENCH, *tiny], env=env, capture_output=True, text=True, timeout=240)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert re.search(r"3 nats-servers \(R3\) at nats://[\d.:]+,nats://[\d.:]+,nats://[\d.:]+$", out, re.M), (
+        out
+    )
+    assert "placed        20 of 20; rejected 0" in out, out
+    for i in (1, 2, 3):
+        assert re.search(rf"^  nats-server-{i} +{NUMBER} +\d+% +\d+ +\d+$", out, re.MULTILINE), (i, out)
+    for role in ("admission", "placer", "preemptor", "health", "assignments"):
+        row = rf"^  {role} +leads +seq +{NUMBER} +cycles +{NUMBER} +failures 0$"
+        assert re.search(row, out, re.MULTILINE), (role, out)
+    assert survivors(url_of(out)) == []
+
+
+def test_compare_r1_is_refused_with_soak_or_cluster() -> None:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    for extra in (["--soak"], ["--cluster", "3"]):
+        done = subprocess.run([*BENCH, "--compare-r1", *extra], env=env, capture_output=True, text=True)
+        assert done.returncode == 2, done.stderr
+        assert "--compare-r1" in done.stderr.splitlines()[-1], done.stderr
 
 
 @pytest.mark.timeout(300)

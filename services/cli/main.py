@@ -172,6 +172,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     observe(args)
     if args.reconnect_s <= 0:
         raise BadInput(f"--reconnect-s {args.reconnect_s:g}: a number of seconds above 0")
+    if args.heartbeat_s <= 0:
+        raise BadInput(f"--heartbeat-s {args.heartbeat_s:g}: a number of seconds above 0")
+    if args.lost_after_s <= args.heartbeat_s * SUSPECT_AFTER:
+        raise BadInput(
+            f"--lost-after-s {args.lost_after_s:g}: more than {SUSPECT_AFTER} heartbeats "
+            f"({args.heartbeat_s * SUSPECT_AFTER:g} s), when a silent node is suspect"
+        )
     if args.role == "agent":
         serve_agent(args)
         return
@@ -179,6 +186,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from corral.services.cli.up import DECISION_SERVICES
     from corral.services.forecast import service as forecast_service
     from corral.services.health import service as health_service
+    from corral.services.health.decide import HeartbeatTracker
     from corral.services.intake import service as intake_service
     from corral.services.query import service as read_service
     from corral.services.runtime.forecasts import KvForecasts
@@ -227,7 +235,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
             svc: Service
             if args.role == health_service.ROLE:
                 # Heartbeats come on core NATS, over the log's own connection.
-                svc = health_service.HealthMonitor(log, log.nc, lease=lease, status=board)
+                tracker = HeartbeatTracker(args.heartbeat_s, SUSPECT_AFTER, args.lost_after_s)
+                svc = health_service.HealthMonitor(log, log.nc, tracker=tracker, lease=lease, status=board)
                 svc.snapshots = snapshots
             elif args.role == views_role:
                 store = await KvViewStore.open(log.nc)
@@ -247,6 +256,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 LEADS = {True: "leads", False: "stops leading"}
+
+# A served agent's heartbeats and the health role's timing: ``corral up``'s defaults (its
+# ``Settings``), which a test corral shortens so that a killed node is lost within seconds.
+HEARTBEAT = 5.0  # seconds between an agent's heartbeats
+SUSPECT_AFTER = 3  # heartbeats missed before a node is suspect
+LOST_AFTER = 60.0  # seconds of silence before a node is lost
 
 
 def announce(role: str, holder: str, what: str) -> None:
@@ -296,6 +311,7 @@ def serve_agent(args: argparse.Namespace) -> None:
                 work_dir=work,
                 checkpoint_root=args.checkpoint_dir,
                 publish=log.nc.publish,
+                heartbeat_interval=args.heartbeat_s,
                 sandbox=args.sandbox,
                 hidden=list(args.hide or ()),
             )
@@ -1072,6 +1088,20 @@ def parser() -> argparse.ArgumentParser:
         "--stop-workers",
         action="store_true",
         help="agent: on SIGTERM stop this node's workers (default: leave them for the next agent)",
+    )
+    sv.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=HEARTBEAT,
+        help="agent: seconds between its heartbeats; health: the interval it expects "
+        f"(default {HEARTBEAT:g})",
+    )
+    sv.add_argument(
+        "--lost-after-s",
+        type=float,
+        default=LOST_AFTER,
+        help="health: seconds of silence before a node is lost and its jobs requeue "
+        f"(default {LOST_AFTER:g})",
     )
     add_observing(sv)
     sv.add_argument(

@@ -98,6 +98,10 @@ class Corral:
     watch: Watcher
     parts: dict[str, Part] = field(default_factory=dict)
     acked: set[str] = field(default_factory=set)  # submissions the log acknowledged
+    # Heartbeat interval and lost-after of the agents and the health role (None: their defaults,
+    # a node lost after a minute of silence).
+    heartbeat: float | None = None
+    lost_after: float | None = None
     _load: asyncio.Task[None] | None = None
     _loaded: int = 0  # load jobs submitted so far
 
@@ -123,13 +127,19 @@ class Corral:
         return part
 
     def role(self, name: str, role: str) -> Part:
-        return self.start(name, role)
+        return self.start(name, role, *(self.timing() if role == "health" else ()))
+
+    def timing(self, agent: bool = False) -> tuple[str, ...]:
+        flags = () if self.heartbeat is None else ("--heartbeat-s", str(self.heartbeat))
+        if not agent and self.lost_after is not None:
+            flags += ("--lost-after-s", str(self.lost_after))
+        return flags
 
     def agent(self, node: str) -> Part:
         work = self.tmp / "nodes" / node
         return self.start(
             f"agent-{node}", "agent", "--node", node, "--work-dir", str(work), "--sandbox", "none",
-            "--stop-workers", snapshot=False,
+            "--stop-workers", *self.timing(agent=True), snapshot=False,
         )  # fmt: skip
 
     def by_pid(self, pid: int) -> Part:
@@ -301,17 +311,26 @@ def kill_workers(records: Iterable[Record]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def corral(url: str, tmp: Path, roles: dict[str, int], nodes: int = 2):  # type: ignore[no-untyped-def]
+async def corral(  # type: ignore[no-untyped-def]
+    url: str,
+    tmp: Path,
+    roles: dict[str, int],
+    nodes: int = 2,
+    *,
+    heartbeat: float | None = None,
+    lost_after: float | None = None,
+):
     """A corral on the nats-server at ``url``: ``roles[r]`` replicas of each role (started one
-    after the other, so the first leads), ``nodes`` agents, queue ``team-a``. Every process is
-    stopped on the way out, however the test ends."""
+    after the other, so the first leads), ``nodes`` agents, queue ``team-a``; ``heartbeat`` and
+    ``lost_after`` shorten the health timing. Every process is stopped on the way out, however
+    the test ends."""
     log = await JetStreamLog.connect(url, create=True, name="chaos")
     await ensure_bucket(log.nc, LEASE_TTL)
     await views.ensure_bucket(log.nc)
     c: Corral | None = None
     try:
         async with Watcher(log) as watch:
-            c = Corral(url, tmp, log, watch)
+            c = Corral(url, tmp, log, watch, heartbeat=heartbeat, lost_after=lost_after)
             for pc in CLASSES:
                 await c.request("admin", "priority-class", ApplyPriorityClass(priority_class=pc), pc.name)
             queue = QueueSpec(QUEUE, quotas={"*": Quota(nominal=1000)}, tenants=(QUEUE,))

@@ -21,9 +21,7 @@ from corral.projections.fold_moves import (
     voided,
 )
 from corral.projections.fold_nodes import left
-from corral.projections.lifecycle import (
-    FINAL,
-)
+from corral.projections.lifecycle import WAITING
 from corral.projections.state import (
     JobState,
     State,
@@ -77,7 +75,10 @@ def _unschedulable(state: State, ctx: Ctx, ev: JobsUnschedulable) -> None:
 
 def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
     beneficiary = state.jobs.get(ev.beneficiary)
-    if beneficiary is None or beneficiary.phase in FINAL:
+    # Decided on a state from before the beneficiary got GPUs (placed since, or finished), a
+    # proposal would stop work for a job that no longer waits: void, as the preemptor only ever
+    # chooses waiting beneficiaries.
+    if beneficiary is None or beneficiary.phase not in WAITING:
         raise voided(ev.beneficiary, f"beneficiary {ev.beneficiary} is not waiting")
     if len({v.job_id for v in ev.victims}) != len(ev.victims):
         raise voided(ev.beneficiary, "a victim is named twice")
@@ -108,7 +109,10 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
 
 def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     beneficiary = state.jobs.get(ev.beneficiary)
-    if beneficiary is None or beneficiary.phase in FINAL:
+    # Decided on a state from before the beneficiary got GPUs (placed since, or finished), a
+    # proposal would stop work for a job that no longer waits: void, as the preemptor only ever
+    # chooses waiting beneficiaries.
+    if beneficiary is None or beneficiary.phase not in WAITING:
         raise voided(ev.beneficiary, f"beneficiary {ev.beneficiary} is not waiting")
     job = state.jobs.get(ev.job_id)
     if job is None or job.attempt != ev.attempt or job.phase != "running":

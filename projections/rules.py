@@ -40,4 +40,6 @@ from __future__ import annotations
 # 7: a job's runtime estimate is fixed at submission, its owner's or else the median running time
 #    of the latest similar jobs that succeeded (``projections/runtimes.py``), and every reader
 #    of expected ends, holds, backfill and the shortest-first order uses it.
-RULES = 7
+# 8: a preemption or shrink whose beneficiary no longer waits (placed, running or finished by the
+#    time the fold reaches it) is void.
+RULES = 8

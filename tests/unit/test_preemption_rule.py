@@ -256,14 +256,33 @@ def test_never_twice_between_the_same_two_jobs(beneficiary: str, victim: str) ->
     lb.admit("b").place(on(N0, *range(8), job_id="b")).started(N0, "b")
     lb.submit("alice", "top", job("team-a").gpus(8)).accept("top", priority=9)
     lb.preempt("top", "b").exited(N0, "b", stopped=True).requeue("b", 0)
-    lb.admit("v", attempt=1).place(on(N0, *range(8), job_id="v", attempt=1)).started(N0, "v", attempt=1)
+    # The victim runs again at attempt 1; the beneficiary waits (a beneficiary that runs is no
+    # beneficiary: the fold voids that before asking who stopped whom).
+    lb.admit(victim, attempt=1).place(on(N0, *range(8), job_id=victim, attempt=1))
+    lb.started(N0, victim, attempt=1)
     state = lb.fold()
     # Each job's priority_seq is where it was submitted while its priority never changed.
     b_seq, v_seq = state.jobs["b"].submitted_seq, state.jobs["v"].submitted_seq
-    assert state.jobs["v"].phase == "running" and state.jobs["v"].stopped_for == (("b", b_seq, v_seq),)
-    if victim == "b":  # b must be running to be a victim: let it run on the other node
-        lb.admit("b", attempt=1).place(on("node-01", *range(8), job_id="b", attempt=1))
-        lb.started("node-01", "b", attempt=1)
+    assert state.jobs["v"].stopped_for == (("b", b_seq, v_seq),)
+    assert state.jobs[victim].phase == "running" and state.jobs[beneficiary].phase == "queued"
     state = lb.preempt(beneficiary, victim, attempt=1).fold()
     assert state.jobs[victim].phase == "running"
     assert "v was stopped for b before" in state.rejections[-1].message
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["beneficiary-waits", "beneficiary-placed-since"])
+def test_a_preemption_for_a_beneficiary_placed_since_it_was_decided_is_void(placed: bool) -> None:
+    """The preemptor decided on a state from before the placer placed the beneficiary (on the
+    other node): its proposal, reaching the fold after the placement, would stop work for a job
+    that no longer waits."""
+    lb = two_nodes_log().queue(queue_spec("team-a", 16))
+    lb.submit("bob", "v", job("team-a").gpus(8).checkpointable()).accept("v", priority=0)
+    lb.admit("v").place(on(N0, *range(8), job_id="v")).started(N0, "v")
+    lb.submit("alice", "b", job("team-a").gpus(8)).accept("b", priority=5).admit("b")
+    if placed:
+        lb.place(on("node-01", *range(8), job_id="b"))
+    state = lb.preempt("b", "v").fold()
+    assert _stopped(state) is not placed
+    assert (state.jobs["b"].phase == "placed") is placed
+    if placed:
+        assert "beneficiary b is not waiting" in state.rejections[-1].message

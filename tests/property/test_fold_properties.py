@@ -455,10 +455,11 @@ def _story() -> list[Record]:
     log.exited("node-00", "j1", code=1).requeue("j1", 0).admit("j1", attempt=1)
     log.place(on("node-00", 2, job_id="j1", attempt=1)).started("node-00", "j1", attempt=1)
     log.submit("carol", "g", job("team-b").gpus(2).replicas(2)).accept("g", priority=9).admit("g", replicas=2)
+    log.preempt("g", "j2").checkpoint("node-00", "j2", step=7)  # for g while it waits
     log.place(
         placement("g", worker(0, "node-00", whole(4), whole(5)), worker(1, "node-00", whole(6), whole(7)))
     )
-    log.started("node-00", "g", rank=0).preempt("g", "j2").checkpoint("node-00", "j2", step=7)
+    log.started("node-00", "g", rank=0)
     log.exited("node-00", "j2", code=0, stopped=True).requeue("j2", 0)
     log.started("node-00", "g", rank=1).gpu_health("node-00", 4, False).exited(
         "node-00", "g", rank=0, code=137

@@ -42,7 +42,7 @@ from corral.services.cli.watch import Watcher
 from corral.services.replay.report import format_report
 from corral.services.replay.verify import verify
 from corral.services.runtime import lease, views
-from tests.integration.polling import until
+from tests.integration.polling import until, until_answered
 
 WAIT = 60.0  # generous: a loaded 2-core machine, and a cluster electing leaders
 NODES = 24  # 192 GPUs: more than the load ever submits
@@ -256,9 +256,11 @@ async def test_kill_one_nats_server_of_three_then_bring_it_back(tmp_path: Path) 
         try:
             last = await it.log.last_seq()
             await until(lambda: it.watch.state.seq >= last, WAIT)
-            async with asyncio.timeout(WAIT):
-                while (await alone.last_seq()) < last:
-                    await asyncio.sleep(0.1)
+
+            async def caught_up() -> bool:
+                return await alone.last_seq() >= last
+
+            await until_answered(caught_up, WAIT)
             through_it = [r for batch in [b async for b in alone.read(1, last)] for r in batch]
             assert through_it == [r for r in it.watch.records if r.seq <= last]
         finally:

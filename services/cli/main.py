@@ -170,11 +170,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.role not in known:
         raise BadInput(f"unknown service {args.role!r}; services: {', '.join(known)}")
     observe(args)
-    if args.reconnect_s <= 0:
-        raise BadInput(f"--reconnect-s {args.reconnect_s:g}: a number of seconds above 0")
-    if args.heartbeat_s <= 0:
-        raise BadInput(f"--heartbeat-s {args.heartbeat_s:g}: a number of seconds above 0")
-    if args.lost_after_s <= args.heartbeat_s * SUSPECT_AFTER:
+    for flag, seconds in (("--reconnect-s", args.reconnect_s), ("--heartbeat-s", args.heartbeat_s)):
+        # ``not (x > 0)`` also refuses NaN, which every comparison lets through.
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise BadInput(f"{flag} {seconds:g}: a number of seconds above 0")
+    if not math.isfinite(args.lost_after_s) or args.lost_after_s <= args.heartbeat_s * SUSPECT_AFTER:
         raise BadInput(
             f"--lost-after-s {args.lost_after_s:g}: more than {SUSPECT_AFTER} heartbeats "
             f"({args.heartbeat_s * SUSPECT_AFTER:g} s), when a silent node is suspect"

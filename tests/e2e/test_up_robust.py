@@ -109,7 +109,17 @@ def test_bad_flags_are_one_line_and_exit_2(env: dict[str, str], tmp_path: Path) 
     }
     for flag, args in cases.items():
         assert flag in one_line(corral("up", "--data", data, *args, env=env)), flag
-    assert "--reconnect-s" in one_line(corral("serve", "placer", "--reconnect-s", "0", env=env))
+    serve_cases = {
+        "--reconnect-s": [("placer", "--reconnect-s", "0"), ("placer", "--reconnect-s", "nan")],
+        "--heartbeat-s": [("agent", "--heartbeat-s", "-1"), ("health", "--heartbeat-s", "nan"),
+                          ("health", "--heartbeat-s", "inf")],
+        "--lost-after-s": [("health", "--lost-after-s", "1"), ("health", "--lost-after-s", "nan"),
+                           ("health", "--lost-after-s", "inf"),
+                           ("health", "--heartbeat-s", "1", "--lost-after-s", "3")],
+    }  # fmt: skip
+    for flag, runs in serve_cases.items():
+        for args in runs:
+            assert flag in one_line(corral("serve", *args, env=env)), args
     assert not (tmp_path / "data").exists()  # refused before anything was made
 
 

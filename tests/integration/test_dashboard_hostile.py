@@ -1,0 +1,106 @@
+"""The dashboard's routes against a page visitor sending garbage, over a live corral.
+
+Every route the page uses is a way in: a job id from the address bar goes to the read service,
+a file name to the package's static files. Whatever is asked, the answer is a clear 4xx with a
+reason (never a traceback, a file outside ``static/``, another tenant's job or a 5xx), and the
+dashboard's feed and the read service behind it carry on answering afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from corral.services.dashboard.app import Feed, make_app
+from tests.integration.test_cluster_failures import Live, job_spec, live, phase
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+WAIT = 30.0
+
+# Ids a visitor can put in the address bar: subject wildcards and separators, control bytes,
+# a path climbing out, quotes, one long enough to be a denial of service, and unicode.
+HOSTILE_IDS = (
+    "a*b",
+    "a>b",
+    ">",
+    "a.b",
+    "%00",
+    "..%2F..%2Fetc%2Fpasswd",
+    "job%0Aforged-line",
+    "%22%3E%3Cscript%3E",
+    "x" * 4000,
+    "j%C3%B8b",
+    "%FF%FE",
+)
+
+
+@contextlib.asynccontextmanager
+async def page(url: str, asker: str) -> AsyncIterator[TestClient]:
+    """The dashboard app as ``asker``, served on a free loopback port, with its board made once."""
+    feed = Feed(url, asker, None, min_interval=0.05)
+    client = TestClient(TestServer(make_app(feed), host="127.0.0.1"))
+    await client.start_server()
+    try:
+        await feed.wait_newer(0, WAIT)
+        assert feed.current()["board"] is not None, feed.current()["problem"]
+        yield client
+    finally:
+        await client.close()
+
+
+async def still_answers(client: TestClient, job_id: str, status: int) -> None:
+    board = await (await client.get("/api/board")).json()
+    assert board["board"] is not None and board["problem"] == ""
+    assert (await client.get(f"/api/jobs/{job_id}")).status == status
+
+
+async def test_job_route_refuses_garbage_ids_and_keeps_answering(tmp_path: Path) -> None:
+    async with live(tmp_path) as it:
+        await submitted(it)
+        async with page(it.cluster.url, "admin") as client:
+            for bad in HOSTILE_IDS:
+                r = await client.get(f"/api/jobs/{bad}")
+                assert r.status in (400, 404), (bad, r.status, await r.text())
+                if r.status == 404 and r.content_type == "application/json":
+                    body = await r.json()
+                    assert body["error"].startswith(("no job", "no such job")), (bad, body)
+                    assert "Traceback" not in body["error"]
+            # Past aiohttp's line limit the request is refused before any handler runs.
+            r = await client.get("/api/jobs/" + "y" * 20_000)
+            assert 400 <= r.status < 500, r.status
+            await still_answers(client, "j1", 200)
+
+
+async def test_static_route_serves_only_its_files(tmp_path: Path) -> None:
+    async with live(tmp_path) as it:
+        await submitted(it)  # the cluster's own check wants a worker to have run
+        async with page(it.cluster.url, "admin") as client:
+            for name in ("app.py", "..%2Fapp.py", "..%2F..%2Fboard.py", "%2Fetc%2Fpasswd", "index.html%00.py"):
+                r = await client.get(f"/static/{name}")
+                assert r.status == 404, (name, r.status)
+                assert "import" not in await r.text()
+            assert (await client.post("/api/board")).status == 405
+            assert (await client.get("/static/dashboard.js")).status == 200
+            await still_answers(client, "nope", 404)
+
+
+async def test_a_tenants_page_does_not_show_anothers_job(tmp_path: Path) -> None:
+    async with live(tmp_path) as it:
+        await submitted(it)
+        async with page(it.cluster.url, "team-b") as client:
+            r = await client.get("/api/jobs/j1")
+            assert r.status == 404
+            body = await r.json()
+            assert body == {"error": body["error"]} and "team-a" not in body["error"]
+            board = (await (await client.get("/api/board")).json())["board"]
+            assert "j1" not in str(board)
+
+
+async def submitted(it: Live) -> None:
+    await it.submit("j1", job_spec(("sleep", "600")))
+    await it.until(lambda s: phase(s, "j1") == "running")

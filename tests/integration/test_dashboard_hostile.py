@@ -80,7 +80,8 @@ async def test_static_route_serves_only_its_files(tmp_path: Path) -> None:
     async with live(tmp_path) as it:
         await submitted(it)  # the cluster's own check wants a worker to have run
         async with page(it.cluster.url, "admin") as client:
-            for name in ("app.py", "..%2Fapp.py", "..%2F..%2Fboard.py", "%2Fetc%2Fpasswd", "index.html%00.py"):
+            outside = ("app.py", "..%2Fapp.py", "..%2F..%2Fboard.py", "%2Fetc%2Fpasswd", "index.html%00.py")
+            for name in outside:
                 r = await client.get(f"/static/{name}")
                 assert r.status == 404, (name, r.status)
                 assert "import" not in await r.text()

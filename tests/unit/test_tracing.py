@@ -110,13 +110,14 @@ def spans_of(role: str, log: LogBuilder) -> list[ReadableSpan]:
     """What role ``role`` emits while it folds ``log`` as its writer of record and lease holder."""
     got = InMemorySpanExporter()
     tracing.setup(role, processor=SimpleSpanProcessor(got))
-    traces = JobTraces(role, f"{role}@t:1", lambda: True)
+    traces = JobTraces(role, f"{role}@t:1")
     traces.live = True
     state = State()
     for r in log.records:
         rejected = state.rejected_total
         apply(state, r)
         traces.folded(state, r, rejected)
+        traces.emit_pending(after=0)  # as the lease holder, from the start of the log
     assert state.faults == 0
     return list(got.get_finished_spans())
 

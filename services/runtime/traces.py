@@ -347,7 +347,13 @@ class JobTraces:
             if victim is None:
                 continue
             vt = trace_ids.job_trace(victim.id, victim.submitted_seq, victim.traceparent)
-            links.append(LinkTo(vt.trace_id, vt.attempt_span(attempt), {"corral.link": "victim"}))
+            if isinstance(body, ShrinkRequested):
+                # The shrunk job runs on, so no phase of it ends here: the shrink is a span of
+                # its own in its trace, and the beneficiary's span links to it.
+                self._shrunk(record, body, victim, vt, bt)
+                links.append(LinkTo(vt.trace_id, vt.record_span(record.seq), {"corral.link": "shrunk"}))
+            else:
+                links.append(LinkTo(vt.trace_id, vt.attempt_span(attempt), {"corral.link": "victim"}))
             events.append(
                 SpanEvent("victim", record.time, {"corral.job.id": job_id, "corral.attempt": attempt})
             )
@@ -367,6 +373,31 @@ class JobTraces:
             },
             events=events,
             links=links,
+        )
+
+    def _shrunk(
+        self, record: Record, body: ShrinkRequested, job: JobState, trace: JobTrace, beneficiary: JobTrace
+    ) -> None:
+        """A shrink in the shrunk job's trace: which ranks leave, for which job, by when."""
+        reason = f"shrunk to {body.replicas} ranks for job {body.beneficiary}"
+        self._emit(
+            "shrink",
+            trace_id=trace.trace_id,
+            span_id=trace.record_span(record.seq),
+            parent=trace.attempt_span(body.attempt),
+            start=min(body.now, record.time),
+            end=record.time,
+            attributes={
+                **_attrs(job),
+                "corral.attempt": body.attempt,
+                "corral.replicas": body.replicas,
+                "corral.ranks.leaving": list(job.leaving),
+                "corral.shrunk_for": body.beneficiary,
+                "corral.reason": reason,
+                "corral.checkpoint.deadline_s": max(0.0, body.deadline - body.now),
+            },
+            events=[SpanEvent("shrunk", record.time, {"corral.shrunk_for": body.beneficiary})],
+            links=[LinkTo(beneficiary.trace_id, beneficiary.job_span, {"corral.link": "shrunk for"})],
         )
 
     def _void(self, state: State, record: Record, body: Event, items: tuple[tuple[str, str], ...]) -> None:

@@ -80,9 +80,10 @@ from corral.services.agent.decide import (
 )
 from corral.services.agent.discovery import Discovery, NvmlGpus
 from corral.services.agent.workers import Runtime, SandboxMode, job_logs, restart_backoff
-from corral.services.runtime import logs, tracing
+from corral.services.runtime import logs
 from corral.services.runtime.clock import LogClock
 from corral.services.runtime.views import NodeViews
+from corral.services.runtime.worker_spans import WorkerSpans
 
 log = logging.getLogger("corral.agent")
 
@@ -269,10 +270,7 @@ class NodeAgent:
         self.tick = tick
         self.first_view_wait = first_view_wait
         self.producer = f"agent/{node}@{socket.gethostname()}:{os.getpid()}"
-        tracing.setup("agent")
-        self._tracing = tracing.enabled("agent")
-        # Workers' runs started and not yet exited: (job, attempt, rank, pid) -> (trace, start time)
-        self._runs: dict[tuple[str, int, int, int], tuple[trace_ids.JobTrace, float]] = {}
+        self.spans = WorkerSpans(node, self._trace_of)
         self.found = found if found is not None else discovery.discover(node)
         self.gpus = gpus if gpus is not None else gpu_watch(self.found)
         # Absolute: workers run in their own working directory, and the checkpoint paths they are
@@ -409,9 +407,12 @@ class NodeAgent:
         task = asyncio.create_task(self.runtime.start_gang(gang.workers, self.start_timeout))
         self._starting[key] = task
         task.add_done_callback(lambda t: self._started(key, t))
-        if self._tracing:
-            started = time.time()
-            task.add_done_callback(lambda t: self._gang_span(gang, started, t))
+        if self.spans.enabled:
+            started, ranks = time.time(), [w.rank for w in gang.workers]
+            gpus = sum(len(w.gpus) for w in gang.workers)
+            task.add_done_callback(
+                lambda t: self.spans.gang(gang.job_id, gang.attempt, ranks, gpus, started, t)
+            )
 
     def _due(self, job_id: str, now: float) -> bool:
         """A job that failed waits out its restart backoff, counted from its placement."""
@@ -454,8 +455,7 @@ class NodeAgent:
                 log.warning("%s: append of %s failed, will retry: %s", self.node, msg_id(body), result)
                 self._unsent.append(body)
                 continue
-            if self._tracing:
-                self._traced(body, time.time())
+            self.spans.reported(body, time.time())
             if appended is not None and isinstance(body, (WorkerStarted, WorkerExited)):
                 # The next agent must not report it again (after the stream's duplicate window
                 # the fold would refuse a second exit).
@@ -480,84 +480,10 @@ class NodeAgent:
                 return job.traceparent
         return None
 
-    # -- spans of this node's work --------------------------------------------------------------
-
     def _trace_of(self, job_id: str) -> trace_ids.JobTrace | None:
-        if not self._tracing:
-            return None
+        """A job's trace, for the spans of this node's work (``worker_spans.py``)."""
         job = self.view.job(job_id)
         return trace_ids.from_traceparent(job_id, job.traceparent) if job is not None else None
-
-    def _traced(self, body: Event, now: float) -> None:
-        """A worker's run, from its start to its exit as reported, under its job's attempt: the
-        span its job's own spans hang under (``TRACEPARENT``)."""
-        if isinstance(body, WorkerStarted):
-            trace = self._trace_of(body.job_id)
-            if trace is not None:
-                self._runs[(body.job_id, body.attempt, body.rank, body.pid)] = (trace, now)
-            return
-        if not isinstance(body, WorkerExited):
-            return
-        run = self._runs.pop((body.job_id, body.attempt, body.rank, body.pid), None)
-        if run is None:
-            return  # started under an earlier agent: its start is not known here
-        trace, started = run
-        failed = body.code != 0 and not body.stopped
-        tracing.emit(
-            self.role,
-            f"worker rank {body.rank}",
-            trace_id=trace.trace_id,
-            span_id=trace.worker_span(body.attempt, body.rank),
-            parent=trace.attempt_span(body.attempt),
-            start=started,
-            end=now,
-            attributes={
-                "corral.job.id": body.job_id,
-                "corral.attempt": body.attempt,
-                "corral.rank": body.rank,
-                "corral.node": self.node,
-                "process.pid": body.pid,
-                "corral.exit_code": body.code,
-                "corral.stopped": body.stopped,
-            },
-            events=[
-                tracing.Event("stopped" if body.stopped else "exited", now, {"corral.exit_code": body.code})
-            ],
-            error=f"rank {body.rank} exited with code {body.code}" if failed else "",
-        )
-
-    def _gang_span(self, gang: StartGang, started: float, task: asyncio.Task[Any]) -> None:
-        """This node's part of a gang's start: its ranks launched together behind the barrier."""
-        trace = self._trace_of(gang.job_id)
-        if trace is None:
-            return
-        error = ""
-        if task.cancelled():
-            error = "start cancelled"
-        elif task.exception() is not None:
-            error = repr(task.exception())
-        else:
-            result = task.result()
-            if getattr(result, "reason", None):
-                error = str(result.reason)
-        ranks = [w.rank for w in gang.workers]
-        tracing.emit(
-            self.role,
-            f"start on {self.node}",
-            trace_id=trace.trace_id,
-            span_id=trace.start_span(gang.attempt, self.node),
-            parent=trace.attempt_span(gang.attempt),
-            start=started,
-            end=time.time(),
-            attributes={
-                "corral.job.id": gang.job_id,
-                "corral.attempt": gang.attempt,
-                "corral.node": self.node,
-                "corral.rank": ranks,
-                "corral.gpus": sum(len(w.gpus) for w in gang.workers),
-            },
-            error=error,
-        )
 
     # -- running -------------------------------------------------------------------------------
 
@@ -568,6 +494,7 @@ class NodeAgent:
         reattach = getattr(self.runtime, "reattach", None)
         if reattach is not None:
             taken = reattach()
+            self.spans.taken_back(taken)
             if taken:
                 log.info("%s: took back %d workers left running: %s", self.node, len(taken), taken)
         views = aiter(self.views.watch(self.node))

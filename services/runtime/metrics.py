@@ -15,6 +15,11 @@ OpenTelemetry's conventions (``corral.<thing>.<measure>``, units in UCUM, counts
 - each service's own running (``watch_service``): cycle durations and decisions per cycle, its
   lag behind the log, which replica holds each lease.
 
+The cluster's figures and the fold's facts are the log's, not a replica's: every read service
+replica exports the same series (``CLUSTER``), so they are aggregated over replicas with ``max``
+(the dashboard does; a ``sum`` would count each fact once per replica), while a service's own
+figures are per replica and add up.
+
 One ``Telemetry`` per process (``install``), with a Prometheus reader served on an HTTP port and,
 when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, OTLP over HTTP. Both collect on the event loop that
 folds, between two folds, so no callback reads a state half-folded; the OTLP request itself is
@@ -121,6 +126,15 @@ QUEUE, GPU_MODEL, POOL, ROLE, REPLICA = (
 REASON, KIND = "corral.preemption.reason", "corral.preemption.kind"
 
 Figures = dict[str, list[tuple[float, dict[str, str]]]]  # metric name -> (value, attributes)
+
+
+# What every read service replica exports alike, from the same log: aggregate over replicas with
+# ``max``, never ``sum``.
+CLUSTER = frozenset(
+    name
+    for name in METRICS
+    if name.startswith(("corral.queue.", "corral.node.", "corral.cluster.", "corral.job."))
+)
 
 
 class Watched(Protocol):

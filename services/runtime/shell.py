@@ -29,6 +29,8 @@ a timer, so time-based decisions happen on a quiet log too).
   folded, so deadlines the fold stamped in log time are read in log time.
 - OpenTelemetry stays here: what the fold accepted becomes spans of the jobs' and nodes' traces
   (``traces.py``), and a cycle that decided something is a span linked to the jobs it moved.
+  The spans that are the lease's are handed from holder to holder at a posted log position
+  (``traced.py``), so each record's span is emitted once across a handover.
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ from corral.projections.rules import RULES
 from corral.projections.state import State
 from corral.services.runtime import logs, metrics, traces, tracing
 from corral.services.runtime.clock import LogClock
-from corral.services.runtime.lease import Lease
+from corral.services.runtime.lease import KvLease, Lease
 from corral.services.runtime.status import ServiceStatus, StatusBoard
 from corral.services.runtime.supervise import Supervision
+from corral.services.runtime.traced import EMIT_EVERY_S, TracedPosition
 
 log = logging.getLogger("corral.shell")
 
@@ -121,10 +124,17 @@ class Service:
         tracing.setup(role)
         self.traces: traces.JobTraces | None = None
         if role in traces.EMITTERS and tracing.enabled(role):
-            self.traces = traces.JobTraces(role, self.producer, self._leading)
-
-    def _leading(self) -> bool:
-        return self.lease is None or self.lease.held
+            self.traces = traces.JobTraces(role, self.producer)
+        # Where the lease's spans were traced to (``traced.py``): posted while holding, read
+        # while standing by.
+        self._traced: TracedPosition | None = None
+        if self.traces is not None and isinstance(lease, KvLease):
+            self._traced = TracedPosition(lease.kv, role)
+        self._traced_every = (lease.ttl if isinstance(lease, KvLease) else 10.0) / 3
+        self._traced_seen: int | None = None  # the last position a holder posted, as read here
+        self._traced_to: int | None = None  # while holding: how far this replica traced
+        self._traced_posted = (-1, -1e9)  # (position, monotonic time) of our last post
+        self._traced_read_at = self._traced_emitted_at = -1e9
 
     # -- folding --------------------------------------------------------------------------------
 
@@ -157,6 +167,10 @@ class Service:
                 self._snapshot_seq = loaded.seq
         if self.traces is not None:
             self.traces.seed(self.state)
+            if self._traced is not None:
+                # What the lease's holder traced: the lease's spans of records after it are kept
+                # from the replay on, for this replica may be the one to emit them.
+                self._traced_seen = self.traces.resume_after = await self._traced.read()
         async for batch in self.log.read(self.state.seq + 1):
             self.fold(batch)
         if self.traces is not None:
@@ -169,6 +183,61 @@ class Service:
         if self.snapshots is not None and self.state.seq - self._snapshot_seq >= self.snapshot_every:
             await self.snapshots.save(self.state)
             self._snapshot_seq = self.state.seq
+
+    async def _hand_spans(self, stopping: bool = False) -> None:
+        """The lease's spans (``traced.py``): the holder emits those after the position the
+        previous holder traced to, and posts its own; a standby drops what the holder traced."""
+        spans = self.traces
+        if spans is None:
+            return
+        if self.lease is None or self._traced is None:
+            if self.lease is None or self.lease.held:
+                spans.emit_pending(after=-1)
+            else:
+                spans.pending.clear()
+            return
+        now = time.monotonic()
+        if not self.lease.held:
+            self._traced_to = None
+            if now - self._traced_read_at >= self._traced_every:
+                self._traced_read_at = now
+                got = await self._traced.read()
+                if got is not None:
+                    self._traced_seen = max(got, self._traced_seen or 0)
+                    spans.drop_pending(got)
+            return
+        if self._traced_to is None:  # it has just taken the lease
+            got = await self._traced.read()
+            known = [p for p in (got, self._traced_seen) if p is not None]
+            if known:
+                self._traced_to = max(known)
+                log.info(
+                    "%s: %s resumes the lease's spans after log seq %d, where the previous holder traced to",
+                    self.role,
+                    self.producer,
+                    self._traced_to,
+                )
+            else:
+                self._traced_to = -1
+                log.info(
+                    "%s: %s finds no traced position posted: it traces what it folded since it started",
+                    self.role,
+                    self.producer,
+                )
+        if not stopping and now - self._traced_emitted_at < EMIT_EVERY_S:
+            return
+        self._traced_emitted_at = now
+        upto = self.state.seq
+        if spans.emit_pending(after=self._traced_to):
+            # Posted only once the collector has them: a holder killed before that leaves
+            # them to the next one.
+            await asyncio.to_thread(tracing.flush, self.role)
+        self._traced_to = max(upto, self._traced_to)
+        last, at = self._traced_posted
+        if (self._traced_to != last or now - at >= self._traced_every) and await self._traced.post(
+            self._traced_to
+        ):
+            self._traced_posted = (self._traced_to, now)
 
     # -- deciding -------------------------------------------------------------------------------
 
@@ -329,6 +398,7 @@ class Service:
         await self.restore()
         await self.cycle()
         await self.post_status()
+        await self._hand_spans()
         batches = self.log.follow(self.state.seq + 1)
         stopping: asyncio.Future[object] = asyncio.ensure_future(stop.wait())
         nxt: asyncio.Future[object] = asyncio.ensure_future(anext(batches))
@@ -344,6 +414,7 @@ class Service:
                     break
                 await self.cycle()
                 await self.post_status()
+                await self._hand_spans()
                 await self._maybe_snapshot()
         finally:
             nxt.cancel()
@@ -356,6 +427,8 @@ class Service:
             if self.snapshots is not None and self.state.seq > self._snapshot_seq:
                 await self.snapshots.save(self.state)
             if self.lease is not None:
+                if self.lease.held:
+                    await self._hand_spans(stopping=True)  # the next holder resumes after it
                 await self.lease.release()
             if self.status is not None:
                 await self.status.withdraw()

@@ -20,6 +20,7 @@ import msgspec
 from nats import errors as nats_errors
 from nats.js import errors as js_errors
 
+from corral.services.runtime import traced
 from corral.services.runtime.lease import BUCKET, TTL, bucket
 from corral.services.runtime.supervise import Failure
 
@@ -110,6 +111,8 @@ async def read(nc: Any) -> tuple[dict[str, str], list[ServiceStatus]]:
             continue  # expired meanwhile
         if entry.value is None:
             continue
+        if k.startswith(traced.PREFIX + "."):
+            continue  # how far a holder traced (``traced.py``): not a lease
         if k.startswith(PREFIX + "."):
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                 statuses.append(_decode(entry.value))

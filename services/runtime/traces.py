@@ -19,14 +19,15 @@ that wrote it: its ``producer`` is on the record), and for records no deciding r
 agent's reports, a client's requests) the holder of the admission lease, which keeps the
 lifecycle (it requeues and restarts); node facts (an agent's registration, an administrator's
 cordon), the health monitor's holder. Ids come from ``projections/trace_ids.py``, so no
-emitter needs another's.
+emitter needs another's. The lease changes hands between records, not at them, so every replica
+keeps the lease's spans of what it folded until the holder posts how far it traced
+(``traced.py``): a new holder emits those after that position, each record's once.
 
 Made only when spans are exported (``tracing.enabled``); the fold's cost is untouched otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,16 +115,26 @@ def writer_of(record: Record, body: Event) -> tuple[str, str]:
 
 
 class JobTraces:
-    """The spans role ``role`` emits while it folds; ``producer`` names this replica's records,
-    ``leading`` says whether it holds its role's lease now."""
+    """The spans role ``role`` emits while it folds; ``producer`` names this replica's records.
+    The spans that are the lease holder's wait in ``pending`` for the shell to hand them out."""
 
-    def __init__(self, role: str, producer: str, leading: Callable[[], bool]) -> None:
+    def __init__(self, role: str, producer: str) -> None:
         self.role = role
         self.producer = producer
-        self.leading = leading
         self.live = False  # silent while replaying history: those spans were emitted then
         self.jobs: dict[str, _Job] = {}
         self.nodes: dict[str, tuple[str, float]] = {}  # node -> (condition, since)
+        # The spans of records no deciding role wrote are the lease holder's, and the lease may
+        # change hands between any two records: they wait here, by the record's log sequence,
+        # until the shell hands them out (``emit_pending``) as the holder, past the position the
+        # previous holder traced, or drops them (``drop_pending``) as a standby once the holder
+        # says it traced them (``traced.py``).
+        self.pending: list[tuple[int, dict[str, Any]]] = []
+        # Before going live (replaying history), the lease's spans of records after this
+        # sequence are kept too: the holder that traced up to here may be gone (None: unknown).
+        self.resume_after: int | None = None
+        self._seq = 0  # the record being folded
+        self._held = False  # ... and whether its spans wait for the lease (``pending``)
 
     # -- what it keeps ---------------------------------------------------------------------------
 
@@ -150,14 +161,14 @@ class JobTraces:
             return
         role, producer = writer_of(record, body)
         owner = role if role in EMITTERS else ("health" if isinstance(body, _NODE_FACTS) else KEEPER)
+        seq, t = record.seq, record.time
+        self._seq, self._held = seq, owner == self.role and role != self.role
         if owner != self.role:
             mine = False
         elif role == self.role:
-            mine = producer == self.producer
+            mine = producer == self.producer and self.live
         else:
-            mine = self.leading()
-        mine = mine and self.live
-        seq, t = record.seq, record.time
+            mine = self.live or (self.resume_after is not None and seq > self.resume_after)
         if state.rejected_total > rejected_before:
             rejection = state.rejections[-1]
             if rejection.code == "void" and mine:
@@ -177,6 +188,28 @@ class JobTraces:
                 )
         elif isinstance(body, (PreemptionRequested, ShrinkRequested)) and mine:
             self._preemption(state, record, body)
+
+    # -- spans out ----------------------------------------------------------------------------------
+
+    def _emit(self, name: str, **span: Any) -> None:
+        if self._held:
+            self.pending.append((self._seq, {"name": name, **span}))
+        else:
+            tracing.emit(self.role, name, **span)
+
+    def emit_pending(self, after: int) -> int:
+        """Emit the lease's spans of records after log sequence ``after`` (this replica holds
+        the lease); those up to it the previous holder emitted. Returns how many."""
+        out = [span for seq, span in self.pending if seq > after]
+        self.pending = []
+        for span in out:
+            tracing.emit(self.role, span.pop("name"), **span)
+        return len(out)
+
+    def drop_pending(self, upto: int) -> None:
+        """The holder has emitted the lease's spans of records up to ``upto``."""
+        if self.pending and self.pending[0][0] <= upto:
+            self.pending = [(seq, span) for seq, span in self.pending if seq > upto]
 
     # -- a job moved -------------------------------------------------------------------------------
 
@@ -207,8 +240,7 @@ class JobTraces:
                     links.append(LinkTo(bt.trace_id, bt.job_span, {"corral.link": "preempted for"}))
             error = _reason(job) if job.phase in _FAILED and name in ("running", "starting") else ""
             if mine:
-                tracing.emit(
-                    self.role,
+                self._emit(
                     name,
                     trace_id=trace.trace_id,
                     span_id=trace.record_span(seq),
@@ -225,8 +257,7 @@ class JobTraces:
             open_.since = t
         open_.phase = job.phase
         if (job.attempt != attempt or job.phase in FINAL) and open_.attempt_since >= 0 and mine:
-            tracing.emit(
-                self.role,
+            self._emit(
                 f"attempt {attempt}",
                 trace_id=trace.trace_id,
                 span_id=trace.attempt_span(attempt),
@@ -241,8 +272,7 @@ class JobTraces:
         if job.phase in FINAL:
             del self.jobs[job.id]
             if mine:
-                tracing.emit(
-                    self.role,
+                self._emit(
                     f"job {job.id}",
                     trace_id=trace.trace_id,
                     span_id=trace.job_span,
@@ -317,13 +347,18 @@ class JobTraces:
             if victim is None:
                 continue
             vt = trace_ids.job_trace(victim.id, victim.submitted_seq, victim.traceparent)
-            links.append(LinkTo(vt.trace_id, vt.attempt_span(attempt), {"corral.link": "victim"}))
+            if isinstance(body, ShrinkRequested):
+                # The shrunk job runs on, so no phase of it ends here: the shrink is a span of
+                # its own in its trace, and the beneficiary's span links to it.
+                self._shrunk(record, body, victim, vt, bt)
+                links.append(LinkTo(vt.trace_id, vt.record_span(record.seq), {"corral.link": "shrunk"}))
+            else:
+                links.append(LinkTo(vt.trace_id, vt.attempt_span(attempt), {"corral.link": "victim"}))
             events.append(
                 SpanEvent("victim", record.time, {"corral.job.id": job_id, "corral.attempt": attempt})
             )
         kind = "preemption" if isinstance(body, PreemptionRequested) else "shrink"
-        tracing.emit(
-            self.role,
+        self._emit(
             kind,
             trace_id=bt.trace_id,
             span_id=bt.record_span(record.seq),
@@ -340,6 +375,31 @@ class JobTraces:
             links=links,
         )
 
+    def _shrunk(
+        self, record: Record, body: ShrinkRequested, job: JobState, trace: JobTrace, beneficiary: JobTrace
+    ) -> None:
+        """A shrink in the shrunk job's trace: which ranks leave, for which job, by when."""
+        reason = f"shrunk to {body.replicas} ranks for job {body.beneficiary}"
+        self._emit(
+            "shrink",
+            trace_id=trace.trace_id,
+            span_id=trace.record_span(record.seq),
+            parent=trace.attempt_span(body.attempt),
+            start=min(body.now, record.time),
+            end=record.time,
+            attributes={
+                **_attrs(job),
+                "corral.attempt": body.attempt,
+                "corral.replicas": body.replicas,
+                "corral.ranks.leaving": list(job.leaving),
+                "corral.shrunk_for": body.beneficiary,
+                "corral.reason": reason,
+                "corral.checkpoint.deadline_s": max(0.0, body.deadline - body.now),
+            },
+            events=[SpanEvent("shrunk", record.time, {"corral.shrunk_for": body.beneficiary})],
+            links=[LinkTo(beneficiary.trace_id, beneficiary.job_span, {"corral.link": "shrunk for"})],
+        )
+
     def _void(self, state: State, record: Record, body: Event, items: tuple[tuple[str, str], ...]) -> None:
         """What the fold voided of this replica's own proposal: a span that says so."""
         name = _VOIDED.get(type(body), f"{type(body).__name__} void")
@@ -349,8 +409,7 @@ class JobTraces:
             if job is None:
                 continue
             trace = trace_ids.job_trace(job.id, job.submitted_seq, job.traceparent)
-            tracing.emit(
-                self.role,
+            self._emit(
                 name,
                 trace_id=trace.trace_id,
                 span_id=trace.record_span(record.seq),
@@ -375,8 +434,7 @@ class JobTraces:
             self.nodes[body.node] = ("ready", t)
             if first and mine:
                 nt = trace_ids.node_trace(body.node)
-                tracing.emit(
-                    self.role,
+                self._emit(
                     f"node {body.node}",
                     trace_id=nt.trace_id,
                     span_id=nt.node_span,
@@ -411,8 +469,7 @@ class JobTraces:
             error = name in ("node lost", "node suspect") or (
                 isinstance(body, GpuHealthChanged) and not body.healthy
             )
-            tracing.emit(
-                self.role,
+            self._emit(
                 name,
                 trace_id=nt.trace_id,
                 span_id=span_id,

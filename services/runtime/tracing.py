@@ -142,6 +142,13 @@ def tracer(role: str) -> trace.Tracer:
     return _roles[role].tracer
 
 
+def flush(role: str, timeout_s: float = EXPORT_TIMEOUT_S) -> bool:
+    """Wait until role ``role``'s spans so far are exported (blocks: call it from a thread).
+    Whether the collector took them within ``timeout_s``."""
+    got = _roles.get(role)
+    return got is None or got.provider.force_flush(int(timeout_s * 1000))
+
+
 def shutdown(wait_s: float = SHUTDOWN_WAIT_S) -> list[str]:
     """Send what is queued if the collector takes it within ``wait_s``; then stop, abandoning
     the rest: the exporter is shut down, which ends its retries' back-offs at once, so no

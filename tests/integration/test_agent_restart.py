@@ -6,6 +6,8 @@ new one started on the same work directory.
   succeeds at attempt 0;
 - a worker that ends while no agent watches has its exit reported once, by the agent that
   comes back;
+- a worker taken back has its run in its job's trace: a span under its attempt, from the taking
+  back to its exit, marked re-attached;
 - an agent that stays away past the lost-node timeout still makes its node lost: the job moves
   on, uncharged, and the worker the returning agent takes back is stopped as superseded.
 
@@ -25,8 +27,10 @@ from corral.projections.lifecycle import FINAL
 from corral.services.agent.decide import WorkerKey
 from corral.services.agent.keeper import start_time
 from corral.services.agent.workers import keeper_dir
+from corral.services.runtime import tracing
 from tests.integration import polling
 from tests.integration.test_cluster_failures import DYING, WAIT, Live, cancel, job_spec, live, phase
+from tests.otlp import Receiver
 
 # Prints a step at a time until the file named by its arguments appears, then exits 0: the test
 # says when it ends, so that it ends neither before the restart nor during it by chance. (The
@@ -85,6 +89,32 @@ async def test_a_job_runs_on_through_its_agent_restarting(tmp_path: Path) -> Non
         assert len(it.events(WorkerStarted, "kept")) == 1 and not it.events(JobRequeued, "kept")
         text = agent.logs("kept")[0].read_text()
         assert "step 1\n" in text and "done at step" in text
+
+
+async def test_a_worker_taken_back_has_its_run_in_its_job_s_trace(
+    tmp_path: Path, collector: Receiver
+) -> None:
+    finish = tmp_path / "finish"
+    async with live(tmp_path) as it:
+        await it.submit("kept", job_spec(stepping(finish)))
+        node, pid = await running(it, "kept")
+        assert it.cluster.restart_agent is not None
+        await it.cluster.restart_agent(node, None)
+        finish.touch()
+        await it.until(lambda s: phase(s, "kept") in FINAL)
+
+        def worker_span() -> bool:
+            return any(s.name == "worker rank 0" for s in collector.snapshot())
+
+        await until(worker_span)
+    tracing.shutdown()
+    spans = collector.snapshot()
+    [worker] = [s for s in spans if s.name == "worker rank 0"]
+    [attempt] = [s for s in spans if s.name == "attempt 0" and s.attributes["corral.job.id"] == "kept"]
+    assert (worker.trace_id, worker.parent) == (attempt.trace_id, attempt.span_id)
+    assert worker.attributes["corral.reattached"] is True and worker.attributes["process.pid"] == pid
+    assert [name for name, _ in worker.events] == ["re-attached", "exited"]
+    assert worker.duration > 0 and not worker.error
 
 
 async def test_a_worker_that_ends_while_its_agent_is_away_is_reported_once(tmp_path: Path) -> None:

@@ -16,18 +16,16 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
-import pytest
 
 from corral.events.queues import PriorityClassSpec
 from corral.projections.lifecycle import FINAL
 from corral.services.runtime import tracing
 from tests.integration import polling
 from tests.integration.test_cluster_failures import LONG, cancel, checkpointed, job_spec, live, phase, train
-from tests.otlp import Receiver, Span, receiver, tree
+from tests.otlp import Receiver, Span, tree
 
 CLASSES = (PriorityClassSpec("batch", 10), PriorityClassSpec("urgent", 1000, preemptible=False))
 JOBS = ("plain", "gang", "fails", "huge", "low", "urgent", "xid")
@@ -37,17 +35,6 @@ FAILS_ONCE = (
     "-c",
     "import os, sys; sys.exit(3 if os.environ['CORRAL_ATTEMPT'] == '0' else 0)",
 )
-
-
-@pytest.fixture
-def collector(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
-    tracing.shutdown()  # providers made earlier in this process export nowhere: start afresh
-    with receiver() as got:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", got.url)
-        try:
-            yield got
-        finally:
-            tracing.shutdown()
 
 
 def by_job(spans: list[Span]) -> dict[str, list[Span]]:

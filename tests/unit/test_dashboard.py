@@ -91,3 +91,24 @@ def test_grafana_and_prometheus_are_provisioned_in_compose() -> None:
     assert {p["datasource"]["uid"] for p in dashboard["panels"] if "datasource" in p} == uids
     scrape = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     assert [job["job_name"] for job in scrape["scrape_configs"]] == ["corral"]
+
+
+def test_two_read_replicas_export_the_same_cluster_figures_and_the_dashboard_takes_their_max() -> None:
+    """Two read service replicas fold the same log: each exports the cluster's figures alike, so
+    a ``sum`` over replicas would show twice the GPUs; every query of a cluster figure takes the
+    ``max`` over replicas, never a ``sum``."""
+    state = State(seq=7)
+    one = {"corral.queue": "q", "corral.gpu.model": "H100", "corral.node.pool": "p"}
+    shown = []
+    for _ in range(2):
+        replica = metrics.Telemetry(otlp=False)
+        replica.watch_cluster(lambda: state, lambda s: {"corral.node.gpus.free": [(float(s.seq), one)]})
+        text = replica.prometheus_text().decode()
+        shown.append([line for line in text.splitlines() if line.startswith("corral_node_gpus_free{")])
+    assert shown[0] == shown[1] and len(shown[0]) == 1
+    cluster = {n for name in metrics.CLUSTER for n in metrics.prometheus_names(name)}
+    assert {n for name in metrics.METRICS for n in metrics.prometheus_names(name)} - cluster  # services'
+    for expr in queries(json.loads(DASHBOARD.read_text())):
+        names = set(re.findall(r"\bcorral_[a-z_]+", expr)) & cluster
+        if names:
+            assert "sum" not in expr and "max by" in expr, f"{expr}: a cluster figure summed over replicas"

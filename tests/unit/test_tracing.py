@@ -19,7 +19,7 @@ from corral.projections.fold import apply
 from corral.projections.state import State
 from corral.services.runtime import tracing
 from corral.services.runtime.traces import JobTraces
-from tests.builders import Cluster, LogBuilder, on
+from tests.builders import Cluster, LogBuilder, job, on, placement, queue_spec, whole, worker
 
 
 @pytest.fixture
@@ -110,13 +110,14 @@ def spans_of(role: str, log: LogBuilder) -> list[ReadableSpan]:
     """What role ``role`` emits while it folds ``log`` as its writer of record and lease holder."""
     got = InMemorySpanExporter()
     tracing.setup(role, processor=SimpleSpanProcessor(got))
-    traces = JobTraces(role, f"{role}@t:1", lambda: True)
+    traces = JobTraces(role, f"{role}@t:1")
     traces.live = True
     state = State()
     for r in log.records:
         rejected = state.rejected_total
         apply(state, r)
         traces.folded(state, r, rejected)
+        traces.emit_pending(after=0)  # as the lease holder, from the start of the log
     assert state.faults == 0
     return list(got.get_finished_spans())
 
@@ -145,3 +146,36 @@ def test_a_role_emits_only_the_spans_of_what_it_wrote(fresh: None) -> None:
     assert placer == ["waiting for placement"]
     # Admission's own (queued), and the agent's report's (starting): no deciding role wrote it.
     assert admission == ["queued", "starting"]
+
+
+def test_a_shrink_is_a_span_of_the_shrunk_job_linked_from_its_beneficiary(fresh: None) -> None:
+    log = AsWritten().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "e", job("team-a").replicas(4, minimum=2).checkpointable()).accept("e")
+    log.admit("e", replicas=4).place(placement("e", *(worker(r, "node-00", whole(r)) for r in range(4))))
+    for r in range(4):
+        log.started("node-00", "e", rank=r)
+    log.submit("bob", "b", job("team-a").replicas(2)).accept("b", priority=10).shrink("e", 2, "b")
+    spans = spans_of("preemptor", log)
+    [shrunk] = [s for s in spans if s.attributes.get("corral.job.id") == "e"]
+    [asked] = [s for s in spans if s.attributes.get("corral.job.id") == "b"]
+    assert shrunk.attributes is not None and asked.attributes is not None
+    state = State()
+    for r in log.records:
+        apply(state, r)
+    e = trace_ids.job_trace("e", state.jobs["e"].submitted_seq)
+    b = trace_ids.job_trace("b", state.jobs["b"].submitted_seq)
+    # In the shrunk job's trace, under its attempt: why, for whom, which ranks leave.
+    assert shrunk.name == "shrink" and shrunk.context is not None and shrunk.parent is not None
+    assert (shrunk.context.trace_id, shrunk.parent.span_id) == (e.trace_id, e.attempt_span(0))
+    assert shrunk.attributes["corral.shrunk_for"] == "b" and shrunk.attributes["corral.ranks.leaving"] == (
+        2,
+        3,
+    )
+    assert shrunk.attributes["corral.reason"] == "shrunk to 2 ranks for job b"
+    assert [(lk.context.trace_id, lk.context.span_id) for lk in shrunk.links] == [(b.trace_id, b.job_span)]
+    # The beneficiary's trace links to it, as a preemption links to its victims.
+    assert asked.name == "shrink" and asked.context is not None
+    assert asked.context.trace_id == b.trace_id
+    assert [(lk.context.trace_id, lk.context.span_id) for lk in asked.links] == [
+        (shrunk.context.trace_id, shrunk.context.span_id)
+    ]

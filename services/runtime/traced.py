@@ -1,0 +1,64 @@
+"""How far a leased role's holder has emitted the spans that are the lease's, so that the next
+holder resumes right after it: each record's span once, whoever held the lease when it was folded.
+
+The spans of records no deciding role wrote (a node agent's reports, a client's requests) are
+emitted by the holder of a lease (``traces.py``), but the lease changes hands between records:
+a holder killed has emitted up to some record, a standby that takes over has folded past it.
+So every replica keeps those spans of what it folds, and the holder, at most every
+``EMIT_EVERY_S``, emits what it kept, waits until the collector has them, and posts the log
+sequence it has traced to under ``traced.<role>`` in the leases' bucket. A standby drops what
+the holder posted as traced; a replica that takes the lease reads the position and emits its
+kept spans after it, and says so.
+
+The key lives as long as a lease (the bucket's age): the holder rewrites it at least every
+third of that, a standby reads it as often, so a holder killed leaves its last position readable
+until the standby takes over. What is not exact: a holder killed after the collector took its
+spans but before its position was stored has them sent again by the next holder, with the same
+ids (the span ids are derived from the log, so a viewer shows one span); and one that lost its
+lease without knowing (paused past it) may emit beside the new holder until its next renewal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from nats import errors as nats_errors
+from nats.js import errors as js_errors
+
+log = logging.getLogger("corral.traced")
+
+PREFIX = "traced"
+EMIT_EVERY_S = 0.5  # how long the lease's spans wait, at most, before the holder emits them
+
+
+def key(role: str) -> str:
+    return f"{PREFIX}.{role}"
+
+
+class TracedPosition:
+    """The posted position of role ``role`` in the leases' bucket ``kv``."""
+
+    def __init__(self, kv: Any, role: str) -> None:
+        self.kv = kv
+        self.key = key(role)
+
+    async def read(self) -> int | None:
+        """The log sequence the last holder traced to, if one is posted (None: none, or no
+        answer)."""
+        try:
+            entry = await self.kv.get(self.key)
+        except (js_errors.KeyNotFoundError, nats_errors.Error, TimeoutError):
+            return None
+        with contextlib.suppress(ValueError, TypeError):
+            return int(entry.value)
+        return None
+
+    async def post(self, seq: int) -> bool:
+        try:
+            await self.kv.put(self.key, str(seq).encode())
+        except (nats_errors.Error, TimeoutError) as e:  # the next post says it again
+            log.warning("traced position %s not posted: %s", self.key, e)
+            return False
+        return True

@@ -39,11 +39,12 @@ from corral.events.queues import ApplyQueue, QueueSpec, Quota
 from corral.events.server import EmbeddedCluster, EmbeddedServer
 from corral.projections.fold import fold
 from corral.projections.state import State
+from corral.services.cli import deploy
 from corral.services.cli.up import Cluster, Settings, cluster, connect, service_roles
 from corral.services.cli.watch import Watcher
 from corral.services.replay.report import format_report
 from corral.services.replay.verify import verify
-from corral.services.runtime import lease, views
+from corral.services.runtime import forecasts, lease, views
 from tests.chaos.harness import check_no_stop_for_a_placed_job, check_placed_once_and_gpus_unshared
 from tests.integration.polling import until, until_answered
 
@@ -120,6 +121,37 @@ async def test_the_log_and_both_buckets_have_three_replicas_and_an_ack_survives_
 
 async def _read(log: JetStreamLog) -> list[list[Record]]:
     return [batch async for batch in log.read(1)]
+
+
+async def replicas_of(url: str) -> dict[str, int]:
+    """Each of the log's and the buckets' streams, and its replica count."""
+    log = await JetStreamLog.connect(url)
+    try:
+        js = log.nc.jetstream()
+        names = (subjects.STREAM, f"KV_{lease.BUCKET}", views.STREAM, forecasts.STREAM)
+        return {n: (await js.stream_info(n)).config.num_replicas or 1 for n in names}
+    finally:
+        await log.close()
+
+
+async def test_on_a_cluster_of_three_the_log_and_buckets_get_three_replicas_unless_told(
+    nats_cluster: EmbeddedCluster, tmp_path: Path
+) -> None:
+    # One URL of the three: the servers are asked how many they are, the URLs are not counted.
+    url = nats_cluster.servers[0].url
+    assert await deploy.setup(url, 1, {}) == 1  # told: one
+    assert set((await replicas_of(url)).values()) == {1}
+    settings = Settings(tick=0.5, agents=False, heartbeat=3600.0, lost_after=86_400.0)
+    (tmp_path / "corral").mkdir()
+    async with cluster(url, 1, "h100-8x", tmp_path / "corral", settings=settings) as c:
+        assert c.replicas == 3  # not told: three, brought up from one
+    assert set((await replicas_of(url)).values()) == {3}
+    assert await deploy.setup(nats_cluster.url, None, {}) == 3
+
+
+async def test_on_one_server_the_log_and_buckets_get_one_replica(embedded_server: EmbeddedServer) -> None:
+    assert await deploy.setup(embedded_server.url, None, {}) == 1
+    assert set((await replicas_of(embedded_server.url)).values()) == {1}
 
 
 async def test_a_connection_that_gives_up_ends_its_reader(embedded_server: EmbeddedServer) -> None:

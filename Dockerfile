@@ -10,7 +10,11 @@ COPY projections projections
 COPY services services
 COPY corral corral
 RUN pip install --no-cache-dir .
-# The example job of the demo and the README: a real model that checkpoints on request and
-# resumes (numpy, installed with corral).
+# The example job: a real model that checkpoints on request and resumes (numpy, installed with
+# corral). The wheel carries it for `corral demo`; here too, for the README's job files run from
+# /app.
 COPY examples examples
+# `corral demo` replays a few jobs of the public Philly trace, which is not ours to bake in:
+# mount the folder that holds philly/philly.csv at /traces (docker run -v DIR:/traces ...).
+ENV CORRAL_TRACES=/traces
 ENTRYPOINT []

@@ -35,7 +35,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 
 from corral.events.log import Ack, Append, ConflictError, Fence, LogError, Record
-from corral.events.nats_client import Client, open_client
+from corral.events.nats_client import Client, default_replicas, open_client
 from corral.events.subjects import STREAM, STREAM_SUBJECTS
 
 MSG_ID = "Nats-Msg-Id"
@@ -333,6 +333,7 @@ class JetStreamLog:
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream()
         self.stream = stream
+        self.replicas: int | None = None  # the stream's, once this connection has made it
         self._ack_timeout = ack_timeout
         self._window = window
         self._batch = batch
@@ -358,7 +359,7 @@ class JetStreamLog:
         *,
         stream: str = STREAM,
         create: bool = False,
-        replicas: int = 1,
+        replicas: int | None = None,
         duplicate_window: float = 120.0,
         max_msg_size: int = MIB,
         ack_timeout: float = ACK_TIMEOUT,
@@ -369,8 +370,9 @@ class JetStreamLog:
     ) -> JetStreamLog:
         """Connect and return the log on the stream. The stream is configured once, by whoever
         sets the corral up (``create``: create it, or bring it to ``replicas``,
-        ``duplicate_window`` and ``max_msg_size``); everyone else only checks that it is there,
-        so no client's or service's connection can change the stream (scale it down to one
+        ``duplicate_window`` and ``max_msg_size``; ``replicas`` None: as the servers allow,
+        ``nats_client.default_replicas``, then in ``log.replicas``); everyone else only checks
+        that it is there, so no client's or service's connection can change the stream (scale it down to one
         replica, say). ``url``: one server or several, comma separated (a cluster's), which the
         connection fails over between. ``options`` go to nats-py's ``connect`` (credentials, TLS,
         reconnects: by default it reconnects for ``nats_client.RECONNECT_FOR``, then gives up
@@ -405,9 +407,14 @@ class JetStreamLog:
             raise LogError(f"cannot read stream {self.stream}: {e}") from e
 
     async def ensure_stream(
-        self, *, replicas: int = 1, duplicate_window: float = 120.0, max_msg_size: int = MIB
+        self, *, replicas: int | None = None, duplicate_window: float = 120.0, max_msg_size: int = MIB
     ) -> None:
-        """Create the stream, or bring an existing one to this configuration. Idempotent."""
+        """Create the stream, or bring an existing one to this configuration. Idempotent.
+        ``replicas`` None: three on a JetStream cluster of three servers or more, else one (the
+        servers are asked, not the URLs given counted: one URL may lead to a whole cluster)."""
+        if replicas is None:
+            replicas = default_replicas(self.nc)
+        self.replicas = replicas
         config = api.StreamConfig(
             name=self.stream,
             subjects=list(STREAM_SUBJECTS),

@@ -203,6 +203,29 @@ async def open_client(url: str | Sequence[str], **options: Any) -> Client:
     return nc
 
 
+# Copies of the log and the buckets on a JetStream cluster of this many servers or more (unless
+# the operator says otherwise): any one server may be lost, and each append waits for two
+# acknowledgements of three, not for every server of a bigger cluster.
+CLUSTER_REPLICAS = 3
+
+
+def servers_in_cluster(nc: Client) -> int:
+    """How many servers the one ``nc`` is connected to says its cluster has: its INFO names the
+    cluster and lists every member's client URL (``connect_urls``, gossiped along the routes,
+    updated as servers join). A server without a cluster is one; so is a cluster configured
+    with ``no_advertise``, which lists nobody."""
+    info = nc._server_info  # the latest INFO; nats-py keeps it private but up to date
+    if not info.get("cluster"):
+        return 1
+    return max(1, len(set(info.get("connect_urls") or ())))
+
+
+def default_replicas(nc: Client) -> int:
+    """The log's and the buckets' replicas when nobody says: three on a cluster of three or
+    more servers, else one."""
+    return CLUSTER_REPLICAS if servers_in_cluster(nc) >= CLUSTER_REPLICAS else 1
+
+
 async def answers(url: str | Sequence[str], within: float) -> bool:
     """Whether any server of ``url`` greets a TCP connection with its INFO line within ``within``
     seconds, tried in turn until then. Plain asyncio, so a caller that is cancelled (Ctrl-C) stops

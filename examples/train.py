@@ -34,6 +34,7 @@ import os  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -98,12 +99,12 @@ class Spans:
         self.tracer = self.provider.get_tracer("corral.examples.train")
         self.context = TraceContextTextMapPropagator().extract({"traceparent": parent})
 
-    def start(self, name: str, **attributes: object) -> object:
+    def start(self, name: str, **attributes: Any) -> Any:
         if self.tracer is None:
             return None
         return self.tracer.start_span(name, context=self.context, attributes=attributes)
 
-    def child(self, parent: object, name: str, **attributes: object) -> object:
+    def child(self, parent: Any, name: str, **attributes: Any) -> Any:
         if self.tracer is None or parent is None:
             return None
         from opentelemetry import trace
@@ -156,7 +157,7 @@ def main(argv: list[str]) -> int:
             saving = spans.child(training, "checkpoint", **{"train.step": step})
             print(f"rank {rank}: checkpoint at step {step} -> {save(ckpt_dir, step, w, b)}", flush=True)
             if saving is not None:
-                saving.end()  # type: ignore[attr-defined]
+                saving.end()
             saved_at = step
         if step >= args.steps or _asked["stop"]:
             break
@@ -170,7 +171,7 @@ def main(argv: list[str]) -> int:
             loss, acc = loss_and_accuracy(w, b, x, y)
             print(f"rank {rank}: step {step} loss {loss:.4f} accuracy {acc:.3f}", flush=True)
             if training is not None:
-                training.add_event("loss", {"train.step": step, "train.loss": loss, "train.accuracy": acc})  # type: ignore[attr-defined]
+                training.add_event("loss", {"train.step": step, "train.loss": loss, "train.accuracy": acc})
         if args.step_seconds:
             time.sleep(args.step_seconds)
 
@@ -178,8 +179,8 @@ def main(argv: list[str]) -> int:
     how = "stopped" if _asked["stop"] else "done"
     print(f"rank {rank}: {how} at step {step} loss {loss:.6f} accuracy {acc:.3f}", flush=True)
     if training is not None:
-        training.set_attribute("train.end_step", step)  # type: ignore[attr-defined]
-        training.end()  # type: ignore[attr-defined]
+        training.set_attribute("train.end_step", step)
+        training.end()
     spans.close()
     return 0
 

@@ -87,15 +87,18 @@ def nats_config(
     return written
 
 
-async def setup(url: str | list[str], replicas: int, login: dict[str, Any]) -> None:
-    """Create the log's stream and the buckets with ``replicas`` copies each, as the admin."""
+async def setup(url: str | list[str], replicas: int | None, login: dict[str, Any]) -> int:
+    """Create the log's stream and the buckets with ``replicas`` copies each (None: as the
+    servers allow, three on a cluster of three or more), as the admin; return how many."""
     from corral.events.jetstream import JetStreamLog
     from corral.services.runtime import forecasts, lease, views
 
     log = await JetStreamLog.connect(url, create=True, replicas=replicas, name="corral-setup", **login)
     try:
-        await lease.ensure_bucket(log.nc, replicas=replicas)
-        await views.ensure_bucket(log.nc, replicas=replicas)
-        await forecasts.ensure_bucket(log.nc, replicas=replicas)
+        made = log.replicas or 1
+        await lease.ensure_bucket(log.nc, replicas=made)
+        await views.ensure_bucket(log.nc, replicas=made)
+        await forecasts.ensure_bucket(log.nc, replicas=made)
     finally:
         await log.close()
+    return made

@@ -368,15 +368,15 @@ def cmd_deploy(args: argparse.Namespace) -> None:
             f"wrote {len(written)} files under {args.out}: {len(servers)} server configs, logins/<name>.json"
         )
         return
-    if args.replicas < 1:
-        raise BadInput(f"--replicas {args.replicas}: at least 1")
+    if args.replicas is not None and not 1 <= args.replicas <= 5:
+        raise BadInput(f"--replicas {args.replicas}: JetStream keeps 1 to 5 replicas")
     login = login_of(args, identities.ADMIN)
     creds = {"user": login.user, "password": login.password} if login is not None else {}
     try:
-        asyncio.run(deploy.setup(server_url(args.server), args.replicas, creds))
+        made = asyncio.run(deploy.setup(server_url(args.server), args.replicas, creds))
     except LogError as e:
         raise Failure(f"deploy setup: {e}") from None
-    print(f"the log and its buckets are ready, {args.replicas} replicas each")
+    print(f"the log and its buckets are ready, {made} replicas each")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -1060,7 +1060,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--replicas",
         type=int,
-        help="replicas of the log and the buckets (default: 3 with --cluster, else 1)",
+        help="replicas of the log and the buckets (default: 3 with --cluster or on a --server cluster of "
+        "3 or more, else 1)",
     )
     up.set_defaults(fn=cmd_up)
 
@@ -1126,7 +1127,11 @@ def parser() -> argparse.ArgumentParser:
     dp.add_argument("--servers", help="nats-config: comma-separated nats-server host names")
     dp.add_argument("--nodes", help="nats-config: comma-separated nodes whose agents get a login")
     dp.add_argument("--tenants", help="nats-config: comma-separated tenants that get a login")
-    dp.add_argument("--replicas", type=int, default=3, help="setup: copies of the log and the buckets")
+    dp.add_argument(
+        "--replicas",
+        type=int,
+        help="setup: copies of the log and the buckets (default: 3 on a NATS cluster of 3 or more, else 1)",
+    )
     dp.set_defaults(fn=cmd_deploy)
 
     st = sub.add_parser(

@@ -117,7 +117,7 @@ class Settings:
     # Embedded nats-servers: 1, or a JetStream cluster of this many on loopback (odd, 3 or more).
     nats_servers: int = 1
     # The log's stream's and the buckets' replica count; None: one per embedded server (at most
-    # 3), or 1 on a server given with ``--server``.
+    # 3), or on servers given with ``--server`` as they allow: 3 on a cluster of 3 or more, else 1.
     replicas: int | None = None
     connect_within: float = 5.0  # seconds to reach a server given with ``--server``
 
@@ -170,7 +170,7 @@ def lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
-async def _setup_log(url: str, replicas: int, within: float, **options: Any) -> JetStreamLog:
+async def _setup_log(url: str, replicas: int | None, within: float, **options: Any) -> JetStreamLog:
     """The administrator's connection that makes the stream, bounded: a ``--server`` nobody
     answers at is one line within ``within`` seconds, not minutes of nats-py retrying. Whether a
     server answers is asked first with plain asyncio, which a Ctrl-C cancels at once."""
@@ -265,8 +265,7 @@ async def cluster(
             url = ",".join(server_list(server))
         for t in server_tasks:
             stack.callback(t.cancel)
-        embedded_count = cfg.nats_servers if server is None else 1
-        replicas = cfg.replicas or (min(embedded_count, 3) if server is None else 1)
+        replicas = cfg.replicas or (min(cfg.nats_servers, 3) if server is None else None)
 
         async def service_log() -> JetStreamLog:
             opened = await connect(url, **login(identities.SERVICES))
@@ -278,6 +277,7 @@ async def cluster(
         admin = {"inbox_prefix": identities.inbox_prefix(identities.ADMIN), **login(identities.ADMIN)}
         within = cfg.connect_within if server is not None else 60.0  # ours: up, merely busy
         setup = await _setup_log(url, replicas, within, **admin)
+        replicas = setup.replicas or 1  # asked of the servers, where not given
         try:
             # The buckets as the stream: on a cluster, a lease or a node's view outlives a server.
             await ensure_bucket(setup.nc, replicas=replicas)
@@ -498,6 +498,8 @@ async def run_cluster(
             if isinstance(running.nats, EmbeddedCluster):
                 n = len(running.nats.servers)
                 print(f"  NATS: a JetStream cluster of {n} servers, the log in {running.replicas} replicas")
+            elif running.replicas > 1:  # a --server cluster, asked
+                print(f"  NATS: a JetStream cluster, the log in {running.replicas} replicas")
             print(f"  services: {roles}", flush=True)
             if running.credentials is not None:
                 print(f"  logins required; passwords of every identity: {running.credentials}", flush=True)

@@ -11,6 +11,8 @@ The checks, on the whole log once every process has stopped:
 - every job placed at most once per attempt (placements the fold accepted, not proposals);
 - no GPU held by two jobs at any point of the log;
 - every submission the log acknowledged is a job of the state;
+- no job stopped (preempted or shrunk) for a beneficiary already placed in its attempt: the fold
+  voids such a stop, and this checks it by the placements themselves, not by the fold's rule;
 - ``replay --verify`` clean: every decision re-run from the log decides the same;
 - each surviving replica's own state (the snapshot it saved on SIGTERM) equals the log replayed
   up to the record it had folded.
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from corral.events import codec, subjects
 from corral.events.base import Event
-from corral.events.decisions import JobsPlaced
+from corral.events.decisions import JobsPlaced, PreemptionRequested, ShrinkRequested
 from corral.events.jetstream import JetStreamLog
 from corral.events.jobs import JobSpec, Resources, SubmitJob
 from corral.events.log import Append, LogError, Record
@@ -243,6 +245,7 @@ class Corral:
         state = await self.watch.caught_up()
         records = list(self.watch.records)
         check_placed_once_and_gpus_unshared(records)
+        check_no_stop_for_a_placed_job(records)
         missing = self.acked - state.jobs.keys()
         assert not missing, f"acknowledged submissions missing: {sorted(missing)[:10]}"
         report = verify(records, service_roles())
@@ -298,6 +301,28 @@ def check_placed_once_and_gpus_unshared(records: Iterable[Record]) -> None:
     twice = [k for k, n in placed.items() if n > 1]
     assert not twice, f"placed more than once in one attempt: {twice}"
     assert placed, "nothing was placed"
+
+
+def check_no_stop_for_a_placed_job(records: Iterable[Record]) -> None:
+    """Fold the log record by record: every stop the fold accepted (a preemption, a shrink) was
+    for a beneficiary with no accepted placement in its current attempt."""
+    state = State()
+    placed: set[tuple[str, int]] = set()  # (job, attempt) with an accepted placement
+    for r in records:
+        body = codec.decode_envelope(r.data).body if r.subject.startswith("corral.ev.") else None
+        proposals = [(p.job_id, p.attempt) for p in body.placements] if isinstance(body, JobsPlaced) else []
+        before = {j: state.jobs[j].placement for j, _ in proposals if j in state.jobs}
+        refused = state.rejected_total
+        beneficiary = None
+        if isinstance(body, PreemptionRequested | ShrinkRequested) and body.beneficiary in state.jobs:
+            beneficiary = (body.beneficiary, state.jobs[body.beneficiary].attempt)
+        apply(state, r)
+        for j, attempt in proposals:
+            now = state.jobs[j].placement if j in state.jobs else None
+            if now is not None and now is not before.get(j) and now.attempt == attempt:
+                placed.add((j, attempt))
+        if beneficiary is not None and state.rejected_total == refused:  # the stop was accepted
+            assert beneficiary not in placed, f"seq {r.seq}: {body} accepted for a job already placed"
 
 
 def kill_workers(records: Iterable[Record]) -> None:

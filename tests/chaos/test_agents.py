@@ -9,7 +9,10 @@ as a supervisor restarts it; each test then makes the checks of ``harness.Corral
   and the victim's agent is killed as soon as the preemption is in the log, while it asks its
   worker to checkpoint. The checkpoint either completes or the job resumes from the one before:
   its next attempt is handed a checkpoint the log recorded as complete, whose file is whole and
-  holds that step, and the worker resumes from that very step.
+  holds that step, and the worker resumes from that very step. Among the end checks, over the
+  log: no preemption the fold accepted was for a beneficiary already placed in its attempt
+  (``check_no_stop_for_a_placed_job``): work is never stopped for the urgent job once it has
+  its GPUs, whatever the preemptor proposed from an older state.
 """
 
 from __future__ import annotations

@@ -52,6 +52,9 @@ assert isinstance(state, State)
 assert state.seq == 1, state.seq
 assert "probe-1" in state.jobs, sorted(state.jobs)
 assert not [m for m in sys.modules if m.split(".")[0] in ("projections", "services")]
+import os
+from corral.services.cli import demo
+assert os.path.isfile(demo.TRAIN), demo.TRAIN  # the demo's job is where the demo looks for it
 print("probe ok", corral.__version__)
 """
 
@@ -84,6 +87,7 @@ def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
     assert "corral/py.typed" in names
     assert "corral/services/dashboard/static/index.html" in names  # the dashboard's page, package data
     assert "corral/projections/placement/plugins/fit.py" in names  # nested packages are carried too
+    assert "corral/examples/train.py" in names  # the example job `corral demo` runs, package data
 
 
 def test_corral_and_the_public_events_package_work_side_by_side(wheel: Path, tmp_path: Path) -> None:

@@ -5,14 +5,16 @@
   server;
 - a connection that gives up reconnecting ends its reader with a ``LogError`` (a service then
   exits for its supervisor), never a wait for ever;
-- under a steady load of submits, with every service running against the cluster: kill -9 one
-  NATS server (the stream's leader) and bring it back; stop all three and start them again.
-  Placements carry on; at the end every acknowledged submit is in the log, each job was placed
-  at most once per attempt, no GPU is held twice, ``replay --verify`` is clean and every
-  service's state equals the log replayed to where it folded.
+- under a steady load of submits, with every service and an agent per node running against the
+  cluster: kill -9 one NATS server (the stream's leader) and bring it back; stop all three and
+  start them again. The agents reconnect, report their workers, and jobs finish again; at the
+  end every acknowledged submit is in the log and has finished, each job was placed at most once
+  per attempt, no GPU was held twice at any point of the log, no job was stopped for one already
+  placed, ``replay --verify`` is clean and every service's state equals the log replayed to where
+  it folded.
 
-Nodes are registered without agents (no worker processes: what is under test is the control
-plane and its log), so a placed job holds its GPUs to the end; there are GPUs for every submit.
+The agents run real (one-second) workers; the health timing is long enough that a NATS outage of
+a few seconds finds no node lost (heartbeats travel on core NATS, and stop with it).
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from nats.aio.msg import Msg
 
 from corral.events import codec, subjects
-from corral.events.decisions import JobsPlaced
 from corral.events.jetstream import JetStreamLog
 from corral.events.jobs import JobSpec, Resources, SubmitJob
 from corral.events.log import Append, LogError, Record
@@ -37,18 +39,30 @@ from corral.events.queues import ApplyQueue, QueueSpec, Quota
 from corral.events.server import EmbeddedCluster, EmbeddedServer
 from corral.projections.fold import fold
 from corral.projections.state import State
+from corral.services.cli import deploy
 from corral.services.cli.up import Cluster, Settings, cluster, connect, service_roles
 from corral.services.cli.watch import Watcher
 from corral.services.replay.report import format_report
 from corral.services.replay.verify import verify
-from corral.services.runtime import lease, views
+from corral.services.runtime import forecasts, lease, views
+from tests.chaos.harness import check_no_stop_for_a_placed_job, check_placed_once_and_gpus_unshared
 from tests.integration.polling import until, until_answered
 
 WAIT = 60.0  # generous: a loaded 2-core machine, and a cluster electing leaders
-NODES = 24  # 192 GPUs: more than the load ever submits
-# No agents, no heartbeats to miss: a node stays ready whatever NATS goes through.
-CLUSTERED = Settings(tick=0.1, agents=False, heartbeat=3600.0, lost_after=86_400.0, nats_servers=3)
-PLACED = ("placed", "starting", "running")
+NODES = 3  # 24 GPUs, an agent each: a few one-second jobs at a time
+# Heartbeats every half second; a node silent for 10 s is suspect, for 30 s lost: far past the
+# outages below, so every node stays in service through them and is trusted again at once.
+CLUSTERED = Settings(
+    tick=0.1,
+    agent_tick=0.1,
+    heartbeat=0.5,
+    suspect_after=20,
+    lost_after=30.0,
+    probation=1.0,
+    sandbox="none",
+    stop_grace=2.0,
+    nats_servers=3,
+)
 
 
 def leader_of(info: object) -> str:
@@ -109,6 +123,37 @@ async def _read(log: JetStreamLog) -> list[list[Record]]:
     return [batch async for batch in log.read(1)]
 
 
+async def replicas_of(url: str) -> dict[str, int]:
+    """Each of the log's and the buckets' streams, and its replica count."""
+    log = await JetStreamLog.connect(url)
+    try:
+        js = log.nc.jetstream()
+        names = (subjects.STREAM, f"KV_{lease.BUCKET}", views.STREAM, forecasts.STREAM)
+        return {n: (await js.stream_info(n)).config.num_replicas or 1 for n in names}
+    finally:
+        await log.close()
+
+
+async def test_on_a_cluster_of_three_the_log_and_buckets_get_three_replicas_unless_told(
+    nats_cluster: EmbeddedCluster, tmp_path: Path
+) -> None:
+    # One URL of the three: the servers are asked how many they are, the URLs are not counted.
+    url = nats_cluster.servers[0].url
+    assert await deploy.setup(url, 1, {}) == 1  # told: one
+    assert set((await replicas_of(url)).values()) == {1}
+    settings = Settings(tick=0.5, agents=False, heartbeat=3600.0, lost_after=86_400.0)
+    (tmp_path / "corral").mkdir()
+    async with cluster(url, 1, "h100-8x", tmp_path / "corral", settings=settings) as c:
+        assert c.replicas == 3  # not told: three, brought up from one
+    assert set((await replicas_of(url)).values()) == {3}
+    assert await deploy.setup(nats_cluster.url, None, {}) == 3
+
+
+async def test_on_one_server_the_log_and_buckets_get_one_replica(embedded_server: EmbeddedServer) -> None:
+    assert await deploy.setup(embedded_server.url, None, {}) == 1
+    assert set((await replicas_of(embedded_server.url)).values()) == {1}
+
+
 async def test_a_connection_that_gives_up_ends_its_reader(embedded_server: EmbeddedServer) -> None:
     log = await JetStreamLog.connect(
         embedded_server.url, create=True, heartbeat=0.2, max_reconnect_attempts=2, reconnect_time_wait=0.1
@@ -141,7 +186,7 @@ class Load:
     async def run(self, stop: asyncio.Event, limit: int = 150) -> None:
         for i in range(limit):
             job_id = f"load-{i}"
-            spec = JobSpec(queue="team-a", resources=Resources(gpus=1), command=("sleep", "600"))
+            spec = JobSpec(queue="team-a", resources=Resources(gpus=1), command=("sleep", "1"))
             data = codec.encode(SubmitJob(request_id=job_id, job=spec))
             item = Append(subjects.request("team-a", "submit"), data, msg_id=f"submit:{job_id}")
             while True:
@@ -154,7 +199,7 @@ class Load:
             self.acked.append(job_id)
             if stop.is_set():
                 return
-            await asyncio.sleep(0.1)  # a steady trickle, not a flood: what is measured is recovery
+            await asyncio.sleep(0.2)  # a steady trickle, not a flood: what is measured is recovery
 
 
 @dataclass
@@ -163,6 +208,7 @@ class Faulted:
     log: JetStreamLog
     watch: Watcher
     load: Load
+    heard: dict[str, int] = field(default_factory=dict)  # heartbeats heard per node, so far
 
     @property
     def nats(self) -> EmbeddedCluster:
@@ -172,14 +218,23 @@ class Faulted:
     async def until(self, predicate: Callable[[State], bool]) -> State:
         return await self.watch.until(predicate, WAIT)
 
-    async def placements_carry_on(self, more: int = 5) -> None:
-        """Wait until ``more`` jobs acknowledged from now on are placed."""
+    async def jobs_carry_on(self, more: int = 5) -> None:
+        """Wait until ``more`` jobs acknowledged from now on have run and finished: admitted,
+        placed, started by an agent, reported done."""
         first = len(self.load.acked)
         await until(lambda: len(self.load.acked) >= first + more, WAIT)
         wanted = self.load.acked[first : first + more]
-        await self.until(
-            lambda s: all(s.jobs.get(j) is not None and s.jobs[j].phase in PLACED for j in wanted)
-        )
+        await self.until(lambda s: all(finished(s, j) for j in wanted))
+
+    async def every_agent_beats_again(self) -> None:
+        """Wait until every node's agent has been heard again (heartbeats, on core NATS) since
+        now: each has reconnected, whether or not the load gave it work."""
+        since = {n: self.heard.get(n, 0) for n in self.corral.nodes}
+        await until(lambda: all(self.heard.get(n, 0) > since[n] + 1 for n in since), WAIT)
+
+
+def finished(s: State, job_id: str) -> bool:
+    return job_id in s.jobs and s.jobs[job_id].phase == "succeeded"
 
 
 @asynccontextmanager
@@ -196,9 +251,16 @@ async def faulted(tmp_path: Path) -> AsyncIterator[Faulted]:
                 await log.append(Append(subjects.request("admin", "queue"), body, msg_id="queue:team-a"))
                 await watch.until(lambda s: "team-a" in s.queues and len(s.nodes) == NODES, WAIT)
                 load = Load(log)
+                heard: dict[str, int] = {}
+
+                async def beat(msg: Msg) -> None:
+                    node = msg.subject.rsplit(".", 1)[1]
+                    heard[node] = heard.get(node, 0) + 1
+
+                await log.nc.subscribe(subjects.heartbeat("*"), cb=beat)
                 submitting = asyncio.create_task(load.run(stop))
-                it = Faulted(c, log, watch, load)
-                await it.placements_carry_on()
+                it = Faulted(c, log, watch, load, heard)
+                await it.jobs_carry_on()
                 yield it
                 stop.set()
                 await asyncio.wait_for(submitting, WAIT)
@@ -210,31 +272,19 @@ async def faulted(tmp_path: Path) -> AsyncIterator[Faulted]:
 
 async def check_end(it: Faulted) -> None:
     acked = list(it.load.acked)
-    # Every acknowledged submit is in the log, and placed (there are GPUs for all).
-    state = await it.until(
-        lambda s: all(s.jobs.get(j) is not None and s.jobs[j].phase in PLACED for j in acked)
-    )
+    # Every acknowledged submit is in the log, and ran to its end.
+    await it.until(lambda s: all(finished(s, j) for j in acked))
     records = list(it.watch.records)
     submitted = Counter(r.subject for r in records if r.subject.startswith("corral.in.team-a.submit"))
     assert submitted[subjects.request("team-a", "submit")] == len(acked), "a submit stored twice, or lost"
-    # Each job placed at most once per attempt, and no GPU held twice.
-    placed: Counter[tuple[str, int]] = Counter()
-    for r in records:
-        if r.subject == subjects.decision("placer"):
-            body = codec.decode_envelope(r.data).body
-            if isinstance(body, JobsPlaced):
-                placed.update((p.job_id, p.attempt) for p in body.placements)
-    assert max(placed.values()) == 1, [k for k, n in placed.items() if n > 1]
-    held: Counter[tuple[str, int]] = Counter()
-    for job in state.jobs.values():
-        if job.held is not None:
-            for w in job.held.workers:
-                held.update({(w.node, c.gpu): c.milli for c in w.gpus})
-    assert held and max(held.values()) <= 1000, "a GPU held twice"
+    # Each job placed at most once per attempt, no GPU held twice, no stop for a placed job.
+    check_placed_once_and_gpus_unshared(records)
+    check_no_stop_for_a_placed_job(records)
     # The log replays clean, to the state every service holds.
     report = verify(records, service_roles())
     assert report.clean, format_report(report)
-    assert fold(records) == it.watch.state and state.faults == 0
+    state = it.watch.state
+    assert fold(records) == state and state.faults == 0
     services = [*it.corral.services, it.corral.assignments, it.corral.health]
     for svc in services:
         assert svc is not None
@@ -248,9 +298,10 @@ async def test_kill_one_nats_server_of_three_then_bring_it_back(tmp_path: Path) 
         # The worst one to lose: the server leading the log's stream.
         victim = server_named(it.nats, await stream_leader(it.log))
         await it.nats.servers[victim].kill()
-        await it.placements_carry_on()  # two of three carry the log on
+        await it.jobs_carry_on()  # two of three carry the log on
         await it.nats.restart(victim)
-        await it.placements_carry_on()
+        await it.every_agent_beats_again()
+        await it.jobs_carry_on()
         # The server that came back has caught up: the log read through it alone is the log.
         alone = await JetStreamLog.connect(it.nats.servers[victim].url)
         try:
@@ -272,4 +323,5 @@ async def test_restart_all_three_nats_servers(tmp_path: Path) -> None:
         await it.nats.stop()  # every connection loses its server at once
         await asyncio.gather(*(s.start() for s in it.nats.servers))
         await it.nats.wait_ready()
-        await it.placements_carry_on()  # everyone reconnected: submits are placed again
+        await it.every_agent_beats_again()
+        await it.jobs_carry_on()  # everyone reconnected: submits are placed again

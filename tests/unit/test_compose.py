@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +114,18 @@ def test_restart_policies_healthchecks_and_no_written_secrets() -> None:
             assert SERVICES[name]["healthcheck"]["test"] == ["CMD", "corral", "status"], name
 
 
-def test_the_image_carries_the_example_job() -> None:
-    assert "COPY examples examples" in (ROOT / "Dockerfile").read_text()
+def test_the_image_carries_what_the_demo_needs() -> None:
+    """The image installs the wheel, whose package data holds the example job where `corral
+    demo` looks for it (tests/e2e/test_wheel.py runs that lookup in an installed wheel); the
+    README's job files, run from /app, find it there too. The public trace the demo replays is
+    not baked in: the image looks for it where it says to mount it."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "RUN pip install --no-cache-dir ." in dockerfile
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "examples/*.py" in package_data["corral"]
+    assert (ROOT / "corral" / "examples" / "train.py").is_file()
+    assert "COPY examples examples" in dockerfile
+    assert "ENV CORRAL_TRACES=/traces" in dockerfile
 
 
 @pytest.fixture(scope="module")

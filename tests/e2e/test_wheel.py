@@ -90,6 +90,7 @@ def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
     assert "corral/examples/train.py" in names  # the example job `corral demo` runs, package data
 
 
+@pytest.mark.timeout(300)  # installs corral's dependencies from the package index into a new venv
 def test_corral_and_the_public_events_package_work_side_by_side(wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], tmp_path)

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from corral.events import codec, subjects
+from corral.events import codec, documents, subjects
 from corral.events.jobs import CancelJob, JobSpec, ResizeJob, SubmitJob
 from corral.events.queues import CordonNode, DeleteQueue
 from corral.projections.lifecycle import FINAL
@@ -146,10 +146,10 @@ class AsyncClient:
         it (``wait``), or once the log stored it. Raises ``Rejected`` with admission's reason,
         ``Refused`` for an id another job holds, ``TimedOut`` if no verdict came in time."""
         if not isinstance(spec, JobSpec):
-            try:
-                spec = msgspec.convert(spec, JobSpec)
-            except msgspec.ValidationError as e:
-                raise Invalid(f"job spec: {e}") from None
+            try:  # the rule job files follow: each unknown field by its path, types in words
+                spec = documents.convert(spec, JobSpec, "job spec")
+            except documents.NotValid as e:
+                raise Invalid(str(e)) from None
         job_id = id or f"j-{secrets.token_hex(5)}"
         if not subjects.is_token(job_id):
             raise Invalid(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")
@@ -323,10 +323,10 @@ class AsyncClient:
         placed where or started when, stopping what, and smaller asks that start it at once.
         Nothing is written. Answered by the forecast role on the live state."""
         if not isinstance(spec, JobSpec):
-            try:
-                spec = msgspec.convert(spec, JobSpec)
-            except msgspec.ValidationError as e:
-                raise Invalid(f"job spec: {e}") from None
+            try:  # the rule job files follow: each unknown field by its path, types in words
+                spec = documents.convert(spec, JobSpec, "job spec")
+            except documents.NotValid as e:
+                raise Invalid(str(e)) from None
         if not subjects.is_token(id):
             raise Invalid(f"job id {id!r}: use letters, digits, '-' and '_' (at most 64)")
         session = await self._connected()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import socket
 import sys
@@ -543,7 +542,7 @@ class QueueFile(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def cmd_queue_apply(args: argparse.Namespace) -> None:
-    doc = convert(load_document(args.file), QueueFile, args.file)
+    doc = convert(durations_in(load_document(args.file), args.file), QueueFile, args.file)
     # Parents before children, so a cohort tree applies in one go whatever order the file uses.
     requests: list[tuple[str, Any, str]] = []
     if doc.fair_share is not None:
@@ -562,22 +561,42 @@ def cmd_queue_apply(args: argparse.Namespace) -> None:
     print(f"applied {counts}, {len(doc.queues)} queues{fair}")
 
 
+# The queue file's durations, by path: written as people write them ("7d", "1h30m") or in
+# seconds; the log stores seconds.
+QUEUE_FILE_DURATIONS = (("fair_share", "half_life_s", False), ("retention", "finished_s", True))
+
+
+def durations_in(doc: Any, where: str) -> Any:
+    """``doc`` with each of its durations in seconds, or a BadInput naming the one that is not."""
+    if not isinstance(doc, dict):
+        return doc
+    for part, field, zero in QUEUE_FILE_DURATIONS:
+        section = doc.get(part)
+        if isinstance(section, dict) and field in section:
+            section = {**section, field: _seconds(section[field], f"{where}: {part}.{field}", zero=zero)}
+            doc = {**doc, part: section}
+    return doc
+
+
 def cmd_queue_fair_share(args: argparse.Namespace) -> None:
-    half_life = args.half_life_s
-    if not (half_life > 0 and math.isfinite(half_life)):
-        raise BadInput(f"--half-life-s {half_life}: a positive number of seconds")
+    half_life = _seconds(args.half_life, "--half-life", zero=False)
     spec = FairShareSpec(half_life_s=half_life)
     send_admin(args, [("fair-share", ApplyFairShare(fair_share=spec), "cluster")])
     print(f"fair share: past GPU time halves every {half_life:g} s from now on")
 
 
 def cmd_queue_retention(args: argparse.Namespace) -> None:
-    keep = args.finished_s
-    if not (keep >= 0 and math.isfinite(keep)):
-        raise BadInput(f"--finished-s {keep}: a number of seconds, 0 or more")
+    keep = _seconds(args.finished, "--finished")
     spec = RetentionSpec(finished_s=keep)
     send_admin(args, [("retention", ApplyRetention(retention=spec), "cluster")])
     print(f"retention: finished jobs leave the state {keep:g} s after they end, from now on")
+
+
+def _seconds(value: object, what: str, *, zero: bool = True) -> float:
+    try:
+        return when.seconds(value, zero=zero)
+    except when.BadTime as e:
+        raise BadInput(f"{what}: {e}") from None
 
 
 def send_admin(args: argparse.Namespace, requests: list[tuple[str, Any, str]]) -> None:
@@ -1296,21 +1315,25 @@ def parser() -> argparse.ArgumentParser:
         "fair-share", parents=[common], help="cluster-wide fair-share settings (the half-life of past use)"
     )
     qf.add_argument(
+        "--half-life",
         "--half-life-s",
-        type=float,
+        dest="half_life",
         required=True,
-        help="seconds after which GPU time a queue held weighs half in the fair-share order (default 86400)",
+        help="how long after GPU time a queue held weighs half in the fair-share order "
+        f"({when.DURATION_HELP}; default 1d)",
     )
     qf.set_defaults(fn=cmd_queue_fair_share)
     qr = qsub.add_parser(
         "retention", parents=[common], help="how long the cluster's state keeps a finished job"
     )
     qr.add_argument(
+        "--finished",
         "--finished-s",
-        type=float,
+        dest="finished",
         required=True,
-        help="seconds of log time a finished job stays in the state before it is let go (its "
-        "history stays in the log and in `corral jobs --all`); 0 lets it go at once (default 3600)",
+        help="log time a finished job stays in the state before it is let go (its history stays "
+        f"in the log and in `corral jobs --all`); 0 lets it go at once ({when.DURATION_HELP}; "
+        "default 1h)",
     )
     qr.set_defaults(fn=cmd_queue_retention)
     qd = qsub.add_parser("delete", parents=[common], help="delete a queue that has no unfinished jobs")

@@ -88,14 +88,16 @@ def nats_config(
 
 
 async def setup(url: str | list[str], replicas: int, login: dict[str, Any]) -> None:
-    """Create the log's stream and the buckets with ``replicas`` copies each, as the admin."""
+    """Create the log's stream, the buckets and the output stream with ``replicas`` copies each,
+    as the admin."""
     from corral.events.jetstream import JetStreamLog
-    from corral.services.runtime import forecasts, lease, views
+    from corral.services.runtime import forecasts, lease, output, views
 
     log = await JetStreamLog.connect(url, create=True, replicas=replicas, name="corral-setup", **login)
     try:
         await lease.ensure_bucket(log.nc, replicas=replicas)
         await views.ensure_bucket(log.nc, replicas=replicas)
         await forecasts.ensure_bucket(log.nc, replicas=replicas)
+        await output.ensure_stream(log.nc, replicas=replicas)
     finally:
         await log.close()

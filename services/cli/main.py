@@ -276,6 +276,7 @@ def serve_agent(args: argparse.Namespace) -> None:
     from corral.events.jetstream import JetStreamLog
     from corral.services.agent.service import NodeAgent
     from corral.services.runtime import metrics
+    from corral.services.runtime.output import JetStreamOutput
     from corral.services.runtime.shell import stop_on_signals
     from corral.services.runtime.views import KvNodeViews
 
@@ -310,6 +311,7 @@ def serve_agent(args: argparse.Namespace) -> None:
                 work_dir=work,
                 checkpoint_root=args.checkpoint_dir,
                 publish=log.nc.publish,
+                output=JetStreamOutput(log.nc),
                 heartbeat_interval=args.heartbeat_s,
                 sandbox=args.sandbox,
                 hidden=list(args.hide or ()),
@@ -961,28 +963,28 @@ def cmd_whatif(args: argparse.Namespace) -> None:
 
 
 def cmd_logs(args: argparse.Namespace) -> None:
-    """A job's worker output, from the agents' directories on this machine: each worker's file
-    (``--rank``: one worker's), whole or its last ``--tail`` lines; ``--follow`` then prints
-    what the workers write until the job has ended (the read service says when)."""
-    from corral.services.cli import logs
-
+    """A job's worker output, from any machine, through the read service (the agents ship it to
+    the cluster): each worker's (``--rank``: one worker's), all the cluster keeps or its last
+    ``--tail`` lines; ``--follow`` then prints what the workers print until the job has ended.
+    A ``==> node: attempt-A.rank-R <==`` line says whose lines follow, as ``tail`` does."""
+    if not subjects.is_token(args.job):
+        raise BadInput(f"job id {args.job!r}: use letters, digits, '-' and '_' (at most 64)")
     if args.tail is not None and args.tail < 0:
         raise BadInput(f"--tail {args.tail}: a number of lines, 0 or more")
     if args.rank is not None and args.rank < 0:
         raise BadInput(f"--rank {args.rank}: ranks are 0 and up")
-    client = as_client(login_of(args, args.tenant))
-    if client is not None and not args.follow:
-        # The files are on this machine; still show them only for a job the login may see.
-        answer_of(ask(server_url(args.server), client, "explain", args.job), "job")
-    reader = logs.Reader(Path(args.root), args.job, args.rank)
-    if not args.follow:
-        if not reader.files():
-            raise Failure(f"no logs of job {args.job}{reader.which} under {args.root}")
-        reader.print_new(sys.stdout, args.tail)
-        return
-    with client_for(args, reading=True) as watcher:
-        watcher.explain(args.job)  # no such job (or another tenant's): one line, exit 1
-        logs.follow(reader, watcher, sys.stdout, args.tail)
+    source = None
+    printed = False
+    with client_for(args, reading=True) as client:
+        for line in client.logs(args.job, args.rank, args.tail, args.follow):
+            if (line.node, line.attempt, line.rank) != source:
+                source = (line.node, line.attempt, line.rank)
+                print(f"==> {line.node}: attempt-{line.attempt}.rank-{line.rank} <==")
+            print(line.text, flush=args.follow)
+            printed = True
+    if not printed and not args.follow and args.tail != 0:
+        which = f" rank {args.rank}" if args.rank is not None else ""
+        raise Failure(f"no output of job {args.job}{which} (yet)")
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
@@ -1283,9 +1285,8 @@ def parser() -> argparse.ArgumentParser:
             nv.add_argument("--reason", default="", help="why, for `corral explain` of the jobs it moves")
         nv.set_defaults(fn=cmd_node, node_verb=verb)
 
-    lo = sub.add_parser("logs", parents=[common], help="a job's worker output (agents on this machine)")
+    lo = sub.add_parser("logs", parents=[common], help="a job's worker output, from any machine")
     lo.add_argument("job")
-    lo.add_argument("--root", default=str(STATE_DIR), help="where the agents keep their work")
     lo.add_argument("--rank", type=int, help="only this worker's output")
     lo.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each worker's output")
     lo.add_argument(

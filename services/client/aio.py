@@ -32,6 +32,7 @@ from corral.services.client.results import (
     Invalid,
     Job,
     NoSuchJob,
+    OutputLine,
     Refused,
     Rejected,
     Submitted,
@@ -307,6 +308,39 @@ class AsyncClient:
             if after == 0 or seq >= after:
                 yield msgspec.convert(answer["jobs"], list[Job])
             after = seq + 1
+
+    async def logs(
+        self, job_id: str, rank: int | None = None, tail: int | None = None, follow: bool = False
+    ) -> AsyncGenerator[OutputLine, None]:
+        """What the job's workers printed (``rank``: one worker's), all the cluster keeps or its
+        last ``tail`` lines; ``follow``: then each line as it comes, until the job has ended.
+        Read through the read service, which shows a tenant its own jobs only: ``NoSuchJob``
+        for any other."""
+        if not subjects.is_token(job_id):
+            raise Invalid(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")
+        if rank is not None and rank < 0:
+            raise Invalid(f"rank {rank}: ranks are 0 and up")
+        if tail is not None and tail < 0:
+            raise Invalid(f"tail {tail}: a number of lines, 0 or more")
+        cursor = 0
+        first = True
+        while True:
+            answer = await self._ask(
+                "output",
+                job=job_id,
+                rank=-1 if rank is None else rank,
+                tail=-1 if tail is None or not first else tail,
+                cursor=cursor,
+                wait=MAX_WAIT if follow and not first else 0.0,
+            )
+            first = False
+            for line in msgspec.convert(answer["lines"], list[OutputLine]):
+                yield line
+            cursor = int(answer["cursor"])
+            if answer.get("more"):
+                continue
+            if not follow or answer.get("ended"):
+                return
 
     async def explain(self, job_id: str) -> Explanation:
         """A job's history and why it waits."""

@@ -208,21 +208,28 @@ class ReadService:
     async def _output_page(self, ask: Ask, rank: int | None) -> tuple[list[list[Any]], int, bool]:
         """``([node, attempt, rank, text] per line, cursor past them, whether more is there)``:
         from ``ask.cursor`` on, at most ``PAGE_BYTES`` of text; with ``tail``, the last lines
-        of all the stream keeps past the cursor."""
+        of each worker's output the stream keeps past the cursor (as ``tail`` of each file)."""
         js = self.log.nc.jetstream()
         cursor = ask.cursor
-        kept: deque[list[Any]] = deque(maxlen=ask.tail if ask.tail >= 0 else None)
+        lines: list[list[Any]] = []
+        kept: dict[output.Source, deque[tuple[int, int, list[Any]]]] = {}
         size = 0
         while (chunk := await output.next_chunk(js, ask.job, rank, cursor)) is not None:
             cursor = chunk.seq
             src = chunk.source
-            kept.extend([src.node, src.attempt, src.rank, t] for t in chunk.text.splitlines())
+            rows = [[src.node, src.attempt, src.rank, t] for t in chunk.text.splitlines()]
+            if ask.tail >= 0:
+                last = kept.setdefault(src, deque(maxlen=ask.tail))
+                last.extend((chunk.seq, i, row) for i, row in enumerate(rows))
+                continue
+            lines += rows
             size += len(chunk.text)
-            if ask.tail < 0 and size >= PAGE_BYTES:
-                return list(kept), cursor, True
-        lines = list(kept)
-        while lines and sum(len(x[3]) for x in lines) > PAGE_BYTES:  # a tail too long for one answer
-            lines = lines[len(lines) // 2 :]
+            if size >= PAGE_BYTES:
+                return lines, cursor, True
+        if ask.tail >= 0:
+            lines = [row for _, _, row in sorted(x for last in kept.values() for x in last)]
+            while lines and sum(len(x[3]) for x in lines) > PAGE_BYTES:  # too long for one answer
+                lines = lines[len(lines) // 2 :]
         return lines, cursor, False
 
     async def _send(self, reply: str, body: dict[str, Any]) -> None:

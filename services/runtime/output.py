@@ -110,7 +110,7 @@ class JetStreamOutput:
     async def send(self, subj: str, data: bytes, offset: int) -> None:
         try:
             await self.js.publish(subj, data, stream=STREAM, headers={OFFSET: str(offset)})
-        except nats.errors.NoRespondersError:
+        except js_errors.NoStreamResponseError:
             # No stream (a server set up before it existed): make it where this login may.
             with contextlib.suppress(js_errors.Error, nats.errors.Error):
                 await ensure_stream(self.nc, await buckets.replicas_of_log(self.js))
@@ -120,7 +120,7 @@ class JetStreamOutput:
         """How far into its file the newest message on ``subj`` reached; None: nothing kept."""
         try:
             msg = await self.js.get_msg(STREAM, subject=subj, direct=True)
-        except js_errors.NotFoundError:
+        except (js_errors.NotFoundError, nats.errors.NoRespondersError):  # nothing kept; no stream yet
             return None
         try:
             return int((msg.headers or {}).get(OFFSET, ""))
@@ -141,7 +141,7 @@ async def next_chunk(js: Any, job_id: str, rank: int | None, after: int) -> Chun
             msg = await js.get_msg(
                 STREAM, seq=after + 1, subject=job_filter(job_id, rank), direct=True, next=True
             )
-        except js_errors.NotFoundError:
+        except (js_errors.NotFoundError, nats.errors.NoRespondersError):  # none; no stream yet
             return None
         source = parse(msg.subject)
         if source is None or source.job_id != job_id:

@@ -25,7 +25,8 @@ from corral.events import codec, subjects
 from corral.events.queues import ApplyQueue, QueueSpec, Quota
 from corral.services.cli.up import Settings, cluster
 from corral.services.query.client import Session
-from corral.services.runtime import identities
+from corral.services.runtime import identities, output
+from corral.services.runtime.output import JetStreamOutput
 
 WAIT = 60.0
 SETTINGS = Settings(
@@ -119,5 +120,27 @@ async def test_a_tenant_follows_tails_and_picks_a_rank_and_no_one_else_sees_it(
     try:
         await nc.subscribe("corral.out.>")
         assert "corral.out" in await asyncio.wait_for(refused, WAIT)
+    finally:
+        await nc.close()
+
+
+async def test_an_agent_on_a_server_nobody_set_up_makes_the_stream_and_resumes_from_it(
+    nats_server: str,
+) -> None:
+    """Without logins an agent may make the output stream (with the log's replicas) when it is
+    missing; the newest message of a worker's subject says where its file was shipped to."""
+    nc = await nats.connect(nats_server)
+    try:
+        sink = JetStreamOutput(nc)
+        subj = output.subject("n0", "train", 0, 0)
+        assert await sink.shipped(subj) is None
+        await sink.send(subj, b"one\n", 4)
+        await sink.send(subj, b"two\n", 8)
+        assert await sink.shipped(subj) == 8
+        info = await nc.jetstream().stream_info(output.STREAM)
+        assert info.config.max_msgs_per_subject == output.MAX_MSGS_PER_WORKER
+        chunk = await output.next_chunk(nc.jetstream(), "train", None, 0)
+        assert chunk is not None and chunk.text == "one\n" and chunk.source.rank == 0
+        assert await output.next_chunk(nc.jetstream(), "other", None, 0) is None
     finally:
         await nc.close()

@@ -79,6 +79,7 @@ from corral.services.agent.decide import (
     report_events,
 )
 from corral.services.agent.discovery import Discovery, NvmlGpus
+from corral.services.agent.output import OutputSink, Shipper
 from corral.services.agent.workers import Runtime, SandboxMode, job_logs, restart_backoff
 from corral.services.runtime import logs
 from corral.services.runtime.clock import LogClock
@@ -237,6 +238,7 @@ class NodeAgent:
         found: Discovery | None = None,
         gpus: GpuWatch | None = None,
         publish: Publish | None = None,
+        output: OutputSink | None = None,
         clock: Callable[[], float] = time.time,
         tick: float = 0.5,
         heartbeat_interval: float = 5.0,
@@ -255,7 +257,8 @@ class NodeAgent:
         node's view; ``found``: the node's inventory (default: NVML discovery, a simulated H100 node
         without GPUs); ``checkpoint_root``: where jobs checkpoint, shared by every node that may resume
         them (default: under ``work_dir``); ``publish``: core NATS publish for heartbeats (none: no
-        heartbeats); ``hidden``: directories no sandboxed worker may see (corral's data directory:
+        heartbeats); ``output``: where its workers' output is shipped (none: it stays in their files
+        only); ``hidden``: directories no sandboxed worker may see (corral's data directory:
         credentials, the log's store, other jobs' files); ``worker_user``: the unprivileged host user
         workers run as (none: the agent's own); ``narrow_view``: the sandbox shows the system's directories
         and what the job runs from, not the host's whole root; ``first_view_wait``: how long it waits for
@@ -288,6 +291,7 @@ class NodeAgent:
         )
         self.reports = self.runtime.reports = _Reports()
         self.publish = publish
+        self.shipper = Shipper(node, self.work_dir, output) if output is not None else None
         self.heartbeat_interval = heartbeat_interval
         self.backoff = backoff
         self.backoff_cap = backoff_cap
@@ -518,6 +522,8 @@ class NodeAgent:
         self, stop: asyncio.Event, views: AsyncIterator[NodeView], nxt: asyncio.Future[NodeView]
     ) -> None:
         beat = asyncio.create_task(self._heartbeats())
+        shipped = asyncio.Event()  # set once the workers are stopped or left: then a last look
+        ship = asyncio.create_task(self.shipper.run(shipped)) if self.shipper is not None else None
         arrived = self.reports.arrived
         report = asyncio.ensure_future(arrived.wait())
         ended = asyncio.ensure_future(_first(stop.wait(), self._halt.wait()))
@@ -545,7 +551,13 @@ class NodeAgent:
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
-            await self._shut_down(self._ending if self._halt.is_set() else "stop")
+            try:
+                await self._shut_down(self._ending if self._halt.is_set() else "stop")
+            finally:
+                shipped.set()
+                if ship is not None:
+                    with contextlib.suppress(Exception):  # the server may be gone already
+                        await asyncio.wait_for(ship, 10.0)
 
     async def _shut_down(self, ending: Literal["stop", "leave", "crash"]) -> None:
         # Gangs still starting finish their start first: a start cut short could leave a process

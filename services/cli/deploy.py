@@ -88,10 +88,11 @@ def nats_config(
 
 
 async def setup(url: str | list[str], replicas: int | None, login: dict[str, Any]) -> int:
-    """Create the log's stream and the buckets with ``replicas`` copies each (None: as the
-    servers allow, three on a cluster of three or more), as the admin; return how many."""
+    """Create the log's stream, the buckets and the output stream with ``replicas`` copies each
+    (None: as the servers allow, three on a cluster of three or more), as the admin; return how
+    many."""
     from corral.events.jetstream import JetStreamLog
-    from corral.services.runtime import forecasts, lease, views
+    from corral.services.runtime import forecasts, lease, output, views
 
     log = await JetStreamLog.connect(url, create=True, replicas=replicas, name="corral-setup", **login)
     try:
@@ -99,6 +100,7 @@ async def setup(url: str | list[str], replicas: int | None, login: dict[str, Any
         await lease.ensure_bucket(log.nc, replicas=made)
         await views.ensure_bucket(log.nc, replicas=made)
         await forecasts.ensure_bucket(log.nc, replicas=made)
+        await output.ensure_stream(log.nc, replicas=made)
     finally:
         await log.close()
     return made

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import socket
 import sys
@@ -277,6 +276,7 @@ def serve_agent(args: argparse.Namespace) -> None:
     from corral.events.jetstream import JetStreamLog
     from corral.services.agent.service import NodeAgent
     from corral.services.runtime import metrics
+    from corral.services.runtime.output import JetStreamOutput
     from corral.services.runtime.shell import stop_on_signals
     from corral.services.runtime.views import KvNodeViews
 
@@ -311,6 +311,7 @@ def serve_agent(args: argparse.Namespace) -> None:
                 work_dir=work,
                 checkpoint_root=args.checkpoint_dir,
                 publish=log.nc.publish,
+                output=JetStreamOutput(log.nc),
                 heartbeat_interval=args.heartbeat_s,
                 sandbox=args.sandbox,
                 hidden=list(args.hide or ()),
@@ -543,7 +544,7 @@ class QueueFile(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def cmd_queue_apply(args: argparse.Namespace) -> None:
-    doc = convert(load_document(args.file), QueueFile, args.file)
+    doc = convert(durations_in(load_document(args.file), args.file), QueueFile, args.file)
     # Parents before children, so a cohort tree applies in one go whatever order the file uses.
     requests: list[tuple[str, Any, str]] = []
     if doc.fair_share is not None:
@@ -562,22 +563,42 @@ def cmd_queue_apply(args: argparse.Namespace) -> None:
     print(f"applied {counts}, {len(doc.queues)} queues{fair}")
 
 
+# The queue file's durations, by path: written as people write them ("7d", "1h30m") or in
+# seconds; the log stores seconds.
+QUEUE_FILE_DURATIONS = (("fair_share", "half_life_s", False), ("retention", "finished_s", True))
+
+
+def durations_in(doc: Any, where: str) -> Any:
+    """``doc`` with each of its durations in seconds, or a BadInput naming the one that is not."""
+    if not isinstance(doc, dict):
+        return doc
+    for part, field, zero in QUEUE_FILE_DURATIONS:
+        section = doc.get(part)
+        if isinstance(section, dict) and field in section:
+            section = {**section, field: _seconds(section[field], f"{where}: {part}.{field}", zero=zero)}
+            doc = {**doc, part: section}
+    return doc
+
+
 def cmd_queue_fair_share(args: argparse.Namespace) -> None:
-    half_life = args.half_life_s
-    if not (half_life > 0 and math.isfinite(half_life)):
-        raise BadInput(f"--half-life-s {half_life}: a positive number of seconds")
+    half_life = _seconds(args.half_life, "--half-life", zero=False)
     spec = FairShareSpec(half_life_s=half_life)
     send_admin(args, [("fair-share", ApplyFairShare(fair_share=spec), "cluster")])
     print(f"fair share: past GPU time halves every {half_life:g} s from now on")
 
 
 def cmd_queue_retention(args: argparse.Namespace) -> None:
-    keep = args.finished_s
-    if not (keep >= 0 and math.isfinite(keep)):
-        raise BadInput(f"--finished-s {keep}: a number of seconds, 0 or more")
+    keep = _seconds(args.finished, "--finished")
     spec = RetentionSpec(finished_s=keep)
     send_admin(args, [("retention", ApplyRetention(retention=spec), "cluster")])
     print(f"retention: finished jobs leave the state {keep:g} s after they end, from now on")
+
+
+def _seconds(value: object, what: str, *, zero: bool = True) -> float:
+    try:
+        return when.seconds(value, zero=zero)
+    except when.BadTime as e:
+        raise BadInput(f"{what}: {e}") from None
 
 
 def send_admin(args: argparse.Namespace, requests: list[tuple[str, Any, str]]) -> None:
@@ -942,28 +963,28 @@ def cmd_whatif(args: argparse.Namespace) -> None:
 
 
 def cmd_logs(args: argparse.Namespace) -> None:
-    """A job's worker output, from the agents' directories on this machine: each worker's file
-    (``--rank``: one worker's), whole or its last ``--tail`` lines; ``--follow`` then prints
-    what the workers write until the job has ended (the read service says when)."""
-    from corral.services.cli import logs
-
+    """A job's worker output, from any machine, through the read service (the agents ship it to
+    the cluster): each worker's (``--rank``: one worker's), all the cluster keeps or its last
+    ``--tail`` lines; ``--follow`` then prints what the workers print until the job has ended.
+    A ``==> node: attempt-A.rank-R <==`` line says whose lines follow, as ``tail`` does."""
+    if not subjects.is_token(args.job):
+        raise BadInput(f"job id {args.job!r}: use letters, digits, '-' and '_' (at most 64)")
     if args.tail is not None and args.tail < 0:
         raise BadInput(f"--tail {args.tail}: a number of lines, 0 or more")
     if args.rank is not None and args.rank < 0:
         raise BadInput(f"--rank {args.rank}: ranks are 0 and up")
-    client = as_client(login_of(args, args.tenant))
-    if client is not None and not args.follow:
-        # The files are on this machine; still show them only for a job the login may see.
-        answer_of(ask(server_url(args.server), client, "explain", args.job), "job")
-    reader = logs.Reader(Path(args.root), args.job, args.rank)
-    if not args.follow:
-        if not reader.files():
-            raise Failure(f"no logs of job {args.job}{reader.which} under {args.root}")
-        reader.print_new(sys.stdout, args.tail)
-        return
-    with client_for(args, reading=True) as watcher:
-        watcher.explain(args.job)  # no such job (or another tenant's): one line, exit 1
-        logs.follow(reader, watcher, sys.stdout, args.tail)
+    source = None
+    printed = False
+    with client_for(args, reading=True) as client:
+        for line in client.logs(args.job, args.rank, args.tail, args.follow):
+            if (line.node, line.attempt, line.rank) != source:
+                source = (line.node, line.attempt, line.rank)
+                print(f"==> {line.node}: attempt-{line.attempt}.rank-{line.rank} <==")
+            print(line.text, flush=args.follow)
+            printed = True
+    if not printed and not args.follow and args.tail != 0:
+        which = f" rank {args.rank}" if args.rank is not None else ""
+        raise Failure(f"no output of job {args.job}{which} (yet)")
 
 
 def cmd_explain(args: argparse.Namespace) -> None:
@@ -1269,9 +1290,8 @@ def parser() -> argparse.ArgumentParser:
             nv.add_argument("--reason", default="", help="why, for `corral explain` of the jobs it moves")
         nv.set_defaults(fn=cmd_node, node_verb=verb)
 
-    lo = sub.add_parser("logs", parents=[common], help="a job's worker output (agents on this machine)")
+    lo = sub.add_parser("logs", parents=[common], help="a job's worker output, from any machine")
     lo.add_argument("job")
-    lo.add_argument("--root", default=str(STATE_DIR), help="where the agents keep their work")
     lo.add_argument("--rank", type=int, help="only this worker's output")
     lo.add_argument("--tail", type=int, metavar="N", help="only the last N lines of each worker's output")
     lo.add_argument(
@@ -1301,21 +1321,25 @@ def parser() -> argparse.ArgumentParser:
         "fair-share", parents=[common], help="cluster-wide fair-share settings (the half-life of past use)"
     )
     qf.add_argument(
+        "--half-life",
         "--half-life-s",
-        type=float,
+        dest="half_life",
         required=True,
-        help="seconds after which GPU time a queue held weighs half in the fair-share order (default 86400)",
+        help="how long after GPU time a queue held weighs half in the fair-share order "
+        f"({when.DURATION_HELP}; default 1d)",
     )
     qf.set_defaults(fn=cmd_queue_fair_share)
     qr = qsub.add_parser(
         "retention", parents=[common], help="how long the cluster's state keeps a finished job"
     )
     qr.add_argument(
+        "--finished",
         "--finished-s",
-        type=float,
+        dest="finished",
         required=True,
-        help="seconds of log time a finished job stays in the state before it is let go (its "
-        "history stays in the log and in `corral jobs --all`); 0 lets it go at once (default 3600)",
+        help="log time a finished job stays in the state before it is let go (its history stays "
+        f"in the log and in `corral jobs --all`); 0 lets it go at once ({when.DURATION_HELP}; "
+        "default 1h)",
     )
     qr.set_defaults(fn=cmd_queue_retention)
     qd = qsub.add_parser("delete", parents=[common], help="delete a queue that has no unfinished jobs")

@@ -58,6 +58,7 @@ from corral.services.placer import service as placer_service
 from corral.services.preemptor import service as preemptor_service
 from corral.services.query import service as read_service
 from corral.services.runtime import forecasts, identities, metrics
+from corral.services.runtime import output as worker_output
 from corral.services.runtime import views as node_views
 from corral.services.runtime.lease import KvLease, ensure_bucket
 from corral.services.runtime.shell import Decide, Service, stop_on_signals
@@ -283,6 +284,7 @@ async def cluster(
             await ensure_bucket(setup.nc, replicas=replicas)
             await node_views.ensure_bucket(setup.nc, replicas=replicas)
             await forecasts.ensure_bucket(setup.nc, replicas=replicas)
+            await worker_output.ensure_stream(setup.nc, replicas=replicas)
         finally:
             await setup.close()
         log = await service_log()
@@ -366,6 +368,7 @@ async def cluster(
                 checkpoint_root=data_dir / "checkpoints",
                 found=discovery.simulated(name, inv.labels["profile"], labels=inv.labels),
                 publish=agent_log.nc.publish,
+                output=worker_output.JetStreamOutput(agent_log.nc),
                 clock=clock,
                 tick=cfg.agent_tick,
                 heartbeat_interval=cfg.heartbeat,

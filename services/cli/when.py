@@ -42,6 +42,23 @@ def duration(text: str) -> float:
     return seconds
 
 
+def seconds(value: object, *, zero: bool = True) -> float:
+    """A duration a flag or a file gives: a number of seconds (a file's ``86400``) or text as
+    ``duration`` reads it (``"7d"``, ``"1h30m"``); 0 only when ``zero`` allows it. Negative,
+    infinite and NaN durations are refused however written: TOML and YAML read ``nan`` and
+    ``inf`` as numbers."""
+    if isinstance(value, str):
+        s = duration(value)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        s = float(value)
+    else:
+        raise BadTime(f"{value!r} is not a duration ({DURATION_HELP})")
+    if not math.isfinite(s) or s < 0 or (s == 0 and not zero):
+        bound = "0 or more" if zero else "more than 0"
+        raise BadTime(f"{value!r} is not a duration {bound} ({DURATION_HELP})")
+    return s
+
+
 def moment(text: str, now: float) -> float:
     """Seconds since the epoch that ``text`` names, relative ones counted from ``now``."""
     t = text.strip()

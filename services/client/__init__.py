@@ -2,10 +2,9 @@
 explain and watch jobs (a waiting one with its forecast start), ask what if a job were
 submitted now (and, as the admin, cordon, drain and uncordon nodes and delete queues), from a
 script or a notebook (``Client``) or asyncio (``AsyncClient``), with typed results and the
-CLI's errors. The ``corral`` command's job verbs are built on it.
-
-Worker output is not reachable through it: it stays in the agents' directories on their nodes
-(``corral logs`` reads them on that machine), and nothing carries it over NATS.
+CLI's errors, and read what a job's workers print (``logs``: its tail, one rank, following it
+as it comes), from any machine that reaches the cluster. The ``corral`` command's job verbs
+are built on it.
 """
 
 from corral.services.client.aio import AsyncClient
@@ -19,6 +18,7 @@ from corral.services.client.results import (
     Invalid,
     Job,
     NoSuchJob,
+    OutputLine,
     Reason,
     Refusal,
     Refused,
@@ -42,6 +42,7 @@ __all__ = [
     "Invalid",
     "Job",
     "NoSuchJob",
+    "OutputLine",
     "Reason",
     "Refusal",
     "Refused",

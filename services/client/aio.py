@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from corral.events import codec, subjects
+from corral.events import codec, documents, subjects
 from corral.events.jobs import CancelJob, JobSpec, ResizeJob, SubmitJob
 from corral.events.queues import CordonNode, DeleteQueue
 from corral.projections.lifecycle import FINAL
@@ -32,6 +32,7 @@ from corral.services.client.results import (
     Invalid,
     Job,
     NoSuchJob,
+    OutputLine,
     Refused,
     Rejected,
     Submitted,
@@ -146,10 +147,10 @@ class AsyncClient:
         it (``wait``), or once the log stored it. Raises ``Rejected`` with admission's reason,
         ``Refused`` for an id another job holds, ``TimedOut`` if no verdict came in time."""
         if not isinstance(spec, JobSpec):
-            try:
-                spec = msgspec.convert(spec, JobSpec)
-            except msgspec.ValidationError as e:
-                raise Invalid(f"job spec: {e}") from None
+            try:  # the rule job files follow: each unknown field by its path, types in words
+                spec = documents.convert(spec, JobSpec, "job spec")
+            except documents.NotValid as e:
+                raise Invalid(str(e)) from None
         job_id = id or f"j-{secrets.token_hex(5)}"
         if not subjects.is_token(job_id):
             raise Invalid(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")
@@ -308,6 +309,39 @@ class AsyncClient:
                 yield msgspec.convert(answer["jobs"], list[Job])
             after = seq + 1
 
+    async def logs(
+        self, job_id: str, rank: int | None = None, tail: int | None = None, follow: bool = False
+    ) -> AsyncGenerator[OutputLine, None]:
+        """What the job's workers printed (``rank``: one worker's), all the cluster keeps or its
+        last ``tail`` lines; ``follow``: then each line as it comes, until the job has ended.
+        Read through the read service, which shows a tenant its own jobs only: ``NoSuchJob``
+        for any other."""
+        if not subjects.is_token(job_id):
+            raise Invalid(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")
+        if rank is not None and rank < 0:
+            raise Invalid(f"rank {rank}: ranks are 0 and up")
+        if tail is not None and tail < 0:
+            raise Invalid(f"tail {tail}: a number of lines, 0 or more")
+        cursor = 0
+        first = True
+        while True:
+            answer = await self._ask(
+                "output",
+                job=job_id,
+                rank=-1 if rank is None else rank,
+                tail=-1 if tail is None or not first else tail,
+                cursor=cursor,
+                wait=MAX_WAIT if follow and not first else 0.0,
+            )
+            first = False
+            for line in msgspec.convert(answer["lines"], list[OutputLine]):
+                yield line
+            cursor = int(answer["cursor"])
+            if answer.get("more"):
+                continue
+            if not follow or answer.get("ended"):
+                return
+
     async def explain(self, job_id: str) -> Explanation:
         """A job's history and why it waits."""
         return msgspec.convert(await self._ask("explain", job=job_id), Explanation)
@@ -323,10 +357,10 @@ class AsyncClient:
         placed where or started when, stopping what, and smaller asks that start it at once.
         Nothing is written. Answered by the forecast role on the live state."""
         if not isinstance(spec, JobSpec):
-            try:
-                spec = msgspec.convert(spec, JobSpec)
-            except msgspec.ValidationError as e:
-                raise Invalid(f"job spec: {e}") from None
+            try:  # the rule job files follow: each unknown field by its path, types in words
+                spec = documents.convert(spec, JobSpec, "job spec")
+            except documents.NotValid as e:
+                raise Invalid(str(e)) from None
         if not subjects.is_token(id):
             raise Invalid(f"job id {id!r}: use letters, digits, '-' and '_' (at most 64)")
         session = await self._connected()

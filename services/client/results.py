@@ -83,6 +83,17 @@ class Eta(msgspec.Struct, frozen=True):
     assumption: str
 
 
+class OutputLine(msgspec.Struct, frozen=True, array_like=True):
+    """One line a worker printed (stdout and stderr together, as written): on ``node``, in
+    ``attempt`` of its job, as worker ``rank``. ``text`` is safe to print: invalid UTF-8 shows
+    as U+FFFD, control characters as ``\\x1b``, a line cut at 16 KiB says so at its end."""
+
+    node: str
+    attempt: int
+    rank: int
+    text: str
+
+
 class Job(msgspec.Struct, frozen=True):
     """A job as ``corral jobs`` lists it: ``workers`` the most it asks for, ``min_workers`` the
     least an elastic job runs with (``workers`` for any other; 0 in rows of jobs let go before

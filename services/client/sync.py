@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from corral.events.jobs import JobSpec
 from corral.services.client.aio import VERDICT_TIMEOUT, WHATIF_TIMEOUT, AsyncClient
-from corral.services.client.results import Applied, Explanation, Job, Submitted, WhatIf
+from corral.services.client.results import Applied, Explanation, Job, OutputLine, Submitted, WhatIf
 
 T = TypeVar("T")
 
@@ -98,6 +98,21 @@ class Client:
                 yield self._run(next_update())
         finally:
             self._run(updates.aclose())
+
+    def logs(
+        self, job_id: str, rank: int | None = None, tail: int | None = None, follow: bool = False
+    ) -> Iterator[OutputLine]:
+        """As ``AsyncClient.logs``: the job's output, line by line; ``follow`` until it ends."""
+        lines = self.aio.logs(job_id, rank, tail, follow)
+
+        async def next_line() -> OutputLine | None:
+            return await anext(lines, None)
+
+        try:
+            while (line := self._run(next_line())) is not None:
+                yield line
+        finally:
+            self._run(lines.aclose())
 
     def cordon(
         self, node: str, reason: str = "", *, drain: bool = False, timeout: float = VERDICT_TIMEOUT

@@ -136,11 +136,17 @@ class Session:
         verb: str = "",
         until: str = "",
         wait: float = 0.0,
+        rank: int = -1,
+        tail: int = -1,
+        cursor: int = 0,
     ) -> dict[str, Any]:
         """The read service's answer to ``question`` asked as ``asker``; ``everything``: for
-        ``jobs``, the jobs the fold let go too; ``verb``, ``until`` and ``wait`` as ``Ask`` has
-        them (the answer may take ``wait`` seconds, so this waits that much longer)."""
+        ``jobs``, the jobs the fold let go too; ``verb``, ``until``, ``wait``, and ``output``'s
+        ``rank``, ``tail`` and ``cursor`` as ``Ask`` has them (the answer may take ``wait``
+        seconds, so this waits that much longer)."""
         fields = {"job": job, "after": after, "all": everything, "verb": verb, "until": until, "wait": wait}
+        if question == "output":
+            fields |= {"rank": rank, "tail": tail, "cursor": cursor}
         body = json.dumps(fields).encode()
         subject = identities.read_subject(asker, question)
         msg = await self.request(subject, body, timeout=self.timeout + wait)

@@ -40,7 +40,7 @@ from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
 from corral.services.runtime.forecasts import TenantForecast
 
-QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes", "verdict", "gpus")
+QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes", "verdict", "gpus", "output")
 VERDICT_VERBS = ("submit", "cancel", "resize", "cordon", "delete-queue")  # the last two: the admin's
 MAX_WAIT = 60.0  # seconds one question may ask the read service to wait for its answer to settle
 MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer must fit in a message
@@ -70,6 +70,9 @@ class Ask(msgspec.Struct, frozen=True):
     verb: str = ""  # ``verdict``: the verb of the request stored at ``after``
     until: str = ""  # ``explain``: a phase to wait for (or any final one), with ``wait``
     wait: float = 0.0  # seconds the answer may wait to settle (a verdict, ``until``), at most MAX_WAIT
+    rank: int = -1  # ``output``: one worker's (-1: every worker's)
+    tail: int = -1  # ``output``: only the last this many lines (-1: all kept)
+    cursor: int = 0  # ``output``: the output stream's sequence the asker has read up to
 
     def patience(self) -> float:
         """``wait`` bounded to 0..MAX_WAIT (anything else, NaN included, is 0)."""
@@ -163,6 +166,28 @@ def settled(state: State, asker: str, question: str, ask: Ask, let_go: LetGo | N
         job = state.jobs.get(ask.job)
         return job is None or not sees_job(asker, job) or job.phase == ask.until or job.phase in FINAL
     return True
+
+
+def output_refusal(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> dict[str, Any] | None:
+    """Why ``asker`` may not read the output of job ``ask.job`` (None: it may). Another tenant's
+    job, like one that never was, is "no job": the output stream is filtered by the id, so an id
+    that is not a plain token (a wildcard) is never looked up."""
+    if ask.rank < -1 or ask.tail < -1 or ask.cursor < 0:
+        return refusal(state, "output: rank, tail and cursor are 0 or more")
+    if not subjects.is_token(ask.job):
+        return refusal(state, f"no job {ask.job[:64]!r}")
+    job = state.jobs.get(ask.job)
+    if job is not None and sees_job(asker, job):
+        return None
+    if job is None and let_go is not None and let_go.explain(ask.job, asker) is not None:
+        return None
+    return refusal(state, f"no job {ask.job}")
+
+
+def output_ended(state: State, job_id: str) -> bool:
+    """Whether the job's workers will print no more: it is final, or let go (so final)."""
+    job = state.jobs.get(job_id)
+    return job is None or job.phase in FINAL
 
 
 def eta_of(job: JobState, forecasts: Forecasts) -> dict[str, Any] | None:

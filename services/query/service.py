@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -31,20 +32,33 @@ import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import errors as js_errors
 
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import LogError, Record
 from corral.events.nats_client import open_client
 from corral.projections.state import State
-from corral.services.query.decide import Ask, BadAsk, answer, parse_ask, refusal, settled, tenants_to_read
+from corral.services.query.decide import (
+    Ask,
+    BadAsk,
+    answer,
+    output_ended,
+    output_refusal,
+    parse_ask,
+    refusal,
+    settled,
+    tenants_to_read,
+)
 from corral.services.query.view import JobView
-from corral.services.runtime import identities, logs, metrics
+from corral.services.runtime import identities, logs, metrics, output
 from corral.services.runtime.forecasts import ForecastStore, KvForecasts, TenantForecast
 
 log = logging.getLogger("corral.query")
 
 ROLE = "query"
 MAX_WAITING = 256  # questions waiting for a later log position at once; more are answered now
+PAGE_BYTES = 256 * 1024  # text of workers' output in one answer (NATS carries 1 MiB by default)
+SETTLE = 2.0  # seconds an ended job's output is waited for: its agent ships every 0.25 s
 
 _encode = msgspec.json.Encoder().encode
 
@@ -113,6 +127,13 @@ class ReadService:
         except BadAsk as e:
             await self._send(msg.reply, refusal(self.state, str(e)))
             return
+        if question == "output":
+            if len(self._waiting) >= MAX_WAITING:
+                ask = msgspec.structs.replace(ask, wait=0.0)  # answered now, as below
+            task = asyncio.create_task(self._output(msg.reply, asker, ask))
+            self._waiting.add(task)
+            task.add_done_callback(self._waiting.discard)
+            return
         wait = max(self.freshness_wait if ask.after > self.state.seq else 0.0, ask.patience())
         if wait > 0 and len(self._waiting) < MAX_WAITING and not self._settled(asker, question, ask):
             task = asyncio.create_task(self._answer_later(msg.reply, asker, question, ask, wait))
@@ -140,6 +161,76 @@ class ReadService:
             got = await asyncio.gather(*(self.forecasts.get(t) for t in wanted), return_exceptions=True)
             forecasts = {t: f for t, f in zip(wanted, got, strict=True) if isinstance(f, TenantForecast)}
         await self._send(reply, answer(view.state, view.history, asker, question, ask, view, forecasts))
+
+    async def _output(self, reply: str, asker: str, ask: Ask) -> None:
+        """A page of a job's output past ``ask.cursor`` (``services/runtime/output.py``), for the
+        asker's own jobs only. Asked to wait, it waits for the job to print more (it hears the
+        job's subjects), or, once the job ended, a moment for its last lines (``SETTLE``)."""
+        told = output_refusal(self.state, asker, ask, self.view)
+        if told is not None:
+            await self._send(reply, told)
+            return
+        nc = self.log.nc
+        rank = ask.rank if ask.rank >= 0 else None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ask.patience()
+        heard = asyncio.Event()
+
+        async def on_output(_: Msg) -> None:
+            heard.set()
+
+        sub = await nc.subscribe(output.job_filter(ask.job, rank), cb=on_output) if ask.patience() else None
+        try:
+            settling = False
+            while True:
+                heard.clear()
+                lines, cursor, more = await self._output_page(ask, rank)
+                left = deadline - loop.time()
+                ended = output_ended(self.state, ask.job)
+                if lines or more or left <= 0 or settling:
+                    break
+                if ended:
+                    settling = True  # its last lines may still be on their way from the node
+                    left = min(left, SETTLE)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(heard.wait(), left)
+        except (nats.errors.Error, js_errors.Error) as e:
+            await self._send(reply, refusal(self.state, f"the output cannot be read now: {e}"))
+            return
+        finally:
+            if sub is not None:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
+        ended = ended and not lines and not more
+        body = {"seq": self.state.seq, "lines": lines, "cursor": cursor, "more": more, "ended": ended}
+        await self._send(reply, body)
+
+    async def _output_page(self, ask: Ask, rank: int | None) -> tuple[list[list[Any]], int, bool]:
+        """``([node, attempt, rank, text] per line, cursor past them, whether more is there)``:
+        from ``ask.cursor`` on, at most ``PAGE_BYTES`` of text; with ``tail``, the last lines
+        of each worker's output the stream keeps past the cursor (as ``tail`` of each file)."""
+        js = self.log.nc.jetstream()
+        cursor = ask.cursor
+        lines: list[list[Any]] = []
+        kept: dict[output.Source, deque[tuple[int, int, list[Any]]]] = {}
+        size = 0
+        while (chunk := await output.next_chunk(js, ask.job, rank, cursor)) is not None:
+            cursor = chunk.seq
+            src = chunk.source
+            rows = [[src.node, src.attempt, src.rank, t] for t in chunk.text.splitlines()]
+            if ask.tail >= 0:
+                last = kept.setdefault(src, deque(maxlen=ask.tail))
+                last.extend((chunk.seq, i, row) for i, row in enumerate(rows))
+                continue
+            lines += rows
+            size += len(chunk.text)
+            if size >= PAGE_BYTES:
+                return lines, cursor, True
+        if ask.tail >= 0:
+            lines = [row for _, _, row in sorted(x for last in kept.values() for x in last)]
+            while lines and sum(len(x[3]) for x in lines) > PAGE_BYTES:  # too long for one answer
+                lines = lines[len(lines) // 2 :]
+        return lines, cursor, False
 
     async def _send(self, reply: str, body: dict[str, Any]) -> None:
         nc = self.log.nc

@@ -9,20 +9,24 @@ only, a JSON object of user name to password). The server, not corral's code, en
 - ``agent-<node>``, one per node: its agent reads its own node's view and no other (its key in
   the ``corral_assignments`` bucket: a direct get whose subject names the key, and the key's
   subject to hear it change), appends on its own node's subject ``corral.ev.node.<node>`` and
-  heartbeats on ``corral.hb.<node>``, nothing else; so an agent (or whoever took its node) cannot
+  heartbeats on ``corral.hb.<node>``, ships its workers' output on ``corral.out.<node>.>`` (and
+  reads back the newest of it, to resume), nothing else; so an agent (or whoever took its node) cannot
   read the log or other nodes' assignments, report for another node or write decisions.
 - ``intake``: takes clients' requests on ``corral.req.>`` and appends them to the log at
   ``corral.in.<tenant>.<verb>``; it may publish there, into askers' inboxes (its answers) and
   ask the stream's info, nothing else. Its JetStream acknowledgements come to its own inbox.
 - ``query``: the read service. It may read the stream (stream info, its own consumers and their
-  flow control) and the start forecasts' bucket (direct gets), take questions on
+  flow control), the start forecasts' bucket and the workers' output (direct gets; it hears
+  ``corral.out.>`` to follow a job's output), take questions on
   ``corral.read.>``, and publish only into the askers' inboxes:
   so however a question names its reply subject, its answer can never land in the log.
 - ``admin``: send ``corral.req.admin.>`` (queues, cohorts, priority classes, cordons), ask
   ``corral.read.admin.>`` (the read service shows the admin everything), and create and
   configure the log's stream and the leases' bucket (``corral up`` does it as ``admin``).
 - one user per tenant T: send ``corral.req.T.>`` (submit, cancel, resize), ask
-  ``corral.read.T.>``. Nothing of ``$JS.API``, nothing of the stream's subjects: a tenant can
+  ``corral.read.T.>``. Nothing of ``$JS.API``, nothing of the stream's subjects, nothing of
+  ``corral.out`` (its jobs' output comes through the read service, which checks whose job it
+  is): a tenant can
   neither write the log (JetStream would acknowledge to any reply subject it chose, into the
   log, a lease, another's inbox) nor read it, only ask the intake and the read service.
 
@@ -41,7 +45,7 @@ from pathlib import Path
 
 from corral.events import subjects
 from corral.events.server import Permissions, User, write_private
-from corral.services.runtime import forecasts, views
+from corral.services.runtime import forecasts, output, views
 
 SERVICES = "services"
 QUERY = "query"
@@ -116,9 +120,9 @@ def _js_read(stream: str) -> tuple[str, ...]:
     )
 
 
-# The streams corral keeps: the log, the leases' key-value bucket, the node views' bucket and
-# the start forecasts' bucket.
-STREAMS = (subjects.STREAM, "KV_corral_leases", views.STREAM, forecasts.STREAM)
+# The streams corral keeps: the log, the leases' key-value bucket, the node views' bucket, the
+# start forecasts' bucket and the workers' output.
+STREAMS = (subjects.STREAM, "KV_corral_leases", views.STREAM, forecasts.STREAM, output.STREAM)
 
 
 def _stream_admin() -> tuple[str, ...]:
@@ -141,8 +145,15 @@ def permissions(name: str) -> Permissions | None:
     if name == QUERY:
         return Permissions(
             # and the forecast role's bucket, key by key (direct gets), to add starts to answers
-            publish=(*_js_read(subjects.STREAM), f"{INBOXES}.>", f"$JS.API.DIRECT.GET.{forecasts.STREAM}.>"),
-            subscribe=(f"{QUERY_INBOX}.>", f"{READ}.>"),
+            publish=(
+                *_js_read(subjects.STREAM),
+                f"{INBOXES}.>",
+                f"$JS.API.DIRECT.GET.{forecasts.STREAM}.>",
+                # workers' output, message by message, for the asker's own jobs (``output``)
+                f"$JS.API.DIRECT.GET.{output.STREAM}",
+            ),
+            # the output's subjects, to hear that a followed job printed more
+            subscribe=(f"{QUERY_INBOX}.>", f"{READ}.>", f"{output.OUT}.>"),
         )
     node = _node_of(name)
     if node is not None:
@@ -152,6 +163,9 @@ def permissions(name: str) -> Permissions | None:
                 subjects.heartbeat(node),
                 f"$JS.API.STREAM.INFO.{subjects.STREAM}",  # that the log is there, to append to it
                 views.direct_get_subject(node),
+                # its own workers' output, and where it had shipped it to (a restarted agent)
+                f"{output.OUT}.{node}.>",
+                f"$JS.API.DIRECT.GET.{output.STREAM}.{output.OUT}.{node}.>",
             ),
             subscribe=(f"{agent_inbox(node)}.>", views.key_subject(node)),
         )

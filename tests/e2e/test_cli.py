@@ -211,5 +211,5 @@ def test_a_script_named_relative_to_the_submit_directory_runs(
 
     with Client(cluster, tenant="team-a") as client:
         assert client.wait("rel-1", "succeeded", timeout=120).phase == "succeeded"
-    logs = corral("logs", "rel-1", "--root", str(tmp_path / "data"), env=env).stdout
+    logs = corral("logs", "rel-1", env=env).stdout
     assert "trained in " in logs and f"trained in {project}" not in logs  # its own directory

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.client import Client, Invalid, NoSuchJob
 from tests.e2e.test_cli import CORRAL, QUEUES, cluster, corral, env  # noqa: F401 - fixtures used by name
 from tests.e2e.test_verdicts import one_line
 
@@ -74,7 +75,6 @@ def test_jobs_filtered_and_watched_and_their_output_followed(
     server = ("--server", cluster)
     corral("queue", "apply", str(queues), *server, env=env)
     as_a = (*server, "--tenant", "team-a")
-    root = str(tmp_path / "data")  # where the cluster's agents keep their work
     watch = subprocess.Popen(
         [*CORRAL, "jobs", "--watch", "-o", "json", *as_a],
         env=env,
@@ -96,10 +96,10 @@ def test_jobs_filtered_and_watched_and_their_output_followed(
         )
         script = 'echo "$GREETING from rank $RANK"; for i in 1 2 3; do echo "line $i"; done'
         corral("submit", "--id", "hi", "--queue", "team-a", *flags, *as_a, "--", "sh", "-c", script, env=env)
-        followed = corral("logs", "hi", "--rank", "1", "--follow", "--root", root, env=env)
+        followed = corral("logs", "hi", "--rank", "1", "--follow", env=env)
         assert followed.stdout.splitlines()[1:] == ["hello from rank 1", "line 1", "line 2", "line 3"]
-        assert followed.stdout.splitlines()[0].endswith("attempt-0.rank-1.log <==")
-        tail = corral("logs", "hi", "--tail", "1", "--root", root, env=env).stdout
+        assert followed.stdout.splitlines()[0].endswith(": attempt-0.rank-1 <==")
+        tail = corral("logs", "hi", "--tail", "1", env=env).stdout
         assert [line for line in tail.splitlines() if not line.startswith("==>")] == ["line 3", "line 3"]
 
         seen: list[dict[str, object]] = []
@@ -125,10 +125,28 @@ def test_jobs_filtered_and_watched_and_their_output_followed(
     assert json.loads(corral("jobs", "--queue", "team-b", "-o", "json", *as_a, env=env).stdout) == []
     bad_state = corral("jobs", "--state", "finished", *as_a, env=env, check=False)
     assert bad_state.returncode == 2 and "not a phase" in one_line(bad_state)
-    nosuch = corral("logs", "nosuchjob", "--follow", "--root", root, *as_a, env=env, check=False)
+    nosuch = corral("logs", "nosuchjob", "--follow", *as_a, env=env, check=False)
     assert (nosuch.returncode, one_line(nosuch)) == (1, "corral: no such job nosuchjob")
-    no_rank = corral("logs", "hi", "--rank", "7", "--root", root, env=env, check=False)
-    assert no_rank.returncode == 2 and "no logs of job hi rank 7" in one_line(no_rank)
+    others = corral("logs", "hi", "--tenant", "team-b", env=env, check=False)  # team-a's job
+    assert (others.returncode, one_line(others)) == (1, "corral: no such job hi")
+    assert others.stdout == ""
+    with Client(cluster, tenant="team-a") as mine, Client(cluster, tenant="team-b") as theirs:
+        told = list(mine.logs("hi", rank=0))
+        assert [(x.rank, x.text) for x in told] == [
+            (0, "hello from rank 0"),
+            (0, "line 1"),
+            (0, "line 2"),
+            (0, "line 3"),
+        ]
+        assert [x.text for x in mine.logs("hi", tail=1)] == ["line 3", "line 3"]
+        with pytest.raises(NoSuchJob, match="no such job hi"):
+            list(theirs.logs("hi"))
+        with pytest.raises(Invalid, match="job id"):
+            list(mine.logs("a.*"))
+    no_rank = corral("logs", "hi", "--rank", "7", env=env, check=False)
+    assert no_rank.returncode == 2 and "no output of job hi rank 7" in one_line(no_rank)
+    bad_id = corral("logs", "a.>", env=env, check=False)  # never a wildcard on the output's subjects
+    assert bad_id.returncode == 2 and bad_id.stdout == "" and "job id 'a.>'" in one_line(bad_id)
     bad_mount = corral("submit", "--queue", "team-a", "--mount", "/data", *as_a, env=env, check=False)
     assert bad_mount.returncode == 2 and "SOURCE:TARGET" in one_line(bad_mount)
     bad_time = corral(

@@ -103,6 +103,7 @@ async def test_the_readme_sweep_runs_and_the_client_says_no_as_the_cli(
     lines = done.stdout.splitlines()
     assert lines[:3] == ["1e-3 succeeded", "3e-4 succeeded", "1e-4 succeeded"], done.stdout
     assert lines[3].startswith("rejected: ") and "800 GPUs" in lines[3]
+    assert lines[4:] == ["training with lr=1e-3"]  # its worker's output, read back through the client
 
     async with AsyncClient(cluster, tenant="team-b") as client:
         assert await client.jobs() == []  # team-a's sweep is not team-b's to see

@@ -106,3 +106,31 @@ def test_submit_flags_fill_the_spec_and_a_flag_beside_a_job_file_is_refused(tmp_
     for bad, why in ((["--env", "LR"], "NAME=VALUE"), (["--mount", "/data"], "SOURCE:TARGET")):
         with pytest.raises(BadInput, match=why):
             job_from_args(parse(["submit", "--queue", "q", *bad]))
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (90, 90.0),
+        (1.5, 1.5),
+        ("90m", 5400.0),
+        ("1h", 3600.0),
+        ("7d", 604800.0),
+        ("1h30m", 5400.0),
+        ("0", 0.0),
+    ],
+    ids=lambda v: str(v),
+)
+def test_a_duration_a_flag_or_a_file_gives(value: object, seconds: float) -> None:
+    assert when.seconds(value) == seconds
+
+
+@pytest.mark.parametrize("value", [-1, float("inf"), float("nan"), "-1h", "inf", "soon", True, [1]], ids=str)
+def test_a_duration_that_is_negative_infinite_or_garbage_is_refused(value: object) -> None:
+    with pytest.raises(when.BadTime, match="duration"):
+        when.seconds(value)
+
+
+def test_a_duration_of_nothing_is_refused_where_it_must_be_more() -> None:
+    with pytest.raises(when.BadTime, match="more than 0"):
+        when.seconds("0s", zero=False)

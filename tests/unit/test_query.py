@@ -179,10 +179,25 @@ def test_read_service_publishes_only_into_inboxes_and_reads_the_stream() -> None
     assert not any(s.startswith(("corral.in", "corral.ev", ">")) for s in p.publish)
     assert "_INBOX.corral.>" in p.publish
     forecasts = "$JS.API.DIRECT.GET.KV_corral_forecasts.>"  # the start forecasts, key by key
+    output = "$JS.API.DIRECT.GET.corral_output"  # workers' output, message by message
     assert all(
-        s.startswith(("$JS.API.STREAM.INFO.", "$JS.API.CONSUMER.", "$JS.FC.", "_INBOX.")) or s == forecasts
+        s.startswith(("$JS.API.STREAM.INFO.", "$JS.API.CONSUMER.", "$JS.FC.", "_INBOX."))
+        or s in (forecasts, output)
         for s in p.publish
     )
+    # it hears the output's subjects (to follow a job) and no other stream's
+    assert set(p.subscribe) == {"_INBOX.query.>", "corral.read.>", "corral.out.>"}
+
+
+def test_an_agent_ships_its_own_nodes_output_only_and_a_tenant_none() -> None:
+    p = identities.permissions(identities.agent("n1"))
+    assert p is not None
+    assert {s for s in p.publish if "out" in s} == {
+        "corral.out.n1.>",
+        "$JS.API.DIRECT.GET.corral_output.corral.out.n1.>",
+    }
+    tenant = identities.permissions("a")
+    assert tenant is not None and not any("out" in s for s in (*tenant.publish, *tenant.subscribe))
 
 
 @pytest.mark.parametrize("name", ["admin", "services", "query", "a.b", "*", ">", "", "a b"])

@@ -1,0 +1,225 @@
+"""Ships what this node's workers print to the ``corral_output`` stream, so that ``corral logs``
+and the Python client read it from any machine (``runtime/output.py``: subjects, limits).
+
+Workers write to their files (``workers.log_path``: stdout and stderr together, in the order
+written), which outlive the agent as the workers do; a ``Shipper`` reads what each file gained
+since it last looked and publishes it as whole lines. The files stay the truth on the node; the
+stream is a bounded copy of their newest output. What a worker prints reaches readers as:
+
+- text: bytes that are not UTF-8 become U+FFFD, and control characters (terminal escapes, a
+  carriage return that would overwrite what a reader sees) are shown as ``\\x1b``, never sent
+  to a reader's terminal;
+- lines of at most ``MAX_LINE`` bytes: the rest of a longer one is dropped, with a mark saying
+  so; a line still unfinished when its file stops growing is shipped as it stands;
+- the newest output, when a worker prints faster than it can be shipped: at most
+  ``MAX_BACKLOG`` bytes behind its file, with a mark saying how much was skipped. The stream's
+  limits then bound what the server keeps (``runtime/output.py``).
+
+A restarted agent resumes each file where the newest message of its subject says it reached
+(``OutputSink.shipped``); a file older than the stream keeps anything and not yet shipped is
+not shipped now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from corral.services.runtime.output import MAX_AGE, MAX_LINE, MAX_MESSAGE, subject
+
+log = logging.getLogger(__name__)
+
+EVERY = 0.25  # seconds between looks at the files
+READ_AT_ONCE = 256 * 1024  # bytes read from one file per look
+MAX_BACKLOG = 4 * 1024 * 1024  # bytes a file may be ahead of what was shipped before skipping
+_FILE = re.compile(r"attempt-(\d+)\.rank-(\d+)\.log")
+# C0 controls but tab, DEL, and the C1 controls: what a terminal would act on rather than show.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+class OutputSink(Protocol):
+    async def send(self, subj: str, data: bytes, offset: int) -> None: ...
+
+    async def shipped(self, subj: str) -> int | None: ...
+
+
+def safe_text(raw: bytes) -> str:
+    """A line as a reader's terminal may show it: valid UTF-8, no control characters."""
+    text = raw.decode("utf-8", errors="replace")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def cut_mark(kept: int) -> str:
+    return f" [... line cut at {kept} bytes]"
+
+
+def skip_mark(skipped: int) -> str:
+    return f"[... {skipped} bytes skipped: the worker printed faster than its output is shipped]"
+
+
+@dataclass
+class Lines:
+    """Bytes as they arrive, into whole lines of at most ``limit`` bytes (pure: no IO)."""
+
+    limit: int = MAX_LINE
+    partial: bytearray = field(default_factory=bytearray)
+    cutting: bool = False  # the line under way was shipped cut: drop it up to its newline
+
+    def feed(self, data: bytes) -> list[str]:
+        out: list[str] = []
+        start = 0
+        while start < len(data):
+            end = data.find(b"\n", start)
+            piece = data[start : len(data) if end < 0 else end]
+            if not self.cutting:
+                room = self.limit - len(self.partial)
+                self.partial += piece[:room]
+                if len(piece) > room:
+                    out.append(safe_text(bytes(self.partial)) + cut_mark(self.limit))
+                    self.partial.clear()
+                    self.cutting = True
+            if end < 0:
+                break
+            if not self.cutting:
+                out.append(safe_text(bytes(self.partial)))
+            self.partial.clear()
+            self.cutting = False
+            start = end + 1
+        return out
+
+    def flush(self) -> list[str]:
+        """The unfinished line, as it stands (its file stopped growing)."""
+        if not self.partial:
+            return []
+        line = safe_text(bytes(self.partial))
+        self.partial.clear()
+        return [line]
+
+    def skip(self) -> None:
+        """Forget the line under way: what follows is not its continuation."""
+        self.partial.clear()
+        self.cutting = True
+
+
+def messages(lines: list[str], limit: int = MAX_MESSAGE) -> list[bytes]:
+    """``lines`` as messages of at most about ``limit`` bytes each, every line whole."""
+    out: list[bytes] = []
+    batch: list[bytes] = []
+    size = 0
+    for line in lines:
+        b = line.encode() + b"\n"
+        if batch and size + len(b) > limit:
+            out.append(b"".join(batch))
+            batch, size = [], 0
+        batch.append(b)
+        size += len(b)
+    if batch:
+        out.append(b"".join(batch))
+    return out
+
+
+@dataclass
+class _File:
+    path: Path
+    subject: str
+    offset: int  # bytes of the file read
+    lines: Lines = field(default_factory=Lines)
+    unsent: list[tuple[bytes, int]] = field(default_factory=list)  # (message, offset it reaches)
+
+
+class Shipper:
+    """Ships the output of the workers under ``root`` (an agent's work directory) for ``node``."""
+
+    def __init__(self, node: str, root: Path, sink: OutputSink, *, every: float = EVERY) -> None:
+        self.node, self.root, self.sink, self.every = node, Path(root), sink, every
+        self._files: dict[Path, _File] = {}
+        self._failing = False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Ship until ``stop``, then once more: what workers printed last goes out too."""
+        while not stop.is_set():
+            await self._pass()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.every)
+        await self._pass()
+
+    async def _pass(self) -> None:
+        try:
+            await self.ship()
+            if self._failing:
+                log.info("%s: shipping workers' output again", self.node)
+            self._failing = False
+        except Exception as e:  # the server away: the files keep it; try again next look
+            if not self._failing:
+                log.warning("%s: cannot ship workers' output now: %s", self.node, e)
+            self._failing = True
+
+    async def ship(self) -> int:
+        """One look at every file; the messages sent."""
+        sent = 0
+        for path in sorted(self.root.glob("logs/*/attempt-*.rank-*.log")):
+            f = self._files.get(path) or await self._found(path)
+            if f is not None:
+                sent += await self._ship_file(f)
+        return sent
+
+    async def _found(self, path: Path) -> _File | None:
+        m = _FILE.fullmatch(path.name)
+        if m is None:
+            return None
+        subj = subject(self.node, path.parent.name, int(m[1]), int(m[2]))
+        reached = await self.sink.shipped(subj)
+        if reached is None:
+            try:
+                st = path.stat()
+            except OSError:
+                return None
+            # Nothing kept of it: new, or older than the stream keeps anything (then not again).
+            reached = st.st_size if time.time() - st.st_mtime > MAX_AGE else 0
+        f = self._files[path] = _File(path, subj, reached)
+        return f
+
+    async def _ship_file(self, f: _File) -> int:
+        if not f.unsent:
+            f.unsent = self._read(f)
+        sent = 0
+        while f.unsent:  # in order; what the server did not take is sent first next time
+            data, reached = f.unsent[0]
+            await self.sink.send(f.subject, data, reached)
+            f.unsent.pop(0)
+            sent += 1
+        return sent
+
+    def _read(self, f: _File) -> list[tuple[bytes, int]]:
+        """What ``f`` gained since the last look, as messages."""
+        try:
+            size = f.path.stat().st_size
+        except OSError:
+            self._files.pop(f.path, None)
+            return []
+        out: list[str] = []
+        if size < f.offset:  # the file was replaced: start again
+            f.offset, f.lines = 0, Lines()
+        if size - f.offset > MAX_BACKLOG:
+            out.append(skip_mark(size - MAX_BACKLOG - f.offset))
+            f.offset = size - MAX_BACKLOG
+            f.lines.skip()
+        if size > f.offset:
+            try:
+                with f.path.open("rb") as fh:
+                    fh.seek(f.offset)
+                    data = fh.read(min(size - f.offset, READ_AT_ONCE))
+            except OSError:
+                return []
+            f.offset += len(data)
+            out += f.lines.feed(data)
+        else:
+            out += f.lines.flush()
+        reached = f.offset - len(f.lines.partial)
+        return [(m, reached) for m in messages(out)]

@@ -1,0 +1,150 @@
+"""Workers' output over NATS: the ``corral_output`` stream, which the agents write and the read
+service reads, and nobody else.
+
+Each node's agent ships what its workers print (``services/agent/output.py``) as messages of
+whole lines on ``corral.out.<node>.<job>.<attempt>.<rank>``: the node first, so that NATS lets an
+agent write its own node's subjects only; then the job, attempt and rank, so that a reader takes
+one job (``corral.out.*.<job>.>``) or one rank of it. A message's ``Corral-Offset`` header is how
+far into the worker's file its lines reach, where a restarted agent resumes.
+
+The stream is not the log: it is not folded, not replayed, and it forgets. Its limits keep a
+worker that prints without end from filling the server (DESIGN.md, "Worker output"): each
+worker's subject keeps its newest ``MAX_MSGS_PER_WORKER`` messages of at most ``MAX_MESSAGE``
+bytes, the stream at most ``MAX_BYTES`` and ``MAX_AGE``, and when full it drops the oldest
+(discard old), never refusing what an agent ships now. Tenants may neither subscribe to these
+subjects nor read the stream (``identities``): a tenant reads its own jobs' output through the
+read service, which checks the job is the asker's first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, NamedTuple
+
+import nats.errors
+from nats.js import api
+from nats.js import errors as js_errors
+
+from corral.events import subjects
+from corral.events.jetstream import placed
+from corral.services.runtime import buckets
+
+log = logging.getLogger(__name__)
+
+STREAM = "corral_output"
+OUT = "corral.out"  # corral.out.<node>.<job>.<attempt>.<rank>
+OFFSET = "Corral-Offset"  # header: bytes of the worker's file the message's lines reach to
+
+MAX_LINE = 16 * 1024  # bytes of one line shipped; the rest of a longer one is cut, with a mark
+MAX_MESSAGE = 64 * 1024  # bytes of lines in one message
+MAX_MSGS_PER_WORKER = 256  # messages kept per worker (subject): 16 MiB of its newest output
+MAX_BYTES = 4 * 1024**3  # the whole stream
+MAX_AGE = 7 * 86400.0  # seconds a line is kept
+MAX_MSG_SIZE = 4 * MAX_MESSAGE  # what the server takes: headroom over what an agent sends
+
+
+def subject(node: str, job_id: str, attempt: int, rank: int) -> str:
+    return f"{OUT}.{node}.{job_id}.{attempt}.{rank}"
+
+
+def job_filter(job_id: str, rank: int | None = None, node: str = "*") -> str:
+    """The subjects of a job's output (of one rank of it, of one node's). ``job_id`` must be a
+    token: a wildcard in it would name other jobs."""
+    assert subjects.is_token(job_id), job_id
+    return f"{OUT}.{node}.{job_id}.*.{'*' if rank is None else rank}"
+
+
+class Source(NamedTuple):
+    node: str
+    job_id: str
+    attempt: int
+    rank: int
+
+
+def parse(subj: str) -> Source | None:
+    parts = subj.split(".")
+    if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != OUT or not (parts[4].isdigit() and parts[5].isdigit()):
+        return None
+    return Source(parts[2], parts[3], int(parts[4]), int(parts[5]))
+
+
+def config(replicas: int) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=STREAM,
+        subjects=[f"{OUT}.>"],
+        retention=api.RetentionPolicy.LIMITS,
+        discard=api.DiscardPolicy.OLD,
+        max_age=MAX_AGE,
+        max_bytes=MAX_BYTES,
+        max_msgs_per_subject=MAX_MSGS_PER_WORKER,
+        max_msg_size=MAX_MSG_SIZE,
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+        allow_direct=True,  # the read service and the agents get messages by subject
+    )
+
+
+async def ensure_stream(nc: Any, replicas: int = 1) -> None:
+    """Create the output stream with ``replicas`` (the log's) or bring it to them and to these
+    limits; whoever sets the corral up does it, as for the buckets. Idempotent."""
+    js = nc.jetstream()
+    wanted = config(replicas)
+    try:
+        await js.stream_info(STREAM)
+    except js_errors.NotFoundError:
+        with contextlib.suppress(js_errors.BadRequestError):  # another made it first
+            await placed(lambda: js.add_stream(wanted))
+            return
+    await placed(lambda: js.update_stream(wanted))
+
+
+class JetStreamOutput:
+    """Where an agent ships its workers' output (``services/agent/output.OutputSink``)."""
+
+    def __init__(self, nc: Any) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self._warned = False
+
+    async def send(self, subj: str, data: bytes, offset: int) -> None:
+        try:
+            await self.js.publish(subj, data, stream=STREAM, headers={OFFSET: str(offset)})
+        except js_errors.NoStreamResponseError:
+            # No stream (a server set up before it existed): make it where this login may.
+            with contextlib.suppress(js_errors.Error, nats.errors.Error):
+                await ensure_stream(self.nc, await buckets.replicas_of_log(self.js))
+            await self.js.publish(subj, data, stream=STREAM, headers={OFFSET: str(offset)})
+
+    async def shipped(self, subj: str) -> int | None:
+        """How far into its file the newest message on ``subj`` reached; None: nothing kept."""
+        try:
+            msg = await self.js.get_msg(STREAM, subject=subj, direct=True)
+        except (js_errors.NotFoundError, nats.errors.NoRespondersError):  # nothing kept; no stream yet
+            return None
+        try:
+            return int((msg.headers or {}).get(OFFSET, ""))
+        except ValueError:
+            return None
+
+
+class Chunk(NamedTuple):
+    seq: int
+    source: Source
+    text: str  # whole lines, each ending in a newline
+
+
+async def next_chunk(js: Any, job_id: str, rank: int | None, after: int) -> Chunk | None:
+    """The job's first message past stream sequence ``after`` (None: none yet)."""
+    while True:
+        try:
+            msg = await js.get_msg(
+                STREAM, seq=after + 1, subject=job_filter(job_id, rank), direct=True, next=True
+            )
+        except (js_errors.NotFoundError, nats.errors.NoRespondersError):  # none; no stream yet
+            return None
+        source = parse(msg.subject)
+        if source is None or source.job_id != job_id:
+            after = msg.seq  # not a subject an agent writes: skipped, never shown
+            continue
+        return Chunk(msg.seq, source, (msg.data or b"").decode("utf-8", errors="replace"))

@@ -1,0 +1,138 @@
+"""What an agent makes of what its workers print before it ships it (``services/agent/output.py``)
+and the output stream's limits (``services/runtime/output.py``): whole lines, long ones cut with
+a mark, bytes that are not text or would drive a terminal shown safely, a bounded stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from nats.js import api
+
+from corral.services.agent.output import MAX_BACKLOG, Lines, Shipper, cut_mark, messages, safe_text
+from corral.services.query.decide import Ask, output_refusal
+from corral.services.runtime import output
+from tests.builders import LogBuilder, job
+
+
+def test_bytes_become_whole_lines_however_they_arrive() -> None:
+    lines = Lines()
+    assert lines.feed(b"step 1\nstep") == ["step 1"]
+    assert lines.feed(b" 2\n\nstep 3") == ["step 2", ""]
+    assert lines.flush() == ["step 3"]
+    assert lines.flush() == []
+
+
+def test_a_huge_line_is_cut_with_a_visible_mark_and_the_next_line_is_whole() -> None:
+    lines = Lines(limit=10)
+    got = lines.feed(b"x" * 25)
+    assert got == ["x" * 10 + cut_mark(10)]
+    assert lines.feed(b"y" * 1000) == []  # the rest of the cut line is dropped, as it comes
+    assert lines.feed(b"yy\nnext\n") == ["next"]
+
+
+def test_a_line_exactly_at_the_limit_is_not_cut() -> None:
+    assert Lines(limit=4).feed(b"abcd\n") == ["abcd"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        (b"caf\xc3\xa9", "café"),
+        (b"\xff\xfe binary \x00", "\ufffd\ufffd binary \\x00"),
+        (b"\x1b[2J\x1b]0;pwned\x07", "\\x1b[2J\\x1b]0;pwned\\x07"),
+        (b"progress 10%\rprogress 99%", "progress 10%\\x0dprogress 99%"),
+        (b"tab\tstays", "tab\tstays"),
+        ("\u009b31m".encode(), "\\x9b31m"),
+    ],
+    ids=["utf8", "binary", "escapes", "carriage-return", "tab", "c1"],
+)
+def test_output_is_shown_safely(raw: bytes, shown: str) -> None:
+    assert safe_text(raw) == shown
+
+
+def test_messages_keep_lines_whole_and_small() -> None:
+    lines = [f"line {i} " + "z" * 100 for i in range(50)]
+    batches = messages(lines, limit=1000)
+    assert all(len(b) <= 1000 for b in batches)
+    assert b"".join(batches).decode().splitlines() == lines
+
+
+def test_the_stream_forgets_the_oldest_within_limits_a_platform_engineer_sets() -> None:
+    cfg = output.config(replicas=3)
+    assert cfg.discard == api.DiscardPolicy.OLD
+    assert cfg.num_replicas == 3
+    assert cfg.max_msgs_per_subject == output.MAX_MSGS_PER_WORKER
+    assert cfg.max_age == output.MAX_AGE and cfg.max_bytes == output.MAX_BYTES
+    assert cfg.max_msg_size is not None and cfg.max_msg_size >= output.MAX_MESSAGE
+    # one worker's subject can hold no more than this, however long it prints
+    assert output.MAX_MSGS_PER_WORKER * output.MAX_MESSAGE <= 64 * 1024 * 1024
+
+
+def test_subjects_carry_node_job_attempt_and_rank() -> None:
+    s = output.subject("node-01", "train", 2, 7)
+    assert s == "corral.out.node-01.train.2.7"
+    assert output.parse(s) == output.Source("node-01", "train", 2, 7)
+    assert output.job_filter("train", 7) == "corral.out.*.train.*.7"
+    assert output.parse("corral.out.node-01.train.x.7") is None
+
+
+def test_another_tenants_job_and_a_wildcard_read_as_no_job() -> None:
+    state = LogBuilder().queue("q").submit("a", "mine", job("q")).fold()
+    assert output_refusal(state, "a", Ask(job="mine")) is None
+    assert output_refusal(state, "admin", Ask(job="mine")) is None
+    for asker, job_id in (("b", "mine"), ("a", "nope"), ("a", "*"), ("a", ">"), ("a", "mine.>")):
+        told = output_refusal(state, asker, Ask(job=job_id))
+        assert told is not None and told["error"].startswith("no job "), (asker, job_id)
+    assert output_refusal(state, "a", Ask(job="mine", rank=-2)) is not None
+
+
+class Kept:
+    """An ``OutputSink`` in memory: what a stream would keep, per subject."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, list[tuple[bytes, int]]] = {}
+
+    async def send(self, subj: str, data: bytes, offset: int) -> None:
+        self.sent.setdefault(subj, []).append((data, offset))
+
+    async def shipped(self, subj: str) -> int | None:
+        got = self.sent.get(subj)
+        return got[-1][1] if got else None
+
+    def text(self, subj: str) -> str:
+        return b"".join(d for d, _ in self.sent.get(subj, [])).decode()
+
+
+def _worker_file(root: Path, job_id: str = "train", attempt: int = 0, rank: int = 0) -> Path:
+    path = root / "logs" / job_id / f"attempt-{attempt}.rank-{rank}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+async def test_the_shipper_sends_new_lines_once_and_a_new_agent_resumes(tmp_path: Path) -> None:
+    path = _worker_file(tmp_path, rank=1)
+    path.write_bytes(b"one\ntw")
+    kept = Kept()
+    shipper = Shipper("n0", tmp_path, kept)
+    subj = output.subject("n0", "train", 0, 1)
+    assert await shipper.ship() == 1 and kept.text(subj) == "one\n"
+    assert await shipper.ship() == 1 and kept.text(subj) == "one\ntw\n"  # the file stopped: as it stands
+    with path.open("ab") as f:
+        f.write(b"three\n")
+    again = Shipper("n0", tmp_path, kept)  # an agent restarted: resumes where the stream says
+    await again.ship()
+    assert kept.text(subj) == "one\ntw\nthree\n"
+
+
+async def test_a_worker_printing_faster_than_shipping_is_skipped_ahead_with_a_mark(tmp_path: Path) -> None:
+    path = _worker_file(tmp_path)
+    path.write_bytes(b"old line\n" * (MAX_BACKLOG // 9 + 1000) + b"newest\n")
+    kept = Kept()
+    shipper = Shipper("n0", tmp_path, kept)
+    while await shipper.ship():
+        pass
+    text = kept.text(output.subject("n0", "train", 0, 0))
+    assert text.startswith("[... ") and "bytes skipped" in text.splitlines()[0]
+    assert text.endswith("old line\nnewest\n")
+    assert len(text) <= MAX_BACKLOG + 200

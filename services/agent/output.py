@@ -35,7 +35,12 @@ from corral.services.runtime.output import MAX_AGE, MAX_LINE, MAX_MESSAGE, subje
 
 log = logging.getLogger(__name__)
 
-EVERY = 0.25  # seconds between looks at the files
+EVERY = 0.25  # seconds between looks at the files that are being written
+# A node keeps the files of every worker it ever ran: listing them all is a look at each job's
+# directory. Every ``SCAN_EVERY`` seconds the look is at all of them (new files, and quiet ones
+# that grew again); in between, only at those that grew within ``QUIET_S``.
+SCAN_EVERY = 2.0
+QUIET_S = 10.0
 READ_AT_ONCE = 256 * 1024  # bytes read from one file per look
 MAX_BACKLOG = 4 * 1024 * 1024  # bytes a file may be ahead of what was shipped before skipping
 _FILE = re.compile(r"attempt-(\d+)\.rank-(\d+)\.log")
@@ -131,6 +136,7 @@ class _File:
     offset: int  # bytes of the file read
     lines: Lines = field(default_factory=Lines)
     unsent: list[tuple[bytes, int]] = field(default_factory=list)  # (message, offset it reaches)
+    grew: float = 0.0  # monotonic time it last gained bytes (or was found)
 
 
 class Shipper:
@@ -140,6 +146,7 @@ class Shipper:
         self.node, self.root, self.sink, self.every = node, Path(root), sink, every
         self._files: dict[Path, _File] = {}
         self._failing = False
+        self._scanned = -SCAN_EVERY  # monotonic time of the last look at every file
 
     async def run(self, stop: asyncio.Event) -> None:
         """Ship until ``stop``, then once more: what workers printed last goes out too."""
@@ -147,11 +154,11 @@ class Shipper:
             await self._pass()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.every)
-        await self._pass()
+        await self._pass(everything=True)
 
-    async def _pass(self) -> None:
+    async def _pass(self, *, everything: bool = False) -> None:
         try:
-            await self.ship()
+            await self.ship(everything=everything)
             if self._failing:
                 log.info("%s: shipping workers' output again", self.node)
             self._failing = False
@@ -160,10 +167,17 @@ class Shipper:
                 log.warning("%s: cannot ship workers' output now: %s", self.node, e)
             self._failing = True
 
-    async def ship(self) -> int:
-        """One look at every file; the messages sent."""
+    async def ship(self, *, everything: bool = False) -> int:
+        """One look at the files (all of them every ``SCAN_EVERY`` or when asked, else those
+        that grew lately); the messages sent."""
+        now = time.monotonic()
+        if everything or now - self._scanned >= SCAN_EVERY:
+            self._scanned = now
+            paths = sorted(self.root.glob("logs/*/attempt-*.rank-*.log"))
+        else:
+            paths = [p for p, f in self._files.items() if f.unsent or now - f.grew < QUIET_S]
         sent = 0
-        for path in sorted(self.root.glob("logs/*/attempt-*.rank-*.log")):
+        for path in paths:
             f = self._files.get(path) or await self._found(path)
             if f is not None:
                 sent += await self._ship_file(f)
@@ -182,7 +196,7 @@ class Shipper:
                 return None
             # Nothing kept of it: new, or older than the stream keeps anything (then not again).
             reached = st.st_size if time.time() - st.st_mtime > MAX_AGE else 0
-        f = self._files[path] = _File(path, subj, reached)
+        f = self._files[path] = _File(path, subj, reached, grew=time.monotonic())
         return f
 
     async def _ship_file(self, f: _File) -> int:
@@ -218,6 +232,7 @@ class Shipper:
             except OSError:
                 return []
             f.offset += len(data)
+            f.grew = time.monotonic()
             out += f.lines.feed(data)
         else:
             out += f.lines.flush()

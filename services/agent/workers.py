@@ -3,8 +3,8 @@ report what happened. The agent's service drives it with the actions of ``decide
 reports (``Runtime.reports``) into node events with ``decide.report_events``.
 
 Each worker gets a working directory ``<root>/work/<job>/attempt-<a>/rank-<r>`` and its stdout and
-stderr go to ``<root>/logs/<job>/attempt-<a>.rank-<r>.log`` (``job_logs``; ``corral logs JOB``
-reads them). Where ``bwrap`` (bubblewrap) works, each worker runs in its own mount and PID
+stderr go to ``<root>/logs/<job>/attempt-<a>.rank-<r>.log`` (``job_logs``; the agent ships what
+they gain to the output stream, ``output.py``, which ``corral logs JOB`` reads). Where ``bwrap`` (bubblewrap) works, each worker runs in its own mount and PID
 namespace: a read-only view of the host's root, private ``/proc``, ``/dev`` and ``/tmp``, its
 working and checkpoint directories read-write, and each data mount bound at the path the job
 asked for, read-only when asked; it dies with the agent (``--die-with-parent``). Without bwrap,

@@ -4,12 +4,21 @@ a mark, bytes that are not text or would drive a terminal shown safely, a bounde
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from nats.js import api
 
-from corral.services.agent.output import MAX_BACKLOG, Lines, Shipper, cut_mark, messages, safe_text
+from corral.services.agent.output import (
+    MAX_BACKLOG,
+    QUIET_S,
+    Lines,
+    Shipper,
+    cut_mark,
+    messages,
+    safe_text,
+)
 from corral.services.query.decide import Ask, output_refusal
 from corral.services.runtime import output
 from tests.builders import LogBuilder, job
@@ -136,3 +145,22 @@ async def test_a_worker_printing_faster_than_shipping_is_skipped_ahead_with_a_ma
     assert text.startswith("[... ") and "bytes skipped" in text.splitlines()[0]
     assert text.endswith("old line\nnewest\n")
     assert len(text) <= MAX_BACKLOG + 200
+
+
+async def test_quiet_files_are_looked_at_only_on_the_full_scan_and_new_files_are_found(
+    tmp_path: Path,
+) -> None:
+    old, new = _worker_file(tmp_path, "old"), _worker_file(tmp_path, "new")
+    old.write_bytes(b"done\n")
+    kept = Kept()
+    shipper = Shipper("n0", tmp_path, kept)
+    assert await shipper.ship() == 1
+    shipper._files[old].grew -= QUIET_S + 1  # it has not grown for a while: quiet
+    with old.open("ab") as f:
+        f.write(b"late\n")
+    new.write_bytes(b"hello\n")
+    shipper._scanned = time.monotonic()  # the full scan was just now, however slow this machine
+    assert await shipper.ship() == 0  # between full scans: neither the quiet file nor new ones
+    assert await shipper.ship(everything=True) == 2
+    assert kept.text(output.subject("n0", "old", 0, 0)) == "done\nlate\n"
+    assert kept.text(output.subject("n0", "new", 0, 0)) == "hello\n"

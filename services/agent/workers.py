@@ -48,18 +48,14 @@ import logging
 import os
 import re
 import resource
-import shutil
 import signal
 import socket
-import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-import msgspec
-
 from corral.events.jobs import Mount
-from corral.services.agent import container, sandbox
+from corral.services.agent import container, handover, sandbox
 from corral.services.agent.container import ContainerMode, EngineInfo, Probe
 from corral.services.agent.decide import (
     GONE_CODE,
@@ -80,7 +76,8 @@ from corral.services.agent.decide import (
     WorkerPhase,
 )
 from corral.services.agent.discovery import MigDevice
-from corral.services.agent.keeper import EXIT, STATE, boot_id, start_time
+from corral.services.agent.handover import Kept, WorkerRecord, keeper_dir
+from corral.services.agent.keeper import start_time
 from corral.services.agent.sandbox import RunAs
 
 log = logging.getLogger(__name__)
@@ -89,8 +86,6 @@ SandboxMode = Literal["auto", "bwrap", "none"]
 Prepare = Callable[[StartWorker], Awaitable[None]]
 REQUEST = "REQUEST"
 DONE = "DONE"
-RECORD = "worker.json"
-KEEPER = str(Path(__file__).with_name("keeper.py"))
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
 _OTLP = "OTEL_EXPORTER_OTLP_"  # where the agent sends spans, a job's own spans go too
 _MIG_PLACEHOLDER = re.compile(r"mig:([^/,]+)/([^@,]+)@(\d+)")
@@ -135,27 +130,6 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def keeper_dir(root: str | Path, key: WorkerKey) -> Path:
-    """Where the worker's keeper keeps its state, and the agent what it needs to take it back."""
-    return Path(root) / "keepers" / key.job_id / f"attempt-{key.attempt}.rank-{key.rank}"
-
-
-class _Record(msgspec.Struct, omit_defaults=True):
-    """What an agent needs to take a worker back from the agent before it (``RECORD`` in the
-    keeper's directory): what it runs, and how much of it the log has been told."""
-
-    spec: StartWorker
-    container: str | None = None
-    engine: EngineInfo | None = None
-    container_pid: int | None = None
-    sandboxed: bool = False
-    announced: bool = False  # its start was reported: its exit must be too
-    reported_pid: int = 0
-    stop_grace: float | None = None  # corral asked it to stop, with this grace
-    start_appended: bool = False  # the log has its start
-    exit_appended: bool = False  # the log has its exit
-
-
 class _Worker:
     def __init__(self, spec: StartWorker, root: Path) -> None:
         self.spec = spec
@@ -188,8 +162,8 @@ class _Worker:
         self.done = asyncio.Event()
         self.code: int | None = None
 
-    def record(self) -> _Record:
-        return _Record(
+    def record(self) -> WorkerRecord:
+        return WorkerRecord(
             spec=self.spec,
             container=self.container,
             engine=self.engine,
@@ -204,19 +178,11 @@ class _Worker:
 
     def save(self) -> None:
         """Write the record, whole, where the next agent looks for it."""
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.dir / (RECORD + ".tmp")
-            tmp.write_bytes(msgspec.json.encode(self.record()))
-            os.replace(tmp, self.dir / RECORD)
-        except OSError as e:
-            log.warning("worker %s: cannot save its record: %s", self.key, e)
+        handover.save(self.dir, self.record())
 
     def drop(self) -> None:
         """Forget the worker on disk: nothing of it is left to take back."""
-        shutil.rmtree(self.dir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            self.dir.parent.rmdir()  # the job's, once its last worker here is dropped
+        handover.drop(self.dir)
 
 
 class Runtime:
@@ -450,18 +416,12 @@ class Runtime:
     ) -> None:
         """Run ``argv`` under a keeper of its own (``keeper.py``), so that the worker outlives this
         agent; return once the keeper has said what runs. ``what``: the program, in a reason."""
-        for stale in (STATE, EXIT):
-            (w.dir / stale).unlink(missing_ok=True)
+        command = handover.keeper_command(w.dir, argv, bwrap=bwrap, user=user)
         w.save()
-        opts = [str(w.dir)]
-        if bwrap:
-            opts.append("--bwrap-status")
-        if user is not None:
-            opts += ["--user", str(user.uid), "--group", str(user.gid)]
         with open(w.log, "ab") as out:
             try:
                 w.keeper = await asyncio.create_subprocess_exec(
-                    sys.executable, "-I", KEEPER, *opts, "--", *argv,
+                    *command,
                     cwd=cwd,
                     env=None if env is None else dict(env),
                     stdin=asyncio.subprocess.DEVNULL,
@@ -470,7 +430,7 @@ class Runtime:
                     start_new_session=True,  # Ctrl-C at the agent's terminal is not the worker's
                 )  # fmt: skip
             except OSError as e:
-                raise StartError(f"cannot run {sys.executable}: {e.strerror or e}") from None
+                raise StartError(f"cannot run {command[0]}: {e.strerror or e}") from None
         keeper = w.keeper
         try:
             state = await self._keeper_state(w, lambda s: True)
@@ -499,11 +459,11 @@ class Runtime:
         delay = 0.002
         try:
             while True:
-                state = _read_json(w.dir / STATE)
+                state = handover.keeper_state(w.dir)
                 if state is not None and enough(state):
                     return state
                 if ended.done():
-                    return _read_json(w.dir / STATE)
+                    return handover.keeper_state(w.dir)
                 await asyncio.wait({ended}, timeout=delay)
                 delay = min(delay * 2, self.poll_interval)
         finally:
@@ -592,14 +552,14 @@ class Runtime:
         keeper this agent started is its child, waited for; one taken back is looked at."""
         waiting = asyncio.ensure_future(w.keeper.wait()) if w.keeper is not None else None
         try:
-            while (code := _exit_of(w.dir)) is None:
+            while (code := handover.exit_of(w.dir)) is None:
                 if waiting is not None:
                     if waiting.done():
-                        code = _exit_of(w.dir)
+                        code = handover.exit_of(w.dir)
                         break
                     await asyncio.wait({waiting}, timeout=self.poll_interval)
-                elif not _alive(w.keeper_id, w.boot):
-                    code = _exit_of(w.dir)  # it may have written the exit as it ended
+                elif not handover.alive(w.keeper_id, w.boot):
+                    code = handover.exit_of(w.dir)  # it may have written the exit as it ended
                     break
                 else:
                     await asyncio.sleep(self.poll_interval)  # not our child: nothing to wait on
@@ -765,38 +725,23 @@ class Runtime:
         makes ``decide`` report it gone. Reports the log was not known to hold are made again,
         with the pid they were made with: the message id of the same fact, stored once."""
         taken: list[WorkerKey] = []
-        for d in sorted((self.root / "keepers").glob("*/attempt-*.rank-*")):
-            record = _read_record(d / RECORD)
-            if (
-                record is None
-                or record.spec.key in self._workers
-                or keeper_dir(self.root, record.spec.key) != d
-            ):
-                shutil.rmtree(d, ignore_errors=True)
-                continue
-            w = self._taken(record)
+        for kept in handover.kept(self.root, self._workers):  # self._workers grows as it goes
+            w = self._taken(kept)
             if w is not None:
                 taken.append(w.key)
         return taken
 
-    def _taken(self, record: _Record) -> _Worker | None:
+    def _taken(self, kept: Kept) -> _Worker | None:
+        record, code = kept.record, kept.code
         w = _Worker(record.spec, self.root)
         w.container, w.engine, w.sandboxed = record.container, record.engine, record.sandboxed
         w.announced, w.reported_pid = record.announced, record.reported_pid
         w.appended = {
             what for what, done in (("start", record.start_appended), ("exit", record.exit_appended)) if done
         }
-        state = _read_json(w.dir / STATE) or {}
-        code = _exit_of(w.dir)
-        if "keeper" in state and "worker" in state:
-            w.keeper_id = (int(state["keeper"][0]), int(state["keeper"][1]))
-            w.boot = str(state.get("boot", ""))
-            w.pid, w.pid_start = int(state["worker"][0]), int(state["worker"][1])
-        if w.container is not None:
-            w.sandbox_pid = record.container_pid
-        elif "sandbox" in state:
-            w.sandbox_pid = int(state["sandbox"][0])
-        running = code is None and _alive(w.keeper_id, w.boot)
+        w.keeper_id, w.boot, w.sandbox_pid = kept.keeper_id, kept.boot, kept.sandbox_pid
+        w.pid, w.pid_start = kept.pid, kept.pid_start
+        running = kept.running
         if not w.announced or (code is None and not running):
             # Never reported started (its gang's start was cut short), or gone without an exit:
             # nothing to take back. A keeper still there is ended, which ends its worker.
@@ -919,36 +864,6 @@ def _prepare_directories(w: _Worker, user: RunAs | None = None) -> None:
 
 def _pid(w: _Worker) -> int:
     return w.pid or 0
-
-
-def _read_record(path: Path) -> _Record | None:
-    try:
-        return msgspec.json.decode(path.read_bytes(), type=_Record)
-    except (OSError, msgspec.DecodeError):
-        return None
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        body = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def _exit_of(state_dir: Path) -> int | None:
-    """The worker's exit code as its keeper wrote it, or None while it has not ended."""
-    body = _read_json(state_dir / EXIT)
-    code = None if body is None else body.get("code")
-    return code if isinstance(code, int) else None
-
-
-def _alive(keeper: tuple[int, int] | None, boot: str) -> bool:
-    """Whether the keeper of this pid and start time still runs: after a reboot, or once its
-    pid is another process's, it does not."""
-    if keeper is None or (boot and boot != boot_id()):
-        return False
-    return start_time(keeper[0]) == keeper[1]
 
 
 def _kill(pid: int, sig: signal.Signals) -> None:

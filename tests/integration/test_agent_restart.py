@@ -25,8 +25,8 @@ from corral.events.jobs import JobRequeued
 from corral.events.nodes import NodeConditionChanged, WorkerExited, WorkerStarted
 from corral.projections.lifecycle import FINAL
 from corral.services.agent.decide import WorkerKey
+from corral.services.agent.handover import keeper_dir
 from corral.services.agent.keeper import start_time
-from corral.services.agent.workers import keeper_dir
 from corral.services.runtime import tracing
 from tests.integration import polling
 from tests.integration.test_cluster_failures import DYING, WAIT, Live, cancel, job_spec, live, phase

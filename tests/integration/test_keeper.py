@@ -24,7 +24,8 @@ import pytest
 
 from corral.services.agent import keeper
 from corral.services.agent.decide import Exited, Started, StartWorker, WorkerKey
-from corral.services.agent.workers import RECORD, Runtime, SandboxMode, keeper_dir
+from corral.services.agent.handover import RECORD, keeper_dir
+from corral.services.agent.workers import Runtime, SandboxMode
 from tests.integration import polling
 from tests.integration.test_agent_runtime import LOOP, PY, WAIT, bwrap_works, spec_for
 

@@ -4,8 +4,8 @@ The agent starts ``python -I keeper.py STATE_DIR [--bwrap-status] [--user UID --
 ARGV...``; the keeper runs ARGV (the command itself, bwrap with the command, or a container
 engine's client) as its child, in a session of its own, and waits for it. The agent is not the
 worker's parent, so an agent that restarts leaves its workers running: the next agent on the
-same work directory reads the keepers' state directories and takes them back
-(``workers.Runtime.reattach``).
+same work directory reads the keepers' state directories (``handover.kept``) and takes them
+back (``workers.Runtime.reattach``).
 
 The state directory protocol (every file written whole: written aside, then renamed):
 

@@ -48,8 +48,13 @@ CRLF = b"\r\n"
 
 def _headers(raw: bytes) -> dict[str, str] | None:
     """The writer's headers from a raw ``NATS/1.0`` header block; the server's own are dropped."""
+    lines = raw.split(CRLF)
+    if len(lines) == 4 and lines[1] and not lines[1].startswith(b"Nats-"):
+        # One header of the writer's (a trace context): most records, without the loop.
+        key, _, value = lines[1].partition(b":")
+        return {key.strip().decode(): value.strip().decode(errors="replace")}
     out: dict[str, str] | None = None
-    for line in raw.split(CRLF)[1:]:
+    for line in lines[1:]:
         if not line or line.startswith(b"Nats-"):
             continue
         key, _, value = line.partition(b":")

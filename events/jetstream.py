@@ -5,17 +5,11 @@ this client; many may be in flight at once, and ``append_many`` keeps a window o
 wire while it gathers the acknowledgements of the window before. ``Append.msg_id`` travels as
 ``Nats-Msg-Id`` (the stream stores a repeat once and acknowledges it with the original sequence)
 and ``expected_last_subject_seq`` as ``Nats-Expected-Last-Subject-Sequence`` (the stream refuses
-the append when another writer got there first: a ``ConflictError``).
+the append when another writer got there first: a ``ConflictError``). Acknowledgements are
+handed straight from the protocol parser to the log, as deliveries to its readers are.
 
-Reads use ordered push consumers: the server pushes the stream in order, flow controlled; a gap
-in delivery, or heartbeats that stop, make the reader recreate its consumer after the last
-record it took; a consumer whose creation goes unanswered (the server away, restarting, or
-electing) is asked for again, by a follower for as long as the connection lasts. Deliveries to
-the log's own subscriptions (consumers and acknowledgements) are handed straight from the
-protocol parser to the log, without nats-py's per-message object, queue and task switch: that
-machinery costs more than the rest of a replay. The stream sequence
-and timestamp come from the delivery's reply subject. Headers the server adds or consumes
-(``Nats-*``) are not part of a record; only the writer's own headers are.
+Reads use the ordered push consumers of ``events/reader.py``, which recreate themselves after
+the last record taken when a delivery goes missing or the server goes quiet.
 """
 
 from __future__ import annotations
@@ -36,6 +30,7 @@ from nats.js.client import JetStreamContext
 
 from corral.events.log import Ack, Append, ConflictError, Fence, LogError, Record
 from corral.events.nats_client import Client, default_replicas, open_client
+from corral.events.reader import CRLF, HEARTBEAT, UNANSWERED, Consumer
 from corral.events.subjects import STREAM, STREAM_SUBJECTS
 
 MSG_ID = "Nats-Msg-Id"
@@ -54,8 +49,6 @@ STREAM_NAME_IN_USE = 10058  # JetStream API error: the stream exists with anothe
 NO_PEERS = 10005  # JetStream API error: not enough servers of the cluster known and current yet
 PLACING_WITHIN = 30.0  # seconds a cluster just started (or electing) gets to place a stream
 MIB = 1024 * 1024
-HEARTBEAT = 2.0  # seconds between a consumer's idle heartbeats; two missed ones reset it
-RETRY = 0.5  # seconds between tries to re-create a consumer: a cluster's election ends any moment
 # Seconds an append waits for its acknowledgement. An append sent to a stream leader that just
 # died is never answered, and a service's cycle waits this long before it decides again on the
 # new leader: a few seconds, well above a loaded machine's time to store a batch, and below
@@ -65,18 +58,6 @@ ACK_TIMEOUT = 5.0
 T = TypeVar("T")
 
 log = logging.getLogger("corral.log")
-
-# What a JetStream API request meets while its server is away (restarting, the connection
-# reconnecting) or its cluster elects a leader: no answer yet, which is not a refusal.
-UNANSWERED: tuple[type[Exception], ...] = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.OutboundBufferLimitError,
-    nats.js.errors.ServiceUnavailableError,
-)
-
-_CONTROL = b"NATS/1.0 100"  # status line of flow control requests and idle heartbeats
-_CRLF = b"\r\n"
 
 
 class StreamStatus(msgspec.Struct, frozen=True):
@@ -101,218 +82,6 @@ class _PubAck(msgspec.Struct):
 
 
 _decode_ack = msgspec.json.Decoder(_PubAck).decode
-
-
-def _headers(raw: bytes) -> dict[str, str] | None:
-    """The writer's headers from a raw ``NATS/1.0`` header block; the server's own are dropped."""
-    out: dict[str, str] | None = None
-    for line in raw.split(_CRLF)[1:]:
-        if not line or line.startswith(b"Nats-"):
-            continue
-        key, _, value = line.partition(b":")
-        if out is None:
-            out = {}
-        out[key.strip().decode()] = value.strip().decode(errors="replace")
-    return out
-
-
-class _Consumer:
-    """One ordered push consumer from ``start``, gathering records into a list that the reader
-    swaps out whole. It recreates itself (after the last record taken) on a delivery gap, a
-    heartbeat that reports deliveries we never saw, or two missed heartbeats."""
-
-    def __init__(
-        self, nc: Client, js: JetStreamContext, stream: str, start: int, heartbeat: float = HEARTBEAT
-    ) -> None:
-        self._nc = nc
-        self._js = js
-        self._stream = stream
-        self._heartbeat = heartbeat
-        self.records: list[Record] = []
-        self.ready = asyncio.Event()
-        self.last = start - 1  # newest stream sequence taken in
-        self._tail = b""  # the reply subject of the newest delivery taken in: ``pending``
-        self.closed = False
-        self.failed: LogError | None = None  # why it closed, when not by its reader
-        self._dseq = 1  # next delivery sequence expected from the current consumer
-        self._sub: Subscription | None = None
-        self._name = ""
-        self._active = True
-        self._resetting = False
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        self._sub = await self._nc.subscribe_direct(self._nc.new_inbox(), self._on_delivery)
-        config = api.ConsumerConfig(
-            deliver_subject=self._sub.subject,
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=self.last + 1,
-            ack_policy=api.AckPolicy.NONE,
-            max_deliver=1,
-            flow_control=True,
-            idle_heartbeat=self._heartbeat,
-            mem_storage=True,
-            num_replicas=1,
-            inactive_threshold=60.0,  # the server drops it if this client vanishes
-        )
-        info = await self._js._jsm.add_consumer(self._stream, config)
-        self._name = info.name
-        self._spawn(self._watch())
-
-    async def begin(self, within: float | None) -> None:
-        """``start``, again while the server does not answer, for ``within`` seconds (None: for
-        as long as the connection tries to get a server back; when it gives up, the feed is
-        failed and this ends). A reader that starts just as its server goes away (a service
-        whose first cycle is done when NATS restarts) waits for it, as a reader that was
-        already running does; a refusal is raised at once."""
-        loop = asyncio.get_running_loop()
-        deadline = None if within is None else loop.time() + within
-        said = False
-        while not self.closed:
-            try:
-                await self.start()
-                return
-            except UNANSWERED as e:
-                await self._drop(wait=False)  # the consumer, if made after all, is dropped once idle
-                if deadline is not None and loop.time() >= deadline:
-                    raise
-                if not said:
-                    log.warning(
-                        "reading %s waits for NATS to answer: %s", self._stream, e or type(e).__name__
-                    )
-                    said = True
-            except (nats.errors.Error, nats.js.errors.Error):
-                if self.closed:
-                    return  # closed meanwhile (the log, or its connection given up): its reader ends
-                raise
-            await asyncio.sleep(min(RETRY, self._heartbeat))
-
-    def _on_delivery(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-        if headers is not None and headers.startswith(_CONTROL):
-            self._control(reply, headers)
-            return
-        self._active = True
-        # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts_ns>.<pending>, or the form
-        # with domain and account hash in front and a random token behind (12 tokens).
-        t = reply.split(b".")
-        if len(t) == 9:
-            seq, dseq, ts = int(t[5]), int(t[6]), int(t[7])
-        else:
-            seq, dseq, ts = int(t[7]), int(t[8]), int(t[9])
-        if dseq != self._dseq:
-            self._reset()  # a delivery went missing: start again after the last one taken
-            return
-        self._dseq = dseq + 1
-        if seq <= self.last:
-            return
-        self.last = seq
-        self._tail = reply
-        self.records.append(
-            Record(seq, subject.decode(), data, None if headers is None else _headers(headers), ts / 1e9)
-        )
-        if len(self.records) == 1:  # the reader is woken once per batch it takes, not per record
-            self.ready.set()
-
-    @property
-    def pending(self) -> int:
-        """Messages the server still had for us after the newest one taken in (-1: none taken
-        yet). Read from that delivery's reply subject when asked, not for every delivery."""
-        tail = self._tail
-        if not tail:
-            return -1
-        t = tail.split(b".")
-        return int(t[8] if len(t) == 9 else t[10])
-
-    def _control(self, reply: bytes, headers: bytes) -> None:
-        self._active = True
-        if reply:  # a flow control request: everything before it has been taken in
-            self._spawn(self._nc.publish(reply.decode()))
-            return
-        fields = {
-            k.strip(): v.strip()
-            for k, _, v in (line.partition(b":") for line in headers.split(_CRLF)[1:] if line)
-        }
-        stalled = fields.get(b"Nats-Consumer-Stalled")
-        if stalled:
-            self._spawn(self._nc.publish(stalled.decode()))
-        last = fields.get(b"Nats-Last-Consumer")
-        if last is not None and int(last) != self._dseq - 1:
-            self._reset()
-
-    def _reset(self) -> None:
-        if self._resetting or self.closed:
-            return
-        self._resetting = True
-        self._spawn(self._restart())
-
-    async def _restart(self) -> None:
-        try:
-            while not self.closed:
-                await self._drop(wait=False)
-                self._dseq = 1
-                try:
-                    await self.start()
-                    return
-                except (nats.errors.Error, nats.js.errors.Error):
-                    # The server is away (restarting, or the connection is reconnecting).
-                    await asyncio.sleep(min(RETRY, self._heartbeat))
-        finally:
-            self._resetting = False
-
-    async def _watch(self) -> None:
-        sub = self._sub
-        while not self.closed and sub is self._sub:
-            # The server sends something at least every heartbeat; two silent periods mean the
-            # consumer is gone (a server restart loses it: it lives in memory).
-            await asyncio.sleep(2 * self._heartbeat)
-            if not self._active and sub is self._sub:
-                self._reset()
-                return
-            self._active = False
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _drop(self, wait: bool = True) -> None:
-        """Unsubscribe and delete the consumer. ``wait=False`` (a reset) does not wait for the
-        deletion: the consumer's server may be the one lost, and its deletion would go
-        unanswered for the API's whole timeout while the new consumer could already be reading
-        (a consumer left behind is dropped by its server once inactive)."""
-        sub, name, self._sub = self._sub, self._name, None
-        if sub is not None:
-            await self._nc.unsubscribe_direct(sub)
-        if name and not self._nc.is_closed:
-            if wait:
-                await self._delete(name)
-            else:
-                self._spawn(self._delete(name))
-
-    async def _delete(self, name: str) -> None:
-        with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-            await self._js._jsm.delete_consumer(self._stream, name)
-
-    def take(self) -> list[Record]:
-        batch, self.records = self.records, []
-        self.ready.clear()
-        return batch
-
-    def fail(self, error: LogError) -> None:
-        """End the feed with ``error``: its reader raises it once it has taken what came."""
-        if not self.closed:
-            self.failed = error
-        self.close()
-
-    def close(self) -> None:
-        self.closed = True
-        self.ready.set()
-        for task in list(self._tasks):
-            task.cancel()
-
-    async def stop(self) -> None:
-        self.close()
-        await self._drop()
 
 
 class JetStreamLog:
@@ -344,7 +113,7 @@ class JetStreamLog:
         self._ack_sub: Subscription | None = None
         self._waiting: dict[bytes, asyncio.Future[_PubAck]] = {}
         self._tokens = itertools.count(1)
-        self._consumers: set[_Consumer] = set()
+        self._consumers: set[Consumer] = set()
         self._lost_watch: asyncio.Future[None] | None = None
 
     @property
@@ -450,7 +219,7 @@ class JetStreamLog:
         if fut is None or fut.done():
             return  # answered after its writer gave up waiting
         if not data:  # a status only: 503 when no stream listens on the subject
-            status = headers.split(_CRLF, 1)[0].decode(errors="replace") if headers else ""
+            status = headers.split(CRLF, 1)[0].decode(errors="replace") if headers else ""
             fut.set_result(_PubAck(error=_ApiError(503, 0, f"no stream answered ({status})")))
             return
         try:
@@ -685,14 +454,14 @@ class JetStreamLog:
             consumer.fail(error)
 
     @contextlib.asynccontextmanager
-    async def _consume(self, start: int, within: float | None) -> AsyncIterator[_Consumer]:
-        """A consumer from ``start``, made as ``_Consumer.begin`` says: ``within`` seconds of
+    async def _consume(self, start: int, within: float | None) -> AsyncIterator[Consumer]:
+        """A consumer from ``start``, made as ``Consumer.begin`` says: ``within`` seconds of
         the server not answering, or (None) as long as the connection lasts."""
         if self._lost_watch is None:
             self._lost_watch = asyncio.ensure_future(self._watch_lost())
         if self._nc.lost.is_set():
             raise LogError("lost the connection to NATS for good")
-        consumer = _Consumer(self._nc, self._js, self.stream, start, self._heartbeat)
+        consumer = Consumer(self._nc, self._js, self.stream, start, self._heartbeat)
         # Known before it starts, so that a connection given up, or the log closed, ends it.
         self._consumers.add(consumer)
         try:

@@ -42,12 +42,12 @@ MAX_CLASSES = 10_000
 
 def classes(tenant: str, spec: JobSpec) -> tuple[str, ...]:
     """The classes a job belongs to, most specific first (as history keys)."""
-    gpus = quota.worker_milli(spec.resources) * spec.replicas / WHOLE
+    # Built at every success the fold counts: the GPUs formatted once, the tuple made directly.
+    gpus = f"{quota.worker_milli(spec.resources) * spec.replicas / WHOLE:g}"
     what = spec.name or " ".join(spec.command)
-    out = [f"t={tenant} g={gpus:g}", f"t={tenant}", f"q={spec.queue}"]
     if what:
-        out.insert(0, f"t={tenant} n={what} g={gpus:g}")
-    return tuple(out)
+        return (f"t={tenant} n={what} g={gpus}", f"t={tenant} g={gpus}", f"t={tenant}", f"q={spec.queue}")
+    return (f"t={tenant} g={gpus}", f"t={tenant}", f"q={spec.queue}")
 
 
 def learned(state: State, tenant: str, spec: JobSpec) -> float | None:

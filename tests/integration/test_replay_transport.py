@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import pytest
 
 from bench.workload import synthetic_log
-from corral.events import jetstream
+from corral.events import reader
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import Append, LogError, Record
 from corral.projections.fold import fold
@@ -71,12 +71,12 @@ def tamper(monkeypatch: pytest.MonkeyPatch, plan: dict[int, int]) -> list[int]:
     """Pass the first delivery of each record ``plan`` names to the reader as many times as it
     says (0: it is lost on the way); every other delivery, a later one of the same record
     included, passes once. Returns the sequences tampered with, in the order it happened."""
-    original = jetstream._Consumer._on_delivery
+    original = reader.Consumer._on_delivery
     left = dict(plan)
     done: list[int] = []
 
     def on_delivery(
-        self: jetstream._Consumer, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+        self: reader.Consumer, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
     ) -> None:
         if left and reply.startswith(b"$JS.ACK."):
             seq = int(reply.split(b".")[5])
@@ -88,7 +88,7 @@ def tamper(monkeypatch: pytest.MonkeyPatch, plan: dict[int, int]) -> list[int]:
             return
         original(self, subject, reply, data, headers)
 
-    monkeypatch.setattr(jetstream._Consumer, "_on_delivery", on_delivery)
+    monkeypatch.setattr(reader.Consumer, "_on_delivery", on_delivery)
     return done
 
 

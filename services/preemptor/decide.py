@@ -323,12 +323,16 @@ def _turns(state: State, now: float) -> list[JobState]:
     for name, spec in state.queues.items():
         if spec.strategy == queueing.SHORTEST_FIRST and name in state.queued_by_queue:
             shortest[name] = indexes.queued_in(state, name)
-    first: set[str] = set()
+    first: set[str] | None = None
     for job in indexes.jobs_in(state, "admitted"):
         if job.held is None and (not job.reasons or any(r.preemption_helps for r in job.reasons)):
             out.append(job)
-            if not first and not job.reasons:
-                first = preemption.nominated(state)  # a look at the backlog: only when it can matter
+            if first is None and not job.reasons:
+                # A look at the backlog, only when it can matter, and once: an empty answer asked
+                # again per admitted job cost a walk of every queued job each.
+                first = preemption.nominated(state)
+    if first is None:
+        first = set()
     place: dict[str, int] = {}
     for jobs in shortest.values():
         place.update(queueing.slots(jobs, now))

@@ -64,8 +64,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import islice
-from operator import attrgetter, lt
+from operator import attrgetter
 
 import msgspec
 
@@ -105,7 +104,6 @@ DEFAULT = AdmissionConfig()
 
 # Submission order, which a walk of ``State.jobs`` gave (the fold adds jobs as they are submitted).
 _SUBMISSION = attrgetter("submitted_seq", "id")
-_SEQ = attrgetter("submitted_seq")
 
 # A holder of quota that preemption could stop: (priority, milli-GPU, preemptible).
 _Holder = tuple[int, int, bool]
@@ -115,7 +113,7 @@ _Ends = dict[tuple[str, str], list[tuple[float, int]]]
 
 def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[Event]:
     # 0. Snapshot, from the fold's indexes: usage from the jobs holding quota, each queue's
-    # backlog from its queued jobs, in submission order. No finished job is looked at.
+    # backlog from its queued jobs, in the queue's order. No finished job is looked at.
     ledger = Ledger(state)
     inventory = Inventory(state)
     fair = FairShare(ledger, state, now)
@@ -139,23 +137,14 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             elastic.append(job)
             if job.preempted_for and job.leaving:  # shrinking for a beneficiary
                 stopping.add(job.preempted_for)
-    # The queued jobs, in the order they were queued: one pass, in about the order they sit in
-    # memory (each queue's index would be a look-up per job scattered over the whole State).
-    last_seq, in_order = -1, True  # whether they come in submission order (a requeued job does not)
+    # Each queue's backlog in its order (priority, submission, id), as the fold keeps it: no sort.
+    jobs_of = state.jobs
+    for name, places in state.queued_by_queue.items():
+        backlog = waiting[name] = [jobs_of[i] for _, _, i in places]
+        with_reasons = [j for j in backlog if j.reasons]
+        if with_reasons:
+            explained[name] = with_reasons
     queued = indexes.jobs_in(state, "queued")
-    for job in queued:
-        waiting[job.spec.queue].append(job)
-        if job.reasons:
-            explained[job.spec.queue].append(job)
-        if job.submitted_seq <= last_seq:
-            in_order = False
-        last_seq = job.submitted_seq
-    if not in_order:  # each queue in submission order, as a walk of every job found them
-        for name, jobs in waiting.items():
-            if not all(map(lt, map(_SEQ, jobs), map(_SEQ, islice(jobs, 1, None)))):
-                jobs.sort(key=_SUBMISSION)
-                if name in explained:
-                    explained[name] = [j for j in jobs if j.reasons]
     submitted = indexes.jobs_in(state, "submitted")
     stopped = indexes.jobs_in(state, "preempted", "interrupted")
     stopped.sort(key=_SUBMISSION)
@@ -206,7 +195,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         (job for name, jobs in waiting.items() if not ledger.has_queue(name) for job in jobs),
         key=lambda j: (j.submitted_seq, j.id),
     )
-    # Jobs accepted or requeued this cycle were appended out of submission order.
+    # Jobs accepted or requeued this cycle were appended out of the queue's order.
     touched = {j.spec.queue for j in submitted} | {j.spec.queue for j in stopped}
     sorted_already = [q for q in waiting if q not in touched]
     first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions)

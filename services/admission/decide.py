@@ -85,6 +85,7 @@ from corral.projections.lifecycle import Phase
 from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger, fmt_gpus, key_name
 from corral.projections.state import JobState, State
+from corral.services.admission.backlog import Backlog
 from corral.services.admission.grow import growths
 from corral.services.admission.order import Cursor, FairShare, FairShareOrder, sort_queue
 from corral.services.admission.validate import priority_value, validate
@@ -118,7 +119,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     inventory = Inventory(state)
     fair = FairShare(ledger, state, now)
     holders: dict[tuple[str, str], list[_Holder]] = {}
-    waiting: defaultdict[str, list[JobState]] = defaultdict(list)
+    waiting = _Waiting(state)
     explained: defaultdict[str, list[JobState]] = defaultdict(list)  # waiting jobs with a reason
     stopping: set[str] = set()  # beneficiaries some victim still checkpoints for
     elastic: list[JobState] = []  # running elastic jobs, which may grow
@@ -137,14 +138,13 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             elastic.append(job)
             if job.preempted_for and job.leaving:  # shrinking for a beneficiary
                 stopping.add(job.preempted_for)
-    # Each queue's backlog in its order (priority, submission, id), as the fold keeps it: no sort.
-    jobs_of = state.jobs
-    for name, places in state.queued_by_queue.items():
-        backlog = waiting[name] = [jobs_of[i] for _, _, i in places]
-        with_reasons = [j for j in backlog if j.reasons]
-        if with_reasons:
-            explained[name] = with_reasons
+    # Each queue's backlog is read from its order the fold keeps, only as far as the cycle goes
+    # (``Backlog``). The queued jobs with a reason: one pass, in about the order they sit in
+    # memory (a walk queue by queue would be a look-up per job scattered over the whole State).
     queued = indexes.jobs_in(state, "queued")
+    for job in queued:
+        if job.reasons:
+            explained[job.spec.queue].append(job)
     submitted = indexes.jobs_in(state, "submitted")
     stopped = indexes.jobs_in(state, "preempted", "interrupted")
     stopped.sort(key=_SUBMISSION)
@@ -160,7 +160,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         prio = priority_value(state, job.spec.priority_class) or 0
         events.append(JobAccepted(job_id=job.id, priority=prio))
         as_queued = msgspec.structs.replace(job, phase="queued", priority=prio, reasons=())
-        waiting[job.spec.queue].append(as_queued)
+        waiting[job.spec.queue].add(as_queued)
 
     # 2. Hold what the queued beneficiaries of stops under way will be admitted with, all the
     # preemptor counted on (the victims' quota and what was free besides), on top of what the
@@ -173,8 +173,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             found = preemption.demand(state, ledger, beneficiary)
             if found is not None:
                 ledger.charge(beneficiary.spec.queue, *found)
-            queue = beneficiary.spec.queue
-            waiting[queue] = [j for j in waiting.get(queue, ()) if j.id != job_id]
+            waiting[beneficiary.spec.queue].drop(job_id)
     stopped, nominated = _nominations(state, stopped, stopping, ledger, ends, now)
     nominated -= stopping
     stopped.sort(key=lambda j: (j.submitted_seq, j.id))
@@ -185,7 +184,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         as_queued = msgspec.structs.replace(
             job, phase="queued", attempt=job.attempt + 1, admission=None, placement=None, reasons=(reason,)
         )
-        waiting[job.spec.queue].append(as_queued)
+        waiting[job.spec.queue].add(as_queued)
         explained[job.spec.queue].append(as_queued)
     unhosted = _unhosted(state, inventory, ledger, queued, waiting, explained, events)
     nominated -= unhosted
@@ -195,13 +194,10 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         (job for name, jobs in waiting.items() if not ledger.has_queue(name) for job in jobs),
         key=lambda j: (j.submitted_seq, j.id),
     )
-    # Jobs accepted or requeued this cycle were appended out of the queue's order.
-    touched = {j.spec.queue for j in submitted} | {j.spec.queue for j in stopped}
-    sorted_already = [q for q in waiting if q not in touched]
     first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions)
     for adm in first:
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
-    order = FairShareOrder(waiting, ledger, fair, config.lookahead, sorted_already, now)
+    order = FairShareOrder(waiting, ledger, fair, config.lookahead, waiting.keys(), now)
     lending_holds: list[tuple[str, str, int]] = []
     admissions = first + _admit(order, ledger, config.max_admissions - len(first), now, ends, lending_holds)
     grown = growths(state, ledger, elastic, waiting, admissions) if config.grow else []
@@ -258,7 +254,7 @@ def _nominations(
 def _admit_nominated(
     state: State,
     nominated: set[str],
-    waiting: dict[str, list[JobState]],
+    waiting: _Waiting,
     explained: dict[str, list[JobState]],
     ledger: Ledger,
     cap: int,
@@ -276,7 +272,7 @@ def _admit_nominated(
         if adm is None:
             continue
         out.append(adm)
-        waiting[queue] = [j for j in waiting.get(queue, ()) if j.id != job.id]
+        waiting[queue].drop(job.id)
         if queue in explained:
             explained[queue] = [j for j in explained[queue] if j.id != job.id]
     return out
@@ -299,6 +295,20 @@ def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger) -> Admissi
     return None
 
 
+class _Waiting(dict[str, Backlog]):
+    """Each queue's ``Backlog`` this cycle, made on first mention."""
+
+    def __init__(self, state: State) -> None:
+        super().__init__()
+        self._state = state
+        for name, places in state.queued_by_queue.items():
+            self[name] = Backlog(state.jobs, name, places)
+
+    def __missing__(self, name: str) -> Backlog:
+        found = self[name] = Backlog(self._state.jobs, name, ())
+        return found
+
+
 # -- hosts -----------------------------------------------------------------------------------------
 
 
@@ -307,7 +317,7 @@ def _unhosted(
     inventory: Inventory,
     ledger: Ledger,
     queued: list[JobState],
-    waiting: dict[str, list[JobState]],
+    waiting: _Waiting,
     explained: dict[str, list[JobState]],
     events: list[Event],
 ) -> set[str]:
@@ -333,16 +343,17 @@ def _unhosted(
     for name, why_of in homeless.items():
         if name not in waiting:
             continue
-        kept = []
-        for job in waiting[name]:
-            reason = why_of.get(job.id)
-            if reason is None:
-                kept.append(job)
-                continue
-            out.add(job.id)
+        backlog = waiting[name]
+        # Those the State holds queued first, then those the cycle queued, each by submission.
+        found_in = [i for i in why_of if backlog.has(i)]
+        found_in.sort(key=backlog.added)  # stable
+        for job_id in found_in:
+            job = backlog.job(job_id)
+            reason = why_of[job_id]
+            backlog.drop(job_id)
+            out.add(job_id)
             if job.reasons != (reason,):
-                events.append(PendingReasonChanged(job_id=job.id, reasons=(reason,)))
-        waiting[name] = kept
+                events.append(PendingReasonChanged(job_id=job_id, reasons=(reason,)))
         if name in explained:
             explained[name] = [j for j in explained[name] if j.id not in out]
     return out

@@ -40,7 +40,7 @@ dependence (queues are visited by name, ties end at job id).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from itertools import islice
 from operator import attrgetter, lt
 
@@ -125,7 +125,7 @@ class Cursor:
 
     __slots__ = ("name", "spec", "jobs", "pos", "blocked", "stopped", "passes", "admitted", "room", "hold")
 
-    def __init__(self, name: str, spec: QueueSpec, jobs: list[JobState]) -> None:
+    def __init__(self, name: str, spec: QueueSpec, jobs: Sequence[JobState]) -> None:
         self.name = name
         self.spec = spec
         self.jobs = jobs
@@ -154,7 +154,7 @@ class FairShareOrder:
 
     def __init__(
         self,
-        waiting: Mapping[str, list[JobState]],
+        waiting: Mapping[str, Sequence[JobState]],
         ledger: Ledger,
         fair: FairShare,
         lookahead: int = 1 << 30,
@@ -171,7 +171,9 @@ class FairShareOrder:
             if not jobs or not ledger.has_queue(name):
                 continue
             spec = ledger.spec(name)
-            sort_queue(jobs, name in in_order, spec.strategy, now)
+            if name not in in_order or spec.strategy == queueing.SHORTEST_FIRST:
+                jobs = list(jobs)  # the whole queue, to sort
+                sort_queue(jobs, name in in_order, spec.strategy, now)
             cur = self.cursors[name] = Cursor(name, spec, jobs)
             self.push(cur)
 

@@ -198,7 +198,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     for adm in first:
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, waiting.keys(), now)
-    lending_holds: list[tuple[str, str, int]] = []
+    lending_holds = _LendingHolds(ledger)
     admissions = first + _admit(order, ledger, config.max_admissions - len(first), now, ends, lending_holds)
     grown = growths(state, ledger, elastic, waiting, admissions) if config.grow else []
     if admissions or grown:
@@ -379,7 +379,7 @@ def _admit(
     cap: int,
     now: float,
     ends: _Ends,
-    lending_holds: list[tuple[str, str, int]],
+    lending_holds: _LendingHolds,
 ) -> list[Admission]:
     out: list[Admission] = []
     while len(out) < cap and (cur := order.pop()) is not None:
@@ -396,7 +396,7 @@ def _admit(
             room = cur.room.get(key)
             if room is not None and per_worker * lo > room:
                 continue
-            avail = _available(ledger, cur.name, key, lending_holds)
+            avail = lending_holds.available(cur.name, key)
             replicas = min(hi, avail // per_worker)
             cur.room[key] = avail
             if held is not None:  # what a job behind the held one may take without delaying it
@@ -405,7 +405,7 @@ def _admit(
                     replicas = min(replicas, spare // per_worker)
             if replicas >= lo:
                 milli = per_worker * replicas
-                ledger.charge(cur.name, key, milli)
+                lending_holds.charge(cur.name, key, milli)
                 cur.room[key] = avail - milli
                 gpus = quota.admission_gpus(key, milli)
                 out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus))
@@ -417,24 +417,49 @@ def _admit(
                 found = hold(ledger, cur.name, job, ends.get((cur.name, demands[0][0]), []), now)
                 if found is not None:
                     if ledger.used(cur.name, found.key) + found.need <= ledger.nominal(cur.name, found.key):
-                        lending_holds.append((cur.name, found.key, found.need))
+                        lending_holds.add(cur.name, found.key, found.need)
                     if not cur.strict:  # a strict queue goes no further than its head anyway
                         cur.hold = found
             order.passed(cur)
     return out
 
 
-def _available(ledger: Ledger, queue: str, key: str, lending_holds: list[tuple[str, str, int]]) -> int:
-    """What ``queue`` may still take of ``key``, other queues' lending holds kept: each as if its
-    held job were admitted (a queue's own hold is ``Hold.spare``'s, which lets jobs that end in
-    time go first)."""
-    others = [(q, milli) for q, k, milli in lending_holds if k == key and q != queue]
-    for q, milli in others:
-        ledger.charge(q, key, milli)
-    avail = ledger.available(queue, key)
-    for q, milli in others:
-        ledger.charge(q, key, -milli)
-    return avail
+class _LendingHolds:
+    """Queues' lending holds this cycle: what a queue may still take of a key is what the ledger
+    says with every other queue's hold charged, as if its held job were admitted (a queue's own
+    hold is ``Hold.spare``'s, which lets jobs that end in time go first). Kept as a copy of the
+    ledger with every hold charged, charged as the ledger is, so that the question costs a look
+    and not a charge and a refund per hold (quadratic in queues over a cycle). The ledger's
+    figures depend on what each queue holds, not on the order of the charges: the copy less a
+    queue's own hold is the ledger with the others'."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.held: Ledger | None = None  # made at the first hold
+        self.own: dict[tuple[str, str], int] = {}
+
+    def add(self, queue: str, key: str, milli: int) -> None:
+        if self.held is None:
+            self.held = self.ledger.copy()
+        self.held.charge(queue, key, milli)
+        self.own[queue, key] = self.own.get((queue, key), 0) + milli
+
+    def charge(self, queue: str, key: str, milli: int) -> None:
+        self.ledger.charge(queue, key, milli)
+        if self.held is not None:
+            self.held.charge(queue, key, milli)
+
+    def available(self, queue: str, key: str) -> int:
+        held = self.held
+        if held is None:
+            return self.ledger.available(queue, key)
+        own = self.own.get((queue, key), 0)
+        if own:
+            held.charge(queue, key, -own)
+        avail = held.available(queue, key)
+        if own:
+            held.charge(queue, key, own)
+        return avail
 
 
 def _ends_at(ends: _Ends, job: JobState, adm: Admission, now: float) -> None:

@@ -17,7 +17,7 @@ from corral.events.jobs import (
     JobsAdmitted,
     PendingReasonChanged,
 )
-from corral.projections import quota
+from corral.projections import indexes, quota
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -42,7 +42,8 @@ def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
     if job is None:
         raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
     move(state, job, "accept", ctx)
-    job.priority = ev.priority
+    before, job.priority = job.priority, ev.priority
+    indexes.reprioritised(state, job, before)
     if job.reasons:  # a store costs more than the look (Structs)
         job.reasons = ()
 
@@ -53,7 +54,8 @@ def _priority_changed(state: State, ctx: Ctx, ev: JobPriorityChanged) -> None:
         raise Refused("illegal", f"job {job.id} is {job.phase}", job.id)
     if job.priority != ev.priority:
         job.priority_seq = ctx.seq
-    job.priority = ev.priority
+    before, job.priority = job.priority, ev.priority
+    indexes.reprioritised(state, job, before)
     job.updated_seq = ctx.seq
 
 

@@ -110,7 +110,7 @@ def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
             shrink(state, ctx, job, req.replicas, "", ctx.time + job.spec.grace_seconds)
         else:
             raise Refused("illegal", f"job {job.id} is {job.phase}: it can shrink once it runs", job.id)
-    job.spec = msgspec.structs.replace(job.spec, replicas=req.replicas)
+    indexes.respec(state, job, msgspec.structs.replace(job.spec, replicas=req.replicas))
     job.updated_seq = ctx.seq
 
 

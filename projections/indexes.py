@@ -1,5 +1,6 @@
-"""Indexes of the jobs, kept by the fold: the jobs in each phase, the queued jobs of each queue,
-the jobs holding GPUs on each node.
+"""Indexes of the jobs, kept by the fold: the jobs in each phase, the queued jobs of each queue in
+the order the queue serves them, the jobs holding GPUs on each node, and the workers every
+unfinished job asks for.
 
 Why. Every decision cycle, and the fold's handlers of node events, want a few kinds of jobs: the
 queued ones, those holding quota, those on one node. A walk of ``State.jobs`` for them costs every
@@ -10,9 +11,15 @@ asks for:
 - ``State.jobs_by_phase``: phase -> ids of its jobs, in the order they entered it. Kept where a
   job is made (``fold_requests``, through ``add``) and where its phase changes
   (``fold_moves.move`` and ``move_twice``, the only places, through ``moved``).
-- ``State.queued_by_queue``: queue -> ids of its queued jobs, in the order they were queued. (A
-  queue's own order, by priority and submission or response ratio, is the reader's to sort:
-  priorities change while jobs wait, and shortest-first depends on the time.)
+- ``State.queued_by_queue``: queue -> its queued jobs' places, ``(-priority, submitted_seq, id)``,
+  sorted: the order a FIFO queue serves them in (priority, then submission, then id), kept as
+  jobs enter and leave the phase and as a queued job's priority changes (``reprioritised``), so
+  that admission and the preemptor read a queue's front without sorting its backlog each cycle.
+  (A shortest-first queue's order depends on the time: its reader orders it from this one.)
+- ``State.workers_by_ask``: per worker ask (a ``Resources``, as its JSON: a State's dict keys
+  are strings), the workers the unfinished jobs asking for it count, ``max(1, replicas)`` each:
+  the workload the placer measures fragmentation against, kept where a job is made, finishes,
+  is let go or resized (``respec``), so that no cycle reads every job for it.
 - ``State.holding_by_node``: node -> ids of the jobs holding GPUs, CPU or memory there
   (``JobState.held``), in the order they took them. ``held`` changes only through ``hold``
   (``projections/claims.py`` and ``fold_nodes`` call it), which keeps this.
@@ -24,17 +31,23 @@ any walk of them is deterministic. An index entry left empty is removed: a State
 jobs); ``rebuild`` makes the indexes of a State built by hand (benchmarks, tests); ``check``
 recomputes them from ``State.jobs`` and says where they differ (tests).
 
-Order. An index's order is the order of events, not submission order. Readers that need an order
-sort by their own key with ties by id, as before; ``holding_on`` gives a node's jobs in
+Order. ``jobs_by_phase`` and ``holding_by_node`` keep the order of events, not submission order;
+readers that need another order sort by their own key with ties by id. ``holding_on`` gives a
+node's jobs in
 submission order, the order a walk of ``State.jobs`` found them (the fold inserts jobs in
 submission order), so that what the fold does to them in turn is what it did before.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Collection, Iterable
+from functools import lru_cache
+
+import msgspec
 
 from corral.events.decisions import Placement
+from corral.events.jobs import JobSpec, Resources
 from corral.projections import lifecycle
 from corral.projections.lifecycle import FINAL, PHASES, Phase
 from corral.projections.state import JobState, State
@@ -51,6 +64,12 @@ UNFINISHED: tuple[Phase, ...] = tuple(p for p in PHASES if p not in FINAL)
 HOLDS_QUOTA: tuple[Phase, ...] = ordered(lifecycle.HOLDS_QUOTA)
 
 Index = dict[str, dict[str, None]]
+# A queued job's place in its queue: sorted ascending, highest priority first, then submission.
+Place = tuple[int, int, str]
+
+
+def place_of(job: JobState) -> Place:
+    return (-job.priority, job.submitted_seq, job.id)
 
 
 def _add(index: Index, key: str, job_id: str) -> None:
@@ -71,6 +90,49 @@ def _remove(index: Index, key: str, job_id: str) -> None:
             del index[key]
 
 
+def _enqueue(state: State, job: JobState) -> None:
+    places = state.queued_by_queue.get(job.spec.queue)
+    if places is None:
+        state.queued_by_queue[job.spec.queue] = [place_of(job)]
+    else:
+        insort(places, place_of(job))
+
+
+def _dequeue(state: State, job: JobState, place: Place) -> None:
+    queue = job.spec.queue
+    places = state.queued_by_queue.get(queue)
+    if places is None:
+        return
+    i = bisect_left(places, place)
+    if i < len(places) and places[i] == place:
+        del places[i]
+    else:  # tolerant, as ``_remove``: a scratch State may hold a job its index never had
+        places[:] = [p for p in places if p[2] != job.id]
+    if not places:
+        del state.queued_by_queue[queue]
+
+
+def ask_key(res: Resources) -> str:
+    """A worker ask as ``workers_by_ask`` keys it: equal asks give equal keys (defaults omitted)."""
+    return msgspec.json.encode(res).decode()
+
+
+@lru_cache(maxsize=4096)
+def ask_of(key: str) -> Resources:
+    """The ask a ``workers_by_ask`` key stands for (a few kinds of ask recur: decoded once)."""
+    return msgspec.json.decode(key, type=Resources)
+
+
+def _count_ask(state: State, spec: JobSpec, sign: int) -> None:
+    asks = state.workers_by_ask
+    key = ask_key(spec.resources)
+    n = asks.get(key, 0) + sign * max(1, spec.replicas)
+    if n:
+        asks[key] = n
+    else:
+        del asks[key]
+
+
 def _nodes(placement: Placement) -> Iterable[str]:
     workers = placement.workers
     if len(workers) == 1:
@@ -86,7 +148,9 @@ def add(state: State, job: JobState) -> None:
     state.jobs[job.id] = job
     _add(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
-        _add(state.queued_by_queue, job.spec.queue, job.id)
+        _enqueue(state, job)
+    if job.phase not in FINAL:
+        _count_ask(state, job.spec, 1)
     if job.held is not None:
         for node in _nodes(job.held):
             _add(state.holding_by_node, node, job.id)
@@ -111,9 +175,30 @@ def moved(state: State, job: JobState, before: Phase) -> None:
     else:
         ids[job_id] = None
     if before == "queued":
-        _remove(state.queued_by_queue, job.spec.queue, job_id)
+        _dequeue(state, job, place_of(job))
     if after == "queued":
-        _add(state.queued_by_queue, job.spec.queue, job_id)
+        _enqueue(state, job)
+    if (before in FINAL) != (after in FINAL):
+        _count_ask(state, job.spec, -1 if after in FINAL else 1)
+
+
+def reprioritised(state: State, job: JobState, before: int) -> None:
+    """``job``'s priority has changed from ``before`` to ``job.priority``: a queued job takes its
+    new place in its queue."""
+    if job.phase != "queued" or job.priority == before:
+        return
+    _dequeue(state, job, (-before, job.submitted_seq, job.id))
+    _enqueue(state, job)
+
+
+def respec(state: State, job: JobState, spec: JobSpec) -> None:
+    """Give ``job`` a new spec (a resize: the same queue and ask, another most workers)."""
+    unfinished = job.phase not in FINAL
+    if unfinished:
+        _count_ask(state, job.spec, -1)
+    job.spec = spec
+    if unfinished:
+        _count_ask(state, spec, 1)
 
 
 def hold(state: State, job: JobState, held: Placement | None) -> None:
@@ -141,10 +226,12 @@ def hold(state: State, job: JobState, held: Placement | None) -> None:
 
 def forget(state: State, job: JobState) -> None:
     """Take ``job`` out of the State and every index."""
-    state.jobs.pop(job.id, None)
+    known = state.jobs.pop(job.id, None) is not None
     _remove(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
-        _remove(state.queued_by_queue, job.spec.queue, job.id)
+        _dequeue(state, job, place_of(job))
+    if known and job.phase not in FINAL:
+        _count_ask(state, job.spec, -1)
     if job.held is not None:
         for node in _nodes(job.held):
             _remove(state.holding_by_node, node, job.id)
@@ -173,9 +260,9 @@ def unfinished(state: State) -> list[JobState]:
 
 
 def queued_in(state: State, queue: str) -> list[JobState]:
-    """The queued jobs of ``queue``, in the order they were queued."""
+    """The queued jobs of ``queue`` in its FIFO order: priority, then submission, then id."""
     jobs = state.jobs
-    return [jobs[i] for i in state.queued_by_queue.get(queue, ())]
+    return [jobs[i] for _, _, i in state.queued_by_queue.get(queue, ())]
 
 
 def holding_on(state: State, node: str) -> list[JobState]:
@@ -204,6 +291,7 @@ def rebuild(state: State) -> State:
     state.jobs_by_phase = {}
     state.queued_by_queue = {}
     state.holding_by_node = {}
+    state.workers_by_ask = {}
     jobs = list(state.jobs.values())
     state.jobs.clear()
     for job in jobs:
@@ -213,10 +301,23 @@ def rebuild(state: State) -> State:
 
 def check(state: State) -> None:
     """Raise AssertionError, saying where, unless every index holds exactly what ``State.jobs``
-    says it should (the order within an entry is the fold's history, which this cannot know)."""
+    says it should: each queue's places in full sorted order, the asks' worker counts exactly;
+    by phase and by node the same ids (their order is the fold's history, which this cannot
+    know)."""
     want = rebuild(State(jobs=dict(state.jobs)))
     problems = []
-    for name in ("jobs_by_phase", "queued_by_queue", "holding_by_node"):
+    for queue in sorted(state.queued_by_queue.keys() | want.queued_by_queue.keys()):
+        have_places = state.queued_by_queue.get(queue)
+        want_places = sorted(
+            place_of(j) for j in state.jobs.values() if j.phase == "queued" and j.spec.queue == queue
+        )
+        if have_places is not None and not have_places:
+            problems.append(f"queued_by_queue[{queue}] is empty and kept")
+        if (have_places or []) != want_places:
+            problems.append(f"queued_by_queue[{queue}]: {(have_places or [])[:5]}, not {want_places[:5]}")
+    if state.workers_by_ask != want.workers_by_ask:
+        problems.append(f"workers_by_ask: {state.workers_by_ask}, not {want.workers_by_ask}")
+    for name in ("jobs_by_phase", "holding_by_node"):
         have_index: Index = getattr(state, name)
         want_index: Index = getattr(want, name)
         for key in sorted(have_index.keys() | want_index.keys()):

@@ -254,6 +254,27 @@ class Ledger:
                 ll = own.lending_limit
                 n.guaranteed[k] = max(0, sub - ll * WHOLE) if ll is not None and n.parent else 0
 
+    def copy(self) -> Ledger:
+        """A ledger to charge apart from this one: what a charge changes (each node's usage and
+        held) is copied; the tree and its quota, fixed for the ledger's life, are shared."""
+        twin = object.__new__(Ledger)
+        twin.__dict__.update(self.__dict__)
+        made: dict[int, _Node] = {}
+        for n in (*self._cohorts.values(), *self._queues.values()):
+            m = made[id(n)] = object.__new__(_Node)
+            for slot in _Node.__slots__:
+                setattr(m, slot, getattr(n, slot))
+            m.usage = dict(n.usage)
+            m.held = dict(n.held)
+        for m in made.values():
+            if m.parent is not None:
+                m.parent = made[id(m.parent)]
+            m.children = [made[id(c)] for c in m.children]
+        twin._cohorts = {name: made[id(n)] for name, n in self._cohorts.items()}
+        twin._queues = {name: made[id(n)] for name, n in self._queues.items()}
+        twin._trees = None
+        return twin
+
     @classmethod
     def from_state(cls, state: State) -> Ledger:
         """The ledger at the state's position; usage comes from what the fold keeps per queue

@@ -42,4 +42,7 @@ from __future__ import annotations
 #    of expected ends, holds, backfill and the shortest-first order uses it.
 # 8: a preemption or shrink whose beneficiary no longer waits (placed, running or finished by the
 #    time the fold reaches it) is void.
-RULES = 8
+# 9: the fold keeps each queue's queued jobs in the order the queue serves them (priority, then
+#    submission, then id), and the workers the unfinished jobs ask for per kind of ask: the
+#    State holds them (``projections/indexes.py``), so a snapshot of other rules is not read.
+RULES = 9

@@ -64,8 +64,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import islice
-from operator import attrgetter, lt
+from operator import attrgetter
 
 import msgspec
 
@@ -86,6 +85,7 @@ from corral.projections.lifecycle import Phase
 from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger, fmt_gpus, key_name
 from corral.projections.state import JobState, State
+from corral.services.admission.backlog import Backlog
 from corral.services.admission.grow import growths
 from corral.services.admission.order import Cursor, FairShare, FairShareOrder, sort_queue
 from corral.services.admission.validate import priority_value, validate
@@ -105,7 +105,6 @@ DEFAULT = AdmissionConfig()
 
 # Submission order, which a walk of ``State.jobs`` gave (the fold adds jobs as they are submitted).
 _SUBMISSION = attrgetter("submitted_seq", "id")
-_SEQ = attrgetter("submitted_seq")
 
 # A holder of quota that preemption could stop: (priority, milli-GPU, preemptible).
 _Holder = tuple[int, int, bool]
@@ -115,12 +114,12 @@ _Ends = dict[tuple[str, str], list[tuple[float, int]]]
 
 def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[Event]:
     # 0. Snapshot, from the fold's indexes: usage from the jobs holding quota, each queue's
-    # backlog from its queued jobs, in submission order. No finished job is looked at.
+    # backlog from its queued jobs, in the queue's order. No finished job is looked at.
     ledger = Ledger(state)
     inventory = Inventory(state)
     fair = FairShare(ledger, state, now)
     holders: dict[tuple[str, str], list[_Holder]] = {}
-    waiting: defaultdict[str, list[JobState]] = defaultdict(list)
+    waiting = _Waiting(state)
     explained: defaultdict[str, list[JobState]] = defaultdict(list)  # waiting jobs with a reason
     stopping: set[str] = set()  # beneficiaries some victim still checkpoints for
     elastic: list[JobState] = []  # running elastic jobs, which may grow
@@ -139,23 +138,13 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             elastic.append(job)
             if job.preempted_for and job.leaving:  # shrinking for a beneficiary
                 stopping.add(job.preempted_for)
-    # The queued jobs, in the order they were queued: one pass, in about the order they sit in
-    # memory (each queue's index would be a look-up per job scattered over the whole State).
-    last_seq, in_order = -1, True  # whether they come in submission order (a requeued job does not)
+    # Each queue's backlog is read from its order the fold keeps, only as far as the cycle goes
+    # (``Backlog``). The queued jobs with a reason: one pass, in about the order they sit in
+    # memory (a walk queue by queue would be a look-up per job scattered over the whole State).
     queued = indexes.jobs_in(state, "queued")
     for job in queued:
-        waiting[job.spec.queue].append(job)
         if job.reasons:
             explained[job.spec.queue].append(job)
-        if job.submitted_seq <= last_seq:
-            in_order = False
-        last_seq = job.submitted_seq
-    if not in_order:  # each queue in submission order, as a walk of every job found them
-        for name, jobs in waiting.items():
-            if not all(map(lt, map(_SEQ, jobs), map(_SEQ, islice(jobs, 1, None)))):
-                jobs.sort(key=_SUBMISSION)
-                if name in explained:
-                    explained[name] = [j for j in jobs if j.reasons]
     submitted = indexes.jobs_in(state, "submitted")
     stopped = indexes.jobs_in(state, "preempted", "interrupted")
     stopped.sort(key=_SUBMISSION)
@@ -171,7 +160,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         prio = priority_value(state, job.spec.priority_class) or 0
         events.append(JobAccepted(job_id=job.id, priority=prio))
         as_queued = msgspec.structs.replace(job, phase="queued", priority=prio, reasons=())
-        waiting[job.spec.queue].append(as_queued)
+        waiting[job.spec.queue].add(as_queued)
 
     # 2. Hold what the queued beneficiaries of stops under way will be admitted with, all the
     # preemptor counted on (the victims' quota and what was free besides), on top of what the
@@ -184,8 +173,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             found = preemption.demand(state, ledger, beneficiary)
             if found is not None:
                 ledger.charge(beneficiary.spec.queue, *found)
-            queue = beneficiary.spec.queue
-            waiting[queue] = [j for j in waiting.get(queue, ()) if j.id != job_id]
+            waiting[beneficiary.spec.queue].drop(job_id)
     stopped, nominated = _nominations(state, stopped, stopping, ledger, ends, now)
     nominated -= stopping
     stopped.sort(key=lambda j: (j.submitted_seq, j.id))
@@ -196,7 +184,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         as_queued = msgspec.structs.replace(
             job, phase="queued", attempt=job.attempt + 1, admission=None, placement=None, reasons=(reason,)
         )
-        waiting[job.spec.queue].append(as_queued)
+        waiting[job.spec.queue].add(as_queued)
         explained[job.spec.queue].append(as_queued)
     unhosted = _unhosted(state, inventory, ledger, queued, waiting, explained, events)
     nominated -= unhosted
@@ -206,14 +194,11 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         (job for name, jobs in waiting.items() if not ledger.has_queue(name) for job in jobs),
         key=lambda j: (j.submitted_seq, j.id),
     )
-    # Jobs accepted or requeued this cycle were appended out of submission order.
-    touched = {j.spec.queue for j in submitted} | {j.spec.queue for j in stopped}
-    sorted_already = [q for q in waiting if q not in touched]
     first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions)
     for adm in first:
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
-    order = FairShareOrder(waiting, ledger, fair, config.lookahead, sorted_already, now)
-    lending_holds: list[tuple[str, str, int]] = []
+    order = FairShareOrder(waiting, ledger, fair, config.lookahead, waiting.keys(), now)
+    lending_holds = _LendingHolds(ledger)
     admissions = first + _admit(order, ledger, config.max_admissions - len(first), now, ends, lending_holds)
     grown = growths(state, ledger, elastic, waiting, admissions) if config.grow else []
     if admissions or grown:
@@ -269,7 +254,7 @@ def _nominations(
 def _admit_nominated(
     state: State,
     nominated: set[str],
-    waiting: dict[str, list[JobState]],
+    waiting: _Waiting,
     explained: dict[str, list[JobState]],
     ledger: Ledger,
     cap: int,
@@ -287,7 +272,7 @@ def _admit_nominated(
         if adm is None:
             continue
         out.append(adm)
-        waiting[queue] = [j for j in waiting.get(queue, ()) if j.id != job.id]
+        waiting[queue].drop(job.id)
         if queue in explained:
             explained[queue] = [j for j in explained[queue] if j.id != job.id]
     return out
@@ -310,6 +295,20 @@ def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger) -> Admissi
     return None
 
 
+class _Waiting(dict[str, Backlog]):
+    """Each queue's ``Backlog`` this cycle, made on first mention."""
+
+    def __init__(self, state: State) -> None:
+        super().__init__()
+        self._state = state
+        for name, places in state.queued_by_queue.items():
+            self[name] = Backlog(state.jobs, name, places)
+
+    def __missing__(self, name: str) -> Backlog:
+        found = self[name] = Backlog(self._state.jobs, name, ())
+        return found
+
+
 # -- hosts -----------------------------------------------------------------------------------------
 
 
@@ -318,7 +317,7 @@ def _unhosted(
     inventory: Inventory,
     ledger: Ledger,
     queued: list[JobState],
-    waiting: dict[str, list[JobState]],
+    waiting: _Waiting,
     explained: dict[str, list[JobState]],
     events: list[Event],
 ) -> set[str]:
@@ -344,16 +343,17 @@ def _unhosted(
     for name, why_of in homeless.items():
         if name not in waiting:
             continue
-        kept = []
-        for job in waiting[name]:
-            reason = why_of.get(job.id)
-            if reason is None:
-                kept.append(job)
-                continue
-            out.add(job.id)
+        backlog = waiting[name]
+        # Those the State holds queued first, then those the cycle queued, each by submission.
+        found_in = [i for i in why_of if backlog.has(i)]
+        found_in.sort(key=backlog.added)  # stable
+        for job_id in found_in:
+            job = backlog.job(job_id)
+            reason = why_of[job_id]
+            backlog.drop(job_id)
+            out.add(job_id)
             if job.reasons != (reason,):
-                events.append(PendingReasonChanged(job_id=job.id, reasons=(reason,)))
-        waiting[name] = kept
+                events.append(PendingReasonChanged(job_id=job_id, reasons=(reason,)))
         if name in explained:
             explained[name] = [j for j in explained[name] if j.id not in out]
     return out
@@ -379,7 +379,7 @@ def _admit(
     cap: int,
     now: float,
     ends: _Ends,
-    lending_holds: list[tuple[str, str, int]],
+    lending_holds: _LendingHolds,
 ) -> list[Admission]:
     out: list[Admission] = []
     while len(out) < cap and (cur := order.pop()) is not None:
@@ -396,7 +396,7 @@ def _admit(
             room = cur.room.get(key)
             if room is not None and per_worker * lo > room:
                 continue
-            avail = _available(ledger, cur.name, key, lending_holds)
+            avail = lending_holds.available(cur.name, key)
             replicas = min(hi, avail // per_worker)
             cur.room[key] = avail
             if held is not None:  # what a job behind the held one may take without delaying it
@@ -405,7 +405,7 @@ def _admit(
                     replicas = min(replicas, spare // per_worker)
             if replicas >= lo:
                 milli = per_worker * replicas
-                ledger.charge(cur.name, key, milli)
+                lending_holds.charge(cur.name, key, milli)
                 cur.room[key] = avail - milli
                 gpus = quota.admission_gpus(key, milli)
                 out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus))
@@ -417,24 +417,49 @@ def _admit(
                 found = hold(ledger, cur.name, job, ends.get((cur.name, demands[0][0]), []), now)
                 if found is not None:
                     if ledger.used(cur.name, found.key) + found.need <= ledger.nominal(cur.name, found.key):
-                        lending_holds.append((cur.name, found.key, found.need))
+                        lending_holds.add(cur.name, found.key, found.need)
                     if not cur.strict:  # a strict queue goes no further than its head anyway
                         cur.hold = found
             order.passed(cur)
     return out
 
 
-def _available(ledger: Ledger, queue: str, key: str, lending_holds: list[tuple[str, str, int]]) -> int:
-    """What ``queue`` may still take of ``key``, other queues' lending holds kept: each as if its
-    held job were admitted (a queue's own hold is ``Hold.spare``'s, which lets jobs that end in
-    time go first)."""
-    others = [(q, milli) for q, k, milli in lending_holds if k == key and q != queue]
-    for q, milli in others:
-        ledger.charge(q, key, milli)
-    avail = ledger.available(queue, key)
-    for q, milli in others:
-        ledger.charge(q, key, -milli)
-    return avail
+class _LendingHolds:
+    """Queues' lending holds this cycle: what a queue may still take of a key is what the ledger
+    says with every other queue's hold charged, as if its held job were admitted (a queue's own
+    hold is ``Hold.spare``'s, which lets jobs that end in time go first). Kept as a copy of the
+    ledger with every hold charged, charged as the ledger is, so that the question costs a look
+    and not a charge and a refund per hold (quadratic in queues over a cycle). The ledger's
+    figures depend on what each queue holds, not on the order of the charges: the copy less a
+    queue's own hold is the ledger with the others'."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.held: Ledger | None = None  # made at the first hold
+        self.own: dict[tuple[str, str], int] = {}
+
+    def add(self, queue: str, key: str, milli: int) -> None:
+        if self.held is None:
+            self.held = self.ledger.copy()
+        self.held.charge(queue, key, milli)
+        self.own[queue, key] = self.own.get((queue, key), 0) + milli
+
+    def charge(self, queue: str, key: str, milli: int) -> None:
+        self.ledger.charge(queue, key, milli)
+        if self.held is not None:
+            self.held.charge(queue, key, milli)
+
+    def available(self, queue: str, key: str) -> int:
+        held = self.held
+        if held is None:
+            return self.ledger.available(queue, key)
+        own = self.own.get((queue, key), 0)
+        if own:
+            held.charge(queue, key, -own)
+        avail = held.available(queue, key)
+        if own:
+            held.charge(queue, key, own)
+        return avail
 
 
 def _ends_at(ends: _Ends, job: JobState, adm: Admission, now: float) -> None:

@@ -40,7 +40,7 @@ dependence (queues are visited by name, ties end at job id).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from itertools import islice
 from operator import attrgetter, lt
 
@@ -56,25 +56,25 @@ _by_seq = attrgetter("submitted_seq")
 _by_priority = attrgetter("priority")
 
 
-def sort_queue(
-    jobs: list[JobState], in_submission_order: bool = False, strategy: str = "", now: float = 0.0
-) -> None:
+def sort_queue(jobs: list[JobState], in_order: bool = False, strategy: str = "", now: float = 0.0) -> None:
     """Order one queue's pending jobs in place: priority, then submission, then id; for a
     ``shortest-first`` queue, priority then response ratio (``projections.queueing``).
 
-    ``in_submission_order``: the caller saw the jobs' submission sequences strictly increase
-    (the fold inserts jobs in submission order, so a scan of the State yields them so), and the
-    check, costly over a deep backlog, is skipped."""
+    ``in_order``: the jobs are already by priority, submission and id (the fold keeps each
+    queue so, ``State.queued_by_queue``), and only a shortest-first queue is ordered further."""
     if not jobs:
         return
-    if not in_submission_order:
-        # The submission sequence is the SubmitJob record's log position, one per job; only a
-        # State built by hand can repeat one, and then the id decides.
-        seqs = list(map(_by_seq, jobs))
-        if not all(map(lt, seqs, islice(seqs, 1, None))):
-            if len(set(seqs)) != len(seqs):
-                jobs.sort(key=_by_id)
-            jobs.sort(key=_by_seq)
+    if in_order:
+        if strategy == queueing.SHORTEST_FIRST:
+            queueing.shortest_first(jobs, now)
+        return
+    # The submission sequence is the SubmitJob record's log position, one per job; only a State
+    # built by hand can repeat one, and then the id decides.
+    seqs = list(map(_by_seq, jobs))
+    if not all(map(lt, seqs, islice(seqs, 1, None))):
+        if len(set(seqs)) != len(seqs):
+            jobs.sort(key=_by_id)
+        jobs.sort(key=_by_seq)
     jobs.sort(key=_by_priority, reverse=True)  # stable, also in reverse
     if strategy == queueing.SHORTEST_FIRST:
         queueing.shortest_first(jobs, now)
@@ -125,7 +125,7 @@ class Cursor:
 
     __slots__ = ("name", "spec", "jobs", "pos", "blocked", "stopped", "passes", "admitted", "room", "hold")
 
-    def __init__(self, name: str, spec: QueueSpec, jobs: list[JobState]) -> None:
+    def __init__(self, name: str, spec: QueueSpec, jobs: Sequence[JobState]) -> None:
         self.name = name
         self.spec = spec
         self.jobs = jobs
@@ -154,11 +154,11 @@ class FairShareOrder:
 
     def __init__(
         self,
-        waiting: Mapping[str, list[JobState]],
+        waiting: Mapping[str, Sequence[JobState]],
         ledger: Ledger,
         fair: FairShare,
         lookahead: int = 1 << 30,
-        in_submission_order: Collection[str] = (),
+        in_order: Collection[str] = (),
         now: float = 0.0,
     ) -> None:
         self._ledger = ledger
@@ -171,7 +171,9 @@ class FairShareOrder:
             if not jobs or not ledger.has_queue(name):
                 continue
             spec = ledger.spec(name)
-            sort_queue(jobs, name in in_submission_order, spec.strategy, now)
+            if name not in in_order or spec.strategy == queueing.SHORTEST_FIRST:
+                jobs = list(jobs)  # the whole queue, to sort
+                sort_queue(jobs, name in in_order, spec.strategy, now)
             cur = self.cursors[name] = Cursor(name, spec, jobs)
             self.push(cur)
 
@@ -262,7 +264,7 @@ def pending_order(state: State, now: float) -> list[JobState]:
     for job in indexes.jobs_in(state, *indexes.HOLDS_QUOTA):
         ledger.hold(job)
     waiting = {name: indexes.queued_in(state, name) for name in state.queued_by_queue}
-    order = FairShareOrder(waiting, ledger, fair, now=now)
+    order = FairShareOrder(waiting, ledger, fair, now=now, in_order=waiting.keys())
     out: list[JobState] = []
     while (cur := order.pop()) is not None:
         job = cur.head

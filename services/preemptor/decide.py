@@ -42,7 +42,9 @@ the simulation reads the State only in its insertion order, which the fold makes
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from corral.events.base import Event
@@ -313,34 +315,38 @@ def beneficiaries(state: State, now: float = 0.0) -> list[JobState]:
     return [j for j in _turns(state, now) if j.phase == "queued" or j.reasons]
 
 
-def _turns(state: State, now: float) -> list[JobState]:
+def _turns(state: State, now: float) -> Iterator[JobState]:
     """The beneficiaries, and admitted jobs the placer has not tried yet (no reasons since their
     admission), in the order the cycle takes them: of the latter, those a stopped job names as
     its beneficiary first (``projections.preemption.nominated``: the placer places them before
-    anyone), then all as ``beneficiaries``."""
-    out = indexes.jobs_in(state, "queued")
-    shortest: dict[str, list[JobState]] = {}
-    for name, spec in state.queues.items():
-        if spec.strategy == queueing.SHORTEST_FIRST and name in state.queued_by_queue:
-            shortest[name] = indexes.queued_in(state, name)
-    first: set[str] = set()
+    anyone), then all as ``beneficiaries``. Lazily: the queued jobs are merged from each queue's
+    order, which the fold keeps (``State.queued_by_queue``), so a cycle that stops after its
+    ``max_beneficiaries`` reads the fronts of the queues, not the whole backlog."""
+    jobs = state.jobs
+    admitted: list[JobState] = []
+    first: set[str] | None = None
     for job in indexes.jobs_in(state, "admitted"):
         if job.held is None and (not job.reasons or any(r.preemption_helps for r in job.reasons)):
-            out.append(job)
-            if not first and not job.reasons:
-                first = preemption.nominated(state)  # a look at the backlog: only when it can matter
-    place: dict[str, int] = {}
-    for jobs in shortest.values():
-        place.update(queueing.slots(jobs, now))
-    out.sort(
-        key=lambda j: (
-            not (j.id in first and j.phase == "admitted" and not j.reasons),
-            -j.priority,
-            place.get(j.id, j.submitted_seq),
-            j.id,
-        )
-    )
-    return out
+            admitted.append(job)
+            if first is None and not job.reasons:
+                # A look at the backlog, only when it can matter, and once: an empty answer asked
+                # again per admitted job cost a walk of every queued job each.
+                first = preemption.nominated(state)
+    named = first or set()
+    # One key for every stream: (not a nominated admitted job untried, -priority, place, id).
+    turns: list[Iterable[tuple[bool, int, int, str]]] = [
+        sorted((not (j.id in named and not j.reasons), -j.priority, j.submitted_seq, j.id) for j in admitted)
+    ]
+    for name, places in state.queued_by_queue.items():
+        spec = state.queues.get(name)
+        if spec is not None and spec.strategy == queueing.SHORTEST_FIRST:
+            # A shortest-first queue's jobs take its places in its own order, which the time moves.
+            slot = queueing.slots(indexes.queued_in(state, name), now)
+            turns.append(sorted((True, p, slot[i], i) for p, _, i in places))
+        else:
+            turns.append((True, p, seq, i) for p, seq, i in places)
+    for _, _, _, job_id in heapq.merge(*turns):
+        yield jobs[job_id]
 
 
 def _takes_its_gpus(sim: Simulation, job: JobState) -> None:

@@ -30,7 +30,7 @@ def view(state: State) -> dict[str, dict[str, list[str]]]:
     indexes.check(state)
     return {
         "phase": {p: list(ids) for p, ids in state.jobs_by_phase.items()},
-        "queued": {q: list(ids) for q, ids in state.queued_by_queue.items()},
+        "queued": {q: [i for _, _, i in places] for q, places in state.queued_by_queue.items()},
         "holding": {n: list(ids) for n, ids in state.holding_by_node.items()},
     }
 
@@ -69,11 +69,13 @@ def test_each_phase_keeps_the_order_jobs_entered_it() -> None:
     log.accept("c").accept("a").accept("b")
     state = log.fold()
     assert view(state)["phase"] == {"queued": ["c", "a", "b"]}
-    assert [j.id for j in indexes.queued_in(state, "team-a")] == ["c", "a", "b"]
-    # Withdrawn back to the queue: at its end, as it entered the phase again.
-    state = log.admit("c").withdraw("c").fold(state)
+    # A queue keeps its jobs in the order it serves them: priority, then submission.
+    assert [j.id for j in indexes.queued_in(state, "team-a")] == ["a", "b", "c"]
+    # Withdrawn back to the queue: at the end of its phase, as it entered it again; in its queue,
+    # at its place.
+    state = log.admit("a").withdraw("a").fold(state)
     assert view(state)["queued"] == {"team-a": ["a", "b", "c"]}
-    assert [j.id for j in indexes.jobs_in(state, "queued")] == ["a", "b", "c"]
+    assert [j.id for j in indexes.jobs_in(state, "queued")] == ["c", "b", "a"]
 
 
 def test_a_gang_is_held_on_each_of_its_nodes_and_a_lost_node_interrupts_it() -> None:
@@ -193,7 +195,11 @@ def test_rebuild_makes_the_indexes_of_the_jobs_in_their_order() -> None:
     "spoil",
     [
         pytest.param(lambda s: s.jobs_by_phase["queued"].pop("a"), id="a job missing"),
-        pytest.param(lambda s: s.queued_by_queue.setdefault("team-b", {}).update(a=None), id="a job twice"),
+        pytest.param(
+            lambda s: s.queued_by_queue.setdefault("team-b", []).append((0, 1, "a")), id="a job twice"
+        ),
+        pytest.param(lambda s: s.queued_by_queue["team-a"].insert(0, (-1, 99, "z")), id="out of order"),
+        pytest.param(lambda s: s.workers_by_ask.clear(), id="asks lost"),
         pytest.param(lambda s: s.holding_by_node.setdefault(N1, {}), id="an empty entry kept"),
         pytest.param(lambda s: s.holding_by_node.pop(N0), id="a holder missing"),
     ],

@@ -142,22 +142,12 @@ def corral_choice(
 
 def workload_of(state: State) -> Workload:
     """The target workload the live placer measures fragmentation against: the worker shapes of
-    every job not yet finished, weighted by their worker count. Derived from the state each
-    cycle, so every replica of the placer agrees on it. It costs a look at every unfinished job
-    (queued ones included: they are the workload to come), none at a finished one."""
-    # A deep backlog asks for a few kinds of worker many times over: workers are counted per
-    # kind of ask first, and each kind is read once (whole counts: the sums are exact).
-    asks: dict[Resources, int] = {}
-    jobs = state.jobs
-    by_phase = state.jobs_by_phase
-    for phase in indexes.UNFINISHED:
-        for job_id in by_phase.get(phase, ()):
-            spec = jobs[job_id].spec
-            res = spec.resources
-            asks[res] = asks.get(res, 0) + max(1, spec.replicas)
+    every job not yet finished (queued ones included: they are the workload to come), weighted
+    by their worker count. Read from the workers per ask the fold keeps (``State.workers_by_ask``),
+    so every replica of the placer agrees on it and a cycle costs the kinds of ask, not the jobs."""
     counts: dict[TaskShape, float] = {}
-    for res, workers in asks.items():
-        shape = _task_shape(res)
+    for key, workers in state.workers_by_ask.items():
+        shape = _task_shape(indexes.ask_of(key))
         if shape is not None:
             counts[shape] = counts.get(shape, 0.0) + workers
     # The scores sum over the shapes in this order: one that depends on the shapes alone, not on

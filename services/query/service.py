@@ -16,7 +16,10 @@ Invariants:
 - questions are taken only once the log has been folded to where it stood at start, and a
   question that asks for a later position (``after``) waits for it, at most ``freshness_wait``;
   one that asks to wait for its answer to settle (``wait``: a request's verdict, a job reaching
-  a phase) waits for that, at most as long as it asked (``decide.MAX_WAIT`` at most).
+  a phase) waits for that, at most as long as it asked (``decide.MAX_WAIT`` at most);
+- at most ``MAX_WAITING`` questions wait at once, ``MAX_WAITING_PER_ASKER`` of one asker's:
+  more are answered now, so no one asker can take every wait from the others;
+- a job's output is shown only from the workers the fold placed for it (``decide.OutputScope``).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
-from collections.abc import Callable
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -58,6 +62,8 @@ log = logging.getLogger("corral.query")
 
 ROLE = "query"
 MAX_WAITING = 256  # questions waiting for a later log position at once; more are answered now
+# ... of one asker: one tenant following many jobs leaves the others room to wait
+MAX_WAITING_PER_ASKER = 32
 PAGE_BYTES = 256 * 1024  # workers' output in one answer, as sent (NATS carries 1 MiB by default)
 READING_AT_ONCE = 8  # pages of output read at once: what answers hold in memory is bounded
 SETTLE = 2.0  # seconds an ended job's output is waited for: its agent ships every 0.25 s
@@ -97,6 +103,7 @@ class ReadService:
         self.caught_up = asyncio.Event()
         self._folded = asyncio.Condition()
         self._waiting: set[asyncio.Task[None]] = set()
+        self._waiting_of: Counter[str] = Counter()  # of those, each asker's
         self._watch: metrics.FoldWatch | None = None
         self._reading = asyncio.Semaphore(READING_AT_ONCE)
 
@@ -130,20 +137,30 @@ class ReadService:
         except BadAsk as e:
             await self._send(msg.reply, refusal(self.state, str(e)))
             return
+        may_wait = len(self._waiting) < MAX_WAITING and self._waiting_of[asker] < MAX_WAITING_PER_ASKER
         if question == "output":
-            if len(self._waiting) >= MAX_WAITING:
+            if not may_wait:
                 ask = msgspec.structs.replace(ask, wait=0.0)  # answered now, as below
-            task = asyncio.create_task(self._output(msg.reply, asker, ask))
-            self._waiting.add(task)
-            task.add_done_callback(self._waiting.discard)
+            self._wait(asker, self._output(msg.reply, asker, ask))
             return
         wait = max(self.freshness_wait if ask.after > self.state.seq else 0.0, ask.patience())
-        if wait > 0 and len(self._waiting) < MAX_WAITING and not self._settled(asker, question, ask):
-            task = asyncio.create_task(self._answer_later(msg.reply, asker, question, ask, wait))
-            self._waiting.add(task)
-            task.add_done_callback(self._waiting.discard)
+        if wait > 0 and may_wait and not self._settled(asker, question, ask):
+            self._wait(asker, self._answer_later(msg.reply, asker, question, ask, wait))
             return
         await self._answer(msg.reply, asker, question, ask)
+
+    def _wait(self, asker: str, answering: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(answering)
+        self._waiting.add(task)
+        self._waiting_of[asker] += 1
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._waiting.discard(t)
+            self._waiting_of[asker] -= 1
+            if not self._waiting_of[asker]:
+                del self._waiting_of[asker]
+
+        task.add_done_callback(done)
 
     def _settled(self, asker: str, question: str, ask: Ask) -> bool:
         return settled(self.state, asker, question, ask, self.view)
@@ -188,11 +205,18 @@ class ReadService:
             settling = False
             while True:
                 heard.clear()
+                # Looked at again each time: a job followed since before it was placed, or placed
+                # again (another attempt, more workers), has more workers now.
+                scope = output_scope(self.state, asker, ask, self.view.placed, self.view)
+                if not isinstance(scope, OutputScope):
+                    await self._send(reply, scope)
+                    return
                 async with self._reading:
                     # whatever was past the cursor and not shown (not this job's) is not read again
                     lines, cursor, more = await self._output_page(ask, rank, scope, cursor)
                 left = deadline - loop.time()
-                ended = output_ended(self.state, ask.job)
+                # a job let go whose id a later job took prints no more, whatever that one does
+                ended = scope.until < math.inf or output_ended(self.state, ask.job)
                 if lines or more or left <= 0 or settling:
                     break
                 if ended:
@@ -225,6 +249,10 @@ class ReadService:
         while (chunk := await output.next_chunk(js, ask.job, rank, cursor)) is not None:
             src = chunk.source
             if not scope.shows(src.node, src.attempt, src.rank, chunk.time):
+                if scope.since <= chunk.time < scope.until and not self._folded_all():
+                    # Its worker may be one placed in a part of the log not folded yet: looked at
+                    # again once it is (the agent starts a worker only once the log placed it).
+                    return lines or [x[2] for x in _newest(kept)], cursor, False
                 cursor = chunk.seq  # an agent wrote it where the job never ran: never shown
                 skipped += 1
                 if skipped >= MAX_SKIPPED:  # one answer does not walk an agent's flood whole
@@ -251,6 +279,11 @@ class ReadService:
         if ask.tail >= 0:
             lines = [x[2] for x in _newest(kept)]
         return lines, cursor, False
+
+    def _folded_all(self) -> bool:
+        """Whether this service has folded all the log it has heard of."""
+        tail = self.log.tail()
+        return tail is None or self.state.seq >= tail
 
     async def _send(self, reply: str, body: dict[str, Any]) -> None:
         nc = self.log.nc

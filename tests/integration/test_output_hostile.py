@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 
@@ -136,3 +137,53 @@ async def test_a_job_shows_only_its_own_workers_output(
         await nc.close()
     async with AsyncClient(nats_server, tenant="b") as b:
         assert [x.text for x in await _lines(b, "x", tail=1)] == ["b's last"]
+
+
+async def test_one_tenant_following_many_jobs_leaves_others_room_to_wait(
+    nats_server: str, read: tuple[JetStreamLog, ReadService]
+) -> None:
+    """Tenant a asks to follow its job as many times as the read service lets questions wait at
+    all; tenant b's follow still waits for its job's next line, rather than being answered at
+    once (and its client asking again at once, over and over)."""
+    log, reader = read
+    built = LogBuilder(start_time=time.time()).nodes(Cluster(1)).queue("team-a")
+    built.submit("a", "ja", job().gpus(1)).accept("ja").admit("ja").place(on(N0, 0, job_id="ja"))
+    built.submit("b", "jb", job().gpus(1)).accept("jb").admit("jb").place(on(N0, 1, job_id="jb"))
+    await _append(log, built, 0)
+    await _folded(reader, log)
+
+    def asks(job_id: str, wait: int) -> bytes:
+        return b'{"job": "%s", "wait": %d, "cursor": 0}' % (job_id.encode(), wait)
+
+    a = await nats.connect(nats_server, inbox_prefix="_INBOX.corral.a")
+    b = await nats.connect(nats_server, inbox_prefix="_INBOX.corral.b")
+    flood: list[asyncio.Task[object]] = []
+    try:
+        flood = [
+            asyncio.create_task(a.request("corral.read.a.output", asks("ja", 60), timeout=WAIT))
+            for _ in range(256)
+        ]
+
+        async def settled() -> None:  # each of a's questions answered or waiting, few of them waiting
+            while sum(t.done() for t in flood) + len(reader._waiting) < 256 or len(reader._waiting) > 64:
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(settled(), 40.0)  # before a's follows give up waiting (60 s)
+        waiting = len(reader._waiting)
+        followed = asyncio.create_task(b.request("corral.read.b.output", asks("jb", 30), timeout=WAIT))
+
+        async def taken_in() -> None:
+            while len(reader._waiting) == waiting and not followed.done():
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(taken_in(), WAIT)
+        assert not followed.done(), "b's follow was answered at once"
+        await log.nc.jetstream().publish(output.subject(N0, "jb", 0, 0), b"next\n", stream=output.STREAM)
+        told = json.loads((await asyncio.wait_for(followed, WAIT)).data)  # type: ignore[attr-defined]
+        assert [row[3] for row in told["lines"]] == ["next"]
+    finally:
+        for t in flood:
+            t.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
+        await a.close()
+        await b.close()

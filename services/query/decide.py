@@ -12,6 +12,9 @@ Invariants:
 - a job of another tenant is answered exactly as a job that does not exist; on a GPU it shares
   (``gpus``) it is only milli-GPU taken, with no id or queue;
 - a job id is looked up, never matched: wildcards, dots and anything else in it find nothing;
+- a job's output is the output of the workers the fold placed for it only, stored from its
+  submission to the next submission of its id (``OutputScope``): not what any agent wrote on
+  its id's subjects;
 - a job the fold let go is answered from ``let_go`` (the read service's SQLite view): the
   newest of its id the asker may see, after any the state still holds;
 - a waiting job's row carries ``eta``, its forecast start from the asker's own forecasts (the

@@ -15,6 +15,7 @@ import math
 import pytest
 
 from corral.services.query.decide import Ask, BadAsk, OutputScope, output_scope, parse_ask
+from corral.services.query.service import PAGE_BYTES, Tails, _keep_tail, _newest, _rows
 from corral.services.query.view import JobView
 from corral.services.runtime import output
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
@@ -98,3 +99,19 @@ def test_numbers_past_64_bits_are_an_unreadable_question(field: str) -> None:
 
 def test_what_an_agent_not_corrals_own_left_in_a_line_is_not_sent_to_a_terminal() -> None:
     assert output.shown("a\x1b[2Jb\x00\x9b") == "a\\x1b[2Jb\\x00\\x9b"
+
+
+def test_a_tail_of_a_huge_job_keeps_at_most_two_answers_of_lines() -> None:
+    """However many workers and lines a tail walks past, what it keeps stays under two answers,
+    and what it answers is the newest lines that fit one, in the order stored."""
+    kept: Tails = {}
+    size = 0
+    line = "y" * 1000 + "\n"
+    for seq in range(1, 2001):
+        src = output.Source(f"node-{seq % 7}", "x", 0, seq % 13)
+        size = _keep_tail(kept, size, _rows(src, line * 20), seq, 2**63 - 1)
+        assert size <= 2 * PAGE_BYTES + 20 * 1100
+    assert size == sum(x[3] for last in kept.values() for x in last)
+    newest = _newest(kept)
+    assert sum(x[3] for x in newest) <= PAGE_BYTES and newest[-1][0] == 2000
+    assert newest == sorted(newest)

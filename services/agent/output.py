@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from corral.services.runtime.output import MAX_AGE, MAX_LINE, MAX_MESSAGE, subject
+from corral.services.runtime.output import MAX_AGE, MAX_LINE, MAX_MESSAGE, safe_text, subject
 
 log = logging.getLogger(__name__)
 
@@ -44,20 +44,12 @@ QUIET_S = 10.0
 READ_AT_ONCE = 256 * 1024  # bytes read from one file per look
 MAX_BACKLOG = 4 * 1024 * 1024  # bytes a file may be ahead of what was shipped before skipping
 _FILE = re.compile(r"attempt-(\d+)\.rank-(\d+)\.log")
-# C0 controls but tab, DEL, and the C1 controls: what a terminal would act on rather than show.
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
 class OutputSink(Protocol):
     async def send(self, subj: str, data: bytes, offset: int) -> None: ...
 
     async def shipped(self, subj: str) -> int | None: ...
-
-
-def safe_text(raw: bytes) -> str:
-    """A line as a reader's terminal may show it: valid UTF-8, no control characters."""
-    text = raw.decode("utf-8", errors="replace")
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def cut_mark(kept: int) -> str:

@@ -12,6 +12,9 @@ Invariants:
 - a job of another tenant is answered exactly as a job that does not exist; on a GPU it shares
   (``gpus``) it is only milli-GPU taken, with no id or queue;
 - a job id is looked up, never matched: wildcards, dots and anything else in it find nothing;
+- a job's output is the output of the workers the fold placed for it only, stored from its
+  submission to the next submission of its id (``OutputScope``): not what any agent wrote on
+  its id's subjects;
 - a job the fold let go is answered from ``let_go`` (the read service's SQLite view): the
   newest of its id the asker may see, after any the state still holds;
 - a waiting job's row carries ``eta``, its forecast start from the asker's own forecasts (the
@@ -25,12 +28,14 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
 from corral.events import codec, subjects
+from corral.events.base import Int
 from corral.events.queues import QueueSpec
 from corral.projections.index import JobEvent
 from corral.projections.lifecycle import FINAL, WAITING
@@ -58,6 +63,24 @@ class LetGo(Protocol):
 
     def submitted(self, job_id: str, seq: int, asker: str) -> dict[str, Any] | None: ...
 
+    def output_scope(self, job_id: str, asker: str) -> OutputScope | None: ...
+
+
+class OutputScope(NamedTuple):
+    """Whose output is a job's: the workers the fold placed for it, ``(node, attempt, rank)``,
+    over all its attempts, and when the output stream may have stored theirs: from the job's
+    submission to the next submission of its id (a job id is free again once its job was let
+    go, and the stream is keyed by id, so without it a tenant given a reused id would read the
+    output of the job that had it before). A message on any other node's, attempt's or rank's
+    subject was written by an agent the job never ran on and is never shown."""
+
+    workers: frozenset[tuple[str, int, int]]
+    since: float  # the job's submission, in log time (the stream's clock)
+    until: float = math.inf  # the next job of its id's submission
+
+    def shows(self, node: str, attempt: int, rank: int, stored: float) -> bool:
+        return (node, attempt, rank) in self.workers and self.since <= stored < self.until
+
 
 class Ask(msgspec.Struct, frozen=True):
     """What a question may carry: the job it is about, and the log position the answer should
@@ -65,14 +88,15 @@ class Ask(msgspec.Struct, frozen=True):
     jobs the fold let go too. Other fields are ignored."""
 
     job: str = ""  # for the verdict on an admin's cordon or delete-queue: the node or the queue
-    after: int = 0
+    after: Int = 0
     all: bool = False  # ``jobs``: also the jobs the fold let go (the newest MAX_LET_GO of them)
     verb: str = ""  # ``verdict``: the verb of the request stored at ``after``
     until: str = ""  # ``explain``: a phase to wait for (or any final one), with ``wait``
     wait: float = 0.0  # seconds the answer may wait to settle (a verdict, ``until``), at most MAX_WAIT
-    rank: int = -1  # ``output``: one worker's (-1: every worker's)
-    tail: int = -1  # ``output``: only the last this many lines (-1: all kept)
-    cursor: int = 0  # ``output``: the output stream's sequence the asker has read up to
+    # Integers on the wire fit in 64 bits, as everywhere (``events.base.Int``).
+    rank: Int = -1  # ``output``: one worker's (-1: every worker's)
+    tail: Int = -1  # ``output``: only the last this many lines (-1: all kept)
+    cursor: Int = 0  # ``output``: the output stream's sequence the asker has read up to
 
     def patience(self) -> float:
         """``wait`` bounded to 0..MAX_WAIT (anything else, NaN included, is 0)."""
@@ -168,19 +192,33 @@ def settled(state: State, asker: str, question: str, ask: Ask, let_go: LetGo | N
     return True
 
 
-def output_refusal(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> dict[str, Any] | None:
-    """Why ``asker`` may not read the output of job ``ask.job`` (None: it may). Another tenant's
-    job, like one that never was, is "no job": the output stream is filtered by the id, so an id
-    that is not a plain token (a wildcard) is never looked up."""
+def job_workers(job: JobState, placed: Mapping[str, frozenset[tuple[str, int, int]]]) -> OutputScope:
+    """The output scope of a job the state holds, ``placed`` the workers the fold placed for each
+    (``view.JobView.placed``)."""
+    return OutputScope(placed.get(job.id, frozenset()), job.submitted_at)
+
+
+def output_scope(
+    state: State,
+    asker: str,
+    ask: Ask,
+    placed: Mapping[str, frozenset[tuple[str, int, int]]],
+    let_go: LetGo | None = None,
+) -> OutputScope | dict[str, Any]:
+    """Whose output ``asker`` may read as job ``ask.job``'s (``OutputScope``), or why it may
+    not (a refusal). Another tenant's job, like one that never was, is "no job", and the newest
+    job of the id the asker may see is the one read, as ``explain`` does: the output stream is
+    filtered by the id, so an id that is not a plain token (a wildcard) is never looked up."""
     if ask.rank < -1 or ask.tail < -1 or ask.cursor < 0:
         return refusal(state, "output: rank, tail and cursor are 0 or more")
     if not subjects.is_token(ask.job):
         return refusal(state, f"no job {ask.job[:64]!r}")
     job = state.jobs.get(ask.job)
     if job is not None and sees_job(asker, job):
-        return None
-    if job is None and let_go is not None and let_go.explain(ask.job, asker) is not None:
-        return None
+        return job_workers(job, placed)
+    scope = let_go.output_scope(ask.job, asker) if let_go is not None else None
+    if scope is not None:
+        return scope
     return refusal(state, f"no job {ask.job}")
 
 

@@ -16,7 +16,10 @@ Invariants:
 - questions are taken only once the log has been folded to where it stood at start, and a
   question that asks for a later position (``after``) waits for it, at most ``freshness_wait``;
   one that asks to wait for its answer to settle (``wait``: a request's verdict, a job reaching
-  a phase) waits for that, at most as long as it asked (``decide.MAX_WAIT`` at most).
+  a phase) waits for that, at most as long as it asked (``decide.MAX_WAIT`` at most);
+- at most ``MAX_WAITING`` questions wait at once, ``MAX_WAITING_PER_ASKER`` of one asker's:
+  more are answered now, so no one asker can take every wait from the others;
+- a job's output is shown only from the workers the fold placed for it (``decide.OutputScope``).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
-from collections.abc import Callable
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -41,9 +45,10 @@ from corral.projections.state import State
 from corral.services.query.decide import (
     Ask,
     BadAsk,
+    OutputScope,
     answer,
     output_ended,
-    output_refusal,
+    output_scope,
     parse_ask,
     refusal,
     settled,
@@ -57,7 +62,10 @@ log = logging.getLogger("corral.query")
 
 ROLE = "query"
 MAX_WAITING = 256  # questions waiting for a later log position at once; more are answered now
-PAGE_BYTES = 256 * 1024  # text of workers' output in one answer (NATS carries 1 MiB by default)
+# ... of one asker: one tenant following many jobs leaves the others room to wait
+MAX_WAITING_PER_ASKER = 32
+PAGE_BYTES = 256 * 1024  # workers' output in one answer, as sent (NATS carries 1 MiB by default)
+READING_AT_ONCE = 8  # pages of output read at once: what answers hold in memory is bounded
 SETTLE = 2.0  # seconds an ended job's output is waited for: its agent ships every 0.25 s
 
 _encode = msgspec.json.Encoder().encode
@@ -95,7 +103,9 @@ class ReadService:
         self.caught_up = asyncio.Event()
         self._folded = asyncio.Condition()
         self._waiting: set[asyncio.Task[None]] = set()
+        self._waiting_of: Counter[str] = Counter()  # of those, each asker's
         self._watch: metrics.FoldWatch | None = None
+        self._reading = asyncio.Semaphore(READING_AT_ONCE)
 
     # -- folding --------------------------------------------------------------------------------
 
@@ -127,20 +137,30 @@ class ReadService:
         except BadAsk as e:
             await self._send(msg.reply, refusal(self.state, str(e)))
             return
+        may_wait = len(self._waiting) < MAX_WAITING and self._waiting_of[asker] < MAX_WAITING_PER_ASKER
         if question == "output":
-            if len(self._waiting) >= MAX_WAITING:
+            if not may_wait:
                 ask = msgspec.structs.replace(ask, wait=0.0)  # answered now, as below
-            task = asyncio.create_task(self._output(msg.reply, asker, ask))
-            self._waiting.add(task)
-            task.add_done_callback(self._waiting.discard)
+            self._wait(asker, self._output(msg.reply, asker, ask))
             return
         wait = max(self.freshness_wait if ask.after > self.state.seq else 0.0, ask.patience())
-        if wait > 0 and len(self._waiting) < MAX_WAITING and not self._settled(asker, question, ask):
-            task = asyncio.create_task(self._answer_later(msg.reply, asker, question, ask, wait))
-            self._waiting.add(task)
-            task.add_done_callback(self._waiting.discard)
+        if wait > 0 and may_wait and not self._settled(asker, question, ask):
+            self._wait(asker, self._answer_later(msg.reply, asker, question, ask, wait))
             return
         await self._answer(msg.reply, asker, question, ask)
+
+    def _wait(self, asker: str, answering: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(answering)
+        self._waiting.add(task)
+        self._waiting_of[asker] += 1
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._waiting.discard(t)
+            self._waiting_of[asker] -= 1
+            if not self._waiting_of[asker]:
+                del self._waiting_of[asker]
+
+        task.add_done_callback(done)
 
     def _settled(self, asker: str, question: str, ask: Ask) -> bool:
         return settled(self.state, asker, question, ask, self.view)
@@ -166,9 +186,9 @@ class ReadService:
         """A page of a job's output past ``ask.cursor`` (``services/runtime/output.py``), for the
         asker's own jobs only. Asked to wait, it waits for the job to print more (it hears the
         job's subjects), or, once the job ended, a moment for its last lines (``SETTLE``)."""
-        told = output_refusal(self.state, asker, ask, self.view)
-        if told is not None:
-            await self._send(reply, told)
+        scope = output_scope(self.state, asker, ask, self.view.placed, self.view)
+        if not isinstance(scope, OutputScope):
+            await self._send(reply, scope)
             return
         nc = self.log.nc
         rank = ask.rank if ask.rank >= 0 else None
@@ -180,13 +200,23 @@ class ReadService:
             heard.set()
 
         sub = await nc.subscribe(output.job_filter(ask.job, rank), cb=on_output) if ask.patience() else None
+        cursor = ask.cursor
         try:
             settling = False
             while True:
                 heard.clear()
-                lines, cursor, more = await self._output_page(ask, rank)
+                # Looked at again each time: a job followed since before it was placed, or placed
+                # again (another attempt, more workers), has more workers now.
+                scope = output_scope(self.state, asker, ask, self.view.placed, self.view)
+                if not isinstance(scope, OutputScope):
+                    await self._send(reply, scope)
+                    return
+                async with self._reading:
+                    # whatever was past the cursor and not shown (not this job's) is not read again
+                    lines, cursor, more = await self._output_page(ask, rank, scope, cursor)
                 left = deadline - loop.time()
-                ended = output_ended(self.state, ask.job)
+                # a job let go whose id a later job took prints no more, whatever that one does
+                ended = scope.until < math.inf or output_ended(self.state, ask.job)
                 if lines or more or left <= 0 or settling:
                     break
                 if ended:
@@ -205,32 +235,55 @@ class ReadService:
         body = {"seq": self.state.seq, "lines": lines, "cursor": cursor, "more": more, "ended": ended}
         await self._send(reply, body)
 
-    async def _output_page(self, ask: Ask, rank: int | None) -> tuple[list[list[Any]], int, bool]:
+    async def _output_page(
+        self, ask: Ask, rank: int | None, scope: OutputScope, cursor: int
+    ) -> tuple[list[list[Any]], int, bool]:
         """``([node, attempt, rank, text] per line, cursor past them, whether more is there)``:
-        from ``ask.cursor`` on, at most ``PAGE_BYTES`` of text; with ``tail``, the last lines
-        of each worker's output the stream keeps past the cursor (as ``tail`` of each file)."""
+        the lines of the job's workers (``scope``) from ``cursor`` on, at most ``PAGE_BYTES`` of
+        them as sent; with ``tail``, the last lines of each worker's output the stream keeps past
+        the cursor (as ``tail`` of each file), the newest ``PAGE_BYTES`` of them."""
         js = self.log.nc.jetstream()
-        cursor = ask.cursor
         lines: list[list[Any]] = []
-        kept: dict[output.Source, deque[tuple[int, int, list[Any]]]] = {}
-        size = 0
+        kept: Tails = {}
+        size = kept_size = skipped = 0
         while (chunk := await output.next_chunk(js, ask.job, rank, cursor)) is not None:
-            cursor = chunk.seq
             src = chunk.source
-            rows = [[src.node, src.attempt, src.rank, t] for t in chunk.text.splitlines()]
-            if ask.tail >= 0:
-                last = kept.setdefault(src, deque(maxlen=ask.tail))
-                last.extend((chunk.seq, i, row) for i, row in enumerate(rows))
+            if not scope.shows(src.node, src.attempt, src.rank, chunk.time):
+                if scope.since <= chunk.time < scope.until and not self._folded_all():
+                    # Its worker may be one placed in a part of the log not folded yet: looked at
+                    # again once it is (the agent starts a worker only once the log placed it).
+                    return lines or [x[2] for x in _newest(kept)], cursor, False
+                cursor = chunk.seq  # an agent wrote it where the job never ran: never shown
+                skipped += 1
+                if skipped >= MAX_SKIPPED:  # one answer does not walk an agent's flood whole
+                    return (lines or [x[2] for x in _newest(kept)]), cursor, True
                 continue
-            lines += rows
-            size += len(chunk.text)
+            rows = _rows(src, chunk.text)
+            if ask.tail >= 0:
+                cursor = chunk.seq
+                kept_size = _keep_tail(kept, kept_size, rows, chunk.seq, min(ask.tail, MAX_TAIL))
+                continue
+            cost = sum(c for _, c in rows)
+            if lines and size + cost > PAGE_BYTES:
+                return lines, cursor, True  # this message starts the next page
+            cursor = chunk.seq
+            if cost > PAGE_BYTES:  # more than one answer carries, alone (lines of a byte each)
+                fit = _fitting(rows, PAGE_BYTES - _MARK_COST)
+                mark = f"[... {len(rows) - len(fit)} lines not shown: too many for one answer]"
+                rows = fit
+                rows.append(([src.node, src.attempt, src.rank, mark], _MARK_COST))
+            lines += [row for row, _ in rows]
+            size += cost
             if size >= PAGE_BYTES:
                 return lines, cursor, True
         if ask.tail >= 0:
-            lines = [row for _, _, row in sorted(x for last in kept.values() for x in last)]
-            while lines and sum(len(x[3]) for x in lines) > PAGE_BYTES:  # too long for one answer
-                lines = lines[len(lines) // 2 :]
+            lines = [x[2] for x in _newest(kept)]
         return lines, cursor, False
+
+    def _folded_all(self) -> bool:
+        """Whether this service has folded all the log it has heard of."""
+        tail = self.log.tail()
+        return tail is None or self.state.seq >= tail
 
     async def _send(self, reply: str, body: dict[str, Any]) -> None:
         nc = self.log.nc
@@ -284,6 +337,67 @@ class ReadService:
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
+
+
+MAX_TAIL = 1 << 20  # lines of each worker a tail keeps at most (the answer holds PAGE_BYTES of them)
+MAX_SKIPPED = 4096  # messages not the job's that one answer walks past at most
+_MARK_COST = 256  # what a mark line of the read service costs in an answer, at most
+
+
+def _rows(src: output.Source, text: str) -> list[tuple[list[Any], int]]:
+    """A message's lines as answer rows, each with what it costs in the answer (its JSON). Its
+    text is shown as the agent made it, but for control characters, which an agent that is
+    not corral's own could have left in: never sent on to a reader's terminal."""
+    parts = text.split("\n")
+    if parts and not parts[-1]:
+        parts.pop()  # the newline ending the last line
+    rows = [[src.node, src.attempt, src.rank, output.shown(t)] for t in parts]
+    return [(row, len(_encode(row)) + 1) for row in rows]
+
+
+# Each worker's last lines, (node, attempt, rank) -> (stream sequence, line in it, row, cost).
+Tails = dict[tuple[str, int, int], deque[tuple[int, int, list[Any], int]]]
+
+
+def _keep_tail(kept: Tails, size: int, rows: list[tuple[list[Any], int]], seq: int, tail: int) -> int:
+    """Add a message's rows to its worker's last ``tail`` lines; what is kept then costs. What
+    is kept stays under two answers: only the newest ``PAGE_BYTES`` can be answered."""
+    for i, (row, cost) in enumerate(rows):
+        last = kept.setdefault((row[0], row[1], row[2]), deque(maxlen=tail))
+        if tail == 0:
+            break
+        if len(last) == tail:
+            size -= last[0][3]
+        last.append((seq, i, row, cost))
+        size += cost
+    if size > 2 * PAGE_BYTES:
+        newest = _newest(kept)
+        kept.clear()
+        for x in newest:
+            row = x[2]
+            kept.setdefault((row[0], row[1], row[2]), deque(maxlen=tail)).append(x)
+        size = sum(x[3] for x in newest)
+    return size
+
+
+def _newest(kept: Tails) -> list[tuple[int, int, list[Any], int]]:
+    """The newest of the kept lines, in the order stored, that fit in one answer."""
+    every = sorted(x for last in kept.values() for x in last)
+    size, start = 0, len(every)
+    while start > 0 and size + every[start - 1][3] <= PAGE_BYTES:
+        start -= 1
+        size += every[start][3]
+    return every[start:]
+
+
+def _fitting(rows: list[tuple[list[Any], int]], budget: int) -> list[tuple[list[Any], int]]:
+    out, size = [], 0
+    for row, cost in rows:
+        if size + cost > budget:
+            break
+        out.append((row, cost))
+        size += cost
+    return out
 
 
 def serve(url: str, **options: Any) -> Callable[[asyncio.Event], Any]:

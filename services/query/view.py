@@ -13,6 +13,9 @@ Invariants:
   fold gave to a later job keeps both, and ``explain`` shows the newest the asker may see (one
   the state still holds before any let go);
 - a tenant sees only its own jobs here as in the state: another tenant's job is no job;
+- each job's workers as the fold placed them, over all its attempts (``placed``, then stored
+  with the job let go), are whose output is the job's (``decide.OutputScope``), from its
+  submission to the next submission of its id;
 - the view is derived: by default a private temporary SQLite database, gone when the view
   closes, since the read service refolds the log from its start whenever it starts.
 """
@@ -20,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -30,6 +34,7 @@ from corral.projections import retention
 from corral.projections.fold import apply
 from corral.projections.index import JobEvent, job_events
 from corral.projections.state import JobState, State
+from corral.services.query.decide import OutputScope
 from corral.services.query.explain import explain
 
 if TYPE_CHECKING:
@@ -46,7 +51,15 @@ CREATE TABLE IF NOT EXISTS let_go (
     PRIMARY KEY (id, submitted_seq)
 );
 CREATE INDEX IF NOT EXISTS let_go_by_tenant ON let_go (tenant, submitted_seq);
+CREATE TABLE IF NOT EXISTS let_go_workers (
+    id TEXT NOT NULL,
+    submitted_seq INTEGER NOT NULL,
+    submitted_at REAL NOT NULL,
+    workers TEXT NOT NULL,
+    PRIMARY KEY (id, submitted_seq)
+);
 """
+Workers = frozenset[tuple[str, int, int]]  # (node, attempt, rank)
 
 
 class JobView:
@@ -56,6 +69,7 @@ class JobView:
     def __init__(self, path: str = "") -> None:
         self.state = State()
         self.history: dict[str, list[JobEvent]] = {}
+        self.placed: dict[str, Workers] = {}  # held job -> every worker the fold placed for it
         self.db = sqlite3.connect(path)
         self.db.executescript(_SCHEMA)
 
@@ -78,9 +92,18 @@ class JobView:
                 watch.after(state, rec, seen)  # type: ignore[union-attr]
             refusals = {rec.seq: state.rejections[-1]} if state.rejected_total > before else {}
             for e in job_events(state, (rec,), refusals):
-                if e.job_id in state.jobs:
+                held = state.jobs.get(e.job_id)
+                if held is not None:
                     history.setdefault(e.job_id, []).append(e)
+                    if e.type == "JobsPlaced" and held.placement is not None and not e.refused:
+                        self._placed(held.id, held.placement.attempt, held.placement.workers)
         self.db.commit()
+
+    def _placed(self, job_id: str, attempt: int, workers: Sequence[Any]) -> None:
+        had = self.placed.get(job_id, frozenset())
+        new = {(w.node, attempt, w.rank) for w in workers}
+        if not new <= had:
+            self.placed[job_id] = had | new
 
     def _keep(self, job: JobState, seq: int) -> None:
         report = explain(job, self.history.pop(job.id, ()))
@@ -88,6 +111,11 @@ class JobView:
         self.db.execute(
             "INSERT OR REPLACE INTO let_go VALUES (?, ?, ?, ?, ?, ?)",
             (job.id, job.submitted_seq, job.tenant, seq, json.dumps(report["job"]), json.dumps(report)),
+        )
+        workers = sorted(self.placed.pop(job.id, frozenset()))
+        self.db.execute(
+            "INSERT OR REPLACE INTO let_go_workers VALUES (?, ?, ?, ?)",
+            (job.id, job.submitted_seq, job.submitted_at, json.dumps(workers)),
         )
 
     # -- reading --------------------------------------------------------------------------------
@@ -119,6 +147,26 @@ class JobView:
             f"SELECT row FROM let_go WHERE id = ? AND submitted_seq = ?{where}", (job_id, seq, *args)
         ).fetchone()
         return None if found is None else dict(json.loads(found[0]))
+
+    def output_scope(self, job_id: str, asker: str) -> OutputScope | None:
+        """Whose output is that of the newest job let go of id ``job_id`` that ``asker`` may see,
+        up to the next submission of its id (let go too, or held by the state)."""
+        where, args = ("", ()) if asker == subjects.ADMIN else (" AND l.tenant = ?", (asker,))
+        found = self.db.execute(
+            "SELECT w.submitted_seq, w.submitted_at, w.workers FROM let_go l JOIN let_go_workers w"
+            f" USING (id, submitted_seq) WHERE l.id = ?{where} ORDER BY l.submitted_seq DESC LIMIT 1",
+            (job_id, *args),
+        ).fetchone()
+        if found is None:
+            return None
+        seq, since, workers = found
+        (later,) = self.db.execute(
+            "SELECT min(submitted_at) FROM let_go_workers WHERE id = ? AND submitted_seq > ?", (job_id, seq)
+        ).fetchone()
+        held = self.state.jobs.get(job_id)
+        until = [t for t in (later, held.submitted_at if held is not None else None) if t is not None]
+        scope = frozenset((str(n), int(a), int(r)) for n, a, r in json.loads(workers))
+        return OutputScope(scope, since, min(until, default=math.inf))
 
 
 def explain_log(records: Sequence[Record], job_id: str, tenant: str | None) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from typing import Any, NamedTuple
 
 import nats.errors
@@ -42,6 +43,21 @@ MAX_MSGS_PER_WORKER = 256  # messages kept per worker (subject): 16 MiB of its n
 MAX_BYTES = 4 * 1024**3  # the whole stream
 MAX_AGE = 7 * 86400.0  # seconds a line is kept
 MAX_MSG_SIZE = 4 * MAX_MESSAGE  # what the server takes: headroom over what an agent sends
+# C0 controls but tab, DEL, and the C1 controls: what a terminal would act on rather than show.
+CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+# An attempt or a rank in a subject: ASCII digits, written one way only. ``str.isdigit`` takes
+# "²" (which ``int`` refuses) and "١" (which it reads as 1).
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,17}")
+
+
+def shown(text: str) -> str:
+    """``text`` as a reader's terminal may show it: control characters written out (``\\x1b``)."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def safe_text(raw: bytes) -> str:
+    """A line as a reader's terminal may show it: valid UTF-8, no control characters."""
+    return shown(raw.decode("utf-8", errors="replace"))
 
 
 def subject(node: str, job_id: str, attempt: int, rank: int) -> str:
@@ -64,7 +80,9 @@ class Source(NamedTuple):
 
 def parse(subj: str) -> Source | None:
     parts = subj.split(".")
-    if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != OUT or not (parts[4].isdigit() and parts[5].isdigit()):
+    if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != OUT:
+        return None
+    if not (_NUMBER.fullmatch(parts[4]) and _NUMBER.fullmatch(parts[5])):
         return None
     return Source(parts[2], parts[3], int(parts[4]), int(parts[5]))
 
@@ -132,6 +150,7 @@ class Chunk(NamedTuple):
     seq: int
     source: Source
     text: str  # whole lines, each ending in a newline
+    time: float  # when the stream stored it (seconds since the epoch; 0: not said)
 
 
 async def next_chunk(js: Any, job_id: str, rank: int | None, after: int) -> Chunk | None:
@@ -147,4 +166,5 @@ async def next_chunk(js: Any, job_id: str, rank: int | None, after: int) -> Chun
         if source is None or source.job_id != job_id:
             after = msg.seq  # not a subject an agent writes: skipped, never shown
             continue
-        return Chunk(msg.seq, source, (msg.data or b"").decode("utf-8", errors="replace"))
+        stored = msg.time.timestamp() if msg.time is not None else 0.0
+        return Chunk(msg.seq, source, (msg.data or b"").decode("utf-8", errors="replace"), stored)

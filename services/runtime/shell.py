@@ -170,7 +170,7 @@ class Service:
             if self._traced is not None:
                 # What the lease's holder traced: the lease's spans of records after it are kept
                 # from the replay on, for this replica may be the one to emit them.
-                self._traced_seen = self.traces.resume_after = await self._traced.read()
+                self._traced_seen = self.traces.resume_after = await self._read_traced()
         async for batch in self.log.read(self.state.seq + 1):
             self.fold(batch)
         if self.traces is not None:
@@ -183,6 +183,16 @@ class Service:
         if self.snapshots is not None and self.state.seq - self._snapshot_seq >= self.snapshot_every:
             await self.snapshots.save(self.state)
             self._snapshot_seq = self.state.seq
+
+    async def _read_traced(self) -> int | None:
+        """The traced position posted, if it is one in this log (``traced.py``)."""
+        if self._traced is None:
+            return None
+        try:
+            last = await self.log.last_seq()
+        except LogError:
+            return None  # read again next time
+        return await self._traced.read(last)
 
     async def _hand_spans(self, stopping: bool = False) -> None:
         """The lease's spans (``traced.py``): the holder emits those after the position the
@@ -201,13 +211,13 @@ class Service:
             self._traced_to = None
             if now - self._traced_read_at >= self._traced_every:
                 self._traced_read_at = now
-                got = await self._traced.read()
+                got = await self._read_traced()
                 if got is not None:
                     self._traced_seen = max(got, self._traced_seen or 0)
                     spans.drop_pending(got)
             return
         if self._traced_to is None:  # it has just taken the lease
-            got = await self._traced.read()
+            got = await self._read_traced()
             known = [p for p in (got, self._traced_seen) if p is not None]
             if known:
                 self._traced_to = max(known)

@@ -16,11 +16,17 @@ until the standby takes over. What is not exact: a holder killed after the colle
 spans but before its position was stored has them sent again by the next holder, with the same
 ids (the span ids are derived from the log, so a viewer shows one span); and one that lost its
 lease without knowing (paused past it) may emit beside the new holder until its next renewal.
+
+Only the ``services`` login may write the bucket, but a node agent may still name it as the
+reply subject of its own publishes and have JetStream write its acknowledgement there
+(DESIGN.md §10). So a value is read as a position only if it is one: a whole number from 0 to
+the log's last sequence. Anything else (an acknowledgement's JSON, a negative number, one past
+the log, which would have every holder after it emit nothing) is no position: the next holder
+traces what it folded and posts over it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
@@ -44,16 +50,18 @@ class TracedPosition:
         self.kv = kv
         self.key = key(role)
 
-    async def read(self) -> int | None:
-        """The log sequence the last holder traced to, if one is posted (None: none, or no
-        answer)."""
+    async def read(self, last: int) -> int | None:
+        """The log sequence the last holder traced to, if one is posted (None: none, no answer,
+        or a value that is no position in a log whose last sequence is ``last``)."""
         try:
             entry = await self.kv.get(self.key)
         except (js_errors.KeyNotFoundError, nats_errors.Error, TimeoutError):
             return None
-        with contextlib.suppress(ValueError, TypeError):
-            return int(entry.value)
-        return None
+        value = entry.value or b""
+        if not (0 < len(value) <= 20 and value.isdigit()):  # ASCII digits, at most 64 bits' worth
+            return None
+        seq = int(value)
+        return seq if seq <= last else None
 
     async def post(self, seq: int) -> bool:
         try:

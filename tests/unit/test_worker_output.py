@@ -19,7 +19,7 @@ from corral.services.agent.output import (
     messages,
     safe_text,
 )
-from corral.services.query.decide import Ask, output_refusal
+from corral.services.query.decide import Ask, OutputScope, output_scope
 from corral.services.runtime import output
 from tests.builders import LogBuilder, job
 
@@ -88,12 +88,12 @@ def test_subjects_carry_node_job_attempt_and_rank() -> None:
 
 def test_another_tenants_job_and_a_wildcard_read_as_no_job() -> None:
     state = LogBuilder().queue("q").submit("a", "mine", job("q")).fold()
-    assert output_refusal(state, "a", Ask(job="mine")) is None
-    assert output_refusal(state, "admin", Ask(job="mine")) is None
+    assert isinstance(output_scope(state, "a", Ask(job="mine"), {}), OutputScope)
+    assert isinstance(output_scope(state, "admin", Ask(job="mine"), {}), OutputScope)
     for asker, job_id in (("b", "mine"), ("a", "nope"), ("a", "*"), ("a", ">"), ("a", "mine.>")):
-        told = output_refusal(state, asker, Ask(job=job_id))
-        assert told is not None and told["error"].startswith("no job "), (asker, job_id)
-    assert output_refusal(state, "a", Ask(job="mine", rank=-2)) is not None
+        told = output_scope(state, asker, Ask(job=job_id), {})
+        assert isinstance(told, dict) and told["error"].startswith("no job "), (asker, job_id)
+    assert isinstance(output_scope(state, "a", Ask(job="mine", rank=-2), {}), dict)
 
 
 class Kept:

@@ -1,0 +1,117 @@
+"""Whose output the read service shows as a job's (``decide.OutputScope``, ``view.JobView``): the
+workers the fold placed for it, on their nodes, in their attempts, from its submission to the
+next submission of its id; and what a question about output may carry.
+
+A node agent may write any job's subjects under its own node (NATS cannot tell a job from
+another), and a job id is free again once its job was let go, while the output stream keeps a
+week: without the scope an agent could make up a job's output, and a tenant given a reused id
+would read the output of the job that had it before.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from corral.services.query.decide import Ask, BadAsk, OutputScope, output_scope, parse_ask
+from corral.services.query.service import PAGE_BYTES, Tails, _keep_tail, _newest, _rows
+from corral.services.query.view import JobView
+from corral.services.runtime import output
+from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
+
+N0, N1 = "node-00", "node-01"
+
+
+def reused() -> tuple[LogBuilder, float, float]:
+    """Tenant a's gang ``x`` ran on both nodes, in two attempts, and was let go; tenant b then got
+    the id ``x`` for a job on node-01. The submission times of the two."""
+    log = LogBuilder().nodes(Cluster(2)).retention(0.0).queue("team-a")
+    a_at = log.time
+    log.submit("a", "x", job().gpus(1).replicas(2).restarts(1)).accept("x").admit("x", replicas=2)
+    log.place(placement("x", worker(0, N0, whole(0)), worker(1, N1, whole(0))))
+    log.started(N0, "x", rank=0).started(N1, "x", rank=1)
+    log.exited(N0, "x", rank=0, code=1).exited(N1, "x", rank=1, code=0, stopped=True)
+    log.requeue("x", attempt=0).admit("x", attempt=1, replicas=2)
+    log.place(placement("x", worker(0, N1, whole(1)), worker(1, N1, whole(2)), attempt=1))
+    log.started(N1, "x", rank=0, attempt=1).started(N1, "x", rank=1, attempt=1)
+    log.exited(N1, "x", rank=0, attempt=1).exited(N1, "x", rank=1, attempt=1)
+    log.cordon(N0, False)  # let go before this record (a retention of 0)
+    b_at = log.time
+    log.submit("b", "x", job().gpus(1)).accept("x").admit("x")
+    log.place(on(N1, 3, job_id="x"))
+    return log, a_at, b_at
+
+
+@pytest.fixture
+def view() -> JobView:
+    log, _, _ = reused()
+    v = JobView(":memory:")
+    v.fold(log.records)
+    return v
+
+
+def test_a_job_is_its_placed_workers_from_its_submission(view: JobView) -> None:
+    _, _, b_at = reused()
+    assert view.state.jobs["x"].tenant == "b"
+    scope = output_scope(view.state, "b", Ask(job="x"), view.placed, view)
+    assert scope == OutputScope(frozenset({(N1, 0, 0)}), b_at, math.inf)
+    assert scope.shows(N1, 0, 0, b_at + 5)
+    assert not scope.shows(N0, 0, 0, b_at + 5), "a node it never ran on"
+    assert not scope.shows(N1, 1, 0, b_at + 5), "an attempt it never had"
+    assert not scope.shows(N1, 0, 1, b_at + 5), "a rank it never had"
+    assert not scope.shows(N1, 0, 0, b_at - 1), "the job that had its id before"
+
+
+def test_a_job_let_go_is_read_up_to_the_next_of_its_id(view: JobView) -> None:
+    _, a_at, b_at = reused()
+    scope = output_scope(view.state, "a", Ask(job="x"), view.placed, view)
+    assert isinstance(scope, OutputScope)
+    assert scope.workers == {(N0, 0, 0), (N1, 0, 1), (N1, 1, 0), (N1, 1, 1)}
+    assert (scope.since, scope.until) == (a_at, b_at)
+    assert scope.shows(N1, 0, 1, b_at - 1) and not scope.shows(N1, 0, 1, b_at)
+    # the admin reads the newest: b's
+    told = output_scope(view.state, "admin", Ask(job="x"), view.placed, view)
+    assert isinstance(told, OutputScope) and told.since == b_at
+    assert isinstance(output_scope(view.state, "c", Ask(job="x"), view.placed, view), dict)
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "corral.out.n.j.\u00b2.0",  # a digit to isdigit, not to int
+        "corral.out.n.j.\u0661.0",  # an Arabic-Indic one: int reads it as 1
+        "corral.out.n.j.01.0",
+        "corral.out.n.j.0.-1",
+        "corral.out.n.j.0.1.2",
+        "corral.out.n.j.0." + "9" * 19,
+    ],
+)
+def test_a_subject_with_odd_numbers_is_no_workers(subject: str) -> None:
+    assert output.parse(subject) is None
+
+
+@pytest.mark.parametrize("field", ["rank", "tail", "cursor", "after"])
+def test_numbers_past_64_bits_are_an_unreadable_question(field: str) -> None:
+    with pytest.raises(BadAsk):
+        parse_ask(b'{"job": "x", "%s": 18446744073709551615}' % field.encode())
+
+
+def test_what_an_agent_not_corrals_own_left_in_a_line_is_not_sent_to_a_terminal() -> None:
+    assert output.shown("a\x1b[2Jb\x00\x9b") == "a\\x1b[2Jb\\x00\\x9b"
+
+
+def test_a_tail_of_a_huge_job_keeps_at_most_two_answers_of_lines() -> None:
+    """However many workers and lines a tail walks past, what it keeps stays under two answers,
+    and what it answers is the newest lines that fit one, in the order stored."""
+    kept: Tails = {}
+    size = 0
+    line = "y" * 1000 + "\n"
+    for seq in range(1, 2001):
+        src = output.Source(f"node-{seq % 7}", "x", 0, seq % 13)
+        size = _keep_tail(kept, size, _rows(src, line * 20), seq, 2**63 - 1)
+        assert size <= 2 * PAGE_BYTES + 20 * 1100
+    assert size == sum(x[3] for last in kept.values() for x in last)
+    newest = _newest(kept)
+    assert sum(x[3] for x in newest) <= PAGE_BYTES and newest[-1][0] == 2000
+    assert newest == sorted(newest)

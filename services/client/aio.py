@@ -44,6 +44,8 @@ from corral.services.query import client as wire
 from corral.services.query.decide import MAX_WAIT
 from corral.services.runtime import identities
 
+FOLLOW_PAUSE, FOLLOW_PAUSE_MAX = 0.25, 5.0  # seconds between follows answered empty at once
+
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 CONNECT_TIMEOUT = 10.0  # seconds: an unreachable server is an answer, not a hang
 VERDICT_TIMEOUT = 30.0  # seconds a request's verdict is waited for, by default
@@ -324,7 +326,9 @@ class AsyncClient:
             raise Invalid(f"tail {tail}: a number of lines, 0 or more")
         cursor = 0
         first = True
+        pause = 0.0  # after answers that came back at once with nothing: the read service is busy
         while True:
+            asked = time.monotonic()
             answer = await self._ask(
                 "output",
                 job=job_id,
@@ -333,14 +337,21 @@ class AsyncClient:
                 cursor=cursor,
                 wait=MAX_WAIT if follow and not first else 0.0,
             )
+            waited = not first and time.monotonic() - asked >= MAX_WAIT / 2
             first = False
-            for line in msgspec.convert(answer["lines"], list[OutputLine]):
+            lines = msgspec.convert(answer["lines"], list[OutputLine])
+            for line in lines:
                 yield line
             cursor = int(answer["cursor"])
             if answer.get("more"):
                 continue
             if not follow or answer.get("ended"):
                 return
+            # A follow answered empty without the wait it asked for (the read service holds as
+            # many waiting questions as it will): ask again after a pause, not in a tight loop.
+            pause = 0.0 if lines or waited else min(FOLLOW_PAUSE_MAX, max(FOLLOW_PAUSE, pause * 2))
+            if pause:
+                await asyncio.sleep(pause)
 
     async def explain(self, job_id: str) -> Explanation:
         """A job's history and why it waits."""

@@ -187,3 +187,50 @@ async def test_one_tenant_following_many_jobs_leaves_others_room_to_wait(
         await asyncio.gather(*flood, return_exceptions=True)
         await a.close()
         await b.close()
+
+
+async def test_a_follow_answered_empty_at_once_asks_again_after_a_pause_not_in_a_loop(
+    nats_server: str, read: tuple[JetStreamLog, ReadService]
+) -> None:
+    """When the read service answers a follow at once with nothing (its asker holds every wait
+    it is given), the client pauses, doubling, before it asks again: a handful of questions in
+    two seconds, not hundreds."""
+    log, reader = read
+    built = LogBuilder(start_time=time.time()).nodes(Cluster(1)).queue("team-a")
+    built.submit("a", "ja", job().gpus(1)).accept("ja").admit("ja").place(on(N0, 0, job_id="ja"))
+    await _append(log, built, 0)
+    await _folded(reader, log)
+    a = await nats.connect(nats_server, inbox_prefix="_INBOX.corral.a")
+    watcher = await nats.connect(nats_server)
+    asked: list[float] = []
+
+    async def heard(_: object) -> None:
+        asked.append(time.monotonic())
+
+    sub = await watcher.subscribe("corral.read.a.output", cb=heard)
+    body = b'{"job": "ja", "wait": 60, "cursor": 0}'
+    flood = [asyncio.create_task(a.request("corral.read.a.output", body, timeout=WAIT)) for _ in range(64)]
+    try:
+
+        async def holding() -> None:  # a holds every wait the read service gives one asker
+            while sum(t.done() for t in flood) + len(reader._waiting) < len(flood):
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(holding(), 40.0)
+        asked.clear()
+        async with AsyncClient(nats_server, tenant="a") as client:
+
+            async def follow() -> None:
+                async for _ in client.logs("ja", follow=True):
+                    pass
+
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(follow(), 2.0)
+        assert 2 <= len(asked) <= 8, f"{len(asked)} questions in two seconds"
+    finally:
+        await sub.unsubscribe()
+        for t in flood:
+            t.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
+        await a.close()
+        await watcher.close()

@@ -22,8 +22,9 @@ make a start later than forecast, never earlier: the band does not cover them.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from corral.projections import runtimes
@@ -43,6 +44,7 @@ EARLY, LATE = 0.5, 2.0
 HORIZON_S = 2 * 86400.0
 CALIBRATE_FROM = 500  # the latest jobs that finished whose estimates' errors calibrate forecasts
 MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
+MIN_LONGER = 3  # runs of a class longer than a running job has run, to say how much longer it goes
 
 
 @dataclass
@@ -83,14 +85,36 @@ class Forecast:
         return self.starts.get(job.id, math.inf) - job.submitted_at
 
 
-def runtime(job: JobState, now: float, scale: float = 1.0) -> float:
-    """How much longer ``job`` runs (holding GPUs), or how long it runs once started (waiting)."""
+def runtime(
+    job: JobState, now: float, scale: float = 1.0, history: Mapping[str, Sequence[float]] | None = None
+) -> float:
+    """How much longer ``job`` runs (holding GPUs), or how long it runs once started (waiting).
+    Given the learned ``history`` (``State.runtimes``), a running job with no estimate of its
+    owner's runs for what ``remaining`` expects, once enough of its class ran as long."""
     est = runtimes.of(job)
     est = (UNKNOWN_RUNTIME_S if est is None else est) * scale
     if job.phase in WAITING:
         return est
     ran = job.ran_s + (max(0.0, now - job.phase_since) if job.phase == "running" else 0.0)
+    if history is not None and job.spec.runtime_estimate_s is None:
+        left = remaining(job, ran, history)
+        if left is not None:
+            return left
     return est - ran if ran < est else max(1.0, ran)
+
+
+def remaining(job: JobState, ran: float, history: Mapping[str, Sequence[float]]) -> float | None:
+    """How much longer a job that has run ``ran`` seconds goes on, given how long the jobs of its
+    class ran: the median of what those that ran longer than ``ran`` ran beyond it, in the most
+    specific class with at least ``MIN_LONGER`` such (None: none has). A job's expected
+    remaining time given its attained service (as Tiresias and Lucid reason), not its estimate
+    at submission: in heavy-tailed run times a job that has outlived the short ones of its
+    class is one of the long ones, and one still short of the median may well end soon."""
+    for key in runtimes.classes(job.tenant, job.spec):
+        longer = [x - ran for x in history.get(key, ()) if x > ran]
+        if len(longer) >= MIN_LONGER:
+            return float(statistics.median(longer))
+    return None
 
 
 def forecast(
@@ -103,11 +127,14 @@ def forecast(
     jobs: Iterable[str] | None = None,
     cancelled: Callable[[], bool] | None = None,
     arrivals: Sequence[SimJob] = (),
+    attained: bool = True,
 ) -> Forecast:
     """Every waiting job's start (or only those of ``jobs``), by one forward simulation from a
     copy of ``state`` (``state`` itself is not changed), at most ``horizon_s`` ahead (None: until
-    every one has started)."""
-    sim = Simulation.resume(state, now, config or SimConfig(), lambda j: runtime(j, now, scale))
+    every one has started). ``attained``: running jobs go on for what ``remaining`` expects
+    given how long they have run (False: for their estimate at submission, less what they ran)."""
+    history = state.runtimes if attained else None
+    sim = Simulation.resume(state, now, config or SimConfig(), lambda j: runtime(j, now, scale, history))
     if arrivals:
         sim.arrive(arrivals)
     waiting = set(sim.until_started or ())

@@ -11,9 +11,14 @@ it forecasts the start of the jobs just submitted, and every 10 simulated minute
 that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of
 the state, no later arrivals (``--future M``: the submissions of the last M minutes come
 again), jobs ending at their estimates scaled by how far off the estimates of the jobs that
-finished so far were in all (``--no-calibrate``: as they are), at most ``--horizon`` hours ahead; a
-forecast of the jobs just submitted stops once they have started), and afterwards compares each
-forecast with the start the job actually got in the same run. Arrivals are moved half a second
+finished so far were in all (``--no-calibrate``: as they are), a running job for as much longer
+as the runs of its class that ran as long went on (``--no-attained``: its estimate less what it
+ran), at most ``--horizon`` hours ahead; a forecast of the jobs just submitted stops once they
+have started), and afterwards compares each forecast with the start the job actually got in the
+same run. Forecasts run in ``--workers`` processes beside the replay (each reads an encoded copy
+of the state at its point, and the replay never reads a forecast), so the figures are the same
+for any number of them and the run takes about the replay's time plus the forecasts' divided
+among the processes. Arrivals are moved half a second
 on, so none falls on a decision tick and every job's first forecast is made before any decision
 about it. Printed:
 
@@ -34,17 +39,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import msgspec
 
 from corral.projections import runtimes
 from corral.projections.queueing import UNKNOWN_RUNTIME_S
+from corral.projections.state import State
 from corral.services.sim import eta, philly
-from corral.services.sim.driver import WAITING, SimJob, Simulation
+from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 from corral.services.sim.traces import philly as trace
 
 EVERY_S = 600.0
@@ -58,6 +68,70 @@ def within(predicted: float, actual: float) -> bool:
         return False
     off = abs(predicted - actual)
     return off <= 0.2 * actual or (actual < 1500.0 and off <= 300.0)
+
+
+class Pending:
+    """A forecast asked for: its starts once done (``start``)."""
+
+    def __init__(self, done: Future[tuple[dict[str, float], float]]) -> None:
+        self._done = done
+
+    def start(self, job_id: str) -> float:
+        return self._done.result()[0].get(job_id, math.inf)
+
+
+def _forecast(
+    blob: bytes, now: float, config: SimConfig, ask: dict[str, Any]
+) -> tuple[dict[str, float], float]:
+    """One forecast from an encoded state: its starts and the seconds it took."""
+    t = time.perf_counter()
+    state = msgspec.msgpack.decode(blob, type=State)
+    return eta.forecast(state, now, config, **ask).starts, time.perf_counter() - t
+
+
+class Forecaster:
+    """Forecasts, in ``workers`` processes beside the replay (1: in it, one after the other).
+    A forecast reads a copy of the state and the replay never reads a forecast, so they may run
+    in any order and at once: what is measured is the same whatever ``workers`` is."""
+
+    def __init__(self, config: SimConfig, workers: int) -> None:
+        self.config, self.busy_s = config, 0.0
+        self._pool = None
+        if workers > 1:
+            # fork: the workers start with the modules already imported, this one included
+            ctx = multiprocessing.get_context("fork")
+            self._pool = ProcessPoolExecutor(workers, mp_context=ctx)
+        self._inflight: deque[Future[tuple[dict[str, float], float]]] = deque()
+        self._most = 4 * workers  # encoded states waiting for a worker, at most
+
+    def submit(self, blob: bytes, now: float, ask: dict[str, Any]) -> Pending:
+        done: Future[tuple[dict[str, float], float]]
+        if self._pool is None:
+            done = Future()
+            done.set_result(_forecast(blob, now, self.config, ask))
+        else:
+            done = self._pool.submit(_forecast, blob, now, self.config, ask)
+        done.add_done_callback(self._count)
+        self._inflight.append(done)
+        while len(self._inflight) > self._most or (self._inflight and self._inflight[0].done()):
+            self._inflight.popleft().result()  # a failed forecast fails the run, here
+        return Pending(done)
+
+    def _count(self, done: Future[tuple[dict[str, float], float]]) -> None:
+        if done.exception() is None:
+            self.busy_s += done.result()[1]
+
+    def __enter__(self) -> Forecaster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._inflight:
+            if exc[0] is None:
+                self._inflight.popleft().result()
+            else:
+                self._inflight.popleft().cancel()
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,7 +168,21 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="minutes: forecasts assume the jobs submitted in that many last minutes come again (0: none)",
     )
+    ap.add_argument(
+        "--attained",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="running jobs go on for what their class's history expects given how long they ran",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes that forecast beside the replay (1: the replay's own; the figures are the same)",
+    )
     args = ap.parse_args(argv)
+    if args.workers < 1:
+        ap.error(f"--workers must be at least 1, not {args.workers}")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
     sliced = philly.load_slice(trace.find(args.trace), args.start, args.jobs)
@@ -120,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
             calibrate=args.calibrate,
             band=args.band,
             future_s=args.future * 60,
+            attained=args.attained,
+            workers=args.workers,
         )
     )
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
@@ -136,6 +226,8 @@ def run(
     calibrate: bool = True,
     band: bool = False,
     future_s: float = 0.0,
+    attained: bool = True,
+    workers: int = 1,
 ) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
@@ -146,72 +238,74 @@ def run(
         first, last = int(jobs[0].arrival // every_s) + 1, int(jobs[-1].arrival // every_s) + 2
         again = {k * every_s for k in range(first, last)}
     points = sorted(arrivals | again)
-    at_submit: dict[str, float] = {}
+    seen: dict[str, Pending] = {}  # job -> the forecast made at its submission
     naive: dict[str, float] = {}
     estimate: dict[str, float] = {}
-    later: list[tuple[str, float, float]] = []  # (job, forecast at, forecast start)
-    bands: dict[str, tuple[float, float]] = {}  # job -> (early, late) start at submission
+    later_asked: list[tuple[str, float, Pending]] = []  # (job, forecast at, the forecast)
+    band_asked: dict[str, tuple[Pending, Pending]] = {}  # job -> (early, late) forecasts at submission
     calibration = eta.Calibration()
     unfinished: set[str] = set()  # jobs with an estimate whose error is not known yet
-    forecast_s = 0.0
-    for point in points:
-        now = point - 1e-3
-        sim.run(until=now)
-        state = sim.state
-        waiting = [j for j in state.jobs.values() if j.phase in WAITING]
-        if not waiting:
-            continue
-        new = [j.id for j in waiting if j.id not in at_submit]
-        if point not in again:
-            if not new:
+    with Forecaster(config, workers) as forecaster:
+        for point in points:
+            now = point - 1e-3
+            sim.run(until=now)
+            state = sim.state
+            waiting = [j for j in state.jobs.values() if j.phase in WAITING]
+            if not waiting:
                 continue
-            asked: list[str] | None = new  # only they need a forecast: the run stops once they start
-        else:
-            asked = None
-        for i in [i for i in unfinished if sim.stats[i].finished is not None]:
-            unfinished.discard(i)
-            if sim.stats[i].phase == "succeeded":
-                calibration.saw(estimate[i], sim.by_id[i].work_s)
-        lo, at, hi = calibration.scales() if calibrate else (eta.EARLY, 1.0, eta.LATE)
-        t = time.perf_counter()
-        future = eta.recent(state, now, future_s, scale * at) if future_s > 0 else []
-        fc = eta.forecast(
-            state, now, config, scale=scale * at, horizon_s=horizon_s, jobs=asked, arrivals=future
-        )
-        if band and new:
-            early = eta.forecast(
-                state, now, config, scale=scale * lo, horizon_s=horizon_s, jobs=new, arrivals=future
-            )
-            late = eta.forecast(
-                state, now, config, scale=scale * hi, horizon_s=horizon_s, jobs=new, arrivals=future
-            )
-            for i in new:
-                bands[i] = (early.starts.get(i, math.inf), late.starts.get(i, math.inf))
-        forecast_s += time.perf_counter() - t
-        ahead: dict[str, float] = {}
-        for job in sorted(waiting, key=lambda j: j.submitted_seq):
-            start = fc.starts.get(job.id, math.inf)
-            est = runtimes.of(job)
-            if job.id not in at_submit:
-                at_submit[job.id] = start
-                naive[job.id] = now + ahead.get(job.spec.queue, 0.0)
-                if est is not None:
-                    estimate[job.id] = est
-                    unfinished.add(job.id)
-            elif asked is None:
-                later.append((job.id, now, start))
-            if job.phase != "submitted":  # one not accepted yet is ahead of nobody
-                q = job.spec.queue
-                ahead[q] = ahead.get(q, 0.0) + (UNKNOWN_RUNTIME_S if est is None else est)
+            new = [j.id for j in waiting if j.id not in seen]
+            if point not in again:
+                if not new:
+                    continue
+                asked: list[str] | None = new  # only they need a forecast: it stops once they start
+            else:
+                asked = None
+            for i in [i for i in unfinished if sim.stats[i].finished is not None]:
+                unfinished.discard(i)
+                if sim.stats[i].phase == "succeeded":
+                    calibration.saw(estimate[i], sim.by_id[i].work_s)
+            lo, at, hi = calibration.scales() if calibrate else (eta.EARLY, 1.0, eta.LATE)
+            future = eta.recent(state, now, future_s, scale * at) if future_s > 0 else []
+            blob = msgspec.msgpack.encode(state)  # one copy per point, whatever the forecasts
+            ask = dict(horizon_s=horizon_s, arrivals=future, attained=attained)
+            fc = forecaster.submit(blob, now, dict(ask, scale=scale * at, jobs=asked))
+            if band and new:
+                early = forecaster.submit(blob, now, dict(ask, scale=scale * lo, jobs=new))
+                late = forecaster.submit(blob, now, dict(ask, scale=scale * hi, jobs=new))
+                for i in new:
+                    band_asked[i] = (early, late)
+            ahead: dict[str, float] = {}
+            for job in sorted(waiting, key=lambda j: j.submitted_seq):
+                est = runtimes.of(job)
+                if job.id not in seen:
+                    seen[job.id] = fc
+                    naive[job.id] = now + ahead.get(job.spec.queue, 0.0)
+                    if est is not None:
+                        estimate[job.id] = est
+                        unfinished.add(job.id)
+                elif asked is None:
+                    later_asked.append((job.id, now, fc))
+                if job.phase != "submitted":  # one not accepted yet is ahead of nobody
+                    q = job.spec.queue
+                    ahead[q] = ahead.get(q, 0.0) + (UNKNOWN_RUNTIME_S if est is None else est)
+        at_submit = {i: fc.start(i) for i, fc in seen.items()}
+        later = [(i, t, fc.start(i)) for i, t, fc in later_asked]
+        bands = {i: (early.start(i), late.start(i)) for i, (early, late) in band_asked.items()}
+        forecast_s = forecaster.busy_s
     sim.run()
     stats = sim.stats
     lines = [
         f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
-        f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s of CPU in all",
+        f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s in all ({workers} processes)",
         f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
         + (f"submissions of the last {future_s / 60:g} min assumed to come again; " if future_s else "")
         + f"runtimes scaled by {scale:g} in forecasts"
-        + (", and by how far off the estimates of the jobs that finished so far were" if calibrate else ""),
+        + (", and by how far off the estimates of the jobs that finished so far were" if calibrate else "")
+        + (
+            "; running jobs end as the runs of their class that ran as long did"
+            if attained
+            else "; running jobs end at their estimate at submission"
+        ),
         f"({eta.ASSUMPTION})",
         "",
         "start forecast within the band of the actual wait (±20 %, or 5 min under 25 min):",

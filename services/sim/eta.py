@@ -4,9 +4,11 @@ nothing else changed.
 
 What it assumes (``ASSUMPTION``): no job is submitted after ``now``; every job ends at its
 runtime estimate (its owner's, else the one learned from history: ``projections/runtimes.py``),
-a running one counted from when it started running; a job that has already run past its
-estimate runs as long again as it has run (run times are heavy-tailed: the longer a job has
-run, the longer it is likely to go on); a job with no estimate at all runs
+a running one counted from when it started running; a running job with no estimate of its
+owner's goes on for as much longer as the runs of its class that ran as long as it has did
+(``remaining``); where too few ran as long, a running job ends at its estimate, or, once past
+it, runs as long again as it has run (run times are heavy-tailed: the longer a job has run,
+the longer it is likely to go on); a job with no estimate at all runs
 ``queueing.UNKNOWN_RUNTIME_S``; no node fails; a job being preempted stops by its deadline.
 One forward run gives every waiting job's start at once.
 
@@ -35,7 +37,8 @@ from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
     "(its owner's, else learned from similar jobs that finished), scaled by how far off the "
-    "estimates of the jobs that finished lately were, once enough did"
+    "estimates of the jobs that finished lately were, once enough did; a running job for as much "
+    "longer as similar jobs that ran as long did"
 )
 EARLY, LATE = 0.5, 2.0
 # How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every

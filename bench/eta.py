@@ -335,6 +335,31 @@ def run(
             f"{name:<14}{len(ids):>7}{share(ids, at_submit.__getitem__):>13.1f}"
             f"{share(ids, naive.__getitem__):>9.1f}{100.0 * hits / max(1, len(again)):>17.1f}{len(again):>11}"
         )
+    lines += [
+        "",
+        "forecasts at submission outside the band, and the median forecast wait / actual wait:",
+        f"{'actual wait':<14}{'too soon %':>11}{'too late %':>11}"
+        f"{'beyond horizon %':>18}{'median ratio':>14}",
+    ]
+    for lo, hi, name in (*BUCKETS, (0.0, math.inf, "all")):
+        ids = [i for i in started if lo <= stats[i].wait < hi]  # type: ignore[operator]
+        soon = late = beyond = 0
+        ratios = []
+        for i in ids:
+            st = stats[i]
+            actual, predicted = st.first_start - st.submitted, at_submit[i] - st.submitted  # type: ignore[operator]
+            beyond += math.isinf(predicted)
+            if not within(predicted, actual) and not math.isinf(predicted):
+                soon += predicted < actual
+                late += predicted > actual
+            ratios.append(predicted / max(actual, 1.0))
+        ratios.sort()
+        n = max(1, len(ids))
+        mid = ratios[len(ratios) // 2] if ratios else float("nan")
+        lines.append(
+            f"{name:<14}{100.0 * soon / n:>11.1f}{100.0 * late / n:>11.1f}"
+            f"{100.0 * beyond / n:>18.1f}{mid:>14.2f}"
+        )
     if bands:
         inside = [i for i in started if i in bands]
         hit = sum(bands[i][0] - 1e-6 <= stats[i].first_start <= bands[i][1] + 1e-6 for i in inside)  # type: ignore[operator]

@@ -38,7 +38,7 @@ ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
     "(its owner's, else learned from similar jobs that finished), scaled by how far off the "
     "estimates of the jobs that finished lately were, once enough did; a running job for as much "
-    "longer as similar jobs that ran as long did"
+    "longer as similar jobs that ran as long did, scaled alike"
 )
 EARLY, LATE = 0.5, 2.0
 # How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every
@@ -93,7 +93,8 @@ def runtime(
 ) -> float:
     """How much longer ``job`` runs (holding GPUs), or how long it runs once started (waiting).
     Given the learned ``history`` (``State.runtimes``), a running job with no estimate of its
-    owner's runs for what ``remaining`` expects, once enough of its class ran as long."""
+    owner's runs for what ``remaining`` expects, once enough of its class ran as long, times
+    ``scale`` as every estimate."""
     est = runtimes.of(job)
     est = (UNKNOWN_RUNTIME_S if est is None else est) * scale
     if job.phase in WAITING:
@@ -102,7 +103,8 @@ def runtime(
     if history is not None and job.spec.runtime_estimate_s is None:
         left = remaining(job, ran, history)
         if left is not None:
-            return left
+            # scaled as estimates are: the median of a heavy tail falls short of it in sum too
+            return left * scale
     return est - ran if ran < est else max(1.0, ran)
 
 

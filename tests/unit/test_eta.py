@@ -204,4 +204,5 @@ def test_a_running_job_goes_on_as_its_class_did_once_it_outlived_its_estimate() 
         runtimes.learn(state, finished("t", spec(8, "n"), r))
     job = JobState("j", "t", spec(8, "n"), 0, 0.0, phase="running", phase_since=0.0, learned_s=115.0)
     assert eta.runtime(job, 500.0, history=state.runtimes) == pytest.approx(600.0)
+    assert eta.runtime(job, 500.0, 2.0, state.runtimes) == pytest.approx(1200.0)  # calibrated alike
     assert eta.runtime(job, 500.0) == pytest.approx(500.0)  # without history: as long again

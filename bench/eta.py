@@ -50,6 +50,7 @@ from typing import Any
 
 import msgspec
 
+from corral.events.jobs import JobSpec
 from corral.projections import runtimes
 from corral.projections.queueing import UNKNOWN_RUNTIME_S
 from corral.projections.state import State
@@ -175,6 +176,11 @@ def main(argv: list[str] | None = None) -> None:
         help="running jobs go on for what their class's history expects given how long they ran",
     )
     ap.add_argument(
+        "--repeat",
+        action="store_true",
+        help="with --future: the last M minutes' submissions come again every M minutes, to the horizon",
+    )
+    ap.add_argument(
         "--workers",
         type=int,
         default=os.cpu_count() or 1,
@@ -210,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
             future_s=args.future * 60,
             attained=args.attained,
             workers=args.workers,
+            repeat=args.repeat,
         )
     )
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
@@ -228,6 +235,7 @@ def run(
     future_s: float = 0.0,
     attained: bool = True,
     workers: int = 1,
+    repeat: bool = False,
 ) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
@@ -244,6 +252,8 @@ def run(
     later_asked: list[tuple[str, float, Pending]] = []  # (job, forecast at, the forecast)
     band_asked: dict[str, tuple[Pending, Pending]] = {}  # job -> (early, late) forecasts at submission
     calibration = eta.Calibration()
+    # every submission, as the log has them, while it may come again in a forecast (--future)
+    lately: deque[tuple[str, JobSpec, float, float | None]] = deque()
     unfinished: set[str] = set()  # jobs with an estimate whose error is not known yet
     with Forecaster(config, workers) as forecaster:
         for point in points:
@@ -265,7 +275,12 @@ def run(
                 if sim.stats[i].phase == "succeeded":
                     calibration.saw(estimate[i], sim.by_id[i].work_s)
             lo, at, hi = calibration.scales() if calibrate else (eta.EARLY, 1.0, eta.LATE)
-            future = eta.recent(state, now, future_s, scale * at) if future_s > 0 else []
+            future: list[SimJob] = []
+            if future_s > 0:
+                while lately and lately[0][2] < now - future_s:
+                    lately.popleft()
+                until = now + horizon_s if repeat else None
+                future = eta.recent(state, now, future_s, scale * at, until, lately)
             blob = msgspec.msgpack.encode(state)  # one copy per point, whatever the forecasts
             ask = dict(horizon_s=horizon_s, arrivals=future, attained=attained)
             fc = forecaster.submit(blob, now, dict(ask, scale=scale * at, jobs=asked))
@@ -279,6 +294,7 @@ def run(
                 est = runtimes.of(job)
                 if job.id not in seen:
                     seen[job.id] = fc
+                    lately.append((job.tenant, job.spec, job.submitted_at, est))
                     naive[job.id] = now + ahead.get(job.spec.queue, 0.0)
                     if est is not None:
                         estimate[job.id] = est
@@ -299,6 +315,7 @@ def run(
         f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s in all ({workers} processes)",
         f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
         + (f"submissions of the last {future_s / 60:g} min assumed to come again; " if future_s else "")
+        + ("and again every as many minutes; " if future_s and repeat else "")
         + f"runtimes scaled by {scale:g} in forecasts"
         + (", and by how far off the estimates of the jobs that finished so far were" if calibrate else "")
         + (

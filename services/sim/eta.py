@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from corral.events.jobs import JobSpec
 from corral.projections import runtimes
 from corral.projections.queueing import UNKNOWN_RUNTIME_S
 from corral.projections.state import JobState, State
@@ -157,19 +158,38 @@ def forecast(
     return Forecast(now, starts)
 
 
-def recent(state: State, now: float, window_s: float, scale: float = 1.0) -> list[SimJob]:
-    """The jobs submitted in the last ``window_s`` (those the state still holds), submitted again
-    ``window_s`` later: arrivals as they came lately, for a forecast that does not assume that
-    nobody submits anything after now (in a shortest-first queue, later short jobs go first)."""
+def recent(
+    state: State,
+    now: float,
+    window_s: float,
+    scale: float = 1.0,
+    until: float | None = None,
+    submitted: Iterable[tuple[str, JobSpec, float, float | None]] | None = None,
+) -> list[SimJob]:
+    """The jobs submitted in the last ``window_s``, submitted again ``window_s`` later (and every
+    ``window_s`` after that up to ``until``, when given): arrivals as they came lately, for a
+    forecast that does not assume that nobody submits anything after now (in a shortest-first
+    queue, later short jobs go first). ``submitted``: (tenant, spec, submitted at, estimate) of
+    every job submitted lately, as the log says; else those the state still holds (not those
+    it let go, the short jobs among them)."""
+    if submitted is None:
+        submitted = [(j.tenant, j.spec, j.submitted_at, runtimes.of(j)) for j in state.jobs.values()]
+    lately = sorted(
+        ((at, tenant, spec, est) for tenant, spec, at, est in submitted if now - window_s <= at < now),
+        key=lambda x: x[0],
+    )
     out: list[SimJob] = []
-    for job in state.jobs.values():
-        if now - window_s <= job.submitted_at < now:
-            est = runtimes.of(job)
+    shift = window_s
+    while lately:
+        for at, tenant, spec, est in lately:
             work = (UNKNOWN_RUNTIME_S if est is None else est) * scale
             again = f"again-{len(out)}"
             while again in state.jobs:  # a name the fold would take for a duplicate
                 again += "-"
-            out.append(SimJob(again, job.tenant, job.spec, job.submitted_at + window_s, work))
+            out.append(SimJob(again, tenant, spec, at + shift, work))
+        shift += window_s
+        if until is None or now + shift - window_s >= until:
+            break
     return sorted(out, key=lambda j: (j.arrival, j.id))
 
 

@@ -206,3 +206,21 @@ def test_a_running_job_goes_on_as_its_class_did_once_it_outlived_its_estimate() 
     assert eta.runtime(job, 500.0, history=state.runtimes) == pytest.approx(600.0)
     assert eta.runtime(job, 500.0, 2.0, state.runtimes) == pytest.approx(1200.0)  # calibrated alike
     assert eta.runtime(job, 500.0) == pytest.approx(500.0)  # without history: as long again
+
+
+@pytest.mark.parametrize(
+    ("until", "arrivals"),
+    [
+        pytest.param(None, [160.0], id="once-a-window-later"),
+        pytest.param(300.0, [160.0, 220.0, 280.0], id="every-window-to-the-horizon"),
+        pytest.param(150.0, [160.0], id="a-horizon-within-the-first-window"),
+    ],
+)
+def test_recent_submissions_come_again(until: float | None, arrivals: list[float]) -> None:
+    """Submissions of the last window, from the log (a job the state let go counts too), come
+    again a window later, and with a horizon every window up to it, with their estimates."""
+    log = [("t", spec(1), 100.0, 50.0), ("t", spec(1), 10.0, 5.0)]  # the second is older than the window
+    got = eta.recent(State(), 120.0, 60.0, 2.0, until, log)
+    assert [j.arrival for j in got] == arrivals
+    assert all(j.work_s == 100.0 and j.tenant == "t" for j in got)
+    assert len({j.id for j in got}) == len(got)

@@ -10,7 +10,7 @@ At the end of each simulated minute in which jobs arrived (before the services d
 it forecasts the start of the jobs just submitted, and every 10 simulated minutes (``--again``)
 that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of
 the state, no later arrivals (``--future M``: the submissions of the last M minutes come
-again), jobs ending at their estimates scaled by how far off the estimates of the jobs that
+again, ``--repeat``: every M minutes to the horizon), jobs ending at their estimates scaled by how far off the estimates of the jobs that
 finished so far were in all (``--no-calibrate``: as they are), a running job for as much longer
 as the runs of its class that ran as long went on (``--no-attained``: its estimate less what it
 ran), at most ``--horizon`` hours ahead; a forecast of the jobs just submitted stops once they
@@ -32,6 +32,8 @@ about it. Printed:
   forecasts made at submission (three forecasts each: three times the cost);
 - runtime estimates at submission against the actual runtime, in the same band, and the spread
   of their errors (quartiles of estimate / actual);
+- which way the forecasts at submission outside the band miss (too soon, too late, beyond the
+  horizon), by wait-length bucket, and the median forecast wait over the actual wait;
 - the elapsed wall time.
 """
 

@@ -8,19 +8,19 @@ jobs that finished (``projections/runtimes.py``); ``given`` tells each job its t
 
 At the end of each simulated minute in which jobs arrived (before the services decide on them),
 it forecasts the start of the jobs just submitted, and every 10 simulated minutes (``--again``)
-that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of
-the state, no later arrivals (``--future M``: the submissions of the last M minutes come
-again, ``--repeat``: every M minutes to the horizon), jobs ending at their estimates scaled by how far off the estimates of the jobs that
-finished so far were in all (``--no-calibrate``: as they are), a running job for as much longer
-as the runs of its class that ran as long went on (``--no-attained``: its estimate less what it
-ran), at most ``--horizon`` hours ahead; a forecast of the jobs just submitted stops once they
-have started), and afterwards compares each forecast with the start the job actually got in the
-same run. Forecasts run in ``--workers`` processes beside the replay (each reads an encoded copy
-of the state at its point, and the replay never reads a forecast), so the figures are the same
-for any number of them and the run takes about the replay's time plus the forecasts' divided
-among the processes. Arrivals are moved half a second
-on, so none falls on a decision tick and every job's first forecast is made before any decision
-about it. Printed:
+that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of the
+state, no later arrivals (``--future M``: the submissions of the last M minutes come again,
+``--repeat``: every M minutes to the horizon), jobs ending at their estimates scaled by how far
+off the estimates of the jobs that finished so far were in all (``--no-calibrate``: as they
+are), a running job for as much longer as the runs of its class that ran as long went on, scaled
+alike (``--no-attained``: its estimate less what it ran), at most ``--horizon`` hours ahead; a
+forecast of the jobs just submitted stops once they have started), and afterwards compares each
+forecast with the start the job actually got in the same run. Forecasts run in ``--workers``
+processes beside the replay (each reads an encoded copy of the state at its point, and the
+replay never reads a forecast), so the figures are the same for any number of them and the run
+takes about the replay's time plus the forecasts' divided among the processes. Arrivals are
+moved half a second on, so none falls on a decision tick and every job's first forecast is made
+before any decision about it. Printed:
 
 - the share of jobs whose forecast at submission is within the band of their actual wait
   (±20 %, or 5 minutes when the wait is under 25 minutes), by wait-length bucket; goal ≥ 80 %;
@@ -362,21 +362,21 @@ def run(
     ]
     for lo, hi, name in (*BUCKETS, (0.0, math.inf, "all")):
         ids = [i for i in started if lo <= stats[i].wait < hi]  # type: ignore[operator]
-        soon = late = beyond = 0
-        ratios = []
+        soon = too_late = beyond = 0
+        ratios: list[float] = []
         for i in ids:
             st = stats[i]
             actual, predicted = st.first_start - st.submitted, at_submit[i] - st.submitted  # type: ignore[operator]
             beyond += math.isinf(predicted)
             if not within(predicted, actual) and not math.isinf(predicted):
                 soon += predicted < actual
-                late += predicted > actual
+                too_late += predicted > actual
             ratios.append(predicted / max(actual, 1.0))
         ratios.sort()
         n = max(1, len(ids))
         mid = ratios[len(ratios) // 2] if ratios else float("nan")
         lines.append(
-            f"{name:<14}{100.0 * soon / n:>11.1f}{100.0 * late / n:>11.1f}"
+            f"{name:<14}{100.0 * soon / n:>11.1f}{100.0 * too_late / n:>11.1f}"
             f"{100.0 * beyond / n:>18.1f}{mid:>14.2f}"
         )
     if bands:

@@ -8,14 +8,19 @@ jobs that finished (``projections/runtimes.py``); ``given`` tells each job its t
 
 At the end of each simulated minute in which jobs arrived (before the services decide on them),
 it forecasts the start of the jobs just submitted, and every 10 simulated minutes (``--again``)
-that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of
-the state, no later arrivals (``--future M``: the submissions of the last M minutes come
-again), jobs ending at their estimates scaled by how far off the estimates of the jobs that
-finished so far were in all (``--no-calibrate``: as they are), at most ``--horizon`` hours ahead; a
+that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of the
+state, no later arrivals (``--future M``: the submissions of the last M minutes come again,
+``--repeat``: every M minutes to the horizon), jobs ending at their estimates scaled by how far
+off the estimates of the jobs that finished so far were in all (``--no-calibrate``: as they
+are), a running job for as much longer as the runs of its class that ran as long went on, scaled
+alike (``--no-attained``: its estimate less what it ran), at most ``--horizon`` hours ahead; a
 forecast of the jobs just submitted stops once they have started), and afterwards compares each
-forecast with the start the job actually got in the same run. Arrivals are moved half a second
-on, so none falls on a decision tick and every job's first forecast is made before any decision
-about it. Printed:
+forecast with the start the job actually got in the same run. Forecasts run in ``--workers``
+processes beside the replay (each reads an encoded copy of the state at its point, and the
+replay never reads a forecast), so the figures are the same for any number of them and the run
+takes about the replay's time plus the forecasts' divided among the processes. Arrivals are
+moved half a second on, so none falls on a decision tick and every job's first forecast is made
+before any decision about it. Printed:
 
 - the share of jobs whose forecast at submission is within the band of their actual wait
   (±20 %, or 5 minutes when the wait is under 25 minutes), by wait-length bucket; goal ≥ 80 %;
@@ -27,6 +32,8 @@ about it. Printed:
   forecasts made at submission (three forecasts each: three times the cost);
 - runtime estimates at submission against the actual runtime, in the same band, and the spread
   of their errors (quartiles of estimate / actual);
+- which way the forecasts at submission outside the band miss (too soon, too late, beyond the
+  horizon), by wait-length bucket, and the median forecast wait over the actual wait;
 - the elapsed wall time.
 """
 
@@ -34,17 +41,23 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import msgspec
 
+from corral.events.jobs import JobSpec
 from corral.projections import runtimes
 from corral.projections.queueing import UNKNOWN_RUNTIME_S
+from corral.projections.state import State
 from corral.services.sim import eta, philly
-from corral.services.sim.driver import WAITING, SimJob, Simulation
+from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 from corral.services.sim.traces import philly as trace
 
 EVERY_S = 600.0
@@ -58,6 +71,70 @@ def within(predicted: float, actual: float) -> bool:
         return False
     off = abs(predicted - actual)
     return off <= 0.2 * actual or (actual < 1500.0 and off <= 300.0)
+
+
+class Pending:
+    """A forecast asked for: its starts once done (``start``)."""
+
+    def __init__(self, done: Future[tuple[dict[str, float], float]]) -> None:
+        self._done = done
+
+    def start(self, job_id: str) -> float:
+        return self._done.result()[0].get(job_id, math.inf)
+
+
+def _forecast(
+    blob: bytes, now: float, config: SimConfig, ask: dict[str, Any]
+) -> tuple[dict[str, float], float]:
+    """One forecast from an encoded state: its starts and the seconds it took."""
+    t = time.perf_counter()
+    state = msgspec.msgpack.decode(blob, type=State)
+    return eta.forecast(state, now, config, **ask).starts, time.perf_counter() - t
+
+
+class Forecaster:
+    """Forecasts, in ``workers`` processes beside the replay (1: in it, one after the other).
+    A forecast reads a copy of the state and the replay never reads a forecast, so they may run
+    in any order and at once: what is measured is the same whatever ``workers`` is."""
+
+    def __init__(self, config: SimConfig, workers: int) -> None:
+        self.config, self.busy_s = config, 0.0
+        self._pool = None
+        if workers > 1:
+            # fork: the workers start with the modules already imported, this one included
+            ctx = multiprocessing.get_context("fork")
+            self._pool = ProcessPoolExecutor(workers, mp_context=ctx)
+        self._inflight: deque[Future[tuple[dict[str, float], float]]] = deque()
+        self._most = 4 * workers  # encoded states waiting for a worker, at most
+
+    def submit(self, blob: bytes, now: float, ask: dict[str, Any]) -> Pending:
+        done: Future[tuple[dict[str, float], float]]
+        if self._pool is None:
+            done = Future()
+            done.set_result(_forecast(blob, now, self.config, ask))
+        else:
+            done = self._pool.submit(_forecast, blob, now, self.config, ask)
+        done.add_done_callback(self._count)
+        self._inflight.append(done)
+        while len(self._inflight) > self._most or (self._inflight and self._inflight[0].done()):
+            self._inflight.popleft().result()  # a failed forecast fails the run, here
+        return Pending(done)
+
+    def _count(self, done: Future[tuple[dict[str, float], float]]) -> None:
+        if done.exception() is None:
+            self.busy_s += done.result()[1]
+
+    def __enter__(self) -> Forecaster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._inflight:
+            if exc[0] is None:
+                self._inflight.popleft().result()
+            else:
+                self._inflight.popleft().cancel()
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,7 +171,26 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="minutes: forecasts assume the jobs submitted in that many last minutes come again (0: none)",
     )
+    ap.add_argument(
+        "--attained",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="running jobs go on for what their class's history expects given how long they ran",
+    )
+    ap.add_argument(
+        "--repeat",
+        action="store_true",
+        help="with --future: the last M minutes' submissions come again every M minutes, to the horizon",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes that forecast beside the replay (1: the replay's own; the figures are the same)",
+    )
     args = ap.parse_args(argv)
+    if args.workers < 1:
+        ap.error(f"--workers must be at least 1, not {args.workers}")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
     sliced = philly.load_slice(trace.find(args.trace), args.start, args.jobs)
@@ -120,6 +216,9 @@ def main(argv: list[str] | None = None) -> None:
             calibrate=args.calibrate,
             band=args.band,
             future_s=args.future * 60,
+            attained=args.attained,
+            workers=args.workers,
+            repeat=args.repeat,
         )
     )
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
@@ -136,6 +235,9 @@ def run(
     calibrate: bool = True,
     band: bool = False,
     future_s: float = 0.0,
+    attained: bool = True,
+    workers: int = 1,
+    repeat: bool = False,
 ) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
@@ -146,72 +248,83 @@ def run(
         first, last = int(jobs[0].arrival // every_s) + 1, int(jobs[-1].arrival // every_s) + 2
         again = {k * every_s for k in range(first, last)}
     points = sorted(arrivals | again)
-    at_submit: dict[str, float] = {}
+    seen: dict[str, Pending] = {}  # job -> the forecast made at its submission
     naive: dict[str, float] = {}
     estimate: dict[str, float] = {}
-    later: list[tuple[str, float, float]] = []  # (job, forecast at, forecast start)
-    bands: dict[str, tuple[float, float]] = {}  # job -> (early, late) start at submission
+    later_asked: list[tuple[str, float, Pending]] = []  # (job, forecast at, the forecast)
+    band_asked: dict[str, tuple[Pending, Pending]] = {}  # job -> (early, late) forecasts at submission
     calibration = eta.Calibration()
+    # every submission, as the log has them, while it may come again in a forecast (--future)
+    lately: deque[tuple[str, JobSpec, float, float | None]] = deque()
     unfinished: set[str] = set()  # jobs with an estimate whose error is not known yet
-    forecast_s = 0.0
-    for point in points:
-        now = point - 1e-3
-        sim.run(until=now)
-        state = sim.state
-        waiting = [j for j in state.jobs.values() if j.phase in WAITING]
-        if not waiting:
-            continue
-        new = [j.id for j in waiting if j.id not in at_submit]
-        if point not in again:
-            if not new:
+    with Forecaster(config, workers) as forecaster:
+        for point in points:
+            now = point - 1e-3
+            sim.run(until=now)
+            state = sim.state
+            waiting = [j for j in state.jobs.values() if j.phase in WAITING]
+            if not waiting:
                 continue
-            asked: list[str] | None = new  # only they need a forecast: the run stops once they start
-        else:
-            asked = None
-        for i in [i for i in unfinished if sim.stats[i].finished is not None]:
-            unfinished.discard(i)
-            if sim.stats[i].phase == "succeeded":
-                calibration.saw(estimate[i], sim.by_id[i].work_s)
-        lo, at, hi = calibration.scales() if calibrate else (eta.EARLY, 1.0, eta.LATE)
-        t = time.perf_counter()
-        future = eta.recent(state, now, future_s, scale * at) if future_s > 0 else []
-        fc = eta.forecast(
-            state, now, config, scale=scale * at, horizon_s=horizon_s, jobs=asked, arrivals=future
-        )
-        if band and new:
-            early = eta.forecast(
-                state, now, config, scale=scale * lo, horizon_s=horizon_s, jobs=new, arrivals=future
-            )
-            late = eta.forecast(
-                state, now, config, scale=scale * hi, horizon_s=horizon_s, jobs=new, arrivals=future
-            )
-            for i in new:
-                bands[i] = (early.starts.get(i, math.inf), late.starts.get(i, math.inf))
-        forecast_s += time.perf_counter() - t
-        ahead: dict[str, float] = {}
-        for job in sorted(waiting, key=lambda j: j.submitted_seq):
-            start = fc.starts.get(job.id, math.inf)
-            est = runtimes.of(job)
-            if job.id not in at_submit:
-                at_submit[job.id] = start
-                naive[job.id] = now + ahead.get(job.spec.queue, 0.0)
-                if est is not None:
-                    estimate[job.id] = est
-                    unfinished.add(job.id)
-            elif asked is None:
-                later.append((job.id, now, start))
-            if job.phase != "submitted":  # one not accepted yet is ahead of nobody
-                q = job.spec.queue
-                ahead[q] = ahead.get(q, 0.0) + (UNKNOWN_RUNTIME_S if est is None else est)
+            new = [j.id for j in waiting if j.id not in seen]
+            if point not in again:
+                if not new:
+                    continue
+                asked: list[str] | None = new  # only they need a forecast: it stops once they start
+            else:
+                asked = None
+            for i in [i for i in unfinished if sim.stats[i].finished is not None]:
+                unfinished.discard(i)
+                if sim.stats[i].phase == "succeeded":
+                    calibration.saw(estimate[i], sim.by_id[i].work_s)
+            lo, at, hi = calibration.scales() if calibrate else (eta.EARLY, 1.0, eta.LATE)
+            future: list[SimJob] = []
+            if future_s > 0:
+                while lately and lately[0][2] < now - future_s:
+                    lately.popleft()
+                until = now + horizon_s if repeat else None
+                future = eta.recent(state, now, future_s, scale * at, until, lately)
+            blob = msgspec.msgpack.encode(state)  # one copy per point, whatever the forecasts
+            ask = dict(horizon_s=horizon_s, arrivals=future, attained=attained)
+            fc = forecaster.submit(blob, now, dict(ask, scale=scale * at, jobs=asked))
+            if band and new:
+                early = forecaster.submit(blob, now, dict(ask, scale=scale * lo, jobs=new))
+                late = forecaster.submit(blob, now, dict(ask, scale=scale * hi, jobs=new))
+                for i in new:
+                    band_asked[i] = (early, late)
+            ahead: dict[str, float] = {}
+            for job in sorted(waiting, key=lambda j: j.submitted_seq):
+                est = runtimes.of(job)
+                if job.id not in seen:
+                    seen[job.id] = fc
+                    lately.append((job.tenant, job.spec, job.submitted_at, est))
+                    naive[job.id] = now + ahead.get(job.spec.queue, 0.0)
+                    if est is not None:
+                        estimate[job.id] = est
+                        unfinished.add(job.id)
+                elif asked is None:
+                    later_asked.append((job.id, now, fc))
+                if job.phase != "submitted":  # one not accepted yet is ahead of nobody
+                    q = job.spec.queue
+                    ahead[q] = ahead.get(q, 0.0) + (UNKNOWN_RUNTIME_S if est is None else est)
+        at_submit = {i: fc.start(i) for i, fc in seen.items()}
+        later = [(i, t, fc.start(i)) for i, t, fc in later_asked]
+        bands = {i: (early.start(i), late.start(i)) for i, (early, late) in band_asked.items()}
+    forecast_s = forecaster.busy_s  # once the pool is shut down: every result counted
     sim.run()
     stats = sim.stats
     lines = [
         f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
-        f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s of CPU in all",
+        f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s in all ({workers} processes)",
         f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
         + (f"submissions of the last {future_s / 60:g} min assumed to come again; " if future_s else "")
+        + ("and again every as many minutes; " if future_s and repeat else "")
         + f"runtimes scaled by {scale:g} in forecasts"
-        + (", and by how far off the estimates of the jobs that finished so far were" if calibrate else ""),
+        + (", and by how far off the estimates of the jobs that finished so far were" if calibrate else "")
+        + (
+            "; running jobs end as the runs of their class that ran as long did"
+            if attained
+            else "; running jobs end at their estimate at submission"
+        ),
         f"({eta.ASSUMPTION})",
         "",
         "start forecast within the band of the actual wait (±20 %, or 5 min under 25 min):",
@@ -240,6 +353,31 @@ def run(
         lines.append(
             f"{name:<14}{len(ids):>7}{share(ids, at_submit.__getitem__):>13.1f}"
             f"{share(ids, naive.__getitem__):>9.1f}{100.0 * hits / max(1, len(again)):>17.1f}{len(again):>11}"
+        )
+    lines += [
+        "",
+        "forecasts at submission outside the band, and the median forecast wait / actual wait:",
+        f"{'actual wait':<14}{'too soon %':>11}{'too late %':>11}"
+        f"{'beyond horizon %':>18}{'median ratio':>14}",
+    ]
+    for lo, hi, name in (*BUCKETS, (0.0, math.inf, "all")):
+        ids = [i for i in started if lo <= stats[i].wait < hi]  # type: ignore[operator]
+        soon = too_late = beyond = 0
+        ratios: list[float] = []
+        for i in ids:
+            st = stats[i]
+            actual, predicted = st.first_start - st.submitted, at_submit[i] - st.submitted  # type: ignore[operator]
+            beyond += math.isinf(predicted)
+            if not within(predicted, actual) and not math.isinf(predicted):
+                soon += predicted < actual
+                too_late += predicted > actual
+            ratios.append(predicted / max(actual, 1.0))
+        ratios.sort()
+        n = max(1, len(ids))
+        mid = ratios[len(ratios) // 2] if ratios else float("nan")
+        lines.append(
+            f"{name:<14}{100.0 * soon / n:>11.1f}{100.0 * too_late / n:>11.1f}"
+            f"{100.0 * beyond / n:>18.1f}{mid:>14.2f}"
         )
     if bands:
         inside = [i for i in started if i in bands]

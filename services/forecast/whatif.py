@@ -71,7 +71,7 @@ def whatif(
     if copy.rejected_total != before:
         return Outcome(False, copy.rejections[-1].message, now=now)
     config = SimConfig()
-    sim = Simulation.resume(copy, now, config, lambda j: eta.runtime(j, now))
+    sim = Simulation.resume(copy, now, config, lambda j: eta.runtime(j, now, history=copy.runtimes))
     sim.records = []
     sim.until_started = {job_id}  # the others' starts are not asked for
     sim.run(until=now)

@@ -4,9 +4,11 @@ nothing else changed.
 
 What it assumes (``ASSUMPTION``): no job is submitted after ``now``; every job ends at its
 runtime estimate (its owner's, else the one learned from history: ``projections/runtimes.py``),
-a running one counted from when it started running; a job that has already run past its
-estimate runs as long again as it has run (run times are heavy-tailed: the longer a job has
-run, the longer it is likely to go on); a job with no estimate at all runs
+a running one counted from when it started running; a running job with no estimate of its
+owner's goes on for as much longer as the runs of its class that ran as long as it has did
+(``remaining``); where too few ran as long, a running job ends at its estimate, or, once past
+it, runs as long again as it has run (run times are heavy-tailed: the longer a job has run,
+the longer it is likely to go on); a job with no estimate at all runs
 ``queueing.UNKNOWN_RUNTIME_S``; no node fails; a job being preempted stops by its deadline.
 One forward run gives every waiting job's start at once.
 
@@ -22,10 +24,12 @@ make a start later than forecast, never earlier: the band does not cover them.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from corral.events.jobs import JobSpec
 from corral.projections import runtimes
 from corral.projections.queueing import UNKNOWN_RUNTIME_S
 from corral.projections.state import JobState, State
@@ -34,7 +38,8 @@ from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
     "(its owner's, else learned from similar jobs that finished), scaled by how far off the "
-    "estimates of the jobs that finished lately were, once enough did"
+    "estimates of the jobs that finished lately were, once enough did; a running job for as much "
+    "longer as similar jobs that ran as long did, scaled alike"
 )
 EARLY, LATE = 0.5, 2.0
 # How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every
@@ -43,6 +48,7 @@ EARLY, LATE = 0.5, 2.0
 HORIZON_S = 2 * 86400.0
 CALIBRATE_FROM = 500  # the latest jobs that finished whose estimates' errors calibrate forecasts
 MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
+MIN_LONGER = 3  # runs of a class longer than a running job has run, to say how much longer it goes
 
 
 @dataclass
@@ -83,14 +89,38 @@ class Forecast:
         return self.starts.get(job.id, math.inf) - job.submitted_at
 
 
-def runtime(job: JobState, now: float, scale: float = 1.0) -> float:
-    """How much longer ``job`` runs (holding GPUs), or how long it runs once started (waiting)."""
+def runtime(
+    job: JobState, now: float, scale: float = 1.0, history: Mapping[str, Sequence[float]] | None = None
+) -> float:
+    """How much longer ``job`` runs (holding GPUs), or how long it runs once started (waiting).
+    Given the learned ``history`` (``State.runtimes``), a running job with no estimate of its
+    owner's runs for what ``remaining`` expects, once enough of its class ran as long, times
+    ``scale`` as every estimate."""
     est = runtimes.of(job)
     est = (UNKNOWN_RUNTIME_S if est is None else est) * scale
     if job.phase in WAITING:
         return est
     ran = job.ran_s + (max(0.0, now - job.phase_since) if job.phase == "running" else 0.0)
+    if history is not None and job.spec.runtime_estimate_s is None:
+        left = remaining(job, ran, history)
+        if left is not None:
+            # scaled as estimates are: the median of a heavy tail falls short of it in sum too
+            return left * scale
     return est - ran if ran < est else max(1.0, ran)
+
+
+def remaining(job: JobState, ran: float, history: Mapping[str, Sequence[float]]) -> float | None:
+    """How much longer a job that has run ``ran`` seconds goes on, given how long the jobs of its
+    class ran: the median of what those that ran longer than ``ran`` ran beyond it, in the most
+    specific class with at least ``MIN_LONGER`` such (None: none has). A job's expected
+    remaining time given its attained service (as Tiresias and Lucid reason), not its estimate
+    at submission: in heavy-tailed run times a job that has outlived the short ones of its
+    class is one of the long ones, and one still short of the median may well end soon."""
+    for key in runtimes.classes(job.tenant, job.spec):
+        longer = [x - ran for x in history.get(key, ()) if x > ran]
+        if len(longer) >= MIN_LONGER:
+            return float(statistics.median(longer))
+    return None
 
 
 def forecast(
@@ -103,11 +133,14 @@ def forecast(
     jobs: Iterable[str] | None = None,
     cancelled: Callable[[], bool] | None = None,
     arrivals: Sequence[SimJob] = (),
+    attained: bool = True,
 ) -> Forecast:
     """Every waiting job's start (or only those of ``jobs``), by one forward simulation from a
     copy of ``state`` (``state`` itself is not changed), at most ``horizon_s`` ahead (None: until
-    every one has started)."""
-    sim = Simulation.resume(state, now, config or SimConfig(), lambda j: runtime(j, now, scale))
+    every one has started). ``attained``: running jobs go on for what ``remaining`` expects
+    given how long they have run (False: for their estimate at submission, less what they ran)."""
+    history = state.runtimes if attained else None
+    sim = Simulation.resume(state, now, config or SimConfig(), lambda j: runtime(j, now, scale, history))
     if arrivals:
         sim.arrive(arrivals)
     waiting = set(sim.until_started or ())
@@ -125,19 +158,38 @@ def forecast(
     return Forecast(now, starts)
 
 
-def recent(state: State, now: float, window_s: float, scale: float = 1.0) -> list[SimJob]:
-    """The jobs submitted in the last ``window_s`` (those the state still holds), submitted again
-    ``window_s`` later: arrivals as they came lately, for a forecast that does not assume that
-    nobody submits anything after now (in a shortest-first queue, later short jobs go first)."""
+def recent(
+    state: State,
+    now: float,
+    window_s: float,
+    scale: float = 1.0,
+    until: float | None = None,
+    submitted: Iterable[tuple[str, JobSpec, float, float | None]] | None = None,
+) -> list[SimJob]:
+    """The jobs submitted in the last ``window_s``, submitted again ``window_s`` later (and every
+    ``window_s`` after that up to ``until``, when given): arrivals as they came lately, for a
+    forecast that does not assume that nobody submits anything after now (in a shortest-first
+    queue, later short jobs go first). ``submitted``: (tenant, spec, submitted at, estimate) of
+    every job submitted lately, as the log says; else those the state still holds (not those
+    it let go, the short jobs among them)."""
+    if submitted is None:
+        submitted = [(j.tenant, j.spec, j.submitted_at, runtimes.of(j)) for j in state.jobs.values()]
+    lately = sorted(
+        ((at, tenant, spec, est) for tenant, spec, at, est in submitted if now - window_s <= at < now),
+        key=lambda x: x[0],
+    )
     out: list[SimJob] = []
-    for job in state.jobs.values():
-        if now - window_s <= job.submitted_at < now:
-            est = runtimes.of(job)
+    shift = window_s
+    while lately:
+        for at, tenant, spec, est in lately:
             work = (UNKNOWN_RUNTIME_S if est is None else est) * scale
             again = f"again-{len(out)}"
             while again in state.jobs:  # a name the fold would take for a duplicate
                 again += "-"
-            out.append(SimJob(again, job.tenant, job.spec, job.submitted_at + window_s, work))
+            out.append(SimJob(again, tenant, spec, at + shift, work))
+        shift += window_s
+        if until is None or now + shift - window_s >= until:
+            break
     return sorted(out, key=lambda j: (j.arrival, j.id))
 
 

@@ -28,3 +28,25 @@ def test_bench_eta_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFixture
     assert int(all_row[1]) == 40 and int(all_row[5]) > 0  # every job forecast, some again while waiting
     assert "runtime estimate at submission" in out and "elapsed" in out
     assert re.search(r"goal: >= 80 % within the band at submission: [\d.]+ %", out)
+
+
+def test_the_figures_do_not_depend_on_how_many_processes_forecast(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Forecasts run beside the replay in other processes print the very figures of forecasts
+    run in it, one after the other."""
+    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    for i in range(30):
+        gpus = (1, 2, 4, 8)[i % 4]
+        duration = 500 + 700 * (i % 3)
+        rows.append(f"2017-10-23 00:{i:02d}:00,{duration},{gpus},{gpus * duration},team{i % 2}")
+    csv = tmp_path / "philly.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    printed = []
+    for workers in ("1", "2"):
+        eta.main(["--trace", str(csv), "--jobs", "30", "--nodes", "1", "--workers", workers, "--band"])
+        out = capsys.readouterr().out
+        # the figures, without the lines that say how long it took or how loaded the machine was
+        printed.append([ln for ln in out.splitlines() if not re.search(r"elapsed|took|load average", ln)])
+    assert printed[0] == printed[1]
+    assert any(ln.startswith("all ") for ln in printed[0])

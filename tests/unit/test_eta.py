@@ -8,6 +8,8 @@ import math
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from corral.events.base import Event
 from corral.events.jobs import JobSpec, Resources
@@ -148,3 +150,77 @@ def test_a_start_past_the_horizon_is_unknown() -> None:
     ]
     sim = Simulation(inventory.cluster(1, "h100-8x"), queue(8), work).run(until=0.0)
     assert eta.forecast(sim.state, 0.0, horizon_s=3600.0).starts == {"b": math.inf}
+
+
+RAN = [100.0, 200.0, 300.0, 400.0, 1000.0]  # how long alice's 1-GPU "bert" runs went
+
+
+@pytest.mark.parametrize(
+    ("ran", "expected"),
+    [
+        pytest.param(0.0, 300.0, id="not-started-the-class-median"),
+        pytest.param(50.0, 250.0, id="short-of-every-run-the-median-less-what-it-ran"),
+        pytest.param(150.0, 200.0, id="past-the-shortest-only-the-longer-count"),
+        pytest.param(250.0, 150.0, id="three-longer-still-enough"),
+        pytest.param(350.0, 100.0, id="too-few-longer-in-its-class-the-tenant-s-say"),
+        pytest.param(999.0, None, id="past-all-but-one-nothing-known"),
+    ],
+)
+def test_the_remaining_time_given_how_long_a_job_ran(ran: float, expected: float | None) -> None:
+    """The most specific class with at least three runs longer than what the job has run says:
+    the median of how much longer those went on."""
+    state = State()
+    for r in RAN:
+        runtimes.learn(state, finished("alice", spec(1, "bert"), r))
+    for r in (360.0, 500.0):  # only in the tenant's class and the queue's
+        runtimes.learn(state, finished("alice", spec(2, "gpt"), r))
+    job = JobState("j", "alice", spec(1, "bert"), 0, 0.0, phase="running")
+    got = eta.remaining(job, ran, state.runtimes)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+@given(
+    runs=st.lists(st.floats(1.0, 1e6), min_size=eta.MIN_LONGER, max_size=runtimes.HISTORY),
+    a=st.floats(0.0, 1e6),
+    b=st.floats(0.0, 1e6),
+)
+def test_the_longer_a_job_ran_the_later_it_is_expected_to_end(runs: list[float], a: float, b: float) -> None:
+    """Within one class, the expected end (what it ran plus what is expected to remain) never
+    comes earlier for a job that has run longer, and what remains is never negative."""
+    a, b = min(a, b), max(a, b)
+    history = {key: runs for key in runtimes.classes("t", spec(1, "n"))}
+    job = JobState("j", "t", spec(1, "n"), 0, 0.0, phase="running")
+    left_a, left_b = eta.remaining(job, a, history), eta.remaining(job, b, history)
+    if left_b is not None:
+        assert left_a is not None  # what ran longer than b ran longer than a
+        assert left_b > 0.0 and a + left_a <= b + left_b + 1e-6 * (1.0 + b)
+
+
+def test_a_running_job_goes_on_as_its_class_did_once_it_outlived_its_estimate() -> None:
+    """Learned estimates: a job past the median of its class is forecast to end as the runs of its
+    class that outlived it did, not at once and not as long again as it ran."""
+    state = State()
+    for r in (100.0, 110.0, 120.0, 1000.0, 1100.0, 1200.0):
+        runtimes.learn(state, finished("t", spec(8, "n"), r))
+    job = JobState("j", "t", spec(8, "n"), 0, 0.0, phase="running", phase_since=0.0, learned_s=115.0)
+    assert eta.runtime(job, 500.0, history=state.runtimes) == pytest.approx(600.0)
+    assert eta.runtime(job, 500.0, 2.0, state.runtimes) == pytest.approx(1200.0)  # calibrated alike
+    assert eta.runtime(job, 500.0) == pytest.approx(500.0)  # without history: as long again
+
+
+@pytest.mark.parametrize(
+    ("until", "arrivals"),
+    [
+        pytest.param(None, [160.0], id="once-a-window-later"),
+        pytest.param(300.0, [160.0, 220.0, 280.0], id="every-window-to-the-horizon"),
+        pytest.param(150.0, [160.0], id="a-horizon-within-the-first-window"),
+    ],
+)
+def test_recent_submissions_come_again(until: float | None, arrivals: list[float]) -> None:
+    """Submissions of the last window, from the log (a job the state let go counts too), come
+    again a window later, and with a horizon every window up to it, with their estimates."""
+    log = [("t", spec(1), 100.0, 50.0), ("t", spec(1), 10.0, 5.0)]  # the second is older than the window
+    got = eta.recent(State(), 120.0, 60.0, 2.0, until, log)
+    assert [j.arrival for j in got] == arrivals
+    assert all(j.work_s == 100.0 and j.tenant == "t" for j in got)
+    assert len({j.id for j in got}) == len(got)

@@ -27,7 +27,8 @@ def read(path: str | Path = DEFAULT) -> Iterator[PhillyJob]:
             gpus = int(float(row["num_gpus"]))
             if gpus <= 0:
                 continue
-            when = dt.datetime.strptime(row["timestamp"], "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
+            # fromisoformat reads "YYYY-MM-DD HH:MM:SS" as strptime does, at a tenth of the cost
+            when = dt.datetime.fromisoformat(row["timestamp"]).replace(tzinfo=dt.UTC)
             rows.append(PhillyJob(when.timestamp(), float(row["duration"]), gpus, row["cluster"]))
     rows.sort()
     yield from rows

@@ -62,6 +62,7 @@ from corral.services.preemptor.victims import (
     Pool,
     Simulation,
     Target,
+    Unit,
     admitted_target,
     blocked_target,
     candidates,
@@ -238,11 +239,40 @@ def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig
     that is not enough, its own queue's jobs alone, the beneficiary borrowing."""
     policy = preemption.policy_of(sim.state, target.job)
     for mode in (COHORT, OWN):
-        units = candidates(target, pool, sim.taken, sim.rules, policy, mode=mode, shrink=config.shrink)
-        found = search(sim, target, units, policy if mode == COHORT else None)
+        units = list(candidates(target, pool, sim.taken, sim.rules, policy, mode=mode, shrink=config.shrink))
+        rules = policy if mode == COHORT else None
+        found = search(sim, target, units, rules)
+        if found is None and len(units) > 1:
+            # The victims' order is quota's: a borrower's queue stops being a candidate once it
+            # gave back what it borrowed, which can happen on nodes where the gang still does
+            # not fit while the one job that would free a whole node comes later. Ask once more
+            # with the same candidates taken node by node, the node they would free most first.
+            found = search(sim, target, by_node(sim.state, units), rules)
         if found is not None:
             return found
     return None
+
+
+def by_node(state: State, units: list[Unit]) -> list[Unit]:
+    """``units`` grouped by the node each stops work on (its first): first the node with the
+    most GPUs free once its candidates are stopped, of those the one with most free already (the
+    least to stop); the order within a node kept."""
+    groups: dict[str, list[Unit]] = {}
+    for u in units:
+        held = u.job.held
+        workers = [] if held is None else [w for w in held.workers if u.rank is None or w.rank == u.rank]
+        groups.setdefault(workers[0].node if workers else "", []).append(u)
+
+    def room(node: str) -> tuple[int, int]:
+        """(GPUs free once its candidates stop, of them those free already), as a sort key."""
+        n = state.nodes.get(node)
+        if n is None:
+            return (0, 0)
+        freed = {u.job.id for u in groups[node]}
+        whole = [g for g in n.gpus if g.healthy and all(j in freed for j in g.holders)]
+        return (-len(whole), -sum(1 for g in whole if not g.holders))
+
+    return [u for node in sorted(groups, key=room) for u in groups[node]]
 
 
 class _Holds:

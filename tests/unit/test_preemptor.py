@@ -425,6 +425,21 @@ def test_reclaim_only_while_the_other_queue_borrows() -> None:
     assert w.decide() == []
 
 
+def test_reclaim_finds_the_borrower_whose_node_frees_a_whole_place_for_the_gang() -> None:
+    # team-b borrows 5 of team-a's 12: six jobs on N0 (all 8 GPUs) and one on N1 (1 GPU, the
+    # rest of N1 free). a-big (8) is within team-a's nominal and needs one whole node. Taken in
+    # quota's order (lowest priority first), N0's 1-GPU jobs give back all team-b borrowed
+    # before b-n1 is reached, so b-n1 is no candidate any more and N0 still has no room: the
+    # search asks again node by node, N1 first (most of it free already), and stops b-n1 alone.
+    w = World(nodes=2).cohort("org").queue("team-a", 12, "org").queue("team-b", 4, "org")
+    w.run("b-n1", gpus(1, queue="team-b"), whole(N1, 0), priority=10)
+    w.run("b-n0", gpus(3, queue="team-b"), whole(N0, 0, 1, 2), priority=50)
+    for g in (3, 4, 5, 6, 7):
+        w.run(f"b-{g}", gpus(1, queue="team-b"), whole(N0, g))
+    w.submit("a-big", gpus(8), priority=100)
+    assert w.victims() == {"a-big": ["b-n1"]}
+
+
 def policy_world(**policy: Any) -> World:
     """``reclaim_world`` with team-a's preemption policy set."""
     w = World().cohort("org").queue("team-a", 8, "org", **policy).queue("team-b", 0, "org")

@@ -46,6 +46,7 @@ def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
     indexes.reprioritised(state, job, before)
     if job.reasons:  # a store costs more than the look (Structs)
         job.reasons = ()
+        indexes.explain(state, job)
 
 
 def _priority_changed(state: State, ctx: Ctx, ev: JobPriorityChanged) -> None:
@@ -63,6 +64,7 @@ def _rejected(state: State, ctx: Ctx, ev: JobRejected) -> None:
     job = find_job(state, ev.job_id)
     move(state, job, "reject", ctx)
     job.reasons = (ev.reason,)
+    indexes.explain(state, job)
 
 
 def _pending_reason(state: State, ctx: Ctx, ev: PendingReasonChanged) -> None:
@@ -70,6 +72,7 @@ def _pending_reason(state: State, ctx: Ctx, ev: PendingReasonChanged) -> None:
     if job.phase in FINAL:
         raise Refused("illegal", f"job {job.id} is {job.phase}", job.id)
     job.reasons = ev.reasons
+    indexes.explain(state, job)
     job.updated_seq = ctx.seq
 
 
@@ -97,6 +100,7 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
         move(state, job, "admit", ctx)
         if job.reasons:  # a store costs more than the look (Structs)
             job.reasons = ()
+            indexes.explain(state, job)
     for grown in ev.growths:
         refused = _grow(state, ctx, ledger, grown)
         if refused is not None:
@@ -137,6 +141,7 @@ def _withdrawn(state: State, ctx: Ctx, ev: AdmissionWithdrawn) -> None:
     move(state, job, "withdraw", ctx)  # before the admission goes: the move gives back what it holds
     job.admission = None
     job.reasons = (ev.reason,)
+    indexes.explain(state, job)
 
 
 def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
@@ -151,6 +156,7 @@ def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
     job.left = set()
     job.exit_codes = {}
     job.reasons = (ev.reason,)
+    indexes.explain(state, job)
 
 
 HANDLERS: dict[type[Event], Handler] = {

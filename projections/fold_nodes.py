@@ -92,6 +92,7 @@ def _gpus_moved(state: State, ctx: Ctx, node: str, moved: dict[int, int | None])
         if job.phase in ("placed", "starting", "running", "checkpointing"):
             move(state, job, "interrupt", ctx)
             job.reasons = (Reason("interrupted", f"a GPU it held on node {node} left or was renumbered"),)
+            indexes.explain(state, job)
         stop_holding(state, job, ctx)
 
 
@@ -212,7 +213,7 @@ def left(state: State, job: JobState, rank: int, ctx: Ctx) -> None:
     if job.placement is not None and job.held is not None:
         job.placement = job.held
     if not job.leaving:
-        job.preempted_for = ""
+        indexes.name(state, job, "")
         job.preempt_deadline = 0.0
         if job.exit_codes and job.spec.restart_policy != "always":  # the ranks it kept had ended
             _succeed_if_done(state, job, ctx)
@@ -224,9 +225,11 @@ def _worker_failed(state: State, job: JobState, ctx: Ctx, why: str) -> None:
         job.restarts += 1
         move(state, job, "interrupt", ctx)
         job.reasons = (Reason("restarting", f"{why}; restart {job.restarts}"),)
+        indexes.explain(state, job)
     else:
         move(state, job, "fail", ctx)
         job.reasons = (Reason("failed", f"{why}; no restarts left"),)
+        indexes.explain(state, job)
 
 
 def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
@@ -260,6 +263,7 @@ def interrupt_on(
         if job.phase in ("placed", "starting", "running", "checkpointing"):
             move(state, job, "interrupt", ctx)
             job.reasons = (Reason("interrupted", why),)
+            indexes.explain(state, job)
         stop_holding(state, job, ctx)
 
 

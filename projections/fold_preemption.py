@@ -10,7 +10,7 @@ from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionReq
 from corral.events.jobs import (
     Admission,
 )
-from corral.projections import claims, gpu_time, preemption, quota
+from corral.projections import claims, gpu_time, indexes, preemption, quota
 from corral.projections.fold_moves import (
     MAX_PREEMPTION_TIMES,
     Ctx,
@@ -61,6 +61,7 @@ def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
         job.placement = p
         if job.reasons:  # a store costs more than the look (Structs)
             job.reasons = ()
+            indexes.explain(state, job)
     if void:
         raise void_items("placements", void)
 
@@ -70,6 +71,7 @@ def _unschedulable(state: State, ctx: Ctx, ev: JobsUnschedulable) -> None:
         job = state.jobs.get(u.job_id)
         if job is not None and job.attempt == u.attempt and job.phase == "admitted":
             job.reasons = u.reasons
+            indexes.explain(state, job)
             job.updated_seq = ctx.seq
 
 
@@ -97,11 +99,12 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         move(state, job, "preempt", ctx)
         job.preemptions += 1
         job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
-        job.preempted_for = ev.beneficiary
+        indexes.name(state, job, ev.beneficiary)
         job.stopped_for = stopped_for(job, beneficiary)
         add_victim(beneficiary, job)
         job.preempt_deadline = log_deadline(ctx, ev.now, ev.deadline)
         job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
+        indexes.explain(state, job)
         if not job.live:
             move(state, job, "stop", ctx)
             stop_holding(state, job, ctx)
@@ -126,6 +129,7 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     shrink(state, ctx, job, ev.replicas, ev.beneficiary, log_deadline(ctx, ev.now, ev.deadline))
     add_victim(beneficiary, job)
     job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {ev.beneficiary}"),)
+    indexes.explain(state, job)
 
 
 def log_deadline(ctx: Ctx, now: float, deadline: float) -> float:
@@ -164,7 +168,7 @@ def shrink(state: State, ctx: Ctx, job: JobState, replicas: int, beneficiary: st
     """Admit a running elastic job at fewer replicas: its quota shrinks at once; its ranks from
     ``replicas`` up are leaving (their agents stop them) and hold their GPUs until they exit."""
     readmit(state, job, replicas)
-    job.preempted_for = beneficiary
+    indexes.name(state, job, beneficiary)
     job.preempt_deadline = deadline
     job.updated_seq = ctx.seq
     for rank in job.leaving:

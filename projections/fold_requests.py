@@ -90,6 +90,7 @@ def _cancel(state: State, ctx: Ctx, req: CancelJob) -> None:
         raise Refused("illegal", f"job {job.id} is already {job.phase}", job.id)
     move(state, job, "cancel", ctx)
     job.reasons = (Reason("cancelled", req.reason or f"cancelled by {ctx.tenant}"),)
+    indexes.explain(state, job)
     stop_holding(state, job, ctx)
 
 

@@ -23,6 +23,15 @@ asks for:
 - ``State.holding_by_node``: node -> ids of the jobs holding GPUs, CPU or memory there
   (``JobState.held``), in the order they took them. ``held`` changes only through ``hold``
   (``projections/claims.py`` and ``fold_nodes`` call it), which keeps this.
+- ``State.naming_by_beneficiary``: beneficiary -> ids of the jobs that name it
+  (``JobState.preempted_for``) in a phase of ``NAMING`` (stopping, stopped, or requeued and
+  not placed again), so that the placer and the preemptor find the nominated beneficiaries
+  without a walk of the backlog, where a requeued victim may sit anywhere.
+  ``preempted_for`` changes only through ``name``, and the phase through ``moved``.
+- ``State.explained_by_queue``: queue -> ids of its queued jobs that carry a reason: the few
+  that admission may have to unsay (the front of each queue, jobs requeued or sent back), out
+  of a deep backlog that carries none. Kept where a job's phase changes (``moved``) and, where
+  its reasons change, by ``explain``.
 
 They are ids, not the ``JobState`` objects again, so that a snapshot encodes each job once. They
 are part of the State: snapshots carry them and every replica builds them in the same order, so
@@ -61,6 +70,10 @@ def ordered(phases: Collection[Phase]) -> tuple[Phase, ...]:
 
 
 UNFINISHED: tuple[Phase, ...] = tuple(p for p in PHASES if p not in FINAL)
+# The phases in which a job stopped for a beneficiary names it (``JobState.preempted_for``):
+# stopping, stopped, or requeued and not placed again yet.
+NAMING: tuple[Phase, ...] = ("checkpointing", "preempted", "queued", "admitted")
+_NAMING = frozenset(NAMING)
 HOLDS_QUOTA: tuple[Phase, ...] = ordered(lifecycle.HOLDS_QUOTA)
 
 Index = dict[str, dict[str, None]]
@@ -154,6 +167,10 @@ def add(state: State, job: JobState) -> None:
     if job.held is not None:
         for node in _nodes(job.held):
             _add(state.holding_by_node, node, job.id)
+    if job.preempted_for and job.phase in _NAMING:
+        _add(state.naming_by_beneficiary, job.preempted_for, job.id)
+    if job.phase == "queued" and job.reasons:
+        _add(state.explained_by_queue, job.spec.queue, job.id)
 
 
 def moved(state: State, job: JobState, before: Phase) -> None:
@@ -178,8 +195,39 @@ def moved(state: State, job: JobState, before: Phase) -> None:
         _dequeue(state, job, place_of(job))
     if after == "queued":
         _enqueue(state, job)
+    if before == "queued" or after == "queued":
+        explain(state, job)
     if (before in FINAL) != (after in FINAL):
         _count_ask(state, job.spec, -1 if after in FINAL else 1)
+    b = job.preempted_for
+    if b and (before in _NAMING) != (after in _NAMING):
+        if after in _NAMING:
+            _add(state.naming_by_beneficiary, b, job_id)
+        else:
+            _remove(state.naming_by_beneficiary, b, job_id)
+
+
+def name(state: State, job: JobState, beneficiary: str) -> None:
+    """Set the beneficiary ``job`` was stopped for (``JobState.preempted_for``): the one way it
+    changes ("" when none)."""
+    old = job.preempted_for
+    if old == beneficiary:
+        return
+    job.preempted_for = beneficiary
+    if job.phase in _NAMING:
+        if old:
+            _remove(state.naming_by_beneficiary, old, job.id)
+        if beneficiary:
+            _add(state.naming_by_beneficiary, beneficiary, job.id)
+
+
+def explain(state: State, job: JobState) -> None:
+    """``job``'s reasons or phase may have changed: a queued job with a reason is in
+    ``explained_by_queue``, no other job is."""
+    if job.phase == "queued" and job.reasons:
+        _add(state.explained_by_queue, job.spec.queue, job.id)
+    else:
+        _remove(state.explained_by_queue, job.spec.queue, job.id)
 
 
 def reprioritised(state: State, job: JobState, before: int) -> None:
@@ -235,6 +283,9 @@ def forget(state: State, job: JobState) -> None:
     if job.held is not None:
         for node in _nodes(job.held):
             _remove(state.holding_by_node, node, job.id)
+    if job.preempted_for:
+        _remove(state.naming_by_beneficiary, job.preempted_for, job.id)
+    _remove(state.explained_by_queue, job.spec.queue, job.id)
 
 
 # -- read ---------------------------------------------------------------------------------------------
@@ -274,6 +325,17 @@ def holding_on(state: State, node: str) -> list[JobState]:
     return found
 
 
+def nominated(state: State) -> set[str]:
+    """The beneficiaries some job stopped for them names, in a phase of ``NAMING``."""
+    return set(state.naming_by_beneficiary)
+
+
+def explained(state: State, queue: str) -> list[JobState]:
+    """The queued jobs of ``queue`` that carry a reason, in no particular order."""
+    jobs = state.jobs
+    return [jobs[i] for i in state.explained_by_queue.get(queue, ())]
+
+
 def holding(state: State) -> list[JobState]:
     """Every job holding GPUs, CPU or memory anywhere, once, node by node."""
     jobs = state.jobs
@@ -292,6 +354,8 @@ def rebuild(state: State) -> State:
     state.queued_by_queue = {}
     state.holding_by_node = {}
     state.workers_by_ask = {}
+    state.naming_by_beneficiary = {}
+    state.explained_by_queue = {}
     jobs = list(state.jobs.values())
     state.jobs.clear()
     for job in jobs:
@@ -302,8 +366,8 @@ def rebuild(state: State) -> State:
 def check(state: State) -> None:
     """Raise AssertionError, saying where, unless every index holds exactly what ``State.jobs``
     says it should: each queue's places in full sorted order, the asks' worker counts exactly;
-    by phase and by node the same ids (their order is the fold's history, which this cannot
-    know)."""
+    by phase, node, beneficiary named and queue explained the same ids (their order is the
+    fold's history, which this cannot know)."""
     want = rebuild(State(jobs=dict(state.jobs)))
     problems = []
     for queue in sorted(state.queued_by_queue.keys() | want.queued_by_queue.keys()):
@@ -317,7 +381,7 @@ def check(state: State) -> None:
             problems.append(f"queued_by_queue[{queue}]: {(have_places or [])[:5]}, not {want_places[:5]}")
     if state.workers_by_ask != want.workers_by_ask:
         problems.append(f"workers_by_ask: {state.workers_by_ask}, not {want.workers_by_ask}")
-    for name in ("jobs_by_phase", "holding_by_node"):
+    for name in ("jobs_by_phase", "holding_by_node", "naming_by_beneficiary", "explained_by_queue"):
         have_index: Index = getattr(state, name)
         want_index: Index = getattr(want, name)
         for key in sorted(have_index.keys() | want_index.keys()):

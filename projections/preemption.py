@@ -216,10 +216,11 @@ def may_stop(
 # The phases in which a job stopped for a beneficiary names it (``JobState.preempted_for``):
 # stopping, stopped, or requeued and not placed again yet. The placer places the admitted jobs
 # so named before any other, and the preemptor gives them their GPUs first in its simulation.
-NAMING: tuple[Phase, ...] = ("checkpointing", "preempted", "queued", "admitted")
+NAMING: tuple[Phase, ...] = indexes.NAMING
 
 
 def nominated(state: State) -> set[str]:
     """The beneficiaries a job stopped for them names, in a phase of ``NAMING`` (a requeued
-    victim may be queued anywhere in the backlog)."""
-    return {job.preempted_for for job in indexes.jobs_in(state, *NAMING) if job.preempted_for}
+    victim may be queued anywhere in the backlog: the fold keeps who is named,
+    ``State.naming_by_beneficiary``)."""
+    return indexes.nominated(state)

@@ -85,7 +85,7 @@ def let_go(state: State) -> None:
         for v in job.victims:
             victim = jobs.get(v)
             if victim is not None and victim.preempted_for == job_id:
-                victim.preempted_for = ""
+                indexes.name(state, victim, "")
     if i >= _TRIM and 2 * i >= n:
         del fin[:i]
         i = 0

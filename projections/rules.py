@@ -45,4 +45,6 @@ from __future__ import annotations
 # 9: the fold keeps each queue's queued jobs in the order the queue serves them (priority, then
 #    submission, then id), and the workers the unfinished jobs ask for per kind of ask: the
 #    State holds them (``projections/indexes.py``), so a snapshot of other rules is not read.
-RULES = 9
+# 10: the fold keeps, per beneficiary, the jobs that name it in a phase that nominates it, and
+#    per queue, its queued jobs that carry a reason (``projections/indexes.py``).
+RULES = 10

@@ -139,12 +139,10 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             if job.preempted_for and job.leaving:  # shrinking for a beneficiary
                 stopping.add(job.preempted_for)
     # Each queue's backlog is read from its order the fold keeps, only as far as the cycle goes
-    # (``Backlog``). The queued jobs with a reason: one pass, in about the order they sit in
-    # memory (a walk queue by queue would be a look-up per job scattered over the whole State).
-    queued = indexes.jobs_in(state, "queued")
-    for job in queued:
-        if job.reasons:
-            explained[job.spec.queue].append(job)
+    # (``Backlog``); the queued jobs with a reason, from the fold's index of them: a deep backlog
+    # carries none, and is not walked.
+    for name in state.explained_by_queue:
+        explained[name] = indexes.explained(state, name)
     submitted = indexes.jobs_in(state, "submitted")
     stopped = indexes.jobs_in(state, "preempted", "interrupted")
     stopped.sort(key=_SUBMISSION)
@@ -186,6 +184,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         )
         waiting[job.spec.queue].add(as_queued)
         explained[job.spec.queue].append(as_queued)
+    queued = indexes.jobs_in(state, "queued")  # for ``_unhosted``, which still walks them all
     unhosted = _unhosted(state, inventory, ledger, queued, waiting, explained, events)
     nominated -= unhosted
 

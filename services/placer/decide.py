@@ -46,6 +46,7 @@ from corral.events.base import Event, Reason
 from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Placement, Unschedulable
 from corral.events.jobs import Resources
 from corral.projections import claims, indexes, preemption, quota
+from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Request
 from corral.projections.placement.plugins.packing import fragmentation_of
@@ -65,7 +66,8 @@ def admitted(state: State) -> list[JobState]:
     return jobs
 
 
-_STOPPING = frozenset({"checkpointing", "preempted"})  # a preemption under way
+# A preemption under way, in the order the phases come.
+_STOPPING: tuple[Phase, ...] = ("checkpointing", "preempted")
 
 
 @dataclass
@@ -78,15 +80,13 @@ class Nominations:
 
     @classmethod
     def of(cls, state: State) -> Nominations:
-        """A look at every job stopping or waiting (a requeued victim may be queued anywhere in
-        the backlog), none at a running or finished one."""
-        out = cls()
-        for job in indexes.jobs_in(state, *preemption.NAMING):
+        """Who is named, from the fold's index (a requeued victim may be queued anywhere in the
+        backlog), and a look at every job stopping, in the order they began to stop."""
+        out = cls(first=preemption.nominated(state))
+        for job in indexes.jobs_in(state, *_STOPPING):
             b = job.preempted_for
             if b:
-                out.first.add(b)
-                if job.phase in _STOPPING:
-                    out.stopping.setdefault(b, []).append(job)
+                out.stopping.setdefault(b, []).append(job)
         return out
 
 

@@ -202,6 +202,10 @@ def test_rebuild_makes_the_indexes_of_the_jobs_in_their_order() -> None:
         pytest.param(lambda s: s.workers_by_ask.clear(), id="asks lost"),
         pytest.param(lambda s: s.holding_by_node.setdefault(N1, {}), id="an empty entry kept"),
         pytest.param(lambda s: s.holding_by_node.pop(N0), id="a holder missing"),
+        pytest.param(
+            lambda s: s.naming_by_beneficiary.setdefault("b", {}).update(a=None), id="a name not given"
+        ),
+        pytest.param(lambda s: s.explained_by_queue.setdefault("team-a", {}).update(a=None), id="no reason"),
     ],
 )
 def test_check_says_where_an_index_differs_from_the_jobs(spoil: Any) -> None:

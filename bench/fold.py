@@ -4,6 +4,8 @@ Folds ``bench.workload.synthetic_log`` (a busy cluster's log, 1,000,000 records 
 an empty state and prints the median events/s of 3 runs for:
 
   apply        ``apply(state, record)`` on stored records: decode + fold, what a replay pays
+  fold         ``fold(records)``: the same, with the cycle collector paused for the batch, as
+               every service folds (``projections.fold.collector_paused``); with its ratio to apply
   apply_event  ``apply_event`` on events decoded beforehand: the fold alone, the simulator's path
   decode       ``codec.decode_record`` alone (the decoding ``apply`` does), to split the first
 
@@ -29,7 +31,7 @@ from bench.workload import synthetic_log
 from corral.events import codec
 from corral.events.base import Event
 from corral.events.log import Record
-from corral.projections.fold import apply, apply_event
+from corral.projections.fold import apply, apply_event, fold
 from corral.projections.state import State
 
 EVENTS = 1_000_000
@@ -142,6 +144,8 @@ def main() -> None:
 
     n = len(records)
     rate = measure("apply", n, lambda: fold_records(records), args.runs)
+    batch = measure("fold", n, lambda: fold(records), args.runs)
+    print(f"{'':12s} fold/apply {batch / rate:.2f} (the collector paused for the batch)")
     measure("apply_event", n, lambda: fold_decoded(events), args.runs)
     measure("decode", n, lambda: decode_only(records), args.runs)
     print(f"goal: apply ≥ {GOAL:,} events/s: {'met' if rate >= GOAL else 'NOT met'}")

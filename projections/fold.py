@@ -17,7 +17,9 @@ by that record's log time (``projections/retention.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import gc
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
@@ -44,19 +46,39 @@ def fold_refusals(state: State, records: Iterable[Record]) -> dict[int, Rejectio
     rejection, by sequence, taken as it is made (the state keeps only the latest
     ``MAX_REJECTIONS``; a reader that needs every verdict of a batch gets them here)."""
     out: dict[int, Rejection] = {}
-    for r in records:
-        before = state.rejected_total
-        apply(state, r)
-        if state.rejected_total > before:
-            out[r.seq] = state.rejections[-1]
+    with collector_paused():
+        for r in records:
+            before = state.rejected_total
+            apply(state, r)
+            if state.rejected_total > before:
+                out[r.seq] = state.rejections[-1]
     return out
 
 
 def fold(records: Iterable[Record], state: State | None = None) -> State:
     state = State() if state is None else state
-    for r in records:
-        apply(state, r)
+    with collector_paused():
+        for r in records:
+            apply(state, r)
     return state
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Fold a batch with Python's cycle collector paused. The fold makes no reference cycles (its
+    state is trees of structs, dicts and tuples, freed by their reference counts; a test holds it
+    to that), yet its allocations set the collector off again and again, to walk the young
+    objects and now and then the whole state: some 6 % of the fold's time (``bench.fold``). The
+    collector is resumed after the batch, so cycles made elsewhere are collected as before; if
+    it was off already, it stays off."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def apply(state: State, record: Record) -> State:

@@ -35,7 +35,7 @@ from corral.events import codec, subjects
 from corral.events.base import Event
 from corral.events.heartbeats import Heartbeat
 from corral.events.log import EventLog, Record
-from corral.projections.fold import apply
+from corral.projections.fold import apply, collector_paused
 from corral.projections.state import State
 from corral.services.health.decide import HeartbeatTracker
 from corral.services.runtime.lease import Lease
@@ -82,16 +82,17 @@ class HealthMonitor(Service):
     def fold(self, batch: list[Record]) -> None:
         state = self.state
         spans = self.traces
-        for r in batch:
-            rejected = state.rejected_total
-            apply(state, r)
-            if spans is not None:
-                spans.folded(state, r, rejected)
-            if state.rejected_total != rejected:
-                continue  # the fold refused it: it changed nothing the tracker should know
-            if r.subject.startswith(_NODE_EVENTS) or r.subject == _CORDON:
-                body = codec.decode_body(r.subject, r.data, r.headers).body
-                self.tracker.observe(body, self.clock())
+        with collector_paused():
+            for r in batch:
+                rejected = state.rejected_total
+                apply(state, r)
+                if spans is not None:
+                    spans.folded(state, r, rejected)
+                if state.rejected_total != rejected:
+                    continue  # the fold refused it: it changed nothing the tracker should know
+                if r.subject.startswith(_NODE_EVENTS) or r.subject == _CORDON:
+                    body = codec.decode_body(r.subject, r.data, r.headers).body
+                    self.tracker.observe(body, self.clock())
 
     async def restore(self) -> None:
         await super().restore()

@@ -50,7 +50,7 @@ from corral.events import codec, routing, subjects
 from corral.events.base import Event
 from corral.events.log import Append, ConflictError, EventLog, Fence, LogError, Record
 from corral.projections import trace_ids
-from corral.projections.fold import apply
+from corral.projections.fold import apply, collector_paused
 from corral.projections.rules import RULES
 from corral.projections.state import State
 from corral.services.runtime import logs, metrics, traces, tracing
@@ -141,15 +141,16 @@ class Service:
     def fold(self, batch: list[Record]) -> None:
         state = self.state
         spans = self.traces
-        for r in batch:
-            if spans is None:
-                apply(state, r)
-            else:
-                rejected = state.rejected_total
-                apply(state, r)
-                spans.folded(state, r, rejected)
-            if r.subject == self.decision_subject:
-                self._last_decision_seq = r.seq
+        with collector_paused():
+            for r in batch:
+                if spans is None:
+                    apply(state, r)
+                else:
+                    rejected = state.rejected_total
+                    apply(state, r)
+                    spans.folded(state, r, rejected)
+                if r.subject == self.decision_subject:
+                    self._last_decision_seq = r.seq
         self.log_clock.saw(state.time)
         if self.on_fold is not None:
             self.on_fold(state, batch)

@@ -45,4 +45,7 @@ from __future__ import annotations
 # 9: the fold keeps each queue's queued jobs in the order the queue serves them (priority, then
 #    submission, then id), and the workers the unfinished jobs ask for per kind of ask: the
 #    State holds them (``projections/indexes.py``), so a snapshot of other rules is not read.
-RULES = 9
+# 10: a node's agent stopping its workers because it was told to (``NodeShutdown``) interrupts
+#    the jobs on the node without counting a restart, as a lost node does; a worker's exit must
+#    name a rank placed on the node that reports it.
+RULES = 10

@@ -36,6 +36,7 @@ from corral.events.nodes import (
     NodeConditionChanged,
     NodeCordoned,
     NodeRegistered,
+    NodeShutdown,
     WorkerExited,
     WorkerStarted,
 )
@@ -80,6 +81,7 @@ AnyEvent = (
     | NodeConditionChanged
     | GpuHealthChanged
     | NodeCordoned
+    | NodeShutdown
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__

@@ -76,6 +76,20 @@ class CheckpointCompleted(Event, frozen=True, kw_only=True):
     step: Int
 
 
+class NodeShutdown(Event, frozen=True, kw_only=True):
+    """An agent stopping its node's workers because it was told to stop (``corral up`` stopping
+    the whole corral, ``corral serve agent --stop-workers``): the node is taken out of service,
+    not failing. The fold interrupts the jobs holding GPUs on the node without counting a
+    restart, as for a lost node; their workers' exits that follow are the stops of attempts
+    already over. Written before the first worker is stopped, after every report made until
+    then. ``at``: the agent's clock when it began; with the node it names this shutdown, since
+    a node may be shut down twice within the stream's duplicate window."""
+
+    node: str
+    at: float
+    reason: str = ""
+
+
 class NodeConditionChanged(Event, frozen=True, kw_only=True):
     """Health monitor: node suspect (missed heartbeats), lost (timed out) or ready again."""
 

@@ -29,6 +29,7 @@ from corral.events.nodes import (
     NodeConditionChanged,
     NodeCordoned,
     NodeRegistered,
+    NodeShutdown,
     WorkerExited,
     WorkerStarted,
 )
@@ -53,6 +54,7 @@ HOME: dict[type[Event], tuple[str, str]] = {
     NodeConditionChanged: ("node", "node"),
     GpuHealthChanged: ("node", "node"),
     NodeCordoned: ("node", "node"),
+    NodeShutdown: ("node", "node"),
 }
 
 

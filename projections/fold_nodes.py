@@ -1,6 +1,10 @@
 """The fold's handling of what nodes report: registrations, workers started and exited,
-checkpoints, and health: conditions, GPU health and cordons. A job gives its GPUs back only when
-its last live worker is gone; a lost node or a bad GPU interrupts the jobs on it.
+checkpoints, shutdowns, and health: conditions, GPU health and cordons. A job gives its GPUs back
+only when its last live worker is gone; a lost node, a bad GPU or a node shut down interrupts the
+jobs on it without counting against their restarts.
+
+An agent speaks for its node only: a worker's exit must name a rank placed on the node it is
+reported from, so that no agent can end (or spare) the work of another node's jobs.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from corral.events.nodes import (
     NodeConditionChanged,
     NodeCordoned,
     NodeRegistered,
+    NodeShutdown,
     WorkerExited,
     WorkerStarted,
 )
@@ -164,7 +169,9 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     if ev.attempt < job.attempt or job.phase in FINAL or job.phase in ("preempted", "interrupted"):
         # A straggler of an attempt already over: it only gives back what that attempt holds.
         # A rank of the same number in a newer attempt is another process on other GPUs.
-        if job.held is not None and job.held.attempt == ev.attempt:
+        held = job.held
+        if held is not None and held.attempt == ev.attempt:
+            _ran_here(held, ev, job.id)
             job.live.discard(ev.rank)
             stop_holding(state, job, ctx)
         return
@@ -172,6 +179,8 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     live = job.live
     if rank not in live or rank not in job.started:  # live may hold an older attempt's rank
         raise Refused("illegal", f"rank {rank} of job {job.id} is not running", job.id)
+    if job.placement is not None:
+        _ran_here(job.placement, ev, job.id)
     live.discard(rank)
     job.updated_seq = ctx.seq
     adm = job.admission
@@ -191,6 +200,15 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
         _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
     if job.held is not None and not live:
         release(state, job, ctx)  # the last worker is gone: the GPUs are free
+
+
+def _ran_here(placement: Placement, ev: WorkerExited, job_id: str) -> None:
+    """An exit is its node's to report: a rank placed on another node is not this agent's."""
+    for w in placement.workers:
+        if w.rank == ev.rank:
+            if w.node != ev.node:
+                raise Refused("illegal", f"rank {ev.rank} of job {job_id} is not on {ev.node}", job_id)
+            return
 
 
 def _succeed_if_done(state: State, job: JobState, ctx: Ctx) -> None:
@@ -267,6 +285,17 @@ def interrupt_on(
         stop_holding(state, job, ctx)
 
 
+def _shutdown(state: State, ctx: Ctx, ev: NodeShutdown) -> None:
+    """The node's agent is stopping its workers because it was told to: its jobs go back to
+    their queue without counting a restart and resume from their last checkpoint. Only the jobs
+    holding GPUs on this node (the subject binds the agent to it); their GPUs are given back as
+    the workers' exits come (the node is not gone: its processes may still be using them). An
+    exit folded before it counts as ever; after it, it is a straggler of an attempt over."""
+    find_node(state, ev.node)
+    why = f"node {ev.node} shut down" + (f": {ev.reason}" if ev.reason else "")
+    interrupt_on(state, ctx, ev.node, None, why, node_gone=False)
+
+
 def _condition(state: State, ctx: Ctx, ev: NodeConditionChanged) -> None:
     node = find_node(state, ev.node)
     node.condition = ev.condition
@@ -307,4 +336,5 @@ HANDLERS: dict[type[Event], Handler] = {
     NodeConditionChanged: _condition,
     GpuHealthChanged: _gpu_health,
     NodeCordoned: _cordoned,
+    NodeShutdown: _shutdown,
 }

@@ -47,4 +47,7 @@ from __future__ import annotations
 #    State holds them (``projections/indexes.py``), so a snapshot of other rules is not read.
 # 10: the fold keeps, per beneficiary, the jobs that name it in a phase that nominates it, and
 #    per queue, its queued jobs that carry a reason (``projections/indexes.py``).
-RULES = 10
+# 11: a node's agent stopping its workers because it was told to (``NodeShutdown``) interrupts
+#    the jobs on the node without counting a restart, as a lost node does; a worker's exit must
+#    name a rank placed on the node that reports it.
+RULES = 11

@@ -54,6 +54,7 @@ from corral.events.nodes import (
     NodeCordoned,
     NodeInventory,
     NodeRegistered,
+    NodeShutdown,
     WorkerExited,
     WorkerStarted,
 )
@@ -423,6 +424,9 @@ class LogBuilder:
         )
         return self.event(subj.node(node), body)
 
+    def shutdown(self, node: str, reason: str = "") -> LogBuilder:
+        return self.event(subj.node(node), NodeShutdown(node=node, at=self.time, reason=reason))
+
     def condition(self, node: str, condition: NodeCondition) -> LogBuilder:
         return self.event(subj.node(node), NodeConditionChanged(node=node, condition=condition))
 
@@ -562,6 +566,7 @@ service_events: st.SearchStrategy[Event] = st.one_of(
     st.builds(NodeConditionChanged, node=names, condition=st.sampled_from(["ready", "suspect", "lost"])),
     st.builds(GpuHealthChanged, node=names, gpu=small_ints, healthy=st.booleans(), signal=names),
     st.builds(NodeCordoned, node=names, cordoned=st.booleans(), drain=st.booleans()),
+    st.builds(NodeShutdown, node=names, at=st.just(_T), reason=names),
 )
 
 

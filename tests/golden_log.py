@@ -63,6 +63,12 @@ def records() -> list[Record]:
     lb.accept("gang").admit("gang", replicas=2)
     lb.place(placement("gang", worker(0, "node-02", whole(0)), worker(1, "node-02", whole(1))))
     lb.started("node-02", "gang", 0).exited("node-02", "gang", 0, code=1)
+    # a node shut down by its operator: its job goes back to its queue without counting a
+    # restart; an exit reported for its rank by another node is refused
+    lb.submit("alice", "svc", job().gpus(1).restarts(1)).accept("svc").admit("svc")
+    lb.place(on("node-02", 3, job_id="svc")).started("node-02", "svc")
+    lb.shutdown("node-02", "corral up stopped").exited("node-01", "svc", code=143, stopped=True)
+    lb.exited("node-02", "svc", code=143, stopped=True)
     # an elastic job grows, then is resized
     lb.submit("bob", "elastic", job("team-b").gpus(1).replicas(4, minimum=1))
     lb.accept("elastic").admit("elastic", replicas=1)

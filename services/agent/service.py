@@ -29,13 +29,15 @@ Invariants:
   takes back every worker whose keeper still runs and reports, once, the exits of those that
   ended while no agent watched (``Runtime.reattach``).
 - Three ways to end: ``run(stop)`` with ``stop`` set stops every worker and reports their exits
-  (``corral up`` stopping the whole corral); ``leave()`` ends the agent and leaves its workers
-  running, writing nothing that would charge their jobs (an agent restart: ``corral serve
-  agent`` on SIGTERM); ``crash()`` is a node dying: no heartbeat, no report, every worker killed
-  at once. An agent that stays away past the lost-node timeout has its node declared lost by
-  the health monitor, as any silent node: its jobs move on, and when it comes back the workers
-  it took back are stopped as superseded. Tests use ``crash`` (and ``pause_heartbeats``,
-  ``inject_xid``, ``kill_worker``) to play failures on a live cluster.
+  (``corral up`` stopping the whole corral), after a ``NodeShutdown`` that tells the fold the
+  stops are the operator's, not the jobs' failures (their jobs requeue, no restart counted);
+  ``leave()`` ends the agent and leaves its workers running, writing nothing that would charge
+  their jobs (an agent restart: ``corral serve agent`` on SIGTERM); ``crash()`` is a node
+  dying: no heartbeat, no report, every worker killed at once. An agent that stays away past
+  the lost-node timeout has its node declared lost by the health monitor, as any silent node:
+  its jobs move on, and when it comes back the workers it took back are stopped as superseded.
+  Tests use ``crash`` (and ``pause_heartbeats``, ``inject_xid``, ``kill_worker``) to play
+  failures on a live cluster.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from corral.events.nodes import (
     CheckpointCompleted,
     NodeInventory,
     NodeRegistered,
+    NodeShutdown,
     WorkerExited,
     WorkerStarted,
 )
@@ -106,6 +109,8 @@ def msg_id(body: Event) -> str:
             return f"checkpoint:{body.job_id}:{body.attempt}:{body.step}"
         case NodeRegistered():
             return f"register:{body.node}:{zlib.crc32(codec.encode(body.inventory)):08x}"
+        case NodeShutdown():
+            return f"shutdown:{body.node}:{round(body.at * 1000)}"
     raise ValueError(f"a node agent does not write {type(body).__name__}")
 
 
@@ -570,6 +575,8 @@ class NodeAgent:
         if ending == "leave":
             await self.runtime.leave()
         else:
+            if ending == "stop":
+                await self._say_shut_down()
             await self.runtime.close(grace=0.0 if ending == "crash" else self.stop_grace)
         if ending != "crash":  # a node that stops cleanly says its workers stopped; one that
             # leaves them says what they reported so far
@@ -578,6 +585,21 @@ class NodeAgent:
             except (TimeoutError, LogError) as e:
                 log.warning("%s: last reports not appended: %s", self.node, e)
         await self.gpus.close()
+
+    async def _say_shut_down(self) -> None:
+        """Tell the log the node's workers are being stopped on purpose, before the first is: the
+        fold then interrupts their jobs without counting a restart. What the workers reported until
+        now goes first, so an exit of their own before the shutdown still counts as theirs."""
+        while not self.reports.empty():
+            self._unsent.extend(report_events(self.node, self.reports.get_nowait()))
+        self._unsent.append(NodeShutdown(node=self.node, at=self.clock()))
+        pending = list(self._unsent)
+        try:
+            await asyncio.wait_for(self.flush(), 10.0)
+        except (TimeoutError, LogError) as e:
+            # Kept in order for the last flush (what was stored meanwhile is a duplicate there).
+            self._unsent = pending
+            log.warning("%s: shutdown not appended before stopping workers: %s", self.node, e)
 
 
 class _Reports(asyncio.Queue[Report]):

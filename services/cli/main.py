@@ -273,7 +273,8 @@ def serve_agent(args: argparse.Namespace) -> None:
     """One node's agent as its own process, watching its node's view. SIGTERM or SIGINT ends it
     and leaves its workers running, for the next agent on the same work directory to take back
     (an agent restart: an upgrade, a crash of the agent alone); ``--stop-workers`` stops them
-    instead and reports their exits (the node is being taken out of service)."""
+    instead and reports their exits (the node is being taken out of service), after telling
+    the log so (``NodeShutdown``): their jobs requeue without counting a restart."""
     from corral.events.jetstream import JetStreamLog
     from corral.services.agent.service import NodeAgent
     from corral.services.runtime import metrics

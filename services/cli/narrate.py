@@ -24,6 +24,7 @@ from corral.events.nodes import (
     NodeConditionChanged,
     NodeCordoned,
     NodeRegistered,
+    NodeShutdown,
     WorkerExited,
     WorkerStarted,
 )
@@ -106,6 +107,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
             return f"{jid} rank {rank} exits {code} on {n}"
         case CheckpointCompleted(job_id=jid, step=step, location=loc):
             return f"{jid} checkpointed step {step} to {loc}"
+        case NodeShutdown(node=n, reason=why):
+            return f"node {n} shuts down, its workers stopped" + (f": {why}" if why else "")
         case NodeConditionChanged(node=n, condition=c, reason=why):
             return f"node {n} is {c}" + (f": {why}" if why else "")
         case GpuHealthChanged(node=n, gpu=g, healthy=ok, signal=sig):

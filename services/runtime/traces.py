@@ -42,6 +42,7 @@ from corral.events.nodes import (
     NodeConditionChanged,
     NodeCordoned,
     NodeRegistered,
+    NodeShutdown,
 )
 from corral.events.queues import CordonNode
 from corral.projections import trace_ids
@@ -68,9 +69,9 @@ SPAN_OF: dict[str, str] = {
     "preempted": "preempted",
     "interrupted": "interrupted",
 }
-# Node facts no deciding role wrote (an agent's registration, an administrator's cordon): the
-# health monitor's, as the node facts it states itself.
-_NODE_FACTS = (NodeRegistered, CordonNode)
+# Node facts no deciding role wrote (an agent's registration or shutdown, an administrator's
+# cordon): the health monitor's, as the node facts it states itself.
+_NODE_FACTS = (NodeRegistered, NodeShutdown, CordonNode)
 _FAILED = frozenset({"failed", "interrupted", "rejected"})
 _VOIDED = {
     JobsAdmitted: "admission void",
@@ -460,6 +461,9 @@ class JobTraces:
                 if body.cordoned and body.drain
                 else ("cordoned" if body.cordoned else "uncordoned")
             )
+            attrs = {"corral.reason": body.reason}
+        elif isinstance(body, NodeShutdown):
+            node, start, name = body.node, t, "node shut down"
             attrs = {"corral.reason": body.reason}
         else:
             return None

@@ -9,7 +9,9 @@ new one started on the same work directory.
 - a worker taken back has its run in its job's trace: a span under its attempt, from the taking
   back to its exit, marked re-attached;
 - an agent that stays away past the lost-node timeout still makes its node lost: the job moves
-  on, uncharged, and the worker the returning agent takes back is stopped as superseded.
+  on, uncharged, and the worker the returning agent takes back is stopped as superseded;
+- a whole corral stopped (its agents stop their workers) and started again on the same data
+  directory: the job is charged no restart and resumes from its last checkpoint.
 
 The harness (``live``) replays the log and checks that no report was stored twice or refused,
 and that no worker process outlives the corral. Nothing sleeps: every wait has a timeout.
@@ -22,14 +24,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corral.events.jobs import JobRequeued
-from corral.events.nodes import NodeConditionChanged, WorkerExited, WorkerStarted
+from corral.events.nodes import NodeConditionChanged, NodeShutdown, WorkerExited, WorkerStarted
 from corral.projections.lifecycle import FINAL
 from corral.services.agent.decide import WorkerKey
 from corral.services.agent.handover import keeper_dir
 from corral.services.agent.keeper import start_time
 from corral.services.runtime import tracing
 from tests.integration import polling
-from tests.integration.test_cluster_failures import DYING, WAIT, Live, cancel, job_spec, live, phase
+from tests.integration.test_cluster_failures import (
+    DYING,
+    LONG,
+    WAIT,
+    Live,
+    cancel,
+    checkpointed,
+    job_spec,
+    live,
+    phase,
+    resumed_step,
+)
 from tests.otlp import Receiver
 
 # Prints a step at a time until the file named by its arguments appears, then exits 0: the test
@@ -162,3 +175,24 @@ async def test_an_agent_away_past_the_lost_node_timeout_loses_its_node(tmp_path:
         await cancel(it, "moved")
         exits = [(e.node, e.attempt, e.stopped, e.pid) for _, e in it.events(WorkerExited, "moved")]
         assert exits[0] == (gone, 0, True, pid)
+
+
+async def test_a_corral_stopped_and_started_again_charges_its_job_nothing_and_it_resumes(
+    tmp_path: Path,
+) -> None:
+    async with live(tmp_path) as it:
+        await it.submit("long", job_spec(LONG, checkpointable=True))
+        await it.until(checkpointed("long", 100))
+    # Stopped as ``corral up`` stops: the services, then the agent, which stopped the worker
+    # (``live`` checked it is gone). Started again on the same data directory:
+    async with live(tmp_path) as it:
+        s = await it.until(checkpointed("long", 0, attempt=1))
+        job = s.jobs["long"]
+        assert (job.attempt, job.restarts) == (1, 0), job.reasons
+        [(shut, _)] = it.events(NodeShutdown)
+        exits = [(seq, e) for seq, e in it.events(WorkerExited, "long") if e.attempt == 0]
+        assert exits and all(seq > shut and e.stopped for seq, e in exits), (shut, exits)
+        step = resumed_step(it, "long")
+        first, second = it.cluster.agents["node-00"].logs("long")
+        assert step >= 100 and f"rank 0: resumed from step {step} " in second.read_text()
+        await cancel(it, "long")

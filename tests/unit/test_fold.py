@@ -1149,6 +1149,126 @@ def test_node_lost_leaves_jobs_elsewhere_alone() -> None:
     assert fold(log).jobs["j1"].phase == "running"
 
 
+@dataclass
+class Shutdown:
+    id: str
+    story: Callable[[], LogBuilder]
+    phases: dict[str, str]  # job -> phase after the story
+    restarts: dict[str, int]  # job -> restarts counted
+    refused: str | None = None  # the code of the story's last rejection, if any
+
+
+def _gang_on_both() -> LogBuilder:
+    log = queued("g", spec=job().replicas(2).restarts(2)).admit("g", replicas=2)
+    log.place(placement("g", worker(0, N0, whole(0)), worker(1, N1, whole(0))))
+    return log.started(N0, "g", rank=0).started(N1, "g", rank=1)
+
+
+def _two_jobs(spec: JobBuilder) -> LogBuilder:
+    return running("far", node=N1, spec=spec, log=running("here", spec=spec, nodes=Cluster(2)))
+
+
+def _shut_down_twice() -> LogBuilder:
+    log = (
+        running(spec=job().restarts(1), nodes=Cluster(2))
+        .shutdown(N0)
+        .exited(N0, "j1", code=143, stopped=True)
+    )
+    log.requeue("j1", 0).admit("j1", attempt=1).place(on(N0, 0, job_id="j1", attempt=1))
+    log.started(N0, "j1", attempt=1).shutdown(N0)
+    return log.exited(N0, "j1", code=143, attempt=1, stopped=True)
+
+
+SHUTDOWNS = [
+    Shutdown(
+        "stopped-workers-are-not-charged",
+        lambda: (
+            running(spec=job().restarts(1), nodes=Cluster(2))
+            .shutdown(N0, "corral up stopped")
+            .exited(N0, "j1", code=143, stopped=True)
+        ),
+        {"j1": "interrupted"},
+        {"j1": 0},
+    ),
+    Shutdown(
+        "a-job-with-no-restarts-left-is-requeued-not-failed",
+        lambda: (
+            running(spec=job().restarts(0), nodes=Cluster(2))
+            .shutdown(N0)
+            .exited(N0, "j1", code=137, stopped=True)
+        ),
+        {"j1": "interrupted"},
+        {"j1": 0},
+    ),
+    Shutdown("shut-down-twice-still-nothing-counted", _shut_down_twice, {"j1": "interrupted"}, {"j1": 0}),
+    Shutdown(
+        "a-crash-before-the-shutdown-still-counts",
+        lambda: running(spec=job().restarts(1), nodes=Cluster(2)).exited(N0, "j1", code=1).shutdown(N0),
+        {"j1": "interrupted"},
+        {"j1": 1},
+    ),
+    Shutdown(
+        "placed-not-started-goes-back",
+        lambda: queued().admit("j1").place(on(N0, 0, job_id="j1")).shutdown(N0),
+        {"j1": "interrupted"},
+        {"j1": 0},
+    ),
+    Shutdown(
+        "a-job-on-another-node-runs-on",
+        lambda: running("far", node=N1, nodes=Cluster(2)).shutdown(N0),
+        {"far": "running"},
+        {"far": 0},
+    ),
+    Shutdown(
+        "a-gang-across-nodes-goes-back-whole-and-its-other-ranks-exits-are-stragglers",
+        lambda: _gang_on_both().shutdown(N0).exited(N1, "g", rank=1, code=1),
+        {"g": "interrupted"},
+        {"g": 0},
+    ),
+    Shutdown(
+        "a-crash-elsewhere-during-the-shutdown-is-charged-to-its-own-job",
+        lambda: _two_jobs(job().restarts(2)).shutdown(N0).exited(N1, "far", code=1),
+        {"here": "interrupted", "far": "interrupted"},
+        {"here": 0, "far": 1},
+    ),
+    Shutdown(
+        "no-agent-may-end-another-nodes-rank",
+        lambda: (
+            running("far", node=N1, nodes=Cluster(2), spec=job().restarts(2))
+            .shutdown(N0)
+            .exited(N0, "far", code=143, stopped=True)
+        ),
+        {"far": "running"},
+        {"far": 0},
+        "illegal",
+    ),
+    Shutdown(
+        "an-unknown-node-shuts-nothing-down",
+        lambda: running(nodes=Cluster(2)).shutdown("node-99"),
+        {"j1": "running"},
+        {"j1": 0},
+        "unknown",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SHUTDOWNS, ids=[c.id for c in SHUTDOWNS])
+def test_a_node_shut_down_on_purpose_charges_no_restart(case: Shutdown) -> None:
+    state = fold(case.story())
+    assert {j: state.jobs[j].phase for j in case.phases} == case.phases
+    assert {j: state.jobs[j].restarts for j in case.restarts} == case.restarts
+    assert (last(state).code if state.rejections else None) == case.refused
+
+
+def test_a_shut_down_nodes_gpus_are_held_until_its_workers_exit() -> None:
+    log = running(spec=job().gpus(2), gpus=(0, 1), nodes=Cluster(2)).shutdown(N0)
+    state = fold(log)
+    assert state.jobs["j1"].live == {0} and holders(state)[:2] == [{"j1": 1000}] * 2
+    assert state.jobs["j1"].reasons[0].message == f"node {N0} shut down"
+    state = fold(log.exited(N0, "j1", code=143, stopped=True))
+    assert holders(state)[:2] == [{}, {}] and state.jobs["j1"].held is None and state.rejected_total == 0
+
+
 def test_gpu_unhealthy_interrupts_the_job_holding_it_only() -> None:
     log = running("j1", gpus=(0,), nodes=Cluster(2))
     running("j2", gpus=(1,), log=log).gpu_health(N0, 0, False, signal="xid:79")

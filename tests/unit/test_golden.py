@@ -54,6 +54,7 @@ from corral.events.nodes import (
     NodeCordoned,
     NodeInventory,
     NodeRegistered,
+    NodeShutdown,
     WorkerExited,
     WorkerStarted,
 )
@@ -224,6 +225,7 @@ EVENTS: dict[type[Event], Event] = {
     ),
     GpuHealthChanged: GpuHealthChanged(node="node-00", gpu=1, healthy=False, signal="xid:79"),
     NodeCordoned: NodeCordoned(node="node-00", cordoned=True, drain=True, reason="xid 79"),
+    NodeShutdown: NodeShutdown(node="node-00", at=1_717_000_009.5, reason="corral up stopped"),
 }
 
 

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -41,7 +42,10 @@ EVERY = 0.25  # seconds between looks at the files that are being written
 # that grew again); in between, only at those that grew within ``QUIET_S``.
 SCAN_EVERY = 2.0
 QUIET_S = 10.0
+# The agent says which files the workers it starts will write (``Shipper.expect``), so a new
+# worker's output is looked at from its first pass, not from the next full scan.
 READ_AT_ONCE = 256 * 1024  # bytes read from one file per look
+DRAIN_LOOKS = 64  # looks at an ended worker's file before its exit is reported: 16 MiB at most
 MAX_BACKLOG = 4 * 1024 * 1024  # bytes a file may be ahead of what was shipped before skipping
 _FILE = re.compile(r"attempt-(\d+)\.rank-(\d+)\.log")
 
@@ -139,6 +143,17 @@ class Shipper:
         self._files: dict[Path, _File] = {}
         self._failing = False
         self._scanned = -SCAN_EVERY  # monotonic time of the last look at every file
+        self._expected: dict[Path, float] = {}  # files of workers being started, since when
+        # One look at a time: the passes and the agent's drains before it reports exits would
+        # otherwise read and send one file's lines twice or out of order.
+        self._looking = asyncio.Lock()
+
+    def expect(self, paths: Iterable[Path]) -> None:
+        """Workers are being started with these output files: look at them from the next pass
+        on, not only once the next full scan finds them (a short job may be over by then)."""
+        now = time.monotonic()
+        for path in paths:
+            self._expected.setdefault(Path(path), now)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Ship until ``stop``, then once more: what workers printed last goes out too."""
@@ -162,18 +177,49 @@ class Shipper:
     async def ship(self, *, everything: bool = False) -> int:
         """One look at the files (all of them every ``SCAN_EVERY`` or when asked, else those
         that grew lately); the messages sent."""
+        async with self._looking:
+            return await self._ship(everything)
+
+    async def _ship(self, everything: bool) -> int:
         now = time.monotonic()
         if everything or now - self._scanned >= SCAN_EVERY:
             self._scanned = now
             paths = sorted(self.root.glob("logs/*/attempt-*.rank-*.log"))
         else:
             paths = [p for p, f in self._files.items() if f.unsent or now - f.grew < QUIET_S]
+            paths += [p for p in self._expected if p not in self._files and p.exists()]
+        for p, since in list(self._expected.items()):
+            if p in self._files or now - since > QUIET_S:  # found, or its worker never started
+                del self._expected[p]
         sent = 0
         for path in paths:
             f = self._files.get(path) or await self._found(path)
             if f is not None:
                 sent += await self._ship_file(f)
         return sent
+
+    async def drain(self, paths: Iterable[Path]) -> None:
+        """Ship all that these files hold now, an unfinished last line too: their workers have
+        ended. A server that does not take it leaves the rest to the next pass, as ever."""
+        try:
+            async with self._looking:
+                await self._drain(paths)
+        except Exception as e:  # the server away: the files keep it; the passes try again
+            log.warning("%s: cannot ship ended workers' output now: %s", self.node, e)
+
+    async def _drain(self, paths: Iterable[Path]) -> None:
+        for path in paths:
+            f = self._files.get(path) or await self._found(path)
+            for _ in range(DRAIN_LOOKS):  # bounded: a file may still grow (an orphan writes)
+                if f is None:
+                    break
+                sent = await self._ship_file(f)
+                try:
+                    unread = f.path.stat().st_size > f.offset
+                except OSError:
+                    break
+                if not (sent or unread or f.lines.partial):
+                    break
 
     async def _found(self, path: Path) -> _File | None:
         m = _FILE.fullmatch(path.name)

@@ -83,7 +83,7 @@ from corral.services.agent.decide import (
 )
 from corral.services.agent.discovery import Discovery, NvmlGpus
 from corral.services.agent.output import OutputSink, Shipper
-from corral.services.agent.workers import Runtime, SandboxMode, job_logs, restart_backoff
+from corral.services.agent.workers import Runtime, SandboxMode, job_logs, log_path, restart_backoff
 from corral.services.runtime import logs
 from corral.services.runtime.clock import LogClock
 from corral.services.runtime.views import NodeViews
@@ -413,6 +413,8 @@ class NodeAgent:
             return
         if not self._due(gang.job_id, now):
             return
+        if self.shipper is not None:
+            self.shipper.expect(log_path(self.work_dir, w.key) for w in gang.workers)
         task = asyncio.create_task(self.runtime.start_gang(gang.workers, self.start_timeout))
         self._starting[key] = task
         task.add_done_callback(lambda t: self._started(key, t))
@@ -457,6 +459,16 @@ class NodeAgent:
             return 0
         now = self.clock() if now is None else now
         bodies, self._unsent = self._unsent, []
+        if self.shipper is not None:
+            # What a worker printed reaches the output stream before the log says it ended, so
+            # whoever waited for the job to end and then reads its output finds all of it.
+            ended = [
+                log_path(self.work_dir, WorkerKey(b.job_id, b.attempt, b.rank))
+                for b in bodies
+                if isinstance(b, WorkerExited)
+            ]
+            if ended:
+                await self.shipper.drain(ended)
         results = await self.log.append_many([self._append(b, now) for b in bodies])
         appended = getattr(self.runtime, "appended", None)
         for body, result in zip(bodies, results, strict=True):

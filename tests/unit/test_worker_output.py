@@ -164,3 +164,26 @@ async def test_quiet_files_are_looked_at_only_on_the_full_scan_and_new_files_are
     assert await shipper.ship(everything=True) == 2
     assert kept.text(output.subject("n0", "old", 0, 0)) == "done\nlate\n"
     assert kept.text(output.subject("n0", "new", 0, 0)) == "hello\n"
+
+
+async def test_a_started_workers_file_is_looked_at_before_the_next_full_scan(tmp_path: Path) -> None:
+    kept = Kept()
+    shipper = Shipper("n0", tmp_path, kept)
+    assert await shipper.ship() == 0  # the full scan: nothing yet
+    path = _worker_file(tmp_path, "short")
+    shipper.expect([path])  # the agent starts its worker
+    path.write_bytes(b"done at once\n")
+    shipper._scanned = time.monotonic()  # the full scan was just now, however slow this machine
+    assert await shipper.ship() == 1
+    assert kept.text(output.subject("n0", "short", 0, 0)) == "done at once\n"
+
+
+async def test_an_ended_workers_file_is_drained_whole_its_last_line_too(tmp_path: Path) -> None:
+    path = _worker_file(tmp_path, "ended")
+    path.write_bytes(b"x" * (3 * 256 * 1024) + b"\nlast words, no newline")
+    kept = Kept()
+    shipper = Shipper("n0", tmp_path, kept)
+    await shipper.drain([path])  # before the agent reports the worker's exit
+    text = kept.text(output.subject("n0", "ended", 0, 0))
+    assert text.endswith("\nlast words, no newline\n")
+    assert await shipper.ship(everything=True) == 0  # nothing left, nothing sent twice

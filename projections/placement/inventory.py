@@ -44,7 +44,10 @@ from corral.projections.placement.snapshot import GpuView, NodeView, Snapshot
 from corral.projections.state import GpuState, JobState, NodeState, State
 
 CODE = "no-node"  # the code of every reason given here: no node of the inventory can host the job
-MAX_VERDICTS = 4096  # shapes remembered per inventory; past that the memory starts again
+# Shapes remembered per inventory; past that the memory starts again. Every queued shape is asked
+# about every cycle (``unhosted_queued``), so this is kept well above the shapes a backlog holds:
+# one past it would judge every shape again each cycle.
+MAX_VERDICTS = 1 << 16
 MAX_SPECS = 1 << 20  # specs remembered per inventory, likewise
 
 # How far a worker got through the chain's filters on a node, by the code of the first no: the

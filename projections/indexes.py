@@ -32,6 +32,11 @@ asks for:
   that admission may have to unsay (the front of each queue, jobs requeued or sent back), out
   of a deep backlog that carries none. Kept where a job's phase changes (``moved``) and, where
   its reasons change, by ``explain``.
+- ``State.queued_by_shape``: per host shape (``host_shape``: what decides whether any node could
+  ever host a job), ids of the queued jobs of that shape, in the order they entered it: admission
+  judges each shape once against the inventory and walks only the jobs of shapes no node can
+  host, not the whole backlog. Kept where a job's phase changes (``moved``) and where a queued
+  job's spec does (``respec``).
 
 They are ids, not the ``JobState`` objects again, so that a snapshot encodes each job once. They
 are part of the State: snapshots carry them and every replica builds them in the same order, so
@@ -136,6 +141,16 @@ def ask_of(key: str) -> Resources:
     return msgspec.json.decode(key, type=Resources)
 
 
+def host_shape(spec: JobSpec) -> str:
+    """What decides whether some node could ever host a job of ``spec``, as ``queued_by_shape``
+    keys it: its worker ask, node selector and topology, and its smallest gang (``min_replicas``
+    for an elastic job, and whether it is elastic, which the reason says). Equal shapes give
+    equal keys."""
+    n = spec.min_replicas if spec.min_replicas is not None else spec.replicas
+    selector = sorted(spec.node_selector.items()) if spec.node_selector else ()
+    return msgspec.json.encode((spec.resources, selector, spec.topology, n, n < spec.replicas)).decode()
+
+
 def _count_ask(state: State, spec: JobSpec, sign: int) -> None:
     asks = state.workers_by_ask
     key = ask_key(spec.resources)
@@ -162,6 +177,7 @@ def add(state: State, job: JobState) -> None:
     _add(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
         _enqueue(state, job)
+        _add(state.queued_by_shape, host_shape(job.spec), job.id)
     if job.phase not in FINAL:
         _count_ask(state, job.spec, 1)
     if job.held is not None:
@@ -193,8 +209,10 @@ def moved(state: State, job: JobState, before: Phase) -> None:
         ids[job_id] = None
     if before == "queued":
         _dequeue(state, job, place_of(job))
+        _remove(state.queued_by_shape, host_shape(job.spec), job_id)
     if after == "queued":
         _enqueue(state, job)
+        _add(state.queued_by_shape, host_shape(job.spec), job_id)
     if before == "queued" or after == "queued":
         explain(state, job)
     if (before in FINAL) != (after in FINAL):
@@ -244,6 +262,9 @@ def respec(state: State, job: JobState, spec: JobSpec) -> None:
     unfinished = job.phase not in FINAL
     if unfinished:
         _count_ask(state, job.spec, -1)
+    if job.phase == "queued":
+        _remove(state.queued_by_shape, host_shape(job.spec), job.id)
+        _add(state.queued_by_shape, host_shape(spec), job.id)
     job.spec = spec
     if unfinished:
         _count_ask(state, spec, 1)
@@ -278,6 +299,7 @@ def forget(state: State, job: JobState) -> None:
     _remove(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
         _dequeue(state, job, place_of(job))
+        _remove(state.queued_by_shape, host_shape(job.spec), job.id)
     if known and job.phase not in FINAL:
         _count_ask(state, job.spec, -1)
     if job.held is not None:
@@ -356,6 +378,7 @@ def rebuild(state: State) -> State:
     state.workers_by_ask = {}
     state.naming_by_beneficiary = {}
     state.explained_by_queue = {}
+    state.queued_by_shape = {}
     jobs = list(state.jobs.values())
     state.jobs.clear()
     for job in jobs:
@@ -366,7 +389,7 @@ def rebuild(state: State) -> State:
 def check(state: State) -> None:
     """Raise AssertionError, saying where, unless every index holds exactly what ``State.jobs``
     says it should: each queue's places in full sorted order, the asks' worker counts exactly;
-    by phase, node, beneficiary named and queue explained the same ids (their order is the
+    by phase, node, beneficiary named, queue explained and host shape the same ids (their order is the
     fold's history, which this cannot know)."""
     want = rebuild(State(jobs=dict(state.jobs)))
     problems = []
@@ -381,7 +404,13 @@ def check(state: State) -> None:
             problems.append(f"queued_by_queue[{queue}]: {(have_places or [])[:5]}, not {want_places[:5]}")
     if state.workers_by_ask != want.workers_by_ask:
         problems.append(f"workers_by_ask: {state.workers_by_ask}, not {want.workers_by_ask}")
-    for name in ("jobs_by_phase", "holding_by_node", "naming_by_beneficiary", "explained_by_queue"):
+    for name in (
+        "jobs_by_phase",
+        "holding_by_node",
+        "naming_by_beneficiary",
+        "explained_by_queue",
+        "queued_by_shape",
+    ):
         have_index: Index = getattr(state, name)
         want_index: Index = getattr(want, name)
         for key in sorted(have_index.keys() | want_index.keys()):

@@ -50,4 +50,6 @@ from __future__ import annotations
 # 11: a node's agent stopping its workers because it was told to (``NodeShutdown``) interrupts
 #    the jobs on the node without counting a restart, as a lost node does; a worker's exit must
 #    name a rank placed on the node that reports it.
-RULES = 11
+# 12: the fold keeps, per host shape (``indexes.host_shape``), the queued jobs of that shape
+#    (``projections/indexes.py``), so that admission judges the backlog shape by shape.
+RULES = 12

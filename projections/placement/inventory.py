@@ -17,20 +17,23 @@ With no node at all there is nothing to judge by (a cluster still starting, or e
 at once, which is an outage, not a job that is too big): every job passes.
 
 The inventory changes rarely and the same job shapes come back cycle after cycle, so the idle
-copy and the verdicts per shape are kept per thread while the inventory stays the same (as
-``quota.fold_ledger`` keeps its tree): the answer is the same as building them anew.
+copy and the verdicts per shape (``indexes.host_shape``) are kept per thread while the inventory
+stays the same (as ``quota.fold_ledger`` keeps its tree): the answer is the same as building them
+anew. The queued jobs are judged shape by shape from the fold's index of them
+(``State.queued_by_shape``, ``unhosted_queued``): a deep backlog of a few shapes costs a few
+look-ups, and only the jobs of shapes no node can host are walked.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from corral.events.base import Reason
 from corral.events.jobs import JobSpec
 from corral.events.nodes import NodeInventory
-from corral.projections import mig, quota
+from corral.projections import indexes, mig, quota
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Chain, Need, Request
 from corral.projections.placement.plugins.fragmentation import Workload
@@ -41,7 +44,10 @@ from corral.projections.placement.snapshot import GpuView, NodeView, Snapshot
 from corral.projections.state import GpuState, JobState, NodeState, State
 
 CODE = "no-node"  # the code of every reason given here: no node of the inventory can host the job
-MAX_VERDICTS = 4096  # shapes remembered per inventory; past that the memory starts again
+# Shapes remembered per inventory; past that the memory starts again. Every queued shape is asked
+# about every cycle (``unhosted_queued``), so this is kept well above the shapes a backlog holds:
+# one past it would judge every shape again each cycle.
+MAX_VERDICTS = 1 << 16
 MAX_SPECS = 1 << 20  # specs remembered per inventory, likewise
 
 # How far a worker got through the chain's filters on a node, by the code of the first no: the
@@ -67,7 +73,7 @@ class _Idle:
         config = stack.PlacerConfig(label_keys=label_keys)
         self.chain: Chain = stack.build(config, Fragmentation(Workload({})))
         self.label_keys = label_keys
-        self.verdicts: dict[Hashable, Reason | None] = {}  # by job shape
+        self.verdicts: dict[str, Reason | None] = {}  # by host shape (``indexes.host_shape``)
         # By the job's spec object (a job keeps its spec for life), cycle after cycle: a look-up
         # by its id costs less than building the shape's key. Every spec judged is kept alive
         # in ``specs``, so that no other object can take its id meanwhile. (The id shifted: the
@@ -117,9 +123,7 @@ class Inventory:
         return verdict
 
     def unhosted(self, jobs: Iterable[JobState]) -> list[tuple[JobState, Reason]]:
-        """``never_fits`` over many jobs: those no node could host, with why. (Walked every
-        cycle over every waiting job: the common answer, a spec already judged, is looked up
-        here without a call.)"""
+        """``never_fits`` over many jobs: those no node could host, with why."""
         if not self.nodes:
             return []
         known = (self._idle if self._idle is not None else self._built()).by_spec.get
@@ -135,18 +139,33 @@ class Inventory:
             out.append((job, why))
         return out
 
-    def _judged(self, idle: _Idle, job: JobState) -> Reason | None:
-        spec = job.spec
-        n = quota.min_replicas(spec)
-        selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
-        elastic = n < spec.replicas  # said in the reason: "at least n workers"
-        key = (spec.resources, selector, spec.topology, n, elastic)
+    def unhosted_queued(self, state: State) -> list[tuple[JobState, Reason]]:
+        """``unhosted`` over the queued jobs of ``state``, judged shape by shape
+        (``State.queued_by_shape``): each shape once per inventory, then only the jobs of the
+        shapes no node can host, shape by shape, each in the order it entered the queue."""
+        if not self.nodes:
+            return []
+        idle = self._idle if self._idle is not None else self._built()
+        jobs = state.jobs
+        out: list[tuple[JobState, Reason]] = []
+        for shape, ids in state.queued_by_shape.items():
+            why = idle.verdicts.get(shape, _UNJUDGED)
+            if why is _UNJUDGED:
+                why = self._judged(idle, jobs[next(iter(ids))], shape)
+            if why is not None:
+                out.extend((jobs[i], why) for i in ids)
+        return out
+
+    def _judged(self, idle: _Idle, job: JobState, shape: str | None = None) -> Reason | None:
+        key = indexes.host_shape(job.spec) if shape is None else shape
         try:
             return idle.verdicts[key]
         except KeyError:
             pass
+        spec = job.spec
+        n = quota.min_replicas(spec)
         req = replace(Request.of(job), replicas=n)
-        verdict = _judge(idle, req, elastic) if n > 0 else None
+        verdict = _judge(idle, req, n < spec.replicas) if n > 0 else None
         if len(idle.verdicts) >= MAX_VERDICTS:
             idle.verdicts.clear()
         idle.verdicts[key] = verdict

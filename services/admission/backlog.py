@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import islice
 from typing import overload
 
 from corral.projections.indexes import Place, place_of
@@ -68,9 +69,15 @@ class Backlog(Sequence[JobState]):
 
     def _walk(self) -> Iterator[JobState]:
         jobs, dropped, added = self._jobs, self._dropped, self._added
-        places: Iterator[Place] = iter(self._places)
-        if added:
-            places = heapq.merge(places, sorted(place_of(j) for j in added.values()))
+        if not added:  # the common case, read at the cost of a look-up a job
+            if not dropped:
+                return (jobs[place[2]] for place in self._places)
+            return (jobs[place[2]] for place in self._places if place[2] not in dropped)
+        return self._merged()
+
+    def _merged(self) -> Iterator[JobState]:
+        jobs, dropped, added = self._jobs, self._dropped, self._added
+        places = heapq.merge(self._places, sorted(place_of(j) for j in added.values()))
         for place in places:
             job_id = place[2]
             if job_id in dropped:
@@ -86,11 +93,7 @@ class Backlog(Sequence[JobState]):
         if self._rest is None:
             self._rest = self._walk()
             read.clear()
-        rest = self._rest
-        for job in rest:
-            read.append(job)
-            if len(read) >= n:
-                return
+        read.extend(islice(self._rest, n - len(read)))
 
     def __len__(self) -> int:
         return self._len
@@ -101,6 +104,10 @@ class Backlog(Sequence[JobState]):
     def __getitem__(self, i: slice) -> Sequence[JobState]: ...
     def __getitem__(self, i: int | slice) -> JobState | Sequence[JobState]:
         if isinstance(i, slice):
+            start, stop, step = i.start or 0, i.stop, i.step
+            if step is None and stop is not None and start >= 0 and stop >= 0:
+                self._upto(stop)  # a window at the front (lookahead): read only as far
+                return self._read[start:stop]
             return list(self)[i]
         if i < 0:
             i += self._len

@@ -184,8 +184,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         )
         waiting[job.spec.queue].add(as_queued)
         explained[job.spec.queue].append(as_queued)
-    queued = indexes.jobs_in(state, "queued")  # for ``_unhosted``, which still walks them all
-    unhosted = _unhosted(state, inventory, ledger, queued, waiting, explained, events)
+    unhosted = _unhosted(state, inventory, ledger, waiting, explained, events)
     nominated -= unhosted
 
     # 3. Order the backlog by fair share; 4. admit whole gangs while quota allows.
@@ -315,7 +314,6 @@ def _unhosted(
     state: State,
     inventory: Inventory,
     ledger: Ledger,
-    queued: list[JobState],
     waiting: _Waiting,
     explained: dict[str, list[JobState]],
     events: list[Event],
@@ -323,15 +321,16 @@ def _unhosted(
     """Withdraw the admissions of jobs no node can host any more, and take the waiting ones out
     of ``waiting`` and ``explained``, saying why they wait; returns the ids of both. Their quota
     stays charged in ``ledger`` this cycle: the fold gives it back, and the next cycle uses it.
-    (One pass over ``queued``, the State's queued jobs as the cycle found them, then the admitted
-    and stopped ones, in the order the fold keeps them, which is about the order they sit in
-    memory: a walk queue by queue costs several times more on a deep backlog. What it finds is
-    then taken in submission order.)"""
+    (The State's queued jobs are judged shape by shape, from the fold's index of them
+    (``Inventory.unhosted_queued``): a deep backlog is not walked, only the jobs of shapes no
+    node can host. Then the admitted and stopped ones, job by job. What it finds is taken in
+    submission order.)"""
     if inventory.empty:
         return set()
     out: set[str] = set()
     homeless: dict[str, dict[str, Reason]] = {}  # queue -> job -> why it waits
-    found = inventory.unhosted([*queued, *indexes.jobs_in(state, *_HOSTED_LATER)])
+    found = inventory.unhosted_queued(state)
+    found += inventory.unhosted(indexes.jobs_in(state, *_HOSTED_LATER))
     found.sort(key=lambda item: _SUBMISSION(item[0]))
     for job, why in found:
         if job.phase == "admitted":

@@ -218,8 +218,8 @@ class FairShareOrder:
         start = cur.pos + 1
         end = min(len(jobs), start + max(0, self._lookahead - cur.passes - 1))
         pos = start
-        while pos < end:
-            job_spec = jobs[pos].spec
+        for job in jobs[start:end]:  # one read of the window, not one per job
+            job_spec = job.spec
             res = job_spec.resources
             k = kind_of(res.gpus, res.gpu_milli, res.mig)
             if k == "mig" or k == "cpu":

@@ -11,7 +11,7 @@ import pytest
 
 from corral.events import subjects as subj
 from corral.events.base import Reason
-from corral.events.jobs import CancelJob, JobRejected
+from corral.events.jobs import CancelJob, JobRejected, ResizeJob
 from corral.events.nodes import NodeInventory
 from corral.events.queues import ApplyQueue, ApplyRetention, DeleteQueue, QueueSpec, Quota, RetentionSpec
 from corral.projections import indexes
@@ -206,6 +206,9 @@ def test_rebuild_makes_the_indexes_of_the_jobs_in_their_order() -> None:
             lambda s: s.naming_by_beneficiary.setdefault("b", {}).update(a=None), id="a name not given"
         ),
         pytest.param(lambda s: s.explained_by_queue.setdefault("team-a", {}).update(a=None), id="no reason"),
+        pytest.param(
+            lambda s: s.queued_by_shape.setdefault("[]", {}).update(b=None), id="a shape not queued"
+        ),
     ],
 )
 def test_check_says_where_an_index_differs_from_the_jobs(spoil: Any) -> None:
@@ -215,6 +218,25 @@ def test_check_says_where_an_index_differs_from_the_jobs(spoil: Any) -> None:
     spoil(state)
     with pytest.raises(AssertionError, match="indexes differ"):
         indexes.check(state)
+
+
+def test_queued_jobs_are_indexed_by_host_shape_and_a_resize_moves_theirs() -> None:
+    elastic = job().gpus(8).replicas(4, minimum=2)
+    log = (
+        base().submit("alice", "a", elastic).submit("alice", "b", elastic).submit("alice", "c", job().gpus(1))
+    )
+    state = log.accept("a").accept("b").accept("c").fold()
+    wide, one = indexes.host_shape(state.jobs["a"].spec), indexes.host_shape(state.jobs["c"].spec)
+    assert state.queued_by_shape == {wide: {"a": None, "b": None}, one: {"c": None}}
+    # Down to its minimum, "b" is no longer elastic, which the reason a shape gives says.
+    state = log.request("alice", "resize", ResizeJob(job_id="b", replicas=2)).fold()
+    rigid = indexes.host_shape(state.jobs["b"].spec)
+    assert rigid != wide
+    assert state.queued_by_shape == {wide: {"a": None}, rigid: {"b": None}, one: {"c": None}}
+    indexes.check(state)
+    state = log.admit("c").fold()
+    assert state.queued_by_shape == {wide: {"a": None}, rigid: {"b": None}}
+    indexes.check(state)
 
 
 def test_letting_finished_jobs_go_keeps_the_indexes() -> None:

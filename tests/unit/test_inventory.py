@@ -192,3 +192,19 @@ def test_a_node_registering_again_with_fewer_gpus_is_judged_anew() -> None:
     lb.node("n", type(inv)(inv.cpu_milli, inv.memory_mib, inv.gpus[:4]))
     why = never_fits(lb.fold(), wide)
     assert why is not None and "needs 8 GPUs per worker; the largest node has 4" in why.message
+
+
+def test_the_queued_jobs_are_judged_shape_by_shape_as_job_by_job() -> None:
+    """``unhosted_queued`` reads the fold's jobs per host shape: it finds what a job-by-job walk
+    of the queued jobs finds, with the same reasons, for jobs of every case twice over."""
+    log = LogBuilder().nodes(MIXED).queue("team-a")
+    for name, spec, _ in CASES:
+        for copy in ("a", "b"):
+            log.submit("alice", f"{name}-{copy}", spec).accept(f"{name}-{copy}")
+    state = log.fold()
+    queued = [j for j in state.jobs.values() if j.phase == "queued"]
+    assert len(queued) == 2 * len(CASES)
+    by_shape = {j.id: why for j, why in Inventory(state).unhosted_queued(state)}
+    by_job = {j.id: why for j in queued if (why := never_fits(state, j)) is not None}
+    assert by_shape == by_job
+    assert {i.rsplit("-", 1)[0] for i in by_shape} == {name for name, _, want in CASES if want is not None}

@@ -51,7 +51,7 @@ and the FGD functions directly, the live placer through ``SharedGpuReserve`` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from corral.events.decisions import GpuClaim
@@ -78,27 +78,57 @@ POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fgd", "corral")
 
 # The balance term only orders nodes FGD scores the same: it stays well inside one score step.
 BALANCE_SCALE = 1e10
+# A milli-GPU of a shared GPU's tightness outweighs any balance (a few 1e5 milli-CPU at most),
+# and 1000 of them stay a tenth of a score step.
+TIGHT_STEP = 1e6
 
 
-def balance(cpu_after: int, gpu_after: int, kappa: float, gpu_task: bool, cpu_milli: int = 0) -> float:
+def balance(
+    cpu_after: int,
+    gpu_after: int,
+    kappa: float,
+    gpu_task: bool,
+    cpu_milli: int = 0,
+    mem_after: int | None = None,
+    mu: float = 0.0,
+) -> float:
     """corral's tie-break, larger is better. ``kappa``: milli-CPU a free milli-GPU can expect
     (``kappa_of``); ``gpu_after``: the node's free milli-GPU after the task; ``cpu_milli``: a
-    CPU-only task's CPU.
+    CPU-only task's CPU; ``mem_after``: the node's free memory (MiB) after the task and ``mu``
+    the MiB a free milli-GPU can expect (``memory_per_gpu``; 0: memory is not weighed).
 
-    A GPU task: how far the node's free CPU ends from what its free GPUs will need. A CPU-only
-    task, in this order: the node's free GPU (fewest first: a task's CPU can strand at most the
-    GPUs beside it, and none beside a full node's), then the CPU it takes that those GPUs will
-    need (least first), then the CPU they will not need (least first, so large spares stay whole
-    for large tasks). Fewest GPUs comes before least CPU taken because the CPU a node keeps for
-    its GPUs is not a smooth quantity: a whole 8-GPU node that gives up a few cores to a CPU-only
-    task can no longer take an 8-GPU task that asks for nearly all of its CPU, and taking the
-    least CPU first spreads CPU-only tasks over exactly those whole nodes."""
+    A GPU task: how far the node's free CPU ends from what its free GPUs will need, plus how far
+    its free memory falls short of what they will need (in milli-CPU: ``kappa / mu`` per MiB).
+    Only a shortfall of memory counts: the cluster has about twice the memory per GPU its tasks
+    ask, so memory beyond the GPUs' need is not stranded, and weighing it both ways sent
+    memory-light tasks to memory-rich nodes at the CPU balance's expense; but a node with little
+    memory per GPU (the trace's 8-GPU G2 nodes have 48 GiB a GPU) filled with memory-heavy tasks
+    keeps whole GPUs no task can take. A CPU-only task, in this order: the node's free GPU
+    (fewest first: a task's CPU can strand at most the GPUs beside it, and none beside a full
+    node's), then the CPU it takes that those GPUs will need (least first), then the CPU they
+    will not need (least first, so large spares stay whole for large tasks). Fewest GPUs comes
+    before least CPU taken because the CPU a node keeps for its GPUs is not a smooth quantity: a
+    whole 8-GPU node that gives up a few cores to a CPU-only task can no longer take an 8-GPU
+    task that asks for nearly all of its CPU, and taking the least CPU first spreads CPU-only
+    tasks over exactly those whole nodes."""
     surplus = cpu_after - kappa * gpu_after
     if gpu_task:
-        return -abs(surplus)
+        short = 0.0
+        if mem_after is not None and mu > 0:
+            short = max(mu * gpu_after - mem_after, 0.0) * kappa / mu
+        return -abs(surplus) - short
     taken = min(max(-surplus, 0.0), float(cpu_milli))
     spare = max(surplus + cpu_milli, 0.0)
     return -(gpu_after * 1e4 + taken + spare * 1e-3)
+
+
+def tightness(gpu_free: int) -> float:
+    """corral's first tie-break for a shared task: the free milli-GPU of the GPU it shares, least
+    first (larger is better). Among nodes FGD scores the same, the slice goes where it fills a GPU
+    most (best fit over the whole cluster, not only within the node), so fewer GPUs are left part
+    used; what is left of them at the end is the leftover no task fits in, and most of what a
+    packed cluster does not allocate. Ahead of the balance, which only orders equal fits."""
+    return -gpu_free * TIGHT_STEP
 
 
 def corral_score(
@@ -109,35 +139,53 @@ def corral_score(
     kappa: float,
     gpu_task: bool,
     cpu_milli: int = 0,
+    mem_after: int | None = None,
+    mu: float = 0.0,
+    shared_on: int | None = None,
 ) -> float:
-    tie = balance(cpu_after, gpu_after, kappa, gpu_task, cpu_milli)
+    """FGD's score, then corral's tie-breaks: for a shared task the tightness of the GPU it
+    shares (``shared_on``: that GPU's free milli-GPU before the task), then the balance."""
+    tie = balance(cpu_after, gpu_after, kappa, gpu_task, cpu_milli, mem_after, mu)
+    if shared_on is not None:
+        tie += tightness(shared_on)
     return fgd_score(before, after) + tie / BALANCE_SCALE
 
 
 def corral_choice(
-    table: FragTable, kappa: float, cpu_free: int, gpu_free: Sequence[int], shape: TaskShape, before: float
+    table: FragTable,
+    kappa: float,
+    cpu_free: int,
+    gpu_free: Sequence[int],
+    shape: TaskShape,
+    before: float,
+    mem_after: int | None = None,
+    mu: float = 0.0,
 ) -> tuple[float, tuple[int, ...]]:
-    """corral's score for ``shape`` on a node (which must fit) and the GPUs it takes there."""
+    """corral's score for ``shape`` on a node (which must fit) and the GPUs it takes there.
+    ``mem_after``: the node's free memory once the task is on it (None: not weighed)."""
     cpu_after = cpu_free - shape.cpu_milli
     left = sum(gpu_free) - shape.gpu_milli * shape.gpus
     if kind_of(shape.gpus, shape.gpu_milli, None) == "fraction":
-        best: tuple[int, int] | None = None
+        best: tuple[float, int] | None = None
         where = -1
+        after = 0.0
         for i, g in enumerate(gpu_free):
             if g >= shape.gpu_milli:
-                key = (
-                    fgd_score(before, fragment(table, cpu_after, take_shared(gpu_free, i, shape.gpu_milli))),
-                    -g,
-                )
+                frag_after = fragment(table, cpu_after, take_shared(gpu_free, i, shape.gpu_milli))
+                key = (fgd_score(before, frag_after), -g)
                 if best is None or key > best:
-                    best, where = key, i
+                    best, where, after = key, i, frag_after
         assert best is not None
-        return best[0] + balance(cpu_after, left, kappa, True) / BALANCE_SCALE, (where,)
+        score = corral_score(
+            before, after, cpu_after, left, kappa, True, mem_after=mem_after, mu=mu, shared_on=gpu_free[where]
+        )
+        return score, (where,)
     if shape.gpus == 0 or shape.gpu_milli == 0:
         after = fragment(table, cpu_after, gpu_free)
         return corral_score(before, after, cpu_after, left, kappa, False, shape.cpu_milli), ()
     free_after, chosen = take_whole(gpu_free, shape.gpus)
-    return corral_score(before, fragment(table, cpu_after, free_after), cpu_after, left, kappa, True), chosen
+    after = fragment(table, cpu_after, free_after)
+    return corral_score(before, after, cpu_after, left, kappa, True, mem_after=mem_after, mu=mu), chosen
 
 
 def workload_of(state: State) -> Workload:
@@ -145,6 +193,10 @@ def workload_of(state: State) -> Workload:
     every job not yet finished, weighted by their worker count. Derived from the state each
     cycle, so every replica of the placer agrees on it. It costs a look at every unfinished job
     (queued ones included: they are the workload to come), none at a finished one."""
+    return _workload(_unfinished_asks(state))
+
+
+def _unfinished_asks(state: State) -> dict[Resources, int]:
     # A deep backlog asks for a few kinds of worker many times over: workers are counted per
     # kind of ask first, and each kind is read once (whole counts: the sums are exact).
     asks: dict[Resources, int] = {}
@@ -155,6 +207,10 @@ def workload_of(state: State) -> Workload:
             spec = jobs[job_id].spec
             res = spec.resources
             asks[res] = asks.get(res, 0) + max(1, spec.replicas)
+    return asks
+
+
+def _workload(asks: dict[Resources, int]) -> Workload:
     counts: dict[TaskShape, float] = {}
     for res, workers in asks.items():
         shape = _task_shape(res)
@@ -163,6 +219,18 @@ def workload_of(state: State) -> Workload:
     # The scores sum over the shapes in this order: one that depends on the shapes alone, not on
     # the order the jobs are found in.
     return Workload(dict(sorted(counts.items(), key=_shape_order)))
+
+
+def memory_per_gpu(asks: Iterable[tuple[int, int, float]]) -> float:
+    """MiB a free milli-GPU can expect: the memory GPU tasks ask per milli-GPU they ask. ``asks``:
+    (memory MiB, milli-GPU in all, how many) per task kind; CPU-only tasks (0 milli-GPU) do not
+    count, as in ``kappa_of``. 0 when no task asks for a GPU (memory is then not weighed)."""
+    mem = gpu = 0.0
+    for memory, milli, n in asks:
+        if milli > 0:
+            mem += n * memory
+            gpu += n * milli
+    return mem / gpu if gpu > 0 else 0.0
 
 
 def _task_shape(res: Resources) -> TaskShape | None:
@@ -211,11 +279,13 @@ def cluster_cpu_per_gpu(state: State) -> float | None:
 
 
 class Fragmentation:
-    """A cycle's workload, its per-model tables and kappa, computed once per cycle."""
+    """A cycle's workload, its per-model tables, kappa and mu (``memory_per_gpu``), computed
+    once per cycle."""
 
-    def __init__(self, workload: Workload, cpu_per_gpu: float | None = None) -> None:
+    def __init__(self, workload: Workload, cpu_per_gpu: float | None = None, mu: float = 0.0) -> None:
         self.workload = workload
         self.kappa = kappa_of(workload, cpu_per_gpu)
+        self.mu = mu
 
     def view(self, node: NodeView, req: Request) -> tuple[FragTable, list[GpuView]]:
         """The node as the fragmentation measure sees it: its non-MIG healthy GPUs of the first
@@ -228,7 +298,10 @@ class Fragmentation:
 
 def fragmentation_of(state: State) -> Fragmentation:
     """The live placer's cycle measure: the state's workload against the state's cluster."""
-    return Fragmentation(workload_of(state), cluster_cpu_per_gpu(state))
+    asks = _unfinished_asks(state)
+    # MIG workers have no milli-GPU share (``Shape.gpu_milli`` is 0): they do not count.
+    mu = memory_per_gpu((r.memory_mib, Shape.of(r).gpu_milli, n) for r, n in asks.items())
+    return Fragmentation(_workload(asks), cluster_cpu_per_gpu(state), mu)
 
 
 class SharedGpuReserve:
@@ -300,6 +373,10 @@ class PackingScore:
         frag_after = fragment(table, node.cpu_free - need.cpu, after)
         if self.policy == "fgd":
             return float(fgd_score(before, frag_after))
+        shared_on = None
+        if need.kind == "fraction":
+            # The shared GPU's free milli-GPU before the task (the GPU reserve picked it in the view).
+            shared_on = next((f for f, g in zip(free, view, strict=True) if g.index == gpus[0].gpu), None)
         return corral_score(
             before,
             frag_after,
@@ -308,4 +385,7 @@ class PackingScore:
             self.frag.kappa,
             need.kind != "cpu",
             need.cpu,
+            node.mem_free - need.memory,
+            self.frag.mu,
+            shared_on,
         )

@@ -168,6 +168,12 @@ def typical_workload(pods: Iterable[Pod]) -> Workload:
     return Workload.typical(counts, 95.0, 1)
 
 
+def memory_per_gpu(pods: Iterable[Pod]) -> float:
+    """MiB per milli-GPU the pod list's GPU pods ask (corral's ``mu``), from the original pods as
+    the target workload is."""
+    return packing.memory_per_gpu((p.memory_mib, p.gpu_milli_total, 1) for p in pods)
+
+
 def build_state(nodes: Sequence[TraceNode]) -> State:
     """The trace's cluster as corral's state: each node registered through the fold, whole GPUs of
     one model each."""
@@ -250,7 +256,8 @@ def _corral(r: Replay, b: _Bucket, s: TaskShape) -> Choice:
     table = r.tables[b.key[0]]
     if b.frag is None:
         b.frag = fragment(table, b.key[1], b.key[3])
-    return packing.corral_choice(table, r.kappa, b.key[1], b.key[3], r.frag_shape(s), b.frag)
+    mem_after = b.key[2] - r.asking_memory
+    return packing.corral_choice(table, r.kappa, b.key[1], b.key[3], r.frag_shape(s), b.frag, mem_after, r.mu)
 
 
 SCORERS: dict[str, Scorer] = {
@@ -301,6 +308,7 @@ class Replay:
         workload: Workload,
         rng: random.Random,
         verify: bool = False,
+        mu: float = 0.0,
     ) -> None:
         if policy not in SCORERS:
             raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -328,6 +336,10 @@ class Replay:
         self.capacity = sum(n.gpus for n in nodes) * WHOLE
         self.used = 0
         self.kappa = packing.kappa_of(workload, sum(self.cpu) / self.capacity)
+        self.mu = mu
+        # The memory of the pod being scored (scores are kept per shape and memory, and a
+        # scorer sees the shape only; corral weighs the memory a node keeps for its GPUs).
+        self.asking_memory = 0
         self.shape_ids: dict[tuple[TaskShape, int], int] = {}
         self.scores: list[dict[_Bucket, float]] = []
         self.choices: list[dict[_Bucket, tuple[int, ...] | None]] = []
@@ -361,6 +373,7 @@ class Replay:
         computed the first time the shape meets it and stays valid while the bucket lives (its
         state cannot change; a node that changes moves to another bucket).
         """
+        self.asking_memory = pod.memory_mib
         sid = self.shape_ids.setdefault((pod.shape, pod.memory_mib), len(self.shape_ids))
         if sid == len(self.scores):
             self.scores.append({})
@@ -488,7 +501,8 @@ def replay(
         order = order[:limit]
     # The order's random draws are done; ties continue the same seeded sequence in a fresh source
     # so that every policy sees the same arrivals for a seed.
-    r = Replay(nodes, policy, typical_workload(pods), random.Random(seed * 1_000_003 + 1), verify)
+    rng = random.Random(seed * 1_000_003 + 1)
+    r = Replay(nodes, policy, typical_workload(pods), rng, verify, memory_per_gpu(pods))
     arrived, placed = 0, 0
     events: list[tuple[int, int]] = []
     for pod in order:

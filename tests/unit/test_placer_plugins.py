@@ -37,6 +37,7 @@ from corral.projections.placement.plugins.labels import LabelsFilter
 from corral.projections.placement.plugins.mig import MigReserve
 from corral.projections.placement.plugins.model import ModelFilter
 from corral.projections.placement.plugins.packing import (
+    BALANCE_SCALE,
     Fragmentation,
     PackingScore,
     SharedGpuReserve,
@@ -45,6 +46,8 @@ from corral.projections.placement.plugins.packing import (
     corral_choice,
     fragmentation_of,
     kappa_of,
+    memory_per_gpu,
+    tightness,
 )
 from corral.projections.placement.plugins.topology import IslandScore, WholeGpusReserve, levels
 from corral.projections.placement.snapshot import NodeView, Snapshot
@@ -439,6 +442,46 @@ def test_corral_balance(
     assert balance(cpu, gpu, kappa, gpu_task, cpu_milli) == pytest.approx(want)
 
 
+# A GPU task's balance weighs the memory its node keeps for its free GPUs: mu MiB a milli-GPU
+# (40 here), a shortfall counted in milli-CPU at kappa / mu a MiB, a surplus not at all.
+MEMORY_BALANCE = [
+    pytest.param(12_000, 1000, 40_000, 40.0, 0.0, id="memory-as-the-free-gpu-needs"),
+    pytest.param(12_000, 1000, 300_000, 40.0, 0.0, id="spare-memory-is-not-stranded"),
+    pytest.param(12_000, 1000, 20_000, 40.0, -20_000 * 12.0 / 40.0, id="memory-short-of-the-free-gpu"),
+    pytest.param(0, 0, 0, 40.0, 0.0, id="no-free-gpu-needs-no-memory"),
+    pytest.param(20_000, 1000, 0, 40.0, -8000.0 - 40_000 * 12.0 / 40.0, id="cpu-and-memory-both-count"),
+    pytest.param(12_000, 1000, 0, 0.0, 0.0, id="mu-0-memory-not-weighed"),
+]
+
+
+@pytest.mark.parametrize(("cpu", "gpu", "mem", "mu", "want"), MEMORY_BALANCE)
+def test_corral_balance_memory(cpu: int, gpu: int, mem: int, mu: float, want: float) -> None:
+    assert balance(cpu, gpu, 12.0, True, 0, mem, mu) == pytest.approx(want)
+    # A CPU-only task's order does not read memory.
+    assert balance(cpu, gpu, 12.0, False, 4000, mem, mu) == balance(cpu, gpu, 12.0, False, 4000)
+
+
+MEMORY_PER_GPU = [
+    pytest.param([(4096, 1000, 2), (2048, 500, 2)], (8192 + 4096) / 3000, id="gpu-tasks-weighted-by-count"),
+    pytest.param([(4096, 1000, 1), (65_536, 0, 10)], 4.096, id="cpu-only-tasks-do-not-count"),
+    pytest.param([(65_536, 0, 10)], 0.0, id="no-gpu-task-not-weighed"),
+    pytest.param([], 0.0, id="empty"),
+]
+
+
+@pytest.mark.parametrize(("asks", "want"), MEMORY_PER_GPU)
+def test_memory_per_gpu(asks: list[tuple[int, int, float]], want: float) -> None:
+    assert memory_per_gpu(asks) == pytest.approx(want)
+
+
+def test_tightness_orders_shared_gpus_least_free_first_and_outweighs_balance() -> None:
+    assert tightness(200) > tightness(500) > tightness(1000)
+    # One milli-GPU of tightness is worth more than the worst balance a node can have, and a
+    # whole GPU of it stays inside one FGD score step.
+    assert tightness(500) - tightness(501) > -balance(0, 8000, 12.0, True, 0, 0, 40.0)
+    assert (tightness(0) - tightness(1000)) / BALANCE_SCALE < 1.0
+
+
 def test_corral_cpu_task_goes_beside_no_free_gpu_then_fits_spare_cpu() -> None:
     # The same CPU-only task on three nodes FGD scores the same: beside no free GPU first, then the
     # node whose spare CPU (beyond its free GPU's need) it fits tightest.
@@ -554,6 +597,16 @@ CHOICES = [
         (27_000, (1000, 1000, 1000)),
         id="cpu-short-cluster-gpu-task-keeps-only-what-a-gpu-can-expect",
     ),
+    # A 300-milli slice fills a 500-free GPU and a 600-free one equally in FGD's eyes (both stay
+    # a fragment for the whole-GPU tasks): the tighter one wins, though the other node's CPU
+    # would stay exactly as its free GPU needs.
+    pytest.param(
+        TaskShape(1_000, 300, 1),
+        12.0,
+        (50_000, (500,)),
+        (4_600, (600,)),
+        id="shared-task-fills-the-tightest-gpu-before-balance",
+    ),
 ]
 
 
@@ -565,6 +618,41 @@ def test_corral_choice(
     a, b = corral_on(table, kappa, task, *win), corral_on(table, kappa, task, *lose)
     assert round(a) == round(b), "FGD must score both the same for the tie-break to decide"
     assert a > b
+
+
+# Which of two nodes with the same free CPU and GPUs a whole-GPU task goes to, by the memory each
+# keeps once it is there (mu 40 MiB a milli-GPU: the two GPUs left need 80,000).
+MEMORY_CHOICES = [
+    pytest.param(100_000, 20_000, id="keeps-memory-for-the-free-gpus"),
+    pytest.param(80_000, 79_000, id="any-shortfall-counts"),
+]
+
+
+@pytest.mark.parametrize(("win", "lose"), MEMORY_CHOICES)
+def test_corral_choice_memory(win: int, lose: int) -> None:
+    table = Workload({TaskShape(3_000, 1000, 1): 1.0}).table("T4")
+    task, gpus, cpu = TaskShape(3_000, 1000, 1), (1000, 1000, 1000), 27_000
+    before = fragment(table, cpu, gpus)
+    a = corral_choice(table, 12.0, cpu, gpus, task, before, win, 40.0)[0]
+    b = corral_choice(table, 12.0, cpu, gpus, task, before, lose, 40.0)[0]
+    assert round(a) == round(b) and a > b
+    # Without mu the memory is not weighed: both score the same.
+    no_mu = corral_choice(table, 12.0, cpu, gpus, task, before, lose)[0]
+    assert no_mu == corral_choice(table, 12.0, cpu, gpus, task, before, win)[0] == a
+
+
+def test_live_corral_score_weighs_tightness_and_memory() -> None:
+    # The live placer's score ranks as ``corral_choice`` does: a shared task on the tighter GPU,
+    # a whole-GPU task where memory stays for the free GPUs.
+    f = Fragmentation(Workload({TaskShape(1000, 1000, 1): 1.0}), mu=40.0)
+    score = PackingScore("corral", f).score
+    shared = req(milli=300, cpu=1000, mem=1024)
+    tight, loose = N(gpus=1, cpu=50_000).used(0, 500).view(), N(gpus=1, cpu=4_600).used(0, 400).view()
+    assert score(shared, tight, (GpuClaim(0, milli=300),)) > score(shared, loose, (GpuClaim(0, milli=300),))
+    whole = req(cpu=12_000, mem=1024)
+    roomy, short = N(gpus=2, cpu=24_000, mem=200_000).view(), N(gpus=2, cpu=24_000, mem=21_000).view()
+    a, b = score(whole, roomy, (GpuClaim(0),)), score(whole, short, (GpuClaim(0),))
+    assert round(a) == round(b) and a > b
 
 
 # -- fragmentation --------------------------------------------------------------------------------

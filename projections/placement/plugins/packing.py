@@ -6,13 +6,19 @@ Named policies, chosen by the placer's configuration:
 - ``spread``: the emptiest first (keeps load and failure impact even).
 - ``fgd``: Fragmentation Gradient Descent as published (Weng et al., ATC'23): the node whose
   expected fragmentation grows least, on the integer 0..100 sigmoid scale of the paper's plugin.
-- ``corral``: FGD's score first, then resource balance. Among nodes FGD scores the same (its
-  integer scale ties many), keep each node's free CPU in proportion to its free GPU, ``kappa``
-  milli-CPU per milli-GPU being what a free GPU can expect (``kappa_of``):
+- ``corral``: FGD's score first, then corral's tie-breaks among nodes FGD scores the same (its
+  integer scale ties many): a shared task's tightest GPU, then resource balance, keeping each
+  node's free CPU and memory in proportion to its free GPU, ``kappa`` milli-CPU and ``mu`` MiB
+  per milli-GPU being what a free GPU can expect (``kappa_of``, ``memory_per_gpu``):
 
+  - a shared task goes where the GPU it shares has the least free milli-GPU (best fit over the
+    whole cluster; within a node it already took FGD's best GPU, the tightest among equals), so
+    fewer GPUs are left part used.
   - a GPU task goes where the node's remaining CPU stays closest to ``kappa`` times its remaining
-    free GPU. Neither CPU-starved GPUs (idle for want of CPU) nor CPU-rich nodes filled with
-    CPU-light tasks (their CPU lost to the CPU-heavy ones) are made.
+    free GPU and its memory falls least short of ``mu`` times it. Neither CPU-starved GPUs (idle
+    for want of CPU) nor CPU-rich nodes filled with CPU-light tasks (their CPU lost to the
+    CPU-heavy ones) are made, nor GPUs beside memory that is gone. Memory beyond the GPUs' need
+    does not count: the trace's cluster has about twice the memory per GPU its tasks ask.
   - a CPU-only task goes beside the fewest free GPUs first (its CPU can strand at most those, and
     none beside a full node's), then takes the least of the CPU those GPUs will need (``kappa``
     times them), then goes into the tightest spare, so that large spares stay whole for large
@@ -29,20 +35,25 @@ Named policies, chosen by the placer's configuration:
   in its target workload: on the cpu300 list it has no multi-GPU shape, so it does not see a
   CPU-only task take the cores an 8-GPU task needs from a whole node. Taking the least reserved
   CPU first put one CPU-only task on every whole 8-GPU node (a few cores each); going beside the
-  fewest free GPUs first leaves them whole.
+  fewest free GPUs first leaves them whole. FGD does not see memory at all.
 
-  On the Alibaba trace (``corral sim --trace alibaba``, seeds 42..51, GPU allocation at 130 %
-  demand; corral against FGD in the same replay, mean margin and worst seed): default list
-  95.74 against 95.41 (+0.34, worst +0.20, every seed ahead; 95.39 published). On the artifact's
-  family (``--variant all``) corral is ahead on every seed of cpu0..cpu235, cpu300 (+0.53, worst
-  +0.30; was -0.76 and behind on every seed), gpushare20..100 and gpuspec10..33. Not on every
-  seed: cpu250 (+0.10, 6 of 10, worst -0.21), gpuspec05 (+0.20, 8 of 10, worst -0.11) and the
-  multigpu lists (-0.02..+0.02, 4 to 6 of 10, worst -0.12..-0.21). On the multigpu lists CPU
-  is not short and what is left at the end is fractional leftovers of shared GPUs; corral's
-  tie-break is noise of about 0.2 either way there, and bin-packing multi-GPU tasks, a coarser
-  balance or FGD's unrounded fragmentation as the tie-break did not change that (the last lost
-  0.4 on the default list). cpu250 sits where CPU just becomes short (FGD drops 1.7 points from
-  cpu235); the cap on kappa helps there on some seeds and not others.
+  Multi-GPU tasks are not what the multigpu lists turn on: FGD and corral both take a node's
+  lowest-indexed free GPUs for them and score the node by fragmentation alike, and by the end
+  whole GPUs have run out under either. What a packed cluster leaves unallocated there is the
+  leftover of part-used GPUs (mostly 190 milli-GPU beside the list's most common 810-milli
+  slices, the same under both) and whole GPUs beside memory or CPU that is gone: with the CPU
+  balance alone corral left 18 to 20 such GPUs where FGD left 10 to 14 (8-GPU G2 nodes have
+  48 GiB a GPU, filled by memory-heavy tasks), and it broke FGD's ties on slices by CPU only.
+  The memory term and the tightest GPU took those back.
+
+  On the Alibaba trace (seeds 42..51, GPU allocation at 130 % demand; corral minus FGD in the
+  same replay: mean, worst seed, seeds ahead): default +0.38, +0.26, 10 of 10 (95.78 against
+  95.41; 95.39 published); cpu300 +0.38, +0.20, 10; gpuspec05 +0.31, +0.02, 10 (was 8);
+  gpushare100 +0.37, +0.16, 10; cpu250 +0.15, -0.07, 8 (was 6); multigpu20 +0.15, -0.08, 8
+  (was 6); multigpu30 +0.09, -0.02, 7 (one tie; was 4); multigpu40 +0.09, -0.05, 8 (was 4);
+  multigpu50 +0.12, -0.02, 9 (was 4). The seeds still behind lose by 0.02 to 0.08, a few GPUs.
+  cpu250 sits where CPU just becomes short (FGD drops 1.7 points from cpu235); the cap on kappa
+  helps there on some seeds and not others.
   Within a node a shared task takes the GPU with the best FGD score, the tightest among equals.
 
 The fragmentation arithmetic is ``fragmentation.py``; the trace simulator calls ``corral_choice``
@@ -51,7 +62,7 @@ and the FGD functions directly, the live placer through ``SharedGpuReserve`` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from corral.events.decisions import GpuClaim
@@ -78,27 +89,57 @@ POLICIES: tuple[Policy, ...] = ("binpack", "spread", "fgd", "corral")
 
 # The balance term only orders nodes FGD scores the same: it stays well inside one score step.
 BALANCE_SCALE = 1e10
+# A milli-GPU of a shared GPU's tightness outweighs any balance (a few 1e5 milli-CPU at most),
+# and 1000 of them stay a tenth of a score step.
+TIGHT_STEP = 1e6
 
 
-def balance(cpu_after: int, gpu_after: int, kappa: float, gpu_task: bool, cpu_milli: int = 0) -> float:
+def balance(
+    cpu_after: int,
+    gpu_after: int,
+    kappa: float,
+    gpu_task: bool,
+    cpu_milli: int = 0,
+    mem_after: int | None = None,
+    mu: float = 0.0,
+) -> float:
     """corral's tie-break, larger is better. ``kappa``: milli-CPU a free milli-GPU can expect
     (``kappa_of``); ``gpu_after``: the node's free milli-GPU after the task; ``cpu_milli``: a
-    CPU-only task's CPU.
+    CPU-only task's CPU; ``mem_after``: the node's free memory (MiB) after the task and ``mu``
+    the MiB a free milli-GPU can expect (``memory_per_gpu``; 0: memory is not weighed).
 
-    A GPU task: how far the node's free CPU ends from what its free GPUs will need. A CPU-only
-    task, in this order: the node's free GPU (fewest first: a task's CPU can strand at most the
-    GPUs beside it, and none beside a full node's), then the CPU it takes that those GPUs will
-    need (least first), then the CPU they will not need (least first, so large spares stay whole
-    for large tasks). Fewest GPUs comes before least CPU taken because the CPU a node keeps for
-    its GPUs is not a smooth quantity: a whole 8-GPU node that gives up a few cores to a CPU-only
-    task can no longer take an 8-GPU task that asks for nearly all of its CPU, and taking the
-    least CPU first spreads CPU-only tasks over exactly those whole nodes."""
+    A GPU task: how far the node's free CPU ends from what its free GPUs will need, plus how far
+    its free memory falls short of what they will need (in milli-CPU: ``kappa / mu`` per MiB).
+    Only a shortfall of memory counts: the cluster has about twice the memory per GPU its tasks
+    ask, so memory beyond the GPUs' need is not stranded, and weighing it both ways sent
+    memory-light tasks to memory-rich nodes at the CPU balance's expense; but a node with little
+    memory per GPU (the trace's 8-GPU G2 nodes have 48 GiB a GPU) filled with memory-heavy tasks
+    keeps whole GPUs no task can take. A CPU-only task, in this order: the node's free GPU
+    (fewest first: a task's CPU can strand at most the GPUs beside it, and none beside a full
+    node's), then the CPU it takes that those GPUs will need (least first), then the CPU they
+    will not need (least first, so large spares stay whole for large tasks). Fewest GPUs comes
+    before least CPU taken because the CPU a node keeps for its GPUs is not a smooth quantity: a
+    whole 8-GPU node that gives up a few cores to a CPU-only task can no longer take an 8-GPU
+    task that asks for nearly all of its CPU, and taking the least CPU first spreads CPU-only
+    tasks over exactly those whole nodes."""
     surplus = cpu_after - kappa * gpu_after
     if gpu_task:
-        return -abs(surplus)
+        short = 0.0
+        if mem_after is not None and mu > 0:
+            short = max(mu * gpu_after - mem_after, 0.0) * kappa / mu
+        return -abs(surplus) - short
     taken = min(max(-surplus, 0.0), float(cpu_milli))
     spare = max(surplus + cpu_milli, 0.0)
     return -(gpu_after * 1e4 + taken + spare * 1e-3)
+
+
+def tightness(gpu_free: int) -> float:
+    """corral's first tie-break for a shared task: the free milli-GPU of the GPU it shares, least
+    first (larger is better). Among nodes FGD scores the same, the slice goes where it fills a GPU
+    most (best fit over the whole cluster, not only within the node), so fewer GPUs are left part
+    used; what is left of them at the end is the leftover no task fits in, and most of what a
+    packed cluster does not allocate. Ahead of the balance, which only orders equal fits."""
+    return -gpu_free * TIGHT_STEP
 
 
 def corral_score(
@@ -109,35 +150,53 @@ def corral_score(
     kappa: float,
     gpu_task: bool,
     cpu_milli: int = 0,
+    mem_after: int | None = None,
+    mu: float = 0.0,
+    shared_on: int | None = None,
 ) -> float:
-    tie = balance(cpu_after, gpu_after, kappa, gpu_task, cpu_milli)
+    """FGD's score, then corral's tie-breaks: for a shared task the tightness of the GPU it
+    shares (``shared_on``: that GPU's free milli-GPU before the task), then the balance."""
+    tie = balance(cpu_after, gpu_after, kappa, gpu_task, cpu_milli, mem_after, mu)
+    if shared_on is not None:
+        tie += tightness(shared_on)
     return fgd_score(before, after) + tie / BALANCE_SCALE
 
 
 def corral_choice(
-    table: FragTable, kappa: float, cpu_free: int, gpu_free: Sequence[int], shape: TaskShape, before: float
+    table: FragTable,
+    kappa: float,
+    cpu_free: int,
+    gpu_free: Sequence[int],
+    shape: TaskShape,
+    before: float,
+    mem_after: int | None = None,
+    mu: float = 0.0,
 ) -> tuple[float, tuple[int, ...]]:
-    """corral's score for ``shape`` on a node (which must fit) and the GPUs it takes there."""
+    """corral's score for ``shape`` on a node (which must fit) and the GPUs it takes there.
+    ``mem_after``: the node's free memory once the task is on it (None: not weighed)."""
     cpu_after = cpu_free - shape.cpu_milli
     left = sum(gpu_free) - shape.gpu_milli * shape.gpus
     if kind_of(shape.gpus, shape.gpu_milli, None) == "fraction":
-        best: tuple[int, int] | None = None
+        best: tuple[float, int] | None = None
         where = -1
+        after = 0.0
         for i, g in enumerate(gpu_free):
             if g >= shape.gpu_milli:
-                key = (
-                    fgd_score(before, fragment(table, cpu_after, take_shared(gpu_free, i, shape.gpu_milli))),
-                    -g,
-                )
+                frag_after = fragment(table, cpu_after, take_shared(gpu_free, i, shape.gpu_milli))
+                key = (fgd_score(before, frag_after), -g)
                 if best is None or key > best:
-                    best, where = key, i
+                    best, where, after = key, i, frag_after
         assert best is not None
-        return best[0] + balance(cpu_after, left, kappa, True) / BALANCE_SCALE, (where,)
+        score = corral_score(
+            before, after, cpu_after, left, kappa, True, mem_after=mem_after, mu=mu, shared_on=gpu_free[where]
+        )
+        return score, (where,)
     if shape.gpus == 0 or shape.gpu_milli == 0:
         after = fragment(table, cpu_after, gpu_free)
         return corral_score(before, after, cpu_after, left, kappa, False, shape.cpu_milli), ()
     free_after, chosen = take_whole(gpu_free, shape.gpus)
-    return corral_score(before, fragment(table, cpu_after, free_after), cpu_after, left, kappa, True), chosen
+    after = fragment(table, cpu_after, free_after)
+    return corral_score(before, after, cpu_after, left, kappa, True, mem_after=mem_after, mu=mu), chosen
 
 
 def workload_of(state: State) -> Workload:
@@ -145,14 +204,35 @@ def workload_of(state: State) -> Workload:
     every job not yet finished (queued ones included: they are the workload to come), weighted
     by their worker count. Read from the workers per ask the fold keeps (``State.workers_by_ask``),
     so every replica of the placer agrees on it and a cycle costs the kinds of ask, not the jobs."""
+    return _workload(_unfinished_asks(state))
+
+
+def _unfinished_asks(state: State) -> dict[Resources, int]:
+    """Workers of unfinished jobs per kind of ask, in the fold's order (each kind decoded once)."""
+    return {indexes.ask_of(key): workers for key, workers in state.workers_by_ask.items()}
+
+
+def _workload(asks: dict[Resources, int]) -> Workload:
     counts: dict[TaskShape, float] = {}
-    for key, workers in state.workers_by_ask.items():
-        shape = _task_shape(indexes.ask_of(key))
+    for res, workers in asks.items():
+        shape = _task_shape(res)
         if shape is not None:
             counts[shape] = counts.get(shape, 0.0) + workers
     # The scores sum over the shapes in this order: one that depends on the shapes alone, not on
     # the order the jobs are found in.
     return Workload(dict(sorted(counts.items(), key=_shape_order)))
+
+
+def memory_per_gpu(asks: Iterable[tuple[int, int, float]]) -> float:
+    """MiB a free milli-GPU can expect: the memory GPU tasks ask per milli-GPU they ask. ``asks``:
+    (memory MiB, milli-GPU in all, how many) per task kind; CPU-only tasks (0 milli-GPU) do not
+    count, as in ``kappa_of``. 0 when no task asks for a GPU (memory is then not weighed)."""
+    mem = gpu = 0.0
+    for memory, milli, n in asks:
+        if milli > 0:
+            mem += n * memory
+            gpu += n * milli
+    return mem / gpu if gpu > 0 else 0.0
 
 
 def _task_shape(res: Resources) -> TaskShape | None:
@@ -201,11 +281,13 @@ def cluster_cpu_per_gpu(state: State) -> float | None:
 
 
 class Fragmentation:
-    """A cycle's workload, its per-model tables and kappa, computed once per cycle."""
+    """A cycle's workload, its per-model tables, kappa and mu (``memory_per_gpu``), computed
+    once per cycle."""
 
-    def __init__(self, workload: Workload, cpu_per_gpu: float | None = None) -> None:
+    def __init__(self, workload: Workload, cpu_per_gpu: float | None = None, mu: float = 0.0) -> None:
         self.workload = workload
         self.kappa = kappa_of(workload, cpu_per_gpu)
+        self.mu = mu
 
     def view(self, node: NodeView, req: Request) -> tuple[FragTable, list[GpuView]]:
         """The node as the fragmentation measure sees it: its non-MIG healthy GPUs of the first
@@ -218,7 +300,10 @@ class Fragmentation:
 
 def fragmentation_of(state: State) -> Fragmentation:
     """The live placer's cycle measure: the state's workload against the state's cluster."""
-    return Fragmentation(workload_of(state), cluster_cpu_per_gpu(state))
+    asks = _unfinished_asks(state)
+    # MIG workers have no milli-GPU share (``Shape.gpu_milli`` is 0): they do not count.
+    mu = memory_per_gpu((r.memory_mib, Shape.of(r).gpu_milli, n) for r, n in asks.items())
+    return Fragmentation(_workload(asks), cluster_cpu_per_gpu(state), mu)
 
 
 class SharedGpuReserve:
@@ -290,6 +375,10 @@ class PackingScore:
         frag_after = fragment(table, node.cpu_free - need.cpu, after)
         if self.policy == "fgd":
             return float(fgd_score(before, frag_after))
+        shared_on = None
+        if need.kind == "fraction":
+            # The shared GPU's free milli-GPU before the task (the GPU reserve picked it in the view).
+            shared_on = next((f for f, g in zip(free, view, strict=True) if g.index == gpus[0].gpu), None)
         return corral_score(
             before,
             frag_after,
@@ -298,4 +387,7 @@ class PackingScore:
             self.frag.kappa,
             need.kind != "cpu",
             need.cpu,
+            node.mem_free - need.memory,
+            self.frag.mu,
+            shared_on,
         )

@@ -211,6 +211,7 @@ class JetStreamLog:
                 raise LogError(f"cannot update stream {self.stream}: {e2}") from e2
         except (nats.errors.Error, nats.js.errors.Error) as e:
             raise LogError(f"cannot create stream {self.stream}: {e}") from e
+        await replicated(jsm, self.stream, replicas)
 
     # -- appends --------------------------------------------------------------------------------
 
@@ -501,6 +502,24 @@ async def placed(make: Callable[[], Awaitable[T]], within: float = PLACING_WITHI
             unplaced = isinstance(e, nats.js.errors.ServiceUnavailableError) or e.err_code == NO_PEERS
             if not unplaced or asyncio.get_running_loop().time() > deadline:
                 raise
+        await asyncio.sleep(0.2)
+
+
+async def replicated(jsm: Any, stream: str, replicas: int, within: float = PLACING_WITHIN) -> None:
+    """Wait until ``stream`` has a leader and ``replicas - 1`` current followers: a stream just
+    created or brought to more replicas elects its leader and copies itself first, and an append
+    meanwhile goes unanswered. Bounded: after ``within`` seconds, a ``LogError`` that says so."""
+    if replicas <= 1:
+        return
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        with contextlib.suppress(*UNANSWERED, nats.js.errors.Error):
+            cluster = (await jsm.stream_info(stream)).cluster
+            current = [r for r in (cluster.replicas or ()) if r.current] if cluster is not None else []
+            if cluster is not None and cluster.leader and len(current) >= replicas - 1:
+                return
+        if asyncio.get_running_loop().time() > deadline:
+            raise LogError(f"stream {stream}: no leader with {replicas - 1} current replicas in {within:g}s")
         await asyncio.sleep(0.2)
 
 

@@ -30,6 +30,7 @@ from corral.events.log import Append
 from corral.services.query.service import ReadService
 from corral.services.runtime import output
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
+from tests.integration.polling import until
 
 pytestmark = pytest.mark.integration
 
@@ -64,8 +65,7 @@ async def _append(log: JetStreamLog, built: LogBuilder, since: int) -> int:
 
 async def _folded(reader: ReadService, log: JetStreamLog) -> None:
     last = await log.last_seq()
-    while reader.state.seq < last:  # the read service folds as the log grows: wait for it
-        await asyncio.sleep(0.05)
+    await until(lambda: reader.state.seq >= last, WAIT)  # the read service folds as the log grows
 
 
 async def _lines(client: AsyncClient, job_id: str, **kw: object) -> list[OutputLine]:
@@ -164,19 +164,14 @@ async def test_one_tenant_following_many_jobs_leaves_others_room_to_wait(
             for _ in range(256)
         ]
 
-        async def settled() -> None:  # each of a's questions answered or waiting, few of them waiting
-            while sum(t.done() for t in flood) + len(reader._waiting) < 256 or len(reader._waiting) > 64:
-                await asyncio.sleep(0.05)
+        def settled() -> bool:  # each of a's questions answered or waiting, few of them waiting
+            return sum(t.done() for t in flood) + len(reader._waiting) >= 256 and len(reader._waiting) <= 64
 
-        await asyncio.wait_for(settled(), 40.0)  # before a's follows give up waiting (60 s)
+        await until(settled, 40.0)  # before a's follows give up waiting (60 s)
         waiting = len(reader._waiting)
         followed = asyncio.create_task(b.request("corral.read.b.output", asks("jb", 30), timeout=WAIT))
 
-        async def taken_in() -> None:
-            while len(reader._waiting) == waiting and not followed.done():
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(taken_in(), WAIT)
+        await until(lambda: len(reader._waiting) != waiting or followed.done(), WAIT)
         assert not followed.done(), "b's follow was answered at once"
         await log.nc.jetstream().publish(output.subject(N0, "jb", 0, 0), b"next\n", stream=output.STREAM)
         told = json.loads((await asyncio.wait_for(followed, WAIT)).data)  # type: ignore[attr-defined]
@@ -211,12 +206,8 @@ async def test_a_follow_answered_empty_at_once_asks_again_after_a_pause_not_in_a
     body = b'{"job": "ja", "wait": 60, "cursor": 0}'
     flood = [asyncio.create_task(a.request("corral.read.a.output", body, timeout=WAIT)) for _ in range(64)]
     try:
-
-        async def holding() -> None:  # a holds every wait the read service gives one asker
-            while sum(t.done() for t in flood) + len(reader._waiting) < len(flood):
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(holding(), 40.0)
+        # a holds every wait the read service gives one asker
+        await until(lambda: sum(t.done() for t in flood) + len(reader._waiting) >= len(flood), 40.0)
         asked.clear()
         async with AsyncClient(nats_server, tenant="a") as client:
 

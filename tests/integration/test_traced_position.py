@@ -6,13 +6,12 @@ A real nats-server and the leases' bucket; the acknowledgement is the server's o
 
 from __future__ import annotations
 
-import asyncio
-
 import nats
 import pytest
 
 from corral.services.runtime import lease, output
 from corral.services.runtime.traced import TracedPosition, key
+from tests.integration.polling import until_answered
 
 pytestmark = pytest.mark.integration
 
@@ -61,11 +60,10 @@ async def test_an_acknowledgement_written_over_the_key_is_no_position(nats_serve
             output.subject("n0", "j", 0, 0), b"x\n", reply=f"$KV.{lease.BUCKET}.{key('admission')}"
         )
 
-        async def overwritten() -> None:
-            while (await kv.get(key("admission"))).value == str(LAST).encode():
-                await asyncio.sleep(0.05)
+        async def overwritten() -> bool:
+            return bool((await kv.get(key("admission"))).value != str(LAST).encode())
 
-        await asyncio.wait_for(overwritten(), 30.0)
+        await until_answered(overwritten, 30.0, every=0.05)
         assert b"seq" in (await kv.get(key("admission"))).value
         assert await position.read(LAST) is None
     finally:

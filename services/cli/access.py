@@ -32,6 +32,7 @@ from corral.events.log import EventLog, LogError, Record
 from corral.projections.fold import fold
 from corral.projections.state import State
 from corral.services.cli.jobfile import BadInput
+from corral.services.client import Client
 from corral.services.client.aio import default_server
 from corral.services.query.client import Refused, Session
 from corral.services.runtime import identities
@@ -172,3 +173,34 @@ def tenant_of(args: argparse.Namespace, login: Login | None = None) -> str:
     if not subjects.is_token(tenant):
         raise BadInput(f"tenant {tenant!r}: use letters, digits, '-' and '_'")
     return tenant
+
+
+def client_for(args: argparse.Namespace, *, reading: bool = False) -> Client:
+    """The Python client as the command's login, for its tenant. Reading with no login (or the
+    services login) and no ``--tenant``, it asks as the admin: the whole cluster, as the
+    operator at the machine expects."""
+    login = login_of(args, args.tenant)
+    if reading and args.tenant is None and as_client(login) is None:
+        tenant = identities.ADMIN
+    else:
+        tenant = tenant_of(args, login)
+    if login is None:
+        return Client(server_url(args.server), tenant=tenant)
+    return Client(server_url(args.server), tenant=tenant, user=login.user, password=login.password)
+
+
+def admin_client(args: argparse.Namespace) -> Client:
+    """The Python client as the admin (or as the tenant or login given, which the intake then
+    refuses with the reason)."""
+    login = login_of(args, identities.ADMIN)
+    client = as_client(login)
+    tenant = args.tenant or (client.user if client is not None else identities.ADMIN)
+    if login is None:
+        return Client(server_url(args.server), tenant=tenant)
+    return Client(server_url(args.server), tenant=tenant, user=login.user, password=login.password)
+
+
+def answer_of(answer: dict[str, Any], key: str) -> Any:
+    if "error" in answer:
+        raise Failure(str(answer["error"]))
+    return answer[key]

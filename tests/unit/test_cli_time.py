@@ -10,7 +10,8 @@ import pytest
 
 from corral.services.cli import when
 from corral.services.cli.jobfile import BadInput
-from corral.services.cli.main import job_from_args, parse
+from corral.services.cli.jobs import job_from_args
+from corral.services.cli.main import parse
 
 NOW = 1_796_000_000.0
 

@@ -18,7 +18,7 @@ import yaml
 
 from corral.events.server import find_binary
 from corral.services.cli.deploy import nats_config
-from corral.services.cli.main import serve_roles
+from corral.services.cli.serve import serve_roles
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())

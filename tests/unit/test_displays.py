@@ -10,7 +10,7 @@ from corral.events.jobs import Admission, JobsAdmitted, SubmitJob
 from corral.events.queues import CordonNode
 from corral.projections.index import summarize
 from corral.projections.state import State
-from corral.services.cli.main import job_table, node_table
+from corral.services.cli.display import job_table, node_table
 from corral.services.query import present
 from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows

@@ -10,7 +10,7 @@ import pytest
 
 from corral.events.jobs import JobSpec
 from corral.services.cli.jobfile import BadInput, command_here, convert, load_document
-from corral.services.cli.main import QueueFile
+from corral.services.cli.queues import QueueFile
 
 JOB, QUEUES = JobSpec, QueueFile
 

@@ -9,7 +9,7 @@ import pytest
 
 from corral.events.queues import PreemptionPolicy
 from corral.services.cli.jobfile import BadInput, convert, load_document
-from corral.services.cli.main import QueueFile, durations_in
+from corral.services.cli.queues import QueueFile, durations_in
 
 
 def _load(tmp_path: Path, text: str) -> QueueFile:

@@ -1,0 +1,45 @@
+"""How the verbs print what they get: tables for people, JSON for programs (``-o json``).
+
+The job and node tables are the same wherever they appear (``jobs``, ``nodes``, ``replay``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any, get_args
+
+from corral.projections.lifecycle import Phase
+from corral.services.cli import table
+from corral.services.query import present
+
+
+def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = None) -> None:
+    if args.output == "json":
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    elif headers is not None:
+        print(table.render(headers, [[row.get(h, "") for h in headers] for row in data]))
+    else:
+        print(data)
+
+
+JOB_COLUMNS = [
+    "id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "starts", "reason"
+]  # fmt: skip
+NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "health", "mig"]
+PHASES = get_args(Phase)
+
+
+def job_table(rows: Sequence[dict[str, Any]], header: bool = True) -> str:
+    """Jobs for people: workers as running of most (``3 of 2..4`` for an elastic job)."""
+    cells = [[present.workers_text(r) if c == "workers" else r.get(c, "") for c in JOB_COLUMNS] for r in rows]
+    text = table.render(JOB_COLUMNS, cells)
+    return text if header else "\n".join(text.splitlines()[1:])
+
+
+def node_table(rows: Sequence[dict[str, Any]]) -> str:
+    texts = {"health": present.health_text, "mig": present.mig_text}
+    return table.render(
+        NODE_COLUMNS, [[texts[c](r) if c in texts else r.get(c, "") for c in NODE_COLUMNS] for r in rows]
+    )

@@ -1,0 +1,181 @@
+"""The admin's verbs on queues: ``queue apply`` (a file of cohorts, queues, priority classes,
+fair-share and retention settings), ``queue fair-share``, ``queue retention``, ``queue delete``
+and ``queues`` (quota, usage and fair share per queue).
+
+The admin's requests go through the intake, in order, or with the services' login straight into
+the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import msgspec
+
+from corral.events import codec, subjects
+from corral.events.log import Append, LogError
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyFairShare,
+    ApplyPriorityClass,
+    ApplyQueue,
+    ApplyRetention,
+    CohortSpec,
+    FairShareSpec,
+    PriorityClassSpec,
+    QueueSpec,
+    RetentionSpec,
+)
+from corral.services.cli import flags
+from corral.services.cli.access import (
+    Failure,
+    admin_client,
+    answer_of,
+    as_client,
+    ask,
+    login_of,
+    open_log,
+    remote_state,
+    server_url,
+    session,
+)
+from corral.services.cli.display import emit
+from corral.services.cli.jobfile import convert, load_document
+from corral.services.query import client as wire
+from corral.services.runtime import identities
+
+
+class QueueFile(msgspec.Struct, forbid_unknown_fields=True):
+    """What ``corral queue apply`` takes: cohorts, queues, priority classes, the fair-share
+    settings and the retention of finished jobs, all optional."""
+
+    cohorts: list[CohortSpec] = []
+    queues: list[QueueSpec] = []
+    priority_classes: list[PriorityClassSpec] = []
+    fair_share: FairShareSpec | None = None
+    retention: RetentionSpec | None = None
+
+
+def cmd_queue_apply(args: argparse.Namespace) -> None:
+    doc = convert(durations_in(load_document(args.file), args.file), QueueFile, args.file)
+    # Parents before children, so a cohort tree applies in one go whatever order the file uses.
+    requests: list[tuple[str, Any, str]] = []
+    if doc.fair_share is not None:
+        requests.append(("fair-share", ApplyFairShare(fair_share=doc.fair_share), "cluster"))
+    if doc.retention is not None:
+        requests.append(("retention", ApplyRetention(retention=doc.retention), "cluster"))
+    requests += [
+        ("priority-class", ApplyPriorityClass(priority_class=p), p.name) for p in doc.priority_classes
+    ]
+    requests += [("cohort", ApplyCohort(cohort=c), c.name) for c in _parents_first(doc.cohorts)]
+    requests += [("queue", ApplyQueue(queue=q), q.name) for q in doc.queues]
+    send_admin(args, requests)
+    counts = f"{len(doc.priority_classes)} priority classes, {len(doc.cohorts)} cohorts"
+    fair = ", fair share" if doc.fair_share is not None else ""
+    fair += ", retention" if doc.retention is not None else ""
+    print(f"applied {counts}, {len(doc.queues)} queues{fair}")
+
+
+# The queue file's durations, by path: written as people write them ("7d", "1h30m") or in
+# seconds; the log stores seconds.
+QUEUE_FILE_DURATIONS = (("fair_share", "half_life_s", False), ("retention", "finished_s", True))
+
+
+def durations_in(doc: Any, where: str) -> Any:
+    """``doc`` with each of its durations in seconds, or a BadInput naming the one that is not."""
+    if not isinstance(doc, dict):
+        return doc
+    for part, field, zero in QUEUE_FILE_DURATIONS:
+        section = doc.get(part)
+        if isinstance(section, dict) and field in section:
+            section = {**section, field: flags.seconds(section[field], f"{where}: {part}.{field}", zero=zero)}
+            doc = {**doc, part: section}
+    return doc
+
+
+def cmd_queue_fair_share(args: argparse.Namespace) -> None:
+    half_life = flags.seconds(args.half_life, "--half-life", zero=False)
+    spec = FairShareSpec(half_life_s=half_life)
+    send_admin(args, [("fair-share", ApplyFairShare(fair_share=spec), "cluster")])
+    print(f"fair share: past GPU time halves every {half_life:g} s from now on")
+
+
+def cmd_queue_retention(args: argparse.Namespace) -> None:
+    keep = flags.seconds(args.finished, "--finished")
+    spec = RetentionSpec(finished_s=keep)
+    send_admin(args, [("retention", ApplyRetention(retention=spec), "cluster")])
+    print(f"retention: finished jobs leave the state {keep:g} s after they end, from now on")
+
+
+def send_admin(args: argparse.Namespace, requests: list[tuple[str, Any, str]]) -> None:
+    """Send the admin's ``(verb, request, name)`` requests, in order, through the intake (or, with
+    the services' login, straight into the log)."""
+    stamp = time.time_ns()
+    items = [
+        Append(subjects.admin(verb), codec.encode(body), msg_id=f"{verb}:{name}:{stamp}")
+        for verb, body, name in requests
+    ]
+    login = login_of(args, identities.ADMIN)
+    client = as_client(login)
+
+    async def send() -> None:
+        assert client is not None
+        conn = await session(server_url(args.server), client)
+        try:
+            for item in items:  # in order: parents before children
+                assert item.msg_id is not None
+                await conn.send(item.subject, item.data, item.msg_id)
+        except wire.Refused as e:
+            raise Failure(str(e)) from None
+        finally:
+            await conn.close()
+
+    async def run() -> None:
+        log = await open_log(server_url(args.server), login)
+        try:
+            for r in await log.append_many(items):
+                if isinstance(r, LogError):
+                    raise Failure(f"the log refused a change: {r}")
+        finally:
+            await log.close()
+
+    asyncio.run(send() if client is not None else run())
+
+
+def _parents_first(cohorts: list[CohortSpec]) -> list[CohortSpec]:
+    by_name = {c.name: c for c in cohorts}
+    out: list[CohortSpec] = []
+    seen: set[str] = set()
+
+    def visit(c: CohortSpec, path: tuple[str, ...]) -> None:
+        if c.name in seen or c.name in path:
+            return
+        if c.parent in by_name:
+            visit(by_name[c.parent], (*path, c.name))
+        seen.add(c.name)
+        out.append(c)
+
+    for c in cohorts:
+        visit(c, ())
+    return out
+
+
+def cmd_queues(args: argparse.Namespace) -> None:
+    from corral.services.query.queues import queue_rows
+
+    login = login_of(args, args.tenant)
+    client = as_client(login)
+    if client is not None:
+        rows = answer_of(ask(server_url(args.server), client, "queues"), "queues")
+    else:
+        rows = queue_rows(asyncio.run(remote_state(server_url(args.server), login)))
+    emit(args, rows, list(rows[0]) if rows else ["queue"])
+
+
+def cmd_queue_delete(args: argparse.Namespace) -> None:
+    with admin_client(args) as client:
+        client.delete_queue(args.name)
+    print(f"deleted queue {args.name}")

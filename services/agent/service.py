@@ -83,7 +83,8 @@ from corral.services.agent.decide import (
 )
 from corral.services.agent.discovery import Discovery, NvmlGpus
 from corral.services.agent.output import OutputSink, Shipper
-from corral.services.agent.workers import Runtime, SandboxMode, job_logs, log_path, restart_backoff
+from corral.services.agent.worker import job_logs, log_path
+from corral.services.agent.workers import Runtime, SandboxMode, restart_backoff
 from corral.services.runtime import logs
 from corral.services.runtime.clock import LogClock
 from corral.services.runtime.views import NodeViews

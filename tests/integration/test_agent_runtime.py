@@ -45,7 +45,8 @@ from corral.services.agent.decide import (
     decide,
     report_events,
 )
-from corral.services.agent.workers import REQUEST, Runtime, SandboxMode, job_logs, log_path, restart_backoff
+from corral.services.agent.worker import REQUEST, job_logs, log_path
+from corral.services.agent.workers import Runtime, SandboxMode, restart_backoff
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
 
 N0 = "node-00"

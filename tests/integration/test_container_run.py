@@ -43,7 +43,8 @@ from corral.services.agent.decide import (
     StopWorker,
     WorkerKey,
 )
-from corral.services.agent.workers import REQUEST, Runtime, log_path
+from corral.services.agent.worker import REQUEST, log_path
+from corral.services.agent.workers import Runtime
 from tests.integration.test_agent_runtime import exit_of, until
 
 WAIT = 60.0

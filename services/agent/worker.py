@@ -1,0 +1,124 @@
+"""One worker as the agent's runtime holds it: what it runs, its keeper, its phase and what the log
+is known to hold of it (``Worker``), where its files lie (``log_path``, ``job_logs``, the
+checkpoint contract's ``REQUEST`` and ``DONE``) and the process helpers the runtime's parts share.
+
+What one agent leaves beside each keeper for the next is ``handover.py``'s; the runtime
+(``workers.py``) drives the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+from pathlib import Path
+
+from corral.services.agent import handover
+from corral.services.agent.container import EngineInfo
+from corral.services.agent.decide import STOP_GRACE, StartWorker, WorkerKey, WorkerPhase
+from corral.services.agent.handover import WorkerRecord, keeper_dir
+
+REQUEST = "REQUEST"
+DONE = "DONE"
+
+# The runtime's one logger, whichever of its modules logs: operators filter its lines by name.
+log = logging.getLogger("corral.services.agent.workers")
+
+
+class StartError(Exception):
+    """A worker could not be started; the message says why in an operator's words."""
+
+
+def log_path(root: str | Path, key: WorkerKey) -> Path:
+    return Path(root) / "logs" / key.job_id / f"attempt-{key.attempt}.rank-{key.rank}.log"
+
+
+def job_logs(root: str | Path, job_id: str) -> list[Path]:
+    """Every log file of a job on this node, oldest attempt first, then by rank."""
+    d = Path(root) / "logs" / job_id
+    if not d.is_dir():
+        return []
+
+    def order(p: Path) -> tuple[int, int]:
+        m = re.fullmatch(r"attempt-(\d+)\.rank-(\d+)\.log", p.name)
+        return (int(m.group(1)), int(m.group(2))) if m else (1 << 30, 0)
+
+    return sorted((p for p in d.iterdir() if p.suffix == ".log"), key=order)
+
+
+def exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Worker:
+    def __init__(self, spec: StartWorker, root: Path) -> None:
+        self.spec = spec
+        self.key = spec.key
+        self.phase: WorkerPhase = "starting"
+        self.workdir = root / "work" / spec.job_id / f"attempt-{spec.attempt}" / f"rank-{spec.rank}"
+        self.log = log_path(root, self.key)
+        self.dir = keeper_dir(root, self.key)
+        self.checkpoints = Path(spec.checkpoint_dir)
+        self.keeper: asyncio.subprocess.Process | None = None  # a keeper this agent started
+        self.keeper_id: tuple[int, int] | None = None  # its pid and start time
+        self.boot = ""  # the boot the keeper ran in: after a reboot no pid is its
+        self.pid: int | None = None  # the keeper's child: the command, bwrap or the engine's client
+        self.pid_start = 0
+        self.appended: set[str] = set()  # "start", "exit": what the log is known to hold
+        # bwrap's init process, pid 1 of the worker's namespace; or the container's init, seen
+        # from the host once the container runs
+        self.sandbox_pid: int | None = None
+        self.container: str | None = None  # the container's name, for a worker in one
+        self.sandboxed = False  # run by bwrap
+        self.engine: EngineInfo | None = None
+        self.watcher: asyncio.Task[None] | None = None
+        self.killer: asyncio.Task[None] | None = None
+        self.settled = asyncio.Event()  # the start barrier has decided about this worker
+        self.announced = False  # its start was reported: its exit and checkpoints are reported too
+        self.stop_requested = False
+        self.stop_grace = STOP_GRACE
+        self.reported_pid = 0  # the pid its start was reported with, and its exit is
+        self.signal_owed = False  # asked to checkpoint, not yet signalled: it had no handler yet
+        self.done = asyncio.Event()
+        self.code: int | None = None
+
+    def record(self) -> WorkerRecord:
+        return WorkerRecord(
+            spec=self.spec,
+            container=self.container,
+            engine=self.engine,
+            container_pid=self.sandbox_pid if self.container is not None else None,
+            sandboxed=self.sandboxed,
+            announced=self.announced,
+            reported_pid=self.reported_pid,
+            stop_grace=self.stop_grace if self.stop_requested else None,
+            start_appended="start" in self.appended,
+            exit_appended="exit" in self.appended,
+        )
+
+    def save(self) -> None:
+        """Write the record, whole, where the next agent looks for it."""
+        handover.save(self.dir, self.record())
+
+    def drop(self) -> None:
+        """Forget the worker on disk: nothing of it is left to take back."""
+        handover.drop(self.dir)
+
+
+def kill(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def children_of(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+    except OSError:
+        pass
+    return out

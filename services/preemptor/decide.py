@@ -173,13 +173,18 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     # ``hopeless``, so that a backlog of jobs no candidates could help is passed over cheaply.
     unblocked: set[tuple[object, ...]] = set()
     holds = _Holds(state, sim.ledger, now)
+    # Admitted jobs the placer has not tried yet keep their GPUs in the simulation
+    # (``_takes_its_gpus``), which only a later search reads: they are kept when a search comes,
+    # in their turns' order, so a cycle with no beneficiary after them (a free cluster taking a
+    # burst) does not run the placer's search once per admitted job for nothing.
+    untried: list[JobState] = []
     for job in _turns(state, now):
         if searched >= config.max_beneficiaries:
             break
         if job.id in under_way:
             continue
         if job.phase == "admitted" and not job.reasons:
-            _takes_its_gpus(sim, job)
+            untried.append(job)
             continue
         form: tuple[object, ...] | None = None
         if job.phase == "admitted":
@@ -201,6 +206,9 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             holds.note(job)
             continue
         searched += 1
+        for earlier in untried:
+            _takes_its_gpus(sim, earlier)
+        untried.clear()
         found = _search(sim, pool, target, config)
         if found is None:
             hopeless[target.shape()] = job.priority

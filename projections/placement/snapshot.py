@@ -98,6 +98,7 @@ class Snapshot:
         # model -> free whole GPU count -> nodes (dicts as insertion-ordered sets: deterministic)
         self._whole: dict[str, list[dict[str, None]]] = {}
         self._count: dict[tuple[str, str], int] = {}
+        self._domains: dict[str, dict[str, str]] = {}  # label -> node -> its value (``domains``)
         self.ready: list[str] = []
         # The chain's answers for this snapshot (whether and how a worker fits a node), keyed by
         # the node's version: valid only for this snapshot, whose views the versions count.
@@ -146,6 +147,20 @@ class Snapshot:
 
     def free_whole_count(self, name: str, model: str) -> int:
         return self._count.get((name, model), 0)
+
+    def domains(self, label: str) -> dict[str, str]:
+        """Each ready node's value of ``label`` (its rack, its block), for nodes that carry it:
+        read once per snapshot, as every gang of the cycle that asks for a domain reads them all."""
+        found = self._domains.get(label)
+        if found is None:
+            nodes = self.state.nodes
+            found = {}
+            for name in self.ready:
+                value = nodes[name].inventory.labels.get(label)
+                if value is not None:
+                    found[name] = value
+            self._domains[label] = found
+        return found
 
     # -- the overlay ----------------------------------------------------------------------------
 

@@ -154,11 +154,15 @@ def wake(state: State, now: float) -> float:
 
 def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Plan]:
     """The cycle's preemptions, in the order they are proposed."""
+    if not _anyone(state):
+        return []  # nobody a search could be for: the snapshot of the cluster would go unread
     # 0. Snapshot.
     sim = Simulation(state, config.placer)
     # 1. Preemptions under way.
     under_way = _settle(sim, state)
-    pool = Pool(state, sim.ledger, now)
+    # The jobs that may be stopped, read when the first search needs them (every running job:
+    # a cycle whose beneficiaries are all passed over reads none of them).
+    pool: Pool | None = None
     # 2. Beneficiaries; 3. victims for each.
     plans: list[Plan] = []
     searched = 0
@@ -173,13 +177,18 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     # ``hopeless``, so that a backlog of jobs no candidates could help is passed over cheaply.
     unblocked: set[tuple[object, ...]] = set()
     holds = _Holds(state, sim.ledger, now)
+    # Admitted jobs the placer has not tried yet keep their GPUs in the simulation
+    # (``_takes_its_gpus``), which only a later search reads: they are kept when a search comes,
+    # in their turns' order, so a cycle with no beneficiary after them (a free cluster taking a
+    # burst) does not run the placer's search once per admitted job for nothing.
+    untried: list[JobState] = []
     for job in _turns(state, now):
         if searched >= config.max_beneficiaries:
             break
         if job.id in under_way:
             continue
         if job.phase == "admitted" and not job.reasons:
-            _takes_its_gpus(sim, job)
+            untried.append(job)
             continue
         form: tuple[object, ...] | None = None
         if job.phase == "admitted":
@@ -201,6 +210,11 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             holds.note(job)
             continue
         searched += 1
+        for earlier in untried:
+            _takes_its_gpus(sim, earlier)
+        untried.clear()
+        if pool is None:
+            pool = Pool(state, sim.ledger, now)  # reads only which queues the ledger knows
         found = _search(sim, pool, target, config)
         if found is None:
             hopeless[target.shape()] = job.priority
@@ -230,6 +244,15 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             )
         )
     return plans
+
+
+def _anyone(state: State) -> bool:
+    """Whether any job may be searched for: a queued job, or an admitted one the placer says
+    preemption would help. Without one the cycle proposes nothing, whatever it simulates."""
+    if any(state.queued_by_queue.values()):
+        return True
+    admitted = indexes.jobs_in(state, "admitted")
+    return any(j.held is None and any(r.preemption_helps for r in j.reasons) for j in admitted)
 
 
 def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig) -> Found | None:

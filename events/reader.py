@@ -46,13 +46,21 @@ CONTROL = b"NATS/1.0 100"  # status line of flow control requests and idle heart
 CRLF = b"\r\n"
 
 
+MSG_ID_LINE = b"NATS/1.0\r\nNats-Msg-Id:"  # how the header block of nearly every record opens
+TRACE_LINE = b"traceparent:"
+
+
 def _headers(raw: bytes) -> dict[str, str] | None:
     """The writer's headers from a raw ``NATS/1.0`` header block; the server's own are dropped."""
+    if raw.startswith(MSG_ID_LINE):
+        # Most records: the message id the stream kept, then nothing or one trace context of the
+        # writer's. Read without splitting the block into lines.
+        end = raw.find(CRLF, 22)
+        if raw.startswith(CRLF, end + 2):
+            return None
+        if raw.startswith(TRACE_LINE, end + 2) and raw.find(CRLF, end + 2) == len(raw) - 4:
+            return {"traceparent": raw[end + 14 : -4].strip().decode(errors="replace")}
     lines = raw.split(CRLF)
-    if len(lines) == 4 and lines[1] and not lines[1].startswith(b"Nats-"):
-        # One header of the writer's (a trace context): most records, without the loop.
-        key, _, value = lines[1].partition(b":")
-        return {key.strip().decode(): value.strip().decode(errors="replace")}
     out: dict[str, str] | None = None
     for line in lines[1:]:
         if not line or line.startswith(b"Nats-"):
@@ -85,6 +93,7 @@ class Consumer:
         self._dseq = 1  # next delivery sequence expected from the current consumer
         self._sub: Subscription | None = None
         self._name = ""
+        self._ack = b"\x00"  # the reply subjects' prefix for this consumer, once it has a name
         self._active = True
         self._resetting = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -105,6 +114,7 @@ class Consumer:
         )
         info = await self._js._jsm.add_consumer(self._stream, config)
         self._name = info.name
+        self._ack = f"$JS.ACK.{self._stream}.{info.name}.".encode()
         self._spawn(self._watch())
 
     async def begin(self, within: float | None) -> None:
@@ -141,12 +151,17 @@ class Consumer:
             return
         self._active = True
         # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts_ns>.<pending>, or the form
-        # with domain and account hash in front and a random token behind (12 tokens).
-        t = reply.split(b".")
-        if len(t) == 9:
-            seq, dseq, ts = int(t[5]), int(t[6]), int(t[7])
+        # with domain and account hash in front and a random token behind (12 tokens). The first
+        # is read from behind this consumer's own prefix: five tokens split, not nine.
+        if reply.startswith(self._ack):
+            _, s, d, ts, _ = reply[len(self._ack) :].split(b".")
+            seq, dseq = int(s), int(d)
         else:
-            seq, dseq, ts = int(t[7]), int(t[8]), int(t[9])
+            t = reply.split(b".")
+            if len(t) == 9:
+                seq, dseq, ts = int(t[5]), int(t[6]), t[7]
+            else:
+                seq, dseq, ts = int(t[7]), int(t[8]), t[9]
         if dseq != self._dseq:
             self._reset()  # a delivery went missing: start again after the last one taken
             return
@@ -156,7 +171,7 @@ class Consumer:
         self.last = seq
         self._tail = reply
         self.records.append(
-            Record(seq, subject.decode(), data, None if headers is None else _headers(headers), ts / 1e9)
+            Record(seq, subject.decode(), data, None if headers is None else _headers(headers), int(ts) / 1e9)
         )
         if len(self.records) == 1:  # the reader is woken once per batch it takes, not per record
             self.ready.set()

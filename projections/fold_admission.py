@@ -19,6 +19,7 @@ from corral.events.jobs import (
 )
 from corral.projections import indexes, quota
 from corral.projections.fold_moves import (
+    MOVES,
     Ctx,
     Handler,
     Refused,
@@ -29,6 +30,7 @@ from corral.projections.fold_moves import (
 )
 from corral.projections.lifecycle import (
     FINAL,
+    IllegalTransition,
 )
 from corral.projections.state import (
     State,
@@ -41,9 +43,12 @@ def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
     job = state.jobs.get(ev.job_id)
     if job is None:
         raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
+    if job.phase not in MOVES["accept"]:
+        raise IllegalTransition(job.phase, "accept")
+    # The priority first: the job enters its queue at its place, not at priority 0 and then
+    # taken out and put back.
+    job.priority = ev.priority
     move(state, job, "accept", ctx)
-    before, job.priority = job.priority, ev.priority
-    indexes.reprioritised(state, job, before)
     if job.reasons:  # a store costs more than the look (Structs)
         job.reasons = ()
         indexes.explain(state, job)

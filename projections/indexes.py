@@ -61,7 +61,7 @@ from functools import lru_cache
 import msgspec
 
 from corral.events.decisions import Placement
-from corral.events.jobs import JobSpec, Resources
+from corral.events.jobs import JobSpec, Resources, Topology
 from corral.projections import lifecycle
 from corral.projections.lifecycle import FINAL, PHASES, Phase
 from corral.projections.state import JobState, State
@@ -130,9 +130,24 @@ def _dequeue(state: State, job: JobState, place: Place) -> None:
         del state.queued_by_queue[queue]
 
 
+# The keys below are JSON, and encoding is most of what keeping those two indexes costs: every job
+# is keyed as it is made, queued, leaves the queue and finishes, yet a few kinds of ask and shape
+# recur. So each key is encoded once per distinct value (frozen structs: hashed by value, equal
+# values give equal keys) and looked up after; at most ``_MAX_KEYS`` of each are kept, since the
+# values come from tenants.
+_MAX_KEYS = 4096
+_ask_keys: dict[Resources, str] = {}
+_shape_keys: dict[tuple[Resources, Topology, int, bool], str] = {}
+
+
 def ask_key(res: Resources) -> str:
     """A worker ask as ``workers_by_ask`` keys it: equal asks give equal keys (defaults omitted)."""
-    return msgspec.json.encode(res).decode()
+    key = _ask_keys.get(res)
+    if key is None:
+        key = msgspec.json.encode(res).decode()
+        if len(_ask_keys) < _MAX_KEYS:
+            _ask_keys[res] = key
+    return key
 
 
 @lru_cache(maxsize=4096)
@@ -147,8 +162,16 @@ def host_shape(spec: JobSpec) -> str:
     for an elastic job, and whether it is elastic, which the reason says). Equal shapes give
     equal keys."""
     n = spec.min_replicas if spec.min_replicas is not None else spec.replicas
-    selector = sorted(spec.node_selector.items()) if spec.node_selector else ()
-    return msgspec.json.encode((spec.resources, selector, spec.topology, n, n < spec.replicas)).decode()
+    if spec.node_selector:  # a dict, not hashable: encoded each time (few jobs select nodes)
+        selector = sorted(spec.node_selector.items())
+        return msgspec.json.encode((spec.resources, selector, spec.topology, n, n < spec.replicas)).decode()
+    known = (spec.resources, spec.topology, n, n < spec.replicas)
+    key = _shape_keys.get(known)
+    if key is None:
+        key = msgspec.json.encode((spec.resources, (), spec.topology, n, n < spec.replicas)).decode()
+        if len(_shape_keys) < _MAX_KEYS:
+            _shape_keys[known] = key
+    return key
 
 
 def _count_ask(state: State, spec: JobSpec, sign: int) -> None:

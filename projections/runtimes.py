@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import statistics
 
-from corral.events.jobs import JobSpec
+from corral.events.jobs import JobSpec, Resources
 from corral.projections import quota
 from corral.projections.state import WHOLE, JobState, State
 
@@ -44,9 +44,25 @@ MIN_SAMPLES = 3
 MAX_CLASSES = 10_000
 
 
+# Each job's classes are asked for twice (at its submission and at its success), and most jobs
+# share theirs with many others: formatted once per distinct (tenant, name, command, ask,
+# workers, queue), at most ``_MAX_KNOWN`` of them, since names come from tenants.
+_MAX_KNOWN = 4096
+_known: dict[tuple[str, str, tuple[str, ...], Resources, int, str], tuple[str, ...]] = {}
+
+
 def classes(tenant: str, spec: JobSpec) -> tuple[str, ...]:
     """The classes a job belongs to, most specific first (as history keys)."""
-    # Built at every success the fold counts: the GPUs formatted once, the tuple made directly.
+    known = (tenant, spec.name, spec.command, spec.resources, spec.replicas, spec.queue)
+    found = _known.get(known)
+    if found is None:
+        found = _classes(tenant, spec)
+        if len(_known) < _MAX_KNOWN:
+            _known[known] = found
+    return found
+
+
+def _classes(tenant: str, spec: JobSpec) -> tuple[str, ...]:
     gpus = f"{quota.worker_milli(spec.resources) * spec.replicas / WHOLE:g}"
     what = spec.name or " ".join(spec.command)
     if what:

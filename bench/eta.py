@@ -13,7 +13,9 @@ state, no later arrivals (``--future M``: the submissions of the last M minutes 
 ``--repeat``: every M minutes to the horizon), jobs ending at their estimates scaled by how far
 off the estimates of the jobs that finished so far were in all (``--no-calibrate``: as they
 are), a running job for as much longer as the runs of its class that ran as long went on, scaled
-alike (``--no-attained``: its estimate less what it ran), at most ``--horizon`` hours ahead; a
+alike (``--no-attained``: its estimate less what it ran; ``--statistic``: jobs run for the mean,
+median or upper quartile of their class's runs known at the forecast, not the fold's estimate;
+``--censored``: a class's running jobs count among its runs), at most ``--horizon`` hours ahead; a
 forecast of the jobs just submitted stops once they have started), and afterwards compares each
 forecast with the start the job actually got in the same run. Forecasts run in ``--workers``
 processes beside the replay (each reads an encoded copy of the state at its point, and the
@@ -35,6 +37,9 @@ before any decision about it. Printed:
 - which way the forecasts at submission outside the band miss (too soon, too late, beyond the
   horizon), by wait-length bucket, and the median forecast wait over the actual wait;
 - the elapsed wall time.
+
+``--dump FILE`` writes one JSON line per job (team, GPUs, submission, forecast, naive and actual
+start, estimate, runtime): where the misses are.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ owner's goes on for as much longer as the runs of its class that ran as long as 
 it, runs as long again as it has run (run times are heavy-tailed: the longer a job has run,
 the longer it is likely to go on); a job with no estimate at all runs
 ``queueing.UNKNOWN_RUNTIME_S``; no node fails; a job being preempted stops by its deadline.
-One forward run gives every waiting job's start at once.
+One forward run gives every waiting job's start at once. ``statistic`` and ``censored`` run
+jobs for another statistic of their class's runs, with its running jobs among them
+(``bench/eta.py`` measures them; none did better than the fold's estimate on the Philly slice).
 
 How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``.
 Calibrated (``Calibration``): the estimates' errors are measured on the jobs that finished last

@@ -13,7 +13,9 @@ state, no later arrivals (``--future M``: the submissions of the last M minutes 
 ``--repeat``: every M minutes to the horizon), jobs ending at their estimates scaled by how far
 off the estimates of the jobs that finished so far were in all (``--no-calibrate``: as they
 are), a running job for as much longer as the runs of its class that ran as long went on, scaled
-alike (``--no-attained``: its estimate less what it ran), at most ``--horizon`` hours ahead; a
+alike (``--no-attained``: its estimate less what it ran; ``--statistic``: jobs run for the mean,
+median or upper quartile of their class's runs known at the forecast, not the fold's estimate;
+``--censored``: a class's running jobs count among its runs), at most ``--horizon`` hours ahead; a
 forecast of the jobs just submitted stops once they have started), and afterwards compares each
 forecast with the start the job actually got in the same run. Forecasts run in ``--workers``
 processes beside the replay (each reads an encoded copy of the state at its point, and the
@@ -35,11 +37,15 @@ before any decision about it. Printed:
 - which way the forecasts at submission outside the band miss (too soon, too late, beyond the
   horizon), by wait-length bucket, and the median forecast wait over the actual wait;
 - the elapsed wall time.
+
+``--dump FILE`` writes one JSON line per job (team, GPUs, submission, forecast, naive and actual
+start, estimate, runtime): where the misses are.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import multiprocessing
 import os
@@ -183,6 +189,18 @@ def main(argv: list[str] | None = None) -> None:
         help="with --future: the last M minutes' submissions come again every M minutes, to the horizon",
     )
     ap.add_argument(
+        "--statistic",
+        choices=sorted([eta.LEARNED, *eta.STATISTICS]),
+        default=eta.LEARNED,
+        help="what forecasts take of a class's runs for a job's runtime (learned: the fold's estimate)",
+    )
+    ap.add_argument(
+        "--censored",
+        action="store_true",
+        help="a class's running jobs count in its runs, at what they are expected to run in all",
+    )
+    ap.add_argument("--dump", default=None, help="write one JSON line per job (forecast, naive, actual) here")
+    ap.add_argument(
         "--workers",
         type=int,
         default=os.cpu_count() or 1,
@@ -219,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
             attained=args.attained,
             workers=args.workers,
             repeat=args.repeat,
+            dump=args.dump,
+            statistic=args.statistic,
+            censored=args.censored,
         )
     )
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
@@ -238,6 +259,9 @@ def run(
     attained: bool = True,
     workers: int = 1,
     repeat: bool = False,
+    dump: str | None = None,
+    statistic: str = eta.LEARNED,
+    censored: bool = False,
 ) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
@@ -284,22 +308,31 @@ def run(
                 until = now + horizon_s if repeat else None
                 future = eta.recent(state, now, future_s, scale * at, until, lately)
             blob = msgspec.msgpack.encode(state)  # one copy per point, whatever the forecasts
-            ask = dict(horizon_s=horizon_s, arrivals=future, attained=attained)
+            ask = dict(
+                horizon_s=horizon_s,
+                arrivals=future,
+                attained=attained,
+                statistic=statistic,
+                censored=censored,
+            )
             fc = forecaster.submit(blob, now, dict(ask, scale=scale * at, jobs=asked))
             if band and new:
                 early = forecaster.submit(blob, now, dict(ask, scale=scale * lo, jobs=new))
                 late = forecaster.submit(blob, now, dict(ask, scale=scale * hi, jobs=new))
                 for i in new:
                     band_asked[i] = (early, late)
+            runs = eta.with_running(state, now, state.runtimes, statistic) if censored else state.runtimes
             ahead: dict[str, float] = {}
             for job in sorted(waiting, key=lambda j: j.submitted_seq):
                 est = runtimes.of(job)
                 if job.id not in seen:
                     seen[job.id] = fc
-                    lately.append((job.tenant, job.spec, job.submitted_at, est))
+                    # the forecast's own estimate: what it runs the job for, and what calibrates it
+                    mine = eta.expected(job, runs, statistic) if attained else est
+                    lately.append((job.tenant, job.spec, job.submitted_at, mine))
                     naive[job.id] = now + ahead.get(job.spec.queue, 0.0)
-                    if est is not None:
-                        estimate[job.id] = est
+                    if mine is not None:
+                        estimate[job.id] = mine
                         unfinished.add(job.id)
                 elif asked is None:
                     later_asked.append((job.id, now, fc))
@@ -312,13 +345,22 @@ def run(
     forecast_s = forecaster.busy_s  # once the pool is shut down: every result counted
     sim.run()
     stats = sim.stats
+    if dump is not None:
+        with open(dump, "w") as f:
+            for i, at in at_submit.items():
+                st = stats[i]
+                row = dict(id=i, team=st.tenant, gpus=st.gpus, submitted=st.submitted, start=st.first_start)
+                row |= dict(forecast=at, naive=naive[i], estimate=estimate.get(i), work=st.work_s)
+                f.write(json.dumps(row) + "\n")
     lines = [
         f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
         f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s in all ({workers} processes)",
         f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
         + (f"submissions of the last {future_s / 60:g} min assumed to come again; " if future_s else "")
         + ("and again every as many minutes; " if future_s and repeat else "")
-        + f"runtimes scaled by {scale:g} in forecasts"
+        + f"runtimes the {statistic} of each class's runs"
+        + (" and running jobs" if censored else "")
+        + f", scaled by {scale:g} in forecasts"
         + (", and by how far off the estimates of the jobs that finished so far were" if calibrate else "")
         + (
             "; running jobs end as the runs of their class that ran as long did"

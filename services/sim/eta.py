@@ -10,7 +10,9 @@ owner's goes on for as much longer as the runs of its class that ran as long as 
 it, runs as long again as it has run (run times are heavy-tailed: the longer a job has run,
 the longer it is likely to go on); a job with no estimate at all runs
 ``queueing.UNKNOWN_RUNTIME_S``; no node fails; a job being preempted stops by its deadline.
-One forward run gives every waiting job's start at once.
+One forward run gives every waiting job's start at once. ``statistic`` and ``censored`` run
+jobs for another statistic of their class's runs, with its running jobs among them
+(``bench/eta.py`` measures them; none did better than the fold's estimate on the Philly slice).
 
 How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``.
 Calibrated (``Calibration``): the estimates' errors are measured on the jobs that finished last
@@ -89,37 +91,92 @@ class Forecast:
         return self.starts.get(job.id, math.inf) - job.submitted_at
 
 
+LEARNED = "learned"  # a job's runtime is the fold's estimate at its submission (``runtimes.of``)
+# What a forecast takes of a class's runs for a job's runtime (``expected``) and for how much
+# longer a running one goes on (``remaining``): "median", as the fold's rule but of the runs
+# known now; "mean", what a sum of heavy-tailed runtimes (a queue's wait) adds up to, per
+# class; "p75", the upper quartile (``LEARNED`` goes on with the median for ``remaining``).
+STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {
+    "median": lambda xs: float(statistics.median(xs)),
+    "mean": lambda xs: float(statistics.fmean(xs)),
+    "p75": lambda xs: float(sorted(xs)[(3 * (len(xs) - 1) + 3) // 4]),
+}
+
+
 def runtime(
-    job: JobState, now: float, scale: float = 1.0, history: Mapping[str, Sequence[float]] | None = None
+    job: JobState,
+    now: float,
+    scale: float = 1.0,
+    history: Mapping[str, Sequence[float]] | None = None,
+    statistic: str = LEARNED,
+    runs: Mapping[str, Sequence[float]] | None = None,
 ) -> float:
     """How much longer ``job`` runs (holding GPUs), or how long it runs once started (waiting).
-    Given the learned ``history`` (``State.runtimes``), a running job with no estimate of its
-    owner's runs for what ``remaining`` expects, once enough of its class ran as long, times
-    ``scale`` as every estimate."""
-    est = runtimes.of(job)
+    Given the learned ``history`` (``State.runtimes``), a job with no estimate of its owner's
+    runs for what its class's runs say (``expected``, from ``runs`` when given: ``with_running``;
+    ``remaining`` once it has run, when enough of its class ran as long), times ``scale`` as
+    every estimate."""
+    est = runtimes.of(job) if history is None else expected(job, history if runs is None else runs, statistic)
     est = (UNKNOWN_RUNTIME_S if est is None else est) * scale
     if job.phase in WAITING:
         return est
     ran = job.ran_s + (max(0.0, now - job.phase_since) if job.phase == "running" else 0.0)
     if history is not None and job.spec.runtime_estimate_s is None:
-        left = remaining(job, ran, history)
+        left = remaining(job, ran, history, statistic)
         if left is not None:
             # scaled as estimates are: the median of a heavy tail falls short of it in sum too
             return left * scale
     return est - ran if ran < est else max(1.0, ran)
 
 
-def remaining(job: JobState, ran: float, history: Mapping[str, Sequence[float]]) -> float | None:
+def expected(job: JobState, history: Mapping[str, Sequence[float]], statistic: str = LEARNED) -> float | None:
+    """A job's runtime for a forecast: its owner's estimate, else ``statistic`` of the runs of the
+    most specific class with enough history now (``runtimes.classes``), else the one learned at
+    its submission. ``LEARNED``: that one (``runtimes.learned``), whatever ended since."""
+    if job.spec.runtime_estimate_s is not None:
+        return job.spec.runtime_estimate_s
+    if statistic == LEARNED:
+        return job.learned_s
+    of = STATISTICS[statistic]
+    for key in runtimes.classes(job.tenant, job.spec):
+        ran = history.get(key)
+        if ran is not None and len(ran) >= runtimes.MIN_SAMPLES:
+            return of(ran)
+    return job.learned_s
+
+
+def with_running(
+    state: State, now: float, history: Mapping[str, Sequence[float]], statistic: str = LEARNED
+) -> dict[str, list[float]]:
+    """Each class's runs, and with them the expected runtime of every job of the class running
+    now (what it ran, plus what ``remaining`` expects, or as long again once it outlived its
+    class). The history holds only runs that ended, and the short ones of a class end first:
+    while its long ones still run, the history alone says the class is shorter than it is."""
+    out = {key: list(ran) for key, ran in history.items()}
+    for job_id in state.jobs_by_phase.get("running", ()):
+        job = state.jobs[job_id]
+        ran = job.ran_s + max(0.0, now - job.phase_since)
+        left = remaining(job, ran, history, statistic)
+        total = ran + (ran if left is None else left)
+        for key in runtimes.classes(job.tenant, job.spec):
+            out.setdefault(key, []).append(total)
+    return out
+
+
+def remaining(
+    job: JobState, ran: float, history: Mapping[str, Sequence[float]], statistic: str = LEARNED
+) -> float | None:
     """How much longer a job that has run ``ran`` seconds goes on, given how long the jobs of its
-    class ran: the median of what those that ran longer than ``ran`` ran beyond it, in the most
-    specific class with at least ``MIN_LONGER`` such (None: none has). A job's expected
-    remaining time given its attained service (as Tiresias and Lucid reason), not its estimate
-    at submission: in heavy-tailed run times a job that has outlived the short ones of its
-    class is one of the long ones, and one still short of the median may well end soon."""
+    class ran: ``statistic`` (the median) of what those that ran longer than ``ran`` ran beyond
+    it, in the most specific class with at least ``MIN_LONGER`` such (None: none has). A job's
+    expected remaining time given its attained service (as Tiresias and Lucid reason), not its
+    estimate at submission: in heavy-tailed run times a job that has outlived the short ones of
+    its class is one of the long ones, and one still short of the median may well end soon."""
+    of = STATISTICS["median" if statistic == LEARNED else statistic]
     for key in runtimes.classes(job.tenant, job.spec):
         longer = [x - ran for x in history.get(key, ()) if x > ran]
         if len(longer) >= MIN_LONGER:
-            return float(statistics.median(longer))
+            return of(longer)
     return None
 
 
@@ -134,13 +191,18 @@ def forecast(
     cancelled: Callable[[], bool] | None = None,
     arrivals: Sequence[SimJob] = (),
     attained: bool = True,
+    statistic: str = LEARNED,
+    censored: bool = False,
 ) -> Forecast:
     """Every waiting job's start (or only those of ``jobs``), by one forward simulation from a
     copy of ``state`` (``state`` itself is not changed), at most ``horizon_s`` ahead (None: until
     every one has started). ``attained``: running jobs go on for what ``remaining`` expects
     given how long they have run (False: for their estimate at submission, less what they ran)."""
     history = state.runtimes if attained else None
-    sim = Simulation.resume(state, now, config or SimConfig(), lambda j: runtime(j, now, scale, history))
+    runs = with_running(state, now, state.runtimes, statistic) if history is not None and censored else None
+    sim = Simulation.resume(
+        state, now, config or SimConfig(), lambda j: runtime(j, now, scale, history, statistic, runs)
+    )
     if arrivals:
         sim.arrive(arrivals)
     waiting = set(sim.until_started or ())

@@ -224,3 +224,59 @@ def test_recent_submissions_come_again(until: float | None, arrivals: list[float
     assert [j.arrival for j in got] == arrivals
     assert all(j.work_s == 100.0 and j.tenant == "t" for j in got)
     assert len({j.id for j in got}) == len(got)
+
+
+@pytest.mark.parametrize(
+    ("statistic", "tenant", "job", "expected"),
+    [
+        pytest.param("learned", "alice", spec(1, "bert"), 200.0, id="the-fold-s-estimate"),
+        pytest.param("median", "alice", spec(1, "bert"), 200.0, id="median"),
+        pytest.param("mean", "alice", spec(1, "bert"), 400.0, id="mean-of-a-heavy-tail-above-its-median"),
+        pytest.param("p75", "alice", spec(1, "bert"), 900.0, id="upper-quartile"),
+        pytest.param("mean", "alice", spec(4, "gpt"), 1310.0 / 5, id="too-few-of-name-falls-back-to-tenant"),
+        pytest.param("mean", "alice", spec(1, "bert", estimate=5.0), 5.0, id="owner-estimate-stands"),
+        pytest.param(
+            "mean", "carol", spec(1, queue="empty"), None, id="nothing-known-the-one-learned-at-submission"
+        ),
+    ],
+)
+def test_a_forecast_s_runtime_from_its_class(
+    statistic: str, tenant: str, job: JobSpec, expected: float | None
+) -> None:
+    """A forecast runs a job without its owner's estimate for the chosen statistic of the runs of
+    its most specific class with enough history; the median is what the fold learned."""
+    state = State()
+    for who, s, ran in HISTORY[:5]:
+        runtimes.learn(state, finished(who, s, ran))
+    learned = runtimes.learned(state, tenant, job)
+    waiting = JobState("j", tenant, job, 0, 0.0, learned_s=learned)
+    assert eta.expected(waiting, state.runtimes, statistic) == expected
+    if expected is not None:
+        assert eta.runtime(waiting, 0.0, 2.0, state.runtimes, statistic) == pytest.approx(2 * expected)
+
+
+@pytest.mark.parametrize(
+    ("ran", "total"),
+    [
+        pytest.param(50.0, 200.0, id="short-of-the-class-what-it-ran-and-the-median-beyond"),
+        pytest.param(250.0, 500.0, id="outlived-its-class-as-long-again"),
+    ],
+)
+def test_a_class_s_running_jobs_count_in_its_runs(ran: float, total: float) -> None:
+    """A class's history holds only runs that ended, the short ones first: a job of the class that
+    is running counts too, at what it ran plus what is expected to remain, in every class of its
+    own, and the state's history is left as it was."""
+    state = State()
+    for r in (100.0, 200.0, 300.0):
+        runtimes.learn(state, finished("t", spec(1, "n"), r))
+    before = {k: list(v) for k, v in state.runtimes.items()}
+    job = JobState("j", "t", spec(1, "n"), 0, 0.0, phase="running", phase_since=0.0)
+    state.jobs["j"] = job
+    state.jobs_by_phase.setdefault("running", {})["j"] = None
+    runs = eta.with_running(state, ran, state.runtimes, "mean")
+    assert all(
+        runs[key] == [100.0, 200.0, 300.0, pytest.approx(total)] for key in runtimes.classes("t", job.spec)
+    )
+    assert state.runtimes == before
+    waiting = JobState("w", "t", spec(1, "n"), 0, 0.0)
+    assert eta.expected(waiting, runs, "mean") == pytest.approx((600.0 + total) / 4)

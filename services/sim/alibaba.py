@@ -257,7 +257,9 @@ def _corral(r: Replay, b: _Bucket, s: TaskShape) -> Choice:
     if b.frag is None:
         b.frag = fragment(table, b.key[1], b.key[3])
     mem_after = b.key[2] - r.asking_memory
-    return packing.corral_choice(table, r.kappa, b.key[1], b.key[3], r.frag_shape(s), b.frag, mem_after, r.mu)
+    return packing.corral_choice(
+        table, r.kappa, b.key[1], b.key[3], r.frag_shape(s), b.frag, mem_after, r.mu, r.asking_memory
+    )
 
 
 SCORERS: dict[str, Scorer] = {

@@ -44,9 +44,11 @@ from corral.projections.placement.plugins.packing import (
     balance,
     cluster_cpu_per_gpu,
     corral_choice,
+    corral_score,
     fragmentation_of,
     kappa_of,
     memory_per_gpu,
+    starved,
     tightness,
 )
 from corral.projections.placement.plugins.topology import IslandScore, WholeGpusReserve, levels
@@ -599,13 +601,24 @@ CHOICES = [
     ),
     # A 300-milli slice fills a 500-free GPU and a 600-free one equally in FGD's eyes (both stay
     # a fragment for the whole-GPU tasks): the tighter one wins, though the other node's CPU
-    # would stay exactly as its free GPU needs.
+    # would end closer to kappa times its free GPU (both nodes' CPU serves their GPU).
     pytest.param(
         TaskShape(1_000, 300, 1),
         12.0,
         (50_000, (500,)),
-        (4_600, (600,)),
+        (9_000, (600,)),
         id="shared-task-fills-the-tightest-gpu-before-balance",
+    ),
+    # The same slice where the looser GPU's node has too little CPU for it (4,600 milli-CPU serve
+    # 383 of its 600 milli-GPU): there the slice asks less CPU than its share, so the node's CPU
+    # serves what is left (3,600 for 300), and the 217 milli-GPU it no longer starves outweigh
+    # the 100 of tightness.
+    pytest.param(
+        TaskShape(1_000, 300, 1),
+        12.0,
+        (4_600, (600,)),
+        (50_000, (500,)),
+        id="cpu-light-slice-relieves-a-cpu-starved-gpu-before-tightness",
     ),
 ]
 
@@ -652,6 +665,90 @@ def test_live_corral_score_weighs_tightness_and_memory() -> None:
     whole = req(cpu=12_000, mem=1024)
     roomy, short = N(gpus=2, cpu=24_000, mem=200_000).view(), N(gpus=2, cpu=24_000, mem=21_000).view()
     a, b = score(whole, roomy, (GpuClaim(0),)), score(whole, short, (GpuClaim(0),))
+    assert round(a) == round(b) and a > b
+
+
+# Milli-GPU of a node's free GPU its free CPU and memory cannot serve (kappa 12 milli-CPU and
+# mu 40 MiB a free milli-GPU): each shortfall over what the free GPU needs, in milli-GPU.
+STARVED = [
+    pytest.param(24_000, 2000, 80_000, 12.0, 40.0, 0.0, id="cpu-and-memory-as-the-gpus-need"),
+    pytest.param(90_000, 2000, 900_000, 12.0, 40.0, 0.0, id="spare-cpu-and-memory-starve-nothing"),
+    pytest.param(12_000, 2000, 80_000, 12.0, 40.0, 1000.0, id="half-the-cpu-starves-a-gpu"),
+    pytest.param(24_000, 2000, 40_000, 12.0, 40.0, 1000.0, id="half-the-memory-starves-a-gpu"),
+    pytest.param(0, 2000, 0, 12.0, 40.0, 4000.0, id="both-gone-count-twice"),
+    pytest.param(0, 0, 0, 12.0, 40.0, 0.0, id="no-free-gpu-starves-nothing"),
+    pytest.param(0, 2000, 0, 0.0, 0.0, 0.0, id="kappa-and-mu-0-not-weighed"),
+    pytest.param(12_000, 2000, None, 12.0, 40.0, 1000.0, id="memory-unknown-not-weighed"),
+]
+
+
+@pytest.mark.parametrize(("cpu", "gpu", "mem", "kappa", "mu", "want"), STARVED)
+def test_starved(cpu: int, gpu: int, mem: int | None, kappa: float, mu: float, want: float) -> None:
+    assert starved(cpu, gpu, mem, kappa, mu) == pytest.approx(want)
+
+
+# Which of two nodes a shared task goes to when FGD scores both the same and the GPUs it would
+# share are equally tight (530 free beside two whole GPUs): the one whose CPU and memory still
+# serve the free GPUs once the task is on it, though on the other the node's CPU would end
+# closer to kappa times its free GPU (the balance alone picked that one and starved two GPUs).
+# kappa 12, mu 40; the workload's tasks ask 3,000 milli-CPU, so FGD does not see the CPU.
+STARVING_CHOICES = [
+    pytest.param(
+        TaskShape(16_000, 470, 1),
+        (96_000, 400_000),
+        (20_000, 400_000),
+        id="cpu-heavy-slice-to-the-node-with-cpu-for-its-gpus",
+    ),
+    pytest.param(
+        TaskShape(4_000, 470, 1),
+        (40_000, 200_000),
+        (40_000, 60_000),
+        id="memory-heavy-slice-to-the-node-with-memory-for-its-gpus",
+    ),
+    pytest.param(
+        TaskShape(4_000, 470, 1),
+        (22_000, 200_000),
+        (60_000, 200_000),
+        id="cpu-light-slice-still-fits-where-cpu-is-short",
+    ),
+]
+
+
+@pytest.mark.parametrize(("task", "win", "lose"), STARVING_CHOICES)
+def test_corral_shared_task_keeps_cpu_and_memory_for_the_free_gpus(
+    task: TaskShape, win: tuple[int, int], lose: tuple[int, int]
+) -> None:
+    table = Workload({TaskShape(3_000, 1000, 1): 1.0, TaskShape(4_000, 0, 0): 1.0}).table("T4")
+    gpus = (530, 1000, 1000)
+    mem_ask = 50_000 if task.cpu_milli == 4_000 else 10_000
+
+    def score(cpu: int, mem: int) -> float:
+        before = fragment(table, cpu, gpus)
+        return corral_choice(table, 12.0, cpu, gpus, task, before, mem - mem_ask, 40.0, mem_ask)[0]
+
+    a, b = score(*win), score(*lose)
+    assert round(a) == round(b), "FGD must score both the same for the tie-break to decide"
+    assert a > b
+
+
+def test_corral_tie_breaks_stay_within_a_score_step() -> None:
+    # A slice asking 400 cores on a 400-core node at kappa 1 would starve 7,500 milli-GPU: more
+    # than a score step's worth. The tie-breaks are bounded so that FGD's score still decides.
+    s = corral_score(1000.0, 1000.0, 0, 7500, 1.0, True, 400_000, None, 0.0, 1000, 500, 0)
+    assert s == pytest.approx(fgd_score(1000.0, 1000.0) - 0.45)
+
+
+def test_live_corral_score_keeps_cpu_for_the_free_gpus() -> None:
+    # The live placer's score ranks as ``corral_choice`` does: a CPU-heavy slice on two equally
+    # tight GPUs goes where the node's CPU still serves its whole GPUs.
+    # kappa 12 (3,000 milli-CPU per 250 milli-GPU), and the workload's tasks fit in what either
+    # node keeps, so FGD scores both the same.
+    f = Fragmentation(Workload({TaskShape(3000, 250, 1): 1.0}))
+    score = PackingScore("corral", f).score
+    shared = req(milli=470, cpu=16_000, mem=1024)
+    rich = N(gpus=3, cpu=96_000, mem=400_000).used(0, 470).view()
+    poor = N(gpus=3, cpu=20_000, mem=400_000).used(0, 470).view()
+    a, b = score(shared, rich, (GpuClaim(0, milli=470),)), score(shared, poor, (GpuClaim(0, milli=470),))
     assert round(a) == round(b) and a > b
 
 

@@ -89,16 +89,18 @@ class Figures:
     anchor_per_s: float
 
 
-def queues_file(gpus: int) -> str:
+def queues_file(gpus: int, retention: float | None = None) -> str:
     """Four teams that may each use the whole cluster, and a backlog tenant held to 8 GPUs in
-    a cohort of its own (it neither borrows nor is lent to)."""
+    a cohort of its own (it neither borrows nor is lent to); with ``retention``, how long the
+    cluster's state keeps a finished job (seconds of log time; else the cluster's default)."""
     teams = "\n".join(
         f'[[queues]]\nname = "{t}"\ncohort = "teams"\ntenants = ["{t}"]\n'
         f'quotas = {{ "*" = {{ nominal = {gpus} }} }}\n'
         for t in mix.TEAMS
     )
+    kept = f"[retention]\nfinished_s = {retention:g}\n\n" if retention is not None else ""
     return (
-        '[[priority_classes]]\nname = "normal"\nvalue = 0\n\n'
+        kept + '[[priority_classes]]\nname = "normal"\nvalue = 0\n\n'
         '[[cohorts]]\nname = "teams"\n\n[[cohorts]]\nname = "held"\n\n'
         f"{teams}\n"
         f'[[queues]]\nname = "{mix.BACKLOG}"\ncohort = "held"\ntenants = ["{mix.BACKLOG}"]\n'
@@ -318,23 +320,34 @@ async def measured(
 
 async def soak(
     args: argparse.Namespace, parts: Parts, server: Nats, watch: Watch,
-    client: asyncio.subprocess.Process,
+    client: asyncio.subprocess.Process, nc: object,
 ) -> None:  # fmt: skip
     """Keep the cluster about full (what is submitted and not finished stays under the number of
-    jobs the cluster holds) until ``--soak-jobs`` have finished. At each tenth: the rate, each
-    decision service's cycle as the log shows it (decision lag) and every process's share of a
-    core and RSS over that tenth. Flat lines are the goal."""
+    jobs the cluster holds) until ``--soak-jobs`` have finished. At each ``--soak-every`` finished
+    (a tenth unless told; a step below): the rate; each
+    leased service's cycles over that step (from its status, as ``corral status`` shows it), its
+    CPU per cycle (the process's CPU time over the step divided by its cycles: fold, decide and
+    append, all a cycle costs) and per job finished in the step (which does not depend on how
+    many jobs a cycle takes at once); each decision service's decide+append and lag as the log
+    shows them; every process's share of a core and RSS. Last, the steps side by side. Flat
+    lines are the goal. (A replica posts its status every few seconds, so a step's cycles are
+    exact to a few seconds' worth: fine over a soak's steps, ragged over a short run's.)"""
     assert client.stdin is not None
-    print(f"\nsoak: until {args.soak_jobs:,} jobs have finished", flush=True)
-    print("  finished  elapsed s  jobs/s   lag p50/p99 ms: admission, placer, preemptor, assignments")
-    print("      then each process: CPU as a share of a core / RSS MiB, over that tenth", flush=True)
+    print(f"\nsoak: until {args.soak_jobs:,} jobs have finished (retention {args.retention:g} s of log time)")
+    every = args.soak_every or max(1, args.soak_jobs // 10)
+    print(f"  each {every:,} finished: finished, elapsed s, jobs/s over the step; then per service: cycles")
+    print("  in the step, CPU ms a cycle, CPU ms a finished job, decide+append p50 ms, lag p50/p99 ms;")
+    print("  then per process: share of a core / RSS MiB")
+    print("", flush=True)
     start_finished, t0 = watch.finished, time.monotonic()
     window = max(1, int(args.nodes * 8 / MEAN_GPUS))
     chunk = max(1, min(500, window // 4))
     sent, step, mark, mark_t = 0, 1, time.time(), t0
-    before = usage_of(parts, server)
+    before, cycles_before = usage_of(parts, server), await cycles_of(nc)
+    rows: list[Row] = []  # the table at the end
     pending: asyncio.Task[str] | None = None
-    while step <= 10 and time.monotonic() - t0 <= args.duration:
+    steps = -(-args.soak_jobs // every)
+    while step <= steps and time.monotonic() - t0 <= args.duration:
         finished = watch.finished - start_finished
         if pending is not None and pending.done():
             pending.result()
@@ -344,25 +357,36 @@ async def soak(
             await client.stdin.drain()
             pending = asyncio.create_task(line_of(client, args.duration))
             sent += chunk
-        if finished >= step * args.soak_jobs / 10:
-            now, after = time.monotonic(), usage_of(parts, server)
-            lags = []
-            for role in (*ROLES, "assignments"):
+        if finished >= min(step * every, args.soak_jobs):
+            now, after, cycles = time.monotonic(), usage_of(parts, server), await cycles_of(nc)
+            seconds = now - mark_t
+            done = finished - (rows[-1].finished if rows else 0)
+            rate = done / seconds
+            print(f"  {finished:>9,} {now - t0:>8.0f} s {rate:>6.0f}/s", flush=True)
+            per_cycle: dict[str, float] = {}
+            per_job: dict[str, float] = {}
+            for role in LEASED:
+                n = cycles.get(role, 0) - cycles_before.get(role, 0)
+                cpu = after[role].cpu_s - before[role].cpu_s if role in after and role in before else 0.0
+                per_cycle[role] = cpu * 1000 / n if n > 0 else float("nan")
+                per_job[role] = cpu * 1000 / done if done > 0 else float("nan")
                 ms = [lag * 1000 for at, lag in watch.lags.get(role, ()) if at >= mark]
-                lags.append(f"{percentile(ms, 0.5):.0f}/{percentile(ms, 0.99):.0f}" if ms else "-")
-            rate = (finished - (step - 1) * args.soak_jobs / 10) / (now - mark_t)
-            print(f"  {finished:>8,} {now - t0:>10.0f} {rate:>7.0f}   {', '.join(lags)}")
+                deciding = [x * 1000 for at, x in watch.deciding.get(role, ()) if at >= mark]
+                lag = f"lag {percentile(ms, 0.5):.0f}/{percentile(ms, 0.99):.0f}" if ms else "lag -"
+                split = f"d+a {percentile(deciding, 0.5):.1f}" if deciding else "d+a -"
+                print(
+                    f"      {role:<11} {n:>7,} cycles {per_cycle[role]:>7.1f} ms/cycle"
+                    f" {per_job[role]:>6.2f} ms/job  {split:<9} {lag}"
+                )
             shares = [
-                f"{n} {(u.cpu_s - before[n].cpu_s) / (now - mark_t):.0%}/{u.rss_mib:.0f}"
+                f"{n} {(u.cpu_s - before[n].cpu_s) / seconds:.0%}/{u.rss_mib:.0f}"
                 for n, u in after.items()
                 if n in before
             ]
             print(f"      {'  '.join(shares)}", flush=True)
-            step, mark, mark_t, before = step + 1, time.time(), now, after
-            for role in (
-                *ROLES,
-                "assignments",
-            ):  # only the tenth's lags are kept: the soak must not grow here
+            rows.append(Row(finished, rate, per_cycle, per_job, {n: u.rss_mib for n, u in after.items()}))
+            step, mark, mark_t, before, cycles_before = step + 1, time.time(), now, after, cycles
+            for role in LEASED:  # only the step's lags are kept: the soak must not grow here
                 watch.lags[role] = [x for x in watch.lags.get(role, ()) if x[0] >= mark]
                 watch.deciding[role] = [x for x in watch.deciding.get(role, ()) if x[0] >= mark]
         parts.check()
@@ -371,6 +395,41 @@ async def soak(
         with contextlib.suppress(Exception):
             await pending
     print(f"  finished {watch.finished - start_finished:,} jobs in {time.monotonic() - t0:.0f} s")
+    print_soak_table(rows)
+
+
+async def cycles_of(nc: object) -> dict[str, int]:
+    """Cycles decided so far by each leased role's leading replica, from the status board."""
+    holders, replicas = await status.read(nc)
+    return {r.role: r.cycles for r in replicas if holders.get(r.role) == r.replica}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One step of the soak, for the table at its end."""
+
+    finished: int
+    rate: float  # jobs finished a second over the step
+    per_cycle: dict[str, float]  # leased role -> CPU ms a cycle
+    per_job: dict[str, float]  # leased role -> CPU ms a job finished
+    rss: dict[str, float]  # process -> RSS MiB at the step's end
+
+
+def print_soak_table(rows: list[Row]) -> None:
+    """The soak's steps side by side: what should stay flat, read down a column."""
+    if not rows:
+        return
+    names = list(rows[-1].rss)
+    short = {"admission": "adm", "placer": "plc", "preemptor": "pre", "health": "hlt", "assignments": "asg"}
+    print("\nsoak table: per leased service CPU ms a cycle, then CPU ms a finished job; RSS MiB per process")
+    head = f"  {'finished':>9} {'jobs/s':>6} " + " ".join(f"{short[r] + ' /c':>7}" for r in LEASED)
+    head += " " + " ".join(f"{short[r] + ' /j':>6}" for r in LEASED)
+    print(head + " | " + " ".join(f"{n[:11]:>11}" for n in names))
+    for row in rows:
+        cells = " ".join(f"{row.per_cycle.get(r, float('nan')):>7.1f}" for r in LEASED)
+        cells += " " + " ".join(f"{row.per_job.get(r, float('nan')):>6.2f}" for r in LEASED)
+        mem = " ".join(f"{row.rss.get(n, float('nan')):>11.0f}" for n in names)
+        print(f"  {row.finished:>9,} {row.rate:>6.0f} {cells} | {mem}")
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -430,7 +489,7 @@ async def run_once(args: argparse.Namespace, cluster: int) -> list[Figures]:
             # agents read), as ``corral up`` makes them: with the log's replicas.
             await ensure_bucket(log.nc, replicas=replicas)
             await views.ensure_bucket(log.nc, replicas=replicas)
-            watch = Watch()
+            watch = Watch(per_job=not args.soak)  # a soak counts finished jobs only: it must not grow
 
             async def watching() -> None:
                 assert log is not None
@@ -454,7 +513,7 @@ async def run_once(args: argparse.Namespace, cluster: int) -> list[Figures]:
             # Agents wait a while for their view before registering: have its writer lead first.
             await until_leading(log.nc, parts, 60)
             queues = store / "queues.toml"
-            queues.write_text(queues_file(gpus))
+            queues.write_text(queues_file(gpus, args.retention))
             await apply_queues(corral, queues, url, parts)
             hosts = []
             per = -(-args.nodes // args.agent_processes)
@@ -473,7 +532,7 @@ async def run_once(args: argparse.Namespace, cluster: int) -> list[Figures]:
                 f" cluster holds about {gpus / MEAN_GPUS:,.0f} at once, frees about {turnover:,.0f}/s"
             )
             if args.soak:
-                await soak(args, parts, server, watch, client)
+                await soak(args, parts, server, watch, client, log.nc)
                 await print_status(log.nc)
                 return figures
             figures.append(await measured(
@@ -584,6 +643,15 @@ def parse() -> argparse.Namespace:
     p.add_argument("--runtime-max", type=float, default=30.0, help="longest job, s")
     p.add_argument("--soak", action="store_true", help="run until --soak-jobs jobs have finished")
     p.add_argument("--soak-jobs", type=int, default=1_000_000)
+    p.add_argument(
+        "--soak-every", type=int, default=0, help="finished jobs between figures (default: a tenth)"
+    )
+    p.add_argument(
+        "--retention",
+        type=float,
+        default=None,
+        help="seconds of log time the state keeps a finished job (default: 1 h; 120 with --soak)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--cluster",
@@ -611,6 +679,13 @@ def parse() -> argparse.Namespace:
     if args.compare_r1 and args.cluster != 1:
         p.error("--compare-r1 runs both, one server and then three: not with --cluster")
     args.jobs = args.jobs or args.nodes
+    if args.retention is None and args.soak:
+        # A soak of an hour or so must see jobs let go, or it measures a state that only grows.
+        args.retention = 120.0
+    if args.soak_every < 0:
+        p.error("--soak-every: a number of finished jobs, 1 or more (0: a tenth of --soak-jobs)")
+    if args.retention is not None and args.retention < 0:
+        p.error("--retention: a number of seconds, 0 or more")
     args.agent_processes = max(1, min(args.agent_processes, args.nodes))
     return args
 

@@ -88,7 +88,10 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class Watch:
-    """Folds nothing: picks out of each record what the figures need."""
+    """Folds nothing: picks out of each record what the figures need. Without ``per_job`` (a
+    soak) it keeps no map of jobs, only the count of those finished, so it does not grow."""
+
+    per_job: bool = True
 
     submitted: dict[str, float] = field(default_factory=dict)  # job -> stream time of its submit
     placed: dict[str, float] = field(default_factory=dict)  # job -> of its first placement
@@ -116,6 +119,8 @@ class Watch:
             if len(self._order) > 500_000:  # a decision is based on a recent record
                 del self._times[self._order.popleft()]
             s = r.subject
+            if not self.per_job and not s.startswith(decision_prefix) and not s.startswith(node_prefix):
+                continue
             if s.endswith(".submit") and s.startswith(subjects.IN):
                 job = _request_id(r.data).request_id
                 self.submitted.setdefault(job, r.time)
@@ -134,7 +139,7 @@ class Watch:
                         role = s[len(decision_prefix) :]
                         self.lags.setdefault(role, []).append((r.time, r.time - before))
                         self.deciding.setdefault(role, []).append((r.time, r.time - body.now))
-                if isinstance(body, JobsPlaced):
+                if isinstance(body, JobsPlaced) and self.per_job:
                     for p in body.placements:
                         if p.attempt == 0:
                             self.placed.setdefault(p.job_id, r.time)
@@ -142,7 +147,7 @@ class Watch:
                 body = codec.decode_envelope(r.data).body
                 if isinstance(body, WorkerExited) and body.rank == 0 and body.code == 0:
                     self.finished += 1
-            elif s.startswith(node_prefix) and b"WorkerStarted" in r.data:
+            elif self.per_job and s.startswith(node_prefix) and b"WorkerStarted" in r.data:
                 body = codec.decode_envelope(r.data).body
                 if isinstance(body, WorkerStarted) and body.rank == 0 and body.attempt == 0:
                     self.started.setdefault(body.job_id, r.time)
@@ -157,7 +162,7 @@ class Watch:
             except msgspec.DecodeError:
                 continue
             self._views.append((r.time, view.seq))
-            for job in view.jobs:
+            for job in view.jobs if self.per_job else ():
                 if job.attempt == 0:
                     self.viewed.setdefault(job.job_id, r.time)
         self._match_views()

@@ -48,7 +48,12 @@ CODE = "no-node"  # the code of every reason given here: no node of the inventor
 # about every cycle (``unhosted_queued``), so this is kept well above the shapes a backlog holds:
 # one past it would judge every shape again each cycle.
 MAX_VERDICTS = 1 << 16
-MAX_SPECS = 1 << 20  # specs remembered per inventory, likewise
+# Specs remembered per inventory: twice the jobs not finished, and this many more. A spec is
+# asked about again only while its job waits or holds quota, so past that the memory holds
+# mostly jobs long finished (each spec kept alive), and starts again: remembering every spec
+# judged would hold every job ever submitted under one inventory, a million after a million
+# jobs. Starting again costs each live job one look-up by shape, once per that many new specs.
+MIN_SPECS = 1 << 12
 
 # How far a worker got through the chain's filters on a node, by the code of the first no: the
 # nodes that got furthest are the ones a reason speaks of ("the largest node that ...").
@@ -99,6 +104,7 @@ class Inventory:
         ]
         self.label_keys = dict(label_keys) if label_keys is not None else stack.PlacerConfig().label_keys
         self._idle: _Idle | None = None
+        self.max_specs = 2 * indexes.count(state, *indexes.UNFINISHED) + MIN_SPECS
 
     @property
     def empty(self) -> bool:
@@ -115,7 +121,7 @@ class Inventory:
         if verdict is not _UNJUDGED:
             return verdict
         verdict = self._judged(idle, job)
-        if len(idle.specs) >= MAX_SPECS:
+        if len(idle.specs) >= self.max_specs:
             idle.by_spec.clear()
             idle.specs.clear()
         idle.by_spec[id(spec) >> 4] = verdict

@@ -51,13 +51,18 @@ class Index:
                 self._mark_job(state, job_id, dirty)
 
     def _mark_job(self, state: State, job_id: str, dirty: set[str]) -> None:
-        known = self.nodes_by_job.setdefault(job_id, set())
+        # A job on no node is not kept: an entry for every job ever named (queued and
+        # cancelled, rejected, or named again after it left every view) would grow for ever.
+        known = self.nodes_by_job.get(job_id)
         job = state.jobs.get(job_id)
         if job is not None:
-            for n in nodes_of(job) - known:
+            for n in nodes_of(job) - (known or set()):
+                if known is None:
+                    known = self.nodes_by_job[job_id] = set()
                 known.add(n)
                 self.jobs_on.setdefault(n, set()).add(job_id)
-        dirty.update(known)
+        if known:
+            dirty.update(known)
 
     def everywhere(self, state: State) -> set[str]:
         """Every node: a service that takes the lease writes every key again."""

@@ -95,6 +95,33 @@ def test_tiny_run_on_a_cluster_of_three_places_every_job() -> None:
     assert survivors(url_of(out)) == []
 
 
+@pytest.mark.timeout(300)
+def test_tiny_soak_prints_each_step_and_the_table() -> None:
+    """Until 40 jobs have finished, figures every 20: each leased service's cycles and CPU per
+    cycle and per finished job, every process's RSS; then the steps side by side."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    argv = [*BENCH, "--soak", "--soak-jobs", "40", "--soak-every", "20", "--nodes", "8", "--anchor", "500"]
+    argv += ["--runtime-min", "0.5", "--runtime-max", "1", "--duration", "240", "--retention", "5"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=280)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "until 40 jobs have finished (retention 5 s of log time)" in out, out
+    for role in ("admission", "placer", "preemptor", "health", "assignments"):
+        step = rf"^ +{role} +[\d,]+ cycles +(?:{NUMBER}|nan) ms/cycle +{NUMBER} ms/job"
+        assert len(re.findall(step, out, re.MULTILINE)) == 2, (role, out)
+    table = out.split("soak table:")[1]
+    rows = re.findall(rf"^ +[\d,]+ +{NUMBER} (?:.*\d)$", table, re.MULTILINE)
+    assert len(rows) == 2 and all(int(r.split()[0].replace(",", "")) >= 20 for r in rows), table
+    assert survivors(url_of(out)) == []
+
+
+@pytest.mark.parametrize("bad", [["--soak-every", "-1"], ["--retention", "-5"]], ids=["every", "retention"])
+def test_soak_options_that_are_no_count_are_refused(bad: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([*BENCH, "--soak", *bad], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and bad[0] in done.stderr.splitlines()[-1], done.stderr
+
+
 def test_compare_r1_is_refused_with_soak_or_cluster() -> None:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     for extra in (["--soak"], ["--cluster", "3"]):

@@ -25,6 +25,7 @@ from corral.services.assignments import service as assignments_service
 from corral.services.assignments.decide import Index, touched, views
 from corral.services.runtime.views import MemoryViews
 from tests.builders import Cluster, LogBuilder, job, on, placement, running, whole, worker
+from tests.unit.test_retention import ROUND_S, churn
 
 N0, N1, N2 = "node-00", "node-01", "node-02"
 
@@ -177,6 +178,25 @@ def test_views_kept_record_by_record_equal_views_computed_from_scratch(log: LogB
             written[view.node] = body(view)
         for n in nodes:
             assert written.get(n, body(node_view(state, n))) == body(node_view(state, n)), (record.seq, n)
+
+
+def test_the_index_keeps_only_the_jobs_on_some_node() -> None:
+    """Jobs queued and cancelled, rejected, or named again after they left every view leave no
+    entry behind: over rounds of churn the index holds what the nodes' views hold (nothing,
+    once every round's jobs ended), not an entry per job ever named."""
+    log = LogBuilder(step=0.01).nodes(Cluster(3)).queue("team-a").retention(3 * ROUND_S)
+    for i in range(60):
+        churn(log, i)
+    state, index = State(), Index()
+    for record in log.records:
+        apply(state, record)
+        dirty: set[str] = set()
+        body_, _, _ = codec.decode_record(record.subject, record.data, record.headers)
+        jobs, node = touched(body_)
+        index.mark(state, jobs, node, dirty)
+        views(state, index, dirty)
+    assert state.let_go > 300 and index.nodes_by_job == {}
+    assert all(not on_node for on_node in index.jobs_on.values())
 
 
 async def test_a_failing_view_is_counted_backed_off_and_written_later(

@@ -7,7 +7,8 @@ import pytest
 
 from corral.events.jobs import JobSpec
 from corral.events.queues import CordonNode
-from corral.projections.placement.inventory import CODE, Inventory, never_fits
+from corral.projections import indexes
+from corral.projections.placement.inventory import CODE, MIN_SPECS, Inventory, never_fits
 from corral.projections.state import JobState, State
 from corral.services.agent.inventory import h100_8x_nvswitch, t4_2x
 from tests.builders import Cluster, JobBuilder, LogBuilder, job
@@ -208,3 +209,25 @@ def test_the_queued_jobs_are_judged_shape_by_shape_as_job_by_job() -> None:
     by_job = {j.id: why for j in queued if (why := never_fits(state, j)) is not None}
     assert by_shape == by_job
     assert {i.rsplit("-", 1)[0] for i in by_shape} == {name for name, _, want in CASES if want is not None}
+
+
+def test_the_specs_it_remembers_are_as_many_as_the_jobs_not_finished_not_every_job_judged() -> None:
+    """Every submission is judged once (admission's validation); a spec judged is remembered,
+    and kept alive, so that its job is answered by a look-up each cycle after. Over a long run
+    of jobs that come and go under one inventory, what it remembers stays about twice the jobs
+    not finished: it holds no spec of every job ever submitted. The answers stay the same."""
+    state = _mixed()
+    live = [_job(job().gpus(1), f"live-{i}") for i in range(10)]
+    for j in live:
+        state.jobs[j.id] = j
+    indexes.rebuild(state)
+    remembered = []
+    for i in range(3 * MIN_SPECS):
+        inventory = Inventory(state)  # one per cycle, as admission builds it
+        too_big = i % 2 == 1
+        verdict = inventory.never_fits(_job(job().gpus(16 if too_big else 1), f"gone-{i}"))
+        assert (verdict is not None) == too_big
+        assert inventory.unhosted(live) == []  # the live ones, asked again each cycle
+        remembered.append(len(inventory._built().specs))
+    assert max(remembered) <= 2 * len(live) + MIN_SPECS
+    assert max(remembered) >= MIN_SPECS - 1  # it did remember, up to its bound

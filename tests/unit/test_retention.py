@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 
 from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.jobs import CancelJob, JobRejected, ResizeJob
 from corral.events.queues import ApplyRetention, RetentionSpec
-from corral.projections import retention
-from corral.projections.fold import apply_event
+from corral.projections import indexes, retention
+from corral.projections.fold import apply_event, fold
 from corral.projections.state import State
 from tests.builders import Cluster, LogBuilder, job, on, placement, running, whole, worker
 
 N0 = "node-00"
+N1 = "node-01"
 
 
 def done(log: LogBuilder, job_id: str, node: str = N0) -> LogBuilder:
@@ -192,3 +194,91 @@ def test_letting_go_looks_only_at_the_head_of_the_finished_jobs() -> None:
     due = retention.due(state, state.seq + 1, state.time + 50.0)
     assert [j.id for j in due] == [job_id for _, job_id, _ in waiting[: len(due)]]
     assert 0 < len(due) < len(waiting)
+
+
+# -- bounded: what finished jobs leave behind -------------------------------------------------------
+
+ROUND_S = 10.0  # log time a round of the churn below takes; the retention keeps the last few rounds
+
+
+def churn(log: LogBuilder, i: int) -> None:
+    """One round of the kinds of job a cluster sees end: a one-GPU job that succeeds, a gang of
+    two 8-GPU workers over both nodes that succeeds, a job that fails, one preempted for
+    another that then runs and is cancelled (and the one it stopped, requeued, then too), one
+    cancelled while queued, one rejected at submission, and duplicate submissions refused.
+    Every job of the round has given its GPUs back when the round ends. (Ids of one length: a
+    snapshot's bytes do not grow with them.)"""
+    a, g, f, v, b, q, r = (f"{kind}{i:05d}" for kind in "agfvbqr")
+    log.at(1000.0 + i * ROUND_S)
+    running(a, job().gpus(1).build(), log=log)
+    done(log, a)
+    log.submit("alice", g, job().gpus(8).replicas(2)).accept(g).admit(g, replicas=2)
+    log.place(placement(g, worker(0, N0, *map(whole, range(8))), worker(1, N1, *map(whole, range(8)))))
+    for rank, node in ((0, N0), (1, N1)):
+        log.started(node, g, rank=rank)
+    for rank, node in ((0, N0), (1, N1)):
+        log.exited(node, g, rank=rank, code=0)
+    running(f, job().gpus(2).restarts(0, "never").build(), log=log, gpus=(0, 1))
+    log.exited(N0, f, code=1)
+    running(v, job().gpus(8).build(), log=log, gpus=tuple(range(8)))
+    log.submit("bob", b, job().gpus(8)).accept(b, priority=5).preempt(b, v)
+    log.exited(N0, v, code=143, stopped=True).requeue(v, 0, "preempted")
+    log.admit(b).place(on(N0, *range(8), job_id=b)).started(N0, b)
+    log.request("bob", "cancel", CancelJob(job_id=b))
+    log.exited(N0, b, code=143, stopped=True)
+    log.request("alice", "cancel", CancelJob(job_id=v))  # requeued, it waits: until cancelled
+    log.submit("alice", q, job().gpus(1)).accept(q)
+    log.request("alice", "cancel", CancelJob(job_id=q))
+    log.submit("alice", r, job().gpus(1))
+    why = Reason("invalid", "too big")
+    log.event(subj.job(r), JobRejected(job_id=r, request_seq=log.last_seq, reason=why))
+    for _ in range(2):  # retries of one still kept: duplicates (the recent refusals fill up)
+        log.submit("alice", a, job().gpus(1))
+
+
+def sizes(state: State) -> dict[str, int]:
+    """Entries in each collection the State keeps, one level down into dicts of collections."""
+    out = {}
+    for name in state.__struct_fields__:
+        value = getattr(state, name)
+        if isinstance(value, dict):
+            inner = [v for v in value.values() if isinstance(v, dict | list)]
+            out[name] = len(value) + sum(len(v) for v in inner)
+        elif isinstance(value, list):
+            out[name] = len(value) - (state.finished_from if name == "finished" else 0)
+    return out
+
+
+def snapshot_size(state: State) -> int:
+    """The State's bytes as a snapshot holds it, less the let-go head of ``finished`` that the
+    fold trims in batches (at most ``retention._TRIM`` entries: bounded, but not the same from
+    one record to the next)."""
+    waiting = state.finished[state.finished_from :]
+    return len(msgspec.msgpack.encode(msgspec.structs.replace(state, finished=waiting, finished_from=0)))
+
+
+def test_the_state_after_many_finished_jobs_past_retention_is_as_large_as_after_few() -> None:
+    """Past the retention period, what the State holds is what runs and what finished within it:
+    every index, the jobs, the finished list still waited on, the runtimes learned, the recent
+    rejections and a snapshot's bytes are the same after 600 rounds of churn as after 1,200.
+    (A snapshot is the State as msgpack.) A collection that grew with each job that ever
+    finished would differ here."""
+    log = LogBuilder(step=0.01).nodes(Cluster(3)).queue("team-a").retention(3 * ROUND_S)
+    for i in range(600):
+        churn(log, i)
+    running("live", job().gpus(1).build(), log=log, node="node-02")  # one job runs throughout
+    log.submit("alice", "waiting", job().gpus(1)).accept("waiting")  # and one waits
+    log.cordon(N0, False)
+    state = log.fold()
+    early_sizes, early_bytes, early_let_go = sizes(state), snapshot_size(state), state.let_go
+    folded = len(log.records)
+    for i in range(600, 1200):
+        churn(log, i)
+    log.cordon(N0, False)
+    state = fold(log.records[folded:], state)
+    assert state.let_go >= 2 * early_let_go  # as many again were let go...
+    assert sizes(state) == early_sizes  # ...and nothing the State keeps grew with them
+    assert snapshot_size(state) <= 1.01 * early_bytes  # longer numbers only: seqs, times
+    assert {"live", "waiting"} <= state.jobs.keys() and len(state.jobs) <= 3 * 7 + 2
+    assert state.faults == 0
+    indexes.check(state)

@@ -74,6 +74,7 @@ from corral.events.queues import (
     ApplyQueue,
     ApplyRetention,
     CohortSpec,
+    PreemptionPolicy,
     PriorityClassSpec,
     QueueSpec,
     Quota,
@@ -105,6 +106,10 @@ CYCLE_S = 60.0
 NORMAL = PriorityClassSpec("normal", 0, min_runtime_s=300.0, max_preemptions=3)
 # Tiresias's jobs enter its high queue; its own rules, not a guard, say when they may be stopped.
 TIRESIAS_CLASS = PriorityClassSpec("tiresias", tiresias.HIGH)
+# corral's queues share the cohort's idle quota by Kueue's fair-sharing preemption, with Kueue's
+# default strategies: a queue that borrows little may take back capacity from one that has long
+# held more than its nominal, whatever the two jobs' priorities (they are all ``normal`` here).
+FAIR_SHARING = PreemptionPolicy(fair_sharing=("less-than-or-equal-to-final-share", "less-than-initial-share"))
 
 
 # -- the slice ---------------------------------------------------------------------------------------
@@ -235,6 +240,7 @@ class Experiment:
                 weight=float(nominal),
                 tenants=(team,),
                 strategy="shortest-first",
+                preemption=FAIR_SHARING,
             )
             out.append(ApplyQueue(queue=spec))
         return out

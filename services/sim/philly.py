@@ -24,12 +24,19 @@ preemptions in a job's life.
 
 The three policies, the same fold and simulated agents in all:
 
-- ``corral``: one queue per team, all in one cohort so idle quota is lent; each queue's nominal
-  quota is its share of the slice's GPU-hours (at least one GPU each, largest remainders, summing
-  to the cluster) and its fair-share weight is that nominal. Shortest first with aging within a
-  queue (``shortest-first``: highest response ratio next, from the runtime estimates), fair
-  share across queues, the placer's reservation and backfill, and the preemptor reclaiming
-  nominal quota from borrowers.
+- ``corral``: one queue per team, all in one cohort so idle quota is lent. Each team's
+  entitlement is its share of the slice's GPU-hours (at least one GPU each, largest
+  remainders, summing to the cluster), which is also its fair-share weight; its queue's
+  nominal quota is half of it (``pool``, ``POOL``; rounded down), and the rest is the
+  cohort's own quota, a pool every team borrows from: a guaranteed share plus a burst pool,
+  as platform teams set up Kueue cohorts. (With the whole entitlement as nominal, a team of
+  many short jobs and few GPU-hours, three of which hold most of the slice's jobs, could burst
+  only into quota others left idle, and waited behind other teams' week-long jobs running
+  within their nominal.) Shortest first with aging within a queue (``shortest-first``:
+  highest response ratio next, from the runtime estimates), fair share across queues, the
+  placer's reservation and backfill, the preemptor reclaiming nominal quota from borrowers,
+  and Kueue's fair-sharing preemption among borrowers (``FAIR_SHARING``): a team that held
+  little of the pool lately takes it back from one that held much.
 - ``fifo``: one strict-FIFO queue for everyone with the whole cluster as its quota (no fair
   share), and no preemptor. The placer is the same.
 - ``tiresias``: Tiresias's discretized 2D-LAS (``tiresias.py``) in place of corral's services:
@@ -92,6 +99,7 @@ JOBS = 20_000
 NODES = 64
 GPUS_PER_NODE = 8
 CHECKPOINTABLE = 0.75
+POOL = 0.5
 SEED = 0
 COHORT = "philly"
 FIFO_QUEUE = "fifo"
@@ -183,6 +191,9 @@ class Experiment:
     checkpointable: float = CHECKPOINTABLE
     seed: int = SEED
     cycle_s: float = CYCLE_S
+    # The share of each team's entitlement corral's setup holds in the cohort rather than in the
+    # team's queue (``POOL``): a pool any team may borrow from and fair sharing divides.
+    pool: float = POOL
 
     @property
     def gpus(self) -> int:
@@ -191,6 +202,11 @@ class Experiment:
     @property
     def quotas(self) -> dict[str, int]:
         return nominal_quotas(self.trace, self.gpus)
+
+    @property
+    def guaranteed(self) -> dict[str, int]:
+        """Each team's nominal quota under corral: its entitlement less the pooled share."""
+        return {t: math.floor(n * (1.0 - self.pool)) for t, n in self.quotas.items()}
 
     @property
     def window(self) -> tuple[float, float]:
@@ -227,17 +243,20 @@ class Experiment:
         if policy == "tiresias":
             everyone = QueueSpec(TIRESIAS_QUEUE, quotas={"*": Quota(nominal=self.gpus)})
             return [RETENTION, ApplyPriorityClass(priority_class=TIRESIAS_CLASS), ApplyQueue(queue=everyone)]
+        guaranteed = self.guaranteed
+        pooled = self.gpus - sum(guaranteed.values())
+        cohort_quotas = {"*": Quota(nominal=pooled)} if pooled else {}
         out: list[Event] = [
             RETENTION,
             ApplyPriorityClass(priority_class=NORMAL),
-            ApplyCohort(cohort=CohortSpec(COHORT)),
+            ApplyCohort(cohort=CohortSpec(COHORT, quotas=cohort_quotas)),
         ]
-        for team, nominal in sorted(self.quotas.items()):
+        for team, entitled in sorted(self.quotas.items()):
             spec = QueueSpec(
                 team,
                 cohort=COHORT,
-                quotas={"*": Quota(nominal=nominal)},
-                weight=float(nominal),
+                quotas={"*": Quota(nominal=guaranteed[team])},
+                weight=float(entitled),
                 tenants=(team,),
                 strategy="shortest-first",
                 preemption=FAIR_SHARING,

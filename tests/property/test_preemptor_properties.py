@@ -2,13 +2,14 @@
 preemption never stops a job of equal or higher priority in the beneficiary's queue, nor one that
 may not be preempted, nor one of another queue unless that queue borrows in the beneficiary's
 cohort tree (then by reclaim, borrowing over a lower priority, or fair sharing: Kueue's
-strategies on ``projections.preemption.Shares``); the beneficiary always fits once its victims are gone (so nothing is stopped for a
-job that would still not fit), and no two beneficiaries are offered the same GPUs; the fold
-accepts every proposal; the same state gives the same decision. Two cycles run, the second with
-the first one's preemptions under way. Then, on full cohorts whose nominal quotas add up to the
-capacity, an urgent queued job: it gets one victim exactly when one may be stopped for it
-(borrowers first), and once that victim stops, admission admits it and the placer places it on
-the freed GPUs, with the quota the fold keeps agreeing with the jobs throughout."""
+strategies on ``projections.preemption.Shares``); the beneficiary always fits once its victims
+are gone (so nothing is stopped for a job that would still not fit), and no two beneficiaries
+are offered the same GPUs; the fold accepts every proposal; the same state gives the same
+decision. Two cycles run, the second with the first one's preemptions under way. Then, on full
+cohorts whose nominal quotas add up to the capacity, an urgent queued job: it gets one victim
+exactly when one may be stopped for it (borrowers first), and once that victim stops, admission
+admits it and the placer places it on the freed GPUs, with the quota the fold keeps agreeing
+with the jobs throughout."""
 
 from __future__ import annotations
 

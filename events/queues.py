@@ -15,6 +15,8 @@ from corral.events.base import Int, Request
 WithinQueue = Literal["never", "lower-priority", "lower-or-newer-equal-priority"]
 ReclaimWithinCohort = Literal["never", "lower-priority", "any"]
 BorrowWithinCohort = Literal["never", "lower-priority"]
+# Kueue's fair-sharing preemption strategies (KEP-1714, rules S2-a and S2-b).
+FairSharingStrategy = Literal["less-than-or-equal-to-final-share", "less-than-initial-share"]
 
 
 class Quota(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
@@ -37,13 +39,22 @@ class PreemptionPolicy(msgspec.Struct, frozen=True, omit_defaults=True, gc=False
       (it takes back what it lent): of any priority (``any``), a lower one, or none;
     - ``borrow_within_cohort``: jobs of other queues that borrow, when the job itself would
       borrow: of a lower priority (``lower-priority``), and with ``borrow_priority_threshold``
-      only those of that priority or below; or none (``never``).
+      only those of that priority or below; or none (``never``);
+    - ``fair_sharing``: jobs of other queues that borrow, of any priority, when the job itself
+      would borrow and its queue's fair share stays no worse than theirs (Kueue's fair-sharing
+      preemption): the strategies, tried in order, each only if the ones before found no
+      victims enough: ``less-than-or-equal-to-final-share`` (the job's queue's share with the
+      job admitted is at most the victim's queue's once its victims are gone) and
+      ``less-than-initial-share`` (strictly below the victim's queue's share before). A share
+      is the queue's decayed GPU time held (``projections/gpu_time.py``) above its nominal,
+      over its weight (``projections.preemption.share``). Empty (the default): none.
     """
 
     within_queue: WithinQueue = "lower-priority"
     reclaim_within_cohort: ReclaimWithinCohort = "any"
     borrow_within_cohort: BorrowWithinCohort = "lower-priority"
     borrow_priority_threshold: Int | None = None
+    fair_sharing: tuple[FairSharingStrategy, ...] = ()
 
 
 DEFAULT_PREEMPTION = PreemptionPolicy()

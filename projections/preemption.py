@@ -11,7 +11,16 @@ A running job (or an elastic job's top ranks) may be stopped for a beneficiary o
   nominal, and so does its side below the cohort where the two meet) on the key the beneficiary
   needs, and then by ``reclaim_within_cohort`` when the beneficiary's side stays within its own
   quota once the record's victims are gone (it takes back what it lent), else by
-  ``borrow_within_cohort`` (a lower priority, at most the threshold).
+  ``borrow_within_cohort`` (a lower priority, at most the threshold), or else by
+  ``fair_sharing`` (Kueue's fair-sharing preemption, KEP-1714): the beneficiary's queue's share
+  with the beneficiary admitted and the record's victims gone is at most the victim's queue's
+  share once the record's victims are gone (``less-than-or-equal-to-final-share``, rule S2-a),
+  or strictly below the victim's queue's share before the record
+  (``less-than-initial-share``, S2-b). A queue's share (``Shares``) is its decayed GPU time held
+  (``gpu_time.recent``, what fair-share admission orders by), with the record's change counted
+  in full, less its nominal, over its weight: negative for a queue that ran under its nominal
+  lately, high for one that has long held others' quota. As in Kueue, only a queue that
+  borrows can lose work this way, so nominal quota stays guaranteed.
 
 Never twice between the same two jobs, in either direction, while neither's priority changed
 (``JobState.stopped_for``): a job stopped for another is not stopped for it again, nor is the
@@ -28,13 +37,14 @@ proposals to it as the fold will, so that the two read every proposal the same w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from corral.events.queues import DEFAULT_PREEMPTION, PreemptionPolicy
-from corral.projections import indexes, quota, thrash
+from corral.events.queues import DEFAULT_PREEMPTION, FairSharingStrategy, PreemptionPolicy
+from corral.projections import gpu_time, indexes, quota, thrash
 from corral.projections.lifecycle import Phase
 from corral.projections.quota import Ledger
-from corral.projections.state import JobState, State
+from corral.projections.state import WHOLE, JobState, State
 
 
 def preemptible(state: State, job: JobState) -> bool:
@@ -60,12 +70,14 @@ def eligible(
     *,
     lent: bool,
     reclaims: bool,
+    fair: bool = False,
 ) -> bool:
     """The queue-and-priority part, under the beneficiary's queue's ``policy``, for a victim
     charged on ``victim_key`` and a beneficiary that needs ``key``. ``lent``: the victim's queue
     holds quota of ``key`` lent by the beneficiary's side (``Ledger.borrows_from``, before any
     stop); ``reclaims``: the beneficiary's side stays within its own quota with it once the
-    proposal's victims are gone (``Ledger.within_own``)."""
+    proposal's victims are gone (``Ledger.within_own``); ``fair``: one of the policy's
+    fair-sharing strategies lets the beneficiary's queue take from the victim's (``fair_allows``)."""
     if victim.id == beneficiary.id or stopped_before(victim, beneficiary) is not None:
         return False  # once one was stopped for the other, neither is stopped for the other again
     vp, bp = victim.priority, beneficiary.priority
@@ -81,7 +93,62 @@ def eligible(
         reclaim = policy.reclaim_within_cohort
         if reclaim == "any" or (reclaim == "lower-priority" and vp < bp):
             return True
-    return may_borrow_over(policy, vp, bp)
+    return may_borrow_over(policy, vp, bp) or (fair and bool(policy.fair_sharing))
+
+
+class Shares:
+    """Fair shares for fair-sharing preemption at log time ``now``, per queue and quota key: the
+    queue's decayed GPU time held (milli-GPU, ``gpu_time.recent``) plus a change counted in full,
+    less its nominal, over its weight, in GPUs per unit of weight (a queue of weight 0 always
+    has the highest). Below the nominal it is negative, not 0 as Kueue's (which reads what is
+    held now, where within the nominal is reclaim's business): a queue that ran far under its
+    nominal lately ranks before one that ran just under it, and two queues can never each take
+    from the other in turn while their histories stand still (S2-a or S2-b both ways would need
+    the preemptor's ask and the victims to add up to less than nothing)."""
+
+    def __init__(self, state: State, ledger: Ledger, now: float) -> None:
+        self.state = state
+        self.ledger = ledger
+        self.now = now
+        self._past: dict[tuple[str, str], float] = {}
+
+    def past(self, queue: str, key: str) -> float:
+        found = self._past.get((queue, key))
+        if found is None:
+            g = self.state.gpu_time.get(queue, {}).get(key)
+            half_life = self.state.fair_share.half_life_s
+            found = self._past[(queue, key)] = 0.0 if g is None else gpu_time.recent(g, self.now, half_life)
+        return found
+
+    def share(self, queue: str, key: str, change: int = 0) -> float:
+        above = self.past(queue, key) + change - self.ledger.nominal(queue, key)
+        weight = self.ledger.spec(queue).weight
+        return above / WHOLE / weight if weight > 0 else math.inf
+
+
+def fair_allows(
+    strategies: Sequence[FairSharingStrategy], mine_after: float, theirs_before: float, theirs_after: float
+) -> bool:
+    """Whether one of ``strategies`` lets a queue whose share will be ``mine_after`` (the
+    beneficiary admitted, the record's victims gone) take from a queue whose share is
+    ``theirs_before`` and will be ``theirs_after`` (Kueue ``fairsharing/strategy.go``)."""
+    for s in strategies:
+        if s == "less-than-or-equal-to-final-share" and mine_after <= theirs_after:
+            return True
+        if s == "less-than-initial-share" and mine_after < theirs_before:
+            return True
+    return False
+
+
+def asks(state: State, ledger: Ledger, job: JobState, key: str | None) -> int:
+    """The milli-GPU of ``key`` the beneficiary will hold once placed, which its queue's GPU time
+    does not count yet: what admission would charge a queued job, what an admitted one holds."""
+    if key is None:
+        return 0
+    if job.phase == "queued" or job.admission is None:
+        found = demand(state, ledger, job)
+        return 0 if found is None or found[0] != key else found[1]
+    return sum(m for k, m in quota.holding(job) if k == key)
 
 
 def stopped_before(victim: JobState, beneficiary: JobState) -> tuple[str, str] | None:
@@ -187,6 +254,7 @@ def may_stop(
     policy = policy_of(state, beneficiary)
     charged = [(v, charged_key(ledger, v)) for v in victims]
     lent = {v.id: k is not None and ledger.borrows_from(v.spec.queue, queue, k) for v, k in charged}
+    freed: dict[str, int] = {}  # per queue, milli-GPU of ``key`` the record frees
     for victim, victim_key in charged:  # what the record frees, for whether the beneficiary reclaims
         if victim_key is not None:
             milli = quota.worker_milli(victim.spec.resources, victim_key)
@@ -195,6 +263,16 @@ def may_stop(
             if adm is not None and keep is not None:
                 stopping = max(0, adm.replicas - keep)
             ledger.charge(victim.spec.queue, victim_key, -milli * stopping)
+            if victim_key == key:
+                freed[victim.spec.queue] = freed.get(victim.spec.queue, 0) + milli * stopping
+    fair: dict[str, bool] = {}
+    if policy.fair_sharing and key is not None and ledger.has_queue(queue):
+        shares = Shares(state, ledger, now)
+        mine = shares.share(queue, key, asks(state, ledger, beneficiary, key) - freed.get(queue, 0))
+        for other, gone in freed.items():
+            if other != queue and ledger.has_queue(other):
+                initial, final = shares.share(other, key), shares.share(other, key, -gone)
+                fair[other] = fair_allows(policy.fair_sharing, mine, initial, final)
     for victim, victim_key in charged:
         before = stopped_before(victim, beneficiary)
         if before is not None:
@@ -203,13 +281,22 @@ def may_stop(
         reclaims = key is not None and ledger.has_queue(queue) and ledger.within_own(
             queue, victim.spec.queue, key, need
         )  # fmt: skip
-        if eligible(policy, victim, victim_key, beneficiary, key, lent=lent[victim.id], reclaims=reclaims):
+        if eligible(
+            policy,
+            victim,
+            victim_key,
+            beneficiary,
+            key,
+            lent=lent[victim.id],
+            reclaims=reclaims,
+            fair=fair.get(victim.spec.queue, False),
+        ):
             continue
         if victim.spec.queue == queue:
             rule = policy.within_queue
             return f"{victim.id} may not be stopped for {beneficiary.id} in queue {queue} (within: {rule})"
         borrower = f"{victim.id} of queue {victim.spec.queue}"
-        return f"{borrower} holds nothing {beneficiary.id} of {queue} may take back or borrow over"
+        return f"{borrower} holds nothing {beneficiary.id} of {queue} may take back, borrow over or share"
     return None
 
 

@@ -52,4 +52,8 @@ from __future__ import annotations
 #    name a rank placed on the node that reports it.
 # 12: the fold keeps, per host shape (``indexes.host_shape``), the queued jobs of that shape
 #    (``projections/indexes.py``), so that admission judges the backlog shape by shape.
-RULES = 12
+# 13: a queue's preemption policy may share fairly (``fair_sharing``, Kueue's KEP-1714
+#    strategies): the fold lets a beneficiary stop another queue's borrower of any priority when
+#    its queue's share, from the decayed GPU time each queue held, stays no worse than the
+#    victim's queue's (``projections.preemption.Shares``).
+RULES = 13

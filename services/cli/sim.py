@@ -78,6 +78,12 @@ def add_parser(subparsers: Any, common_parent: argparse.ArgumentParser) -> None:
     p.add_argument("--start", help="philly: the slice starts at this UTC date (default 2017-10-23)")
     p.add_argument("--checkpointable", type=float, help="philly: share of jobs that checkpoint (0..1)")
     p.add_argument(
+        "--pool",
+        type=float,
+        help="philly: share of each team's entitlement corral holds in the cohort for all to borrow "
+        "(0..1, default 0.5)",
+    )
+    p.add_argument(
         "--cycle",
         type=float,
         help="philly: seconds between decisions of the services (default 60; 0: every event)",
@@ -243,6 +249,9 @@ def _philly(args: argparse.Namespace) -> None:
         raise BadInput("--nodes and --jobs must be at least 1")
     if not 0.0 <= share <= 1.0:
         raise BadInput(f"--checkpointable {share}: a share between 0 and 1")
+    pool = args.pool if args.pool is not None else experiment.POOL
+    if not 0.0 <= pool <= 1.0:
+        raise BadInput(f"--pool {pool}: a share between 0 and 1")
     cycle = args.cycle if args.cycle is not None else experiment.CYCLE_S
     if cycle < 0:
         raise BadInput(f"--cycle {cycle}: seconds, 0 or more")
@@ -257,7 +266,7 @@ def _philly(args: argparse.Namespace) -> None:
         raise BadInput(f"{path}: {e}") from None
     if not sliced:
         raise BadInput(f"no job of {path} arrives from {args.start or experiment.START} on")
-    exp = experiment.Experiment(tuple(sliced), nodes, checkpointable=share, cycle_s=cycle)
+    exp = experiment.Experiment(tuple(sliced), nodes, checkpointable=share, cycle_s=cycle, pool=pool)
     try:
         exp.quotas  # noqa: B018 - checks that every team gets a GPU
     except ValueError as e:

@@ -47,6 +47,8 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import msgspec
+
 from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
 from corral.projections import indexes, preemption, queueing, runtimes, thrash
@@ -157,7 +159,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     if not _anyone(state):
         return []  # nobody a search could be for: the snapshot of the cluster would go unread
     # 0. Snapshot.
-    sim = Simulation(state, config.placer)
+    sim = Simulation(state, config.placer, now)
     # 1. Preemptions under way.
     under_way = _settle(sim, state)
     # The jobs that may be stopped, read when the first search needs them (every running job:
@@ -261,16 +263,28 @@ def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig
     back lent quota from, its side then within its own quota), and its own queue's; then, if
     that is not enough, its own queue's jobs alone, the beneficiary borrowing."""
     policy = preemption.policy_of(sim.state, target.job)
-    for mode in (COHORT, OWN):
-        units = list(candidates(target, pool, sim.taken, sim.rules, policy, mode=mode, shrink=config.shrink))
-        rules = policy if mode == COHORT else None
-        found = search(sim, target, units, rules)
+    # Kueue's fair-sharing strategies are tried in order, each only if those before found too
+    # little: one cohort attempt per strategy, with it and those before it.
+    strategies = policy.fair_sharing
+    attempts = [
+        (COHORT, msgspec.structs.replace(policy, fair_sharing=strategies[:n]))
+        for n in range(1, len(strategies) + 1)
+    ]
+    for mode, rules in [*(attempts or [(COHORT, policy)]), (OWN, policy)]:
+        shares = sim.shares if mode == COHORT and rules.fair_sharing else None
+        units = list(
+            candidates(
+                target, pool, sim.taken, sim.rules, rules, mode=mode, shrink=config.shrink, shares=shares
+            )
+        )
+        checked = rules if mode == COHORT else None
+        found = search(sim, target, units, checked)
         if found is None and len(units) > 1:
             # The victims' order is quota's: a borrower's queue stops being a candidate once it
             # gave back what it borrowed, which can happen on nodes where the gang still does
             # not fit while the one job that would free a whole node comes later. Ask once more
             # with the same candidates taken node by node, the node they would free most first.
-            found = search(sim, target, by_node(sim.state, units), rules)
+            found = search(sim, target, by_node(sim.state, units), checked)
         if found is not None:
             return found
     return None

@@ -235,6 +235,7 @@ def candidates(
     *,
     mode: str,
     shrink: bool,
+    shares: preemption.Shares | None = None,
 ) -> Iterator[Unit]:
     """The units that may be stopped for ``target`` in one attempt of the search, in the order
     it removes them: shrinks, then whole jobs; other queues' jobs before the beneficiary's own;
@@ -242,8 +243,9 @@ def candidates(
     with ``COHORT``, also other queues' jobs that hold quota lent by its side
     (``Ledger.borrows_from``) and that ``borrow_within_cohort`` or ``reclaim_within_cohort``
     allows (those only the latter allows need the beneficiary within its side's own quota once
-    the victims are gone: ``Simulation.allowed``). Lazy: the search usually stops long before
-    the end."""
+    the victims are gone: ``Simulation.allowed``), or, with ``shares`` and a policy that shares
+    fairly, its ``fair_sharing`` strategies allow; those queues then in Kueue's order, the
+    highest share first. Lazy: the search usually stops long before the end."""
     b = target.job
     queue = b.spec.queue
     key = target.key
@@ -257,6 +259,20 @@ def candidates(
     # The rule the fold enforces (``projections.preemption``) under the queue's policy.
     under: dict[str, bool] = {}  # per other queue: the beneficiary's side is under its own quota now
 
+    # Fair sharing (Kueue's S2-a/S2-b), judged per victim as if it were the record's only one
+    # from its queue; ``Simulation.allowed`` judges the whole record as the fold will.
+    mine = 0.0
+    if shares is not None and key is not None and lending:
+        mine = shares.share(queue, key, preemption.asks(shares.state, ledger, b, key))
+
+    def fair(h: Holder) -> bool:
+        if shares is None or key is None or h.key != key:
+            return False
+        other = h.job.spec.queue
+        gone = h.per_worker * len(h.job.held.workers) if h.job.held is not None else 0
+        before, after = shares.share(other, key), shares.share(other, key, -gone)
+        return preemption.fair_allows(policy.fair_sharing, mine, before, after)
+
     def may(h: Holder) -> bool:
         if h.job.id in taken:
             return False
@@ -266,7 +282,9 @@ def candidates(
         if other not in under:
             # As Kueue: taking back lent quota is tried only from under the side's own quota.
             under[other] = key is not None and ledger.within_own(queue, other, key, 1)
-        return preemption.eligible(policy, h.job, h.key, b, key, lent=True, reclaims=under[other])
+        return preemption.eligible(
+            policy, h.job, h.key, b, key, lent=True, reclaims=under[other], fair=fair(h)
+        )
 
     def own(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
         for h in index.get(queue, ()):
@@ -274,7 +292,13 @@ def candidates(
                 yield h, False
 
     def borrowers(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
-        for h in heapq.merge(*(index.get(q, ()) for q in lenders), key=_order):
+        if shares is not None and key is not None and policy.fair_sharing:
+            # Kueue's fair sharing takes from the queue with the highest share first (KEP-1714 C1).
+            ranked = sorted(lenders, key=lambda q: (-shares.share(q, key), q))
+            found: Iterable[Holder] = itertools.chain.from_iterable(index.get(q, ()) for q in ranked)
+        else:
+            found = heapq.merge(*(index.get(q, ()) for q in lenders), key=_order)
+        for h in found:
             if may(h):
                 yield h, True
 
@@ -323,6 +347,7 @@ class Simulation:
 
     state: State
     placer: PlacerConfig
+    now: float = 0.0  # log time, for the fair shares
     snap: Snapshot = field(init=False)
     ledger: Ledger = field(init=False)
     rules: Ledger = field(init=False)  # quota as the fold reads it for the rule: proposals only
@@ -334,6 +359,7 @@ class Simulation:
         self.snap = Snapshot(self.state)
         self.ledger = Ledger.from_state(self.state)
         self.rules = preemption.planning_ledger(self.state)
+        self.shares = preemption.Shares(self.state, self.rules, self.now)
         self.scratch = State(seq=self.state.seq, nodes={})
         self._chain: Chain | None = None  # built on first use: a cycle may never place anything
 
@@ -361,6 +387,7 @@ class Simulation:
         quota with every removal counted."""
         q, key = target.job.spec.queue, target.key
         b = target.job.priority
+        freed: dict[str, int] | None = None  # per queue, what the record frees of ``key``
         for job_id, ranks in self.released.items():
             if len(ranks) <= before.get(job_id, 0):
                 continue
@@ -368,9 +395,34 @@ class Simulation:
             other = victim.spec.queue
             if other == q or preemption.may_borrow_over(policy, victim.priority, b):
                 continue
-            if key is None or not self.ledger.within_own(q, other, key, target.need):
+            if key is not None and self.ledger.within_own(q, other, key, target.need):
+                continue
+            if key is None or not policy.fair_sharing:
+                return False
+            if freed is None:
+                freed = self._freed(key, before)
+            shares = self.shares
+            mine = shares.share(
+                q, key, preemption.asks(self.state, self.rules, target.job, key) - freed.get(q, 0)
+            )
+            gone = freed.get(other, 0)
+            if not preemption.fair_allows(
+                policy.fair_sharing, mine, shares.share(other, key), shares.share(other, key, -gone)
+            ):
                 return False
         return True
+
+    def _freed(self, key: str, before: dict[str, int]) -> dict[str, int]:
+        """Per queue, the milli-GPU of ``key`` the removals since ``before`` free."""
+        out: dict[str, int] = {}
+        for job_id, ranks in self.released.items():
+            n = len(ranks) - before.get(job_id, 0)
+            if n > 0:
+                job = self.state.jobs[job_id]
+                k, per_worker = charge_of(self.ledger, job)
+                if k == key:
+                    out[job.spec.queue] = out.get(job.spec.queue, 0) + per_worker * n
+        return out
 
     def release(self, job: JobState, key: str | None, per_worker: int, rank: int | None) -> tuple[int, ...]:
         """Give back what ``job`` holds (only ``rank`` if given) in the snapshot and the ledger;

@@ -24,12 +24,19 @@ preemptions in a job's life.
 
 The three policies, the same fold and simulated agents in all:
 
-- ``corral``: one queue per team, all in one cohort so idle quota is lent; each queue's nominal
-  quota is its share of the slice's GPU-hours (at least one GPU each, largest remainders, summing
-  to the cluster) and its fair-share weight is that nominal. Shortest first with aging within a
-  queue (``shortest-first``: highest response ratio next, from the runtime estimates), fair
-  share across queues, the placer's reservation and backfill, and the preemptor reclaiming
-  nominal quota from borrowers.
+- ``corral``: one queue per team, all in one cohort so idle quota is lent. Each team's
+  entitlement is its share of the slice's GPU-hours (at least one GPU each, largest
+  remainders, summing to the cluster), which is also its fair-share weight; its queue's
+  nominal quota is half of it (``pool``, ``POOL``; rounded down), and the rest is the
+  cohort's own quota, a pool every team borrows from: a guaranteed share plus a burst pool,
+  as platform teams set up Kueue cohorts. (With the whole entitlement as nominal, a team of
+  many short jobs and few GPU-hours, three of which hold most of the slice's jobs, could burst
+  only into quota others left idle, and waited behind other teams' week-long jobs running
+  within their nominal.) Shortest first with aging within a queue (``shortest-first``:
+  highest response ratio next, from the runtime estimates), fair share across queues, the
+  placer's reservation and backfill, the preemptor reclaiming nominal quota from borrowers,
+  and Kueue's fair-sharing preemption among borrowers (``FAIR_SHARING``): a team that held
+  little of the pool lately takes it back from one that held much.
 - ``fifo``: one strict-FIFO queue for everyone with the whole cluster as its quota (no fair
   share), and no preemptor. The placer is the same.
 - ``tiresias``: Tiresias's discretized 2D-LAS (``tiresias.py``) in place of corral's services:
@@ -74,6 +81,7 @@ from corral.events.queues import (
     ApplyQueue,
     ApplyRetention,
     CohortSpec,
+    PreemptionPolicy,
     PriorityClassSpec,
     QueueSpec,
     Quota,
@@ -91,6 +99,7 @@ JOBS = 20_000
 NODES = 64
 GPUS_PER_NODE = 8
 CHECKPOINTABLE = 0.75
+POOL = 0.5
 SEED = 0
 COHORT = "philly"
 FIFO_QUEUE = "fifo"
@@ -105,6 +114,10 @@ CYCLE_S = 60.0
 NORMAL = PriorityClassSpec("normal", 0, min_runtime_s=300.0, max_preemptions=3)
 # Tiresias's jobs enter its high queue; its own rules, not a guard, say when they may be stopped.
 TIRESIAS_CLASS = PriorityClassSpec("tiresias", tiresias.HIGH)
+# corral's queues share the cohort's idle quota by Kueue's fair-sharing preemption, with Kueue's
+# default strategies: a queue that borrows little may take back capacity from one that has long
+# held more than its nominal, whatever the two jobs' priorities (they are all ``normal`` here).
+FAIR_SHARING = PreemptionPolicy(fair_sharing=("less-than-or-equal-to-final-share", "less-than-initial-share"))
 
 
 # -- the slice ---------------------------------------------------------------------------------------
@@ -178,6 +191,9 @@ class Experiment:
     checkpointable: float = CHECKPOINTABLE
     seed: int = SEED
     cycle_s: float = CYCLE_S
+    # The share of each team's entitlement corral's setup holds in the cohort rather than in the
+    # team's queue (``POOL``): a pool any team may borrow from and fair sharing divides.
+    pool: float = POOL
 
     @property
     def gpus(self) -> int:
@@ -186,6 +202,11 @@ class Experiment:
     @property
     def quotas(self) -> dict[str, int]:
         return nominal_quotas(self.trace, self.gpus)
+
+    @property
+    def guaranteed(self) -> dict[str, int]:
+        """Each team's nominal quota under corral: its entitlement less the pooled share."""
+        return {t: math.floor(n * (1.0 - self.pool)) for t, n in self.quotas.items()}
 
     @property
     def window(self) -> tuple[float, float]:
@@ -222,19 +243,23 @@ class Experiment:
         if policy == "tiresias":
             everyone = QueueSpec(TIRESIAS_QUEUE, quotas={"*": Quota(nominal=self.gpus)})
             return [RETENTION, ApplyPriorityClass(priority_class=TIRESIAS_CLASS), ApplyQueue(queue=everyone)]
+        guaranteed = self.guaranteed
+        pooled = self.gpus - sum(guaranteed.values())
+        cohort_quotas = {"*": Quota(nominal=pooled)} if pooled else {}
         out: list[Event] = [
             RETENTION,
             ApplyPriorityClass(priority_class=NORMAL),
-            ApplyCohort(cohort=CohortSpec(COHORT)),
+            ApplyCohort(cohort=CohortSpec(COHORT, quotas=cohort_quotas)),
         ]
-        for team, nominal in sorted(self.quotas.items()):
+        for team, entitled in sorted(self.quotas.items()):
             spec = QueueSpec(
                 team,
                 cohort=COHORT,
-                quotas={"*": Quota(nominal=nominal)},
-                weight=float(nominal),
+                quotas={"*": Quota(nominal=guaranteed[team])},
+                weight=float(entitled),
                 tenants=(team,),
                 strategy="shortest-first",
+                preemption=FAIR_SHARING,
             )
             out.append(ApplyQueue(queue=spec))
         return out

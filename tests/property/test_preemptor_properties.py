@@ -1,18 +1,20 @@
 """Preemptor properties over random clusters, queues, priority classes and running work: a
 preemption never stops a job of equal or higher priority in the beneficiary's queue, nor one that
 may not be preempted, nor one of another queue unless that queue borrows in the beneficiary's
-cohort tree; the beneficiary always fits once its victims are gone (so nothing is stopped for a
-job that would still not fit), and no two beneficiaries are offered the same GPUs; the fold
-accepts every proposal; the same state gives the same decision. Two cycles run, the second with
-the first one's preemptions under way. Then, on full cohorts whose nominal quotas add up to the
-capacity, an urgent queued job: it gets one victim exactly when one may be stopped for it
-(borrowers first), and once that victim stops, admission admits it and the placer places it on
-the freed GPUs, with the quota the fold keeps agreeing with the jobs throughout."""
+cohort tree (then by reclaim, borrowing over a lower priority, or fair sharing: Kueue's
+strategies on ``projections.preemption.Shares``); the beneficiary always fits once its victims
+are gone (so nothing is stopped for a job that would still not fit), and no two beneficiaries
+are offered the same GPUs; the fold accepts every proposal; the same state gives the same
+decision. Two cycles run, the second with the first one's preemptions under way. Then, on full
+cohorts whose nominal quotas add up to the capacity, an urgent queued job: it gets one victim
+exactly when one may be stopped for it (borrowers first), and once that victim stops, admission
+admits it and the placer places it on the freed GPUs, with the quota the fold keeps agreeing
+with the jobs throughout."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 from hypothesis import event, given, settings
@@ -28,6 +30,7 @@ from corral.events.decisions import (
     Placement,
     PreemptionRequested,
     Unschedulable,
+    Victim,
     WorkerSlot,
 )
 from corral.events.jobs import JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob, Topology
@@ -45,7 +48,7 @@ from corral.events.queues import (
 from corral.projections import claims, indexes, quota
 from corral.projections.fold import apply_event
 from corral.projections.placement.stack import PlacerConfig
-from corral.projections.preemption import planning_ledger, protected
+from corral.projections.preemption import Shares, asks, fair_allows, planning_ledger, protected
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import WHOLE, JobState, State
 from corral.services.admission.decide import decide as admission
@@ -110,6 +113,13 @@ policies = st.builds(
     reclaim_within_cohort=st.sampled_from(["never", "lower-priority", "any"]),
     borrow_within_cohort=st.sampled_from(["never", "lower-priority"]),
     borrow_priority_threshold=st.sampled_from([None, 0, 5]),
+    fair_sharing=st.sampled_from(
+        [
+            (),
+            ("less-than-or-equal-to-final-share",),
+            ("less-than-or-equal-to-final-share", "less-than-initial-share"),
+        ]
+    ),
 )
 
 
@@ -285,10 +295,14 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
             assert room.root(job.spec.queue) == room.root(bq) and lent[v.job_id]
             reclaim = policy.reclaim_within_cohort
             threshold = policy.borrow_priority_threshold
-            assert (reclaims and (reclaim == "any" or (reclaim == "lower-priority" and lower))) or (
-                policy.borrow_within_cohort == "lower-priority"
-                and lower
-                and (threshold is None or job.priority <= threshold)
+            assert (
+                (reclaims and (reclaim == "any" or (reclaim == "lower-priority" and lower)))
+                or (
+                    policy.borrow_within_cohort == "lower-priority"
+                    and lower
+                    and (threshold is None or job.priority <= threshold)
+                )
+                or _shares_fairly(state, room, now, p.victims, b)
             )
         if b.phase == "queued" and not p.shrinks:
             # Queued beneficiaries fit their queue's quota once their victims give theirs back.
@@ -343,6 +357,28 @@ def test_preemptions_are_safe_fitting_accepted_and_deterministic(w: World) -> No
         b = w.state.jobs[e.beneficiary]
         # A beneficiary whose victims are still stopping is not served twice.
         assert not (e.beneficiary in first and _under_way(w.state, b))
+
+
+def _shares_fairly(state: State, room: Ledger, now: float, victims: Sequence[Victim], b: JobState) -> bool:
+    """Whether the beneficiary's queue's fair-sharing strategies let it take every other queue's
+    victim of the record (Kueue's S2-a / S2-b on the shares of ``projections.preemption``)."""
+    policy = state.queues[b.spec.queue].preemption
+    if not policy.fair_sharing:
+        return False
+    freed: dict[str, int] = {}
+    for v in victims:
+        job = state.jobs[v.job_id]
+        for key, milli in quota.holding(job):
+            if key == ANY:
+                freed[job.spec.queue] = freed.get(job.spec.queue, 0) + milli
+    shares = Shares(state, room, now)
+    bq = b.spec.queue
+    mine = shares.share(bq, ANY, asks(state, room, b, ANY) - freed.get(bq, 0))
+    return all(
+        fair_allows(policy.fair_sharing, mine, shares.share(q, ANY), shares.share(q, ANY, -gone))
+        for q, gone in freed.items()
+        if q != bq
+    )
 
 
 def _need(state: State, job: JobState) -> int:

@@ -31,16 +31,20 @@ within_queue = "lower-or-newer-equal-priority"
 reclaim_within_cohort = "lower-priority"
 borrow_within_cohort = "never"
 borrow_priority_threshold = 5
+fair_sharing = ["less-than-or-equal-to-final-share", "less-than-initial-share"]
 
 [[queues]]
 name = "team-b"
 """,
     )
     a, b = doc.queues
-    assert a.preemption == PreemptionPolicy("lower-or-newer-equal-priority", "lower-priority", "never", 5)
+    both = ("less-than-or-equal-to-final-share", "less-than-initial-share")
+    assert a.preemption == PreemptionPolicy(
+        "lower-or-newer-equal-priority", "lower-priority", "never", 5, both
+    )
     assert b.preemption == PreemptionPolicy()  # the documented defaults
     assert (b.preemption.within_queue, b.preemption.reclaim_within_cohort) == ("lower-priority", "any")
-    assert b.preemption.borrow_within_cohort == "lower-priority"
+    assert b.preemption.borrow_within_cohort == "lower-priority" and b.preemption.fair_sharing == ()
 
 
 @pytest.mark.parametrize(
@@ -49,6 +53,8 @@ name = "team-b"
         ('preemption = { reclaim = "any" }', "reclaim"),
         ('preemption = { within_queue = "sometimes" }', "within_queue"),
         ('preemption = { borrow_within_cohort = "any" }', "borrow_within_cohort"),
+        ('preemption = { fair_sharing = ["dominant-resource"] }', "fair_sharing"),
+        ('preemption = { fair_sharing = "less-than-initial-share" }', "fair_sharing"),
         ("priority = 3", "priority"),
         ('strategy = "random"', "strategy"),
     ],

@@ -258,6 +258,31 @@ def test_gang_shapes_fit_8_gpu_nodes() -> None:
     assert philly.gang_shape(128) == (16, 8)
 
 
+def test_corral_guarantees_half_of_each_entitlement_and_pools_the_rest() -> None:
+    trace = (
+        philly.TraceJob("1", "vc-a", 0.0, 3000.0, 2),
+        philly.TraceJob("2", "vc-b", 0.0, 1000.0, 2),
+        philly.TraceJob("3", "vc-c", 0.0, 1.0, 1),
+    )
+    exp = philly.Experiment(trace, nodes=2)
+    setup = exp.setup("corral")
+    (cohort,) = [e.cohort for e in setup if isinstance(e, ApplyCohort)]
+    queues = {e.queue.name: e.queue for e in setup if isinstance(e, ApplyQueue)}
+    nominal = {t: q.quotas["*"].nominal for t, q in queues.items()}
+    # Half of each entitlement (rounded down) is the team's; the cohort holds the rest.
+    assert nominal == {t: n // 2 for t, n in exp.quotas.items()}
+    assert sum(nominal.values()) + cohort.quotas["*"].nominal == exp.gpus
+    assert all(q.weight == exp.quotas[t] and q.preemption.fair_sharing for t, q in queues.items())
+    # FIFO and Tiresias run on the same cluster, one queue holding all of it.
+    for policy in ("fifo", "tiresias"):
+        (q,) = [e.queue for e in exp.setup(policy) if isinstance(e, ApplyQueue)]
+        assert q.quotas["*"].nominal == exp.gpus
+    whole = philly.Experiment(trace, nodes=2, pool=0.0)
+    assert {
+        e.queue.name: e.queue.quotas["*"].nominal for e in whole.setup("corral") if isinstance(e, ApplyQueue)
+    } == (whole.quotas)
+
+
 def test_quotas_follow_gpu_hours_and_fill_the_cluster() -> None:
     trace = [
         philly.TraceJob("1", "vc-a", 0.0, 3000.0, 2),

@@ -1,0 +1,120 @@
+"""Fair-sharing preemption, as the fold enforces it and the preemptor proposes it: Kueue's
+strategies (KEP-1714 "Choosing workloads from ClusterQueues for preemption", rules S2-a and S2-b;
+``pkg/scheduler/preemption/fairsharing/strategy.go``; the docs' preemption page, "Fair
+Sharing"), on shares from the GPU time each queue held lately (``projections.preemption.Shares``).
+
+The world: three queues of weight 1 in one cohort on two 8-GPU nodes, the half-life 1,000 s.
+team-a (nominal 4) runs ``own`` on 4 GPUs; team-b (nominal 2) runs ``v1`` and ``v2`` on 4 each,
+borrowing 6 of team-c's nominal 10; team-c runs ``w`` on 4, within its nominal: every GPU and
+all the cohort's quota are in use. Long after, team-a
+has held about 4 GPUs (share 0) and team-b about 8 (share 6). A queued job ``b`` of team-a, of
+the same priority as everyone, needs ``g`` more: team-a would borrow, so neither reclaim nor
+borrowing over a lower priority lets it stop anyone; only fair sharing can. Taking ``v1`` (4
+GPUs) leaves team-b a share of 2; team-a's share with ``b`` admitted is ``g``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.events.queues import ApplyCohort, CohortSpec, FairSharingStrategy, PreemptionPolicy
+from corral.projections.state import State
+from corral.services.preemptor.decide import plan
+from tests.builders import Cluster, LogBuilder, job, on, queue_spec
+
+FINAL: FairSharingStrategy = "less-than-or-equal-to-final-share"
+INITIAL: FairSharingStrategy = "less-than-initial-share"
+N0, N1 = "node-00", "node-01"
+LATE = 30_000.0  # 29 half-lives after the jobs started: the shares are what they hold
+
+
+def _world(strategies: tuple[FairSharingStrategy, ...], *, at: float = LATE) -> LogBuilder:
+    lb = LogBuilder().nodes(Cluster(2)).fair_share(1000.0)
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    policy = PreemptionPolicy(fair_sharing=strategies)
+    lb.queue(queue_spec("team-a", 4, cohort="org", preemption=policy))
+    lb.queue(queue_spec("team-b", 2, cohort="org", preemption=policy))
+    lb.queue(queue_spec("team-c", 10, cohort="org", preemption=policy))
+    for job_id, q, node, gpus in (
+        ("own", "team-a", N0, (0, 1, 2, 3)),
+        ("v1", "team-b", N0, (4, 5, 6, 7)),
+        ("v2", "team-b", N1, (0, 1, 2, 3)),
+        ("w", "team-c", N1, (4, 5, 6, 7)),
+    ):
+        lb.submit("t", job_id, job(q).gpus(len(gpus)).checkpointable()).accept(job_id)
+        lb.admit(job_id).place(on(node, *gpus, job_id=job_id)).started(node, job_id)
+    return lb.at(at)
+
+
+def _preempt(lb: LogBuilder, g: int, *victims: str) -> State:
+    lb.submit("alice", "b", job("team-a").gpus(g)).accept("b")
+    return lb.preempt("b", *victims).fold()
+
+
+@pytest.mark.parametrize(
+    ("strategies", "g", "stopped"),
+    [
+        # S2-a: team-a's share with b (1) is at most team-b's once v1 is gone (2).
+        pytest.param((FINAL,), 1, True, id="final-share-allows"),
+        # S2-a refuses (4 > 2); S2-b allows: 4 is below team-b's share before (6).
+        pytest.param((FINAL,), 4, False, id="final-share-refuses-a-large-ask"),
+        pytest.param((INITIAL,), 4, True, id="initial-share-allows-a-large-ask"),
+        pytest.param((FINAL, INITIAL), 4, True, id="kueue-default-strategies"),
+        # Neither: team-a's share with b (7) is above team-b's, before and after.
+        pytest.param((FINAL, INITIAL), 7, False, id="no-strategy-lets-a-greedy-queue-take"),
+        # Fair sharing off (corral's and Kueue's default): equal priorities, team-a borrowing.
+        pytest.param((), 1, False, id="off"),
+    ],
+)
+def test_the_fold_lets_a_queue_take_from_a_higher_share(
+    strategies: tuple[FairSharingStrategy, ...], g: int, stopped: bool
+) -> None:
+    state = _preempt(_world(strategies), g, "v1")
+    assert (state.jobs["v1"].phase == "checkpointing") is stopped
+    if not stopped:
+        assert state.rejections[-1].code == "void" and "share" in state.rejections[-1].message
+
+
+def test_a_queue_within_its_nominal_keeps_its_jobs() -> None:
+    # Kueue takes fair-sharing victims only from ClusterQueues that borrow: team-c's share (far
+    # below its nominal) is lower than team-a's, and it lends; w is never a candidate.
+    state = _preempt(_world((FINAL, INITIAL)), 1, "w")
+    assert state.jobs["w"].phase == "running"
+
+
+def test_the_share_is_what_was_held_lately_not_this_moment() -> None:
+    # Right after the jobs started, the queues' GPU time is near nothing: team-a's share with
+    # b (0 + 1 - 4 = -3) is above team-b's once v1 is gone (0 - 4 - 2 = -6), though team-b
+    # borrows now. Late, the same record passes (``final-share-allows``).
+    state = _preempt(_world((FINAL,), at=1100.0), 1, "v1")
+    assert state.jobs["v1"].phase == "running"
+
+
+def test_the_record_is_judged_whole() -> None:
+    # v1 and v2 both gone leave team-b a share of -2: team-a's 1 is above it (S2-a), and S2-b
+    # alone is off, so the fold refuses the pair though it would take either one.
+    state = _preempt(_world((FINAL,)), 1, "v1", "v2")
+    assert state.jobs["v1"].phase == "running" and state.jobs["v2"].phase == "running"
+
+
+@pytest.mark.parametrize(
+    ("strategies", "g", "victims"),
+    [
+        pytest.param((FINAL,), 1, ("v1",), id="final-share"),
+        pytest.param((FINAL, INITIAL), 4, ("v1",), id="second-strategy-after-the-first-fails"),
+        pytest.param((), 1, (), id="off"),
+    ],
+)
+def test_the_preemptor_proposes_what_the_fold_accepts(
+    strategies: tuple[FairSharingStrategy, ...], g: int, victims: tuple[str, ...]
+) -> None:
+    lb = _world(strategies)
+    # team-a's b needs g GPUs: one of team-b's jobs (the pool's order picks which) frees them.
+    lb.submit("alice", "b", job("team-a").gpus(g)).accept("b")
+    state = lb.fold()
+    plans = plan(state, lb.time)
+    found = [v.job_id for p in plans for v in p.victims]
+    assert len(found) == len(victims) and {state.jobs[v].spec.queue for v in found} <= {"team-b"}
+    if found:
+        folded = lb.preempt("b", *found).fold()
+        assert all(folded.jobs[v].phase == "checkpointing" for v in found)

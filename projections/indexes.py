@@ -130,11 +130,27 @@ def _dequeue(state: State, job: JobState, place: Place) -> None:
         del state.queued_by_queue[queue]
 
 
-# The keys below are JSON, and encoding is most of what keeping those two indexes costs: every job
-# is keyed as it is made, queued, leaves the queue and finishes, yet a few kinds of ask and shape
-# recur. So each key is encoded once per distinct value (frozen structs: hashed by value, equal
-# values give equal keys) and looked up after; at most ``_MAX_KEYS`` of each are kept, since the
-# values come from tenants.
+# The keys below are JSON written from the values alone. msgspec's ``omit_defaults`` leaves a
+# field out only when it *is* its default object, so a decoded ``gpu_milli`` of 1000 (a fresh int)
+# is written out while a constructed one is not: equal asks would get two keys, the same ask
+# counted twice over in the placer's workload and a forecast's state differ from the live one. So
+# a field is left out when it *equals* its default.
+def _plain(value: msgspec.Struct) -> dict[str, object]:
+    defaults = value.__struct_defaults__
+    fields = value.__struct_fields__
+    skip = len(fields) - len(defaults)  # the fields without a default come first
+    out: dict[str, object] = {}
+    for i, name in enumerate(fields):
+        field = getattr(value, name)
+        if i < skip or field != defaults[i - skip]:
+            out[name] = field
+    return out
+
+
+# Encoding is most of what keeping those two indexes costs: every job is keyed as it is made,
+# queued, leaves the queue and finishes, yet a few kinds of ask and shape recur. So each key is
+# written once per distinct value (frozen structs: hashed by value) and looked up after; at most
+# ``_MAX_KEYS`` of each are kept, since the values come from tenants.
 _MAX_KEYS = 4096
 _ask_keys: dict[Resources, str] = {}
 _shape_keys: dict[tuple[Resources, Topology, int, bool], str] = {}
@@ -144,7 +160,7 @@ def ask_key(res: Resources) -> str:
     """A worker ask as ``workers_by_ask`` keys it: equal asks give equal keys (defaults omitted)."""
     key = _ask_keys.get(res)
     if key is None:
-        key = msgspec.json.encode(res).decode()
+        key = msgspec.json.encode(_plain(res)).decode()
         if len(_ask_keys) < _MAX_KEYS:
             _ask_keys[res] = key
     return key
@@ -156,19 +172,23 @@ def ask_of(key: str) -> Resources:
     return msgspec.json.decode(key, type=Resources)
 
 
+def _shape(spec: JobSpec, selector: list[tuple[str, str]], n: int) -> str:
+    shape = (_plain(spec.resources), selector, _plain(spec.topology), n, n < spec.replicas)
+    return msgspec.json.encode(shape).decode()
+
+
 def host_shape(spec: JobSpec) -> str:
     """What decides whether some node could ever host a job of ``spec``, as ``queued_by_shape``
     keys it: its worker ask, node selector and topology, and its smallest gang (``min_replicas``
     for an elastic job, and whether it is elastic, which the reason says). Equal shapes give
     equal keys."""
     n = spec.min_replicas if spec.min_replicas is not None else spec.replicas
-    if spec.node_selector:  # a dict, not hashable: encoded each time (few jobs select nodes)
-        selector = sorted(spec.node_selector.items())
-        return msgspec.json.encode((spec.resources, selector, spec.topology, n, n < spec.replicas)).decode()
+    if spec.node_selector:  # a dict, not hashable: written each time (few jobs select nodes)
+        return _shape(spec, sorted(spec.node_selector.items()), n)
     known = (spec.resources, spec.topology, n, n < spec.replicas)
     key = _shape_keys.get(known)
     if key is None:
-        key = msgspec.json.encode((spec.resources, (), spec.topology, n, n < spec.replicas)).decode()
+        key = _shape(spec, [], n)
         if len(_shape_keys) < _MAX_KEYS:
             _shape_keys[known] = key
     return key

@@ -11,7 +11,7 @@ import pytest
 
 from corral.events import subjects as subj
 from corral.events.base import Reason
-from corral.events.jobs import CancelJob, JobRejected, ResizeJob
+from corral.events.jobs import CancelJob, JobRejected, JobSpec, ResizeJob, Resources, Topology
 from corral.events.nodes import NodeInventory
 from corral.events.queues import ApplyQueue, ApplyRetention, DeleteQueue, QueueSpec, Quota, RetentionSpec
 from corral.projections import indexes
@@ -285,3 +285,26 @@ def test_no_decision_and_no_node_event_walks_every_job() -> None:
     state = log.admin("delete-queue", DeleteQueue(name="team-b")).fold(state)
     assert state.faults == 0 and state.jobs["v"].phase == "interrupted"
     assert state.rejections[-1].message == "queue team-b still has jobs"
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        b'{"gpus":1,"gpu_milli":1000}',
+        b'{"gpus":1,"gpu_milli":1000,"cpu_milli":1000,"memory_mib":1024,"gpu_models":[]}',
+        b'{"gpus":1}',
+    ],
+    ids=["a-default-written-out", "every-default-written-out", "defaults-left-out"],
+)
+def test_equal_asks_are_keyed_alike_however_they_were_made(stored: bytes) -> None:
+    """A decoded default is a fresh object that msgspec's ``omit_defaults`` writes out, where the
+    constructed one is left out: the keys must not tell the two apart."""
+    decoded = msgspec.json.decode(stored, type=Resources)
+    made = Resources(gpus=1)
+    assert indexes.ask_key(decoded) == indexes.ask_key(made) == '{"gpus":1}'
+    assert indexes.ask_of(indexes.ask_key(decoded)) == made
+    spec = msgspec.json.decode(
+        b'{"queue":"q","resources":' + stored + b',"topology":{"pack":"none","required":false}}', type=JobSpec
+    )
+    made_spec = JobSpec(queue="q", resources=made, topology=Topology())
+    assert indexes.host_shape(spec) == indexes.host_shape(made_spec)

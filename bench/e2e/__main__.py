@@ -605,7 +605,9 @@ async def queue_up(
     args: argparse.Namespace, parts: Parts, server: Nats, watch: Watch,
     client: asyncio.subprocess.Process,
 ) -> None:  # fmt: skip
-    """``--queued`` jobs for a queue that holds 8 GPUs; then every process's CPU while idle."""
+    """``--queued`` jobs for a queue that holds 8 GPUs; then, once the jobs of the mix measured
+    before have finished (until then the window would be their ends, not idleness), every
+    process's CPU while only the backlog's own jobs come and go."""
     assert client.stdin is not None
     print(f"\nqueueing {args.queued:,} one-GPU jobs behind a quota of {BACKLOG_GPUS} GPUs", flush=True)
     t0 = time.monotonic()
@@ -616,12 +618,17 @@ async def queue_up(
     await until(
         "the backlog's acceptance", lambda: all(j in watch.answered for j in ids), args.duration, parts
     )
+    accepted = time.monotonic() - t0
+    mix_jobs = [j for j in (f"m1-{i:07d}" for i in range(args.jobs)) if j in watch.placed]
+    await until("the mix's ends", lambda: all(j in watch.done for j in mix_jobs), args.duration, parts)
     print(
-        f"  submitted and accepted in {time.monotonic() - t0:.1f} s; then {args.idle:g} s with no new work:"
+        f"  submitted and accepted in {accepted:.1f} s; the mix's {len(mix_jobs):,} jobs ended"
+        f" {time.monotonic() - t0 - accepted:.1f} s later; then {args.idle:g} s with no new work:"
     )
-    before = usage_of(parts, server)
+    before, records = usage_of(parts, server), watch.records
     await asyncio.sleep(args.idle)
     print_usage(before, usage_of(parts, server), args.idle)
+    print(f"  log records meanwhile: {watch.records - records:,} (the backlog's jobs ending and starting)")
 
 
 def parse() -> argparse.Namespace:

@@ -100,6 +100,7 @@ class Watch:
     answered: set[str] = field(default_factory=set)  # jobs admission accepted or rejected
     rejected: dict[str, str] = field(default_factory=dict)  # job -> why
     finished: int = 0  # workers of rank 0 that exited 0: jobs done
+    done: set[str] = field(default_factory=set)  # ... and those jobs (with ``per_job``)
     lags: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # role -> (at, lag)
     # role -> (at, the part of its lag from the decision's ``now`` to its storing: decide and append)
     deciding: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
@@ -147,6 +148,8 @@ class Watch:
                 body = codec.decode_envelope(r.data).body
                 if isinstance(body, WorkerExited) and body.rank == 0 and body.code == 0:
                     self.finished += 1
+                    if self.per_job:
+                        self.done.add(body.job_id)
             elif self.per_job and s.startswith(node_prefix) and b"WorkerStarted" in r.data:
                 body = codec.decode_envelope(r.data).body
                 if isinstance(body, WorkerStarted) and body.rank == 0 and body.attempt == 0:

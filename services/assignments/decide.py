@@ -20,12 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from corral.events import subjects
 from corral.events.base import Event
 from corral.events.routing import job_ids
 from corral.projections.assignments import NodeView, node_view, nodes_of
 from corral.projections.state import State
 
 ROLE = "assignments"
+
+
+_SUBMIT_FROM, _SUBMIT_VERB = f"{subjects.IN}.", ".submit"
+
+
+def touches_no_view(subject: str) -> bool:
+    """Whether a record on ``subject`` cannot change any node's view, whatever it holds: a
+    submission makes a queued job, on no node (and one the fold refuses changes nothing). Such
+    records are a deep backlog's bulk: they are not decoded a second time for ``touched``."""
+    return subject.startswith(_SUBMIT_FROM) and subject.endswith(_SUBMIT_VERB)
 
 
 def touched(body: Event) -> tuple[list[str], str | None]:

@@ -26,7 +26,7 @@ from corral.events.log import EventLog, Record
 from corral.projections import assignments
 from corral.projections.state import State
 from corral.services.assignments.decide import ROLE as ROLE
-from corral.services.assignments.decide import Index, touched, views
+from corral.services.assignments.decide import Index, touched, touches_no_view, views
 from corral.services.runtime.lease import Lease
 from corral.services.runtime.shell import Service
 from corral.services.runtime.views import ViewStore
@@ -63,6 +63,8 @@ class AssignmentService(Service):
 
     def _touched(self, state: State, batch: list[Record]) -> None:
         for r in batch:
+            if touches_no_view(r.subject):
+                continue
             try:
                 body, _, _ = codec.decode_record(r.subject, r.data, r.headers)
             except Exception:  # noqa: BLE001 - the fold has recorded it as refused; it touches nothing

@@ -183,19 +183,19 @@ class HeartbeatTracker:
                 if not gs.healthy and _sticky(gs.signal):
                     g.sticky = gs.signal
 
-    def observe(self, event: Event, now: float) -> None:
+    def observe(self, event: Event, now: float) -> bool:
         """A node event folded from the log (ours or anyone's), or an admin's cordon request the
-        fold accepted."""
+        fold accepted. Whether it was a node fact ``evaluate`` reads (a worker's report is not)."""
         name = getattr(event, "node", None)
         if not isinstance(name, str):
-            return
+            return False
         if isinstance(event, NodeConditionChanged | GpuHealthChanged | NodeCordoned | CordonNode):
             n = self._node(name, now)
         elif isinstance(event, NodeRegistered):
             self._register(self._node(name, now), event.inventory)
-            return
+            return True
         else:
-            return
+            return False
         if isinstance(event, NodeConditionChanged):
             n.condition = event.condition
         elif isinstance(event, NodeCordoned | CordonNode):  # CordonNode: an admin, by hand
@@ -205,6 +205,7 @@ class HeartbeatTracker:
             g.healthy, g.signal = event.healthy, event.signal
             if not event.healthy and _sticky(event.signal):
                 g.sticky = event.signal
+        return True
 
     def _register(self, n: _Node, inventory: NodeInventory) -> None:
         old = {g.uuid: g for g in n.gpus}

@@ -5,9 +5,11 @@ node its subject names (NATS permissions let an agent publish only its own node'
 payload naming another node is ignored), stamped with this monitor's receive time: an agent's
 own clock is never trusted. It folds the log like every service, and tells the tracker every node
 fact the fold accepted (registrations, conditions, GPU health, cordons, an admin's cordon
-request), so that the tracker's idea of the log is the log's. Every ``tick`` (and after every
-batch) ``evaluate`` turns silences and signals into ``NodeConditionChanged``,
-``GpuHealthChanged`` and ``NodeCordoned`` on ``corral.ev.node.<node>``, each once.
+request), so that the tracker's idea of the log is the log's. Once every ``tick``, and at once
+after a batch that folded a node fact, ``evaluate`` turns silences and signals into
+``NodeConditionChanged``, ``GpuHealthChanged`` and ``NodeCordoned`` on
+``corral.ev.node.<node>``, each once. A batch of job records changes nothing it reads: it is not
+evaluated on (an evaluation visits every node, and a busy log brings many batches a tick).
 
 The shell is ``services.runtime.shell.Service``: appends are pipelined, and the monitor does not evaluate
 again until its own last appends are folded, so it never states a fact twice from a stale view.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -69,8 +72,14 @@ class HealthMonitor(Service):
         super().__init__(ROLE, self._evaluate, log_, clock=clock, tick=tick, lease=lease, status=status)
         self.nc = nc
         self.heartbeats = 0  # received and recorded
+        # What ``evaluate`` reads is heartbeats, node facts and the clock, not the log position:
+        # it runs once a tick (silences grow, heartbeats arrive), and at once when a node fact
+        # was folded since it last ran (``settled``).
+        self._evaluated_at = -math.inf
+        self._facts_folded = True
 
     def _evaluate(self, state: State, now: float) -> list[Event]:
+        self._evaluated_at, self._facts_folded = now, False
         events = self.tracker.evaluate(now)
         for n in self.tracker.take_notices():
             log.warning("node %s GPU %s: %s (%s)", n.node, n.gpu, n.signal, n.action)
@@ -78,6 +87,11 @@ class HealthMonitor(Service):
 
     def now(self) -> float:
         return self.clock()  # the clock its heartbeats' receive times are read on
+
+    def settled(self, now: float) -> bool:
+        """No node fact folded since the last evaluation, and less than a tick since it (a tenth
+        of a tick spared for the loop's timer, so a quiet log is evaluated every tick)."""
+        return not self._facts_folded and now - self._evaluated_at < self.tick * 0.9
 
     def fold(self, batch: list[Record]) -> None:
         state = self.state
@@ -92,7 +106,8 @@ class HealthMonitor(Service):
                     continue  # the fold refused it: it changed nothing the tracker should know
                 if r.subject.startswith(_NODE_EVENTS) or r.subject == _CORDON:
                     body = codec.decode_body(r.subject, r.data, r.headers).body
-                    self.tracker.observe(body, self.clock())
+                    if self.tracker.observe(body, self.clock()):
+                        self._facts_folded = True
 
     async def restore(self) -> None:
         await super().restore()

@@ -261,7 +261,7 @@ class Service:
             return 0  # backing off after a failure; a standby holds the lease meanwhile
         if self.lease is not None and not await self.lease.hold():
             return 0  # a standby: another replica decides
-        if self.state.seq == self._quiet_seq and now < self._quiet_until:
+        if self.settled(now):
             self.skipped += 1
             return 0  # nothing moved since a cycle that found nothing to do: the answer is the same
         logs.set_seq(self.state.seq)
@@ -270,6 +270,12 @@ class Service:
         if self.telemetry is not None:
             self.telemetry.cycle(self.role, time.perf_counter() - began, appended)
         return appended
+
+    def settled(self, now: float) -> bool:
+        """Whether ``decide`` would give the empty answer of the last cycle again: nothing was
+        folded since it, and time alone cannot have changed the answer yet (``_quiet``). A
+        service whose inputs are not all in the log says so itself."""
+        return self.state.seq == self._quiet_seq and now < self._quiet_until
 
     async def _decide_and_append(self, now: float) -> int:
         started = time.time()

@@ -62,6 +62,9 @@ def test_tiny_run_places_every_job_and_prints_figures() -> None:
     assert len(re.findall(rf"placer +decisions +\d+ +lag p50 +{NUMBER} ms", out)) == 2, out
     assert len(re.findall(rf"assignments +views +\d+ +lag p50 +{NUMBER} ms", out)) == 2, out
     assert "submitted and accepted" in out, out
+    # The idle window begins once the mix's jobs have ended: what remains is the backlog's turnover.
+    assert re.search(rf"the mix's 50 jobs ended {NUMBER} s later", out), out
+    assert re.search(rf"log records meanwhile: {NUMBER}", out), out
     # Every process, each phase: CPU seconds, share of a core, RSS and peak RSS in MiB.
     parts = ("nats-server", "admission", "placer", "preemptor", "health", "assignments", "query", "intake")
     for name in (*parts, "agents-0"):

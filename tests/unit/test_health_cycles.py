@@ -1,0 +1,78 @@
+"""When the health monitor evaluates: once a tick, and at once after a node fact is folded; a
+busy log of job records brings no evaluation of its own, and a quiet log still gets one a tick
+(silences are measured on the clock, not the log)."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+
+from corral.events import codec
+from corral.events.heartbeats import Heartbeat
+from corral.events.jobs import SubmitJob
+from corral.events.log import Append, InMemoryLog
+from corral.events.nodes import NodeConditionChanged
+from corral.events.queues import CordonNode
+from corral.services.health.decide import HeartbeatTracker
+from corral.services.health.service import HealthMonitor
+from tests.builders import Cluster, LogBuilder, job, spec_of
+
+T0 = 1_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def _append(log: InMemoryLog, lb: LogBuilder, monitor: HealthMonitor) -> None:
+    for r in lb.records[len(log.records) :]:
+        await log.append(Append(r.subject, r.data, headers=r.headers))
+    monitor.fold([r for r in log.records if r.seq > monitor.state.seq])
+
+
+async def _monitor() -> tuple[InMemoryLog, LogBuilder, HealthMonitor, Clock]:
+    log, clock = InMemoryLog(), Clock()
+    lb = LogBuilder().nodes(Cluster(2)).queue("q")
+    tracker = HeartbeatTracker(interval=5.0, suspect_after=3, lost_after=60.0)
+    monitor = HealthMonitor(log, Client(), tracker=tracker, clock=clock, tick=1.0)
+    await _append(log, lb, monitor)
+    await monitor.restore()
+    return log, lb, monitor, clock
+
+
+async def test_job_records_bring_no_evaluation_within_a_tick_and_node_facts_do() -> None:
+    log, lb, monitor, clock = await _monitor()
+    await monitor.cycle()
+    assert monitor.skipped == 0  # the first cycle evaluates
+    lb.request("alice", "submit", SubmitJob(request_id="j1", job=spec_of(job("q"))))
+    await _append(log, lb, monitor)
+    await monitor.cycle()
+    assert monitor.skipped == 1  # a job record changes nothing the tracker reads
+    lb.request("admin", "cordon", CordonNode(node="node-00", cordoned=True))
+    await _append(log, lb, monitor)
+    await monitor.cycle()
+    assert monitor.skipped == 1  # a node fact folded: evaluated at once, in the same tick
+    clock.t += 1.0
+    await monitor.cycle()
+    assert monitor.skipped == 1  # a tick on: evaluated though nothing was folded
+
+
+async def test_a_quiet_log_is_evaluated_every_tick_and_silences_are_told() -> None:
+    log, lb, monitor, clock = await _monitor()
+    for node in ("node-00", "node-01"):
+        monitor.tracker.record(node, T0, Heartbeat(node=node, seq=1))
+    await monitor.cycle()
+    before = len(log.records)
+    for _ in range(16):  # sixteen ticks of a log nothing is written to
+        clock.t += 1.0
+        await monitor.cycle()
+    told = [codec.decode_body(r.subject, r.data, r.headers).body for r in log.records[before:]]
+    assert monitor.skipped == 0
+    # Both nodes suspect once more than 15 s of silence passed, each said once.
+    assert [(e.node, e.condition) for e in told if isinstance(e, NodeConditionChanged)] == [
+        ("node-00", "suspect"),
+        ("node-01", "suspect"),
+    ]

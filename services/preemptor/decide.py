@@ -45,7 +45,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
@@ -282,8 +282,10 @@ def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig
         if found is None and len(units) > 1:
             # The victims' order is quota's: a borrower's queue stops being a candidate once it
             # gave back what it borrowed, which can happen on nodes where the gang still does
-            # not fit while the one job that would free a whole node comes later. Ask once more
-            # with the same candidates taken node by node, the node they would free most first.
+            # not fit while the one job that would free a whole node comes later, or before it
+            # on that node. Ask once more with the same candidates taken node by node, the node
+            # they would free most first, each standing on its own: whether the record may take
+            # them all is then the fold's rule alone (``Simulation.allowed``).
             found = search(sim, target, by_node(sim.state, units), checked)
         if found is not None:
             return found
@@ -293,7 +295,9 @@ def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig
 def by_node(state: State, units: list[Unit]) -> list[Unit]:
     """``units`` grouped by the node each stops work on (its first): first the node with the
     most GPUs free once its candidates are stopped, of those the one with most free already (the
-    least to stop); the order within a node kept."""
+    least to stop); the order within a node kept. None of them is passed over because its queue
+    gave back what it borrowed before it (``Unit.borrower`` off): the search's ``policy`` judges
+    the set."""
     groups: dict[str, list[Unit]] = {}
     for u in units:
         held = u.job.held
@@ -309,7 +313,7 @@ def by_node(state: State, units: list[Unit]) -> list[Unit]:
         whole = [g for g in n.gpus if g.healthy and all(j in freed for j in g.holders)]
         return (-len(whole), -sum(1 for g in whole if not g.holders))
 
-    return [u for node in sorted(groups, key=room) for u in groups[node]]
+    return [replace(u, borrower=False) for node in sorted(groups, key=room) for u in groups[node]]
 
 
 class _Holds:

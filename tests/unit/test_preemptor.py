@@ -440,6 +440,30 @@ def test_reclaim_finds_the_borrower_whose_node_frees_a_whole_place_for_the_gang(
     assert w.victims() == {"a-big": ["b-n1"]}
 
 
+def test_reclaim_takes_the_borrower_jobs_of_one_node_whichever_gives_back_the_loan_first() -> None:
+    # team-b borrows 2 of team-a's 13. N0 has one GPU free; freeing b-two (2) and b-one (1)
+    # there makes room for urgent (4 on one node). Taken one after the other, whichever comes
+    # first gives back enough of the loan that team-b, within its nominal again, stops being a
+    # candidate and the other is passed over; the fold's rule takes both (team-a stays within
+    # its own nominal), so the node-by-node retry must not pass over either.
+    policy = {
+        "within_queue": "never",
+        "reclaim_within_cohort": "lower-priority",
+        "borrow_within_cohort": "never",
+    }
+    w = World(nodes=2).cohort("org").queue("team-a", 13, "org", **policy).queue("team-b", 3, "org")
+    w.run("b-high-0", gpus(1, queue="team-b"), whole(N0, 0), priority=10)
+    w.run("b-high-1", gpus(1, queue="team-b"), whole(N0, 1), priority=10)
+    w.run("b-one", gpus(1, queue="team-b"), whole(N0, 2))
+    w.wait(600)  # b-two, newer, has less to lose: it comes first
+    w.run("b-two", gpus(2, queue="team-b"), whole(N0, 3, 4))
+    w.run("a-n0", gpus(2), whole(N0, 5, 6))
+    w.run("a-n1", gpus(2), whole(N1, 0, 1))
+    w.run("a-four", gpus(4), whole(N1, 2, 3, 4, 5))
+    w.submit("urgent", gpus(4), priority=10)
+    assert {k: sorted(v) for k, v in w.victims().items()} == {"urgent": ["b-one", "b-two"]}
+
+
 def policy_world(**policy: Any) -> World:
     """``reclaim_world`` with team-a's preemption policy set."""
     w = World().cohort("org").queue("team-a", 8, "org", **policy).queue("team-b", 0, "org")

@@ -133,9 +133,11 @@ def _dequeue(state: State, job: JobState, place: Place) -> None:
 # The keys below are JSON, and encoding is most of what keeping those two indexes costs: every job
 # is keyed as it is made, queued, leaves the queue and finishes, yet a few kinds of ask and shape
 # recur. So each key is encoded once per distinct value (frozen structs: hashed by value, equal
-# values give equal keys) and looked up after; at most ``_MAX_KEYS`` of each are kept, since the
-# values come from tenants.
+# values give equal keys) and looked up after. The values come from tenants: at most
+# ``_MAX_KEYS`` of each are kept, none longer than ``_MAX_KEPT`` characters, and a full cache
+# starts again, so that values that stopped coming do not keep out the ones that come now.
 _MAX_KEYS = 4096
+_MAX_KEPT = 1024
 _ask_keys: dict[Resources, str] = {}
 _shape_keys: dict[tuple[Resources, Topology, int, bool], str] = {}
 
@@ -145,7 +147,9 @@ def ask_key(res: Resources) -> str:
     key = _ask_keys.get(res)
     if key is None:
         key = msgspec.json.encode(res).decode()
-        if len(_ask_keys) < _MAX_KEYS:
+        if len(key) <= _MAX_KEPT:
+            if len(_ask_keys) >= _MAX_KEYS:
+                _ask_keys.clear()
             _ask_keys[res] = key
     return key
 
@@ -169,7 +173,9 @@ def host_shape(spec: JobSpec) -> str:
     key = _shape_keys.get(known)
     if key is None:
         key = msgspec.json.encode((spec.resources, (), spec.topology, n, n < spec.replicas)).decode()
-        if len(_shape_keys) < _MAX_KEYS:
+        if len(key) <= _MAX_KEPT:
+            if len(_shape_keys) >= _MAX_KEYS:
+                _shape_keys.clear()
             _shape_keys[known] = key
     return key
 

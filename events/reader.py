@@ -46,23 +46,34 @@ CONTROL = b"NATS/1.0 100"  # status line of flow control requests and idle heart
 CRLF = b"\r\n"
 
 
-MSG_ID_LINE = b"NATS/1.0\r\nNats-Msg-Id:"  # how the header block of nearly every record opens
-TRACE_LINE = b"traceparent:"
+HEAD = b"NATS/1.0\r\n"
+TRACE_LINE = HEAD + b"traceparent:"  # a record of a job's: its trace context first, as written
+MSG_ID_LINE = HEAD + b"Nats-Msg-Id:"  # a record of no job's: the stream's message id alone
+MSG_ID = b"Nats-Msg-Id:"
 
 
 def _headers(raw: bytes) -> dict[str, str] | None:
     """The writer's headers from a raw ``NATS/1.0`` header block; the server's own are dropped."""
-    if raw.startswith(MSG_ID_LINE):
-        # Most records: the message id the stream kept, then nothing or one trace context of the
-        # writer's. Read without splitting the block into lines.
-        end = raw.find(CRLF, 22)
-        if raw.startswith(CRLF, end + 2):
+    # The blocks the writers store (events/jetstream.py puts the message id after the writer's
+    # own headers): the trace context, the message id, or the one then the other. Read without
+    # splitting the block into lines; anything else line by line.
+    # Both first lines are 22 bytes long; ``last`` is where a whole block's last line ends (the
+    # blank line follows).
+    last = len(raw) - 4
+    if raw.endswith(CRLF):
+        if raw.startswith(TRACE_LINE):
+            end = raw.find(CRLF, 22)
+            if end == last or (raw.startswith(MSG_ID, end + 2) and raw.find(CRLF, end + 2) == last):
+                return {"traceparent": raw[22:end].strip().decode(errors="replace")}
+        elif raw.startswith(MSG_ID_LINE) and raw.find(CRLF, 22) == last:
             return None
-        if raw.startswith(TRACE_LINE, end + 2) and raw.find(CRLF, end + 2) == len(raw) - 4:
-            return {"traceparent": raw[end + 14 : -4].strip().decode(errors="replace")}
-    lines = raw.split(CRLF)
+    return _general(raw)
+
+
+def _general(raw: bytes) -> dict[str, str] | None:
+    """``_headers`` line by line: any block."""
     out: dict[str, str] | None = None
-    for line in lines[1:]:
+    for line in raw.split(CRLF)[1:]:
         if not line or line.startswith(b"Nats-"):
             continue
         key, _, value = line.partition(b":")

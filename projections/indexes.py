@@ -149,9 +149,12 @@ def _plain(value: msgspec.Struct) -> dict[str, object]:
 
 # Encoding is most of what keeping those two indexes costs: every job is keyed as it is made,
 # queued, leaves the queue and finishes, yet a few kinds of ask and shape recur. So each key is
-# written once per distinct value (frozen structs: hashed by value) and looked up after; at most
-# ``_MAX_KEYS`` of each are kept, since the values come from tenants.
+# written once per distinct value (frozen structs: hashed by value) and looked up after. The
+# values come from tenants: at most ``_MAX_KEYS`` of each are kept, none longer than
+# ``_MAX_KEPT`` characters, and a full cache starts again, so that values that stopped coming do
+# not keep out the ones that come now.
 _MAX_KEYS = 4096
+_MAX_KEPT = 1024
 _ask_keys: dict[Resources, str] = {}
 _shape_keys: dict[tuple[Resources, Topology, int, bool], str] = {}
 
@@ -161,7 +164,9 @@ def ask_key(res: Resources) -> str:
     key = _ask_keys.get(res)
     if key is None:
         key = msgspec.json.encode(_plain(res)).decode()
-        if len(_ask_keys) < _MAX_KEYS:
+        if len(key) <= _MAX_KEPT:
+            if len(_ask_keys) >= _MAX_KEYS:
+                _ask_keys.clear()
             _ask_keys[res] = key
     return key
 
@@ -189,7 +194,9 @@ def host_shape(spec: JobSpec) -> str:
     key = _shape_keys.get(known)
     if key is None:
         key = _shape(spec, [], n)
-        if len(_shape_keys) < _MAX_KEYS:
+        if len(key) <= _MAX_KEPT:
+            if len(_shape_keys) >= _MAX_KEYS:
+                _shape_keys.clear()
             _shape_keys[known] = key
     return key
 

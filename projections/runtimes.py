@@ -46,8 +46,12 @@ MAX_CLASSES = 10_000
 
 # Each job's classes are asked for twice (at its submission and at its success), and most jobs
 # share theirs with many others: formatted once per distinct (tenant, name, command, ask,
-# workers, queue), at most ``_MAX_KNOWN`` of them, since names come from tenants.
+# workers, queue). Names and commands come from tenants: at most ``_MAX_KNOWN`` are kept, none
+# that holds more than ``_MAX_KEPT`` characters in all, and a full cache starts again,
+# so that classes that stopped coming (a command's arguments change run to run) do not keep out
+# the ones that come now.
 _MAX_KNOWN = 4096
+_MAX_KEPT = 1024
 _known: dict[tuple[str, str, tuple[str, ...], Resources, int, str], tuple[str, ...]] = {}
 
 
@@ -57,7 +61,10 @@ def classes(tenant: str, spec: JobSpec) -> tuple[str, ...]:
     found = _known.get(known)
     if found is None:
         found = _classes(tenant, spec)
-        if len(_known) < _MAX_KNOWN:
+        kept = sum(map(len, found)) + sum(map(len, spec.command)) + sum(map(len, spec.resources.gpu_models))
+        if kept <= _MAX_KEPT:  # what the entry holds: its key and its classes
+            if len(_known) >= _MAX_KNOWN:
+                _known.clear()
             _known[known] = found
     return found
 

@@ -55,5 +55,6 @@ from __future__ import annotations
 # 13: a queue's preemption policy may share fairly (``fair_sharing``, Kueue's KEP-1714
 #    strategies): the fold lets a beneficiary stop another queue's borrower of any priority when
 #    its queue's share, from the decayed GPU time each queue held, stays no worse than the
-#    victim's queue's (``projections.preemption.Shares``).
+#    victim's queue's (``projections.preemption.Shares``). The ask and host-shape index keys leave
+#    out a field that equals its default (``indexes.ask_key``), however the record spelt it.
 RULES = 13

@@ -222,8 +222,7 @@ class ReadService:
                 if ended:
                     settling = True  # its last lines may still be on their way from the node
                     left = min(left, SETTLE)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(heard.wait(), left)
+                await self._output_or_end(heard, ask.job, ended, left)
         except (nats.errors.Error, js_errors.Error) as e:
             await self._send(reply, refusal(self.state, f"the output cannot be read now: {e}"))
             return
@@ -234,6 +233,24 @@ class ReadService:
         ended = ended and not lines and not more
         body = {"seq": self.state.seq, "lines": lines, "cursor": cursor, "more": more, "ended": ended}
         await self._send(reply, body)
+
+    async def _output_or_end(self, heard: asyncio.Event, job_id: str, ended: bool, left: float) -> None:
+        """Wait up to ``left`` for the job to print more, or, while it runs, for the fold to find
+        it ended: its last lines are often shipped before its end is in the log, and a follower
+        waiting for lines only would wait out its whole patience for the end."""
+
+        async def end() -> None:
+            async with self._folded:
+                await self._folded.wait_for(lambda: output_ended(self.state, job_id))
+
+        waiters: set[asyncio.Future[object]] = {asyncio.ensure_future(heard.wait())}
+        if not ended:
+            waiters.add(asyncio.ensure_future(end()))
+        try:
+            await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
 
     async def _output_page(
         self, ask: Ask, rank: int | None, scope: OutputScope, cursor: int

@@ -33,7 +33,8 @@ SETTINGS = Settings(
     tick=0.1, agent_tick=0.1, auth=True, tenants=("a", "b"), sandbox="none", worker_user=None, heartbeat=0.5
 )
 # Each worker prints two lines, a third only once the test has made ``go``, and a line of
-# hostile bytes; rank 1 prints its own.
+# hostile bytes; rank 1 prints its own. It ends a moment after its last line, as work does: by
+# then a follower has read every line, and what ends its follow is the job's end alone.
 WORKER = """
 import os, sys, time, pathlib
 rank = os.environ["RANK"]
@@ -44,6 +45,7 @@ while not go.exists():
     time.sleep(0.05)
 sys.stdout.buffer.write(b"\\x1b[31mred\\xff\\n" + b"x" * 20000 + b"\\n")
 print(f"after go {rank}", flush=True)
+time.sleep(2)
 """
 
 

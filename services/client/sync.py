@@ -15,6 +15,16 @@ from corral.services.client.results import Applied, Explanation, Job, OutputLine
 
 T = TypeVar("T")
 
+CANCEL_WAIT = 5.0  # seconds an interrupted call is given to unwind on the loop
+
+
+async def _cancelled(running: list[asyncio.Task[Any]]) -> None:
+    """Cancel the interrupted call's task (it runs before this one, on the same loop) and wait
+    for it to end."""
+    for task in running:
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_WAIT)
+
 
 class Client:
     """``with Client(server, tenant=...) as c: c.submit({...})``; the same arguments, methods and
@@ -38,7 +48,25 @@ class Client:
         self._thread.start()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        running: list[asyncio.Task[Any]] = []
+
+        async def tracked() -> T:
+            if (task := asyncio.current_task()) is not None:
+                running.append(task)
+            return await coro
+
+        call = asyncio.run_coroutine_threadsafe(tracked(), self._loop)
+        try:
+            return call.result()
+        except BaseException:
+            # Interrupted while waiting (Ctrl-C): the call is still running on the loop. Stop it
+            # there and wait until it has stopped, so that what closes next (the generator it
+            # was advancing, the connection) finds it ended, not running, and the command exits.
+            if not call.done():
+                call.cancel()
+                ended = asyncio.run_coroutine_threadsafe(_cancelled(running), self._loop)
+                ended.result(timeout=CANCEL_WAIT)
+            raise
 
     def __enter__(self) -> Client:
         return self

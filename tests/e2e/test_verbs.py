@@ -77,7 +77,7 @@ def test_jobs_filtered_and_watched_and_their_output_followed(
     as_a = (*server, "--tenant", "team-a")
     watch = subprocess.Popen(
         [*CORRAL, "jobs", "--watch", "-o", "json", *as_a],
-        env=env,
+        env={**env, "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -111,7 +111,16 @@ def test_jobs_filtered_and_watched_and_their_output_followed(
         assert len(phases) >= 2, phases  # each change, as it came, not one list at the end
     finally:
         watch.send_signal(signal.SIGINT)
-        watch.wait(timeout=30)
+        try:
+            watch.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # show where it hangs: faulthandler prints every thread
+            watch.send_signal(signal.SIGABRT)
+            watch.wait(timeout=10)
+            pytest.fail(
+                f"corral jobs --watch did not end on Ctrl-C:\n{watch.stderr.read() if watch.stderr else ''}"
+            )
+    # Ctrl-C ends the watch as an interrupted command, quietly: no traceback, no task left behind.
+    assert (watch.returncode, watch.stderr.read() if watch.stderr else "") == (130, "")
 
     running = json.loads(corral("jobs", "--state", "running", "-o", "json", *as_a, env=env).stdout)
     assert [j["id"] for j in running] == ["long"]

@@ -150,15 +150,17 @@ class Corral:
     async def leader(self, role: str) -> Part:
         """The replica that leads ``role`` now, as the status board shows it."""
 
-        async def holder() -> str | None:
-            holders, _ = await status.read(self.log.nc)
-            return holders.get(role)
+        held: list[int] = []
 
-        async with asyncio.timeout(WAIT):
-            while (h := await holder()) is None or pid_of(h) not in {p.pid for p in self.parts.values()}:
-                self.check_alive()
-                await asyncio.sleep(0.1)
-        return self.by_pid(pid_of(h))
+        async def led_by_a_part() -> bool:
+            self.check_alive()
+            holders, _ = await status.read(self.log.nc)
+            h = holders.get(role)
+            held[:] = [pid_of(h)] if h is not None else []
+            return bool(held) and held[0] in {p.pid for p in self.parts.values()}
+
+        await polling.until_answered(led_by_a_part, WAIT)
+        return self.by_pid(held[0])
 
     def check_alive(self) -> None:
         for p in self.parts.values():

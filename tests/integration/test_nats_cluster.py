@@ -73,13 +73,15 @@ def leader_of(info: object) -> str:
 async def stream_leader(log: JetStreamLog, stream: str = subjects.STREAM) -> str:
     """The name of the server leading ``stream`` (waiting out an election)."""
     js = log.nc.jetstream()
-    async with asyncio.timeout(WAIT):
-        while True:
-            with contextlib.suppress(Exception):
-                name = leader_of(await js.stream_info(stream))
-                if name:
-                    return name
-            await asyncio.sleep(0.1)
+    led: list[str] = []
+
+    async def elected() -> bool:
+        with contextlib.suppress(Exception):
+            led[:] = [leader_of(await js.stream_info(stream))]
+        return bool(led and led[0])
+
+    await until_answered(elected, WAIT)
+    return led[0]
 
 
 def server_named(nats: EmbeddedCluster, name: str) -> int:

@@ -37,6 +37,11 @@ asks for:
   judges each shape once against the inventory and walks only the jobs of shapes no node can
   host, not the whole backlog. Kept where a job's phase changes (``moved``) and where a queued
   job's spec does (``respec``).
+- ``State.queued_by_form``: per form (``form_key``: a queue and what the preemptor's verdict
+  on a queued job reads besides its priority), the places of the queued jobs of that form,
+  sorted as ``queued_by_queue``: the preemptor judges a backlog form by form, and passes over
+  the rest of a form it found no victims for without reading its jobs. Kept with
+  ``queued_by_queue`` and, where a queued job's spec changes, by ``respec``.
 
 They are ids, not the ``JobState`` objects again, so that a snapshot encodes each job once. They
 are part of the State: snapshots carry them and every replica builds them in the same order, so
@@ -109,25 +114,35 @@ def _remove(index: Index, key: str, job_id: str) -> None:
 
 
 def _enqueue(state: State, job: JobState) -> None:
-    places = state.queued_by_queue.get(job.spec.queue)
-    if places is None:
-        state.queued_by_queue[job.spec.queue] = [place_of(job)]
-    else:
-        insort(places, place_of(job))
+    place = place_of(job)  # one tuple for both indexes
+    _insert(state.queued_by_queue, job.spec.queue, place)
+    _insert(state.queued_by_form, form_key(job.spec), place)
 
 
 def _dequeue(state: State, job: JobState, place: Place) -> None:
-    queue = job.spec.queue
-    places = state.queued_by_queue.get(queue)
+    _delete(state.queued_by_queue, job.spec.queue, place)
+    _delete(state.queued_by_form, form_key(job.spec), place)
+
+
+def _insert(index: dict[str, list[Place]], key: str, place: Place) -> None:
+    places = index.get(key)
+    if places is None:
+        index[key] = [place]
+    else:
+        insort(places, place)
+
+
+def _delete(index: dict[str, list[Place]], key: str, place: Place) -> None:
+    places = index.get(key)
     if places is None:
         return
     i = bisect_left(places, place)
     if i < len(places) and places[i] == place:
         del places[i]
     else:  # tolerant, as ``_remove``: a scratch State may hold a job its index never had
-        places[:] = [p for p in places if p[2] != job.id]
+        places[:] = [p for p in places if p[2] != place[2]]
     if not places:
-        del state.queued_by_queue[queue]
+        del index[key]
 
 
 # The keys below are JSON written from the values alone. msgspec's ``omit_defaults`` leaves a
@@ -199,6 +214,39 @@ def host_shape(spec: JobSpec) -> str:
                 _shape_keys.clear()
             _shape_keys[known] = key
     return key
+
+
+_form_keys: dict[tuple[str, Resources, int, int | None, Topology], str] = {}
+
+
+def form_key(spec: JobSpec) -> str:
+    """The form of a queued job, as ``queued_by_form`` keys it: its queue, worker ask, replicas,
+    minimum replicas, topology and node selector, which decide (with its priority and the
+    quota ledger) whether preemption could get it admitted and placed. Equal forms give equal
+    keys; the runtime estimate is not part of it."""
+    if spec.node_selector:  # a dict, not hashable: written each time (few jobs select nodes)
+        return _form(spec, sorted(spec.node_selector.items()))
+    known = (spec.queue, spec.resources, spec.replicas, spec.min_replicas, spec.topology)
+    key = _form_keys.get(known)
+    if key is None:
+        key = _form(spec, [])
+        if len(key) <= _MAX_KEPT:
+            if len(_form_keys) >= _MAX_KEYS:
+                _form_keys.clear()
+            _form_keys[known] = key
+    return key
+
+
+def _form(spec: JobSpec, selector: list[tuple[str, str]]) -> str:
+    form = (
+        spec.queue,
+        _plain(spec.resources),
+        spec.replicas,
+        spec.min_replicas,
+        _plain(spec.topology),
+        selector,
+    )
+    return msgspec.json.encode(form).decode()
 
 
 def _count_ask(state: State, spec: JobSpec, sign: int) -> None:
@@ -315,6 +363,8 @@ def respec(state: State, job: JobState, spec: JobSpec) -> None:
     if job.phase == "queued":
         _remove(state.queued_by_shape, host_shape(job.spec), job.id)
         _add(state.queued_by_shape, host_shape(spec), job.id)
+        _delete(state.queued_by_form, form_key(job.spec), place_of(job))
+        _insert(state.queued_by_form, form_key(spec), place_of(job))
     job.spec = spec
     if unfinished:
         _count_ask(state, spec, 1)
@@ -429,6 +479,7 @@ def rebuild(state: State) -> State:
     state.naming_by_beneficiary = {}
     state.explained_by_queue = {}
     state.queued_by_shape = {}
+    state.queued_by_form = {}
     jobs = list(state.jobs.values())
     state.jobs.clear()
     for job in jobs:
@@ -438,20 +489,27 @@ def rebuild(state: State) -> State:
 
 def check(state: State) -> None:
     """Raise AssertionError, saying where, unless every index holds exactly what ``State.jobs``
-    says it should: each queue's places in full sorted order, the asks' worker counts exactly;
+    says it should: each queue's and form's places in full sorted order, the asks' worker counts exactly;
     by phase, node, beneficiary named, queue explained and host shape the same ids (their order is the
     fold's history, which this cannot know)."""
     want = rebuild(State(jobs=dict(state.jobs)))
     problems = []
-    for queue in sorted(state.queued_by_queue.keys() | want.queued_by_queue.keys()):
-        have_places = state.queued_by_queue.get(queue)
-        want_places = sorted(
-            place_of(j) for j in state.jobs.values() if j.phase == "queued" and j.spec.queue == queue
-        )
-        if have_places is not None and not have_places:
-            problems.append(f"queued_by_queue[{queue}] is empty and kept")
-        if (have_places or []) != want_places:
-            problems.append(f"queued_by_queue[{queue}]: {(have_places or [])[:5]}, not {want_places[:5]}")
+    queued = [j for j in state.jobs.values() if j.phase == "queued"]
+    for name, key_of in (
+        ("queued_by_queue", lambda j: j.spec.queue),
+        ("queued_by_form", lambda j: form_key(j.spec)),
+    ):
+        have_sorted: dict[str, list[Place]] = getattr(state, name)
+        want_sorted: dict[str, list[Place]] = {}
+        for j in queued:
+            want_sorted.setdefault(key_of(j), []).append(place_of(j))
+        for key in sorted(have_sorted.keys() | want_sorted.keys()):
+            have_places = have_sorted.get(key)
+            want_places = sorted(want_sorted.get(key, ()))
+            if have_places is not None and not have_places:
+                problems.append(f"{name}[{key}] is empty and kept")
+            if (have_places or []) != want_places:
+                problems.append(f"{name}[{key}]: {(have_places or [])[:5]}, not {want_places[:5]}")
     if state.workers_by_ask != want.workers_by_ask:
         problems.append(f"workers_by_ask: {state.workers_by_ask}, not {want.workers_by_ask}")
     for name in (

@@ -57,4 +57,7 @@ from __future__ import annotations
 #    its queue's share, from the decayed GPU time each queue held, stays no worse than the
 #    victim's queue's (``projections.preemption.Shares``). The ask and host-shape index keys leave
 #    out a field that equals its default (``indexes.ask_key``), however the record spelt it.
-RULES = 13
+# 14: the fold keeps, per form (``indexes.form_key``: a queue and the ask, replicas, topology
+#    and selector of its jobs), the places of the queued jobs of that form, in their queue's
+#    order (``projections/indexes.py``), so that the preemptor judges the backlog form by form.
+RULES = 14

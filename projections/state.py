@@ -179,7 +179,8 @@ class State(msgspec.Struct, gc=False):
     # sorted: the order the queue serves them in; per node, the ids of the jobs holding GPUs
     # there; per worker ask (its Resources as JSON), the workers unfinished jobs ask for; per
     # beneficiary, the jobs stopped for it that name it; per queue, its queued jobs that carry a
-    # reason; per host shape (``indexes.host_shape``), its queued jobs. So that a cycle costs
+    # reason; per host shape (``indexes.host_shape``), its queued jobs; per form
+    # (``indexes.form_key``), its queued jobs' places, sorted as a queue's. So that a cycle costs
     # the jobs it asks for, not every job that ever existed.
     jobs_by_phase: dict[str, dict[str, None]] = {}
     queued_by_queue: dict[str, list[tuple[int, int, str]]] = {}
@@ -188,6 +189,7 @@ class State(msgspec.Struct, gc=False):
     naming_by_beneficiary: dict[str, dict[str, None]] = {}
     explained_by_queue: dict[str, dict[str, None]] = {}
     queued_by_shape: dict[str, dict[str, None]] = {}
+    queued_by_form: dict[str, list[tuple[int, int, str]]] = {}
     # Per class of similar jobs, the running times of the latest that succeeded, the class
     # updated longest ago first: what runtime estimates are learned from (``runtimes.py``).
     runtimes: dict[str, list[float]] = {}

@@ -29,6 +29,7 @@ node; a person does.
 
 from __future__ import annotations
 
+import heapq
 from typing import Literal, NamedTuple
 
 from corral.events.base import Event
@@ -144,6 +145,13 @@ class HeartbeatTracker:
     Feed it the log's node facts (``sync`` from a folded state at start, ``observe`` for each node
     event folded since) and heartbeats (``record``); ``evaluate(now)`` returns the events that
     bring the log in line with what the heartbeats say, and assumes they will be appended.
+
+    ``evaluate`` runs every tick over thousands of nodes whose heartbeats say all is well, so it
+    visits only the nodes that may have a fact to state: those a fact, a registration, a clear
+    or a heartbeat left with a GPU whose signal disagrees with its health or a drain to ask for
+    (``_pending``), those not ready (``_unready``), and those silent longer than a heartbeat
+    may be (``_heard``, a heap by when each node was last heard of). Any other node is ready,
+    heard of lately and in line with the log: it has nothing to state.
     """
 
     def __init__(
@@ -159,6 +167,13 @@ class HeartbeatTracker:
         self.probation = probation
         self._nodes: dict[str, _Node] = {}
         self._notices: list[Notice] = []
+        self._pending: set[str] = set()
+        self._unready: set[str] = set()
+        # (when last heard of, stamp, node): a node's latest entry has its stamp in ``_stamps``;
+        # older ones are passed over as they come to the top.
+        self._heard: list[tuple[float, int, str]] = []
+        self._stamps: dict[str, int] = {}
+        self._stamp = 0
 
     @property
     def _suspect_silence(self) -> float:
@@ -168,7 +183,29 @@ class HeartbeatTracker:
         n = self._nodes.get(name)
         if n is None:
             n = self._nodes[name] = _Node(now)
+            self._heard_of(name, n)
         return n
+
+    def _heard_of(self, name: str, n: _Node) -> None:
+        """Note when ``name`` was last heard of (its silence counts from then)."""
+        self._stamp += 1
+        self._stamps[name] = self._stamp
+        last = n.last_seen if n.last_seen is not None else n.since
+        heapq.heappush(self._heard, (last, self._stamp, name))
+        if len(self._heard) > 4 * len(self._nodes) + 64:
+            # A standby replica records heartbeats but never evaluates: keep the latest only.
+            self._heard = [e for e in self._heard if self._stamps.get(e[2]) == e[1]]
+            heapq.heapify(self._heard)
+
+    def _set_condition(self, name: str, n: _Node, condition: NodeCondition) -> None:
+        n.condition = condition
+        if condition == "ready":
+            self._unready.discard(name)
+            # Watched again (its last entry may be gone: a clock set back makes a silent node
+            # heard of lately again).
+            self._heard_of(name, n)
+        else:
+            self._unready.add(name)
 
     # what the log says
 
@@ -177,7 +214,9 @@ class HeartbeatTracker:
         for name, ns in state.nodes.items():
             n = self._node(name, now)
             self._register(n, ns.inventory)
-            n.condition, n.cordoned, n.draining = ns.condition, ns.cordoned, ns.draining
+            self._pending.add(name)
+            self._set_condition(name, n, ns.condition)
+            n.cordoned, n.draining = ns.cordoned, ns.draining
             for g, gs in zip(n.gpus, ns.gpus, strict=False):
                 g.healthy, g.signal = gs.healthy, gs.signal
                 if not gs.healthy and _sticky(gs.signal):
@@ -193,11 +232,13 @@ class HeartbeatTracker:
             n = self._node(name, now)
         elif isinstance(event, NodeRegistered):
             self._register(self._node(name, now), event.inventory)
+            self._pending.add(name)
             return True
         else:
             return False
+        self._pending.add(name)
         if isinstance(event, NodeConditionChanged):
-            n.condition = event.condition
+            self._set_condition(name, n, event.condition)
         elif isinstance(event, NodeCordoned | CordonNode):  # CordonNode: an admin, by hand
             n.cordoned, n.draining = event.cordoned, event.cordoned and event.drain
         elif isinstance(event, GpuHealthChanged) and 0 <= event.gpu < len(n.gpus):
@@ -223,6 +264,7 @@ class HeartbeatTracker:
         n = self._nodes.get(node)
         if n is not None and 0 <= gpu < len(n.gpus):
             n.gpus[gpu].sticky = ""
+            self._pending.add(node)
 
     # what the heartbeats say
 
@@ -232,11 +274,15 @@ class HeartbeatTracker:
             return  # repeated or out of order
         gap = now - (n.last_seen if n.last_seen is not None else n.since)
         n.last_seen, n.last_seq = now, payload.seq
+        self._heard_of(node, n)
         if not payload.ok or gap > self._suspect_silence:
             n.probation_from = now if payload.ok else None
         elif n.probation_from is None:
             n.probation_from = now
         by_uuid = {s.uuid: s for s in payload.gpus}
+        # Whether the node has a fact to state now (``_pending``): a GPU whose signal disagrees
+        # with its health, or a drain to ask for. An XID may mark any GPU: it always has.
+        stating = bool(payload.xids)
         for i, g in enumerate(n.gpus):
             sample = by_uuid.get(g.uuid)
             signals: list[tuple[str, Action]]
@@ -247,12 +293,16 @@ class HeartbeatTracker:
             g.live = ""
             for signal, action in signals:
                 self._act(n, node, i, signal, action, sticky=False)
+            if (g.sticky or g.live) and g.healthy or not (g.sticky or g.live or g.healthy):
+                stating = True
         for x in payload.xids:
             # A MIG instance's XID marks its whole GPU: the fold keeps health per GPU.
             # GPU -1: the agent could not watch its GPUs at all, so none is trusted.
             for gpu in range(len(n.gpus)) if x.gpu == -1 else (x.gpu,):
                 if 0 <= gpu < len(n.gpus):
                     self._act(n, node, gpu, f"xid:{x.xid}", xid_action(x.xid), sticky=True)
+        if stating or n.drain_signal:
+            self._pending.add(node)
 
     def _act(self, n: _Node, node: str, gpu: int, signal: str, action: Action, sticky: bool) -> None:
         g = n.gpus[gpu]
@@ -274,14 +324,33 @@ class HeartbeatTracker:
 
     # deciding
 
-    def evaluate(self, now: float) -> list[Event]:
+    def evaluate(self, now: float, *, every_node: bool = False) -> list[Event]:
+        """The facts to state at ``now``, node by node in name order. ``every_node``: visit
+        every node, not only those that may have one (what the visits are tested against)."""
+        silent = self._silent(now)
+        visit = set(self._nodes) if every_node else self._pending | self._unready | set(silent)
+        self._pending = set()
         out: list[Event] = []
-        for name in sorted(self._nodes):
+        for name in sorted(visit):
             n = self._nodes[name]
             if n.known:
                 out.extend(self._condition(name, n, now))
                 out.extend(self._gpu_health(name, n))
                 out.extend(self._cordon(name, n))
+        # A silent node not registered yet stays ready, unwatched: its registration visits it.
+        return out
+
+    def _silent(self, now: float) -> list[str]:
+        """The nodes not heard of for longer than a ready node may be silent (``_condition``'s
+        test), taken off the heap: each turns suspect or lost when visited, or is not
+        registered yet."""
+        most = min(self._suspect_silence, self.lost_after)
+        heard, stamps = self._heard, self._stamps
+        out: list[str] = []
+        while heard and now - heard[0][0] > most:
+            _, stamp, name = heapq.heappop(heard)
+            if stamps.get(name) == stamp:
+                out.append(name)
         return out
 
     def _condition(self, name: str, n: _Node, now: float) -> list[Event]:
@@ -303,7 +372,7 @@ class HeartbeatTracker:
             new, reason = "ready", f"healthy heartbeats for {last - n.probation_from:.0f}s"
         if new is None:
             return []
-        n.condition = new
+        self._set_condition(name, n, new)
         if new != "ready":
             n.probation_from = None  # trust is earned again from the next heartbeat on
         return [NodeConditionChanged(node=name, condition=new, reason=reason)]

@@ -36,15 +36,24 @@ append, each with ``based_on = state.seq`` and ``now``:
    fold judges record by record. A shrink under way counts like a preemption under way: its
    beneficiary is not searched for again until the leaving ranks are gone.
 
+A deep backlog is read form by form (``State.queued_by_form``: a queue's jobs of one ask,
+replicas, topology and selector, in the queue's order). The verdicts that passed a queued job
+over hold for the rest of its form: a form no victims could help is passed over for the rest of
+the cycle, one that quota does not block until a commit moves the ledger (whether a hold keeps a
+job out reads the job's own runtime estimate: that verdict is the job's alone). So a cycle over
+100,000 jobs queued behind one quota reads a few of them, and proposes what reading every one in
+turn would (``PreemptorConfig.by_form``).
+
 Same state, same ``now``, same config: same events. Every order is total (ties by job id), and
 the simulation reads the State only in its insertion order, which the fold makes the log's.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -104,6 +113,10 @@ class PreemptorConfig:
     # Elastic jobs give up their top ranks before anyone is stopped whole. False: they are
     # stopped whole like any other job.
     shrink: bool = True
+    # The backlog is judged form by form (``State.queued_by_form``): the rest of a form no
+    # victims could help, or that quota does not block, is passed over unread. False: each
+    # queued job is read in turn, as the same verdicts (what the form skip is tested against).
+    by_form: bool = True
 
 
 DEFAULT = PreemptorConfig()
@@ -184,7 +197,8 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     # in their turns' order, so a cycle with no beneficiary after them (a free cluster taking a
     # burst) does not run the placer's search once per admitted job for nothing.
     untried: list[JobState] = []
-    for job in _turns(state, now):
+    turns = _Turns(state, now, config.by_form)
+    while (job := turns.next()) is not None:
         if searched >= config.max_beneficiaries:
             break
         if job.id in under_way:
@@ -196,20 +210,37 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         if job.phase == "admitted":
             target: Target | None = admitted_target(sim.ledger, job)
         else:
+            # Each verdict below on a queued job holds for the rest of its form (its jobs come in
+            # its queue's order, priority first): a hopeless form for good (``hopeless`` only
+            # grows, and once the first of them waited, ``holds.note`` does nothing for the
+            # rest), one quota does not block until a commit (``unblocked``). A hold keeping a
+            # job out reads its runtime estimate, which the jobs of a form do not share.
             if holds.keeps_out(job):
+                form = _form(job)
+                if form in unblocked:
+                    turns.rest_until_committed()
+                elif hopeless.get(form, job.priority - 1) >= job.priority:
+                    turns.pass_form()
                 continue
             form = _form(job)
             if form in unblocked:
+                turns.rest_until_committed()
                 continue
             if hopeless.get(form, job.priority - 1) >= job.priority:
                 holds.note(job)
+                turns.pass_form()
                 continue
             target = blocked_target(state, sim.ledger, job)
             if target is None:
                 unblocked.add(form)
+                turns.rest_until_committed()
                 continue
         if target is None or hopeless.get(target.shape(), job.priority - 1) >= job.priority:
             holds.note(job)
+            if form is not None:
+                # Its form's target has this shape: the rest of the form is hopeless too.
+                hopeless[form] = job.priority
+                turns.pass_form()
             continue
         searched += 1
         for earlier in untried:
@@ -220,9 +251,10 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         found = _search(sim, pool, target, config)
         if found is None:
             hopeless[target.shape()] = job.priority
+            holds.note(job)
             if form is not None:
                 hopeless[form] = job.priority
-            holds.note(job)
+                turns.pass_form()
             continue
         committed = commit(sim, target, found)
         holds.moved()
@@ -230,6 +262,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             holds.note(job)
             continue
         unblocked.clear()
+        turns.committed()
         if not found.whole and not found.shrinks:
             continue  # fits as things are: the placer places it, on the GPUs kept for it here
         sim.proposed(target, found)
@@ -336,7 +369,9 @@ class _Holds:
         held = self.by_queue.get(spec.queue)
         if held is None:
             return False
-        ask = (spec.queue, spec.resources, spec.replicas, spec.min_replicas, spec.runtime_estimate_s)
+        # The estimate is the job's own (its owner's, else the one learned at its submission), as
+        # admission reads it: jobs of one ask with different learned estimates get each its own.
+        ask = (spec.queue, spec.resources, spec.replicas, spec.min_replicas, runtimes.of(job))
         found = self._verdicts.get(ask)
         if found is None:
             found = self._verdicts[ask] = self._keeps_out(held, job)
@@ -383,41 +418,122 @@ def beneficiaries(state: State, now: float = 0.0) -> list[JobState]:
     the placer says preemption would help, and every queued job (``blocked_target`` keeps only
     those that quota blocks). A shortest-first queue's queued jobs take its places in its own
     order (``projections.queueing.slots``), so that its holds fall on the job admission holds for."""
-    return [j for j in _turns(state, now) if j.phase == "queued" or j.reasons]
+    turns = _Turns(state, now, by_form=False)
+    return [j for j in iter(turns.next, None) if j.phase == "queued" or j.reasons]
 
 
-def _turns(state: State, now: float) -> Iterator[JobState]:
+# A turn's key: (not a nominated admitted job untried, -priority, place in its queue, id).
+_Key = tuple[bool, int, int, str]
+
+
+class _Turns:
     """The beneficiaries, and admitted jobs the placer has not tried yet (no reasons since their
     admission), in the order the cycle takes them: of the latter, those a stopped job names as
     its beneficiary first (``projections.preemption.nominated``: the placer places them before
-    anyone), then all as ``beneficiaries``. Lazily: the queued jobs are merged from each queue's
-    order, which the fold keeps (``State.queued_by_queue``), so a cycle that stops after its
-    ``max_beneficiaries`` reads the fronts of the queues, not the whole backlog."""
-    jobs = state.jobs
-    admitted: list[JobState] = []
-    first: set[str] | None = None
-    for job in indexes.jobs_in(state, "admitted"):
-        if job.held is None and (not job.reasons or any(r.preemption_helps for r in job.reasons)):
-            admitted.append(job)
-            if first is None and not job.reasons:
-                # A look at the backlog, only when it can matter, and once: an empty answer asked
-                # again per admitted job cost a walk of every queued job each.
-                first = preemption.nominated(state)
-    named = first or set()
-    # One key for every stream: (not a nominated admitted job untried, -priority, place, id).
-    turns: list[Iterable[tuple[bool, int, int, str]]] = [
-        sorted((not (j.id in named and not j.reasons), -j.priority, j.submitted_seq, j.id) for j in admitted)
-    ]
-    for name, places in state.queued_by_queue.items():
-        spec = state.queues.get(name)
-        if spec is not None and spec.strategy == queueing.SHORTEST_FIRST:
-            # A shortest-first queue's jobs take its places in its own order, which the time moves.
-            slot = queueing.slots(indexes.queued_in(state, name), now)
-            turns.append(sorted((True, p, slot[i], i) for p, _, i in places))
-        else:
-            turns.append((True, p, seq, i) for p, seq, i in places)
-    for _, _, _, job_id in heapq.merge(*turns):
-        yield jobs[job_id]
+    anyone), then all as ``beneficiaries``. Merged lazily from streams in order: the admitted
+    jobs; each shortest-first queue's queued jobs, in its own order, which the time moves; each
+    other queue's from the order the fold keeps, ``by_form`` one stream per form
+    (``State.queued_by_form``), else one per queue (``State.queued_by_queue``). So a cycle that
+    stops after its ``max_beneficiaries`` reads the fronts of the queues, and one that passes
+    over the rest of a form (``pass_form``, ``rest_until_committed``) does not read its jobs."""
+
+    def __init__(self, state: State, now: float, by_form: bool) -> None:
+        self._jobs = jobs = state.jobs
+        admitted: list[JobState] = []
+        first: set[str] | None = None
+        for job in indexes.jobs_in(state, "admitted"):
+            if job.held is None and (not job.reasons or any(r.preemption_helps for r in job.reasons)):
+                admitted.append(job)
+                if first is None and not job.reasons:
+                    # A look at the backlog, only when it can matter, and once: an empty answer
+                    # asked again per admitted job cost a walk of every queued job each.
+                    first = preemption.nominated(state)
+        named = first or set()
+        # Each stream: its keys in order, or (``_places``) the fold's places (-priority,
+        # submitted_seq, id), each standing for the key (True, *place).
+        self._streams: list[Sequence[_Key] | Sequence[indexes.Place]] = [
+            sorted(
+                (not (j.id in named and not j.reasons), -j.priority, j.submitted_seq, j.id) for j in admitted
+            )
+        ]
+        self._places: list[bool] = [False]
+        self._forms: set[int] = set()  # the streams that are forms
+        for name, places in state.queued_by_queue.items():
+            spec = state.queues.get(name)
+            if spec is not None and spec.strategy == queueing.SHORTEST_FIRST:
+                slot = queueing.slots(indexes.queued_in(state, name), now)
+                self._streams.append(sorted((True, p, slot[i], i) for p, _, i in places))
+                self._places.append(False)
+            elif not by_form:
+                self._streams.append(places)
+                self._places.append(True)
+        if by_form:
+            for places in state.queued_by_form.values():
+                spec = state.queues.get(jobs[places[0][2]].spec.queue)
+                if spec is None or spec.strategy != queueing.SHORTEST_FIRST:
+                    self._forms.add(len(self._streams))
+                    self._streams.append(places)
+                    self._places.append(True)
+        self._pos = [0] * len(self._streams)  # each stream's next turn
+        self._version = [0] * len(self._streams)  # a heap entry of another version is stale
+        self._heap: list[tuple[_Key, int, int]] = [
+            (self._key(s, 0), s, 0) for s, items in enumerate(self._streams) if items
+        ]
+        heapq.heapify(self._heap)
+        self._resting: list[int] = []
+        self._current: tuple[_Key, int] | None = None
+
+    def _key(self, s: int, pos: int) -> _Key:
+        item = self._streams[s][pos]
+        if self._places[s]:
+            p, seq, i = item  # type: ignore[misc]
+            return (True, p, seq, i)
+        return item  # type: ignore[return-value]
+
+    def next(self) -> JobState | None:
+        """The next job in turn, or None when every stream is done."""
+        heap = self._heap
+        while heap:
+            key, s, version = heap[0]
+            if version != self._version[s]:
+                heapq.heappop(heap)
+                continue
+            pos = self._pos[s] = self._pos[s] + 1
+            if pos < len(self._streams[s]):
+                heapq.heapreplace(heap, (self._key(s, pos), s, version))
+            else:
+                heapq.heappop(heap)
+            self._current = (key, s)
+            return self._jobs[key[3]]
+        return None
+
+    def pass_form(self) -> None:
+        """The rest of the current job's form gets the verdict it got: its turns are over."""
+        if self._current is not None and self._current[1] in self._forms:
+            self._version[self._current[1]] += 1
+
+    def rest_until_committed(self) -> None:
+        """The rest of the current job's form gets the verdict it got until a commit
+        (``committed``); then its turns resume after the job in turn at that moment."""
+        if self._current is not None and self._current[1] in self._forms:
+            s = self._current[1]
+            self._version[s] += 1
+            self._resting.append(s)
+
+    def committed(self) -> None:
+        """The simulation took a beneficiary's victims: the forms resting take their turns
+        again, from the job in turn now on."""
+        if self._current is None:
+            return
+        key = self._current[0]
+        for s in self._resting:
+            places = self._streams[s]
+            # Places stand for keys (True, *place): all of them come after a key of False.
+            after = bisect.bisect_right(places, key[1:]) if key[0] else 0
+            pos = self._pos[s] = max(self._pos[s], after)
+            if pos < len(places):
+                heapq.heappush(self._heap, (self._key(s, pos), s, self._version[s]))
+        self._resting.clear()
 
 
 def _takes_its_gpus(sim: Simulation, job: JobState) -> None:

@@ -11,7 +11,15 @@ import pytest
 
 from corral.events import subjects as subj
 from corral.events.base import Reason
-from corral.events.jobs import CancelJob, JobRejected, JobSpec, ResizeJob, Resources, Topology
+from corral.events.jobs import (
+    CancelJob,
+    JobPriorityChanged,
+    JobRejected,
+    JobSpec,
+    ResizeJob,
+    Resources,
+    Topology,
+)
 from corral.events.nodes import NodeInventory
 from corral.events.queues import ApplyQueue, ApplyRetention, DeleteQueue, QueueSpec, Quota, RetentionSpec
 from corral.projections import indexes
@@ -209,6 +217,10 @@ def test_rebuild_makes_the_indexes_of_the_jobs_in_their_order() -> None:
         pytest.param(
             lambda s: s.queued_by_shape.setdefault("[]", {}).update(b=None), id="a shape not queued"
         ),
+        pytest.param(lambda s: s.queued_by_form.clear(), id="forms lost"),
+        pytest.param(
+            lambda s: s.queued_by_form.setdefault("[]", []).append((0, 1, "b")), id="a form not queued"
+        ),
     ],
 )
 def test_check_says_where_an_index_differs_from_the_jobs(spoil: Any) -> None:
@@ -237,6 +249,59 @@ def test_queued_jobs_are_indexed_by_host_shape_and_a_resize_moves_theirs() -> No
     state = log.admit("c").fold()
     assert state.queued_by_shape == {wide: {"a": None}, rigid: {"b": None}}
     indexes.check(state)
+
+
+def _forms(state: State) -> dict[str, list[str]]:
+    indexes.check(state)
+    return {key: [i for _, _, i in places] for key, places in state.queued_by_form.items()}
+
+
+def test_queued_jobs_are_indexed_by_form_in_their_queues_order() -> None:
+    one, eight = job().gpus(1), job().gpus(8).pack("nvlink")
+    log = base()
+    # The runtime estimate is not part of a form; the queue is.
+    log.submit("alice", "a", one).submit("alice", "b", one.queue("team-b").replicas(4, minimum=1))
+    log.submit("alice", "c", eight)
+    log.submit("alice", "d", msgspec.structs.replace(one.build(), runtime_estimate_s=60.0))
+    state = log.accept("a").accept("b").accept("c").accept("d", priority=5).fold()
+    a, b, c = (indexes.form_key(state.jobs[j].spec) for j in "abc")
+    assert len({a, b, c}) == 3 and indexes.form_key(state.jobs["d"].spec) == a
+    # Highest priority first, then submission: the queue's own order.
+    assert _forms(state) == {a: ["d", "a"], b: ["b"], c: ["c"]}
+    # A change of priority moves a job within its form, a resize to another form, and a job
+    # that leaves the queue leaves its form.
+    body = JobPriorityChanged(job_id="a", priority=9, reason=Reason("aged", "waited long"))
+    state = (
+        log.event(subj.job("a"), body).request("alice", "resize", ResizeJob(job_id="b", replicas=2)).fold()
+    )
+    b2 = indexes.form_key(state.jobs["b"].spec)
+    assert b2 != b and _forms(state) == {a: ["a", "d"], b2: ["b"], c: ["c"]}
+    state = log.admit("c").fold()
+    assert _forms(state) == {a: ["a", "d"], b2: ["b"]}
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param(job().gpus(2), id="ask"),
+        pytest.param(job().replicas(2), id="replicas"),
+        pytest.param(job().replicas(2, minimum=1), id="minimum"),
+        pytest.param(job().pack("nvlink"), id="topology"),
+        pytest.param(job().select(zone="a"), id="selector"),
+        pytest.param(job("team-b"), id="queue"),
+    ],
+)
+def test_a_form_differs_in_what_the_preemptor_reads(other: Any) -> None:
+    assert indexes.form_key(job().build()) != indexes.form_key(other.build())
+
+
+def test_a_form_key_leaves_out_what_equals_its_default() -> None:
+    plain = job().build()
+    spelt = msgspec.json.decode(msgspec.json.encode(plain), type=JobSpec)  # fields decoded anew
+    assert indexes.form_key(spelt) == indexes.form_key(plain)
+    assert indexes.form_key(job().select(zone="a").build()) == indexes.form_key(
+        job().select(zone="a").build()
+    )
 
 
 def test_letting_finished_jobs_go_keeps_the_indexes() -> None:

@@ -1045,3 +1045,60 @@ def test_a_shrink_is_proposed_before_the_whole_jobs_so_the_fold_judges_it_as_the
     assert w.state.rejected_total == before, w.state.rejections[-1:]
     assert w.state.jobs["low"].phase in ("checkpointing", "preempted")
     assert w.state.jobs["el"].leaving == [1]
+
+
+# -- the backlog judged form by form --------------------------------------------------------------
+
+
+class _Counted(dict[str, Any]):
+    """``State.jobs`` that counts the jobs asked for by id."""
+
+    asked = 0
+
+    def __getitem__(self, key: str) -> Any:
+        self.asked += 1
+        return super().__getitem__(key)
+
+
+def test_a_form_no_victims_could_help_is_read_once_however_deep() -> None:
+    """As ``bench.e2e``'s backlog: a queue's quota held by jobs nobody may stop, and a thousand
+    one-GPU jobs behind it, each with its own estimate. The first waits and holds the quota;
+    the rest of its form is passed over unread."""
+    w = World().queue("backlog", nominal=2)
+    w.run("r0", gpus(1, "backlog", preemptible=False), whole(N0, 0))
+    w.run("r1", gpus(1, "backlog", preemptible=False), whole(N0, 1))
+    for i in range(1000):
+        w.submit(f"q{i:04d}", gpus(1, "backlog", runtime_estimate_s=10.0 + i))
+    jobs = w.state.jobs = _Counted(w.state.jobs)
+    assert w.plan() == [] == w.plan(PreemptorConfig(by_form=False))
+    by_job = jobs.asked
+    jobs.asked = 0
+    assert w.plan() == []
+    assert jobs.asked < 50 < 1000 <= by_job  # the running jobs, the first queued one, not the rest
+
+
+def test_a_form_quota_did_not_block_is_judged_again_after_a_commit() -> None:
+    """``f-head`` fits the quota (admission's to admit): the rest of its form rests. ``g``'s
+    victim is taken in the simulation, and the quota ``g`` then holds blocks ``f-later``, of
+    the same form, which gets a victim of its own."""
+    w = World().queue("team-a", nominal=8)
+    w.run("r1", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.run("r3", gpus(1), whole(N0, 4))
+    w.submit("f-head", gpus(1), priority=10)
+    w.submit("g", gpus(4), priority=5)
+    w.submit("f-later", gpus(1), priority=5)
+    assert w.victims() == w.victims(PreemptorConfig(by_form=False)) == {"g": ["r3"], "f-later": ["r1"]}
+
+
+def test_a_hold_keeps_out_each_job_of_a_form_by_its_own_estimate() -> None:
+    """``h`` waits (nobody may be stopped that frees 8 GPUs) and holds the queue's quota until
+    its holders end. Of the one-GPU form behind it, ``f1`` (no estimate) is kept out; ``f2``
+    ends before then, so the hold does not keep it out, and it gets ``v``."""
+    w = World().queue("team-a", nominal=8)
+    w.run("r1", gpus(4, preemptible=False, runtime_estimate_s=1000.0), whole(N0, 0, 1, 2, 3))
+    w.run("r2", gpus(3, preemptible=False, runtime_estimate_s=1000.0), whole(N0, 4, 5, 6))
+    w.run("v", gpus(1, runtime_estimate_s=1000.0), whole(N0, 7))
+    w.submit("h", gpus(8), priority=10)
+    w.submit("f1", gpus(1), priority=5)
+    w.submit("f2", gpus(1, runtime_estimate_s=30.0), priority=5)
+    assert w.victims() == w.victims(PreemptorConfig(by_form=False)) == {"f2": ["v"]}

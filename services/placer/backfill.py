@@ -8,8 +8,12 @@ it has no estimate), and holders are released earliest end first on a scratch sn
 head's gang fits. The reservation starts when the last of those releases happens.
 
 Jobs after the head may use the reserved GPUs that are free now only if they will not delay the
-head: their own runtime estimate ends before the reservation starts, or they are preemptible (the
-preemptor can take the GPUs back). Everyone else sees those GPUs, and the CPU and memory the head
+head: their own runtime estimate ends before the reservation starts, or they are preemptible and
+of a lower priority than the head (the preemptor can take the GPUs back: every preemption policy
+lets a job stop lower-priority work it is owed). A preemptible job of the head's own priority
+does not qualify: it may be one the head's queue's policy cannot stop (a job of its own queue,
+or one within its queue's nominal), and it would then keep the GPUs for as long as it runs,
+while the head, admitted, keeps its quota idle. Everyone else sees those GPUs, and the CPU and memory the head
 needs beside them, as taken. Nothing is stored between cycles: the reservation is derived again
 from the state every cycle, so every replica of the placer agrees on it.
 """
@@ -29,7 +33,7 @@ from corral.projections.holds import expected_end
 from corral.projections.placement import gang
 from corral.projections.placement.framework import Chain, Request
 from corral.projections.placement.snapshot import NodeView, Snapshot
-from corral.projections.state import State
+from corral.projections.state import JobState, State
 
 
 @dataclass
@@ -41,10 +45,13 @@ class Reservation:
     placement: Placement
     res: Resources
     now_free: tuple[tuple[str, Resources, tuple[GpuClaim, ...]], ...]
+    priority: int = 0  # the reserved job's
 
-    def admits(self, req: Request, now: float) -> bool:
-        """May ``req`` use the reserved GPUs? Only if it cannot delay the reserved job."""
-        if req.preemptible:
+    def admits(self, job: JobState, req: Request, now: float) -> bool:
+        """May ``job`` use the reserved GPUs? Only if it cannot delay the reserved job: it ends
+        before the reservation starts, or it is preemptible and of a lower priority, which every
+        preemption policy lets the reserved job stop."""
+        if req.preemptible and job.priority < self.priority:
             return True
         est = req.runtime_estimate_s
         return est is not None and now + est <= self.start
@@ -91,6 +98,7 @@ def reserve(
     now: float,
     label_keys: dict[str, str],
     placed: list[tuple[Placement, Request]],
+    priority: int = 0,
 ) -> Reservation | None:
     """Project when and where ``req`` would fit; None if it never would on this cluster.
 
@@ -117,7 +125,8 @@ def reserve(
             continue
         result = gang.place(chain, future, req, label_keys)
         if isinstance(result, Placement):
-            return Reservation(req.job_id, end, result, req.res, _free_now(snap, result, req.res))
+            free = _free_now(snap, result, req.res)
+            return Reservation(req.job_id, end, result, req.res, free, priority)
     return None
 
 

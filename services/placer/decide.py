@@ -229,7 +229,7 @@ class _Cycle:
     def _place(self, job: JobState) -> tuple[Reason, ...] | None:
         req = Request.of(job, self.state.priority_classes)
         held = self.reservation
-        hidden = held is not None and not held.admits(req, self.now)
+        hidden = held is not None and not held.admits(job, req, self.now)
         if held is not None and hidden:
             held.hide(self.snap)
         result = gang.place(self.chain, self.snap, req, self.config.label_keys)
@@ -246,7 +246,14 @@ class _Cycle:
             return self._behind(req, held, result)
         if held is None and self.config.reservations and _for_capacity(result) and job.id not in self.first:
             self.reservation = backfill.reserve(
-                self.state, self.snap, self.chain, req, self.now, self.config.label_keys, self.placed
+                self.state,
+                self.snap,
+                self.chain,
+                req,
+                self.now,
+                self.config.label_keys,
+                self.placed,
+                job.priority,
             )
             if self.reservation is not None:
                 return (self.reservation.reason(), *result)

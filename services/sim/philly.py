@@ -36,7 +36,14 @@ The three policies, the same fold and simulated agents in all:
   highest response ratio next, from the runtime estimates), fair share across queues, the
   placer's reservation and backfill, the preemptor reclaiming nominal quota from borrowers,
   and Kueue's fair-sharing preemption among borrowers (``FAIR_SHARING``): a team that held
-  little of the pool lately takes it back from one that held much.
+  little of the pool lately takes it back from one that held much. "Lately" is the fair-share
+  half-life (``HALF_LIFE_S``, six hours, set as an admin would with ``corral queue
+  fair-share``): with the default day, a team of many short jobs that had borrowed much the
+  day before counted as a heavy user through a burst hours later and waited while others kept
+  the pool; over the 6,000-job slice six hours cut corral's average JCT from 4.38 to 4.35 h and
+  its average wait from 0.24 to 0.17 h, and raised Jain's index from 0.996 to 0.999, but the
+  p99 wait of the team of wide, week-long jobs grew from 37 to 43 h (one hour and three gave
+  the same JCT within 0.01 h, one hour with more preemptions).
 - ``fifo``: one strict-FIFO queue for everyone with the whole cluster as its quota (no fair
   share), and no preemptor. The placer is the same.
 - ``tiresias``: Tiresias's discretized 2D-LAS (``tiresias.py``) in place of corral's services:
@@ -77,10 +84,12 @@ from corral.events.base import Event
 from corral.events.jobs import JobSpec, Resources
 from corral.events.queues import (
     ApplyCohort,
+    ApplyFairShare,
     ApplyPriorityClass,
     ApplyQueue,
     ApplyRetention,
     CohortSpec,
+    FairShareSpec,
     PreemptionPolicy,
     PriorityClassSpec,
     QueueSpec,
@@ -118,6 +127,8 @@ TIRESIAS_CLASS = PriorityClassSpec("tiresias", tiresias.HIGH)
 # default strategies: a queue that borrows little may take back capacity from one that has long
 # held more than its nominal, whatever the two jobs' priorities (they are all ``normal`` here).
 FAIR_SHARING = PreemptionPolicy(fair_sharing=("less-than-or-equal-to-final-share", "less-than-initial-share"))
+# How fast corral forgets what a team held, for fair-share order and fair-sharing preemption.
+HALF_LIFE_S = 6 * 3600.0
 
 
 # -- the slice ---------------------------------------------------------------------------------------
@@ -248,6 +259,7 @@ class Experiment:
         cohort_quotas = {"*": Quota(nominal=pooled)} if pooled else {}
         out: list[Event] = [
             RETENTION,
+            ApplyFairShare(fair_share=FairShareSpec(half_life_s=HALF_LIFE_S)),
             ApplyPriorityClass(priority_class=NORMAL),
             ApplyCohort(cohort=CohortSpec(COHORT, quotas=cohort_quotas)),
         ]

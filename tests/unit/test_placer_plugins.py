@@ -1068,22 +1068,46 @@ def reservation_state() -> State:
 BACKFILL = [
     pytest.param(
         JobSpec(queue="q", resources=Resources(gpus=2), runtime_estimate_s=500.0, preemptible=False),
+        0,
         True,
         id="ends-before-start",
     ),
     pytest.param(
         JobSpec(queue="q", resources=Resources(gpus=2), runtime_estimate_s=5000.0, preemptible=False),
+        0,
         False,
         id="ends-after-start",
     ),
-    pytest.param(JobSpec(queue="q", resources=Resources(gpus=2), preemptible=False), False, id="no-estimate"),
-    pytest.param(JobSpec(queue="q", resources=Resources(gpus=2), preemptible=True), True, id="preemptible"),
+    pytest.param(
+        JobSpec(queue="q", resources=Resources(gpus=2), preemptible=False), 0, False, id="no-estimate"
+    ),
+    # A preemptible job of the head's priority may be one the head's queue's policy cannot stop
+    # (its own queue's, or one within its queue's nominal): it would hold the GPUs for good.
+    pytest.param(
+        JobSpec(queue="q", resources=Resources(gpus=2), preemptible=True),
+        0,
+        False,
+        id="preemptible-same-priority",
+    ),
+    pytest.param(
+        JobSpec(queue="q", resources=Resources(gpus=2), preemptible=True),
+        5,
+        True,
+        id="preemptible-lower-priority",
+    ),
+    pytest.param(
+        JobSpec(queue="q", resources=Resources(gpus=2), preemptible=False),
+        5,
+        False,
+        id="lower-priority-not-preemptible",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("spec", "backfills"), BACKFILL)
-def test_backfill_around_the_heads_reservation(spec: JobSpec, backfills: bool) -> None:
+@pytest.mark.parametrize(("spec", "head_priority", "backfills"), BACKFILL)
+def test_backfill_around_the_heads_reservation(spec: JobSpec, head_priority: int, backfills: bool) -> None:
     state = reservation_state()
+    state.jobs["head"].priority = head_priority
     admit(state, "small", spec, seq=11)
     events = decide(state, 100.0)
     placed = [p.job_id for e in events if isinstance(e, JobsPlaced) for p in e.placements]

@@ -15,9 +15,11 @@ from corral.events.jobs import JobSpec, Resources
 from corral.events.nodes import CheckpointCompleted
 from corral.events.queues import (
     ApplyCohort,
+    ApplyFairShare,
     ApplyQueue,
     ApplyRetention,
     CohortSpec,
+    FairShareSpec,
     QueueSpec,
     Quota,
     RetentionSpec,
@@ -273,6 +275,9 @@ def test_corral_guarantees_half_of_each_entitlement_and_pools_the_rest() -> None
     assert nominal == {t: n // 2 for t, n in exp.quotas.items()}
     assert sum(nominal.values()) + cohort.quotas["*"].nominal == exp.gpus
     assert all(q.weight == exp.quotas[t] and q.preemption.fair_sharing for t, q in queues.items())
+    # Shares forget within hours, not the default day: a burst is judged by what its team held lately.
+    (fair,) = [e.fair_share for e in setup if isinstance(e, ApplyFairShare)]
+    assert fair.half_life_s == philly.HALF_LIFE_S < FairShareSpec().half_life_s
     # FIFO and Tiresias run on the same cluster, one queue holding all of it.
     for policy in ("fifo", "tiresias"):
         (q,) = [e.queue for e in exp.setup(policy) if isinstance(e, ApplyQueue)]

@@ -133,9 +133,10 @@ def runtime(
     ``remaining`` once it has run, when enough of its class ran as long), times ``scale`` as
     every estimate."""
     est = runtimes.of(job) if history is None else expected(job, history if runs is None else runs, statistic)
-    if batch is not None and job.id in batch:
-        est = max(est or 0.0, batch[job.id])
     est = (UNKNOWN_RUNTIME_S if est is None else est) * scale
+    if batch is not None and job.id in batch:
+        # what the batch's jobs ran is measured, not estimated: not scaled as estimates are
+        est = max(est, batch[job.id])
     if job.phase in WAITING:
         return est
     ran = job.ran_s + (max(0.0, now - job.phase_since) if job.phase == "running" else 0.0)
@@ -287,7 +288,8 @@ def alike(
     """Per waiting job with no estimate of its owner's, what the running jobs of its tenant's
     class submitted within ``window_s`` of it (a batch of like jobs submitted together) are
     expected to run in all: the median of what each ran plus what ``remaining`` expects of it
-    (as long again once it outlived its class), from the most specific of the tenant's classes
+    (nothing more once it outlived its class: what it ran is a floor, and as long again
+    overshot on the Philly slice), from the most specific of the tenant's classes
     with at least ``MIN_LONGER`` such jobs. A team's jobs come in batches (a sweep, a set of
     runs of one model) that run alike, and the fold's estimate is of the class's latest runs
     that ended: while a batch of long ones still runs, it says the class is as short as it was."""
@@ -297,7 +299,7 @@ def alike(
         ran = job.ran_s + max(0.0, now - job.phase_since)
         left = remaining(job, ran, history, statistic)
         for key in runtimes.classes(job.tenant, job.spec)[:-1]:  # the tenant's, not the queue's
-            running.setdefault(key, []).append((job.submitted_at, ran + (ran if left is None else left)))
+            running.setdefault(key, []).append((job.submitted_at, ran + (0.0 if left is None else left)))
     out: dict[str, float] = {}
     if not running:
         return out

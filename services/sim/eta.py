@@ -11,7 +11,7 @@ it, runs as long again as it has run (run times are heavy-tailed: the longer a j
 the longer it is likely to go on); a job with no estimate at all runs
 ``queueing.UNKNOWN_RUNTIME_S``; no node fails; a job being preempted stops by its deadline.
 A waiting job with no estimate of its owner's runs at least as long as the like jobs of its
-team submitted within ``BATCH_S`` of it that run now are expected to (``alike``): a team's jobs
+team submitted within ``BATCH_S`` of it that run now have run (``alike``): a team's jobs
 come in batches that run alike, and while a batch of long ones runs the learned estimate is of
 the class's short runs that ended. One forward run gives every waiting job's start at once.
 Later submissions can be assumed (``holding``: every team that submitted lately keeps holding
@@ -50,7 +50,7 @@ ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
     "(its owner's, else learned from similar jobs that finished), scaled by how far off the "
     "estimates of the jobs that finished lately were, once enough did; a waiting job for at least "
-    "as long as its team's similar jobs submitted within 8 hours of it that run now are expected to; "
+    "as long as its team's similar jobs submitted within 8 hours of it that run now have run; "
     "a running job for as much longer as similar jobs that ran as long did, scaled alike"
 )
 EARLY, LATE = 0.5, 2.0
@@ -62,7 +62,7 @@ CALIBRATE_FROM = 500  # the latest jobs that finished whose estimates' errors ca
 MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
 MIN_LONGER = 3  # runs of a class longer than a running job has run, to say how much longer it goes
 # A waiting job runs at least as long as the like jobs of its team submitted within this of it
-# that run now are expected to (``alike``): measured on the Philly slice, see DESIGN.md.
+# that run now have run (``alike``): measured on the Philly slice, see DESIGN.md.
 BATCH_S = 8 * 3600.0
 # Later submissions assumed by default (``holding``): None, none (measured, see DESIGN.md).
 HOLD_S: float | None = None

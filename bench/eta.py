@@ -199,6 +199,20 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="a class's running jobs count in its runs, at what they are expected to run in all",
     )
+    ap.add_argument(
+        "--hold",
+        type=float,
+        default=0.0 if eta.HOLD_S is None else eta.HOLD_S / 60,
+        help="minutes: forecasts assume every team that submitted in that many last minutes keeps "
+        "holding what it holds (0: no later submissions)",
+    )
+    ap.add_argument(
+        "--batch",
+        type=float,
+        default=0.0 if eta.BATCH_S is None else eta.BATCH_S / 60,
+        help="minutes: a waiting job runs at least as long as its team's like jobs submitted that close "
+        "to it that run now (0: not)",
+    )
     ap.add_argument("--dump", default=None, help="write one JSON line per job (forecast, naive, actual) here")
     ap.add_argument(
         "--workers",
@@ -240,6 +254,8 @@ def main(argv: list[str] | None = None) -> None:
             dump=args.dump,
             statistic=args.statistic,
             censored=args.censored,
+            hold_s=args.hold * 60 or None,
+            batch_s=args.batch * 60 or None,
         )
     )
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
@@ -262,6 +278,8 @@ def run(
     dump: str | None = None,
     statistic: str = eta.LEARNED,
     censored: bool = False,
+    hold_s: float | None = eta.HOLD_S,
+    batch_s: float | None = eta.BATCH_S,
 ) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
@@ -314,6 +332,8 @@ def run(
                 attained=attained,
                 statistic=statistic,
                 censored=censored,
+                hold_s=hold_s,
+                batch_s=batch_s,
             )
             fc = forecaster.submit(blob, now, dict(ask, scale=scale * at, jobs=asked))
             if band and new:
@@ -358,6 +378,17 @@ def run(
         f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
         + (f"submissions of the last {future_s / 60:g} min assumed to come again; " if future_s else "")
         + ("and again every as many minutes; " if future_s and repeat else "")
+        + (
+            f"teams that submitted in the last {hold_s / 60:g} min keep holding what they hold; "
+            if hold_s is not None
+            else ""
+        )
+        + (
+            f"a waiting job runs at least as long as its team's like running jobs "
+            f"submitted within {batch_s / 60:g} min of it; "
+            if batch_s is not None
+            else ""
+        )
         + f"runtimes the {statistic} of each class's runs"
         + (" and running jobs" if censored else "")
         + f", scaled by {scale:g} in forecasts"

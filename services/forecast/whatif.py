@@ -32,7 +32,7 @@ from corral.projections.fold import apply_event
 from corral.projections.state import State
 from corral.services.forecast.present import SOON_S, text
 from corral.services.sim import eta
-from corral.services.sim.driver import SimConfig, Simulation
+from corral.services.sim.driver import SimConfig
 
 HORIZON_S = eta.HORIZON_S
 
@@ -70,8 +70,8 @@ def whatif(
     )
     if copy.rejected_total != before:
         return Outcome(False, copy.rejections[-1].message, now=now)
-    config = SimConfig()
-    sim = Simulation.resume(copy, now, config, lambda j: eta.runtime(j, now, history=copy.runtimes))
+    # the same assumptions as every forecast (``eta.resumed``), from the state with the job in it
+    sim = eta.resumed(copy, now, SimConfig(), until=now + horizon_s)
     sim.records = []
     sim.until_started = {job_id}  # the others' starts are not asked for
     sim.run(until=now)

@@ -10,9 +10,16 @@ owner's goes on for as much longer as the runs of its class that ran as long as 
 it, runs as long again as it has run (run times are heavy-tailed: the longer a job has run,
 the longer it is likely to go on); a job with no estimate at all runs
 ``queueing.UNKNOWN_RUNTIME_S``; no node fails; a job being preempted stops by its deadline.
-One forward run gives every waiting job's start at once. ``statistic`` and ``censored`` run
-jobs for another statistic of their class's runs, with its running jobs among them
-(``bench/eta.py`` measures them; none did better than the fold's estimate on the Philly slice).
+A waiting job with no estimate of its owner's runs at least as long as the like jobs of its
+team submitted within ``BATCH_S`` of it that run now have run (``alike``): a team's jobs
+come in batches that run alike, and while a batch of long ones runs the learned estimate is of
+the class's short runs that ended. One forward run gives every waiting job's start at once.
+Later submissions can be assumed (``holding``: every team that submitted lately keeps holding
+what it holds, its running jobs followed by like ones as they end; ``HOLD_S``), but are not by
+default: with learned estimates they did not bring more forecasts into the band (DESIGN.md).
+``statistic`` and ``censored`` run jobs for another statistic of their class's runs, with its
+running jobs among them (``bench/eta.py`` measures them; none did better than the fold's
+estimate on the Philly slice).
 
 How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``.
 Calibrated (``Calibration``): the estimates' errors are measured on the jobs that finished last
@@ -31,6 +38,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from corral.events.jobs import JobSpec
 from corral.projections import runtimes
 from corral.projections.queueing import UNKNOWN_RUNTIME_S
@@ -40,8 +49,9 @@ from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
     "(its owner's, else learned from similar jobs that finished), scaled by how far off the "
-    "estimates of the jobs that finished lately were, once enough did; a running job for as much "
-    "longer as similar jobs that ran as long did, scaled alike"
+    "estimates of the jobs that finished lately were, once enough did; a waiting job for at least "
+    "as long as its team's similar jobs submitted within 8 hours of it that run now have run; "
+    "a running job for as much longer as similar jobs that ran as long did, scaled alike"
 )
 EARLY, LATE = 0.5, 2.0
 # How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every
@@ -51,6 +61,11 @@ HORIZON_S = 2 * 86400.0
 CALIBRATE_FROM = 500  # the latest jobs that finished whose estimates' errors calibrate forecasts
 MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
 MIN_LONGER = 3  # runs of a class longer than a running job has run, to say how much longer it goes
+# A waiting job runs at least as long as the like jobs of its team submitted within this of it
+# that run now have run (``alike``): measured on the Philly slice, see DESIGN.md.
+BATCH_S = 8 * 3600.0
+# Later submissions assumed by default (``holding``): None, none (measured, see DESIGN.md).
+HOLD_S: float | None = None
 
 
 @dataclass
@@ -110,6 +125,7 @@ def runtime(
     history: Mapping[str, Sequence[float]] | None = None,
     statistic: str = LEARNED,
     runs: Mapping[str, Sequence[float]] | None = None,
+    batch: Mapping[str, float] | None = None,
 ) -> float:
     """How much longer ``job`` runs (holding GPUs), or how long it runs once started (waiting).
     Given the learned ``history`` (``State.runtimes``), a job with no estimate of its owner's
@@ -118,6 +134,9 @@ def runtime(
     every estimate."""
     est = runtimes.of(job) if history is None else expected(job, history if runs is None else runs, statistic)
     est = (UNKNOWN_RUNTIME_S if est is None else est) * scale
+    if batch is not None and job.id in batch:
+        # what the batch's jobs ran is measured, not estimated: not scaled as estimates are
+        est = max(est, batch[job.id])
     if job.phase in WAITING:
         return est
     ran = job.ran_s + (max(0.0, now - job.phase_since) if job.phase == "running" else 0.0)
@@ -193,18 +212,19 @@ def forecast(
     attained: bool = True,
     statistic: str = LEARNED,
     censored: bool = False,
+    hold_s: float | None = HOLD_S,
+    batch_s: float | None = BATCH_S,
 ) -> Forecast:
     """Every waiting job's start (or only those of ``jobs``), by one forward simulation from a
     copy of ``state`` (``state`` itself is not changed), at most ``horizon_s`` ahead (None: until
     every one has started). ``attained``: running jobs go on for what ``remaining`` expects
-    given how long they have run (False: for their estimate at submission, less what they ran)."""
-    history = state.runtimes if attained else None
-    runs = with_running(state, now, state.runtimes, statistic) if history is not None and censored else None
-    sim = Simulation.resume(
-        state, now, config or SimConfig(), lambda j: runtime(j, now, scale, history, statistic, runs)
-    )
-    if arrivals:
-        sim.arrive(arrivals)
+    given how long they have run (False: for their estimate at submission, less what they ran).
+    ``hold_s``: later submissions as ``holding`` says, of the teams that submitted in the last
+    ``hold_s`` seconds (None: none); ``batch_s``: a waiting job runs at least what ``alike``
+    says of the like jobs submitted within ``batch_s`` of it that run now (None: not);
+    ``arrivals``: more submissions after now."""
+    until = None if horizon_s is None else now + horizon_s
+    sim = resumed(state, now, config, scale, until, attained, statistic, censored, hold_s, batch_s, arrivals)
     waiting = set(sim.until_started or ())
     if jobs is not None:
         # The simulation stops once these have started: jobs behind them cost nothing.
@@ -218,6 +238,121 @@ def forecast(
         first = sim.stats[job_id].first_start
         starts[job_id] = math.inf if first is None else first
     return Forecast(now, starts)
+
+
+def resumed(
+    state: State,
+    now: float,
+    config: SimConfig | None = None,
+    scale: float = 1.0,
+    until: float | None = None,
+    attained: bool = True,
+    statistic: str = LEARNED,
+    censored: bool = False,
+    hold_s: float | None = HOLD_S,
+    batch_s: float | None = BATCH_S,
+    arrivals: Sequence[SimJob] = (),
+) -> Simulation:
+    """The simulation a forecast runs (and a what-if): a copy of ``state`` at ``now``, every job
+    running for what ``runtime`` says (a waiting one at least as long as its batch running now,
+    ``alike``, within ``batch_s``; None: not), with the later submissions ``holding`` assumes up
+    to ``until`` (none with ``hold_s`` or ``until`` None), and ``arrivals``."""
+    history = state.runtimes if attained else None
+    runs = with_running(state, now, state.runtimes, statistic) if history is not None and censored else None
+    batch = alike(state, now, batch_s, state.runtimes, statistic) if batch_s is not None else None
+
+    def left(job: JobState) -> float:
+        return runtime(job, now, scale, history, statistic, runs, batch)
+
+    sim = Simulation.resume(state, now, config or SimConfig(), left)
+    if hold_s is not None and until is not None:
+
+        def again(job: JobState) -> float:
+            return runtime(
+                msgspec.structs.replace(job, phase="queued"), now, scale, history, statistic, runs, batch
+            )
+
+        arrivals = [*arrivals, *holding(state, now, hold_s, until, left, again)]
+    if arrivals:
+        sim.arrive(arrivals)
+    return sim
+
+
+def alike(
+    state: State,
+    now: float,
+    window_s: float,
+    history: Mapping[str, Sequence[float]],
+    statistic: str = LEARNED,
+) -> dict[str, float]:
+    """Per waiting job with no estimate of its owner's, what the running jobs of its tenant's
+    class submitted within ``window_s`` of it (a batch of like jobs submitted together) are
+    expected to run in all: the median of what each ran plus what ``remaining`` expects of it
+    (nothing more once it outlived its class: what it ran is a floor, and as long again
+    overshot on the Philly slice), from the most specific of the tenant's classes
+    with at least ``MIN_LONGER`` such jobs. A team's jobs come in batches (a sweep, a set of
+    runs of one model) that run alike, and the fold's estimate is of the class's latest runs
+    that ended: while a batch of long ones still runs, it says the class is as short as it was."""
+    running: dict[str, list[tuple[float, float]]] = {}
+    for job_id in state.jobs_by_phase.get("running", ()):
+        job = state.jobs[job_id]
+        ran = job.ran_s + max(0.0, now - job.phase_since)
+        left = remaining(job, ran, history, statistic)
+        for key in runtimes.classes(job.tenant, job.spec)[:-1]:  # the tenant's, not the queue's
+            running.setdefault(key, []).append((job.submitted_at, ran + (0.0 if left is None else left)))
+    out: dict[str, float] = {}
+    if not running:
+        return out
+    for phase in WAITING:
+        for job_id in state.jobs_by_phase.get(phase, ()):
+            job = state.jobs[job_id]
+            if job.spec.runtime_estimate_s is not None:
+                continue
+            for key in runtimes.classes(job.tenant, job.spec)[:-1]:
+                near = [t for at, t in running.get(key, ()) if abs(at - job.submitted_at) <= window_s]
+                if len(near) >= MIN_LONGER:
+                    out[job_id] = float(statistics.median(near))
+                    break
+    return out
+
+
+def holding(
+    state: State,
+    now: float,
+    window_s: float,
+    until: float,
+    left: Callable[[JobState], float],
+    again: Callable[[JobState], float],
+) -> list[SimJob]:
+    """Later submissions as "every team that submitted lately keeps holding what it holds": each
+    job holding GPUs now of a tenant with a job submitted in the last ``window_s`` (one the state
+    still holds: waiting, running, or finished and not let go yet) is followed, when it ends, by
+    a like job (its spec, its tenant), and that one by another, up to ``until``: a chain per job,
+    the next arriving as the last ends (``left``: how much longer the job runs; ``again``: how
+    long a like job runs once started), as if each started at once. The like jobs still wait
+    their turn under the same fair share, priorities and quotas as any: a team below its share
+    takes freed GPUs before a busy team's next job does. Without them a forecast lends a queue
+    every GPU the others free, as if nobody submitted anything after now: a queue's line behind
+    a busy cluster drains as fast as the whole cluster runs it."""
+    active = {j.tenant for j in state.jobs.values() if now - window_s <= j.submitted_at <= now}
+    out: list[SimJob] = []
+    # a job being preempted is not followed: it goes back to wait, and is still to run
+    holders = [
+        state.jobs[i]
+        for phase in ("placed", "starting", "running")
+        for i in state.jobs_by_phase.get(phase, ())
+    ]
+    for job in sorted(holders, key=lambda j: j.submitted_seq):
+        if job.tenant not in active:
+            continue
+        at, run, k = now + max(0.0, left(job)), max(1.0, again(job)), 0
+        while at < until:
+            like = f"{job.id}-again-{k}"
+            while like in state.jobs:  # a name the fold would take for a duplicate
+                like += "-"
+            out.append(SimJob(like, job.tenant, job.spec, at, run))
+            at, k = at + run, k + 1
+    return sorted(out, key=lambda j: (j.arrival, j.id))
 
 
 def recent(

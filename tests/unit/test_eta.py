@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from corral.events.base import Event
 from corral.events.jobs import JobSpec, Resources
-from corral.events.queues import ApplyQueue, QueueSpec, Quota
+from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
 from corral.projections import runtimes
 from corral.projections.state import JobState, State
 from corral.services.agent import inventory
@@ -280,3 +280,139 @@ def test_a_class_s_running_jobs_count_in_its_runs(ran: float, total: float) -> N
     assert state.runtimes == before
     waiting = JobState("w", "t", spec(1, "n"), 0, 0.0)
     assert eta.expected(waiting, runs, "mean") == pytest.approx((600.0 + total) / 4)
+
+
+def held(*jobs: tuple[str, str, str, float]) -> State:
+    """A state of (id, tenant, phase, submitted at) jobs, with the fold's phase index."""
+    state = State()
+    for seq, (job_id, tenant, phase, at) in enumerate(jobs, 1):
+        state.jobs[job_id] = JobState(job_id, tenant, spec(1, job_id), seq, at, phase=phase)  # type: ignore[arg-type]
+        state.jobs_by_phase.setdefault(phase, {})[job_id] = None
+    return state
+
+
+# (jobs: id, tenant, phase, submitted at) -> like jobs that arrive (id, arrival), with now 1000,
+# a window of 600 s, a horizon at 1500, each job ending 100 s from now and a like one running 200 s
+HOLDING_CASES = [
+    pytest.param(
+        [("a", "t", "running", 900.0)],
+        [("a-again-0", 1100.0), ("a-again-1", 1300.0)],
+        id="a-running-job-is-followed-by-like-ones-to-the-horizon",
+    ),
+    pytest.param(
+        [("a", "t", "running", 100.0)],
+        [],
+        id="a-team-that-submitted-nothing-lately-lets-go",
+    ),
+    pytest.param(
+        [("a", "t", "running", 100.0), ("b", "t", "queued", 800.0)],
+        [("a-again-0", 1100.0), ("a-again-1", 1300.0)],
+        id="a-waiting-job-submitted-lately-keeps-the-team-holding",
+    ),
+    pytest.param(
+        [("a", "t", "running", 100.0), ("b", "t", "succeeded", 900.0)],
+        [("a-again-0", 1100.0), ("a-again-1", 1300.0)],
+        id="a-finished-job-the-state-still-holds-counts-too",
+    ),
+    pytest.param(
+        [("a", "t", "running", 900.0), ("b", "u", "running", 100.0), ("c", "u", "queued", 100.0)],
+        [("a-again-0", 1100.0), ("a-again-1", 1300.0)],
+        id="only-the-teams-that-submitted-lately",
+    ),
+    pytest.param(
+        [("a", "t", "checkpointing", 900.0), ("b", "t", "queued", 900.0)],
+        [],
+        id="a-job-being-stopped-or-waiting-is-not-followed",
+    ),
+    pytest.param(
+        [("a", "t", "running", 900.0), ("a-again-0", "t", "succeeded", 900.0)],
+        [("a-again-0-", 1100.0), ("a-again-1", 1300.0)],
+        id="a-like-job-never-takes-a-name-the-state-holds",
+    ),
+]
+
+
+@pytest.mark.parametrize(("jobs", "arrivals"), HOLDING_CASES)
+def test_teams_that_submitted_lately_keep_holding(
+    jobs: list[tuple[str, str, str, float]], arrivals: list[tuple[str, float]]
+) -> None:
+    state = held(*jobs)
+    got = eta.holding(state, 1000.0, 600.0, 1500.0, lambda j: 100.0, lambda j: 200.0)
+    assert [(j.id, j.arrival) for j in got] == arrivals
+    assert all(j.work_s == 200.0 and j.spec == state.jobs[j.id.split("-again")[0]].spec for j in got)
+
+
+def test_a_team_that_keeps_submitting_takes_back_what_it_frees() -> None:
+    """Team u's job ends at 100 and u submitted lately: its like job, within u's nominal quota,
+    goes before team t's waiting job, which would borrow those GPUs; t's job starts when t's own
+    running one ends, at 200, where with no later submissions it borrows u's at 100."""
+    setup: list[Event] = [ApplyCohort(cohort=CohortSpec("c"))]
+    setup += [
+        ApplyQueue(queue=QueueSpec(q, cohort="c", quotas={"*": Quota(nominal=4)}, tenants=(q,))) for q in "tu"
+    ]
+    work = [
+        SimJob("a", "t", spec(4, "a", queue="t", estimate=200.0), 0.0, 200.0),
+        SimJob("b", "u", spec(4, "b", queue="u", estimate=100.0), 0.0, 100.0),
+        SimJob("w", "t", spec(4, "w", queue="t", estimate=50.0), 1.0, 50.0),
+    ]
+    sim = Simulation(inventory.cluster(1, "h100-8x"), setup, work).run(until=10.0)
+    assert eta.forecast(sim.state, 10.0).starts == {"w": 100.0}
+    assert eta.forecast(sim.state, 10.0, hold_s=600.0).starts == {"w": 200.0}
+    # with a window that has none of u's submissions in it, u lets its GPUs go as before
+    assert eta.forecast(sim.state, 10.0, hold_s=5.0).starts == {"w": 100.0}
+
+
+def batch(now: float, *jobs: tuple[str, str, float, float]) -> State:
+    """A state of (id, phase, submitted at, ran) jobs of tenant t, 1 GPU each, with no estimate;
+    a running one started ``ran`` seconds before ``now``."""
+    state = State()
+    for seq, (job_id, phase, at, ran) in enumerate(jobs, 1):
+        job = JobState(job_id, "t", spec(1, job_id), seq, at, phase=phase, phase_since=now - ran)  # type: ignore[arg-type]
+        state.jobs[job_id] = job
+        state.jobs_by_phase.setdefault(phase, {})[job_id] = None
+    return state
+
+
+# (jobs: id, phase, submitted at, ran) -> what each waiting job is expected to run, at 10,000 s
+# with a window of 1,000 s and no history (a running job: what it has run, at least)
+ALIKE_CASES = [
+    pytest.param(
+        [("a", "running", 0.0, 3000.0), ("b", "running", 0.0, 4000.0), ("c", "running", 0.0, 5000.0)]
+        + [("w", "queued", 500.0, 0.0)],
+        {"w": 4000.0},
+        id="the-median-of-what-the-batch-running-now-runs-at-least",
+    ),
+    pytest.param(
+        [("a", "running", 0.0, 3000.0), ("b", "running", 0.0, 4000.0), ("w", "queued", 500.0, 0.0)],
+        {},
+        id="too-few-running",
+    ),
+    pytest.param(
+        [("a", "running", 0.0, 3000.0), ("b", "running", 0.0, 4000.0), ("c", "running", 0.0, 5000.0)]
+        + [("w", "queued", 2000.0, 0.0)],
+        {},
+        id="submitted-too-far-apart",
+    ),
+    pytest.param(
+        [("a", "running", 9000.0, 300.0), ("b", "running", 9000.0, 400.0), ("c", "running", 9000.0, 500.0)]
+        + [("w", "queued", 8500.0, 0.0), ("x", "preempted", 9500.0, 0.0)],
+        {"w": 400.0, "x": 400.0},
+        id="before-or-after-and-every-waiting-phase",
+    ),
+]
+
+
+@pytest.mark.parametrize(("jobs", "expected"), ALIKE_CASES)
+def test_a_waiting_job_runs_as_its_batch_running_now(
+    jobs: list[tuple[str, str, float, float]], expected: dict[str, float]
+) -> None:
+    assert eta.alike(batch(10_000.0, *jobs), 10_000.0, 1000.0, {}) == pytest.approx(expected)
+
+
+def test_a_batch_running_longer_than_the_estimate_lengthens_a_waiting_job_only() -> None:
+    """The batch's expectation is a floor: a waiting job estimated longer keeps its estimate."""
+    job = JobState("w", "t", spec(1, "w"), 1, 0.0, phase="queued", learned_s=100.0)
+    assert eta.runtime(job, 0.0, batch={"w": 500.0}) == 500.0
+    assert eta.runtime(job, 0.0, batch={"w": 50.0}) == 100.0
+    assert eta.runtime(job, 0.0, 2.0, batch={"w": 500.0}) == 500.0  # what the batch ran is not scaled
+    assert eta.runtime(job, 0.0, 6.0, batch={"w": 500.0}) == 600.0  # the estimate is

@@ -13,12 +13,10 @@ from hypothesis import strategies as st
 from corral.events import routing
 from corral.events import subjects as subj
 from corral.events.jobs import JobAccepted, JobSpec, Resources, SubmitJob, Topology
-from corral.events.nodes import NodeRegistered
-from corral.events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CohortSpec, QueueSpec, Quota
+from corral.events.queues import ApplyPriorityClass, ApplyQueue, QueueSpec, Quota
 from corral.projections.quota import ANY, Ledger
-from corral.services.agent.inventory import cluster
 from corral.services.preemptor.decide import PreemptorConfig, beneficiaries, decide, plan
-from tests.property.test_preemptor_properties import CLASSES, World, _start, policies
+from tests.property.test_preemptor_properties import CLASSES, World, _start, org_world, policies
 
 QUEUES = ("team-a", "team-b", "team-c")  # a and b share cohort org; c is alone
 STRATEGIES = ("best-effort-fifo", "strict-fifo", "shortest-first")
@@ -34,12 +32,7 @@ forms = st.tuples(
 
 @st.composite
 def backlogs(draw: st.DrawFn) -> World:
-    w = World()
-    for name, inv in cluster(draw(st.integers(1, 2)), "h100-8x"):
-        w.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
-    for pc in CLASSES.values():
-        w.emit(subj.admin("pc"), ApplyPriorityClass(priority_class=pc), subj.ADMIN)
-    w.emit(subj.admin("cohort"), ApplyCohort(cohort=CohortSpec("org")), subj.ADMIN)
+    w = org_world(draw(st.integers(1, 2)))
     for q in QUEUES:
         qspec = QueueSpec(
             name=q,

@@ -123,14 +123,21 @@ policies = st.builds(
 )
 
 
-@st.composite
-def worlds(draw: st.DrawFn) -> World:
+def org_world(nodes: int) -> World:
+    """``nodes`` 8-GPU H100 nodes, the priority classes and the cohort ``org``: where each
+    drawn world starts."""
     w = World()
-    for name, inv in cluster(draw(st.integers(1, 2)), "h100-8x"):
+    for name, inv in cluster(nodes, "h100-8x"):
         w.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
     for pc in CLASSES.values():
         w.emit(subj.admin("pc"), ApplyPriorityClass(priority_class=pc), subj.ADMIN)
     w.emit(subj.admin("cohort"), ApplyCohort(cohort=CohortSpec("org")), subj.ADMIN)
+    return w
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> World:
+    w = org_world(draw(st.integers(1, 2)))
     for q in QUEUES:
         cohort = "org" if q != "team-c" else None
         nominal = draw(st.integers(0, 24))

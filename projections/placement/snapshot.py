@@ -107,6 +107,10 @@ class Snapshot:
         # MIG slices go first (a superset: a visit checks what is really free).
         self.partial: dict[str, None] = {}
         self.sliced: dict[str, None] = {}
+        # Every node a take or give-back touched, in order (repeats kept): who may answer
+        # differently now. ``Chain.diagnose`` re-asks only these nodes since it last asked.
+        self.touched: list[str] = []
+        self.diagnoses: dict[Hashable, Any] = {}
         for name, node in state.nodes.items():
             if not node.schedulable:
                 continue
@@ -180,6 +184,7 @@ class Snapshot:
     def _apply(self, name: str, res: Resources, gpus: tuple[GpuClaim, ...], sign: int) -> None:
         v = self.view(name)
         v.version += 1
+        self.touched.append(name)
         v.cpu_free += sign * res.cpu_milli
         v.mem_free += sign * res.memory_mib
         touched: set[str] = set()

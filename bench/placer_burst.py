@@ -6,7 +6,9 @@ builds such a state through the fold, as the services would leave it: four team 
 cohort (each may use the whole cluster), ``--busy`` of the GPUs held by running jobs of the e2e
 mix that earlier placer cycles placed, then ``--burst`` jobs of the mix admitted at once (80 % one
 GPU, 15 % eight GPUs on one NVLink island, 5 % gangs of four 8-GPU workers in one rack). It prints
-the median CPU time of one placer cycle over the burst, per job, and what the cycle placed.
+the median CPU time of one placer cycle over the burst, per job, and what the cycle placed; and,
+as the anchor, the same cycle with every waiting job's diagnosis walking all nodes afresh (as the
+placer did before it kept each node's reason within a cycle), which must decide the same.
 
 ``--profile`` prints cProfile's top functions of one cycle instead of timing. CPU time, not wall
 time: the machine may be shared.
@@ -16,24 +18,36 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import pstats
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 from bench.cycle import World
 from corral.events import subjects
+from corral.events.base import Event
 from corral.events.decisions import JobsPlaced
 from corral.events.jobs import Admission, JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob, Topology
 from corral.events.nodes import NodeRegistered, WorkerStarted
-from corral.events.queues import ApplyCohort, ApplyPriorityClass, ApplyQueue, CohortSpec, PriorityClassSpec
-from corral.events.queues import QueueSpec, Quota
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CohortSpec,
+    PriorityClassSpec,
+    QueueSpec,
+    Quota,
+)
+from corral.projections.placement.framework import Chain
 from corral.projections.state import State
 from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide
 
 NODES = 1250
 TEAMS = tuple(f"team-{i}" for i in range(4))
+WIDTHS = (6, 9, 10, 8, 10, 8, 8, 8)
 MIX = ((0.80, 1, 1, "none"), (0.15, 1, 8, "nvlink"), (0.05, 4, 8, "rack"))  # as bench.e2e.client
 
 
@@ -132,7 +146,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile one cycle instead of timing")
     args = ap.parse_args()
     print(f"{args.nodes} nodes, a burst of {args.burst} admitted jobs of the e2e mix; CPU per placer cycle")
-    print(f"{'busy':>6}{'build s':>9}{'cycle ms':>10}{'ms/job':>8}{'placed':>8}{'waiting':>8}")
+    head = ("busy", "build s", "cycle ms", "ms/job", "walk ms", "ratio", "placed", "waiting")
+    print("".join(f"{h:>{w}}" for h, w in zip(head, WIDTHS, strict=True)))
     for busy in args.busy:
         c0 = time.process_time()
         state = build(args.nodes, busy, args.burst)
@@ -147,17 +162,36 @@ def main() -> None:
             pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
             continue
-        times = []
-        events = []
-        for _ in range(args.runs):
-            c = time.process_time()
-            events = decide(state, now)
-            times.append((time.process_time() - c) * 1000)
+        one = functools.partial(decide, state, now)
+        cycle, events = cpu_ms(one, args.runs)
+        walk, walked = cpu_ms(functools.partial(walking, one), min(args.runs, 3))
+        if walked != events:
+            raise SystemExit("the cycle decided differently with every diagnosis walked afresh")
         placed = sum(len(e.placements) for e in events if isinstance(e, JobsPlaced))
-        cycle = statistics.median(times)
-        print(
-            f"{busy:>6.2f}{built:>9.1f}{cycle:>10.1f}{cycle / args.burst:>8.3f}{placed:>8}{args.burst - placed:>8}"
-        )
+        row = (f"{busy:.2f}", f"{built:.1f}", f"{cycle:.1f}", f"{cycle / args.burst:.3f}", f"{walk:.1f}")
+        row += (f"{walk / cycle:.1f}x", str(placed), str(args.burst - placed))
+        print("".join(f"{c:>{w}}" for c, w in zip(row, WIDTHS, strict=True)))
+
+
+def cpu_ms(f: Callable[[], list[Event]], runs: int) -> tuple[float, list[Event]]:
+    """Median CPU ms of ``f`` over ``runs`` calls, and what it returned."""
+    times, out = [], []
+    for _ in range(runs):
+        c = time.process_time()
+        out = f()
+        times.append((time.process_time() - c) * 1000)
+    return statistics.median(times), out
+
+
+def walking(f: Callable[[], list[Event]]) -> list[Event]:
+    """``f`` with every diagnosis walking every node afresh, as the placer did before it kept
+    nodes' reasons within a cycle: the anchor, and the check that both decide the same."""
+    kept = Chain.diagnose
+    Chain.diagnose = Chain.diagnose_walk  # type: ignore[method-assign]
+    try:
+        return f()
+    finally:
+        Chain.diagnose = kept  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

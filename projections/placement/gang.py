@@ -150,9 +150,47 @@ def _in_domains(
     domain_of = snap.domains(label_keys[level])
     models = [m for m in snap.models() if req.need.model_ok(m)]
     whole, per = req.need.kind == "whole", req.need.gpus
-    count = snap.free_whole_count
     # Every candidate node is visited for every gang that asks for a domain: the loop reads what
     # it needs once (a gang of 8-GPU workers at 1,250 nodes spent most of its search here).
+    if whole and len(models) == 1:
+        # One model: the index's buckets are the candidates, in the order ``candidates`` gives
+        # them, and a bucket's place is its nodes' free count: no generator, no look-ups.
+        buckets = snap.buckets(models[0])
+        for n in range(per, len(buckets)):
+            workers = n // per
+            for name in buckets[n]:
+                key = domain_of.get(name)
+                if key is None:
+                    continue
+                nodes = members.get(key)
+                if nodes is None:
+                    nodes = members[key] = []
+                    room[key] = 0
+                nodes.append(name)
+                room[key] += workers
+    else:
+        _count_room(snap, req, models, domain_of, members, room)
+    fitting = sorted((k for k in members if room[k] >= req.replicas), key=lambda k: (room[k], k))
+    for key in fitting[:MAX_DOMAINS]:
+        # Within the domain, fill the roomiest nodes first: fewer nodes, closer ranks.
+        order = sorted(members[key], key=lambda n: -len(whole_free(req, snap.view(n))))
+        slots = _first_fit(chain, snap, req, order)
+        if slots is not None:
+            return slots
+    return None
+
+
+def _count_room(
+    snap: Snapshot,
+    req: Request,
+    models: list[str],
+    domain_of: dict[str, str],
+    members: dict[str, list[str]],
+    room: dict[str, int],
+) -> None:
+    """Domains' members and room, candidate by candidate (any shape, any number of models)."""
+    whole, per = req.need.kind == "whole", req.need.gpus
+    count = snap.free_whole_count
     for name in candidates(snap, req):
         key = domain_of.get(name)
         if key is None:
@@ -166,14 +204,6 @@ def _in_domains(
             room[key] = room.get(key, 0) + free // per
         else:
             room[key] = room.get(key, 0) + req.replicas  # not counted ahead: tried in turn
-    fitting = sorted((k for k in members if room[k] >= req.replicas), key=lambda k: (room[k], k))
-    for key in fitting[:MAX_DOMAINS]:
-        # Within the domain, fill the roomiest nodes first: fewer nodes, closer ranks.
-        order = sorted(members[key], key=lambda n: -len(whole_free(req, snap.view(n))))
-        slots = _first_fit(chain, snap, req, order)
-        if slots is not None:
-            return slots
-    return None
 
 
 def _first_fit(chain: Chain, snap: Snapshot, req: Request, order: list[str]) -> list[WorkerSlot] | None:

@@ -149,6 +149,11 @@ class Snapshot:
                             seen.add(name)
                             yield name
 
+    def buckets(self, model: str) -> list[dict[str, None]]:
+        """The whole-GPU index of ``model``: the ready nodes with ``n`` free whole GPUs at
+        position ``n``, in the order ``by_free_whole`` hands them out. Read only."""
+        return self._whole.get(model, [])
+
     def free_whole_count(self, name: str, model: str) -> int:
         return self._count.get((name, model), 0)
 

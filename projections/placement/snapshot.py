@@ -50,7 +50,7 @@ class GpuView:
         self.free = g.free_milli
         self.holders = len(g.holders)  # a whole GPU needs a GPU nobody holds
         self.mig_used = g.mig_used
-        self.me = any(i.profile.endswith("+me") for i in g.mig.values())
+        self.me = bool(g.mig) and any(i.profile.endswith("+me") for i in g.mig.values())
 
     @property
     def whole_free(self) -> bool:

@@ -14,7 +14,8 @@ worker, the chain walks candidate nodes in the order an index hands them out:
 Only the first ``limit`` feasible candidates are scored (Nomad's limit iterator): candidates come
 best-fit first from the index, so the search stays bounded on large clusters. When no node fits,
 ``diagnose`` runs the filters over every node and counts the reasons, as Kubernetes'
-"0/N nodes are available" does.
+"0/N nodes are available" does; within a cycle it keeps each node's reason per shape and asks
+again only the nodes the cycle has taken from or given back to since.
 """
 
 from __future__ import annotations

@@ -35,12 +35,14 @@ Scenario = tuple[LogBuilder, list[tuple[JobSpec, int]], list[tuple[JobSpec, int]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(), st.lists(job_specs(), min_size=4, max_size=14))
+@given(scenarios(), st.lists(st.tuples(job_specs(), st.integers(1, 5)), min_size=2, max_size=6))
 def test_a_cycle_decides_as_if_every_diagnosis_walked_every_node(
-    scenario: Scenario, more: list[tuple[JobSpec, int]]
+    scenario: Scenario, more: list[tuple[tuple[JobSpec, int], int]]
 ) -> None:
     log, first, _ = scenario
-    admit(log, "a", first + more)
+    # Jobs of one shape several times over, so that several wait and are diagnosed with
+    # placements of other shapes between them.
+    admit(log, "a", first + [spec for spec, times in more for _ in range(times)])
     state = log.fold()
     kept = decide(state, 2000.0)
     with pytest.MonkeyPatch.context() as mp:

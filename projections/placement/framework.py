@@ -14,7 +14,8 @@ worker, the chain walks candidate nodes in the order an index hands them out:
 Only the first ``limit`` feasible candidates are scored (Nomad's limit iterator): candidates come
 best-fit first from the index, so the search stays bounded on large clusters. When no node fits,
 ``diagnose`` runs the filters over every node and counts the reasons, as Kubernetes'
-"0/N nodes are available" does.
+"0/N nodes are available" does; within a cycle it keeps each node's reason per shape and asks
+again only the nodes the cycle has taken from or given back to since.
 """
 
 from __future__ import annotations
@@ -211,23 +212,73 @@ class Chain:
         return Pick(node.name, gpus, sum(w * s.score(req, node, gpus) for s, w in self.scores))
 
     def diagnose(self, snap: Snapshot, req: Request) -> tuple[Reason, ...]:
-        """Why no node takes a worker of ``req``: every node's first no, counted by code."""
-        counts: dict[str, list[Reason]] = {}
-        total = 0
-        for name in snap.state.nodes:
-            total += 1
-            node = snap.view(name)
-            reason = self.reject(req, node)
-            if reason is None and self.reserve(req, node) is None:
-                reason = Reason("gpus", f"no free GPU suits {req.need.describe()}", True)
-            if reason is not None:
-                counts.setdefault(reason.code, []).append(reason)
-        if not counts:
-            return ()
-        out = []
-        for code, rs in sorted(counts.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-            example = rs[0].message if len(rs) == 1 else f"e.g. {rs[0].message}"
-            out.append(
-                Reason(code, f"{len(rs)}/{total} nodes, {example}", any(r.preemption_helps for r in rs))
+        """Why no node takes a worker of ``req``: every node's first no, counted by code.
+
+        A cycle that runs out of room asks this for every job that waits, and each answer is
+        a walk of every node (at 1,250 nodes, 30 ms: nearly all of a saturated cycle). A node's
+        answer depends only on the job's shape and selector and on the node's view, so each
+        node's reason is kept per shape for the snapshot, and later asks re-ask only the nodes
+        taken from or given back to since (``Snapshot.touched``). The counts are the walk's."""
+        key = (req.need, req.selector)
+        found: _Diagnosis | None = snap.diagnoses.get(key)
+        if found is None:
+            names = list(snap.state.nodes)
+            reasons = [self._why_not(req, snap.view(name)) for name in names]
+            found = snap.diagnoses[key] = _Diagnosis(
+                {name: i for i, name in enumerate(names)}, reasons, len(snap.touched), _counted(reasons)
             )
-        return tuple(out)
+            return found.out
+        touched = snap.touched
+        if found.seen < len(touched):
+            changed = False
+            reasons = found.reasons
+            for name in set(touched[found.seen :]):
+                i = found.at.get(name)
+                if i is None:
+                    continue
+                reason = self._why_not(req, snap.view(name))
+                if reason != reasons[i]:
+                    reasons[i] = reason
+                    changed = True
+            found.seen = len(touched)
+            if changed:
+                found.out = _counted(reasons)
+        return found.out
+
+    def diagnose_walk(self, snap: Snapshot, req: Request) -> tuple[Reason, ...]:
+        """``diagnose`` without what it keeps: every node asked afresh. The reference it must
+        agree with (the tests compare the two)."""
+        return _counted([self._why_not(req, snap.view(name)) for name in snap.state.nodes])
+
+    def _why_not(self, req: Request, node: NodeView) -> Reason | None:
+        reason = self.reject(req, node)
+        if reason is None and self.reserve(req, node) is None:
+            reason = Reason("gpus", f"no free GPU suits {req.need.describe()}", True)
+        return reason
+
+
+@dataclass(slots=True)
+class _Diagnosis:
+    """One shape's answer from every node of a snapshot, and how much of the snapshot's
+    ``touched`` it has seen."""
+
+    at: dict[str, int]  # node -> its place in the state's order
+    reasons: list[Reason | None]
+    seen: int
+    out: tuple[Reason, ...]
+
+
+def _counted(reasons: list[Reason | None]) -> tuple[Reason, ...]:
+    """Nodes' first noes counted by code, most common first; each with an example."""
+    counts: dict[str, list[Reason]] = {}
+    for reason in reasons:
+        if reason is not None:
+            counts.setdefault(reason.code, []).append(reason)
+    if not counts:
+        return ()
+    total = len(reasons)
+    out = []
+    for code, rs in sorted(counts.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        example = rs[0].message if len(rs) == 1 else f"e.g. {rs[0].message}"
+        out.append(Reason(code, f"{len(rs)}/{total} nodes, {example}", any(r.preemption_helps for r in rs)))
+    return tuple(out)

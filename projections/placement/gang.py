@@ -145,14 +145,34 @@ def _in_domains(
     """One rack or block for the whole gang: the tightest domain that can hold it first."""
     # Room is counted from the index alone (no filters yet): a domain that turns out smaller is
     # simply passed over when its workers do not all fit.
-    members: dict[str, list[str]] = {}
-    room: dict[str, int] = {}
     domain_of = snap.domains(label_keys[level])
     models = [m for m in snap.models() if req.need.model_ok(m)]
+    if req.need.kind == "whole" and len(models) == 1:
+        members, room = _room_by_buckets(snap, req, models[0], domain_of)
+    else:
+        members, room = _room(snap, req, models, domain_of)
+    fitting = sorted((k for k in members if room[k] >= req.replicas), key=lambda k: (room[k], k))
+    for key in fitting[:MAX_DOMAINS]:
+        # Within the domain, fill the roomiest nodes first: fewer nodes, closer ranks.
+        order = sorted(members[key], key=lambda n: -len(whole_free(req, snap.view(n))))
+        slots = _first_fit(chain, snap, req, order)
+        if slots is not None:
+            return slots
+    return None
+
+
+# Every candidate node is visited for every gang that asks for a domain: the loops read what they
+# need once (a gang of 8-GPU workers at 1,250 nodes spent most of its search here).
+_Rooms = tuple[dict[str, list[str]], dict[str, int]]
+
+
+def _room(snap: Snapshot, req: Request, models: list[str], domain_of: dict[str, str]) -> _Rooms:
+    """Each domain's candidate nodes, in the order ``candidates`` gives them, and how many
+    workers of ``req`` they hold (any shape, any number of models)."""
+    members: dict[str, list[str]] = {}
+    room: dict[str, int] = {}
     whole, per = req.need.kind == "whole", req.need.gpus
     count = snap.free_whole_count
-    # Every candidate node is visited for every gang that asks for a domain: the loop reads what
-    # it needs once (a gang of 8-GPU workers at 1,250 nodes spent most of its search here).
     for name in candidates(snap, req):
         key = domain_of.get(name)
         if key is None:
@@ -166,14 +186,29 @@ def _in_domains(
             room[key] = room.get(key, 0) + free // per
         else:
             room[key] = room.get(key, 0) + req.replicas  # not counted ahead: tried in turn
-    fitting = sorted((k for k in members if room[k] >= req.replicas), key=lambda k: (room[k], k))
-    for key in fitting[:MAX_DOMAINS]:
-        # Within the domain, fill the roomiest nodes first: fewer nodes, closer ranks.
-        order = sorted(members[key], key=lambda n: -len(whole_free(req, snap.view(n))))
-        slots = _first_fit(chain, snap, req, order)
-        if slots is not None:
-            return slots
-    return None
+    return members, room
+
+
+def _room_by_buckets(snap: Snapshot, req: Request, model: str, domain_of: dict[str, str]) -> _Rooms:
+    """``_room`` for whole GPUs of one model: the index's buckets are the candidates, in the
+    same order, and a bucket's place is its nodes' free count: no generator, no look-ups."""
+    members: dict[str, list[str]] = {}
+    room: dict[str, int] = {}
+    per = req.need.gpus
+    buckets = snap.buckets(model)
+    for n in range(per, len(buckets)):
+        workers = n // per
+        for name in buckets[n]:
+            key = domain_of.get(name)
+            if key is None:
+                continue
+            nodes = members.get(key)
+            if nodes is None:
+                nodes = members[key] = []
+                room[key] = 0
+            nodes.append(name)
+            room[key] += workers
+    return members, room
 
 
 def _first_fit(chain: Chain, snap: Snapshot, req: Request, order: list[str]) -> list[WorkerSlot] | None:

@@ -50,7 +50,7 @@ class GpuView:
         self.free = g.free_milli
         self.holders = len(g.holders)  # a whole GPU needs a GPU nobody holds
         self.mig_used = g.mig_used
-        self.me = any(i.profile.endswith("+me") for i in g.mig.values())
+        self.me = bool(g.mig) and any(i.profile.endswith("+me") for i in g.mig.values())
 
     @property
     def whole_free(self) -> bool:
@@ -107,6 +107,10 @@ class Snapshot:
         # MIG slices go first (a superset: a visit checks what is really free).
         self.partial: dict[str, None] = {}
         self.sliced: dict[str, None] = {}
+        # Every node a take or give-back touched, in order (repeats kept): who may answer
+        # differently now. ``Chain.diagnose`` re-asks only these nodes since it last asked.
+        self.touched: list[str] = []
+        self.diagnoses: dict[Hashable, Any] = {}
         for name, node in state.nodes.items():
             if not node.schedulable:
                 continue
@@ -145,6 +149,11 @@ class Snapshot:
                             seen.add(name)
                             yield name
 
+    def buckets(self, model: str) -> list[dict[str, None]]:
+        """The whole-GPU index of ``model``: the ready nodes with ``n`` free whole GPUs at
+        position ``n``, in the order ``by_free_whole`` hands them out. Read only."""
+        return self._whole.get(model, [])
+
     def free_whole_count(self, name: str, model: str) -> int:
         return self._count.get((name, model), 0)
 
@@ -180,6 +189,7 @@ class Snapshot:
     def _apply(self, name: str, res: Resources, gpus: tuple[GpuClaim, ...], sign: int) -> None:
         v = self.view(name)
         v.version += 1
+        self.touched.append(name)
         v.cpu_free += sign * res.cpu_milli
         v.mem_free += sign * res.memory_mib
         touched: set[str] = set()

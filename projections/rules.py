@@ -60,4 +60,7 @@ from __future__ import annotations
 # 14: the fold keeps, per form (``indexes.form_key``: a queue and the ask, replicas, topology
 #    and selector of its jobs), the places of the queued jobs of that form, in their queue's
 #    order (``projections/indexes.py``), so that the preemptor judges the backlog form by form.
-RULES = 14
+# 15: a job's learned runtime estimate is the median of the latest similar jobs that succeeded
+#    *submitted* last (``runtimes.LATEST``, kept per class in ``State.latest_runs``), not of
+#    those that ended last.
+RULES = 15

@@ -4,23 +4,31 @@ Most people do not say how long their job runs, and those who do are often wrong
 placer's backfill, the head-of-queue reservation and hold, the shortest-first order and every
 start-time estimate need a runtime. Like Helios's QSSF (Hu et al., SC'21), which found that a
 user's jobs of the same name and size run alike, the fold keeps, per class of similar jobs, the
-running times of the latest ``HISTORY`` that succeeded, and a new job's estimate is the median of
-the most specific class with at least ``MIN_SAMPLES`` of them:
+running times of the jobs that succeeded, and a new job's estimate is the median of the most
+specific class with at least ``MIN_SAMPLES`` of them:
 
 1. the same tenant, name (or command, when it has no name) and GPUs;
 2. the same tenant and GPUs;
 3. the same tenant;
 4. the same queue.
 
-The median, not the mean: run times are heavy-tailed, and on the Philly trace the median of the
-last 20 of the same team and size came within the band (±20 %, or 5 minutes under 25 minutes)
-of half the jobs, the mean of a third (``bench/eta.py`` measures it in a run). Replayed over
-20,000 jobs in arrival order (history: the jobs ended before each arrival), the median came
-within the band for 47–51 % whatever the window (5 to 100) and class (team and GPUs, team;
-GPUs alone 39–41 %); the 40th percentile 49–53 %, the latest run alone 44–46 %, the geometric
-mean 44–47 %: nothing the trace holds (team, GPUs, arrival) tells much more. Tiresias and
-Lucid learn from the same history; Tiresias without it (least attained service), Lucid with a
-model over more features than a log holds.
+Of which runs: the ``LATEST`` that were *submitted* last (``State.latest_runs``), not those that
+ended last. A team's jobs come in batches (a sweep, the runs of one model) that run alike, and
+the runs of a class that end first are its short ones: while a batch of long jobs runs, the
+latest runs that ended are of the short jobs submitted before them, or after them and done
+already, and say the class is short; the latest submitted that ended are the batch's own first
+ones, or the batch before it. Replayed under corral on the Philly slice (``bench/eta.py``,
+1,000 jobs on 16 x 8 GPUs and 2,000 on 32 x 8; the history at each submission the jobs that
+ended before it), the median of the latest 5 submitted came within the band (±20 %, or 5
+minutes under 25 minutes) of the actual runtime for 50 % and 43 % of jobs, against 20 % and
+25 % for the median of the latest 20 that ended; the latest 20 submitted 35 %, the latest 3
+41 % on the 2,000. The median, not the mean: run times are heavy-tailed. Tiresias and Lucid
+learn from the same history; Tiresias without it (least attained service), Lucid with a model
+over more features than a log holds.
+
+``HISTORY``: the running times of the latest 20 that ended per class (``State.runtimes``) are
+kept too: how long a class's runs go on once they ran as long as a running job has
+(``services/sim/eta.py``) asks for the class's spread, not its latest batch.
 
 A job's estimate (``of``) is its owner's ``runtime_estimate_s`` when given, else the one learned
 when it was submitted (``JobState.learned_s``; None while no class has enough history). Fixed
@@ -33,6 +41,7 @@ unique names cost nothing for ever. Pure: the fold calls ``learn`` and ``estimat
 
 from __future__ import annotations
 
+import bisect
 import statistics
 
 from corral.events.jobs import JobSpec, Resources
@@ -40,6 +49,7 @@ from corral.projections import quota
 from corral.projections.state import WHOLE, JobState, State
 
 HISTORY = 20
+LATEST = 5  # the runs submitted last that a new job's estimate is the median of
 MIN_SAMPLES = 3
 MAX_CLASSES = 10_000
 
@@ -78,15 +88,15 @@ def _classes(tenant: str, spec: JobSpec) -> tuple[str, ...]:
 
 
 def learned(state: State, tenant: str, spec: JobSpec) -> float | None:
-    """The median of the most specific class with enough history; None when none has, or when
-    the owner gave an estimate (theirs stands)."""
+    """The median of the latest submitted runs of the most specific class with enough of them;
+    None when none has, or when the owner gave an estimate (theirs stands)."""
     if spec.runtime_estimate_s is not None:
         return None
-    history = state.runtimes
+    latest = state.latest_runs
     for key in classes(tenant, spec):
-        ran = history.get(key)
-        if ran is not None and len(ran) >= MIN_SAMPLES:
-            return float(statistics.median(ran))
+        runs = latest.get(key)
+        if runs is not None and len(runs) >= MIN_SAMPLES:
+            return float(statistics.median(ran for _, ran in runs))
     return None
 
 
@@ -97,8 +107,10 @@ def of(job: JobState) -> float | None:
 
 
 def learn(state: State, job: JobState) -> None:
-    """Count a job that succeeded, having run ``job.ran_s``, in each of its classes."""
-    history = state.runtimes
+    """Count a job that succeeded, having run ``job.ran_s``, in each of its classes: among the
+    latest that ended, and among the ``LATEST`` submitted last when it is one of them."""
+    history, latest = state.runtimes, state.latest_runs
+    run = (job.submitted_at, job.ran_s)
     for key in classes(job.tenant, job.spec):
         ran = history.pop(key, None)  # re-inserted last: the dict's order is the order of updates
         if ran is None:
@@ -107,5 +119,14 @@ def learn(state: State, job: JobState) -> None:
         if len(ran) > HISTORY:
             del ran[0]
         history[key] = ran
+        runs = latest.pop(key, None)
+        if runs is None:
+            runs = []
+        bisect.insort(runs, run)  # a job submitted before all of them, when full, is dropped next
+        if len(runs) > LATEST:
+            del runs[0]
+        latest[key] = runs
     while len(history) > MAX_CLASSES:
         del history[next(iter(history))]
+    while len(latest) > MAX_CLASSES:
+        del latest[next(iter(latest))]

@@ -193,6 +193,9 @@ class State(msgspec.Struct, gc=False):
     # Per class of similar jobs, the running times of the latest that succeeded, the class
     # updated longest ago first: what runtime estimates are learned from (``runtimes.py``).
     runtimes: dict[str, list[float]] = {}
+    # Per class, (submitted at, running time) of the ``runtimes.LATEST`` jobs that succeeded
+    # submitted last, in submission order: what a new job's estimate is learned from.
+    latest_runs: dict[str, list[tuple[float, float]]] = {}
 
 
 MAX_REJECTIONS = 1000

@@ -5,9 +5,10 @@ nothing else changed.
 What it assumes (``ASSUMPTION``): no job is submitted after ``now``; every job ends at its
 runtime estimate (its owner's, else the one learned from history: ``projections/runtimes.py``),
 a running one counted from when it started running; a running job with no estimate of its
-owner's goes on for as much longer as the runs of its class that ran as long as it has did
-(``remaining``); where too few ran as long, a running job ends at its estimate, or, once past
-it, runs as long again as it has run (run times are heavy-tailed: the longer a job has run,
+owner's that has run past its learned estimate goes on for as much longer as the runs of its
+class that ran as long as it has did (``remaining``: short of it, the job is taken to be one of
+the batch its estimate is of, and ends at it); where too few ran as long, it runs as long again
+as it has run (run times are heavy-tailed: the longer a job has run,
 the longer it is likely to go on); a job with no estimate at all runs
 ``queueing.UNKNOWN_RUNTIME_S``; no node fails; a job being preempted stops by its deadline.
 A waiting job with no estimate of its owner's runs at least as long as the like jobs of its
@@ -51,7 +52,8 @@ ASSUMPTION = (
     "(its owner's, else learned from similar jobs that finished), scaled by how far off the "
     "estimates of the jobs that finished lately were, once enough did; a waiting job for at least "
     "as long as its team's similar jobs submitted within 8 hours of it that run now have run; "
-    "a running job for as much longer as similar jobs that ran as long did, scaled alike"
+    "a running job until its estimate, and once past it for as much longer as similar jobs that "
+    "ran as long did, scaled alike"
 )
 EARLY, LATE = 0.5, 2.0
 # How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every
@@ -130,8 +132,8 @@ def runtime(
     """How much longer ``job`` runs (holding GPUs), or how long it runs once started (waiting).
     Given the learned ``history`` (``State.runtimes``), a job with no estimate of its owner's
     runs for what its class's runs say (``expected``, from ``runs`` when given: ``with_running``;
-    ``remaining`` once it has run, when enough of its class ran as long), times ``scale`` as
-    every estimate."""
+    once it has run past that, ``remaining``, when enough of its class ran as long), times
+    ``scale`` as every estimate."""
     est = runtimes.of(job) if history is None else expected(job, history if runs is None else runs, statistic)
     est = (UNKNOWN_RUNTIME_S if est is None else est) * scale
     if batch is not None and job.id in batch:
@@ -140,7 +142,9 @@ def runtime(
     if job.phase in WAITING:
         return est
     ran = job.ran_s + (max(0.0, now - job.phase_since) if job.phase == "running" else 0.0)
-    if history is not None and job.spec.runtime_estimate_s is None:
+    if history is not None and job.spec.runtime_estimate_s is None and ran >= est:
+        # short of its estimate, a job is taken to be one of its batch, which the estimate is of
+        # (``runtimes.LATEST``); past it, one of its class's long runs
         left = remaining(job, ran, history, statistic)
         if left is not None:
             # scaled as estimates are: the median of a heavy tail falls short of it in sum too
@@ -287,9 +291,11 @@ def alike(
 ) -> dict[str, float]:
     """Per waiting job with no estimate of its owner's, what the running jobs of its tenant's
     class submitted within ``window_s`` of it (a batch of like jobs submitted together) are
-    expected to run in all: the median of what each ran plus what ``remaining`` expects of it
-    (nothing more once it outlived its class: what it ran is a floor, and as long again
-    overshot on the Philly slice), from the most specific of the tenant's classes
+    expected to run in all: the median of what each ran plus, once it ran past its estimate,
+    what ``remaining`` expects of it (short of its estimate, what it ran: its estimate, which
+    the waiting job has too, is no measure; nothing more once it outlived its class: what it ran
+    is a floor, and as long again overshot on the Philly slice), from the most specific of the
+    tenant's classes
     with at least ``MIN_LONGER`` such jobs. A team's jobs come in batches (a sweep, a set of
     runs of one model) that run alike, and the fold's estimate is of the class's latest runs
     that ended: while a batch of long ones still runs, it says the class is as short as it was."""
@@ -297,7 +303,9 @@ def alike(
     for job_id in state.jobs_by_phase.get("running", ()):
         job = state.jobs[job_id]
         ran = job.ran_s + max(0.0, now - job.phase_since)
-        left = remaining(job, ran, history, statistic)
+        est = runtimes.of(job)
+        # what a batch-mate still short of its estimate will run is that estimate, not measured
+        left = None if est is not None and ran < est else remaining(job, ran, history, statistic)
         for key in runtimes.classes(job.tenant, job.spec)[:-1]:  # the tenant's, not the queue's
             running.setdefault(key, []).append((job.submitted_at, ran + (0.0 if left is None else left)))
     out: dict[str, float] = {}

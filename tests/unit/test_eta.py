@@ -30,8 +30,8 @@ def spec(gpus: int = 1, name: str = "", queue: str = "q", estimate: float | None
     )
 
 
-def finished(tenant: str, s: JobSpec, ran: float) -> JobState:
-    return JobState(f"done-{ran}", tenant, s, 0, 0.0, phase="succeeded", ran_s=ran)
+def finished(tenant: str, s: JobSpec, ran: float, submitted: float = 0.0) -> JobState:
+    return JobState(f"done-{ran}", tenant, s, 0, submitted, phase="succeeded", ran_s=ran)
 
 
 HISTORY = [
@@ -53,16 +53,56 @@ HISTORY = [
         pytest.param("alice", spec(4, "gpt"), 100.0, id="too-few-of-name-falls-back-to-tenant"),
         pytest.param("alice", spec(1, "other"), 200.0, id="tenant-and-size"),
         pytest.param("bob", spec(2, "x"), 8.0, id="tenant-and-size-other-tenant"),
-        pytest.param("carol", spec(1), 55.0, id="unknown-tenant-falls-back-to-queue"),
+        pytest.param("carol", spec(1), 9.0, id="unknown-tenant-falls-back-to-queue-latest-five"),
         pytest.param("carol", spec(1, queue="empty"), None, id="nothing-known"),
         pytest.param("alice", spec(1, "bert", estimate=5.0), None, id="owner-estimate-stands"),
     ],
 )
 def test_the_learned_estimate(tenant: str, job: JobSpec, expected: float | None) -> None:
     state = State()
-    for who, s, ran in HISTORY:
-        runtimes.learn(state, finished(who, s, ran))
+    for at, (who, s, ran) in enumerate(HISTORY):  # submitted in this order, and ended in it
+        runtimes.learn(state, finished(who, s, ran, float(at)))
     assert runtimes.learned(state, tenant, job) == expected
+
+
+# (runs of alice's 1-GPU "bert": submitted at, ran; in the order they ended) -> her next one's
+# estimate: the median of the latest five submitted, whenever they ended
+LATEST_CASES = [
+    pytest.param(
+        [(0.0, 60.0), (1.0, 60.0), (2.0, 60.0), (10.0, 3600.0), (11.0, 3600.0), (12.0, 3600.0)]
+        + [(3.0, 60.0), (4.0, 60.0)],
+        3600.0,
+        id="a-long-batch-submitted-last-not-the-short-runs-that-ended-last",
+    ),
+    pytest.param(
+        [(1.0, 10.0), (2.0, 20.0), (3.0, 30.0), (4.0, 40.0), (5.0, 50.0), (0.0, 1000.0)],
+        30.0,
+        id="a-run-submitted-before-the-latest-five-is-not-kept",
+    ),
+    pytest.param(
+        [(float(i), 10.0 * i) for i in range(1, 8)],
+        50.0,
+        id="only-the-latest-five",
+    ),
+    pytest.param(
+        [(5.0, 500.0), (1.0, 100.0), (3.0, 300.0)],
+        300.0,
+        id="in-submission-order-whatever-the-end-order",
+    ),
+    pytest.param([(0.0, 10.0), (1.0, 20.0)], None, id="fewer-than-three-nothing-learned"),
+]
+
+
+@pytest.mark.parametrize(("runs", "expected"), LATEST_CASES)
+def test_the_estimate_is_of_the_runs_submitted_last(
+    runs: list[tuple[float, float]], expected: float | None
+) -> None:
+    state = State()
+    for at, ran in runs:
+        runtimes.learn(state, finished("alice", spec(1, "bert"), ran, at))
+    assert runtimes.learned(state, "alice", spec(1, "bert")) == expected
+    assert all(len(v) <= runtimes.LATEST for v in state.latest_runs.values())
+    assert all(v == sorted(v) for v in state.latest_runs.values())
 
 
 def test_history_is_bounded_per_class_and_in_classes() -> None:
@@ -73,7 +113,8 @@ def test_history_is_bounded_per_class_and_in_classes() -> None:
     for i in range(runtimes.MAX_CLASSES + 3):
         runtimes.learn(state, finished("a", spec(1, f"unique-{i}"), 1.0))
     assert len(state.runtimes) == runtimes.MAX_CLASSES
-    assert "t=a" in state.runtimes  # updated by every job: never the oldest
+    assert len(state.latest_runs) == runtimes.MAX_CLASSES
+    assert "t=a" in state.runtimes and "t=a" in state.latest_runs  # updated by every job: never the oldest
 
 
 def test_the_fold_learns_from_jobs_that_succeed() -> None:
@@ -206,6 +247,19 @@ def test_a_running_job_goes_on_as_its_class_did_once_it_outlived_its_estimate() 
     assert eta.runtime(job, 500.0, history=state.runtimes) == pytest.approx(600.0)
     assert eta.runtime(job, 500.0, 2.0, state.runtimes) == pytest.approx(1200.0)  # calibrated alike
     assert eta.runtime(job, 500.0) == pytest.approx(500.0)  # without history: as long again
+
+
+def test_a_running_job_short_of_its_estimate_ends_at_it() -> None:
+    """Learned estimates are of the class's latest batch: a job short of its estimate is forecast
+    to end at it, however long the class's other runs that ran as long went on."""
+    state = State()
+    for r in (100.0, 1000.0, 1100.0, 1200.0):
+        runtimes.learn(state, finished("t", spec(8, "n"), r))
+    job = JobState("j", "t", spec(8, "n"), 0, 0.0, phase="running", phase_since=0.0, learned_s=300.0)
+    assert eta.runtime(job, 200.0, history=state.runtimes) == pytest.approx(100.0)
+    assert eta.runtime(job, 200.0, 2.0, state.runtimes) == pytest.approx(400.0)  # calibrated
+    # past it, one of the long runs: as those that ran as long went on (1,100 - 400)
+    assert eta.runtime(job, 400.0, history=state.runtimes) == pytest.approx(700.0)
 
 
 @pytest.mark.parametrize(
@@ -400,6 +454,24 @@ ALIKE_CASES = [
         id="before-or-after-and-every-waiting-phase",
     ),
 ]
+
+
+def test_a_batch_mate_short_of_its_estimate_counts_at_what_it_ran() -> None:
+    """What a batch-mate still short of its estimate will run is the estimate, which the waiting
+    job has already: the floor counts what it ran, not what its class's long runs went on."""
+    state = batch(
+        10_000.0,
+        *[(f"r{i}", "running", 0.0, 200.0) for i in range(3)],
+        ("w", "queued", 500.0, 0.0),
+    )
+    for r in (100.0, 1000.0, 1100.0, 1200.0):
+        runtimes.learn(state, finished("t", spec(1, "n"), r))
+    for i in range(3):
+        state.jobs[f"r{i}"] = msgspec.structs.replace(state.jobs[f"r{i}"], learned_s=300.0)
+    assert eta.alike(state, 10_000.0, 1000.0, state.runtimes) == {"w": pytest.approx(200.0)}
+    for i in range(3):  # past their estimate: one of the long runs each
+        state.jobs[f"r{i}"] = msgspec.structs.replace(state.jobs[f"r{i}"], learned_s=150.0)
+    assert eta.alike(state, 10_000.0, 1000.0, state.runtimes) == {"w": pytest.approx(1100.0)}
 
 
 @pytest.mark.parametrize(("jobs", "expected"), ALIKE_CASES)

@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable
 
 from bench.cycle import World
+from bench.e2e.client import TEAMS, spec
 from corral.events import subjects
 from corral.events.base import Event
 from corral.events.decisions import JobsPlaced
-from corral.events.jobs import Admission, JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob, Topology
+from corral.events.jobs import Admission, JobAccepted, JobsAdmitted, SubmitJob
 from corral.events.nodes import NodeRegistered, WorkerStarted
 from corral.events.queues import (
     ApplyCohort,
@@ -46,28 +47,8 @@ from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide
 
 NODES = 1250
-TEAMS = tuple(f"team-{i}" for i in range(4))
 WIDTHS = (6, 9, 10, 8, 10, 8, 8, 8)
-MIX = ((0.80, 1, 1, "none"), (0.15, 1, 8, "nvlink"), (0.05, 4, 8, "rack"))  # as bench.e2e.client
-
-
-def _spec(rng: random.Random, queue: str) -> JobSpec:
-    roll = rng.random()
-    replicas, gpus, pack = MIX[-1][1:]
-    for share, r, g, p in MIX:
-        if roll < share:
-            replicas, gpus, pack = r, g, p
-            break
-        roll -= share
-    seconds = round(rng.uniform(5.0, 30.0), 1)
-    return JobSpec(
-        queue=queue,
-        replicas=replicas,
-        resources=Resources(gpus=gpus),
-        topology=Topology(pack=pack),  # type: ignore[arg-type]
-        runtime_estimate_s=seconds,
-        command=("sleep", f"{seconds:g}"),
-    )
+RUNTIME = (5.0, 30.0)  # seconds, as bench.e2e's default
 
 
 class Burst:
@@ -98,7 +79,7 @@ class Burst:
             self.n += 1
             t = TEAMS[self.n % len(TEAMS)]
             job_id = f"a-{self.n:07d}"
-            w.request(t, SubmitJob(request_id=job_id, job=_spec(self.rng, t)))
+            w.request(t, SubmitJob(request_id=job_id, job=spec(self.rng, t, RUNTIME, mix=True)))
             w.event(JobAccepted(job_id=job_id, priority=0))
             ids.append(job_id)
         jobs = w.state.jobs

@@ -55,17 +55,23 @@ class Client:
                 running.append(task)
             return await coro
 
-        call = asyncio.run_coroutine_threadsafe(tracked(), self._loop)
+        call = None
+        outer = tracked()
         try:
+            call = asyncio.run_coroutine_threadsafe(outer, self._loop)
             return call.result()
         except BaseException:
-            # Interrupted while waiting (Ctrl-C): the call is still running on the loop. Stop it
-            # there and wait until it has stopped, so that what closes next (the generator it
-            # was advancing, the connection) finds it ended, not running, and the command exits.
-            if not call.done():
-                call.cancel()
+            # Interrupted (Ctrl-C) while handing the call over or waiting for it: it may still
+            # run on the loop. Stop it there and wait until it has stopped, so that what closes
+            # next (the generator it was advancing, the connection) finds it ended, not running,
+            # and the command exits. Loop callbacks run in order, so a call handed over before
+            # has begun by the time this runs; one never handed over is closed unstarted.
+            if call is None or not call.done():
                 ended = asyncio.run_coroutine_threadsafe(_cancelled(running), self._loop)
                 ended.result(timeout=CANCEL_WAIT)
+                if not running:
+                    outer.close()
+                    coro.close()
             raise
 
     def __enter__(self) -> Client:

@@ -145,13 +145,16 @@ class JobsAdmitted(Decision, frozen=True, kw_only=True):
 
 
 class AdmissionWithdrawn(Event, frozen=True, kw_only=True):
-    """An admitted job that no node of the cluster can host any more (a node left, or its GPUs
-    changed) gives its quota back and waits in its queue again, at the same attempt (it never
-    ran), until a node that can host it registers. ``reason`` says what no node has."""
+    """An admitted job gives its quota back and waits in its queue again, at the same attempt (it
+    never ran): no node of the cluster can host it any more (a node left, or its GPUs changed),
+    and it waits until one that can registers; or it was placed nowhere for the placement
+    timeout, and ``admit_after`` (log time) is when it may be admitted again (Kueue's
+    ``waitForPodsReady`` requeue with its back-off). ``reason`` says which."""
 
     job_id: str
     attempt: Int
     reason: Reason
+    admit_after: float = 0.0
 
 
 class JobRequeued(Event, frozen=True, kw_only=True):

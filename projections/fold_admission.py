@@ -17,7 +17,7 @@ from corral.events.jobs import (
     JobsAdmitted,
     PendingReasonChanged,
 )
-from corral.projections import indexes, quota
+from corral.projections import indexes, queueing, quota
 from corral.projections.fold_moves import (
     MOVES,
     Ctx,
@@ -92,6 +92,9 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
         if job is None or job.phase != "queued" or job.attempt != adm.attempt:
             void.append((adm.job_id, f"not queued at attempt {adm.attempt}"))
             continue
+        if queueing.backs_off(job, ctx.time):
+            void.append((adm.job_id, f"backs off until t={job.admit_after:.0f} (placed nowhere)"))
+            continue
         spec = job.spec
         lo = spec.min_replicas if spec.min_replicas is not None else spec.replicas
         if not lo <= adm.replicas <= spec.replicas:
@@ -145,6 +148,7 @@ def _withdrawn(state: State, ctx: Ctx, ev: AdmissionWithdrawn) -> None:
         )
     move(state, job, "withdraw", ctx)  # before the admission goes: the move gives back what it holds
     job.admission = None
+    job.admit_after = ev.admit_after
     job.reasons = (ev.reason,)
     indexes.explain(state, job)
 

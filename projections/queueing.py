@@ -23,6 +23,14 @@ UNKNOWN_RUNTIME_S = 24 * 3600.0
 _MIN_ESTIMATE_S = 1.0  # a zero estimate would make every ratio infinite
 
 
+def backs_off(job: JobState, now: float) -> bool:
+    """Whether a queued job sits out its back-off at ``now``: its admission was withdrawn for
+    its placement timeout, and it may not be admitted again before ``JobState.admit_after``.
+    Admission leaves it out of its queue's order, the preemptor stops nobody for it, and the
+    fold voids its admission."""
+    return job.admit_after > now
+
+
 def response_ratio(job: JobState, now: float) -> float:
     """(waited + estimate) / estimate: 1 on submission, growing while the job waits."""
     est = runtimes.of(job)

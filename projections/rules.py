@@ -63,4 +63,8 @@ from __future__ import annotations
 # 15: a job's learned runtime estimate is the median of the latest similar jobs that succeeded
 #    *submitted* last (``runtimes.LATEST``, kept per class in ``State.latest_runs``), not of
 #    those that ended last.
-RULES = 15
+# 16: admission may withdraw an admitted job's admission when the placer found it no room for
+#    the placement timeout (``AdmissionWithdrawn.admit_after``): the job then sits out a back-off
+#    (``JobState.admit_after``, log time) and the fold voids an admission of it before it ends
+#    (``projections.queueing.backs_off``).
+RULES = 16

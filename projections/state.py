@@ -113,6 +113,9 @@ class JobState(msgspec.Struct, gc=False):
     # when its owner gave none (``projections/runtimes.py``; read it with ``runtimes.of``).
     learned_s: float | None = None
     ran_s: float = 0.0  # log time it spent running, over all its attempts
+    # Log time before which admission may not admit it again: the back-off of an admission
+    # withdrawn for its placement timeout (``AdmissionWithdrawn.admit_after``).
+    admit_after: float = 0.0
 
     @property
     def leaving(self) -> list[int]:

@@ -354,8 +354,15 @@ class LogBuilder:
         )
         return self.event(subj.decision("admission"), body)
 
-    def withdraw(self, job_id: str, attempt: int = 0, why: str = "no node can host it") -> LogBuilder:
-        body = AdmissionWithdrawn(job_id=job_id, attempt=attempt, reason=Reason("no-node", why))
+    def withdraw(
+        self, job_id: str, attempt: int = 0, why: str = "no node can host it", admit_after: float = 0.0
+    ) -> LogBuilder:
+        """Admission withdraws the job's admission: no node can host it, or (``admit_after``) it
+        was placed nowhere for the placement timeout and backs off until then."""
+        code = "placement-timeout" if admit_after else "no-node"
+        body = AdmissionWithdrawn(
+            job_id=job_id, attempt=attempt, reason=Reason(code, why), admit_after=admit_after
+        )
         return self.event(subj.job(job_id), body)
 
     def requeue(self, job_id: str, attempt: int, code: str = "retry") -> LogBuilder:

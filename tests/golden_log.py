@@ -96,6 +96,11 @@ def records() -> list[Record]:
     # a job admitted while the lost node could host it gives its quota back, and waits
     lb.submit("bob", "wide", job("team-b").gpus(8).pack("nvlink", required=True)).accept("wide")
     lb.admit("wide").withdraw("wide", why="needs 8 GPUs in one NVLink island; the largest has 7")
+    # one placed nowhere for the placement timeout gives its quota back and backs off: admitted
+    # during its back-off is void, after it is not
+    lb.submit("bob", "later", job("team-b").gpus(2)).accept("later").admit("later")
+    lb.withdraw("later", why="no free GPU suits 2 GPUs", admit_after=lb.time + 1.5)
+    lb.admit("later").admit("later")
     return lb.records
 
 

@@ -53,6 +53,15 @@ cycle after a node that can host it registers (or comes back). It is not rejecte
 left may return. With no node at all (a cluster starting, or all of it gone at once) nothing
 is judged.
 
+Timeouts. Quota held by an admitted job that finds no room is idle quota: the GPUs free are
+scattered where it cannot use them, and other jobs that could use them wait for quota (as
+Kueue's ``waitForPodsReady``). An admitted job that the placer has found no room for since
+``placement_timeout_s`` (log time) after its admission gives it back (``AdmissionWithdrawn``,
+queued again, same attempt) and sits out ``placement_backoff_s`` before it is admitted again;
+the fold voids an admission proposed during the back-off. The job the placer's reservation is
+for keeps its admission (it starts once the reserved GPUs free, and it cannot starve), and so do
+the beneficiaries of preemptions under way.
+
 Growth. Last, running elastic jobs below their most workers are admitted at more (``grow``),
 with the quota the cycle left over and only while nobody waits in their cohort tree; the growths
 ride in the same ``JobsAdmitted``, after the admissions. An elastic job shrinking for a
@@ -79,7 +88,7 @@ from corral.events.jobs import (
     PendingReasonChanged,
 )
 from corral.events.queues import QueueSpec
-from corral.projections import indexes, preemption, quota, runtimes
+from corral.projections import indexes, preemption, queueing, quota, runtimes
 from corral.projections.holds import Hold, hold, quota_end
 from corral.projections.lifecycle import Phase
 from corral.projections.placement.inventory import Inventory
@@ -99,6 +108,10 @@ class AdmissionConfig:
     # a cycle over deep, full queues; jobs further back wait for the queue to move.
     lookahead: int = 64
     grow: bool = True  # grow running elastic jobs into quota nobody waits for
+    # An admitted job the placer finds no room for this long (log time; None: never) gives its
+    # quota back, and may not be admitted again for ``placement_backoff_s`` (see Timeouts).
+    placement_timeout_s: float | None = 600.0
+    placement_backoff_s: float = 600.0
 
 
 DEFAULT = AdmissionConfig()
@@ -186,6 +199,8 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         explained[job.spec.queue].append(as_queued)
     unhosted = _unhosted(state, inventory, ledger, waiting, explained, events)
     nominated -= unhosted
+    _placement_timeouts(state, config, nominated | stopping | unhosted, now, events)
+    _backing_off(waiting, explained, now)
 
     # 3. Order the backlog by fair share; 4. admit whole gangs while quota allows.
     lost = sorted(
@@ -355,6 +370,53 @@ def _unhosted(
         if name in explained:
             explained[name] = [j for j in explained[name] if j.id not in out]
     return out
+
+
+# -- timeouts --------------------------------------------------------------------------------------
+
+# The placer's reason for the admitted job its reservation is for: it is placed as soon as the
+# reserved GPUs free, and its quota is not idle in vain.
+RESERVED = "reserved"
+
+
+def _placement_timeouts(
+    state: State, config: AdmissionConfig, exempt: set[str], now: float, events: list[Event]
+) -> None:
+    """Withdraw the admissions of jobs the placer has found no room for since
+    ``config.placement_timeout_s`` (log time) after they were admitted, but for the one its
+    reservation is for, and those ``exempt`` (beneficiaries of preemptions under way, jobs no
+    node can host). Their quota stays charged in this cycle's ledger: the fold gives it back,
+    and the next cycle admits others into it."""
+    timeout = config.placement_timeout_s
+    if timeout is None:
+        return
+    for job in indexes.jobs_in(state, "admitted"):  # no more than quota admits
+        if job.id in exempt or now - job.phase_since < timeout or not job.reasons:
+            continue  # not yet, or the placer has not said why it waits (it may be down)
+        why = job.reasons[0]
+        if why.code == RESERVED:
+            continue
+        after = now + config.placement_backoff_s
+        reason = Reason(
+            "placement-timeout",
+            f"admitted at t={job.phase_since:.0f} and placed nowhere for {timeout:.0f} s ({why.message}); "
+            f"its quota given back to its queue's other jobs, it may be admitted again from t={after:.0f}",
+        )
+        withdrawn = AdmissionWithdrawn(job_id=job.id, attempt=job.attempt, reason=reason, admit_after=after)
+        events.append(withdrawn)
+
+
+def _backing_off(waiting: _Waiting, explained: dict[str, list[JobState]], now: float) -> None:
+    """Leave the jobs that sit out a placement back-off out of the cycle: they are admitted in
+    none, hold nobody back and keep the reason they were withdrawn with. (Such a job has that
+    reason, so it is among the queued jobs with one, which the fold indexes.)"""
+    for name, jobs in explained.items():
+        out = [j.id for j in jobs if queueing.backs_off(j, now)]
+        if out:
+            for job_id in out:
+                waiting[name].drop(job_id)
+            gone = set(out)
+            explained[name] = [j for j in jobs if j.id not in gone]
 
 
 # Jobs that wait to be hosted, besides the queued ones: admitted, or stopped and about to be

@@ -203,6 +203,8 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             break
         if job.id in under_way:
             continue
+        if job.phase == "queued" and queueing.backs_off(job, now):
+            continue  # admission admits it in no cycle before its back-off ends
         if job.phase == "admitted" and not job.reasons:
             untried.append(job)
             continue

@@ -1,0 +1,150 @@
+"""The placement timeout: an admitted job the placer finds no room for gives its quota back after
+``AdmissionConfig.placement_timeout_s`` of log time, and sits out ``placement_backoff_s``
+before it is admitted again (Kueue's ``waitForPodsReady`` timeout and requeue back-off). Driven
+through ``decide`` and the fold, cycle by cycle, every decision appended to the log it was made
+from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.events import routing
+from corral.events.base import Event, Reason
+from corral.events.decisions import PreemptionRequested
+from corral.events.jobs import AdmissionWithdrawn, JobsAdmitted, PendingReasonChanged
+from corral.events.queues import ApplyPriorityClass, PriorityClassSpec
+from corral.projections.state import State
+from corral.services.admission.decide import AdmissionConfig, decide
+from corral.services.agent.inventory import h100_8x_nvswitch
+from corral.services.preemptor.decide import decide as preemptor_decide
+from tests.builders import LogBuilder, job, on, queue_spec
+
+TIMEOUT, BACKOFF = 600.0, 900.0
+CONFIG = AdmissionConfig(placement_timeout_s=TIMEOUT, placement_backoff_s=BACKOFF)
+NO_ROOM = Reason("gpus", "no free GPU suits 8 GPUs", True)
+
+
+def cycle(lb: LogBuilder, now: float, config: AdmissionConfig = CONFIG) -> tuple[list[Event], State]:
+    """One admission cycle at log time ``now``; its events are appended to the log, stamped
+    ``now``, and the state after them is returned."""
+    lb.at(now)
+    state = lb.fold()
+    events = decide(state, now, config)
+    for e in events:
+        lb.event(routing.subject_of(e), e)
+    after = lb.fold()
+    assert after.faults == 0 and after.void_total == 0, after.rejections[-1:]
+    return events, after
+
+
+def of(events: list[Event], kind: type[Any]) -> list[Any]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def admitted(events: list[Event]) -> list[str]:
+    return [a.job_id for e in of(events, JobsAdmitted) for a in e.admissions]
+
+
+def fragmented(reason: Reason = NO_ROOM) -> tuple[LogBuilder, float]:
+    """One node of 8 GPUs, queue team-a of 9: ``small`` runs on GPU 0, ``wide`` (8 GPUs) is
+    admitted beside it and fits nowhere (the placer says ``reason``), and ``next`` (1 GPU) waits
+    for quota that ``wide`` holds idle. Returns the log and when ``wide`` was admitted."""
+    lb = LogBuilder().node("n0", h100_8x_nvswitch("n0")).queue(queue_spec("team-a", nominal=9))
+    lb.submit("alice", "small", job().gpus(1)).accept("small").admit("small")
+    lb.place(on("n0", 0, job_id="small")).started("n0", "small")
+    lb.submit("alice", "wide", job().gpus(8)).accept("wide")
+    admitted_at = lb.time
+    lb.admit("wide")
+    said = PendingReasonChanged(job_id="wide", reasons=(reason,))
+    lb.event(routing.subject_of(said), said)
+    lb.submit("alice", "next", job().gpus(1)).accept("next")
+    return lb, admitted_at
+
+
+def test_an_admission_placed_nowhere_is_withdrawn_at_the_timeout_and_backs_off() -> None:
+    lb, t0 = fragmented()
+    events, state = cycle(lb, t0 + TIMEOUT - 1)
+    assert of(events, AdmissionWithdrawn) == [] and admitted(events) == []
+    assert state.jobs["wide"].phase == "admitted"
+
+    now = t0 + TIMEOUT
+    events, state = cycle(lb, now)
+    (withdrawn,) = of(events, AdmissionWithdrawn)
+    assert withdrawn.job_id == "wide" and withdrawn.admit_after == now + BACKOFF
+    assert withdrawn.reason.code == "placement-timeout"
+    assert "no free GPU suits 8 GPUs" in withdrawn.reason.message
+    wide = state.jobs["wide"]
+    assert (wide.phase, wide.attempt, wide.admission) == ("queued", 0, None)
+    assert wide.reasons == (withdrawn.reason,)
+
+    # The quota it gave back goes to the job behind it, not back to it.
+    events, state = cycle(lb, now + 60)
+    assert admitted(events) == ["next"]
+    assert state.jobs["wide"].reasons == (withdrawn.reason,)  # it keeps why it waits
+
+    # Its back-off over, it is admitted again once its queue's quota allows.
+    lb.place(on("n0", 1, job_id="next")).started("n0", "next")
+    lb.exited("n0", "small", code=0)
+    events, _ = cycle(lb, now + BACKOFF - 1)
+    assert admitted(events) == []
+    events, state = cycle(lb, now + BACKOFF)
+    assert admitted(events) == ["wide"]
+    assert state.jobs["wide"].phase == "admitted"
+
+
+def test_the_job_the_reservation_is_for_keeps_its_admission() -> None:
+    """It starts as soon as the reserved GPUs free: withdrawing it would only let it starve."""
+    lb, t0 = fragmented(Reason("reserved", "holds a reservation on 8 GPUs of n0, free at t=9000", True))
+    events, state = cycle(lb, t0 + 10 * TIMEOUT)
+    assert of(events, AdmissionWithdrawn) == []
+    assert state.jobs["wide"].phase == "admitted"
+
+
+def test_an_admission_the_placer_has_not_explained_is_kept() -> None:
+    """No reason: the placer has not looked at it (it may be down), so nobody knows it is stuck."""
+    lb = LogBuilder().node("n0", h100_8x_nvswitch("n0")).queue(queue_spec("team-a", nominal=9))
+    lb.submit("alice", "wide", job().gpus(8)).accept("wide")
+    t0 = lb.time
+    lb.admit("wide")
+    events, state = cycle(lb, t0 + 10 * TIMEOUT)
+    assert of(events, AdmissionWithdrawn) == []
+    assert state.jobs["wide"].phase == "admitted"
+
+
+def test_no_timeout_no_withdrawal() -> None:
+    lb, t0 = fragmented()
+    events, state = cycle(lb, t0 + 10 * TIMEOUT, AdmissionConfig(placement_timeout_s=None))
+    assert of(events, AdmissionWithdrawn) == [] and admitted(events) == []
+    assert state.jobs["wide"].phase == "admitted"
+
+
+def test_the_fold_voids_an_admission_during_the_back_off() -> None:
+    lb, t0 = fragmented()
+    cycle(lb, t0 + TIMEOUT)
+    after = t0 + TIMEOUT + BACKOFF
+    lb.at(after - 1).admit_as(lb.admission("wide"))
+    state = lb.fold()
+    assert state.jobs["wide"].phase == "queued"
+    assert state.rejections[-1].voided == (("wide", f"backs off until t={after:.0f} (placed nowhere)"),)
+    lb.at(after).admit_as(lb.admission("wide"))
+    assert lb.fold().jobs["wide"].phase == "admitted"
+
+
+def test_the_preemptor_stops_nobody_for_a_job_that_backs_off() -> None:
+    """Admission would not admit it into the quota freed for it: a newcomer would take it. Once
+    the back-off is over, the same state has the preemptor stop lower-priority work for it."""
+    lb = LogBuilder().node("n0", h100_8x_nvswitch("n0")).queue(queue_spec("team-a", nominal=9))
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=PriorityClassSpec("urgent", 100)))
+    lb.submit("alice", "small", job().gpus(1)).accept("small").admit("small")
+    lb.place(on("n0", 0, job_id="small")).started("n0", "small")
+    lb.submit("alice", "wide", job().gpus(8).priority_class("urgent")).accept("wide", priority=100)
+    lb.admit("wide")
+    until = lb.time + BACKOFF
+    lb.withdraw("wide", why="no free GPU suits 8 GPUs", admit_after=until)
+    lb.submit("alice", "next", job().gpus(1)).accept("next").admit("next")
+    lb.place(on("n0", 1, job_id="next")).started("n0", "next")
+    state = lb.fold()
+    assert state.jobs["wide"].phase == "queued"
+    assert preemptor_decide(state, until - 1) == []
+    (proposal,) = preemptor_decide(state, until)
+    assert isinstance(proposal, PreemptionRequested) and proposal.beneficiary == "wide"

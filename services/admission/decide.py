@@ -110,8 +110,8 @@ class AdmissionConfig:
     grow: bool = True  # grow running elastic jobs into quota nobody waits for
     # An admitted job the placer finds no room for this long (log time; None: never) gives its
     # quota back, and may not be admitted again for ``placement_backoff_s`` (see Timeouts).
-    placement_timeout_s: float | None = 600.0
-    placement_backoff_s: float = 600.0
+    placement_timeout_s: float | None = 300.0
+    placement_backoff_s: float = 1800.0
 
 
 DEFAULT = AdmissionConfig()

@@ -4,6 +4,7 @@ works the same in a script, in a notebook whose loop is already running, and in 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from collections.abc import Coroutine, Iterator
@@ -16,6 +17,10 @@ from corral.services.client.results import Applied, Explanation, Job, OutputLine
 T = TypeVar("T")
 
 CANCEL_WAIT = 5.0  # seconds an interrupted call is given to unwind on the loop
+# How often the waiting thread wakes while a call runs. A Ctrl-C that arrives just before the
+# thread blocks for the answer wakes nothing (CPython handles a signal when the blocked thread
+# returns to Python); waking now and then handles it within this many seconds, not never.
+WAKE_S = 0.25
 
 
 async def _cancelled(running: list[asyncio.Task[Any]]) -> None:
@@ -59,6 +64,8 @@ class Client:
         outer = tracked()
         try:
             call = asyncio.run_coroutine_threadsafe(outer, self._loop)
+            while not call.done():
+                concurrent.futures.wait((call,), timeout=WAKE_S)
             return call.result()
         except BaseException:
             # Interrupted (Ctrl-C) while handing the call over or waiting for it: it may still

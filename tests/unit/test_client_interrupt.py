@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 import threading
+import time
 from collections.abc import AsyncGenerator, Iterator
 
 import pytest
@@ -22,15 +24,32 @@ def client() -> Iterator[Client]:
     c.close()
 
 
-def interrupt_once(started: threading.Event) -> None:
-    """Ctrl-C in the main thread once the call has begun on the loop: a real SIGINT, sent to the
-    main thread, so that it interrupts the wait for the answer as a terminal's would."""
+def interrupt_once(started: threading.Event, *, to_main: bool = True) -> None:
+    """Ctrl-C once the call has begun on the loop: a real SIGINT, sent to the main thread, so
+    that it interrupts the wait for the answer; or (``to_main`` False) to another thread, as the
+    kernel may deliver a terminal's Ctrl-C to any thread of the process. The main thread then
+    gets no interrupted wait, only Python's note that a signal came, which it reads once it
+    returns to Python (on a loaded machine, a signal sent to the main thread just before it
+    blocks is the same case)."""
     main = threading.main_thread().ident
     assert main is not None
 
     def later() -> None:
-        if started.wait(timeout=30):
+        if not started.wait(timeout=30):
+            return
+        if to_main:
             signal.pthread_kill(main, signal.SIGINT)
+            return
+        # Once the main thread waits for the answer (blocked, not between two lines of Python,
+        # where it would see the signal anyway), to this thread.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            if frame is not None and frame.f_code.co_name == "wait":
+                break
+            time.sleep(0.01)
+        time.sleep(0.2)  # from its last line of Python into the blocking wait
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
     threading.Thread(target=later, daemon=True).start()
 
@@ -46,6 +65,23 @@ def test_an_interrupted_call_has_ended_on_the_loop_when_the_interrupt_arrives(cl
             ended.set()
 
     interrupt_once(started)
+    with pytest.raises(KeyboardInterrupt):
+        client._run(slow())
+    assert ended.is_set()
+
+
+def test_an_interrupt_another_thread_took_still_stops_the_call(client: Client) -> None:
+    """Was: the main thread waited for the answer without ever waking, and the call ran on."""
+    started, ended = threading.Event(), threading.Event()
+
+    async def slow() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(600)
+        finally:
+            ended.set()
+
+    interrupt_once(started, to_main=False)
     with pytest.raises(KeyboardInterrupt):
         client._run(slow())
     assert ended.is_set()

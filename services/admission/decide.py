@@ -406,6 +406,23 @@ def _placement_timeouts(
         events.append(withdrawn)
 
 
+def wake(state: State, now: float, config: AdmissionConfig = DEFAULT) -> float:
+    """The earliest log time after ``now`` at which the passing of time alone may change what a
+    cycle decides: an admission's placement timeout running out, or a back-off ending. (The
+    rest of what a cycle reads changes with records.)"""
+    soonest = math.inf
+    timeout = config.placement_timeout_s
+    if timeout is not None:
+        for job in indexes.jobs_in(state, "admitted"):
+            if job.reasons and job.reasons[0].code != RESERVED and now < job.phase_since + timeout < soonest:
+                soonest = job.phase_since + timeout
+    for name in state.explained_by_queue:  # a job that backs off has a reason (``_backing_off``)
+        for job in indexes.explained(state, name):
+            if now < job.admit_after < soonest:
+                soonest = job.admit_after
+    return soonest
+
+
 def _backing_off(waiting: _Waiting, explained: dict[str, list[JobState]], now: float) -> None:
     """Leave the jobs that sit out a placement back-off out of the cycle: they are admitted in
     none, hold nobody back and keep the reason they were withdrawn with. (Such a job has that

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from corral.events.log import EventLog
-from corral.services.admission.decide import decide
+from corral.services.admission.decide import decide, wake
 from corral.services.runtime.shell import Service
 
 ROLE = "admission"
@@ -19,4 +19,4 @@ ROLE = "admission"
 
 def service(log: EventLog, **options: Any) -> Service:
     """The service on ``log``; ``options`` go to ``Service`` (clock, tick, snapshots, lease)."""
-    return Service(ROLE, decide, log, **options)
+    return Service(ROLE, decide, log, wake=wake, **options)

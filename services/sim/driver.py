@@ -88,6 +88,7 @@ from corral.projections.placement.stack import PlacerConfig
 from corral.projections.state import WHOLE, JobState, State
 from corral.services.admission.decide import AdmissionConfig
 from corral.services.admission.decide import decide as admission_decide
+from corral.services.admission.decide import wake as admission_wake
 from corral.services.placer.decide import decide as placer_decide
 from corral.services.preemptor.decide import PreemptorConfig
 from corral.services.preemptor.decide import decide as preemptor_decide
@@ -405,8 +406,9 @@ class Simulation:
             if kind == _DECIDE:
                 self._tick = None
                 continue
-            if kind == _WAKE:  # the scheduler's answer may change by the passing of time alone
+            if kind == _WAKE:  # the services' answer may change by the passing of time alone
                 self._dirty = True
+                self._seen.clear()  # so each decides again, on the same state, at the later time
                 continue
             run = self._runs.get(job_id)
             if run is None or run.token != token:
@@ -466,12 +468,16 @@ class Simulation:
         raise SimError(f"the services did not settle at t={now} after {self.config.max_rounds} passes")
 
     def _wake_scheduler(self, now: float) -> None:
-        """A scheduler in place of corral's services (``SimConfig.scheduler``) may say when its
-        answer changes by the passing of time alone (``wake_at``: Tiresias's jobs crossing a
-        queue's threshold): a live one decides on a timer, so the simulation decides then too."""
+        """Admission's answer may change by the passing of time alone (``admission.decide.wake``:
+        a placement timeout, a back-off ending), and so may a scheduler's in place of corral's
+        services (``SimConfig.scheduler``, its ``wake_at``: Tiresias's jobs crossing a queue's
+        threshold): a live one decides on a timer, so the simulation decides then too."""
         if self.config.scheduler is None:
-            return
-        at = getattr(self.roles[0][1], "wake_at", None)
+            at: float | None = admission_wake(self.state, now, self.config.admission)
+            if at is not None and math.isinf(at):
+                at = None
+        else:
+            at = getattr(self.roles[0][1], "wake_at", None)
         if at is not None and at > now and at != self._wake:
             self._wake = at
             self._push(at, _WAKE, "", 0)

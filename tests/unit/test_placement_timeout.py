@@ -6,17 +6,19 @@ from."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from corral.events import routing
 from corral.events.base import Event, Reason
 from corral.events.decisions import PreemptionRequested
 from corral.events.jobs import AdmissionWithdrawn, JobsAdmitted, PendingReasonChanged
-from corral.events.queues import ApplyPriorityClass, PriorityClassSpec
+from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec
 from corral.projections.state import State
-from corral.services.admission.decide import AdmissionConfig, decide
+from corral.services.admission.decide import AdmissionConfig, decide, wake
 from corral.services.agent.inventory import h100_8x_nvswitch
 from corral.services.preemptor.decide import decide as preemptor_decide
+from corral.services.sim.driver import SimConfig, SimJob, Simulation
 from tests.builders import LogBuilder, job, on, queue_spec
 
 TIMEOUT, BACKOFF = 600.0, 900.0
@@ -148,3 +150,24 @@ def test_the_preemptor_stops_nobody_for_a_job_that_backs_off() -> None:
     assert preemptor_decide(state, until - 1) == []
     (proposal,) = preemptor_decide(state, until)
     assert isinstance(proposal, PreemptionRequested) and proposal.beneficiary == "wide"
+
+
+def test_admission_wakes_when_a_timeout_runs_out_and_when_a_back_off_ends() -> None:
+    """Nothing is folded at those times: a service that found nothing to do sleeps until then, and
+    the simulator decides then, or neither would ever withdraw or admit the job."""
+    lb, t0 = fragmented()
+    assert wake(lb.fold(), t0 + 1, CONFIG) == t0 + TIMEOUT
+    _, state = cycle(lb, t0 + TIMEOUT)
+    assert wake(state, t0 + TIMEOUT + 60, CONFIG) == t0 + TIMEOUT + BACKOFF
+    assert wake(state, t0 + TIMEOUT + BACKOFF, CONFIG) == math.inf
+
+
+def test_a_simulation_with_nothing_else_to_do_admits_a_job_whose_back_off_ended() -> None:
+    """Ten 8-GPU jobs on one 8-GPU node: all but the running one and the reserved one time out,
+    and nothing but their back-offs ending brings them back."""
+    nodes = [("n0", h100_8x_nvswitch("n0"))]
+    setup = [ApplyQueue(queue=queue_spec("team-a", nominal=80))]
+    jobs = [SimJob(f"j{i}", "alice", job().gpus(8).build(), float(i), 100.0) for i in range(10)]
+    sim = Simulation(nodes, setup, jobs, SimConfig(admission=CONFIG)).run()
+    assert sim.unfinished() == []
+    assert sum(1 for s in sim.stats.values() if s.finished is not None) == 10

@@ -54,7 +54,10 @@ def interrupt_once(started: threading.Event, *, to_main: bool = True) -> None:
     threading.Thread(target=later, daemon=True).start()
 
 
-def test_an_interrupted_call_has_ended_on_the_loop_when_the_interrupt_arrives(client: Client) -> None:
+@pytest.mark.parametrize("to_main", [True, False], ids=["main-thread", "another-thread"])
+def test_an_interrupted_call_has_ended_on_the_loop(client: Client, to_main: bool) -> None:
+    """Another thread: was, the main thread waited for the answer without ever waking, and the
+    call ran on."""
     started, ended = threading.Event(), threading.Event()
 
     async def slow() -> None:
@@ -64,24 +67,7 @@ def test_an_interrupted_call_has_ended_on_the_loop_when_the_interrupt_arrives(cl
         finally:
             ended.set()
 
-    interrupt_once(started)
-    with pytest.raises(KeyboardInterrupt):
-        client._run(slow())
-    assert ended.is_set()
-
-
-def test_an_interrupt_another_thread_took_still_stops_the_call(client: Client) -> None:
-    """Was: the main thread waited for the answer without ever waking, and the call ran on."""
-    started, ended = threading.Event(), threading.Event()
-
-    async def slow() -> None:
-        started.set()
-        try:
-            await asyncio.sleep(600)
-        finally:
-            ended.set()
-
-    interrupt_once(started, to_main=False)
+    interrupt_once(started, to_main=to_main)
     with pytest.raises(KeyboardInterrupt):
         client._run(slow())
     assert ended.is_set()

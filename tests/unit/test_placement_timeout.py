@@ -7,12 +7,11 @@ from."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from corral.events import routing
 from corral.events.base import Event, Reason
 from corral.events.decisions import PreemptionRequested
-from corral.events.jobs import AdmissionWithdrawn, JobsAdmitted, PendingReasonChanged
+from corral.events.jobs import AdmissionWithdrawn, PendingReasonChanged
 from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec
 from corral.projections.state import State
 from corral.services.admission.decide import AdmissionConfig, decide, wake
@@ -20,6 +19,7 @@ from corral.services.agent.inventory import h100_8x_nvswitch
 from corral.services.preemptor.decide import decide as preemptor_decide
 from corral.services.sim.driver import SimConfig, SimJob, Simulation
 from tests.builders import LogBuilder, job, on, queue_spec
+from tests.unit.test_admission_hosts import admitted, of
 
 TIMEOUT, BACKOFF = 600.0, 900.0
 CONFIG = AdmissionConfig(placement_timeout_s=TIMEOUT, placement_backoff_s=BACKOFF)
@@ -37,14 +37,6 @@ def cycle(lb: LogBuilder, now: float, config: AdmissionConfig = CONFIG) -> tuple
     after = lb.fold()
     assert after.faults == 0 and after.void_total == 0, after.rejections[-1:]
     return events, after
-
-
-def of(events: list[Event], kind: type[Any]) -> list[Any]:
-    return [e for e in events if isinstance(e, kind)]
-
-
-def admitted(events: list[Event]) -> list[str]:
-    return [a.job_id for e in of(events, JobsAdmitted) for a in e.admissions]
 
 
 def fragmented(reason: Reason = NO_ROOM) -> tuple[LogBuilder, float]:

@@ -400,7 +400,7 @@ def _placement_timeouts(
         reason = Reason(
             "placement-timeout",
             f"admitted at t={job.phase_since:.0f} and placed nowhere for {timeout:.0f} s ({why.message}); "
-            f"its quota given back to its queue's other jobs, it may be admitted again from t={after:.0f}",
+            f"its quota given back, it may be admitted again from t={after:.0f}",
         )
         withdrawn = AdmissionWithdrawn(job_id=job.id, attempt=job.attempt, reason=reason, admit_after=after)
         events.append(withdrawn)

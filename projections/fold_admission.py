@@ -6,6 +6,8 @@ more, and requeues to a job's next attempt.
 
 from __future__ import annotations
 
+import math
+
 from corral.events.base import Event
 from corral.events.jobs import (
     Admission,
@@ -145,6 +147,11 @@ def _withdrawn(state: State, ctx: Ctx, ev: AdmissionWithdrawn) -> None:
     if job.phase != "admitted" or job.attempt != ev.attempt:
         raise voided(
             job.id, f"job {job.id} is {job.phase} at attempt {job.attempt}, not admitted at {ev.attempt}"
+        )
+    if not (math.isfinite(ev.admit_after) and ev.admit_after <= ctx.time + queueing.MAX_BACKOFF_S):
+        longest = queueing.MAX_BACKOFF_S
+        raise voided(
+            job.id, f"a back-off until t={ev.admit_after} is more than {longest:.0f} s past t={ctx.time:.0f}"
         )
     move(state, job, "withdraw", ctx)  # before the admission goes: the move gives back what it holds
     job.admission = None

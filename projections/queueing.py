@@ -22,6 +22,14 @@ SHORTEST_FIRST = "shortest-first"
 UNKNOWN_RUNTIME_S = 24 * 3600.0
 _MIN_ESTIMATE_S = 1.0  # a zero estimate would make every ratio infinite
 
+# The placer's reason code for the admitted job its reservation is for: that job is placed as
+# soon as the reserved GPUs free, so admission keeps its admission past the placement timeout.
+RESERVED = "reserved"
+
+# The longest placement back-off the fold takes (log time past the withdrawal's record): a longer
+# one, or one that is not a number, would keep a job out of admission for ever, and is void.
+MAX_BACKOFF_S = 7 * 24 * 3600.0
+
 
 def backs_off(job: JobState, now: float) -> bool:
     """Whether a queued job sits out its back-off at ``now``: its admission was withdrawn for

@@ -67,4 +67,6 @@ from __future__ import annotations
 #    the placement timeout (``AdmissionWithdrawn.admit_after``): the job then sits out a back-off
 #    (``JobState.admit_after``, log time) and the fold voids an admission of it before it ends
 #    (``projections.queueing.backs_off``).
-RULES = 16
+# 17: the fold voids a withdrawal whose back-off is not a finite log time at most
+#    ``projections.queueing.MAX_BACKOFF_S`` past its record (it would keep the job out for ever).
+RULES = 17

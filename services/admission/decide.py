@@ -113,6 +113,13 @@ class AdmissionConfig:
     placement_timeout_s: float | None = 300.0
     placement_backoff_s: float = 1800.0
 
+    def __post_init__(self) -> None:
+        t, b = self.placement_timeout_s, self.placement_backoff_s
+        if t is not None and not (0 < t < math.inf):
+            raise ValueError(f"placement_timeout_s must be a positive number of seconds or None, not {t}")
+        if not 0 <= b <= queueing.MAX_BACKOFF_S:
+            raise ValueError(f"placement_backoff_s must be 0 to {queueing.MAX_BACKOFF_S:.0f} s, not {b}")
+
 
 DEFAULT = AdmissionConfig()
 
@@ -374,32 +381,35 @@ def _unhosted(
 
 # -- timeouts --------------------------------------------------------------------------------------
 
-# The placer's reason for the admitted job its reservation is for: it is placed as soon as the
-# reserved GPUs free, and its quota is not idle in vain.
-RESERVED = "reserved"
+
+def _times_out_at(job: JobState, timeout: float) -> float | None:
+    """When an admitted job's placement timeout runs out: ``timeout`` after its admission, if
+    the placer has said why it waits (it may be down otherwise) and that is not that its
+    reservation is for the job (placed as soon as the reserved GPUs free). None: never."""
+    if not job.reasons or job.reasons[0].code == queueing.RESERVED:
+        return None
+    return job.phase_since + timeout
 
 
 def _placement_timeouts(
     state: State, config: AdmissionConfig, exempt: set[str], now: float, events: list[Event]
 ) -> None:
-    """Withdraw the admissions of jobs the placer has found no room for since
-    ``config.placement_timeout_s`` (log time) after they were admitted, but for the one its
-    reservation is for, and those ``exempt`` (beneficiaries of preemptions under way, jobs no
-    node can host). Their quota stays charged in this cycle's ledger: the fold gives it back,
-    and the next cycle admits others into it."""
+    """Withdraw the admissions of jobs whose placement timeout (``_times_out_at``) has run out,
+    but those ``exempt`` (beneficiaries of preemptions under way, jobs no node can host). Their
+    quota stays charged in this cycle's ledger: the fold gives it back, and the next cycle
+    admits others into it."""
     timeout = config.placement_timeout_s
     if timeout is None:
         return
     for job in indexes.jobs_in(state, "admitted"):  # no more than quota admits
-        if job.id in exempt or now - job.phase_since < timeout or not job.reasons:
-            continue  # not yet, or the placer has not said why it waits (it may be down)
-        why = job.reasons[0]
-        if why.code == RESERVED:
+        at = _times_out_at(job, timeout)
+        if job.id in exempt or at is None or now < at:
             continue
         after = now + config.placement_backoff_s
+        why = job.reasons[0].message
         reason = Reason(
             "placement-timeout",
-            f"admitted at t={job.phase_since:.0f} and placed nowhere for {timeout:.0f} s ({why.message}); "
+            f"admitted at t={job.phase_since:.0f} and placed nowhere for {timeout:.0f} s ({why}); "
             f"its quota given back, it may be admitted again from t={after:.0f}",
         )
         withdrawn = AdmissionWithdrawn(job_id=job.id, attempt=job.attempt, reason=reason, admit_after=after)
@@ -414,8 +424,9 @@ def wake(state: State, now: float, config: AdmissionConfig = DEFAULT) -> float:
     timeout = config.placement_timeout_s
     if timeout is not None:
         for job in indexes.jobs_in(state, "admitted"):
-            if job.reasons and job.reasons[0].code != RESERVED and now < job.phase_since + timeout < soonest:
-                soonest = job.phase_since + timeout
+            at = _times_out_at(job, timeout)
+            if at is not None and now < at < soonest:
+                soonest = at
     for name in state.explained_by_queue:  # a job that backs off has a reason (``_backing_off``)
         for job in indexes.explained(state, name):
             if now < job.admit_after < soonest:

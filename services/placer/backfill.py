@@ -28,7 +28,7 @@ import msgspec
 from corral.events.base import Reason
 from corral.events.decisions import GpuClaim, Placement
 from corral.events.jobs import Resources
-from corral.projections import indexes, mig
+from corral.projections import indexes, mig, queueing
 from corral.projections.holds import expected_end
 from corral.projections.placement import gang
 from corral.projections.placement.framework import Chain, Request
@@ -78,7 +78,9 @@ class Reservation:
         nodes = sorted({w.node for w in self.placement.workers})
         where = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
         return Reason(
-            "reserved", f"holds a reservation on {self.gpus()} GPUs of {where}, free {self.when()}", True
+            queueing.RESERVED,
+            f"holds a reservation on {self.gpus()} GPUs of {where}, free {self.when()}",
+            True,
         )
 
     def blocking(self) -> Reason:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from corral.events import routing
 from corral.events.base import Event, Reason
 from corral.events.decisions import PreemptionRequested
 from corral.events.jobs import AdmissionWithdrawn, PendingReasonChanged
 from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec
+from corral.projections.queueing import MAX_BACKOFF_S
 from corral.projections.state import State
 from corral.services.admission.decide import AdmissionConfig, decide, wake
 from corral.services.agent.inventory import h100_8x_nvswitch
@@ -122,6 +125,36 @@ def test_the_fold_voids_an_admission_during_the_back_off() -> None:
     assert state.rejections[-1].voided == (("wide", f"backs off until t={after:.0f} (placed nowhere)"),)
     lb.at(after).admit_as(lb.admission("wide"))
     assert lb.fold().jobs["wide"].phase == "admitted"
+
+
+@pytest.mark.parametrize(
+    "after, code",
+    [(MAX_BACKOFF_S + 1, "void"), (1e308, "void"), (math.inf, "malformed"), (math.nan, "malformed")],
+)
+def test_the_fold_refuses_a_withdrawal_that_would_keep_a_job_out_for_ever(after: float, code: str) -> None:
+    """A back-off longer than the fold's bound is void, and the job keeps its admission (one
+    that is not a number does not even decode: JSON has none); the longest allowed is taken."""
+    lb, t0 = fragmented()
+    now = t0 + TIMEOUT
+    lb.at(now)
+    bad = AdmissionWithdrawn(job_id="wide", attempt=0, reason=NO_ROOM, admit_after=now + after)
+    lb.event(routing.subject_of(bad), bad)
+    state = lb.fold()
+    assert state.jobs["wide"].phase == "admitted" and state.jobs["wide"].admission is not None
+    refused = state.rejections[-1]
+    assert refused.code == code and (code != "void" or "back-off" in refused.message)
+    ok = AdmissionWithdrawn(job_id="wide", attempt=0, reason=NO_ROOM, admit_after=now + MAX_BACKOFF_S)
+    lb.event(routing.subject_of(ok), ok)
+    state = lb.fold()
+    assert (state.jobs["wide"].phase, state.jobs["wide"].admit_after) == ("queued", now + MAX_BACKOFF_S)
+
+
+@pytest.mark.parametrize(
+    "timeout, backoff", [(0.0, 60.0), (-1.0, 60.0), (math.inf, 60.0), (60.0, -1.0), (60.0, MAX_BACKOFF_S + 1)]
+)
+def test_admission_refuses_a_timeout_or_back_off_out_of_bounds(timeout: float, backoff: float) -> None:
+    with pytest.raises(ValueError):
+        AdmissionConfig(placement_timeout_s=timeout, placement_backoff_s=backoff)
 
 
 def test_the_preemptor_stops_nobody_for_a_job_that_backs_off() -> None:

@@ -38,10 +38,12 @@ def _submit(tenant: str, job_id: str, gpus: int, replicas: int = 1) -> Append:
 
 async def _drive(log: InMemoryLog, services: list[Service], clock: list[float]) -> None:
     """Every service folds what is new and runs a cycle, round after round, until a round
-    appends nothing: what ``Service.run`` does, without its timer."""
+    appends nothing: what ``Service.run`` does, without its timer. The stream stamps records
+    with the services' clock, as a server beside them would."""
     for _ in range(50):
         appended = 0
         for svc in services:
+            log.now = clock[0]
             svc.fold(list(log.records[svc.state.seq :]))
             appended += await svc.cycle()
             clock[0] += 0.25
@@ -54,6 +56,7 @@ async def live_log() -> list[Record]:
     """Two teams with 16 GPUs of quota each on two 8×H100 nodes submit more than fits: jobs are
     accepted, admitted, placed, held back by quota and reported unschedulable."""
     log = InMemoryLog()
+    log.now = T0
     clock = [T0]
     await register_nodes(log, inventory.cluster(2, "h100-8x"), T0)
     normal = ApplyPriorityClass(priority_class=PriorityClassSpec("normal", 0))

@@ -97,9 +97,15 @@ class FairShareSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, f
     """Cluster-wide fair-share settings. ``half_life_s``: how fast the GPU-time a queue held is
     forgotten (a GPU-second held that long ago weighs half of one held now). It is part of the
     log, not of a service's config, because the fold keeps each queue's decayed holding: every
-    replica and every replay must decay it alike."""
+    replica and every replay must decay it alike.
+
+    ``short_job_gpu_s``: the short-job lane (``projections.queueing.short``). Among the queues'
+    next jobs that borrow equally far, one expected to need at most this much GPU time (its
+    runtime estimate times its GPUs, checked against its class's history) goes before fair-share
+    order. 0: no lane."""
 
     half_life_s: float = 24 * 3600.0
+    short_job_gpu_s: float = 0.0
 
 
 class RetentionSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):

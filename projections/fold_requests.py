@@ -157,6 +157,11 @@ def _apply_fair_share(state: State, ctx: Ctx, req: ApplyFairShare) -> None:
     half_life = req.fair_share.half_life_s
     if not (half_life > 0 and math.isfinite(half_life)):
         raise Refused("malformed", f"fair share: half_life_s {half_life} is not a positive number of seconds")
+    short = req.fair_share.short_job_gpu_s
+    if not (short >= 0 and math.isfinite(short)):
+        raise Refused(
+            "malformed", f"fair share: short_job_gpu_s {short} is no number of GPU-seconds, 0 or more"
+        )
     gpu_time.apply_settings(state, req.fair_share, ctx.time)
 
 

@@ -8,6 +8,12 @@ preemptor searches for victims by, so that the two agree on which job a queue se
   job without an estimate counts as ``UNKNOWN_RUNTIME_S`` long. Waited is log time since
   submission, so a requeued job keeps what it waited.
 
+Across queues, admission goes by fair share (``services/admission/order.py``), but for the
+short-job lane the admin may open (``short``): short jobs hold GPUs briefly, so letting them go
+first costs the teams behind them little time and little share, and it spares the many short
+jobs most of their waits behind long ones (what Tiresias's least-attained-service gets by
+preempting, without preempting).
+
 Pure: the order depends on the jobs, the strategy and ``now`` only.
 """
 
@@ -15,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corral.projections import runtimes
-from corral.projections.state import JobState
+from corral.projections import quota, runtimes
+from corral.projections.state import WHOLE, JobState
 
 SHORTEST_FIRST = "shortest-first"
 UNKNOWN_RUNTIME_S = 24 * 3600.0
@@ -37,6 +43,24 @@ def backs_off(job: JobState, now: float) -> bool:
     Admission leaves it out of its queue's order, the preemptor stops nobody for it, and the
     fold voids its admission."""
     return job.admit_after > now
+
+
+def short(job: JobState, limit_gpu_s: float) -> bool:
+    """Whether ``job`` takes the short-job lane (``FairShareSpec.short_job_gpu_s``): it is
+    expected to need at most ``limit_gpu_s`` of GPU time, its runtime estimate times its GPUs
+    (a fraction of a GPU counts as that fraction). The estimate is the longer of its owner's and
+    the one learned from its class's history, when there is one: an owner who says a long job is
+    short gets the lane only until its class's runs say otherwise, and runs that really are short
+    (a tenant's sweep) keep it. A job with no estimate at all never takes it."""
+    if limit_gpu_s <= 0:
+        return False
+    est = runtimes.of(job)
+    if est is None:
+        return False
+    if job.learned_s is not None:
+        est = max(est, job.learned_s)
+    gpus = quota.worker_milli(job.spec.resources) * job.spec.replicas / WHOLE
+    return est * gpus <= limit_gpu_s
 
 
 def response_ratio(job: JobState, now: float) -> float:

@@ -69,4 +69,7 @@ from __future__ import annotations
 #    (``projections.queueing.backs_off``).
 # 17: the fold voids a withdrawal whose back-off is not a finite log time at most
 #    ``projections.queueing.MAX_BACKOFF_S`` past its record (it would keep the job out for ever).
-RULES = 17
+# 18: a job's learned runtime estimate is kept also when its owner gave one (the short-job lane
+#    checks the owner's against it, ``queueing.short``); the fold refuses a fair-share
+#    ``short_job_gpu_s`` that is not a number of GPU-seconds, 0 or more.
+RULES = 18

@@ -31,7 +31,8 @@ kept too: how long a class's runs go on once they ran as long as a running job h
 (``services/sim/eta.py``) asks for the class's spread, not its latest batch.
 
 A job's estimate (``of``) is its owner's ``runtime_estimate_s`` when given, else the one learned
-when it was submitted (``JobState.learned_s``; None while no class has enough history). Fixed
+when it was submitted (``JobState.learned_s``, learned whether or not the owner gave one; None
+while no class has enough history). Fixed
 at submission, so that every reader of a job agrees on it whatever was folded since. What a
 job ran for is the log time it spent running over all its attempts (``JobState.ran_s``).
 
@@ -89,9 +90,8 @@ def _classes(tenant: str, spec: JobSpec) -> tuple[str, ...]:
 
 def learned(state: State, tenant: str, spec: JobSpec) -> float | None:
     """The median of the latest submitted runs of the most specific class with enough of them;
-    None when none has, or when the owner gave an estimate (theirs stands)."""
-    if spec.runtime_estimate_s is not None:
-        return None
+    None when none has. Learned also when the owner gave an estimate: theirs stands (``of``),
+    but the short-job lane checks it against this (``queueing.short``)."""
     latest = state.latest_runs
     for key in classes(tenant, spec):
         runs = latest.get(key)

@@ -109,8 +109,9 @@ class JobState(msgspec.Struct, gc=False):
     phase_since: float = 0.0
     updated_seq: int = 0
     traceparent: str = ""  # the trace every event about this job joins
-    # The runtime estimate learned, at its submission, from the jobs that finished before it,
-    # when its owner gave none (``projections/runtimes.py``; read it with ``runtimes.of``).
+    # The runtime estimate learned, at its submission, from the jobs that finished before it
+    # (``projections/runtimes.py``; read a job's estimate with ``runtimes.of``: its owner's, when
+    # given, stands).
     learned_s: float | None = None
     ran_s: float = 0.0  # log time it spent running, over all its attempts
     # Log time before which admission may not admit it again: the back-off of an admission

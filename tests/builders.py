@@ -138,6 +138,9 @@ class JobBuilder:
     def checkpointable(self, yes: bool = True) -> JobBuilder:
         return self._with(checkpointable=yes)
 
+    def estimate(self, seconds: float | None) -> JobBuilder:
+        return self._with(runtime_estimate_s=seconds)
+
     def select(self, **labels: str) -> JobBuilder:
         return self._with(node_selector=labels)
 

@@ -6,10 +6,13 @@ in a ``shortest-first`` queue, by priority then the highest response ratio
 
 1. borrows least far up its cohort tree (``Ledger.borrowing_height``: jobs within their queue's
    nominal first, then jobs within their cohort's own quota and its members', and so on),
-2. has the lowest weighted dominant share: the largest, over GPU keys, of
+2. is a short job, when the admin opened the short-job lane (``FairShareSpec.short_job_gpu_s``,
+   ``queueing.short``): among heads that borrow equally far, short jobs of any queue go before
+   the rest, then by the rules below,
+3. has the lowest weighted dominant share: the largest, over GPU keys, of
    (held now + decayed past holding) / all quota of that key in the queue's cohort tree,
    divided by the queue's weight,
-3. then the head with the higher priority, the earlier submission, the smaller id.
+4. then the head with the higher priority, the earlier submission, the smaller id.
 
 After each admission the admitting queue's share is recomputed before its next head competes,
 so teams interleave rather than one queue draining first. A strict-FIFO queue stops at a head
@@ -89,6 +92,7 @@ class FairShare:
         self._ledger = ledger
         self._now = now
         self._half_life = state.fair_share.half_life_s
+        self.short_gpu_s = state.fair_share.short_job_gpu_s
         self._gpu_time = state.gpu_time
         self._history: dict[str, dict[str, float]] = {}
         self._caps: dict[str, dict[str, int]] = {}  # the tree's quota per key: fixed for a cycle
@@ -164,7 +168,7 @@ class FairShareOrder:
         self._ledger = ledger
         self._lookahead = lookahead
         self._fair = fair
-        self._heap: list[tuple[int, float, int, int, str, str]] = []
+        self._heap: list[tuple[int, bool, float, int, int, str, str]] = []
         self.cursors: dict[str, Cursor] = {}
         for name in sorted(waiting):
             jobs = waiting[name]
@@ -185,6 +189,7 @@ class FairShareOrder:
             self._heap,
             (
                 self._borrows(cur, job),
+                not queueing.short(job, self._fair.short_gpu_s),
                 self._fair.share(cur.name),
                 -job.priority,
                 job.submitted_seq,

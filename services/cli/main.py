@@ -371,6 +371,15 @@ def parser() -> argparse.ArgumentParser:
         help="how long after GPU time a queue held weighs half in the fair-share order "
         f"({when.DURATION_HELP}; default 1d)",
     )
+    qf.add_argument(
+        "--short-jobs",
+        "--short-jobs-gpu-s",
+        dest="short_jobs",
+        default="0",
+        help="the short-job lane: a job expected to need at most this much GPU time (runtime "
+        "estimate times GPUs; 1h is one GPU-hour) goes before fair-share order among jobs that "
+        "borrow equally far (0, the default: no lane; the command sets both settings)",
+    )
     qf.set_defaults(fn=cmd_queue_fair_share)
     qr = qsub.add_parser(
         "retention", parents=[common], help="how long the cluster's state keeps a finished job"

@@ -67,7 +67,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
         case ApplyPriorityClass(priority_class=p):
             return f"admin applies priority class {p.name} = {p.value}"
         case ApplyFairShare(fair_share=f):
-            return f"admin sets the fair-share half-life to {f.half_life_s:g} s"
+            lane = f", short jobs up to {f.short_job_gpu_s:g} GPU-s first" if f.short_job_gpu_s else ""
+            return f"admin sets the fair-share half-life to {f.half_life_s:g} s{lane}"
         case ApplyRetention(retention=r):
             return f"admin keeps finished jobs {r.finished_s:g} s in the state"
         case JobAccepted(job_id=jid, priority=prio):

@@ -81,7 +81,11 @@ def cmd_queue_apply(args: argparse.Namespace) -> None:
 
 # The queue file's durations, by path: written as people write them ("7d", "1h30m") or in
 # seconds; the log stores seconds.
-QUEUE_FILE_DURATIONS = (("fair_share", "half_life_s", False), ("retention", "finished_s", True))
+QUEUE_FILE_DURATIONS = (
+    ("fair_share", "half_life_s", False),
+    ("fair_share", "short_job_gpu_s", True),  # GPU time, written as a duration ("1h": a GPU-hour)
+    ("retention", "finished_s", True),
+)
 
 
 def durations_in(doc: Any, where: str) -> Any:
@@ -98,9 +102,11 @@ def durations_in(doc: Any, where: str) -> Any:
 
 def cmd_queue_fair_share(args: argparse.Namespace) -> None:
     half_life = flags.seconds(args.half_life, "--half-life", zero=False)
-    spec = FairShareSpec(half_life_s=half_life)
+    short = flags.seconds(args.short_jobs, "--short-jobs")
+    spec = FairShareSpec(half_life_s=half_life, short_job_gpu_s=short)
     send_admin(args, [("fair-share", ApplyFairShare(fair_share=spec), "cluster")])
-    print(f"fair share: past GPU time halves every {half_life:g} s from now on")
+    lane = f"jobs of at most {short:g} GPU-seconds go first" if short else "no short-job lane"
+    print(f"fair share: past GPU time halves every {half_life:g} s from now on; {lane}")
 
 
 def cmd_queue_retention(args: argparse.Namespace) -> None:

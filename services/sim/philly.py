@@ -43,7 +43,11 @@ The three policies, the same fold and simulated agents in all:
   the pool; over the 6,000-job slice six hours cut corral's average JCT from 4.38 to 4.35 h and
   its average wait from 0.24 to 0.17 h, and raised Jain's index from 0.996 to 0.999, but the
   p99 wait of the team of wide, week-long jobs grew from 37 to 43 h (one hour and three gave
-  the same JCT within 0.01 h, one hour with more preemptions).
+  the same JCT within 0.01 h, one hour with more preemptions). The short-job lane
+  (``SHORT_JOB_GPU_S``, one GPU-hour, set as an admin would with ``corral queue fair-share
+  --short-jobs 1h``): among jobs that borrow equally far, one of at most a GPU-hour goes before
+  fair-share order. Over 20,000 jobs it cut corral's average JCT from 5.97 to 5.81 h (to 5.47 h
+  when the lane took owners' estimates on trust: here they are exact, but a tenant could lie).
 - ``fifo``: one strict-FIFO queue for everyone with the whole cluster as its quota (no fair
   share), and no preemptor. The placer is the same.
 - ``tiresias``: Tiresias's discretized 2D-LAS (``tiresias.py``) in place of corral's services:
@@ -129,6 +133,9 @@ TIRESIAS_CLASS = PriorityClassSpec("tiresias", tiresias.HIGH)
 FAIR_SHARING = PreemptionPolicy(fair_sharing=("less-than-or-equal-to-final-share", "less-than-initial-share"))
 # How fast corral forgets what a team held, for fair-share order and fair-sharing preemption.
 HALF_LIFE_S = 6 * 3600.0
+# corral's short-job lane: jobs of at most one GPU-hour (Tiresias's threshold between its two
+# queues) go before fair-share order among jobs that borrow equally far.
+SHORT_JOB_GPU_S = 3600.0
 
 
 # -- the slice ---------------------------------------------------------------------------------------
@@ -259,7 +266,9 @@ class Experiment:
         cohort_quotas = {"*": Quota(nominal=pooled)} if pooled else {}
         out: list[Event] = [
             RETENTION,
-            ApplyFairShare(fair_share=FairShareSpec(half_life_s=HALF_LIFE_S)),
+            ApplyFairShare(
+                fair_share=FairShareSpec(half_life_s=HALF_LIFE_S, short_job_gpu_s=SHORT_JOB_GPU_S)
+            ),
             ApplyPriorityClass(priority_class=NORMAL),
             ApplyCohort(cohort=CohortSpec(COHORT, quotas=cohort_quotas)),
         ]

@@ -22,6 +22,7 @@ CORRAL = [sys.executable, "-m", "corral"]
 QUEUES = """
 [fair_share]
 half_life_s = 43200
+short_job_gpu_s = "2h"
 
 [[priority_classes]]
 name = "normal"
@@ -141,6 +142,7 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     assert {"train-1", "raw-1"} <= set(from_file["jobs"])
     assert from_file["jobs"]["el-1"]["spec"]["replicas"] == 6
     assert from_file["fair_share"]["half_life_s"] == 43200.0
+    assert from_file["fair_share"]["short_job_gpu_s"] == 7200.0
 
     # What if: asked of the forecast role on the live state, written nowhere.
     requests = [
@@ -158,10 +160,14 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     ]
     assert after == requests
 
-    corral("queue", "fair-share", "--half-life-s", "7200", "--server", cluster, env=env)
+    out = corral(
+        "queue", "fair-share", "--half-life-s", "7200", "--short-jobs", "1h", "--server", cluster, env=env
+    )
+    assert "jobs of at most 3600 GPU-seconds go first" in out.stdout
     corral("log", "export", str(exported), "--server", cluster, env=env)
     replayed = json.loads(corral("replay", str(exported), "-o", "json", env=env).stdout)
     assert replayed["fair_share"]["half_life_s"] == 7200.0
+    assert replayed["fair_share"]["short_job_gpu_s"] == 3600.0
     assert not [r for r in replayed["rejections"] if r["subject"].endswith(".fair-share")]
 
 

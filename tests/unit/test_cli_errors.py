@@ -35,6 +35,26 @@ def test_a_half_life_that_is_no_positive_number_of_seconds_is_refused(
     assert err.count("\n") == 1 and "--half-life:" in err
 
 
+@pytest.mark.parametrize("short", ["-1", "inf", "nan", "-1h", "1x"])
+def test_a_short_job_lane_that_is_no_amount_of_gpu_time_is_refused(
+    short: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(
+            [
+                "queue",
+                "fair-share",
+                "--half-life=1d",
+                f"--short-jobs={short}",
+                "--server",
+                "nats://127.0.0.1:1",
+            ]
+        )
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--short-jobs:" in err
+
+
 @pytest.mark.parametrize("finished_s", ["-1", "inf", "nan", "-1h", "1x"])
 def test_a_retention_that_is_no_number_of_seconds_is_refused(
     finished_s: str, capsys: pytest.CaptureFixture[str]

@@ -55,7 +55,9 @@ HISTORY = [
         pytest.param("bob", spec(2, "x"), 8.0, id="tenant-and-size-other-tenant"),
         pytest.param("carol", spec(1), 9.0, id="unknown-tenant-falls-back-to-queue-latest-five"),
         pytest.param("carol", spec(1, queue="empty"), None, id="nothing-known"),
-        pytest.param("alice", spec(1, "bert", estimate=5.0), None, id="owner-estimate-stands"),
+        # Learned as well when its owner gave an estimate (which ``runtimes.of`` still prefers):
+        # the short-job lane checks the owner's against it.
+        pytest.param("alice", spec(1, "bert", estimate=5.0), 200.0, id="learned-beside-the-owner-s-estimate"),
     ],
 )
 def test_the_learned_estimate(tenant: str, job: JobSpec, expected: float | None) -> None:

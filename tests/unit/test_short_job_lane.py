@@ -1,0 +1,124 @@
+"""The short-job lane (``FairShareSpec.short_job_gpu_s``): among queue heads that borrow equally
+far, a job expected to need little GPU time goes before fair-share order; its owner's estimate
+counts only as far as its class's history agrees (``projections.queueing.short``)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from corral.events.queues import ApplyFairShare, FairShareSpec, Quota
+from corral.projections.queueing import short
+from corral.projections.state import JobState
+from corral.services.admission.decide import decide
+from tests.builders import Cluster, LogBuilder, queue_spec
+from tests.builders import job as spec
+from tests.unit.test_admission import H, admitted, job, two_teams
+
+HOUR = 3600.0
+
+
+def with_estimate(j: JobState, owner: float | None, learned: float | None) -> JobState:
+    return msgspec.structs.replace(
+        j, spec=msgspec.structs.replace(j.spec, runtime_estimate_s=owner), learned_s=learned
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "gpus", "milli", "replicas", "owner", "learned", "limit", "lane"),
+    [
+        ("no lane", 1, 1000, 1, 60.0, None, 0.0, False),
+        ("no estimate at all", 1, 1000, 1, None, None, HOUR, False),
+        ("short by its owner's word", 1, 1000, 1, 600.0, None, HOUR, True),
+        ("exactly the limit", 4, 1000, 1, 900.0, None, HOUR, True),
+        ("short, but on 8 GPUs", 8, 1000, 1, 600.0, None, HOUR, False),
+        ("short, but a gang of 2", 1, 1000, 2, 1900.0, None, HOUR, False),
+        ("half a GPU counts half", 1, 500, 1, 7000.0, None, HOUR, True),
+        ("learned short, owner silent", 1, 1000, 1, None, 1800.0, HOUR, True),
+        ("owner says short, its class ran long", 1, 1000, 1, 60.0, 7200.0, HOUR, False),
+        ("owner more careful than history", 1, 1000, 1, 3000.0, 60.0, HOUR, True),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_who_takes_the_lane(
+    case: str,
+    gpus: int,
+    milli: int,
+    replicas: int,
+    owner: float | None,
+    learned: float | None,
+    limit: float,
+    lane: bool,
+) -> None:
+    s = two_teams()
+    j = job("j").gpus(gpus, milli=milli).replicas(replicas).into(s)
+    assert short(with_estimate(j, owner, learned), limit) is lane
+
+
+def busy_cohort(lane: float) -> LogBuilder:
+    """team-a and team-b (4 GPUs each) in cohort ml on one 8-GPU node; team-a ran 8 GPUs for
+    10 hours, so team-b goes first by fair share. Both now hold their nominal and queue a job
+    that must borrow: team-b's runs 10 hours, team-a's a quarter of an hour."""
+    from corral.events.queues import ApplyCohort, CohortSpec
+    from tests.unit.test_admission import ran
+
+    log = LogBuilder(start_time=0.0, step=0.0).nodes(Cluster(2))
+    log.admin(
+        "fair-share", ApplyFairShare(fair_share=FairShareSpec(half_life_s=86400.0, short_job_gpu_s=lane))
+    )
+    log.admin("cohort", ApplyCohort(cohort=CohortSpec("ml", quotas={"*": Quota(4)})))
+    log.queue(queue_spec("team-a", 4, cohort="ml")).queue(queue_spec("team-b", 4, cohort="ml"))
+    ran(log, "a", "a-past", spec().gpus(8), 0.0, 10.0)
+    now = 11 * HOUR
+    log.at(now)
+    for team, t in (("team-a", "a"), ("team-b", "b")):
+        log.submit(t, f"{t}-run", spec(team).gpus(4).estimate(100 * HOUR)).accept(f"{t}-run").admit(
+            f"{t}-run"
+        )
+    log.submit("b", "b-long", spec("team-b").gpus(4).estimate(10 * HOUR)).accept("b-long")
+    log.submit("a", "a-short", spec().gpus(4).estimate(HOUR / 4)).accept("a-short")
+    return log
+
+
+@pytest.mark.parametrize(("lane", "first"), [(0.0, "b-long"), (HOUR, "a-short")])
+def test_a_short_job_of_the_queue_that_ran_more_goes_first_in_the_lane(lane: float, first: str) -> None:
+    """Both borrow the cohort's 4 GPUs, of which one job fits: without the lane team-b's job
+    goes (team-a ran more); with a lane of one GPU-hour, team-a's 4 × 15 minutes goes."""
+    state = busy_cohort(lane).fold()
+    assert state.rejected_total == 0, state.rejections
+    assert set(admitted(decide(state, 11 * HOUR))) == {first}
+
+
+def test_the_lane_does_not_pass_a_job_within_its_nominal() -> None:
+    """A long job of a queue within its nominal goes before a short job that borrows."""
+    s = two_teams(a=Quota(8), b=Quota(8))
+    s.fair_share = FairShareSpec(short_job_gpu_s=HOUR)
+    job("a-run").gpus(8, H).running().into(s)
+    with_est = job("a0").gpus(1, H).with_(seq=100).with_spec(runtime_estimate_s=60.0).into(s)
+    long_b = (
+        job("b0", "team-b").gpus(1, H).with_(tenant="b", seq=101).with_spec(runtime_estimate_s=100 * HOUR)
+    )
+    long_b.into(s)
+    from corral.services.admission.order import pending_order
+
+    assert short(with_est, HOUR)
+    assert [j.id for j in pending_order(s, 0.0)] == ["b0", "a0"]
+
+
+@pytest.mark.parametrize("bad", [-1.0, -HOUR])
+def test_the_fold_refuses_a_lane_that_is_no_amount_of_gpu_time(bad: float) -> None:
+    log = LogBuilder().nodes(Cluster(1))
+    log.admin("fair-share", ApplyFairShare(fair_share=FairShareSpec(short_job_gpu_s=bad)))
+    state = log.fold()
+    assert state.fair_share.short_job_gpu_s == 0.0
+    assert state.rejections[-1].code == "malformed" and "short_job_gpu_s" in state.rejections[-1].message
+
+
+def test_the_owner_s_estimate_still_stands_for_everything_else() -> None:
+    """Learned beside the owner's estimate, the class's history decides only the lane: order,
+    backfill and forecasts still read the owner's (``runtimes.of``)."""
+    from corral.projections import runtimes
+
+    s = two_teams()
+    j = with_estimate(job("j").gpus(1).into(s), 60.0, 7200.0)
+    assert runtimes.of(j) == 60.0 and not short(j, HOUR)

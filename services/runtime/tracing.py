@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
@@ -36,6 +37,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Statu
 EXPORT_TIMEOUT_S = 2.0
 # How long ``shutdown`` waits for the spans still queued before abandoning them.
 SHUTDOWN_WAIT_S = 0.5
+INSTANCE = "service.instance.id"
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _TIMEOUTS = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -106,6 +108,16 @@ def _timeout() -> float:
     return EXPORT_TIMEOUT_S
 
 
+def _identity(role: str) -> dict[str, str]:
+    """The resource of role ``role``'s spans: its service, and which process of it (replicas of one
+    role are told apart by ``service.instance.id``: the host and pid, as in the log's producer ids,
+    unless the operator names the instance in ``OTEL_RESOURCE_ATTRIBUTES``)."""
+    attributes = {"service.name": f"corral-{role}", "service.namespace": "corral"}
+    if INSTANCE not in OTELResourceDetector().detect().attributes:
+        attributes[INSTANCE] = f"{socket.gethostname()}:{os.getpid()}"
+    return attributes
+
+
 def setup(role: str, processor: SpanProcessor | None = None) -> None:
     """Make role ``role``'s tracer provider (once), exporting over OTLP when configured.
     ``processor``: where its spans go instead (tests)."""
@@ -113,7 +125,7 @@ def setup(role: str, processor: SpanProcessor | None = None) -> None:
     with _lock:
         if role in _roles:
             return
-        resource = Resource.create({"service.name": f"corral-{role}", "service.namespace": "corral"})
+        resource = Resource.create(_identity(role))
         provider = TracerProvider(resource=resource, id_generator=_ids, shutdown_on_exit=False)
         exporter: SpanExporter | None = None
         if processor is None and exporting():

@@ -1,6 +1,7 @@
 """The spans of a node agent's reports are the admission lease holder's: handed over in the middle
 of a stream of jobs (the holder killed with -9, then the next one stopped and its lease given up),
-every report's span reaches the collector exactly once.
+every report's span reaches the collector once, or twice only where the holder killed with -9
+had sent it but not yet posted so.
 
 Three admission replicas (``corral serve`` processes) fold the log; each keeps the spans of the
 records no deciding role wrote until the holder posts how far it traced (``traced.py``). Each
@@ -11,7 +12,7 @@ spans at its exit report: all four come from whichever replica held the lease th
 from __future__ import annotations
 
 import signal
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -76,10 +77,18 @@ async def test_every_report_s_span_is_emitted_once_across_handovers(
     assert {state.jobs[j].phase for j in acked} == {"succeeded"}
     assert third.pid not in (first.pid, second.pid)
     admission = [s for s in spans if s.service == "corral-admission"]
-    count = Counter((s.attributes.get("corral.job.id"), s.name, s.span_id) for s in admission)
+    senders: dict[tuple[object, str, str], list[int]] = defaultdict(list)
+    for s in admission:
+        pid = int(str(s.resource["service.instance.id"]).rsplit(":", 1)[1])
+        senders[(s.attributes.get("corral.job.id"), s.name, s.span_id)].append(pid)
+    # The one gap the design leaves (traced.py): a holder killed with -9 after the collector took
+    # its spans but before it posted how far it traced has them sent again, with the same ids, by
+    # the next holder. A lease given up on SIGTERM leaves none.
+    again = sorted([first.pid, second.pid])
     for job in sorted(acked):
         for name in ("starting", "running", "attempt 0", f"job {job}"):
-            ids = {sid for (j, n, sid) in count if j == job and n == name}
+            ids = {sid for (j, n, sid) in senders if j == job and n == name}
             assert len(ids) == 1, f"{job}: {name} spans {ids}"
             [sid] = ids
-            assert count[(job, name, sid)] == 1, f"{job}: {name} emitted {count[(job, name, sid)]} times"
+            by = senders[(job, name, sid)]
+            assert len(by) == 1 or sorted(by) == again, f"{job}: {name} emitted by {by}"

@@ -3,6 +3,7 @@ once, its span abandoned, instead of sitting out the exporter's retries."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -70,6 +71,24 @@ def test_without_a_collector_no_span_is_made_and_nothing_is_waited_on(
     tracing.setup("cli")
     assert not tracing.enabled("cli")
     assert tracing.shutdown() == []
+
+
+def test_each_process_of_a_role_is_an_instance_of_its_own(
+    fresh: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replicas of one role are told apart in a viewer: the host and pid, as in producer ids,
+    unless the operator names the instance (a pod's name, say) in OTEL_RESOURCE_ATTRIBUTES."""
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    got = InMemorySpanExporter()
+    tracing.setup("placer", SimpleSpanProcessor(got))
+    with tracing.span("corral.cycle", {}, service="placer"):
+        pass
+    [made] = got.get_finished_spans()
+    assert made.resource.attributes["service.name"] == "corral-placer"
+    assert made.resource.attributes["service.instance.id"] == f"{socket.gethostname()}:{os.getpid()}"
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=placer-7f9c")
+    assert tracing._identity("placer")["service.name"] == "corral-placer"
+    assert "service.instance.id" not in tracing._identity("placer")  # the operator's name stands
 
 
 def test_every_reader_derives_the_same_trace_for_a_job() -> None:

@@ -7,13 +7,15 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from corral.events.queues import ApplyFairShare, FairShareSpec, Quota
+from corral.events.queues import ApplyCohort, ApplyFairShare, CohortSpec, FairShareSpec, Quota
+from corral.projections import runtimes
 from corral.projections.queueing import short
 from corral.projections.state import JobState
 from corral.services.admission.decide import decide
+from corral.services.admission.order import pending_order
 from tests.builders import Cluster, LogBuilder, queue_spec
 from tests.builders import job as spec
-from tests.unit.test_admission import H, admitted, job, two_teams
+from tests.unit.test_admission import H, admitted, job, ran, two_teams
 
 HOUR = 3600.0
 
@@ -59,9 +61,6 @@ def busy_cohort(lane: float) -> LogBuilder:
     """team-a and team-b (4 GPUs each) in cohort ml on one 8-GPU node; team-a ran 8 GPUs for
     10 hours, so team-b goes first by fair share. Both now hold their nominal and queue a job
     that must borrow: team-b's runs 10 hours, team-a's a quarter of an hour."""
-    from corral.events.queues import ApplyCohort, CohortSpec
-    from tests.unit.test_admission import ran
-
     log = LogBuilder(start_time=0.0, step=0.0).nodes(Cluster(2))
     log.admin(
         "fair-share", ApplyFairShare(fair_share=FairShareSpec(half_life_s=86400.0, short_job_gpu_s=lane))
@@ -99,8 +98,6 @@ def test_the_lane_does_not_pass_a_job_within_its_nominal() -> None:
         job("b0", "team-b").gpus(1, H).with_(tenant="b", seq=101).with_spec(runtime_estimate_s=100 * HOUR)
     )
     long_b.into(s)
-    from corral.services.admission.order import pending_order
-
     assert short(with_est, HOUR)
     assert [j.id for j in pending_order(s, 0.0)] == ["b0", "a0"]
 
@@ -117,8 +114,6 @@ def test_the_fold_refuses_a_lane_that_is_no_amount_of_gpu_time(bad: float) -> No
 def test_the_owner_s_estimate_still_stands_for_everything_else() -> None:
     """Learned beside the owner's estimate, the class's history decides only the lane: order,
     backfill and forecasts still read the owner's (``runtimes.of``)."""
-    from corral.projections import runtimes
-
     s = two_teams()
     j = with_estimate(job("j").gpus(1).into(s), 60.0, 7200.0)
     assert runtimes.of(j) == 60.0 and not short(j, HOUR)

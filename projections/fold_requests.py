@@ -72,6 +72,7 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         updated_seq=ctx.seq,
         traceparent=ctx.trace or "",
         learned_s=runtimes.learned(state, ctx.tenant, req.job),
+        overrun=None if req.job.runtime_estimate_s is None else runtimes.overrun(state, ctx.tenant),
     )
     indexes.add(state, job)
 

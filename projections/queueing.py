@@ -48,16 +48,19 @@ def backs_off(job: JobState, now: float) -> bool:
 def short(job: JobState, limit_gpu_s: float) -> bool:
     """Whether ``job`` takes the short-job lane (``FairShareSpec.short_job_gpu_s``): it is
     expected to need at most ``limit_gpu_s`` of GPU time, its runtime estimate times its GPUs
-    (a fraction of a GPU counts as that fraction). The estimate is the longer of its owner's and
-    the one learned from its class's history, when there is one: an owner who says a long job is
-    short gets the lane only until its class's runs say otherwise, and runs that really are short
-    (a tenant's sweep) keep it. A job with no estimate at all never takes it."""
+    (a fraction of a GPU counts as that fraction). An owner's estimate is taken as far as their
+    record bears it out: stretched by the worst overrun of their latest estimated jobs
+    (``runtimes.overrun``), so an owner who said a long job was short loses the lane for the
+    next ones; with too little on record, the longer of the owner's and the class's learned
+    estimate. A job with no estimate at all never takes it."""
     if limit_gpu_s <= 0:
         return False
     est = runtimes.of(job)
     if est is None:
         return False
-    if job.learned_s is not None:
+    if job.spec.runtime_estimate_s is not None and job.overrun is not None:
+        est *= max(1.0, job.overrun)
+    elif job.learned_s is not None:
         est = max(est, job.learned_s)
     gpus = quota.worker_milli(job.spec.resources) * job.spec.replicas / WHOLE
     return est * gpus <= limit_gpu_s

@@ -72,4 +72,7 @@ from __future__ import annotations
 # 18: a job's learned runtime estimate is kept also when its owner gave one (the short-job lane
 #    checks the owner's against it, ``queueing.short``); the fold refuses a fair-share
 #    ``short_job_gpu_s`` that is not a number of GPU-seconds, 0 or more.
-RULES = 18
+# 19: the fold keeps, per tenant, how far their estimated jobs ran past the estimate
+#    (``State.estimate_record``) and fixes each estimated job's ``overrun`` at its submission: the
+#    short-job lane takes an owner's estimate as far as their record bears it out.
+RULES = 19

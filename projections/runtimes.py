@@ -36,13 +36,24 @@ while no class has enough history). Fixed
 at submission, so that every reader of a job agrees on it whatever was folded since. What a
 job ran for is the log time it spent running over all its attempts (``JobState.ran_s``).
 
-Bounded: at most ``MAX_CLASSES`` classes are kept, the one updated longest ago let go first, so
-unique names cost nothing for ever. Pure: the fold calls ``learn`` and ``estimate``.
+An owner's own estimate is checked against their record (``overrun``): per tenant, how far the
+``RECORD`` latest of their jobs that succeeded having carried an estimate ran past it. The
+short-job lane (``queueing.short``) scales an owner's estimate by the worst of those overruns, so
+a tenant whose word held keeps it (owners' estimates of short runs are often better than a
+class's history, which mixes a team's long and short runs), and one who called a long job short
+has every estimate stretched as far as that lie for the next ``RECORD`` of their jobs. While a
+tenant has fewer than ``MIN_SAMPLES`` such runs, the lane reads the longer of their estimate and
+the learned one. Fixed at submission (``JobState.overrun``), as ``learned_s`` is.
+
+Bounded: at most ``MAX_CLASSES`` classes (and tenants' records) are kept, the one updated
+longest ago let go first, so unique names cost nothing for ever. Pure: the fold calls ``learn``,
+``learned`` and ``overrun``.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 
 from corral.events.jobs import JobSpec, Resources
@@ -50,6 +61,7 @@ from corral.projections import quota
 from corral.projections.state import WHOLE, JobState, State
 
 HISTORY = 20
+RECORD = 20  # a tenant's latest estimated runs that their estimates are checked against
 LATEST = 5  # the runs submitted last that a new job's estimate is the median of
 MIN_SAMPLES = 3
 MAX_CLASSES = 10_000
@@ -100,6 +112,32 @@ def learned(state: State, tenant: str, spec: JobSpec) -> float | None:
     return None
 
 
+def overrun(state: State, tenant: str) -> float | None:
+    """How far past their own estimates the tenant's latest estimated jobs that succeeded ran:
+    the worst ratio of running time to estimate among them; None while fewer than
+    ``MIN_SAMPLES`` are on record."""
+    record = state.estimate_record.get(tenant)
+    if record is None or len(record) < MIN_SAMPLES:
+        return None
+    return max(record)
+
+
+def _owners_word(state: State, job: JobState) -> None:
+    """Put a succeeded job's running time against its owner's estimate on the owner's record."""
+    est = job.spec.runtime_estimate_s
+    if est is None or not (0 < est < math.inf):  # admission refuses others; the fold divides by it
+        return
+    record = state.estimate_record.pop(job.tenant, None)  # re-inserted last, as classes are
+    if record is None:
+        record = []
+    record.append(job.ran_s / est)
+    if len(record) > RECORD:
+        del record[0]
+    state.estimate_record[job.tenant] = record
+    while len(state.estimate_record) > MAX_CLASSES:
+        del state.estimate_record[next(iter(state.estimate_record))]
+
+
 def of(job: JobState) -> float | None:
     """A job's runtime estimate: its owner's, else the one learned at its submission."""
     est = job.spec.runtime_estimate_s
@@ -108,7 +146,8 @@ def of(job: JobState) -> float | None:
 
 def learn(state: State, job: JobState) -> None:
     """Count a job that succeeded, having run ``job.ran_s``, in each of its classes: among the
-    latest that ended, and among the ``LATEST`` submitted last when it is one of them."""
+    latest that ended, and among the ``LATEST`` submitted last when it is one of them; and, when
+    its owner estimated it, on the owner's record."""
     history, latest = state.runtimes, state.latest_runs
     run = (job.submitted_at, job.ran_s)
     for key in classes(job.tenant, job.spec):
@@ -130,3 +169,4 @@ def learn(state: State, job: JobState) -> None:
         del history[next(iter(history))]
     while len(latest) > MAX_CLASSES:
         del latest[next(iter(latest))]
+    _owners_word(state, job)

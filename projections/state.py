@@ -113,6 +113,9 @@ class JobState(msgspec.Struct, gc=False):
     # (``projections/runtimes.py``; read a job's estimate with ``runtimes.of``: its owner's, when
     # given, stands).
     learned_s: float | None = None
+    # Its owner's record at its submission: the worst overrun of their estimates
+    # (``runtimes.overrun``; None while too few are on record), read by the short-job lane.
+    overrun: float | None = None
     ran_s: float = 0.0  # log time it spent running, over all its attempts
     # Log time before which admission may not admit it again: the back-off of an admission
     # withdrawn for its placement timeout (``AdmissionWithdrawn.admit_after``).
@@ -200,6 +203,9 @@ class State(msgspec.Struct, gc=False):
     # Per class, (submitted at, running time) of the ``runtimes.LATEST`` jobs that succeeded
     # submitted last, in submission order: what a new job's estimate is learned from.
     latest_runs: dict[str, list[tuple[float, float]]] = {}
+    # Per tenant, running time over the owner's estimate of their ``runtimes.RECORD`` latest
+    # estimated jobs that succeeded, the tenant updated longest ago first (``runtimes.overrun``).
+    estimate_record: dict[str, list[float]] = {}
 
 
 MAX_REJECTIONS = 1000

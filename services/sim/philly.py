@@ -46,8 +46,9 @@ The three policies, the same fold and simulated agents in all:
   the same JCT within 0.01 h, one hour with more preemptions). The short-job lane
   (``SHORT_JOB_GPU_S``, one GPU-hour, set as an admin would with ``corral queue fair-share
   --short-jobs 1h``): among jobs that borrow equally far, one of at most a GPU-hour goes before
-  fair-share order. Over 20,000 jobs it cut corral's average JCT from 5.97 to 5.81 h (to 5.47 h
-  when the lane took owners' estimates on trust: here they are exact, but a tenant could lie).
+  fair-share order. Over 20,000 jobs it cut corral's average JCT from 5.97 to 5.81 h with
+  owners' estimates checked against their job classes' history, and to 5.47 h with them checked
+  against each team's record of its estimates (here exact, so every record holds).
 - ``fifo``: one strict-FIFO queue for everyone with the whole cluster as its quota (no fair
   share), and no preemptor. The placer is the same.
 - ``tiresias``: Tiresias's discretized 2D-LAS (``tiresias.py``) in place of corral's services:

@@ -10,7 +10,7 @@ import pytest
 from corral.events.queues import ApplyCohort, ApplyFairShare, CohortSpec, FairShareSpec, Quota
 from corral.projections import runtimes
 from corral.projections.queueing import short
-from corral.projections.state import JobState
+from corral.projections.state import JobState, State
 from corral.services.admission.decide import decide
 from corral.services.admission.order import pending_order
 from tests.builders import Cluster, LogBuilder, queue_spec
@@ -20,25 +20,34 @@ from tests.unit.test_admission import H, admitted, job, ran, two_teams
 HOUR = 3600.0
 
 
-def with_estimate(j: JobState, owner: float | None, learned: float | None) -> JobState:
+def with_estimate(
+    j: JobState, owner: float | None, learned: float | None, overrun: float | None = None
+) -> JobState:
     return msgspec.structs.replace(
-        j, spec=msgspec.structs.replace(j.spec, runtime_estimate_s=owner), learned_s=learned
+        j, spec=msgspec.structs.replace(j.spec, runtime_estimate_s=owner), learned_s=learned, overrun=overrun
     )
 
 
 @pytest.mark.parametrize(
-    ("case", "gpus", "milli", "replicas", "owner", "learned", "limit", "lane"),
+    ("case", "gpus", "milli", "replicas", "owner", "learned", "overrun", "limit", "lane"),
     [
-        ("no lane", 1, 1000, 1, 60.0, None, 0.0, False),
-        ("no estimate at all", 1, 1000, 1, None, None, HOUR, False),
-        ("short by its owner's word", 1, 1000, 1, 600.0, None, HOUR, True),
-        ("exactly the limit", 4, 1000, 1, 900.0, None, HOUR, True),
-        ("short, but on 8 GPUs", 8, 1000, 1, 600.0, None, HOUR, False),
-        ("short, but a gang of 2", 1, 1000, 2, 1900.0, None, HOUR, False),
-        ("half a GPU counts half", 1, 500, 1, 7000.0, None, HOUR, True),
-        ("learned short, owner silent", 1, 1000, 1, None, 1800.0, HOUR, True),
-        ("owner says short, its class ran long", 1, 1000, 1, 60.0, 7200.0, HOUR, False),
-        ("owner more careful than history", 1, 1000, 1, 3000.0, 60.0, HOUR, True),
+        ("no lane", 1, 1000, 1, 60.0, None, None, 0.0, False),
+        ("no estimate at all", 1, 1000, 1, None, None, None, HOUR, False),
+        ("short by its owner's word", 1, 1000, 1, 600.0, None, None, HOUR, True),
+        ("exactly the limit", 4, 1000, 1, 900.0, None, None, HOUR, True),
+        ("short, but on 8 GPUs", 8, 1000, 1, 600.0, None, None, HOUR, False),
+        ("short, but a gang of 2", 1, 1000, 2, 1900.0, None, None, HOUR, False),
+        ("half a GPU counts half", 1, 500, 1, 7000.0, None, None, HOUR, True),
+        ("learned short, owner silent", 1, 1000, 1, None, 1800.0, None, HOUR, True),
+        ("owner says short, its class ran long", 1, 1000, 1, 60.0, 7200.0, None, HOUR, False),
+        ("owner more careful than history", 1, 1000, 1, 3000.0, 60.0, None, HOUR, True),
+        # With the owner's record (runtimes.overrun): their word as far as it held.
+        ("owner's word held, its class ran long", 1, 1000, 1, 600.0, 7200.0, 1.0, HOUR, True),
+        ("owner ran 10 times past their word", 1, 1000, 1, 600.0, None, 10.0, HOUR, False),
+        ("an overrun of 1.2 stretches 55 min past the hour", 1, 1000, 1, 3300.0, None, 1.2, HOUR, False),
+        ("an overrun of 1.2 leaves 45 min in the lane", 1, 1000, 1, 2700.0, None, 1.2, HOUR, True),
+        ("a careful owner's estimate is not shortened", 1, 1000, 1, 4000.0, None, 0.5, HOUR, False),
+        ("learned short, owner silent, record no matter", 1, 1000, 1, None, 1800.0, 10.0, HOUR, True),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -49,12 +58,13 @@ def test_who_takes_the_lane(
     replicas: int,
     owner: float | None,
     learned: float | None,
+    overrun: float | None,
     limit: float,
     lane: bool,
 ) -> None:
     s = two_teams()
     j = job("j").gpus(gpus, milli=milli).replicas(replicas).into(s)
-    assert short(with_estimate(j, owner, learned), limit) is lane
+    assert short(with_estimate(j, owner, learned, overrun), limit) is lane
 
 
 def busy_cohort(lane: float) -> LogBuilder:
@@ -117,3 +127,43 @@ def test_the_owner_s_estimate_still_stands_for_everything_else() -> None:
     s = two_teams()
     j = with_estimate(job("j").gpus(1).into(s), 60.0, 7200.0)
     assert runtimes.of(j) == 60.0 and not short(j, HOUR)
+
+
+def test_the_fold_checks_an_owner_s_estimates_against_their_record() -> None:
+    """Alice's three estimated jobs ran as she said, Mallory's ten times longer. Their next
+    estimated jobs carry that record from submission: Alice's 15 minutes take the lane over
+    the class's longer history, Mallory's do not; a job with no estimate carries none."""
+    log = LogBuilder(start_time=0.0, step=0.0).nodes(Cluster(1))
+    log.admin("fair-share", ApplyFairShare(fair_share=FairShareSpec(short_job_gpu_s=HOUR)))
+    log.queue(queue_spec("team-a", 8))
+    at = 0.0
+    for tenant, ran_h in (("alice", 0.25), ("mallory", 2.5)):
+        for i in range(runtimes.MIN_SAMPLES):
+            ran(log, tenant, f"{tenant}-{i}", spec().gpus(1).estimate(HOUR / 4), at, ran_h)
+            at += ran_h * HOUR
+    for i in range(runtimes.MIN_SAMPLES):  # her class has run long since, without estimates
+        ran(log, "alice", f"alice-long-{i}", spec().gpus(1), at, 10.0)
+        at += 10 * HOUR
+    log.at(at)
+    for tenant in ("alice", "mallory"):
+        log.submit(tenant, f"{tenant}-next", spec().gpus(1).estimate(HOUR / 4))
+    log.submit("alice", "alice-silent", spec().gpus(1))
+    state = log.fold()
+    assert state.rejected_total == 0, state.rejections
+    assert state.estimate_record["alice"] == [1.0] * runtimes.MIN_SAMPLES
+    assert state.estimate_record["mallory"] == [10.0] * runtimes.MIN_SAMPLES
+    alice, mallory, silent = (state.jobs[j] for j in ("alice-next", "mallory-next", "alice-silent"))
+    assert (alice.overrun, mallory.overrun, silent.overrun) == (1.0, 10.0, None)
+    assert alice.learned_s is not None and alice.learned_s > HOUR  # history alone would refuse her
+    assert short(alice, HOUR) and not short(mallory, HOUR)
+
+
+def test_a_tenant_s_record_is_bounded() -> None:
+    state = State()
+    for i in range(runtimes.RECORD + 5):
+        runtimes.learn(state, JobState(f"j{i}", "t", spec().estimate(10.0).build(), 0, 0.0, ran_s=float(i)))
+    assert len(state.estimate_record["t"]) == runtimes.RECORD
+    assert runtimes.overrun(state, "t") == (runtimes.RECORD + 4) / 10.0
+    for i in range(runtimes.MAX_CLASSES + 3):
+        runtimes.learn(state, JobState(f"u{i}", f"u{i}", spec().estimate(10.0).build(), 0, 0.0, ran_s=1.0))
+    assert len(state.estimate_record) == runtimes.MAX_CLASSES

@@ -10,8 +10,9 @@ from typing import Any
 
 import msgspec
 
-from corral.projections import claims, gpu_time, indexes, quota, retention
+from corral.projections import claims, gpu_time, indexes, quota, retention, runtimes
 from corral.projections.lifecycle import (
+    FINAL,
     HOLDS_QUOTA,
     TRANSITIONS,
     TRIGGERS,
@@ -79,6 +80,10 @@ def _moves() -> dict[Trigger, dict[Phase, tuple[Phase, int]]]:
 # what each move does to the quota the job holds.
 MOVES = _moves()
 
+# Ends that put a job's run on its owner's record when it overran their estimate (a success
+# goes on it whatever it ran, by ``runtimes.learn``; a rejected job never ran).
+_UNWELL = FINAL - {"succeeded", "rejected"}
+
 
 def move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
     before = job.phase
@@ -93,6 +98,8 @@ def move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
     job.updated_seq = ctx.seq
     if quota_change:
         quota.count_holding(state, job, quota_change)
+    if job.phase in _UNWELL:
+        runtimes.ended_unwell(state, job)
     if job.held is None:
         retention.note(state, job)
 
@@ -118,6 +125,8 @@ def move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: 
         quota.count_holding(state, job, first_change)
     if then_change:
         quota.count_holding(state, job, then_change)
+    if job.phase in _UNWELL:
+        runtimes.ended_unwell(state, job)
     if job.held is None:
         retention.note(state, job)
 

@@ -75,4 +75,6 @@ from __future__ import annotations
 # 19: the fold keeps, per tenant, how far their estimated jobs ran past the estimate
 #    (``State.estimate_record``) and fixes each estimated job's ``overrun`` at its submission: the
 #    short-job lane takes an owner's estimate as far as their record bears it out.
-RULES = 19
+# 20: a job that fails or is cancelled after running past its owner's estimate goes on the
+#    owner's record too (``runtimes.ended_unwell``).
+RULES = 20

@@ -37,7 +37,8 @@ at submission, so that every reader of a job agrees on it whatever was folded si
 job ran for is the log time it spent running over all its attempts (``JobState.ran_s``).
 
 An owner's own estimate is checked against their record (``overrun``): per tenant, how far the
-``RECORD`` latest of their jobs that succeeded having carried an estimate ran past it. The
+``RECORD`` latest of their jobs that succeeded having carried an estimate ran past it (and of
+those that failed or were cancelled after running past it, ``ended_unwell``). The
 short-job lane (``queueing.short``) scales an owner's estimate by the worst of those overruns, so
 a tenant whose word held keeps it (owners' estimates of short runs are often better than a
 class's history, which mixes a team's long and short runs), and one who called a long job short
@@ -47,7 +48,7 @@ the learned one. Fixed at submission (``JobState.overrun``), as ``learned_s`` is
 
 Bounded: at most ``MAX_CLASSES`` classes (and tenants' records) are kept, the one updated
 longest ago let go first, so unique names cost nothing for ever. Pure: the fold calls ``learn``,
-``learned`` and ``overrun``.
+``ended_unwell``, ``learned`` and ``overrun``.
 """
 
 from __future__ import annotations
@@ -122,8 +123,18 @@ def overrun(state: State, tenant: str) -> float | None:
     return max(record)
 
 
+def ended_unwell(state: State, job: JobState) -> None:
+    """A job that failed or was cancelled goes on its owner's record only when it had run past
+    their estimate by then: a tenant who calls a long job short, then cancels it (or lets it
+    fail) once it has overrun, is found out as one who lets it succeed is; an early failure
+    says nothing of their word, and would push their overruns off the record."""
+    est = job.spec.runtime_estimate_s
+    if est is not None and 0 < est < job.ran_s:
+        _owners_word(state, job)
+
+
 def _owners_word(state: State, job: JobState) -> None:
-    """Put a succeeded job's running time against its owner's estimate on the owner's record."""
+    """Put a job's running time against its owner's estimate on the owner's record."""
     est = job.spec.runtime_estimate_s
     if est is None or not (0 < est < math.inf):  # admission refuses others; the fold divides by it
         return

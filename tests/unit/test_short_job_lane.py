@@ -7,13 +7,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from corral.events.jobs import CancelJob
 from corral.events.queues import ApplyCohort, ApplyFairShare, CohortSpec, FairShareSpec, Quota
 from corral.projections import runtimes
 from corral.projections.queueing import short
 from corral.projections.state import JobState, State
 from corral.services.admission.decide import decide
 from corral.services.admission.order import pending_order
-from tests.builders import Cluster, LogBuilder, queue_spec
+from tests.builders import Cluster, JobBuilder, LogBuilder, on, queue_spec
 from tests.builders import job as spec
 from tests.unit.test_admission import H, admitted, job, ran, two_teams
 
@@ -167,3 +168,42 @@ def test_a_tenant_s_record_is_bounded() -> None:
     for i in range(runtimes.MAX_CLASSES + 3):
         runtimes.learn(state, JobState(f"u{i}", f"u{i}", spec().estimate(10.0).build(), 0, 0.0, ran_s=1.0))
     assert len(state.estimate_record) == runtimes.MAX_CLASSES
+
+
+def _ends(log: LogBuilder, job_id: str, spec_: JobBuilder, start: float, hours: float, end: str) -> None:
+    """``job_id`` of mallory runs on node-00 from ``start`` for ``hours``, then ends as ``end``
+    says: cancelled by her, or failed (its one worker exits 1, no restarts left)."""
+    log.at(start).submit("mallory", job_id, spec_).accept(job_id).admit(job_id)
+    log.place(on("node-00", 0, job_id=job_id)).started("node-00", job_id)
+    log.at(start + hours * HOUR)
+    if end == "cancel":
+        log.request("mallory", "cancel", CancelJob(job_id=job_id))
+        log.exited("node-00", job_id, code=143, stopped=True)  # its agent stopped the worker
+    else:
+        log.exited("node-00", job_id, code=1)
+
+
+@pytest.mark.parametrize("end", ["cancel", "fail"])
+def test_a_job_that_ends_unwell_past_its_estimate_goes_on_the_record(end: str) -> None:
+    """Mallory calls her jobs 15 minutes, then stops each once it has run 2.5 hours (or lets it
+    crash): her record shows the overrun as if they had succeeded, and her next 15 minutes do
+    not take the lane. One that ends early says nothing of her word and is not counted."""
+    log = LogBuilder(start_time=0.0, step=0.0).nodes(Cluster(1))
+    log.admin("fair-share", ApplyFairShare(fair_share=FairShareSpec(short_job_gpu_s=HOUR)))
+    log.queue(queue_spec("team-a", 8)).retention(24 * HOUR)
+    quarter = spec().gpus(1).estimate(HOUR / 4).restarts(0, "never")
+    at = 0.0
+    for i in range(runtimes.MIN_SAMPLES):
+        _ends(log, f"m-{i}", quarter, at, 2.5, end)
+        at += 2.5 * HOUR
+    _ends(log, "m-early", quarter, at, 0.1, end)
+    at += 0.1 * HOUR
+    log.at(at).submit("mallory", "m-next", spec().gpus(1).estimate(HOUR / 4))
+    state = log.fold()
+    assert state.rejected_total == 0, state.rejections
+    assert {state.jobs[f"m-{i}"].phase for i in range(runtimes.MIN_SAMPLES)} == {
+        "cancelled" if end == "cancel" else "failed"
+    }
+    assert state.estimate_record["mallory"] == [10.0] * runtimes.MIN_SAMPLES
+    nxt = state.jobs["m-next"]
+    assert nxt.overrun == 10.0 and not short(nxt, HOUR)

@@ -3,6 +3,7 @@ ratio next), as admission admits by and the preemptor searches by."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from corral.events.jobs import JobSpec, Resources
@@ -43,6 +44,39 @@ def waiting(
 )
 def test_the_response_ratio(estimate: float | None, waited: float, ratio: float) -> None:
     assert queueing.response_ratio(waiting("j", estimate, 100.0, 1), 100.0 + waited) == pytest.approx(ratio)
+
+
+@pytest.mark.parametrize(
+    ("estimate", "ran", "since", "ratio"),
+    [
+        # Submitted 12 h ago, ran 8 of its 10: waited 4 h, 2 h left (all the time since
+        # submission over the whole estimate would say 2.2).
+        pytest.param(10 * HOUR, 8 * HOUR, 12 * HOUR, 3.0, id="a-requeued-job-counts-what-is-left"),
+        pytest.param(10 * HOUR, 0.0, 10 * HOUR, 2.0, id="one-that-never-ran-waited-all-along"),
+        # Ran past its estimate: a second left, as a zero estimate.
+        pytest.param(HOUR, 2 * HOUR, 3 * HOUR, 3601.0, id="an-overrun-job-has-a-second-left"),
+        pytest.param(None, 12 * HOUR, 18 * HOUR, 1.5, id="no-estimate-counts-a-day-less-what-it-ran"),
+    ],
+)
+def test_the_response_ratio_of_a_job_that_ran(
+    estimate: float | None, ran: float, since: float, ratio: float
+) -> None:
+    job = msgspec.structs.replace(waiting("j", estimate, 100.0, 1), ran_s=ran)
+    assert queueing.response_ratio(job, 100.0 + since) == pytest.approx(ratio)
+
+
+def test_a_requeued_job_s_running_time_is_not_waiting() -> None:
+    """Submitted 5 hours ago, stopped after running 4 of its 10 and requeued an hour ago: it
+    has waited an hour with 6 to go (ratio 1.17), so a short job that waited a quarter of an
+    hour (1.25) goes first; a long one that has waited an hour with all 10 to go (1.1) after.
+    Counted from submission over its whole estimate, it would go first (1.5)."""
+    now = 20 * HOUR
+    requeued = msgspec.structs.replace(waiting("requeued", 10 * HOUR, now - 5 * HOUR, 1), ran_s=4 * HOUR)
+    fresh = waiting("fresh", 10 * HOUR, now - HOUR, 2)
+    short = waiting("short", HOUR, now - HOUR / 4, 3)
+    jobs = [fresh, requeued, short]
+    sort_queue(jobs, strategy=queueing.SHORTEST_FIRST, now=now)
+    assert [j.id for j in jobs] == ["short", "requeued", "fresh"]
 
 
 def test_shortest_first_then_the_long_job_once_it_waited_long_enough() -> None:

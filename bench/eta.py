@@ -36,7 +36,7 @@ before any decision about it. Printed:
   of their errors (quartiles of estimate / actual);
 - which way the forecasts at submission outside the band miss (too soon, too late, beyond the
   horizon), by wait-length bucket, and the median forecast wait over the actual wait;
-- the elapsed wall time.
+- the elapsed wall time (and, on stderr every minute, how far the run is).
 
 ``--dump FILE`` writes one JSON line per job (team, GPUs, submission, forecast, naive and actual
 start, estimate, runtime): where the misses are.
@@ -49,6 +49,7 @@ import json
 import math
 import multiprocessing
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -67,6 +68,7 @@ from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 from corral.services.sim.traces import philly as trace
 
 EVERY_S = 600.0
+PROGRESS_S = 60.0  # how often a long run says on stderr how far it is
 BUCKETS = ((0.0, 1500.0, "< 25 min"), (1500.0, 7200.0, "25 min-2 h"), (7200.0, 28800.0, "2-8 h"))
 BUCKETS += ((28800.0, math.inf, ">= 8 h"),)
 
@@ -299,8 +301,17 @@ def run(
     # every submission, as the log has them, while it may come again in a forecast (--future)
     lately: deque[tuple[str, JobSpec, float, float | None]] = deque()
     unfinished: set[str] = set()  # jobs with an estimate whose error is not known yet
+    started_at, told = time.perf_counter(), 0.0
     with Forecaster(config, workers) as forecaster:
-        for point in points:
+        for n, point in enumerate(points):
+            if time.perf_counter() - told >= PROGRESS_S:
+                told = time.perf_counter()
+                print(
+                    f"{told - started_at:.0f} s: point {n} of {len(points)}, "
+                    f"{len(seen)} jobs forecast, forecasts took {forecaster.busy_s:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
             now = point - 1e-3
             sim.run(until=now)
             state = sim.state

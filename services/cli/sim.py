@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -84,6 +85,11 @@ def add_parser(subparsers: Any, common_parent: argparse.ArgumentParser) -> None:
         "(0..1, default 0.5)",
     )
     p.add_argument(
+        "--borrow-limit",
+        type=float,
+        help="philly: each team's queue borrows at most this many times its entitlement (default: no limit)",
+    )
+    p.add_argument(
         "--cycle",
         type=float,
         help="philly: seconds between decisions of the services (default 60; 0: every event)",
@@ -145,9 +151,9 @@ def _alibaba(args: argparse.Namespace) -> None:
     from corral.services.sim import alibaba, alibaba_variants
     from corral.services.sim.alibaba_variants import DEFAULT
 
-    for flag in ("file", "jobs", "start", "checkpointable", "cycle"):
+    for flag in ("file", "jobs", "start", "checkpointable", "pool", "borrow_limit", "cycle"):
         if getattr(args, flag) is not None:
-            raise BadInput(f"--{flag} is for --trace philly")
+            raise BadInput(f"--{flag.replace('_', '-')} is for --trace philly")
     nodes_csv = find_alibaba(ALIBABA_NODES, args.nodes)
     pods_csv = find_alibaba(ALIBABA_PODS, args.pods)
     try:
@@ -252,6 +258,9 @@ def _philly(args: argparse.Namespace) -> None:
     pool = args.pool if args.pool is not None else experiment.POOL
     if not 0.0 <= pool <= 1.0:
         raise BadInput(f"--pool {pool}: a share between 0 and 1")
+    borrow = args.borrow_limit if args.borrow_limit is not None else experiment.BORROW
+    if borrow is not None and not (borrow >= 0.0 and math.isfinite(borrow)):
+        raise BadInput(f"--borrow-limit {borrow}: times the entitlement, 0 or more")
     cycle = args.cycle if args.cycle is not None else experiment.CYCLE_S
     if cycle < 0:
         raise BadInput(f"--cycle {cycle}: seconds, 0 or more")
@@ -266,7 +275,9 @@ def _philly(args: argparse.Namespace) -> None:
         raise BadInput(f"{path}: {e}") from None
     if not sliced:
         raise BadInput(f"no job of {path} arrives from {args.start or experiment.START} on")
-    exp = experiment.Experiment(tuple(sliced), nodes, checkpointable=share, cycle_s=cycle, pool=pool)
+    exp = experiment.Experiment(
+        tuple(sliced), nodes, checkpointable=share, cycle_s=cycle, pool=pool, borrow=borrow
+    )
     try:
         exp.quotas  # noqa: B018 - checks that every team gets a GPU
     except ValueError as e:

@@ -57,6 +57,18 @@ REFUSALS = [
         "typo.csv: no such file",
     ),
     (
+        "a negative borrowing limit",
+        {},
+        ["sim", "--trace", "philly", "--borrow-limit", "-1"],
+        "--borrow-limit -1.0: times the entitlement, 0 or more",
+    ),
+    (
+        "a borrowing limit for the Alibaba trace",
+        {},
+        ["sim", "--trace", "alibaba", "--borrow-limit", "2"],
+        "--borrow-limit is for --trace philly",
+    ),
+    (
         "a missing Alibaba pod list",
         {},
         ["sim", "--trace", "alibaba", "--pods", "typo.csv"],

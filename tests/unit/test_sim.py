@@ -5,6 +5,7 @@ deterministic and is exactly what the fold makes of its own log."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import msgspec
@@ -286,6 +287,16 @@ def test_corral_guarantees_half_of_each_entitlement_and_pools_the_rest() -> None
     assert {
         e.queue.name: e.queue.quotas["*"].nominal for e in whole.setup("corral") if isinstance(e, ApplyQueue)
     } == (whole.quotas)
+    # No borrowing limit unless asked: a team borrows whatever the cohort has idle.
+    assert all(q.quotas["*"].borrowing_limit is None for q in queues.values())
+    capped = philly.Experiment(trace, nodes=2, borrow=1.5)
+    limits = {
+        e.queue.name: e.queue.quotas["*"].borrowing_limit
+        for e in capped.setup("corral")
+        if isinstance(e, ApplyQueue)
+    }
+    # times the entitlement, rounded down, never below one GPU
+    assert limits == {t: max(1, math.floor(1.5 * n)) for t, n in capped.quotas.items()}
 
 
 def test_quotas_follow_gpu_hours_and_fill_the_cluster() -> None:

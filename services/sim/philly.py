@@ -32,7 +32,9 @@ The three policies, the same fold and simulated agents in all:
   as platform teams set up Kueue cohorts. (With the whole entitlement as nominal, a team of
   many short jobs and few GPU-hours, three of which hold most of the slice's jobs, could burst
   only into quota others left idle, and waited behind other teams' week-long jobs running
-  within their nominal.) Shortest first with aging within a queue (``shortest-first``:
+  within their nominal. Over the 20,000 jobs, a quarter and three quarters pooled gave 5.68
+  and 5.66 h of average JCT against a half's 5.41 h, with Jain's index 0.923 and 0.922.)
+  Shortest first with aging within a queue (``shortest-first``:
   highest response ratio next, from the runtime estimates), fair share across queues, the
   placer's reservation and backfill, the preemptor reclaiming nominal quota from borrowers,
   and Kueue's fair-sharing preemption among borrowers (``FAIR_SHARING``): a team that held

@@ -258,10 +258,10 @@ class Experiment:
 
     def borrowing_limit(self, team: str) -> int | None:
         """How many GPUs the team's queue may borrow from the cohort: ``borrow`` times its
-        entitlement, rounded down, at least one (None: no limit)."""
+        entitlement, rounded down (None: no limit; 0: none)."""
         if self.borrow is None:
             return None
-        return max(1, math.floor(self.borrow * self.quotas[team]))
+        return math.floor(self.borrow * self.quotas[team])
 
     @property
     def window(self) -> tuple[float, float]:

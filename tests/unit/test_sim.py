@@ -295,8 +295,13 @@ def test_corral_guarantees_half_of_each_entitlement_and_pools_the_rest() -> None
         for e in capped.setup("corral")
         if isinstance(e, ApplyQueue)
     }
-    # times the entitlement, rounded down, never below one GPU
-    assert limits == {t: max(1, math.floor(1.5 * n)) for t, n in capped.quotas.items()}
+    # times the entitlement, rounded down
+    assert limits == {t: math.floor(1.5 * n) for t, n in capped.quotas.items()}
+    assert limits["vc-c"] == 1  # the one-GPU team
+    none = philly.Experiment(trace, nodes=2, borrow=0.0)
+    assert {
+        e.queue.quotas["*"].borrowing_limit for e in none.setup("corral") if isinstance(e, ApplyQueue)
+    } == {0}
 
 
 def test_quotas_follow_gpu_hours_and_fill_the_cluster() -> None:

@@ -97,6 +97,14 @@ M = 1: 7.61 / 0.989 / 3,382. Most of the added JCT is the teams of many short jo
 bursts the limit caps while the cluster has room (vc-6214e9, 6,791 jobs, averaged 1.81 h of
 wait at M = 2 against 0.74 h). So no limit is set by default: on this slice an index of 0.95
 costs at least 0.67 h of average JCT, and Tiresias, with no quotas at all, has 0.919.
+
+Where Tiresias's average JCT (5.23 h against corral's 5.41) comes from, per team (average JCT
+h, corral / Tiresias, one run each): vc-6214e9's 6,791 short jobs 2.81 / 2.39 and vc-2869ce's
+102 wide, long jobs 64.33 / 43.33 make most of the gap (0.14 and 0.11 h of the 0.18 averaged
+over all jobs), then vc-6c71a0 3.60 / 3.42 and vc-b436b2 4.72 / 3.92; corral is ahead on
+vc-103959 (7.79 / 11.06), vc-7f04ca (31.09 / 33.24) and vc-0e4a51 (22.00 / 23.16). vc-2869ce
+holds 0.82 of its entitlement under corral, its jobs waiting 27.6 h on average for room for
+their gangs, where Tiresias starts every job at once and stops it later (up to 66 times).
 """
 
 from __future__ import annotations

@@ -264,12 +264,12 @@ class Experiment:
         """Each team's nominal quota under corral: its entitlement less the pooled share."""
         return {t: math.floor(n * (1.0 - self.pool)) for t, n in self.quotas.items()}
 
-    def borrowing_limit(self, team: str) -> int | None:
-        """How many GPUs the team's queue may borrow from the cohort: ``borrow`` times its
-        entitlement, rounded down (None: no limit; 0: none)."""
+    def borrowing_limit(self, entitled: int) -> int | None:
+        """How many GPUs a team entitled to ``entitled`` may borrow from the cohort: ``borrow``
+        times that, rounded down (None: no limit; 0: none)."""
         if self.borrow is None:
             return None
-        return math.floor(self.borrow * self.quotas[team])
+        return math.floor(self.borrow * entitled)
 
     @property
     def window(self) -> tuple[float, float]:
@@ -321,7 +321,7 @@ class Experiment:
             spec = QueueSpec(
                 team,
                 cohort=COHORT,
-                quotas={"*": Quota(nominal=guaranteed[team], borrowing_limit=self.borrowing_limit(team))},
+                quotas={"*": Quota(nominal=guaranteed[team], borrowing_limit=self.borrowing_limit(entitled))},
                 weight=float(entitled),
                 tenants=(team,),
                 strategy="shortest-first",

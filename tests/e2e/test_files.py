@@ -63,6 +63,12 @@ REFUSALS = [
         "--borrow-limit -1.0: times the entitlement, 0 or more",
     ),
     (
+        "a borrowing limit that is not a number",
+        {},
+        ["sim", "--trace", "philly", "--borrow-limit", "nan"],
+        "--borrow-limit nan: times the entitlement, 0 or more",
+    ),
+    (
         "a borrowing limit for the Alibaba trace",
         {},
         ["sim", "--trace", "alibaba", "--borrow-limit", "2"],

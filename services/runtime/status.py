@@ -98,13 +98,9 @@ async def read(nc: Any) -> tuple[dict[str, str], list[ServiceStatus]]:
         kv = await nc.jetstream().key_value(BUCKET)
     except js_errors.BucketNotFoundError:
         return {}, []
-    try:
-        keys = await kv.keys()
-    except js_errors.NoKeysError:
-        return {}, []
     holders: dict[str, str] = {}
     statuses = []
-    for k in sorted(keys):
+    for k in await _keys(nc):
         try:
             entry = await kv.get(k)
         except js_errors.KeyNotFoundError:
@@ -119,3 +115,12 @@ async def read(nc: Any) -> tuple[dict[str, str], list[ServiceStatus]]:
         else:
             holders[k] = entry.value.decode(errors="replace")
     return holders, statuses
+
+
+async def _keys(nc: Any) -> list[str]:
+    """Every key the bucket holds a message for, from the stream's own count per subject: one
+    request its leader answers. ``kv.keys()`` watches the bucket instead, and on a loaded
+    three-server cluster it has come back with no keys while every role held its lease."""
+    subject = f"$KV.{BUCKET}."
+    info = await nc.jetstream().stream_info(f"KV_{BUCKET}", subjects_filter=subject + ">")
+    return sorted(s[len(subject) :] for s in (info.state.subjects or {}))

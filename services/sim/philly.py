@@ -106,9 +106,13 @@ h, corral / Tiresias, one run each): vc-6214e9's 6,791 short jobs 2.81 / 2.39 an
 over all jobs), then vc-6c71a0 3.60 / 3.42 and vc-b436b2 4.72 / 3.92; corral is ahead on
 vc-103959 (7.79 / 11.06), vc-7f04ca (31.09 / 33.24) and vc-0e4a51 (22.00 / 23.16). vc-2869ce
 holds 0.82 of its entitlement under corral, its jobs waiting 27.6 h on average for room for
-their gangs (5.8 h for admission, then 21.8 h admitted while the placer found no free nodes;
-reserving for more than the first job that does not fit cost more JCT than it saved, DESIGN.md
-says how much), where Tiresias starts every job at once and stops it later (up to 66 times).
+their gangs (5.8 h for admission, then 21.8 h admitted while the placer found no free nodes),
+where Tiresias starts every job at once and stops it later (up to 66 times). Two ways to give
+those gangs room sooner cost more JCT than they saved: reservations for more than the first job
+that does not fit (DESIGN.md, the placer), and placing jobs that cannot be preempted beside each
+other, so that more nodes could be cleared for a gang: as the last tie-break, vc-2869ce waited
+23.8 h and the average JCT was 5.76 h (Jain 0.916); outranking the CPU balance, 25.3 h and
+5.57 h (Jain 0.917).
 """
 
 from __future__ import annotations

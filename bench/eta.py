@@ -15,7 +15,8 @@ off the estimates of the jobs that finished so far were in all (``--no-calibrate
 are), a running job for as much longer as the runs of its class that ran as long went on, scaled
 alike (``--no-attained``: its estimate less what it ran; ``--statistic``: jobs run for the mean,
 median or upper quartile of their class's runs known at the forecast, not the fold's estimate;
-``--censored``: a class's running jobs count among its runs), at most ``--horizon`` hours ahead; a
+``--censored``: a class's running jobs count among its runs), at most ``--horizon`` hours ahead,
+deciding at most every ``--resolution`` of the time simulated (0: every simulated minute); a
 forecast of the jobs just submitted stops once they have started), and afterwards compares each
 forecast with the start the job actually got in the same run. Forecasts run in ``--workers``
 processes beside the replay (each reads an encoded copy of the state at its point, and the
@@ -215,6 +216,12 @@ def main(argv: list[str] | None = None) -> None:
         help="minutes: a waiting job runs at least as long as its team's like jobs submitted that close "
         "to it that run now (0: not)",
     )
+    ap.add_argument(
+        "--resolution",
+        type=float,
+        default=eta.RESOLUTION,
+        help="forecasts decide at most every this fraction of the time they simulated (0: every cycle)",
+    )
     ap.add_argument("--dump", default=None, help="write one JSON line per job (forecast, naive, actual) here")
     ap.add_argument(
         "--workers",
@@ -258,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
             censored=args.censored,
             hold_s=args.hold * 60 or None,
             batch_s=args.batch * 60 or None,
+            resolution=args.resolution,
         )
     )
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
@@ -282,6 +290,7 @@ def run(
     censored: bool = False,
     hold_s: float | None = eta.HOLD_S,
     batch_s: float | None = eta.BATCH_S,
+    resolution: float = eta.RESOLUTION,
 ) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
@@ -345,6 +354,7 @@ def run(
                 censored=censored,
                 hold_s=hold_s,
                 batch_s=batch_s,
+                resolution=resolution,
             )
             fc = forecaster.submit(blob, now, dict(ask, scale=scale * at, jobs=asked))
             if band and new:
@@ -386,7 +396,8 @@ def run(
     lines = [
         f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
         f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s in all ({workers} processes)",
-        f"horizon {horizon_s / 3600:g} h, waiting jobs forecast again every {every_s / 60:g} min, "
+        f"horizon {horizon_s / 3600:g} h, deciding at most every {resolution:g} of the time simulated, "
+        f"waiting jobs forecast again every {every_s / 60:g} min, "
         + (f"submissions of the last {future_s / 60:g} min assumed to come again; " if future_s else "")
         + ("and again every as many minutes; " if future_s and repeat else "")
         + (

@@ -138,6 +138,12 @@ class SimConfig:
     # Decide at most every ``cycle_s`` simulated seconds, at multiples of it (0: at every event
     # time), as a live service that cycles on a timer.
     cycle_s: float = 0.0
+    # A forecast's resolution: the services decide at most every this fraction of the time
+    # simulated so far (0.05: every 3 minutes an hour ahead, every hour 20 hours ahead), and
+    # never more often than ``cycle_s``; 0: every cycle. A start many hours ahead is not known
+    # to the minute, and deciding each minute of a day's backlog made the long forecasts cost
+    # most of all forecasting (``eta.RESOLUTION``).
+    resolution: float = 0.0
     max_rounds: int = 64  # passes of the services at one time before they are deemed not to settle
     # Another scheduler in place of admission, placer and preemptor: a factory of one role that
     # decides all of it (accept, requeue, admit, place, preempt) through the same fold, for a
@@ -230,6 +236,8 @@ class Simulation:
         self.records: list[SimRecord] | None = [] if record else None
         self.observers = list(observers)
         self.now = self.jobs[0].arrival if self.jobs else 0.0
+        self.origin = self.now  # where ``resolution`` counts the time simulated from
+        self._decided: float | None = None  # when the services last decided
         self.cycles = 0  # decision passes run
         self.decide_calls = 0
         self.wall_s = 0.0
@@ -279,6 +287,7 @@ class Simulation:
         sim = cls([], [], [], config)
         copy = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)
         sim.state, sim.now, sim._seq = copy, max(now, state.time), state.seq
+        sim.origin = sim.now
         sim.until_started = set()
         for job in copy.jobs.values():
             if job.phase in FINAL and job.held is None:
@@ -421,9 +430,8 @@ class Simulation:
                 self._save_and_stop(job_id, run, t)
             else:
                 self._exit(job_id, run, t, stopped=True)
-        cycle = self.config.cycle_s
-        if cycle > 0 and self._dirty and self._waiting:
-            tick = math.ceil(t / cycle) * cycle
+        if self._dirty and self._waiting:
+            tick = self._next_decision(t)
             if tick > t:  # not yet: the services decide at their next tick
                 if self._tick is None:
                     self._tick = tick
@@ -433,9 +441,21 @@ class Simulation:
 
     # -- one time step ----------------------------------------------------------------------------
 
+    def _next_decision(self, t: float) -> float:
+        """When the services decide on what happened by ``t``: at once with no cycle, else at
+        the next multiple of ``cycle_s``, and no sooner than ``resolution`` allows."""
+        cfg = self.config
+        tick = t
+        if cfg.resolution > 0 and self._decided is not None:
+            tick = max(tick, self._decided + cfg.resolution * (self._decided - self.origin))
+        if cfg.cycle_s > 0:
+            tick = math.ceil(tick / cfg.cycle_s) * cfg.cycle_s
+        return tick
+
     def _settle(self, now: float) -> None:
         while True:
             if self._dirty and self._waiting:
+                self._decided = now
                 self._decide(now)
             self._dirty = False
             if not self._react(now):

@@ -15,6 +15,11 @@ A waiting job with no estimate of its owner's runs at least as long as the like 
 team submitted within ``BATCH_S`` of it that run now have run (``alike``): a team's jobs
 come in batches that run alike, and while a batch of long ones runs the learned estimate is of
 the class's short runs that ended. One forward run gives every waiting job's start at once.
+It decides as often as the live services at first and more seldom the further ahead it looks
+(``RESOLUTION``: at most every 5 % of the time it has simulated), so a start n hours ahead is
+known to within about n * 3 minutes: the services see what ended meanwhile all at once, not one
+by one as the live ones do, and the forecast of a long wait, which deciding every minute would
+make cost most of all forecasting, costs a few tens of decisions.
 Later submissions can be assumed (``holding``: every team that submitted lately keeps holding
 what it holds, its running jobs followed by like ones as they end; ``HOLD_S``), but are not by
 default: with learned estimates they did not bring more forecasts into the band (DESIGN.md).
@@ -37,7 +42,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
@@ -68,6 +73,10 @@ MIN_LONGER = 3  # runs of a class longer than a running job has run, to say how 
 BATCH_S = 8 * 3600.0
 # Later submissions assumed by default (``holding``): None, none (measured, see DESIGN.md).
 HOLD_S: float | None = None
+# How finely a forecast decides (``SimConfig.resolution``): at most every this fraction of the
+# time it has simulated, so a start n hours ahead is known to about n * 3 minutes, well inside
+# the ±20 % a forecast is judged by, and a day's backlog costs tens of decisions, not a thousand.
+RESOLUTION = 0.05
 
 
 @dataclass
@@ -218,6 +227,7 @@ def forecast(
     censored: bool = False,
     hold_s: float | None = HOLD_S,
     batch_s: float | None = BATCH_S,
+    resolution: float = RESOLUTION,
 ) -> Forecast:
     """Every waiting job's start (or only those of ``jobs``), by one forward simulation from a
     copy of ``state`` (``state`` itself is not changed), at most ``horizon_s`` ahead (None: until
@@ -226,9 +236,11 @@ def forecast(
     ``hold_s``: later submissions as ``holding`` says, of the teams that submitted in the last
     ``hold_s`` seconds (None: none); ``batch_s``: a waiting job runs at least what ``alike``
     says of the like jobs submitted within ``batch_s`` of it that run now (None: not);
-    ``arrivals``: more submissions after now."""
+    ``arrivals``: more submissions after now; ``resolution``: ``SimConfig.resolution``."""
     until = None if horizon_s is None else now + horizon_s
-    sim = resumed(state, now, config, scale, until, attained, statistic, censored, hold_s, batch_s, arrivals)
+    sim = resumed(
+        state, now, config, scale, until, attained, statistic, censored, hold_s, batch_s, arrivals, resolution
+    )
     waiting = set(sim.until_started or ())
     if jobs is not None:
         # The simulation stops once these have started: jobs behind them cost nothing.
@@ -256,11 +268,13 @@ def resumed(
     hold_s: float | None = HOLD_S,
     batch_s: float | None = BATCH_S,
     arrivals: Sequence[SimJob] = (),
+    resolution: float = RESOLUTION,
 ) -> Simulation:
     """The simulation a forecast runs (and a what-if): a copy of ``state`` at ``now``, every job
     running for what ``runtime`` says (a waiting one at least as long as its batch running now,
     ``alike``, within ``batch_s``; None: not), with the later submissions ``holding`` assumes up
-    to ``until`` (none with ``hold_s`` or ``until`` None), and ``arrivals``."""
+    to ``until`` (none with ``hold_s`` or ``until`` None), and ``arrivals``, deciding as finely as
+    ``resolution`` says (``SimConfig.resolution``)."""
     history = state.runtimes if attained else None
     runs = with_running(state, now, state.runtimes, statistic) if history is not None and censored else None
     batch = alike(state, now, batch_s, state.runtimes, statistic) if batch_s is not None else None
@@ -268,7 +282,7 @@ def resumed(
     def left(job: JobState) -> float:
         return runtime(job, now, scale, history, statistic, runs, batch)
 
-    sim = Simulation.resume(state, now, config or SimConfig(), left)
+    sim = Simulation.resume(state, now, replace(config or SimConfig(), resolution=resolution), left)
     if hold_s is not None and until is not None:
 
         def again(job: JobState) -> float:

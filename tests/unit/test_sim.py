@@ -250,6 +250,19 @@ def test_decision_cycles_on_a_timer_wait_for_the_tick() -> None:
     assert sim.stats["j"].finished == 160.0
 
 
+def test_a_coarser_resolution_decides_less_often_the_further_it_ran() -> None:
+    """With ``resolution`` r, the services decide again no sooner than the last decision plus
+    r times the time simulated up to it: c's room frees at 110, but the last decision was at
+    100, so the next is at 100 + 0.5 * 100."""
+    jobs = [sim_job("a", gpus(8), 0.0, 100.0)] + [sim_job(j, gpus(8), 0.0, 10.0) for j in "bc"]
+    fine = run(jobs, one_queue(), SimConfig())
+    coarse = run(jobs, one_queue(), SimConfig(resolution=0.5))
+    assert [fine.stats[j].first_start for j in "abc"] == [0.0, 100.0, 110.0]
+    assert [coarse.stats[j].first_start for j in "abc"] == [0.0, 100.0, 150.0]
+    on_a_timer = run(jobs, one_queue(), SimConfig(cycle_s=60.0, resolution=0.5))
+    assert on_a_timer.stats["c"].first_start == 180.0  # 100 + 50, then the next tick
+
+
 # -- the Philly experiment's parts -----------------------------------------------------------------------
 
 

@@ -11,10 +11,11 @@ the batch its estimate is of, and ends at it); where too few ran as long, it run
 as it has run (run times are heavy-tailed: the longer a job has run,
 the longer it is likely to go on); a job with no estimate at all runs
 ``queueing.UNKNOWN_RUNTIME_S``; no node fails; a job being preempted stops by its deadline.
-A waiting job with no estimate of its owner's runs at least as long as the like jobs of its
-team submitted within ``BATCH_S`` of it that run now have run (``alike``): a team's jobs
-come in batches that run alike, and while a batch of long ones runs the learned estimate is of
-the class's short runs that ended. One forward run gives every waiting job's start at once.
+A waiting job can be run at least as long as the like jobs of its team submitted within
+``batch_s`` of it that run now have run (``alike``: a team's jobs come in batches that run
+alike), but is not by default (``BATCH_S``): the jobs running at any moment are the long ones,
+and over the whole Philly slice the floor made a busy team's line of short jobs forecast hours
+too late (DESIGN.md). One forward run gives every waiting job's start at once.
 It decides as often as the live services at first and more seldom the further ahead it looks
 (``RESOLUTION``: at most every 5 % of the time it has simulated), so a start n hours ahead is
 known to within about n * 3 minutes: the services see what ended meanwhile all at once, not one
@@ -55,10 +56,9 @@ from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
     "(its owner's, else learned from similar jobs that finished), scaled by how far off the "
-    "estimates of the jobs that finished lately were, once enough did; a waiting job for at least "
-    "as long as its team's similar jobs submitted within 8 hours of it that run now have run; "
-    "a running job until its estimate, and once past it for as much longer as similar jobs that "
-    "ran as long did, scaled alike"
+    "estimates of the jobs that finished lately were, once enough did; a running job until its "
+    "estimate, and once past it for as much longer as similar jobs that ran as long did, scaled "
+    "alike"
 )
 EARLY, LATE = 0.5, 2.0
 # How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every
@@ -69,8 +69,9 @@ CALIBRATE_FROM = 500  # the latest jobs that finished whose estimates' errors ca
 MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
 MIN_LONGER = 3  # runs of a class longer than a running job has run, to say how much longer it goes
 # A waiting job runs at least as long as the like jobs of its team submitted within this of it
-# that run now have run (``alike``): measured on the Philly slice, see DESIGN.md.
-BATCH_S = 8 * 3600.0
+# that run now have run (``alike``): None, not (measured on the Philly slice, see DESIGN.md;
+# ``bench.eta --batch 480`` for an 8-hour window).
+BATCH_S: float | None = None
 # Later submissions assumed by default (``holding``): None, none (measured, see DESIGN.md).
 HOLD_S: float | None = None
 # How finely a forecast decides (``SimConfig.resolution``): at most every this fraction of the

@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.workers < 1:
         ap.error(f"--workers must be at least 1, not {args.workers}")
+    if not 0.0 <= args.resolution < math.inf:
+        ap.error(f"--resolution must be a fraction of 0 or more, not {args.resolution}")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
     sliced = philly.load_slice(trace.find(args.trace), args.start, args.jobs)

@@ -50,3 +50,14 @@ def test_the_figures_do_not_depend_on_how_many_processes_forecast(
         printed.append([ln for ln in out.splitlines() if not re.search(r"elapsed|took|load average", ln)])
     assert printed[0] == printed[1]
     assert any(ln.startswith("all ") for ln in printed[0])
+
+
+@pytest.mark.parametrize("argv", [("--resolution", "-0.1"), ("--resolution", "nan"), ("--workers", "0")])
+def test_a_mistaken_flag_is_one_line_and_no_run(
+    argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        eta.main(list(argv))
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{argv[0]} must be" in err and "Traceback" not in err

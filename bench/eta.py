@@ -10,10 +10,10 @@ At the end of each simulated minute in which jobs arrived (before the services d
 it forecasts the start of the jobs just submitted, and every 10 simulated minutes (``--again``)
 that of every waiting job (``services/sim/eta.py``: the simulator run forward from a copy of the
 state, no later arrivals (``--future M``: the submissions of the last M minutes come again,
-``--repeat``: every M minutes to the horizon), jobs ending at their estimates scaled by how far
-off the estimates of the jobs that finished so far were in all (``--no-calibrate``: as they
-are), a running job for as much longer as the runs of its class that ran as long went on, scaled
-alike (``--no-attained``: its estimate less what it ran; ``--statistic``: jobs run for the mean,
+``--repeat``: every M minutes to the horizon), jobs ending at their estimates times how far
+off the estimate of one of the jobs that finished so far was (``Errors``; ``--no-calibrate``:
+as they are), a running job for as much longer as the runs of its class that ran as long went
+on (``--no-attained``: its estimate less what it ran; ``--statistic``: jobs run for the mean,
 median or upper quartile of their class's runs known at the forecast, not the fold's estimate;
 ``--censored``: a class's running jobs count among its runs), at most ``--horizon`` hours ahead,
 deciding at most every ``--resolution`` of the time simulated (0: every simulated minute); a
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         "--calibrate",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="scale estimates by how far off those of the jobs that finished so far were in all",
+        help="run each job for its estimate times how far off that of a job that finished so far was",
     )
     ap.add_argument(
         "--band", action="store_true", help="also forecast early and late at submission (3x the cost)"
@@ -340,13 +340,15 @@ def run(
                 unfinished.discard(i)
                 if sim.stats[i].phase == "succeeded":
                     calibration.saw(estimate[i], sim.by_id[i].work_s)
-            lo, at, hi = calibration.scales() if calibrate else (eta.EARLY, 1.0, eta.LATE)
+            lo, hi = calibration.spread() if calibrate else (eta.EARLY, eta.LATE)
+            errors = calibration.errors() if calibrate else None
             future: list[SimJob] = []
             if future_s > 0:
                 while lately and lately[0][2] < now - future_s:
                     lately.popleft()
                 until = now + horizon_s if repeat else None
-                future = eta.recent(state, now, future_s, scale * at, until, lately)
+                total = calibration.total() if calibrate else 1.0
+                future = eta.recent(state, now, future_s, scale * total, until, lately)
             blob = msgspec.msgpack.encode(state)  # one copy per point, whatever the forecasts
             ask = dict(
                 horizon_s=horizon_s,
@@ -357,8 +359,9 @@ def run(
                 hold_s=hold_s,
                 batch_s=batch_s,
                 resolution=resolution,
+                errors=errors,
             )
-            fc = forecaster.submit(blob, now, dict(ask, scale=scale * at, jobs=asked))
+            fc = forecaster.submit(blob, now, dict(ask, scale=scale, jobs=asked))
             if band and new:
                 early = forecaster.submit(blob, now, dict(ask, scale=scale * lo, jobs=new))
                 late = forecaster.submit(blob, now, dict(ask, scale=scale * hi, jobs=new))
@@ -416,7 +419,11 @@ def run(
         + f"runtimes the {statistic} of each class's runs"
         + (" and running jobs" if censored else "")
         + f", scaled by {scale:g} in forecasts"
-        + (", and by how far off the estimates of the jobs that finished so far were" if calibrate else "")
+        + (
+            ", each by how far off the estimate of one of the jobs that finished so far was"
+            if calibrate
+            else ""
+        )
         + (
             "; running jobs end as the runs of their class that ran as long did"
             if attained
@@ -502,10 +509,11 @@ def run(
             "  estimate / actual at the 10th, 25th, 50th, 75th, 90th percentiles: "
             + ", ".join(f"{x:.2f}" for x in q)
         )
-    lo, at, hi = calibration.scales()
+    lo, hi = calibration.spread()
     lines.append(
-        f"  calibration at the end (latest {len(calibration.seen)} finished): runtime scales "
-        f"early {lo:.2f}, forecast {at:.2f} (total actual / total estimated), late {hi:.2f}"
+        f"  calibration at the end (latest {len(calibration.seen)} finished): each job run by one of "
+        f"their errors, early {lo:.2f} and late {hi:.2f} times it; total actual / total estimated "
+        f"{calibration.total():.2f}"
     )
     return "\n".join(lines)
 

@@ -30,8 +30,8 @@ estimate on the Philly slice).
 
 How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``.
 Calibrated (``Calibration``): the estimates' errors are measured on the jobs that finished last
-(actual runtime against the estimate the job had), and the forecast scales every estimate by
-their total actual over total estimated runtime, the band by the spread of the jobs' errors
+(actual runtime against the estimate the job had), and the forecast runs each job for its
+estimate times one of them (``Errors``), the band scales that by the spread of the errors
 (``bench/eta.py`` prints the spread it measures). Later submissions
 that go first (a shorter job, a queue further below its fair share, a higher priority) can only
 make a start later than forecast, never earlier: the band does not cover them.
@@ -39,8 +39,10 @@ make a start later than forecast, never earlier: the band does not cover them.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -55,10 +57,10 @@ from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 
 ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
-    "(its owner's, else learned from similar jobs that finished), scaled by how far off the "
-    "estimates of the jobs that finished lately were, once enough did; a running job until its "
-    "estimate, and once past it for as much longer as similar jobs that ran as long did, scaled "
-    "alike"
+    "(its owner's, else learned from similar jobs that finished) times how far off the estimate "
+    "of one of the jobs that finished lately was, once enough did; a running job one of those "
+    "that ran longer than it has so far, and past nearly all of them for as much longer as "
+    "similar jobs that ran as long did"
 )
 EARLY, LATE = 0.5, 2.0
 # How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every
@@ -91,19 +93,50 @@ class Calibration:
         if estimate > 0 and actual > 0:
             self.seen.append((estimate, actual))
 
-    def scales(self) -> tuple[float, float, float]:
-        """(early, forecast, late) runtime scales, or ``EARLY``, 1, ``LATE`` while too few jobs
-        finished. The forecast's is the total actual runtime over the total estimated: a queue
-        waits for the sum of the runtimes ahead of it, and in heavy-tailed runtimes that sum is
-        the few long jobs', which the median job's error (far smaller) leaves out. The band is
-        that, times the quartiles of each job's actual / estimate over their median."""
-        seen = self.seen
-        if len(seen) < MIN_CALIBRATION:
-            return EARLY, 1.0, LATE
-        mid = sum(a for _, a in seen) / sum(e for e, _ in seen)
-        r = sorted(a / e for e, a in seen)
+    def spread(self) -> tuple[float, float]:
+        """(early, late) scales of every runtime run by its error (``errors``): the quartiles
+        of the jobs' errors over their median; ``EARLY``, ``LATE`` while too few finished."""
+        if len(self.seen) < MIN_CALIBRATION:
+            return EARLY, LATE
+        r = sorted(a / e for e, a in self.seen)
         q1, q2, q3 = (r[int(p * (len(r) - 1))] for p in (0.25, 0.5, 0.75))
-        return mid * q1 / q2, mid, mid * q3 / q2
+        return q1 / q2, q3 / q2
+
+    def errors(self) -> Errors | None:
+        """Each finished job's actual / estimated runtime, for forecasts to run jobs by
+        (``Errors``); None while too few jobs finished."""
+        if len(self.seen) < MIN_CALIBRATION:
+            return None
+        return Errors(tuple(sorted(a / e for e, a in self.seen)))
+
+    def total(self) -> float:
+        """Their total actual runtime over their total estimated (1 while too few): what a
+        runtime not run by a job's own error (a later arrival's) is scaled by."""
+        if len(self.seen) < MIN_CALIBRATION:
+            return 1.0
+        return sum(a for _, a in self.seen) / sum(e for e, _ in self.seen)
+
+
+@dataclass(frozen=True)
+class Errors:
+    """How far off finished jobs' estimates were (actual / estimate, sorted), for a forecast to
+    run each job for its estimate times one of them: the same one for a job in every forecast
+    (at the quantile its id hashes to), and for a running job one of those longer than it has
+    run. A line of jobs drains through many GPUs at once: the few that run far longer than
+    estimated hold a few GPUs while the rest flow past them, so a line waits for the like of
+    each job's own error, not every job for the mean one."""
+
+    ratios: tuple[float, ...]
+
+    def of(self, job_id: str, above: float = 0.0) -> float | None:
+        """The ratio job ``job_id`` runs for, among those over ``above`` (None: fewer than
+        ``MIN_LONGER``)."""
+        ratios = self.ratios
+        lo = bisect.bisect_right(ratios, above)
+        if len(ratios) - lo < MIN_LONGER:
+            return None
+        u = zlib.crc32(job_id.encode()) / 2**32
+        return ratios[lo + int(u * (len(ratios) - lo))]
 
 
 @dataclass(frozen=True)
@@ -138,20 +171,31 @@ def runtime(
     statistic: str = LEARNED,
     runs: Mapping[str, Sequence[float]] | None = None,
     batch: Mapping[str, float] | None = None,
+    errors: Errors | None = None,
 ) -> float:
     """How much longer ``job`` runs (holding GPUs), or how long it runs once started (waiting).
     Given the learned ``history`` (``State.runtimes``), a job with no estimate of its owner's
     runs for what its class's runs say (``expected``, from ``runs`` when given: ``with_running``;
     once it has run past that, ``remaining``, when enough of its class ran as long), times
-    ``scale`` as every estimate."""
+    ``scale`` as every estimate. Given ``errors``, a job with an estimate runs for it times its
+    error (``Errors.of``), a running one times one above what it has run so far while enough
+    are."""
     est = runtimes.of(job) if history is None else expected(job, history if runs is None else runs, statistic)
+    waiting = job.phase in WAITING
+    ran = 0.0 if waiting else job.ran_s + (max(0.0, now - job.phase_since) if job.phase == "running" else 0.0)
+    error = None
+    if errors is not None and est is not None and est > 0:
+        # one of the errors above what it ran: its estimate, past it, is no measure any more
+        error = errors.of(job.id, ran / est)
+        est *= 1.0 if error is None else error
     est = (UNKNOWN_RUNTIME_S if est is None else est) * scale
     if batch is not None and job.id in batch:
         # what the batch's jobs ran is measured, not estimated: not scaled as estimates are
         est = max(est, batch[job.id])
-    if job.phase in WAITING:
+    if waiting:
         return est
-    ran = job.ran_s + (max(0.0, now - job.phase_since) if job.phase == "running" else 0.0)
+    if error is not None:
+        return max(1.0, est - ran)
     if history is not None and job.spec.runtime_estimate_s is None and ran >= est:
         # short of its estimate, a job is taken to be one of its batch, which the estimate is of
         # (``runtimes.LATEST``); past it, one of its class's long runs
@@ -229,6 +273,7 @@ def forecast(
     hold_s: float | None = HOLD_S,
     batch_s: float | None = BATCH_S,
     resolution: float = RESOLUTION,
+    errors: Errors | None = None,
 ) -> Forecast:
     """Every waiting job's start (or only those of ``jobs``), by one forward simulation from a
     copy of ``state`` (``state`` itself is not changed), at most ``horizon_s`` ahead (None: until
@@ -237,10 +282,23 @@ def forecast(
     ``hold_s``: later submissions as ``holding`` says, of the teams that submitted in the last
     ``hold_s`` seconds (None: none); ``batch_s``: a waiting job runs at least what ``alike``
     says of the like jobs submitted within ``batch_s`` of it that run now (None: not);
-    ``arrivals``: more submissions after now; ``resolution``: ``SimConfig.resolution``."""
+    ``arrivals``: more submissions after now; ``resolution``: ``SimConfig.resolution``;
+    ``errors``: how far off each job's estimate is taken to be (``Errors``; None: not)."""
     until = None if horizon_s is None else now + horizon_s
     sim = resumed(
-        state, now, config, scale, until, attained, statistic, censored, hold_s, batch_s, arrivals, resolution
+        state,
+        now,
+        config,
+        scale,
+        until,
+        attained,
+        statistic,
+        censored,
+        hold_s,
+        batch_s,
+        arrivals,
+        resolution,
+        errors,
     )
     waiting = set(sim.until_started or ())
     if jobs is not None:
@@ -270,6 +328,7 @@ def resumed(
     batch_s: float | None = BATCH_S,
     arrivals: Sequence[SimJob] = (),
     resolution: float = RESOLUTION,
+    errors: Errors | None = None,
 ) -> Simulation:
     """The simulation a forecast runs (and a what-if): a copy of ``state`` at ``now``, every job
     running for what ``runtime`` says (a waiting one at least as long as its batch running now,
@@ -281,14 +340,21 @@ def resumed(
     batch = alike(state, now, batch_s, state.runtimes, statistic) if batch_s is not None else None
 
     def left(job: JobState) -> float:
-        return runtime(job, now, scale, history, statistic, runs, batch)
+        return runtime(job, now, scale, history, statistic, runs, batch, errors)
 
     sim = Simulation.resume(state, now, replace(config or SimConfig(), resolution=resolution), left)
     if hold_s is not None and until is not None:
 
         def again(job: JobState) -> float:
             return runtime(
-                msgspec.structs.replace(job, phase="queued"), now, scale, history, statistic, runs, batch
+                msgspec.structs.replace(job, phase="queued"),
+                now,
+                scale,
+                history,
+                statistic,
+                runs,
+                batch,
+                errors,
             )
 
         arrivals = [*arrivals, *holding(state, now, hold_s, until, left, again)]
@@ -434,12 +500,22 @@ def band(
     """Per waiting job: (early, forecast, late) starts (see the module docstring). ``cancelled``
     is asked as simulated time moves on; when it says so, ``Cancelled`` is raised."""
     asked = None if jobs is None else list(jobs)
-    lo, at, hi = (EARLY, 1.0, LATE) if calibration is None else calibration.scales()
+    lo, hi = (EARLY, LATE) if calibration is None else calibration.spread()
+    errors = None if calibration is None else calibration.errors()
 
     def at_scale(scale: float) -> Forecast:
-        return forecast(state, now, config, scale=scale, horizon_s=horizon_s, jobs=asked, cancelled=cancelled)
+        return forecast(
+            state,
+            now,
+            config,
+            scale=scale,
+            horizon_s=horizon_s,
+            jobs=asked,
+            cancelled=cancelled,
+            errors=errors,
+        )
 
-    mid, early, late = at_scale(at), at_scale(lo), at_scale(hi)
+    mid, early, late = at_scale(1.0), at_scale(lo), at_scale(hi)
     ids = list(mid.starts)
     out = {}
     for job_id in ids:

@@ -504,3 +504,36 @@ def test_a_batch_running_longer_than_the_estimate_lengthens_a_waiting_job_only()
     assert eta.runtime(job, 0.0, batch={"w": 50.0}) == 100.0
     assert eta.runtime(job, 0.0, 2.0, batch={"w": 500.0}) == 500.0  # what the batch ran is not scaled
     assert eta.runtime(job, 0.0, 6.0, batch={"w": 500.0}) == 600.0  # the estimate is
+
+
+def test_each_job_runs_for_one_of_the_errors_the_same_one_each_time() -> None:
+    errors = eta.Errors((0.5, 1.0, 2.0, 3.0, 4.0, 8.0))
+    got = {f"j{i}": errors.of(f"j{i}") for i in range(200)}
+    assert got == {f"j{i}": errors.of(f"j{i}") for i in range(200)}  # the same in every forecast
+    assert set(got.values()) == set(errors.ratios)  # each error taken by some job
+    # a running job that has run 1.5 times its estimate runs for one of the errors above that
+    assert {errors.of(f"j{i}", 1.5) for i in range(200)} == {2.0, 3.0, 4.0, 8.0}
+    assert errors.of("j0", 3.5) is None  # fewer than MIN_LONGER ran that much longer than estimated
+
+
+def test_a_line_waits_for_each_jobs_own_error_not_every_job_for_the_mean() -> None:
+    """One job in 20 ran 20 times its estimate: in a line of 40 jobs through 8 GPUs, the few
+    such jobs hold a GPU each while the others drain the rest of the line, which ends at 500
+    (400 had every estimate been right). Scaling every job by the mean error (1.95) forecasts
+    the end of the line at 780."""
+    work = [SimJob(f"w{i:02}", "t", spec(1, estimate=100.0), 0.0, 100.0) for i in range(40)]
+    sim = Simulation(inventory.cluster(1, "h100-8x"), queue(8), work).run(until=0.0)
+    errors = eta.Errors(tuple(sorted([1.0] * 19 + [20.0])))
+    own = eta.forecast(sim.state, 0.0, errors=errors).starts
+    mean = eta.forecast(sim.state, 0.0, scale=sum(errors.ratios) / len(errors.ratios)).starts
+    plain = eta.forecast(sim.state, 0.0).starts
+    assert (max(plain.values()), max(own.values()), max(mean.values())) == (400.0, 500.0, 780.0)
+
+
+def test_the_calibration_runs_each_job_by_its_error_and_spreads_the_band_by_their_quartiles() -> None:
+    c = eta.Calibration()
+    for i in range(eta.MIN_CALIBRATION):
+        c.saw(100.0, 100.0 * (1 + i % 4))  # errors 1, 2, 3, 4 alike
+    assert c.errors() == eta.Errors(tuple(sorted(float(1 + i % 4) for i in range(eta.MIN_CALIBRATION))))
+    assert c.spread() == (1.0 / 2.0, 3.0 / 2.0)
+    assert c.total() == pytest.approx(2.5)

@@ -123,10 +123,10 @@ def test_forecasts_are_calibrated_by_how_far_finished_jobs_estimates_were_off() 
     c = eta.Calibration()
     for _ in range(eta.MIN_CALIBRATION - 1):
         c.saw(1000.0, 500.0)
-    assert c.scales() == (eta.EARLY, 1.0, eta.LATE)  # too few yet
+    assert (c.errors(), c.spread(), c.total()) == (None, (eta.EARLY, eta.LATE), 1.0)  # too few yet
     c.saw(1000.0, 500.0)
-    # In all, the estimates ran twice as long as the jobs did; one job in four ran half of that.
-    assert c.scales()[1] == 0.5
+    # Every job ran half its estimate.
+    assert c.errors() == eta.Errors((0.5,) * eta.MIN_CALIBRATION)
     # The job holding the node is expected to end at 1000; estimates ran half as long: 500.
     state = busy(("t1", "t")).state
     assert eta.band(state, 1.0, calibration=c)["t1"][1] == pytest.approx(500.0, abs=1.0)

@@ -96,9 +96,10 @@ class Calibration:
     def spread(self) -> tuple[float, float]:
         """(early, late) scales of every runtime run by its error (``errors``): the quartiles
         of the jobs' errors over their median; ``EARLY``, ``LATE`` while too few finished."""
-        if len(self.seen) < MIN_CALIBRATION:
+        errors = self.errors()
+        if errors is None:
             return EARLY, LATE
-        r = sorted(a / e for e, a in self.seen)
+        r = errors.ratios
         q1, q2, q3 = (r[int(p * (len(r) - 1))] for p in (0.25, 0.5, 0.75))
         return q1 / q2, q3 / q2
 

@@ -28,9 +28,12 @@ were. Decisions are taken at event
 times only: a live service also re-decides on a timer, so a condition that turns true by the
 mere passing of time (an anti-thrash guard expiring) is seen here at the next event, there
 within a second. With ``cycle_s`` the services decide only at multiples of it, as services that
-cycle on a slow timer would. Finished jobs leave the state as they do live: the fold lets them
-go once the retention period the setup's ``ApplyRetention`` sets has passed in simulated time
-(one hour if it sets none; a trace replay sets 0, as nothing reads a finished job's state).
+cycle on a slow timer would. With ``resolution`` (a forecast's) they decide more seldom the
+further the simulation has run, and a job placed at such a decision runs from when its GPUs were
+freed since the decision before: the services are late, not the GPUs (``SimConfig.resolution``).
+Finished jobs leave the state as they do live: the fold lets them go once the retention period
+the setup's ``ApplyRetention`` sets has passed in simulated time (one hour if it sets none; a
+trace replay sets 0, as nothing reads a finished job's state).
 
 The node agents, as the simulator plays them (``AgentModel``), keep the contract of the live
 agents (``services/agent``): start what the fold placed, report exits and checkpoints, and
@@ -142,7 +145,10 @@ class SimConfig:
     # simulated so far (0.05: every 3 minutes an hour ahead, every hour 20 hours ahead), and
     # never more often than ``cycle_s``; 0: every cycle. A start many hours ahead is not known
     # to the minute, and deciding each minute of a day's backlog made the long forecasts cost
-    # most of all forecasting (``eta.RESOLUTION``).
+    # most of all forecasting (``eta.RESOLUTION``). A job placed at such a decision runs from
+    # when the GPUs it got were freed since the one before (``Simulation._since``), and one that
+    # ends before the decision it was placed at frees its GPUs for another decision at once: the
+    # services decided late, the GPUs did not stand idle.
     resolution: float = 0.0
     max_rounds: int = 64  # passes of the services at one time before they are deemed not to settle
     # Another scheduler in place of admission, placer and preemptor: a factory of one role that
@@ -208,6 +214,7 @@ class _Run:
     token: int
     stopping: bool = False
     frozen: float | None = None  # progress when asked to checkpoint: it makes none after
+    gpus: tuple[tuple[str, int], ...] = ()  # (node, GPU index) it holds
 
 
 _DECIDE, _FINISH, _CHECKPOINT, _SAVED, _KILL, _WAKE = range(6)
@@ -238,6 +245,11 @@ class Simulation:
         self.now = self.jobs[0].arrival if self.jobs else 0.0
         self.origin = self.now  # where ``resolution`` counts the time simulated from
         self._decided: float | None = None  # when the services last decided
+        self._decisions = 0  # decisions taken (``_settle``)
+        # Per GPU (node, index): when it was last freed, as the job on it ran (``resolution``:
+        # before the fold time the services saw it), and how many decisions had been taken then.
+        self._freed: dict[tuple[str, int], tuple[float, int]] = {}
+        self._catch_up = False  # a job ended before the time it was placed at: decide at once
         self.cycles = 0  # decision passes run
         self.decide_calls = 0
         self.wall_s = 0.0
@@ -330,7 +342,8 @@ class Simulation:
                     self._fold(ev, now, None, "agent")
         self._tokens += 1
         ranks = tuple((w.rank, w.node) for w in workers)
-        run = self._runs[job.id] = _Run(placement.attempt, ranks, now, 0.0, self._tokens)
+        run = _Run(placement.attempt, ranks, now, 0.0, self._tokens, gpus=_claims(workers))
+        self._runs[job.id] = run
         st = self.stats[job.id]
         self.held[job.tenant] = self.held.get(job.tenant, 0.0) + st.gpus
         if job.phase == "checkpointing" or job.phase in FINAL:
@@ -432,11 +445,12 @@ class Simulation:
                 self._exit(job_id, run, t, stopped=True)
         if self._dirty and self._waiting:
             tick = self._next_decision(t)
-            if tick > t:  # not yet: the services decide at their next tick
+            if tick > t and not self._catch_up:  # not yet: the services decide at their next tick
                 if self._tick is None:
                     self._tick = tick
                     self._push(tick, _DECIDE, "", 0)
                 return
+        self._catch_up = False
         self._settle(t)
 
     # -- one time step ----------------------------------------------------------------------------
@@ -456,6 +470,7 @@ class Simulation:
         while True:
             if self._dirty and self._waiting:
                 self._decided = now
+                self._decisions += 1
                 self._decide(now)
             self._dirty = False
             if not self._react(now):
@@ -540,17 +555,34 @@ class Simulation:
             )
         self._tokens += 1
         progress0 = self._saved.get(job_id, 0.0)
-        run = self._runs[job_id] = _Run(attempt, ranks, now, progress0, self._tokens)
         st = self.stats[job_id]
+        started = self._since(workers, now, st.submitted) if self.config.resolution > 0 else now
+        run = _Run(attempt, ranks, started, progress0, self._tokens, gpus=_claims(workers))
+        self._runs[job_id] = run
         if st.first_start is None:
-            st.first_start = now
+            st.first_start = started
         if self.until_started is not None:
             self.until_started.discard(job_id)
         st.attempts += 1
         self.held[job.tenant] = self.held.get(job.tenant, 0.0) + st.gpus
         left = max(0.0, job.work_s - progress0)
-        self._push(now + left, _FINISH, job_id, run.token)
+        self._push(max(now, started + left), _FINISH, job_id, run.token)
         self._next_checkpoint(job_id, run)
+
+    def _since(self, workers: Sequence[WorkerSlot], now: float, submitted: float) -> float:
+        """When a job placed at ``now`` by a decision of a coarse ``resolution`` starts: when the
+        last of its GPUs freed since the decision before this one was (the services would have
+        placed it then, deciding at every event; those already free then did not hold it
+        back), never before its submission; ``now`` if none of them was freed since (why it was
+        not placed then is not known)."""
+        last = self._decisions - 1  # a GPU freed after that decision, before this one
+        at = -math.inf
+        for w in workers:
+            for claim in w.gpus:
+                freed = self._freed.get((w.node, claim.gpu))
+                if freed is not None and freed[1] >= last:
+                    at = max(at, freed[0])
+        return now if at == -math.inf else min(max(at, submitted), now)
 
     def _next_checkpoint(self, job_id: str, run: _Run) -> None:
         job = self.by_id[job_id]
@@ -560,7 +592,7 @@ class Simulation:
         done = self._saved.get(job_id, 0.0)
         at = run.started + (done - run.progress0) + every  # running time at which it is written
         if done + every < job.work_s:
-            self._push(at, _CHECKPOINT, job_id, run.token)
+            self._push(max(at, self.now), _CHECKPOINT, job_id, run.token)
 
     def _progress(self, job_id: str, run: _Run, now: float) -> float:
         if run.frozen is not None:
@@ -618,7 +650,13 @@ class Simulation:
         del self._runs[job_id]
         job = self.by_id[job_id]
         st = self.stats[job_id]
-        held = st.gpus * (now - run.started)
+        # it ran to ``end``: before ``now`` if it started before the decision that placed it
+        end = now if stopped else min(now, run.started + job.work_s - run.progress0)
+        if end < now:
+            self._catch_up = True
+        for gpu in run.gpus:
+            self._freed[gpu] = (end, self._decisions)
+        held = st.gpus * (end - run.started)
         kept = (job.work_s if not stopped else self._saved.get(job_id, 0.0)) - run.progress0
         st.held_gpu_s += held
         st.lost_gpu_s += max(0.0, held - st.gpus * max(0.0, kept))
@@ -630,7 +668,7 @@ class Simulation:
             if not job.spec.checkpointable:
                 self._saved.pop(job_id, None)
         elif phase in FINAL:
-            st.finished = now
+            st.finished = end
             self.demand[job.tenant] -= st.gpus
         else:
             raise SimError(f"job {job_id} finished its work at t={now} but the fold has it {phase}")
@@ -655,6 +693,10 @@ class Simulation:
                 data = codec.encode(env)
             out.append(Record(r.seq, r.subject, data, None, r.time))
         return out
+
+
+def _claims(workers: Sequence[WorkerSlot]) -> tuple[tuple[str, int], ...]:
+    return tuple((w.node, c.gpu) for w in workers for c in w.gpus)
 
 
 def _gpus(spec: JobSpec) -> float:

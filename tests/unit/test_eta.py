@@ -177,18 +177,23 @@ def test_the_forecast_of_a_running_job_past_its_estimate() -> None:
     assert eta.forecast(sim.state, 200.0).starts == {"b": 400.0}
 
 
-@pytest.mark.parametrize(("resolution", "c"), [(0.0, 1110.0), (eta.RESOLUTION, 1110.0), (0.5, 1150.0)])
-def test_a_forecast_decides_more_coarsely_the_further_ahead(resolution: float, c: float) -> None:
+@pytest.mark.parametrize(("resolution", "decided"), [(0.0, 1110.0), (eta.RESOLUTION, 1110.0), (0.5, 1150.0)])
+def test_a_forecast_decides_more_coarsely_the_further_ahead(resolution: float, decided: float) -> None:
     """A forecast's resolution counts from its own now, not from the start of the log: at
-    1,000 s, with a resolution of 0.5, the decision after the one at 1,100 comes at 1,150."""
+    1,000 s, with a resolution of 0.5, the decision after the one at 1,100 comes at 1,150. The
+    job placed there runs from when its GPUs were freed, 1,110, as it would deciding at every
+    event."""
     work = [
         SimJob("a", "t", spec(8, estimate=1100.0), 0.0, 1100.0),
         SimJob("b", "t", spec(8, estimate=10.0), 0.0, 10.0),
         SimJob("c", "t", spec(8, estimate=10.0), 0.0, 10.0),
     ]
     sim = Simulation(inventory.cluster(1, "h100-8x"), queue(8), work).run(until=1000.0)
-    got = eta.forecast(sim.state, 1000.0, resolution=resolution).starts
-    assert got == pytest.approx({"b": 1100.0, "c": c})
+    assert eta.forecast(sim.state, 1000.0, resolution=resolution).starts == pytest.approx(
+        {"b": 1100.0, "c": 1110.0}
+    )
+    ahead = eta.resumed(sim.state, 1000.0, resolution=resolution).run()
+    assert ahead.state.jobs["c"].phase_since == decided  # placed by the decision at that time
 
 
 def test_the_band_scales_every_runtime() -> None:

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from corral.events.base import Event
+from corral.events.decisions import JobsPlaced
 from corral.events.jobs import JobSpec, Resources
 from corral.events.nodes import CheckpointCompleted
 from corral.events.queues import (
@@ -243,6 +244,22 @@ def test_letting_finished_jobs_go_changes_no_decision() -> None:
     assert (let_go.state.gpu_time, let_go.state.quota_held) == (kept.state.gpu_time, kept.state.quota_held)
 
 
+def test_a_gang_placed_at_a_coarse_decision_runs_from_when_its_last_gpus_were_freed() -> None:
+    """b needs all 8 GPUs: 4 free from 60, while the services decided at 60 and 90, the other 4
+    from 80. It runs from 80, as deciding at every event; the GPUs free since before the
+    decision at 60 did not hold it back."""
+    jobs = [
+        sim_job("a", gpus(4), 0.0, 80.0),
+        sim_job("x", gpus(4), 0.0, 60.0),
+        sim_job("b", gpus(8), 0.0, 10.0),
+    ]
+    fine = run(jobs, one_queue(), SimConfig())
+    coarse = run(jobs, one_queue(), SimConfig(resolution=0.5))
+    assert fine.stats["b"].first_start == coarse.stats["b"].first_start == 80.0
+    placed = [r.time for r in coarse.records or () if isinstance(r.body, JobsPlaced)]
+    assert placed == [0.0, 90.0]
+
+
 def test_decision_cycles_on_a_timer_wait_for_the_tick() -> None:
     jobs = [sim_job("j", gpus(1), 5.0, 100.0)]
     sim = run(jobs, one_queue(), SimConfig(cycle_s=60.0))
@@ -253,14 +270,26 @@ def test_decision_cycles_on_a_timer_wait_for_the_tick() -> None:
 def test_a_coarser_resolution_decides_less_often_the_further_it_ran() -> None:
     """With ``resolution`` r, the services decide again no sooner than the last decision plus
     r times the time simulated up to it: c's room frees at 110, but the last decision was at
-    100, so the next is at 100 + 0.5 * 100."""
-    jobs = [sim_job("a", gpus(8), 0.0, 100.0)] + [sim_job(j, gpus(8), 0.0, 10.0) for j in "bc"]
+    100, so the next is at 100 + 0.5 * 100. c runs from 110 all the same, when its GPUs were
+    freed; it ended before 150, so the services decide again at once and place d, which runs
+    from 120, and so on up to f, which ends at 150 itself: g is placed by the next decision, at
+    225, and runs from 150. The GPUs stood idle no more than with a decision at every event."""
+    jobs = [sim_job("a", gpus(8), 0.0, 100.0)] + [sim_job(j, gpus(8), 0.0, 10.0) for j in "bcdefgh"]
     fine = run(jobs, one_queue(), SimConfig())
     coarse = run(jobs, one_queue(), SimConfig(resolution=0.5))
-    assert [fine.stats[j].first_start for j in "abc"] == [0.0, 100.0, 110.0]
-    assert [coarse.stats[j].first_start for j in "abc"] == [0.0, 100.0, 150.0]
+    starts = [0.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0, 160.0]
+    assert [fine.stats[j].first_start for j in "abcdefgh"] == starts
+    assert [coarse.stats[j].first_start for j in "abcdefgh"] == starts
+    assert [coarse.stats[j].finished for j in "abcdefgh"] == [*starts[1:], 170.0]
+    placed = [
+        (p.job_id, r.time)
+        for r in coarse.records or ()
+        if isinstance(r.body, JobsPlaced)
+        for p in r.body.placements
+    ]
+    assert placed == [("a", 0.0), ("b", 100.0), *((j, 150.0) for j in "cdef"), ("g", 225.0), ("h", 225.0)]
     on_a_timer = run(jobs, one_queue(), SimConfig(cycle_s=60.0, resolution=0.5))
-    assert on_a_timer.stats["c"].first_start == 180.0  # 100 + 50, then the next tick
+    assert on_a_timer.stats["c"].first_start == 110.0
 
 
 # -- the Philly experiment's parts -----------------------------------------------------------------------

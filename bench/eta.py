@@ -222,6 +222,13 @@ def main(argv: list[str] | None = None) -> None:
         default=eta.RESOLUTION,
         help="forecasts decide at most every this fraction of the time they simulated (0: every cycle)",
     )
+    ap.add_argument(
+        "--sample",
+        type=int,
+        default=1,
+        help="forecast the jobs submitted at every K-th submission time only (the replay and the "
+        "calibration are the same; the figures are of those jobs)",
+    )
     ap.add_argument("--dump", default=None, help="write one JSON line per job (forecast, naive, actual) here")
     ap.add_argument(
         "--workers",
@@ -232,6 +239,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.workers < 1:
         ap.error(f"--workers must be at least 1, not {args.workers}")
+    if args.sample < 1:
+        ap.error(f"--sample must be at least 1, not {args.sample}")
     if not 0.0 <= args.resolution < math.inf:
         ap.error(f"--resolution must be a fraction of 0 or more, not {args.resolution}")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
@@ -268,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
             hold_s=args.hold * 60 or None,
             batch_s=args.batch * 60 or None,
             resolution=args.resolution,
+            sample=args.sample,
         )
     )
     print(f"elapsed {time.perf_counter() - t0:.0f} s")
@@ -293,6 +303,7 @@ def run(
     hold_s: float | None = eta.HOLD_S,
     batch_s: float | None = eta.BATCH_S,
     resolution: float = eta.RESOLUTION,
+    sample: int = 1,
 ) -> str:
     config = exp.config("corral")
     cycle = config.cycle_s
@@ -303,7 +314,8 @@ def run(
         first, last = int(jobs[0].arrival // every_s) + 1, int(jobs[-1].arrival // every_s) + 2
         again = {k * every_s for k in range(first, last)}
     points = sorted(arrivals | again)
-    seen: dict[str, Pending] = {}  # job -> the forecast made at its submission
+    seen: dict[str, Pending | None] = {}  # job -> the forecast made at its submission (None: not sampled)
+    submissions = 0  # submission times so far, of which every ``sample``-th is forecast
     naive: dict[str, float] = {}
     estimate: dict[str, float] = {}
     later_asked: list[tuple[str, float, Pending]] = []  # (job, forecast at, the forecast)
@@ -334,8 +346,10 @@ def run(
                 if not new:
                     continue
                 asked: list[str] | None = new  # only they need a forecast: it stops once they start
+                submissions += 1
             else:
                 asked = None
+            sampled = asked is None or submissions % sample == 0
             for i in [i for i in unfinished if sim.stats[i].finished is not None]:
                 unfinished.discard(i)
                 if sim.stats[i].phase == "succeeded":
@@ -361,8 +375,8 @@ def run(
                 resolution=resolution,
                 errors=errors,
             )
-            fc = forecaster.submit(blob, now, dict(ask, scale=scale, jobs=asked))
-            if band and new:
+            fc = forecaster.submit(blob, now, dict(ask, scale=scale, jobs=asked)) if sampled else None
+            if band and new and sampled:
                 early = forecaster.submit(blob, now, dict(ask, scale=scale * lo, jobs=new))
                 late = forecaster.submit(blob, now, dict(ask, scale=scale * hi, jobs=new))
                 for i in new:
@@ -380,12 +394,12 @@ def run(
                     if mine is not None:
                         estimate[job.id] = mine
                         unfinished.add(job.id)
-                elif asked is None:
+                elif asked is None and fc is not None:
                     later_asked.append((job.id, now, fc))
                 if job.phase != "submitted":  # one not accepted yet is ahead of nobody
                     q = job.spec.queue
                     ahead[q] = ahead.get(q, 0.0) + (UNKNOWN_RUNTIME_S if est is None else est)
-        at_submit = {i: fc.start(i) for i, fc in seen.items()}
+        at_submit = {i: fc.start(i) for i, fc in seen.items() if fc is not None}
         later = [(i, t, fc.start(i)) for i, t, fc in later_asked]
         bands = {i: (early.start(i), late.start(i)) for i, (early, late) in band_asked.items()}
     forecast_s = forecaster.busy_s  # once the pool is shut down: every result counted

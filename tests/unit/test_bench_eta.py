@@ -3,6 +3,7 @@ that wait, and prints every figure the issue asks for."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -52,7 +53,44 @@ def test_the_figures_do_not_depend_on_how_many_processes_forecast(
     assert any(ln.startswith("all ") for ln in printed[0])
 
 
-@pytest.mark.parametrize("argv", [("--resolution", "-0.1"), ("--resolution", "nan"), ("--workers", "0")])
+def test_a_sample_forecasts_some_submissions_as_the_whole_run_does(tmp_path: Path) -> None:
+    """``--sample 3`` forecasts the jobs of every third submission time only, and each of them
+    as the whole run does: the replay and the calibration do not change."""
+    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    for i in range(60):
+        gpus = (1, 2, 4, 8)[i % 4]
+        duration = 400 + 500 * (i % 4)
+        rows.append(f"2017-10-23 00:{i:02d}:00,{duration},{gpus},{gpus * duration},team{i % 3}")
+    csv = tmp_path / "philly.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    dumps = {}
+    for sample in ("1", "3"):
+        dump = tmp_path / f"{sample}.jsonl"
+        eta.main(
+            [
+                "--trace",
+                str(csv),
+                "--jobs",
+                "60",
+                "--nodes",
+                "1",
+                "--again",
+                "0",
+                "--sample",
+                sample,
+                "--dump",
+                str(dump),
+            ]
+        )
+        dumps[sample] = {r["id"]: r for r in map(json.loads, dump.read_text().splitlines())}
+    whole, some = dumps["1"], dumps["3"]
+    assert len(whole) == 60 and 10 <= len(some) <= 30
+    assert all(whole[i] == row for i, row in some.items())
+
+
+@pytest.mark.parametrize(
+    "argv", [("--resolution", "-0.1"), ("--resolution", "nan"), ("--workers", "0"), ("--sample", "0")]
+)
 def test_a_mistaken_flag_is_one_line_and_no_run(
     argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:

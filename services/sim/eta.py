@@ -19,8 +19,9 @@ too late (DESIGN.md). One forward run gives every waiting job's start at once.
 It decides as often as the live services at first and more seldom the further ahead it looks
 (``RESOLUTION``: at most every 5 % of the time it has simulated), so a start n hours ahead is
 known to within about n * 3 minutes: the services see what ended meanwhile all at once, not one
-by one as the live ones do, and the forecast of a long wait, which deciding every minute would
-make cost most of all forecasting, costs a few tens of decisions.
+by one as the live ones do (a job placed then runs from when its GPUs were freed), and the
+forecast of a long wait, which deciding every minute would make cost most of all forecasting,
+costs a few tens of decisions.
 Later submissions can be assumed (``holding``: every team that submitted lately keeps holding
 what it holds, its running jobs followed by like ones as they end; ``HOLD_S``), but are not by
 default: with learned estimates they did not bring more forecasts into the band (DESIGN.md).
@@ -31,7 +32,8 @@ estimate on the Philly slice).
 How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``.
 Calibrated (``Calibration``): the estimates' errors are measured on the jobs that finished last
 (actual runtime against the estimate the job had), and the forecast runs each job for its
-estimate times one of them (``Errors``), the band scales that by the spread of the errors
+estimate times one of them (``Errors``: of the jobs estimated most alike), the band scales
+that by the spread of all the errors
 (``bench/eta.py`` prints the spread it measures). Later submissions
 that go first (a shorter job, a queue further below its fair share, a higher priority) can only
 make a start later than forecast, never earlier: the band does not cover them.
@@ -69,6 +71,7 @@ EARLY, LATE = 0.5, 2.0
 HORIZON_S = 2 * 86400.0
 CALIBRATE_FROM = 500  # the latest jobs that finished whose estimates' errors calibrate forecasts
 MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
+NEAREST = 100  # finished jobs estimated most alike whose errors a job runs by (``Errors.near``)
 MIN_LONGER = 3  # runs of a class longer than a running job has run, to say how much longer it goes
 # A waiting job runs at least as long as the like jobs of its team submitted within this of it
 # that run now have run (``alike``): None, not (measured on the Philly slice, see DESIGN.md;
@@ -108,7 +111,7 @@ class Calibration:
         (``Errors``); None while too few jobs finished."""
         if len(self.seen) < MIN_CALIBRATION:
             return None
-        return Errors(tuple(sorted(a / e for e, a in self.seen)))
+        return Errors.of_runs(self.seen)
 
     def total(self) -> float:
         """Their total actual runtime over their total estimated (1 while too few): what a
@@ -125,19 +128,50 @@ class Errors:
     (at the quantile its id hashes to), and for a running job one of those longer than it has
     run. A line of jobs drains through many GPUs at once: the few that run far longer than
     estimated hold a few GPUs while the rest flow past them, so a line waits for the like of
-    each job's own error, not every job for the mean one."""
+    each job's own error, not every job for the mean one. Where the errors are known by
+    estimate (``near``: (log estimate, error), sorted), a job runs by those of the ``NEAREST``
+    jobs estimated most alike: a job estimated at ten minutes that ran for hours is twenty times
+    off, one estimated at hours cannot be."""
 
     ratios: tuple[float, ...]
+    near: tuple[tuple[float, float], ...] = ()
+    _nearest: dict[float, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 
-    def of(self, job_id: str, above: float = 0.0) -> float | None:
-        """The ratio job ``job_id`` runs for, among those over ``above`` (None: fewer than
-        ``MIN_LONGER``)."""
-        ratios = self.ratios
-        lo = bisect.bisect_right(ratios, above)
-        if len(ratios) - lo < MIN_LONGER:
-            return None
-        u = zlib.crc32(job_id.encode()) / 2**32
-        return ratios[lo + int(u * (len(ratios) - lo))]
+    @classmethod
+    def of_runs(cls, runs: Iterable[tuple[float, float]]) -> Errors:
+        """From (estimate, actual runtime) pairs."""
+        runs = list(runs)
+        near = tuple(sorted((math.log(max(e, 1.0)), a / e) for e, a in runs))
+        return cls(tuple(sorted(r for _, r in near)), near)
+
+    def of(self, job_id: str, above: float = 0.0, estimate: float | None = None) -> float | None:
+        """The ratio job ``job_id`` (estimated ``estimate``) runs for, among those over
+        ``above``: of the jobs estimated most alike while ``MIN_LONGER`` of them are, else of
+        all (None: fewer than that of all)."""
+        alike = self._alike(estimate) if estimate is not None and self.near else None
+        for ratios in (alike, self.ratios):
+            if ratios is None:
+                continue
+            lo = bisect.bisect_right(ratios, above)
+            if len(ratios) - lo >= MIN_LONGER:
+                u = zlib.crc32(job_id.encode()) / 2**32
+                return ratios[lo + int(u * (len(ratios) - lo))]
+        return None
+
+    def _alike(self, estimate: float) -> tuple[float, ...]:
+        """The errors of the ``NEAREST`` jobs whose estimates are nearest ``estimate`` (by
+        ratio: on a log scale), sorted; many jobs share an estimate, so each is found once."""
+        got = self._nearest.get(estimate)
+        if got is None:
+            near, x = self.near, math.log(max(estimate, 1.0))
+            lo = hi = bisect.bisect_left(near, (x, -math.inf))
+            while hi - lo < NEAREST and (lo > 0 or hi < len(near)):
+                if hi == len(near) or (lo > 0 and x - near[lo - 1][0] <= near[hi][0] - x):
+                    lo -= 1
+                else:
+                    hi += 1
+            got = self._nearest[estimate] = tuple(sorted(r for _, r in near[lo:hi]))
+        return got
 
 
 @dataclass(frozen=True)
@@ -187,7 +221,7 @@ def runtime(
     error = None
     if errors is not None and est is not None and est > 0:
         # one of the errors above what it ran: its estimate, past it, is no measure any more
-        error = errors.of(job.id, ran / est)
+        error = errors.of(job.id, ran / est, est)
         est *= 1.0 if error is None else error
     est = (UNKNOWN_RUNTIME_S if est is None else est) * scale
     if batch is not None and job.id in batch:

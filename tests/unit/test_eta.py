@@ -535,10 +535,36 @@ def test_a_line_waits_for_each_jobs_own_error_not_every_job_for_the_mean() -> No
     assert (max(plain.values()), max(own.values()), max(mean.values())) == (400.0, 500.0, 780.0)
 
 
+def test_a_job_runs_by_the_errors_of_the_jobs_estimated_most_alike() -> None:
+    """Jobs estimated at 100 s ran as estimated, jobs estimated at 10 s ran 200 s: a job
+    estimated at 100 s runs for its estimate, one at 10 s for 20 times it, one with no estimate
+    given by one of everyone's errors. A running job past all the errors of those estimated
+    alike runs by one of everyone's above what it ran."""
+    c = eta.Calibration()
+    for _ in range(eta.NEAREST + 50):
+        c.saw(100.0, 100.0)
+        c.saw(10.0, 200.0)
+    errors = c.errors()
+    assert errors is not None
+    ids = [f"j{i}" for i in range(100)]
+    assert {errors.of(j, 0.0, 100.0) for j in ids} == {errors.of(j, 0.0, 120.0) for j in ids} == {1.0}
+    assert {errors.of(j, 0.0, 10.0) for j in ids} == {errors.of(j, 0.0, 5.0) for j in ids} == {20.0}
+    assert {errors.of(j) for j in ids} == {1.0, 20.0}
+    assert {errors.of(j, 1.5, 100.0) for j in ids} == {20.0}
+    assert c.spread() == (1.0, 20.0)  # the band is everyone's
+    # a line of jobs estimated at 100 s through 8 GPUs drains as estimated
+    work = [SimJob(f"w{i:02}", "t", spec(1, estimate=100.0), 0.0, 100.0) for i in range(40)]
+    sim = Simulation(inventory.cluster(1, "h100-8x"), queue(8), work).run(until=0.0)
+    assert max(eta.forecast(sim.state, 0.0, errors=errors).starts.values()) == 400.0
+    assert max(eta.forecast(sim.state, 0.0, errors=eta.Errors(errors.ratios)).starts.values()) > 400.0
+
+
 def test_the_calibration_runs_each_job_by_its_error_and_spreads_the_band_by_their_quartiles() -> None:
     c = eta.Calibration()
     for i in range(eta.MIN_CALIBRATION):
         c.saw(100.0, 100.0 * (1 + i % 4))  # errors 1, 2, 3, 4 alike
-    assert c.errors() == eta.Errors(tuple(sorted(float(1 + i % 4) for i in range(eta.MIN_CALIBRATION))))
+    errors = c.errors()
+    assert errors is not None
+    assert errors.ratios == tuple(sorted(float(1 + i % 4) for i in range(eta.MIN_CALIBRATION)))
     assert c.spread() == (1.0 / 2.0, 3.0 / 2.0)
     assert c.total() == pytest.approx(2.5)

@@ -119,6 +119,13 @@ def test_a_whole_gpu_job_is_offered_a_mig_slice_where_a_node_has_one() -> None:
     assert whatif.mig_slices(busy().state) == []  # no node in MIG mode: none offered
 
 
+def test_what_calibrates_the_forecasts_is_each_finished_job_its_estimate_and_run() -> None:
+    sim = busy(("w1", "t"))
+    sim.run()
+    assert sorted(decide.finished(sim.state, set())) == [("u-secret", 1000.0, 1000.0), ("w1", 1000.0, 500.0)]
+    assert decide.finished(sim.state, {"u-secret", "w1"}) == []
+
+
 def test_forecasts_are_calibrated_by_how_far_finished_jobs_estimates_were_off() -> None:
     c = eta.Calibration()
     for _ in range(eta.MIN_CALIBRATION - 1):
@@ -126,7 +133,8 @@ def test_forecasts_are_calibrated_by_how_far_finished_jobs_estimates_were_off() 
     assert (c.errors(), c.spread(), c.total()) == (None, (eta.EARLY, eta.LATE), 1.0)  # too few yet
     c.saw(1000.0, 500.0)
     # Every job ran half its estimate.
-    assert c.errors() == eta.Errors((0.5,) * eta.MIN_CALIBRATION)
+    errors = c.errors()
+    assert errors is not None and errors.ratios == (0.5,) * eta.MIN_CALIBRATION
     # The job holding the node is expected to end at 1000; estimates ran half as long: 500.
     state = busy(("t1", "t")).state
     assert eta.band(state, 1.0, calibration=c)["t1"][1] == pytest.approx(500.0, abs=1.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -12,16 +13,22 @@ import pytest
 from bench import eta
 
 
-def test_bench_eta_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def trace(tmp_path: Path, jobs: Iterable[tuple[str, int, int, int]]) -> Path:
+    """A trace in Philly's format, one row per job: (time of day submitted, seconds, GPUs, team)."""
     rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
-    for i in range(40):  # 40 jobs over 20 minutes on one 8-GPU node: most of them wait
-        gpus = (1, 2, 4, 8)[i % 4]
-        duration = 600 + 300 * (i % 5)
-        rows.append(
-            f"2017-10-23 00:{i // 2:02d}:{(i % 2) * 30:02d},{duration},{gpus},{gpus * duration},team{i % 3}"
-        )
+    rows += [f"2017-10-23 {at},{s},{gpus},{gpus * s},team{team}" for at, s, gpus, team in jobs]
     csv = tmp_path / "philly.csv"
     csv.write_text("\n".join(rows) + "\n")
+    return csv
+
+
+def test_bench_eta_on_a_tiny_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 40 jobs over 20 minutes on one 8-GPU node: most of them wait
+    jobs = (
+        (f"00:{i // 2:02d}:{(i % 2) * 30:02d}", 600 + 300 * (i % 5), (1, 2, 4, 8)[i % 4], i % 3)
+        for i in range(40)
+    )
+    csv = trace(tmp_path, jobs)
     eta.main(["--trace", str(csv), "--jobs", "40", "--nodes", "1"])
     out = capsys.readouterr().out
     all_row = re.search(r"^all\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$", out, re.M)
@@ -36,13 +43,9 @@ def test_the_figures_do_not_depend_on_how_many_processes_forecast(
 ) -> None:
     """Forecasts run beside the replay in other processes print the very figures of forecasts
     run in it, one after the other."""
-    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
-    for i in range(30):
-        gpus = (1, 2, 4, 8)[i % 4]
-        duration = 500 + 700 * (i % 3)
-        rows.append(f"2017-10-23 00:{i:02d}:00,{duration},{gpus},{gpus * duration},team{i % 2}")
-    csv = tmp_path / "philly.csv"
-    csv.write_text("\n".join(rows) + "\n")
+    csv = trace(
+        tmp_path, ((f"00:{i:02d}:00", 500 + 700 * (i % 3), (1, 2, 4, 8)[i % 4], i % 2) for i in range(30))
+    )
     printed = []
     for workers in ("1", "2"):
         eta.main(["--trace", str(csv), "--jobs", "30", "--nodes", "1", "--workers", workers, "--band"])
@@ -56,13 +59,9 @@ def test_the_figures_do_not_depend_on_how_many_processes_forecast(
 def test_a_sample_forecasts_some_submissions_as_the_whole_run_does(tmp_path: Path) -> None:
     """``--sample 3`` forecasts the jobs of every third submission time only, and each of them
     as the whole run does: the replay and the calibration do not change."""
-    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
-    for i in range(60):
-        gpus = (1, 2, 4, 8)[i % 4]
-        duration = 400 + 500 * (i % 4)
-        rows.append(f"2017-10-23 00:{i:02d}:00,{duration},{gpus},{gpus * duration},team{i % 3}")
-    csv = tmp_path / "philly.csv"
-    csv.write_text("\n".join(rows) + "\n")
+    csv = trace(
+        tmp_path, ((f"00:{i:02d}:00", 400 + 500 * (i % 4), (1, 2, 4, 8)[i % 4], i % 3) for i in range(60))
+    )
     dumps = {}
     for sample in ("1", "3"):
         dump = tmp_path / f"{sample}.jsonl"

@@ -651,8 +651,8 @@ class Simulation:
         job = self.by_id[job_id]
         st = self.stats[job_id]
         # it ran to ``end``: before ``now`` if it started before the decision that placed it
-        end = now if stopped else min(now, run.started + job.work_s - run.progress0)
-        if end < now:
+        end = now if stopped else min(now, run.started + max(0.0, job.work_s - run.progress0))
+        if end < now and self.config.resolution > 0:
             self._catch_up = True
         for gpu in run.gpus:
             self._freed[gpu] = (end, self._decisions)

@@ -434,7 +434,8 @@ def run(
         + (" and running jobs" if censored else "")
         + f", scaled by {scale:g} in forecasts"
         + (
-            ", each by how far off the estimate of one of the jobs that finished so far was"
+            ", each by how far off the estimate of one of the jobs estimated about as long that "
+            "finished so far was"
             if calibrate
             else ""
         )

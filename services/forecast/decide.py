@@ -22,7 +22,6 @@ import msgspec
 
 from corral.events import codec
 from corral.events.jobs import JobSpec
-from corral.projections import runtimes
 from corral.projections.state import State
 from corral.services.forecast import whatif
 from corral.services.runtime.forecasts import MOST, TenantForecast, eta
@@ -42,20 +41,6 @@ def due(last_seq: int, last_at: float | None, seq: int, now: float) -> bool:
         return True
     waited = now - last_at
     return (seq != last_seq and waited >= EVERY_S) or waited >= REFRESH_S
-
-
-def finished(state: State, seen: set[str]) -> list[tuple[str, float, float]]:
-    """The jobs that succeeded since ``seen`` (ids already counted), with the runtime estimate
-    each had and what it ran for: what calibrates the forecasts (``eta.Calibration``)."""
-    out = []
-    for job_id in state.jobs_by_phase.get("succeeded", ()):
-        if job_id in seen:
-            continue
-        job = state.jobs[job_id]
-        est = runtimes.of(job)
-        if est is not None:
-            out.append((job_id, est, job.ran_s))
-    return out
 
 
 def waiting(state: State) -> list[str]:
@@ -107,11 +92,14 @@ def parse_whatif(data: bytes) -> WhatIf:
         raise BadWhatIf(f"unreadable what-if: {e}") from None
 
 
-def whatif_answer(state: State, asker: str, data: bytes, now: float) -> dict[str, Any]:
+def whatif_answer(
+    state: State, asker: str, data: bytes, now: float, errors: sim_eta.Errors | None = None
+) -> dict[str, Any]:
     """The answer to ``asker``'s what-if question ``data``: what corral would do with the job if
-    ``asker`` submitted it at ``now``, telling nothing of other tenants' jobs but their queues."""
+    ``asker`` submitted it at ``now`` (with jobs run by ``errors``, as forecasts are), telling
+    nothing of other tenants' jobs but their queues."""
     try:
         ask = parse_whatif(data)
     except BadWhatIf as e:
         return {"seq": state.seq, "error": str(e)}
-    return whatif.answer(state, asker, ask.id, ask.job, now)
+    return whatif.answer(state, asker, ask.id, ask.job, now, errors)

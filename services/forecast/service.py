@@ -34,7 +34,7 @@ from corral.events.base import Event
 from corral.events.log import EventLog
 from corral.projections.state import State
 from corral.services.forecast.decide import ROLE as ROLE
-from corral.services.forecast.decide import WHATIF, due, finished, values, waiting, whatif_answer
+from corral.services.forecast.decide import WHATIF, due, values, waiting, whatif_answer
 from corral.services.runtime import identities
 from corral.services.runtime.forecasts import ForecastStore, encode
 from corral.services.runtime.lease import Lease
@@ -101,7 +101,7 @@ class ForecastService(Service):
         state = self.state
         if not due(self.last_seq, self.last_at, state.seq, now):
             return 0
-        for job_id, estimate, ran in finished(state, self._counted):
+        for job_id, estimate, ran in eta.finished(state, self._counted):
             self.calibration.saw(estimate, ran)
             self._counted.add(job_id)
         self._counted &= set(state.jobs_by_phase.get("succeeded", ()))  # the fold let the others go
@@ -162,7 +162,7 @@ class ForecastService(Service):
         now = self.now()
         copy = _copy(self.state)
         try:
-            told = await asyncio.to_thread(whatif_answer, copy, asker, data, now)
+            told = await asyncio.to_thread(whatif_answer, copy, asker, data, now, self.calibration.errors())
         except Exception as e:  # noqa: BLE001 - one bad question must not take the role down
             log.exception("what-if of %s failed", asker)
             told = {"seq": copy.seq, "error": f"what-if failed: {type(e).__name__}"}

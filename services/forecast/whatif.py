@@ -53,10 +53,17 @@ class Outcome:
 
 
 def whatif(
-    state: State, tenant: str, job_id: str, spec: JobSpec, now: float, horizon_s: float = HORIZON_S
+    state: State,
+    tenant: str,
+    job_id: str,
+    spec: JobSpec,
+    now: float,
+    horizon_s: float = HORIZON_S,
+    errors: eta.Errors | None = None,
 ) -> Outcome:
-    """What corral would do with ``spec`` submitted by ``tenant`` at ``now``; its start is looked
-    for ``horizon_s`` ahead (0: only whether it starts at once)."""
+    """What corral would do with ``spec`` submitted by ``tenant`` at ``now``, every job run by
+    ``errors`` as forecasts run them (``eta.Errors``); its start is looked for ``horizon_s``
+    ahead (0: only whether it starts at once)."""
     copy = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)
     now = max(now, copy.time)
     before = copy.rejected_total
@@ -71,7 +78,7 @@ def whatif(
     if copy.rejected_total != before:
         return Outcome(False, copy.rejections[-1].message, now=now)
     # the same assumptions as every forecast (``eta.resumed``), from the state with the job in it
-    sim = eta.resumed(copy, now, SimConfig(), until=now + horizon_s)
+    sim = eta.resumed(copy, now, SimConfig(), until=now + horizon_s, errors=errors)
     sim.records = []
     sim.until_started = {job_id}  # the others' starts are not asked for
     sim.run(until=now)
@@ -149,12 +156,18 @@ def mig_slices(state: State, models: tuple[str, ...] = (), most: int = 2) -> lis
 
 
 def suggestions(
-    state: State, tenant: str, job_id: str, spec: JobSpec, now: float, most: int = 3
+    state: State,
+    tenant: str,
+    job_id: str,
+    spec: JobSpec,
+    now: float,
+    most: int = 3,
+    errors: eta.Errors | None = None,
 ) -> list[tuple[str, Outcome]]:
     """The changes that let the job start at once, each checked by running it."""
     out = []
     for what, changed in changes(state, tenant, spec):
-        o = whatif(state, tenant, job_id, changed, now, horizon_s=0.0)  # only: does it start now?
+        o = whatif(state, tenant, job_id, changed, now, 0.0, errors)  # only: does it start now?
         if o.starts_now:
             out.append((what, o))
             if len(out) >= most:
@@ -162,9 +175,11 @@ def suggestions(
     return out
 
 
-def answer(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) -> dict[str, Any]:
+def answer(
+    state: State, tenant: str, job_id: str, spec: JobSpec, now: float, errors: eta.Errors | None = None
+) -> dict[str, Any]:
     """What the asker is told, as plain data: ``text`` turns it into what ``corral whatif`` prints."""
-    o = whatif(state, tenant, job_id, spec, now)
+    o = whatif(state, tenant, job_id, spec, now, errors=errors)
     told: dict[str, Any] = {"seq": state.seq, "now": o.now, "accepted": o.accepted}
     if not o.accepted:
         return {**told, "reason": o.reason}
@@ -182,10 +197,12 @@ def answer(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) ->
         "start_now_with": [],
     }
     if not o.starts_now and o.start > o.now + SOON_S:
-        told["start_now_with"] = [what for what, _ in suggestions(state, tenant, job_id, spec, now)]
+        found = suggestions(state, tenant, job_id, spec, now, errors=errors)
+        told["start_now_with"] = [what for what, _ in found]
     return told
 
 
 def report(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) -> str:
-    """What ``corral whatif`` prints, from the state at hand (``corral whatif --log FILE``)."""
-    return text(answer(state, tenant, job_id, spec, now))
+    """What ``corral whatif`` prints, from the state at hand (``corral whatif --log FILE``), run
+    by the errors of the jobs it holds that succeeded."""
+    return text(answer(state, tenant, job_id, spec, now, eta.Calibration.of(state).errors()))

@@ -60,9 +60,9 @@ from corral.services.sim.driver import WAITING, SimConfig, SimJob, Simulation
 ASSUMPTION = (
     "assumes no job is submitted after now and every job runs for its runtime estimate "
     "(its owner's, else learned from similar jobs that finished) times how far off the estimate "
-    "of one of the jobs that finished lately was, once enough did; a running job one of those "
-    "that ran longer than it has so far, and past nearly all of them for as much longer as "
-    "similar jobs that ran as long did"
+    "of one of the jobs estimated about as long that finished lately was, once enough did; a "
+    "running job one of those that ran longer than it has so far, and past nearly all of them "
+    "for as much longer as similar jobs that ran as long did"
 )
 EARLY, LATE = 0.5, 2.0
 # How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every
@@ -85,12 +85,35 @@ HOLD_S: float | None = None
 RESOLUTION = 0.05
 
 
+def finished(state: State, seen: set[str]) -> list[tuple[str, float, float]]:
+    """The jobs that succeeded since ``seen`` (ids already counted), with the runtime estimate
+    each had and what it ran for: what calibrates the forecasts (``Calibration``)."""
+    out = []
+    for job_id in state.jobs_by_phase.get("succeeded", ()):
+        if job_id in seen:
+            continue
+        job = state.jobs[job_id]
+        est = runtimes.of(job)
+        if est is not None:
+            out.append((job_id, est, job.ran_s))
+    return out
+
+
 @dataclass
 class Calibration:
     """How far runtime estimates were off for the jobs that finished last (the latest
     ``CALIBRATE_FROM``): each one's estimate and actual runtime."""
 
     seen: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=CALIBRATE_FROM))
+
+    @classmethod
+    def of(cls, state: State) -> Calibration:
+        """From the jobs ``state`` holds that succeeded (a forecast role counts them as they
+        succeed, those the fold let go included)."""
+        c = cls()
+        for _, estimate, ran in finished(state, set()):
+            c.saw(estimate, ran)
+        return c
 
     def saw(self, estimate: float, actual: float) -> None:
         if estimate > 0 and actual > 0:

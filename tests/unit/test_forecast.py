@@ -122,8 +122,8 @@ def test_a_whole_gpu_job_is_offered_a_mig_slice_where_a_node_has_one() -> None:
 def test_what_calibrates_the_forecasts_is_each_finished_job_its_estimate_and_run() -> None:
     sim = busy(("w1", "t"))
     sim.run()
-    assert sorted(decide.finished(sim.state, set())) == [("u-secret", 1000.0, 1000.0), ("w1", 1000.0, 500.0)]
-    assert decide.finished(sim.state, {"u-secret", "w1"}) == []
+    assert sorted(eta.finished(sim.state, set())) == [("u-secret", 1000.0, 1000.0), ("w1", 1000.0, 500.0)]
+    assert eta.finished(sim.state, {"u-secret", "w1"}) == []
 
 
 def test_forecasts_are_calibrated_by_how_far_finished_jobs_estimates_were_off() -> None:
@@ -139,6 +139,23 @@ def test_forecasts_are_calibrated_by_how_far_finished_jobs_estimates_were_off() 
     state = busy(("t1", "t")).state
     assert eta.band(state, 1.0, calibration=c)["t1"][1] == pytest.approx(500.0, abs=1.0)
     assert eta.band(state, 1.0)["t1"][1] == 1000.0
+    # What-if runs jobs as forecasts do: a job asked about waits for the node as t1 does.
+    alone = busy().state
+    assert whatif.whatif(alone, "t", "new", spec(), 1.0, errors=errors).start == pytest.approx(500.0, abs=1.0)
+    assert whatif.whatif(alone, "t", "new", spec(), 1.0).start == 1000.0
+
+
+def test_a_whatif_from_a_log_is_run_by_the_errors_of_the_jobs_that_succeeded_in_it() -> None:
+    """Twenty jobs estimated at 100 s ran 50 s each, then one holds the node from 2,000 for its
+    estimate of 1,000 s: by their errors it ends at 2,500, when the what-if job starts."""
+    setup = [ApplyQueue(queue=QueueSpec("q", quotas={"*": Quota(nominal=64)}))]
+    jobs = [SimJob(f"done{i}", "u", spec(estimate=100.0), 60.0 * i, 50.0) for i in range(eta.MIN_CALIBRATION)]
+    jobs.append(SimJob("holder", "u", spec(), 2000.0, 1000.0))
+    state = Simulation(inventory.cluster(1, "h100-8x"), setup, jobs).run(until=2000.0).state
+    assert len(eta.finished(state, set())) == eta.MIN_CALIBRATION
+    told = whatif.answer(state, "t", "new", spec(), 2000.0, eta.Calibration.of(state).errors())
+    assert told["start"] == pytest.approx(2500.0, abs=1.0)
+    assert whatif.report(state, "t", "new", spec(), 2000.0) == whatif.text(told)
 
 
 def test_a_forecast_gives_up_when_told() -> None:

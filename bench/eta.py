@@ -514,7 +514,7 @@ def run(
     hit = sum(within(estimate[i], sim.by_id[i].work_s) for i in ids)
     known = len(ids)
     lines.append(
-        f"  {known} of {len(at_submit)} jobs had an estimate; within the band: "
+        f"  {known} of {len(seen)} jobs had an estimate; within the band: "
         f"{100.0 * hit / max(1, known):.1f} %"
     )
     ratios = sorted(estimate[i] / sim.by_id[i].work_s for i in ids)

@@ -66,11 +66,10 @@ ASSUMPTION = (
 )
 EARLY, LATE = 0.5, 2.0
 # How far ahead a forecast simulates: a deep backlog would otherwise cost a simulation of every
-# job in it, each time. A start further away is "not within the horizon" (``inf``): a forecast
-# further off is a guess whatever it costs, as everything submitted meanwhile moves it. A busy
-# cluster has waits of two to six days (on the Philly slice, one in nine of those of 8 hours or
-# more), and they are forecast within the band often enough to say them (DESIGN.md).
-HORIZON_S = 7 * 86400.0
+# job in it, each time. A start further away is "not within the horizon" (``inf``): a week's
+# forecast is a guess whatever it costs, as everything submitted meanwhile moves it (a week's
+# horizon brought 2 of 954 more sampled Philly jobs into the band: DESIGN.md).
+HORIZON_S = 2 * 86400.0
 CALIBRATE_FROM = 500  # the latest jobs that finished whose estimates' errors calibrate forecasts
 MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
 NEAREST = 100  # finished jobs estimated most alike whose errors a job runs by (``Errors.near``)

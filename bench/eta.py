@@ -350,7 +350,10 @@ def run(
             else:
                 asked = None
             sampled = asked is None or submissions % sample == 0
-            for i in [i for i in unfinished if sim.stats[i].finished is not None]:
+            # in the order they finished, as a forecast role counts them: which are the latest
+            # ``CALIBRATE_FROM`` must not hang on the order of a set
+            ended = [i for i in unfinished if sim.stats[i].finished is not None]
+            for i in sorted(ended, key=lambda i: (sim.stats[i].finished, i)):
                 unfinished.discard(i)
                 if sim.stats[i].phase == "succeeded":
                     calibration.saw(estimate[i], sim.by_id[i].work_s)

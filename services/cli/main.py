@@ -150,6 +150,13 @@ def parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--hide", action="append", help="agent: a directory no worker may see (repeatable)")
     sv.add_argument(
+        "--gpus",
+        choices=["auto", "nvml"],
+        default="auto",
+        help="agent: where its GPUs come from: 'nvml' reads them or exits with NVML's reason (a GPU "
+        "node); 'auto' (default) registers a simulated 8xH100 node where NVML cannot be read",
+    )
+    sv.add_argument(
         "--stop-workers",
         action="store_true",
         help="agent: on SIGTERM stop this node's workers (default: leave them for the next agent)",

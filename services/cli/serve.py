@@ -181,6 +181,7 @@ def serve_agent(args: argparse.Namespace) -> None:
     instead and reports their exits (the node is being taken out of service), after telling
     the log so (``NodeShutdown``): their jobs requeue without counting a restart."""
     from corral.events.jetstream import JetStreamLog
+    from corral.services.agent import discovery
     from corral.services.agent.service import NodeAgent
     from corral.services.runtime import metrics
     from corral.services.runtime.output import JetStreamOutput
@@ -193,6 +194,11 @@ def serve_agent(args: argparse.Namespace) -> None:
     creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
     creds.update(reconnecting(args.reconnect_s))
     work = Path(args.work_dir or Path(STATE_DIR) / "nodes" / args.node)
+    try:
+        # A GPU node whose driver is broken must not offer simulated GPUs to the placer.
+        found = discovery.discover(args.node, fallback=None if args.gpus == "nvml" else "h100-8x")
+    except discovery.NvmlUnavailable as e:
+        raise BadInput(f"serve agent --gpus nvml: {e}") from None
 
     announce(
         "agent", f"agent-{args.node}@{socket.gethostname()}:{os.getpid()}", f"started for node {args.node}"
@@ -215,6 +221,7 @@ def serve_agent(args: argparse.Namespace) -> None:
                 args.node,
                 log,
                 KvNodeViews(log.nc),
+                found=found,
                 work_dir=work,
                 checkpoint_root=args.checkpoint_dir,
                 publish=log.nc.publish,

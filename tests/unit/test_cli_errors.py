@@ -74,3 +74,17 @@ def test_a_retention_of_0_is_sent(capsys: pytest.CaptureFixture[str]) -> None:
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "--finished:" not in err and "127.0.0.1:1" in err
+
+
+def test_a_gpu_nodes_agent_without_nvml_exits_with_why_and_offers_no_simulated_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from corral.services.agent import discovery
+
+    monkeypatch.setattr(discovery, "load_nvml", lambda: None)
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["serve", "agent", "--node", "gpu-1", "--gpus", "nvml", "--server", "nats://127.0.0.1:1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--gpus nvml" in err and "pynvml is not installed" in err

@@ -52,6 +52,8 @@ class Recording:
         self._tokens: dict[int, str] = {}
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # its own, not set yet (a copy, an unpickling)
+            raise AttributeError(name)
         try:
             attr = getattr(self._nvml, name)
         except AttributeError:
@@ -121,6 +123,8 @@ class Replay:
         return fn + msgspec.json.encode(args).decode()
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # its own, not set yet (a copy, an unpickling)
+            raise AttributeError(name)
         if name in self._missing or not name.startswith("nvml"):
             if name in self._missing:
                 raise AttributeError(name)
@@ -204,8 +208,14 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print("usage: python -m corral.services.agent.nvml_record FILE [NODE]", file=sys.stderr)
         return 2
+    from corral.services.agent.discovery import NvmlUnavailable
+
     node = argv[2] if len(argv) > 2 else os.uname().nodename
-    recorded = record(node)
+    try:
+        recorded = record(node)
+    except (NvmlUnavailable, ImportError) as e:
+        print(f"nothing recorded: {e}", file=sys.stderr)
+        return 1
     Path(argv[1]).write_bytes(msgspec.json.format(msgspec.json.encode(recorded)) + b"\n")
     gpus = recorded["discovery"]["inventory"]["gpus"]
     print(f"{argv[1]}: {len(recorded['calls'])} NVML calls, {len(gpus)} GPUs", file=sys.stderr)

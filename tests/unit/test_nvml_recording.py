@@ -14,6 +14,7 @@ import pynvml
 import pytest
 
 from corral.events.heartbeats import GpuHealthSample
+from corral.services.agent import nvml_record
 from corral.services.agent.discovery import NvmlGpus, discover, nominal_memory_mib
 from corral.services.agent.nvml_record import Recording, Replay
 from corral.services.health.decide import sample_signals
@@ -106,3 +107,16 @@ def test_a_real_nodes_recording_replays_to_what_it_discovered(path: Path) -> Non
 
 def test_there_is_a_recording_of_a_real_gpu_node() -> None:
     assert RECORDINGS, "tests/golden/nvml/ holds no recording"
+
+
+def test_a_machine_whose_nvml_cannot_be_read_records_nothing_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_driver() -> None:
+        raise pynvml.NVMLError_DriverNotLoaded()
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    out = tmp_path / "node.json"
+    assert nvml_record.main(["nvml_record", str(out), "gpu-1"]) == 1
+    assert not out.exists()
+    assert "nothing recorded: NVML: Driver Not Loaded" in capsys.readouterr().err

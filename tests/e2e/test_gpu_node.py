@@ -202,6 +202,12 @@ def test_a_job_placed_on_a_gpu_of_this_node_sees_that_gpu_through_cuda(
     seen = line.split("SEES", 1)[1].split()[0].split(",") if line else []
     assert len(seen) == 1 and seen[0] in {g.uuid for g in d.inventory.gpus}, out
 
+    # The node as the scheduler holds it, after the agent's heartbeats of NVML's health samples.
+    nodes = json.loads(corral("nodes", "-o", "json", "--server", gpu_node, env=env).stdout)
+    row = next(n for n in nodes if n["name"] == NODE)
+    assert (row["condition"], row["unhealthy"]) == ("ready", []), row
+    assert (row["gpus"], row["model"]) == (len(d.inventory.gpus), model), row
+
     # More GPUs per worker than any node with this model has: refused at submission, with why.
     too_big = corral(*job, "--gpus", str(len(d.inventory.gpus) + 1), env=env, check=False)
     assert too_big.returncode != 0 and too_big.stderr.strip(), too_big

@@ -16,17 +16,21 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
+import nats
 import pytest
 
+from corral.events import codec, subjects
 from corral.events.heartbeats import GpuHealthSample
+from corral.events.nodes import NodeRegistered
 from corral.services.agent import discovery
 from corral.services.agent.nvml_record import Replay, record
 from corral.services.health.decide import sample_signals
+from tests.e2e.test_cli import corral
 
 CORRAL = [sys.executable, "-m", "corral"]
 NODE = "gpu-node"
@@ -114,13 +118,6 @@ def test_a_recording_of_this_machines_nvml_replays_to_the_same_discovery() -> No
     assert [s.uuid for s in samples] == [g.uuid for g in found().inventory.gpus]
 
 
-def corral(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([*CORRAL, *args], env=env, capture_output=True, text=True, timeout=60)
-    if check and done.returncode != 0:
-        raise AssertionError(f"corral {' '.join(args)} exited {done.returncode}: {done.stderr}")
-    return done
-
-
 def background(args: list[str], env: dict[str, str], ready: str) -> tuple[subprocess.Popen[str], list[str]]:
     """A corral process in the background, once it prints a line starting with ``ready``."""
     proc = subprocess.Popen(
@@ -138,7 +135,7 @@ def background(args: list[str], env: dict[str, str], ready: str) -> tuple[subpro
     return proc, seen
 
 
-def stop(proc: subprocess.Popen[str]) -> None:
+def stop(proc: subprocess.Popen[Any]) -> None:
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=30)
@@ -169,15 +166,25 @@ def gpu_node(tmp_path: Path, env: dict[str, str]) -> Iterator[str]:
     try:
         yield url
     finally:
-        agent.send_signal(signal.SIGINT)
-        try:
-            agent.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        stop(agent)
         stop(up)
 
 
-def test_a_job_placed_on_a_gpu_of_this_node_sees_that_gpu_through_cuda(
+async def registered(url: str, node: str) -> NodeRegistered:
+    """The node's registration, read from the log (every record about the node, from the first)."""
+    nc = await nats.connect(url)
+    try:
+        sub = await nc.jetstream().subscribe(subjects.node(node), ordered_consumer=True)
+        while True:
+            msg = await sub.next_msg(timeout=60)
+            body, _, _ = codec.decode_body(msg.subject, msg.data, msg.headers)
+            if isinstance(body, NodeRegistered):
+                return body
+    finally:
+        await nc.close()
+
+
+async def test_a_job_placed_on_a_gpu_of_this_node_sees_that_gpu_through_cuda(
     gpu_node: str, env: dict[str, str], tmp_path: Path
 ) -> None:
     d = found()
@@ -186,14 +193,7 @@ def test_a_job_placed_on_a_gpu_of_this_node_sees_that_gpu_through_cuda(
     queues.write_text(QUEUES)
     corral("queue", "apply", str(queues), "--server", gpu_node, env=env)
 
-    deadline = time.monotonic() + 60
-    while True:  # the agent registers the node as NVML found it
-        nodes = json.loads(corral("nodes", "-o", "json", "--server", gpu_node, env=env).stdout)
-        mine = [n for n in nodes if n["name"] == NODE]
-        if mine or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert mine, f"{NODE} never registered: {nodes}"
+    await registered(gpu_node, NODE)
 
     job = ["submit", "--queue", "gpu", "--tenant", "team-a", "--gpu-model", model, "--server", gpu_node]
     job_id = corral(*job, "--gpus", "1", "--command", sys.executable, "-c", SEE_GPUS, env=env).stdout.strip()

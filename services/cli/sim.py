@@ -154,6 +154,10 @@ def _alibaba(args: argparse.Namespace) -> None:
     for flag in ("file", "jobs", "start", "checkpointable", "pool", "borrow_limit", "cycle"):
         if getattr(args, flag) is not None:
             raise BadInput(f"--{flag.replace('_', '-')} is for --trace philly")
+    # The files the operator named are checked before any default is looked for.
+    for named in (args.nodes, args.pods, args.published):
+        if named and not Path(named).is_file():
+            raise BadInput(f"{named}: no such file")
     nodes_csv = find_alibaba(ALIBABA_NODES, args.nodes)
     pods_csv = find_alibaba(ALIBABA_PODS, args.pods)
     try:
@@ -176,8 +180,6 @@ def _alibaba(args: argparse.Namespace) -> None:
             raise BadInput(f"--variant {variant}: {e}") from None
     published = None
     pub_path = Path(args.published) if args.published else nodes_csv.parent / ALIBABA_PUBLISHED
-    if args.published and not pub_path.is_file():
-        raise BadInput(f"{args.published}: no such file")
     if pub_path.is_file():
         published = alibaba.load_published(pub_path)
     jobs = [(str(nodes_csv), str(pods_csv), v, p, s) for v in variants for p in policies for s in seeds]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from corral.services.cli import main as cli
+from corral.services.cli import sim
 from corral.services.sim.traces import philly
 
 
@@ -22,6 +23,19 @@ def test_the_demo_without_its_trace_says_where_to_find_one(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "philly.csv not found" in err and "CORRAL_TRACES" in err
     assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.parametrize("flag", ["--nodes", "--pods", "--published"])
+def test_a_missing_alibaba_file_is_named_even_where_no_trace_is(
+    flag: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sim, "SHARED", tmp_path / "nowhere")
+    monkeypatch.setenv("CORRAL_TRACES", str(tmp_path / "empty"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["sim", "--trace", "alibaba", flag, "typo.csv"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == "corral: typo.csv: no such file\n"
 
 
 @pytest.mark.parametrize("half_life", ["0", "-60", "inf", "nan", "-1h", "0m", "soon", "1h-"])

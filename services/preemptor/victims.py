@@ -37,6 +37,7 @@ The ``Simulation`` is the cycle's one mutable view; the State itself is never to
 from __future__ import annotations
 
 import copy
+import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator
@@ -382,20 +383,27 @@ class Simulation:
 
     def allowed(self, target: Target, policy: PreemptionPolicy, before: dict[str, int]) -> bool:
         """Whether the fold will let ``target`` take every other queue's job the search removed
-        since ``before`` (ranks given back per job when it began): one the policy lets it borrow
-        over, or one it takes back lent quota from, its side of the tree then within its own
-        quota with every removal counted."""
+        since ``before`` (ranks given back per job when it began), judged by the fold's own rule
+        (``preemption.eligible``) on the record as a whole: one the policy lets it borrow over,
+        one it takes back lent quota from as ``reclaim_within_cohort`` allows (its side of the
+        tree then within its own quota with every removal counted), or one its fair-sharing
+        strategies let it take with every removal counted. Every such job holds quota lent by
+        the beneficiary's side: ``candidates`` offers no other."""
         q, key = target.job.spec.queue, target.key
-        b = target.job.priority
         freed: dict[str, int] | None = None  # per queue, what the record frees of ``key``
         for job_id, ranks in self.released.items():
             if len(ranks) <= before.get(job_id, 0):
                 continue
             victim = self.state.jobs[job_id]
             other = victim.spec.queue
-            if other == q or preemption.may_borrow_over(policy, victim.priority, b):
+            if other == q:
                 continue
-            if key is not None and self.ledger.within_own(q, other, key, target.need):
+            victim_key = charge_of(self.ledger, victim)[0]
+            reclaims = key is not None and self.ledger.within_own(q, other, key, target.need)
+            judge = functools.partial(
+                preemption.eligible, policy, victim, victim_key, target.job, key, lent=True, reclaims=reclaims
+            )
+            if judge():
                 continue
             if key is None or not policy.fair_sharing:
                 return False
@@ -406,9 +414,10 @@ class Simulation:
                 q, key, preemption.asks(self.state, self.rules, target.job, key) - freed.get(q, 0)
             )
             gone = freed.get(other, 0)
-            if not preemption.fair_allows(
+            fair = preemption.fair_allows(
                 policy.fair_sharing, mine, shares.share(other, key), shares.share(other, key, -gone)
-            ):
+            )
+            if not judge(fair=fair):
                 return False
         return True
 

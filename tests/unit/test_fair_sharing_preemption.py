@@ -118,3 +118,51 @@ def test_the_preemptor_proposes_what_the_fold_accepts(
     if found:
         folded = lb.preempt("b", *found).fold()
         assert all(folded.jobs[v].phase == "checkpointing" for v in found)
+
+
+def _reclaiming_world(reclaim: str) -> LogBuilder:
+    """team-a (nominal 12) runs ``own`` on 4 GPUs and lends the rest: team-b (nominal 2) runs
+    ``v1`` and ``v2`` on 4 each, team-c (nominal 2) ``w`` on 4. A queued job ``b`` of team-a
+    needs two workers of 4 GPUs, which leaves team-a within its nominal: it would take back what it lent, if
+    ``reclaim`` let it. Late, team-a's share with ``b`` is 0; team-b's is 6, 2 once one of its
+    jobs is gone and -2 once both are; team-c's 2, -2 once ``w`` is gone. So S2-a lets team-a
+    take either of team-b's jobs alone, never the pair, never ``w``."""
+    lb = LogBuilder().nodes(Cluster(2)).fair_share(1000.0)
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    policy = PreemptionPolicy(reclaim_within_cohort=reclaim, fair_sharing=(FINAL,))  # type: ignore[arg-type]
+    lb.queue(queue_spec("team-a", 12, cohort="org", preemption=policy))
+    lb.queue(queue_spec("team-b", 2, cohort="org", preemption=policy))
+    lb.queue(queue_spec("team-c", 2, cohort="org", preemption=policy))
+    for job_id, q, node, gpus in (
+        ("own", "team-a", N0, (0, 1, 2, 3)),
+        ("v1", "team-b", N0, (4, 5, 6, 7)),
+        ("v2", "team-b", N1, (0, 1, 2, 3)),
+        ("w", "team-c", N1, (4, 5, 6, 7)),
+    ):
+        lb.submit("t", job_id, job(q).gpus(len(gpus)).checkpointable()).accept(job_id)
+        lb.admit(job_id).place(on(node, *gpus, job_id=job_id)).started(node, job_id)
+    lb.at(LATE)
+    lb.submit("alice", "b", job("team-a").gpus(4).replicas(2)).accept("b")
+    return lb
+
+
+@pytest.mark.parametrize(
+    ("reclaim", "stops"),
+    [
+        # Taking back lent quota is allowed: any two of the borrowers' jobs free the 8 GPUs.
+        pytest.param("any", 2, id="reclaim-any"),
+        # Reclaim is off, and no record of two victims is fair as a whole: nobody is stopped,
+        # though the beneficiary's side would be within its own quota with the pair gone.
+        pytest.param("never", 0, id="reclaim-never-and-no-fair-pair"),
+    ],
+)
+def test_a_queue_within_its_nominal_takes_back_lent_quota_only_as_its_reclaim_policy_says(
+    reclaim: str, stops: int
+) -> None:
+    lb = _reclaiming_world(reclaim)
+    state = lb.fold()
+    found = [v.job_id for p in plan(state, lb.time) for v in p.victims]
+    assert len(found) == stops and {state.jobs[v].spec.queue for v in found} <= {"team-b", "team-c"}
+    # The fold judges the pair as the preemptor does.
+    folded = lb.preempt("b", "v1", "v2").fold()
+    assert all(folded.jobs[v].phase == ("checkpointing" if stops else "running") for v in ("v1", "v2"))

@@ -9,7 +9,8 @@ service and the intake; the node agents of ``--nodes`` simulated 8xH100 nodes, m
 (``bench.e2e.agents``: the real ``NodeAgent``, each reading only its own node's view and running
 its own loop, whose workers are timers instead of processes; no agent reads the log); and a
 client process (``bench.e2e.client``) that submits through the intake as fast as the intake
-answers. Then, from one run, it prints:
+answers, or steadily at ``--rate`` jobs a second (a sustained rate's latencies, where a burst's
+p99 is mostly how long the burst takes to be taken in). Then, from one run, it prints:
 
 1. the anchor: the raw pipelined JetStream publish rate of the same submit payloads on this
    machine (to a scratch stream, every publish acknowledged, many acknowledgements in flight);
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import random
 import signal
@@ -261,6 +263,10 @@ def print_lags(watch: Watch, since: float) -> None:
                 f"  {role:<11} {what:<9} {len(ms):>6}  lag p50 {percentile(ms, 0.5):7.1f} ms"
                 f"  p99 {percentile(ms, 0.99):7.1f} ms  max {max(ms):7.1f} ms{split}"
             )
+
+
+def paced(args: argparse.Namespace) -> str:
+    return f", submitted at {args.rate:,.0f}/s" if args.rate else ""
 
 
 async def measured(
@@ -525,6 +531,7 @@ async def run_once(args: argparse.Namespace, cluster: int) -> list[Figures]:
                 await line_of(h, args.duration)  # "ready N": every node of it registered
             client_argv = [PY, "-m", "bench.e2e.client", "--server", url, "--seed", str(args.seed)]
             client_argv += ["--runtime-min", str(args.runtime_min), "--runtime-max", str(args.runtime_max)]
+            client_argv += ["--rate", str(args.rate)]
             client = await parts.start("client", client_argv, talk=True)
             turnover = gpus / MEAN_GPUS / ((args.runtime_min + args.runtime_max) / 2)
             print(
@@ -536,13 +543,14 @@ async def run_once(args: argparse.Namespace, cluster: int) -> list[Figures]:
                 await print_status(log.nc)
                 return figures
             figures.append(await measured(
-                f"free capacity: {args.jobs:,} jobs of the mix", "m1", args, parts, server, watch, client,
-                anchor_rate,
+                f"free capacity: {args.jobs:,} jobs of the mix{paced(args)}", "m1",
+                args, parts, server, watch, client, anchor_rate,
             ))  # fmt: skip
             if args.queued:
                 await queue_up(args, parts, server, watch, client)
                 figures.append(await measured(
-                    f"with {args.queued:,} jobs queued behind quota: {args.jobs:,} jobs of the mix", "m2",
+                    f"with {args.queued:,} jobs queued behind quota:"
+                    f" {args.jobs:,} jobs of the mix{paced(args)}", "m2",
                     args, parts, server, watch, client, anchor_rate,
                 ))  # fmt: skip
             await print_status(log.nc)
@@ -640,6 +648,12 @@ def parse() -> argparse.Namespace:
         default=0,
         help="jobs of the mix per measurement (default: one per node, half the cluster's GPUs)",
     )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="jobs of the mix submitted a second, steadily (0: as fast as the intake answers)",
+    )
     p.add_argument("--queued", type=int, default=100_000, help="jobs queued behind quota (0: skip)")
     p.add_argument("--duration", type=float, default=600, help="the longest to wait for any one step, s")
     p.add_argument("--anchor", type=int, default=20_000, help="payloads published for the anchor")
@@ -686,6 +700,8 @@ def parse() -> argparse.Namespace:
     if args.compare_r1 and args.cluster != 1:
         p.error("--compare-r1 runs both, one server and then three: not with --cluster")
     args.jobs = args.jobs or args.nodes
+    if not (args.rate >= 0 and math.isfinite(args.rate)):
+        p.error("--rate: jobs a second, 0 or more (0: unpaced)")
     if args.retention is None and args.soak:
         # A soak of an hour or so must see jobs let go, or it measures a state that only grows.
         args.retention = 120.0

@@ -79,13 +79,18 @@ def test_tiny_run_places_every_job_and_prints_figures() -> None:
 
 @pytest.mark.timeout(300)
 def test_tiny_run_on_a_cluster_of_three_places_every_job() -> None:
-    """``--cluster 3``: three servers, everything R3, every part given all three URLs."""
+    """``--cluster 3``: three servers, everything R3, every part given all three URLs; the
+    client paced (``--rate``)."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     tiny = ["--cluster", "3", "--nodes", "4", "--jobs", "20", "--queued", "0", "--anchor", "500"]
-    tiny += ["--runtime-min", "1", "--runtime-max", "2", "--duration", "120"]
+    tiny += ["--runtime-min", "1", "--runtime-max", "2", "--duration", "120", "--rate", "20"]
     done = subprocess.run([*BENCH, *tiny], env=env, capture_output=True, text=True, timeout=240)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
+    # Paced: the 20th submission goes 19/20 s after the first.
+    assert "free capacity: 20 jobs of the mix, submitted at 20/s" in out, out
+    took = re.search(rf"submitted     20 through the intake in ({NUMBER}) s", out)
+    assert took and float(took.group(1)) >= 0.95, out
     assert re.search(r"3 nats-servers \(R3\) at nats://[\d.:]+,nats://[\d.:]+,nats://[\d.:]+$", out, re.M), (
         out
     )
@@ -118,8 +123,12 @@ def test_tiny_soak_prints_each_step_and_the_table() -> None:
     assert survivors(url_of(out)) == []
 
 
-@pytest.mark.parametrize("bad", [["--soak-every", "-1"], ["--retention", "-5"]], ids=["every", "retention"])
-def test_soak_options_that_are_no_count_are_refused(bad: list[str]) -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [["--soak-every", "-1"], ["--retention", "-5"], ["--rate", "-1"], ["--rate", "nan"]],
+    ids=["every", "retention", "negative-rate", "nan-rate"],
+)
+def test_options_that_are_no_count_are_refused(bad: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     done = subprocess.run([*BENCH, "--soak", *bad], env=env, capture_output=True, text=True)
     assert done.returncode == 2 and bad[0] in done.stderr.splitlines()[-1], done.stderr

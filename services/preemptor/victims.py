@@ -14,9 +14,10 @@ under its queue's preemption policy (``PreemptionPolicy``, the rule of ``project
    the lowest priority, the least work lost (seconds since the last checkpoint of the running
    attempt, or since it started running, times the GPUs held), the youngest; ties by job id;
 3. remove candidates from a snapshot in that order until the gang fits and the fold will let it
-   take every victim (``Simulation.allowed``: one taken only to take back lent quota needs the
-   beneficiary's side within its own quota once all the removals are counted, its own queue's
-   included), skipping another queue's job once earlier removals left that queue holding
+   take every victim (``Simulation.allowed``, by the fold's own ``preemption.eligible`` on the
+   record as a whole: one taken only to take back lent quota needs ``reclaim_within_cohort`` to
+   allow it and the beneficiary's side within its own quota once all the removals are counted,
+   its own queue's included; one taken by fair sharing, the shares with all of them), skipping another queue's job once earlier removals left that queue holding
    nothing lent; if the gang does not fit with every candidate removed, stop nobody. If that
    finds nothing, the same with the beneficiary's own queue's jobs alone (it then borrows);
 4. fill back: add back, in reverse order, every removed candidate the gang fits without. An

@@ -65,10 +65,11 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
             continue
         refusal = refusals.get(rec.seq)
         kind = type(body).__name__
+        batch = batch_lines(body) if isinstance(body, BATCHES) else None
         for job_id in job_ids_of(body):
             if tenant is not None and not _may_speak_of(state, tenant, job_id, body):
                 continue
-            summary, refused = summarize(body, job_id), _refused(refusal, body, job_id)
+            summary, refused = summarize(body, job_id, batch), _refused(refusal, body, job_id)
             out.append(JobEvent(job_id, rec.seq, rec.subject, kind, rec.time, summary, refused))
     return out
 
@@ -113,8 +114,16 @@ def _reasons_text(reasons: Iterable[Reason]) -> str:
 _WORD = re.compile(r"(?<!^)(?=[A-Z])")
 
 
-def summarize(body: Event, job_id: str) -> str:
-    """One line on what ``body`` says about job ``job_id``."""
+BATCHES = (JobsAdmitted, JobsPlaced, JobsUnschedulable)  # decisions that speak of many jobs
+
+
+def summarize(body: Event, job_id: str, batch: Mapping[str, str] | None = None) -> str:
+    """One line on what ``body`` says about job ``job_id``; for a batch decision, ``batch`` is its
+    ``batch_lines`` when the caller has them already (a record of a few hundred jobs is then read
+    once, not once per job)."""
+    if isinstance(body, BATCHES):
+        line = (batch_lines(body) if batch is None else batch).get(job_id)
+        return line if line is not None else _generic(body)
     match body:
         case SubmitJob(job=spec):
             worker = Shape.of(spec.resources).gpus_short()
@@ -137,29 +146,6 @@ def summarize(body: Event, job_id: str) -> str:
         case JobRequeued():
             resume = f", resuming from {body.resume_from}" if body.resume_from else ""
             return f"requeued for attempt {body.attempt + 1}: {_reasons_text([body.reason])}{resume}"
-        case JobsAdmitted():
-            for a in body.admissions:
-                if a.job_id == job_id:
-                    # The quota key ``*`` is any model: "4 GPUs", not "4 *".
-                    held = ", ".join(
-                        f"{n} GPU{'s' if n != 1 else ''}" if m == "*" else f"{n} {m}"
-                        for m, n in sorted(a.gpus.items())
-                    )
-                    quota = f"holding {held} of quota" if held else "no GPU quota"
-                    workers = f"{a.replicas} worker{'s' if a.replicas != 1 else ''}"
-                    return f"admitted attempt {a.attempt}: {workers}, {quota}"
-            for a in body.growths:
-                if a.job_id == job_id:
-                    return f"grown to {a.replicas} workers"
-        case JobsPlaced():
-            for p in body.placements:
-                if p.job_id == job_id:
-                    nodes = sorted({w.node for w in p.workers})
-                    return f"placed attempt {p.attempt}: {len(p.workers)} workers on {', '.join(nodes)}"
-        case JobsUnschedulable():
-            for u in body.jobs:
-                if u.job_id == job_id:
-                    return f"unschedulable: {_reasons_text(u.reasons)}"
         case PreemptionRequested():
             if job_id == body.beneficiary:
                 victims = ", ".join(v.job_id for v in body.victims)
@@ -177,6 +163,41 @@ def summarize(body: Event, job_id: str) -> str:
             return f"rank {body.rank} {how} with code {body.code} on {body.node}"
         case CheckpointCompleted():
             return f"checkpoint at step {body.step}: {body.location}"
+    return _generic(body)
+
+
+def batch_lines(body: JobsAdmitted | JobsPlaced | JobsUnschedulable) -> dict[str, str]:
+    """A batch decision's line per job it speaks of, each item read once (a job listed twice
+    reads as its first item; an admission before a growth)."""
+    lines: dict[str, str] = {}
+    match body:
+        case JobsAdmitted():
+            for a in body.admissions:
+                if a.job_id not in lines:
+                    # The quota key ``*`` is any model: "4 GPUs", not "4 *".
+                    held = ", ".join(
+                        f"{n} GPU{'s' if n != 1 else ''}" if m == "*" else f"{n} {m}"
+                        for m, n in sorted(a.gpus.items())
+                    )
+                    quota = f"holding {held} of quota" if held else "no GPU quota"
+                    workers = f"{a.replicas} worker{'s' if a.replicas != 1 else ''}"
+                    lines[a.job_id] = f"admitted attempt {a.attempt}: {workers}, {quota}"
+            for g in body.growths:
+                lines.setdefault(g.job_id, f"grown to {g.replicas} workers")
+        case JobsPlaced():
+            for p in body.placements:
+                if p.job_id not in lines:
+                    nodes = sorted({w.node for w in p.workers})
+                    lines[p.job_id] = (
+                        f"placed attempt {p.attempt}: {len(p.workers)} workers on {', '.join(nodes)}"
+                    )
+        case JobsUnschedulable():
+            for u in body.jobs:
+                lines.setdefault(u.job_id, f"unschedulable: {_reasons_text(u.reasons)}")
+    return lines
+
+
+def _generic(body: Event) -> str:
     return _WORD.sub(" ", type(body).__name__).lower()
 
 

@@ -8,7 +8,7 @@ import json
 from corral.events import subjects as subj
 from corral.events.jobs import Admission, JobsAdmitted, SubmitJob
 from corral.events.queues import CordonNode
-from corral.projections.index import summarize
+from corral.projections.index import batch_lines, summarize
 from corral.projections.state import State
 from corral.services.cli.display import job_table, node_table
 from corral.services.query import present
@@ -88,6 +88,26 @@ def test_an_admission_reads_as_gpus_of_quota() -> None:
     assert summarize(by_model, "g") == "admitted attempt 0: 1 worker, holding 8 H100-80GB of quota"
     submitted = SubmitJob(request_id="g", job=job().gpus(4).replicas(4, minimum=2).build())
     assert summarize(submitted, "g") == "submitted to queue team-a: 2..4 × 4 GPU"
+
+
+def test_a_batch_reads_each_job_as_its_own_item_once_read_whole() -> None:
+    # One line per job from one pass over the batch: each job's own item, the first if listed
+    # twice, an admission before a growth, and a job the batch does not list in general words.
+    admitted = JobsAdmitted(
+        based_on=1,
+        now=0.0,
+        admissions=(Admission("a", 0, 1, {"*": 1}), Admission("b", 2, 2, {"*": 2}), Admission("a", 1, 3, {})),
+        growths=(Admission("b", 2, 4, {"*": 4}), Admission("c", 0, 3, {"*": 3})),
+    )
+    lines = batch_lines(admitted)
+    assert lines == {
+        "a": "admitted attempt 0: 1 worker, holding 1 GPU of quota",
+        "b": "admitted attempt 2: 2 workers, holding 2 GPUs of quota",
+        "c": "grown to 3 workers",
+    }
+    for job_id in ("a", "b", "c", "z"):
+        assert summarize(admitted, job_id, lines) == summarize(admitted, job_id)
+    assert summarize(admitted, "z") == "jobs admitted"
 
 
 def test_nothing_shown_is_a_python_repr() -> None:

@@ -111,7 +111,9 @@ class Service:
         self.wake = wake
         self.quiet_s = quiet_s
         self._quiet_seq = -1  # the state decided on last, when that cycle found nothing to do
-        self._quiet_until = 0.0  # ... and until when the same state gets the same empty answer
+        self._quiet_at = 0.0  # ... at what time
+        self._quiet_until: float | None = 0.0  # ... and until when the same state gets the same
+        # empty answer (None: not asked yet; see ``_quiet``)
         self.skipped = 0  # cycles not decided because the state had not moved
         self.state = State()
         self.producer = f"{role}@{socket.gethostname()}:{os.getpid()}"
@@ -275,7 +277,11 @@ class Service:
         """Whether ``decide`` would give the empty answer of the last cycle again: nothing was
         folded since it, and time alone cannot have changed the answer yet (``_quiet``). A
         service whose inputs are not all in the log says so itself."""
-        return self.state.seq == self._quiet_seq and now < self._quiet_until
+        if self.state.seq != self._quiet_seq:
+            return False
+        if self._quiet_until is None:
+            self._quiet_until = self._quiet_ends(self._quiet_at)
+        return now < self._quiet_until
 
     async def _decide_and_append(self, now: float) -> int:
         started = time.time()
@@ -310,15 +316,23 @@ class Service:
 
     def _quiet(self, now: float) -> None:
         """The cycle at ``now`` found nothing to do: the same state gets the same empty answer
-        until something is folded, or until time alone may change it (``wake``, at the latest
-        ``quiet_s`` on), so an idle service costs nothing but its lease."""
+        until something is folded, or until time alone may change it (``_quiet_ends``), so an
+        idle service costs nothing but its lease. When is asked only once the state has stayed
+        put: on a busy log the next record comes first, and ``wake`` (a walk of the running
+        jobs, for the preemptor) after every empty cycle would be for nothing."""
+        self._quiet_seq = self.state.seq
+        self._quiet_at = now
+        self._quiet_until = None
+
+    def _quiet_ends(self, now: float) -> float:
+        """Until when a state on which the cycle at ``now`` found nothing to do gets the same
+        answer: when time alone may change it (``wake``), at the latest ``quiet_s`` on."""
         until = now + self.quiet_s
         if self.wake is not None:
             # Not sooner than ``MIN_QUIET_S``: with thousands of jobs running, some guard lifts
             # every few milliseconds, and an idle cycle over a deep backlog is not free.
             until = min(until, max(now + MIN_QUIET_S, self.wake(self.state, now)))
-        self._quiet_seq = self.state.seq
-        self._quiet_until = until
+        return until
 
     async def _failed(self, error: Exception, now: float) -> None:
         failure = self.supervision.failed(now, self.state.seq, error)

@@ -92,6 +92,38 @@ async def test_wake_brings_the_next_cycle_forward() -> None:
     assert len(calls) == 3
 
 
+async def test_wake_is_asked_only_once_the_state_has_stayed_put() -> None:
+    # On a busy log every cycle that finds nothing is followed by a record: when time alone
+    # would change the answer is asked only of a state that stayed put, and then once, for the
+    # time of the cycle that found nothing.
+    calls: list[float] = []
+    asked: list[float] = []
+    clock = Clock()
+    log = InMemoryLog()
+
+    def wake(state: State, now: float) -> float:
+        asked.append(now)
+        return now + 5.0
+
+    svc = Service("placer", _counting(calls), log, clock=clock, quiet_s=3600.0, wake=wake)
+    await svc.restore()
+    for i in range(3):
+        await svc.cycle()
+        body = SubmitJob(request_id=f"j{i}", job=spec_of(job("q")))
+        await log.append(Append(subj.request("alice", "submit"), codec.encode(body)))
+        svc.fold([r for r in log.records if r.seq > svc.state.seq])
+        clock.t += 1.0
+    assert len(calls) == 3 and asked == []
+    await svc.cycle()  # at 1,003: nothing, and nothing folded after it
+    clock.t = 1_007.0
+    await svc.cycle()
+    await svc.cycle()
+    assert len(calls) == 4 and asked == [1_003.0]
+    clock.t = 1_008.0  # 1,003 + 5: the wake
+    await svc.cycle()
+    assert len(calls) == 5
+
+
 GUARDED = PriorityClassSpec("normal", 0, min_runtime_s=300.0, cooldown_s=600.0, max_preemptions_per_hour=2)
 
 

@@ -17,9 +17,10 @@ under its queue's preemption policy (``PreemptionPolicy``, the rule of ``project
    take every victim (``Simulation.allowed``, by the fold's own ``preemption.eligible`` on the
    record as a whole: one taken only to take back lent quota needs ``reclaim_within_cohort`` to
    allow it and the beneficiary's side within its own quota once all the removals are counted,
-   its own queue's included; one taken by fair sharing, the shares with all of them), skipping another queue's job once earlier removals left that queue holding
-   nothing lent; if the gang does not fit with every candidate removed, stop nobody. If that
-   finds nothing, the same with the beneficiary's own queue's jobs alone (it then borrows);
+   its own queue's included; one taken by fair sharing, the shares with all of them), skipping
+   another queue's job once earlier removals left that queue holding nothing lent; if the gang
+   does not fit with every candidate removed, stop nobody. If that finds nothing, the same with
+   the beneficiary's own queue's jobs alone (it then borrows);
 4. fill back: add back, in reverse order, every removed candidate the gang fits without. An
    elastic job keeps contiguous ranks: once one of its ranks must stay stopped, so do the ranks
    above it. What is left is minimal: no victim can be spared.
@@ -288,8 +289,18 @@ def candidates(
             policy, h.job, h.key, b, key, lent=True, reclaims=under[other], fair=fair(h)
         )
 
+    within = policy.within_queue
+    newer_too = within == "lower-or-newer-equal-priority"
+
     def own(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
+        if within == "never":
+            return
         for h in index.get(queue, ()):
+            p = h.job.priority
+            if p > b.priority or (p == b.priority and not newer_too):
+                # The pool's order is priority first: no job of the queue from here on is of a
+                # priority ``within_queue`` lets it stop (``preemption.eligible``).
+                return
             if may(h):
                 yield h, False
 

@@ -91,11 +91,14 @@ class Service:
         supervision: Supervision | None = None,
         wake: Callable[[State, float], float] | None = None,
         quiet_s: float = 30.0,
+        cadence_s: float = 0.0,
     ) -> None:
         """``clock``: the host's clock, which ``now`` never lets fall behind the log's time.
         ``wake``: when, at the earliest, the passing of time alone could change ``decide``'s
         answer on a state (a guard expiring); without it a quiet state is decided on again
-        every ``quiet_s`` seconds."""
+        every ``quiet_s`` seconds. ``cadence_s``: decide at most once every that many seconds
+        (0: as soon as a record is folded), for a role whose answers are not awaited by the
+        millisecond and whose cycle reads much of the State."""
         self.role = role
         self.decide = decide
         self.log = log_
@@ -110,6 +113,10 @@ class Service:
         self.lease = lease
         self.wake = wake
         self.quiet_s = quiet_s
+        self.cadence_s = cadence_s
+        self._next_cycle_at = 0.0  # time.monotonic() before which the cadence defers a cycle
+        self._deferred = False  # the last cycle was deferred by the cadence
+        self.monotonic = time.monotonic  # the cadence's clock: pacing this process, not a decision
         self._quiet_seq = -1  # the state decided on last, when that cycle found nothing to do
         self._quiet_at = 0.0  # ... at what time
         self._quiet_until: float | None = 0.0  # ... and until when the same state gets the same
@@ -256,6 +263,7 @@ class Service:
 
     async def cycle(self) -> int:
         """Decide once on the current state and append the result. Returns events appended."""
+        self._deferred = False
         if self.state.seq < self._awaiting:
             return 0
         now = self.now()
@@ -266,6 +274,11 @@ class Service:
         if self.settled(now):
             self.skipped += 1
             return 0  # nothing moved since a cycle that found nothing to do: the answer is the same
+        if self.cadence_s:
+            if self.monotonic() < self._next_cycle_at:
+                self._deferred = True
+                return 0  # ``run`` comes back when the cadence allows
+            self._next_cycle_at = self.monotonic() + self.cadence_s
         logs.set_seq(self.state.seq)
         began = time.perf_counter()
         appended = await self._decide_and_append(now)
@@ -420,6 +433,13 @@ class Service:
 
     # -- running --------------------------------------------------------------------------------
 
+    def _wait_s(self) -> float:
+        """How long ``run`` waits for the log before another cycle: a tick, or, when the cadence
+        deferred the last one, until the cadence allows it."""
+        if self._deferred:
+            return max(0.0, min(self.tick, self._next_cycle_at - self.monotonic()))
+        return self.tick
+
     async def run(self, stop: asyncio.Event) -> None:
         """Fold and decide until ``stop`` is set; then finish the current cycle and return."""
         logs.set_role(self.role)
@@ -436,7 +456,7 @@ class Service:
         try:
             while not stop.is_set():
                 done, _ = await asyncio.wait(
-                    {nxt, stopping}, timeout=self.tick, return_when=asyncio.FIRST_COMPLETED
+                    {nxt, stopping}, timeout=self._wait_s(), return_when=asyncio.FIRST_COMPLETED
                 )
                 if nxt in done:
                     self.fold(nxt.result())  # type: ignore[arg-type]

@@ -17,6 +17,8 @@ from corral.events.queues import ApplyPriorityClass, PriorityClassSpec
 from corral.projections import thrash
 from corral.projections.state import JobState, State
 from corral.services.preemptor.decide import wake
+from corral.services.preemptor.service import CADENCE_S
+from corral.services.preemptor.service import service as service_of_preemptor
 from corral.services.runtime.shell import Service
 from tests.builders import Cluster, LogBuilder, job, on, spec_of
 
@@ -122,6 +124,34 @@ async def test_wake_is_asked_only_once_the_state_has_stayed_put() -> None:
     clock.t = 1_008.0  # 1,003 + 5: the wake
     await svc.cycle()
     assert len(calls) == 5
+
+
+async def test_a_cadence_defers_a_cycle_and_the_wait_ends_when_it_allows() -> None:
+    # With a cadence, records folded in between are decided on together once it allows, and
+    # the loop waits only until then for the log (not a whole tick); without, at once.
+    mono = [100.0]
+    calls: list[float] = []
+    log = InMemoryLog()
+    svc = Service("preemptor", _counting(calls), log, clock=Clock(), tick=1.0, cadence_s=0.5)
+    svc.monotonic = lambda: mono[0]
+    await svc.restore()
+
+    async def submit(i: int) -> None:
+        body = SubmitJob(request_id=f"j{i}", job=spec_of(job("q")))
+        await log.append(Append(subj.request("alice", "submit"), codec.encode(body)))
+        svc.fold([r for r in log.records if r.seq > svc.state.seq])
+
+    await svc.cycle()
+    assert len(calls) == 1 and svc._wait_s() == 1.0
+    await submit(0)
+    mono[0] = 100.2
+    await svc.cycle()  # deferred: 0.3 s to go
+    assert len(calls) == 1 and svc._wait_s() == pytest.approx(0.3)
+    await submit(1)
+    mono[0] = 100.5
+    await svc.cycle()
+    assert len(calls) == 2 and svc._wait_s() == 1.0
+    assert service_of_preemptor(InMemoryLog()).cadence_s == CADENCE_S > 0
 
 
 GUARDED = PriorityClassSpec("normal", 0, min_runtime_s=300.0, cooldown_s=600.0, max_preemptions_per_hour=2)

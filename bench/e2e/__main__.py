@@ -400,7 +400,10 @@ async def soak(
     if pending is not None:
         with contextlib.suppress(Exception):
             await pending
-    print(f"  finished {watch.finished - start_finished:,} jobs in {time.monotonic() - t0:.0f} s")
+    finished = watch.finished - start_finished
+    print(f"  finished {finished:,} jobs in {time.monotonic() - t0:.0f} s")
+    if finished < args.soak_jobs:
+        print(f"  stopped short of {args.soak_jobs:,}: a soak runs at most --duration ({args.duration:g} s)")
     print_soak_table(rows)
 
 
@@ -655,7 +658,12 @@ def parse() -> argparse.Namespace:
         help="jobs of the mix submitted a second, steadily (0: as fast as the intake answers)",
     )
     p.add_argument("--queued", type=int, default=100_000, help="jobs queued behind quota (0: skip)")
-    p.add_argument("--duration", type=float, default=600, help="the longest to wait for any one step, s")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=600,
+        help="the longest to wait for any one step, and the longest a soak runs, s",
+    )
     p.add_argument("--anchor", type=int, default=20_000, help="payloads published for the anchor")
     p.add_argument("--idle", type=float, default=5.0, help="seconds of CPU measured with nothing to do")
     p.add_argument("--agent-processes", type=int, default=4)

@@ -29,12 +29,17 @@ LATE = 30_000.0  # 29 half-lives after the jobs started: the shares are what the
 
 
 def _world(strategies: tuple[FairSharingStrategy, ...], *, at: float = LATE) -> LogBuilder:
+    return _cohort(PreemptionPolicy(fair_sharing=strategies), (4, 2, 10), at)
+
+
+def _cohort(policy: PreemptionPolicy, nominals: tuple[int, int, int], at: float) -> LogBuilder:
+    """Three queues of weight 1 in one cohort under ``policy``, of ``nominals``, on two 8-GPU
+    nodes, the half-life 1,000 s: team-a runs ``own`` on 4 GPUs, team-b ``v1`` and ``v2`` on 4
+    each, team-c ``w`` on 4; every GPU in use. At ``at``."""
     lb = LogBuilder().nodes(Cluster(2)).fair_share(1000.0)
     lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
-    policy = PreemptionPolicy(fair_sharing=strategies)
-    lb.queue(queue_spec("team-a", 4, cohort="org", preemption=policy))
-    lb.queue(queue_spec("team-b", 2, cohort="org", preemption=policy))
-    lb.queue(queue_spec("team-c", 10, cohort="org", preemption=policy))
+    for name, nominal in zip(("team-a", "team-b", "team-c"), nominals, strict=True):
+        lb.queue(queue_spec(name, nominal, cohort="org", preemption=policy))
     for job_id, q, node, gpus in (
         ("own", "team-a", N0, (0, 1, 2, 3)),
         ("v1", "team-b", N0, (4, 5, 6, 7)),
@@ -123,25 +128,12 @@ def test_the_preemptor_proposes_what_the_fold_accepts(
 def _reclaiming_world(reclaim: str) -> LogBuilder:
     """team-a (nominal 12) runs ``own`` on 4 GPUs and lends the rest: team-b (nominal 2) runs
     ``v1`` and ``v2`` on 4 each, team-c (nominal 2) ``w`` on 4. A queued job ``b`` of team-a
-    needs two workers of 4 GPUs, which leaves team-a within its nominal: it would take back what it lent, if
-    ``reclaim`` let it. Late, team-a's share with ``b`` is 0; team-b's is 6, 2 once one of its
-    jobs is gone and -2 once both are; team-c's 2, -2 once ``w`` is gone. So S2-a lets team-a
-    take either of team-b's jobs alone, never the pair, never ``w``."""
-    lb = LogBuilder().nodes(Cluster(2)).fair_share(1000.0)
-    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    needs two workers of 4 GPUs, which leaves team-a within its nominal: it would take back
+    what it lent, if ``reclaim`` let it. Late, team-a's share with ``b`` is 0; team-b's is 6,
+    2 once one of its jobs is gone and -2 once both are; team-c's 2, -2 once ``w`` is gone. So
+    S2-a lets team-a take either of team-b's jobs alone, never the pair, never ``w``."""
     policy = PreemptionPolicy(reclaim_within_cohort=reclaim, fair_sharing=(FINAL,))  # type: ignore[arg-type]
-    lb.queue(queue_spec("team-a", 12, cohort="org", preemption=policy))
-    lb.queue(queue_spec("team-b", 2, cohort="org", preemption=policy))
-    lb.queue(queue_spec("team-c", 2, cohort="org", preemption=policy))
-    for job_id, q, node, gpus in (
-        ("own", "team-a", N0, (0, 1, 2, 3)),
-        ("v1", "team-b", N0, (4, 5, 6, 7)),
-        ("v2", "team-b", N1, (0, 1, 2, 3)),
-        ("w", "team-c", N1, (4, 5, 6, 7)),
-    ):
-        lb.submit("t", job_id, job(q).gpus(len(gpus)).checkpointable()).accept(job_id)
-        lb.admit(job_id).place(on(node, *gpus, job_id=job_id)).started(node, job_id)
-    lb.at(LATE)
+    lb = _cohort(policy, (12, 2, 2), LATE)
     lb.submit("alice", "b", job("team-a").gpus(4).replicas(2)).accept("b")
     return lb
 

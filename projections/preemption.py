@@ -82,11 +82,9 @@ def eligible(
         return False  # once one was stopped for the other, neither is stopped for the other again
     vp, bp = victim.priority, beneficiary.priority
     if victim.spec.queue == beneficiary.spec.queue:
-        within = policy.within_queue
-        if within == "never":
-            return False
-        newer = within == "lower-or-newer-equal-priority" and victim.submitted_seq > beneficiary.submitted_seq
-        return vp < bp or (vp == bp and newer)
+        # Of a priority ``within_queue`` may stop, and if equal, submitted later.
+        later = victim.submitted_seq > beneficiary.submitted_seq
+        return may_stop_within(policy, vp, bp) and (vp < bp or later)
     if key is None or victim_key != key or not lent:
         return False
     if reclaims:
@@ -159,6 +157,17 @@ def stopped_before(victim: JobState, beneficiary: JobState) -> tuple[str, str] |
     if (victim.id, victim.priority_seq, beneficiary.priority_seq) in beneficiary.stopped_for:
         return beneficiary.id, victim.id
     return None
+
+
+def may_stop_within(policy: PreemptionPolicy, victim_priority: int, beneficiary_priority: int) -> bool:
+    """Whether ``within_queue`` lets a beneficiary stop a job of its own queue of this priority at
+    all (one of equal priority only if submitted later, which ``eligible`` asks)."""
+    within = policy.within_queue
+    if within == "never":
+        return False
+    return victim_priority < beneficiary_priority or (
+        victim_priority == beneficiary_priority and within == "lower-or-newer-equal-priority"
+    )
 
 
 def may_borrow_over(policy: PreemptionPolicy, victim_priority: int, beneficiary_priority: int) -> bool:

@@ -289,17 +289,11 @@ def candidates(
             policy, h.job, h.key, b, key, lent=True, reclaims=under[other], fair=fair(h)
         )
 
-    within = policy.within_queue
-    newer_too = within == "lower-or-newer-equal-priority"
-
     def own(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
-        if within == "never":
-            return
         for h in index.get(queue, ()):
-            p = h.job.priority
-            if p > b.priority or (p == b.priority and not newer_too):
+            if not preemption.may_stop_within(policy, h.job.priority, b.priority):
                 # The pool's order is priority first: no job of the queue from here on is of a
-                # priority ``within_queue`` lets it stop (``preemption.eligible``).
+                # priority ``within_queue`` lets it stop.
                 return
             if may(h):
                 yield h, False

@@ -217,12 +217,18 @@ def charged_key(ledger: Ledger, job: JobState) -> str | None:
 
 
 def planning_ledger(state: State) -> Ledger:
-    """The quota the rule reads: the state's, as it will stand once the stops under way are done.
-    A job being preempted (checkpointing) has given its quota back, and each job a stop is for
-    (of one under way, or done and not yet requeued), while it is queued, has taken what it would
-    be admitted with. (A shrink gives quota back at once, in the state itself.) It walks the jobs
-    stopping, stopped and running (an elastic job shrinking runs): the fold calls it once per
-    preemption or shrink proposed, the preemptor once per cycle."""
+    """The quota the rule reads (``planning``)."""
+    return planning(state)[0]
+
+
+def planning(state: State) -> tuple[Ledger, set[str]]:
+    """The quota the rule reads: the state's, as it will stand once the stops under way are done;
+    and the queued beneficiaries it has charged. A job being preempted (checkpointing) has given
+    its quota back, and each job a stop is for (of one under way, or done and not yet requeued),
+    while it is queued, has taken what it would be admitted with. (A shrink gives quota back at
+    once, in the state itself.) It walks the jobs stopping, stopped and running (an elastic job
+    shrinking runs): the fold calls it once per preemption or shrink proposed, the preemptor
+    once per cycle."""
     ledger = Ledger.from_state(state)
     waiting: set[str] = set()
     for job in indexes.jobs_in(state, "checkpointing", "preempted", "running"):
@@ -230,13 +236,15 @@ def planning_ledger(state: State) -> Ledger:
             release(ledger, job)
         if job.preempted_for and (job.phase in ("checkpointing", "preempted") or job.leaving):
             waiting.add(job.preempted_for)
+    charged: set[str] = set()
     for job_id in sorted(waiting):
         beneficiary = state.jobs.get(job_id)
         if beneficiary is not None and beneficiary.phase == "queued":
             found = demand(state, ledger, beneficiary)
             if found is not None:
                 ledger.charge(beneficiary.spec.queue, *found)
-    return ledger
+                charged.add(job_id)
+    return ledger, charged
 
 
 def release(ledger: Ledger, job: JobState) -> None:
@@ -257,8 +265,12 @@ def may_stop(
         why = protected(state, victim, now)
         if why is not None:
             return why
-    ledger = planning_ledger(state)
+    ledger, waiting = planning(state)
     key, need = claim(state, ledger, beneficiary)
+    if beneficiary.id in waiting:
+        # A stop for it is under way (the shrink a proposal's first record asked, say): the
+        # ledger holds it as admitted already, and it takes nothing back twice.
+        need = 0
     queue = beneficiary.spec.queue
     policy = policy_of(state, beneficiary)
     charged = [(v, charged_key(ledger, v)) for v in victims]

@@ -20,7 +20,7 @@ from corral.events.queues import (
     Quota,
 )
 from corral.projections.state import State
-from tests.builders import Cluster, LogBuilder, job, on, queue_spec
+from tests.builders import Cluster, LogBuilder, job, on, placement, queue_spec, whole, worker
 
 N0 = "node-00"
 
@@ -165,6 +165,31 @@ def test_reclaim_counts_the_records_own_queue_victims(
     lb.submit("alice", "b", job("team-a").gpus(8)).accept("b", priority=6)
     state = lb.preempt("b", *victims).fold()
     assert (state.jobs["v"].phase == "checkpointing") is stopped
+
+
+@pytest.mark.parametrize("shrink_first", [False, True])
+def test_a_shrink_for_the_same_beneficiary_does_not_count_it_twice(shrink_first: bool) -> None:
+    # team-a (nominal 8) runs elastic ``own`` on 4 of its GPUs; team-b (nominal 0) runs v on 4
+    # borrowed from team-a, at a priority only a reclaim may stop. b (team-a, 4 GPUs) takes them
+    # back: 4 + 4 of 8. The preemptor may also shrink ``own`` for b's room on the nodes, a record
+    # before the preemption: once that is folded the ledger holds b as admitted, and b's 4 are
+    # not asked of team-a's nominal a second time (6 + 4 would be over it).
+    lb = two_nodes_log()
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    lb.queue(queue_spec("team-a", 8, cohort="org")).queue(queue_spec("team-b", 0, cohort="org"))
+    lb.submit("alice", "own", job("team-a").replicas(4, minimum=2).checkpointable()).accept("own", priority=5)
+    lb.admit("own", replicas=4).place(placement("own", *(worker(r, N0, whole(r)) for r in range(4))))
+    for rank in range(4):
+        lb.started(N0, "own", rank=rank)
+    lb.submit("bob", "v", job("team-b").gpus(4).checkpointable()).accept("v", priority=9)
+    lb.admit("v").place(on(N0, 4, 5, 6, 7, job_id="v")).started(N0, "v")
+    lb.submit("alice", "b", job("team-a").gpus(4)).accept("b", priority=6)
+    if shrink_first:
+        lb.shrink("own", 2, "b")
+    state = lb.preempt("b", "v").fold()
+    assert state.rejected_total == 0, state.rejections[-1:]
+    assert state.jobs["v"].phase == "checkpointing"
+    assert list(state.jobs["own"].leaving) == ([2, 3] if shrink_first else [])
 
 
 @pytest.mark.parametrize(

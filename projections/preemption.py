@@ -123,6 +123,25 @@ class Shares:
         weight = self.ledger.spec(queue).weight
         return above / WHOLE / weight if weight > 0 else math.inf
 
+    def may_take(
+        self,
+        strategies: Sequence[FairSharingStrategy],
+        mine: float,
+        other: str,
+        key: str,
+        gone: int,
+        least: int,
+    ) -> bool:
+        """Whether ``strategies`` let a queue whose share will be ``mine`` take ``gone`` milli-GPU
+        of ``key`` from queue ``other`` in one record, the smallest of its victims there freeing
+        ``least``. Kueue judges each victim against the other queue's share just before it (S2-b)
+        and just after it (S2-a), those taken before it already gone: the last one taken binds
+        both, and of the orders the record's victims could be taken in, the one that ends with
+        the smallest is the least favourable to the taker, which is the order judged. So a
+        record never takes a queue past the point where the imbalance would switch sides."""
+        final = self.share(other, key, -gone)
+        return fair_allows(strategies, mine, self.share(other, key, least - gone), final)
+
 
 def fair_allows(
     strategies: Sequence[FairSharingStrategy], mine_after: float, theirs_before: float, theirs_after: float
@@ -276,6 +295,7 @@ def may_stop(
     charged = [(v, charged_key(ledger, v)) for v in victims]
     lent = {v.id: k is not None and ledger.borrows_from(v.spec.queue, queue, k) for v, k in charged}
     freed: dict[str, int] = {}  # per queue, milli-GPU of ``key`` the record frees
+    least: dict[str, int] = {}  # ... and the least any one of its victims there frees
     for victim, victim_key in charged:  # what the record frees, for whether the beneficiary reclaims
         if victim_key is not None:
             milli = quota.worker_milli(victim.spec.resources, victim_key)
@@ -285,15 +305,16 @@ def may_stop(
                 stopping = max(0, adm.replicas - keep)
             ledger.charge(victim.spec.queue, victim_key, -milli * stopping)
             if victim_key == key:
-                freed[victim.spec.queue] = freed.get(victim.spec.queue, 0) + milli * stopping
+                q, amount = victim.spec.queue, milli * stopping
+                freed[q] = freed.get(q, 0) + amount
+                least[q] = min(least.get(q, amount), amount)
     fair: dict[str, bool] = {}
     if policy.fair_sharing and key is not None and ledger.has_queue(queue):
         shares = Shares(state, ledger, now)
         mine = shares.share(queue, key, asks(state, ledger, beneficiary, key) - freed.get(queue, 0))
         for other, gone in freed.items():
             if other != queue and ledger.has_queue(other):
-                initial, final = shares.share(other, key), shares.share(other, key, -gone)
-                fair[other] = fair_allows(policy.fair_sharing, mine, initial, final)
+                fair[other] = shares.may_take(policy.fair_sharing, mine, other, key, gone, least[other])
     for victim, victim_key in charged:
         before = stopped_before(victim, beneficiary)
         if before is not None:

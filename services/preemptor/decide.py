@@ -295,8 +295,9 @@ def _anyone(state: State) -> bool:
 def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig) -> Found | None:
     """Kueue's attempts, under the beneficiary's queue's policy: first with other queues' jobs
     that hold what its side lent, borrowers first (those it may borrow over, and those it takes
-    back lent quota from, its side then within its own quota), and its own queue's; then, if
-    that is not enough, its own queue's jobs alone, the beneficiary borrowing."""
+    back lent quota from, its side then within its own quota), and its own queue's (under fair
+    sharing, if no set in that order is allowed, its own queue's first); then, if that is not
+    enough, its own queue's jobs alone, the beneficiary borrowing."""
     policy = preemption.policy_of(sim.state, target.job)
     # Kueue's fair-sharing strategies are tried in order, each only if those before found too
     # little: one cohort attempt per strategy, with it and those before it.
@@ -322,9 +323,23 @@ def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig
             # they would free most first, each standing on its own: whether the record may take
             # them all is then the fold's rule alone (``Simulation.allowed``).
             found = search(sim, target, by_node(sim.state, units), checked)
+        if found is None and shares is not None and len(units) > 1:
+            # Fair sharing judges a record by where it leaves each queue's share, and taking more
+            # of a borrower's jobs can turn an allowed record into one that is not (the share it
+            # leaves would fall below the beneficiary's): the prefix that fits with borrowers
+            # first may never be allowed where one that stops the beneficiary's own queue's
+            # lower-priority jobs first, and fewer of the borrower's, is (Kueue's tournament
+            # takes from its own queue when its share is the highest). Ask once more, own first.
+            found = search(sim, target, own_first(units), checked)
         if found is not None:
             return found
     return None
+
+
+def own_first(units: list[Unit]) -> list[Unit]:
+    """``units`` with the beneficiary's own queue's (shrinks, then whole jobs) before other
+    queues', each in the order it had."""
+    return [u for u in units if not u.borrower] + [u for u in units if u.borrower]
 
 
 def by_node(state: State, units: list[Unit]) -> list[Unit]:

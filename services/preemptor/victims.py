@@ -12,15 +12,20 @@ under its queue's preemption policy (``PreemptionPolicy``, the rule of ``project
    their top ranks first, one by one (a shrink), before anyone is stopped whole;
 2. order: shrinks before whole jobs; then other queues' jobs before the beneficiary's own; then
    the lowest priority, the least work lost (seconds since the last checkpoint of the running
-   attempt, or since it started running, times the GPUs held), the youngest; ties by job id;
+   attempt, or since it started running, times the GPUs held), the youngest; ties by job id.
+   Under fair sharing, other queues' jobs come by Kueue's tournament instead: the next from the
+   queue whose share is the highest with the ones before it gone;
 3. remove candidates from a snapshot in that order until the gang fits and the fold will let it
    take every victim (``Simulation.allowed``, by the fold's own ``preemption.eligible`` on the
    record as a whole: one taken only to take back lent quota needs ``reclaim_within_cohort`` to
    allow it and the beneficiary's side within its own quota once all the removals are counted,
    its own queue's included; one taken by fair sharing, the shares with all of them), skipping
    another queue's job once earlier removals left that queue holding nothing lent; if the gang
-   does not fit with every candidate removed, stop nobody. If that finds nothing, the same with
-   the beneficiary's own queue's jobs alone (it then borrows);
+   does not fit with every candidate removed, stop nobody. Under fair sharing, a set the order
+   never allows (each borrower taken makes its queue's share lower, and the last may leave it
+   below the beneficiary's) is looked for once more with the beneficiary's own queue's
+   candidates first. If that finds nothing, the same with the beneficiary's own queue's jobs
+   alone (it then borrows);
 4. fill back: add back, in reverse order, every removed candidate the gang fits without. An
    elastic job keeps contiguous ranks: once one of its ranks must stay stopped, so do the ranks
    above it. What is left is minimal: no victim can be spared.
@@ -263,18 +268,27 @@ def candidates(
     under: dict[str, bool] = {}  # per other queue: the beneficiary's side is under its own quota now
 
     # Fair sharing (Kueue's S2-a/S2-b), judged per victim as if it were the record's only one
-    # from its queue; ``Simulation.allowed`` judges the whole record as the fold will.
+    # from its queue, and the beneficiary's queue as if every job of it the policy lets it stop
+    # were stopped too (its share then the least it can be): a candidate, not a verdict, for
+    # ``Simulation.allowed`` judges the whole record as the fold will.
     mine = 0.0
     if shares is not None and key is not None and lending:
-        mine = shares.share(queue, key, preemption.asks(shares.state, ledger, b, key))
+        spared = sum(
+            h.per_worker * len(h.job.held.workers)
+            for h in itertools.takewhile(
+                lambda h: preemption.may_stop_within(policy, h.job.priority, b.priority),
+                pool.by_queue.get(queue, ()),
+            )
+            if h.key == key and h.job.held is not None and h.job.id not in taken
+        )
+        mine = shares.share(queue, key, preemption.asks(shares.state, ledger, b, key) - spared)
 
     def fair(h: Holder) -> bool:
         if shares is None or key is None or h.key != key:
             return False
         other = h.job.spec.queue
         gone = h.per_worker * len(h.job.held.workers) if h.job.held is not None else 0
-        before, after = shares.share(other, key), shares.share(other, key, -gone)
-        return preemption.fair_allows(policy.fair_sharing, mine, before, after)
+        return shares.may_take(policy.fair_sharing, mine, other, key, gone, gone)
 
     def may(h: Holder) -> bool:
         if h.job.id in taken:
@@ -300,14 +314,31 @@ def candidates(
 
     def borrowers(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
         if shares is not None and key is not None and policy.fair_sharing:
-            # Kueue's fair sharing takes from the queue with the highest share first (KEP-1714 C1).
-            ranked = sorted(lenders, key=lambda q: (-shares.share(q, key), q))
-            found: Iterable[Holder] = itertools.chain.from_iterable(index.get(q, ()) for q in ranked)
-        else:
-            found = heapq.merge(*(index.get(q, ()) for q in lenders), key=_order)
-        for h in found:
+            yield from tournament(index, shares, key)
+            return
+        for h in heapq.merge(*(index.get(q, ()) for q in lenders), key=_order):
             if may(h):
                 yield h, True
+
+    def tournament(
+        index: dict[str, list[Holder]], shares: preemption.Shares, key: str
+    ) -> Iterator[tuple[Holder, bool]]:
+        """Kueue's fair sharing (KEP-1714 C1): the next victim from the queue whose share is the
+        highest, asked again after every victim with those before it gone (the search removes
+        a prefix of this order), so that one queue is not drained while another's share has
+        become the higher."""
+        queues = {q: iter(index.get(q, ())) for q in lenders}
+        gone = dict.fromkeys(lenders, 0)
+        ranked = [(-shares.share(q, key), q) for q in lenders]
+        heapq.heapify(ranked)
+        while ranked:
+            _, q = heapq.heappop(ranked)
+            for h in queues[q]:
+                if may(h):
+                    yield h, True
+                    gone[q] += h.per_worker * (len(h.job.held.workers) if h.job.held is not None else 0)
+                    heapq.heappush(ranked, (-shares.share(q, key, -gone[q]), q))
+                    break
 
     if shrink:
         for h, borrower in itertools.chain(borrowers(pool.elastic_by_queue), own(pool.elastic_by_queue)):
@@ -396,7 +427,7 @@ class Simulation:
         strategies let it take with every removal counted. Every such job holds quota lent by
         the beneficiary's side: ``candidates`` offers no other."""
         q, key = target.job.spec.queue, target.key
-        freed: dict[str, int] | None = None  # per queue, what the record frees of ``key``
+        freed: dict[str, tuple[int, int]] | None = None  # per queue, what the record frees of ``key``
         for job_id, ranks in self.released.items():
             if len(ranks) <= before.get(job_id, 0):
                 continue
@@ -417,26 +448,27 @@ class Simulation:
                 freed = self._freed(key, before)
             shares = self.shares
             mine = shares.share(
-                q, key, preemption.asks(self.state, self.rules, target.job, key) - freed.get(q, 0)
+                q, key, preemption.asks(self.state, self.rules, target.job, key) - freed.get(q, (0, 0))[0]
             )
-            gone = freed.get(other, 0)
-            fair = preemption.fair_allows(
-                policy.fair_sharing, mine, shares.share(other, key), shares.share(other, key, -gone)
-            )
+            gone, least = freed.get(other, (0, 0))
+            fair = shares.may_take(policy.fair_sharing, mine, other, key, gone, least)
             if not judge(fair=fair):
                 return False
         return True
 
-    def _freed(self, key: str, before: dict[str, int]) -> dict[str, int]:
-        """Per queue, the milli-GPU of ``key`` the removals since ``before`` free."""
-        out: dict[str, int] = {}
+    def _freed(self, key: str, before: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """Per queue, the milli-GPU of ``key`` the removals since ``before`` free, and the least
+        any one job there frees."""
+        out: dict[str, tuple[int, int]] = {}
         for job_id, ranks in self.released.items():
             n = len(ranks) - before.get(job_id, 0)
             if n > 0:
                 job = self.state.jobs[job_id]
                 k, per_worker = charge_of(self.ledger, job)
                 if k == key:
-                    out[job.spec.queue] = out.get(job.spec.queue, 0) + per_worker * n
+                    amount = per_worker * n
+                    total, least = out.get(job.spec.queue, (0, amount))
+                    out[job.spec.queue] = (total + amount, min(least, amount))
         return out
 
     def release(self, job: JobState, key: str | None, per_worker: int, rank: int | None) -> tuple[int, ...]:

@@ -372,19 +372,27 @@ def _shares_fairly(state: State, room: Ledger, now: float, victims: Sequence[Vic
     policy = state.queues[b.spec.queue].preemption
     if not policy.fair_sharing:
         return False
-    freed: dict[str, int] = {}
+    freed: dict[str, list[int]] = {}  # per queue, what each victim there frees
     for v in victims:
         job = state.jobs[v.job_id]
         for key, milli in quota.holding(job):
             if key == ANY:
-                freed[job.spec.queue] = freed.get(job.spec.queue, 0) + milli
+                freed.setdefault(job.spec.queue, []).append(milli)
     shares = Shares(state, room, now)
     bq = b.spec.queue
-    mine = shares.share(bq, ANY, asks(state, room, b, ANY) - freed.get(bq, 0))
+    mine = shares.share(bq, ANY, asks(state, room, b, ANY) - sum(freed.get(bq, ())))
+    # Each victim against the other queue's share just before and just after it, in every order
+    # the record's victims could be taken in (Kueue's S2-b and S2-a, victim by victim).
     return all(
-        fair_allows(policy.fair_sharing, mine, shares.share(q, ANY), shares.share(q, ANY, -gone))
+        fair_allows(
+            policy.fair_sharing,
+            mine,
+            shares.share(q, ANY, last - sum(gone)),
+            shares.share(q, ANY, -sum(gone)),
+        )
         for q, gone in freed.items()
         if q != bq
+        for last in gone
     )
 
 

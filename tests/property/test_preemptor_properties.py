@@ -292,9 +292,7 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
             job = state.jobs[v.job_id]
             lower = job.priority < b.priority
             if job.spec.queue == bq:
-                newer = job.priority == b.priority and job.submitted_seq > b.submitted_seq
-                within = policy.within_queue
-                assert within != "never" and (lower or (within == "lower-or-newer-equal-priority" and newer))
+                assert _within_allows(state, job, b)
                 continue
             # Another queue of the beneficiary's cohort (flat here) that borrows: the policy lets
             # the beneficiary take back lent quota from it (its queue then within its nominal) or
@@ -311,9 +309,11 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
                 )
                 or _shares_fairly(state, room, now, p.victims, b)
             )
-        if b.phase == "queued" and not p.shrinks:
-            # Queued beneficiaries fit their queue's quota once their victims give theirs back.
-            assert room.fits(bq, ANY, need)
+        if b.phase == "queued":
+            # Queued beneficiaries fit their queue's quota once their victims give theirs back
+            # (a shrink's share of it rounded down here), and the fold counts them as admitted
+            # from then on, a shrink's beneficiary as much as a preemption's.
+            assert p.shrinks or room.fits(bq, ANY, need)
             room.charge(bq, ANY, need)
         assert p.deadline == now + max(
             state.jobs[j].spec.grace_seconds
@@ -396,6 +396,15 @@ def _shares_fairly(state: State, room: Ledger, now: float, victims: Sequence[Vic
     )
 
 
+def _within_allows(state: State, job: JobState, b: JobState) -> bool:
+    """Whether the beneficiary's queue's ``within_queue`` lets it stop ``job`` of its own queue:
+    a lower priority, or under ``lower-or-newer-equal-priority`` an equal one submitted later."""
+    within = state.queues[b.spec.queue].preemption.within_queue
+    newer = job.priority == b.priority and job.submitted_seq > b.submitted_seq
+    equal_allowed = within == "lower-or-newer-equal-priority" and newer
+    return within != "never" and (job.priority < b.priority or equal_allowed)
+
+
 def _need(state: State, job: JobState) -> int:
     """The milli-GPU a queued job would be admitted with, at its minimum replicas."""
     demands = quota.worker_demands(state.queues[job.spec.queue], job.spec.resources)
@@ -428,7 +437,7 @@ def test_elastic_shrinks_keep_the_same_guarantees(w: World) -> None:
             assert job.spec.min_replicas is not None and job.spec.min_replicas <= s.replicas
             assert job.admission is not None and s.replicas < job.admission.replicas
             assert preemptible(w.state, job)
-            assert job.spec.queue != b.spec.queue or job.priority < b.priority
+            assert job.spec.queue != b.spec.queue or _within_allows(w.state, job, b)
             kept = scratch.jobs[s.job_id]
             assert kept.held is not None
             claims.release(scratch, kept)

@@ -175,6 +175,14 @@ class _Node:
         return n
 
 
+def _height(n: _Node) -> int:
+    """How far ``n``'s furthest queue is below it: 0 for a queue, 1 for a cohort of queues, one
+    more for each level of cohorts under it."""
+    if n.is_queue:
+        return 0
+    return max([1, *(_height(c) + 1 for c in n.children if not c.is_queue)])
+
+
 def holding(job: JobState) -> list[tuple[str, int]]:
     """What an admitted job holds: (key, milli-GPU) per quota key of its admission."""
     adm = job.admission
@@ -471,18 +479,21 @@ class Ledger:
         return _held(mine, key) + extra - freed <= mine.own.get(key, 0)
 
     def borrowing_height(self, queue: str, key: str, need: int) -> int:
-        """How far up the cohort tree ``queue`` must borrow to hold ``need`` more of ``key``: 0
-        within its own nominal, 1 within its cohort's own quota and its members' (its cohort
-        holds no more than that), and so on up (Kueue's borrowing height: who borrows less
-        goes first)."""
-        n: _Node | None = self._queues.get(queue)
-        height = 0
-        while n is not None:
-            if _held(n, key) + need <= n.own.get(key, 0):
-                return height
-            n = n.parent
-            height += 1
-        return height
+        """How far ``queue`` must borrow to hold ``need`` more of ``key`` (Kueue's borrowing
+        height: who borrows less goes first): 0 within its own nominal, or with no cohort;
+        else the height of the lowest cohort above it that holds enough within its subtree,
+        or of the tree's root if none does. A cohort's height is how far its furthest queue
+        is below it, so borrowing from a cohort that holds a deep tree counts as borrowing
+        further than borrowing from a small one, wherever the queue sits."""
+        n = self._queues.get(queue)
+        if n is None or n.parent is None or _held(n, key) + need <= n.own.get(key, 0):
+            return 0
+        top = n
+        while top.parent is not None:
+            top = top.parent
+            if _held(top, key) + need <= top.own.get(key, 0):
+                break
+        return _height(top)
 
     # -- writing ------------------------------------------------------------------------------
 

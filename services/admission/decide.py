@@ -37,7 +37,11 @@ Lending holds. A queue whose first waiting job would be within its nominal quota
 fit, because other queues borrow what it lent, keeps that share from being lent again for the
 rest of the cycle (Kueue's reservation for a lender that cannot be sure to reclaim; here for
 every policy, so that borrowers are not admitted into quota the preemptor is about to take back
-for it, and stopped again).
+for it, and stopped again). One whose first waiting job fits the nominal only once the queue's
+own jobs end keeps what of the nominal is free, unless it may take back lent quota from any
+priority (``reclaim_within_cohort = "any"``), as Kueue does. The holds of the queues' first
+waiting jobs are taken before anyone is admitted, so the order the cycle takes queues in (two
+heads that borrow equally far go by fair share) does not let a borrower in first.
 
 Reasons. The first ``config.detail`` waiting jobs of each queue carry figures ("needs 8 H100;
 queue team-a at its nominal 16/16 H100; cohort org has 0 to lend; position 3 of 7; would fit
@@ -72,6 +76,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -219,6 +224,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, waiting.keys(), now)
     lending_holds = _LendingHolds(ledger)
+    lending_holds.keep_for_heads(waiting, ends, now)
     admissions = first + _admit(order, ledger, config.max_admissions - len(first), now, ends, lending_holds)
     grown = growths(state, ledger, elastic, waiting, admissions) if config.grow else []
     if admissions or grown:
@@ -504,12 +510,26 @@ def _admit(
             if held is None:
                 found = hold(ledger, cur.name, job, ends.get((cur.name, demands[0][0]), []), now)
                 if found is not None:
-                    if ledger.used(cur.name, found.key) + found.need <= ledger.nominal(cur.name, found.key):
-                        lending_holds.add(cur.name, found.key, found.need)
+                    lending_holds.keep(cur.name, job.id, found)
                     if not cur.strict:  # a strict queue goes no further than its head anyway
                         cur.hold = found
             order.passed(cur)
     return out
+
+
+def _lending_hold(ledger: Ledger, queue: str, spec: QueueSpec, found: Hold) -> int:
+    """What of its nominal quota a queue keeps from being lent for its held job: the whole ask
+    when the job would be within the nominal now (for any reclaim policy: borrowers are not
+    admitted into quota the preemptor is about to take back); when the queue's own jobs must
+    end first, what of the nominal is free now, unless ``reclaim_within_cohort`` is ``any``
+    and the queue can take back whatever it lends meanwhile (Kueue's reservation for a lender
+    that cannot be sure to reclaim)."""
+    free = ledger.nominal(queue, found.key) - ledger.used(queue, found.key)
+    if found.need <= free:
+        return found.need
+    if spec.preemption.reclaim_within_cohort == "any":
+        return 0
+    return max(0, free)
 
 
 class _LendingHolds:
@@ -525,6 +545,34 @@ class _LendingHolds:
         self.ledger = ledger
         self.held: Ledger | None = None  # made at the first hold
         self.own: dict[tuple[str, str], int] = {}
+        self.kept_for: dict[str, str] = {}  # queue -> the job its hold is for
+
+    def keep_for_heads(self, waiting: Mapping[str, Backlog], ends: _Ends, now: float) -> None:
+        """Before anyone is admitted, the holds of the queues whose first waiting job does not
+        fit as things are: in whatever order the cycle takes the queues, a borrower is not
+        admitted into what a lender keeps for its own job."""
+        ledger = self.ledger
+        for name in sorted(waiting):
+            backlog = waiting[name]
+            if not backlog or not ledger.has_queue(name):
+                continue
+            head = backlog[0]
+            demands = quota.worker_demands(ledger.spec(name), head.spec.resources)
+            if not demands or ledger.fits(name, demands[0][0], demands[0][1] * quota.min_replicas(head.spec)):
+                continue
+            found = hold(ledger, name, head, ends.get((name, demands[0][0]), []), now)
+            if found is not None:
+                self.keep(name, head.id, found)
+
+    def keep(self, queue: str, job_id: str, found: Hold) -> None:
+        """Hold for ``queue``'s job ``job_id`` what of its nominal it keeps from being lent
+        (``_lending_hold``), once per job."""
+        if self.kept_for.get(queue) == job_id:
+            return
+        self.kept_for[queue] = job_id
+        kept = _lending_hold(self.ledger, queue, self.ledger.spec(queue), found)
+        if kept:
+            self.add(queue, found.key, kept)
 
     def add(self, queue: str, key: str, milli: int) -> None:
         if self.held is None:

@@ -5,7 +5,8 @@ in a ``shortest-first`` queue, by priority then the highest response ratio
 (``projections.queueing``). Across queues, the next job is the head of the queue that
 
 1. borrows least far up its cohort tree (``Ledger.borrowing_height``: jobs within their queue's
-   nominal first, then jobs within their cohort's own quota and its members', and so on),
+   nominal first, then by the height of the lowest cohort that holds enough for them, the
+   height being how far that cohort's furthest queue is below it, as Kueue counts it),
 2. is a short job, when the admin opened the short-job lane (``FairShareSpec.short_job_gpu_s``,
    ``queueing.short``): among heads that borrow equally far, short jobs of any queue go before
    the rest, then by the rules below,

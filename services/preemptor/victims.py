@@ -21,7 +21,10 @@ under its queue's preemption policy (``PreemptionPolicy``, the rule of ``project
    allow it and the beneficiary's side within its own quota once all the removals are counted,
    its own queue's included; one taken by fair sharing, the shares with all of them), skipping
    another queue's job once earlier removals left that queue holding nothing lent; if the gang
-   does not fit with every candidate removed, stop nobody. Under fair sharing, a set the order
+   does not fit with every candidate removed, stop nobody. (The shortest prefix that fits is
+   found by doubling then halving; from there, one removal at a time to the first the fold
+   allows, since under fair sharing a longer prefix can be refused where a shorter one was
+   not.) Under fair sharing, a set the order
    never allows (each borrower taken makes its queue's share lower, and the last may leave it
    below the beneficiary's) is looked for once more with the beneficiary's own queue's
    candidates first. If that finds nothing, the same with the beneficiary's own queue's jobs
@@ -596,7 +599,7 @@ def search(
     def fits() -> bool:
         return sim.fits(target) and allowed()
 
-    removed = _remove(sim, target, units, fits)
+    removed = _remove(sim, target, units, lambda: sim.fits(target), allowed)
     if removed is None:
         return None
     removed = _fill_back(sim, removed, fits)
@@ -608,24 +611,43 @@ def search(
 
 
 def _remove(
-    sim: Simulation, target: Target, units: Iterable[Unit], fits: Callable[[], bool]
+    sim: Simulation,
+    target: Target,
+    units: Iterable[Unit],
+    fits: Callable[[], bool],
+    allowed: Callable[[], bool],
 ) -> _Removed | None:
-    """The shortest prefix of ``units`` whose removal lets ``target`` fit, removed; None (and
-    nothing removed) if even all of them are not enough.
+    """The shortest prefix of ``units`` whose removal lets ``target`` fit and that the fold
+    allows, removed; None (and nothing removed) if there is none.
 
-    Asking after every removal costs a gang search per candidate; instead ask after 1, 2, 4,
-    8, ... removals, then halve the last interval back to the first count that fits: O(log n)
-    searches, and the same prefix whenever more removals never make a fitting gang unfit.
+    Asking whether the gang fits after every removal costs a gang search per candidate;
+    instead ask after 1, 2, 4, 8, ... removals, then halve the last interval back to the first
+    count that fits: O(log n) searches, and the shortest prefix that fits whenever more
+    removals never make a fitting gang unfit. Whether the fold allows a prefix is not so: under
+    fair sharing, one victim too many from a queue can leave its share below the beneficiary's,
+    and every longer prefix is refused as well until another queue's victims come. So from the
+    shortest prefix that fits, removals go on one at a time to the first the fold allows (a
+    look at the shares, no gang search).
     """
+    order = iter(units)
     removed: _Removed = []
+    put_back: list[Unit] = []  # taken from the order, then put back by the halving, in order
+
+    def take() -> bool:
+        """Remove the next candidate that still gives something back; False if none is left."""
+        while True:
+            u = put_back.pop(0) if put_back else next(order, None)
+            if u is None:
+                return False
+            if u.borrower and not sim.borrowing(u, target):
+                continue  # its queue gave back all it borrowed already
+            ranks = sim.release(u.job, u.holder.key, u.holder.per_worker, u.rank)
+            if ranks:
+                removed.append((u, ranks))
+                return True
+
     lo, probe, fitted = 0, 1, False  # lo: a count of removals known not to be enough
-    for u in units:
-        if u.borrower and not sim.borrowing(u, target):
-            continue  # its queue gave back all it borrowed already
-        ranks = sim.release(u.job, u.holder.key, u.holder.per_worker, u.rank)
-        if not ranks:
-            continue
-        removed.append((u, ranks))
+    while take():
         if len(removed) >= probe:
             if fits():
                 fitted = True
@@ -641,6 +663,7 @@ def _remove(
         mid = (lo + hi) // 2
         _restore_all(sim, removed[mid:])
         if fits():
+            put_back[:0] = [u for u, _ in removed[mid:]]
             del removed[mid:]
             hi = mid
         else:
@@ -648,6 +671,10 @@ def _remove(
                 u = removed[j][0]
                 removed[j] = (u, sim.release(u.job, u.holder.key, u.holder.per_worker, u.rank))
             lo = mid
+    while not allowed():
+        if not take():
+            _restore_all(sim, removed)
+            return None
     return removed
 
 

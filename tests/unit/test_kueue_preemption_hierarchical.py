@@ -2,21 +2,24 @@
 preemptor answers them.
 
 Follows ``TestHierarchicalPreemptions`` in Kueue's
-``pkg/scheduler/preemption/preemption_hierarchical_test.go`` (kubernetes-sigs/kueue), and the
-simpler cases of ``TestFairPreemptions`` in ``preemption_fair_test.go`` (their own section
-below says how shares translate). Each case
-keeps Kueue's name as its id. Kueue's CPU quantities are whole GPUs on quota key ``"*"``; a
-ClusterQueue is a queue, a Cohort (with its parent and its own quota) a cohort; admitted
-workloads are jobs that run, the incoming workload a queued job its queue's quota blocks. The
-cluster has a spare node or more, so that quota, not room on the nodes, decides every case, as
-in Kueue's table. Each queue's three preemption fields are written out, as Kueue's case sets
-them (Kueue's default is ``never``; corral's is not).
+``pkg/scheduler/preemption/preemption_hierarchical_test.go`` (kubernetes-sigs/kueue), and
+``TestFairPreemptions`` in ``preemption_fair_test.go`` (their own section below says how shares
+and weights translate). Each case keeps Kueue's name as its id. Kueue's CPU quantities are
+whole GPUs on quota key ``"*"``; a ClusterQueue is a queue, a Cohort (with its parent and its
+own quota) a cohort; admitted workloads are jobs that run, the incoming workload a queued job
+its queue's quota blocks. The cluster has a spare node or more, so that quota, not room on the
+nodes, decides every case, as in Kueue's table. Each queue's three preemption fields are
+written out, as Kueue's case sets them (Kueue's default is ``never``; corral's is not).
 
-The outcome checked is Kueue's ``wantPreempted``: the victims the preemptor proposes for the
-incoming job, and that the fold takes the proposal (``World.emit`` fails on a rejection).
+The outcome checked is Kueue's ``wantPreempted`` (or corral's, where a difference the README
+documents explains it, as the case says): the victims the preemptor proposes for the incoming
+job, and that the fold takes the proposal (``World.emit`` fails on a rejection).
 
 Left out, because corral has no such thing: "hiearchical preemption with multiple resources"
-(CPU and memory quota at once; with GPUs alone the incoming job fits and the case says nothing).
+(CPU and memory quota at once; with GPUs alone the incoming job fits and the case says nothing),
+and "nominal first: workload fitting within nominal can preempt despite high aggregate DRS"
+(two flavors, and Kueue's dominant share over both; a corral share is per quota key, and a job
+within its queue's nominal on its key takes lent quota back whatever the shares).
 """
 
 from __future__ import annotations
@@ -28,7 +31,16 @@ import pytest
 
 from corral.events import subjects as subj
 from corral.events.decisions import PreemptionRequested, ShrinkRequested
-from corral.events.queues import ApplyCohort, ApplyFairShare, CohortSpec, FairShareSpec, Quota
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyFairShare,
+    ApplyQueue,
+    CohortSpec,
+    FairShareSpec,
+    PreemptionPolicy,
+    QueueSpec,
+    Quota,
+)
 from corral.projections.quota import ANY
 from corral.services.preemptor.decide import decide
 from tests.unit.test_preemptor import World, gpus, whole
@@ -59,7 +71,7 @@ class Cohort:
 @dataclass(frozen=True)
 class Queue:
     name: str
-    cohort: str
+    cohort: str | None
     nominal: int = 0
     policy: dict[str, Any] | None = None
     lending_limit: int | None = None
@@ -441,17 +453,20 @@ def test_kueue_hierarchical_preemption(case: Case) -> None:
 
 # -- fair sharing ----------------------------------------------------------------------------------
 #
-# The simpler cases of ``TestFairPreemptions`` in Kueue's
-# ``pkg/scheduler/preemption/preemption_fair_test.go``: one cohort ``all`` of queues a, b and c
-# (nominal 3 each; within lower-priority, reclaim any) and
-# ``preemptible`` (nominal 0, stops nobody). Kueue's strategies default to both, final share
-# first. Cases with half CPUs count every quantity twice (a, b and c then have 6 GPUs each).
+# ``TestFairPreemptions`` in Kueue's ``pkg/scheduler/preemption/preemption_fair_test.go``. Most
+# cases have one cohort ``all`` of queues a, b and c (nominal 3 each; within lower-priority,
+# reclaim any) and ``preemptible`` (nominal 0, stops nobody); the rest name their own cohorts,
+# queues and weights. Kueue's strategies default to both, final share first. Cases with half
+# CPUs count every quantity twice (a, b and c then have 6 GPUs each). A job wider than a node
+# runs as a gang. corral's cohorts have no weight: where Kueue weighs a cohort that holds a
+# single queue, the weight is that queue's.
 #
 # A corral share is the queue's decayed GPU time less its nominal, not what it holds now: the
 # jobs run for 30 half-lives before the incoming job comes, so that what each queue held lately
 # is what it holds. Kueue divides by what the cohort could lend and stops at 0 under nominal;
 # with one cohort and one resource the order of shares is the same, and where a victim's queue
 # falls under its nominal below, Kueue's 0 and corral's negative share give the same answer.
+# Both divide by the weight; the weighted cases below give the arithmetic.
 #
 # Identical jobs of one queue (same priority, same size) are told apart in Kueue by name; corral
 # takes the one that loses least work, the youngest. So victims are compared as (queue, GPUs,
@@ -460,6 +475,19 @@ def test_kueue_hierarchical_preemption(case: Case) -> None:
 FINAL = "less-than-or-equal-to-final-share"
 INITIAL = "less-than-initial-share"
 HALF_LIFE_S = 1000.0
+
+
+# Kueue's defaults, for the queues of a case that leaves their preemption out or sets only
+# reclaimWithinCohort.
+NEVER: dict[str, Any] = {
+    "within_queue": "never",
+    "reclaim_within_cohort": "never",
+    "borrow_within_cohort": "never",
+}
+RECLAIM_ANY: dict[str, Any] = {**NEVER, "reclaim_within_cohort": "any"}
+# corral refuses a weight of 0 (a queue's weight must be positive). Kueue's 0 gives a queue that
+# borrows an infinite share; a weight this small gives it one far above any other in a case.
+ZERO = 1e-3
 
 
 @dataclass(frozen=True)
@@ -471,6 +499,19 @@ class Fair:
     priority: int = 0
     nominal: int = 3
     strategies: tuple[str, ...] = (FINAL, INITIAL)
+    # A case of its own shape: these cohorts (parents first) and queues instead of ``all`` with
+    # a, b, c and preemptible; a queue's policy of None is LP_ANY.
+    cohorts: tuple[Cohort, ...] = ()
+    queues: tuple[Queue, ...] = ()
+    weights: tuple[tuple[str, float], ...] = ()  # per queue; 1 unless named
+
+
+def _fair_queue(w: World, q: Queue, weight: float, strategies: tuple[str, ...]) -> None:
+    fields: dict[str, Any] = {**(q.policy or LP_ANY), "fair_sharing": strategies}
+    policy = PreemptionPolicy(**fields)
+    quotas = {ANY: Quota(q.nominal, lending_limit=q.lending_limit)}
+    spec = QueueSpec(name=q.name, cohort=q.cohort, quotas=quotas, weight=weight, preemption=policy)
+    w.emit(subj.admin("queue"), ApplyQueue(queue=spec), subj.ADMIN)
 
 
 def _fair_world(case: Fair) -> World:
@@ -482,20 +523,31 @@ def _fair_world(case: Fair) -> World:
         ApplyFairShare(fair_share=FairShareSpec(half_life_s=HALF_LIFE_S)),
         subj.ADMIN,
     )
-    w.cohort("all")
     # Kueue's queues set borrowWithinCohort (lower priority, up to -3), which Kueue ignores once
     # fair sharing is on ("workloads under priority threshold not capriciously preempted"); a
     # corral queue would still honour it next to its fair sharing, so it is left off here.
-    policy = LP_ANY
-    for name in ("a", "b", "c"):
-        w.queue(name, case.nominal, "all", fair_sharing=case.strategies, **policy)
-    never = {"within_queue": "never", "reclaim_within_cohort": "never", "borrow_within_cohort": "never"}
-    w.queue("preemptible", 0, "all", fair_sharing=case.strategies, **never)
+    cohorts = case.cohorts or (Cohort("all"),)
+    queues = case.queues or (
+        *(Queue(name, "all", case.nominal) for name in ("a", "b", "c")),
+        Queue("preemptible", "all", policy=NEVER),
+    )
+    weights = dict(case.weights)
+    for c in cohorts:
+        w.cohort(c.name, c.parent, c.nominal)
+    for q in queues:
+        _fair_queue(w, q, weights.get(q.name, 1.0), case.strategies)
     free = [list(range(GPUS_PER_NODE)) for _ in range(nodes)]
     for r in case.running:
-        n = next(i for i, f in enumerate(free) if len(f) >= r.gpus)
-        taken, free[n] = free[n][: r.gpus], free[n][r.gpus :]
-        w.run(r.job_id, gpus(r.gpus, r.queue), whole(f"node-{n:02d}", *taken), priority=r.priority)
+        # A job wider than a node runs as a gang of equal workers, one victim all the same.
+        replicas = next(k for k in range(-(-r.gpus // GPUS_PER_NODE), r.gpus + 1) if r.gpus % k == 0)
+        per_worker = r.gpus // replicas
+        workers = []
+        for _ in range(replicas):
+            n = next(i for i, f in enumerate(free) if len(f) >= per_worker)
+            taken, free[n] = free[n][:per_worker], free[n][per_worker:]
+            workers.append(whole(f"node-{n:02d}", *taken))
+        spec = gpus(per_worker, r.queue, replicas=replicas)
+        w.run(r.job_id, spec, *workers, priority=r.priority)
     w.wait(30 * HALF_LIFE_S)
     w.submit("in", gpus(case.gpus, case.queue), priority=case.priority)
     return w
@@ -593,6 +645,10 @@ FAIR_CASES = [
         id="can preempt a combination of same CQ and highest user",
     ),
     pytest.param(
+        Fair(running=(Running("b1", "b", 0, 9),), queue="a", gpus=2, preempted=("b1",)),
+        id="preempt huge workload if there is no other option, as long as the target CQ gets a lower share",
+    ),
+    pytest.param(
         Fair(running=(Running("a1", "a", 0, 2), Running("b1", "b", 0, 7)), queue="a", gpus=5, preempted=()),
         id="can't preempt huge workload if the incoming is also huge",
     ),
@@ -618,6 +674,57 @@ FAIR_CASES = [
             preempted=("a1_low", "b1"),
         ),
         id="preempt from target and others even if over nominal",
+    ),
+    pytest.param(
+        Fair(
+            running=(
+                Running("b1", "b", 0, 4),
+                Running("b2", "b", 0, 2),
+                Running("b3", "b", 0, 4),
+                Running("c1", "c", 0, 2),
+            ),
+            nominal=6,
+            queue="a",
+            gpus=7,
+            # a borrows 1 with the job: b2 leaves b at 2 above its nominal (S2-a); b1 would
+            # leave it at 0, below a, which only S2-b allows, and S2-a comes first.
+            preempted=("b2",),
+        ),
+        id="prefer to preempt workloads that don't make the target CQ have the biggest share",
+    ),
+    pytest.param(
+        Fair(
+            running=(
+                Running("b1", "b", 0, 4),
+                Running("b2", "b", 0, 5),
+                Running("c1", "c", 0, 4),
+                Running("c2", "c", 0, 5),
+            ),
+            nominal=6,
+            queue="a",
+            gpus=7,
+            preempted=("b1", "c1"),
+        ),
+        id="preempt from different cluster queues if the end result has a smaller max share",
+    ),
+    pytest.param(
+        Fair(
+            running=(Running("a1", "a", 0, 7), Running("b2", "b", 0, 5), Running("c2", "c", 0, 5)),
+            nominal=6,
+            queue="b",
+            gpus=4,
+            preempted=(),
+        ),
+        id="scenario above does not flap",
+    ),
+    pytest.param(
+        Fair(
+            running=(Running("b1", "b", 0, 3), Running("b2", "b", 0, 3), Running("c1", "c", 0, 3)),
+            queue="a",
+            gpus=4,
+            preempted=(),
+        ),
+        id="cannot preempt if it would make the candidate CQ go under nominal after preempting one element",
     ),
     pytest.param(
         Fair(
@@ -648,12 +755,219 @@ FAIR_CASES = [
         ),
         id="preempt workload that doesn't transfer the imbalance, even if high priority",
     ),
+    # Kueue's own queues from here on: no preemptible queue, and no borrowWithinCohort.
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("all"),),
+            queues=(Queue("a", "all", 3), Queue("b", "all", 3), Queue("c", "all", 3)),
+            weights=(("a", 2.0),),
+            running=(*_units("a", 3), *_units("b", 6)),
+            queue="a",
+            gpus=2,
+            # a's share with the job is (5 - 3) / 2 = 1, b's 3 now and 1 without two of its jobs:
+            # S2-a lets a take two. Kueue divides each by the 9 the cohort could lend: the same
+            # order.
+            preempted=("b1", "b2"),
+        ),
+        id="CQ with higher weight can preempt more",
+    ),
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("all"),),
+            queues=(Queue("a", "all", 3), Queue("b", "all", 3), Queue("c", "all", 3)),
+            weights=(("b", ZERO),),
+            running=(*_units("a", 3), *_units("b", 6)),
+            queue="a",
+            gpus=3,
+            preempted=("b1", "b2", "b3"),
+        ),
+        id="can preempt anything borrowing from CQ with 0 weight",
+    ),
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("all"),),
+            queues=(Queue("a", "all", 3), Queue("b", "all", 3)),
+            weights=(("b", ZERO),),
+            running=(*_units("a", 3), *_units("b", 3)),
+            queue="a",
+            gpus=1,
+            preempted=(),
+        ),
+        id="can't preempt nominal from CQ with 0 weight",
+    ),
+    #       ROOT
+    #      /    \
+    # left-cq  right-cohort(1)
+    #             |
+    #          right-cq
+    # right-cq borrows, but within right-cohort, which lends nothing: the answer does not hang on
+    # right-cohort's weight of 0 (corral's cohorts have none).
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("root"), Cohort("right-cohort", "root", 1)),
+            queues=(
+                Queue("left-cq", "root", policy=RECLAIM_ANY),
+                Queue("right-cq", "right-cohort", policy=RECLAIM_ANY),
+            ),
+            weights=(("right-cq", ZERO),),
+            running=(Running("right-1", "right-cq", 0, 1),),
+            queue="left-cq",
+            gpus=1,
+            preempted=(),
+        ),
+        id="can't preempt nominal from Cohort with 0 weight",
+    ),
+    pytest.param(
+        Fair(
+            queues=(Queue("a", None, 1, policy={**NEVER, "within_queue": "lower-priority"}),),
+            running=(Running("a1", "a", 0, 1),),
+            queue="a",
+            priority=1000,
+            gpus=1,
+            preempted=("a1",),
+        ),
+        id="can preempt within cluster queue when no cohort",
+    ),
+    #                ROOT(5)
+    #             /     |      \
+    #       LEFT(5)    c(1)    RIGHT(5)
+    #       /     \            /      \
+    #     a(1)    b(1)       d(1)     e(1)
+    # a and LEFT weigh 2, e 0.99. Kueue stops b1, b2, c1, c2 and e1, comparing shares level by
+    # level (LEFT, c and RIGHT below ROOT, then a and b below LEFT), LEFT's weight counting.
+    # corral compares queues' shares only, and a cohort has no weight (README: a queue's share
+    # is its GPU time less its nominal, over its weight). a's share with the job is (5 - 1) / 2
+    # = 2; e's is 4 / 0.99, b's, c's and d's 4: the highest first, asked again after each
+    # victim, gives e1, one each of b, c and d (3 left, e 3 / 0.99), then e2, and each queue
+    # stays at or above 2.
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("root", None, 5), Cohort("left", "root", 5), Cohort("right", "root", 5)),
+            queues=(
+                Queue("a", "left", 1, policy=RECLAIM_ANY),
+                Queue("b", "left", 1, policy=NEVER),
+                Queue("c", "root", 1, policy=NEVER),
+                Queue("d", "right", 1, policy=NEVER),
+                Queue("e", "right", 1, policy=NEVER),
+            ),
+            weights=(("a", 2.0), ("e", 0.99)),
+            running=tuple(Running(f"{q}{i}", q, i, 1) for q in "bcde" for i in range(1, 6)),
+            queue="a",
+            gpus=5,
+            preempted=("b1", "c1", "d1", "e1", "e2"),
+        ),
+        id="hierarchical preemption",
+    ),
+    #       ROOT
+    #      /    \
+    #   a(5)   RIGHT(1)
+    #            |
+    #           b(0)
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("root"), Cohort("right", "root", 1)),
+            queues=(Queue("a", "root", 5), Queue("b", "right", policy=NEVER)),
+            weights=(("a", 10.0), ("b", 0.1)),
+            running=(*_units("a", 3, priority=-1), Running("b1", "b", -1, 1)),
+            queue="a",
+            gpus=5,
+            preempted=("a1", "a2", "a3"),
+        ),
+        id="borrowing cq in non-borrowing cohort is protected",
+    ),
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("root"), Cohort("right", "root", 3)),
+            queues=(
+                Queue(
+                    "a",
+                    "root",
+                    5,
+                    policy={
+                        **NEVER,
+                        "within_queue": "lower-priority",
+                        "reclaim_within_cohort": "lower-priority",
+                    },
+                ),
+                Queue("b", "right", policy=NEVER),
+            ),
+            weights=(("a", 10.0), ("b", 0.1)),
+            running=(*_units("a", 3, priority=-1), Running("b1", "b", 100, 4)),
+            queue="a",
+            gpus=4,
+            # Kueue never offers b1 to fair sharing: reclaimWithinCohort (lower priority) picks
+            # the other queues' candidates. corral's fair sharing takes borrowers of any priority
+            # (README: the fair_sharing field), and less-than-initial-share alone would take b1
+            # (a's share 0.2 against b's 40); less-than-or-equal-to-final-share comes first and
+            # finds a's own jobs, leaving a within its nominal, so the answer is Kueue's.
+            preempted=("a1", "a2", "a3"),
+        ),
+        id="forced to preempt within clusterqueue because borrowing workload too important",
+    ),
+    #        ROOT
+    #     /   |   \
+    #    A    B    C
+    #    |    |    |
+    #   AA   BB   CC
+    #    |    |    |
+    #   AAA  BBB  CCC
+    #    |    |    |
+    #    a    b   CCCC(1)
+    # Kueue weighs A 1.01 and B 0.99; each holds one queue, so the weights are a's and b's here.
+    pytest.param(
+        Fair(
+            cohorts=(
+                Cohort("root"),
+                Cohort("A", "root"),
+                Cohort("AA", "A"),
+                Cohort("AAA", "AA"),
+                Cohort("B", "root"),
+                Cohort("BB", "B"),
+                Cohort("BBB", "BB"),
+                Cohort("C", "root"),
+                Cohort("CC", "C"),
+                Cohort("CCC", "CC"),
+                Cohort("CCCC", "CCC", 1),
+            ),
+            queues=(Queue("a", "AAA", policy=RECLAIM_ANY), Queue("b", "BBB", policy=NEVER)),
+            weights=(("a", 1.01), ("b", 0.99)),
+            running=(Running("b1", "b", 0, 1),),
+            queue="a",
+            gpus=1,
+            preempted=("b1",),
+        ),
+        id="deep preemption",
+    ),
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("root"),),
+            queues=(Queue("a", "root", 1, policy=RECLAIM_ANY), Queue("b", "root", policy=NEVER)),
+            weights=(("a", ZERO),),
+            running=(Running("b1", "b", 0, 1),),
+            queue="a",
+            gpus=1,
+            preempted=("b1",),
+        ),
+        id="cq with zero weight can reclaim nominal quota",
+    ),
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("root"), Cohort("A", "root", 1)),
+            queues=(Queue("a", "A", policy=RECLAIM_ANY), Queue("b", "root", policy=NEVER)),
+            weights=(("a", ZERO),),
+            running=(Running("b1", "b", 0, 1),),
+            queue="a",
+            gpus=1,
+            preempted=("b1",),
+        ),
+        id="cohort with zero weight can reclaim nominal quota",
+    ),
 ]
 
 
 def _signature(w: World, job_ids: list[str] | tuple[str, ...]) -> list[tuple[str, int, int]]:
     jobs = [w.state.jobs[j] for j in job_ids]
-    return sorted((j.spec.queue, j.spec.resources.gpus, j.priority) for j in jobs)
+    return sorted((j.spec.queue, j.spec.resources.gpus * j.spec.replicas, j.priority) for j in jobs)
 
 
 @pytest.mark.parametrize("case", FAIR_CASES)

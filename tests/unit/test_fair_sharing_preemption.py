@@ -158,3 +158,35 @@ def test_a_queue_within_its_nominal_takes_back_lent_quota_only_as_its_reclaim_po
     # The fold judges the pair as the preemptor does.
     folded = lb.preempt("b", "v1", "v2").fold()
     assert all(folded.jobs[v].phase == ("checkpointing" if stops else "running") for v in ("v1", "v2"))
+
+
+def test_a_set_the_fold_allows_is_found_though_a_longer_one_is_refused() -> None:
+    # team-a (nominal 16, reclaims only lower priorities, fair sharing by final share) lends
+    # all of it; team-b (nominal 0) borrows: j01 on all of node-01 (priority 0), j02 and j03 on
+    # a GPU each of node-00 (priority 0) and j00 beside them (priority 10), for ten minutes.
+    # team-a's ``urgent`` (priority 10, 8 GPUs) takes back what j01 holds. The candidates, least
+    # work lost first, are j03, j02, j01 and j00, whom only fair sharing offers (same priority):
+    # with all four gone the record is refused (team-b's share, about 0 now, would fall to -11,
+    # below team-a's -8), with the first three it is allowed (a reclaim from lower priorities).
+    # Asked only after 1, 2 and 4 removals, the search found nothing.
+    lb = LogBuilder().nodes(Cluster(2))  # the default half-life, a day: team-b has held little yet
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    lender = PreemptionPolicy(
+        within_queue="never", reclaim_within_cohort="lower-priority", fair_sharing=(FINAL,)
+    )
+    lb.queue(queue_spec("team-a", 16, cohort="org", preemption=lender))
+    lb.queue(queue_spec("team-b", 0, cohort="org"))
+    for job_id, node, gpus, priority in (
+        ("j00", N0, (0,), 10),
+        ("j01", N1, tuple(range(8)), 0),
+        ("j02", N0, (1,), 0),
+        ("j03", N0, (2,), 0),
+    ):
+        lb.submit("t", job_id, job("team-b").gpus(len(gpus))).accept(job_id, priority=priority)
+        lb.admit(job_id).place(on(node, *gpus, job_id=job_id)).started(node, job_id)
+    lb.at(lb.time + 600).submit("alice", "urgent", job("team-a").gpus(8)).accept("urgent", priority=10)
+    state = lb.fold()
+    assert [(p.beneficiary, [v.job_id for v in p.victims]) for p in plan(state, lb.time)] == [
+        ("urgent", ["j01"])
+    ]
+    assert lb.preempt("urgent", "j01").fold().jobs["j01"].phase in ("checkpointing", "preempted")

@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -101,6 +100,7 @@ from corral.projections.quota import Ledger, fmt_gpus, key_name
 from corral.projections.state import JobState, State
 from corral.services.admission.backlog import Backlog
 from corral.services.admission.grow import growths
+from corral.services.admission.lending import LendingHolds
 from corral.services.admission.order import Cursor, FairShare, FairShareOrder, sort_queue
 from corral.services.admission.validate import priority_value, validate
 
@@ -223,7 +223,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     for adm in first:
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, waiting.keys(), now)
-    lending_holds = _LendingHolds(ledger)
+    lending_holds = LendingHolds(ledger)
     lending_holds.keep_for_heads(waiting, ends, now)
     admissions = first + _admit(order, ledger, config.max_admissions - len(first), now, ends, lending_holds)
     grown = growths(state, ledger, elastic, waiting, admissions) if config.grow else []
@@ -473,7 +473,7 @@ def _admit(
     cap: int,
     now: float,
     ends: _Ends,
-    lending_holds: _LendingHolds,
+    lending_holds: LendingHolds,
 ) -> list[Admission]:
     out: list[Admission] = []
     while len(out) < cap and (cur := order.pop()) is not None:
@@ -515,87 +515,6 @@ def _admit(
                         cur.hold = found
             order.passed(cur)
     return out
-
-
-def _lending_hold(ledger: Ledger, queue: str, spec: QueueSpec, found: Hold) -> int:
-    """What of its nominal quota a queue keeps from being lent for its held job: the whole ask
-    when the job would be within the nominal now (for any reclaim policy: borrowers are not
-    admitted into quota the preemptor is about to take back); when the queue's own jobs must
-    end first, what of the nominal is free now, unless ``reclaim_within_cohort`` is ``any``
-    and the queue can take back whatever it lends meanwhile (Kueue's reservation for a lender
-    that cannot be sure to reclaim)."""
-    free = ledger.nominal(queue, found.key) - ledger.used(queue, found.key)
-    if found.need <= free:
-        return found.need
-    if spec.preemption.reclaim_within_cohort == "any":
-        return 0
-    return max(0, free)
-
-
-class _LendingHolds:
-    """Queues' lending holds this cycle: what a queue may still take of a key is what the ledger
-    says with every other queue's hold charged, as if its held job were admitted (a queue's own
-    hold is ``Hold.spare``'s, which lets jobs that end in time go first). Kept as a copy of the
-    ledger with every hold charged, charged as the ledger is, so that the question costs a look
-    and not a charge and a refund per hold (quadratic in queues over a cycle). The ledger's
-    figures depend on what each queue holds, not on the order of the charges: the copy less a
-    queue's own hold is the ledger with the others'."""
-
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger = ledger
-        self.held: Ledger | None = None  # made at the first hold
-        self.own: dict[tuple[str, str], int] = {}
-        self.kept_for: dict[str, str] = {}  # queue -> the job its hold is for
-
-    def keep_for_heads(self, waiting: Mapping[str, Backlog], ends: _Ends, now: float) -> None:
-        """Before anyone is admitted, the holds of the queues whose first waiting job does not
-        fit as things are: in whatever order the cycle takes the queues, a borrower is not
-        admitted into what a lender keeps for its own job."""
-        ledger = self.ledger
-        for name in sorted(waiting):
-            backlog = waiting[name]
-            if not backlog or not ledger.has_queue(name):
-                continue
-            head = backlog[0]
-            demands = quota.worker_demands(ledger.spec(name), head.spec.resources)
-            if not demands or ledger.fits(name, demands[0][0], demands[0][1] * quota.min_replicas(head.spec)):
-                continue
-            found = hold(ledger, name, head, ends.get((name, demands[0][0]), []), now)
-            if found is not None:
-                self.keep(name, head.id, found)
-
-    def keep(self, queue: str, job_id: str, found: Hold) -> None:
-        """Hold for ``queue``'s job ``job_id`` what of its nominal it keeps from being lent
-        (``_lending_hold``), once per job."""
-        if self.kept_for.get(queue) == job_id:
-            return
-        self.kept_for[queue] = job_id
-        kept = _lending_hold(self.ledger, queue, self.ledger.spec(queue), found)
-        if kept:
-            self.add(queue, found.key, kept)
-
-    def add(self, queue: str, key: str, milli: int) -> None:
-        if self.held is None:
-            self.held = self.ledger.copy()
-        self.held.charge(queue, key, milli)
-        self.own[queue, key] = self.own.get((queue, key), 0) + milli
-
-    def charge(self, queue: str, key: str, milli: int) -> None:
-        self.ledger.charge(queue, key, milli)
-        if self.held is not None:
-            self.held.charge(queue, key, milli)
-
-    def available(self, queue: str, key: str) -> int:
-        held = self.held
-        if held is None:
-            return self.ledger.available(queue, key)
-        own = self.own.get((queue, key), 0)
-        if own:
-            held.charge(queue, key, -own)
-        avail = held.available(queue, key)
-        if own:
-            held.charge(queue, key, own)
-        return avail
 
 
 def _ends_at(ends: _Ends, job: JobState, adm: Admission, now: float) -> None:

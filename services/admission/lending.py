@@ -1,0 +1,98 @@
+"""Lending holds: what of its nominal quota a queue keeps from being lent to other queues'
+jobs during one admission cycle, for its own first waiting job (``decide.py`` says when)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from corral.events.queues import QueueSpec
+from corral.projections import quota
+from corral.projections.holds import Hold, hold
+from corral.projections.quota import Ledger
+from corral.services.admission.backlog import Backlog
+
+
+def kept(ledger: Ledger, queue: str, spec: QueueSpec, found: Hold) -> int:
+    """What of its nominal quota a queue keeps from being lent for its held job: the whole ask
+    when the job would be within the nominal now (for any reclaim policy: borrowers are not
+    admitted into quota the preemptor is about to take back); when the queue's own jobs must
+    end first, what of the nominal is free now, unless ``reclaim_within_cohort`` is ``any``
+    and the queue can take back whatever it lends meanwhile (Kueue's reservation for a lender
+    that cannot be sure to reclaim)."""
+    free = ledger.nominal(queue, found.key) - ledger.used(queue, found.key)
+    if found.need <= free:
+        return found.need
+    if spec.preemption.reclaim_within_cohort == "any":
+        return 0
+    return max(0, free)
+
+
+class LendingHolds:
+    """Queues' lending holds this cycle: what a queue may still take of a key is what the ledger
+    says with every other queue's hold charged, as if its held job were admitted (a queue's own
+    hold is ``Hold.spare``'s, which lets jobs that end in time go first). Kept as a copy of the
+    ledger with every hold charged, charged as the ledger is, so that the question costs a look
+    and not a charge and a refund per hold (quadratic in queues over a cycle). The ledger's
+    figures depend on what each queue holds, not on the order of the charges: the copy less a
+    queue's own hold is the ledger with the others'."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.held: Ledger | None = None  # made at the first hold
+        self.own: dict[tuple[str, str], int] = {}
+        self.kept_for: dict[str, str] = {}  # queue -> the job its hold is for
+
+    def keep_for_heads(
+        self,
+        waiting: Mapping[str, Backlog],
+        ends: Mapping[tuple[str, str], list[tuple[float, int]]],
+        now: float,
+    ) -> None:
+        """Before anyone is admitted, the holds of the queues whose first waiting job does not
+        fit as things are: in whatever order the cycle takes the queues, a borrower is not
+        admitted into what a lender keeps for its own job."""
+        ledger = self.ledger
+        for name in sorted(waiting):
+            backlog = waiting[name]
+            if not backlog or not ledger.has_queue(name):
+                continue
+            head = backlog[0]
+            demands = quota.worker_demands(ledger.spec(name), head.spec.resources)
+            if not demands or ledger.fits(name, demands[0][0], demands[0][1] * quota.min_replicas(head.spec)):
+                continue
+            found = hold(ledger, name, head, ends.get((name, demands[0][0]), []), now)
+            if found is not None:
+                self.keep(name, head.id, found)
+
+    def keep(self, queue: str, job_id: str, found: Hold) -> None:
+        """Hold for ``queue``'s job ``job_id`` what of its nominal it keeps from being lent
+        (``kept``), once per job."""
+        if self.kept_for.get(queue) == job_id:
+            return
+        self.kept_for[queue] = job_id
+        milli = kept(self.ledger, queue, self.ledger.spec(queue), found)
+        if milli:
+            self.add(queue, found.key, milli)
+
+    def add(self, queue: str, key: str, milli: int) -> None:
+        if self.held is None:
+            self.held = self.ledger.copy()
+        self.held.charge(queue, key, milli)
+        self.own[queue, key] = self.own.get((queue, key), 0) + milli
+
+    def charge(self, queue: str, key: str, milli: int) -> None:
+        self.ledger.charge(queue, key, milli)
+        if self.held is not None:
+            self.held.charge(queue, key, milli)
+
+    def available(self, queue: str, key: str) -> int:
+        held = self.held
+        if held is None:
+            return self.ledger.available(queue, key)
+        own = self.own.get((queue, key), 0)
+        if own:
+            held.charge(queue, key, -own)
+        avail = held.available(queue, key)
+        if own:
+            held.charge(queue, key, own)
+        return avail

@@ -323,13 +323,14 @@ def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig
             # they would free most first, each standing on its own: whether the record may take
             # them all is then the fold's rule alone (``Simulation.allowed``).
             found = search(sim, target, by_node(sim.state, units), checked)
-        if found is None and shares is not None and len(units) > 1:
+        if found is None and shares is not None and {u.borrower for u in units} == {True, False}:
             # Fair sharing judges a record by where it leaves each queue's share, and taking more
             # of a borrower's jobs can turn an allowed record into one that is not (the share it
             # leaves would fall below the beneficiary's): the prefix that fits with borrowers
             # first may never be allowed where one that stops the beneficiary's own queue's
             # lower-priority jobs first, and fewer of the borrower's, is (Kueue's tournament
-            # takes from its own queue when its share is the highest). Ask once more, own first.
+            # takes from its own queue when its share is the highest). Where both kinds are
+            # candidates, ask once more, own first.
             found = search(sim, target, own_first(units), checked)
         if found is not None:
             return found

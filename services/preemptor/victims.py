@@ -183,6 +183,12 @@ class Holder:
     per_worker: int  # quota milli-GPU of one worker on ``key``
     lost: float  # work_lost at ``now``
 
+    @property
+    def frees(self) -> int:
+        """The quota milli-GPU on ``key`` stopping the whole job gives back."""
+        held = self.job.held
+        return self.per_worker * len(held.workers) if held is not None else 0
+
 
 class Pool:
     """The jobs that may be stopped this cycle (preemptible, in a phase a preemption may stop,
@@ -277,12 +283,12 @@ def candidates(
     mine = 0.0
     if shares is not None and key is not None and lending:
         spared = sum(
-            h.per_worker * len(h.job.held.workers)
+            h.frees
             for h in itertools.takewhile(
                 lambda h: preemption.may_stop_within(policy, h.job.priority, b.priority),
                 pool.by_queue.get(queue, ()),
             )
-            if h.key == key and h.job.held is not None and h.job.id not in taken
+            if h.key == key and h.job.id not in taken
         )
         mine = shares.share(queue, key, preemption.asks(shares.state, ledger, b, key) - spared)
 
@@ -290,8 +296,7 @@ def candidates(
         if shares is None or key is None or h.key != key:
             return False
         other = h.job.spec.queue
-        gone = h.per_worker * len(h.job.held.workers) if h.job.held is not None else 0
-        return shares.may_take(policy.fair_sharing, mine, other, key, gone, gone)
+        return shares.may_take(policy.fair_sharing, mine, other, key, h.frees, h.frees)
 
     def may(h: Holder) -> bool:
         if h.job.id in taken:
@@ -339,7 +344,7 @@ def candidates(
             for h in queues[q]:
                 if may(h):
                     yield h, True
-                    gone[q] += h.per_worker * (len(h.job.held.workers) if h.job.held is not None else 0)
+                    gone[q] += h.frees
                     heapq.heappush(ranked, (-shares.share(q, key, -gone[q]), q))
                     break
 

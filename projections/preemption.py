@@ -88,10 +88,14 @@ def eligible(
     if key is None or victim_key != key or not lent:
         return False
     if reclaims:
+        # Within its side's own quota the beneficiary takes back what it lent: reclaim's
+        # business alone, so a queue that never reclaims does not by borrowing over either.
         reclaim = policy.reclaim_within_cohort
         if reclaim == "any" or (reclaim == "lower-priority" and vp < bp):
             return True
-    return may_borrow_over(policy, vp, bp) or (fair and bool(policy.fair_sharing))
+    elif may_borrow_over(policy, vp, bp):
+        return True
+    return fair and bool(policy.fair_sharing)
 
 
 class Shares:

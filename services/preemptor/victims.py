@@ -307,9 +307,10 @@ def candidates(
         if other not in under:
             # As Kueue: taking back lent quota is tried only from under the side's own quota.
             under[other] = key is not None and ledger.within_own(queue, other, key, 1)
-        return preemption.eligible(
-            policy, h.job, h.key, b, key, lent=True, reclaims=under[other], fair=fair(h)
-        )
+        # A candidate, not a verdict: whether the record reclaims is known only once its
+        # victims are (``Simulation.allowed``), so one either way may stop it.
+        judge = functools.partial(preemption.eligible, policy, h.job, h.key, b, key, lent=True, fair=fair(h))
+        return judge(reclaims=False) or (under[other] and judge(reclaims=True))
 
     def own(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
         for h in index.get(queue, ()):

@@ -295,15 +295,16 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
                 assert _within_allows(state, job, b)
                 continue
             # Another queue of the beneficiary's cohort (flat here) that borrows: the policy lets
-            # the beneficiary take back lent quota from it (its queue then within its nominal) or
-            # borrow over it.
+            # the beneficiary take back lent quota from it (its queue then within its nominal) or,
+            # where it would borrow, borrow over it.
             assert room.root(job.spec.queue) == room.root(bq) and lent[v.job_id]
             reclaim = policy.reclaim_within_cohort
             threshold = policy.borrow_priority_threshold
             assert (
                 (reclaims and (reclaim == "any" or (reclaim == "lower-priority" and lower)))
                 or (
-                    policy.borrow_within_cohort == "lower-priority"
+                    not reclaims
+                    and policy.borrow_within_cohort == "lower-priority"
                     and lower
                     and (threshold is None or job.priority <= threshold)
                 )

@@ -132,6 +132,9 @@ def _policy_world(v_priority: int = 5, **policy: Any) -> LogBuilder:
             False,
             id="reclaim-never",
         ),
+        # Borrowing over lower priorities is for a job that borrows: within its nominal once v
+        # is gone, b would take back lent quota, which ``never`` refuses whatever the priority.
+        pytest.param({"reclaim_within_cohort": "never"}, 9, ("v",), False, id="reclaim-never-borrow-lower"),
     ],
 )
 def test_the_fold_applies_the_beneficiarys_queue_policy(
@@ -204,13 +207,17 @@ def test_a_shrink_for_the_same_beneficiary_does_not_count_it_twice(shrink_first:
 def test_borrowing_over_lower_priority_borrowers_up_to_a_threshold(
     threshold: int | None, victim_priority: int, stopped: bool
 ) -> None:
-    # b needs 12 of team-a's 8 and ``own`` is left running: it borrows, so it may stop v only
-    # as a lower-priority borrower, at most the threshold.
+    # team-c lends its idle 4 to b: team-a holds 8 of its 8, and the cohort's 12 are all held.
+    # b2 needs 12 of team-a's 8 with ``own`` left running: it borrows, so it may stop v only as
+    # a lower-priority borrower, at most the threshold (with reclaim ``never``, and not at all
+    # were it within its nominal once v is gone: ``test_the_fold_applies_the_beneficiarys_queue_policy``).
     lb = _policy_world(reclaim_within_cohort="never", borrow_priority_threshold=threshold)
+    lb.queue(queue_spec("team-c", 4, cohort="org"))
     lb.submit("alice", "b", job("team-a").gpus(4)).accept("b", priority=9)
-    lb.admit("b")  # team-a now holds 8 of its 8: b2 borrows
+    lb.admit("b")
     lb.submit("alice", "b2", job("team-a").gpus(4)).accept("b2", priority=9)
     state = lb.preempt("b2", "v").fold()
+    assert state.jobs["b"].phase == "admitted", state.rejections[-1:]
     assert (state.jobs["v"].phase == "checkpointing") is stopped
 
 

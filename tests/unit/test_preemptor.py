@@ -480,15 +480,11 @@ def policy_world(**policy: Any) -> World:
         pytest.param(40, {}, ["a-low", "b-borrow"], id="reclaims-from-a-higher-priority-borrower"),
         pytest.param(100, {"borrow_within_cohort": "never"}, ["a-low", "b-borrow"], id="borrow-off"),
         pytest.param(40, {"reclaim_within_cohort": "lower-priority"}, None, id="reclaim-lower-only"),
-        pytest.param(100, {"reclaim_within_cohort": "never"}, ["a-low", "b-borrow"], id="borrows-over"),
+        # Borrowing over lower priorities is for a job that would borrow; a-big would be within
+        # its nominal, so with reclaim ``never`` it waits for b-borrow to end by itself.
+        pytest.param(100, {"reclaim_within_cohort": "never"}, None, id="never-reclaims-by-borrowing-over"),
         pytest.param(
             100, {"reclaim_within_cohort": "never", "borrow_within_cohort": "never"}, None, id="cohort-off"
-        ),
-        pytest.param(
-            100,
-            {"reclaim_within_cohort": "never", "borrow_priority_threshold": 49},
-            None,
-            id="above-the-borrow-threshold",
         ),
         pytest.param(100, {"within_queue": "never"}, None, id="own-queue-off"),
     ],
@@ -502,6 +498,33 @@ def test_reclaim_combined_with_own_queue_victims(priority: int, policy: Any, vic
     # when it would not be.
     w = policy_world(**policy)
     w.submit("a-big", gpus(8), priority=priority)
+    assert sorted(w.victims().get("a-big", [])) == (victims or [])
+
+
+@pytest.mark.parametrize(
+    ("threshold", "victims"),
+    [
+        pytest.param(None, ["a-low", "b-borrow"], id="no-threshold"),
+        pytest.param(50, ["a-low", "b-borrow"], id="at-the-threshold"),
+        pytest.param(49, None, id="above-the-threshold"),
+    ],
+)
+def test_a_job_that_borrows_stops_lower_priority_borrowers_up_to_the_threshold(
+    threshold: int | None, victims: Any
+) -> None:
+    # team-a (nominal 4) runs a-low (2); team-b borrows 6 of the 4 team-a and team-c lend. a-big
+    # (8) borrows 4 of team-c's even with both stopped, so only ``borrow_within_cohort`` (KEP
+    # 1337: LowerPriority, maxPriorityThreshold) lets it stop b-borrow, whatever reclaim says.
+    w = (
+        World()
+        .cohort("org")
+        .queue("team-a", 4, "org", reclaim_within_cohort="never", borrow_priority_threshold=threshold)
+    )
+    w.queue("team-b", 0, "org").queue("team-c", 4, "org")
+    w.run("a-low", gpus(2), whole(N0, 0, 1))
+    w.wait(3600)
+    w.run("b-borrow", gpus(6, queue="team-b"), whole(N0, 2, 3, 4, 5, 6, 7), priority=50)
+    w.submit("a-big", gpus(8), priority=100)
     assert sorted(w.victims().get("a-big", [])) == (victims or [])
 
 

@@ -268,9 +268,12 @@ async def cluster(
             stack.callback(t.cancel)
         replicas = cfg.replicas or (min(cfg.nats_servers, 3) if server is None else None)
 
+        service_logs: list[Any] = []  # every service's connection (the agents' are theirs)
+
         async def service_log() -> JetStreamLog:
             opened = await connect(url, **login(identities.SERVICES))
             stack.push_async_callback(opened.close)
+            service_logs.append(opened)
             return opened
 
         # The one place the log's stream and the leases' bucket are configured, as the
@@ -312,12 +315,14 @@ async def cluster(
             tasks.append(asyncio.create_task(svc.run(stop), name=role))
         query_log = await read_service.connect(url, **login(identities.QUERY))
         stack.push_async_callback(query_log.close)
+        service_logs.append(query_log)
         reader = read_service.ReadService(query_log)
         stack.callback(reader.close)
         running.query = reader
         tasks.append(asyncio.create_task(reader.run(stop), name=reader.role))
         intake_log = await intake_service.connect(url, **login(identities.INTAKE))
         stack.push_async_callback(intake_log.close)
+        service_logs.append(intake_log)
         intake = intake_service.Intake(intake_log)
         running.intake = intake
         tasks.append(asyncio.create_task(intake.run(stop), name=intake_service.ROLE))
@@ -417,11 +422,22 @@ async def cluster(
 
         running.restart_agent = restart_agent
 
+        async def server_gone(logs: Iterable[Any]) -> None:
+            """The embedded server is gone for good: nothing a part would tell the log can reach
+            it, so its connections close first and its last appends fail at once rather than
+            each after its timeout. Workers are stopped all the same."""
+            if any(t.done() for t in server_tasks):
+                for opened in logs:
+                    with contextlib.suppress(Exception):
+                        await opened.close()
+
         async def stop_agents() -> None:
+            await server_gone(agent_log for _, agent_log in agent_logs.values())
             agents_stop.set()
             await _finish(agent_tasks, cfg.stop_grace + 20)
 
         async def stop_services() -> None:
+            await server_gone(service_logs)
             stop.set()
             await _finish(tasks, 10)
 

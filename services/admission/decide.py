@@ -500,6 +500,7 @@ def _admit(
             if replicas >= lo:
                 milli = per_worker * replicas
                 lending_holds.charge(cur.name, key, milli)
+                lending_holds.admitted(job.id)
                 cur.room[key] = avail - milli
                 gpus = quota.admission_gpus(key, milli)
                 out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus))

@@ -41,6 +41,7 @@ class LendingHolds:
         self.held: Ledger | None = None  # made at the first hold
         self.own: dict[tuple[str, str], int] = {}
         self.kept_for: dict[str, str] = {}  # queue -> the job its hold is for
+        self.by_job: dict[str, tuple[str, str, int]] = {}  # job -> (queue, key, milli) kept for it
 
     def keep_for_heads(
         self,
@@ -48,9 +49,13 @@ class LendingHolds:
         ends: Mapping[tuple[str, str], list[tuple[float, int]]],
         now: float,
     ) -> None:
-        """Before anyone is admitted, the holds of the queues whose first waiting job does not
-        fit as things are: in whatever order the cycle takes the queues, a borrower is not
-        admitted into what a lender keeps for its own job."""
+        """Before anyone is admitted, the holds of the queues' first waiting jobs: of one that
+        does not fit as things are, as ``kept`` says; of one that fits within its queue's free
+        nominal, its minimum. In whatever order the cycle takes the queues, a borrower is not
+        admitted into what a lender keeps for its own job (an elastic job admitted at its most
+        workers would otherwise borrow the nominal another queue's first job fits in, and that
+        queue would then have to take it back by stopping it). A hold is let go once its job is
+        admitted (``admitted``)."""
         ledger = self.ledger
         for name in sorted(waiting):
             backlog = waiting[name]
@@ -58,9 +63,14 @@ class LendingHolds:
                 continue
             head = backlog[0]
             demands = quota.worker_demands(ledger.spec(name), head.spec.resources)
-            if not demands or ledger.fits(name, demands[0][0], demands[0][1] * quota.min_replicas(head.spec)):
+            if not demands:
                 continue
-            found = hold(ledger, name, head, ends.get((name, demands[0][0]), []), now)
+            key, need = demands[0][0], demands[0][1] * quota.min_replicas(head.spec)
+            if ledger.fits(name, key, need):
+                if 0 < need <= ledger.nominal(name, key) - ledger.used(name, key):
+                    self.keep(name, head.id, Hold(head.id, key, need, now))
+                continue
+            found = hold(ledger, name, head, ends.get((name, key), []), now)
             if found is not None:
                 self.keep(name, head.id, found)
 
@@ -73,6 +83,18 @@ class LendingHolds:
         milli = kept(self.ledger, queue, self.ledger.spec(queue), found)
         if milli:
             self.add(queue, found.key, milli)
+            self.by_job[job_id] = (queue, found.key, milli)
+
+    def admitted(self, job_id: str) -> None:
+        """``job_id`` is admitted and charged: what was kept for it is let go, or its queue
+        would count it twice for everyone else."""
+        kept_for = self.by_job.pop(job_id, None)
+        if kept_for is None:
+            return
+        queue, key, milli = kept_for
+        if self.kept_for.get(queue) == job_id:
+            del self.kept_for[queue]
+        self.add(queue, key, -milli)
 
     def add(self, queue: str, key: str, milli: int) -> None:
         if self.held is None:

@@ -419,13 +419,9 @@ ALLOCATE_CASES = [
         ),
     ),
     # The same PodGroups as elastic jobs of 1 to 2 workers (minMember 0 < 2 pods). Volcano binds
-    # one pod of each. Corral admits pg1 at 2, borrowing c2's GPU (c2 reclaims any priority, so
-    # its nominal is lent), and places it; before its workers have started, the preemptor takes
-    # c2's GPU back for pg2 by stopping pg1 whole, where one rank would do (DESIGN: elastic jobs
-    # shrink before anyone is stopped whole; the preemptor shrinks only jobs already running).
-    # pg2 is then admitted at 2 on the GPUs pg1 gave back, and pg1, stopped for pg2, may never
-    # take anything from it (the anti-thrash rule): c1 holds nothing while its job's minimum
-    # fits its nominal.
+    # one pod of each. Corral's admission keeps each queue's free nominal for its first job's
+    # minimum before anyone borrows, so neither is admitted at 2 into the other's GPU (which
+    # the other would then take back by stopping it, and never be stopped for in turn).
     _case(
         "two Jobs on one node, as elastic jobs",
         case(
@@ -437,11 +433,6 @@ ALLOCATE_CASES = [
             placed=("pg1", "pg2"),
             replicas={"pg1": 1, "pg2": 1},
             shrunk=None,
-        ),
-        pytest.mark.xfail(
-            strict=True,
-            reason="a placed elastic job above its minimum is stopped whole for reclaim instead of "
-            "shrunk, and its queue then cannot take its nominal back",
         ),
     ),
     # p1 (3 GPUs) can never fit the 2-GPU node: Volcano skips it and binds p2; corral rejects it

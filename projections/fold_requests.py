@@ -30,7 +30,7 @@ from corral.events.queues import (
     CordonNode,
     DeleteQueue,
 )
-from corral.projections import gpu_time, indexes, retention, runtimes
+from corral.projections import gpu_time, indexes, quota, retention, runtimes
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -150,7 +150,10 @@ def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> No
     _admin(ctx)
     if not subj.is_token(req.priority_class.name):
         raise Refused("malformed", f"priority class {req.priority_class.name!r} is not a name")
+    before = state.priority_classes.get(req.priority_class.name)
     state.priority_classes[req.priority_class.name] = req.priority_class
+    if (before is None or before.preemptible) != req.priority_class.preemptible:
+        quota.count_fixed(state)  # whether its jobs may borrow changed (none name it: nothing)
 
 
 def _apply_fair_share(state: State, ctx: Ctx, req: ApplyFairShare) -> None:

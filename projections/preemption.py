@@ -49,8 +49,7 @@ from corral.projections.state import WHOLE, JobState, State
 
 def preemptible(state: State, job: JobState) -> bool:
     """Whether the job's spec and its priority class let it be preempted at all."""
-    pc = state.priority_classes.get(job.spec.priority_class)
-    return job.spec.preemptible and (pc is None or pc.preemptible)
+    return quota.may_be_preempted(job.spec, state.priority_classes)
 
 
 def protected(state: State, job: JobState, now: float) -> str | None:

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 
 from corral.events.base import Reason
 from corral.events.jobs import Admission, JobSpec, Resources
-from corral.events.queues import CohortSpec, QueueSpec, Quota
+from corral.events.queues import CohortSpec, PriorityClassSpec, QueueSpec, Quota
 from corral.projections import mig
 from corral.projections.lifecycle import HOLDS_QUOTA
 from corral.projections.shape import kind_of
@@ -183,6 +183,12 @@ def _height(n: _Node) -> int:
     return max([1, *(_height(c) + 1 for c in n.children if not c.is_queue)])
 
 
+def may_be_preempted(spec: JobSpec, classes: Mapping[str, PriorityClassSpec]) -> bool:
+    """Whether a job's spec and its priority class let it be preempted at all."""
+    pc = classes.get(spec.priority_class)
+    return spec.preemptible and (pc is None or pc.preemptible)
+
+
 def holding(job: JobState) -> list[tuple[str, int]]:
     """What an admitted job holds: (key, milli-GPU) per quota key of its admission."""
     adm = job.admission
@@ -196,12 +202,30 @@ def holding(job: JobState) -> list[tuple[str, int]]:
 
 
 def count_holding(state: State, job: JobState, sign: int) -> None:
-    """Add (sign 1) or remove (sign -1) what ``job`` holds to ``State.quota_held``: the fold
-    calls it whenever a job enters or leaves a quota-holding phase."""
+    """Add (sign 1) or remove (sign -1) what ``job`` holds to ``State.quota_held``, and to
+    ``State.quota_held_fixed`` for a job that may not be preempted: the fold calls it whenever
+    a job enters or leaves a quota-holding phase."""
+    _count(state.quota_held, job, sign)
+    if not may_be_preempted(job.spec, state.priority_classes):
+        _count(state.quota_held_fixed, job, sign)
+
+
+def count_fixed(state: State) -> None:
+    """Count ``State.quota_held_fixed`` again from the jobs holding quota: a priority class
+    changed whether its jobs may be preempted (an administrator's act, seldom)."""
+    state.quota_held_fixed = {}
+    for phase in HOLDS_QUOTA:
+        for job_id in state.jobs_by_phase.get(phase, ()):
+            job = state.jobs[job_id]
+            if not may_be_preempted(job.spec, state.priority_classes):
+                _count(state.quota_held_fixed, job, 1)
+
+
+def _count(held: dict[str, dict[str, int]], job: JobState, sign: int) -> None:
     queue = job.spec.queue
-    per_key = state.quota_held.get(queue)
+    per_key = held.get(queue)
     if per_key is None:
-        per_key = state.quota_held[queue] = {}
+        per_key = held[queue] = {}
     adm = job.admission
     if adm is not None and len(adm.gpus) == 1:  # ``holding``'s one key, without its list
         (key,) = adm.gpus
@@ -220,7 +244,7 @@ def count_holding(state: State, job: JobState, sign: int) -> None:
             else:
                 per_key.pop(key, None)
     if not per_key:
-        del state.quota_held[queue]
+        del held[queue]
 
 
 class Ledger:
@@ -234,6 +258,9 @@ class Ledger:
         self._queues: dict[str, _Node] = {}
         self._cohorts: dict[str, _Node] = {}
         self._specs = state.queues
+        self._classes = state.priority_classes
+        # What jobs that may not be preempted hold, per queue and key (``may_borrow``).
+        self._fixed: dict[str, dict[str, int]] = {}
         self._trees: dict[_Node, list[_Node]] | None = None  # root -> its queues, on first use
         self._ceilings: dict[tuple[str, str], int] = {}  # depend on the tree only
         for c in sorted(state.cohorts):
@@ -281,6 +308,7 @@ class Ledger:
         twin._cohorts = {name: made[id(n)] for name, n in self._cohorts.items()}
         twin._queues = {name: made[id(n)] for name, n in self._queues.items()}
         twin._trees = None
+        twin._fixed = {q: dict(held) for q, held in self._fixed.items()}
         return twin
 
     @classmethod
@@ -292,6 +320,7 @@ class Ledger:
             if queue in ledger._queues:
                 for key, milli in sorted(state.quota_held[queue].items()):
                     ledger.charge(queue, key, milli)
+        ledger._fixed = {q: dict(held) for q, held in state.quota_held_fixed.items()}
         return ledger
 
     @classmethod
@@ -389,12 +418,39 @@ class Ledger:
         node = self._queues[queue]
         return node.guaranteed.get(key, 0) if node.parent is not None else node.subtree.get(key, 0)
 
-    def available(self, queue: str, key: str) -> int:
-        """How much more the queue may hold of ``key`` right now (may be < 0 after a quota cut)."""
+    def may_borrow(self, spec: JobSpec) -> bool:
+        """Whether a job of ``spec`` may hold more than its queue's nominal quota: only one that
+        may be preempted. What a queue borrows is its lenders' nominal, theirs again as soon as
+        they need it, and only stopping the borrower gives it back; a job that may not be
+        stopped stays within its own queue's nominal (KAI-Scheduler's rule for non-preemptible
+        jobs), or a lender's nominal would be guaranteed only until such a job borrowed it."""
+        return may_be_preempted(spec, self._classes)
+
+    def available(self, queue: str, key: str, borrow: bool = True) -> int:
+        """How much more the queue may hold of ``key`` right now (may be < 0 after a quota cut);
+        without ``borrow``, for a job that may not borrow (``may_borrow``): within its nominal."""
         node = self._queues[queue]
         if key not in node.quotas:
             return 0
-        return _available(node, key)
+        avail = _available(node, key)
+        if borrow:
+            return avail
+        return min(avail, node.quotas[key].nominal * WHOLE - self.fixed(queue, key))
+
+    def fixed(self, queue: str, key: str) -> int:
+        """What the queue's jobs that may not be preempted hold of ``key``."""
+        held = self._fixed.get(queue)
+        return 0 if held is None else held.get(key, 0)
+
+    def charge_fixed(self, queue: str, key: str, milli: int) -> None:
+        """Count ``milli`` of ``key`` as held by a job of ``queue`` that may not be preempted
+        (charged to the queue's usage apart, by ``charge``)."""
+        held = self._fixed.setdefault(queue, {})
+        left = held.get(key, 0) + milli
+        if left:
+            held[key] = left
+        else:
+            held.pop(key, None)
 
     def from_cohort(self, queue: str, key: str) -> int:
         """What the queue could borrow right now on top of what it keeps for itself."""
@@ -403,16 +459,17 @@ class Ledger:
             return 0
         return _available(node, key) - max(0, node.guaranteed.get(key, 0) - node.usage.get(key, 0))
 
-    def ceiling(self, queue: str, key: str) -> int:
-        """The most the queue could ever hold of ``key``: its available with the tree idle."""
+    def ceiling(self, queue: str, key: str, borrow: bool = True) -> int:
+        """The most the queue could ever hold of ``key``: its available with the tree idle (for
+        a job that may not borrow, at most its nominal)."""
         found = self._ceilings.get((queue, key))
         if found is None:
             node = self._queues[queue]
             found = self._ceilings[queue, key] = _ceiling(node, key) if key in node.quotas else 0
-        return found
+        return found if borrow else min(found, self.nominal(queue, key))
 
-    def fits(self, queue: str, key: str, milli: int) -> bool:
-        return milli <= 0 or milli <= self.available(queue, key)
+    def fits(self, queue: str, key: str, milli: int, borrow: bool = True) -> bool:
+        return milli <= 0 or milli <= self.available(queue, key, borrow)
 
     def borrowers(self, queue: str, key: str, exclude: bool = True) -> list[tuple[str, int]]:
         """Queues of ``queue``'s tree holding more than their nominal (itself too unless
@@ -523,8 +580,11 @@ class Ledger:
         if job.spec.queue not in self._queues:
             return None
         held = holding(job)
+        fixed = not self.may_borrow(job.spec)
         for key, milli in held:
             self.charge(job.spec.queue, key, milli)
+            if fixed:
+                self.charge_fixed(job.spec.queue, key, milli)
         return held[0] if len(held) == 1 else None
 
     # -- the admission rule -------------------------------------------------------------------
@@ -553,6 +613,8 @@ class Ledger:
         why, key, milli = self._verdict(job, adm)
         if why is None and key is not None:
             self.charge(job.spec.queue, key, milli)  # what ``hold_admission`` charges
+            if not self.may_borrow(job.spec):
+                self.charge_fixed(job.spec.queue, key, milli)
         return why
 
     def claim_growth(self, job: JobState, grown: Admission) -> Reason | None:
@@ -560,12 +622,17 @@ class Ledger:
         given back for the check, and charged again if the growth does not fit."""
         queue = job.spec.queue
         held = holding(job)
+        fixed = not self.may_borrow(job.spec)
         for key, milli in held:
             self.charge(queue, key, -milli)
+            if fixed:
+                self.charge_fixed(queue, key, -milli)
         why = self.claim(job, grown)
         if why is not None:
             for key, milli in held:
                 self.charge(queue, key, milli)
+                if fixed:
+                    self.charge_fixed(queue, key, milli)
         return why
 
     def _verdict(self, job: JobState, adm: Admission) -> tuple[Reason | None, str | None, int]:
@@ -598,16 +665,30 @@ class Ledger:
             return None, key, milli
         if key not in node.quotas:
             return Reason("no-quota", f"queue {queue} has no quota for {key_name(key)}"), None, 0
-        if milli <= _available(node, key):
-            return None, key, milli
-        return Reason("quota", self.describe(queue, key, milli)), None, 0
+        if milli > _available(node, key):
+            return Reason("quota", self.describe(queue, key, milli)), None, 0
+        if not self.may_borrow(spec) and self.fixed(queue, key) + milli > node.quotas[key].nominal * WHOLE:
+            return Reason("quota", self.describe(queue, key, milli, borrow=False)), None, 0
+        return None, key, milli
 
     def hold_admission(self, job: JobState, adm: Admission) -> None:
+        fixed = not self.may_borrow(job.spec)
         for key in adm.gpus:
-            self.charge(job.spec.queue, key, worker_milli(job.spec.resources, key) * adm.replicas)
+            milli = worker_milli(job.spec.resources, key) * adm.replicas
+            self.charge(job.spec.queue, key, milli)
+            if fixed:
+                self.charge_fixed(job.spec.queue, key, milli)
 
-    def describe(self, queue: str, key: str, milli: int) -> str:
-        """Why ``milli`` of ``key`` does not fit ``queue`` now, in operator terms."""
+    def describe(self, queue: str, key: str, milli: int, borrow: bool = True) -> str:
+        """Why ``milli`` of ``key`` does not fit ``queue`` now, in operator terms (for a job that
+        may not borrow, within the queue's nominal)."""
+        if not borrow:
+            fixed, nominal = self.fixed(queue, key), self.nominal(queue, key)
+            return (
+                f"needs {fmt_gpus(milli)} {key_name(key)} and may not be preempted, so may not "
+                f"borrow: jobs of queue {queue} that may not be preempted hold {fmt_gpus(fixed)} "
+                f"of its nominal {fmt_gpus(nominal)}"
+            )
         return f"needs {fmt_gpus(milli)} {key_name(key)}; {self.standing(queue, key)}"
 
     def standing(self, queue: str, key: str) -> str:
@@ -705,6 +786,8 @@ def fold_ledger(state: State) -> Ledger:
         _fold.built = built = (queues, dict(state.cohorts), ledger)
     ledger = built[2]
     ledger._sync(state.quota_held)
+    ledger._classes = state.priority_classes
+    ledger._fixed = {q: dict(held) for q, held in state.quota_held_fixed.items()}
     return ledger
 
 

@@ -77,4 +77,9 @@ from __future__ import annotations
 #    short-job lane takes an owner's estimate as far as their record bears it out.
 # 20: a job that fails or is cancelled after running past its owner's estimate goes on the
 #    owner's record too (``runtimes.ended_unwell``).
-RULES = 20
+# 21: a job that may not be preempted (its spec or its class) is admitted only while what its
+#    queue's jobs that may not be preempted hold stays within the queue's nominal
+#    (``Ledger.may_borrow``; the fold keeps it, ``State.quota_held_fixed``); borrowing over a
+#    lower-priority borrower is for a beneficiary that borrows (one within its side's own quota
+#    once its victims are gone takes lent quota back only as ``reclaim_within_cohort`` allows).
+RULES = 21

@@ -170,6 +170,9 @@ class State(msgspec.Struct, gc=False):
     # milli-GPU held per queue and quota key by jobs in quota-holding phases, kept by the fold so
     # that arbitrating an admission costs O(queues), not O(jobs).
     quota_held: dict[str, dict[str, int]] = {}
+    # ... of it, what jobs that may not be preempted hold: those stay within their queue's
+    # nominal (``Ledger.may_borrow``).
+    quota_held_fixed: dict[str, dict[str, int]] = {}
     fair_share: FairShareSpec = FairShareSpec()
     # GPU time held per queue and quota key, from placement to release, decayed: what fair share
     # orders queues by. Kept by the fold at each change of what a queue holds, in log time.

@@ -311,11 +311,14 @@ def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger) -> Admissi
     if not demands:
         return Admission(job_id=job.id, attempt=job.attempt, replicas=spec.replicas)
     lo, hi = quota.min_replicas(spec), spec.replicas
+    borrow = ledger.may_borrow(spec)
     for key, per_worker in demands:
-        replicas = min(hi, ledger.available(queue, key) // per_worker)
+        replicas = min(hi, ledger.available(queue, key, borrow) // per_worker)
         if replicas >= lo:
             milli = per_worker * replicas
             ledger.charge(queue, key, milli)
+            if not borrow:
+                ledger.charge_fixed(queue, key, milli)
             gpus = quota.admission_gpus(key, milli)
             return Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus)
     return None
@@ -486,22 +489,25 @@ def _admit(
             continue
         lo, hi = quota.min_replicas(spec), spec.replicas
         held = cur.hold
+        borrow = ledger.may_borrow(spec)
         for key, per_worker in demands:
             room = cur.room.get(key)
             if room is not None and per_worker * lo > room:
                 continue
-            avail = lending_holds.available(cur.name, key)
+            avail = lending_holds.available(cur.name, key, borrow)
             replicas = min(hi, avail // per_worker)
-            cur.room[key] = avail
+            if borrow:  # what the queue's jobs that may borrow still have room for
+                cur.room[key] = avail
             if held is not None:  # what a job behind the held one may take without delaying it
                 spare = held.spare(ledger, cur.name, key, runtimes.of(job), now)
                 if spare is not None:
                     replicas = min(replicas, spare // per_worker)
             if replicas >= lo:
                 milli = per_worker * replicas
-                lending_holds.charge(cur.name, key, milli)
+                lending_holds.charge(cur.name, key, milli, fixed=not borrow)
                 lending_holds.admitted(job.id)
-                cur.room[key] = avail - milli
+                if key in cur.room:
+                    cur.room[key] -= milli
                 gpus = quota.admission_gpus(key, milli)
                 out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus))
                 _ends_at(ends, job, out[-1], now)
@@ -550,6 +556,13 @@ class _Explainer:
             return Reason("queued", f"waiting for the next admission cycle; {position}")
         key, per_worker = demands[0]
         need = per_worker * quota.min_replicas(job.spec)
+        ledger = self.ledger
+        if (
+            not ledger.may_borrow(job.spec)
+            and not ledger.fits(cur.name, key, need, False)
+            and ledger.fits(cur.name, key, need)  # it would, were it a job that may borrow
+        ):
+            return Reason("quota", f"{ledger.describe(cur.name, key, need, borrow=False)}; {position}")
         cache_key = (cur.name, key, need, job.priority)
         found = self._quota.get(cache_key)
         if found is None:

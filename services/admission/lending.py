@@ -102,19 +102,23 @@ class LendingHolds:
         self.held.charge(queue, key, milli)
         self.own[queue, key] = self.own.get((queue, key), 0) + milli
 
-    def charge(self, queue: str, key: str, milli: int) -> None:
-        self.ledger.charge(queue, key, milli)
-        if self.held is not None:
-            self.held.charge(queue, key, milli)
+    def charge(self, queue: str, key: str, milli: int, fixed: bool = False) -> None:
+        """Charge an admission (``fixed``: of a job that may not be preempted) to the ledger and
+        to the copy with the holds."""
+        for ledger in (self.ledger, self.held):
+            if ledger is not None:
+                ledger.charge(queue, key, milli)
+                if fixed:
+                    ledger.charge_fixed(queue, key, milli)
 
-    def available(self, queue: str, key: str) -> int:
+    def available(self, queue: str, key: str, borrow: bool = True) -> int:
         held = self.held
         if held is None:
-            return self.ledger.available(queue, key)
+            return self.ledger.available(queue, key, borrow)
         own = self.own.get((queue, key), 0)
         if own:
             held.charge(queue, key, -own)
-        avail = held.available(queue, key)
+        avail = held.available(queue, key, borrow)
         if own:
             held.charge(queue, key, own)
         return avail

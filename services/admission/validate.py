@@ -164,11 +164,12 @@ def _fits_ever(ledger: Ledger, spec: JobSpec) -> Reason | None:
     q = ledger.spec(spec.queue)
     lo = quota.min_replicas(spec)
     demands = quota.worker_demands(q, spec.resources)
-    if not demands or any(w * lo <= ledger.ceiling(spec.queue, k) for k, w in demands):
+    borrow = ledger.may_borrow(spec)
+    if not demands or any(w * lo <= ledger.ceiling(spec.queue, k, borrow) for k, w in demands):
         return None
     res = spec.resources
     keys = [k for k, _ in demands]
-    best = max((ledger.ceiling(spec.queue, k), -i, k) for i, k in enumerate(keys))
+    best = max((ledger.ceiling(spec.queue, k, borrow), -i, k) for i, k in enumerate(keys))
     ceiling, _, key = best
     name = quota.key_name(key)
     need = quota.fmt_gpus(quota.worker_milli(res, key) * lo)
@@ -183,7 +184,9 @@ def _fits_ever(ledger: Ledger, spec: JobSpec) -> Reason | None:
         return Reason("no-quota", f"queue {spec.queue} has no quota for any GPU model ('*'); {hint}")
     nominal = ledger.nominal(spec.queue, key)
     limit = ledger.quota(spec.queue, key).borrowing_limit
-    if ledger.cohort(spec.queue) is None:
+    if not borrow:
+        how = f"nominal {quota.fmt_gpus(nominal)}: a job that may not be preempted does not borrow"
+    elif ledger.cohort(spec.queue) is None:
         how = f"nominal {quota.fmt_gpus(nominal)}, no cohort to borrow from"
     elif limit is not None:
         how = f"nominal {quota.fmt_gpus(nominal)} + borrowing limit {limit}, as its cohort allows"

@@ -158,8 +158,11 @@ def blocked_target(state: State, ledger: Ledger, job: JobState) -> Target | None
         return None
     key, need = demand
     q = job.spec.queue
-    if ledger.fits(q, key, need) or need > ledger.ceiling(q, key):
+    borrow = ledger.may_borrow(job.spec)
+    if ledger.fits(q, key, need, borrow) or need > ledger.ceiling(q, key, borrow):
         return None
+    if not borrow and need > ledger.nominal(q, key) - ledger.fixed(q, key):
+        return None  # what stands in its way is its queue's jobs that may not be stopped either
     return _as_admitted(state, ledger, job, key, need)
 
 
@@ -531,7 +534,10 @@ class Simulation:
     def place(self, target: Target) -> Placement | None:
         """Place ``target`` on the snapshot (taking its GPUs and quota) if it fits now."""
         q = target.job.spec.queue
-        if target.need and (target.key is None or not self.ledger.fits(q, target.key, target.need)):
+        if target.need and (
+            target.key is None
+            or not self.ledger.fits(q, target.key, target.need, self.ledger.may_borrow(target.job.spec))
+        ):
             return None
         found = gang.place(self.chain, self.snap, target.req, self.placer.label_keys)
         if not isinstance(found, Placement):

@@ -302,6 +302,7 @@ class Experiment:
 
     def jobs(self, policy: str) -> list[SimJob]:
         rng = random.Random(self.seed)
+        guaranteed = self.guaranteed
         out = []
         for j in self.trace:
             workers, per = gang_shape(j.gpus)
@@ -313,7 +314,10 @@ class Experiment:
                 replicas=workers,
                 resources=Resources(gpus=per, cpu_milli=4000 * per, memory_mib=16_384 * per),
                 checkpointable=saves,
-                preemptible=saves,
+                # Under corral a job that may not be preempted stays within its team's nominal
+                # quota (``Ledger.may_borrow``): one larger than that could never run, so its
+                # owner lets it be preempted, at the cost of what it did.
+                preemptible=saves or (policy == "corral" and j.gpus > guaranteed.get(j.team, 0)),
                 grace_seconds=60.0,
                 # Tiresias schedules without knowing how long a job runs: it is told nothing.
                 runtime_estimate_s=None if policy == "tiresias" else j.duration,

@@ -49,7 +49,8 @@ def workloads(draw: st.DrawFn) -> tuple[dict[str, int], list[SimJob]]:
             priority_class="normal",
             resources=Resources(gpus=gpus, cpu_milli=1000, memory_mib=1024),
             checkpointable=saves,
-            preemptible=saves,
+            # One that may not be preempted stays within its queue's nominal (never larger).
+            preemptible=saves or gpus > quotas[team],
             grace_seconds=60.0,
             runtime_estimate_s=work,
         )

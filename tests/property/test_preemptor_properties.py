@@ -538,14 +538,15 @@ def test_no_victim_is_stopped_that_the_beneficiary_fits_without(w: World, shrink
 
 # -- an urgent job on a full cohort, from arrival to placement ------------------------------------------
 
-URGENT = PriorityClassSpec("urgent", 1000, preemptible=False)
+URGENT = PriorityClassSpec("urgent", 1000)
 
 
 @st.composite
 def full_cohorts(draw: st.DrawFn) -> World:
     """A cohort whose queues' nominal quotas add up to its capacity, every node running one
-    8-GPU job of some queue and class (so some queues borrow), and an urgent 8-GPU job, of a
-    class that may not be preempted, queued in one of the queues: quota blocks it."""
+    8-GPU job of some queue and class (so some queues borrow; one that may not be preempted
+    only within its queue's nominal), and an urgent 8-GPU job queued in one of the queues:
+    quota blocks it."""
     w = World()
     n = draw(st.integers(2, 4))
     for name, inv in cluster(n, "h100-8x"):
@@ -555,14 +556,22 @@ def full_cohorts(draw: st.DrawFn) -> World:
     w.emit(subj.admin("cohort"), ApplyCohort(cohort=CohortSpec("research")), subj.ADMIN)
     queues = QUEUES[: draw(st.integers(2, 3))]
     cuts = sorted(draw(st.lists(st.integers(0, 2 * n), min_size=len(queues) - 1, max_size=len(queues) - 1)))
+    fixed_room: dict[str, int] = {}  # of its nominal, what jobs that may not be preempted may still hold
     for q, lo, hi in zip(queues, [0, *cuts], [*cuts, 2 * n], strict=True):
         qspec = QueueSpec(name=q, cohort="research", quotas={ANY: Quota(4 * (hi - lo))})
         w.emit(subj.admin("queue"), ApplyQueue(queue=qspec), subj.ADMIN)
+        fixed_room[q] = 4 * (hi - lo)
     classes = sorted(c for c in CLASSES if c != "mid")  # no anti-thrash guards here
     for i, node in enumerate(sorted(w.state.nodes)):
         jid = f"j{i}"
         pc = draw(st.sampled_from(classes))
-        spec = JobSpec(queue=draw(st.sampled_from(queues)), priority_class=pc, resources=Resources(gpus=8))
+        q = draw(st.sampled_from(queues))
+        if not CLASSES[pc].preemptible:
+            if fixed_room[q] < 8:
+                pc = "high"
+            else:
+                fixed_room[q] -= 8
+        spec = JobSpec(queue=q, priority_class=pc, resources=Resources(gpus=8))
         w.emit(subj.request("t", "submit"), SubmitJob(request_id=jid, job=spec), "t", draw(st.floats(1, 600)))
         w.emit(subj.job(jid), JobAccepted(job_id=jid, priority=CLASSES[pc].value))
         adm = quota.admission(w.state.queues[spec.queue], w.state.jobs[jid])
@@ -592,6 +601,9 @@ def _quota_agrees(state: State) -> None:
     for q in state.queues:
         assert kept.used(q, ANY) == counted.used(q, ANY)
         assert kept.used(q, ANY) <= kept.ceiling(q, ANY)
+        # ... and of it, what jobs that may not be preempted hold, never above the nominal: what
+        # a queue borrows, it can always be made to give back.
+        assert kept.fixed(q, ANY) == counted.fixed(q, ANY) <= kept.nominal(q, ANY)
 
 
 @settings(max_examples=100, deadline=None)

@@ -483,14 +483,6 @@ def pend(name: str, queue: str, gpus: float = 1.0, **kw: object) -> J:
     return J(name, queue, gpus, **kw)  # type: ignore[arg-type]
 
 
-# A job that may not be preempted borrows quota, and then the lender cannot take it back: with
-# nothing to stop, its queue waits for as long as the borrower runs. KAI keeps such jobs within
-# their queue's deserved quota (capacity_policy: resultsWithNonPreemptibleOverQuota), which is what
-# keeps a queue's nominal a guarantee.
-NON_PREEMPTIBLE_BORROWS = (
-    "a job of a class that may not be preempted is admitted into borrowed quota (admission's "
-    "quota check ignores preemptibility), so the lender can never reclaim it"
-)
 # Admission admits every job within its queue's nominal in fair-share order, but the placer takes
 # admitted jobs by priority and submission alone: where the nominal quota the queues hold exceeds
 # the free GPUs, a queue's earlier job takes the GPUs of the job fair share put first.
@@ -563,7 +555,8 @@ CASES = [
     case(
         "1 job running on node0, 3 pending jobs, not enough deserved GPUs for build job - allocate train job",
         ALLOCATE,
-        xfail=NON_PREEMPTIBLE_BORROWS,
+        # KAI leaves the job that may not be preempted pending; it needs more than its queue's
+        # nominal, all a job that may not be preempted may hold, so corral refuses it at submission.
         nodes=gpus(4),
         queues=(Q("queue1", 1),),
         jobs=(
@@ -576,7 +569,7 @@ CASES = [
             "running_job0": "node0",
             "pending_job0": "pending",
             "pending_job1": "node0",
-            "pending_job2": "pending",
+            "pending_job2": "rejected",
         },
     ),
     case(
@@ -714,11 +707,12 @@ CASES = [
     case(
         "Attempt to allocate inference over quota",
         ALLOCATE,
-        xfail=NON_PREEMPTIBLE_BORROWS,
+        # KAI leaves the job that may not be preempted pending; it needs more than its queue's
+        # nominal, all a job that may not be preempted may hold, so corral refuses it at submission.
         nodes=gpus(1),
         queues=(Q("queue0", 0), Q("queue1", 1)),
         jobs=(pend("pending_job0", "queue0", priority="inference"),),
-        want={"pending_job0": "pending"},
+        want={"pending_job0": "rejected"},
     ),
     # -- allocate/allocateFractionalGpu_test.go
     case(
@@ -770,7 +764,6 @@ CASES = [
         "1 shared gpu job running, 1 pending interactive shared gpu job - queue will be overused, "
         "don't allocate",
         FRACTION,
-        xfail=NON_PREEMPTIBLE_BORROWS,
         nodes=gpus(2),
         queues=(Q("queue0", 1),),
         jobs=(
@@ -1022,12 +1015,13 @@ CASES = [
     case(
         "don't allocate over quota build jobs",
         INTEGRATION,
-        xfail=NON_PREEMPTIBLE_BORROWS,
+        # KAI leaves the job that may not be preempted pending; it needs more than its queue's
+        # nominal, all a job that may not be preempted may hold, so corral refuses it at submission.
         preempt=True,
         nodes=gpus(4),
         queues=(Q("queue0", 1), Q("queue1", 1)),
         jobs=(pend("pending_job0", "queue0", 2, priority="build"),),
-        want={"pending_job0": "pending"},
+        want={"pending_job0": "rejected"},
     ),
     case(
         "1 build job pending for each queue with different share - allocate the second",

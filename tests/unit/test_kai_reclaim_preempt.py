@@ -202,12 +202,6 @@ BELOW_NOMINAL = pytest.mark.xfail(
     "victim counts as holding lent quota by what its queue held before the stop, and the "
     "node-by-node search offers a queue's jobs after it has given back all it borrowed",
 )
-NOT_PREEMPTIBLE_BORROWS = pytest.mark.xfail(
-    strict=True,
-    reason="a job that may never be preempted is admitted above its queue's nominal, others stopped "
-    "for it: the quota it borrows can never be taken back (KAI keeps such jobs within their "
-    "queue's deserved quota)",
-)
 NO_CONSOLIDATION = pytest.mark.xfail(
     strict=True,
     reason="a queue within its nominal waits while free GPUs enough for it are scattered over the "
@@ -586,7 +580,6 @@ CASES = [
             ),
             {"running_job0": "runs", "running_job1": "runs", "pending_job0": "waits"},
         ),
-        NOT_PREEMPTIBLE_BORROWS,
     ),
     _case(
         "reclaim from job that allocated more resources than its' fairShare (no remaining)",
@@ -722,7 +715,6 @@ CASES = [
             (run("running_job0", "queue0", 10, N0), wait("pending_job0", "queue1", 2, 2, priority=BUILD)),
             {"running_job0": "runs", "pending_job0": "waits"},
         ),
-        NOT_PREEMPTIBLE_BORROWS,
     ),
     _case(
         "job reclaims from job on two nodes",
@@ -881,7 +873,6 @@ CASES = [
             ),
             {"running_job0": "stopped", "pending_job0": "waits", "pending_job1": "placed"},
         ),
-        NOT_PREEMPTIBLE_BORROWS,
     ),
     # With both 1-GPU jobs gone, queue1 would hold 1 over its nominal 2 at weight 2 (0.5), queue0
     # 1 over its 4 at weight 4 (0.25): fair sharing never leaves the taker's share above the
@@ -1124,7 +1115,6 @@ CASES = [
             ),
             {"running_job0": "runs", "running_job1": "runs", "running_job2": "runs", "pending_job0": "waits"},
         ),
-        NOT_PREEMPTIBLE_BORROWS,
     ),
 ]
 

@@ -167,9 +167,10 @@ def test_without_a_preemptor_the_lender_waits() -> None:
 
 
 def burst_then_one() -> list[SimJob]:
-    """team-a submits four whole-node jobs, then team-b one; none may be preempted."""
-    out = [SimJob(f"a{i}", "team-a", gpus(8, "team-a", preemptible=False), float(i), 100.0) for i in range(4)]
-    out.append(SimJob("b0", "team-b", gpus(8, "team-b", preemptible=False), 4.0, 100.0))
+    """team-a submits four whole-node jobs, then team-b one (runs without a preemptor: none is
+    stopped; each may borrow, as a job that may not be preempted would not)."""
+    out = [SimJob(f"a{i}", "team-a", gpus(8, "team-a"), float(i), 100.0) for i in range(4)]
+    out.append(SimJob("b0", "team-b", gpus(8, "team-b"), 4.0, 100.0))
     return out
 
 
@@ -183,7 +184,7 @@ def test_fifo_runs_the_burst_first_and_fair_share_lets_the_other_team_in() -> No
         for j in burst_then_one()
     ]
     fifo = run(fifo_jobs, one_queue("fifo", 8, "strict-fifo"), SimConfig(preemptor=None))
-    fair = run(burst_then_one(), two_teams(4))
+    fair = run(burst_then_one(), two_teams(4), SimConfig(preemptor=None))
     assert start_order(fifo) == ["a0", "a1", "a2", "a3", "b0"]
     assert start_order(fair) == ["a0", "b0", "a1", "a2", "a3"]
     assert fifo.stats["b0"].first_start == 400.0

@@ -63,6 +63,9 @@ Cases left out, and why:
   not reclaim resources when queue is not open(proportion plugin)" and "...(capacity plugin)".
 - A preemption policy per pod within one job (corral's is per queue): "Reclaim succeeds for
   second task when first task has PreemptionPolicy=Never" (``TestReclaim``).
+- A queue whose pods that may not be evicted hold more than its share: corral admits a job that
+  may not be preempted only within its queue's nominal quota, so the state cannot arise: "Two
+  Queue with one Queue overusing resource, should reclaim" (``TestReclaim``).
 - Duplicates: ``TestTopologyAwarePreempt`` reruns ``TestPreempt``'s cases under Volcano's
   topology-aware preemption mode, with the same names and outcomes; corral has one search, so
   each is kept once (from ``TestPreempt``), and of that function only "preemption with priority
@@ -777,23 +780,6 @@ def test_volcano_preempt(c: Case) -> None:
 # -- reclaim -----------------------------------------------------------------------------------------
 
 RECLAIM_CASES = [
-    # Weights 1 and 1 on 3 CPUs: GPUs are CPUs times two, a share of 3 each. q1 holds 6 (it
-    # borrows 3 of q2's); q2's 2 are within its share, so it takes back what it lent, from the
-    # only preemptible borrower. The case names priority classes it does not define: priority 0.
-    _case(
-        "Two Queue with one Queue overusing resource, should reclaim",
-        case(
-            f"{RECLAIM} TestReclaim",
-            (node("n1", 6),),
-            (queue("q1", 3), queue("q2", 3)),
-            running("preemptee1", "q1", 2, "n1", preemptible=False),
-            running("preemptee2", "q1", 2, "n1"),
-            running("preemptee3", "q1", 2, "n1", preemptible=False),
-            pending("preemptor1", "q2", 2),
-            placed=("preemptor1",),
-            stopped=("preemptee2",),
-        ),
-    ),
     # Three queues of weight 1 on 4 CPUs: GPUs are CPUs times three, a share of 4 each. q1 and
     # q2 each hold 6; q3's 3 are within its share. Of the borrowers, the lowest priority goes.
     _case(

@@ -1,0 +1,111 @@
+"""A job that may not be preempted stays within its queue's nominal quota.
+
+What a queue borrows is other queues' nominal, theirs again as soon as they need it, and only
+stopping the borrower gives it back. So only jobs that may be preempted borrow: what a queue's
+jobs that may not be preempted (their spec, or their priority class) hold stays within its
+nominal (KAI-Scheduler keeps non-preemptible jobs within their queue's deserved quota), and the
+queue's preemptible jobs borrow on top. The fold arbitrates it (``Ledger.may_borrow``, kept as
+``State.quota_held_fixed``), admission follows it, and a job that could never fit so is refused
+at submission.
+"""
+
+from __future__ import annotations
+
+from corral.events import routing
+from corral.events.base import Reason
+from corral.events.jobs import PendingReasonChanged
+from corral.events.queues import ApplyCohort, ApplyPriorityClass, CohortSpec, PriorityClassSpec
+from corral.projections.quota import ANY, Ledger
+from corral.projections.state import JobState, State
+from corral.services.admission.decide import decide
+from corral.services.admission.validate import validate
+from tests.builders import Cluster, LogBuilder, job, on, queue_spec
+
+PINNED = PriorityClassSpec("pinned", 10, preemptible=False)
+
+
+def lender_world() -> LogBuilder:
+    """team-a (nominal 4) and team-b (nominal 4) in one cohort, one 8-GPU node, nothing running."""
+    lb = LogBuilder().nodes(Cluster(1))
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=PINNED))
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    return lb.queue(queue_spec("team-a", 4, cohort="org")).queue(queue_spec("team-b", 4, cohort="org"))
+
+
+def test_the_fold_refuses_a_job_that_may_not_be_preempted_above_its_queues_nominal() -> None:
+    lb = lender_world()
+    lb.submit("alice", "fixed", job().gpus(4).preemptible(False)).accept("fixed").admit("fixed")
+    # 4 + 2 would borrow 2 of team-b's: refused for the job that may not be preempted ...
+    lb.submit("alice", "more-fixed", job().gpus(2).priority_class("pinned")).accept("more-fixed")
+    lb.admit("more-fixed")
+    state = lb.fold()
+    assert state.jobs["more-fixed"].phase == "queued"
+    assert "may not be preempted, so may not borrow" in state.rejections[-1].message
+    # ... and allowed for one that may: the queue borrows what it can be made to give back.
+    lb.submit("alice", "elastic", job().gpus(2)).accept("elastic").admit("elastic")
+    state = lb.fold()
+    assert state.jobs["elastic"].phase == "admitted"
+    assert state.quota_held == {"team-a": {ANY: 6000}}
+    assert state.quota_held_fixed == {"team-a": {ANY: 4000}}
+
+
+def test_what_jobs_that_may_not_be_preempted_hold_is_given_back_when_they_end() -> None:
+    lb = lender_world()
+    lb.submit("alice", "fixed", job().gpus(4).preemptible(False)).accept("fixed").admit("fixed")
+    lb.place(on("node-00", 0, 1, 2, 3, job_id="fixed")).started("node-00", "fixed")
+    lb.exited("node-00", "fixed")
+    state = lb.fold()
+    assert state.jobs["fixed"].phase == "succeeded"
+    assert state.quota_held_fixed == {}
+    lb.submit("alice", "again", job().gpus(4).preemptible(False)).accept("again").admit("again")
+    assert lb.fold().jobs["again"].phase == "admitted"
+
+
+def test_a_class_made_unpreemptible_counts_its_running_jobs_again() -> None:
+    lb = lender_world()
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=PriorityClassSpec("batch", 0)))
+    lb.submit("alice", "b", job().gpus(4).priority_class("batch")).accept("b").admit("b")
+    assert lb.fold().quota_held_fixed == {}
+    lb.admin(
+        "priority-class", ApplyPriorityClass(priority_class=PriorityClassSpec("batch", 0, preemptible=False))
+    )
+    state = lb.fold()
+    assert state.quota_held_fixed == {"team-a": {ANY: 4000}}
+    ledger, counted = Ledger.from_state(state), Ledger.from_jobs(state)
+    assert ledger.fixed("team-a", ANY) == counted.fixed("team-a", ANY) == 4000
+
+
+def _admitted(state: State) -> list[str]:
+    return sorted(j.id for j in state.jobs.values() if j.phase == "admitted")
+
+
+def test_admission_lets_a_job_that_may_not_be_preempted_wait_while_preemptible_ones_borrow() -> None:
+    lb = lender_world()
+    lb.submit("alice", "fixed", job().gpus(4).preemptible(False)).accept("fixed").admit("fixed")
+    lb.submit("alice", "pinned", job().gpus(2).priority_class("pinned")).accept("pinned", priority=10)
+    lb.submit("alice", "spare", job().gpus(2)).accept("spare", priority=20)
+    state = lb.fold()
+    events = decide(state, lb.time)
+    for e in events:
+        lb.event(routing.subject_of(e), e)
+    state = lb.fold()
+    assert state.rejected_total == 0, state.rejections
+    # The preemptible job borrows team-b's idle quota; the one that may not be preempted would
+    # borrow too: it waits, saying why.
+    assert _admitted(state) == ["fixed", "spare"]
+    said = {e.job_id: e.reasons for e in events if isinstance(e, PendingReasonChanged)}
+    (why,) = said["pinned"]
+    assert isinstance(why, Reason) and why.code == "quota"
+    assert "may not be preempted, so may not borrow" in why.message, why.message
+
+
+def test_a_job_that_may_not_be_preempted_and_is_larger_than_its_nominal_is_refused_at_submission() -> None:
+    state = lender_world().fold()
+
+    def submitted(spec: object) -> JobState:
+        return JobState("j", "alice", job().gpus(6).build() if spec is None else spec, 0, 0.0)  # type: ignore[arg-type]
+
+    why = validate(state, submitted(job().gpus(6).preemptible(False).build()))
+    assert why is not None and why.code == "never-fits", why
+    assert "may not be preempted does not borrow" in why.message
+    assert validate(state, submitted(None)) is None  # one that may be preempted may borrow 2

@@ -269,6 +269,21 @@ def planning(state: State) -> tuple[Ledger, set[str]]:
     return ledger, charged
 
 
+def least_given(job: JobState, per_worker: int, stopping: int) -> int:
+    """The least of what stopping ``stopping`` workers of ``job`` gives back that a search could
+    have given back alone: one worker of an elastic job (its ranks go one by one), else all."""
+    return per_worker if job.spec.min_replicas is not None else per_worker * stopping
+
+
+def below_nominal(ledger: Ledger, queue: str, key: str, least: int) -> bool:
+    """Whether a record leaves another ``queue`` (what it gives back charged to ``ledger``) short
+    of its nominal of ``key`` by as much as ``least``, the least it gives back in one piece: it
+    then gave back more than it borrowed, for some piece was taken once it borrowed nothing. As
+    Kueue takes a queue's jobs only while the queue still borrows, a queue is stopped down to
+    within one piece of its nominal, never into it: nominal quota stays guaranteed."""
+    return ledger.nominal(queue, key) - ledger.used(queue, key) >= least
+
+
 def release(ledger: Ledger, job: JobState) -> None:
     """Give back, in ``ledger``, the quota ``job`` holds."""
     if ledger.has_queue(job.spec.queue):
@@ -299,6 +314,7 @@ def may_stop(
     lent = {v.id: k is not None and ledger.borrows_from(v.spec.queue, queue, k) for v, k in charged}
     freed: dict[str, int] = {}  # per queue, milli-GPU of ``key`` the record frees
     least: dict[str, int] = {}  # ... and the least any one of its victims there frees
+    piece: dict[str, int] = {}  # ... and the least any one of them could have freed alone
     for victim, victim_key in charged:  # what the record frees, for whether the beneficiary reclaims
         if victim_key is not None:
             milli = quota.worker_milli(victim.spec.resources, victim_key)
@@ -307,10 +323,12 @@ def may_stop(
             if adm is not None and keep is not None:
                 stopping = max(0, adm.replicas - keep)
             ledger.charge(victim.spec.queue, victim_key, -milli * stopping)
-            if victim_key == key:
+            if victim_key == key and stopping:
                 q, amount = victim.spec.queue, milli * stopping
                 freed[q] = freed.get(q, 0) + amount
                 least[q] = min(least.get(q, amount), amount)
+                one = least_given(victim, milli, stopping)
+                piece[q] = min(piece.get(q, one), one)
     fair: dict[str, bool] = {}
     if policy.fair_sharing and key is not None and ledger.has_queue(queue):
         shares = Shares(state, ledger, now)
@@ -342,6 +360,10 @@ def may_stop(
             return f"{victim.id} may not be stopped for {beneficiary.id} in queue {queue} (within: {rule})"
         borrower = f"{victim.id} of queue {victim.spec.queue}"
         return f"{borrower} holds nothing {beneficiary.id} of {queue} may take back, borrow over or share"
+    if key is not None:
+        for other, one in piece.items():
+            if other != queue and ledger.has_queue(other) and below_nominal(ledger, other, key, one):
+                return f"queue {other} would give back more than it borrows: it would end below its nominal"
     return None
 
 

@@ -81,5 +81,7 @@ from __future__ import annotations
 #    queue's jobs that may not be preempted hold stays within the queue's nominal
 #    (``Ledger.may_borrow``; the fold keeps it, ``State.quota_held_fixed``); borrowing over a
 #    lower-priority borrower is for a beneficiary that borrows (one within its side's own quota
-#    once its victims are gone takes lent quota back only as ``reclaim_within_cohort`` allows).
+#    once its victims are gone takes lent quota back only as ``reclaim_within_cohort`` allows);
+#    a preemption may not leave another queue it stops jobs of short of its nominal by as much
+#    as the least it gives back in one piece (``preemption.below_nominal``).
 RULES = 21

@@ -436,9 +436,11 @@ class Simulation:
         (``preemption.eligible``) on the record as a whole: one the policy lets it borrow over,
         one it takes back lent quota from as ``reclaim_within_cohort`` allows (its side of the
         tree then within its own quota with every removal counted), or one its fair-sharing
-        strategies let it take with every removal counted. Every such job holds quota lent by
-        the beneficiary's side: ``candidates`` offers no other."""
+        strategies let it take with every removal counted; each only if it holds quota lent by
+        the beneficiary's side as the fold reads it before the record."""
         q, key = target.job.spec.queue, target.key
+        if key is not None and self._below_nominal(q, key, before):
+            return False
         freed: dict[str, tuple[int, int]] | None = None  # per queue, what the record frees of ``key``
         for job_id, ranks in self.released.items():
             if len(ranks) <= before.get(job_id, 0):
@@ -449,8 +451,10 @@ class Simulation:
                 continue
             victim_key = charge_of(self.ledger, victim)[0]
             reclaims = key is not None and self.ledger.within_own(q, other, key, target.need)
+            # Lent as the fold reads it, before the record's stops (as ``candidates`` offered it).
+            lent = victim_key is not None and self.rules.borrows_from(other, q, victim_key)
             judge = functools.partial(
-                preemption.eligible, policy, victim, victim_key, target.job, key, lent=True, reclaims=reclaims
+                preemption.eligible, policy, victim, victim_key, target.job, key, lent=lent, reclaims=reclaims
             )
             if judge():
                 continue
@@ -467,6 +471,32 @@ class Simulation:
             if not judge(fair=fair):
                 return False
         return True
+
+    def _below_nominal(self, queue: str, key: str, before: dict[str, int]) -> bool:
+        """Whether the removals since ``before`` take another queue than ``queue`` into its
+        nominal, as the fold reads it (``preemption.below_nominal``, on the rule's ledger)."""
+        freed: dict[str, int] = {}
+        piece: dict[str, int] = {}
+        for job_id, ranks in self.released.items():
+            n = len(ranks) - before.get(job_id, 0)
+            if n <= 0:
+                continue
+            job = self.state.jobs[job_id]
+            other = job.spec.queue
+            k, per_worker = charge_of(self.rules, job)
+            if other == queue or k != key or not per_worker:
+                continue
+            freed[other] = freed.get(other, 0) + per_worker * n
+            one = preemption.least_given(job, per_worker, n)
+            piece[other] = min(piece.get(other, one), one)
+        rules = self.rules
+        for other, amount in freed.items():
+            rules.charge(other, key, -amount)
+        try:
+            return any(preemption.below_nominal(rules, o, key, piece[o]) for o in freed if rules.has_queue(o))
+        finally:
+            for other, amount in freed.items():
+                rules.charge(other, key, amount)
 
     def _freed(self, key: str, before: dict[str, int]) -> dict[str, tuple[int, int]]:
         """Per queue, the milli-GPU of ``key`` the removals since ``before`` free, and the least

@@ -196,12 +196,6 @@ FAIR_PREFIX = pytest.mark.xfail(
     "victim search asks whether a set is allowed before sparing the victims it does not need, and "
     "a small job taken first, not needed in the end, makes the set look unfair",
 )
-BELOW_NOMINAL = pytest.mark.xfail(
-    strict=True,
-    reason="jobs are stopped beyond what their queue borrows, leaving it below its nominal: each "
-    "victim counts as holding lent quota by what its queue held before the stop, and the "
-    "node-by-node search offers a queue's jobs after it has given back all it borrowed",
-)
 NO_CONSOLIDATION = pytest.mark.xfail(
     strict=True,
     reason="a queue within its nominal waits while free GPUs enough for it are scattered over the "
@@ -693,7 +687,6 @@ CASES = [
             ),
             {**{f"q0_n{n}_job{j}": "runs" for n in range(4) for j in range(4)}, "q1_job1": "waits"},
         ),
-        BELOW_NOMINAL,
     ),
     # -- reclaim/reclaimGang_test.go -------------------------------------------------------------------------
     _case(
@@ -776,7 +769,6 @@ CASES = [
             ),
             {"running-job-0": "runs", "pending-job": "waits"},
         ),
-        BELOW_NOMINAL,
     ),
     # -- integration_tests/reclaim/reclaim_test.go -----------------------------------------------------------
     # queue0 borrows 1 GPU: corral stops its 1-GPU job, which loses the least work (README, victim

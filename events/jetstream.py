@@ -206,7 +206,8 @@ class JetStreamLog:
             if e.err_code != STREAM_NAME_IN_USE:
                 raise LogError(f"cannot create stream {self.stream}: {e.description}") from e
             try:
-                await jsm.update_stream(config)
+                # More replicas need as many current peers, as a creation does.
+                await placed(lambda: jsm.update_stream(config))
             except nats.js.errors.Error as e2:
                 raise LogError(f"cannot update stream {self.stream}: {e2}") from e2
         except (nats.errors.Error, nats.js.errors.Error) as e:

@@ -275,13 +275,14 @@ def least_given(job: JobState, per_worker: int, stopping: int) -> int:
     return per_worker if job.spec.min_replicas is not None else per_worker * stopping
 
 
-def below_nominal(ledger: Ledger, queue: str, key: str, least: int) -> bool:
-    """Whether a record leaves another ``queue`` (what it gives back charged to ``ledger``) short
-    of its nominal of ``key`` by as much as ``least``, the least it gives back in one piece: it
-    then gave back more than it borrowed, for some piece was taken once it borrowed nothing. As
-    Kueue takes a queue's jobs only while the queue still borrows, a queue is stopped down to
-    within one piece of its nominal, never into it: nominal quota stays guaranteed."""
-    return ledger.nominal(queue, key) - ledger.used(queue, key) >= least
+def below_nominal(ledger: Ledger, queue: str, key: str, least: int, freed: int = 0) -> bool:
+    """Whether a record leaves another ``queue`` short of its nominal of ``key`` by as much as
+    ``least``, the least it gives back in one piece (``freed``: what it gives back, where
+    ``ledger`` is not charged with it yet): it then gave back more than it borrowed, for some
+    piece was taken once it borrowed nothing. As Kueue takes a queue's jobs only while the queue
+    still borrows, a queue is stopped down to within one piece of its nominal, never into it:
+    nominal quota stays guaranteed."""
+    return ledger.nominal(queue, key) - ledger.used(queue, key) + freed >= least
 
 
 def release(ledger: Ledger, job: JobState) -> None:

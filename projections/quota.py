@@ -442,9 +442,7 @@ class Ledger:
         held = self._fixed.get(queue)
         return 0 if held is None else held.get(key, 0)
 
-    def charge_fixed(self, queue: str, key: str, milli: int) -> None:
-        """Count ``milli`` of ``key`` as held by a job of ``queue`` that may not be preempted
-        (charged to the queue's usage apart, by ``charge``)."""
+    def _charge_fixed(self, queue: str, key: str, milli: int) -> None:
         held = self._fixed.setdefault(queue, {})
         left = held.get(key, 0) + milli
         if left:
@@ -554,8 +552,11 @@ class Ledger:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def charge(self, queue: str, key: str, milli: int) -> None:
-        """Add ``milli`` (negative: release) to the queue's usage and carry it up the tree."""
+    def charge(self, queue: str, key: str, milli: int, fixed: bool = False) -> None:
+        """Add ``milli`` (negative: release) to the queue's usage and carry it up the tree;
+        ``fixed``: of a job that may not be preempted, counted apart as well (``fixed``)."""
+        if fixed:
+            self._charge_fixed(queue, key, milli)
         n = self._queues[queue]
         old = n.usage.get(key, 0)
         new = old + milli
@@ -582,9 +583,7 @@ class Ledger:
         held = holding(job)
         fixed = not self.may_borrow(job.spec)
         for key, milli in held:
-            self.charge(job.spec.queue, key, milli)
-            if fixed:
-                self.charge_fixed(job.spec.queue, key, milli)
+            self.charge(job.spec.queue, key, milli, fixed)
         return held[0] if len(held) == 1 else None
 
     # -- the admission rule -------------------------------------------------------------------
@@ -612,9 +611,7 @@ class Ledger:
         """``check``, then charge the admission if it holds: the fold's call per admission."""
         why, key, milli = self._verdict(job, adm)
         if why is None and key is not None:
-            self.charge(job.spec.queue, key, milli)  # what ``hold_admission`` charges
-            if not self.may_borrow(job.spec):
-                self.charge_fixed(job.spec.queue, key, milli)
+            self.charge(job.spec.queue, key, milli, not self.may_borrow(job.spec))  # as ``hold_admission``
         return why
 
     def claim_growth(self, job: JobState, grown: Admission) -> Reason | None:
@@ -624,15 +621,11 @@ class Ledger:
         held = holding(job)
         fixed = not self.may_borrow(job.spec)
         for key, milli in held:
-            self.charge(queue, key, -milli)
-            if fixed:
-                self.charge_fixed(queue, key, -milli)
+            self.charge(queue, key, -milli, fixed)
         why = self.claim(job, grown)
         if why is not None:
             for key, milli in held:
-                self.charge(queue, key, milli)
-                if fixed:
-                    self.charge_fixed(queue, key, milli)
+                self.charge(queue, key, milli, fixed)
         return why
 
     def _verdict(self, job: JobState, adm: Admission) -> tuple[Reason | None, str | None, int]:
@@ -674,10 +667,7 @@ class Ledger:
     def hold_admission(self, job: JobState, adm: Admission) -> None:
         fixed = not self.may_borrow(job.spec)
         for key in adm.gpus:
-            milli = worker_milli(job.spec.resources, key) * adm.replicas
-            self.charge(job.spec.queue, key, milli)
-            if fixed:
-                self.charge_fixed(job.spec.queue, key, milli)
+            self.charge(job.spec.queue, key, worker_milli(job.spec.resources, key) * adm.replicas, fixed)
 
     def describe(self, queue: str, key: str, milli: int, borrow: bool = True) -> str:
         """Why ``milli`` of ``key`` does not fit ``queue`` now, in operator terms (for a job that

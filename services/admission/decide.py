@@ -316,9 +316,7 @@ def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger) -> Admissi
         replicas = min(hi, ledger.available(queue, key, borrow) // per_worker)
         if replicas >= lo:
             milli = per_worker * replicas
-            ledger.charge(queue, key, milli)
-            if not borrow:
-                ledger.charge_fixed(queue, key, milli)
+            ledger.charge(queue, key, milli, fixed=not borrow)
             gpus = quota.admission_gpus(key, milli)
             return Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus)
     return None

@@ -105,11 +105,9 @@ class LendingHolds:
     def charge(self, queue: str, key: str, milli: int, fixed: bool = False) -> None:
         """Charge an admission (``fixed``: of a job that may not be preempted) to the ledger and
         to the copy with the holds."""
-        for ledger in (self.ledger, self.held):
-            if ledger is not None:
-                ledger.charge(queue, key, milli)
-                if fixed:
-                    ledger.charge_fixed(queue, key, milli)
+        self.ledger.charge(queue, key, milli, fixed)
+        if self.held is not None:
+            self.held.charge(queue, key, milli, fixed)
 
     def available(self, queue: str, key: str, borrow: bool = True) -> int:
         held = self.held

@@ -439,9 +439,13 @@ class Simulation:
         strategies let it take with every removal counted; each only if it holds quota lent by
         the beneficiary's side as the fold reads it before the record."""
         q, key = target.job.spec.queue, target.key
-        if key is not None and self._below_nominal(q, key, before):
+        freed = self._freed(key, before) if key is not None else {}  # per queue, of ``key``
+        rules = self.rules
+        if key is not None and any(
+            other != q and rules.has_queue(other) and preemption.below_nominal(rules, other, key, piece, gone)
+            for other, (gone, _, piece) in freed.items()
+        ):
             return False
-        freed: dict[str, tuple[int, int]] | None = None  # per queue, what the record frees of ``key``
         for job_id, ranks in self.released.items():
             if len(ranks) <= before.get(job_id, 0):
                 continue
@@ -452,7 +456,7 @@ class Simulation:
             victim_key = charge_of(self.ledger, victim)[0]
             reclaims = key is not None and self.ledger.within_own(q, other, key, target.need)
             # Lent as the fold reads it, before the record's stops (as ``candidates`` offered it).
-            lent = victim_key is not None and self.rules.borrows_from(other, q, victim_key)
+            lent = victim_key is not None and rules.borrows_from(other, q, victim_key)
             judge = functools.partial(
                 preemption.eligible, policy, victim, victim_key, target.job, key, lent=lent, reclaims=reclaims
             )
@@ -460,57 +464,29 @@ class Simulation:
                 continue
             if key is None or not policy.fair_sharing:
                 return False
-            if freed is None:
-                freed = self._freed(key, before)
             shares = self.shares
-            mine = shares.share(
-                q, key, preemption.asks(self.state, self.rules, target.job, key) - freed.get(q, (0, 0))[0]
-            )
-            gone, least = freed.get(other, (0, 0))
+            mine_freed = freed.get(q, (0, 0, 0))[0]
+            mine = shares.share(q, key, preemption.asks(self.state, rules, target.job, key) - mine_freed)
+            gone, least, _ = freed.get(other, (0, 0, 0))
             fair = shares.may_take(policy.fair_sharing, mine, other, key, gone, least)
             if not judge(fair=fair):
                 return False
         return True
 
-    def _below_nominal(self, queue: str, key: str, before: dict[str, int]) -> bool:
-        """Whether the removals since ``before`` take another queue than ``queue`` into its
-        nominal, as the fold reads it (``preemption.below_nominal``, on the rule's ledger)."""
-        freed: dict[str, int] = {}
-        piece: dict[str, int] = {}
-        for job_id, ranks in self.released.items():
-            n = len(ranks) - before.get(job_id, 0)
-            if n <= 0:
-                continue
-            job = self.state.jobs[job_id]
-            other = job.spec.queue
-            k, per_worker = charge_of(self.rules, job)
-            if other == queue or k != key or not per_worker:
-                continue
-            freed[other] = freed.get(other, 0) + per_worker * n
-            one = preemption.least_given(job, per_worker, n)
-            piece[other] = min(piece.get(other, one), one)
-        rules = self.rules
-        for other, amount in freed.items():
-            rules.charge(other, key, -amount)
-        try:
-            return any(preemption.below_nominal(rules, o, key, piece[o]) for o in freed if rules.has_queue(o))
-        finally:
-            for other, amount in freed.items():
-                rules.charge(other, key, amount)
-
-    def _freed(self, key: str, before: dict[str, int]) -> dict[str, tuple[int, int]]:
-        """Per queue, the milli-GPU of ``key`` the removals since ``before`` free, and the least
-        any one job there frees."""
-        out: dict[str, tuple[int, int]] = {}
+    def _freed(self, key: str, before: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        """Per queue, the milli-GPU of ``key`` the removals since ``before`` free, the least any
+        one job there frees, and the least any one piece could have freed alone
+        (``preemption.least_given``: a rank of an elastic job)."""
+        out: dict[str, tuple[int, int, int]] = {}
         for job_id, ranks in self.released.items():
             n = len(ranks) - before.get(job_id, 0)
             if n > 0:
                 job = self.state.jobs[job_id]
                 k, per_worker = charge_of(self.ledger, job)
-                if k == key:
-                    amount = per_worker * n
-                    total, least = out.get(job.spec.queue, (0, amount))
-                    out[job.spec.queue] = (total + amount, min(least, amount))
+                if k == key and per_worker:
+                    amount, one = per_worker * n, preemption.least_given(job, per_worker, n)
+                    total, least, piece = out.get(job.spec.queue, (0, amount, one))
+                    out[job.spec.queue] = (total + amount, min(least, amount), min(piece, one))
         return out
 
     def release(self, job: JobState, key: str | None, per_worker: int, rank: int | None) -> tuple[int, ...]:

@@ -89,7 +89,7 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
     # usage is brought to this point of the log, so an admission cycle costs its admissions.
     ledger = quota.fold_ledger(state)
     jobs = state.jobs
-    for adm in ev.admissions:
+    for place, adm in enumerate(ev.admissions):
         job = jobs.get(adm.job_id)
         if job is None or job.phase != "queued" or job.attempt != adm.attempt:
             void.append((adm.job_id, f"not queued at attempt {adm.attempt}"))
@@ -107,6 +107,7 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
             void.append((adm.job_id, why.message))
             continue
         job.admission = adm  # before the move: the move counts what the admission holds
+        job.admitted_at = (ctx.seq, place)
         move(state, job, "admit", ctx)
         if job.reasons:  # a store costs more than the look (Structs)
             job.reasons = ()

@@ -84,4 +84,6 @@ from __future__ import annotations
 #    once its victims are gone takes lent quota back only as ``reclaim_within_cohort`` allows);
 #    a preemption may not leave another queue it stops jobs of short of its nominal by as much
 #    as the least it gives back in one piece (``preemption.below_nominal``).
-RULES = 21
+# 22: an admitted job keeps where its admission stood in admission's order
+#    (``JobState.admitted_at``), the order the placer places admitted jobs in.
+RULES = 22

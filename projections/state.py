@@ -77,6 +77,10 @@ class JobState(msgspec.Struct, gc=False):
     attempt: int = 0
     priority: int = 0
     admission: Admission | None = None
+    # Where its admission stands in admission's order: the record's seq and its place in the
+    # record. Admission lists a cycle's admissions in the order it chose them (priority, the
+    # queues' fair share, each queue's own order); the placer places them in that order.
+    admitted_at: tuple[int, int] = (0, 0)
     placement: Placement | None = None
     started: set[int] = set()  # ranks that started in this attempt
     live: set[int] = set()  # ranks started and not yet exited (they still hold their GPUs)

@@ -60,9 +60,12 @@ DEFAULT = PlacerConfig()
 
 
 def admitted(state: State) -> list[JobState]:
-    """Jobs waiting for GPUs, in placement order: priority, then who was submitted first."""
+    """Jobs waiting for GPUs, in placement order: priority, then the order admission admitted
+    them in (across queues, fair share; within one, the queue's own order), so that where the
+    queues' nominal quota adds up to more than the free GPUs, the job fair share put first gets
+    them."""
     jobs = indexes.jobs_in(state, "admitted")
-    jobs.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
+    jobs.sort(key=lambda j: (-j.priority, j.admitted_at, j.id))
     return jobs
 
 

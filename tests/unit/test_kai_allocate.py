@@ -483,15 +483,6 @@ def pend(name: str, queue: str, gpus: float = 1.0, **kw: object) -> J:
     return J(name, queue, gpus, **kw)  # type: ignore[arg-type]
 
 
-# Admission admits every job within its queue's nominal in fair-share order, but the placer takes
-# admitted jobs by priority and submission alone: where the nominal quota the queues hold exceeds
-# the free GPUs, a queue's earlier job takes the GPUs of the job fair share put first.
-PLACER_ORDER = (
-    "the placer places admitted jobs by priority and submission (placer.decide.admitted), not in "
-    "the fair-share order admission admitted them in, so the earlier job of the queue that holds "
-    "more takes the GPUs"
-)
-
 CASES = [
     # -- allocate/allocate_test.go
     case(
@@ -607,7 +598,6 @@ CASES = [
         "queue0 has deserved of 3, queue 1 has deserved of 2, they will both have a share of 1 if allocated "
         "their task, yet for fair convergence - queue1 should allocate the task",
         ALLOCATE,
-        xfail=PLACER_ORDER,
         nodes=gpus(4),
         queues=(Q("queue0", 3), Q("queue1", 2)),
         jobs=(
@@ -620,7 +610,6 @@ CASES = [
     case(
         "Both queues has the same share, give the one with smaller job - allocate jobs queue1",
         ALLOCATE,
-        xfail=PLACER_ORDER,
         nodes=gpus(5),
         queues=(Q("queue0", 4), Q("queue1", 2)),
         jobs=(

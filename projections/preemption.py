@@ -17,10 +17,11 @@ A running job (or an elastic job's top ranks) may be stopped for a beneficiary o
   share once the record's victims are gone (``less-than-or-equal-to-final-share``, rule S2-a),
   or strictly below the victim's queue's share before the record
   (``less-than-initial-share``, S2-b). A queue's share (``Shares``) is its decayed GPU time held
-  (``gpu_time.recent``, what fair-share admission orders by), with the record's change counted
-  in full, less its nominal, over its weight: negative for a queue that ran under its nominal
-  lately, high for one that has long held others' quota. As in Kueue, only a queue that
-  borrows can lose work this way, so nominal quota stays guaranteed.
+  (``gpu_time.recent``, what fair-share admission orders by), or what it holds now where that is
+  more, with the record's change counted in full, less its nominal, over its weight: negative
+  for a queue that ran under its nominal lately, high for one that has long held others' quota
+  or has just taken much. As in Kueue, only a queue that borrows can lose work this way, so
+  nominal quota stays guaranteed.
 
 Never twice between the same two jobs, in either direction, while neither's priority changed
 (``JobState.stopped_for``): a job stopped for another is not stopped for it again, nor is the
@@ -99,13 +100,18 @@ def eligible(
 
 class Shares:
     """Fair shares for fair-sharing preemption at log time ``now``, per queue and quota key: the
-    queue's decayed GPU time held (milli-GPU, ``gpu_time.recent``) plus a change counted in full,
-    less its nominal, over its weight, in GPUs per unit of weight (a queue of weight 0 always
-    has the highest). Below the nominal it is negative, not 0 as Kueue's (which reads what is
-    held now, where within the nominal is reclaim's business): a queue that ran far under its
-    nominal lately ranks before one that ran just under it, and two queues can never each take
-    from the other in turn while their histories stand still (S2-a or S2-b both ways would need
-    the preemptor's ask and the victims to add up to less than nothing)."""
+    queue's decayed GPU time held (milli-GPU, ``gpu_time.recent``) or, where more, what it holds
+    in ``ledger`` (the rule's: admissions, and the stops under way as they will stand), plus a
+    change counted in full, less its nominal, over its weight, in GPUs per unit of weight (a
+    queue of weight 0 always has the highest). Below the nominal it is negative, not 0 as
+    Kueue's (which reads what is held now, where within the nominal is reclaim's business): a
+    queue that ran far under its nominal lately ranks before one that ran just under it, and two
+    queues can never each take from the other in turn while their histories stand still (S2-a
+    or S2-b both ways would need the preemptor's ask and the victims to add up to less than
+    nothing). What is held now counts because the history lags: a queue whose jobs were just
+    placed, or whose beneficiaries wait for their victims, has taken quota its history does not
+    show yet, and would take again, in the same cycle or the next, what fair sharing gave it
+    once. The ledger must be read before the record's own victims are charged to it."""
 
     def __init__(self, state: State, ledger: Ledger, now: float) -> None:
         self.state = state
@@ -121,8 +127,16 @@ class Shares:
             found = self._past[(queue, key)] = 0.0 if g is None else gpu_time.recent(g, self.now, half_life)
         return found
 
-    def share(self, queue: str, key: str, change: int = 0) -> float:
-        above = self.past(queue, key) + change - self.ledger.nominal(queue, key)
+    def share(self, queue: str, key: str, change: int = 0, unheld: int | None = None) -> float:
+        """The share with ``change`` milli-GPU more; ``unheld``: the part of it the ledger does
+        not hold yet (all of it unless told: an admitted beneficiary holds its admission there).
+        What the ledger holds beyond the state (the stops under way: victims' quota given
+        back, beneficiaries' taken) counts on the history too, in full, as the record's own
+        change does; ``change`` must not count it again."""
+        used = self.ledger.used(queue, key)
+        pending = used - self.state.quota_held.get(queue, {}).get(key, 0)
+        held = used + (change if unheld is None else unheld)
+        above = max(self.past(queue, key) + pending + change, held) - self.ledger.nominal(queue, key)
         weight = self.ledger.spec(queue).weight
         return above / WHOLE / weight if weight > 0 else math.inf
 
@@ -316,6 +330,7 @@ def may_stop(
     freed: dict[str, int] = {}  # per queue, milli-GPU of ``key`` the record frees
     least: dict[str, int] = {}  # ... and the least any one of its victims there frees
     piece: dict[str, int] = {}  # ... and the least any one of them could have freed alone
+    given: list[tuple[str, str, int]] = []  # (queue, key, milli-GPU) each victim gives back
     for victim, victim_key in charged:  # what the record frees, for whether the beneficiary reclaims
         if victim_key is not None:
             milli = quota.worker_milli(victim.spec.resources, victim_key)
@@ -323,7 +338,7 @@ def may_stop(
             stopping = adm.replicas if adm is not None and keep is None else 0
             if adm is not None and keep is not None:
                 stopping = max(0, adm.replicas - keep)
-            ledger.charge(victim.spec.queue, victim_key, -milli * stopping)
+            given.append((victim.spec.queue, victim_key, milli * stopping))
             if victim_key == key and stopping:
                 q, amount = victim.spec.queue, milli * stopping
                 freed[q] = freed.get(q, 0) + amount
@@ -332,11 +347,15 @@ def may_stop(
                 piece[q] = min(piece.get(q, one), one)
     fair: dict[str, bool] = {}
     if policy.fair_sharing and key is not None and ledger.has_queue(queue):
-        shares = Shares(state, ledger, now)
-        mine = shares.share(queue, key, asks(state, ledger, beneficiary, key) - freed.get(queue, 0))
+        shares = Shares(state, ledger, now)  # read before the record's victims are charged
+        mine_freed = freed.get(queue, 0)
+        ask = 0 if beneficiary.id in waiting else asks(state, ledger, beneficiary, key)  # else held
+        mine = shares.share(queue, key, ask - mine_freed, need - mine_freed)
         for other, gone in freed.items():
             if other != queue and ledger.has_queue(other):
                 fair[other] = shares.may_take(policy.fair_sharing, mine, other, key, gone, least[other])
+    for q, k, milli in given:
+        ledger.charge(q, k, -milli)
     for victim, victim_key in charged:
         before = stopped_before(victim, beneficiary)
         if before is not None:

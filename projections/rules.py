@@ -86,4 +86,7 @@ from __future__ import annotations
 #    as the least it gives back in one piece (``preemption.below_nominal``).
 # 22: an admitted job keeps where its admission stood in admission's order
 #    (``JobState.admitted_at``), the order the placer places admitted jobs in.
-RULES = 22
+# 23: a queue's fair share for preemption is its history or what it holds now, whichever is
+#    more, with the stops under way counted in full (``preemption.Shares``), read before the
+#    record's own victims.
+RULES = 23

@@ -269,6 +269,8 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
             > room.nominal(state.jobs[v.job_id].spec.queue, ANY)
             for v in p.victims
         }
+        need = _need(state, b) if b.phase == "queued" else 0
+        fair = _shares_fairly(state, room, now, p.victims, b, need)  # read before the record
         for v in p.victims:
             job = state.jobs[v.job_id]
             assert v.attempt == job.attempt and job.phase in ("placed", "starting", "running")
@@ -286,7 +288,6 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
                     key,
                     -milli * (elastic.admission.replicas - s.replicas) // elastic.admission.replicas,
                 )
-        need = _need(state, b) if b.phase == "queued" else 0
         reclaims = room.used(bq, ANY) + need <= room.nominal(bq, ANY)  # with every victim gone
         for v in p.victims:
             job = state.jobs[v.job_id]
@@ -308,7 +309,7 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
                     and lower
                     and (threshold is None or job.priority <= threshold)
                 )
-                or _shares_fairly(state, room, now, p.victims, b)
+                or fair
             )
         if b.phase == "queued":
             # Queued beneficiaries fit their queue's quota once their victims give theirs back
@@ -367,9 +368,12 @@ def test_preemptions_are_safe_fitting_accepted_and_deterministic(w: World) -> No
         assert not (e.beneficiary in first and _under_way(w.state, b))
 
 
-def _shares_fairly(state: State, room: Ledger, now: float, victims: Sequence[Victim], b: JobState) -> bool:
+def _shares_fairly(
+    state: State, room: Ledger, now: float, victims: Sequence[Victim], b: JobState, need: int
+) -> bool:
     """Whether the beneficiary's queue's fair-sharing strategies let it take every other queue's
-    victim of the record (Kueue's S2-a / S2-b on the shares of ``projections.preemption``)."""
+    victim of the record (Kueue's S2-a / S2-b on the shares of ``projections.preemption``), on
+    ``room`` as it stands before the record (``need``: what the beneficiary takes there)."""
     policy = state.queues[b.spec.queue].preemption
     if not policy.fair_sharing:
         return False
@@ -381,7 +385,8 @@ def _shares_fairly(state: State, room: Ledger, now: float, victims: Sequence[Vic
                 freed.setdefault(job.spec.queue, []).append(milli)
     shares = Shares(state, room, now)
     bq = b.spec.queue
-    mine = shares.share(bq, ANY, asks(state, room, b, ANY) - sum(freed.get(bq, ())))
+    mine_freed = sum(freed.get(bq, ()))
+    mine = shares.share(bq, ANY, asks(state, room, b, ANY) - mine_freed, need - mine_freed)
     # Each victim against the other queue's share just before and just after it, in every order
     # the record's victims could be taken in (Kueue's S2-b and S2-a, victim by victim).
     return all(

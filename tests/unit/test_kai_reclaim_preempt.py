@@ -190,12 +190,6 @@ HALF_LIFE_S = 600.0
 RAN_S = 7200.0  # how long the running jobs ran: twelve half-lives, so a share reads what is held
 
 # What looks like a fault of corral's (the module docstring says how each case is read).
-FAIR_PREFIX = pytest.mark.xfail(
-    strict=True,
-    reason="a queue whose fair share lets it take one job that frees enough waits instead: the "
-    "victim search asks whether a set is allowed before sparing the victims it does not need, and "
-    "a small job taken first, not needed in the end, makes the set look unfair",
-)
 NO_CONSOLIDATION = pytest.mark.xfail(
     strict=True,
     reason="a queue within its nominal waits while free GPUs enough for it are scattered over the "
@@ -533,7 +527,6 @@ CASES = [
             ),
             {"q0_job0": "stopped", "q0_job1": "runs", "q1_job1": "placed"},
         ),
-        FAIR_PREFIX,
     ),
     # KAI's reclaim action alone leaves pending_job0 to its next allocate, which gives it
     # the GPU the victim freed: corral's services run until nothing moves, and queue1 borrows

@@ -285,8 +285,11 @@ def planning(state: State) -> tuple[Ledger, set[str]]:
 
 def least_given(job: JobState, per_worker: int, stopping: int) -> int:
     """The least of what stopping ``stopping`` workers of ``job`` gives back that a search could
-    have given back alone: one worker of an elastic job (its ranks go one by one), else all."""
-    return per_worker if job.spec.min_replicas is not None else per_worker * stopping
+    have given back alone: one worker of a running elastic job (its ranks go one by one), else
+    all. An elastic job not running yet, or shrinking already, is shrunk by no record: it can
+    only be stopped whole."""
+    shrinks = job.spec.min_replicas is not None and job.phase == "running" and not job.leaving
+    return per_worker if shrinks else per_worker * stopping
 
 
 def below_nominal(ledger: Ledger, queue: str, key: str, least: int, freed: int = 0) -> bool:

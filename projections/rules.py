@@ -89,4 +89,6 @@ from __future__ import annotations
 # 23: a queue's fair share for preemption is its history or what it holds now, whichever is
 #    more, with the stops under way counted in full (``preemption.Shares``), read before the
 #    record's own victims.
-RULES = 23
+# 24: the least piece an elastic job gives back is one rank only while it runs and is not
+#    shrinking already (``preemption.least_given``): one placed or shrinking is stopped whole.
+RULES = 24

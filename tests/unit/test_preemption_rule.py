@@ -195,6 +195,28 @@ def test_a_shrink_for_the_same_beneficiary_does_not_count_it_twice(shrink_first:
     assert list(state.jobs["own"].leaving) == ([2, 3] if shrink_first else [])
 
 
+@pytest.mark.parametrize("running", [False, True])
+def test_an_elastic_job_that_cannot_shrink_yet_is_stopped_whole_down_to_its_nominal(running: bool) -> None:
+    # team-a (nominal 1) holds elastic ``v`` at 4 one-GPU workers, borrowing 3 of team-b's
+    # nominal 4; b (team-b, 1 GPU) takes back what it lent. Stopping v leaves team-a 1 short of
+    # its nominal: while v is only placed, no record could shrink it, so a whole v is the least
+    # piece it gives back and the record stands. Once it runs, a rank at a time could have
+    # given back enough: stopping it whole takes team-a into its nominal, and the record is void.
+    lb = two_nodes_log()
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    lb.queue(queue_spec("team-a", 1, cohort="org")).queue(queue_spec("team-b", 4, cohort="org"))
+    lb.submit("alice", "v", job("team-a").replicas(4, minimum=1).checkpointable()).accept("v", priority=5)
+    lb.admit("v", replicas=4).place(placement("v", *(worker(r, N0, whole(r)) for r in range(4))))
+    if running:
+        for rank in range(4):
+            lb.started(N0, "v", rank=rank)
+    lb.submit("bob", "b", job("team-b").gpus(1)).accept("b", priority=9)
+    state = lb.preempt("b", "v").fold()
+    assert (state.jobs["v"].phase in ("checkpointing", "preempted")) is not running
+    if running:
+        assert "below its nominal" in state.rejections[-1].message
+
+
 @pytest.mark.parametrize(
     ("threshold", "victim_priority", "stopped"),
     [

@@ -17,11 +17,12 @@ A running job (or an elastic job's top ranks) may be stopped for a beneficiary o
   share once the record's victims are gone (``less-than-or-equal-to-final-share``, rule S2-a),
   or strictly below the victim's queue's share before the record
   (``less-than-initial-share``, S2-b). A queue's share (``Shares``) is its decayed GPU time held
-  (``gpu_time.recent``, what fair-share admission orders by), or what it holds now where that is
-  more, with the record's change counted in full, less its nominal, over its weight: negative
-  for a queue that ran under its nominal lately, high for one that has long held others' quota
-  or has just taken much. As in Kueue, only a queue that borrows can lose work this way, so
-  nominal quota stays guaranteed.
+  (``gpu_time.recent``, what fair-share admission orders by), with the stops under way and the
+  record's change counted in full, less its nominal, over its weight: negative for a queue that
+  ran under its nominal lately, high for one that has long held others' quota; the
+  beneficiary's queue counts what it holds now where that is more (it may have just taken
+  much). As in Kueue, only a queue that borrows can lose work this way, so nominal quota stays
+  guaranteed.
 
 Never twice between the same two jobs, in either direction, while neither's priority changed
 (``JobState.stopped_for``): a job stopped for another is not stopped for it again, nor is the
@@ -100,18 +101,22 @@ def eligible(
 
 class Shares:
     """Fair shares for fair-sharing preemption at log time ``now``, per queue and quota key: the
-    queue's decayed GPU time held (milli-GPU, ``gpu_time.recent``) or, where more, what it holds
-    in ``ledger`` (the rule's: admissions, and the stops under way as they will stand), plus a
-    change counted in full, less its nominal, over its weight, in GPUs per unit of weight (a
-    queue of weight 0 always has the highest). Below the nominal it is negative, not 0 as
-    Kueue's (which reads what is held now, where within the nominal is reclaim's business): a
-    queue that ran far under its nominal lately ranks before one that ran just under it, and two
-    queues can never each take from the other in turn while their histories stand still (S2-a
-    or S2-b both ways would need the preemptor's ask and the victims to add up to less than
-    nothing). What is held now counts because the history lags: a queue whose jobs were just
-    placed, or whose beneficiaries wait for their victims, has taken quota its history does not
-    show yet, and would take again, in the same cycle or the next, what fair sharing gave it
-    once. The ledger must be read before the record's own victims are charged to it."""
+    queue's decayed GPU time held (milli-GPU, ``gpu_time.recent``) with the stops under way in
+    ``ledger`` (the rule's: victims' quota given back, beneficiaries' taken) and a change
+    counted in full, less its nominal, over its weight, in GPUs per unit of weight (a queue of
+    weight 0 always has the highest). Below the nominal it is negative, not 0 as Kueue's (which
+    reads what is held now, where within the nominal is reclaim's business): a queue that ran
+    far under its nominal lately ranks before one that ran just under it.
+
+    Each side is read in the light least favourable to the preemption. The queue that takes
+    (``taker``) counts what it holds now where that is more than its history: the history lags,
+    and a queue whose jobs were just placed, or whose beneficiaries wait for their victims,
+    would otherwise take again, in the same cycle or the next, what fair sharing gave it once.
+    The queue taken from (``share``) is judged by its history alone: a queue that has just
+    burst into idle quota is not the first to lose it. So two queues can never each take from
+    the other in turn while their histories stand still (S2-a or S2-b both ways would need the
+    preemptor's ask and the victims to add up to less than nothing). The ledger must be read
+    before the record's own victims are charged to it."""
 
     def __init__(self, state: State, ledger: Ledger, now: float) -> None:
         self.state = state
@@ -127,17 +132,27 @@ class Shares:
             found = self._past[(queue, key)] = 0.0 if g is None else gpu_time.recent(g, self.now, half_life)
         return found
 
-    def share(self, queue: str, key: str, change: int = 0, unheld: int | None = None) -> float:
-        """The share with ``change`` milli-GPU more; ``unheld``: the part of it the ledger does
-        not hold yet (all of it unless told: an admitted beneficiary holds its admission there).
-        What the ledger holds beyond the state (the stops under way: victims' quota given
-        back, beneficiaries' taken) counts on the history too, in full, as the record's own
-        change does; ``change`` must not count it again."""
-        used = self.ledger.used(queue, key)
-        pending = used - self.state.quota_held.get(queue, {}).get(key, 0)
-        held = used + (change if unheld is None else unheld)
-        above = max(self.past(queue, key) + pending + change, held) - self.ledger.nominal(queue, key)
+    def share(self, queue: str, key: str, change: int = 0) -> float:
+        """The share of a queue taken from, with ``change`` milli-GPU more: its history, with
+        the stops under way (what the ledger holds beyond the state) counted in full, as the
+        record's own change is."""
+        return self._over(queue, key, self._history(queue, key) + change)
+
+    def taker(self, queue: str, key: str, change: int, unheld: int) -> float:
+        """The share of the beneficiary's queue with ``change`` milli-GPU more (its ask, less its
+        own victims), of which ``unheld`` the ledger does not hold yet (an admitted beneficiary
+        holds its admission there; ``change`` must not count what a stop under way for it
+        holds): its history or what it will hold, whichever is more."""
+        held = self.ledger.used(queue, key) + unheld
+        return self._over(queue, key, max(self._history(queue, key) + change, held))
+
+    def _history(self, queue: str, key: str) -> float:
+        pending = self.ledger.used(queue, key) - self.state.quota_held.get(queue, {}).get(key, 0)
+        return self.past(queue, key) + pending
+
+    def _over(self, queue: str, key: str, milli: float) -> float:
         weight = self.ledger.spec(queue).weight
+        above = milli - self.ledger.nominal(queue, key)
         return above / WHOLE / weight if weight > 0 else math.inf
 
     def may_take(
@@ -353,7 +368,7 @@ def may_stop(
         shares = Shares(state, ledger, now)  # read before the record's victims are charged
         mine_freed = freed.get(queue, 0)
         ask = 0 if beneficiary.id in waiting else asks(state, ledger, beneficiary, key)  # else held
-        mine = shares.share(queue, key, ask - mine_freed, need - mine_freed)
+        mine = shares.taker(queue, key, ask - mine_freed, need - mine_freed)
         for other, gone in freed.items():
             if other != queue and ledger.has_queue(other):
                 fair[other] = shares.may_take(policy.fair_sharing, mine, other, key, gone, least[other])

@@ -91,4 +91,6 @@ from __future__ import annotations
 #    record's own victims.
 # 24: the least piece an elastic job gives back is one rank only while it runs and is not
 #    shrinking already (``preemption.least_given``): one placed or shrinking is stopped whole.
-RULES = 24
+# 25: of the fair shares, only the beneficiary's queue's counts what it holds now where that
+#    is more than its history (``Shares.taker``); a victim's queue is judged by its history.
+RULES = 25

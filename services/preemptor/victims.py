@@ -294,7 +294,7 @@ def candidates(
             if h.key == key and h.job.id not in taken
         )
         ask = preemption.asks(shares.state, ledger, b, key)
-        mine = shares.share(queue, key, ask - spared, target.need - spared)
+        mine = shares.taker(queue, key, ask - spared, target.need - spared)
 
     def fair(h: Holder) -> bool:
         if shares is None or key is None or h.key != key:
@@ -468,7 +468,7 @@ class Simulation:
             shares = self.shares
             mine_freed = freed.get(q, (0, 0, 0))[0]
             ask = preemption.asks(self.state, rules, target.job, key)
-            mine = shares.share(q, key, ask - mine_freed, target.need - mine_freed)
+            mine = shares.taker(q, key, ask - mine_freed, target.need - mine_freed)
             gone, least, _ = freed.get(other, (0, 0, 0))
             fair = shares.may_take(policy.fair_sharing, mine, other, key, gone, least)
             if not judge(fair=fair):

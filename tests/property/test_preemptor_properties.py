@@ -386,7 +386,7 @@ def _shares_fairly(
     shares = Shares(state, room, now)
     bq = b.spec.queue
     mine_freed = sum(freed.get(bq, ()))
-    mine = shares.share(bq, ANY, asks(state, room, b, ANY) - mine_freed, need - mine_freed)
+    mine = shares.taker(bq, ANY, asks(state, room, b, ANY) - mine_freed, need - mine_freed)
     # Each victim against the other queue's share just before and just after it, in every order
     # the record's victims could be taken in (Kueue's S2-b and S2-a, victim by victim).
     return all(

@@ -87,17 +87,16 @@ def test_a_queue_within_its_nominal_keeps_its_jobs() -> None:
     assert state.jobs["w"].phase == "running"
 
 
-def test_a_share_counts_what_is_held_now_before_the_history_shows_it() -> None:
-    # Right after the jobs started, the queues' GPU time is near nothing, but what they hold
-    # counts: team-a's share with b (4 + 1 - 4 = 1) is at most team-b's once v1 is gone
-    # (8 - 4 - 2 = 2), as late (``final-share-allows``). Read from the history alone, team-a's
-    # (0 + 1 - 4 = -3) would be above team-b's (0 - 4 - 2 = -6), and a queue that had just
-    # taken quota by fair share could take again before its history showed it.
+def test_a_queue_taken_from_is_judged_by_what_it_held_lately_not_this_moment() -> None:
+    # Right after the jobs started, team-b's GPU time is near nothing, though it borrows now:
+    # its share once v1 is gone is 0 - 4 - 2 = -6, below team-a's with b (which counts what it
+    # holds now: 4 + 1 - 4 = 1), and the record is refused. Late, the same record passes
+    # (``final-share-allows``): a queue that has just burst is not the first to lose it.
     state = _preempt(_world((FINAL,), at=1100.0), 1, "v1")
-    assert state.jobs["v1"].phase == "checkpointing"
+    assert state.jobs["v1"].phase == "running"
 
 
-def test_a_share_counts_what_was_held_lately_when_that_is_more() -> None:
+def test_a_queue_taken_from_keeps_its_history_when_it_holds_less_now() -> None:
     # Long after, v2 ends: team-b holds 4 (borrowing 2) but held 8 lately. By its history its
     # share once v1 is gone is 8 - 4 - 2 = 2, and team-a's with b 1: the record passes. By what
     # it holds now (4 - 4 - 2 = -2) it would not.
@@ -109,8 +108,11 @@ def test_a_share_counts_what_was_held_lately_when_that_is_more() -> None:
 
 def test_a_queue_that_took_by_fair_share_does_not_take_again_in_the_same_cycle() -> None:
     # b takes v1 by fair share (team-a 1 <= team-b 2); b2, of the same queue, asks for 4 more in
-    # the next record while v1 still checkpoints: team-a's share would be 4 + 1 + 4 - 4 = 5, above
-    # team-b's once v2 is gone too (8 - 8 - 2 = -2, and -2 + 4 = 2 before it), so it is refused.
+    # the next record while v1 still checkpoints. The stop under way counts in full on both
+    # sides: team-a's share would be 4 + 1 + 4 - 4 = 5, above team-b's once v2 is gone too
+    # (8 - 4 - 4 - 2 = -2, and 2 before it), so it is refused. Read from the histories alone,
+    # team-a's 4 + 4 - 4 = 4 would be below team-b's 8 - 2 = 6 before v2 (S2-b), and b2 would
+    # take v2 as well.
     lb = _world((FINAL, INITIAL))
     lb.submit("alice", "b", job("team-a").gpus(1)).accept("b").preempt("b", "v1")
     lb.submit("alice", "b2", job("team-a").gpus(4)).accept("b2").preempt("b2", "v2")

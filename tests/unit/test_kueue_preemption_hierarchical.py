@@ -896,12 +896,13 @@ FAIR_CASES = [
             queue="a",
             gpus=4,
             # Kueue never offers b1 to fair sharing: reclaimWithinCohort (lower priority) picks
-            # the other queues' candidates, and it stops a1, a2 and a3. corral's fair sharing
-            # takes borrowers of any priority (README: the fair_sharing field), other queues'
-            # first (README: one search): b1 alone leaves a's share at 0.2 against b's 0, which
-            # less-than-or-equal-to-final-share refuses; with a2 and a3 gone too, a's is 0, at
-            # most b's, and the search spares a1, which is not needed.
-            preempted=("a2", "a3", "b1"),
+            # the other queues' candidates. corral's fair sharing takes borrowers of any priority
+            # (README: the fair_sharing field), and less-than-initial-share alone would take b1
+            # (a's share 0.2 against b's 40); less-than-or-equal-to-final-share comes first. b1
+            # gone leaves b's share, read from its history, just below 0 (b1 has held 4 GPUs for
+            # 30 half-lives, not for ever), and a's is at least 0 with any of its own jobs left:
+            # that strategy finds a's own jobs alone, so the answer is Kueue's.
+            preempted=("a1", "a2", "a3"),
         ),
         id="forced to preempt within clusterqueue because borrowing workload too important",
     ),

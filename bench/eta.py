@@ -152,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--nodes", type=int, default=philly.NODES)
     ap.add_argument("--start", default=philly.START)
     ap.add_argument("--estimates", choices=("learned", "given"), default="learned")
+    ap.add_argument(
+        "--pool", type=float, default=philly.POOL, help="share of each team's entitlement held in the cohort"
+    )
     ap.add_argument("--trace", default=None, help="philly.csv (default: the shared traces)")
     ap.add_argument(
         "--horizon", type=float, default=eta.HORIZON_S / 3600, help="hours a forecast looks ahead"
@@ -241,12 +244,14 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--workers must be at least 1, not {args.workers}")
     if args.sample < 1:
         ap.error(f"--sample must be at least 1, not {args.sample}")
+    if not 0.0 <= args.pool < 1.0:
+        ap.error(f"--pool must be a share from 0 up to 1, not {args.pool}")
     if not 0.0 <= args.resolution < math.inf:
         ap.error(f"--resolution must be a fraction of 0 or more, not {args.resolution}")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     t0 = time.perf_counter()
     sliced = philly.load_slice(trace.find(args.trace), args.start, args.jobs)
-    exp = philly.Experiment(tuple(sliced), args.nodes)
+    exp = philly.Experiment(tuple(sliced), args.nodes, pool=args.pool)
     jobs = [
         replace(
             j,
@@ -416,7 +421,8 @@ def run(
                 row |= dict(forecast=at, naive=naive[i], estimate=estimate.get(i), work=st.work_s)
                 f.write(json.dumps(row) + "\n")
     lines = [
-        f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, estimates {estimates}; "
+        f"Philly slice: {len(jobs)} jobs, {exp.nodes} x {philly.GPUS_PER_NODE} GPUs, {exp.pool:g} of each "
+        f"team's entitlement pooled, estimates {estimates}; "
         f"{len(points)} forecast points, forecasts took {forecast_s:.0f} s in all ({workers} processes)",
         f"horizon {horizon_s / 3600:g} h, deciding at most every {resolution:g} of the time simulated, "
         f"waiting jobs forecast again every {every_s / 60:g} min, "

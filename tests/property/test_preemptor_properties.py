@@ -48,7 +48,15 @@ from corral.events.queues import (
 from corral.projections import claims, indexes, quota
 from corral.projections.fold import apply_event
 from corral.projections.placement.stack import PlacerConfig
-from corral.projections.preemption import Shares, asks, fair_allows, planning_ledger, protected
+from corral.projections.preemption import (
+    Shares,
+    asks,
+    below_nominal,
+    fair_allows,
+    least_given,
+    planning_ledger,
+    protected,
+)
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import WHOLE, JobState, State
 from corral.services.admission.decide import decide as admission
@@ -676,7 +684,9 @@ def test_a_job_within_its_nominal_never_waits_for_a_lower_priority_one(w: World)
     # The first job the preemptor searches for, if it is queued, its queue stays within its
     # nominal with it and quota blocks it: when stopping every lower-priority job its queue's
     # policy allows (its own queue's, and other queues' that hold what its side lent) would let
-    # it fit, quota and GPUs, the preemptor proposes a preemption for it.
+    # it fit, quota and GPUs, and leaves no other queue short of its nominal by a whole job
+    # (``preemption.below_nominal``: its nominal stays guaranteed too), the preemptor proposes
+    # a preemption for it.
     state, now = w.state, w.time
     first = beneficiaries(state, now)  # the preemptor's order: nobody is searched for before it
     if not first or first[0].phase != "queued":
@@ -701,12 +711,20 @@ def test_a_job_within_its_nominal_never_waits_for_a_lower_priority_one(w: World)
 
     room = copy.deepcopy(ledger)
     scratch = copy.deepcopy(state)
+    least: dict[str, int] = {}  # per other queue, the least one of its stopped jobs frees
     for v in [j for j in state.jobs.values() if allowed(j)]:
         for key, milli in quota.holding(v):
             room.charge(v.spec.queue, key, -milli)
+            if v.spec.queue != q and key == ANY and v.admission is not None:
+                n = v.admission.replicas  # a running elastic job's piece is one of its workers
+                one = least_given(v, milli // n, n)
+                least[v.spec.queue] = min(least.get(v.spec.queue, one), one)
         claims.release(scratch, scratch.jobs[v.id])
     per = h.spec.resources.gpus
     if not room.fits(q, ANY, need) or _first_fit(scratch, quota.min_replicas(h.spec), per) is None:
+        return
+    if any(below_nominal(room, other, ANY, one) for other, one in least.items()):
+        event("only stopping work within another queue's nominal would let it in")
         return
     event("stopping lower-priority work would let it in")
     assert h.id in {p.beneficiary for p in plan(state, now, PreemptorConfig(max_beneficiaries=1))}

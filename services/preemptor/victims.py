@@ -691,13 +691,14 @@ def _remove(
                 u = removed[j][0]
                 removed[j] = (u, sim.release(u.job, u.holder.key, u.holder.per_worker, u.rank))
             lo = mid
-    while not allowed():
+    if not allowed():
         # Under fair sharing a victim taken early and not needed in the end (a small job of the
         # queue with the highest share) can be what makes the set unfair: spare what can be
-        # spared first, keeping the gang fitting, and take more only if that is not enough.
-        removed = _fill_back(sim, removed, lambda: fits() and allowed())
-        if allowed():
-            break
+        # spared first, the set allowed (a look at the shares) and the gang still fitting, and
+        # take more only if that is not enough. Once, from the shortest prefix that fits: a
+        # gang search per victim spared or not.
+        removed = _fill_back(sim, removed, lambda: allowed() and fits())
+    while not allowed():
         if not take():
             _restore_all(sim, removed)
             return None

@@ -146,6 +146,15 @@ class Shares:
         held = self.ledger.used(queue, key) + unheld
         return self._over(queue, key, max(self._history(queue, key) + change, held))
 
+    def beneficiary(self, job: JobState, key: str, need: int, freed: int) -> float:
+        """The share of ``job``'s queue (``taker``) with ``job`` admitted and ``freed`` milli-GPU
+        of its own queue's victims gone; ``need``: what of its admission the ledger does not
+        hold yet (a queued job's whole demand, or 0 where a stop under way for it is charged
+        there already; 0 for an admitted one, whose admission the ledger holds)."""
+        queued = job.phase == "queued" or job.admission is None
+        ask = need if queued else asks(self.state, self.ledger, job, key)
+        return self.taker(job.spec.queue, key, ask - freed, need - freed)
+
     def _history(self, queue: str, key: str) -> float:
         pending = self.ledger.used(queue, key) - self.state.quota_held.get(queue, {}).get(key, 0)
         return self.past(queue, key) + pending
@@ -366,9 +375,7 @@ def may_stop(
     fair: dict[str, bool] = {}
     if policy.fair_sharing and key is not None and ledger.has_queue(queue):
         shares = Shares(state, ledger, now)  # read before the record's victims are charged
-        mine_freed = freed.get(queue, 0)
-        ask = 0 if beneficiary.id in waiting else asks(state, ledger, beneficiary, key)  # else held
-        mine = shares.taker(queue, key, ask - mine_freed, need - mine_freed)
+        mine = shares.beneficiary(beneficiary, key, need, freed.get(queue, 0))
         for other, gone in freed.items():
             if other != queue and ledger.has_queue(other):
                 fair[other] = shares.may_take(policy.fair_sharing, mine, other, key, gone, least[other])

@@ -293,8 +293,7 @@ def candidates(
             )
             if h.key == key and h.job.id not in taken
         )
-        ask = preemption.asks(shares.state, ledger, b, key)
-        mine = shares.taker(queue, key, ask - spared, target.need - spared)
+        mine = shares.beneficiary(b, key, target.need, spared)
 
     def fair(h: Holder) -> bool:
         if shares is None or key is None or h.key != key:
@@ -442,6 +441,7 @@ class Simulation:
         q, key = target.job.spec.queue, target.key
         freed = self._freed(key, before) if key is not None else {}  # per queue, of ``key``
         rules = self.rules
+        mine: float | None = None  # the beneficiary's queue's share, once a victim needs it
         if key is not None and any(
             other != q and rules.has_queue(other) and preemption.below_nominal(rules, other, key, piece, gone)
             for other, (gone, _, piece) in freed.items()
@@ -465,12 +465,10 @@ class Simulation:
                 continue
             if key is None or not policy.fair_sharing:
                 return False
-            shares = self.shares
-            mine_freed = freed.get(q, (0, 0, 0))[0]
-            ask = preemption.asks(self.state, rules, target.job, key)
-            mine = shares.taker(q, key, ask - mine_freed, target.need - mine_freed)
+            if mine is None:  # the beneficiary's side is the same against every victim
+                mine = self.shares.beneficiary(target.job, key, target.need, freed.get(q, (0, 0, 0))[0])
             gone, least, _ = freed.get(other, (0, 0, 0))
-            fair = shares.may_take(policy.fair_sharing, mine, other, key, gone, least)
+            fair = self.shares.may_take(policy.fair_sharing, mine, other, key, gone, least)
             if not judge(fair=fair):
                 return False
         return True

@@ -50,7 +50,6 @@ from corral.projections.fold import apply_event
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.preemption import (
     Shares,
-    asks,
     below_nominal,
     fair_allows,
     least_given,
@@ -393,8 +392,7 @@ def _shares_fairly(
                 freed.setdefault(job.spec.queue, []).append(milli)
     shares = Shares(state, room, now)
     bq = b.spec.queue
-    mine_freed = sum(freed.get(bq, ()))
-    mine = shares.taker(bq, ANY, asks(state, room, b, ANY) - mine_freed, need - mine_freed)
+    mine = shares.beneficiary(b, ANY, need, sum(freed.get(bq, ())))
     # Each victim against the other queue's share just before and just after it, in every order
     # the record's victims could be taken in (Kueue's S2-b and S2-a, victim by victim).
     return all(

@@ -60,11 +60,17 @@ class Victim(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
 
 
 class PreemptionRequested(Decision, frozen=True, kw_only=True):
-    """Ask ``victims`` to checkpoint by ``deadline`` (a log time) and stop, for ``beneficiary``."""
+    """Ask ``victims`` to checkpoint by ``deadline`` (a log time) and stop, for ``beneficiary``.
+
+    With ``moves``, a consolidation: the victims are stopped only to run elsewhere, so that an
+    admitted beneficiary's gang fits where they were; ``moves`` is the layout that shows it (the
+    beneficiary's placement first, then one per victim), which the fold checks against the
+    nodes as they stand. The victims are requeued and placed again as any stopped job is."""
 
     beneficiary: str
     victims: tuple[Victim, ...]
     deadline: float
+    moves: tuple[Placement, ...] = ()
 
 
 class ShrinkRequested(Decision, frozen=True, kw_only=True):

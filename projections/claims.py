@@ -6,8 +6,9 @@ jobs holding GPUs on each node."""
 
 from __future__ import annotations
 
+import copy
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -349,6 +350,48 @@ def release(state: State, job: JobState) -> None:
             if c.mig is not None:
                 _release_mig(gpu, c.mig, job_id)
     indexes.hold(state, job, None)
+
+
+def claimed(placement: Placement | None) -> frozenset[tuple[str, int]]:
+    """The GPUs a placement claims, by node and index (none for None)."""
+    if placement is None:
+        return frozenset()
+    return frozenset((w.node, c.gpu) for w in placement.workers for c in w.gpus)
+
+
+def relayout(
+    nodes: Mapping[str, NodeState],
+    seq: int,
+    gone: Sequence[JobState] = (),
+    shrunk: Sequence[tuple[JobState, int]] = (),
+    placed: Sequence[tuple[JobState, Placement]] = (),
+) -> State:
+    """The nodes a change of layout touches, as they would stand after it: copies of them (from
+    ``nodes``) with the jobs ``gone`` holding nothing, each ``shrunk`` job holding only its first
+    ranks, then each of ``placed`` checked and taken in order. Raise ClaimError at the first
+    placement that does not hold. ``nodes`` is never touched. The fold judges a preemption that
+    moves jobs by it, and the preemptor checks its proposals with it before it makes them."""
+    names = {w.node for job in gone if job.held is not None for w in job.held.workers}
+    names |= {w.node for job, _ in shrunk if job.held is not None for w in job.held.workers}
+    names |= {w.node for _, p in placed for w in p.workers}
+    trial = State(seq=seq, nodes={})
+    for name in sorted(names):
+        src = nodes.get(name)
+        if src is not None:
+            trial.nodes[name] = copy.deepcopy(src)
+    for job in gone:
+        release(trial, msgspec.structs.replace(job))
+    for job, keep in shrunk:
+        assert job.held is not None
+        shadow = msgspec.structs.replace(job)
+        release(trial, shadow)
+        kept = tuple(w for w in job.held.workers if w.rank < keep)
+        take(trial, shadow, Placement(job.id, job.attempt, kept))
+    for job, placement in placed:
+        shadow = msgspec.structs.replace(job, held=None)
+        check(trial, shadow, placement)
+        take(trial, shadow, placement)
+    return trial
 
 
 def grow(state: State, job: JobState, placement: Placement) -> None:

@@ -1,6 +1,7 @@
 """The fold's arbitration of the placer's and the preemptor's proposals: placements (a gang's
 GPUs taken whole or not at all, or the ranks a grown elastic job adds), unschedulable reasons,
-preemptions and shrinks of elastic jobs (only of jobs that may give way to the beneficiary).
+preemptions and shrinks of elastic jobs (only of jobs that may give way to the beneficiary), and
+consolidations (jobs stopped to run elsewhere, only where the layout they name holds).
 """
 
 from __future__ import annotations
@@ -92,7 +93,12 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         if job.phase not in ("placed", "starting", "running"):
             raise voided(ev.beneficiary, f"victim {v.job_id} is {job.phase}")
         victims.append(job)
-    why = preemption.may_stop(state, victims, beneficiary, ctx.time)
+    if ev.moves:
+        why = preemption.may_move(state, victims, beneficiary, ctx.time, ev.moves)
+        what = f"moved to make room for {ev.beneficiary}"
+    else:
+        why = preemption.may_stop(state, victims, beneficiary, ctx.time)
+        what = f"preempted for {ev.beneficiary}"
     if why is not None:
         raise voided(ev.beneficiary, f"victim {why}")
     for job in victims:
@@ -103,7 +109,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         job.stopped_for = stopped_for(job, beneficiary)
         add_victim(beneficiary, job)
         job.preempt_deadline = log_deadline(ctx, ev.now, ev.deadline)
-        job.reasons = (Reason("preempted", f"preempted for {ev.beneficiary}"),)
+        job.reasons = (Reason("preempted", what),)
         indexes.explain(state, job)
         if not job.live:
             move(state, job, "stop", ctx)

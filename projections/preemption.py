@@ -42,8 +42,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from corral.events.decisions import Placement
 from corral.events.queues import DEFAULT_PREEMPTION, FairSharingStrategy, PreemptionPolicy
-from corral.projections import gpu_time, indexes, quota, thrash
+from corral.projections import claims, gpu_time, indexes, quota, thrash
 from corral.projections.lifecycle import Phase
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, JobState, State
@@ -409,6 +410,71 @@ def may_stop(
         for other, one in piece.items():
             if other != queue and ledger.has_queue(other) and below_nominal(ledger, other, key, one):
                 return f"queue {other} would give back more than it borrows: it would end below its nominal"
+    return None
+
+
+def borrows(ledger: Ledger, job: JobState) -> bool:
+    """Whether ``job``'s queue holds more than its own nominal quota on the key the job's
+    admission is charged on (the job counted), as ``ledger`` reads it."""
+    key = charged_key(ledger, job)
+    return key is not None and ledger.borrowing_height(job.spec.queue, key, 0) > 0
+
+
+def movable(ledger: Ledger, victim: JobState, beneficiary: JobState) -> bool:
+    """The queue part of whether ``victim`` may be moved for ``beneficiary``: a beneficiary whose
+    queue borrows moves only jobs of its own queue or of queues that borrow too, never a lender's
+    work within its nominal for work the lenders may take back."""
+    same = victim.spec.queue == beneficiary.spec.queue
+    return same or not borrows(ledger, beneficiary) or borrows(ledger, victim)
+
+
+def may_move(
+    state: State, victims: Sequence[JobState], beneficiary: JobState, now: float, moves: Sequence[Placement]
+) -> str | None:
+    """Why the fold may not let ``victims`` be stopped to move them elsewhere, so that
+    ``beneficiary``'s gang fits where they were (a consolidation); None if it may. Each victim
+    may be preempted at ``now`` (its spec, its class and the anti-thrash guards), has no higher
+    priority than the beneficiary, and was never stopped for it nor it for them; the beneficiary
+    holds its admission and no GPUs (it waits only for room, not for quota: a move gives no quota
+    to anyone), and if its queue borrows, each victim is of its own queue or of one that borrows
+    too (``movable``: a lender's work within its nominal is not restarted for work the lenders
+    may take back); and ``moves``, the beneficiary's placement
+    then one for each victim, hold on the nodes as they stand with the victims gone, each victim
+    somewhere it was not. Any queue's
+    jobs may be moved: the queues' policies are about whose work may be stopped for whose
+    quota, and a move takes no one's quota, only a restart from the last checkpoint."""
+    if beneficiary.phase != "admitted" or beneficiary.held is not None:
+        return f"{beneficiary.id} does not wait for room with its admission held"
+    ledger = planning_ledger(state)
+    for victim in victims:
+        if not movable(ledger, victim, beneficiary):
+            return f"{beneficiary.id} borrows: it does not move {victim.id} of a queue within its nominal"
+    for victim in victims:
+        why = protected(state, victim, now)
+        if why is not None:
+            return why
+        if victim.priority > beneficiary.priority:
+            return f"{victim.id} has a higher priority than {beneficiary.id}: it is not moved for it"
+        before = stopped_before(victim, beneficiary)
+        if before is not None:
+            first, second = before
+            return f"{victim.id}: {first} was stopped for {second} before; not again between the two"
+    jobs = {v.id: v for v in victims}
+    if (
+        not moves
+        or moves[0].job_id != beneficiary.id
+        or moves[0].attempt != beneficiary.attempt
+        or sorted(p.job_id for p in moves[1:]) != sorted(jobs)
+    ):
+        return "a move names the beneficiary's placement first, then one for each victim"
+    placed = [(beneficiary, moves[0]), *((jobs[p.job_id], p) for p in moves[1:])]
+    for victim, p in placed[1:]:
+        if claims.claimed(p) == claims.claimed(victim.held):
+            return f"{victim.id} would be moved to where it is"
+    try:
+        claims.relayout(state.nodes, state.seq, victims, (), placed)
+    except claims.ClaimError as e:
+        return f"the moves do not fit: {e}"
     return None
 
 

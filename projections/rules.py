@@ -93,4 +93,8 @@ from __future__ import annotations
 #    shrinking already (``preemption.least_given``): one placed or shrinking is stopped whole.
 # 25: of the fair shares, only the beneficiary's queue's counts what it holds now where that
 #    is more than its history (``Shares.taker``); a victim's queue is judged by its history.
-RULES = 25
+# 26: a preemption may move its victims (``PreemptionRequested.moves``, a consolidation): any
+#    queue's preemptible jobs of no higher priority (for a borrower, of its own queue or of
+#    queues that borrow too), for an admitted beneficiary that waits for room, where the layout
+#    the record names holds with them gone (``preemption.may_move``).
+RULES = 26

@@ -46,11 +46,11 @@ The ``Simulation`` is the cycle's one mutable view; the State itself is never to
 
 from __future__ import annotations
 
-import copy
+import collections
 import functools
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -387,6 +387,9 @@ class Found:
     shrinks: list[tuple[JobState, int]]  # (elastic job, replicas it keeps)
     placement: Placement
     removed: _Removed = field(default_factory=list)  # (unit, ranks it gave back), in removal order
+    # A consolidation: each victim, as it holds its admission, with where it goes once stopped
+    # (``consolidate``).
+    moves: list[tuple[Target, Placement]] = field(default_factory=list)
 
 
 @dataclass
@@ -567,31 +570,21 @@ class Simulation:
     # -- the fold's arithmetic ----------------------------------------------------------------------
 
     def gate(self, target: Target, found: Found) -> claims.ClaimError | None:
-        """Check ``found`` with ``projections.claims`` on copies of the scratch nodes it touches;
-        keep the copies if it holds, so the next beneficiary is checked against them."""
-        jobs = [*found.whole, *(j for j, _ in found.shrinks)]
-        names = {w.node for j in jobs if j.held is not None for w in j.held.workers}
-        names |= {w.node for w in found.placement.workers}
-        trial = State(seq=self.state.seq, nodes={})
-        for name in sorted(names):
-            src = self.scratch.nodes.get(name)
-            if src is None:
-                src = self.state.nodes.get(name)
-            if src is not None:
-                trial.nodes[name] = copy.deepcopy(src)
-        for job in found.whole:
-            claims.release(trial, msgspec.structs.replace(job))
-        for job, keep in found.shrinks:
-            assert job.held is not None
-            shadow = msgspec.structs.replace(job)
-            claims.release(trial, shadow)
-            kept = tuple(w for w in job.held.workers if w.rank < keep)
-            claims.take(trial, shadow, Placement(job.id, job.attempt, kept))
+        """Check ``found`` with ``projections.claims`` on copies of the scratch nodes it touches
+        (the fold's own arithmetic, ``claims.relayout``): the victims gone, the shrunk jobs on
+        the ranks they keep, the beneficiary placed, then each moved job in its new place. Keep
+        the copies if it holds, so the next beneficiary is checked against them."""
+        placed = [(target.job, found.placement), *((t.job, p) for t, p in found.moves)]
         try:
-            claims.check(trial, target.job, found.placement)
+            trial = claims.relayout(
+                collections.ChainMap(self.scratch.nodes, self.state.nodes),
+                self.state.seq,
+                found.whole,
+                found.shrinks,
+                placed,
+            )
         except claims.ClaimError as e:
             return e
-        claims.take(trial, msgspec.structs.replace(target.job), found.placement)
         self.scratch.nodes.update(trial.nodes)
         return None
 
@@ -751,10 +744,49 @@ def _found(removed: _Removed, placement: Placement) -> Found:
     return Found(list(whole.values()), shrinks, placement, removed)
 
 
+def consolidate(sim: Simulation, target: Target, units: Sequence[Unit], most: int) -> Found | None:
+    """Room for an admitted ``target`` the free GPUs would hold but for how they are scattered
+    (KAI's consolidation): the fewest of ``units`` (whole jobs) whose removal lets its gang fit,
+    at most ``most``, such that once it is placed each of them fits again elsewhere, each
+    placed by the placer's own search in turn; the beneficiary and the moved jobs placed on the
+    snapshot. None (and the snapshot as it was) if there is no such set, or if a job would go
+    back where it was."""
+    removed = _remove(sim, target, units, lambda: sim.fits(target), lambda: True)
+    if removed is None:
+        return None
+    removed = _fill_back(sim, removed, lambda: sim.fits(target))
+    placed = sim.place(target) if len(removed) <= most else None
+    if placed is None:
+        _restore_all(sim, removed)
+        return None
+    moves: list[tuple[Target, Placement]] = []
+    # The largest first: the small ones fit in what the large ones leave.
+    for u, _ in sorted(removed, key=lambda r: (-gpus_held(sim.state, r[0].job), r[0].job.id)):
+        mover = admitted_target(sim.ledger, u.job)
+        again = sim.place(mover)
+        if again is None or claims.claimed(again) == claims.claimed(u.job.held):
+            if again is not None:
+                sim.unplace(mover, again)
+            _unmove(sim, moves)
+            sim.unplace(target, placed)
+            _restore_all(sim, removed)
+            return None
+        moves.append((mover, again))
+    found = _found(removed, placed)
+    found.moves = moves
+    return found
+
+
+def _unmove(sim: Simulation, moves: list[tuple[Target, Placement]]) -> None:
+    for mover, again in reversed(moves):
+        sim.unplace(mover, again)
+
+
 def commit(sim: Simulation, target: Target, found: Found) -> claims.ClaimError | None:
     """Keep ``found`` in the simulation if the fold's arithmetic agrees; else undo it."""
     error = sim.gate(target, found)
     if error is not None:
+        _unmove(sim, found.moves)
         sim.unplace(target, found.placement)
         _restore_all(sim, found.removed)
         return error

@@ -267,6 +267,7 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
     # victims gone and its queued beneficiary admitted.
     room = planning_ledger(state)
     for p in plans:
+        before_record = copy.deepcopy(room)
         b = state.jobs[p.beneficiary]
         bq = b.spec.queue
         policy = state.queues[bq].preemption
@@ -296,6 +297,20 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
                     -milli * (elastic.admission.replicas - s.replicas) // elastic.admission.replicas,
                 )
         reclaims = room.used(bq, ANY) + need <= room.nominal(bq, ANY)  # with every victim gone
+        if p.moves:
+            # A consolidation: an admitted beneficiary waiting for room, its victims of no higher
+            # priority, each moved elsewhere; a borrower's only of its own or borrowing queues.
+            assert b.phase == "admitted" and b.held is None and not p.shrinks
+            assert [m.job_id for m in p.moves] == [b.id, *(m.job_id for m in p.moves[1:])]
+            assert p.moves[0] == p.placement
+            assert sorted(m.job_id for m in p.moves[1:]) == sorted(v.job_id for v in p.victims)
+            borrows = before_record.used(bq, ANY) > before_record.nominal(bq, ANY)
+            for v in p.victims:
+                job = state.jobs[v.job_id]
+                q = job.spec.queue
+                assert job.priority <= b.priority
+                assert not borrows or q == bq or before_record.used(q, ANY) > before_record.nominal(q, ANY)
+            continue
         for v in p.victims:
             job = state.jobs[v.job_id]
             lower = job.priority < b.priority
@@ -346,6 +361,11 @@ def check_cycle(state: State, now: float, config: PreemptorConfig) -> list[Event
             )
         claims.check(scratch, b, p.placement)
         claims.take(scratch, msgspec.structs.replace(b), p.placement)
+        for m in p.moves[1:]:  # each moved job fits where it goes, somewhere it was not
+            moved = msgspec.structs.replace(state.jobs[m.job_id], held=None)
+            assert claims.claimed(m) != claims.claimed(state.jobs[m.job_id].held)
+            claims.check(scratch, moved, m)
+            claims.take(scratch, moved, m)
     # The fold accepts every proposal.
     folded = copy.deepcopy(state)
     before = folded.rejected_total
@@ -463,6 +483,11 @@ def test_elastic_shrinks_keep_the_same_guarantees(w: World) -> None:
             )
         claims.check(scratch, b, p.placement)
         claims.take(scratch, msgspec.structs.replace(b), p.placement)
+        for m in p.moves[1:]:  # each moved job fits where it goes, somewhere it was not
+            moved = msgspec.structs.replace(w.state.jobs[m.job_id], held=None)
+            assert claims.claimed(m) != claims.claimed(w.state.jobs[m.job_id].held)
+            claims.check(scratch, moved, m)
+            claims.take(scratch, moved, m)
 
 
 @st.composite

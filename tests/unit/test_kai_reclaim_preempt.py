@@ -1,10 +1,11 @@
-"""KAI-Scheduler's reclaim and preempt tables, as corral answers them.
+"""KAI-Scheduler's reclaim, preempt and consolidation tables, as corral answers them.
 
 The cases come from NVIDIA/KAI-Scheduler, ``pkg/scheduler/actions/``: ``reclaim/reclaim_test.go``,
 ``reclaim/reclaimGang_test.go``, ``reclaim/reclaim_elastic_test.go``,
 ``integration_tests/reclaim/reclaim_test.go``, ``preempt/preempt_test.go``,
-``preempt/preempt_elastic_test.go`` and ``integration_tests/preempt/preempt_test.go``, in their
-files' order, each under its KAI name, which its test id spells; each case names its file.
+``preempt/preempt_elastic_test.go``, ``integration_tests/preempt/preempt_test.go`` and
+``consolidation/consolidation_test.go``, in their files' order, each under its KAI name, which its
+test id spells; each case names its file.
 
 Translation. A KAI node is a node with as many GPUs. A KAI queue is a corral queue whose nominal
 quota (key ``"*"``) is its deserved GPUs; a limit (MaxAllowedGPUs) is that nominal plus a borrowing
@@ -62,6 +63,15 @@ Left out, and why:
   queue1 is under quota, yet we don't reclaim because allocate will case a loop (this is a bug
   in allocate)".
 - Nothing to decide: integration preempt's "No jobs pending - don't preempt".
+- What KAI's consolidation action alone leaves pending and corral's placer places at once (it
+  fits as things are): consolidation_test's "2 jobs running on different nodes - verify build job
+  allocation isn't handled by consolidation".
+- What the translation cannot say: consolidation_test's "2 jobs of 0.5 task running on different
+  GPUs, 1 job of 1 gpus is pending" (which GPU each fraction runs on: the translation puts a
+  fraction on the first GPU with room), "MPI jobs consolidation" (tasks of one job asking
+  different GPUs: a corral gang's ranks share one ask) and "Required topology with multiple
+  levels - job pipelined as no available rack can be found unless consolidate" (the translation's
+  nodes carry no rack labels).
 - Ties: reclaim_test's "2 train job of 1 GPUs from queue0 running on node0 with deserved of 1, 1
   pending build job of 2 GPUs from queue1 with deserved of 1 - don't reclaim" (both queues'
   shares are exactly 1 either way, which a decayed history decides by rounding, not by rule).
@@ -175,6 +185,7 @@ INTEGRATION = KAI + "integration_tests/reclaim/reclaim_test.go"
 PREEMPT = KAI + "preempt/preempt_test.go"
 PREEMPT_ELASTIC = KAI + "preempt/preempt_elastic_test.go"
 PREEMPT_INTEGRATION = KAI + "integration_tests/preempt/preempt_test.go"
+CONSOLIDATION = KAI + "consolidation/consolidation_test.go"
 
 # Every queue's policy: KAI's preempt (the queue's own lower-priority jobs) and reclaim (what the
 # queue deserves, whatever the priority; above it, by fair share; never by priority across queues).
@@ -188,13 +199,6 @@ ROOT = "cluster"  # KAI's default department, and what holds the departments
 NO_WEIGHT = 0.001  # KAI's over-quota weight 0: no share of the surplus; corral's must be positive
 HALF_LIFE_S = 600.0
 RAN_S = 7200.0  # how long the running jobs ran: twelve half-lives, so a share reads what is held
-
-# What looks like a fault of corral's (the module docstring says how each case is read).
-NO_CONSOLIDATION = pytest.mark.xfail(
-    strict=True,
-    reason="a queue within its nominal waits while free GPUs enough for it are scattered over the "
-    "nodes: corral never moves a running job that no rule lets it stop (KAI moves it)",
-)
 
 
 @dataclass(frozen=True)
@@ -612,7 +616,6 @@ CASES = [
             (run("q0_job0", "queue0", 2, N0), run("q0_job1", "queue0", 1, N1), wait("q1_job0", "queue1", 2)),
             {"q0_job0": "runs", "q0_job1": "moved", "q1_job0": "placed"},
         ),
-        NO_CONSOLIDATION,
     ),
     # Either half-GPU job frees the room. corral takes first from the queue whose share is
     # the highest (README, fair sharing: Kueue's order), and queue0's job has run a minute
@@ -1095,6 +1098,274 @@ CASES = [
                 wait("pending_job0", "queue0", 4, priority=BUILD),
             ),
             {"running_job0": "runs", "running_job1": "runs", "running_job2": "runs", "pending_job0": "waits"},
+        ),
+    ),
+]
+
+
+# -- consolidation/consolidation_test.go ------------------------------------------------------------
+CASES += [
+    _case(
+        "2 jobs of 1 task running on different GPUs, two pending jobs, only first can be consolidated",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 4},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 2, N0),
+                run("running_job1", "queue0", 2, N1),
+                wait("pending_job0", "queue0", 3),
+                wait("pending_job1", "queue0", 2),
+            ),
+            {
+                "running_job0": "runs",
+                "running_job1": "moved",
+                "pending_job0": "placed",
+                "pending_job1": "waits",
+            },
+        ),
+    ),
+    _case(
+        "2 jobs of 2 & 1 GPUs running, two pending jobs, only second can be consolidated",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 4},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 2, N0),
+                run("running_job1", "queue0", 1, N1),
+                run("running_job2", "queue0", 2, N1),
+                wait("pending_job0", "queue0", 2, tasks=2),
+                wait("pending_job1", "queue0", 3),
+            ),
+            {
+                "running_job0": "runs",
+                "running_job1": "runs",
+                "running_job2": "moved",
+                "pending_job0": "waits",
+                "pending_job1": "placed",
+            },
+        ),
+    ),
+    # The pending job of 5 GPUs on one task fits no node of 4: corral refuses it at submission.
+    _case(
+        "2 jobs of 1 task running on different GPUs, 2 pending jobs, only second can be consolidated",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 4},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 2, N0),
+                run("running_job1", "queue0", 2, N1),
+                wait("pending_job0", "queue0", 5),
+                wait("pending_job1", "queue0", 3),
+            ),
+            {
+                "running_job0": "runs",
+                "running_job1": "moved",
+                "pending_job0": "waits",
+                "pending_job1": "placed",
+            },
+        ),
+    ),
+    _case(
+        "2 jobs of 1 task running on different GPUs, two pending jobs - can't Consolidate",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 4},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 3, N0),
+                run("running_job1", "queue0", 3, N1),
+                wait("pending_job0", "queue0", 2),
+                wait("pending_job1", "queue0", 2),
+            ),
+            {
+                "running_job0": "runs",
+                "running_job1": "runs",
+                "pending_job0": "waits",
+                "pending_job1": "waits",
+            },
+        ),
+    ),
+    _case(
+        "2 jobs of 1 task running on different GPUs, 1 job of 3 gpus is pending - can't Consolidate",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 4},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 3, N0),
+                run("running_job1", "queue0", 3, N1),
+                wait("pending_job0", "queue0", 3),
+            ),
+            {"running_job0": "runs", "running_job1": "runs", "pending_job0": "waits"},
+        ),
+    ),
+    _case(
+        "3 jobs are running on different GPUs, 1 job pending - Consolidate and verify not all preemptors are "
+        "evicted as well",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 4},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 3, N0),
+                run("running_job1", "queue0", 1, N1),
+                run("running_job2", "queue0", 2, N1),
+                wait("pending_job0", "queue0", 2),
+            ),
+            {
+                "running_job0": "runs",
+                "running_job1": "moved",
+                "running_job2": "runs",
+                "pending_job0": "placed",
+            },
+        ),
+    ),
+    _case(
+        "2 build jobs are running on different GPUs - never consoliate",
+        Case(
+            CONSOLIDATION,
+            {N0: 2, N1: 2},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 1, N0, priority=BUILD),
+                run("running_job1", "queue0", 1, N1, priority=BUILD),
+                wait("pending_job0", "queue0", 2, priority=BUILD),
+            ),
+            {"running_job0": "runs", "running_job1": "runs", "pending_job0": "waits"},
+        ),
+    ),
+    # KAI runs its consolidation action alone here; corral's services all decide, and fair sharing
+    # (as in the reclaim tables) lets queue0, at its deserved GPU, take queue1's job on node0 for
+    # its pending one: both queues then hold one GPU over what they deserve.
+    _case(
+        "2 queues with different share, pending job will attempt to reallocate before the reallocated "
+        "jobs, 2 running jobs from queue1, 1 pending job from queue0 - don't consolidate",
+        Case(
+            CONSOLIDATION,
+            {N0: 2, N1: 2},
+            (_q("queue0", 1), _q("queue1", 1)),
+            (
+                run("running_job0", "queue0", 1, N0),
+                run("running_job1", "queue1", 1, N0),
+                run("running_job2", "queue1", 2, N1),
+                wait("pending_job0", "queue0", 1),
+            ),
+            {
+                "running_job0": "runs",
+                "running_job1": "stopped",
+                "running_job2": "runs",
+                "pending_job0": "placed",
+            },
+        ),
+    ),
+    _case(
+        "2 queues with different share, pending job will attempt to reallocate before the reallocated "
+        "jobs - 1 running job from queue0, 2 running jobs from queue1, 1 pending job from queue0 - "
+        "consolidate",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 4},
+            (_q("queue0", 1), _q("queue1", 1)),
+            (
+                run("running_job0", "queue0", 2, N0),
+                run("running_job1", "queue1", 1, N0),
+                run("running_job2", "queue1", 3, N1),
+                wait("pending_job0", "queue0", 2),
+            ),
+            {
+                "running_job0": "runs",
+                "running_job1": "moved",
+                "running_job2": "runs",
+                "pending_job0": "placed",
+            },
+        ),
+    ),
+    _case(
+        "2 jobs of 1 task running on different GPUs, 1 task is preemptible interactive job, 1 job of 2 "
+        "gpus is pending - consolidate without killing the preemptible interactive",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 4},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 2, N0),
+                run("running_job1", "queue0", 2, N1, priority=INTERACTIVE),
+                wait("pending_job0", "queue0", 3),
+            ),
+            {"running_job0": "moved", "running_job1": "runs", "pending_job0": "placed"},
+        ),
+    ),
+    # corral moves a job whole: the elastic job's two ranks go to node0 together, where KAI moves
+    # the one on node1.
+    _case(
+        "1 elastic job running on different GPUs, 1 job of 3 gpus is pending - Consolidate and run the "
+        "pending job",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 3},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 2, N0, N1, min_available=1),
+                wait("pending_job0", "queue0", 3),
+            ),
+            {"running_job0": "moved", "pending_job0": "placed"},
+        ),
+    ),
+    _case(
+        "1 elastic job running on different GPUs, 1 job of 3 gpus is pending - do not consolidate (not all "
+        "pods can stay alive)",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 3},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 2, N0, N0, N1, min_available=1),
+                wait("pending_job0", "queue0", 3),
+            ),
+            {"running_job0": "runs", "pending_job0": "waits"},
+        ),
+    ),
+    _case(
+        "jump over full nodes pods",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 4, N2: 4, N3: 4},
+            (_q("queue0", 2),),
+            (
+                run("running_job0", "queue0", 4, N0),
+                run("running_job1", "queue0", 2, N1),
+                run("running_job2", "queue0", 2, N2),
+                run("running_job3", "queue0", 4, N3),
+                wait("pending_job0", "queue0", 3),
+            ),
+            {
+                "running_job0": "runs",
+                "running_job1": "runs",
+                "running_job2": "moved",
+                "running_job3": "runs",
+                "pending_job0": "placed",
+            },
+        ),
+    ),
+    _case(
+        "1 jobs of 2 tasks that cannot sit together on the same node",
+        Case(
+            CONSOLIDATION,
+            {N0: 4, N1: 4, N2: 4, N3: 4},
+            (_q("queue0", 2),),
+            (
+                *(run(f"running_job{i}", "queue0", 1, (N0, N1, N2, N3)[i % 4]) for i in range(8)),
+                wait("pending_job0", "queue0", 3, tasks=2),
+            ),
+            {
+                **{f"running_job{i}": "runs" for i in range(6)},
+                "running_job6": "moved",
+                "running_job7": "moved",
+                "pending_job0": "placed",
+            },
         ),
     ),
 ]

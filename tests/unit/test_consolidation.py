@@ -1,0 +1,213 @@
+"""Consolidation: an admitted job that waits only because the free GPUs are scattered over the
+nodes gets room by moving preemptible work elsewhere (KAI's consolidation action). The
+preemptor proposes a ``PreemptionRequested`` whose ``moves`` show the layout after it; the fold
+checks that layout on the nodes as they stand (``preemption.may_move``) and refuses any other.
+
+The world: two 8-GPU nodes, queues ``a`` and ``b`` each within its nominal. On node-00, a1 holds
+GPUs 0-3 and a2 GPUs 4-5; on node-01, a3 holds GPUs 0-5. Two GPUs are free on each node and b1,
+admitted for 4 GPUs on one node, waits: no rule lets it stop queue a's work (a is within its
+nominal), but a2 fits on node-01's free GPUs, and then b1 fits on node-00."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.events import routing
+from corral.events import subjects as subj
+from corral.events.base import Event
+from corral.events.decisions import GpuClaim, Placement, PreemptionRequested, Victim, WorkerSlot
+from corral.events.jobs import JobSpec, Resources
+from corral.projections.fold import apply_event
+from corral.services.admission.decide import decide as admission
+from corral.services.placer.decide import decide as placer
+from corral.services.preemptor.decide import PreemptorConfig, decide, plan
+from tests.unit.test_preemptor import World
+
+N0, N1 = "node-00", "node-01"
+
+
+def _spec(queue: str, gpus: int, **kw: object) -> JobSpec:
+    return JobSpec(queue=queue, resources=Resources(gpus=gpus), **kw)  # type: ignore[arg-type]
+
+
+def _gpus(*indexes: int) -> tuple[GpuClaim, ...]:
+    return tuple(GpuClaim(i) for i in indexes)
+
+
+def world(a2_priority: int = 0, a3_gpus: int = 6) -> World:
+    w = World(nodes=2).queue("a", nominal=16).queue("b", nominal=16)
+    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
+    w.run("a2", _spec("a", 2), (N0, _gpus(4, 5)), priority=a2_priority)
+    w.run("a3", _spec("a", a3_gpus), (N1, _gpus(*range(a3_gpus))))
+    w.waiting("b1", _spec("b", 4))
+    return w.wait(600)  # past any guard
+
+
+def _move(
+    w: World, victims: tuple[str, ...], moves: tuple[Placement, ...], beneficiary: str = "b1"
+) -> str | None:
+    """Fold a consolidation; the fold's rejection message, or None if it took it."""
+    vs = tuple(Victim(v, w.state.jobs[v].attempt) for v in victims)
+    body = PreemptionRequested(
+        based_on=w.seq, now=w.time, beneficiary=beneficiary, victims=vs, deadline=w.time + 30, moves=moves
+    )
+    before = w.state.rejected_total
+    w.seq += 1
+    w.time += 1.0
+    apply_event(w.state, w.seq, subj.decision("preemptor"), body, w.time, None)
+    return w.state.rejections[-1].message if w.state.rejected_total > before else None
+
+
+def _at(w: World, job_id: str, node: str, *gpus: int) -> Placement:
+    return Placement(job_id, w.state.jobs[job_id].attempt, (WorkerSlot(0, node, _gpus(*gpus)),))
+
+
+def _emit_all(w: World, events: list[Event]) -> None:
+    for e in events:
+        w.emit(routing.subject_of(e), e)
+
+
+def test_a_job_waiting_only_for_scattered_gpus_gets_room_by_moving_a_smaller_one() -> None:
+    w = world()
+    [p] = plan(w.state, w.time)
+    assert [v.job_id for v in p.victims] == ["a2"]
+    assert [m.job_id for m in p.moves] == ["b1", "a2"]
+    assert p.moves[0] == p.placement and {s.node for s in p.placement.workers} == {N0}
+    assert {s.node for s in p.moves[1].workers} == {N1}
+    [event] = decide(w.state, w.time)
+    assert isinstance(event, PreemptionRequested) and event.moves == p.moves
+    w.emit(subj.decision("preemptor"), event)  # the fold takes it
+    a2 = w.state.jobs["a2"]
+    assert a2.phase == "checkpointing"
+    assert a2.reasons[0].message == "moved to make room for b1"
+    # The agents stop it; admission requeues and admits it again; the placer places both.
+    w.stop("a2")
+    for _ in range(3):
+        _emit_all(w, admission(w.state, w.time))
+        _emit_all(w, placer(w.state, w.time))
+    b1, a2 = w.state.jobs["b1"], w.state.jobs["a2"]
+    assert b1.phase == "placed" and b1.held is not None
+    assert {s.node for s in b1.held.workers} == {N0}
+    assert a2.phase == "placed" and a2.held is not None and {s.node for s in a2.held.workers} == {N1}
+    assert a2.attempt == 1  # stopped and placed again: a restart from its checkpoint
+    assert plan(w.state, w.time) == []
+
+
+def test_without_its_moves_the_same_stop_is_refused() -> None:
+    """Queue a is within its nominal: no preemption rule lets b1 stop a2. Only the move does."""
+    w = world()
+    why = _move(w, ("a2",), ())
+    assert why is not None and "a2" in why
+
+
+def test_the_fold_takes_the_layout_the_preemptor_would_name() -> None:
+    w = world()
+    assert _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7))) is None
+    assert w.state.jobs["a2"].phase == "checkpointing"
+
+
+def _at_b1(w: World) -> Placement:
+    return _at(w, "b1", N0, 4, 5, 6, 7)
+
+
+@pytest.mark.parametrize(
+    ("case", "victims", "moves", "refusal"),
+    [
+        # a2 put on GPUs a3 holds
+        ("onto held GPUs", ("a2",), lambda w: (_at_b1(w), _at(w, "a2", N1, 0, 1)), "do not fit"),
+        # b1 put where a1 still runs
+        (
+            "beneficiary onto held GPUs",
+            ("a2",),
+            lambda w: (_at(w, "b1", N0, 0, 1, 2, 3), _at(w, "a2", N1, 6, 7)),
+            "do not fit",
+        ),
+        # a victim without a new place
+        ("victim left out", ("a2",), lambda w: (_at_b1(w),), "one for each victim"),
+        # a layout that does not start with the beneficiary
+        (
+            "beneficiary not first",
+            ("a2",),
+            lambda w: (_at(w, "a2", N1, 6, 7), _at_b1(w)),
+            "one for each victim",
+        ),
+        # a2 back on its own GPUs
+        (
+            "moved to where it is",
+            ("a2",),
+            lambda w: (_at(w, "b1", N1, 6, 7, 0, 1), _at(w, "a2", N0, 4, 5)),
+            "where it is",
+        ),
+    ],
+)
+def test_the_fold_refuses_a_layout_that_does_not_hold(
+    case: str, victims: tuple[str, ...], moves: object, refusal: str
+) -> None:
+    w = world()
+    why = _move(w, victims, moves(w))  # type: ignore[operator]
+    assert why is not None and refusal in why, case
+    assert w.state.jobs["a2"].phase == "running"
+
+
+def test_a_higher_priority_job_is_not_moved_for_a_lower_one() -> None:
+    w = world(a2_priority=10)
+    why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
+    assert why is not None and "higher priority" in why
+    assert plan(w.state, w.time) == []
+
+
+def test_a_job_that_may_not_be_preempted_is_not_moved() -> None:
+    w = World(nodes=2).queue("a", nominal=16).queue("b", nominal=16)
+    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
+    w.run("a2", _spec("a", 2, preemptible=False), (N0, _gpus(4, 5)))
+    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
+    w.waiting("b1", _spec("b", 4))
+    w.wait(600)
+    why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
+    assert why is not None and "may not be preempted" in why
+
+
+def test_a_queued_job_gets_no_move() -> None:
+    """A move gives nobody quota: a job that waits for quota is not what it is for."""
+    w = World(nodes=2).queue("a", nominal=16).queue("b", nominal=16)
+    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
+    w.run("a2", _spec("a", 2), (N0, _gpus(4, 5)))
+    w.submit("b1", _spec("b", 4))
+    w.wait(600)
+    why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
+    assert why is not None and "admission held" in why
+
+
+def test_nothing_is_moved_where_the_moved_job_would_not_fit_elsewhere() -> None:
+    w = world(a3_gpus=7)  # one GPU free on node-01: a2's two do not fit there
+    assert plan(w.state, w.time) == []
+
+
+def test_an_operator_may_turn_consolidation_off() -> None:
+    w = world()
+    assert plan(w.state, w.time, PreemptorConfig(max_moved=0)) == []
+    assert plan(w.state, w.time, PreemptorConfig(max_moved=1)) != []
+
+
+def test_a_job_that_borrows_does_not_move_a_lenders_work() -> None:
+    """A lender's work within its nominal is not restarted for work the lenders may take back: b1
+    holds 2 GPUs of its own nominal and borrows 2 of a's. Where its own queue's b2 stands in a2's place
+    (b's nominal held by b2, all of b1 borrowed), b2 is moved for it."""
+    w = World(nodes=2).cohort("org").queue("a", nominal=14, cohort="org").queue("b", nominal=2, cohort="org")
+    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
+    w.run("a2", _spec("a", 2), (N0, _gpus(4, 5)))
+    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
+    w.waiting("b1", _spec("b", 4))
+    w.wait(600)
+    assert plan(w.state, w.time) == []
+    why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
+    assert why is not None and "borrows" in why
+    # The same with b's own job where a2 was: b2 is moved.
+    w = World(nodes=2).cohort("org").queue("a", nominal=14, cohort="org").queue("b", nominal=2, cohort="org")
+    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
+    w.run("b2", _spec("b", 2), (N0, _gpus(4, 5)))
+    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
+    w.waiting("b1", _spec("b", 4))
+    w.wait(600)
+    [p] = plan(w.state, w.time)
+    assert [v.job_id for v in p.victims] == ["b2"]

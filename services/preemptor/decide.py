@@ -291,6 +291,10 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
                 moves=(found.placement, *(p for _, p in found.moves)) if found.moves else (),
             )
         )
+        if found.moves:
+            # The moved jobs gave their quota back in the simulation and will be admitted into
+            # it again: a later search this cycle would be offered quota they are to take back.
+            break
     return plans
 
 
@@ -355,7 +359,8 @@ def _consolidate(sim: Simulation, pool: Pool, target: Target, config: PreemptorC
     time, where the least work must move first (``by_least_moved``), then all of them in that
     order. Only in a cycle whose simulation still shows the nodes as the fold holds them (no
     stop under way, none proposed before it): a move's layout is judged on the nodes as they
-    stand, where GPUs being freed for another job are still held."""
+    stand, where GPUs being freed for another job are still held. A move ends the cycle
+    (``plan``)."""
     if config.max_moved <= 0 or sim.taken:
         return None
     b = target.job

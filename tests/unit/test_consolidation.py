@@ -211,3 +211,20 @@ def test_a_job_that_borrows_does_not_move_a_lenders_work() -> None:
     w.wait(600)
     [p] = plan(w.state, w.time)
     assert [v.job_id for v in p.victims] == ["b2"]
+
+
+def test_one_move_at_a_time() -> None:
+    """Two jobs wait for room that moves would make: one move is proposed; the next waits until
+    it is done, so each is judged on the nodes as the fold holds them."""
+    w = World(nodes=3).queue("a", nominal=24).queue("b", nominal=16)
+    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
+    w.run("a2", _spec("a", 2), (N0, _gpus(4, 5)))
+    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
+    w.run("a4", _spec("a", 6), ("node-02", _gpus(*range(6))))
+    w.waiting("b1", _spec("b", 4))
+    w.waiting("b2", _spec("b", 4))
+    w.wait(600)
+    [p] = plan(w.state, w.time)
+    assert p.beneficiary == "b1" and p.moves
+    w.emit(subj.decision("preemptor"), decide(w.state, w.time)[0])
+    assert plan(w.state, w.time + 1) == []  # a2 is still checkpointing

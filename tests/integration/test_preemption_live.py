@@ -2,6 +2,8 @@
 checkpointable job running ``examples/train.py`` checkpoints when asked, stops, the urgent job
 runs on the GPUs it gave back, and the preempted job later resumes from the step it saved. On
 two nodes, only the job on the node the urgent job needs is stopped, in that cycle and after it.
+And a consolidation: a job waiting on GPUs scattered over two nodes gets its room by moving a
+checkpointing job to the other node, where it resumes from its step.
 
 Real nats-server, every service, a node agent running real processes; the order of what happened
 is read from the log (sequence numbers), never from the clock, and the replay of the log must
@@ -18,7 +20,16 @@ from corral.events.decisions import PreemptionRequested, Victim
 from corral.events.jobs import JobRequeued
 from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
 from corral.events.queues import ApplyQueue, PriorityClassSpec, QueueSpec, Quota
-from tests.integration.test_cluster_failures import LONG, checkpointed, job_spec, live, node_of, phase, train
+from tests.integration.test_cluster_failures import (
+    LONG,
+    cancel,
+    checkpointed,
+    job_spec,
+    live,
+    node_of,
+    phase,
+    train,
+)
 
 CLASSES = (PriorityClassSpec("batch", 10), PriorityClassSpec("urgent", 1000, preemptible=False))
 
@@ -92,3 +103,38 @@ async def test_only_the_job_on_the_node_the_urgent_job_needs_is_stopped(tmp_path
         assert proposed == [("urgent", (Victim("low", 0),))]
         assert (phase(s, "a2"), s.jobs["a2"].attempt) == ("running", 0)
         assert node_of(s, "urgent") == low_node
+
+
+async def test_a_job_waiting_on_scattered_gpus_gets_room_by_moving_one_that_checkpoints(
+    tmp_path: Path,
+) -> None:
+    # Two nodes, all team-a's at one priority. a3 (6 GPUs) and a hole-maker (2) fill one node;
+    # a1 (4) and mover (2, checkpointing) go on the other; the hole-maker is cancelled: two GPUs
+    # free on each node. b (4) waits for room, and no rule lets it stop a job of its own queue's
+    # priority. The preemptor moves mover to the other node's free GPUs: it checkpoints, stops,
+    # resumes there from its step, and b runs where it was.
+    sleep = ("sleep", "600")
+    async with live(tmp_path, nodes=2) as it:
+        for job_id, gpus in (("a3", 6), ("hole", 2), ("a1", 4)):
+            await it.submit(job_id, job_spec(sleep, gpus=gpus))
+            await it.until(lambda s, job_id=job_id: phase(s, job_id) == "running")
+        await it.submit("mover", job_spec(LONG, gpus=2, checkpointable=True, grace_seconds=20.0))
+        await it.until(checkpointed("mover", 100))
+        await cancel(it, "hole")
+        s = it.state
+        first_node = node_of(s, "mover")
+        assert node_of(s, "a1") == first_node != node_of(s, "a3") == node_of(s, "hole")
+        await it.submit("b", job_spec(sleep, gpus=4))
+        s = await it.until(
+            lambda s: (
+                phase(s, "b") == "running" and s.jobs["mover"].attempt == 1 and phase(s, "mover") == "running"
+            )
+        )
+        await it.watch.caught_up()
+        [(_, request)] = it.events(PreemptionRequested)
+        assert (request.beneficiary, request.victims) == ("b", (Victim("mover", 0),))
+        assert [m.job_id for m in request.moves] == ["b", "mover"]
+        assert node_of(s, "b") == first_node and node_of(s, "mover") == node_of(s, "a3")
+        [(_, requeue)] = it.events(JobRequeued, "mover")
+        assert requeue.resume_from is not None  # it goes on from its checkpoint
+        assert [(phase(s, j), s.jobs[j].attempt) for j in ("a1", "a3")] == [("running", 0)] * 2

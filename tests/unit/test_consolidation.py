@@ -34,12 +34,30 @@ def _gpus(*indexes: int) -> tuple[GpuClaim, ...]:
     return tuple(GpuClaim(i) for i in indexes)
 
 
-def world(a2_priority: int = 0, a3_gpus: int = 6) -> World:
-    w = World(nodes=2).queue("a", nominal=16).queue("b", nominal=16)
+def world(
+    a2_priority: int = 0,
+    a3_gpus: int = 6,
+    a2: JobSpec | None = None,
+    nominal: tuple[int, int] = (16, 16),
+    cohort: bool = False,
+    admitted: bool = True,
+) -> World:
+    """The module's world: queues ``a`` and ``b`` (their nominal quota, in one cohort or none);
+    a1 and a2 (``a2``: its spec, a 2-GPU job of ``a`` by default) on node-00, a3 on node-01; b1
+    admitted and waiting for room (``admitted`` False: only queued)."""
+    w = World(nodes=2)
+    if cohort:
+        w.cohort("org")
+    w.queue("a", nominal=nominal[0], cohort="org" if cohort else None)
+    w.queue("b", nominal=nominal[1], cohort="org" if cohort else None)
+    a2 = a2 or _spec("a", 2)
     w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
-    w.run("a2", _spec("a", 2), (N0, _gpus(4, 5)), priority=a2_priority)
+    w.run("b2" if a2.queue == "b" else "a2", a2, (N0, _gpus(4, 5)), priority=a2_priority)
     w.run("a3", _spec("a", a3_gpus), (N1, _gpus(*range(a3_gpus))))
-    w.waiting("b1", _spec("b", 4))
+    if admitted:
+        w.waiting("b1", _spec("b", 4))
+    else:
+        w.submit("b1", _spec("b", 4))
     return w.wait(600)  # past any guard
 
 
@@ -157,23 +175,14 @@ def test_a_higher_priority_job_is_not_moved_for_a_lower_one() -> None:
 
 
 def test_a_job_that_may_not_be_preempted_is_not_moved() -> None:
-    w = World(nodes=2).queue("a", nominal=16).queue("b", nominal=16)
-    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
-    w.run("a2", _spec("a", 2, preemptible=False), (N0, _gpus(4, 5)))
-    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
-    w.waiting("b1", _spec("b", 4))
-    w.wait(600)
+    w = world(a2=_spec("a", 2, preemptible=False))
     why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
     assert why is not None and "may not be preempted" in why
 
 
 def test_a_queued_job_gets_no_move() -> None:
     """A move gives nobody quota: a job that waits for quota is not what it is for."""
-    w = World(nodes=2).queue("a", nominal=16).queue("b", nominal=16)
-    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
-    w.run("a2", _spec("a", 2), (N0, _gpus(4, 5)))
-    w.submit("b1", _spec("b", 4))
-    w.wait(600)
+    w = world(admitted=False)
     why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
     assert why is not None and "admission held" in why
 
@@ -193,22 +202,12 @@ def test_a_job_that_borrows_does_not_move_a_lenders_work() -> None:
     """A lender's work within its nominal is not restarted for work the lenders may take back: b1
     holds 2 GPUs of its own nominal and borrows 2 of a's. Where its own queue's b2 stands in a2's place
     (b's nominal held by b2, all of b1 borrowed), b2 is moved for it."""
-    w = World(nodes=2).cohort("org").queue("a", nominal=14, cohort="org").queue("b", nominal=2, cohort="org")
-    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
-    w.run("a2", _spec("a", 2), (N0, _gpus(4, 5)))
-    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
-    w.waiting("b1", _spec("b", 4))
-    w.wait(600)
+    w = world(nominal=(14, 2), cohort=True)
     assert plan(w.state, w.time) == []
     why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
     assert why is not None and "borrows" in why
     # The same with b's own job where a2 was: b2 is moved.
-    w = World(nodes=2).cohort("org").queue("a", nominal=14, cohort="org").queue("b", nominal=2, cohort="org")
-    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
-    w.run("b2", _spec("b", 2), (N0, _gpus(4, 5)))
-    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
-    w.waiting("b1", _spec("b", 4))
-    w.wait(600)
+    w = world(a2=_spec("b", 2), nominal=(14, 2), cohort=True)
     [p] = plan(w.state, w.time)
     assert [v.job_id for v in p.victims] == ["b2"]
 

@@ -220,6 +220,16 @@ def stopped_before(victim: JobState, beneficiary: JobState) -> tuple[str, str] |
     return None
 
 
+def not_again(victim: JobState, beneficiary: JobState) -> str | None:
+    """Why ``victim`` may not be stopped for ``beneficiary`` because one of the two was stopped
+    for the other before (``stopped_before``); None if neither was."""
+    before = stopped_before(victim, beneficiary)
+    if before is None:
+        return None
+    first, second = before
+    return f"{victim.id}: {first} was stopped for {second} before; not again between the two"
+
+
 def may_stop_within(policy: PreemptionPolicy, victim_priority: int, beneficiary_priority: int) -> bool:
     """Whether ``within_queue`` lets a beneficiary stop a job of its own queue of this priority at
     all (one of equal priority only if submitted later, which ``eligible`` asks)."""
@@ -383,10 +393,9 @@ def may_stop(
     for q, k, milli in given:
         ledger.charge(q, k, -milli)
     for victim, victim_key in charged:
-        before = stopped_before(victim, beneficiary)
-        if before is not None:
-            first, second = before
-            return f"{victim.id}: {first} was stopped for {second} before; not again between the two"
+        again = not_again(victim, beneficiary)
+        if again is not None:
+            return again
         reclaims = key is not None and ledger.has_queue(queue) and ledger.within_own(
             queue, victim.spec.queue, key, need
         )  # fmt: skip
@@ -432,17 +441,16 @@ def may_move(
     state: State, victims: Sequence[JobState], beneficiary: JobState, now: float, moves: Sequence[Placement]
 ) -> str | None:
     """Why the fold may not let ``victims`` be stopped to move them elsewhere, so that
-    ``beneficiary``'s gang fits where they were (a consolidation); None if it may. Each victim
-    may be preempted at ``now`` (its spec, its class and the anti-thrash guards), has no higher
-    priority than the beneficiary, and was never stopped for it nor it for them; the beneficiary
-    holds its admission and no GPUs (it waits only for room, not for quota: a move gives no quota
-    to anyone), and if its queue borrows, each victim is of its own queue or of one that borrows
-    too (``movable``: a lender's work within its nominal is not restarted for work the lenders
-    may take back); and ``moves``, the beneficiary's placement
-    then one for each victim, hold on the nodes as they stand with the victims gone, each victim
-    somewhere it was not. Any queue's
-    jobs may be moved: the queues' policies are about whose work may be stopped for whose
-    quota, and a move takes no one's quota, only a restart from the last checkpoint."""
+    ``beneficiary``'s gang fits where they were (a consolidation); None if it may. The
+    beneficiary holds its admission and no GPUs (it waits only for room, not for quota: a move
+    gives no quota to anyone). Each victim may be preempted at ``now`` (its spec, its class and
+    the anti-thrash guards), has no higher priority than the beneficiary, was never stopped for
+    it nor it for the victim, and, if the beneficiary's queue borrows, is of that queue or of
+    one that borrows too (``movable``). And ``moves``, the beneficiary's placement then one for
+    each victim, hold on the nodes as they stand with the victims gone, each victim somewhere it
+    was not. Otherwise any queue's jobs may be moved: the queues' policies say whose work may be
+    stopped for whose quota, and a move takes no one's quota; it costs a restart from the last
+    checkpoint."""
     if beneficiary.phase != "admitted" or beneficiary.held is not None:
         return f"{beneficiary.id} does not wait for room with its admission held"
     ledger = planning_ledger(state)
@@ -455,10 +463,9 @@ def may_move(
             return why
         if victim.priority > beneficiary.priority:
             return f"{victim.id} has a higher priority than {beneficiary.id}: it is not moved for it"
-        before = stopped_before(victim, beneficiary)
-        if before is not None:
-            first, second = before
-            return f"{victim.id}: {first} was stopped for {second} before; not again between the two"
+        again = not_again(victim, beneficiary)
+        if again is not None:
+            return again
     jobs = {v.id: v for v in victims}
     if (
         not moves

@@ -152,9 +152,8 @@ and 483.7 GPU-hours lost; the p99 wait of vc-2869ce's wide jobs grew from 201.7 
 
 Then the preemptor moved preemptible jobs to give an admitted job waiting on scattered GPUs
 its room (consolidation, DESIGN.md: the preemptor). The same run gives 6.36 h of average JCT,
-Jain's index 0.975, 3,110 preemptions and 586.9 GPU-hours lost; of those, 182 moves stopped
-445 jobs (all of them checkpointing) and lost 140.7 GPU-hours (what each had run since its last
-checkpoint). The p99 wait of vc-2869ce's wide jobs fell from 237.0 to 154.6 h: a gang's room
+Jain's index 0.975, 3,110 preemptions and 586.9 GPU-hours lost; 445 of those preemptions were
+the jobs of 182 moves, all of them jobs that checkpoint. The p99 wait of vc-2869ce's wide jobs fell from 237.0 to 154.6 h: a gang's room
 is made of whole nodes, which moving a few small jobs frees.
 """
 

@@ -359,6 +359,13 @@ def claimed(placement: Placement | None) -> frozenset[tuple[str, int]]:
     return frozenset((w.node, c.gpu) for w in placement.workers for c in w.gpus)
 
 
+def nodes_of(placement: Placement | None) -> frozenset[str]:
+    """The nodes a placement's workers are on (none for None)."""
+    if placement is None:
+        return frozenset()
+    return frozenset(w.node for w in placement.workers)
+
+
 def relayout(
     nodes: Mapping[str, NodeState],
     seq: int,

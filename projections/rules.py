@@ -95,6 +95,7 @@ from __future__ import annotations
 #    is more than its history (``Shares.taker``); a victim's queue is judged by its history.
 # 26: a preemption may move its victims (``PreemptionRequested.moves``, a consolidation): any
 #    queue's preemptible jobs of no higher priority (for a borrower, of its own queue or of
-#    queues that borrow too), for an admitted beneficiary that waits for room, where the layout
-#    the record names holds with them gone (``preemption.may_move``).
+#    queues that borrow too), each on a node the beneficiary goes to, for an admitted
+#    beneficiary that waits for room, while no stop or move is under way, where the layout the
+#    record names holds with them gone (``preemption.may_move``).
 RULES = 26

@@ -122,7 +122,8 @@ class PreemptorConfig:
     by_form: bool = True
     # Consolidation: an admitted job that waits only because the free GPUs are scattered gets
     # room by moving at most this many preemptible jobs elsewhere (0: never). One a cycle, and
-    # only in a cycle with no stop under way and none proposed before it (``_consolidate``).
+    # only in a cycle with no stop or move under way and none proposed before it
+    # (``_consolidate``).
     max_moved: int = 4
 
 
@@ -205,6 +206,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     # in their turns' order, so a cycle with no beneficiary after them (a free cluster taking a
     # burst) does not run the placer's search once per admitted job for nothing.
     untried: list[JobState] = []
+    busy: str | None = None  # why no move may be made this cycle ("": none), once asked
     turns = _Turns(state, now, config.by_form)
     while (job := turns.next()) is not None:
         if searched >= config.max_beneficiaries:
@@ -259,8 +261,11 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         if pool is None:
             pool = Pool(state, sim.ledger, now)  # reads only which queues the ledger knows
         found = _search(sim, pool, target, config)
-        if found is None and job.phase == "admitted":
-            found = _consolidate(sim, pool, target, config)
+        if found is None and job.phase == "admitted" and not sim.taken:
+            if busy is None:  # asked once a cycle, only of a cycle that could move anything
+                busy = preemption.move_under_way(state) or ""
+            if not busy:
+                found = _consolidate(sim, pool, target, config)
         if found is None:
             hopeless[target.shape()] = job.priority
             holds.note(job)
@@ -357,11 +362,11 @@ def _consolidate(sim: Simulation, pool: Pool, target: Target, config: PreemptorC
     higher priority, of any queue (``preemption.movable``: of its own or of queues that borrow
     too, if it borrows) (``victims.consolidate``, ``preemption.may_move``): one node's jobs at a
     time, where the least work must move first (``by_least_moved``), then all of them in that
-    order. Only in a cycle whose simulation still shows the nodes as the fold holds them (no
-    stop under way, none proposed before it): a move's layout is judged on the nodes as they
-    stand, where GPUs being freed for another job are still held. A move ends the cycle
+    order. Only in a cycle with no stop or move under way (``preemption.move_under_way``) and
+    none proposed before it: a move's layout is judged on the nodes as they stand, where GPUs
+    being freed for another job, or about to be taken by one, look free. A move ends the cycle
     (``plan``)."""
-    if config.max_moved <= 0 or sim.taken:
+    if config.max_moved <= 0:
         return None
     b = target.job
     units = [

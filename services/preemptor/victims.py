@@ -746,16 +746,20 @@ def _found(removed: _Removed, placement: Placement) -> Found:
 
 def consolidate(sim: Simulation, target: Target, units: Sequence[Unit], most: int) -> Found | None:
     """Room for an admitted ``target`` the free GPUs would hold but for how they are scattered
-    (KAI's consolidation): the fewest of ``units`` (whole jobs) whose removal lets its gang fit,
-    at most ``most``, such that once it is placed each of them fits again elsewhere, each
-    placed by the placer's own search in turn; the beneficiary and the moved jobs placed on the
-    snapshot. None (and the snapshot as it was) if there is no such set, or if a job would go
-    back where it was."""
+    (KAI's consolidation): the fewest of ``units`` (whole jobs) whose removal lets its gang fit, at
+    most ``most``, each on a node the gang is then placed on, such that once it is placed each of
+    them fits again elsewhere, each placed by the placer's own search in turn; the beneficiary and
+    the moved jobs placed on the snapshot. None (and the snapshot as it was) if there is no such
+    set, or if a job would go back where it was."""
     removed = _remove(sim, target, units, lambda: sim.fits(target), lambda: True)
     if removed is None:
         return None
     removed = _fill_back(sim, removed, lambda: sim.fits(target))
     placed = sim.place(target) if len(removed) <= most else None
+    there = claims.nodes_of(placed)
+    if placed is not None and not all(claims.nodes_of(u.job.held) & there for u, _ in removed):
+        sim.unplace(target, placed)  # the placer's search went elsewhere: a move there makes no room
+        placed = None
     if placed is None:
         _restore_all(sim, removed)
         return None

@@ -17,10 +17,12 @@ from corral.events import subjects as subj
 from corral.events.base import Event
 from corral.events.decisions import GpuClaim, Placement, PreemptionRequested, Victim, WorkerSlot
 from corral.events.jobs import JobSpec, Resources
+from corral.projections import preemption
 from corral.projections.fold import apply_event
 from corral.services.admission.decide import decide as admission
 from corral.services.placer.decide import decide as placer
 from corral.services.preemptor.decide import PreemptorConfig, decide, plan
+from corral.services.preemptor.victims import Found, Simulation, admitted_target
 from tests.unit.test_preemptor import World
 
 N0, N1 = "node-00", "node-01"
@@ -214,7 +216,9 @@ def test_a_job_that_borrows_does_not_move_a_lenders_work() -> None:
 
 def test_one_move_at_a_time() -> None:
     """Two jobs wait for room that moves would make: one move is proposed; the next waits until
-    it is done, so each is judged on the nodes as the fold holds them."""
+    it is done (the moved job placed again and the room taken), so each is judged on the nodes
+    as they will be: while b1 waits and a2 is admitted again, a2's new GPUs look free and are
+    not."""
     w = World(nodes=3).queue("a", nominal=24).queue("b", nominal=16)
     w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
     w.run("a2", _spec("a", 2), (N0, _gpus(4, 5)))
@@ -222,8 +226,101 @@ def test_one_move_at_a_time() -> None:
     w.run("a4", _spec("a", 6), ("node-02", _gpus(*range(6))))
     w.waiting("b1", _spec("b", 4))
     w.waiting("b2", _spec("b", 4))
-    w.wait(600)
+    w.wait(60)  # within the placement timeout: both keep their admission
     [p] = plan(w.state, w.time)
     assert p.beneficiary == "b1" and p.moves
     w.emit(subj.decision("preemptor"), decide(w.state, w.time)[0])
     assert plan(w.state, w.time + 1) == []  # a2 is still checkpointing
+    w.stop("a2")
+    _emit_all(w, admission(w.state, w.time))  # a2 requeued and admitted again; nobody placed yet
+    assert w.state.jobs["a2"].phase == "admitted" and w.state.jobs["b1"].phase == "admitted"
+    assert preemption.move_under_way(w.state) == "the room made for b1 is not taken yet"
+    # a4 to node-01's GPUs 6-7 (a2's new place) for b2 on node-02: refused while a2 is not placed.
+    b2 = _at(w, "b2", "node-02", 4, 5, 6, 7)
+    why = _move(w, ("a4",), (b2, _at(w, "a4", N1, 6, 7)), beneficiary="b2")
+    assert why is not None and "under way" in why
+    w.place("b1", (N0, _gpus(4, 5, 6, 7)))  # b1 takes its room; a2 is not placed yet
+    assert preemption.move_under_way(w.state) == "a2, stopped for b1, is not placed again yet"
+    _emit_all(w, placer(w.state, w.time))  # a2 takes its new place
+    assert w.state.jobs["a2"].held is not None
+    assert preemption.move_under_way(w.state) is None  # the next move may come
+
+
+def test_a_move_needs_every_victim_where_the_beneficiary_goes() -> None:
+    """A job on a node the beneficiary does not use makes it no room: the fold refuses to stop
+    it, even when the layout fits."""
+    w = world(a3_gpus=6)
+    a3 = Placement("a3", 0, (WorkerSlot(0, N1, _gpus(1, 2, 3, 4, 5, 6)),))
+    why = _move(w, ("a2", "a3"), (_at_b1(w), _at(w, "a2", N1, 0, 7), a3))
+    assert why is not None and "no node b1 is placed on" in why
+
+
+def test_the_moves_a_record_may_make_are_bounded() -> None:
+    """Two 1-GPU jobs must move for b1's four GPUs on node-00: with at most one move, nothing."""
+    w = World(nodes=2).queue("a", nominal=16).queue("b", nominal=16)
+    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
+    w.run(
+        "a2",
+        _spec("a", 1),
+        (
+            N0,
+            _gpus(
+                4,
+            ),
+        ),
+    )
+    w.run(
+        "a5",
+        _spec("a", 1),
+        (
+            N0,
+            _gpus(
+                5,
+            ),
+        ),
+    )
+    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
+    w.waiting("b1", _spec("b", 4))
+    w.wait(600)
+    assert plan(w.state, w.time, PreemptorConfig(max_moved=1)) == []
+    [p] = plan(w.state, w.time, PreemptorConfig(max_moved=2))
+    assert sorted(v.job_id for v in p.victims) == ["a2", "a5"] and len(p.moves) == 3
+
+
+def test_a_job_its_class_guards_is_not_moved() -> None:
+    """The anti-thrash guards hold for moves as for any stop: a2 has run 10 minutes of the hour
+    its class lets it run before anyone stops it."""
+    w = World(nodes=2).queue("a", nominal=16).queue("b", nominal=16)
+    w.priority_class("guarded", 0, min_runtime_s=3600.0)
+    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
+    w.run("a2", _spec("a", 2, priority_class="guarded"), (N0, _gpus(4, 5)))
+    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
+    w.waiting("b1", _spec("b", 4))
+    w.wait(600)
+    assert plan(w.state, w.time) == []
+    why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
+    assert why is not None and "a2" in why
+
+
+def test_two_jobs_do_not_take_from_each_other_twice_by_moves_either() -> None:
+    """Once a2 was stopped for b1 (or b1 for a2), a2 is not moved for b1."""
+    w = world()
+    a2, b1 = w.state.jobs["a2"], w.state.jobs["b1"]
+    a2.stopped_for = (("b1", b1.priority_seq, a2.priority_seq),)  # as a stop for b1 left it
+    assert plan(w.state, w.time) == []
+    why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
+    assert why is not None and "not again between the two" in why
+
+
+def test_the_search_checks_the_moved_jobs_places_with_the_folds_arithmetic() -> None:
+    """``Simulation.gate`` takes the moved jobs' new places too: one that collides with work
+    that stays is refused before it is proposed."""
+    w = world()
+    sim = Simulation(w.state, PreemptorConfig().placer, w.time)
+    target = admitted_target(sim.ledger, w.state.jobs["b1"])
+    a2 = w.state.jobs["a2"]
+    mover = admitted_target(sim.ledger, a2)
+    fits = Found([a2], [], _at_b1(w), moves=[(mover, _at(w, "a2", N1, 6, 7))])
+    collides = Found([a2], [], _at_b1(w), moves=[(mover, _at(w, "a2", N1, 0, 1))])
+    assert sim.gate(target, collides) is not None
+    assert sim.gate(target, fits) is None

@@ -150,11 +150,13 @@ holds now where more than its history, and the victim search spared victims fair
 not need. With half pooled the same run gives 6.49 h, Jain's index 0.975, 2,566 preemptions
 and 483.7 GPU-hours lost; the p99 wait of vc-2869ce's wide jobs grew from 201.7 to 237.0 h.
 
-Then the preemptor moved preemptible jobs to give an admitted job waiting on scattered GPUs
-its room (consolidation, DESIGN.md: the preemptor). The same run gives 6.36 h of average JCT,
-Jain's index 0.975, 3,110 preemptions and 586.9 GPU-hours lost; 445 of those preemptions were
-the jobs of 182 moves, all of them jobs that checkpoint. The p99 wait of vc-2869ce's wide jobs fell from 237.0 to 154.6 h: a gang's room
-is made of whole nodes, which moving a few small jobs frees.
+Then the preemptor moved preemptible jobs to give an admitted job waiting on scattered GPUs its
+room (consolidation, DESIGN.md: the preemptor). The same run gives 6.19 h of average JCT (1.47 h
+of average wait), Jain's index 0.975, 2,654 preemptions and 520.4 GPU-hours lost; 190 of those
+preemptions were the jobs of 89 moves, all of them jobs that checkpoint. The worst team's p99
+wait is vc-2869ce's, 230.7 h (its average wait 17.5 h). A first version that could plan a move
+while another was under way moved 445 jobs in 182 moves: 6.36 h, 3,110 preemptions, 586.9
+GPU-hours lost, vc-2869ce's p99 wait 154.6 h.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionReq
 from corral.events.jobs import (
     Admission,
 )
-from corral.projections import claims, gpu_time, indexes, preemption, quota
+from corral.projections import claims, gpu_time, indexes, moves, preemption, quota
 from corral.projections.fold_moves import (
     MAX_PREEMPTION_TIMES,
     Ctx,
@@ -94,7 +94,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
             raise voided(ev.beneficiary, f"victim {v.job_id} is {job.phase}")
         victims.append(job)
     if ev.moves:
-        why = preemption.may_move(state, victims, beneficiary, ctx.time, ev.moves)
+        why = moves.may_move(state, victims, beneficiary, ctx.time, ev.moves)
         what = f"moved to make room for {ev.beneficiary}"
     else:
         why = preemption.may_stop(state, victims, beneficiary, ctx.time)

@@ -97,5 +97,5 @@ from __future__ import annotations
 #    queue's preemptible jobs of no higher priority (for a borrower, of its own queue or of
 #    queues that borrow too), each on a node the beneficiary goes to, for an admitted
 #    beneficiary that waits for room, while no stop or move is under way, where the layout the
-#    record names holds with them gone (``preemption.may_move``).
+#    record names holds with them gone (``moves.may_move``).
 RULES = 26

@@ -60,11 +60,12 @@ import msgspec
 
 from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
-from corral.projections import indexes, preemption, queueing, runtimes, thrash
+from corral.projections import indexes, moves, preemption, queueing, runtimes, thrash
 from corral.projections.holds import Hold, hold, quota_ends
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
+from corral.services.preemptor import consolidation
 from corral.services.preemptor.victims import (
     COHORT,
     OWN,
@@ -79,8 +80,6 @@ from corral.services.preemptor.victims import (
     candidates,
     charge_of,
     commit,
-    consolidate,
-    gpus_held,
     queued_demand,
     queued_target,
     search,
@@ -123,7 +122,7 @@ class PreemptorConfig:
     # Consolidation: an admitted job that waits only because the free GPUs are scattered gets
     # room by moving at most this many preemptible jobs elsewhere (0: never). One a cycle, and
     # only in a cycle with no stop or move under way and none proposed before it
-    # (``_consolidate``).
+    # (``consolidation.find``).
     max_moved: int = 4
 
 
@@ -263,9 +262,9 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         found = _search(sim, pool, target, config)
         if found is None and job.phase == "admitted" and not sim.taken:
             if busy is None:  # asked once a cycle, only of a cycle that could move anything
-                busy = preemption.move_under_way(state) or ""
+                busy = moves.move_under_way(state) or ""
             if not busy:
-                found = _consolidate(sim, pool, target, config)
+                found = consolidation.find(sim, pool, target, config.max_moved)
         if found is None:
             hopeless[target.shape()] = job.priority
             holds.note(job)
@@ -357,41 +356,6 @@ def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig
     return None
 
 
-def _consolidate(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig) -> Found | None:
-    """Room for an admitted job no victim may be stopped for, by moving preemptible jobs of no
-    higher priority, of any queue (``preemption.movable``: of its own or of queues that borrow
-    too, if it borrows) (``victims.consolidate``, ``preemption.may_move``): one node's jobs at a
-    time, where the least work must move first (``by_least_moved``), then all of them in that
-    order. Only in a cycle with no stop or move under way (``preemption.move_under_way``) and
-    none proposed before it: a move's layout is judged on the nodes as they stand, where GPUs
-    being freed for another job, or about to be taken by one, look free. A move ends the cycle
-    (``plan``)."""
-    if config.max_moved <= 0:
-        return None
-    b = target.job
-    units = [
-        Unit(h, None, False)
-        for holders in pool.by_queue.values()
-        for h in holders
-        if h.job.priority <= b.priority
-        and h.job.id != b.id
-        and preemption.stopped_before(h.job, b) is None
-        and preemption.movable(sim.rules, h.job, b)
-    ]
-    if not units:
-        return None
-    # A worker's room is made on one node; a gang's workers may need room on several.
-    groups = by_least_moved(sim.state, units, target.req.res.gpus)
-    for order in [*groups[:CONSOLIDATION_NODES], [u for group in groups for u in group]]:
-        found = consolidate(sim, target, order, config.max_moved)
-        if found is not None:
-            return found
-    return None
-
-
-CONSOLIDATION_NODES = 8  # nodes a consolidation looks at one by one, the cheapest first
-
-
 def own_first(units: list[Unit]) -> list[Unit]:
     """``units`` with the beneficiary's own queue's (shrinks, then whole jobs) before other
     queues', each in the order it had."""
@@ -420,37 +384,6 @@ def by_node(state: State, units: list[Unit]) -> list[Unit]:
         return (-len(whole), -sum(1 for g in whole if not g.holders))
 
     return [replace(u, borrower=False) for node in sorted(groups, key=room) for u in groups[node]]
-
-
-def by_least_moved(state: State, units: list[Unit], gpus: int) -> list[list[Unit]]:
-    """``units`` (whole jobs) grouped by the node each runs on (its first), for a consolidation:
-    first the node where the fewest GPUs of work must move for one worker of ``gpus`` GPUs to
-    fit there, taking its smallest jobs first (of those, where that work has done the least since
-    its last checkpoint), then by node name; nodes where no moves make room for one worker last;
-    within a node the smallest jobs first. Small jobs are the easiest to place again elsewhere."""
-    groups: dict[str, list[Unit]] = {}
-    for u in units:
-        held = u.job.held
-        groups.setdefault(held.workers[0].node if held is not None and held.workers else "", []).append(u)
-    size = {u.job.id: gpus_held(state, u.job) for u in units}
-    for group in groups.values():
-        group.sort(key=lambda u: (size[u.job.id], u.holder.lost, u.job.id))
-
-    def cost(node: str) -> tuple[float, float, str]:
-        n = state.nodes.get(node)
-        if n is None:
-            return (math.inf, math.inf, node)
-        free = sum(1 for g in n.gpus if g.healthy and not g.holders)
-        moved = lost = 0.0
-        for u in groups[node]:
-            if free >= gpus:
-                break
-            free += sum(1 for g in n.gpus if g.healthy and g.holders.keys() == {u.job.id})
-            moved += size[u.job.id]
-            lost += u.holder.lost
-        return (moved, lost, node) if free >= gpus else (math.inf, math.inf, node)
-
-    return [groups[node] for node in sorted(groups, key=cost)]
 
 
 class _Holds:

@@ -50,7 +50,7 @@ import collections
 import functools
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -388,7 +388,7 @@ class Found:
     placement: Placement
     removed: _Removed = field(default_factory=list)  # (unit, ranks it gave back), in removal order
     # A consolidation: each victim, as it holds its admission, with where it goes once stopped
-    # (``consolidate``).
+    # (``services/preemptor/consolidation.py``).
     moves: list[tuple[Target, Placement]] = field(default_factory=list)
 
 
@@ -744,44 +744,8 @@ def _found(removed: _Removed, placement: Placement) -> Found:
     return Found(list(whole.values()), shrinks, placement, removed)
 
 
-def consolidate(sim: Simulation, target: Target, units: Sequence[Unit], most: int) -> Found | None:
-    """Room for an admitted ``target`` the free GPUs would hold but for how they are scattered
-    (KAI's consolidation): the fewest of ``units`` (whole jobs) whose removal lets its gang fit, at
-    most ``most``, each on a node the gang is then placed on, such that once it is placed each of
-    them fits again elsewhere, each placed by the placer's own search in turn; the beneficiary and
-    the moved jobs placed on the snapshot. None (and the snapshot as it was) if there is no such
-    set, or if a job would go back where it was."""
-    removed = _remove(sim, target, units, lambda: sim.fits(target), lambda: True)
-    if removed is None:
-        return None
-    removed = _fill_back(sim, removed, lambda: sim.fits(target))
-    placed = sim.place(target) if len(removed) <= most else None
-    there = claims.nodes_of(placed)
-    if placed is not None and not all(claims.nodes_of(u.job.held) & there for u, _ in removed):
-        sim.unplace(target, placed)  # the placer's search went elsewhere: a move there makes no room
-        placed = None
-    if placed is None:
-        _restore_all(sim, removed)
-        return None
-    moves: list[tuple[Target, Placement]] = []
-    # The largest first: the small ones fit in what the large ones leave.
-    for u, _ in sorted(removed, key=lambda r: (-gpus_held(sim.state, r[0].job), r[0].job.id)):
-        mover = admitted_target(sim.ledger, u.job)
-        again = sim.place(mover)
-        if again is None or claims.claimed(again) == claims.claimed(u.job.held):
-            if again is not None:
-                sim.unplace(mover, again)
-            _unmove(sim, moves)
-            sim.unplace(target, placed)
-            _restore_all(sim, removed)
-            return None
-        moves.append((mover, again))
-    found = _found(removed, placed)
-    found.moves = moves
-    return found
-
-
-def _unmove(sim: Simulation, moves: list[tuple[Target, Placement]]) -> None:
+def unmove(sim: Simulation, moves: list[tuple[Target, Placement]]) -> None:
+    """Take the moved jobs of a consolidation off the places the simulation gave them."""
     for mover, again in reversed(moves):
         sim.unplace(mover, again)
 
@@ -790,7 +754,7 @@ def commit(sim: Simulation, target: Target, found: Found) -> claims.ClaimError |
     """Keep ``found`` in the simulation if the fold's arithmetic agrees; else undo it."""
     error = sim.gate(target, found)
     if error is not None:
-        _unmove(sim, found.moves)
+        unmove(sim, found.moves)
         sim.unplace(target, found.placement)
         _restore_all(sim, found.removed)
         return error

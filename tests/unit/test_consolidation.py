@@ -1,7 +1,7 @@
 """Consolidation: an admitted job that waits only because the free GPUs are scattered over the
 nodes gets room by moving preemptible work elsewhere (KAI's consolidation action). The
 preemptor proposes a ``PreemptionRequested`` whose ``moves`` show the layout after it; the fold
-checks that layout on the nodes as they stand (``preemption.may_move``) and refuses any other.
+checks that layout on the nodes as they stand (``moves.may_move``) and refuses any other.
 
 The world: two 8-GPU nodes, queues ``a`` and ``b`` each within its nominal. On node-00, a1 holds
 GPUs 0-3 and a2 GPUs 4-5; on node-01, a3 holds GPUs 0-5. Two GPUs are free on each node and b1,
@@ -17,7 +17,7 @@ from corral.events import subjects as subj
 from corral.events.base import Event
 from corral.events.decisions import GpuClaim, Placement, PreemptionRequested, Victim, WorkerSlot
 from corral.events.jobs import JobSpec, Resources
-from corral.projections import preemption
+from corral.projections import moves
 from corral.projections.fold import apply_event
 from corral.services.admission.decide import decide as admission
 from corral.services.placer.decide import decide as placer
@@ -234,16 +234,16 @@ def test_one_move_at_a_time() -> None:
     w.stop("a2")
     _emit_all(w, admission(w.state, w.time))  # a2 requeued and admitted again; nobody placed yet
     assert w.state.jobs["a2"].phase == "admitted" and w.state.jobs["b1"].phase == "admitted"
-    assert preemption.move_under_way(w.state) == "the room made for b1 is not taken yet"
+    assert moves.move_under_way(w.state) == "the room made for b1 is not taken yet"
     # a4 to node-01's GPUs 6-7 (a2's new place) for b2 on node-02: refused while a2 is not placed.
     b2 = _at(w, "b2", "node-02", 4, 5, 6, 7)
     why = _move(w, ("a4",), (b2, _at(w, "a4", N1, 6, 7)), beneficiary="b2")
     assert why is not None and "under way" in why
     w.place("b1", (N0, _gpus(4, 5, 6, 7)))  # b1 takes its room; a2 is not placed yet
-    assert preemption.move_under_way(w.state) == "a2, stopped for b1, is not placed again yet"
+    assert moves.move_under_way(w.state) == "a2, stopped for b1, is not placed again yet"
     _emit_all(w, placer(w.state, w.time))  # a2 takes its new place
     assert w.state.jobs["a2"].held is not None
-    assert preemption.move_under_way(w.state) is None  # the next move may come
+    assert moves.move_under_way(w.state) is None  # the next move may come
 
 
 def test_a_move_needs_every_victim_where_the_beneficiary_goes() -> None:

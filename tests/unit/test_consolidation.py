@@ -151,6 +151,13 @@ def _at_b1(w: World) -> Placement:
             lambda w: (_at(w, "a2", N1, 6, 7), _at_b1(w)),
             "one for each victim",
         ),
+        # the beneficiary's placement of another attempt than the one it waits at
+        (
+            "beneficiary's attempt",
+            ("a2",),
+            lambda w: (Placement("b1", 1, _at_b1(w).workers), _at(w, "a2", N1, 6, 7)),
+            "one for each victim",
+        ),
         # a2 back on its own GPUs
         (
             "moved to where it is",

@@ -35,6 +35,31 @@ def movable(ledger: Ledger, victim: JobState, beneficiary: JobState) -> bool:
     return same or not borrows(ledger, beneficiary) or borrows(ledger, victim)
 
 
+def refuses(ledger: Ledger, victim: JobState, beneficiary: JobState) -> str | None:
+    """Why ``victim`` may not be moved for ``beneficiary`` whatever the layout (beyond the guards
+    of ``preemption.protected``), or None: a higher priority, a stop between the two before
+    (``preemption.not_again``), or a lender's work for a borrower (``movable``). The preemptor
+    offers only the jobs this lets through; the fold asks it of every victim."""
+    if victim.priority > beneficiary.priority:
+        return f"{victim.id} has a higher priority than {beneficiary.id}: it is not moved for it"
+    again = not_again(victim, beneficiary)
+    if again is not None:
+        return again
+    if not movable(ledger, victim, beneficiary):
+        return f"{beneficiary.id} borrows: it does not move {victim.id} of a queue within its nominal"
+    return None
+
+
+def misplaced(victim: JobState, to: Placement, beneficiary: Placement) -> str | None:
+    """Why moving ``victim`` to ``to`` makes no room for a beneficiary placed at ``beneficiary``,
+    or None: it would go back where it is, or it runs on none of the beneficiary's nodes."""
+    if claims.claimed(to) == claims.claimed(victim.held):
+        return f"{victim.id} would be moved to where it is"
+    if not claims.nodes_of(victim.held) & claims.nodes_of(beneficiary):
+        return f"{victim.id} is on no node {beneficiary.job_id} is placed on: moving it makes no room"
+    return None
+
+
 def move_under_way(state: State) -> str | None:
     """Why no move may be made now, or None: a stop or move is under way until the jobs it
     stopped are placed again or wait for quota, and its beneficiary holds its GPUs. While a
@@ -73,17 +98,9 @@ def may_move(
         return f"a move waits until a stop under way is done: {busy}"
     ledger = planning_ledger(state)
     for victim in victims:
-        if not movable(ledger, victim, beneficiary):
-            return f"{beneficiary.id} borrows: it does not move {victim.id} of a queue within its nominal"
-    for victim in victims:
-        why = protected(state, victim, now)
+        why = protected(state, victim, now) or refuses(ledger, victim, beneficiary)
         if why is not None:
             return why
-        if victim.priority > beneficiary.priority:
-            return f"{victim.id} has a higher priority than {beneficiary.id}: it is not moved for it"
-        again = not_again(victim, beneficiary)
-        if again is not None:
-            return again
     jobs = {v.id: v for v in victims}
     if (
         not moves
@@ -93,12 +110,10 @@ def may_move(
     ):
         return "a move names the beneficiary's placement first, then one for each victim"
     placed = [(beneficiary, moves[0]), *((jobs[p.job_id], p) for p in moves[1:])]
-    there = claims.nodes_of(moves[0])
     for victim, p in placed[1:]:
-        if claims.claimed(p) == claims.claimed(victim.held):
-            return f"{victim.id} would be moved to where it is"
-        if not claims.nodes_of(victim.held) & there:
-            return f"{victim.id} is on no node {beneficiary.id} is placed on: moving it makes no room"
+        why = misplaced(victim, p, moves[0])
+        if why is not None:
+            return why
     try:
         claims.relayout(state.nodes, state.seq, victims, (), placed)
     except claims.ClaimError as e:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 
 from corral.events.decisions import Placement
-from corral.projections import claims, moves, preemption
+from corral.projections import moves
 from corral.projections.state import State
 from corral.services.preemptor.victims import (
     Found,
@@ -37,11 +37,11 @@ CONSOLIDATION_NODES = 8  # nodes a consolidation looks at one by one, the cheape
 
 
 def find(sim: Simulation, pool: Pool, target: Target, most: int) -> Found | None:
-    """Room for an admitted job no victim may be stopped for, by moving preemptible jobs of no
-    higher priority, of any queue (of its own or of queues that borrow too, if it borrows:
-    ``projections.moves.movable``), at most ``most`` of them (``consolidate``): one node's jobs
-    at a time, where the least work must move first (``by_least_moved``), then all of them in
-    that order."""
+    """Room for an admitted job no victim may be stopped for, by moving at most ``most``
+    preemptible jobs the rule does not refuse whatever the layout (``projections.moves.refuses``:
+    none of a higher priority; of its own queue or of queues that borrow too, if it borrows)
+    (``consolidate``): one node's jobs at a time, where the least work must move first
+    (``by_least_moved``), then all of them in that order."""
     if most <= 0:
         return None
     b = target.job
@@ -49,10 +49,7 @@ def find(sim: Simulation, pool: Pool, target: Target, most: int) -> Found | None
         Unit(h, None, False)
         for holders in pool.by_queue.values()
         for h in holders
-        if h.job.priority <= b.priority
-        and h.job.id != b.id
-        and preemption.stopped_before(h.job, b) is None
-        and moves.movable(sim.rules, h.job, b)
+        if h.job.id != b.id and moves.refuses(sim.rules, h.job, b) is None
     ]
     if not units:
         return None
@@ -69,7 +66,8 @@ def consolidate(sim: Simulation, target: Target, units: Sequence[Unit], most: in
     """Room for an admitted ``target`` the free GPUs would hold but for how they are scattered
     (KAI's consolidation): the fewest of ``units`` (whole jobs) whose removal lets its gang fit, at
     most ``most``, each on a node the gang is then placed on, such that once it is placed each of
-    them fits again elsewhere, each placed by the placer's own search in turn; the beneficiary and
+    them fits again elsewhere (``projections.moves.misplaced``), each placed by the placer's own
+    search in turn; the beneficiary and
     the moved jobs placed on the snapshot. None (and the snapshot as it was) if there is no such
     set, or if a job would go back where it was."""
     removed = _remove(sim, target, units, lambda: sim.fits(target), lambda: True)
@@ -77,28 +75,24 @@ def consolidate(sim: Simulation, target: Target, units: Sequence[Unit], most: in
         return None
     removed = _fill_back(sim, removed, lambda: sim.fits(target))
     placed = sim.place(target) if len(removed) <= most else None
-    there = claims.nodes_of(placed)
-    if placed is not None and not all(claims.nodes_of(u.job.held) & there for u, _ in removed):
-        sim.unplace(target, placed)  # the placer's search went elsewhere: a move there makes no room
-        placed = None
     if placed is None:
         _restore_all(sim, removed)
         return None
-    moves: list[tuple[Target, Placement]] = []
+    moved: list[tuple[Target, Placement]] = []
     # The largest first: the small ones fit in what the large ones leave.
     for u, _ in sorted(removed, key=lambda r: (-gpus_held(sim.state, r[0].job), r[0].job.id)):
         mover = admitted_target(sim.ledger, u.job)
         again = sim.place(mover)
-        if again is None or claims.claimed(again) == claims.claimed(u.job.held):
+        if again is None or moves.misplaced(u.job, again, placed) is not None:
             if again is not None:
                 sim.unplace(mover, again)
-            unmove(sim, moves)
+            unmove(sim, moved)
             sim.unplace(target, placed)
             _restore_all(sim, removed)
             return None
-        moves.append((mover, again))
+        moved.append((mover, again))
     found = _found(removed, placed)
-    found.moves = moves
+    found.moves = moved
     return found
 
 

@@ -151,6 +151,14 @@ def _at_b1(w: World) -> Placement:
             lambda w: (_at(w, "a2", N1, 6, 7), _at_b1(w)),
             "one for each victim",
         ),
+        # a careless or hostile layout: a node nobody registered, a victim placed twice
+        ("unknown node", ("a2",), lambda w: (_at_b1(w), _at(w, "a2", "node-99", 0, 1)), "do not fit"),
+        (
+            "victim twice",
+            ("a2",),
+            lambda w: (_at_b1(w), _at(w, "a2", N1, 6, 7), _at(w, "a2", N1, 6, 7)),
+            "one for each victim",
+        ),
         # the beneficiary's placement of another attempt than the one it waits at
         (
             "beneficiary's attempt",

@@ -27,14 +27,16 @@ append, each with ``based_on = state.seq`` and ``now``:
 3. for each, ``victims.search``: the minimal victims found by simulation, checked with the fold's
    arithmetic, then kept in the simulation with the beneficiary placed on the freed GPUs, so
    that no two beneficiaries of a cycle are offered the same GPUs and no job is a victim twice;
-4. emit one ``PreemptionRequested`` per beneficiary that needs victims, with the deadline
+4. emit a ``PreemptionRequested`` per beneficiary that needs victims, with the deadline
    ``now`` plus the longest grace period among them; a beneficiary that fits without anyone
    stopping gets nothing (the placer will place it). Elastic jobs shrink toward their minimum
    before anyone is stopped whole (``config.shrink``): one ``ShrinkRequested`` per elastic job
    that gives up its top ranks, with the same deadline; they keep running on the ranks they
    keep. The shrinks come before the preemption, in the order the search took them, as the
-   fold judges record by record. A shrink under way counts like a preemption under way: its
-   beneficiary is not searched for again until the leaving ranks are gone.
+   fold judges record by record, and the beneficiary's own queue's stops before another
+   queue's shrinks that only they make a reclaim (``in_judging_order``). A shrink under way
+   counts like a preemption under way: its beneficiary is not searched for again until the
+   leaving ranks are gone.
 
 A deep backlog is read form by form (``State.queued_by_form``: a queue's jobs of one ask,
 replicas, topology and selector, in the queue's order). The verdicts that passed a queued job
@@ -132,34 +134,56 @@ DEFAULT = PreemptorConfig()
 def decide(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Event]:
     events: list[Event] = []
     for p in plan(state, now, config):
-        # Shrinks first, in the order the search took them, then the jobs stopped whole: the
-        # order the search removed them in, so that the fold, which judges record by record,
-        # reads each victim's queue as the search did when it took it (a queue that borrowed
-        # before the shrink may no longer borrow once the whole jobs are gone).
-        events.extend(
-            ShrinkRequested(
-                based_on=state.seq,
-                now=now,
-                job_id=s.job_id,
-                attempt=s.attempt,
-                replicas=s.replicas,
-                beneficiary=p.beneficiary,
-                deadline=p.deadline,
-            )
-            for s in p.shrinks
-        )
-        if p.victims:
-            events.append(
-                PreemptionRequested(
+        for shrinks, victims in in_judging_order(state, p):
+            events.extend(
+                ShrinkRequested(
                     based_on=state.seq,
                     now=now,
+                    job_id=s.job_id,
+                    attempt=s.attempt,
+                    replicas=s.replicas,
                     beneficiary=p.beneficiary,
-                    victims=p.victims,
                     deadline=p.deadline,
-                    moves=p.moves,
                 )
+                for s in shrinks
             )
+            if victims:
+                events.append(
+                    PreemptionRequested(
+                        based_on=state.seq,
+                        now=now,
+                        beneficiary=p.beneficiary,
+                        victims=victims,
+                        deadline=p.deadline,
+                        moves=p.moves,
+                    )
+                )
     return events
+
+
+def in_judging_order(state: State, p: Plan) -> list[tuple[tuple[Shrink, ...], tuple[Victim, ...]]]:
+    """A plan's records as (shrinks, jobs stopped whole) groups, in the order the fold is to
+    judge them. The search judged the plan as a whole; the fold judges record by record, each
+    with the records before it done. So each group's shrinks come first, in the order the search
+    took them, then its jobs stopped whole: the order the search removed them in (a queue that
+    borrowed before its shrink may no longer borrow once its whole jobs are gone). The
+    beneficiary's own queue's group comes before the other queues' when the plan shrinks another
+    queue's job and stops one of its own: taking another queue's ranks back may be a reclaim
+    only once the beneficiary's own lower-priority work is gone (its queue then back within its
+    nominal), and its own jobs are judged by ``within_queue`` alone, whatever went before. A
+    move is one record (its layout is judged whole)."""
+    queue = state.jobs[p.beneficiary].spec.queue
+
+    def own(job_id: str) -> bool:
+        return state.jobs[job_id].spec.queue == queue
+
+    own_victims = tuple(v for v in p.victims if own(v.job_id))
+    if p.moves or not own_victims or all(own(s.job_id) for s in p.shrinks):
+        return [(p.shrinks, p.victims)]
+    return [
+        (tuple(s for s in p.shrinks if own(s.job_id)), own_victims),
+        (tuple(s for s in p.shrinks if not own(s.job_id)), tuple(v for v in p.victims if not own(v.job_id))),
+    ]
 
 
 def wake(state: State, now: float) -> float:

@@ -1073,6 +1073,46 @@ def test_a_shrink_is_proposed_before_the_whole_jobs_so_the_fold_judges_it_as_the
     assert w.state.jobs["el"].leaving == [1]
 
 
+def test_the_beneficiarys_own_stops_come_before_the_shrink_they_make_a_reclaim() -> None:
+    # team-a (nominal 6) runs ``low`` on 2 GPUs; team-b (nominal 2) runs ``el`` on 6, borrowing
+    # 4 of team-a's. team-a's ``urgent`` (6 GPUs, ``el``'s priority: nothing to borrow over)
+    # takes them back only as a reclaim, with team-a back within its nominal once ``low`` is
+    # gone. Proposed shrink first, the fold judged the shrink alone and refused it.
+    w = World().cohort("org").queue("team-a", 6, "org").queue("team-b", 2, "org")
+    w.run("low", gpus(2), whole(N0, 0, 1), priority=0)
+    el = JobSpec(queue="team-b", replicas=6, min_replicas=1, resources=Resources(gpus=1))
+    w.run("el", el, *(whole(N0, g) for g in range(2, 8)), priority=10)
+    w.wait(3600)
+    w.submit("urgent", gpus(6), priority=10)
+    (p,) = w.plan(ELASTIC)
+    assert p.victims == (Victim("low", 0),) and p.shrinks == (Shrink("el", 0, 2),)
+    events = w.cycle(lambda s, now: decide(s, now, ELASTIC))  # the fold refuses none of them
+    assert [type(e).__name__ for e in events] == ["PreemptionRequested", "ShrinkRequested"]
+    assert w.state.jobs["low"].phase in ("checkpointing", "preempted")
+    assert w.state.jobs["el"].leaving == [2, 3, 4, 5]
+
+
+def test_a_plan_of_own_and_other_stops_around_a_shrink_is_judged_in_two_preemptions() -> None:
+    # As above, with team-b also running ``b1`` (1 GPU, lower priority) that ``urgent`` may
+    # borrow over: team-a's own stop first, then team-b's shrink, then team-b's whole job.
+    w = World().cohort("org").queue("team-a", 7, "org").queue("team-b", 1, "org")
+    w.run("low", gpus(2), whole(N0, 0, 1), priority=0)
+    el = JobSpec(queue="team-b", replicas=5, min_replicas=1, resources=Resources(gpus=1))
+    w.run("el", el, *(whole(N0, g) for g in range(2, 7)), priority=10)
+    w.run("b1", gpus(1, queue="team-b"), whole(N0, 7), priority=0)
+    w.wait(3600)
+    w.submit("urgent", gpus(7), priority=10)
+    (p,) = w.plan(ELASTIC)
+    assert set(p.victims) == {Victim("low", 0), Victim("b1", 0)} and p.shrinks == (Shrink("el", 0, 1),)
+    events = w.cycle(lambda s, now: decide(s, now, ELASTIC))
+    assert [(type(e).__name__, getattr(e, "victims", None)) for e in events] == [
+        ("PreemptionRequested", (Victim("low", 0),)),
+        ("ShrinkRequested", None),
+        ("PreemptionRequested", (Victim("b1", 0),)),
+    ]
+    assert w.state.jobs["el"].leaving == [1, 2, 3, 4]
+
+
 # -- the backlog judged form by form --------------------------------------------------------------
 
 

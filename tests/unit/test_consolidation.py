@@ -10,6 +10,7 @@ nominal), but a2 fits on node-01's free GPUs, and then b1 fits on node-00."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from corral.events import routing
@@ -19,10 +20,12 @@ from corral.events.decisions import GpuClaim, Placement, PreemptionRequested, Vi
 from corral.events.jobs import JobSpec, Resources
 from corral.projections import moves
 from corral.projections.fold import apply_event
+from corral.projections.state import NodeState
 from corral.services.admission.decide import decide as admission
 from corral.services.placer.decide import decide as placer
+from corral.services.preemptor import consolidation
 from corral.services.preemptor.decide import PreemptorConfig, decide, plan
-from corral.services.preemptor.victims import Found, Simulation, admitted_target
+from corral.services.preemptor.victims import Found, Pool, Simulation, admitted_target, commit
 from tests.unit.test_preemptor import World
 
 N0, N1 = "node-00", "node-01"
@@ -339,3 +342,64 @@ def test_the_search_checks_the_moved_jobs_places_with_the_folds_arithmetic() -> 
     collides = Found([a2], [], _at_b1(w), moves=[(mover, _at(w, "a2", N1, 0, 1))])
     assert sim.gate(target, collides) is not None
     assert sim.gate(target, fits) is None
+
+
+def test_a_move_ends_the_cycle() -> None:
+    """The moved job gave its quota back in the cycle's simulation and is to take it again: no
+    later beneficiary is searched for on that cycle. c9 (queue c at its nominal) could stop c0,
+    its own lower-priority job, without any move; it is served on the next cycle."""
+    w = World(nodes=3).queue("a", nominal=24).queue("b", nominal=16).queue("c", nominal=2)
+    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
+    w.run("a2", _spec("a", 2), (N0, _gpus(4, 5)))
+    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
+    w.run("a4", _spec("a", 6), ("node-02", _gpus(*range(6))))
+    w.run("c0", _spec("c", 2), ("node-02", _gpus(6, 7)), priority=-1)
+    w.waiting("b1", _spec("b", 4))
+    w.submit("c9", _spec("c", 2))
+    w.wait(600)
+    [p] = plan(w.state, w.time)
+    assert p.beneficiary == "b1" and [v.job_id for v in p.victims] == ["a2"] and p.moves
+    _emit_all(w, decide(w.state, w.time))
+    [q] = plan(w.state, w.time)
+    assert q.beneficiary == "c9" and [v.job_id for v in q.victims] == ["c0"] and not q.moves
+
+
+def test_a_refused_gate_puts_every_moved_job_back() -> None:
+    """``commit`` of a consolidation the fold's arithmetic refuses leaves the simulation as it
+    was: the beneficiary unplaced, the victims back, and every moved job off its new place."""
+    w = World(nodes=2).queue("a", nominal=16).queue("b", nominal=16)
+    w.run("a1", _spec("a", 4), (N0, _gpus(0, 1, 2, 3)))
+    w.run("a2", _spec("a", 1), (N0, _gpus(4)))
+    w.run("a5", _spec("a", 1), (N0, _gpus(5)))
+    w.run("a3", _spec("a", 6), (N1, _gpus(*range(6))))
+    w.waiting("b1", _spec("b", 4))
+    w.wait(600)
+    sim = Simulation(w.state, PreemptorConfig().placer, w.time)
+    pool = Pool(w.state, sim.ledger, w.time)
+    target = admitted_target(sim.ledger, w.state.jobs["b1"])
+
+    def free() -> dict[tuple[str, str], int]:
+        return {(n, m): sim.snap.free_whole_count(n, m) for n in (N0, N1) for m in sim.snap.models()}
+
+    before = free()
+    found = consolidation.find(sim, pool, target, 4)
+    assert found is not None and sorted(j.id for j in found.whole) == ["a2", "a5"] and len(found.moves) == 2
+    assert free() != before
+    # GPUs 6 and 7 of node-01, where the moved jobs go, taken behind the search's back.
+    taken = sim.scratch.nodes[N1] = msgspec.convert(msgspec.to_builtins(w.state.nodes[N1]), NodeState)
+    for g in taken.gpus[6:]:
+        g.holders, g.used_milli = {"x": 1000}, 1000
+    assert commit(sim, target, found) is not None
+    assert free() == before
+    assert sim.taken == set()
+
+
+def test_a_beneficiary_that_still_holds_gpus_gets_no_move() -> None:
+    """A move gives room to a job that holds none: one still holding GPUs (of an attempt whose
+    workers have not all exited, as the state is set here) is refused."""
+    w = world()
+    b1 = w.state.jobs["b1"]
+    b1.held = Placement("b1", b1.attempt, (WorkerSlot(0, N1, _gpus(6)),))
+    why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
+    assert why is not None and "does not wait for room" in why
+    assert w.state.jobs["a2"].phase == "running"

@@ -60,6 +60,7 @@ def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
         gpu_time.track(state, job, ctx.time)  # its queue holds GPU time from now
         move(state, job, "place", ctx)
         job.placement = p
+        job.moved_to = None  # placed again, where its move said or elsewhere
         if job.reasons:  # a store costs more than the look (Structs)
             job.reasons = ()
             indexes.explain(state, job)
@@ -114,6 +115,8 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         if not job.live:
             move(state, job, "stop", ctx)
             stop_holding(state, job, ctx)
+    for p in ev.moves[1:]:
+        state.jobs[p.job_id].moved_to = p
 
 
 def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:

@@ -98,4 +98,6 @@ from __future__ import annotations
 #    queues that borrow too), each on a node the beneficiary goes to, for an admitted
 #    beneficiary that waits for room, while no stop or move is under way, where the layout the
 #    record names holds with them gone (``moves.may_move``).
-RULES = 26
+# 27: a moved job keeps where its move puts it (``JobState.moved_to``) until it is placed again;
+#    the placer holds those GPUs for it meanwhile.
+RULES = 27

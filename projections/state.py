@@ -98,6 +98,9 @@ class JobState(msgspec.Struct, gc=False):
     preemptions: int = 0
     preempted_at: tuple[float, ...] = ()  # log times of the latest preemptions (anti-thrash)
     preempted_for: str = ""  # the beneficiary of the preemption under way
+    # Where a move (a consolidation, ``PreemptionRequested.moves``) is to put it: the placer
+    # holds those GPUs for it while it stops and is admitted again, until it is placed.
+    moved_to: Placement | None = None
     # Every job it was preempted for (the latest MAX_PREEMPTION_TIMES), with when each of the two
     # last had its priority changed: while neither changed, neither is stopped for the other
     # again, so two jobs never take the same GPUs from each other in turn. (A shrink is not

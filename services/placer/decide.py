@@ -31,6 +31,12 @@ still checkpoints, is stopped, or waits to be placed again after being requeued,
 cycle that first sees it admitted (admission requeues its victims in the cycle it admits it)
 places it first; placed out of priority order, it does not take the cycle's reservation.
 
+Moves. A job a consolidation stopped has the place its move named held for it in the same way
+(``JobState.moved_to``), from the record until it is placed again, while it checkpoints, is
+stopped or is admitted again (not while it waits for quota): the part of that place still free
+is hidden from every other job, before the beneficiaries' holds are sought, and given back to
+it at its turn.
+
 Both events carry ``based_on=state.seq`` and ``now``, so ``corral replay --verify`` can re-run
 the cycle. Same state, same ``now``, same config: same events.
 """
@@ -52,7 +58,7 @@ from corral.projections.placement.framework import Request
 from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
-from corral.projections.state import JobState, NodeState, State
+from corral.projections.state import WHOLE, JobState, NodeState, State
 from corral.services.placer import backfill
 from corral.services.placer.backfill import Reservation
 
@@ -71,6 +77,9 @@ def admitted(state: State) -> list[JobState]:
 
 # A preemption under way, in the order the phases come.
 _STOPPING: tuple[Phase, ...] = ("checkpointing", "preempted")
+# A moved job whose new place is held for it: stopping, or admitted again. (Requeued and not
+# admitted, it waits for quota, and GPUs held for it would stand idle.)
+_MOVING: tuple[Phase, ...] = (*_STOPPING, "admitted")
 
 
 @dataclass
@@ -80,6 +89,8 @@ class Nominations:
 
     first: set[str] = field(default_factory=set)
     stopping: dict[str, list[JobState]] = field(default_factory=dict)
+    # Jobs a move stopped, until they are placed again: while stopping, or admitted again.
+    moved: list[JobState] = field(default_factory=list)
 
     @classmethod
     def of(cls, state: State) -> Nominations:
@@ -90,6 +101,12 @@ class Nominations:
             b = job.preempted_for
             if b:
                 out.stopping.setdefault(b, []).append(job)
+        jobs = state.jobs
+        for named in state.naming_by_beneficiary.values():
+            for job_id in named:
+                job = jobs[job_id]
+                if job.moved_to is not None and job.phase in _MOVING:
+                    out.moved.append(job)
         return out
 
 
@@ -152,7 +169,29 @@ class _Cycle:
         self.placed: list[tuple[Placement, Request]] = []
         self.reservation: Reservation | None = None
         self.first = nominated.first if nominated is not None else set()
-        self.held = self._hold(nominated.stopping) if nominated is not None else {}
+        self.held: dict[str, _Held] = {}
+        if nominated is not None:
+            # The moved jobs' places first: a beneficiary's search must not be given them.
+            self.held.update(self._hold_moved(nominated.moved))
+            self.held.update(self._hold(nominated.stopping))
+
+    def _hold_moved(self, moved: list[JobState]) -> dict[str, _Held]:
+        """For each job a move stopped and that is not placed again yet: the workers of the place
+        its move named (``JobState.moved_to``) that are free now, taken from the snapshot so that
+        no other job of the cycle gets them (a worker whose place was taken meanwhile is not
+        held: the job is placed wherever the search finds room)."""
+        out: dict[str, _Held] = {}
+        for job in moved:
+            assert job.moved_to is not None
+            res = job.spec.resources
+            part: _Held = []
+            for w in job.moved_to.workers:
+                if w.node in self.state.nodes and _free(self.snap, w.node, res, w.gpus):
+                    self.snap.take(w.node, res, w.gpus)
+                    part.append((w.node, res, w.gpus))
+            if part:
+                out[job.id] = part
+        return out
 
     def _hold(self, stopping: dict[str, list[JobState]]) -> dict[str, _Held]:
         """For each waiting beneficiary of a preemption under way, highest priority first: where
@@ -196,8 +235,8 @@ class _Cycle:
         return out
 
     def place(self, job: JobState) -> tuple[Reason, ...] | None:
-        """Place ``job`` (None) or say why it waits; a beneficiary may use what is held for it,
-        which stays hidden from the rest of the cycle unless it was placed."""
+        """Place ``job`` (None) or say why it waits; a beneficiary or a moved job may use what is
+        held for it, which stays hidden from the rest of the cycle unless it was placed."""
         if job.held is not None:
             return (Reason("draining", "workers of its previous attempt still hold GPUs", False),)
         held = self.held.pop(job.id, None)
@@ -269,6 +308,22 @@ class _Cycle:
             self.snap.release(probe, req.res)
             return (held.blocking(),)
         return why
+
+
+def _free(snap: Snapshot, node: str, res: Resources, gpus: tuple[GpuClaim, ...]) -> bool:
+    """Whether one worker's share (``res``, ``gpus``) is free on ``node`` as the cycle sees it:
+    a ready node, its CPU and memory, and each GPU healthy with the claim's share unused (a
+    whole one held by nobody; a MIG slice is not held this way)."""
+    v = snap.view(node)
+    if not v.ready or v.cpu_free < res.cpu_milli or v.mem_free < res.memory_mib:
+        return False
+    for c in gpus:
+        if c.mig is not None or not 0 <= c.gpu < len(v.gpus):
+            return False
+        g = v.gpus[c.gpu]
+        if not g.healthy or g.mig or g.free < c.milli or (c.milli >= WHOLE and g.holders):
+            return False
+    return True
 
 
 def _for_capacity(reasons: tuple[Reason, ...]) -> bool:

@@ -18,7 +18,7 @@ from corral.events import subjects as subj
 from corral.events.base import Event
 from corral.events.decisions import GpuClaim, Placement, PreemptionRequested, Victim, WorkerSlot
 from corral.events.jobs import JobSpec, Resources
-from corral.projections import moves
+from corral.projections import claims, moves
 from corral.projections.fold import apply_event
 from corral.projections.state import NodeState
 from corral.services.admission.decide import decide as admission
@@ -403,3 +403,38 @@ def test_a_beneficiary_that_still_holds_gpus_gets_no_move() -> None:
     why = _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7)))
     assert why is not None and "does not wait for room" in why
     assert w.state.jobs["a2"].phase == "running"
+
+
+def test_the_place_a_move_names_is_held_for_the_moved_job() -> None:
+    """While a2 checkpoints and until it is placed again, node-01's GPUs 6-7 (where its move
+    puts it) go to no one else: c1, admitted meanwhile for two GPUs, waits rather than take them
+    and leave a2 nowhere to go."""
+    w = world()
+    _emit_all(w, decide(w.state, w.time))
+    a2 = w.state.jobs["a2"]
+    assert a2.phase == "checkpointing" and a2.moved_to == _at(w, "a2", N1, 6, 7)
+    w.submit("c1", _spec("a", 2)).admit("c1")
+    _emit_all(w, placer(w.state, w.time))
+    assert w.state.jobs["c1"].phase == "admitted"  # b1's room on node-00, a2's on node-01
+    w.stop("a2")
+    for _ in range(3):
+        _emit_all(w, admission(w.state, w.time))
+        _emit_all(w, placer(w.state, w.time))
+    a2, b1 = w.state.jobs["a2"], w.state.jobs["b1"]
+    assert a2.phase == "placed" and a2.held == Placement("a2", 1, _at(w, "a2", N1, 6, 7).workers)
+    assert a2.moved_to is None  # placed again: nothing is held for it any more
+    assert b1.phase == "placed" and claims.nodes_of(b1.held) == {N0}
+    assert w.state.jobs["c1"].phase == "admitted"
+
+
+def test_a_moved_job_waiting_for_quota_holds_no_gpus() -> None:
+    """Requeued and not admitted again (its quota taken meanwhile), a moved job waits for quota:
+    the GPUs its move named are not held for it, and another job may be placed there."""
+    w = world()
+    _emit_all(w, decide(w.state, w.time))
+    w.stop("a2").requeue("a2")
+    assert w.state.jobs["a2"].phase == "queued" and w.state.jobs["a2"].moved_to is not None
+    w.submit("c1", _spec("b", 2)).admit("c1")
+    _emit_all(w, placer(w.state, w.time))
+    c1 = w.state.jobs["c1"]
+    assert c1.phase == "placed" and claims.nodes_of(c1.held) == {N1}

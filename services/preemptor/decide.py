@@ -33,8 +33,8 @@ append, each with ``based_on = state.seq`` and ``now``:
    before anyone is stopped whole (``config.shrink``): one ``ShrinkRequested`` per elastic job
    that gives up its top ranks, with the same deadline; they keep running on the ranks they
    keep. The shrinks come before the preemption, in the order the search took them, as the
-   fold judges record by record, and the beneficiary's own queue's stops before another
-   queue's shrinks that only they make a reclaim (``in_judging_order``). A shrink under way
+   fold judges record by record, and the beneficiary's own queue's stops and shrinks before
+   another queue's shrinks, which they may make a reclaim (``in_judging_order``). A shrink under way
    counts like a preemption under way: its beneficiary is not searched for again until the
    leaving ranks are gone.
 
@@ -168,17 +168,19 @@ def in_judging_order(state: State, p: Plan) -> list[tuple[tuple[Shrink, ...], tu
     took them, then its jobs stopped whole: the order the search removed them in (a queue that
     borrowed before its shrink may no longer borrow once its whole jobs are gone). The
     beneficiary's own queue's group comes before the other queues' when the plan shrinks another
-    queue's job and stops one of its own: taking another queue's ranks back may be a reclaim
-    only once the beneficiary's own lower-priority work is gone (its queue then back within its
-    nominal), and its own jobs are judged by ``within_queue`` alone, whatever went before. A
-    move is one record (its layout is judged whole)."""
+    queue's job and stops or shrinks one of its own: taking another queue's ranks back may be a
+    reclaim only once the beneficiary's own lower-priority work is gone (its queue then back
+    within its nominal), and its own jobs are judged by ``within_queue`` alone, whatever went
+    before. A move is one record (its layout is judged whole)."""
     queue = state.jobs[p.beneficiary].spec.queue
 
     def own(job_id: str) -> bool:
         return state.jobs[job_id].spec.queue == queue
 
     own_victims = tuple(v for v in p.victims if own(v.job_id))
-    if p.moves or not own_victims or all(own(s.job_id) for s in p.shrinks):
+    others_shrink = any(not own(s.job_id) for s in p.shrinks)
+    own_first = own_victims or any(own(s.job_id) for s in p.shrinks)
+    if p.moves or not own_first or not others_shrink:
         return [(p.shrinks, p.victims)]
     return [
         (tuple(s for s in p.shrinks if own(s.job_id)), own_victims),

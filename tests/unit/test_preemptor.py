@@ -1092,6 +1092,25 @@ def test_the_beneficiarys_own_stops_come_before_the_shrink_they_make_a_reclaim()
     assert w.state.jobs["el"].leaving == [2, 3, 4, 5]
 
 
+def test_the_beneficiarys_own_shrink_comes_before_the_shrink_it_makes_a_reclaim() -> None:
+    # As above with team-a's own work elastic: ``mine`` gives up a rank, team-b's ``el`` four;
+    # ``el``'s shrink is a reclaim only once team-a is back within its nominal.
+    w = World().cohort("org").queue("team-a", 6, "org").queue("team-b", 2, "org")
+    mine = JobSpec(queue="team-a", replicas=2, min_replicas=1, resources=Resources(gpus=1))
+    w.run("mine", mine, whole(N0, 0), whole(N0, 1), priority=0)
+    el = JobSpec(queue="team-b", replicas=6, min_replicas=1, resources=Resources(gpus=1))
+    w.run("el", el, *(whole(N0, g) for g in range(2, 8)), priority=10)
+    w.wait(3600)
+    w.submit("urgent", gpus(5), priority=10)
+    (p,) = w.plan(ELASTIC)
+    assert p.victims == () and set(p.shrinks) == {Shrink("mine", 0, 1), Shrink("el", 0, 2)}
+    events = w.cycle(lambda s, now: decide(s, now, ELASTIC))  # the fold refuses none of them
+    assert [(type(e).__name__, getattr(e, "job_id", None)) for e in events] == [
+        ("ShrinkRequested", "mine"),
+        ("ShrinkRequested", "el"),
+    ]
+
+
 def test_a_plan_of_own_and_other_stops_around_a_shrink_is_judged_in_two_preemptions() -> None:
     # As above, with team-b also running ``b1`` (1 GPU, lower priority) that ``urgent`` may
     # borrow over: team-a's own stop first, then team-b's shrink, then team-b's whole job.

@@ -36,6 +36,7 @@ from corral.events.decisions import (
 )
 from corral.events.jobs import (
     Admission,
+    CancelJob,
     JobAccepted,
     JobRequeued,
     JobsAdmitted,
@@ -314,8 +315,19 @@ def synthetic_log(n_events: int, seed: int = 0, nodes: int = 40) -> list[Append]
     cycle = 0
     serial = 0
     epoch = 0  # counts the cycles in which GPUs and quota were given back
+    appended = 0  # the log's length when the cycle before began
     while len(w.out) < n_events:
         cycle += 1
+        if cycle > 1 and not running and len(w.out) == appended:
+            # Jammed: nothing runs and the last cycle wrote nothing, so what waits can never be
+            # admitted or placed (a gang this cluster cannot host holding the quota others
+            # need). Its owners cancel it all, and the next cycle starts afresh.
+            for job in (*admitted, *queued):
+                cancel = CancelJob(job_id=job.id, reason="cannot run on this cluster")
+                w.request(job.tenant, "cancel", cancel, f"cancel:{job.id}:{job.attempt}", job.trace)
+            admitted, queued = [], []
+            epoch += 1
+        appended = len(w.out)
 
         # Workers finish (or fail) and give their GPUs back.
         still: list[_Job] = []

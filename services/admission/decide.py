@@ -31,9 +31,7 @@ besides, so that no newcomer takes it; and victims already stopped stay stopped 
 their quota charged, so that the placer keeps their GPUs for the beneficiary. Once none
 checkpoints, they are all requeued in one cycle, and in that cycle the queued beneficiaries of
 stopped victims are admitted before the fair-share order. How long a victim stays stopped is
-bounded by the preemption's deadline, by which every victim has stopped. Jobs a move stopped
-(a consolidation) are admitted next, in the cycle they are requeued in, before the fair-share
-order: the quota they gave back is theirs again, as the place their move named is.
+bounded by the preemption's deadline, by which every victim has stopped.
 
 Lending holds. A queue whose first waiting job would be within its nominal quota but does not
 fit, because other queues borrow what it lent, keeps that share from being lent again for the
@@ -202,7 +200,6 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     stopped, nominated = _nominations(state, stopped, stopping, ledger, ends, now)
     nominated -= stopping
     stopped.sort(key=lambda j: (j.submitted_seq, j.id))
-    moved: list[JobState] = []  # of those, the jobs a move stopped
     for job in stopped:
         reason = _requeue_reason(job)
         resume = job.checkpoint.location if job.checkpoint is not None else None
@@ -212,11 +209,8 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         )
         waiting[job.spec.queue].add(as_queued)
         explained[job.spec.queue].append(as_queued)
-        if job.moved_to is not None:
-            moved.append(as_queued)
     unhosted = _unhosted(state, inventory, ledger, waiting, explained, events)
     nominated -= unhosted
-    moved = [j for j in moved if j.id not in unhosted and not queueing.backs_off(j, now)]
     _placement_timeouts(state, config, nominated | stopping | unhosted, now, events)
     _backing_off(waiting, explained, now)
 
@@ -225,7 +219,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         (job for name, jobs in waiting.items() if not ledger.has_queue(name) for job in jobs),
         key=lambda j: (j.submitted_seq, j.id),
     )
-    first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions, moved)
+    first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions)
     for adm in first:
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, waiting.keys(), now)
@@ -290,17 +284,13 @@ def _admit_nominated(
     explained: dict[str, list[JobState]],
     ledger: Ledger,
     cap: int,
-    moved: list[JobState],
 ) -> list[Admission]:
     """Admit the queued beneficiaries of preemptions, highest priority first, ahead of the
-    fair-share order: the quota their victims gave back is theirs. Then the jobs a move stopped,
-    requeued this cycle (``moved``, as queued), in submission order: the quota they gave back is
-    theirs again, as the place the move named is (the placer holds it for them). Those admitted
-    leave ``waiting`` and ``explained``."""
+    fair-share order: the quota their victims gave back is theirs. Those admitted leave
+    ``waiting`` and ``explained``."""
     found = [state.jobs[b] for b in nominated if b in state.jobs]
     found = [b for b in found if b.phase == "queued" and ledger.has_queue(b.spec.queue)]
     found.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
-    found += [j for j in moved if ledger.has_queue(j.spec.queue)]
     out: list[Admission] = []
     for job in found[: max(0, cap)]:
         queue = job.spec.queue

@@ -17,7 +17,7 @@ from corral.events import routing
 from corral.events import subjects as subj
 from corral.events.base import Event
 from corral.events.decisions import GpuClaim, Placement, PreemptionRequested, Victim, WorkerSlot
-from corral.events.jobs import JobsAdmitted, JobSpec, Resources
+from corral.events.jobs import JobSpec, Resources
 from corral.projections import claims, moves
 from corral.projections.fold import apply_event
 from corral.projections.state import NodeState
@@ -438,23 +438,3 @@ def test_a_moved_job_waiting_for_quota_holds_no_gpus() -> None:
     _emit_all(w, placer(w.state, w.time))
     c1 = w.state.jobs["c1"]
     assert c1.phase == "placed" and claims.nodes_of(c1.held) == {N1}
-
-
-def test_a_moved_job_gets_its_quota_back_before_the_fair_share_order() -> None:
-    """Queue a is at its nominal 12 and a9, of a higher priority, waits for a's quota when a2 is
-    moved: requeued, a2 is admitted first, into the quota it gave back, and placed where its move
-    said; a9 waits on."""
-    w = world(nominal=(12, 16))
-    _emit_all(w, decide(w.state, w.time))
-    w.submit("a9", _spec("a", 2), priority=5)
-    _emit_all(w, admission(w.state, w.time))
-    assert w.state.jobs["a9"].phase == "queued"  # a2 checkpoints: its quota is not free yet
-    w.stop("a2")
-    events = admission(w.state, w.time)
-    [admitted] = [e for e in events if isinstance(e, JobsAdmitted)]
-    assert [a.job_id for a in admitted.admissions] == ["a2"]
-    _emit_all(w, events)
-    _emit_all(w, placer(w.state, w.time))
-    a2 = w.state.jobs["a2"]
-    assert a2.phase == "placed" and a2.held == Placement("a2", 1, _at(w, "a2", N1, 6, 7).workers)
-    assert w.state.jobs["a9"].phase == "queued"

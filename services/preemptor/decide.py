@@ -34,9 +34,9 @@ append, each with ``based_on = state.seq`` and ``now``:
    that gives up its top ranks, with the same deadline; they keep running on the ranks they
    keep. The shrinks come before the preemption, in the order the search took them, as the
    fold judges record by record, and the beneficiary's own queue's stops and shrinks before
-   another queue's shrinks, which they may make a reclaim (``in_judging_order``). A shrink under way
-   counts like a preemption under way: its beneficiary is not searched for again until the
-   leaving ranks are gone.
+   another queue's shrinks, which they may make a reclaim (``in_judging_order``). A shrink
+   under way counts like a preemption under way: its beneficiary is not searched for again
+   until the leaving ranks are gone.
 
 A deep backlog is read form by form (``State.queued_by_form``: a queue's jobs of one ask,
 replicas, topology and selector, in the queue's order). The verdicts that passed a queued job

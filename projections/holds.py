@@ -9,8 +9,9 @@ now (``expected_end``, ``quota_end``).
 
 A best-effort queue's first job that does not fit holds its share of the queue's nominal quota
 (``Hold``, ``hold``): later jobs of the queue may use only what leaves it room, unless they end
-before the queue's own jobs are projected to give it that room. Admission keeps the hold when it
-admits; the preemptor keeps the same hold when it chooses victims.
+before the queue's own jobs are projected to give it that room, or the held job may stop them
+to take it back (its queue's ``within_queue`` policy). Admission keeps the hold when it admits;
+the preemptor keeps the same hold when it chooses victims.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from corral.events.queues import PreemptionPolicy
 from corral.projections import indexes, quota, runtimes
+from corral.projections.preemption import may_stop_within
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
 
@@ -39,25 +42,49 @@ def expected_end(job: JobState, now: float) -> float:
     return max(end, now)
 
 
+# A hold made without its queue's policy stops nobody.
+NO_STOPS = PreemptionPolicy(within_queue="never")
+
+
 @dataclass(frozen=True, slots=True)
 class Hold:
     """``need`` milli-GPU of ``key`` of its queue's nominal quota kept for ``job_id``, the queue's
     first job that does not fit; ``start``: when the queue's own jobs are projected to have given
     it that room (``inf``: not known, as jobs without a runtime estimate hold it, so no job is
-    known to end before then)."""
+    known to end before then). ``priority``, ``seq`` (its submission) and ``policy`` (its
+    queue's) say which later jobs it may stop."""
 
     job_id: str
     key: str
     need: int
     start: float
+    priority: int = 0
+    seq: int = 0
+    policy: PreemptionPolicy = NO_STOPS
 
-    def spare(self, ledger: Ledger, queue: str, key: str, estimate: float | None, now: float) -> int | None:
-        """How much of ``key`` a later job of the queue may take past the held job (None: no
-        limit beyond the ledger's): what leaves the held job room within the nominal, unless the
-        job's runtime estimate ends by ``start`` and so cannot delay it."""
-        if key != self.key or (estimate is not None and now + estimate <= self.start < math.inf):
+    def spare(self, ledger: Ledger, queue: str, key: str, job: JobState, now: float) -> int | None:
+        """How much of ``key`` a later ``job`` of the queue may take past the held job (None: no
+        limit beyond the ledger's): what leaves the held job room within the nominal, unless
+        ``job`` cannot delay it: its runtime estimate ends by ``start``, or the held job may stop
+        it to take the room back (``takes_back``)."""
+        if key != self.key or self.takes_back(ledger, job):
+            return None
+        estimate = runtimes.of(job)
+        if estimate is not None and now + estimate <= self.start < math.inf:
             return None
         return ledger.nominal(queue, key) - ledger.used(queue, key) - self.need
+
+    def takes_back(self, ledger: Ledger, job: JobState) -> bool:
+        """Whether the held job may stop ``job`` for its room once it is admitted and placed: the
+        same test the preemption rule puts to a victim of the beneficiary's own queue (a lower
+        priority, or an equal one submitted later where ``within_queue`` allows that), of a job that
+        may still be preempted (``Ledger.may_take_back``). Such a job only borrows the held
+        job's room until the held job needs it, as a borrower of another queue does."""
+        if not may_stop_within(self.policy, job.priority, self.priority):
+            return False
+        if job.priority == self.priority and job.submitted_seq < self.seq:
+            return False
+        return ledger.may_take_back(job)
 
     def when(self) -> str:
         # An absolute log time, as the placer's reservation says it: stable from cycle to cycle.
@@ -106,4 +133,5 @@ def hold(ledger: Ledger, queue: str, job: JobState, ends: list[tuple[float, int]
         start = max(now, end)
     if left + need > nominal:  # held by more than the projection knows of
         start = math.inf
-    return Hold(job.id, key, need, start)
+    policy = ledger.spec(queue).preemption
+    return Hold(job.id, key, need, start, job.priority, job.submitted_seq, policy)

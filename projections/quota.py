@@ -426,6 +426,15 @@ class Ledger:
         jobs), or a lender's nominal would be guaranteed only until such a job borrowed it."""
         return may_be_preempted(spec, self._classes)
 
+    def may_take_back(self, job: JobState) -> bool:
+        """Whether ``job`` could be stopped for a job of its queue once that one needs its quota
+        back: it may be preempted (``may_borrow``) and its class's lifetime cap on preemptions
+        has not run out (the guards that pass with time, such as a minimum runtime, do)."""
+        pc = self._classes.get(job.spec.priority_class)
+        if not may_be_preempted(job.spec, self._classes):
+            return False
+        return pc is None or pc.max_preemptions is None or job.preemptions < pc.max_preemptions
+
     def available(self, queue: str, key: str, borrow: bool = True) -> int:
         """How much more the queue may hold of ``key`` right now (may be < 0 after a quota cut);
         without ``borrow``, for a job that may not borrow (``may_borrow``): within its nominal."""

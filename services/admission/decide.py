@@ -497,7 +497,7 @@ def _admit(
             if borrow:  # what the queue's jobs that may borrow still have room for
                 cur.room[key] = avail
             if held is not None:  # what a job behind the held one may take without delaying it
-                spare = held.spare(ledger, cur.name, key, runtimes.of(job), now)
+                spare = held.spare(ledger, cur.name, key, job, now)
                 if spare is not None:
                     replicas = min(replicas, spare // per_worker)
             if replicas >= lo:
@@ -644,7 +644,7 @@ class _Explainer:
             return None
         key, per_worker = demands[0]
         need = per_worker * quota.min_replicas(job.spec)
-        spare = hold.spare(self.ledger, cur.name, key, runtimes.of(job), now)
+        spare = hold.spare(self.ledger, cur.name, key, job, now)
         if spare is None or need <= spare or not self.ledger.fits(cur.name, key, need):
             return None
         name = key_name(key)

@@ -444,7 +444,7 @@ class _Holds:
         demand = queued_demand(self.state, self.ledger, job)
         if demand is None:
             return False
-        spare = held.spare(self.ledger, job.spec.queue, demand[0], runtimes.of(job), self.now)
+        spare = held.spare(self.ledger, job.spec.queue, demand[0], job, self.now)
         return spare is not None and demand[1] > spare
 
     def moved(self) -> None:

@@ -22,7 +22,14 @@ from corral.events.jobs import (
     PendingReasonChanged,
     Resources,
 )
-from corral.events.queues import ApplyCohort, CohortSpec, PriorityClassSpec, QueueSpec, Quota
+from corral.events.queues import (
+    ApplyCohort,
+    CohortSpec,
+    PreemptionPolicy,
+    PriorityClassSpec,
+    QueueSpec,
+    Quota,
+)
 from corral.projections import indexes
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import Phase
@@ -647,6 +654,53 @@ def test_a_later_job_that_leaves_the_held_job_room_goes_first() -> None:
     assert set(admitted(out)) == {"two"}
     assert reasons(out)["four"].code == "quota-held"
     assert reasons(out)["gang"].preemption_helps  # team-b's borrowed GPUs can be reclaimed for it
+
+
+def _stops_newer(s: State) -> None:
+    s.queues["team-a"] = msgspec.structs.replace(
+        s.queues["team-a"], preemption=PreemptionPolicy(within_queue="lower-or-newer-equal-priority")
+    )
+
+
+def test_a_later_job_the_held_job_may_stop_goes_first() -> None:
+    # team-a's policy lets a job stop its queue's newer jobs of its own priority: s1 and s2 only
+    # borrow the gang's room until the gang needs it, as another queue's borrower would. Before,
+    # the queue took no new job until its own jobs had drained to leave the gang its room.
+    s = held_world()
+    _stops_newer(s)
+    out = decide(s, 10.0)
+    assert set(admitted(out)) == {"s1", "s2"}
+    assert fold_all(s, out) == 0
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        pytest.param("spec", id="may-not-be-preempted"),
+        pytest.param("class", id="its-class-may-not-be-preempted"),
+        pytest.param("cap", id="preempted-as-often-as-its-class-allows"),
+        pytest.param("priority", id="of-a-higher-priority"),
+    ],
+)
+def test_a_later_job_the_held_job_may_not_stop_stays_held(why: str) -> None:
+    s = held_world()
+    _stops_newer(s)
+    s.priority_classes["once"] = PriorityClassSpec("once", 0, max_preemptions=1)
+    s.priority_classes["fixed"] = PriorityClassSpec("fixed", 0, preemptible=False)
+    for j in ("s1", "s2"):
+        job_ = s.jobs[j]
+        if why == "spec":
+            job_.spec = msgspec.structs.replace(job_.spec, preemptible=False)
+        elif why == "class":
+            job_.spec = msgspec.structs.replace(job_.spec, priority_class="fixed")
+        elif why == "cap":
+            job_.spec = msgspec.structs.replace(job_.spec, priority_class="once")
+            job_.preemptions = 1
+        else:
+            job_.priority = 5
+    out = decide(s, 10.0)
+    assert admitted(out) == {}
+    assert reasons(out)["s1"].code == "quota-held"
 
 
 def test_a_job_larger_than_its_queues_nominal_holds_nothing() -> None:

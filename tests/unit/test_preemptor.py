@@ -1177,13 +1177,14 @@ def test_a_form_quota_did_not_block_is_judged_again_after_a_commit() -> None:
 
 def test_a_hold_keeps_out_each_job_of_a_form_by_its_own_estimate() -> None:
     """``h`` waits (nobody may be stopped that frees 8 GPUs) and holds the queue's quota until
-    its holders end. Of the one-GPU form behind it, ``f1`` (no estimate) is kept out; ``f2``
-    ends before then, so the hold does not keep it out, and it gets ``v``."""
+    its holders end. Of the one-GPU form behind it, of ``h``'s priority (so ``h`` could not stop
+    them for its room), ``f1`` (no estimate) is kept out; ``f2`` ends before then, so the hold
+    does not keep it out, and it gets ``v``."""
     w = World().queue("team-a", nominal=8)
     w.run("r1", gpus(4, preemptible=False, runtime_estimate_s=1000.0), whole(N0, 0, 1, 2, 3))
     w.run("r2", gpus(3, preemptible=False, runtime_estimate_s=1000.0), whole(N0, 4, 5, 6))
     w.run("v", gpus(1, runtime_estimate_s=1000.0), whole(N0, 7))
-    w.submit("h", gpus(8), priority=10)
+    w.submit("h", gpus(8), priority=5)
     w.submit("f1", gpus(1), priority=5)
     w.submit("f2", gpus(1, runtime_estimate_s=30.0), priority=5)
     assert w.victims() == w.victims(PreemptorConfig(by_form=False)) == {"f2": ["v"]}

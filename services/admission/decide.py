@@ -496,6 +496,8 @@ def _admit(
             replicas = min(hi, avail // per_worker)
             if borrow:  # what the queue's jobs that may borrow still have room for
                 cur.room[key] = avail
+            else:  # ... and those that may not
+                cur.fixed_room[key] = avail
             if held is not None:  # what a job behind the held one may take without delaying it
                 spare = held.spare(ledger, cur.name, key, job, now)
                 if spare is not None:
@@ -506,6 +508,8 @@ def _admit(
                 lending_holds.admitted(job.id)
                 if key in cur.room:
                     cur.room[key] -= milli
+                if not borrow and key in cur.fixed_room:  # a borrower leaves the nominal's room be
+                    cur.fixed_room[key] -= milli
                 gpus = quota.admission_gpus(key, milli)
                 out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus))
                 _ends_at(ends, job, out[-1], now)

@@ -128,7 +128,19 @@ class FairShare:
 class Cursor:
     """One queue's pending jobs in order, and how far this cycle has walked them."""
 
-    __slots__ = ("name", "spec", "jobs", "pos", "blocked", "stopped", "passes", "admitted", "room", "hold")
+    __slots__ = (
+        "name",
+        "spec",
+        "jobs",
+        "pos",
+        "blocked",
+        "stopped",
+        "passes",
+        "admitted",
+        "room",
+        "fixed_room",
+        "hold",
+    )
 
     def __init__(self, name: str, spec: QueueSpec, jobs: Sequence[JobState]) -> None:
         self.name = name
@@ -142,6 +154,9 @@ class Cursor:
         # Per key, an upper bound on what the queue may still take this cycle: availability only
         # shrinks within a cycle, so a job needing more is known not to fit without a check.
         self.room: dict[str, int] = {}
+        # The same for its jobs that may not be preempted, which may not borrow either
+        # (``Ledger.available`` without borrowing: within the nominal, beside the others).
+        self.fixed_room: dict[str, int] = {}
         self.hold: Hold | None = None  # best effort: quota kept for the first job that did not fit
 
     @property
@@ -151,6 +166,14 @@ class Cursor:
     @property
     def head(self) -> JobState:
         return self.jobs[self.pos]
+
+
+# Jobs ``room`` alone rules out cost a look each, not a check: up to this many a cycle, over all
+# queues, are passed without counting against the lookahead, so that a front of jobs that
+# cannot fit this cycle (gangs larger than the room; jobs that may not be preempted, in a queue
+# whose such jobs fill its nominal) does not hide the jobs behind it that could, while a cycle
+# over many deep queues still reads a bounded part of them.
+SKIPS = 4096
 
 
 class FairShareOrder:
@@ -168,6 +191,7 @@ class FairShareOrder:
     ) -> None:
         self._ledger = ledger
         self._lookahead = lookahead
+        self._free = SKIPS  # jobs ``passed`` may still pass uncounted this cycle
         self._fair = fair
         self._heap: list[tuple[int, bool, float, int, int, str, str]] = []
         self.cursors: dict[str, Cursor] = {}
@@ -211,20 +235,26 @@ class FairShareOrder:
 
     def passed(self, cur: Cursor) -> None:
         """The head does not fit: a strict FIFO queue stops here; a best-effort one goes on with
-        the next job its ``room`` does not already rule out (skipped without a heap round each),
-        looking at most ``lookahead`` jobs past ones that do not fit per cycle, so that a cycle
-        over deep, full queues stays cheap; the rest wait for the queue to move."""
+        the next job its ``room`` (``fixed_room`` for a job that may not be preempted) does not
+        already rule out (skipped without a heap round each), looking at most ``lookahead`` jobs
+        past ones that do not fit per cycle besides those the room ruled out (``SKIPS``), so
+        that a cycle over deep, full queues stays cheap; the rest wait for the queue to move."""
         if cur.strict:
             cur.blocked = True
             return
-        jobs, room, spec = cur.jobs, cur.room, cur.spec
+        jobs, room, fixed_room, spec = cur.jobs, cur.room, cur.fixed_room, cur.spec
+        may_borrow = self._ledger.may_borrow
         big = 1 << 62
         room_any = room.get(quota.ANY, big)
+        fixed_any = min(room_any, fixed_room.get(quota.ANY, big))
         keys_of: dict[tuple[str, ...], tuple[str, ...]] = {}
         start = cur.pos + 1
-        end = min(len(jobs), start + max(0, self._lookahead - cur.passes - 1))
-        pos = start
-        for job in jobs[start:end]:  # one read of the window, not one per job
+        budget = max(0, self._lookahead - cur.passes - 1)  # jobs it may still count
+        free = self._free
+        pos, counted, skipped = start, 0, 0
+        for job in jobs[start : start + budget + free]:  # one read of the window, not one per job
+            if counted == budget:
+                break
             job_spec = job.spec
             res = job_spec.resources
             k = kind_of(res.gpus, res.gpu_milli, res.mig)
@@ -232,20 +262,29 @@ class FairShareOrder:
                 break  # rare: let the full check decide
             need = res.gpu_milli if k == "fraction" else res.gpus * WHOLE
             need *= job_spec.replicas if job_spec.min_replicas is None else job_spec.min_replicas
+            fixed = bool(fixed_room) and not may_borrow(job_spec)
             models = res.gpu_models
             if not models:
-                if need <= room_any:
+                if need <= (fixed_any if fixed else room_any):
                     break
             else:
                 keys = keys_of.get(models)
                 if keys is None:
                     keys = keys_of[models] = quota.candidate_keys(spec, res)
-                if any(need <= room.get(k, big) for k in keys):
+                if fixed:
+                    if any(need <= min(room.get(k, big), fixed_room.get(k, big)) for k in keys):
+                        break
+                elif any(need <= room.get(k, big) for k in keys):
                     break
             pos += 1
-        cur.passes += pos - start + 1
+            if skipped < free:
+                skipped += 1
+            else:
+                counted += 1
+        cur.passes += counted + 1
+        self._free -= skipped
         cur.pos = pos
-        if pos == end and end < len(jobs):
+        if counted == budget and pos < len(jobs):
             cur.stopped = True
         self.push(cur)
 

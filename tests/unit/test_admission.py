@@ -35,6 +35,7 @@ from corral.projections.fold import apply_event
 from corral.projections.lifecycle import Phase
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import Checkpoint, JobState, State
+from corral.services.admission import order
 from corral.services.admission.decide import AdmissionConfig, decide
 from corral.services.admission.order import pending_order
 from corral.services.admission.validate import validate
@@ -570,18 +571,56 @@ def test_decide_is_deterministic_whatever_order_the_state_holds_jobs_in() -> Non
     assert decide(s, 9.0) == decide(shuffled, 9.0)
 
 
-def test_best_effort_looks_only_so_far_past_jobs_that_do_not_fit() -> None:
+def bigs_before_small() -> State:
+    """team-a (nominal 8, no borrowing) runs 6 GPUs; four 8-GPU jobs wait, then a 1-GPU job."""
     s = two_teams(a=Quota(8, borrowing_limit=0))
     job("run").gpus(6, H).with_spec(runtime_estimate_s=7200.0).running().into(s)
     for i in range(4):
         job(f"big{i}").gpus(8, H).into(s)
     job("small").gpus(1, H).with_spec(runtime_estimate_s=3600.0).into(s)  # it cannot delay big0
+    return s
+
+
+def test_best_effort_looks_only_so_far_past_jobs_that_do_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(order, "SKIPS", 0)  # every job looked past counts
+    s = bigs_before_small()
     assert "small" in admitted(decide(s, 0.0, AdmissionConfig(lookahead=8)))
     out = decide(s, 0.0, AdmissionConfig(lookahead=2))
     assert admitted(out) == {}
     assert reasons(out)["small"].message == (
         "needs 1 H100, which fits now; waiting behind jobs that do not; position 5 of 5 in team-a"
     )
+
+
+@pytest.mark.parametrize(("skips", "goes"), [(4096, True), (3, True), (2, False)])
+def test_jobs_the_room_rules_out_do_not_use_up_the_lookahead(
+    monkeypatch: pytest.MonkeyPatch, skips: int, goes: bool
+) -> None:
+    # big0 is checked and does not fit; the room it leaves (2) rules out big1..big3 at a look,
+    # and up to SKIPS of those are passed without counting against the lookahead.
+    monkeypatch.setattr(order, "SKIPS", skips)
+    assert ("small" in admitted(decide(bigs_before_small(), 0.0, AdmissionConfig(lookahead=2)))) is goes
+
+
+@pytest.mark.parametrize(("skips", "goes"), [(4096, True), (0, False)])
+def test_jobs_that_may_not_borrow_do_not_hide_the_preemptible_ones_behind_them(
+    monkeypatch: pytest.MonkeyPatch, skips: int, goes: bool
+) -> None:
+    # team-a's jobs that may not be preempted fill its nominal 4, so its five others of that kind
+    # wait; they come first in its order. The preemptible job behind them may borrow team-b's
+    # idle quota, and ends before ``run`` gives the first of them room (the hold lets it go):
+    # the room the jobs that may not borrow have left rules the five out at a look, and it is
+    # reached within a lookahead of 2.
+    monkeypatch.setattr(order, "SKIPS", skips)
+    s = two_teams(a=Quota(4), b=Quota(8))
+    job("run").gpus(4, H).with_spec(preemptible=False, runtime_estimate_s=7200.0).running().into(s)
+    for i in range(5):
+        job(f"fixed{i}").gpus(1, H).with_spec(preemptible=False).into(s)
+    job("spare").gpus(1, H).with_spec(runtime_estimate_s=3600.0).into(s)
+    out = decide(s, 0.0, AdmissionConfig(lookahead=2))
+    assert ("spare" in admitted(out)) is goes
+    assert set(admitted(out)) <= {"spare"}
+    assert fold_all(s, out) == 0
 
 
 # -- holds: later jobs of a queue do not starve a large one ------------------------------------------

@@ -157,6 +157,24 @@ preemptions were the jobs of 89 moves, all of them jobs that checkpoint. The wor
 wait is vc-2869ce's, 230.7 h (its average wait 17.5 h). A first version that could plan a move
 while another was under way moved 445 jobs in 182 moves: 6.36 h, 3,110 preemptions, 586.9
 GPU-hours lost, vc-2869ce's p99 wait 154.6 h.
+
+Where the remaining wait is (a run with each job's admission time kept, at 6.14 h of average
+JCT): the jobs of at most one GPU-hour, 16,000 of the 20,000, wait 0.7–0.8 h on average in the
+three teams that have most of them, nearly all of it for quota (queued, the cohort full), which
+makes 0.6 h of the 1.45 h of average wait. Tiresias starts them at once by stopping jobs that
+have run longest, whatever their team's quota. Tried, one run each, not kept: such jobs in a
+priority class of their own (1, above ``normal``) that may stop lower-priority borrowers and
+the queue's own longer jobs, 6.11 h (Jain 0.966, 3,822 preemptions); with that, the whole
+entitlement pooled (``--pool 1``, every job that cannot checkpoint then preemptible) 6.01 h but
+Jain 0.903 and 16,876 GPU-hours lost; each queue's jobs stopping its own newer ones of their
+priority (``within_queue`` ``lower-or-newer-equal-priority``) 6.75 h and 7,213 preemptions
+(6.55 h once holds let pass the jobs the held job may stop): in a shortest-first queue the newer
+jobs are the short ones. Quota guarantees are what the rest of the gap to Tiresias buys.
+
+Then admission stopped counting against its lookahead the jobs its room rules out at a look
+(DESIGN.md, admission): 6.40 h of average JCT (vc-6214e9's short jobs wait 1.58 h against 0.85,
+preemptible jobs the scan used to miss now borrowing the pool), Jain's index 0.972, 2,520
+preemptions, 587.0 GPU-hours lost; the worst team's p99 wait 187.9 h (vc-2869ce).
 """
 
 from __future__ import annotations

@@ -630,8 +630,8 @@ class _Explainer:
         self, cur: Cursor, hold: Hold, job: JobState, reason: Reason, position: str, now: float
     ) -> Reason:
         """A job behind the held one that the ledger would admit hears that the hold stops it."""
-        if job.id == hold.job_id:
-            return reason
+        if job.id == hold.job_id or hold.takes_back(self.ledger, job, now):
+            return reason  # (the verdicts below are for jobs the held job may not stop)
         spec = job.spec
         # The verdict depends on the job's shape alone (the ledger does not change while reasons
         # are given): asked once per queue and shape, not per job.

@@ -44,7 +44,7 @@ dependence (queues are visited by name, ties end at job id).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from itertools import islice
 from operator import attrgetter, lt
 
@@ -176,6 +176,13 @@ class Cursor:
 SKIPS = 4096
 
 
+def _window(jobs: Sequence[JobState], start: int, stop: int, size: int = 64) -> Iterator[JobState]:
+    """``jobs[start:stop]``, read ``size`` at a time only as far as the caller goes: one read a
+    stretch, not one a job, and not the whole of a long window for a loop that ends early."""
+    for lo in range(start, stop, size):
+        yield from jobs[lo : min(stop, lo + size)]
+
+
 class FairShareOrder:
     """A heap of queue heads keyed by fair share; the caller pops a head, decides about it, and
     says what happened (``admitted``, ``passed``) so the queue competes again with its next job."""
@@ -252,7 +259,7 @@ class FairShareOrder:
         budget = max(0, self._lookahead - cur.passes - 1)  # jobs it may still count
         free = self._free
         pos, counted, skipped = start, 0, 0
-        for job in jobs[start : start + budget + free]:  # one read of the window, not one per job
+        for job in _window(jobs, start, start + budget + free):
             if counted == budget:
                 break
             job_spec = job.spec

@@ -430,8 +430,8 @@ class _Holds:
         """Would admission keep ``job`` out for an earlier job of its queue, whatever is freed?"""
         spec = job.spec
         held = self.by_queue.get(spec.queue)
-        if held is None:
-            return False
+        if held is None or held.takes_back(self.ledger, job, self.now):
+            return False  # (the verdicts below are for jobs the held job may not stop)
         # The estimate is the job's own (its owner's, else the one learned at its submission), as
         # admission reads it: jobs of one ask with different learned estimates get each its own.
         ask = (spec.queue, spec.resources, spec.replicas, spec.min_replicas, runtimes.of(job))

@@ -1188,3 +1188,51 @@ def test_a_hold_keeps_out_each_job_of_a_form_by_its_own_estimate() -> None:
     w.submit("f1", gpus(1), priority=5)
     w.submit("f2", gpus(1, runtime_estimate_s=30.0), priority=5)
     assert w.victims() == w.victims(PreemptorConfig(by_form=False)) == {"f2": ["v"]}
+
+
+def _admitted(events: list[Event]) -> list[str]:
+    return [a.job_id for e in events if isinstance(e, JobsAdmitted) for a in e.admissions]
+
+
+def test_a_hold_keeps_out_a_job_it_may_not_stop_behind_one_of_the_same_ask_it_may() -> None:
+    """``h`` (priority 10) holds the queue's nominal. ``f1`` it may stop (priority 5, preemptible),
+    so the hold lets it by (its search then fails: no node matches it); ``f2``, of the same ask,
+    may not be preempted, so the hold keeps it out: ``v`` is not stopped for it. A verdict
+    cached by ask for ``f1`` must not be read for ``f2``."""
+    w = World().queue("team-a", nominal=8)
+    w.run("r1", gpus(4, preemptible=False, runtime_estimate_s=1000.0), whole(N0, 0, 1, 2, 3))
+    w.run("r2", gpus(3, preemptible=False, runtime_estimate_s=1000.0), whole(N0, 4, 5, 6))
+    w.run("v", gpus(1, runtime_estimate_s=1000.0), whole(N0, 7))
+    w.submit("h", gpus(8), priority=10)
+    w.submit("f1", gpus(1, node_selector={"zone": "nowhere"}), priority=5)
+    w.submit("f2", gpus(1, preemptible=False), priority=5)
+    assert w.victims() == w.victims(PreemptorConfig(by_form=False)) == {}
+
+
+def test_a_hold_does_not_let_by_a_job_once_stopped_for_the_held_one() -> None:
+    """``J`` was stopped for ``H`` once; never again between the two, so ``H`` could not take its
+    room back from it: once ``H`` is held (stopped in turn for ``U``), ``J`` waits behind it."""
+    w = World().queue("team-a", nominal=8)
+    w.run("A", gpus(2, preemptible=False, runtime_estimate_s=1e6), whole(N0, 0, 1))
+    w.run("J", gpus(2, runtime_estimate_s=1e6), whole(N0, 2, 3), priority=0)
+    w.submit("H", gpus(6), priority=10)
+    w.preempt("H", "J").stop("J").requeue("J")
+    w.admit("H").place("H", whole(N0, 2, 3, 4, 5, 6, 7)).start("H")
+    w.submit("U", gpus(4, runtime_estimate_s=100.0), priority=20)
+    w.preempt("U", "H").stop("H").requeue("H")
+    w.admit("U").place("U", whole(N0, 2, 3, 4, 5)).start("U")
+    assert _admitted(w.cycle(admission)) == []
+
+
+def test_a_hold_whose_room_is_free_now_lets_nothing_by_into_it() -> None:
+    """``H`` fits its queue's nominal now and waits only for what team-b borrows: the preemptor
+    takes that back at once. ``J``, which ``H`` may stop, is not let into the room meanwhile
+    (it would be stopped as soon as it ran)."""
+    w = World().cohort("org").queue("team-a", nominal=8, cohort="org")
+    w.queue("team-b", nominal=0, cohort="org")
+    w.run("Y", gpus(2, runtime_estimate_s=1e6), whole(N0, 0, 1), priority=20)
+    w.run("R", gpus(4, queue="team-b", runtime_estimate_s=1e6), whole(N0, 2, 3, 4, 5))
+    w.submit("H", gpus(6), priority=10)
+    w.submit("J", gpus(2, runtime_estimate_s=1e6), priority=0)
+    assert _admitted(w.cycle(admission)) == []
+    assert w.victims() == {"H": ["R"]}

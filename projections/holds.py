@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from corral.events.queues import PreemptionPolicy
 from corral.projections import indexes, quota, runtimes
-from corral.projections.preemption import may_stop_within
+from corral.projections.preemption import eligible
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
 
@@ -51,19 +51,15 @@ class Hold:
     """``need`` milli-GPU of ``key`` of its queue's nominal quota kept for ``job_id``, the queue's
     first job that does not fit; ``start``: when the queue's own jobs are projected to have given
     it that room (``inf``: not known, as jobs without a runtime estimate hold it, so no job is
-    known to end before then). ``priority``, ``seq`` (its submission), ``policy`` (its
-    queue's), ``priority_seq`` and ``stopped_for`` (the job's own) say which later jobs it may
-    stop."""
+    known to end before then). ``held`` (the job) and ``policy`` (its queue's) say which later
+    jobs it may stop."""
 
     job_id: str
     key: str
     need: int
     start: float
-    priority: int = 0
-    seq: int = 0
     policy: PreemptionPolicy = NO_STOPS
-    priority_seq: int = 0
-    stopped_for: tuple[tuple[str, int, int], ...] = ()
+    held: JobState | None = None
 
     def spare(self, ledger: Ledger, queue: str, key: str, job: JobState, now: float) -> int | None:
         """How much of ``key`` a later ``job`` of the queue may take past the held job (None: no
@@ -79,24 +75,18 @@ class Hold:
 
     def takes_back(self, ledger: Ledger, job: JobState, now: float) -> bool:
         """Whether ``job`` may go past the held job because the held job may stop it for its
-        room once it needs it: the test the preemption rule puts to a victim of the
-        beneficiary's own queue (a lower priority, or an equal one submitted later where
-        ``within_queue`` allows that; neither stopped for the other before,
-        ``preemption.stopped_before``), of a job that may still be preempted
-        (``Ledger.may_take_back``). Such a job only borrows the held job's room until the held
-        job needs it, as a borrower of another queue does. Not while that room is free now
-        (``start`` is ``now``): the held job then waits only for quota other queues borrow,
-        which the preemptor takes back at once, and a job admitted into its room would be
-        stopped as soon as it ran."""
-        if self.start <= now or not may_stop_within(self.policy, job.priority, self.priority):
+        room once it needs it: the preemption rule's test of a victim of the beneficiary's own
+        queue (``preemption.eligible``: a lower priority, or an equal one submitted later where
+        ``within_queue`` allows that; neither stopped for the other before), of a job that may
+        still be preempted (``Ledger.may_take_back``). Such a job only borrows the held job's
+        room until the held job needs it, as a borrower of another queue does. Not while that
+        room is free now (``start`` is ``now``): the held job then waits only for quota other
+        queues borrow, which the preemptor takes back at once, and a job admitted into its
+        room would be stopped as soon as it ran."""
+        if self.held is None or self.start <= now:
             return False
-        if job.priority == self.priority and job.submitted_seq < self.seq:
-            return False
-        if (self.job_id, self.priority_seq, job.priority_seq) in job.stopped_for:
-            return False
-        if (job.id, job.priority_seq, self.priority_seq) in self.stopped_for:
-            return False
-        return ledger.may_take_back(job)
+        mine = eligible(self.policy, job, None, self.held, None, lent=False, reclaims=False)
+        return mine and ledger.may_take_back(job)
 
     def when(self) -> str:
         # An absolute log time, as the placer's reservation says it: stable from cycle to cycle.
@@ -146,6 +136,4 @@ def hold(ledger: Ledger, queue: str, job: JobState, ends: list[tuple[float, int]
     if left + need > nominal:  # held by more than the projection knows of
         start = math.inf
     policy = ledger.spec(queue).preemption
-    return Hold(
-        job.id, key, need, start, job.priority, job.submitted_seq, policy, job.priority_seq, job.stopped_for
-    )
+    return Hold(job.id, key, need, start, policy, job)

@@ -44,6 +44,7 @@ from corral.projections import mig
 from corral.projections.lifecycle import HOLDS_QUOTA
 from corral.projections.shape import kind_of
 from corral.projections.state import WHOLE, JobState, State
+from corral.projections.thrash import capped
 
 ANY = "*"
 
@@ -430,10 +431,8 @@ class Ledger:
         """Whether ``job`` could be stopped for a job of its queue once that one needs its quota
         back: it may be preempted (``may_borrow``) and its class's lifetime cap on preemptions
         has not run out (the guards that pass with time, such as a minimum runtime, do)."""
-        pc = self._classes.get(job.spec.priority_class)
-        if not may_be_preempted(job.spec, self._classes):
-            return False
-        return pc is None or pc.max_preemptions is None or job.preemptions < pc.max_preemptions
+        classes = self._classes
+        return may_be_preempted(job.spec, classes) and not capped(job, classes.get(job.spec.priority_class))
 
     def available(self, queue: str, key: str, borrow: bool = True) -> int:
         """How much more the queue may hold of ``key`` right now (may be < 0 after a quota cut);

@@ -42,6 +42,11 @@ def runtime(job: JobState, now: float) -> float:
     return max(0.0, now - job.phase_since) if job.phase == "running" else 0.0
 
 
+def capped(job: JobState, pc: PriorityClassSpec | None) -> bool:
+    """Whether ``job`` has been preempted as many times as its class allows in its life."""
+    return pc is not None and pc.max_preemptions is not None and job.preemptions >= pc.max_preemptions
+
+
 def lifts_at(job: JobState, pc: PriorityClassSpec | None, now: float) -> float:
     """The earliest log time at or after ``now`` at which ``guard`` may stop protecting ``job``
     by the passing of time alone (its minimum runtime reached, its cooldown over, a preemption
@@ -49,7 +54,7 @@ def lifts_at(job: JobState, pc: PriorityClassSpec | None, now: float) -> float:
     something other than time protects it."""
     if pc is None or guard(job, pc, now) is None:
         return now
-    if pc.max_preemptions is not None and job.preemptions >= pc.max_preemptions:
+    if capped(job, pc):
         return math.inf
     at = now
     if pc.min_runtime_s > 0:
@@ -88,7 +93,7 @@ def guard(job: JobState, pc: PriorityClassSpec | None, now: float) -> Reason | N
                 f"job {job.id} was preempted {since:.0f}s ago; class {pc.name} waits "
                 f"{pc.cooldown_s:.0f}s between preemptions",
             )
-    if pc.max_preemptions is not None and job.preemptions >= pc.max_preemptions:
+    if capped(job, pc):
         return Reason(
             "preemption-cap",
             f"job {job.id} has been preempted {job.preemptions} of the {pc.max_preemptions} times class "

@@ -7,10 +7,12 @@ A running job (or an elastic job's top ranks) may be stopped for a beneficiary o
 - and the beneficiary's queue's preemption policy (``PreemptionPolicy``) allows it:
   a job of the beneficiary's own queue by ``within_queue`` (lower priority; or also equal
   priority submitted later); a job of another queue of the cohort tree only if it holds quota
-  lent by the beneficiary's side of the tree (``Ledger.borrows_from``: it holds more than its
-  nominal, and so does its side below the cohort where the two meet) on the key the beneficiary
-  needs, and then by ``reclaim_within_cohort`` when the beneficiary's side stays within its own
-  quota once the record's victims are gone (it takes back what it lent), else by
+  lent by the beneficiary's side of the tree (``Ledger.borrows_from``: its queue holds more than
+  its nominal, and so does every cohort above it up to its side below the cohort where the two
+  meet, as Kueue counts a cohort's quota and usage) on the key the beneficiary needs, and then
+  by ``reclaim_within_cohort`` when the beneficiary's queue, or a cohort above it up to its
+  side, stays within its quota once the record's victims are gone (``Ledger.within_own``: it
+  takes back what its side lent), else by
   ``borrow_within_cohort`` (a lower priority, at most the threshold), or else by
   ``fair_sharing`` (Kueue's fair-sharing preemption, KEP-1714): the beneficiary's queue's share
   with the beneficiary admitted and the record's victims gone is at most the victim's queue's
@@ -76,8 +78,9 @@ def eligible(
     """The queue-and-priority part, under the beneficiary's queue's ``policy``, for a victim
     charged on ``victim_key`` and a beneficiary that needs ``key``. ``lent``: the victim's queue
     holds quota of ``key`` lent by the beneficiary's side (``Ledger.borrows_from``, before any
-    stop); ``reclaims``: the beneficiary's side stays within its own quota with it once the
-    proposal's victims are gone (``Ledger.within_own``); ``fair``: one of the policy's
+    stop); ``reclaims``: the beneficiary's queue, or a cohort above it up to its side, stays
+    within its quota with it once the proposal's victims are gone (``Ledger.within_own``);
+    ``fair``: one of the policy's
     fair-sharing strategies lets the beneficiary's queue take from the victim's (``fair_allows``)."""
     if victim.id == beneficiary.id or stopped_before(victim, beneficiary) is not None:
         return False  # once one was stopped for the other, neither is stopped for the other again

@@ -154,7 +154,7 @@ class _Node:
     """A queue (leaf) or a cohort of the tree, with its per-key arithmetic in milli-GPU."""
 
     __slots__ = (
-        "name", "is_queue", "parent", "children", "quotas", "subtree", "guaranteed", "usage", "own", "held",
+        "name", "is_queue", "parent", "children", "quotas", "subtree", "guaranteed", "usage",
     )  # fmt: skip
 
     def __init__(self, name: str, is_queue: bool, quotas: Mapping[str, Quota]) -> None:
@@ -166,8 +166,6 @@ class _Node:
         self.subtree: dict[str, int] = {}
         self.guaranteed: dict[str, int] = {}
         self.usage: dict[str, int] = {}
-        self.own: dict[str, int] = {}  # nominal quota of the whole subtree, lent or not
-        self.held: dict[str, int] = {}  # what the subtree's queues hold, borrowed or not
 
     def root(self) -> _Node:
         n = self
@@ -286,7 +284,6 @@ class Ledger:
                 own = n.quotas.get(k, _NO_QUOTA)
                 sub = own.nominal * WHOLE + sum(c.subtree[k] - c.guaranteed[k] for c in n.children)
                 n.subtree[k] = sub
-                n.own[k] = own.nominal * WHOLE + sum(c.own[k] for c in n.children)
                 ll = own.lending_limit
                 n.guaranteed[k] = max(0, sub - ll * WHOLE) if ll is not None and n.parent else 0
 
@@ -301,7 +298,6 @@ class Ledger:
             for slot in _Node.__slots__:
                 setattr(m, slot, getattr(n, slot))
             m.usage = dict(n.usage)
-            m.held = dict(n.held)
         for m in made.values():
             if m.parent is not None:
                 m.parent = made[id(m.parent)]
@@ -523,40 +519,61 @@ class Ledger:
 
     def borrows_from(self, holder: str, queue: str, key: str) -> bool:
         """Whether ``holder`` holds quota of ``key`` lent by ``queue``'s side of the tree: it holds
-        more than its own nominal, and so does its side (the queues below the cohort the two
-        meet in, on its branch), so the excess came from the other side's quota."""
+        more than its nominal, and so does every cohort above it up to its side (the child, on
+        its branch, of the cohort the two meet in), each counted as its parent counts it (what
+        its members hold beyond what they keep from lending, against its quota with what they
+        may lend). A cohort within its quota borrowed nothing from outside it, whatever its
+        queues took from each other (Kueue's hierarchical reclaim: candidates come only from
+        subtrees over their quota)."""
         sides = self.sides(queue, holder)
         if sides is None:
             return False
         theirs = sides[1]
-        node = self._queues[holder]
-        return node.usage.get(key, 0) > node.own.get(key, 0) and _held(theirs, key) > theirs.own.get(key, 0)
+        n: _Node | None = self._queues[holder]
+        while n is not None:
+            if n.usage.get(key, 0) <= n.subtree.get(key, 0):
+                return False
+            if n is theirs:
+                return True
+            n = n.parent
+        return False
 
-    def within_own(self, queue: str, holder: str, key: str, extra: int, freed: int = 0) -> bool:
-        """Whether ``queue``'s side of the tree, against ``holder``'s, stays within its own nominal
-        quota holding ``extra`` more and ``freed`` less: it would take back only what it lent."""
+    def within_own(self, queue: str, holder: str, key: str, extra: int) -> bool:
+        """Whether ``queue``, holding ``extra`` more of ``key``, needs none of what ``holder``'s side
+        of the tree holds: the queue stays within its nominal, or some cohort above it up to its
+        side stays within its quota, each counted as its parent counts it (Kueue's hierarchical
+        advantage). It would then take back only quota its side lent."""
         sides = self.sides(queue, holder)
         if sides is None:
             return False
-        mine = sides[0]
-        return _held(mine, key) + extra - freed <= mine.own.get(key, 0)
+        return self._fits_below(self._queues[queue], key, extra, sides[0]) is not None
+
+    def _fits_below(self, n: _Node, key: str, extra: int, top: _Node | None) -> _Node | None:
+        """The lowest node from queue ``n`` up to ``top`` (the root when None) within its quota
+        holding ``extra`` more of ``key`` at the queue; None if none is. What reaches a parent is
+        what a charge carries up (``charge``): the part beyond what the child keeps from lending."""
+        while True:
+            used = n.usage.get(key, 0)
+            if used + extra <= n.subtree.get(key, 0):
+                return n
+            if n is top or n.parent is None:
+                return None
+            g = n.guaranteed.get(key, 0)
+            extra = (used + extra - g if used + extra > g else 0) - (used - g if used > g else 0)
+            n = n.parent
 
     def borrowing_height(self, queue: str, key: str, need: int) -> int:
         """How far ``queue`` must borrow to hold ``need`` more of ``key`` (Kueue's borrowing
         height: who borrows less goes first): 0 within its own nominal, or with no cohort;
-        else the height of the lowest cohort above it that holds enough within its subtree,
-        or of the tree's root if none does. A cohort's height is how far its furthest queue
-        is below it, so borrowing from a cohort that holds a deep tree counts as borrowing
-        further than borrowing from a small one, wherever the queue sits."""
+        else the height of the lowest cohort above it within its quota with the need counted
+        (``_fits_below``), or of the tree's root if none is. A cohort's height is how far its
+        furthest queue is below it, so borrowing from a cohort that holds a deep tree counts as
+        borrowing further than borrowing from a small one, wherever the queue sits."""
         n = self._queues.get(queue)
-        if n is None or n.parent is None or _held(n, key) + need <= n.own.get(key, 0):
+        if n is None or n.parent is None:
             return 0
-        top = n
-        while top.parent is not None:
-            top = top.parent
-            if _held(top, key) + need <= top.own.get(key, 0):
-                break
-        return _height(top)
+        found = self._fits_below(n, key, need, None)
+        return _height(found if found is not None else n.root())
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -569,10 +586,6 @@ class Ledger:
         old = n.usage.get(key, 0)
         new = old + milli
         n.usage[key] = new
-        up: _Node | None = n.parent
-        while up is not None:
-            up.held[key] = up.held.get(key, 0) + milli
-            up = up.parent
         # The arithmetic of the module docstring, without calls to max: this runs per charge.
         while n.parent is not None:
             g = n.guaranteed.get(key, 0)
@@ -709,10 +722,6 @@ class Ledger:
         if cohort is None:
             return f"{text}; no cohort to borrow from"
         return f"{text}; cohort {cohort} has {fmt_gpus(max(0, self.from_cohort(queue, key)))} to lend"
-
-
-def _held(n: _Node, key: str) -> int:
-    return n.usage.get(key, 0) if n.is_queue else n.held.get(key, 0)
 
 
 def _depth(n: _Node) -> int:

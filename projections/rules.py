@@ -100,4 +100,10 @@ from __future__ import annotations
 #    record names holds with them gone (``moves.may_move``).
 # 27: a moved job keeps where its move puts it (``JobState.moved_to``) until it is placed again;
 #    the placer holds those GPUs for it meanwhile.
-RULES = 27
+# 28: a cohort tree is read as Kueue reads it (``Ledger.borrows_from``, ``Ledger.within_own``,
+#    ``Ledger.borrowing_height``): a cohort holds what its members hold beyond what their lending
+#    limits keep for them, against its own quota and what they may lend; a job is another
+#    queue's borrower only while its queue and every cohort above it up to its side of the tree
+#    hold more than that; a beneficiary takes lent quota back when its queue, or a cohort on
+#    its way up to its side, stays within it.
+RULES = 28

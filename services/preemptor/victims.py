@@ -691,6 +691,12 @@ def _remove(
         removed = _fill_back(sim, removed, lambda: allowed() and fits())
     while not allowed():
         if not take():
+            # Whether the fold allows a set is not monotone either way: a victim taken late (one
+            # of the beneficiary's own queue) can make spare one taken early that left its queue
+            # below its nominal. Spare what can be spared, the last removal too, before giving up.
+            removed = _fill_back(sim, removed, lambda: allowed() and fits(), last_needed=False)
+            if removed and allowed() and fits():
+                return removed
             _restore_all(sim, removed)
             return None
     return removed
@@ -701,8 +707,11 @@ def _restore_all(sim: Simulation, removed: _Removed) -> None:
         sim.restore(u.job, u.holder.key, u.holder.per_worker, ranks)
 
 
-def _fill_back(sim: Simulation, removed: _Removed, fits: Callable[[], bool]) -> _Removed:
-    """Kueue's fillBackWorkloads: the last removal was needed; try to spare each earlier one."""
+def _fill_back(
+    sim: Simulation, removed: _Removed, fits: Callable[[], bool], last_needed: bool = True
+) -> _Removed:
+    """Kueue's fillBackWorkloads: the last removal was needed; try to spare each earlier one
+    (without ``last_needed``, the last one too)."""
     kept: list[bool] = [True] * len(removed)
     whole = {u.job.id for u, _ in removed if u.rank is None}
     # Elastic jobs whose lowest stopped rank stays stopped: the ranks above it stay stopped too,
@@ -710,9 +719,9 @@ def _fill_back(sim: Simulation, removed: _Removed, fits: Callable[[], bool]) -> 
     # lowest first here, and the first one that cannot come back pins the rest.
     pinned: set[str] = set()
     last = removed[-1][0] if removed else None
-    if last is not None and last.rank is not None:
+    if last_needed and last is not None and last.rank is not None:
         pinned.add(last.job.id)
-    for i in range(len(removed) - 2, -1, -1):
+    for i in range(len(removed) - (2 if last_needed else 1), -1, -1):
         u, ranks = removed[i]
         jid = u.job.id
         if u.rank is not None and (jid in whole or jid in pinned):

@@ -1,0 +1,156 @@
+"""Kueue's reading of a cohort tree with lending limits and nested cohorts, and its victim search,
+as corral's preemptor answers them (whole GPUs on key ``"*"``, one one-worker job each).
+
+Which queues' jobs are candidates for a queue taking its quota back follows Kueue's
+``pkg/scheduler/preemption/classical/hierarchical_preemption.go`` (kubernetes-sigs/kueue):
+``collectCandidatesInSubtree`` takes candidates only from subtrees over their quota, skipping
+any cohort within it, where a cohort's usage and quota are those of ``pkg/cache``'s resource
+nodes (what each child holds beyond what its lending limit keeps for it, against its own quota
+plus what its children may lend); ``QuantitiesFitInQuota`` gives the taker its hierarchical
+advantage when it fits within its own queue or a cohort on its way up. Each case's world is the
+smallest that tells a reading of raw nominal sums from Kueue's.
+
+A queue's own jobs are candidates for a job larger than its nominal when ``within_queue`` lets it
+stop them (``FlavorAssigner.canPreemptWithinClusterQueue`` in ``pkg/scheduler/flavorassigner``:
+preemption is tried when the request fits the nominal, or the queue may preempt within itself,
+or while borrowing), and the search finds the set Kueue's ``minimalPreemptions`` and
+``fillBackWorkloads`` find in the integration case "Should preempt Workloads in the cohort
+borrowing quota, when the ClusterQueue is using less than nominal quota"
+(``test/integration/singlecluster/scheduler/preemption_test.go``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.events import subjects as subj
+from corral.events.decisions import PreemptionRequested
+from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, PreemptionPolicy, QueueSpec
+from corral.projections.quota import ANY, Ledger
+from corral.services.preemptor.decide import decide
+from tests.builders import queue_spec
+from tests.unit.test_preemptor import World, gpus, whole
+
+LP_ANY = {"within_queue": "lower-priority", "reclaim_within_cohort": "any"}
+
+
+NEVER = {"within_queue": "never", "reclaim_within_cohort": "never", "borrow_within_cohort": "never"}
+
+
+def _queue(
+    name: str, nominal: int, cohort: str, *, lending_limit: int | None = None, **policy: Any
+) -> QueueSpec:
+    fields = {**NEVER, **policy}  # Kueue's default is Never for all three fields; corral's is not
+    spec = PreemptionPolicy(**fields)
+    return queue_spec(name, nominal, cohort=cohort, lending_limit=lending_limit, preemption=spec)
+
+
+def _world(
+    cohorts: list[tuple[str, str | None]], queues: list[QueueSpec], running: list[tuple[str, str, int, int]]
+) -> World:
+    """``running``: (job, queue, GPUs, priority), admitted and started in that order."""
+    w = World(nodes=4)
+    for name, parent in cohorts:
+        w.emit(subj.admin("cohort"), ApplyCohort(cohort=CohortSpec(name, parent)), subj.ADMIN)
+    for q in queues:
+        w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    free = [list(range(8)) for _ in range(4)]
+    for job_id, queue, n, priority in running:
+        i = next(i for i, f in enumerate(free) if len(f) >= n)
+        taken, free[i] = free[i][:n], free[i][n:]
+        w.run(job_id, gpus(n, queue), whole(f"node-{i:02d}", *taken), priority=priority)
+    return w
+
+
+def _victims(w: World, queue: str, n: int, priority: int = 0) -> list[str]:
+    """Who the preemptor stops for a job of ``n`` GPUs of ``queue`` its quota blocks (the fold
+    takes each proposal, or the World fails)."""
+    w.submit("in", gpus(n, queue), priority=priority)
+    assert not Ledger.from_state(w.state).fits(queue, ANY, n * 1000)
+    events = w.cycle(decide)
+    return sorted(v.job_id for e in events if isinstance(e, PreemptionRequested) for v in e.victims)
+
+
+def test_a_cohort_over_its_quota_by_a_lending_limit_gives_back_what_it_borrowed() -> None:
+    #        r
+    #      /   \
+    #     C     q3 (4, reclaims any)
+    #   /   \
+    # q1 (4, lends 1)  q2 (0)
+    # q2 holds 2: the 1 q1 may lend, and 1 of q3's nominal through r. C holds 2 of a quota of 1
+    # (its raw nominal, 4, would say it borrows nothing), so q3 takes its GPU back from b.
+    w = _world(
+        [("r", None), ("C", "r")],
+        [_queue("q1", 4, "C", lending_limit=1), _queue("q2", 0, "C"), _queue("q3", 4, "r", **LP_ANY)],
+        [("b", "q2", 2, 0), ("q3-run", "q3", 3, 0)],
+    )
+    assert _victims(w, "q3", 1) == ["b"]
+
+
+def test_a_queue_is_not_back_within_its_side_by_quota_a_lending_limit_keeps_from_it() -> None:
+    #          r
+    #     /    |    \
+    #    C    qr (3)  qb (0)
+    #   /  \
+    # q1 (4, lends 1)  q (0, reclaims any)
+    # q holds 2 and asks 1 more: C's quota is the 1 q1 lends, so q would borrow beyond C, and
+    # qb's job, of q's priority, is no reclaim (raw sums would read C within its 4).
+    w = _world(
+        [("r", None), ("C", "r")],
+        [
+            _queue("q1", 4, "C", lending_limit=1),
+            _queue("q", 0, "C", **LP_ANY),
+            _queue("qr", 3, "r"),
+            _queue("qb", 0, "r"),
+        ],
+        [("q-run", "q", 2, 0), ("qr-run", "qr", 1, 0), ("qb-run", "qb", 1, 0)],
+    )
+    assert _victims(w, "q", 1) == []
+
+
+def test_a_cohort_within_its_quota_below_the_common_cohort_keeps_its_queues_jobs() -> None:
+    #              r
+    #           /     \
+    #          A       qx (4, reclaims any)
+    #        /   \
+    #       B     q3 (0)
+    #     /   \
+    #  q1 (0)  q2 (4)
+    # q1 runs on q2's idle 4 inside B, which is within its quota; q3 borrows qx's 4 through A.
+    # qx takes back from q3, not from q1, whatever their priorities.
+    w = _world(
+        [("r", None), ("A", "r"), ("B", "A")],
+        [_queue("q1", 0, "B"), _queue("q2", 4, "B"), _queue("q3", 0, "A"), _queue("qx", 4, "r", **LP_ANY)],
+        [("b-low", "q1", 4, -5), ("a-borrow", "q3", 4, 0)],
+    )
+    assert _victims(w, "qx", 4) == ["a-borrow"]
+
+
+def test_a_job_larger_than_its_nominal_may_stop_its_own_queues_lower_priority_jobs() -> None:
+    # other-alpha (2) runs a1 and other-beta (2) b1; "in" (3 GPUs, priority 1) borrows 1 of
+    # other-beta's nominal even with a1 gone, which Kueue's ``canPreemptWithinClusterQueue``
+    # allows (its older flavor assigner, which asked the request to fit the nominal, did not):
+    # a1 goes, and b1, within its queue's nominal, stays.
+    w = _world(
+        [("other", None)],
+        [_queue("other-alpha", 2, "other", **LP_ANY), _queue("other-beta", 2, "other")],
+        [("a1", "other-alpha", 1, -1), ("b1", "other-beta", 1, -1)],
+    )
+    assert _victims(w, "other-alpha", 3, 1) == ["a1"]
+
+
+def test_a_victim_of_its_own_queue_found_late_spares_a_borrower_taken_early() -> None:
+    # alpha, beta and gamma each have nominal 2. beta borrows 3 (beta-mid 1 and beta-high 4).
+    # alpha-mid (2) needs alpha's own alpha-low gone to be within its nominal, and 1 GPU of
+    # beta's borrowed ones. Taken in order, beta-mid and beta-high go first, which leaves beta
+    # below its nominal: no prefix is allowed. Sparing beta-high once alpha-low is taken is.
+    w = _world(
+        [("all", None)],
+        [
+            _queue("alpha-cq", 2, "all", **LP_ANY),
+            _queue("beta-cq", 2, "all"),
+            _queue("gamma-cq", 2, "all", **LP_ANY),
+        ],
+        [("alpha-low", "alpha-cq", 1, -1), ("beta-mid", "beta-cq", 1, 0), ("beta-high", "beta-cq", 4, 1)],
+    )
+    assert _victims(w, "alpha-cq", 2, 0) == ["alpha-low", "beta-mid"]

@@ -252,8 +252,17 @@ def _worker_failed(state: State, job: JobState, ctx: Ctx, why: str) -> None:
 
 def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
     job = _placed_job(state, ev)
-    # A checkpoint may land after the job ended (a worker saving as it is stopped): it is a late
-    # fact, not a wrong one, and is kept; the job's phase does not change.
+    # A checkpoint is its node's to report, as an exit is: the attempt must have a worker there,
+    # or any agent could point another node's job at a location of its choosing. Its workers
+    # report their last checkpoint before their exits, so the attempt still holds its GPUs when
+    # a late one (a worker saving as it is stopped) is folded.
+    where = job.placement if job.placement is not None and job.placement.attempt == ev.attempt else None
+    if where is None and job.held is not None and job.held.attempt == ev.attempt:
+        where = job.held
+    if where is None or all(w.node != ev.node for w in where.workers):
+        raise Refused("illegal", f"job {job.id} has no worker of attempt {ev.attempt} on {ev.node}", job.id)
+    # A late checkpoint, after the job ended, is a late fact, not a wrong one, and is kept; the
+    # job's phase does not change.
     if job.checkpoint is None or ev.step >= job.checkpoint.step:
         job.checkpoint = Checkpoint(ev.location, ev.step, ev.attempt, ctx.seq, ctx.time)
         job.updated_seq = ctx.seq

@@ -106,4 +106,6 @@ from __future__ import annotations
 #    queue's borrower only while its queue and every cohort above it up to its side of the tree
 #    hold more than that; a beneficiary takes lent quota back when its queue, or a cohort on
 #    its way up to its side, stays within it.
-RULES = 28
+# 29: a checkpoint is folded only from a node its attempt has a worker on (placed, or still
+#    holding GPUs), as an exit is.
+RULES = 29

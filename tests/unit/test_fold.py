@@ -398,6 +398,19 @@ def test_gang_runs_when_every_rank_started_and_succeeds_when_every_rank_exited_z
     assert all(h == {} for h in holders(state, N0) + holders(state, N1))
 
 
+def test_a_checkpoint_is_its_own_nodes_to_report() -> None:
+    # node-01's agent may not point node-00's job at a location of its choosing, nor, with the
+    # largest step, make the job ignore every checkpoint its own workers report after.
+    log = queued().admit("j1")
+    log.place(placement("j1", worker(0, N0, whole(0))))
+    log.started(N0, "j1").checkpoint(N1, "j1", step=2**62)
+    state = fold(log)
+    assert state.jobs["j1"].checkpoint is None
+    assert last(state).code == "illegal" and "no worker of attempt 0 on node-01" in last(state).message
+    log.checkpoint(N0, "j1", step=5)
+    assert fold(log).jobs["j1"].checkpoint.step == 5  # type: ignore[union-attr]
+
+
 def test_redelivered_record_is_folded_once() -> None:
     log = queued()
     state = fold(log)

@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import corral
 from corral.events.nats_client import RECONNECT_FOR
-from corral.services.cli import logfile, when
+from corral.services.cli import logfile, screen, when
 from corral.services.cli.access import STATE_DIR, Failure
 from corral.services.cli.cluster import (
     cmd_dashboard,
@@ -464,8 +464,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+# Verbs that print what a job wrote, as it wrote it (``screen``).
+_RAW = frozenset({"logs"})
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
+    if args.verb not in _RAW:
+        screen.install()
     try:
         args.fn(args)
     except Refused as e:  # the cluster said no: the request was made, and refused

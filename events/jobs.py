@@ -5,6 +5,7 @@ Subjects: requests on ``corral.in.<tenant>.<verb>``; admission's events on ``cor
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import msgspec
@@ -20,6 +21,22 @@ class Topology(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid
 
     pack: TopologyPack = "none"
     required: bool = False
+
+
+# An image reference as container engines read one: ``[registry[:port]/]name[:tag][@digest]``,
+# letters, digits and ``. _ / : @ -``, starting with a letter or digit. Anything else is refused
+# before it reaches an engine's command line, where a leading ``-`` would be read as an option
+# (``--volume=/:/host``, ``--privileged``).
+IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
+
+
+def image_problem(image: str) -> str:
+    """Why ``image`` is not an image reference, or ``""``."""
+    if IMAGE_REFERENCE.fullmatch(image) is None:
+        return (
+            "image must be a reference such as registry.example/team/train:1.2 (letters, digits, . _ / : @ -)"
+        )
+    return ""
 
 
 class Mount(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):

@@ -20,7 +20,7 @@ tenant learns nothing of other tenants' queues by probing.
 from __future__ import annotations
 
 from corral.events.base import Reason
-from corral.events.jobs import JobSpec, Resources
+from corral.events.jobs import JobSpec, Resources, image_problem
 from corral.projections import quota
 from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger
@@ -131,8 +131,12 @@ def _bounds(spec: JobSpec) -> str | None:
     cmd = spec.command
     if cmd and (len(cmd) > MAX_ARGS or sum(map(len, cmd)) > MAX_COMMAND_BYTES):
         return f"command is too long: at most {MAX_ARGS} arguments and {MAX_COMMAND_BYTES} bytes"
-    if spec.image is not None and not 0 < len(spec.image) <= MAX_IMAGE:
-        return f"image must be 1..{MAX_IMAGE} characters"
+    if spec.image is not None:
+        if not 0 < len(spec.image) <= MAX_IMAGE:
+            return f"image must be 1..{MAX_IMAGE} characters"
+        problem = image_problem(spec.image)
+        if problem:
+            return problem
     env = spec.env
     if env and (len(env) > MAX_ENV or sum(len(k) + len(v) for k, v in env.items()) > MAX_ENV_BYTES):
         return f"env is too large: at most {MAX_ENV} variables and {MAX_ENV_BYTES} bytes"

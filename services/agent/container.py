@@ -174,12 +174,18 @@ def run_args(
     devices: Sequence[str] = (),
     ulimits: Ulimits | None = None,
     exe: str | None = None,
+    user: tuple[int, int] | None = None,
 ) -> list[str]:
     """``<engine> run …`` for one worker: ``env`` is its whole environment (``container_env``),
     ``devices`` the CDI names of its GPUs (``gpu_devices``). The image's entrypoint, if it has
-    one, runs the job's command; a job without a command runs the image's own."""
+    one, runs the job's command; a job without a command runs the image's own. With ``user``
+    (uid, gid; a corral whose tenants share nodes), the worker runs as that host user whatever
+    the image says, with no capability and no way to gain privileges, as a sandboxed worker does."""
     name = container_name(spec.job_id, spec.attempt, spec.rank)
     args = [exe or engine, "run", "--rm", "--name", name]
+    if user is not None:
+        args += ["--user", f"{user[0]}:{user[1]}", "--cap-drop", "ALL"]
+        args += ["--security-opt", "no-new-privileges"]
     args += ["--label", f"corral.job={spec.job_id}"]
     args += ["--label", f"corral.attempt={spec.attempt}", "--label", f"corral.rank={spec.rank}"]
     args += ["--network", "host", "--ipc", "host", "--init"]

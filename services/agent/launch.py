@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from corral.events.jobs import Mount
+from corral.events.jobs import Mount, image_problem
 from corral.services.agent import container, handover, sandbox
 from corral.services.agent.checkpoints import Checkpoints
 from corral.services.agent.container import ContainerMode, EngineInfo, Probe
@@ -138,7 +138,7 @@ class Launching(Checkpoints):
             raise StartError("the job has no command to run")
         sandboxed = await self.sandboxed()
         for m in spec.mounts:
-            _check_source(m)
+            _check_source(m, self._hidden)
             if not sandboxed and os.path.realpath(m.source) != os.path.realpath(m.target):
                 raise StartError(f"data mount {m.target} needs bubblewrap (bwrap), which this node lacks")
         env = await self._prepare_start(w, {**self._base_env, **spec.env})
@@ -149,6 +149,9 @@ class Launching(Checkpoints):
 
     async def _launch_container(self, w: Worker) -> None:
         spec = w.spec
+        problem = image_problem(spec.image or "")
+        if problem:  # admission refuses it; a view written some other way meets this
+            raise StartError(problem)
         found = await self.container_engine()
         engine = found.engine
         if engine is None:
@@ -165,7 +168,7 @@ class Launching(Checkpoints):
             problem = container.mount_problem(m)
             if problem:
                 raise StartError(problem)
-            _check_source(m)
+            _check_source(m, self._hidden)
         env = await self._prepare_start(w, container.container_env(spec.env))
         try:
             devices = container.gpu_devices(spec.gpus, self._mig)
@@ -176,8 +179,16 @@ class Launching(Checkpoints):
             nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
             ulimits = container.podman_ulimits(nofile, resource.getrlimit(resource.RLIMIT_NPROC))
         workdir = str(w.workdir)
+        user = None if self._as is None else (self._as.uid, self._as.gid)
         argv = container.run_args(
-            engine.name, spec, workdir=workdir, env=env, devices=devices, ulimits=ulimits, exe=engine.path
+            engine.name,
+            spec,
+            workdir=workdir,
+            env=env,
+            devices=devices,
+            ulimits=ulimits,
+            exe=engine.path,
+            user=user,
         )
         await self._spawn_container(w, engine, argv)
 
@@ -376,9 +387,21 @@ class Launching(Checkpoints):
         w.phase = "exited"
 
 
-def _check_source(m: Mount) -> None:
+def _check_source(m: Mount, hidden: Sequence[str] = ()) -> None:
+    """A data mount's source must exist, and must neither be, lie inside nor hold one of the
+    directories corral keeps from workers (``hidden``: the data directory, with the credentials,
+    the log's store and every job's files): a bind of it would show them again."""
     if not os.path.exists(m.source):
         raise StartError(f"mount source {m.source} does not exist on this node")
+    source = os.path.realpath(m.source)
+    for h in hidden:
+        kept = os.path.realpath(h)
+        if _within(source, kept) or _within(kept, source):
+            raise StartError(f"mount source {m.source} would show corral's own directory {h} to the job")
+
+
+def _within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 def _prepare_directories(w: Worker, user: RunAs | None = None) -> None:

@@ -592,6 +592,26 @@ async def test_a_worker_never_sees_what_the_agent_hides(tmp_path: Path) -> None:
     assert seen["own_dir"] is True
 
 
+@pytest.mark.parametrize("where", ["itself", "inside", "above"])
+async def test_a_data_mount_may_not_show_what_the_agent_hides(tmp_path: Path, where: str) -> None:
+    """A mount of the data directory, of a directory in it (another job's working directory)
+    or of one that holds it would bind back what the sandbox hides: such a job fails to start,
+    saying why, and its command never runs. Whatever the sandbox: the check is the agent's."""
+    data = tmp_path / "data"
+    other_job = data / "nodes" / "n0" / "work" / "theirs"
+    other_job.mkdir(parents=True)
+    source = {"itself": data, "inside": other_job, "above": tmp_path}[where]
+    rt = Runtime(data / "nodes" / "n0", sandbox="none", poll_interval=0.02, hidden=[data])
+    try:
+        mount = Mount(source=str(source), target=str(source))
+        s = spec_for(tmp_path, "peek", [PY, "-c", "print('ran')"], mounts=(mount,))
+        result = await rt.start_gang([s], timeout=WAIT)
+    finally:
+        await rt.close(grace=2.0)
+    assert result.failed == s.key
+    assert result.reason == f"mount source {source} would show corral's own directory {data} to the job"
+
+
 AS_NOBODY = r"""
 import json, os, pathlib
 out = {"uid": os.getuid(), "euid": os.geteuid(), "groups": os.getgroups()}

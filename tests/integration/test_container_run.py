@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import shutil
 import signal
 import stat
@@ -262,6 +263,37 @@ async def test_a_container_worker_gets_the_contract_and_its_exit_code(
     assert (out / "result.txt").read_text() == "written\n" and not (data / "new.txt").exists()
     assert (Path(s.checkpoint_dir) / "state").exists()  # the host sees what the worker saved
     assert containers_of("contract") == []  # removed once it exited
+
+
+AS_USER = r"""
+echo "uid=$(id -u) gid=$(id -g)"
+grep -E '^(CapEff|NoNewPrivs):' /proc/self/status | tr -d '\t'
+touch "$CORRAL_CHECKPOINT_DIR/state" && echo ckpt=writable
+"""
+
+
+@needs_engine
+async def test_where_tenants_share_nodes_a_container_runs_as_the_workers_user(tmp_path: Path) -> None:
+    """An image's own user (root, as most are) does not hold where workers run as an unprivileged
+    user: the container runs as that user, with no capability and no way to gain privileges,
+    and writes its own directories, which are handed to it."""
+    assert ENGINE is not None
+    if os.geteuid() != 0:
+        pytest.skip("only a root agent starts workers as another user")
+    rt = Runtime(
+        tmp_path / "agent", containers=ENGINE.name, node="node-00", poll_interval=0.02, worker_user="nobody"
+    )
+    s = spec_for(tmp_path, "as-user", ["/bin/sh", "-c", AS_USER])
+    try:
+        await start_one(rt, s)
+        [exited] = await until(rt, exit_of(s.key))
+    finally:
+        await rt.close(grace=2.0)
+    lines = log_path(rt.root, s.key).read_text().splitlines()
+    nobody = pwd.getpwnam("nobody")
+    assert ran(exited) == Exited(s.key, 0, stopped=False), lines
+    assert f"uid={nobody.pw_uid} gid={nobody.pw_gid}" in lines
+    assert "CapEff:0000000000000000" in lines and "NoNewPrivs:1" in lines and "ckpt=writable" in lines
 
 
 # -- checkpoints and stops, by container name -----------------------------------------------------

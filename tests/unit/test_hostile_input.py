@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from corral.events import codec, subjects
+from corral.events.base import Reason
 from corral.events.codec import DecodeError
 from corral.events.jobs import JobSpec
 from corral.events.log import Record
@@ -150,3 +151,27 @@ def test_names_and_labels_with_control_characters_are_refused_at_admission(spec:
     state = LogBuilder().queues("team-a").submit("alice", "j", spec).fold()
     reason = validate(state, state.jobs["j"])
     assert reason is not None and "control characters" in reason.message
+
+
+def _submitted(image: str) -> Reason | None:
+    spec = msgspec.structs.replace(job().build(), image=image)
+    state = LogBuilder().queues("team-a").submit("alice", "j", spec).fold()
+    return validate(state, state.jobs["j"])
+
+
+@pytest.mark.parametrize(
+    "image", ["--volume=/data:/peek", "-v", "--privileged", "img name", "img\n", " img", "img;rm", "ü:1"]
+)
+def test_an_image_that_is_no_reference_is_refused_at_admission(image: str) -> None:
+    # A leading dash would reach the container engine's command line as an option of its own.
+    reason = _submitted(image)
+    assert reason is not None and reason.code == "invalid"
+    assert reason.message.startswith("image must be a reference")
+
+
+@pytest.mark.parametrize(
+    "image",
+    ["pytorch", "pytorch:2.3", "nvcr.io/nvidia/pytorch:24.05-py3", "localhost:5000/a/b@sha256:" + "0" * 64],
+)
+def test_image_references_are_admitted(image: str) -> None:
+    assert _submitted(image) is None

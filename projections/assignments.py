@@ -87,6 +87,9 @@ class Assignment(msgspec.Struct, frozen=True, omit_defaults=True):
     gpu_milli: int = 0  # a fractional GPU's share (0: whole GPUs, a MIG slice or none)
     resume_from: str = ""  # the location of the job's last checkpoint
     traceparent: str = ""  # the job's span in its trace (``projections/trace_ids.py``)
+    # The log position of the job's submission: a job id used again once its job was let go
+    # names another run, whose workers get directories of their own (``agent.decide.run_dir``).
+    run: int = 0
 
 
 class NodeView(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -200,6 +203,7 @@ def assignment(state: State, job: JobState, node: str) -> Assignment | None:
         resume_from="" if job.checkpoint is None else job.checkpoint.location,
         # The job's own span (``trace_ids``): the agent hangs its workers' runs under the attempt.
         traceparent=trace_ids.job_trace(job.id, job.submitted_seq, job.traceparent).traceparent,
+        run=job.submitted_seq,
     )
 
 

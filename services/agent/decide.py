@@ -85,6 +85,7 @@ class StartWorker(msgspec.Struct, frozen=True, omit_defaults=True):
     mounts: tuple[Mount, ...] = ()
     image: str | None = None
     grace_seconds: float = 30.0
+    run: int = 0  # which submission of the job id (``Assignment.run``): its directories' name
 
     @property
     def key(self) -> WorkerKey:
@@ -280,9 +281,16 @@ def mig_placeholder(gpu_uuid: str, slot: MigSlot) -> str:
     return f"mig:{gpu_uuid}/{slot.profile}@{slot.start}"
 
 
-def checkpoint_dirs(root: str, job_id: str, attempt: int, rank: int) -> tuple[str, str]:
-    """(the worker's checkpoint directory, the job's) under ``root``."""
-    job_dir = f"{root.rstrip('/')}/{job_id}"
+def run_dir(job_id: str, run: int) -> str:
+    """The directory of one run of a job id, relative to where a node keeps jobs' directories:
+    a job id is free again once its job was let go, and another tenant's job of the same id must
+    find neither the files nor the checkpoints of the first."""
+    return f"{job_id}/run-{run}"
+
+
+def checkpoint_dirs(root: str, job_id: str, run: int, attempt: int, rank: int) -> tuple[str, str]:
+    """(the worker's checkpoint directory, the job's run's) under ``root``."""
+    job_dir = f"{root.rstrip('/')}/{run_dir(job_id, run)}"
     return f"{job_dir}/attempt-{attempt}/rank-{rank}", job_dir
 
 
@@ -291,7 +299,7 @@ def visible_devices(gpus: tuple[GpuBinding, ...]) -> str:
 
 
 def start_worker(job: Assignment, rank: AssignedRank, checkpoint_root: str) -> StartWorker:
-    ckpt, job_ckpt = checkpoint_dirs(checkpoint_root, job.job_id, job.attempt, rank.rank)
+    ckpt, job_ckpt = checkpoint_dirs(checkpoint_root, job.job_id, job.run, job.attempt, rank.rank)
     env = dict(job.env)
     env.update(rank.rendezvous)
     env["CUDA_VISIBLE_DEVICES"] = visible_devices(rank.gpus)
@@ -324,6 +332,7 @@ def start_worker(job: Assignment, rank: AssignedRank, checkpoint_root: str) -> S
         mounts=job.mounts,
         image=job.image,
         grace_seconds=job.grace_seconds,
+        run=job.run,
     )
 
 

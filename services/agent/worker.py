@@ -18,7 +18,7 @@ from pathlib import Path
 
 from corral.services.agent import handover
 from corral.services.agent.container import EngineInfo
-from corral.services.agent.decide import STOP_GRACE, StartWorker, WorkerKey, WorkerPhase
+from corral.services.agent.decide import STOP_GRACE, StartWorker, WorkerKey, WorkerPhase, run_dir
 from corral.services.agent.handover import WorkerRecord, keeper_dir
 
 REQUEST = "REQUEST"
@@ -58,7 +58,9 @@ class Worker:
         self.spec = spec
         self.key = spec.key
         self.phase: WorkerPhase = "starting"
-        self.workdir = root / "work" / spec.job_id / f"attempt-{spec.attempt}" / f"rank-{spec.rank}"
+        self.workdir = (
+            root / "work" / run_dir(spec.job_id, spec.run) / f"attempt-{spec.attempt}" / f"rank-{spec.rank}"
+        )
         self.log = log_path(root, self.key)
         self.dir = keeper_dir(root, self.key)
         self.checkpoints = Path(spec.checkpoint_dir)

@@ -14,15 +14,15 @@ being its parent. What one agent leaves for the next (``Runtime.leave``) and how
 the workers back (``Runtime.reattach``) is ``handover.py``'s: the record beside each keeper, the
 keeper's pid, start time and boot, the exits written while no agent watched.
 
-Each worker gets a working directory ``<root>/work/<job>/attempt-<a>/rank-<r>`` and its stdout and
-stderr go to ``<root>/logs/<job>/attempt-<a>.rank-<r>.log`` (``job_logs``; the agent ships what
-they gain to the output stream, ``output.py``, which ``corral logs JOB`` reads). Where ``bwrap``
-(bubblewrap) works, each worker runs in its own mount and PID namespace: a read-only view of the
-host's root, private ``/proc``, ``/dev`` and ``/tmp``, its working and checkpoint directories
-read-write, and each data mount bound at the path the job asked for, read-only when asked; it
-dies with its keeper (``--die-with-parent``). Without bwrap, workers run as plain processes in
-their own session, and a job with data mounts cannot start (unless each mount's target is its
-source).
+Each worker gets a working directory ``<root>/work/<job>/run-<n>/attempt-<a>/rank-<r>``
+(``run_dir``) and its stdout and stderr go to ``<root>/logs/<job>/attempt-<a>.rank-<r>.log``
+(``job_logs``; the agent ships what they gain to the output stream, ``output.py``, which ``corral
+logs JOB`` reads). Where ``bwrap`` (bubblewrap) works, each worker runs in its own mount and PID
+namespace: a read-only view of the host's root, private ``/proc``, ``/dev`` and ``/tmp``, its
+working and checkpoint directories read-write, and each data mount bound at the path the job asked
+for, read-only when asked; it dies with its keeper (``--die-with-parent``). Without bwrap, workers
+run as plain processes in their own session, and a job with data mounts cannot start (unless each
+mount's target is its source).
 
 A job with an ``image`` runs in a container instead, with podman or docker (``container``): the
 same environment, directories, data mounts, logs, signals and exit codes, its GPUs passed as CDI

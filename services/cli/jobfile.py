@@ -6,7 +6,7 @@ error; the path of a field (``resources.gpus``) that is unknown (with the closes
 of the wrong type (with the type expected) or missing. Every unknown field of a file is named
 at once: a file with two typos is one round trip, not two.
 
-A job's command runs on a node, in the worker's own directory (``work/<job>/attempt-<a>/rank-<r>``
+A job's command runs on a node, in the worker's own directory (``work/<job>/run-<n>/attempt-<a>/rank-<r>``
 under its agent's work directory), not where it was submitted from; ``command_here`` makes the
 relative paths of a command mean what they meant to the person who typed them.
 """

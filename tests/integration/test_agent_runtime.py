@@ -160,6 +160,7 @@ async def test_workers_get_the_rendezvous_environment_and_their_logs_are_kept(
     ]
     logs = job_logs(runtime.root, "g")
     assert logs == [log_path(runtime.root, WorkerKey("g", 0, r)) for r in (0, 1)]
+    run = gang.workers[0].run  # the submission's log position: this job id's run (``decide.run_dir``)
     for rank, path in enumerate(logs):
         first, second = path.read_text().splitlines()
         seen = json.loads(first)
@@ -173,10 +174,10 @@ async def test_workers_get_the_rendezvous_environment_and_their_logs_are_kept(
             "CUDA_VISIBLE_DEVICES": f"GPU-{N0}-0{rank + 2}",
             "CORRAL_JOB_ID": "g",
             "CORRAL_ATTEMPT": "0",
-            "CORRAL_CHECKPOINT_DIR": str(tmp_path / "ckpt" / "g" / "attempt-0" / f"rank-{rank}"),
+            "CORRAL_CHECKPOINT_DIR": f"{tmp_path}/ckpt/g/run-{run}/attempt-0/rank-{rank}",
             "DATASET": "imagenet",
         }
-        assert seen["cwd"].endswith(f"work/g/attempt-0/rank-{rank}") and seen["ckpt_writable"]
+        assert seen["cwd"].endswith(f"work/g/run-{run}/attempt-0/rank-{rank}") and seen["ckpt_writable"]
         assert second == "to stderr"
     # The fold agrees: both ranks started, both exited 0, the job succeeded.
     log = LogBuilder().nodes(Cluster(1)).queues("team-a")

@@ -242,7 +242,7 @@ async def test_a_container_worker_gets_the_contract_and_its_exit_code(
     seen = dict(
         line.split("=", 1) for line in log_path(runtime.root, s.key).read_text().splitlines() if "=" in line
     )
-    workdir = runtime.root / "work" / "contract" / "attempt-0" / "rank-0"
+    workdir = runtime.root / "work" / "contract" / "run-0" / "attempt-0" / "rank-0"
     assert seen == {
         "RANK": "0",
         "WORLD_SIZE": "2",

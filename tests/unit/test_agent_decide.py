@@ -110,13 +110,29 @@ def test_an_accepted_placement_starts_its_worker_with_the_rendezvous_environment
         "CUDA_VISIBLE_DEVICES": f"GPU-{N0}-02,GPU-{N0}-03",
         "CORRAL_JOB_ID": "j1",
         "CORRAL_ATTEMPT": "0",
-        "CORRAL_CHECKPOINT_DIR": f"{ROOT}/j1/attempt-0/rank-0",
+        "CORRAL_CHECKPOINT_DIR": f"{ROOT}/j1/run-{job.submitted_seq}/attempt-0/rank-0",
         # the worker's run in its job's trace: the job's own spans join it there
         "TRACEPARENT": trace_ids.traceparent(trace.trace_id, trace.worker_span(0, 0)),
         "OTEL_SERVICE_NAME": "corral-job",
         "OTEL_RESOURCE_ATTRIBUTES": "corral.job.id=j1,corral.attempt=0,corral.rank=0",
     }
-    assert w.checkpoint_dir == f"{ROOT}/j1/attempt-0/rank-0" and w.job_checkpoint_dir == f"{ROOT}/j1"
+    run = f"{ROOT}/j1/run-{job.submitted_seq}"
+    assert w.checkpoint_dir == f"{run}/attempt-0/rank-0" and w.job_checkpoint_dir == run
+
+
+def test_a_job_id_used_again_gets_directories_of_its_own() -> None:
+    # Once a job is let go its id is free: another tenant's job of the same id must find neither
+    # the first one's files nor its checkpoints (a resume from them would read another's work).
+    first = fold(placed("j1"))
+    log = placed("j1")
+    log.started(N0, "j1").exited(N0, "j1", code=0).retention(0.0)
+    log.submit("bob", "j1").accept("j1").admit("j1")
+    second = fold(log.place(on(N0, 0, job_id="j1")))
+    assert second.jobs["j1"].tenant == "bob"
+    [old] = act(first)[0].workers  # type: ignore[union-attr]
+    [new] = act(second)[0].workers  # type: ignore[union-attr]
+    assert old.run != new.run and old.job_checkpoint_dir != new.job_checkpoint_dir
+    assert not new.checkpoint_dir.startswith(old.job_checkpoint_dir + "/")
 
 
 def test_a_placement_on_another_node_starts_nothing_here() -> None:

@@ -113,7 +113,7 @@ def args(
     if as_user:
         # bwrap makes the directories leading to a bind with their host modes (pytest's, say,
         # root's alone): a worker that is not root could not reach its own directories.
-        for d in _leading(writable, bound):
+        for d in _leading(writable, bound, [os.path.realpath(h) for h in hidden if os.path.isdir(h)]):
             args += ["--perms", "0755", "--dir", d]
     for d in writable:
         args += ["--bind", d, d]
@@ -126,15 +126,17 @@ def args(
     return args
 
 
-def _leading(dirs: Sequence[str], bound: Sequence[str]) -> list[str]:
-    """The directories leading to ``dirs`` that the sandbox makes itself (not inside anything
-    ``bound``), outermost first."""
+def _leading(dirs: Sequence[str], bound: Sequence[str], hidden: Sequence[str] = ()) -> list[str]:
+    """The directories leading to ``dirs`` that the sandbox makes itself, outermost first: those
+    not inside anything ``bound``, and those below a ``hidden`` directory, whose empty tmpfs
+    hides what the host has there even where a bound directory holds it."""
     out: list[str] = []
     for d in dirs:
         for parent in reversed(PurePosixPath(d).parents):
             p = str(parent)
             inside = any(p == b or p.startswith(b.rstrip("/") + "/") for b in bound)
-            if p != "/" and not inside and p not in out:
+            under_hidden = any(p.startswith(h.rstrip("/") + "/") for h in hidden)
+            if p != "/" and (under_hidden or not inside) and p not in out:
                 out.append(p)
     return out
 

@@ -656,6 +656,41 @@ async def test_a_worker_can_run_as_an_unprivileged_user(tmp_path: Path, narrow: 
     assert seen["root_only"] == "denied" and seen["own"] == "written"
 
 
+async def test_a_worker_as_a_user_reaches_its_directories_under_a_hidden_one() -> None:
+    """The worker's directories lie in the hidden data directory, which lies in one the sandbox
+    shows (the command's own, under /tmp as a checkout may be): bwrap makes the directories
+    leading to them under the hidden directory's empty tmpfs with their host modes, root's
+    alone, and a worker run as a user could reach neither its working nor its checkpoint
+    directory."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root agent starts workers as another user")
+    if shutil.which("bwrap") is None or not await bwrap_works():
+        pytest.skip("bubblewrap (bwrap) is not installed or cannot create namespaces here")
+    top = Path(tempfile.mkdtemp(prefix="corral-shown-"))
+    try:
+        top.chmod(0o755)
+        script = top / "job.py"  # the command's own file: its directory is shown to the worker
+        script.write_text(AS_NOBODY)
+        data = top / "data"
+        s = spec_for(data / "checkpoints", "nobody", [PY, str(script)])
+        private = Path(s.job_checkpoint_dir) / "root-only.txt"  # in sight, but root's
+        private.parent.mkdir(parents=True)
+        private.write_text("secret")
+        private.chmod(0o600)
+        for d in (data, data / "checkpoints"):
+            d.chmod(0o700)
+        rt = Runtime(
+            data / "nodes" / "n0", sandbox="bwrap", poll_interval=0.02, worker_user="nobody", hidden=[data]
+        )
+        try:
+            seen = await last_line_of(rt, s)
+        finally:
+            await rt.close(grace=2.0)
+    finally:
+        shutil.rmtree(top)
+    assert seen["root_only"] == "denied" and seen["own"] == "written"
+
+
 NARROW = r"""
 import json, os
 print(json.dumps({"root": sorted(os.listdir("/")), "secret": os.path.exists(os.environ["SECRET"])}))

@@ -47,6 +47,12 @@ log = logging.getLogger("corral.forecast")
 _encode = msgspec.json.Encoder().encode
 
 
+# What-if questions answered at once, in all and per asker: each copies the state and simulates
+# in a thread beside the services, so a tenant asking in a loop must not slow the cluster; one
+# more is answered at once that the role is busy (``Busy``), and may be asked again.
+MAX_WHATIFS = 4
+MAX_WHATIFS_PER_ASKER = 2
+
 # Forecasts decide at most every 10 simulated seconds, not at every simulated event: a start is
 # told to the minute, and a forecast of a deep backlog costs far fewer decisions so.
 FORECAST = SimConfig(cycle_s=10.0)
@@ -82,7 +88,9 @@ class ForecastService(Service):
         self.calibration = eta.Calibration()
         self._counted: set[str] = set()  # succeeded jobs already in the calibration
         self.whatifs = 0
+        self.whatifs_refused = 0  # answered at once that the role was busy
         self._answering: set[asyncio.Task[None]] = set()
+        self._asking: dict[str, int] = {}  # asker -> questions of theirs being answered
         self._running: asyncio.Task[None] | None = None  # the forecast under way
         self._stopping = threading.Event()  # tells a forecast's thread to give up
 
@@ -154,9 +162,28 @@ class ForecastService(Service):
         if not msg.reply.startswith(identities.inbox_prefix(asker) + "."):
             log.debug("dropped a what-if of %s whose answer would go to %r", asker, msg.reply)
             return
+        mine = self._asking.get(asker, 0)
+        if mine >= MAX_WHATIFS_PER_ASKER or len(self._answering) >= MAX_WHATIFS:
+            self.whatifs_refused += 1
+            why = (
+                f"busy: {mine} what-if questions of yours are being answered; ask again once they are"
+                if mine >= MAX_WHATIFS_PER_ASKER
+                else f"busy: {len(self._answering)} what-if questions are being answered; ask again shortly"
+            )
+            await self._reply(msg.reply, {"seq": self.state.seq, "error": why, "busy": True})
+            return
+        self._asking[asker] = mine + 1
         task = asyncio.create_task(self._answer(msg.reply, asker, msg.data))
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
+        task.add_done_callback(lambda _: self._answered(asker))
+
+    def _answered(self, asker: str) -> None:
+        left = self._asking.get(asker, 0) - 1
+        if left > 0:
+            self._asking[asker] = left
+        else:
+            self._asking.pop(asker, None)
 
     async def _answer(self, reply: str, asker: str, data: bytes) -> None:
         now = self.now()
@@ -167,12 +194,15 @@ class ForecastService(Service):
             log.exception("what-if of %s failed", asker)
             told = {"seq": copy.seq, "error": f"what-if failed: {type(e).__name__}"}
         self.whatifs += 1
+        await self._reply(reply, told)
+
+    async def _reply(self, reply: str, told: dict[str, Any]) -> None:
         nc = getattr(self.log, "nc", None)
         if nc is None:
             return
         body = _encode(told)
         if len(body) > nc.max_payload:
-            body = _encode({"seq": copy.seq, "error": "the answer is more than NATS carries"})
+            body = _encode({"seq": told.get("seq"), "error": "the answer is more than NATS carries"})
         try:
             await nc.publish(reply, body)
         except nats.errors.Error as e:

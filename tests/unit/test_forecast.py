@@ -171,3 +171,55 @@ def test_recent_submissions_can_be_assumed_to_come_again() -> None:
     before = msgspec.msgpack.encode(state)
     got = eta.forecast(state, 1.5, arrivals=again)
     assert set(got.starts) == {"t1"} and msgspec.msgpack.encode(state) == before
+
+
+async def test_what_if_questions_beyond_the_caps_are_answered_busy_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each question copies the state and simulates in a thread beside the services: a tenant
+    # asking in a loop gets "busy" at once past its share, and the role answers others still.
+    import asyncio
+    import json
+    import threading
+    from types import SimpleNamespace
+
+    from corral.events.log import InMemoryLog
+    from corral.services.forecast import service
+    from corral.services.runtime import identities
+
+    release = threading.Event()
+
+    def slow(*_: object) -> dict[str, object]:
+        release.wait(10)
+        return {"seq": 0, "answered": True}
+
+    monkeypatch.setattr(service, "whatif_answer", slow)
+    sent: list[tuple[str, dict[str, object]]] = []
+
+    async def publish(subject: str, body: bytes) -> None:
+        sent.append((subject, json.loads(body)))
+
+    log = InMemoryLog()
+    log.nc = SimpleNamespace(publish=publish, max_payload=1 << 20)  # type: ignore[attr-defined]
+    svc = service.ForecastService(log, store=None)  # type: ignore[arg-type]
+
+    def ask(who: str, n: int) -> SimpleNamespace:
+        reply = f"{identities.inbox_prefix(who)}.{n}"
+        return SimpleNamespace(subject=identities.read_subject(who, "whatif"), reply=reply, data=b"{}")
+
+    for n in range(3):
+        await svc._on_whatif(ask("a", n))
+    for who in ("b", "c", "d"):
+        await svc._on_whatif(ask(who, 0))
+    busy = {subject for subject, body in sent if body.get("busy")}
+    assert busy == {
+        f"{identities.inbox_prefix('a')}.2",  # a's third, past its two
+        f"{identities.inbox_prefix('d')}.0",  # the fifth in all, past four
+    }
+    release.set()
+    await asyncio.gather(*svc._answering)
+    answered = {subject for subject, body in sent if body.get("answered")}
+    assert len(answered) == service.MAX_WHATIFS and svc._asking == {}
+    await svc._on_whatif(ask("d", 1))  # room again once they were answered
+    await asyncio.gather(*svc._answering)
+    assert sent[-1] == (f"{identities.inbox_prefix('d')}.1", {"seq": 0, "answered": True})

@@ -323,6 +323,10 @@ def _gpu_health(state: State, ctx: Ctx, ev: GpuHealthChanged) -> None:
 
 
 def _cordoned(state: State, ctx: Ctx, ev: NodeCordoned) -> None:
+    # The health monitor only ever cordons. Lifting a cordon is the admin's (``CordonNode``):
+    # a node's own agent, which may write on the node's subject too, must not undo a drain.
+    if not ev.cordoned:
+        raise Refused("forbidden", f"only the admin lifts the cordon of node {ev.node}: corral node uncordon")
     cordon(state, ctx, ev.node, ev.cordoned, ev.drain, ev.reason or "cordoned by the health monitor")
 
 

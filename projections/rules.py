@@ -108,4 +108,6 @@ from __future__ import annotations
 #    its way up to its side, stays within it.
 # 29: a checkpoint is folded only from a node its attempt has a worker on (placed, or still
 #    holding GPUs), as an exit is.
-RULES = 29
+# 30: a cordon is lifted only by the admin's request: a ``NodeCordoned`` that lifts one (which
+#    the health monitor never writes, and a node's agent could) is refused.
+RULES = 30

@@ -411,6 +411,16 @@ def test_a_checkpoint_is_its_own_nodes_to_report() -> None:
     assert fold(log).jobs["j1"].checkpoint.step == 5  # type: ignore[union-attr]
 
 
+def test_only_the_admin_lifts_a_cordon() -> None:
+    # The health monitor only cordons; a node's agent, which writes on the node's subject too,
+    # must not undo the admin's drain by writing a cordon lifted there.
+    log = two_nodes().admin("cordon", CordonNode(node=N0, drain=True)).cordon(N0, cordoned=False)
+    state = fold(log)
+    assert state.nodes[N0].cordoned and last(state).code == "forbidden"
+    state = fold(log.admin("cordon", CordonNode(node=N0, cordoned=False)))
+    assert not state.nodes[N0].cordoned and not state.nodes[N0].draining
+
+
 def test_redelivered_record_is_folded_once() -> None:
     log = queued()
     state = fold(log)

@@ -61,6 +61,10 @@ class Resources(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbi
     min_gpu_memory_mib: Int = 0
 
 
+# The most workers a job may have: admission refuses a larger submission, the fold a larger resize.
+MAX_REPLICAS = 1024
+
+
 class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
     """Everything a tenant says about a job. Validated by admission, never trusted by the fold
     beyond what its own arithmetic needs."""

@@ -17,6 +17,7 @@ import msgspec
 from corral.events import subjects as subj
 from corral.events.base import Event, Reason
 from corral.events.jobs import (
+    MAX_REPLICAS,
     CancelJob,
     ResizeJob,
     SubmitJob,
@@ -102,6 +103,10 @@ def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
     lo = job.spec.min_replicas
     if lo is None or req.replicas < lo:
         raise Refused("illegal", f"job {job.id} is not elastic down to {req.replicas}", job.id)
+    if req.replicas > MAX_REPLICAS:  # as a submission of that size is refused
+        raise Refused(
+            "illegal", f"job {job.id} may have at most {MAX_REPLICAS} workers, not {req.replicas}", job.id
+        )
     if job.phase in FINAL:
         raise Refused("illegal", f"job {job.id} is already {job.phase}", job.id)
     adm = job.admission

@@ -110,4 +110,6 @@ from __future__ import annotations
 #    holding GPUs), as an exit is.
 # 30: a cordon is lifted only by the admin's request: a ``NodeCordoned`` that lifts one (which
 #    the health monitor never writes, and a node's agent could) is refused.
-RULES = 30
+# 31: a resize to more workers than a submission may ask for (``events.jobs.MAX_REPLICAS``) is
+#    refused.
+RULES = 31

@@ -20,7 +20,7 @@ tenant learns nothing of other tenants' queues by probing.
 from __future__ import annotations
 
 from corral.events.base import Reason
-from corral.events.jobs import JobSpec, Resources, image_problem
+from corral.events.jobs import MAX_REPLICAS, JobSpec, Resources, image_problem
 from corral.projections import quota
 from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger
@@ -28,7 +28,6 @@ from corral.projections.state import WHOLE, JobState, State
 
 DEFAULT_PRIORITY_CLASS = "normal"  # value 0, available unless defined otherwise
 
-MAX_REPLICAS = 1024
 MAX_GPUS_PER_WORKER = 64
 MAX_CPU_MILLI = 1024 * 1000  # 1024 cores
 MAX_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB

@@ -175,8 +175,16 @@ def test_cancel_of_a_running_job_keeps_its_gpus_until_its_worker_is_gone() -> No
 
 @pytest.mark.parametrize(
     ("who", "replicas", "code"),
-    [("alice", 2, None), ("alice", 1, "illegal"), ("bob", 3, "unknown"), ("admin", 3, None)],
-    ids=["owner-shrinks", "below-minimum", "other-tenant", "admin"],
+    [
+        ("alice", 2, None),
+        ("alice", 1, "illegal"),
+        ("bob", 3, "unknown"),
+        ("admin", 3, None),
+        ("alice", 1024, None),
+        ("alice", 1025, "illegal"),
+        ("alice", 2**63 - 1, "illegal"),
+    ],
+    ids=["owner-shrinks", "below-minimum", "other-tenant", "admin", "most", "too-many", "largest-int"],
 )
 def test_resize_within_the_elastic_range(who: str, replicas: int, code: str | None) -> None:
     log = queued(spec=job().replicas(4, minimum=2)).request(

@@ -17,6 +17,7 @@ the preemptor keeps the same hold when it chooses victims.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from corral.events.queues import PreemptionPolicy
@@ -114,21 +115,27 @@ def quota_ends(state: State, now: float) -> dict[tuple[str, str], list[tuple[flo
     return out
 
 
-def hold(ledger: Ledger, queue: str, job: JobState, ends: list[tuple[float, int]], now: float) -> Hold | None:
+def hold(
+    ledger: Ledger,
+    queue: str,
+    job: JobState,
+    ends: Mapping[tuple[str, str], list[tuple[float, int]]],
+    now: float,
+) -> Hold | None:
     """The quota ``job`` holds in ``queue`` as its first job that does not fit: what it would be
-    admitted with (its minimum replicas, on its first key), and when the queue's holders, given
-    by (expected end, milli-GPU) in ``ends``, leave room for it in the nominal. None if it needs
-    no quota or more than the nominal."""
-    demands = quota.worker_demands(ledger.spec(queue), job.spec.resources)
-    if not demands:
+    admitted with (its minimum replicas, on the key it counts against now, ``Ledger.key_for``),
+    and when the queue's holders of that key, given per (queue, key) by (expected end,
+    milli-GPU) in ``ends``, leave room for it in the nominal. None if it needs no quota or more
+    than the nominal."""
+    found = ledger.key_for(queue, job.spec)
+    if found is None:
         return None
-    key, per_worker = demands[0]
-    need = per_worker * quota.min_replicas(job.spec)
+    key, need = found
     nominal = ledger.nominal(queue, key)
     if need > nominal:
         return None
     left, start = ledger.used(queue, key), now
-    for end, milli in sorted(ends):
+    for end, milli in sorted(ends.get((queue, key), ())):
         if left + need <= nominal:
             break
         left -= milli

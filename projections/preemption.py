@@ -259,16 +259,13 @@ def policy_of(state: State, job: JobState) -> PreemptionPolicy:
 
 
 def demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | None:
-    """(quota key, milli-GPU) a queued job would be admitted with, at its minimum replicas."""
-    qspec = state.queues.get(job.spec.queue)
-    if qspec is None or not ledger.has_queue(job.spec.queue):
+    """(quota key, milli-GPU) a queued job would be admitted with, at its minimum replicas, on
+    the key it counts against now (``Ledger.key_for``)."""
+    if job.spec.queue not in state.queues or not ledger.has_queue(job.spec.queue):
         return None
-    demands = quota.worker_demands(qspec, job.spec.resources)
-    replicas = quota.min_replicas(job.spec)
-    if not demands or replicas <= 0:
+    if quota.min_replicas(job.spec) <= 0:
         return None
-    key, per_worker = demands[0]
-    return key, per_worker * replicas
+    return ledger.key_for(job.spec.queue, job.spec)
 
 
 def claim(state: State, ledger: Ledger, job: JobState) -> tuple[str | None, int]:

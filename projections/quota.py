@@ -8,9 +8,10 @@ charge rounded up per job (what people read); the exact charge is always recompu
 job's resources and admitted replicas, so a gang of ten 0.1-GPU workers holds exactly one GPU.
 
 Keys. A job with no ``gpu_models`` counts against ``"*"``. A job constrained to models counts
-against the first of them, in its own order, that its queue lists a quota for (admission may take
-a later one when an earlier one is full), else against ``"*"``. A queue uses only the keys it
-lists; list a key with nominal 0 to let a queue borrow it and nothing more.
+against one of them, in its own order, that its queue lists a quota for (admission takes the first
+it fits; order, holds and preemption read the one ``Ledger.key_for`` names), else against ``"*"``. A
+queue uses only the keys it lists; list a key with nominal 0 to let a queue borrow it and nothing
+more.
 
 The cohort tree (Kueue's hierarchical cohorts). Queues are leaves; a queue names its cohort, a
 cohort names its parent (organisation → team cohorts → queues, any depth). Per key, for a node n:
@@ -472,6 +473,34 @@ class Ledger:
 
     def fits(self, queue: str, key: str, milli: int, borrow: bool = True) -> bool:
         return milli <= 0 or milli <= self.available(queue, key, borrow)
+
+    def key_for(self, queue: str, spec: JobSpec) -> tuple[str, int] | None:
+        """The quota key a queued job of ``spec`` counts against now, with what it needs there at
+        its minimum workers (milli-GPU); None if it needs no quota. Of its keys, in its order
+        (Kueue's flavor assignment, with its default fungibility): the first it fits now,
+        borrowing if it must; else the first whose nominal its queue's own jobs leave room in
+        (what others hold of it is lent, and may be taken back); else the first within the
+        nominal at all; else the first. Admission's order and holds and the preemptor's target
+        all read the job's key here, so a job that fits its second model's nominal is not taken
+        for a borrower of its first."""
+        demands = worker_demands(self.spec(queue), spec.resources)
+        if not demands:
+            return None
+        lo = min_replicas(spec)
+        if len(demands) == 1:
+            return demands[0][0], demands[0][1] * lo
+        needs = [(key, per_worker * lo) for key, per_worker in demands]
+        borrow = self.may_borrow(spec)
+        for key, need in needs:
+            if self.fits(queue, key, need, borrow):
+                return key, need
+        for key, need in needs:
+            if self.used(queue, key) + need <= self.nominal(queue, key):
+                return key, need
+        for key, need in needs:
+            if need <= self.nominal(queue, key):
+                return key, need
+        return needs[0]
 
     def borrowers(self, queue: str, key: str, exclude: bool = True) -> list[tuple[str, int]]:
         """Queues of ``queue``'s tree holding more than their nominal (itself too unless

@@ -112,4 +112,7 @@ from __future__ import annotations
 #    the health monitor never writes, and a node's agent could) is refused.
 # 31: a resize to more workers than a submission may ask for (``events.jobs.MAX_REPLICAS``) is
 #    refused.
-RULES = 31
+# 32: a queued job that names several GPU models counts, for the preemption rule and the holds,
+#    against the first it fits now, else the first whose nominal only others hold, else the
+#    first within the nominal (``Ledger.key_for``), not always its first.
+RULES = 32

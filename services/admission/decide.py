@@ -517,7 +517,7 @@ def _admit(
                 break
         else:
             if held is None:
-                found = hold(ledger, cur.name, job, ends.get((cur.name, demands[0][0]), []), now)
+                found = hold(ledger, cur.name, job, ends, now)
                 if found is not None:
                     lending_holds.keep(cur.name, job.id, found)
                     if not cur.strict:  # a strict queue goes no further than its head anyway

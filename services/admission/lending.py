@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from corral.events.queues import QueueSpec
-from corral.projections import quota
 from corral.projections.holds import Hold, hold
 from corral.projections.quota import Ledger
 from corral.services.admission.backlog import Backlog
@@ -62,15 +61,15 @@ class LendingHolds:
             if not backlog or not ledger.has_queue(name):
                 continue
             head = backlog[0]
-            demands = quota.worker_demands(ledger.spec(name), head.spec.resources)
-            if not demands:
+            wanted = ledger.key_for(name, head.spec)
+            if wanted is None:
                 continue
-            key, need = demands[0][0], demands[0][1] * quota.min_replicas(head.spec)
+            key, need = wanted
             if ledger.fits(name, key, need):
                 if 0 < need <= ledger.nominal(name, key) - ledger.used(name, key):
                     self.keep(name, head.id, Hold(head.id, key, need, now))
                 continue
-            found = hold(ledger, name, head, ends.get((name, key), []), now)
+            found = hold(ledger, name, head, ends, now)
             if found is not None:
                 self.keep(name, head.id, found)
 

@@ -296,13 +296,13 @@ class FairShareOrder:
         self.push(cur)
 
     def _borrows(self, cur: Cursor, job: JobState) -> int:
-        """How far up its cohort tree the head would borrow (``Ledger.borrowing_height``)."""
-        demands = quota.worker_demands(cur.spec, job.spec.resources)
-        if not demands:
-            return 0
-        key, per_worker = demands[0]
-        need = per_worker * quota.min_replicas(job.spec)
+        """How far up its cohort tree the head would borrow (``Ledger.borrowing_height``) on the key
+        it counts against now (``Ledger.key_for``)."""
         ledger = self._ledger
+        wanted = ledger.key_for(cur.name, job.spec)
+        if wanted is None:
+            return 0
+        key, need = wanted
         if ledger.used(cur.name, key) + need <= ledger.nominal(cur.name, key):
             return 0  # the common case, without a walk up the tree
         return ledger.borrowing_height(cur.name, key, need)

@@ -463,7 +463,7 @@ class _Holds:
             return
         if self._ends is None:
             self._ends = quota_ends(self.state, self.now)
-        found = hold(self.ledger, q, job, self._ends.get((q, demand[0]), []), self.now)
+        found = hold(self.ledger, q, job, self._ends, self.now)
         if found is not None:
             self.by_queue[q] = found
             self._verdicts.clear()

@@ -22,6 +22,10 @@ and then the jobs holding quota must be Kueue's ``wantAssignments`` and the queu
 ``wantLeft`` and ``wantInadmissibleLeft``. A second cycle must then admit nothing more: what
 Kueue leaves waiting for quota has to keep waiting once this cycle's admissions are counted.
 
+A job that names several GPU models chooses among them as a Kueue workload chooses a flavor; the
+cases at the end of this file, in those terms, check that its order and its queue's hold are read
+on the model it counts against now.
+
 Kueue's cycle takes one head per ClusterQueue; corral's may admit several jobs of a queue. No kept
 case has more than one pending workload per queue, so that never changes an outcome here.
 
@@ -78,7 +82,7 @@ import pytest
 
 from corral.events.jobs import JobsAdmitted
 from corral.events.queues import CohortSpec, PreemptionPolicy, QueueSpec, Quota, ReclaimWithinCohort
-from corral.projections.quota import ANY
+from corral.projections.quota import ANY, count_holding
 from corral.projections.state import State
 from corral.services.admission.decide import decide
 from tests.unit.test_admission import Job, admitted, fold_all, job, of
@@ -465,3 +469,57 @@ def test_one_admission_cycle_admits_what_kueue_admits(c: Case) -> None:
         assert got[job_id].replicas == replicas
     # What Kueue leaves waiting for quota still waits once this cycle's admissions count.
     assert of(decide(s, 1.0), JobsAdmitted) == []
+
+
+# -- the GPU model a job counts against ----------------------------------------------------------
+#
+# A job that names GPU models counts, like a Kueue workload choosing a flavor (``flavorassigner``,
+# default fungibility: the first flavor that fits, borrowing or not), against the first of its
+# models it fits now, and its borrowing and its queue's lending hold are read there
+# (``Ledger.key_for``). Cohort ``c``: queue ``a`` with 4 H100 and 4 A100 of nominal, its own job
+# on all 4 H100; queue ``b`` with no A100 of its own, so whatever it holds is borrowed.
+
+TWO_MODELS = QueueSpec("a", cohort="c", quotas={"H100": Quota(4), "A100": Quota(4)})
+BORROWER = QueueSpec("b", cohort="c", quotas={"A100": Quota(0)})
+
+
+def _models_world(*jobs: Job) -> State:
+    s = State()
+    s.cohorts["c"] = CohortSpec("c")
+    for q in (TWO_MODELS, BORROWER):
+        s.queues[q.name] = q
+    for seq, j in enumerate(jobs, start=1):
+        held = j.with_(seq=seq).into(s)
+        if held.admission is not None:
+            count_holding(s, held, 1)  # as the fold counts it
+    return s
+
+
+def _admits(s: State) -> set[str]:
+    out = decide(s, 0.0)
+    assert fold_all(s, out) == 0
+    return set(admitted(out))
+
+
+def test_a_job_within_its_second_models_nominal_goes_before_a_borrower() -> None:
+    # Kueue's "not enough resources to borrow, fallback to next flavor": a-next fits A100 within
+    # a's nominal and borrows nothing; read on H100 it looked like a borrower as far as b's, and
+    # b's borrower, of a queue with the lower share, took a's A100.
+    s = _models_world(
+        job("a-h100", "a").gpus(4, "H100").running(),
+        job("a-next", "a").gpus(4, "H100", "A100"),
+        job("b-borrow", "b").gpus(4, "A100"),
+    )
+    assert _admits(s) == {"a-next"}
+
+
+def test_a_job_within_its_second_models_nominal_keeps_it_from_being_lent() -> None:
+    # b borrows 2 of a's A100; a-next, first in a, waits for them. a keeps its A100 from being
+    # lent again (its hold on the model it counts against, not on the H100 its own jobs fill).
+    s = _models_world(
+        job("a-h100", "a").gpus(4, "H100").running(),
+        job("b-run", "b").gpus(2, "A100").running(),
+        job("a-next", "a").gpus(4, "H100", "A100"),
+        job("b-more", "b").gpus(2, "A100"),
+    )
+    assert "b-more" not in _admits(s)

@@ -293,6 +293,40 @@ def test_candidate_keys(
     assert quota.candidate_keys(q, Resources(gpus=1, gpu_models=models)) == keys
 
 
+@pytest.mark.parametrize(
+    ("id", "h100", "a100", "b_h100", "b_a100", "key"),
+    [
+        ("fits its first model", 0, 0, 4, 0, "H100"),
+        ("fits only its second model", 4, 0, 4, 0, "A100"),
+        ("fits neither; the second's nominal is lent", 4, 0, 4, 2, "A100"),
+        ("fits neither; its own jobs fill both", 4, 2, 4, 0, "H100"),
+        ("fits the first by borrowing", 4, 0, 0, 0, "H100"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_the_key_a_job_of_several_models_counts_against(
+    id: str, h100: int, a100: int, b_h100: int, b_a100: int, key: str
+) -> None:
+    # Queue a: 4 H100 and 4 A100 of nominal; b: 4 H100, no A100 of its own. a's job of 4 GPUs
+    # counts against the first model it fits now, borrowing if it must (Kueue's default
+    # fungibility); else the first whose nominal only others hold (its queue can take it back);
+    # else the first within the nominal.
+    s = State()
+    s.cohorts["c"] = CohortSpec("c")
+    s.queues["a"] = QueueSpec("a", cohort="c", quotas={"H100": Q(4), "A100": Q(4)})
+    s.queues["b"] = QueueSpec("b", cohort="c", quotas={"H100": Q(4), "A100": Q(0)})
+    ledger = Ledger(s)
+    for queue, model, held in (
+        ("a", "H100", h100),
+        ("a", "A100", a100),
+        ("b", "H100", b_h100),
+        ("b", "A100", b_a100),
+    ):
+        ledger.charge(queue, model, held * G)
+    spec = JobSpec(queue="a", resources=Resources(gpus=4, gpu_models=("H100", "A100")))
+    assert ledger.key_for("a", spec) == (key, 4 * G)
+
+
 def test_fractions_are_exact_and_recorded_rounded_up() -> None:
     s = cluster({"a": (None, {ANY: Q(1)})})
     ledger = Ledger.from_state(s)

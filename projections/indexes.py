@@ -66,7 +66,7 @@ from functools import lru_cache
 import msgspec
 
 from corral.events.decisions import Placement
-from corral.events.jobs import JobSpec, Resources, Topology
+from corral.events.jobs import MAX_REPLICAS, JobSpec, Resources, Topology
 from corral.projections import lifecycle
 from corral.projections.lifecycle import FINAL, PHASES, Phase
 from corral.projections.state import JobState, State
@@ -252,7 +252,9 @@ def _form(spec: JobSpec, selector: list[tuple[str, str]]) -> str:
 def _count_ask(state: State, spec: JobSpec, sign: int) -> None:
     asks = state.workers_by_ask
     key = ask_key(spec.resources)
-    n = asks.get(key, 0) + sign * max(1, spec.replicas)
+    # A job is counted from its submission, before admission has checked its size: a tenant's
+    # jobs of 2**63 workers would carry the sum past what the state's encodings hold.
+    n = asks.get(key, 0) + sign * min(max(1, spec.replicas), MAX_REPLICAS)
     if n:
         asks[key] = n
     else:

@@ -115,4 +115,6 @@ from __future__ import annotations
 # 32: a queued job that names several GPU models counts, for the preemption rule and the holds,
 #    against the first it fits now, else the first whose nominal only others hold, else the
 #    first within the nominal (``Ledger.key_for``), not always its first.
-RULES = 32
+# 33: a job counts in the workers per ask (``State.workers_by_ask``) with at most
+#    ``events.jobs.MAX_REPLICAS`` workers, whatever its submission asked before admission judged it.
+RULES = 33

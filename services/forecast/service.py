@@ -114,7 +114,12 @@ class ForecastService(Service):
             self._counted.add(job_id)
         self._counted &= set(state.jobs_by_phase.get("succeeded", ()))  # the fold let the others go
         self.last_seq, self.last_at = state.seq, now
-        self._running = asyncio.create_task(self._forecast(_copy(state), now))
+        try:
+            copy = _copy(state)
+        except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
+            await self._failed(e, now)
+            return 0
+        self._running = asyncio.create_task(self._forecast(copy, now))
         return 0
 
     async def _forecast(self, copy: State, now: float) -> None:
@@ -187,12 +192,12 @@ class ForecastService(Service):
 
     async def _answer(self, reply: str, asker: str, data: bytes) -> None:
         now = self.now()
-        copy = _copy(self.state)
         try:
+            copy = _copy(self.state)
             told = await asyncio.to_thread(whatif_answer, copy, asker, data, now, self.calibration.errors())
         except Exception as e:  # noqa: BLE001 - one bad question must not take the role down
             log.exception("what-if of %s failed", asker)
-            told = {"seq": copy.seq, "error": f"what-if failed: {type(e).__name__}"}
+            told = {"seq": self.state.seq, "error": f"what-if failed: {type(e).__name__}"}
         self.whatifs += 1
         await self._reply(reply, told)
 

@@ -191,8 +191,17 @@ class Service:
 
     async def _maybe_snapshot(self) -> None:
         if self.snapshots is not None and self.state.seq - self._snapshot_seq >= self.snapshot_every:
-            await self.snapshots.save(self.state)
+            await self._save_snapshot()
             self._snapshot_seq = self.state.seq
+
+    async def _save_snapshot(self) -> None:
+        """A snapshot only spares a restart the fold from the start: one that cannot be written
+        is logged, and the service goes on (the next restart folds further, that is all)."""
+        assert self.snapshots is not None
+        try:
+            await self.snapshots.save(self.state)
+        except Exception as e:  # noqa: BLE001 - the log, not the snapshot, is the truth
+            log.error("%s: snapshot at log seq %d not written: %s", self.role, self.state.seq, e, exc_info=e)
 
     async def _read_traced(self) -> int | None:
         """The traced position posted, if it is one in this log (``traced.py``)."""
@@ -476,7 +485,7 @@ class Service:
                 with contextlib.suppress(Exception):
                     await aclose()
             if self.snapshots is not None and self.state.seq > self._snapshot_seq:
-                await self.snapshots.save(self.state)
+                await self._save_snapshot()
             if self.lease is not None:
                 if self.lease.held:
                     await self._hand_spans(stopping=True)  # the next holder resumes after it

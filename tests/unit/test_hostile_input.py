@@ -175,3 +175,14 @@ def test_an_image_that_is_no_reference_is_refused_at_admission(image: str) -> No
 )
 def test_image_references_are_admitted(image: str) -> None:
     assert _submitted(image) is None
+
+
+def test_jobs_of_the_most_workers_an_int_holds_leave_a_state_that_encodes() -> None:
+    # A job is counted in the fold's per-ask index from its submission, before admission has
+    # judged its size: three of 2**63 - 1 workers carried the sum past what msgpack holds, and the
+    # forecast role's copy of the state (and every snapshot) raised on it.
+    log = LogBuilder().queues("team-a")
+    for i in range(3):
+        log.submit("alice", f"huge-{i}", msgspec.structs.replace(job().build(), replicas=2**63 - 1))
+    state = log.fold()
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State).workers_by_ask

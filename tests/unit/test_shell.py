@@ -78,3 +78,26 @@ async def test_a_fence_unknown_after_a_snapshot_is_learnt_not_a_stall() -> None:
     assert restored._last_decision_seq == 0  # as after a snapshot: the subject's seq unknown
     assert await restored.cycle() == 0
     assert await restored.cycle() == 2
+
+
+async def test_a_snapshot_that_cannot_be_written_does_not_stop_the_service() -> None:
+    # The log is the truth; a snapshot only spares a restart folding from the start. One that
+    # cannot be written (a state it cannot encode, a full disk) is logged, and the service goes on.
+    class Broken:
+        tried = 0
+
+        async def save(self, state: State) -> None:
+            self.tried += 1
+            raise OverflowError("can't serialize ints > 2**64 - 1")
+
+        async def load(self) -> State | None:
+            return None
+
+    log = InMemoryLog()
+    snapshots = Broken()
+    svc = Service("placer", with_a_decision, log, clock=lambda: 1.0, snapshots=snapshots, snapshot_every=1)
+    await svc.restore()
+    assert await svc.cycle() == 2
+    await _folded(svc, log)
+    await svc._maybe_snapshot()
+    assert snapshots.tried == 1 and await svc.cycle() == 2  # and it decides on

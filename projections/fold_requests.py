@@ -11,6 +11,7 @@ object is deleted. A cancel or resize of a job let go is refused as of a job tha
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import msgspec
 
@@ -30,6 +31,7 @@ from corral.events.queues import (
     ApplyRetention,
     CordonNode,
     DeleteQueue,
+    Quota,
 )
 from corral.projections import gpu_time, indexes, quota, retention, runtimes
 from corral.projections.fold_moves import (
@@ -126,13 +128,38 @@ def _admin(ctx: Ctx) -> None:
         raise Refused("forbidden", "only the admin identity may change queues and nodes")
 
 
+# The most GPUs a quota, a borrowing or a lending limit may name per key: far beyond any cluster,
+# and small enough that the quota arithmetic (milli-GPU) stays within what the state encodes.
+MAX_QUOTA_GPUS = 1_000_000
+# The shortest fair-share half-life: a second. Shorter forgets all history between two records,
+# and decays the usage figures people read to nonsense.
+MIN_HALF_LIFE_S = 1.0
+
+
+def _quota_problem(what: str, quotas: Mapping[str, Quota]) -> str:
+    """Why ``quotas`` are no quotas, or ``""``: each nominal and limit a whole number of GPUs,
+    0 to ``MAX_QUOTA_GPUS``."""
+    for key, q in quotas.items():
+        for field, value in (
+            ("nominal", q.nominal),
+            ("borrowing_limit", q.borrowing_limit),
+            ("lending_limit", q.lending_limit),
+        ):
+            if value is not None and not 0 <= value <= MAX_QUOTA_GPUS:
+                return f"{what}: {field} of {key} must be 0..{MAX_QUOTA_GPUS} GPUs, not {value}"
+    return ""
+
+
 def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
     _admin(ctx)
     q = req.queue
     if not subj.is_token(q.name):
         raise Refused("malformed", f"queue name {q.name!r} is not a valid name")
-    if q.weight <= 0 or any(v.nominal < 0 for v in q.quotas.values()):
-        raise Refused("malformed", f"queue {q.name}: weight and quotas must be positive")
+    if not (q.weight > 0 and math.isfinite(q.weight)):
+        raise Refused("malformed", f"queue {q.name}: weight must be a positive number, not {q.weight}")
+    problem = _quota_problem(f"queue {q.name}", q.quotas)
+    if problem:
+        raise Refused("malformed", problem)
     state.queues[q.name] = q
 
 
@@ -141,6 +168,9 @@ def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:
     c = req.cohort
     if not subj.is_token(c.name):
         raise Refused("malformed", f"cohort name {c.name!r} is not a valid name")
+    problem = _quota_problem(f"cohort {c.name}", c.quotas)
+    if problem:
+        raise Refused("malformed", problem)
     parent, seen = c.parent, {c.name}
     while parent is not None:
         if parent in seen:
@@ -164,8 +194,11 @@ def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> No
 def _apply_fair_share(state: State, ctx: Ctx, req: ApplyFairShare) -> None:
     _admin(ctx)
     half_life = req.fair_share.half_life_s
-    if not (half_life > 0 and math.isfinite(half_life)):
-        raise Refused("malformed", f"fair share: half_life_s {half_life} is not a positive number of seconds")
+    if not (half_life >= MIN_HALF_LIFE_S and math.isfinite(half_life)):
+        raise Refused(
+            "malformed",
+            f"fair share: half_life_s {half_life} is not a number of seconds, {MIN_HALF_LIFE_S:g} or more",
+        )
     short = req.fair_share.short_job_gpu_s
     if not (short >= 0 and math.isfinite(short)):
         raise Refused(

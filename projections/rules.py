@@ -117,4 +117,7 @@ from __future__ import annotations
 #    first within the nominal (``Ledger.key_for``), not always its first.
 # 33: a job counts in the workers per ask (``State.workers_by_ask``) with at most
 #    ``events.jobs.MAX_REPLICAS`` workers, whatever its submission asked before admission judged it.
-RULES = 33
+# 34: a queue's or cohort's nominal quota and limits are 0 to ``MAX_QUOTA_GPUS`` GPUs, a queue's
+#    weight a finite positive number, a fair-share half-life at least a second; else the request
+#    is malformed.
+RULES = 34

@@ -271,12 +271,46 @@ def test_admin_changes_queues_cohorts_priority_classes_and_cordons() -> None:
         QueueSpec("team-a", weight=0.0),
         QueueSpec("team-a", weight=-1.0),
         QueueSpec("team-a", quotas={"H100-80GB": Quota(-1)}),
+        QueueSpec("team-a", weight=float("nan")),
+        QueueSpec("team-a", weight=float("inf")),
+        QueueSpec("team-a", quotas={"*": Quota(4, borrowing_limit=-1)}),
+        QueueSpec("team-a", quotas={"*": Quota(4, lending_limit=-3)}),
+        QueueSpec("team-a", quotas={"*": Quota(2**62)}),
     ],
-    ids=["dotted-name", "empty-name", "zero-weight", "negative-weight", "negative-quota"],
+    ids=[
+        "dotted-name",
+        "empty-name",
+        "zero-weight",
+        "negative-weight",
+        "negative-quota",
+        "nan-weight",
+        "infinite-weight",
+        "negative-borrowing-limit",
+        "negative-lending-limit",
+        "quota-beyond-any-cluster",
+    ],
 )
 def test_invalid_queue_is_malformed(spec: QueueSpec) -> None:
     state = fold(LogBuilder().admin("queue", ApplyQueue(queue=spec)))
     assert state.queues == {} and last(state).code == "malformed"
+
+
+@pytest.mark.parametrize("half_life", [0.0, -60.0, 1e-300, 0.5, float("inf"), float("nan")])
+def test_a_fair_share_half_life_under_a_second_is_malformed(half_life: float) -> None:
+    # 1e-300 s forgot every history between two records and showed usage of 2e+301 GPUs.
+    state = fold(LogBuilder().fair_share(half_life))
+    assert last(state).code == "malformed" and state.fair_share == State().fair_share
+
+
+@pytest.mark.parametrize(
+    "quotas",
+    [{"*": Quota(-100)}, {"*": Quota(4, borrowing_limit=-1)}, {"*": Quota(4, lending_limit=-1)}],
+    ids=["negative-nominal", "negative-borrowing-limit", "negative-lending-limit"],
+)
+def test_a_cohort_of_negative_quota_is_malformed(quotas: dict[str, Quota]) -> None:
+    # Taken, a cohort's -100 GPUs made its queues refuse every job: "can hold at most -99 GPUs".
+    state = fold(LogBuilder().admin("cohort", ApplyCohort(cohort=CohortSpec("org", quotas=quotas))))
+    assert state.cohorts == {} and last(state).code == "malformed"
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.resources
+import ipaddress
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -163,8 +165,38 @@ async def _events(request: web.Request) -> web.StreamResponse:
         await resp.write(f"event: board\ndata: {data}\n\n".encode())
 
 
-def make_app(feed: Feed) -> web.Application:
-    app = web.Application()
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, as a listener or a Host header names it, with or
+    without its port) is this machine's loopback."""
+    name = host.strip().lower()
+    if name.startswith("["):  # [::1]:8080
+        name = name[1 : name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:  # name:port; a bare IPv6 address has more colons
+        name = name.split(":", 1)[0]
+    if name in ("localhost", "localhost.", "::1"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+@web.middleware
+async def _loopback_hosts(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """On loopback, answer only requests that name loopback: a web page the operator visits
+    could otherwise have its own name resolve to 127.0.0.1 (DNS rebinding) and read the board
+    with the dashboard's identity."""
+    if not is_loopback(request.host):
+        raise web.HTTPMisdirectedRequest(text="this dashboard answers only on localhost")
+    return await handler(request)
+
+
+def make_app(feed: Feed, loopback: bool = True) -> web.Application:
+    """The dashboard's routes; ``loopback``: it listens on loopback only, and answers only
+    requests whose Host names it so."""
+    app = web.Application(middlewares=[_loopback_hosts] if loopback else [])
     app[FEED] = feed
 
     async def follow(app: web.Application) -> Any:
@@ -186,7 +218,7 @@ def make_app(feed: Feed) -> web.Application:
 
 async def serve(feed: Feed, host: str, port: int, stop: asyncio.Event) -> None:
     """Serve the dashboard until ``stop``; prints where, once it listens."""
-    runner = web.AppRunner(make_app(feed), shutdown_timeout=1.0)
+    runner = web.AppRunner(make_app(feed, loopback=is_loopback(host)), shutdown_timeout=1.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from corral.services.dashboard.app import Feed, make_app
+from corral.services.dashboard.app import Feed, is_loopback, make_app
 from tests.integration.test_cluster_failures import Live, job_spec, live, phase
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -105,3 +105,37 @@ async def test_a_tenants_page_does_not_show_anothers_job(tmp_path: Path) -> None
 async def submitted(it: Live) -> None:
     await it.submit("j1", job_spec(("sleep", "600")))
     await it.until(lambda s: phase(s, "j1") == "running")
+
+
+async def test_on_loopback_it_answers_only_requests_that_name_loopback(tmp_path: Path) -> None:
+    # A web page the operator visits could have its own name resolve to 127.0.0.1 (DNS
+    # rebinding) and read the admin's board; the Host it sends names that page, not loopback.
+    async with live(tmp_path) as it:
+        await submitted(it)
+        async with page(it.cluster.url, "admin") as client:
+            for host in ("attacker.example", "attacker.example:8080", "10.0.0.7", "127.0.0.1.nip.io"):
+                r = await client.get("/api/board", headers={"Host": host})
+                assert r.status == 421, (host, r.status)
+                assert "j1" not in await r.text()
+            for host in ("localhost", f"localhost:{client.port}", "127.0.0.1", "[::1]:80"):
+                r = await client.get("/api/board", headers={"Host": host})
+                assert r.status == 200, (host, r.status)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost", True),
+        ("LOCALHOST:8080", True),
+        ("127.0.0.1", True),
+        ("127.8.9.10:80", True),
+        ("[::1]:8080", True),
+        ("::1", True),
+        ("0.0.0.0", False),
+        ("example.com", False),
+        ("localhost.example.com", False),
+        ("", False),
+    ],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback

@@ -204,6 +204,13 @@ class AsyncClient:
         """Delete a queue; ``Refused`` while it still has unfinished jobs, or for no such queue."""
         return await self._admin("delete-queue", name, DeleteQueue(name=name), timeout)
 
+    async def apply(self, verb: str, name: str, body: Any, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        """An admin's change of the cluster's setup, ``body`` a request of the catalog for
+        ``verb`` (``queue``: an ``ApplyQueue``; ``cohort``, ``priority-class``, ``fair-share``,
+        ``retention``), about ``name``, once the fold has taken it; ``Refused`` with why where
+        it did not (a cohort whose parents loop, a quota out of bounds, a login not the admin's)."""
+        return await self._admin(verb, name, body, timeout)
+
     async def _admin(self, verb: str, name: str, body: Any, timeout: float) -> Applied:
         if not subjects.is_token(name):
             raise Invalid(f"{name!r}: use letters, digits, '-' and '_' (at most 64)")

@@ -219,3 +219,21 @@ def test_a_script_named_relative_to_the_submit_directory_runs(
         assert client.wait("rel-1", "succeeded", timeout=120).phase == "succeeded"
     logs = corral("logs", "rel-1", env=env).stdout
     assert "trained in " in logs and f"trained in {project}" not in logs  # its own directory
+
+
+def test_queue_apply_says_which_changes_the_cluster_refused(
+    cluster: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    # It printed "applied" for every change it sent; the fold had refused three of four.
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        "[[cohorts]]\nname = 'x'\nparent = 'y'\n\n[[cohorts]]\nname = 'y'\nparent = 'x'\n\n"
+        "[[queues]]\nname = 'good'\nquotas = { '*' = { nominal = 4 } }\n\n"
+        "[[queues]]\nname = 'heavy'\nweight = 0.0\nquotas = { '*' = { nominal = 4 } }\n"
+    )
+    out = corral("queue", "apply", str(bad), "--server", cluster, env=env, check=False)
+    assert out.returncode == 2, out
+    assert "2 of 4 changes refused" in out.stderr and "parent chain loops" in out.stderr
+    assert "queue heavy: " in out.stderr and "weight must be a positive number" in out.stderr
+    listed = corral("queues", "--server", cluster, "-o", "json", env=env).stdout
+    assert '"good"' in listed and '"heavy"' not in listed

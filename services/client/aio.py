@@ -273,6 +273,8 @@ class AsyncClient:
                 raise Rejected(str(told.get("code")), f"{job_id} rejected: {told.get('reason')}")
             if kind in ("accepted", "applied"):
                 return told
+            if kind == "unknown":  # the request stands; what the fold said of it is not kept
+                raise TimedOut(f"{verb} of {job_id} stored at seq {seq}: {told.get('reason')}")
             if time.monotonic() >= deadline:
                 raise TimedOut(
                     f"{verb} of {job_id} stored at seq {seq}, no verdict within {timeout:g}s "

@@ -149,6 +149,16 @@ def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> 
     or a submit admission has not judged)."""
     if state.seq < ask.after or ask.after <= 0:
         return None
+    kept = state.rejections
+    # The state keeps the newest rejections only: once the oldest kept is past the request, a
+    # refusal of it may have been let go (others' floods of bad requests push it out), and
+    # "applied" would be a guess.
+    forgotten = state.rejected_total > len(kept) and (not kept or kept[0].seq > ask.after)
+    unknown = {
+        "seq": state.seq,
+        "verdict": "unknown",
+        "reason": f"too many requests were refused since seq {ask.after} to tell whether it was",
+    }
     own = f"{subjects.IN}.{asker}.{ask.verb}"
     duplicate = False
     for r in reversed(state.rejections):  # newest last: stop once past the request
@@ -162,7 +172,7 @@ def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> 
             reason = f"no such job {ask.job}" if r.code == "unknown" and job_verb else r.message
             return {"seq": state.seq, "verdict": "refused", "code": r.code, "reason": reason}
     if ask.verb != "submit":
-        return {"seq": state.seq, "verdict": "applied"}
+        return unknown if forgotten else {"seq": state.seq, "verdict": "applied"}
     job = state.jobs.get(ask.job)
     row: dict[str, Any] | None = None
     code = "rejected"
@@ -174,6 +184,8 @@ def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> 
     elif let_go is not None:
         row = let_go.submitted(ask.job, ask.after, asker)
     if row is None:
+        if forgotten:
+            return unknown
         reason = f"no submit of job {ask.job} by {asker} at seq {ask.after}"
         return {"seq": state.seq, "verdict": "refused", "code": "unknown", "reason": reason}
     told = {"seq": state.seq, "job": row, "duplicate": duplicate}

@@ -280,6 +280,27 @@ def test_verdict(asker: str, verb: str, job_id: str, stored_as: str, want: tuple
         assert set(got) == {"seq", "verdict", "code", "reason"}
 
 
+def test_a_refusal_pushed_out_by_others_is_not_read_as_applied() -> None:
+    # The state keeps the newest refusals only: b's flood of cancels of no job pushed a's out,
+    # and a's cancel of no job read "applied". Now what is no longer known is said so.
+    from corral.projections.state import MAX_REJECTIONS
+
+    log, at = verdict_log()
+    for _ in range(MAX_REJECTIONS + 1):
+        log.request("b", "cancel", CancelJob(job_id="nosuch"))
+    view = JobView(":memory:")
+    view.fold(log.records)
+    for verb, job_id, stored_as in (
+        ("cancel", "nosuch", "cancel nosuch"),
+        ("submit", "ja", "b takes ja's id"),
+    ):
+        asker = "b" if stored_as.startswith("b ") else "a"
+        got = answer(view.state, view.history, asker, "verdict", Ask(job_id, at[stored_as], verb=verb), view)
+        assert got["verdict"] == "unknown", (stored_as, got)
+    got = answer(view.state, view.history, "a", "verdict", Ask("ja", at["submit ja"], verb="submit"), view)
+    assert got["verdict"] == "accepted"  # a submit that made its job is known by the job
+
+
 def test_a_verdict_waits_for_the_log_to_get_there() -> None:
     log, at = verdict_log()
     view = JobView(":memory:")

@@ -64,6 +64,10 @@ ROLE = "query"
 MAX_WAITING = 256  # questions waiting for a later log position at once; more are answered now
 # ... of one asker: one tenant following many jobs leaves the others room to wait
 MAX_WAITING_PER_ASKER = 32
+# Questions answered at once wait their turn per asker, taken round-robin across askers, so one
+# tenant asking in a loop delays another's question by at most one of its own; past this many
+# queued, one asker's next is answered at once that the service is busy.
+MAX_QUEUED_PER_ASKER = 64
 PAGE_BYTES = 256 * 1024  # workers' output in one answer, as sent (NATS carries 1 MiB by default)
 READING_AT_ONCE = 8  # pages of output read at once: what answers hold in memory is bounded
 SETTLE = 2.0  # seconds an ended job's output is waited for: its agent ships every 0.25 s
@@ -104,6 +108,10 @@ class ReadService:
         self._folded = asyncio.Condition()
         self._waiting: set[asyncio.Task[None]] = set()
         self._waiting_of: Counter[str] = Counter()  # of those, each asker's
+        # Questions to answer now, per asker in the order they came; askers served in turn.
+        self._queued: dict[str, deque[tuple[str, str, Ask]]] = {}
+        self._turns: deque[str] = deque()  # askers with questions queued
+        self._queue_moved = asyncio.Event()
         self._watch: metrics.FoldWatch | None = None
         self._reading = asyncio.Semaphore(READING_AT_ONCE)
 
@@ -147,7 +155,34 @@ class ReadService:
         if wait > 0 and may_wait and not self._settled(asker, question, ask):
             self._wait(asker, self._answer_later(msg.reply, asker, question, ask, wait))
             return
-        await self._answer(msg.reply, asker, question, ask)
+        queued = self._queued.get(asker)
+        if queued is None:
+            queued = self._queued[asker] = deque()
+            self._turns.append(asker)
+        if len(queued) >= MAX_QUEUED_PER_ASKER:
+            busy = f"busy: {len(queued)} questions of yours wait to be answered; ask again once they are"
+            await self._send(msg.reply, refusal(self.state, busy))
+            return
+        queued.append((msg.reply, question, ask))
+        self._queue_moved.set()
+
+    async def _serve_queued(self) -> None:
+        """Answer the queued questions, one of each asker in turn."""
+        while True:
+            await self._queue_moved.wait()
+            self._queue_moved.clear()
+            while self._turns:
+                asker = self._turns.popleft()
+                queued = self._queued[asker]
+                reply, question, ask = queued.popleft()
+                if queued:
+                    self._turns.append(asker)
+                else:
+                    del self._queued[asker]
+                try:
+                    await self._answer(reply, asker, question, ask)
+                except Exception:  # noqa: BLE001 - one bad answer must not stop the others
+                    log.exception("answering %s's %s failed", asker, question)
 
     def _wait(self, asker: str, answering: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(answering)
@@ -329,6 +364,7 @@ class ReadService:
             self.fold(batch)
         nc = self.log.nc
         # A queue group: replicas of the read service share the questions, each answered once.
+        serving = asyncio.create_task(self._serve_queued(), name="query-answers")
         sub: Subscription = await nc.subscribe(f"{identities.READ}.*.*", queue=ROLE, cb=self._on_question)
         self.caught_up.set()
         batches = self.log.follow(self.state.seq + 1)
@@ -345,11 +381,12 @@ class ReadService:
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
+            serving.cancel()
             for task in list(self._waiting):
                 task.cancel()
             nxt.cancel()
             stopping.cancel()
-            await asyncio.gather(nxt, stopping, *self._waiting, return_exceptions=True)
+            await asyncio.gather(nxt, stopping, serving, *self._waiting, return_exceptions=True)
             aclose = getattr(batches, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):

@@ -323,3 +323,48 @@ WAITS = {"negative": (-1.0, 0.0), "NaN": (float("nan"), 0.0), "huge": (1e9, 60.0
 @pytest.mark.parametrize(("wait", "patience"), WAITS.values(), ids=WAITS.keys())
 def test_how_long_a_question_may_wait_is_bounded(wait: float, patience: float) -> None:
     assert Ask(wait=wait).patience() == patience
+
+
+async def test_questions_answered_at_once_are_taken_one_asker_at_a_time() -> None:
+    # One tenant asking in a loop made another's question wait behind all of its own: they are
+    # answered in turn per asker, and past its share an asker is told the service is busy.
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from corral.services.query import service
+
+    class NoForecasts:
+        async def get(self, tenant: str) -> None:
+            return None
+
+    reader = service.ReadService(SimpleNamespace(nc=None), forecasts=NoForecasts())  # type: ignore[arg-type]
+    replies: list[tuple[str, dict[str, object]]] = []
+
+    async def send(reply: str, body: object) -> None:
+        replies.append((reply, json.loads(json.dumps(body, default=str))))
+
+    reader._send = send  # type: ignore[method-assign]
+
+    def question(who: str, n: int) -> SimpleNamespace:
+        inbox = f"{identities.inbox_prefix(who)}.{n}"
+        return SimpleNamespace(subject=identities.read_subject(who, "queues"), reply=inbox, data=b"{}")
+
+    try:
+        for n in range(service.MAX_QUEUED_PER_ASKER + 1):
+            await reader._on_question(question("b", n))  # type: ignore[arg-type]
+        await reader._on_question(question("a", 0))  # type: ignore[arg-type]
+        busy = [r for r, body in replies if "busy" in str(body.get("error", ""))]
+        assert busy == [f"{identities.inbox_prefix('b')}.{service.MAX_QUEUED_PER_ASKER}"]
+        serving = asyncio.create_task(reader._serve_queued())
+
+        async def drained() -> None:
+            while reader._turns:
+                await asyncio.sleep(0)  # the answers take turns on this loop
+
+        await asyncio.wait_for(drained(), 10)
+        serving.cancel()
+        order = [r.rsplit(".", 2)[-2] for r, body in replies if "error" not in body]
+        assert order[:3] == ["b", "a", "b"] and order.count("b") == service.MAX_QUEUED_PER_ASKER
+    finally:
+        reader.close()

@@ -163,6 +163,7 @@ def permissions(name: str) -> Permissions | None:
                 subjects.heartbeat(node),
                 f"$JS.API.STREAM.INFO.{subjects.STREAM}",  # that the log is there, to append to it
                 views.direct_get_subject(node),
+                views.parts_subject(node),  # its view's parts, where it is too large for one message
                 # its own workers' output, and where it had shipped it to (a restarted agent)
                 f"{output.OUT}.{node}.>",
                 f"$JS.API.DIRECT.GET.{output.STREAM}.{output.OUT}.{node}.>",

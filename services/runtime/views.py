@@ -15,12 +15,21 @@ allowed per node. Each view carries the log position it was computed at, so the 
 newest whatever order a get and a message arrive in, and it reads the key again every
 ``refresh`` seconds and after a reconnect, so a message missed while disconnected is not missed
 for long.
+
+A view larger than one message may carry (a node of many jobs, each with a large environment)
+is stored in parts: its pieces of ``PART_BYTES`` under ``<node>.part-<i>``, written first, then
+under ``<node>`` a note naming how many there are and the whole's SHA-256 (``PARTS``). The agent
+reads the parts by direct get (allowed on ``<node>.>``) and keeps the view only when the digest
+matches: parts of two views written one over the other read as no view, and the next note
+brings the newer one whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
@@ -39,14 +48,47 @@ STREAM = f"KV_{BUCKET}"
 REFRESH = 30.0  # seconds between an agent's reads of its key, besides the messages it hears
 
 
+# Pieces of a view stored in parts: well under NATS's default 1 MiB message, headers and all.
+PART_BYTES = 512 * 1024
+PARTS = b"corral-view-parts "  # a note that the view is in parts, then its JSON
+
+
 def key_subject(node: str) -> str:
     """The subject a node's key is stored on (and heard on)."""
     return f"$KV.{BUCKET}.{node}"
 
 
+def part_key(node: str, i: int) -> str:
+    return f"{node}.part-{i}"
+
+
 def direct_get_subject(node: str) -> str:
     """The direct get of a node's key's last value, its key in the subject."""
     return f"$JS.API.DIRECT.GET.{STREAM}.{key_subject(node)}"
+
+
+def parts_subject(node: str) -> str:
+    """The direct gets of a node's view's parts (``part_key``)."""
+    return f"{direct_get_subject(node)}.>"
+
+
+def split(value: bytes) -> tuple[list[bytes], bytes]:
+    """A view too large for one message as its parts, and the note stored under the node's key."""
+    pieces = [value[i : i + PART_BYTES] for i in range(0, len(value), PART_BYTES)]
+    note = PARTS + json.dumps({"parts": len(pieces), "sha256": hashlib.sha256(value).hexdigest()}).encode()
+    return pieces, note
+
+
+def parts_of(raw: bytes) -> tuple[int, str] | None:
+    """(how many parts, the whole's SHA-256) if ``raw`` is a note of a view in parts, else None."""
+    if not raw.startswith(PARTS):
+        return None
+    try:
+        note = json.loads(raw[len(PARTS) :])
+        n, digest = int(note["parts"]), str(note["sha256"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (n, digest) if 0 < n <= 1024 else None
 
 
 class ViewStore(Protocol):
@@ -81,7 +123,13 @@ class KvViewStore:
         return cls(await nc.jetstream().key_value(BUCKET))
 
     async def put(self, node: str, value: bytes) -> None:
-        await self.kv.put(node, value)
+        if len(value) <= PART_BYTES:
+            await self.kv.put(node, value)
+            return
+        pieces, note = split(value)
+        for i, piece in enumerate(pieces):  # the parts before the note that names them
+            await self.kv.put(part_key(node, i), piece)
+        await self.kv.put(node, note)
 
 
 class KvNodeViews:
@@ -102,7 +150,31 @@ class KvNodeViews:
         headers = msg.headers or {}
         if headers.get("Status") or not msg.data:  # 404: nothing written yet
             return None
-        return _decoded(node, msg.data)
+        return await self._resolved(node, msg.data)
+
+    async def _resolved(self, node: str, raw: bytes) -> NodeView | None:
+        """The view ``raw`` is, or the one it names the parts of (None where they do not add up
+        to the digest: another view's were written over them meanwhile)."""
+        parts = parts_of(raw)
+        if parts is None:
+            return _decoded(node, raw)
+        n, digest = parts
+        pieces = []
+        for i in range(n):
+            subject = f"$JS.API.DIRECT.GET.{STREAM}.{key_subject(part_key(node, i))}"
+            try:
+                msg = await self.nc.request(subject, b"", timeout=self.timeout)
+            except (nats_errors.Error, TimeoutError) as e:
+                log.warning("%s: part %d of its view not read: %s", node, i, e)
+                return None
+            if (msg.headers or {}).get("Status"):
+                return None
+            pieces.append(msg.data)
+        whole = b"".join(pieces)
+        if hashlib.sha256(whole).hexdigest() != digest:
+            log.info("%s: the parts of its view changed as they were read; waiting for the next", node)
+            return None
+        return _decoded(node, whole)
 
     async def watch(self, node: str) -> AsyncIterator[NodeView]:
         heard: asyncio.Queue[bytes] = asyncio.Queue()
@@ -127,7 +199,7 @@ class KvNodeViews:
                         raw = await asyncio.wait_for(heard.get(), self.refresh)
                     except TimeoutError:
                         break  # read the key again: a message may have been missed
-                    found = _decoded(node, raw)
+                    found = await self._resolved(node, raw)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

@@ -109,3 +109,61 @@ async def test_an_agent_may_read_its_own_view_and_nothing_else(tmp_path: Path) -
             await services.close()
     finally:
         await server.stop()
+
+
+def _large_view(node: str, seq: int, jobs: int) -> NodeView:
+    """A view of ``jobs`` jobs with environments of 64 KiB each (admission's largest), random
+    so that nothing compresses it: more than one NATS message carries."""
+    import os
+
+    from corral.projections.assignments import Assignment
+
+    def env() -> dict[str, str]:
+        return {f"V{i}": os.urandom(30).hex() for i in range(1000)}
+
+    found = tuple(Assignment(job_id=f"j{i}", attempt=0, phase="placed", env=env()) for i in range(jobs))
+    return NodeView(node, seq=seq, jobs=found)
+
+
+async def test_a_view_larger_than_a_message_reaches_its_agent_in_parts(tmp_path: Path) -> None:
+    # A tenant's few jobs of large environments on one node made its view more than NATS
+    # carries: the view was never written again, and the node acted on nothing it was told.
+    passwords = identities.ensure(tmp_path / identities.CREDENTIALS, [], ["node-00", "node-01"])
+    server = EmbeddedServer(tmp_path / "nats", users=identities.users(passwords))
+    await server.start()
+    try:
+        admin = await nats.connect(
+            server.url,
+            inbox_prefix=identities.inbox_prefix(identities.ADMIN),
+            **identities.login(passwords, identities.ADMIN),
+        )
+        await node_views.ensure_bucket(admin)
+        await admin.close()
+        services = await nats.connect(server.url, **identities.login(passwords, identities.SERVICES))
+        store = await node_views.KvViewStore.open(services)
+        big = _large_view("node-00", 7, jobs=20)
+        assert len(encode(big)) > services.max_payload
+        await store.put("node-00", encode(big))
+        await store.put("node-01", encode(_large_view("node-01", 3, jobs=20)))
+        agent = await nats.connect(
+            server.url,
+            inbox_prefix=identities.agent_inbox("node-00"),
+            **identities.login(passwords, identities.agent("node-00")),
+        )
+        try:
+            mine = node_views.KvNodeViews(agent, timeout=2.0)
+            assert await mine.get("node-00") == big
+            assert await mine.get("node-01") is None  # another node's view and its parts: refused
+            views = aiter(mine.watch("node-00"))
+            assert (await asyncio.wait_for(anext(views), WAIT)) == big
+            bigger = _large_view("node-00", 9, jobs=30)
+            await store.put("node-00", encode(bigger))
+            assert (await asyncio.wait_for(anext(views), WAIT)) == bigger  # heard, then read in parts
+            await store.put("node-00", encode(NodeView("node-00", seq=11)))  # small again: whole
+            assert (await asyncio.wait_for(anext(views), WAIT)).seq == 11
+            await views.aclose()  # type: ignore[attr-defined]
+        finally:
+            await agent.close()
+            await services.close()
+    finally:
+        await server.stop()

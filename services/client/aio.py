@@ -306,7 +306,17 @@ class AsyncClient:
     async def job_list(self, *, all: bool = False) -> tuple[list[Job], int]:  # noqa: A002
         """As ``jobs``, and how many older jobs let go it left out."""
         answer = await self._ask("jobs", everything=all)
-        return msgspec.convert(answer["jobs"], list[Job]), int(answer.get("more_let_go", 0))
+        return await self._rest_of(answer), int(answer.get("more_let_go", 0))
+
+    async def _rest_of(self, answer: dict[str, Any]) -> list[Job]:
+        """The jobs of a ``jobs`` answer and of the pages after it (the read service answers a
+        page at a time, by job id, each at least as new as the first)."""
+        jobs = msgspec.convert(answer["jobs"], list[Job])
+        seq = int(answer.get("seq", 0))
+        while answer.get("next"):
+            answer = await self._ask("jobs", from_job=str(answer["next"]), after=seq)
+            jobs += msgspec.convert(answer["jobs"], list[Job])
+        return jobs
 
     async def watch(self, *, all: bool = False) -> AsyncGenerator[list[Job], None]:  # noqa: A002
         """The jobs as ``jobs`` lists them, now and again each time the log moves on: the read
@@ -317,7 +327,7 @@ class AsyncClient:
             answer = await self._ask("jobs", everything=all, after=after, wait=MAX_WAIT)
             seq = int(answer.get("seq", 0))
             if after == 0 or seq >= after:
-                yield msgspec.convert(answer["jobs"], list[Job])
+                yield await self._rest_of(answer)
             after = seq + 1
 
     async def logs(

@@ -53,6 +53,9 @@ VERDICT_VERBS = (
 )  # fmt: skip
 MAX_WAIT = 60.0  # seconds one question may ask the read service to wait for its answer to settle
 MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer must fit in a message
+# What one page of ``jobs`` holds at most, encoded: an answer must fit in a NATS message (1 MiB by
+# default), and a cluster of thousands of jobs lists them page by page, by job id.
+JOBS_PAGE_BYTES = 512 * 1024
 
 History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
 Forecasts = Mapping[str, TenantForecast]  # tenant -> its jobs' forecast starts
@@ -101,6 +104,7 @@ class Ask(msgspec.Struct, frozen=True):
     rank: Int = -1  # ``output``: one worker's (-1: every worker's)
     tail: Int = -1  # ``output``: only the last this many lines (-1: all kept)
     cursor: Int = 0  # ``output``: the output stream's sequence the asker has read up to
+    from_job: str = ""  # ``jobs``: the page after this job id, in id order (``next`` of the last)
 
     def patience(self) -> float:
         """``wait`` bounded to 0..MAX_WAIT (anything else, NaN included, is 0)."""
@@ -139,6 +143,26 @@ def sees_queue(asker: str, queue: QueueSpec) -> bool:
 
 def refusal(state: State, message: str) -> dict[str, Any]:
     return {"seq": state.seq, "error": message}
+
+
+def _jobs_page(state: State, asker: str, after: str, etas: Forecasts) -> tuple[list[dict[str, Any]], str]:
+    """The rows of the jobs ``asker`` sees with ids past ``after``, in id order, as many as
+    ``JOBS_PAGE_BYTES`` holds (at least one); and the id to ask the next page after ("" at the end)."""
+    rows: list[dict[str, Any]] = []
+    size = 0
+    for job_id in sorted(i for i in state.jobs if i > after):
+        job = state.jobs[job_id]
+        if not sees_job(asker, job):
+            continue
+        row = {**present.job_row(job), "eta": eta_of(job, etas)}
+        size += len(_encode_row(row)) + 1
+        if rows and size > JOBS_PAGE_BYTES:
+            return rows, rows[-1]["id"]
+        rows.append(row)
+    return rows, ""
+
+
+_encode_row = msgspec.json.Encoder().encode
 
 
 def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> dict[str, Any] | None:
@@ -287,13 +311,14 @@ def answer(
 ) -> dict[str, Any]:
     etas: Forecasts = forecasts or {}
     if question == "jobs":
-        rows = [
-            {**present.job_row(j), "eta": eta_of(j, etas)} for j in state.jobs.values() if sees_job(asker, j)
-        ]
-        if not ask.all or let_go is None:
-            return {"seq": state.seq, "jobs": rows}
-        older, more = let_go.jobs(asker, MAX_LET_GO)
-        return {"seq": state.seq, "jobs": older + rows, "more_let_go": more}
+        rows, next_id = _jobs_page(state, asker, ask.from_job, etas)
+        page: dict[str, Any] = {"seq": state.seq, "jobs": rows}
+        if next_id:
+            page["next"] = next_id
+        if not ask.all or let_go is None or ask.from_job:
+            return page
+        older, more = let_go.jobs(asker, MAX_LET_GO)  # with the first page
+        return {**page, "jobs": older + rows, "more_let_go": more}
     if question == "explain":
         job = state.jobs.get(ask.job)
         if job is not None and sees_job(asker, job):

@@ -368,3 +368,28 @@ async def test_questions_answered_at_once_are_taken_one_asker_at_a_time() -> Non
         assert order[:3] == ["b", "a", "b"] and order.count("b") == service.MAX_QUEUED_PER_ASKER
     finally:
         reader.close()
+
+
+def test_jobs_come_a_page_at_a_time_that_fits_a_message() -> None:
+    # Past some 3,500 jobs the answer was more than NATS carries, and nobody could list jobs.
+    import msgspec
+
+    from corral.services.query.decide import JOBS_PAGE_BYTES
+
+    log = LogBuilder().queues("qa")
+    for i in range(8000):  # some 200 bytes a row
+        log.submit("a", f"j{i:05d}", job("qa"))
+    state = log.fold()
+    seen: list[str] = []
+    after = ""
+    pages = 0
+    while True:
+        got = answer(state, {}, "a", "jobs", Ask(from_job=after))
+        assert len(msgspec.json.encode(got)) < JOBS_PAGE_BYTES + 4096
+        seen += [row["id"] for row in got["jobs"]]
+        pages += 1
+        if "next" not in got:
+            break
+        after = got["next"]
+    assert pages > 2 and seen == sorted(state.jobs)
+    assert answer(state, {}, "b", "jobs", Ask())["jobs"] == []  # another's: none, as before

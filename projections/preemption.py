@@ -260,12 +260,19 @@ def policy_of(state: State, job: JobState) -> PreemptionPolicy:
 
 def demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | None:
     """(quota key, milli-GPU) a queued job would be admitted with, at its minimum replicas, on
-    the key it counts against now (``Ledger.key_for``)."""
-    if job.spec.queue not in state.queues or not ledger.has_queue(job.spec.queue):
+    its first key. The rule reads the first whatever the ledger says: the fold, the preemptor and
+    admission's holds for stops under way read it on different views of the quota, and must name
+    the same key. (Admission's order and its holds for a queue's first waiting job read the key
+    the job fits now, ``Ledger.key_for``.)"""
+    qspec = state.queues.get(job.spec.queue)
+    if qspec is None or not ledger.has_queue(job.spec.queue):
         return None
-    if quota.min_replicas(job.spec) <= 0:
+    demands = quota.worker_demands(qspec, job.spec.resources)
+    replicas = quota.min_replicas(job.spec)
+    if not demands or replicas <= 0:
         return None
-    return ledger.key_for(job.spec.queue, job.spec)
+    key, per_worker = demands[0]
+    return key, per_worker * replicas
 
 
 def claim(state: State, ledger: Ledger, job: JobState) -> tuple[str | None, int]:

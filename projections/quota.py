@@ -9,7 +9,7 @@ job's resources and admitted replicas, so a gang of ten 0.1-GPU workers holds ex
 
 Keys. A job with no ``gpu_models`` counts against ``"*"``. A job constrained to models counts
 against one of them, in its own order, that its queue lists a quota for (admission takes the first
-it fits; order, holds and preemption read the one ``Ledger.key_for`` names), else against ``"*"``. A
+it fits; order and holds read the one ``Ledger.key_for`` names), else against ``"*"``. A
 queue uses only the keys it lists; list a key with nominal 0 to let a queue borrow it and nothing
 more.
 
@@ -480,9 +480,8 @@ class Ledger:
         (Kueue's flavor assignment, with its default fungibility): the first it fits now,
         borrowing if it must; else the first whose nominal its queue's own jobs leave room in
         (what others hold of it is lent, and may be taken back); else the first within the
-        nominal at all; else the first. Admission's order and holds and the preemptor's target
-        all read the job's key here, so a job that fits its second model's nominal is not taken
-        for a borrower of its first."""
+        nominal at all; else the first. Admission's order and holds read the job's key here, so a
+        job that fits its second model's nominal is not taken for a borrower of its first."""
         demands = worker_demands(self.spec(queue), spec.resources)
         if not demands:
             return None

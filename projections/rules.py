@@ -112,12 +112,9 @@ from __future__ import annotations
 #    the health monitor never writes, and a node's agent could) is refused.
 # 31: a resize to more workers than a submission may ask for (``events.jobs.MAX_REPLICAS``) is
 #    refused.
-# 32: a queued job that names several GPU models counts, for the preemption rule and the holds,
-#    against the first it fits now, else the first whose nominal only others hold, else the
-#    first within the nominal (``Ledger.key_for``), not always its first.
-# 33: a job counts in the workers per ask (``State.workers_by_ask``) with at most
+# 32: a job counts in the workers per ask (``State.workers_by_ask``) with at most
 #    ``events.jobs.MAX_REPLICAS`` workers, whatever its submission asked before admission judged it.
-# 34: a queue's or cohort's nominal quota and limits are 0 to ``MAX_QUOTA_GPUS`` GPUs, a queue's
+# 33: a queue's or cohort's nominal quota and limits are 0 to ``MAX_QUOTA_GPUS`` GPUs, a queue's
 #    weight a finite positive number, a fair-share half-life at least a second; else the request
 #    is malformed.
-RULES = 34
+RULES = 33

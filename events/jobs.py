@@ -23,19 +23,29 @@ class Topology(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid
     required: bool = False
 
 
-# An image reference as container engines read one: ``[registry[:port]/]name[:tag][@digest]``,
-# letters, digits and ``. _ / : @ -``, starting with a letter or digit. Anything else is refused
-# before it reaches an engine's command line, where a leading ``-`` would be read as an option
-# (``--volume=/:/host``, ``--privileged``).
-IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
+# An image reference as a registry names one (the distribution reference grammar):
+# ``[registry[:port]/]path[:tag][@sha256:digest]``, the path of lower-case components. Anything
+# else is refused before it reaches an engine's command line, where a leading ``-`` would be read
+# as an option (``--volume=/:/host``) and a transport would read a host path as the image
+# (``dir:/etc``, ``oci-archive:/data/x.tar``).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_REGISTRY = rf"(?:(?:{_HOST}(?:\.{_HOST})+|localhost)(?::[0-9]+)?|{_HOST}:[0-9]+)/"
+IMAGE_REFERENCE = re.compile(
+    rf"(?:{_REGISTRY})?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+# Transports an engine reads before a reference; a job names none.
+_TRANSPORTS = (
+    "docker:", "docker-archive:", "docker-daemon:", "oci:", "oci-archive:", "dir:", "containers-storage:",
+    "ostree:", "sif:", "tarball:",
+)  # fmt: skip
 
 
 def image_problem(image: str) -> str:
     """Why ``image`` is not an image reference, or ``""``."""
-    if IMAGE_REFERENCE.fullmatch(image) is None:
-        return (
-            "image must be a reference such as registry.example/team/train:1.2 (letters, digits, . _ / : @ -)"
-        )
+    if image.startswith(_TRANSPORTS) or IMAGE_REFERENCE.fullmatch(image) is None:
+        return "image must be a reference such as registry.example/team/train:1.2 (no transport, no option)"
     return ""
 
 

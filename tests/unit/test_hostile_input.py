@@ -160,7 +160,25 @@ def _submitted(image: str) -> Reason | None:
 
 
 @pytest.mark.parametrize(
-    "image", ["--volume=/data:/peek", "-v", "--privileged", "img name", "img\n", " img", "img;rm", "ü:1"]
+    "image",
+    [
+        "--volume=/data:/peek",
+        "-v",
+        "--privileged",
+        "img name",
+        "img\n",
+        " img",
+        "img;rm",
+        "ü:1",
+        # transports: the engine would read a host path as the image
+        "dir:/etc",
+        "oci-archive:/data/x.tar",
+        "docker-archive:foo.tar",
+        "containers-storage:x",
+        "docker://busybox",
+        "Upper/Case",
+        "a/../b",
+    ],
 )
 def test_an_image_that_is_no_reference_is_refused_at_admission(image: str) -> None:
     # A leading dash would reach the container engine's command line as an option of its own.

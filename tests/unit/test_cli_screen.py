@@ -35,3 +35,8 @@ def test_the_cli_escapes_what_it_prints(capsys: pytest.CaptureFixture[str]) -> N
         main.main(["queue", "apply", "/nonexistent/a\x1b[2Jb.toml"])
     err = capsys.readouterr().err
     assert "\x1b" not in err and "a\\u001b[2Jb.toml" in err
+
+
+def test_progress_bars_on_the_standard_error_keep_their_carriage_return() -> None:
+    # tqdm redraws its line with "\r"; escaped, the bar printed as one long line of "\u000d".
+    assert screen.escape("\r 50%|#####     |\x1b[2J", carriage_return=True) == "\r 50%|#####     |\\u001b[2J"

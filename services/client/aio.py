@@ -310,11 +310,11 @@ class AsyncClient:
 
     async def _rest_of(self, answer: dict[str, Any]) -> list[Job]:
         """The jobs of a ``jobs`` answer and of the pages after it (the read service answers a
-        page at a time, by job id, each at least as new as the first)."""
+        page at a time, in the order the jobs were submitted, each at least as new as the first)."""
         jobs = msgspec.convert(answer["jobs"], list[Job])
         seq = int(answer.get("seq", 0))
         while answer.get("next"):
-            answer = await self._ask("jobs", from_job=str(answer["next"]), after=seq)
+            answer = await self._ask("jobs", page_after=int(answer["next"]), after=seq)
             jobs += msgspec.convert(answer["jobs"], list[Job])
         return jobs
 

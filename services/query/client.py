@@ -139,7 +139,7 @@ class Session:
         rank: int = -1,
         tail: int = -1,
         cursor: int = 0,
-        from_job: str = "",
+        page_after: int = 0,
     ) -> dict[str, Any]:
         """The read service's answer to ``question`` asked as ``asker``; ``everything``: for
         ``jobs``, the jobs the fold let go too; ``verb``, ``until``, ``wait``, and ``output``'s
@@ -148,8 +148,8 @@ class Session:
         fields = {"job": job, "after": after, "all": everything, "verb": verb, "until": until, "wait": wait}
         if question == "output":
             fields |= {"rank": rank, "tail": tail, "cursor": cursor}
-        if from_job:
-            fields["from_job"] = from_job
+        if page_after:
+            fields["page_after"] = page_after
         body = json.dumps(fields).encode()
         subject = identities.read_subject(asker, question)
         msg = await self.request(subject, body, timeout=self.timeout + wait)

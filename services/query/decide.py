@@ -104,7 +104,7 @@ class Ask(msgspec.Struct, frozen=True):
     rank: Int = -1  # ``output``: one worker's (-1: every worker's)
     tail: Int = -1  # ``output``: only the last this many lines (-1: all kept)
     cursor: Int = 0  # ``output``: the output stream's sequence the asker has read up to
-    from_job: str = ""  # ``jobs``: the page after this job id, in id order (``next`` of the last)
+    page_after: Int = 0  # ``jobs``: the page of jobs submitted after this log position (``next``)
 
     def patience(self) -> float:
         """``wait`` bounded to 0..MAX_WAIT (anything else, NaN included, is 0)."""
@@ -145,21 +145,24 @@ def refusal(state: State, message: str) -> dict[str, Any]:
     return {"seq": state.seq, "error": message}
 
 
-def _jobs_page(state: State, asker: str, after: str, etas: Forecasts) -> tuple[list[dict[str, Any]], str]:
-    """The rows of the jobs ``asker`` sees with ids past ``after``, in id order, as many as
-    ``JOBS_PAGE_BYTES`` holds (at least one); and the id to ask the next page after ("" at the end)."""
+def _jobs_page(state: State, asker: str, after: int, etas: Forecasts) -> tuple[list[dict[str, Any]], int]:
+    """The rows of the jobs ``asker`` sees submitted after log position ``after``, in the order
+    they were submitted, as many as ``JOBS_PAGE_BYTES`` holds (at least one); and the position to
+    ask the next page after (0 at the end)."""
     rows: list[dict[str, Any]] = []
     size = 0
-    for job_id in sorted(i for i in state.jobs if i > after):
-        job = state.jobs[job_id]
-        if not sees_job(asker, job):
-            continue
+    last = 0
+    for job in sorted(
+        (j for j in state.jobs.values() if j.submitted_seq > after and sees_job(asker, j)),
+        key=lambda j: (j.submitted_seq, j.id),
+    ):
         row = {**present.job_row(job), "eta": eta_of(job, etas)}
         size += len(_encode_row(row)) + 1
         if rows and size > JOBS_PAGE_BYTES:
-            return rows, rows[-1]["id"]
+            return rows, last
         rows.append(row)
-    return rows, ""
+        last = job.submitted_seq
+    return rows, 0
 
 
 _encode_row = msgspec.json.Encoder().encode
@@ -311,11 +314,11 @@ def answer(
 ) -> dict[str, Any]:
     etas: Forecasts = forecasts or {}
     if question == "jobs":
-        rows, next_id = _jobs_page(state, asker, ask.from_job, etas)
+        rows, next_at = _jobs_page(state, asker, ask.page_after, etas)
         page: dict[str, Any] = {"seq": state.seq, "jobs": rows}
-        if next_id:
-            page["next"] = next_id
-        if not ask.all or let_go is None or ask.from_job:
+        if next_at:
+            page["next"] = next_at
+        if not ask.all or let_go is None or ask.page_after:
             return page
         older, more = let_go.jobs(asker, MAX_LET_GO)  # with the first page
         return {**page, "jobs": older + rows, "more_let_go": more}

@@ -327,7 +327,8 @@ def _cordoned(state: State, ctx: Ctx, ev: NodeCordoned) -> None:
     # a node's own agent, which may write on the node's subject too, must not undo a drain.
     if not ev.cordoned:
         raise Refused("forbidden", f"only the admin lifts the cordon of node {ev.node}: corral node uncordon")
-    cordon(state, ctx, ev.node, ev.cordoned, ev.drain, ev.reason or "cordoned by the health monitor")
+    drain = ev.drain or find_node(state, ev.node).draining  # nor ends a drain under way
+    cordon(state, ctx, ev.node, ev.cordoned, drain, ev.reason or "cordoned by the health monitor")
 
 
 def cordon(state: State, ctx: Ctx, name: str, cordoned: bool, drain: bool, why: str) -> None:

@@ -109,7 +109,8 @@ from __future__ import annotations
 # 29: a checkpoint is folded only from a node its attempt has a worker on (placed, or still
 #    holding GPUs), as an exit is.
 # 30: a cordon is lifted only by the admin's request: a ``NodeCordoned`` that lifts one (which
-#    the health monitor never writes, and a node's agent could) is refused.
+#    the health monitor never writes, and a node's agent could) is refused, and one cordoning a
+#    node that drains leaves it draining.
 # 31: a resize to more workers than a submission may ask for (``events.jobs.MAX_REPLICAS``) is
 #    refused.
 # 32: a job counts in the workers per ask (``State.workers_by_ask``) with at most

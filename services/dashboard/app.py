@@ -169,10 +169,16 @@ def is_loopback(host: str) -> bool:
     """Whether ``host`` (a name or an address, as a listener or a Host header names it, with or
     without its port) is this machine's loopback."""
     name = host.strip().lower()
-    if name.startswith("["):  # [::1]:8080
-        name = name[1 : name.find("]")] if "]" in name else name[1:]
+    if name.startswith("["):  # [::1] or [::1]:8080, nothing else
+        end = name.find("]")
+        rest = name[end + 1 :] if end > 0 else "x"
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return False
+        name = name[1:end]
     elif name.count(":") == 1:  # name:port; a bare IPv6 address has more colons
-        name = name.split(":", 1)[0]
+        name, port = name.split(":", 1)
+        if not port.isdigit():
+            return False
     if name in ("localhost", "localhost.", "::1"):
         return True
     try:

@@ -135,6 +135,9 @@ async def test_on_loopback_it_answers_only_requests_that_name_loopback(tmp_path:
         ("example.com", False),
         ("localhost.example.com", False),
         ("", False),
+        ("[::1]x.evil", False),
+        ("[::1", False),
+        ("localhost:evil", False),
     ],
 )
 def test_is_loopback(host: str, loopback: bool) -> None:

@@ -459,6 +459,8 @@ def test_only_the_admin_lifts_a_cordon() -> None:
     log = two_nodes().admin("cordon", CordonNode(node=N0, drain=True)).cordon(N0, cordoned=False)
     state = fold(log)
     assert state.nodes[N0].cordoned and last(state).code == "forbidden"
+    state = fold(log.cordon(N0, cordoned=True, drain=False))  # nor end the drain
+    assert state.nodes[N0].cordoned and state.nodes[N0].draining
     state = fold(log.admin("cordon", CordonNode(node=N0, cordoned=False)))
     assert not state.nodes[N0].cordoned and not state.nodes[N0].draining
 

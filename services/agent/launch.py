@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+import msgspec
+
 from corral.events.jobs import Mount, image_problem
 from corral.services.agent import container, handover, sandbox
 from corral.services.agent.checkpoints import Checkpoints
@@ -137,8 +139,8 @@ class Launching(Checkpoints):
         if not spec.command:
             raise StartError("the job has no command to run")
         sandboxed = await self.sandboxed()
+        spec = w.spec = _resolved(spec, self._hidden)
         for m in spec.mounts:
-            _check_source(m, self._hidden)
             if not sandboxed and os.path.realpath(m.source) != os.path.realpath(m.target):
                 raise StartError(f"data mount {m.target} needs bubblewrap (bwrap), which this node lacks")
         env = await self._prepare_start(w, {**self._base_env, **spec.env})
@@ -168,7 +170,7 @@ class Launching(Checkpoints):
             problem = container.mount_problem(m)
             if problem:
                 raise StartError(problem)
-            _check_source(m, self._hidden)
+        spec = w.spec = _resolved(spec, self._hidden)
         env = await self._prepare_start(w, container.container_env(spec.env))
         try:
             devices = container.gpu_devices(spec.gpus, self._mig)
@@ -387,10 +389,20 @@ class Launching(Checkpoints):
         w.phase = "exited"
 
 
-def _check_source(m: Mount, hidden: Sequence[str] = ()) -> None:
-    """A data mount's source must exist, and must neither be, lie inside nor hold one of the
-    directories corral keeps from workers (``hidden``: the data directory, with the credentials,
-    the log's store and every job's files): a bind of it would show them again."""
+def _resolved(spec: StartWorker, hidden: Sequence[str]) -> StartWorker:
+    """``spec`` with each data mount's source checked (``_check_source``) and named by its
+    resolved path, which is what is bound: a symlink on the way, re-pointed between the check
+    and the bind, is not followed again."""
+    if not spec.mounts:
+        return spec
+    mounts = tuple(msgspec.structs.replace(m, source=_check_source(m, hidden)) for m in spec.mounts)
+    return msgspec.structs.replace(spec, mounts=mounts)
+
+
+def _check_source(m: Mount, hidden: Sequence[str] = ()) -> str:
+    """A data mount's source, resolved: it must exist, and must neither be, lie inside nor hold
+    one of the directories corral keeps from workers (``hidden``: the data directory, with the
+    credentials, the log's store and every job's files): a bind of it would show them again."""
     if not os.path.exists(m.source):
         raise StartError(f"mount source {m.source} does not exist on this node")
     source = os.path.realpath(m.source)
@@ -398,6 +410,7 @@ def _check_source(m: Mount, hidden: Sequence[str] = ()) -> None:
         kept = os.path.realpath(h)
         if _within(source, kept) or _within(kept, source):
             raise StartError(f"mount source {m.source} would show corral's own directory {h} to the job")
+    return source
 
 
 def _within(path: str, top: str) -> bool:

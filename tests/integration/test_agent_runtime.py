@@ -613,6 +613,28 @@ async def test_a_data_mount_may_not_show_what_the_agent_hides(tmp_path: Path, wh
     assert result.reason == f"mount source {source} would show corral's own directory {data} to the job"
 
 
+def test_a_data_mount_is_bound_by_the_path_it_resolved_to(tmp_path: Path) -> None:
+    """A source reached through a symlink is bound by where the link pointed when it was checked:
+    re-pointed at the hidden directory after the check (by the tenant's other job, say), it is not
+    followed again."""
+    from corral.services.agent.launch import _resolved
+    from corral.services.agent.worker import StartError
+
+    data, shown = tmp_path / "data", tmp_path / "datasets" / "imagenet"
+    data.mkdir()
+    shown.mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(shown)
+    s = spec_for(tmp_path, "m", [PY, "-c", "pass"], mounts=(Mount(str(link), "/data"),))
+    resolved = _resolved(s, [str(data)])
+    assert [m.source for m in resolved.mounts] == [str(shown)]
+    link.unlink()
+    link.symlink_to(data)  # what is bound is the path checked, not the link
+    assert resolved.mounts[0].source == str(shown)
+    with pytest.raises(StartError, match="would show corral's own directory"):
+        _resolved(s, [str(data)])
+
+
 AS_NOBODY = r"""
 import json, os, pathlib
 out = {"uid": os.getuid(), "euid": os.geteuid(), "groups": os.getgroups()}

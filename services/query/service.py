@@ -167,22 +167,26 @@ class ReadService:
         self._queue_moved.set()
 
     async def _serve_queued(self) -> None:
-        """Answer the queued questions, one of each asker in turn."""
+        """Answer the queued questions as they come."""
         while True:
             await self._queue_moved.wait()
             self._queue_moved.clear()
-            while self._turns:
-                asker = self._turns.popleft()
-                queued = self._queued[asker]
-                reply, question, ask = queued.popleft()
-                if queued:
-                    self._turns.append(asker)
-                else:
-                    del self._queued[asker]
-                try:
-                    await self._answer(reply, asker, question, ask)
-                except Exception:  # noqa: BLE001 - one bad answer must not stop the others
-                    log.exception("answering %s's %s failed", asker, question)
+            await self._answer_queued()
+
+    async def _answer_queued(self) -> None:
+        """Answer every question queued, one of each asker in turn."""
+        while self._turns:
+            asker = self._turns.popleft()
+            queued = self._queued[asker]
+            reply, question, ask = queued.popleft()
+            if queued:
+                self._turns.append(asker)
+            else:
+                del self._queued[asker]
+            try:
+                await self._answer(reply, asker, question, ask)
+            except Exception:  # noqa: BLE001 - one bad answer must not stop the others
+                log.exception("answering %s's %s failed", asker, question)
 
     def _wait(self, asker: str, answering: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(answering)

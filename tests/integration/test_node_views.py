@@ -11,7 +11,10 @@ Nothing sleeps: every wait is on the log (``Watcher.until``) or on a key, with a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -71,7 +74,9 @@ async def test_an_agent_that_reads_only_its_node_view_starts_and_stops_workers(t
         await it.until(lambda s: phase(s, "short") == "succeeded")
 
 
-async def test_an_agent_may_read_its_own_view_and_nothing_else(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def logged_in(tmp_path: Path) -> AsyncIterator[tuple[node_views.KvViewStore, Any]]:
+    """A server with logins and the bucket: the services' store, and node-00's agent's connection."""
     passwords = identities.ensure(tmp_path / identities.CREDENTIALS, [], ["node-00", "node-01"])
     server = EmbeddedServer(tmp_path / "nats", users=identities.users(passwords))
     await server.start()
@@ -84,31 +89,35 @@ async def test_an_agent_may_read_its_own_view_and_nothing_else(tmp_path: Path) -
         await node_views.ensure_bucket(admin)
         await admin.close()
         services = await nats.connect(server.url, **identities.login(passwords, identities.SERVICES))
-        store = await node_views.KvViewStore.open(services)
-        for n in ("node-00", "node-01"):
-            await store.put(n, encode(NodeView(n, seq=7)))
         agent = await nats.connect(
             server.url,
             inbox_prefix=identities.agent_inbox("node-00"),
             **identities.login(passwords, identities.agent("node-00")),
         )
         try:
-            mine = node_views.KvNodeViews(agent, timeout=2.0)
-            own = await mine.get("node-00")
-            assert own is not None and own.node == "node-00"
-            assert await mine.get("node-01") is None  # refused: another node's key
-            views = aiter(mine.watch("node-00"))
-            assert (await asyncio.wait_for(anext(views), WAIT)).seq == 7
-            await store.put("node-00", encode(NodeView("node-00", seq=9)))
-            assert (await asyncio.wait_for(anext(views), WAIT)).seq == 9  # heard, not polled
-            await views.aclose()  # type: ignore[attr-defined]
-            with pytest.raises((nats_errors.Error, TimeoutError)):
-                await agent.jetstream().subscribe("corral.ev.>", ordered_consumer=True)
+            yield await node_views.KvViewStore.open(services), agent
         finally:
             await agent.close()
             await services.close()
     finally:
         await server.stop()
+
+
+async def test_an_agent_may_read_its_own_view_and_nothing_else(tmp_path: Path) -> None:
+    async with logged_in(tmp_path) as (store, agent):
+        for n in ("node-00", "node-01"):
+            await store.put(n, encode(NodeView(n, seq=7)))
+        mine = node_views.KvNodeViews(agent, timeout=2.0)
+        own = await mine.get("node-00")
+        assert own is not None and own.node == "node-00"
+        assert await mine.get("node-01") is None  # refused: another node's key
+        views = aiter(mine.watch("node-00"))
+        assert (await asyncio.wait_for(anext(views), WAIT)).seq == 7
+        await store.put("node-00", encode(NodeView("node-00", seq=9)))
+        assert (await asyncio.wait_for(anext(views), WAIT)).seq == 9  # heard, not polled
+        await views.aclose()  # type: ignore[attr-defined]
+        with pytest.raises((nats_errors.Error, TimeoutError)):
+            await agent.jetstream().subscribe("corral.ev.>", ordered_consumer=True)
 
 
 def _large_view(node: str, seq: int, jobs: int) -> NodeView:
@@ -128,42 +137,19 @@ def _large_view(node: str, seq: int, jobs: int) -> NodeView:
 async def test_a_view_larger_than_a_message_reaches_its_agent_in_parts(tmp_path: Path) -> None:
     # A tenant's few jobs of large environments on one node made its view more than NATS
     # carries: the view was never written again, and the node acted on nothing it was told.
-    passwords = identities.ensure(tmp_path / identities.CREDENTIALS, [], ["node-00", "node-01"])
-    server = EmbeddedServer(tmp_path / "nats", users=identities.users(passwords))
-    await server.start()
-    try:
-        admin = await nats.connect(
-            server.url,
-            inbox_prefix=identities.inbox_prefix(identities.ADMIN),
-            **identities.login(passwords, identities.ADMIN),
-        )
-        await node_views.ensure_bucket(admin)
-        await admin.close()
-        services = await nats.connect(server.url, **identities.login(passwords, identities.SERVICES))
-        store = await node_views.KvViewStore.open(services)
+    async with logged_in(tmp_path) as (store, agent):
         big = _large_view("node-00", 7, jobs=20)
-        assert len(encode(big)) > services.max_payload
+        assert len(encode(big)) > agent.max_payload
         await store.put("node-00", encode(big))
         await store.put("node-01", encode(_large_view("node-01", 3, jobs=20)))
-        agent = await nats.connect(
-            server.url,
-            inbox_prefix=identities.agent_inbox("node-00"),
-            **identities.login(passwords, identities.agent("node-00")),
-        )
-        try:
-            mine = node_views.KvNodeViews(agent, timeout=2.0)
-            assert await mine.get("node-00") == big
-            assert await mine.get("node-01") is None  # another node's view and its parts: refused
-            views = aiter(mine.watch("node-00"))
-            assert (await asyncio.wait_for(anext(views), WAIT)) == big
-            bigger = _large_view("node-00", 9, jobs=30)
-            await store.put("node-00", encode(bigger))
-            assert (await asyncio.wait_for(anext(views), WAIT)) == bigger  # heard, then read in parts
-            await store.put("node-00", encode(NodeView("node-00", seq=11)))  # small again: whole
-            assert (await asyncio.wait_for(anext(views), WAIT)).seq == 11
-            await views.aclose()  # type: ignore[attr-defined]
-        finally:
-            await agent.close()
-            await services.close()
-    finally:
-        await server.stop()
+        mine = node_views.KvNodeViews(agent, timeout=2.0)
+        assert await mine.get("node-00") == big
+        assert await mine.get("node-01") is None  # another node's view and its parts: refused
+        views = aiter(mine.watch("node-00"))
+        assert (await asyncio.wait_for(anext(views), WAIT)) == big
+        bigger = _large_view("node-00", 9, jobs=30)
+        await store.put("node-00", encode(bigger))
+        assert (await asyncio.wait_for(anext(views), WAIT)) == bigger  # heard, then read in parts
+        await store.put("node-00", encode(NodeView("node-00", seq=11)))  # small again: whole
+        assert (await asyncio.wait_for(anext(views), WAIT)).seq == 11
+        await views.aclose()  # type: ignore[attr-defined]

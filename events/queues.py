@@ -74,11 +74,15 @@ class QueueSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbi
 
 
 class CohortSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):
-    """A cohort pools its queues' unused quota; ``parent`` nests cohorts (org → team cohorts)."""
+    """A cohort pools its queues' unused quota; ``parent`` nests cohorts (org → team cohorts).
+    ``share_own_quota``: the quota the cohort holds of its own is its queues' too, split by their
+    weights, for jobs that may not be preempted (which otherwise stay within their queue's
+    nominal): a burst pool every team is entitled to a part of, not only a pool to borrow."""
 
     name: str
     parent: str | None = None
     quotas: dict[str, Quota] = {}
+    share_own_quota: bool = False
 
 
 class PriorityClassSpec(

@@ -263,6 +263,8 @@ class Ledger:
         self._fixed: dict[str, dict[str, int]] = {}
         self._trees: dict[_Node, list[_Node]] | None = None  # root -> its queues, on first use
         self._ceilings: dict[tuple[str, str], int] = {}  # depend on the tree only
+        self._fixed_limits: dict[tuple[str, str], int] = {}  # ... as these do
+        self._shared = {name for name, c in state.cohorts.items() if c.share_own_quota}
         for c in sorted(state.cohorts):
             self._cohorts[c] = _Node(c, False, state.cohorts[c].quotas)
         for name in sorted(state.queues):
@@ -421,8 +423,34 @@ class Ledger:
         may be preempted. What a queue borrows is its lenders' nominal, theirs again as soon as
         they need it, and only stopping the borrower gives it back; a job that may not be
         stopped stays within its own queue's nominal (KAI-Scheduler's rule for non-preemptible
-        jobs), or a lender's nominal would be guaranteed only until such a job borrowed it."""
+        jobs; with a cohort that shares its own quota, and its part of that, ``fixed_limit``),
+        or a lender's nominal would be guaranteed only until such a job borrowed it."""
         return may_be_preempted(spec, self._classes)
+
+    def fixed_limit(self, queue: str, key: str) -> int:
+        """The most of ``key`` the queue's jobs that may not be preempted may hold: its nominal,
+        and, where its cohort shares its own quota (``CohortSpec.share_own_quota``), its part of
+        it (no queue's nominal, so none is lent by holding it), divided among the cohort's
+        queues by weight. The parts add up to at most the cohort's own quota, so with every
+        queue's such jobs at their limit each queue can still take its nominal back from the
+        borrowers that may be stopped."""
+        found = self._fixed_limits.get((queue, key))
+        if found is None:
+            node = self._queues[queue]
+            found = node.quotas.get(key, _NO_QUOTA).nominal * WHOLE
+            parent = node.parent
+            own = parent.quotas.get(key) if parent is not None and parent.name in self._shared else None
+            if parent is not None and own is not None and own.nominal > 0:
+                weights = {c.name: self._weight(c.name) for c in parent.children if c.is_queue}
+                total = sum(weights.values())
+                if total > 0:
+                    found += int(own.nominal * WHOLE * weights[queue] / total)
+            self._fixed_limits[queue, key] = found
+        return found
+
+    def _weight(self, queue: str) -> float:
+        spec = self._specs.get(queue)
+        return spec.weight if spec is not None else 0.0
 
     def may_take_back(self, job: JobState) -> bool:
         """Whether ``job`` could be stopped for a job of its queue once that one needs its quota
@@ -440,7 +468,7 @@ class Ledger:
         avail = _available(node, key)
         if borrow:
             return avail
-        return min(avail, node.quotas[key].nominal * WHOLE - self.fixed(queue, key))
+        return min(avail, self.fixed_limit(queue, key) - self.fixed(queue, key))
 
     def fixed(self, queue: str, key: str) -> int:
         """What the queue's jobs that may not be preempted hold of ``key``."""
@@ -469,7 +497,7 @@ class Ledger:
         if found is None:
             node = self._queues[queue]
             found = self._ceilings[queue, key] = _ceiling(node, key) if key in node.quotas else 0
-        return found if borrow else min(found, self.nominal(queue, key))
+        return found if borrow else min(found, self.fixed_limit(queue, key))
 
     def fits(self, queue: str, key: str, milli: int, borrow: bool = True) -> bool:
         return milli <= 0 or milli <= self.available(queue, key, borrow)
@@ -709,7 +737,7 @@ class Ledger:
             return Reason("no-quota", f"queue {queue} has no quota for {key_name(key)}"), None, 0
         if milli > _available(node, key):
             return Reason("quota", self.describe(queue, key, milli)), None, 0
-        if not self.may_borrow(spec) and self.fixed(queue, key) + milli > node.quotas[key].nominal * WHOLE:
+        if not self.may_borrow(spec) and self.fixed(queue, key) + milli > self.fixed_limit(queue, key):
             return Reason("quota", self.describe(queue, key, milli, borrow=False)), None, 0
         return None, key, milli
 
@@ -722,11 +750,17 @@ class Ledger:
         """Why ``milli`` of ``key`` does not fit ``queue`` now, in operator terms (for a job that
         may not borrow, within the queue's nominal)."""
         if not borrow:
-            fixed, nominal = self.fixed(queue, key), self.nominal(queue, key)
+            fixed, limit = self.fixed(queue, key), self.fixed_limit(queue, key)
+            nominal = self.nominal(queue, key)
+            part = (
+                ""
+                if limit == nominal
+                else f" and its part of its cohort's own quota, {fmt_gpus(limit - nominal)}"
+            )
             return (
                 f"needs {fmt_gpus(milli)} {key_name(key)} and may not be preempted, so may not "
                 f"borrow: jobs of queue {queue} that may not be preempted hold {fmt_gpus(fixed)} "
-                f"of its nominal {fmt_gpus(nominal)}"
+                f"of its nominal {fmt_gpus(nominal)}{part}"
             )
         return f"needs {fmt_gpus(milli)} {key_name(key)}; {self.standing(queue, key)}"
 

@@ -118,4 +118,7 @@ from __future__ import annotations
 # 33: a queue's or cohort's nominal quota and limits are 0 to ``MAX_QUOTA_GPUS`` GPUs, a queue's
 #    weight a finite positive number, a fair-share half-life at least a second; else the request
 #    is malformed.
-RULES = 33
+# 34: jobs that may not be preempted may hold, besides their queue's nominal, its part by weight
+#    of its cohort's own quota where the cohort shares it (``CohortSpec.share_own_quota``,
+#    ``Ledger.fixed_limit``).
+RULES = 34

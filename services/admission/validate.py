@@ -188,7 +188,9 @@ def _fits_ever(ledger: Ledger, spec: JobSpec) -> Reason | None:
     nominal = ledger.nominal(spec.queue, key)
     limit = ledger.quota(spec.queue, key).borrowing_limit
     if not borrow:
-        how = f"nominal {quota.fmt_gpus(nominal)}: a job that may not be preempted does not borrow"
+        part = ledger.fixed_limit(spec.queue, key) - nominal
+        share = f" + its part {quota.fmt_gpus(part)} of its cohort's own quota" if part else ""
+        how = f"nominal {quota.fmt_gpus(nominal)}{share}: a job that may not be preempted does not borrow"
     elif ledger.cohort(spec.queue) is None:
         how = f"nominal {quota.fmt_gpus(nominal)}, no cohort to borrow from"
     elif limit is not None:

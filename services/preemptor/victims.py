@@ -161,7 +161,7 @@ def blocked_target(state: State, ledger: Ledger, job: JobState) -> Target | None
     borrow = ledger.may_borrow(job.spec)
     if ledger.fits(q, key, need, borrow) or need > ledger.ceiling(q, key, borrow):
         return None
-    if not borrow and need > ledger.nominal(q, key) - ledger.fixed(q, key):
+    if not borrow and need > ledger.fixed_limit(q, key) - ledger.fixed(q, key):
         return None  # what stands in its way is its queue's jobs that may not be stopped either
     return _as_admitted(state, ledger, job, key, need)
 

@@ -11,10 +11,12 @@ at submission.
 
 from __future__ import annotations
 
+import msgspec
+
 from corral.events import routing
 from corral.events.base import Reason
 from corral.events.jobs import PendingReasonChanged
-from corral.events.queues import ApplyCohort, ApplyPriorityClass, CohortSpec, PriorityClassSpec
+from corral.events.queues import ApplyCohort, ApplyPriorityClass, CohortSpec, PriorityClassSpec, Quota
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import JobState, State
 from corral.services.admission.decide import decide
@@ -109,3 +111,39 @@ def test_a_job_that_may_not_be_preempted_and_is_larger_than_its_nominal_is_refus
     assert why is not None and why.code == "never-fits", why
     assert "may not be preempted does not borrow" in why.message
     assert validate(state, submitted(None)) is None  # one that may be preempted may borrow 2
+
+
+def pool_world(share: bool) -> LogBuilder:
+    """team-a (nominal 2, weight 3) and team-b (nominal 2, weight 1) in a cohort holding a pool
+    of 4 of its own; two 8-GPU nodes."""
+    lb = LogBuilder().nodes(Cluster(2))
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=PINNED))
+    pool = CohortSpec("org", quotas={ANY: Quota(4)}, share_own_quota=share)
+    lb.admin("cohort", ApplyCohort(cohort=pool))
+    a = msgspec.structs.replace(queue_spec("team-a", 2, cohort="org"), weight=3.0)
+    return lb.queue(a).queue(queue_spec("team-b", 2, cohort="org"))
+
+
+def test_a_cohort_that_shares_its_pool_gives_each_queue_its_part_for_jobs_that_may_not_be_stopped() -> None:
+    # team-a's part of the pool is 3 of 4 (its weight 3 of 4): its jobs that may not be preempted
+    # may hold 2 + 3; team-b's, 2 + 1. Without the share, each queue's nominal alone.
+    for share, limits in ((False, (2000, 2000)), (True, (5000, 3000))):
+        state = pool_world(share).fold()
+        ledger = Ledger.from_state(state)
+        assert (ledger.fixed_limit("team-a", ANY), ledger.fixed_limit("team-b", ANY)) == limits
+    lb = pool_world(True)
+    lb.submit("bob", "fixed-b", job("team-b").gpus(3).preemptible(False)).accept("fixed-b").admit("fixed-b")
+    lb.submit("bob", "one-more", job("team-b").gpus(1).preemptible(False)).accept("one-more")
+    state = lb.admit("one-more").fold()  # past team-b's part, with the pool idle: refused
+    assert state.jobs["one-more"].phase == "queued"
+    assert "its part of its cohort's own quota, 1" in state.rejections[-1].message
+    lb.submit("alice", "fixed", job().gpus(5).preemptible(False)).accept("fixed").admit("fixed")
+    state = lb.fold()
+    assert _admitted(state) == ["fixed", "fixed-b"]
+
+
+def test_without_the_share_a_job_that_may_not_be_stopped_stays_within_its_nominal() -> None:
+    lb = pool_world(False)
+    lb.submit("alice", "fixed", job().gpus(3).preemptible(False)).accept("fixed").admit("fixed")
+    state = lb.fold()
+    assert state.jobs["fixed"].phase == "queued" and "may not borrow" in state.rejections[-1].message

@@ -388,3 +388,19 @@ def test_jobs_come_a_page_at_a_time_that_fits_a_message() -> None:
         after = got["next"]
     assert pages > 2 and seen == submitted  # as they were submitted, as corral jobs lists them
     assert answer(state, {}, "b", "jobs", Ask())["jobs"] == []  # another's: none, as before
+
+
+@pytest.mark.parametrize(("page_after", "rows"), [(-5, 3), (0, 3), (2**63 - 1, 0)])
+def test_a_page_cursor_from_a_careless_client_reads_as_a_position(page_after: int, rows: int) -> None:
+    # A negative cursor reads as "from the start", one past every submission as "nothing more".
+    log = LogBuilder().queues("qa")
+    for i in range(3):
+        log.submit("a", f"j{i}", job("qa"))
+    got = answer(log.fold(), {}, "a", "jobs", Ask(page_after=page_after))
+    assert len(got["jobs"]) == rows and "next" not in got and "error" not in got
+
+
+def test_a_page_cursor_that_is_no_integer_is_a_bad_question() -> None:
+    for body in (b'{"page_after": "j1"}', b'{"page_after": 1e400}', b'{"page_after": 18446744073709551616}'):
+        with pytest.raises(BadAsk):
+            parse_ask(body)

@@ -47,6 +47,9 @@ MAX_BATCH = 1000  # the server's limit on the messages of one atomic batch
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 STREAM_NAME_IN_USE = 10058  # JetStream API error: the stream exists with another configuration
 NO_PEERS = 10005  # JetStream API error: not enough servers of the cluster known and current yet
+# JetStream API error: the server could not make the stream's store; so it answers a creation
+# while the files of a stream of the same name, just deleted, are still being removed.
+STORE_FAILED = 10049
 PLACING_WITHIN = 30.0  # seconds a cluster just started (or electing) gets to place a stream
 MIB = 1024 * 1024
 # Seconds an append waits for its acknowledgement. An append sent to a stream leader that just
@@ -494,13 +497,21 @@ class JetStreamLog:
 async def placed(make: Callable[[], Awaitable[T]], within: float = PLACING_WITHIN) -> T:
     """``make()`` (a stream's creation), again while the cluster cannot place it yet: a cluster
     just started has a meta leader before it knows every peer as current, and a stream of three
-    replicas needs three. Bounded: after ``within`` seconds the refusal is raised."""
+    replicas needs three; and while a server still removes the store of a stream of that name
+    deleted just before. Bounded: after ``within`` seconds the refusal is raised."""
     deadline = asyncio.get_running_loop().time() + within
     while True:
         try:
             return await make()
-        except (nats.js.errors.BadRequestError, nats.js.errors.ServiceUnavailableError) as e:
-            unplaced = isinstance(e, nats.js.errors.ServiceUnavailableError) or e.err_code == NO_PEERS
+        except (
+            nats.js.errors.BadRequestError,
+            nats.js.errors.ServiceUnavailableError,
+            nats.js.errors.ServerError,
+        ) as e:
+            unplaced = isinstance(e, nats.js.errors.ServiceUnavailableError) or e.err_code in (
+                NO_PEERS,
+                STORE_FAILED,
+            )
             if not unplaced or asyncio.get_running_loop().time() > deadline:
                 raise
         await asyncio.sleep(0.2)

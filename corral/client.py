@@ -4,6 +4,7 @@ their results and errors. See that package's docstring."""
 from corral.services.client import (
     Applied,
     AsyncClient,
+    Busy,
     Client,
     CorralError,
     Explanation,
@@ -25,6 +26,7 @@ from corral.services.client import (
 __all__ = [
     "Applied",
     "AsyncClient",
+    "Busy",
     "Client",
     "CorralError",
     "Explanation",

@@ -27,6 +27,7 @@ from corral.events.queues import CordonNode, DeleteQueue
 from corral.projections.lifecycle import FINAL
 from corral.services.client.results import (
     Applied,
+    Busy,
     Explanation,
     Forbidden,
     Invalid,
@@ -291,6 +292,8 @@ class AsyncClient:
             raise Unreachable(str(e)) from None
         error = answer.get("error")
         if error is not None:
+            if answer.get("busy") is True:
+                raise Busy(str(error))
             if str(error).startswith("no job "):
                 raise NoSuchJob("unknown", f"no such job {fields.get('job', '')}")
             raise Refused("malformed", str(error))
@@ -407,6 +410,8 @@ class AsyncClient:
         except msgspec.DecodeError:
             raise Unreachable(f"the forecast role answered {msg.data[:200]!r}") from None
         if "error" in told:
+            if told.get("busy") is True:
+                raise Busy(str(told["error"]))
             raise Refused("malformed", str(told["error"]))
         from corral.services.forecast.present import text
 

@@ -27,6 +27,11 @@ class Invalid(CorralError, ValueError):
     """Bad input, caught before anything was sent."""
 
 
+class Busy(CorralError):
+    """The service is up but has too many of this asker's questions (or what-ifs) in hand:
+    nothing was wrong with the question and nothing was done; ask it again shortly."""
+
+
 class TimedOut(CorralError):
     """No verdict, or not the state waited for, within the time given. The request stands."""
 

@@ -141,7 +141,11 @@ def sees_queue(asker: str, queue: QueueSpec) -> bool:
     return asker == subjects.ADMIN or not queue.tenants or asker in queue.tenants
 
 
-def refusal(state: State, message: str) -> dict[str, Any]:
+def refusal(state: State, message: str, *, busy: bool = False) -> dict[str, Any]:
+    """An answer that is no answer. ``busy``: nothing was wrong with the question, the service
+    has too many of the asker's waiting; asked again later, it is answered."""
+    if busy:
+        return {"seq": state.seq, "error": message, "busy": True}
     return {"seq": state.seq, "error": message}
 
 

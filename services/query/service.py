@@ -161,7 +161,7 @@ class ReadService:
             self._turns.append(asker)
         if len(queued) >= MAX_QUEUED_PER_ASKER:
             busy = f"busy: {len(queued)} questions of yours wait to be answered; ask again once they are"
-            await self._send(msg.reply, refusal(self.state, busy))
+            await self._send(msg.reply, refusal(self.state, busy, busy=True))
             return
         queued.append((msg.reply, question, ask))
         self._queue_moved.set()

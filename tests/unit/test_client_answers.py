@@ -1,0 +1,61 @@
+"""What the client makes of the read and forecast services' answers that are no answers: a
+service with too many of the asker's questions in hand says so, and the client raises ``Busy``
+(ask again), never a refusal of a malformed question."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from corral.client import AsyncClient, Busy, NoSuchJob, Refused
+from corral.projections.state import State
+from corral.services.query.decide import refusal
+
+
+class Session:
+    """Stands in for the wire session: answers every question with ``answer``."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = json.loads(json.dumps(answer))  # as it comes over the wire
+
+    async def ask(self, asker: str, question: str, **fields: Any) -> dict[str, Any]:
+        return self.answer
+
+    async def request(self, subject: str, body: bytes, timeout: float) -> SimpleNamespace:
+        return SimpleNamespace(data=json.dumps(self.answer).encode())
+
+
+def client_answered(answer: dict[str, Any]) -> AsyncClient:
+    client = AsyncClient("nats://127.0.0.1:1", tenant="team-a")
+    client._session = Session(answer)  # type: ignore[assignment]
+    return client
+
+
+async def test_a_busy_read_service_is_busy_not_a_malformed_question() -> None:
+    client = client_answered(refusal(State(), "busy: 64 questions of yours wait", busy=True))
+    with pytest.raises(Busy, match="busy: 64"):
+        await client.jobs()
+    assert not issubclass(Busy, Refused)  # a question to ask again, not one refused
+
+
+async def test_a_busy_forecast_role_is_busy_too() -> None:
+    client = client_answered({"seq": 3, "error": "busy: 2 what-if questions of yours", "busy": True})
+    with pytest.raises(Busy, match="what-if"):
+        await client.whatif({"queue": "q", "resources": {"gpus": 1}})
+
+
+@pytest.mark.parametrize(
+    ("answer", "raised"),
+    [
+        (refusal(State(), "no job 'x'"), NoSuchJob),
+        (refusal(State(), "no question 'nope'"), Refused),
+        ({"seq": 1, "error": "x", "busy": "yes"}, Refused),  # only a true busy is busy
+    ],
+)
+async def test_other_refusals_stay_refusals(answer: dict[str, Any], raised: type[Exception]) -> None:
+    with pytest.raises(raised) as told:
+        await client_answered(answer).jobs()
+    assert not isinstance(told.value, Busy)

@@ -65,22 +65,27 @@ class PreemptionRequested(Decision, frozen=True, kw_only=True):
     With ``moves``, a consolidation: the victims are stopped only to run elsewhere, so that an
     admitted beneficiary's gang fits where they were; ``moves`` is the layout that shows it (the
     beneficiary's placement first, then one per victim), which the fold checks against the
-    nodes as they stand. The victims are requeued and placed again as any stopped job is."""
+    nodes as they stand. The victims are requeued and placed again as any stopped job is.
+
+    ``key``: the GPU model whose quota the stops are for, where a queued beneficiary names
+    several (Kueue's flavor its preemption is on); empty for its first."""
 
     beneficiary: str
     victims: tuple[Victim, ...]
     deadline: float
     moves: tuple[Placement, ...] = ()
+    key: str = ""
 
 
 class ShrinkRequested(Decision, frozen=True, kw_only=True):
     """Ask elastic job ``job_id`` (at ``attempt``) to keep ranks ``0..replicas-1`` and stop the
     ones above by ``deadline`` (a log time), so that ``beneficiary`` gets their GPUs. The job goes
     on running: its admission shrinks to ``replicas`` at once, and each leaving rank gives its
-    GPUs back when its worker has exited."""
+    GPUs back when its worker has exited. ``key``: as ``PreemptionRequested``'s."""
 
     job_id: str
     attempt: Int
     replicas: Int
     beneficiary: str
     deadline: float
+    key: str = ""

@@ -108,6 +108,8 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
             continue
         job.admission = adm  # before the move: the move counts what the admission holds
         job.admitted_at = (ctx.seq, place)
+        if job.reclaim_key:  # a store costs more than the look (Structs)
+            job.reclaim_key = ""
         move(state, job, "admit", ctx)
         if job.reasons:  # a store costs more than the look (Structs)
             job.reasons = ()

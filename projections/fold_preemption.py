@@ -98,10 +98,12 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         why = moves.may_move(state, victims, beneficiary, ctx.time, ev.moves)
         what = f"moved to make room for {ev.beneficiary}"
     else:
-        why = preemption.may_stop(state, victims, beneficiary, ctx.time)
+        why = preemption.may_stop(state, victims, beneficiary, ctx.time, on_key=ev.key)
         what = f"preempted for {ev.beneficiary}"
     if why is not None:
         raise voided(ev.beneficiary, f"victim {why}")
+    if beneficiary.phase == "queued":
+        beneficiary.reclaim_key = ev.key
     for job in victims:
         move(state, job, "preempt", ctx)
         job.preemptions += 1
@@ -129,13 +131,15 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     job = state.jobs.get(ev.job_id)
     if job is None or job.attempt != ev.attempt or job.phase != "running":
         raise voided(ev.job_id, f"{ev.job_id} is not running at attempt {ev.attempt}")
-    why = preemption.may_stop(state, [job], beneficiary, ctx.time, keep=ev.replicas)
+    why = preemption.may_stop(state, [job], beneficiary, ctx.time, keep=ev.replicas, on_key=ev.key)
     if why is not None:
         raise voided(ev.job_id, why)
     lo, adm = job.spec.min_replicas, job.admission
     if lo is None or adm is None or not lo <= ev.replicas < adm.replicas:
         raise voided(ev.job_id, f"{job.id} cannot shrink to {ev.replicas} workers")
     shrink(state, ctx, job, ev.replicas, ev.beneficiary, log_deadline(ctx, ev.now, ev.deadline))
+    if beneficiary.phase == "queued":
+        beneficiary.reclaim_key = ev.key
     add_victim(beneficiary, job)
     job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {ev.beneficiary}"),)
     indexes.explain(state, job)

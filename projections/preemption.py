@@ -258,12 +258,13 @@ def policy_of(state: State, job: JobState) -> PreemptionPolicy:
     return DEFAULT_PREEMPTION if q is None else q.preemption
 
 
-def demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | None:
+def demand(state: State, ledger: Ledger, job: JobState, key: str = "") -> tuple[str, int] | None:
     """(quota key, milli-GPU) a queued job would be admitted with, at its minimum replicas, on
-    its first key. The rule reads the first whatever the ledger says: the fold, the preemptor and
-    admission's holds for stops under way read it on different views of the quota, and must name
-    the same key. (Admission's order and its holds for a queue's first waiting job read the key
-    the job fits now, ``Ledger.key_for``.)"""
+    ``key`` (a proposal's), else on the key its stops under way are for (``reclaim_key``), else
+    on its first; None if it counts against no such key. Never on what the ledger says: the
+    fold, the preemptor and admission's holds for stops under way read the rule on different
+    views of the quota, and must name the same key. (Admission's order and its holds for a
+    queue's first waiting job read the key the job fits now, ``Ledger.key_for``.)"""
     qspec = state.queues.get(job.spec.queue)
     if qspec is None or not ledger.has_queue(job.spec.queue):
         return None
@@ -271,17 +272,24 @@ def demand(state: State, ledger: Ledger, job: JobState) -> tuple[str, int] | Non
     replicas = quota.min_replicas(job.spec)
     if not demands or replicas <= 0:
         return None
-    key, per_worker = demands[0]
-    return key, per_worker * replicas
+    named = key or job.reclaim_key
+    if not named:
+        return demands[0][0], demands[0][1] * replicas
+    for k, per_worker in demands:
+        if k == named:
+            return k, per_worker * replicas
+    if key:
+        return None  # a proposal names a key the job does not count against
+    return demands[0][0], demands[0][1] * replicas  # its queue no longer has that key's quota
 
 
-def claim(state: State, ledger: Ledger, job: JobState) -> tuple[str | None, int]:
-    """The quota key a beneficiary holds or would be admitted on, and what it still needs there
-    (0 once it holds its admission)."""
+def claim(state: State, ledger: Ledger, job: JobState, key: str = "") -> tuple[str | None, int]:
+    """The quota key a beneficiary holds or would be admitted on (``key``: as ``demand``), and
+    what it still needs there (0 once it holds its admission)."""
     adm = job.admission
     if adm is not None and job.phase != "queued":
         return (next(iter(adm.gpus)) if len(adm.gpus) == 1 else None), 0
-    found = demand(state, ledger, job)
+    found = demand(state, ledger, job, key)
     return (None, 0) if found is None else found
 
 
@@ -351,18 +359,31 @@ def release(ledger: Ledger, job: JobState) -> None:
 
 
 def may_stop(
-    state: State, victims: Sequence[JobState], beneficiary: JobState, now: float, keep: int | None = None
+    state: State,
+    victims: Sequence[JobState],
+    beneficiary: JobState,
+    now: float,
+    keep: int | None = None,
+    on_key: str = "",
 ) -> str | None:
     """Why the fold may not let ``victims`` give up GPUs for ``beneficiary`` at ``now`` (all of
-    their GPUs, or, with ``keep``, all but their first ``keep`` workers); None if the
-    beneficiary's queue's policy allows every one. The quota view is built once for the record,
-    whatever the number of victims."""
+    their GPUs, or, with ``keep``, all but their first ``keep`` workers), for its quota of
+    ``on_key`` (as ``demand``'s ``key``); None if the beneficiary's queue's policy allows every
+    one. The quota view is built once for the record, whatever the number of victims."""
     for victim in victims:
         why = protected(state, victim, now)
         if why is not None:
             return why
     ledger, waiting = planning(state)
-    key, need = claim(state, ledger, beneficiary)
+    if beneficiary.phase == "queued":
+        queue = beneficiary.spec.queue
+        if demand(state, ledger, beneficiary, on_key) is None and on_key:
+            return f"{beneficiary.id} counts against no quota of {on_key[:64]!r} in queue {queue}"
+        if beneficiary.id in waiting and on_key != beneficiary.reclaim_key:
+            # One key per beneficiary while its stops are under way: every reader charges it there.
+            before, now_named = beneficiary.reclaim_key or "its first model", on_key or "its first model"
+            return f"stops for {beneficiary.id} are under way for {before}, not {now_named}"
+    key, need = claim(state, ledger, beneficiary, on_key)
     if beneficiary.id in waiting:
         # A stop for it is under way (the shrink a proposal's first record asked, say): the
         # ledger holds it as admitted already, and it takes nothing back twice.

@@ -121,4 +121,7 @@ from __future__ import annotations
 # 34: jobs that may not be preempted may hold, besides their queue's nominal, its part by weight
 #    of its cohort's own quota where the cohort shares it (``CohortSpec.share_own_quota``,
 #    ``Ledger.fixed_limit``).
-RULES = 34
+# 35: a preemption or shrink may name the GPU model its stops are for (``key``), where the
+#    beneficiary names several; the fold judges it there and charges the beneficiary there while
+#    its stops are under way (``JobState.reclaim_key``).
+RULES = 35

@@ -112,6 +112,10 @@ class JobState(msgspec.Struct, gc=False):
     # The jobs stopped or shrunk for it: when it is let go (``projections/retention.py``), those
     # still naming it in ``preempted_for`` stop naming it, so none names a later job of its id.
     victims: tuple[str, ...] = ()
+    # While queued, the GPU model (quota key) of the stops made for it, where it names several
+    # (``PreemptionRequested.key``; empty: its first): every reader of the preemption rule
+    # charges it there, whatever each one's view of the quota. Emptied when it is admitted.
+    reclaim_key: str = ""
     preempt_deadline: float = 0.0  # log time by which the preemption under way must be done
     phase_since: float = 0.0
     updated_seq: int = 0

@@ -12,7 +12,7 @@ append, each with ``based_on = state.seq`` and ``now``:
    it (admission and the placer keep them for it too: the beneficiary is nominated);
 2. beneficiaries, highest priority first, then by submission: admitted jobs the placer could not
    place and whose reasons say preemption helps; queued jobs admission cannot admit because
-   their queue's quota is in use (``victims.blocked_target``), for which lower-priority jobs of
+   their queue's quota is in use (``victims.blocked_targets``), for which lower-priority jobs of
    their queue, or other queues' borrowers, can give quota and GPUs back; but not a queued job
    that admission would keep out for an earlier job of its queue that holds the queue's quota
    (``projections.holds.Hold``): the first queued job of a best-effort queue that waits
@@ -78,7 +78,7 @@ from corral.services.preemptor.victims import (
     Target,
     Unit,
     admitted_target,
-    blocked_target,
+    blocked_targets,
     candidates,
     charge_of,
     commit,
@@ -108,6 +108,7 @@ class Plan:
     deadline: float
     placement: Placement
     moves: tuple[Placement, ...] = ()  # a consolidation: the placement, then each victim's new one
+    key: str = ""  # the GPU model the stops are for, where the beneficiary names several
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ def decide(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[
                     replicas=s.replicas,
                     beneficiary=p.beneficiary,
                     deadline=p.deadline,
+                    key=p.key,
                 )
                 for s in shrinks
             )
@@ -156,6 +158,7 @@ def decide(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[
                         victims=victims,
                         deadline=p.deadline,
                         moves=p.moves,
+                        key=p.key,
                     )
                 )
     return events
@@ -245,7 +248,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             continue
         form: tuple[object, ...] | None = None
         if job.phase == "admitted":
-            target: Target | None = admitted_target(sim.ledger, job)
+            targets = [admitted_target(sim.ledger, job)]
         else:
             # Each verdict below on a queued job holds for the rest of its form (its jobs come in
             # its queue's order, priority first): a hopeless form for good (``hopeless`` only
@@ -267,12 +270,13 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
                 holds.note(job)
                 turns.pass_form()
                 continue
-            target = blocked_target(state, sim.ledger, job)
-            if target is None:
+            targets = blocked_targets(state, sim.ledger, job)
+            if not targets:
                 unblocked.add(form)
                 turns.rest_until_committed()
                 continue
-        if target is None or hopeless.get(target.shape(), job.priority - 1) >= job.priority:
+        targets = [t for t in targets if hopeless.get(t.shape(), job.priority - 1) < job.priority]
+        if not targets:
             holds.note(job)
             if form is not None:
                 # Its form's target has this shape: the rest of the form is hopeless too.
@@ -285,7 +289,13 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         untried.clear()
         if pool is None:
             pool = Pool(state, sim.ledger, now)  # reads only which queues the ledger knows
-        found = _search(sim, pool, target, config)
+        # Each GPU model the job names in its order, the first where victims are found (Kueue
+        # preempts on the first flavor where preemption can make room).
+        for target in targets:
+            found = _search(sim, pool, target, config)
+            if found is not None:
+                break
+            hopeless[target.shape()] = job.priority
         if found is None and job.phase == "admitted" and not sim.taken:
             if busy is None:  # asked once a cycle, only of a cycle that could move anything
                 busy = moves.move_under_way(state) or ""
@@ -319,6 +329,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
                 deadline=now + max(max(0.0, j.spec.grace_seconds) for j in stopping),
                 placement=found.placement,
                 moves=(found.placement, *(p for _, p in found.moves)) if found.moves else (),
+                key=target.named,
             )
         )
         if found.moves:
@@ -478,7 +489,7 @@ def _form(job: JobState) -> tuple[object, ...]:
 
 def beneficiaries(state: State, now: float = 0.0) -> list[JobState]:
     """Jobs preemption could get going, highest priority first, then by submission: admitted jobs
-    the placer says preemption would help, and every queued job (``blocked_target`` keeps only
+    the placer says preemption would help, and every queued job (``blocked_targets`` keeps only
     those that quota blocks). A shortest-first queue's queued jobs take its places in its own
     order (``projections.queueing.slots``), so that its holds fall on the job admission holds for."""
     turns = _Turns(state, now, by_form=False)

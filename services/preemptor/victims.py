@@ -119,6 +119,9 @@ class Target:
     req: Request
     key: str | None
     need: int
+    # The key a proposal for it names (``PreemptionRequested.key``): empty for a job that
+    # counts against one key only, so that the log of such jobs names none.
+    named: str = ""
 
     def shape(self) -> tuple[object, ...]:
         """What decides, besides priority, which candidates it has and whether they suffice."""
@@ -142,38 +145,49 @@ def admitted_target(ledger: Ledger, job: JobState) -> Target:
 
 
 def queued_target(state: State, ledger: Ledger, job: JobState) -> Target | None:
-    """A queued job as admission would admit it: at its minimum replicas, on its first quota
-    key; None if it needs no GPU or its queue is gone."""
+    """A queued job as admission would admit it: at its minimum replicas, on the quota key the
+    rule charges it on (``preemption.demand``: that of its stops under way, else its first);
+    None if it needs no GPU or its queue is gone."""
     demand = queued_demand(state, ledger, job)
     return None if demand is None else _as_admitted(state, ledger, job, *demand)
 
 
-def blocked_target(state: State, ledger: Ledger, job: JobState) -> Target | None:
-    """A queued job that waits because its queue's quota is in use: admission cannot admit it
-    now, but could once lower-priority jobs of its queue, or queues of its tree that borrow, gave
-    quota back. None if admission can admit it as things are, or if no preemption ever could (it
-    needs more than its queue could hold with the whole tree idle)."""
-    demand = queued_demand(state, ledger, job)
-    if demand is None:
-        return None
-    key, need = demand
+def blocked_targets(state: State, ledger: Ledger, job: JobState) -> list[Target]:
+    """A queued job that waits because its queue's quota is in use, as it would be admitted on
+    each quota key (GPU model) it names, in its order, where admission cannot admit it now but
+    could once lower-priority jobs of its queue, or queues of its tree that borrow, gave quota
+    back. None if admission can admit it as things are on any of them (Kueue's flavor assigner
+    passes over a flavor it would have to preempt on for a later one it fits), and none of a
+    key where no preemption ever could (it needs more than its queue could hold there with the
+    whole tree idle)."""
+    qspec = state.queues.get(job.spec.queue)
     q = job.spec.queue
+    replicas = quota.min_replicas(job.spec)
+    if qspec is None or not ledger.has_queue(q) or replicas <= 0:
+        return []
+    demands = [(k, each * replicas) for k, each in quota.worker_demands(qspec, job.spec.resources)]
     borrow = ledger.may_borrow(job.spec)
-    if ledger.fits(q, key, need, borrow) or need > ledger.ceiling(q, key, borrow):
-        return None
-    if not borrow and need > ledger.fixed_limit(q, key) - ledger.fixed(q, key):
-        return None  # what stands in its way is its queue's jobs that may not be stopped either
-    return _as_admitted(state, ledger, job, key, need)
+    if any(ledger.fits(q, key, need, borrow) for key, need in demands):
+        return []
+    several = len(demands) > 1
+    out = []
+    for key, need in demands:
+        if need > ledger.ceiling(q, key, borrow):
+            continue
+        if not borrow and need > ledger.fixed_limit(q, key) - ledger.fixed(q, key):
+            continue  # what stands in its way is its queue's jobs that may not be stopped either
+        out.append(_as_admitted(state, ledger, job, key, need, key if several else ""))
+    return out
 
 
 queued_demand = preemption.demand
 
 
-def _as_admitted(state: State, ledger: Ledger, job: JobState, key: str, need: int) -> Target:
+def _as_admitted(state: State, ledger: Ledger, job: JobState, key: str, need: int, named: str = "") -> Target:
     q = job.spec.queue
     adm = quota.admission(state.queues[q], job, replicas=quota.min_replicas(job.spec), key=key)
     as_admitted = msgspec.structs.replace(job, admission=adm)
-    return Target(as_admitted, Request.of(as_admitted), key, need)
+    return Target(as_admitted, Request.of(as_admitted), key, need, named)
 
 
 @dataclass(frozen=True, slots=True)

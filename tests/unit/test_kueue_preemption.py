@@ -20,14 +20,15 @@ Each case checks that admission cannot admit the incoming job as things are, tha
 proposes Kueue's victims, that the fold accepts the proposal and the victims checkpoint for the
 incoming job, and that once they have stopped admission admits it.
 
-Cases left out, because a corral queue holds one quota, of GPUs, with no second resource, no flavors
-to choose between and no pod sets: "only preempt workloads using the chosen flavor" (two memory
-flavors), "reclaim quota if workload requests 0 resources for a resource at nominal quota" (a second
-resource asked at 0; with one resource it is "reclaim quota from borrower"), "preempting locally and
-borrowing other resources in cohort, without cohort candidates" and "..., with cohort candidates"
-(the job borrows memory while preempting for CPU), "each podset preempts a different flavor",
-"preemptions from cq when target queue is exhausted for two requested resources" and "... for one
-requested resource, but not the other" (CPU and memory both asked). Of ``TestCandidatesOrdering``:
+Cases left out, because a corral queue holds one quota, of GPUs, with no second resource and no
+pod sets (GPU models are its flavors: ``test_kueue_flavors.py``): "only preempt workloads using
+the chosen flavor" (two memory flavors), "reclaim quota if workload requests 0 resources for a
+resource at nominal quota" (a second resource asked at 0; with one resource it is "reclaim quota
+from borrower"), "preempting locally and borrowing other resources in cohort, without cohort
+candidates" and "..., with cohort candidates" (the job borrows memory while preempting for CPU),
+"each podset preempts a different flavor", "preemptions from cq when target queue is exhausted
+for two requested resources" and "... for one requested resource, but not the other" (CPU and
+memory both asked). Of ``TestCandidatesOrdering``:
 the three priority boost cases (corral has no priority boost), "evicted workload first" (a job
 already being stopped is left alone, never a candidate again) and "workloads with higher LQ usage
 first" (corral has no LocalQueues).

@@ -1,0 +1,145 @@
+"""Preemption for a job that names several GPU models, as Kueue's flavor assigner and preemptor
+treat a workload that may use several flavors.
+
+Kueue (``pkg/scheduler/flavorassigner``, default fungibility ``whenCanBorrow: Borrow``,
+``whenCanPreempt: TryNextFlavor``) tries each flavor in the workload's order: a flavor it fits
+as things are is taken at once; one it could fit only by preempting is passed over for a later
+flavor it fits; and only where no flavor fits is preemption tried, on the first flavor where it
+can be. Its preemptor then looks for victims on that flavor only
+(``preemption_test.go``: "only preempt workloads using the chosen flavor").
+
+corral's models are Kueue's flavors: a queue's quota per GPU model, a job's ``gpu_models`` in
+order. The cluster: one HGX H100 node and one A100 node; cohort ``c``: queue ``a`` with 4 of
+each model as nominal, queue ``b`` with none of its own (whatever it holds is borrowed).
+"""
+
+from __future__ import annotations
+
+from corral.events import subjects as subj
+from corral.events.decisions import PreemptionRequested, Victim
+from corral.events.jobs import JobSpec, Resources
+from corral.events.queues import ApplyQueue, PreemptionPolicy, QueueSpec, Quota
+from corral.projections.fold import apply_event
+from corral.services.admission.decide import decide as admission
+from tests.unit.test_preemptor import World, whole
+
+H100, A100 = "H100-80GB", "A100-80GB"
+N_H100, N_A100 = "node-00", "node-01"  # the "mixed" profile's first two nodes
+
+
+def _world() -> World:
+    w = World(nodes=2, profile="mixed").cohort("c")
+    policy = PreemptionPolicy(within_queue="lower-priority", reclaim_within_cohort="any")
+    for q in (
+        QueueSpec("a", cohort="c", quotas={H100: Quota(4), A100: Quota(4)}, preemption=policy),
+        QueueSpec("b", cohort="c", quotas={A100: Quota(0)}, preemption=policy),
+    ):
+        w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    return w
+
+
+def spec(queue: str, n: int, *models: str, **kw: object) -> JobSpec:
+    return JobSpec(queue=queue, resources=Resources(gpus=n, gpu_models=models), **kw)  # type: ignore[arg-type]
+
+
+def preemptions(w: World) -> list[PreemptionRequested]:
+    return [e for e in w.decide() if isinstance(e, PreemptionRequested)]
+
+
+def test_a_job_reclaims_its_second_models_nominal_from_a_borrower() -> None:
+    # a's H100 are held by its own job of a higher priority, which it may not stop; its A100 are
+    # lent to b. Kueue's assigner finds H100 impossible and A100 possible by preemption
+    # (reclaim); corral reclaimed only on the first model, so a-next waited for b-run to end.
+    w = _world()
+    w.run("a-h100", spec("a", 4, H100, preemptible=False), whole(N_H100, 0, 1, 2, 3), priority=10)
+    w.run("b-run", spec("b", 4, A100), whole(N_A100, 0, 1, 2, 3))
+    w.submit("a-next", spec("a", 4, H100, A100), priority=0)
+    assert not [a for e in admission(w.state, w.time) for a in getattr(e, "admissions", ())]
+    found = preemptions(w)
+    assert [(e.beneficiary, len(e.victims)) for e in found] == [("a-next", 1)]
+    (e,) = found
+    assert e.victims[0].job_id == "b-run" and e.key == A100
+    w.emit(subj.decision("preemptor"), e)  # the fold takes it
+    victim = e.victims[0].job_id
+    assert w.state.jobs[victim].phase == "checkpointing"
+    assert w.state.jobs["a-next"].reclaim_key == A100
+    w.stop(victim).requeue(victim)
+    admitted = [a for ev in w.cycle(admission) for a in getattr(ev, "admissions", ())]
+    assert [(a.job_id, dict(a.gpus)) for a in admitted] == [("a-next", {A100: 4})]
+
+
+def test_no_job_is_stopped_for_one_its_second_model_fits_now() -> None:
+    # a-next does not fit H100 (a's own lower-priority job holds them, which it could stop) but
+    # fits A100 as things are: admission admits it there, and nobody is stopped (Kueue's
+    # TryNextFlavor passes over a flavor it would have to preempt on for one that fits).
+    w = _world()
+    w.run("a-low", spec("a", 4, H100), whole(N_H100, 0, 1, 2, 3), priority=0)
+    w.submit("a-next", spec("a", 4, H100, A100), priority=10)
+    assert preemptions(w) == []
+    admitted = [a for ev in w.cycle(admission) for a in getattr(ev, "admissions", ())]
+    assert [(a.job_id, dict(a.gpus)) for a in admitted] == [("a-next", {A100: 4})]
+
+
+def test_the_first_model_is_preempted_on_where_both_could_be() -> None:
+    # Both models full: H100 with a's own lower-priority job, A100 with b's borrower. Kueue
+    # preempts on the first flavor where preemption is possible: H100.
+    w = _world()
+    w.run("a-low", spec("a", 4, H100), whole(N_H100, 0, 1, 2, 3), priority=0)
+    w.run("b-run", spec("b", 4, A100), whole(N_A100, 0, 1, 2, 3))
+    w.submit("a-next", spec("a", 4, H100, A100), priority=10)
+    (e,) = preemptions(w)
+    assert [v.job_id for v in e.victims] == ["a-low"] and e.key in ("", H100)
+
+
+def test_the_fold_refuses_a_preemption_on_a_model_the_job_does_not_name() -> None:
+    w = _world()
+    w.run("b-run", spec("b", 4, A100), whole(N_A100, 0, 1, 2, 3))
+    w.run("a-h100", spec("a", 4, H100, preemptible=False), whole(N_H100, 0, 1, 2, 3), priority=10)
+    w.submit("a-next", spec("a", 4, H100), priority=0)
+    body = PreemptionRequested(
+        based_on=w.seq,
+        now=w.time,
+        beneficiary="a-next",
+        victims=(Victim("b-run", w.state.jobs["b-run"].attempt),),
+        deadline=w.time + 30,
+        key=A100,
+    )
+    before = w.state.rejected_total
+    w.seq += 1
+    apply_event(w.state, w.seq, subj.decision("preemptor"), body, w.time)
+    assert w.state.rejected_total == before + 1
+    assert "A100" in w.state.rejections[-1].message and w.state.jobs["b-run"].phase == "running"
+
+
+def test_stops_under_way_keep_their_model() -> None:
+    # While a-next's stops on A100 are under way, every reader charges it there; a proposal that
+    # would stop more for it on another model is refused (readers would disagree on its key).
+    w = World(nodes=2, profile="mixed").cohort("c")
+    policy = PreemptionPolicy(within_queue="lower-priority", reclaim_within_cohort="any")
+    for q in (
+        QueueSpec("a", cohort="c", quotas={H100: Quota(4), A100: Quota(8)}, preemption=policy),
+        QueueSpec("b", cohort="c", quotas={A100: Quota(0)}, preemption=policy),
+    ):
+        w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    w.run("a-h100", spec("a", 4, H100, preemptible=False), whole(N_H100, 0, 1, 2, 3), priority=10)
+    w.run("b-1", spec("b", 4, A100), whole(N_A100, 0, 1, 2, 3))
+    w.run("b-2", spec("b", 4, A100), whole(N_A100, 4, 5, 6, 7))
+    w.submit("a-next", spec("a", 4, H100, A100))
+    (e,) = preemptions(w)
+    assert e.key == A100 and len(e.victims) == 1
+    w.emit(subj.decision("preemptor"), e)
+    other = "b-2" if e.victims[0].job_id == "b-1" else "b-1"
+    again = PreemptionRequested(
+        based_on=w.seq,
+        now=w.time,
+        beneficiary="a-next",
+        victims=(Victim(other, w.state.jobs[other].attempt),),
+        deadline=w.time + 30,
+        key=H100,
+    )
+    w.seq += 1
+    before = w.state.rejected_total
+    apply_event(w.state, w.seq, subj.decision("preemptor"), again, w.time)
+    assert w.state.rejected_total == before + 1 and "under way" in w.state.rejections[-1].message
+    assert w.state.jobs[other].phase == "running" and w.state.jobs["a-next"].reclaim_key == A100
+    assert preemptions(w) == []  # its stops are under way: the preemptor leaves it be

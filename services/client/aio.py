@@ -243,6 +243,8 @@ class AsyncClient:
             raise Unreachable(f"the intake answered {msg[:200]!r}") from None
         if "error" in ack:
             error = ack["error"]
+            if error.get("code") == 503:  # the intake, or the log behind it, cannot take it now
+                raise Busy(f"{verb} not taken: {error.get('description', error)}")
             raise Refused(str(error.get("code", "")), f"{verb} refused: {error.get('description', error)}")
         return int(ack["seq"]), bool(ack.get("duplicate", False))
 

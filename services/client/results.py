@@ -28,8 +28,9 @@ class Invalid(CorralError, ValueError):
 
 
 class Busy(CorralError):
-    """The service is up but has too many of this asker's questions (or what-ifs) in hand:
-    nothing was wrong with the question and nothing was done; ask it again shortly."""
+    """corral is up but cannot take this now: the intake (or the log behind it) a request, the
+    read service or the forecast role a question, with too many of this tenant's in hand or in
+    all. Nothing was wrong with it and nothing was done; send it again shortly."""
 
 
 class TimedOut(CorralError):

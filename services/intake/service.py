@@ -4,7 +4,9 @@ Replicas share the requests (a queue group), each answered once; the intake keep
 folds nothing, so any replica answers any request, and it needs no lease. Appends are batched:
 requests judged while a batch is on its way wait for the next, and each batch goes out pipelined
 (``append_many``), so the intake keeps pace with many clients at the cost of one round trip per
-batch. At most ``MAX_WAITING`` requests wait; past that a request is answered busy at once. What
+batch. At most ``MAX_WAITING`` requests wait, and at most ``MAX_WAITING_PER_TENANT`` of one tenant's,
+so that a tenant sending without end cannot keep the others' requests out; past either a
+request is answered busy at once (503, as JetStream answers when it cannot take a message). What
 the stream says (stored at ``seq``, a duplicate, or an error) is the answer; a request the log
 could not take is answered with the error, never dropped silently.
 """
@@ -32,6 +34,7 @@ log = logging.getLogger("corral.intake")
 
 ROLE = "intake"
 MAX_WAITING = 10_000
+MAX_WAITING_PER_TENANT = 1_000
 
 _encode = msgspec.json.Encoder().encode
 
@@ -50,6 +53,7 @@ class Intake:
         self.refused = 0
         self.appended = 0
         self._waiting: list[tuple[Accept, str]] = []  # judged, to append, with where to answer
+        self._waiting_of: dict[str, int] = {}  # per tenant, how many of ``_waiting`` are theirs
         self._arrived = asyncio.Event()
 
     async def _on_request(self, msg: Msg) -> None:
@@ -63,10 +67,13 @@ class Intake:
             error = {"code": verdict.code, "description": verdict.description}
             await self._answer(msg.reply, {"error": error})
             return
-        if len(self._waiting) >= MAX_WAITING:
-            busy = {"code": 503, "description": "the intake is busy: retry"}
-            await self._answer(msg.reply, {"error": busy})
+        tenant = msg.subject.split(".", 3)[2]  # ``decide`` took it: corral.req.<tenant>.<verb>
+        mine = self._waiting_of.get(tenant, 0)
+        if len(self._waiting) >= MAX_WAITING or mine >= MAX_WAITING_PER_TENANT:
+            why = "the intake is busy" if mine < MAX_WAITING_PER_TENANT else f"{mine} requests of yours wait"
+            await self._answer(msg.reply, {"error": {"code": 503, "description": f"{why}: retry"}})
             return
+        self._waiting_of[tenant] = mine + 1
         self._waiting.append((verdict, msg.reply))
         self._arrived.set()
 
@@ -80,6 +87,7 @@ class Intake:
                 self._arrived.clear()
                 continue
             batch, self._waiting = self._waiting, []
+            self._waiting_of.clear()
             items = [Append(a.subject, a.data, msg_id=a.msg_id, headers=a.headers) for a, _ in batch]
             results = await self.log.append_many(items)
             for (accept, reply), result in zip(batch, results, strict=True):

@@ -82,3 +82,55 @@ def test_headers_only_the_intake_may_set_are_not_passed_on() -> None:
 
 def test_a_message_id_is_bounded() -> None:
     assert isinstance(_decide("corral.req.a.submit", **{"Nats-Msg-Id": "x" * 129}), Refuse)
+
+
+async def test_a_tenant_sending_without_end_does_not_keep_the_others_out() -> None:
+    # Past its share of the requests waiting to be appended, a tenant is answered busy (503)
+    # at once; another tenant's request still waits its turn and is appended.
+    from types import SimpleNamespace
+
+    from corral.services.intake import service
+
+    answers: list[tuple[str, dict[str, object]]] = []
+
+    async def publish(subject: str, body: bytes) -> None:
+        answers.append((subject, json.loads(body)))
+
+    intake = service.Intake(SimpleNamespace(nc=SimpleNamespace(publish=publish)))  # type: ignore[arg-type]
+
+    def request(tenant: str, n: int) -> SimpleNamespace:
+        reply = f"{INBOXES}.{tenant}.{n}"
+        return SimpleNamespace(subject=f"corral.req.{tenant}.submit", reply=reply, headers=None, data=SUBMIT)
+
+    for n in range(service.MAX_WAITING_PER_TENANT + 2):
+        await intake._on_request(request("a", n))  # type: ignore[arg-type]
+    await intake._on_request(request("b", 0))  # type: ignore[arg-type]
+    busy = [reply for reply, body in answers if body.get("error", {}).get("code") == 503]  # type: ignore[union-attr]
+    cap = service.MAX_WAITING_PER_TENANT
+    assert busy == [f"{INBOXES}.a.{cap}", f"{INBOXES}.a.{cap + 1}"]
+    waiting = [accept.subject for accept, _ in intake._waiting]
+    assert waiting.count("corral.in.a.submit") == cap and waiting[-1] == "corral.in.b.submit"
+
+
+async def test_an_intake_that_cannot_take_a_request_now_is_busy_to_the_client() -> None:
+    from corral.client import AsyncClient, Busy, Refused
+
+    async def answering(body: dict[str, object]) -> AsyncClient:
+        client = AsyncClient("nats://127.0.0.1:1", tenant="team-a")
+
+        async def connected() -> object:
+            return object()
+
+        async def request(*_: object, **__: object) -> str:
+            return json.dumps(body)
+
+        client._connected = connected  # type: ignore[method-assign,assignment]
+        client._request = request  # type: ignore[method-assign,assignment]
+        return client
+
+    busy = await answering({"error": {"code": 503, "description": "3 requests of yours wait: retry"}})
+    with pytest.raises(Busy, match="requests of yours wait"):
+        await busy.cancel("j1")
+    refused = await answering({"error": {"code": 400, "description": "not a submit"}})
+    with pytest.raises(Refused):
+        await refused.cancel("j1")

@@ -21,7 +21,8 @@ is stored in parts: its pieces of ``PART_BYTES`` under ``<node>.part-<i>``, writ
 under ``<node>`` a note naming how many there are and the whole's SHA-256 (``PARTS``). The agent
 reads the parts by direct get (allowed on ``<node>.>``) and keeps the view only when the digest
 matches: parts of two views written one over the other read as no view, and the next note
-brings the newer one whole.
+brings the newer one whole. Parts a smaller view no longer names are purged once its note or
+value is written, so a node whose view was once large does not keep its old pieces for good.
 """
 
 from __future__ import annotations
@@ -117,19 +118,37 @@ class KvViewStore:
 
     def __init__(self, kv: Any) -> None:
         self.kv = kv
+        self._parts: dict[str, int] = {}  # per node, how many parts its stored view has
 
     @classmethod
     async def open(cls, nc: Any) -> KvViewStore:
         return cls(await nc.jetstream().key_value(BUCKET))
 
     async def put(self, node: str, value: bytes) -> None:
+        before = self._parts.get(node)
+        if before is None:  # first written by this store: the bucket's note says (a restart)
+            before = await self._stored_parts(node)
         if len(value) <= PART_BYTES:
             await self.kv.put(node, value)
-            return
-        pieces, note = split(value)
-        for i, piece in enumerate(pieces):  # the parts before the note that names them
-            await self.kv.put(part_key(node, i), piece)
-        await self.kv.put(node, note)
+            now = 0
+        else:
+            pieces, note = split(value)
+            for i, piece in enumerate(pieces):  # the parts before the note that names them
+                await self.kv.put(part_key(node, i), piece)
+            await self.kv.put(node, note)
+            now = len(pieces)
+        for i in range(now, before):  # named by no note now
+            with contextlib.suppress(nats_errors.Error):
+                await self.kv.purge(part_key(node, i))
+        self._parts[node] = now
+
+    async def _stored_parts(self, node: str) -> int:
+        try:
+            entry = await self.kv.get(node)
+        except nats_errors.Error:  # none (KeyNotFoundError is one), or not readable now
+            return 0
+        found = parts_of(entry.value or b"")
+        return 0 if found is None else found[0]
 
 
 class KvNodeViews:

@@ -153,3 +153,33 @@ async def test_a_view_larger_than_a_message_reaches_its_agent_in_parts(tmp_path:
         await store.put("node-00", encode(NodeView("node-00", seq=11)))  # small again: whole
         assert (await asyncio.wait_for(anext(views), WAIT)).seq == 11
         await views.aclose()  # type: ignore[attr-defined]
+
+
+async def test_parts_no_view_names_any_more_are_purged(tmp_path: Path) -> None:
+    # A node whose view was once large kept its pieces (up to a megabyte each) in the bucket for
+    # good, whatever its view became; a restarted store did not know of them either.
+    from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+    async def stored(kv: Any, key: str) -> bool:
+        try:
+            await kv.get(key)
+        except (KeyNotFoundError, KeyDeletedError):
+            return False
+        return True
+
+    async with logged_in(tmp_path) as (store, agent):
+        kv = store.kv
+        bigger, big = encode(_large_view("node-00", 3, jobs=30)), encode(_large_view("node-00", 5, jobs=20))
+        await store.put("node-00", bigger)
+        many = node_views.parts_of((await kv.get("node-00")).value)
+        await store.put("node-00", big)
+        fewer = node_views.parts_of((await kv.get("node-00")).value)
+        assert many is not None and fewer is not None and many[0] > fewer[0]
+        kept = [await stored(kv, node_views.part_key("node-00", i)) for i in range(many[0])]
+        assert kept == [True] * fewer[0] + [False] * (many[0] - fewer[0])
+        mine = node_views.KvNodeViews(agent, timeout=2.0)
+        assert await mine.get("node-00") == decode(big)
+        restarted = node_views.KvViewStore(kv)  # knows nothing of what was written before
+        await restarted.put("node-00", encode(NodeView("node-00", seq=7)))
+        assert not [i for i in range(many[0]) if await stored(kv, node_views.part_key("node-00", i))]
+        assert (await mine.get("node-00")).seq == 7  # type: ignore[union-attr]

@@ -85,6 +85,7 @@ from corral.services.preemptor.victims import (
     queued_demand,
     queued_target,
     search,
+    undo,
 )
 
 
@@ -289,13 +290,9 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         untried.clear()
         if pool is None:
             pool = Pool(state, sim.ledger, now)  # reads only which queues the ledger knows
-        # Each GPU model the job names in its order, the first where victims are found (Kueue
-        # preempts on the first flavor where preemption can make room).
-        for target in targets:
-            found = _search(sim, pool, target, config)
-            if found is not None:
-                break
-            hopeless[target.shape()] = job.priority
+        target, found, vain = _choose(sim, pool, targets, config)
+        for t in vain:
+            hopeless[t.shape()] = job.priority
         if found is None and job.phase == "admitted" and not sim.taken:
             if busy is None:  # asked once a cycle, only of a cycle that could move anything
                 busy = moves.move_under_way(state) or ""
@@ -346,6 +343,46 @@ def _anyone(state: State) -> bool:
         return True
     admitted = indexes.jobs_in(state, "admitted")
     return any(j.held is None and any(r.preemption_helps for r in j.reasons) for j in admitted)
+
+
+def _choose(
+    sim: Simulation, pool: Pool, targets: list[Target], config: PreemptorConfig
+) -> tuple[Target, Found | None, list[Target]]:
+    """Of a beneficiary's targets (one per GPU model it names, in its order), the one whose
+    victims Kueue's flavor assigner would prefer (``_preference``), with them, kept in the
+    simulation as a search keeps them (the last target and None where no victims make room on
+    any); and the targets searched in vain."""
+    if len(targets) == 1:
+        found = _search(sim, pool, targets[0], config)
+        return targets[0], found, [] if found is not None else targets
+    best: tuple[tuple[int, int, int], Target] | None = None
+    vain: list[Target] = []
+    for i, target in enumerate(targets):
+        found = _search(sim, pool, target, config)
+        if found is None:
+            vain.append(target)
+            continue
+        rank = (*_preference(sim, target, found), i)
+        if best is None or rank < best[0]:
+            best = (rank, target)
+        undo(sim, target, found)  # each model is searched on the same simulation
+    if best is None:
+        return targets[-1], None, vain
+    target = best[1]
+    return target, _search(sim, pool, target, config), vain
+
+
+def _preference(sim: Simulation, target: Target, found: Found) -> tuple[int, int]:
+    """How Kueue's flavor assigner ranks a flavor it can preempt on (``isPreferred``, its default
+    ``BorrowingOverPreemption``), lower first: taking back only what other queues hold before
+    stopping the queue's own jobs; then, of two alike, not borrowing once admitted before
+    borrowing; the models' order breaks a tie. Read with ``found`` kept in the simulation (its
+    victims gone, the beneficiary charged)."""
+    queue, key = target.job.spec.queue, target.key
+    stopped = [*found.whole, *(j for j, _ in found.shrinks)]
+    reclaims = all(j.spec.queue != queue for j in stopped)
+    borrows = key is not None and sim.ledger.used(queue, key) > sim.ledger.nominal(queue, key)
+    return (0 if reclaims else 1, 1 if borrows else 0)
 
 
 def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig) -> Found | None:

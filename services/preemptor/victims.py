@@ -773,13 +773,19 @@ def unmove(sim: Simulation, moves: list[tuple[Target, Placement]]) -> None:
         sim.unplace(mover, again)
 
 
+def undo(sim: Simulation, target: Target, found: Found) -> None:
+    """Take ``found`` out of the simulation: the beneficiary and the moved jobs unplaced, the
+    victims back as they were."""
+    unmove(sim, found.moves)
+    sim.unplace(target, found.placement)
+    _restore_all(sim, found.removed)
+
+
 def commit(sim: Simulation, target: Target, found: Found) -> claims.ClaimError | None:
     """Keep ``found`` in the simulation if the fold's arithmetic agrees; else undo it."""
     error = sim.gate(target, found)
     if error is not None:
-        unmove(sim, found.moves)
-        sim.unplace(target, found.placement)
-        _restore_all(sim, found.removed)
+        undo(sim, target, found)
         return error
     sim.taken.update(u.job.id for u, _ in found.removed)
     return None

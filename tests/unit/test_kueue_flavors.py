@@ -4,9 +4,11 @@ treat a workload that may use several flavors.
 Kueue (``pkg/scheduler/flavorassigner``, default fungibility ``whenCanBorrow: Borrow``,
 ``whenCanPreempt: TryNextFlavor``) tries each flavor in the workload's order: a flavor it fits
 as things are is taken at once; one it could fit only by preempting is passed over for a later
-flavor it fits; and only where no flavor fits is preemption tried, on the first flavor where it
-can be. Its preemptor then looks for victims on that flavor only
-(``preemption_test.go``: "only preempt workloads using the chosen flavor").
+flavor it fits; and only where no flavor fits is preemption tried, on the flavor it ranks first
+(``isPreferred``): one where only other queues' borrowers are stopped before one where the
+queue's own jobs are, then one where the job borrows nothing once admitted, then the order. Its
+preemptor then looks for victims on that flavor only (``preemption_test.go``: "only preempt
+workloads using the chosen flavor").
 
 corral's models are Kueue's flavors: a queue's quota per GPU model, a job's ``gpu_models`` in
 order. The cluster: one HGX H100 node and one A100 node; cohort ``c``: queue ``a`` with 4 of
@@ -80,15 +82,40 @@ def test_no_job_is_stopped_for_one_its_second_model_fits_now() -> None:
     assert [(a.job_id, dict(a.gpus)) for a in admitted] == [("a-next", {A100: 4})]
 
 
-def test_the_first_model_is_preempted_on_where_both_could_be() -> None:
-    # Both models full: H100 with a's own lower-priority job, A100 with b's borrower. Kueue
-    # preempts on the first flavor where preemption is possible: H100.
+def test_taking_back_what_was_lent_goes_before_stopping_the_queues_own() -> None:
+    # scheduler_test.go "prefer reclamation over cq priority based preemption": both models
+    # full, H100 with a's own lower-priority job, A100 with b's borrower. Kueue's flavor
+    # assigner ranks a flavor where only other queues' borrowers are stopped (reclaim) above one
+    # where the queue's own jobs are (``isPreferred``), whatever their order.
     w = _world()
     w.run("a-low", spec("a", 4, H100), whole(N_H100, 0, 1, 2, 3), priority=0)
     w.run("b-run", spec("b", 4, A100), whole(N_A100, 0, 1, 2, 3))
     w.submit("a-next", spec("a", 4, H100, A100), priority=10)
     (e,) = preemptions(w)
-    assert [v.job_id for v in e.victims] == ["a-low"] and e.key in ("", H100)
+    assert ([v.job_id for v in e.victims], e.key) == (["b-run"], A100)
+
+
+def test_where_both_take_back_the_model_it_borrows_no_more_on_goes_first() -> None:
+    # isPreferred, of two flavors alike (other queues' borrowers stopped on each), the one where
+    # the job borrows less once admitted: on H100, nominal 0, a would borrow what x gives back;
+    # on A100 it is within its own nominal. The models' order only breaks a tie.
+    w = World(nodes=2, profile="mixed").cohort("c")
+    policy = PreemptionPolicy(
+        within_queue="lower-priority", reclaim_within_cohort="any", borrow_within_cohort="lower-priority"
+    )
+    never = PreemptionPolicy(within_queue="never", reclaim_within_cohort="never")
+    for q in (
+        QueueSpec("a", cohort="c", quotas={H100: Quota(0), A100: Quota(4)}, preemption=policy),
+        QueueSpec("b", cohort="c", quotas={H100: Quota(4), A100: Quota(0)}, preemption=never),
+        QueueSpec("x", cohort="c", quotas={H100: Quota(0), A100: Quota(0)}, preemption=never),
+    ):
+        w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    w.run("x-h", spec("x", 4, H100), whole(N_H100, 0, 1, 2, 3))
+    w.run("x-a", spec("x", 4, A100), whole(N_A100, 0, 1, 2, 3))
+    w.submit("a-next", spec("a", 4, H100, A100), priority=10)
+    (e,) = preemptions(w)
+    assert ([v.job_id for v in e.victims], e.key) == (["x-a"], A100)
+    w.emit(subj.decision("preemptor"), e)  # the fold takes it
 
 
 def test_the_fold_refuses_a_preemption_on_a_model_the_job_does_not_name() -> None:

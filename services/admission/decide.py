@@ -312,14 +312,20 @@ def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger) -> Admissi
         return Admission(job_id=job.id, attempt=job.attempt, replicas=spec.replicas)
     lo, hi = quota.min_replicas(spec), spec.replicas
     borrow = ledger.may_borrow(spec)
+    best: tuple[int, str, int] | None = None  # (replicas, key, milli-GPU per worker), as ``_admit``
     for key, per_worker in demands:
         replicas = min(hi, ledger.available(queue, key, borrow) // per_worker)
-        if replicas >= lo:
-            milli = per_worker * replicas
-            ledger.charge(queue, key, milli, fixed=not borrow)
-            gpus = quota.admission_gpus(key, milli)
-            return Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus)
-    return None
+        if replicas >= lo and (best is None or replicas > best[0]):
+            best = (replicas, key, per_worker)
+            if replicas == hi:
+                break
+    if best is None:
+        return None
+    replicas, key, per_worker = best
+    milli = per_worker * replicas
+    ledger.charge(queue, key, milli, fixed=not borrow)
+    gpus = quota.admission_gpus(key, milli)
+    return Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus)
 
 
 class _Waiting(dict[str, Backlog]):
@@ -488,6 +494,10 @@ def _admit(
         lo, hi = quota.min_replicas(spec), spec.replicas
         held = cur.hold
         borrow = ledger.may_borrow(spec)
+        # The model it fits whole on first, in its order; else (an elastic job) the one it fits
+        # most workers on, the first of equals: Kueue's partial admission tries the whole count
+        # on every flavor before any smaller count.
+        best: tuple[int, str, int] | None = None  # (replicas, key, milli-GPU per worker)
         for key, per_worker in demands:
             room = cur.room.get(key)
             if room is not None and per_worker * lo > room:
@@ -502,19 +512,23 @@ def _admit(
                 spare = held.spare(ledger, cur.name, key, job, now)
                 if spare is not None:
                     replicas = min(replicas, spare // per_worker)
-            if replicas >= lo:
-                milli = per_worker * replicas
-                lending_holds.charge(cur.name, key, milli, fixed=not borrow)
-                lending_holds.admitted(job.id)
-                if key in cur.room:
-                    cur.room[key] -= milli
-                if not borrow and key in cur.fixed_room:  # a borrower leaves the nominal's room be
-                    cur.fixed_room[key] -= milli
-                gpus = quota.admission_gpus(key, milli)
-                out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus))
-                _ends_at(ends, job, out[-1], now)
-                order.admitted(cur)
-                break
+            if replicas >= lo and (best is None or replicas > best[0]):
+                best = (replicas, key, per_worker)
+                if replicas == hi:
+                    break
+        if best is not None:
+            replicas, key, per_worker = best
+            milli = per_worker * replicas
+            lending_holds.charge(cur.name, key, milli, fixed=not borrow)
+            lending_holds.admitted(job.id)
+            if key in cur.room:
+                cur.room[key] -= milli
+            if not borrow and key in cur.fixed_room:  # a borrower leaves the nominal's room be
+                cur.fixed_room[key] -= milli
+            gpus = quota.admission_gpus(key, milli)
+            out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus))
+            _ends_at(ends, job, out[-1], now)
+            order.admitted(cur)
         else:
             if held is None:
                 found = hold(ledger, cur.name, job, ends, now)

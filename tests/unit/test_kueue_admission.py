@@ -523,3 +523,31 @@ def test_a_job_within_its_second_models_nominal_keeps_it_from_being_lent() -> No
         job("b-more", "b").gpus(2, "A100"),
     )
     assert "b-more" not in _admits(s)
+
+
+def test_an_elastic_job_gets_its_whole_size_on_a_later_model_before_part_of_it_on_the_first() -> None:
+    # Kueue's partial admission (``getInitialAssignments``) tries the whole count on every
+    # flavor before any smaller one: a-next's 4 workers fit A100 whole, H100 only 2 of them.
+    s = _models_world(
+        job("a-h100", "a").gpus(2, "H100").running(),
+        job("a-next", "a").gpus(1, "H100", "A100").replicas(4, 1),
+    )
+    out = decide(s, 0.0)
+    assert [(a.job_id, a.replicas, dict(a.gpus)) for e in of(out, JobsAdmitted) for a in e.admissions] == [
+        ("a-next", 4, {"A100": 4})
+    ]
+
+
+def test_an_elastic_job_that_fits_no_model_whole_gets_the_most_workers_any_gives() -> None:
+    # Neither model holds all 4: H100 has room for 1, A100 for 3 (a's own jobs hold the rest, of
+    # a higher priority, so no preemption gets the whole count either); Kueue's search over the
+    # count ends at 3, on the model that gives them.
+    s = _models_world(
+        job("a-h100", "a").gpus(3, "H100").with_(priority=10).running(),
+        job("a-a100", "a").gpus(1, "A100").with_(priority=10).running(),
+        job("a-next", "a").gpus(1, "H100", "A100").replicas(4, 1),
+    )
+    out = decide(s, 0.0)
+    assert [(a.job_id, a.replicas, dict(a.gpus)) for e in of(out, JobsAdmitted) for a in e.admissions] == [
+        ("a-next", 3, {"A100": 3})
+    ]

@@ -119,6 +119,7 @@ class ReportGone(msgspec.Struct, frozen=True):
     """The log has this worker live here, but the runtime does not run it: report it exited."""
 
     key: WorkerKey
+    run: int = 0  # its job's run (``Assignment.run``): where its files are
 
 
 class Forget(msgspec.Struct, frozen=True):
@@ -270,7 +271,7 @@ def _gone(view: NodeView, workers: Mapping[WorkerKey, WorkerPhase]) -> list[Acti
         for rank in job.live:
             key = WorkerKey(job.job_id, job.held_attempt, rank)
             if key not in workers:
-                out.append(ReportGone(key))
+                out.append(ReportGone(key, job.run))
     return out
 
 

@@ -1,10 +1,11 @@
 """Ships what this node's workers print to the ``corral_output`` stream, so that ``corral logs``
 and the Python client read it from any machine (``runtime/output.py``: subjects, limits).
 
-Workers write to their files (``workers.log_path``: stdout and stderr together, in the order
-written), which outlive the agent as the workers do; a ``Shipper`` reads what each file gained
-since it last looked and publishes it as whole lines. The files stay the truth on the node; the
-stream is a bounded copy of their newest output. What a worker prints reaches readers as:
+Workers write to their files (``worker.log_path``: one per worker, in its job's run, stdout and
+stderr together, in the order written), which outlive the agent as the workers do; a
+``Shipper`` reads what each file gained since it last looked and publishes it as whole lines.
+The files stay the truth on the node; the stream is a bounded copy of their newest output.
+What a worker prints reaches readers as:
 
 - text: bytes that are not UTF-8 become U+FFFD, and control characters (terminal escapes, a
   carriage return that would overwrite what a reader sees) are shown as ``\\x1b``, never sent
@@ -25,13 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from corral.services.agent.worker import LOG_FILE, RUN
 from corral.services.runtime.output import MAX_AGE, MAX_LINE, MAX_MESSAGE, safe_text, subject
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ QUIET_S = 10.0
 READ_AT_ONCE = 256 * 1024  # bytes read from one file per look
 DRAIN_LOOKS = 64  # looks at an ended worker's file before its exit is reported: 16 MiB at most
 MAX_BACKLOG = 4 * 1024 * 1024  # bytes a file may be ahead of what was shipped before skipping
-_FILE = re.compile(r"attempt-(\d+)\.rank-(\d+)\.log")
 
 
 class OutputSink(Protocol):
@@ -184,7 +184,10 @@ class Shipper:
         now = time.monotonic()
         if everything or now - self._scanned >= SCAN_EVERY:
             self._scanned = now
-            paths = sorted(self.root.glob("logs/*/attempt-*.rank-*.log"))
+            # Each run's files (``worker.log_path``); those an agent from before runs left
+            # directly under the job are not looked at (``Runtime.reattach`` moves a running
+            # worker's into its run).
+            paths = sorted(self.root.glob("logs/*/run-*/attempt-*.rank-*.log"))
         else:
             paths = [p for p, f in self._files.items() if f.unsent or now - f.grew < QUIET_S]
             paths += [p for p in self._expected if p not in self._files and p.exists()]
@@ -222,10 +225,10 @@ class Shipper:
                     break
 
     async def _found(self, path: Path) -> _File | None:
-        m = _FILE.fullmatch(path.name)
-        if m is None:
-            return None
-        subj = subject(self.node, path.parent.name, int(m[1]), int(m[2]))
+        m, run = LOG_FILE.fullmatch(path.name), RUN.fullmatch(path.parent.name)
+        if m is None or run is None or path.parent.parent.parent != self.root / "logs":
+            return None  # not a worker's file in its run's directory (one from before runs)
+        subj = subject(self.node, path.parent.parent.name, int(m[1]), int(m[2]))
         reached = await self.sink.shipped(subj)
         if reached is None:
             try:

@@ -350,9 +350,10 @@ class NodeAgent:
         self._halt.set()
         await self.stopped.wait()
 
-    def logs(self, job_id: str) -> list[Path]:
-        """This node's log files of ``job_id``, oldest attempt first."""
-        return job_logs(self.work_dir, job_id)
+    def logs(self, job_id: str, run: int | None = None) -> list[Path]:
+        """This node's log files of ``job_id``'s ``run`` (None: the newest run here), oldest
+        attempt first."""
+        return job_logs(self.work_dir, job_id, run)
 
     # -- registering and heartbeats ------------------------------------------------------------
 
@@ -415,7 +416,7 @@ class NodeAgent:
         if not self._due(gang.job_id, now):
             return
         if self.shipper is not None:
-            self.shipper.expect(log_path(self.work_dir, w.key) for w in gang.workers)
+            self.shipper.expect(log_path(self.work_dir, w.key, w.run) for w in gang.workers)
         task = asyncio.create_task(self.runtime.start_gang(gang.workers, self.start_timeout))
         self._starting[key] = task
         task.add_done_callback(lambda t: self._started(key, t))
@@ -463,10 +464,14 @@ class NodeAgent:
         if self.shipper is not None:
             # What a worker printed reaches the output stream before the log says it ended, so
             # whoever waited for the job to end and then reads its output finds all of it.
+            # The runtime knows each worker's file (its job's run; one an older agent started
+            # may write elsewhere); a runtime without files (``bench``'s timers) has none.
+            log_of = getattr(self.runtime, "log_of", lambda _: None)
             ended = [
-                log_path(self.work_dir, WorkerKey(b.job_id, b.attempt, b.rank))
+                path
                 for b in bodies
                 if isinstance(b, WorkerExited)
+                and (path := log_of(WorkerKey(b.job_id, b.attempt, b.rank))) is not None
             ]
             if ended:
                 await self.shipper.drain(ended)

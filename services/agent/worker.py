@@ -1,6 +1,7 @@
 """One worker as the agent's runtime holds it: what it runs, its keeper, its phase and what the log
 is known to hold of it (``Worker``), where its files lie (``log_path``, ``job_logs``, the
-checkpoint contract's ``REQUEST`` and ``DONE``) and the process helpers the runtime's parts share.
+checkpoint contract's ``REQUEST`` and ``DONE``: each in its job's run, ``decide.run_dir``) and the
+process helpers the runtime's parts share.
 
 What one agent leaves beside each keeper for the next is ``handover.py``'s; the runtime
 (``workers.py``) drives the workers.
@@ -32,21 +33,43 @@ class StartError(Exception):
     """A worker could not be started; the message says why in an operator's words."""
 
 
-def log_path(root: str | Path, key: WorkerKey) -> Path:
+# A worker's file in its run's directory: ``attempt-<a>.rank-<r>.log``.
+LOG_FILE = re.compile(r"attempt-(0|[1-9][0-9]*)\.rank-(0|[1-9][0-9]*)\.log")
+RUN = re.compile(r"run-(0|[1-9][0-9]*)")  # a run's directory (``run_dir``)
+
+
+def log_path(root: str | Path, key: WorkerKey, run: int) -> Path:
+    """Where the worker writes its stdout and stderr: ``logs/<job>/run-<n>/attempt-<a>.rank-<r>.log``.
+    In its job's run (``run_dir``), as its directories are: a job id is free again once its job
+    was let go, and a later job of the id must neither append to the earlier one's file nor
+    have it read back as its own (a start's failure quotes its tail; the agent ships it)."""
+    return Path(root) / "logs" / run_dir(key.job_id, run) / f"attempt-{key.attempt}.rank-{key.rank}.log"
+
+
+def unrun_log_path(root: str | Path, key: WorkerKey) -> Path:
+    """Where an agent from before runs were in the layout had the worker write: a worker it
+    started writes there still when a newer agent takes it back (``Runtime.reattach``)."""
     return Path(root) / "logs" / key.job_id / f"attempt-{key.attempt}.rank-{key.rank}.log"
 
 
-def job_logs(root: str | Path, job_id: str) -> list[Path]:
-    """Every log file of a job on this node, oldest attempt first, then by rank."""
+def job_logs(root: str | Path, job_id: str, run: int | None = None) -> list[Path]:
+    """The log files of one run of a job on this node (None: the newest run here), oldest
+    attempt first, then by rank."""
     d = Path(root) / "logs" / job_id
-    if not d.is_dir():
+    if run is None:
+        runs = [int(m[1]) for p in _listed(d) if (m := RUN.fullmatch(p.name)) and p.is_dir()]
+        if not runs:
+            return []
+        run = max(runs)
+    found = [(m, p) for p in _listed(d / f"run-{run}") if (m := LOG_FILE.fullmatch(p.name))]
+    return [p for m, p in sorted(found, key=lambda x: (int(x[0][1]), int(x[0][2])))]
+
+
+def _listed(d: Path) -> list[Path]:
+    try:
+        return list(d.iterdir())
+    except OSError:
         return []
-
-    def order(p: Path) -> tuple[int, int]:
-        m = re.fullmatch(r"attempt-(\d+)\.rank-(\d+)\.log", p.name)
-        return (int(m.group(1)), int(m.group(2))) if m else (1 << 30, 0)
-
-    return sorted((p for p in d.iterdir() if p.suffix == ".log"), key=order)
 
 
 def exit_code(returncode: int) -> int:
@@ -61,7 +84,7 @@ class Worker:
         self.workdir = (
             root / "work" / run_dir(spec.job_id, spec.run) / f"attempt-{spec.attempt}" / f"rank-{spec.rank}"
         )
-        self.log = log_path(root, self.key)
+        self.log = log_path(root, self.key, spec.run)
         self.dir = keeper_dir(root, self.key)
         self.checkpoints = Path(spec.checkpoint_dir)
         self.keeper: asyncio.subprocess.Process | None = None  # a keeper this agent started

@@ -15,9 +15,10 @@ the workers back (``Runtime.reattach``) is ``handover.py``'s: the record beside 
 keeper's pid, start time and boot, the exits written while no agent watched.
 
 Each worker gets a working directory ``<root>/work/<job>/run-<n>/attempt-<a>/rank-<r>``
-(``run_dir``) and its stdout and stderr go to ``<root>/logs/<job>/attempt-<a>.rank-<r>.log``
-(``job_logs``; the agent ships what they gain to the output stream, ``output.py``, which ``corral
-logs JOB`` reads). Where ``bwrap`` (bubblewrap) works, each worker runs in its own mount and PID
+(``run_dir``: a job id used again once its job was let go names another run) and its stdout and
+stderr go to ``<root>/logs/<job>/run-<n>/attempt-<a>.rank-<r>.log`` (``log_path``, ``job_logs``;
+the agent ships what they gain to the output stream, ``output.py``, which ``corral logs JOB``
+reads). Where ``bwrap`` (bubblewrap) works, each worker runs in its own mount and PID
 namespace: a read-only view of the host's root, private ``/proc``, ``/dev`` and ``/tmp``, its
 working and checkpoint directories read-write, and each data mount bound at the path the job asked
 for, read-only when asked; it dies with its keeper (``--die-with-parent``). Without bwrap, workers
@@ -86,7 +87,7 @@ from corral.services.agent.launch import Launching, Prepare
 # The Runtime's sandbox= choices, named from here by whoever builds a Runtime.
 from corral.services.agent.launch import SandboxMode as SandboxMode
 from corral.services.agent.sandbox import RunAs
-from corral.services.agent.worker import Worker, kill
+from corral.services.agent.worker import Worker, kill, log, unrun_log_path
 
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
 _OTLP = "OTEL_EXPORTER_OTLP_"  # where the agent sends spans, a job's own spans go too
@@ -151,6 +152,11 @@ class Runtime(Launching):
         """What ``decide`` needs: every worker the runtime knows, with its phase."""
         return {k: w.phase for k, w in self._workers.items()}
 
+    def log_of(self, key: WorkerKey) -> Path | None:
+        """The file the worker writes its output to (``worker.log_path``), if the runtime knows it."""
+        w = self._workers.get(key)
+        return None if w is None else w.log
+
     def pid(self, key: WorkerKey) -> int | None:
         """The worker's own process (inside its sandbox, the command bwrap runs)."""
         w = self._workers.get(key)
@@ -169,18 +175,18 @@ class Runtime(Launching):
         elif isinstance(action, StopWorker):
             await self.stop(action.key, action.grace)
         elif isinstance(action, ReportGone):
-            self.report_gone(action.key)
+            self.report_gone(action.key, action.run)
         elif isinstance(action, Forget):
             self.forget(action.key)
 
-    def report_gone(self, key: WorkerKey) -> None:
-        """Report a worker the log has live here but that runs no more (lost with an earlier
-        agent), once: it is kept as exited until ``forget``."""
+    def report_gone(self, key: WorkerKey, run: int = 0) -> None:
+        """Report a worker of its job's ``run`` the log has live here but that runs no more (lost
+        with an earlier agent), once: it is kept as exited until ``forget``."""
         if key in self._workers:
             return
         if self._containers != "none":
             self._track(self._remove_lost_container(key))
-        spec = StartWorker(key.job_id, key.attempt, key.rank, (), {}, (), "", "")
+        spec = StartWorker(key.job_id, key.attempt, key.rank, (), {}, (), "", "", run=run)
         w = Worker(spec, self.root)
         w.phase = "exited"
         w.code = GONE_CODE
@@ -265,6 +271,7 @@ class Runtime(Launching):
             w.drop()
             return None
         w.settled.set()
+        self._log_from_before_runs(w)
         self._workers[w.key] = w
         if "start" not in w.appended:
             self.reports.put_nowait(Started(w.key, w.reported_pid))
@@ -282,6 +289,23 @@ class Runtime(Launching):
         if w.stop_requested:  # its stop carries on, with a kill after the grace
             self._terminate(w, w.stop_grace)
         return w
+
+    def _log_from_before_runs(self, w: Worker) -> None:
+        """A worker started by an agent from before each run had a directory of its own writes to
+        the file it was given then (``worker.unrun_log_path``): moved to where this agent reads
+        and ships it, the worker writing on into it (a rename keeps the file it has open). Where
+        it cannot be moved, it stays the worker's file, which this agent does not ship."""
+        if w.log.exists():
+            return
+        old = unrun_log_path(self.root, w.key)
+        try:
+            w.log.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(old, w.log)
+        except FileNotFoundError:
+            return  # none there either: the worker's file is where this agent looks
+        except OSError as e:
+            log.warning("%s: worker %s writes to %s, not moved: %s", self.node, w.key, old, e)
+            w.log = old
 
     async def close(self, grace: float = 5.0) -> None:
         """Stop every worker and wait for them (the agent is shutting down)."""

@@ -173,8 +173,9 @@ async def test_an_agent_killed_mid_checkpoint_leaves_its_job_a_whole_checkpoint_
         assert step >= before.step
         with np.load(resume) as ckpt:
             assert int(ckpt["step"]) == step
+        run = f"run-{state.jobs[victim.job_id].submitted_seq}"  # its files are its run's
         logs = [
-            tmp_path / "nodes" / n / "logs" / victim.job_id / "attempt-1.rank-0.log"
+            tmp_path / "nodes" / n / "logs" / victim.job_id / run / "attempt-1.rank-0.log"
             for n in ("node-0", "node-1")
         ]
 

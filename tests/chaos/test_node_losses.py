@@ -113,7 +113,8 @@ async def test_a_burst_of_node_losses_requeues_their_jobs_from_checkpoints_witho
             assert requeued[t].resume_from == checkpoint.location
             moved = state.jobs[t].placement
             assert moved is not None and moved.workers[0].node not in dead.values()
-            log = tmp_path / "nodes" / moved.workers[0].node / "logs" / t / "attempt-1.rank-0.log"
+            run = f"run-{state.jobs[t].submitted_seq}"  # its files are its run's (``worker.log_path``)
+            log = tmp_path / "nodes" / moved.workers[0].node / "logs" / t / run / "attempt-1.rank-0.log"
             await polling.until(
                 lambda log=log, step=checkpoint.step: (
                     log.exists()  # type: ignore[misc]

@@ -158,9 +158,10 @@ async def test_workers_get_the_rendezvous_environment_and_their_logs_are_kept(
         (0, 0, False),
         (1, 0, False),
     ]
-    logs = job_logs(runtime.root, "g")
-    assert logs == [log_path(runtime.root, WorkerKey("g", 0, r)) for r in (0, 1)]
     run = gang.workers[0].run  # the submission's log position: this job id's run (``decide.run_dir``)
+    logs = job_logs(runtime.root, "g")
+    assert logs == [log_path(runtime.root, WorkerKey("g", 0, r), run) for r in (0, 1)]
+    assert logs[0].parent == runtime.root / "logs" / "g" / f"run-{run}"
     for rank, path in enumerate(logs):
         first, second = path.read_text().splitlines()
         seen = json.loads(first)
@@ -202,8 +203,8 @@ async def last_line_of(rt: Runtime, s: StartWorker) -> Any:
     """Start ``s``, wait for it to exit 0, and read the JSON of its log's last line."""
     await start_one(rt, s)
     exited = (await until(rt, exit_of(s.key)))[-1]
-    assert ran(exited) == Exited(s.key, 0), log_path(rt.root, s.key).read_text()
-    return json.loads(log_path(rt.root, s.key).read_text().splitlines()[-1])
+    assert ran(exited) == Exited(s.key, 0), log_path(rt.root, s.key, s.run).read_text()
+    return json.loads(log_path(rt.root, s.key, s.run).read_text().splitlines()[-1])
 
 
 async def test_exit_codes_are_reported(runtime: Runtime, tmp_path: Path) -> None:
@@ -390,14 +391,13 @@ async def test_a_preempted_training_job_checkpoints_and_resumes_from_its_step(
     for s in (resumed, straight):
         await runtime.start_gang([s], timeout=WAIT)
         assert ran((await until(runtime, exit_of(s.key)))[-1]) == Exited(s.key, 0)
-    out = log_path(runtime.root, resumed.key).read_text()
+    out = log_path(runtime.root, resumed.key, resumed.run).read_text()
     assert f"resumed from step {saved.step} " in out
     done = [line for line in out.splitlines() if " done at step " in line]
     assert done and done[0].startswith(f"rank 0: done at step {end} ")
     # Same data, same per-step batches: resuming lost nothing and repeated nothing.
-    straight_done = [
-        ln for ln in log_path(runtime.root, straight.key).read_text().splitlines() if "done at" in ln
-    ]
+    straight_out = log_path(runtime.root, straight.key, straight.run).read_text()
+    straight_done = [ln for ln in straight_out.splitlines() if "done at" in ln]
     assert done == straight_done
 
 
@@ -501,7 +501,7 @@ async def test_data_mounts_are_bound_where_the_job_asked_read_only_when_asked(
         assert ran((await until(sandboxed, exit_of(s.key)))[-1]) == Exited(s.key, 0)
     finally:
         marker.unlink()
-    seen = json.loads(log_path(sandboxed.root, s.key).read_text())
+    seen = json.loads(log_path(sandboxed.root, s.key, s.run).read_text())
     assert seen == {
         "read": "hello from the dataset",
         "ro": "Read-only file system",
@@ -587,7 +587,7 @@ async def test_a_worker_never_sees_what_the_agent_hides(tmp_path: Path) -> None:
         assert ran((await until(rt, exit_of(s.key)))[-1]) == Exited(s.key, 0)
     finally:
         await rt.close(grace=2.0)
-    seen = json.loads(log_path(rt.root, s.key).read_text())
+    seen = json.loads(log_path(rt.root, s.key, s.run).read_text())
     assert seen["secret"] is False and "credentials.json" not in seen["listing"]
     assert seen["umount"] is False and seen["secret_after"] is False
     assert seen["own_dir"] is True

@@ -206,7 +206,7 @@ async def test_an_image_job_with_no_engine_fails_to_start_and_never_runs_on_the_
     finally:
         await rt.close(grace=2.0)
     assert not marker.exists()
-    assert not log_path(rt.root, s.key).exists()  # nothing was started to write one
+    assert not log_path(rt.root, s.key, s.run).exists()  # nothing was started to write one
 
 
 # -- the contract inside a container --------------------------------------------------------------
@@ -239,9 +239,8 @@ async def test_a_container_worker_gets_the_contract_and_its_exit_code(
     await start_one(runtime, s)
     [exited] = await until(runtime, exit_of(s.key))
     assert ran(exited) == Exited(s.key, 3, stopped=False)
-    seen = dict(
-        line.split("=", 1) for line in log_path(runtime.root, s.key).read_text().splitlines() if "=" in line
-    )
+    printed = log_path(runtime.root, s.key, s.run).read_text()
+    seen = dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
     workdir = runtime.root / "work" / "contract" / "run-0" / "attempt-0" / "rank-0"
     assert seen == {
         "RANK": "0",
@@ -259,7 +258,7 @@ async def test_a_container_worker_gets_the_contract_and_its_exit_code(
         "rw": "writable",
         "ckpt": "writable",
     }
-    assert "to stderr" in log_path(runtime.root, s.key).read_text()
+    assert "to stderr" in log_path(runtime.root, s.key, s.run).read_text()
     assert (out / "result.txt").read_text() == "written\n" and not (data / "new.txt").exists()
     assert (Path(s.checkpoint_dir) / "state").exists()  # the host sees what the worker saved
     assert containers_of("contract") == []  # removed once it exited
@@ -289,7 +288,7 @@ async def test_where_tenants_share_nodes_a_container_runs_as_the_workers_user(tm
         [exited] = await until(rt, exit_of(s.key))
     finally:
         await rt.close(grace=2.0)
-    lines = log_path(rt.root, s.key).read_text().splitlines()
+    lines = log_path(rt.root, s.key, s.run).read_text().splitlines()
     nobody = pwd.getpwnam("nobody")
     assert ran(exited) == Exited(s.key, 0, stopped=False), lines
     assert f"uid={nobody.pw_uid} gid={nobody.pw_gid}" in lines

@@ -25,6 +25,7 @@ import pytest
 from corral.services.agent import keeper
 from corral.services.agent.decide import Exited, Started, StartWorker, WorkerKey
 from corral.services.agent.handover import RECORD, keeper_dir
+from corral.services.agent.worker import log_path, unrun_log_path
 from corral.services.agent.workers import Runtime, SandboxMode
 from tests.integration import polling
 from tests.integration.test_agent_runtime import LOOP, PY, WAIT, bwrap_works, spec_for
@@ -128,6 +129,37 @@ async def test_a_running_worker_is_taken_back_and_stopped_by_the_new_runtime(
         assert second.reports.empty()  # its start is in the log already: not reported again
         await second.stop(s.key, grace=5.0)
         assert await second.next_report(WAIT) == Exited(s.key, 128 + signal.SIGTERM, True, pid)
+    finally:
+        await second.close(grace=1.0)
+
+
+async def test_a_worker_an_agent_from_before_runs_started_writes_on_into_its_runs_file(
+    tmp_path: Path,
+) -> None:
+    """Before each run of a job id had files of its own, a worker wrote to
+    ``logs/<job>/attempt-<a>.rank-<r>.log``: a newer agent taking it back moves that file into
+    the worker's run, where it reads and ships it, and the worker writes on into it."""
+    root = tmp_path / "agent"
+    flag = tmp_path / "go-on"
+    script = (
+        f"import os, time\nprint('before', flush=True)\n"
+        f"while not os.path.exists({str(flag)!r}): time.sleep(0.02)\nprint('after', flush=True)\n"
+    )
+    s = spec_for(tmp_path, "upgraded", [PY, "-c", script], run=7)
+    now = log_path(root, s.key, s.run)
+    await started_then_left(root, s, "none")
+    await until(lambda: now.exists() and now.read_text() == "before\n")
+    old = unrun_log_path(root, s.key)
+    now.rename(old)  # where an older agent had it write (its open file goes with it)
+    now.parent.rmdir()
+    second = Runtime(root, sandbox="none", poll_interval=0.02)
+    try:
+        assert second.reattach() == [s.key]
+        assert second.log_of(s.key) == now and not old.exists()
+        flag.touch()
+        exited = await second.next_report(WAIT)
+        assert isinstance(exited, Exited) and exited.code == 0
+        assert now.read_text() == "before\nafter\n"
     finally:
         await second.close(grace=1.0)
 

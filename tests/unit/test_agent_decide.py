@@ -341,7 +341,7 @@ def test_an_old_attempt_is_stopped_when_the_job_moved_on() -> None:
 
 def test_a_worker_live_in_the_log_but_not_running_here_is_reported_gone() -> None:
     state = fold(running("j1", log=base()))
-    assert act(state, {}) == [ReportGone(K)]
+    assert act(state, {}) == [ReportGone(K, state.jobs["j1"].submitted_seq)]  # where its files are
     assert report_events(N0, Exited(K, GONE_CODE))[0] == WorkerExited(
         node=N0, job_id="j1", attempt=0, rank=0, code=GONE_CODE
     )

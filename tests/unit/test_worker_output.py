@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from nats.js import api
 
+from corral.services.agent.decide import WorkerKey, run_dir
 from corral.services.agent.output import (
     MAX_BACKLOG,
     QUIET_S,
@@ -19,6 +20,7 @@ from corral.services.agent.output import (
     messages,
     safe_text,
 )
+from corral.services.agent.worker import job_logs, log_path, unrun_log_path
 from corral.services.query.decide import Ask, OutputScope, output_scope
 from corral.services.runtime import output
 from tests.builders import LogBuilder, job
@@ -113,10 +115,37 @@ class Kept:
         return b"".join(d for d, _ in self.sent.get(subj, [])).decode()
 
 
-def _worker_file(root: Path, job_id: str = "train", attempt: int = 0, rank: int = 0) -> Path:
-    path = root / "logs" / job_id / f"attempt-{attempt}.rank-{rank}.log"
+def _worker_file(root: Path, job_id: str = "train", attempt: int = 0, rank: int = 0, run: int = 3) -> Path:
+    path = log_path(root, WorkerKey(job_id, attempt, rank), run)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def test_a_workers_file_is_in_its_jobs_run() -> None:
+    """A job id is free again once its job was let go: each submission of it (its run, the log
+    position of the submission) has files of its own, as it has directories of its own."""
+    key = WorkerKey("train", 2, 7)
+    assert log_path("/w", key, 41) == Path("/w/logs/train/run-41/attempt-2.rank-7.log")
+    assert log_path("/w", key, 41).parent.relative_to("/w/logs").as_posix() == run_dir("train", 41)
+    assert log_path("/w", key, 41) != log_path("/w", key, 90)
+    assert unrun_log_path("/w", key) == Path("/w/logs/train/attempt-2.rank-7.log")
+
+
+def test_a_jobs_files_are_one_runs_in_order_the_newest_run_unless_asked(tmp_path: Path) -> None:
+    for run, attempt, rank in [(5, 0, 1), (5, 1, 0), (5, 0, 0), (5, 10, 0), (12, 0, 0)]:
+        _worker_file(tmp_path, "x", attempt, rank, run).write_text("")
+    (tmp_path / "logs" / "x" / "attempt-0.rank-0.log").write_text("")  # before runs: no run's
+    (tmp_path / "logs" / "x" / "run-5" / "notes.txt").write_text("")
+    (tmp_path / "logs" / "x" / "run-7").write_text("")  # a file, not a run's directory
+    names = [p.relative_to(tmp_path / "logs" / "x").as_posix() for p in job_logs(tmp_path, "x", 5)]
+    assert names == [
+        "run-5/attempt-0.rank-0.log",
+        "run-5/attempt-0.rank-1.log",
+        "run-5/attempt-1.rank-0.log",
+        "run-5/attempt-10.rank-0.log",
+    ]
+    assert job_logs(tmp_path, "x") == [_worker_file(tmp_path, "x", 0, 0, 12)]
+    assert job_logs(tmp_path, "x", 6) == [] and job_logs(tmp_path, "never") == []
 
 
 async def test_the_shipper_sends_new_lines_once_and_a_new_agent_resumes(tmp_path: Path) -> None:
@@ -187,3 +216,16 @@ async def test_an_ended_workers_file_is_drained_whole_its_last_line_too(tmp_path
     text = kept.text(output.subject("n0", "ended", 0, 0))
     assert text.endswith("\nlast words, no newline\n")
     assert await shipper.ship(everything=True) == 0  # nothing left, nothing sent twice
+
+
+async def test_files_an_agent_from_before_runs_left_are_not_shipped(tmp_path: Path) -> None:
+    """Which run such a file is of, its path does not say: it is left on the node, unread,
+    whether a full scan finds it or an exit names it, and nothing breaks."""
+    old = unrun_log_path(tmp_path, WorkerKey("train", 0, 0))
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"an earlier job's line\n")
+    kept = Kept()
+    shipper = Shipper("n0", tmp_path, kept)
+    assert await shipper.ship(everything=True) == 0
+    await shipper.drain([old])
+    assert kept.sent == {}

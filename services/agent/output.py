@@ -228,7 +228,7 @@ class Shipper:
         m, run = LOG_FILE.fullmatch(path.name), RUN.fullmatch(path.parent.name)
         if m is None or run is None or path.parent.parent.parent != self.root / "logs":
             return None  # not a worker's file in its run's directory (one from before runs)
-        subj = subject(self.node, path.parent.parent.name, int(m[1]), int(m[2]))
+        subj = subject(self.node, path.parent.parent.name, int(run[1]), int(m[1]), int(m[2]))
         reached = await self.sink.shipped(subj)
         if reached is None:
             try:

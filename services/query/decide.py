@@ -12,9 +12,9 @@ Invariants:
 - a job of another tenant is answered exactly as a job that does not exist; on a GPU it shares
   (``gpus``) it is only milli-GPU taken, with no id or queue;
 - a job id is looked up, never matched: wildcards, dots and anything else in it find nothing;
-- a job's output is the output of the workers the fold placed for it only, stored from its
-  submission to the next submission of its id (``OutputScope``): not what any agent wrote on
-  its id's subjects;
+- a job's output is the output of the workers the fold placed for it only, on its run's
+  subjects, stored from its submission to the next submission of its id (``OutputScope``): not
+  what any agent wrote on its id's subjects, nor an earlier job of its id's output;
 - a job the fold let go is answered from ``let_go`` (the read service's SQLite view): the
   newest of its id the asker may see, after any the state still holds;
 - a waiting job's row carries ``eta``, its forecast start from the asker's own forecasts (the
@@ -74,14 +74,16 @@ class LetGo(Protocol):
 
 
 class OutputScope(NamedTuple):
-    """Whose output is a job's: the workers the fold placed for it, ``(node, attempt, rank)``,
-    over all its attempts, and when the output stream may have stored theirs: from the job's
-    submission to the next submission of its id (a job id is free again once its job was let
-    go, and the stream is keyed by id, so without it a tenant given a reused id would read the
-    output of the job that had it before). A message on any other node's, attempt's or rank's
-    subject was written by an agent the job never ran on and is never shown."""
+    """Whose output is a job's: its run's subjects (a job id is free again once its job was let
+    go, while the stream keeps a week: the run, the log position of its submission, tells the
+    jobs of one id apart), of the workers the fold placed for it, ``(node, attempt, rank)``,
+    over all its attempts, stored from the job's submission to the next submission of its id.
+    A message on any other node's, attempt's or rank's subject was written by an agent the job
+    never ran on, and one stored before its submission on a run that was not yet its own: never
+    shown."""
 
     workers: frozenset[tuple[str, int, int]]
+    run: int  # the job's submission's log position (``JobState.submitted_seq``)
     since: float  # the job's submission, in log time (the stream's clock)
     until: float = math.inf  # the next job of its id's submission
 
@@ -242,7 +244,7 @@ def settled(state: State, asker: str, question: str, ask: Ask, let_go: LetGo | N
 def job_workers(job: JobState, placed: Mapping[str, frozenset[tuple[str, int, int]]]) -> OutputScope:
     """The output scope of a job the state holds, ``placed`` the workers the fold placed for each
     (``view.JobView.placed``)."""
-    return OutputScope(placed.get(job.id, frozenset()), job.submitted_at)
+    return OutputScope(placed.get(job.id, frozenset()), job.submitted_seq, job.submitted_at)
 
 
 def output_scope(

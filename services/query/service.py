@@ -19,7 +19,8 @@ Invariants:
   a phase) waits for that, at most as long as it asked (``decide.MAX_WAIT`` at most);
 - at most ``MAX_WAITING`` questions wait at once, ``MAX_WAITING_PER_ASKER`` of one asker's:
   more are answered now, so no one asker can take every wait from the others;
-- a job's output is shown only from the workers the fold placed for it (``decide.OutputScope``).
+- a job's output is shown only from its run's subjects, of the workers the fold placed for it
+  (``decide.OutputScope``): never an earlier job of its id's.
 """
 
 from __future__ import annotations
@@ -238,8 +239,11 @@ class ReadService:
         async def on_output(_: Msg) -> None:
             heard.set()
 
-        sub = await nc.subscribe(output.job_filter(ask.job, rank), cb=on_output) if ask.patience() else None
+        run = scope.run  # the job asked about: a later job of its id is another question's
+        heard_on = output.job_filter(ask.job, run, rank)
+        sub = await nc.subscribe(heard_on, cb=on_output) if ask.patience() else None
         cursor = ask.cursor
+        lines: list[list[Any]] = []
         try:
             settling = False
             while True:
@@ -250,6 +254,9 @@ class ReadService:
                 if not isinstance(scope, OutputScope):
                     await self._send(reply, scope)
                     return
+                if scope.run != run:  # let go, and its id the asker's next job's: it ended
+                    more, ended = False, True
+                    break
                 async with self._reading:
                     # whatever was past the cursor and not shown (not this job's) is not read again
                     lines, cursor, more = await self._output_page(ask, rank, scope, cursor)
@@ -302,7 +309,7 @@ class ReadService:
         lines: list[list[Any]] = []
         kept: Tails = {}
         size = kept_size = skipped = 0
-        while (chunk := await output.next_chunk(js, ask.job, rank, cursor)) is not None:
+        while (chunk := await output.next_chunk(js, ask.job, scope.run, rank, cursor)) is not None:
             src = chunk.source
             if not scope.shows(src.node, src.attempt, src.rank, chunk.time):
                 if scope.since <= chunk.time < scope.until and not self._folded_all():

@@ -14,8 +14,8 @@ Invariants:
   the state still holds before any let go);
 - a tenant sees only its own jobs here as in the state: another tenant's job is no job;
 - each job's workers as the fold placed them, over all its attempts (``placed``, then stored
-  with the job let go), are whose output is the job's (``decide.OutputScope``), from its
-  submission to the next submission of its id;
+  with the job let go), are whose output is the job's (``decide.OutputScope``), on its run's
+  subjects, from its submission to the next submission of its id;
 - the view is derived: by default a private temporary SQLite database, gone when the view
   closes, since the read service refolds the log from its start whenever it starts.
 """
@@ -166,7 +166,7 @@ class JobView:
         held = self.state.jobs.get(job_id)
         until = [t for t in (later, held.submitted_at if held is not None else None) if t is not None]
         scope = frozenset((str(n), int(a), int(r)) for n, a, r in json.loads(workers))
-        return OutputScope(scope, since, min(until, default=math.inf))
+        return OutputScope(scope, int(seq), since, min(until, default=math.inf))
 
 
 def explain_log(records: Sequence[Record], job_id: str, tenant: str | None) -> dict[str, Any] | None:

@@ -2,10 +2,13 @@
 service reads, and nobody else.
 
 Each node's agent ships what its workers print (``services/agent/output.py``) as messages of
-whole lines on ``corral.out.<node>.<job>.<attempt>.<rank>``: the node first, so that NATS lets an
-agent write its own node's subjects only; then the job, attempt and rank, so that a reader takes
-one job (``corral.out.*.<job>.>``) or one rank of it. A message's ``Corral-Offset`` header is how
-far into the worker's file its lines reach, where a restarted agent resumes.
+whole lines on ``corral.out.<node>.<job>.<run>.<attempt>.<rank>``: the node first, so that NATS
+lets an agent write its own node's subjects only; then the job and its run (the log position of
+its submission: a job id is free again once its job was let go, while the stream keeps a week,
+and a later job of the id must not read the earlier one's output as its own), then the attempt
+and rank, so that a reader takes one run of a job (``corral.out.*.<job>.<run>.>``) or one rank
+of it. A message's ``Corral-Offset`` header is how far into the worker's file its lines reach,
+where a restarted agent resumes.
 
 The stream is not the log: it is not folded, not replayed, and it forgets. Its limits keep a
 worker that prints without end from filling the server (DESIGN.md, "Worker output"): each
@@ -34,7 +37,7 @@ from corral.services.runtime import buckets
 log = logging.getLogger(__name__)
 
 STREAM = "corral_output"
-OUT = "corral.out"  # corral.out.<node>.<job>.<attempt>.<rank>
+OUT = "corral.out"  # corral.out.<node>.<job>.<run>.<attempt>.<rank>
 OFFSET = "Corral-Offset"  # header: bytes of the worker's file the message's lines reach to
 
 MAX_LINE = 16 * 1024  # bytes of one line shipped; the rest of a longer one is cut, with a mark
@@ -45,7 +48,7 @@ MAX_AGE = 7 * 86400.0  # seconds a line is kept
 MAX_MSG_SIZE = 4 * MAX_MESSAGE  # what the server takes: headroom over what an agent sends
 # C0 controls but tab, DEL, and the C1 controls: what a terminal would act on rather than show.
 CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-# An attempt or a rank in a subject: ASCII digits, written one way only. ``str.isdigit`` takes
+# A run, an attempt or a rank in a subject: ASCII digits, written one way only. ``str.isdigit`` takes
 # "²" (which ``int`` refuses) and "١" (which it reads as 1).
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,17}")
 
@@ -60,31 +63,38 @@ def safe_text(raw: bytes) -> str:
     return shown(raw.decode("utf-8", errors="replace"))
 
 
-def subject(node: str, job_id: str, attempt: int, rank: int) -> str:
-    return f"{OUT}.{node}.{job_id}.{attempt}.{rank}"
+def subject(node: str, job_id: str, run: int, attempt: int, rank: int) -> str:
+    """Where ``node``'s agent ships the output of a worker of ``job_id``'s ``run`` (its
+    submission's log position, ``JobState.submitted_seq``)."""
+    return f"{OUT}.{node}.{job_id}.{run}.{attempt}.{rank}"
 
 
-def job_filter(job_id: str, rank: int | None = None, node: str = "*") -> str:
-    """The subjects of a job's output (of one rank of it, of one node's). ``job_id`` must be a
-    token: a wildcard in it would name other jobs."""
+def job_filter(job_id: str, run: int, rank: int | None = None, node: str = "*") -> str:
+    """The subjects of one run of a job's output (of one rank of it, of one node's). ``job_id``
+    must be a token: a wildcard in it would name other jobs."""
     assert subjects.is_token(job_id), job_id
-    return f"{OUT}.{node}.{job_id}.*.{'*' if rank is None else rank}"
+    return f"{OUT}.{node}.{job_id}.{run}.*.{'*' if rank is None else rank}"
 
 
 class Source(NamedTuple):
+    """Whose output a message is, as its subject says."""
+
     node: str
     job_id: str
+    run: int
     attempt: int
     rank: int
 
 
 def parse(subj: str) -> Source | None:
+    """The worker a subject names, or None for one no corral agent writes (a subject from
+    before runs were in it, an odd number)."""
     parts = subj.split(".")
-    if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != OUT:
+    if len(parts) != 7 or f"{parts[0]}.{parts[1]}" != OUT:
         return None
-    if not (_NUMBER.fullmatch(parts[4]) and _NUMBER.fullmatch(parts[5])):
+    if not all(_NUMBER.fullmatch(p) for p in parts[4:]):
         return None
-    return Source(parts[2], parts[3], int(parts[4]), int(parts[5]))
+    return Source(parts[2], parts[3], int(parts[4]), int(parts[5]), int(parts[6]))
 
 
 def config(replicas: int) -> api.StreamConfig:
@@ -153,17 +163,17 @@ class Chunk(NamedTuple):
     time: float  # when the stream stored it (seconds since the epoch; 0: not said)
 
 
-async def next_chunk(js: Any, job_id: str, rank: int | None, after: int) -> Chunk | None:
-    """The job's first message past stream sequence ``after`` (None: none yet)."""
+async def next_chunk(js: Any, job_id: str, run: int, rank: int | None, after: int) -> Chunk | None:
+    """The first message of the job's ``run`` past stream sequence ``after`` (None: none yet)."""
     while True:
         try:
             msg = await js.get_msg(
-                STREAM, seq=after + 1, subject=job_filter(job_id, rank), direct=True, next=True
+                STREAM, seq=after + 1, subject=job_filter(job_id, run, rank), direct=True, next=True
             )
         except (js_errors.NotFoundError, nats.errors.NoRespondersError):  # none; no stream yet
             return None
         source = parse(msg.subject)
-        if source is None or source.job_id != job_id:
+        if source is None or source.job_id != job_id or source.run != run:
             after = msg.seq  # not a subject an agent writes: skipped, never shown
             continue
         stored = msg.time.timestamp() if msg.time is not None else 0.0

@@ -3,7 +3,8 @@ given a reused job id, could try (``decide.OutputScope``): a real nats-server, t
 folding a log written here, and messages published into the output stream as agents would.
 
 - tenant ``a``'s job ``x`` ran on both nodes and was let go; tenant ``b`` then got the id ``x``
-  for a job on node-01 only. ``b`` reads its own lines, never ``a``'s, whatever the subjects;
+  for a job on node-01 only. ``b`` reads its own lines, never ``a``'s, whatever the subjects
+  (``a``'s run's, after ``b``'s submission; none naming a run);
 - node-00's agent writes lines for ``b``'s ``x`` under its own node, for an attempt ``x`` never
   had, with a number ``int`` cannot read: none is shown, none stops the reader;
 - a line with raw terminal escapes is shown written out, a message of bare newlines is
@@ -86,9 +87,11 @@ async def test_a_job_shows_only_its_own_workers_output(
     built.started(N0, "x", rank=0).started(N1, "x", rank=1)
     built.exited(N0, "x", rank=0).exited(N1, "x", rank=1)
     done = await _append(log, built, 0)
+    await _folded(reader, log)
+    a_run = reader.state.jobs["x"].submitted_seq
     js = log.nc.jetstream()
-    await js.publish(output.subject(N0, "x", 0, 0), b"a's secret\n", stream=output.STREAM)
-    await js.publish(output.subject(N1, "x", 0, 1), b"a's other secret\n", stream=output.STREAM)
+    await js.publish(output.subject(N0, "x", a_run, 0, 0), b"a's secret\n", stream=output.STREAM)
+    await js.publish(output.subject(N1, "x", a_run, 0, 1), b"a's other secret\n", stream=output.STREAM)
 
     built.cordon(N0, False)  # ``a``'s x is let go before this record (a retention of 0)
     built.submit("b", "x", job().gpus(1)).accept("x").admit("x")
@@ -96,16 +99,20 @@ async def test_a_job_shows_only_its_own_workers_output(
     await _append(log, built, done)
     await _folded(reader, log)
     assert reader.state.jobs["x"].tenant == "b"
+    b_run = reader.state.jobs["x"].submitted_seq
+    assert b_run > a_run
 
     hostile = [
-        (output.subject(N0, "x", 0, 0), b"forged by node-00\n"),  # x of b never ran there
-        (output.subject(N1, "x", 7, 0), b"forged attempt\n"),  # nor had attempt 7
-        (output.subject(N1, "x", 0, 1), b"forged rank\n"),  # nor rank 1
-        ("corral.out.node-01.x.\u00b2.0", b"a number int cannot read\n"),
-        (output.subject(N1, "x", 0, 0), b"b \x1b[2J\x00 line\n"),  # raw, as no corral agent sends
-        (output.subject(N1, "x", 0, 0), b"\n" * 60000),  # bare newlines: many rows per byte
-        (output.subject(N1, "x", 0, 0), b"\n" * 60000),
-        (output.subject(N1, "x", 0, 0), b"b's last\n"),
+        (output.subject(N0, "x", b_run, 0, 0), b"forged by node-00\n"),  # x of b never ran there
+        (output.subject(N1, "x", b_run, 7, 0), b"forged attempt\n"),  # nor had attempt 7
+        (output.subject(N1, "x", b_run, 0, 1), b"forged rank\n"),  # nor rank 1
+        (f"corral.out.node-01.x.{b_run}.\u00b2.0", b"a number int cannot read\n"),
+        (output.subject(N1, "x", a_run, 0, 1), b"forged on a's run\n"),  # a's x is over
+        ("corral.out.node-01.x.0.0", b"forged without a run\n"),  # as agents wrote before runs
+        (output.subject(N1, "x", b_run, 0, 0), b"b \x1b[2J\x00 line\n"),  # raw, as no corral agent sends
+        (output.subject(N1, "x", b_run, 0, 0), b"\n" * 60000),  # bare newlines: many rows per byte
+        (output.subject(N1, "x", b_run, 0, 0), b"\n" * 60000),
+        (output.subject(N1, "x", b_run, 0, 0), b"b's last\n"),
     ]
     for subj, data in hostile:
         await js.publish(subj, data, stream=output.STREAM)
@@ -132,7 +139,9 @@ async def test_a_job_shows_only_its_own_workers_output(
     nc = await nats.connect(nats_server)
     try:
         for i in range(50):
-            await nc.jetstream().publish(output.subject(N0, "x", i, 0), b"flood\n", stream=output.STREAM)
+            await nc.jetstream().publish(
+                output.subject(N0, "x", b_run, i, 0), b"flood\n", stream=output.STREAM
+            )
     finally:
         await nc.close()
     async with AsyncClient(nats_server, tenant="b") as b:
@@ -173,7 +182,8 @@ async def test_one_tenant_following_many_jobs_leaves_others_room_to_wait(
 
         await until(lambda: len(reader._waiting) != waiting or followed.done(), WAIT)
         assert not followed.done(), "b's follow was answered at once"
-        await log.nc.jetstream().publish(output.subject(N0, "jb", 0, 0), b"next\n", stream=output.STREAM)
+        jb = output.subject(N0, "jb", reader.state.jobs["jb"].submitted_seq, 0, 0)
+        await log.nc.jetstream().publish(jb, b"next\n", stream=output.STREAM)
         told = json.loads((await asyncio.wait_for(followed, WAIT)).data)  # type: ignore[attr-defined]
         assert [row[3] for row in told["lines"]] == ["next"]
     finally:

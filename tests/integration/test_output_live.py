@@ -134,15 +134,17 @@ async def test_an_agent_on_a_server_nobody_set_up_makes_the_stream_and_resumes_f
     nc = await nats.connect(nats_server)
     try:
         sink = JetStreamOutput(nc)
-        subj = output.subject("n0", "train", 0, 0)
+        subj = output.subject("n0", "train", 12, 0, 0)
         assert await sink.shipped(subj) is None
         await sink.send(subj, b"one\n", 4)
         await sink.send(subj, b"two\n", 8)
         assert await sink.shipped(subj) == 8
         info = await nc.jetstream().stream_info(output.STREAM)
         assert info.config.max_msgs_per_subject == output.MAX_MSGS_PER_WORKER
-        chunk = await output.next_chunk(nc.jetstream(), "train", None, 0)
+        chunk = await output.next_chunk(nc.jetstream(), "train", 12, None, 0)
         assert chunk is not None and chunk.text == "one\n" and chunk.source.rank == 0
-        assert await output.next_chunk(nc.jetstream(), "other", None, 0) is None
+        assert chunk.source.run == 12
+        assert await output.next_chunk(nc.jetstream(), "other", 12, None, 0) is None
+        assert await output.next_chunk(nc.jetstream(), "train", 13, None, 0) is None  # another run
     finally:
         await nc.close()

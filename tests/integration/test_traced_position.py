@@ -57,7 +57,7 @@ async def test_an_acknowledgement_written_over_the_key_is_no_position(nats_serve
         assert await position.post(LAST)
         # What an agent may publish, with the key's subject as its reply: the server acknowledges there.
         await nc.publish(
-            output.subject("n0", "j", 0, 0), b"x\n", reply=f"$KV.{lease.BUCKET}.{key('admission')}"
+            output.subject("n0", "j", 1, 0, 0), b"x\n", reply=f"$KV.{lease.BUCKET}.{key('admission')}"
         )
 
         async def overwritten() -> bool:

@@ -1,6 +1,6 @@
-"""Whose output the read service shows as a job's (``decide.OutputScope``, ``view.JobView``): the
-workers the fold placed for it, on their nodes, in their attempts, from its submission to the
-next submission of its id; and what a question about output may carry.
+"""Whose output the read service shows as a job's (``decide.OutputScope``, ``view.JobView``): its
+run's subjects, of the workers the fold placed for it, on their nodes, in their attempts, from
+its submission to the next submission of its id; and what a question about output may carry.
 
 A node agent may write any job's subjects under its own node (NATS cannot tell a job from
 another), and a job id is free again once its job was let go, while the output stream keeps a
@@ -25,7 +25,7 @@ N0, N1 = "node-00", "node-01"
 
 def reused() -> tuple[LogBuilder, float, float]:
     """Tenant a's gang ``x`` ran on both nodes, in two attempts, and was let go; tenant b then got
-    the id ``x`` for a job on node-01. The submission times of the two."""
+    the id ``x`` for a job on node-01. The submission times of the two (their runs: ``runs``)."""
     log = LogBuilder().nodes(Cluster(2)).retention(0.0).queue("team-a")
     a_at = log.time
     log.submit("a", "x", job().gpus(1).replicas(2).restarts(1)).accept("x").admit("x", replicas=2)
@@ -43,6 +43,14 @@ def reused() -> tuple[LogBuilder, float, float]:
     return log, a_at, b_at
 
 
+def runs() -> tuple[int, int]:
+    """The runs of a's ``x`` and b's: the log positions of their submissions."""
+    log, _, _ = reused()
+    submits = [r.seq for r in log.records if r.subject.endswith(".submit")]
+    assert len(submits) == 2
+    return submits[0], submits[1]
+
+
 @pytest.fixture
 def view() -> JobView:
     log, _, _ = reused()
@@ -54,8 +62,10 @@ def view() -> JobView:
 def test_a_job_is_its_placed_workers_from_its_submission(view: JobView) -> None:
     _, _, b_at = reused()
     assert view.state.jobs["x"].tenant == "b"
+    _, b_run = runs()
+    assert view.state.jobs["x"].submitted_seq == b_run
     scope = output_scope(view.state, "b", Ask(job="x"), view.placed, view)
-    assert scope == OutputScope(frozenset({(N1, 0, 0)}), b_at, math.inf)
+    assert scope == OutputScope(frozenset({(N1, 0, 0)}), b_run, b_at, math.inf)
     assert scope.shows(N1, 0, 0, b_at + 5)
     assert not scope.shows(N0, 0, 0, b_at + 5), "a node it never ran on"
     assert not scope.shows(N1, 1, 0, b_at + 5), "an attempt it never had"
@@ -68,23 +78,26 @@ def test_a_job_let_go_is_read_up_to_the_next_of_its_id(view: JobView) -> None:
     scope = output_scope(view.state, "a", Ask(job="x"), view.placed, view)
     assert isinstance(scope, OutputScope)
     assert scope.workers == {(N0, 0, 0), (N1, 0, 1), (N1, 1, 0), (N1, 1, 1)}
-    assert (scope.since, scope.until) == (a_at, b_at)
+    assert (scope.run, scope.since, scope.until) == (runs()[0], a_at, b_at)
     assert scope.shows(N1, 0, 1, b_at - 1) and not scope.shows(N1, 0, 1, b_at)
     # the admin reads the newest: b's
     told = output_scope(view.state, "admin", Ask(job="x"), view.placed, view)
-    assert isinstance(told, OutputScope) and told.since == b_at
+    assert isinstance(told, OutputScope) and (told.run, told.since) == (runs()[1], b_at)
     assert isinstance(output_scope(view.state, "c", Ask(job="x"), view.placed, view), dict)
 
 
 @pytest.mark.parametrize(
     "subject",
     [
-        "corral.out.n.j.\u00b2.0",  # a digit to isdigit, not to int
-        "corral.out.n.j.\u0661.0",  # an Arabic-Indic one: int reads it as 1
-        "corral.out.n.j.01.0",
-        "corral.out.n.j.0.-1",
-        "corral.out.n.j.0.1.2",
-        "corral.out.n.j.0." + "9" * 19,
+        "corral.out.n.j.4.\u00b2.0",  # a digit to isdigit, not to int
+        "corral.out.n.j.4.\u0661.0",  # an Arabic-Indic one: int reads it as 1
+        "corral.out.n.j.\u0661.0.0",
+        "corral.out.n.j.4.01.0",
+        "corral.out.n.j.04.1.0",
+        "corral.out.n.j.4.0.-1",
+        "corral.out.n.j.4.0.1.2",
+        "corral.out.n.j.4.0." + "9" * 19,
+        "corral.out.n.j.0.0",  # no run: as agents wrote before runs were in the subject
     ],
 )
 def test_a_subject_with_odd_numbers_is_no_workers(subject: str) -> None:
@@ -108,7 +121,7 @@ def test_a_tail_of_a_huge_job_keeps_at_most_two_answers_of_lines() -> None:
     size = 0
     line = "y" * 1000 + "\n"
     for seq in range(1, 2001):
-        src = output.Source(f"node-{seq % 7}", "x", 0, seq % 13)
+        src = output.Source(f"node-{seq % 7}", "x", 4, 0, seq % 13)
         size = _keep_tail(kept, size, _rows(src, line * 20), seq, 2**63 - 1)
         assert size <= 2 * PAGE_BYTES + 20 * 1100
     assert size == sum(x[3] for last in kept.values() for x in last)

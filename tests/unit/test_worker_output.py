@@ -80,12 +80,34 @@ def test_the_stream_forgets_the_oldest_within_limits_a_platform_engineer_sets() 
     assert output.MAX_MSGS_PER_WORKER * output.MAX_MESSAGE <= 64 * 1024 * 1024
 
 
-def test_subjects_carry_node_job_attempt_and_rank() -> None:
-    s = output.subject("node-01", "train", 2, 7)
-    assert s == "corral.out.node-01.train.2.7"
-    assert output.parse(s) == output.Source("node-01", "train", 2, 7)
-    assert output.job_filter("train", 7) == "corral.out.*.train.*.7"
-    assert output.parse("corral.out.node-01.train.x.7") is None
+def test_subjects_carry_node_job_run_attempt_and_rank() -> None:
+    s = output.subject("node-01", "train", 41, 2, 7)
+    assert s == "corral.out.node-01.train.41.2.7"
+    assert output.parse(s) == output.Source("node-01", "train", 41, 2, 7)
+    assert output.job_filter("train", 41, 7) == "corral.out.*.train.41.*.7"
+    assert output.job_filter("train", 41) == "corral.out.*.train.41.*.*"
+    assert output.job_filter("train", 41, node="node-01") == "corral.out.node-01.train.41.*.*"
+    assert output.parse("corral.out.node-01.train.41.x.7") is None
+    assert output.parse("corral.out.node-01.train.x.2.7") is None
+    # as an agent from before runs wrote them: which run it was, nobody can tell
+    assert output.parse("corral.out.node-01.train.2.7") is None
+
+
+def test_a_run_of_a_job_id_is_read_apart_from_the_others() -> None:
+    """A job id is free again once its job was let go: the filter of one run takes none of
+    another run's subjects, nor another job's whose id begins alike."""
+
+    def matches(filt: str, subj: str) -> bool:
+        f, t = filt.split("."), subj.split(".")
+        return len(f) == len(t) and all(a in ("*", b) for a, b in zip(f, t, strict=True))
+
+    mine = output.job_filter("x", 9)
+    assert matches(mine, output.subject("n0", "x", 9, 0, 0))
+    assert matches(mine, output.subject("n1", "x", 9, 3, 2))
+    assert not matches(mine, output.subject("n0", "x", 5, 0, 0))  # the earlier job of the id
+    assert not matches(mine, output.subject("n0", "x", 90, 0, 0))
+    assert not matches(mine, output.subject("n0", "xy", 9, 0, 0))
+    assert not matches(mine, "corral.out.n0.x.9.0")
 
 
 def test_another_tenants_job_and_a_wildcard_read_as_no_job() -> None:
@@ -153,7 +175,7 @@ async def test_the_shipper_sends_new_lines_once_and_a_new_agent_resumes(tmp_path
     path.write_bytes(b"one\ntw")
     kept = Kept()
     shipper = Shipper("n0", tmp_path, kept)
-    subj = output.subject("n0", "train", 0, 1)
+    subj = output.subject("n0", "train", 3, 0, 1)
     assert await shipper.ship() == 1 and kept.text(subj) == "one\n"
     assert await shipper.ship() == 1 and kept.text(subj) == "one\ntw\n"  # the file stopped: as it stands
     with path.open("ab") as f:
@@ -170,7 +192,7 @@ async def test_a_worker_printing_faster_than_shipping_is_skipped_ahead_with_a_ma
     shipper = Shipper("n0", tmp_path, kept)
     while await shipper.ship():
         pass
-    text = kept.text(output.subject("n0", "train", 0, 0))
+    text = kept.text(output.subject("n0", "train", 3, 0, 0))
     assert text.startswith("[... ") and "bytes skipped" in text.splitlines()[0]
     assert text.endswith("old line\nnewest\n")
     assert len(text) <= MAX_BACKLOG + 200
@@ -191,8 +213,8 @@ async def test_quiet_files_are_looked_at_only_on_the_full_scan_and_new_files_are
     shipper._scanned = time.monotonic()  # the full scan was just now, however slow this machine
     assert await shipper.ship() == 0  # between full scans: neither the quiet file nor new ones
     assert await shipper.ship(everything=True) == 2
-    assert kept.text(output.subject("n0", "old", 0, 0)) == "done\nlate\n"
-    assert kept.text(output.subject("n0", "new", 0, 0)) == "hello\n"
+    assert kept.text(output.subject("n0", "old", 3, 0, 0)) == "done\nlate\n"
+    assert kept.text(output.subject("n0", "new", 3, 0, 0)) == "hello\n"
 
 
 async def test_a_started_workers_file_is_looked_at_before_the_next_full_scan(tmp_path: Path) -> None:
@@ -204,7 +226,7 @@ async def test_a_started_workers_file_is_looked_at_before_the_next_full_scan(tmp
     path.write_bytes(b"done at once\n")
     shipper._scanned = time.monotonic()  # the full scan was just now, however slow this machine
     assert await shipper.ship() == 1
-    assert kept.text(output.subject("n0", "short", 0, 0)) == "done at once\n"
+    assert kept.text(output.subject("n0", "short", 3, 0, 0)) == "done at once\n"
 
 
 async def test_an_ended_workers_file_is_drained_whole_its_last_line_too(tmp_path: Path) -> None:
@@ -213,7 +235,7 @@ async def test_an_ended_workers_file_is_drained_whole_its_last_line_too(tmp_path
     kept = Kept()
     shipper = Shipper("n0", tmp_path, kept)
     await shipper.drain([path])  # before the agent reports the worker's exit
-    text = kept.text(output.subject("n0", "ended", 0, 0))
+    text = kept.text(output.subject("n0", "ended", 3, 0, 0))
     assert text.endswith("\nlast words, no newline\n")
     assert await shipper.ship(everything=True) == 0  # nothing left, nothing sent twice
 
@@ -229,3 +251,18 @@ async def test_files_an_agent_from_before_runs_left_are_not_shipped(tmp_path: Pa
     assert await shipper.ship(everything=True) == 0
     await shipper.drain([old])
     assert kept.sent == {}
+
+
+async def test_each_run_of_a_job_id_is_shipped_on_its_own_subjects(tmp_path: Path) -> None:
+    """The job that had an id before and the one that has it now, on the same node: each file
+    is shipped on its run's subject, from its own start, and neither resumes at the other's."""
+    first, second = _worker_file(tmp_path, "x", run=5), _worker_file(tmp_path, "x", run=9)
+    first.write_bytes(b"the first job's secret\n" * 10)
+    kept = Kept()
+    shipper = Shipper("n0", tmp_path, kept)
+    assert await shipper.ship(everything=True) == 1
+    second.write_bytes(b"the second job's line\n")
+    again = Shipper("n0", tmp_path, kept)  # an agent restarted meanwhile
+    assert await again.ship(everything=True) == 1
+    assert kept.text(output.subject("n0", "x", 5, 0, 0)) == "the first job's secret\n" * 10
+    assert kept.text(output.subject("n0", "x", 9, 0, 0)) == "the second job's line\n"

@@ -26,6 +26,7 @@ import pytest
 
 from corral.events import subjects as subj
 from corral.events.jobs import JobSpec, Mount
+from corral.events.log import InMemoryLog
 from corral.projections.assignments import node_view
 from corral.projections.state import State
 from corral.services.agent.decide import (
@@ -45,9 +46,13 @@ from corral.services.agent.decide import (
     decide,
     report_events,
 )
+from corral.services.agent.service import NodeAgent
 from corral.services.agent.worker import REQUEST, job_logs, log_path
 from corral.services.agent.workers import Runtime, SandboxMode, restart_backoff
+from corral.services.runtime import output
+from corral.services.runtime.views import MemoryViews
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
+from tests.unit.test_worker_output import Kept
 
 N0 = "node-00"
 WAIT = 60.0  # generous: a loaded 2-core CI machine starts Python with numpy slowly
@@ -190,6 +195,26 @@ async def test_workers_get_the_rendezvous_environment_and_their_logs_are_kept(
     assert log.fold().jobs["g"].phase == "succeeded"
 
 
+async def test_an_agent_ships_an_ended_workers_file_whole_before_it_reports_its_exit(tmp_path: Path) -> None:
+    """The file the runtime knows the worker wrote (its job's run's) is shipped whole, its
+    unfinished last line too, on its run's subject, before the exit is appended: whoever waited
+    for the job to end and then reads its output finds all of it. No shipping pass runs here
+    (the agent is not running): only the drain before the exit can have shipped it."""
+    sink = Kept()
+    work = tmp_path / "agent"
+    agent = NodeAgent(N0, InMemoryLog(), MemoryViews(), work_dir=work, output=sink, sandbox="none")
+    s = spec_for(tmp_path, "ended", [PY, "-c", "print('first'); print('last words', end='')"], run=7)
+    try:
+        assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
+        assert await agent.runtime.wait_exited(s.key, WAIT) == 0
+        assert sink.sent == {}
+        assert await agent.flush() == 2  # its start and its exit
+        assert sink.text(output.subject(N0, "ended", 7, 0, 0)) == "first\nlast words\n"
+        assert list(sink.sent) == [output.subject(N0, "ended", 7, 0, 0)]
+    finally:
+        await agent.runtime.close(grace=2.0)
+
+
 # -- exit codes and stops --------------------------------------------------------------------------
 
 
@@ -267,10 +292,11 @@ async def test_a_command_that_does_not_exist_cannot_start(plain: Runtime, tmp_pa
 
 async def test_a_worker_lost_with_an_earlier_agent_is_reported_gone_once(plain: Runtime) -> None:
     key = WorkerKey("old", 2, 1)
-    await plain.act(ReportGone(key))
-    await plain.act(ReportGone(key))
+    await plain.act(ReportGone(key, 6))
+    await plain.act(ReportGone(key, 6))
     assert await plain.next_report(WAIT) == Exited(key, GONE_CODE)
     assert plain.reports.empty() and plain.workers() == {key: "exited"}
+    assert plain.log_of(key) == log_path(plain.root, key, 6)  # what it printed is shipped from there
 
 
 # -- the gang start barrier ------------------------------------------------------------------------

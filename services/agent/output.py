@@ -184,9 +184,9 @@ class Shipper:
         now = time.monotonic()
         if everything or now - self._scanned >= SCAN_EVERY:
             self._scanned = now
-            # Each run's files (``worker.log_path``); those an agent from before runs left
-            # directly under the job are not looked at (``Runtime.reattach`` moves a running
-            # worker's into its run).
+            # Each run's files (``worker.log_path``); those an older agent left directly under
+            # the job are not looked at (``Runtime.reattach`` moves a running worker's into its
+            # run).
             paths = sorted(self.root.glob("logs/*/run-*/attempt-*.rank-*.log"))
         else:
             paths = [p for p, f in self._files.items() if f.unsent or now - f.grew < QUIET_S]
@@ -227,7 +227,7 @@ class Shipper:
     async def _found(self, path: Path) -> _File | None:
         m, run = LOG_FILE.fullmatch(path.name), RUN.fullmatch(path.parent.name)
         if m is None or run is None or path.parent.parent.parent != self.root / "logs":
-            return None  # not a worker's file in its run's directory (one from before runs)
+            return None  # not a worker's file in its run's directory (an older agent's)
         subj = subject(self.node, path.parent.parent.name, int(run[1]), int(m[1]), int(m[2]))
         reached = await self.sink.shipped(subj)
         if reached is None:

@@ -46,9 +46,9 @@ def log_path(root: str | Path, key: WorkerKey, run: int) -> Path:
     return Path(root) / "logs" / run_dir(key.job_id, run) / f"attempt-{key.attempt}.rank-{key.rank}.log"
 
 
-def unrun_log_path(root: str | Path, key: WorkerKey) -> Path:
-    """Where an agent from before runs were in the layout had the worker write: a worker it
-    started writes there still when a newer agent takes it back (``Runtime.reattach``)."""
+def log_path_before_runs(root: str | Path, key: WorkerKey) -> Path:
+    """Where an older agent, before log files were kept per run, had the worker write: a worker
+    it started writes there still when a newer agent takes it back (``Runtime.reattach``)."""
     return Path(root) / "logs" / key.job_id / f"attempt-{key.attempt}.rank-{key.rank}.log"
 
 
@@ -62,7 +62,7 @@ def job_logs(root: str | Path, job_id: str, run: int | None = None) -> list[Path
             return []
         run = max(runs)
     found = [(m, p) for p in _listed(d / f"run-{run}") if (m := LOG_FILE.fullmatch(p.name))]
-    return [p for m, p in sorted(found, key=lambda x: (int(x[0][1]), int(x[0][2])))]
+    return [p for _, p in sorted(found, key=lambda x: (int(x[0][1]), int(x[0][2])))]
 
 
 def _listed(d: Path) -> list[Path]:

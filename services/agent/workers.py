@@ -87,7 +87,7 @@ from corral.services.agent.launch import Launching, Prepare
 # The Runtime's sandbox= choices, named from here by whoever builds a Runtime.
 from corral.services.agent.launch import SandboxMode as SandboxMode
 from corral.services.agent.sandbox import RunAs
-from corral.services.agent.worker import Worker, kill, log, unrun_log_path
+from corral.services.agent.worker import Worker, kill, log, log_path_before_runs
 
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
 _OTLP = "OTEL_EXPORTER_OTLP_"  # where the agent sends spans, a job's own spans go too
@@ -291,13 +291,13 @@ class Runtime(Launching):
         return w
 
     def _log_from_before_runs(self, w: Worker) -> None:
-        """A worker started by an agent from before each run had a directory of its own writes to
-        the file it was given then (``worker.unrun_log_path``): moved to where this agent reads
-        and ships it, the worker writing on into it (a rename keeps the file it has open). Where
-        it cannot be moved, it stays the worker's file, which this agent does not ship."""
+        """A worker an older agent started, before log files were kept per run, writes to the
+        file it was given then (``worker.log_path_before_runs``). That file is moved to where
+        this agent reads and ships it, and the worker writes on into it (a rename keeps the file
+        it has open). One that cannot be moved stays the worker's file, not shipped."""
         if w.log.exists():
             return
-        old = unrun_log_path(self.root, w.key)
+        old = log_path_before_runs(self.root, w.key)
         try:
             w.log.parent.mkdir(parents=True, exist_ok=True)
             os.rename(old, w.log)

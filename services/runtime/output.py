@@ -87,8 +87,8 @@ class Source(NamedTuple):
 
 
 def parse(subj: str) -> Source | None:
-    """The worker a subject names, or None for one no corral agent writes (a subject from
-    before runs were in it, an odd number)."""
+    """The worker a subject names, or None for one no corral agent writes now (one an older
+    agent wrote, without the run; one with an odd number)."""
     parts = subj.split(".")
     if len(parts) != 7 or f"{parts[0]}.{parts[1]}" != OUT:
         return None

@@ -25,7 +25,7 @@ import pytest
 from corral.services.agent import keeper
 from corral.services.agent.decide import Exited, Started, StartWorker, WorkerKey
 from corral.services.agent.handover import RECORD, keeper_dir
-from corral.services.agent.worker import log_path, unrun_log_path
+from corral.services.agent.worker import log_path, log_path_before_runs
 from corral.services.agent.workers import Runtime, SandboxMode
 from tests.integration import polling
 from tests.integration.test_agent_runtime import LOOP, PY, WAIT, bwrap_works, spec_for
@@ -133,12 +133,10 @@ async def test_a_running_worker_is_taken_back_and_stopped_by_the_new_runtime(
         await second.close(grace=1.0)
 
 
-async def test_a_worker_an_agent_from_before_runs_started_writes_on_into_its_runs_file(
-    tmp_path: Path,
-) -> None:
-    """Before each run of a job id had files of its own, a worker wrote to
-    ``logs/<job>/attempt-<a>.rank-<r>.log``: a newer agent taking it back moves that file into
-    the worker's run, where it reads and ships it, and the worker writes on into it."""
+async def test_a_worker_an_older_agent_started_writes_on_into_its_runs_file(tmp_path: Path) -> None:
+    """Before log files were kept per run, a worker wrote to ``logs/<job>/attempt-<a>.rank-<r>.log``:
+    a newer agent taking it back moves that file into the worker's run, where it reads and ships
+    it, and the worker writes on into it."""
     root = tmp_path / "agent"
     flag = tmp_path / "go-on"
     script = (
@@ -149,7 +147,7 @@ async def test_a_worker_an_agent_from_before_runs_started_writes_on_into_its_run
     now = log_path(root, s.key, s.run)
     await started_then_left(root, s, "none")
     await until(lambda: now.exists() and now.read_text() == "before\n")
-    old = unrun_log_path(root, s.key)
+    old = log_path_before_runs(root, s.key)
     now.rename(old)  # where an older agent had it write (its open file goes with it)
     now.parent.rmdir()
     second = Runtime(root, sandbox="none", poll_interval=0.02)

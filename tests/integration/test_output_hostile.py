@@ -108,7 +108,7 @@ async def test_a_job_shows_only_its_own_workers_output(
         (output.subject(N1, "x", b_run, 0, 1), b"forged rank\n"),  # nor rank 1
         (f"corral.out.node-01.x.{b_run}.\u00b2.0", b"a number int cannot read\n"),
         (output.subject(N1, "x", a_run, 0, 1), b"forged on a's run\n"),  # a's x is over
-        ("corral.out.node-01.x.0.0", b"forged without a run\n"),  # as agents wrote before runs
+        ("corral.out.node-01.x.0.0", b"forged without a run\n"),  # as older agents wrote
         (output.subject(N1, "x", b_run, 0, 0), b"b \x1b[2J\x00 line\n"),  # raw, as no corral agent sends
         (output.subject(N1, "x", b_run, 0, 0), b"\n" * 60000),  # bare newlines: many rows per byte
         (output.subject(N1, "x", b_run, 0, 0), b"\n" * 60000),

@@ -97,7 +97,7 @@ def test_a_job_let_go_is_read_up_to_the_next_of_its_id(view: JobView) -> None:
         "corral.out.n.j.4.0.-1",
         "corral.out.n.j.4.0.1.2",
         "corral.out.n.j.4.0." + "9" * 19,
-        "corral.out.n.j.0.0",  # no run: as agents wrote before runs were in the subject
+        "corral.out.n.j.0.0",  # no run: as older agents wrote
     ],
 )
 def test_a_subject_with_odd_numbers_is_no_workers(subject: str) -> None:

@@ -20,7 +20,7 @@ from corral.services.agent.output import (
     messages,
     safe_text,
 )
-from corral.services.agent.worker import job_logs, log_path, unrun_log_path
+from corral.services.agent.worker import job_logs, log_path, log_path_before_runs
 from corral.services.query.decide import Ask, OutputScope, output_scope
 from corral.services.runtime import output
 from tests.builders import LogBuilder, job
@@ -89,7 +89,7 @@ def test_subjects_carry_node_job_run_attempt_and_rank() -> None:
     assert output.job_filter("train", 41, node="node-01") == "corral.out.node-01.train.41.*.*"
     assert output.parse("corral.out.node-01.train.41.x.7") is None
     assert output.parse("corral.out.node-01.train.x.2.7") is None
-    # as an agent from before runs wrote them: which run it was, nobody can tell
+    # as an older agent wrote them: which run it was, nobody can tell
     assert output.parse("corral.out.node-01.train.2.7") is None
 
 
@@ -150,13 +150,13 @@ def test_a_workers_file_is_in_its_jobs_run() -> None:
     assert log_path("/w", key, 41) == Path("/w/logs/train/run-41/attempt-2.rank-7.log")
     assert log_path("/w", key, 41).parent.relative_to("/w/logs").as_posix() == run_dir("train", 41)
     assert log_path("/w", key, 41) != log_path("/w", key, 90)
-    assert unrun_log_path("/w", key) == Path("/w/logs/train/attempt-2.rank-7.log")
+    assert log_path_before_runs("/w", key) == Path("/w/logs/train/attempt-2.rank-7.log")
 
 
 def test_a_jobs_files_are_one_runs_in_order_the_newest_run_unless_asked(tmp_path: Path) -> None:
     for run, attempt, rank in [(5, 0, 1), (5, 1, 0), (5, 0, 0), (5, 10, 0), (12, 0, 0)]:
         _worker_file(tmp_path, "x", attempt, rank, run).write_text("")
-    (tmp_path / "logs" / "x" / "attempt-0.rank-0.log").write_text("")  # before runs: no run's
+    (tmp_path / "logs" / "x" / "attempt-0.rank-0.log").write_text("")  # an older agent's: no run's
     (tmp_path / "logs" / "x" / "run-5" / "notes.txt").write_text("")
     (tmp_path / "logs" / "x" / "run-7").write_text("")  # a file, not a run's directory
     names = [p.relative_to(tmp_path / "logs" / "x").as_posix() for p in job_logs(tmp_path, "x", 5)]
@@ -240,10 +240,10 @@ async def test_an_ended_workers_file_is_drained_whole_its_last_line_too(tmp_path
     assert await shipper.ship(everything=True) == 0  # nothing left, nothing sent twice
 
 
-async def test_files_an_agent_from_before_runs_left_are_not_shipped(tmp_path: Path) -> None:
+async def test_files_an_older_agent_left_outside_any_run_are_not_shipped(tmp_path: Path) -> None:
     """Which run such a file is of, its path does not say: it is left on the node, unread,
     whether a full scan finds it or an exit names it, and nothing breaks."""
-    old = unrun_log_path(tmp_path, WorkerKey("train", 0, 0))
+    old = log_path_before_runs(tmp_path, WorkerKey("train", 0, 0))
     old.parent.mkdir(parents=True)
     old.write_bytes(b"an earlier job's line\n")
     kept = Kept()

@@ -36,9 +36,13 @@ def claim_milli(gpu_model: str, claim: GpuClaim) -> int:
 _gpu_index = operator.attrgetter("gpu")
 
 
-def check_worker_shape(res: Resources, claims: tuple[GpuClaim, ...]) -> None:
-    """A worker's claims must be exactly what the job asked for: no more, no less."""
-    k = shape.kind(res)
+def check_worker_shape(
+    res: Resources, claims: tuple[GpuClaim, ...], k: shape.ShapeKind | None = None
+) -> None:
+    """A worker's claims must be exactly what the job asked for: no more, no less. (``k``: the
+    shape's kind, when the caller has it: a gang's checks read it once for all its workers.)"""
+    if k is None:
+        k = shape.kind(res)
     if k == "mig":
         if len(claims) != 1 or claims[0].mig is None or claims[0].mig.profile != res.mig:
             raise ClaimError("shape", f"each worker needs one MIG {res.mig} instance")
@@ -113,23 +117,25 @@ def _check_workers(
     res = spec.resources
     nodes = state.nodes
     selector = spec.node_selector
+    k = shape.kind(res)
+    whole = k in ("whole", "cpu")
     if len(workers) == 1:  # most jobs: one worker, so the rounds are one after the other
         w = workers[0]
         node = nodes.get(w.node)
         if node is None or node.condition != "ready" or node.cordoned or selector:
             node = _worker_node(nodes, w, selector)
-        check_worker_shape(res, w.gpus)
+        check_worker_shape(res, w.gpus, k)
         inventory = node.inventory
         if node.cpu_used + res.cpu_milli > inventory.cpu_milli or (
             node.memory_used + res.memory_mib > inventory.memory_mib
         ):
             _check_room(node, w.node, res.cpu_milli, res.memory_mib)
         idle: list[GpuState] = []
-        return ([node], idle) if _check_gpus(node, w.gpus, res, idle) else None
+        return ([node], idle) if _check_gpus(node, w.gpus, res, whole, idle) else None
     on = []
     for w in workers:
         on.append(_worker_node(nodes, w, selector))
-        check_worker_shape(res, w.gpus)
+        check_worker_shape(res, w.gpus, k)
     if len({w.node for w in workers}) != len(workers):
         _check_shared(state, res, workers)
         return None
@@ -139,7 +145,7 @@ def _check_workers(
     idle = []
     all_idle = True
     for node, w in zip(on, workers, strict=True):
-        if not _check_gpus(node, w.gpus, res, idle):
+        if not _check_gpus(node, w.gpus, res, whole, idle):
             all_idle = False
     return (on, idle) if all_idle else None
 
@@ -163,15 +169,17 @@ def _check_room(node: NodeState, name: str, cpu: int, memory: int) -> None:
         raise ClaimError("memory", f"node {name} has not {memory} MiB free")
 
 
-def _check_gpus(node: NodeState, claims: tuple[GpuClaim, ...], res: Resources, idle: list[GpuState]) -> bool:
+def _check_gpus(
+    node: NodeState, claims: tuple[GpuClaim, ...], res: Resources, whole: bool, idle: list[GpuState]
+) -> bool:
     """Each GPU one worker claims, on a node where no other worker of the gang claims any. True
-    if every claim is a whole GPU that nothing holds; those GPUs are added to ``idle``."""
+    if every claim is a whole GPU that nothing holds; those GPUs are added to ``idle``. ``whole``:
+    the job's workers take whole GPUs or none (``shape.kind``), so, their shape checked, claim
+    only whole GPUs and nothing of MIG."""
     all_idle = True
     gpus = node.gpus
     models = res.gpu_models
     memory = res.min_gpu_memory_mib
-    # The shape is checked: a whole-GPU worker claims only whole GPUs, and nothing of MIG.
-    whole = shape.kind(res) in ("whole", "cpu")
     for c in claims:
         # The common claim, a whole idle healthy GPU that suits the job, passes here at once;
         # any other goes through every check, which says what is wrong if anything is.
@@ -341,9 +349,9 @@ def release(state: State, job: JobState) -> None:
             if i >= n or i < 0:
                 continue
             gpu = gpus[i]
-            holders = gpu.holders
-            if job_id in holders:
-                left = gpu.used_milli - holders.pop(job_id)
+            held = gpu.holders.pop(job_id, None)
+            if held is not None:
+                left = gpu.used_milli - held
                 gpu.used_milli = left if left > 0 else 0
             elif gpu.used_milli < 0:
                 gpu.used_milli = 0

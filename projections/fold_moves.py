@@ -100,7 +100,7 @@ def move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
         quota.count_holding(state, job, quota_change)
     if job.phase in _UNWELL:
         runtimes.ended_unwell(state, job)
-    if job.held is None:
+    if job.held is None and job.phase in FINAL:  # ``retention.note``'s test, without the call
         retention.note(state, job)
 
 
@@ -127,7 +127,7 @@ def move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: 
         quota.count_holding(state, job, then_change)
     if job.phase in _UNWELL:
         runtimes.ended_unwell(state, job)
-    if job.held is None:
+    if job.held is None and job.phase in FINAL:  # ``retention.note``'s test, without the call
         retention.note(state, job)
 
 

@@ -113,15 +113,15 @@ def _remove(index: Index, key: str, job_id: str) -> None:
             del index[key]
 
 
-def _enqueue(state: State, job: JobState) -> None:
+def _enqueue(state: State, job: JobState, form: str) -> None:
     place = place_of(job)  # one tuple for both indexes
     _insert(state.queued_by_queue, job.spec.queue, place)
-    _insert(state.queued_by_form, form_key(job.spec), place)
+    _insert(state.queued_by_form, form, place)
 
 
-def _dequeue(state: State, job: JobState, place: Place) -> None:
+def _dequeue(state: State, job: JobState, place: Place, form: str) -> None:
     _delete(state.queued_by_queue, job.spec.queue, place)
-    _delete(state.queued_by_form, form_key(job.spec), place)
+    _delete(state.queued_by_form, form, place)
 
 
 def _insert(index: dict[str, list[Place]], key: str, place: Place) -> None:
@@ -216,25 +216,32 @@ def host_shape(spec: JobSpec) -> str:
     return key
 
 
-_form_keys: dict[tuple[str, Resources, int, int | None, Topology], str] = {}
-
-
 def form_key(spec: JobSpec) -> str:
     """The form of a queued job, as ``queued_by_form`` keys it: its queue, worker ask, replicas,
     minimum replicas, topology and node selector, which decide (with its priority and the
     quota ledger) whether preemption could get it admitted and placed. Equal forms give equal
     keys; the runtime estimate is not part of it."""
+    return queued_keys(spec)[0]
+
+
+_queued_keys: dict[tuple[str, Resources, int, int | None, Topology], tuple[str, str]] = {}
+
+
+def queued_keys(spec: JobSpec) -> tuple[str, str]:
+    """A queued job's form (``form_key``) and host shape (``host_shape``): it is keyed by both
+    as it enters and leaves the queue, and what its form is made from decides its shape too, so
+    one look-up finds both."""
     if spec.node_selector:  # a dict, not hashable: written each time (few jobs select nodes)
-        return _form(spec, sorted(spec.node_selector.items()))
+        return _form(spec, sorted(spec.node_selector.items())), host_shape(spec)
     known = (spec.queue, spec.resources, spec.replicas, spec.min_replicas, spec.topology)
-    key = _form_keys.get(known)
-    if key is None:
-        key = _form(spec, [])
-        if len(key) <= _MAX_KEPT:
-            if len(_form_keys) >= _MAX_KEYS:
-                _form_keys.clear()
-            _form_keys[known] = key
-    return key
+    keys = _queued_keys.get(known)
+    if keys is None:
+        keys = (_form(spec, []), host_shape(spec))
+        if len(keys[0]) <= _MAX_KEPT and len(keys[1]) <= _MAX_KEPT:
+            if len(_queued_keys) >= _MAX_KEYS:
+                _queued_keys.clear()
+            _queued_keys[known] = keys
+    return keys
 
 
 def _form(spec: JobSpec, selector: list[tuple[str, str]]) -> str:
@@ -253,8 +260,14 @@ def _count_ask(state: State, spec: JobSpec, sign: int) -> None:
     asks = state.workers_by_ask
     key = ask_key(spec.resources)
     # A job is counted from its submission, before admission has checked its size: a tenant's
-    # jobs of 2**63 workers would carry the sum past what the state's encodings hold.
-    n = asks.get(key, 0) + sign * min(max(1, spec.replicas), MAX_REPLICAS)
+    # jobs of 2**63 workers would carry the sum past what the state's encodings hold. (Compared,
+    # not ``min(max(1, replicas), MAX_REPLICAS)``: this runs as every job is made and finishes.)
+    workers = spec.replicas
+    if workers < 1:
+        workers = 1
+    elif workers > MAX_REPLICAS:
+        workers = MAX_REPLICAS
+    n = asks.get(key, 0) + sign * workers
     if n:
         asks[key] = n
     else:
@@ -276,8 +289,9 @@ def add(state: State, job: JobState) -> None:
     state.jobs[job.id] = job
     _add(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
-        _enqueue(state, job)
-        _add(state.queued_by_shape, host_shape(job.spec), job.id)
+        form, shape = queued_keys(job.spec)
+        _enqueue(state, job, form)
+        _add(state.queued_by_shape, shape, job.id)
     if job.phase not in FINAL:
         _count_ask(state, job.spec, 1)
     if job.held is not None:
@@ -308,11 +322,13 @@ def moved(state: State, job: JobState, before: Phase) -> None:
     else:
         ids[job_id] = None
     if before == "queued":
-        _dequeue(state, job, place_of(job))
-        _remove(state.queued_by_shape, host_shape(job.spec), job_id)
+        form, shape = queued_keys(job.spec)
+        _dequeue(state, job, place_of(job), form)
+        _remove(state.queued_by_shape, shape, job_id)
     if after == "queued":
-        _enqueue(state, job)
-        _add(state.queued_by_shape, host_shape(job.spec), job_id)
+        form, shape = queued_keys(job.spec)
+        _enqueue(state, job, form)
+        _add(state.queued_by_shape, shape, job_id)
     if before == "queued" or after == "queued":
         explain(state, job)
     if (before in FINAL) != (after in FINAL):
@@ -353,8 +369,9 @@ def reprioritised(state: State, job: JobState, before: int) -> None:
     new place in its queue."""
     if job.phase != "queued" or job.priority == before:
         return
-    _dequeue(state, job, (-before, job.submitted_seq, job.id))
-    _enqueue(state, job)
+    form = form_key(job.spec)
+    _dequeue(state, job, (-before, job.submitted_seq, job.id), form)
+    _enqueue(state, job, form)
 
 
 def respec(state: State, job: JobState, spec: JobSpec) -> None:
@@ -400,8 +417,9 @@ def forget(state: State, job: JobState) -> None:
     known = state.jobs.pop(job.id, None) is not None
     _remove(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
-        _dequeue(state, job, place_of(job))
-        _remove(state.queued_by_shape, host_shape(job.spec), job.id)
+        form, shape = queued_keys(job.spec)
+        _dequeue(state, job, place_of(job), form)
+        _remove(state.queued_by_shape, shape, job.id)
     if known and job.phase not in FINAL:
         _count_ask(state, job.spec, -1)
     if job.held is not None:

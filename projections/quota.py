@@ -43,7 +43,6 @@ from corral.events.jobs import Admission, JobSpec, Resources
 from corral.events.queues import CohortSpec, PriorityClassSpec, QueueSpec, Quota
 from corral.projections import mig
 from corral.projections.lifecycle import HOLDS_QUOTA
-from corral.projections.shape import kind_of
 from corral.projections.state import WHOLE, JobState, State
 from corral.projections.thrash import capped
 
@@ -84,9 +83,13 @@ def _mig_worker_milli(profile: str, gpu_models: tuple[str, ...], key: str) -> in
 
 def _gpu_milli(res: Resources) -> int:
     """Milli-GPU of one worker that is not a MIG slice: the one reading of the shape, without
-    building a ``Shape`` (this is on the fold's and admission's hot paths)."""
-    k = kind_of(res.gpus, res.gpu_milli, res.mig)
-    return res.gpu_milli if k == "fraction" else (res.gpus * WHOLE if k == "whole" else 0)
+    building a ``Shape`` (this is on the fold's and admission's hot paths): ``kind_of``'s
+    reading, spelled out."""
+    gpus = res.gpus
+    if gpus <= 0 or res.mig is not None:  # no GPU, or a MIG slice
+        return 0
+    milli = res.gpu_milli
+    return milli if gpus == 1 and 0 < milli < WHOLE else gpus * WHOLE  # a fraction, or whole GPUs
 
 
 def worker_milli(res: Resources, key: str = ANY) -> int:
@@ -682,13 +685,14 @@ class Ledger:
     def check(self, job: JobState, adm: Admission) -> Reason | None:
         """Whether ``adm`` is a faithful, fitting admission of ``job`` at this point of the log:
         one key the job may count against, its GPUs as the job's resources say, within quota."""
-        return self._verdict(job, adm)[0]
+        return self._verdict(job, adm, self.may_borrow(job.spec))[0]
 
     def claim(self, job: JobState, adm: Admission) -> Reason | None:
         """``check``, then charge the admission if it holds: the fold's call per admission."""
-        why, key, milli = self._verdict(job, adm)
+        borrow = self.may_borrow(job.spec)
+        why, key, milli = self._verdict(job, adm, borrow)
         if why is None and key is not None:
-            self.charge(job.spec.queue, key, milli, not self.may_borrow(job.spec))  # as ``hold_admission``
+            self.charge(job.spec.queue, key, milli, not borrow)  # as ``hold_admission``
         return why
 
     def claim_growth(self, job: JobState, grown: Admission) -> Reason | None:
@@ -705,8 +709,9 @@ class Ledger:
                 self.charge(queue, key, milli, fixed)
         return why
 
-    def _verdict(self, job: JobState, adm: Admission) -> tuple[Reason | None, str | None, int]:
-        """``check``'s answer, with the key and milli-GPU the admission charges (None: none)."""
+    def _verdict(self, job: JobState, adm: Admission, borrow: bool) -> tuple[Reason | None, str | None, int]:
+        """``check``'s answer, with the key and milli-GPU the admission charges (None: none);
+        ``borrow``: whether the job may borrow (``may_borrow``)."""
         spec = job.spec
         queue = spec.queue
         node = self._queues.get(queue)
@@ -737,7 +742,7 @@ class Ledger:
             return Reason("no-quota", f"queue {queue} has no quota for {key_name(key)}"), None, 0
         if milli > _available(node, key):
             return Reason("quota", self.describe(queue, key, milli)), None, 0
-        if not self.may_borrow(spec) and self.fixed(queue, key) + milli > self.fixed_limit(queue, key):
+        if not borrow and self.fixed(queue, key) + milli > self.fixed_limit(queue, key):
             return Reason("quota", self.describe(queue, key, milli, borrow=False)), None, 0
         return None, key, milli
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import bisect
 import math
-import statistics
+from operator import itemgetter
 
 from corral.events.jobs import JobSpec, Resources
 from corral.projections import quota
@@ -109,8 +109,19 @@ def learned(state: State, tenant: str, spec: JobSpec) -> float | None:
     for key in classes(tenant, spec):
         runs = latest.get(key)
         if runs is not None and len(runs) >= MIN_SAMPLES:
-            return float(statistics.median(ran for _, ran in runs))
+            return _median(sorted(map(_ran, runs)))
     return None
+
+
+_ran = itemgetter(1)  # of a (submitted at, running time) pair in ``State.latest_runs``
+
+
+def _median(ordered: list[float]) -> float:
+    """``statistics.median`` of sorted values, to the bit: a class has at most ``LATEST`` runs,
+    and its checks and generator cost more than the sort."""
+    n = len(ordered)
+    mid = n // 2
+    return float(ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2)
 
 
 def overrun(state: State, tenant: str) -> float | None:
@@ -160,12 +171,13 @@ def learn(state: State, job: JobState) -> None:
     latest that ended, and among the ``LATEST`` submitted last when it is one of them; and, when
     its owner estimated it, on the owner's record."""
     history, latest = state.runtimes, state.latest_runs
-    run = (job.submitted_at, job.ran_s)
+    ran_s = job.ran_s
+    run = (job.submitted_at, ran_s)
     for key in classes(job.tenant, job.spec):
         ran = history.pop(key, None)  # re-inserted last: the dict's order is the order of updates
         if ran is None:
             ran = []
-        ran.append(job.ran_s)
+        ran.append(ran_s)
         if len(ran) > HISTORY:
             del ran[0]
         history[key] = ran

@@ -43,6 +43,7 @@ from corral.events.jobs import Admission, JobSpec, Resources
 from corral.events.queues import CohortSpec, PriorityClassSpec, QueueSpec, Quota
 from corral.projections import mig
 from corral.projections.lifecycle import HOLDS_QUOTA
+from corral.projections.shape import kind_of
 from corral.projections.state import WHOLE, JobState, State
 from corral.projections.thrash import capped
 
@@ -83,13 +84,9 @@ def _mig_worker_milli(profile: str, gpu_models: tuple[str, ...], key: str) -> in
 
 def _gpu_milli(res: Resources) -> int:
     """Milli-GPU of one worker that is not a MIG slice: the one reading of the shape, without
-    building a ``Shape`` (this is on the fold's and admission's hot paths): ``kind_of``'s
-    reading, spelled out."""
-    gpus = res.gpus
-    if gpus <= 0 or res.mig is not None:  # no GPU, or a MIG slice
-        return 0
-    milli = res.gpu_milli
-    return milli if gpus == 1 and 0 < milli < WHOLE else gpus * WHOLE  # a fraction, or whole GPUs
+    building a ``Shape`` (this is on the fold's and admission's hot paths)."""
+    k = kind_of(res.gpus, res.gpu_milli, res.mig)
+    return res.gpu_milli if k == "fraction" else (res.gpus * WHOLE if k == "whole" else 0)
 
 
 def worker_milli(res: Resources, key: str = ANY) -> int:

@@ -19,12 +19,10 @@ from hypothesis import strategies as st
 
 from corral.events import subjects as subj
 from corral.events.decisions import (
-    GpuClaim,
     JobsPlaced,
     Placement,
     PreemptionRequested,
     ShrinkRequested,
-    WorkerSlot,
 )
 from corral.events.jobs import JobAccepted, JobsAdmitted, JobSpec, Resources, SubmitJob
 from corral.events.nodes import NodeRegistered, WorkerStarted
@@ -33,33 +31,13 @@ from corral.projections import quota
 from corral.projections.fold import apply_event
 from corral.projections.preemption import demand, planning_ledger
 from corral.projections.quota import Ledger
-from corral.projections.state import State
 from corral.services.agent.inventory import cluster
 from corral.services.preemptor.decide import PreemptorConfig, decide
-from tests.property.test_preemptor_properties import World, policies
+from tests.property.test_preemptor_properties import World, _first_fit, policies
 
 H100, A100 = "H100-80GB", "A100-80GB"
 MODEL_LISTS = [(H100,), (A100,), (H100, A100), (A100, H100)]
 QUEUES = ("team-a", "team-b")
-
-
-def _free_on(state: State, model: str, per: int, replicas: int) -> tuple[WorkerSlot, ...] | None:
-    taken: dict[str, set[int]] = {}
-    slots = []
-    for rank in range(replicas):
-        for name, node in state.nodes.items():
-            free = [
-                g.info.index
-                for g in node.gpus
-                if not g.holders and g.info.model == model and g.info.index not in taken.get(name, set())
-            ]
-            if len(free) >= per:
-                taken.setdefault(name, set()).update(free[:per])
-                slots.append(WorkerSlot(rank, name, tuple(GpuClaim(g) for g in free[:per])))
-                break
-        else:
-            return None
-    return tuple(slots)
 
 
 @st.composite
@@ -105,7 +83,7 @@ def model_worlds(draw: st.DrawFn) -> World:
         adm = quota.admission(w.state.queues[q], job, key=found[0])
         if ledger.check(job, adm) is not None:
             continue  # it waits
-        slots = _free_on(w.state, found[0], per, adm.replicas)
+        slots = _first_fit(w.state, adm.replicas, per, found[0])
         if slots is None:
             continue
         w.emit(subj.decision("admission"), JobsAdmitted(based_on=w.seq, now=w.time, admissions=(adm,)))

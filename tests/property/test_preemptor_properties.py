@@ -241,7 +241,10 @@ def lender_worlds(draw: st.DrawFn) -> World:
     return w
 
 
-def _first_fit(state: State, replicas: int, per: int) -> tuple[WorkerSlot, ...] | None:
+def _first_fit(
+    state: State, replicas: int, per: int, model: str | None = None
+) -> tuple[WorkerSlot, ...] | None:
+    """Free GPUs for ``replicas`` workers of ``per`` GPUs each (of ``model``, if named), first fit."""
     taken: dict[str, set[int]] = {}
     slots = []
     for rank in range(replicas):
@@ -249,7 +252,9 @@ def _first_fit(state: State, replicas: int, per: int) -> tuple[WorkerSlot, ...] 
             free = [
                 g.info.index
                 for g in node.gpus
-                if not g.holders and g.info.index not in taken.get(name, set())
+                if not g.holders
+                and (model is None or g.info.model == model)
+                and g.info.index not in taken.get(name, set())
             ]
             if len(free) >= per:
                 taken.setdefault(name, set()).update(free[:per])

@@ -29,11 +29,12 @@ H100, A100 = "H100-80GB", "A100-80GB"
 N_H100, N_A100 = "node-00", "node-01"  # the "mixed" profile's first two nodes
 
 
-def _world() -> World:
+def _world(a_a100: int = 4) -> World:
+    """Cohort ``c``: queue ``a`` with 4 H100 and ``a_a100`` A100 of nominal, ``b`` with none."""
     w = World(nodes=2, profile="mixed").cohort("c")
     policy = PreemptionPolicy(within_queue="lower-priority", reclaim_within_cohort="any")
     for q in (
-        QueueSpec("a", cohort="c", quotas={H100: Quota(4), A100: Quota(4)}, preemption=policy),
+        QueueSpec("a", cohort="c", quotas={H100: Quota(4), A100: Quota(a_a100)}, preemption=policy),
         QueueSpec("b", cohort="c", quotas={A100: Quota(0)}, preemption=policy),
     ):
         w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
@@ -141,13 +142,7 @@ def test_the_fold_refuses_a_preemption_on_a_model_the_job_does_not_name() -> Non
 def test_stops_under_way_keep_their_model() -> None:
     # While a-next's stops on A100 are under way, every reader charges it there; a proposal that
     # would stop more for it on another model is refused (readers would disagree on its key).
-    w = World(nodes=2, profile="mixed").cohort("c")
-    policy = PreemptionPolicy(within_queue="lower-priority", reclaim_within_cohort="any")
-    for q in (
-        QueueSpec("a", cohort="c", quotas={H100: Quota(4), A100: Quota(8)}, preemption=policy),
-        QueueSpec("b", cohort="c", quotas={A100: Quota(0)}, preemption=policy),
-    ):
-        w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    w = _world(a_a100=8)
     w.run("a-h100", spec("a", 4, H100, preemptible=False), whole(N_H100, 0, 1, 2, 3), priority=10)
     w.run("b-1", spec("b", 4, A100), whole(N_A100, 0, 1, 2, 3))
     w.run("b-2", spec("b", 4, A100), whole(N_A100, 4, 5, 6, 7))

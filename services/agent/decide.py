@@ -170,8 +170,11 @@ def decide(
     workers: Mapping[WorkerKey, WorkerPhase],
     now: float,
     checkpoint_root: str,
+    runs: Mapping[WorkerKey, int] | None = None,
 ) -> list[Action]:
-    """The actions that bring what runs on ``view.node`` in line with its view of the log."""
+    """The actions that bring what runs on ``view.node`` in line with its view of the log.
+    ``runs``: the run (``Assignment.run``) of each worker the runtime holds, where it knows it:
+    an exited worker of an earlier job of the id is not the job's of the view."""
     actions: list[Action] = []
     seen: set[WorkerKey] = set()
     for job in view.jobs:
@@ -205,7 +208,11 @@ def decide(
             continue
         owner = view.job(key.job_id)
         if phase == "exited":
-            if _exit_folded(owner, key):
+            if owner is not None and runs is not None and runs.get(key, owner.run) != owner.run:
+                # A worker of an earlier job of the id (let go since): the job it was of is gone,
+                # and held here, its key would keep the new job's worker from starting.
+                actions.append(Forget(key))
+            elif _exit_folded(owner, key):
                 actions.append(Forget(key))
         elif phase != "stopping":
             actions.append(StopWorker(key, _stop_reason(owner), STOP_GRACE))

@@ -398,7 +398,8 @@ class NodeAgent:
         # are log times, and this host's clock may lag the server's.
         now = self.now()
         workers = self.runtime.workers()
-        for action in decide(self.view, workers, now, self.checkpoint_root):
+        runs = self.runtime.runs() if hasattr(self.runtime, "runs") else None
+        for action in decide(self.view, workers, now, self.checkpoint_root, runs):
             if isinstance(action, StartGang):
                 self._start(action, now)
                 continue

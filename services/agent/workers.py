@@ -152,6 +152,10 @@ class Runtime(Launching):
         """What ``decide`` needs: every worker the runtime knows, with its phase."""
         return {k: w.phase for k, w in self._workers.items()}
 
+    def runs(self) -> dict[WorkerKey, int]:
+        """Each worker's job's run (``Assignment.run``), for ``decide``."""
+        return {k: w.spec.run for k, w in self._workers.items()}
+
     def log_of(self, key: WorkerKey) -> Path | None:
         """The file the worker writes its output to (``worker.log_path``), if the runtime knows it."""
         w = self._workers.get(key)

@@ -135,6 +135,25 @@ def test_a_job_id_used_again_gets_directories_of_its_own() -> None:
     assert not new.checkpoint_dir.startswith(old.job_checkpoint_dir + "/")
 
 
+def test_an_exited_worker_of_an_earlier_job_of_the_id_does_not_hold_back_the_new_one() -> None:
+    # The runtime still holds the earlier j1's exited worker (an agent just restarted, a short
+    # retention) when the new j1 is placed at the same attempt and rank: read as the new job's,
+    # it was never forgotten, and the new worker never started until its start timed out.
+    first = fold(placed("j1"))
+    log = placed("j1")
+    log.started(N0, "j1").exited(N0, "j1", code=0).retention(0.0)
+    log.submit("bob", "j1").accept("j1").admit("j1")
+    second = fold(log.place(on(N0, 0, job_id="j1")))
+    old_run, new_run = first.jobs["j1"].submitted_seq, second.jobs["j1"].submitted_seq
+    view = node_view(second, N0)
+    held: dict[WorkerKey, WorkerPhase] = {K: "exited"}
+    assert decide(view, held, NOW, ROOT, runs={K: old_run}) == [Forget(K)]
+    [w] = starts(decide(view, {}, NOW, ROOT, runs={}))  # the next cycle, once it is forgotten
+    assert w.run == new_run
+    # The new job's own exited worker is still kept until the log has its exit.
+    assert Forget(K) not in decide(view, held, NOW, ROOT, runs={K: new_run})
+
+
 def test_a_placement_on_another_node_starts_nothing_here() -> None:
     state = fold(placed())
     assert act(state, node=N1) == []

@@ -120,14 +120,20 @@ def test_an_accepted_placement_starts_its_worker_with_the_rendezvous_environment
     assert w.checkpoint_dir == f"{run}/attempt-0/rank-0" and w.job_checkpoint_dir == run
 
 
-def test_a_job_id_used_again_gets_directories_of_its_own() -> None:
-    # Once a job is let go its id is free: another tenant's job of the same id must find neither
-    # the first one's files nor its checkpoints (a resume from them would read another's work).
+def reused_id() -> tuple[State, State]:
+    """j1 placed on node-00 as alice's; then, that one over and let go, as bob's at the same
+    attempt and rank: the state of each placement."""
     first = fold(placed("j1"))
     log = placed("j1")
     log.started(N0, "j1").exited(N0, "j1", code=0).retention(0.0)
     log.submit("bob", "j1").accept("j1").admit("j1")
-    second = fold(log.place(on(N0, 0, job_id="j1")))
+    return first, fold(log.place(on(N0, 0, job_id="j1")))
+
+
+def test_a_job_id_used_again_gets_directories_of_its_own() -> None:
+    # Once a job is let go its id is free: another tenant's job of the same id must find neither
+    # the first one's files nor its checkpoints (a resume from them would read another's work).
+    first, second = reused_id()
     assert second.jobs["j1"].tenant == "bob"
     [old] = act(first)[0].workers  # type: ignore[union-attr]
     [new] = act(second)[0].workers  # type: ignore[union-attr]
@@ -139,11 +145,7 @@ def test_an_exited_worker_of_an_earlier_job_of_the_id_does_not_hold_back_the_new
     # The runtime still holds the earlier j1's exited worker (an agent just restarted, a short
     # retention) when the new j1 is placed at the same attempt and rank: read as the new job's,
     # it was never forgotten, and the new worker never started until its start timed out.
-    first = fold(placed("j1"))
-    log = placed("j1")
-    log.started(N0, "j1").exited(N0, "j1", code=0).retention(0.0)
-    log.submit("bob", "j1").accept("j1").admit("j1")
-    second = fold(log.place(on(N0, 0, job_id="j1")))
+    first, second = reused_id()
     old_run, new_run = first.jobs["j1"].submitted_seq, second.jobs["j1"].submitted_seq
     view = node_view(second, N0)
     held: dict[WorkerKey, WorkerPhase] = {K: "exited"}

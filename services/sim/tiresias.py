@@ -17,7 +17,9 @@ What it does each cycle, in the paper's terms:
   running keep their GPUs ahead of those waiting, so a job is stopped only for a job of the
   higher queue. The walk over that order starts every waiting job that fits in what the jobs
   before it left (a job that does not fit is skipped, not waited for), and stops every running
-  job of the low queue whose GPUs a job before it took. A stop is a checkpoint-and-stop through
+  job of the low queue whose GPUs a job before it took (but one the fold would refuse: corral's
+  rule of never twice between the same two jobs, which binds every policy of the replay). A
+  stop is a checkpoint-and-stop through
   corral's own preemption (``PreemptionRequested``, the job's grace period as deadline), the
   same physics as corral's preemptor's; a job that cannot checkpoint is not preemptible, under
   every policy, and keeps its GPUs.
@@ -53,7 +55,7 @@ it remembers next; ties break by submission and node name.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -68,7 +70,7 @@ from corral.events.jobs import (
     JobRequeued,
     JobsAdmitted,
 )
-from corral.projections import indexes, quota
+from corral.projections import indexes, preemption, quota
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
 from corral.services.admission.validate import priority_value, validate
@@ -191,6 +193,7 @@ def plan(
     room: Mapping[str, int],
     free: Mapping[str, int],
     leaving: Mapping[str, int] | None = None,
+    may_stop: Callable[[str, str], bool] | None = None,
 ) -> Plan:
     """Walk the candidates in Tiresias's order over the GPUs they may share.
 
@@ -198,7 +201,11 @@ def plan(
     those of jobs nobody may stop); ``free``: per node, the GPUs idle now; ``leaving``: per
     node, the GPUs of jobs being stopped already (in ``room``, not yet idle). A running
     candidate keeps its GPUs if what the jobs before it took leaves them; else it is stopped,
-    for the first job that took GPUs of running jobs on one of its nodes. A waiting candidate
+    for the first job that took GPUs of running jobs on one of its nodes that ``may_stop(it,
+    that job)`` allows (the fold's rule, ``preemption.not_again``: never twice between the same
+    two jobs while neither's priority changed; a stop it would refuse, asked again every cycle,
+    would be all the role ever did). If none may stop it, it keeps its GPUs, and the jobs that
+    took them wait for them to free. A waiting candidate
     takes room for each worker where it stops the fewest GPUs of running jobs, then where the
     jobs it stops come latest in the order, then where it fits best, then by node name; it
     starts now if all it took was idle, else it waits for the stops (holding the room)."""
@@ -216,10 +223,14 @@ def plan(
     for c in walk:
         if c.running:
             short = [node for node, n in c.running_on if room.get(node, 0) < n and node in claimant]
-            if short:
-                out.stop[c.id] = claimant[short[0]]
+            takers = (claimant[node] for node in short)
+            taker = next((t for t in takers if may_stop is None or may_stop(c.id, t)), None)
+            if taker is not None:
+                out.stop[c.id] = taker
                 continue
-            for node, n in c.running_on:  # kept (short only of GPUs gone bad: nobody's to take)
+            # Kept: short only of GPUs gone bad (nobody's to take), or of GPUs taken by jobs it
+            # may not be stopped for, which then wait for them (their room here goes below 0).
+            for node, n in c.running_on:
                 room[node] = room.get(node, 0) - n
             most = max(room.values(), default=0)
             continue
@@ -367,10 +378,14 @@ def decide(
             candidates.append(Candidate(job.id, level[job.id], (job.submitted_seq, job.id), workers, per, on))
         elif job.phase in ("queued", "admitted") and per > 0:
             candidates.append(Candidate(job.id, level[job.id], (job.submitted_seq, job.id), workers, per))
-    walked = plan(candidates, room, free, leaving)
+    by_id = {job.id: job for job in live}
+
+    def may_stop(victim: str, beneficiary: str) -> bool:
+        return preemption.not_again(by_id[victim], by_id[beneficiary]) is None
+
+    walked = plan(candidates, room, free, leaving, may_stop)
 
     # 5. Admit and place what starts, on the lowest free GPUs of its nodes.
-    by_id = {job.id: job for job in live}
     admissions, placements = [], []
     taken: dict[str, list[int]] = {node: list(ids) for node, ids in _idle_gpus(state).items()}
     for job_id, nodes in walked.start.items():

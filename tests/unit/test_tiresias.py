@@ -202,6 +202,16 @@ def test_the_walk(
     assert (got.start, got.stop, got.held) == (started, stopped, held)
 
 
+def test_a_job_the_fold_would_not_stop_again_keeps_its_gpus_and_its_taker_waits() -> None:
+    """Job "l" was stopped for "h" before (and neither's priority changed since): the fold refuses
+    that stop again, so the walk does not ask it; "h" keeps the room and waits, "l2" gets none."""
+    walk = [running("l", LOW, 1, "a"), waiting("h", HIGH, 5), waiting("l2", LOW, 6, gpus=1)]
+    got = tiresias.plan(walk, nodes("a"), nodes("a", each=0), may_stop=lambda v, b: (v, b) != ("l", "h"))
+    assert (got.start, got.stop, got.held) == ({}, {}, ["h"])
+    other = tiresias.plan(walk, nodes("a"), nodes("a", each=0), may_stop=lambda v, b: True)
+    assert (other.stop, other.held) == ({"l": "h"}, ["h"])
+
+
 def test_a_job_waiting_for_stops_under_way_stops_nobody_else() -> None:
     """Its victim on b checkpoints (b's GPUs leaving); the job of the low queue on a keeps running."""
     walk = [running("l", LOW, 1, "a"), waiting("h", HIGH, 5)]
@@ -284,6 +294,24 @@ def test_a_starving_job_comes_back_up_and_stops_the_one_that_starved_it() -> Non
     stops = [(p.beneficiary, [v.job_id for v in p.victims]) for p in bodies(sim, PreemptionRequested)]
     assert stops[:2] == [("b", ["a"]), ("a", ["b"])]
     assert sim.stats["a"].finished == 9030.0 + 2000.0
+
+
+def test_a_job_starved_back_up_does_not_ask_again_for_a_stop_the_fold_refused() -> None:
+    """j08 stops j04 (and others) when it comes back up starving, but j10, older and back up too,
+    takes the GPUs first; j04 runs again. j08 may not stop j04 a second time (neither's
+    priority changed): the role once asked it again at every pass of the same instant, void each
+    time, and the simulation never settled. Now j08 waits for j04, and nothing is void
+    (``simulate``)."""
+    shape = [
+        (8, 9561, 6323, True), (4, 4118, 4556, True), (2, 15411, 951, False), (8, 8863, 4423, True),
+        (4, 1666, 11333, True), (2, 8146, 11287, True), (1, 6866, 4939, True), (1, 13359, 7544, True),
+        (8, 2683, 16318, True), (1, 15189, 5457, False), (4, 2422, 19406, True), (2, 15007, 4571, True),
+    ]  # fmt: skip
+    sim = simulate([job(f"j{i:02d}", g, at, work, saves) for i, (g, at, work, saves) in enumerate(shape)])
+    stops = [(p.beneficiary, [v.job_id for v in p.victims]) for p in bodies(sim, PreemptionRequested)]
+    # Once as j08 first came, once after its promotion changed its priority, never a third time.
+    assert sum(1 for b, victims in stops if b == "j08" and "j04" in victims) == 2
+    assert sim.stats["j08"].first_start is not None
 
 
 def test_runtime_estimates_change_no_decision() -> None:

@@ -567,10 +567,18 @@ class _Explainer:
         self._held: dict[tuple[object, ...], str | None] = {}  # queue and job shape -> what the hold says
 
     def quota(self, cur: Cursor, job: JobState, position: str) -> Reason:
+        """Why a job the quota keeps out waits: for a job that may count against several keys
+        (GPU models, Kueue's flavors), what stands in its way on each, in its order."""
         demands = quota.worker_demands(cur.spec, job.spec.resources)
         if not demands:
             return Reason("queued", f"waiting for the next admission cycle; {position}")
-        key, per_worker = demands[0]
+        said = [self._on_key(cur, job, key, per_worker) for key, per_worker in demands]
+        text = "; or ".join(t for t, _ in said)
+        helps = "".join(h for _, h in said)
+        return Reason("quota", f"{text}; {position}{helps}", bool(helps))
+
+    def _on_key(self, cur: Cursor, job: JobState, key: str, per_worker: int) -> tuple[str, str]:
+        """What keeps ``job`` out of ``key``'s quota, and what preemption could free there."""
         need = per_worker * quota.min_replicas(job.spec)
         ledger = self.ledger
         if (
@@ -578,7 +586,7 @@ class _Explainer:
             and not ledger.fits(cur.name, key, need, False)
             and ledger.fits(cur.name, key, need)  # it would, were it a job that may borrow
         ):
-            return Reason("quota", f"{ledger.describe(cur.name, key, need, borrow=False)}; {position}")
+            return ledger.describe(cur.name, key, need, borrow=False), ""
         cache_key = (cur.name, key, need, job.priority)
         found = self._quota.get(cache_key)
         if found is None:
@@ -594,8 +602,7 @@ class _Explainer:
                 text = f"needs {fmt_gpus(need)} {key_name(key)}; {standing}"
                 found = (text, self._help(cur.name, key, need, job.priority))
             self._quota[cache_key] = found
-        text, helps = found
-        return Reason("quota", f"{text}; {position}{helps}", bool(helps))
+        return found
 
     def _help(self, queue: str, key: str, need: int, priority: int) -> str:
         """What preemption could free for this job: GPUs other queues borrowed, when the job is
@@ -658,9 +665,11 @@ class _Explainer:
 
     def _held_text(self, cur: Cursor, hold: Hold, job: JobState, now: float) -> str | None:
         demands = quota.worker_demands(cur.spec, job.spec.resources)
-        if not demands:
+        # The hold keeps room of one key: what it says is about the job's demand there.
+        held = [(key, per_worker) for key, per_worker in demands if key == hold.key]
+        if not held:
             return None
-        key, per_worker = demands[0]
+        ((key, per_worker),) = held
         need = per_worker * quota.min_replicas(job.spec)
         spare = hold.spare(self.ledger, cur.name, key, job, now)
         if spare is None or need <= spare or not self.ledger.fits(cur.name, key, need):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from corral.events import subjects as subj
 from corral.events.decisions import PreemptionRequested, Victim
-from corral.events.jobs import JobSpec, Resources
+from corral.events.jobs import JobSpec, PendingReasonChanged, Resources
 from corral.events.queues import ApplyQueue, PreemptionPolicy, QueueSpec, Quota
 from corral.projections.fold import apply_event
 from corral.services.admission.decide import decide as admission
@@ -165,3 +165,22 @@ def test_stops_under_way_keep_their_model() -> None:
     assert w.state.rejected_total == before + 1 and "under way" in w.state.rejections[-1].message
     assert w.state.jobs[other].phase == "running" and w.state.jobs["a-next"].reclaim_key == A100
     assert preemptions(w) == []  # its stops are under way: the preemptor leaves it be
+
+
+def test_a_job_of_several_models_hears_why_each_of_them_does_not_fit() -> None:
+    # Both of a's models are held by its own jobs; the reason a-next waits names what stands in
+    # its way on each model it may run on, not on its first alone, and says preemption would
+    # help (a-low, of a lower priority, holds the A100) though it would not on the first.
+    w = _world()
+    w.run("a-h100", spec("a", 4, H100, preemptible=False), whole(N_H100, 0, 1, 2, 3), priority=10)
+    w.run("a-low", spec("a", 4, A100), whole(N_A100, 0, 1, 2, 3), priority=0)
+    w.submit("a-next", spec("a", 4, H100, A100), priority=5)
+    (why,) = [
+        r
+        for e in admission(w.state, w.time)
+        if isinstance(e, PendingReasonChanged) and e.job_id == "a-next"
+        for r in e.reasons
+    ]
+    assert why.code == "quota" and why.preemption_helps, why
+    assert H100 in why.message and A100 in why.message, why.message
+    assert "lower-priority jobs of a gave back 4 A100" in why.message, why.message

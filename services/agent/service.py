@@ -95,19 +95,24 @@ log = logging.getLogger("corral.agent")
 Publish = Callable[[str, bytes], Awaitable[None]]
 
 
-def msg_id(body: Event) -> str:
+def msg_id(body: Event, run: int = 0) -> str:
     """The deterministic message id of a node event: the same fact appended twice is stored once.
     A worker's start and exit name its pid: a rank an elastic job shrank away from and grew back
-    runs again in the same attempt, and that run's start is a new fact."""
+    runs again in the same attempt, and that run's start is a new fact. A job's facts name its
+    ``run`` (``Assignment.run``, the log position of its submission; 0: not known): a job id used
+    again once its job was let go has attempts, ranks and checkpoint steps of the same numbers,
+    which are other facts, not duplicates of the earlier run's (a worker that starts no process
+    reports no pid)."""
+    of = f"@{run}" if run else ""
     match body:
         case WorkerStarted():
-            run = f":{body.pid}" if body.pid else ""
-            return f"started:{body.job_id}:{body.attempt}:{body.rank}{run}"
+            pid = f":{body.pid}" if body.pid else ""
+            return f"started:{body.job_id}{of}:{body.attempt}:{body.rank}{pid}"
         case WorkerExited():
-            run = f":{body.pid}" if body.pid else ""
-            return f"exited:{body.job_id}:{body.attempt}:{body.rank}{run}"
+            pid = f":{body.pid}" if body.pid else ""
+            return f"exited:{body.job_id}{of}:{body.attempt}:{body.rank}{pid}"
         case CheckpointCompleted():
-            return f"checkpoint:{body.job_id}:{body.attempt}:{body.step}"
+            return f"checkpoint:{body.job_id}{of}:{body.attempt}:{body.step}"
         case NodeRegistered():
             return f"register:{body.node}:{zlib.crc32(codec.encode(body.inventory)):08x}"
         case NodeShutdown():
@@ -492,13 +497,26 @@ class NodeAgent:
         return len(bodies) - len(self._unsent)
 
     def _append(self, body: Event, now: float) -> Append:
-        mid = msg_id(body)
+        mid = msg_id(body, self._run_of(body))
         traceparent = self._traceparent(body)
         env = codec.seal(
             body, event_id=mid, time=now, producer=self.producer, traceparent=traceparent, rules=RULES
         )
         headers = {"traceparent": traceparent} if traceparent else None
         return Append(routing.subject_of(body), codec.encode(env), mid, None, headers)
+
+    def _run_of(self, body: Event) -> int:
+        """The run of the job a worker's report is about: the runtime's word for its own worker
+        (the same whenever the report is made again), else the view's; 0 if neither knows it."""
+        if isinstance(body, (WorkerStarted, WorkerExited)):
+            run_of = getattr(self.runtime, "run_of", None)  # ``bench``'s timers keep no runs
+            run = run_of(WorkerKey(body.job_id, body.attempt, body.rank)) if run_of is not None else None
+            if isinstance(run, int):
+                return run
+        if isinstance(body, (WorkerStarted, WorkerExited, CheckpointCompleted)):
+            job = self.view.job(body.job_id)
+            return job.run if job is not None else 0
+        return 0
 
     def _traceparent(self, body: Event) -> str | None:
         """The trace of the job a report is about (the view carries each job's span)."""

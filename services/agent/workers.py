@@ -156,6 +156,11 @@ class Runtime(Launching):
         """Each worker's job's run (``Assignment.run``), for ``decide``."""
         return {k: w.spec.run for k, w in self._workers.items()}
 
+    def run_of(self, key: WorkerKey) -> int | None:
+        """The run of the worker's job (``Assignment.run``), if the runtime knows the worker."""
+        w = self._workers.get(key)
+        return None if w is None else w.spec.run
+
     def log_of(self, key: WorkerKey) -> Path | None:
         """The file the worker writes its output to (``worker.log_path``), if the runtime knows it."""
         w = self._workers.get(key)

@@ -440,3 +440,30 @@ def test_an_agent_given_relative_directories_hands_workers_absolute_paths(
     )
     assert Path(agent.checkpoint_root) == tmp_path / "data" / "checkpoints"
     assert agent.work_dir == tmp_path / "data" / "nodes" / "node-00"
+
+
+async def test_a_job_id_used_again_reports_facts_of_its_own_not_duplicates(tmp_path: Path) -> None:
+    # Two runs of job "j" (its id used again once the first was let go), each with attempt 0,
+    # rank 0, checkpoint step 10, and workers that start no process (no pid): the second run's
+    # facts were stored as duplicates of the first's within the stream's duplicate window, and
+    # its start and checkpoint were never folded.
+    from corral.events.log import InMemoryLog
+    from corral.events.nodes import CheckpointCompleted, WorkerStarted
+    from corral.projections.assignments import Assignment, NodeView
+    from corral.services.agent.service import NodeAgent
+    from corral.services.runtime.views import MemoryViews
+
+    log = InMemoryLog()
+    agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path)
+    facts = [
+        WorkerStarted(node=N0, job_id="j", attempt=0, rank=0),
+        CheckpointCompleted(node=N0, job_id="j", attempt=0, step=10, location="s3://ckpt/j/10"),
+    ]
+    stored = []
+    for run in (7, 9):
+        agent.view = NodeView(N0, jobs=(Assignment("j", 0, "running", run=run),))
+        for body in facts:
+            stored.append(await log.append(agent._append(body, 1.0)))
+        # The same fact of the same run, reported again (an agent restarted), is a duplicate.
+        assert (await log.append(agent._append(facts[0], 2.0))).duplicate
+    assert [a.duplicate for a in stored] == [False] * 4

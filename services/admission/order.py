@@ -321,9 +321,9 @@ def pending_order(state: State, now: float) -> list[JobState]:
     while (cur := order.pop()) is not None:
         job = cur.head
         out.append(job)
-        demands = quota.worker_demands(cur.spec, job.spec.resources)
-        if demands:
-            key, per_worker = demands[0]
-            ledger.charge(cur.name, key, per_worker * job.spec.replicas)
+        wanted = ledger.key_for(cur.name, job.spec)  # the model it would be admitted on
+        if wanted is not None:
+            key = wanted[0]
+            ledger.charge(cur.name, key, quota.worker_milli(job.spec.resources, key) * job.spec.replicas)
         order.admitted(cur)
     return out

@@ -23,6 +23,7 @@ from corral.events.jobs import JobSpec, PendingReasonChanged, Resources
 from corral.events.queues import ApplyQueue, PreemptionPolicy, QueueSpec, Quota
 from corral.projections.fold import apply_event
 from corral.services.admission.decide import decide as admission
+from corral.services.admission.order import pending_order
 from tests.unit.test_preemptor import World, whole
 
 H100, A100 = "H100-80GB", "A100-80GB"
@@ -184,3 +185,22 @@ def test_a_job_of_several_models_hears_why_each_of_them_does_not_fit() -> None:
     assert why.code == "quota" and why.preemption_helps, why
     assert H100 in why.message and A100 in why.message, why.message
     assert "lower-priority jobs of a gave back 4 A100" in why.message, why.message
+
+
+def test_the_pending_order_charges_a_job_the_model_admission_would_admit_it_on() -> None:
+    # a1 may run on H100 or A100; one H100 is free in the cohort, so admission admits it on a's
+    # A100. The order `corral queues` and `explain` show charged it to H100 instead, which put
+    # queue a above b's share and a2 behind b's jobs, though admission admits a2 before them.
+    w = World(nodes=2, profile="mixed").cohort("c")
+    for q in ("a", "b"):
+        queue = QueueSpec(q, cohort="c", quotas={H100: Quota(4), A100: Quota(4)})
+        w.emit(subj.admin("queue"), ApplyQueue(queue=queue), subj.ADMIN)
+    w.run("b-h", spec("b", 5, H100), whole(N_H100, 0, 1, 2, 3, 4))
+    w.run("a-h", spec("a", 2, H100, preemptible=False), whole(N_H100, 5, 6))
+    w.submit("a1", spec("a", 4, H100, A100))
+    w.submit("a2", spec("a", 1, H100))
+    w.submit("b1", spec("b", 2, A100))
+    w.submit("b2", spec("b", 2, A100))
+    admitted = [a.job_id for e in admission(w.state, w.time) for a in getattr(e, "admissions", ())]
+    assert admitted == ["a1", "a2", "b1", "b2"]
+    assert [j.id for j in pending_order(w.state, w.time)] == admitted

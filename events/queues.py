@@ -122,9 +122,18 @@ class RetentionSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, f
     One hour by default: long enough for a person or a client to look at a job that just ended
     (its phase, exit codes, why it failed) and for a client retrying a submission after a lost
     reply to be told it is a duplicate, short enough that a cluster finishing 10,000 jobs an
-    hour keeps about that many, not every job it ever ran."""
+    hour keeps about that many, not every job it ever ran.
+
+    ``jobs_per_tenant``: the most jobs one tenant may have in the state, in any phase (finished
+    ones not let go yet, and those admission rejected, included). The fold refuses a submission
+    past it, with the reason; the tenant may submit again as its jobs end and are let go. So a
+    tenant that submits without end, valid jobs or not, holds a bounded part of every
+    replica's memory and of every decision's work, whatever the retention period. 250,000 by
+    default: more than a team's backlog on any cluster corral is measured on (the largest
+    benchmark queues 100,000 jobs of one tenant)."""
 
     finished_s: float = 3600.0
+    jobs_per_tenant: Int = 250_000
 
 
 class ApplyQueue(Request, frozen=True, kw_only=True):

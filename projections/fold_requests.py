@@ -64,6 +64,14 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         if existing.tenant == ctx.tenant:
             raise Refused("duplicate", f"job {req.request_id} was already submitted", req.request_id)
         raise Refused("forbidden", f"job id {req.request_id} is taken", req.request_id)
+    held, most = state.jobs_by_tenant.get(ctx.tenant, 0), state.retention.jobs_per_tenant
+    if held >= most:
+        raise Refused(
+            "limit",
+            f"tenant {ctx.tenant} has {held} jobs in the cluster's state, the most one tenant may "
+            f"have ({most}); submit again once some have ended and been let go",
+            req.request_id,
+        )
     job = JobState(
         id=req.request_id,
         tenant=ctx.tenant,
@@ -212,6 +220,9 @@ def _apply_retention(state: State, ctx: Ctx, req: ApplyRetention) -> None:
     keep = req.retention.finished_s
     if not (keep >= 0 and math.isfinite(keep)):
         raise Refused("malformed", f"retention: finished_s {keep} is not a number of seconds, 0 or more")
+    if req.retention.jobs_per_tenant < 1:
+        most = req.retention.jobs_per_tenant
+        raise Refused("malformed", f"retention: jobs_per_tenant {most} is not a number of jobs, 1 or more")
     retention.apply_settings(state, req.retention)
 
 

@@ -287,6 +287,8 @@ def _nodes(placement: Placement) -> Iterable[str]:
 def add(state: State, job: JobState) -> None:
     """Put a new job into the State and its indexes."""
     state.jobs[job.id] = job
+    tenants = state.jobs_by_tenant
+    tenants[job.tenant] = tenants.get(job.tenant, 0) + 1
     _add(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
         form, shape = queued_keys(job.spec)
@@ -415,6 +417,13 @@ def hold(state: State, job: JobState, held: Placement | None) -> None:
 def forget(state: State, job: JobState) -> None:
     """Take ``job`` out of the State and every index."""
     known = state.jobs.pop(job.id, None) is not None
+    if known:
+        tenants = state.jobs_by_tenant
+        left = tenants[job.tenant] - 1
+        if left:
+            tenants[job.tenant] = left
+        else:
+            del tenants[job.tenant]
     _remove(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
         form, shape = queued_keys(job.spec)
@@ -500,6 +509,7 @@ def rebuild(state: State) -> State:
     state.explained_by_queue = {}
     state.queued_by_shape = {}
     state.queued_by_form = {}
+    state.jobs_by_tenant = {}
     jobs = list(state.jobs.values())
     state.jobs.clear()
     for job in jobs:
@@ -532,6 +542,8 @@ def check(state: State) -> None:
                 problems.append(f"{name}[{key}]: {(have_places or [])[:5]}, not {want_places[:5]}")
     if state.workers_by_ask != want.workers_by_ask:
         problems.append(f"workers_by_ask: {state.workers_by_ask}, not {want.workers_by_ask}")
+    if state.jobs_by_tenant != want.jobs_by_tenant:
+        problems.append(f"jobs_by_tenant: {state.jobs_by_tenant}, not {want.jobs_by_tenant}")
     for name in (
         "jobs_by_phase",
         "holding_by_node",

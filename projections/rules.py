@@ -124,4 +124,6 @@ from __future__ import annotations
 # 35: a preemption or shrink may name the GPU model its stops are for (``key``), where the
 #    beneficiary names several; the fold judges it there and charges the beneficiary there while
 #    its stops are under way (``JobState.reclaim_key``).
-RULES = 35
+# 36: a tenant has at most ``RetentionSpec.jobs_per_tenant`` jobs in the state (any phase, the
+#    finished ones not let go yet included): a submission past it is refused (``limit``).
+RULES = 36

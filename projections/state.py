@@ -211,6 +211,9 @@ class State(msgspec.Struct, gc=False):
     explained_by_queue: dict[str, dict[str, None]] = {}
     queued_by_shape: dict[str, dict[str, None]] = {}
     queued_by_form: dict[str, list[tuple[int, int, str]]] = {}
+    # Per tenant, its jobs in ``jobs`` (any phase, finished ones not let go yet included): what
+    # the limit of ``RetentionSpec.jobs_per_tenant`` is judged by.
+    jobs_by_tenant: dict[str, int] = {}
     # Per class of similar jobs, the running times of the latest that succeeded, the class
     # updated longest ago first: what runtime estimates are learned from (``runtimes.py``).
     runtimes: dict[str, list[float]] = {}

@@ -315,9 +315,12 @@ class LogBuilder:
         """The admin sets the fair-share half-life."""
         return self.admin("fair-share", ApplyFairShare(fair_share=FairShareSpec(half_life_s=half_life_s)))
 
-    def retention(self, finished_s: float) -> LogBuilder:
-        """The admin sets how long finished jobs stay in the state."""
-        return self.admin("retention", ApplyRetention(retention=RetentionSpec(finished_s=finished_s)))
+    def retention(
+        self, finished_s: float, jobs_per_tenant: int = RetentionSpec().jobs_per_tenant
+    ) -> LogBuilder:
+        """The admin sets how long finished jobs stay in the state, and how many a tenant may have there."""
+        spec = RetentionSpec(finished_s=finished_s, jobs_per_tenant=jobs_per_tenant)
+        return self.admin("retention", ApplyRetention(retention=spec))
 
     def queues(self, *names: str) -> LogBuilder:
         """The admin applies each queue of ``names`` with ``AMPLE`` quota."""

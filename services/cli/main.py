@@ -18,6 +18,7 @@ from typing import NoReturn
 
 import corral
 from corral.events.nats_client import RECONNECT_FOR
+from corral.events.queues import RetentionSpec
 from corral.services.cli import logfile, screen, when
 from corral.services.cli.access import STATE_DIR, Failure
 from corral.services.cli.cluster import (
@@ -399,6 +400,13 @@ def parser() -> argparse.ArgumentParser:
         help="log time a finished job stays in the state before it is let go (its history stays "
         f"in the log and in `corral jobs --all`); 0 lets it go at once ({when.DURATION_HELP}; "
         "default 1h)",
+    )
+    qr.add_argument(
+        "--jobs-per-tenant",
+        type=int,
+        default=RetentionSpec().jobs_per_tenant,
+        help="the most jobs one tenant may have in the state, finished ones not let go included; "
+        "submissions past it are refused (default %(default)s; the command sets both settings)",
     )
     qr.set_defaults(fn=cmd_queue_retention)
     qd = qsub.add_parser("delete", parents=[common], help="delete a queue that has no unfinished jobs")

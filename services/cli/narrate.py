@@ -36,6 +36,7 @@ from corral.events.queues import (
     ApplyRetention,
     CordonNode,
     DeleteQueue,
+    RetentionSpec,
 )
 from corral.projections.shape import Shape
 
@@ -70,7 +71,9 @@ def describe(body: Event, tenant: str | None = None) -> str:
             lane = f", short jobs up to {f.short_job_gpu_s:g} GPU-s first" if f.short_job_gpu_s else ""
             return f"admin sets the fair-share half-life to {f.half_life_s:g} s{lane}"
         case ApplyRetention(retention=r):
-            return f"admin keeps finished jobs {r.finished_s:g} s in the state"
+            usual = r.jobs_per_tenant == RetentionSpec().jobs_per_tenant
+            most = "" if usual else f", at most {r.jobs_per_tenant} jobs a tenant"
+            return f"admin keeps finished jobs {r.finished_s:g} s in the state{most}"
         case JobAccepted(job_id=jid, priority=prio):
             return f"admission accepts {jid} (priority {prio})"
         case JobPriorityChanged(job_id=jid, priority=prio, reason=r):

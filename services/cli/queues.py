@@ -42,7 +42,7 @@ from corral.services.cli.access import (
     server_url,
 )
 from corral.services.cli.display import emit
-from corral.services.cli.jobfile import convert, load_document
+from corral.services.cli.jobfile import BadInput, convert, load_document
 from corral.services.client import AsyncClient, CorralError, Invalid, Refused
 from corral.services.runtime import identities
 
@@ -110,9 +110,14 @@ def cmd_queue_fair_share(args: argparse.Namespace) -> None:
 
 def cmd_queue_retention(args: argparse.Namespace) -> None:
     keep = flags.seconds(args.finished, "--finished")
-    spec = RetentionSpec(finished_s=keep)
+    if args.jobs_per_tenant < 1:
+        raise BadInput(f"--jobs-per-tenant: {args.jobs_per_tenant} is not a number of jobs, 1 or more")
+    spec = RetentionSpec(finished_s=keep, jobs_per_tenant=args.jobs_per_tenant)
     send_admin(args, [("retention", ApplyRetention(retention=spec), "cluster")])
-    print(f"retention: finished jobs leave the state {keep:g} s after they end, from now on")
+    print(
+        f"retention: finished jobs leave the state {keep:g} s after they end, from now on; "
+        f"a tenant may have at most {args.jobs_per_tenant} jobs in it"
+    )
 
 
 def send_admin(args: argparse.Namespace, requests: list[tuple[str, Any, str]]) -> None:

@@ -31,7 +31,7 @@ from corral.events import codec, subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.jobs import CancelJob, JobSpec, Resources, SubmitJob
 from corral.events.log import Record
-from corral.events.queues import ApplyQueue, QueueSpec, Quota
+from corral.events.queues import ApplyQueue, ApplyRetention, QueueSpec, Quota, RetentionSpec
 from corral.events.server import EmbeddedServer
 from corral.projections.state import State
 from corral.services.cli.up import Settings, cluster, connect
@@ -427,3 +427,35 @@ async def test_only_the_administrator_configures_the_log_and_nobody_removes_it(s
     finally:
         await services.close()
         await admin.close()
+
+
+async def test_a_tenant_past_its_jobs_in_the_state_hears_why_and_another_is_not_held_back(
+    secured: Secured,
+) -> None:
+    # The admin lets a tenant have 3 jobs in the state. Tenant a floods: its first 3 jobs are
+    # taken (admission rejects them, too big for the node, and they stay for the retention
+    # period), the rest refused by the fold with the reason, which the read service tells a;
+    # b's job is taken as ever.
+    admin = await secured.session(identities.ADMIN)
+    try:
+        body = codec.encode(ApplyRetention(retention=RetentionSpec(finished_s=3600.0, jobs_per_tenant=3)))
+        set_at = await admin.send(subjects.admin("retention"), body, "retention:limit")
+    finally:
+        await admin.close()
+    await secured.until(set_at)
+    stored = [await secured.submit("a", f"flood-{i}", TOO_BIG) for i in range(6)]
+    b_at = await secured.submit("b", "jb", msgspec.structs.replace(TOO_BIG, queue="qb"))
+    state = await secured.watch.until(lambda st: st.seq >= b_at and "jb" in st.jobs, WAIT)
+    assert sorted(j for j in state.jobs if j.startswith("flood-")) == ["flood-0", "flood-1", "flood-2"]
+    assert state.jobs_by_tenant == {"a": 3, "b": 1}
+    a = await secured.session("a")
+    try:
+        for i, seq in enumerate(stored):
+            told = await a.ask("a", "verdict", job=f"flood-{i}", after=seq, verb="submit", wait=WAIT)
+            if i < 3:
+                assert told["verdict"] == "rejected", told  # admission's: it could never fit
+            else:
+                assert (told["verdict"], told["code"]) == ("refused", "limit"), told
+                assert "the most one tenant may have (3)" in told["reason"]
+    finally:
+        await a.close()

@@ -90,6 +90,25 @@ def test_a_retention_of_0_is_sent(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--finished:" not in err and "127.0.0.1:1" in err
 
 
+@pytest.mark.parametrize("most", ["0", "-5"])
+def test_a_limit_of_no_job_per_tenant_is_refused(most: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(
+            [
+                "queue",
+                "retention",
+                "--finished",
+                "1h",
+                f"--jobs-per-tenant={most}",
+                "--server",
+                "nats://127.0.0.1:1",
+            ]
+        )
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--jobs-per-tenant:" in err
+
+
 def test_a_gpu_nodes_agent_without_nvml_exits_with_why_and_offers_no_simulated_gpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

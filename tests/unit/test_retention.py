@@ -152,6 +152,38 @@ def test_the_victims_of_a_beneficiary_let_go_stop_naming_it() -> None:
     assert state.jobs["v"].phase == "checkpointing"  # it still stops, for nobody
 
 
+# -- a tenant's jobs -------------------------------------------------------------------------------
+
+
+def test_a_tenant_past_its_jobs_in_the_state_is_refused_until_some_are_let_go() -> None:
+    # Alice may have 3 jobs in the state: a finished one not let go counts, and so does one
+    # admission rejected; her fourth submission is refused with the reason, and Bob's is not.
+    log = LogBuilder().nodes(Cluster(1)).retention(60.0, jobs_per_tenant=3).queue("team-a")
+    done(running("a1", log=log), "a1")
+    log.submit("alice", "a2", job().gpus(1)).accept("a2")
+    log.submit("alice", "bad", job().gpus(1))
+    why = Reason("invalid", "too big")
+    log.event(subj.job("bad"), JobRejected(job_id="bad", request_seq=log.last_seq, reason=why))
+    state = log.submit("alice", "a4", job().gpus(1)).fold()
+    r = state.rejections[-1]
+    assert (r.code, r.job_id) == ("limit", "a4") and "a4" not in state.jobs
+    assert "has 3 jobs in the cluster's state, the most one tenant may have (3)" in r.message
+    assert state.jobs_by_tenant == {"alice": 3}
+    state = log.submit("bob", "b1", job().gpus(1)).fold()
+    assert state.jobs["b1"].phase == "submitted" and state.jobs_by_tenant == {"alice": 3, "bob": 1}
+    # A minute after a1 and bad ended, both are let go: Alice may submit again.
+    ended = state.jobs["bad"].phase_since
+    state = log.at(ended + 60.0).submit("alice", "a4", job().gpus(1)).fold()
+    assert state.jobs["a4"].phase == "submitted" and state.jobs_by_tenant == {"alice": 2, "bob": 1}
+    indexes.check(state)
+
+
+@pytest.mark.parametrize("most", [0, -1])
+def test_a_limit_of_no_job_is_refused(most: int) -> None:
+    state = LogBuilder().retention(60.0, jobs_per_tenant=most).fold()
+    assert state.rejections[-1].code == "malformed" and state.retention == RetentionSpec()
+
+
 # -- the admin's setting ---------------------------------------------------------------------------
 
 

@@ -38,35 +38,30 @@ def test_a_missing_alibaba_file_is_named_even_where_no_trace_is(
     assert capsys.readouterr().err == "corral: typo.csv: no such file\n"
 
 
+NOWHERE = ("--server", "nats://127.0.0.1:1")  # refused before anything is sent: no server is there
+
+
+def refused_for(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command exits 2 with one line on stderr naming ``flag``."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main([*argv, *NOWHERE])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag}:" in err
+
+
 @pytest.mark.parametrize("half_life", ["0", "-60", "inf", "nan", "-1h", "0m", "soon", "1h-"])
 def test_a_half_life_that_is_no_positive_number_of_seconds_is_refused(
     half_life: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as stop:
-        cli.main(["queue", "fair-share", f"--half-life-s={half_life}", "--server", "nats://127.0.0.1:1"])
-    assert stop.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--half-life:" in err
+    refused_for(["queue", "fair-share", f"--half-life-s={half_life}"], "--half-life", capsys)
 
 
 @pytest.mark.parametrize("short", ["-1", "inf", "nan", "-1h", "1x"])
 def test_a_short_job_lane_that_is_no_amount_of_gpu_time_is_refused(
     short: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as stop:
-        cli.main(
-            [
-                "queue",
-                "fair-share",
-                "--half-life=1d",
-                f"--short-jobs={short}",
-                "--server",
-                "nats://127.0.0.1:1",
-            ]
-        )
-    assert stop.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--short-jobs:" in err
+    refused_for(["queue", "fair-share", "--half-life=1d", f"--short-jobs={short}"], "--short-jobs", capsys)
 
 
 @pytest.mark.parametrize("finished_s", ["-1", "inf", "nan", "-1h", "1x"])
@@ -74,11 +69,14 @@ def test_a_retention_that_is_no_number_of_seconds_is_refused(
     finished_s: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Refused before anything is sent (the server named here is not there): 0 is allowed."""
-    with pytest.raises(SystemExit) as stop:
-        cli.main(["queue", "retention", f"--finished-s={finished_s}", "--server", "nats://127.0.0.1:1"])
-    assert stop.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--finished:" in err
+    refused_for(["queue", "retention", f"--finished-s={finished_s}"], "--finished", capsys)
+
+
+@pytest.mark.parametrize("most", ["0", "-5"])
+def test_a_limit_of_no_job_per_tenant_is_refused(most: str, capsys: pytest.CaptureFixture[str]) -> None:
+    refused_for(
+        ["queue", "retention", "--finished", "1h", f"--jobs-per-tenant={most}"], "--jobs-per-tenant", capsys
+    )
 
 
 def test_a_retention_of_0_is_sent(capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,25 +86,6 @@ def test_a_retention_of_0_is_sent(capsys: pytest.CaptureFixture[str]) -> None:
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "--finished:" not in err and "127.0.0.1:1" in err
-
-
-@pytest.mark.parametrize("most", ["0", "-5"])
-def test_a_limit_of_no_job_per_tenant_is_refused(most: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as stop:
-        cli.main(
-            [
-                "queue",
-                "retention",
-                "--finished",
-                "1h",
-                f"--jobs-per-tenant={most}",
-                "--server",
-                "nats://127.0.0.1:1",
-            ]
-        )
-    assert stop.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--jobs-per-tenant:" in err
 
 
 def test_a_gpu_nodes_agent_without_nvml_exits_with_why_and_offers_no_simulated_gpus(

@@ -72,8 +72,8 @@ Both run on the simulator (``driver.py``) with the services deciding once a minu
 time (``cycle_s``, 60 s: a scheduler on a one-minute cycle; 0 decides at every event, as the
 live services do, and takes about twice as long to simulate: over the 20,000 jobs, ``corral sim
 --trace philly --policies corral,tiresias --cycle 0``, corral 5.53 h of average JCT (0.92 h of
-average wait, Jain's index 0.950) and Tiresias 5.11 h (Jain 0.934), each about 0.1–0.2 h below
-its one-minute figures, the gap between them the same), and finished
+average wait, Jain's index 0.950) and Tiresias 5.11 h (Jain 0.934), 0.21 and 0.12 h below their
+one-minute figures, 0.42 h apart against 0.51), and finished
 jobs let go by the fold at once (a retention period of 0, ``RETENTION``), which changes no
 decision: what is reported comes from the simulator's own figures per job, not the state.
 

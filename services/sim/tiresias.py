@@ -17,12 +17,12 @@ What it does each cycle, in the paper's terms:
   running keep their GPUs ahead of those waiting, so a job is stopped only for a job of the
   higher queue. The walk over that order starts every waiting job that fits in what the jobs
   before it left (a job that does not fit is skipped, not waited for), and stops every running
-  job of the low queue whose GPUs a job before it took (but one the fold would refuse: corral's
-  rule of never twice between the same two jobs, which binds every policy of the replay). A
-  stop is a checkpoint-and-stop through
-  corral's own preemption (``PreemptionRequested``, the job's grace period as deadline), the
-  same physics as corral's preemptor's; a job that cannot checkpoint is not preemptible, under
-  every policy, and keeps its GPUs.
+  job of the low queue whose GPUs a job before it took, save a stop the fold would refuse
+  (corral's rule of never twice between the same two jobs, which binds every policy of the
+  replay). A stop is a checkpoint-and-stop through corral's own preemption
+  (``PreemptionRequested``, the job's grace period as deadline), the same physics as corral's
+  preemptor's; a job that cannot checkpoint is not preemptible, under every policy, and keeps
+  its GPUs.
 - Placement is consolidated: each worker goes where it needs to stop the fewest GPUs of running
   jobs (those it stops the latest in the order), then on the node it fills best (best fit), so
   a gang lands on as few nodes as its workers allow. The paper consolidates only "skewed"
@@ -205,10 +205,10 @@ def plan(
     that job)`` allows (the fold's rule, ``preemption.not_again``: never twice between the same
     two jobs while neither's priority changed; a stop it would refuse, asked again every cycle,
     would be all the role ever did). If none may stop it, it keeps its GPUs, and the jobs that
-    took them wait for them to free. A waiting candidate
-    takes room for each worker where it stops the fewest GPUs of running jobs, then where the
-    jobs it stops come latest in the order, then where it fits best, then by node name; it
-    starts now if all it took was idle, else it waits for the stops (holding the room)."""
+    took them wait for them to free. A waiting candidate takes room for each worker where it
+    stops the fewest GPUs of running jobs, then where the jobs it stops come latest in the
+    order, then where it fits best, then by node name; it starts now if all it took was idle,
+    else it waits for the stops (holding the room)."""
     walk = order(candidates)
     room = dict(room)
     idle = dict(free)

@@ -498,11 +498,16 @@ async def placed(make: Callable[[], Awaitable[T]], within: float = PLACING_WITHI
     """``make()`` (a stream's creation), again while the cluster cannot place it yet: a cluster
     just started has a meta leader before it knows every peer as current, and a stream of three
     replicas needs three; and while a server still removes the store of a stream of that name
-    deleted just before. Bounded: after ``within`` seconds the refusal is raised."""
+    deleted just before; and while nobody answers (a leader elected again under load): the same
+    configuration asked twice is created once, so asking again is safe. Bounded: after
+    ``within`` seconds the refusal is raised."""
     deadline = asyncio.get_running_loop().time() + within
     while True:
         try:
             return await make()
+        except UNANSWERED:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
         except (
             nats.js.errors.BadRequestError,
             nats.js.errors.ServiceUnavailableError,

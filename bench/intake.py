@@ -77,7 +77,7 @@ async def main(args: argparse.Namespace) -> None:
             await setup.close()  # the administrator configures the stream; the services append
             log = await JetStreamLog.connect(server.url, **identities.login(passwords, identities.SERVICES))
             intake_log = await intake_connect(server.url, **identities.login(passwords, identities.INTAKE))
-            intake = Intake(intake_log)
+            intake = Intake(intake_log, rate=None)  # what the intake costs, not its rate per tenant
             stop = asyncio.Event()
             running = asyncio.create_task(intake.run(stop))
             await intake.ready.wait()

@@ -31,7 +31,7 @@ from corral.services.cli.access import (
 )
 from corral.services.cli.display import emit, node_table
 from corral.services.cli.jobfile import BadInput
-from corral.services.cli.serve import observe
+from corral.services.cli.serve import observe, tenant_rate
 from corral.services.query import present
 from corral.services.runtime import identities
 
@@ -65,7 +65,11 @@ def cmd_up(args: argparse.Namespace) -> None:
     if args.replicas is not None and args.server is None and args.replicas > (args.cluster or 1):
         raise BadInput(f"--replicas {args.replicas}: more than the {args.cluster or 1} NATS servers started")
     settings = Settings(
-        auth=args.auth, tenants=tenants, nats_servers=args.cluster or 1, replicas=args.replicas
+        auth=args.auth,
+        tenants=tenants,
+        nats_servers=args.cluster or 1,
+        replicas=args.replicas,
+        tenant_rate=tenant_rate(args.tenant_rate, args.tenant_burst),
     )
     observe(args)
     try:

@@ -51,6 +51,7 @@ from corral.services.cli.queues import (
 )
 from corral.services.cli.serve import HEARTBEAT, LOST_AFTER, cmd_serve
 from corral.services.client import CorralError, Refused, TimedOut
+from corral.services.intake import rate
 from corral.services.runtime import identities
 
 
@@ -60,6 +61,24 @@ class _Parser(argparse.ArgumentParser):
 
 
 # -- parser -------------------------------------------------------------------------------------
+
+
+def add_tenant_rate(p: argparse.ArgumentParser) -> None:
+    """The intake's rate per tenant (``services/intake/rate.py``), for ``up`` and ``serve``."""
+    p.add_argument(
+        "--tenant-rate",
+        type=float,
+        default=rate.DEFAULT.per_s,
+        help="intake: requests a second each tenant may keep sending to this replica; past it, "
+        f"answered 429 with when to retry (0: no limit; default {rate.DEFAULT.per_s:g})",
+    )
+    p.add_argument(
+        "--tenant-burst",
+        type=int,
+        default=rate.DEFAULT.burst,
+        help="intake: requests a tenant may send at once after a quiet while "
+        f"(default {rate.DEFAULT.burst:,})",
+    )
 
 
 def add_observing(p: argparse.ArgumentParser) -> None:
@@ -115,6 +134,7 @@ def parser() -> argparse.ArgumentParser:
         help="require logins: each tenant may only send its own requests and ask about its own jobs",
     )
     up.add_argument("--tenants", help="with --auth: comma-separated tenants that get a login")
+    add_tenant_rate(up)
     add_observing(up)
     up.add_argument(
         "--cluster",
@@ -176,6 +196,7 @@ def parser() -> argparse.ArgumentParser:
         help="health: seconds of silence before a node is lost and its jobs requeue "
         f"(default {LOST_AFTER:g})",
     )
+    add_tenant_rate(sv)
     add_observing(sv)
     sv.add_argument(
         "--reconnect-s",

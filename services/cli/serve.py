@@ -27,6 +27,7 @@ from corral.services.cli.access import (
     server_url,
 )
 from corral.services.cli.jobfile import BadInput
+from corral.services.intake.rate import Rate
 from corral.services.runtime import identities
 
 
@@ -67,6 +68,16 @@ def serve_roles() -> dict[str, str]:
     return {**dict.fromkeys(leased, "leased"), **dict.fromkeys(shared, "shared"), "agent": "node"}
 
 
+def tenant_rate(per_s: float, burst: int) -> Rate | None:
+    """The intake's rate per tenant from ``--tenant-rate`` and ``--tenant-burst`` (0: none)."""
+    if per_s == 0:
+        return None
+    try:
+        return Rate(per_s, burst)
+    except ValueError as e:
+        raise BadInput(f"--tenant-rate {per_s:g} --tenant-burst {burst}: {e}") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     """One service as its own process, against a running NATS."""
     from corral.services.runtime import metrics
@@ -84,6 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
             f"--lost-after-s {args.lost_after_s:g}: more than {SUSPECT_AFTER} heartbeats "
             f"({args.heartbeat_s * SUSPECT_AFTER:g} s), when a silent node is suspect"
         )
+    rate = tenant_rate(args.tenant_rate, args.tenant_burst)
     if args.role == "agent":
         serve_agent(args)
         return
@@ -107,6 +119,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     holder = f"{args.role}@{socket.gethostname()}:{os.getpid()}"
     if args.role in stateless:
         creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
+        if args.role == intake_service.ROLE:
+            creds["rate"] = rate
         run_one = stateless[args.role](server_url(args.server), **creds, **reconnecting(args.reconnect_s))
         announce(args.role, holder, "started; no lease: every replica answers its share")
 

@@ -54,6 +54,8 @@ from corral.services.health.decide import HeartbeatTracker
 from corral.services.health.service import ROLE as HEALTH
 from corral.services.health.service import HealthMonitor
 from corral.services.intake import service as intake_service
+from corral.services.intake.rate import DEFAULT as DEFAULT_RATE
+from corral.services.intake.rate import Rate
 from corral.services.placer import service as placer_service
 from corral.services.preemptor import service as preemptor_service
 from corral.services.query import service as read_service
@@ -121,6 +123,7 @@ class Settings:
     # 3), or on servers given with ``--server`` as they allow: 3 on a cluster of 3 or more, else 1.
     replicas: int | None = None
     connect_within: float = 5.0  # seconds to reach a server given with ``--server``
+    tenant_rate: Rate | None = DEFAULT_RATE  # how fast the intake takes each tenant's requests
 
 
 @dataclass
@@ -323,7 +326,7 @@ async def cluster(
         intake_log = await intake_service.connect(url, **login(identities.INTAKE))
         stack.push_async_callback(intake_log.close)
         service_logs.append(intake_log)
-        intake = intake_service.Intake(intake_log)
+        intake = intake_service.Intake(intake_log, cfg.tenant_rate)
         running.intake = intake
         tasks.append(asyncio.create_task(intake.run(stop), name=intake_service.ROLE))
         # Each node's view of the log, in the bucket its agent watches: agents fold nothing.

@@ -243,8 +243,12 @@ class AsyncClient:
             raise Unreachable(f"the intake answered {msg[:200]!r}") from None
         if "error" in ack:
             error = ack["error"]
-            if error.get("code") == 503:  # the intake, or the log behind it, cannot take it now
-                raise Busy(f"{verb} not taken: {error.get('description', error)}")
+            # 503: the intake, or the log behind it, cannot take it now; 429: this tenant sends
+            # faster than its rate.
+            if error.get("code") in (503, 429):
+                retry_s = error.get("retry_s")
+                retry_s = float(retry_s) if isinstance(retry_s, int | float) else 0.0
+                raise Busy(f"{verb} not taken: {error.get('description', error)}", retry_s)
             raise Refused(str(error.get("code", "")), f"{verb} refused: {error.get('description', error)}")
         return int(ack["seq"]), bool(ack.get("duplicate", False))
 

@@ -30,7 +30,12 @@ class Invalid(CorralError, ValueError):
 class Busy(CorralError):
     """corral is up but cannot take this now: the intake (or the log behind it) a request, the
     read service or the forecast role a question, with too many of this tenant's in hand or in
-    all. Nothing was wrong with it and nothing was done; send it again shortly."""
+    all, or the tenant sending faster than its rate. Nothing was wrong with it and nothing was
+    done; send it again after ``retry_s`` seconds (0.0 when corral did not say)."""
+
+    def __init__(self, message: str, retry_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_s = retry_s
 
 
 class TimedOut(CorralError):

@@ -6,7 +6,8 @@ requests judged while a batch is on its way wait for the next, and each batch go
 (``append_many``), so the intake keeps pace with many clients at the cost of one round trip per
 batch. At most ``MAX_WAITING`` requests wait, and at most ``MAX_WAITING_PER_TENANT`` of one tenant's,
 so that a tenant sending without end cannot keep the others' requests out; past either a
-request is answered busy at once (503, as JetStream answers when it cannot take a message). What
+request is answered busy at once (503, as JetStream answers when it cannot take a message). A
+tenant past its rate (``rate.py``) is answered 429 with when to send again. What
 the stream says (stored at ``seq``, a duplicate, or an error) is the answer; a request the log
 could not take is answered with the error, never dropped silently.
 """
@@ -28,6 +29,7 @@ from corral.events import subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import Ack, Append, LogError
 from corral.services.intake.decide import Accept, Refuse, decide
+from corral.services.intake.rate import DEFAULT, Buckets, Rate
 from corral.services.runtime import identities, logs
 
 log = logging.getLogger("corral.intake")
@@ -46,12 +48,16 @@ async def connect(url: str, **options: Any) -> JetStreamLog:
 
 
 class Intake:
-    def __init__(self, log_: JetStreamLog) -> None:
+    def __init__(self, log_: JetStreamLog, rate: Rate | None = DEFAULT) -> None:
+        """``rate``: how fast each tenant's requests are taken (None: as fast as they come)."""
         self.log = log_
         self.ready = asyncio.Event()
         self.dropped = 0  # requests with nowhere safe to answer
         self.refused = 0
+        self.limited = 0  # requests past their tenant's rate
         self.appended = 0
+        self._buckets = Buckets(rate) if rate is not None else None
+        self._limited_tenants: set[str] = set()  # told of in the service's log since they last sent in time
         self._waiting: list[tuple[Accept, str]] = []  # judged, to append, with where to answer
         self._waiting_of: dict[str, int] = {}  # per tenant, how many of ``_waiting`` are theirs
         self._arrived = asyncio.Event()
@@ -68,6 +74,11 @@ class Intake:
             await self._answer(msg.reply, {"error": error})
             return
         tenant = msg.subject.split(".", 3)[2]  # ``decide`` took it: corral.req.<tenant>.<verb>
+        if self._buckets is not None:
+            over = self._over_rate(tenant)
+            if over is not None:
+                await self._answer(msg.reply, {"error": over})
+                return
         mine = self._waiting_of.get(tenant, 0)
         if len(self._waiting) >= MAX_WAITING or mine >= MAX_WAITING_PER_TENANT:
             why = "the intake is busy" if mine < MAX_WAITING_PER_TENANT else f"{mine} requests of yours wait"
@@ -76,6 +87,25 @@ class Intake:
         self._waiting_of[tenant] = mine + 1
         self._waiting.append((verdict, msg.reply))
         self._arrived.set()
+
+    def _over_rate(self, tenant: str) -> dict[str, Any] | None:
+        """None when ``tenant`` is within its rate (its request's token taken); else the error
+        to answer, with the seconds until it may send again."""
+        assert self._buckets is not None
+        wait = self._buckets.take(tenant, asyncio.get_running_loop().time())
+        if wait == 0.0:
+            self._limited_tenants.discard(tenant)
+            return None
+        self.limited += 1
+        rate = self._buckets.rate
+        if tenant not in self._limited_tenants:  # once while it stays too fast, not per request
+            if len(self._limited_tenants) >= MAX_WAITING:
+                self._limited_tenants.clear()  # without logins, any name is a tenant
+            self._limited_tenants.add(tenant)
+            log.warning("tenant %s is past %g requests a second (burst %d): refused until it slows",
+                        tenant, rate.per_s, rate.burst)  # fmt: skip
+        why = f"more than {rate.per_s:g} requests a second of yours (burst {rate.burst})"
+        return {"code": 429, "description": f"{why}: retry in {wait:.3f} s", "retry_s": round(wait, 3)}
 
     async def _appending(self, stop: asyncio.Event) -> None:
         """Append what waits, a batch at a time, and answer each request with its result."""
@@ -131,13 +161,13 @@ class Intake:
             await appending
 
 
-def serve(url: str, **options: Any) -> Callable[[asyncio.Event], Any]:
+def serve(url: str, rate: Rate | None = DEFAULT, **options: Any) -> Callable[[asyncio.Event], Any]:
     """``corral serve intake``: connect, then run until ``stop``; the connection closes after."""
 
     async def run(stop: asyncio.Event) -> None:
         intake_log = await connect(url, **options)
         try:
-            await Intake(intake_log).run(stop)
+            await Intake(intake_log, rate).run(stop)
         finally:
             await intake_log.close()
 

@@ -15,6 +15,8 @@ Waits are on the log (``Watcher.until``) or on the server's answer, with a timeo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -36,6 +38,8 @@ from corral.events.server import EmbeddedServer
 from corral.projections.state import State
 from corral.services.cli.up import Settings, cluster, connect
 from corral.services.cli.watch import Watcher
+from corral.services.client import AsyncClient, Busy
+from corral.services.intake.rate import Rate
 from corral.services.query.client import Refused, Session
 from corral.services.runtime import identities
 
@@ -75,7 +79,13 @@ class Secured:
 @pytest.fixture
 async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
     """A corral with logins for tenants ``a`` and ``b``, their queues applied by the admin."""
-    async with cluster(None, 1, "h100-8x", tmp_path / "data", settings=LOGINS) as running:
+    async with securing(tmp_path, LOGINS) as secured:
+        yield secured
+
+
+@contextlib.asynccontextmanager
+async def securing(tmp_path: Path, settings: Settings) -> AsyncIterator[Secured]:
+    async with cluster(None, 1, "h100-8x", tmp_path / "data", settings=settings) as running:
         assert running.credentials is not None
         passwords = identities.load(running.credentials)
         log = await connect(running.url, **identities.login(passwords, identities.SERVICES))
@@ -459,3 +469,26 @@ async def test_a_tenant_past_its_jobs_in_the_state_hears_why_and_another_is_not_
                 assert "the most one tenant may have (3)" in told["reason"]
     finally:
         await a.close()
+
+
+async def test_a_tenant_past_its_rate_is_told_when_to_retry_and_nothing_of_it_is_appended(
+    tmp_path: Path,
+) -> None:
+    # The intake takes each tenant's requests at its rate: a burst of 3, then one every 100 s.
+    # Tenant a's fourth submit in a row is answered at once, busy with when to send again, and
+    # the log does not have it; b's is taken as ever.
+    slow = dataclasses.replace(LOGINS, tenant_rate=Rate(per_s=0.01, burst=3))
+    async with securing(tmp_path, slow) as secured:
+        before = await secured.log.last_seq()
+        login = {"user": "a", "password": secured.passwords["a"]}
+        async with AsyncClient(secured.url, tenant="a", **login) as a:
+            taken = [await a.submit(JobSpec(queue="qa"), f"burst-{i}", wait=False) for i in range(3)]
+            with pytest.raises(Busy, match=r"more than 0.01 requests a second of yours \(burst 3\)") as told:
+                await a.submit(JobSpec(queue="qa"), "burst-3", wait=False)
+            assert 90 < told.value.retry_s <= 100
+        b_at = await secured.submit("b", "jb", JobSpec(queue="qb"))
+        state = await secured.watch.until(lambda st: st.seq >= b_at and "jb" in st.jobs, WAIT)
+        assert sorted(j for j in state.jobs if j.startswith("burst-")) == ["burst-0", "burst-1", "burst-2"]
+        appended = await records_since(secured.log, before)
+        assert not [r for r in appended if b"burst-3" in r.data]
+        assert [t.seq for t in taken] == sorted(t.seq for t in taken)

@@ -112,6 +112,33 @@ async def test_a_tenant_sending_without_end_does_not_keep_the_others_out() -> No
     assert waiting.count("corral.in.a.submit") == cap and waiting[-1] == "corral.in.b.submit"
 
 
+async def test_a_tenant_past_its_rate_is_told_when_to_send_again_and_nothing_of_it_waits() -> None:
+    from types import SimpleNamespace
+
+    from corral.services.intake import service
+    from corral.services.intake.rate import Rate
+
+    answers: list[tuple[str, dict[str, object]]] = []
+
+    async def publish(subject: str, body: bytes) -> None:
+        answers.append((subject, json.loads(body)))
+
+    fake = SimpleNamespace(nc=SimpleNamespace(publish=publish))
+    intake = service.Intake(fake, Rate(per_s=0.5, burst=3))  # type: ignore[arg-type]
+    for tenant, n in (("a", 0), ("a", 1), ("a", 2), ("a", 3), ("a", 4), ("b", 0)):
+        reply = f"{INBOXES}.{tenant}.{n}"
+        msg = SimpleNamespace(subject=f"corral.req.{tenant}.submit", reply=reply, headers=None, data=SUBMIT)
+        await intake._on_request(msg)  # type: ignore[arg-type]
+    assert [reply for reply, _ in answers] == [f"{INBOXES}.a.3", f"{INBOXES}.a.4"]
+    for _, body in answers:
+        error = body["error"]
+        assert isinstance(error, dict) and error["code"] == 429
+        assert 0 < error["retry_s"] <= 2.0 and "more than 0.5 requests a second" in error["description"]
+    waiting = [accept.subject for accept, _ in intake._waiting]
+    assert waiting == ["corral.in.a.submit"] * 3 + ["corral.in.b.submit"]
+    assert intake.limited == 2
+
+
 async def test_an_intake_that_cannot_take_a_request_now_is_busy_to_the_client() -> None:
     from corral.client import AsyncClient, Busy, Refused
 
@@ -131,6 +158,12 @@ async def test_an_intake_that_cannot_take_a_request_now_is_busy_to_the_client() 
     busy = await answering({"error": {"code": 503, "description": "3 requests of yours wait: retry"}})
     with pytest.raises(Busy, match="requests of yours wait"):
         await busy.cancel("j1")
+    too_fast = await answering(
+        {"error": {"code": 429, "description": "more than 1 request", "retry_s": 0.75}}
+    )
+    with pytest.raises(Busy, match="more than 1 request") as told:
+        await too_fast.cancel("j1")
+    assert told.value.retry_s == 0.75
     refused = await answering({"error": {"code": 400, "description": "not a submit"}})
     with pytest.raises(Refused):
         await refused.cancel("j1")

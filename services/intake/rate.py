@@ -1,0 +1,78 @@
+"""How fast one tenant's requests go into the log: a token bucket per tenant.
+
+Every request the intake appends is in the log for good (the log is append-only), and every
+service folds it. A tenant's client in a loop would grow the log, and every replica's work, as
+fast as the intake appends; the waiting caps (``service.MAX_WAITING_PER_TENANT``) keep it from
+crowding others out of a batch, not from filling the disk. So each tenant may send ``per_s``
+requests a second, with ``burst`` at once after a quiet while (a sweep of jobs submitted
+together); past that, a request is answered 429 at once with when to send again, and nothing is
+appended. The buckets are each intake replica's: with ``n`` replicas sharing the requests a
+tenant gets up to ``n`` times the rate, which is what the operator sizes.
+
+Pure: the caller gives the time (monotonic seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rate:
+    per_s: float  # requests a second a tenant may keep sending
+    burst: int  # requests a tenant may send at once after a quiet while
+
+    def __post_init__(self) -> None:
+        # ``not (x > 0)`` also refuses NaN, which every comparison lets through.
+        if not (self.per_s > 0 and math.isfinite(self.per_s)):
+            raise ValueError(f"{self.per_s!r} requests a second: a number above 0")
+        if self.burst < 1:
+            raise ValueError(f"a burst of {self.burst}: at least 1")
+
+
+# Generous for people and their sweeps (10,000 jobs at once, then 1,000 a second), a bound on a
+# client gone wrong: a day of it is some 86 million records, not unbounded.
+DEFAULT = Rate(per_s=1_000.0, burst=10_000)
+
+_ROUNDING = 1e-9  # of a token: the refill's floating-point error
+
+
+class Buckets:
+    """A token bucket per tenant: ``take`` one request's token, or say how long until one."""
+
+    def __init__(self, rate: Rate) -> None:
+        self.rate = rate
+        self._left: dict[str, tuple[float, float]] = {}  # tenant: (tokens, when counted)
+        self._forget_past = 1_024  # a size past which full buckets are let go
+
+    def take(self, tenant: str, now: float) -> float:
+        """0.0 when ``tenant`` may send a request now (its token taken); else the seconds until
+        it may."""
+        rate = self.rate
+        tokens, at = self._left.get(tenant, (float(rate.burst), now))
+        tokens = min(float(rate.burst), tokens + max(now - at, 0.0) * rate.per_s)
+        if tokens >= 1.0 - _ROUNDING:  # a tenant back when it was told to be is taken
+            self._left[tenant] = (max(tokens - 1.0, 0.0), now)
+            if len(self._left) > self._forget_past:
+                self._forget_full(now)
+            return 0.0
+        self._left[tenant] = (tokens, now)
+        return (1.0 - tokens) / rate.per_s
+
+    def tenants(self) -> int:
+        """How many tenants' buckets are kept (a full one is the same as none)."""
+        return len(self._left)
+
+    def _forget_full(self, now: float) -> None:
+        """Let go of the buckets that have filled again: a tenant with none starts full. Without
+        logins anyone may name any tenant, so the buckets are bounded by the tenants active
+        within ``burst / per_s`` seconds; the size that triggers this doubles with what is kept,
+        so that each request pays for it a constant share."""
+        rate = self.rate
+        self._left = {
+            t: (tokens, at)
+            for t, (tokens, at) in self._left.items()
+            if tokens + max(now - at, 0.0) * rate.per_s < rate.burst
+        }
+        self._forget_past = max(1_024, 2 * len(self._left))

@@ -222,11 +222,14 @@ class AsyncClient:
     async def _store(self, verb: str, job_id: str, body: Any) -> tuple[int, bool]:
         """Send a request to the intake; the log sequence it was stored at, and whether it was a
         repeat of a message id. The message id's unguessable part keeps another tenant from
-        taking it first (the stream deduplicates ids across all subjects)."""
+        taking it first (the stream deduplicates ids across all subjects). Past the tenant's
+        rate the intake says when to send again: sent again then, the same message, while that
+        is within the client's ``timeout``; else ``Busy``."""
         from corral.services.runtime import tracing
 
         session = await self._connected()
         msg_id = f"{verb}:{self.tenant}:{job_id}:{secrets.token_hex(8)}"
+        deadline = time.monotonic() + self.timeout
         # The request's span is the root of its job's trace only when it is exported (a collector
         # configured by OTEL_EXPORTER_OTLP_*): a trace under a parent nobody records would have no
         # root, so without one no context travels and the job's trace is derived from the job.
@@ -234,22 +237,15 @@ class AsyncClient:
         with tracing.span(f"corral.{verb}", attributes=attributes, service="client") as span:
             tp = tracing.traceparent_of(span) if tracing.enabled("client") else None
             headers = {wire.MSG_ID: msg_id, **({"traceparent": tp} if tp else {})}
-            msg = await self._request(
-                session, subjects.intake(self.tenant, verb), codec.encode(body), headers
-            )
-        try:
-            ack = json.loads(msg)
-        except ValueError:
-            raise Unreachable(f"the intake answered {msg[:200]!r}") from None
-        if "error" in ack:
-            error = ack["error"]
-            # 503: the intake, or the log behind it, cannot take it now; 429: this tenant sends
-            # faster than its rate.
-            if error.get("code") in (503, 429):
-                retry_s = error.get("retry_s")
-                retry_s = float(retry_s) if isinstance(retry_s, int | float) else 0.0
-                raise Busy(f"{verb} not taken: {error.get('description', error)}", retry_s)
-            raise Refused(str(error.get("code", "")), f"{verb} refused: {error.get('description', error)}")
+            data, subject = codec.encode(body), subjects.intake(self.tenant, verb)
+            while True:
+                ack = _intake_answer(verb, await self._request(session, subject, data, headers))
+                if isinstance(ack, Busy) and ack.too_fast and time.monotonic() + ack.retry_s <= deadline:
+                    await asyncio.sleep(ack.retry_s)  # nothing was appended: the same message again
+                    continue
+                break
+        if isinstance(ack, Exception):
+            raise ack
         return int(ack["seq"]), bool(ack.get("duplicate", False))
 
     async def _request(
@@ -436,3 +432,22 @@ class AsyncClient:
                 return job
             if time.monotonic() >= deadline:
                 raise TimedOut(f"{job_id} is {job.phase}, not {state}, after {timeout:g}s")
+
+
+def _intake_answer(verb: str, msg: bytes) -> dict[str, Any] | Busy | Refused:
+    """The intake's answer: where the log stored the request, or why not (503: the intake, or
+    the log behind it, cannot take it now; 429: the tenant sends faster than its rate; any other
+    code: refused)."""
+    try:
+        ack = json.loads(msg)
+    except ValueError:
+        raise Unreachable(f"the intake answered {msg[:200]!r}") from None
+    if "error" not in ack:
+        return ack  # type: ignore[no-any-return]
+    error = ack["error"]
+    code = error.get("code")
+    if code in (503, 429):
+        retry_s = error.get("retry_s")
+        retry_s = float(retry_s) if isinstance(retry_s, int | float) and retry_s >= 0 else 0.0
+        return Busy(f"{verb} not taken: {error.get('description', error)}", retry_s, too_fast=code == 429)
+    return Refused(str(code or ""), f"{verb} refused: {error.get('description', error)}")

@@ -33,9 +33,10 @@ class Busy(CorralError):
     all, or the tenant sending faster than its rate. Nothing was wrong with it and nothing was
     done; send it again after ``retry_s`` seconds (0.0 when corral did not say)."""
 
-    def __init__(self, message: str, retry_s: float = 0.0) -> None:
+    def __init__(self, message: str, retry_s: float = 0.0, too_fast: bool = False) -> None:
         super().__init__(message)
         self.retry_s = retry_s
+        self.too_fast = too_fast  # the tenant past its rate (the intake's 429), not corral busy
 
 
 class TimedOut(CorralError):

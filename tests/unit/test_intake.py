@@ -158,12 +158,38 @@ async def test_an_intake_that_cannot_take_a_request_now_is_busy_to_the_client() 
     busy = await answering({"error": {"code": 503, "description": "3 requests of yours wait: retry"}})
     with pytest.raises(Busy, match="requests of yours wait"):
         await busy.cancel("j1")
-    too_fast = await answering(
-        {"error": {"code": 429, "description": "more than 1 request", "retry_s": 0.75}}
-    )
+    # Told to send again later than the client's timeout allows: Busy, with when.
+    too_fast = await answering({"error": {"code": 429, "description": "more than 1 request", "retry_s": 60}})
     with pytest.raises(Busy, match="more than 1 request") as told:
         await too_fast.cancel("j1")
-    assert told.value.retry_s == 0.75
+    assert told.value.retry_s == 60 and told.value.too_fast
     refused = await answering({"error": {"code": 400, "description": "not a submit"}})
     with pytest.raises(Refused):
         await refused.cancel("j1")
+
+
+async def test_a_client_past_its_rate_sends_the_same_request_again_when_told() -> None:
+    # The intake answers 429 with when to send again: within its timeout the client waits that
+    # long and sends the same message (its id too), then returns where the log stored it.
+    from corral.client import AsyncClient
+
+    client = AsyncClient("nats://127.0.0.1:1", tenant="team-a", timeout=5.0)
+    sent: list[tuple[bytes, dict[str, str]]] = []
+    answers = [
+        {"error": {"code": 429, "description": "more than 2 requests a second", "retry_s": 0.05}},
+        {"error": {"code": 429, "description": "more than 2 requests a second", "retry_s": 0.05}},
+        {"stream": "CORRAL", "seq": 42},
+    ]
+
+    async def connected() -> object:
+        return object()
+
+    async def request(_session: object, _subject: str, data: bytes, headers: dict[str, str]) -> str:
+        sent.append((data, headers))
+        return json.dumps(answers.pop(0))
+
+    client._connected = connected  # type: ignore[method-assign,assignment]
+    client._request = request  # type: ignore[method-assign,assignment]
+    stored = await client.cancel("j1", wait=False)
+    assert stored.seq == 42 and len(sent) == 3
+    assert len({(data, headers["Nats-Msg-Id"]) for data, headers in sent}) == 1

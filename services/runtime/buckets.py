@@ -15,7 +15,7 @@ from typing import Any
 from nats.js import api
 from nats.js import errors as js_errors
 
-from corral.events.jetstream import placed
+from corral.events.jetstream import answered, placed
 from corral.events.subjects import STREAM
 
 
@@ -30,9 +30,10 @@ async def replicas_of_log(js: Any) -> int:
 
 async def ensure(js: Any, bucket: str, replicas: int, **config: Any) -> None:
     """Create ``bucket`` with ``replicas`` (and ``config``: ttl, history, direct), or bring an
-    existing one to ``replicas``. Idempotent."""
+    existing one to ``replicas``. Idempotent. Each request is asked again while nobody answers
+    (a cluster electing its leader), within ``placed``'s bound."""
     try:
-        await js.key_value(bucket)
+        await answered(lambda: js.key_value(bucket))
     except js_errors.BucketNotFoundError:
         with contextlib.suppress(js_errors.BadRequestError):  # another made it first
             await placed(
@@ -40,7 +41,7 @@ async def ensure(js: Any, bucket: str, replicas: int, **config: Any) -> None:
             )
             return
     stream = f"KV_{bucket}"
-    info = await js.stream_info(stream)
+    info = await answered(lambda: js.stream_info(stream))
     if (info.config.num_replicas or 1) != replicas:
         info.config.num_replicas = replicas
         await placed(lambda: js.update_stream(info.config))
@@ -49,11 +50,11 @@ async def ensure(js: Any, bucket: str, replicas: int, **config: Any) -> None:
 async def open_bucket(js: Any, bucket: str, **config: Any) -> Any:
     """``bucket``, made if missing with the log's replica count."""
     try:
-        return await js.key_value(bucket)
+        return await answered(lambda: js.key_value(bucket))
     except js_errors.BucketNotFoundError:
         replicas = await replicas_of_log(js)
         with contextlib.suppress(js_errors.BadRequestError):  # another replica made it first
             await placed(
                 lambda: js.create_key_value(api.KeyValueConfig(bucket=bucket, replicas=replicas, **config))
             )
-        return await js.key_value(bucket)
+        return await answered(lambda: js.key_value(bucket))

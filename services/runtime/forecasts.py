@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import msgspec
 from nats import errors as nats_errors
 
+from corral.events.jetstream import answered
 from corral.services.runtime import buckets
 
 log = logging.getLogger("corral.forecasts")
@@ -107,7 +108,7 @@ class KvForecasts:
 
     @classmethod
     async def open(cls, nc: Any) -> KvForecasts:
-        return cls(nc, await nc.jetstream().key_value(BUCKET))
+        return cls(nc, await answered(lambda: nc.jetstream().key_value(BUCKET)))
 
     async def put(self, tenant: str, value: bytes) -> None:
         assert self.kv is not None, "opened to read only"

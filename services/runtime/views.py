@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import msgspec
 from nats import errors as nats_errors
 
+from corral.events.jetstream import answered
 from corral.events.log import LogError
 from corral.projections.assignments import NodeView, decode
 from corral.services.runtime import buckets
@@ -122,7 +123,7 @@ class KvViewStore:
 
     @classmethod
     async def open(cls, nc: Any) -> KvViewStore:
-        return cls(await nc.jetstream().key_value(BUCKET))
+        return cls(await answered(lambda: nc.jetstream().key_value(BUCKET)))
 
     async def put(self, node: str, value: bytes) -> None:
         before = self._parts.get(node)

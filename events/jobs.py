@@ -112,7 +112,15 @@ class SubmitJob(Request, frozen=True, kw_only=True):
 
 class CancelJob(Request, frozen=True, kw_only=True):
     job_id: str
-    reason: str = ""
+    reason: str = ""  # the job's reason once cancelled: ``said_reason`` keeps REASON_CHARS of it
+
+
+REASON_CHARS = 512  # of a tenant's reason kept: it is shown in every listing of the job
+
+
+def said_reason(text: str) -> str:
+    """A tenant's reason as corral keeps and shows it: at most ``REASON_CHARS`` characters."""
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 1] + "…"
 
 
 class ResizeJob(Request, frozen=True, kw_only=True):

@@ -27,6 +27,7 @@ from corral.projections.state import (
     JobState,
     State,
 )
+from corral.projections.visibility import job_named
 
 # -- placement and preemption -------------------------------------------------------------------
 
@@ -96,10 +97,10 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         victims.append(job)
     if ev.moves:
         why = moves.may_move(state, victims, beneficiary, ctx.time, ev.moves)
-        what = f"moved to make room for {ev.beneficiary}"
+        what = "moved to make room for {}"
     else:
         why = preemption.may_stop(state, victims, beneficiary, ctx.time, on_key=ev.key)
-        what = f"preempted for {ev.beneficiary}"
+        what = "preempted for {}"
     if why is not None:
         raise voided(ev.beneficiary, f"victim {why}")
     if beneficiary.phase == "queued":
@@ -112,7 +113,9 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         job.stopped_for = stopped_for(job, beneficiary)
         add_victim(beneficiary, job)
         job.preempt_deadline = log_deadline(ctx, ev.now, ev.deadline)
-        job.reasons = (Reason("preempted", what),)
+        job.reasons = (
+            Reason("preempted", what.format(job_named(ev.beneficiary, beneficiary.tenant, job.tenant))),
+        )
         indexes.explain(state, job)
         if not job.live:
             move(state, job, "stop", ctx)
@@ -141,7 +144,8 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     if beneficiary.phase == "queued":
         beneficiary.reclaim_key = ev.key
     add_victim(beneficiary, job)
-    job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {ev.beneficiary}"),)
+    for_whom = job_named(ev.beneficiary, beneficiary.tenant, job.tenant)
+    job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {for_whom}"),)
     indexes.explain(state, job)
 
 

@@ -22,6 +22,7 @@ from corral.events.jobs import (
     CancelJob,
     ResizeJob,
     SubmitJob,
+    said_reason,
 )
 from corral.events.queues import (
     ApplyCohort,
@@ -101,7 +102,7 @@ def _cancel(state: State, ctx: Ctx, req: CancelJob) -> None:
     if job.phase in FINAL:
         raise Refused("illegal", f"job {job.id} is already {job.phase}", job.id)
     move(state, job, "cancel", ctx)
-    job.reasons = (Reason("cancelled", req.reason or f"cancelled by {ctx.tenant}"),)
+    job.reasons = (Reason("cancelled", said_reason(req.reason) or f"cancelled by {ctx.tenant}"),)
     indexes.explain(state, job)
     stop_holding(state, job, ctx)
 

@@ -11,7 +11,7 @@ listing it (admissions, placements, unschedulable jobs, a preemption's beneficia
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 import msgspec
@@ -19,7 +19,13 @@ import msgspec
 from corral.events import codec, subjects
 from corral.events.base import Event, Reason
 from corral.events.codec import DecodeError
-from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionRequested, ShrinkRequested
+from corral.events.decisions import (
+    JobsPlaced,
+    JobsUnschedulable,
+    PreemptionRequested,
+    ShrinkRequested,
+    Victim,
+)
 from corral.events.jobs import (
     AdmissionWithdrawn,
     CancelJob,
@@ -31,10 +37,12 @@ from corral.events.jobs import (
     PendingReasonChanged,
     ResizeJob,
     SubmitJob,
+    said_reason,
 )
 from corral.events.log import Record
 from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
 from corral.events.routing import job_ids as job_ids_of
+from corral.projections import visibility
 from corral.projections.shape import Shape
 from corral.projections.state import Rejection, State
 
@@ -69,9 +77,19 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
         for job_id in job_ids_of(body):
             if tenant is not None and not _may_speak_of(state, tenant, job_id, body):
                 continue
-            summary, refused = summarize(body, job_id, batch), _refused(refusal, body, job_id)
+            # A job's history is its owner's to read: other tenants' jobs are not named in it.
+            owner = state.jobs[job_id].tenant if job_id in state.jobs else None
+            named = _named_for(state, owner) if isinstance(body, _OF_OTHERS) else None
+            summary = summarize(body, job_id, batch, named)
+            refused = _refused(refusal, body, job_id, named)
             out.append(JobEvent(job_id, rec.seq, rec.subject, kind, rec.time, summary, refused))
     return out
+
+
+def _named_for(state: State, owner: str | None) -> Callable[[str], str]:
+    """How the history of a job of ``owner`` names another job (``visibility.job_named``)."""
+    jobs = state.jobs
+    return lambda other: visibility.job_of(jobs, other, owner) if owner is not None else visibility.OTHER_JOB
 
 
 def _decode(rec: Record) -> tuple[Event | None, str | None]:
@@ -94,9 +112,12 @@ def _may_speak_of(state: State, tenant: str, job_id: str, body: Event) -> bool:
     return job.tenant == tenant
 
 
-def _refused(rej: Rejection | None, body: Event, job_id: str) -> str:
+def _refused(rej: Rejection | None, body: Event, job_id: str, named: Callable[[str], str] | None) -> str:
     if rej is None:
         return ""
+    if named is not None and any(named(j) != j for j in job_ids_of(body)):
+        # Why the fold refused a decision about several jobs names them, another tenant's too.
+        return f"{rej.code}: refused by the fold"
     if rej.code == "void" and isinstance(body, JobsAdmitted | JobsPlaced):
         # Batches are arbitrated item by item: only the items the fold voided were refused.
         why = next((why for voided, why in rej.voided if voided == job_id), None)
@@ -117,10 +138,17 @@ _WORD = re.compile(r"(?<!^)(?=[A-Z])")
 BATCHES = (JobsAdmitted, JobsPlaced, JobsUnschedulable)  # decisions that speak of many jobs
 
 
-def summarize(body: Event, job_id: str, batch: Mapping[str, str] | None = None) -> str:
+def summarize(
+    body: Event,
+    job_id: str,
+    batch: Mapping[str, str] | None = None,
+    named: Callable[[str], str] | None = None,
+) -> str:
     """One line on what ``body`` says about job ``job_id``; for a batch decision, ``batch`` is its
     ``batch_lines`` when the caller has them already (a record of a few hundred jobs is then read
-    once, not once per job)."""
+    once, not once per job). ``named`` says how to name the other jobs of a decision that speaks
+    of several (a preemption's, a shrink's) to whoever reads the line; by their ids if None."""
+    name = _by_id if named is None else named
     if isinstance(body, BATCHES):
         line = (batch_lines(body) if batch is None else batch).get(job_id)
         return line if line is not None else _generic(body)
@@ -130,7 +158,7 @@ def summarize(body: Event, job_id: str, batch: Mapping[str, str] | None = None) 
             elastic = f"{spec.min_replicas}..{spec.replicas}" if spec.min_replicas else f"{spec.replicas}"
             return f"submitted to queue {spec.queue}: {elastic} × {worker}"
         case CancelJob():
-            return "cancel requested" + (f": {body.reason}" if body.reason else "")
+            return "cancel requested" + (f": {said_reason(body.reason)}" if body.reason else "")
         case ResizeJob():
             return f"resize to at most {body.replicas} workers requested"
         case JobAccepted():
@@ -148,14 +176,13 @@ def summarize(body: Event, job_id: str, batch: Mapping[str, str] | None = None) 
             return f"requeued for attempt {body.attempt + 1}: {_reasons_text([body.reason])}{resume}"
         case PreemptionRequested():
             if job_id == body.beneficiary:
-                victims = ", ".join(v.job_id for v in body.victims)
-                return f"preemption requested on its behalf: victims {victims}"
-            return f"asked to checkpoint and yield to {body.beneficiary} by {_when(body.deadline)}"
+                return f"preemption requested on its behalf: victims {_listed(body.victims, name)}"
+            return f"asked to checkpoint and yield to {name(body.beneficiary)} by {_when(body.deadline)}"
         case ShrinkRequested():
             if job_id == body.beneficiary:
-                return f"shrink of {body.job_id} to {body.replicas} workers requested on its behalf"
+                return f"shrink of {name(body.job_id)} to {body.replicas} workers requested on its behalf"
             by = _when(body.deadline)
-            return f"asked to shrink to {body.replicas} workers for {body.beneficiary} by {by}"
+            return f"asked to shrink to {body.replicas} workers for {name(body.beneficiary)} by {by}"
         case WorkerStarted():
             return f"rank {body.rank} started on {body.node}"
         case WorkerExited():
@@ -164,6 +191,23 @@ def summarize(body: Event, job_id: str, batch: Mapping[str, str] | None = None) 
         case CheckpointCompleted():
             return f"checkpoint at step {body.step}: {body.location}"
     return _generic(body)
+
+
+def _by_id(job_id: str) -> str:
+    return job_id
+
+
+def _listed(victims: Sequence[Victim], name: Callable[[str], str]) -> str:
+    """The victims by the names ``name`` gives, those it does not name counted."""
+    shown = [v.job_id for v in victims if name(v.job_id) == v.job_id]
+    hidden = sum(1 for v in victims if name(v.job_id) != v.job_id)
+    if hidden:
+        shown.append(visibility.OTHER_JOB if hidden == 1 else f"{hidden} jobs of other tenants")
+    return ", ".join(shown)
+
+
+# The records whose lines name jobs other than the one whose history they join.
+_OF_OTHERS = (PreemptionRequested, ShrinkRequested)
 
 
 def batch_lines(body: JobsAdmitted | JobsPlaced | JobsUnschedulable) -> dict[str, str]:

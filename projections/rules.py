@@ -126,4 +126,7 @@ from __future__ import annotations
 #    its stops are under way (``JobState.reclaim_key``).
 # 36: a tenant has at most ``RetentionSpec.jobs_per_tenant`` jobs in the state (any phase, the
 #    finished ones not let go yet included): a submission past it is refused (``limit``).
-RULES = 36
+# 37: a job's reason names the job it was preempted, moved or shrunk for only when the same
+#    tenant owns both, else "another tenant's job" (``projections/visibility.py``); a cancel's
+#    reason is kept to ``REASON_CHARS`` characters.
+RULES = 37

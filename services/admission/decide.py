@@ -98,6 +98,7 @@ from corral.projections.lifecycle import Phase
 from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger, fmt_gpus, key_name
 from corral.projections.state import JobState, State
+from corral.projections.visibility import job_named, sees_queue
 from corral.services.admission.backlog import Backlog
 from corral.services.admission.grow import growths
 from corral.services.admission.lending import LendingHolds
@@ -560,7 +561,7 @@ class _Explainer:
         self.ledger = ledger
         self.holders = holders
         self.detail = detail
-        self._quota: dict[tuple[str, str, int, int], tuple[str, str]] = {}
+        self._quota: dict[tuple[str, str, int, int, str], tuple[str, str]] = {}
         self._standing: dict[tuple[str, str], str] = {}
         self._trees: dict[tuple[str, str], list[tuple[str, int]]] = {}  # (root, key) -> borrowers
         self._borrowed: dict[tuple[str, str], tuple[list[tuple[str, int]], int]] = {}
@@ -587,7 +588,7 @@ class _Explainer:
             and ledger.fits(cur.name, key, need)  # it would, were it a job that may borrow
         ):
             return ledger.describe(cur.name, key, need, borrow=False), ""
-        cache_key = (cur.name, key, need, job.priority)
+        cache_key = (cur.name, key, need, job.priority, job.tenant)
         found = self._quota.get(cache_key)
         if found is None:
             if self.ledger.fits(cur.name, key, need):
@@ -600,14 +601,15 @@ class _Explainer:
                 if standing is None:
                     standing = self._standing[cur.name, key] = self.ledger.standing(cur.name, key)
                 text = f"needs {fmt_gpus(need)} {key_name(key)}; {standing}"
-                found = (text, self._help(cur.name, key, need, job.priority))
+                found = (text, self._help(cur.name, key, need, job.priority, job.tenant))
             self._quota[cache_key] = found
         return found
 
-    def _help(self, queue: str, key: str, need: int, priority: int) -> str:
+    def _help(self, queue: str, key: str, need: int, priority: int, tenant: str) -> str:
         """What preemption could free for this job: GPUs other queues borrowed, when the job is
         within its queue's nominal (reclaim), or GPUs held by lower-priority preemptible jobs of
-        its own queue. Simulated on the ledger, then undone."""
+        its own queue. Simulated on the ledger, then undone. Queues not open to the job's
+        ``tenant`` are not named (``visibility``)."""
         ledger = self.ledger
         name = key_name(key)
         borrowers, borrowed_total = self._borrowers(queue, key)
@@ -624,8 +626,12 @@ class _Explainer:
             for other, borrowed in taken:
                 ledger.charge(other, key, borrowed)
             if fits:
-                who = ", ".join(f"{q}'s {fmt_gpus(b)}" for q, b in taken)
-                return f"; would fit now if {who} borrowed {name} were reclaimed"
+                seen = [(q, b) for q, b in taken if sees_queue(tenant, ledger.spec(q))]
+                unseen = sum(b for q, b in taken if not sees_queue(tenant, ledger.spec(q)))
+                said = [f"{q}'s {fmt_gpus(b)}" for q, b in seen]
+                if unseen:
+                    said.append(f"other queues' {fmt_gpus(unseen)}")
+                return f"; would fit now if {', '.join(said)} borrowed {name} were reclaimed"
         lower = sum(m for p, m, ok in self.holders.get((queue, key), ()) if p < priority and ok)
         if lower > 0:
             ledger.charge(queue, key, -lower)
@@ -656,7 +662,7 @@ class _Explainer:
         spec = job.spec
         # The verdict depends on the job's shape alone (the ledger does not change while reasons
         # are given): asked once per queue and shape, not per job.
-        shape = (cur.name, spec.resources, spec.min_replicas, spec.replicas, runtimes.of(job))
+        shape = (cur.name, spec.resources, spec.min_replicas, spec.replicas, runtimes.of(job), job.tenant)
         if shape in self._held:
             said = self._held[shape]
         else:
@@ -675,16 +681,17 @@ class _Explainer:
         if spare is None or need <= spare or not self.ledger.fits(cur.name, key, need):
             return None
         name = key_name(key)
+        held_for = job_named(hold.job_id, None if hold.held is None else hold.held.tenant, job.tenant)
         return (
             f"needs {fmt_gpus(need)} {name}, which fits now, but queue {cur.name} holds "
-            f"{fmt_gpus(hold.need)} {name} of its nominal quota for {hold.job_id}, its first job that "
+            f"{fmt_gpus(hold.need)} {name} of its nominal quota for {held_for}, its first job that "
             f"does not fit, free of its own jobs {hold.when()}; a job behind it goes first only if it "
             f"leaves it that room or its runtime estimate ends by then"
         )
 
-    def fifo(self, cur: Cursor, position: str) -> Reason:
-        head = cur.head
-        return Reason("fifo", f"queue {cur.name} is strict FIFO: waiting behind {head.id}; {position}")
+    def fifo(self, cur: Cursor, job: JobState, position: str) -> Reason:
+        head = job_named(cur.head.id, cur.head.tenant, job.tenant)
+        return Reason("fifo", f"queue {cur.name} is strict FIFO: waiting behind {head}; {position}")
 
     def tail(self, cur: Cursor, code: str) -> Reason:
         if code == "fifo":
@@ -724,7 +731,7 @@ def _reasons(
                 position += 1
                 where = f"position {position} of {total} in {name}"
                 if cur.blocked and i > cur.pos:
-                    reason = ex.fifo(cur, where)
+                    reason = ex.fifo(cur, job, where)
                 else:
                     reason = ex.quota(cur, job, where)
                     if cur.hold is not None:

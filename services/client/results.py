@@ -172,8 +172,9 @@ class Placed(msgspec.Struct, frozen=True):
 class WhatIf(msgspec.Struct, frozen=True):
     """What corral would do with a job submitted now (``corral whatif``); nothing is written.
     ``start`` None: not accepted, or not within ``horizon_s``. ``preempts``: the jobs it would
-    stop (another tenant's as "a job of queue X"). ``start_now_with``: smaller asks that would
-    start it at once, each checked by running it. ``text``: as a person reads it."""
+    stop (another tenant's as "a job of queue X", or of "another queue"). ``start_now_with``:
+    smaller asks that would start it at once, each checked by running it. ``text``: as a person
+    reads it."""
 
     seq: int
     now: float

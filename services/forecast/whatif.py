@@ -11,8 +11,10 @@ in place of a whole one or a MIG slice where a node's GPUs are in MIG mode, and 
 that start at once.
 
 Tenancy: the jobs it would stop are named only when they are the tenant's own; another tenant's
-is "a job of queue X". ``answer`` is what the forecast role sends the asker (``corral whatif``
-prints it with ``text``), plain data with nothing else of other tenants in it.
+is "a job of queue X", or "a job of another queue" where X is not open to the tenant; the reasons
+it waits name no other tenant's job (``projections/visibility.py``). ``answer`` is what the
+forecast role sends the asker (``corral whatif`` prints it with ``text``), plain data with
+nothing else of other tenants in it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from corral.events.jobs import JobSpec, SubmitJob, Topology
 from corral.projections import mig
 from corral.projections.fold import apply_event
 from corral.projections.state import State
+from corral.projections.visibility import queue_named
 from corral.services.forecast.present import SOON_S, text
 from corral.services.sim import eta
 from corral.services.sim.driver import SimConfig
@@ -93,8 +96,11 @@ def whatif(
         if isinstance(r.body, PreemptionRequested) and r.body.beneficiary == job_id:
             for v in r.body.victims:
                 victim = state.jobs.get(v.job_id)
-                queue = victim.spec.queue if victim is not None else "?"
-                out.stops.append(v.job_id if v.job_id in own else f"a job of queue {queue}")
+                if v.job_id in own:
+                    out.stops.append(v.job_id)
+                else:  # by its queue, where that is open to the asker
+                    queue = victim.spec.queue if victim is not None else ""
+                    out.stops.append(f"a job of {_queue_called(state, queue, tenant)}")
     if job.placement is not None:
         for w in job.placement.workers:
             node = sim.state.nodes[w.node]
@@ -206,3 +212,9 @@ def report(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) ->
     """What ``corral whatif`` prints, from the state at hand (``corral whatif --log FILE``), run
     by the errors of the jobs it holds that succeeded."""
     return text(answer(state, tenant, job_id, spec, now, eta.Calibration.of(state).errors()))
+
+
+def _queue_called(state: State, name: str, tenant: str) -> str:
+    """``queue NAME`` where the queue is open to ``tenant``, else "another queue"."""
+    called = queue_named(state.queues, name, tenant)
+    return f"queue {called}" if called == name else called

@@ -34,6 +34,7 @@ from corral.projections.placement import gang
 from corral.projections.placement.framework import Chain, Request
 from corral.projections.placement.snapshot import NodeView, Snapshot
 from corral.projections.state import JobState, State
+from corral.projections.visibility import job_named
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Reservation:
     res: Resources
     now_free: tuple[tuple[str, Resources, tuple[GpuClaim, ...]], ...]
     priority: int = 0  # the reserved job's
+    tenant: str | None = None  # the reserved job's (None: not known, named to nobody)
 
     def admits(self, job: JobState, req: Request, now: float) -> bool:
         """May ``job`` use the reserved GPUs? Only if it cannot delay the reserved job: it ends
@@ -83,10 +85,12 @@ class Reservation:
             True,
         )
 
-    def blocking(self) -> Reason:
+    def blocking(self, reader: str) -> Reason:
+        """Why a job of tenant ``reader`` the reservation keeps off the free GPUs waits."""
+        held_for = job_named(self.job_id, self.tenant, reader)
         return Reason(
             "reservation",
-            f"the free GPUs that fit are reserved for {self.job_id} (free {self.when()}); a job may use them "
+            f"the free GPUs that fit are reserved for {held_for} (free {self.when()}); a job may use them "
             "only if its runtime estimate ends before then or it is preemptible",
             True,
         )
@@ -101,6 +105,7 @@ def reserve(
     label_keys: dict[str, str],
     placed: list[tuple[Placement, Request]],
     priority: int = 0,
+    tenant: str | None = None,
 ) -> Reservation | None:
     """Project when and where ``req`` would fit; None if it never would on this cluster.
 
@@ -128,7 +133,7 @@ def reserve(
         result = gang.place(chain, future, req, label_keys)
         if isinstance(result, Placement):
             free = _free_now(snap, result, req.res)
-            return Reservation(req.job_id, end, result, req.res, free, priority)
+            return Reservation(req.job_id, end, result, req.res, free, priority, tenant)
     return None
 
 

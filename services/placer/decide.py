@@ -285,7 +285,7 @@ class _Cycle:
             self.snap.release(result, req.res)
             return (Reason("conflict", f"placement withdrawn: {error.message}", False),)
         if held is not None and hidden:
-            return self._behind(req, held, result)
+            return self._behind(req, job.tenant, held, result)
         if held is None and self.config.reservations and _for_capacity(result) and job.id not in self.first:
             self.reservation = backfill.reserve(
                 self.state,
@@ -296,17 +296,21 @@ class _Cycle:
                 self.config.label_keys,
                 self.placed,
                 job.priority,
+                job.tenant,
             )
             if self.reservation is not None:
                 return (self.reservation.reason(), *result)
         return result
 
-    def _behind(self, req: Request, held: Reservation, why: tuple[Reason, ...]) -> tuple[Reason, ...]:
-        """A job that did not fit with the reservation hidden: is the reservation what stops it?"""
+    def _behind(
+        self, req: Request, tenant: str, held: Reservation, why: tuple[Reason, ...]
+    ) -> tuple[Reason, ...]:
+        """A job of ``tenant`` that did not fit with the reservation hidden: is the reservation
+        what stops it?"""
         probe = gang.place(self.chain, self.snap, req, self.config.label_keys)
         if isinstance(probe, Placement):
             self.snap.release(probe, req.res)
-            return (held.blocking(),)
+            return (held.blocking(tenant),)
         return why
 
 

@@ -36,10 +36,10 @@ import msgspec
 
 from corral.events import codec, subjects
 from corral.events.base import Int
-from corral.events.queues import QueueSpec
 from corral.projections.index import JobEvent
 from corral.projections.lifecycle import FINAL, WAITING
 from corral.projections.state import JobState, State
+from corral.projections.visibility import sees_job, sees_queue
 from corral.services.query import present
 from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
@@ -56,6 +56,7 @@ MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer mu
 # What one page of ``jobs`` holds at most, encoded: an answer must fit in a NATS message (1 MiB by
 # default), and a cluster of thousands of jobs lists them page by page, by job id.
 JOBS_PAGE_BYTES = 512 * 1024
+LET_GO_BYTES = 384 * 1024  # and the jobs let go that the first page adds, as stored
 
 History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
 Forecasts = Mapping[str, TenantForecast]  # tenant -> its jobs' forecast starts
@@ -64,7 +65,7 @@ Forecasts = Mapping[str, TenantForecast]  # tenant -> its jobs' forecast starts
 class LetGo(Protocol):
     """The jobs the fold let go, as they stood then (``view.JobView`` keeps them in SQLite)."""
 
-    def jobs(self, asker: str, limit: int) -> tuple[list[dict[str, Any]], int]: ...
+    def jobs(self, asker: str, limit: int, budget: int) -> tuple[list[dict[str, Any]], int]: ...
 
     def explain(self, job_id: str, asker: str) -> dict[str, Any] | None: ...
 
@@ -98,7 +99,7 @@ class Ask(msgspec.Struct, frozen=True):
 
     job: str = ""  # for the verdict on an admin's cordon or delete-queue: the node or the queue
     after: Int = 0
-    all: bool = False  # ``jobs``: also the jobs the fold let go (the newest MAX_LET_GO of them)
+    all: bool = False  # ``jobs``: also the jobs the fold let go (the newest, MAX_LET_GO at most)
     verb: str = ""  # ``verdict``: the verb of the request stored at ``after``
     until: str = ""  # ``explain``: a phase to wait for (or any final one), with ``wait``
     wait: float = 0.0  # seconds the answer may wait to settle (a verdict, ``until``), at most MAX_WAIT
@@ -133,14 +134,6 @@ def parse_ask(data: bytes) -> Ask:
         except codec.UNREADABLE as e:
             raise BadAsk(f"unreadable question: {e}") from None
     return Ask(job=text.decode("utf-8", errors="replace"))
-
-
-def sees_job(asker: str, job: JobState) -> bool:
-    return asker in (subjects.ADMIN, job.tenant)
-
-
-def sees_queue(asker: str, queue: QueueSpec) -> bool:
-    return asker == subjects.ADMIN or not queue.tenants or asker in queue.tenants
 
 
 def refusal(state: State, message: str, *, busy: bool = False) -> dict[str, Any]:
@@ -326,7 +319,7 @@ def answer(
             page["next"] = next_at
         if not ask.all or let_go is None or ask.page_after:
             return page
-        older, more = let_go.jobs(asker, MAX_LET_GO)  # with the first page
+        older, more = let_go.jobs(asker, MAX_LET_GO, LET_GO_BYTES)  # with the first page
         return {**page, "jobs": older + rows, "more_let_go": more}
     if question == "explain":
         job = state.jobs.get(ask.job)
@@ -350,7 +343,8 @@ def answer(
     if question == "nodes":
         # Capacity and health are the cluster's, not any tenant's: everyone may see them.
         nodes = sorted(state.nodes.values(), key=lambda n: n.name)
-        return {"seq": state.seq, "nodes": [present.node_row(n) for n in nodes]}
+        rows = [present.node_row(n, state, lambda j: sees_job(asker, j)) for n in nodes]
+        return {"seq": state.seq, "nodes": rows}
     if question == "verdict":
         if ask.verb not in VERDICT_VERBS:
             return refusal(state, f"verdict: verb {ask.verb[:64]!r}; one of {', '.join(VERDICT_VERBS)}")

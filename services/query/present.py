@@ -51,9 +51,20 @@ def workers_text(row: dict[str, Any]) -> str:
     return f"{row.get('running_workers', 0)} of {asked}"
 
 
-def node_row(node: NodeState) -> dict[str, Any]:
+def node_row(
+    node: NodeState, state: State | None = None, visible: Callable[[JobState], bool] | None = None
+) -> dict[str, Any]:
     """A node as ``corral nodes`` lists it: its condition as the scheduler reads it (cordoned
-    and draining over ready), each unhealthy GPU with its signal, its MIG instances and whose."""
+    and draining over ready), each unhealthy GPU with its signal, its MIG instances and whose:
+    the job's id where ``visible`` (given with the ``state`` holding the jobs) lets the asker see
+    it, else empty (everyone's, without)."""
+
+    def holder(job_id: str | None) -> str | None:
+        if visible is None or state is None or not job_id:
+            return job_id
+        job = state.jobs.get(job_id)
+        return job_id if job is not None and visible(job) else ""
+
     models = sorted({g.info.model for g in node.gpus})
     condition: str = node.condition
     if node.condition == "ready" and node.cordoned:
@@ -70,7 +81,7 @@ def node_row(node: NodeState) -> dict[str, Any]:
         "unhealthy": [{"gpu": i, "signal": g.signal} for i, g in enumerate(node.gpus) if not g.healthy],
         "mig_gpus": sum(1 for g in node.gpus if g.info.mig),
         "mig_instances": [
-            {"gpu": i, "profile": inst.profile, "job": inst.job_id}
+            {"gpu": i, "profile": inst.profile, "job": holder(inst.job_id)}
             for i, g in enumerate(node.gpus)
             for _, inst in sorted(g.mig.items())
         ],

@@ -120,16 +120,24 @@ class JobView:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def jobs(self, asker: str, limit: int) -> tuple[list[dict[str, Any]], int]:
-        """The rows of the newest ``limit`` jobs let go that ``asker`` may see, oldest first, and
-        how many more there are."""
+    def jobs(self, asker: str, limit: int, budget: int) -> tuple[list[dict[str, Any]], int]:
+        """The rows of the newest jobs let go that ``asker`` may see, at most ``limit`` of them
+        and ``budget`` bytes of them as stored, oldest first; and how many more there are. Read
+        newest first and no further than the budget: what a tenant made its rows weigh (a long
+        command line) costs one answer its size, never more."""
         where, args = ("", ()) if asker == subjects.ADMIN else ("WHERE tenant = ?", (asker,))
         (total,) = self.db.execute(f"SELECT count(*) FROM let_go {where}", args).fetchone()
-        rows = self.db.execute(
+        rows: list[str] = []
+        size = 0
+        for (row,) in self.db.execute(
             f"SELECT row FROM let_go {where} ORDER BY submitted_seq DESC LIMIT ?",
             (*args, max(0, limit)),
-        ).fetchall()
-        return [json.loads(r) for (r,) in reversed(rows)], max(0, total - len(rows))
+        ):
+            size += len(row)
+            if size > budget:
+                break
+            rows.append(row)
+        return [json.loads(r) for r in reversed(rows)], max(0, total - len(rows))
 
     def explain(self, job_id: str, asker: str) -> dict[str, Any] | None:
         """The explanation of the newest job let go of id ``job_id`` that ``asker`` may see."""

@@ -457,13 +457,17 @@ def test_borrowing_from_an_idle_team_and_the_reason_when_it_is_taken_back() -> N
     out = decide(s, 1.0)
     assert admitted(out) == {}
     why = reasons(out)["b0"]
+    # team-a is closed to tenant b: its name is not b's to learn, what it borrows is.
     assert why == Reason(
         "quota",
         "needs 8 H100; queue team-b using 0 of its nominal 8 H100; cohort ml has 0 to lend; position 1 of 2 "
-        "in team-b; would fit now if team-a's 8 borrowed H100 were reclaimed",
+        "in team-b; would fit now if other queues' 8 borrowed H100 were reclaimed",
         True,
     )
     assert reasons(out)["b1"].message.startswith("needs 8 H100; queue team-b using 0 of its nominal 8")
+    s.queues["team-a"] = msgspec.structs.replace(s.queues["team-a"], tenants=("a", "b"))
+    why = reasons(decide(s, 2.0))["b0"]
+    assert why.message.endswith("would fit now if team-a's 8 borrowed H100 were reclaimed")
 
 
 def test_lower_priority_jobs_of_the_same_queue_are_named_as_what_would_help() -> None:

@@ -1,0 +1,240 @@
+"""What one tenant is told names none of another tenant's jobs, nor queues closed to it.
+
+Each case runs the real services on the simulator (admission, placer, preemptor), folds the
+log they wrote into the read service's view, and asks the read service's ``answer`` (and the
+forecast role's what-if) as the tenant would: the answer must say why, without the other
+tenant's job ids; the same tenant's own jobs are still named. The cases are the places a job's
+reason or history speaks of another job: a strict-FIFO queue's head, the room a queue holds for
+its first job, the placer's reservation, a preemption, a shrink; and the MIG instances of
+``nodes``, and a what-if's victims in a queue closed to the asker.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from corral.events.base import Event
+from corral.events.jobs import JobSpec, Resources
+from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
+from corral.projections.visibility import OTHER_JOB
+from corral.services.agent import inventory
+from corral.services.forecast.decide import whatif_answer
+from corral.services.preemptor.decide import PreemptorConfig
+from corral.services.query.decide import Ask, answer
+from corral.services.query.view import JobView
+from corral.services.sim.driver import SimConfig, SimJob, Simulation
+
+
+def spec(queue: str, gpus: int = 1, estimate: float = 1000.0, preemptible: bool = True, **kw: Any) -> JobSpec:
+    res = Resources(gpus=gpus, cpu_milli=1000, memory_mib=1024)
+    return JobSpec(queue=queue, resources=res, runtime_estimate_s=estimate, preemptible=preemptible, **kw)
+
+
+def folded(
+    setup: Sequence[Event],
+    jobs: Sequence[SimJob],
+    until: float,
+    profile: str = "h100-8x",
+    config: SimConfig | None = None,
+) -> JobView:
+    sim = Simulation(inventory.cluster(1, profile), list(setup), list(jobs), config, record=True)
+    sim.run(until=until)
+    view = JobView(":memory:")
+    view.fold(sim.log())
+    return view
+
+
+def ask(view: JobView, asker: str, question: str, **kw: Any) -> dict[str, Any]:
+    return answer(view.state, view.history, asker, question, Ask(**kw), view)
+
+
+def closed(name: str, tenant: str, nominal: int, cohort: str | None = None) -> ApplyQueue:
+    quotas = {"*": Quota(nominal=nominal)}
+    return ApplyQueue(queue=QueueSpec(name, cohort=cohort, quotas=quotas, tenants=(tenant,)))
+
+
+SHARED_FIFO = [ApplyQueue(queue=QueueSpec("shared", quotas={"*": Quota(8)}, strategy="strict-fifo"))]
+SHARED = [ApplyQueue(queue=QueueSpec("shared", quotas={"*": Quota(8)}))]
+APART = [closed("qa", "alice", 16), closed("qb", "bob", 8)]
+COHORT = [
+    ApplyCohort(cohort=CohortSpec("org")),
+    closed("qa", "alice", 4, "org"),
+    closed("qb", "bob", 4, "org"),
+]
+
+
+def fifo_head(head_owner: str) -> list[SimJob]:
+    return [
+        SimJob("alice-running", "alice", spec("shared", 8, 5000), 0.0, 5000.0),
+        SimJob("secret-head", head_owner, spec("shared", 8, 5000), 1.0, 5000.0),
+        SimJob("bob-1", "bob", spec("shared", 1, 100), 2.0, 100.0),
+    ]
+
+
+def held_for(owner: str) -> list[SimJob]:
+    return [
+        SimJob("alice-run", "alice", spec("shared", 4, 1000, preemptible=False), 0.0, 1000.0),
+        SimJob("secret-70b", owner, spec("shared", 8, 5000, preemptible=False), 1.0, 5000.0),
+        SimJob("bob-1", "bob", spec("shared", 2, 5000, preemptible=False), 2.0, 5000.0),
+    ]
+
+
+RESERVED = [
+    SimJob("alice-run", "alice", spec("qa", 4, 1000, preemptible=False), 0.0, 1000.0),
+    SimJob("secret-70b", "alice", spec("qa", 8, 5000, preemptible=False), 1.0, 5000.0),
+    SimJob("bob-1", "bob", spec("qb", 2, 5000, preemptible=False), 2.0, 5000.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("setup", "jobs", "said"),
+    [
+        (SHARED_FIFO, fifo_head("alice"), f"strict FIFO: waiting behind {OTHER_JOB}"),
+        (SHARED, held_for("alice"), f"of its nominal quota for {OTHER_JOB}, its first job"),
+        (APART, RESERVED, f"the free GPUs that fit are reserved for {OTHER_JOB}"),
+    ],
+    ids=["fifo-head", "queue-hold", "reservation"],
+)
+def test_why_a_job_waits_names_no_other_tenants_job(
+    setup: list[Event], jobs: list[SimJob], said: str
+) -> None:
+    view = folded(setup, jobs, until=10.0)
+    told = ask(view, "bob", "explain", job="bob-1")
+    assert said in told["job"]["reason"]
+    listed = ask(view, "bob", "jobs")
+    for shown in (told, listed):
+        assert "secret" not in json.dumps(shown)
+    assert "secret" in json.dumps(ask(view, "admin", "jobs"))  # the admin sees every job
+
+
+@pytest.mark.parametrize(
+    ("setup", "jobs", "said"),
+    [
+        (SHARED_FIFO, fifo_head("bob"), "waiting behind secret-head"),
+        (SHARED, held_for("bob"), "nominal quota for secret-70b"),
+    ],
+    ids=["fifo-head", "queue-hold"],
+)
+def test_the_same_tenants_job_is_named(setup: list[Event], jobs: list[SimJob], said: str) -> None:
+    view = folded(setup, jobs, until=10.0)
+    assert said in ask(view, "bob", "explain", job="bob-1")["job"]["reason"]
+
+
+def test_a_preemption_names_neither_side_to_the_other() -> None:
+    jobs = [
+        SimJob("alice-a1", "alice", spec("qa", 4, 9000), 0.0, 9000.0),
+        SimJob("alice-secret-borrow", "alice", spec("qa", 4, 9000), 1.0, 9000.0),
+        SimJob("bob-secret-urgent", "bob", spec("qb", 4, 100), 50.0, 100.0),
+    ]
+    view = folded(COHORT, jobs, until=55.0)
+    victim = ask(view, "alice", "explain", job="alice-secret-borrow")
+    beneficiary = ask(view, "bob", "explain", job="bob-secret-urgent")
+    summaries = [e["summary"] for e in victim["history"]]
+    assert any(f"asked to checkpoint and yield to {OTHER_JOB}" in s for s in summaries), summaries
+    assert any(f"preempted for {OTHER_JOB}" in s for s in summaries), summaries  # its requeue
+    assert any(f"victims {OTHER_JOB}" in e["summary"] for e in beneficiary["history"])
+    assert "bob-secret" not in json.dumps(victim) and "alice-secret" not in json.dumps(beneficiary)
+
+
+def test_a_shrink_names_neither_side_to_the_other() -> None:
+    jobs = [
+        SimJob("alice-secret-elastic", "alice", spec("qa", 1, 9000, replicas=8, min_replicas=2), 0.0, 9000.0),
+        SimJob("bob-secret-urgent", "bob", spec("qb", 4, 100), 50.0, 100.0),
+    ]
+    view = folded(COHORT, jobs, until=55.0, config=SimConfig(preemptor=PreemptorConfig()))
+    shrunk = ask(view, "alice", "explain", job="alice-secret-elastic")
+    beneficiary = ask(view, "bob", "explain", job="bob-secret-urgent")
+    assert f"workers for {OTHER_JOB}" in shrunk["job"]["reason"]
+    assert any(f"shrink of {OTHER_JOB}" in e["summary"] for e in beneficiary["history"])
+    assert "bob-secret" not in json.dumps(shrunk) and "alice-secret" not in json.dumps(beneficiary)
+
+
+def test_nodes_show_whose_mig_instance_only_to_its_owner() -> None:
+    mig = JobSpec(queue="qa", resources=Resources(gpus=1, mig="1g.10gb", cpu_milli=1000, memory_mib=1024))
+    jobs = [SimJob("alice-secret-finetune", "alice", mig, 0.0, 1000.0)]
+    view = folded([closed("qa", "alice", 8), closed("qb", "bob", 8)], jobs, 10.0, "h100-8x-mig")
+
+    def instances(asker: str) -> list[dict[str, Any]]:
+        return [i for n in ask(view, asker, "nodes")["nodes"] for i in n["mig_instances"]]
+
+    assert [i["job"] for i in instances("bob")] == [""]
+    assert [i["job"] for i in instances("alice")] == ["alice-secret-finetune"]
+    assert [i["job"] for i in instances("admin")] == ["alice-secret-finetune"]
+
+
+def test_a_what_if_names_neither_another_tenants_job_nor_a_queue_closed_to_the_asker() -> None:
+    setup = [
+        ApplyCohort(cohort=CohortSpec("org")),
+        closed("alice-private", "alice", 4, "org"),
+        closed("qb", "bob", 4, "org"),
+    ]
+    jobs = [
+        SimJob("alice-secret-1", "alice", spec("alice-private", 4, 9000), 0.0, 9000.0),
+        SimJob("alice-secret-2", "alice", spec("alice-private", 4, 9000), 1.0, 9000.0),
+    ]
+    view = folded(setup, jobs, until=10.0)
+    probe = {"id": "probe", "job": {"queue": "qb", "resources": {"gpus": 4}, "runtime_estimate_s": 100}}
+    told = whatif_answer(view.state, "bob", json.dumps(probe).encode(), 20.0)
+    assert told["preempts"] == ["a job of another queue"], told
+    assert "alice" not in json.dumps(told)
+
+
+def test_a_preemptions_line_names_the_owners_victims_and_counts_the_others() -> None:
+    from corral.events.decisions import PreemptionRequested, Victim
+    from corral.projections.index import summarize
+
+    ev = PreemptionRequested(
+        beneficiary="b",
+        victims=tuple(Victim(j, 0) for j in ("mine", "x", "y")),
+        deadline=80.0,
+        based_on=1,
+        now=50.0,
+    )
+    named = {"b": "b", "mine": "mine"}.get
+    said = summarize(ev, "b", named=lambda j: named(j) or OTHER_JOB)
+    assert said == "preemption requested on its behalf: victims mine, 2 jobs of other tenants"
+    assert summarize(ev, "b") == "preemption requested on its behalf: victims mine, x, y"
+
+
+def test_a_cancels_reason_is_kept_short_wherever_it_is_shown() -> None:
+    from corral.events.jobs import REASON_CHARS, CancelJob
+    from corral.projections.index import summarize
+    from tests.builders import Cluster, LogBuilder, job, queue_spec
+
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "j", job()).accept("j")
+    log.request("alice", "cancel", CancelJob(job_id="j", reason="x" * 100_000))
+    state = log.fold()
+    (reason,) = state.jobs["j"].reasons
+    assert len(reason.message) == REASON_CHARS and reason.message.endswith("…")
+    line = summarize(CancelJob(job_id="j", reason="x" * 100_000), "j")
+    assert len(line) < REASON_CHARS + 40
+
+
+def test_the_jobs_let_go_that_a_listing_adds_are_bounded_in_bytes_not_only_in_number() -> None:
+    # 700 jobs let go, each cancelled with a long reason (kept to REASON_CHARS): fewer than
+    # MAX_LET_GO, more than the budget's bytes. ``jobs --all`` adds the newest that fit and
+    # counts the rest.
+    from corral.events.jobs import CancelJob
+    from corral.services.query.decide import LET_GO_BYTES, MAX_LET_GO
+    from tests.builders import Cluster, LogBuilder, job
+
+    n = 700
+    assert n < MAX_LET_GO
+    log = LogBuilder().nodes(Cluster(1)).retention(0.0).queue("team-a")
+    for i in range(n):
+        log.submit("a", f"j{i}", job()).accept(f"j{i}")
+        log.request("a", "cancel", CancelJob(job_id=f"j{i}", reason="x" * 10_000))
+    log.cordon("node-00", False)  # the last one let go too
+    view = JobView(":memory:")
+    view.fold(log.records)
+    assert not view.state.jobs
+    listed = ask(view, "a", "jobs", all=True)
+    names = [row["id"] for row in listed["jobs"]]
+    assert 1 <= len(names) < n and names == [f"j{i}" for i in range(n - len(names), n)]
+    assert listed["more_let_go"] == n - len(names)
+    assert LET_GO_BYTES - 2048 < len(json.dumps(listed)) < LET_GO_BYTES + 4096

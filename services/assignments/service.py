@@ -62,6 +62,11 @@ class AssignmentService(Service):
         self._writing = False  # holds the lease and has written every key since taking it
 
     def _touched(self, state: State, batch: list[Record]) -> None:
+        if not self._writing:
+            # A standby marks nothing: the replica that takes the lease writes every node from the
+            # state (``Index.everywhere``), and an index kept meanwhile would only grow, with
+            # every job ever placed, and cost more with each record.
+            return
         for r in batch:
             if touches_no_view(r.subject):
                 continue
@@ -77,6 +82,8 @@ class AssignmentService(Service):
         if not self.supervision.may_decide(now):
             return 0  # backing off after a failure; a standby holds the lease meanwhile
         if self.lease is not None and not await self.lease.hold():
+            if self._writing:  # another replica writes now: what this one knew goes stale
+                self.index, self.dirty = Index(), set()
             self._writing = False
             return 0
         if not self._writing:

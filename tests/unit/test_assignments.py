@@ -234,3 +234,39 @@ def test_a_submission_touches_no_view_and_every_other_record_is_looked_at() -> N
     assert passed == [subj.request("alice", "submit")]
     assert not touches_no_view(subj.request("alice", "cancel"))
     assert not touches_no_view(subj.node("submit"))  # a node may be named so
+
+
+class _Turn:
+    """A lease this replica holds when the test says."""
+
+    def __init__(self) -> None:
+        self.held = False
+
+    async def hold(self) -> bool:
+        return self.held
+
+    async def release(self) -> None:
+        self.held = False
+
+
+async def test_a_standby_keeps_no_index_and_writes_every_view_once_it_leads() -> None:
+    # A standby replica folds every record but writes nothing: an index kept meanwhile grew with
+    # every job ever placed, each record costing more. It keeps none; taking the lease, it writes
+    # every node's view from the state, the views a full recomputation gives.
+    log = LogBuilder(step=0.01).nodes(Cluster(3)).queue("team-a").retention(3 * ROUND_S)
+    for i in range(30):
+        churn(log, i)
+    gang(log.queue("team-b"))
+    lease, store = _Turn(), MemoryViews()
+    svc = assignments_service.service(InMemoryLog(), store, lease=lease, clock=lambda: 1_000.0)
+    await svc.restore()
+    svc.fold(log.records)
+    assert await svc.cycle() == 0
+    assert svc.index.nodes_by_job == {} and svc.index.jobs_on == {} and not svc.dirty
+    lease.held = True
+    assert await svc.cycle() > 0
+    for n in (N0, N1, N2):
+        assert store.values[n] == encode(node_view(svc.state, n)), n
+    lease.held = False  # another replica leads: what this one knew is let go
+    await svc.cycle()
+    assert svc.index.nodes_by_job == {} and not svc.dirty

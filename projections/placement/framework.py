@@ -33,6 +33,11 @@ from corral.projections.placement.snapshot import NodeView, Snapshot
 from corral.projections.shape import Shape, ShapeKind
 from corral.projections.state import JobState
 
+# Static filters' answers a chain keeps (per need, node selector and node) before it lets them
+# go: a cycle asks far fewer; a chain kept for long, as admission's idle copy of the inventory
+# is, would keep one for every need it was ever asked about.
+MEMO_MOST = 1 << 16
+
 NeedKind = ShapeKind
 
 
@@ -156,6 +161,8 @@ class Chain:
         try:
             reason = self._static_memo[key]
         except KeyError:
+            if len(self._static_memo) >= MEMO_MOST:  # a chain kept for long (admission's idle copy)
+                self._static_memo.clear()
             reason = self._static_memo[key] = next(
                 (r for f in self.static if (r := f.check(req, node)) is not None), None
             )

@@ -48,6 +48,7 @@ CODE = "no-node"  # the code of every reason given here: no node of the inventor
 # about every cycle (``unhosted_queued``), so this is kept well above the shapes a backlog holds:
 # one past it would judge every shape again each cycle.
 MAX_VERDICTS = 1 << 16
+MAX_TOUCHED = 1 << 12  # takes and give-backs on the idle copy between two lettings-go of its answers
 # Specs remembered per inventory: twice the jobs not finished, and this many more. A spec is
 # asked about again only while its job waits or holds quota, so past that the memory holds
 # mostly jobs long finished (each spec kept alive), and starts again: remembering every spec
@@ -172,6 +173,10 @@ class Inventory:
         n = quota.min_replicas(spec)
         req = replace(Request.of(job), replicas=n)
         verdict = _judge(idle, req, n < spec.replicas) if n > 0 else None
+        if len(idle.snap.touched) >= MAX_TOUCHED:
+            # Each judgement takes from the idle copy and gives back: answers keyed by versions
+            # of its nodes no later judgement asks about, kept for as long as the inventory lasts.
+            idle.snap.forget_answers()
         if len(idle.verdicts) >= MAX_VERDICTS:
             idle.verdicts.clear()
         idle.verdicts[key] = verdict

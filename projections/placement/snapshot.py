@@ -186,6 +186,14 @@ class Snapshot:
             if w.node in self.state.nodes:
                 self.give_back(w.node, res, w.gpus)
 
+    def forget_answers(self) -> None:
+        """Let go of the chain's answers kept for this snapshot (``picks``, ``diagnoses``) and of
+        the nodes touched: a snapshot kept beyond a cycle (admission's idle copy of the
+        inventory) would keep an answer for every version of every node it ever took from."""
+        self.picks.clear()
+        self.diagnoses.clear()
+        self.touched.clear()
+
     def _apply(self, name: str, res: Resources, gpus: tuple[GpuClaim, ...], sign: int) -> None:
         v = self.view(name)
         v.version += 1

@@ -231,3 +231,24 @@ def test_the_specs_it_remembers_are_as_many_as_the_jobs_not_finished_not_every_j
         remembered.append(len(inventory._built().specs))
     assert max(remembered) <= 2 * len(live) + MIN_SPECS
     assert max(remembered) >= MIN_SPECS - 1  # it did remember, up to its bound
+
+
+def test_the_idle_copy_kept_between_cycles_keeps_its_answers_bounded() -> None:
+    # Admission judges every new job's shape on an idle copy of the inventory, kept for as long
+    # as the nodes stay the same (months): each judgement's answers, keyed by versions of its
+    # nodes no later one asks about, were kept for good, some 3.6 KB a shape.
+    from corral.projections.placement import inventory as inv_mod
+    from corral.projections.placement.framework import MEMO_MOST
+
+    state = LogBuilder().nodes(Cluster(4)).fold()
+    n = 3 * inv_mod.MAX_TOUCHED
+    for i in range(n):
+        spec = job().gpus(1).memory(1024 + i).build()  # a shape of its own each
+        j = JobState(id=f"j{i}", tenant="a", spec=spec, submitted_seq=i + 1, submitted_at=0.0)
+        assert Inventory(state).never_fits(j) is None
+    kept = inv_mod._kept.built
+    assert kept is not None
+    idle = kept[2]
+    assert len(idle.verdicts) == n  # what it was asked stays answered
+    assert len(idle.snap.touched) < inv_mod.MAX_TOUCHED + 16
+    assert len(idle.snap.picks) < 8 * inv_mod.MAX_TOUCHED and len(idle.chain._static_memo) <= MEMO_MOST

@@ -60,6 +60,9 @@ CREATE TABLE IF NOT EXISTS let_go_workers (
 );
 """
 Workers = frozenset[tuple[str, int, int]]  # (node, attempt, rank)
+HISTORY_FIRST = 64  # a held job's first records, kept in its history whatever follows
+HISTORY_MOST = 512  # records kept in a held job's history: its first, then its newest
+LEFT_OUT = "LeftOut"  # the type of the history entry that counts the records left out
 
 
 class JobView:
@@ -69,6 +72,7 @@ class JobView:
     def __init__(self, path: str = "") -> None:
         self.state = State()
         self.history: dict[str, list[JobEvent]] = {}
+        self.left_out: dict[str, int] = {}  # held job -> records left out of its history
         self.placed: dict[str, Workers] = {}  # held job -> every worker the fold placed for it
         self.db = sqlite3.connect(path)
         self.db.executescript(_SCHEMA)
@@ -94,10 +98,29 @@ class JobView:
             for e in job_events(state, (rec,), refusals):
                 held = state.jobs.get(e.job_id)
                 if held is not None:
-                    history.setdefault(e.job_id, []).append(e)
+                    self._note(history.setdefault(e.job_id, []), e)
                     if e.type == "JobsPlaced" and held.placement is not None and not e.refused:
                         self._placed(held.id, held.placement.attempt, held.placement.workers)
         self.db.commit()
+
+    def _note(self, events: list[JobEvent], e: JobEvent) -> None:
+        """Add ``e`` to a held job's history, which keeps its first ``HISTORY_FIRST`` records and
+        its newest, ``HISTORY_MOST`` in all, with one entry in between that counts the records
+        left out: a job that runs for weeks, or a client that sends its submit again and again,
+        would otherwise grow it, and its ``explain``, without end (the log keeps them all)."""
+        if len(events) < HISTORY_MOST:
+            events.append(e)
+            return
+        left = self.left_out[e.job_id] = self.left_out.get(e.job_id, 0) + 1
+        # The record left out is the first past those kept first (once the count stands there,
+        # the one after it); the count stands in its place, with its position and time.
+        gone = events.pop(HISTORY_FIRST + (left > 1))
+        records = "record" if left == 1 else "records"
+        summary = f"{left} {records} about it left out of this history (the log has them)"
+        events[HISTORY_FIRST : HISTORY_FIRST + (left > 1)] = [
+            JobEvent(e.job_id, gone.seq, "", LEFT_OUT, gone.time, summary, "")
+        ]
+        events.append(e)
 
     def _placed(self, job_id: str, attempt: int, workers: Sequence[Any]) -> None:
         had = self.placed.get(job_id, frozenset())
@@ -106,6 +129,7 @@ class JobView:
             self.placed[job_id] = had | new
 
     def _keep(self, job: JobState, seq: int) -> None:
+        self.left_out.pop(job.id, None)
         report = explain(job, self.history.pop(job.id, ()))
         report["text"] += f"\n  let go from the cluster's state at seq {seq}: it is kept here only"
         self.db.execute(

@@ -6,7 +6,9 @@ forecast role's what-if) as the tenant would: the answer must say why, without t
 tenant's job ids; the same tenant's own jobs are still named. The cases are the places a job's
 reason or history speaks of another job: a strict-FIFO queue's head, the room a queue holds for
 its first job, the placer's reservation, a preemption, a shrink; and the MIG instances of
-``nodes``, and a what-if's victims in a queue closed to the asker.
+``nodes``, and a what-if's victims in a queue closed to the asker. Last, what a tenant is told
+is bounded in size whatever it sent or however long its job lives: a cancel's reason, the jobs
+let go that a listing adds, a held job's history.
 """
 
 from __future__ import annotations
@@ -238,3 +240,32 @@ def test_the_jobs_let_go_that_a_listing_adds_are_bounded_in_bytes_not_only_in_nu
     assert 1 <= len(names) < n and names == [f"j{i}" for i in range(n - len(names), n)]
     assert listed["more_let_go"] == n - len(names)
     assert LET_GO_BYTES - 2048 < len(json.dumps(listed)) < LET_GO_BYTES + 4096
+
+
+def test_a_long_lived_jobs_history_keeps_its_first_and_newest_records_and_counts_the_rest() -> None:
+    # A job that checkpoints for weeks: its history in the read service kept every record, and
+    # its explain grew past what a NATS message carries.
+    from corral.projections.index import JobEvent
+    from corral.services.query.view import HISTORY_FIRST, HISTORY_MOST, LEFT_OUT
+    from tests.builders import Cluster, LogBuilder, job, on
+
+    log = LogBuilder().nodes(Cluster(1)).queue("team-a")
+    log.submit("a", "long", job()).accept("long").admit("long").place(on("node-00", 0, job_id="long"))
+    log.started("node-00", "long")
+    steps = 3 * HISTORY_MOST
+    for step in range(1, steps + 1):
+        log.checkpoint("node-00", "long", step)
+    view = JobView(":memory:")
+    view.fold(log.records)
+    events: list[JobEvent] = view.history["long"]
+    assert len(events) == HISTORY_MOST + 1
+    assert [e.type for e in events[:2]] == ["SubmitJob", "JobAccepted"]
+    marker = events[HISTORY_FIRST]
+    assert marker.type == LEFT_OUT
+    everything = 5 + steps  # submit, accept, admit, place, start, then the checkpoints
+    left = everything - HISTORY_MOST
+    assert marker.summary.startswith(f"{left} records about it left out")
+    assert events[HISTORY_FIRST - 1].seq < marker.seq < events[HISTORY_FIRST + 1].seq
+    assert events[-1].summary.startswith(f"checkpoint at step {steps}:")
+    told = ask(view, "a", "explain", job="long")
+    assert len(told["history"]) == HISTORY_MOST + 1 and len(json.dumps(told)) < 256 * 1024

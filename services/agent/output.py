@@ -47,6 +47,7 @@ QUIET_S = 10.0
 # worker's output is looked at from its first pass, not from the next full scan.
 READ_AT_ONCE = 256 * 1024  # bytes read from one file per look
 DRAIN_LOOKS = 64  # looks at an ended worker's file before its exit is reported: 16 MiB at most
+YIELD_EVERY = 256  # files a look goes through before it lets the agent's other tasks run
 MAX_BACKLOG = 4 * 1024 * 1024  # bytes a file may be ahead of what was shipped before skipping
 
 
@@ -144,6 +145,9 @@ class Shipper:
         self._failing = False
         self._scanned = -SCAN_EVERY  # monotonic time of the last look at every file
         self._expected: dict[Path, float] = {}  # files of workers being started, since when
+        # Files of ended workers, shipped to their end: no longer read, nor asked about, however
+        # many a node's workers leave behind over months. Kept while the file is on disk.
+        self._done: set[Path] = set()
         # One look at a time: the passes and the agent's drains before it reports exits would
         # otherwise read and send one file's lines twice or out of order.
         self._looking = asyncio.Lock()
@@ -187,7 +191,10 @@ class Shipper:
             # Each run's files (``worker.log_path``); those an older agent left directly under
             # the job are not looked at (``Runtime.reattach`` moves a running worker's into its
             # run).
-            paths = sorted(self.root.glob("logs/*/run-*/attempt-*.rank-*.log"))
+            found = self.root.glob("logs/*/run-*/attempt-*.rank-*.log")
+            on_disk = set(found)
+            self._done &= on_disk  # removed since: nothing to remember
+            paths = sorted(on_disk - self._done)
         else:
             paths = [p for p, f in self._files.items() if f.unsent or now - f.grew < QUIET_S]
             paths += [p for p in self._expected if p not in self._files and p.exists()]
@@ -195,10 +202,12 @@ class Shipper:
             if p in self._files or now - since > QUIET_S:  # found, or its worker never started
                 del self._expected[p]
         sent = 0
-        for path in paths:
+        for i, path in enumerate(paths):
             f = self._files.get(path) or await self._found(path)
             if f is not None:
                 sent += await self._ship_file(f)
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # a look at many files leaves the agent's loop its turns
         return sent
 
     async def drain(self, paths: Iterable[Path]) -> None:
@@ -222,6 +231,9 @@ class Shipper:
                 except OSError:
                     break
                 if not (sent or unread or f.lines.partial):
+                    # Its worker ended and all of it went out: done with it.
+                    self._files.pop(f.path, None)
+                    self._done.add(f.path)
                     break
 
     async def _found(self, path: Path) -> _File | None:
@@ -229,14 +241,18 @@ class Shipper:
         if m is None or run is None or path.parent.parent.parent != self.root / "logs":
             return None  # not a worker's file in its run's directory (an older agent's)
         subj = subject(self.node, path.parent.parent.name, int(run[1]), int(m[1]), int(m[2]))
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        if time.time() - st.st_mtime > MAX_AGE:
+            # Untouched for longer than the stream keeps anything: shipped long ago or never to
+            # be; not asked about, nor looked at again (an agent started on a node of months).
+            self._done.add(path)
+            return None
         reached = await self.sink.shipped(subj)
         if reached is None:
-            try:
-                st = path.stat()
-            except OSError:
-                return None
-            # Nothing kept of it: new, or older than the stream keeps anything (then not again).
-            reached = st.st_size if time.time() - st.st_mtime > MAX_AGE else 0
+            reached = 0  # nothing kept of it: new
         f = self._files[path] = _File(path, subj, reached, grew=time.monotonic())
         return f
 

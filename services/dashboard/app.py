@@ -97,6 +97,7 @@ class Feed:
                 w = self._watch
                 probe = await w.ask(self.asker, "gpus", after=seq + 1)
                 if probe.get("seq", seq) != seq or self.problem:
+                    probe = await self._every_node(w, probe)
                     queues = await w.ask(self.asker, "queues")
                     jobs = await w.ask(self.asker, "jobs")
                     made = board.build(self.asker, probe, queues, jobs)
@@ -110,6 +111,14 @@ class Feed:
                     self._watch = None
                 await self._publish(None, str(e))
                 await asyncio.sleep(RETRY_S)
+
+    async def _every_node(self, w: Session, first: dict[str, Any]) -> dict[str, Any]:
+        """``first`` (a page of ``gpus``) with the pages after it: every node's GPUs."""
+        nodes, page = list(first.get("nodes", ())), first
+        while page.get("next") and "error" not in page:
+            page = await w.ask(self.asker, "gpus", after=int(first["seq"]), node_after=str(page["next"]))
+            nodes += page.get("nodes", ())
+        return {**first, "nodes": nodes} if "error" not in page else page
 
     async def explain(self, job_id: str) -> dict[str, Any]:
         """A job's timeline, or raises ``board.Unanswered`` (no such job, for this identity)."""

@@ -140,6 +140,7 @@ class Session:
         tail: int = -1,
         cursor: int = 0,
         page_after: int = 0,
+        node_after: str = "",
     ) -> dict[str, Any]:
         """The read service's answer to ``question`` asked as ``asker``; ``everything``: for
         ``jobs``, the jobs the fold let go too; ``verb``, ``until``, ``wait``, and ``output``'s
@@ -150,6 +151,8 @@ class Session:
             fields |= {"rank": rank, "tail": tail, "cursor": cursor}
         if page_after:
             fields["page_after"] = page_after
+        if node_after:
+            fields["node_after"] = node_after
         body = json.dumps(fields).encode()
         subject = identities.read_subject(asker, question)
         msg = await self.request(subject, body, timeout=self.timeout + wait)

@@ -57,6 +57,7 @@ MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer mu
 # default), and a cluster of thousands of jobs lists them page by page, by job id.
 JOBS_PAGE_BYTES = 512 * 1024
 LET_GO_BYTES = 384 * 1024  # and the jobs let go that the first page adds, as stored
+GPUS_PAGE_BYTES = 512 * 1024  # what one page of ``gpus`` holds at most, encoded
 
 History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
 Forecasts = Mapping[str, TenantForecast]  # tenant -> its jobs' forecast starts
@@ -108,6 +109,7 @@ class Ask(msgspec.Struct, frozen=True):
     tail: Int = -1  # ``output``: only the last this many lines (-1: all kept)
     cursor: Int = 0  # ``output``: the output stream's sequence the asker has read up to
     page_after: Int = 0  # ``jobs``: the page of jobs submitted after this log position (``next``)
+    node_after: str = ""  # ``gpus``: the page of nodes named after this one (``next``)
 
     def patience(self) -> float:
         """``wait`` bounded to 0..MAX_WAIT (anything else, NaN included, is 0)."""
@@ -352,8 +354,15 @@ def answer(
         return told if told is not None else {"seq": state.seq, "verdict": "pending"}
     if question == "gpus":
         # Every GPU of every node, and who holds it: the asker's own jobs by name and queue,
-        # anyone else's only as GPU taken (the dashboard's grid).
-        nodes = sorted(state.nodes.values(), key=lambda n: n.name)
-        rows = [present.node_gpus(n, state, lambda j: sees_job(asker, j)) for n in nodes]
+        # anyone else's only as GPU taken (the dashboard's grid). A page at a time, by node name:
+        # a thousand 8-GPU nodes are more than a message carries.
+        names = sorted(n for n in state.nodes if n > ask.node_after)
+        rows, size = [], 0
+        for i, name in enumerate(names):
+            row = present.node_gpus(state.nodes[name], state, lambda j: sees_job(asker, j))
+            size += len(_encode_row(row)) + 1
+            if rows and size > GPUS_PAGE_BYTES:
+                return {"seq": state.seq, "nodes": rows, "next": names[i - 1]}
+            rows.append(row)
         return {"seq": state.seq, "nodes": rows}
     return refusal(state, f"no question {question!r}; ask one of {', '.join(QUESTIONS)}")

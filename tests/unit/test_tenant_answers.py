@@ -269,3 +269,41 @@ def test_a_long_lived_jobs_history_keeps_its_first_and_newest_records_and_counts
     assert events[-1].summary.startswith(f"checkpoint at step {steps}:")
     told = ask(view, "a", "explain", job="long")
     assert len(told["history"]) == HISTORY_MOST + 1 and len(json.dumps(told)) < 256 * 1024
+
+
+def test_the_gpus_of_a_thousand_nodes_come_a_page_at_a_time() -> None:
+    # 10,000 GPUs: one answer of every GPU was more than a NATS message carries (1 MiB), and
+    # the dashboard's grid of a cluster that size was refused.
+    import msgspec
+
+    from corral.services.query.decide import GPUS_PAGE_BYTES
+    from tests.builders import Cluster, LogBuilder
+
+    view = JobView(":memory:")
+    view.fold(LogBuilder().nodes(Cluster(1_250)).records)
+    seen: list[str] = []
+    page = ask(view, "a", "gpus")
+    while True:
+        assert len(msgspec.json.encode(page)) < GPUS_PAGE_BYTES + 4096  # as the service sends it
+        seen += [n["name"] for n in page["nodes"]]
+        if not page.get("next"):
+            break
+        page = ask(view, "a", "gpus", node_after=page["next"])
+    assert seen == sorted(view.state.nodes) and len(seen) == 1_250
+
+
+async def test_the_dashboard_reads_every_page_of_the_gpus() -> None:
+    from corral.services.dashboard.app import Feed
+    from tests.builders import Cluster, LogBuilder
+
+    view = JobView(":memory:")
+    view.fold(LogBuilder().nodes(Cluster(1_250)).records)
+
+    class Asked:  # the read service's own answers, as a session brings them
+        async def ask(self, asker: str, question: str, **fields: Any) -> dict[str, Any]:
+            return ask(view, asker, question, **fields)
+
+    first = ask(view, "a", "gpus")
+    assert first.get("next")
+    every = await Feed("nats://unused", "a", None)._every_node(Asked(), first)  # type: ignore[arg-type]
+    assert [n["name"] for n in every["nodes"]] == sorted(view.state.nodes)

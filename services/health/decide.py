@@ -275,6 +275,8 @@ class HeartbeatTracker:
         gap = now - (n.last_seen if n.last_seen is not None else n.since)
         n.last_seen, n.last_seq = now, payload.seq
         self._heard_of(node, n)
+        if n.condition != "ready":
+            self._unready.add(node)  # visited until it is trusted again, or lost again
         if not payload.ok or gap > self._suspect_silence:
             n.probation_from = now if payload.ok else None
         elif n.probation_from is None:
@@ -337,14 +339,30 @@ class HeartbeatTracker:
                 out.extend(self._condition(name, n, now))
                 out.extend(self._gpu_health(name, n))
                 out.extend(self._cordon(name, n))
+                if n.condition == "lost" and n.probation_from is None:
+                    # Lost and silent: nothing changes until it is heard again (``record``), so
+                    # it is not visited at every evaluation, however many nodes were ever lost.
+                    self._unready.discard(name)
+            elif now - (n.last_seen if n.last_seen is not None else n.since) > self._watched_silence:
+                # Heard of but never registered, and silent since: let go, so that names made up
+                # (anyone may heartbeat on a server without logins) do not stay for good. (Its
+                # registration, if it comes, makes it anew.)
+                del self._nodes[name]
+                self._stamps.pop(name, None)
+                self._unready.discard(name)
         # A silent node not registered yet stays ready, unwatched: its registration visits it.
         return out
+
+    @property
+    def _watched_silence(self) -> float:
+        """How long a ready node may be silent before it is visited (``_condition``'s test)."""
+        return min(self._suspect_silence, self.lost_after)
 
     def _silent(self, now: float) -> list[str]:
         """The nodes not heard of for longer than a ready node may be silent (``_condition``'s
         test), taken off the heap: each turns suspect or lost when visited, or is not
         registered yet."""
-        most = min(self._suspect_silence, self.lost_after)
+        most = self._watched_silence
         heard, stamps = self._heard, self._stamps
         out: list[str] = []
         while heard and now - heard[0][0] > most:

@@ -333,3 +333,26 @@ def test_an_agent_that_cannot_watch_its_gpus_trusts_none_of_them() -> None:
     c.beat(T0, xids=(XidReport(gpu=-1, xid=999),))
     events = c.t.evaluate(T0 + 1)
     assert events == [GpuHealthChanged(node=N0, gpu=g, healthy=False, signal="xid:999") for g in range(8)]
+
+
+def test_lost_nodes_are_not_visited_until_heard_again_and_then_earn_trust_back() -> None:
+    # Every node ever lost stayed among those visited at every evaluation: a monitor of months
+    # spent its ticks on them. A silent lost node is visited again only once it is heard.
+    c = Clock(nodes=40)
+    for name in c.state.nodes:
+        c.t.observe(NodeConditionChanged(node=name, condition="lost", reason="log"), T0)
+    assert c.t.evaluate(T0 + 1) == [] and c.t._unready == set()
+    assert c.t.evaluate(T0 + 500) == []
+    c.beats(T0 + 600, T0 + 640)  # node-00 back, healthy for 40 s: past its probation
+    assert c.conditions(T0 + 640) == ["ready"]
+    assert c.t._unready == set()
+
+
+def test_names_heard_but_never_registered_are_let_go_once_silent() -> None:
+    t = HeartbeatTracker(interval=5.0, suspect_after=3, lost_after=60.0)
+    for i in range(1_000):
+        t.record(f"made-up-{i}", T0, Heartbeat(node=f"made-up-{i}", seq=1))
+    assert t.evaluate(T0 + 1) == [] and len(t._nodes) == 1_000
+    assert t.evaluate(T0 + 16) == [] and t._nodes == {} and t._stamps == {}
+    t.record("made-up-1", T0 + 20, Heartbeat(node="made-up-1", seq=2))  # heard again: known again
+    assert set(t._nodes) == {"made-up-1"}

@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS let_go (
     PRIMARY KEY (id, submitted_seq)
 );
 CREATE INDEX IF NOT EXISTS let_go_by_tenant ON let_go (tenant, submitted_seq);
+CREATE INDEX IF NOT EXISTS let_go_in_order ON let_go (submitted_seq);
 CREATE TABLE IF NOT EXISTS let_go_workers (
     id TEXT NOT NULL,
     submitted_seq INTEGER NOT NULL,

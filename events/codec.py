@@ -47,6 +47,7 @@ from corral.events.queues import (
     ApplyQueue,
     ApplyRetention,
     CordonNode,
+    DeleteNode,
     DeleteQueue,
 )
 
@@ -61,6 +62,7 @@ AnyEvent = (
     | ApplyPriorityClass
     | DeleteQueue
     | CordonNode
+    | DeleteNode
     | ApplyFairShare
     | ApplyRetention
     | JobAccepted
@@ -99,6 +101,7 @@ ADMIN_VERBS: dict[str, type[Event]] = {
     "priority-class": ApplyPriorityClass,
     "delete-queue": DeleteQueue,
     "cordon": CordonNode,
+    "delete-node": DeleteNode,
     "fair-share": ApplyFairShare,
     "retention": ApplyRetention,
 }

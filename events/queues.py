@@ -165,3 +165,11 @@ class CordonNode(Request, frozen=True, kw_only=True):
     cordoned: bool = True
     drain: bool = False
     reason: str = ""
+
+
+class DeleteNode(Request, frozen=True, kw_only=True):
+    """Forget a node taken out of the cluster for good: it leaves the state, and every service
+    and answer with it. Refused while any job holds GPUs, CPU or memory there (drain it first);
+    an agent that registers the node again brings it back as new."""
+
+    node: str

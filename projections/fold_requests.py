@@ -31,6 +31,7 @@ from corral.events.queues import (
     ApplyQueue,
     ApplyRetention,
     CordonNode,
+    DeleteNode,
     DeleteQueue,
     Quota,
 )
@@ -242,6 +243,22 @@ def _cordon_request(state: State, ctx: Ctx, req: CordonNode) -> None:
     cordon(state, ctx, req.node, req.cordoned, req.drain, req.reason or "drained by admin")
 
 
+def _delete_node(state: State, ctx: Ctx, req: DeleteNode) -> None:
+    """A node gone for good leaves the state: nodes replaced over months would otherwise stay in
+    every service's state, cycle and answer. Only one no job holds anything on."""
+    _admin(ctx)
+    if req.node not in state.nodes:
+        raise Refused("unknown", f"no node {req.node}")
+    holding = indexes.holding_on(state, req.node)
+    if holding:
+        jobs = ", ".join(j.id for j in holding[:3]) + (
+            f" and {len(holding) - 3} more" if len(holding) > 3 else ""
+        )
+        raise Refused("illegal", f"node {req.node} holds work of {jobs}: drain it first")
+    del state.nodes[req.node]
+    state.holding_by_node.pop(req.node, None)
+
+
 HANDLERS: dict[type[Event], Handler] = {
     SubmitJob: _submit,
     CancelJob: _cancel,
@@ -253,4 +270,5 @@ HANDLERS: dict[type[Event], Handler] = {
     ApplyRetention: _apply_retention,
     DeleteQueue: _delete_queue,
     CordonNode: _cordon_request,
+    DeleteNode: _delete_node,
 }

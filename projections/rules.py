@@ -129,4 +129,5 @@ from __future__ import annotations
 # 37: a job's reason names the job it was preempted, moved or shrunk for only when the same
 #    tenant owns both, else "another tenant's job" (``projections/visibility.py``); a cancel's
 #    reason is kept to ``REASON_CHARS`` characters.
-RULES = 37
+# 38: the admin may delete a node no job holds anything on (``DeleteNode``): it leaves the state.
+RULES = 38

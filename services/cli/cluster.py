@@ -182,11 +182,15 @@ def cmd_nodes(args: argparse.Namespace) -> None:
 
 
 def cmd_node(args: argparse.Namespace) -> None:
-    """Cordon, drain or uncordon a node: the admin's request, answered with its verdict."""
+    """Cordon, drain, uncordon or delete a node: the admin's request, answered with its verdict."""
     with admin_client(args) as client:
         if args.node_verb == "uncordon":
             client.uncordon(args.node)
             print(f"{args.node} uncordoned: work may land on it again")
+            return
+        if args.node_verb == "delete":
+            client.delete_node(args.node)
+            print(f"{args.node} deleted: the cluster no longer knows it")
             return
         drain = args.node_verb == "drain"
         client.cordon(args.node, args.reason, drain=drain)

@@ -355,10 +355,11 @@ def parser() -> argparse.ArgumentParser:
         ("cordon", "no new work lands on the node; what runs there keeps running"),
         ("drain", "cordon, and move its running jobs away (each resumes from its last checkpoint)"),
         ("uncordon", "work may land on the node again"),
+        ("delete", "forget a node taken out for good (drain it first); registering it again brings it back"),
     ):
         nv = ndsub.add_parser(verb, parents=[common], help=what)
         nv.add_argument("node")
-        if verb != "uncordon":
+        if verb in ("cordon", "drain"):
             nv.add_argument("--reason", default="", help="why, for `corral explain` of the jobs it moves")
         nv.set_defaults(fn=cmd_node, node_verb=verb)
 

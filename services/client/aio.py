@@ -23,7 +23,7 @@ import msgspec
 
 from corral.events import codec, documents, subjects
 from corral.events.jobs import CancelJob, JobSpec, ResizeJob, SubmitJob
-from corral.events.queues import CordonNode, DeleteQueue
+from corral.events.queues import CordonNode, DeleteNode, DeleteQueue
 from corral.projections.lifecycle import FINAL
 from corral.services.client.results import (
     Applied,
@@ -200,6 +200,12 @@ class AsyncClient:
         """Work may land on ``node`` again (whoever cordoned it: the admin, or the health
         monitor after a GPU fault; a GPU that is unhealthy stays unused)."""
         return await self._admin("cordon", node, CordonNode(node=node, cordoned=False), timeout)
+
+    async def delete_node(self, node: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        """Forget a node taken out of the cluster for good; ``Refused`` while any job holds
+        something on it (drain it first), or for no such node. An agent that registers it again
+        brings it back."""
+        return await self._admin("delete-node", node, DeleteNode(node=node), timeout)
 
     async def delete_queue(self, name: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
         """Delete a queue; ``Refused`` while it still has unfinished jobs, or for no such queue."""

@@ -163,6 +163,9 @@ class Client:
     def uncordon(self, node: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
         return self._run(self.aio.uncordon(node, timeout=timeout))
 
+    def delete_node(self, node: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        return self._run(self.aio.delete_node(node, timeout=timeout))
+
     def delete_queue(self, name: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
         return self._run(self.aio.delete_queue(name, timeout=timeout))
 

@@ -42,7 +42,7 @@ from corral.events.nodes import (
     NodeInventory,
     NodeRegistered,
 )
-from corral.events.queues import CordonNode
+from corral.events.queues import CordonNode, DeleteNode
 from corral.projections.state import State
 
 Action = Literal["ignore", "record", "alert", "gpu", "node"]
@@ -228,6 +228,12 @@ class HeartbeatTracker:
         name = getattr(event, "node", None)
         if not isinstance(name, str):
             return False
+        if isinstance(event, DeleteNode):  # gone for good: nothing of it is kept
+            self._nodes.pop(name, None)
+            self._stamps.pop(name, None)
+            self._pending.discard(name)
+            self._unready.discard(name)
+            return True
         if isinstance(event, NodeConditionChanged | GpuHealthChanged | NodeCordoned | CordonNode):
             n = self._node(name, now)
         elif isinstance(event, NodeRegistered):

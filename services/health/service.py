@@ -52,6 +52,7 @@ ROLE = "health"
 HEARTBEATS = subjects.heartbeat("*")
 _NODE_EVENTS = subjects.node("")
 _CORDON = subjects.admin("cordon")
+_DELETE = subjects.admin("delete-node")
 _decode_heartbeat = msgspec.json.Decoder(Heartbeat).decode
 
 
@@ -104,7 +105,7 @@ class HealthMonitor(Service):
                     spans.folded(state, r, rejected)
                 if state.rejected_total != rejected:
                     continue  # the fold refused it: it changed nothing the tracker should know
-                if r.subject.startswith(_NODE_EVENTS) or r.subject == _CORDON:
+                if r.subject.startswith(_NODE_EVENTS) or r.subject in (_CORDON, _DELETE):
                     body = codec.decode_body(r.subject, r.data, r.headers).body
                     if self.tracker.observe(body, self.clock()):
                         self._facts_folded = True

@@ -49,7 +49,7 @@ QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes", "verdict", "gpu
 # From "cordon" on, the admin's (their ``job`` names the node, the queue or what the change is of).
 VERDICT_VERBS = (
     "submit", "cancel", "resize", "cordon", "delete-queue", "queue", "cohort", "priority-class", "fair-share",
-    "retention",
+    "retention", "delete-node",
 )  # fmt: skip
 MAX_WAIT = 60.0  # seconds one question may ask the read service to wait for its answer to settle
 MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer must fit in a message
@@ -98,7 +98,7 @@ class Ask(msgspec.Struct, frozen=True):
     reflect at least (so a client reads its own writes), and for ``jobs`` whether to list the
     jobs the fold let go too. Other fields are ignored."""
 
-    job: str = ""  # for the verdict on an admin's cordon or delete-queue: the node or the queue
+    job: str = ""  # for the verdict on an admin's cordon, delete-node or delete-queue: the node or the queue
     after: Int = 0
     all: bool = False  # ``jobs``: also the jobs the fold let go (the newest, MAX_LET_GO at most)
     verb: str = ""  # ``verdict``: the verb of the request stored at ``after``

@@ -1,7 +1,7 @@
 """The operator's verbs end to end against `corral up`: each one's success and refusal, by exit
-status and its one-line message. Node cordon, drain and uncordon and queue delete (the admin's
-requests, answered with their verdict), jobs filtered and watched, a job's output tailed and
-followed, and submit's flags reaching the worker."""
+status and its one-line message. Node cordon, drain, uncordon and delete and queue delete (the
+admin's requests, answered with their verdict), jobs filtered and watched, a job's output tailed
+and followed, and submit's flags reaching the worker."""
 
 from __future__ import annotations
 
@@ -53,6 +53,13 @@ def test_nodes_are_cordoned_drained_and_uncordoned_and_queues_deleted(
     assert node_of(cluster, env, "node-02")["condition"] == "cordoned"  # the refusal changed nothing
     bad_name = corral("node", "drain", "node.02", *server, env=env, check=False)
     assert bad_name.returncode == 2 and "letters, digits" in one_line(bad_name)
+    # A node taken out for good: forgotten by the cluster, which then knows no such node.
+    assert corral("node", "delete", "node-02", *server, env=env).stdout.startswith("node-02 deleted")
+    assert "node-02" not in {
+        n["name"] for n in json.loads(corral("nodes", "-o", "json", *server, env=env).stdout)
+    }
+    again = corral("node", "delete", "node-02", *server, env=env, check=False)
+    assert (again.returncode, one_line(again)) == (1, "corral: no node node-02")
 
     corral("submit", "--id", "busy", "--queue", "team-a", "--tenant", "team-a", *server, env=env)
     busy = corral("queue", "delete", "team-a", *server, env=env, check=False)

@@ -33,12 +33,14 @@ from corral.events.queues import (
     ApplyQueue,
     CohortSpec,
     CordonNode,
+    DeleteNode,
     DeleteQueue,
     FairShareSpec,
     PriorityClassSpec,
     QueueSpec,
     Quota,
 )
+from corral.projections import indexes
 from corral.projections.fold import apply, apply_event
 from corral.projections.state import MAX_REJECTIONS, GpuState, Rejection, State
 from corral.services.agent.inventory import h100_8x_mig
@@ -210,6 +212,7 @@ ADMIN_ONLY: list[tuple[str, Event]] = [
     ("priority-class", ApplyPriorityClass(priority_class=PriorityClassSpec("high", 100))),
     ("delete-queue", DeleteQueue(name="team-a")),
     ("cordon", CordonNode(node=N0)),
+    ("delete-node", DeleteNode(node=N0)),
     ("fair-share", ApplyFairShare(fair_share=FairShareSpec(half_life_s=60.0))),
 ]
 
@@ -1493,3 +1496,29 @@ def test_stream_time_never_goes_backwards() -> None:
     state = fold(LogBuilder(start_time=50.0).submit("alice", "j1"))
     apply(state, Record(state.seq + 1, "foo", b"", None, 10.0))
     assert (state.time, state.seq) == (50.0, 2)
+
+
+@pytest.mark.parametrize(
+    ("node", "code"),
+    [(N1, None), (N0, "illegal"), ("node-99", "unknown")],
+    ids=["idle-node", "node-holding-work", "unknown-node"],
+)
+def test_delete_node(node: str, code: str | None) -> None:
+    # j1 runs on node-00; node-01 holds nothing.
+    log = queued().admit("j1").place(on(N0, 0, job_id="j1")).started(N0, "j1")
+    state = fold(log.admin("delete-node", DeleteNode(node=node)))
+    indexes.check(state)
+    if code is None:
+        assert set(state.nodes) == {N0} and node not in state.holding_by_node
+    else:
+        assert set(state.nodes) == {N0, N1} and last(state).code == code
+    if code == "illegal":
+        assert last(state).message == "node node-00 holds work of j1: drain it first"
+
+
+def test_a_deleted_node_that_registers_again_is_new() -> None:
+    log = two_nodes().admin("cordon", CordonNode(node=N1)).admin("delete-node", DeleteNode(node=N1))
+    assert set(fold(log).nodes) == {N0}
+    inventory = fold(two_nodes()).nodes[N1].inventory
+    state = fold(log.node(N1, inventory))
+    assert set(state.nodes) == {N0, N1} and not state.nodes[N1].cordoned

@@ -356,3 +356,16 @@ def test_names_heard_but_never_registered_are_let_go_once_silent() -> None:
     assert t.evaluate(T0 + 16) == [] and t._nodes == {} and t._stamps == {}
     t.record("made-up-1", T0 + 20, Heartbeat(node="made-up-1", seq=2))  # heard again: known again
     assert set(t._nodes) == {"made-up-1"}
+
+
+def test_a_deleted_node_is_forgotten_and_never_turns_lost() -> None:
+    from corral.events.queues import DeleteNode
+
+    c = Clock(nodes=2)
+    c.beats(T0, T0 + 20, node=N0)
+    c.beats(T0, T0 + 20, node=N1)
+    assert c.t.observe(DeleteNode(node=N1), T0 + 21)
+    assert N1 not in c.t._nodes
+    c.beats(T0 + 25, T0 + 200, node=N0)
+    facts = c.t.evaluate(T0 + 200)
+    assert not [e for e in facts if getattr(e, "node", None) == N1]

@@ -117,8 +117,12 @@ class Calibration:
         return c
 
     def saw(self, estimate: float, actual: float) -> None:
-        if estimate > 0 and actual > 0:
-            self.seen.append((estimate, actual))
+        """A finished job's estimate and actual runtime. The calibration is every tenant's: an
+        estimate under a second counts as a second, and one that is not a number of seconds
+        (infinite) is not counted, so that no tenant's estimates, however absurd, make the
+        errors infinite or undefined for everyone's forecasts."""
+        if 0 < estimate < math.inf and actual > 0:
+            self.seen.append((max(estimate, 1.0), actual))
 
     def spread(self) -> tuple[float, float]:
         """(early, late) scales of every runtime run by its error (``errors``): the quartiles

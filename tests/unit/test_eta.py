@@ -568,3 +568,17 @@ def test_the_calibration_runs_each_job_by_its_error_and_spreads_the_band_by_thei
     assert errors.ratios == tuple(sorted(float(1 + i % 4) for i in range(eta.MIN_CALIBRATION)))
     assert c.spread() == (1.0 / 2.0, 3.0 / 2.0)
     assert c.total() == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("estimate", [5e-324, 1e-300, 0.25, math.inf])
+def test_no_tenants_estimates_make_the_calibration_infinite_or_undefined(estimate: float) -> None:
+    # The calibration is every tenant's: one tenant's jobs estimated at 5e-324 s made every
+    # error infinite and every forecast's band NaN, for everyone.
+    c = eta.Calibration()
+    for _ in range(eta.MIN_CALIBRATION):
+        c.saw(estimate, 60.0)
+    for _ in range(eta.MIN_CALIBRATION):
+        c.saw(600.0, 600.0)
+    errors = c.errors()
+    assert errors is not None and all(math.isfinite(r) for r in errors.ratios)
+    assert all(math.isfinite(x) for x in (*c.spread(), c.total()))

@@ -80,6 +80,7 @@ class _Idle:
         self.chain: Chain = stack.build(config, Fragmentation(Workload({})))
         self.label_keys = label_keys
         self.verdicts: dict[str, Reason | None] = {}  # by host shape (``indexes.host_shape``)
+        self.most: dict[tuple[str, int], int] = {}  # an elastic shape's most workers hosted at once
         # By the job's spec object (a job keeps its spec for life), cycle after cycle: a look-up
         # by its id costs less than building the shape's key. Every spec judged is kept alive
         # in ``specs``, so that no other object can take its id meanwhile. (The id shifted: the
@@ -128,6 +129,27 @@ class Inventory:
         idle.by_spec[id(spec) >> 4] = verdict
         idle.specs.append(spec)
         return verdict
+
+    def most_workers(self, job: JobState) -> int:
+        """The most workers of ``job`` the whole cluster could host at once, idle, as its
+        topology asks, between its least and most (its most for a job that is not elastic, or
+        where there is no inventory to judge by). Admission admits and grows an elastic job to
+        no more: admitted at a size no placement can ever find, it would be withdrawn at the
+        placement timeout and admitted at that size again, for ever, holding quota it never
+        uses, though a smaller gang of it would run at once."""
+        spec = job.spec
+        lo, hi = quota.min_replicas(spec), spec.replicas
+        if spec.min_replicas is None or lo >= hi or not self.nodes:
+            return hi
+        idle = self._idle if self._idle is not None else self._built()
+        key = (indexes.host_shape(spec), hi)
+        found = idle.most.get(key)
+        if found is None:
+            found = _most(idle, Request.of(job), max(lo, 1), hi)
+            if len(idle.most) >= MAX_VERDICTS:
+                idle.most.clear()
+            idle.most[key] = found
+        return found
 
     def unhosted(self, jobs: Iterable[JobState]) -> list[tuple[JobState, Reason]]:
         """``never_fits`` over many jobs: those no node could host, with why."""
@@ -197,6 +219,31 @@ def never_fits(state: State, job: JobState) -> Reason | None:
 
 
 # -- the verdict ------------------------------------------------------------------------------------
+
+
+def _most(idle: _Idle, req: Request, lo: int, hi: int) -> int:
+    """The most workers of ``req``, ``lo`` to ``hi``, a placement on the idle copy finds (``lo``
+    when not even those: ``never_fits`` says why). Fewer workers fit where more do, so halving."""
+
+    def fits(n: int) -> bool:
+        r = replace(req, replicas=n)
+        found = gang.place(idle.chain, idle.snap, r, idle.label_keys)
+        if isinstance(found, tuple):
+            return False
+        idle.snap.release(found, r.res)  # the idle copy stays idle
+        return True
+
+    if fits(hi):
+        return hi
+    while lo < hi - 1:  # lo fits (or is the least asked), hi does not
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    if len(idle.snap.touched) >= MAX_TOUCHED:
+        idle.snap.forget_answers()
+    return lo
 
 
 def _judge(idle: _Idle, req: Request, elastic: bool) -> Reason | None:

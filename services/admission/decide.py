@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -220,14 +221,17 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         (job for name, jobs in waiting.items() if not ledger.has_queue(name) for job in jobs),
         key=lambda j: (j.submitted_seq, j.id),
     )
-    first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions)
+    most = inventory.most_workers
+    first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions, most)
     for adm in first:
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, waiting.keys(), now)
     lending_holds = LendingHolds(ledger)
     lending_holds.keep_for_heads(waiting, ends, now)
-    admissions = first + _admit(order, ledger, config.max_admissions - len(first), now, ends, lending_holds)
-    grown = growths(state, ledger, elastic, waiting, admissions) if config.grow else []
+    admissions = first + _admit(
+        order, ledger, config.max_admissions - len(first), now, ends, lending_holds, most
+    )
+    grown = growths(state, ledger, elastic, waiting, admissions, most) if config.grow else []
     if admissions or grown:
         events.append(
             JobsAdmitted(based_on=state.seq, now=now, admissions=tuple(admissions), growths=tuple(grown))
@@ -285,17 +289,19 @@ def _admit_nominated(
     explained: dict[str, list[JobState]],
     ledger: Ledger,
     cap: int,
+    most: Callable[[JobState], int],
 ) -> list[Admission]:
     """Admit the queued beneficiaries of preemptions, highest priority first, ahead of the
     fair-share order: the quota their victims gave back is theirs. Those admitted leave
-    ``waiting`` and ``explained``."""
+    ``waiting`` and ``explained``. ``most``: the most workers the cluster could host of a job
+    (``Inventory.most_workers``)."""
     found = [state.jobs[b] for b in nominated if b in state.jobs]
     found = [b for b in found if b.phase == "queued" and ledger.has_queue(b.spec.queue)]
     found.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
     out: list[Admission] = []
     for job in found[: max(0, cap)]:
         queue = job.spec.queue
-        adm = _fit(queue, ledger.spec(queue), job, ledger)
+        adm = _fit(queue, ledger.spec(queue), job, ledger, most(job))
         if adm is None:
             continue
         out.append(adm)
@@ -305,13 +311,14 @@ def _admit_nominated(
     return out
 
 
-def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger) -> Admission | None:
-    """Admit one job whole if its quota allows (charged to ``ledger``), as ``_admit`` does."""
+def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger, hosted: int) -> Admission | None:
+    """Admit one job whole if its quota allows (charged to ``ledger``), as ``_admit`` does, at
+    most ``hosted`` workers."""
     spec = job.spec
     demands = quota.worker_demands(qspec, spec.resources)
     if not demands:
         return Admission(job_id=job.id, attempt=job.attempt, replicas=spec.replicas)
-    lo, hi = quota.min_replicas(spec), spec.replicas
+    lo, hi = quota.min_replicas(spec), min(spec.replicas, hosted)
     borrow = ledger.may_borrow(spec)
     best: tuple[int, str, int] | None = None  # (replicas, key, milli-GPU per worker), as ``_admit``
     for key, per_worker in demands:
@@ -482,6 +489,7 @@ def _admit(
     now: float,
     ends: _Ends,
     lending_holds: LendingHolds,
+    most: Callable[[JobState], int],
 ) -> list[Admission]:
     out: list[Admission] = []
     while len(out) < cap and (cur := order.pop()) is not None:
@@ -492,7 +500,7 @@ def _admit(
             out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=spec.replicas))
             order.admitted(cur)
             continue
-        lo, hi = quota.min_replicas(spec), spec.replicas
+        lo, hi = quota.min_replicas(spec), min(spec.replicas, most(job))
         held = cur.hold
         borrow = ledger.may_borrow(spec)
         # The model it fits whole on first, in its order; else (an elastic job) the one it fits

@@ -20,7 +20,7 @@ fraction or a MIG slice would fit.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from corral.events.jobs import Admission
 from corral.projections import indexes, quota, shape
@@ -35,10 +35,12 @@ def growths(
     running: Iterable[JobState],
     waiting: Mapping[str, Iterable[JobState]],
     admitted: Collection[Admission],
+    most: Callable[[JobState], int] | None = None,
 ) -> list[Admission]:
     """The cycle's growths, charged to ``ledger``. ``running``: the running elastic jobs;
     ``waiting``: each queue's backlog this cycle, of which ``admitted`` were admitted (and, not
-    yet placed, will take GPUs too)."""
+    yet placed, will take GPUs too); ``most``: the most workers the cluster could host of a job
+    (``Inventory.most_workers``; its most workers if None)."""
     # Most running elastic jobs are at their most workers: pass them over without a call each.
     below = [j for j in running if j.admission is not None and j.admission.replicas < j.spec.replicas]
     candidates = sorted((j for j in below if growable(j)), key=lambda j: (j.submitted_seq, j.id))
@@ -60,7 +62,7 @@ def growths(
             break
         if not ledger.has_queue(queue) or ledger.root(queue) in blocked:
             continue
-        grown = _grow(job, ledger, free)
+        grown = _grow(job, ledger, free, job.spec.replicas if most is None else most(job))
         if grown is not None:
             assert job.admission is not None
             free -= (grown.replicas - job.admission.replicas) * job.spec.resources.gpus
@@ -81,15 +83,16 @@ def growable(job: JobState) -> bool:
     )
 
 
-def _grow(job: JobState, ledger: Ledger, free: int) -> Admission | None:
-    """The largest admission of ``job`` above its current one that quota and ``free`` GPUs
-    allow, charged to ``ledger``; None if not even one more worker fits."""
+def _grow(job: JobState, ledger: Ledger, free: int, hosted: int) -> Admission | None:
+    """The largest admission of ``job`` above its current one, of at most ``hosted`` workers,
+    that quota and ``free`` GPUs allow, charged to ``ledger``; None if not even one more worker
+    fits."""
     adm = job.admission
     assert adm is not None
     spec, queue = job.spec, job.spec.queue
     held = quota.holding(job)
     key = held[0][0] if len(held) == 1 else quota.candidate_keys(ledger.spec(queue), spec.resources)[0]
-    most = min(spec.replicas, adm.replicas + free // spec.resources.gpus)
+    most = min(spec.replicas, hosted, adm.replicas + free // spec.resources.gpus)
     for replicas in range(most, adm.replicas, -1):
         grown = quota.admission(ledger.spec(queue), job, replicas, key)
         if ledger.claim_growth(job, grown) is None:

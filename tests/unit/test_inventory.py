@@ -252,3 +252,32 @@ def test_the_idle_copy_kept_between_cycles_keeps_its_answers_bounded() -> None:
     assert len(idle.verdicts) == n  # what it was asked stays answered
     assert len(idle.snap.touched) < inv_mod.MAX_TOUCHED + 16
     assert len(idle.snap.picks) < 8 * inv_mod.MAX_TOUCHED and len(idle.chain._static_memo) <= MEMO_MOST
+
+
+@pytest.mark.parametrize(
+    ("spec", "most"),
+    [
+        (job().gpus(8).replicas(4, minimum=1), 2),  # two 8-GPU nodes hold two such workers
+        (job().gpus(4).replicas(8, minimum=2), 4),
+        (job().gpus(8).replicas(2, minimum=1), 2),  # all it asks
+        (job().gpus(4).replicas(4, minimum=1).pack("node", required=True), 2),  # on one node
+        (job().gpus(8).replicas(3), 3),  # not elastic: its own count, never_fits judges it
+        (job().gpus(16).replicas(2, minimum=1), 1),  # not even one: its least; never_fits says why
+    ],
+)
+def test_the_most_workers_the_cluster_could_host_of_an_elastic_job(spec: JobBuilder, most: int) -> None:
+    state = LogBuilder().nodes(Cluster(2)).fold()
+    assert Inventory(state).most_workers(_job(spec)) == most
+
+
+def test_an_elastic_job_is_admitted_at_no_more_workers_than_the_cluster_could_ever_place() -> None:
+    # 1..2 workers of 8 GPUs on one 8-GPU node, with quota for 16: it was admitted at 2, never
+    # placed, withdrawn at the placement timeout and admitted at 2 again, for ever.
+    from corral.events.jobs import JobsAdmitted
+    from corral.services.admission.decide import decide
+
+    log = LogBuilder().nodes(Cluster(1)).queue("team-a")
+    log.submit("alice", "e", job().gpus(8).replicas(2, minimum=1)).accept("e")
+    out = decide(log.fold(), 1_000.0)
+    (admitted,) = [a for ev in out if isinstance(ev, JobsAdmitted) for a in ev.admissions]
+    assert (admitted.job_id, admitted.replicas) == ("e", 1)

@@ -114,7 +114,7 @@ def _check_workers(
 ) -> tuple[list[NodeState], list[GpuState]] | None:
     """``_check`` of the workers themselves, whatever ranks they are."""
     spec = job.spec
-    res = spec.resources
+    res = shape.placed_resources(job)
     nodes = state.nodes
     selector = spec.node_selector
     k = shape.kind(res)

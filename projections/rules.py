@@ -130,4 +130,6 @@ from __future__ import annotations
 #    tenant owns both, else "another tenant's job" (``projections/visibility.py``); a cancel's
 #    reason is kept to ``REASON_CHARS`` characters.
 # 38: the admin may delete a node no job holds anything on (``DeleteNode``): it leaves the state.
-RULES = 38
+# 39: a job that names several GPU models is placed only on GPUs of the model its admission
+#    counts against (``shape.placed_resources``), where that is one of them.
+RULES = 39

@@ -14,6 +14,10 @@ a worker holds. So the reading is written once, here:
 
 ``kind_of`` is that rule on bare numbers (the fold's hot paths and the trace replays call it
 without building anything); ``Shape.of`` is the value the rest of the code passes around.
+
+And which GPUs a worker may be placed on (``placed_resources``): a job that names several GPU
+models runs on the one its admission counts against, as the fold's claims and the placer's
+chain both read it.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
+
 from corral.events.jobs import Resources
-from corral.projections.state import WHOLE
+from corral.projections.state import WHOLE, JobState
 
 ShapeKind = Literal["cpu", "whole", "fraction", "mig"]
 
@@ -90,3 +96,18 @@ class Shape:
         if self.kind == "cpu":
             return "no GPU"
         return f"{self.gpu_milli / WHOLE:g} GPU"
+
+
+def placed_resources(job: JobState) -> Resources:
+    """What ``job``'s workers are placed with: its resources, but where it names several GPU
+    models and its admission counts against one of them (a quota of that model, Kueue's flavor),
+    that model only. Else a job charged to one model's quota could run on another's GPUs, which
+    that other model's quota holders would then wait for, with nobody borrowing them to reclaim."""
+    res = job.spec.resources
+    adm = job.admission
+    if adm is None or len(res.gpu_models) < 2 or len(adm.gpus) != 1:
+        return res
+    (key,) = adm.gpus
+    if key not in res.gpu_models:
+        return res  # counted against every model (``*``): any of them
+    return msgspec.structs.replace(res, gpu_models=(key,))

@@ -30,7 +30,7 @@ from corral.events.jobs import Resources, TopologyPack
 from corral.events.queues import PriorityClassSpec
 from corral.projections import runtimes
 from corral.projections.placement.snapshot import NodeView, Snapshot
-from corral.projections.shape import Shape, ShapeKind
+from corral.projections.shape import Shape, ShapeKind, placed_resources
 from corral.projections.state import JobState
 
 # Static filters' answers a chain keeps (per need, node selector and node) before it lets them
@@ -85,12 +85,13 @@ class Request:
         spec = job.spec
         replicas = job.admission.replicas if job.admission is not None else spec.replicas
         pc = (priority_classes or {}).get(spec.priority_class)
+        res = placed_resources(job)  # an admitted job of several models: the one it counts against
         return cls(
             job_id=job.id,
             attempt=job.attempt,
             replicas=replicas,
-            res=spec.resources,
-            need=Need.of(spec.resources),
+            res=res,
+            need=Need.of(res),
             selector=tuple(sorted(spec.node_selector.items())),
             pack=spec.topology.pack,
             required=spec.topology.required,

@@ -18,12 +18,13 @@ each model as nominal, queue ``b`` with none of its own (whatever it holds is bo
 from __future__ import annotations
 
 from corral.events import subjects as subj
-from corral.events.decisions import PreemptionRequested, Victim
-from corral.events.jobs import JobSpec, PendingReasonChanged, Resources
+from corral.events.decisions import JobsPlaced, Placement, PreemptionRequested, Victim, WorkerSlot
+from corral.events.jobs import JobsAdmitted, JobSpec, PendingReasonChanged, Resources
 from corral.events.queues import ApplyQueue, PreemptionPolicy, QueueSpec, Quota
 from corral.projections.fold import apply_event
 from corral.services.admission.decide import decide as admission
 from corral.services.admission.order import pending_order
+from corral.services.placer.decide import decide as placer
 from tests.unit.test_preemptor import World, whole
 
 H100, A100 = "H100-80GB", "A100-80GB"
@@ -204,3 +205,42 @@ def test_the_pending_order_charges_a_job_the_model_admission_would_admit_it_on()
     admitted = [a.job_id for e in admission(w.state, w.time) for a in getattr(e, "admissions", ())]
     assert admitted == ["a1", "a2", "b1", "b2"]
     assert [j.id for j in pending_order(w.state, w.time)] == admitted
+
+
+def test_a_job_of_several_models_runs_on_the_one_its_admission_counts_against() -> None:
+    # a has no H100 quota of its own; its job names H100 and A100 and is admitted on A100. The
+    # placer put it on the H100 node (free, and first in its models), where b's H100 quota was:
+    # b's job within its nominal then waited as long as a's ran, with nobody borrowing to
+    # reclaim from. Kueue places a workload on its assigned flavor's nodes only.
+    w = World(nodes=2, profile="mixed").cohort("c")
+    for q in (
+        QueueSpec("a", cohort="c", quotas={H100: Quota(0), A100: Quota(8)}),
+        QueueSpec("b", cohort="c", quotas={H100: Quota(8), A100: Quota(0)}),
+    ):
+        w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    w.submit("a-job", spec("a", 8, H100, A100, preemptible=False))
+    admitted = [a for e in w.cycle(admission) if isinstance(e, JobsAdmitted) for a in e.admissions]
+    assert [(a.job_id, dict(a.gpus)) for a in admitted] == [("a-job", {A100: 8})]
+    placed = [p for e in w.cycle(placer) if isinstance(e, JobsPlaced) for p in e.placements]
+    assert [(p.job_id, {wk.node for wk in p.workers}) for p in placed] == [("a-job", {N_A100})]
+
+
+def test_the_fold_refuses_a_placement_on_a_model_other_than_the_admitted_one() -> None:
+    w = World(nodes=2, profile="mixed").cohort("c")
+    q = QueueSpec("a", cohort="c", quotas={H100: Quota(0), A100: Quota(8)})
+    w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    w.submit("a-job", spec("a", 8, H100, A100)).cycle(admission)
+    assert dict(w.state.jobs["a-job"].admission.gpus) == {A100: 8}  # type: ignore[union-attr]
+    node, gpus = whole(N_H100, *range(8))
+    on_h100 = Placement("a-job", 0, (WorkerSlot(0, node, gpus),))
+    before = w.state.rejected_total
+    apply_event(
+        w.state,
+        w.seq + 1,
+        subj.decision("placer"),
+        JobsPlaced(based_on=w.seq, now=w.time, placements=(on_h100,)),
+        w.time,
+    )
+    assert w.state.rejected_total == before + 1
+    assert "is a H100-80GB" in w.state.rejections[-1].message
+    assert w.state.jobs["a-job"].phase == "admitted"

@@ -30,6 +30,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+import msgspec
+
 from corral.events.base import Reason
 from corral.events.jobs import JobSpec
 from corral.events.nodes import NodeInventory
@@ -129,6 +131,15 @@ class Inventory:
         idle.by_spec[id(spec) >> 4] = verdict
         idle.specs.append(spec)
         return verdict
+
+    def hosts_on(self, job: JobState, model: str) -> bool:
+        """Whether some node could host ``job`` on GPUs of ``model``, one of the several it names
+        (where it would run if admitted on that model's quota, ``shape.placed_resources``)."""
+        if not self.nodes:
+            return True
+        res = msgspec.structs.replace(job.spec.resources, gpu_models=(model,))
+        narrowed = msgspec.structs.replace(job, spec=msgspec.structs.replace(job.spec, resources=res))
+        return self._judged(self._idle if self._idle is not None else self._built(), narrowed) is None
 
     def most_workers(self, job: JobState) -> int:
         """The most workers of ``job`` the whole cluster could host at once, idle, as its

@@ -76,7 +76,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -221,16 +221,16 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         (job for name, jobs in waiting.items() if not ledger.has_queue(name) for job in jobs),
         key=lambda j: (j.submitted_seq, j.id),
     )
-    most = inventory.most_workers
-    first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions, most)
+    first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions, inventory)
     for adm in first:
         _ends_at(ends, state.jobs[adm.job_id], adm, now)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, waiting.keys(), now)
     lending_holds = LendingHolds(ledger)
     lending_holds.keep_for_heads(waiting, ends, now)
     admissions = first + _admit(
-        order, ledger, config.max_admissions - len(first), now, ends, lending_holds, most
+        order, ledger, config.max_admissions - len(first), now, ends, lending_holds, inventory
     )
+    most = inventory.most_workers
     grown = growths(state, ledger, elastic, waiting, admissions, most) if config.grow else []
     if admissions or grown:
         events.append(
@@ -289,19 +289,18 @@ def _admit_nominated(
     explained: dict[str, list[JobState]],
     ledger: Ledger,
     cap: int,
-    most: Callable[[JobState], int],
+    inventory: Inventory,
 ) -> list[Admission]:
     """Admit the queued beneficiaries of preemptions, highest priority first, ahead of the
     fair-share order: the quota their victims gave back is theirs. Those admitted leave
-    ``waiting`` and ``explained``. ``most``: the most workers the cluster could host of a job
-    (``Inventory.most_workers``)."""
+    ``waiting`` and ``explained``."""
     found = [state.jobs[b] for b in nominated if b in state.jobs]
     found = [b for b in found if b.phase == "queued" and ledger.has_queue(b.spec.queue)]
     found.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
     out: list[Admission] = []
     for job in found[: max(0, cap)]:
         queue = job.spec.queue
-        adm = _fit(queue, ledger.spec(queue), job, ledger, most(job))
+        adm = _fit(queue, ledger.spec(queue), job, ledger, inventory)
         if adm is None:
             continue
         out.append(adm)
@@ -311,14 +310,15 @@ def _admit_nominated(
     return out
 
 
-def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger, hosted: int) -> Admission | None:
-    """Admit one job whole if its quota allows (charged to ``ledger``), as ``_admit`` does, at
-    most ``hosted`` workers."""
+def _fit(
+    queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger, inventory: Inventory
+) -> Admission | None:
+    """Admit one job whole if its quota allows (charged to ``ledger``), as ``_admit`` does."""
     spec = job.spec
-    demands = quota.worker_demands(qspec, spec.resources)
+    demands = _hosted(inventory, job, quota.worker_demands(qspec, spec.resources))
     if not demands:
         return Admission(job_id=job.id, attempt=job.attempt, replicas=spec.replicas)
-    lo, hi = quota.min_replicas(spec), min(spec.replicas, hosted)
+    lo, hi = quota.min_replicas(spec), min(spec.replicas, inventory.most_workers(job))
     borrow = ledger.may_borrow(spec)
     best: tuple[int, str, int] | None = None  # (replicas, key, milli-GPU per worker), as ``_admit``
     for key, per_worker in demands:
@@ -334,6 +334,20 @@ def _fit(queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger, hosted: in
     ledger.charge(queue, key, milli, fixed=not borrow)
     gpus = quota.admission_gpus(key, milli)
     return Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus)
+
+
+def _hosted(
+    inventory: Inventory, job: JobState, demands: Sequence[tuple[str, int]]
+) -> Sequence[tuple[str, int]]:
+    """Of the GPU models a job names (Kueue's flavors), those some node could host it on: once
+    admitted on a model it runs on that model's GPUs only (``shape.placed_resources``), so a
+    model no node can host it on would be admitted, never placed, and admitted again. All of
+    them where none can (the job waits, as one no node can host does)."""
+    models = job.spec.resources.gpu_models
+    if len(demands) < 2 or len(models) < 2:
+        return demands
+    hosted = [(k, d) for k, d in demands if k not in models or inventory.hosts_on(job, k)]
+    return hosted or demands
 
 
 class _Waiting(dict[str, Backlog]):
@@ -489,18 +503,18 @@ def _admit(
     now: float,
     ends: _Ends,
     lending_holds: LendingHolds,
-    most: Callable[[JobState], int],
+    inventory: Inventory,
 ) -> list[Admission]:
     out: list[Admission] = []
     while len(out) < cap and (cur := order.pop()) is not None:
         job = cur.head
         spec = job.spec
-        demands = quota.worker_demands(cur.spec, spec.resources)
+        demands = _hosted(inventory, job, quota.worker_demands(cur.spec, spec.resources))
         if not demands:  # needs no GPU, so no quota
             out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=spec.replicas))
             order.admitted(cur)
             continue
-        lo, hi = quota.min_replicas(spec), min(spec.replicas, most(job))
+        lo, hi = quota.min_replicas(spec), min(spec.replicas, inventory.most_workers(job))
         held = cur.hold
         borrow = ledger.may_borrow(spec)
         # The model it fits whole on first, in its order; else (an elastic job) the one it fits

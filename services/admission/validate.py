@@ -112,6 +112,9 @@ def _resources(res: Resources) -> str | None:
         return f"memory_mib must be 1..{MAX_MEMORY_MIB}, not {res.memory_mib}"
     if len(res.gpu_models) > MAX_GPU_MODELS:
         return f"at most {MAX_GPU_MODELS} gpu_models, not {len(res.gpu_models)}"
+    if quota.ANY in res.gpu_models:
+        # ``*`` is a quota's any model, no GPU's: leave gpu_models empty for any model.
+        return f"gpu_models names GPU models; {quota.ANY!r} is none (leave gpu_models out for any model)"
     if res.min_gpu_memory_mib < 0:
         return "min_gpu_memory_mib must not be negative"
     return None

@@ -204,3 +204,13 @@ def test_jobs_of_the_most_workers_an_int_holds_leave_a_state_that_encodes() -> N
         log.submit("alice", f"huge-{i}", msgspec.structs.replace(job().build(), replicas=2**63 - 1))
     state = log.fold()
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State).workers_by_ask
+
+
+@pytest.mark.parametrize("models", [("*",), ("*", "H100-80GB"), ("H100-80GB", "*")])
+def test_the_any_model_of_a_quota_is_no_gpu_model_a_job_may_name(models: tuple[str, ...]) -> None:
+    # ``*`` in gpu_models was accepted, admitted on a queue's ``*`` quota and then placed on
+    # GPUs of model ``*`` only, which none is: admitted and withdrawn again, for ever.
+    spec = job().models(*models).build()
+    state = LogBuilder().queues("team-a").submit("alice", "j", spec).fold()
+    reason = validate(state, state.jobs["j"])
+    assert reason is not None and "'*' is none" in reason.message

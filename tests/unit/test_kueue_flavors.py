@@ -20,10 +20,12 @@ from __future__ import annotations
 from corral.events import subjects as subj
 from corral.events.decisions import JobsPlaced, Placement, PreemptionRequested, Victim, WorkerSlot
 from corral.events.jobs import JobsAdmitted, JobSpec, PendingReasonChanged, Resources
+from corral.events.nodes import NodeRegistered
 from corral.events.queues import ApplyQueue, PreemptionPolicy, QueueSpec, Quota
 from corral.projections.fold import apply_event
 from corral.services.admission.decide import decide as admission
 from corral.services.admission.order import pending_order
+from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide as placer
 from tests.unit.test_preemptor import World, whole
 
@@ -244,3 +246,16 @@ def test_the_fold_refuses_a_placement_on_a_model_other_than_the_admitted_one() -
     assert w.state.rejected_total == before + 1
     assert "is a H100-80GB" in w.state.rejections[-1].message
     assert w.state.jobs["a-job"].phase == "admitted"
+
+
+def test_a_job_of_several_models_is_admitted_on_one_some_node_can_host_it_on() -> None:
+    # 4 GPUs a worker, T4 or H100: the T4 node has 2 GPUs. Admitted on its T4 quota (first in
+    # its order) it could be placed nowhere, and was admitted there again after each timeout.
+    w = World(nodes=0)
+    for name, inv in (*cluster(1, "t4-2x", prefix="t"), *cluster(1, "h100-8x", prefix="h")):
+        w.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
+    q = QueueSpec("a", quotas={"T4": Quota(8), H100: Quota(8)})
+    w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    w.submit("a-job", spec("a", 4, "T4", H100))
+    admitted = [a for e in w.cycle(admission) if isinstance(e, JobsAdmitted) for a in e.admissions]
+    assert [(a.job_id, dict(a.gpus)) for a in admitted] == [("a-job", {H100: 4})]

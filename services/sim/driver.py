@@ -670,6 +670,10 @@ class Simulation:
         elif phase in FINAL:
             st.finished = end
             self.demand[job.tenant] -= st.gpus
+        elif job.spec.restart_policy == "always":
+            # A job that always restarts (a service) is restarted whatever its exit, as live:
+            # its next attempt runs its work again, from the start.
+            self._saved.pop(job_id, None)
         else:
             raise SimError(f"job {job_id} finished its work at t={now} but the fold has it {phase}")
 

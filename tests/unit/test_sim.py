@@ -594,3 +594,22 @@ def test_a_variant_the_pod_list_cannot_make_is_bad_input(tmp_path: Path) -> None
     args = parse("--trace", "alibaba", "--nodes", str(nodes), "--pods", str(pods), "--variant", "multigpu20")
     with pytest.raises(BadInput, match="no multi-GPU pods"):
         args.fn(args)
+
+
+def test_a_job_that_always_restarts_runs_again_and_every_forecast_goes_on() -> None:
+    # The fold restarts a job whose restart policy is "always" even after a clean exit; the
+    # simulator took that for a fault and raised, so one tenant's service job made every
+    # forecast (and every what-if reaching its end) fail, for everyone.
+    from corral.events.jobs import JobsAdmitted
+    from corral.services.sim import eta
+
+    setup: list[Event] = [ApplyQueue(queue=QueueSpec("q", quotas={"*": Quota(8)}))]
+    svc = JobSpec(queue="q", resources=Resources(gpus=1), restart_policy="always", runtime_estimate_s=100.0)
+    big = JobSpec(queue="q", resources=Resources(gpus=8), runtime_estimate_s=600.0)
+    jobs = [SimJob("svc", "eve", svc, 0.0, 100.0), SimJob("big", "bob", big, 10.0, 600.0)]
+    sim = Simulation(inventory.cluster(1, "h100-8x"), setup, jobs, record=True)
+    sim.run(until=250.0)  # past its first run's end
+    admitted = [a.job_id for r in sim.records if isinstance(r.body, JobsAdmitted) for a in r.body.admissions]
+    assert admitted.count("svc") >= 2  # admitted again after its run
+    assert sim.state.jobs["big"].phase == "queued"
+    assert "big" in eta.forecast(sim.state, sim.now).starts  # the forecast runs past svc's ends too

@@ -316,8 +316,8 @@ def _fit(
     """Admit one job whole if its quota allows (charged to ``ledger``), as ``_admit`` does."""
     spec = job.spec
     demands = _hosted(inventory, job, quota.worker_demands(qspec, spec.resources))
-    if not demands:
-        return Admission(job_id=job.id, attempt=job.attempt, replicas=spec.replicas)
+    if not demands:  # needs no GPU, so no quota: as many workers as the cluster could place
+        return Admission(job_id=job.id, attempt=job.attempt, replicas=inventory.most_workers(job))
     lo, hi = quota.min_replicas(spec), min(spec.replicas, inventory.most_workers(job))
     borrow = ledger.may_borrow(spec)
     best: tuple[int, str, int] | None = None  # (replicas, key, milli-GPU per worker), as ``_admit``
@@ -510,8 +510,8 @@ def _admit(
         job = cur.head
         spec = job.spec
         demands = _hosted(inventory, job, quota.worker_demands(cur.spec, spec.resources))
-        if not demands:  # needs no GPU, so no quota
-            out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=spec.replicas))
+        if not demands:  # needs no GPU, so no quota: as many workers as the cluster could place
+            out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=inventory.most_workers(job)))
             order.admitted(cur)
             continue
         lo, hi = quota.min_replicas(spec), min(spec.replicas, inventory.most_workers(job))

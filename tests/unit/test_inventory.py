@@ -281,3 +281,16 @@ def test_an_elastic_job_is_admitted_at_no_more_workers_than_the_cluster_could_ev
     out = decide(log.fold(), 1_000.0)
     (admitted,) = [a for ev in out if isinstance(ev, JobsAdmitted) for a in ev.admissions]
     assert (admitted.job_id, admitted.replicas) == ("e", 1)
+
+
+def test_an_elastic_job_of_no_gpu_is_admitted_at_no_more_workers_than_the_cluster_could_place() -> None:
+    from corral.events.jobs import JobsAdmitted
+    from corral.services.admission.decide import decide
+
+    state = LogBuilder().nodes(Cluster(1)).fold()
+    cores = state.nodes["node-00"].inventory.cpu_milli // 1000
+    log = LogBuilder().nodes(Cluster(1)).queue("team-a")
+    log.submit("alice", "e", job().gpus(0).cpu(1000).replicas(cores + 76, minimum=1)).accept("e")
+    out = decide(log.fold(), 1_000.0)
+    (admitted,) = [a for ev in out if isinstance(ev, JobsAdmitted) for a in ev.admissions]
+    assert (admitted.job_id, admitted.replicas) == ("e", cores)

@@ -33,6 +33,7 @@ from dataclasses import replace
 import msgspec
 
 from corral.events.base import Reason
+from corral.events.decisions import Placement
 from corral.events.jobs import JobSpec
 from corral.events.nodes import NodeInventory
 from corral.projections import indexes, mig, quota
@@ -206,10 +207,7 @@ class Inventory:
         n = quota.min_replicas(spec)
         req = replace(Request.of(job), replicas=n)
         verdict = _judge(idle, req, n < spec.replicas) if n > 0 else None
-        if len(idle.snap.touched) >= MAX_TOUCHED:
-            # Each judgement takes from the idle copy and gives back: answers keyed by versions
-            # of its nodes no later judgement asks about, kept for as long as the inventory lasts.
-            idle.snap.forget_answers()
+        _tidy(idle)
         if len(idle.verdicts) >= MAX_VERDICTS:
             idle.verdicts.clear()
         idle.verdicts[key] = verdict
@@ -232,35 +230,43 @@ def never_fits(state: State, job: JobState) -> Reason | None:
 # -- the verdict ------------------------------------------------------------------------------------
 
 
+def _placed(idle: _Idle, req: Request) -> Placement | tuple[Reason, ...]:
+    """The placer's search for ``req`` on the idle copy, which it leaves idle."""
+    found = gang.place(idle.chain, idle.snap, req, idle.label_keys)
+    if not isinstance(found, tuple):
+        idle.snap.release(found, req.res)
+    return found
+
+
+def _tidy(idle: _Idle) -> None:
+    """Each search takes from the idle copy and gives back: answers keyed by versions of its
+    nodes no later search asks about, kept for as long as the inventory lasts, unless let go."""
+    if len(idle.snap.touched) >= MAX_TOUCHED:
+        idle.snap.forget_answers()
+
+
 def _most(idle: _Idle, req: Request, lo: int, hi: int) -> int:
     """The most workers of ``req``, ``lo`` to ``hi``, a placement on the idle copy finds (``lo``
     when not even those: ``never_fits`` says why). Fewer workers fit where more do, so halving."""
 
     def fits(n: int) -> bool:
-        r = replace(req, replicas=n)
-        found = gang.place(idle.chain, idle.snap, r, idle.label_keys)
-        if isinstance(found, tuple):
-            return False
-        idle.snap.release(found, r.res)  # the idle copy stays idle
-        return True
+        return not isinstance(_placed(idle, replace(req, replicas=n)), tuple)
 
-    if fits(hi):
-        return hi
-    while lo < hi - 1:  # lo fits (or is the least asked), hi does not
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    if len(idle.snap.touched) >= MAX_TOUCHED:
-        idle.snap.forget_answers()
-    return lo
+    if not fits(hi):
+        while lo < hi - 1:  # lo fits (or is the least asked), hi does not
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        hi = lo
+    _tidy(idle)
+    return hi
 
 
 def _judge(idle: _Idle, req: Request, elastic: bool) -> Reason | None:
-    found = gang.place(idle.chain, idle.snap, req, idle.label_keys)
+    found = _placed(idle, req)
     if not isinstance(found, tuple):
-        idle.snap.release(found, req.res)  # the idle copy stays idle
         return None
     hosts: list[NodeView] = []
     refused: list[tuple[int, Reason, NodeView]] = []

@@ -315,10 +315,9 @@ def _fit(
 ) -> Admission | None:
     """Admit one job whole if its quota allows (charged to ``ledger``), as ``_admit`` does."""
     spec = job.spec
-    demands = _hosted(inventory, job, quota.worker_demands(qspec, spec.resources))
-    if not demands:  # needs no GPU, so no quota: as many workers as the cluster could place
-        return Admission(job_id=job.id, attempt=job.attempt, replicas=inventory.most_workers(job))
-    lo, hi = quota.min_replicas(spec), min(spec.replicas, inventory.most_workers(job))
+    demands, lo, hi = _asked(inventory, qspec, job)
+    if not demands:  # needs no GPU, so no quota
+        return Admission(job_id=job.id, attempt=job.attempt, replicas=hi)
     borrow = ledger.may_borrow(spec)
     best: tuple[int, str, int] | None = None  # (replicas, key, milli-GPU per worker), as ``_admit``
     for key, per_worker in demands:
@@ -334,6 +333,18 @@ def _fit(
     ledger.charge(queue, key, milli, fixed=not borrow)
     gpus = quota.admission_gpus(key, milli)
     return Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus)
+
+
+def _asked(
+    inventory: Inventory, qspec: QueueSpec, job: JobState
+) -> tuple[Sequence[tuple[str, int]], int, int]:
+    """What admitting ``job`` in its queue ``qspec`` may charge: its quota demands (milli-GPU
+    per worker of each key, empty for a job of no GPU) on the models some node could host it
+    on, and its least and most workers, at most as many as the cluster could place at once
+    (``Inventory.most_workers``)."""
+    spec = job.spec
+    demands = _hosted(inventory, job, quota.worker_demands(qspec, spec.resources))
+    return demands, quota.min_replicas(spec), min(spec.replicas, inventory.most_workers(job))
 
 
 def _hosted(
@@ -509,12 +520,11 @@ def _admit(
     while len(out) < cap and (cur := order.pop()) is not None:
         job = cur.head
         spec = job.spec
-        demands = _hosted(inventory, job, quota.worker_demands(cur.spec, spec.resources))
-        if not demands:  # needs no GPU, so no quota: as many workers as the cluster could place
-            out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=inventory.most_workers(job)))
+        demands, lo, hi = _asked(inventory, cur.spec, job)
+        if not demands:  # needs no GPU, so no quota
+            out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=hi))
             order.admitted(cur)
             continue
-        lo, hi = quota.min_replicas(spec), min(spec.replicas, inventory.most_workers(job))
         held = cur.hold
         borrow = ledger.may_borrow(spec)
         # The model it fits whole on first, in its order; else (an elastic job) the one it fits

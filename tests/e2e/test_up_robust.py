@@ -106,6 +106,8 @@ def test_bad_flags_are_one_line_and_exit_2(env: dict[str, str], tmp_path: Path) 
         "--port": ["--port", "99999"],
         "--nodes": ["--nodes", "0"],
         "--cluster": ["--cluster", "2"],
+        "--tenant-rate": ["--tenant-rate", "-1"],
+        "--tenant-burst": ["--tenant-burst", "0"],
     }
     for flag, args in cases.items():
         assert flag in one_line(corral("up", "--data", data, *args, env=env)), flag
@@ -116,6 +118,8 @@ def test_bad_flags_are_one_line_and_exit_2(env: dict[str, str], tmp_path: Path) 
         "--lost-after-s": [("health", "--lost-after-s", "1"), ("health", "--lost-after-s", "nan"),
                            ("health", "--lost-after-s", "inf"),
                            ("health", "--heartbeat-s", "1", "--lost-after-s", "3")],
+        "--tenant-rate": [("intake", "--tenant-rate", "nan"), ("intake", "--tenant-rate", "inf")],
+        "--tenant-burst": [("intake", "--tenant-burst", "-5")],
     }  # fmt: skip
     for flag, runs in serve_cases.items():
         for args in runs:

@@ -108,6 +108,7 @@ class Inventory:
             (name, node.inventory) for name, node in state.nodes.items() if node.condition != "lost"
         ]
         self.label_keys = dict(label_keys) if label_keys is not None else stack.PlacerConfig().label_keys
+        self.queues = state.queues
         self._idle: _Idle | None = None
         self.max_specs = 2 * indexes.count(state, *indexes.UNFINISHED) + MIN_SPECS
 
@@ -122,6 +123,8 @@ class Inventory:
             return None
         spec = job.spec
         idle = self._idle if self._idle is not None else self._built()
+        if len(spec.resources.gpu_models) > 1:
+            return self._charged(idle, job)
         verdict = idle.by_spec.get(id(spec) >> 4, _UNJUDGED)
         if verdict is not _UNJUDGED:
             return verdict
@@ -138,9 +141,7 @@ class Inventory:
         (where it would run if admitted on that model's quota, ``shape.placed_resources``)."""
         if not self.nodes:
             return True
-        res = msgspec.structs.replace(job.spec.resources, gpu_models=(model,))
-        narrowed = msgspec.structs.replace(job, spec=msgspec.structs.replace(job.spec, resources=res))
-        return self._judged(self._idle if self._idle is not None else self._built(), narrowed) is None
+        return self._judged(self._idle if self._idle is not None else self._built(), _on(job, model)) is None
 
     def most_workers(self, job: JobState) -> int:
         """The most workers of ``job`` the whole cluster could host at once, idle, as its
@@ -190,12 +191,47 @@ class Inventory:
         jobs = state.jobs
         out: list[tuple[JobState, Reason]] = []
         for shape, ids in state.queued_by_shape.items():
+            first = jobs[next(iter(ids))]
+            if len(first.spec.resources.gpu_models) > 1:  # judged by each job's queue's quota
+                judged = ((jobs[i], self._charged(idle, jobs[i])) for i in ids)
+                out.extend((job, why) for job, why in judged if why is not None)
+                continue
             why = idle.verdicts.get(shape, _UNJUDGED)
             if why is _UNJUDGED:
-                why = self._judged(idle, jobs[next(iter(ids))], shape)
+                why = self._judged(idle, first, shape)
             if why is not None:
                 out.extend((jobs[i], why) for i in ids)
         return out
+
+    def _charged(self, idle: _Idle, job: JobState) -> Reason | None:
+        """The verdict on a job naming several GPU models, as its quota would place it: it runs
+        on the one model its admission counts against (``shape.placed_resources``), so it must
+        fit on some one model it could be charged to, not on GPUs of several at once. Those are
+        its admitted model, else the models its queue has quota for (``quota.candidate_keys``);
+        a job charged to the any-model quota runs on any of them."""
+        spec = job.spec
+        models = spec.resources.gpu_models
+        adm = job.admission
+        queue = self.queues.get(spec.queue)
+        if adm is not None and len(adm.gpus) == 1:
+            keys = tuple(adm.gpus)
+        elif queue is not None:
+            keys = quota.candidate_keys(queue, spec.resources)
+        else:
+            keys = models
+        keys = tuple(k for k in keys if k in models)
+        if not keys:
+            return self._judged(idle, job)
+        first: Reason | None = None
+        for model in keys:
+            why = self._judged(idle, _on(job, model))
+            if why is None:
+                return None
+            first = first or why
+        assert first is not None
+        if len(keys) == len(models):
+            return Reason(CODE, f"on no one GPU model it names: {first.message}")
+        return Reason(CODE, f"charged to its queue's quota of {' or '.join(keys)}: {first.message}")
 
     def _judged(self, idle: _Idle, job: JobState, shape: str | None = None) -> Reason | None:
         key = indexes.host_shape(job.spec) if shape is None else shape
@@ -220,6 +256,12 @@ class Inventory:
                 kept = _kept.built = (self.nodes, self.label_keys, _Idle(self.nodes, self.label_keys))
             self._idle = kept[2]
         return self._idle
+
+
+def _on(job: JobState, model: str) -> JobState:
+    """``job`` asking GPUs of ``model`` only, one of the several it names."""
+    res = msgspec.structs.replace(job.spec.resources, gpu_models=(model,))
+    return msgspec.structs.replace(job, spec=msgspec.structs.replace(job.spec, resources=res))
 
 
 def never_fits(state: State, job: JobState) -> Reason | None:

@@ -25,6 +25,7 @@ from corral.events.queues import ApplyQueue, PreemptionPolicy, QueueSpec, Quota
 from corral.projections.fold import apply_event
 from corral.services.admission.decide import decide as admission
 from corral.services.admission.order import pending_order
+from corral.services.admission.validate import validate
 from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide as placer
 from tests.unit.test_preemptor import World, whole
@@ -259,3 +260,48 @@ def test_a_job_of_several_models_is_admitted_on_one_some_node_can_host_it_on() -
     w.submit("a-job", spec("a", 4, "T4", H100))
     admitted = [a for e in w.cycle(admission) if isinstance(e, JobsAdmitted) for a in e.admissions]
     assert [(a.job_id, dict(a.gpus)) for a in admitted] == [("a-job", {H100: 4})]
+
+
+def _t4_and_h100(*quotas: str) -> World:
+    """A T4 node of 2 GPUs, an H100 node of 8, and queue ``a`` with 16 of each model named."""
+    w = World(nodes=0)
+    for name, inv in (*cluster(1, "t4-2x", prefix="t"), *cluster(1, "h100-8x", prefix="h")):
+        w.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
+    q = QueueSpec("a", quotas={m: Quota(16) for m in quotas})
+    w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    return w
+
+
+def test_a_job_is_refused_when_only_a_model_its_queue_has_no_quota_for_could_host_it() -> None:
+    # 4 GPUs a worker, T4 or H100, in a queue with quota for T4 only: it would be charged to T4
+    # and placed on T4 GPUs only (the H100 node could host it, but nothing charges H100), so it
+    # would be admitted, time out unplaced and be admitted again. Refused at submission.
+    w = _t4_and_h100("T4")
+    w.submit("a-job", spec("a", 4, "T4", H100))
+    why = validate(w.state, w.state.jobs["a-job"])
+    assert why is not None and why.code == "no-node"
+    assert "charged to its queue's quota of T4" in why.message
+    both = _t4_and_h100("T4", H100).submit("a-job", spec("a", 4, "T4", H100))
+    assert validate(both.state, both.state.jobs["a-job"]) is None
+
+
+def test_a_gang_that_fits_only_across_two_models_is_refused() -> None:
+    # 5 workers of 2 GPUs: 4 on the H100 node and 1 on the T4 node would hold it, but it runs on
+    # the one model its admission counts against, and neither alone has room for 5.
+    w = _t4_and_h100("T4", H100)
+    w.submit("a-job", spec("a", 2, "T4", H100, replicas=5))
+    why = validate(w.state, w.state.jobs["a-job"])
+    assert why is not None and "on no one GPU model it names" in why.message
+    w.submit("b-job", spec("a", 2, "T4", H100, replicas=4))
+    assert validate(w.state, w.state.jobs["b-job"]) is None
+
+
+def test_a_queued_job_whose_queue_loses_the_only_model_that_hosts_it_waits_and_says_why() -> None:
+    w = _t4_and_h100("T4", H100)
+    w.submit("a-job", spec("a", 4, "T4", H100))
+    w.emit(subj.admin("queue"), ApplyQueue(queue=QueueSpec("a", quotas={"T4": Quota(8)})), subj.ADMIN)
+    out = w.cycle(admission)
+    assert not [e for e in out if isinstance(e, JobsAdmitted)]
+    (changed,) = [e for e in out if isinstance(e, PendingReasonChanged)]
+    assert changed.reasons[0].code == "no-node"
+    assert "charged to its queue's quota of T4" in changed.reasons[0].message

@@ -47,7 +47,12 @@ class PreemptionPolicy(msgspec.Struct, frozen=True, omit_defaults=True, gc=False
       job admitted is at most the victim's queue's once its victims are gone) and
       ``less-than-initial-share`` (strictly below the victim's queue's share before). A share
       is the queue's decayed GPU time held (``projections/gpu_time.py``) above its nominal,
-      over its weight (``projections.preemption.share``). Empty (the default): none.
+      over its weight (``projections.preemption.share``). Empty (the default): none;
+    - ``max_grace_seconds``: the most time a job of another queue is given to checkpoint when
+      stopped, moved or shrunk for one of this queue's jobs (its own ``grace_seconds`` when
+      less; ``projections.preemption.grace_s``). A tenant sets its job's grace, up to a day: a
+      borrower asking that much would keep a lender waiting a day for the quota it lent. None:
+      no cap.
     """
 
     within_queue: WithinQueue = "lower-priority"
@@ -55,6 +60,7 @@ class PreemptionPolicy(msgspec.Struct, frozen=True, omit_defaults=True, gc=False
     borrow_within_cohort: BorrowWithinCohort = "lower-priority"
     borrow_priority_threshold: Int | None = None
     fair_sharing: tuple[FairSharingStrategy, ...] = ()
+    max_grace_seconds: float | None = 600.0
 
 
 DEFAULT_PREEMPTION = PreemptionPolicy()

@@ -112,7 +112,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         indexes.name(state, job, ev.beneficiary)
         job.stopped_for = stopped_for(job, beneficiary)
         add_victim(beneficiary, job)
-        job.preempt_deadline = log_deadline(ctx, ev.now, ev.deadline)
+        job.preempt_deadline = victim_deadline(state, ctx, ev, job, beneficiary)
         job.reasons = (
             Reason("preempted", what.format(job_named(ev.beneficiary, beneficiary.tenant, job.tenant))),
         )
@@ -140,7 +140,7 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     lo, adm = job.spec.min_replicas, job.admission
     if lo is None or adm is None or not lo <= ev.replicas < adm.replicas:
         raise voided(ev.job_id, f"{job.id} cannot shrink to {ev.replicas} workers")
-    shrink(state, ctx, job, ev.replicas, ev.beneficiary, log_deadline(ctx, ev.now, ev.deadline))
+    shrink(state, ctx, job, ev.replicas, ev.beneficiary, victim_deadline(state, ctx, ev, job, beneficiary))
     if beneficiary.phase == "queued":
         beneficiary.reclaim_key = ev.key
     add_victim(beneficiary, job)
@@ -154,6 +154,16 @@ def log_deadline(ctx: Ctx, now: float, deadline: float) -> float:
     decider's clock) counted from where the decision sits in the log. So no agent ever reads a
     time set on the preemptor's host against its own host's clock."""
     return ctx.time + max(0.0, deadline - now)
+
+
+def victim_deadline(
+    state: State, ctx: Ctx, ev: PreemptionRequested | ShrinkRequested, victim: JobState, beneficiary: JobState
+) -> float:
+    """By when ``victim`` must be done checkpointing, in log time: as the record asks (the
+    longest grace of its victims), but no later than its own grace allows
+    (``preemption.grace_s``)."""
+    own = ctx.time + preemption.grace_s(state, victim, beneficiary.spec.queue)
+    return min(log_deadline(ctx, ev.now, ev.deadline), own)
 
 
 def readmit(state: State, job: JobState, replicas: int) -> None:

@@ -31,7 +31,7 @@ def expected_end(job: JobState, now: float) -> float:
     """When ``job`` is expected to give its GPUs back (``inf``: unknown)."""
     spec = job.spec
     if job.phase == "checkpointing":
-        end = job.phase_since + spec.grace_seconds
+        end = job.preempt_deadline or job.phase_since + spec.grace_seconds
     elif job.phase == "running":
         est = runtimes.of(job)
         end = math.inf if est is None else job.phase_since + est

@@ -358,6 +358,19 @@ def release(ledger: Ledger, job: JobState) -> None:
             ledger.charge(job.spec.queue, key, -milli)
 
 
+def grace_s(state: State, victim: JobState, queue: str) -> float:
+    """How long ``victim`` is given to checkpoint when stopped, moved or shrunk for a job of
+    ``queue``: its own ``grace_seconds``; for a job of another queue, at most ``queue``'s
+    ``max_grace_seconds``. The preemptor asks for the longest of its victims'; the fold gives
+    each victim its own."""
+    own = max(0.0, victim.spec.grace_seconds)
+    if victim.spec.queue == queue:
+        return own
+    spec = state.queues.get(queue)
+    cap = (spec.preemption if spec is not None else DEFAULT_PREEMPTION).max_grace_seconds
+    return own if cap is None else min(own, cap)
+
+
 def may_stop(
     state: State,
     victims: Sequence[JobState],

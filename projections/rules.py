@@ -132,4 +132,7 @@ from __future__ import annotations
 # 38: the admin may delete a node no job holds anything on (``DeleteNode``): it leaves the state.
 # 39: a job that names several GPU models is placed only on GPUs of the model its admission
 #    counts against (``shape.placed_resources``), where that is one of them.
-RULES = 39
+# 40: a job stopped, moved or shrunk is due by its own grace, not the longest of the record's
+#    victims, and a job of another queue than the beneficiary's by at most that queue's
+#    ``PreemptionPolicy.max_grace_seconds`` (``preemption.grace_s``).
+RULES = 40

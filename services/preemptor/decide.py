@@ -323,7 +323,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
                 beneficiary=job.id,
                 victims=tuple(Victim(v.id, v.attempt) for v in sorted(found.whole, key=lambda v: v.id)),
                 shrinks=tuple(Shrink(j.id, j.attempt, keep) for j, keep in found.shrinks),  # removal order
-                deadline=now + max(max(0.0, j.spec.grace_seconds) for j in stopping),
+                deadline=now + max(preemption.grace_s(state, j, job.spec.queue) for j in stopping),
                 placement=found.placement,
                 moves=(found.placement, *(p for _, p in found.moves)) if found.moves else (),
                 key=target.named,

@@ -264,7 +264,7 @@ class Simulation:
         self._dirty = False  # something a decision may depend on happened since the last one
         self._seen: dict[str, int] = {}
         self._started: list[str] = []
-        self._stopping: list[tuple[str, float]] = []
+        self._stopping: list[str] = []
         self._tick: float | None = None  # the decision time scheduled, if any
         self._wake: float | None = None  # the latest time the scheduler asked to decide again
         self.held: dict[str, float] = {}
@@ -495,7 +495,7 @@ class Simulation:
                     if isinstance(ev, JobsPlaced):
                         self._started.extend(p.job_id for p in ev.placements)
                     elif isinstance(ev, PreemptionRequested):
-                        self._stopping.extend((v.job_id, ev.deadline) for v in ev.victims)
+                        self._stopping.extend(v.job_id for v in ev.victims)
                 moved = moved or bool(events)
             if not moved:
                 self._wake_scheduler(now)
@@ -529,12 +529,12 @@ class Simulation:
                 continue  # voided, or preempted before it started
             self._start(job_id, job.attempt, job.placement.workers, now)
             acted = True
-        for job_id, deadline in stopping:
+        for job_id in stopping:
             job = jobs.get(job_id)
             run = self._runs.get(job_id)
             if job is None or job.phase != "checkpointing" or run is None or run.stopping:
                 continue
-            self._preempted(job_id, run, now, deadline)
+            self._preempted(job_id, run, now, max(now, job.preempt_deadline))
             acted = True
         return acted
 

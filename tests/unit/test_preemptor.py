@@ -278,6 +278,47 @@ def test_deadline_is_the_longest_grace_of_the_victims() -> None:
     assert ev.deadline == w.time + 120.0
 
 
+def test_the_fold_gives_each_victim_no_more_than_its_own_grace() -> None:
+    # One record for both, asking the longer grace: b, which asked 45 s, is due in 45 s.
+    w = World().queue("team-a")
+    w.run("a", gpus(4, grace_seconds=120.0), whole(N0, 0, 1, 2, 3))
+    w.run("b", gpus(4, grace_seconds=45.0), whole(N0, 4, 5, 6, 7))
+    w.waiting("urgent", gpus(8), priority=10)
+    w.cycle(decide)
+    t = w.time
+    assert (w.state.jobs["a"].preempt_deadline, w.state.jobs["b"].preempt_deadline) == (t + 120.0, t + 45.0)
+
+
+@pytest.mark.parametrize(
+    ("cap", "grace", "given"),
+    [
+        pytest.param({}, 86_400.0, 600.0, id="a day asked, the default cap of ten minutes"),
+        pytest.param({}, 45.0, 45.0, id="less than the cap asked"),
+        pytest.param({"max_grace_seconds": 120.0}, 86_400.0, 120.0, id="the lender's own cap"),
+        pytest.param({"max_grace_seconds": None}, 86_400.0, 86_400.0, id="no cap"),
+    ],
+)
+def test_a_borrower_reclaimed_gets_at_most_the_lenders_max_grace(
+    cap: Any, grace: float, given: float
+) -> None:
+    # A tenant sets its job's grace: a borrower asking a day would keep the lender waiting a day
+    # for the quota it lent. The lender's queue caps what another queue's job is given.
+    w = World().cohort("org").queue("team-a", 8, "org", **cap).queue("team-b", 0, "org")
+    w.run("b-borrow", gpus(8, queue="team-b", grace_seconds=grace), whole(N0, *range(8)))
+    w.submit("a-new", gpus(2))
+    (ev,) = w.cycle(decide)
+    assert isinstance(ev, PreemptionRequested) and ev.deadline == ev.now + given
+    assert w.state.jobs["b-borrow"].preempt_deadline == w.time + given
+
+
+def test_a_queues_own_job_keeps_its_whole_grace() -> None:
+    w = World().queue("team-a")
+    w.run("low", gpus(8, grace_seconds=7200.0), whole(N0, *range(8)))
+    w.waiting("urgent", gpus(8), priority=10)
+    (ev,) = w.decide()
+    assert isinstance(ev, PreemptionRequested) and ev.deadline == w.time + 7200.0
+
+
 @pytest.mark.parametrize(
     ("victim", "priority"),
     [

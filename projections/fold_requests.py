@@ -170,6 +170,9 @@ def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
     problem = _quota_problem(f"queue {q.name}", q.quotas)
     if problem:
         raise Refused("malformed", problem)
+    cap = q.preemption.max_grace_seconds
+    if cap is not None and not cap >= 0:
+        raise Refused("malformed", f"queue {q.name}: max_grace_seconds must be 0 or more, not {cap}")
     state.queues[q.name] = q
 
 

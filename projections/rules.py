@@ -134,5 +134,5 @@ from __future__ import annotations
 #    counts against (``shape.placed_resources``), where that is one of them.
 # 40: a job stopped, moved or shrunk is due by its own grace, not the longest of the record's
 #    victims, and a job of another queue than the beneficiary's by at most that queue's
-#    ``PreemptionPolicy.max_grace_seconds`` (``preemption.grace_s``).
+#    ``PreemptionPolicy.max_grace_seconds`` (``preemption.grace_s``); a negative one is malformed.
 RULES = 40

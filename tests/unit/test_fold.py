@@ -36,6 +36,7 @@ from corral.events.queues import (
     DeleteNode,
     DeleteQueue,
     FairShareSpec,
+    PreemptionPolicy,
     PriorityClassSpec,
     QueueSpec,
     Quota,
@@ -279,6 +280,7 @@ def test_admin_changes_queues_cohorts_priority_classes_and_cordons() -> None:
         QueueSpec("team-a", quotas={"*": Quota(4, borrowing_limit=-1)}),
         QueueSpec("team-a", quotas={"*": Quota(4, lending_limit=-3)}),
         QueueSpec("team-a", quotas={"*": Quota(2**62)}),
+        QueueSpec("team-a", preemption=PreemptionPolicy(max_grace_seconds=-1.0)),
     ],
     ids=[
         "dotted-name",
@@ -291,6 +293,7 @@ def test_admin_changes_queues_cohorts_priority_classes_and_cordons() -> None:
         "negative-borrowing-limit",
         "negative-lending-limit",
         "quota-beyond-any-cluster",
+        "negative-max-grace",
     ],
 )
 def test_invalid_queue_is_malformed(spec: QueueSpec) -> None:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 
 from corral.events.decisions import Placement
-from corral.projections import moves
+from corral.projections import moves, quota
 from corral.projections.state import State
 from corral.services.preemptor.victims import (
     Found,
@@ -42,7 +42,7 @@ def find(sim: Simulation, pool: Pool, target: Target, most: int) -> Found | None
     none of a higher priority; of its own queue or of queues that borrow too, if it borrows)
     (``consolidate``): one node's jobs at a time, where the least work must move first
     (``by_least_moved``), then all of them in that order."""
-    if most <= 0:
+    if most <= 0 or not room_anywhere(sim, target):
         return None
     b = target.job
     units = [
@@ -60,6 +60,29 @@ def find(sim: Simulation, pool: Pool, target: Target, most: int) -> Found | None
         if found is not None:
             return found
     return None
+
+
+def room_anywhere(sim: Simulation, target: Target) -> bool:
+    """Whether the free GPU of the ready nodes, of models the job takes, and their free CPU and
+    memory add up to its gang's (counted as if the free parts of shared GPUs, and of nodes,
+    pooled): a move frees nothing, so where not even that holds, no consolidation makes room.
+    The searches it would run are then not run: a gang of 1,024 slivers of a GPU costs seconds
+    of them a cycle on a full cluster."""
+    req = target.req
+    res, n = req.res, req.replicas
+    gpu = 0 if res.mig is not None else quota.worker_milli(res) * n
+    cpu, mem = res.cpu_milli * n, res.memory_mib * n
+    for name in sim.snap.ready:
+        view = sim.snap.view(name)
+        cpu -= view.cpu_free
+        mem -= view.mem_free
+        if gpu > 0:
+            for g in view.gpus:
+                if g.healthy and not g.mig and req.need.model_ok(g.model):
+                    gpu -= g.free
+        if gpu <= 0 and cpu <= 0 and mem <= 0:
+            return True
+    return False
 
 
 def consolidate(sim: Simulation, target: Target, units: Sequence[Unit], most: int) -> Found | None:

@@ -438,3 +438,26 @@ def test_a_moved_job_waiting_for_quota_holds_no_gpus() -> None:
     _emit_all(w, placer(w.state, w.time))
     c1 = w.state.jobs["c1"]
     assert c1.phase == "placed" and claims.nodes_of(c1.held) == {N1}
+
+
+def test_no_gang_search_where_the_free_gpus_add_up_to_less_than_the_gang() -> None:
+    """A move frees nothing: where all free GPU together is less than the gang asks, no
+    consolidation is searched for (a gang of 1,024 slivers of a GPU on a full cluster cost
+    seconds of searches a cycle). Where it adds up, the search runs."""
+    w = World(nodes=2).queue("a", nominal=16).queue("b", nominal=16)
+    w.run("a1", _spec("a", 8), (N0, _gpus(*range(8))))
+    w.run("a2", _spec("a", 7), (N1, _gpus(*range(7))))
+    slivers = JobSpec(queue="b", replicas=1024, resources=Resources(gpus=1, gpu_milli=1, cpu_milli=10))
+    w.waiting("b1", slivers)
+    w.wait(600)
+    sim = Simulation(w.state, PreemptorConfig().placer, w.time)
+    searched: list[object] = []
+    place = sim.place
+    sim.place = lambda t: searched.append(t) or place(t)  # type: ignore[method-assign]
+    target = admitted_target(sim.ledger, w.state.jobs["b1"])
+    assert not consolidation.room_anywhere(sim, target)
+    assert consolidation.find(sim, Pool(w.state, sim.ledger, w.time), target, 4) is None
+    assert searched == []
+    w2 = world()
+    sim2 = Simulation(w2.state, PreemptorConfig().placer, w2.time)
+    assert consolidation.room_anywhere(sim2, admitted_target(sim2.ledger, w2.state.jobs["b1"]))

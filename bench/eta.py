@@ -361,7 +361,7 @@ def run(
             for i in sorted(ended, key=lambda i: (sim.stats[i].finished, i)):
                 unfinished.discard(i)
                 if sim.stats[i].phase == "succeeded":
-                    calibration.saw(estimate[i], sim.by_id[i].work_s)
+                    calibration.saw(estimate[i], sim.by_id[i].work_s, sim.by_id[i].tenant)
             lo, hi = calibration.spread() if calibrate else (eta.EARLY, eta.LATE)
             errors = calibration.errors() if calibrate else None
             future: list[SimJob] = []
@@ -523,8 +523,7 @@ def run(
     hit = sum(within(estimate[i], sim.by_id[i].work_s) for i in ids)
     known = len(ids)
     lines.append(
-        f"  {known} of {len(seen)} jobs had an estimate; within the band: "
-        f"{100.0 * hit / max(1, known):.1f} %"
+        f"  {known} of {len(seen)} jobs had an estimate; within the band: {100.0 * hit / max(1, known):.1f} %"
     )
     ratios = sorted(estimate[i] / sim.by_id[i].work_s for i in ids)
     if ratios:

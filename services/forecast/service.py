@@ -109,8 +109,8 @@ class ForecastService(Service):
         state = self.state
         if not due(self.last_seq, self.last_at, state.seq, now):
             return 0
-        for job_id, estimate, ran in eta.finished(state, self._counted):
-            self.calibration.saw(estimate, ran)
+        for job_id, estimate, ran, tenant in eta.finished(state, self._counted):
+            self.calibration.saw(estimate, ran, tenant)
             self._counted.add(job_id)
         self._counted &= set(state.jobs_by_phase.get("succeeded", ()))  # the fold let the others go
         self.last_seq, self.last_at = state.seq, now

@@ -32,8 +32,8 @@ estimate on the Philly slice).
 How sure (``band``): the same forecast with every runtime scaled by ``EARLY`` and by ``LATE``.
 Calibrated (``Calibration``): the estimates' errors are measured on the jobs that finished last
 (actual runtime against the estimate the job had), and the forecast runs each job for its
-estimate times one of them (``Errors``: of the jobs estimated most alike), the band scales
-that by the spread of all the errors
+estimate times one of them (``Errors``: of the jobs estimated most alike, its own tenant's once
+enough of them finished, else everyone's), the band scales that by the spread of all the errors
 (``bench/eta.py`` prints the spread it measures). Later submissions
 that go first (a shorter job, a queue further below its fair share, a higher priority) can only
 make a start later than forecast, never earlier: the band does not cover them.
@@ -86,9 +86,9 @@ HOLD_S: float | None = None
 RESOLUTION = 0.05
 
 
-def finished(state: State, seen: set[str]) -> list[tuple[str, float, float]]:
+def finished(state: State, seen: set[str]) -> list[tuple[str, float, float, str]]:
     """The jobs that succeeded since ``seen`` (ids already counted), with the runtime estimate
-    each had and what it ran for: what calibrates the forecasts (``Calibration``)."""
+    each had, what it ran for and its tenant: what calibrates the forecasts (``Calibration``)."""
     out = []
     for job_id in state.jobs_by_phase.get("succeeded", ()):
         if job_id in seen:
@@ -96,33 +96,44 @@ def finished(state: State, seen: set[str]) -> list[tuple[str, float, float]]:
         job = state.jobs[job_id]
         est = runtimes.of(job)
         if est is not None:
-            out.append((job_id, est, job.ran_s))
+            out.append((job_id, est, job.ran_s, job.tenant))
     return out
+
+
+def _runs() -> deque[tuple[float, float]]:
+    return deque(maxlen=CALIBRATE_FROM)
 
 
 @dataclass
 class Calibration:
     """How far runtime estimates were off for the jobs that finished last (the latest
-    ``CALIBRATE_FROM``): each one's estimate and actual runtime."""
+    ``CALIBRATE_FROM``): each one's estimate and actual runtime; and the same per tenant
+    (``own``), for each tenant's jobs to run by how far its own estimates were off."""
 
-    seen: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=CALIBRATE_FROM))
+    seen: deque[tuple[float, float]] = field(default_factory=_runs)
+    own: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, state: State) -> Calibration:
         """From the jobs ``state`` holds that succeeded (a forecast role counts them as they
         succeed, those the fold let go included)."""
         c = cls()
-        for _, estimate, ran in finished(state, set()):
-            c.saw(estimate, ran)
+        for _, estimate, ran, tenant in finished(state, set()):
+            c.saw(estimate, ran, tenant)
         return c
 
-    def saw(self, estimate: float, actual: float) -> None:
-        """A finished job's estimate and actual runtime. The calibration is every tenant's: an
-        estimate under a second counts as a second, and one that is not a number of seconds
-        (infinite) is not counted, so that no tenant's estimates, however absurd, make the
-        errors infinite or undefined for everyone's forecasts."""
+    def saw(self, estimate: float, actual: float, tenant: str | None = None) -> None:
+        """A finished job's estimate and actual runtime, and whose it was. An estimate under a
+        second counts as a second, and one that is not a number of seconds (infinite) is not
+        counted, so that no tenant's estimates, however absurd, make the errors infinite or
+        undefined; and each tenant's jobs run by its own errors once enough of its jobs
+        finished (``Errors.own``), so one tenant's absurd estimates move only the forecasts of
+        its own jobs and of tenants with too little history of their own."""
         if 0 < estimate < math.inf and actual > 0:
-            self.seen.append((max(estimate, 1.0), actual))
+            run = (max(estimate, 1.0), actual)
+            self.seen.append(run)
+            if tenant is not None:
+                self.own.setdefault(tenant, _runs()).append(run)
 
     def spread(self) -> tuple[float, float]:
         """(early, late) scales of every runtime run by its error (``errors``): the quartiles
@@ -139,7 +150,8 @@ class Calibration:
         (``Errors``); None while too few jobs finished."""
         if len(self.seen) < MIN_CALIBRATION:
             return None
-        return Errors.of_runs(self.seen)
+        own = {t: Errors.of_runs(runs) for t, runs in self.own.items() if len(runs) >= MIN_CALIBRATION}
+        return replace(Errors.of_runs(self.seen), own=own)
 
     def total(self) -> float:
         """Their total actual runtime over their total estimated (1 while too few): what a
@@ -163,6 +175,7 @@ class Errors:
 
     ratios: tuple[float, ...]
     near: tuple[tuple[float, float], ...] = ()
+    own: Mapping[str, Errors] = field(default_factory=dict)  # each tenant's, where enough finished
     _nearest: dict[float, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -172,10 +185,18 @@ class Errors:
         near = tuple(sorted((math.log(max(e, 1.0)), a / e) for e, a in runs))
         return cls(tuple(sorted(r for _, r in near)), near)
 
-    def of(self, job_id: str, above: float = 0.0, estimate: float | None = None) -> float | None:
-        """The ratio job ``job_id`` (estimated ``estimate``) runs for, among those over
-        ``above``: of the jobs estimated most alike while ``MIN_LONGER`` of them are, else of
-        all (None: fewer than that of all)."""
+    def of(
+        self, job_id: str, above: float = 0.0, estimate: float | None = None, tenant: str | None = None
+    ) -> float | None:
+        """The ratio job ``job_id`` (estimated ``estimate``, of ``tenant``) runs for, among those
+        over ``above``: of its tenant's own jobs where enough of them finished (``own``), else
+        of everyone's; of the jobs estimated most alike while ``MIN_LONGER`` of them are, else
+        of all (None: fewer than that of all)."""
+        mine = self.own.get(tenant) if tenant is not None else None
+        if mine is not None:
+            found = mine.of(job_id, above, estimate)
+            if found is not None:
+                return found
         alike = self._alike(estimate) if estimate is not None and self.near else None
         for ratios in (alike, self.ratios):
             if ratios is None:
@@ -249,7 +270,7 @@ def runtime(
     error = None
     if errors is not None and est is not None and est > 0:
         # one of the errors above what it ran: its estimate, past it, is no measure any more
-        error = errors.of(job.id, ran / est, est)
+        error = errors.of(job.id, ran / est, est, job.tenant)
         est *= 1.0 if error is None else error
     est = (UNKNOWN_RUNTIME_S if est is None else est) * scale
     if batch is not None and job.id in batch:

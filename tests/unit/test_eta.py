@@ -535,6 +535,28 @@ def test_a_line_waits_for_each_jobs_own_error_not_every_job_for_the_mean() -> No
     assert (max(plain.values()), max(own.values()), max(mean.values())) == (400.0, 500.0, 780.0)
 
 
+def test_each_tenants_jobs_run_by_its_own_errors_once_enough_of_its_jobs_finished() -> None:
+    """Tenant ``honest``'s jobs ran as estimated; ``wild`` estimates everything at a second
+    and runs for hours. Everyone's errors mix both, but each tenant's jobs run by its own once
+    ``MIN_CALIBRATION`` of them finished: ``wild``'s estimates move no forecast of
+    ``honest``'s jobs, and ``wild``'s jobs run for what its jobs really took. A tenant with too
+    few finished jobs runs by everyone's."""
+    c = eta.Calibration()
+    for _ in range(eta.MIN_CALIBRATION):
+        c.saw(3600.0, 3600.0, "honest")
+        c.saw(1e-300, 7200.0, "wild")
+    for _ in range(eta.MIN_CALIBRATION - 1):
+        c.saw(3600.0, 36000.0, "new")
+    errors = c.errors()
+    assert errors is not None and set(errors.own) == {"honest", "wild"}
+    ids = [f"j{i}" for i in range(50)]
+    assert {errors.of(j, 0.0, 3600.0, "honest") for j in ids} == {1.0}
+    assert {errors.of(j, 0.0, 1.0, "wild") for j in ids} == {7200.0}
+    assert {errors.of(j, 0.0, 3600.0, "new") for j in ids} != {1.0}  # everyone's, "new" among them
+    job = JobState("h", "honest", spec(1, estimate=3600.0), 1, 0.0, phase="queued")
+    assert eta.runtime(job, 0.0, errors=errors) == 3600.0
+
+
 def test_a_job_runs_by_the_errors_of_the_jobs_estimated_most_alike() -> None:
     """Jobs estimated at 100 s ran as estimated, jobs estimated at 10 s ran 200 s: a job
     estimated at 100 s runs for its estimate, one at 10 s for 20 times it, one with no estimate

@@ -122,7 +122,8 @@ def test_a_whole_gpu_job_is_offered_a_mig_slice_where_a_node_has_one() -> None:
 def test_what_calibrates_the_forecasts_is_each_finished_job_its_estimate_and_run() -> None:
     sim = busy(("w1", "t"))
     sim.run()
-    assert sorted(eta.finished(sim.state, set())) == [("u-secret", 1000.0, 1000.0), ("w1", 1000.0, 500.0)]
+    expected = [("u-secret", 1000.0, 1000.0, "u"), ("w1", 1000.0, 500.0, "t")]
+    assert sorted(eta.finished(sim.state, set())) == expected
     assert eta.finished(sim.state, {"u-secret", "w1"}) == []
 
 

@@ -21,7 +21,9 @@ copy and the verdicts per shape (``indexes.host_shape``) are kept per thread whi
 stays the same (as ``quota.fold_ledger`` keeps its tree): the answer is the same as building them
 anew. The queued jobs are judged shape by shape from the fold's index of them
 (``State.queued_by_shape``, ``unhosted_queued``): a deep backlog of a few shapes costs a few
-look-ups, and only the jobs of shapes no node can host are walked.
+look-ups, and only the jobs of shapes no node can host are walked. A job naming several GPU
+models runs on the one its admission counts against, which its queue's quotas decide
+(``_charged``): the queued jobs of such a shape are walked, judged once per queue.
 """
 
 from __future__ import annotations
@@ -192,9 +194,14 @@ class Inventory:
         out: list[tuple[JobState, Reason]] = []
         for shape, ids in state.queued_by_shape.items():
             first = jobs[next(iter(ids))]
-            if len(first.spec.resources.gpu_models) > 1:  # judged by each job's queue's quota
-                judged = ((jobs[i], self._charged(idle, jobs[i])) for i in ids)
-                out.extend((job, why) for job, why in judged if why is not None)
+            if len(first.spec.resources.gpu_models) > 1:  # judged by each queue's quota
+                by_queue: dict[str, Reason | None] = {}
+                for job in map(jobs.__getitem__, ids):
+                    queue = job.spec.queue
+                    why = by_queue[queue] if queue in by_queue else self._charged(idle, job)
+                    by_queue[queue] = why
+                    if why is not None:
+                        out.append((job, why))
                 continue
             why = idle.verdicts.get(shape, _UNJUDGED)
             if why is _UNJUDGED:
@@ -213,7 +220,9 @@ class Inventory:
         models = spec.resources.gpu_models
         adm = job.admission
         queue = self.queues.get(spec.queue)
-        if adm is not None and len(adm.gpus) == 1:
+        # An admitted job is placed on its admitted model; one stopping or interrupted gives its
+        # admission up when requeued, and is admitted again on whichever model has room.
+        if adm is not None and job.phase == "admitted" and len(adm.gpus) == 1:
             keys = tuple(adm.gpus)
         elif queue is not None:
             keys = quota.candidate_keys(queue, spec.resources)

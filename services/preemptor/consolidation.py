@@ -63,11 +63,12 @@ def find(sim: Simulation, pool: Pool, target: Target, most: int) -> Found | None
 
 
 def room_anywhere(sim: Simulation, target: Target) -> bool:
-    """Whether the free GPU of the ready nodes, of models the job takes, and their free CPU and
-    memory add up to its gang's (counted as if the free parts of shared GPUs, and of nodes,
-    pooled): a move frees nothing, so where not even that holds, no consolidation makes room.
-    The searches it would run are then not run: a gang of 1,024 slivers of a GPU costs seconds
-    of them a cycle on a full cluster."""
+    """Whether the free GPU of the ready nodes (healthy, not in MIG mode: of any model, for a
+    moved job that takes several models may leave GPUs of the job's for another's), CPU and
+    memory add up to the gang's, counted as if the free parts of shared GPUs, and of nodes,
+    pooled: a move frees none of them, so where not even that holds, no consolidation makes
+    room. The searches it would run are then not run: a gang of 1,024 slivers of a GPU costs
+    seconds of them a cycle on a full cluster."""
     req = target.req
     res, n = req.res, req.replicas
     gpu = 0 if res.mig is not None else quota.worker_milli(res) * n
@@ -78,7 +79,7 @@ def room_anywhere(sim: Simulation, target: Target) -> bool:
         mem -= view.mem_free
         if gpu > 0:
             for g in view.gpus:
-                if g.healthy and not g.mig and req.need.model_ok(g.model):
+                if g.healthy and not g.mig:
                     gpu -= g.free
         if gpu <= 0 and cpu <= 0 and mem <= 0:
             return True

@@ -18,10 +18,14 @@ from corral.events import subjects as subj
 from corral.events.base import Event
 from corral.events.decisions import GpuClaim, Placement, PreemptionRequested, Victim, WorkerSlot
 from corral.events.jobs import JobSpec, Resources
+from corral.events.nodes import NodeRegistered
+from corral.events.queues import ApplyQueue, QueueSpec, Quota
 from corral.projections import claims, moves
 from corral.projections.fold import apply_event
+from corral.projections.quota import ANY
 from corral.projections.state import NodeState
 from corral.services.admission.decide import decide as admission
+from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide as placer
 from corral.services.preemptor import consolidation
 from corral.services.preemptor.decide import PreemptorConfig, decide, plan
@@ -29,6 +33,7 @@ from corral.services.preemptor.victims import Found, Pool, Simulation, admitted_
 from tests.unit.test_preemptor import World
 
 N0, N1 = "node-00", "node-01"
+H100 = "H100-80GB"
 
 
 def _spec(queue: str, gpus: int, **kw: object) -> JobSpec:
@@ -461,3 +466,20 @@ def test_no_gang_search_where_the_free_gpus_add_up_to_less_than_the_gang() -> No
     w2 = world()
     sim2 = Simulation(w2.state, PreemptorConfig().placer, w2.time)
     assert consolidation.room_anywhere(sim2, admitted_target(sim2.ledger, w2.state.jobs["b1"]))
+
+
+def test_a_move_may_free_gpus_of_the_jobs_model_by_moving_work_onto_another_model() -> None:
+    """v takes any model and holds 4 of the H100 node's GPUs; b needs the 8 H100 GPUs of one
+    node, and the A100 node is empty: moving v there makes b room, though no H100 GPU is free
+    enough. The room check counts the free GPUs of every model."""
+    w = World(nodes=0)
+    for name, inv in cluster(2, "mixed"):  # node-00 8 H100, node-01 8 A100
+        w.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
+    q = QueueSpec("a", quotas={H100: Quota(8), ANY: Quota(8)})
+    w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    w.run("v", JobSpec(queue="a", resources=Resources(gpus=4)), (N0, _gpus(0, 1, 2, 3)))
+    w.waiting("b", JobSpec(queue="a", resources=Resources(gpus=8, gpu_models=(H100,))))
+    w.wait(600)
+    [p] = plan(w.state, w.time)
+    assert p.beneficiary == "b" and [v.job_id for v in p.victims] == ["v"]
+    assert [(m.job_id, m.workers[0].node) for m in p.moves] == [("b", N0), ("v", N1)]

@@ -17,10 +17,11 @@ each model as nominal, queue ``b`` with none of its own (whatever it holds is bo
 
 from __future__ import annotations
 
+from corral.events import routing
 from corral.events import subjects as subj
 from corral.events.decisions import JobsPlaced, Placement, PreemptionRequested, Victim, WorkerSlot
 from corral.events.jobs import JobsAdmitted, JobSpec, PendingReasonChanged, Resources
-from corral.events.nodes import NodeRegistered
+from corral.events.nodes import NodeConditionChanged, NodeRegistered
 from corral.events.queues import ApplyQueue, PreemptionPolicy, QueueSpec, Quota
 from corral.projections.fold import apply_event
 from corral.services.admission.decide import decide as admission
@@ -305,3 +306,20 @@ def test_a_queued_job_whose_queue_loses_the_only_model_that_hosts_it_waits_and_s
     (changed,) = [e for e in out if isinstance(e, PendingReasonChanged)]
     assert changed.reasons[0].code == "no-node"
     assert "charged to its queue's quota of T4" in changed.reasons[0].message
+
+
+def test_a_job_interrupted_on_its_admitted_model_is_judged_on_every_model_its_queue_has() -> None:
+    # Admitted and placed on T4, its only T4 node lost: requeued, it is admitted again on H100,
+    # not held back as if it could run on T4 only.
+    w = _t4_and_h100("T4", H100)
+    w.run("j", spec("a", 2, "T4", H100), whole("t-00", 0, 1))
+    lost = NodeConditionChanged(node="t-00", condition="lost", reason="gone")
+    w.emit(routing.subject_of(lost), lost)
+    admitted = []
+    for _ in range(2):
+        out = w.cycle(admission)
+        assert not [e for e in out if isinstance(e, PendingReasonChanged)]
+        admitted += [
+            (a.job_id, dict(a.gpus)) for e in out if isinstance(e, JobsAdmitted) for a in e.admissions
+        ]
+    assert admitted == [("j", {H100: 2})]

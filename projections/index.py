@@ -177,12 +177,15 @@ def summarize(
         case PreemptionRequested():
             if job_id == body.beneficiary:
                 return f"preemption requested on its behalf: victims {_listed(body.victims, name)}"
-            return f"asked to checkpoint and yield to {name(body.beneficiary)} by {_when(body.deadline)}"
+            # the record's deadline is its victims' longest grace: each is due by its own
+            by = _when(body.deadline)
+            return f"asked to checkpoint and yield to {name(body.beneficiary)} by {by} at the latest"
         case ShrinkRequested():
             if job_id == body.beneficiary:
                 return f"shrink of {name(body.job_id)} to {body.replicas} workers requested on its behalf"
             by = _when(body.deadline)
-            return f"asked to shrink to {body.replicas} workers for {name(body.beneficiary)} by {by}"
+            whom = name(body.beneficiary)
+            return f"asked to shrink to {body.replicas} workers for {whom} by {by} at the latest"
         case WorkerStarted():
             return f"rank {body.rank} started on {body.node}"
         case WorkerExited():

@@ -395,7 +395,8 @@ class JobTraces:
                 "corral.ranks.leaving": list(job.leaving),
                 "corral.shrunk_for": body.beneficiary,
                 "corral.reason": reason,
-                "corral.checkpoint.deadline_s": max(0.0, body.deadline - body.now),
+                # its own grace, which the fold may have cut below the record's
+                "corral.checkpoint.deadline_s": max(0.0, job.preempt_deadline - record.time),
             },
             events=[SpanEvent("shrunk", record.time, {"corral.shrunk_for": body.beneficiary})],
             links=[LinkTo(beneficiary.trace_id, beneficiary.job_span, {"corral.link": "shrunk for"})],

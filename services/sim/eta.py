@@ -73,6 +73,12 @@ HORIZON_S = 2 * 86400.0
 CALIBRATE_FROM = 500  # the latest jobs that finished whose estimates' errors calibrate forecasts
 MIN_CALIBRATION = 20  # fewer than that, and the uncalibrated scales stand
 NEAREST = 100  # finished jobs estimated most alike whose errors a job runs by (``Errors.near``)
+# A tenant's own errors run its jobs once this many of its jobs finished, each job by those of
+# the fifth of them estimated most alike (as ``NEAREST`` of ``CALIBRATE_FROM``), at least
+# ``MIN_CALIBRATION``: fewer, and a job estimated at an hour would run by the errors of jobs
+# estimated at seconds.
+MIN_OWN = 50
+MAX_TENANTS = 1024  # tenants whose own errors are kept: those that had a job finish latest
 MIN_LONGER = 3  # runs of a class longer than a running job has run, to say how much longer it goes
 # A waiting job runs at least as long as the like jobs of its team submitted within this of it
 # that run now have run (``alike``): None, not (measured on the Philly slice, see DESIGN.md;
@@ -108,10 +114,12 @@ def _runs() -> deque[tuple[float, float]]:
 class Calibration:
     """How far runtime estimates were off for the jobs that finished last (the latest
     ``CALIBRATE_FROM``): each one's estimate and actual runtime; and the same per tenant
-    (``own``), for each tenant's jobs to run by how far its own estimates were off."""
+    (``own``, its latest ``CALIBRATE_FROM``), for each tenant's jobs to run by how far its own
+    estimates were off."""
 
     seen: deque[tuple[float, float]] = field(default_factory=_runs)
     own: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    _errors: Errors | None = field(default=None, compare=False, repr=False)  # until the next ``saw``
 
     @classmethod
     def of(cls, state: State) -> Calibration:
@@ -128,16 +136,22 @@ class Calibration:
         counted, so that no tenant's estimates, however absurd, make the errors infinite or
         undefined; and each tenant's jobs run by its own errors once enough of its jobs
         finished (``Errors.own``), so one tenant's absurd estimates move only the forecasts of
-        its own jobs and of tenants with too little history of their own."""
+        its own jobs and of tenants with too little history of their own. The own errors of
+        the ``MAX_TENANTS`` tenants that had a job finish latest are kept."""
         if 0 < estimate < math.inf and actual > 0:
             run = (max(estimate, 1.0), actual)
             self.seen.append(run)
+            self._errors = None
             if tenant is not None:
-                self.own.setdefault(tenant, _runs()).append(run)
+                own = self.own.pop(tenant, None) or _runs()
+                own.append(run)
+                self.own[tenant] = own  # the latest last
+                if len(self.own) > MAX_TENANTS:
+                    del self.own[next(iter(self.own))]
 
     def spread(self) -> tuple[float, float]:
         """(early, late) scales of every runtime run by its error (``errors``): the quartiles
-        of the jobs' errors over their median; ``EARLY``, ``LATE`` while too few finished."""
+        of everyone's errors over their median; ``EARLY``, ``LATE`` while too few finished."""
         errors = self.errors()
         if errors is None:
             return EARLY, LATE
@@ -147,11 +161,18 @@ class Calibration:
 
     def errors(self) -> Errors | None:
         """Each finished job's actual / estimated runtime, for forecasts to run jobs by
-        (``Errors``); None while too few jobs finished."""
+        (``Errors``), with each tenant's own where ``MIN_OWN`` of its jobs finished; None while
+        too few jobs finished. Made once until another job is counted."""
         if len(self.seen) < MIN_CALIBRATION:
             return None
-        own = {t: Errors.of_runs(runs) for t, runs in self.own.items() if len(runs) >= MIN_CALIBRATION}
-        return replace(Errors.of_runs(self.seen), own=own)
+        if self._errors is None:
+            own = {
+                t: Errors.of_runs(runs, max(MIN_CALIBRATION, len(runs) * NEAREST // CALIBRATE_FROM))
+                for t, runs in self.own.items()
+                if len(runs) >= MIN_OWN
+            }
+            self._errors = replace(Errors.of_runs(self.seen), own=own)
+        return self._errors
 
     def total(self) -> float:
         """Their total actual runtime over their total estimated (1 while too few): what a
@@ -176,51 +197,58 @@ class Errors:
     ratios: tuple[float, ...]
     near: tuple[tuple[float, float], ...] = ()
     own: Mapping[str, Errors] = field(default_factory=dict)  # each tenant's, where enough finished
+    nearest: int = NEAREST  # how many of the jobs estimated most alike a job runs by
     _nearest: dict[float, tuple[float, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of_runs(cls, runs: Iterable[tuple[float, float]]) -> Errors:
+    def of_runs(cls, runs: Iterable[tuple[float, float]], nearest: int = NEAREST) -> Errors:
         """From (estimate, actual runtime) pairs."""
         runs = list(runs)
         near = tuple(sorted((math.log(max(e, 1.0)), a / e) for e, a in runs))
-        return cls(tuple(sorted(r for _, r in near)), near)
+        return cls(tuple(sorted(r for _, r in near)), near, nearest=nearest)
 
     def of(
         self, job_id: str, above: float = 0.0, estimate: float | None = None, tenant: str | None = None
     ) -> float | None:
         """The ratio job ``job_id`` (estimated ``estimate``, of ``tenant``) runs for, among those
-        over ``above``: of its tenant's own jobs where enough of them finished (``own``), else
-        of everyone's; of the jobs estimated most alike while ``MIN_LONGER`` of them are, else
-        of all (None: fewer than that of all)."""
+        over ``above``: of its tenant's own jobs estimated most alike where enough of them
+        finished (``own``) and ``MIN_LONGER`` of those are, else of everyone's estimated most
+        alike while ``MIN_LONGER`` of them are, else of all (None: fewer than that of all)."""
         mine = self.own.get(tenant) if tenant is not None else None
-        if mine is not None:
-            found = mine.of(job_id, above, estimate)
+        if mine is not None and estimate is not None:
+            found = _one_of(mine._alike(estimate), job_id, above)
             if found is not None:
                 return found
         alike = self._alike(estimate) if estimate is not None and self.near else None
         for ratios in (alike, self.ratios):
-            if ratios is None:
-                continue
-            lo = bisect.bisect_right(ratios, above)
-            if len(ratios) - lo >= MIN_LONGER:
-                u = zlib.crc32(job_id.encode()) / 2**32
-                return ratios[lo + int(u * (len(ratios) - lo))]
+            if ratios is not None and (found := _one_of(ratios, job_id, above)) is not None:
+                return found
         return None
 
     def _alike(self, estimate: float) -> tuple[float, ...]:
-        """The errors of the ``NEAREST`` jobs whose estimates are nearest ``estimate`` (by
+        """The errors of the ``nearest`` jobs whose estimates are nearest ``estimate`` (by
         ratio: on a log scale), sorted; many jobs share an estimate, so each is found once."""
         got = self._nearest.get(estimate)
         if got is None:
             near, x = self.near, math.log(max(estimate, 1.0))
             lo = hi = bisect.bisect_left(near, (x, -math.inf))
-            while hi - lo < NEAREST and (lo > 0 or hi < len(near)):
+            while hi - lo < self.nearest and (lo > 0 or hi < len(near)):
                 if hi == len(near) or (lo > 0 and x - near[lo - 1][0] <= near[hi][0] - x):
                     lo -= 1
                 else:
                     hi += 1
             got = self._nearest[estimate] = tuple(sorted(r for _, r in near[lo:hi]))
         return got
+
+
+def _one_of(ratios: Sequence[float], job_id: str, above: float) -> float | None:
+    """The one of ``ratios`` (sorted) over ``above`` that job ``job_id`` runs by, the same in
+    every forecast (at the quantile its id hashes to); None: fewer than ``MIN_LONGER`` are."""
+    lo = bisect.bisect_right(ratios, above)
+    if len(ratios) - lo < MIN_LONGER:
+        return None
+    u = zlib.crc32(job_id.encode()) / 2**32
+    return ratios[lo + int(u * (len(ratios) - lo))]
 
 
 @dataclass(frozen=True)

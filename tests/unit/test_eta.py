@@ -538,23 +538,47 @@ def test_a_line_waits_for_each_jobs_own_error_not_every_job_for_the_mean() -> No
 def test_each_tenants_jobs_run_by_its_own_errors_once_enough_of_its_jobs_finished() -> None:
     """Tenant ``honest``'s jobs ran as estimated; ``wild`` estimates everything at a second
     and runs for hours. Everyone's errors mix both, but each tenant's jobs run by its own once
-    ``MIN_CALIBRATION`` of them finished: ``wild``'s estimates move no forecast of
-    ``honest``'s jobs, and ``wild``'s jobs run for what its jobs really took. A tenant with too
-    few finished jobs runs by everyone's."""
+    ``MIN_OWN`` of them finished: ``wild``'s estimates move no forecast of ``honest``'s jobs,
+    and ``wild``'s jobs run for what its jobs really took. A tenant with too few finished jobs
+    runs by everyone's."""
     c = eta.Calibration()
-    for _ in range(eta.MIN_CALIBRATION):
+    for _ in range(eta.MIN_OWN):
         c.saw(3600.0, 3600.0, "honest")
         c.saw(1e-300, 7200.0, "wild")
-    for _ in range(eta.MIN_CALIBRATION - 1):
+    for _ in range(eta.MIN_OWN - 1):
         c.saw(3600.0, 36000.0, "new")
     errors = c.errors()
     assert errors is not None and set(errors.own) == {"honest", "wild"}
+    assert c.errors() is errors  # made once until another job is counted
     ids = [f"j{i}" for i in range(50)]
     assert {errors.of(j, 0.0, 3600.0, "honest") for j in ids} == {1.0}
     assert {errors.of(j, 0.0, 1.0, "wild") for j in ids} == {7200.0}
     assert {errors.of(j, 0.0, 3600.0, "new") for j in ids} != {1.0}  # everyone's, "new" among them
     job = JobState("h", "honest", spec(1, estimate=3600.0), 1, 0.0, phase="queued")
     assert eta.runtime(job, 0.0, errors=errors) == 3600.0
+    c.saw(3600.0, 3600.0, "honest")
+    assert c.errors() is not errors
+
+
+def test_a_tenants_own_errors_are_those_of_its_jobs_estimated_most_alike() -> None:
+    """One tenant's jobs estimated at 10 s ran 20 times that, those estimated at an hour ran an
+    hour: its job estimated at an hour runs an hour, one at 10 s for 200 s."""
+    c = eta.Calibration()
+    for _ in range(eta.MIN_OWN):
+        c.saw(10.0, 200.0, "x")
+        c.saw(3600.0, 3600.0, "x")
+    errors = c.errors()
+    assert errors is not None
+    ids = [f"j{i}" for i in range(50)]
+    assert {errors.of(j, 0.0, 3600.0, "x") for j in ids} == {1.0}
+    assert {errors.of(j, 0.0, 10.0, "x") for j in ids} == {20.0}
+
+
+def test_the_own_errors_of_the_tenants_whose_jobs_finished_latest_are_kept() -> None:
+    c = eta.Calibration()
+    for i in range(eta.MAX_TENANTS + 10):
+        c.saw(10.0, 10.0, f"t{i}")
+    assert len(c.own) == eta.MAX_TENANTS and "t0" not in c.own and f"t{eta.MAX_TENANTS + 9}" in c.own
 
 
 def test_a_job_runs_by_the_errors_of_the_jobs_estimated_most_alike() -> None:

@@ -46,6 +46,7 @@ from corral.projections.placement.plugins.model import suits
 from corral.projections.placement.plugins.packing import Fragmentation
 from corral.projections.placement.plugins.topology import islands, levels
 from corral.projections.placement.snapshot import GpuView, NodeView, Snapshot
+from corral.projections.shape import placed_resources
 from corral.projections.state import GpuState, JobState, NodeState, State
 
 CODE = "no-node"  # the code of every reason given here: no node of the inventory can host the job
@@ -85,7 +86,7 @@ class _Idle:
         self.chain: Chain = stack.build(config, Fragmentation(Workload({})))
         self.label_keys = label_keys
         self.verdicts: dict[str, Reason | None] = {}  # by host shape (``indexes.host_shape``)
-        self.most: dict[tuple[str, int], int] = {}  # an elastic shape's most workers hosted at once
+        self.most: dict[tuple[str, int, tuple[str, ...]], int] = {}  # an elastic shape's most workers at once
         # By the job's spec object (a job keeps its spec for life), cycle after cycle: a look-up
         # by its id costs less than building the shape's key. Every spec judged is kept alive
         # in ``specs``, so that no other object can take its id meanwhile. (The id shifted: the
@@ -145,19 +146,23 @@ class Inventory:
             return True
         return self._judged(self._idle if self._idle is not None else self._built(), _on(job, model)) is None
 
-    def most_workers(self, job: JobState) -> int:
+    def most_workers(self, job: JobState, model: str | None = None) -> int:
         """The most workers of ``job`` the whole cluster could host at once, idle, as its
         topology asks, between its least and most (its most for a job that is not elastic, or
         where there is no inventory to judge by). Admission admits and grows an elastic job to
         no more: admitted at a size no placement can ever find, it would be withdrawn at the
         placement timeout and admitted at that size again, for ever, holding quota it never
-        uses, though a smaller gang of it would run at once."""
+        uses, though a smaller gang of it would run at once. With ``model``, one of the several
+        it names: on GPUs of that model only (where it runs if admitted on its quota)."""
+        if model is not None:
+            job = _on(job, model)
         spec = job.spec
         lo, hi = quota.min_replicas(spec), spec.replicas
         if spec.min_replicas is None or lo >= hi or not self.nodes:
             return hi
         idle = self._idle if self._idle is not None else self._built()
-        key = (indexes.host_shape(spec), hi)
+        # An admitted job of several models is placed on its admitted one (``Request.of``).
+        key = (indexes.host_shape(spec), hi, placed_resources(job).gpu_models)
         found = idle.most.get(key)
         if found is None:
             found = _most(idle, Request.of(job), max(lo, 1), hi)

@@ -320,8 +320,8 @@ def _fit(
         return Admission(job_id=job.id, attempt=job.attempt, replicas=hi)
     borrow = ledger.may_borrow(spec)
     best: tuple[int, str, int] | None = None  # (replicas, key, milli-GPU per worker), as ``_admit``
-    for key, per_worker in demands:
-        replicas = min(hi, ledger.available(queue, key, borrow) // per_worker)
+    for key, per_worker, most in demands:
+        replicas = min(most, ledger.available(queue, key, borrow) // per_worker)
         if replicas >= lo and (best is None or replicas > best[0]):
             best = (replicas, key, per_worker)
             if replicas == hi:
@@ -337,14 +337,21 @@ def _fit(
 
 def _asked(
     inventory: Inventory, qspec: QueueSpec, job: JobState
-) -> tuple[Sequence[tuple[str, int]], int, int]:
+) -> tuple[list[tuple[str, int, int]], int, int]:
     """What admitting ``job`` in its queue ``qspec`` may charge: its quota demands (milli-GPU
-    per worker of each key, empty for a job of no GPU) on the models some node could host it
-    on, and its least and most workers, at most as many as the cluster could place at once
-    (``Inventory.most_workers``)."""
+    per worker of each key, with the most workers it may be admitted at there; empty for a job
+    of no GPU) on the models some node could host it on, and its least and most workers, at
+    most as many as the cluster could place at once (``Inventory.most_workers``). An elastic
+    job of several models runs on the one it is charged to: its most there are those GPUs'."""
     spec = job.spec
     demands = _hosted(inventory, job, quota.worker_demands(qspec, spec.resources))
-    return demands, quota.min_replicas(spec), min(spec.replicas, inventory.most_workers(job))
+    hi = min(spec.replicas, inventory.most_workers(job))
+    models = spec.resources.gpu_models
+    if spec.min_replicas is None or len(models) < 2:
+        return [(key, per_worker, hi) for key, per_worker in demands], quota.min_replicas(spec), hi
+    most = inventory.most_workers
+    each = [(key, d, min(hi, most(job, key)) if key in models else hi) for key, d in demands]
+    return each, quota.min_replicas(spec), hi
 
 
 def _hosted(
@@ -531,12 +538,12 @@ def _admit(
         # most workers on, the first of equals: Kueue's partial admission tries the whole count
         # on every flavor before any smaller count.
         best: tuple[int, str, int] | None = None  # (replicas, key, milli-GPU per worker)
-        for key, per_worker in demands:
+        for key, per_worker, most in demands:
             room = cur.room.get(key)
             if room is not None and per_worker * lo > room:
                 continue
             avail = lending_holds.available(cur.name, key, borrow)
-            replicas = min(hi, avail // per_worker)
+            replicas = min(most, avail // per_worker)
             if borrow:  # what the queue's jobs that may borrow still have room for
                 cur.room[key] = avail
             else:  # ... and those that may not

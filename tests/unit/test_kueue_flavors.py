@@ -323,3 +323,16 @@ def test_a_job_interrupted_on_its_admitted_model_is_judged_on_every_model_its_qu
             (a.job_id, dict(a.gpus)) for e in out if isinstance(e, JobsAdmitted) for a in e.admissions
         ]
     assert admitted == [("j", {H100: 2})]
+
+
+def test_an_elastic_job_of_several_models_is_admitted_at_the_most_its_charged_model_holds() -> None:
+    # 1..5 workers of 2 GPUs, H100 or T4: the H100 node holds 4 of them and the T4 node 1, 5 in
+    # all; admitted at 5 on H100 it was never placed, withdrawn and admitted at 5 again.
+    w = _t4_and_h100(H100, "T4")
+    w.submit("e", spec("a", 2, H100, "T4", replicas=5, min_replicas=1))
+    out = w.cycle(admission)
+    assert [
+        (a.job_id, a.replicas, dict(a.gpus)) for e in out if isinstance(e, JobsAdmitted) for a in e.admissions
+    ] == [("e", 4, {H100: 8})]
+    placed = [p for e in w.cycle(placer) if isinstance(e, JobsPlaced) for p in e.placements]
+    assert [len(p.workers) for p in placed] == [4]

@@ -36,7 +36,7 @@ each fit check and each charge walk the tree's depth. Nothing here reads a clock
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from corral.events.base import Reason
 from corral.events.jobs import Admission, JobSpec, Resources
@@ -265,6 +265,11 @@ class Ledger:
         self._ceilings: dict[tuple[str, str], int] = {}  # depend on the tree only
         self._fixed_limits: dict[tuple[str, str], int] = {}  # ... as these do
         self._shared = {name for name, c in state.cohorts.items() if c.share_own_quota}
+        # Whether some node could host a job of ``spec`` on GPUs of a model it names
+        # (``Inventory.hosts_spec``), where the deciding service has an inventory: a job of
+        # several models runs on the one it is charged to, so one no node could host it on is
+        # no model to count it against (``demands``). None: every model may.
+        self.hosts: Callable[[JobSpec, str], bool] | None = None
         for c in sorted(state.cohorts):
             self._cohorts[c] = _Node(c, False, state.cohorts[c].quotas)
         for name in sorted(state.queues):
@@ -510,7 +515,7 @@ class Ledger:
         (what others hold of it is lent, and may be taken back); else the first within the
         nominal at all; else the first. Admission's order and holds read the job's key here, so a
         job that fits its second model's nominal is not taken for a borrower of its first."""
-        demands = worker_demands(self.spec(queue), spec.resources)
+        demands = self.demands(queue, spec)
         if not demands:
             return None
         lo = min_replicas(spec)
@@ -528,6 +533,17 @@ class Ledger:
             if need <= self.nominal(queue, key):
                 return key, need
         return needs[0]
+
+    def demands(self, queue: str, spec: JobSpec) -> tuple[tuple[str, int], ...]:
+        """``worker_demands`` of a job of ``spec`` in ``queue``, less the models no node could
+        host it on (``hosts``), unless that leaves none (it waits, as a job no node can host)."""
+        demands = worker_demands(self.spec(queue), spec.resources)
+        hosts = self.hosts
+        if hosts is None or len(demands) < 2:
+            return demands
+        models = spec.resources.gpu_models
+        hosted = tuple((k, d) for k, d in demands if k not in models or hosts(spec, k))
+        return hosted or demands
 
     def borrowers(self, queue: str, key: str, exclude: bool = True) -> list[tuple[str, int]]:
         """Queues of ``queue``'s tree holding more than their nominal (itself too unless

@@ -146,6 +146,10 @@ class Inventory:
             return True
         return self._judged(self._idle if self._idle is not None else self._built(), _on(job, model)) is None
 
+    def hosts_spec(self, spec: JobSpec, model: str) -> bool:
+        """``hosts_on`` for a job of ``spec`` not admitted yet (``Ledger.hosts``)."""
+        return self.hosts_on(JobState("", "", spec, 0, 0.0), model)
+
     def most_workers(self, job: JobState, model: str | None = None) -> int:
         """The most workers of ``job`` the whole cluster could host at once, idle, as its
         topology asks, between its least and most (its most for a job that is not elastic, or

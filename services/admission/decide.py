@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -92,7 +91,6 @@ from corral.events.jobs import (
     JobsAdmitted,
     PendingReasonChanged,
 )
-from corral.events.queues import QueueSpec
 from corral.projections import indexes, preemption, queueing, quota, runtimes
 from corral.projections.holds import Hold, hold, quota_end
 from corral.projections.lifecycle import Phase
@@ -144,6 +142,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     # backlog from its queued jobs, in the queue's order. No finished job is looked at.
     ledger = Ledger(state)
     inventory = Inventory(state)
+    ledger.hosts = inventory.hosts_spec  # a job's order and holds on a model it can run on
     fair = FairShare(ledger, state, now)
     holders: dict[tuple[str, str], list[_Holder]] = {}
     waiting = _Waiting(state)
@@ -300,7 +299,7 @@ def _admit_nominated(
     out: list[Admission] = []
     for job in found[: max(0, cap)]:
         queue = job.spec.queue
-        adm = _fit(queue, ledger.spec(queue), job, ledger, inventory)
+        adm = _fit(queue, job, ledger, inventory)
         if adm is None:
             continue
         out.append(adm)
@@ -310,12 +309,10 @@ def _admit_nominated(
     return out
 
 
-def _fit(
-    queue: str, qspec: QueueSpec, job: JobState, ledger: Ledger, inventory: Inventory
-) -> Admission | None:
+def _fit(queue: str, job: JobState, ledger: Ledger, inventory: Inventory) -> Admission | None:
     """Admit one job whole if its quota allows (charged to ``ledger``), as ``_admit`` does."""
     spec = job.spec
-    demands, lo, hi = _asked(inventory, qspec, job)
+    demands, lo, hi = _asked(inventory, ledger, queue, job)
     if not demands:  # needs no GPU, so no quota
         return Admission(job_id=job.id, attempt=job.attempt, replicas=hi)
     borrow = ledger.may_borrow(spec)
@@ -336,15 +333,17 @@ def _fit(
 
 
 def _asked(
-    inventory: Inventory, qspec: QueueSpec, job: JobState
+    inventory: Inventory, ledger: Ledger, queue: str, job: JobState
 ) -> tuple[list[tuple[str, int, int]], int, int]:
-    """What admitting ``job`` in its queue ``qspec`` may charge: its quota demands (milli-GPU
-    per worker of each key, with the most workers it may be admitted at there; empty for a job
-    of no GPU) on the models some node could host it on, and its least and most workers, at
+    """What admitting ``job`` in ``queue`` may charge: its quota demands (milli-GPU per worker
+    of each key, with the most workers it may be admitted at there; empty for a job of no GPU)
+    on the models some node could host it on (``Ledger.demands``: once admitted on a model it
+    runs on that model's GPUs only, ``shape.placed_resources``, so a model no node can host it
+    on would be admitted, never placed, and admitted again), and its least and most workers, at
     most as many as the cluster could place at once (``Inventory.most_workers``). An elastic
     job of several models runs on the one it is charged to: its most there are those GPUs'."""
     spec = job.spec
-    demands = _hosted(inventory, job, quota.worker_demands(qspec, spec.resources))
+    demands = ledger.demands(queue, spec)
     hi = min(spec.replicas, inventory.most_workers(job))
     models = spec.resources.gpu_models
     if spec.min_replicas is None or len(models) < 2:
@@ -352,20 +351,6 @@ def _asked(
     most = inventory.most_workers
     each = [(key, d, min(hi, most(job, key)) if key in models else hi) for key, d in demands]
     return each, quota.min_replicas(spec), hi
-
-
-def _hosted(
-    inventory: Inventory, job: JobState, demands: Sequence[tuple[str, int]]
-) -> Sequence[tuple[str, int]]:
-    """Of the GPU models a job names (Kueue's flavors), those some node could host it on: once
-    admitted on a model it runs on that model's GPUs only (``shape.placed_resources``), so a
-    model no node can host it on would be admitted, never placed, and admitted again. All of
-    them where none can (the job waits, as one no node can host does)."""
-    models = job.spec.resources.gpu_models
-    if len(demands) < 2 or len(models) < 2:
-        return demands
-    hosted = [(k, d) for k, d in demands if k not in models or inventory.hosts_on(job, k)]
-    return hosted or demands
 
 
 class _Waiting(dict[str, Backlog]):
@@ -527,7 +512,7 @@ def _admit(
     while len(out) < cap and (cur := order.pop()) is not None:
         job = cur.head
         spec = job.spec
-        demands, lo, hi = _asked(inventory, cur.spec, job)
+        demands, lo, hi = _asked(inventory, ledger, cur.name, job)
         if not demands:  # needs no GPU, so no quota
             out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=hi))
             order.admitted(cur)

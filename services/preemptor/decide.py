@@ -64,6 +64,7 @@ from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
 from corral.projections import indexes, moves, preemption, queueing, runtimes, thrash
 from corral.projections.holds import Hold, hold, quota_ends
+from corral.projections.placement.inventory import Inventory
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
@@ -211,6 +212,8 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         return []  # nobody a search could be for: the snapshot of the cluster would go unread
     # 0. Snapshot.
     sim = Simulation(state, config.placer, now)
+    # A job of several models is searched for, and counts, only on models it could run on.
+    sim.ledger.hosts = Inventory(state, config.placer.label_keys).hosts_spec
     # 1. Preemptions under way.
     under_way = _settle(sim, state)
     # The jobs that may be stopped, read when the first search needs them (every running job:

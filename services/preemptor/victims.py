@@ -165,11 +165,11 @@ def blocked_targets(state: State, ledger: Ledger, job: JobState) -> list[Target]
     replicas = quota.min_replicas(job.spec)
     if qspec is None or not ledger.has_queue(q) or replicas <= 0:
         return []
-    demands = [(k, each * replicas) for k, each in quota.worker_demands(qspec, job.spec.resources)]
+    demands = [(k, each * replicas) for k, each in ledger.demands(q, job.spec)]
+    several = len(quota.worker_demands(qspec, job.spec.resources)) > 1  # the record names its key
     borrow = ledger.may_borrow(job.spec)
     if any(ledger.fits(q, key, need, borrow) for key, need in demands):
         return []
-    several = len(demands) > 1
     out = []
     for key, need in demands:
         if need > ledger.ceiling(q, key, borrow):

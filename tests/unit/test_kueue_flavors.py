@@ -29,6 +29,7 @@ from corral.services.admission.order import pending_order
 from corral.services.admission.validate import validate
 from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide as placer
+from corral.services.preemptor.decide import decide as preemptor
 from tests.unit.test_preemptor import World, whole
 
 H100, A100 = "H100-80GB", "A100-80GB"
@@ -336,3 +337,20 @@ def test_an_elastic_job_of_several_models_is_admitted_at_the_most_its_charged_mo
     ] == [("e", 4, {H100: 8})]
     placed = [p for e in w.cycle(placer) if isinstance(e, JobsPlaced) for p in e.placements]
     assert [len(p.workers) for p in placed] == [4]
+
+
+def test_a_model_no_node_can_host_the_job_on_neither_orders_it_nor_spares_preemption() -> None:
+    # 4 GPUs a worker, T4 or H100, the T4 node having 2: its T4 quota is free, but it can run
+    # on H100 only, where its queue's lower-priority job holds the quota. Counted as fitting on
+    # T4, nobody was stopped for it and it waited for the other job to end by itself.
+    w = _t4_and_h100("T4", H100)
+    w.emit(
+        subj.admin("queue"),
+        ApplyQueue(queue=QueueSpec("a", quotas={"T4": Quota(16), H100: Quota(8)})),
+        subj.ADMIN,
+    )
+    w.run("low", spec("a", 8, H100), whole("h-00", *range(8)))
+    w.submit("hi", spec("a", 4, "T4", H100), priority=10)
+    assert not [e for e in w.cycle(admission) if isinstance(e, JobsAdmitted)]
+    [p] = [e for e in w.cycle(preemptor) if isinstance(e, PreemptionRequested)]  # the fold takes it
+    assert (p.beneficiary, [v.job_id for v in p.victims], p.key) == ("hi", ["low"], H100)

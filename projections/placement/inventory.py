@@ -139,16 +139,14 @@ class Inventory:
         idle.specs.append(spec)
         return verdict
 
-    def hosts_on(self, job: JobState, model: str) -> bool:
-        """Whether some node could host ``job`` on GPUs of ``model``, one of the several it names
-        (where it would run if admitted on that model's quota, ``shape.placed_resources``)."""
+    def hosts_spec(self, spec: JobSpec, model: str) -> bool:
+        """Whether some node could host a job of ``spec`` on GPUs of ``model``, one of the several
+        it names (where it would run if admitted on that model's quota, ``shape.placed_resources``):
+        ``Ledger.hosts``, for a job not admitted yet."""
         if not self.nodes:
             return True
-        return self._judged(self._idle if self._idle is not None else self._built(), _on(job, model)) is None
-
-    def hosts_spec(self, spec: JobSpec, model: str) -> bool:
-        """``hosts_on`` for a job of ``spec`` not admitted yet (``Ledger.hosts``)."""
-        return self.hosts_on(JobState("", "", spec, 0, 0.0), model)
+        idle = self._idle if self._idle is not None else self._built()
+        return self._judged(idle, _on(JobState("", "", spec, 0, 0.0), model)) is None
 
     def most_workers(self, job: JobState, model: str | None = None) -> int:
         """The most workers of ``job`` the whole cluster could host at once, idle, as its

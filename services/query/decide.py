@@ -74,6 +74,10 @@ class LetGo(Protocol):
 
     def output_scope(self, job_id: str, asker: str) -> OutputScope | None: ...
 
+    def request(self, seq: int) -> tuple[str, str] | None: ...
+
+    def requests_known_from(self) -> int: ...
+
 
 class OutputScope(NamedTuple):
     """Whose output is a job's: its run's subjects (a job id is free again once its job was let
@@ -200,7 +204,7 @@ def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> 
             reason = f"no such job {ask.job}" if r.code == "unknown" and job_verb else r.message
             return {"seq": state.seq, "verdict": "refused", "code": r.code, "reason": reason}
     if ask.verb != "submit":
-        return unknown if forgotten else {"seq": state.seq, "verdict": "applied"}
+        return _taken(state, asker, ask, let_go, unknown if forgotten else None)
     job = state.jobs.get(ask.job)
     row: dict[str, Any] | None = None
     code = "rejected"
@@ -220,6 +224,37 @@ def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> 
     if row["phase"] == "rejected":
         return {**told, "verdict": "rejected", "code": code, "reason": row["reason"]}
     return {**told, "verdict": "accepted"}
+
+
+def _taken(
+    state: State, asker: str, ask: Ask, let_go: LetGo | None, unknown: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The verdict of a request other than a submit that the fold did not refuse (as far as the
+    refusals kept tell: ``unknown`` when they may no longer): ``applied`` if the fold took one of
+    the asker's of ``ask.verb`` at ``ask.after`` (about ``ask.job``, for a cancel or resize);
+    else ``refused``, whether there was none there or its refusal was let go, unless the
+    position is older than the view keeps requests for (or no view was given)."""
+    applied = {"seq": state.seq, "verdict": "applied"}
+    if let_go is None:
+        return unknown or applied
+    taken = let_go.request(ask.after)
+    own = f"{subjects.IN}.{asker}.{ask.verb}"
+    if (
+        taken is not None
+        and taken[0] == own
+        and (ask.verb not in ("cancel", "resize") or taken[1] == ask.job)
+    ):
+        return applied
+    if ask.after < let_go.requests_known_from():
+        return unknown or {
+            "seq": state.seq,
+            "verdict": "unknown",
+            "reason": f"requests before seq {let_go.requests_known_from()} are no longer kept to tell",
+        }
+    reason = f"no {ask.verb} of {ask.job} by {asker} at seq {ask.after} was applied"
+    if unknown is not None:
+        reason += f" (why is no longer kept: {unknown['reason']})"
+    return {"seq": state.seq, "verdict": "refused", "code": "unknown", "reason": reason}
 
 
 def settled(state: State, asker: str, question: str, ask: Ask, let_go: LetGo | None = None) -> bool:

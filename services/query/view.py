@@ -64,6 +64,12 @@ Workers = frozenset[tuple[str, int, int]]  # (node, attempt, rank)
 HISTORY_FIRST = 64  # a held job's first records, kept in its history whatever follows
 HISTORY_MOST = 512  # records kept in a held job's history: its first, then its newest
 LEFT_OUT = "LeftOut"  # the type of the history entry that counts the records left out
+# Requests other than submits that the fold took, newest kept: what tells such a request's verdict
+# "applied" from a question about a position where the asker made none. A verdict is asked just
+# after the request; one older than every kept is "unknown".
+REQUESTS_KEPT = 16_384
+_REQUEST = subjects.IN + "."
+_SUBMIT = ".submit"
 
 
 class JobView:
@@ -75,6 +81,8 @@ class JobView:
         self.history: dict[str, list[JobEvent]] = {}
         self.left_out: dict[str, int] = {}  # held job -> records left out of its history
         self.placed: dict[str, Workers] = {}  # held job -> every worker the fold placed for it
+        self.taken: dict[int, tuple[str, str]] = {}  # seq -> (subject, job id): ``REQUESTS_KEPT``
+        self.taken_from = 0  # every request taken from this position on is in ``taken``
         self.db = sqlite3.connect(path)
         self.db.executescript(_SCHEMA)
 
@@ -96,13 +104,35 @@ class JobView:
             if seen:
                 watch.after(state, rec, seen)  # type: ignore[union-attr]
             refusals = {rec.seq: state.rejections[-1]} if state.rejected_total > before else {}
+            request = not refusals and rec.subject.startswith(_REQUEST) and not rec.subject.endswith(_SUBMIT)
+            named = ""
             for e in job_events(state, (rec,), refusals):
+                named = e.job_id
                 held = state.jobs.get(e.job_id)
                 if held is not None:
                     self._note(history.setdefault(e.job_id, []), e)
                     if e.type == "JobsPlaced" and held.placement is not None and not e.refused:
                         self._placed(held.id, held.placement.attempt, held.placement.workers)
+            if request:
+                self._taken(rec.seq, rec.subject, named)
         self.db.commit()
+
+    def _taken(self, seq: int, subject: str, job_id: str) -> None:
+        taken = self.taken
+        taken[seq] = (subject, job_id)
+        if len(taken) > REQUESTS_KEPT:
+            oldest = next(iter(taken))
+            del taken[oldest]
+            self.taken_from = oldest + 1
+
+    def request(self, seq: int) -> tuple[str, str] | None:
+        """The subject of the request (not a submit) the fold took at ``seq``, if it took one, and
+        the job it named ("" for the admin's requests of nodes, queues and the like)."""
+        return self.taken.get(seq)
+
+    def requests_known_from(self) -> int:
+        """The position from which ``request`` knows every request it tells of."""
+        return self.taken_from
 
     def _note(self, events: list[JobEvent], e: JobEvent) -> None:
         """Add ``e`` to a held job's history, which keeps its first ``HISTORY_FIRST`` records and

@@ -228,12 +228,12 @@ def test_parse_read_subject() -> None:
 def verdict_log() -> tuple[LogBuilder, dict[str, int]]:
     """Requests of tenants a and b, and where each was stored."""
     log = LogBuilder().nodes(Cluster(1))
-    log.queue(QueueSpec("qa", quotas={"*": Quota(8)}, tenants=("a",)))
     at: dict[str, int] = {}
 
     def stored(name: str, step: LogBuilder) -> None:
         at[name] = step.last_seq
 
+    stored("queue qa", log.queue(QueueSpec("qa", quotas={"*": Quota(8)}, tenants=("a",))))
     stored("submit ja", log.submit("a", "ja", job("qa")))
     log.event(subjects.job("ja"), JobAccepted(job_id="ja", priority=0))
     stored("submit jr", log.submit("a", "jr", job("qa").gpus(80)))
@@ -259,7 +259,31 @@ VERDICTS = {
     "cancel of another's job": ("b", "cancel", "ja", "b cancels ja", ("refused", "no such job ja")),
     "cancel applied": ("a", "cancel", "ja", "a cancels ja", ("applied", None)),
     "cancel of a finished job": ("a", "cancel", "ja", "a cancels ja again", ("refused", "already cancelled")),
-    "another's verdict is not one's own": ("b", "cancel", "ja", "a cancels ja", ("applied", None)),
+    # Asked where the asker made no such request, a cancel was answered "applied".
+    "another's cancel is not one's own": (
+        "b",
+        "cancel",
+        "ja",
+        "a cancels ja",
+        ("refused", "no cancel of ja by b"),
+    ),
+    "no cancel at that position": ("a", "cancel", "ja", "submit jw", ("refused", "no cancel of ja by a")),
+    "a cancel there, of another job": (
+        "a",
+        "cancel",
+        "jw",
+        "a cancels ja",
+        ("refused", "no cancel of jw"),
+    ),
+    "a cancel there, asked as a resize": (
+        "a",
+        "resize",
+        "ja",
+        "a cancels ja",
+        ("refused", "no resize of ja"),
+    ),
+    "the admin's queue applied": ("admin", "queue", "qa", "queue qa", ("applied", None)),
+    "no queue applied there": ("admin", "queue", "qa", "submit ja", ("refused", "no queue of qa by admin")),
     "another's submit is no submit": ("b", "submit", "jr", "submit jr", ("refused", "no submit of job jr")),
 }
 
@@ -290,15 +314,35 @@ def test_a_refusal_pushed_out_by_others_is_not_read_as_applied() -> None:
         log.request("b", "cancel", CancelJob(job_id="nosuch"))
     view = JobView(":memory:")
     view.fold(log.records)
-    for verb, job_id, stored_as in (
-        ("cancel", "nosuch", "cancel nosuch"),
-        ("submit", "ja", "b takes ja's id"),
-    ):
-        asker = "b" if stored_as.startswith("b ") else "a"
-        got = answer(view.state, view.history, asker, "verdict", Ask(job_id, at[stored_as], verb=verb), view)
-        assert got["verdict"] == "unknown", (stored_as, got)
+    got = answer(
+        view.state, view.history, "b", "verdict", Ask("ja", at["b takes ja's id"], verb="submit"), view
+    )
+    assert got["verdict"] == "unknown", got
+    # The view knows every cancel the fold took: one it did not take was refused, why is gone.
+    got = answer(
+        view.state, view.history, "a", "verdict", Ask("nosuch", at["cancel nosuch"], verb="cancel"), view
+    )
+    assert got["verdict"] == "refused" and "no longer kept" in got["reason"], got
     got = answer(view.state, view.history, "a", "verdict", Ask("ja", at["submit ja"], verb="submit"), view)
     assert got["verdict"] == "accepted"  # a submit that made its job is known by the job
+
+
+def test_a_cancel_older_than_the_view_keeps_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    from corral.services.query import view as view_module
+
+    monkeypatch.setattr(view_module, "REQUESTS_KEPT", 2)
+    log, at = verdict_log()
+    later = []
+    for other in ("jb", "jc"):
+        log.submit("a", other, job("qa"))
+        log.event(subjects.job(other), JobAccepted(job_id=other, priority=0))
+        later.append(log.request("a", "cancel", CancelJob(job_id=other)).last_seq)
+    view = JobView(":memory:")
+    view.fold(log.records)
+    ask = Ask("ja", at["a cancels ja"], verb="cancel")
+    assert answer(view.state, view.history, "a", "verdict", ask, view)["verdict"] == "unknown"
+    ask = Ask("jb", later[0], verb="cancel")
+    assert answer(view.state, view.history, "a", "verdict", ask, view)["verdict"] == "applied"
 
 
 def test_a_verdict_waits_for_the_log_to_get_there() -> None:

@@ -51,6 +51,7 @@ from operator import attrgetter, lt
 from corral.events.queues import QueueSpec
 from corral.projections import gpu_time, indexes, queueing, quota
 from corral.projections.holds import Hold
+from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger
 from corral.projections.shape import kind_of
 from corral.projections.state import WHOLE, JobState, State
@@ -310,8 +311,10 @@ class FairShareOrder:
 
 def pending_order(state: State, now: float) -> list[JobState]:
     """Every queued job in the order admission would consider it if each were admitted in
-    turn (``corral queues`` and ``corral explain`` positions). Deterministic for a State."""
+    turn, each charged to the model admission would charge it to (one a node can host it on).
+    Deterministic for a State."""
     ledger = Ledger(state)
+    ledger.hosts = Inventory(state).hosts_spec
     fair = FairShare(ledger, state, now)
     for job in indexes.jobs_in(state, *indexes.HOLDS_QUOTA):
         ledger.hold(job)

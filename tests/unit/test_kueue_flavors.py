@@ -354,3 +354,25 @@ def test_a_model_no_node_can_host_the_job_on_neither_orders_it_nor_spares_preemp
     assert not [e for e in w.cycle(admission) if isinstance(e, JobsAdmitted)]
     [p] = [e for e in w.cycle(preemptor) if isinstance(e, PreemptionRequested)]  # the fold takes it
     assert (p.beneficiary, [v.job_id for v in p.victims], p.key) == ("hi", ["low"], H100)
+
+
+def test_the_pending_order_charges_no_model_that_no_node_could_host_the_job_on() -> None:
+    # a1 asks 4 GPUs a worker, T4 or H100; the T4 node has 2. Admission charges it to H100 (the
+    # one model a node can host it on), which puts a's share above b's and b1 before a2. The
+    # order `corral queues` shows charged it to a's free T4 quota, and a2 before b1.
+    w = World(nodes=0).cohort("c")
+    for name, inv in (*cluster(1, "t4-2x", prefix="t"), *cluster(1, "h100-8x", prefix="h")):
+        w.emit(subj.node(name), NodeRegistered(node=name, inventory=inv))
+    for q in (
+        QueueSpec("a", cohort="c", quotas={"T4": Quota(32), H100: Quota(4)}),
+        QueueSpec("b", cohort="c", quotas={H100: Quota(4)}),
+    ):
+        w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    (h100,) = [n for n in w.state.nodes if n.startswith("h")]
+    w.run("b-h", spec("b", 2, H100), whole(h100, 0, 1))
+    w.submit("a1", spec("a", 4, "T4", H100))
+    w.submit("a2", spec("a", 1, H100))
+    w.submit("b1", spec("b", 1, H100))
+    admitted = [a.job_id for e in admission(w.state, w.time) for a in getattr(e, "admissions", ())]
+    assert admitted == ["a1", "b1", "a2"]
+    assert [j.id for j in pending_order(w.state, w.time)] == admitted

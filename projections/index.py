@@ -80,10 +80,28 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
             # A job's history is its owner's to read: other tenants' jobs are not named in it.
             owner = state.jobs[job_id].tenant if job_id in state.jobs else None
             named = _named_for(state, owner) if isinstance(body, _OF_OTHERS) else None
-            summary = summarize(body, job_id, batch, named)
             refused = _refused(refusal, body, job_id, named)
+            due = None if refused else _own_deadline(state, job_id, body)
+            summary = summarize(body, job_id, batch, named, due)
             out.append(JobEvent(job_id, rec.seq, rec.subject, kind, rec.time, summary, refused))
     return out
+
+
+def _own_deadline(state: State, job_id: str, body: Event) -> float | None:
+    """The log time by which the fold gave ``job_id`` to checkpoint or shrink for the preemption
+    or shrink ``body`` it just took (each victim its own grace, ``fold_preemption.victim_deadline``);
+    None for any other record."""
+    if not isinstance(body, _OF_OTHERS) or job_id == body.beneficiary:
+        return None
+    job = state.jobs.get(job_id)
+    if job is None or job.preempted_for != body.beneficiary or not job.preempt_deadline:
+        return None
+    return job.preempt_deadline
+
+
+def _by(deadline: float, due: float | None) -> str:
+    """When a victim is due: its own deadline, else the record's (its victims' longest grace)."""
+    return _when(due) if due is not None else f"{_when(deadline)} at the latest"
 
 
 def _named_for(state: State, owner: str | None) -> Callable[[str], str]:
@@ -143,11 +161,14 @@ def summarize(
     job_id: str,
     batch: Mapping[str, str] | None = None,
     named: Callable[[str], str] | None = None,
+    due: float | None = None,
 ) -> str:
     """One line on what ``body`` says about job ``job_id``; for a batch decision, ``batch`` is its
     ``batch_lines`` when the caller has them already (a record of a few hundred jobs is then read
     once, not once per job). ``named`` says how to name the other jobs of a decision that speaks
-    of several (a preemption's, a shrink's) to whoever reads the line; by their ids if None."""
+    of several (a preemption's, a shrink's) to whoever reads the line; by their ids if None.
+    ``due``: the log time the fold gave a victim of a preemption or shrink (else the record's
+    deadline, the longest of its victims', is told as the latest)."""
     name = _by_id if named is None else named
     if isinstance(body, BATCHES):
         line = (batch_lines(body) if batch is None else batch).get(job_id)
@@ -177,15 +198,14 @@ def summarize(
         case PreemptionRequested():
             if job_id == body.beneficiary:
                 return f"preemption requested on its behalf: victims {_listed(body.victims, name)}"
-            # the record's deadline is its victims' longest grace: each is due by its own
-            by = _when(body.deadline)
-            return f"asked to checkpoint and yield to {name(body.beneficiary)} by {by} at the latest"
+            by = _by(body.deadline, due)
+            return f"asked to checkpoint and yield to {name(body.beneficiary)} by {by}"
         case ShrinkRequested():
             if job_id == body.beneficiary:
                 return f"shrink of {name(body.job_id)} to {body.replicas} workers requested on its behalf"
-            by = _when(body.deadline)
+            by = _by(body.deadline, due)
             whom = name(body.beneficiary)
-            return f"asked to shrink to {body.replicas} workers for {whom} by {by} at the latest"
+            return f"asked to shrink to {body.replicas} workers for {whom} by {by}"
         case WorkerStarted():
             return f"rank {body.rank} started on {body.node}"
         case WorkerExited():

@@ -116,3 +116,21 @@ def test_nothing_shown_is_a_python_repr() -> None:
     for text in (job_table(rows), node_table([present.node_row(n) for n in state.nodes.values()])):
         assert "{'" not in text and "['" not in text and "None" not in text
     assert subj.ADMIN == "admin"
+
+
+def test_a_victims_history_tells_the_deadline_the_fold_gave_it() -> None:
+    # The record asks 30 s (its victims' longest grace); the victim asked 10 s, and the fold
+    # gives it its own. Its history said "by <the record's deadline> at the latest".
+    from corral.services.query.view import JobView
+    from tests.unit.test_agent_decide import base, running, spec
+
+    log = running("v", spec(grace_seconds=10.0), log=base())
+    log.submit("bob", "b", job("team-a")).accept("b", priority=10).preempt("b", "v")
+    view = JobView(":memory:")
+    view.fold(log.records)
+    v = view.state.jobs["v"]
+    assert v.phase == "checkpointing"
+    (line,) = [e.summary for e in view.history["v"] if e.type == "PreemptionRequested"]
+    assert line.endswith(f" by t={v.phase_since + 10:.0f}s"), line  # not "by t=...s at the latest"
+    (beneficiary,) = [e.summary for e in view.history["b"] if e.type == "PreemptionRequested"]
+    assert beneficiary == "preemption requested on its behalf: victims another tenant's job"

@@ -39,7 +39,9 @@ class PreemptionPolicy(msgspec.Struct, frozen=True, omit_defaults=True, gc=False
       (it takes back what it lent): of any priority (``any``), a lower one, or none;
     - ``borrow_within_cohort``: jobs of other queues that borrow, when the job itself would
       borrow: of a lower priority (``lower-priority``), and with ``borrow_priority_threshold``
-      only those of that priority or below; or none (``never``);
+      only those of that priority or below; or none (``never``: then a job that asks more than
+      its queue's nominal has nobody stopped for it, its own queue's jobs included, unless fair
+      sharing may, or a cohort below the tree's root holds it: Kueue's flavor assigner);
     - ``fair_sharing``: jobs of other queues that borrow, of any priority, when the job itself
       would borrow and its queue's fair share stays no worse than theirs (Kueue's fair-sharing
       preemption): the strategies, tried in order, each only if the ones before found no

@@ -243,6 +243,21 @@ def may_stop_within(policy: PreemptionPolicy, victim_priority: int, beneficiary_
     )
 
 
+def may_preempt_for(ledger: Ledger, policy: PreemptionPolicy, queue: str, key: str, need: int) -> bool:
+    """Whether a job of ``queue`` that needs ``need`` more of ``key`` may have work stopped for
+    it at all (Kueue's flavor assigner): its ask fits its queue's nominal; or its queue, or a
+    cohort above it short of the tree's root, stays within its quota holding it
+    (``Ledger.fits_below_root``); or its queue may preempt while borrowing
+    (``borrow_within_cohort`` not ``never``, or fair sharing with ``reclaim_within_cohort`` not
+    ``never``). Else it would stop work, its own queue's lower-priority jobs included, to run on
+    quota that is not its side's to keep, where its queue said it may not borrow over others."""
+    if policy.borrow_within_cohort != "never" or (
+        policy.fair_sharing and policy.reclaim_within_cohort != "never"
+    ):
+        return True
+    return need <= ledger.nominal(queue, key) or ledger.fits_below_root(queue, key, need)
+
+
 def may_borrow_over(policy: PreemptionPolicy, victim_priority: int, beneficiary_priority: int) -> bool:
     """Whether a beneficiary that would borrow may stop a borrower of this priority."""
     threshold = policy.borrow_priority_threshold
@@ -403,6 +418,11 @@ def may_stop(
         need = 0
     queue = beneficiary.spec.queue
     policy = policy_of(state, beneficiary)
+    if key is not None and ledger.has_queue(queue) and not may_preempt_for(ledger, policy, queue, key, need):
+        return (
+            f"{beneficiary.id} asks more than queue {queue}'s nominal {key} quota and would borrow, "
+            "and its queue may not stop work for a job that borrows (borrow_within_cohort: never)"
+        )
     charged = [(v, charged_key(ledger, v)) for v in victims]
     lent = {v.id: k is not None and ledger.borrows_from(v.spec.queue, queue, k) for v, k in charged}
     freed: dict[str, int] = {}  # per queue, milli-GPU of ``key`` the record frees

@@ -634,6 +634,16 @@ class Ledger:
             extra = (used + extra - g if used + extra > g else 0) - (used - g if used > g else 0)
             n = n.parent
 
+    def fits_below_root(self, queue: str, key: str, need: int) -> bool:
+        """Whether ``queue``, in a cohort, holding ``need`` more of ``key``, stays within its
+        nominal, or some cohort above it short of the tree's root stays within its quota
+        (Kueue's ``mayReclaimInHierarchy``): what it would take is then its side's own."""
+        n = self._queues.get(queue)
+        if n is None or n.parent is None:
+            return False
+        found = self._fits_below(n, key, need, None)
+        return found is not None and found.parent is not None
+
     def borrowing_height(self, queue: str, key: str, need: int) -> int:
         """How far ``queue`` must borrow to hold ``need`` more of ``key`` (Kueue's borrowing
         height: who borrows less goes first): 0 within its own nominal, or with no cohort;

@@ -135,4 +135,7 @@ from __future__ import annotations
 # 40: a job stopped, moved or shrunk is due by its own grace, not the longest of the record's
 #    victims, and a job of another queue than the beneficiary's by at most that queue's
 #    ``PreemptionPolicy.max_grace_seconds`` (``preemption.grace_s``); a negative one is malformed.
-RULES = 40
+# 41: a job that asks more than its queue's nominal and would borrow beyond a cohort below the
+#    tree's root has nobody stopped for it, its own queue's jobs included, unless its queue may
+#    preempt while borrowing (``preemption.may_preempt_for``, Kueue's flavor assigner).
+RULES = 41

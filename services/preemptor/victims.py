@@ -28,7 +28,9 @@ under its queue's preemption policy (``PreemptionPolicy``, the rule of ``project
    never allows (each borrower taken makes its queue's share lower, and the last may leave it
    below the beneficiary's) is looked for once more with the beneficiary's own queue's
    candidates first. If that finds nothing, the same with the beneficiary's own queue's jobs
-   alone (it then borrows);
+   alone (it then borrows). A beneficiary that asks more than its queue's nominal is looked for
+   only where its queue may preempt while borrowing (``preemption.may_preempt_for``, Kueue's
+   flavor assigner);
 4. fill back: add back, in reverse order, every removed candidate the gang fits without. An
    elastic job keeps contiguous ranks: once one of its ranks must stay stopped, so do the ranks
    above it. What is left is minimal: no victim can be spared.
@@ -171,9 +173,12 @@ def blocked_targets(state: State, ledger: Ledger, job: JobState) -> list[Target]
     if any(ledger.fits(q, key, need, borrow) for key, need in demands):
         return []
     out = []
+    policy = qspec.preemption
     for key, need in demands:
         if need > ledger.ceiling(q, key, borrow):
             continue
+        if not preemption.may_preempt_for(ledger, policy, q, key, need):
+            continue  # larger than its nominal, it would borrow, and its queue may not borrow over
         if not borrow and need > ledger.fixed_limit(q, key) - ledger.fixed(q, key):
             continue  # what stands in its way is its queue's jobs that may not be stopped either
         out.append(_as_admitted(state, ledger, job, key, need, key if several else ""))

@@ -10,10 +10,11 @@ plus what its children may lend); ``QuantitiesFitInQuota`` gives the taker its h
 advantage when it fits within its own queue or a cohort on its way up. Each case's world is the
 smallest that tells a reading of raw nominal sums from Kueue's.
 
-A queue's own jobs are candidates for a job larger than its nominal when ``within_queue`` lets it
-stop them (``FlavorAssigner.canPreemptWithinClusterQueue`` in ``pkg/scheduler/flavorassigner``:
-preemption is tried when the request fits the nominal, or the queue may preempt within itself,
-or while borrowing), and the search finds the set Kueue's ``minimalPreemptions`` and
+A job larger than its nominal has work stopped for it only where Kueue's flavor assigner tries
+preemption (``fitsResourceQuota`` in ``pkg/scheduler/flavorassigner``: the request fits the
+nominal, or a cohort below the root with it, ``mayReclaimInHierarchy``, or the queue may preempt
+while borrowing); then its queue's own jobs are candidates when ``within_queue`` lets it stop
+them, and the search finds the set Kueue's ``minimalPreemptions`` and
 ``fillBackWorkloads`` find in the integration case "Should preempt Workloads in the cohort
 borrowing quota, when the ClusterQueue is using less than nominal quota"
 (``test/integration/singlecluster/scheduler/preemption_test.go``).
@@ -24,8 +25,9 @@ from __future__ import annotations
 from typing import Any
 
 from corral.events import subjects as subj
-from corral.events.decisions import PreemptionRequested
+from corral.events.decisions import PreemptionRequested, Victim
 from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, PreemptionPolicy, QueueSpec
+from corral.projections.fold import apply_event
 from corral.projections.quota import ANY, Ledger
 from corral.services.preemptor.decide import decide
 from tests.builders import queue_spec
@@ -126,16 +128,42 @@ def test_a_cohort_within_its_quota_below_the_common_cohort_keeps_its_queues_jobs
     assert _victims(w, "qx", 4) == ["a-borrow"]
 
 
-def test_a_job_larger_than_its_nominal_may_stop_its_own_queues_lower_priority_jobs() -> None:
-    # other-alpha (2) runs a1 and other-beta (2) b1; "in" (3 GPUs, priority 1) borrows 1 of
-    # other-beta's nominal even with a1 gone, which Kueue's ``canPreemptWithinClusterQueue``
-    # allows (its older flavor assigner, which asked the request to fit the nominal, did not):
-    # a1 goes, and b1, within its queue's nominal, stays.
-    w = _world(
+def _larger_than_its_nominal(**policy: Any) -> World:
+    # Kueue's "A workload is only eligible to do preemptions if it fits fully within nominal
+    # quota" (pkg/scheduler/scheduler_test.go): other-alpha (2) runs a1 and other-beta (2) b1;
+    # "in" (3 GPUs, priority 1) would borrow 1 of other-beta's nominal even with a1 gone.
+    return _world(
         [("other", None)],
-        [_queue("other-alpha", 2, "other", **LP_ANY), _queue("other-beta", 2, "other")],
+        [_queue("other-alpha", 2, "other", **{**LP_ANY, **policy}), _queue("other-beta", 2, "other")],
         [("a1", "other-alpha", 1, -1), ("b1", "other-beta", 1, -1)],
     )
+
+
+def test_a_job_larger_than_its_nominal_stops_nothing_where_its_queue_may_not_borrow_over() -> None:
+    # Kueue's flavor assigner tries preemption only for a request within the nominal, one that
+    # fits a cohort below the root, or a queue that may preempt while borrowing: none here, so
+    # a1 keeps running (a1 was stopped for a job that would then run on borrowed quota).
+    assert _victims(_larger_than_its_nominal(), "other-alpha", 3, 1) == []
+
+
+def test_the_fold_refuses_stopping_work_for_a_job_that_would_borrow_where_its_queue_may_not() -> None:
+    w = _larger_than_its_nominal()
+    w.submit("in", gpus(3, "other-alpha"), priority=1)
+    body = PreemptionRequested(
+        based_on=w.seq, now=w.time, beneficiary="in", victims=(Victim("a1", 0),), deadline=w.time + 30
+    )
+    w.seq += 1
+    before = w.state.rejected_total
+    apply_event(w.state, w.seq, subj.decision("preemptor"), body, w.time)
+    assert w.state.rejected_total == before + 1
+    assert "borrow_within_cohort: never" in w.state.rejections[-1].message
+    assert w.state.jobs["a1"].phase == "running"
+
+
+def test_a_job_larger_than_its_nominal_stops_its_own_queues_work_where_it_may_borrow_over() -> None:
+    # With borrow_within_cohort it may preempt while borrowing: a1 goes, and b1, within its
+    # queue's nominal, stays.
+    w = _larger_than_its_nominal(borrow_within_cohort="lower-priority")
     assert _victims(w, "other-alpha", 3, 1) == ["a1"]
 
 

@@ -18,7 +18,8 @@ Invariants:
   one that asks to wait for its answer to settle (``wait``: a request's verdict, a job reaching
   a phase) waits for that, at most as long as it asked (``decide.MAX_WAIT`` at most);
 - at most ``MAX_WAITING`` questions wait at once, ``MAX_WAITING_PER_ASKER`` of one asker's:
-  more are answered now, so no one asker can take every wait from the others;
+  more are answered now, in turn per asker (``MAX_QUEUED_PER_ASKER`` queued at most, output
+  pages included), so no one asker can take every wait, or every answer, from the others;
 - a job's output is shown only from its run's subjects, of the workers the fold placed for it
   (``decide.OutputScope``): never an earlier job of its id's.
 """
@@ -148,14 +149,17 @@ class ReadService:
             return
         may_wait = len(self._waiting) < MAX_WAITING and self._waiting_of[asker] < MAX_WAITING_PER_ASKER
         if question == "output":
-            if not may_wait:
-                ask = msgspec.structs.replace(ask, wait=0.0)  # answered now, as below
-            self._wait(asker, self._output(msg.reply, asker, ask))
-            return
-        wait = max(self.freshness_wait if ask.after > self.state.seq else 0.0, ask.patience())
-        if wait > 0 and may_wait and not self._settled(asker, question, ask):
-            self._wait(asker, self._answer_later(msg.reply, asker, question, ask, wait))
-            return
+            if may_wait:
+                self._wait(asker, self._output(msg.reply, asker, ask))
+                return
+            # Answered now, in the asker's turn like any other question: a task each let one
+            # asker's flood of them hold every other asker's output behind its own.
+            ask = msgspec.structs.replace(ask, wait=0.0)
+        else:
+            wait = max(self.freshness_wait if ask.after > self.state.seq else 0.0, ask.patience())
+            if wait > 0 and may_wait and not self._settled(asker, question, ask):
+                self._wait(asker, self._answer_later(msg.reply, asker, question, ask, wait))
+                return
         queued = self._queued.get(asker)
         if queued is None:
             queued = self._queued[asker] = deque()
@@ -185,7 +189,10 @@ class ReadService:
             else:
                 del self._queued[asker]
             try:
-                await self._answer(reply, asker, question, ask)
+                if question == "output":
+                    await self._output(reply, asker, ask)
+                else:
+                    await self._answer(reply, asker, question, ask)
             except Exception:  # noqa: BLE001 - one bad answer must not stop the others
                 log.exception("answering %s's %s failed", asker, question)
 

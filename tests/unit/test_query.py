@@ -408,6 +408,48 @@ async def test_questions_answered_at_once_are_taken_one_asker_at_a_time() -> Non
         reader.close()
 
 
+async def test_output_questions_past_the_waits_are_taken_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past its waits, each of one tenant's output questions was a task of its own, and 3,000
+    # of them held another tenant's `corral logs` for seconds: they wait their turn like any
+    # question now, and past its share the asker is told the service is busy.
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from corral.services.query import service
+
+    class NoForecasts:
+        async def get(self, tenant: str) -> None:
+            return None
+
+    monkeypatch.setattr(service, "MAX_WAITING_PER_ASKER", 0)  # every wait taken already
+    reader = service.ReadService(SimpleNamespace(nc=None), forecasts=NoForecasts())  # type: ignore[arg-type]
+    replies: list[tuple[str, dict[str, object]]] = []
+
+    async def send(reply: str, body: object) -> None:
+        replies.append((reply, json.loads(json.dumps(body, default=str))))
+
+    reader._send = send  # type: ignore[method-assign]
+
+    def question(who: str, n: int) -> SimpleNamespace:
+        inbox = f"{identities.inbox_prefix(who)}.{n}"
+        data = json.dumps({"job": "nosuch", "wait": 30}).encode()
+        return SimpleNamespace(subject=identities.read_subject(who, "output"), reply=inbox, data=data)
+
+    try:
+        for n in range(service.MAX_QUEUED_PER_ASKER + 1):
+            await reader._on_question(question("b", n))  # type: ignore[arg-type]
+        await reader._on_question(question("a", 0))  # type: ignore[arg-type]
+        assert not reader._waiting  # no task of its own for any of them
+        busy = [r for r, body in replies if body.get("busy") is True]
+        assert busy == [f"{identities.inbox_prefix('b')}.{service.MAX_QUEUED_PER_ASKER}"]
+        await asyncio.wait_for(reader._answer_queued(), 10)
+        order = [r.rsplit(".", 2)[-2] for r, body in replies if body.get("busy") is not True]
+        assert order[:3] == ["b", "a", "b"] and order.count("b") == service.MAX_QUEUED_PER_ASKER
+    finally:
+        reader.close()
+
+
 def test_jobs_come_a_page_at_a_time_that_fits_a_message() -> None:
     # Past some 3,500 jobs the answer was more than NATS carries, and nobody could list jobs.
     import msgspec

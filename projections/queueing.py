@@ -37,6 +37,10 @@ _MIN_ESTIMATE_S = 1.0  # a zero estimate would make every ratio infinite
 # The placer's reason code for the admitted job its reservation is for: that job is placed as
 # soon as the reserved GPUs free, so admission keeps its admission past the placement timeout.
 RESERVED = "reserved"
+# ... where the reserved GPUs free only when jobs with no runtime estimate end: nothing says they
+# ever will (one that may not be preempted may hold them for good), so the job's admission times
+# out like any other's, and others meanwhile use its quota on the GPUs that are free.
+RESERVED_UNTIMED = "reserved-untimed"
 
 # The longest placement back-off the fold takes (log time past the withdrawal's record): a longer
 # one, or one that is not a number, would keep a job out of admission for ever, and is void.

@@ -423,7 +423,9 @@ def _unhosted(
 def _times_out_at(job: JobState, timeout: float) -> float | None:
     """When an admitted job's placement timeout runs out: ``timeout`` after its admission, if
     the placer has said why it waits (it may be down otherwise) and that is not that its
-    reservation is for the job (placed as soon as the reserved GPUs free). None: never."""
+    reservation is for the job with a start in sight (placed as soon as the reserved GPUs free;
+    not one that waits for jobs with no runtime estimate, ``queueing.RESERVED_UNTIMED``).
+    None: never."""
     if not job.reasons or job.reasons[0].code == queueing.RESERVED:
         return None
     return job.phase_since + timeout

@@ -80,7 +80,7 @@ class Reservation:
         nodes = sorted({w.node for w in self.placement.workers})
         where = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
         return Reason(
-            queueing.RESERVED,
+            queueing.RESERVED if math.isfinite(self.start) else queueing.RESERVED_UNTIMED,
             f"holds a reservation on {self.gpus()} GPUs of {where}, free {self.when()}",
             True,
         )

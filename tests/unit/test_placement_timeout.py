@@ -97,6 +97,19 @@ def test_the_job_the_reservation_is_for_keeps_its_admission() -> None:
     assert state.jobs["wide"].phase == "admitted"
 
 
+def test_a_reservation_with_no_start_in_sight_times_out() -> None:
+    """Its reserved GPUs are held by jobs with no runtime estimate: one that may not be preempted
+    may hold them for good, and the job kept its queue's quota idle for ever while jobs that
+    fit the free GPUs waited for it."""
+    untimed = Reason("reserved-untimed", "holds a reservation on 8 GPUs of n0, free when jobs without", True)
+    lb, t0 = fragmented(untimed)
+    events, state = cycle(lb, t0 + TIMEOUT)
+    (withdrawn,) = of(events, AdmissionWithdrawn)
+    assert withdrawn.job_id == "wide" and state.jobs["wide"].phase == "queued"
+    events, _ = cycle(lb, t0 + TIMEOUT + 60)
+    assert admitted(events) == ["next"]
+
+
 def test_an_admission_the_placer_has_not_explained_is_kept() -> None:
     """No reason: the placer has not looked at it (it may be down), so nobody knows it is stuck."""
     lb = LogBuilder().node("n0", h100_8x_nvswitch("n0")).queue(queue_spec("team-a", nominal=9))

@@ -138,10 +138,17 @@ class RetentionSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, f
     tenant that submits without end, valid jobs or not, holds a bounded part of every
     replica's memory and of every decision's work, whatever the retention period. 250,000 by
     default: more than a team's backlog on any cluster corral is measured on (the largest
-    benchmark queues 100,000 jobs of one tenant)."""
+    benchmark queues 100,000 jobs of one tenant).
+
+    ``spec_bytes_per_tenant``: the most its jobs' specs in the state may hold, measured as the
+    services hold them (``projections.indexes.spec_bytes``: a fixed part per job and every
+    string it carries, command, env, mounts, labels, by its length): the count alone let one
+    tenant fill every service's memory with jobs of 200 KiB each, rejected or not. 128 MiB by
+    default: 100,000 jobs of a usual spec (a command, a few variables) hold some 60 MiB."""
 
     finished_s: float = 3600.0
     jobs_per_tenant: Int = 250_000
+    spec_bytes_per_tenant: Int = 128 * 1024 * 1024
 
 
 class ApplyQueue(Request, frozen=True, kw_only=True):

@@ -74,6 +74,16 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
             f"have ({most}); submit again once some have ended and been let go",
             req.request_id,
         )
+    size = indexes.spec_bytes(req.job)
+    held, most = state.spec_bytes_by_tenant.get(ctx.tenant, 0), state.retention.spec_bytes_per_tenant
+    if held + size > most:
+        raise Refused(
+            "limit",
+            f"tenant {ctx.tenant}'s jobs in the cluster's state hold {held} bytes of specs and this "
+            f"one {size}, past the most one tenant's may hold ({most}); submit again once some "
+            "have ended and been let go, or with less in their command, env, mounts and labels",
+            req.request_id,
+        )
     job = JobState(
         id=req.request_id,
         tenant=ctx.tenant,
@@ -228,6 +238,12 @@ def _apply_retention(state: State, ctx: Ctx, req: ApplyRetention) -> None:
     if req.retention.jobs_per_tenant < 1:
         most = req.retention.jobs_per_tenant
         raise Refused("malformed", f"retention: jobs_per_tenant {most} is not a number of jobs, 1 or more")
+    if req.retention.spec_bytes_per_tenant < indexes.SPEC_BYTES:
+        most = req.retention.spec_bytes_per_tenant
+        raise Refused(
+            "malformed",
+            f"retention: spec_bytes_per_tenant {most} is less than a job's spec holds ({indexes.SPEC_BYTES})",
+        )
     retention.apply_settings(state, req.retention)
 
 

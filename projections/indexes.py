@@ -284,11 +284,35 @@ def _nodes(placement: Placement) -> Iterable[str]:
 # -- kept by the fold -------------------------------------------------------------------------------
 
 
+SPEC_BYTES = 512  # a spec's fixed fields, as a service holds them
+_STRING_BYTES = 64  # what a string costs held (its object, its slot), besides its characters
+
+
+def spec_bytes(spec: JobSpec) -> int:
+    """About what holding ``spec`` costs a service, in bytes: a fixed part, and each string it
+    carries (command, env, mounts, labels, node selector, GPU models, name, image) by its length.
+    What a tenant's jobs in the state hold is judged by it (``RetentionSpec``)."""
+    n = SPEC_BYTES + len(spec.name) + len(spec.image or "")
+    each = _STRING_BYTES
+    for arg in spec.command:
+        n += len(arg) + each
+    for pairs in (spec.env, spec.labels, spec.node_selector):
+        for k, v in pairs.items():
+            n += len(k) + len(v) + 2 * each
+    for m in spec.mounts:
+        n += len(m.source) + len(m.target) + 2 * each
+    for model in spec.resources.gpu_models or ():
+        n += len(model) + each
+    return n
+
+
 def add(state: State, job: JobState) -> None:
     """Put a new job into the State and its indexes."""
     state.jobs[job.id] = job
     tenants = state.jobs_by_tenant
     tenants[job.tenant] = tenants.get(job.tenant, 0) + 1
+    held = state.spec_bytes_by_tenant
+    held[job.tenant] = held.get(job.tenant, 0) + spec_bytes(job.spec)
     _add(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
         form, shape = queued_keys(job.spec)
@@ -386,6 +410,8 @@ def respec(state: State, job: JobState, spec: JobSpec) -> None:
         _add(state.queued_by_shape, host_shape(spec), job.id)
         _delete(state.queued_by_form, form_key(job.spec), place_of(job))
         _insert(state.queued_by_form, form_key(spec), place_of(job))
+    held = state.spec_bytes_by_tenant
+    held[job.tenant] = held.get(job.tenant, 0) + spec_bytes(spec) - spec_bytes(job.spec)
     job.spec = spec
     if unfinished:
         _count_ask(state, spec, 1)
@@ -424,6 +450,12 @@ def forget(state: State, job: JobState) -> None:
             tenants[job.tenant] = left
         else:
             del tenants[job.tenant]
+        held = state.spec_bytes_by_tenant
+        rest = held[job.tenant] - spec_bytes(job.spec)
+        if left:
+            held[job.tenant] = rest
+        else:
+            del held[job.tenant]
     _remove(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
         form, shape = queued_keys(job.spec)
@@ -510,6 +542,7 @@ def rebuild(state: State) -> State:
     state.queued_by_shape = {}
     state.queued_by_form = {}
     state.jobs_by_tenant = {}
+    state.spec_bytes_by_tenant = {}
     jobs = list(state.jobs.values())
     state.jobs.clear()
     for job in jobs:
@@ -544,6 +577,10 @@ def check(state: State) -> None:
         problems.append(f"workers_by_ask: {state.workers_by_ask}, not {want.workers_by_ask}")
     if state.jobs_by_tenant != want.jobs_by_tenant:
         problems.append(f"jobs_by_tenant: {state.jobs_by_tenant}, not {want.jobs_by_tenant}")
+    if state.spec_bytes_by_tenant != want.spec_bytes_by_tenant:
+        problems.append(
+            f"spec_bytes_by_tenant: {state.spec_bytes_by_tenant}, not {want.spec_bytes_by_tenant}"
+        )
     for name in (
         "jobs_by_phase",
         "holding_by_node",

@@ -138,4 +138,6 @@ from __future__ import annotations
 # 41: a job that asks more than its queue's nominal and would borrow beyond a cohort below the
 #    tree's root has nobody stopped for it, its own queue's jobs included, unless its queue may
 #    preempt while borrowing (``preemption.may_preempt_for``, Kueue's flavor assigner).
-RULES = 41
+# 42: a tenant's jobs in the state hold at most ``RetentionSpec.spec_bytes_per_tenant`` of specs
+#    (``indexes.spec_bytes``): a submission past it is refused (``limit``).
+RULES = 42

@@ -214,6 +214,9 @@ class State(msgspec.Struct, gc=False):
     # Per tenant, its jobs in ``jobs`` (any phase, finished ones not let go yet included): what
     # the limit of ``RetentionSpec.jobs_per_tenant`` is judged by.
     jobs_by_tenant: dict[str, int] = {}
+    # ... and what their specs hold (``indexes.spec_bytes``): what ``RetentionSpec``'s
+    # ``spec_bytes_per_tenant`` is judged by.
+    spec_bytes_by_tenant: dict[str, int] = {}
     # Per class of similar jobs, the running times of the latest that succeeded, the class
     # updated longest ago first: what runtime estimates are learned from (``runtimes.py``).
     runtimes: dict[str, list[float]] = {}

@@ -316,10 +316,18 @@ class LogBuilder:
         return self.admin("fair-share", ApplyFairShare(fair_share=FairShareSpec(half_life_s=half_life_s)))
 
     def retention(
-        self, finished_s: float, jobs_per_tenant: int = RetentionSpec().jobs_per_tenant
+        self,
+        finished_s: float,
+        jobs_per_tenant: int = RetentionSpec().jobs_per_tenant,
+        spec_bytes_per_tenant: int = RetentionSpec().spec_bytes_per_tenant,
     ) -> LogBuilder:
-        """The admin sets how long finished jobs stay in the state, and how many a tenant may have there."""
-        spec = RetentionSpec(finished_s=finished_s, jobs_per_tenant=jobs_per_tenant)
+        """The admin sets how long finished jobs stay in the state, and how many a tenant may have
+        there, holding how much."""
+        spec = RetentionSpec(
+            finished_s=finished_s,
+            jobs_per_tenant=jobs_per_tenant,
+            spec_bytes_per_tenant=spec_bytes_per_tenant,
+        )
         return self.admin("retention", ApplyRetention(retention=spec))
 
     def queues(self, *names: str) -> LogBuilder:

@@ -428,7 +428,14 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=RetentionSpec().jobs_per_tenant,
         help="the most jobs one tenant may have in the state, finished ones not let go included; "
-        "submissions past it are refused (default %(default)s; the command sets both settings)",
+        "submissions past it are refused (default %(default)s; the command sets every setting)",
+    )
+    qr.add_argument(
+        "--spec-bytes-per-tenant",
+        type=int,
+        default=RetentionSpec().spec_bytes_per_tenant,
+        help="the most bytes one tenant's jobs in the state may hold in their specs (command, env, "
+        "mounts, labels...); submissions past it are refused (default %(default)s)",
     )
     qr.set_defaults(fn=cmd_queue_retention)
     qd = qsub.add_parser("delete", parents=[common], help="delete a queue that has no unfinished jobs")

@@ -74,6 +74,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
         case ApplyRetention(retention=r):
             usual = r.jobs_per_tenant == RetentionSpec().jobs_per_tenant
             most = "" if usual else f", at most {r.jobs_per_tenant} jobs a tenant"
+            if r.spec_bytes_per_tenant != RetentionSpec().spec_bytes_per_tenant:
+                most += f", their specs at most {r.spec_bytes_per_tenant} bytes"
             return f"admin keeps finished jobs {r.finished_s:g} s in the state{most}"
         case JobAccepted(job_id=jid, priority=prio):
             return f"admission accepts {jid} (priority {prio})"

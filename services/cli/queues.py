@@ -29,6 +29,7 @@ from corral.events.queues import (
     QueueSpec,
     RetentionSpec,
 )
+from corral.projections.indexes import SPEC_BYTES
 from corral.services.cli import flags
 from corral.services.cli.access import (
     Failure,
@@ -112,11 +113,19 @@ def cmd_queue_retention(args: argparse.Namespace) -> None:
     keep = flags.seconds(args.finished, "--finished")
     if args.jobs_per_tenant < 1:
         raise BadInput(f"--jobs-per-tenant: {args.jobs_per_tenant} is not a number of jobs, 1 or more")
-    spec = RetentionSpec(finished_s=keep, jobs_per_tenant=args.jobs_per_tenant)
+    most_bytes = args.spec_bytes_per_tenant
+    if most_bytes < SPEC_BYTES:
+        raise BadInput(
+            f"--spec-bytes-per-tenant: {most_bytes} is less than a job's spec holds ({SPEC_BYTES})"
+        )
+    spec = RetentionSpec(
+        finished_s=keep, jobs_per_tenant=args.jobs_per_tenant, spec_bytes_per_tenant=most_bytes
+    )
     send_admin(args, [("retention", ApplyRetention(retention=spec), "cluster")])
     print(
         f"retention: finished jobs leave the state {keep:g} s after they end, from now on; "
-        f"a tenant may have at most {args.jobs_per_tenant} jobs in it"
+        f"a tenant may have at most {args.jobs_per_tenant} jobs in it, holding at most "
+        f"{most_bytes} bytes of specs"
     )
 
 

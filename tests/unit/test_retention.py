@@ -178,6 +178,43 @@ def test_a_tenant_past_its_jobs_in_the_state_is_refused_until_some_are_let_go() 
     indexes.check(state)
 
 
+def test_a_tenant_past_what_its_jobs_specs_may_hold_is_refused_until_some_are_let_go() -> None:
+    # A job of 200 KiB of env, rejected or not, was as cheap as any under the count: 300 of
+    # them took 544 MiB of one process. Now what their specs hold is counted too.
+    env = {f"V{i}": "x" * 60_000 for i in range(3)}
+    big = job().gpus(1).build()
+    big = msgspec.structs.replace(big, env=env)
+    size = indexes.spec_bytes(big)
+    assert size > 180_000
+    log = (
+        LogBuilder().nodes(Cluster(1)).retention(60.0, spec_bytes_per_tenant=2 * size + 1000).queue("team-a")
+    )
+    log.submit("alice", "b1", big)
+    why = Reason("invalid", "env is too large")
+    log.event(subj.job("b1"), JobRejected(job_id="b1", request_seq=log.last_seq, reason=why))
+    log.submit("alice", "b2", big).accept("b2")
+    state = log.submit("alice", "b3", big).fold()
+    r = state.rejections[-1]
+    assert (r.code, r.job_id) == ("limit", "b3") and "b3" not in state.jobs
+    assert f"hold {2 * size} bytes of specs and this one {size}" in r.message
+    state = log.submit("alice", "small", job().gpus(1)).fold()  # a usual spec still fits
+    assert state.jobs["small"].phase == "submitted"
+    state = log.submit("bob", "b1-of-bob", big).fold()
+    assert state.jobs["b1-of-bob"].phase == "submitted"
+    # A minute after the rejected one ended, it is let go, and what it held with it.
+    ended = state.jobs["b1"].phase_since
+    state = log.at(ended + 60.0).submit("alice", "b3", big).fold()
+    assert state.jobs["b3"].phase == "submitted"
+    assert state.spec_bytes_by_tenant["alice"] == 2 * size + indexes.spec_bytes(state.jobs["small"].spec)
+    indexes.check(state)
+
+
+@pytest.mark.parametrize("most", [0, indexes.SPEC_BYTES - 1])
+def test_a_limit_of_no_spec_is_refused(most: int) -> None:
+    state = LogBuilder().retention(60.0, spec_bytes_per_tenant=most).fold()
+    assert state.rejections[-1].code == "malformed" and state.retention == RetentionSpec()
+
+
 @pytest.mark.parametrize("most", [0, -1])
 def test_a_limit_of_no_job_is_refused(most: int) -> None:
     state = LogBuilder().retention(60.0, jobs_per_tenant=most).fold()

@@ -48,12 +48,21 @@ from corral.events.queues import DEFAULT_PREEMPTION, FairSharingStrategy, Preemp
 from corral.projections import gpu_time, indexes, quota, thrash
 from corral.projections.lifecycle import Phase
 from corral.projections.quota import Ledger
+from corral.projections.shape import kind
 from corral.projections.state import WHOLE, JobState, State
 
 
 def preemptible(state: State, job: JobState) -> bool:
     """Whether the job's spec and its priority class let it be preempted at all."""
     return quota.may_be_preempted(job.spec, state.priority_classes)
+
+
+def rides(job: JobState) -> bool:
+    """Whether ``job`` asks for no GPU: it holds no quota, so the CPU and memory it takes on a
+    node are the GPU work's, and any queue's job that holds or claims quota may stop it (a
+    tenant with no quota could otherwise fill every node's CPUs and leave every GPU idle).
+    Such a job must be one that may be preempted (admission's ``validate``)."""
+    return kind(job.spec.resources) == "cpu"
 
 
 def protected(state: State, job: JobState, now: float) -> str | None:
@@ -89,6 +98,8 @@ def eligible(
         # Of a priority ``within_queue`` may stop, and if equal, submitted later.
         later = victim.submitted_seq > beneficiary.submitted_seq
         return may_stop_within(policy, vp, bp) and (vp < bp or later)
+    if key is not None and rides(victim):
+        return True
     if key is None or victim_key != key or not lent:
         return False
     if reclaims:

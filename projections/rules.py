@@ -140,4 +140,6 @@ from __future__ import annotations
 #    preempt while borrowing (``preemption.may_preempt_for``, Kueue's flavor assigner).
 # 42: a tenant's jobs in the state hold at most ``RetentionSpec.spec_bytes_per_tenant`` of specs
 #    (``indexes.spec_bytes``): a submission past it is refused (``limit``).
-RULES = 42
+# 43: a job that asks for no GPU (it holds no quota) may be stopped for any queue's job that holds
+#    or claims quota (``preemption.rides``).
+RULES = 43

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from corral.events.base import Reason
 from corral.events.jobs import MAX_REPLICAS, JobSpec, Resources, image_problem
-from corral.projections import quota
+from corral.projections import preemption, quota
 from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, JobState, State
@@ -78,6 +78,13 @@ def validate(
     why = _sizes(spec) or _bounds(spec)
     if why is not None:
         return Reason("invalid", why)
+    if preemption.rides(job) and not quota.may_be_preempted(spec, state.priority_classes):
+        return Reason(
+            "invalid",
+            "a job that asks for no GPU holds no quota, and GPU work of any queue may stop it for the "
+            "CPU and memory it takes: it must be one that may be preempted (preemptible, in a class "
+            "that may be)",
+        )
     too_big = _fits_ever(ledger if ledger is not None else Ledger(state), spec)
     if too_big is not None:
         return too_big

@@ -228,10 +228,13 @@ class Pool:
         found.sort(key=_order)
         self.by_queue: dict[str, list[Holder]] = {}
         self.elastic_by_queue: dict[str, list[Holder]] = {}  # the same, elastic jobs only
+        self.riders: list[Holder] = []  # the same, jobs that ask for no GPU (``preemption.rides``)
         for h in found:
             self.by_queue.setdefault(h.job.spec.queue, []).append(h)
             if h.job.spec.min_replicas is not None:
                 self.elastic_by_queue.setdefault(h.job.spec.queue, []).append(h)
+            if preemption.rides(h.job):
+                self.riders.append(h)
 
 
 def _order(h: Holder) -> tuple[int, float, int, str]:
@@ -380,6 +383,11 @@ def candidates(
             ranks = sorted((w.rank for w in held.workers), reverse=True)
             for rank in ranks[: max(0, len(ranks) - max(lo, 1))]:
                 yield Unit(h, rank, borrower)
+    if key is not None:
+        # Jobs of other queues that ask for no GPU hold no quota: first, whatever their queue.
+        for h in pool.riders:
+            if h.job.spec.queue != queue and may(h):
+                yield Unit(h, None, False)
     for h, borrower in itertools.chain(borrowers(pool.by_queue), own(pool.by_queue)):
         yield Unit(h, None, borrower)
 

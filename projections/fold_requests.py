@@ -97,7 +97,7 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         learned_s=runtimes.learned(state, ctx.tenant, req.job),
         overrun=None if req.job.runtime_estimate_s is None else runtimes.overrun(state, ctx.tenant),
     )
-    indexes.add(state, job)
+    indexes.add(state, job, size)
 
 
 def _owned(state: State, ctx: Ctx, job_id: str) -> JobState:

@@ -306,13 +306,13 @@ def spec_bytes(spec: JobSpec) -> int:
     return n
 
 
-def add(state: State, job: JobState) -> None:
-    """Put a new job into the State and its indexes."""
+def add(state: State, job: JobState, size: int | None = None) -> None:
+    """Put a new job into the State and its indexes; ``size``: its ``spec_bytes``, when known."""
     state.jobs[job.id] = job
     tenants = state.jobs_by_tenant
     tenants[job.tenant] = tenants.get(job.tenant, 0) + 1
     held = state.spec_bytes_by_tenant
-    held[job.tenant] = held.get(job.tenant, 0) + spec_bytes(job.spec)
+    held[job.tenant] = held.get(job.tenant, 0) + (spec_bytes(job.spec) if size is None else size)
     _add(state.jobs_by_phase, job.phase, job.id)
     if job.phase == "queued":
         form, shape = queued_keys(job.spec)

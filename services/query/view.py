@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,7 @@ class JobView:
         self.history: dict[str, list[JobEvent]] = {}
         self.left_out: dict[str, int] = {}  # held job -> records left out of its history
         self.placed: dict[str, Workers] = {}  # held job -> every worker the fold placed for it
-        self.taken: dict[int, tuple[str, str]] = {}  # seq -> (subject, job id): ``REQUESTS_KEPT``
+        self.taken: OrderedDict[int, tuple[str, str]] = OrderedDict()  # seq -> (subject, job id)
         self.taken_from = 0  # every request taken from this position on is in ``taken``
         self.db = sqlite3.connect(path)
         self.db.executescript(_SCHEMA)
@@ -96,6 +97,8 @@ class JobView:
         ``watch`` counts what the fold accepted, for the metrics."""
         state, history = self.state, self.history
         for rec in batch:
+            if rec.seq <= state.seq:
+                continue  # folded already (a redelivery): the fold takes it no second time
             for job in retention.due(state, rec.seq, rec.time):
                 self._keep(job, rec.seq)
             before = state.rejected_total
@@ -121,8 +124,7 @@ class JobView:
         taken = self.taken
         taken[seq] = (subject, job_id)
         if len(taken) > REQUESTS_KEPT:
-            oldest = next(iter(taken))
-            del taken[oldest]
+            oldest, _ = taken.popitem(last=False)
             self.taken_from = oldest + 1
 
     def request(self, seq: int) -> tuple[str, str] | None:

@@ -345,6 +345,23 @@ def test_a_cancel_older_than_the_view_keeps_is_unknown(monkeypatch: pytest.Monke
     assert answer(view.state, view.history, "a", "verdict", ask, view)["verdict"] == "applied"
 
 
+def test_a_refused_cancel_delivered_again_is_not_read_as_applied() -> None:
+    # A record folded already is skipped by the fold; the view took a redelivered refusal for
+    # a request the fold took, and once the refusal was pushed out it read "applied".
+    from corral.projections.state import MAX_REJECTIONS
+
+    log, at = verdict_log()
+    again = at["a cancels ja again"]
+    for _ in range(MAX_REJECTIONS + 1):
+        log.request("b", "cancel", CancelJob(job_id="nosuch"))
+    view = JobView(":memory:")
+    view.fold([r for r in log.records if r.seq <= again])
+    view.fold([r for r in log.records if r.seq == again])  # delivered again
+    view.fold([r for r in log.records if r.seq > again])
+    got = answer(view.state, view.history, "a", "verdict", Ask("ja", again, verb="cancel"), view)
+    assert got["verdict"] == "refused", got
+
+
 def test_a_verdict_waits_for_the_log_to_get_there() -> None:
     log, at = verdict_log()
     view = JobView(":memory:")

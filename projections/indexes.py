@@ -289,10 +289,13 @@ _STRING_BYTES = 64  # what a string costs held (its object, its slot), besides i
 
 
 def spec_bytes(spec: JobSpec) -> int:
-    """About what holding ``spec`` costs a service, in bytes: a fixed part, and each string it
-    carries (command, env, mounts, labels, node selector, GPU models, name, image) by its length.
-    What a tenant's jobs in the state hold is judged by it (``RetentionSpec``)."""
-    n = SPEC_BYTES + len(spec.name) + len(spec.image or "")
+    """About what holding ``spec`` costs a service, in bytes: a fixed part, and every string it
+    carries (queue, name, priority class, image, command, env, mounts, labels, node selector,
+    GPU models, MIG profile) by its length. What a tenant's jobs in the state hold is judged by
+    it (``RetentionSpec``), before admission has looked at any of them."""
+    res = spec.resources
+    n = SPEC_BYTES + len(spec.queue) + len(spec.name) + len(spec.priority_class) + len(spec.image or "")
+    n += len(res.mig or "")
     each = _STRING_BYTES
     for arg in spec.command:
         n += len(arg) + each
@@ -301,7 +304,7 @@ def spec_bytes(spec: JobSpec) -> int:
             n += len(k) + len(v) + 2 * each
     for m in spec.mounts:
         n += len(m.source) + len(m.target) + 2 * each
-    for model in spec.resources.gpu_models or ():
+    for model in res.gpu_models or ():
         n += len(model) + each
     return n
 

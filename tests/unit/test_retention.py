@@ -209,6 +209,34 @@ def test_a_tenant_past_what_its_jobs_specs_may_hold_is_refused_until_some_are_le
     indexes.check(state)
 
 
+@pytest.mark.parametrize(
+    "field",
+    ["queue", "name", "priority_class", "image", "command", "env", "labels", "node_selector", "mounts"]
+    + ["gpu_models", "mig"],
+)
+def test_every_string_a_spec_carries_counts(field: str) -> None:
+    # A 250 KiB queue name was measured at the fixed part alone, and kept for the retention
+    # period once admission rejected it.
+    from corral.events.jobs import Mount
+
+    big = "x" * 100_000
+    spec = job().gpus(1).build()
+    res = spec.resources
+    changed = {
+        "command": (big,),
+        "env": {"K": big},
+        "labels": {"k": big},
+        "node_selector": {"k": big},
+        "mounts": (Mount(source=big, target="/t"),),
+    }.get(field, big)
+    if field in ("gpu_models", "mig"):
+        value = (big,) if field == "gpu_models" else big
+        spec = msgspec.structs.replace(spec, resources=msgspec.structs.replace(res, **{field: value}))
+    else:
+        spec = msgspec.structs.replace(spec, **{field: changed})
+    assert indexes.spec_bytes(spec) >= 100_000
+
+
 @pytest.mark.parametrize("most", [0, indexes.SPEC_BYTES - 1])
 def test_a_limit_of_no_spec_is_refused(most: int) -> None:
     state = LogBuilder().retention(60.0, spec_bytes_per_tenant=most).fold()

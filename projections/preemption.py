@@ -59,9 +59,10 @@ def preemptible(state: State, job: JobState) -> bool:
 
 def rides(job: JobState) -> bool:
     """Whether ``job`` asks for no GPU: it holds no quota, so the CPU and memory it takes on a
-    node are the GPU work's, and any queue's job that holds or claims quota may stop it (a
-    tenant with no quota could otherwise fill every node's CPUs and leave every GPU idle).
-    Such a job must be one that may be preempted (admission's ``validate``)."""
+    node are the GPU work's, and any job that holds or claims quota may stop it, of any queue
+    (its own's included) and whatever its priority: a tenant with no quota could otherwise fill
+    every node's CPUs and leave every GPU idle. Such a job must be one that may be preempted
+    (admission's ``validate``)."""
     return kind(job.spec.resources) == "cpu"
 
 
@@ -93,13 +94,13 @@ def eligible(
     fair-sharing strategies lets the beneficiary's queue take from the victim's (``fair_allows``)."""
     if victim.id == beneficiary.id or stopped_before(victim, beneficiary) is not None:
         return False  # once one was stopped for the other, neither is stopped for the other again
+    if key is not None and rides(victim):
+        return True  # whatever its queue and priority
     vp, bp = victim.priority, beneficiary.priority
     if victim.spec.queue == beneficiary.spec.queue:
         # Of a priority ``within_queue`` may stop, and if equal, submitted later.
         later = victim.submitted_seq > beneficiary.submitted_seq
         return may_stop_within(policy, vp, bp) and (vp < bp or later)
-    if key is not None and rides(victim):
-        return True
     if key is None or victim_key != key or not lent:
         return False
     if reclaims:

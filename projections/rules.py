@@ -142,4 +142,5 @@ from __future__ import annotations
 #    (``indexes.spec_bytes``): a submission past it is refused (``limit``).
 # 43: a job that asks for no GPU (it holds no quota) may be stopped for any queue's job that holds
 #    or claims quota (``preemption.rides``).
-RULES = 43
+# 44: ... of its own queue too, whatever ``within_queue`` says.
+RULES = 44

@@ -343,7 +343,7 @@ def candidates(
                 # The pool's order is priority first: no job of the queue from here on is of a
                 # priority ``within_queue`` lets it stop.
                 return
-            if may(h):
+            if not preemption.rides(h.job) and may(h):
                 yield h, False
 
     def borrowers(index: dict[str, list[Holder]]) -> Iterator[tuple[Holder, bool]]:
@@ -351,7 +351,7 @@ def candidates(
             yield from tournament(index, shares, key)
             return
         for h in heapq.merge(*(index.get(q, ()) for q in lenders), key=_order):
-            if may(h):
+            if not preemption.rides(h.job) and may(h):
                 yield h, True
 
     def tournament(
@@ -368,7 +368,7 @@ def candidates(
         while ranked:
             _, q = heapq.heappop(ranked)
             for h in queues[q]:
-                if may(h):
+                if not preemption.rides(h.job) and may(h):
                     yield h, True
                     gone[q] += h.frees
                     heapq.heappush(ranked, (-shares.share(q, key, -gone[q]), q))
@@ -383,10 +383,12 @@ def candidates(
             ranks = sorted((w.rank for w in held.workers), reverse=True)
             for rank in ranks[: max(0, len(ranks) - max(lo, 1))]:
                 yield Unit(h, rank, borrower)
-    if key is not None:
-        # Jobs of other queues that ask for no GPU hold no quota: first, whatever their queue.
+    if key is not None and target.need == 0:
+        # Jobs that ask for no GPU hold no quota, so stopping them frees none: offered only to
+        # a job that holds its quota and waits for a place, first, whatever their queue. (To
+        # one blocked by quota every one of them would be taken, then each given back.)
         for h in pool.riders:
-            if h.job.spec.queue != queue and may(h):
+            if may(h):
                 yield Unit(h, None, False)
     for h, borrower in itertools.chain(borrowers(pool.by_queue), own(pool.by_queue)):
         yield Unit(h, None, borrower)

@@ -10,9 +10,11 @@ import pytest
 from corral.events import subjects as subj
 from corral.events.decisions import PreemptionRequested, Victim
 from corral.events.jobs import JobSpec, Resources
+from corral.events.queues import PreemptionPolicy
 from corral.projections.fold import apply_event
 from corral.services.admission.validate import validate
-from corral.services.preemptor.decide import decide
+from corral.services.preemptor.decide import PreemptorConfig, decide
+from corral.services.preemptor.victims import COHORT, Pool, Simulation, blocked_targets, candidates
 from tests.unit.test_preemptor import N0, World, gpus, whole
 
 ALL_CPUS = 224_000  # an h100-8x node's
@@ -58,6 +60,39 @@ def test_a_job_that_asks_for_no_gpu_stops_no_other_queues_for_one_like_it() -> N
     apply_event(w.state, w.seq, subj.decision("preemptor"), _proposal(w, "other-ride", "ride"), w.time)
     assert w.state.rejected_total == before + 1 and w.state.jobs["ride"].phase == "running"
     assert [e for e in w.cycle(decide) if isinstance(e, PreemptionRequested)] == []
+
+
+def test_a_gpu_job_stops_its_own_queues_job_that_asks_for_no_gpu_too() -> None:
+    # A queue may be shared by tenants: one's job of no GPU blocked another's GPU job of the
+    # same queue for good, its priority higher.
+    w = World().queue("team-a", nominal=8)
+    w.run("ride", rider("team-a"), (N0, ()), priority=100)
+    w.waiting("gpu-job", gpus(1))
+    (ev,) = [e for e in w.cycle(decide) if isinstance(e, PreemptionRequested)]
+    assert [v.job_id for v in ev.victims] == ["ride"]
+
+
+def test_no_job_that_asks_for_no_gpu_is_stopped_for_one_blocked_by_quota() -> None:
+    # Stopping it frees no quota: it is not offered, and the search stays as cheap as before.
+    w = World().cohort("c").queue("team-a", nominal=8, cohort="c").queue("team-b", nominal=0, cohort="c")
+    w.run("b-borrows", gpus(8, "team-b"), whole(N0, *range(8)))
+    for i in range(20):
+        w.run(f"ride-{i}", JobSpec(queue="team-b", resources=Resources(gpus=0, cpu_milli=1000)), (N0, ()))
+    w.submit("a-job", gpus(8))
+    sim = Simulation(w.state, PreemptorConfig().placer, w.time)
+    (target,) = blocked_targets(w.state, sim.ledger, w.state.jobs["a-job"])
+    offered = candidates(
+        target,
+        Pool(w.state, sim.ledger, w.time),
+        set(),
+        sim.ledger,
+        PreemptionPolicy(),
+        mode=COHORT,
+        shrink=False,
+    )
+    assert [u.job.id for u in offered] == ["b-borrows"]
+    stops = [v.job_id for e in w.cycle(decide) if isinstance(e, PreemptionRequested) for v in e.victims]
+    assert stops == ["b-borrows"]
 
 
 def test_the_fold_lets_a_gpu_job_stop_it_whatever_its_priority_and_queue() -> None:

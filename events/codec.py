@@ -10,8 +10,8 @@ upcaster registered in ``UPCASTERS`` that rewrites the old payload before it is 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -175,6 +175,32 @@ def seal(
         correlation=correlation,
         traceparent=traceparent,
     )
+
+
+# What the items of one decision event (a placer cycle's placements, the jobs it explains) may
+# take, encoded: NATS carries 1 MiB a message by default, and a cycle after a burst or a
+# failover decides for thousands of jobs at once. Room is left for the envelope around them.
+EVENT_BYTES = 256 * 1024
+T = TypeVar("T")
+
+
+def by_size(items: Sequence[T], budget: int | None = None) -> Iterator[tuple[T, ...]]:
+    """``items`` in order, in runs whose encodings take at most ``budget`` bytes together
+    (``EVENT_BYTES`` by default; an item larger than that alone in its run): one decision event
+    per run."""
+    if budget is None:
+        budget = EVENT_BYTES
+    run: list[T] = []
+    size = 0
+    for item in items:
+        n = len(_encoder.encode(item)) + 1
+        if run and size + n > budget:
+            yield tuple(run)
+            run, size = [], 0
+        run.append(item)
+        size += n
+    if run:
+        yield tuple(run)
 
 
 def encode(obj: Any) -> bytes:

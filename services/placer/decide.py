@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from corral.events import codec
 from corral.events.base import Event, Reason
 from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Placement, Unschedulable
 from corral.events.jobs import Resources
@@ -140,12 +141,14 @@ def decide(state: State, now: float, config: PlacerConfig = DEFAULT) -> list[Eve
             waiting.append(Unschedulable(job.id, job.attempt, reasons))
     for job in grow:
         cycle.grow(job)
+    # As many events as keep each within what one message carries (``codec.by_size``): one of
+    # 8,800 placements (a failover after a burst) was refused by the server every cycle, for
+    # good, and nothing was placed again. The fold takes each on the state the last left.
     events: list[Event] = []
-    if cycle.placed:
-        placements = tuple(p for p, _ in cycle.placed)
+    for placements in codec.by_size([p for p, _ in cycle.placed]):
         events.append(JobsPlaced(based_on=state.seq, now=now, placements=placements))
-    if waiting:
-        events.append(JobsUnschedulable(based_on=state.seq, now=now, jobs=tuple(waiting)))
+    for jobs in codec.by_size(waiting):
+        events.append(JobsUnschedulable(based_on=state.seq, now=now, jobs=jobs))
     return events
 
 

@@ -331,7 +331,10 @@ class Service:
                 self._last_decision_seq = e.actual
             return 0
         except LogError as e:
-            log.error("%s: appending a cycle of %d events failed: %s", self.role, len(appends), e)
+            # A failed cycle like any other: counted, seen in ``corral status``, backed off, the
+            # lease handed over. (One whose events the server refuses, too large, was retried
+            # at once for good while the service looked healthy.)
+            await self._failed(LogError(f"appending a cycle of {len(appends)} events failed: {e}"), now)
             return 0
         self._awaiting = max(self._awaiting, *(a.seq for a in acks))
         return len(acks)

@@ -962,6 +962,35 @@ def admitted_log(*jobs: tuple[str, JobBuilder, int], nodes: int = 2, profile: st
     return log
 
 
+def test_a_cycle_of_many_placements_is_cut_into_events_a_message_carries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 8,800 placements in one event (a failover after a burst) were 1.2 MB, refused by the
+    # server every cycle for good. Cut to a small budget here: each event within it, all placed.
+    from corral.events import codec
+
+    monkeypatch.setattr(codec, "EVENT_BYTES", 1024)
+    jobs = [(f"j{i:02d}-{'x' * 40}", job().gpus(1), 1) for i in range(40)]
+    state = admitted_log(*jobs, nodes=5).fold()
+    events = decide(state, 2000.0)
+    placed = [e for e in events if isinstance(e, JobsPlaced)]
+    assert len(placed) > 3
+    for e in placed:
+        size = sum(len(codec.encode(p)) + 1 for p in e.placements)
+        assert size <= 1024 or len(e.placements) == 1
+    fold_events(state, events)
+    assert state.void_total == 0 and {state.jobs[j].phase for j, _, _ in jobs} == {"placed"}
+
+
+def test_runs_by_size_keep_order_and_put_a_large_item_alone() -> None:
+    from corral.events import codec
+
+    items = ["a" * 10, "b" * 10, "c" * 100, "d" * 10, "e" * 10]
+    runs = list(codec.by_size(items, budget=30))
+    assert runs == [("a" * 10, "b" * 10), ("c" * 100,), ("d" * 10, "e" * 10)]
+    assert [x for run in runs for x in run] == items and list(codec.by_size([])) == []
+
+
 def test_one_cycle_one_placed_event_for_all_jobs() -> None:
     state = admitted_log(("a", job().gpus(4), 1), ("b", job().gpus(4), 1), ("c", job().milli(250), 1)).fold()
     events = decide(state, 2000.0)

@@ -112,3 +112,25 @@ async def test_a_failing_cycle_is_counted_backed_off_and_the_service_decides_aga
 def test_a_job_state_has_the_id_the_culprit_reads() -> None:
     """``culprit`` reads ``job.id``: the name the fold's job records carry."""
     assert "id" in JobState.__struct_fields__
+
+
+async def test_a_cycle_the_log_refuses_to_append_is_a_failure() -> None:
+    # The server refused a cycle's events (one too large for a message): the service logged
+    # it and decided again at once, for good, with no failure counted and the lease kept.
+    from corral.events.log import LogError
+
+    class Refusing(InMemoryLog):
+        async def append_fenced(self, items, fence):  # type: ignore[no-untyped-def]
+            raise LogError("MaxPayloadError: nats: maximum payload exceeded")
+
+    lb = LogBuilder().queue("team-a").submit("alice", "j", spec("team-a"))
+    log = Refusing()
+    await _append(log, lb)
+    clock = Clock(1000.0)
+    svc = Service("admission", _a_core_with_a_bug, log, clock=clock, supervision=Supervision(1.0, CAP))
+    await svc.restore()
+    assert await svc.cycle() == 0
+    sup = svc.supervision
+    assert (sup.failures, sup.in_a_row) == (1, 1) and sup.last is not None
+    assert "maximum payload exceeded" in sup.last.error
+    assert await svc.cycle() == 0 and sup.failures == 1  # backing off

@@ -35,6 +35,13 @@ log = logging.getLogger("corral.nats")
 # electing leaders, is back within seconds; a minute of nothing is an outage, for a supervisor.
 RECONNECT_FOR = 60.0
 RECONNECT_WAIT = 0.5
+# How soon a server that stopped answering (a paused VM, a host cut off, a process stopped) is
+# given up for another: a ping every PING_INTERVAL, and the connection is stale once that many
+# go unanswered. nats-py's defaults (two minutes, two pings) kept every service on a frozen
+# server of a cluster of three for minutes: the log took appends through the other two, and
+# nothing was placed.
+PING_INTERVAL = 5
+MAX_OUTSTANDING_PINGS = 3
 
 
 def servers(url: str | Sequence[str]) -> list[str]:
@@ -47,12 +54,15 @@ def servers(url: str | Sequence[str]) -> list[str]:
 def reconnecting(reconnect_for: float = RECONNECT_FOR) -> dict[str, Any]:
     """nats-py connect options that reconnect (to any server of the list) for ``reconnect_for``
     seconds, then give up. Attempts count per server, each server tried again at most every
-    ``RECONNECT_WAIT``, so the list as a whole is tried for about that long."""
+    ``RECONNECT_WAIT``, so the list as a whole is tried for about that long; a server that
+    answers no ping for ``PING_INTERVAL`` times ``MAX_OUTSTANDING_PINGS`` seconds is left."""
     return {
         "allow_reconnect": True,
         "max_reconnect_attempts": max(1, round(reconnect_for / RECONNECT_WAIT)),
         "reconnect_time_wait": RECONNECT_WAIT,
         "connect_timeout": 2,
+        "ping_interval": PING_INTERVAL,
+        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
     }
 
 

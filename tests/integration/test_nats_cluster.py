@@ -121,6 +121,37 @@ async def test_the_log_and_both_buckets_have_three_replicas_and_an_ack_survives_
         await log.close()
 
 
+async def test_a_connection_to_a_frozen_server_goes_over_to_another(nats_cluster: EmbeddedCluster) -> None:
+    # A server that stops answering without closing its sockets (a paused VM, a host cut off)
+    # kept every client on it for minutes with nats-py's pings; the services' options leave it
+    # within seconds for another server of the cluster.
+    import os
+    import signal
+
+    import nats
+
+    from corral.events.nats_client import MAX_OUTSTANDING_PINGS, PING_INTERVAL, reconnecting
+
+    first = nats_cluster.servers[0]
+    port = int(first.url.rsplit(":", 1)[1])
+    urls = [first.url] + [s.url for s in nats_cluster.servers[1:]]
+    nc = await nats.connect(servers=urls, dont_randomize=True, **reconnecting())
+
+    def on(p: int) -> bool:
+        return nc.is_connected and nc.connected_url is not None and nc.connected_url.port == p
+
+    pid = first.pid
+    assert pid is not None and on(port)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await until(lambda: nc.is_connected and not on(port), PING_INTERVAL * (MAX_OUTSTANDING_PINGS + 3))
+        got = await nc.request("$JS.API.INFO", b"", timeout=5)
+        assert b"memory" in got.data, got.data[:200]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await nc.close()
+
+
 async def _read(log: JetStreamLog) -> list[list[Record]]:
     return [batch async for batch in log.read(1)]
 

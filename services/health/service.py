@@ -19,7 +19,8 @@ states facts; a standby's tracker is as current, so it takes over where the hold
 
 Its time is its own clock, not log time: what it measures is silences between heartbeats it
 received itself, which are not in the log, so a receive time is only ever compared with
-another receive time of the same host.
+another receive time of the same host, on a clock no step of the wall clock moves
+(``time.monotonic``).
 """
 
 from __future__ import annotations
@@ -67,10 +68,17 @@ class HealthMonitor(Service):
         tick: float = 1.0,
         lease: Lease | None = None,
         status: StatusBoard | None = None,
+        receive_clock: Callable[[], float] | None = None,
     ) -> None:
-        """``nc``: a NATS connection to subscribe to heartbeats on (``JetStreamLog.nc``)."""
+        """``nc``: a NATS connection to subscribe to heartbeats on (``JetStreamLog.nc``).
+        ``receive_clock``: what heartbeats' receive times and silences are read on, a clock no
+        step of the wall clock moves (``time.monotonic``; ``clock`` where one is given): a
+        step forward of a minute marked every node lost, and one back hid a node gone silent."""
         self.tracker = tracker if tracker is not None else HeartbeatTracker()
         super().__init__(ROLE, self._evaluate, log_, clock=clock, tick=tick, lease=lease, status=status)
+        if receive_clock is None:
+            receive_clock = time.monotonic if clock is time.time else clock
+        self.receive_clock = receive_clock
         self.nc = nc
         self.heartbeats = 0  # received and recorded
         # What ``evaluate`` reads is heartbeats, node facts and the clock, not the log position:
@@ -80,19 +88,17 @@ class HealthMonitor(Service):
         self._facts_folded = True
 
     def _evaluate(self, state: State, now: float) -> list[Event]:
-        self._evaluated_at, self._facts_folded = now, False
-        events = self.tracker.evaluate(now)
+        at = self.receive_clock()
+        self._evaluated_at, self._facts_folded = at, False
+        events = self.tracker.evaluate(at)
         for n in self.tracker.take_notices():
             log.warning("node %s GPU %s: %s (%s)", n.node, n.gpu, n.signal, n.action)
         return events
 
-    def now(self) -> float:
-        return self.clock()  # the clock its heartbeats' receive times are read on
-
     def settled(self, now: float) -> bool:
         """No node fact folded since the last evaluation, and less than a tick since it (a tenth
         of a tick spared for the loop's timer, so a quiet log is evaluated every tick)."""
-        return not self._facts_folded and now - self._evaluated_at < self.tick * 0.9
+        return not self._facts_folded and self.receive_clock() - self._evaluated_at < self.tick * 0.9
 
     def fold(self, batch: list[Record]) -> None:
         state = self.state
@@ -107,12 +113,12 @@ class HealthMonitor(Service):
                     continue  # the fold refused it: it changed nothing the tracker should know
                 if r.subject.startswith(_NODE_EVENTS) or r.subject in (_CORDON, _DELETE):
                     body = codec.decode_body(r.subject, r.data, r.headers).body
-                    if self.tracker.observe(body, self.clock()):
+                    if self.tracker.observe(body, self.receive_clock()):
                         self._facts_folded = True
 
     async def restore(self) -> None:
         await super().restore()
-        self.tracker.sync(self.state, self.clock())
+        self.tracker.sync(self.state, self.receive_clock())
 
     def _on_heartbeat(self, subject: str, data: bytes) -> None:
         node = subject.rsplit(".", 1)[-1]
@@ -124,7 +130,7 @@ class HealthMonitor(Service):
         if beat.node != node:
             log.warning("heartbeat on %s names node %s: ignored", subject, beat.node)
             return
-        self.tracker.record(node, self.clock(), beat)
+        self.tracker.record(node, self.receive_clock(), beat)
         self.heartbeats += 1
         if self.lease is not None and not self.lease.held:
             self.tracker.take_notices()  # the holder logs them; a standby's would only pile up

@@ -76,3 +76,50 @@ async def test_a_quiet_log_is_evaluated_every_tick_and_silences_are_told() -> No
         ("node-00", "suspect"),
         ("node-01", "suspect"),
     ]
+
+
+async def _stepped(step: float) -> tuple[InMemoryLog, HealthMonitor, Clock, Clock]:
+    """A monitor whose wall clock is stepped by ``step`` seconds after heartbeats from both
+    nodes, its receive clock (monotonic) going on as time does."""
+    log, wall, steady = InMemoryLog(), Clock(), Clock()
+    lb = LogBuilder().nodes(Cluster(2)).queue("q")
+    tracker = HeartbeatTracker(interval=5.0, suspect_after=3, lost_after=60.0)
+    monitor = HealthMonitor(log, Client(), tracker=tracker, clock=wall, receive_clock=steady, tick=1.0)
+    await _append(log, lb, monitor)
+    await monitor.restore()
+    for node in ("node-00", "node-01"):
+        monitor._on_heartbeat(f"corral.hb.{node}", codec.encode(Heartbeat(node=node, seq=1)))
+    await monitor.cycle()
+    wall.t += step
+    return log, monitor, wall, steady
+
+
+def _conditions(log: InMemoryLog, since: int) -> list[tuple[str, str]]:
+    told = [codec.decode_body(r.subject, r.data, r.headers).body for r in log.records[since:]]
+    return [(e.node, e.condition) for e in told if isinstance(e, NodeConditionChanged)]
+
+
+async def test_a_step_of_the_wall_clock_marks_no_node_lost() -> None:
+    # An NTP or admin step of a few minutes forward made every healthy node lost at once, and
+    # every running job was interrupted.
+    log, monitor, wall, steady = await _stepped(+300.0)
+    before = len(log.records)
+    for seq in range(2, 5):
+        steady.t += 1.0
+        wall.t += 1.0
+        for node in ("node-00", "node-01"):
+            monitor._on_heartbeat(f"corral.hb.{node}", codec.encode(Heartbeat(node=node, seq=seq)))
+        await monitor.cycle()
+    assert _conditions(log, before) == []
+
+
+async def test_a_step_back_of_the_wall_clock_hides_no_silence() -> None:
+    # A step back of two minutes hid a node gone silent: its silence read as negative.
+    log, monitor, wall, steady = await _stepped(-120.0)
+    before = len(log.records)
+    for _ in range(20):
+        steady.t += 1.0
+        wall.t += 1.0
+        monitor._on_heartbeat("corral.hb.node-00", codec.encode(Heartbeat(node="node-00", seq=2 + _)))
+        await monitor.cycle()
+    assert _conditions(log, before) == [("node-01", "suspect")]

@@ -24,7 +24,7 @@ from corral.events import codec
 from corral.events.jobs import JobSpec
 from corral.projections.state import State
 from corral.services.forecast import whatif
-from corral.services.runtime.forecasts import MOST, TenantForecast, eta
+from corral.services.runtime.forecasts import MOST, MOST_BYTES, Eta, TenantForecast, entry_bytes, eta
 from corral.services.sim import eta as sim_eta
 from corral.services.sim.driver import WAITING
 
@@ -57,7 +57,7 @@ def values(
 ) -> dict[str, TenantForecast]:
     """Per tenant, its waiting jobs' forecasts (``bands``: job → early, start, late), and an
     empty one for each tenant of ``before`` (those written last time) that has none now. At most
-    ``MOST`` per tenant, the soonest first."""
+    ``MOST`` per tenant and ``MOST_BYTES`` of them, the soonest first."""
     per: dict[str, list[tuple[float, str]]] = {t: [] for t in before}
     for job_id, (_, start, _) in bands.items():
         job = state.jobs.get(job_id)
@@ -66,7 +66,14 @@ def values(
     out = {}
     for tenant, jobs in per.items():
         jobs.sort()
-        kept = {job_id: eta(*bands[job_id]) for _, job_id in jobs[:MOST]}
+        kept: dict[str, Eta] = {}
+        size = 0
+        for _, job_id in jobs[:MOST]:
+            told = eta(*bands[job_id])
+            size += entry_bytes(job_id, told)
+            if size > MOST_BYTES:
+                break
+            kept[job_id] = told
         out[tenant] = TenantForecast(state.seq, now, horizon_s, sim_eta.ASSUMPTION, kept)
     return out
 

@@ -72,6 +72,26 @@ def test_each_tenant_key_holds_its_own_jobs_and_a_tenant_with_none_left_is_empti
     assert forecasts.decode(raw) == got["t"]  # what the read service reads back
 
 
+def test_a_tenants_value_fits_a_message_whatever_its_ids() -> None:
+    # 10,000 jobs of 64-character ids made a value of 1.25 MB: the server refused it, and the
+    # tenant's forecasts were never written. The soonest are kept, as many as fit.
+    from corral.projections.state import JobState, State
+
+    state = State()
+    bands = {}
+    for i in range(forecasts.MOST):
+        job_id = f"{i:05d}-" + "x" * 58
+        state.jobs[job_id] = JobState(
+            id=job_id, tenant="t", spec=JobSpec(queue="q"), submitted_seq=i, submitted_at=0
+        )
+        start = 1.7e9 + i * 1.234567
+        bands[job_id] = (start - 100.5, start, start + 200.25)
+    (value,) = decide.values(state, bands, 1.0).values()
+    raw = forecasts.encode(value)
+    assert len(raw) <= forecasts.MOST_BYTES + 1024 and 0 < len(value.jobs) < forecasts.MOST
+    assert sorted(value.jobs) == sorted(bands)[: len(value.jobs)]  # the soonest to start
+
+
 def test_a_start_beyond_the_horizon_is_none() -> None:
     assert forecasts.eta(1.0, math.inf, math.inf) == forecasts.Eta(None, 1.0, None)
 

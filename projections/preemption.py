@@ -259,13 +259,12 @@ def may_preempt_for(ledger: Ledger, policy: PreemptionPolicy, queue: str, key: s
     """Whether a job of ``queue`` that needs ``need`` more of ``key`` may have work stopped for
     it at all (Kueue's flavor assigner): its ask fits its queue's nominal; or its queue, or a
     cohort above it short of the tree's root, stays within its quota holding it
-    (``Ledger.fits_below_root``); or its queue may preempt while borrowing
-    (``borrow_within_cohort`` not ``never``, or fair sharing with ``reclaim_within_cohort`` not
-    ``never``). Else it would stop work, its own queue's lower-priority jobs included, to run on
-    quota that is not its side's to keep, where its queue said it may not borrow over others."""
-    if policy.borrow_within_cohort != "never" or (
-        policy.fair_sharing and policy.reclaim_within_cohort != "never"
-    ):
+    (``borrow_within_cohort`` not ``never``, or it shares fairly: ``fair_sharing`` names its
+    strategies, Kueue's fair sharing with a reclaim policy, which a queue opts into here by
+    naming them). Else it would stop work, its own queue's lower-priority jobs included, to run
+    on quota that is not its side's to keep, where its queue said it may not borrow over
+    others."""
+    if policy.borrow_within_cohort != "never" or policy.fair_sharing:
         return True
     return need <= ledger.nominal(queue, key) or ledger.fits_below_root(queue, key, need)
 

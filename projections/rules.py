@@ -143,4 +143,6 @@ from __future__ import annotations
 # 43: a job that asks for no GPU (it holds no quota) may be stopped for any queue's job that holds
 #    or claims quota (``preemption.rides``).
 # 44: ... of its own queue too, whatever ``within_queue`` says.
-RULES = 44
+# 45: a queue that names ``fair_sharing`` strategies may preempt while borrowing whatever its
+#    ``reclaim_within_cohort`` (``preemption.may_preempt_for``).
+RULES = 45

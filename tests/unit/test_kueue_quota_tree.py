@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from corral.events import subjects as subj
 from corral.events.decisions import PreemptionRequested, Victim
 from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, PreemptionPolicy, QueueSpec
@@ -160,10 +162,18 @@ def test_the_fold_refuses_stopping_work_for_a_job_that_would_borrow_where_its_qu
     assert w.state.jobs["a1"].phase == "running"
 
 
-def test_a_job_larger_than_its_nominal_stops_its_own_queues_work_where_it_may_borrow_over() -> None:
-    # With borrow_within_cohort it may preempt while borrowing: a1 goes, and b1, within its
-    # queue's nominal, stays.
-    w = _larger_than_its_nominal(borrow_within_cohort="lower-priority")
+@pytest.mark.parametrize(
+    "policy",
+    [{"borrow_within_cohort": "lower-priority"}, {"fair_sharing": ("less-than-or-equal-to-final-share",)}],
+    ids=["borrow within the cohort", "fair sharing, reclaim never"],
+)
+def test_a_job_larger_than_its_nominal_stops_its_own_queues_work_where_it_may_borrow_over(
+    policy: dict[str, Any],
+) -> None:
+    # With borrow_within_cohort, or sharing fairly (Kueue's "multiple preemptions within cq
+    # when fair sharing", pkg/scheduler/scheduler_fs_test.go), it may preempt while borrowing:
+    # a1 goes, and b1, within its queue's nominal, stays.
+    w = _larger_than_its_nominal(**policy)
     assert _victims(w, "other-alpha", 3, 1) == ["a1"]
 
 

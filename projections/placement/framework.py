@@ -20,7 +20,7 @@ again only the nodes the cycle has taken from or given back to since.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -158,15 +158,7 @@ class Chain:
 
     def reject(self, req: Request, node: NodeView) -> Reason | None:
         """The first filter's no, static filters first (they are ordered so in ``stack.py``)."""
-        key = (req.need, req.selector, node.name)
-        try:
-            reason = self._static_memo[key]
-        except KeyError:
-            if len(self._static_memo) >= MEMO_MOST:  # a chain kept for long (admission's idle copy)
-                self._static_memo.clear()
-            reason = self._static_memo[key] = next(
-                (r for f in self.static if (r := f.check(req, node)) is not None), None
-            )
+        reason = self._static(req, node.name, lambda: node)
         if reason is not None:
             return reason
         for f in self.dynamic:
@@ -174,6 +166,24 @@ class Chain:
             if reason is not None:
                 return reason
         return None
+
+    def _static(self, req: Request, name: str, view: Callable[[], NodeView]) -> Reason | None:
+        key = (req.need, req.selector, name)
+        try:
+            return self._static_memo[key]
+        except KeyError:
+            if len(self._static_memo) >= MEMO_MOST:  # a chain kept for long (admission's idle copy)
+                self._static_memo.clear()
+            node = view()
+            reason = self._static_memo[key] = next(
+                (r for f in self.static if (r := f.check(req, node)) is not None), None
+            )
+            return reason
+
+    def statically_fits(self, req: Request, snap: Snapshot, name: str) -> bool:
+        """Whether no static filter (hardware, labels, health) turns node ``name`` down for
+        ``req``: what a domain of the gang search may count as its room."""
+        return self._static(req, name, lambda: snap.view(name)) is None
 
     def reserve(self, req: Request, node: NodeView, island: int | None = None) -> tuple[GpuClaim, ...] | None:
         for r in self.reserves:

@@ -14,6 +14,7 @@ for fractions; nodes with MIG GPUs for MIG slices; every ready node for CPU-only
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -74,6 +75,48 @@ def place(
         if slots is not None:
             return Placement(req.job_id, req.attempt, tuple(slots))
     return _why_not(chain, snap, req)
+
+
+_PINNED: dict[str, Level] = {"nvlink": "island", "node": "node", "rack": "rack", "block": "block"}
+
+
+def place_beside(
+    chain: Chain, snap: Snapshot, req: Request, label_keys: dict[str, str], held: Placement
+) -> Placement | tuple[Reason, ...]:
+    """Place the workers ``req`` asks for (the ranks admission added to a running elastic job)
+    where a required topology keeps them with the job's running workers ``held``: the same
+    NVLink island, node, rack or block. Else as ``place``. Searched alone, the added ranks went
+    to the tightest fit, another block or island than the running ones."""
+    level = _PINNED.get(req.pack)
+    if not req.required or level is None or not held.workers:
+        return place(chain, snap, req, label_keys)
+    first = held.workers[0]
+    if level in ("island", "node"):
+        node = snap.view(first.node)
+        island: int | None = None
+        if level == "island" and first.gpus:
+            gpu = first.gpus[0].gpu
+            island = next(
+                (k for k, grp in islands(node.gpus).items() if any(g.index == gpu for g in grp)), None
+            )
+        slots = (
+            None
+            if chain.reject(req, node) is not None
+            else _fill(chain, snap, req, [first.node] * req.replicas, island)
+        )
+        if slots is None:
+            where = f"NVLink island of node {first.node}" if level == "island" else f"node {first.node}"
+            return (
+                Reason(
+                    "topology", f"no room for {req.replicas} more workers on the {where} its workers run on"
+                ),
+            )
+        return Placement(req.job_id, req.attempt, tuple(slots))
+    key = label_keys[level]
+    value = snap.view(first.node).labels.get(key)
+    if value is None:
+        return place(chain, snap, req, label_keys)
+    return place(chain, snap, dataclasses.replace(req, selector=(*req.selector, (key, value))), label_keys)
 
 
 def _at_level(
@@ -143,9 +186,13 @@ def _in_domains(
     chain: Chain, snap: Snapshot, req: Request, level: Level, label_keys: dict[str, str]
 ) -> list[WorkerSlot] | None:
     """One rack or block for the whole gang: the tightest domain that can hold it first."""
-    # Room is counted from the index alone (no filters yet): a domain that turns out smaller is
-    # simply passed over when its workers do not all fit.
+    # Room is counted from the index (dynamic filters not yet): a domain that turns out smaller
+    # is passed over when its workers do not all fit. Not the nodes a node selector turns down:
+    # counted, racks of a pool the job does not run in looked roomy, and past MAX_DOMAINS of
+    # them the one rack that could hold the gang was never tried.
     domain_of = snap.domains(label_keys[level])
+    if req.selector:
+        domain_of = {n: d for n, d in domain_of.items() if chain.statically_fits(req, snap, n)}
     models = [m for m in snap.models() if req.need.model_ok(m)]
     if req.need.kind == "whole" and len(models) == 1:
         members, room = _room_by_buckets(snap, req, models[0], domain_of)

@@ -260,7 +260,7 @@ class _Cycle:
         req = dataclasses.replace(
             Request.of(job, self.state.priority_classes), replicas=job.admission.replicas - len(have.workers)
         )
-        found = gang.place(self.chain, self.snap, req, self.config.label_keys)
+        found = gang.place_beside(self.chain, self.snap, req, self.config.label_keys, have)
         if not isinstance(found, Placement):
             return
         n = len(have.workers)

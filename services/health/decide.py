@@ -276,8 +276,11 @@ class HeartbeatTracker:
 
     def record(self, node: str, now: float, payload: Heartbeat) -> None:
         n = self._node(node, now)
-        if payload.seq <= n.last_seq and n.last_seen is not None:
-            return  # repeated or out of order
+        if payload.seq == n.last_seq and n.last_seen is not None:
+            return  # repeated
+        # One that goes back is the agent's next run, not a late one: core NATS keeps an agent's
+        # heartbeats in order. Dropped, one heartbeat with a huge sequence (or an agent
+        # restarted after its clock stepped back) left its node silent, and lost, for good.
         gap = now - (n.last_seen if n.last_seen is not None else n.since)
         n.last_seen, n.last_seq = now, payload.seq
         self._heard_of(node, n)

@@ -187,12 +187,22 @@ def test_a_suspect_node_recovers_through_probation_too() -> None:
     assert c.conditions(T0 + 51) == ["ready"]
 
 
-def test_repeated_and_old_heartbeats_are_ignored() -> None:
+def test_a_repeated_heartbeat_is_ignored() -> None:
     c = Clock(nodes=1)
     c.beat(T0)
     hb = Heartbeat(node=N0, seq=c.seq)
     c.t.record(N0, T0 + 14, hb)  # the same heartbeat again, late: not a sign of life
     assert c.conditions(T0 + 15.1) == ["suspect"]
+
+
+def test_a_heartbeat_whose_sequence_goes_back_is_the_agents_next_run() -> None:
+    # One heartbeat with a sequence of 2**62 (or an agent restarted after its clock stepped
+    # back) had every later one dropped as old: the node went suspect, then lost, for good.
+    c = Clock(nodes=1)
+    c.beat(T0)
+    c.t.record(N0, T0 + 1, Heartbeat(node=N0, seq=2**62))
+    c.beats(T0 + 5, T0 + 100)  # the agent's own sequence, far below
+    assert c.conditions(T0 + 101) == []
 
 
 def test_nodes_the_log_does_not_know_get_no_facts() -> None:

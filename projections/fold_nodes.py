@@ -50,10 +50,28 @@ from corral.projections.state import (
 # -- nodes and workers --------------------------------------------------------------------------
 
 
+# The most GPUs one node registers: more than any server holds (an HGX board has 8, the largest
+# systems 16 to 72 in one NVLink domain). One registration of 9,000 made the cluster's GPU grid
+# larger than a message, for every reader, and drew every tenant's work to a node that lied.
+MAX_GPUS_PER_NODE = 256
+
+
 def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
     if not subj.is_token(ev.node):
         raise Refused("malformed", f"node name {ev.node!r} is not a valid name")
-    indices = [g.index for g in ev.inventory.gpus]
+    inv = ev.inventory
+    if len(inv.gpus) > MAX_GPUS_PER_NODE:
+        raise Refused(
+            "malformed", f"node {ev.node}: {len(inv.gpus)} GPUs, more than a node has ({MAX_GPUS_PER_NODE})"
+        )
+    if inv.cpu_milli < 0 or inv.memory_mib < 0:
+        raise Refused("malformed", f"node {ev.node}: negative CPU or memory")
+    for g in inv.gpus:
+        if g.memory_mib < 0 or g.nvlinks < 0 or not -1 <= g.island < MAX_GPUS_PER_NODE:
+            raise Refused(
+                "malformed", f"node {ev.node}: GPU {g.index} has negative memory or NVLinks, or no island"
+            )
+    indices = [g.index for g in inv.gpus]
     if indices != list(range(len(indices))):
         raise Refused("malformed", f"node {ev.node}: GPU indices must be 0..{len(indices) - 1}")
     uuids = [g.uuid for g in ev.inventory.gpus]

@@ -145,4 +145,6 @@ from __future__ import annotations
 # 44: ... of its own queue too, whatever ``within_queue`` says.
 # 45: a queue that names ``fair_sharing`` strategies may preempt while borrowing whatever its
 #    ``reclaim_within_cohort`` (``preemption.may_preempt_for``).
-RULES = 45
+# 46: a node registering more than ``MAX_GPUS_PER_NODE`` GPUs, negative CPU, memory, GPU memory
+#    or NVLinks, or an island past that bound is malformed (``fold_nodes``).
+RULES = 46

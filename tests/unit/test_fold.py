@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 import pytest
 
 from corral.events import codec
@@ -25,7 +26,7 @@ from corral.events.jobs import (
     SubmitJob,
 )
 from corral.events.log import Record
-from corral.events.nodes import NodeInventory, NodeRegistered, WorkerStarted
+from corral.events.nodes import GpuInfo, NodeInventory, NodeRegistered, WorkerStarted
 from corral.events.queues import (
     ApplyCohort,
     ApplyFairShare,
@@ -1405,6 +1406,36 @@ def test_reregistering_keeps_held_gpus_and_resets_idle_ones() -> None:
 def test_node_with_misnumbered_gpus_is_malformed(inventory: NodeInventory) -> None:
     state = fold(LogBuilder().node(N0, inventory))
     assert state.nodes == {} and last(state).code == "malformed"
+
+
+def _gpu(index: int, **kw: object) -> GpuInfo:
+    return msgspec.structs.replace(Cluster().nodes[0][1].gpus[0], index=index, uuid=f"GPU-x-{index}", **kw)
+
+
+@pytest.mark.parametrize(
+    "inventory",
+    [
+        NodeInventory(1, 1, tuple(_gpu(i) for i in range(9000))),
+        NodeInventory(-1, 1, ()),
+        NodeInventory(1, -1, ()),
+        NodeInventory(1, 1, (_gpu(0, memory_mib=-5),)),
+        NodeInventory(1, 1, (_gpu(0, nvlinks=-1),)),
+        NodeInventory(1, 1, (_gpu(0, island=2**62),)),
+    ],
+    ids=[
+        "9000-gpus",
+        "negative-cpu",
+        "negative-memory",
+        "negative-gpu-memory",
+        "negative-nvlinks",
+        "no-island",
+    ],
+)
+def test_a_node_that_claims_the_impossible_is_malformed(inventory: NodeInventory) -> None:
+    # One registration of 9,000 GPUs drew every tenant's work to the node and made the GPU grid
+    # larger than a message for every reader.
+    state = fold(LogBuilder().node(N0, inventory))
+    assert state.nodes == {} and last(state).code == "malformed", last(state)
 
 
 # -- bad input ------------------------------------------------------------------------------------

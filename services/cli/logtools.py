@@ -75,7 +75,7 @@ def cmd_log_import(args: argparse.Namespace) -> None:
         # Importing sets a log up: into a server with no corral yet, the stream is made.
         log = await open_log(server_url(args.server), login, create=True)
         try:
-            items = [Append(r.subject, r.data, headers=r.headers) for r in records]
+            items = [Append(r.subject, r.data, headers=kept_headers(r.headers)) for r in records]
             results: list[Any] = []
             with progress.shown("importing", len(items), "records", scale=True) as done:
                 for i in range(0, len(items), IMPORT_BATCH):
@@ -84,6 +84,9 @@ def cmd_log_import(args: argparse.Namespace) -> None:
             failed = [r for r in results if isinstance(r, LogError)]
             if failed:
                 raise Failure(f"{len(failed)} of {len(items)} records were refused: {failed[0]}")
+            dropped = sum(1 for r in results if getattr(r, "duplicate", False))
+            if dropped:
+                raise Failure(f"{dropped} of {len(items)} records were taken for duplicates and not stored")
             return len(items)
         finally:
             await log.close()
@@ -92,6 +95,16 @@ def cmd_log_import(args: argparse.Namespace) -> None:
 
 
 IMPORT_BATCH = 1000  # records appended at once: the bar moves, and the batch still pipelines
+
+
+def kept_headers(headers: dict[str, str] | None) -> dict[str, str] | None:
+    """A record's headers as imported: not the server's own (``Nats-*``). A stored message id
+    made a later record of the same id a duplicate the server dropped without a word, and a
+    rollup or expected-sequence header would have the server act on the log being rebuilt."""
+    if not headers:
+        return headers
+    kept = {k: v for k, v in headers.items() if not k.lower().startswith("nats-")}
+    return kept or None
 FOLD_BATCH = 5000  # records folded between two moves of the bar
 
 

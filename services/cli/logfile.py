@@ -8,6 +8,7 @@ so that even garbage that reached the log replays byte for byte.
 from __future__ import annotations
 
 import base64
+import binascii
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -66,11 +67,16 @@ def read(path: str | Path, progress: Callable[[int], object] | None = None) -> l
                     line = _decoder.decode(raw)
                 except codec.UNREADABLE as e:
                     raise LogFileError(f"{path}:{i}: not a corral log line: {e}") from None
-                data = (
-                    base64.b64decode(line.data_b64)
-                    if line.data_b64 is not None
-                    else (line.data or "").encode()
-                )
+                try:
+                    data = (
+                        base64.b64decode(line.data_b64, validate=True)
+                        if line.data_b64 is not None
+                        else (line.data or "").encode()
+                    )
+                except (binascii.Error, ValueError) as e:
+                    raise LogFileError(f"{path}:{i}: data_b64 is not base64: {e}") from None
+                if out and line.seq <= out[-1].seq:
+                    raise LogFileError(f"{path}:{i}: seq {line.seq} after {out[-1].seq}: a log goes forward")
                 out.append(Record(line.seq, line.subject, data, line.headers, line.time))
     except OSError as e:
         raise LogFileError(f"{path}: {e.strerror or e}") from None

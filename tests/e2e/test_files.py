@@ -82,6 +82,27 @@ REFUSALS = [
     ),
     ("a missing log to replay", {}, ["replay", "typo.jsonl"], "typo.jsonl: No such file or directory"),
     (
+        "a log line whose data is not base64",
+        {"log.jsonl": '{"seq": 1, "subject": "corral.ev.job.j", "time": 1.0, "data_b64": "QQ"}\n'},
+        ["replay", "log.jsonl"],
+        "log.jsonl:1: data_b64 is not base64: Incorrect padding",
+    ),
+    (
+        "a log line of another alphabet",
+        {"log.jsonl": '{"seq": 1, "subject": "corral.ev.job.j", "time": 1.0, "data_b64": "!!!!"}\n'},
+        ["replay", "log.jsonl"],
+        "log.jsonl:1: data_b64 is not base64: Only base64 data is allowed",
+    ),
+    (
+        "a log that goes back",
+        {
+            "log.jsonl": '{"seq": 5, "subject": "corral.ev.job.j", "time": 1.0, "data": "{}"}\n'
+            '{"seq": 3, "subject": "corral.ev.job.j", "time": 1.0, "data": "{}"}\n'
+        },
+        ["replay", "log.jsonl"],
+        "log.jsonl:2: seq 3 after 5: a log goes forward",
+    ),
+    (
         "a missing log to import",
         {},
         ["log", "import", "typo.jsonl", *NOWHERE],

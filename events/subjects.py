@@ -72,6 +72,6 @@ def parse_request(subject: str) -> tuple[str, str] | None:
 
 def _tenant_and_verb(subject: str, kind: str) -> tuple[str, str] | None:
     parts = subject.split(".")
-    if len(parts) != 4 or parts[0] != "corral" or parts[1] != kind:
-        return None
+    if len(parts) != 4 or parts[0] != "corral" or parts[1] != kind or not is_token(parts[2]):
+        return None  # no tenant: ``corral.in..submit`` reached a file replay as tenant ""
     return parts[2], parts[3]

@@ -147,4 +147,5 @@ from __future__ import annotations
 #    ``reclaim_within_cohort`` (``preemption.may_preempt_for``).
 # 46: a node registering more than ``MAX_GPUS_PER_NODE`` GPUs, negative CPU, memory, GPU memory
 #    or NVLinks, or an island past that bound is malformed (``fold_nodes``).
-RULES = 46
+# 47: a request whose subject names no tenant (an empty or non-token one) is refused.
+RULES = 47

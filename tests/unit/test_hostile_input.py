@@ -214,3 +214,15 @@ def test_the_any_model_of_a_quota_is_no_gpu_model_a_job_may_name(models: tuple[s
     state = LogBuilder().queues("team-a").submit("alice", "j", spec).fold()
     reason = validate(state, state.jobs["j"])
     assert reason is not None and "'*' is none" in reason.message
+
+
+@pytest.mark.parametrize("subject", ["corral.in..submit", "corral.in.a b.submit", "corral.in.*.submit"])
+def test_a_request_with_no_tenant_in_its_subject_is_refused(subject: str) -> None:
+    # A file replay reached the fold with "corral.in..submit", and folded a job of tenant "".
+    from corral.events.jobs import SubmitJob
+    from tests.builders import LogBuilder, job
+
+    lb = LogBuilder().queues("team-a")
+    lb.raw(subject, codec.encode(SubmitJob(request_id="j1", job=job("team-a").build())))
+    state = fold(lb.records)
+    assert "j1" not in state.jobs and state.rejections[-1].subject == subject

@@ -65,6 +65,15 @@ def load_document(path: str | Path) -> Any:
     except _Duplicate as e:
         where = f"{p}:{e.where}" if e.where else str(p)  # json gives no position to its hook
         raise BadInput(f"{where}: not valid {kind}: {e.key!r} given twice") from None
+    except _NoKey as e:
+        raise BadInput(f"{p}:{e.where}: not valid {kind}: a key must be a name, not {e.kind}") from None
+    except RecursionError:
+        raise BadInput(f"{p}: not valid {kind}: nested deeper than any job or queue is") from None
+
+
+class _NoKey(ValueError):
+    def __init__(self, kind: str, where: str) -> None:
+        self.kind, self.where = kind, where
 
 
 class _Duplicate(ValueError):
@@ -80,7 +89,10 @@ class _UniqueKeys(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str | int | float | bool) and key in seen:
+            if not isinstance(key, str | int | float | bool):  # a list or a mapping as a key
+                mark = key_node.start_mark
+                raise _NoKey(type(key).__name__, f"{mark.line + 1}:{mark.column + 1}")
+            if key in seen:
                 mark = key_node.start_mark
                 raise _Duplicate(str(key), f"{mark.line + 1}:{mark.column + 1}")
             seen.add(key)

@@ -124,6 +124,20 @@ REFUSED = [
         ":3:1: not valid YAML: 'resources' given twice",
     ),
     (
+        "YAML: a list as a key",  # a traceback (unhashable list) before
+        "job.yaml",
+        "queue: a\n? [a, b]\n: 1\n",
+        JOB,
+        ":2:3: not valid YAML: a key must be a name, not list",
+    ),
+    (
+        "JSON: nested a hundred thousand deep",  # a RecursionError before
+        "job.json",
+        "[" * 100_000,
+        JOB,
+        ": not valid JSON: nested deeper than any job or queue is",
+    ),
+    (
         "TOML: a key without =",
         "queues.toml",
         '[[queues]]\nname = "a"\nquotas = { "*" = { nominal 8 } }\n',

@@ -175,8 +175,10 @@ def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
     q = req.queue
     if not subj.is_token(q.name):
         raise Refused("malformed", f"queue name {q.name!r} is not a valid name")
-    if not (q.weight > 0 and math.isfinite(q.weight)):
-        raise Refused("malformed", f"queue {q.name}: weight must be a positive number, not {q.weight}")
+    if not (q.weight >= MIN_WEIGHT and math.isfinite(q.weight)):
+        raise Refused(
+            "malformed", f"queue {q.name}: weight must be a number of at least {MIN_WEIGHT:g}, not {q.weight}"
+        )
     problem = _quota_problem(f"queue {q.name}", q.quotas)
     if problem:
         raise Refused("malformed", problem)
@@ -204,10 +206,30 @@ def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:
     state.cohorts[c.name] = c
 
 
+# The least weight a queue may have: shares are divided by it, and a weight of 1e-320 made them
+# infinite (a queue that should never be preferred has a weight far below the others', not 0).
+MIN_WEIGHT = 1e-6
+
+
 def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> None:
     _admin(ctx)
-    if not subj.is_token(req.priority_class.name):
-        raise Refused("malformed", f"priority class {req.priority_class.name!r} is not a name")
+    pc = req.priority_class
+    if not subj.is_token(pc.name):
+        raise Refused("malformed", f"priority class {pc.name!r} is not a name")
+    for field, seconds in (("min_runtime_s", pc.min_runtime_s), ("cooldown_s", pc.cooldown_s)):
+        if not (seconds >= 0 and math.isfinite(seconds)):
+            raise Refused(
+                "malformed",
+                f"priority class {pc.name}: {field} {seconds} is not a number of seconds, 0 or more",
+            )
+    for field, times in (
+        ("max_preemptions", pc.max_preemptions),
+        ("max_preemptions_per_hour", pc.max_preemptions_per_hour),
+    ):
+        if times is not None and times < 0:
+            raise Refused(
+                "malformed", f"priority class {pc.name}: {field} {times} is not a number of times, 0 or more"
+            )
     before = state.priority_classes.get(req.priority_class.name)
     state.priority_classes[req.priority_class.name] = req.priority_class
     if (before is None or before.preemptible) != req.priority_class.preemptible:

@@ -148,4 +148,6 @@ from __future__ import annotations
 # 46: a node registering more than ``MAX_GPUS_PER_NODE`` GPUs, negative CPU, memory, GPU memory
 #    or NVLinks, or an island past that bound is malformed (``fold_nodes``).
 # 47: a request whose subject names no tenant (an empty or non-token one) is refused.
-RULES = 47
+# 48: a queue's weight is at least ``MIN_WEIGHT``; a priority class's times and counts are not
+#    negative (``fold_requests``).
+RULES = 48

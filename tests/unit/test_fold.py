@@ -282,6 +282,7 @@ def test_admin_changes_queues_cohorts_priority_classes_and_cordons() -> None:
         QueueSpec("team-a", quotas={"*": Quota(4, lending_limit=-3)}),
         QueueSpec("team-a", quotas={"*": Quota(2**62)}),
         QueueSpec("team-a", preemption=PreemptionPolicy(max_grace_seconds=-1.0)),
+        QueueSpec("team-a", weight=1e-320),
     ],
     ids=[
         "dotted-name",
@@ -295,11 +296,38 @@ def test_admin_changes_queues_cohorts_priority_classes_and_cordons() -> None:
         "negative-lending-limit",
         "quota-beyond-any-cluster",
         "negative-max-grace",
+        "denormal-weight",  # shares are divided by it: they were infinite
     ],
 )
 def test_invalid_queue_is_malformed(spec: QueueSpec) -> None:
     state = fold(LogBuilder().admin("queue", ApplyQueue(queue=spec)))
     assert state.queues == {} and last(state).code == "malformed"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"min_runtime_s": -100.0},
+        {"min_runtime_s": float("nan")},
+        {"cooldown_s": -1e308},
+        {"cooldown_s": float("inf")},
+        {"max_preemptions": -1},
+        {"max_preemptions_per_hour": -5},
+    ],
+    ids=[
+        "negative-min-runtime",
+        "nan-min-runtime",
+        "negative-cooldown",
+        "infinite-cooldown",
+        "cap",
+        "hourly-cap",
+    ],
+)
+def test_a_priority_class_of_negative_times_is_malformed(changes: dict[str, object]) -> None:
+    # Taken as they came: a negative number of preemptions allowed, a cooldown of -1e308 s.
+    spec = PriorityClassSpec("odd", 10, **changes)  # type: ignore[arg-type]
+    state = fold(LogBuilder().admin("priority-class", ApplyPriorityClass(priority_class=spec)))
+    assert "odd" not in state.priority_classes and last(state).code == "malformed", last(state)
 
 
 @pytest.mark.parametrize("half_life", [0.0, -60.0, 1e-300, 0.5, float("inf"), float("nan")])

@@ -164,21 +164,26 @@ async def test_a_live_log_verifies_clean_and_changes_to_it_are_reported(tmp_path
     assert any(c.startswith(f"job {waiting.id}: placed in the log") for c in d.changes), d.changes
 
 
-async def test_an_exported_log_imports_into_a_server_with_no_corral(tmp_path: Path) -> None:
-    """A log file from a bug report goes into a bare nats-server, stream and all, and reads back
-    as it was written."""
+async def _imported(tmp_path: Path, records: list[Record]) -> list[Record]:
+    """``records`` written to a log file, imported into a bare nats-server, and read back."""
     from corral.services.cli.main import main
 
-    lb = LogBuilder().queues("team-a").submit("alice", "j1", job()).accept("j1")
     path = tmp_path / "log.jsonl"
-    logfile.write(path, lb.records)
+    logfile.write(path, records)
     async with EmbeddedServer(tmp_path / "nats") as server:
         await asyncio.to_thread(main, ["log", "import", str(path), "--server", server.url])
         log = await connect(server.url)
         try:
-            back = await _read_all(log)
+            return await _read_all(log)
         finally:
             await log.close()
+
+
+async def test_an_exported_log_imports_into_a_server_with_no_corral(tmp_path: Path) -> None:
+    """A log file from a bug report goes into a bare nats-server, stream and all, and reads back
+    as it was written."""
+    lb = LogBuilder().queues("team-a").submit("alice", "j1", job()).accept("j1")
+    back = await _imported(tmp_path, lb.records)
     assert [(r.subject, r.data) for r in back] == [(r.subject, r.data) for r in lb.records]
 
 
@@ -186,20 +191,9 @@ async def test_records_of_one_message_id_all_import(tmp_path: Path) -> None:
     """Exported records carry their message ids, and one id may come back long after (a client
     retrying): imported with it, the later record was dropped by the server as a duplicate,
     without a word. The server's own headers stay out of what is imported."""
-    from corral.events.log import Record
-    from corral.services.cli.main import main
-
     lb = LogBuilder().queues("team-a").submit("alice", "j1", job()).submit("alice", "j2", job())
     headers = {"Nats-Msg-Id": "same", "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
     records = [Record(r.seq, r.subject, r.data, headers, r.time) for r in lb.records]
-    path = tmp_path / "log.jsonl"
-    logfile.write(path, records)
-    async with EmbeddedServer(tmp_path / "nats") as server:
-        await asyncio.to_thread(main, ["log", "import", str(path), "--server", server.url])
-        log = await connect(server.url)
-        try:
-            back = await _read_all(log)
-        finally:
-            await log.close()
+    back = await _imported(tmp_path, records)
     assert [r.data for r in back] == [r.data for r in records]
     assert all(r.headers == {"traceparent": headers["traceparent"]} for r in back)

@@ -386,10 +386,8 @@ def test_how_long_a_question_may_wait_is_bounded(wait: float, patience: float) -
     assert Ask(wait=wait).patience() == patience
 
 
-async def test_questions_answered_at_once_are_taken_one_asker_at_a_time() -> None:
-    # One tenant asking in a loop made another's question wait behind all of its own: they are
-    # answered in turn per asker, and past its share an asker is told the service is busy.
-    import asyncio
+def _reader() -> tuple[Any, list[tuple[str, dict[str, object]]]]:
+    """A read service with no log and no forecasts, and the answers it sends, as sent."""
     import json
     from types import SimpleNamespace
 
@@ -406,6 +404,18 @@ async def test_questions_answered_at_once_are_taken_one_asker_at_a_time() -> Non
         replies.append((reply, json.loads(json.dumps(body, default=str))))
 
     reader._send = send  # type: ignore[method-assign]
+    return reader, replies
+
+
+async def test_questions_answered_at_once_are_taken_one_asker_at_a_time() -> None:
+    # One tenant asking in a loop made another's question wait behind all of its own: they are
+    # answered in turn per asker, and past its share an asker is told the service is busy.
+    import asyncio
+    from types import SimpleNamespace
+
+    from corral.services.query import service
+
+    reader, replies = _reader()
 
     def question(who: str, n: int) -> SimpleNamespace:
         inbox = f"{identities.inbox_prefix(who)}.{n}"
@@ -435,18 +445,8 @@ async def test_output_questions_past_the_waits_are_taken_in_turn(monkeypatch: py
 
     from corral.services.query import service
 
-    class NoForecasts:
-        async def get(self, tenant: str) -> None:
-            return None
-
     monkeypatch.setattr(service, "MAX_WAITING_PER_ASKER", 0)  # every wait taken already
-    reader = service.ReadService(SimpleNamespace(nc=None), forecasts=NoForecasts())  # type: ignore[arg-type]
-    replies: list[tuple[str, dict[str, object]]] = []
-
-    async def send(reply: str, body: object) -> None:
-        replies.append((reply, json.loads(json.dumps(body, default=str))))
-
-    reader._send = send  # type: ignore[method-assign]
+    reader, replies = _reader()
 
     def question(who: str, n: int) -> SimpleNamespace:
         inbox = f"{identities.inbox_prefix(who)}.{n}"

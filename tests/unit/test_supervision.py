@@ -82,13 +82,18 @@ class Clock:
         return self.t
 
 
-async def test_a_failing_cycle_is_counted_backed_off_and_the_service_decides_again() -> None:
-    lb = LogBuilder().queue("team-a").submit("alice", "poison", spec("team-a"))
-    log = InMemoryLog()
-    await _append(log, lb)
+async def _service(log: InMemoryLog, job_id: str) -> tuple[Service, Clock]:
+    """The admission shell over ``log``, restored, with ``job_id`` submitted, on a clock at 1000."""
+    await _append(log, LogBuilder().queue("team-a").submit("alice", job_id, spec("team-a")))
     clock = Clock(1000.0)
     svc = Service("admission", _a_core_with_a_bug, log, clock=clock, supervision=Supervision(1.0, CAP))
     await svc.restore()
+    return svc, clock
+
+
+async def test_a_failing_cycle_is_counted_backed_off_and_the_service_decides_again() -> None:
+    log = InMemoryLog()
+    svc, clock = await _service(log, "poison")
 
     assert await svc.cycle() == 0
     sup = svc.supervision
@@ -123,12 +128,7 @@ async def test_a_cycle_the_log_refuses_to_append_is_a_failure() -> None:
         async def append_fenced(self, items, fence):  # type: ignore[no-untyped-def]
             raise LogError("MaxPayloadError: nats: maximum payload exceeded")
 
-    lb = LogBuilder().queue("team-a").submit("alice", "j", spec("team-a"))
-    log = Refusing()
-    await _append(log, lb)
-    clock = Clock(1000.0)
-    svc = Service("admission", _a_core_with_a_bug, log, clock=clock, supervision=Supervision(1.0, CAP))
-    await svc.restore()
+    svc, _ = await _service(Refusing(), "j")
     assert await svc.cycle() == 0
     sup = svc.supervision
     assert (sup.failures, sup.in_a_row) == (1, 1) and sup.last is not None

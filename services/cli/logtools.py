@@ -105,6 +105,8 @@ def kept_headers(headers: dict[str, str] | None) -> dict[str, str] | None:
         return headers
     kept = {k: v for k, v in headers.items() if not k.lower().startswith("nats-")}
     return kept or None
+
+
 FOLD_BATCH = 5000  # records folded between two moves of the bar
 
 

@@ -50,7 +50,8 @@ class XidReport(msgspec.Struct, frozen=True, omit_defaults=True):
 class Heartbeat(msgspec.Struct, frozen=True, omit_defaults=True):
     """What an agent publishes on ``corral.hb.<node>`` every interval.
 
-    ``seq`` grows by one per heartbeat (older or repeated ones are ignored); ``xids`` are those
+    ``seq`` grows with every heartbeat (a repeated one is ignored; one that goes back is the
+    agent's next run, its clock stepped back); ``xids`` are those
     seen since the previous heartbeat (``NvmlGpus.wait_xid``); ``ok`` is false when the agent
     cannot do its work (NVML broken, runtime failing).
     """

@@ -234,6 +234,6 @@ def test_queue_apply_says_which_changes_the_cluster_refused(
     out = corral("queue", "apply", str(bad), "--server", cluster, env=env, check=False)
     assert out.returncode == 2, out
     assert "2 of 4 changes refused" in out.stderr and "parent chain loops" in out.stderr
-    assert "queue heavy: " in out.stderr and "weight must be a positive number" in out.stderr
+    assert "queue heavy: " in out.stderr and "weight must be a number of at least" in out.stderr
     listed = corral("queues", "--server", cluster, "-o", "json", env=env).stdout
     assert '"good"' in listed and '"heavy"' not in listed

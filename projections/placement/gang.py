@@ -77,9 +77,6 @@ def place(
     return _why_not(chain, snap, req)
 
 
-_PINNED: dict[str, Level] = {"nvlink": "island", "node": "node", "rack": "rack", "block": "block"}
-
-
 def place_beside(
     chain: Chain, snap: Snapshot, req: Request, label_keys: dict[str, str], held: Placement
 ) -> Placement | tuple[Reason, ...]:
@@ -87,8 +84,8 @@ def place_beside(
     where a required topology keeps them with the job's running workers ``held``: the same
     NVLink island, node, rack or block. Else as ``place``. Searched alone, the added ranks went
     to the tightest fit, another block or island than the running ones."""
-    level = _PINNED.get(req.pack)
-    if not req.required or level is None or not held.workers:
+    (level,) = levels(req)[:1]  # a required topology has its one level; none has "cluster"
+    if not req.required or level == "cluster" or not held.workers:
         return place(chain, snap, req, label_keys)
     first = held.workers[0]
     if level in ("island", "node"):

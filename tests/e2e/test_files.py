@@ -80,6 +80,12 @@ REFUSALS = [
         ["sim", "--trace", "alibaba", "--pods", "typo.csv"],
         "typo.csv: no such file",
     ),
+    (
+        "a spec cap smaller than one job's spec",
+        {},
+        ["queue", "retention", "--finished", "1h", "--spec-bytes-per-tenant", "5", *NOWHERE],
+        "--spec-bytes-per-tenant: 5 is less than a job's spec holds (512)",
+    ),
     ("a missing log to replay", {}, ["replay", "typo.jsonl"], "typo.jsonl: No such file or directory"),
     (
         "a log line whose data is not base64",

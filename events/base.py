@@ -15,6 +15,9 @@ import msgspec
 # but msgpack snapshots, SQLite and most other languages' clients cannot: a larger one is
 # refused when it is decoded, as malformed, instead of crashing whoever stores it later.
 Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+# An attempt or a rank counts from 0: a negative one names nothing a job ever had, and is
+# refused as malformed where it is decoded, not taken as a straggler of an attempt long over.
+Index = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True, gc=False):

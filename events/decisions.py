@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from corral.events.base import Decision, Int, Reason
+from corral.events.base import Decision, Index, Int, Reason
 
 
 class MigSlot(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
@@ -27,7 +27,7 @@ class GpuClaim(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
 
 
 class WorkerSlot(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
-    rank: Int
+    rank: Index
     node: str
     gpus: tuple[GpuClaim, ...] = ()
 
@@ -36,7 +36,7 @@ class Placement(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """The whole gang of one job, one slot per worker rank."""
 
     job_id: str
-    attempt: Int
+    attempt: Index
     workers: tuple[WorkerSlot, ...]
 
 
@@ -46,7 +46,7 @@ class JobsPlaced(Decision, frozen=True, kw_only=True):
 
 class Unschedulable(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     job_id: str
-    attempt: Int
+    attempt: Index
     reasons: tuple[Reason, ...]
 
 
@@ -56,7 +56,7 @@ class JobsUnschedulable(Decision, frozen=True, kw_only=True):
 
 class Victim(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     job_id: str
-    attempt: Int
+    attempt: Index
 
 
 class PreemptionRequested(Decision, frozen=True, kw_only=True):
@@ -84,7 +84,7 @@ class ShrinkRequested(Decision, frozen=True, kw_only=True):
     GPUs back when its worker has exited. ``key``: as ``PreemptionRequested``'s."""
 
     job_id: str
-    attempt: Int
+    attempt: Index
     replicas: Int
     beneficiary: str
     deadline: float

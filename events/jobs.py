@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-from corral.events.base import Decision, Event, Int, Reason, Request
+from corral.events.base import Decision, Event, Index, Int, Reason, Request
 
 TopologyPack = Literal["none", "nvlink", "node", "rack", "block", "spread"]
 RestartPolicy = Literal["never", "on-failure", "always"]
@@ -168,7 +168,7 @@ class Admission(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """Quota held for a whole gang: ``replicas`` workers, ``gpus`` per GPU model (``"*"`` = any)."""
 
     job_id: str
-    attempt: Int
+    attempt: Index
     replicas: Int
     gpus: dict[str, Int] = {}
 
@@ -191,7 +191,7 @@ class AdmissionWithdrawn(Event, frozen=True, kw_only=True):
     ``waitForPodsReady`` requeue with its back-off). ``reason`` says which."""
 
     job_id: str
-    attempt: Int
+    attempt: Index
     reason: Reason
     admit_after: float = 0.0
 
@@ -200,6 +200,6 @@ class JobRequeued(Event, frozen=True, kw_only=True):
     """A stopped or interrupted job goes back to its queue for another attempt."""
 
     job_id: str
-    attempt: Int
+    attempt: Index
     reason: Reason
     resume_from: str | None = None

@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-from corral.events.base import Event, Int
+from corral.events.base import Event, Index, Int
 
 NodeCondition = Literal["ready", "suspect", "lost"]
 
@@ -49,8 +49,8 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
 class WorkerStarted(Event, frozen=True, kw_only=True):
     node: str
     job_id: str
-    attempt: Int
-    rank: Int
+    attempt: Index
+    rank: Index
     pid: Int = 0
 
 
@@ -61,8 +61,8 @@ class WorkerExited(Event, frozen=True, kw_only=True):
 
     node: str
     job_id: str
-    attempt: Int
-    rank: Int
+    attempt: Index
+    rank: Index
     code: Int
     stopped: bool = False
     pid: Int = 0
@@ -71,7 +71,7 @@ class WorkerExited(Event, frozen=True, kw_only=True):
 class CheckpointCompleted(Event, frozen=True, kw_only=True):
     node: str
     job_id: str
-    attempt: Int
+    attempt: Index
     location: str
     step: Int
 

@@ -150,4 +150,6 @@ from __future__ import annotations
 # 47: a request whose subject names no tenant (an empty or non-token one) is refused.
 # 48: a queue's weight is at least ``MIN_WEIGHT``; a priority class's times and counts are not
 #    negative (``fold_requests``).
-RULES = 48
+# 49: an attempt or a rank below 0 is malformed (``events.base.Index``), where it was taken as a
+#    straggler of an attempt long over and folded to nothing.
+RULES = 49

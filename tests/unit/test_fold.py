@@ -1082,6 +1082,10 @@ def test_straggler_of_an_old_attempt_only_gives_back_gpus() -> None:
         (lambda log: log.requeue("j1", 3), "void"),
         (lambda log: log.gpu_health(N0, 8, False), "unknown"),
         (lambda log: log.condition("node-99", "lost"), "unknown"),
+        (lambda log: log.exited(N0, "j1", attempt=-1), "malformed"),
+        (lambda log: log.exited(N0, "j1", rank=-1), "malformed"),
+        (lambda log: log.started(N0, "j1", attempt=-1), "malformed"),
+        (lambda log: log.checkpoint(N0, "j1", step=1, attempt=-1), "malformed"),
     ],
     ids=[
         "start-unplaced-rank",
@@ -1096,6 +1100,10 @@ def test_straggler_of_an_old_attempt_only_gives_back_gpus() -> None:
         "requeue-stale-attempt",
         "gpu-out-of-range",
         "unknown-node",
+        "exit-negative-attempt",
+        "exit-negative-rank",
+        "start-negative-attempt",
+        "checkpoint-negative-attempt",
     ],
 )
 def test_worker_and_node_reports_that_do_not_fit_are_refused(

@@ -11,6 +11,7 @@ error (the CLI's one-line ``BadInput``, the client's ``Invalid``) after saying w
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
@@ -35,6 +36,40 @@ def convert(doc: Any, kind: type[T], where: str, also: Sequence[str] = ()) -> T:
         return msgspec.convert(doc, kind, strict=False)
     except msgspec.ValidationError as e:
         raise NotValid(f"{where}: {in_words(str(e), kind)}") from None
+
+
+# -- keys given twice ---------------------------------------------------------------------------
+
+
+class GivenTwice(ValueError):
+    """A key given twice in one object: JSON parsers keep the first, the last or either, so a
+    document that names a field twice means two things to two readers and is refused."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"{key!r} given twice")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook`` that raises ``GivenTwice`` for a repeated key."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise GivenTwice(k)
+        out[k] = v
+    return out
+
+
+def given_twice(data: bytes) -> str | None:
+    """The first key given twice in one object of the JSON ``data``, or None (also for data
+    that is not JSON, or nests past the parser's depth: its decoder says what is wrong)."""
+    try:
+        json.loads(data, object_pairs_hook=unique_keys)
+    except GivenTwice as e:
+        return e.key
+    except (ValueError, RecursionError):
+        pass
+    return None
 
 
 # -- unknown fields ---------------------------------------------------------------------------

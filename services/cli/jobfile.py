@@ -45,7 +45,7 @@ def load_document(path: str | Path) -> Any:
             case ".yaml" | ".yml":
                 return yaml.load(text, _UniqueKeys)  # a SafeLoader that refuses a key given twice
             case ".json":
-                return json.loads(text, object_pairs_hook=_unique_json)
+                return json.loads(text, object_pairs_hook=documents.unique_keys)
             case _:
                 raise BadInput(f"{p}: unknown file type {p.suffix!r} (use .toml, .yaml or .json)")
     except tomllib.TOMLDecodeError as e:
@@ -63,8 +63,9 @@ def load_document(path: str | Path) -> Any:
     except json.JSONDecodeError as e:
         raise BadInput(f"{p}:{e.lineno}:{e.colno}: not valid JSON: {e.msg}") from None
     except _Duplicate as e:
-        where = f"{p}:{e.where}" if e.where else str(p)  # json gives no position to its hook
-        raise BadInput(f"{where}: not valid {kind}: {e.key!r} given twice") from None
+        raise BadInput(f"{p}:{e.where}: not valid {kind}: {e.key!r} given twice") from None
+    except documents.GivenTwice as e:  # json gives no position to its hook
+        raise BadInput(f"{p}: not valid {kind}: {e}") from None
     except _NoKey as e:
         raise BadInput(f"{p}:{e.where}: not valid {kind}: a key must be a name, not {e.kind}") from None
     except RecursionError:
@@ -97,15 +98,6 @@ class _UniqueKeys(yaml.SafeLoader):
                 raise _Duplicate(str(key), f"{mark.line + 1}:{mark.column + 1}")
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
-
-
-def _unique_json(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Duplicate(k, "")
-        out[k] = v
-    return out
 
 
 def convert(doc: Any, kind: type[T], where: str, also: Sequence[str] = ()) -> T:

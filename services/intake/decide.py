@@ -9,7 +9,8 @@ lease bucket. The intake appends for them, with its own identity and its own inb
 - The tenant is the subject's second token (NATS lets each identity send only on its own).
 - The answer goes only into the tenant's own inbox (``_INBOX.corral.<tenant>.``); a request
   naming any other reply subject is dropped unanswered, and nothing is appended for it.
-- A request must decode as its verb's type (admin verbs only for ``admin``) and fit in
+- A request must decode as its verb's type (admin verbs only for ``admin``), name no field twice
+  in one object (``documents.given_twice``: parsers differ on which one counts) and fit in
   ``MAX_REQUEST`` bytes; else it is refused with the reason, and nothing is appended.
 - What is appended is the request's bytes as sent, at ``corral.in.<tenant>.<verb>``, with the
   client's message id under the tenant's name (``<tenant>/<id>``): the stream deduplicates ids
@@ -28,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from corral.events import codec, subjects
+from corral.events import codec, documents, subjects
 from corral.events.codec import DecodeError
 
 MAX_REQUEST = 256 * 1024  # bytes: a job spec is bounded far below this by admission
@@ -76,6 +77,9 @@ def decide(
         codec.decode_request(verb, data)
     except DecodeError as e:
         return Refuse(400, _bounded(f"not a {verb} request: {e}"))
+    twice = documents.given_twice(data)
+    if twice is not None:
+        return Refuse(400, _bounded(f"not a {verb} request: {twice!r} given twice"))
     msg_id = None
     forwarded: dict[str, str] = {}
     for name, value in (headers or {}).items():

@@ -58,6 +58,20 @@ def test_only_intake_subjects_are_taken(subject: str) -> None:
         ("corral.req.a.submit", b"{", "_INBOX.corral.a.1", "not a submit request"),
         ("corral.req.a.submit", b'{"request_id":"j","job":{"replica":2}}', "_INBOX.corral.a.1", "replica"),
         ("corral.req.a.submit", b" " * (MAX_REQUEST + 1), "_INBOX.corral.a.1", "at most"),
+        # parsers differ on which of two equal keys counts: refused, at any depth
+        (
+            "corral.req.a.submit",
+            b'{"request_id":"j","request_id":"k","job":{"queue":"q"}}',
+            "_INBOX.corral.a.1",
+            "'request_id' given twice",
+        ),
+        (
+            "corral.req.a.submit",
+            b'{"request_id":"j","job":{"queue":"q","resources":{"gpus":1,"gpus":8}}}',
+            "_INBOX.corral.a.1",
+            "'gpus' given twice",
+        ),
+        ("corral.req.a.cancel", b'{"job_id":"j","job_id":"k"}', "_INBOX.corral.a.1", "given twice"),
     ],
 )
 def test_what_is_not_a_request_of_the_tenant_is_refused(

@@ -31,11 +31,19 @@ class GpuInfo(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     nvlinks: Int = 0
 
 
+# The most workers a node runs at once unless its agent says otherwise, as a kubelet's
+# ``--max-pods``: CPU and memory alone bound nothing for workers that ask a milli-CPU each.
+MAX_WORKERS = 256
+
+
 class NodeInventory(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+    """What a node has. ``max_workers``: the most workers of any jobs it runs at once."""
+
     cpu_milli: Int
     memory_mib: Int
     gpus: tuple[GpuInfo, ...] = ()
     labels: dict[str, str] = {}
+    max_workers: Int = MAX_WORKERS
 
 
 class NodeRegistered(Event, frozen=True, kw_only=True):

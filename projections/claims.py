@@ -81,6 +81,7 @@ def place(state: State, job: JobState, placement: Placement) -> None:
     for node in on:
         node.cpu_used += cpu
         node.memory_used += memory
+        node.workers += 1
     job_id = job.id
     for gpu in idle:  # as ``take`` does for a whole GPU that nothing holds
         gpu.used_milli += WHOLE
@@ -126,10 +127,12 @@ def _check_workers(
             node = _worker_node(nodes, w, selector)
         check_worker_shape(res, w.gpus, k)
         inventory = node.inventory
-        if node.cpu_used + res.cpu_milli > inventory.cpu_milli or (
-            node.memory_used + res.memory_mib > inventory.memory_mib
+        if (
+            node.cpu_used + res.cpu_milli > inventory.cpu_milli
+            or node.memory_used + res.memory_mib > inventory.memory_mib
+            or node.workers >= inventory.max_workers
         ):
-            _check_room(node, w.node, res.cpu_milli, res.memory_mib)
+            _check_room(node, w.node, res.cpu_milli, res.memory_mib, 1)
         idle: list[GpuState] = []
         return ([node], idle) if _check_gpus(node, w.gpus, res, whole, idle) else None
     on = []
@@ -141,7 +144,7 @@ def _check_workers(
         return None
     # One worker per node, so each (node, GPU) is claimed by one worker, once.
     for node, w in zip(on, workers, strict=True):
-        _check_room(node, w.node, res.cpu_milli, res.memory_mib)
+        _check_room(node, w.node, res.cpu_milli, res.memory_mib, 1)
     idle = []
     all_idle = True
     for node, w in zip(on, workers, strict=True):
@@ -161,12 +164,15 @@ def _worker_node(nodes: dict[str, NodeState], w: WorkerSlot, selector: dict[str,
     return node
 
 
-def _check_room(node: NodeState, name: str, cpu: int, memory: int) -> None:
+def _check_room(node: NodeState, name: str, cpu: int, memory: int, workers: int) -> None:
     inventory = node.inventory
     if node.cpu_used + cpu > inventory.cpu_milli:
         raise ClaimError("cpu", f"node {name} has not {cpu} milli-CPU free")
     if node.memory_used + memory > inventory.memory_mib:
         raise ClaimError("memory", f"node {name} has not {memory} MiB free")
+    if node.workers + workers > inventory.max_workers:
+        why = f"node {name} runs {node.workers} workers, {workers} more is past its {inventory.max_workers}"
+        raise ClaimError("workers", why)
 
 
 def _check_gpus(
@@ -205,20 +211,14 @@ def _check_gpus(
 def _check_shared(state: State, res: Resources, workers: tuple[WorkerSlot, ...]) -> None:
     """CPU, memory and GPU checks of a gang with several workers on one node: what they claim
     there together must fit."""
-    cpu: dict[str, int] = {}
-    mem: dict[str, int] = {}
+    count: dict[str, int] = {}
     taken: dict[tuple[str, int], list[GpuClaim]] = {}
     for w in workers:
-        cpu[w.node] = cpu.get(w.node, 0) + res.cpu_milli
-        mem[w.node] = mem.get(w.node, 0) + res.memory_mib
+        count[w.node] = count.get(w.node, 0) + 1
         for c in w.gpus:
             taken.setdefault((w.node, c.gpu), []).append(c)
-    for name, need in cpu.items():
-        node = state.nodes[name]
-        if node.cpu_used + need > node.inventory.cpu_milli:
-            raise ClaimError("cpu", f"node {name} has not {need} milli-CPU free")
-        if node.memory_used + mem[name] > node.inventory.memory_mib:
-            raise ClaimError("memory", f"node {name} has not {mem[name]} MiB free")
+    for name, n in count.items():
+        _check_room(state.nodes[name], name, res.cpu_milli * n, res.memory_mib * n, n)
     for (name, index), claims in taken.items():
         _check_gpu(state.nodes[name], index, claims, res)
 
@@ -299,6 +299,7 @@ def _take(state: State, job: JobState, workers: tuple[WorkerSlot, ...]) -> None:
         node = nodes[w.node]
         node.cpu_used += cpu
         node.memory_used += memory
+        node.workers += 1
         gpus = node.gpus
         for c in w.gpus:
             gpu = gpus[c.gpu]
@@ -342,6 +343,7 @@ def release(state: State, job: JobState) -> None:
         node.cpu_used = left if left > 0 else 0
         left = node.memory_used - memory
         node.memory_used = left if left > 0 else 0
+        node.workers = node.workers - 1 if node.workers > 0 else 0
         gpus = node.gpus
         n = len(gpus)
         for c in w.gpus:
@@ -445,6 +447,7 @@ def release_rank(state: State, job: JobState, rank: int) -> None:
     if node is not None:
         node.cpu_used = max(0, node.cpu_used - res.cpu_milli)
         node.memory_used = max(0, node.memory_used - res.memory_mib)
+        node.workers = max(0, node.workers - 1)
         for c in slot.gpus:
             if not 0 <= c.gpu < len(node.gpus):
                 continue

@@ -54,6 +54,9 @@ from corral.projections.state import (
 # systems 16 to 72 in one NVLink domain). One registration of 9,000 made the cluster's GPU grid
 # larger than a message, for every reader, and drew every tenant's work to a node that lied.
 MAX_GPUS_PER_NODE = 256
+# The most workers a node may say it runs at once (``NodeInventory.max_workers``): a kubelet
+# allows at most a few hundred pods; more, and one node's agent would run a process per job.
+MAX_WORKERS_PER_NODE = 4096
 
 
 def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
@@ -66,6 +69,8 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
         )
     if inv.cpu_milli < 0 or inv.memory_mib < 0:
         raise Refused("malformed", f"node {ev.node}: negative CPU or memory")
+    if not 1 <= inv.max_workers <= MAX_WORKERS_PER_NODE:
+        raise Refused("malformed", f"node {ev.node}: max_workers must be 1..{MAX_WORKERS_PER_NODE}")
     for g in inv.gpus:
         if g.memory_mib < 0 or g.nvlinks < 0 or not -1 <= g.island < MAX_GPUS_PER_NODE:
             raise Refused(

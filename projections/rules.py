@@ -152,4 +152,6 @@ from __future__ import annotations
 #    negative (``fold_requests``).
 # 49: an attempt or a rank below 0 is malformed (``events.base.Index``), where it was taken as a
 #    straggler of an attempt long over and folded to nothing.
-RULES = 49
+# 50: a node runs at most ``NodeInventory.max_workers`` workers at once (256 unless its agent
+#    says, 1..``MAX_WORKERS_PER_NODE``): a placement past it is void (``claims``).
+RULES = 50

@@ -53,6 +53,7 @@ class NodeState(msgspec.Struct, gc=False):
     draining: bool = False
     cpu_used: int = 0
     memory_used: int = 0
+    workers: int = 0  # workers that hold CPU, memory or GPUs here (at most ``inventory.max_workers``)
 
     @property
     def schedulable(self) -> bool:

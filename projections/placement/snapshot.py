@@ -61,7 +61,8 @@ class NodeView:
     """One node as this cycle sees it: the state's numbers minus what the cycle has taken."""
 
     __slots__ = (
-        "name", "ready", "cordoned", "condition", "labels", "cpu_free", "mem_free", "gpus", "version",
+        "name", "ready", "cordoned", "condition", "labels", "cpu_free", "mem_free", "workers_free",
+        "gpus", "version",
     )  # fmt: skip
 
     def __init__(self, node: NodeState) -> None:
@@ -73,6 +74,7 @@ class NodeView:
         self.labels = node.inventory.labels
         self.cpu_free = node.inventory.cpu_milli - node.cpu_used
         self.mem_free = node.inventory.memory_mib - node.memory_used
+        self.workers_free = node.inventory.max_workers - node.workers
         self.gpus = [GpuView(g) for g in node.gpus]
 
     def free_whole(self, model: str) -> int:
@@ -200,6 +202,7 @@ class Snapshot:
         self.touched.append(name)
         v.cpu_free += sign * res.cpu_milli
         v.mem_free += sign * res.memory_mib
+        v.workers_free += sign
         touched: set[str] = set()
         for c in gpus:
             if not 0 <= c.gpu < len(v.gpus):

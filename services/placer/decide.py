@@ -322,7 +322,7 @@ def _free(snap: Snapshot, node: str, res: Resources, gpus: tuple[GpuClaim, ...])
     a ready node, its CPU and memory, and each GPU healthy with the claim's share unused (a
     whole one held by nobody; a MIG slice is not held this way)."""
     v = snap.view(node)
-    if not v.ready or v.cpu_free < res.cpu_milli or v.mem_free < res.memory_mib:
+    if not v.ready or v.cpu_free < res.cpu_milli or v.mem_free < res.memory_mib or v.workers_free < 1:
         return False
     for c in gpus:
         if c.mig is not None or not 0 <= c.gpu < len(v.gpus):

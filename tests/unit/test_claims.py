@@ -223,3 +223,31 @@ def test_second_claim_on_a_busy_gpu_is_refused(first: GpuClaim, second: GpuClaim
     with pytest.raises(claims.ClaimError) as exc:
         claims.check(state, job_state(spec_for(second), "b"), placement("b", worker(0, node, second)))
     assert exc.value.reason.code == code
+
+
+def _most_workers(state: State, node: str, most: int) -> None:
+    n = state.nodes[node]
+    n.inventory = msgspec.structs.replace(n.inventory, max_workers=most)
+
+
+def test_a_node_runs_at_most_its_max_workers_of_any_jobs() -> None:
+    # Workers of no GPU that ask a milli-CPU each: CPU and memory alone would put 1,000 on a node.
+    state = cluster_state()
+    _most_workers(state, N0, 3)
+    slivers = job().gpus(0).cpu(1).memory(1)
+    gang = job_state(slivers.replicas(4))
+    with pytest.raises(claims.ClaimError) as exc:
+        claims.check(state, gang, placement("j1", *(worker(r, N0) for r in range(4))))
+    assert exc.value.reason.code == "workers"
+    three = job_state(slivers.replicas(3))
+    claims.place(state, three, placement("j1", *(worker(r, N0) for r in range(3))))
+    assert state.nodes[N0].workers == 3
+    with pytest.raises(claims.ClaimError) as exc:
+        claims.check(state, job_state(slivers, "j2"), placement("j2", worker(0, N0)))
+    assert exc.value.reason.code == "workers"
+    claims.check(state, job_state(slivers, "j2"), placement("j2", worker(0, N1)))  # another node has room
+    claims.release_rank(state, three, 2)
+    assert state.nodes[N0].workers == 2
+    claims.place(state, job_state(slivers, "j2"), placement("j2", worker(0, N0)))
+    claims.release(state, three)
+    assert state.nodes[N0].workers == 1

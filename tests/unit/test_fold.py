@@ -1457,6 +1457,8 @@ def _gpu(index: int, **kw: object) -> GpuInfo:
         NodeInventory(1, 1, (_gpu(0, memory_mib=-5),)),
         NodeInventory(1, 1, (_gpu(0, nvlinks=-1),)),
         NodeInventory(1, 1, (_gpu(0, island=2**62),)),
+        NodeInventory(1, 1, (), max_workers=0),
+        NodeInventory(1, 1, (), max_workers=10**9),
     ],
     ids=[
         "9000-gpus",
@@ -1465,6 +1467,8 @@ def _gpu(index: int, **kw: object) -> GpuInfo:
         "negative-gpu-memory",
         "negative-nvlinks",
         "no-island",
+        "no-workers",
+        "a-billion-workers",
     ],
 )
 def test_a_node_that_claims_the_impossible_is_malformed(inventory: NodeInventory) -> None:

@@ -46,6 +46,8 @@ class FitFilter:
 
     def check(self, req: Request, node: NodeView) -> Reason | None:
         need = req.need
+        if node.workers_free < 1:
+            return _short("workers", node, "runs the most workers it may")
         usable = [g for g in node.gpus if g.healthy and suits(need, g)]
         if need.kind == "mig":
             if node.cpu_free < need.cpu:

@@ -42,6 +42,7 @@ from corral.events.log import EventLog, Record
 from corral.projections.fold import apply, collector_paused
 from corral.projections.state import State
 from corral.services.health.decide import HeartbeatTracker
+from corral.services.runtime import heap
 from corral.services.runtime.lease import Lease
 from corral.services.runtime.shell import Service
 from corral.services.runtime.status import StatusBoard
@@ -115,6 +116,7 @@ class HealthMonitor(Service):
                     body = codec.decode_body(r.subject, r.data, r.headers).body
                     if self.tracker.observe(body, self.receive_clock()):
                         self._facts_folded = True
+        heap.settle()  # what the batch folded lives long: no full collection walks it
 
     async def restore(self) -> None:
         await super().restore()

@@ -57,7 +57,7 @@ from corral.services.query.decide import (
     tenants_to_read,
 )
 from corral.services.query.view import JobView
-from corral.services.runtime import identities, logs, metrics, output
+from corral.services.runtime import heap, identities, logs, metrics, output
 from corral.services.runtime.forecasts import ForecastStore, KvForecasts, TenantForecast
 
 log = logging.getLogger("corral.query")
@@ -129,6 +129,7 @@ class ReadService:
 
     def fold(self, batch: list[Record]) -> None:
         self.view.fold(batch, self._watch)
+        heap.settle()  # what the batch folded lives long: no full collection walks it
 
     # -- answering ------------------------------------------------------------------------------
 

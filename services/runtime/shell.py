@@ -53,7 +53,7 @@ from corral.projections import trace_ids
 from corral.projections.fold import apply, collector_paused
 from corral.projections.rules import RULES
 from corral.projections.state import State
-from corral.services.runtime import logs, metrics, traces, tracing
+from corral.services.runtime import heap, logs, metrics, traces, tracing
 from corral.services.runtime.clock import LogClock
 from corral.services.runtime.lease import KvLease, Lease
 from corral.services.runtime.status import ServiceStatus, StatusBoard
@@ -160,6 +160,7 @@ class Service:
                     spans.folded(state, r, rejected)
                 if r.subject == self.decision_subject:
                     self._last_decision_seq = r.seq
+        heap.settle()  # what the batch folded lives long: no full collection walks it
         self.log_clock.saw(state.time)
         if self.on_fold is not None:
             self.on_fold(state, batch)

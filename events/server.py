@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -105,6 +105,27 @@ def find_binary() -> str:
     return found
 
 
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent ends
+
+
+def _ends_with(parent: int) -> Callable[[], None] | None:
+    """Run in the child before it executes the server (Linux): SIGTERM to it when ``parent``
+    ends (nats-server then shuts down as on any stop, its store flushed); if the parent ended
+    already, before the line that asks for it, the child ends at once. Elsewhere, None."""
+    if sys.platform != "linux":
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def ends() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(143)
+
+    return ends
+
+
 class EmbeddedServer:
     """One nats-server process with JetStream, storing under ``store_dir``.
 
@@ -128,8 +149,12 @@ class EmbeddedServer:
         cluster_port: int | None = None,
         routes: Sequence[str] = (),
         sync_always: bool = False,
+        hold_fds: Sequence[int] = (),
     ) -> None:
         self.store_dir = Path(store_dir)
+        # Open files the server keeps while it runs: ``corral up``'s lock of its data directory,
+        # so that a server outliving its corral still holds the store it writes.
+        self.hold_fds = tuple(hold_fds)
         self.port = port
         # JetStream's default fsyncs its files every two minutes (``sync_interval``), trusting a
         # cluster's replicas meanwhile; ``always`` fsyncs every write before acknowledging it.
@@ -198,13 +223,17 @@ class EmbeddedServer:
         else:
             self.config_path.unlink(missing_ok=True)  # no stale passwords beside an open server
         # Its own session: a Ctrl-C at the terminal reaches corral, which drains its services
-        # before it stops the server, instead of the server dying under them.
+        # before it stops the server, instead of the server dying under them. And it ends with
+        # the process that started it, however that one ends (``_ends_with``): a server left
+        # running on a store after ``kill -9`` met the next one started on it.
         self._proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            pass_fds=self.hold_fds,
+            preexec_fn=_ends_with(os.getpid()),
         )
         try:
             await self._wait_ready(self._proc, Path(binary).name)
@@ -355,6 +384,7 @@ class EmbeddedCluster:
         binary: str | None = None,
         ready_timeout: float = 30.0,
         sync_always: bool = False,
+        hold_fds: Sequence[int] = (),
     ) -> None:
         if size < 1:
             raise ServerError(f"a cluster of {size} servers")
@@ -371,6 +401,7 @@ class EmbeddedCluster:
                 name=f"{CLUSTER_NAME}-{i}",
                 cluster=CLUSTER_NAME,
                 sync_always=sync_always,
+                hold_fds=hold_fds,
             )
             for i in range(1, size + 1)
         ]

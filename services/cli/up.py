@@ -156,8 +156,9 @@ LOCK = "corral.lock"
 
 def lock_data_dir(data_dir: Path) -> int:
     """Hold ``data_dir`` for this process (an fcntl lock on ``corral.lock`` in it, released when
-    the process ends, however it ends): two corrals on one store would both run a nats-server
-    on it. The file says which process holds it."""
+    the process ends, however it ends, and the embedded server it starts with it: two corrals on
+    one store would both run a nats-server on it, and the server is held too, should it outlive
+    its corral). The file says which process holds it."""
     import fcntl
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -168,7 +169,9 @@ def lock_data_dir(data_dir: Path) -> int:
     except OSError:
         holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
         os.close(fd)
-        raise Refused(f"{data_dir} is in use by another corral up (pid {holder})") from None
+        raise Refused(
+            f"{data_dir} is in use by another corral up (pid {holder}), or by a nats-server it left running"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
@@ -254,12 +257,14 @@ async def cluster(
         users = identities.users(passwords)
         if server is None and cfg.nats_servers > 1:
             size, probe = cfg.nats_servers, login(identities.SERVICES)
-            embedded = EmbeddedCluster(data_dir, size, port=port or None, users=users, probe=probe)
+            embedded = EmbeddedCluster(
+                data_dir, size, port=port or None, users=users, probe=probe, hold_fds=(lock,)
+            )
             await embedded.start()
             stack.push_async_callback(embedded.stop)
             url = embedded.url
         elif server is None:
-            embedded = EmbeddedServer(data_dir, port=port or None, users=users)
+            embedded = EmbeddedServer(data_dir, port=port or None, users=users, hold_fds=(lock,))
             await embedded.start()
             stack.push_async_callback(embedded.stop)
             url = embedded.url

@@ -18,7 +18,8 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -156,6 +157,43 @@ def test_a_second_corral_up_on_the_same_data_is_refused(env: dict[str, str], tmp
         assert "in use by another corral up" in one_line(second)
         assert first.proc.poll() is None  # the first runs on, unharmed
         assert first.interrupt() == 0
+
+
+def _servers_on(data: str) -> list[int]:
+    """The nats-servers running on ``data``'s store: their pids, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if argv and argv[0].endswith(b"nats-server") and data.encode() in b" ".join(argv):
+            found.append(int(entry.name))
+    return found
+
+
+def _until(done: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a parent's death is signalled on Linux")
+def test_corral_up_killed_takes_its_nats_server_with_it(env: dict[str, str], tmp_path: Path) -> None:
+    # A server left running on the store after kill -9 met the next corral up started on it: two
+    # servers on one set of JetStream files.
+    data = str(tmp_path / "data")
+    with running(["up", "--nodes", "1", "--data", data], env) as first:
+        first.until("corral is up at ")
+        assert len(_servers_on(data)) == 1
+        first.proc.kill()
+        first.ended()
+        _until(lambda: not _servers_on(data), "the nats-server outlived its corral up")
+    with running(["up", "--nodes", "1", "--data", data], env) as again:
+        again.until("corral is up at ")
+        assert len(_servers_on(data)) == 1
+        assert again.interrupt() == 0
 
 
 def test_corral_up_cluster_runs_on_three_servers_with_the_log_in_three_replicas(

@@ -7,6 +7,9 @@ Invariants:
 - A snapshot is only an accelerator. Anything doubtful (an undecodable blob, a format other than
   this build's, a sequence that disagrees with its data, a log shorter than the snapshot) is
   ignored and the State is refolded from the log, which is always correct.
+- A snapshot file SQLite cannot read (truncated, overwritten, not a database) is set aside
+  (renamed ``<file>.unreadable-<time>``, with a warning) and a new one started: a service that
+  stopped on it would stop again at every restart until someone removed it by hand.
 - The format is ``FORMAT``, the fold's ``RULES`` and a fingerprint of State's schema. Any change
   to State's shape changes it, so a snapshot taken before a new derived field existed is never
   loaded with that field at its default; a change to what the fold derives (same shape, new
@@ -16,6 +19,10 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
+import sqlite3
+import time
 from types import TracebackType
 
 import aiosqlite
@@ -47,6 +54,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
 """
 
 _decoder = msgspec.msgpack.Decoder(State)
+_log = logging.getLogger("corral.snapshot")
 
 
 class SnapshotStore:
@@ -54,9 +62,15 @@ class SnapshotStore:
     SnapshotStore.open(path)``; close with ``await store.close()`` or ``async with``."""
 
     def __init__(
-        self, db: aiosqlite.Connection, keep: int = KEEP, format_id: str = FORMAT_ID, stream: str = ""
+        self,
+        db: aiosqlite.Connection,
+        keep: int = KEEP,
+        format_id: str = FORMAT_ID,
+        stream: str = "",
+        path: str = ":memory:",
     ) -> None:
         self._db = db
+        self._path = path
         self._keep = keep
         # A snapshot is of one stream: another stream of the same name (recreated, or another
         # cluster's) may be longer than the snapshot and still hold another history.
@@ -67,18 +81,13 @@ class SnapshotStore:
         cls, path: str, keep: int = KEEP, format_id: str = FORMAT_ID, stream: str = ""
     ) -> SnapshotStore:
         """``stream``: the identity of the stream the snapshots fold (``JetStreamLog.identity``);
-        a snapshot of any other is never loaded."""
-        # Autocommit mode: every transaction is an explicit BEGIN ... COMMIT below.
-        db = await aiosqlite.connect(path, isolation_level=None)
+        a snapshot of any other is never loaded. A file SQLite cannot read is set aside."""
         try:
-            if path != ":memory:":
-                await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA busy_timeout=5000")
-            await db.execute(_SCHEMA)
-        except BaseException:
-            await db.close()
-            raise
-        return cls(db, keep, format_id, stream)
+            db = await _connect(path)
+        except sqlite3.DatabaseError as e:
+            _set_aside(path, e)
+            db = await _connect(path)
+        return cls(db, keep, format_id, stream, path)
 
     async def close(self) -> None:
         await self._db.close()
@@ -113,7 +122,19 @@ class SnapshotStore:
             raise
 
     async def load(self) -> State | None:
-        """The newest snapshot this build can read, or None: the caller then folds from seq 1."""
+        """The newest snapshot this build can read, or None: the caller then folds from seq 1.
+        A file SQLite cannot read is set aside, and a new one started."""
+        try:
+            return await self._newest()
+        except sqlite3.DatabaseError as e:
+            if self._path == ":memory:":
+                raise
+            await self._db.close()
+            _set_aside(self._path, e)
+            self._db = await _connect(self._path)
+            return None
+
+    async def _newest(self) -> State | None:
         async with self._db.execute(
             "SELECT seq, state FROM snapshots WHERE format = ? ORDER BY seq DESC", (self._format,)
         ) as cursor:
@@ -130,6 +151,31 @@ class SnapshotStore:
         """Sequences of the stored snapshots, newest first (any format)."""
         async with self._db.execute("SELECT seq FROM snapshots ORDER BY seq DESC") as cursor:
             return [row[0] async for row in cursor]
+
+
+async def _connect(path: str) -> aiosqlite.Connection:
+    # Autocommit mode: every transaction is an explicit BEGIN ... COMMIT.
+    db = await aiosqlite.connect(path, isolation_level=None)
+    try:
+        if path != ":memory:":
+            await db.execute("PRAGMA journal_mode=WAL")
+        await db.execute("PRAGMA busy_timeout=5000")
+        await db.execute(_SCHEMA)
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+def _set_aside(path: str, why: Exception) -> None:
+    """Rename a snapshot file SQLite cannot read, and its write-ahead log, out of the way."""
+    if path == ":memory:":
+        raise why
+    aside = f"{path}.unreadable-{int(time.time())}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, aside + suffix)
+    _log.warning("snapshot file %s unreadable (%s): set aside as %s; folding from the log", path, why, aside)
 
 
 async def restore(store: SnapshotStore, log: EventLog) -> State:

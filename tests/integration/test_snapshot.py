@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import random
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import nats
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -432,6 +434,37 @@ async def test_a_corrupt_snapshot_is_discarded_for_an_older_good_one(tmp_path: P
         db.execute("UPDATE snapshots SET state = ?", (msgspec.msgpack.encode({"seq": "not a state"}),))
     async with await SnapshotStore.open(path) as store:
         assert await store.load() is None
+
+
+def _truncated(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _page_overwritten(data: bytes) -> bytes:
+    page = 4096  # SQLite's default page size: the header page stays, a page of the table goes
+    return data[: 2 * page] + bytes(range(256)) * (page // 256) + data[3 * page :]
+
+
+def _not_a_database(data: bytes) -> bytes:
+    return random.Random(7).randbytes(8192)
+
+
+@pytest.mark.parametrize("damage", [_truncated, _page_overwritten, _not_a_database])
+async def test_a_snapshot_file_sqlite_cannot_read_is_set_aside(
+    tmp_path: Path, damage: Callable[[bytes], bytes]
+) -> None:
+    # A service stopped on such a file at every restart, until someone removed it by hand.
+    path = tmp_path / "snap.db"
+    sim = busy_log(5, 60)
+    async with await SnapshotStore.open(str(path)) as store:
+        await store.save(sim.state)
+    assert path.stat().st_size > 3 * 4096
+    path.write_bytes(damage(path.read_bytes()))
+    async with await SnapshotStore.open(str(path)) as store:
+        assert await store.load() is None  # fold from the log
+        await store.save(sim.state)  # and snapshots go on, in a new file
+        assert await store.load() == sim.state
+    assert [p.name for p in tmp_path.iterdir() if ".unreadable-" in p.name][:1], list(tmp_path.iterdir())
 
 
 async def test_a_snapshot_whose_seq_disagrees_with_its_data_is_discarded(tmp_path: Path) -> None:

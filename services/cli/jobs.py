@@ -182,10 +182,9 @@ def cmd_whatif(args: argparse.Namespace) -> None:
     from corral.services.forecast import whatif
 
     job_id, spec = paths_here(*job_from_args(args))
-    job_id = job_id or "whatif"
     if args.log:
         state = fold(logfile.read(args.log))
-        print(whatif.report(state, tenant_of(args), job_id, spec, state.time))
+        print(whatif.report(state, tenant_of(args), job_id or "", spec, state.time))
         return
     with client_for(args) as client:
         told = client.whatif(spec, job_id)

@@ -390,7 +390,7 @@ class AsyncClient:
     async def whatif(
         self,
         spec: JobSpec | dict[str, Any],
-        id: str = "whatif",  # noqa: A002 - the job's id, as the job file calls it
+        id: str | None = None,  # noqa: A002 - the job's id, as the job file calls it
         *,
         timeout: float = WHATIF_TIMEOUT,
     ) -> WhatIf:
@@ -402,10 +402,10 @@ class AsyncClient:
                 spec = documents.convert(spec, JobSpec, "job spec")
             except documents.NotValid as e:
                 raise Invalid(str(e)) from None
-        if not subjects.is_token(id):
+        if id is not None and not subjects.is_token(id):
             raise Invalid(f"job id {id!r}: use letters, digits, '-' and '_' (at most 64)")
         session = await self._connected()
-        body = msgspec.json.encode({"job": spec, "id": id})
+        body = msgspec.json.encode({"job": spec} if id is None else {"job": spec, "id": id})
         subject = identities.read_subject(self.asker, "whatif")
         try:
             msg = await session.request(subject, body, timeout=timeout)

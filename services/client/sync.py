@@ -175,7 +175,7 @@ class Client:
     def whatif(
         self,
         spec: JobSpec | dict[str, Any],
-        id: str = "whatif",  # noqa: A002 - the job's id, as the job file calls it
+        id: str | None = None,  # noqa: A002 - the job's id, as the job file calls it
         *,
         timeout: float = WHATIF_TIMEOUT,
     ) -> WhatIf:

@@ -79,10 +79,11 @@ def values(
 
 
 class WhatIf(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A what-if question: the job as it would be submitted, under the id it would have."""
+    """A what-if question: the job as it would be submitted, under the id it would have ("": one
+    no job holds)."""
 
     job: JobSpec
-    id: str = "whatif"
+    id: str = ""
 
 
 class BadWhatIf(ValueError):

@@ -14,12 +14,15 @@ Tenancy: the jobs it would stop are named only when they are the tenant's own; a
 is "a job of queue X", or "a job of another queue" where X is not open to the tenant; the reasons
 it waits name no other tenant's job (``projections/visibility.py``). ``answer`` is what the
 forecast role sends the asker (``corral whatif`` prints it with ``text``), plain data with
-nothing else of other tenants in it.
+nothing else of other tenants in it. A question that names no id is asked under one no job
+holds (``free_id``): under a fixed one, a tenant owning a job of that id would have every other
+tenant's what-if answered "not accepted: the id is taken".
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,10 +184,20 @@ def suggestions(
     return out
 
 
+def free_id(state: State) -> str:
+    """An id for a what-if that names none: ``whatif``, or one like it, that no job holds."""
+    job_id = "whatif"
+    while job_id in state.jobs:
+        job_id = f"whatif-{secrets.token_hex(4)}"
+    return job_id
+
+
 def answer(
     state: State, tenant: str, job_id: str, spec: JobSpec, now: float, errors: eta.Errors | None = None
 ) -> dict[str, Any]:
-    """What the asker is told, as plain data: ``text`` turns it into what ``corral whatif`` prints."""
+    """What the asker is told, as plain data: ``text`` turns it into what ``corral whatif`` prints.
+    ``job_id`` "": the question names none (``free_id``)."""
+    job_id = job_id or free_id(state)
     o = whatif(state, tenant, job_id, spec, now, errors=errors)
     told: dict[str, Any] = {"seq": state.seq, "now": o.now, "accepted": o.accepted}
     if not o.accepted:

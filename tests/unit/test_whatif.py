@@ -59,3 +59,16 @@ def test_whatif_changes_nothing() -> None:
     before = msgspec.msgpack.encode(sim.state)
     whatif.report(sim.state, "t", "new", spec(2, replicas=4), 10.0)
     assert msgspec.msgpack.encode(sim.state) == before
+
+
+def test_a_question_naming_no_id_is_asked_under_one_no_job_holds() -> None:
+    # Under the fixed id "whatif", a tenant owning a job of that id had every other tenant's
+    # what-if answered "not accepted: job id whatif is taken".
+    setup = [ApplyQueue(queue=QueueSpec("q", quotas={"*": Quota(nominal=8)}))]
+    squat = [SimJob(job_id, "mallory", spec(1, estimate=1e6), 0.0, 1e6) for job_id in ("whatif", "whatif-1")]
+    state = Simulation(inventory.cluster(1, "h100-8x"), setup, squat).run(until=0.0).state
+    assert state.jobs["whatif"].tenant == "mallory"
+    told = whatif.answer(state, "t", "", spec(2), 10.0)
+    assert told["accepted"] and told["starts_now"], told
+    assert not whatif.answer(state, "t", "whatif", spec(2), 10.0)["accepted"]  # one it names is its own
+    assert whatif.free_id(state) not in state.jobs

@@ -171,7 +171,8 @@ class Placed(msgspec.Struct, frozen=True):
 
 class WhatIf(msgspec.Struct, frozen=True):
     """What corral would do with a job submitted now (``corral whatif``); nothing is written.
-    ``start`` None: not accepted, or not within ``horizon_s``. ``preempts``: the jobs it would
+    ``start`` None: not accepted, or not within ``horizon_s``, or not found within the ``cut_s``
+    seconds a what-if may simulate (``cut_s`` set then). ``preempts``: the jobs it would
     stop (another tenant's as "a job of queue X", or of "another queue"). ``start_now_with``:
     smaller asks that would start it at once, each checked by running it. ``text``: as a person
     reads it."""
@@ -184,6 +185,7 @@ class WhatIf(msgspec.Struct, frozen=True):
     starts_now: bool = False
     start: float | None = None
     horizon_s: float = 0.0
+    cut_s: float | None = None
     placed: list[Placed] = []
     preempts: list[str] = []
     why_waiting: str = ""

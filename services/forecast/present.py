@@ -27,7 +27,9 @@ def text(told: dict[str, Any]) -> str:
         lines.append(f"it would preempt {len(stops)}: {', '.join(stops)} (and start once they stop)")
     if told["why_waiting"]:
         lines.append(f"waits now: {told['why_waiting']}")
-    if told["start"] is None:
+    if told["start"] is None and told.get("cut_s") is not None:
+        lines.append(f"estimated start: not found in the {told['cut_s']:.0f} s a what-if may simulate")
+    elif told["start"] is None:
         lines.append(f"estimated start: not within {told['horizon_s'] / 86400:.0f} days")
     else:
         lines.append(f"estimated start: in {span(told['start'] - told['now'])}")

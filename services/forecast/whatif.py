@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,10 @@ from corral.services.sim import eta
 from corral.services.sim.driver import SimConfig
 
 HORIZON_S = eta.HORIZON_S
+# The host seconds one what-if may simulate, its smaller asks included: a deep backlog made one
+# take seconds, and a client that had given up left it running, holding one of the role's few
+# places for questions (``forecast.service.MAX_WHATIFS``). Past it, the start is "not found".
+BUDGET_S = 20.0
 
 
 @dataclass
@@ -52,6 +57,7 @@ class Outcome:
     placed: list[tuple[int, str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
     why_waiting: str = ""
+    cut: bool = False  # the simulation ran out of its host time (``BUDGET_S``) before the start
 
     @property
     def starts_now(self) -> bool:
@@ -66,10 +72,12 @@ def whatif(
     now: float,
     horizon_s: float = HORIZON_S,
     errors: eta.Errors | None = None,
+    deadline: float | None = None,
 ) -> Outcome:
     """What corral would do with ``spec`` submitted by ``tenant`` at ``now``, every job run by
     ``errors`` as forecasts run them (``eta.Errors``); its start is looked for ``horizon_s``
-    ahead (0: only whether it starts at once)."""
+    ahead (0: only whether it starts at once), until the host's ``perf_counter`` passes
+    ``deadline``."""
     copy = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)
     now = max(now, copy.time)
     before = copy.rejected_total
@@ -87,6 +95,7 @@ def whatif(
     sim = eta.resumed(copy, now, SimConfig(), until=now + horizon_s, errors=errors)
     sim.records = []
     sim.until_started = {job_id}  # the others' starts are not asked for
+    sim.deadline = deadline
     sim.run(until=now)
     job = sim.state.jobs.get(job_id)
     if job is None or job.phase == "rejected":
@@ -116,6 +125,7 @@ def whatif(
         sim.run(until=now + horizon_s)
         first = sim.stats[job_id].first_start
         out.start = math.inf if first is None else first
+    out.cut = sim.cut and out.start == math.inf
     return out
 
 
@@ -172,11 +182,15 @@ def suggestions(
     now: float,
     most: int = 3,
     errors: eta.Errors | None = None,
+    deadline: float | None = None,
 ) -> list[tuple[str, Outcome]]:
-    """The changes that let the job start at once, each checked by running it."""
+    """The changes that let the job start at once, each checked by running it, as many as the
+    host's ``perf_counter`` before ``deadline`` allows."""
     out = []
     for what, changed in changes(state, tenant, spec):
-        o = whatif(state, tenant, job_id, changed, now, 0.0, errors)  # only: does it start now?
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+        o = whatif(state, tenant, job_id, changed, now, 0.0, errors, deadline)  # does it start now?
         if o.starts_now:
             out.append((what, o))
             if len(out) >= most:
@@ -196,9 +210,10 @@ def answer(
     state: State, tenant: str, job_id: str, spec: JobSpec, now: float, errors: eta.Errors | None = None
 ) -> dict[str, Any]:
     """What the asker is told, as plain data: ``text`` turns it into what ``corral whatif`` prints.
-    ``job_id`` "": the question names none (``free_id``)."""
+    ``job_id`` "": the question names none (``free_id``). It simulates ``BUDGET_S`` at most."""
     job_id = job_id or free_id(state)
-    o = whatif(state, tenant, job_id, spec, now, errors=errors)
+    deadline = time.perf_counter() + BUDGET_S
+    o = whatif(state, tenant, job_id, spec, now, errors=errors, deadline=deadline)
     told: dict[str, Any] = {"seq": state.seq, "now": o.now, "accepted": o.accepted}
     if not o.accepted:
         return {**told, "reason": o.reason}
@@ -206,6 +221,7 @@ def answer(
         "starts_now": o.starts_now,
         "start": None if math.isinf(o.start) else o.start,
         "horizon_s": HORIZON_S,
+        "cut_s": BUDGET_S if o.cut else None,
         "placed": [
             {"rank": rank, "node": node, "gpus": list(gpus), "islands": list(islands)}
             for rank, node, gpus, islands in o.placed
@@ -216,7 +232,7 @@ def answer(
         "start_now_with": [],
     }
     if not o.starts_now and o.start > o.now + SOON_S:
-        found = suggestions(state, tenant, job_id, spec, now, errors=errors)
+        found = suggestions(state, tenant, job_id, spec, now, errors=errors, deadline=deadline)
         told["start_now_with"] = [what for what, _ in found]
     return told
 

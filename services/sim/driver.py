@@ -282,6 +282,10 @@ class Simulation:
         self.roles = roles
         # Stop once every one of these jobs has started (``resume``: a forecast of starts).
         self.until_started: set[str] | None = None
+        # Stop once the host's clock (``perf_counter``) passes this, with ``cut`` set: a
+        # what-if's simulation is bounded in time, whatever backlog it meets.
+        self.deadline: float | None = None
+        self.cut = False
         for name, inv in nodes:
             self._fold(NodeRegistered(node=name, inventory=inv), self.now, None, "world")
         for req in setup:
@@ -402,10 +406,14 @@ class Simulation:
         """Run until every job is over and nothing is scheduled (or past ``until``)."""
         started = wallclock.perf_counter()
         try:
+            deadline = self.deadline
             while (t := self._next_time()) is not None and (until is None or t <= until):
                 self._advance(t)
                 self._step(t)
                 if self.until_started is not None and not self.until_started:
+                    break
+                if deadline is not None and wallclock.perf_counter() >= deadline:
+                    self.cut = True
                     break
         finally:
             self.wall_s += wallclock.perf_counter() - started

@@ -5,6 +5,7 @@ in the state it reads."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from corral.events.jobs import JobSpec, Resources
 from corral.events.queues import ApplyQueue, QueueSpec, Quota
@@ -72,3 +73,19 @@ def test_a_question_naming_no_id_is_asked_under_one_no_job_holds() -> None:
     assert told["accepted"] and told["starts_now"], told
     assert not whatif.answer(state, "t", "whatif", spec(2), 10.0)["accepted"]  # one it names is its own
     assert whatif.free_id(state) not in state.jobs
+
+
+def test_a_whatif_simulates_no_longer_than_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A deep backlog made one what-if take seconds, and a client that gave up left it running.
+    setup = [ApplyQueue(queue=QueueSpec("q", quotas={"*": Quota(nominal=8)}))]
+    ending = [SimJob(f"r{i}", "t", spec(1, estimate=100.0 * i), 0.0, 100.0 * i) for i in range(1, 9)]
+    state = Simulation(inventory.cluster(1, "h100-8x"), setup, ending).run(until=0.0).state
+    assert whatif.whatif(state, "t", "new", spec(8), 10.0).start == 800.0  # after eight ends
+    assert whatif.whatif(state, "t", "new", spec(8), 10.0, deadline=0.0).cut
+    monkeypatch.setattr(whatif, "BUDGET_S", 0.0)
+    told = whatif.answer(state, "t", "new", spec(8), 10.0)
+    assert told["accepted"] and told["start"] is None and told["cut_s"] == 0.0
+    assert told["start_now_with"] == []  # no smaller ask tried past the budget
+    assert "not found in the 0 s a what-if may simulate" in whatif.text(told)
+    monkeypatch.undo()
+    assert whatif.answer(state, "t", "new", spec(8), 10.0)["cut_s"] is None

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from corral.services.runtime.heap import REFREEZE_S, Heap
+from corral.services.runtime.heap import FREEZE_S, REFREEZE_S, Heap
 
 
 class Node:
@@ -35,7 +35,13 @@ def test_what_is_alive_at_a_settle_is_left_out_of_collections(unfrozen: None) ->
     del a, b  # now garbage, but frozen: a full collection does not walk it
     gc.collect()
     assert gone() is not None
-    now[0] = REFREEZE_S - 1
+    frozen = gc.get_freeze_count()
+    c = Node()
+    now[0] = FREEZE_S / 2
+    heap.settle()  # too soon after the last: nothing more frozen
+    assert gc.get_freeze_count() == frozen
+    del c
+    now[0] = REFREEZE_S - 2 * FREEZE_S
     heap.settle()
     gc.collect()
     assert gone() is not None

@@ -18,6 +18,7 @@ from typing import NoReturn
 
 import corral
 from corral.events.nats_client import RECONNECT_FOR
+from corral.events.nodes import MAX_WORKERS
 from corral.events.queues import RetentionSpec
 from corral.services.cli import logfile, screen, when
 from corral.services.cli.access import STATE_DIR, Failure
@@ -176,6 +177,12 @@ def parser() -> argparse.ArgumentParser:
         default="auto",
         help="agent: where its GPUs come from: 'nvml' reads them or exits with NVML's reason (a GPU "
         "node); 'auto' (default) registers a simulated 8xH100 node where NVML cannot be read",
+    )
+    sv.add_argument(
+        "--max-workers",
+        type=int,
+        help=f"agent: the most workers its node runs at once, as a kubelet's --max-pods "
+        f"(default {MAX_WORKERS})",
     )
     sv.add_argument(
         "--stop-workers",

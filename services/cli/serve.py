@@ -17,8 +17,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from corral.events.log import LogError
 from corral.events.nats_client import reconnecting
+from corral.projections.fold_nodes import MAX_WORKERS_PER_NODE
 from corral.services.cli.access import (
     STATE_DIR,
     login_of,
@@ -213,6 +216,11 @@ def serve_agent(args: argparse.Namespace) -> None:
         found = discovery.discover(args.node, fallback=None if args.gpus == "nvml" else "h100-8x")
     except discovery.NvmlUnavailable as e:
         raise BadInput(f"serve agent --gpus nvml: {e}") from None
+    if args.max_workers is not None:
+        if not 1 <= args.max_workers <= MAX_WORKERS_PER_NODE:
+            raise BadInput(f"serve agent --max-workers {args.max_workers}: 1..{MAX_WORKERS_PER_NODE}")
+        inventory = msgspec.structs.replace(found.inventory, max_workers=args.max_workers)
+        found = msgspec.structs.replace(found, inventory=inventory)
 
     announce(
         "agent", f"agent-{args.node}@{socket.gethostname()}:{os.getpid()}", f"started for node {args.node}"

@@ -121,6 +121,8 @@ def test_bad_flags_are_one_line_and_exit_2(env: dict[str, str], tmp_path: Path) 
                            ("health", "--heartbeat-s", "1", "--lost-after-s", "3")],
         "--tenant-rate": [("intake", "--tenant-rate", "nan"), ("intake", "--tenant-rate", "inf")],
         "--tenant-burst": [("intake", "--tenant-burst", "-5")],
+        "--max-workers": [("agent", "--node", "n1", "--max-workers", "0"),
+                          ("agent", "--node", "n1", "--max-workers", "100000")],
     }  # fmt: skip
     for flag, runs in serve_cases.items():
         for args in runs:

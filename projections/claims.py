@@ -238,6 +238,8 @@ def _check_gpu(node: NodeState, index: int, claims: Sequence[GpuClaim], res: Res
     gpu = node.gpus[index]
     if not gpu.healthy:
         raise ClaimError("unhealthy", f"{_where(node, index)} is unhealthy ({gpu.signal or 'reported bad'})")
+    if gpu.held_in_other_mode:
+        raise ClaimError("busy", f"{_where(node, index)} is held by work of the mode it left")
     info = gpu.info
     if res.gpu_models and info.model not in res.gpu_models:
         raise ClaimError("model", f"{_where(node, index)} is a {info.model}")

@@ -89,9 +89,12 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
     now_at = {g.uuid: g.index for g in ev.inventory.gpus}
     moved = {g.info.index: now_at.get(u) for u, g in held.items() if now_at.get(u) != g.info.index}
     gpus = []
+    switched = set()  # held GPUs now in or out of MIG mode: the work on them cannot go on
     for info in ev.inventory.gpus:
         prev = held.get(info.uuid)
         if prev is not None:
+            if prev.info.mig != info.mig:
+                switched.add(info.index)
             prev.info = info  # work still holds it: keep what it holds
             gpus.append(prev)
         else:
@@ -103,6 +106,26 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
         old.gpus = gpus
     if moved:
         _gpus_moved(state, ctx, ev.node, moved)
+    if switched:
+        _gpus_switched(state, ctx, ev.node, switched)
+
+
+def _gpus_switched(state: State, ctx: Ctx, node: str, switched: set[int]) -> None:
+    """Jobs holding a GPU of ``node`` that re-registered in the other mode (MIG or whole): their
+    claims name what it no longer is, so they are interrupted, and hold it until their workers
+    are gone (``GpuState.held_in_other_mode``: nothing new is placed on it meanwhile)."""
+    for job in indexes.holding_on(state, node):
+        held = job.held
+        if held is None or not any(
+            w.node == node and any(c.gpu in switched for c in w.gpus) for w in held.workers
+        ):
+            continue
+        if job.phase in ("placed", "starting", "running", "checkpointing"):
+            move(state, job, "interrupt", ctx)
+            mode = ", ".join(str(i) for i in sorted(switched))
+            job.reasons = (Reason("interrupted", f"GPU {mode} it held on node {node} changed MIG mode"),)
+            indexes.explain(state, job)
+        stop_holding(state, job, ctx)
 
 
 def _gpus_moved(state: State, ctx: Ctx, node: str, moved: dict[int, int | None]) -> None:

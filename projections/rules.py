@@ -154,4 +154,6 @@ from __future__ import annotations
 #    straggler of an attempt long over and folded to nothing.
 # 50: a node runs at most ``NodeInventory.max_workers`` workers at once (256 unless its agent
 #    says, 1..``MAX_WORKERS_PER_NODE``): a placement past it is void (``claims``).
-RULES = 50
+# 51: a held GPU re-registered in the other mode (into or out of MIG) interrupts the jobs that
+#    hold it, and takes no new claim until they give it back (``GpuState.held_in_other_mode``).
+RULES = 51

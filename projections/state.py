@@ -43,6 +43,18 @@ class GpuState(msgspec.Struct, gc=False):
     def idle(self) -> bool:
         return not self.holders
 
+    @property
+    def held_in_other_mode(self) -> bool:
+        """Held by claims of the mode it left: its node re-registered it into or out of MIG mode
+        while work held it (a whole GPU's job, or MIG instances). Nothing new is taken on it until
+        those are given back: a MIG slice placed beside a whole GPU's job was one GPU held twice."""
+        if not self.info.mig:
+            return bool(self.mig)
+        if not self.holders:
+            return False
+        instances = {i.job_id for i in self.mig.values()}
+        return any(job_id not in instances for job_id in self.holders)
+
 
 class NodeState(msgspec.Struct, gc=False):
     name: str

@@ -51,6 +51,8 @@ class GpuView:
         self.holders = len(g.holders)  # a whole GPU needs a GPU nobody holds
         self.mig_used = g.mig_used
         self.me = bool(g.mig) and any(i.profile.endswith("+me") for i in g.mig.values())
+        if g.held_in_other_mode:  # nothing new on it until that work is gone (``claims``)
+            self.free, self.holders, self.mig_used = 0, max(self.holders, 1), (1 << mig.SLICES) - 1
 
     @property
     def whole_free(self) -> bool:

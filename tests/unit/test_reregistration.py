@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import msgspec
 
+from corral.events.decisions import JobsPlaced
 from corral.events.nodes import NodeInventory
 from corral.projections.state import State
 from corral.services.agent.inventory import h100_8x_nvswitch
-from tests.builders import LogBuilder, job, on
+from corral.services.placer.decide import decide
+from tests.builders import LogBuilder, job, mig_slot, on, placement, share, worker
 
 NODE = "node-00"
 FULL = h100_8x_nvswitch(NODE)
@@ -75,3 +77,52 @@ def test_two_gpus_with_one_uuid_are_refused() -> None:
     state = _running_on(0).node(NODE, twice).fold()
     assert state.rejections[-1].code == "malformed" and "UUID" in state.rejections[-1].message
     assert state.jobs["j"].phase == "running" and len(state.nodes[NODE].gpus) == 8
+
+
+def _in_mig_mode(mig: bool) -> NodeInventory:
+    """The same GPUs, the same indices, in (or out of) MIG mode."""
+    return msgspec.structs.replace(FULL, gpus=tuple(msgspec.structs.replace(g, mig=mig) for g in FULL.gpus))
+
+
+def test_a_held_gpu_switched_into_mig_mode_is_given_to_no_slice_while_its_job_holds_it() -> None:
+    # The same GPUs re-registered in MIG mode while a whole-GPU job held them: a MIG slice was
+    # placed on one of them, one GPU held by two jobs.
+    lb = _running_on(0).node(NODE, _in_mig_mode(True))
+    state = lb.fold()
+    assert state.jobs["j"].phase == "interrupted" and "MIG mode" in state.jobs["j"].reasons[0].message
+    assert state.nodes[NODE].gpus[0].holders == {"j": 1000} and state.nodes[NODE].gpus[0].held_in_other_mode
+    lb.submit("bob", "s", job().mig("3g.40gb")).accept("s").admit("s")
+    slice0 = placement("s", worker(0, NODE, mig_slot(0, "3g.40gb", 0)))
+    refused = lb.place(slice0).fold()
+    assert refused.jobs["s"].phase == "admitted" and refused.rejections[-1].code == "void"
+    assert "mode it left" in refused.rejections[-1].message
+    state = lb.place(placement("s", worker(0, NODE, mig_slot(1, "3g.40gb", 0)))).fold()
+    assert state.jobs["s"].phase == "placed"  # another GPU of the node, nobody's
+    lb.exited(NODE, "j", code=137)
+    state = lb.fold()
+    assert not state.nodes[NODE].gpus[0].holders and not state.nodes[NODE].gpus[0].held_in_other_mode
+
+
+def test_a_gpu_switched_out_of_mig_mode_takes_no_whole_job_while_its_slices_are_held() -> None:
+    mig = _in_mig_mode(True)
+    lb = LogBuilder().node(NODE, mig).queues("team-a")
+    lb.submit("alice", "s", job().mig("3g.40gb")).accept("s").admit("s")
+    lb.place(placement("s", worker(0, NODE, mig_slot(0, "3g.40gb", 0)))).started(NODE, "s")
+    lb.node(NODE, _in_mig_mode(False))
+    state = lb.fold()
+    assert state.jobs["s"].phase == "interrupted" and state.nodes[NODE].gpus[0].held_in_other_mode
+    lb.submit("bob", "w", job().gpus(1).milli(250)).accept("w").admit("w")
+    refused = lb.place(placement("w", worker(0, NODE, share(0, 250)))).fold()
+    assert refused.jobs["w"].phase == "admitted" and refused.rejections[-1].code == "void"
+    lb.exited(NODE, "s", code=137)
+    state = lb.place(placement("w", worker(0, NODE, share(0, 250)))).fold()
+    assert state.jobs["w"].phase == "placed"
+
+
+def test_the_placer_offers_no_slice_of_a_gpu_held_in_the_mode_it_left() -> None:
+    lb = _running_on(0).node(NODE, _in_mig_mode(True))
+    lb.submit("bob", "s", job().mig("3g.40gb")).accept("s").admit("s")
+    state = lb.fold()
+    events = decide(state, state.time + 1)
+    placed = [p for e in events if isinstance(e, JobsPlaced) for p in e.placements]
+    assert [c.gpu for p in placed for w in p.workers for c in w.gpus] == [1]  # not GPU 0

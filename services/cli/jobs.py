@@ -138,7 +138,8 @@ def cmd_jobs(args: argparse.Namespace) -> None:
         raise BadInput(f"--state {unknown[0]}: not a phase; phases: {', '.join(PHASES)}")
 
     def shown(jobs: Sequence[Any], now: float | None = None) -> list[dict[str, Any]]:
-        # The read service shows a tenant its own jobs only; the admin's may be narrowed here.
+        # The read service shows a tenant its own jobs only; the admin's may be narrowed here
+        # (``--tenant T``; ``--tenant admin`` is the admin acting as itself: every job).
         # A waiting job's forecast start: in how long from ``now``, else when (what --watch
         # shows, so that a row changes only when its forecast does).
         return [
@@ -148,7 +149,7 @@ def cmd_jobs(args: argparse.Namespace) -> None:
                 "starts": "" if j.eta is None else present.eta_text(msgspec.to_builtins(j.eta), now),
             }
             for j in jobs
-            if args.tenant in (None, j.tenant)
+            if args.tenant in (None, subjects.ADMIN, j.tenant)
             and (not phases or j.phase in phases)
             and args.queue in (None, j.queue)
         ]

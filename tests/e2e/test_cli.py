@@ -120,6 +120,9 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     assert {"train-1", flag_job, "raw-1"} <= set(by_id)
     assert by_id["raw-1"]["tenant"] == "team-b"
     assert by_id["train-1"]["workers"] == 2
+    # The admin naming itself as the tenant (as in a shell set up for `queue apply`) sees the same.
+    as_admin = corral("jobs", "-o", "json", "--tenant", "admin", "--server", cluster, env=env).stdout
+    assert {j["id"] for j in json.loads(as_admin)} == set(by_id)
 
     nodes = json.loads(corral("nodes", "-o", "json", "--server", cluster, env=env).stdout)
     assert len(nodes) == 5

@@ -378,14 +378,35 @@ def _cordoned(state: State, ctx: Ctx, ev: NodeCordoned) -> None:
 
 
 def cordon(state: State, ctx: Ctx, name: str, cordoned: bool, drain: bool, why: str) -> None:
-    """No new work lands on a cordoned node; draining one also sends its work elsewhere: the
-    jobs there are interrupted (their agents stop the workers) and resume from their last
-    checkpoint on other nodes."""
+    """No new work lands on a cordoned node; draining one also sends its work elsewhere
+    (``drain``)."""
     node = find_node(state, name)
     node.cordoned = cordoned
     node.draining = cordoned and drain
     if node.draining:
-        interrupt_on(state, ctx, name, None, f"node {name} is draining: {why}", node_gone=False)
+        drain_jobs(state, ctx, name, f"node {name} is draining: {why}")
+
+
+def drain_jobs(state: State, ctx: Ctx, node: str, why: str) -> None:
+    """The jobs on a draining node leave it as a preemption's victims do: each is asked to
+    checkpoint, given its own grace (``JobSpec.grace_seconds``), then stopped by its agent, and
+    resumes elsewhere from that checkpoint. Stopped at once, a job that checkpoints when asked
+    resumed from its last periodic checkpoint, or from the start. A drain is not one of the
+    scheduler's preemptions (``JobState.preemptions``, which the anti-thrash limit counts), and a
+    job already checkpointing keeps its deadline."""
+    for job in indexes.holding_on(state, node):
+        held = job.held
+        if held is None or job.phase not in ("placed", "starting", "running"):
+            continue
+        if not any(w.node == node for w in held.workers):
+            continue
+        move(state, job, "preempt", ctx)
+        job.preempt_deadline = ctx.time + job.spec.grace_seconds
+        job.reasons = (Reason("drained", why),)
+        indexes.explain(state, job)
+        if not job.live:
+            move(state, job, "stop", ctx)
+            stop_holding(state, job, ctx)
 
 
 HANDLERS: dict[type[Event], Handler] = {

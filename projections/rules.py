@@ -156,4 +156,6 @@ from __future__ import annotations
 #    says, 1..``MAX_WORKERS_PER_NODE``): a placement past it is void (``claims``).
 # 51: a held GPU re-registered in the other mode (into or out of MIG) interrupts the jobs that
 #    hold it, and takes no new claim until they give it back (``GpuState.held_in_other_mode``).
-RULES = 51
+# 52: a drain asks the jobs on the node to checkpoint, gives each its own grace, then stops
+#    them (``fold_nodes.drain_jobs``), where it interrupted them at once.
+RULES = 52

@@ -21,6 +21,7 @@ from corral.events.jobs import (
     Admission,
     JobAccepted,
     JobPriorityChanged,
+    JobRequeued,
     JobsAdmitted,
     RestartPolicy,
     SubmitJob,
@@ -45,6 +46,7 @@ from corral.events.queues import (
 from corral.projections import indexes
 from corral.projections.fold import apply, apply_event
 from corral.projections.state import MAX_REJECTIONS, GpuState, Rejection, State
+from corral.services.admission import decide as admission
 from corral.services.agent.inventory import h100_8x_mig
 from tests.builders import (
     Cluster,
@@ -1415,13 +1417,35 @@ def test_cordon_keeps_running_work_and_blocks_new_work() -> None:
     assert last(fold(log)).code == "void"
 
 
-def test_drain_interrupts_the_work_on_the_node_and_keeps_its_gpus_until_workers_exit() -> None:
+def test_drain_asks_the_work_on_the_node_to_checkpoint_and_keeps_its_gpus_until_workers_exit() -> None:
+    # Interrupted at once, a job that checkpoints when asked resumed from its last periodic
+    # checkpoint, or from the start; a preemption asks for one first, and so does a drain.
     log = running(nodes=Cluster(2)).cordon(N0, drain=True)
     state = fold(log)
     j1 = state.jobs["j1"]
-    assert state.nodes[N0].draining and j1.phase == "interrupted"
-    assert j1.live and gpu(state, 0).holders == {"j1": 1000}  # its worker is still stopping
-    assert state.faults == 0
+    assert state.nodes[N0].draining and j1.phase == "checkpointing"
+    assert j1.preempt_deadline == j1.phase_since + j1.spec.grace_seconds and j1.preemptions == 0
+    assert j1.reasons[0].code == "drained" and "draining" in j1.reasons[0].message
+    assert j1.live and gpu(state, 0).holders == {"j1": 1000}  # its worker is still checkpointing
+    state = fold(log.checkpoint(N0, "j1", step=7).exited(N0, "j1", code=143, stopped=True))
+    j1 = state.jobs["j1"]
+    assert j1.phase == "preempted" and j1.checkpoint is not None and j1.checkpoint.step == 7
+    assert gpu(state, 0).holders == {} and state.faults == 0
+    requeued = [e for e in admission.decide(state, state.time) if isinstance(e, JobRequeued)]
+    assert [(e.job_id, e.resume_from) for e in requeued] == [("j1", "/ckpt/j1/7")]
+
+
+def test_drain_stops_at_once_a_job_whose_workers_have_not_started() -> None:
+    log = (
+        two_nodes()
+        .queues("team-a")
+        .submit("alice", "j1")
+        .accept("j1")
+        .admit("j1")
+        .place(on(N0, 0, job_id="j1"))
+    )
+    state = fold(log.cordon(N0, drain=True))
+    assert state.jobs["j1"].phase == "preempted" and gpu(state, 0).holders == {}
 
 
 def test_reregistering_keeps_held_gpus_and_resets_idle_ones() -> None:

@@ -233,7 +233,37 @@ def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> No
     before = state.priority_classes.get(req.priority_class.name)
     state.priority_classes[req.priority_class.name] = req.priority_class
     if (before is None or before.preemptible) != req.priority_class.preemptible:
+        was = {q: dict(held) for q, held in state.quota_held_fixed.items()}
         quota.count_fixed(state)  # whether its jobs may borrow changed (none name it: nothing)
+        if not pc.preemptible:
+            past = _fixed_past_limit(state, was)
+            if past is not None:
+                if before is None:
+                    del state.priority_classes[pc.name]
+                else:
+                    state.priority_classes[pc.name] = before
+                quota.count_fixed(state)
+                raise Refused(
+                    "forbidden",
+                    f"priority class {pc.name} may not turn non-preemptible while its jobs borrow: "
+                    f"{past}; once they may not be stopped, what they borrowed could never be taken "
+                    "back. Turn it off once they end, or cancel them",
+                )
+
+
+def _fixed_past_limit(state: State, was: dict[str, dict[str, int]]) -> str | None:
+    """Where jobs that may not be preempted now hold more than they may and than they held
+    before (``was``), in words (``Ledger.fixed_limit``: their queue's nominal and its part of a
+    shared cohort quota); None if nowhere."""
+    ledger = quota.Ledger(state)
+    for queue, held in sorted(state.quota_held_fixed.items()):
+        if not ledger.has_queue(queue):
+            continue
+        for key, milli in sorted(held.items()):
+            most = ledger.fixed_limit(queue, key)
+            if milli > most and milli > was.get(queue, {}).get(key, 0):
+                return f"queue {queue}'s would hold {milli / 1000:g} GPUs of {key}, past its {most / 1000:g}"
+    return None
 
 
 def _apply_fair_share(state: State, ctx: Ctx, req: ApplyFairShare) -> None:

@@ -158,4 +158,6 @@ from __future__ import annotations
 #    hold it, and takes no new claim until they give it back (``GpuState.held_in_other_mode``).
 # 52: a drain asks the jobs on the node to checkpoint, gives each its own grace, then stops
 #    them (``fold_nodes.drain_jobs``), where it interrupted them at once.
-RULES = 52
+# 53: a priority class may not turn non-preemptible while its jobs hold more than jobs that may
+#    not be preempted may (``fold_requests._fixed_past_limit``): the loan would be permanent.
+RULES = 53

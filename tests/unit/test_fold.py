@@ -332,6 +332,25 @@ def test_a_priority_class_of_negative_times_is_malformed(changes: dict[str, obje
     assert "odd" not in state.priority_classes and last(state).code == "malformed", last(state)
 
 
+def test_a_class_may_not_turn_non_preemptible_while_its_jobs_borrow() -> None:
+    # Accepted, the loan was for ever: team-b's jobs within its nominal waited for GPUs nobody
+    # could take back, as jobs that may not be preempted never borrow.
+    normal = PriorityClassSpec("normal", 0)
+    log = LogBuilder().admin("priority-class", ApplyPriorityClass(priority_class=normal))
+    log.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    for name, nominal in (("team-a", 4), ("team-b", 12)):
+        log.queue(QueueSpec(name, cohort="org", quotas={"*": Quota(nominal=nominal)}))
+    for j in ("a1", "a2"):
+        log.submit("alice", j, job("team-a").gpus(4)).accept(j).admit(j)  # a2 borrows 4
+    fixed = msgspec.structs.replace(normal, preemptible=False)
+    state = fold(log.admin("priority-class", ApplyPriorityClass(priority_class=fixed)))
+    assert last(state).code == "forbidden" and "borrow" in last(state).message, last(state)
+    assert state.priority_classes["normal"].preemptible and state.quota_held_fixed.get("team-a", {}) == {}
+    log.request("alice", "cancel", {"job_id": "a2"})  # admitted, not placed: its quota is back at once
+    state = fold(log.admin("priority-class", ApplyPriorityClass(priority_class=fixed)))
+    assert not state.priority_classes["normal"].preemptible  # within its nominal: no loan to keep
+
+
 @pytest.mark.parametrize("half_life", [0.0, -60.0, 1e-300, 0.5, float("inf"), float("nan")])
 def test_a_fair_share_half_life_under_a_second_is_malformed(half_life: float) -> None:
     # 1e-300 s forgot every history between two records and showed usage of 2e+301 GPUs.

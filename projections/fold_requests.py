@@ -33,6 +33,7 @@ from corral.events.queues import (
     CordonNode,
     DeleteNode,
     DeleteQueue,
+    QueueSpec,
     Quota,
 )
 from corral.projections import gpu_time, indexes, quota, retention, runtimes
@@ -48,8 +49,10 @@ from corral.projections.fold_nodes import cordon
 from corral.projections.fold_preemption import readmit, shrink
 from corral.projections.lifecycle import (
     FINAL,
+    Phase,
 )
 from corral.projections.state import (
+    WHOLE,
     JobState,
     State,
 )
@@ -185,7 +188,47 @@ def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
     cap = q.preemption.max_grace_seconds
     if cap is not None and not cap >= 0:
         raise Refused("malformed", f"queue {q.name}: max_grace_seconds must be 0 or more, not {cap}")
+    before = state.queues.get(q.name)
+    if before is not None:
+        _may_change(state, before, q)
     state.queues[q.name] = q
+
+
+# A job of these phases waits to run in its queue (queued, admitted and not yet placed, stopped
+# and to be requeued): a queue that no longer admits its tenant would still run it.
+_WAITING_IN_QUEUE: tuple[Phase, ...] = ("queued", "admitted", "preempted", "interrupted")
+
+
+def _may_change(state: State, before: QueueSpec, after: QueueSpec) -> None:
+    """Refuse a change of a queue that would leave work it holds or waits for unaccounted for:
+    its tenants list closed to a tenant with jobs waiting in it (they would run on a queue their
+    tenant may no longer use or see), or a move to another cohort while it borrows (what it
+    borrowed would be kept from its lenders for ever, none of them in its cohort to take it
+    back). The admin cancels the jobs, or moves it once it is within its nominal."""
+    if after.tenants and set(before.tenants or ()) != set(after.tenants):
+        left: dict[str, int] = {}
+        for job in indexes.jobs_in(state, *_WAITING_IN_QUEUE):
+            if job.spec.queue == after.name and job.tenant not in after.tenants:
+                left[job.tenant] = left.get(job.tenant, 0) + 1
+        if left:
+            who = ", ".join(f"{t} ({n})" for t, n in sorted(left.items()))
+            raise Refused(
+                "forbidden",
+                f"queue {after.name} may not close to tenants with jobs waiting in it: {who}; "
+                "cancel those jobs first (the admin may: corral cancel JOB --tenant admin)",
+            )
+    if before.cohort != after.cohort and before.cohort is not None:
+        ledger = quota.Ledger.from_state(state)
+        if ledger.has_queue(after.name):
+            for key, used in sorted(ledger.usage(after.name).items()):
+                nominal = ledger.nominal(after.name, key)
+                if used > nominal:
+                    raise Refused(
+                        "forbidden",
+                        f"queue {after.name} may not leave cohort {before.cohort} while it borrows there "
+                        f"({used / WHOLE:g} GPUs of {key} held, {nominal / WHOLE:g} nominal): its lenders "
+                        "could never take it back; move it once its jobs are within its nominal",
+                    )
 
 
 def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:

@@ -160,4 +160,6 @@ from __future__ import annotations
 #    them (``fold_nodes.drain_jobs``), where it interrupted them at once.
 # 53: a priority class may not turn non-preemptible while its jobs hold more than jobs that may
 #    not be preempted may (``fold_requests._fixed_past_limit``): the loan would be permanent.
-RULES = 53
+# 54: a queue may not close to a tenant with jobs waiting in it, nor leave its cohort while it
+#    borrows there (``fold_requests._may_change``).
+RULES = 54

@@ -332,6 +332,37 @@ def test_a_priority_class_of_negative_times_is_malformed(changes: dict[str, obje
     assert "odd" not in state.priority_classes and last(state).code == "malformed", last(state)
 
 
+def test_a_queue_may_not_close_to_a_tenant_with_jobs_waiting_in_it() -> None:
+    # Accepted, the tenant's queued jobs were admitted later and ran on a queue it could no
+    # longer use or even see.
+    log = two_nodes().queue(QueueSpec("q", quotas={"*": Quota(nominal=8)}))
+    log.submit("alice", "a1", job("q")).accept("a1").admit("a1").place(on(N0, 0, job_id="a1"))
+    log.submit("alice", "a2", job("q")).accept("a2")  # waits
+    closed = QueueSpec("q", quotas={"*": Quota(nominal=8)}, tenants=("bob",))
+    state = fold(log.admin("queue", ApplyQueue(queue=closed)))
+    assert last(state).code == "forbidden" and "alice (1)" in last(state).message, last(state)
+    assert state.queues["q"].tenants == ()
+    log.request("admin", "cancel", {"job_id": "a2"})
+    state = fold(log.admin("queue", ApplyQueue(queue=closed)))
+    assert state.queues["q"].tenants == ("bob",)  # a1 runs on, as an admitted workload does in Kueue
+
+
+def test_a_queue_may_not_leave_its_cohort_while_it_borrows_there() -> None:
+    log = LogBuilder().admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    log.admin("cohort", ApplyCohort(cohort=CohortSpec("other")))
+    for name in ("team-a", "team-b"):
+        log.queue(QueueSpec(name, cohort="org", quotas={"*": Quota(nominal=4)}))
+    for j in ("a1", "a2"):
+        log.submit("alice", j, job("team-a").gpus(4)).accept(j).admit(j)  # a2 borrows team-b's 4
+    moved = QueueSpec("team-a", cohort="other", quotas={"*": Quota(nominal=4)})
+    state = fold(log.admin("queue", ApplyQueue(queue=moved)))
+    assert last(state).code == "forbidden" and "borrows" in last(state).message, last(state)
+    assert state.queues["team-a"].cohort == "org"
+    log.request("alice", "cancel", {"job_id": "a2"})
+    state = fold(log.admin("queue", ApplyQueue(queue=moved)))
+    assert state.queues["team-a"].cohort == "other"
+
+
 def test_a_class_may_not_turn_non_preemptible_while_its_jobs_borrow() -> None:
     # Accepted, the loan was for ever: team-b's jobs within its nominal waited for GPUs nobody
     # could take back, as jobs that may not be preempted never borrow.

@@ -331,7 +331,9 @@ def candidates(
             return preemption.eligible(policy, h.job, h.key, b, key, lent=False, reclaims=False)
         if other not in under:
             # As Kueue: taking back lent quota is tried only from under the side's own quota.
-            under[other] = key is not None and ledger.within_own(queue, other, key, 1)
+            # The least more it could hold: a milli-GPU, or none for an admitted beneficiary,
+            # charged already (with one more, a lender at exactly its nominal took nothing back).
+            under[other] = key is not None and ledger.within_own(queue, other, key, min(1, target.need))
         # A candidate, not a verdict: whether the record reclaims is known only once its
         # victims are (``Simulation.allowed``), so one either way may stop it.
         judge = functools.partial(preemption.eligible, policy, h.job, h.key, b, key, lent=True, fair=fair(h))

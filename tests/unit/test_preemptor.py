@@ -456,6 +456,18 @@ def test_reclaim_for_an_admitted_job_the_placer_could_not_place() -> None:
     assert w.victims() == {"a2": ["b2"]}
 
 
+def test_reclaim_for_an_admitted_job_that_brings_its_queue_to_exactly_its_nominal() -> None:
+    # Asked whether team-b stays within its own with a milli-GPU more than it holds, a lender at
+    # exactly its nominal (b2's quota charged already) took nothing back, though the fold allows it.
+    w = World(nodes=2).cohort("org").queue("team-a", 4, "org").queue("team-b", 12, "org")
+    w.run("b1", gpus(8, queue="team-b"), whole(N1, *range(8)))
+    w.run("a1", gpus(4), whole(N0, 0, 1, 2, 3))
+    w.run("a2", gpus(4), whole(N0, 4, 5, 6, 7))  # 4 borrowed from team-b
+    w.queue("team-b", 12, "org", lending_limit=0)  # lends no more: its 12 are its own again
+    w.waiting("b2", gpus(4, queue="team-b"))  # team-b at 12 of its 12 with b2's quota held
+    assert w.victims() == {"b2": ["a2"]}
+
+
 def test_reclaim_only_while_the_other_queue_borrows() -> None:
     # team-b runs within its own nominal: nothing to reclaim, and a1 is not lower priority.
     w = World(nodes=2).cohort("org").queue("team-a", 8, "org").queue("team-b", 8, "org")

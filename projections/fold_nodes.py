@@ -89,11 +89,11 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
     now_at = {g.uuid: g.index for g in ev.inventory.gpus}
     moved = {g.info.index: now_at.get(u) for u, g in held.items() if now_at.get(u) != g.info.index}
     gpus = []
-    switched = set()  # held GPUs now in or out of MIG mode: the work on them cannot go on
+    switched = set()  # held GPUs now in or out of MIG mode, or another model: their work may not go on
     for info in ev.inventory.gpus:
         prev = held.get(info.uuid)
         if prev is not None:
-            if prev.info.mig != info.mig:
+            if prev.info.mig != info.mig or prev.info.model != info.model:
                 switched.add(info.index)
             prev.info = info  # work still holds it: keep what it holds
             gpus.append(prev)
@@ -111,9 +111,10 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
 
 
 def _gpus_switched(state: State, ctx: Ctx, node: str, switched: set[int]) -> None:
-    """Jobs holding a GPU of ``node`` that re-registered in the other mode (MIG or whole): their
-    claims name what it no longer is, so they are interrupted, and hold it until their workers
-    are gone (``GpuState.held_in_other_mode``: nothing new is placed on it meanwhile)."""
+    """Jobs holding a GPU of ``node`` that re-registered in the other mode (MIG or whole), or as
+    another model: their claims name what it no longer is (and their quota another model's), so
+    they are interrupted, and hold it until their workers are gone (in the other mode,
+    ``GpuState.held_in_other_mode``: nothing new is placed on it meanwhile)."""
     for job in indexes.holding_on(state, node):
         held = job.held
         if held is None or not any(
@@ -122,8 +123,9 @@ def _gpus_switched(state: State, ctx: Ctx, node: str, switched: set[int]) -> Non
             continue
         if job.phase in ("placed", "starting", "running", "checkpointing"):
             move(state, job, "interrupt", ctx)
-            mode = ", ".join(str(i) for i in sorted(switched))
-            job.reasons = (Reason("interrupted", f"GPU {mode} it held on node {node} changed MIG mode"),)
+            which = ", ".join(str(i) for i in sorted(switched))
+            why = f"GPU {which} it held on node {node} changed MIG mode or model"
+            job.reasons = (Reason("interrupted", why),)
             indexes.explain(state, job)
         stop_holding(state, job, ctx)
 

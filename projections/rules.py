@@ -162,4 +162,6 @@ from __future__ import annotations
 #    not be preempted may (``fold_requests._fixed_past_limit``): the loan would be permanent.
 # 54: a queue may not close to a tenant with jobs waiting in it, nor leave its cohort while it
 #    borrows there (``fold_requests._may_change``).
-RULES = 54
+# 55: a held GPU re-registered as another model interrupts the jobs that hold it, as one in the
+#    other mode does (51).
+RULES = 55

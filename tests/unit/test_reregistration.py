@@ -126,3 +126,12 @@ def test_the_placer_offers_no_slice_of_a_gpu_held_in_the_mode_it_left() -> None:
     events = decide(state, state.time + 1)
     placed = [p for e in events if isinstance(e, JobsPlaced) for p in e.placements]
     assert [c.gpu for p in placed for w in p.workers for c in w.gpus] == [1]  # not GPU 0
+
+
+def test_a_held_gpu_registered_as_another_model_interrupts_its_job() -> None:
+    # The job asked for (and is charged quota of) an H100, and ran on a GPU now said to be
+    # another model.
+    a100s = tuple(msgspec.structs.replace(g, model="A100-80GB") for g in FULL.gpus)
+    other = msgspec.structs.replace(FULL, gpus=a100s)
+    state = _running_on(2).node(NODE, other).fold()
+    assert state.jobs["j"].phase == "interrupted" and "model" in state.jobs["j"].reasons[0].message

@@ -29,7 +29,9 @@ from corral.events.queues import (
     QueueSpec,
     RetentionSpec,
 )
+from corral.projections.fold import apply_event
 from corral.projections.indexes import SPEC_BYTES
+from corral.projections.state import State
 from corral.services.cli import flags
 from corral.services.cli.access import (
     Failure,
@@ -72,6 +74,10 @@ def cmd_queue_apply(args: argparse.Namespace) -> None:
     ]
     requests += [("cohort", ApplyCohort(cohort=c), c.name) for c in _parents_first(doc.cohorts)]
     requests += [("queue", ApplyQueue(queue=q), q.name) for q in doc.queues]
+    malformed = not_valid(requests)
+    if malformed:
+        told = f"{len(malformed)} of {len(requests)} changes not valid, none sent"
+        raise BadInput(f"{args.file}: {told}: " + "; ".join(malformed))
     send_admin(args, requests)
     counts = f"{len(doc.priority_classes)} priority classes, {len(doc.cohorts)} cohorts"
     fair = ", fair share" if doc.fair_share is not None else ""
@@ -129,6 +135,21 @@ def cmd_queue_retention(args: argparse.Namespace) -> None:
     )
 
 
+def not_valid(requests: list[tuple[str, Any, str]]) -> list[str]:
+    """Why the fold would refuse each of ``requests`` as malformed whatever the cluster holds
+    (a quota out of bounds, a weight of 0, cohorts of the file whose parents loop), folded in
+    order into an empty state by the fold itself: a file with one is sent not at all, where
+    sending its changes one by one applied those before and after it."""
+    state = State()
+    found = []
+    for seq, (verb, body, _) in enumerate(requests, 1):
+        before = state.rejected_total
+        apply_event(state, seq, subjects.request(identities.ADMIN, verb), body, 0.0, identities.ADMIN)
+        if state.rejected_total > before and state.rejections[-1].code == "malformed":
+            found.append(state.rejections[-1].message)
+    return found
+
+
 def send_admin(args: argparse.Namespace, requests: list[tuple[str, Any, str]]) -> None:
     """Send the admin's ``(verb, request, name)`` requests, in order, through the intake (or, with
     the services' login, straight into the log)."""
@@ -154,11 +175,14 @@ def send_admin(args: argparse.Namespace, requests: list[tuple[str, Any, str]]) -
                     try:
                         await corral.apply(verb, name, body)
                     except (Refused, Invalid) as e:
-                        refused.append(f"{verb} {name}: {e}")
+                        said = str(e)  # the fold's reason names its subject most often
+                        named = said.startswith(f"{verb} {name}")
+                        refused.append(said if named else f"{verb} {name}: {said}")
         except CorralError as e:
             raise Failure(str(e)) from None
         if refused:
-            raise Failure(f"{len(refused)} of {len(requests)} changes refused: " + "; ".join(refused))
+            why = f"{len(refused)} of {len(requests)} changes refused: " + "; ".join(refused)
+            raise Refused("refused", why)
 
     async def run() -> None:
         log = await open_log(server_url(args.server), login)

@@ -235,8 +235,16 @@ def test_queue_apply_says_which_changes_the_cluster_refused(
         "[[queues]]\nname = 'heavy'\nweight = 0.0\nquotas = { '*' = { nominal = 4 } }\n"
     )
     out = corral("queue", "apply", str(bad), "--server", cluster, env=env, check=False)
-    assert out.returncode == 2, out
-    assert "2 of 4 changes refused" in out.stderr and "parent chain loops" in out.stderr
+    assert out.returncode == 2, out  # a bad file: checked by the fold's own rules, nothing sent
+    assert "2 of 4 changes not valid, none sent" in out.stderr and "parent chain loops" in out.stderr
     assert "queue heavy: " in out.stderr and "weight must be a number of at least" in out.stderr
     listed = corral("queues", "--server", cluster, "-o", "json", env=env).stdout
-    assert '"good"' in listed and '"heavy"' not in listed
+    assert '"good"' not in listed and '"heavy"' not in listed  # sent one by one, good was applied
+    # What only the cluster's state rules out is sent, and refused by the fold: exit 1, each once.
+    first, then = tmp_path / "p.toml", tmp_path / "q.toml"
+    first.write_text("[[cohorts]]\nname = 'p'\nparent = 'q'\n")
+    then.write_text("[[cohorts]]\nname = 'q'\nparent = 'p'\n\n[[queues]]\nname = 'fine'\n")
+    corral("queue", "apply", str(first), "--server", cluster, env=env)
+    out = corral("queue", "apply", str(then), "--server", cluster, env=env, check=False)
+    assert out.returncode == 1, out
+    assert "1 of 2 changes refused" in out.stderr and out.stderr.count("cohort q:") == 1, out.stderr

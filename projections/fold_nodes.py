@@ -24,7 +24,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.projections import claims, gpu_time, indexes, runtimes
+from corral.projections import claims, gpu_time, indexes, preemption, runtimes
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -391,11 +391,13 @@ def cordon(state: State, ctx: Ctx, name: str, cordoned: bool, drain: bool, why: 
 
 def drain_jobs(state: State, ctx: Ctx, node: str, why: str) -> None:
     """The jobs on a draining node leave it as a preemption's victims do: each is asked to
-    checkpoint, given its own grace (``JobSpec.grace_seconds``), then stopped by its agent, and
-    resumes elsewhere from that checkpoint. Stopped at once, a job that checkpoints when asked
-    resumed from its last periodic checkpoint, or from the start. A drain is not one of the
-    scheduler's preemptions (``JobState.preemptions``, which the anti-thrash limit counts), and a
-    job already checkpointing keeps its deadline."""
+    checkpoint, given its own grace, at most its queue's ``max_grace_seconds``
+    (``preemption.drain_grace_s``), then stopped by its agent, and resumes elsewhere from that
+    checkpoint. Stopped at once, a job that checkpoints when asked resumed from its last periodic
+    checkpoint, or from the start. A drain is not one of the scheduler's preemptions
+    (``JobState.preemptions``, which the anti-thrash limit counts) and stops no job for another:
+    a beneficiary it named earlier is forgotten, else admission held that job back for it. A job
+    already checkpointing keeps its deadline."""
     for job in indexes.holding_on(state, node):
         held = job.held
         if held is None or job.phase not in ("placed", "starting", "running"):
@@ -403,7 +405,8 @@ def drain_jobs(state: State, ctx: Ctx, node: str, why: str) -> None:
         if not any(w.node == node for w in held.workers):
             continue
         move(state, job, "preempt", ctx)
-        job.preempt_deadline = ctx.time + job.spec.grace_seconds
+        indexes.name(state, job, "")
+        job.preempt_deadline = ctx.time + preemption.drain_grace_s(state, job)
         job.reasons = (Reason("drained", why),)
         indexes.explain(state, job)
         if not job.live:

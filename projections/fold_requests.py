@@ -194,41 +194,49 @@ def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
     state.queues[q.name] = q
 
 
-# A job of these phases waits to run in its queue (queued, admitted and not yet placed, stopped
-# and to be requeued): a queue that no longer admits its tenant would still run it.
-_WAITING_IN_QUEUE: tuple[Phase, ...] = ("queued", "admitted", "preempted", "interrupted")
+# A job of these phases runs or will run in its queue (a running one goes back to it when
+# stopped): a queue that no longer admits its tenant would still run it.
+_IN_QUEUE: tuple[Phase, ...] = (
+    "queued", "admitted", "placed", "starting", "running", "checkpointing", "preempted", "interrupted",
+)  # fmt: skip
 
 
 def _may_change(state: State, before: QueueSpec, after: QueueSpec) -> None:
     """Refuse a change of a queue that would leave work it holds or waits for unaccounted for:
-    its tenants list closed to a tenant with jobs waiting in it (they would run on a queue their
-    tenant may no longer use or see), or a move to another cohort while it borrows (what it
-    borrowed would be kept from its lenders for ever, none of them in its cohort to take it
-    back). The admin cancels the jobs, or moves it once it is within its nominal."""
-    if after.tenants and set(before.tenants or ()) != set(after.tenants):
+    its tenants list closed to a tenant with jobs in it (waiting or running: a stopped one goes
+    back to its queue; they would run on a queue their tenant may no longer use or see), or a
+    move to another cohort while a queue of its cohort borrows (what the queue borrowed would be
+    kept from its lenders for ever, none of them in its cohort to take it back, or what it lent
+    from it). The admin cancels the jobs, or moves it once its cohort borrows nothing."""
+    closed = set(after.tenants)
+    if closed and (not before.tenants or not closed >= set(before.tenants)):
         left: dict[str, int] = {}
-        for job in indexes.jobs_in(state, *_WAITING_IN_QUEUE):
-            if job.spec.queue == after.name and job.tenant not in after.tenants:
+        for job in indexes.jobs_in(state, *_IN_QUEUE):
+            if job.spec.queue == after.name and job.tenant not in closed:
                 left[job.tenant] = left.get(job.tenant, 0) + 1
         if left:
             who = ", ".join(f"{t} ({n})" for t, n in sorted(left.items()))
             raise Refused(
                 "forbidden",
-                f"queue {after.name} may not close to tenants with jobs waiting in it: {who}; "
+                f"queue {after.name} may not close to tenants with jobs in it: {who}; "
                 "cancel those jobs first (the admin may: corral cancel JOB --tenant admin)",
             )
     if before.cohort != after.cohort and before.cohort is not None:
         ledger = quota.Ledger.from_state(state)
         if ledger.has_queue(after.name):
-            for key, used in sorted(ledger.usage(after.name).items()):
-                nominal = ledger.nominal(after.name, key)
-                if used > nominal:
-                    raise Refused(
-                        "forbidden",
-                        f"queue {after.name} may not leave cohort {before.cohort} while it borrows there "
-                        f"({used / WHOLE:g} GPUs of {key} held, {nominal / WHOLE:g} nominal): its lenders "
-                        "could never take it back; move it once its jobs are within its nominal",
-                    )
+            root = ledger.root(after.name)
+            for name in sorted(state.queues):
+                if not ledger.has_queue(name) or ledger.root(name) != root:
+                    continue
+                for key, used in sorted(ledger.usage(name).items()):
+                    nominal = ledger.nominal(name, key)
+                    if used > nominal:
+                        raise Refused(
+                            "forbidden",
+                            f"queue {after.name} may not leave cohort {before.cohort} while queue {name} "
+                            f"borrows in its tree ({used / WHOLE:g} GPUs of {key} held, {nominal / WHOLE:g} "
+                            "nominal): what was lent could never be taken back; move it once none borrows",
+                        )
 
 
 def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:

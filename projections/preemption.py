@@ -397,6 +397,15 @@ def grace_s(state: State, victim: JobState, queue: str) -> float:
     return own if cap is None else min(own, cap)
 
 
+def drain_grace_s(state: State, job: JobState) -> float:
+    """How long a drain gives ``job`` to checkpoint: its own ``grace_seconds``, at most its
+    queue's ``max_grace_seconds`` (a tenant's day of grace would hold a drain of a sick node)."""
+    own = max(0.0, job.spec.grace_seconds)
+    spec = state.queues.get(job.spec.queue)
+    cap = (spec.preemption if spec is not None else DEFAULT_PREEMPTION).max_grace_seconds
+    return own if cap is None else min(own, cap)
+
+
 def may_stop(
     state: State,
     victims: Sequence[JobState],

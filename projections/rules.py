@@ -164,4 +164,7 @@ from __future__ import annotations
 #    borrows there (``fold_requests._may_change``).
 # 55: a held GPU re-registered as another model interrupts the jobs that hold it, as one in the
 #    other mode does (51).
-RULES = 55
+# 56: a drain names no beneficiary and gives at most the queue's ``max_grace_seconds``
+#    (``preemption.drain_grace_s``); a queue may not close to a tenant with any unfinished job in
+#    it, nor leave a cohort tree where some queue borrows.
+RULES = 56

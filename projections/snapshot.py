@@ -7,7 +7,7 @@ Invariants:
 - A snapshot is only an accelerator. Anything doubtful (an undecodable blob, a format other than
   this build's, a sequence that disagrees with its data, a log shorter than the snapshot) is
   ignored and the State is refolded from the log, which is always correct.
-- A snapshot file SQLite cannot read (truncated, overwritten, not a database) is set aside
+- A snapshot file SQLite says is damaged or not a database (truncated, overwritten) is set aside
   (renamed ``<file>.unreadable-<time>``, with a warning) and a new one started: a service that
   stopped on it would stop again at every restart until someone removed it by hand.
 - The format is ``FORMAT``, the fold's ``RULES`` and a fingerprint of State's schema. Any change
@@ -85,6 +85,8 @@ class SnapshotStore:
         try:
             db = await _connect(path)
         except sqlite3.DatabaseError as e:
+            if not _unreadable(e):
+                raise
             _set_aside(path, e)
             db = await _connect(path)
         return cls(db, keep, format_id, stream, path)
@@ -127,7 +129,7 @@ class SnapshotStore:
         try:
             return await self._newest()
         except sqlite3.DatabaseError as e:
-            if self._path == ":memory:":
+            if self._path == ":memory:" or not _unreadable(e):
                 raise
             await self._db.close()
             _set_aside(self._path, e)
@@ -157,14 +159,23 @@ async def _connect(path: str) -> aiosqlite.Connection:
     # Autocommit mode: every transaction is an explicit BEGIN ... COMMIT.
     db = await aiosqlite.connect(path, isolation_level=None)
     try:
+        await db.execute("PRAGMA busy_timeout=5000")  # first: another holder waited for, not failed
         if path != ":memory:":
             await db.execute("PRAGMA journal_mode=WAL")
-        await db.execute("PRAGMA busy_timeout=5000")
         await db.execute(_SCHEMA)
     except BaseException:
         await db.close()
         raise
     return db
+
+
+# SQLite's answers that the file is not a database, or a damaged one: what is set aside. A
+# locked, full or failing disk is not the file's fault, and its error stands.
+_NOT_A_DATABASE = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+
+
+def _unreadable(e: sqlite3.DatabaseError) -> bool:
+    return getattr(e, "sqlite_errorcode", None) in _NOT_A_DATABASE
 
 
 def _set_aside(path: str, why: Exception) -> None:

@@ -467,6 +467,23 @@ async def test_a_snapshot_file_sqlite_cannot_read_is_set_aside(
     assert [p.name for p in tmp_path.iterdir() if ".unreadable-" in p.name][:1], list(tmp_path.iterdir())
 
 
+async def test_a_snapshot_file_another_connection_holds_is_not_set_aside(tmp_path: Path) -> None:
+    # "database is locked" is a DatabaseError too: a healthy file another writer held was renamed
+    # aside as unreadable. It is waited for (SQLite's busy timeout), then the error stands.
+    path = tmp_path / "snap.db"
+    await (await SnapshotStore.open(str(path))).close()
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("PRAGMA journal_mode=DELETE")
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            await SnapshotStore.open(str(path))
+    finally:
+        other.execute("COMMIT")
+        other.close()
+    assert [p.name for p in tmp_path.iterdir() if ".unreadable-" in p.name] == []
+
+
 async def test_a_snapshot_whose_seq_disagrees_with_its_data_is_discarded(tmp_path: Path) -> None:
     path = str(tmp_path / "snap.db")
     async with await SnapshotStore.open(path) as store:

@@ -332,19 +332,28 @@ def test_a_priority_class_of_negative_times_is_malformed(changes: dict[str, obje
     assert "odd" not in state.priority_classes and last(state).code == "malformed", last(state)
 
 
-def test_a_queue_may_not_close_to_a_tenant_with_jobs_waiting_in_it() -> None:
-    # Accepted, the tenant's queued jobs were admitted later and ran on a queue it could no
-    # longer use or even see.
+def test_a_queue_may_not_close_to_a_tenant_with_jobs_in_it() -> None:
+    # Accepted, the tenant's queued jobs were admitted later, and its running ones requeued when
+    # stopped, and ran on a queue it could no longer use or even see.
     log = two_nodes().queue(QueueSpec("q", quotas={"*": Quota(nominal=8)}))
     log.submit("alice", "a1", job("q")).accept("a1").admit("a1").place(on(N0, 0, job_id="a1"))
     log.submit("alice", "a2", job("q")).accept("a2")  # waits
-    closed = QueueSpec("q", quotas={"*": Quota(nominal=8)}, tenants=("bob",))
-    state = fold(log.admin("queue", ApplyQueue(queue=closed)))
-    assert last(state).code == "forbidden" and "alice (1)" in last(state).message, last(state)
+
+    def tenants(*names: str) -> State:
+        return fold(
+            log.admin(
+                "queue", ApplyQueue(queue=QueueSpec("q", quotas={"*": Quota(nominal=8)}, tenants=names))
+            )
+        )
+
+    state = tenants("bob")
+    assert last(state).code == "forbidden" and "alice (2)" in last(state).message, last(state)
     assert state.queues["q"].tenants == ()
-    log.request("admin", "cancel", {"job_id": "a2"})
-    state = fold(log.admin("queue", ApplyQueue(queue=closed)))
-    assert state.queues["q"].tenants == ("bob",)  # a1 runs on, as an admitted workload does in Kueue
+    assert tenants("alice", "bob").queues["q"].tenants == ("alice", "bob")  # closes to nobody with jobs
+    assert tenants("bob").queues["q"].tenants == ("alice", "bob")  # refused: alice's jobs
+    log.request("admin", "cancel", {"job_id": "a1"}).request("admin", "cancel", {"job_id": "a2"})
+    assert tenants("bob").queues["q"].tenants == ("bob",)
+    assert tenants("bob", "carol").queues["q"].tenants == ("bob", "carol")  # opened further: nothing to ask
 
 
 def test_a_queue_may_not_leave_its_cohort_while_it_borrows_there() -> None:
@@ -358,6 +367,9 @@ def test_a_queue_may_not_leave_its_cohort_while_it_borrows_there() -> None:
     state = fold(log.admin("queue", ApplyQueue(queue=moved)))
     assert last(state).code == "forbidden" and "borrows" in last(state).message, last(state)
     assert state.queues["team-a"].cohort == "org"
+    lender = QueueSpec("team-b", cohort="other", quotas={"*": Quota(nominal=4)})
+    state = fold(log.admin("queue", ApplyQueue(queue=lender)))  # nor may its lender leave
+    assert last(state).code == "forbidden" and state.queues["team-b"].cohort == "org", last(state)
     log.request("alice", "cancel", {"job_id": "a2"})
     state = fold(log.admin("queue", ApplyQueue(queue=moved)))
     assert state.queues["team-a"].cohort == "other"
@@ -1483,6 +1495,33 @@ def test_drain_asks_the_work_on_the_node_to_checkpoint_and_keeps_its_gpus_until_
     assert gpu(state, 0).holders == {} and state.faults == 0
     requeued = [e for e in admission.decide(state, state.time) if isinstance(e, JobRequeued)]
     assert [(e.job_id, e.resume_from) for e in requeued] == [("j1", "/ckpt/j1/7")]
+
+
+def test_drain_names_no_beneficiary_and_gives_at_most_the_queues_grace() -> None:
+    # v, once preempted for b and running again, still named b: drained, it checkpointed as b's
+    # victim, and admission held b back for it. A tenant's day of grace held the drain a day.
+    log = LogBuilder().nodes(Cluster(2)).queues("team-a")
+    log.submit("alice", "v", job().checkpointable().gpus(1))
+    log.accept("v").admit("v").place(on(N0, 0, job_id="v")).started(N0, "v")
+    log.submit("bob", "b", job("team-a").gpus(8)).accept("b", priority=10).preempt("b", "v")
+    log.checkpoint(N0, "v", step=3).exited(N0, "v", code=0, stopped=True)
+    log.requeue("v", 0).admit("v", attempt=1).place(on(N1, 0, job_id="v", attempt=1)).started(
+        N1, "v", attempt=1
+    )
+    state = fold(log.cordon(N1, drain=True))
+    v = state.jobs["v"]
+    assert v.phase == "checkpointing" and v.preempted_for == "" and not state.naming_by_beneficiary
+    assert [
+        a.job_id
+        for e in admission.decide(state, state.time)
+        if isinstance(e, JobsAdmitted)
+        for a in e.admissions
+    ] == ["b"]
+    log = LogBuilder().nodes(Cluster(2)).queues("team-a")
+    log.submit("alice", "slow", msgspec.structs.replace(job().build(), grace_seconds=86_400.0))
+    log.accept("slow").admit("slow").place(on(N0, 0, job_id="slow")).started(N0, "slow")
+    slow = fold(log.cordon(N0, drain=True)).jobs["slow"]
+    assert slow.preempt_deadline == slow.phase_since + 600.0  # the queue's max_grace_seconds
 
 
 def test_drain_stops_at_once_a_job_whose_workers_have_not_started() -> None:

@@ -9,6 +9,8 @@ reported from, so that no agent can end (or spare) the work of another node's jo
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 import msgspec
 
 from corral.events import subjects as subj
@@ -107,27 +109,12 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
     if moved:
         _gpus_moved(state, ctx, ev.node, moved)
     if switched:
-        _gpus_switched(state, ctx, ev.node, switched)
-
-
-def _gpus_switched(state: State, ctx: Ctx, node: str, switched: set[int]) -> None:
-    """Jobs holding a GPU of ``node`` that re-registered in the other mode (MIG or whole), or as
-    another model: their claims name what it no longer is (and their quota another model's), so
-    they are interrupted, and hold it until their workers are gone (in the other mode,
-    ``GpuState.held_in_other_mode``: nothing new is placed on it meanwhile)."""
-    for job in indexes.holding_on(state, node):
-        held = job.held
-        if held is None or not any(
-            w.node == node and any(c.gpu in switched for c in w.gpus) for w in held.workers
-        ):
-            continue
-        if job.phase in ("placed", "starting", "running", "checkpointing"):
-            move(state, job, "interrupt", ctx)
-            which = ", ".join(str(i) for i in sorted(switched))
-            why = f"GPU {which} it held on node {node} changed MIG mode or model"
-            job.reasons = (Reason("interrupted", why),)
-            indexes.explain(state, job)
-        stop_holding(state, job, ctx)
+        # Their claims name what they no longer are (and their quota another model's): the jobs
+        # hold them until their workers are gone (in the other mode, ``GpuState.held_in_other_mode``:
+        # nothing new is placed on them meanwhile).
+        which = ", ".join(str(i) for i in sorted(switched))
+        why = f"GPU {which} it held on node {ev.node} changed MIG mode or model"
+        interrupt_on(state, ctx, ev.node, switched, why, node_gone=False)
 
 
 def _gpus_moved(state: State, ctx: Ctx, node: str, moved: dict[int, int | None]) -> None:
@@ -317,22 +304,22 @@ def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
 
 
 def interrupt_on(
-    state: State, ctx: Ctx, node: str, gpu: int | None, why: str, node_gone: bool = True
+    state: State, ctx: Ctx, node: str, gpus: AbstractSet[int] | None, why: str, node_gone: bool = True
 ) -> None:
-    """Jobs holding GPUs on ``node`` (only GPU ``gpu`` if given) lost them: their workers there
-    are gone, and the job goes back to its queue (not counted against its restarts). It costs
-    the jobs on the node, in submission order (``indexes.holding_on``)."""
+    """Jobs holding GPUs on ``node`` (only those of ``gpus`` if given) lost them: their workers
+    there are gone, and the job goes back to its queue (not counted against its restarts). It
+    costs the jobs on the node, in submission order (``indexes.holding_on``)."""
     for job in indexes.holding_on(state, node):
         if job.held is None:
             continue
         hit = [
             w.rank
             for w in job.held.workers
-            if w.node == node and (gpu is None or any(c.gpu == gpu for c in w.gpus))
+            if w.node == node and (gpus is None or any(c.gpu in gpus for c in w.gpus))
         ]
         if not hit:
             continue
-        if gpu is None and node_gone:  # the node is lost: its workers are gone with it
+        if gpus is None and node_gone:  # the node is lost: its workers are gone with it
             for rank in hit:
                 job.live.discard(rank)
         if job.phase in ("placed", "starting", "running", "checkpointing"):
@@ -367,7 +354,7 @@ def _gpu_health(state: State, ctx: Ctx, ev: GpuHealthChanged) -> None:
     g = node.gpus[ev.gpu]
     g.healthy, g.signal = ev.healthy, ev.signal
     if not ev.healthy:
-        interrupt_on(state, ctx, ev.node, ev.gpu, f"GPU {ev.gpu} of {ev.node}: {ev.signal}")
+        interrupt_on(state, ctx, ev.node, {ev.gpu}, f"GPU {ev.gpu} of {ev.node}: {ev.signal}")
 
 
 def _cordoned(state: State, ctx: Ctx, ev: NodeCordoned) -> None:

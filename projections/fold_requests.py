@@ -49,6 +49,7 @@ from corral.projections.fold_nodes import cordon
 from corral.projections.fold_preemption import readmit, shrink
 from corral.projections.lifecycle import (
     FINAL,
+    PHASES,
     Phase,
 )
 from corral.projections.state import (
@@ -195,10 +196,9 @@ def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
 
 
 # A job of these phases runs or will run in its queue (a running one goes back to it when
-# stopped): a queue that no longer admits its tenant would still run it.
-_IN_QUEUE: tuple[Phase, ...] = (
-    "queued", "admitted", "placed", "starting", "running", "checkpointing", "preempted", "interrupted",
-)  # fmt: skip
+# stopped): a queue that no longer admits its tenant would still run it. (A submitted one is
+# judged against the queue's tenants when admission accepts it.)
+_IN_QUEUE: tuple[Phase, ...] = tuple(p for p in PHASES if p != "submitted" and p not in FINAL)
 
 
 def _may_change(state: State, before: QueueSpec, after: QueueSpec) -> None:
@@ -224,19 +224,16 @@ def _may_change(state: State, before: QueueSpec, after: QueueSpec) -> None:
     if before.cohort != after.cohort and before.cohort is not None:
         ledger = quota.Ledger.from_state(state)
         if ledger.has_queue(after.name):
-            root = ledger.root(after.name)
-            for name in sorted(state.queues):
-                if not ledger.has_queue(name) or ledger.root(name) != root:
-                    continue
-                for key, used in sorted(ledger.usage(name).items()):
-                    nominal = ledger.nominal(name, key)
-                    if used > nominal:
-                        raise Refused(
-                            "forbidden",
-                            f"queue {after.name} may not leave cohort {before.cohort} while queue {name} "
-                            f"borrows in its tree ({used / WHOLE:g} GPUs of {key} held, {nominal / WHOLE:g} "
-                            "nominal): what was lent could never be taken back; move it once none borrows",
-                        )
+            for key in sorted({k for held in state.quota_held.values() for k in held}):
+                borrowing = ledger.borrowers(after.name, key, exclude=False)
+                if borrowing:
+                    name, over = borrowing[0]
+                    raise Refused(
+                        "forbidden",
+                        f"queue {after.name} may not leave cohort {before.cohort} while queue {name} "
+                        f"borrows in its tree ({over / WHOLE:g} GPUs of {key} past its nominal): what "
+                        "was lent could never be taken back; move it once none borrows",
+                    )
 
 
 def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:

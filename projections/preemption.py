@@ -389,19 +389,21 @@ def grace_s(state: State, victim: JobState, queue: str) -> float:
     ``queue``: its own ``grace_seconds``; for a job of another queue, at most ``queue``'s
     ``max_grace_seconds``. The preemptor asks for the longest of its victims'; the fold gives
     each victim its own."""
-    own = max(0.0, victim.spec.grace_seconds)
     if victim.spec.queue == queue:
-        return own
-    spec = state.queues.get(queue)
-    cap = (spec.preemption if spec is not None else DEFAULT_PREEMPTION).max_grace_seconds
-    return own if cap is None else min(own, cap)
+        return max(0.0, victim.spec.grace_seconds)
+    return _capped(state, victim, queue)
 
 
 def drain_grace_s(state: State, job: JobState) -> float:
     """How long a drain gives ``job`` to checkpoint: its own ``grace_seconds``, at most its
     queue's ``max_grace_seconds`` (a tenant's day of grace would hold a drain of a sick node)."""
+    return _capped(state, job, job.spec.queue)
+
+
+def _capped(state: State, job: JobState, queue: str) -> float:
+    """``job``'s own grace, at most ``queue``'s ``max_grace_seconds``."""
     own = max(0.0, job.spec.grace_seconds)
-    spec = state.queues.get(job.spec.queue)
+    spec = state.queues.get(queue)
     cap = (spec.preemption if spec is not None else DEFAULT_PREEMPTION).max_grace_seconds
     return own if cap is None else min(own, cap)
 

@@ -472,7 +472,16 @@ def release_rank(state: State, job: JobState, rank: int) -> None:
 def _release_mig(gpu: GpuState, slot: MigSlot, job_id: str) -> None:
     inst = gpu.mig.get(slot.start)
     if inst is not None and inst.job_id == job_id:
+        del gpu.mig[slot.start]
         p = mig.profile(gpu.info.model, slot.profile)
         if p is not None:
             gpu.mig_used &= ~mig.mask(p, slot.start)
-        del gpu.mig[slot.start]
+        else:
+            # Placed on the model the GPU was registered as before (its node re-registered it as
+            # another): what is taken is what the instances left still hold, on the model it is.
+            used = 0
+            for start, other in gpu.mig.items():
+                q = mig.profile(gpu.info.model, other.profile)
+                if q is not None:
+                    used |= mig.mask(q, start)
+            gpu.mig_used = used

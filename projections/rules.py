@@ -167,4 +167,6 @@ from __future__ import annotations
 # 56: a drain names no beneficiary and gives at most the queue's ``max_grace_seconds``
 #    (``preemption.drain_grace_s``); a queue may not close to a tenant with any unfinished job in
 #    it, nor leave a cohort tree where some queue borrows.
-RULES = 56
+# 57: a MIG slice given back on a GPU re-registered as a model without its profile frees what it
+#    took: the slices taken are what the instances left hold (``claims._release_mig``).
+RULES = 57

@@ -135,3 +135,20 @@ def test_a_held_gpu_registered_as_another_model_interrupts_its_job() -> None:
     other = msgspec.structs.replace(FULL, gpus=a100s)
     state = _running_on(2).node(NODE, other).fold()
     assert state.jobs["j"].phase == "interrupted" and "model" in state.jobs["j"].reasons[0].message
+
+
+def test_a_slice_given_back_after_its_gpu_became_another_model_leaves_no_slice_taken() -> None:
+    # The slice was placed as an H100's 3g.40gb; the GPU is now said to be an A100-40GB, which
+    # has no such profile: giving it back must still free its memory slices.
+    lb = LogBuilder().node(NODE, _in_mig_mode(True)).queues("team-a")
+    lb.submit("alice", "s", job().mig("3g.40gb")).accept("s").admit("s")
+    lb.place(placement("s", worker(0, NODE, mig_slot(0, "3g.40gb", 0)))).started(NODE, "s")
+    a100s = tuple(msgspec.structs.replace(g, model="A100-40GB") for g in _in_mig_mode(True).gpus)
+    lb.node(NODE, msgspec.structs.replace(FULL, gpus=a100s))
+    assert lb.fold().jobs["s"].phase == "interrupted"
+    lb.exited(NODE, "s", code=137)
+    gpu = lb.fold().nodes[NODE].gpus[0]
+    assert not gpu.holders and not gpu.mig and gpu.mig_used == 0
+    lb.submit("bob", "t", job().mig("7g.40gb")).accept("t").admit("t")
+    state = lb.place(placement("t", worker(0, NODE, mig_slot(0, "7g.40gb", 0)))).fold()
+    assert state.jobs["t"].phase == "placed"

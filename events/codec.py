@@ -47,6 +47,7 @@ from corral.events.queues import (
     ApplyQueue,
     ApplyRetention,
     CordonNode,
+    DeleteCohort,
     DeleteNode,
     DeleteQueue,
 )
@@ -61,6 +62,7 @@ AnyEvent = (
     | ApplyCohort
     | ApplyPriorityClass
     | DeleteQueue
+    | DeleteCohort
     | CordonNode
     | DeleteNode
     | ApplyFairShare
@@ -100,6 +102,7 @@ ADMIN_VERBS: dict[str, type[Event]] = {
     "cohort": ApplyCohort,
     "priority-class": ApplyPriorityClass,
     "delete-queue": DeleteQueue,
+    "delete-cohort": DeleteCohort,
     "cordon": CordonNode,
     "delete-node": DeleteNode,
     "fair-share": ApplyFairShare,

@@ -167,6 +167,13 @@ class DeleteQueue(Request, frozen=True, kw_only=True):
     name: str
 
 
+class DeleteCohort(Request, frozen=True, kw_only=True):
+    """Forget a cohort: refused while a queue or a cohort names it as its parent, or while its
+    quota is lent in its tree (what was lent could not be taken back)."""
+
+    name: str
+
+
 class ApplyFairShare(Request, frozen=True, kw_only=True):
     fair_share: FairShareSpec
 

@@ -31,6 +31,7 @@ from corral.events.queues import (
     ApplyQueue,
     ApplyRetention,
     CordonNode,
+    DeleteCohort,
     DeleteNode,
     DeleteQueue,
     QueueSpec,
@@ -224,16 +225,30 @@ def _may_change(state: State, before: QueueSpec, after: QueueSpec) -> None:
     if before.cohort != after.cohort and before.cohort is not None:
         ledger = quota.Ledger.from_state(state)
         if ledger.has_queue(after.name):
-            for key in sorted({k for held in state.quota_held.values() for k in held}):
-                borrowing = ledger.borrowers(after.name, key, exclude=False)
-                if borrowing:
-                    name, over = borrowing[0]
-                    raise Refused(
-                        "forbidden",
-                        f"queue {after.name} may not leave cohort {before.cohort} while queue {name} "
-                        f"borrows in its tree ({over / WHOLE:g} GPUs of {key} past its nominal): what "
-                        "was lent could never be taken back; move it once none borrows",
-                    )
+            leaving = f"queue {after.name} may not leave cohort {before.cohort}"
+            _none_borrows(state, ledger, after.name, leaving)
+
+
+def _none_borrows(state: State, ledger: quota.Ledger, queue: str, what: str) -> None:
+    """Refuse ``what``, a change that takes quota out of ``queue``'s cohort tree or moves part of
+    the tree elsewhere, while a queue of the tree borrows: what was lent could never be taken back
+    (the preemptor takes back what a side of the tree lent to another), or what it lent from
+    would be gone."""
+    for key in sorted({k for held in state.quota_held.values() for k in held}):
+        borrowing = ledger.borrowers(queue, key, exclude=False)
+        if borrowing:
+            name, over = borrowing[0]
+            raise Refused(
+                "forbidden",
+                f"{what} while queue {name} borrows in its tree ({over / WHOLE:g} GPUs of {key} past "
+                "its nominal): what was lent could never be taken back; try again once none borrows",
+            )
+
+
+def _a_queue_under(state: State, ledger: quota.Ledger, cohort: str) -> str | None:
+    """A queue of the tree ``cohort`` is in (None: its tree has no queue, so nothing is lent in it)."""
+    root = ledger.cohort_root(cohort)
+    return next((q for q in sorted(state.queues) if ledger.has_queue(q) and ledger.root(q) == root), None)
 
 
 def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:
@@ -251,6 +266,12 @@ def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:
         seen.add(parent)
         p = state.cohorts.get(parent)
         parent = p.parent if p is not None else None
+    before = state.cohorts.get(c.name)
+    if before is not None and before.parent is not None and before.parent != c.parent:
+        ledger = quota.Ledger.from_state(state)
+        queue = _a_queue_under(state, ledger, c.name)
+        if queue is not None:
+            _none_borrows(state, ledger, queue, f"cohort {c.name} may not leave its parent {before.parent}")
     state.cohorts[c.name] = c
 
 
@@ -357,6 +378,24 @@ def _delete_queue(state: State, ctx: Ctx, req: DeleteQueue) -> None:
     del state.queues[req.name]
 
 
+def _delete_cohort(state: State, ctx: Ctx, req: DeleteCohort) -> None:
+    _admin(ctx)
+    cohort = state.cohorts.get(req.name)
+    if cohort is None:
+        raise Refused("unknown", f"no cohort {req.name}")
+    members = [f"queue {q.name}" for q in state.queues.values() if q.cohort == req.name]
+    members += [f"cohort {c.name}" for c in state.cohorts.values() if c.parent == req.name]
+    if members:
+        said = ", ".join(sorted(members)[:3]) + (f" and {len(members) - 3} more" if len(members) > 3 else "")
+        raise Refused("illegal", f"cohort {req.name} still has members: {said}; move or delete them first")
+    if cohort.quotas:
+        ledger = quota.Ledger.from_state(state)
+        queue = _a_queue_under(state, ledger, req.name)
+        if queue is not None:
+            _none_borrows(state, ledger, queue, f"cohort {req.name} and its quota may not leave its tree")
+    del state.cohorts[req.name]
+
+
 def _cordon_request(state: State, ctx: Ctx, req: CordonNode) -> None:
     _admin(ctx)
     cordon(state, ctx, req.node, req.cordoned, req.drain, req.reason or "drained by admin")
@@ -388,6 +427,7 @@ HANDLERS: dict[type[Event], Handler] = {
     ApplyFairShare: _apply_fair_share,
     ApplyRetention: _apply_retention,
     DeleteQueue: _delete_queue,
+    DeleteCohort: _delete_cohort,
     CordonNode: _cordon_request,
     DeleteNode: _delete_node,
 }

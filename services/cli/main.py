@@ -44,6 +44,7 @@ from corral.services.cli.jobs import (
 )
 from corral.services.cli.logtools import cmd_log_export, cmd_log_import, cmd_replay
 from corral.services.cli.queues import (
+    cmd_cohort_delete,
     cmd_queue_apply,
     cmd_queue_delete,
     cmd_queue_fair_share,
@@ -448,6 +449,13 @@ def parser() -> argparse.ArgumentParser:
     qd = qsub.add_parser("delete", parents=[common], help="delete a queue that has no unfinished jobs")
     qd.add_argument("name")
     qd.set_defaults(fn=cmd_queue_delete)
+    cd = qsub.add_parser(
+        "delete-cohort",
+        parents=[common],
+        help="delete a cohort no queue or cohort is in, whose quota is not lent",
+    )
+    cd.add_argument("name")
+    cd.set_defaults(fn=cmd_cohort_delete)
     sub.add_parser("queues", parents=[common], help="quota, usage and fair share per queue").set_defaults(
         fn=cmd_queues
     )

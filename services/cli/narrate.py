@@ -35,6 +35,7 @@ from corral.events.queues import (
     ApplyQueue,
     ApplyRetention,
     CordonNode,
+    DeleteCohort,
     DeleteNode,
     DeleteQueue,
     RetentionSpec,
@@ -125,6 +126,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
             return f"node {n} {'cordoned' if c else 'uncordoned'}{by}" + (" and draining" if c and d else "")
         case DeleteQueue(name=name):
             return f"queue {name} deleted by the admin"
+        case DeleteCohort(name=name):
+            return f"cohort {name} deleted by the admin"
         case DeleteNode(node=n):
             return f"node {n} deleted by the admin"
     return type(body).__name__

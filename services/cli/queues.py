@@ -232,3 +232,9 @@ def cmd_queue_delete(args: argparse.Namespace) -> None:
     with admin_client(args) as client:
         client.delete_queue(args.name)
     print(f"deleted queue {args.name}")
+
+
+def cmd_cohort_delete(args: argparse.Namespace) -> None:
+    with admin_client(args) as client:
+        client.delete_cohort(args.name)
+    print(f"deleted cohort {args.name}")

@@ -23,7 +23,7 @@ import msgspec
 
 from corral.events import codec, documents, subjects
 from corral.events.jobs import CancelJob, JobSpec, ResizeJob, SubmitJob
-from corral.events.queues import CordonNode, DeleteNode, DeleteQueue
+from corral.events.queues import CordonNode, DeleteCohort, DeleteNode, DeleteQueue
 from corral.projections.lifecycle import FINAL
 from corral.services.client.results import (
     Applied,
@@ -210,6 +210,11 @@ class AsyncClient:
     async def delete_queue(self, name: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
         """Delete a queue; ``Refused`` while it still has unfinished jobs, or for no such queue."""
         return await self._admin("delete-queue", name, DeleteQueue(name=name), timeout)
+
+    async def delete_cohort(self, name: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        """Delete a cohort; ``Refused`` while a queue or a cohort names it as its parent, while
+        its quota is lent in its tree, or for no such cohort."""
+        return await self._admin("delete-cohort", name, DeleteCohort(name=name), timeout)
 
     async def apply(self, verb: str, name: str, body: Any, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
         """An admin's change of the cluster's setup, ``body`` a request of the catalog for

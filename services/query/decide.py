@@ -46,11 +46,9 @@ from corral.services.query.queues import queue_rows
 from corral.services.runtime.forecasts import TenantForecast
 
 QUESTIONS = ("jobs", "explain", "queues", "rejections", "nodes", "verdict", "gpus", "output")
-# From "cordon" on, the admin's (their ``job`` names the node, the queue or what the change is of).
-VERDICT_VERBS = (
-    "submit", "cancel", "resize", "cordon", "delete-queue", "queue", "cohort", "priority-class", "fair-share",
-    "retention", "delete-node",
-)  # fmt: skip
+# Every request's: past a tenant's three, the admin's (their ``job`` names the node, the queue,
+# the cohort or what the change is of).
+VERDICT_VERBS = tuple(codec.ADMIN_VERBS)
 MAX_WAIT = 60.0  # seconds one question may ask the read service to wait for its answer to settle
 MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer must fit in a message
 # What one page of ``jobs`` holds at most, encoded: an answer must fit in a NATS message (1 MiB by

@@ -1,5 +1,5 @@
 """The operator's verbs end to end against `corral up`: each one's success and refusal, by exit
-status and its one-line message. Node cordon, drain, uncordon and delete and queue delete (the
+status and its one-line message. Node cordon, drain, uncordon and delete, queue and cohort delete (the
 admin's requests, answered with their verdict), jobs filtered and watched, a job's output tailed
 and followed, and submit's flags reaching the worker."""
 
@@ -33,7 +33,8 @@ def test_nodes_are_cordoned_drained_and_uncordoned_and_queues_deleted(
     tmp_path: Path,
 ) -> None:
     queues = tmp_path / "queues.toml"
-    queues.write_text(QUEUES + '\n[[queues]]\nname = "spare"\nquotas = { "*" = { nominal = 1 } }\n')
+    spare = '[[queues]]\nname = "spare"\ncohort = "spares"\nquotas = { "*" = { nominal = 1 } }\n'
+    queues.write_text(QUEUES + '\n[[cohorts]]\nname = "spares"\n\n' + spare)
     server = ("--server", cluster)
     corral("queue", "apply", str(queues), *server, env=env)
 
@@ -64,7 +65,14 @@ def test_nodes_are_cordoned_drained_and_uncordoned_and_queues_deleted(
     corral("submit", "--id", "busy", "--queue", "team-a", "--tenant", "team-a", *server, env=env)
     busy = corral("queue", "delete", "team-a", *server, env=env, check=False)
     assert (busy.returncode, one_line(busy)) == (1, "corral: queue team-a still has jobs")
+    in_use = corral("queue", "delete-cohort", "spares", *server, env=env, check=False)
+    assert (in_use.returncode, one_line(in_use)) == (
+        1,
+        "corral: cohort spares still has members: queue spare; move or delete them first",
+    )
     assert corral("queue", "delete", "spare", *server, env=env).stdout.strip() == "deleted queue spare"
+    deleted = corral("queue", "delete-cohort", "spares", *server, env=env)
+    assert deleted.stdout.strip() == "deleted cohort spares"
     gone = corral("queue", "delete", "spare", *server, env=env, check=False)
     assert (gone.returncode, one_line(gone)) == (1, "corral: no queue spare")
     rows = json.loads(corral("queues", "-o", "json", *server, env=env).stdout)

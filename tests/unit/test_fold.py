@@ -35,6 +35,7 @@ from corral.events.queues import (
     ApplyQueue,
     CohortSpec,
     CordonNode,
+    DeleteCohort,
     DeleteNode,
     DeleteQueue,
     FairShareSpec,
@@ -373,6 +374,48 @@ def test_a_queue_may_not_leave_its_cohort_while_it_borrows_there() -> None:
     log.request("alice", "cancel", {"job_id": "a2"})
     state = fold(log.admin("queue", ApplyQueue(queue=moved)))
     assert state.queues["team-a"].cohort == "other"
+
+
+def test_a_cohort_may_not_leave_its_parent_while_its_tree_borrows() -> None:
+    # team-a (under "left") borrows the 4 GPUs team-b (under "right") lent it within "org":
+    # moved out of "org", no side of any tree would hold team-b's lent quota to take it back.
+    log = LogBuilder().admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    for side in ("left", "right"):
+        log.admin("cohort", ApplyCohort(cohort=CohortSpec(side, parent="org")))
+    log.queue(QueueSpec("team-a", cohort="left", quotas={"*": Quota(nominal=4)}))
+    log.queue(QueueSpec("team-b", cohort="right", quotas={"*": Quota(nominal=4)}))
+    for j in ("a1", "a2"):
+        log.submit("alice", j, job("team-a").gpus(4)).accept(j).admit(j)
+    state = fold(log.admin("cohort", ApplyCohort(cohort=CohortSpec("left"))))
+    assert last(state).code == "forbidden" and "team-a borrows" in last(state).message, last(state)
+    assert state.cohorts["left"].parent == "org"
+    moved = fold(log.admin("cohort", ApplyCohort(cohort=CohortSpec("right", parent="left"))))
+    assert last(moved).code == "forbidden" and moved.cohorts["right"].parent == "org"
+    same = fold(log.admin("cohort", ApplyCohort(cohort=CohortSpec("left", parent="org", quotas={}))))
+    assert same.cohorts["left"].parent == "org" and not same.rejections[len(moved.rejections) :]
+    log.request("alice", "cancel", {"job_id": "a2"})
+    state = fold(log.admin("cohort", ApplyCohort(cohort=CohortSpec("left"))))
+    assert state.cohorts["left"].parent is None
+
+
+def test_a_cohort_is_deleted_only_once_nothing_is_in_it_and_its_quota_is_not_lent() -> None:
+    log = LogBuilder().admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    pool = CohortSpec("pool", parent="org", quotas={"*": Quota(nominal=4)})
+    log.admin("cohort", ApplyCohort(cohort=pool))
+    log.admin("cohort", ApplyCohort(cohort=CohortSpec("empty")))
+    log.queue(QueueSpec("team-a", cohort="org", quotas={"*": Quota(nominal=4)}))
+    state = fold(log.admin("delete-cohort", DeleteCohort(name="org")))
+    assert last(state).code == "illegal" and "cohort pool, queue team-a" in last(state).message, last(state)
+    state = fold(log.admin("delete-cohort", DeleteCohort(name="nowhere")))
+    assert last(state).code == "unknown"
+    log.submit("alice", "a1", job("team-a").gpus(8)).accept("a1").admit("a1")  # borrows the pool's 4
+    state = fold(log.admin("delete-cohort", DeleteCohort(name="pool")))
+    assert last(state).code == "forbidden" and "pool" in state.cohorts, last(state)
+    state = fold(log.admin("delete-cohort", DeleteCohort(name="empty")))
+    assert "empty" not in state.cohorts
+    log.request("alice", "cancel", {"job_id": "a1"})
+    state = fold(log.admin("delete-cohort", DeleteCohort(name="pool")))
+    assert "pool" not in state.cohorts and "org" in state.cohorts
 
 
 def test_a_class_may_not_turn_non_preemptible_while_its_jobs_borrow() -> None:

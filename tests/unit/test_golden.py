@@ -66,6 +66,7 @@ from corral.events.queues import (
     ApplyRetention,
     CohortSpec,
     CordonNode,
+    DeleteCohort,
     DeleteNode,
     DeleteQueue,
     FairShareSpec,
@@ -132,6 +133,7 @@ REQUESTS: dict[type[Event], Event] = {
         )
     ),
     DeleteQueue: DeleteQueue(name="vision"),
+    DeleteCohort: DeleteCohort(name="research"),
     CordonNode: CordonNode(node="node-00", cordoned=True, drain=True, reason="xid 79"),
     DeleteNode: DeleteNode(node="node-07"),
     ApplyFairShare: ApplyFairShare(fair_share=FairShareSpec(half_life_s=43_200.0)),

@@ -40,6 +40,7 @@ from corral.projections.fold_moves import (
 from corral.projections.lifecycle import (
     FINAL,
     IllegalTransition,
+    Phase,
 )
 from corral.projections.state import (
     Checkpoint,
@@ -221,8 +222,7 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     adm = job.admission
     if job.phase == "running" and adm is not None and rank >= adm.replicas:
         left(state, job, rank, ctx)
-        if job.held is not None and not live:
-            release(state, job, ctx)  # the ranks it kept had ended: the GPUs are free
+        _release_if_over(state, job, ctx)  # the ranks it kept may have ended
         return
     codes = job.exit_codes
     codes[rank] = ev.code
@@ -233,8 +233,20 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
         _succeed_if_done(state, job, ctx)
     else:
         _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
-    if job.held is not None and not live:
-        release(state, job, ctx)  # the last worker is gone: the GPUs are free
+    _release_if_over(state, job, ctx)
+
+
+# The phases a job whose workers have all exited may still be in only because some of its ranks
+# are yet to start (the gang's others, or ranks a growth added): its GPUs are theirs.
+_TO_START: frozenset[Phase] = frozenset({"placed", "starting", "running"})
+
+
+def _release_if_over(state: State, job: JobState, ctx: Ctx) -> None:
+    """Give back the GPUs of a job whose last worker has gone, unless ranks of its placement are
+    still to start there: a gang's rank that ended before another started, or a grown job's
+    kept ranks ending before the added ones started, leave their GPUs held for those."""
+    if job.held is not None and not job.live and job.phase not in _TO_START:
+        release(state, job, ctx)
 
 
 def _ran_here(placement: Placement, ev: WorkerExited, job_id: str) -> None:

@@ -168,5 +168,9 @@ from __future__ import annotations
 #    (``preemption.drain_grace_s``); a queue may not close to a tenant with any unfinished job in
 #    it, nor leave a cohort tree where some queue borrows.
 # 57: a MIG slice given back on a GPU re-registered as a model without its profile frees what it
-#    took: the slices taken are what the instances left hold (``claims._release_mig``).
+#    took: the slices taken are what the instances left hold (``claims._release_mig``). A cohort
+#    may not move to another parent while its tree borrows, and may be deleted (``DeleteCohort``)
+#    once nothing is in it and its quota is not lent (``fold_requests._none_borrows``). A job
+#    whose workers have all exited keeps its GPUs while ranks of its placement are still to start
+#    (``fold_nodes._release_if_over``).
 RULES = 57

@@ -77,6 +77,19 @@ def test_a_running_elastic_job_grows_and_its_added_ranks_join_it() -> None:
     check_quota_books(state)
 
 
+def test_a_grown_job_whose_kept_ranks_end_keeps_the_gpus_of_the_ranks_still_to_start() -> None:
+    # Ranks 0 and 1 exited 0 before the added ranks 2 and 3 started: all four GPUs were given
+    # back while the agent was still to start ranks 2 and 3 on theirs.
+    log = elastic_running().grow("e", 4).place(placement("e", *ranks(4)))
+    state = fold(log.exited(N0, "e", rank=0, code=0).exited(N0, "e", rank=1, code=0))
+    assert state.jobs["e"].phase == "running" and gpu_holders(state)[:4] == [{"e": 1000}] * 4
+    check_quota_books(state)
+    log.started(N0, "e", rank=2).started(N0, "e", rank=3)
+    state = fold(log.exited(N0, "e", rank=2, code=0).exited(N0, "e", rank=3, code=0))
+    assert state.jobs["e"].phase == "succeeded" and gpu_holders(state)[:4] == [{}] * 4
+    assert state.rejected_total == 0
+
+
 @pytest.mark.parametrize(
     ("make", "why"),
     [

@@ -1166,6 +1166,21 @@ def test_a_broken_gang_keeps_its_gpus_until_its_last_worker_is_gone() -> None:
     assert holders(state, N0)[0] == {} and holders(state, N1)[0] == {} and state.jobs["j1"].held is None
 
 
+def test_a_gang_rank_that_ends_before_another_starts_leaves_the_gpus_held_for_it() -> None:
+    # Rank 0 ran and exited 0 before rank 1 started (a short rank, or start skew across nodes):
+    # the gang's GPUs were all given back, another job was placed on rank 1's, and rank 1 then
+    # started there too.
+    log = queued(spec=job().replicas(2)).admit("j1", replicas=2)
+    log.place(placement("j1", worker(0, N0, whole(0)), worker(1, N0, whole(1))))
+    state = fold(log.started(N0, "j1", rank=0).exited(N0, "j1", rank=0, code=0))
+    assert state.jobs["j1"].phase == "starting" and holders(state)[1] == {"j1": 1000}
+    log.submit("bob", "x", job()).accept("x").admit("x").place(on(N0, 1, job_id="x"))
+    state = fold(log.started(N0, "j1", rank=1))
+    assert state.jobs["x"].phase == "admitted" and state.jobs["j1"].live == {1}
+    state = fold(log.exited(N0, "j1", rank=1, code=0))
+    assert state.jobs["j1"].phase == "succeeded" and holders(state)[:2] == [{}, {}]
+
+
 def test_straggler_of_an_old_attempt_only_gives_back_gpus() -> None:
     log = running(nodes=Cluster(2)).gpu_health(N0, 0, False).requeue("j1", 0)
     state = fold(log)

@@ -82,8 +82,14 @@ def place_beside(
 ) -> Placement | tuple[Reason, ...]:
     """Place the workers ``req`` asks for (the ranks admission added to a running elastic job)
     where a required topology keeps them with the job's running workers ``held``: the same
-    NVLink island, node, rack or block. Else as ``place``. Searched alone, the added ranks went
-    to the tightest fit, another block or island than the running ones."""
+    NVLink island, node, rack or block; spread, nodes other than theirs (if required, else as
+    far as it can). Else as ``place``. Searched alone, the added ranks went to the tightest fit,
+    another block or island than the running ones, or beside them where they were to spread."""
+    if req.pack == "spread" and held.workers:
+        slots = _anywhere(chain, snap, req, avoid=frozenset(w.node for w in held.workers))
+        if slots is None:
+            return _why_not(chain, snap, req)
+        return Placement(req.job_id, req.attempt, tuple(slots))
     (level,) = levels(req)[:1]  # a required topology has its one level; none has "cluster"
     if not req.required or level == "cluster" or not held.workers:
         return place(chain, snap, req, label_keys)
@@ -160,15 +166,18 @@ def _fill(
     return attempt.slots
 
 
-def _anywhere(chain: Chain, snap: Snapshot, req: Request) -> list[WorkerSlot] | None:
+def _anywhere(
+    chain: Chain, snap: Snapshot, req: Request, avoid: frozenset[str] = frozenset()
+) -> list[WorkerSlot] | None:
     """Workers one by one on the best node each; ``spread`` keeps them on distinct nodes (if
-    required, else as far as it can)."""
+    required, else as far as it can), none of them ``avoid`` (the nodes a growing job's running
+    workers are on)."""
     spread = req.pack == "spread"
     passes = (True,) if (spread and req.required) else ((True, False) if spread else (False,))
     for distinct in passes:
         attempt = Attempt(snap, req)
         for _ in range(req.replicas):
-            used = frozenset(w.node for w in attempt.slots) if distinct else frozenset()
+            used = avoid | frozenset(w.node for w in attempt.slots) if distinct else frozenset()
             pick = chain.best(snap, req, candidates(snap, req, most_first=spread), exclude=used)
             if pick is None:
                 attempt.undo()

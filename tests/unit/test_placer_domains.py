@@ -85,6 +85,26 @@ def test_a_grown_gang_stays_in_the_nvlink_island_its_workers_use() -> None:
     assert len(got) == 2 and all(g < 4 for _, g in got), got  # island 1's last GPU is tighter
 
 
+def test_a_grown_gang_that_must_spread_goes_to_nodes_its_workers_are_not_on() -> None:
+    # The added ranks were kept apart from each other only: with the other nodes full, the
+    # placer put rank 1 beside rank 0 on nodeA.
+    log = LogBuilder().queue("team-a").node("nodeA", inv(8)).node("nodeB", inv(8)).node("nodeC", inv(8))
+    running(log, "filler", spec(8), "nodeB", *range(8))
+    running(log, "j", spec(3, "spread", True, min_replicas=1), "nodeA", 0)
+    log.grow("j", 2)
+    assert [n for n, _ in grown_on(cycle(log), "j")] == ["nodeA", "nodeC"]
+    full = LogBuilder().queue("team-a").node("nodeA", inv(8)).node("nodeB", inv(8))
+    running(full, "filler", spec(8), "nodeB", *range(8))
+    running(full, "j", spec(2, "spread", True, min_replicas=1), "nodeA", 0)
+    full.grow("j", 2)
+    assert [n for n, _ in grown_on(cycle(full), "j")] == ["nodeA"]  # no node for rank 1: it waits
+    loose = LogBuilder().queue("team-a").node("nodeA", inv(8)).node("nodeB", inv(8))
+    running(loose, "filler", spec(8), "nodeB", *range(8))
+    running(loose, "j", spec(2, "spread", False, min_replicas=1), "nodeA", 0)
+    loose.grow("j", 2)
+    assert [n for n, _ in grown_on(cycle(loose), "j")] == ["nodeA", "nodeA"]  # spread as far as it can
+
+
 def test_a_required_rack_with_a_node_selector_is_found_behind_many_of_other_pools() -> None:
     # Forty racks hold a node of each pool; counted whole they look roomy enough, and past 32
     # of them the one rack with room in pool a was never tried: the gang stayed unplaced (and

@@ -188,7 +188,10 @@ class AdmissionWithdrawn(Event, frozen=True, kw_only=True):
     never ran): no node of the cluster can host it any more (a node left, or its GPUs changed),
     and it waits until one that can registers; or it was placed nowhere for the placement
     timeout, and ``admit_after`` (log time) is when it may be admitted again (Kueue's
-    ``waitForPodsReady`` requeue with its back-off). ``reason`` says which."""
+    ``waitForPodsReady`` requeue with its back-off). ``reason`` says which. Of a running elastic
+    job, only its growth is withdrawn (reason ``growth-timeout``): its added ranks were placed
+    nowhere for the timeout; it runs on at the workers it has, and grows again from
+    ``admit_after``."""
 
     job_id: str
     attempt: Index

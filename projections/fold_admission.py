@@ -30,6 +30,7 @@ from corral.projections.fold_moves import (
     void_items,
     voided,
 )
+from corral.projections.fold_preemption import readmit
 from corral.projections.lifecycle import (
     FINAL,
     IllegalTransition,
@@ -133,21 +134,27 @@ def _grow(state: State, ctx: Ctx, ledger: quota.Ledger, grown: Admission) -> str
         return f"{grown.replicas} replicas is no growth of {old.replicas} within {spec.replicas}"
     if job.placement is None or len(job.placement.workers) != old.replicas:
         return f"its {old.replicas} admitted workers are not all placed, or some are leaving"
+    if job.grow_after > ctx.time:
+        return f"grows again from t={job.grow_after:.0f} (its last growth was placed nowhere)"
     why = ledger.claim_growth(job, grown)
     if why is not None:
         return why.message
     quota.count_holding(state, job, -1)
     job.admission = grown
     quota.count_holding(state, job, 1)
+    job.grown_at = ctx.time
     job.updated_seq = ctx.seq
     return None
 
 
 def _withdrawn(state: State, ctx: Ctx, ev: AdmissionWithdrawn) -> None:
     """Only an admission still waiting for its placement is withdrawn: a job placed meanwhile
-    (the placer found room after all) keeps it, and the record is void."""
+    (the placer found room after all) keeps it, and the record is void. A running elastic job's
+    growth whose added ranks are not placed is withdrawn alone: the job is admitted again at the
+    workers it has, and keeps running."""
     job = find_job(state, ev.job_id)
-    if job.phase != "admitted" or job.attempt != ev.attempt:
+    growing = job.phase == "running" and job.attempt == ev.attempt and queueing.growth_unplaced(job)
+    if not growing and (job.phase != "admitted" or job.attempt != ev.attempt):
         raise voided(
             job.id, f"job {job.id} is {job.phase} at attempt {job.attempt}, not admitted at {ev.attempt}"
         )
@@ -156,6 +163,12 @@ def _withdrawn(state: State, ctx: Ctx, ev: AdmissionWithdrawn) -> None:
         raise voided(
             job.id, f"a back-off until t={ev.admit_after} is more than {longest:.0f} s past t={ctx.time:.0f}"
         )
+    if growing:
+        assert job.placement is not None
+        readmit(state, job, len(job.placement.workers))  # the quota of the added ranks is free
+        job.grow_after = ev.admit_after
+        job.updated_seq = ctx.seq
+        return
     move(state, job, "withdraw", ctx)  # before the admission goes: the move gives back what it holds
     job.admission = None
     job.admit_after = ev.admit_after

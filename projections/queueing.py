@@ -55,6 +55,19 @@ def backs_off(job: JobState, now: float) -> bool:
     return job.admit_after > now
 
 
+def growth_unplaced(job: JobState) -> bool:
+    """Whether a running elastic job was grown and its added ranks are not placed yet: admitted
+    at more workers than its placement has, none of them leaving (a shrink under way)."""
+    adm, placement = job.admission, job.placement
+    return (
+        job.phase == "running"
+        and adm is not None
+        and placement is not None
+        and len(placement.workers) < adm.replicas
+        and not job.leaving
+    )
+
+
 def short(job: JobState, limit_gpu_s: float) -> bool:
     """Whether ``job`` takes the short-job lane (``FairShareSpec.short_job_gpu_s``): it is
     expected to need at most ``limit_gpu_s`` of GPU time, its runtime estimate times its GPUs

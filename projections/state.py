@@ -144,6 +144,10 @@ class JobState(msgspec.Struct, gc=False):
     # Log time before which admission may not admit it again: the back-off of an admission
     # withdrawn for its placement timeout (``AdmissionWithdrawn.admit_after``).
     admit_after: float = 0.0
+    # A running elastic job: log time of its latest growth, and before which it may not grow
+    # again, a growth of it withdrawn for the same timeout (``AdmissionWithdrawn.admit_after``).
+    grown_at: float = 0.0
+    grow_after: float = 0.0
 
     @property
     def leaving(self) -> list[int]:

@@ -69,7 +69,9 @@ the beneficiaries of preemptions under way.
 Growth. Last, running elastic jobs below their most workers are admitted at more (``grow``),
 with the quota the cycle left over and only while nobody waits in their cohort tree; the growths
 ride in the same ``JobsAdmitted``, after the admissions. An elastic job shrinking for a
-beneficiary nominates it, as a checkpointing victim does.
+beneficiary nominates it, as a checkpointing victim does. A growth whose added ranks the placer
+has placed nowhere for ``placement_timeout_s`` is withdrawn as an admission is (the job runs on
+at the workers it has) and the job does not grow again for ``placement_backoff_s``.
 """
 
 from __future__ import annotations
@@ -213,6 +215,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     unhosted = _unhosted(state, inventory, ledger, waiting, explained, events)
     nominated -= unhosted
     _placement_timeouts(state, config, nominated | stopping | unhosted, now, events)
+    _growth_timeouts(elastic, config, now, events)
     _backing_off(waiting, explained, now)
 
     # 3. Order the backlog by fair share; 4. admit whole gangs while quota allows.
@@ -230,7 +233,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         order, ledger, config.max_admissions - len(first), now, ends, lending_holds, inventory
     )
     most = inventory.most_workers
-    grown = growths(state, ledger, elastic, waiting, admissions, most) if config.grow else []
+    grown = growths(state, ledger, elastic, waiting, admissions, now, most) if config.grow else []
     if admissions or grown:
         events.append(
             JobsAdmitted(based_on=state.seq, now=now, admissions=tuple(admissions), growths=tuple(grown))
@@ -456,6 +459,31 @@ def _placement_timeouts(
         events.append(withdrawn)
 
 
+def _growth_timeouts(
+    elastic: list[JobState], config: AdmissionConfig, now: float, events: list[Event]
+) -> None:
+    """Withdraw the growths of running elastic jobs whose added ranks the placer has placed
+    nowhere for the placement timeout since they grew: the quota admission counted free GPUs
+    for may be on GPUs their topology, selector or model rules out, or that failed since. The
+    job keeps running at the workers it has and sits out the back-off before it grows again."""
+    timeout = config.placement_timeout_s
+    if timeout is None:
+        return
+    for job in elastic:
+        if not queueing.growth_unplaced(job) or now < job.grown_at + timeout:
+            continue
+        assert job.admission is not None and job.placement is not None
+        after = now + config.placement_backoff_s
+        reason = Reason(
+            "growth-timeout",
+            f"grown to {job.admission.replicas} workers at t={job.grown_at:.0f} and its added ranks "
+            f"placed nowhere for {timeout:.0f} s; it runs on at {len(job.placement.workers)}, the "
+            f"quota of the rest given back, and may grow again from t={after:.0f}",
+        )
+        withdrawn = AdmissionWithdrawn(job_id=job.id, attempt=job.attempt, reason=reason, admit_after=after)
+        events.append(withdrawn)
+
+
 def wake(state: State, now: float, config: AdmissionConfig = DEFAULT) -> float:
     """The earliest log time after ``now`` at which the passing of time alone may change what a
     cycle decides: an admission's placement timeout running out, or a back-off ending. (The
@@ -471,6 +499,15 @@ def wake(state: State, now: float, config: AdmissionConfig = DEFAULT) -> float:
         for job in indexes.explained(state, name):
             if now < job.admit_after < soonest:
                 soonest = job.admit_after
+    for job in indexes.jobs_in(state, "running"):  # growths placed nowhere, and their back-offs
+        if job.spec.min_replicas is None:
+            continue
+        if timeout is not None and queueing.growth_unplaced(job):
+            at = job.grown_at + timeout
+            if now < at < soonest:
+                soonest = at
+        if now < job.grow_after < soonest:
+            soonest = job.grow_after
     return soonest
 
 

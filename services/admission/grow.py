@@ -9,7 +9,11 @@ then; while it runs, each cycle may admit it at more workers, on three condition
 - the added workers fit on GPUs that are free now (idle, healthy, on ready uncordoned nodes,
   less what admitted jobs not yet placed will take): quota admitted for ranks no GPU can hold
   would sit idle while it blocks others;
-- it is not shrinking, and every worker it was admitted for is placed (one growth at a time).
+- it is not shrinking, and every worker it was admitted for is placed (one growth at a time);
+- no growth of it was withdrawn lately: free GPUs counted cluster-wide may be none its
+  topology, selector or model allows, so a growth the placer places nowhere for the placement
+  timeout is withdrawn (``decide._placement_timeouts``) and the job sits out the back-off
+  (``JobState.grow_after``) before it grows again.
 
 Jobs grow in submission order, each by as many workers as quota and free GPUs allow, up to its
 ``replicas``. A growth is proposed as the job's new total in ``JobsAdmitted.growths``; the fold
@@ -35,6 +39,7 @@ def growths(
     running: Iterable[JobState],
     waiting: Mapping[str, Iterable[JobState]],
     admitted: Collection[Admission],
+    now: float,
     most: Callable[[JobState], int] | None = None,
 ) -> list[Admission]:
     """The cycle's growths, charged to ``ledger``. ``running``: the running elastic jobs;
@@ -43,7 +48,7 @@ def growths(
     (``Inventory.most_workers``; its most workers if None)."""
     # Most running elastic jobs are at their most workers: pass them over without a call each.
     below = [j for j in running if j.admission is not None and j.admission.replicas < j.spec.replicas]
-    candidates = sorted((j for j in below if growable(j)), key=lambda j: (j.submitted_seq, j.id))
+    candidates = sorted((j for j in below if growable(j, now)), key=lambda j: (j.submitted_seq, j.id))
     if not candidates:
         return []
     free = free_gpus(state) - _unplaced_gpus(state, admitted)
@@ -70,10 +75,11 @@ def growths(
     return out
 
 
-def growable(job: JobState) -> bool:
+def growable(job: JobState, now: float) -> bool:
     spec, adm, placement = job.spec, job.admission, job.placement
     return (
         job.phase == "running"
+        and job.grow_after <= now
         and spec.min_replicas is not None
         and adm is not None
         and adm.replicas < spec.replicas

@@ -90,6 +90,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
             said = [f"admits {', '.join(f'{a.job_id}×{a.replicas}' for a in adms)}"] if adms else []
             said += [f"grows {', '.join(f'{a.job_id} to ×{a.replicas}' for a in grown)}"] if grown else []
             return "admission " + "; ".join(said)
+        case AdmissionWithdrawn(job_id=jid, reason=r) if r.code == "growth-timeout":
+            return f"admission withdraws {jid}'s growth: {r.message}"
         case AdmissionWithdrawn(job_id=jid, reason=r):
             return f"admission withdraws {jid}'s admission, back to its queue: {r.message}"
         case JobRequeued(job_id=jid, resume_from=ck):

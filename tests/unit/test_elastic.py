@@ -266,6 +266,40 @@ def test_admission_grows_a_running_elastic_job_into_quota_nobody_waits_for() -> 
     assert sum(1 for g in state.nodes[N0].gpus if g.holders) == 5
 
 
+def test_a_growth_placed_nowhere_is_withdrawn_after_the_placement_timeout() -> None:
+    # Admission grows on a cluster-wide count of free GPUs; the added ranks may fit on none of
+    # them (a required topology, a selector, a GPU failed since). The grown quota was held for
+    # ever while the job's own queue waited beside idle GPUs.
+    from corral.events.jobs import AdmissionWithdrawn, JobsAdmitted
+    from corral.services.admission.decide import DEFAULT, wake
+    from corral.services.admission.decide import decide as admit
+
+    timeout, backoff = DEFAULT.placement_timeout_s, DEFAULT.placement_backoff_s
+    assert timeout is not None
+    log = elastic_running(replicas=2, most=4, nominal=8).at(2000.0)
+    (ev,) = [e for e in admit(fold(log), 2000.0) if isinstance(e, JobsAdmitted)]
+    state = fold(_decided(log, [ev], "admission"))
+    assert state.jobs["e"].admission.replicas == 4 and held_quota(state) == 4000  # type: ignore[union-attr]
+    assert wake(state, 2001.0) == 2000.0 + timeout
+    assert not [e for e in admit(state, 2000.0 + timeout - 1) if isinstance(e, AdmissionWithdrawn)]
+    (withdrawn,) = [e for e in admit(state, 2000.0 + timeout) if isinstance(e, AdmissionWithdrawn)]
+    assert withdrawn.job_id == "e" and "runs on at 2" in withdrawn.reason.message
+    state = fold(_decided(log.at(2000.0 + timeout), [withdrawn], "job"))
+    e = state.jobs["e"]
+    assert (e.phase, e.admission.replicas if e.admission else 0, held_quota(state)) == ("running", 2, 2000)
+    assert state.rejected_total == 0
+    check_quota_books(state)
+    later = 2000.0 + timeout + 1
+    assert not [e for e in admit(state, later) if isinstance(e, JobsAdmitted) and e.growths]
+    assert wake(state, later) == withdrawn.admit_after == 2000.0 + timeout + backoff
+    regrown = [e for e in admit(state, withdrawn.admit_after) if isinstance(e, JobsAdmitted)]
+    assert [(g.job_id, g.replicas) for ev in regrown for g in ev.growths] == [("e", 4)]
+    # A growth proposed during the back-off is void in the fold too.
+    early = JobsAdmitted(based_on=state.seq, now=later, admissions=(), growths=ev.growths)
+    state = fold(_decided(log.at(later), [early], "admission"))
+    assert state.jobs["e"].admission.replicas == 2 and "grows again" in state.rejections[-1].message  # type: ignore[union-attr]
+
+
 def test_admission_does_not_grow_a_job_while_another_waits_in_its_cohort_tree() -> None:
     from corral.events.jobs import JobsAdmitted
     from corral.services.admission.decide import decide as admit

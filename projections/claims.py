@@ -324,8 +324,9 @@ def _take_mig(gpu: GpuState, c: GpuClaim, job_id: str) -> None:
     gpu.holders[job_id] = gpu.holders.get(job_id, 0) + m
     p = mig.profile(gpu.info.model, c.mig.profile)
     assert p is not None
-    gpu.mig_used |= mig.mask(p, c.mig.start)
-    gpu.mig[c.mig.start] = MigInstance(job_id, c.mig.profile)
+    taken = mig.mask(p, c.mig.start)
+    gpu.mig_used |= taken
+    gpu.mig[c.mig.start] = MigInstance(job_id, c.mig.profile, taken, m)
 
 
 def release(state: State, job: JobState) -> None:
@@ -454,7 +455,7 @@ def release_rank(state: State, job: JobState, rank: int) -> None:
             if not 0 <= c.gpu < len(node.gpus):
                 continue
             gpu = node.gpus[c.gpu]
-            milli = claim_milli(gpu.info.model, c) if c.mig is not None else c.milli
+            milli = _release_mig(gpu, c.mig, job.id) if c.mig is not None else c.milli
             holders = gpu.holders
             if job.id in holders:
                 gave = min(milli, holders[job.id])
@@ -463,25 +464,16 @@ def release_rank(state: State, job: JobState, rank: int) -> None:
                 else:
                     del holders[job.id]
                 gpu.used_milli = max(0, gpu.used_milli - gave)
-            if c.mig is not None:
-                _release_mig(gpu, c.mig, job.id)
     kept = tuple(w for w in held.workers if w.rank != rank)
     indexes.hold(state, job, msgspec.structs.replace(held, workers=kept))
 
 
-def _release_mig(gpu: GpuState, slot: MigSlot, job_id: str) -> None:
+def _release_mig(gpu: GpuState, slot: MigSlot, job_id: str) -> int:
+    """Give back the job's MIG instance at ``slot``: the memory slices it took. Returns the share
+    of the GPU it held (0: none of the job's there)."""
     inst = gpu.mig.get(slot.start)
-    if inst is not None and inst.job_id == job_id:
-        del gpu.mig[slot.start]
-        p = mig.profile(gpu.info.model, slot.profile)
-        if p is not None:
-            gpu.mig_used &= ~mig.mask(p, slot.start)
-        else:
-            # Placed on the model the GPU was registered as before (its node re-registered it as
-            # another): what is taken is what the instances left still hold, on the model it is.
-            used = 0
-            for start, other in gpu.mig.items():
-                q = mig.profile(gpu.info.model, other.profile)
-                if q is not None:
-                    used |= mig.mask(q, start)
-            gpu.mig_used = used
+    if inst is None or inst.job_id != job_id:
+        return 0
+    del gpu.mig[slot.start]
+    gpu.mig_used &= ~inst.mask
+    return inst.milli

@@ -172,5 +172,8 @@ from __future__ import annotations
 #    may not move to another parent while its tree borrows, and may be deleted (``DeleteCohort``)
 #    once nothing is in it and its quota is not lent (``fold_requests._none_borrows``). A job
 #    whose workers have all exited keeps its GPUs while ranks of its placement are still to start
-#    (``fold_nodes._release_if_over``).
+#    (``fold_nodes._release_if_over``). ``AdmissionWithdrawn`` of a running elastic job withdraws
+#    its growth whose added ranks are placed nowhere (admitted again at the workers it has), and
+#    a growth during its back-off (``JobState.grow_after``) is void. A MIG instance keeps the
+#    memory slices and share it took (``MigInstance.mask``, ``milli``) and gives back those.
 RULES = 57

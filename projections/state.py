@@ -22,8 +22,14 @@ WHOLE = 1000  # milli-GPU in one GPU
 
 
 class MigInstance(msgspec.Struct, gc=False):
+    """A MIG instance a job holds, with the memory slices (``mask``) and the share of the GPU
+    (``milli``) it took: given back as taken, whatever model the GPU is said to be by then (the
+    same profile name spans other slices on another model, or none)."""
+
     job_id: str
     profile: str
+    mask: int = 0
+    milli: int = 0
 
 
 class GpuState(msgspec.Struct, gc=False):

@@ -115,7 +115,7 @@ class N:
                 p = mig.profile(self.model, profile)
                 assert p is not None
                 g.mig_used |= mig.mask(p, start)
-                g.mig[start] = MigInstance("other", profile)
+                g.mig[start] = MigInstance("other", profile, mig.mask(p, start))
                 g.holders = {"other": 1}
             gpus.append(g)
         return NodeState(

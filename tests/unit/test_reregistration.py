@@ -152,3 +152,22 @@ def test_a_slice_given_back_after_its_gpu_became_another_model_leaves_no_slice_t
     lb.submit("bob", "t", job().mig("7g.40gb")).accept("t").admit("t")
     state = lb.place(placement("t", worker(0, NODE, mig_slot(0, "7g.40gb", 0)))).fold()
     assert state.jobs["t"].phase == "placed"
+
+
+def test_a_slice_given_back_after_its_gpu_became_another_model_frees_only_the_slices_it_took() -> None:
+    # 1g.10gb is one memory slice on an A100-80GB and two on an A100-40GB: a's release, looked
+    # up on the new model, freed b's slice too, and c was placed on it while b ran there.
+    def a100(model: str) -> NodeInventory:
+        gpu = msgspec.structs.replace(FULL.gpus[0], model=model, mig=True)
+        return msgspec.structs.replace(FULL, gpus=(gpu,))
+
+    lb = LogBuilder().node(NODE, a100("A100-80GB")).queues("team-a")
+    for j, start in (("a", 0), ("b", 1)):
+        lb.submit("alice", j, job().mig("1g.10gb")).accept(j).admit(j)
+        lb.place(placement(j, worker(0, NODE, mig_slot(0, "1g.10gb", start)))).started(NODE, j)
+    lb.node(NODE, a100("A100-40GB")).exited(NODE, "a", code=137)
+    gpu = lb.fold().nodes[NODE].gpus[0]
+    assert set(gpu.mig) == {1} and gpu.mig_used == 0b10 and gpu.holders == {"b": 125}
+    lb.submit("bob", "c", job().mig("1g.5gb")).accept("c").admit("c")
+    state = lb.place(placement("c", worker(0, NODE, mig_slot(0, "1g.5gb", 1)))).fold()
+    assert state.jobs["c"].phase == "admitted" and state.rejections[-1].code == "void"

@@ -89,6 +89,9 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
     # A GPU is its UUID, not its index: NVML numbers GPUs anew when one falls off the bus. What
     # work holds follows the GPU to its new index, or leaves with it.
     held = {g.info.uuid: g for g in old.gpus if g.holders} if old is not None else {}
+    # A GPU found failed stays failed across its agent's restart, held or not, as the health
+    # monitor keeps its verdict: it says when the GPU is well again.
+    sick = {g.info.uuid: g for g in old.gpus if not g.healthy} if old is not None else {}
     now_at = {g.uuid: g.index for g in ev.inventory.gpus}
     moved = {g.info.index: now_at.get(u) for u, g in held.items() if now_at.get(u) != g.info.index}
     gpus = []
@@ -100,6 +103,8 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
                 switched.add(info.index)
             prev.info = info  # work still holds it: keep what it holds
             gpus.append(prev)
+        elif info.uuid in sick:
+            gpus.append(GpuState(info=info, healthy=False, signal=sick[info.uuid].signal))
         else:
             gpus.append(GpuState(info=info))
     if old is None:

@@ -175,5 +175,6 @@ from __future__ import annotations
 #    (``fold_nodes._release_if_over``). ``AdmissionWithdrawn`` of a running elastic job withdraws
 #    its growth whose added ranks are placed nowhere (admitted again at the workers it has), and
 #    a growth during its back-off (``JobState.grow_after``) is void. A MIG instance keeps the
-#    memory slices and share it took (``MigInstance.mask``, ``milli``) and gives back those.
+#    memory slices and share it took (``MigInstance.mask``, ``milli``) and gives back those. A
+#    failed GPU stays failed when its node registers again, held or not.
 RULES = 57

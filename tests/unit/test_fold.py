@@ -1595,10 +1595,10 @@ def test_drain_stops_at_once_a_job_whose_workers_have_not_started() -> None:
     assert state.jobs["j1"].phase == "preempted" and gpu(state, 0).holders == {}
 
 
-def test_reregistering_keeps_held_gpus_and_resets_idle_ones() -> None:
+def test_reregistering_keeps_held_gpus_and_failed_ones() -> None:
     log = running(nodes=Cluster(2)).gpu_health(N0, 5, False).node(N0, Cluster(2).nodes[0][1])
     state = fold(log)
-    assert gpu(state, 0).holders == {"j1": 1000} and gpu(state, 5).healthy
+    assert gpu(state, 0).holders == {"j1": 1000} and not gpu(state, 5).healthy and gpu(state, 6).healthy
     assert state.nodes[N0].cpu_used == 1000
 
 

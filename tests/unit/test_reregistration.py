@@ -171,3 +171,17 @@ def test_a_slice_given_back_after_its_gpu_became_another_model_frees_only_the_sl
     lb.submit("bob", "c", job().mig("1g.5gb")).accept("c").admit("c")
     state = lb.place(placement("c", worker(0, NODE, mig_slot(0, "1g.5gb", 1)))).fold()
     assert state.jobs["c"].phase == "admitted" and state.rejections[-1].code == "void"
+
+
+def test_a_failed_gpu_nobody_holds_stays_failed_when_its_node_registers_again() -> None:
+    # An agent's restart registered the GPU anew, healthy, until the health monitor said again
+    # what it knew: meanwhile the placer put new work on a GPU with an uncontained ECC error.
+    lb = LogBuilder().node(NODE, FULL).queues("team-a").gpu_health(NODE, 0, False, "xid:95")
+    gpu = lb.node(NODE, FULL).fold().nodes[NODE].gpus[0]
+    assert (gpu.healthy, gpu.signal) == (False, "xid:95")
+    lb.submit("bob", "s", job().gpus(1)).accept("s").admit("s")
+    state = lb.fold()
+    events = decide(state, state.time + 1)
+    placed = [p for e in events if isinstance(e, JobsPlaced) for p in e.placements]
+    assert [c.gpu for p in placed for w in p.workers for c in w.gpus] == [1]
+    assert lb.gpu_health(NODE, 0, True).node(NODE, FULL).fold().nodes[NODE].gpus[0].healthy

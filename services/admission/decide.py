@@ -240,7 +240,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         )
 
     # 5. Say why everything else waits, where that changed.
-    events.extend(_reasons(order, explained, ledger, holders, config.detail, now))
+    events.extend(_reasons(order, explained, ledger, holders, config.detail, now, lending_holds))
     for job in lost:
         why = Reason("unknown-queue", f"queue {job.spec.queue} no longer exists; cancel and resubmit the job")
         if job.reasons != (why,):
@@ -620,8 +620,15 @@ def _ends_at(ends: _Ends, job: JobState, adm: Admission, now: float) -> None:
 class _Explainer:
     """Reasons for waiting jobs, with the what-if arithmetic cached per queue, key and size."""
 
-    def __init__(self, ledger: Ledger, holders: dict[tuple[str, str], list[_Holder]], detail: int) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        holders: dict[tuple[str, str], list[_Holder]],
+        detail: int,
+        lending: LendingHolds | None = None,
+    ) -> None:
         self.ledger = ledger
+        self.lending = lending
         self.holders = holders
         self.detail = detail
         self._quota: dict[tuple[str, str, int, int, str], tuple[str, str]] = {}
@@ -655,10 +662,14 @@ class _Explainer:
         found = self._quota.get(cache_key)
         if found is None:
             if self.ledger.fits(cur.name, key, need):
-                # Not looked at this cycle: further back than a best-effort queue's lookahead.
-                fits_now = f"needs {fmt_gpus(need)} {key_name(key)}, which fits now"
-                text = f"{fits_now}; waiting behind jobs that do not"
-                found = (text, "")
+                kept = self._kept_from(cur.name, key, need, job)
+                if kept:
+                    found = (f"needs {fmt_gpus(need)} {key_name(key)}; {kept}", "")
+                else:
+                    # Not looked at this cycle: further back than a best-effort queue's lookahead.
+                    fits_now = f"needs {fmt_gpus(need)} {key_name(key)}, which fits now"
+                    text = f"{fits_now}; waiting behind jobs that do not"
+                    found = (text, "")
             else:
                 standing = self._standing.get((cur.name, key))
                 if standing is None:
@@ -668,22 +679,49 @@ class _Explainer:
             self._quota[cache_key] = found
         return found
 
+    def _kept_from(self, queue: str, key: str, need: int, job: JobState) -> str:
+        """Why a job the quota has room for is not admitted where other queues' lending holds
+        keep that room for their first waiting jobs within their nominal (``LendingHolds``):
+        whose ("" if none keeps it). Queues not open to the job's tenant are not named."""
+        lending = self.lending
+        if lending is None or lending.available(queue, key, self.ledger.may_borrow(job.spec)) >= need:
+            return ""
+        keepers = sorted(q for (q, k), m in lending.own.items() if k == key and m > 0 and q != queue)
+        if not keepers:
+            return ""
+        seen = [q for q in keepers if sees_queue(job.tenant, self.ledger.spec(q))]
+        who = ", ".join([*seen, "other queues"] if len(seen) < len(keepers) else seen)
+        return f"what it would borrow is kept for the first waiting jobs of {who} within their nominal quota"
+
     def _help(self, queue: str, key: str, need: int, priority: int, tenant: str) -> str:
-        """What preemption could free for this job: GPUs other queues borrowed, when the job is
-        within its queue's nominal (reclaim), or GPUs held by lower-priority preemptible jobs of
-        its own queue. Simulated on the ledger, then undone. Queues not open to the job's
+        """What preemption could free for this job, as its queue's policy lets it: GPUs other
+        queues borrowed, when the job is within its queue's nominal (reclaim: held by their
+        preemptible jobs, of a lower priority where ``reclaim_within_cohort`` says so), or GPUs
+        held by lower-priority preemptible jobs of its own queue (unless ``within_queue`` is
+        ``never``). Simulated on the ledger, then undone. Queues not open to the job's
         ``tenant`` are not named (``visibility``)."""
         ledger = self.ledger
         name = key_name(key)
+        policy = ledger.spec(queue).preemption
+        # Fair sharing takes other queues' borrowers of any priority, whatever the reclaim field.
+        any_priority = policy.reclaim_within_cohort == "any" or bool(policy.fair_sharing)
+        reclaims = any_priority or policy.reclaim_within_cohort != "never"
         borrowers, borrowed_total = self._borrowers(queue, key)
-        if ledger.used(queue, key) + need <= ledger.nominal(queue, key) and (
-            need <= ledger.available(queue, key) + borrowed_total
+        if (
+            reclaims
+            and ledger.used(queue, key) + need <= ledger.nominal(queue, key)
+            and need <= ledger.available(queue, key) + borrowed_total
         ):
             taken: list[tuple[str, int]] = []
             fits = False
             for other, borrowed in borrowers:
-                ledger.charge(other, key, -borrowed)
-                taken.append((other, borrowed))
+                holders = self.holders.get((other, key), ())
+                stoppable = sum(m for p, m, ok in holders if ok and (any_priority or p < priority))
+                amount = min(borrowed, stoppable)
+                if amount <= 0:
+                    continue
+                ledger.charge(other, key, -amount)
+                taken.append((other, amount))
                 if fits := ledger.fits(queue, key, need):
                     break
             for other, borrowed in taken:
@@ -695,6 +733,8 @@ class _Explainer:
                 if unseen:
                     said.append(f"other queues' {fmt_gpus(unseen)}")
                 return f"; would fit now if {', '.join(said)} borrowed {name} were reclaimed"
+        if policy.within_queue == "never":
+            return ""
         lower = sum(m for p, m, ok in self.holders.get((queue, key), ()) if p < priority and ok)
         if lower > 0:
             ledger.charge(queue, key, -lower)
@@ -773,8 +813,9 @@ def _reasons(
     holders: dict[tuple[str, str], list[_Holder]],
     detail: int,
     now: float,
+    lending: LendingHolds | None = None,
 ) -> list[Event]:
-    ex = _Explainer(ledger, holders, detail)
+    ex = _Explainer(ledger, holders, detail, lending)
     out: list[Event] = []
     for name in sorted(order.cursors):
         cur = order.cursors[name]

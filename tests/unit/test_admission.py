@@ -479,6 +479,59 @@ def test_lower_priority_jobs_of_the_same_queue_are_named_as_what_would_help() ->
     assert why.message.endswith("would fit now if lower-priority jobs of team-a gave back 8 H100")
 
 
+@pytest.mark.parametrize(
+    ("reclaim", "borrower_priority", "helps"),
+    [("any", 0, True), ("never", 0, False), ("lower-priority", 0, False), ("lower-priority", -10, True)],
+)
+def test_a_reclaim_is_named_as_what_would_help_only_where_the_queue_may_reclaim(
+    reclaim: str, borrower_priority: int, helps: bool
+) -> None:
+    # The arithmetic alone said "would fit now if team-a's borrowed H100 were reclaimed
+    # (preemption could help)" where team-b's policy let the preemptor stop none of them.
+    s = two_teams(a=Quota(8), b=Quota(8))
+    policy = PreemptionPolicy(reclaim_within_cohort=reclaim)  # type: ignore[arg-type]
+    s.queues["team-b"] = msgspec.structs.replace(s.queues["team-b"], preemption=policy)
+    s.queues["team-a"] = msgspec.structs.replace(s.queues["team-a"], tenants=("a", "b"))
+    job("a0").gpus(8, H).with_(priority=borrower_priority).running().into(s)
+    job("a1").gpus(8, H).with_(priority=borrower_priority).running().into(s)
+    job("b0", "team-b").gpus(8, H).with_(tenant="b", seq=50).into(s)
+    why = reasons(decide(s, 0.0))["b0"]
+    assert why.preemption_helps is helps, why
+    assert why.message.endswith("would fit now if team-a's 8 borrowed H100 were reclaimed") is helps
+
+
+def test_a_job_kept_out_by_another_queues_lending_hold_is_told_so() -> None:
+    # team-b's first job is within its nominal and waits for what team-c borrows: team-b's
+    # free share is kept from being lent. team-a's job that would borrow it heard "which fits
+    # now; waiting behind jobs that do not", first in its queue, with nothing ahead of it.
+    s = two_teams(a=Quota(8), b=Quota(8))
+    s.queues["team-c"] = QueueSpec("team-c", cohort="ml", quotas={H: Quota(8)}, tenants=("c",))
+    s.queues["team-b"] = msgspec.structs.replace(s.queues["team-b"], tenants=("a", "b"))
+    job("a1").gpus(8, H).running().into(s)
+    job("c1", "team-c").gpus(8, H).with_(tenant="c").running().into(s)
+    job("c2", "team-c").gpus(4, H).with_(tenant="c").running().into(s)
+    job("b1", "team-b").gpus(8, H).with_(tenant="b", seq=50).into(s)
+    job("a2").gpus(4, H).with_(seq=51).into(s)
+    out = decide(s, 0.0)
+    assert admitted(out) == {}
+    said = reasons(out)["a2"].message
+    kept = "needs 4 H100; what it would borrow is kept for the first waiting jobs of team-b within"
+    assert said.startswith(kept), said
+    s.queues["team-b"] = msgspec.structs.replace(s.queues["team-b"], tenants=("b",))
+    said = reasons(decide(s, 1.0))["a2"].message
+    assert "kept for the first waiting jobs of other queues within" in said, said
+
+
+def test_own_queue_jobs_are_not_named_as_what_would_help_where_the_queue_stops_none() -> None:
+    s = two_teams(a=Quota(8, borrowing_limit=0))
+    never = PreemptionPolicy(within_queue="never")
+    s.queues["team-a"] = msgspec.structs.replace(s.queues["team-a"], preemption=never)
+    job("low").gpus(8, H).with_(priority=-10).running().into(s)
+    job("high").gpus(8, H).with_(priority=100).into(s)
+    why = reasons(decide(s, 0.0))["high"]
+    assert not why.preemption_helps and "would fit now" not in why.message, why
+
+
 def test_reasons_are_emitted_only_when_they_change() -> None:
     s = two_teams(a=Quota(8, borrowing_limit=0))
     job("run").gpus(8, H).running().into(s)

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 
 from corral.events import subjects
-from corral.events.decisions import PreemptionRequested
+from corral.events.decisions import PreemptionRequested, ShrinkRequested
 from corral.events.jobs import JobSpec, SubmitJob, Topology
 from corral.projections import mig
 from corral.projections.fold import apply_event
@@ -104,15 +104,19 @@ def whatif(
     out = Outcome(True, now=now)
     out.why_waiting = "; ".join(r.message for r in job.reasons)
     own = {j.id for j in state.jobs.values() if j.tenant == tenant}
+
+    def called(victim_id: str) -> str:  # by its queue, where that is open to the asker
+        if victim_id in own:
+            return victim_id
+        victim = state.jobs.get(victim_id)
+        return f"a job of {_queue_called(state, victim.spec.queue if victim is not None else '', tenant)}"
+
     for r in sim.records:
-        if isinstance(r.body, PreemptionRequested) and r.body.beneficiary == job_id:
-            for v in r.body.victims:
-                victim = state.jobs.get(v.job_id)
-                if v.job_id in own:
-                    out.stops.append(v.job_id)
-                else:  # by its queue, where that is open to the asker
-                    queue = victim.spec.queue if victim is not None else ""
-                    out.stops.append(f"a job of {_queue_called(state, queue, tenant)}")
+        body = r.body
+        if isinstance(body, PreemptionRequested) and body.beneficiary == job_id:
+            out.stops.extend(called(v.job_id) for v in body.victims)
+        elif isinstance(body, ShrinkRequested) and body.beneficiary == job_id:
+            out.stops.append(f"{called(body.job_id)} (shrunk to {body.replicas} workers)")
     if job.placement is not None:
         for w in job.placement.workers:
             node = sim.state.nodes[w.node]

@@ -73,7 +73,7 @@ import msgspec
 
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
-from corral.events.decisions import JobsPlaced, PreemptionRequested, WorkerSlot
+from corral.events.decisions import JobsPlaced, PreemptionRequested, ShrinkRequested, WorkerSlot
 from corral.events.jobs import JobRejected, JobSpec, SubmitJob
 from corral.events.log import Record
 from corral.events.nodes import (
@@ -130,13 +130,16 @@ class AgentModel:
 @dataclass(frozen=True)
 class SimConfig:
     """The services' configs (the live defaults unless changed) and the agents' model.
-    ``preemptor`` None runs no preemptor at all. The simulated agents run a gang at one size
-    from start to end (how an elastic job's speed follows its size is the job's own), so elastic
-    jobs neither grow nor shrink here: they run at their admitted size, and are stopped whole."""
+    ``preemptor`` None runs no preemptor at all. How an elastic job's speed follows its size is
+    the job's own, so the simulated agents run a gang's work at one pace from start to end:
+    elastic jobs do not grow here (admission's ``grow`` is off), and one the preemptor shrinks
+    for a beneficiary (as it does live) stops its leaving ranks (in the time a stop to save a
+    checkpoint takes, within the shrink's deadline) and runs on, its work ending when it would
+    have."""
 
     admission: AdmissionConfig = field(default_factory=lambda: AdmissionConfig(grow=False))
     placer: PlacerConfig = field(default_factory=PlacerConfig)
-    preemptor: PreemptorConfig | None = field(default_factory=lambda: PreemptorConfig(shrink=False))
+    preemptor: PreemptorConfig | None = field(default_factory=PreemptorConfig)
     agents: AgentModel = field(default_factory=AgentModel)
     # Decide at most every ``cycle_s`` simulated seconds, at multiples of it (0: at every event
     # time), as a live service that cycles on a timer.
@@ -217,7 +220,7 @@ class _Run:
     gpus: tuple[tuple[str, int], ...] = ()  # (node, GPU index) it holds
 
 
-_DECIDE, _FINISH, _CHECKPOINT, _SAVED, _KILL, _WAKE = range(6)
+_DECIDE, _FINISH, _CHECKPOINT, _SAVED, _KILL, _WAKE, _SHRUNK = range(7)
 
 
 class Simulation:
@@ -265,6 +268,7 @@ class Simulation:
         self._seen: dict[str, int] = {}
         self._started: list[str] = []
         self._stopping: list[str] = []
+        self._shrinking: list[str] = []
         self._tick: float | None = None  # the decision time scheduled, if any
         self._wake: float | None = None  # the latest time the scheduler asked to decide again
         self.held: dict[str, float] = {}
@@ -449,6 +453,8 @@ class Simulation:
                 self._checkpoint(job_id, run, t)
             elif kind == _SAVED:
                 self._save_and_stop(job_id, run, t)
+            elif kind == _SHRUNK:
+                self._shrunk(job_id, run, t)
             else:
                 self._exit(job_id, run, t, stopped=True)
         if self._dirty and self._waiting:
@@ -504,6 +510,8 @@ class Simulation:
                         self._started.extend(p.job_id for p in ev.placements)
                     elif isinstance(ev, PreemptionRequested):
                         self._stopping.extend(v.job_id for v in ev.victims)
+                    elif isinstance(ev, ShrinkRequested):
+                        self._shrinking.append(ev.job_id)
                 moved = moved or bool(events)
             if not moved:
                 self._wake_scheduler(now)
@@ -529,6 +537,7 @@ class Simulation:
         """The node agents act on what the fold accepted; True if they reported anything."""
         started, self._started = self._started, []
         stopping, self._stopping = self._stopping, []
+        shrinking, self._shrinking = self._shrinking, []
         acted = False
         jobs = self.state.jobs
         for job_id in started:
@@ -544,6 +553,14 @@ class Simulation:
                 continue
             self._preempted(job_id, run, now, max(now, job.preempt_deadline))
             acted = True
+        for job_id in shrinking:
+            job = jobs.get(job_id)
+            run = self._runs.get(job_id)
+            if job is None or run is None or run.stopping or not job.leaving:
+                continue
+            # The leaving ranks take what a stop takes to exit, within the shrink's deadline.
+            at = min(now + self.config.agents.checkpoint_save_s, max(now, job.preempt_deadline))
+            self._push(at, _SHRUNK, job_id, run.token)
         return acted
 
     # -- the world and the agents ------------------------------------------------------------------
@@ -639,6 +656,31 @@ class Simulation:
             self._push(now + save, _SAVED, job_id, run.token)
         else:
             self._push(deadline, _KILL, job_id, run.token)
+
+    def _shrunk(self, job_id: str, run: _Run, now: float) -> None:
+        """The leaving ranks of a job the fold shrank exit; the rest run on."""
+        job = self.state.jobs.get(job_id)
+        if job is None or job.placement is None or job.attempt != run.attempt:
+            return
+        leaving = set(job.leaving)
+        gone = [w for w in job.placement.workers if w.rank in leaving]
+        attempt = run.attempt
+        for w in gone:
+            ended = WorkerExited(
+                node=w.node, job_id=job_id, attempt=attempt, rank=w.rank, code=0, stopped=True
+            )
+            self._fold(ended, now, None, "agent")
+        freed = set(_claims(gone))
+        for gpu in freed:
+            self._freed[gpu] = (now, self._decisions)
+        run.ranks = tuple(r for r in run.ranks if r[0] not in leaving)
+        run.gpus = tuple(g for g in run.gpus if g not in freed)
+        sim_job, st = self.by_id[job_id], self.stats[job_id]
+        gpus = quota.worker_milli(sim_job.spec.resources) * len(gone) / WHOLE
+        st.held_gpu_s += gpus * (now - run.started)  # the rest is counted when the job ends
+        st.gpus -= gpus
+        self.held[sim_job.tenant] -= gpus
+        self.demand[sim_job.tenant] -= gpus
 
     def _save_and_stop(self, job_id: str, run: _Run, now: float) -> None:
         assert run.frozen is not None

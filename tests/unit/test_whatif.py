@@ -89,3 +89,27 @@ def test_a_whatif_simulates_no_longer_than_its_budget(monkeypatch: pytest.Monkey
     assert "not found in the 0 s a what-if may simulate" in whatif.text(told)
     monkeypatch.undo()
     assert whatif.answer(state, "t", "new", spec(8), 10.0)["cut_s"] is None
+
+
+def test_a_job_an_elastic_jobs_shrink_makes_room_for_is_told_so() -> None:
+    # The simulator ran no shrinks: the what-if said "preempts nobody, estimated start in 24 h"
+    # where the preemptor at once shrank the lender's borrower and the job was placed seconds on.
+    from corral.events.jobs import JobsAdmitted
+    from corral.services.admission.decide import decide as admission
+    from corral.services.preemptor.decide import decide as preemptor
+    from tests.builders import whole
+    from tests.unit.test_preemptor import World
+
+    w = World(nodes=2).cohort("ml").queue("team-a", 8, cohort="ml").queue("team-b", 8, cohort="ml")
+    elastic = JobSpec(
+        queue="team-a", resources=Resources(gpus=1), replicas=16, min_replicas=8, checkpointable=True
+    )
+    w.submit("elastic", elastic).admit("elastic", 16)
+    w.place("elastic", *[(f"node-0{i // 8}", (whole(i % 8),)) for i in range(16)]).start("elastic")
+    ask = JobSpec(queue="team-b", resources=Resources(gpus=8))
+    o = whatif.whatif(w.state, "bob", "b1", ask, w.time)
+    assert o.stops == ["a job of queue team-a (shrunk to 8 workers)"], o.stops
+    assert not o.starts_now and o.start <= w.time + 60, o.start
+    w.submit("b1", ask)
+    assert not [e for e in w.cycle(admission) if isinstance(e, JobsAdmitted)]
+    assert [type(e).__name__ for e in w.cycle(preemptor)] == ["ShrinkRequested"]

@@ -336,7 +336,15 @@ def interrupt_on(
         ]
         if not hit:
             continue
-        if gpus is None and node_gone:  # the node is lost: its workers are gone with it
+        gone = gpus is None and node_gone  # the node is lost: its workers are gone with it
+        if job.phase == "running" and set(hit) <= set(job.leaving):
+            # Only ranks a shrink already took away: the job runs on without them. Lost with
+            # their node, they have left; else their exits, on their way, give the GPUs back.
+            for rank in hit if gone else ():
+                job.live.discard(rank)
+                left(state, job, rank, ctx)
+            continue
+        if gone:
             for rank in hit:
                 job.live.discard(rank)
         if job.phase in ("placed", "starting", "running", "checkpointing"):

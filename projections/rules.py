@@ -176,5 +176,6 @@ from __future__ import annotations
 #    its growth whose added ranks are placed nowhere (admitted again at the workers it has), and
 #    a growth during its back-off (``JobState.grow_after``) is void. A MIG instance keeps the
 #    memory slices and share it took (``MigInstance.mask``, ``milli``) and gives back those. A
-#    failed GPU stays failed when its node registers again, held or not.
+#    failed GPU stays failed when its node registers again, held or not. A failure or a lost
+#    node that hits only ranks a shrink took away leaves the job running (``interrupt_on``).
 RULES = 57

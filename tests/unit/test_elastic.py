@@ -266,6 +266,44 @@ def test_admission_grows_a_running_elastic_job_into_quota_nobody_waits_for() -> 
     assert sum(1 for g in state.nodes[N0].gpus if g.holders) == 5
 
 
+def test_a_failure_that_hits_only_ranks_a_shrink_took_away_leaves_the_job_running() -> None:
+    # The whole job was interrupted, its healthy kept ranks restarted from their checkpoint,
+    # for a GPU of a rank that was on its way out.
+    from corral.events.jobs import ResizeJob
+    from tests.builders import Cluster
+
+    log = elastic_running(replicas=4).request("alice", "resize", ResizeJob(job_id="e", replicas=2))
+    state = fold(log.gpu_health(N0, 3, False))
+    assert (state.jobs["e"].phase, state.jobs["e"].leaving) == ("running", [2, 3])
+    state = fold(
+        log.exited(N0, "e", rank=2, code=143, stopped=True).exited(N0, "e", rank=3, code=143, stopped=True)
+    )
+    assert state.jobs["e"].phase == "running" and gpu_holders(state)[:4] == [{"e": 1000}] * 2 + [{}] * 2
+    check_quota_books(state)
+    # Its leaving ranks lost with their node have left: nothing waits for their exits.
+    n1 = "node-01"
+    two = LogBuilder().nodes(Cluster(2)).queue(queue_spec("team-a", 8))
+    two.submit("alice", "e", job("team-a").replicas(4, minimum=2).checkpointable()).accept("e").admit(
+        "e", replicas=4
+    )
+    two.place(
+        placement(
+            "e",
+            worker(0, N0, whole(0)),
+            worker(1, N0, whole(1)),
+            worker(2, n1, whole(0)),
+            worker(3, n1, whole(1)),
+        )
+    )
+    two.started(N0, "e", rank=0).started(N0, "e", rank=1).started(n1, "e", rank=2).started(n1, "e", rank=3)
+    two.request("alice", "resize", ResizeJob(job_id="e", replicas=2))
+    state = fold(two.condition(n1, "lost"))
+    e = state.jobs["e"]
+    assert (e.phase, e.leaving, e.live) == ("running", [], {0, 1}), (e.phase, e.leaving, e.live)
+    assert [g.holders for g in state.nodes[n1].gpus[:2]] == [{}, {}]
+    check_quota_books(state)
+
+
 def test_a_growth_placed_nowhere_is_withdrawn_after_the_placement_timeout() -> None:
     # Admission grows on a cluster-wide count of free GPUs; the added ranks may fit on none of
     # them (a required topology, a selector, a GPU failed since). The grown quota was held for

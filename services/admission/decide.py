@@ -200,6 +200,13 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             if found is not None:
                 ledger.charge(beneficiary.spec.queue, *found)
             waiting[beneficiary.spec.queue].drop(job_id)
+            why = _made_room_for(state, beneficiary)
+            if why is not None:
+                # Its reason is this one alone: not the queue's stable one for jobs further back.
+                queue = beneficiary.spec.queue
+                explained[queue] = [j for j in explained.get(queue, ()) if j.id != job_id]
+                if beneficiary.reasons != (why,):
+                    events.append(PendingReasonChanged(job_id=job_id, reasons=(why,)))
     stopped, nominated = _nominations(state, stopped, stopping, ledger, ends, now)
     nominated -= stopping
     stopped.sort(key=lambda j: (j.submitted_seq, j.id))
@@ -602,6 +609,24 @@ def _admit(
                         cur.hold = found
             order.passed(cur)
     return out
+
+
+def _made_room_for(state: State, beneficiary: JobState) -> Reason | None:
+    """Why a beneficiary waits while jobs stop or shrink for it: how many, and by when (a log
+    time, stable from cycle to cycle). Whose they are is not said: they may be other tenants'.
+    None if none does."""
+    deadlines = []
+    for victim_id in beneficiary.victims:
+        victim = state.jobs.get(victim_id)
+        if victim is None or victim.preempted_for != beneficiary.id:
+            continue
+        if victim.phase == "checkpointing" or (victim.phase == "running" and victim.leaving):
+            deadlines.append(victim.preempt_deadline)
+    if not deadlines:
+        return None
+    n = len(deadlines)
+    jobs = "1 job stops or shrinks" if n == 1 else f"{n} jobs stop or shrink"
+    return Reason("preempting", f"{jobs} to make room for it, by t={max(deadlines):.0f}")
 
 
 def _ends_at(ends: _Ends, job: JobState, adm: Admission, now: float) -> None:

@@ -35,6 +35,7 @@ from corral.events.jobs import (
     JobRequeued,
     JobsAdmitted,
     JobSpec,
+    PendingReasonChanged,
     Resources,
     SubmitJob,
     Topology,
@@ -688,6 +689,24 @@ def test_two_beneficiaries_never_share_freed_gpus() -> None:
     w.waiting("u1", gpus(8), priority=10)
     w.waiting("u2", gpus(8), priority=20)
     assert w.victims() == {"u2": ["low"]}
+
+
+def test_a_beneficiary_is_told_that_jobs_stop_for_it_and_by_when() -> None:
+    # It kept "would fit now if team-a's 8 borrowed GPUs were reclaimed (preemption could
+    # help)" while its victim checkpointed for it.
+    w = World(nodes=2).cohort("ml").queue("team-a", 8, cohort="ml").queue("team-b", 8, cohort="ml")
+    w.run("a1", gpus(8, checkpointable=True, grace_seconds=300), whole(N0, *range(8)))
+    w.run("a2", gpus(8, checkpointable=True, grace_seconds=300), whole(N1, *range(8)))
+    w.submit("b1", gpus(8, "team-b"))
+    w.cycle(admission)
+    assert w.state.jobs["b1"].reasons[0].preemption_helps
+    (stop,) = [e for e in w.cycle(decide) if isinstance(e, PreemptionRequested)]
+    deadline = w.state.jobs[stop.victims[0].job_id].preempt_deadline
+    said = [e for e in w.wait(5).cycle(admission) if isinstance(e, PendingReasonChanged) and e.job_id == "b1"]
+    assert said and said[0].reasons == (
+        Reason("preempting", f"1 job stops or shrinks to make room for it, by t={deadline:.0f}"),
+    )
+    assert not [e for e in w.wait(5).cycle(admission) if isinstance(e, PendingReasonChanged)]  # said once
 
 
 def test_each_beneficiary_gets_its_own_victims() -> None:

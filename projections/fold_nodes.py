@@ -274,7 +274,8 @@ def _succeed_if_done(state: State, job: JobState, ctx: Ctx) -> None:
 
 def left(state: State, job: JobState, rank: int, ctx: Ctx) -> None:
     """A rank an elastic job shrank away from is gone: its GPUs are free, whatever its code;
-    once the last of them is gone, the shrink is over."""
+    once the last of them is gone, the shrink is over, and a job whose kept ranks had all ended
+    has succeeded and gives the rest back."""
     claims.release_rank(state, job, rank)
     gpu_time.track(state, job, ctx.time)
     job.exit_codes.pop(rank, None)
@@ -287,6 +288,7 @@ def left(state: State, job: JobState, rank: int, ctx: Ctx) -> None:
         job.preempt_deadline = 0.0
         if job.exit_codes and job.spec.restart_policy != "always":  # the ranks it kept had ended
             _succeed_if_done(state, job, ctx)
+            _release_if_over(state, job, ctx)
 
 
 def _worker_failed(state: State, job: JobState, ctx: Ctx, why: str) -> None:

@@ -266,11 +266,34 @@ def test_admission_grows_a_running_elastic_job_into_quota_nobody_waits_for() -> 
     assert sum(1 for g in state.nodes[N0].gpus if g.holders) == 5
 
 
+def _shrunk_across_two_nodes() -> LogBuilder:
+    """Elastic ``e`` ran ranks 0-1 on node-00 and 2-3 on node-01, then was resized to 2: ranks 2
+    and 3 are leaving."""
+    from corral.events.jobs import ResizeJob
+    from tests.builders import Cluster
+
+    n1 = "node-01"
+    log = LogBuilder().nodes(Cluster(2)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "e", job("team-a").replicas(4, minimum=2).checkpointable()).accept("e").admit(
+        "e", replicas=4
+    )
+    log.place(
+        placement(
+            "e",
+            worker(0, N0, whole(0)),
+            worker(1, N0, whole(1)),
+            worker(2, n1, whole(0)),
+            worker(3, n1, whole(1)),
+        )
+    )
+    log.started(N0, "e", rank=0).started(N0, "e", rank=1).started(n1, "e", rank=2).started(n1, "e", rank=3)
+    return log.request("alice", "resize", ResizeJob(job_id="e", replicas=2))
+
+
 def test_a_failure_that_hits_only_ranks_a_shrink_took_away_leaves_the_job_running() -> None:
     # The whole job was interrupted, its healthy kept ranks restarted from their checkpoint,
     # for a GPU of a rank that was on its way out.
     from corral.events.jobs import ResizeJob
-    from tests.builders import Cluster
 
     log = elastic_running(replicas=4).request("alice", "resize", ResizeJob(job_id="e", replicas=2))
     state = fold(log.gpu_health(N0, 3, False))
@@ -281,26 +304,28 @@ def test_a_failure_that_hits_only_ranks_a_shrink_took_away_leaves_the_job_runnin
     assert state.jobs["e"].phase == "running" and gpu_holders(state)[:4] == [{"e": 1000}] * 2 + [{}] * 2
     check_quota_books(state)
     # Its leaving ranks lost with their node have left: nothing waits for their exits.
-    n1 = "node-01"
-    two = LogBuilder().nodes(Cluster(2)).queue(queue_spec("team-a", 8))
-    two.submit("alice", "e", job("team-a").replicas(4, minimum=2).checkpointable()).accept("e").admit(
-        "e", replicas=4
-    )
-    two.place(
-        placement(
-            "e",
-            worker(0, N0, whole(0)),
-            worker(1, N0, whole(1)),
-            worker(2, n1, whole(0)),
-            worker(3, n1, whole(1)),
-        )
-    )
-    two.started(N0, "e", rank=0).started(N0, "e", rank=1).started(n1, "e", rank=2).started(n1, "e", rank=3)
-    two.request("alice", "resize", ResizeJob(job_id="e", replicas=2))
-    state = fold(two.condition(n1, "lost"))
+    state = fold(_shrunk_across_two_nodes().condition("node-01", "lost"))
     e = state.jobs["e"]
     assert (e.phase, e.leaving, e.live) == ("running", [], {0, 1}), (e.phase, e.leaving, e.live)
-    assert [g.holders for g in state.nodes[n1].gpus[:2]] == [{}, {}]
+    assert [g.holders for g in state.nodes["node-01"].gpus[:2]] == [{}, {}]
+    check_quota_books(state)
+    # Had its kept ranks ended before, the job has succeeded, and holds nothing: it kept GPUs 0
+    # and 1 of node-00 for ever.
+    ended = _shrunk_across_two_nodes().exited(N0, "e", rank=0, code=0).exited(N0, "e", rank=1, code=0)
+    state = fold(ended.condition("node-01", "lost"))
+    e = state.jobs["e"]
+    assert (e.phase, e.held) == ("succeeded", None) and gpu_holders(state)[:2] == [{}, {}]
+    check_quota_books(state)
+
+
+def test_a_grown_job_resized_back_after_its_kept_ranks_ended_succeeds_and_holds_nothing() -> None:
+    from corral.events.jobs import ResizeJob
+
+    log = elastic_running().grow("e", 4).place(placement("e", *ranks(4)))
+    log.exited(N0, "e", rank=0, code=0).exited(N0, "e", rank=1, code=0)
+    state = fold(log.request("alice", "resize", ResizeJob(job_id="e", replicas=2)))
+    e = state.jobs["e"]
+    assert (e.phase, e.held) == ("succeeded", None) and gpu_holders(state)[:4] == [{}] * 4
     check_quota_books(state)
 
 

@@ -263,6 +263,9 @@ class HeartbeatTracker:
             prev = old.get(info.uuid)
             if prev is not None:
                 g.sticky = prev.sticky  # a GPU that failed stays failed across an agent restart
+                # ... and the fold keeps its health by UUID (``fold_nodes._registered``): what
+                # the log says of it is what it said before the registration.
+                g.healthy, g.signal = prev.healthy, prev.signal
             n.gpus.append(g)
 
     def clear(self, node: str, gpu: int) -> None:

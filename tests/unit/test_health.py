@@ -305,14 +305,27 @@ def test_observing_its_own_events_keeps_the_tracker_quiet() -> None:
     assert c.t.evaluate(T0 + 3) == []
 
 
-def test_a_reregistered_node_gets_its_sticky_gpu_verdict_written_again() -> None:
+def test_a_reregistered_node_keeps_its_gpus_verdicts_as_the_fold_does() -> None:
+    # The agent restarted and registered the node again: the fold keeps a failed GPU failed
+    # (``fold_nodes._registered``), so the monitor neither writes its verdict again nor forgets
+    # it; and a GPU whose fault was not sticky is said well once its counters are clean (the
+    # monitor took it for healthy after the registration, so it never said so, and the fold
+    # kept it failed for good).
     c = Clock(nodes=1)
-    c.beat(T0, xids=(XidReport(gpu=1, xid=95),))
-    c.t.evaluate(T0 + 1)
-    # The agent restarted: re-registering makes the fold trust every idle GPU again.
-    c.t.observe(NodeRegistered(node=N0, inventory=c.state.nodes[N0].inventory), T0 + 2)
-    c.beat(T0 + 5)
-    assert c.t.evaluate(T0 + 6) == [GpuHealthChanged(node=N0, gpu=1, healthy=False, signal="xid:95")]
+    inv = c.state.nodes[N0].inventory
+    clean = [GpuHealthSample(index=g.index, uuid=g.uuid, nvlinks_active=g.nvlinks) for g in inv.gpus]
+    ecc = list(clean)
+    ecc[2] = GpuHealthSample(
+        index=2, uuid=inv.gpus[2].uuid, nvlinks_active=inv.gpus[2].nvlinks, ecc_uncorrected=3
+    )
+    c.beat(T0, xids=(XidReport(gpu=1, xid=95),), gpus=tuple(ecc))
+    said = c.t.evaluate(T0 + 1)
+    assert [(e.gpu, e.healthy) for e in said if isinstance(e, GpuHealthChanged)] == [(1, False), (2, False)]
+    c.t.observe(NodeRegistered(node=N0, inventory=inv), T0 + 2)
+    c.beat(T0 + 5, gpus=tuple(ecc))
+    assert c.t.evaluate(T0 + 6) == []
+    c.beat(T0 + 10, gpus=tuple(clean))  # the driver reload cleared the volatile ECC count
+    assert c.t.evaluate(T0 + 11) == [GpuHealthChanged(node=N0, gpu=2, healthy=True)]
 
 
 def test_the_health_monitor_never_uncordons() -> None:

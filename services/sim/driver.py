@@ -218,6 +218,7 @@ class _Run:
     stopping: bool = False
     frozen: float | None = None  # progress when asked to checkpoint: it makes none after
     gpus: tuple[tuple[str, int], ...] = ()  # (node, GPU index) it holds
+    share: float = 0.0  # the GPUs its ranks hold (fractions and MIG slices by their share)
 
 
 _DECIDE, _FINISH, _CHECKPOINT, _SAVED, _KILL, _WAKE, _SHRUNK = range(7)
@@ -350,14 +351,16 @@ class Simulation:
                     self._fold(ev, now, None, "agent")
         self._tokens += 1
         ranks = tuple((w.rank, w.node) for w in workers)
-        run = _Run(placement.attempt, ranks, now, 0.0, self._tokens, gpus=_claims(workers))
+        share = _share(job.spec, len(workers))
+        run = _Run(placement.attempt, ranks, now, 0.0, self._tokens, gpus=_claims(workers), share=share)
         self._runs[job.id] = run
-        st = self.stats[job.id]
-        self.held[job.tenant] = self.held.get(job.tenant, 0.0) + st.gpus
+        self.held[job.tenant] = self.held.get(job.tenant, 0.0) + share
         if job.phase == "checkpointing" or job.phase in FINAL:
             self._preempted(job.id, run, now, max(now, job.preempt_deadline))
         else:
             self._push(now + self.by_id[job.id].work_s, _FINISH, job.id, run.token)
+            if job.leaving:  # a shrink under way: its leaving ranks are on their way out
+                self._shrink_soon(job, run, now)
 
     # -- folding ----------------------------------------------------------------------------------
 
@@ -556,12 +559,14 @@ class Simulation:
         for job_id in shrinking:
             job = jobs.get(job_id)
             run = self._runs.get(job_id)
-            if job is None or run is None or run.stopping or not job.leaving:
-                continue
-            # The leaving ranks take what a stop takes to exit, within the shrink's deadline.
-            at = min(now + self.config.agents.checkpoint_save_s, max(now, job.preempt_deadline))
-            self._push(at, _SHRUNK, job_id, run.token)
+            if job is not None and run is not None and not run.stopping and job.leaving:
+                self._shrink_soon(job, run, now)
         return acted
+
+    def _shrink_soon(self, job: JobState, run: _Run, now: float) -> None:
+        """A shrunk job's leaving ranks take what a stop takes to exit, within its deadline."""
+        at = min(now + self.config.agents.checkpoint_save_s, max(now, job.preempt_deadline))
+        self._push(at, _SHRUNK, job.id, run.token)
 
     # -- the world and the agents ------------------------------------------------------------------
 
@@ -582,14 +587,15 @@ class Simulation:
         progress0 = self._saved.get(job_id, 0.0)
         st = self.stats[job_id]
         started = self._since(workers, now, st.submitted) if self.config.resolution > 0 else now
-        run = _Run(attempt, ranks, started, progress0, self._tokens, gpus=_claims(workers))
+        share = _share(job.spec, len(workers))
+        run = _Run(attempt, ranks, started, progress0, self._tokens, gpus=_claims(workers), share=share)
         self._runs[job_id] = run
         if st.first_start is None:
             st.first_start = started
         if self.until_started is not None:
             self.until_started.discard(job_id)
         st.attempts += 1
-        self.held[job.tenant] = self.held.get(job.tenant, 0.0) + st.gpus
+        self.held[job.tenant] = self.held.get(job.tenant, 0.0) + share
         left = max(0.0, job.work_s - progress0)
         self._push(max(now, started + left), _FINISH, job_id, run.token)
         self._next_checkpoint(job_id, run)
@@ -675,12 +681,11 @@ class Simulation:
             self._freed[gpu] = (now, self._decisions)
         run.ranks = tuple(r for r in run.ranks if r[0] not in leaving)
         run.gpus = tuple(g for g in run.gpus if g not in freed)
-        sim_job, st = self.by_id[job_id], self.stats[job_id]
-        gpus = quota.worker_milli(sim_job.spec.resources) * len(gone) / WHOLE
-        st.held_gpu_s += gpus * (now - run.started)  # the rest is counted when the job ends
-        st.gpus -= gpus
+        sim_job = self.by_id[job_id]
+        gpus = _share(sim_job.spec, len(gone))
+        self.stats[job_id].held_gpu_s += gpus * (now - run.started)  # the rest's when the run ends
+        run.share -= gpus
         self.held[sim_job.tenant] -= gpus
-        self.demand[sim_job.tenant] -= gpus
 
     def _save_and_stop(self, job_id: str, run: _Run, now: float) -> None:
         assert run.frozen is not None
@@ -706,11 +711,11 @@ class Simulation:
             self._catch_up = True
         for gpu in run.gpus:
             self._freed[gpu] = (end, self._decisions)
-        held = st.gpus * (end - run.started)
+        held = run.share * (end - run.started)
         kept = (job.work_s if not stopped else self._saved.get(job_id, 0.0)) - run.progress0
         st.held_gpu_s += held
-        st.lost_gpu_s += max(0.0, held - st.gpus * max(0.0, kept))
-        self.held[job.tenant] -= st.gpus
+        st.lost_gpu_s += max(0.0, held - run.share * max(0.0, kept))
+        self.held[job.tenant] -= run.share
         phase = self.state.jobs[job_id].phase
         st.phase = phase
         if stopped:
@@ -753,6 +758,11 @@ def _claims(workers: Sequence[WorkerSlot]) -> tuple[tuple[str, int], ...]:
     return tuple((w.node, c.gpu) for w in workers for c in w.gpus)
 
 
+def _share(spec: JobSpec, workers: int) -> float:
+    """The GPUs ``workers`` of a job hold (fractions and MIG slices by their share)."""
+    return quota.worker_milli(spec.resources) * workers / WHOLE
+
+
 def _gpus(spec: JobSpec) -> float:
-    """The GPUs a job holds when all its workers run (fractions and MIG slices by their share)."""
-    return quota.worker_milli(spec.resources) * spec.replicas / WHOLE
+    """The GPUs a job holds when all its workers run."""
+    return _share(spec, spec.replicas)

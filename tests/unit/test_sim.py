@@ -613,3 +613,66 @@ def test_a_job_that_always_restarts_runs_again_and_every_forecast_goes_on() -> N
     assert admitted.count("svc") >= 2  # admitted again after its run
     assert sim.state.jobs["big"].phase == "queued"
     assert "big" in eta.forecast(sim.state, sim.now).starts  # the forecast runs past svc's ends too
+
+
+def test_an_elastic_job_shrunk_and_stopped_again_and_again_keeps_its_books() -> None:
+    # The preemptor shrinks elastic jobs in the simulator as it does live: a shrunk job's held
+    # GPUs were taken off its stats for good, and after a stop and a restart the tenant was
+    # seen holding -4 GPUs.
+    from corral.events.decisions import ShrinkRequested
+    from corral.events.queues import ApplyPriorityClass, PriorityClassSpec
+
+    setup = [ApplyPriorityClass(priority_class=PriorityClassSpec("high", 100)), *two_teams(4)]
+    jobs = [
+        SimJob(
+            "e",
+            "team-a",
+            gpus(1, "team-a", 5000.0, replicas=8, min_replicas=4, checkpointable=True),
+            0.0,
+            5000.0,
+        )
+    ]
+    t = 100.0
+    for i in range(3):
+        jobs.append(SimJob(f"b{i}", "team-b", gpus(4, "team-b", 100.0), t, 100.0))
+        jobs.append(
+            SimJob(f"h{i}", "team-a", gpus(8, "team-a", 100.0, priority_class="high"), t + 300, 100.0)
+        )
+        t += 600
+    seen: list[float] = []
+    sim = Simulation(
+        nodes(1),
+        setup,
+        jobs,
+        SimConfig(agents=AgentModel(checkpoint_interval_s=60, checkpoint_save_s=10)),
+        record=True,
+        observers=[lambda a, b, held, demand: seen.append(min(held.values(), default=0.0))],
+    ).run()
+    assert sim.records is not None and any(isinstance(r.body, ShrinkRequested) for r in sim.records)
+    assert not sim.unfinished() and min(seen) >= 0 and all(v == 0 for v in sim.held.values())
+    assert 0 < sim.stats["e"].held_gpu_s <= 8 * (sim.stats["e"].finished or 0)
+
+
+def test_a_forecast_from_a_state_with_a_shrink_under_way_lets_its_leaving_ranks_go() -> None:
+    # Resumed from the live state, the leaving ranks of a shrink under way ran until the job
+    # ended, a day on: its beneficiary's start was forecast a day late.
+    from corral.services.admission.decide import decide as admission
+    from corral.services.preemptor.decide import decide as preemptor
+    from tests.builders import whole
+    from tests.unit.test_preemptor import World
+
+    w = World(nodes=2).cohort("ml").queue("team-a", 8, cohort="ml").queue("team-b", 8, cohort="ml")
+    spec = JobSpec(
+        queue="team-a", resources=Resources(gpus=1), replicas=16, min_replicas=8, checkpointable=True
+    )
+    w.submit("elastic", spec).admit("elastic", 16)
+    w.place("elastic", *[(f"node-0{i // 8}", (whole(i % 8),)) for i in range(16)]).start("elastic")
+    w.submit("b1", JobSpec(queue="team-b", resources=Resources(gpus=8)))
+    w.cycle(admission)
+    w.cycle(preemptor)
+    deadline = w.state.jobs["elastic"].preempt_deadline
+    assert w.state.jobs["elastic"].leaving and deadline > w.time
+    sim = Simulation.resume(w.state, w.time, SimConfig(), lambda j: 86400.0 if j.id == "elastic" else 100.0)
+    sim.run()
+    first = sim.stats["b1"].first_start
+    assert first is not None and first <= deadline, (first, deadline)

@@ -106,8 +106,7 @@ def eligible(
     if reclaims:
         # Within its side's own quota the beneficiary takes back what it lent: reclaim's
         # business alone, so a queue that never reclaims does not by borrowing over either.
-        reclaim = policy.reclaim_within_cohort
-        if reclaim == "any" or (reclaim == "lower-priority" and vp < bp):
+        if may_reclaim(policy, vp, bp):
             return True
     elif may_borrow_over(policy, vp, bp):
         return True
@@ -267,6 +266,13 @@ def may_preempt_for(ledger: Ledger, policy: PreemptionPolicy, queue: str, key: s
     if policy.borrow_within_cohort != "never" or policy.fair_sharing:
         return True
     return need <= ledger.nominal(queue, key) or ledger.fits_below_root(queue, key, need)
+
+
+def may_reclaim(policy: PreemptionPolicy, victim_priority: int, beneficiary_priority: int) -> bool:
+    """Whether a beneficiary taking back quota its side lent may stop a borrower of this
+    priority (``reclaim_within_cohort``)."""
+    reclaim = policy.reclaim_within_cohort
+    return reclaim == "any" or (reclaim == "lower-priority" and victim_priority < beneficiary_priority)
 
 
 def may_borrow_over(policy: PreemptionPolicy, victim_priority: int, beneficiary_priority: int) -> bool:

@@ -711,7 +711,12 @@ class _Explainer:
         lending = self.lending
         if lending is None or lending.available(queue, key, self.ledger.may_borrow(job.spec)) >= need:
             return ""
-        keepers = sorted(q for (q, k), m in lending.own.items() if k == key and m > 0 and q != queue)
+        root = self.ledger.root(queue)
+        keepers = sorted(
+            q
+            for (q, k), m in lending.own.items()
+            if k == key and m > 0 and q != queue and self.ledger.root(q) == root
+        )
         if not keepers:
             return ""
         seen = [q for q in keepers if sees_queue(job.tenant, self.ledger.spec(q))]
@@ -719,29 +724,32 @@ class _Explainer:
         return f"what it would borrow is kept for the first waiting jobs of {who} within their nominal quota"
 
     def _help(self, queue: str, key: str, need: int, priority: int, tenant: str) -> str:
-        """What preemption could free for this job, as its queue's policy lets it: GPUs other
-        queues borrowed, when the job is within its queue's nominal (reclaim: held by their
-        preemptible jobs, of a lower priority where ``reclaim_within_cohort`` says so), or GPUs
-        held by lower-priority preemptible jobs of its own queue (unless ``within_queue`` is
-        ``never``). Simulated on the ledger, then undone. Queues not open to the job's
-        ``tenant`` are not named (``visibility``)."""
+        """What preemption could free for this job, as its queue's policy lets the preemptor
+        (``projections.preemption``'s rules): GPUs other queues borrowed, when the job is within
+        its queue's nominal (reclaim: held by their preemptible jobs of a priority
+        ``reclaim_within_cohort`` lets it stop), or GPUs held by lower-priority preemptible jobs
+        of its own queue (``within_queue``); nothing where it would borrow and its queue may not
+        stop work to borrow (``borrow_within_cohort = "never"``). Simulated on the ledger, then
+        undone. Queues not open to the job's ``tenant`` are not named (``visibility``)."""
         ledger = self.ledger
         name = key_name(key)
         policy = ledger.spec(queue).preemption
-        # Fair sharing takes other queues' borrowers of any priority, whatever the reclaim field.
-        any_priority = policy.reclaim_within_cohort == "any" or bool(policy.fair_sharing)
-        reclaims = any_priority or policy.reclaim_within_cohort != "never"
+        if not preemption.may_preempt_for(ledger, policy, queue, key, need):
+            return ""  # it would borrow where its queue may not stop work to borrow
         borrowers, borrowed_total = self._borrowers(queue, key)
         if (
-            reclaims
+            policy.reclaim_within_cohort != "never"
             and ledger.used(queue, key) + need <= ledger.nominal(queue, key)
             and need <= ledger.available(queue, key) + borrowed_total
         ):
             taken: list[tuple[str, int]] = []
             fits = False
             for other, borrowed in borrowers:
-                holders = self.holders.get((other, key), ())
-                stoppable = sum(m for p, m, ok in holders if ok and (any_priority or p < priority))
+                stoppable = sum(
+                    m
+                    for p, m, ok in self.holders.get((other, key), ())
+                    if ok and preemption.may_reclaim(policy, p, priority)
+                )
                 amount = min(borrowed, stoppable)
                 if amount <= 0:
                     continue
@@ -758,9 +766,11 @@ class _Explainer:
                 if unseen:
                     said.append(f"other queues' {fmt_gpus(unseen)}")
                 return f"; would fit now if {', '.join(said)} borrowed {name} were reclaimed"
-        if policy.within_queue == "never":
-            return ""
-        lower = sum(m for p, m, ok in self.holders.get((queue, key), ()) if p < priority and ok)
+        lower = sum(
+            m
+            for p, m, ok in self.holders.get((queue, key), ())
+            if ok and p < priority and preemption.may_stop_within(policy, p, priority)
+        )
         if lower > 0:
             ledger.charge(queue, key, -lower)
             fits = ledger.fits(queue, key, need)

@@ -532,6 +532,18 @@ def test_own_queue_jobs_are_not_named_as_what_would_help_where_the_queue_stops_n
     assert not why.preemption_helps and "would fit now" not in why.message, why
 
 
+def test_own_queue_jobs_are_not_named_as_what_would_help_a_job_that_may_not_borrow_by_stopping() -> None:
+    # Asking more than its nominal with borrow_within_cohort = "never", the job may have nobody
+    # stopped for it (Kueue's flavor assigner), its own queue's jobs included.
+    s = two_teams(a=Quota(8), b=Quota(8))
+    never = PreemptionPolicy(borrow_within_cohort="never")
+    s.queues["team-a"] = msgspec.structs.replace(s.queues["team-a"], preemption=never)
+    job("low").gpus(8, H).with_(priority=-10).running().into(s)
+    job("high").gpus(12, H).with_(priority=100, seq=50).into(s)
+    why = reasons(decide(s, 0.0))["high"]
+    assert not why.preemption_helps and "would fit now" not in why.message, why
+
+
 def test_reasons_are_emitted_only_when_they_change() -> None:
     s = two_teams(a=Quota(8, borrowing_limit=0))
     job("run").gpus(8, H).running().into(s)

@@ -190,6 +190,8 @@ def summarize(
             return f"rejected: {_reasons_text([body.reason])}"
         case PendingReasonChanged():
             return f"pending: {_reasons_text(body.reasons)}"
+        case AdmissionWithdrawn() if body.reason.code == "growth-timeout":
+            return f"growth withdrawn, running on: {_reasons_text([body.reason])}"
         case AdmissionWithdrawn():
             return f"admission withdrawn, back in its queue: {_reasons_text([body.reason])}"
         case JobRequeued():

@@ -12,7 +12,7 @@ then; while it runs, each cycle may admit it at more workers, on three condition
 - it is not shrinking, and every worker it was admitted for is placed (one growth at a time);
 - no growth of it was withdrawn lately: free GPUs counted cluster-wide may be none its
   topology, selector or model allows, so a growth the placer places nowhere for the placement
-  timeout is withdrawn (``decide._placement_timeouts``) and the job sits out the back-off
+  timeout is withdrawn (``decide._growth_timeouts``) and the job sits out the back-off
   (``JobState.grow_after``) before it grows again.
 
 Jobs grow in submission order, each by as many workers as quota and free GPUs allow, up to its

@@ -100,7 +100,7 @@ class Ask(msgspec.Struct, frozen=True):
     reflect at least (so a client reads its own writes), and for ``jobs`` whether to list the
     jobs the fold let go too. Other fields are ignored."""
 
-    job: str = ""  # for the verdict on an admin's cordon, delete-node or delete-queue: the node or the queue
+    job: str = ""  # for the verdict on an admin's request: the node, queue or cohort it is about
     after: Int = 0
     all: bool = False  # ``jobs``: also the jobs the fold let go (the newest, MAX_LET_GO at most)
     verb: str = ""  # ``verdict``: the verb of the request stored at ``after``

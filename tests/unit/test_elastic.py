@@ -347,6 +347,9 @@ def test_a_growth_placed_nowhere_is_withdrawn_after_the_placement_timeout() -> N
     assert not [e for e in admit(state, 2000.0 + timeout - 1) if isinstance(e, AdmissionWithdrawn)]
     (withdrawn,) = [e for e in admit(state, 2000.0 + timeout) if isinstance(e, AdmissionWithdrawn)]
     assert withdrawn.job_id == "e" and "runs on at 2" in withdrawn.reason.message
+    from corral.projections.index import summarize
+
+    assert summarize(withdrawn, "e").startswith("growth withdrawn, running on: growth-timeout: grown to 4")
     state = fold(_decided(log.at(2000.0 + timeout), [withdrawn], "job"))
     e = state.jobs["e"]
     assert (e.phase, e.admission.replicas if e.admission else 0, held_quota(state)) == ("running", 2, 2000)

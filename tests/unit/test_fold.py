@@ -418,9 +418,11 @@ def test_a_cohort_is_deleted_only_once_nothing_is_in_it_and_its_quota_is_not_len
     assert "pool" not in state.cohorts and "org" in state.cohorts
 
 
-def test_a_class_may_not_turn_non_preemptible_while_its_jobs_borrow() -> None:
+@pytest.mark.parametrize("change", [{"preemptible": False}, {"max_preemptions": 0}])
+def test_a_class_may_not_turn_non_preemptible_while_its_jobs_borrow(change: dict[str, object]) -> None:
     # Accepted, the loan was for ever: team-b's jobs within its nominal waited for GPUs nobody
-    # could take back, as jobs that may not be preempted never borrow.
+    # could take back, as jobs that may not be preempted never borrow (nor do jobs whose class's
+    # cap on preemptions has run out).
     normal = PriorityClassSpec("normal", 0)
     log = LogBuilder().admin("priority-class", ApplyPriorityClass(priority_class=normal))
     log.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
@@ -428,13 +430,14 @@ def test_a_class_may_not_turn_non_preemptible_while_its_jobs_borrow() -> None:
         log.queue(QueueSpec(name, cohort="org", quotas={"*": Quota(nominal=nominal)}))
     for j in ("a1", "a2"):
         log.submit("alice", j, job("team-a").gpus(4)).accept(j).admit(j)  # a2 borrows 4
-    fixed = msgspec.structs.replace(normal, preemptible=False)
+    fixed = msgspec.structs.replace(normal, **change)
     state = fold(log.admin("priority-class", ApplyPriorityClass(priority_class=fixed)))
     assert last(state).code == "forbidden" and "borrow" in last(state).message, last(state)
-    assert state.priority_classes["normal"].preemptible and state.quota_held_fixed.get("team-a", {}) == {}
+    assert state.priority_classes["normal"] == normal and state.quota_held_fixed.get("team-a", {}) == {}
     log.request("alice", "cancel", {"job_id": "a2"})  # admitted, not placed: its quota is back at once
     state = fold(log.admin("priority-class", ApplyPriorityClass(priority_class=fixed)))
-    assert not state.priority_classes["normal"].preemptible  # within its nominal: no loan to keep
+    assert state.priority_classes["normal"] == fixed  # within its nominal: no loan to keep
+    assert state.quota_held_fixed == {"team-a": {"*": 4000}}
 
 
 @pytest.mark.parametrize("half_life", [0.0, -60.0, 1e-300, 0.5, float("inf"), float("nan")])

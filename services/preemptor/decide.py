@@ -710,6 +710,11 @@ def _settle(sim: Simulation, state: State) -> set[str]:
         target = (
             admitted_target(sim.ledger, b) if b.phase == "admitted" else queued_target(state, sim.ledger, b)
         )
-        if target is not None:
-            sim.place(target)
+        if target is None or sim.place(target) is not None:
+            continue
+        if b.phase == "queued" and target.need and target.key is not None:
+            # Its quota is charged whether or not it fits now (after a quota cut the tree may be
+            # over-committed), as the fold's rule charges it (``preemption.planning``): judged
+            # on another view, a reclaim for another job was void on every cycle.
+            sim.ledger.charge(b.spec.queue, target.key, target.need)
     return under_way

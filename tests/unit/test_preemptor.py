@@ -709,6 +709,27 @@ def test_a_beneficiary_is_told_that_jobs_stop_for_it_and_by_when() -> None:
     assert not [e for e in w.wait(5).cycle(admission) if isinstance(e, PendingReasonChanged)]  # said once
 
 
+def test_after_a_quota_cut_the_preemptor_judges_a_reclaim_as_the_fold_does() -> None:
+    # qa's nominal is cut under its jobs (the tree over-committed, no spill-over): B1, whose
+    # victim still checkpoints, no longer fits, and the preemptor left its quota out where the
+    # fold's rule counts it; its stops for B2 were void on every cycle for an hour.
+    w = World(nodes=3).cohort("org").queue("qa", 8, cohort="org").queue("qc", 8, cohort="org")
+    for i in range(4):
+        w.run(f"a{i}", gpus(2, "qa"), whole(N0, 2 * i, 2 * i + 1))
+    w.run("V1", gpus(2, "qc", checkpointable=True, grace_seconds=3600), whole(N1, 0, 1))
+    w.run("R", gpus(6, "qc"), whole(N1, *range(2, 8)), priority=1000)
+    w.submit("B1", gpus(1, "qc"), priority=100)
+    w.cycle(admission)
+    (stop,) = [e for e in w.cycle(decide) if isinstance(e, PreemptionRequested)]
+    assert [v.job_id for v in stop.victims] == ["V1"] and w.state.jobs["V1"].phase == "checkpointing"
+    w.queue("qa", 4, cohort="org")
+    w.submit("B2", gpus(2, "qc"))
+    for _ in range(5):  # World.cycle folds what each proposes; none may be void
+        w.cycle(admission)
+        w.cycle(placer)
+        w.wait(1).cycle(decide)
+
+
 def test_each_beneficiary_gets_its_own_victims() -> None:
     w = World(nodes=2).queue("team-a")
     w.run("l0", gpus(8), whole(N0, *range(8)))

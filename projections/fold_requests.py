@@ -191,9 +191,24 @@ def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
     if cap is not None and not cap >= 0:
         raise Refused("malformed", f"queue {q.name}: max_grace_seconds must be 0 or more, not {cap}")
     before = state.queues.get(q.name)
+    fixed = state.quota_held_fixed.get(q.name, {}) if before is not None else {}
     if before is not None:
         _may_change(state, before, q)
+        limits = quota.Ledger(state)
+        was = {key: limits.fixed_limit(q.name, key) for key in fixed}
     state.queues[q.name] = q
+    if before is not None and fixed:
+        limits = quota.Ledger(state)
+        for key, milli in sorted(fixed.items()):
+            most = limits.fixed_limit(q.name, key)
+            if milli > most and most < was[key]:
+                state.queues[q.name] = before
+                raise Refused(
+                    "forbidden",
+                    f"queue {q.name}'s quota of {key} may not go below what its jobs that may not be "
+                    f"stopped hold ({milli / WHOLE:g} GPUs, past {most / WHOLE:g}): they could never "
+                    "give back the rest, a loan nobody could take back; lower it once they end",
+                )
 
 
 # A job of these phases runs or will run in its queue (a running one goes back to it when

@@ -180,5 +180,6 @@ from __future__ import annotations
 #    node that hits only ranks a shrink took away leaves the job running (``interrupt_on``).
 #    A job whose class's cap on preemptions has run out borrows no more than a job that may not
 #    be preempted (``quota.may_be_stopped``), and a class may not cap preemptions where that
-#    would leave its jobs holding a loan nobody could take back.
+#    would leave its jobs holding a loan nobody could take back, nor a queue's quota be cut below
+#    what its jobs that may not be stopped hold.
 RULES = 57

@@ -440,6 +440,25 @@ def test_a_class_may_not_turn_non_preemptible_while_its_jobs_borrow(change: dict
     assert state.quota_held_fixed == {"team-a": {"*": 4000}}
 
 
+def test_a_queues_quota_may_not_be_cut_below_what_its_unstoppable_jobs_hold() -> None:
+    # Accepted, the excess was a loan nobody could take back: team-b's job within its nominal
+    # waited for team-a's jobs that may not be preempted to end on their own.
+    log = LogBuilder().admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    log.queue(QueueSpec("team-a", cohort="org", quotas={"*": Quota(nominal=4)}))
+    log.queue(QueueSpec("team-b", cohort="org", quotas={"*": Quota(nominal=4)}))
+    log.submit("alice", "fixed", job("team-a").gpus(4).preemptible(False)).accept("fixed").admit("fixed")
+    cut = QueueSpec("team-a", cohort="org", quotas={"*": Quota(nominal=2)})
+    state = fold(log.queue(cut))
+    assert (
+        last(state).code == "forbidden" and "may not be stopped hold (4 GPUs, past 2)" in last(state).message
+    )
+    assert state.queues["team-a"].quotas["*"].nominal == 4
+    raised = fold(log.queue(QueueSpec("team-a", cohort="org", quotas={"*": Quota(nominal=6)})))
+    assert raised.queues["team-a"].quotas["*"].nominal == 6
+    log.request("alice", "cancel", {"job_id": "fixed"})
+    assert fold(log.queue(cut)).queues["team-a"].quotas["*"].nominal == 2
+
+
 @pytest.mark.parametrize("half_life", [0.0, -60.0, 1e-300, 0.5, float("inf"), float("nan")])
 def test_a_fair_share_half_life_under_a_second_is_malformed(half_life: float) -> None:
     # 1e-300 s forgot every history between two records and showed usage of 2e+301 GPUs.

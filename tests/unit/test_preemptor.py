@@ -245,6 +245,17 @@ def whole(node: str, *indices: int) -> tuple[str, tuple[GpuClaim, ...]]:
 N0, N1, N2 = "node-00", "node-01", "node-02"
 
 
+def elastic_borrower() -> World:
+    """Cohort ``ml`` of team-a and team-b, 8 GPUs each on two 8-GPU nodes; team-a's elastic job
+    ``elastic`` (8..16 one-GPU workers, checkpointable) runs at 16: it borrows team-b's 8."""
+    w = World(nodes=2).cohort("ml").queue("team-a", 8, cohort="ml").queue("team-b", 8, cohort="ml")
+    spec = JobSpec(
+        queue="team-a", resources=Resources(gpus=1), replicas=16, min_replicas=8, checkpointable=True
+    )
+    w.submit("elastic", spec).admit("elastic", 16)
+    return w.place("elastic", *[(f"node-0{i // 8}", (GpuClaim(i % 8),)) for i in range(16)]).start("elastic")
+
+
 def full_node_world() -> World:
     """One 8-GPU node: ``low`` holds 4 GPUs, ``other`` (not preemptible) 4; ``urgent``
     (priority 10) waits for 4 GPUs."""

@@ -658,15 +658,9 @@ def test_a_forecast_from_a_state_with_a_shrink_under_way_lets_its_leaving_ranks_
     # ended, a day on: its beneficiary's start was forecast a day late.
     from corral.services.admission.decide import decide as admission
     from corral.services.preemptor.decide import decide as preemptor
-    from tests.builders import whole
-    from tests.unit.test_preemptor import World
+    from tests.unit.test_preemptor import elastic_borrower
 
-    w = World(nodes=2).cohort("ml").queue("team-a", 8, cohort="ml").queue("team-b", 8, cohort="ml")
-    spec = JobSpec(
-        queue="team-a", resources=Resources(gpus=1), replicas=16, min_replicas=8, checkpointable=True
-    )
-    w.submit("elastic", spec).admit("elastic", 16)
-    w.place("elastic", *[(f"node-0{i // 8}", (whole(i % 8),)) for i in range(16)]).start("elastic")
+    w = elastic_borrower()
     w.submit("b1", JobSpec(queue="team-b", resources=Resources(gpus=8)))
     w.cycle(admission)
     w.cycle(preemptor)

@@ -97,15 +97,9 @@ def test_a_job_an_elastic_jobs_shrink_makes_room_for_is_told_so() -> None:
     from corral.events.jobs import JobsAdmitted
     from corral.services.admission.decide import decide as admission
     from corral.services.preemptor.decide import decide as preemptor
-    from tests.builders import whole
-    from tests.unit.test_preemptor import World
+    from tests.unit.test_preemptor import elastic_borrower
 
-    w = World(nodes=2).cohort("ml").queue("team-a", 8, cohort="ml").queue("team-b", 8, cohort="ml")
-    elastic = JobSpec(
-        queue="team-a", resources=Resources(gpus=1), replicas=16, min_replicas=8, checkpointable=True
-    )
-    w.submit("elastic", elastic).admit("elastic", 16)
-    w.place("elastic", *[(f"node-0{i // 8}", (whole(i % 8),)) for i in range(16)]).start("elastic")
+    w = elastic_borrower()
     ask = JobSpec(queue="team-b", resources=Resources(gpus=8))
     o = whatif.whatif(w.state, "bob", "b1", ask, w.time)
     assert o.stops == ["a job of queue team-a (shrunk to 8 workers)"], o.stops

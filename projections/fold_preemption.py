@@ -107,10 +107,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         beneficiary.reclaim_key = ev.key
     for job in victims:
         move(state, job, "preempt", ctx)
-        # Reaching its class's cap, it may no longer be stopped: what it holds counts as such.
-        quota.count_holding(state, job, -1)
         job.preemptions += 1
-        quota.count_holding(state, job, 1)
         job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
         indexes.name(state, job, ev.beneficiary)
         job.stopped_for = stopped_for(job, beneficiary)

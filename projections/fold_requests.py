@@ -316,11 +316,10 @@ def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> No
             )
     before = state.priority_classes.get(req.priority_class.name)
     state.priority_classes[req.priority_class.name] = req.priority_class
-    stops = (before is None or before.preemptible, before.max_preemptions if before is not None else None)
-    if stops != (pc.preemptible, pc.max_preemptions):
+    if (before is None or before.preemptible) != req.priority_class.preemptible:
         was = {q: dict(held) for q, held in state.quota_held_fixed.items()}
         quota.count_fixed(state)  # whether its jobs may borrow changed (none name it: nothing)
-        if not pc.preemptible or pc.max_preemptions is not None:
+        if not pc.preemptible:
             past = _fixed_past_limit(state, was)
             if past is not None:
                 if before is None:
@@ -328,13 +327,11 @@ def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> No
                 else:
                     state.priority_classes[pc.name] = before
                 quota.count_fixed(state)
-                cap = f"cap preemptions at {pc.max_preemptions}"
-                change = "turn non-preemptible" if not pc.preemptible else cap
                 raise Refused(
                     "forbidden",
-                    f"priority class {pc.name} may not {change} while its jobs borrow: "
+                    f"priority class {pc.name} may not turn non-preemptible while its jobs borrow: "
                     f"{past}; once they may not be stopped, what they borrowed could never be taken "
-                    "back. Change it once they end, or cancel them",
+                    "back. Turn it off once they end, or cancel them",
                 )
 
 

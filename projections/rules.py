@@ -178,8 +178,5 @@ from __future__ import annotations
 #    memory slices and share it took (``MigInstance.mask``, ``milli``) and gives back those. A
 #    failed GPU stays failed when its node registers again, held or not. A failure or a lost
 #    node that hits only ranks a shrink took away leaves the job running (``interrupt_on``).
-#    A job whose class's cap on preemptions has run out borrows no more than a job that may not
-#    be preempted (``quota.may_be_stopped``), and a class may not cap preemptions where that
-#    would leave its jobs holding a loan nobody could take back, nor a queue's quota be cut below
-#    what its jobs that may not be stopped hold.
+#    A queue's quota may not be cut below what its jobs that may not be preempted hold.
 RULES = 57

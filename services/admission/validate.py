@@ -85,7 +85,7 @@ def validate(
             "CPU and memory it takes: it must be one that may be preempted (preemptible, in a class "
             "that may be)",
         )
-    too_big = _fits_ever(ledger if ledger is not None else Ledger(state), job)
+    too_big = _fits_ever(ledger if ledger is not None else Ledger(state), spec)
     if too_big is not None:
         return too_big
     return (inventory if inventory is not None else Inventory(state)).never_fits(job)
@@ -171,14 +171,13 @@ def _bounds(spec: JobSpec) -> str | None:
     return None
 
 
-def _fits_ever(ledger: Ledger, job: JobState) -> Reason | None:
+def _fits_ever(ledger: Ledger, spec: JobSpec) -> Reason | None:
     """A gang larger than anything its queue could hold, even with the whole tree idle, would
     wait forever: reject it and say how large it may be."""
-    spec = job.spec
     q = ledger.spec(spec.queue)
     lo = quota.min_replicas(spec)
     demands = quota.worker_demands(q, spec.resources)
-    borrow = ledger.may_borrow(job)
+    borrow = ledger.may_borrow(spec)
     if not demands or any(w * lo <= ledger.ceiling(spec.queue, k, borrow) for k, w in demands):
         return None
     res = spec.resources

@@ -544,16 +544,6 @@ def test_own_queue_jobs_are_not_named_as_what_would_help_a_job_that_may_not_borr
     assert not why.preemption_helps and "would fit now" not in why.message, why
 
 
-def test_a_job_whose_class_cap_on_preemptions_ran_out_does_not_borrow() -> None:
-    # It can never be stopped again: what it borrowed would be a loan for good, and a lender's
-    # job within its nominal would wait for it to end.
-    s = two_teams(a=Quota(8), b=Quota(8))
-    s.priority_classes["batch"] = PriorityClassSpec("batch", 0, max_preemptions=1)
-    job("capped").gpus(12, H).with_spec(priority_class="batch").with_(seq=50).into(s).preemptions = 1
-    job("fresh").gpus(12, H).with_spec(priority_class="batch").with_(seq=51).into(s)
-    assert set(admitted(decide(s, 0.0))) == {"fresh"}  # fresh borrows 4 of team-b's 8; capped may not
-
-
 def test_reasons_are_emitted_only_when_they_change() -> None:
     s = two_teams(a=Quota(8, borrowing_limit=0))
     job("run").gpus(8, H).running().into(s)

@@ -736,9 +736,12 @@ class _Explainer:
         policy = ledger.spec(queue).preemption
         if not preemption.may_preempt_for(ledger, policy, queue, key, need):
             return ""  # it would borrow where its queue may not stop work to borrow
+        # Fair sharing takes other queues' borrowers of any priority, whatever the reclaim field
+        # says, where the shares allow it (not judged here: the hint may then be hopeful).
+        fair = bool(policy.fair_sharing)
         borrowers, borrowed_total = self._borrowers(queue, key)
         if (
-            policy.reclaim_within_cohort != "never"
+            (fair or policy.reclaim_within_cohort != "never")
             and ledger.used(queue, key) + need <= ledger.nominal(queue, key)
             and need <= ledger.available(queue, key) + borrowed_total
         ):
@@ -748,7 +751,7 @@ class _Explainer:
                 stoppable = sum(
                     m
                     for p, m, ok in self.holders.get((other, key), ())
-                    if ok and preemption.may_reclaim(policy, p, priority)
+                    if ok and (fair or preemption.may_reclaim(policy, p, priority))
                 )
                 amount = min(borrowed, stoppable)
                 if amount <= 0:

@@ -704,17 +704,17 @@ def _settle(sim: Simulation, state: State) -> set[str]:
             key, per_worker = charge_of(sim.ledger, victim) if victim.phase == "checkpointing" else (None, 0)
             sim.release(victim, key, per_worker, None)
             sim.taken.add(victim.id)
-        if b.held is not None:
-            continue
         target: Target | None
         target = (
             admitted_target(sim.ledger, b) if b.phase == "admitted" else queued_target(state, sim.ledger, b)
         )
-        if target is None or sim.place(target) is not None:
+        # Placed on the GPUs freed, unless it still holds some of an earlier attempt's.
+        if target is None or (b.held is None and sim.place(target) is not None):
             continue
         if b.phase == "queued" and target.need and target.key is not None:
-            # Its quota is charged whether or not it fits now (after a quota cut the tree may be
-            # over-committed), as the fold's rule charges it (``preemption.planning``): judged
-            # on another view, a reclaim for another job was void on every cycle.
+            # Its quota is charged whether or not it is placed (after a quota cut the tree may
+            # be over-committed; it may hold an earlier attempt's GPUs), as the fold's rule
+            # charges it (``preemption.planning``): judged on another view, a reclaim for
+            # another job was void on every cycle.
             sim.ledger.charge(b.spec.queue, target.key, target.need)
     return under_way

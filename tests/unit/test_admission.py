@@ -480,16 +480,22 @@ def test_lower_priority_jobs_of_the_same_queue_are_named_as_what_would_help() ->
 
 
 @pytest.mark.parametrize(
-    ("reclaim", "borrower_priority", "helps"),
-    [("any", 0, True), ("never", 0, False), ("lower-priority", 0, False), ("lower-priority", -10, True)],
+    ("reclaim", "borrower_priority", "helps", "fair"),
+    [
+        ("any", 0, True, ()),
+        ("never", 0, False, ()),
+        ("lower-priority", 0, False, ()),
+        ("lower-priority", -10, True, ()),
+        ("never", 0, True, ("less-than-or-equal-to-final-share",)),  # fair sharing takes any priority
+    ],
 )
 def test_a_reclaim_is_named_as_what_would_help_only_where_the_queue_may_reclaim(
-    reclaim: str, borrower_priority: int, helps: bool
+    reclaim: str, borrower_priority: int, helps: bool, fair: tuple[str, ...]
 ) -> None:
     # The arithmetic alone said "would fit now if team-a's borrowed H100 were reclaimed
     # (preemption could help)" where team-b's policy let the preemptor stop none of them.
     s = two_teams(a=Quota(8), b=Quota(8))
-    policy = PreemptionPolicy(reclaim_within_cohort=reclaim)  # type: ignore[arg-type]
+    policy = PreemptionPolicy(reclaim_within_cohort=reclaim, fair_sharing=fair)  # type: ignore[arg-type]
     s.queues["team-b"] = msgspec.structs.replace(s.queues["team-b"], preemption=policy)
     s.queues["team-a"] = msgspec.structs.replace(s.queues["team-a"], tenants=("a", "b"))
     job("a0").gpus(8, H).with_(priority=borrower_priority).running().into(s)

@@ -28,7 +28,7 @@ from corral.events.base import Reason
 from corral.events.decisions import GpuClaim
 from corral.events.jobs import Resources, TopologyPack
 from corral.events.queues import PriorityClassSpec
-from corral.projections import runtimes
+from corral.projections import runtimes, thrash
 from corral.projections.placement.snapshot import NodeView, Snapshot
 from corral.projections.shape import Shape, ShapeKind, placed_resources
 from corral.projections.state import JobState
@@ -95,8 +95,9 @@ class Request:
             selector=tuple(sorted(spec.node_selector.items())),
             pack=spec.topology.pack,
             required=spec.topology.required,
-            # As the fold judges a victim: the job and its priority class must both allow it.
-            preemptible=spec.preemptible and (pc is None or pc.preemptible),
+            # As the fold judges a victim: the job and its priority class must both allow it, and
+            # the class's cap on its preemptions must not have run out.
+            preemptible=spec.preemptible and (pc is None or pc.preemptible) and not thrash.capped(job, pc),
             # The owner's estimate, else the one learned from history (``runtimes.py``).
             runtime_estimate_s=runtimes.of(job),
         )

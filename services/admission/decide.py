@@ -158,8 +158,9 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
             stopping.add(job.preempted_for)
         held = ledger.hold(job)
         if held is not None:
+            # (whether it could be stopped at all: preemptible, its class's cap not run out)
             holders.setdefault((job.spec.queue, held[0]), []).append(
-                (job.priority, held[1], preemption.preemptible(state, job))
+                (job.priority, held[1], ledger.may_take_back(job))
             )
             ends.setdefault((job.spec.queue, held[0]), []).append((quota_end(job, now), held[1]))
         if phase == "running" and job.spec.min_replicas is not None:

@@ -528,6 +528,17 @@ def test_a_job_kept_out_by_another_queues_lending_hold_is_told_so() -> None:
     assert "kept for the first waiting jobs of other queues within" in said, said
 
 
+def test_borrowers_whose_cap_on_preemptions_ran_out_are_not_named_as_what_would_help() -> None:
+    s = two_teams(a=Quota(8), b=Quota(8))
+    s.priority_classes["capped"] = PriorityClassSpec("capped", 0, max_preemptions=1)
+    s.queues["team-a"] = msgspec.structs.replace(s.queues["team-a"], tenants=("a", "b"))
+    for j in ("a0", "a1"):
+        job(j).gpus(8, H).with_spec(priority_class="capped").running().into(s).preemptions = 1
+    job("b0", "team-b").gpus(8, H).with_(tenant="b", seq=50).into(s)
+    why = reasons(decide(s, 0.0))["b0"]
+    assert not why.preemption_helps and "would fit now" not in why.message, why
+
+
 def test_own_queue_jobs_are_not_named_as_what_would_help_where_the_queue_stops_none() -> None:
     s = two_teams(a=Quota(8, borrowing_limit=0))
     never = PreemptionPolicy(within_queue="never")

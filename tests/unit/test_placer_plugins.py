@@ -17,7 +17,7 @@ from corral.events.base import Event, Reason
 from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, MigSlot, Placement, WorkerSlot
 from corral.events.jobs import Admission, JobsAdmitted, JobSpec, Resources
 from corral.events.nodes import GpuInfo, NodeCondition, NodeInventory
-from corral.events.queues import ApplyQueue, QueueSpec, Quota
+from corral.events.queues import ApplyQueue, PriorityClassSpec, QueueSpec, Quota
 from corral.projections import claims, holds, indexes, quota
 from corral.projections.fold import apply_event
 from corral.projections.placement import gang, stack
@@ -1145,6 +1145,20 @@ def test_backfill_around_the_heads_reservation(spec: JobSpec, head_priority: int
     assert ("small" in placed) == backfills
     if not backfills:
         assert waiting["small"][0].code == "reservation"
+
+
+@pytest.mark.parametrize(("preemptions", "backfills"), [(0, True), (1, False)])
+def test_no_backfill_for_a_job_whose_cap_on_preemptions_ran_out(preemptions: int, backfills: bool) -> None:
+    # Backfilled into the head's reserved GPUs, it could never be stopped for the head, which
+    # waited for it to end.
+    state = reservation_state()
+    state.priority_classes["capped"] = PriorityClassSpec("capped", 0, max_preemptions=1)
+    state.jobs["head"].priority = 5
+    small = JobSpec(queue="q", resources=Resources(gpus=2), preemptible=True, priority_class="capped")
+    admit(state, "small", small, seq=11)
+    state.jobs["small"].preemptions = preemptions
+    placed = [p.job_id for e in decide(state, 100.0) if isinstance(e, JobsPlaced) for p in e.placements]
+    assert ("small" in placed) is backfills
 
 
 def test_no_reservation_for_a_job_no_node_could_ever_hold() -> None:

@@ -419,9 +419,15 @@ class EmbeddedCluster:
         if any(s.cluster_port is None for s in self.servers):
             # JetStream will not start a clustered server without routes, so each must know the
             # others' cluster ports before any starts: the OS picks them, all held at once so
-            # that they differ, and released just before the servers bind them.
-            for s, port in zip(self.servers, free_ports(len(self.servers)), strict=True):
+            # that they differ, and released just before the servers bind them. Their client
+            # ports are picked in the same breath: one left to the server (-p -1) could be given
+            # a cluster port just released, its own or another's, before that one was bound.
+            n = len(self.servers)
+            ports = free_ports(2 * n)
+            for s, port, client in zip(self.servers, ports[:n], ports[n:], strict=True):
                 s.cluster_port = port
+                if s.port is None:
+                    s.port = client
         for s in self.servers:
             s.routes = tuple(o.route_url for o in self.servers if o is not s)
         try:

@@ -416,6 +416,10 @@ def test_a_cohort_is_deleted_only_once_nothing_is_in_it_and_its_quota_is_not_len
     log.request("alice", "cancel", {"job_id": "a1"})
     state = fold(log.admin("delete-cohort", DeleteCohort(name="pool")))
     assert "pool" not in state.cohorts and "org" in state.cohorts
+    # A tenant may not: refused, recorded, and the cohort stays.
+    log.admin("cohort", ApplyCohort(cohort=CohortSpec("spare")))
+    state = fold(log.request("alice", "delete-cohort", DeleteCohort(name="spare")))
+    assert "spare" in state.cohorts and "delete-cohort" in last(state).message, last(state)
 
 
 def test_a_class_may_not_turn_non_preemptible_while_its_jobs_borrow() -> None:

@@ -191,24 +191,55 @@ def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
     if cap is not None and not cap >= 0:
         raise Refused("malformed", f"queue {q.name}: max_grace_seconds must be 0 or more, not {cap}")
     before = state.queues.get(q.name)
-    fixed = state.quota_held_fixed.get(q.name, {}) if before is not None else {}
     if before is not None:
         _may_change(state, before, q)
-        limits = quota.Ledger(state)
-        was = {key: limits.fixed_limit(q.name, key) for key in fixed}
+    was = _fixed_limits(state)
     state.queues[q.name] = q
-    if before is not None and fixed:
-        limits = quota.Ledger(state)
-        for key, milli in sorted(fixed.items()):
-            most = limits.fixed_limit(q.name, key)
-            if milli > most and most < was[key]:
-                state.queues[q.name] = before
-                raise Refused(
-                    "forbidden",
-                    f"queue {q.name}'s quota of {key} may not go below what its jobs that may not be "
-                    f"stopped hold ({milli / WHOLE:g} GPUs, past {most / WHOLE:g}): they could never "
-                    "give back the rest, a loan nobody could take back; lower it once they end",
-                )
+    cut = _fixed_cut(state, was)
+    if cut is not None:
+        if before is None:
+            del state.queues[q.name]
+        else:
+            state.queues[q.name] = before
+        raise Refused("forbidden", f"queue {q.name} may not change so: {cut}")
+
+
+def _fixed_limits(state: State) -> dict[tuple[str, str], int]:
+    """Per queue and quota key its jobs that may not be preempted hold any of, the most they may
+    hold (``Ledger.fixed_limit``). (None hold any, most of the time: no ledger is built, whose
+    cohort tree is a web of references the collector would have to free.)"""
+    if not state.quota_held_fixed:
+        return {}
+    ledger = quota.Ledger(state)
+    return {
+        (queue, key): ledger.fixed_limit(queue, key)
+        for queue, held in state.quota_held_fixed.items()
+        if ledger.has_queue(queue)
+        for key in held
+    }
+
+
+def _fixed_cut(state: State, was: dict[tuple[str, str], int]) -> str | None:
+    """Where an admin change just made left jobs that may not be preempted holding more than
+    their queue's limit (``was``: the limits before it, ``_fixed_limits``), in words; None if
+    nowhere. Any change that moves a limit may: a queue's nominal cut; where a cohort shares its
+    own quota, a sibling's weight raised, a queue joining it, its quota cut or its sharing turned
+    off. What they hold past it would be a loan nobody could take back, as they are never
+    stopped: the queues it was lent from would wait for them to end."""
+    if not was:
+        return None
+    ledger = quota.Ledger(state)
+    for (queue, key), before in sorted(was.items()):
+        milli = state.quota_held_fixed[queue][key]
+        most = ledger.fixed_limit(queue, key) if ledger.has_queue(queue) else 0
+        if milli > most and most < before:
+            return (
+                f"queue {queue}'s jobs that may not be stopped hold {milli / WHOLE:g} GPUs of {key}, "
+                f"past the {most / WHOLE:g} it would leave them (its nominal and its part of a "
+                "cohort's shared quota): they could never give back the rest, a loan nobody could "
+                "take back; make the change once they end"
+            )
+    return None
 
 
 # A job of these phases runs or will run in its queue (a running one goes back to it when
@@ -287,7 +318,15 @@ def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:
         queue = _a_queue_under(state, ledger, c.name)
         if queue is not None:
             _none_borrows(state, ledger, queue, f"cohort {c.name} may not leave its parent {before.parent}")
+    was = _fixed_limits(state)
     state.cohorts[c.name] = c
+    cut = _fixed_cut(state, was)
+    if cut is not None:
+        if before is None:
+            del state.cohorts[c.name]
+        else:
+            state.cohorts[c.name] = before
+        raise Refused("forbidden", f"cohort {c.name} may not change so: {cut}")
 
 
 # The least weight a queue may have: shares are divided by it, and a weight of 1e-320 made them

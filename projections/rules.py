@@ -179,4 +179,7 @@ from __future__ import annotations
 #    failed GPU stays failed when its node registers again, held or not. A failure or a lost
 #    node that hits only ranks a shrink took away leaves the job running (``interrupt_on``).
 #    A queue's quota may not be cut below what its jobs that may not be preempted hold.
-RULES = 57
+# 58: no admin change of a queue or cohort may leave jobs that may not be preempted holding past
+#    their queue's limit (``fold_requests._fixed_cut``): a sibling's weight raised, a queue
+#    joining, or a cohort's own quota cut or no longer shared, where it shares its own quota.
+RULES = 58

@@ -16,7 +16,14 @@ import msgspec
 from corral.events import routing
 from corral.events.base import Reason
 from corral.events.jobs import PendingReasonChanged
-from corral.events.queues import ApplyCohort, ApplyPriorityClass, CohortSpec, PriorityClassSpec, Quota
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CohortSpec,
+    PriorityClassSpec,
+    Quota,
+)
 from corral.projections.quota import ANY, Ledger
 from corral.projections.state import JobState, State
 from corral.services.admission.decide import decide
@@ -147,3 +154,38 @@ def test_without_the_share_a_job_that_may_not_be_stopped_stays_within_its_nomina
     lb.submit("alice", "fixed", job().gpus(3).preemptible(False)).accept("fixed").admit("fixed")
     state = lb.fold()
     assert state.jobs["fixed"].phase == "queued" and "may not borrow" in state.rejections[-1].message
+
+
+def _refused_keeps(lb: LogBuilder, kind: str, change: object, before: State) -> State:
+    """Fold ``change`` after ``lb``'s log: it must be refused, the queues and cohorts kept."""
+    state = lb.admin(kind, change).fold()
+    why = state.rejections[-1]
+    assert why.code == "forbidden" and "hold 3 GPUs of *, past the" in why.message, why
+    assert (state.queues, state.cohorts) == (before.queues, before.cohorts)
+    return state
+
+
+def test_no_change_of_a_shared_pool_leaves_unstoppable_jobs_past_their_part() -> None:
+    # team-b's job that may not be preempted holds 3: its nominal 2 and its part of the pool, 1
+    # (weight 1 of 4). Each change below would make its part less than what it holds: the rest a
+    # loan from the pool nobody could take back, team-a's jobs within their part waiting for it.
+    lb = pool_world(True)
+    lb.submit("bob", "fixed-b", job("team-b").gpus(3).preemptible(False)).accept("fixed-b").admit("fixed-b")
+    before = lb.fold()
+    assert before.quota_held_fixed == {"team-b": {ANY: 3000}}
+    heavier = msgspec.structs.replace(queue_spec("team-a", 2, cohort="org"), weight=4.0)  # b: 2 + 4/5
+    _refused_keeps(lb, "queue", ApplyQueue(queue=heavier), before)
+    joining = queue_spec("team-c", 0, cohort="org")  # b: 2 + 4/5
+    _refused_keeps(lb, "queue", ApplyQueue(queue=joining), before)
+    smaller = CohortSpec("org", quotas={ANY: Quota(2)}, share_own_quota=True)  # b: 2 + 2/4
+    _refused_keeps(lb, "cohort", ApplyCohort(cohort=smaller), before)
+    unshared = CohortSpec("org", quotas={ANY: Quota(4)}, share_own_quota=False)  # b: 2
+    _refused_keeps(lb, "cohort", ApplyCohort(cohort=unshared), before)
+    # A change that leaves it its part, or more, is taken.
+    lighter = msgspec.structs.replace(queue_spec("team-a", 2, cohort="org"), weight=1.0)
+    state = lb.admin("queue", ApplyQueue(queue=lighter)).fold()
+    assert state.queues["team-a"].weight == 1.0 and state.rejected_total == 4
+    # Once the job ends, each may be made.
+    lb.request("bob", "cancel", {"job_id": "fixed-b"})
+    state = lb.admin("cohort", ApplyCohort(cohort=unshared)).fold()
+    assert not state.cohorts["org"].share_own_quota and state.rejected_total == 4

@@ -62,7 +62,8 @@ def rides(job: JobState) -> bool:
     node are the GPU work's, and any job that holds or claims quota may stop it, of any queue
     (its own's included) and whatever its priority: a tenant with no quota could otherwise fill
     every node's CPUs and leave every GPU idle. Such a job must be one that may be preempted
-    (admission's ``validate``)."""
+    (admission's ``validate``), and its class's cap on preemptions does not protect it
+    (``thrash.capped``)."""
     return kind(job.spec.resources) == "cpu"
 
 

@@ -182,4 +182,6 @@ from __future__ import annotations
 # 58: no admin change of a queue or cohort may leave jobs that may not be preempted holding past
 #    their queue's limit (``fold_requests._fixed_cut``): a sibling's weight raised, a queue
 #    joining, or a cohort's own quota cut or no longer shared, where it shares its own quota.
-RULES = 58
+# 59: a class's ``max_preemptions`` does not protect a job that asks for no GPU
+#    (``thrash.capped``): it may always be stopped for GPU work in the end.
+RULES = 59

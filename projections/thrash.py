@@ -8,7 +8,8 @@ restarting. Four guards, each off unless the job's ``PriorityClassSpec`` sets it
 - ``cooldown_s``: at least this long since the job was last preempted;
 - ``max_preemptions_per_hour``: fewer than this many preemptions of the job in the last hour;
 - ``max_preemptions``: fewer than this many preemptions of the job in its whole life (a job
-  stopped that often runs to its end: it bounds the work any one job can lose).
+  stopped that often runs to its end: it bounds the work any one job can lose); not for a job
+  that asks for no GPU, which must always make room for GPU work in the end.
 
 Preemption times come from the state: ``JobState.preempted_at`` (the log times of the job's
 preemptions) where it records them. A state that only counts them (``JobState.preemptions``) is
@@ -24,6 +25,7 @@ import math
 
 from corral.events.base import Reason
 from corral.events.queues import PriorityClassSpec
+from corral.projections.shape import kind
 from corral.projections.state import JobState
 
 HOUR = 3600.0
@@ -43,8 +45,16 @@ def runtime(job: JobState, now: float) -> float:
 
 
 def capped(job: JobState, pc: PriorityClassSpec | None) -> bool:
-    """Whether ``job`` has been preempted as many times as its class allows in its life."""
-    return pc is not None and pc.max_preemptions is not None and job.preemptions >= pc.max_preemptions
+    """Whether ``job`` has been preempted as many times as its class allows in its life. Never
+    one that asks for no GPU (``preemption.rides``): it holds no quota and must leave the CPU
+    and memory it takes to the GPU work that needs them, however often (the guards that pass
+    with time still protect it); a cap would make it, and every node it fills, unstoppable."""
+    return (
+        pc is not None
+        and pc.max_preemptions is not None
+        and job.preemptions >= pc.max_preemptions
+        and kind(job.spec.resources) != "cpu"
+    )
 
 
 def lifts_at(job: JobState, pc: PriorityClassSpec | None, now: float) -> float:

@@ -50,6 +50,19 @@ def _proposal(w: World, beneficiary: str, victim: str) -> PreemptionRequested:
     )
 
 
+def test_a_class_that_caps_preemptions_does_not_make_a_job_that_asks_for_no_gpu_unstoppable() -> None:
+    # Capped at none, the job of no GPU kept every CPU of the node for as long as it ran: a
+    # tenant could fill the cluster's CPUs with such jobs and nobody could stop them. The cap
+    # bounds the work a GPU job loses; one of no GPU holds no quota and makes room in the end.
+    w = World().queue("team-a", nominal=8).queue("team-b", nominal=0)
+    w.priority_class("kept", 0, max_preemptions=0)
+    w.run("ride", rider(priority_class="kept"), (N0, ()))
+    w.waiting("gpu-job", gpus(1))
+    (ev,) = [e for e in w.cycle(decide) if isinstance(e, PreemptionRequested)]
+    assert [v.job_id for v in ev.victims] == ["ride"]
+    assert w.state.jobs["ride"].phase in ("checkpointing", "stopping"), w.state.rejections
+
+
 def test_a_job_that_asks_for_no_gpu_stops_no_other_queues_for_one_like_it() -> None:
     # Two queues' jobs of no GPU do not take each other's CPUs in turn: neither holds quota.
     w = World().queue("team-a", nominal=8).queue("team-b", nominal=0)

@@ -39,12 +39,16 @@ class GpuHealthSample(msgspec.Struct, frozen=True, omit_defaults=True):
 
 class XidReport(msgspec.Struct, frozen=True, omit_defaults=True):
     """An XID error NVML reported; ``gpu_instance``/``compute_instance`` name a MIG instance
-    (-1: the whole GPU, or NVML could not attribute it)."""
+    (-1: the whole GPU, or NVML could not attribute it). ``gpu`` -1: the agent could not say which
+    GPU (NVML named none it knows, or its GPUs cannot be watched at all). ``uuid``: the GPU's, when
+    known: the monitor finds the GPU by it, so a report that crosses a registration renumbering
+    the node's GPUs marks the GPU it is about."""
 
     gpu: Int
     xid: Int
     gpu_instance: Int = -1
     compute_instance: Int = -1
+    uuid: str = ""
 
 
 class Heartbeat(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -107,12 +107,15 @@ class NodeConditionChanged(Event, frozen=True, kw_only=True):
 
 
 class GpuHealthChanged(Event, frozen=True, kw_only=True):
-    """Health monitor: a GPU turned unhealthy (or healthy again), with the signal, e.g. ``xid:79``."""
+    """Health monitor: a GPU turned unhealthy (or healthy again), with the signal, e.g. ``xid:79``.
+    ``uuid``: the GPU's, as the monitor knew it at ``gpu``; where the node has registered since and
+    that index now names another GPU, the verdict is void (it was about a GPU that moved or left)."""
 
     node: str
     gpu: Int
     healthy: bool
     signal: str = ""
+    uuid: str = ""
 
 
 class NodeCordoned(Event, frozen=True, kw_only=True):

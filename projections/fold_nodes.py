@@ -379,6 +379,9 @@ def _gpu_health(state: State, ctx: Ctx, ev: GpuHealthChanged) -> None:
     if not 0 <= ev.gpu < len(node.gpus):
         raise Refused("unknown", f"node {ev.node} has no GPU {ev.gpu}")
     g = node.gpus[ev.gpu]
+    if ev.uuid and ev.uuid != g.info.uuid:
+        # Judged on the node's GPUs before it registered again: the index names another GPU now.
+        raise Refused("void", f"GPU {ev.gpu} of {ev.node} is {g.info.uuid} now, not {ev.uuid}")
     g.healthy, g.signal = ev.healthy, ev.signal
     if not ev.healthy:
         interrupt_on(state, ctx, ev.node, {ev.gpu}, f"GPU {ev.gpu} of {ev.node}: {ev.signal}")

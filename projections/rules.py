@@ -184,4 +184,6 @@ from __future__ import annotations
 #    joining, or a cohort's own quota cut or no longer shared, where it shares its own quota.
 # 59: a class's ``max_preemptions`` does not protect a job that asks for no GPU
 #    (``thrash.capped``): it may always be stopped for GPU work in the end.
-RULES = 59
+# 60: a ``GpuHealthChanged`` whose ``uuid`` is not that of the GPU at its index (the node
+#    registered again, renumbered) is void (``fold_nodes._gpu_health``).
+RULES = 60

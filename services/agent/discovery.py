@@ -343,6 +343,7 @@ class NvmlGpus:
         gpu = self._uuids.index(uuid) if uuid in self._uuids else -1
         return XidReport(
             gpu=gpu,
+            uuid=uuid if gpu >= 0 else "",
             xid=int(data.eventData),
             gpu_instance=_instance_id(data.gpuInstanceId),
             compute_instance=_instance_id(data.computeInstanceId),

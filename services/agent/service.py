@@ -166,7 +166,8 @@ class SimulatedGpus:
         return out
 
     def inject_xid(self, gpu: int, xid: int) -> None:
-        self._xids.append(XidReport(gpu=gpu, xid=xid))
+        uuid = self._gpus[gpu].uuid if 0 <= gpu < len(self._gpus) else ""
+        self._xids.append(XidReport(gpu=gpu, xid=xid, uuid=uuid))
 
     def fault(self, gpu: int, **fields: Any) -> None:
         """Make GPU ``gpu``'s samples carry ``fields`` (e.g. ``remap_pending=True``); no fields

@@ -18,7 +18,10 @@ plugin:
   the bus, needs a reboot; a GPU NVML reports lost or no longer lists).
 
 XID and ``node`` verdicts are sticky: the GPU stays unhealthy until someone clears it (``clear``)
-after a reset. Counter signals (ECC, remaps, NVLinks) clear themselves when the counters do.
+after a reset. Counter signals (ECC, remaps, NVLinks) clear themselves when the counters do. An
+XID is about the GPU its report's UUID names (indexes change when a node registers again); one
+the agent could not name a GPU for drains the node and fails none. A verdict names the GPU's
+UUID too, and the fold voids one whose index names another GPU by then (``refused``).
 
 Node conditions (``HeartbeatTracker``): ready → suspect after ``suspect_after`` missed heartbeat
 intervals → lost after ``lost_after`` seconds of silence. A suspect or lost node becomes ready
@@ -123,7 +126,7 @@ class _Gpu:
 class _Node:
     __slots__ = (
         "known", "condition", "cordoned", "draining", "gpus", "since", "last_seen", "last_seq",
-        "probation_from", "drain_signal",
+        "probation_from", "drain_signal", "early",
     )  # fmt: skip
 
     def __init__(self, since: float) -> None:
@@ -137,6 +140,8 @@ class _Node:
         self.last_seq = -1
         self.probation_from: float | None = None  # start of the current run of good heartbeats
         self.drain_signal = ""
+        # XIDs on GPUs of a registration not folded yet (by UUID): marked once it is.
+        self.early: dict[str, tuple[str, Action]] = {}
 
 
 class HeartbeatTracker:
@@ -222,6 +227,21 @@ class HeartbeatTracker:
                 if not gs.healthy and _sticky(gs.signal):
                     g.sticky = gs.signal
 
+    def refused(self, name: str, state: State) -> None:
+        """The fold refused one of our facts about node ``name`` (a GPU verdict judged on the GPUs
+        it had before it registered again): adopt what the log says of its GPUs, by UUID, so the
+        verdict is stated again at the GPU's index now."""
+        n = self._nodes.get(name)
+        ns = state.nodes.get(name)
+        if n is None or ns is None:
+            return
+        said = {gs.info.uuid: gs for gs in ns.gpus}
+        for g in n.gpus:
+            gs = said.get(g.uuid)
+            if gs is not None:
+                g.healthy, g.signal = gs.healthy, gs.signal
+        self._pending.add(name)
+
     def observe(self, event: Event, now: float) -> bool:
         """A node event folded from the log (ours or anyone's), or an admin's cordon request the
         fold accepted. Whether it was a node fact ``evaluate`` reads (a worker's report is not)."""
@@ -247,11 +267,13 @@ class HeartbeatTracker:
             self._set_condition(name, n, event.condition)
         elif isinstance(event, NodeCordoned | CordonNode):  # CordonNode: an admin, by hand
             n.cordoned, n.draining = event.cordoned, event.cordoned and event.drain
-        elif isinstance(event, GpuHealthChanged) and 0 <= event.gpu < len(n.gpus):
-            g = n.gpus[event.gpu]
-            g.healthy, g.signal = event.healthy, event.signal
-            if not event.healthy and _sticky(event.signal):
-                g.sticky = event.signal
+        elif isinstance(event, GpuHealthChanged):
+            i = _index(n, event.gpu, event.uuid)
+            if i is not None:
+                g = n.gpus[i]
+                g.healthy, g.signal = event.healthy, event.signal
+                if not event.healthy and _sticky(event.signal):
+                    g.sticky = event.signal
         return True
 
     def _register(self, n: _Node, inventory: NodeInventory) -> None:
@@ -267,6 +289,11 @@ class HeartbeatTracker:
                 # the log says of it is what it said before the registration.
                 g.healthy, g.signal = prev.healthy, prev.signal
             n.gpus.append(g)
+        early, n.early = n.early, {}
+        for i, g in enumerate(n.gpus):
+            if g.uuid in early:
+                signal, action = early[g.uuid]
+                self._act(n, "", i, signal, action, sticky=True)
 
     def clear(self, node: str, gpu: int) -> None:
         """A person reset the GPU: forget its sticky XID verdict."""
@@ -311,10 +338,21 @@ class HeartbeatTracker:
                 stating = True
         for x in payload.xids:
             # A MIG instance's XID marks its whole GPU: the fold keeps health per GPU.
-            # GPU -1: the agent could not watch its GPUs at all, so none is trusted.
-            for gpu in range(len(n.gpus)) if x.gpu == -1 else (x.gpu,):
-                if 0 <= gpu < len(n.gpus):
-                    self._act(n, node, gpu, f"xid:{x.xid}", xid_action(x.xid), sticky=True)
+            signal, action = f"xid:{x.xid}", xid_action(x.xid)
+            if x.gpu == -1:
+                # The agent could not say which GPU (or cannot watch them at all): none is known
+                # bad, and none can be trusted. Drained, each job checkpoints within its grace,
+                # and the heartbeats' samples name a GPU that fell off the bus.
+                if action in ("gpu", "node") and not n.drain_signal:
+                    n.drain_signal = f"{signal} on a GPU the agent could not name"
+                elif action in ("record", "alert"):
+                    self._notices.append(Notice(node, -1, signal, action))
+                continue
+            gpu = _index(n, x.gpu, x.uuid)
+            if gpu is not None:
+                self._act(n, node, gpu, signal, action, sticky=True)
+            elif x.uuid and action in ("gpu", "node") and len(n.early) < _EARLY:
+                n.early[x.uuid] = (signal, action)  # of a registration still to be folded
         if stating or n.drain_signal:
             self._pending.add(node)
 
@@ -413,10 +451,10 @@ class HeartbeatTracker:
             signal = g.sticky or g.live
             if signal and g.healthy:
                 g.healthy, g.signal = False, signal
-                out.append(GpuHealthChanged(node=name, gpu=i, healthy=False, signal=signal))
+                out.append(GpuHealthChanged(node=name, gpu=i, healthy=False, signal=signal, uuid=g.uuid))
             elif not signal and not g.healthy:
                 g.healthy, g.signal = True, ""
-                out.append(GpuHealthChanged(node=name, gpu=i, healthy=True))
+                out.append(GpuHealthChanged(node=name, gpu=i, healthy=True, uuid=g.uuid))
         return out
 
     def _cordon(self, name: str, n: _Node) -> list[Event]:
@@ -431,6 +469,19 @@ class HeartbeatTracker:
     def condition(self, node: str) -> NodeCondition | None:
         n = self._nodes.get(node)
         return n.condition if n is not None else None
+
+
+# The most XIDs kept per node for GPUs it has not registered yet (a node has at most
+# ``MAX_GPUS_PER_NODE`` GPUs; an agent that names many unknown ones is not believed further).
+_EARLY = 64
+
+
+def _index(n: _Node, gpu: int, uuid: str) -> int | None:
+    """The index of the GPU a report names: by its UUID where it gives one (indexes change when a
+    node registers again), else by index; None if the node has no such GPU as we know it."""
+    if uuid:
+        return next((i for i, g in enumerate(n.gpus) if g.uuid == uuid), None)
+    return gpu if 0 <= gpu < len(n.gpus) else None
 
 
 def _sticky(signal: str) -> bool:

@@ -39,6 +39,7 @@ from corral.events import codec, subjects
 from corral.events.base import Event
 from corral.events.heartbeats import Heartbeat
 from corral.events.log import EventLog, Record
+from corral.events.nodes import GpuHealthChanged
 from corral.projections.fold import apply, collector_paused
 from corral.projections.state import State
 from corral.services.health.decide import HeartbeatTracker
@@ -111,7 +112,16 @@ class HealthMonitor(Service):
                 if spans is not None:
                     spans.folded(state, r, rejected)
                 if state.rejected_total != rejected:
-                    continue  # the fold refused it: it changed nothing the tracker should know
+                    # The fold refused it: it changed nothing the tracker should know, unless it
+                    # was a GPU verdict of ours judged on GPUs the node no longer has where they
+                    # were: the tracker reads what the log says of them again.
+                    void = bool(state.rejections) and state.rejections[-1].code == "void"
+                    if void and r.subject.startswith(_NODE_EVENTS):
+                        body = codec.decode_body(r.subject, r.data, r.headers).body
+                        if isinstance(body, GpuHealthChanged):
+                            self.tracker.refused(body.node, state)
+                            self._facts_folded = True
+                    continue
                 if r.subject.startswith(_NODE_EVENTS) or r.subject in (_CORDON, _DELETE):
                     body = codec.decode_body(r.subject, r.data, r.headers).body
                     if self.tracker.observe(body, self.receive_clock()):

@@ -430,9 +430,10 @@ def test_xid_events_are_read_per_gpu_and_mig_instance() -> None:
     assert nvml.watch_xids() and fake.registered == list(range(9))
     none = 0xFFFFFFFF
     fake.xids += [(3, 79, none, none), (0, 48, 1, 0), pynvml.NVMLError_Unknown()]
-    assert nvml.wait_xid(100) == XidReport(gpu=3, xid=79)
-    assert nvml.wait_xid(100) == XidReport(gpu=0, xid=48, gpu_instance=1, compute_instance=0)
-    assert nvml.wait_xid(100) == XidReport(gpu=-1, xid=999)  # cannot watch: trust no GPU
+    uuids = [fake.nvmlDeviceGetUUID(h) for h in nvml.handles]
+    assert nvml.wait_xid(100) == XidReport(gpu=3, xid=79, uuid=uuids[3])
+    assert nvml.wait_xid(100) == XidReport(gpu=0, xid=48, gpu_instance=1, compute_instance=0, uuid=uuids[0])
+    assert nvml.wait_xid(100) == XidReport(gpu=-1, xid=999)  # cannot watch: no GPU named
     assert nvml.wait_xid(100) is None  # a timeout: nothing happened
     nvml.close()
     assert fake.freed and fake.shutdowns == 1

@@ -6,8 +6,10 @@ Time is injected: every test says ``now``; no test waits.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
+from corral.events import subjects
 from corral.events.heartbeats import GpuHealthSample, XidReport
 from corral.events.nodes import GpuHealthChanged, NodeConditionChanged, NodeCordoned, NodeRegistered
 from corral.events.queues import CordonNode
@@ -86,6 +88,11 @@ def test_pcie_gpus_expect_no_nvlinks() -> None:
 
 
 # -- the tracker -----------------------------------------------------------------------------------
+
+
+def verdict(gpu: int, healthy: bool, signal: str = "", node: str = N0) -> GpuHealthChanged:
+    """The monitor's verdict on GPU ``gpu`` of a builder's node, named by its UUID too."""
+    return GpuHealthChanged(node=node, gpu=gpu, healthy=healthy, signal=signal, uuid=f"GPU-{node}-{gpu:02d}")
 
 
 class Clock:
@@ -224,11 +231,11 @@ def test_a_resynced_tracker_does_not_repeat_what_the_log_says() -> None:
 def test_a_critical_xid_makes_the_gpu_unhealthy_once_and_it_stays_so() -> None:
     c = Clock(nodes=1)
     c.beat(T0, xids=(XidReport(gpu=2, xid=48),))
-    assert c.t.evaluate(T0 + 1) == [GpuHealthChanged(node=N0, gpu=2, healthy=False, signal="xid:48")]
+    assert c.t.evaluate(T0 + 1) == [verdict(2, False, "xid:48")]
     c.beat(T0 + 5)
     assert c.t.evaluate(T0 + 6) == []  # sticky until a person clears it
     c.t.clear(N0, 2)
-    assert c.t.evaluate(T0 + 7) == [GpuHealthChanged(node=N0, gpu=2, healthy=True)]
+    assert c.t.evaluate(T0 + 7) == [verdict(2, True)]
 
 
 def test_application_xids_change_nothing() -> None:
@@ -241,11 +248,11 @@ def test_xid_79_drains_the_node() -> None:
     c = Clock(nodes=1)
     c.beat(T0, xids=(XidReport(gpu=5, xid=79),))
     assert c.t.evaluate(T0 + 1) == [
-        GpuHealthChanged(node=N0, gpu=5, healthy=False, signal="xid:79"),
+        verdict(5, False, "xid:79"),
         NodeCordoned(node=N0, cordoned=True, drain=True, reason="xid:79 on GPU 5"),
     ]
     c.beat(T0 + 5, xids=(XidReport(gpu=6, xid=79),))
-    assert c.t.evaluate(T0 + 6) == [GpuHealthChanged(node=N0, gpu=6, healthy=False, signal="xid:79")]
+    assert c.t.evaluate(T0 + 6) == [verdict(6, False, "xid:79")]
 
 
 def test_recorded_and_alerted_xids_are_notices_not_facts() -> None:
@@ -263,13 +270,11 @@ def test_counter_signals_clear_when_the_counters_do() -> None:
     bad = list(healthy)
     bad[4] = GpuHealthSample(index=4, uuid=inv.gpus[4].uuid, nvlinks_active=18, remap_pending=True)
     c.beat(T0, gpus=tuple(bad))
-    assert c.t.evaluate(T0 + 1) == [
-        GpuHealthChanged(node=N0, gpu=4, healthy=False, signal="row-remap:pending")
-    ]
+    assert c.t.evaluate(T0 + 1) == [verdict(4, False, "row-remap:pending")]
     c.beat(T0 + 5, gpus=tuple(bad))
     assert c.t.evaluate(T0 + 6) == []
     c.beat(T0 + 10, gpus=tuple(healthy))  # the GPU was reset
-    assert c.t.evaluate(T0 + 11) == [GpuHealthChanged(node=N0, gpu=4, healthy=True)]
+    assert c.t.evaluate(T0 + 11) == [verdict(4, True)]
 
 
 def test_nvlinks_down_are_measured_against_registration() -> None:
@@ -278,7 +283,7 @@ def test_nvlinks_down_are_measured_against_registration() -> None:
     gpus = [GpuHealthSample(index=g.index, uuid=g.uuid, nvlinks_active=18) for g in inv.gpus]
     gpus[7] = GpuHealthSample(index=7, uuid=inv.gpus[7].uuid, nvlinks_active=12, nvlinks_down=6)
     c.beat(T0, gpus=tuple(gpus))
-    assert c.t.evaluate(T0 + 1) == [GpuHealthChanged(node=N0, gpu=7, healthy=False, signal="nvlink:down:6")]
+    assert c.t.evaluate(T0 + 1) == [verdict(7, False, "nvlink:down:6")]
 
 
 def test_a_gpu_nvml_no_longer_lists_drains_the_node() -> None:
@@ -291,7 +296,7 @@ def test_a_gpu_nvml_no_longer_lists_drains_the_node() -> None:
     )
     c.beat(T0, gpus=gpus)
     assert c.t.evaluate(T0 + 1) == [
-        GpuHealthChanged(node=N0, gpu=3, healthy=False, signal="gpu:missing"),
+        verdict(3, False, "gpu:missing"),
         NodeCordoned(node=N0, cordoned=True, drain=True, reason="gpu:missing on GPU 3"),
     ]
 
@@ -325,7 +330,7 @@ def test_a_reregistered_node_keeps_its_gpus_verdicts_as_the_fold_does() -> None:
     c.beat(T0 + 5, gpus=tuple(ecc))
     assert c.t.evaluate(T0 + 6) == []
     c.beat(T0 + 10, gpus=tuple(clean))  # the driver reload cleared the volatile ECC count
-    assert c.t.evaluate(T0 + 11) == [GpuHealthChanged(node=N0, gpu=2, healthy=True)]
+    assert c.t.evaluate(T0 + 11) == [verdict(2, True)]
 
 
 def test_the_health_monitor_never_uncordons() -> None:
@@ -344,18 +349,79 @@ def test_after_an_admin_uncordons_a_new_xid_79_cordons_again() -> None:
     c.t.observe(CordonNode(node=N0, cordoned=False), T0 + 100)  # repaired and uncordoned by hand
     c.t.clear(N0, 5)
     c.beat(T0 + 105)
-    assert c.t.evaluate(T0 + 106) == [GpuHealthChanged(node=N0, gpu=5, healthy=True)]
+    assert c.t.evaluate(T0 + 106) == [verdict(5, True)]
     c.beat(T0 + 110, xids=(XidReport(gpu=2, xid=79),))
     assert NodeCordoned(node=N0, cordoned=True, drain=True, reason="xid:79 on GPU 2") in c.t.evaluate(
         T0 + 111
     )
 
 
-def test_an_agent_that_cannot_watch_its_gpus_trusts_none_of_them() -> None:
+@pytest.mark.parametrize("xid", [999, 79, 48])
+def test_an_xid_the_agent_could_not_name_a_gpu_for_drains_the_node_and_fails_no_gpu(xid: int) -> None:
+    # Every GPU was failed at once, each job on the node interrupted without its grace, for an
+    # XID NVML could not attribute (a GPU fallen off the bus answers no UUID) or an agent that
+    # cannot watch its GPUs: no GPU is known bad, none can be trusted. Drained, each job
+    # checkpoints within its grace; the samples name a GPU that fell off the bus.
     c = Clock(nodes=1)
-    c.beat(T0, xids=(XidReport(gpu=-1, xid=999),))
+    c.beat(T0, xids=(XidReport(gpu=-1, xid=xid),))
     events = c.t.evaluate(T0 + 1)
-    assert events == [GpuHealthChanged(node=N0, gpu=g, healthy=False, signal="xid:999") for g in range(8)]
+    why = f"xid:{xid} on a GPU the agent could not name"
+    assert events == [NodeCordoned(node=N0, cordoned=True, drain=True, reason=why)]
+
+
+def test_an_application_xid_the_agent_could_not_name_a_gpu_for_changes_nothing() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=-1, xid=13),))
+    assert c.t.evaluate(T0 + 1) == []
+
+
+def renumbered(c: Clock) -> NodeRegistered:
+    """node-00 registered again without its GPU 0 (fallen off the bus): the others renumbered."""
+    inv = c.state.nodes[N0].inventory
+    left = [msgspec.structs.replace(g, index=i) for i, g in enumerate(inv.gpus[1:])]
+    return NodeRegistered(node=N0, inventory=msgspec.structs.replace(inv, gpus=left))
+
+
+def test_an_xid_names_its_gpu_by_uuid_across_a_registration_that_renumbered_the_gpus() -> None:
+    # The agent's report names GPU 3 of its new registration, which the monitor has not folded
+    # yet: by index it failed the GPU at 3 of the old layout, a healthy one, for good.
+    c = Clock(nodes=1)
+    bad = c.state.nodes[N0].inventory.gpus[4].uuid  # index 3 once GPU 0 is gone
+    c.beat(T0, xids=(XidReport(gpu=3, xid=48, uuid=bad),))
+    assert c.t.evaluate(T0 + 1) == [verdict(4, False, "xid:48")]
+
+
+def test_an_xid_on_a_gpu_of_a_registration_not_folded_yet_is_marked_once_it_is() -> None:
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=8, xid=48, uuid="GPU-node-00-new"),))
+    assert c.t.evaluate(T0 + 1) == []
+    inv = c.state.nodes[N0].inventory
+    extra = msgspec.structs.replace(inv.gpus[0], index=8, uuid="GPU-node-00-new")
+    c.t.observe(
+        NodeRegistered(node=N0, inventory=msgspec.structs.replace(inv, gpus=[*inv.gpus, extra])), T0 + 2
+    )
+    said = [e for e in c.t.evaluate(T0 + 3) if isinstance(e, GpuHealthChanged)]
+    assert said == [GpuHealthChanged(node=N0, gpu=8, healthy=False, signal="xid:48", uuid="GPU-node-00-new")]
+
+
+def test_a_verdict_judged_before_a_registration_renumbered_the_gpus_is_void_and_stated_again() -> None:
+    # The monitor judged GPU 2 of the layout it knew; the agent registered again without GPU 0
+    # before the verdict was appended: by index it failed the GPU now at 2, a healthy one, and
+    # the bad one (now at 1) stayed placeable.
+    log = LogBuilder().nodes(Cluster(1))
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=2, xid=48, uuid="GPU-node-00-02"),))
+    (judged,) = c.t.evaluate(T0 + 1)
+    again = renumbered(c)
+    state = log.event(subjects.node(N0), again).event(subjects.node(N0), judged).fold()
+    assert state.rejections[-1].code == "void", state.rejections
+    assert [g.healthy for g in state.nodes[N0].gpus] == [True] * 7
+    c.t.observe(again, T0 + 2)  # the monitor's own fold: the registration, then the refusal
+    c.t.refused(N0, state)
+    (stated,) = c.t.evaluate(T0 + 3)
+    assert stated == GpuHealthChanged(node=N0, gpu=1, healthy=False, signal="xid:48", uuid="GPU-node-00-02")
+    state = log.event(subjects.node(N0), stated).fold()
+    assert [g.info.uuid for g in state.nodes[N0].gpus if not g.healthy] == ["GPU-node-00-02"]
 
 
 def test_lost_nodes_are_not_visited_until_heard_again_and_then_earn_trust_back() -> None:

@@ -4,13 +4,14 @@ busy log of job records brings no evaluation of its own, and a quiet log still g
 
 from __future__ import annotations
 
+import msgspec
 from nats.aio.client import Client
 
-from corral.events import codec
-from corral.events.heartbeats import Heartbeat
+from corral.events import codec, subjects
+from corral.events.heartbeats import Heartbeat, XidReport
 from corral.events.jobs import SubmitJob
 from corral.events.log import Append, InMemoryLog
-from corral.events.nodes import NodeConditionChanged
+from corral.events.nodes import GpuHealthChanged, NodeConditionChanged, NodeRegistered
 from corral.events.queues import CordonNode
 from corral.services.health.decide import HeartbeatTracker
 from corral.services.health.service import HealthMonitor
@@ -123,3 +124,28 @@ async def test_a_step_back_of_the_wall_clock_hides_no_silence() -> None:
         monitor._on_heartbeat("corral.hb.node-00", codec.encode(Heartbeat(node="node-00", seq=2 + _)))
         await monitor.cycle()
     assert _conditions(log, before) == [("node-01", "suspect")]
+
+
+async def test_a_verdict_the_fold_voids_after_a_renumbering_registration_is_stated_again() -> None:
+    # The monitor judged GPU 2 of the layout it had folded; the node registered again without
+    # its GPU 0 before the verdict was appended, so the fold voided it (index 2 is another GPU
+    # now). The monitor took it as said, and the bad GPU stayed placeable for good.
+    log, lb, monitor, clock = await _monitor()
+    bad = monitor.state.nodes["node-00"].inventory.gpus[2].uuid
+    monitor.tracker.record(
+        "node-00", T0, Heartbeat(node="node-00", seq=1, xids=(XidReport(gpu=2, xid=48, uuid=bad),))
+    )
+    (judged,) = [e for e in monitor.tracker.evaluate(T0) if isinstance(e, GpuHealthChanged)]
+    inv = monitor.state.nodes["node-00"].inventory
+    left = [msgspec.structs.replace(g, index=i) for i, g in enumerate(inv.gpus[1:])]
+    lb.event(
+        subjects.node("node-00"),
+        NodeRegistered(node="node-00", inventory=msgspec.structs.replace(inv, gpus=left)),
+    )
+    lb.event(subjects.node("node-00"), judged)
+    await _append(log, lb, monitor)
+    assert monitor.state.rejections[-1].code == "void"
+    await monitor.cycle()
+    await _append(log, lb, monitor)
+    failed = [g.info.uuid for g in monitor.state.nodes["node-00"].gpus if not g.healthy]
+    assert failed == [bad]

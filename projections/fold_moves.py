@@ -100,8 +100,8 @@ def move(state: State, job: JobState, trigger: Trigger, ctx: Ctx) -> None:
         quota.count_holding(state, job, quota_change)
     if job.phase in _UNWELL:
         runtimes.ended_unwell(state, job)
-    if job.held is None and job.phase in FINAL:  # ``retention.note``'s test, without the call
-        retention.note(state, job)
+    if job.phase in FINAL:
+        _ended(state, job)
 
 
 def move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: Ctx) -> None:
@@ -127,7 +127,23 @@ def move_twice(state: State, job: JobState, first: Trigger, then: Trigger, ctx: 
         quota.count_holding(state, job, then_change)
     if job.phase in _UNWELL:
         runtimes.ended_unwell(state, job)
-    if job.held is None and job.phase in FINAL:  # ``retention.note``'s test, without the call
+    if job.phase in FINAL:
+        _ended(state, job)
+
+
+def _ended(state: State, job: JobState) -> None:
+    """``job`` reached its end: the jobs stopped for it stop naming it (a beneficiary that ended
+    counts for none, as it will once let go: the placer no longer keeps a moved job's place for
+    it, nor does a move wait on its victims), it stops naming the one it was stopped for (whose
+    ``victims`` so stay the live ones), and, holding no GPUs, it counts as finished."""
+    if job.preempted_for:
+        indexes.name(state, job, "")
+    jobs = state.jobs
+    for v in job.victims:
+        victim = jobs.get(v)
+        if victim is not None and victim.preempted_for == job.id:
+            indexes.name(state, victim, "")
+    if job.held is None:  # ``retention.note``'s test, without the call
         retention.note(state, job)
 
 

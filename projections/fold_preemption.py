@@ -111,7 +111,6 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
         indexes.name(state, job, ev.beneficiary)
         job.stopped_for = stopped_for(job, beneficiary)
-        add_victim(beneficiary, job)
         job.preempt_deadline = victim_deadline(state, ctx, ev, job, beneficiary)
         job.reasons = (
             Reason("preempted", what.format(job_named(ev.beneficiary, beneficiary.tenant, job.tenant))),
@@ -143,7 +142,6 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     shrink(state, ctx, job, ev.replicas, ev.beneficiary, victim_deadline(state, ctx, ev, job, beneficiary))
     if beneficiary.phase == "queued":
         beneficiary.reclaim_key = ev.key
-    add_victim(beneficiary, job)
     for_whom = job_named(ev.beneficiary, beneficiary.tenant, job.tenant)
     job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {for_whom}"),)
     indexes.explain(state, job)
@@ -183,12 +181,6 @@ def stopped_for(job: JobState, beneficiary: JobState) -> tuple[tuple[str, int, i
     if entry in job.stopped_for:
         return job.stopped_for
     return (*job.stopped_for[-(MAX_PREEMPTION_TIMES - 1) :], entry)
-
-
-def add_victim(beneficiary: JobState, victim: JobState) -> None:
-    """Remember on ``beneficiary`` a job stopped or shrunk for it (``JobState.victims``)."""
-    if victim.id not in beneficiary.victims:
-        beneficiary.victims = (*beneficiary.victims, victim.id)
 
 
 def shrink(state: State, ctx: Ctx, job: JobState, replicas: int, beneficiary: str, deadline: float) -> None:

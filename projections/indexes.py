@@ -372,16 +372,28 @@ def moved(state: State, job: JobState, before: Phase) -> None:
 
 def name(state: State, job: JobState, beneficiary: str) -> None:
     """Set the beneficiary ``job`` was stopped for (``JobState.preempted_for``): the one way it
-    changes ("" when none)."""
+    changes ("" when none). The beneficiary's ``victims`` are the jobs naming it."""
     old = job.preempted_for
     if old == beneficiary:
         return
     job.preempted_for = beneficiary
+    if old:
+        _unlist(state, old, job.id)
+    if beneficiary:
+        b = state.jobs.get(beneficiary)
+        if b is not None and job.id not in b.victims:
+            b.victims = (*b.victims, job.id)
     if job.phase in _NAMING:
         if old:
             _remove(state.naming_by_beneficiary, old, job.id)
         if beneficiary:
             _add(state.naming_by_beneficiary, beneficiary, job.id)
+
+
+def _unlist(state: State, beneficiary: str, job_id: str) -> None:
+    b = state.jobs.get(beneficiary)
+    if b is not None and job_id in b.victims:
+        b.victims = tuple(v for v in b.victims if v != job_id)
 
 
 def explain(state: State, job: JobState) -> None:
@@ -471,6 +483,7 @@ def forget(state: State, job: JobState) -> None:
             _remove(state.holding_by_node, node, job.id)
     if job.preempted_for:
         _remove(state.naming_by_beneficiary, job.preempted_for, job.id)
+        _unlist(state, job.preempted_for, job.id)
     _remove(state.explained_by_queue, job.spec.queue, job.id)
 
 

@@ -22,7 +22,8 @@ Invariants:
   jobs the next record will let go before it is folded;
 - letting go costs O(jobs let go): only the head of ``State.finished`` is looked at;
 - nothing the state keeps names a job let go in a way that a later job of the same id could be
-  taken for it: its victims' ``preempted_for`` is cleared (``JobState.victims``), and
+  taken for it: its victims' ``preempted_for`` was cleared when it ended (``JobState.victims``,
+  ``fold_moves``), so letting it go changes no decision, and
   ``stopped_for`` entries carry the beneficiary's ``priority_seq``, unique to one job.
 """
 
@@ -80,12 +81,8 @@ def let_go(state: State) -> None:
         job = jobs.get(job_id)
         if job is None or job.submitted_seq != submitted:
             continue
-        indexes.forget(state, job)
+        indexes.forget(state, job)  # the jobs stopped for it stopped naming it when it ended
         state.let_go += 1
-        for v in job.victims:
-            victim = jobs.get(v)
-            if victim is not None and victim.preempted_for == job_id:
-                indexes.name(state, victim, "")
     if i >= _TRIM and 2 * i >= n:
         del fin[:i]
         i = 0

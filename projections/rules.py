@@ -186,4 +186,7 @@ from __future__ import annotations
 #    (``thrash.capped``): it may always be stopped for GPU work in the end.
 # 60: a ``GpuHealthChanged`` whose ``uuid`` is not that of the GPU at its index (the node
 #    registered again, renumbered) is void (``fold_nodes._gpu_health``).
-RULES = 60
+# 61: a job that ends stops naming the job it was stopped for, and the jobs stopped for it stop
+#    naming it (``fold_moves._ended``), where they named it until it was let go; a job's
+#    ``victims`` are those that still name it.
+RULES = 61

@@ -128,8 +128,9 @@ class JobState(msgspec.Struct, gc=False):
     # The log position of its last change of priority, or of its submission: never the same for
     # two jobs, so a ``stopped_for`` entry never names a later job given a let-go job's id.
     priority_seq: int = 0
-    # The jobs stopped or shrunk for it: when it is let go (``projections/retention.py``), those
-    # still naming it in ``preempted_for`` stop naming it, so none names a later job of its id.
+    # The jobs stopped or shrunk for it that still name it in ``preempted_for``, in the order
+    # they were (kept by ``indexes.name``). When it ends they stop naming it, so none names a
+    # later job of its id, and an ended beneficiary counts for none before it is let go too.
     victims: tuple[str, ...] = ()
     # While queued, the GPU model (quota key) of the stops made for it, where it names several
     # (``PreemptionRequested.key``; empty: its first): every reader of the preemption rule

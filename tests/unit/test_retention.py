@@ -11,10 +11,11 @@ import pytest
 
 from corral.events import subjects as subj
 from corral.events.base import Reason
+from corral.events.decisions import PreemptionRequested, Victim
 from corral.events.jobs import CancelJob, JobRejected, ResizeJob
 from corral.events.queues import ApplyRetention, RetentionSpec
 from corral.projections import indexes, retention
-from corral.projections.fold import apply_event, fold
+from corral.projections.fold import apply, apply_event, fold
 from corral.projections.state import State
 from tests.builders import Cluster, LogBuilder, job, on, placement, running, whole, worker
 
@@ -136,20 +137,56 @@ def test_a_request_about_a_job_let_go_is_about_no_job(verb: str, body: object) -
     assert (r.code, r.message, r.job_id) == ("unknown", "no job j1", "j1")
 
 
-def test_the_victims_of_a_beneficiary_let_go_stop_naming_it() -> None:
-    """v is checkpointing for b when b's owner cancels b; once b is let go, a new job given the
-    id b is no beneficiary of v's preemption."""
+def test_the_victims_of_a_beneficiary_stop_naming_it_when_it_ends() -> None:
+    """v is checkpointing for b when b's owner cancels b: v stops for nobody from then on, so a
+    new job given the id b is no beneficiary of v's preemption once b is let go."""
     spec = job().gpus(8).checkpointable()
     log = LogBuilder().nodes(Cluster(1)).retention(0.0).queue("team-a")
     log.submit("bob", "v", spec).accept("v").admit("v").place(on(N0, *range(8), job_id="v")).started(N0, "v")
     log.submit("alice", "b", job().gpus(8)).accept("b", priority=5).preempt("b", "v")
-    log.request("alice", "cancel", CancelJob(job_id="b"))
     state = log.fold()
-    assert state.jobs["v"].phase == "checkpointing" and state.jobs["v"].preempted_for == "b"
-    assert state.jobs["b"].victims == ("v",)
+    assert state.jobs["v"].preempted_for == "b" and state.jobs["b"].victims == ("v",)
+    state = log.request("alice", "cancel", CancelJob(job_id="b")).fold()
+    assert state.jobs["v"].phase == "checkpointing" and state.jobs["v"].preempted_for == ""
+    assert state.jobs["b"].victims == () and "b" not in state.naming_by_beneficiary
     state = log.submit("alice", "b", job().gpus(8)).fold()
     assert state.jobs["b"].phase == "submitted" and state.jobs["v"].preempted_for == ""
     assert state.jobs["v"].phase == "checkpointing"  # it still stops, for nobody
+
+
+def test_letting_an_ended_beneficiary_go_changes_no_verdict() -> None:
+    # v was stopped for b, b was cancelled, v was admitted again. Kept (an hour's retention), b
+    # still counted: the fold voided c's move of w as waiting on v ("not placed again yet");
+    # let go at once, it took the same move. The same log, two states of the live jobs.
+    log = LogBuilder().nodes(Cluster(3)).queue("team-a")
+    log.submit("bob", "v", job().gpus(8).checkpointable()).accept("v").admit("v")
+    log.place(on("node-00", *range(8), job_id="v")).started("node-00", "v")
+    for name, node in (("w", "node-01"), ("x", "node-02")):
+        log.submit("bob", name, job().gpus(4)).accept(name).admit(name)
+        log.place(on(node, 0, 1, 2, 3, job_id=name)).started(node, name)
+    log.submit("alice", "b", job().gpus(8)).accept("b", priority=5).preempt("b", "v")
+    log.request("alice", "cancel", CancelJob(job_id="b"))
+    log.exited("node-00", "v", code=143, stopped=True).requeue("v", 0, "preempted").admit("v", attempt=1)
+    log.submit("alice", "c", job().gpus(8)).accept("c", priority=1).admit("c")
+    moves = (
+        placement("c", worker(0, "node-01", *map(whole, range(8)))),
+        placement("w", worker(0, "node-02", *map(whole, range(4, 8)))),
+    )
+    log.event(
+        subj.decision("preemptor"),
+        PreemptionRequested(
+            based_on=log.last_seq, now=log.time, beneficiary="c", victims=(Victim("w", 0),),
+            deadline=log.time + 30.0, moves=moves,
+        ),
+    )  # fmt: skip
+    phases = []
+    for keep in (3600.0, 0.0):
+        state = State(retention=RetentionSpec(keep))
+        for r in log.records:
+            apply(state, r)
+        indexes.check(state)
+        phases.append((state.jobs["w"].phase, state.jobs["v"].preempted_for, "b" in state.jobs))
+    assert phases == [("checkpointing", "", True), ("checkpointing", "", False)], phases
 
 
 # -- a tenant's jobs -------------------------------------------------------------------------------
@@ -379,3 +416,19 @@ def test_the_state_after_many_finished_jobs_past_retention_is_as_large_as_after_
     assert {"live", "waiting"} <= state.jobs.keys() and len(state.jobs) <= 3 * 7 + 2
     assert state.faults == 0
     indexes.check(state)
+
+
+def test_a_beneficiary_lists_only_the_victims_that_still_stop_for_it() -> None:
+    # b waited while job after job was stopped for it and then cancelled: each stayed on b's
+    # list, which every admission cycle walks, for as long as b waited.
+    spec = job().gpus(8).checkpointable()
+    log = LogBuilder().nodes(Cluster(1)).retention(3600.0).queue("team-a")
+    log.submit("alice", "b", job().gpus(8)).accept("b", priority=5)
+    for i in range(20):
+        v = f"v{i}"
+        log.submit("bob", v, spec).accept(v).admit(v).place(on(N0, *range(8), job_id=v)).started(N0, v)
+        log.preempt("b", v).request("bob", "cancel", CancelJob(job_id=v))
+        log.exited(N0, v, code=143, stopped=True)
+    state = log.fold()
+    assert state.jobs["b"].victims == () and state.jobs["v19"].preempted_for == ""
+    assert [state.jobs[f"v{i}"].phase for i in range(20)] == ["cancelled"] * 20

@@ -54,12 +54,19 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
     inventory: NodeInventory
 
 
+# A worker's report names its job's ``run`` (``Assignment.run``: the log position of the job's
+# submission; 0: not known): a job id used again once its job was let go has attempts and ranks
+# of the same numbers, and a report of the earlier job's process (a worker still running on a
+# node that was lost, and came back) is no fact about the new one.
+
+
 class WorkerStarted(Event, frozen=True, kw_only=True):
     node: str
     job_id: str
     attempt: Index
     rank: Index
     pid: Int = 0
+    run: Int = 0
 
 
 class WorkerExited(Event, frozen=True, kw_only=True):
@@ -74,6 +81,7 @@ class WorkerExited(Event, frozen=True, kw_only=True):
     code: Int
     stopped: bool = False
     pid: Int = 0
+    run: Int = 0
 
 
 class CheckpointCompleted(Event, frozen=True, kw_only=True):
@@ -82,6 +90,7 @@ class CheckpointCompleted(Event, frozen=True, kw_only=True):
     attempt: Index
     location: str
     step: Int
+    run: Int = 0
 
 
 class NodeShutdown(Event, frozen=True, kw_only=True):

@@ -162,17 +162,23 @@ def _renumbered(placement: Placement, node: str, moved: dict[int, int | None]) -
 
 def _placed_job(state: State, ev: WorkerStarted | WorkerExited | CheckpointCompleted) -> JobState:
     job = state.jobs.get(ev.job_id)
-    if job is None:
-        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
+    if job is None or ev.run and ev.run != job.submitted_seq:
+        raise Refused("unknown", _no_job(ev), ev.job_id)
     if ev.attempt > job.attempt:
         raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
     return job
 
 
+def _no_job(ev: WorkerStarted | WorkerExited | CheckpointCompleted) -> str:
+    if ev.run:
+        return f"no job {ev.job_id} of run {ev.run} (an earlier job of that id, let go)"
+    return f"no job {ev.job_id}"
+
+
 def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
     job = state.jobs.get(ev.job_id)  # ``_placed_job``, on the hot path
-    if job is None:
-        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
+    if job is None or ev.run and ev.run != job.submitted_seq:
+        raise Refused("unknown", _no_job(ev), ev.job_id)
     if ev.attempt > job.attempt:
         raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
     rank = ev.rank
@@ -203,8 +209,8 @@ def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
 
 def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     job = state.jobs.get(ev.job_id)  # ``_placed_job``, on the hot path
-    if job is None:
-        raise Refused("unknown", f"no job {ev.job_id}", ev.job_id)
+    if job is None or ev.run and ev.run != job.submitted_seq:
+        raise Refused("unknown", _no_job(ev), ev.job_id)
     if ev.attempt > job.attempt:
         raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
     if ev.attempt < job.attempt or job.phase in FINAL or job.phase in ("preempted", "interrupted"):

@@ -189,4 +189,6 @@ from __future__ import annotations
 # 61: a job that ends stops naming the job it was stopped for, and the jobs stopped for it stop
 #    naming it (``fold_moves._ended``), where they named it until it was let go; a job's
 #    ``victims`` are those that still name it.
-RULES = 61
+# 62: a worker's start, exit or checkpoint naming a ``run`` other than its job's submission is
+#    of an earlier job of the id, and unknown (``fold_nodes._no_job``).
+RULES = 62

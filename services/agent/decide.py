@@ -182,11 +182,22 @@ def decide(
             continue  # only workers of an older attempt are live here: ``_gone`` and the loop below
         keys = [WorkerKey(job.job_id, job.attempt, r.rank) for r in job.ranks]
         seen.update(keys)
+        ours = keys
+        if runs is not None:
+            # A worker of an earlier job of the id (let go since) under the same key, still
+            # running (its node was lost, and came back): not this job's. It stops; this job's
+            # rank starts once its exit is reported and forgotten.
+            earlier = {k for k in keys if k in workers and runs.get(k, job.run) != job.run}
+            for k in sorted(earlier):
+                if workers[k] not in ("stopping", "exited"):
+                    actions.append(StopWorker(k, "superseded", STOP_GRACE))
+            if earlier:
+                ours = [k for k in keys if k not in earlier]
         if job.phase in _RUNS:
             leaving = job.leaving
             if leaving:  # an elastic job that shrank: its ranks above its admitted count stop
                 grace = max(LATE_GRACE, job.deadline - now)
-                for k in keys:
+                for k in ours:
                     if k.rank in leaving and workers.get(k) not in (None, "stopping", "exited"):
                         actions.append(StopWorker(k, "shrunk", grace))
             fresh = [
@@ -198,10 +209,10 @@ def decide(
                 starts = tuple(start_worker(job, r, checkpoint_root) for r in fresh)
                 actions.append(StartGang(job.job_id, job.attempt, starts))
         elif job.phase == "checkpointing":
-            actions.extend(_checkpointing(job, keys, workers, now))
+            actions.extend(_checkpointing(job, ours, workers, now))
         else:
             reason = _stop_reason(job)
-            active = [k for k in keys if workers.get(k) not in (None, "stopping", "exited")]
+            active = [k for k in ours if workers.get(k) not in (None, "stopping", "exited")]
             actions.extend(StopWorker(k, reason, STOP_GRACE) for k in active)
     for key, phase in workers.items():
         if key in seen and phase != "exited":

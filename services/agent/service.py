@@ -498,7 +498,10 @@ class NodeAgent:
         return len(bodies) - len(self._unsent)
 
     def _append(self, body: Event, now: float) -> Append:
-        mid = msg_id(body, self._run_of(body))
+        run = self._run_of(body)
+        if run and isinstance(body, (WorkerStarted, WorkerExited, CheckpointCompleted)) and not body.run:
+            body = msgspec.structs.replace(body, run=run)  # the fold refuses it for a later job of the id
+        mid = msg_id(body, run)
         traceparent = self._traceparent(body)
         env = codec.seal(
             body, event_id=mid, time=now, producer=self.producer, traceparent=traceparent, rules=RULES
@@ -509,12 +512,12 @@ class NodeAgent:
     def _run_of(self, body: Event) -> int:
         """The run of the job a worker's report is about: the runtime's word for its own worker
         (the same whenever the report is made again), else the view's; 0 if neither knows it."""
-        if isinstance(body, (WorkerStarted, WorkerExited)):
+        if isinstance(body, (WorkerStarted, WorkerExited, CheckpointCompleted)):
             run_of = getattr(self.runtime, "run_of", None)  # ``bench``'s timers keep no runs
-            run = run_of(WorkerKey(body.job_id, body.attempt, body.rank)) if run_of is not None else None
+            rank = 0 if isinstance(body, CheckpointCompleted) else body.rank  # rank 0's checkpoint
+            run = run_of(WorkerKey(body.job_id, body.attempt, rank)) if run_of is not None else None
             if isinstance(run, int):
                 return run
-        if isinstance(body, (WorkerStarted, WorkerExited, CheckpointCompleted)):
             job = self.view.job(body.job_id)
             return job.run if job is not None else 0
         return 0

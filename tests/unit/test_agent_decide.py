@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from corral.events import codec
 from corral.events import subjects as subj
 from corral.events.jobs import CancelJob, JobSpec, Mount
 from corral.events.nodes import CheckpointCompleted, NodeInventory, WorkerExited, WorkerStarted
@@ -20,6 +21,7 @@ from corral.projections.state import State
 from corral.services.agent.decide import (
     GONE_CODE,
     START_FAILED_CODE,
+    STOP_GRACE,
     Action,
     Checkpointed,
     Exited,
@@ -154,6 +156,19 @@ def test_an_exited_worker_of_an_earlier_job_of_the_id_does_not_hold_back_the_new
     assert w.run == new_run
     # The new job's own exited worker is still kept until the log has its exit.
     assert Forget(K) not in decide(view, held, NOW, ROOT, runs={K: new_run})
+
+
+def test_a_running_worker_of_an_earlier_job_of_the_id_is_stopped_not_taken_for_the_new_ones() -> None:
+    # The earlier j1's worker still runs under the same key (its node was lost, and came back)
+    # when the new j1 is placed here at the same attempt and rank: read as the new job's, it
+    # ran on as the new job's rank and its reports were taken as the new job's.
+    first, second = reused_id()
+    old_run = first.jobs["j1"].submitted_seq
+    view = node_view(second, N0)
+    assert decide(view, {K: "running"}, NOW, ROOT, runs={K: old_run}) == [
+        StopWorker(K, "superseded", STOP_GRACE)
+    ]
+    assert decide(view, {K: "stopping"}, NOW, ROOT, runs={K: old_run}) == []  # nor is the new one started
 
 
 def test_a_placement_on_another_node_starts_nothing_here() -> None:
@@ -467,3 +482,6 @@ async def test_a_job_id_used_again_reports_facts_of_its_own_not_duplicates(tmp_p
         # The same fact of the same run, reported again (an agent restarted), is a duplicate.
         assert (await log.append(agent._append(facts[0], 2.0))).duplicate
     assert [a.duplicate for a in stored] == [False] * 4
+    # Each fact names its run, so the fold takes none for the other run's.
+    runs = [codec.decode_body(r.subject, r.data, r.headers).body.run for r in log.records]  # type: ignore[attr-defined]
+    assert runs == [7, 7, 9, 9]

@@ -13,6 +13,7 @@ from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.decisions import PreemptionRequested, Victim
 from corral.events.jobs import CancelJob, JobRejected, ResizeJob
+from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
 from corral.events.queues import ApplyRetention, RetentionSpec
 from corral.projections import indexes, retention
 from corral.projections.fold import apply, apply_event, fold
@@ -432,3 +433,27 @@ def test_a_beneficiary_lists_only_the_victims_that_still_stop_for_it() -> None:
     state = log.fold()
     assert state.jobs["b"].victims == () and state.jobs["v19"].preempted_for == ""
     assert [state.jobs[f"v{i}"].phase for i in range(20)] == ["cancelled"] * 20
+
+
+def test_a_report_of_an_earlier_job_of_the_id_is_not_taken_as_the_new_ones() -> None:
+    # j's node was lost while j ran, and j was cancelled and let go; j submitted again is placed
+    # on the node at the same attempt. The earlier j's process, still running there, wrote a
+    # checkpoint: taken as the new j's, the new j resumed from another run's work.
+    spec = job().gpus(1).checkpointable()
+    log = LogBuilder().nodes(Cluster(1)).queue("team-a").retention(0.0)
+    log.submit("alice", "j", spec).accept("j").admit("j").place(on(N0, 0, job_id="j")).started(N0, "j")
+    old = log.fold().jobs["j"].submitted_seq
+    log.condition(N0, "lost").request("alice", "cancel", CancelJob(job_id="j")).condition(N0, "ready")
+    log.submit("alice", "j", spec).accept("j").admit("j").place(on(N0, 1, job_id="j"))
+    new = log.fold().jobs["j"].submitted_seq
+    late = (
+        CheckpointCompleted(node=N0, job_id="j", attempt=0, location="/ckpt/j/old", step=999, run=old),
+        WorkerStarted(node=N0, job_id="j", attempt=0, rank=0, run=old),
+        WorkerExited(node=N0, job_id="j", attempt=0, rank=0, code=1, run=old),
+    )
+    for body in late:
+        state = log.event(subj.node(N0), body).fold()
+        assert state.rejections[-1].code == "unknown" and f"run {old}" in state.rejections[-1].message
+    assert state.jobs["j"].phase == "placed" and state.jobs["j"].checkpoint is None
+    state = log.event(subj.node(N0), WorkerStarted(node=N0, job_id="j", attempt=0, rank=0, run=new)).fold()
+    assert state.jobs["j"].phase == "running"

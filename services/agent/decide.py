@@ -47,9 +47,10 @@ from corral.events.base import Event
 from corral.events.decisions import MigSlot
 from corral.events.jobs import Mount
 from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
-from corral.projections import trace_ids
+from corral.projections import mig, trace_ids
 from corral.projections.assignments import AssignedRank, Assignment, GpuBinding, NodeView
 from corral.projections.lifecycle import FINAL
+from corral.projections.state import WHOLE
 
 # What the runtime is doing with a worker. ``exited``: its exit is reported but the log may not
 # show it yet; the runtime keeps it until ``Forget``.
@@ -171,12 +172,16 @@ def decide(
     now: float,
     checkpoint_root: str,
     runs: Mapping[WorkerKey, int] | None = None,
+    busy: Mapping[WorkerKey, tuple[GpuBinding, ...]] | None = None,
 ) -> list[Action]:
     """The actions that bring what runs on ``view.node`` in line with its view of the log.
     ``runs``: the run (``Assignment.run``) of each worker the runtime holds, where it knows it:
-    an exited worker of an earlier job of the id is not the job's of the view."""
+    an exited worker of an earlier job of the id is not the job's of the view. ``busy``: the GPUs
+    of each worker the runtime runs or is starting (not exited): a gang whose GPUs one of them
+    still uses waits for it to end (``_in_use``)."""
     actions: list[Action] = []
     seen: set[WorkerKey] = set()
+    using = _GpusInUse(view, busy) if busy else None
     for job in view.jobs:
         if not job.ranks:
             continue  # only workers of an older attempt are live here: ``_gone`` and the loop below
@@ -206,6 +211,8 @@ def decide(
                 if k not in workers and r.rank not in job.started and r.rank not in leaving
             ]
             if fresh and view.inventory is not None:
+                if using is not None and using.taken(fresh, set(keys)):
+                    continue  # its GPUs are still another worker's: it starts once that one ended
                 starts = tuple(start_worker(job, r, checkpoint_root) for r in fresh)
                 actions.append(StartGang(job.job_id, job.attempt, starts))
         elif job.phase == "checkpointing":
@@ -229,6 +236,46 @@ def decide(
             actions.append(StopWorker(key, _stop_reason(owner), STOP_GRACE))
     actions.extend(_gone(view, workers))
     return actions
+
+
+class _GpusInUse:
+    """What the runtime's live workers use of each GPU (by UUID). The fold gives a job's GPUs
+    back once no worker of it is known to live: a worker whose start was under way when its job
+    was stopped (its GPU failed, it was cancelled or preempted before its start was folded) may
+    still hold them while another job is placed there. A gang never starts beside such a worker
+    on GPUs it uses: whole, a share past the GPU's, or MIG memory slices it holds."""
+
+    def __init__(self, view: NodeView, busy: Mapping[WorkerKey, tuple[GpuBinding, ...]]) -> None:
+        self.busy = busy
+        models = {g.uuid: g.model for g in view.inventory.gpus} if view.inventory is not None else {}
+        self.models = models
+
+    def _slices(self, uuid: str, slot: MigSlot) -> int:
+        p = mig.profile(self.models.get(uuid, ""), slot.profile)
+        return mig.mask(p, slot.start) if p is not None else 1 << slot.start
+
+    def taken(self, ranks: list[AssignedRank], mine: set[WorkerKey]) -> bool:
+        """Whether a GPU ``ranks`` ask for is used by a live worker other than ``mine``."""
+        shares: dict[str, int] = {}
+        slices: dict[str, int] = {}
+        for key, gpus in self.busy.items():
+            if key in mine:
+                continue
+            for g in gpus:
+                if g.mig is not None:
+                    slices[g.uuid] = slices.get(g.uuid, 0) | self._slices(g.uuid, g.mig)
+                else:
+                    shares[g.uuid] = shares.get(g.uuid, 0) + g.milli
+        if not shares and not slices:
+            return False
+        for r in ranks:
+            for g in r.gpus:
+                if g.mig is not None:
+                    if g.uuid in shares or slices.get(g.uuid, 0) & self._slices(g.uuid, g.mig):
+                        return True
+                elif g.uuid in slices or shares.get(g.uuid, 0) + g.milli > WHOLE:
+                    return True
+        return False
 
 
 def _checkpointing(

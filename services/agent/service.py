@@ -405,7 +405,8 @@ class NodeAgent:
         now = self.now()
         workers = self.runtime.workers()
         runs = self.runtime.runs() if hasattr(self.runtime, "runs") else None
-        for action in decide(self.view, workers, now, self.checkpoint_root, runs):
+        busy = self.runtime.busy() if hasattr(self.runtime, "busy") else None
+        for action in decide(self.view, workers, now, self.checkpoint_root, runs, busy):
             if isinstance(action, StartGang):
                 self._start(action, now)
                 continue

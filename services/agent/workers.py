@@ -63,6 +63,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
+from corral.projections.assignments import GpuBinding
 from corral.services.agent import container, handover
 from corral.services.agent.container import ContainerMode, Probe
 from corral.services.agent.decide import (
@@ -151,6 +152,10 @@ class Runtime(Launching):
     def workers(self) -> dict[WorkerKey, WorkerPhase]:
         """What ``decide`` needs: every worker the runtime knows, with its phase."""
         return {k: w.phase for k, w in self._workers.items()}
+
+    def busy(self) -> dict[WorkerKey, tuple[GpuBinding, ...]]:
+        """The GPUs of each worker running or starting, for ``decide``."""
+        return {k: w.spec.gpus for k, w in self._workers.items() if w.phase != "exited"}
 
     def runs(self) -> dict[WorkerKey, int]:
         """Each worker's job's run (``Assignment.run``), for ``decide``."""

@@ -13,10 +13,18 @@ import pytest
 
 from corral.events import codec
 from corral.events import subjects as subj
+from corral.events.decisions import MigSlot
 from corral.events.jobs import CancelJob, JobSpec, Mount
 from corral.events.nodes import CheckpointCompleted, NodeInventory, WorkerExited, WorkerStarted
 from corral.projections import trace_ids
-from corral.projections.assignments import PORT_BASE, PORT_SPAN, master_port, node_view, preemption_deadline
+from corral.projections.assignments import (
+    PORT_BASE,
+    PORT_SPAN,
+    GpuBinding,
+    master_port,
+    node_view,
+    preemption_deadline,
+)
 from corral.projections.state import State
 from corral.services.agent.decide import (
     GONE_CODE,
@@ -254,6 +262,37 @@ def test_a_shared_gpu_says_its_share() -> None:
     log.place(placement("f", worker(0, N0, msgspec.structs.replace(whole(0), milli=250))))
     [w] = starts(act(fold(log)))
     assert (w.env["CUDA_VISIBLE_DEVICES"], w.env["CORRAL_GPU_MILLI"]) == (f"GPU-{N0}-00", "250")
+
+
+def _held(
+    uuid: str, milli: int = 1000, slot: MigSlot | None = None
+) -> dict[WorkerKey, tuple[GpuBinding, ...]]:
+    """An earlier worker, of job x, still live on GPU ``uuid`` of node-00."""
+    return {WorkerKey("x", 0, 0): (GpuBinding(0, uuid, milli, slot),)}
+
+
+def test_a_gang_waits_for_a_worker_still_on_its_gpus_to_end() -> None:
+    # x's start was under way when x was stopped (its other GPU failed, it was cancelled): the
+    # fold gave its GPUs back, no start of it folded, and placed j1 on them. j1's worker ran
+    # beside x's on GPU 0 until x's stop took effect.
+    view = node_view(fold(placed("j1")), N0)
+    gpu0 = f"GPU-{N0}-00"
+    assert starts(decide(view, {}, NOW, ROOT, busy=_held(gpu0))) == []
+    assert len(starts(decide(view, {}, NOW, ROOT, busy=_held(f"GPU-{N0}-01")))) == 1  # another GPU
+    # A share of a GPU starts beside another share while the two fit in it.
+    log = base(Cluster(1)).submit("alice", "f", job().milli(250)).accept("f").admit("f")
+    view = node_view(
+        fold(log.place(placement("f", worker(0, N0, msgspec.structs.replace(whole(0), milli=250))))), N0
+    )
+    assert len(starts(decide(view, {}, NOW, ROOT, busy=_held(gpu0, milli=750)))) == 1
+    assert starts(decide(view, {}, NOW, ROOT, busy=_held(gpu0, milli=751))) == []
+    # A MIG instance waits only for one on memory slices it takes.
+    log = base(Cluster(1, profile="h100-8x-mig"))
+    log.submit("alice", "m", job().mig("3g.40gb")).accept("m").admit("m")
+    view = node_view(fold(log.place(placement("m", worker(0, N0, mig_slot(5, "3g.40gb", 4))))), N0)
+    gpu5 = f"GPU-{N0}-05"
+    assert starts(decide(view, {}, NOW, ROOT, busy=_held(gpu5, slot=MigSlot("1g.10gb", 5)))) == []
+    assert len(starts(decide(view, {}, NOW, ROOT, busy=_held(gpu5, slot=MigSlot("3g.40gb", 0))))) == 1
 
 
 def test_mounts_and_image_travel_with_the_worker() -> None:

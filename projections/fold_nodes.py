@@ -127,14 +127,18 @@ def _gpus_moved(state: State, ctx: Ctx, node: str, moved: dict[int, int | None])
     """Jobs holding a GPU of ``node`` that is at another index now (``moved``: old index → new,
     None if it left the node): their claims follow it, so that what they give back is what they
     hold, and they are interrupted, since their workers were placed by indices that now name
-    other GPUs."""
+    other GPUs (not one whose only ranks there a shrink already took away: they are leaving
+    anyway, as ``interrupt_on`` has it)."""
     for job in indexes.holding_on(state, node):
         held = job.held
-        if held is None or not any(w.node == node and _on(w, moved) for w in held.workers):
+        hit = [w.rank for w in held.workers if w.node == node and _on(w, moved)] if held is not None else []
+        if held is None or not hit:
             continue
         indexes.hold(state, job, _renumbered(held, node, moved))
         if job.placement is not None and job.placement.attempt == held.attempt:
             job.placement = _renumbered(job.placement, node, moved)
+        if job.phase == "running" and set(hit) <= set(job.leaving):
+            continue
         if job.phase in ("placed", "starting", "running", "checkpointing"):
             move(state, job, "interrupt", ctx)
             job.reasons = (Reason("interrupted", f"a GPU it held on node {node} left or was renumbered"),)
@@ -420,12 +424,14 @@ def drain_jobs(state: State, ctx: Ctx, node: str, why: str) -> None:
     checkpoint, or from the start. A drain is not one of the scheduler's preemptions
     (``JobState.preemptions``, which the anti-thrash limit counts) and stops no job for another:
     a beneficiary it named earlier is forgotten, else admission held that job back for it. A job
-    already checkpointing keeps its deadline."""
+    already checkpointing keeps its deadline. One whose only ranks there a shrink already took
+    away runs on: they are leaving anyway, as ``interrupt_on`` has it."""
     for job in indexes.holding_on(state, node):
         held = job.held
         if held is None or job.phase not in ("placed", "starting", "running"):
             continue
-        if not any(w.node == node for w in held.workers):
+        here = [w.rank for w in held.workers if w.node == node]
+        if not here or job.phase == "running" and set(here) <= set(job.leaving):
             continue
         move(state, job, "preempt", ctx)
         indexes.name(state, job, "")

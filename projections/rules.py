@@ -191,4 +191,6 @@ from __future__ import annotations
 #    ``victims`` are those that still name it.
 # 62: a worker's start, exit or checkpoint naming a ``run`` other than its job's submission is
 #    of an earlier job of the id, and unknown (``fold_nodes._no_job``).
-RULES = 62
+# 63: a drain, or a registration renumbering GPUs, that reaches only ranks a shrink took away
+#    leaves the job running (``fold_nodes.drain_jobs``, ``_gpus_moved``), as a failure does (57).
+RULES = 63

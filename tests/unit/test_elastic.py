@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
+from corral.events import subjects as subj
+from corral.events.nodes import NodeRegistered
 from corral.projections import quota
 from corral.projections.state import State
 from tests.builders import LogBuilder, job, placement, queue_spec, whole, worker
@@ -316,6 +319,34 @@ def test_a_failure_that_hits_only_ranks_a_shrink_took_away_leaves_the_job_runnin
     e = state.jobs["e"]
     assert (e.phase, e.held) == ("succeeded", None) and gpu_holders(state)[:2] == [{}, {}]
     check_quota_books(state)
+
+
+def test_a_drain_of_a_node_holding_only_ranks_a_shrink_took_away_leaves_the_job_running() -> None:
+    # The drain moved the whole job to checkpointing, its kept ranks on node-00 stopped too, for
+    # a node it was leaving anyway (losing that node let it run on).
+    state = fold(_shrunk_across_two_nodes().cordon("node-01", True, drain=True))
+    e = state.jobs["e"]
+    assert (e.phase, e.leaving) == ("running", [2, 3]), (e.phase, e.reasons)
+    state = fold(
+        _shrunk_across_two_nodes()
+        .cordon("node-01", True, drain=True)
+        .exited("node-01", "e", rank=2, code=143, stopped=True)
+        .exited("node-01", "e", rank=3, code=143, stopped=True)
+    )
+    assert (state.jobs["e"].phase, state.jobs["e"].live) == ("running", {0, 1})
+    assert [g.holders for g in state.nodes["node-01"].gpus[:2]] == [{}, {}]
+    check_quota_books(state)
+    # Nor does its node registering again with those GPUs renumbered (one fell off the bus).
+    log = _shrunk_across_two_nodes()
+    inv = log.fold().nodes["node-01"].inventory
+    left = [msgspec.structs.replace(g, index=i) for i, g in enumerate(inv.gpus[1:])]
+    log.event(
+        subj.node("node-01"),
+        NodeRegistered(node="node-01", inventory=msgspec.structs.replace(inv, gpus=left)),
+    )
+    assert fold(log).jobs["e"].phase == "running"
+    # A drain of the node of its kept ranks moves it, as before.
+    assert fold(_shrunk_across_two_nodes().cordon(N0, True, drain=True)).jobs["e"].phase == "checkpointing"
 
 
 def test_a_grown_job_resized_back_after_its_kept_ranks_ended_succeeds_and_holds_nothing() -> None:

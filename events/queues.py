@@ -183,10 +183,16 @@ class ApplyRetention(Request, frozen=True, kw_only=True):
 
 
 class CordonNode(Request, frozen=True, kw_only=True):
+    """Cordon (``drain``: and move its work away) or uncordon a node. ``repaired``, with an
+    uncordon: the node's GPUs were reset or replaced, and the failures recorded on them (an XID,
+    a GPU fallen off the bus) are cleared; a GPU still bad is failed again by what its next
+    heartbeats say."""
+
     node: str
     cordoned: bool = True
     drain: bool = False
     reason: str = ""
+    repaired: bool = False
 
 
 class DeleteNode(Request, frozen=True, kw_only=True):

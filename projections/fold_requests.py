@@ -452,7 +452,12 @@ def _delete_cohort(state: State, ctx: Ctx, req: DeleteCohort) -> None:
 
 def _cordon_request(state: State, ctx: Ctx, req: CordonNode) -> None:
     _admin(ctx)
+    if req.repaired and req.cordoned:
+        raise Refused("malformed", f"node {req.node}: repaired goes with an uncordon, not a cordon")
     cordon(state, ctx, req.node, req.cordoned, req.drain, req.reason or "drained by admin")
+    if req.repaired:
+        for g in state.nodes[req.node].gpus:
+            g.healthy, g.signal = True, ""
 
 
 def _delete_node(state: State, ctx: Ctx, req: DeleteNode) -> None:

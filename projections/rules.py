@@ -193,4 +193,5 @@ from __future__ import annotations
 #    of an earlier job of the id, and unknown (``fold_nodes._no_job``).
 # 63: a drain, or a registration renumbering GPUs, that reaches only ranks a shrink took away
 #    leaves the job running (``fold_nodes.drain_jobs``, ``_gpus_moved``), as a failure does (57).
-RULES = 63
+# 64: an admin's uncordon with ``repaired`` marks every GPU of the node healthy again.
+RULES = 64

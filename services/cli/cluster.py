@@ -185,8 +185,9 @@ def cmd_node(args: argparse.Namespace) -> None:
     """Cordon, drain, uncordon or delete a node: the admin's request, answered with its verdict."""
     with admin_client(args) as client:
         if args.node_verb == "uncordon":
-            client.uncordon(args.node)
-            print(f"{args.node} uncordoned: work may land on it again")
+            client.uncordon(args.node, repaired=args.repaired)
+            cleared = "; its GPUs' recorded failures cleared" if args.repaired else ""
+            print(f"{args.node} uncordoned: work may land on it again{cleared}")
             return
         if args.node_verb == "delete":
             client.delete_node(args.node)

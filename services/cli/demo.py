@@ -264,7 +264,10 @@ async def act_xid(d: Demo, agents: dict[str, object]) -> None:
     where = ", ".join(sorted({w.node for w in job.placement.workers})) if job.placement else "-"
     step = job.checkpoint.step if job.checkpoint else 0
     _say(f"\n{job_id} now runs on {where} (attempt {job.attempt}), from its checkpoint at step {step}")
-    _say(f"({node} stays cordoned until the GPU is fixed: `corral node uncordon {node}` puts it back)")
+    _say(
+        f"({node} stays cordoned until the GPU is fixed: `corral node uncordon {node} --repaired`"
+        " puts it back, its GPU with it)"
+    )
 
 
 async def run_demo(data_dir: Path) -> State:

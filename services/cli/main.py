@@ -369,6 +369,12 @@ def parser() -> argparse.ArgumentParser:
         nv.add_argument("node")
         if verb in ("cordon", "drain"):
             nv.add_argument("--reason", default="", help="why, for `corral explain` of the jobs it moves")
+        if verb == "uncordon":
+            nv.add_argument(
+                "--repaired",
+                action="store_true",
+                help="its GPUs were reset or replaced: clear the failures recorded on them (XIDs)",
+            )
         nv.set_defaults(fn=cmd_node, node_verb=verb)
 
     lo = sub.add_parser("logs", parents=[common], help="a job's worker output, from any machine")

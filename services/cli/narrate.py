@@ -125,7 +125,10 @@ def describe(body: Event, tenant: str | None = None) -> str:
             return f"GPU {g} of {n} is {'healthy' if ok else 'unhealthy'}" + (f" ({sig})" if sig else "")
         case NodeCordoned(node=n, cordoned=c, drain=d) | CordonNode(node=n, cordoned=c, drain=d):
             by = " by the admin" if isinstance(body, CordonNode) else ""
-            return f"node {n} {'cordoned' if c else 'uncordoned'}{by}" + (" and draining" if c and d else "")
+            fixed = ", its GPUs repaired" if isinstance(body, CordonNode) and body.repaired else ""
+            return f"node {n} {'cordoned' if c else 'uncordoned'}{by}" + (
+                " and draining" if c and d else fixed
+            )
         case DeleteQueue(name=name):
             return f"queue {name} deleted by the admin"
         case DeleteCohort(name=name):

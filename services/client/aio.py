@@ -196,10 +196,14 @@ class AsyncClient:
         body = CordonNode(node=node, cordoned=True, drain=drain, reason=reason)
         return await self._admin("cordon", node, body, timeout)
 
-    async def uncordon(self, node: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+    async def uncordon(
+        self, node: str, *, repaired: bool = False, timeout: float = VERDICT_TIMEOUT
+    ) -> Applied:
         """Work may land on ``node`` again (whoever cordoned it: the admin, or the health
-        monitor after a GPU fault; a GPU that is unhealthy stays unused)."""
-        return await self._admin("cordon", node, CordonNode(node=node, cordoned=False), timeout)
+        monitor after a GPU fault; a GPU that is unhealthy stays unused). ``repaired``: its GPUs
+        were reset or replaced, and the failures recorded on them are cleared."""
+        req = CordonNode(node=node, cordoned=False, repaired=repaired)
+        return await self._admin("cordon", node, req, timeout)
 
     async def delete_node(self, node: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
         """Forget a node taken out of the cluster for good; ``Refused`` while any job holds

@@ -160,8 +160,8 @@ class Client:
     ) -> Applied:
         return self._run(self.aio.cordon(node, reason, drain=drain, timeout=timeout))
 
-    def uncordon(self, node: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
-        return self._run(self.aio.uncordon(node, timeout=timeout))
+    def uncordon(self, node: str, *, repaired: bool = False, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        return self._run(self.aio.uncordon(node, repaired=repaired, timeout=timeout))
 
     def delete_node(self, node: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
         return self._run(self.aio.delete_node(node, timeout=timeout))

@@ -17,8 +17,9 @@ plugin:
 - ``node``: the GPU is unhealthy and the whole node is cordoned and drained (XID 79, fallen off
   the bus, needs a reboot; a GPU NVML reports lost or no longer lists).
 
-XID and ``node`` verdicts are sticky: the GPU stays unhealthy until someone clears it (``clear``)
-after a reset. Counter signals (ECC, remaps, NVLinks) clear themselves when the counters do. An
+XID and ``node`` verdicts are sticky: the GPU stays unhealthy until someone clears it after a
+reset (an admin's uncordon with ``repaired``, ``corral node uncordon NODE --repaired``, which the
+fold applies too; ``clear`` for one GPU). Counter signals (ECC, remaps, NVLinks) clear themselves when the counters do. An
 XID is about the GPU its report's UUID names (indexes change when a node registers again); one
 the agent could not name a GPU for drains the node and fails none. A verdict names the GPU's
 UUID too, and the fold voids one whose index names another GPU by then (``refused``).
@@ -267,6 +268,9 @@ class HeartbeatTracker:
             self._set_condition(name, n, event.condition)
         elif isinstance(event, NodeCordoned | CordonNode):  # CordonNode: an admin, by hand
             n.cordoned, n.draining = event.cordoned, event.cordoned and event.drain
+            if isinstance(event, CordonNode) and event.repaired:  # reset by a person: cleared
+                for g in n.gpus:
+                    g.sticky, g.healthy, g.signal = "", True, ""
         elif isinstance(event, GpuHealthChanged):
             i = _index(n, event.gpu, event.uuid)
             if i is not None:

@@ -41,8 +41,8 @@ def test_nodes_are_cordoned_drained_and_uncordoned_and_queues_deleted(
     drained = corral("node", "drain", "node-01", "--reason", "new cables", *server, env=env)
     assert drained.stdout.startswith("node-01 draining")
     assert node_of(cluster, env, "node-01")["condition"] == "draining"
-    uncordoned = corral("node", "uncordon", "node-01", *server, env=env)
-    assert uncordoned.stdout.startswith("node-01 uncordoned")
+    uncordoned = corral("node", "uncordon", "node-01", "--repaired", *server, env=env)
+    assert uncordoned.stdout.startswith("node-01 uncordoned") and "failures cleared" in uncordoned.stdout
     assert node_of(cluster, env, "node-01")["condition"] == "ready"
     assert corral("node", "cordon", "node-02", *server, env=env).stdout.startswith("node-02 cordoned")
     assert node_of(cluster, env, "node-02")["condition"] == "cordoned"

@@ -333,6 +333,25 @@ def test_a_reregistered_node_keeps_its_gpus_verdicts_as_the_fold_does() -> None:
     assert c.t.evaluate(T0 + 11) == [verdict(2, True)]
 
 
+def test_an_admin_uncordon_of_a_repaired_node_clears_its_gpus_failures_in_the_log_and_the_monitor() -> None:
+    # A failed GPU stayed failed for good: the fold kept it so across the agent's registrations,
+    # and no request cleared it, however the GPU was reset or replaced.
+    log = LogBuilder().nodes(Cluster(1)).gpu_health(N0, 5, False, "xid:79").cordon(N0, True, drain=True)
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(XidReport(gpu=5, xid=79),))
+    for ev in c.t.evaluate(T0 + 1):
+        c.t.observe(ev, T0 + 1)
+    repaired = CordonNode(node=N0, cordoned=False, repaired=True)
+    state = log.request("admin", "cordon", repaired).fold()
+    assert [g.healthy for g in state.nodes[N0].gpus] == [True] * 8 and not state.nodes[N0].cordoned
+    c.t.observe(repaired, T0 + 100)
+    c.beat(T0 + 105)
+    assert c.t.evaluate(T0 + 106) == []  # in line with the log: nothing to say
+    # Repaired goes with an uncordon only.
+    state = log.request("admin", "cordon", CordonNode(node=N0, cordoned=True, repaired=True)).fold()
+    assert state.rejections[-1].code == "malformed"
+
+
 def test_the_health_monitor_never_uncordons() -> None:
     log = LogBuilder().nodes(Cluster(1)).cordon(N0, True, drain=True)
     t = HeartbeatTracker()

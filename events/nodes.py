@@ -11,6 +11,7 @@ from typing import Literal
 import msgspec
 
 from corral.events.base import Event, Index, Int
+from corral.events.heartbeats import XidReport
 
 NodeCondition = Literal["ready", "suspect", "lost"]
 
@@ -72,7 +73,9 @@ class WorkerStarted(Event, frozen=True, kw_only=True):
 class WorkerExited(Event, frozen=True, kw_only=True):
     """``code`` is the exit status; ``stopped`` says corral itself stopped the worker; ``pid`` is
     the one its start reported (0 if none did): a rank of an elastic job may run more than once in
-    one attempt, and each run's start and exit are facts of their own."""
+    one attempt, and each run's start and exit are facts of their own. ``xids``: the XIDs its
+    agent saw on the worker's GPUs lately, with a failed exit: one that says the GPU is at fault
+    (``projections.xids.hardware``) makes the exit the GPU's failure, not the job's."""
 
     node: str
     job_id: str
@@ -82,6 +85,7 @@ class WorkerExited(Event, frozen=True, kw_only=True):
     stopped: bool = False
     pid: Int = 0
     run: Int = 0
+    xids: tuple[XidReport, ...] = ()
 
 
 class CheckpointCompleted(Event, frozen=True, kw_only=True):

@@ -26,7 +26,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.projections import claims, gpu_time, indexes, preemption, runtimes
+from corral.projections import claims, gpu_time, indexes, preemption, runtimes, xids
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -247,8 +247,39 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
         _succeed_if_done(state, job, ctx)
     else:
-        _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
+        faulted = _faulted(state, job, ev) if ev.xids and not ev.stopped else {}
+        if faulted:
+            # The GPU failed under it, as its agent saw: a failure of the GPU, which interrupts
+            # the job without counting a restart and keeps work off the GPU from now on (the
+            # health monitor says so too, a heartbeat later; a restart before it could have been
+            # placed on the same GPU and failed again).
+            node = state.nodes[ev.node]
+            for i, signal in faulted.items():
+                node.gpus[i].healthy, node.gpus[i].signal = False, signal
+            which = ", ".join(f"GPU {i}: {s}" for i, s in sorted(faulted.items()))
+            why = f"rank {rank} exited with code {ev.code} on a GPU that failed ({which} of {ev.node})"
+            interrupt_on(state, ctx, ev.node, set(faulted), why, node_gone=False)
+        else:
+            _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
     _release_if_over(state, job, ctx)
+
+
+def _faulted(state: State, job: JobState, ev: WorkerExited) -> dict[int, str]:
+    """The GPUs of the exited rank on its node that an XID its agent saw says are at fault
+    (``xids.hardware``), by index, with the signal: an XID named by the UUID of one of the rank's
+    GPUs as the node has them (a report about another GPU is not taken from an exit)."""
+    node = state.nodes.get(ev.node)
+    placement = job.placement
+    if node is None or placement is None:
+        return {}
+    mine = {c.gpu for w in placement.workers if w.rank == ev.rank for c in w.gpus}
+    out: dict[int, str] = {}
+    for x in ev.xids:
+        if xids.hardware(x.xid):
+            i = next((i for i in mine if 0 <= i < len(node.gpus) and node.gpus[i].info.uuid == x.uuid), None)
+            if i is not None and i not in out:
+                out[i] = f"xid:{x.xid}"
+    return out
 
 
 # The phases a job whose workers have all exited may still be in only because some of its ranks

@@ -194,4 +194,7 @@ from __future__ import annotations
 # 63: a drain, or a registration renumbering GPUs, that reaches only ranks a shrink took away
 #    leaves the job running (``fold_nodes.drain_jobs``, ``_gpus_moved``), as a failure does (57).
 # 64: an admin's uncordon with ``repaired`` marks every GPU of the node healthy again.
-RULES = 64
+# 65: a failed exit naming an XID that says one of the rank's GPUs is at fault
+#    (``WorkerExited.xids``, ``projections.xids.hardware``) fails that GPU and interrupts the jobs
+#    on it, the exiting one without counting a restart (``fold_nodes._faulted``).
+RULES = 65

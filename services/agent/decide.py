@@ -45,6 +45,7 @@ import msgspec
 
 from corral.events.base import Event
 from corral.events.decisions import MigSlot
+from corral.events.heartbeats import XidReport
 from corral.events.jobs import Mount
 from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
 from corral.projections import mig, trace_ids
@@ -405,8 +406,8 @@ def start_worker(job: Assignment, rank: AssignedRank, checkpoint_root: str) -> S
 # -- reports into events -------------------------------------------------------------------------
 
 
-def report_events(node: str, report: Report) -> list[Event]:
-    """The node events a runtime report becomes.
+def report_events(node: str, report: Report, xids: tuple[XidReport, ...] = ()) -> list[Event]:
+    """The node events a runtime report becomes (``xids``: those seen on a failed worker's GPUs).
 
     A worker that never started is reported as started and exited with ``START_FAILED_CODE``, so
     the fold fails or restarts its gang by the job's restart policy. Only rank 0's checkpoint is
@@ -425,6 +426,7 @@ def report_events(node: str, report: Report) -> list[Event]:
             code=report.code,
             stopped=report.stopped,
             pid=report.pid,
+            xids=xids,
         )
         return [ev]
     if isinstance(report, StartFailed):

@@ -51,6 +51,7 @@ import socket
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -75,6 +76,7 @@ from corral.projections.rules import RULES
 from corral.services.agent import discovery
 from corral.services.agent.decide import (
     STOP_GRACE,
+    Exited,
     Report,
     StartGang,
     WorkerKey,
@@ -91,6 +93,11 @@ from corral.services.runtime.views import NodeViews
 from corral.services.runtime.worker_spans import WorkerSpans
 
 log = logging.getLogger("corral.agent")
+
+# How far back a failed worker's exit looks for XIDs on its GPUs: the driver reports the fault
+# as it happens, the process dies of it moments later. And how many of the latest are kept.
+XID_WINDOW = 60.0
+_XIDS_KEPT = 256
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 
@@ -315,6 +322,10 @@ class NodeAgent:
         self.heartbeats_sent = 0
         self._beating = True
         self._hb_seq = 0
+        # XIDs taken from the GPU watch: those for the next heartbeat, and the latest seen, by
+        # when, for a failed worker's exit to name (``_xids_on``).
+        self._xids_unsent: list[XidReport] = []
+        self._xids_seen: deque[tuple[float, XidReport]] = deque(maxlen=_XIDS_KEPT)
         self._halt = asyncio.Event()
         self._ending: Literal["stop", "leave", "crash"] = "stop"
         self._unsent: list[Event] = []
@@ -386,7 +397,30 @@ class NodeAgent:
         samples = await self.gpus.sample(self.view.used_milli)
         # Growing across agent restarts too (the monitor drops a sequence it has seen), from the clock.
         self._hb_seq = max(self._hb_seq + 1, int(self.clock() * 1000))
-        return Heartbeat(node=self.node, seq=self._hb_seq, gpus=samples, xids=self.gpus.take_xids())
+        self._take_xids()
+        xids, self._xids_unsent = tuple(self._xids_unsent), []
+        return Heartbeat(node=self.node, seq=self._hb_seq, gpus=samples, xids=xids)
+
+    def _take_xids(self) -> None:
+        now = self.clock()
+        for x in self.gpus.take_xids():
+            self._xids_unsent.append(x)
+            self._xids_seen.append((now, x))
+
+    def _events_of(self, report: Report) -> list[Event]:
+        """The node events a runtime report becomes; a failed exit names the XIDs seen on the
+        worker's GPUs in the last ``XID_WINDOW`` seconds (the fold takes one that says the GPU is
+        at fault for the GPU's failure, not the job's)."""
+        if not isinstance(report, Exited) or report.code == 0 or report.stopped:
+            return report_events(self.node, report)
+        self._take_xids()
+        return report_events(self.node, report, self._xids_on(report.key))
+
+    def _xids_on(self, key: WorkerKey) -> tuple[XidReport, ...]:
+        gpus_of = getattr(self.runtime, "gpus_of", None)  # ``bench``'s timers run on no GPU
+        uuids = {g.uuid for g in gpus_of(key)} if gpus_of is not None else set()
+        since = self.clock() - XID_WINDOW
+        return tuple(x for at, x in self._xids_seen if at >= since and x.uuid and x.uuid in uuids)
 
     def _saw(self, view: NodeView) -> None:
         self.view = view
@@ -464,7 +498,7 @@ class NodeAgent:
         """Append the runtime's reports as node events, in order; keep the ones that failed.
         This is the queue's only reader, so reports keep the order the runtime made them in."""
         while not self.reports.empty():
-            self._unsent.extend(report_events(self.node, self.reports.get_nowait()))
+            self._unsent.extend(self._events_of(self.reports.get_nowait()))
         if not self._unsent:
             return 0
         now = self.clock() if now is None else now
@@ -633,7 +667,7 @@ class NodeAgent:
         fold then interrupts their jobs without counting a restart. What the workers reported until
         now goes first, so an exit of their own before the shutdown still counts as theirs."""
         while not self.reports.empty():
-            self._unsent.extend(report_events(self.node, self.reports.get_nowait()))
+            self._unsent.extend(self._events_of(self.reports.get_nowait()))
         self._unsent.append(NodeShutdown(node=self.node, at=self.clock()))
         pending = list(self._unsent)
         try:

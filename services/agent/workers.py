@@ -153,6 +153,11 @@ class Runtime(Launching):
         """What ``decide`` needs: every worker the runtime knows, with its phase."""
         return {k: w.phase for k, w in self._workers.items()}
 
+    def gpus_of(self, key: WorkerKey) -> tuple[GpuBinding, ...]:
+        """The GPUs the worker was started on (none if the runtime does not know it)."""
+        w = self._workers.get(key)
+        return () if w is None else w.spec.gpus
+
     def busy(self) -> dict[WorkerKey, tuple[GpuBinding, ...]]:
         """The GPUs of each worker running or starting, for ``decide``."""
         return {k: w.spec.gpus for k, w in self._workers.items() if w.phase != "exited"}

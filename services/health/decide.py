@@ -18,11 +18,12 @@ plugin:
   the bus, needs a reboot; a GPU NVML reports lost or no longer lists).
 
 XID and ``node`` verdicts are sticky: the GPU stays unhealthy until someone clears it after a
-reset (an admin's uncordon with ``repaired``, ``corral node uncordon NODE --repaired``, which the
-fold applies too; ``clear`` for one GPU). Counter signals (ECC, remaps, NVLinks) clear themselves when the counters do. An
-XID is about the GPU its report's UUID names (indexes change when a node registers again); one
-the agent could not name a GPU for drains the node and fails none. A verdict names the GPU's
-UUID too, and the fold voids one whose index names another GPU by then (``refused``).
+reset (an admin's uncordon with ``repaired``, ``corral node uncordon NODE --repaired``, which
+the fold applies too; ``clear`` for one GPU). Counter signals (ECC, remaps, NVLinks) clear
+themselves when the counters do. An XID is about the GPU its report's UUID names (indexes change
+when a node registers again); one the agent could not name a GPU for drains the node and fails
+none. A verdict names the GPU's UUID too, and the fold voids one whose index names another GPU
+by then (``refused``).
 
 Node conditions (``HeartbeatTracker``): ready → suspect after ``suspect_after`` missed heartbeat
 intervals → lost after ``lost_after`` seconds of silence. A suspect or lost node becomes ready
@@ -34,7 +35,7 @@ node; a person does.
 from __future__ import annotations
 
 import heapq
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from corral.events.base import Event
 from corral.events.heartbeats import GpuHealthSample, Heartbeat
@@ -48,38 +49,10 @@ from corral.events.nodes import (
 )
 from corral.events.queues import CordonNode, DeleteNode
 from corral.projections.state import State
+from corral.projections.xids import XID_ACTIONS as XID_ACTIONS
+from corral.projections.xids import Action, xid_action
 
-Action = Literal["ignore", "record", "alert", "gpu", "node"]
-
-XID_ACTIONS: dict[int, Action] = {
-    # Application errors: the job's fault, the GPU stays healthy (the device plugin's list).
-    13: "ignore",  # graphics engine exception
-    31: "ignore",  # GPU memory page fault
-    43: "ignore",  # GPU stopped processing; "GPU remains in a healthy state"
-    45: "ignore",  # preemptive cleanup after earlier errors; the accompanying XID decides
-    68: "ignore",  # NVDEC0 exception
-    # The GPU needs a reset: drain it.
-    48: "gpu",  # double-bit ECC
-    62: "gpu",  # internal micro-controller halt
-    64: "gpu",  # row-remap failure
-    74: "gpu",  # NVLink error
-    94: "gpu",  # contained ECC error: reset when convenient, keep work off it until then
-    95: "gpu",  # uncontained ECC error
-    109: "gpu",  # context-switch timeout: the catalogue says reset (the device plugin ignores it)
-    119: "gpu",  # GSP RPC timeout
-    120: "gpu",  # GSP error
-    140: "gpu",  # ECC unrecovered error escape
-    # The node needs a reboot: drain all of it.
-    79: "node",  # fallen off the bus
-    # Worth knowing only.
-    63: "record",  # row remap / page retirement event
-    92: "alert",  # high single-bit ECC error rate
-}
-UNKNOWN_XID: Action = "gpu"  # 61 (unused on A100/H100: contact support), 999 (NVML: unknown), new ones
-
-
-def xid_action(xid: int) -> Action:
-    return XID_ACTIONS.get(xid, UNKNOWN_XID)
+# The XID policy is the fold's too (an exit that reports one): ``projections.xids``.
 
 
 def sample_signals(sample: GpuHealthSample, expected_nvlinks: int) -> list[tuple[str, Action]]:

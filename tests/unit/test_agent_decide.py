@@ -524,3 +524,27 @@ async def test_a_job_id_used_again_reports_facts_of_its_own_not_duplicates(tmp_p
     # Each fact names its run, so the fold takes none for the other run's.
     runs = [codec.decode_body(r.subject, r.data, r.headers).body.run for r in log.records]  # type: ignore[attr-defined]
     assert runs == [7, 7, 9, 9]
+
+
+async def test_a_failed_exit_names_the_xids_seen_on_its_workers_gpus(tmp_path: Path) -> None:
+    # The driver reported XID 48 on GPU 2 as the worker died of it; the heartbeat that carries
+    # it to the health monitor comes seconds later. The exit names it, so the fold charges the
+    # GPU, not the job; the heartbeat still carries it.
+    from corral.events.log import InMemoryLog
+    from corral.events.nodes import WorkerExited
+    from corral.services.agent.service import NodeAgent, SimulatedGpus
+    from corral.services.runtime.views import MemoryViews
+
+    inventory = h100_8x_nvswitch(N0)
+    agent = NodeAgent(N0, InMemoryLog(), MemoryViews(), work_dir=tmp_path, gpus=SimulatedGpus(inventory))
+    mine = (GpuBinding(2, inventory.gpus[2].uuid),)
+    agent.runtime.gpus_of = lambda key: mine if key == K else ()  # type: ignore[method-assign]
+    agent.gpus.inject_xid(2, 48)
+    agent.gpus.inject_xid(5, 48)  # another GPU's: not this worker's
+    [failed] = agent._events_of(Exited(K, 1))
+    assert isinstance(failed, WorkerExited)
+    assert [(x.xid, x.uuid) for x in failed.xids] == [(48, inventory.gpus[2].uuid)]
+    [stopped] = agent._events_of(Exited(K, 143, stopped=True))
+    assert isinstance(stopped, WorkerExited) and stopped.xids == ()  # corral stopped it: no fault
+    beat = await agent._heartbeat()
+    assert sorted(x.gpu for x in beat.xids) == [2, 5]

@@ -17,6 +17,7 @@ from corral.events import codec
 from corral.events import subjects as subj
 from corral.events.base import Event, Reason
 from corral.events.decisions import JobsPlaced, Placement, PreemptionRequested, Victim
+from corral.events.heartbeats import XidReport
 from corral.events.jobs import (
     Admission,
     JobAccepted,
@@ -27,7 +28,7 @@ from corral.events.jobs import (
     SubmitJob,
 )
 from corral.events.log import Record
-from corral.events.nodes import GpuInfo, NodeInventory, NodeRegistered, WorkerStarted
+from corral.events.nodes import GpuInfo, NodeInventory, NodeRegistered, WorkerExited, WorkerStarted
 from corral.events.queues import (
     ApplyCohort,
     ApplyFairShare,
@@ -1176,6 +1177,32 @@ def test_restart_policy(policy: RestartPolicy, code: int, phase: str) -> None:
     log = running(spec=job().restarts(3, policy), nodes=Cluster(2)).exited(N0, "j1", code=code)
     state = fold(log)
     assert state.jobs["j1"].phase == phase and holders(state)[0] == {}
+
+
+def _exit_with(xid: int, uuid: str = f"GPU-{N0}-00") -> WorkerExited:
+    return WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=1, xids=(XidReport(0, xid, uuid=uuid),))
+
+
+def test_a_worker_that_dies_of_its_gpus_fault_is_not_charged_for_it() -> None:
+    # XID 48 (double-bit ECC) killed the worker milliseconds before the health monitor's next
+    # heartbeat said the GPU was bad: the exit counted as the job's failure, and a job that may
+    # not restart failed; one that may was restarted, maybe on the same GPU.
+    def ran() -> LogBuilder:
+        return running(spec=job().restarts(0, "never"), nodes=Cluster(2))
+
+    state = fold(ran().event(subj.node(N0), _exit_with(48)))
+    j, gpu = state.jobs["j1"], state.nodes[N0].gpus[0]
+    assert (j.phase, j.restarts, gpu.healthy, gpu.signal) == ("interrupted", 0, False, "xid:48"), j.reasons
+    assert holders(state)[0] == {}
+    # An application's XID (13: the job's own fault) is the job's failure, the GPU kept.
+    state = fold(
+        running(spec=job().restarts(0, "never"), nodes=Cluster(2)).event(subj.node(N0), _exit_with(13))
+    )
+    assert state.jobs["j1"].phase == "failed" and state.nodes[N0].gpus[0].healthy
+    # An XID of a GPU the worker did not run on says nothing of its exit.
+    other = _exit_with(48, uuid=f"GPU-{N0}-03")
+    state = fold(ran().event(subj.node(N0), other))
+    assert state.jobs["j1"].phase == "failed" and all(g.healthy for g in state.nodes[N0].gpus)
 
 
 def test_a_broken_gang_keeps_its_gpus_until_its_last_worker_is_gone() -> None:

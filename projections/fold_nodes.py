@@ -418,6 +418,8 @@ def _condition(state: State, ctx: Ctx, ev: NodeConditionChanged) -> None:
 def _gpu_health(state: State, ctx: Ctx, ev: GpuHealthChanged) -> None:
     node = find_node(state, ev.node)
     if not 0 <= ev.gpu < len(node.gpus):
+        if ev.uuid:  # judged on the node's GPUs before it registered again with fewer
+            raise Refused("void", f"node {ev.node} has no GPU {ev.gpu} now (it was {ev.uuid})")
         raise Refused("unknown", f"node {ev.node} has no GPU {ev.gpu}")
     g = node.gpus[ev.gpu]
     if ev.uuid and ev.uuid != g.info.uuid:

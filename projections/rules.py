@@ -197,4 +197,6 @@ from __future__ import annotations
 # 65: a failed exit naming an XID that says one of the rank's GPUs is at fault
 #    (``WorkerExited.xids``, ``projections.xids.hardware``) fails that GPU and interrupts the jobs
 #    on it, the exiting one without counting a restart (``fold_nodes._faulted``).
-RULES = 65
+# 66: a ``GpuHealthChanged`` naming a ``uuid`` and an index past the node's GPUs is void, not
+#    unknown: the node registered again with fewer (the monitor then says it again).
+RULES = 66

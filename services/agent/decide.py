@@ -189,6 +189,7 @@ def decide(
         keys = [WorkerKey(job.job_id, job.attempt, r.rank) for r in job.ranks]
         seen.update(keys)
         ours = keys
+        earlier: set[WorkerKey] = set()
         if runs is not None:
             # A worker of an earlier job of the id (let go since) under the same key, still
             # running (its node was lost, and came back): not this job's. It stops; this job's
@@ -212,7 +213,7 @@ def decide(
                 if k not in workers and r.rank not in job.started and r.rank not in leaving
             ]
             if fresh and view.inventory is not None:
-                if using is not None and using.taken(fresh, set(keys)):
+                if earlier or using is not None and using.taken(fresh, set(ours)):
                     continue  # its GPUs are still another worker's: it starts once that one ended
                 starts = tuple(start_worker(job, r, checkpoint_root) for r in fresh)
                 actions.append(StartGang(job.job_id, job.attempt, starts))

@@ -187,6 +187,10 @@ class NvmlGpus:
             for i, h in enumerate(self.handles)
         ]
 
+    def uuid_of(self, gpu: int) -> str:
+        """The UUID of GPU ``gpu`` as discovered ("" for no such GPU)."""
+        return self._uuids[gpu] if 0 <= gpu < len(self._uuids) else ""
+
     def close(self) -> None:
         if self._events is not None:
             with contextlib.suppress(self.nvml.NVMLError):

@@ -219,7 +219,7 @@ class NvmlWatch:
 
     def inject_xid(self, gpu: int, xid: int) -> None:
         with self._lock:
-            self._xids.append(XidReport(gpu=gpu, xid=xid))
+            self._xids.append(XidReport(gpu=gpu, xid=xid, uuid=self._gpus.uuid_of(gpu)))
 
     async def close(self) -> None:
         self._closed.set()
@@ -440,6 +440,8 @@ class NodeAgent:
         workers = self.runtime.workers()
         runs = self.runtime.runs() if hasattr(self.runtime, "runs") else None
         busy = self.runtime.busy() if hasattr(self.runtime, "busy") else None
+        # Before ``decide`` forgets an exited worker: its report, taken now, names its run.
+        self._take_reports()
         for action in decide(self.view, workers, now, self.checkpoint_root, runs, busy):
             if isinstance(action, StartGang):
                 self._start(action, now)
@@ -497,8 +499,7 @@ class NodeAgent:
     async def flush(self, now: float | None = None) -> int:
         """Append the runtime's reports as node events, in order; keep the ones that failed.
         This is the queue's only reader, so reports keep the order the runtime made them in."""
-        while not self.reports.empty():
-            self._unsent.extend(self._events_of(self.reports.get_nowait()))
+        self._take_reports()
         if not self._unsent:
             return 0
         now = self.clock() if now is None else now
@@ -532,10 +533,20 @@ class NodeAgent:
                 appended(key, "start" if isinstance(body, WorkerStarted) else "exit")
         return len(bodies) - len(self._unsent)
 
+    def _take_reports(self) -> None:
+        """The runtime's reports, in order, as node events to append, each naming its job's run
+        now, while the runtime still knows the worker (``decide`` may have it forgotten next)."""
+        while not self.reports.empty():
+            for body in self._events_of(self.reports.get_nowait()):
+                run = self._run_of(body)
+                if run and isinstance(body, (WorkerStarted, WorkerExited, CheckpointCompleted)):
+                    body = msgspec.structs.replace(body, run=run)  # refused for a later job of the id
+                self._unsent.append(body)
+
     def _append(self, body: Event, now: float) -> Append:
-        run = self._run_of(body)
+        run = getattr(body, "run", 0) or self._run_of(body)
         if run and isinstance(body, (WorkerStarted, WorkerExited, CheckpointCompleted)) and not body.run:
-            body = msgspec.structs.replace(body, run=run)  # the fold refuses it for a later job of the id
+            body = msgspec.structs.replace(body, run=run)
         mid = msg_id(body, run)
         traceparent = self._traceparent(body)
         env = codec.seal(
@@ -666,8 +677,7 @@ class NodeAgent:
         """Tell the log the node's workers are being stopped on purpose, before the first is: the
         fold then interrupts their jobs without counting a restart. What the workers reported until
         now goes first, so an exit of their own before the shutdown still counts as theirs."""
-        while not self.reports.empty():
-            self._unsent.extend(self._events_of(self.reports.get_nowait()))
+        self._take_reports()
         self._unsent.append(NodeShutdown(node=self.node, at=self.clock()))
         pending = list(self._unsent)
         try:

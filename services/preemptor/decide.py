@@ -665,8 +665,8 @@ def _takes_its_gpus(sim: Simulation, job: JobState) -> None:
 
 def preempted_for(job: JobState) -> str:
     """The beneficiary a job checkpointing or stopped by a preemption was stopped for ("" if
-    none, or if the fold has let it go: ``projections/retention.py`` clears the field then, while
-    the job's reason still names it, so the field is read, never the reason)."""
+    none, or if the beneficiary has ended: ``fold_moves._ended`` clears the field then, while the
+    job's reason still names it, so the field is read, never the reason)."""
     return job.preempted_for
 
 

@@ -173,10 +173,18 @@ def test_a_running_worker_of_an_earlier_job_of_the_id_is_stopped_not_taken_for_t
     first, second = reused_id()
     old_run = first.jobs["j1"].submitted_seq
     view = node_view(second, N0)
-    assert decide(view, {K: "running"}, NOW, ROOT, runs={K: old_run}) == [
-        StopWorker(K, "superseded", STOP_GRACE)
-    ]
+    stop = StopWorker(K, "superseded", STOP_GRACE)
+    assert decide(view, {K: "running"}, NOW, ROOT, runs={K: old_run}) == [stop]
     assert decide(view, {K: "stopping"}, NOW, ROOT, runs={K: old_run}) == []  # nor is the new one started
+    # Nor any other rank of the new job: one placed where the earlier worker runs started beside it.
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "j1").accept("j1").admit("j1").place(on(N0, 0, job_id="j1"))
+    old_run = fold(log).jobs["j1"].submitted_seq
+    log.started(N0, "j1").exited(N0, "j1", code=0).retention(0.0)
+    log.submit("bob", "j1", job().gpus(1).replicas(2)).accept("j1").admit("j1", replicas=2)
+    view = node_view(fold(log.place(placement("j1", worker(0, N0, whole(1)), worker(1, N0, whole(0))))), N0)
+    busy = {K: (GpuBinding(0, f"GPU-{N0}-00"),)}
+    assert decide(view, {K: "running"}, NOW, ROOT, runs={K: old_run}, busy=busy) == [stop]
 
 
 def test_a_placement_on_another_node_starts_nothing_here() -> None:
@@ -548,3 +556,45 @@ async def test_a_failed_exit_names_the_xids_seen_on_its_workers_gpus(tmp_path: P
     assert isinstance(stopped, WorkerExited) and stopped.xids == ()  # corral stopped it: no fault
     beat = await agent._heartbeat()
     assert sorted(x.gpu for x in beat.xids) == [2, 5]
+
+
+async def test_the_exit_of_an_earlier_runs_worker_names_its_run_though_it_is_forgotten_at_once(
+    tmp_path: Path,
+) -> None:
+    # The earlier j1's worker exited; the cycle that saw it forgot it (decide's Forget) before
+    # its exit was appended, and the runtime no longer knew its run: the exit was stamped with
+    # the new j1's, a fact about the new job that never happened.
+    from corral.events.log import InMemoryLog
+    from corral.services.agent.service import NodeAgent
+    from corral.services.runtime.views import MemoryViews
+
+    first, second = reused_id()
+    old = first.jobs["j1"].submitted_seq
+
+    class Forgets:
+        """A runtime holding the earlier j1's exited worker until told to forget it."""
+
+        def __init__(self) -> None:
+            self.known = {K: old}
+
+        def workers(self) -> dict[WorkerKey, WorkerPhase]:
+            return {k: "exited" for k in self.known}
+
+        def runs(self) -> dict[WorkerKey, int]:
+            return dict(self.known)
+
+        def run_of(self, key: WorkerKey) -> int | None:
+            return self.known.get(key)
+
+        async def act(self, action: Action) -> None:
+            if isinstance(action, Forget):
+                self.known.pop(action.key, None)
+
+    log = InMemoryLog()
+    agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path)
+    agent.runtime = Forgets()  # type: ignore[assignment]
+    agent.view = node_view(second, N0)
+    agent.reports.put_nowait(Exited(K, 143, stopped=True))
+    await agent.cycle()
+    [record] = log.records
+    assert codec.decode_body(record.subject, record.data, record.headers).body.run == old  # type: ignore[attr-defined]

@@ -441,6 +441,10 @@ def test_a_verdict_judged_before_a_registration_renumbered_the_gpus_is_void_and_
     assert stated == GpuHealthChanged(node=N0, gpu=1, healthy=False, signal="xid:48", uuid="GPU-node-00-02")
     state = log.event(subjects.node(N0), stated).fold()
     assert [g.info.uuid for g in state.nodes[N0].gpus if not g.healthy] == ["GPU-node-00-02"]
+    # The GPU judged was the last one: its index is past the node's GPUs now, void as well.
+    last = GpuHealthChanged(node=N0, gpu=7, healthy=False, signal="xid:48", uuid="GPU-node-00-07")
+    state = log.event(subjects.node(N0), last).fold()
+    assert state.rejections[-1].code == "void", state.rejections[-1]
 
 
 def test_lost_nodes_are_not_visited_until_heard_again_and_then_earn_trust_back() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TypeVar
 
 import msgspec
 
@@ -30,6 +31,7 @@ from corral.events.queues import (
     ApplyPriorityClass,
     ApplyQueue,
     ApplyRetention,
+    CohortSpec,
     CordonNode,
     DeleteCohort,
     DeleteNode,
@@ -193,15 +195,26 @@ def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
     before = state.queues.get(q.name)
     if before is not None:
         _may_change(state, before, q)
+    _put_keeping_fixed(state, state.queues, q.name, q, "queue")
+
+
+_Spec = TypeVar("_Spec", QueueSpec, CohortSpec)
+
+
+def _put_keeping_fixed(state: State, table: dict[str, _Spec], name: str, spec: _Spec, what: str) -> None:
+    """Put ``spec`` under ``name`` in ``table`` (the state's queues or cohorts), unless that leaves
+    jobs that may not be preempted holding past their queue's limit (``_fixed_cut``): then what
+    was there stays, and the change is refused."""
+    before = table.get(name)
     was = _fixed_limits(state)
-    state.queues[q.name] = q
+    table[name] = spec
     cut = _fixed_cut(state, was)
     if cut is not None:
         if before is None:
-            del state.queues[q.name]
+            del table[name]
         else:
-            state.queues[q.name] = before
-        raise Refused("forbidden", f"queue {q.name} may not change so: {cut}")
+            table[name] = before
+        raise Refused("forbidden", f"{what} {name} may not change so: {cut}")
 
 
 def _fixed_limits(state: State) -> dict[tuple[str, str], int]:
@@ -318,15 +331,7 @@ def _apply_cohort(state: State, ctx: Ctx, req: ApplyCohort) -> None:
         queue = _a_queue_under(state, ledger, c.name)
         if queue is not None:
             _none_borrows(state, ledger, queue, f"cohort {c.name} may not leave its parent {before.parent}")
-    was = _fixed_limits(state)
-    state.cohorts[c.name] = c
-    cut = _fixed_cut(state, was)
-    if cut is not None:
-        if before is None:
-            del state.cohorts[c.name]
-        else:
-            state.cohorts[c.name] = before
-        raise Refused("forbidden", f"cohort {c.name} may not change so: {cut}")
+    _put_keeping_fixed(state, state.cohorts, c.name, c, "cohort")
 
 
 # The least weight a queue may have: shares are divided by it, and a weight of 1e-320 made them

@@ -354,6 +354,11 @@ def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
     where = job.placement if job.placement is not None and job.placement.attempt == ev.attempt else None
     if where is None and job.held is not None and job.held.attempt == ev.attempt:
         where = job.held
+    if where is None and ev.attempt < job.attempt:
+        # A straggler of an attempt over and holding nothing (its node lost, a worker still
+        # saving until its agent stopped it): a late fact about work the job has moved on from,
+        # taken as a straggler's exit is, changing nothing; not a node's report out of turn.
+        return
     if where is None or all(w.node != ev.node for w in where.workers):
         raise Refused("illegal", f"job {job.id} has no worker of attempt {ev.attempt} on {ev.node}", job.id)
     # A late checkpoint, after the job ended, is a late fact, not a wrong one, and is kept; the

@@ -199,4 +199,6 @@ from __future__ import annotations
 #    on it, the exiting one without counting a restart (``fold_nodes._faulted``).
 # 66: a ``GpuHealthChanged`` naming a ``uuid`` and an index past the node's GPUs is void, not
 #    unknown: the node registered again with fewer (the monitor then says it again).
-RULES = 66
+# 67: a checkpoint of an attempt over that holds nothing is a straggler and changes nothing,
+#    where it was refused (``fold_nodes._checkpointed``).
+RULES = 67

@@ -618,6 +618,22 @@ def test_a_checkpoint_is_its_own_nodes_to_report() -> None:
     assert fold(log).jobs["j1"].checkpoint.step == 5  # type: ignore[union-attr]
 
 
+def test_a_late_checkpoint_of_an_attempt_over_is_a_straggler_and_changes_nothing() -> None:
+    # The node was lost and the job moved on; its agent, alive, stopped the old worker, which
+    # saved once more first: the fold refused that report as a node's out of turn.
+    log = queued().admit("j1")
+    log.place(placement("j1", worker(0, N0, whole(0)))).started(N0, "j1").checkpoint(N0, "j1", step=5)
+    log.condition(N0, "lost").requeue("j1", 0).admit("j1", attempt=1)
+    log.place(placement("j1", worker(0, N1, whole(0)), attempt=1)).started(N1, "j1", attempt=1)
+    before = fold(log)
+    state = fold(log.checkpoint(N0, "j1", step=9, attempt=0))
+    assert state.rejected_total == before.rejected_total, last(state)
+    assert state.jobs["j1"].checkpoint == before.jobs["j1"].checkpoint
+    # Another node's word about an attempt still holding GPUs is still refused.
+    state = fold(log.checkpoint(N0, "j1", step=12, attempt=1))
+    assert last(state).code == "illegal"
+
+
 def test_only_the_admin_lifts_a_cordon() -> None:
     # The health monitor only cordons; a node's agent, which writes on the node's subject too,
     # must not undo the admin's drain by writing a cordon lifted there.

@@ -234,34 +234,33 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
         _ran_here(job.placement, ev, job.id)
     live.discard(rank)
     job.updated_seq = ctx.seq
+    # The GPU failed under it, as its agent saw: the GPU's failure, not the job's (the health
+    # monitor says so too, a heartbeat later; a restart, or a beneficiary, placed there before
+    # that would fail again).
+    faulted = _faulted(state, job, ev) if ev.xids and ev.code != 0 and not ev.stopped else {}
     adm = job.admission
     if job.phase == "running" and adm is not None and rank >= adm.replicas:
         left(state, job, rank, ctx)
         _release_if_over(state, job, ctx)  # the ranks it kept may have ended
-        return
-    codes = job.exit_codes
-    codes[rank] = ev.code
-    if job.phase == "checkpointing":
-        if not live:
-            move(state, job, "stop", ctx)
-    elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
-        _succeed_if_done(state, job, ctx)
     else:
-        faulted = _faulted(state, job, ev) if ev.xids and not ev.stopped else {}
-        if faulted:
-            # The GPU failed under it, as its agent saw: a failure of the GPU, which interrupts
-            # the job without counting a restart and keeps work off the GPU from now on (the
-            # health monitor says so too, a heartbeat later; a restart before it could have been
-            # placed on the same GPU and failed again).
-            node = state.nodes[ev.node]
-            for i, signal in faulted.items():
-                node.gpus[i].healthy, node.gpus[i].signal = False, signal
-            which = ", ".join(f"GPU {i}: {s}" for i, s in sorted(faulted.items()))
-            why = f"rank {rank} exited with code {ev.code} on a GPU that failed ({which} of {ev.node})"
-            interrupt_on(state, ctx, ev.node, set(faulted), why, node_gone=False)
-        else:
+        job.exit_codes[rank] = ev.code
+        if job.phase == "checkpointing":
+            if not live:
+                move(state, job, "stop", ctx)
+        elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
+            _succeed_if_done(state, job, ctx)
+        elif not faulted:
             _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
-    _release_if_over(state, job, ctx)
+        _release_if_over(state, job, ctx)
+    if faulted:
+        # As the monitor's verdict does: the GPU is failed, the jobs on it interrupted (this one
+        # too, without counting a restart; one leaving it only runs on).
+        node = state.nodes[ev.node]
+        for i, signal in faulted.items():
+            node.gpus[i].healthy, node.gpus[i].signal = False, signal
+        which = ", ".join(f"GPU {i} ({s})" for i, s in sorted(faulted.items()))
+        why = f"{which} of {ev.node} failed: a worker of {job.id} died of it"
+        interrupt_on(state, ctx, ev.node, set(faulted), why, node_gone=False)
 
 
 def _faulted(state: State, job: JobState, ev: WorkerExited) -> dict[int, str]:

@@ -201,4 +201,6 @@ from __future__ import annotations
 #    unknown: the node registered again with fewer (the monitor then says it again).
 # 67: a checkpoint of an attempt over that holds nothing is a straggler and changes nothing,
 #    where it was refused (``fold_nodes._checkpointed``).
-RULES = 67
+# 68: a failed exit naming a GPU fault fails the GPU whatever the job's phase (checkpointing, or
+#    a rank a shrink took away), as the monitor's verdict would (65 only while it ran).
+RULES = 68

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -70,7 +71,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
 )
-from corral.projections import trace_ids
+from corral.projections import trace_ids, xids
 from corral.projections.assignments import NodeView
 from corral.projections.rules import RULES
 from corral.services.agent import discovery
@@ -78,6 +79,7 @@ from corral.services.agent.decide import (
     STOP_GRACE,
     Exited,
     Report,
+    Started,
     StartGang,
     WorkerKey,
     decide,
@@ -326,6 +328,7 @@ class NodeAgent:
         # when, for a failed worker's exit to name (``_xids_on``).
         self._xids_unsent: list[XidReport] = []
         self._xids_seen: deque[tuple[float, XidReport]] = deque(maxlen=_XIDS_KEPT)
+        self._started_at: dict[WorkerKey, float] = {}  # by this agent's clock, as reported
         self._halt = asyncio.Event()
         self._ending: Literal["stop", "leave", "crash"] = "stop"
         self._unsent: list[Event] = []
@@ -386,11 +389,15 @@ class NodeAgent:
         subject = subjects.heartbeat(self.node)
         while True:
             if self._beating and self.publish is not None:
+                beat = None
                 try:
-                    await self.publish(subject, codec.encode(await self._heartbeat()))
+                    beat = await self._heartbeat()
+                    await self.publish(subject, codec.encode(beat))
                     self.heartbeats_sent += 1
                 except Exception as e:  # noqa: BLE001 - a missed heartbeat is the monitor's to judge
                     log.warning("%s: heartbeat not sent: %s", self.node, e)
+                    if beat is not None:  # its XIDs go with the next one
+                        self._xids_unsent[:0] = beat.xids
             await asyncio.sleep(self.heartbeat_interval)
 
     async def _heartbeat(self) -> Heartbeat:
@@ -398,29 +405,36 @@ class NodeAgent:
         # Growing across agent restarts too (the monitor drops a sequence it has seen), from the clock.
         self._hb_seq = max(self._hb_seq + 1, int(self.clock() * 1000))
         self._take_xids()
-        xids, self._xids_unsent = tuple(self._xids_unsent), []
-        return Heartbeat(node=self.node, seq=self._hb_seq, gpus=samples, xids=xids)
+        sent, self._xids_unsent = tuple(self._xids_unsent), []
+        return Heartbeat(node=self.node, seq=self._hb_seq, gpus=samples, xids=sent)
 
     def _take_xids(self) -> None:
         now = self.clock()
         for x in self.gpus.take_xids():
             self._xids_unsent.append(x)
-            self._xids_seen.append((now, x))
+            if x.uuid and xids.hardware(x.xid):  # those an exit may name; an application's flood
+                self._xids_seen.append((now, x))  # of XIDs does not push them out
 
     def _events_of(self, report: Report) -> list[Event]:
         """The node events a runtime report becomes; a failed exit names the XIDs seen on the
-        worker's GPUs in the last ``XID_WINDOW`` seconds (the fold takes one that says the GPU is
-        at fault for the GPU's failure, not the job's)."""
-        if not isinstance(report, Exited) or report.code == 0 or report.stopped:
-            return report_events(self.node, report)
-        self._take_xids()
-        return report_events(self.node, report, self._xids_on(report.key))
+        worker's GPUs since it started, in the last ``XID_WINDOW`` seconds (the fold takes one
+        that says the GPU is at fault for the GPU's failure, not the job's)."""
+        if isinstance(report, Started):
+            self._started_at[report.key] = self.clock()
+        elif isinstance(report, Exited):
+            started = self._started_at.pop(report.key, -math.inf)  # re-attached: not known
+            if report.code != 0 and not report.stopped:
+                self._take_xids()
+                return report_events(self.node, report, self._xids_on(report.key, started))
+        return report_events(self.node, report)
 
-    def _xids_on(self, key: WorkerKey) -> tuple[XidReport, ...]:
+    def _xids_on(self, key: WorkerKey, started: float) -> tuple[XidReport, ...]:
+        """The XIDs seen on the worker's GPUs in the last ``XID_WINDOW`` seconds, since it
+        ``started`` (one before it, on a GPU repaired since, is not its)."""
         gpus_of = getattr(self.runtime, "gpus_of", None)  # ``bench``'s timers run on no GPU
         uuids = {g.uuid for g in gpus_of(key)} if gpus_of is not None else set()
-        since = self.clock() - XID_WINDOW
-        return tuple(x for at, x in self._xids_seen if at >= since and x.uuid and x.uuid in uuids)
+        since = max(self.clock() - XID_WINDOW, started)
+        return tuple(x for at, x in self._xids_seen if at >= since and x.uuid in uuids)
 
     def _saw(self, view: NodeView) -> None:
         self.view = view
@@ -660,6 +674,7 @@ class NodeAgent:
             for task in late:
                 task.cancel()
         if ending == "leave":
+            self._take_reports()  # named by their runs while the runtime still knows the workers
             await self.runtime.leave()
         else:
             if ending == "stop":

@@ -23,7 +23,7 @@ the fold applies too; ``clear`` for one GPU). Counter signals (ECC, remaps, NVLi
 themselves when the counters do. An XID is about the GPU its report's UUID names (indexes change
 when a node registers again); one the agent could not name a GPU for drains the node and fails
 none. A verdict names the GPU's UUID too, and the fold voids one whose index names another GPU
-by then (``refused``).
+by then (``adopt``).
 
 Node conditions (``HeartbeatTracker``): ready → suspect after ``suspect_after`` missed heartbeat
 intervals → lost after ``lost_after`` seconds of silence. A suspect or lost node becomes ready
@@ -201,10 +201,12 @@ class HeartbeatTracker:
                 if not gs.healthy and _sticky(gs.signal):
                     g.sticky = gs.signal
 
-    def refused(self, name: str, state: State) -> None:
-        """The fold refused one of our facts about node ``name`` (a GPU verdict judged on the GPUs
-        it had before it registered again): adopt what the log says of its GPUs, by UUID, so the
-        verdict is stated again at the GPU's index now."""
+    def adopt(self, name: str, state: State) -> None:
+        """Adopt what the log says of node ``name``'s GPUs, by UUID, where it was said otherwise
+        than by a verdict the tracker observes: the fold refused one of ours (judged on the GPUs
+        the node had before it registered again: stated again at the GPU's index now), or failed
+        a GPU a worker died of (its agent named the XID in the exit: kept as a verdict of ours,
+        so that a counter signal clearing later does not say the GPU well)."""
         n = self._nodes.get(name)
         ns = state.nodes.get(name)
         if n is None or ns is None:
@@ -214,6 +216,8 @@ class HeartbeatTracker:
             gs = said.get(g.uuid)
             if gs is not None:
                 g.healthy, g.signal = gs.healthy, gs.signal
+                if not gs.healthy and _sticky(gs.signal):
+                    g.sticky = g.sticky or gs.signal
         self._pending.add(name)
 
     def observe(self, event: Event, now: float) -> bool:

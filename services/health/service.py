@@ -39,7 +39,7 @@ from corral.events import codec, subjects
 from corral.events.base import Event
 from corral.events.heartbeats import Heartbeat
 from corral.events.log import EventLog, Record
-from corral.events.nodes import GpuHealthChanged
+from corral.events.nodes import GpuHealthChanged, WorkerExited
 from corral.projections.fold import apply, collector_paused
 from corral.projections.state import State
 from corral.services.health.decide import HeartbeatTracker
@@ -119,12 +119,16 @@ class HealthMonitor(Service):
                     if void and r.subject.startswith(_NODE_EVENTS):
                         body = codec.decode_body(r.subject, r.data, r.headers).body
                         if isinstance(body, GpuHealthChanged):
-                            self.tracker.refused(body.node, state)
+                            self.tracker.adopt(body.node, state)
                             self._facts_folded = True
                     continue
                 if r.subject.startswith(_NODE_EVENTS) or r.subject in (_CORDON, _DELETE):
                     body = codec.decode_body(r.subject, r.data, r.headers).body
-                    if self.tracker.observe(body, self.receive_clock()):
+                    if isinstance(body, WorkerExited) and body.xids:
+                        # A worker's exit may have failed a GPU it died of: the tracker reads it.
+                        self.tracker.adopt(body.node, state)
+                        self._facts_folded = True
+                    elif self.tracker.observe(body, self.receive_clock()):
                         self._facts_folded = True
         heap.settle()  # what the batch folded lives long: no full collection walks it
 

@@ -6,6 +6,7 @@ given what its runtime runs. Only what the fold accepted for this node may start
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import msgspec
@@ -556,6 +557,21 @@ async def test_a_failed_exit_names_the_xids_seen_on_its_workers_gpus(tmp_path: P
     assert isinstance(stopped, WorkerExited) and stopped.xids == ()  # corral stopped it: no fault
     beat = await agent._heartbeat()
     assert sorted(x.gpu for x in beat.xids) == [2, 5]
+    # One seen before the worker started (its GPU repaired and used again since) is not its.
+    ticks = itertools.count(agent.clock() + 3600.0)  # an hour on: the XIDs above are long past
+    agent.clock = lambda: float(next(ticks))
+    agent.gpus.inject_xid(2, 48)
+    agent._take_xids()
+    agent._events_of(Started(K, 1))
+    [later] = agent._events_of(Exited(K, 1))
+    assert isinstance(later, WorkerExited) and later.xids == ()
+    # Nor does an application's flood of XIDs push the GPU's own out of what is kept.
+    agent._events_of(Started(K, 1))
+    agent.gpus.inject_xid(2, 48)
+    for _ in range(300):
+        agent.gpus.inject_xid(5, 31)
+    [flooded] = agent._events_of(Exited(K, 1))
+    assert isinstance(flooded, WorkerExited) and [x.xid for x in flooded.xids] == [48]
 
 
 async def test_the_exit_of_an_earlier_runs_worker_names_its_run_though_it_is_forgotten_at_once(

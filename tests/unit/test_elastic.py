@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from corral.events import subjects as subj
-from corral.events.nodes import NodeRegistered
+from corral.events.heartbeats import XidReport
+from corral.events.nodes import NodeRegistered, WorkerExited
 from corral.projections import quota
 from corral.projections.state import State
 from tests.builders import LogBuilder, job, placement, queue_spec, whole, worker
@@ -345,6 +346,11 @@ def test_a_drain_of_a_node_holding_only_ranks_a_shrink_took_away_leaves_the_job_
         NodeRegistered(node="node-01", inventory=msgspec.structs.replace(inv, gpus=left)),
     )
     assert fold(log).jobs["e"].phase == "running"
+    # A leaving rank dying of its GPU's fault fails the GPU; the job runs on.
+    xid = XidReport(0, 48, uuid="GPU-node-01-00")
+    died = WorkerExited(node="node-01", job_id="e", attempt=0, rank=2, code=1, xids=(xid,))
+    state = fold(_shrunk_across_two_nodes().event(subj.node("node-01"), died))
+    assert state.jobs["e"].phase == "running" and not state.nodes["node-01"].gpus[0].healthy
     # A drain of the node of its kept ranks moves it, as before.
     assert fold(_shrunk_across_two_nodes().cordon(N0, True, drain=True)).jobs["e"].phase == "checkpointing"
 

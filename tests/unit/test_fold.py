@@ -1215,6 +1215,11 @@ def test_a_worker_that_dies_of_its_gpus_fault_is_not_charged_for_it() -> None:
         running(spec=job().restarts(0, "never"), nodes=Cluster(2)).event(subj.node(N0), _exit_with(13))
     )
     assert state.jobs["j1"].phase == "failed" and state.nodes[N0].gpus[0].healthy
+    # Stopping for another job when it died of it, the GPU is failed all the same: the job it
+    # stops for was about to be placed on it.
+    stopping = ran().submit("bob", "b", job().gpus(8)).accept("b", priority=9).preempt("b", "j1")
+    state = fold(stopping.event(subj.node(N0), _exit_with(48)))
+    assert not state.nodes[N0].gpus[0].healthy and state.jobs["j1"].phase in ("preempted", "interrupted")
     # An XID of a GPU the worker did not run on says nothing of its exit.
     other = _exit_with(48, uuid=f"GPU-{N0}-03")
     state = fold(ran().event(subj.node(N0), other))

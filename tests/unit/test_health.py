@@ -436,7 +436,7 @@ def test_a_verdict_judged_before_a_registration_renumbered_the_gpus_is_void_and_
     assert state.rejections[-1].code == "void", state.rejections
     assert [g.healthy for g in state.nodes[N0].gpus] == [True] * 7
     c.t.observe(again, T0 + 2)  # the monitor's own fold: the registration, then the refusal
-    c.t.refused(N0, state)
+    c.t.adopt(N0, state)
     (stated,) = c.t.evaluate(T0 + 3)
     assert stated == GpuHealthChanged(node=N0, gpu=1, healthy=False, signal="xid:48", uuid="GPU-node-00-02")
     state = log.event(subjects.node(N0), stated).fold()

@@ -8,14 +8,14 @@ import msgspec
 from nats.aio.client import Client
 
 from corral.events import codec, subjects
-from corral.events.heartbeats import Heartbeat, XidReport
+from corral.events.heartbeats import GpuHealthSample, Heartbeat, XidReport
 from corral.events.jobs import SubmitJob
 from corral.events.log import Append, InMemoryLog
-from corral.events.nodes import GpuHealthChanged, NodeConditionChanged, NodeRegistered
+from corral.events.nodes import GpuHealthChanged, NodeConditionChanged, NodeRegistered, WorkerExited
 from corral.events.queues import CordonNode
 from corral.services.health.decide import HeartbeatTracker
 from corral.services.health.service import HealthMonitor
-from tests.builders import Cluster, LogBuilder, job, spec_of
+from tests.builders import Cluster, LogBuilder, job, on, spec_of
 
 T0 = 1_000.0
 
@@ -149,3 +149,32 @@ async def test_a_verdict_the_fold_voids_after_a_renumbering_registration_is_stat
     await _append(log, lb, monitor)
     failed = [g.info.uuid for g in monitor.state.nodes["node-00"].gpus if not g.healthy]
     assert failed == [bad]
+
+
+async def test_a_gpu_a_worker_died_of_stays_failed_when_a_counter_signal_comes_and_goes() -> None:
+    # The fold failed GPU 2 from the worker's exit (its agent named XID 48 there); the monitor,
+    # which had not seen the XID, took a passing ECC count for the GPU's only fault, and said
+    # it well once the count cleared: the XID's verdict undone without a repair.
+    log, lb, monitor, clock = await _monitor()
+    lb.submit("alice", "j", job("q").gpus(1)).accept("j").admit("j").place(on("node-00", 2, job_id="j"))
+    lb.started("node-00", "j")
+    bad = monitor.state.nodes["node-00"].inventory.gpus[2].uuid
+    died = WorkerExited(
+        node="node-00", job_id="j", attempt=0, rank=0, code=1, xids=(XidReport(2, 48, uuid=bad),)
+    )
+    lb.event(subjects.node("node-00"), died)
+    await _append(log, lb, monitor)
+    assert not monitor.state.nodes["node-00"].gpus[2].healthy
+    inv = monitor.state.nodes["node-00"].inventory
+    for seq, ecc in ((1, 1), (2, 0)):
+        samples = tuple(
+            GpuHealthSample(
+                index=g.index, uuid=g.uuid, nvlinks_active=g.nvlinks, ecc_uncorrected=ecc * (g.index == 2)
+            )
+            for g in inv.gpus
+        )
+        monitor.tracker.record("node-00", clock.t, Heartbeat(node="node-00", seq=seq, gpus=samples))
+        await monitor.cycle()
+        await _append(log, lb, monitor)
+        clock.t += 1.0
+    assert not monitor.state.nodes["node-00"].gpus[2].healthy

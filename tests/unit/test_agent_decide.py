@@ -606,11 +606,18 @@ async def test_the_exit_of_an_earlier_runs_worker_names_its_run_though_it_is_for
             if isinstance(action, Forget):
                 self.known.pop(action.key, None)
 
+        async def leave(self) -> None:  # the agent leaves its workers to the next one
+            self.known.clear()
+
     log = InMemoryLog()
     agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path)
     agent.runtime = Forgets()  # type: ignore[assignment]
     agent.view = node_view(second, N0)
     agent.reports.put_nowait(Exited(K, 143, stopped=True))
     await agent.cycle()
-    [record] = log.records
-    assert codec.decode_body(record.subject, record.data, record.headers).body.run == old  # type: ignore[attr-defined]
+    # The same when the agent leaves: the runtime lets its workers go before the last flush.
+    agent.runtime = Forgets()  # type: ignore[assignment]
+    agent.reports.put_nowait(Exited(K, 1, pid=4242))  # another run of the rank: another fact
+    await agent._shut_down("leave")
+    runs = [codec.decode_body(r.subject, r.data, r.headers).body.run for r in log.records]  # type: ignore[attr-defined]
+    assert runs == [old, old]

@@ -223,8 +223,11 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
         held = job.held
         if held is not None and held.attempt == ev.attempt:
             _ran_here(held, ev, job.id)
+            faulted = _faulted(state, held, ev)
             job.live.discard(ev.rank)
             stop_holding(state, job, ctx)
+            if faulted:  # a gang's second rank dying of its own GPU after the first
+                _fail_gpus(state, ctx, ev, job.id, faulted)
         return
     rank = ev.rank
     live = job.live
@@ -237,7 +240,7 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     # The GPU failed under it, as its agent saw: the GPU's failure, not the job's (the health
     # monitor says so too, a heartbeat later; a restart, or a beneficiary, placed there before
     # that would fail again).
-    faulted = _faulted(state, job, ev) if ev.xids and ev.code != 0 and not ev.stopped else {}
+    faulted = _faulted(state, job.placement, ev)
     adm = job.admission
     if job.phase == "running" and adm is not None and rank >= adm.replicas:
         left(state, job, rank, ctx)
@@ -253,23 +256,27 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
             _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
         _release_if_over(state, job, ctx)
     if faulted:
-        # As the monitor's verdict does: the GPU is failed, the jobs on it interrupted (this one
-        # too, without counting a restart; one leaving it only runs on).
-        node = state.nodes[ev.node]
-        for i, signal in faulted.items():
-            node.gpus[i].healthy, node.gpus[i].signal = False, signal
-        which = ", ".join(f"GPU {i} ({s})" for i, s in sorted(faulted.items()))
-        why = f"{which} of {ev.node} failed: a worker of {job.id} died of it"
-        interrupt_on(state, ctx, ev.node, set(faulted), why, node_gone=False)
+        _fail_gpus(state, ctx, ev, job.id, faulted)
 
 
-def _faulted(state: State, job: JobState, ev: WorkerExited) -> dict[int, str]:
-    """The GPUs of the exited rank on its node that an XID its agent saw says are at fault
-    (``xids.hardware``), by index, with the signal: an XID named by the UUID of one of the rank's
-    GPUs as the node has them (a report about another GPU is not taken from an exit)."""
+def _fail_gpus(state: State, ctx: Ctx, ev: WorkerExited, job_id: str, faulted: dict[int, str]) -> None:
+    """As the monitor's verdict does: the GPUs are failed, the jobs on them interrupted (the one
+    whose worker died of it too, without counting a restart; one only leaving them runs on)."""
+    node = state.nodes[ev.node]
+    for i, signal in faulted.items():
+        node.gpus[i].healthy, node.gpus[i].signal = False, signal
+    which = ", ".join(f"GPU {i} ({s})" for i, s in sorted(faulted.items()))
+    why = f"{which} of {ev.node} failed: a worker of {job_id} died of it"
+    interrupt_on(state, ctx, ev.node, set(faulted), why, node_gone=False)
+
+
+def _faulted(state: State, placement: Placement | None, ev: WorkerExited) -> dict[int, str]:
+    """The GPUs of the exited rank in ``placement`` on its node that an XID its agent saw says
+    are at fault (``xids.hardware``), by index, with the signal: for a failed exit corral did not
+    stop, an XID named by the UUID of one of the rank's GPUs as the node has them (a report
+    about another GPU is not taken from an exit)."""
     node = state.nodes.get(ev.node)
-    placement = job.placement
-    if node is None or placement is None:
+    if not ev.xids or ev.code == 0 or ev.stopped or node is None or placement is None:
         return {}
     mine = {c.gpu for w in placement.workers if w.rank == ev.rank for c in w.gpus}
     out: dict[int, str] = {}

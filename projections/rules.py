@@ -202,5 +202,6 @@ from __future__ import annotations
 # 67: a checkpoint of an attempt over that holds nothing is a straggler and changes nothing,
 #    where it was refused (``fold_nodes._checkpointed``).
 # 68: a failed exit naming a GPU fault fails the GPU whatever the job's phase (checkpointing, or
-#    a rank a shrink took away), as the monitor's verdict would (65 only while it ran).
-RULES = 68
+#    a rank a shrink took away), as the monitor's verdict would (65 only while it ran), and for
+#    a rank of an attempt already over that still holds its GPUs (a gang's second rank).
+RULES = 69

@@ -310,7 +310,7 @@ class NodeAgent:
             worker_user=worker_user,
             narrow_view=narrow_view,
         )
-        self.reports = self.runtime.reports = _Reports()
+        self.reports = self.runtime.reports = _Reports(lambda: self.clock())
         self.publish = publish
         self.shipper = Shipper(node, self.work_dir, output) if output is not None else None
         self.heartbeat_interval = heartbeat_interval
@@ -328,7 +328,6 @@ class NodeAgent:
         # when, for a failed worker's exit to name (``_xids_on``).
         self._xids_unsent: list[XidReport] = []
         self._xids_seen: deque[tuple[float, XidReport]] = deque(maxlen=_XIDS_KEPT)
-        self._started_at: dict[WorkerKey, float] = {}  # by this agent's clock, as reported
         self._halt = asyncio.Event()
         self._ending: Literal["stop", "leave", "crash"] = "stop"
         self._unsent: list[Event] = []
@@ -396,8 +395,10 @@ class NodeAgent:
                     self.heartbeats_sent += 1
                 except Exception as e:  # noqa: BLE001 - a missed heartbeat is the monitor's to judge
                     log.warning("%s: heartbeat not sent: %s", self.node, e)
-                    if beat is not None:  # its XIDs go with the next one
-                        self._xids_unsent[:0] = beat.xids
+                    if beat is not None:  # its XIDs that matter go with the next one
+                        kept = [x for x in beat.xids if xids.xid_action(x.xid) != "ignore"]
+                        self._xids_unsent[:0] = kept
+                        del self._xids_unsent[:-_XIDS_KEPT]  # a long outage: the latest
             await asyncio.sleep(self.heartbeat_interval)
 
     async def _heartbeat(self) -> Heartbeat:
@@ -412,6 +413,8 @@ class NodeAgent:
         now = self.clock()
         for x in self.gpus.take_xids():
             self._xids_unsent.append(x)
+            if len(self._xids_unsent) > 2 * _XIDS_KEPT:
+                del self._xids_unsent[:-_XIDS_KEPT]  # heartbeats off a long while: the latest
             if x.uuid and xids.hardware(x.xid):  # those an exit may name; an application's flood
                 self._xids_seen.append((now, x))  # of XIDs does not push them out
 
@@ -420,9 +423,9 @@ class NodeAgent:
         worker's GPUs since it started, in the last ``XID_WINDOW`` seconds (the fold takes one
         that says the GPU is at fault for the GPU's failure, not the job's)."""
         if isinstance(report, Started):
-            self._started_at[report.key] = self.clock()
+            self.reports.started.setdefault(report.key, self.clock())  # a report not queued
         elif isinstance(report, Exited):
-            started = self._started_at.pop(report.key, -math.inf)  # re-attached: not known
+            started = self.reports.started.pop(report.key, -math.inf)  # re-attached: not known
             if report.code != 0 and not report.stopped:
                 self._take_xids()
                 return report_events(self.node, report, self._xids_on(report.key, started))
@@ -707,11 +710,17 @@ class _Reports(asyncio.Queue[Report]):
     """The runtime's report queue, which also wakes the agent's loop when a report arrives (a
     second reader waiting on the queue itself could take a report out of its order)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
         super().__init__()
         self.arrived = asyncio.Event()
+        self.clock = clock
+        # When each worker's start was reported, by the agent's clock, as it happened: the
+        # agent may take the report later (a slow append), after XIDs the worker saw.
+        self.started: dict[WorkerKey, float] = {}
 
     def put_nowait(self, item: Report) -> None:
+        if isinstance(item, Started):
+            self.started[item.key] = self.clock()
         super().put_nowait(item)
         self.arrived.set()
 

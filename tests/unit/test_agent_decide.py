@@ -565,6 +565,13 @@ async def test_a_failed_exit_names_the_xids_seen_on_its_workers_gpus(tmp_path: P
     agent._events_of(Started(K, 1))
     [later] = agent._events_of(Exited(K, 1))
     assert isinstance(later, WorkerExited) and later.xids == ()
+    # A start the agent takes late (its cycle busy appending) counts from when it was reported.
+    agent.reports.put_nowait(Started(K, 1))
+    agent.gpus.inject_xid(2, 48)
+    agent._take_xids()  # a heartbeat took it meanwhile
+    agent._events_of(agent.reports.get_nowait())
+    [late] = agent._events_of(Exited(K, 1))
+    assert isinstance(late, WorkerExited) and [x.xid for x in late.xids] == [48]
     # Nor does an application's flood of XIDs push the GPU's own out of what is kept.
     agent._events_of(Started(K, 1))
     agent.gpus.inject_xid(2, 48)
@@ -572,6 +579,12 @@ async def test_a_failed_exit_names_the_xids_seen_on_its_workers_gpus(tmp_path: P
         agent.gpus.inject_xid(5, 31)
     [flooded] = agent._events_of(Exited(K, 1))
     assert isinstance(flooded, WorkerExited) and [x.xid for x in flooded.xids] == [48]
+    # What waits for a heartbeat is bounded too (heartbeats off, or failing, a long while): one
+    # carrying every XID of an outage outgrew the server's largest message, and none was sent.
+    for _ in range(5_000):
+        agent.gpus.inject_xid(5, 31)
+    agent._take_xids()
+    assert len(agent._xids_unsent) <= 512
 
 
 async def test_the_exit_of_an_earlier_runs_worker_names_its_run_though_it_is_forgotten_at_once(

@@ -1220,6 +1220,16 @@ def test_a_worker_that_dies_of_its_gpus_fault_is_not_charged_for_it() -> None:
     stopping = ran().submit("bob", "b", job().gpus(8)).accept("b", priority=9).preempt("b", "j1")
     state = fold(stopping.event(subj.node(N0), _exit_with(48)))
     assert not state.nodes[N0].gpus[0].healthy and state.jobs["j1"].phase in ("preempted", "interrupted")
+    # A gang's second rank dying of its own GPU after the first: its GPU is failed too, though
+    # the job was interrupted by the first (its restart was placed on that GPU).
+    gang = queued(spec=job().replicas(2)).admit("j1", replicas=2)
+    gang.place(placement("j1", worker(0, N0, whole(0)), worker(1, N0, whole(1))))
+    gang.started(N0, "j1", rank=0).started(N0, "j1", rank=1).event(subj.node(N0), _exit_with(48))
+    second = WorkerExited(
+        node=N0, job_id="j1", attempt=0, rank=1, code=1, xids=(XidReport(1, 48, uuid=f"GPU-{N0}-01"),)
+    )
+    state = fold(gang.event(subj.node(N0), second))
+    assert [g.healthy for g in state.nodes[N0].gpus[:2]] == [False, False] and state.jobs["j1"].held is None
     # An XID of a GPU the worker did not run on says nothing of its exit.
     other = _exit_with(48, uuid=f"GPU-{N0}-03")
     state = fold(ran().event(subj.node(N0), other))

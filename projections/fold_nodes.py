@@ -275,8 +275,10 @@ def _faulted(state: State, placement: Placement | None, ev: WorkerExited) -> dic
     are at fault (``xids.hardware``), by index, with the signal: for a failed exit corral did not
     stop, an XID named by the UUID of one of the rank's GPUs as the node has them (a report
     about another GPU is not taken from an exit)."""
+    if not ev.xids or ev.code == 0 or ev.stopped:  # every exit asks: the common answer first
+        return {}
     node = state.nodes.get(ev.node)
-    if not ev.xids or ev.code == 0 or ev.stopped or node is None or placement is None:
+    if node is None or placement is None:
         return {}
     mine = {c.gpu for w in placement.workers if w.rank == ev.rank for c in w.gpus}
     out: dict[int, str] = {}

@@ -554,17 +554,20 @@ class NodeAgent:
         """The runtime's reports, in order, as node events to append, each naming its job's run
         now, while the runtime still knows the worker (``decide`` may have it forgotten next)."""
         while not self.reports.empty():
-            for body in self._events_of(self.reports.get_nowait()):
-                run = self._run_of(body)
-                if run and isinstance(body, (WorkerStarted, WorkerExited, CheckpointCompleted)):
-                    body = msgspec.structs.replace(body, run=run)  # refused for a later job of the id
-                self._unsent.append(body)
+            self._unsent.extend(self._stamped(b) for b in self._events_of(self.reports.get_nowait()))
+
+    def _stamped(self, body: Event) -> Event:
+        """``body``, a worker's report, naming its job's run (``_run_of``): the fold refuses it
+        for a later job of the id."""
+        if isinstance(body, (WorkerStarted, WorkerExited, CheckpointCompleted)) and not body.run:
+            run = self._run_of(body)
+            if run:
+                return msgspec.structs.replace(body, run=run)
+        return body
 
     def _append(self, body: Event, now: float) -> Append:
-        run = getattr(body, "run", 0) or self._run_of(body)
-        if run and isinstance(body, (WorkerStarted, WorkerExited, CheckpointCompleted)) and not body.run:
-            body = msgspec.structs.replace(body, run=run)
-        mid = msg_id(body, run)
+        body = self._stamped(body)
+        mid = msg_id(body, getattr(body, "run", 0))
         traceparent = self._traceparent(body)
         env = codec.seal(
             body, event_id=mid, time=now, producer=self.producer, traceparent=traceparent, rules=RULES

@@ -36,6 +36,7 @@ from corral.projections.lifecycle import (
 )
 from corral.projections.state import (
     MAX_REJECTIONS,
+    MAX_REJECTIONS_PER_TENANT,
     Rejection,
     State,
 )
@@ -218,9 +219,33 @@ def _reject(
     if job_id and not subjects.is_token(job_id):
         job_id = ""  # not a name any job can have: nobody's job to be shown it
     voided = tuple((j, why if len(why) <= MAX_MESSAGE else why[: MAX_MESSAGE - 1] + "…") for j, why in voided)
-    state.rejections.append(Rejection(seq, subject, code, message, job_id, voided))
-    if len(state.rejections) > MAX_REJECTIONS:
-        del state.rejections[: len(state.rejections) - MAX_REJECTIONS]
+    kept = state.rejections
+    kept.append(Rejection(seq, subject, code, message, job_id, voided))
+    # A tenant's flood of bad requests pushes out its own refusals, not the others': each keeps
+    # at most ``MAX_REJECTIONS_PER_TENANT`` of the kept ones (the services' records, which no
+    # tenant may write, share the rest).
+    who = requester(subject)
+    if who and len(kept) > MAX_REJECTIONS_PER_TENANT:
+        mine = [i for i, r in enumerate(kept) if requester(r.subject) == who]
+        if len(mine) > MAX_REJECTIONS_PER_TENANT:
+            _forget_rejection(state, mine[0])
+    while len(kept) > MAX_REJECTIONS:
+        _forget_rejection(state, 0)
+
+
+def requester(subject: str) -> str:
+    """The tenant a record's subject names as making a request; "" for a service's record."""
+    return subject.split(".", 3)[2] if subject.startswith(_REQUESTS) and subject.count(".") >= 3 else ""
+
+
+_REQUESTS = subjects.IN + "."
+
+
+def _forget_rejection(state: State, i: int) -> None:
+    gone = state.rejections.pop(i)
+    lost = state.rejections_lost
+    who = requester(gone.subject)
+    lost[who] = max(lost.get(who, 0), gone.seq)
 
 
 HANDLERS: dict[type[Event], Handler] = {

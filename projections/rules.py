@@ -204,4 +204,6 @@ from __future__ import annotations
 # 68: a failed exit naming a GPU fault fails the GPU whatever the job's phase (checkpointing, or
 #    a rank a shrink took away), as the monitor's verdict would (65 only while it ran), and for
 #    a rank of an attempt already over that still holds its GPUs (a gang's second rank).
-RULES = 69
+# 70: of the rejections kept, one tenant's requests have at most ``MAX_REJECTIONS_PER_TENANT``
+#    (``fold._reject``; ``State.rejections_lost``): a tenant's flood no longer erases others'.
+RULES = 70

@@ -199,6 +199,9 @@ class State(msgspec.Struct, gc=False):
     cohorts: dict[str, CohortSpec] = {}
     priority_classes: dict[str, PriorityClassSpec] = {}
     rejections: list[Rejection] = []  # newest last, the most recent MAX_REJECTIONS only
+    # Per requesting tenant ("": the services), the position of the newest of its rejections no
+    # longer kept: a verdict on its request at or before it may have been let go.
+    rejections_lost: dict[str, int] = {}
     rejected_total: int = 0
     void_total: int = 0
     faults: int = 0  # internal errors caught by the fold; non-zero means a corral bug
@@ -253,3 +256,4 @@ class State(msgspec.Struct, gc=False):
 
 
 MAX_REJECTIONS = 1000
+MAX_REJECTIONS_PER_TENANT = 250  # of those, the most of one tenant's requests

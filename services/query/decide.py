@@ -179,11 +179,10 @@ def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> 
     or a submit admission has not judged)."""
     if state.seq < ask.after or ask.after <= 0:
         return None
-    kept = state.rejections
-    # The state keeps the newest rejections only: once the oldest kept is past the request, a
-    # refusal of it may have been let go (others' floods of bad requests push it out), and
-    # "applied" would be a guess.
-    forgotten = state.rejected_total > len(kept) and (not kept or kept[0].seq > ask.after)
+    # The state keeps the newest rejections only, and of each tenant's its newest: once one of
+    # the asker's at or past the request was let go (its own flood of bad requests pushes them
+    # out, others' do not), a refusal of it may have been, and "applied" would be a guess.
+    forgotten = state.rejections_lost.get(asker, 0) >= ask.after
     unknown = {
         "seq": state.seq,
         "verdict": "unknown",

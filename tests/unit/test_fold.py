@@ -47,7 +47,7 @@ from corral.events.queues import (
 )
 from corral.projections import indexes
 from corral.projections.fold import apply, apply_event
-from corral.projections.state import MAX_REJECTIONS, GpuState, Rejection, State
+from corral.projections.state import MAX_REJECTIONS, MAX_REJECTIONS_PER_TENANT, GpuState, Rejection, State
 from corral.services.admission import decide as admission
 from corral.services.agent.inventory import h100_8x_mig
 from tests.builders import (
@@ -1815,6 +1815,18 @@ def test_rejections_are_counted_all_but_kept_only_the_most_recent() -> None:
     state = fold(log)
     assert state.rejected_total == MAX_REJECTIONS + 5 and len(state.rejections) == MAX_REJECTIONS
     assert state.rejections[0].seq == 6 and state.rejections[-1].seq == MAX_REJECTIONS + 5
+
+
+def test_a_tenants_flood_of_bad_requests_pushes_out_only_its_own_refusals() -> None:
+    # Mallory's 1,001 cancels of no job erased alice's refusals from the state: her cancel's
+    # verdict read "unknown", and her `rejections` were empty.
+    log = LogBuilder().request("alice", "cancel", {"job_id": "nope"})
+    for _ in range(MAX_REJECTIONS + 1):
+        log.request("mallory", "cancel", {"job_id": "nope"})
+    state = fold(log)
+    kept = [r.subject.split(".")[2] for r in state.rejections]
+    assert kept.count("alice") == 1 and kept.count("mallory") == MAX_REJECTIONS_PER_TENANT
+    assert state.rejections_lost == {"mallory": state.seq - MAX_REJECTIONS_PER_TENANT}
 
 
 def test_stream_time_never_goes_backwards() -> None:

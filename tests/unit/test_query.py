@@ -306,7 +306,8 @@ def test_verdict(asker: str, verb: str, job_id: str, stored_as: str, want: tuple
 
 def test_a_refusal_pushed_out_by_others_is_not_read_as_applied() -> None:
     # The state keeps the newest refusals only: b's flood of cancels of no job pushed a's out,
-    # and a's cancel of no job read "applied". Now what is no longer known is said so.
+    # and a's cancel of no job read "applied", then "unknown". Now a tenant's flood pushes out
+    # its own refusals only: what is no longer known of b's is said so, a's stay known.
     from corral.projections.state import MAX_REJECTIONS
 
     log, at = verdict_log()
@@ -318,11 +319,12 @@ def test_a_refusal_pushed_out_by_others_is_not_read_as_applied() -> None:
         view.state, view.history, "b", "verdict", Ask("ja", at["b takes ja's id"], verb="submit"), view
     )
     assert got["verdict"] == "unknown", got
-    # The view knows every cancel the fold took: one it did not take was refused, why is gone.
     got = answer(
         view.state, view.history, "a", "verdict", Ask("nosuch", at["cancel nosuch"], verb="cancel"), view
     )
-    assert got["verdict"] == "refused" and "no longer kept" in got["reason"], got
+    assert (got["verdict"], got["reason"]) == ("refused", "no such job nosuch"), got
+    rows = answer(view.state, view.history, "a", "rejections", Ask(), view)["rejections"]
+    assert at["cancel nosuch"] in [r["seq"] for r in rows]
     got = answer(view.state, view.history, "a", "verdict", Ask("ja", at["submit ja"], verb="submit"), view)
     assert got["verdict"] == "accepted"  # a submit that made its job is known by the job
 

@@ -13,7 +13,7 @@ from corral.events import subjects
 from corral.events.jobs import CancelJob
 from corral.projections.fold import fold_refusals
 from corral.projections.index import job_events
-from corral.projections.state import MAX_REJECTIONS, State
+from corral.projections.state import MAX_REJECTIONS, MAX_REJECTIONS_PER_TENANT, State
 from tests.builders import Cluster, LogBuilder, job, on
 
 
@@ -41,5 +41,5 @@ def test_every_verdict_of_a_batch_is_known_however_many() -> None:
         lb.request("alice", "cancel", CancelJob(job_id=f"nobody-{i}"))
     state = State()
     refusals = fold_refusals(state, lb.records)
-    assert len(refusals) == n and len(state.rejections) == MAX_REJECTIONS
+    assert len(refusals) == n and len(state.rejections) == MAX_REJECTIONS_PER_TENANT  # alice's
     assert refusals[lb.records[-n].seq].subject == subjects.request("alice", "cancel")

@@ -234,8 +234,13 @@ def _reject(
 
 
 def requester(subject: str) -> str:
-    """The tenant a record's subject names as making a request; "" for a service's record."""
-    return subject.split(".", 3)[2] if subject.startswith(_REQUESTS) and subject.count(".") >= 3 else ""
+    """Whose request a record is, by its subject's tenant token, for the bound on refusals kept;
+    "" for a service's record. Not ``subjects.parse_request``: a tenant may publish any subject
+    under its own (``corral.in.T.a.b``, ``corral.in.T``), malformed but still its own, and one
+    with no tenant token is nobody's request either ("." never names a tenant)."""
+    if not subject.startswith(_REQUESTS):
+        return ""
+    return subject[len(_REQUESTS) :].split(".", 1)[0] or "."
 
 
 _REQUESTS = subjects.IN + "."

@@ -48,7 +48,7 @@ from corral.events.queues import DEFAULT_PREEMPTION, FairSharingStrategy, Preemp
 from corral.projections import gpu_time, indexes, quota, thrash
 from corral.projections.lifecycle import Phase
 from corral.projections.quota import Ledger
-from corral.projections.shape import kind
+from corral.projections.shape import gpu_less
 from corral.projections.state import WHOLE, JobState, State
 
 
@@ -64,7 +64,7 @@ def rides(job: JobState) -> bool:
     every node's CPUs and leave every GPU idle. Such a job must be one that may be preempted
     (admission's ``validate``), and its class's cap on preemptions does not protect it
     (``thrash.capped``)."""
-    return kind(job.spec.resources) == "cpu"
+    return gpu_less(job.spec.resources)
 
 
 def protected(state: State, job: JobState, now: float) -> str | None:

@@ -206,4 +206,5 @@ from __future__ import annotations
 #    a rank of an attempt already over that still holds its GPUs (a gang's second rank).
 # 70: of the rejections kept, one tenant's requests have at most ``MAX_REJECTIONS_PER_TENANT``
 #    (``fold._reject``; ``State.rejections_lost``): a tenant's flood no longer erases others'.
-RULES = 70
+# 71: ... its subjects the fold cannot read as requests (``corral.in.T.a.b``) count as its own.
+RULES = 71

@@ -48,6 +48,12 @@ def kind(res: Resources) -> ShapeKind:
     return kind_of(res.gpus, res.gpu_milli, res.mig)
 
 
+def gpu_less(res: Resources) -> bool:
+    """Whether a worker of ``res`` asks for no GPU: such a job holds no quota and rides on the
+    GPU work's CPU and memory (``preemption.rides``, ``thrash.capped``)."""
+    return kind(res) == "cpu"
+
+
 @dataclass(frozen=True, slots=True)
 class Shape:
     """What one worker holds, read once from ``Resources``."""

@@ -25,7 +25,7 @@ import math
 
 from corral.events.base import Reason
 from corral.events.queues import PriorityClassSpec
-from corral.projections.shape import kind
+from corral.projections.shape import gpu_less
 from corral.projections.state import JobState
 
 HOUR = 3600.0
@@ -53,7 +53,7 @@ def capped(job: JobState, pc: PriorityClassSpec | None) -> bool:
         pc is not None
         and pc.max_preemptions is not None
         and job.preemptions >= pc.max_preemptions
-        and kind(job.spec.resources) != "cpu"
+        and not gpu_less(job.spec.resources)
     )
 
 

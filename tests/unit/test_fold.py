@@ -1827,6 +1827,12 @@ def test_a_tenants_flood_of_bad_requests_pushes_out_only_its_own_refusals() -> N
     kept = [r.subject.split(".")[2] for r in state.rejections]
     assert kept.count("alice") == 1 and kept.count("mallory") == MAX_REJECTIONS_PER_TENANT
     assert state.rejections_lost == {"mallory": state.seq - MAX_REJECTIONS_PER_TENANT}
+    # Nor on subjects of hers the fold cannot read as a request: they are hers all the same.
+    log = LogBuilder().request("alice", "cancel", {"job_id": "nope"})
+    for i in range(2 * MAX_REJECTIONS):
+        log.raw("corral.in.mallory" if i % 2 else f"corral.in.mallory.cancel.{i}", b"{}")
+    kept = [r.subject for r in fold(log).rejections]
+    assert kept.count("corral.in.alice.cancel") == 1, kept[:3]
 
 
 def test_stream_time_never_goes_backwards() -> None:

@@ -248,9 +248,11 @@ class _GpusInUse:
     on GPUs it uses: whole, a share past the GPU's, or MIG memory slices it holds."""
 
     def __init__(self, view: NodeView, busy: Mapping[WorkerKey, tuple[GpuBinding, ...]]) -> None:
-        self.busy = busy
-        models = {g.uuid: g.model for g in view.inventory.gpus} if view.inventory is not None else {}
-        self.models = models
+        self.on: dict[str, list[tuple[WorkerKey, GpuBinding]]] = {}  # GPU UUID -> its live users
+        for key, gpus in busy.items():
+            for g in gpus:
+                self.on.setdefault(g.uuid, []).append((key, g))
+        self.models = {g.uuid: g.model for g in view.inventory.gpus} if view.inventory is not None else {}
 
     def _slices(self, uuid: str, slot: MigSlot) -> int:
         p = mig.profile(self.models.get(uuid, ""), slot.profile)
@@ -258,24 +260,20 @@ class _GpusInUse:
 
     def taken(self, ranks: list[AssignedRank], mine: set[WorkerKey]) -> bool:
         """Whether a GPU ``ranks`` ask for is used by a live worker other than ``mine``."""
-        shares: dict[str, int] = {}
-        slices: dict[str, int] = {}
-        for key, gpus in self.busy.items():
-            if key in mine:
-                continue
-            for g in gpus:
-                if g.mig is not None:
-                    slices[g.uuid] = slices.get(g.uuid, 0) | self._slices(g.uuid, g.mig)
-                else:
-                    shares[g.uuid] = shares.get(g.uuid, 0) + g.milli
-        if not shares and not slices:
-            return False
         for r in ranks:
             for g in r.gpus:
+                others = [b for key, b in self.on.get(g.uuid, ()) if key not in mine]
+                if not others:
+                    continue
                 if g.mig is not None:
-                    if g.uuid in shares or slices.get(g.uuid, 0) & self._slices(g.uuid, g.mig):
+                    if any(b.mig is None for b in others):
+                        return True  # the GPU is whole or shared, not in MIG, under another
+                    held = 0
+                    for b in others:
+                        held |= self._slices(g.uuid, b.mig) if b.mig is not None else 0
+                    if held & self._slices(g.uuid, g.mig):
                         return True
-                elif g.uuid in slices or shares.get(g.uuid, 0) + g.milli > WHOLE:
+                elif any(b.mig is not None for b in others) or sum(b.milli for b in others) + g.milli > WHOLE:
                     return True
         return False
 

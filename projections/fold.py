@@ -225,10 +225,11 @@ def _reject(
     # at most ``MAX_REJECTIONS_PER_TENANT`` of the kept ones (the services' records, which no
     # tenant may write, share the rest).
     who = requester(subject)
-    if who and len(kept) > MAX_REJECTIONS_PER_TENANT:
-        mine = [i for i, r in enumerate(kept) if requester(r.subject) == who]
-        if len(mine) > MAX_REJECTIONS_PER_TENANT:
-            _forget_rejection(state, mine[0])
+    counts = state.rejections_kept
+    counts[who] = counts.get(who, 0) + 1
+    if who and counts[who] > MAX_REJECTIONS_PER_TENANT:
+        # Its oldest (kept ones are in log order): near the front while it floods.
+        _forget_rejection(state, next(i for i, r in enumerate(kept) if requester(r.subject) == who))
     while len(kept) > MAX_REJECTIONS:
         _forget_rejection(state, 0)
 
@@ -248,9 +249,12 @@ _REQUESTS = subjects.IN + "."
 
 def _forget_rejection(state: State, i: int) -> None:
     gone = state.rejections.pop(i)
-    lost = state.rejections_lost
     who = requester(gone.subject)
+    lost, counts = state.rejections_lost, state.rejections_kept
     lost[who] = max(lost.get(who, 0), gone.seq)
+    counts[who] -= 1
+    if not counts[who]:
+        del counts[who]
 
 
 HANDLERS: dict[type[Event], Handler] = {

@@ -207,4 +207,5 @@ from __future__ import annotations
 # 70: of the rejections kept, one tenant's requests have at most ``MAX_REJECTIONS_PER_TENANT``
 #    (``fold._reject``; ``State.rejections_lost``): a tenant's flood no longer erases others'.
 # 71: ... its subjects the fold cannot read as requests (``corral.in.T.a.b``) count as its own.
-RULES = 71
+# 72: the State counts each tenant's kept rejections (``State.rejections_kept``).
+RULES = 72

@@ -202,6 +202,7 @@ class State(msgspec.Struct, gc=False):
     # Per requesting tenant ("": the services), the position of the newest of its rejections no
     # longer kept: a verdict on its request at or before it may have been let go.
     rejections_lost: dict[str, int] = {}
+    rejections_kept: dict[str, int] = {}  # per requesting tenant, how many of ``rejections``
     rejected_total: int = 0
     void_total: int = 0
     faults: int = 0  # internal errors caught by the fold; non-zero means a corral bug

@@ -808,7 +808,16 @@ def test_admissions_keep_every_queue_within_quota_and_win_exactly_when_they_fit(
 # -- a refusal changes nothing --------------------------------------------------------------------
 
 # What a refusal itself writes: the log position and the rejection books.
-_BOOKS = ("seq", "time", "rejections", "rejected_total", "void_total", "faults")
+_BOOKS = (
+    "seq",
+    "time",
+    "rejections",
+    "rejections_lost",
+    "rejections_kept",
+    "rejected_total",
+    "void_total",
+    "faults",
+)
 
 
 def _without_books(state: State) -> dict[str, Any]:

@@ -7,6 +7,7 @@ is a corral bug even when the visible outcome looks right.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,7 +47,7 @@ from corral.events.queues import (
     Quota,
 )
 from corral.projections import indexes
-from corral.projections.fold import apply, apply_event
+from corral.projections.fold import apply, apply_event, requester
 from corral.projections.state import MAX_REJECTIONS, MAX_REJECTIONS_PER_TENANT, GpuState, Rejection, State
 from corral.services.admission import decide as admission
 from corral.services.agent.inventory import h100_8x_mig
@@ -1831,8 +1832,10 @@ def test_a_tenants_flood_of_bad_requests_pushes_out_only_its_own_refusals() -> N
     log = LogBuilder().request("alice", "cancel", {"job_id": "nope"})
     for i in range(2 * MAX_REJECTIONS):
         log.raw("corral.in.mallory" if i % 2 else f"corral.in.mallory.cancel.{i}", b"{}")
-    kept = [r.subject for r in fold(log).rejections]
+    state = fold(log)
+    kept = [r.subject for r in state.rejections]
     assert kept.count("corral.in.alice.cancel") == 1, kept[:3]
+    assert state.rejections_kept == Counter(requester(s) for s in kept)
 
 
 def test_stream_time_never_goes_backwards() -> None:

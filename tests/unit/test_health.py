@@ -423,6 +423,17 @@ def test_an_xid_on_a_gpu_of_a_registration_not_folded_yet_is_marked_once_it_is()
     assert said == [GpuHealthChanged(node=N0, gpu=8, healthy=False, signal="xid:48", uuid="GPU-node-00-new")]
 
 
+def test_xids_an_agent_names_for_gpus_it_never_registered_are_kept_a_bounded_few() -> None:
+    # A careless or hostile agent naming GPUs by UUIDs it never registers: each is kept for a
+    # registration to come, at most ``_EARLY`` a node, and fails nothing meanwhile.
+    from corral.services.health.decide import _EARLY
+
+    c = Clock(nodes=1)
+    made_up = tuple(XidReport(gpu=9, xid=48, uuid=f"GPU-made-up-{i}") for i in range(10 * _EARLY))
+    c.beat(T0, xids=made_up)
+    assert c.t.evaluate(T0 + 1) == [] and len(c.t._nodes[N0].early) == _EARLY
+
+
 def test_a_verdict_judged_before_a_registration_renumbered_the_gpus_is_void_and_stated_again() -> None:
     # The monitor judged GPU 2 of the layout it knew; the agent registered again without GPU 0
     # before the verdict was appended: by index it failed the GPU now at 2, a healthy one, and

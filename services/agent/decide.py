@@ -32,8 +32,8 @@ placeholder the runtime replaces by the MIG instance's own ``MIG-…`` UUID once
 (``CORRAL_JOB_ID``, ``CORRAL_ATTEMPT``, ``CORRAL_CHECKPOINT_DIR``, ``CORRAL_RESUME_FROM``) win over
 the job's environment of the same name. ``TRACEPARENT`` names the worker's run in its job's trace,
 so the job's own spans join it; ``OTEL_SERVICE_NAME`` (``corral-job`` unless the job names itself)
-and ``OTEL_RESOURCE_ATTRIBUTES`` (job, attempt, rank) go with it, and the agent passes on its own
-``OTEL_EXPORTER_OTLP_*`` settings (``workers.py``).
+and ``OTEL_RESOURCE_ATTRIBUTES`` (job, attempt, rank) go with it, and the agent passes on where its own
+``OTEL_EXPORTER_OTLP_*`` settings send spans, not its credentials (``workers.py``).
 """
 
 from __future__ import annotations

@@ -92,6 +92,22 @@ from corral.services.agent.worker import Worker, kill, log, log_path_before_runs
 
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
 _OTLP = "OTEL_EXPORTER_OTLP_"  # where the agent sends spans, a job's own spans go too
+# Which of the agent's OTLP settings a worker gets: where and how to send, never the credentials
+# (``HEADERS`` carries the collector's tokens, ``CLIENT_KEY`` / ``CLIENT_CERTIFICATE`` its
+# identity), which any job on the node could read from its environment and send as the agent.
+_OTLP_PASSED = ("ENDPOINT", "PROTOCOL", "TIMEOUT", "COMPRESSION", "INSECURE", "CERTIFICATE")
+
+
+def _passed_on(name: str) -> bool:
+    """Whether the agent's variable ``name`` goes into every worker's environment."""
+    if name in _INHERITED:
+        return True
+    if not name.startswith(_OTLP):
+        return False
+    rest = name[len(_OTLP) :]
+    for kind in ("TRACES_", "METRICS_", "LOGS_"):
+        rest = rest.removeprefix(kind)
+    return rest in _OTLP_PASSED
 
 
 def restart_backoff(restarts: int, base: float = 2.0, cap: float = 300.0) -> float:
@@ -139,7 +155,7 @@ class Runtime(Launching):
         self._prepare = prepare
         self._workers: dict[WorkerKey, Worker] = {}
         if base_env is None:
-            base_env = {k: v for k, v in os.environ.items() if k in _INHERITED or k.startswith(_OTLP)}
+            base_env = {k: v for k, v in os.environ.items() if _passed_on(k)}
             base_env = {"PYTHONUNBUFFERED": "1", **base_env}  # logs readable while it runs
         self._base_env = dict(base_env)
         self._mig: dict[tuple[str, int], str] = {}

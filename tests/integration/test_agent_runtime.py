@@ -195,6 +195,40 @@ async def test_workers_get_the_rendezvous_environment_and_their_logs_are_kept(
     assert log.fold().jobs["g"].phase == "succeeded"
 
 
+_AGENT_OTLP = {
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector.example:4318",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/corral/collector-ca.pem",
+    "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer agent-secret",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=agent-secret",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY": "/etc/corral/agent.key",
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE": "/etc/corral/agent.crt",
+}
+
+
+async def test_a_worker_is_told_where_spans_go_but_not_the_agents_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job can send its spans where the agent sends its own; the collector's tokens and the
+    agent's client key stay the agent's: any job on the node could read its environment."""
+    for name, value in _AGENT_OTLP.items():
+        monkeypatch.setenv(name, value)
+    rt = Runtime(tmp_path / "agent", sandbox="none", poll_interval=0.02)
+    dump = "import json, os\nprint(json.dumps({k: v for k, v in os.environ.items() if 'OTLP' in k}))"
+    try:
+        s = spec_for(tmp_path, "o", [PY, "-c", dump])
+        assert (await rt.start_gang([s], timeout=WAIT)).failed is None
+        await until(rt, exit_of(s.key))
+        seen = json.loads(rt.log_of(s.key).read_text().splitlines()[0])
+    finally:
+        await rt.close(grace=2.0)
+    assert seen == {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector.example:4318",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/corral/collector-ca.pem",
+    }
+
+
 async def test_an_agent_ships_an_ended_workers_file_whole_before_it_reports_its_exit(tmp_path: Path) -> None:
     """The file the runtime knows the worker wrote (its job's run's) is shipped whole, its
     unfinished last line too, on its run's subject, before the exit is appended: whoever waited

@@ -16,7 +16,9 @@ it waits name no other tenant's job (``projections/visibility.py``). ``answer`` 
 forecast role sends the asker (``corral whatif`` prints it with ``text``), plain data with
 nothing else of other tenants in it. A question that names no id is asked under one no job
 holds (``free_id``): under a fixed one, a tenant owning a job of that id would have every other
-tenant's what-if answered "not accepted: the id is taken".
+tenant's what-if answered "not accepted: the id is taken". One that names another tenant's id is
+asked the same way: the answer is of the job, and says nothing of whether some other tenant holds
+that id (a submission under it is refused, and the refusal is in the log).
 """
 
 from __future__ import annotations
@@ -214,8 +216,11 @@ def answer(
     state: State, tenant: str, job_id: str, spec: JobSpec, now: float, errors: eta.Errors | None = None
 ) -> dict[str, Any]:
     """What the asker is told, as plain data: ``text`` turns it into what ``corral whatif`` prints.
-    ``job_id`` "": the question names none (``free_id``). It simulates ``BUDGET_S`` at most."""
-    job_id = job_id or free_id(state)
+    ``job_id`` "", or one another tenant holds: asked under one no job holds (``free_id``). It
+    simulates ``BUDGET_S`` at most."""
+    held = state.jobs.get(job_id)
+    if not job_id or (held is not None and held.tenant != tenant):
+        job_id = free_id(state)
     deadline = time.perf_counter() + BUDGET_S
     o = whatif(state, tenant, job_id, spec, now, errors=errors, deadline=deadline)
     told: dict[str, Any] = {"seq": state.seq, "now": o.now, "accepted": o.accepted}

@@ -71,8 +71,22 @@ def test_a_question_naming_no_id_is_asked_under_one_no_job_holds() -> None:
     assert state.jobs["whatif"].tenant == "mallory"
     told = whatif.answer(state, "t", "", spec(2), 10.0)
     assert told["accepted"] and told["starts_now"], told
-    assert not whatif.answer(state, "t", "whatif", spec(2), 10.0)["accepted"]  # one it names is its own
     assert whatif.free_id(state) not in state.jobs
+
+
+def test_a_whatif_says_nothing_of_whether_another_tenant_holds_an_id() -> None:
+    # Told "job id X is taken", a tenant could probe, unrecorded, for the ids others use.
+    setup = [ApplyQueue(queue=QueueSpec("q", quotas={"*": Quota(nominal=8)}))]
+    held = [
+        SimJob("train-7", "mallory", spec(1, estimate=1e6), 0.0, 1e6),
+        SimJob("mine", "t", spec(1), 0.0, 100),
+    ]
+    state = Simulation(inventory.cluster(1, "h100-8x"), setup, held).run(until=0.0).state
+    told = whatif.answer(state, "t", "train-7", spec(2), 10.0)
+    assert told == whatif.answer(state, "t", "no-one-has-this", spec(2), 10.0)
+    assert told["accepted"] and told["starts_now"], told
+    own = whatif.answer(state, "t", "mine", spec(2), 10.0)  # its own id: it knows it has it
+    assert not own["accepted"] and "already submitted" in own["reason"]
 
 
 def test_a_whatif_simulates_no_longer_than_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,10 +17,12 @@ Invariants:
   placement starts nothing.
 - A view lags the log; ``decide`` is written for that: a worker whose exit the view does not show
   yet is kept (as exited) until it does, so nothing is started twice.
-- Reports are appended in the order the runtime made them, pipelined, each with a deterministic
-  message id (``started:<job>:<attempt>:<rank>``, ``exited:…``, ``checkpoint:<job>:<attempt>:<step>``):
-  an append retried after a lost acknowledgement is stored once. Reports whose append failed are
-  kept, in order, and sent again on the next cycle.
+- Reports are appended in the order the runtime made them, each once the one before it is
+  stored, with a deterministic message id (``started:<job>:<attempt>:<rank>``, ``exited:…``,
+  ``checkpoint:<job>:<attempt>:<step>``): an append retried after a lost acknowledgement is
+  stored once. One whose append failed is kept with every report after it, in order, and they
+  are sent again on the next cycle: pipelined, a later report could be stored while an earlier
+  one failed, and a checkpoint retried after its worker's exit was lost.
 - A gang whose job has restarted before starts only after its restart backoff (counted from its
   placement); a gang whose ranks on other nodes do not all start within ``gang_timeout`` is
   stopped here, so the fold restarts it whole.
@@ -514,8 +516,9 @@ class NodeAgent:
                 await self.runtime.stop(key, STOP_GRACE)
 
     async def flush(self, now: float | None = None) -> int:
-        """Append the runtime's reports as node events, in order; keep the ones that failed.
-        This is the queue's only reader, so reports keep the order the runtime made them in."""
+        """Append the runtime's reports as node events, in order, each once the one before it is
+        stored; keep the first that failed and all after it. This is the queue's only reader, so
+        reports keep the order the runtime made them in. Returns how many were appended."""
         self._take_reports()
         if not self._unsent:
             return 0
@@ -535,20 +538,28 @@ class NodeAgent:
             ]
             if ended:
                 await self.shipper.drain(ended)
-        results = await self.log.append_many([self._append(b, now) for b in bodies])
         appended = getattr(self.runtime, "appended", None)
-        for body, result in zip(bodies, results, strict=True):
-            if isinstance(result, LogError):
-                log.warning("%s: append of %s failed, will retry: %s", self.node, msg_id(body), result)
-                self._unsent.append(body)
-                continue
+        for done, body in enumerate(bodies):
+            try:
+                await self.log.append(self._append(body, now))
+            except LogError as e:
+                log.warning(
+                    "%s: append of %s failed; it and the %d reports after it will be sent again, in "
+                    "order: %s",
+                    self.node,
+                    msg_id(body),
+                    len(bodies) - done - 1,
+                    e,
+                )
+                self._unsent[:0] = bodies[done:]
+                return done
             self.spans.reported(body, time.time())
             if appended is not None and isinstance(body, (WorkerStarted, WorkerExited)):
                 # The next agent must not report it again (after the stream's duplicate window
                 # the fold would refuse a second exit).
                 key = WorkerKey(body.job_id, body.attempt, body.rank)
                 appended(key, "start" if isinstance(body, WorkerStarted) else "exit")
-        return len(bodies) - len(self._unsent)
+        return len(bodies)
 
     def _take_reports(self) -> None:
         """The runtime's reports, in order, as node events to append, each naming its job's run

@@ -17,7 +17,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,10 @@ import msgspec
 import pytest
 
 from corral.events import subjects as subj
+from corral.events.codec import decode_record
 from corral.events.jobs import JobSpec, Mount
-from corral.events.log import InMemoryLog
+from corral.events.log import Ack, Append, InMemoryLog, LogError
+from corral.events.nodes import WorkerExited, WorkerStarted
 from corral.projections.assignments import node_view
 from corral.projections.state import State
 from corral.services.agent.decide import (
@@ -249,6 +251,45 @@ async def test_an_agent_ships_an_ended_workers_file_whole_before_it_reports_its_
         await agent.runtime.close(grace=2.0)
 
 
+class _FailsOnce(InMemoryLog):
+    """A log whose first append of a worker's start fails (a timeout, a leader change)."""
+
+    failed = False
+
+    async def append(self, item: Append) -> Ack:
+        if not self.failed and item.msg_id is not None and item.msg_id.startswith("started:"):
+            self.failed = True
+            raise LogError("timed out waiting for an acknowledgement")
+        return await super().append(item)
+
+    async def append_many(self, items: Sequence[Append]) -> list[Ack | LogError]:
+        return [await self._one(item) for item in items]
+
+    async def _one(self, item: Append) -> Ack | LogError:
+        try:
+            return await self.append(item)
+        except LogError as e:
+            return e
+
+
+async def test_reports_are_stored_in_the_order_they_were_made_when_one_append_fails(tmp_path: Path) -> None:
+    """A report whose append failed was sent again after the ones behind it were stored: an exit
+    before its start, a checkpoint after its worker's exit (lost, the attempt holding nothing)."""
+    log = _FailsOnce()
+    agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path / "agent", sandbox="none")
+    s = spec_for(tmp_path, "o", [PY, "-c", "pass"], run=3)
+    try:
+        assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
+        assert await agent.runtime.wait_exited(s.key, WAIT) == 0
+        assert await agent.flush() == 0 and log.failed  # the start failed: nothing after it is sent
+        assert await agent.flush() == 2
+    finally:
+        await agent.runtime.close(grace=2.0)
+    stored = [decode_record(r.subject, r.data)[0] async for batch in log.read() for r in batch]
+    assert [type(b) for b in stored] == [WorkerStarted, WorkerExited]
+
+
+# -- exit codes and stops --------------------------------------------------------------------------
 # -- exit codes and stops --------------------------------------------------------------------------
 
 

@@ -35,6 +35,9 @@ class GpuHealthSample(msgspec.Struct, frozen=True, omit_defaults=True):
     temperature_c: Int | None = None
     power_w: float | None = None
     clock_event_reasons: Int = 0  # NVML clocks event reasons bit mask (thermal, power, …)
+    # A process the agent sent SIGKILL a while ago (``UNKILLABLE_S``) still holds it: in
+    # uninterruptible sleep in the driver, keeping the GPU's memory. Not NVML's: the agent's.
+    unkillable: bool = False
 
 
 class XidReport(msgspec.Struct, frozen=True, omit_defaults=True):

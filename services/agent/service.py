@@ -102,6 +102,10 @@ log = logging.getLogger("corral.agent")
 # as it happens, the process dies of it moments later. And how many of the latest are kept.
 XID_WINDOW = 60.0
 _XIDS_KEPT = 256
+# How long a worker sent SIGKILL may still be there before its GPUs are said to be held by a
+# process that cannot be killed (Slurm's ``UnkillableStepTimeout``, 60 s by default, drains the
+# node): the health monitor fails them, so work placed there goes elsewhere, until it is gone.
+UNKILLABLE_S = 60.0
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 
@@ -275,6 +279,7 @@ class NodeAgent:
         worker_user: str | None = None,
         narrow_view: bool = False,
         first_view_wait: float = 5.0,
+        unkillable_after: float = UNKILLABLE_S,
     ) -> None:
         """``log_``: where its reports are appended (it reads nothing there); ``views``: where it watches its
         node's view; ``found``: the node's inventory (default: NVML discovery, a simulated H100 node
@@ -286,7 +291,8 @@ class NodeAgent:
         workers run as (none: the agent's own); ``narrow_view``: the sandbox shows the system's directories
         and what the job runs from, not the host's whole root; ``first_view_wait``: how long it waits for
         its node's view before registering (a node the log already holds as it is now need not be announced
-        again)."""
+        again); ``unkillable_after``: how long after SIGKILL a worker still there marks its GPUs
+        (``UNKILLABLE_S``)."""
         self.node = node
         self.log = log_
         self.views = views
@@ -321,6 +327,7 @@ class NodeAgent:
         self.start_timeout = start_timeout
         self.gang_timeout = gang_timeout
         self.stop_grace = stop_grace
+        self.unkillable_after = unkillable_after
         self.registered = asyncio.Event()
         self.stopped = asyncio.Event()
         self.heartbeats_sent = 0
@@ -405,6 +412,12 @@ class NodeAgent:
 
     async def _heartbeat(self) -> Heartbeat:
         samples = await self.gpus.sample(self.view.used_milli)
+        unkillable = getattr(self.runtime, "unkillable", None)  # ``bench``'s timers cannot hang
+        stuck = unkillable(self.unkillable_after) if unkillable is not None else set()
+        if stuck:
+            samples = tuple(
+                msgspec.structs.replace(s, unkillable=True) if s.uuid in stuck else s for s in samples
+            )
         # Growing across agent restarts too (the monitor drops a sequence it has seen), from the clock.
         self._hb_seq = max(self._hb_seq + 1, int(self.clock() * 1000))
         self._take_xids()

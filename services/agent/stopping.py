@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Coroutine
 
 from corral.services.agent import container
@@ -55,6 +56,18 @@ class Stopping:
         except TimeoutError:
             self._signal_all(w, signal.SIGKILL)
 
+    def unkillable(self, after_s: float) -> set[str]:
+        """The UUIDs of the GPUs of every worker still there ``after_s`` seconds after it was sent
+        SIGKILL: a process in uninterruptible sleep (a hung driver call, a wedged GPU) that keeps
+        its GPU's memory, and that no job placed there can use."""
+        now = time.monotonic()
+        return {
+            g.uuid
+            for w in self._workers.values()
+            if w.phase != "exited" and w.killed_at is not None and now - w.killed_at >= after_s
+            for g in w.spec.gpus
+        }
+
     def _main_pid(self, w: Worker) -> int | None:
         if w.pid is None or w.code is not None:
             return None
@@ -69,6 +82,8 @@ class Stopping:
         (``--die-with-parent``), which would leave the worker no grace."""
         if w.pid is None or w.code is not None:
             return
+        if sig == signal.SIGKILL and w.killed_at is None:
+            w.killed_at = time.monotonic()  # a worker still there long after is unkillable
         if w.container is not None:
             self._to_container(w, sig)
             return

@@ -13,17 +13,18 @@ plugin:
 - ``gpu``: the GPU is unhealthy: it leaves the capacity the placer sees and the fold interrupts
   the jobs on it (XID 48, 62, 64, 74, 94, 95, 109, 119, 120, 140; any XID not in the table,
   61 included; uncorrectable ECC; pending or failed row remaps; pending page retirement; NVLinks
-  down that were up at registration).
+  down that were up at registration; a process its agent sent SIGKILL a minute ago still holding
+  it, ``process:unkillable``, as Slurm's ``UnkillableStepTimeout``).
 - ``node``: the GPU is unhealthy and the whole node is cordoned and drained (XID 79, fallen off
   the bus, needs a reboot; a GPU NVML reports lost or no longer lists).
 
 XID and ``node`` verdicts are sticky: the GPU stays unhealthy until someone clears it after a
 reset (an admin's uncordon with ``repaired``, ``corral node uncordon NODE --repaired``, which
-the fold applies too; ``clear`` for one GPU). Counter signals (ECC, remaps, NVLinks) clear
-themselves when the counters do. An XID is about the GPU its report's UUID names (indexes change
-when a node registers again); one the agent could not name a GPU for drains the node and fails
-none. A verdict names the GPU's UUID too, and the fold voids one whose index names another GPU
-by then (``adopt``).
+the fold applies too; ``clear`` for one GPU). Counter signals (ECC, remaps, NVLinks, an
+unkillable process) clear themselves when the counters do, or the process is gone. An XID is
+about the GPU its report's UUID names (indexes change when a node registers again); one the
+agent could not name a GPU for drains the node and fails none. A verdict names the GPU's UUID
+too, and the fold voids one whose index names another GPU by then (``adopt``).
 
 Node conditions (``HeartbeatTracker``): ready → suspect after ``suspect_after`` missed heartbeat
 intervals → lost after ``lost_after`` seconds of silence. A suspect or lost node becomes ready
@@ -68,6 +69,8 @@ def sample_signals(sample: GpuHealthSample, expected_nvlinks: int) -> list[tuple
         out.append(("row-remap:pending", "gpu"))
     if sample.retired_pages_pending:
         out.append(("page-retire:pending", "gpu"))
+    if sample.unkillable:
+        out.append(("process:unkillable", "gpu"))
     if sample.nvlinks_active < expected_nvlinks:
         out.append((f"nvlink:down:{expected_nvlinks - sample.nvlinks_active}", "gpu"))
     return out

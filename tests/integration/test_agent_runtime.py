@@ -10,6 +10,7 @@ or cannot create namespaces on this machine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pwd
@@ -29,7 +30,7 @@ from corral.events.codec import decode_record
 from corral.events.jobs import JobSpec, Mount
 from corral.events.log import Ack, Append, InMemoryLog, LogError
 from corral.events.nodes import WorkerExited, WorkerStarted
-from corral.projections.assignments import node_view
+from corral.projections.assignments import GpuBinding, node_view
 from corral.projections.state import State
 from corral.services.agent.decide import (
     GONE_CODE,
@@ -51,6 +52,7 @@ from corral.services.agent.decide import (
 from corral.services.agent.service import NodeAgent
 from corral.services.agent.worker import REQUEST, job_logs, log_path
 from corral.services.agent.workers import Runtime, SandboxMode, restart_backoff
+from corral.services.health.decide import sample_signals
 from corral.services.runtime import output
 from corral.services.runtime.views import MemoryViews
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
@@ -354,6 +356,44 @@ async def test_a_worker_ignoring_sigterm_is_killed_after_its_grace(runtime: Runt
     await runtime.stop(s.key, grace=0.3)
     [exited] = await until(runtime, exit_of(s.key))
     assert ran(exited) == Exited(s.key, 128 + signal.SIGKILL, stopped=True)
+
+
+async def test_a_worker_still_there_long_after_sigkill_marks_its_gpu_in_heartbeats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process in uninterruptible sleep (a hung driver call) survives SIGKILL and keeps its GPU;
+    the agent starts nothing there while it does, so the heartbeats say so and the health monitor
+    fails the GPU (``process:unkillable``) until it is gone. Here the kernel's part, a SIGKILL that
+    does not take, is played by dropping it; the process, its runtime and the agent are real."""
+    agent = NodeAgent(
+        N0, InMemoryLog(), MemoryViews(), work_dir=tmp_path / "agent", sandbox="none", unkillable_after=0.0
+    )
+    gpu = agent.found.inventory.gpus[3]
+    s = spec_for(tmp_path, "stuck", [PY, "-c", STUBBORN], gpus=(GpuBinding(index=3, uuid=gpu.uuid),))
+    real = os.killpg
+
+    def sigkill_does_not_take(pid: int, sig: int) -> None:
+        if sig != signal.SIGKILL:
+            real(pid, sig)
+
+    try:
+        await start_one(agent.runtime, s)
+        assert await agent.runtime.next_report(WAIT) == Checkpointed(s.key, 0, "armed")  # SIGTERM ignored
+        assert not any(g.unkillable for g in (await agent._heartbeat()).gpus)  # running: well
+        monkeypatch.setattr(os, "killpg", sigkill_does_not_take)
+        await agent.runtime.stop(s.key, grace=0.1)
+        await asyncio.wait_for(asyncio.shield(agent.runtime._workers[s.key].killer), WAIT)
+        assert agent.runtime.workers() == {s.key: "stopping"}
+        beat = await agent._heartbeat()
+        assert [g.index for g in beat.gpus if g.unkillable] == [3]
+        assert sample_signals(beat.gpus[3], gpu.nvlinks) == [("process:unkillable", "gpu")]
+    finally:
+        monkeypatch.undo()
+        pid = agent.runtime.pid(s.key)
+        if pid is not None:  # the kill that did not take, taken now
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        await agent.runtime.close(grace=2.0)
 
 
 async def test_a_command_that_does_not_exist_cannot_start(plain: Runtime, tmp_path: Path) -> None:

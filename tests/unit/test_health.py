@@ -76,6 +76,7 @@ def sample(**fields: object) -> GpuHealthSample:
         ),
         pytest.param(sample(nvlinks_active=16), [("nvlink:down:2", "gpu")], id="nvlinks-down"),
         pytest.param(sample(lost=True), [("gpu:lost", "node")], id="gpu-lost"),
+        pytest.param(sample(unkillable=True), [("process:unkillable", "gpu")], id="unkillable-process"),
         pytest.param(sample(temperature_c=91, utilisation_pct=100), [], id="hot-and-busy-is-fine"),
     ],
 )
@@ -275,6 +276,19 @@ def test_counter_signals_clear_when_the_counters_do() -> None:
     assert c.t.evaluate(T0 + 6) == []
     c.beat(T0 + 10, gpus=tuple(healthy))  # the GPU was reset
     assert c.t.evaluate(T0 + 11) == [verdict(4, True)]
+
+
+def test_a_gpu_an_unkillable_process_holds_is_unhealthy_until_the_process_is_gone() -> None:
+    # Work placed on it would never start (its agent starts nothing on GPUs a worker holds).
+    c = Clock(nodes=1)
+    inv = c.state.nodes[N0].inventory
+    healthy = [GpuHealthSample(index=g.index, uuid=g.uuid, nvlinks_active=18) for g in inv.gpus]
+    stuck = list(healthy)
+    stuck[2] = msgspec.structs.replace(healthy[2], unkillable=True)
+    c.beat(T0, gpus=tuple(stuck))
+    assert c.t.evaluate(T0 + 1) == [verdict(2, False, "process:unkillable")]
+    c.beat(T0 + 5, gpus=tuple(healthy))  # it ended at last
+    assert c.t.evaluate(T0 + 6) == [verdict(2, True)]
 
 
 def test_nvlinks_down_are_measured_against_registration() -> None:

@@ -131,7 +131,7 @@ class TimerRuntime:
     async def stop(self, key: WorkerKey, grace: float = 0.0) -> None:
         self._exit(key, SIGTERM_CODE, True)
 
-    async def close(self, grace: float = 0.0) -> None:
+    async def close(self, grace: float = 0.0, unkillable_after: float = 0.0) -> None:
         for key in list(self._workers):
             self._exit(key, SIGTERM_CODE, True)
 

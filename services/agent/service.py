@@ -552,27 +552,31 @@ class NodeAgent:
             if ended:
                 await self.shipper.drain(ended)
         appended = getattr(self.runtime, "appended", None)
-        for done, body in enumerate(bodies):
-            try:
-                await self.log.append(self._append(body, now))
-            except LogError as e:
-                log.warning(
-                    "%s: append of %s failed; it and the %d reports after it will be sent again, in "
-                    "order: %s",
-                    self.node,
-                    msg_id(body),
-                    len(bodies) - done - 1,
-                    e,
-                )
-                self._unsent[:0] = bodies[done:]
-                return done
-            self.spans.reported(body, time.time())
-            if appended is not None and isinstance(body, (WorkerStarted, WorkerExited)):
-                # The next agent must not report it again (after the stream's duplicate window
-                # the fold would refuse a second exit).
-                key = WorkerKey(body.job_id, body.attempt, body.rank)
-                appended(key, "start" if isinstance(body, WorkerStarted) else "exit")
-        return len(bodies)
+        done = 0
+        try:
+            for body in bodies:
+                try:
+                    await self.log.append(self._append(body, now))
+                except LogError as e:
+                    log.warning(
+                        "%s: append of %s failed; it and the %d reports after it will be sent "
+                        "again, in order: %s",
+                        self.node,
+                        msg_id(body),
+                        len(bodies) - done - 1,
+                        e,
+                    )
+                    break
+                done += 1
+                self.spans.reported(body, time.time())
+                if appended is not None and isinstance(body, (WorkerStarted, WorkerExited)):
+                    # The next agent must not report it again (after the stream's duplicate
+                    # window the fold would refuse a second exit).
+                    key = WorkerKey(body.job_id, body.attempt, body.rank)
+                    appended(key, "start" if isinstance(body, WorkerStarted) else "exit")
+        finally:  # failed, or cancelled (a bounded last flush): kept, in order, before any newer
+            self._unsent[:0] = bodies[done:]
+        return done
 
     def _take_reports(self) -> None:
         """The runtime's reports, in order, as node events to append, each naming its job's run
@@ -709,7 +713,8 @@ class NodeAgent:
         else:
             if ending == "stop":
                 await self._say_shut_down()
-            await self.runtime.close(grace=0.0 if ending == "crash" else self.stop_grace)
+            grace = 0.0 if ending == "crash" else self.stop_grace
+            await self.runtime.close(grace, self.unkillable_after)
         if ending != "crash":  # a node that stops cleanly says its workers stopped; one that
             # leaves them says what they reported so far
             try:
@@ -724,12 +729,9 @@ class NodeAgent:
         now goes first, so an exit of their own before the shutdown still counts as theirs."""
         self._take_reports()
         self._unsent.append(NodeShutdown(node=self.node, at=self.clock()))
-        pending = list(self._unsent)
         try:
-            await asyncio.wait_for(self.flush(), 10.0)
+            await asyncio.wait_for(self.flush(), 10.0)  # what it did not store is kept, in order
         except (TimeoutError, LogError) as e:
-            # Kept in order for the last flush (what was stored meanwhile is a duplicate there).
-            self._unsent = pending
             log.warning("%s: shutdown not appended before stopping workers: %s", self.node, e)
 
 

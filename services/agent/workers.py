@@ -342,15 +342,23 @@ class Runtime(Launching):
             log.warning("%s: worker %s writes to %s, not moved: %s", self.node, w.key, old, e)
             w.log = old
 
-    async def close(self, grace: float = 5.0) -> None:
-        """Stop every worker and wait for them (the agent is shutting down)."""
+    async def close(self, grace: float = 5.0, unkillable_after: float = 60.0) -> None:
+        """Stop every worker and wait for them (the agent is shutting down), each at most
+        ``unkillable_after`` seconds past its SIGKILL: one still there then (asleep in a hung
+        driver call) is left to its keeper, stopping, for the next agent to take back."""
         for w in list(self._workers.values()):
             if w.pid is not None and w.code is None:
                 w.stop_requested = True
                 self._terminate(w, grace)
-        tasks = [t for w in self._workers.values() for t in (w.watcher, w.killer) if t is not None]
         for w in self._workers.values():
             w.settled.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        killers = [w.killer for w in self._workers.values() if w.killer is not None]
+        await asyncio.gather(*killers, return_exceptions=True)
+        watchers = [w.watcher for w in self._workers.values() if w.watcher is not None]
+        if watchers:
+            _, stuck = await asyncio.wait(watchers, timeout=unkillable_after)
+            for t in stuck:
+                t.cancel()
+            await asyncio.gather(*watchers, return_exceptions=True)
         while self._engine_calls:  # stops and kills sent to containers, which killers may add to
             await asyncio.gather(*list(self._engine_calls), return_exceptions=True)

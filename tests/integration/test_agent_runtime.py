@@ -254,13 +254,17 @@ async def test_an_agent_ships_an_ended_workers_file_whole_before_it_reports_its_
 
 
 class _FailsOnce(InMemoryLog):
-    """A log whose first append of a worker's start fails (a timeout, a leader change)."""
+    """A log whose first append of a worker's start fails (a timeout, a leader change), or,
+    ``hangs``, never answers (an agent's bounded last flush gives up on it)."""
 
     failed = False
+    hangs = False
 
     async def append(self, item: Append) -> Ack:
         if not self.failed and item.msg_id is not None and item.msg_id.startswith("started:"):
             self.failed = True
+            if self.hangs:
+                await asyncio.Event().wait()
             raise LogError("timed out waiting for an acknowledgement")
         return await super().append(item)
 
@@ -274,16 +278,26 @@ class _FailsOnce(InMemoryLog):
             return e
 
 
-async def test_reports_are_stored_in_the_order_they_were_made_when_one_append_fails(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hangs", [False, True], ids=["fails", "cancelled"])
+async def test_reports_are_stored_in_the_order_they_were_made_when_one_append_fails(
+    tmp_path: Path, hangs: bool
+) -> None:
     """A report whose append failed was sent again after the ones behind it were stored: an exit
-    before its start, a checkpoint after its worker's exit (lost, the attempt holding nothing)."""
+    before its start, a checkpoint after its worker's exit (lost, the attempt holding nothing).
+    A flush cut short while an append hangs keeps what it did not store, in order."""
     log = _FailsOnce()
+    log.hangs = hangs
     agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path / "agent", sandbox="none")
     s = spec_for(tmp_path, "o", [PY, "-c", "pass"], run=3)
     try:
         assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
         assert await agent.runtime.wait_exited(s.key, WAIT) == 0
-        assert await agent.flush() == 0 and log.failed  # the start failed: nothing after it is sent
+        if hangs:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(agent.flush(), 0.2)
+        else:
+            assert await agent.flush() == 0  # the start failed: nothing after it is sent
+        assert log.failed
         assert await agent.flush() == 2
     finally:
         await agent.runtime.close(grace=2.0)
@@ -376,6 +390,7 @@ async def test_a_worker_still_there_long_after_sigkill_marks_its_gpu_in_heartbea
         if sig != signal.SIGKILL:
             real(pid, sig)
 
+    pid = None
     try:
         await start_one(agent.runtime, s)
         assert await agent.runtime.next_report(WAIT) == Checkpointed(s.key, 0, "armed")  # SIGTERM ignored
@@ -387,13 +402,21 @@ async def test_a_worker_still_there_long_after_sigkill_marks_its_gpu_in_heartbea
         beat = await agent._heartbeat()
         assert [g.index for g in beat.gpus if g.unkillable] == [3]
         assert sample_signals(beat.gpus[3], gpu.nvlinks) == [("process:unkillable", "gpu")]
+        # An agent shutting down waits for it a while, then leaves it to its keeper: it does not
+        # hang (the next agent takes it back, still stopping).
+        pid = agent.runtime.pid(s.key)
+        await asyncio.wait_for(agent.runtime.close(grace=0.1, unkillable_after=0.2), WAIT)
+        after = Runtime(agent.runtime.root, sandbox="none", poll_interval=0.02)
+        assert after.reattach() == [s.key] and after.workers() == {s.key: "stopping"}
     finally:
         monkeypatch.undo()
-        pid = agent.runtime.pid(s.key)
         if pid is not None:  # the kill that did not take, taken now
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         await agent.runtime.close(grace=2.0)
+    exited = (await until(after, exit_of(s.key)))[-1]
+    assert ran(exited) == Exited(s.key, 128 + signal.SIGKILL, stopped=True)
+    await after.close(grace=1.0)
 
 
 async def test_a_command_that_does_not_exist_cannot_start(plain: Runtime, tmp_path: Path) -> None:

@@ -140,6 +140,11 @@ def _bounds(spec: JobSpec) -> str | None:
     cmd = spec.command
     if cmd and (len(cmd) > MAX_ARGS or sum(map(len, cmd)) > MAX_COMMAND_BYTES):
         return f"command is too long: at most {MAX_ARGS} arguments and {MAX_COMMAND_BYTES} bytes"
+    # What the node hands the kernel (arguments, environment, paths) cannot hold a NUL, nor a
+    # variable's name an "=": such a job would be admitted, placed and hold its GPUs only to fail
+    # to start on every node, restart after restart.
+    if cmd and any("\0" in a for a in cmd):
+        return "command: an argument has a NUL character, which no process can be given"
     if spec.image is not None:
         if not 0 < len(spec.image) <= MAX_IMAGE:
             return f"image must be 1..{MAX_IMAGE} characters"
@@ -149,6 +154,11 @@ def _bounds(spec: JobSpec) -> str | None:
     env = spec.env
     if env and (len(env) > MAX_ENV or sum(len(k) + len(v) for k, v in env.items()) > MAX_ENV_BYTES):
         return f"env is too large: at most {MAX_ENV} variables and {MAX_ENV_BYTES} bytes"
+    for k, v in env.items():
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            return (
+                f"env: {k[:64]!r} is not a variable a process can be given (a name, without '=', and no NUL)"
+            )
     for what, labels in (("labels", spec.labels), ("node_selector", spec.node_selector)):
         if labels and (
             len(labels) > MAX_LABELS or any(len(k) + len(v) > MAX_LABEL_BYTES for k, v in labels.items())
@@ -162,6 +172,8 @@ def _bounds(spec: JobSpec) -> str | None:
         or any(not 0 < len(m.source) <= MAX_PATH or not 0 < len(m.target) <= MAX_PATH for m in mounts)
     ):
         return f"mounts: at most {MAX_MOUNTS}, each path 1..{MAX_PATH} characters"
+    if mounts and any("\0" in m.source or "\0" in m.target for m in mounts):
+        return "mounts: a path has a NUL character"
     if not 0 <= spec.grace_seconds <= MAX_GRACE_S:
         return f"grace_seconds must be 0..{MAX_GRACE_S:.0f}, not {spec.grace_seconds}"
     if not 0 <= spec.max_restarts <= MAX_RESTARTS:

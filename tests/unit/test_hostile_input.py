@@ -19,7 +19,7 @@ import pytest
 from corral.events import codec, subjects
 from corral.events.base import Reason
 from corral.events.codec import DecodeError
-from corral.events.jobs import JobSpec
+from corral.events.jobs import JobSpec, Mount
 from corral.events.log import Record
 from corral.events.subjects import is_token
 from corral.projections.fold import MAX_MESSAGE, fold, fold_refusals
@@ -151,6 +151,27 @@ def test_names_and_labels_with_control_characters_are_refused_at_admission(spec:
     state = LogBuilder().queues("team-a").submit("alice", "j", spec).fold()
     reason = validate(state, state.jobs["j"])
     assert reason is not None and "control characters" in reason.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"command": ("python", "-c", "pass\0")}, "NUL"),
+        ({"env": {"A=B": "x"}}, "'A=B' is not a variable"),
+        ({"env": {"": "x"}}, "'' is not a variable"),
+        ({"env": {"A\0B": "x"}}, "is not a variable"),
+        ({"env": {"TOKEN": "a\0b"}}, "'TOKEN' is not a variable"),
+        ({"mounts": (Mount("/data\0x", "/data"),)}, "NUL"),
+    ],
+    ids=["nul-argument", "equals-in-name", "empty-name", "nul-in-name", "nul-in-value", "nul-in-path"],
+)
+def test_what_no_process_can_be_given_is_refused_at_admission(fields: dict[str, object], said: str) -> None:
+    # Accepted, such a job was admitted and placed, then failed to start on every node it was
+    # given, holding its GPUs each time, until its restarts ran out.
+    spec = msgspec.structs.replace(job().build(), **fields)
+    state = LogBuilder().queues("team-a").submit("alice", "j", spec).fold()
+    reason = validate(state, state.jobs["j"])
+    assert reason is not None and said in reason.message, reason
 
 
 def _submitted(image: str) -> Reason | None:

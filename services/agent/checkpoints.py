@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 
+from corral.services.agent import confined
 from corral.services.agent.decide import Checkpointed, Report, WorkerKey
 from corral.services.agent.stopping import Stopping
 from corral.services.agent.worker import DONE, REQUEST, Worker, kill, log
+
+# What a worker's ``DONE`` may say: read whole only up to this size (a worker could leave a file
+# of any size there, for the agent to read into memory), a location as long as a path may be, a
+# step an event's integer holds.
+MAX_DONE_BYTES = 64 * 1024
+MAX_LOCATION = 4096
+MAX_STEP = 2**63 - 1
 
 
 class Checkpoints(Stopping):
@@ -28,11 +35,11 @@ class Checkpoints(Stopping):
         w = self._workers.get(key)
         if w is None or w.code is not None or w.phase in ("stopping", "exited", "checkpoint-requested"):
             return
-        request = w.checkpoints / REQUEST
-        tmp = w.checkpoints / (REQUEST + ".tmp")
-        w.checkpoints.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(f"{deadline:.3f}\n")
-        os.replace(tmp, request)
+        try:
+            with confined.directory(w.checkpoint_top, w.checkpoints, create=True) as d:
+                confined.write(d, REQUEST, f"{deadline:.3f}\n".encode())
+        except (OSError, ValueError) as e:  # the worker's to break; the signal still asks
+            log.warning("worker %s: its checkpoint request could not be written: %s", w.key, e)
         w.phase = "checkpoint-requested"
         w.signal_owed = True
         self._signal_checkpoint(w)
@@ -53,21 +60,48 @@ class Checkpoints(Stopping):
             kill(pid, signal.SIGUSR1)
 
     def _poll_checkpoint(self, w: Worker, final: bool) -> None:
-        done = w.checkpoints / DONE
         try:
-            raw = done.read_bytes()
-        except OSError:
+            with confined.directory(w.checkpoint_top, w.checkpoints) as d:
+                self._take_done(w, d, final)
+        except (OSError, ValueError) as e:
+            if isinstance(e, confined.Escaped) or final:
+                log.warning("worker %s: its checkpoint directory cannot be read: %s", w.key, e)
+
+    def _take_done(self, w: Worker, d: int, final: bool) -> None:
+        """Report the checkpoint ``DONE`` says (in the worker's checkpoint directory ``d``)."""
+        try:
+            raw = confined.read(d, DONE, MAX_DONE_BYTES)
+        except confined.Escaped as e:  # a link or a FIFO: never followed, never waited on
+            log.warning("worker %s: %s; removed", w.key, e)
+            confined.remove(d, DONE)
+            return
+        if raw is None:
+            return
+        if len(raw) > MAX_DONE_BYTES:  # a worker's file, read by the agent: bounded
+            log.warning("worker %s wrote a %s of over %d bytes; ignored", w.key, DONE, MAX_DONE_BYTES)
+            confined.remove(d, DONE)
             return
         try:
             body = json.loads(raw)
             step, location = int(body["step"]), str(body["location"])
         except (ValueError, KeyError, TypeError):
             if final:
-                log.warning("worker %s wrote an unreadable %s: %r", w.key, done, raw[:200])
-                done.unlink(missing_ok=True)
+                log.warning("worker %s wrote an unreadable %s: %r", w.key, DONE, raw[:200])
+                confined.remove(d, DONE)
             return  # maybe half-written by a worker that does not rename; read it next time
-        done.unlink(missing_ok=True)
-        (w.checkpoints / REQUEST).unlink(missing_ok=True)
+        confined.remove(d, DONE)
+        if not 0 <= step <= MAX_STEP or not 0 < len(location) <= MAX_LOCATION:
+            log.warning(
+                "worker %s reported checkpoint step %d at a location of %d characters; ignored (step "
+                "0..%d, location 1..%d characters)",
+                w.key,
+                step,
+                len(location),
+                MAX_STEP,
+                MAX_LOCATION,
+            )
+            return
+        confined.remove(d, REQUEST)
         if w.phase == "checkpoint-requested":
             w.phase = "checkpointed"
         self.reports.put_nowait(Checkpointed(w.key, step, location))

@@ -21,7 +21,7 @@ from typing import Any, Literal, NamedTuple
 import msgspec
 
 from corral.events.jobs import Mount, image_problem
-from corral.services.agent import container, handover, sandbox
+from corral.services.agent import confined, container, handover, sandbox
 from corral.services.agent.checkpoints import Checkpoints
 from corral.services.agent.container import ContainerMode, EngineInfo, Probe
 from corral.services.agent.decide import GONE_CODE, Exited, Started, StartFailed, StartWorker, WorkerKey
@@ -418,15 +418,25 @@ def _within(path: str, top: str) -> bool:
 
 
 def _prepare_directories(w: Worker, user: RunAs | None = None) -> None:
+    """The worker's directories, made and given to its user. Below the job's run directory, which
+    the job's earlier workers could write, each is reached without following a link
+    (``confined``): one planted there would have the agent make, clear or chown a directory of
+    the worker's choosing."""
     try:
-        for d in (w.workdir, w.checkpoints, Path(w.spec.job_checkpoint_dir), w.log.parent):
-            d.mkdir(parents=True, exist_ok=True)
-        for stale in (REQUEST, DONE):
-            (w.checkpoints / stale).unlink(missing_ok=True)
-        if user is not None:  # the worker's own directories are the only ones it may write
-            for d in (w.workdir, w.checkpoints, Path(w.spec.job_checkpoint_dir)):
-                os.chown(d, user.uid, user.gid)
-    except OSError as e:
+        for path in (w.workdir, w.log.parent, w.checkpoint_top):
+            path.mkdir(parents=True, exist_ok=True)
+        if user is not None:
+            os.chown(w.workdir, user.uid, user.gid)
+        job_dir = Path(w.spec.job_checkpoint_dir)
+        with confined.directory(w.checkpoint_top, job_dir, create=True) as fd:
+            if user is not None:
+                os.fchown(fd, user.uid, user.gid)
+        with confined.directory(w.checkpoint_top, w.checkpoints, create=True) as fd:
+            for stale in (REQUEST, DONE):
+                confined.remove(fd, stale)
+            if user is not None:  # the worker's own directories are the only ones it may write
+                os.fchown(fd, user.uid, user.gid)
+    except (OSError, ValueError) as e:
         raise StartError(f"cannot prepare directories: {e}") from None
 
 

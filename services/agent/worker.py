@@ -87,6 +87,9 @@ class Worker:
         self.log = log_path(root, self.key, spec.run)
         self.dir = keeper_dir(root, self.key)
         self.checkpoints = Path(spec.checkpoint_dir)
+        # Below it the job's workers may write, so the agent goes down from here without
+        # following links (``confined``): the parent of the job's run directory.
+        self.checkpoint_top = Path(spec.job_checkpoint_dir).parent
         self.keeper: asyncio.subprocess.Process | None = None  # a keeper this agent started
         self.keeper_id: tuple[int, int] | None = None  # its pid and start time
         self.boot = ""  # the boot the keeper ran in: after a reboot no pid is its

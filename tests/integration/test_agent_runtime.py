@@ -56,6 +56,7 @@ from corral.services.health.decide import sample_signals
 from corral.services.runtime import output
 from corral.services.runtime.views import MemoryViews
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
+from tests.integration import polling
 from tests.unit.test_worker_output import Kept
 
 N0 = "node-00"
@@ -370,6 +371,43 @@ async def test_a_worker_ignoring_sigterm_is_killed_after_its_grace(runtime: Runt
     await runtime.stop(s.key, grace=0.3)
     [exited] = await until(runtime, exit_of(s.key))
     assert ran(exited) == Exited(s.key, 128 + signal.SIGKILL, stopped=True)
+
+
+# Plants a link where the agent writes its request, and a FIFO where it reads DONE from; then
+# says it is ready the only way a worker talks to the agent, a checkpoint of a directory of its own.
+PLANTS = (
+    "import json, os, pathlib, signal, sys, time\n"
+    "d = pathlib.Path(os.environ['CORRAL_CHECKPOINT_DIR'])\n"
+    "(d / 'REQUEST.tmp').symlink_to(sys.argv[1])\n"
+    "(d / 'x.tmp').write_text(json.dumps({'step': 0, 'location': 'armed'}))\n"
+    "os.replace(d / 'x.tmp', d / 'DONE')\n"
+    "while (d / 'DONE').exists(): time.sleep(0.02)\n"
+    "os.mkfifo(d / 'DONE')\n"
+    "(d / 'planted').touch()\n"
+    "while True: time.sleep(0.05)\n"
+)
+
+
+async def test_a_worker_cannot_lead_the_agent_to_write_or_wait_on_a_file_of_its_choosing(
+    runtime: Runtime, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent (often root) writes ``REQUEST`` and reads ``DONE`` in a directory the worker
+    owns: a link planted as ``REQUEST.tmp`` had it truncate and write the file the link named,
+    and a FIFO as ``DONE`` held its loop for ever, waiting for a writer."""
+    victim = tmp_path / "not-the-workers"
+    victim.write_text("kept\n")
+    s = spec_for(tmp_path, "p", [PY, "-c", PLANTS, str(victim)])
+    await start_one(runtime, s)
+    assert await runtime.next_report(WAIT) == Checkpointed(s.key, 0, "armed")
+    ckpt = Path(s.checkpoint_dir)
+    await polling.until(lambda: (ckpt / "planted").exists(), WAIT)
+    await polling.until(lambda: "DONE is not a regular file" in caplog.text, WAIT)  # not opened
+    await runtime.request_checkpoint(s.key, 1234.5)
+    assert victim.read_text() == "kept\n"
+    assert (ckpt / "REQUEST").read_text() == "1234.500\n" and not (ckpt / "REQUEST").is_symlink()
+    await runtime.stop(s.key, grace=0.1)  # its polls went on past the FIFO: it still stops
+    [exited] = await until(runtime, exit_of(s.key))
+    assert isinstance(exited, Exited) and exited.stopped
 
 
 async def test_a_worker_still_there_long_after_sigkill_marks_its_gpu_in_heartbeats(

@@ -28,7 +28,7 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from corral.events.log import Ack, Append, ConflictError, Fence, LogError, Record
+from corral.events.log import Ack, Append, ConflictError, Fence, LogError, Record, UnstorableError
 from corral.events.nats_client import Client, default_replicas, open_client
 from corral.events.reader import CRLF, HEARTBEAT, UNANSWERED, Consumer
 from corral.events.subjects import STREAM, STREAM_SUBJECTS
@@ -45,6 +45,9 @@ MAX_BATCH = 1000  # the server's limit on the messages of one atomic batch
 # JetStream API errors: the expected last (subject) sequence is stale, with the sequence found
 # (10071) or without it (10164, when another append to the subject is still in flight).
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+# An append larger than a message may be: the server's (JetStream API error 10054, the stream's
+# maximum message size) or the connection's (the client's max payload, as 413 here).
+TOO_LARGE, TOO_LARGE_FOR_STREAM = 413, 10054
 STREAM_NAME_IN_USE = 10058  # JetStream API error: the stream exists with another configuration
 NO_PEERS = 10005  # JetStream API error: not enough servers of the cluster known and current yet
 # JetStream API error: the server could not make the stream's store; so it answers a creation
@@ -248,7 +251,8 @@ class JetStreamLog:
             await self._nc.publish(item.subject, item.data, reply=self._inbox + token, headers=headers)
         except Exception as e:
             self._waiting.pop(token.encode(), None)
-            fut.set_result(_PubAck(error=_ApiError(0, 0, f"{type(e).__name__}: {e}")))
+            code = TOO_LARGE if isinstance(e, nats.errors.MaxPayloadError) else 0
+            fut.set_result(_PubAck(error=_ApiError(code, 0, f"{type(e).__name__}: {e}")))
         return fut
 
     @staticmethod
@@ -259,7 +263,10 @@ class JetStreamLog:
         if err.err_code in WRONG_LAST_SEQUENCE:
             assert item.expected_last_subject_seq is not None
             return ConflictError(item.subject, item.expected_last_subject_seq, _actual(err.description))
-        return LogError(f"append to {item.subject} refused: {err.description} ({err.err_code or err.code})")
+        why = f"append to {item.subject} refused: {err.description} ({err.err_code or err.code})"
+        if err.code == TOO_LARGE or err.err_code == TOO_LARGE_FOR_STREAM:
+            return UnstorableError(why)
+        return LogError(why)
 
     async def _settle(self, item: Append, result: Ack | LogError) -> Ack | LogError:
         """A conflict with our own earlier copy is a duplicate.

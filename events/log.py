@@ -59,6 +59,11 @@ class LogError(Exception):
     """The log could not be reached or refused an append for a reason other than a conflict."""
 
 
+class UnstorableError(LogError):
+    """The log refuses this append for what it is (larger than a message may be), not for the
+    moment: sent again, it is refused again. A writer that keeps appends in order drops it."""
+
+
 class ConflictError(LogError):
     """An append's expected last subject sequence no longer holds: another writer got there
     first. The writer should fold the tail and decide again."""

@@ -22,7 +22,9 @@ Invariants:
   ``checkpoint:<job>:<attempt>:<step>``): an append retried after a lost acknowledgement is
   stored once. One whose append failed is kept with every report after it, in order, and they
   are sent again on the next cycle: pipelined, a later report could be stored while an earlier
-  one failed, and a checkpoint retried after its worker's exit was lost.
+  one failed, and a checkpoint retried after its worker's exit was lost. One the log refuses
+  for what it is (too large) is dropped, logged and counted: kept, it would hold back every
+  report of the node for good.
 - A gang whose job has restarted before starts only after its restart backoff (counted from its
   placement); a gang whose ranks on other nodes do not all start within ``gang_timeout`` is
   stopped here, so the fold restarts it whole.
@@ -64,7 +66,7 @@ import msgspec
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
 from corral.events.heartbeats import GpuHealthSample, Heartbeat, XidReport
-from corral.events.log import Append, EventLog, LogError
+from corral.events.log import Append, EventLog, LogError, UnstorableError
 from corral.events.nodes import (
     CheckpointCompleted,
     NodeInventory,
@@ -331,6 +333,7 @@ class NodeAgent:
         self.registered = asyncio.Event()
         self.stopped = asyncio.Event()
         self.heartbeats_sent = 0
+        self.reports_dropped = 0  # refused by the log for what they are (``flush``)
         self._beating = True
         self._hb_seq = 0
         # XIDs taken from the GPU watch: those for the next heartbeat, and the latest seen, by
@@ -557,6 +560,13 @@ class NodeAgent:
             for body in bodies:
                 try:
                     await self.log.append(self._append(body, now))
+                except UnstorableError as e:
+                    # Refused for what it is, it would be refused for ever, and every report
+                    # after it, of every job on the node, would wait behind it.
+                    log.error("%s: report %s dropped: %s", self.node, msg_id(body), e)
+                    self.reports_dropped += 1
+                    done += 1
+                    continue
                 except LogError as e:
                     log.warning(
                         "%s: append of %s failed; it and the %d reports after it will be sent "

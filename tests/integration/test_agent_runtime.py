@@ -28,7 +28,7 @@ import pytest
 from corral.events import subjects as subj
 from corral.events.codec import decode_record
 from corral.events.jobs import JobSpec, Mount
-from corral.events.log import Ack, Append, InMemoryLog, LogError
+from corral.events.log import Ack, Append, InMemoryLog, LogError, UnstorableError
 from corral.events.nodes import WorkerExited, WorkerStarted
 from corral.projections.assignments import GpuBinding, node_view
 from corral.projections.state import State
@@ -260,12 +260,15 @@ class _FailsOnce(InMemoryLog):
 
     failed = False
     hangs = False
+    refuses = False  # for good: larger than a message may be
 
     async def append(self, item: Append) -> Ack:
         if not self.failed and item.msg_id is not None and item.msg_id.startswith("started:"):
             self.failed = True
             if self.hangs:
                 await asyncio.Event().wait()
+            if self.refuses:
+                raise UnstorableError("message size exceeds maximum allowed (10054)")
             raise LogError("timed out waiting for an acknowledgement")
         return await super().append(item)
 
@@ -277,6 +280,24 @@ class _FailsOnce(InMemoryLog):
             return await self.append(item)
         except LogError as e:
             return e
+
+
+async def test_a_report_the_log_refuses_for_good_holds_back_no_other(tmp_path: Path) -> None:
+    """Kept in front of the others, a report the log can never store (too large) held back every
+    later report of every job on the node: it is dropped, and counted."""
+    log = _FailsOnce()
+    log.refuses = True
+    agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path / "agent", sandbox="none")
+    s = spec_for(tmp_path, "o", [PY, "-c", "pass"], run=3)
+    try:
+        assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
+        assert await agent.runtime.wait_exited(s.key, WAIT) == 0
+        assert await agent.flush() == 2 and agent.reports_dropped == 1
+        assert await agent.flush() == 0
+    finally:
+        await agent.runtime.close(grace=2.0)
+    stored = [decode_record(r.subject, r.data)[0] async for batch in log.read() for r in batch]
+    assert [type(b) for b in stored] == [WorkerExited]
 
 
 @pytest.mark.parametrize("hangs", [False, True], ids=["fails", "cancelled"])
@@ -306,7 +327,6 @@ async def test_reports_are_stored_in_the_order_they_were_made_when_one_append_fa
     assert [type(b) for b in stored] == [WorkerStarted, WorkerExited]
 
 
-# -- exit codes and stops --------------------------------------------------------------------------
 # -- exit codes and stops --------------------------------------------------------------------------
 
 

@@ -20,7 +20,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.events.jetstream import MAX_BATCH, JetStreamLog
-from corral.events.log import Ack, Append, ConflictError, EventLog, Fence, InMemoryLog, LogError, Record
+from corral.events.log import (
+    Ack,
+    Append,
+    ConflictError,
+    EventLog,
+    Fence,
+    InMemoryLog,
+    LogError,
+    Record,
+    UnstorableError,
+)
 from corral.events.server import EmbeddedServer
 from corral.events.subjects import STREAM, STREAM_SUBJECTS
 from tests.integration import polling
@@ -412,8 +422,9 @@ async def test_append_to_a_stopped_server_is_a_log_error(embedded_server: Embedd
     try:
         await log.append(ev())
         await embedded_server.stop()
-        with pytest.raises(LogError):
+        with pytest.raises(LogError) as caught:
             await asyncio.wait_for(log.append(ev()), WAIT)
+        assert not isinstance(caught.value, UnstorableError)  # for now: sent again later, stored
         results = await asyncio.wait_for(log.append_many([ev(), ev()]), WAIT)
         assert all(isinstance(r, LogError) for r in results)
     finally:
@@ -421,14 +432,16 @@ async def test_append_to_a_stopped_server_is_a_log_error(embedded_server: Embedd
 
 
 async def test_oversized_append_is_a_log_error(nats_server: str) -> None:
+    """Larger than the stream's messages (the server's refusal) or than the connection carries
+    (the client's): refused for what it is, for good (``UnstorableError``)."""
     log = await JetStreamLog.connect(nats_server, max_msg_size=1024, create=True)
     try:
-        with pytest.raises(LogError) as caught:
-            await log.append(ev(data=b"x" * 2048))
-        assert not isinstance(caught.value, ConflictError)
+        for data in (b"x" * 2048, b"x" * (log.nc.max_payload + 1)):
+            with pytest.raises(UnstorableError):
+                await log.append(ev(data=data))
         results = await log.append_many([ev(), ev(data=b"x" * 2048), ev()])
         assert results[0] == Ack(1)
-        assert isinstance(results[1], LogError)
+        assert isinstance(results[1], UnstorableError)
         assert results[2] == Ack(2)
     finally:
         await log.close()

@@ -127,9 +127,12 @@ class Shares:
     (``taker``) counts what it holds now where that is more than its history: the history lags,
     and a queue whose jobs were just placed, or whose beneficiaries wait for their victims,
     would otherwise take again, in the same cycle or the next, what fair sharing gave it once.
-    The queue taken from (``share``) is judged by its history alone: a queue that has just
-    burst into idle quota is not the first to lose it. So two queues can never each take from
-    the other in turn while their histories stand still (S2-a or S2-b both ways would need the
+    The queue taken from (``share``) counts its history or what it holds now, whichever is
+    less: a queue that has just burst into idle quota is not the first to lose it, and one that
+    held much for days and holds little now is not taken from again and again until its history
+    catches up (by its history alone, a queue that had held 8 GPUs for days was taken down to 2
+    where the even split was 4, then to 4 again days later when the other's caught up). So two
+    queues can never each take from the other in turn while their histories stand still (S2-a or S2-b both ways would need the
     preemptor's ask and the victims to add up to less than nothing). The ledger must be read
     before the record's own victims are charged to it."""
 
@@ -150,8 +153,9 @@ class Shares:
     def share(self, queue: str, key: str, change: int = 0) -> float:
         """The share of a queue taken from, with ``change`` milli-GPU more: its history, with
         the stops under way (what the ledger holds beyond the state) counted in full, as the
-        record's own change is."""
-        return self._over(queue, key, self._history(queue, key) + change)
+        record's own change is, or what it holds, whichever is less."""
+        held = self.ledger.used(queue, key)
+        return self._over(queue, key, min(self._history(queue, key), held) + change)
 
     def taker(self, queue: str, key: str, change: int, unheld: int) -> float:
         """The share of the beneficiary's queue with ``change`` milli-GPU more (its ask, less its

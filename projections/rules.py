@@ -208,4 +208,7 @@ from __future__ import annotations
 #    (``fold._reject``; ``State.rejections_lost``): a tenant's flood no longer erases others'.
 # 71: ... its subjects the fold cannot read as requests (``corral.in.T.a.b``) count as its own.
 # 72: the State counts each tenant's kept rejections (``State.rejections_kept``).
-RULES = 72
+# 73: a fair-sharing victim's queue counts its history or what it holds now, whichever is less
+#    (``Shares.share``): by its history alone, one that held much for days was taken below an
+#    even split.
+RULES = 73

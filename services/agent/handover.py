@@ -61,6 +61,7 @@ class WorkerRecord(msgspec.Struct, omit_defaults=True):
     stop_grace: float | None = None  # corral asked it to stop, with this grace
     start_appended: bool = False  # the log has its start
     exit_appended: bool = False  # the log has its exit
+    killed_at: float | None = None  # when it was sent SIGKILL (wall clock): it may be unkillable
 
 
 def save(state_dir: Path, record: WorkerRecord) -> None:

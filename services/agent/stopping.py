@@ -59,7 +59,10 @@ class Stopping:
     def unkillable(self, after_s: float) -> set[str]:
         """The UUIDs of the GPUs of every worker still there ``after_s`` seconds after it was sent
         SIGKILL: a process in uninterruptible sleep (a hung driver call, a wedged GPU) that keeps
-        its GPU's memory, and that no job placed there can use."""
+        its GPU's memory, and that no job placed there can use. A MIG slice's or a share's names
+        its whole GPU: the health of a GPU is kept whole, and resetting it needs every process
+        on it gone. The kill's time is in the worker's record, so an agent that takes it back
+        counts from it (``Runtime.reattach``)."""
         now = time.monotonic()
         return {
             g.uuid
@@ -84,6 +87,8 @@ class Stopping:
             return
         if sig == signal.SIGKILL and w.killed_at is None:
             w.killed_at = time.monotonic()  # a worker still there long after is unkillable
+            if w.announced:
+                w.save()  # the next agent counts from this kill, not from one of its own
         if w.container is not None:
             self._to_container(w, sig)
             return

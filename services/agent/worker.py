@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 from corral.services.agent import handover
@@ -126,6 +127,7 @@ class Worker:
             stop_grace=self.stop_grace if self.stop_requested else None,
             start_appended="start" in self.appended,
             exit_appended="exit" in self.appended,
+            killed_at=None if self.killed_at is None else time.time() - (time.monotonic() - self.killed_at),
         )
 
     def save(self) -> None:

@@ -59,6 +59,8 @@ import asyncio
 import os
 import signal
 import socket
+import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
@@ -98,8 +100,10 @@ _OTLP = "OTEL_EXPORTER_OTLP_"  # where the agent sends spans, a job's own spans 
 _OTLP_PASSED = ("ENDPOINT", "PROTOCOL", "TIMEOUT", "COMPRESSION", "INSECURE", "CERTIFICATE")
 
 
-def _passed_on(name: str) -> bool:
-    """Whether the agent's variable ``name`` goes into every worker's environment."""
+def _passed_on(name: str, value: str) -> bool:
+    """Whether the agent's variable ``name`` (of ``value``) goes into every worker's environment:
+    an endpoint that carries credentials itself (``https://user:token@…``, a key in its query)
+    does not."""
     if name in _INHERITED:
         return True
     if not name.startswith(_OTLP):
@@ -107,6 +111,9 @@ def _passed_on(name: str) -> bool:
     rest = name[len(_OTLP) :]
     for kind in ("TRACES_", "METRICS_", "LOGS_"):
         rest = rest.removeprefix(kind)
+    if rest == "ENDPOINT":
+        url = urllib.parse.urlsplit(value)
+        return "@" not in url.netloc and not url.query
     return rest in _OTLP_PASSED
 
 
@@ -155,7 +162,7 @@ class Runtime(Launching):
         self._prepare = prepare
         self._workers: dict[WorkerKey, Worker] = {}
         if base_env is None:
-            base_env = {k: v for k, v in os.environ.items() if _passed_on(k)}
+            base_env = {k: v for k, v in os.environ.items() if _passed_on(k, v)}
             base_env = {"PYTHONUNBUFFERED": "1", **base_env}  # logs readable while it runs
         self._base_env = dict(base_env)
         self._mig: dict[tuple[str, int], str] = {}
@@ -312,6 +319,8 @@ class Runtime(Launching):
             self.reports.put_nowait(Started(w.key, w.reported_pid))
         if record.stop_grace is not None:
             w.stop_requested, w.stop_grace = True, record.stop_grace
+        if record.killed_at is not None:  # its grace is over: killed again at once
+            w.killed_at = time.monotonic() - max(0.0, time.time() - record.killed_at)
         if code is not None:
             w.code, w.phase = code, "exited"
             w.done.set()
@@ -322,7 +331,7 @@ class Runtime(Launching):
         w.phase = "running"
         w.watcher = asyncio.create_task(self._watch(w))
         if w.stop_requested:  # its stop carries on, with a kill after the grace
-            self._terminate(w, w.stop_grace)
+            self._terminate(w, 0.0 if w.killed_at is not None else w.stop_grace)
         return w
 
     def _log_from_before_runs(self, w: Worker) -> None:

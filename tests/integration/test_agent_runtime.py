@@ -208,6 +208,8 @@ _AGENT_OTLP = {
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=agent-secret",
     "OTEL_EXPORTER_OTLP_CLIENT_KEY": "/etc/corral/agent.key",
     "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE": "/etc/corral/agent.crt",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "https://agent:secret@collector.example:4318",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "https://collector.example:4318/v1/metrics?api_key=secret",
 }
 
 
@@ -216,6 +218,8 @@ async def test_a_worker_is_told_where_spans_go_but_not_the_agents_credentials(
 ) -> None:
     """A job can send its spans where the agent sends its own; the collector's tokens and the
     agent's client key stay the agent's: any job on the node could read its environment."""
+    for name in [n for n in os.environ if "OTLP" in n]:  # what this machine sets, if anything
+        monkeypatch.delenv(name)
     for name, value in _AGENT_OTLP.items():
         monkeypatch.setenv(name, value)
     rt = Runtime(tmp_path / "agent", sandbox="none", poll_interval=0.02)
@@ -457,6 +461,9 @@ async def test_a_worker_still_there_long_after_sigkill_marks_its_gpu_in_heartbea
         await agent.runtime.stop(s.key, grace=0.1)
         await asyncio.wait_for(asyncio.shield(agent.runtime._workers[s.key].killer), WAIT)
         assert agent.runtime.workers() == {s.key: "stopping"}
+        agent.unkillable_after = 3600.0  # killed a moment ago: not yet said to be unkillable
+        assert not any(g.unkillable for g in (await agent._heartbeat()).gpus)
+        agent.unkillable_after = 0.0
         beat = await agent._heartbeat()
         assert [g.index for g in beat.gpus if g.unkillable] == [3]
         assert sample_signals(beat.gpus[3], gpu.nvlinks) == [("process:unkillable", "gpu")]
@@ -466,6 +473,7 @@ async def test_a_worker_still_there_long_after_sigkill_marks_its_gpu_in_heartbea
         await asyncio.wait_for(agent.runtime.close(grace=0.1, unkillable_after=0.2), WAIT)
         after = Runtime(agent.runtime.root, sandbox="none", poll_interval=0.02)
         assert after.reattach() == [s.key] and after.workers() == {s.key: "stopping"}
+        assert after.unkillable(0.0) == {gpu.uuid}  # from the first kill: not a minute of health
     finally:
         monkeypatch.undo()
         if pid is not None:  # the kill that did not take, taken now

@@ -216,10 +216,10 @@ def answer(
     state: State, tenant: str, job_id: str, spec: JobSpec, now: float, errors: eta.Errors | None = None
 ) -> dict[str, Any]:
     """What the asker is told, as plain data: ``text`` turns it into what ``corral whatif`` prints.
-    ``job_id`` "", or one another tenant holds: asked under one no job holds (``free_id``). It
-    simulates ``BUDGET_S`` at most."""
+    ``job_id`` "", or one another tenant holds: asked under one no job holds (``free_id``); the
+    admin, who sees every job, is told the id is taken. It simulates ``BUDGET_S`` at most."""
     held = state.jobs.get(job_id)
-    if not job_id or (held is not None and held.tenant != tenant):
+    if not job_id or (held is not None and held.tenant != tenant and tenant != subjects.ADMIN):
         job_id = free_id(state)
     deadline = time.perf_counter() + BUDGET_S
     o = whatif(state, tenant, job_id, spec, now, errors=errors, deadline=deadline)

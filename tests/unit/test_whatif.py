@@ -87,6 +87,8 @@ def test_a_whatif_says_nothing_of_whether_another_tenant_holds_an_id() -> None:
     assert told["accepted"] and told["starts_now"], told
     own = whatif.answer(state, "t", "mine", spec(2), 10.0)  # its own id: it knows it has it
     assert not own["accepted"] and "already submitted" in own["reason"]
+    admin = whatif.answer(state, "admin", "train-7", spec(2), 10.0)  # it lists every job anyway
+    assert not admin["accepted"] and "taken" in admin["reason"]
 
 
 def test_a_whatif_simulates_no_longer_than_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -66,14 +66,19 @@ class Checkpoints(Stopping):
         except (OSError, ValueError) as e:
             if isinstance(e, confined.Escaped) or final:
                 log.warning("worker %s: its checkpoint directory cannot be read: %s", w.key, e)
+        except Exception:  # noqa: BLE001 - a worker's file must not end the watch of its worker
+            log.exception("worker %s: its checkpoint could not be read", w.key)
 
     def _take_done(self, w: Worker, d: int, final: bool) -> None:
         """Report the checkpoint ``DONE`` says (in the worker's checkpoint directory ``d``)."""
         try:
             raw = confined.read(d, DONE, MAX_DONE_BYTES)
         except confined.Escaped as e:  # a link or a FIFO: never followed, never waited on
-            log.warning("worker %s: %s; removed", w.key, e)
-            confined.remove(d, DONE)
+            if confined.remove(d, DONE):
+                log.warning("worker %s: %s; removed", w.key, e)
+            elif not w.done_unreadable:  # a directory: said once, not every poll
+                log.warning("worker %s: %s, and cannot be removed; ignored", w.key, e)
+                w.done_unreadable = True
             return
         if raw is None:
             return
@@ -83,28 +88,51 @@ class Checkpoints(Stopping):
             return
         try:
             body = json.loads(raw)
-            step, location = int(body["step"]), str(body["location"])
-        except (ValueError, KeyError, TypeError):
+        except ValueError:
             if final:
                 log.warning("worker %s wrote an unreadable %s: %r", w.key, DONE, raw[:200])
                 confined.remove(d, DONE)
             return  # maybe half-written by a worker that does not rename; read it next time
         confined.remove(d, DONE)
-        if not 0 <= step <= MAX_STEP or not 0 < len(location) <= MAX_LOCATION:
+        step = _step(body.get("step")) if isinstance(body, dict) else None
+        location = body.get("location") if isinstance(body, dict) else None
+        if (
+            step is None
+            or not 0 <= step <= MAX_STEP
+            or not isinstance(location, str)
+            or not 0 < len(location) <= MAX_LOCATION
+            or not location.isprintable()
+        ):
+            # (a NUL would be the next attempt's CORRAL_RESUME_FROM, which no process can be
+            # given; a lone surrogate, a report no codec can write)
             log.warning(
-                "worker %s reported checkpoint step %d at a location of %d characters; ignored (step "
-                "0..%d, location 1..%d characters)",
+                "worker %s wrote a %s no checkpoint can be taken from (a step 0..%d, a location of "
+                "1..%d printable characters): %r",
                 w.key,
-                step,
-                len(location),
+                DONE,
                 MAX_STEP,
                 MAX_LOCATION,
+                raw[:200],
             )
             return
         confined.remove(d, REQUEST)
         if w.phase == "checkpoint-requested":
             w.phase = "checkpointed"
         self.reports.put_nowait(Checkpointed(w.key, step, location))
+
+
+def _step(value: object) -> int | None:
+    """A checkpoint's step as ``DONE`` gives it: a whole number (``12``, ``12.0``, ``"12"``); None
+    for anything else (``true``, ``Infinity``, ``1.5``)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
 
 
 def _handles(pid: int, sig: signal.Signals) -> bool:

@@ -53,18 +53,26 @@ def directory(top: Path, path: Path, create: bool = False) -> Iterator[int]:
 
 def read(dir_fd: int, name: str, most: int) -> bytes | None:
     """The first ``most`` + 1 bytes at most of the regular file ``name`` (None if there is none);
-    a link or anything but a regular file raises ``Escaped``. Never blocks (a FIFO)."""
+    a link, a hard link of another file, or anything but a regular file raises ``Escaped``.
+    What it names is looked at before it is opened for reading (``O_PATH``, then that same file
+    opened again): a FIFO, a device or a terminal is never opened, so never waited on, never
+    asked to do anything by being opened, never made the agent's terminal."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise Escaped(e.errno, f"{name} is a link") from None
-        raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(path_fd)
+        if stat.S_ISLNK(st.st_mode):
+            raise Escaped(errno.ELOOP, f"{name} is a link")
+        if not stat.S_ISREG(st.st_mode):
             raise Escaped(0, f"{name} is not a regular file")
+        if st.st_nlink != 1:
+            raise Escaped(0, f"{name} is a hard link of another file")
+        fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(path_fd)
+    try:
         chunks, left = [], most + 1
         while left > 0:
             chunk = os.read(fd, left)
@@ -93,7 +101,13 @@ def write(dir_fd: int, name: str, data: bytes) -> None:
     os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
-def remove(dir_fd: int, name: str) -> None:
-    """Remove ``name`` (a link itself, never what it names), if it is there."""
-    with contextlib.suppress(FileNotFoundError):
+def remove(dir_fd: int, name: str) -> bool:
+    """Remove ``name`` (a link itself, never what it names), if it is there; False if it cannot
+    be (a directory of that name)."""
+    try:
         os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True

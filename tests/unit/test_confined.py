@@ -4,6 +4,7 @@ FIFO or a directory a worker planted is never followed, read, waited on or writt
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,25 @@ def test_missing_directories_are_made_below_the_top_only(tmp_path: Path) -> None
     assert (top / "run-2" / "attempt-1" / "rank-3").is_dir()
     with pytest.raises(ValueError), confined.directory(top, tmp_path / "other", create=True):
         pass
+
+
+def test_a_device_or_a_hard_link_is_not_opened_for_reading(tmp_path: Path) -> None:
+    # A container's root (CAP_MKNOD) could make a device node where the agent reads DONE: opened,
+    # a device's driver acts (a watchdog arms, a terminal becomes the agent's).
+    top, ckpt, victim = _tree(tmp_path)
+    try:
+        os.mknod(ckpt / "DONE", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's
+    except PermissionError:
+        pytest.skip("making a device node needs CAP_MKNOD")
+    with confined.directory(top, ckpt) as d:
+        with pytest.raises(confined.Escaped):
+            confined.read(d, "DONE", 100)
+        assert confined.remove(d, "DONE")
+        os.link(victim, ckpt / "DONE")  # another file's contents, under the worker's name
+        with pytest.raises(confined.Escaped):
+            confined.read(d, "DONE", 100)
+        confined.remove(d, "DONE")
+        (ckpt / "DONE").mkdir()
+        with pytest.raises(confined.Escaped):
+            confined.read(d, "DONE", 100)
+        assert not confined.remove(d, "DONE")  # a directory: said so, not pretended removed

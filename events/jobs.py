@@ -6,6 +6,7 @@ Subjects: requests on ``corral.in.<tenant>.<verb>``; admission's events on ``cor
 from __future__ import annotations
 
 import re
+from pathlib import PurePosixPath
 from typing import Literal
 
 import msgspec
@@ -53,6 +54,23 @@ class Mount(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_un
     source: str
     target: str
     read_only: bool = True
+
+
+def mount_problem(m: Mount, container: bool) -> str:
+    """Why no node could give ``m`` to a worker, whatever it holds, or ``""``: a target must be an
+    absolute path below / that hides none of /proc, /dev and /sys; a container's ``-v`` cannot
+    name a path with ':' or ','. Admission refuses such a job; the agent checks it again."""
+    target = PurePosixPath(m.target)
+    if not target.is_absolute() or ".." in target.parts or len(target.parts) < 2:
+        return f"mount target {m.target} must be an absolute path below /"
+    if target.parts[1] in ("proc", "dev", "sys"):
+        where = "container's" if container else "sandbox's"
+        return f"mount target {m.target} would hide the {where} /{target.parts[1]}"
+    if container:
+        for path in (m.source, m.target):
+            if ":" in path or "," in path:
+                return f"mount path {path} holds ':' or ',', which a container volume cannot name"
+    return ""
 
 
 class Resources(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):

@@ -20,7 +20,7 @@ tenant learns nothing of other tenants' queues by probing.
 from __future__ import annotations
 
 from corral.events.base import Reason
-from corral.events.jobs import MAX_REPLICAS, JobSpec, Resources, image_problem
+from corral.events.jobs import MAX_REPLICAS, JobSpec, Resources, image_problem, mount_problem
 from corral.projections import preemption, quota
 from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger
@@ -174,6 +174,10 @@ def _bounds(spec: JobSpec) -> str | None:
         return f"mounts: at most {MAX_MOUNTS}, each path 1..{MAX_PATH} characters"
     if mounts and any("\0" in m.source or "\0" in m.target for m in mounts):
         return "mounts: a path has a NUL character"
+    for m in mounts:
+        problem = mount_problem(m, container=spec.image is not None)
+        if problem:
+            return problem
     if not 0 <= spec.grace_seconds <= MAX_GRACE_S:
         return f"grace_seconds must be 0..{MAX_GRACE_S:.0f}, not {spec.grace_seconds}"
     if not 0 <= spec.max_restarts <= MAX_RESTARTS:

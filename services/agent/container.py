@@ -34,9 +34,9 @@ import shutil
 import signal
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import PurePosixPath
 from typing import Literal, NamedTuple
 
+from corral.events import jobs
 from corral.events.jobs import Mount
 from corral.projections.assignments import GpuBinding
 from corral.services.agent.decide import StartWorker
@@ -119,15 +119,7 @@ def gpu_devices(gpus: Sequence[GpuBinding], mig: Mapping[tuple[str, int], str]) 
 
 def mount_problem(m: Mount) -> str:
     """Why ``m`` cannot be given to a container with ``-v``, or ``""``."""
-    target = PurePosixPath(m.target)
-    if not target.is_absolute() or ".." in target.parts or len(target.parts) < 2:
-        return f"mount target {m.target} must be an absolute path below /"
-    if target.parts[1] in ("proc", "dev", "sys"):
-        return f"mount target {m.target} would hide the container's /{target.parts[1]}"
-    for path in (m.source, m.target):
-        if ":" in path or "," in path:
-            return f"mount path {path} holds ':' or ',', which a container volume cannot name"
-    return ""
+    return jobs.mount_problem(m, container=True)
 
 
 # -- the environment and the limits ---------------------------------------------------------------
@@ -186,6 +178,10 @@ def run_args(
     if user is not None:
         args += ["--user", f"{user[0]}:{user[1]}", "--cap-drop", "ALL"]
         args += ["--security-opt", "no-new-privileges"]
+    else:
+        # The image's root keeps the engine's default capabilities, less making device nodes:
+        # one made in a directory the agent reads (its checkpoint directory) is no worker's file.
+        args += ["--cap-drop", "MKNOD"]
     args += ["--label", f"corral.job={spec.job_id}"]
     args += ["--label", f"corral.attempt={spec.attempt}", "--label", f"corral.rank={spec.rank}"]
     args += ["--network", "host", "--ipc", "host", "--init"]

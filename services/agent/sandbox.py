@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
-from corral.events.jobs import Mount
+from corral.events.jobs import Mount, mount_problem
 
 
 class BindError(Exception):
@@ -198,12 +198,11 @@ def target_problem(m: Mount, writable: list[str]) -> str:
     """Why bwrap could not bind ``m`` at its target, or ``""``. The sandbox's root is a read-only
     view of the host's, so a target must exist there already, or lie where the sandbox can
     create it: a new top-level path, /tmp, or the worker's own directories."""
+    problem = mount_problem(m, container=False)
+    if problem:
+        return problem
     target = PurePosixPath(m.target)
-    if not target.is_absolute() or ".." in target.parts or len(target.parts) < 2:
-        return f"mount target {m.target} must be an absolute path below /"
     top = target.parts[1]
-    if top in ("proc", "dev", "sys"):
-        return f"mount target {m.target} would hide the sandbox's /{top}"
     if os.path.exists(m.target) or top == "tmp" or not os.path.exists("/" + top):
         return ""
     if any(str(target).startswith(d.rstrip("/") + "/") for d in writable):

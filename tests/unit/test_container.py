@@ -74,7 +74,7 @@ def test_a_podman_run_reads_as_the_worker_contract() -> None:
         ulimits={"nofile": (1024, 20000), "nproc": (32768, 32768)},
     )
     assert args == [
-        "podman", "run", "--rm", "--name", "corral-train-a2-r1",
+        "podman", "run", "--rm", "--name", "corral-train-a2-r1", "--cap-drop", "MKNOD",
         "--label", "corral.job=train", "--label", "corral.attempt=2", "--label", "corral.rank=1",
         "--network", "host", "--ipc", "host", "--init", "--stop-timeout", "30", "--pids-limit=-1",
         "--log-driver", "none",

@@ -162,8 +162,23 @@ def test_names_and_labels_with_control_characters_are_refused_at_admission(spec:
         ({"env": {"A\0B": "x"}}, "is not a variable"),
         ({"env": {"TOKEN": "a\0b"}}, "'TOKEN' is not a variable"),
         ({"mounts": (Mount("/data\0x", "/data"),)}, "NUL"),
+        ({"mounts": (Mount("/data", "data"),)}, "must be an absolute path below /"),
+        ({"mounts": (Mount("/data", "/proc/x"),)}, "would hide the sandbox's /proc"),
+        ({"mounts": (Mount("/data", "/"),)}, "must be an absolute path below /"),
+        ({"image": "registry.example/t:1", "mounts": (Mount("/a:b", "/data"),)}, "':' or ','"),
     ],
-    ids=["nul-argument", "equals-in-name", "empty-name", "nul-in-name", "nul-in-value", "nul-in-path"],
+    ids=[
+        "nul-argument",
+        "equals-in-name",
+        "empty-name",
+        "nul-in-name",
+        "nul-in-value",
+        "nul-in-path",
+        "relative-target",
+        "target-in-proc",
+        "target-root",
+        "colon-in-a-container-volume",
+    ],
 )
 def test_what_no_process_can_be_given_is_refused_at_admission(fields: dict[str, object], said: str) -> None:
     # Accepted, such a job was admitted and placed, then failed to start on every node it was

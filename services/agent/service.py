@@ -539,7 +539,7 @@ class NodeAgent:
         if not self._unsent:
             return 0
         now = self.clock() if now is None else now
-        bodies, self._unsent = self._unsent, []
+        bodies = self._unsent
         if self.shipper is not None:
             # What a worker printed reaches the output stream before the log says it ended, so
             # whoever waited for the job to end and then reads its output finds all of it.
@@ -553,13 +553,21 @@ class NodeAgent:
                 and (path := log_of(WorkerKey(b.job_id, b.attempt, b.rank))) is not None
             ]
             if ended:
-                await self.shipper.drain(ended)
+                await self.shipper.drain(ended)  # cut short here, every report is still kept
+        self._unsent = []
         appended = getattr(self.runtime, "appended", None)
         done = 0
         try:
             for body in bodies:
                 try:
-                    await self.log.append(self._append(body, now))
+                    item = self._append(body, now)
+                except (ValueError, TypeError, UnicodeError) as e:  # a report no codec can write
+                    log.error("%s: report %s dropped, it cannot be encoded: %s", self.node, msg_id(body), e)
+                    self.reports_dropped += 1
+                    done += 1
+                    continue
+                try:
+                    await self.log.append(item)
                 except UnstorableError as e:
                     # Refused for what it is, it would be refused for ever, and every report
                     # after it, of every job on the node, would wait behind it.

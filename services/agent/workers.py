@@ -60,7 +60,6 @@ import os
 import signal
 import socket
 import time
-import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
@@ -102,8 +101,8 @@ _OTLP_PASSED = ("ENDPOINT", "PROTOCOL", "TIMEOUT", "COMPRESSION", "INSECURE", "C
 
 def _passed_on(name: str, value: str) -> bool:
     """Whether the agent's variable ``name`` (of ``value``) goes into every worker's environment:
-    an endpoint that carries credentials itself (``https://user:token@…``, a key in its query)
-    does not."""
+    an endpoint that carries credentials itself (``https://user:token@…``, ``user:token@host``,
+    a key in its query or fragment) does not."""
     if name in _INHERITED:
         return True
     if not name.startswith(_OTLP):
@@ -111,9 +110,8 @@ def _passed_on(name: str, value: str) -> bool:
     rest = name[len(_OTLP) :]
     for kind in ("TRACES_", "METRICS_", "LOGS_"):
         rest = rest.removeprefix(kind)
-    if rest == "ENDPOINT":
-        url = urllib.parse.urlsplit(value)
-        return "@" not in url.netloc and not url.query
+    if rest == "ENDPOINT":  # with or without a scheme (gRPC's host:port), nothing after the path
+        return not any(c in value for c in "@?#")
     return rest in _OTLP_PASSED
 
 

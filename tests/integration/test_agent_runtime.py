@@ -208,7 +208,7 @@ _AGENT_OTLP = {
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=agent-secret",
     "OTEL_EXPORTER_OTLP_CLIENT_KEY": "/etc/corral/agent.key",
     "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE": "/etc/corral/agent.crt",
-    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "https://agent:secret@collector.example:4318",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "agent:secret@collector.example:4317",
     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "https://collector.example:4318/v1/metrics?api_key=secret",
 }
 
@@ -302,6 +302,29 @@ async def test_a_report_the_log_refuses_for_good_holds_back_no_other(tmp_path: P
         await agent.runtime.close(grace=2.0)
     stored = [decode_record(r.subject, r.data)[0] async for batch in log.read() for r in batch]
     assert [type(b) for b in stored] == [WorkerExited]
+
+
+class _Stuck(Kept):
+    """An output stream that never answers."""
+
+    async def send(self, subj: str, data: bytes, offset: int) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_flush_cut_short_while_output_ships_keeps_every_report(tmp_path: Path) -> None:
+    """An exit's output ships before the exit is appended; a bounded last flush cut short there
+    lost every report, the node's shutdown among them."""
+    log = InMemoryLog()
+    agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path / "agent", output=_Stuck(), sandbox="none")
+    s = spec_for(tmp_path, "o", [PY, "-c", "print('bye')"], run=3)
+    try:
+        assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
+        assert await agent.runtime.wait_exited(s.key, WAIT) == 0
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(agent.flush(), 0.3)
+        assert [type(b) for b in agent._unsent] == [WorkerStarted, WorkerExited]
+    finally:
+        await agent.runtime.close(grace=2.0)
 
 
 @pytest.mark.parametrize("hangs", [False, True], ids=["fails", "cancelled"])
@@ -432,6 +455,32 @@ async def test_a_worker_cannot_lead_the_agent_to_write_or_wait_on_a_file_of_its_
     await runtime.stop(s.key, grace=0.1)  # its polls went on past the FIFO: it still stops
     [exited] = await until(runtime, exit_of(s.key))
     assert isinstance(exited, Exited) and exited.stopped
+
+
+# Writes DONEs no report can carry, each once the agent took the one before, then a good one.
+BAD_DONES = (
+    "import json, os, pathlib, time\n"
+    "d = pathlib.Path(os.environ['CORRAL_CHECKPOINT_DIR'])\n"
+    'for text in (\'{"step": Infinity, "location": "/c"}\', \'{"step": true, "location": "/c"}\',\n'
+    '             \'{"step": 1, "location": "/c/\\\\ud800"}\', \'{"step": 1, "location": "/c/\\\\u0000"}\',\n'
+    '             \'{"step": 1, "location": 7}\', \'{"step": 12.0, "location": "/c/good"}\'):\n'
+    "    (d / 'x.tmp').write_text(text)\n"
+    "    os.replace(d / 'x.tmp', d / 'DONE')\n"
+    "    while (d / 'DONE').exists(): time.sleep(0.02)\n"
+)
+
+
+async def test_a_done_no_report_can_carry_is_ignored_and_the_worker_still_watched(
+    plain: Runtime, tmp_path: Path
+) -> None:
+    """A step of Infinity ended the watch of its worker (an OverflowError), whose exit was then
+    never reported; a location with a lone surrogate made a report no codec writes, and one
+    with a NUL the next attempt's CORRAL_RESUME_FROM, which no process can be given."""
+    s = spec_for(tmp_path, "bad", [PY, "-c", BAD_DONES])
+    await start_one(plain, s)
+    reports = await until(plain, exit_of(s.key))
+    assert [r for r in reports if isinstance(r, Checkpointed)] == [Checkpointed(s.key, 12, "/c/good")]
+    assert ran(reports[-1]) == Exited(s.key, 0)
 
 
 async def test_a_worker_still_there_long_after_sigkill_marks_its_gpu_in_heartbeats(

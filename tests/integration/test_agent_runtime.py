@@ -28,7 +28,7 @@ import pytest
 from corral.events import subjects as subj
 from corral.events.codec import decode_record
 from corral.events.jobs import JobSpec, Mount
-from corral.events.log import Ack, Append, InMemoryLog, LogError, UnstorableError
+from corral.events.log import Ack, Append, EventLog, InMemoryLog, LogError, UnstorableError
 from corral.events.nodes import WorkerExited, WorkerStarted
 from corral.projections.assignments import GpuBinding, node_view
 from corral.projections.state import State
@@ -286,22 +286,32 @@ class _FailsOnce(InMemoryLog):
             return e
 
 
+@contextlib.asynccontextmanager
+async def _after_a_worker(tmp_path: Path, log: EventLog, **options: Any) -> AsyncIterator[NodeAgent]:
+    """An agent on ``log`` whose worker has started and exited, its reports not flushed yet."""
+    agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path / "agent", sandbox="none", **options)
+    s = spec_for(tmp_path, "o", [PY, "-c", "print('bye')"], run=3)
+    try:
+        assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
+        assert await agent.runtime.wait_exited(s.key, WAIT) == 0
+        yield agent
+    finally:
+        await agent.runtime.close(grace=2.0)
+
+
+async def _stored(log: EventLog) -> list[type]:
+    return [type(decode_record(r.subject, r.data)[0]) async for batch in log.read() for r in batch]
+
+
 async def test_a_report_the_log_refuses_for_good_holds_back_no_other(tmp_path: Path) -> None:
     """Kept in front of the others, a report the log can never store (too large) held back every
     later report of every job on the node: it is dropped, and counted."""
     log = _FailsOnce()
     log.refuses = True
-    agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path / "agent", sandbox="none")
-    s = spec_for(tmp_path, "o", [PY, "-c", "pass"], run=3)
-    try:
-        assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
-        assert await agent.runtime.wait_exited(s.key, WAIT) == 0
+    async with _after_a_worker(tmp_path, log) as agent:
         assert await agent.flush() == 2 and agent.reports_dropped == 1
         assert await agent.flush() == 0
-    finally:
-        await agent.runtime.close(grace=2.0)
-    stored = [decode_record(r.subject, r.data)[0] async for batch in log.read() for r in batch]
-    assert [type(b) for b in stored] == [WorkerExited]
+    assert await _stored(log) == [WorkerExited]
 
 
 class _Stuck(Kept):
@@ -314,17 +324,10 @@ class _Stuck(Kept):
 async def test_a_flush_cut_short_while_output_ships_keeps_every_report(tmp_path: Path) -> None:
     """An exit's output ships before the exit is appended; a bounded last flush cut short there
     lost every report, the node's shutdown among them."""
-    log = InMemoryLog()
-    agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path / "agent", output=_Stuck(), sandbox="none")
-    s = spec_for(tmp_path, "o", [PY, "-c", "print('bye')"], run=3)
-    try:
-        assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
-        assert await agent.runtime.wait_exited(s.key, WAIT) == 0
+    async with _after_a_worker(tmp_path, InMemoryLog(), output=_Stuck()) as agent:
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(agent.flush(), 0.3)
         assert [type(b) for b in agent._unsent] == [WorkerStarted, WorkerExited]
-    finally:
-        await agent.runtime.close(grace=2.0)
 
 
 @pytest.mark.parametrize("hangs", [False, True], ids=["fails", "cancelled"])
@@ -336,11 +339,7 @@ async def test_reports_are_stored_in_the_order_they_were_made_when_one_append_fa
     A flush cut short while an append hangs keeps what it did not store, in order."""
     log = _FailsOnce()
     log.hangs = hangs
-    agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path / "agent", sandbox="none")
-    s = spec_for(tmp_path, "o", [PY, "-c", "pass"], run=3)
-    try:
-        assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
-        assert await agent.runtime.wait_exited(s.key, WAIT) == 0
+    async with _after_a_worker(tmp_path, log) as agent:
         if hangs:
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(agent.flush(), 0.2)
@@ -348,10 +347,7 @@ async def test_reports_are_stored_in_the_order_they_were_made_when_one_append_fa
             assert await agent.flush() == 0  # the start failed: nothing after it is sent
         assert log.failed
         assert await agent.flush() == 2
-    finally:
-        await agent.runtime.close(grace=2.0)
-    stored = [decode_record(r.subject, r.data)[0] async for batch in log.read() for r in batch]
-    assert [type(b) for b in stored] == [WorkerStarted, WorkerExited]
+    assert await _stored(log) == [WorkerStarted, WorkerExited]
 
 
 # -- exit codes and stops --------------------------------------------------------------------------

@@ -132,9 +132,9 @@ class Shares:
     held much for days and holds little now is not taken from again and again until its history
     catches up (by its history alone, a queue that had held 8 GPUs for days was taken down to 2
     where the even split was 4, then to 4 again days later when the other's caught up). So two
-    queues can never each take from the other in turn while their histories stand still (S2-a or S2-b both ways would need the
-    preemptor's ask and the victims to add up to less than nothing). The ledger must be read
-    before the record's own victims are charged to it."""
+    queues can never each take from the other in turn while their histories stand still (S2-a or
+    S2-b both ways would need the preemptor's ask and the victims to add up to less than
+    nothing). The ledger must be read before the record's own victims are charged to it."""
 
     def __init__(self, state: State, ledger: Ledger, now: float) -> None:
         self.state = state

@@ -17,14 +17,14 @@ Invariants:
   placement starts nothing.
 - A view lags the log; ``decide`` is written for that: a worker whose exit the view does not show
   yet is kept (as exited) until it does, so nothing is started twice.
-- Reports are appended in the order the runtime made them, each once the one before it is
-  stored, with a deterministic message id (``started:<job>:<attempt>:<rank>``, ``exited:…``,
-  ``checkpoint:<job>:<attempt>:<step>``): an append retried after a lost acknowledgement is
-  stored once. One whose append failed is kept with every report after it, in order, and they
-  are sent again on the next cycle: pipelined, a later report could be stored while an earlier
-  one failed, and a checkpoint retried after its worker's exit was lost. One the log refuses
-  for what it is (too large) is dropped, logged and counted: kept, it would hold back every
-  report of the node for good.
+- Reports are appended in the order the runtime made them, each of a job once the one before it
+  is stored (the jobs side by side), with a deterministic message id
+  (``started:<job>:<attempt>:<rank>``, ``exited:…``, ``checkpoint:<job>:<attempt>:<step>``): an
+  append retried after a lost acknowledgement is stored once. One whose append failed is kept
+  with its job's later reports, in order, and they are sent again on the next cycle: pipelined,
+  a later report could be stored while an earlier one failed, and a checkpoint retried after its
+  worker's exit was lost. One the log refuses for what it is (too large) is dropped, logged and
+  counted: kept, it would hold back its job's reports for good.
 - A gang whose job has restarted before starts only after its restart backoff (counted from its
   placement); a gang whose ranks on other nodes do not all start within ``gang_timeout`` is
   stopped here, so the fold restarts it whole.
@@ -110,6 +110,12 @@ _XIDS_KEPT = 256
 UNKILLABLE_S = 60.0
 
 Publish = Callable[[str, bytes], Awaitable[None]]
+
+
+def _job_of(body: Event) -> str | None:
+    """The job a report is of; None for a node's own fact (its shutdown), which orders all."""
+    job_id = getattr(body, "job_id", None)
+    return job_id if isinstance(job_id, str) else None
 
 
 def msg_id(body: Event, run: int = 0) -> str:
@@ -532,9 +538,12 @@ class NodeAgent:
                 await self.runtime.stop(key, STOP_GRACE)
 
     async def flush(self, now: float | None = None) -> int:
-        """Append the runtime's reports as node events, in order, each once the one before it is
-        stored; keep the first that failed and all after it. This is the queue's only reader, so
-        reports keep the order the runtime made them in. Returns how many were appended."""
+        """Append the runtime's reports as node events: each job's in order, each once the one
+        before it is stored, the jobs side by side; a node's own fact (its shutdown) after all
+        before it, before all after it. A job's report that failed is kept with the job's later
+        ones, and with everything after the next node fact. This is the queue's only reader, so
+        reports keep the order the runtime made them in. Returns how many were appended (or
+        dropped for good)."""
         self._take_reports()
         if not self._unsent:
             return 0
@@ -555,46 +564,76 @@ class NodeAgent:
             if ended:
                 await self.shipper.drain(ended)  # cut short here, every report is still kept
         self._unsent = []
-        appended = getattr(self.runtime, "appended", None)
-        done = 0
+        done: set[int] = set()
         try:
-            for body in bodies:
-                try:
-                    item = self._append(body, now)
-                except (ValueError, TypeError, UnicodeError) as e:  # a report no codec can write
-                    log.error("%s: report %s dropped, it cannot be encoded: %s", self.node, msg_id(body), e)
-                    self.reports_dropped += 1
-                    done += 1
+            first = 0
+            while first < len(bodies):
+                if _job_of(bodies[first]) is None:  # a node's own fact: after all before it, alone
+                    if not await self._append_one(bodies[first], now):
+                        break
+                    done.add(first)
+                    first += 1
                     continue
-                try:
-                    await self.log.append(item)
-                except UnstorableError as e:
-                    # Refused for what it is, it would be refused for ever, and every report
-                    # after it, of every job on the node, would wait behind it.
-                    log.error("%s: report %s dropped: %s", self.node, msg_id(body), e)
-                    self.reports_dropped += 1
-                    done += 1
-                    continue
-                except LogError as e:
-                    log.warning(
-                        "%s: append of %s failed; it and the %d reports after it will be sent "
-                        "again, in order: %s",
-                        self.node,
-                        msg_id(body),
-                        len(bodies) - done - 1,
-                        e,
-                    )
-                    break
-                done += 1
-                self.spans.reported(body, time.time())
-                if appended is not None and isinstance(body, (WorkerStarted, WorkerExited)):
-                    # The next agent must not report it again (after the stream's duplicate
-                    # window the fold would refuse a second exit).
-                    key = WorkerKey(body.job_id, body.attempt, body.rank)
-                    appended(key, "start" if isinstance(body, WorkerStarted) else "exit")
+                last = first
+                while last < len(bodies) and _job_of(bodies[last]) is not None:
+                    last += 1
+                chains: dict[str | None, list[int]] = {}
+                for i in range(first, last):
+                    chains.setdefault(_job_of(bodies[i]), []).append(i)
+                went = await asyncio.gather(
+                    *(self._append_chain(bodies, c, now, done) for c in chains.values())
+                )
+                if not all(went):
+                    break  # what comes after a job's failed report waits with it
+                first = last
         finally:  # failed, or cancelled (a bounded last flush): kept, in order, before any newer
-            self._unsent[:0] = bodies[done:]
-        return done
+            self._unsent[:0] = [b for i, b in enumerate(bodies) if i not in done]
+        return len(done)
+
+    async def _append_chain(self, bodies: list[Event], chain: list[int], now: float, done: set[int]) -> bool:
+        """One job's reports of a flush, one after the other (its order is the fold's): False at
+        the first that failed, the rest of its chain kept with it."""
+        for i in chain:
+            if not await self._append_one(bodies[i], now):
+                return False
+            done.add(i)
+        return True
+
+    async def _append_one(self, body: Event, now: float) -> bool:
+        """Append one report: True once stored, or dropped for good (no codec writes it, or the
+        log refuses it for what it is); False if it is to be sent again."""
+        try:
+            item = self._append(body, now)
+        except (ValueError, TypeError, UnicodeError) as e:  # a report no codec can write
+            log.error("%s: report %s dropped, it cannot be encoded: %s", self.node, msg_id(body), e)
+            self.reports_dropped += 1
+            return True
+        try:
+            await self.log.append(item)
+        except UnstorableError as e:
+            # Refused for what it is, it would be refused for ever, and every report after it
+            # of its job would wait behind it.
+            log.error("%s: report %s dropped: %s", self.node, msg_id(body), e)
+            self.reports_dropped += 1
+            return True
+        except LogError as e:
+            log.warning(
+                "%s: append of %s failed; it and its job's later reports will be sent again: %s",
+                self.node,
+                msg_id(body),
+                e,
+            )
+            return False
+        self.spans.reported(body, time.time())
+        appended = getattr(self.runtime, "appended", None)
+        if appended is not None and isinstance(body, (WorkerStarted, WorkerExited)):
+            # The next agent must not report it again (after the stream's duplicate window the
+            # fold would refuse a second exit).
+            appended(
+                WorkerKey(body.job_id, body.attempt, body.rank),
+                "start" if isinstance(body, WorkerStarted) else "exit",
+            )
+        return True
 
     def _take_reports(self) -> None:
         """The runtime's reports, in order, as node events to append, each naming its job's run

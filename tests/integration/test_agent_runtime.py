@@ -330,6 +330,30 @@ async def test_a_flush_cut_short_while_output_ships_keeps_every_report(tmp_path:
         assert [type(b) for b in agent._unsent] == [WorkerStarted, WorkerExited]
 
 
+async def test_a_jobs_failed_report_holds_back_only_that_jobs_later_ones(tmp_path: Path) -> None:
+    """Each job's reports go one after the other, the jobs' side by side: one job's failed start
+    keeps its exit back, not another job's reports."""
+    log = _FailsOnce()
+    agent = NodeAgent(N0, log, MemoryViews(), work_dir=tmp_path / "agent", sandbox="none")
+    a, b = (spec_for(tmp_path, j, [PY, "-c", "pass"], run=3) for j in ("a", "b"))
+    try:
+        for s in (a, b):  # a's start is the first the log sees, and fails
+            assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
+            assert await agent.runtime.wait_exited(s.key, WAIT) == 0
+        assert await agent.flush() == 2  # b's start and exit
+        assert [(type(e), e.job_id) for e in agent._unsent] == [(WorkerStarted, "a"), (WorkerExited, "a")]
+        assert await agent.flush() == 2
+    finally:
+        await agent.runtime.close(grace=2.0)
+    stored = [decode_record(r.subject, r.data)[0] async for batch in log.read() for r in batch]
+    assert [(type(e), e.job_id) for e in stored] == [
+        (WorkerStarted, "b"),
+        (WorkerExited, "b"),
+        (WorkerStarted, "a"),
+        (WorkerExited, "a"),
+    ]
+
+
 @pytest.mark.parametrize("hangs", [False, True], ids=["fails", "cancelled"])
 async def test_reports_are_stored_in_the_order_they_were_made_when_one_append_fails(
     tmp_path: Path, hangs: bool

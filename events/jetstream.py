@@ -45,6 +45,10 @@ MAX_BATCH = 1000  # the server's limit on the messages of one atomic batch
 # JetStream API errors: the expected last (subject) sequence is stale, with the sequence found
 # (10071) or without it (10164, when another append to the subject is still in flight).
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+# JetStream API error: an atomic batch holds a message id the stream has stored: the same
+# decisions were appended already (by this writer, its acknowledgement lost, or by another
+# replica deciding the same cycle), so the batch's fence is stale too. Checked before the fence.
+BATCH_DUPLICATE = 10201
 # An append larger than a message may be: the server's (JetStream API error 10054, the stream's
 # maximum message size) or the connection's (the client's max payload, as 413 here).
 TOO_LARGE, TOO_LARGE_FOR_STREAM = 413, 10054
@@ -364,6 +368,8 @@ class JetStreamLog:
         if err is not None:
             if err.err_code in WRONG_LAST_SEQUENCE:
                 raise ConflictError(fence.subject, fence.last_seq, _actual(err.description))
+            if err.err_code == BATCH_DUPLICATE:  # a race lost: fold and decide again
+                raise ConflictError(fence.subject, fence.last_seq, None)
             raise LogError(f"batch of {n} refused: {err.description} ({err.err_code or err.code})")
         if ack.count != n:
             raise LogError(f"batch of {n} stored {ack.count} messages at {ack.seq}")

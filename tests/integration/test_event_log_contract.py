@@ -301,6 +301,22 @@ async def test_a_fenced_append_whose_fence_moved_stores_nothing(log: EventLog) -
     assert [a.seq for a in acks] == [3]
 
 
+async def test_a_cycle_appended_again_is_a_race_lost_not_a_failure(log: EventLog) -> None:
+    """The same decisions under the same message ids, fenced where the first were (a leader's
+    acknowledgement lost in a server stall, and the replica that took over deciding the same
+    cycle): a conflict, which the service answers by folding and deciding again; JetStream
+    refused the batch for its duplicate ids, which the service counted as a failed cycle and
+    handed its lease over for."""
+    fence = Fence("corral.ev.decision.admission", 0)
+    cycle = [ev("corral.ev.decision.admission", msg_id="admission:370")] + [
+        ev(f"corral.ev.job.j{i}", msg_id=f"admission:370:{i}") for i in range(2)
+    ]
+    assert [a.seq for a in await log.append_fenced(cycle, fence)] == [1, 2, 3]
+    with pytest.raises(ConflictError):
+        await log.append_fenced(cycle, fence)
+    assert await log.last_seq() == 3
+
+
 async def test_append_many_of_nothing(log: EventLog) -> None:
     assert await log.append_many([]) == []
 

@@ -280,6 +280,7 @@ class Service:
         if not self.supervision.may_decide(now):
             return 0  # backing off after a failure; a standby holds the lease meanwhile
         if self.lease is not None and not await self.lease.hold():
+            self.supervision.decided_elsewhere(self._last_decision_seq)
             return 0  # a standby: another replica decides
         if self.settled(now):
             self.skipped += 1

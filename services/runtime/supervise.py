@@ -11,7 +11,8 @@ cycle whether it may decide, and tells it how each ended:
 - meanwhile the shell hands its lease over, so that a standby replica decides on the same log:
   one whose code does not fail there keeps the role going, and this one tries again after its
   back-off only if the lease is free;
-- a cycle that ends well resets the run of failures (the totals stay, for ``corral status``).
+- a cycle that ends well resets the run of failures (the totals stay, for ``corral status``),
+  and so does another replica's decision past the failure, seen while this one stands by.
 
 Pure: no IO, no clock; time comes in as ``now``.
 """
@@ -59,6 +60,15 @@ class Supervision:
     def succeeded(self) -> None:
         self.cycles += 1
         self.in_a_row = 0
+
+    def decided_elsewhere(self, seq: int) -> None:
+        """Another replica decided at log ``seq``: past this one's last failure, the role went on
+        where it failed, and the run of failures is over (a standby never has a good cycle of
+        its own to end it: it stood shown as failing, and its next failure as leader backed off
+        as a second in a row)."""
+        if self.in_a_row and self.last is not None and seq > self.last.seq:
+            self.in_a_row = 0
+            self.retry_at = 0.0
 
     def failed(self, now: float, seq: int, error: BaseException) -> Failure:
         """Count a failed cycle; the next may start ``backoff(in_a_row)`` seconds from ``now``."""

@@ -41,6 +41,19 @@ def test_a_failure_waits_its_backoff_and_a_good_cycle_resets_the_run_not_the_tot
     assert sup.retry_at == 201.0  # a new run starts from the first wait
 
 
+def test_a_decision_of_another_replica_past_the_failure_ends_the_run() -> None:
+    # A replica that handed its lease over after one failure stood shown as failing for as long
+    # as it stood by, and its next failure as leader backed off as a second in a row.
+    sup = Supervision(base=1.0, cap=4.0)
+    sup.failed(100.0, seq=7, error=RuntimeError("append timed out"))
+    sup.decided_elsewhere(7)  # nothing decided past it yet
+    assert sup.in_a_row == 1
+    sup.decided_elsewhere(12)
+    assert (sup.failures, sup.in_a_row, sup.cycles) == (1, 0, 0) and sup.may_decide(100.0)
+    sup.failed(200.0, seq=20, error=RuntimeError("again"))
+    assert sup.retry_at == 201.0
+
+
 def _crash_on(state: State, poisoned: str) -> None:
     for job in state.jobs.values():
         if job.id == poisoned:

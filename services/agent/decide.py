@@ -59,6 +59,10 @@ WorkerPhase = Literal["starting", "running", "checkpoint-requested", "checkpoint
 StopReason = Literal["cancelled", "preempted", "interrupted", "job-over", "superseded", "shrunk"]
 
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL when a job is over or interrupted
+# How long a worker sent SIGKILL may still be there before its GPUs are said to be held by a
+# process that cannot be killed (Slurm's ``UnkillableStepTimeout``, 60 s by default, drains the
+# node): the health monitor fails them, so work placed there goes elsewhere, until it is gone.
+UNKILLABLE_S = 60.0
 LATE_GRACE = 2.0  # after a checkpoint deadline has passed
 GONE_CODE = -1  # exit code reported for a worker the agent lost track of
 START_FAILED_CODE = 127  # exit code reported for a worker that never started (as a shell would)

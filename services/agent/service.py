@@ -81,6 +81,7 @@ from corral.projections.rules import RULES
 from corral.services.agent import discovery
 from corral.services.agent.decide import (
     STOP_GRACE,
+    UNKILLABLE_S,
     Exited,
     Report,
     Started,
@@ -104,10 +105,6 @@ log = logging.getLogger("corral.agent")
 # as it happens, the process dies of it moments later. And how many of the latest are kept.
 XID_WINDOW = 60.0
 _XIDS_KEPT = 256
-# How long a worker sent SIGKILL may still be there before its GPUs are said to be held by a
-# process that cannot be killed (Slurm's ``UnkillableStepTimeout``, 60 s by default, drains the
-# node): the health monitor fails them, so work placed there goes elsewhere, until it is gone.
-UNKILLABLE_S = 60.0
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 

@@ -69,6 +69,7 @@ from corral.services.agent import container, handover
 from corral.services.agent.container import ContainerMode, Probe
 from corral.services.agent.decide import (
     GONE_CODE,
+    UNKILLABLE_S,
     Action,
     Exited,
     Forget,
@@ -349,7 +350,7 @@ class Runtime(Launching):
             log.warning("%s: worker %s writes to %s, not moved: %s", self.node, w.key, old, e)
             w.log = old
 
-    async def close(self, grace: float = 5.0, unkillable_after: float = 60.0) -> None:
+    async def close(self, grace: float = 5.0, unkillable_after: float = UNKILLABLE_S) -> None:
         """Stop every worker and wait for them (the agent is shutting down), each at most
         ``unkillable_after`` seconds past its SIGKILL: one still there then (asleep in a hung
         driver call) is left to its keeper, stopping, for the next agent to take back."""

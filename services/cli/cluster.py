@@ -39,6 +39,7 @@ from corral.services.runtime import identities
 def cmd_up(args: argparse.Namespace) -> None:
     from corral.services.agent.inventory import MIXED
     from corral.services.cli.up import PartStopped, Refused, Settings, run_cluster
+    from corral.services.runtime.metrics import Unavailable
 
     tenants = tuple(t for t in (args.tenants or "").split(",") if t)
     if tenants and not args.auth:
@@ -75,10 +76,17 @@ def cmd_up(args: argparse.Namespace) -> None:
     try:
         asyncio.run(
             run_cluster(
-                args.server, args.nodes, args.profile, Path(args.data), args.port, settings, args.metrics_port
+                args.server,
+                args.nodes,
+                args.profile,
+                Path(args.data),
+                args.port,
+                settings,
+                args.metrics_port,
+                args.metrics_host,
             )
         )
-    except Refused as e:
+    except (Refused, Unavailable) as e:
         raise Failure(str(e)) from None
     except PartStopped as e:  # not a person's mistake: status 1, for a supervisor to restart it
         print(f"corral: {e}", file=sys.stderr)

@@ -93,6 +93,11 @@ def add_observing(p: argparse.ArgumentParser) -> None:
         "OTLP export too when OTEL_EXPORTER_OTLP_ENDPOINT is set",
     )
     p.add_argument(
+        "--metrics-host",
+        help="the address /metrics listens on (default: 127.0.0.1, this machine only; 0.0.0.0: "
+        "every interface, as a container scraped from outside needs)",
+    )
+    p.add_argument(
         "--log-level", choices=LEVELS, default="info", help="JSON lines on stderr unless it is a terminal"
     )
 

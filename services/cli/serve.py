@@ -128,7 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         announce(args.role, holder, "started; no lease: every replica answers its share")
 
         async def serve_one() -> None:
-            async with metrics.serving(f"corral-{args.role}", args.metrics_port):
+            async with metrics.serving(f"corral-{args.role}", args.metrics_port, args.metrics_host):
                 await run_one(stop_on_signals())
 
         ended(serve_one)
@@ -136,7 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     needs_log(f"serve {args.role}", login)
 
     async def run() -> None:
-        async with metrics.serving(f"corral-{args.role}", args.metrics_port):
+        async with metrics.serving(f"corral-{args.role}", args.metrics_port, args.metrics_host):
             await run_leased()
 
     async def run_leased() -> None:
@@ -228,7 +228,7 @@ def serve_agent(args: argparse.Namespace) -> None:
 
     async def run() -> None:
         # The agent's own figures (its process, its exports); the cluster's come from the read service.
-        async with metrics.serving("corral-agent", args.metrics_port):
+        async with metrics.serving("corral-agent", args.metrics_port, args.metrics_host):
             await run_agent()
 
     async def run_agent() -> None:
@@ -271,9 +271,14 @@ def serve_agent(args: argparse.Namespace) -> None:
 
 def ended(serve: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run a service until it stops; one whose connection to NATS gave up (an outage longer
-    than it reconnects for) exits 1 with one line, for its supervisor to start it again."""
+    than it reconnects for) exits 1 with one line, for its supervisor to start it again; one
+    whose metrics cannot listen where they were asked to, a person's mistake, exits 2."""
+    from corral.services.runtime.metrics import Unavailable
+
     try:
         asyncio.run(serve())
     except LogError as e:
         print(f"corral: {e}", file=sys.stderr)
         sys.exit(1)
+    except Unavailable as e:
+        raise BadInput(str(e)) from None

@@ -51,6 +51,17 @@ from corral.projections.state import WHOLE, JobState, State
 
 log = logging.getLogger("corral.metrics")
 
+# Where ``/metrics`` listens unless told otherwise: this machine only. The figures name every
+# queue and node and what each holds, which is no business of whoever else reaches the host;
+# a deployment whose Prometheus scrapes over the network says so (``--metrics-host``).
+LOOPBACK = "127.0.0.1"
+
+
+class Unavailable(Exception):
+    """``/metrics`` cannot listen where it was asked to (an address not of this host, a port
+    taken): said in one line, before the service starts."""
+
+
 Kind = Literal["gauge", "counter", "histogram"]
 
 
@@ -274,10 +285,14 @@ class Telemetry:
 
         return bytes(generate_latest(self.registry))
 
-    async def start(self, port: int | None = None, host: str = "0.0.0.0") -> None:
-        """Serve ``/metrics`` on ``port`` (if given) and start the OTLP export (if configured)."""
+    async def start(self, port: int | None = None, host: str = LOOPBACK) -> None:
+        """Serve ``/metrics`` on ``port`` of ``host`` (if given) and start the OTLP export (if
+        configured)."""
         if port is not None:
-            self._server = await asyncio.start_server(self._answer, host, port)
+            try:
+                self._server = await asyncio.start_server(self._answer, host, port)
+            except OSError as e:
+                raise Unavailable(f"cannot serve metrics on {host}:{port}: {e.strerror or e}") from None
             self.port = self._server.sockets[0].getsockname()[1]
             log.info("metrics at http://%s:%d/metrics", host, self.port)
         if self._otlp_reader is not None:
@@ -450,14 +465,14 @@ def _lost_hours(job: JobState, phase: str, since: float, held_milli: int, now: f
 
 
 @contextlib.asynccontextmanager
-async def serving(service: str, port: int | None, host: str = "0.0.0.0") -> AsyncIterator[Telemetry | None]:
-    """The process's telemetry while the block runs: ``/metrics`` on ``port`` (None: no
-    endpoint), OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; neither: none at all."""
+async def serving(service: str, port: int | None, host: str | None = None) -> AsyncIterator[Telemetry | None]:
+    """The process's telemetry while the block runs: ``/metrics`` on ``port`` of ``host`` (None:
+    no endpoint), OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; neither: none at all."""
     if port is None and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         yield None
         return
     telemetry = Telemetry(service)
-    await telemetry.start(port, host)
+    await telemetry.start(port, host or LOOPBACK)
     install(telemetry)
     try:
         yield telemetry

@@ -146,3 +146,16 @@ def test_the_generated_configs_are_ones_nats_server_accepts_and_passwords_are_ke
     nats_config(tmp_path, servers, flag(cmd, "--nodes").split(","), ())
     assert {p.name: p.read_text() for p in (tmp_path / "logins").iterdir()} == first
     assert oct((tmp_path / "logins" / "services.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_every_process_prometheus_scrapes_listens_where_it_can_be_reached() -> None:
+    """``/metrics`` listens on loopback unless told otherwise: in a container Prometheus, in its
+    own, would find nothing there."""
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    [job] = scrape["scrape_configs"]
+    [sd] = job["dns_sd_configs"]
+    commands = corral_services()
+    for name in sd["names"]:
+        cmd = commands[name]
+        assert flag(cmd, "--metrics-port") == str(sd["port"]), name
+        assert flag(cmd, "--metrics-host") == "0.0.0.0", name

@@ -16,8 +16,9 @@ p99 is mostly how long the burst takes to be taken in). Then, from one run, it p
    machine (to a scratch stream, every publish acknowledged, many acknowledgements in flight);
 2. free capacity: ``--jobs`` jobs of the mix (by default about half what the cluster holds) placed per
    second, start to end in stream time, and its share of the anchor; submit→placed p50/p95/p99
-   and placed→started (placement to the agent's report of its start, through the node's view)
-   from the stream's timestamps; each service's lag (a decision's, or a node view's, stream
+   (and split at the job's admission: admission's part and the placer's) and placed→started
+   (placement to the agent's report of its start, through the node's view) from the stream's
+   timestamps; each service's lag (a decision's, or a node view's, stream
    time minus that of the log record it was based on); each process's CPU and RSS;
 3. ``--queued`` jobs queued behind quota (one tenant's queue with a quota of 8 GPUs): every
    process's CPU while nothing else happens, then the same ``--jobs`` of the other tenants
@@ -308,6 +309,17 @@ async def measured(
         f"  submit→placed p50 {percentile(waits, 0.5):,.0f} ms  p95 {percentile(waits, 0.95):,.0f} ms"
         f"  p99 {percentile(waits, 0.99):,.0f} ms  max {max(waits, default=float('nan')):,.0f} ms"
     )
+    # The two decisions a job waits for, split: admission's (from the submit request stored to
+    # its admission stored), then the placer's.
+    admitted = [j for j in placed if j in watch.admitted and j in watch.submitted]
+    for name, ms in (
+        ("submit→admitted", [(watch.admitted[j] - watch.submitted[j]) * 1000 for j in admitted]),
+        ("admitted→placed", [(watch.placed[j] - watch.admitted[j]) * 1000 for j in admitted]),
+    ):
+        print(
+            f"  {name} p50 {percentile(ms, 0.5):,.0f} ms  p95 {percentile(ms, 0.95):,.0f} ms"
+            f"  p99 {percentile(ms, 0.99):,.0f} ms"
+        )
     begun = [(watch.started[j] - watch.placed[j]) * 1000 for j in placed if j in watch.started]
     viewed = [(watch.viewed[j] - watch.placed[j]) * 1000 for j in placed if j in watch.viewed]
     print(

@@ -29,7 +29,7 @@ import msgspec
 from corral.events import codec, subjects
 from corral.events.base import Decision
 from corral.events.decisions import JobsPlaced
-from corral.events.jobs import JobRejected
+from corral.events.jobs import JobRejected, JobsAdmitted
 from corral.events.log import Record
 from corral.events.nodes import WorkerExited, WorkerStarted
 
@@ -94,6 +94,7 @@ class Watch:
     per_job: bool = True
 
     submitted: dict[str, float] = field(default_factory=dict)  # job -> stream time of its submit
+    admitted: dict[str, float] = field(default_factory=dict)  # job -> of its first admission
     placed: dict[str, float] = field(default_factory=dict)  # job -> of its first placement
     started: dict[str, float] = field(default_factory=dict)  # job -> of its first attempt's rank 0 start
     viewed: dict[str, float] = field(default_factory=dict)  # job -> its first attempt in a node's view
@@ -144,6 +145,10 @@ class Watch:
                     for p in body.placements:
                         if p.attempt == 0:
                             self.placed.setdefault(p.job_id, r.time)
+                elif isinstance(body, JobsAdmitted) and self.per_job:
+                    for a in body.admissions:
+                        if a.attempt == 0:
+                            self.admitted.setdefault(a.job_id, r.time)
             elif s.startswith(node_prefix) and b"WorkerExited" in r.data:
                 body = codec.decode_envelope(r.data).body
                 if isinstance(body, WorkerExited) and body.rank == 0 and body.code == 0:

@@ -107,11 +107,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         beneficiary.reclaim_key = ev.key
     for job in victims:
         move(state, job, "preempt", ctx)
-        # Its last preemption by its class's cap leaves it one that could not be stopped again:
-        # it holds its quota from then on as such a job does (``quota.stoppable``).
-        counted_again = quota.counted_as(state, job)
         job.preemptions += 1
-        counted_again()
         job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
         indexes.name(state, job, ev.beneficiary)
         job.stopped_for = stopped_for(job, beneficiary)

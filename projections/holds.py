@@ -79,7 +79,7 @@ class Hold:
         room once it needs it: the preemption rule's test of a victim of the beneficiary's own
         queue (``preemption.eligible``: a lower priority, or an equal one submitted later where
         ``within_queue`` allows that; neither stopped for the other before), of a job that may
-        still be preempted (``Ledger.may_borrow``). Such a job only borrows the held job's
+        still be preempted (``Ledger.may_take_back``). Such a job only borrows the held job's
         room until the held job needs it, as a borrower of another queue does. Not while that
         room is free now (``start`` is ``now``): the held job then waits only for quota other
         queues borrow, which the preemptor takes back at once, and a job admitted into its
@@ -87,7 +87,7 @@ class Hold:
         if self.held is None or self.start <= now:
             return False
         mine = eligible(self.policy, job, None, self.held, None, lent=False, reclaims=False)
-        return mine and ledger.may_borrow(job)
+        return mine and ledger.may_take_back(job)
 
     def when(self) -> str:
         # An absolute log time, as the placer's reservation says it: stable from cycle to cycle.
@@ -127,7 +127,7 @@ def hold(
     and when the queue's holders of that key, given per (queue, key) by (expected end,
     milli-GPU) in ``ends``, leave room for it in the nominal. None if it needs no quota or more
     than the nominal."""
-    found = ledger.key_for(queue, job)
+    found = ledger.key_for(queue, job.spec)
     if found is None:
         return None
     key, need = found

@@ -211,7 +211,4 @@ from __future__ import annotations
 # 73: a fair-sharing victim's queue counts its history or what it holds now, whichever is less
 #    (``Shares.share``): by its history alone, one that held much for days was taken below an
 #    even split.
-# 74: a job preempted as often as its class's lifetime cap allows is held as one that may not be
-#    preempted (``quota.stoppable``): it may not borrow, its quota counts as fixed from that
-#    preemption on, and a class may not lower its cap to what its borrowing jobs have had.
-RULES = 74
+RULES = 73

@@ -2,8 +2,7 @@
 
 What a queue borrows is other queues' nominal, theirs again as soon as they need it, and only
 stopping the borrower gives it back. So only jobs that may be preempted borrow: what a queue's
-jobs that may not be preempted (their spec, their priority class, or preempted as often as its
-lifetime cap allows) hold stays within its
+jobs that may not be preempted (their spec, or their priority class) hold stays within its
 nominal (KAI-Scheduler keeps non-preemptible jobs within their queue's deserved quota), and the
 queue's preemptible jobs borrow on top. The fold arbitrates it (``Ledger.may_borrow``, kept as
 ``State.quota_held_fixed``), admission follows it, and a job that could never fit so is refused
@@ -190,81 +189,3 @@ def test_no_change_of_a_shared_pool_leaves_unstoppable_jobs_past_their_part() ->
     lb.request("bob", "cancel", {"job_id": "fixed-b"})
     state = lb.admin("cohort", ApplyCohort(cohort=unshared)).fold()
     assert not state.cohorts["org"].share_own_quota and state.rejected_total == 4
-
-
-# A class whose jobs may be preempted once in their life.
-ONCE = PriorityClassSpec("once", 0, max_preemptions=1)
-
-
-def capped_borrower_world() -> LogBuilder:
-    """team-a's ``borrower`` (6 GPUs of class ``once``: 2 of them team-b's nominal) running,
-    then stopped once for team-b's ``b1`` (the lender taking its quota back), which runs."""
-    lb = lender_world()
-    lb.admin("priority-class", ApplyPriorityClass(priority_class=ONCE))
-    spec = job().gpus(6).priority_class("once").checkpointable()
-    lb.submit("alice", "borrower", spec).accept("borrower").admit("borrower")
-    lb.place(on("node-00", 0, 1, 2, 3, 4, 5, job_id="borrower")).started("node-00", "borrower")
-    lb.submit("bob", "b1", job("team-b").gpus(4)).accept("b1")
-    return lb.preempt("b1", "borrower")
-
-
-def test_a_job_preempted_as_often_as_its_class_allows_holds_its_quota_as_one_that_may_not_be() -> None:
-    lb = capped_borrower_world()
-    state = lb.fold()
-    # Checkpointing, it still holds its 6; it could not be stopped again, so they are fixed.
-    assert state.jobs["borrower"].phase == "checkpointing"
-    assert state.quota_held_fixed == {"team-a": {ANY: 6000}}
-    ledger, counted = Ledger.from_state(state), Ledger.from_jobs(state)
-    assert ledger.fixed("team-a", ANY) == counted.fixed("team-a", ANY) == 6000
-    lb.exited("node-00", "borrower", code=0, stopped=True)
-    state = lb.fold()
-    assert state.jobs["borrower"].phase == "preempted" and state.quota_held_fixed == {}
-    assert state.quota_held == {}
-
-
-def test_a_job_at_its_classs_cap_on_preemptions_may_not_borrow_again() -> None:
-    # Borrowing again, nobody could take back what it borrowed: team-b's jobs within their
-    # nominal would wait for it to end on its own.
-    lb = capped_borrower_world()
-    lb.exited("node-00", "borrower", code=0, stopped=True).requeue("borrower", 0, code="preempted")
-    lb.admit("b1").place(on("node-00", 0, 1, 2, 3, job_id="b1")).started("node-00", "b1")
-    lb.exited("node-00", "b1")  # team-b's quota idle again: lent to team-a's jobs that may borrow
-    lb.admit("borrower", attempt=1)
-    state = lb.fold()
-    assert state.jobs["borrower"].phase == "queued"
-    assert "may not be preempted, so may not borrow" in state.rejections[-1].message
-    # Admission does not propose it either, and says why.
-    events = decide(state, lb.time)
-    assert not any(getattr(e, "admissions", None) for e in events), events
-    said = {e.job_id: e.reasons for e in events if isinstance(e, PendingReasonChanged)}
-    (why,) = said["borrower"]
-    assert why.code == "quota" and "may not be preempted, so may not borrow" in why.message, why
-    # Within its queue's nominal it is admitted as any job that may not be stopped is.
-    small = job().gpus(4).priority_class("once")
-    lb2 = lender_world()
-    lb2.admin("priority-class", ApplyPriorityClass(priority_class=ONCE))
-    lb2.submit("alice", "s", small.checkpointable()).accept("s").admit("s")
-    assert lb2.fold().jobs["s"].phase == "admitted"
-
-
-def test_a_class_may_not_cap_preemptions_below_what_its_borrowing_jobs_have_had() -> None:
-    lb = lender_world()
-    lb.admin("priority-class", ApplyPriorityClass(priority_class=PriorityClassSpec("once", 0)))
-    spec = job().gpus(6).priority_class("once").checkpointable()
-    lb.submit("alice", "borrower", spec).accept("borrower").admit("borrower")
-    lb.place(on("node-00", 0, 1, 2, 3, 4, 5, job_id="borrower")).started("node-00", "borrower")
-    lb.submit("bob", "b1", job("team-b").gpus(4)).accept("b1").preempt("b1", "borrower")
-    lb.exited("node-00", "borrower", code=0, stopped=True).requeue("borrower", 0, code="preempted")
-    lb.admit("b1").place(on("node-00", 0, 1, 2, 3, job_id="b1")).started("node-00", "b1")
-    lb.exited("node-00", "b1")
-    lb.admit("borrower", attempt=1)  # preempted once, no cap: it borrows again
-    state = lb.fold()
-    assert state.jobs["borrower"].phase == "admitted" and state.quota_held_fixed == {}
-    state = lb.admin("priority-class", ApplyPriorityClass(priority_class=ONCE)).fold()
-    why = state.rejections[-1]
-    assert why.code == "forbidden" and "cap its jobs' preemptions at 1 while its jobs borrow" in why.message
-    assert state.priority_classes["once"].max_preemptions is None and state.quota_held_fixed == {}
-    # A cap its borrowing jobs have not reached is taken.
-    twice = msgspec.structs.replace(ONCE, max_preemptions=2)
-    state = lb.admin("priority-class", ApplyPriorityClass(priority_class=twice)).fold()
-    assert state.priority_classes["once"].max_preemptions == 2

@@ -46,14 +46,19 @@ has every estimate stretched as far as that lie for the next ``RECORD`` of their
 tenant has fewer than ``MIN_SAMPLES`` such runs, the lane reads the longer of their estimate and
 the learned one. Fixed at submission (``JobState.overrun``), as ``learned_s`` is.
 
-Bounded: at most ``MAX_CLASSES`` classes (and tenants' records) are kept, the one updated
-longest ago let go first, so unique names cost nothing for ever. Pure: the fold calls ``learn``,
+Bounded, per tenant: a tenant's classes are at most ``MAX_CLASSES_PER_TENANT``, its class
+updated longest ago let go first, so that unique names cost nothing for ever and one tenant's
+stream of them lets go only of its own history, never another's; past ``MAX_CLASSES`` in all,
+the tenant with most classes lets go of its oldest. A name or command is in a class's key as it
+is up to ``MAX_NAME`` characters, else as its digest: a key costs the same whatever a tenant
+runs. Tenants' records are at most ``MAX_CLASSES``. Pure: the fold calls ``learn``,
 ``ended_unwell``, ``learned`` and ``overrun``.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import math
 from operator import itemgetter
 
@@ -66,6 +71,8 @@ RECORD = 20  # a tenant's latest estimated runs that their estimates are checked
 LATEST = 5  # the runs submitted last that a new job's estimate is the median of
 MIN_SAMPLES = 3
 MAX_CLASSES = 10_000
+MAX_CLASSES_PER_TENANT = 2_000
+MAX_NAME = 128  # a longer name or command is keyed by its digest
 
 
 # Each job's classes are asked for twice (at its submission and at its success), and most jobs
@@ -96,6 +103,8 @@ def classes(tenant: str, spec: JobSpec) -> tuple[str, ...]:
 def _classes(tenant: str, spec: JobSpec) -> tuple[str, ...]:
     gpus = f"{quota.worker_milli(spec.resources) * spec.replicas / WHOLE:g}"
     what = spec.name or " ".join(spec.command)
+    if len(what) > MAX_NAME:
+        what = "#" + hashlib.blake2b(what.encode(errors="surrogatepass"), digest_size=16).hexdigest()
     if what:
         return (f"t={tenant} n={what} g={gpus}", f"t={tenant} g={gpus}", f"t={tenant}", f"q={spec.queue}")
     return (f"t={tenant} g={gpus}", f"t={tenant}", f"q={spec.queue}")
@@ -173,7 +182,8 @@ def learn(state: State, job: JobState) -> None:
     history, latest = state.runtimes, state.latest_runs
     ran_s = job.ran_s
     run = (job.submitted_at, ran_s)
-    for key in classes(job.tenant, job.spec):
+    keys = classes(job.tenant, job.spec)
+    for key in keys:
         ran = history.pop(key, None)  # re-inserted last: the dict's order is the order of updates
         if ran is None:
             ran = []
@@ -188,8 +198,31 @@ def learn(state: State, job: JobState) -> None:
         if len(runs) > LATEST:
             del runs[0]
         latest[key] = runs
+    mine = state.runtime_classes.pop(job.tenant, None)  # re-inserted last, as classes are
+    if mine is None:
+        mine = {}
+    for key in keys[:-1]:  # the last is its queue's
+        mine.pop(key, None)
+        mine[key] = None
+    state.runtime_classes[job.tenant] = mine
+    while len(mine) > MAX_CLASSES_PER_TENANT:
+        _forget(state, job.tenant)
     while len(history) > MAX_CLASSES:
-        del history[next(iter(history))]
-    while len(latest) > MAX_CLASSES:
-        del latest[next(iter(latest))]
+        if state.runtime_classes:
+            _forget(state, max(state.runtime_classes, key=lambda t: len(state.runtime_classes[t])))
+        else:  # only queues' classes: as many as queues, an administrator's
+            key = next(iter(history))
+            del history[key]
+            latest.pop(key, None)
     _owners_word(state, job)
+
+
+def _forget(state: State, tenant: str) -> None:
+    """Let go of ``tenant``'s class updated longest ago (and of the tenant once it has none)."""
+    mine = state.runtime_classes[tenant]
+    key = next(iter(mine))
+    del mine[key]
+    if not mine:
+        del state.runtime_classes[tenant]
+    state.runtimes.pop(key, None)
+    state.latest_runs.pop(key, None)

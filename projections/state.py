@@ -251,6 +251,9 @@ class State(msgspec.Struct, gc=False):
     # Per class, (submitted at, running time) of the ``runtimes.LATEST`` jobs that succeeded
     # submitted last, in submission order: what a new job's estimate is learned from.
     latest_runs: dict[str, list[tuple[float, float]]] = {}
+    # Per tenant, its classes among those (not its queues'), updated longest ago first: what
+    # each tenant's share of them is bounded by (``runtimes.MAX_CLASSES_PER_TENANT``).
+    runtime_classes: dict[str, dict[str, None]] = {}
     # Per tenant, running time over the owner's estimate of their ``runtimes.RECORD`` latest
     # estimated jobs that succeeded, the tenant updated longest ago first (``runtimes.overrun``).
     estimate_record: dict[str, list[float]] = {}

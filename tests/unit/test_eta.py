@@ -112,11 +112,36 @@ def test_history_is_bounded_per_class_and_in_classes() -> None:
     for i in range(runtimes.HISTORY + 5):
         runtimes.learn(state, finished("a", spec(1, "n"), float(i)))
     assert all(len(v) == runtimes.HISTORY for v in state.runtimes.values())
-    for i in range(runtimes.MAX_CLASSES + 3):
+    for i in range(runtimes.MAX_CLASSES_PER_TENANT + 3):
         runtimes.learn(state, finished("a", spec(1, f"unique-{i}"), 1.0))
-    assert len(state.runtimes) == runtimes.MAX_CLASSES
-    assert len(state.latest_runs) == runtimes.MAX_CLASSES
+    assert len(state.runtime_classes["a"]) == runtimes.MAX_CLASSES_PER_TENANT
+    assert len(state.runtimes) == len(state.latest_runs) == runtimes.MAX_CLASSES_PER_TENANT + 1  # + q=
     assert "t=a" in state.runtimes and "t=a" in state.latest_runs  # updated by every job: never the oldest
+
+
+def test_one_tenants_unique_jobs_let_go_only_of_its_own_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One LRU for all had a tenant running uniquely named jobs push every other tenant's learned
+    # estimates out, and a class keyed by a 64 KiB command kept 64 KiB for good.
+    monkeypatch.setattr(runtimes, "MAX_CLASSES", 60)
+    monkeypatch.setattr(runtimes, "MAX_CLASSES_PER_TENANT", 40)
+    state = State()
+    for i in range(3):
+        runtimes.learn(state, finished("a", spec(1, "train"), 3600.0, float(i)))
+    for i in range(10):
+        runtimes.learn(state, finished("c", spec(1, f"c-{i}"), 60.0, float(i)))
+    long = spec(1, "x" * 60_000)
+    for i in range(1000):
+        runtimes.learn(state, finished("b", msgspec.structs.replace(long, name="y" * 60_000 + str(i)), 1.0))
+    assert runtimes.learned(state, "a", spec(1, "train")) == 3600.0
+    assert len(state.runtime_classes["c"]) == 12  # its 10 names, its size and itself: all kept
+    assert len(state.runtime_classes["b"]) <= 40 and len(state.runtimes) <= 60
+    assert max(map(len, state.runtimes)) < 200  # long names kept as their digest
+    # Past the bound in all, the tenant with most classes lets go first.
+    for t in ("d", "e"):
+        for i in range(30):
+            runtimes.learn(state, finished(t, spec(1, f"{t}-{i}"), 1.0))
+    assert runtimes.learned(state, "a", spec(1, "train")) == 3600.0
+    assert len(state.runtimes) <= 60 and len(state.runtime_classes["b"]) < 40
 
 
 def test_the_fold_learns_from_jobs_that_succeed() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 
 from corral.services.agent import confined
 from corral.services.agent.decide import Checkpointed, Report, WorkerKey
@@ -23,6 +24,12 @@ from corral.services.agent.worker import DONE, REQUEST, Worker, kill, log
 MAX_DONE_BYTES = 64 * 1024
 MAX_LOCATION = 4096
 MAX_STEP = 2**63 - 1
+# A worker's checkpoints written unasked are reported at most once in this many seconds, and
+# only past the step last reported: every report is a record of the log, which nothing purges
+# and every service folds, and a worker writing ``DONE`` in a loop (any tenant's, a CPU-only job
+# needing no quota) grew it by a record a poll. The newest ``DONE`` waits in place for its turn;
+# one asked for (a preemption waits on it) and the last, as the worker exits, go at once.
+REPORT_EVERY_S = 30.0
 
 
 class Checkpoints(Stopping):
@@ -30,6 +37,7 @@ class Checkpoints(Stopping):
 
     # The runtime's state this part reads, set by ``Runtime.__init__`` (``workers.py``).
     reports: asyncio.Queue[Report]
+    report_every = REPORT_EVERY_S
 
     async def request_checkpoint(self, key: WorkerKey, deadline: float) -> None:
         w = self._workers.get(key)
@@ -60,6 +68,14 @@ class Checkpoints(Stopping):
             kill(pid, signal.SIGUSR1)
 
     def _poll_checkpoint(self, w: Worker, final: bool) -> None:
+        last = w.checkpoint_reported_at
+        if (
+            not final
+            and w.phase != "checkpoint-requested"
+            and last is not None
+            and time.monotonic() - last < self.report_every
+        ):
+            return  # not its turn: its newest DONE waits in place
         try:
             with confined.directory(w.checkpoint_top, w.checkpoints) as d:
                 self._take_done(w, d, final)
@@ -115,9 +131,15 @@ class Checkpoints(Stopping):
                 raw[:200],
             )
             return
+        asked = w.phase == "checkpoint-requested"
+        last = w.checkpoint_step
+        if not asked and last is not None and step <= last:
+            log.debug("worker %s: checkpoint step %d not past %d: not reported", w.key, step, last)
+            return
         confined.remove(d, REQUEST)
-        if w.phase == "checkpoint-requested":
+        if asked:
             w.phase = "checkpointed"
+        w.checkpoint_reported_at, w.checkpoint_step = time.monotonic(), step
         self.reports.put_nowait(Checkpointed(w.key, step, location))
 
 

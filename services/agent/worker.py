@@ -107,6 +107,9 @@ class Worker:
         self.killer: asyncio.Task[None] | None = None
         self.killed_at: float | None = None  # when SIGKILL was first sent (monotonic)
         self.done_unreadable = False  # its DONE is no file the agent reads, and stays (said once)
+        # its last checkpoint reported: when (monotonic) and its step (``checkpoints``)
+        self.checkpoint_reported_at: float | None = None
+        self.checkpoint_step: int | None = None
         self.settled = asyncio.Event()  # the start barrier has decided about this worker
         self.announced = False  # its start was reported: its exit and checkpoints are reported too
         self.stop_requested = False

@@ -503,6 +503,39 @@ async def test_a_done_no_report_can_carry_is_ignored_and_the_worker_still_watche
     assert ran(reports[-1]) == Exited(s.key, 0)
 
 
+# Writes a checkpoint every 10 ms for 2 s, steps 1..200, then one behind them.
+DONE_FLOOD = (
+    "import json, os, pathlib, time\n"
+    "d = pathlib.Path(os.environ['CORRAL_CHECKPOINT_DIR'])\n"
+    "def done(step):\n"
+    "    (d / 'x.tmp').write_text(json.dumps({'step': step, 'location': f'/c/{step}'}))\n"
+    "    os.replace(d / 'x.tmp', d / 'DONE')\n"
+    "for step in range(1, 201):\n"
+    "    done(step)\n"
+    "    time.sleep(0.01)\n"
+    "while (d / 'DONE').exists(): time.sleep(0.02)\n"
+    "done(7)\n"
+    "while (d / 'DONE').exists(): time.sleep(0.02)\n"
+)
+
+
+async def test_a_worker_writing_checkpoints_in_a_loop_is_reported_at_most_once_an_interval(
+    plain: Runtime, tmp_path: Path
+) -> None:
+    """Every DONE the agent saw was a report, so a record of the log: a worker writing one in a
+    loop (a CPU-only job needs no quota) grew the log by a record a poll, for ever. Unasked
+    checkpoints go at most once in ``report_every``, each past the step before; the last one,
+    as the worker ends, at once; one behind the step reported is not reported."""
+    plain.report_every = 0.5
+    s = spec_for(tmp_path, "flood", [PY, "-c", DONE_FLOOD])
+    await start_one(plain, s)
+    reports = await until(plain, exit_of(s.key))
+    steps = [r.step for r in reports if isinstance(r, Checkpointed)]
+    assert 1 <= len(steps) <= 2.0 / 0.5 + 2, steps  # one a poll (every 20 ms) before
+    assert steps == sorted(set(steps)) and steps[-1] == 200, steps
+    assert ran(reports[-1]) == Exited(s.key, 0)
+
+
 async def test_a_worker_still_there_long_after_sigkill_marks_its_gpu_in_heartbeats(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -65,6 +65,12 @@ Workers = frozenset[tuple[str, int, int]]  # (node, attempt, rank)
 HISTORY_FIRST = 64  # a held job's first records, kept in its history whatever follows
 HISTORY_MOST = 512  # records kept in a held job's history: its first, then its newest
 LEFT_OUT = "LeftOut"  # the type of the history entry that counts the records left out
+# Refused records of a held job kept in its history; later ones are counted, each run of them
+# in one entry (``REFUSALS_LEFT_OUT``). A tenant may send its job's submit or cancel again at
+# will, each one refused: counted per job only, their entries made every job's history as long
+# as ``HISTORY_MOST``, in every read service, for every job a tenant may hold.
+REFUSED_MOST = 8
+REFUSALS_LEFT_OUT = "RefusalsLeftOut"
 # Requests other than submits that the fold took, newest kept: what tells such a request's verdict
 # "applied" from a question about a position where the asker made none. A verdict is asked just
 # after the request; one older than every kept is "unknown".
@@ -81,6 +87,8 @@ class JobView:
         self.state = State()
         self.history: dict[str, list[JobEvent]] = {}
         self.left_out: dict[str, int] = {}  # held job -> records left out of its history
+        # held job -> refused records about it, and those of them the last entry counts
+        self.refused: dict[str, tuple[int, int]] = {}
         self.placed: dict[str, Workers] = {}  # held job -> every worker the fold placed for it
         self.taken: OrderedDict[int, tuple[str, str]] = OrderedDict()  # seq -> (subject, job id)
         self.taken_from = 0  # every request taken from this position on is in ``taken``
@@ -140,7 +148,21 @@ class JobView:
         """Add ``e`` to a held job's history, which keeps its first ``HISTORY_FIRST`` records and
         its newest, ``HISTORY_MOST`` in all, with one entry in between that counts the records
         left out: a job that runs for weeks, or a client that sends its submit again and again,
-        would otherwise grow it, and its ``explain``, without end (the log keeps them all)."""
+        would otherwise grow it, and its ``explain``, without end (the log keeps them all).
+        Past ``REFUSED_MOST`` refused records, each run of them is one entry that counts them."""
+        if e.refused:
+            refused, run = self.refused.get(e.job_id, (0, 0))
+            refused += 1
+            if refused > REFUSED_MOST:
+                if run:  # the entry counting this run of them is the last: counted again
+                    events.pop()
+                run += 1
+                records = "record" if run == 1 else "records"
+                summary = f"{run} more refused {records} about it left out of this history (the log has them)"
+                e = JobEvent(e.job_id, e.seq, e.subject, REFUSALS_LEFT_OUT, e.time, summary, e.refused)
+            self.refused[e.job_id] = (refused, run)
+        elif e.job_id in self.refused:
+            self.refused[e.job_id] = (self.refused[e.job_id][0], 0)  # a run of refusals ends
         if len(events) < HISTORY_MOST:
             events.append(e)
             return
@@ -163,6 +185,7 @@ class JobView:
 
     def _keep(self, job: JobState, seq: int) -> None:
         self.left_out.pop(job.id, None)
+        self.refused.pop(job.id, None)
         report = explain(job, self.history.pop(job.id, ()))
         report["text"] += f"\n  let go from the cluster's state at seq {seq}: it is kept here only"
         self.db.execute(

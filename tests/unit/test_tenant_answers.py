@@ -271,6 +271,36 @@ def test_a_long_lived_jobs_history_keeps_its_first_and_newest_records_and_counts
     assert len(told["history"]) == HISTORY_MOST + 1 and len(json.dumps(told)) < 256 * 1024
 
 
+def test_a_tenants_refused_requests_about_its_job_are_counted_in_its_history_not_kept() -> None:
+    # Its submit sent again and again, each refused: 512 entries kept for each of its jobs, up
+    # to the jobs a tenant may hold, in every read service, charged to nobody.
+    from corral.events.jobs import CancelJob, SubmitJob
+    from corral.projections.index import JobEvent
+    from corral.services.query.view import REFUSALS_LEFT_OUT, REFUSED_MOST
+    from tests.builders import Cluster, LogBuilder, job
+
+    log = LogBuilder().nodes(Cluster(1)).queue("team-a")
+    log.submit("a", "w", job()).accept("w")
+    again = SubmitJob(request_id="w", job=job().build())
+    for _ in range(300):
+        log.request("a", "submit", again)
+    log.request("a", "cancel", CancelJob(job_id="w", reason="done"))
+    for _ in range(50):
+        log.request("a", "cancel", CancelJob(job_id="w", reason="done"))
+    view = JobView(":memory:")
+    view.fold(log.records)
+    assert view.state.rejected_total == 350 and view.state.jobs["w"].phase == "cancelled"
+    events: list[JobEvent] = view.history["w"]
+    kinds = [e.type for e in events]
+    refused = [e for e in events if e.refused and e.type != REFUSALS_LEFT_OUT]
+    assert len(refused) == REFUSED_MOST
+    counts = [e for e in events if e.type == REFUSALS_LEFT_OUT]
+    assert [c.summary.split(" ", 1)[0] for c in counts] == [str(300 - REFUSED_MOST), "50"], kinds
+    assert counts[0].seq < events[kinds.index("CancelJob")].seq < counts[1].seq  # in the log's order
+    assert counts[1].seq == log.last_seq  # the newest refusal counted
+    assert len(events) == 2 + REFUSED_MOST + 3  # submit, accept, those kept, a count, the cancel, a count
+
+
 def test_the_gpus_of_a_thousand_nodes_come_a_page_at_a_time() -> None:
     # 10,000 GPUs: one answer of every GPU was more than a NATS message carries (1 MiB), and
     # the dashboard's grid of a cluster that size was refused.

@@ -83,16 +83,6 @@ class NodeView:
         return sum(1 for g in self.gpus if g.model == model and g.whole_free)
 
 
-def _count_free_whole(node: NodeState) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for g in node.gpus:
-        if g.healthy and not g.info.mig and not g.holders:
-            counts[g.info.model] = counts.get(g.info.model, 0) + 1
-        else:
-            counts.setdefault(g.info.model, 0)
-    return counts
-
-
 class Snapshot:
     """The cycle's view: lazily built node views, a whole-GPU index and the overlay."""
 
@@ -115,17 +105,30 @@ class Snapshot:
         # differently now. ``Chain.diagnose`` re-asks only these nodes since it last asked.
         self.touched: list[str] = []
         self.diagnoses: dict[Hashable, Any] = {}
+        # The cycle's one walk of the whole cluster (1,250 nodes, 10,000 GPUs): each GPU read
+        # once, for the whole-GPU index and for where fractions and MIG slices may go.
+        ready, index, sliced, partial = self.ready, self._index, self.sliced, self.partial
         for name, node in state.nodes.items():
             if not node.schedulable:
                 continue
-            self.ready.append(name)
-            for model, n in _count_free_whole(node).items():
-                self._index(name, model, n)
+            ready.append(name)
+            # Free whole GPUs per model, models in the order the node lists them (a model with
+            # none free still files the node under 0).
+            counts: dict[str, int] = {}
             for g in node.gpus:
-                if g.healthy and g.info.mig:
-                    self.sliced[name] = None
-                elif g.healthy and 0 < g.free_milli < WHOLE:
-                    self.partial[name] = None
+                info = g.info
+                model = info.model
+                if g.healthy and not info.mig and not g.holders:
+                    counts[model] = counts.get(model, 0) + 1
+                elif model not in counts:
+                    counts[model] = 0
+                if g.healthy:
+                    if info.mig:
+                        sliced[name] = None
+                    elif 0 < g.free_milli < WHOLE:
+                        partial[name] = None
+            for model, n in counts.items():
+                index(name, model, n)
 
     # -- reading ------------------------------------------------------------------------------
 

@@ -64,7 +64,7 @@ class NodeView:
 
     __slots__ = (
         "name", "ready", "cordoned", "condition", "labels", "cpu_free", "mem_free", "workers_free",
-        "gpus", "version",
+        "gpus", "version", "suitable",
     )  # fmt: skip
 
     def __init__(self, node: NodeState) -> None:
@@ -78,6 +78,9 @@ class NodeView:
         self.mem_free = node.inventory.memory_mib - node.memory_used
         self.workers_free = node.inventory.max_workers - node.workers
         self.gpus = [GpuView(g) for g in node.gpus]
+        # Per need, the GPUs that could ever serve it (``plugins/model.suitable``): facts of the
+        # hardware, which no take or give-back changes, asked by several plugins of each node.
+        self.suitable: dict[Hashable, list[GpuView]] = {}
 
     def free_whole(self, model: str) -> int:
         return sum(1 for g in self.gpus if g.model == model and g.whole_free)

@@ -15,7 +15,7 @@ from corral.events.base import Reason
 from corral.projections.placement.framework import Request
 from corral.projections.placement.plugins import mig as mig_plugin
 from corral.projections.placement.plugins.fragmentation import TaskShape
-from corral.projections.placement.plugins.model import suits
+from corral.projections.placement.plugins.model import suitable
 from corral.projections.placement.snapshot import NodeView
 
 
@@ -48,7 +48,7 @@ class FitFilter:
         need = req.need
         if node.workers_free < 1:
             return _short("workers", node, "runs the most workers it may")
-        usable = [g for g in node.gpus if g.healthy and suits(need, g)]
+        usable = [g for g in suitable(need, node) if g.healthy]
         if need.kind == "mig":
             if node.cpu_free < need.cpu:
                 return _short("cpu", node, f"{node.cpu_free} of {need.cpu} milli-CPU free")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from corral.events.base import Reason
 from corral.projections.placement.framework import Request
-from corral.projections.placement.plugins.model import suits
+from corral.projections.placement.plugins.model import suitable
 from corral.projections.placement.snapshot import NodeView
 
 
@@ -33,9 +33,9 @@ class GpuHealthFilter:
         need = req.need
         if need.kind == "cpu":
             return None
-        suitable = [g for g in node.gpus if suits(need, g)]
-        healthy = sum(1 for g in suitable if g.healthy)
+        fitting = suitable(need, node)
+        healthy = sum(1 for g in fitting if g.healthy)
         if healthy < need.gpus:
-            bad = ", ".join(str(g.index) for g in suitable if not g.healthy)
+            bad = ", ".join(str(g.index) for g in fitting if not g.healthy)
             return Reason("gpu-unhealthy", f"node {node.name}: GPUs {bad} are unhealthy")
         return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from corral.events.decisions import GpuClaim, MigSlot
 from corral.projections import mig
 from corral.projections.placement.framework import Need, NeedKind, Request
-from corral.projections.placement.plugins.model import suits
+from corral.projections.placement.plugins.model import suitable
 from corral.projections.placement.snapshot import GpuView, NodeView
 
 
@@ -44,8 +44,8 @@ class MigReserve:
         need = req.need
         assert need.mig is not None
         best: tuple[tuple[int, int, int, int, int, int], GpuClaim] | None = None
-        for g in node.gpus:
-            if not g.healthy or not suits(need, g) or (island is not None and g.island != island):
+        for g in suitable(need, node):
+            if not g.healthy or (island is not None and g.island != island):
                 continue
             p = mig.profile(g.model, need.mig)
             assert p is not None

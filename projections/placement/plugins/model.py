@@ -21,6 +21,23 @@ def suits(need: Need, g: GpuView) -> bool:
     return not g.mig
 
 
+# Needs a view keeps the suitable GPUs of (``suitable``): a cycle asks a few; admission's idle copy
+# of the inventory, whose views last, would keep one per shape it was ever asked about.
+SUITABLE_MOST = 64
+
+
+def suitable(need: Need, node: NodeView) -> list[GpuView]:
+    """The GPUs of ``node`` that ``suits`` says could serve ``need``, in index order: worked out
+    once per view and need, as the model, GPU health and fit filters each ask it of every node a
+    job visits (of every node, when a job waits and its reasons are counted)."""
+    found = node.suitable.get(need)
+    if found is None:
+        if len(node.suitable) >= SUITABLE_MOST:
+            node.suitable.clear()
+        found = node.suitable[need] = [g for g in node.gpus if suits(need, g)]
+    return found
+
+
 class ModelFilter:
     name = "model"
     static = True
@@ -28,6 +45,11 @@ class ModelFilter:
     def check(self, req: Request, node: NodeView) -> Reason | None:
         need = req.need
         if need.kind == "cpu":
+            return None
+        # The usual answer first: enough suitable GPUs (each of them is of a model the job
+        # accepts, with the memory it needs). Only a no is worth the walks that say why.
+        fitting = suitable(need, node)
+        if fitting and len(fitting) >= need.gpus:
             return None
         models = [g for g in node.gpus if need.model_ok(g.model)]
         if not models:

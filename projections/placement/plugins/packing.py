@@ -83,7 +83,7 @@ from corral.projections.placement.plugins.fragmentation import (
     take_shared,
     take_whole,
 )
-from corral.projections.placement.plugins.model import suits
+from corral.projections.placement.plugins.model import suitable
 from corral.projections.placement.snapshot import GpuView, NodeView
 from corral.projections.shape import Shape, kind_of
 from corral.projections.state import State
@@ -372,11 +372,8 @@ class SharedGpuReserve:
         need = req.need
         room = [
             g
-            for g in node.gpus
-            if g.healthy
-            and suits(need, g)
-            and g.free >= need.milli
-            and (island is None or g.island == island)
+            for g in suitable(need, node)
+            if g.healthy and g.free >= need.milli and (island is None or g.island == island)
         ]
         if not room:
             return None

@@ -28,7 +28,8 @@ MAX_STEP = 2**63 - 1
 # only past the step last reported: every report is a record of the log, which nothing purges
 # and every service folds, and a worker writing ``DONE`` in a loop (any tenant's, a CPU-only job
 # needing no quota) grew it by a record a poll. The newest ``DONE`` waits in place for its turn;
-# one asked for (a preemption waits on it) and the last, as the worker exits, go at once.
+# one asked for (a preemption waits on it) and the last, as the worker exits, go at once, and one
+# waiting when a request comes goes as the request is made.
 REPORT_EVERY_S = 30.0
 
 
@@ -43,6 +44,10 @@ class Checkpoints(Stopping):
         w = self._workers.get(key)
         if w is None or w.code is not None or w.phase in ("stopping", "exited", "checkpoint-requested"):
             return
+        # A DONE the worker wrote before it was asked, waiting for its turn, is reported now as
+        # the unasked checkpoint it is: only one written after the request answers it (a worker
+        # that watches the file would otherwise see its request taken away unanswered).
+        self._poll_checkpoint(w, final=False, now=True)
         try:
             with confined.directory(w.checkpoint_top, w.checkpoints, create=True) as d:
                 confined.write(d, REQUEST, f"{deadline:.3f}\n".encode())
@@ -67,10 +72,13 @@ class Checkpoints(Stopping):
         else:
             kill(pid, signal.SIGUSR1)
 
-    def _poll_checkpoint(self, w: Worker, final: bool) -> None:
+    def _poll_checkpoint(self, w: Worker, final: bool, now: bool = False) -> None:
+        """Report the worker's ``DONE`` if there is one and it is its turn (``REPORT_EVERY_S``;
+        always when it was asked for one, when it has exited (``final``), or ``now``)."""
         last = w.checkpoint_reported_at
         if (
             not final
+            and not now
             and w.phase != "checkpoint-requested"
             and last is not None
             and time.monotonic() - last < self.report_every
@@ -133,8 +141,8 @@ class Checkpoints(Stopping):
             return
         asked = w.phase == "checkpoint-requested"
         last = w.checkpoint_step
-        if not asked and last is not None and step <= last:
-            log.debug("worker %s: checkpoint step %d not past %d: not reported", w.key, step, last)
+        if not asked and last is not None and step < last:  # as the fold keeps one: same step or later
+            log.debug("worker %s: checkpoint step %d behind %d: not reported", w.key, step, last)
             return
         confined.remove(d, REQUEST)
         if asked:

@@ -536,6 +536,47 @@ async def test_a_worker_writing_checkpoints_in_a_loop_is_reported_at_most_once_a
     assert ran(reports[-1]) == Exited(s.key, 0)
 
 
+# Watches its checkpoint directory, as a worker that takes no signals does: a periodic checkpoint
+# (taken), another (waiting for its turn), then the one a request asks for; exits 3 if no
+# request comes.
+ASKED_AFTER_PERIODIC = (
+    "import json, os, pathlib, sys, time\n"
+    "d = pathlib.Path(os.environ['CORRAL_CHECKPOINT_DIR'])\n"
+    "def done(step, what):\n"
+    "    (d / 'x.tmp').write_text(json.dumps({'step': step, 'location': f'/c/{what}-{step}'}))\n"
+    "    os.replace(d / 'x.tmp', d / 'DONE')\n"
+    "done(100, 'periodic')\n"
+    "while (d / 'DONE').exists(): time.sleep(0.02)\n"
+    "done(200, 'periodic')\n"
+    "(d / 'ready').touch()\n"
+    "end = time.monotonic() + 60\n"
+    "while not (d / 'REQUEST').exists():\n"
+    "    if time.monotonic() > end: sys.exit(3)\n"
+    "    time.sleep(0.02)\n"
+    "done(300, 'asked')\n"
+    "while (d / 'DONE').exists(): time.sleep(0.02)\n"
+)
+
+
+async def test_a_checkpoint_written_before_a_request_does_not_answer_it(
+    plain: Runtime, tmp_path: Path
+) -> None:
+    """A periodic DONE waiting for its turn when a request came was taken as the answer: the
+    request's file removed before a worker that watches it saw it, the preemption going on
+    with a checkpoint up to 30 s old. It is reported as the request is made; the request is
+    answered by the DONE written after it."""
+    s = spec_for(tmp_path, "asked", [PY, "-c", ASKED_AFTER_PERIODIC])
+    await start_one(plain, s)
+    await until(plain, lambda r: isinstance(r, Checkpointed))
+    ready = Path(s.checkpoint_dir) / "ready"
+    await polling.until(ready.exists, WAIT)
+    await plain.request_checkpoint(s.key, 1234.0)
+    reports = await until(plain, exit_of(s.key))
+    steps = [(r.step, r.location) for r in reports if isinstance(r, Checkpointed)]
+    assert steps == [(200, "/c/periodic-200"), (300, "/c/asked-300")], steps
+    assert ran(reports[-1]) == Exited(s.key, 0)  # it saw the request
+
+
 async def test_a_worker_still_there_long_after_sigkill_marks_its_gpu_in_heartbeats(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -211,8 +211,7 @@ from __future__ import annotations
 # 73: a fair-sharing victim's queue counts its history or what it holds now, whichever is less
 #    (``Shares.share``): by its history alone, one that held much for days was taken below an
 #    even split.
-# 74: learned runtimes are bounded per tenant (``runtimes.MAX_CLASSES_PER_TENANT``; past
-#    ``MAX_CLASSES`` in all the tenant with most classes lets go first) and a name or command
-#    longer than ``runtimes.MAX_NAME`` is keyed by its digest: one tenant's unique jobs let go of
-#    other tenants' history.
+# 74: learned runtimes are bounded per tenant too (``runtimes.MAX_CLASSES_PER_TENANT``, its own
+#    oldest let go first) and a name or command longer than ``runtimes.MAX_NAME`` is keyed by its
+#    digest: one tenant's unique jobs let go of every other tenant's history.
 RULES = 74

@@ -46,12 +46,13 @@ has every estimate stretched as far as that lie for the next ``RECORD`` of their
 tenant has fewer than ``MIN_SAMPLES`` such runs, the lane reads the longer of their estimate and
 the learned one. Fixed at submission (``JobState.overrun``), as ``learned_s`` is.
 
-Bounded, per tenant: a tenant's classes are at most ``MAX_CLASSES_PER_TENANT``, its class
-updated longest ago let go first, so that unique names cost nothing for ever and one tenant's
-stream of them lets go only of its own history, never another's; past ``MAX_CLASSES`` in all,
-the tenant with most classes lets go of its oldest. A name or command is in a class's key as it
-is up to ``MAX_NAME`` characters, else as its digest: a key costs the same whatever a tenant
-runs. Tenants' records are at most ``MAX_CLASSES``. Pure: the fold calls ``learn``,
+Bounded: at most ``MAX_CLASSES`` classes are kept, the one updated longest ago let go first,
+so that unique names cost nothing for ever; and a tenant's are at most
+``MAX_CLASSES_PER_TENANT``, its own oldest let go first, so that one tenant's stream of unique
+names takes from the others at most that many of the classes updated longest ago, once (a
+single LRU let it push out every other tenant's history). A name or command is in a class's key
+as it is up to ``MAX_NAME`` characters, else as its digest: a key costs the same whatever a
+tenant runs. Tenants' records are at most ``MAX_CLASSES``. Pure: the fold calls ``learn``,
 ``ended_unwell``, ``learned`` and ``overrun``.
 """
 
@@ -71,7 +72,7 @@ RECORD = 20  # a tenant's latest estimated runs that their estimates are checked
 LATEST = 5  # the runs submitted last that a new job's estimate is the median of
 MIN_SAMPLES = 3
 MAX_CLASSES = 10_000
-MAX_CLASSES_PER_TENANT = 2_000
+MAX_CLASSES_PER_TENANT = 1_000
 MAX_NAME = 128  # a longer name or command is keyed by its digest
 
 
@@ -206,23 +207,20 @@ def learn(state: State, job: JobState) -> None:
         mine[key] = None
     state.runtime_classes[job.tenant] = mine
     while len(mine) > MAX_CLASSES_PER_TENANT:
-        _forget(state, job.tenant)
+        _forget(state, next(iter(mine)))
     while len(history) > MAX_CLASSES:
-        if state.runtime_classes:
-            _forget(state, max(state.runtime_classes, key=lambda t: len(state.runtime_classes[t])))
-        else:  # only queues' classes: as many as queues, an administrator's
-            key = next(iter(history))
-            del history[key]
-            latest.pop(key, None)
+        _forget(state, next(iter(history)))
     _owners_word(state, job)
 
 
-def _forget(state: State, tenant: str) -> None:
-    """Let go of ``tenant``'s class updated longest ago (and of the tenant once it has none)."""
-    mine = state.runtime_classes[tenant]
-    key = next(iter(mine))
-    del mine[key]
-    if not mine:
-        del state.runtime_classes[tenant]
+def _forget(state: State, key: str) -> None:
+    """Let go of class ``key`` (and of its tenant's list once it has none)."""
     state.runtimes.pop(key, None)
     state.latest_runs.pop(key, None)
+    if key.startswith("t="):  # a tenant's, not a queue's (``_classes``; tenants are tokens)
+        tenant = key[2:].split(" ", 1)[0]
+        mine = state.runtime_classes.get(tenant)
+        if mine is not None:
+            mine.pop(key, None)
+            if not mine:
+                del state.runtime_classes[tenant]

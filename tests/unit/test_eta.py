@@ -136,12 +136,17 @@ def test_one_tenants_unique_jobs_let_go_only_of_its_own_classes(monkeypatch: pyt
     assert len(state.runtime_classes["c"]) == 12  # its 10 names, its size and itself: all kept
     assert len(state.runtime_classes["b"]) <= 40 and len(state.runtimes) <= 60
     assert max(map(len, state.runtimes)) < 200  # long names kept as their digest
-    # Past the bound in all, the tenant with most classes lets go first.
+    # Past the bound in all, the classes updated longest ago go first, whoever's: b's flood,
+    # behind what d and e ran since; a's class, used again, stays.
+    runtimes.learn(state, finished("a", spec(1, "train"), 3600.0, 9.0))
     for t in ("d", "e"):
-        for i in range(30):
+        for i in range(20):
             runtimes.learn(state, finished(t, spec(1, f"{t}-{i}"), 1.0))
     assert runtimes.learned(state, "a", spec(1, "train")) == 3600.0
-    assert len(state.runtimes) <= 60 and len(state.runtime_classes["b"]) < 40
+    assert len(state.runtimes) <= 60
+    assert len(state.runtime_classes["d"]) == len(state.runtime_classes["e"]) == 22
+    assert set(state.runtime_classes) <= {"a", "b", "d", "e"}  # c's gone, and its list with them
+    assert all(k in state.runtimes for keys in state.runtime_classes.values() for k in keys)
 
 
 def test_the_fold_learns_from_jobs_that_succeed() -> None:

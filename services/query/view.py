@@ -65,12 +65,13 @@ Workers = frozenset[tuple[str, int, int]]  # (node, attempt, rank)
 HISTORY_FIRST = 64  # a held job's first records, kept in its history whatever follows
 HISTORY_MOST = 512  # records kept in a held job's history: its first, then its newest
 LEFT_OUT = "LeftOut"  # the type of the history entry that counts the records left out
-# Refused records of a held job kept in its history; later ones are counted, each run of them
-# in one entry (``REFUSALS_LEFT_OUT``). A tenant may send its job's submit or cancel again at
-# will, each one refused: counted per job only, their entries made every job's history as long
-# as ``HISTORY_MOST``, in every read service, for every job a tenant may hold.
-REFUSED_MOST = 8
-REFUSALS_LEFT_OUT = "RefusalsLeftOut"
+# Requests about a held job (its submit, a resize, a cancel; taken or refused) kept in its
+# history; later ones are counted, each run of them in one entry (``REQUESTS_LEFT_OUT``). A
+# tenant may send them at will (a submit again, a resize of a waiting job, each refused or
+# taken): kept, they made every job's history as long as ``HISTORY_MOST``, in every read
+# service, for every job a tenant may hold.
+REQUESTS_MOST = 8
+REQUESTS_LEFT_OUT = "RequestsLeftOut"
 # Requests other than submits that the fold took, newest kept: what tells such a request's verdict
 # "applied" from a question about a position where the asker made none. A verdict is asked just
 # after the request; one older than every kept is "unknown".
@@ -87,8 +88,9 @@ class JobView:
         self.state = State()
         self.history: dict[str, list[JobEvent]] = {}
         self.left_out: dict[str, int] = {}  # held job -> records left out of its history
-        # held job -> refused records about it, and those of them the last entry counts
-        self.refused: dict[str, tuple[int, int]] = {}
+        # held job -> requests about it, and those of them its last entry counts
+        self.requests: dict[str, tuple[int, int]] = {}
+        self.counted: dict[str, dict[int, int]] = {}  # held job -> seq of a count -> requests it counts
         self.placed: dict[str, Workers] = {}  # held job -> every worker the fold placed for it
         self.taken: OrderedDict[int, tuple[str, str]] = OrderedDict()  # seq -> (subject, job id)
         self.taken_from = 0  # every request taken from this position on is in ``taken``
@@ -149,31 +151,38 @@ class JobView:
         its newest, ``HISTORY_MOST`` in all, with one entry in between that counts the records
         left out: a job that runs for weeks, or a client that sends its submit again and again,
         would otherwise grow it, and its ``explain``, without end (the log keeps them all).
-        Past ``REFUSED_MOST`` refused records, each run of them is one entry that counts them."""
-        if e.refused:
-            refused, run = self.refused.get(e.job_id, (0, 0))
-            refused += 1
-            if refused > REFUSED_MOST:
-                if run:  # the entry counting this run of them is the last: counted again
-                    events.pop()
+        Past ``REQUESTS_MOST`` requests about the job, each run of them is one entry that counts
+        it."""
+        job_id = e.job_id
+        if e.subject.startswith(_REQUEST):
+            asked, run = self.requests.get(job_id, (0, 0))
+            asked += 1
+            if asked > REQUESTS_MOST:
+                counted = self.counted.setdefault(job_id, {})
+                if run:  # the entry counting this run is the last: it counts one more
+                    counted.pop(events.pop().seq, None)
                 run += 1
-                records = "record" if run == 1 else "records"
-                summary = f"{run} more refused {records} about it left out of this history (the log has them)"
-                e = JobEvent(e.job_id, e.seq, e.subject, REFUSALS_LEFT_OUT, e.time, summary, e.refused)
-            self.refused[e.job_id] = (refused, run)
-        elif e.job_id in self.refused:
-            self.refused[e.job_id] = (self.refused[e.job_id][0], 0)  # a run of refusals ends
+                what = "request" if run == 1 else "requests"
+                summary = f"{run} more {what} about it left out of this history (the log has them)"
+                e = JobEvent(job_id, e.seq, e.subject, REQUESTS_LEFT_OUT, e.time, summary, e.refused)
+                counted[e.seq] = run
+            self.requests[job_id] = (asked, run)
+        elif job_id in self.requests:
+            self.requests[job_id] = (self.requests[job_id][0], 0)  # a run of requests ends
         if len(events) < HISTORY_MOST:
             events.append(e)
             return
-        left = self.left_out[e.job_id] = self.left_out.get(e.job_id, 0) + 1
         # The record left out is the first past those kept first (once the count stands there,
         # the one after it); the count stands in its place, with its position and time.
-        gone = events.pop(HISTORY_FIRST + (left > 1))
+        was = self.left_out.get(job_id, 0)
+        gone = events.pop(HISTORY_FIRST + (was > 0))
+        left = self.left_out[job_id] = was + (
+            self.counted[job_id].pop(gone.seq) if gone.type == REQUESTS_LEFT_OUT else 1
+        )
         records = "record" if left == 1 else "records"
         summary = f"{left} {records} about it left out of this history (the log has them)"
-        events[HISTORY_FIRST : HISTORY_FIRST + (left > 1)] = [
-            JobEvent(e.job_id, gone.seq, "", LEFT_OUT, gone.time, summary, "")
+        events[HISTORY_FIRST : HISTORY_FIRST + (was > 0)] = [
+            JobEvent(job_id, gone.seq, "", LEFT_OUT, gone.time, summary, "")
         ]
         events.append(e)
 
@@ -185,7 +194,8 @@ class JobView:
 
     def _keep(self, job: JobState, seq: int) -> None:
         self.left_out.pop(job.id, None)
-        self.refused.pop(job.id, None)
+        self.requests.pop(job.id, None)
+        self.counted.pop(job.id, None)
         report = explain(job, self.history.pop(job.id, ()))
         report["text"] += f"\n  let go from the cluster's state at seq {seq}: it is kept here only"
         self.db.execute(

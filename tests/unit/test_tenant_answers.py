@@ -271,12 +271,21 @@ def test_a_long_lived_jobs_history_keeps_its_first_and_newest_records_and_counts
     assert len(told["history"]) == HISTORY_MOST + 1 and len(json.dumps(told)) < 256 * 1024
 
 
-def test_a_tenants_refused_requests_about_its_job_are_counted_in_its_history_not_kept() -> None:
-    # Its submit sent again and again, each refused: 512 entries kept for each of its jobs, up
-    # to the jobs a tenant may hold, in every read service, charged to nobody.
+def _accounted(events: list[Any]) -> int:
+    """The records a history stands for: one an entry, or the number a count entry gives."""
+    from corral.services.query.view import LEFT_OUT, REQUESTS_LEFT_OUT
+
+    counts = (LEFT_OUT, REQUESTS_LEFT_OUT)
+    return sum(int(e.summary.split(" ", 1)[0]) if e.type in counts else 1 for e in events)
+
+
+def test_a_tenants_requests_about_its_job_are_counted_in_its_history_not_kept() -> None:
+    # Its submit sent again and again, each refused (or a resize, each taken): 512 entries kept
+    # for each of its jobs, up to the jobs a tenant may hold, in every read service, charged to
+    # nobody.
     from corral.events.jobs import CancelJob, SubmitJob
     from corral.projections.index import JobEvent
-    from corral.services.query.view import REFUSALS_LEFT_OUT, REFUSED_MOST
+    from corral.services.query.view import REQUESTS_LEFT_OUT, REQUESTS_MOST
     from tests.builders import Cluster, LogBuilder, job
 
     log = LogBuilder().nodes(Cluster(1)).queue("team-a")
@@ -284,21 +293,40 @@ def test_a_tenants_refused_requests_about_its_job_are_counted_in_its_history_not
     again = SubmitJob(request_id="w", job=job().build())
     for _ in range(300):
         log.request("a", "submit", again)
-    log.request("a", "cancel", CancelJob(job_id="w", reason="done"))
-    for _ in range(50):
+    for _ in range(51):
         log.request("a", "cancel", CancelJob(job_id="w", reason="done"))
     view = JobView(":memory:")
     view.fold(log.records)
     assert view.state.rejected_total == 350 and view.state.jobs["w"].phase == "cancelled"
     events: list[JobEvent] = view.history["w"]
     kinds = [e.type for e in events]
-    refused = [e for e in events if e.refused and e.type != REFUSALS_LEFT_OUT]
-    assert len(refused) == REFUSED_MOST
-    counts = [e for e in events if e.type == REFUSALS_LEFT_OUT]
-    assert [c.summary.split(" ", 1)[0] for c in counts] == [str(300 - REFUSED_MOST), "50"], kinds
-    assert counts[0].seq < events[kinds.index("CancelJob")].seq < counts[1].seq  # in the log's order
-    assert counts[1].seq == log.last_seq  # the newest refusal counted
-    assert len(events) == 2 + REFUSED_MOST + 3  # submit, accept, those kept, a count, the cancel, a count
+    assert kinds[:2] == ["SubmitJob", "JobAccepted"] and kinds.count("SubmitJob") == REQUESTS_MOST, kinds
+    (count,) = [e for e in events if e.type == REQUESTS_LEFT_OUT]
+    assert count.summary.startswith(f"{1 + 300 + 51 - REQUESTS_MOST} more requests about it left out")
+    assert count.seq == log.last_seq and count.refused  # the newest one counted, and its verdict
+    assert len(events) == 2 + (REQUESTS_MOST - 1) + 1 and _accounted(events) == 2 + 300 + 51
+
+
+def test_a_long_history_of_requests_and_checkpoints_accounts_for_every_record() -> None:
+    # Runs of requests between a running job's checkpoints: each run one entry, and once the
+    # history is full, what the entries left out stood for still counted, not one a count.
+    from corral.events.jobs import SubmitJob
+    from corral.services.query.view import HISTORY_MOST
+    from tests.builders import Cluster, LogBuilder, job, on
+
+    log = LogBuilder().nodes(Cluster(1)).queue("team-a")
+    log.submit("a", "w", job()).accept("w").admit("w").place(on("node-00", 0, job_id="w"))
+    log.started("node-00", "w")
+    again = SubmitJob(request_id="w", job=job().build())
+    for step in range(1, HISTORY_MOST + 100):
+        for _ in range(5):
+            log.request("a", "submit", again)
+        log.checkpoint("node-00", "w", step)
+    view = JobView(":memory:")
+    view.fold(log.records)
+    events = view.history["w"]
+    assert HISTORY_MOST <= len(events) <= HISTORY_MOST + 1
+    assert _accounted(events) == 5 + (HISTORY_MOST + 99) * 6
 
 
 def test_the_gpus_of_a_thousand_nodes_come_a_page_at_a_time() -> None:

@@ -534,7 +534,8 @@ async def run_cluster(
             print(f"  nodes: {len(running.nodes)} simulated ({profile}), one agent each", flush=True)
             print(f"  workers and their logs: {data_dir / 'nodes'}", flush=True)
             if telemetry is not None and telemetry.port:
-                print(f"  metrics: http://localhost:{telemetry.port}/metrics", flush=True)
+                host = metrics_host if metrics_host and metrics_host != "0.0.0.0" else "localhost"
+                print(f"  metrics: http://{host}:{telemetry.port}/metrics", flush=True)
             print("  Ctrl-C to stop", flush=True)
             try:
                 await until_stopped(running, stop)

@@ -497,10 +497,15 @@ async def test_a_done_no_report_can_carry_is_ignored_and_the_worker_still_watche
     never reported; a location with a lone surrogate made a report no codec writes, and one
     with a NUL the next attempt's CORRAL_RESUME_FROM, which no process can be given."""
     s = spec_for(tmp_path, "bad", [PY, "-c", BAD_DONES])
-    await start_one(plain, s)
-    reports = await until(plain, exit_of(s.key))
-    assert [r for r in reports if isinstance(r, Checkpointed)] == [Checkpointed(s.key, 12, "/c/good")]
+    assert await checkpoints_until_exit(plain, s) == [Checkpointed(s.key, 12, "/c/good")]
+
+
+async def checkpoints_until_exit(rt: Runtime, s: StartWorker) -> list[Checkpointed]:
+    """Run ``s`` until it exits 0; the checkpoints reported meanwhile."""
+    await start_one(rt, s)
+    reports = await until(rt, exit_of(s.key))
     assert ran(reports[-1]) == Exited(s.key, 0)
+    return [r for r in reports if isinstance(r, Checkpointed)]
 
 
 # Writes a checkpoint every 10 ms for 2 s, steps 1..200, then one behind them.
@@ -528,12 +533,9 @@ async def test_a_worker_writing_checkpoints_in_a_loop_is_reported_at_most_once_a
     as the worker ends, at once; one behind the step reported is not reported."""
     plain.report_every = 0.5
     s = spec_for(tmp_path, "flood", [PY, "-c", DONE_FLOOD])
-    await start_one(plain, s)
-    reports = await until(plain, exit_of(s.key))
-    steps = [r.step for r in reports if isinstance(r, Checkpointed)]
+    steps = [r.step for r in await checkpoints_until_exit(plain, s)]
     assert 1 <= len(steps) <= 2.0 / 0.5 + 2, steps  # one a poll (every 20 ms) before
     assert steps == sorted(set(steps)) and steps[-1] == 200, steps
-    assert ran(reports[-1]) == Exited(s.key, 0)
 
 
 # Watches its checkpoint directory, as a worker that takes no signals does: a periodic checkpoint

@@ -6,6 +6,7 @@ writes health facts for any node.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 import msgspec
@@ -14,6 +15,23 @@ from corral.events.base import Event, Index, Int
 from corral.events.heartbeats import XidReport
 
 NodeCondition = Literal["ready", "suspect", "lost"]
+
+# Labels, a node's and those a job selects nodes by or carries: as many and as long as
+# Kubernetes allows, about. Every reader of the cluster (the placer's domains, the read service's
+# node rows, every dashboard) carries a node's labels; unbounded, one node's agent made the
+# answer of every node larger than a message, for every tenant.
+MAX_LABELS = 64
+MAX_LABEL_BYTES = 320  # key + value
+MAX_GPU_NAME = 128  # a GPU's model or UUID: NVML's are under 100 characters
+
+
+def labels_problem(labels: Mapping[str, str]) -> str | None:
+    """What is wrong with ``labels`` (too many, too long, control characters); None if nothing."""
+    if len(labels) > MAX_LABELS or any(len(k) + len(v) > MAX_LABEL_BYTES for k, v in labels.items()):
+        return f"at most {MAX_LABELS} entries of at most {MAX_LABEL_BYTES} bytes each"
+    if not all(k.isprintable() and v.isprintable() for k, v in labels.items()):
+        return "keys and values may not have control characters"
+    return None
 
 
 class GpuInfo(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):

@@ -17,6 +17,7 @@ from corral.events import subjects as subj
 from corral.events.base import Event, Reason
 from corral.events.decisions import Placement, WorkerSlot
 from corral.events.nodes import (
+    MAX_GPU_NAME,
     CheckpointCompleted,
     GpuHealthChanged,
     NodeConditionChanged,
@@ -25,6 +26,7 @@ from corral.events.nodes import (
     NodeShutdown,
     WorkerExited,
     WorkerStarted,
+    labels_problem,
 )
 from corral.projections import claims, gpu_time, indexes, preemption, runtimes, xids
 from corral.projections.fold_moves import (
@@ -79,6 +81,17 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
             raise Refused(
                 "malformed", f"node {ev.node}: GPU {g.index} has negative memory or NVLinks, or no island"
             )
+        if not (0 < len(g.model) <= MAX_GPU_NAME and len(g.uuid) <= MAX_GPU_NAME) or not (
+            g.model.isprintable() and g.uuid.isprintable()
+        ):
+            raise Refused(
+                "malformed",
+                f"node {ev.node}: GPU {g.index}'s model and UUID must be printable and at most "
+                f"{MAX_GPU_NAME} characters",
+            )
+    why = labels_problem(inv.labels)
+    if why is not None:
+        raise Refused("malformed", f"node {ev.node}: labels: {why}")
     indices = [g.index for g in inv.gpus]
     if indices != list(range(len(indices))):
         raise Refused("malformed", f"node {ev.node}: GPU indices must be 0..{len(indices) - 1}")

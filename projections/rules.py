@@ -214,4 +214,7 @@ from __future__ import annotations
 # 74: learned runtimes are bounded per tenant too (``runtimes.MAX_CLASSES_PER_TENANT``, its own
 #    oldest let go first) and a name or command longer than ``runtimes.MAX_NAME`` is keyed by its
 #    digest: one tenant's unique jobs let go of every other tenant's history.
-RULES = 74
+# 75: a node's registration with more than ``MAX_LABELS`` labels, a label longer than
+#    ``MAX_LABEL_BYTES`` or with control characters, or a GPU model or UUID longer than
+#    ``MAX_GPU_NAME`` (or no model) is malformed (``fold_nodes._registered``).
+RULES = 75

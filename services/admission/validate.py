@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from corral.events.base import Reason
 from corral.events.jobs import MAX_REPLICAS, JobSpec, Resources, image_problem, mount_problem
+from corral.events.nodes import labels_problem
 from corral.projections import preemption, quota
 from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger
@@ -36,8 +37,6 @@ MAX_ARGS = 4096
 MAX_COMMAND_BYTES = 64 * 1024
 MAX_ENV = 1024
 MAX_ENV_BYTES = 64 * 1024
-MAX_LABELS = 64
-MAX_LABEL_BYTES = 320  # key + value
 MAX_MOUNTS = 64
 MAX_PATH = 4096
 MAX_IMAGE = 1024
@@ -160,12 +159,9 @@ def _bounds(spec: JobSpec) -> str | None:
                 f"env: {k[:64]!r} is not a variable a process can be given (a name, without '=', and no NUL)"
             )
     for what, labels in (("labels", spec.labels), ("node_selector", spec.node_selector)):
-        if labels and (
-            len(labels) > MAX_LABELS or any(len(k) + len(v) > MAX_LABEL_BYTES for k, v in labels.items())
-        ):
-            return f"{what}: at most {MAX_LABELS} entries of at most {MAX_LABEL_BYTES} bytes each"
-        if labels and not all(k.isprintable() and v.isprintable() for k, v in labels.items()):
-            return f"{what}: keys and values may not have control characters"
+        why = labels_problem(labels) if labels else None
+        if why is not None:
+            return f"{what}: {why}"
     mounts = spec.mounts
     if mounts and (
         len(mounts) > MAX_MOUNTS

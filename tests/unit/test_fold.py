@@ -1711,6 +1711,12 @@ def _gpu(index: int, **kw: object) -> GpuInfo:
         NodeInventory(1, 1, (_gpu(0, island=2**62),)),
         NodeInventory(1, 1, (), max_workers=0),
         NodeInventory(1, 1, (), max_workers=10**9),
+        NodeInventory(1, 1, (), labels={"profile": "x" * 1_000_000}),
+        NodeInventory(1, 1, (), labels={f"l{i}": "v" for i in range(65)}),
+        NodeInventory(1, 1, (), labels={"rack": "a\nb"}),
+        NodeInventory(1, 1, (_gpu(0, model="H" * 129),)),
+        NodeInventory(1, 1, (_gpu(0, model=""),)),
+        NodeInventory(1, 1, (msgspec.structs.replace(_gpu(0), uuid="GPU-" + "0" * 200),)),
     ],
     ids=[
         "9000-gpus",
@@ -1721,11 +1727,18 @@ def _gpu(index: int, **kw: object) -> GpuInfo:
         "no-island",
         "no-workers",
         "a-billion-workers",
+        "a-megabyte-label",
+        "65-labels",
+        "a-label-with-a-newline",
+        "a-long-model-name",
+        "no-model",
+        "a-long-uuid",
     ],
 )
 def test_a_node_that_claims_the_impossible_is_malformed(inventory: NodeInventory) -> None:
     # One registration of 9,000 GPUs drew every tenant's work to the node and made the GPU grid
-    # larger than a message for every reader.
+    # larger than a message for every reader; a megabyte label on one node made every tenant's
+    # GPU grid and node list larger than a message.
     state = fold(LogBuilder().node(N0, inventory))
     assert state.nodes == {} and last(state).code == "malformed", last(state)
 

@@ -36,10 +36,11 @@ node; a person does.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from corral.events.base import Event
-from corral.events.heartbeats import GpuHealthSample, Heartbeat
+from corral.events.heartbeats import GpuHealthSample, Heartbeat, XidReport
 from corral.events.nodes import (
     GpuHealthChanged,
     NodeCondition,
@@ -86,6 +87,14 @@ class Notice(NamedTuple):
     gpu: int
     signal: str
     action: Action
+
+
+# What one heartbeat may say, and what is kept of it for the operator between two evaluations:
+# a node's agent (its own, or one that lies) sent 50,000 XIDs a heartbeat, each a notice kept
+# and logged, a million warnings a tick. A real node reports a few XIDs an interval; repeats of
+# one notice are counted, and a node's notices past ``MAX_NOTICES`` distinct ones only counted.
+MAX_XIDS = 64
+MAX_NOTICES = 64
 
 
 class _Gpu:
@@ -148,7 +157,8 @@ class HeartbeatTracker:
         self.lost_after = lost_after
         self.probation = probation
         self._nodes: dict[str, _Node] = {}
-        self._notices: list[Notice] = []
+        self._notices: dict[Notice, int] = {}  # each notice since the last taken, how often
+        self._noticed: dict[str, int] = {}  # per node, distinct notices kept, then those past them
         self._pending: set[str] = set()
         self._unready: set[str] = set()
         # (when last heard of, stamp, node): a node's latest entry has its stamp in ``_stamps``;
@@ -320,7 +330,10 @@ class HeartbeatTracker:
                 self._act(n, node, i, signal, action, sticky=False)
             if (g.sticky or g.live) and g.healthy or not (g.sticky or g.live or g.healthy):
                 stating = True
-        for x in payload.xids:
+        xids: Sequence[XidReport] = payload.xids
+        if len(xids) > MAX_XIDS:  # those that mark a GPU or the node first
+            xids = sorted(xids, key=lambda x: xid_action(x.xid) not in ("gpu", "node"))[:MAX_XIDS]
+        for x in xids:
             # A MIG instance's XID marks its whole GPU: the fold keeps health per GPU.
             signal, action = f"xid:{x.xid}", xid_action(x.xid)
             if x.gpu == -1:
@@ -330,7 +343,7 @@ class HeartbeatTracker:
                 if action in ("gpu", "node") and not n.drain_signal:
                     n.drain_signal = f"{signal} on a GPU the agent could not name"
                 elif action in ("record", "alert"):
-                    self._notices.append(Notice(node, -1, signal, action))
+                    self._notice(Notice(node, -1, signal, action))
                 continue
             gpu = _index(n, x.gpu, x.uuid)
             if gpu is not None:
@@ -343,7 +356,7 @@ class HeartbeatTracker:
     def _act(self, n: _Node, node: str, gpu: int, signal: str, action: Action, sticky: bool) -> None:
         g = n.gpus[gpu]
         if action in ("record", "alert"):
-            self._notices.append(Notice(node, gpu, signal, action))
+            self._notice(Notice(node, gpu, signal, action))
             return
         if action == "ignore":
             return
@@ -354,8 +367,27 @@ class HeartbeatTracker:
         if action == "node" and not n.drain_signal:
             n.drain_signal = f"{signal} on GPU {gpu}"
 
-    def take_notices(self) -> list[Notice]:
-        out, self._notices = self._notices, []
+    def _notice(self, notice: Notice) -> None:
+        notices = self._notices
+        if notice in notices:
+            notices[notice] += 1
+            return
+        noticed = self._noticed.get(notice.node, 0)
+        self._noticed[notice.node] = noticed + 1
+        if noticed < MAX_NOTICES:
+            notices[notice] = 1
+
+    def take_notices(self) -> list[tuple[Notice, int]]:
+        """The notices since the last taken, each with how often it came, and for each node with
+        more than ``MAX_NOTICES`` distinct ones a last ``(Notice(node, -1, "", "record"), n)``
+        counting the ``n`` not kept."""
+        out = list(self._notices.items())
+        out += [
+            (Notice(node, -1, "", "record"), n - MAX_NOTICES)
+            for node, n in self._noticed.items()
+            if n > MAX_NOTICES
+        ]
+        self._notices, self._noticed = {}, {}
         return out
 
     # deciding

@@ -93,8 +93,13 @@ class HealthMonitor(Service):
         at = self.receive_clock()
         self._evaluated_at, self._facts_folded = at, False
         events = self.tracker.evaluate(at)
-        for n in self.tracker.take_notices():
-            log.warning("node %s GPU %s: %s (%s)", n.node, n.gpu, n.signal, n.action)
+        for n, times in self.tracker.take_notices():
+            if not n.signal:
+                log.warning("node %s: %d more notices, not shown", n.node, times)
+            elif times == 1:
+                log.warning("node %s GPU %s: %s (%s)", n.node, n.gpu, n.signal, n.action)
+            else:
+                log.warning("node %s GPU %s: %s (%s), %d times", n.node, n.gpu, n.signal, n.action, times)
         return events
 
     def settled(self, now: float) -> bool:

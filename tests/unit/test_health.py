@@ -14,6 +14,8 @@ from corral.events.heartbeats import GpuHealthSample, XidReport
 from corral.events.nodes import GpuHealthChanged, NodeConditionChanged, NodeCordoned, NodeRegistered
 from corral.events.queues import CordonNode
 from corral.services.health.decide import (
+    MAX_NOTICES,
+    MAX_XIDS,
     XID_ACTIONS,
     Action,
     Heartbeat,
@@ -260,8 +262,32 @@ def test_recorded_and_alerted_xids_are_notices_not_facts() -> None:
     c = Clock(nodes=1)
     c.beat(T0, xids=(XidReport(gpu=1, xid=63), XidReport(gpu=1, xid=92)))
     assert c.t.evaluate(T0 + 1) == []
-    assert c.t.take_notices() == [Notice(N0, 1, "xid:63", "record"), Notice(N0, 1, "xid:92", "alert")]
+    assert c.t.take_notices() == [
+        (Notice(N0, 1, "xid:63", "record"), 1),
+        (Notice(N0, 1, "xid:92", "alert"), 1),
+    ]
     assert c.t.take_notices() == []
+
+
+def test_a_flood_of_xids_is_counted_and_bounded_and_still_fails_the_gpu_it_names() -> None:
+    # 50,000 XIDs a heartbeat were each a notice kept and logged: a million warnings a tick from
+    # one node's agent. Repeats are counted, a node's distinct notices bounded, and an XID that
+    # fails a GPU is taken before any number of notices.
+    c = Clock(nodes=1)
+    flood = tuple(XidReport(gpu=i % 8, xid=63) for i in range(50_000)) + (XidReport(gpu=3, xid=79),)
+    c.beat(T0, xids=flood)
+    c.beat(T0 + 0.5, xids=tuple(XidReport(gpu=-1, xid=92) for _ in range(50_000)))
+    events = c.t.evaluate(T0 + 1)
+    assert verdict(3, False, "xid:79") in events
+    notices = dict(c.t.take_notices())
+    assert notices[Notice(N0, -1, "xid:92", "alert")] == MAX_XIDS
+    assert len(notices) == 9 and sum(notices.values()) == 2 * MAX_XIDS - 1  # the 79 is no notice
+    # Past ``MAX_NOTICES`` distinct ones a node's are only counted.
+    t = HeartbeatTracker()
+    for i in range(MAX_NOTICES + 10):
+        t._notice(Notice(N0, i, "xid:63", "record"))
+    taken = t.take_notices()
+    assert len(taken) == MAX_NOTICES + 1 and taken[-1] == (Notice(N0, -1, "", "record"), 10)
 
 
 def test_counter_signals_clear_when_the_counters_do() -> None:

@@ -41,6 +41,7 @@ STATIC = {
 }
 KEEPALIVE_S = 15.0  # a comment line on a quiet stream, so proxies and browsers keep it open
 RETRY_S = 1.0  # after the read service could not be reached or refused
+JOB_PAGES = 16  # of a tenant's jobs, the board shows at most this many pages (8 MiB of rows)
 
 
 class Feed:
@@ -99,7 +100,7 @@ class Feed:
                 if probe.get("seq", seq) != seq or self.problem:
                     probe = await self._every_node(w, probe)
                     queues = await w.ask(self.asker, "queues")
-                    jobs = await w.ask(self.asker, "jobs")
+                    jobs = await self._every_job(w)
                     made = board.build(self.asker, probe, queues, jobs)
                     seq = int(probe["seq"])
                     await self._publish(made, "")
@@ -119,6 +120,18 @@ class Feed:
             page = await w.ask(self.asker, "gpus", after=int(first["seq"]), node_after=str(page["next"]))
             nodes += page.get("nodes", ())
         return {**first, "nodes": nodes} if "error" not in page else page
+
+    async def _every_job(self, w: Session) -> dict[str, Any]:
+        """The asker's jobs, page after page (``next``): the first page alone left out a tenant's
+        newest once its rows passed a page (512 KiB), at most ``JOB_PAGES`` of them."""
+        first = page = await w.ask(self.asker, "jobs")
+        jobs = list(first.get("jobs", ()))
+        for _ in range(JOB_PAGES - 1):
+            if not page.get("next") or "error" in page:
+                break
+            page = await w.ask(self.asker, "jobs", page_after=int(page["next"]))
+            jobs += page.get("jobs", ())
+        return {**first, "jobs": jobs} if "error" not in page else page
 
     async def explain(self, job_id: str) -> dict[str, Any]:
         """A job's timeline, or raises ``board.Unanswered`` (no such job, for this identity)."""

@@ -365,3 +365,24 @@ async def test_the_dashboard_reads_every_page_of_the_gpus() -> None:
     assert first.get("next")
     every = await Feed("nats://unused", "a", None)._every_node(Asked(), first)  # type: ignore[arg-type]
     assert [n["name"] for n in every["nodes"]] == sorted(view.state.nodes)
+
+
+async def test_the_dashboard_reads_every_page_of_a_tenants_jobs() -> None:
+    # Only the first page was read: a tenant with more rows than a page saw its newest jobs,
+    # waiting or running, missing from its own board.
+    from corral.services.dashboard.app import Feed
+    from tests.builders import Cluster, LogBuilder, job
+
+    log = LogBuilder().nodes(Cluster(1)).queue("team-a")
+    for i in range(3000):
+        log.submit("a", f"j{i:04d}", job()).accept(f"j{i:04d}")
+    view = JobView(":memory:")
+    view.fold(log.records)
+
+    class Asked:
+        async def ask(self, asker: str, question: str, **fields: Any) -> dict[str, Any]:
+            return ask(view, asker, question, **fields)
+
+    assert ask(view, "a", "jobs").get("next")
+    every = await Feed("nats://unused", "a", None)._every_job(Asked())  # type: ignore[arg-type]
+    assert sorted(r["id"] for r in every["jobs"]) == sorted(view.state.jobs)

@@ -95,6 +95,7 @@ class Notice(NamedTuple):
 # one notice are counted, and a node's notices past ``MAX_NOTICES`` distinct ones only counted.
 MAX_XIDS = 64
 MAX_NOTICES = 64
+_URGENCY = {"node": 0, "gpu": 1}
 
 
 class _Gpu:
@@ -331,8 +332,11 @@ class HeartbeatTracker:
             if (g.sticky or g.live) and g.healthy or not (g.sticky or g.live or g.healthy):
                 stating = True
         xids: Sequence[XidReport] = payload.xids
-        if len(xids) > MAX_XIDS:  # those that mark a GPU or the node first
-            xids = sorted(xids, key=lambda x: xid_action(x.xid) not in ("gpu", "node"))[:MAX_XIDS]
+        if len(xids) > MAX_XIDS:
+            # One of each (GPU, XID), those that drain the node first, then those that fail a GPU:
+            # a storm of one GPU's XID must not crowd out another GPU's failure, said once.
+            one_each = {(x.gpu, x.uuid, x.xid): x for x in xids}.values()
+            xids = sorted(one_each, key=lambda x: _URGENCY.get(xid_action(x.xid), 2))[:MAX_XIDS]
         for x in xids:
             # A MIG instance's XID marks its whole GPU: the fold keeps health per GPU.
             signal, action = f"xid:{x.xid}", xid_action(x.xid)

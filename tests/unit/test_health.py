@@ -280,8 +280,13 @@ def test_a_flood_of_xids_is_counted_and_bounded_and_still_fails_the_gpu_it_names
     events = c.t.evaluate(T0 + 1)
     assert verdict(3, False, "xid:79") in events
     notices = dict(c.t.take_notices())
-    assert notices[Notice(N0, -1, "xid:92", "alert")] == MAX_XIDS
-    assert len(notices) == 9 and sum(notices.values()) == 2 * MAX_XIDS - 1  # the 79 is no notice
+    # Past ``MAX_XIDS``, each (GPU, XID) once: 8 GPUs' XID 63 and the unnamed GPU's 92.
+    assert notices[Notice(N0, -1, "xid:92", "alert")] == 1
+    assert len(notices) == 9 and sum(notices.values()) == 9
+    # One GPU's storm of an XID that fails it does not crowd out another GPU's, or the node's.
+    c = Clock(nodes=1)
+    c.beat(T0, xids=(*(XidReport(gpu=0, xid=74) for _ in range(2 * MAX_XIDS)), XidReport(gpu=5, xid=48)))
+    assert {e.gpu for e in c.t.evaluate(T0 + 1) if isinstance(e, GpuHealthChanged)} == {0, 5}
     # Past ``MAX_NOTICES`` distinct ones a node's are only counted.
     t = HeartbeatTracker()
     for i in range(MAX_NOTICES + 10):

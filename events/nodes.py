@@ -27,11 +27,15 @@ MAX_GPU_NAME = 128  # a GPU's model or UUID: NVML's are under 100 characters
 
 def labels_problem(labels: Mapping[str, str]) -> str | None:
     """What is wrong with ``labels`` (too many, too long, control characters); None if nothing."""
-    if len(labels) > MAX_LABELS or any(len(k) + len(v) > MAX_LABEL_BYTES for k, v in labels.items()):
+    if len(labels) > MAX_LABELS or any(_utf8(k) + _utf8(v) > MAX_LABEL_BYTES for k, v in labels.items()):
         return f"at most {MAX_LABELS} entries of at most {MAX_LABEL_BYTES} bytes each"
     if not all(k.isprintable() and v.isprintable() for k, v in labels.items()):
         return "keys and values may not have control characters"
     return None
+
+
+def _utf8(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode(errors="surrogatepass"))
 
 
 class GpuInfo(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):

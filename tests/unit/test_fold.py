@@ -1714,6 +1714,7 @@ def _gpu(index: int, **kw: object) -> GpuInfo:
         NodeInventory(1, 1, (), labels={"profile": "x" * 1_000_000}),
         NodeInventory(1, 1, (), labels={f"l{i}": "v" for i in range(65)}),
         NodeInventory(1, 1, (), labels={"rack": "a\nb"}),
+        NodeInventory(1, 1, (), labels={"rack": "\U0001f600" * 100}),  # 100 characters, 400 bytes
         NodeInventory(1, 1, (_gpu(0, model="H" * 129),)),
         NodeInventory(1, 1, (_gpu(0, model=""),)),
         NodeInventory(1, 1, (msgspec.structs.replace(_gpu(0), uuid="GPU-" + "0" * 200),)),
@@ -1730,6 +1731,7 @@ def _gpu(index: int, **kw: object) -> GpuInfo:
         "a-megabyte-label",
         "65-labels",
         "a-label-with-a-newline",
+        "a-label-of-400-bytes",
         "a-long-model-name",
         "no-model",
         "a-long-uuid",

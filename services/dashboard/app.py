@@ -19,6 +19,7 @@ listens on localhost unless told otherwise.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import importlib.resources
 import ipaddress
@@ -41,7 +42,7 @@ STATIC = {
 }
 KEEPALIVE_S = 15.0  # a comment line on a quiet stream, so proxies and browsers keep it open
 RETRY_S = 1.0  # after the read service could not be reached or refused
-JOB_PAGES = 16  # of a tenant's jobs, the board shows at most this many pages (8 MiB of rows)
+JOB_PAGES = 16  # of a tenant's jobs, the board shows at most the newest pages (8 MiB of rows)
 
 
 class Feed:
@@ -123,15 +124,16 @@ class Feed:
 
     async def _every_job(self, w: Session) -> dict[str, Any]:
         """The asker's jobs, page after page (``next``): the first page alone left out a tenant's
-        newest once its rows passed a page (512 KiB), at most ``JOB_PAGES`` of them."""
+        newest once its rows passed a page (512 KiB). Pages come oldest first; of more than
+        ``JOB_PAGES``, the newest are kept (waiting and running jobs are among them)."""
         first = page = await w.ask(self.asker, "jobs")
-        jobs = list(first.get("jobs", ()))
-        for _ in range(JOB_PAGES - 1):
-            if not page.get("next") or "error" in page:
-                break
+        pages = collections.deque([first.get("jobs", ())], maxlen=JOB_PAGES)
+        while page.get("next") and "error" not in page:
             page = await w.ask(self.asker, "jobs", page_after=int(page["next"]))
-            jobs += page.get("jobs", ())
-        return {**first, "jobs": jobs} if "error" not in page else page
+            pages.append(page.get("jobs", ()))
+        if "error" in page:
+            return page
+        return {**first, "jobs": [row for rows in pages for row in rows]}
 
     async def explain(self, job_id: str) -> dict[str, Any]:
         """A job's timeline, or raises ``board.Unanswered`` (no such job, for this identity)."""

@@ -367,9 +367,10 @@ async def test_the_dashboard_reads_every_page_of_the_gpus() -> None:
     assert [n["name"] for n in every["nodes"]] == sorted(view.state.nodes)
 
 
-async def test_the_dashboard_reads_every_page_of_a_tenants_jobs() -> None:
+async def test_the_dashboard_reads_every_page_of_a_tenants_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     # Only the first page was read: a tenant with more rows than a page saw its newest jobs,
     # waiting or running, missing from its own board.
+    from corral.services.dashboard import app
     from corral.services.dashboard.app import Feed
     from tests.builders import Cluster, LogBuilder, job
 
@@ -386,3 +387,8 @@ async def test_the_dashboard_reads_every_page_of_a_tenants_jobs() -> None:
     assert ask(view, "a", "jobs").get("next")
     every = await Feed("nats://unused", "a", None)._every_job(Asked())  # type: ignore[arg-type]
     assert sorted(r["id"] for r in every["jobs"]) == sorted(view.state.jobs)
+    # Of more pages than it shows, the newest.
+    monkeypatch.setattr(app, "JOB_PAGES", 1)
+    newest = await Feed("nats://unused", "a", None)._every_job(Asked())  # type: ignore[arg-type]
+    ids = [r["id"] for r in newest["jobs"]]
+    assert ids and "j2999" in ids and "j0000" not in ids

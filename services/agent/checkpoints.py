@@ -141,8 +141,10 @@ class Checkpoints(Stopping):
             return
         asked = w.phase == "checkpoint-requested"
         last = w.checkpoint_step
-        if not asked and last is not None and step < last:  # as the fold keeps one: same step or later
-            log.debug("worker %s: checkpoint step %d behind %d: not reported", w.key, step, last)
+        # The same step again is the same checkpoint: its report has the same message id, which
+        # the log stores once (``service.msg_id``).
+        if not asked and last is not None and step <= last:
+            log.debug("worker %s: checkpoint step %d not past %d: not reported", w.key, step, last)
             return
         confined.remove(d, REQUEST)
         if asked:

@@ -47,7 +47,7 @@ Checkpoint contract (what a checkpointable job implements; ``examples/train.py``
    polls for it, reports the checkpoint, and removes ``DONE`` and ``REQUEST``. A worker may also
    write ``DONE`` unasked, after a periodic checkpoint; it is reported the same way, at most once
    in ``checkpoints.REPORT_EVERY_S`` (the newest ``DONE`` waits in place until then), and only if
-   its step is not behind the one reported before.
+   its step is past the one reported before.
 4. To stop a worker the agent sends ``SIGTERM`` (to every process of the sandbox, or the
    process group; a container gets ``stop``, its image's stop signal) and ``SIGKILL`` after the
    grace period. A worker that has checkpointed should exit 0 on ``SIGTERM``.

@@ -66,7 +66,7 @@ HISTORY_FIRST = 64  # a held job's first records, kept in its history whatever f
 HISTORY_MOST = 512  # records kept in a held job's history: its first, then its newest
 LEFT_OUT = "LeftOut"  # the type of the history entry that counts the records left out
 # Requests about a held job (its submit, a resize, a cancel; taken or refused) kept in its
-# history; later ones are counted, each run of them in one entry (``REQUESTS_LEFT_OUT``). A
+# history; later ones are counted in one entry where the newest of them is (``REQUESTS_LEFT_OUT``). A
 # tenant may send them at will (a submit again, a resize of a waiting job, each refused or
 # taken): kept, they made every job's history as long as ``HISTORY_MOST``, in every read
 # service, for every job a tenant may hold.
@@ -88,9 +88,9 @@ class JobView:
         self.state = State()
         self.history: dict[str, list[JobEvent]] = {}
         self.left_out: dict[str, int] = {}  # held job -> records left out of its history
-        # held job -> requests about it, and those of them its last entry counts
-        self.requests: dict[str, tuple[int, int]] = {}
-        self.counted: dict[str, dict[int, int]] = {}  # held job -> seq of a count -> requests it counts
+        self.requests: dict[str, int] = {}  # held job -> requests about it
+        # held job -> the entry of its history counting its later requests, and how many
+        self.counting: dict[str, tuple[JobEvent, int]] = {}
         self.placed: dict[str, Workers] = {}  # held job -> every worker the fold placed for it
         self.taken: OrderedDict[int, tuple[str, str]] = OrderedDict()  # seq -> (subject, job id)
         self.taken_from = 0  # every request taken from this position on is in ``taken``
@@ -151,24 +151,22 @@ class JobView:
         its newest, ``HISTORY_MOST`` in all, with one entry in between that counts the records
         left out: a job that runs for weeks, or a client that sends its submit again and again,
         would otherwise grow it, and its ``explain``, without end (the log keeps them all).
-        Past ``REQUESTS_MOST`` requests about the job, each run of them is one entry that counts
-        it."""
+        Past ``REQUESTS_MOST`` requests about the job, one entry counts the later ones, standing
+        where the newest of them is (each run of them an entry, a tenant that made a service
+        answer between two filled the history again)."""
         job_id = e.job_id
         if e.subject.startswith(_REQUEST):
-            asked, run = self.requests.get(job_id, (0, 0))
-            asked += 1
+            asked = self.requests[job_id] = self.requests.get(job_id, 0) + 1
             if asked > REQUESTS_MOST:
-                counted = self.counted.setdefault(job_id, {})
-                if run:  # the entry counting this run is the last: it counts one more
-                    counted.pop(events.pop().seq, None)
-                run += 1
+                run = 1
+                old = self.counting.pop(job_id, None)
+                if old is not None:  # still in the history: it moves to the newest, one more
+                    run += old[1]
+                    _remove(events, old[0])
                 what = "request" if run == 1 else "requests"
                 summary = f"{run} more {what} about it left out of this history (the log has them)"
                 e = JobEvent(job_id, e.seq, e.subject, REQUESTS_LEFT_OUT, e.time, summary, e.refused)
-                counted[e.seq] = run
-            self.requests[job_id] = (asked, run)
-        elif job_id in self.requests:
-            self.requests[job_id] = (self.requests[job_id][0], 0)  # a run of requests ends
+                self.counting[job_id] = (e, run)
         if len(events) < HISTORY_MOST:
             events.append(e)
             return
@@ -176,9 +174,11 @@ class JobView:
         # the one after it); the count stands in its place, with its position and time.
         was = self.left_out.get(job_id, 0)
         gone = events.pop(HISTORY_FIRST + (was > 0))
-        left = self.left_out[job_id] = was + (
-            self.counted[job_id].pop(gone.seq) if gone.type == REQUESTS_LEFT_OUT else 1
-        )
+        stood_for = 1
+        counting = self.counting.get(job_id)
+        if counting is not None and counting[0] is gone:  # the requests it counted are left out
+            stood_for = self.counting.pop(job_id)[1]
+        left = self.left_out[job_id] = was + stood_for
         records = "record" if left == 1 else "records"
         summary = f"{left} {records} about it left out of this history (the log has them)"
         events[HISTORY_FIRST : HISTORY_FIRST + (was > 0)] = [
@@ -195,7 +195,7 @@ class JobView:
     def _keep(self, job: JobState, seq: int) -> None:
         self.left_out.pop(job.id, None)
         self.requests.pop(job.id, None)
-        self.counted.pop(job.id, None)
+        self.counting.pop(job.id, None)
         report = explain(job, self.history.pop(job.id, ()))
         report["text"] += f"\n  let go from the cluster's state at seq {seq}: it is kept here only"
         self.db.execute(
@@ -280,3 +280,11 @@ def explain_log(records: Sequence[Record], job_id: str, tenant: str | None) -> d
         return view.explain(job_id, asker)
     finally:
         view.close()
+
+
+def _remove(events: list[JobEvent], entry: JobEvent) -> None:
+    """Take ``entry`` itself out of ``events``, looking from the newest (where it mostly is)."""
+    for i in range(len(events) - 1, -1, -1):
+        if events[i] is entry:
+            del events[i]
+            return

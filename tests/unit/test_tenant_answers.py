@@ -307,6 +307,28 @@ def test_a_tenants_requests_about_its_job_are_counted_in_its_history_not_kept() 
     assert len(events) == 2 + (REQUESTS_MOST - 1) + 1 and _accounted(events) == 2 + 300 + 51
 
 
+def test_requests_between_other_records_are_counted_in_one_entry() -> None:
+    # Counted a run at a time, a tenant that had something else recorded between two of its
+    # requests (a checkpoint, a service's answer) made each request an entry again.
+    from corral.events.jobs import SubmitJob
+    from corral.services.query.view import REQUESTS_LEFT_OUT, REQUESTS_MOST
+    from tests.builders import Cluster, LogBuilder, job, on
+
+    log = LogBuilder().nodes(Cluster(1)).queue("team-a")
+    log.submit("a", "w", job()).accept("w").admit("w").place(on("node-00", 0, job_id="w"))
+    log.started("node-00", "w")
+    again = SubmitJob(request_id="w", job=job().build())
+    for step in range(1, 101):
+        log.request("a", "submit", again).checkpoint("node-00", "w", step)
+    view = JobView(":memory:")
+    view.fold(log.records)
+    events = view.history["w"]
+    requests = [e for e in events if e.subject.startswith("corral.in.")]
+    assert len(requests) == REQUESTS_MOST + 1 and requests[-1].type == REQUESTS_LEFT_OUT
+    assert requests[-1].seq == log.last_seq - 1  # where the newest request is
+    assert _accounted(events) == 5 + 100 * 2
+
+
 def test_a_long_history_of_requests_and_checkpoints_accounts_for_every_record() -> None:
     # Runs of requests between a running job's checkpoints: each run one entry, and once the
     # history is full, what the entries left out stood for still counted, not one a count.

@@ -95,6 +95,8 @@ class Session:
                 raise Refused(f"nobody answers on {subject}") from None
             except nats.errors.TimeoutError:
                 raise Refused(f"no answer on {subject} within {timeout}s") from None
+            except (nats.errors.Error, OSError) as e:  # the connection closed, or lost, under it
+                raise Refused(f"no answer on {subject}: {e or type(e).__name__}") from None
         finally:
             self._refused = None
             reply.cancel()

@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+import pytest
 import yaml
 
 from corral.projections.state import State
@@ -112,3 +114,23 @@ def test_two_read_replicas_export_the_same_cluster_figures_and_the_dashboard_tak
         names = set(re.findall(r"\bcorral_[a-z_]+", expr)) & cluster
         if names:
             assert "sum" not in expr and "max by" in expr, f"{expr}: a cluster figure summed over replicas"
+
+
+@pytest.mark.parametrize(
+    "lost", [nats.errors.ConnectionClosedError(), nats.errors.StaleConnectionError(), OSError(104, "reset")]
+)
+async def test_a_question_on_a_connection_lost_under_it_is_refused_not_raised_through(
+    lost: Exception,
+) -> None:
+    # The dashboard's feed turns a refusal into a problem shown and a new session; any other
+    # error ended the feed for good, its last board shown as live.
+    from corral.services.query.client import Refused, Session
+
+    class Closed:
+        async def request(self, *args: object, **kwargs: object) -> object:
+            raise lost
+
+    s = Session(timeout=1.0)
+    s.nc = Closed()  # type: ignore[assignment]
+    with pytest.raises(Refused, match="no answer on"):
+        await s.ask("a", "gpus")

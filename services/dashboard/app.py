@@ -108,11 +108,19 @@ class Feed:
                 await asyncio.sleep(self.min_interval)
             except (Refused, board.Unanswered) as e:
                 log.warning("the read service: %s", e)
-                if self._watch is not None:
-                    await self._watch.close()
-                    self._watch = None
-                await self._publish(None, str(e))
-                await asyncio.sleep(RETRY_S)
+                await self._again(str(e))
+            except Exception as e:  # noqa: BLE001 - a feed that ends shows its last board as live
+                log.exception("the dashboard's feed")
+                await self._again(f"the dashboard could not read the cluster: {type(e).__name__}")
+
+    async def _again(self, problem: str) -> None:
+        """Show ``problem``, drop the session, and wait a moment before asking again."""
+        if self._watch is not None:
+            with contextlib.suppress(Exception):
+                await self._watch.close()
+            self._watch = None
+        await self._publish(None, problem)
+        await asyncio.sleep(RETRY_S)
 
     async def _every_node(self, w: Session, first: dict[str, Any]) -> dict[str, Any]:
         """``first`` (a page of ``gpus``) with the pages after it: every node's GPUs."""

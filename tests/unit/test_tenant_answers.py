@@ -414,3 +414,47 @@ async def test_the_dashboard_reads_every_page_of_a_tenants_jobs(monkeypatch: pyt
     newest = await Feed("nats://unused", "a", None)._every_job(Asked())  # type: ignore[arg-type]
     ids = [r["id"] for r in newest["jobs"]]
     assert ids and "j2999" in ids and "j0000" not in ids
+
+
+async def test_the_dashboard_feed_outlives_an_error_and_says_so_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Only the read service's refusals were caught: any other error ended the feed for good,
+    # its last board shown as live.
+    import asyncio
+
+    from corral.services.dashboard import app
+    from corral.services.dashboard.app import Feed
+    from tests.builders import Cluster, LogBuilder, job
+
+    view = JobView(":memory:")
+    view.fold(LogBuilder().nodes(Cluster(2)).queue("team-a").submit("a", "j", job()).accept("j").records)
+    failed: list[str] = []
+
+    class Asked:
+        async def ask(self, asker: str, question: str, **fields: Any) -> dict[str, Any]:
+            if not failed:
+                failed.append(question)
+                raise RuntimeError("a bug")
+            return ask(view, asker, question, **fields)
+
+        async def close(self) -> None:
+            pass
+
+    async def session(self: Feed) -> Asked:
+        return Asked()
+
+    monkeypatch.setattr(Feed, "_session", session)
+    monkeypatch.setattr(app, "RETRY_S", 0.01)
+    feed = Feed("nats://unused", "a", None, min_interval=0.01)
+    problems: list[str] = []
+    running = asyncio.create_task(feed.run())
+    try:
+        async with asyncio.timeout(10):
+            while feed.board is None:
+                problems.append(feed.problem)
+                await feed.wait_newer(feed.version, 1.0)
+    finally:
+        running.cancel()
+    assert any("could not read the cluster: RuntimeError" in p for p in problems), problems
+    assert feed.problem == "" and feed.board is not None

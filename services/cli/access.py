@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ from corral.projections.state import State
 from corral.services.cli.jobfile import BadInput
 from corral.services.client import Client
 from corral.services.client.aio import default_server
-from corral.services.query.client import Refused, Session
+from corral.services.query.client import Refused, Session, every_node
 from corral.services.runtime import identities
 
 if TYPE_CHECKING:
@@ -110,11 +111,19 @@ async def session(url: str, login: Login) -> Session:
 
 def ask(url: str, login: Login, question: str, job: str = "", everything: bool = False) -> dict[str, Any]:
     """The read service's answer, asked as ``login``."""
+    return _asked(url, login, lambda s: s.ask(login.user, question, job=job, everything=everything))
 
+
+def ask_every_node(url: str, login: Login, question: str) -> dict[str, Any]:
+    """The read service's answer to ``question`` (``nodes``, ``gpus``), every page of it."""
+    return _asked(url, login, lambda s: every_node(s, login.user, question))
+
+
+def _asked(url: str, login: Login, asking: Callable[[Session], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         s = await session(url, login)
         try:
-            return await s.ask(login.user, question, job=job, everything=everything)
+            return await asking(s)
         except Refused as e:
             raise Failure(str(e)) from None
         finally:

@@ -31,7 +31,7 @@ from typing import Any
 from aiohttp import web
 
 from corral.services.dashboard import board
-from corral.services.query.client import Refused, Session
+from corral.services.query.client import Refused, Session, every_node
 
 log = logging.getLogger("corral.dashboard")
 
@@ -99,7 +99,7 @@ class Feed:
                 w = self._watch
                 probe = await w.ask(self.asker, "gpus", after=seq + 1)
                 if probe.get("seq", seq) != seq or self.problem:
-                    probe = await self._every_node(w, probe)
+                    probe = await every_node(w, self.asker, "gpus", probe)
                     queues = await w.ask(self.asker, "queues")
                     jobs = await self._every_job(w)
                     made = board.build(self.asker, probe, queues, jobs)
@@ -121,14 +121,6 @@ class Feed:
             self._watch = None
         await self._publish(None, problem)
         await asyncio.sleep(RETRY_S)
-
-    async def _every_node(self, w: Session, first: dict[str, Any]) -> dict[str, Any]:
-        """``first`` (a page of ``gpus``) with the pages after it: every node's GPUs."""
-        nodes, page = list(first.get("nodes", ())), first
-        while page.get("next") and "error" not in page:
-            page = await w.ask(self.asker, "gpus", after=int(first["seq"]), node_after=str(page["next"]))
-            nodes += page.get("nodes", ())
-        return {**first, "nodes": nodes} if "error" not in page else page
 
     async def _every_job(self, w: Session) -> dict[str, Any]:
         """The asker's jobs, page after page (``next``): the first page alone left out a tenant's

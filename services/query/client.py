@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
+from typing import Any, Protocol
 
 import nats
 import nats.errors
@@ -168,3 +168,23 @@ class Session:
         if self.nc is not None and not self.nc.is_closed:
             with contextlib.suppress(OSError, nats.errors.Error):
                 await self.nc.close()
+
+
+class Asks(Protocol):
+    async def ask(
+        self, asker: str, question: str, *, after: int = 0, node_after: str = ""
+    ) -> dict[str, Any]: ...
+
+
+async def every_node(
+    s: Asks, asker: str, question: str, first: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The answer to ``question`` (``nodes``, ``gpus``) with every page of it (``next``), all
+    as of the first page's log position; ``first``: that page, if asked already."""
+    if first is None:
+        first = await s.ask(asker, question)
+    rows, page = list(first.get("nodes", ())), first
+    while page.get("next") and "error" not in page:
+        page = await s.ask(asker, question, after=int(first["seq"]), node_after=str(page["next"]))
+        rows += page.get("nodes", ())
+    return {**first, "nodes": rows} if "error" not in page else page

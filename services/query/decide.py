@@ -29,7 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import msgspec
@@ -38,7 +38,7 @@ from corral.events import codec, subjects
 from corral.events.base import Int
 from corral.projections.index import JobEvent
 from corral.projections.lifecycle import FINAL, WAITING
-from corral.projections.state import JobState, State
+from corral.projections.state import JobState, NodeState, State
 from corral.projections.visibility import sees_job, sees_queue
 from corral.services.query import present
 from corral.services.query.explain import explain
@@ -55,7 +55,7 @@ MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer mu
 # default), and a cluster of thousands of jobs lists them page by page, by job id.
 JOBS_PAGE_BYTES = 512 * 1024
 LET_GO_BYTES = 384 * 1024  # and the jobs let go that the first page adds, as stored
-GPUS_PAGE_BYTES = 512 * 1024  # what one page of ``gpus`` holds at most, encoded
+GPUS_PAGE_BYTES = 512 * 1024  # what one page of ``gpus`` or ``nodes`` holds at most, encoded
 
 History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
 Forecasts = Mapping[str, TenantForecast]  # tenant -> its jobs' forecast starts
@@ -111,7 +111,7 @@ class Ask(msgspec.Struct, frozen=True):
     tail: Int = -1  # ``output``: only the last this many lines (-1: all kept)
     cursor: Int = 0  # ``output``: the output stream's sequence the asker has read up to
     page_after: Int = 0  # ``jobs``: the page of jobs submitted after this log position (``next``)
-    node_after: str = ""  # ``gpus``: the page of nodes named after this one (``next``)
+    node_after: str = ""  # ``gpus``, ``nodes``: the page of nodes named after this one (``next``)
 
     def patience(self) -> float:
         """``wait`` bounded to 0..MAX_WAIT (anything else, NaN included, is 0)."""
@@ -146,6 +146,22 @@ def refusal(state: State, message: str, *, busy: bool = False) -> dict[str, Any]
     if busy:
         return {"seq": state.seq, "error": message, "busy": True}
     return {"seq": state.seq, "error": message}
+
+
+def _node_pages(state: State, ask: Ask, row_of: Callable[[NodeState], dict[str, Any]]) -> dict[str, Any]:
+    """The rows of the nodes named after ``ask.node_after``, a page of at most
+    ``GPUS_PAGE_BYTES`` (at least one row), with ``next`` when more follow: a thousand 8-GPU
+    nodes are more than a message carries."""
+    names = sorted(n for n in state.nodes if n > ask.node_after)
+    rows: list[dict[str, Any]] = []
+    size = 0
+    for i, name in enumerate(names):
+        row = row_of(state.nodes[name])
+        size += len(_encode_row(row)) + 1
+        if rows and size > GPUS_PAGE_BYTES:
+            return {"seq": state.seq, "nodes": rows, "next": names[i - 1]}
+        rows.append(row)
+    return {"seq": state.seq, "nodes": rows}
 
 
 def _jobs_page(state: State, asker: str, after: int, etas: Forecasts) -> tuple[list[dict[str, Any]], int]:
@@ -376,9 +392,7 @@ def answer(
         return {"seq": state.seq, "rejections": rows}
     if question == "nodes":
         # Capacity and health are the cluster's, not any tenant's: everyone may see them.
-        nodes = sorted(state.nodes.values(), key=lambda n: n.name)
-        rows = [present.node_row(n, state, lambda j: sees_job(asker, j)) for n in nodes]
-        return {"seq": state.seq, "nodes": rows}
+        return _node_pages(state, ask, lambda n: present.node_row(n, state, lambda j: sees_job(asker, j)))
     if question == "verdict":
         if ask.verb not in VERDICT_VERBS:
             return refusal(state, f"verdict: verb {ask.verb[:64]!r}; one of {', '.join(VERDICT_VERBS)}")
@@ -386,15 +400,6 @@ def answer(
         return told if told is not None else {"seq": state.seq, "verdict": "pending"}
     if question == "gpus":
         # Every GPU of every node, and who holds it: the asker's own jobs by name and queue,
-        # anyone else's only as GPU taken (the dashboard's grid). A page at a time, by node name:
-        # a thousand 8-GPU nodes are more than a message carries.
-        names = sorted(n for n in state.nodes if n > ask.node_after)
-        rows, size = [], 0
-        for i, name in enumerate(names):
-            row = present.node_gpus(state.nodes[name], state, lambda j: sees_job(asker, j))
-            size += len(_encode_row(row)) + 1
-            if rows and size > GPUS_PAGE_BYTES:
-                return {"seq": state.seq, "nodes": rows, "next": names[i - 1]}
-            rows.append(row)
-        return {"seq": state.seq, "nodes": rows}
+        # anyone else's only as GPU taken (the dashboard's grid).
+        return _node_pages(state, ask, lambda n: present.node_gpus(n, state, lambda j: sees_job(asker, j)))
     return refusal(state, f"no question {question!r}; ask one of {', '.join(QUESTIONS)}")

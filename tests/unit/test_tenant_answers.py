@@ -372,9 +372,15 @@ def test_the_gpus_of_a_thousand_nodes_come_a_page_at_a_time() -> None:
     assert seen == sorted(view.state.nodes) and len(seen) == 1_250
 
 
-async def test_the_dashboard_reads_every_page_of_the_gpus() -> None:
-    from corral.services.dashboard.app import Feed
+@pytest.mark.parametrize("question", ["gpus", "nodes"])
+async def test_every_page_of_the_nodes_is_read(question: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``nodes`` was one answer: past a message (a thousand nodes with long labels) nobody got
+    # any. It is paged as ``gpus`` is; the dashboard and ``corral nodes`` read every page.
+    from corral.services.query import decide
+    from corral.services.query.client import every_node
     from tests.builders import Cluster, LogBuilder
+
+    monkeypatch.setattr(decide, "GPUS_PAGE_BYTES", 16 * 1024)
 
     view = JobView(":memory:")
     view.fold(LogBuilder().nodes(Cluster(1_250)).records)
@@ -383,9 +389,8 @@ async def test_the_dashboard_reads_every_page_of_the_gpus() -> None:
         async def ask(self, asker: str, question: str, **fields: Any) -> dict[str, Any]:
             return ask(view, asker, question, **fields)
 
-    first = ask(view, "a", "gpus")
-    assert first.get("next")
-    every = await Feed("nats://unused", "a", None)._every_node(Asked(), first)  # type: ignore[arg-type]
+    assert ask(view, "a", question).get("next")
+    every = await every_node(Asked(), "a", question)
     assert [n["name"] for n in every["nodes"]] == sorted(view.state.nodes)
 
 

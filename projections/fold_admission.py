@@ -108,6 +108,7 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
             void.append((adm.job_id, why.message))
             continue
         job.admission = adm  # before the move: the move counts what the admission holds
+        job.fixed = not ledger.may_borrow(job)  # as ``claim`` charged it
         job.admitted_at = (ctx.seq, place)
         if job.reclaim_key:  # a store costs more than the look (Structs)
             job.reclaim_key = ""
@@ -141,6 +142,7 @@ def _grow(state: State, ctx: Ctx, ledger: quota.Ledger, grown: Admission) -> str
         return why.message
     quota.count_holding(state, job, -1)
     job.admission = grown
+    job.fixed = not ledger.may_borrow(job)  # as ``claim_growth`` charged it
     quota.count_holding(state, job, 1)
     job.grown_at = ctx.time
     job.updated_seq = ctx.seq

@@ -360,23 +360,30 @@ def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> No
             )
     before = state.priority_classes.get(req.priority_class.name)
     state.priority_classes[req.priority_class.name] = req.priority_class
-    if (before is None or before.preemptible) != req.priority_class.preemptible:
+    turned = (before is None or before.preemptible) != pc.preemptible
+    recapped = (before.max_preemptions if before is not None else None) != pc.max_preemptions
+    if turned or recapped:
+        # Whether its jobs could be stopped, so may borrow, changed (``quota.stoppable``); none
+        # name it: nothing.
         was = {q: dict(held) for q, held in state.quota_held_fixed.items()}
-        quota.count_fixed(state)  # whether its jobs may borrow changed (none name it: nothing)
-        if not pc.preemptible:
-            past = _fixed_past_limit(state, was)
-            if past is not None:
-                if before is None:
-                    del state.priority_classes[pc.name]
-                else:
-                    state.priority_classes[pc.name] = before
-                quota.count_fixed(state)
-                raise Refused(
-                    "forbidden",
-                    f"priority class {pc.name} may not turn non-preemptible while its jobs borrow: "
-                    f"{past}; once they may not be stopped, what they borrowed could never be taken "
-                    "back. Turn it off once they end, or cancel them",
-                )
+        quota.count_fixed(state)
+        past = _fixed_past_limit(state, was)
+        if past is not None:
+            if before is None:
+                del state.priority_classes[pc.name]
+            else:
+                state.priority_classes[pc.name] = before
+            quota.count_fixed(state)
+            if not pc.preemptible:
+                change, then = "turn non-preemptible", "Turn it off once they end"
+            else:
+                change, then = f"cap its jobs' preemptions at {pc.max_preemptions}", "Lower it once they end"
+            raise Refused(
+                "forbidden",
+                f"priority class {pc.name} may not {change} while its jobs borrow: {past}; once "
+                f"they may not be stopped, what they borrowed could never be taken back. {then}, "
+                "or cancel them",
+            )
 
 
 def _fixed_past_limit(state: State, was: dict[str, dict[str, int]]) -> str | None:

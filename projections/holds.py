@@ -127,7 +127,7 @@ def hold(
     and when the queue's holders of that key, given per (queue, key) by (expected end,
     milli-GPU) in ``ends``, leave room for it in the nominal. None if it needs no quota or more
     than the nominal."""
-    found = ledger.key_for(queue, job.spec)
+    found = ledger.key_for(queue, job)
     if found is None:
         return None
     key, need = found

@@ -189,6 +189,14 @@ def may_be_preempted(spec: JobSpec, classes: Mapping[str, PriorityClassSpec]) ->
     return spec.preemptible and (pc is None or pc.preemptible)
 
 
+def stoppable(job: JobState, classes: Mapping[str, PriorityClassSpec]) -> bool:
+    """Whether ``job`` could still be stopped to give quota back: it may be preempted at all
+    (``may_be_preempted``) and its class's lifetime cap on preemptions has not run out (the
+    guards that pass with time, such as a minimum runtime, do). Only such a job may borrow;
+    the others are the queue's fixed holders (``State.quota_held_fixed``)."""
+    return may_be_preempted(job.spec, classes) and not capped(job, classes.get(job.spec.priority_class))
+
+
 def holding(job: JobState) -> list[tuple[str, int]]:
     """What an admitted job holds: (key, milli-GPU) per quota key of its admission."""
     adm = job.admission
@@ -203,21 +211,26 @@ def holding(job: JobState) -> list[tuple[str, int]]:
 
 def count_holding(state: State, job: JobState, sign: int) -> None:
     """Add (sign 1) or remove (sign -1) what ``job`` holds to ``State.quota_held``, and to
-    ``State.quota_held_fixed`` for a job that may not be preempted: the fold calls it whenever
-    a job enters or leaves a quota-holding phase."""
+    ``State.quota_held_fixed`` for a job admitted as one that may not borrow
+    (``JobState.fixed``): the fold calls it whenever a job enters or leaves a quota-holding
+    phase."""
     _count(state.quota_held, job, sign)
-    if not may_be_preempted(job.spec, state.priority_classes):
+    if job.fixed:
         _count(state.quota_held_fixed, job, sign)
 
 
 def count_fixed(state: State) -> None:
     """Count ``State.quota_held_fixed`` again from the jobs holding quota: a priority class
-    changed whether its jobs may be preempted (an administrator's act, seldom)."""
+    changed whether its jobs may be preempted, or how often (an administrator's act, seldom)."""
     state.quota_held_fixed = {}
+    ledger: Ledger | None = None
     for phase in HOLDS_QUOTA:
         for job_id in state.jobs_by_phase.get(phase, ()):
             job = state.jobs[job_id]
-            if not may_be_preempted(job.spec, state.priority_classes):
+            if ledger is None:
+                ledger = Ledger(state)
+            job.fixed = not ledger.may_borrow(job)
+            if job.fixed:
                 _count(state.quota_held_fixed, job, 1)
 
 
@@ -423,14 +436,45 @@ class Ledger:
         node = self._queues[queue]
         return node.guaranteed.get(key, 0) if node.parent is not None else node.subtree.get(key, 0)
 
-    def may_borrow(self, spec: JobSpec) -> bool:
-        """Whether a job of ``spec`` may hold more than its queue's nominal quota: only one that
-        may be preempted. What a queue borrows is its lenders' nominal, theirs again as soon as
-        they need it, and only stopping the borrower gives it back; a job that may not be
-        stopped stays within its own queue's nominal (KAI-Scheduler's rule for non-preemptible
-        jobs; with a cohort that shares its own quota, and its part of that, ``fixed_limit``),
-        or a lender's nominal would be guaranteed only until such a job borrowed it."""
+    def may_be_preempted(self, spec: JobSpec) -> bool:
+        """``may_be_preempted`` with this state's priority classes."""
         return may_be_preempted(spec, self._classes)
+
+    def may_borrow(self, job: JobState) -> bool:
+        """Whether ``job`` may hold more than its queue's nominal quota: only one that could
+        still be stopped (``stoppable``). What a queue borrows is its lenders' nominal, theirs
+        again as soon as they need it, and only stopping the borrower gives it back; a job that
+        may not be stopped stays within its own queue's nominal (KAI-Scheduler's rule for
+        non-preemptible jobs; with a cohort that shares its own quota, and its part of that,
+        ``fixed_limit``), or a lender's nominal would be guaranteed only until such a job
+        borrowed it. One preempted as often as its class allows is held so too, unless it is
+        larger than that on every model it may count against: a job its owner let be
+        preempted because it could not fit otherwise would then never run again. Its loan can
+        be taken back only when it ends."""
+        classes = self._classes
+        if not may_be_preempted(job.spec, classes):
+            return False
+        if not capped(job, classes.get(job.spec.priority_class)):
+            return True
+        queue = job.spec.queue
+        if queue not in self._queues:
+            return False
+        lo = min_replicas(job.spec)
+        demands = self.demands(queue, job.spec)
+        return all(per_worker * lo > self.fixed_limit(queue, key) for key, per_worker in demands)
+
+    def held_fixed(self, job: JobState) -> bool:
+        """Whether what ``job`` holds is its queue's fixed part: as it was admitted
+        (``JobState.fixed``) while it holds quota; as it would be now, for one stopped and
+        waiting to be admitted again."""
+        if job.fixed is not None and job.phase in HOLDS_QUOTA:
+            return job.fixed
+        return not self.may_borrow(job)
+
+    def may_take_back(self, job: JobState) -> bool:
+        """Whether ``job`` could be stopped for a job of its queue once that one needs its quota
+        back (``stoppable``)."""
+        return stoppable(job, self._classes)
 
     def fixed_limit(self, queue: str, key: str) -> int:
         """The most of ``key`` the queue's jobs that may not be preempted may hold: its nominal,
@@ -456,13 +500,6 @@ class Ledger:
     def _weight(self, queue: str) -> float:
         spec = self._specs.get(queue)
         return spec.weight if spec is not None else 0.0
-
-    def may_take_back(self, job: JobState) -> bool:
-        """Whether ``job`` could be stopped for a job of its queue once that one needs its quota
-        back: it may be preempted (``may_borrow``) and its class's lifetime cap on preemptions
-        has not run out (the guards that pass with time, such as a minimum runtime, do)."""
-        classes = self._classes
-        return may_be_preempted(job.spec, classes) and not capped(job, classes.get(job.spec.priority_class))
 
     def available(self, queue: str, key: str, borrow: bool = True) -> int:
         """How much more the queue may hold of ``key`` right now (may be < 0 after a quota cut);
@@ -507,14 +544,15 @@ class Ledger:
     def fits(self, queue: str, key: str, milli: int, borrow: bool = True) -> bool:
         return milli <= 0 or milli <= self.available(queue, key, borrow)
 
-    def key_for(self, queue: str, spec: JobSpec) -> tuple[str, int] | None:
-        """The quota key a queued job of ``spec`` counts against now, with what it needs there at
+    def key_for(self, queue: str, job: JobState) -> tuple[str, int] | None:
+        """The quota key a queued ``job`` counts against now, with what it needs there at
         its minimum workers (milli-GPU); None if it needs no quota. Of its keys, in its order
         (Kueue's flavor assignment, with its default fungibility): the first it fits now,
         borrowing if it must; else the first whose nominal its queue's own jobs leave room in
         (what others hold of it is lent, and may be taken back); else the first within the
         nominal at all; else the first. Admission's order and holds read the job's key here, so a
         job that fits its second model's nominal is not taken for a borrower of its first."""
+        spec = job.spec
         demands = self.demands(queue, spec)
         if not demands:
             return None
@@ -522,7 +560,7 @@ class Ledger:
         if len(demands) == 1:
             return demands[0][0], demands[0][1] * lo
         needs = [(key, per_worker * lo) for key, per_worker in demands]
-        borrow = self.may_borrow(spec)
+        borrow = self.may_borrow(job)
         for key, need in needs:
             if self.fits(queue, key, need, borrow):
                 return key, need
@@ -684,7 +722,7 @@ class Ledger:
         if job.spec.queue not in self._queues:
             return None
         held = holding(job)
-        fixed = not self.may_borrow(job.spec)
+        fixed = self.held_fixed(job)
         for key, milli in held:
             self.charge(job.spec.queue, key, milli, fixed)
         return held[0] if len(held) == 1 else None
@@ -708,11 +746,11 @@ class Ledger:
     def check(self, job: JobState, adm: Admission) -> Reason | None:
         """Whether ``adm`` is a faithful, fitting admission of ``job`` at this point of the log:
         one key the job may count against, its GPUs as the job's resources say, within quota."""
-        return self._verdict(job, adm, self.may_borrow(job.spec))[0]
+        return self._verdict(job, adm, self.may_borrow(job))[0]
 
     def claim(self, job: JobState, adm: Admission) -> Reason | None:
         """``check``, then charge the admission if it holds: the fold's call per admission."""
-        borrow = self.may_borrow(job.spec)
+        borrow = self.may_borrow(job)
         why, key, milli = self._verdict(job, adm, borrow)
         if why is None and key is not None:
             self.charge(job.spec.queue, key, milli, not borrow)  # as ``hold_admission``
@@ -723,7 +761,7 @@ class Ledger:
         given back for the check, and charged again if the growth does not fit."""
         queue = job.spec.queue
         held = holding(job)
-        fixed = not self.may_borrow(job.spec)
+        fixed = self.held_fixed(job)
         for key, milli in held:
             self.charge(queue, key, -milli, fixed)
         why = self.claim(job, grown)
@@ -770,7 +808,7 @@ class Ledger:
         return None, key, milli
 
     def hold_admission(self, job: JobState, adm: Admission) -> None:
-        fixed = not self.may_borrow(job.spec)
+        fixed = not self.may_borrow(job)
         for key in adm.gpus:
             self.charge(job.spec.queue, key, worker_milli(job.spec.resources, key) * adm.replicas, fixed)
 

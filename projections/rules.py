@@ -217,4 +217,9 @@ from __future__ import annotations
 # 75: a node's registration with more than ``MAX_LABELS`` labels, a label longer than
 #    ``MAX_LABEL_BYTES`` or with control characters, or a GPU model or UUID longer than
 #    ``MAX_GPU_NAME`` (or no model) is malformed (``fold_nodes._registered``).
-RULES = 75
+# 76: a job is admitted as one that may not borrow (``JobState.fixed``, counted in
+#    ``State.quota_held_fixed`` while it holds quota) when it may not be preempted, and now also
+#    when it has been preempted as often as its class's cap allows, unless it is larger than
+#    what such jobs of its queue may hold (``Ledger.may_borrow``); a class may not lower its cap
+#    to what its borrowing jobs have had.
+RULES = 76

@@ -115,6 +115,10 @@ class JobState(msgspec.Struct, gc=False):
     reasons: tuple[Reason, ...] = ()
     restarts: int = 0
     preemptions: int = 0
+    # Admitted as one that may not borrow (``quota.Ledger.may_borrow``): what it holds is its
+    # queue's fixed part (``State.quota_held_fixed``) until it holds none, whatever happens
+    # meanwhile. None: never admitted by the fold (a state made by hand reads the rule itself).
+    fixed: bool | None = None
     preempted_at: tuple[float, ...] = ()  # log times of the latest preemptions (anti-thrash)
     preempted_for: str = ""  # the beneficiary of the preemption under way
     # Where a move (a consolidation, ``PreemptionRequested.moves``) is to put it: the placer

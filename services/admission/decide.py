@@ -322,11 +322,10 @@ def _admit_nominated(
 
 def _fit(queue: str, job: JobState, ledger: Ledger, inventory: Inventory) -> Admission | None:
     """Admit one job whole if its quota allows (charged to ``ledger``), as ``_admit`` does."""
-    spec = job.spec
     demands, lo, hi = _asked(inventory, ledger, queue, job)
     if not demands:  # needs no GPU, so no quota
         return Admission(job_id=job.id, attempt=job.attempt, replicas=hi)
-    borrow = ledger.may_borrow(spec)
+    borrow = ledger.may_borrow(job)
     best: tuple[int, str, int] | None = None  # (replicas, key, milli-GPU per worker), as ``_admit``
     for key, per_worker, most in demands:
         replicas = min(most, ledger.available(queue, key, borrow) // per_worker)
@@ -558,14 +557,13 @@ def _admit(
     out: list[Admission] = []
     while len(out) < cap and (cur := order.pop()) is not None:
         job = cur.head
-        spec = job.spec
         demands, lo, hi = _asked(inventory, ledger, cur.name, job)
         if not demands:  # needs no GPU, so no quota
             out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=hi))
             order.admitted(cur)
             continue
         held = cur.hold
-        borrow = ledger.may_borrow(spec)
+        borrow = ledger.may_borrow(job)
         # The model it fits whole on first, in its order; else (an elastic job) the one it fits
         # most workers on, the first of equals: Kueue's partial admission tries the whole count
         # on every flavor before any smaller count.
@@ -679,7 +677,7 @@ class _Explainer:
         need = per_worker * quota.min_replicas(job.spec)
         ledger = self.ledger
         if (
-            not ledger.may_borrow(job.spec)
+            not ledger.may_borrow(job)
             and not ledger.fits(cur.name, key, need, False)
             and ledger.fits(cur.name, key, need)  # it would, were it a job that may borrow
         ):
@@ -710,7 +708,7 @@ class _Explainer:
         keep that room for their first waiting jobs within their nominal (``LendingHolds``):
         whose ("" if none keeps it). Queues not open to the job's tenant are not named."""
         lending = self.lending
-        if lending is None or lending.available(queue, key, self.ledger.may_borrow(job.spec)) >= need:
+        if lending is None or lending.available(queue, key, self.ledger.may_borrow(job)) >= need:
             return ""
         root = self.ledger.root(queue)
         keepers = sorted(

@@ -61,7 +61,7 @@ class LendingHolds:
             if not backlog or not ledger.has_queue(name):
                 continue
             head = backlog[0]
-            wanted = ledger.key_for(name, head.spec)
+            wanted = ledger.key_for(name, head)
             if wanted is None:
                 continue
             key, need = wanted

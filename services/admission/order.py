@@ -270,7 +270,7 @@ class FairShareOrder:
                 break  # rare: let the full check decide
             need = res.gpu_milli if k == "fraction" else res.gpus * WHOLE
             need *= job_spec.replicas if job_spec.min_replicas is None else job_spec.min_replicas
-            fixed = bool(fixed_room) and not may_borrow(job_spec)
+            fixed = bool(fixed_room) and not may_borrow(job)
             models = res.gpu_models
             if not models:
                 if need <= (fixed_any if fixed else room_any):
@@ -300,7 +300,7 @@ class FairShareOrder:
         """How far up its cohort tree the head would borrow (``Ledger.borrowing_height``) on the key
         it counts against now (``Ledger.key_for``)."""
         ledger = self._ledger
-        wanted = ledger.key_for(cur.name, job.spec)
+        wanted = ledger.key_for(cur.name, job)
         if wanted is None:
             return 0
         key, need = wanted
@@ -324,7 +324,7 @@ def pending_order(state: State, now: float) -> list[JobState]:
     while (cur := order.pop()) is not None:
         job = cur.head
         out.append(job)
-        wanted = ledger.key_for(cur.name, job.spec)  # the model it would be admitted on
+        wanted = ledger.key_for(cur.name, job)  # the model it would be admitted on
         if wanted is not None:
             key = wanted[0]
             ledger.charge(cur.name, key, quota.worker_milli(job.spec.resources, key) * job.spec.replicas)

@@ -189,7 +189,7 @@ def _fits_ever(ledger: Ledger, spec: JobSpec) -> Reason | None:
     q = ledger.spec(spec.queue)
     lo = quota.min_replicas(spec)
     demands = quota.worker_demands(q, spec.resources)
-    borrow = ledger.may_borrow(spec)
+    borrow = ledger.may_be_preempted(spec)  # a new job: preempted never yet
     if not demands or any(w * lo <= ledger.ceiling(spec.queue, k, borrow) for k, w in demands):
         return None
     res = spec.resources

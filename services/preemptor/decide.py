@@ -492,7 +492,7 @@ class _Holds:
         return found
 
     def _keeps_out(self, held: Hold, job: JobState) -> bool:
-        demand = self.ledger.key_for(job.spec.queue, job.spec)  # as admission asks the hold
+        demand = self.ledger.key_for(job.spec.queue, job)  # as admission asks the hold
         if demand is None:
             return False
         spare = held.spare(self.ledger, job.spec.queue, demand[0], job, self.now)

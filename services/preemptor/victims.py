@@ -169,7 +169,7 @@ def blocked_targets(state: State, ledger: Ledger, job: JobState) -> list[Target]
         return []
     demands = [(k, each * replicas) for k, each in ledger.demands(q, job.spec)]
     several = len(quota.worker_demands(qspec, job.spec.resources)) > 1  # the record names its key
-    borrow = ledger.may_borrow(job.spec)
+    borrow = ledger.may_borrow(job)
     if any(ledger.fits(q, key, need, borrow) for key, need in demands):
         return []
     out = []
@@ -576,7 +576,7 @@ class Simulation:
         q = target.job.spec.queue
         if target.need and (
             target.key is None
-            or not self.ledger.fits(q, target.key, target.need, self.ledger.may_borrow(target.job.spec))
+            or not self.ledger.fits(q, target.key, target.need, self.ledger.may_borrow(target.job))
         ):
             return None
         found = gang.place(self.chain, self.snap, target.req, self.placer.label_keys)

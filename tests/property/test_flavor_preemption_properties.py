@@ -77,7 +77,7 @@ def model_worlds(draw: st.DrawFn) -> World:
         w.emit(subj.job(jid), JobAccepted(job_id=jid, priority=prio))
         job = w.state.jobs[jid]
         ledger = Ledger.from_state(w.state)
-        found = ledger.key_for(q, spec)
+        found = ledger.key_for(q, job)
         if found is None:
             continue
         adm = quota.admission(w.state.queues[q], job, key=found[0])
@@ -116,7 +116,7 @@ def test_preemption_for_jobs_of_several_models(w: World) -> None:
         if e.beneficiary == events[0].beneficiary:
             # Not one admission could admit on a model as things are (a later beneficiary may be
             # one that fit the room an earlier one's plan takes).
-            assert not any(ledger.fits(spec.queue, k, n, ledger.may_borrow(spec)) for k, n in needs)
+            assert not any(ledger.fits(spec.queue, k, n, ledger.may_borrow(b)) for k, n in needs)
         assert e.key in {k for k, _ in needs} if len(needs) > 1 else e.key == ""
     served = set()
     for e in events:  # the fold takes every one (``World.emit`` asserts it)

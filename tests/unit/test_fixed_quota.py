@@ -2,7 +2,8 @@
 
 What a queue borrows is other queues' nominal, theirs again as soon as they need it, and only
 stopping the borrower gives it back. So only jobs that may be preempted borrow: what a queue's
-jobs that may not be preempted (their spec, or their priority class) hold stays within its
+jobs that may not be preempted (their spec, their priority class, or preempted as often as its
+lifetime cap allows) hold stays within its
 nominal (KAI-Scheduler keeps non-preemptible jobs within their queue's deserved quota), and the
 queue's preemptible jobs borrow on top. The fold arbitrates it (``Ledger.may_borrow``, kept as
 ``State.quota_held_fixed``), admission follows it, and a job that could never fit so is refused
@@ -189,3 +190,83 @@ def test_no_change_of_a_shared_pool_leaves_unstoppable_jobs_past_their_part() ->
     lb.request("bob", "cancel", {"job_id": "fixed-b"})
     state = lb.admin("cohort", ApplyCohort(cohort=unshared)).fold()
     assert not state.cohorts["org"].share_own_quota and state.rejected_total == 4
+
+
+# A class whose jobs may be preempted once in their life.
+ONCE = PriorityClassSpec("once", 0, max_preemptions=1)
+
+
+def capped_world(gpus: int) -> LogBuilder:
+    """team-a's ``pinned`` (2 GPUs, may not be preempted) and ``capped`` (``gpus`` GPUs of class
+    ``once``, borrowing team-b's nominal), running; then ``capped`` stopped once for team-b's
+    ``b1``, which runs and ends, and ``capped`` waits again, at its class's cap."""
+    lb = lender_world()
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=ONCE))
+    lb.submit("alice", "pinned", job().gpus(2).preemptible(False)).accept("pinned").admit("pinned")
+    lb.place(on("node-00", 0, 1, job_id="pinned")).started("node-00", "pinned")
+    lb.submit("alice", "capped", job().gpus(gpus).priority_class("once").checkpointable()).accept("capped")
+    lb.admit("capped").place(on("node-00", *range(2, 2 + gpus), job_id="capped")).started("node-00", "capped")
+    lb.submit("bob", "b1", job("team-b").gpus(4)).accept("b1").preempt("b1", "capped")
+    lb.exited("node-00", "capped", code=0, stopped=True).requeue("capped", 0, code="preempted")
+    lb.admit("b1").place(on("node-00", 2, 3, 4, 5, job_id="b1")).started("node-00", "b1").exited(
+        "node-00", "b1"
+    )
+    return lb
+
+
+def test_a_job_at_its_classs_cap_on_preemptions_may_not_borrow_again() -> None:
+    # Borrowing again, nobody could take back what it borrowed: team-b's jobs within their
+    # nominal would wait for it to end on its own.
+    lb = capped_world(3)
+    state = lb.fold()
+    assert state.jobs["capped"].preemptions == 1 and state.quota_held_fixed == {"team-a": {ANY: 2000}}
+    lb.admit("capped", attempt=1)  # 2 + 3 of a nominal 4: it would borrow 1
+    state = lb.fold()
+    assert state.jobs["capped"].phase == "queued"
+    assert "may not be preempted, so may not borrow" in state.rejections[-1].message
+    events = decide(state, lb.time)
+    assert not any(getattr(e, "admissions", None) for e in events), events
+    said = {e.job_id: e.reasons for e in events if isinstance(e, PendingReasonChanged)}
+    (why,) = said["capped"]
+    assert why.code == "quota" and "may not be preempted, so may not borrow" in why.message, why
+    # Once the pinned job is gone it fits the nominal: admitted, and held as a fixed part of it.
+    lb.exited("node-00", "pinned").admit("capped", attempt=1)
+    state = lb.fold()
+    assert state.jobs["capped"].phase == "admitted" and state.jobs["capped"].fixed
+    assert state.quota_held_fixed == {"team-a": {ANY: 3000}}
+    ledger, counted = Ledger.from_state(state), Ledger.from_jobs(state)
+    assert ledger.fixed("team-a", ANY) == counted.fixed("team-a", ANY) == 3000
+
+
+def test_a_capped_job_larger_than_what_fixed_jobs_may_hold_still_borrows() -> None:
+    # Held within its nominal it could never run again: its owner let it be preempted because
+    # it could not fit otherwise. Its loan is taken back only when it ends.
+    lb = capped_world(5)
+    state = lb.admit("capped", attempt=1).fold()
+    assert state.jobs["capped"].phase == "admitted" and not state.jobs["capped"].fixed
+    assert state.quota_held_fixed == {"team-a": {ANY: 2000}}
+
+
+def test_a_class_may_not_cap_preemptions_below_what_its_borrowing_jobs_have_had() -> None:
+    lb = lender_world()
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=PriorityClassSpec("once", 0)))
+    lb.submit("alice", "pinned", job().gpus(2).preemptible(False)).accept("pinned").admit("pinned")
+    spec = job().gpus(3).priority_class("once").checkpointable()
+    lb.submit("alice", "borrower", spec).accept("borrower").admit("borrower")
+    lb.place(on("node-00", 2, 3, 4, job_id="borrower")).started("node-00", "borrower")
+    lb.submit("bob", "b1", job("team-b").gpus(4)).accept("b1").preempt("b1", "borrower")
+    lb.exited("node-00", "borrower", code=0, stopped=True).requeue("borrower", 0, code="preempted")
+    lb.admit("b1").place(on("node-00", 4, 5, 6, 7, job_id="b1")).started("node-00", "b1")
+    lb.exited("node-00", "b1")
+    lb.admit("borrower", attempt=1)  # preempted once, no cap: it borrows again
+    state = lb.fold()
+    assert state.jobs["borrower"].phase == "admitted" and state.quota_held_fixed == {"team-a": {ANY: 2000}}
+    state = lb.admin("priority-class", ApplyPriorityClass(priority_class=ONCE)).fold()
+    why = state.rejections[-1]
+    assert why.code == "forbidden" and "cap its jobs' preemptions at 1 while its jobs borrow" in why.message
+    assert state.priority_classes["once"].max_preemptions is None
+    assert state.quota_held_fixed == {"team-a": {ANY: 2000}}
+    # A cap its borrowing jobs have not reached is taken.
+    twice = msgspec.structs.replace(ONCE, max_preemptions=2)
+    state = lb.admin("priority-class", ApplyPriorityClass(priority_class=twice)).fold()
+    assert state.priority_classes["once"].max_preemptions == 2

@@ -324,7 +324,9 @@ def test_the_key_a_job_of_several_models_counts_against(
     ):
         ledger.charge(queue, model, held * G)
     spec = JobSpec(queue="a", resources=Resources(gpus=4, gpu_models=("H100", "A100")))
-    assert ledger.key_for("a", spec) == (key, 4 * G)
+    assert ledger.key_for(
+        "a", JobState(id="j", tenant="t", spec=spec, submitted_seq=1, submitted_at=0.0)
+    ) == (key, 4 * G)
 
 
 def test_fractions_are_exact_and_recorded_rounded_up() -> None:

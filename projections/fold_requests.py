@@ -366,14 +366,14 @@ def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> No
         # Whether its jobs could be stopped, so may borrow, changed (``quota.stoppable``); none
         # name it: nothing.
         was = {q: dict(held) for q, held in state.quota_held_fixed.items()}
-        quota.count_fixed(state)
+        standings = quota.refix(state, pc.name)
         past = _fixed_past_limit(state, was)
         if past is not None:
             if before is None:
                 del state.priority_classes[pc.name]
             else:
                 state.priority_classes[pc.name] = before
-            quota.count_fixed(state)
+            quota.restore(state, standings)
             if not pc.preemptible:
                 change, then = "turn non-preemptible", "Turn it off once they end"
             else:

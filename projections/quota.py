@@ -215,23 +215,50 @@ def count_holding(state: State, job: JobState, sign: int) -> None:
     (``JobState.fixed``): the fold calls it whenever a job enters or leaves a quota-holding
     phase."""
     _count(state.quota_held, job, sign)
-    if job.fixed:
+    if _fixed(state, job):
         _count(state.quota_held_fixed, job, sign)
 
 
-def count_fixed(state: State) -> None:
-    """Count ``State.quota_held_fixed`` again from the jobs holding quota: a priority class
-    changed whether its jobs may be preempted, or how often (an administrator's act, seldom)."""
-    state.quota_held_fixed = {}
+def refix(state: State, priority_class: str) -> dict[str, bool | None]:
+    """Decide again whether the jobs of ``priority_class`` that hold quota hold it as fixed
+    (``JobState.fixed``; the class changed whether its jobs may be preempted, or how often: an
+    administrator's act, seldom), every other job's standing kept, and count
+    ``State.quota_held_fixed`` again; the standings it replaced, for ``restore``."""
+    was: dict[str, bool | None] = {}
     ledger: Ledger | None = None
     for phase in HOLDS_QUOTA:
         for job_id in state.jobs_by_phase.get(phase, ()):
             job = state.jobs[job_id]
-            if ledger is None:
-                ledger = Ledger(state)
-            job.fixed = not ledger.may_borrow(job)
-            if job.fixed:
+            if job.spec.priority_class == priority_class:
+                if ledger is None:
+                    ledger = Ledger(state)
+                was[job_id] = job.fixed
+                job.fixed = not ledger.may_borrow(job)
+    _recount_fixed(state)
+    return was
+
+
+def restore(state: State, was: dict[str, bool | None]) -> None:
+    """Undo ``refix``: the standings it replaced, and the count from them."""
+    for job_id, fixed in was.items():
+        state.jobs[job_id].fixed = fixed
+    _recount_fixed(state)
+
+
+def _recount_fixed(state: State) -> None:
+    state.quota_held_fixed = {}
+    for phase in HOLDS_QUOTA:
+        for job_id in state.jobs_by_phase.get(phase, ()):
+            job = state.jobs[job_id]
+            if _fixed(state, job):
                 _count(state.quota_held_fixed, job, 1)
+
+
+def _fixed(state: State, job: JobState) -> bool:
+    """``job.fixed``; one the fold never admitted (a state made by hand) is decided now, once."""
+    if job.fixed is None:
+        job.fixed = not Ledger(state).may_borrow(job)
+    return job.fixed
 
 
 def _count(held: dict[str, dict[str, int]], job: JobState, sign: int) -> None:
@@ -459,8 +486,10 @@ class Ledger:
         queue = job.spec.queue
         if queue not in self._queues:
             return False
+        # Every model it may count against, hosted now or not: read alike by the fold and by the
+        # services, whose ledgers leave out models no node can host (``demands``).
         lo = min_replicas(job.spec)
-        demands = self.demands(queue, job.spec)
+        demands = worker_demands(self._specs[queue], job.spec.resources)
         return all(per_worker * lo > self.fixed_limit(queue, key) for key, per_worker in demands)
 
     def held_fixed(self, job: JobState) -> bool:

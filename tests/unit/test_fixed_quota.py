@@ -16,7 +16,7 @@ import msgspec
 
 from corral.events import routing
 from corral.events.base import Reason
-from corral.events.jobs import PendingReasonChanged
+from corral.events.jobs import Admission, PendingReasonChanged
 from corral.events.queues import (
     ApplyCohort,
     ApplyPriorityClass,
@@ -270,3 +270,47 @@ def test_a_class_may_not_cap_preemptions_below_what_its_borrowing_jobs_have_had(
     twice = msgspec.structs.replace(ONCE, max_preemptions=2)
     state = lb.admin("priority-class", ApplyPriorityClass(priority_class=twice)).fold()
     assert state.priority_classes["once"].max_preemptions == 2
+
+
+def test_a_new_class_leaves_other_jobs_standing_as_they_were_admitted() -> None:
+    # Every holder's standing was decided again on any class's change: a job that reached its
+    # cap while checkpointing as a borrower turned fixed, and a class nobody used was refused.
+    lb = lender_world()
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=ONCE))
+    lb.submit("alice", "pinned", job().gpus(2).preemptible(False)).accept("pinned").admit("pinned")
+    lb.submit("alice", "capped", job().gpus(3).priority_class("once").checkpointable()).accept("capped")
+    lb.admit("capped").place(on("node-00", 2, 3, 4, job_id="capped")).started("node-00", "capped")
+    lb.submit("bob", "b1", job("team-b").gpus(4)).accept("b1").preempt("b1", "capped")
+    other = PriorityClassSpec("other", 5, max_preemptions=3)
+    state = lb.admin("priority-class", ApplyPriorityClass(priority_class=other)).fold()
+    assert state.jobs["capped"].phase == "checkpointing" and state.jobs["capped"].fixed is False
+    assert "other" in state.priority_classes and state.quota_held_fixed == {"team-a": {ANY: 2000}}
+
+
+def test_admission_and_the_fold_read_a_capped_jobs_models_alike() -> None:
+    # Admission's ledger leaves out models no node can host; the fold's does not: a capped job
+    # of two models was borrowing for one and fixed for the other, proposed and voided each
+    # cycle.
+    from corral.events import routing
+    from corral.events.queues import QueueSpec
+    from corral.services.agent.inventory import a100_8x_nvlink
+
+    h, a = "H100-80GB", "A100-80GB"
+    lb = LogBuilder().node("a", a100_8x_nvlink("a"))
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=ONCE))
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    lb.queue(QueueSpec("team-a", cohort="org", quotas={h: Quota(8), a: Quota(4)}))
+    lb.queue(QueueSpec("team-b", cohort="org", quotas={a: Quota(4)}))
+    spec = job().gpus(6).models(h, a).priority_class("once").checkpointable()
+    lb.submit("alice", "capped", spec).accept("capped").admit_as(Admission("capped", 0, 1, {a: 6}))
+    lb.place(on("a", *range(6), job_id="capped")).started("a", "capped")
+    lb.submit("bob", "b1", job("team-b").gpus(4).models(a)).accept("b1").preempt("b1", "capped")
+    lb.exited("a", "capped", code=0, stopped=True).requeue("capped", 0, code="preempted")
+    lb.admit_as(Admission("b1", 0, 1, {a: 4})).place(on("a", 0, 1, 2, 3, job_id="b1"))
+    lb.started("a", "b1").exited("a", "b1")
+    for _ in range(3):
+        state = lb.fold()
+        for e in decide(state, state.time):
+            lb.event(routing.subject_of(e), e)
+    state = lb.fold()
+    assert state.void_total == 0 and state.jobs["capped"].preemptions == 1

@@ -35,7 +35,7 @@ from corral.projections.state import State
 from corral.services.cli.jobfile import BadInput
 from corral.services.client import Client
 from corral.services.client.aio import default_server
-from corral.services.query.client import Refused, Session, every_node
+from corral.services.query.client import Refused, Session, every_page
 from corral.services.runtime import identities
 
 if TYPE_CHECKING:
@@ -114,9 +114,9 @@ def ask(url: str, login: Login, question: str, job: str = "", everything: bool =
     return _asked(url, login, lambda s: s.ask(login.user, question, job=job, everything=everything))
 
 
-def ask_every_node(url: str, login: Login, question: str) -> dict[str, Any]:
-    """The read service's answer to ``question`` (``nodes``, ``gpus``), every page of it."""
-    return _asked(url, login, lambda s: every_node(s, login.user, question))
+def ask_every_page(url: str, login: Login, question: str) -> dict[str, Any]:
+    """The read service's answer to a paged ``question`` (``nodes``, ``gpus``, ``jobs``), every page of it."""
+    return _asked(url, login, lambda s: every_page(s, login.user, question))
 
 
 def _asked(url: str, login: Login, asking: Callable[[Session], Awaitable[dict[str, Any]]]) -> dict[str, Any]:

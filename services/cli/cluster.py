@@ -22,7 +22,7 @@ from corral.services.cli.access import (
     admin_client,
     answer_of,
     as_client,
-    ask_every_node,
+    ask_every_page,
     login_of,
     needs_log,
     open_log,
@@ -179,7 +179,7 @@ def cmd_nodes(args: argparse.Namespace) -> None:
     login = login_of(args, args.tenant)
     client = as_client(login)
     if client is not None:
-        rows = answer_of(ask_every_node(server_url(args.server), client, "nodes"), "nodes")
+        rows = answer_of(ask_every_page(server_url(args.server), client, "nodes"), "nodes")
     else:
         state = asyncio.run(remote_state(server_url(args.server), login))
         rows = [present.node_row(n) for n in sorted(state.nodes.values(), key=lambda n: n.name)]

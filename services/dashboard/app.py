@@ -19,7 +19,6 @@ listens on localhost unless told otherwise.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import importlib.resources
 import ipaddress
@@ -31,7 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from corral.services.dashboard import board
-from corral.services.query.client import Refused, Session, every_node
+from corral.services.query.client import Refused, Session, every_page
 
 log = logging.getLogger("corral.dashboard")
 
@@ -99,7 +98,7 @@ class Feed:
                 w = self._watch
                 probe = await w.ask(self.asker, "gpus", after=seq + 1)
                 if probe.get("seq", seq) != seq or self.problem:
-                    probe = await every_node(w, self.asker, "gpus", probe)
+                    probe = await every_page(w, self.asker, "gpus", probe)
                     queues = await w.ask(self.asker, "queues")
                     jobs = await self._every_job(w)
                     made = board.build(self.asker, probe, queues, jobs)
@@ -123,17 +122,10 @@ class Feed:
         await asyncio.sleep(RETRY_S)
 
     async def _every_job(self, w: Session) -> dict[str, Any]:
-        """The asker's jobs, page after page (``next``): the first page alone left out a tenant's
-        newest once its rows passed a page (512 KiB). Pages come oldest first; of more than
-        ``JOB_PAGES``, the newest are kept (waiting and running jobs are among them)."""
-        first = page = await w.ask(self.asker, "jobs")
-        pages = collections.deque([first.get("jobs", ())], maxlen=JOB_PAGES)
-        while page.get("next") and "error" not in page:
-            page = await w.ask(self.asker, "jobs", page_after=int(page["next"]))
-            pages.append(page.get("jobs", ()))
-        if "error" in page:
-            return page
-        return {**first, "jobs": [row for rows in pages for row in rows]}
+        """The asker's jobs, page after page: the first page alone left out a tenant's newest
+        once its rows passed a page (512 KiB). Of more than ``JOB_PAGES``, the newest (waiting
+        and running jobs are among them)."""
+        return await every_page(w, self.asker, "jobs", most=JOB_PAGES)
 
     async def explain(self, job_id: str) -> dict[str, Any]:
         """A job's timeline, or raises ``board.Unanswered`` (no such job, for this identity)."""

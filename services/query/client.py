@@ -14,6 +14,7 @@ message; ``Session`` turns that into ``Refused`` at once instead of waiting out 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 from typing import Any, Protocol
@@ -172,19 +173,27 @@ class Session:
 
 class Asks(Protocol):
     async def ask(
-        self, asker: str, question: str, *, after: int = 0, node_after: str = ""
+        self, asker: str, question: str, *, after: int = 0, page_after: int = 0, node_after: str = ""
     ) -> dict[str, Any]: ...
 
 
-async def every_node(
-    s: Asks, asker: str, question: str, first: dict[str, Any] | None = None
+async def every_page(
+    s: Asks, asker: str, question: str, first: dict[str, Any] | None = None, *, most: int | None = None
 ) -> dict[str, Any]:
-    """The answer to ``question`` (``nodes``, ``gpus``) with every page of it (``next``), all
-    as of the first page's log position; ``first``: that page, if asked already."""
+    """The answer to a paged question (``nodes`` and ``gpus`` by node name, all as of the first
+    page's log position; ``jobs`` by submission) with every page of it, following ``next``;
+    of more than ``most`` pages, the newest. ``first``: its first page, if asked already."""
     if first is None:
         first = await s.ask(asker, question)
-    rows, page = list(first.get("nodes", ())), first
+    key = "jobs" if question == "jobs" else "nodes"
+    pages = collections.deque([first.get(key, ())], maxlen=most)
+    page = first
     while page.get("next") and "error" not in page:
-        page = await s.ask(asker, question, after=int(first["seq"]), node_after=str(page["next"]))
-        rows += page.get("nodes", ())
-    return {**first, "nodes": rows} if "error" not in page else page
+        if key == "jobs":
+            page = await s.ask(asker, question, page_after=int(page["next"]))
+        else:
+            page = await s.ask(asker, question, after=int(first["seq"]), node_after=str(page["next"]))
+        pages.append(page.get(key, ()))
+    if "error" in page:
+        return page
+    return {**first, key: [row for rows in pages for row in rows]}

@@ -377,7 +377,7 @@ async def test_every_page_of_the_nodes_is_read(question: str, monkeypatch: pytes
     # ``nodes`` was one answer: past a message (a thousand nodes with long labels) nobody got
     # any. It is paged as ``gpus`` is; the dashboard and ``corral nodes`` read every page.
     from corral.services.query import decide
-    from corral.services.query.client import every_node
+    from corral.services.query.client import every_page
     from tests.builders import Cluster, LogBuilder
 
     monkeypatch.setattr(decide, "GPUS_PAGE_BYTES", 16 * 1024)
@@ -390,7 +390,7 @@ async def test_every_page_of_the_nodes_is_read(question: str, monkeypatch: pytes
             return ask(view, asker, question, **fields)
 
     assert ask(view, "a", question).get("next")
-    every = await every_node(Asked(), "a", question)
+    every = await every_page(Asked(), "a", question)
     assert [n["name"] for n in every["nodes"]] == sorted(view.state.nodes)
 
 

@@ -171,14 +171,17 @@ class JobView:
             events.append(e)
             return
         # The record left out is the first past those kept first (once the count stands there,
-        # the one after it); the count stands in its place, with its position and time.
-        was = self.left_out.get(job_id, 0)
-        gone = events.pop(HISTORY_FIRST + (was > 0))
-        stood_for = 1
-        counting = self.counting.get(job_id)
-        if counting is not None and counting[0] is gone:  # the requests it counted are left out
-            stood_for = self.counting.pop(job_id)[1]
-        left = self.left_out[job_id] = was + stood_for
+        # the one after it); the count stands in its place, with its position and time. The
+        # first time, two are left out: one for ``e``, one for the count itself.
+        was = left = self.left_out.get(job_id, 0)
+        for _ in range(1 if was else 2):
+            gone = events.pop(HISTORY_FIRST + (was > 0))
+            counting = self.counting.get(job_id)
+            if counting is not None and counting[0] is gone:  # the requests it counted go too
+                left += self.counting.pop(job_id)[1]
+            else:
+                left += 1
+        self.left_out[job_id] = left
         records = "record" if left == 1 else "records"
         summary = f"{left} {records} about it left out of this history (the log has them)"
         events[HISTORY_FIRST : HISTORY_FIRST + (was > 0)] = [

@@ -361,12 +361,21 @@ def planning(state: State) -> tuple[Ledger, set[str]]:
     charged: set[str] = set()
     for job_id in sorted(waiting):
         beneficiary = state.jobs.get(job_id)
-        if beneficiary is not None and beneficiary.phase == "queued":
-            found = demand(state, ledger, beneficiary)
-            if found is not None:
-                ledger.charge(beneficiary.spec.queue, *found)
-                charged.add(job_id)
+        if beneficiary is not None and beneficiary.phase == "queued" and hold(state, ledger, beneficiary):
+            charged.add(job_id)
     return ledger, charged
+
+
+def hold(state: State, ledger: Ledger, beneficiary: JobState) -> bool:
+    """Charge, in ``ledger``, what a queued beneficiary of stops under way will be admitted with
+    (``demand``), as a fixed part of its queue's nominal where it may not borrow, as its
+    admission will be; whether it counts against any key. The fold's rule and admission's holds
+    for stops under way both charge it so."""
+    found = demand(state, ledger, beneficiary)
+    if found is None:
+        return False
+    ledger.charge(beneficiary.spec.queue, *found, fixed=ledger.held_fixed(beneficiary))
+    return True
 
 
 def least_given(job: JobState, per_worker: int, stopping: int) -> int:
@@ -389,10 +398,11 @@ def below_nominal(ledger: Ledger, queue: str, key: str, least: int, freed: int =
 
 
 def release(ledger: Ledger, job: JobState) -> None:
-    """Give back, in ``ledger``, the quota ``job`` holds."""
+    """Give back, in ``ledger``, the quota ``job`` holds (and the fixed part, where it is)."""
     if ledger.has_queue(job.spec.queue):
+        fixed = ledger.held_fixed(job)
         for key, milli in quota.holding(job):
-            ledger.charge(job.spec.queue, key, -milli)
+            ledger.charge(job.spec.queue, key, -milli, fixed)
 
 
 def grace_s(state: State, victim: JobState, queue: str) -> float:

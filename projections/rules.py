@@ -222,4 +222,8 @@ from __future__ import annotations
 #    when it has been preempted as often as its class's cap allows, unless it is larger than
 #    what such jobs of its queue may hold (``Ledger.may_borrow``); a class may not lower its cap
 #    to what its borrowing jobs have had.
-RULES = 76
+# 77: the rule for a preemption charges a queued beneficiary that may not borrow, and gives back
+#    a checkpointing job that held so, as fixed parts of the queue's nominal
+#    (``preemption.hold``, ``preemption.release``): one the other did not count let another such
+#    job be proposed into the part of the nominal a stop was for.
+RULES = 77

@@ -197,9 +197,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     for job_id in sorted(stopping):
         beneficiary = state.jobs.get(job_id)
         if beneficiary is not None and beneficiary.phase == "queued":
-            found = preemption.demand(state, ledger, beneficiary)
-            if found is not None:
-                ledger.charge(beneficiary.spec.queue, *found)
+            preemption.hold(state, ledger, beneficiary)
             waiting[beneficiary.spec.queue].drop(job_id)
             why = _made_room_for(state, beneficiary)
             if why is not None:

@@ -65,7 +65,7 @@ class LendingHolds:
             if wanted is None:
                 continue
             key, need = wanted
-            if ledger.fits(name, key, need):
+            if ledger.fits(name, key, need, not ledger.held_fixed(head)):
                 if 0 < need <= ledger.nominal(name, key) - ledger.used(name, key):
                     self.keep(name, head.id, Hold(head.id, key, need, now))
                 continue

@@ -314,3 +314,51 @@ def test_admission_and_the_fold_read_a_capped_jobs_models_alike() -> None:
             lb.event(routing.subject_of(e), e)
     state = lb.fold()
     assert state.void_total == 0 and state.jobs["capped"].preemptions == 1
+
+
+def test_a_beneficiary_that_may_not_borrow_is_held_as_a_fixed_part_of_its_nominal() -> None:
+    # While its victim checkpoints, what a beneficiary that may not be preempted will hold was
+    # charged as a borrower's: another such job of its queue was admitted into the part of the
+    # nominal it was to have, and the beneficiary, the preemption done, could not be admitted.
+    lb = LogBuilder().nodes(Cluster(3))
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=PINNED))
+    low = PriorityClassSpec("pinned-low", 5, preemptible=False)
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=low))
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    lb.queue(queue_spec("team-a", 8, cohort="org")).queue(queue_spec("team-b", 16, cohort="org"))
+    lb.submit("alice", "batch", job().gpus(8)).accept("batch").admit("batch")
+    lb.place(on("node-00", *range(8), job_id="batch")).started("node-00", "batch")
+    lb.submit("alice", "first", job().gpus(4).priority_class("pinned")).accept("first", priority=10)
+    lb.preempt("first", "batch")
+    lb.submit("alice", "second", job().gpus(6).priority_class("pinned-low")).accept("second", priority=5)
+    state = lb.fold()
+    assert state.jobs["batch"].phase == "checkpointing" and state.rejected_total == 0
+    events = decide(state, lb.time)
+    assert not any(getattr(e, "admissions", None) for e in events), events
+    # The fold's rule reads the beneficiary's hold alike: ``second`` would leave ``first`` out.
+    from corral.projections import preemption
+
+    ledger, charged = preemption.planning(state)
+    assert charged == {"first"} and ledger.fixed("team-a", ANY) == 4000
+
+
+def test_a_lender_keeps_its_free_nominal_for_a_first_job_that_may_not_borrow() -> None:
+    # Its first job may not be preempted and waits for the queue's own such job to end; its
+    # queue may not take back what it lends. The lending hold read the job as one that could
+    # borrow, so fitting, and kept nothing: team-b's job borrowed the free nominal, and the
+    # first job, once the one before it ended, waited for team-b's to end as well.
+    from corral.events.queues import PreemptionPolicy
+
+    keeps = PreemptionPolicy(reclaim_within_cohort="never")
+    lb = LogBuilder().nodes(Cluster(1))
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=PINNED))
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    lb.queue(queue_spec("team-a", 4, cohort="org", preemption=keeps))
+    lb.queue(queue_spec("team-b", 4, cohort="org"))
+    lb.submit("alice", "pinned", job().gpus(2).priority_class("pinned")).accept("pinned", priority=10)
+    lb.admit("pinned").place(on("node-00", 0, 1, job_id="pinned")).started("node-00", "pinned")
+    lb.submit("alice", "next", job().gpus(3).priority_class("pinned")).accept("next", priority=10)
+    lb.submit("bob", "wide", job().queue("team-b").gpus(6)).accept("wide")
+    state = lb.fold()
+    events = decide(state, lb.time)
+    assert not any(getattr(e, "admissions", None) for e in events), events

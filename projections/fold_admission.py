@@ -103,12 +103,15 @@ def _admitted(state: State, ctx: Ctx, ev: JobsAdmitted) -> None:
         if not lo <= adm.replicas <= spec.replicas:
             void.append((adm.job_id, f"{adm.replicas} replicas outside {lo}..{spec.replicas}"))
             continue
-        why = ledger.claim(job, adm)  # the quota it claims must be there; charged when it is
+        # Whether it may borrow reads its spec, its class and the cohort tree, none of which the
+        # claim changes: read once, for the claim and for its standing.
+        borrow = ledger.may_borrow(job)
+        why = ledger.claim(job, adm, borrow)  # the quota it claims must be there; charged when it is
         if why is not None:
             void.append((adm.job_id, why.message))
             continue
         job.admission = adm  # before the move: the move counts what the admission holds
-        job.fixed = not ledger.may_borrow(job)  # as ``claim`` charged it
+        job.fixed = not borrow  # as ``claim`` charged it
         job.admitted_at = (ctx.seq, place)
         if job.reclaim_key:  # a store costs more than the look (Structs)
             job.reclaim_key = ""

@@ -777,9 +777,12 @@ class Ledger:
         one key the job may count against, its GPUs as the job's resources say, within quota."""
         return self._verdict(job, adm, self.may_borrow(job))[0]
 
-    def claim(self, job: JobState, adm: Admission) -> Reason | None:
-        """``check``, then charge the admission if it holds: the fold's call per admission."""
-        borrow = self.may_borrow(job)
+    def claim(self, job: JobState, adm: Admission, borrow: bool | None = None) -> Reason | None:
+        """``check``, then charge the admission if it holds: the fold's call per admission.
+        ``borrow``: ``may_borrow(job)``, when the caller has read it already (the fold keeps it
+        as ``JobState.fixed``)."""
+        if borrow is None:
+            borrow = self.may_borrow(job)
         why, key, milli = self._verdict(job, adm, borrow)
         if why is None and key is not None:
             self.charge(job.spec.queue, key, milli, not borrow)  # as ``hold_admission``

@@ -442,6 +442,9 @@ def _delete_queue(state: State, ctx: Ctx, req: DeleteQueue) -> None:
     if any(j.spec.queue == req.name for j in indexes.unfinished(state)):
         raise Refused("illegal", f"queue {req.name} still has jobs")
     del state.queues[req.name]
+    # What its jobs held, decayed: nothing is held any longer, and a queue made again under
+    # the name starts without a history that is not its own.
+    state.gpu_time.pop(req.name, None)
 
 
 def _delete_cohort(state: State, ctx: Ctx, req: DeleteCohort) -> None:

@@ -226,4 +226,5 @@ from __future__ import annotations
 #    a checkpointing job that held so, as fixed parts of the queue's nominal
 #    (``preemption.hold``, ``preemption.release``): one the other did not count let another such
 #    job be proposed into the part of the nominal a stop was for.
-RULES = 77
+# 78: a deleted queue's GPU time goes with it (``State.gpu_time``).
+RULES = 78

@@ -230,3 +230,18 @@ def test_corral_queues_shows_the_gpus_a_queue_held_recently() -> None:
     held_once(log)
     (row,) = queue_rows(log.fold())  # as of the last record: the job's exit, one half-life on
     assert (row["queue"], row["used"], row["recent"]) == ("team-a", 0, 0.5)
+
+
+def test_a_deleted_queue_takes_its_gpu_time_with_it() -> None:
+    # Kept for every queue that ever ran a job: a cluster whose queues come and go grew every
+    # folding process's state by one entry a queue, and a queue made again under the name
+    # inherited a history that was not its own.
+    from corral.events.queues import DeleteQueue
+
+    log = base()
+    held_once(log)
+    assert set(log.fold().gpu_time) == {"team-a"}
+    log.admin("delete-queue", DeleteQueue(name="team-a"))
+    state = log.fold()
+    assert "team-a" not in state.queues and state.gpu_time == {}, state.rejections
+    assert log.queue("team-a").fold().gpu_time == {}

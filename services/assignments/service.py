@@ -94,9 +94,12 @@ class AssignmentService(Service):
             return 0
         dirty, self.dirty = self.dirty, set()
         pending = []
+        gone = set()  # nodes deleted from the cluster: their key says so, then they are forgotten
         try:
             for view in views(self.state, self.index, dirty):
                 body = assignments.body(view)
+                if view.node not in self.state.nodes and not view.jobs:
+                    gone.add(view.node)
                 if self.written.get(view.node) != body:
                     pending.append((view.node, body, assignments.encode(view)))
         except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
@@ -115,6 +118,13 @@ class AssignmentService(Service):
             else:
                 self.written[node] = body
                 self.writes += 1
+        for node in gone - self.dirty:
+            # Its key holds a view of no node and no jobs (what an agent that comes back
+            # reads before it registers): nothing more to keep of it here, or every node name
+            # a cluster ever had would be.
+            self.written.pop(node, None)
+            self.index.jobs_on.pop(node, None)
+            self.store.forget(node)
         return len(pending)
 
 

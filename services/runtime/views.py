@@ -98,6 +98,10 @@ class ViewStore(Protocol):
 
     async def put(self, node: str, value: bytes) -> None: ...
 
+    def forget(self, node: str) -> None:
+        """Keep nothing in memory about ``node``'s key (a node deleted from the cluster)."""
+        ...
+
 
 class NodeViews(Protocol):
     """Where an agent reads its node's view."""
@@ -142,6 +146,9 @@ class KvViewStore:
             with contextlib.suppress(nats_errors.Error):
                 await self.kv.purge(part_key(node, i))
         self._parts[node] = now
+
+    def forget(self, node: str) -> None:
+        self._parts.pop(node, None)  # a later write reads the bucket's note again
 
     async def _stored_parts(self, node: str) -> int:
         try:
@@ -239,6 +246,9 @@ class MemoryViews:
             self.values[node] = value
             self.puts += 1
             self._changed.notify_all()
+
+    def forget(self, node: str) -> None:
+        pass  # the values are the bucket's stand-in: kept as the bucket keeps them
 
     def get(self, node: str) -> NodeView | None:
         raw = self.values.get(node)

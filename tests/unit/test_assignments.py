@@ -270,3 +270,27 @@ async def test_a_standby_keeps_no_index_and_writes_every_view_once_it_leads() ->
     lease.held = False  # another replica leads: what this one knew is let go
     await svc.cycle()
     assert svc.index.nodes_by_job == {} and not svc.dirty
+
+
+async def test_a_deleted_node_is_written_once_as_gone_then_forgotten() -> None:
+    # Every node ever deleted stayed in the service's memory (the view last written, its index
+    # entry): a cluster whose nodes are replaced under new names grew it without end.
+    from corral.events.queues import DeleteNode
+
+    store = MemoryViews()
+    svc = assignments_service.service(InMemoryLog(), store, clock=lambda: 1_000.0)
+    await svc.restore()
+    log = base()
+    running("j1", job(), node=N1, log=log)
+    svc.fold(log.records)
+    await svc.cycle()
+    assert set(svc.written) == {N0, N1, N2} and svc.index.jobs_on[N1] == {"j1"}
+    seen = len(log.records)
+    log.exited(N1, "j1")
+    log.admin("delete-node", DeleteNode(node=N1))
+    svc.fold(log.records[seen:])
+    assert svc.state.rejected_total == 0 and N1 not in svc.state.nodes, svc.state.rejections
+    assert await svc.cycle() == 1
+    gone = store.get(N1)
+    assert gone is not None and gone.inventory is None and gone.jobs == ()
+    assert set(svc.written) == {N0, N2} and N1 not in svc.index.jobs_on

@@ -63,6 +63,12 @@ class User:
     permissions: Permissions | None = None  # None: may publish and subscribe anywhere
 
 
+# At most ``LOG_FILES`` files of about ``LOG_FILE_BYTES`` each: the server's log, rotated.
+LOG_FILE_BYTES = 16 * 1024 * 1024
+LOG_FILES = 4
+LOG_LIMITS = f"logfile_size_limit: {LOG_FILE_BYTES}\nlogfile_max_num: {LOG_FILES}\n"
+
+
 def config_text(users: Sequence[User]) -> str:
     """The ``authorization`` block for ``users``. The nats-server config format reads JSON, and
     quoted strings are never taken for variables or bcrypt hashes, so JSON quotes it safely."""
@@ -212,16 +218,16 @@ class EmbeddedServer:
                 args += ["--routes", ",".join(self.routes)]
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]  # binds to HOST too: the monitor follows -a
-        if self.users or self.sync_always:
-            # Only who may connect, and how JetStream syncs, are in the file; the flags above
-            # still say everything else.
-            text = config_text(self.users) if self.users else ""
-            if self.sync_always:
-                text += "jetstream: {sync_interval: always}\n"
-            write_private(self.config_path, text)
-            args += ["-c", str(self.config_path)]
-        else:
-            self.config_path.unlink(missing_ok=True)  # no stale passwords beside an open server
+        # Only who may connect, how JetStream syncs and how much log the server keeps are in
+        # the file; the flags above still say everything else. The log is rotated and its
+        # oldest files removed: a server up for months appended to one file without end.
+        text = LOG_LIMITS
+        if self.users:
+            text += config_text(self.users)
+        if self.sync_always:
+            text += "jetstream: {sync_interval: always}\n"
+        write_private(self.config_path, text)  # written anew: no stale passwords beside a server
+        args += ["-c", str(self.config_path)]
         # Its own session: a Ctrl-C at the terminal reaches corral, which drains its services
         # before it stops the server, instead of the server dying under them. And it ends with
         # the process that started it, however that one ends (``_ends_with``): a server left

@@ -4,11 +4,15 @@ keeps a second one off its store."""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 from pathlib import Path
 
-from corral.events.server import EmbeddedServer
+import pytest
+
+from corral.events import server as server_module
+from corral.events.server import EmbeddedServer, User
 
 
 def _locked(path: Path) -> bool:
@@ -34,3 +38,23 @@ async def test_the_server_holds_the_lock_it_is_given_while_it_runs(tmp_path: Pat
     finally:
         await server.stop()
     assert not _locked(path)
+
+
+async def test_the_servers_log_is_rotated_and_its_oldest_files_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server up for months appended to one log file without end: every failed login, slow
+    # consumer and reconnect a line. It keeps at most ``LOG_FILES`` of ``LOG_FILE_BYTES`` each.
+    monkeypatch.setattr(server_module, "LOG_LIMITS", "logfile_size_limit: 2048\nlogfile_max_num: 2\n")
+    async with EmbeddedServer(tmp_path / "nats", users=[User("a", "right")]) as server:
+        for _ in range(60):  # each refused login is a line of the server's log
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            await reader.readline()  # INFO
+            writer.write(b'CONNECT {"user":"a","pass":"wrong","verbose":false}\r\nPING\r\n')
+            await writer.drain()
+            assert (await reader.readline()).startswith(b"-ERR")
+            writer.close()
+            await writer.wait_closed()
+        logs = sorted((tmp_path / "nats").glob("nats-server.log*"))
+        assert 1 < len(logs) <= 2, logs  # rotated, the oldest removed
+        assert sum(p.stat().st_size for p in logs) < 3 * 2048 + 4096

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,6 +66,9 @@ def reconnecting(reconnect_for: float = RECONNECT_FOR) -> dict[str, Any]:
         "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
     }
 
+
+# How often a connection says it dropped messages it could not read.
+UNREADABLE_EVERY_S = 60.0
 
 # (subject, reply, data, headers) of one delivery, straight from the protocol parser.
 Delivery = Callable[[bytes, bytes, bytes, "bytes | None"], None]
@@ -127,7 +131,10 @@ class _Parser(Parser):
                 self.header_needed = 0
                 handler = direct.get(sid)
                 if handler is not None:
-                    handler(subject, reply, payload, headers)
+                    try:
+                        handler(subject, reply, payload, headers)
+                    except Exception as e:  # noqa: BLE001 - one message, not the connection
+                        self.nc.unreadable(subject, e)
                     continue
                 await self.nc._process_msg(sid, subject, reply, payload, headers)
                 if self.buf is not buf:
@@ -150,6 +157,8 @@ class Client(NATS):
         self._ps = _Parser(self)
         self.lost = asyncio.Event()  # closed without ``close`` being called: it gave up
         self._closing = False
+        self.unreadable_total = 0  # deliveries dropped as unreadable (``unreadable``)
+        self._unreadable_said = -UNREADABLE_EVERY_S
 
     async def close(self) -> None:
         # nats-py closes a connection that gave up reconnecting with ``close`` too, from its own
@@ -165,12 +174,35 @@ class Client(NATS):
     async def _process_msg(
         self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
     ) -> None:
-        handler = self._direct.get(sid)
-        if handler is None:
-            # nats-py annotates headers as bytes; its parser passes None for a message without.
-            await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
-        else:
-            handler(subject, reply, data, headers)
+        # Whoever may publish to a subscribed subject writes the headers: a block nats-py cannot
+        # read (``NATS/1.0`` and no line end, a status line not in UTF-8) raised out of its read
+        # loop, which ended, and the connection heard nothing more until its pings went stale.
+        # Such a message is dropped, and said; the connection reads on.
+        try:
+            handler = self._direct.get(sid)
+            if handler is None:
+                # nats-py annotates headers as bytes; its parser passes None for a message without.
+                await super()._process_msg(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+            else:
+                handler(subject, reply, data, headers)
+        except Exception as e:  # noqa: BLE001 - one message, not the connection
+            self.unreadable(subject, e)
+
+    def unreadable(self, subject: bytes, e: Exception) -> None:
+        """A delivery on ``subject`` could not be read (``e``): dropped and counted, said at most
+        once every ``UNREADABLE_EVERY_S`` (a client sending such messages in a loop would
+        otherwise fill the log)."""
+        self.unreadable_total += 1
+        now = time.monotonic()
+        if now - self._unreadable_said >= UNREADABLE_EVERY_S:
+            self._unreadable_said = now
+            log.warning(
+                "nats: dropped a message on %s it could not read (%s: %s); %d so far",
+                subject[:128].decode(errors="replace"),
+                type(e).__name__,
+                e,
+                self.unreadable_total,
+            )
 
     async def subscribe_direct(self, subject: str, handler: Delivery) -> Subscription:
         sub = await self.subscribe(subject)

@@ -25,7 +25,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from corral.events import subjects
-from corral.events.nats_client import servers
+from corral.events.nats_client import open_client
 from corral.services.runtime import identities
 
 MSG_ID = "Nats-Msg-Id"
@@ -54,8 +54,9 @@ class Session:
         session = cls(timeout)
         creds = {"user": user, "password": password} if password is not None else {}
         try:
-            session.nc = await nats.connect(
-                servers(url),
+            # ``open_client``: a reply no reader of it can parse is dropped, not the connection.
+            session.nc = await open_client(
+                url,
                 **creds,
                 inbox_prefix=identities.inbox_prefix(inbox or user),
                 error_cb=session._on_error,

@@ -1,0 +1,74 @@
+"""A message whose header block nats-py cannot read, from whoever may publish to a subject a
+corral connection subscribes to (a tenant's own client speaking the protocol itself, to the
+intake's or the read service's subjects), is dropped: the connection reads on. It raised out of
+nats-py's read loop, which ended, and the service heard nothing until its pings went stale."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats.aio.msg
+import pytest
+
+from corral.events.nats_client import Client, open_client
+from corral.events.server import EmbeddedServer
+
+# Header blocks a careless or hostile client may send, each one nats-py's parser raised on.
+UNREADABLE = [
+    pytest.param(b"NATS/1.0", id="version-without-line-end"),
+    pytest.param(b"NATS/1.0 \xff\xfe\r\n\r\n", id="status-not-utf8"),
+]
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
+    async with EmbeddedServer(tmp_path / "nats") as s:
+        yield s
+
+
+async def _raw_publish(server: EmbeddedServer, subject: bytes, header: bytes, body: bytes) -> None:
+    """HPUB as a client of its own writes it, the server passing the header block on as is."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        await reader.readline()  # INFO
+        size = len(header) + len(body)
+        writer.write(b'CONNECT {"headers":true,"verbose":false}\r\n')
+        writer.write(b"HPUB %s %d %d\r\n%s%s\r\nPING\r\n" % (subject, len(header), size, header, body))
+        await writer.drain()
+        assert (await reader.readline()).strip() == b"PONG"
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+@pytest.mark.parametrize("header", UNREADABLE)
+@pytest.mark.parametrize("direct", [False, True], ids=["subscription", "direct"])
+async def test_an_unreadable_header_drops_that_message_only(
+    server: EmbeddedServer, header: bytes, direct: bool
+) -> None:
+    nc: Client = await open_client(server.url)
+    heard: asyncio.Queue[bytes] = asyncio.Queue()
+    try:
+        if direct:
+
+            def delivered(subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+                if headers is not None and not headers.startswith(b"NATS/1.0\r\n"):
+                    raise ValueError("a header block this handler cannot read")
+                heard.put_nowait(data)
+
+            await nc.subscribe_direct("ask.>", delivered)
+        else:
+
+            async def on_message(msg: nats.aio.msg.Msg) -> None:
+                heard.put_nowait(msg.data)
+
+            await nc.subscribe("ask.>", cb=on_message)
+        await nc.flush()
+        await _raw_publish(server, b"ask.bad", header, b"garbage")
+        await _raw_publish(server, b"ask.good", b"NATS/1.0\r\nx: 1\r\n\r\n", b"after")
+        assert await asyncio.wait_for(heard.get(), 5.0) == b"after"
+        assert nc.unreadable_total == 1 and nc.is_connected
+    finally:
+        await nc.close()

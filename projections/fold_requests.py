@@ -21,10 +21,12 @@ from corral.events.base import Event, Reason
 from corral.events.jobs import (
     MAX_REPLICAS,
     CancelJob,
+    JobSpec,
     ResizeJob,
     SubmitJob,
     said_reason,
 )
+from corral.events.nodes import MAX_GPU_NAME
 from corral.events.queues import (
     ApplyCohort,
     ApplyFairShare,
@@ -68,6 +70,9 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
     assert ctx.tenant is not None
     if not subj.is_token(req.request_id):
         raise Refused("malformed", f"request id {req.request_id!r} is not a valid name")
+    why = _names_problem(req.job)
+    if why:
+        raise Refused("malformed", why, req.request_id)
     existing = state.jobs.get(req.request_id)
     if existing is not None:
         if existing.tenant == ctx.tenant:
@@ -105,6 +110,34 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         overrun=None if req.job.runtime_estimate_s is None else runtimes.overrun(state, ctx.tenant),
     )
     indexes.add(state, job, size)
+
+
+# The longest MIG profile a job may name: NVIDIA's are a dozen characters (``1g.10gb+me``).
+MAX_MIG = 32
+
+
+def _names_problem(spec: JobSpec) -> str:
+    """Why the names a job gives its queue, priority class, MIG profile or GPU models could
+    never name one, or "". A queue and a class are names (``subjects.is_token``, as the admin's
+    requests make them), a profile and a model are short: any string up to a request's size
+    was kept in the job and repeated in every listing of it and in admission's reason (a
+    tenant's one job filled a page of ``jobs``, sixteen emptied the admin's board)."""
+    if not subj.is_token(spec.queue):
+        return f"queue {_cut(spec.queue)} is not a valid name"
+    if not subj.is_token(spec.priority_class):
+        return f"priority class {_cut(spec.priority_class)} is not a valid name"
+    res = spec.resources
+    if res.mig is not None and len(res.mig) > MAX_MIG:
+        return f"MIG profile {_cut(res.mig)} is longer than {MAX_MIG} characters"
+    for model in res.gpu_models:
+        if len(model) > MAX_GPU_NAME:
+            return f"GPU model {_cut(model)} is longer than {MAX_GPU_NAME} characters"
+    return ""
+
+
+def _cut(name: str) -> str:
+    """A name as a refusal quotes it: its first 64 characters."""
+    return repr(name[:64]) + ("..." if len(name) > 64 else "")
 
 
 def _owned(state: State, ctx: Ctx, job_id: str) -> JobState:

@@ -227,4 +227,6 @@ from __future__ import annotations
 #    (``preemption.hold``, ``preemption.release``): one the other did not count let another such
 #    job be proposed into the part of the nominal a stop was for.
 # 78: a deleted queue's GPU time goes with it (``State.gpu_time``).
-RULES = 78
+# 79: a submit whose queue or priority class is not a name, or whose MIG profile or a GPU model
+#    is longer than ``fold_requests.MAX_MIG`` or ``MAX_GPU_NAME``, is malformed.
+RULES = 79

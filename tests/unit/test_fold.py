@@ -136,6 +136,25 @@ def test_submit_with_a_bad_request_id_is_malformed(request_id: str) -> None:
     assert state.jobs == {} and last(state).code == "malformed"
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        job().queue("q" * 200_000),
+        job().queue("team a"),
+        job().priority_class("p" * 65),
+        job().mig("1g.10gb" + "x" * 100),
+        job().models("H100" * 40),
+    ],
+    ids=["queue-too-long", "queue-not-a-name", "class-too-long", "mig-too-long", "model-too-long"],
+)
+def test_a_submit_naming_what_could_never_be_a_name_is_malformed(spec: JobBuilder) -> None:
+    # Any string up to a request's size was kept in the job and repeated in every listing of it
+    # and in admission's reason: one job filled a page of ``jobs``, sixteen emptied the board.
+    state = fold(LogBuilder().submit("alice", "j1", spec))
+    assert state.jobs == {} and last(state).code == "malformed"
+    assert len(last(state).message) < 200 and last(state).job_id == "j1"
+
+
 def test_admin_may_submit_too() -> None:
     state = fold(LogBuilder().submit("admin", "j1"))
     assert state.jobs["j1"].tenant == "admin"

@@ -461,6 +461,18 @@ def may_stop(
         need = 0
     queue = beneficiary.spec.queue
     policy = policy_of(state, beneficiary)
+    if (
+        key is not None
+        and beneficiary.phase == "queued"
+        and ledger.has_queue(queue)
+        and ledger.held_fixed(beneficiary)
+        and ledger.fixed(queue, key) + need > ledger.fixed_limit(queue, key)
+    ):
+        return (
+            f"{beneficiary.id} may not be preempted, so may not borrow, and jobs of queue {queue} "
+            f"that may not be preempted hold {quota.fmt_gpus(ledger.fixed(queue, key))} of what they "
+            "may hold: no stop gets it admitted"
+        )
     if key is not None and ledger.has_queue(queue) and not may_preempt_for(ledger, policy, queue, key, need):
         return (
             f"{beneficiary.id} asks more than queue {queue}'s nominal {key} quota and would borrow, "

@@ -229,4 +229,7 @@ from __future__ import annotations
 # 78: a deleted queue's GPU time goes with it (``State.gpu_time``).
 # 79: a submit whose queue or priority class is not a name, or whose MIG profile or a GPU model
 #    is longer than ``fold_requests.MAX_MIG`` or ``MAX_GPU_NAME``, is malformed.
-RULES = 79
+# 80: a stop for a queued beneficiary that may not borrow is refused while its queue's jobs that
+#    may not be preempted hold too much of what they may for it to be admitted after
+#    (``preemption.may_stop``): it stopped work in vain.
+RULES = 80

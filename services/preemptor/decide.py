@@ -716,5 +716,5 @@ def _settle(sim: Simulation, state: State) -> set[str]:
             # be over-committed; it may hold an earlier attempt's GPUs), as the fold's rule
             # charges it (``preemption.planning``): judged on another view, a reclaim for
             # another job was void on every cycle.
-            sim.ledger.charge(b.spec.queue, target.key, target.need)
+            sim.ledger.charge(b.spec.queue, target.key, target.need, sim.ledger.held_fixed(b))
     return under_way

@@ -553,7 +553,9 @@ class Simulation:
                 else:
                     self.snap.take(w.node, res, w.gpus)
         if key is not None and per_worker and slots and self.ledger.has_queue(job.spec.queue):
-            self.ledger.charge(job.spec.queue, key, -sign * per_worker * len(slots))
+            self.ledger.charge(
+                job.spec.queue, key, -sign * per_worker * len(slots), self.ledger.held_fixed(job)
+            )
 
     # -- placing the beneficiary ------------------------------------------------------------------
 
@@ -569,7 +571,8 @@ class Simulation:
             if key is not None and adm is not None and adm.replicas > keep:
                 self.rules.charge(job.spec.queue, key, -per_worker * (adm.replicas - keep))
         if target.need and target.key is not None and self.rules.has_queue(target.job.spec.queue):
-            self.rules.charge(target.job.spec.queue, target.key, target.need)
+            fixed = self.rules.held_fixed(target.job)
+            self.rules.charge(target.job.spec.queue, target.key, target.need, fixed)
 
     def place(self, target: Target) -> Placement | None:
         """Place ``target`` on the snapshot (taking its GPUs and quota) if it fits now."""
@@ -583,13 +586,15 @@ class Simulation:
         if not isinstance(found, Placement):
             return None
         if target.need and target.key is not None:
-            self.ledger.charge(q, target.key, target.need)
+            self.ledger.charge(q, target.key, target.need, self.ledger.held_fixed(target.job))
         return found
 
     def unplace(self, target: Target, placement: Placement) -> None:
         self.snap.release(placement, target.req.res)
         if target.need and target.key is not None:
-            self.ledger.charge(target.job.spec.queue, target.key, -target.need)
+            self.ledger.charge(
+                target.job.spec.queue, target.key, -target.need, self.ledger.held_fixed(target.job)
+            )
 
     def fits(self, target: Target) -> bool:
         found = self.place(target)

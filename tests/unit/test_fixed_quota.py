@@ -16,6 +16,7 @@ import msgspec
 
 from corral.events import routing
 from corral.events.base import Reason
+from corral.events.decisions import PreemptionRequested
 from corral.events.jobs import Admission, PendingReasonChanged
 from corral.events.queues import (
     ApplyCohort,
@@ -29,6 +30,7 @@ from corral.projections.quota import ANY, Ledger
 from corral.projections.state import JobState, State
 from corral.services.admission.decide import decide
 from corral.services.admission.validate import validate
+from corral.services.preemptor.decide import decide as preempt
 from tests.builders import Cluster, LogBuilder, job, on, queue_spec
 
 PINNED = PriorityClassSpec("pinned", 10, preemptible=False)
@@ -362,3 +364,93 @@ def test_a_lender_keeps_its_free_nominal_for_a_first_job_that_may_not_borrow() -
     state = lb.fold()
     events = decide(state, lb.time)
     assert not any(getattr(e, "admissions", None) for e in events), events
+
+
+# team-a (nominal 8) and team-b (nominal 16) in one cohort on three nodes: team-a runs 8 GPUs,
+# team-b 14, 2 of the quota free. (job, queue, node, GPUs)
+_RUNNING = (
+    ("batch", "team-a", "node-00", (0, 1, 2, 3)),
+    ("b2", "team-b", "node-00", (4, 5, 6, 7)),
+    ("low2", "team-a", "node-01", (0, 1, 2, 3)),
+    ("b3", "team-b", "node-01", (6, 7)),
+    ("b1", "team-b", "node-02", tuple(range(8))),
+)
+
+
+def _busy_world() -> LogBuilder:
+    lb = LogBuilder().nodes(Cluster(3))
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=PINNED))
+    lb.admin(
+        "priority-class",
+        ApplyPriorityClass(priority_class=PriorityClassSpec("pinned-low", 5, preemptible=False)),
+    )
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    lb.queue(queue_spec("team-a", 8, cohort="org")).queue(queue_spec("team-b", 16, cohort="org"))
+    for job_id, queue, node, gpus in _RUNNING:
+        lb.submit("x", job_id, job(queue).gpus(len(gpus))).accept(job_id).admit(job_id)
+        lb.place(on(node, *gpus, job_id=job_id)).started(node, job_id)
+    return lb
+
+
+def _stops(state: State, now: float) -> list[PreemptionRequested]:
+    return [e for e in preempt(state, now) if isinstance(e, PreemptionRequested)]
+
+
+def test_no_stop_is_made_for_a_beneficiary_its_queues_fixed_part_keeps_out() -> None:
+    # ``batch`` checkpoints for ``first`` (4 GPUs that may not borrow); ``second`` (6 such) could
+    # then never be admitted beside it (4 + 6 of a nominal 8). The preemptor's own view charged
+    # ``first`` as a borrower and stopped ``low2`` for ``second`` in vain, and the fold's rule,
+    # which charged it right, never read the fixed part and let it.
+    from corral.projections import preemption
+
+    lb = _busy_world()
+    lb.submit("alice", "first", job().gpus(4).priority_class("pinned")).accept("first", priority=10)
+    lb.preempt("first", "batch")
+    lb.submit("alice", "second", job().gpus(6).priority_class("pinned-low")).accept("second", priority=5)
+    state = lb.fold()
+    assert state.rejected_total == 0 and state.jobs["batch"].phase == "checkpointing"
+    assert not any(e.beneficiary == "second" for e in _stops(state, lb.time))
+    why = preemption.may_stop(state, [state.jobs["low2"]], state.jobs["second"], lb.time)
+    assert why is not None and "may not be preempted, so may not borrow" in why, why
+
+
+def test_one_cycle_stops_work_for_no_more_fixed_beneficiaries_than_the_fixed_part_holds() -> None:
+    lb = _busy_world()
+    lb.submit("alice", "first", job().gpus(4).priority_class("pinned")).accept("first", priority=10)
+    lb.submit("alice", "second", job().gpus(2).replicas(3).priority_class("pinned-low")).accept(
+        "second", priority=5
+    )
+    state = lb.fold()
+    assert [e.beneficiary for e in _stops(state, lb.time)] == ["first"]
+
+
+def test_a_checkpointing_victim_that_held_fixed_gives_its_fixed_part_back_to_the_preemptor() -> None:
+    # Its class made one that may not be preempted while it checkpointed: it holds a fixed part
+    # until it is gone, and the preemptor's view kept that part after the stop, passing over a
+    # job the fold and admission would let in once ``w`` stopped.
+    from corral.projections import preemption
+
+    lb = LogBuilder().nodes(Cluster(3))
+    for pc in (PINNED, PriorityClassSpec("soft", 0), PriorityClassSpec("hi", 20)):
+        lb.admin("priority-class", ApplyPriorityClass(priority_class=pc))
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    lb.queue(queue_spec("team-a", 8, cohort="org")).queue(queue_spec("team-b", 16, cohort="org"))
+    for job_id, spec, node, gpus in (
+        ("v", job().gpus(4).priority_class("soft"), "node-00", (0, 1, 2, 3)),
+        ("b2", job("team-b").gpus(4), "node-00", (4, 5, 6, 7)),
+        ("w", job().gpus(4), "node-01", (0, 1, 2, 3)),
+        ("b3", job("team-b").gpus(2), "node-01", (6, 7)),
+        ("b1", job("team-b").gpus(8), "node-02", tuple(range(8))),
+    ):
+        lb.submit("x", job_id, spec).accept(job_id).admit(job_id)
+        lb.place(on(node, *gpus, job_id=job_id)).started(node, job_id)
+    lb.submit("alice", "b", job().gpus(4).priority_class("hi")).accept("b", priority=20)
+    lb.preempt("b", "v")
+    pinned_soft = PriorityClassSpec("soft", 0, preemptible=False)
+    lb.admin("priority-class", ApplyPriorityClass(priority_class=pinned_soft))
+    lb.submit("alice", "c", job().gpus(6).priority_class("pinned")).accept("c", priority=10)
+    state = lb.fold()
+    assert state.rejected_total == 0 and state.jobs["v"].phase == "checkpointing" and state.jobs["v"].fixed
+    assert preemption.planning(state)[0].fixed("team-a", ANY) == 0
+    assert preemption.may_stop(state, [state.jobs["w"]], state.jobs["c"], lb.time) is None
+    assert [e.beneficiary for e in _stops(state, lb.time)] == ["c"]

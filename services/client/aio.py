@@ -311,8 +311,8 @@ class AsyncClient:
         if error is not None:
             if answer.get("busy") is True:
                 raise Busy(str(error))
-            if str(error).startswith("no job "):
-                raise NoSuchJob("unknown", f"no such job {fields.get('job', '')}")
+            if str(error).startswith("no job "):  # with whatever the service adds of why
+                raise NoSuchJob("unknown", "no such job " + str(error).removeprefix("no job "))
             raise Refused("malformed", str(error))
         return answer
 

@@ -59,3 +59,14 @@ async def test_other_refusals_stay_refusals(answer: dict[str, Any], raised: type
     with pytest.raises(raised) as told:
         await client_answered(answer).jobs()
     assert not isinstance(told.value, Busy)
+
+
+async def test_no_job_keeps_what_the_read_service_says_of_why() -> None:
+    # A job the read service no longer keeps was told as a bare "no such job": the client
+    # dropped what the service said, that it may be older than it keeps and the log has it.
+    told = "no job j1 among those the read service keeps: ... older than the read service keeps"
+    with pytest.raises(NoSuchJob, match="^no such job j1 among those .* older than") as raised:
+        await client_answered(refusal(State(), told)).explain("j1")
+    assert raised.value.code == "unknown"
+    with pytest.raises(NoSuchJob, match="^no such job j1$"):
+        await client_answered(refusal(State(), "no job j1")).explain("j1")

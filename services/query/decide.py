@@ -16,7 +16,9 @@ Invariants:
   subjects, stored from its submission to the next submission of its id (``OutputScope``): not
   what any agent wrote on its id's subjects, nor an earlier job of its id's output;
 - a job the fold let go is answered from ``let_go`` (the read service's SQLite view): the
-  newest of its id the asker may see, after any the state still holds;
+  newest of its id the asker may see, after any the state still holds; where the view no
+  longer keeps some of the asker's own jobs let go, "no job" says so (how many, let go up to
+  which position), from the asker's own count alone: nothing of another tenant's;
 - a waiting job's row carries ``eta``, its forecast start from the asker's own forecasts (the
   forecast role's bucket, ``runtime/forecasts.py``: a key per tenant), or None;
 - every answer carries ``seq``, the log position it reflects; a question that cannot be answered
@@ -75,6 +77,8 @@ class LetGo(Protocol):
     def request(self, seq: int) -> tuple[str, str] | None: ...
 
     def requests_known_from(self) -> int: ...
+
+    def dropped(self, asker: str) -> tuple[int, int] | None: ...
 
 
 class OutputScope(NamedTuple):
@@ -138,6 +142,24 @@ def parse_ask(data: bytes) -> Ask:
         except codec.UNREADABLE as e:
             raise BadAsk(f"unreadable question: {e}") from None
     return Ask(job=text.decode("utf-8", errors="replace"))
+
+
+def no_job(state: State, asker: str, job_id: str, let_go: LetGo | None) -> dict[str, Any]:
+    """The answer about a job the asker may not see. Where the view of the jobs let go no
+    longer keeps some of the asker's own (the admin's: anyone's), the job may be one of them:
+    said so, and that the log has it. What is told is the asker's own count alone, so an
+    id another tenant used reads exactly as one never used."""
+    dropped = let_go.dropped(asker) if let_go is not None else None
+    if dropped is None:
+        return refusal(state, f"no job {job_id}")
+    jobs, through = dropped
+    whose = "jobs" if asker == subjects.ADMIN else "of your jobs"
+    return refusal(
+        state,
+        f"no job {job_id} among those the read service keeps: it no longer keeps {jobs} {whose} "
+        f"let go from the cluster's state at seq {through} or before; if {job_id} is one, it is "
+        "older than the read service keeps, and the log has it",
+    )
 
 
 def refusal(state: State, message: str, *, busy: bool = False) -> dict[str, Any]:
@@ -231,6 +253,13 @@ def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> 
     if row is None:
         if forgotten:
             return unknown
+        dropped = let_go.dropped(asker) if let_go is not None else None
+        if dropped is not None and ask.after <= dropped[1]:  # its job may be among those dropped
+            return {
+                "seq": state.seq,
+                "verdict": "unknown",
+                "reason": f"jobs let go at seq {dropped[1]} or before are no longer kept to tell",
+            }
         reason = f"no submit of job {ask.job} by {asker} at seq {ask.after}"
         return {"seq": state.seq, "verdict": "refused", "code": "unknown", "reason": reason}
     told = {"seq": state.seq, "job": row, "duplicate": duplicate}
@@ -311,7 +340,7 @@ def output_scope(
     scope = let_go.output_scope(ask.job, asker) if let_go is not None else None
     if scope is not None:
         return scope
-    return refusal(state, f"no job {ask.job}")
+    return no_job(state, asker, ask.job, let_go)
 
 
 def output_ended(state: State, job_id: str) -> bool:
@@ -377,7 +406,7 @@ def answer(
             return {"seq": state.seq, **explain(job, history.get(job.id, ()), eta_of(job, etas))}
         kept = let_go.explain(ask.job, asker) if let_go is not None else None
         if kept is None:
-            return refusal(state, f"no job {ask.job}")
+            return no_job(state, asker, ask.job, let_go)
         return {"seq": state.seq, **kept}
     if question == "queues":
         open_ = {name for name, q in state.queues.items() if sees_queue(asker, q)}

@@ -56,7 +56,7 @@ from corral.services.query.decide import (
     settled,
     tenants_to_read,
 )
-from corral.services.query.view import JobView
+from corral.services.query.view import KEPT_IN_ALL, KEPT_PER_TENANT, JobView
 from corral.services.runtime import heap, identities, logs, metrics, output
 from corral.services.runtime.forecasts import ForecastStore, KvForecasts, TenantForecast
 
@@ -96,16 +96,19 @@ class ReadService:
         *,
         freshness_wait: float = 5.0,
         view: str = "",
+        let_go_per_tenant: int = KEPT_PER_TENANT,
+        let_go_in_all: int = KEPT_IN_ALL,
         forecasts: ForecastStore | None = None,
     ) -> None:
         """``view``: the SQLite file of the jobs the fold let go (by default a private temporary
-        one: the service refolds the log from its start whenever it starts). ``forecasts``:
-        where the forecast role keeps start forecasts (by default its bucket, read over the
-        log's connection)."""
+        one: the service refolds the log from its start whenever it starts), which keeps at
+        most ``let_go_per_tenant`` of one tenant's and ``let_go_in_all`` in all, the oldest let
+        go first out. ``forecasts``: where the forecast role keeps start forecasts (by default
+        its bucket, read over the log's connection)."""
         self.log = log_
         self.forecasts = forecasts if forecasts is not None else KvForecasts(log_.nc)
         self.freshness_wait = freshness_wait
-        self.view = JobView(view)
+        self.view = JobView(view, per_tenant=let_go_per_tenant, in_all=let_go_in_all)
         self.caught_up = asyncio.Event()
         self._folded = asyncio.Condition()
         self._waiting: set[asyncio.Task[None]] = set()

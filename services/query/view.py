@@ -16,16 +16,24 @@ Invariants:
 - each job's workers as the fold placed them, over all its attempts (``placed``, then stored
   with the job let go), are whose output is the job's (``decide.OutputScope``), on its run's
   subjects, from its submission to the next submission of its id;
+- the jobs let go are kept within a bound, oldest let go first: at most ``per_tenant`` of one
+  tenant's (its own oldest go), at most ``in_all`` of everyone's (past it, the oldest of the
+  tenant that has the most go), so the file stops growing and one tenant's churn pushes out
+  its own history, not another's; what each tenant lost is kept as one row (``dropped``: how
+  many, the newest position one of them was let go at), which ``explain`` of a job no longer
+  kept tells its owner, and no one else;
 - the view is derived: by default a private temporary SQLite database, gone when the view
   closes, since the read service refolds the log from its start whenever it starts.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import sqlite3
-from collections import OrderedDict
+import sys
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +61,7 @@ CREATE TABLE IF NOT EXISTS let_go (
 );
 CREATE INDEX IF NOT EXISTS let_go_by_tenant ON let_go (tenant, submitted_seq);
 CREATE INDEX IF NOT EXISTS let_go_in_order ON let_go (submitted_seq);
+CREATE INDEX IF NOT EXISTS let_go_oldest ON let_go (tenant, let_go_seq, submitted_seq);
 CREATE TABLE IF NOT EXISTS let_go_workers (
     id TEXT NOT NULL,
     submitted_seq INTEGER NOT NULL,
@@ -60,7 +69,19 @@ CREATE TABLE IF NOT EXISTS let_go_workers (
     workers TEXT NOT NULL,
     PRIMARY KEY (id, submitted_seq)
 );
+CREATE TABLE IF NOT EXISTS let_go_dropped (
+    tenant TEXT PRIMARY KEY,
+    jobs INTEGER NOT NULL,
+    through_seq INTEGER NOT NULL
+);
 """
+# The jobs let go that the view keeps, the oldest let go first out. A job let go takes about
+# 4.3 kB of the file with a short history, about 120 kB with a full one (``HISTORY_MOST``
+# entries, a job that ran for days): at these bounds about 43 MB of one tenant's (1.2 GB if
+# every one had a full history), 430 MB in all (12 GB). A cluster letting 100,000 jobs a day go
+# keeps about its last day of them, one letting 10,000 a day go its last ten days.
+KEPT_PER_TENANT = 10_000
+KEPT_IN_ALL = 100_000
 Workers = frozenset[tuple[str, int, int]]  # (node, attempt, rank)
 HISTORY_FIRST = 64  # a held job's first records, kept in its history whatever follows
 HISTORY_MOST = 512  # records kept in a held job's history: its first, then its newest
@@ -82,9 +103,14 @@ _SUBMIT = ".submit"
 
 class JobView:
     """The folded state, each held job's history, and the jobs let go (SQLite at ``path``; the
-    empty path is a private temporary database, ``":memory:"`` one in memory)."""
+    empty path is a private temporary database, ``":memory:"`` one in memory): at most
+    ``per_tenant`` of one tenant's and ``in_all`` of everyone's."""
 
-    def __init__(self, path: str = "") -> None:
+    def __init__(
+        self, path: str = "", *, per_tenant: int = KEPT_PER_TENANT, in_all: int = KEPT_IN_ALL
+    ) -> None:
+        if per_tenant < 1 or in_all < 1:
+            raise ValueError(f"jobs let go kept: {per_tenant} per tenant, {in_all} in all; at least 1 each")
         self.state = State()
         self.history: dict[str, list[JobEvent]] = {}
         self.left_out: dict[str, int] = {}  # held job -> records left out of its history
@@ -94,8 +120,15 @@ class JobView:
         self.placed: dict[str, Workers] = {}  # held job -> every worker the fold placed for it
         self.taken: OrderedDict[int, tuple[str, str]] = OrderedDict()  # seq -> (subject, job id)
         self.taken_from = 0  # every request taken from this position on is in ``taken``
+        self.per_tenant, self.in_all = per_tenant, in_all
         self.db = sqlite3.connect(path)
         self.db.executescript(_SCHEMA)
+        # How many each tenant has kept: counted once here (a file given may hold some), then
+        # as jobs come and go, so that neither keeping nor listing counts rows.
+        self.kept: Counter[str] = Counter(
+            dict(self.db.execute("SELECT tenant, count(*) FROM let_go GROUP BY tenant"))
+        )
+        self._came = set(self.kept)  # tenants with jobs let go since the last pruning
 
     def close(self) -> None:
         self.db.close()
@@ -128,6 +161,7 @@ class JobView:
                         self._placed(held.id, held.placement.attempt, held.placement.workers)
             if request:
                 self._taken(rec.seq, rec.subject, named)
+        self._prune()
         self.db.commit()
 
     def _taken(self, seq: int, subject: str, job_id: str) -> None:
@@ -201,6 +235,12 @@ class JobView:
         self.counting.pop(job.id, None)
         report = explain(job, self.history.pop(job.id, ()))
         report["text"] += f"\n  let go from the cluster's state at seq {seq}: it is kept here only"
+        had = self.db.execute(
+            "SELECT 1 FROM let_go WHERE id = ? AND submitted_seq = ?", (job.id, job.submitted_seq)
+        ).fetchone()
+        if had is None:  # a file given may hold it from a fold before
+            self.kept[job.tenant] += 1
+            self._came.add(job.tenant)
         self.db.execute(
             "INSERT OR REPLACE INTO let_go VALUES (?, ?, ?, ?, ?, ?)",
             (job.id, job.submitted_seq, job.tenant, seq, json.dumps(report["job"]), json.dumps(report)),
@@ -211,7 +251,59 @@ class JobView:
             (job.id, job.submitted_seq, job.submitted_at, json.dumps(workers)),
         )
 
+    def _prune(self) -> None:
+        """Let the oldest jobs let go out of the view, past ``per_tenant`` of a tenant's (its
+        own), then past ``in_all`` (the oldest of whoever has the most, one at a time, ties by
+        name, so every replica drops alike): once a batch, each tenant's by its index, in as
+        many lookups as jobs go, never a count or a scan of the table."""
+        over = {
+            t: self.kept[t] - self.per_tenant for t in sorted(self._came) if self.kept[t] > self.per_tenant
+        }
+        self._came.clear()
+        excess = sum(self.kept.values()) - sum(over.values()) - self.in_all
+        if excess > 0:
+            most = [(-(n - over.get(t, 0)), t) for t, n in self.kept.items() if n > 0]
+            heapq.heapify(most)
+            for _ in range(excess):
+                n, t = heapq.heappop(most)
+                over[t] = over.get(t, 0) + 1
+                if n < -1:
+                    heapq.heappush(most, (n + 1, t))
+        for tenant in sorted(over):
+            self._drop(tenant, over[tenant])
+
+    def _drop(self, tenant: str, n: int) -> None:
+        """Let ``tenant``'s ``n`` oldest jobs let go out of the view, and note how far they reach."""
+        gone = self.db.execute(
+            "SELECT rowid, id, submitted_seq, let_go_seq FROM let_go WHERE tenant = ?"
+            " ORDER BY let_go_seq, submitted_seq LIMIT ?",
+            (tenant, n),
+        ).fetchall()
+        if not gone:
+            return
+        self.db.executemany("DELETE FROM let_go WHERE rowid = ?", [(r[0],) for r in gone])
+        self.db.executemany(
+            "DELETE FROM let_go_workers WHERE id = ? AND submitted_seq = ?", [(r[1], r[2]) for r in gone]
+        )
+        self.db.execute(
+            "INSERT INTO let_go_dropped VALUES (?, ?, ?) ON CONFLICT (tenant) DO UPDATE SET"
+            " jobs = jobs + excluded.jobs, through_seq = max(through_seq, excluded.through_seq)",
+            (tenant, len(gone), gone[-1][3]),
+        )
+        self.kept[tenant] -= len(gone)
+        if self.kept[tenant] <= 0:
+            del self.kept[tenant]
+
     # -- reading --------------------------------------------------------------------------------
+
+    def dropped(self, asker: str) -> tuple[int, int] | None:
+        """How many of ``asker``'s jobs let go (the admin's: anyone's) the view no longer keeps,
+        and the newest position one of them was let go at; None if none."""
+        where, args = ("", ()) if asker == subjects.ADMIN else (" WHERE tenant = ?", (asker,))
+        jobs, through = self.db.execute(
+            f"SELECT sum(jobs), max(through_seq) FROM let_go_dropped{where}", args
+        ).fetchone()
+        return None if not jobs else (int(jobs), int(through))
 
     def jobs(self, asker: str, limit: int, budget: int) -> tuple[list[dict[str, Any]], int]:
         """The rows of the newest jobs let go that ``asker`` may see, at most ``limit`` of them
@@ -219,7 +311,7 @@ class JobView:
         newest first and no further than the budget: what a tenant made its rows weigh (a long
         command line) costs one answer its size, never more."""
         where, args = ("", ()) if asker == subjects.ADMIN else ("WHERE tenant = ?", (asker,))
-        (total,) = self.db.execute(f"SELECT count(*) FROM let_go {where}", args).fetchone()
+        total = sum(self.kept.values()) if asker == subjects.ADMIN else self.kept[asker]
         rows: list[str] = []
         size = 0
         for (row,) in self.db.execute(
@@ -272,8 +364,9 @@ class JobView:
 
 def explain_log(records: Sequence[Record], job_id: str, tenant: str | None) -> dict[str, Any] | None:
     """``corral explain`` from the log alone: the newest job of id ``job_id`` that ``tenant``
-    (None: anyone's) may see, held by the state at the end or let go before."""
-    view = JobView(":memory:")
+    (None: anyone's) may see, held by the state at the end or let go before: every job let go
+    kept, as the log keeps them."""
+    view = JobView(":memory:", per_tenant=sys.maxsize, in_all=sys.maxsize)
     try:
         view.fold(records)
         asker = subjects.ADMIN if tenant is None else tenant

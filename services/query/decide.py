@@ -58,6 +58,7 @@ MAX_LET_GO = 1000  # jobs let go that one answer lists, the newest: an answer mu
 JOBS_PAGE_BYTES = 512 * 1024
 LET_GO_BYTES = 384 * 1024  # and the jobs let go that the first page adds, as stored
 GPUS_PAGE_BYTES = 512 * 1024  # what one page of ``gpus`` or ``nodes`` holds at most, encoded
+REJECTIONS_BYTES = 512 * 1024  # and the answer of refusals, the newest kept
 
 History = Mapping[str, Sequence[JobEvent]]  # job id -> the records that concern it, oldest first
 Forecasts = Mapping[str, TenantForecast]  # tenant -> its jobs' forecast starts
@@ -207,6 +208,33 @@ def _jobs_page(state: State, asker: str, after: int, etas: Forecasts) -> tuple[l
 
 
 _encode_row = msgspec.json.Encoder().encode
+
+
+def _rejections(state: State, asker: str) -> dict[str, Any]:
+    """The refusals kept that the asker may see (its own requests'; the admin's: all), oldest
+    first: the newest of them that ``REJECTIONS_BYTES`` holds, encoded, and how many older ones
+    were left out. A refusal's message is bounded in characters, not bytes: tenants' requests
+    of ids in four-byte characters made the admin's answer more than a NATS message carries."""
+    own = f"{subjects.IN}.{asker}."
+    rows: list[dict[str, Any]] = []
+    size = left_out = 0
+    for r in reversed(state.rejections):
+        if asker != subjects.ADMIN and not r.subject.startswith(own):
+            continue
+        if left_out:
+            left_out += 1
+            continue
+        row = {"seq": r.seq, "subject": r.subject, "code": r.code, "message": r.message, "job_id": r.job_id}
+        size += len(_encode_row(row)) + 1
+        if size > REJECTIONS_BYTES:
+            left_out = 1
+            continue
+        rows.append(row)
+    rows.reverse()
+    told: dict[str, Any] = {"seq": state.seq, "rejections": rows}
+    if left_out:
+        told["left_out"] = left_out
+    return told
 
 
 def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> dict[str, Any] | None:
@@ -412,13 +440,7 @@ def answer(
         open_ = {name for name, q in state.queues.items() if sees_queue(asker, q)}
         return {"seq": state.seq, "queues": [r for r in queue_rows(state) if r["queue"] in open_]}
     if question == "rejections":
-        own = f"{subjects.IN}.{asker}."
-        rows = [
-            {"seq": r.seq, "subject": r.subject, "code": r.code, "message": r.message, "job_id": r.job_id}
-            for r in state.rejections
-            if asker == subjects.ADMIN or r.subject.startswith(own)
-        ]
-        return {"seq": state.seq, "rejections": rows}
+        return _rejections(state, asker)
     if question == "nodes":
         # Capacity and health are the cluster's, not any tenant's: everyone may see them.
         return _node_pages(state, ask, lambda n: present.node_row(n, state, lambda j: sees_job(asker, j)))

@@ -463,3 +463,24 @@ async def test_the_dashboard_feed_outlives_an_error_and_says_so_meanwhile(
         running.cancel()
     assert any("could not read the cluster: RuntimeError" in p for p in problems), problems
     assert feed.problem == "" and feed.board is not None
+
+
+def test_the_refusals_answer_keeps_the_newest_that_fit_a_message() -> None:
+    # Refusals are bounded in characters: three tenants' submits under ids of four-byte
+    # characters made the admin's answer 1.5 MB, more than a NATS message carries.
+    from corral.events.jobs import SubmitJob
+    from corral.services.query.decide import REJECTIONS_BYTES
+    from tests.builders import Cluster, LogBuilder, job
+
+    log = LogBuilder().nodes(Cluster(1)).queue("team-a")
+    grin = "\U0001f600" * 600  # no name: each refused, its id quoted in 2 KB of the message
+    for i in range(750):
+        log.request("abc"[i % 3], "submit", SubmitJob(request_id=grin + str(i), job=job().build()))
+    view = JobView(":memory:")
+    view.fold(log.records)
+    told = ask(view, "admin", "rejections")
+    encoded = len(json.dumps(told, ensure_ascii=False).encode())
+    assert REJECTIONS_BYTES // 2 < encoded < REJECTIONS_BYTES + 4096
+    rows = told["rejections"]
+    assert rows[-1]["seq"] == log.last_seq and told["left_out"] == 750 - len(rows)
+    assert [r["seq"] for r in rows] == sorted(r["seq"] for r in rows)

@@ -36,6 +36,7 @@ from corral.projections.lifecycle import (
 )
 from corral.projections.state import (
     MAX_REJECTIONS,
+    MAX_REJECTIONS_LOST,
     MAX_REJECTIONS_PER_TENANT,
     Rejection,
     State,
@@ -252,6 +253,9 @@ def _forget_rejection(state: State, i: int) -> None:
     who = requester(gone.subject)
     lost, counts = state.rejections_lost, state.rejections_kept
     lost[who] = max(lost.get(who, 0), gone.seq)
+    if len(lost) > MAX_REJECTIONS_LOST:  # a new tenant's: the oldest let go is told for all
+        oldest = min(lost, key=lambda t: (lost[t], t))
+        state.rejections_lost_floor = max(state.rejections_lost_floor, lost.pop(oldest))
     counts[who] -= 1
     if not counts[who]:
         del counts[who]

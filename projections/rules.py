@@ -232,4 +232,6 @@ from __future__ import annotations
 # 80: a stop for a queued beneficiary that may not borrow is refused while its queue's jobs that
 #    may not be preempted hold too much of what they may for it to be admitted after
 #    (``preemption.may_stop``): it stopped work in vain.
-RULES = 80
+# 81: ``State.rejections_lost`` keeps at most ``MAX_REJECTIONS_LOST`` tenants, the oldest
+#    position past it kept for all (``State.rejections_lost_floor``).
+RULES = 81

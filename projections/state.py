@@ -206,6 +206,10 @@ class State(msgspec.Struct, gc=False):
     # Per requesting tenant ("": the services), the position of the newest of its rejections no
     # longer kept: a verdict on its request at or before it may have been let go.
     rejections_lost: dict[str, int] = {}
+    # ... at most ``MAX_REJECTIONS_LOST`` tenants of them, those of the oldest position let go
+    # past it, the newest such position kept for all of them (a verdict at or before it is
+    # said to be unknown): one entry a tenant ever refused was kept for good.
+    rejections_lost_floor: int = 0
     rejections_kept: dict[str, int] = {}  # per requesting tenant, how many of ``rejections``
     rejected_total: int = 0
     void_total: int = 0
@@ -265,3 +269,4 @@ class State(msgspec.Struct, gc=False):
 
 MAX_REJECTIONS = 1000
 MAX_REJECTIONS_PER_TENANT = 250  # of those, the most of one tenant's requests
+MAX_REJECTIONS_LOST = 1024  # tenants whose newest refusal let go is kept (``rejections_lost``)

@@ -248,7 +248,8 @@ def verdict(state: State, asker: str, ask: Ask, let_go: LetGo | None = None) -> 
     # The state keeps the newest rejections only, and of each tenant's its newest: once one of
     # the asker's at or past the request was let go (its own flood of bad requests pushes them
     # out, others' do not), a refusal of it may have been, and "applied" would be a guess.
-    forgotten = state.rejections_lost.get(asker, 0) >= ask.after
+    lost = max(state.rejections_lost.get(asker, 0), state.rejections_lost_floor)
+    forgotten = lost >= ask.after
     unknown = {
         "seq": state.seq,
         "verdict": "unknown",

@@ -813,6 +813,7 @@ _BOOKS = (
     "time",
     "rejections",
     "rejections_lost",
+    "rejections_lost_floor",
     "rejections_kept",
     "rejected_total",
     "void_total",

@@ -1852,6 +1852,28 @@ def test_rejections_are_counted_all_but_kept_only_the_most_recent() -> None:
     assert state.rejections[0].seq == 6 and state.rejections[-1].seq == MAX_REJECTIONS + 5
 
 
+def test_tenants_whose_refusals_were_let_go_are_kept_within_a_bound() -> None:
+    # One entry a tenant whose refusal was ever let go, kept for good: a cluster of many
+    # tenants over months grew it without end. Past the bound, the oldest is kept for all.
+    from corral.projections.state import MAX_REJECTIONS_LOST
+    from corral.services.query.decide import Ask, verdict
+
+    log = LogBuilder()
+    tenants = MAX_REJECTIONS_LOST + 40
+    for i in range(tenants):
+        for _ in range(2):
+            log.request(f"t{i}", "cancel", {"job_id": "nope"})
+    for _ in range(MAX_REJECTIONS):  # the services' refusals push every tenant's out
+        log.raw("foo", b"")
+    state = fold(log)
+    assert len(state.rejections_lost) == MAX_REJECTIONS_LOST
+    assert "t0" not in state.rejections_lost and f"t{tenants - 1}" in state.rejections_lost
+    assert state.rejections_lost_floor == 2 * 40  # t39's second cancel
+    # t0's refused cancel is told as unknown, not as taken.
+    told = verdict(state, "t0", Ask("nope", 1, verb="cancel"))
+    assert told is not None and told["verdict"] == "unknown", told
+
+
 def test_a_tenants_flood_of_bad_requests_pushes_out_only_its_own_refusals() -> None:
     # Mallory's 1,001 cancels of no job erased alice's refusals from the state: her cancel's
     # verdict read "unknown", and her `rejections` were empty.

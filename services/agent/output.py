@@ -19,6 +19,13 @@ What a worker prints reaches readers as:
 A restarted agent resumes each file where the newest message of its subject says it reached
 (``OutputSink.shipped``); a file older than the stream keeps anything and not yet shipped is
 not shipped now.
+
+Nothing removes the workers' files, so a node holds those of every worker it ever ran. The
+shipper lists them all once, when it starts (``walk``: the workers an earlier agent left, running
+or ended while no agent watched); after that it reads only the files of the workers the agent
+says it runs (``expect``, ``live``) and those not yet shipped whole, and lets go of an ended
+worker's file once all of it went out. What a pass costs and what the shipper holds is so that
+of the node's recent workers, not of all it ran in months.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -38,11 +45,17 @@ from corral.services.runtime.output import MAX_AGE, MAX_LINE, MAX_MESSAGE, safe_
 log = logging.getLogger(__name__)
 
 EVERY = 0.25  # seconds between looks at the files that are being written
-# A node keeps the files of every worker it ever ran: listing them all is a look at each job's
-# directory. Every ``SCAN_EVERY`` seconds the look is at all of them (new files, and quiet ones
-# that grew again); in between, only at those that grew within ``QUIET_S``.
+# Every ``SCAN_EVERY`` seconds the look is at every file being read (quiet ones that grew again)
+# and at the files of the workers the agent runs that are not read yet; in between, only at
+# those that grew within ``QUIET_S``. None of these lists the node's directories: a node keeps
+# the file of every worker it ever ran, and a list of them all every 2 s cost 2 s of the
+# agent's loop after a month of short jobs.
 SCAN_EVERY = 2.0
 QUIET_S = 10.0
+# Files let go are remembered, the newest of them, so that a look soon after (an exit's drain
+# tried again, a worker the runtime lists until the log holds its exit) does not ask the stream
+# about them anew; past that it would ask once, and find them shipped.
+DONE_KEPT = 1024
 # The agent says which files the workers it starts will write (``Shipper.expect``), so a new
 # worker's output is looked at from its first pass, not from the next full scan.
 READ_AT_ONCE = 256 * 1024  # bytes read from one file per look
@@ -134,20 +147,35 @@ class _File:
     lines: Lines = field(default_factory=Lines)
     unsent: list[tuple[bytes, int]] = field(default_factory=list)  # (message, offset it reaches)
     grew: float = 0.0  # monotonic time it last gained bytes (or was found)
+    ended: bool = False  # its worker ended (``drain``): let go once all of it went out
 
 
 class Shipper:
-    """Ships the output of the workers under ``root`` (an agent's work directory) for ``node``."""
+    """Ships the output of the workers under ``root`` (an agent's work directory) for ``node``.
 
-    def __init__(self, node: str, root: Path, sink: OutputSink, *, every: float = EVERY) -> None:
-        self.node, self.root, self.sink, self.every = node, Path(root), sink, every
+    ``live``: the files of the workers the agent's runtime knows (starting, running, or ended
+    with their exit not yet in the log). A file not among them, once all of it went out, is let
+    go. Without it the shipper cannot tell, and lets a file go only once its worker's exit was
+    drained."""
+
+    def __init__(
+        self,
+        node: str,
+        root: Path,
+        sink: OutputSink,
+        *,
+        every: float = EVERY,
+        live: Callable[[], Iterable[Path]] | None = None,
+    ) -> None:
+        self.node, self.root, self.sink, self.every, self.live = node, Path(root), sink, every, live
+        # The files being read: of the workers that run, and of those that ended until all of
+        # it went out.
         self._files: dict[Path, _File] = {}
         self._failing = False
-        self._scanned = -SCAN_EVERY  # monotonic time of the last look at every file
+        self._walked = False  # every file on the node was listed once (the first look)
+        self._scanned = -SCAN_EVERY  # monotonic time of the last look at every file being read
         self._expected: dict[Path, float] = {}  # files of workers being started, since when
-        # Files of ended workers, shipped to their end: no longer read, nor asked about, however
-        # many a node's workers leave behind over months. Kept while the file is on disk.
-        self._done: set[Path] = set()
+        self._done: dict[Path, None] = {}  # files let go, oldest first (``DONE_KEPT``)
         # One look at a time: the passes and the agent's drains before it reports exits would
         # otherwise read and send one file's lines twice or out of order.
         self._looking = asyncio.Lock()
@@ -165,11 +193,11 @@ class Shipper:
             await self._pass()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.every)
-        await self._pass(everything=True)
+        await self._pass(full=True)
 
-    async def _pass(self, *, everything: bool = False) -> None:
+    async def _pass(self, *, full: bool = False) -> None:
         try:
-            await self.ship(everything=everything)
+            await self.ship(full=full)
             if self._failing:
                 log.info("%s: shipping workers' output again", self.node)
             self._failing = False
@@ -178,37 +206,53 @@ class Shipper:
                 log.warning("%s: cannot ship workers' output now: %s", self.node, e)
             self._failing = True
 
-    async def ship(self, *, everything: bool = False) -> int:
-        """One look at the files (all of them every ``SCAN_EVERY`` or when asked, else those
-        that grew lately); the messages sent."""
+    async def ship(self, *, everything: bool = False, full: bool = False) -> int:
+        """One look at the files being read: those that grew lately, or all of them every
+        ``SCAN_EVERY`` or when asked (``full``); with ``everything``, as on the first look, at
+        every worker's file on the node too. The messages sent."""
         async with self._looking:
-            return await self._ship(everything)
+            return await self._ship(walk=everything or not self._walked, full=full)
 
-    async def _ship(self, everything: bool) -> int:
+    async def _ship(self, *, walk: bool, full: bool) -> int:
         now = time.monotonic()
-        if everything or now - self._scanned >= SCAN_EVERY:
+        full = full or walk or now - self._scanned >= SCAN_EVERY
+        # Asked before the files are listed: a worker's file exists only once the runtime knows
+        # the worker, so a file listed here and not among these has a worker that ended.
+        alive = set(self.live()) if full and self.live is not None else None
+        if full:
             self._scanned = now
+            paths = list(self._files)
+        else:
+            paths = [p for p, f in self._files.items() if f.unsent or now - f.grew < QUIET_S]
+        paths += [p for p in self._expected if self._new(p) and p.exists()]
+        if alive is not None:
+            paths += [p for p in alive if self._new(p)]  # a worker's file that came late
+        if walk:
+            self._walked = True
             # Each run's files (``worker.log_path``); those an older agent left directly under
             # the job are not looked at (``Runtime.reattach`` moves a running worker's into its
             # run).
-            found = self.root.glob("logs/*/run-*/attempt-*.rank-*.log")
-            on_disk = set(found)
-            self._done &= on_disk  # removed since: nothing to remember
-            paths = sorted(on_disk - self._done)
-        else:
-            paths = [p for p, f in self._files.items() if f.unsent or now - f.grew < QUIET_S]
-            paths += [p for p in self._expected if p not in self._files and p.exists()]
+            on_disk = set(self.root.glob("logs/*/run-*/attempt-*.rank-*.log"))
+            self._done = {p: None for p in self._done if p in on_disk}  # removed: forgotten
+            paths += sorted(p for p in on_disk if self._new(p))
         for p, since in list(self._expected.items()):
             if p in self._files or now - since > QUIET_S:  # found, or its worker never started
                 del self._expected[p]
         sent = 0
-        for i, path in enumerate(paths):
+        for i, path in enumerate(dict.fromkeys(paths)):
             f = self._files.get(path) or await self._found(path)
             if f is not None:
-                sent += await self._ship_file(f)
+                n = await self._ship_file(f)
+                sent += n
+                ended = f.ended or (alive is not None and path not in alive and path not in self._expected)
+                if not n and ended and self._whole(f):
+                    self._let_go(f)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # a look at many files leaves the agent's loop its turns
         return sent
+
+    def _new(self, path: Path) -> bool:
+        return path not in self._files and path not in self._done
 
     async def drain(self, paths: Iterable[Path]) -> None:
         """Ship all that these files hold now, an unfinished last line too: their workers have
@@ -221,20 +265,35 @@ class Shipper:
 
     async def _drain(self, paths: Iterable[Path]) -> None:
         for path in paths:
+            if path in self._done:  # an exit drained before (its report is tried again)
+                continue
             f = self._files.get(path) or await self._found(path)
+            if f is None:
+                continue
+            # Marked before anything is sent: a drain cut short leaves the rest to the passes,
+            # which let the file go once all of it went out.
+            f.ended = True
             for _ in range(DRAIN_LOOKS):  # bounded: a file may still grow (an orphan writes)
-                if f is None:
+                if not await self._ship_file(f) and self._whole(f):
+                    self._let_go(f)
                     break
-                sent = await self._ship_file(f)
-                try:
-                    unread = f.path.stat().st_size > f.offset
-                except OSError:
-                    break
-                if not (sent or unread or f.lines.partial):
-                    # Its worker ended and all of it went out: done with it.
-                    self._files.pop(f.path, None)
-                    self._done.add(f.path)
-                    break
+
+    def _whole(self, f: _File) -> bool:
+        """All that ``f`` holds went out, its last line too."""
+        if f.unsent or f.lines.partial:
+            return False
+        try:
+            return f.path.stat().st_size <= f.offset
+        except OSError:
+            return True  # removed: nothing more to ship
+
+    def _let_go(self, f: _File) -> None:
+        """Its worker ended and all of it went out: not read, nor asked about, again."""
+        self._files.pop(f.path, None)
+        self._expected.pop(f.path, None)  # else the next pass would find it anew
+        self._done[f.path] = None
+        while len(self._done) > DONE_KEPT:
+            del self._done[next(iter(self._done))]
 
     async def _found(self, path: Path) -> _File | None:
         m, run = LOG_FILE.fullmatch(path.name), RUN.fullmatch(path.parent.name)
@@ -247,8 +306,7 @@ class Shipper:
             return None
         if time.time() - st.st_mtime > MAX_AGE:
             # Untouched for longer than the stream keeps anything: shipped long ago or never to
-            # be; not asked about, nor looked at again (an agent started on a node of months).
-            self._done.add(path)
+            # be; not asked about (an agent started on a node of months).
             return None
         reached = await self.sink.shipped(subj)
         if reached is None:

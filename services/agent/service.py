@@ -325,7 +325,9 @@ class NodeAgent:
         )
         self.reports = self.runtime.reports = _Reports(lambda: self.clock())
         self.publish = publish
-        self.shipper = Shipper(node, self.work_dir, output) if output is not None else None
+        self.shipper = (
+            Shipper(node, self.work_dir, output, live=self._worker_files) if output is not None else None
+        )
         self.heartbeat_interval = heartbeat_interval
         self.backoff = backoff
         self.backoff_cap = backoff_cap
@@ -508,6 +510,12 @@ class NodeAgent:
             task.add_done_callback(
                 lambda t: self.spans.gang(gang.job_id, gang.attempt, ranks, gpus, started, t)
             )
+
+    def _worker_files(self) -> list[Path]:
+        """The files of the workers the runtime knows, which the shipper keeps reading (a
+        runtime without files, ``bench``'s timers, has none)."""
+        log_of = getattr(self.runtime, "log_of", lambda _: None)
+        return [path for key in self.runtime.workers() if (path := log_of(key)) is not None]
 
     def _due(self, job_id: str, now: float) -> bool:
         """A job that failed waits out its restart backoff, counted from its placement."""

@@ -258,6 +258,33 @@ async def test_an_agent_ships_an_ended_workers_file_whole_before_it_reports_its_
         await agent.runtime.close(grace=2.0)
 
 
+async def test_an_agent_reads_the_files_of_the_workers_it_knows_and_lets_go_of_the_forgotten(
+    tmp_path: Path,
+) -> None:
+    """The shipper reads a worker's file while the runtime knows the worker, and lets it go once
+    the runtime forgot it and all of it went out: an agent's passes cost its recent workers, not
+    every worker its node ran."""
+    sink = Kept()
+    agent = NodeAgent(
+        N0, InMemoryLog(), MemoryViews(), work_dir=tmp_path / "agent", output=sink, sandbox="none"
+    )
+    s = spec_for(tmp_path, "brief", [PY, "-c", "print('hello')"], run=4)
+    assert agent.shipper is not None
+    try:
+        assert (await agent.runtime.start_gang([s], timeout=WAIT)).failed is None
+        path = agent.runtime.log_of(s.key)
+        assert await agent.runtime.wait_exited(s.key, WAIT) == 0
+        assert agent._worker_files() == [path]
+        await agent.shipper.ship(full=True)
+        assert path in agent.shipper._files  # exited, its exit not yet in the log: still its
+        agent.runtime.forget(s.key)
+        await agent.shipper.ship(full=True)
+        assert path not in agent.shipper._files
+        assert sink.text(output.subject(N0, "brief", 4, 0, 0)) == "hello\n"
+    finally:
+        await agent.runtime.close(grace=2.0)
+
+
 class _FailsOnce(InMemoryLog):
     """A log whose first append of a worker's start fails (a timeout, a leader change), or,
     ``hangs``, never answers (an agent's bounded last flush gives up on it)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.js import api
@@ -310,3 +311,173 @@ async def test_the_files_of_ended_workers_and_old_ones_are_not_looked_at_again(t
     ended[0].unlink()
     await shipper.ship(everything=True)
     assert ended[0] not in shipper._done  # what is gone from the disk is not remembered
+
+
+class Flaky(Kept):
+    """``Kept``, refusing the next message once when told to (the server reconnecting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse = False
+
+    async def send(self, subj: str, data: bytes, offset: int) -> None:
+        if self.refuse:
+            self.refuse = False
+            raise ConnectionError("nats: connection reconnecting")
+        await super().send(subj, data, offset)
+
+
+def _looks_at_the_disk(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The directories the shipper lists, as it lists them."""
+    listed: list[Path] = []
+    glob = Path.glob
+
+    def counted(self: Path, pattern: str, *args: Any, **kw: Any) -> Any:
+        listed.append(self)
+        return glob(self, pattern, *args, **kw)
+
+    monkeypatch.setattr(Path, "glob", counted)
+    return listed
+
+
+@pytest.mark.parametrize("life", ["outlives_two_passes", "ends_before_the_second_pass", "drain_cut_short"])
+async def test_a_node_of_thousands_of_workers_holds_and_lists_only_its_recent_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, life: str
+) -> None:
+    """A node keeps the file of every worker it ever ran. The shipper held each one shipped
+    whole and listed them all every 2 s: 3,000 workers one after the other, 3,000 held and
+    200 ms a look, a month of ten-minute jobs on eight GPUs 2.3 s of the agent's loop every 2 s.
+    Now what it holds and what a look goes through are the recent workers' files, whether a
+    worker ends at once, outlives the shipper's passes, or ends while the server is away."""
+    from corral.services.agent import output as shipping
+
+    kept = Flaky()
+    shipper = Shipper("n0", tmp_path, kept)
+    listed = _looks_at_the_disk(monkeypatch)
+    paths = []
+    for i in range(3000):
+        path = _worker_file(tmp_path, f"j{i}")
+        paths.append(path)
+        shipper.expect([path])  # the agent starts the worker
+        path.write_bytes(b"step 1\nstep 2\n")
+        await shipper.ship()
+        if life != "ends_before_the_second_pass":
+            await shipper.ship()
+        with path.open("ab") as f:
+            f.write(b"done\n")
+        kept.refuse = life == "drain_cut_short"
+        await shipper.drain([path])  # the worker ended: before its exit is reported
+        await shipper.ship()
+        if i % 500 == 499:
+            shipper._scanned = -shipping.SCAN_EVERY  # the look at every file being read is due
+            await shipper.ship()
+            await shipper.ship()
+            assert len(listed) == 1  # the first look only: the workers an earlier agent left
+            assert len(shipper._files) <= 2
+            assert len(shipper._done) <= shipping.DONE_KEPT
+            assert len(shipper._expected) <= 1
+    for i in (0, 1234, 2999):  # nothing lost, nothing twice, in order
+        assert kept.text(output.subject("n0", f"j{i}", 3, 0, 0)) == "step 1\nstep 2\ndone\n"
+    visited: list[Path] = []
+    found = shipper._found
+
+    async def counted(path: Path) -> Any:
+        visited.append(path)
+        return await found(path)
+
+    monkeypatch.setattr(shipper, "_found", counted)
+    shipper._scanned = -shipping.SCAN_EVERY
+    await shipper.ship()
+    assert visited == [] and len(listed) == 1
+
+
+async def test_a_worker_that_ends_before_the_next_pass_is_not_read_again(tmp_path: Path) -> None:
+    """Drained, its file was found again through the start the agent had announced, and read
+    on every look for as long as the agent ran."""
+    kept = Counting()
+    shipper = Shipper("n0", tmp_path, kept)
+    path = _worker_file(tmp_path, "brief")
+    shipper.expect([path])
+    path.write_bytes(b"failed at once\n")
+    await shipper.ship()
+    await shipper.drain([path])
+    asked = kept.asked
+    assert await shipper.ship() == 0
+    shipper._scanned = time.monotonic() - 60  # the look at every file being read too
+    assert await shipper.ship() == 0
+    assert path not in shipper._files and kept.asked == asked
+    assert kept.text(output.subject("n0", "brief", 3, 0, 0)) == "failed at once\n"
+
+
+async def test_an_ended_workers_file_whose_drain_was_cut_short_is_let_go_once_shipped(
+    tmp_path: Path,
+) -> None:
+    """The server away during the drain before an exit's report: the passes ship the rest, in
+    order and once, and then let the file go; it was read on every look before."""
+    kept = Flaky()
+    shipper = Shipper("n0", tmp_path, kept)
+    path = _worker_file(tmp_path, "cut")
+    path.write_bytes(b"one\n")
+    assert await shipper.ship() == 1
+    with path.open("ab") as f:
+        f.write(b"two\nlast, unfinished")
+    kept.refuse = True
+    await shipper.drain([path])  # refused: the file keeps it
+    assert path in shipper._files
+    for _ in range(3):
+        await shipper.ship()
+    assert kept.text(output.subject("n0", "cut", 3, 0, 0)) == "one\ntwo\nlast, unfinished\n"
+    assert path not in shipper._files and path in shipper._done
+
+
+async def test_a_restarted_agent_reads_its_running_workers_files_and_lets_the_ended_ones_go(
+    tmp_path: Path,
+) -> None:
+    """Workers outlive their agent. The next one lists every file once: it ships what the
+    ended workers' files hold that the stream lacks and lets them go; it reads on the running
+    workers' files (the runtime took them back), also after a silence, without listing the
+    node again."""
+    kept = Counting()
+    ended = [_worker_file(tmp_path, f"e{i}") for i in range(5)]
+    for path in ended:
+        path.write_bytes(b"all it said\n")
+    running = _worker_file(tmp_path, "running")
+    running.write_bytes(b"epoch 1\n")
+    shipper = Shipper("n0", tmp_path, kept, live=lambda: [running])
+    assert await shipper.ship() == 6
+    assert await shipper.ship(full=True) == 0
+    assert set(shipper._files) == {running}
+    shipper._files[running].grew -= QUIET_S + 1  # silent for a while: a long epoch
+    with running.open("ab") as f:
+        f.write(b"epoch 2\n")
+    asked = kept.asked
+    shipper._scanned = time.monotonic() - 60  # the look at every file being read is due
+    assert await shipper.ship() == 1
+    assert kept.text(output.subject("n0", "running", 3, 0, 0)) == "epoch 1\nepoch 2\n"
+    assert kept.asked == asked  # the ended ones: not asked about again
+
+
+async def test_a_file_the_runtime_no_longer_knows_is_let_go_once_shipped_whole(tmp_path: Path) -> None:
+    """A gang that failed to start has no exit to drain: its files are let go once the runtime
+    forgets its workers, with all they hold shipped; a worker's file that appears late (a slow
+    start) is still found, the runtime knowing its worker."""
+    kept = Kept()
+    workers: list[Path] = []
+    shipper = Shipper("n0", tmp_path, kept, live=lambda: workers)
+    await shipper.ship()
+    failed, slow = _worker_file(tmp_path, "failed"), _worker_file(tmp_path, "slow")
+    workers += [failed, slow]
+    shipper.expect(workers)
+    failed.write_bytes(b"cannot run: no such file")
+    await shipper.ship()
+    assert failed in shipper._files
+    workers.remove(failed)  # forgotten
+    for _ in range(2):  # the line as it stands, then nothing more
+        shipper._scanned = time.monotonic() - 60
+        await shipper.ship()
+    assert failed not in shipper._files
+    assert kept.text(output.subject("n0", "failed", 3, 0, 0)) == "cannot run: no such file\n"
+    shipper._expected.clear()  # long past: the start took its time
+    slow.write_bytes(b"up at last\n")
+    shipper._scanned = time.monotonic() - 60
+    assert await shipper.ship() == 1 and slow in shipper._files

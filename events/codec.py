@@ -49,6 +49,7 @@ from corral.events.queues import (
     CordonNode,
     DeleteCohort,
     DeleteNode,
+    DeletePriorityClass,
     DeleteQueue,
 )
 
@@ -63,6 +64,7 @@ AnyEvent = (
     | ApplyPriorityClass
     | DeleteQueue
     | DeleteCohort
+    | DeletePriorityClass
     | CordonNode
     | DeleteNode
     | ApplyFairShare
@@ -103,6 +105,7 @@ ADMIN_VERBS: dict[str, type[Event]] = {
     "priority-class": ApplyPriorityClass,
     "delete-queue": DeleteQueue,
     "delete-cohort": DeleteCohort,
+    "delete-priority-class": DeletePriorityClass,
     "cordon": CordonNode,
     "delete-node": DeleteNode,
     "fair-share": ApplyFairShare,

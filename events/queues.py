@@ -174,6 +174,13 @@ class DeleteCohort(Request, frozen=True, kw_only=True):
     name: str
 
 
+class DeletePriorityClass(Request, frozen=True, kw_only=True):
+    """Forget a priority class: refused while a job that has not finished names it (its
+    priority, and whether and how often it may be preempted, come from the class)."""
+
+    name: str
+
+
 class ApplyFairShare(Request, frozen=True, kw_only=True):
     fair_share: FairShareSpec
 

@@ -37,6 +37,7 @@ from corral.events.queues import (
     CordonNode,
     DeleteCohort,
     DeleteNode,
+    DeletePriorityClass,
     DeleteQueue,
     QueueSpec,
     Quota,
@@ -498,6 +499,20 @@ def _delete_cohort(state: State, ctx: Ctx, req: DeleteCohort) -> None:
     del state.cohorts[req.name]
 
 
+def _delete_priority_class(state: State, ctx: Ctx, req: DeletePriorityClass) -> None:
+    """Classes were only ever added: a cluster whose teams come and go kept every one, in every
+    service's state and answer."""
+    _admin(ctx)
+    if req.name not in state.priority_classes:
+        raise Refused("unknown", f"no priority class {req.name}")
+    # Every unfinished job: a rare request, and it costs no finished job.
+    users = sorted(j.id for j in indexes.unfinished(state) if j.spec.priority_class == req.name)
+    if users:
+        said = ", ".join(users[:3]) + (f" and {len(users) - 3} more" if len(users) > 3 else "")
+        raise Refused("illegal", f"priority class {req.name} is named by jobs not finished: {said}")
+    del state.priority_classes[req.name]
+
+
 def _cordon_request(state: State, ctx: Ctx, req: CordonNode) -> None:
     _admin(ctx)
     if req.repaired and req.cordoned:
@@ -535,6 +550,7 @@ HANDLERS: dict[type[Event], Handler] = {
     ApplyRetention: _apply_retention,
     DeleteQueue: _delete_queue,
     DeleteCohort: _delete_cohort,
+    DeletePriorityClass: _delete_priority_class,
     CordonNode: _cordon_request,
     DeleteNode: _delete_node,
 }

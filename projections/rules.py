@@ -234,4 +234,5 @@ from __future__ import annotations
 #    (``preemption.may_stop``): it stopped work in vain.
 # 81: ``State.rejections_lost`` keeps at most ``MAX_REJECTIONS_LOST`` tenants, the oldest
 #    position past it kept for all (``State.rejections_lost_floor``).
-RULES = 81
+# 82: the admin's ``DeletePriorityClass`` forgets a class no unfinished job names.
+RULES = 82

@@ -45,6 +45,7 @@ from corral.services.cli.jobs import (
 from corral.services.cli.logtools import cmd_log_export, cmd_log_import, cmd_replay
 from corral.services.cli.queues import (
     cmd_cohort_delete,
+    cmd_priority_class_delete,
     cmd_queue_apply,
     cmd_queue_delete,
     cmd_queue_fair_share,
@@ -467,6 +468,13 @@ def parser() -> argparse.ArgumentParser:
     )
     cd.add_argument("name")
     cd.set_defaults(fn=cmd_cohort_delete)
+    pd = qsub.add_parser(
+        "delete-priority-class",
+        parents=[common],
+        help="delete a priority class no unfinished job names",
+    )
+    pd.add_argument("name")
+    pd.set_defaults(fn=cmd_priority_class_delete)
     sub.add_parser("queues", parents=[common], help="quota, usage and fair share per queue").set_defaults(
         fn=cmd_queues
     )

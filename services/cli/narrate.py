@@ -37,6 +37,7 @@ from corral.events.queues import (
     CordonNode,
     DeleteCohort,
     DeleteNode,
+    DeletePriorityClass,
     DeleteQueue,
     RetentionSpec,
 )
@@ -133,6 +134,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
             return f"queue {name} deleted by the admin"
         case DeleteCohort(name=name):
             return f"cohort {name} deleted by the admin"
+        case DeletePriorityClass(name=name):
+            return f"priority class {name} deleted by the admin"
         case DeleteNode(node=n):
             return f"node {n} deleted by the admin"
     return type(body).__name__

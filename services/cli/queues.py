@@ -238,3 +238,9 @@ def cmd_cohort_delete(args: argparse.Namespace) -> None:
     with admin_client(args) as client:
         client.delete_cohort(args.name)
     print(f"deleted cohort {args.name}")
+
+
+def cmd_priority_class_delete(args: argparse.Namespace) -> None:
+    with admin_client(args) as client:
+        client.delete_priority_class(args.name)
+    print(f"deleted priority class {args.name}")

@@ -23,7 +23,7 @@ import msgspec
 
 from corral.events import codec, documents, subjects
 from corral.events.jobs import CancelJob, JobSpec, ResizeJob, SubmitJob
-from corral.events.queues import CordonNode, DeleteCohort, DeleteNode, DeleteQueue
+from corral.events.queues import CordonNode, DeleteCohort, DeleteNode, DeletePriorityClass, DeleteQueue
 from corral.projections.lifecycle import FINAL
 from corral.services.client.results import (
     Applied,
@@ -219,6 +219,11 @@ class AsyncClient:
         """Delete a cohort; ``Refused`` while a queue or a cohort names it as its parent, while
         its quota is lent in its tree, or for no such cohort."""
         return await self._admin("delete-cohort", name, DeleteCohort(name=name), timeout)
+
+    async def delete_priority_class(self, name: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        """Delete a priority class; ``Refused`` while a job not finished names it, or for no
+        such class."""
+        return await self._admin("delete-priority-class", name, DeletePriorityClass(name=name), timeout)
 
     async def apply(self, verb: str, name: str, body: Any, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
         """An admin's change of the cluster's setup, ``body`` a request of the catalog for

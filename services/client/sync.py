@@ -172,6 +172,9 @@ class Client:
     def delete_cohort(self, name: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
         return self._run(self.aio.delete_cohort(name, timeout=timeout))
 
+    def delete_priority_class(self, name: str, *, timeout: float = VERDICT_TIMEOUT) -> Applied:
+        return self._run(self.aio.delete_priority_class(name, timeout=timeout))
+
     def explain(self, job_id: str) -> Explanation:
         return self._run(self.aio.explain(job_id))
 

@@ -1,7 +1,7 @@
 """The operator's verbs end to end against `corral up`: each one's success and refusal, by exit
-status and its one-line message. Node cordon, drain, uncordon and delete, queue and cohort delete (the
-admin's requests, answered with their verdict), jobs filtered and watched, a job's output tailed
-and followed, and submit's flags reaching the worker."""
+status and its one-line message. Node cordon, drain, uncordon and delete, queue, cohort and
+priority class delete (the admin's requests, answered with their verdict), jobs filtered and
+watched, a job's output tailed and followed, and submit's flags reaching the worker."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def test_nodes_are_cordoned_drained_and_uncordoned_and_queues_deleted(
 ) -> None:
     queues = tmp_path / "queues.toml"
     spare = '[[queues]]\nname = "spare"\ncohort = "spares"\nquotas = { "*" = { nominal = 1 } }\n'
-    queues.write_text(QUEUES + '\n[[cohorts]]\nname = "spares"\n\n' + spare)
+    spare_class = '[[priority_classes]]\nname = "spare-class"\nvalue = 5\n'
+    queues.write_text(QUEUES + '\n[[cohorts]]\nname = "spares"\n\n' + spare + "\n" + spare_class)
     server = ("--server", cluster)
     corral("queue", "apply", str(queues), *server, env=env)
 
@@ -75,6 +76,13 @@ def test_nodes_are_cordoned_drained_and_uncordoned_and_queues_deleted(
     assert deleted.stdout.strip() == "deleted cohort spares"
     gone = corral("queue", "delete", "spare", *server, env=env, check=False)
     assert (gone.returncode, one_line(gone)) == (1, "corral: no queue spare")
+    named = corral("queue", "delete-priority-class", "normal", *server, env=env, check=False)
+    assert (named.returncode, one_line(named)) == (
+        1,
+        "corral: priority class normal is named by jobs not finished: busy",
+    )
+    dropped = corral("queue", "delete-priority-class", "spare-class", *server, env=env)
+    assert dropped.stdout.strip() == "deleted priority class spare-class"
     rows = json.loads(corral("queues", "-o", "json", *server, env=env).stdout)
     assert "spare" not in {r["queue"] for r in rows}
     assert all(isinstance(r["nominal"], int | float) for r in rows)

@@ -443,6 +443,34 @@ def test_a_cohort_is_deleted_only_once_nothing_is_in_it_and_its_quota_is_not_len
     assert "spare" in state.cohorts and "delete-cohort" in last(state).message, last(state)
 
 
+def test_a_priority_class_is_deleted_only_once_no_unfinished_job_names_it() -> None:
+    # Classes were only ever added: every one a cluster ever had stayed in every service.
+    from corral.events.queues import DeletePriorityClass
+
+    urgent = PriorityClassSpec("urgent", 100)
+    log = LogBuilder().queue("team-a").admin("priority-class", ApplyPriorityClass(priority_class=urgent))
+    log.submit("alice", "u1", job("team-a").priority_class("urgent")).accept("u1", priority=100)
+    state = fold(log.admin("delete-priority-class", DeletePriorityClass(name="urgent")))
+    assert last(state).code == "illegal" and "u1" in last(state).message
+    assert "urgent" in state.priority_classes
+    state = fold(log.admin("delete-priority-class", DeletePriorityClass(name="nowhere")))
+    assert last(state).code == "unknown"
+    log.request("alice", "cancel", {"job_id": "u1"})
+    # A tenant may not: refused, recorded, and the class stays.
+    state = fold(log.request("alice", "delete-priority-class", DeletePriorityClass(name="urgent")))
+    assert "urgent" in state.priority_classes and "delete-priority-class" in last(state).message
+    rejected = state.rejected_total
+    state = fold(log.admin("delete-priority-class", DeletePriorityClass(name="urgent")))
+    assert "urgent" not in state.priority_classes and state.rejected_total == rejected
+    # A job naming it now is rejected by admission as of a class that does not exist.
+    from corral.services.admission.validate import validate
+
+    log.submit("alice", "u2", job("team-a").priority_class("urgent"))
+    state = fold(log)
+    why = validate(state, state.jobs["u2"])
+    assert why is not None and why.code == "unknown-priority-class"
+
+
 def test_a_class_may_not_turn_non_preemptible_while_its_jobs_borrow() -> None:
     # Accepted, the loan was for ever: team-b's jobs within its nominal waited for GPUs nobody
     # could take back, as jobs that may not be preempted never borrow.

@@ -79,7 +79,7 @@ def _general(raw: bytes) -> dict[str, str] | None:
         key, _, value = line.partition(b":")
         if out is None:
             out = {}
-        out[key.strip().decode()] = value.strip().decode(errors="replace")
+        out[key.strip().decode(errors="replace")] = value.strip().decode(errors="replace")
     return out
 
 
@@ -181,8 +181,16 @@ class Consumer:
             return
         self.last = seq
         self._tail = reply
+        # Whatever bytes a writer stored, the record is read (the fold refuses what it cannot
+        # take): one that raised here was skipped by every reader, as if never written.
         self.records.append(
-            Record(seq, subject.decode(), data, None if headers is None else _headers(headers), int(ts) / 1e9)
+            Record(
+                seq,
+                subject.decode(errors="replace"),
+                data,
+                None if headers is None else _headers(headers),
+                int(ts) / 1e9,
+            )
         )
         if len(self.records) == 1:  # the reader is woken once per batch it takes, not per record
             self.ready.set()

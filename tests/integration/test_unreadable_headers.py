@@ -12,6 +12,7 @@ from pathlib import Path
 import nats.aio.msg
 import pytest
 
+from corral.events.log import Append
 from corral.events.nats_client import Client, open_client
 from corral.events.server import EmbeddedServer
 
@@ -72,3 +73,22 @@ async def test_an_unreadable_header_drops_that_message_only(
         assert nc.unreadable_total == 1 and nc.is_connected
     finally:
         await nc.close()
+
+
+async def test_a_record_stored_with_bytes_no_reader_expected_is_read_not_skipped(tmp_path: Path) -> None:
+    # A writer of the stream (an agent of a node taken over, anyone on a server without logins)
+    # stored a record whose subject or header name is not UTF-8: every service's reader raised
+    # on it and went on after it, each folding a log without that record, refused by nobody.
+    from corral.events.jetstream import JetStreamLog
+
+    async with EmbeddedServer(tmp_path / "nats") as server:
+        log = await JetStreamLog.connect(server.url, create=True)
+        try:
+            await _raw_publish(server, b"corral.in.\xff\xfe.submit", b"NATS/1.0\r\nx: 1\r\n\r\n", b"{}")
+            await _raw_publish(server, b"corral.in.a.submit", b"NATS/1.0\r\n\xff\xfe: 1\r\n\r\n", b"{}")
+            await log.append(Append("corral.ev.job.j1", b"{}"))
+            got = [r async for batch in log.read(1, None) for r in batch]
+        finally:
+            await log.close()
+    assert [r.seq for r in got] == [1, 2, 3]
+    assert got[0].subject == "corral.in.\ufffd\ufffd.submit" and got[1].headers == {"\ufffd\ufffd": "1"}

@@ -238,17 +238,40 @@ def make_app(feed: Feed, loopback: bool = True) -> web.Application:
     return app
 
 
+# Connections held at once, and how long one may sit without a request: past them a connection
+# is closed. Visitors that opened connections and sent nothing (or a header line now and then)
+# were held for good, and some twenty thousand of them took every file descriptor the process
+# had: the dashboard then accepted no one. (A page holds one or two: its events, a request.)
+MAX_CONNECTIONS = 256
+IDLE_S = 15.0
+
+
+class _Full(asyncio.Protocol):
+    """A connection past ``MAX_CONNECTIONS``: closed as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
 async def serve(feed: Feed, host: str, port: int, stop: asyncio.Event) -> None:
     """Serve the dashboard until ``stop``; prints where, once it listens."""
-    runner = web.AppRunner(make_app(feed, loopback=is_loopback(host)), shutdown_timeout=1.0)
+    runner = web.AppRunner(
+        make_app(feed, loopback=is_loopback(host)), shutdown_timeout=1.0, keepalive_timeout=IDLE_S
+    )
     await runner.setup()
+    server = runner.server
+    assert server is not None
+
+    def accept() -> asyncio.Protocol:
+        return _Full() if len(server.connections) >= MAX_CONNECTIONS else server()
+
+    listener = await asyncio.get_running_loop().create_server(accept, host, port)
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0]
+        bound = listener.sockets[0].getsockname()
         print(
             f"dashboard at http://{bound[0]}:{bound[1]}/ as {feed.asker} (corral at {feed.url})", flush=True
         )
         await stop.wait()
     finally:
+        listener.close()
         await runner.cleanup()

@@ -142,3 +142,38 @@ async def test_on_loopback_it_answers_only_requests_that_name_loopback(tmp_path:
 )
 def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+async def test_connections_that_send_nothing_are_closed_and_bounded(
+    monkeypatch: pytest.MonkeyPatch, unused_tcp_port: int
+) -> None:
+    # Connections that sent nothing were held for good: some twenty thousand of them took every
+    # file descriptor the dashboard had, and it accepted no one. Past the bound a connection is
+    # closed as it is made, and one that sits without a request is closed after a while.
+    import asyncio
+
+    from corral.services.dashboard import app
+
+    monkeypatch.setattr(app, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(app, "IDLE_S", 0.5)
+    feed = Feed(f"nats://127.0.0.1:{unused_tcp_port}", "admin", None)  # no corral: the page still is
+    stop = asyncio.Event()
+    served = asyncio.create_task(app.serve(feed, "127.0.0.1", unused_tcp_port, stop))
+    try:
+        silent = []
+        async with asyncio.timeout(WAIT):
+            while len(silent) < 4:
+                try:
+                    silent.append(await asyncio.open_connection("127.0.0.1", unused_tcp_port))
+                except OSError:
+                    await asyncio.sleep(0.02)  # not listening yet
+            reader, _ = await asyncio.open_connection("127.0.0.1", unused_tcp_port)
+            assert await reader.read() == b""  # the fifth: closed as it was made
+            for reader, _ in silent:  # the four: closed once idle
+                assert await reader.read() == b""
+            reader, writer = await asyncio.open_connection("127.0.0.1", unused_tcp_port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    finally:
+        stop.set()
+        await served

@@ -22,6 +22,8 @@ Invariants:
   pages included), so no one asker can take every wait, or every answer, from the others;
 - a job's output is shown only from its run's subjects, of the workers the fold placed for it
   (``decide.OutputScope``): never an earlier job of its id's.
+- one output answer costs bounded work, a ``tail`` too (it reads back from the job's newest
+  message only as far as its lines need, ``TAIL_READS`` and ``TAIL_BYTES`` at most).
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ MAX_WAITING_PER_ASKER = 32
 MAX_QUEUED_PER_ASKER = 64
 PAGE_BYTES = 256 * 1024  # workers' output in one answer, as sent (NATS carries 1 MiB by default)
 READING_AT_ONCE = 8  # pages of output read at once: what answers hold in memory is bounded
+# A tail reads back from the job's newest message, in windows of the stream's sequences each
+# twice the last, until it has its lines; one answer reads at most this many messages, and bytes.
+TAIL_READS = 512
+TAIL_BYTES = 32 * PAGE_BYTES
+TAIL_SPAN = 16  # stream sequences the first window back spans
 SETTLE = 2.0  # seconds an ended job's output is waited for: its agent ships every 0.25 s
 
 _encode = msgspec.json.Encoder().encode
@@ -270,7 +277,10 @@ class ReadService:
                     break
                 async with self._reading:
                     # whatever was past the cursor and not shown (not this job's) is not read again
-                    lines, cursor, more = await self._output_page(ask, rank, scope, cursor)
+                    if ask.tail >= 0:
+                        lines, cursor, more = await self._tail_page(ask, rank, scope, cursor)
+                    else:
+                        lines, cursor, more = await self._output_page(ask, rank, scope, cursor)
                 left = deadline - loop.time()
                 # a job let go whose id a later job took prints no more, whatever that one does
                 ended = scope.until < math.inf or output_ended(self.state, ask.job)
@@ -314,45 +324,94 @@ class ReadService:
     ) -> tuple[list[list[Any]], int, bool]:
         """``([node, attempt, rank, text] per line, cursor past them, whether more is there)``:
         the lines of the job's workers (``scope``) from ``cursor`` on, at most ``PAGE_BYTES`` of
-        them as sent; with ``tail``, the last lines of each worker's output the stream keeps past
-        the cursor (as ``tail`` of each file), the newest ``PAGE_BYTES`` of them."""
+        them as sent."""
         js = self.log.nc.jetstream()
         lines: list[list[Any]] = []
-        kept: Tails = {}
-        size = kept_size = skipped = 0
+        size = skipped = 0
         while (chunk := await output.next_chunk(js, ask.job, scope.run, rank, cursor)) is not None:
             src = chunk.source
             if not scope.shows(src.node, src.attempt, src.rank, chunk.time):
-                if scope.since <= chunk.time < scope.until and not self._folded_all():
-                    # Its worker may be one placed in a part of the log not folded yet: looked at
-                    # again once it is (the agent starts a worker only once the log placed it).
-                    return lines or [x[2] for x in _newest(kept)], cursor, False
+                if self._maybe_shown(scope, chunk):
+                    return lines, cursor, False
                 cursor = chunk.seq  # an agent wrote it where the job never ran: never shown
                 skipped += 1
                 if skipped >= MAX_SKIPPED:  # one answer does not walk an agent's flood whole
-                    return (lines or [x[2] for x in _newest(kept)]), cursor, True
+                    return lines, cursor, True
                 continue
-            rows = _rows(src, chunk.text)
-            if ask.tail >= 0:
-                cursor = chunk.seq
-                kept_size = _keep_tail(kept, kept_size, rows, chunk.seq, min(ask.tail, MAX_TAIL))
-                continue
-            cost = sum(c for _, c in rows)
+            texts, count = _first_lines(chunk.text, _rows_that_fit(src, 0))
+            rows = _rows(src, texts)
+            # lines left unsplit cost at least what fits in an answer: the message is over one
+            cost = sum(c for _, c in rows) if count == len(texts) else PAGE_BYTES + 1
             if lines and size + cost > PAGE_BYTES:
                 return lines, cursor, True  # this message starts the next page
             cursor = chunk.seq
             if cost > PAGE_BYTES:  # more than one answer carries, alone (lines of a byte each)
                 fit = _fitting(rows, PAGE_BYTES - _MARK_COST)
-                mark = f"[... {len(rows) - len(fit)} lines not shown: too many for one answer]"
+                mark = f"[... {count - len(fit)} lines not shown: too many for one answer]"
                 rows = fit
                 rows.append(([src.node, src.attempt, src.rank, mark], _MARK_COST))
             lines += [row for row, _ in rows]
             size += cost
             if size >= PAGE_BYTES:
                 return lines, cursor, True
-        if ask.tail >= 0:
-            lines = [x[2] for x in _newest(kept)]
         return lines, cursor, False
+
+    async def _tail_page(
+        self, ask: Ask, rank: int | None, scope: OutputScope, cursor: int
+    ) -> tuple[list[list[Any]], int, bool]:
+        """As ``_output_page``, for a ``tail``: the last ``ask.tail`` lines of each worker's
+        output the stream keeps past ``cursor`` (as ``tail`` of each file), the newest that fit
+        one answer. Read from the job's newest message back, a window of stream sequences at a
+        time, only as far as those lines need: at most ``TAIL_READS`` messages and
+        ``TAIL_BYTES`` of them, however much the job printed. What that leaves unread and the
+        tail would have shown is said by a mark line, first."""
+        nc = self.log.nc
+        js = nc.jetstream()
+        newest = await output.last_seq(nc, ask.job, scope.run, rank)
+        if newest is None or newest <= cursor:
+            return [], cursor, False
+        tail = _Tail(min(ask.tail, MAX_TAIL))
+        # a worker not folded yet may have printed too: then each worker's lines are not enough
+        wanted = [w for w in scope.workers if rank is None or w[2] == rank] if self._folded_all() else None
+        answered = newest  # what the answer has read up to: the follower goes on past it
+        hi, span, reads, read = newest, TAIL_SPAN, 0, 0
+        while hi > cursor and not tail.complete(wanted):
+            span = min(span, TAIL_READS - reads - 1)
+            if span <= 0:
+                break
+            lo = after = max(cursor, hi - span)  # the window: after lo, up to hi
+            window: list[output.Chunk] = []
+            while after < hi:
+                if read > TAIL_BYTES:  # the window's older part is all read: not next to the rest
+                    break
+                chunk = await output.next_chunk(js, ask.job, scope.run, rank, after, hi)
+                reads += 1
+                if chunk is None:
+                    after = hi
+                else:
+                    window.append(chunk)
+                    after, read = chunk.seq, read + len(chunk.text)
+            if after < hi:
+                break
+            for chunk in reversed(window):  # newest first
+                src = chunk.source
+                if scope.shows(src.node, src.attempt, src.rank, chunk.time):
+                    tail.add(src, chunk.text)
+                elif self._maybe_shown(scope, chunk):
+                    tail.clear()  # the answer is what came before it, as if read to there
+                    answered = chunk.seq - 1
+            hi, span = lo, span * 2
+        lines = tail.lines()
+        if hi > cursor and not tail.complete(wanted):  # stopped for want of budget
+            who = lines[0][:3] if lines else min(wanted or scope.workers, default=("", 0, 0))
+            lines.insert(0, [*who, "[... older lines not read: more than one answer reads]"])
+        return lines, answered, False
+
+    def _maybe_shown(self, scope: OutputScope, chunk: output.Chunk) -> bool:
+        """Whether a message of no worker placed for the job may be of one placed in a part of
+        the log not folded yet: looked at again once it is (the agent starts a worker only once
+        the log placed it)."""
+        return scope.since <= chunk.time < scope.until and not self._folded_all()
 
     def _folded_all(self) -> bool:
         """Whether this service has folded all the log it has heard of."""
@@ -420,50 +479,74 @@ MAX_SKIPPED = 4096  # messages not the job's that one answer walks past at most
 _MARK_COST = 256  # what a mark line of the read service costs in an answer, at most
 
 
-def _rows(src: output.Source, text: str) -> list[tuple[list[Any], int]]:
-    """A message's lines as answer rows, each with what it costs in the answer (its JSON). Its
+def _rows_that_fit(src: output.Source, size: int) -> int:
+    """How many of ``src``'s lines could still fit in an answer holding ``size``, at most: one
+    more than empty lines would (the one that does not fit ends it)."""
+    return max(0, PAGE_BYTES - size) // (len(_encode([src.node, src.attempt, src.rank, ""])) + 1) + 1
+
+
+def _first_lines(text: str, limit: int) -> tuple[list[str], int]:
+    """A message's first ``limit`` lines, and how many it holds: a message of bare newlines is
+    not split into more strings than one answer can show."""
+    if not text:
+        return [], 0
+    body = text[:-1] if text.endswith("\n") else text  # the newline ending the last line
+    parts = body.split("\n", limit)
+    return parts[:limit], body.count("\n") + 1
+
+
+def _last_lines(text: str, limit: int) -> list[str]:
+    """A message's last ``limit`` lines (``limit`` 1 or more), split from its end only."""
+    if not text:
+        return []
+    body = text[:-1] if text.endswith("\n") else text
+    return body.rsplit("\n", limit)[-limit:]
+
+
+def _rows(src: output.Source, texts: list[str]) -> list[tuple[list[Any], int]]:
+    """Lines of a message as answer rows, each with what it costs in the answer (its JSON). Its
     text is shown as the agent made it, but for control characters, which an agent that is
     not corral's own could have left in: never sent on to a reader's terminal."""
-    parts = text.split("\n")
-    if parts and not parts[-1]:
-        parts.pop()  # the newline ending the last line
-    rows = [[src.node, src.attempt, src.rank, output.shown(t)] for t in parts]
+    rows = [[src.node, src.attempt, src.rank, output.shown(t)] for t in texts]
     return [(row, len(_encode(row)) + 1) for row in rows]
 
 
-# Each worker's last lines, (node, attempt, rank) -> (stream sequence, line in it, row, cost).
-Tails = dict[tuple[str, int, int], deque[tuple[int, int, list[Any], int]]]
+class _Tail:
+    """The lines of a tail, taken from the newest back: at most ``each`` of each worker's, until
+    the next one would not fit in one answer (``full``)."""
 
+    def __init__(self, each: int) -> None:
+        self.each = each
+        self.clear()
 
-def _keep_tail(kept: Tails, size: int, rows: list[tuple[list[Any], int]], seq: int, tail: int) -> int:
-    """Add a message's rows to its worker's last ``tail`` lines; what is kept then costs. What
-    is kept stays under two answers: only the newest ``PAGE_BYTES`` can be answered."""
-    for i, (row, cost) in enumerate(rows):
-        last = kept.setdefault((row[0], row[1], row[2]), deque(maxlen=tail))
-        if tail == 0:
-            break
-        if len(last) == tail:
-            size -= last[0][3]
-        last.append((seq, i, row, cost))
-        size += cost
-    if size > 2 * PAGE_BYTES:
-        newest = _newest(kept)
-        kept.clear()
-        for x in newest:
-            row = x[2]
-            kept.setdefault((row[0], row[1], row[2]), deque(maxlen=tail)).append(x)
-        size = sum(x[3] for x in newest)
-    return size
+    def clear(self) -> None:
+        self.newest_first: list[list[Any]] = []
+        self.taken: Counter[tuple[str, int, int]] = Counter()
+        self.size = 0
+        self.full = False
 
+    def add(self, src: output.Source, text: str) -> None:
+        """Take a message's lines, older than every line taken so far."""
+        worker = (src.node, src.attempt, src.rank)
+        want = min(self.each - self.taken[worker], _rows_that_fit(src, self.size))
+        if self.full or want <= 0:
+            return
+        for row, cost in reversed(_rows(src, _last_lines(text, want))):
+            if self.size + cost > PAGE_BYTES:
+                self.full = True
+                return
+            self.newest_first.append(row)
+            self.taken[worker] += 1
+            self.size += cost
 
-def _newest(kept: Tails) -> list[tuple[int, int, list[Any], int]]:
-    """The newest of the kept lines, in the order stored, that fit in one answer."""
-    every = sorted(x for last in kept.values() for x in last)
-    size, start = 0, len(every)
-    while start > 0 and size + every[start - 1][3] <= PAGE_BYTES:
-        start -= 1
-        size += every[start][3]
-    return every[start:]
+    def complete(self, workers: list[tuple[str, int, int]] | None) -> bool:
+        """Whether reading older messages could add nothing: the answer is full, or each of the
+        ``workers`` (None: not known yet) has all the lines it may show."""
+        return self.full or (workers is not None and all(self.taken[w] >= self.each for w in workers))
+
+    def lines(self) -> list[list[Any]]:
+        """The lines taken, in the order stored."""
+        return self.newest_first[::-1]
 
 
 def _fitting(rows: list[tuple[list[Any], int]], budget: int) -> list[tuple[list[Any], int]]:

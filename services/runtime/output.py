@@ -22,6 +22,7 @@ read service, which checks the job is the asker's first.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 from typing import Any, NamedTuple
@@ -51,6 +52,7 @@ CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 # A run, an attempt or a rank in a subject: ASCII digits, written one way only. ``str.isdigit`` takes
 # "²" (which ``int`` refuses) and "١" (which it reads as 1).
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,17}")
+_ASK_TIMEOUT = 5.0  # seconds a direct get may take, as nats-py's JetStream calls
 
 
 def shown(text: str) -> str:
@@ -163,14 +165,19 @@ class Chunk(NamedTuple):
     time: float  # when the stream stored it (seconds since the epoch; 0: not said)
 
 
-async def next_chunk(js: Any, job_id: str, run: int, rank: int | None, after: int) -> Chunk | None:
-    """The first message of the job's ``run`` past stream sequence ``after`` (None: none yet)."""
-    while True:
+async def next_chunk(
+    js: Any, job_id: str, run: int, rank: int | None, after: int, until: int | None = None
+) -> Chunk | None:
+    """The first message of the job's ``run`` past stream sequence ``after`` (None: none yet, or
+    none up to ``until``)."""
+    while until is None or after < until:
         try:
             msg = await js.get_msg(
                 STREAM, seq=after + 1, subject=job_filter(job_id, run, rank), direct=True, next=True
             )
         except (js_errors.NotFoundError, nats.errors.NoRespondersError):  # none; no stream yet
+            return None
+        if until is not None and msg.seq > until:
             return None
         source = parse(msg.subject)
         if source is None or source.job_id != job_id or source.run != run:
@@ -178,3 +185,22 @@ async def next_chunk(js: Any, job_id: str, run: int, rank: int | None, after: in
             continue
         stored = msg.time.timestamp() if msg.time is not None else 0.0
         return Chunk(msg.seq, source, (msg.data or b"").decode("utf-8", errors="replace"), stored)
+    return None
+
+
+async def last_seq(nc: Any, job_id: str, run: int, rank: int | None) -> int | None:
+    """The stream sequence of the newest message of the job's ``run`` (None: none kept, or no
+    stream yet): where a tail starts reading back from. Asked in the request's body, on the one
+    direct-get subject the read service may use (``identities``)."""
+    body = json.dumps({"last_by_subj": job_filter(job_id, run, rank)}).encode()
+    try:
+        msg = await nc.request(f"$JS.API.DIRECT.GET.{STREAM}", body, timeout=_ASK_TIMEOUT)
+    except nats.errors.NoRespondersError:
+        return None
+    headers = msg.headers or {}
+    if headers.get("Status") == "404":
+        return None
+    if headers.get("Status"):
+        raise js_errors.APIError.from_msg(msg)
+    seq = headers.get("Nats-Sequence", "")
+    return int(seq) if seq.isascii() and seq.isdigit() else None

@@ -10,12 +10,18 @@ would read the output of the job that had it before.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from corral.services.query.decide import Ask, BadAsk, OutputScope, output_scope, parse_ask
-from corral.services.query.service import PAGE_BYTES, Tails, _keep_tail, _newest, _rows
+from corral.services.query.service import (
+    PAGE_BYTES,
+    _first_lines,
+    _last_lines,
+    _Tail,
+)
 from corral.services.query.view import JobView
 from corral.services.runtime import output
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
@@ -114,17 +120,41 @@ def test_what_an_agent_not_corrals_own_left_in_a_line_is_not_sent_to_a_terminal(
     assert output.shown("a\x1b[2Jb\x00\x9b") == "a\\x1b[2Jb\\x00\\x9b"
 
 
-def test_a_tail_of_a_huge_job_keeps_at_most_two_answers_of_lines() -> None:
-    """However many workers and lines a tail walks past, what it keeps stays under two answers,
-    and what it answers is the newest lines that fit one, in the order stored."""
-    kept: Tails = {}
-    size = 0
+def test_a_tail_taken_from_the_newest_back_holds_the_newest_lines_that_fit_one_answer() -> None:
+    """However many workers and lines a tail is offered, newest first, it stops once the next
+    line would not fit one answer, and answers its lines in the order stored."""
+    tail = _Tail(2**63 - 1)
     line = "y" * 1000 + "\n"
-    for seq in range(1, 2001):
-        src = output.Source(f"node-{seq % 7}", "x", 4, 0, seq % 13)
-        size = _keep_tail(kept, size, _rows(src, line * 20), seq, 2**63 - 1)
-        assert size <= 2 * PAGE_BYTES + 20 * 1100
-    assert size == sum(x[3] for last in kept.values() for x in last)
-    newest = _newest(kept)
-    assert sum(x[3] for x in newest) <= PAGE_BYTES and newest[-1][0] == 2000
-    assert newest == sorted(newest)
+    offered = 0
+    for seq in range(2000, 0, -1):
+        if tail.full:
+            break
+        tail.add(output.Source(f"node-{seq % 7}", "x", 4, 0, seq % 13), f"{seq}:" + line * 20)
+        offered += 1
+    assert tail.full and offered < 20  # a dozen messages fill it: nothing older is asked for
+    lines = tail.lines()
+    assert sum(len(json.dumps(row, separators=(",", ":"))) + 1 for row in lines) <= PAGE_BYTES
+    assert lines[-1][3] == "y" * 1000 and lines[-20][3] == "2000:" + "y" * 1000
+
+
+def test_a_tail_keeps_each_workers_last_lines_and_says_when_it_has_them_all() -> None:
+    a, b = output.Source("n", "x", 4, 0, 0), output.Source("n", "x", 4, 0, 1)
+    tail = _Tail(2)
+    tail.add(a, "a3\na4\n")  # newest first
+    tail.add(b, "b1\nb2\nb3\n")
+    assert not tail.complete([("n", 0, 0), ("n", 0, 1), ("n", 0, 2)])
+    tail.add(a, "a1\na2\n")  # older than a's two: none taken
+    assert tail.complete([("n", 0, 0), ("n", 0, 1)]) and not tail.complete(None)
+    assert [row[3] for row in tail.lines()] == ["b2", "b3", "a3", "a4"]
+
+
+def test_a_message_of_bare_newlines_is_split_only_as_far_as_one_answer_shows() -> None:
+    text = "\n" * 65536
+    first, count = _first_lines(text, 100)
+    assert first == [""] * 100 and count == 65536
+    assert _last_lines(text, 3) == ["", "", ""]
+    assert _first_lines("a\nb", 10) == (["a", "b"], 2) and _first_lines("", 10) == ([], 0)
+    assert _last_lines("a\nb\n", 5) == ["a", "b"] and _last_lines("\n", 1) == [""]
+    tail = _Tail(2**63 - 1)
+    tail.add(output.Source("n", "x", 4, 0, 0), text)
+    assert tail.full and 0 < len(tail.lines()) < PAGE_BYTES // 12

@@ -23,7 +23,8 @@ Invariants:
 - a job's output is shown only from its run's subjects, of the workers the fold placed for it
   (``decide.OutputScope``): never an earlier job of its id's.
 - one output answer costs bounded work, a ``tail`` too (it reads back from the job's newest
-  message only as far as its lines need, ``TAIL_READS`` and ``TAIL_BYTES`` at most).
+  message only as far as its lines need, ``TAIL_READS`` and ``TAIL_BYTES`` at most), and at
+  most ``READING_AT_ONCE`` are read at once, ``READING_PER_ASKER`` of one asker's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import contextlib
 import logging
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -74,6 +75,8 @@ MAX_WAITING_PER_ASKER = 32
 MAX_QUEUED_PER_ASKER = 64
 PAGE_BYTES = 256 * 1024  # workers' output in one answer, as sent (NATS carries 1 MiB by default)
 READING_AT_ONCE = 8  # pages of output read at once: what answers hold in memory is bounded
+# ... of one asker's: another asker's question is not queued behind one asker's flood of them
+READING_PER_ASKER = 2
 # A tail reads back from the job's newest message, in windows of the stream's sequences each
 # twice the last, until it has its lines; one answer reads at most this many messages, and bytes.
 TAIL_READS = 512
@@ -125,7 +128,7 @@ class ReadService:
         self._turns: deque[str] = deque()  # askers with questions queued
         self._queue_moved = asyncio.Event()
         self._watch: metrics.FoldWatch | None = None
-        self._reading = asyncio.Semaphore(READING_AT_ONCE)
+        self._reading = ReadingSlots(READING_AT_ONCE, READING_PER_ASKER)
 
     # -- folding --------------------------------------------------------------------------------
 
@@ -275,7 +278,7 @@ class ReadService:
                 if scope.run != run:  # let go, and its id the asker's next job's: it ended
                     more, ended = False, True
                     break
-                async with self._reading:
+                async with self._reading.held(asker):
                     # whatever was past the cursor and not shown (not this job's) is not read again
                     if ask.tail >= 0:
                         lines, cursor, more = await self._tail_page(ask, rank, scope, cursor)
@@ -477,6 +480,32 @@ class ReadService:
 MAX_TAIL = 1 << 20  # lines of each worker a tail keeps at most (the answer holds PAGE_BYTES of them)
 MAX_SKIPPED = 4096  # messages not the job's that one answer walks past at most
 _MARK_COST = 256  # what a mark line of the read service costs in an answer, at most
+
+
+class ReadingSlots:
+    """Pages of output read at once: at most ``in_all``, and ``per_asker`` of one asker's. An
+    asker's questions past its share wait for its own slots, not in every other asker's way."""
+
+    def __init__(self, in_all: int, per_asker: int) -> None:
+        self._all = asyncio.Semaphore(in_all)
+        self._per_asker = per_asker
+        self._of: dict[str, tuple[asyncio.Semaphore, int]] = {}  # each asker's, and its users
+
+    @contextlib.asynccontextmanager
+    async def held(self, asker: str) -> AsyncIterator[None]:
+        mine, users = self._of.get(asker, (None, 0))
+        if mine is None:
+            mine = asyncio.Semaphore(self._per_asker)
+        self._of[asker] = (mine, users + 1)
+        try:
+            async with mine, self._all:
+                yield
+        finally:
+            users = self._of[asker][1] - 1
+            if users:
+                self._of[asker] = (mine, users)
+            else:
+                del self._of[asker]
 
 
 def _rows_that_fit(src: output.Source, size: int) -> int:

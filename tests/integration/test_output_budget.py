@@ -1,10 +1,13 @@
-"""What one ``output`` answer of the read service costs: a real nats-server, the read service
-folding a log written here, and workers' output published into the stream as agents would.
+"""What one ``output`` answer of the read service costs, and how one asker's questions share its
+reading with the others': a real nats-server, the read service folding a log written here,
+and workers' output published into the stream as agents would.
 
 - a tail reads back from the job's newest message only as far as its lines need: a job that
   printed hundreds of messages of bare newlines is answered its last lines from a handful;
 - when the lines a tail asks for lie further back than one answer reads, it answers what it
-  read and says, first, that older lines were not read.
+  read and says, first, that older lines were not read;
+- one asker's flood of output questions holds its share of the reading slots, no more: another
+  asker's question about its own job is answered while every one of the flood's waits.
 
 Waits are on the answers, with timeouts; never sleeps.
 """
@@ -26,7 +29,7 @@ from corral.events.log import Append
 from corral.services.query import service
 from corral.services.query.service import ReadService
 from corral.services.runtime import output
-from tests.builders import Cluster, LogBuilder, job, placement, whole, worker
+from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
 from tests.integration.polling import until
 
 pytestmark = pytest.mark.integration
@@ -153,3 +156,51 @@ async def test_a_tail_says_when_the_lines_it_asks_for_lie_further_back_than_it_r
         assert [row[3] for row in told["lines"]] == ["rank 3's only line"] and len(reads) <= 2
     finally:
         await a.close()
+
+
+async def test_one_askers_flood_of_output_questions_leaves_another_asker_a_reading_slot(
+    nats_server: str, read: tuple[JetStreamLog, ReadService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tenant a asks about its job's output eight times at once, each read held up in the
+    stream (as a long read would be); tenant b's question about its own job is answered
+    meanwhile, and a's reads held at once are its share of the slots."""
+    log, reader = read
+    built = LogBuilder(start_time=time.time()).nodes(Cluster(1)).queue("team-a")
+    built.submit("a", "ja", job().gpus(1)).accept("ja").admit("ja").place(on(N0, 0, job_id="ja"))
+    built.submit("b", "jb", job().gpus(1)).accept("jb").admit("jb").place(on(N0, 1, job_id="jb"))
+    await _placed(log, reader, built)
+    js = log.nc.jetstream()
+    for job_id in ("ja", "jb"):
+        subj = output.subject(N0, job_id, reader.state.jobs[job_id].submitted_seq, 0, 0)
+        await js.publish(subj, b"%s says hello\n" % job_id.encode(), stream=output.STREAM)
+
+    held_up = asyncio.Event()
+    reading: list[str] = []
+    next_chunk = output.next_chunk
+
+    async def slow(js: Any, job_id: str, *args: Any) -> output.Chunk | None:
+        if job_id == "ja":
+            reading.append(job_id)
+            await held_up.wait()
+        return await next_chunk(js, job_id, *args)
+
+    monkeypatch.setattr(output, "next_chunk", slow)
+    a = await nats.connect(nats_server, inbox_prefix="_INBOX.corral.a")
+    b = await nats.connect(nats_server, inbox_prefix="_INBOX.corral.b")
+    flood: list[asyncio.Task[dict[str, Any]]] = []
+    try:
+        flood = [asyncio.create_task(_ask(a, "a", job="ja", tail=1)) for _ in range(8)]
+        await until(lambda: len(reader._waiting) >= 8 and len(reading) >= 2, WAIT)
+        told = await asyncio.wait_for(_ask(b, "b", job="jb", tail=1), 10.0)
+        assert [row[3] for row in told["lines"]] == ["jb says hello"]
+        assert len(reading) == service.READING_PER_ASKER  # a's others wait for a's slots
+        held_up.set()
+        for answered in await asyncio.wait_for(asyncio.gather(*flood), WAIT):
+            assert [row[3] for row in answered["lines"]] == ["ja says hello"]
+    finally:
+        held_up.set()
+        for t in flood:
+            t.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
+        await a.close()
+        await b.close()

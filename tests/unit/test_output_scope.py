@@ -10,14 +10,17 @@ would read the output of the job that had it before.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+from collections.abc import Callable
 
 import pytest
 
 from corral.services.query.decide import Ask, BadAsk, OutputScope, output_scope, parse_ask
 from corral.services.query.service import (
     PAGE_BYTES,
+    ReadingSlots,
     _first_lines,
     _last_lines,
     _Tail,
@@ -158,3 +161,32 @@ def test_a_message_of_bare_newlines_is_split_only_as_far_as_one_answer_shows() -
     tail = _Tail(2**63 - 1)
     tail.add(output.Source("n", "x", 4, 0, 0), text)
     assert tail.full and 0 < len(tail.lines()) < PAGE_BYTES // 12
+
+
+async def test_one_asker_holds_at_most_its_share_of_the_reading_slots() -> None:
+    slots = ReadingSlots(in_all=8, per_asker=2)
+    held = asyncio.Event()
+    release = asyncio.Event()
+    inside: list[str] = []
+
+    async def read(asker: str) -> None:
+        async with slots.held(asker):
+            inside.append(asker)
+            held.set()
+            await release.wait()
+
+    flood = [asyncio.create_task(read("a")) for _ in range(8)]
+    await held.wait()
+    for _ in range(5):
+        await asyncio.sleep(0)  # every one of a's reads that may start has
+    assert inside == ["a", "a"]
+    b = asyncio.create_task(read("b"))
+    await asyncio.wait_for(_until(lambda: "b" in inside), 5.0)  # b's read starts, a's flood aside
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*flood, b), 5.0)
+    assert inside.count("a") == 8 and not slots._of  # nothing kept of askers done reading
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0)

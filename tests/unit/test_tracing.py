@@ -198,25 +198,3 @@ def test_a_shrink_is_a_span_of_the_shrunk_job_linked_from_its_beneficiary(fresh:
     assert [(lk.context.trace_id, lk.context.span_id) for lk in asked.links] == [
         (shrunk.context.trace_id, shrunk.context.span_id)
     ]
-
-
-def test_a_deleted_node_leaves_nothing_behind_in_the_traces(fresh: None) -> None:
-    # Each node ever seen stayed in every tracing role's memory: a cluster whose nodes are
-    # replaced under new names grew it without end.
-    from corral.events.queues import DeleteNode
-
-    traces = JobTraces("health", "health@t:1")
-    state = State()
-
-    def fold_all(log: LogBuilder) -> None:
-        for r in log.records:
-            if r.seq > state.seq:
-                rejected = state.rejected_total
-                apply(state, r)
-                traces.folded(state, r, rejected)
-
-    log = AsWritten().nodes(Cluster(2))
-    fold_all(log)
-    assert set(traces.nodes) == {"node-00", "node-01"}
-    fold_all(log.admin("delete-node", DeleteNode(node="node-01")))
-    assert set(traces.nodes) == {"node-00"} and state.rejected_total == 0

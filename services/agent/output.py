@@ -176,6 +176,7 @@ class Shipper:
         self._scanned = -SCAN_EVERY  # monotonic time of the last look at every file being read
         self._expected: dict[Path, float] = {}  # files of workers being started, since when
         self._done: dict[Path, None] = {}  # files let go, oldest first (``DONE_KEPT``)
+        self._owed: dict[Path, None] = {}  # files drained (their worker ended), not yet let go
         # One look at a time: the passes and the agent's drains before it reports exits would
         # otherwise read and send one file's lines twice or out of order.
         self._looking = asyncio.Lock()
@@ -227,8 +228,8 @@ class Shipper:
         paths += [p for p in self._expected if self._new(p) and p.exists()]
         if alive is not None:
             paths += [p for p in alive if self._new(p)]  # a worker's file that came late
+        paths += [p for p in self._owed if self._new(p)]  # drained before it was found
         if walk:
-            self._walked = True
             # Each run's files (``worker.log_path``); those an older agent left directly under
             # the job are not looked at (``Runtime.reattach`` moves a running worker's into its
             # run).
@@ -241,14 +242,19 @@ class Shipper:
         sent = 0
         for i, path in enumerate(dict.fromkeys(paths)):
             f = self._files.get(path) or await self._found(path)
-            if f is not None:
+            if f is None:
+                self._owed.pop(path, None)  # gone from the disk, or too old to read
+            else:
                 n = await self._ship_file(f)
                 sent += n
-                ended = f.ended or (alive is not None and path not in alive and path not in self._expected)
+                gone = alive is not None and path not in alive and path not in self._expected
+                ended = f.ended or path in self._owed or gone
                 if not n and ended and self._whole(f):
                     self._let_go(f)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # a look at many files leaves the agent's loop its turns
+        if walk:
+            self._walked = True  # only once every listed file was looked at
         return sent
 
     def _new(self, path: Path) -> bool:
@@ -267,8 +273,10 @@ class Shipper:
         for path in paths:
             if path in self._done:  # an exit drained before (its report is tried again)
                 continue
+            self._owed[path] = None  # until let go: the passes find it if this drain fails
             f = self._files.get(path) or await self._found(path)
             if f is None:
+                self._owed.pop(path, None)
                 continue
             # Marked before anything is sent: a drain cut short leaves the rest to the passes,
             # which let the file go once all of it went out.
@@ -291,6 +299,7 @@ class Shipper:
         """Its worker ended and all of it went out: not read, nor asked about, again."""
         self._files.pop(f.path, None)
         self._expected.pop(f.path, None)  # else the next pass would find it anew
+        self._owed.pop(f.path, None)
         self._done[f.path] = None
         while len(self._done) > DONE_KEPT:
             del self._done[next(iter(self._done))]

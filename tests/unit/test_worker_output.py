@@ -481,3 +481,65 @@ async def test_a_file_the_runtime_no_longer_knows_is_let_go_once_shipped_whole(t
     slow.write_bytes(b"up at last\n")
     shipper._scanned = time.monotonic() - 60
     assert await shipper.ship() == 1 and slow in shipper._files
+
+
+class Away(Kept):
+    """``Kept``, with the server away (every request fails) while ``away``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.away = False
+
+    async def send(self, subj: str, data: bytes, offset: int) -> None:
+        if self.away:
+            raise ConnectionError("nats: connection reconnecting")
+        await super().send(subj, data, offset)
+
+    async def shipped(self, subj: str) -> int | None:
+        if self.away:
+            raise ConnectionError("nats: connection reconnecting")
+        return await super().shipped(subj)
+
+
+async def test_a_walk_the_server_cut_short_is_walked_again(tmp_path: Path) -> None:
+    # An agent restarted while the server is away (or reconnecting): its first look lists the
+    # node's files, and fails. The files of workers that ended while no agent watched (the
+    # runtime does not know them: dropped by reattach, or forgotten by the agent before) were
+    # listed by no later look: their output never reached the stream.
+    ended = _worker_file(tmp_path, "ended-unwatched")
+    ended.write_bytes(b"the last words before the agent restarted\n")
+    kept = Away()
+    shipper = Shipper("n0", tmp_path, kept, live=lambda: [])
+    kept.away = True
+    await shipper._pass()  # the first look: the server is away
+    kept.away = False
+    for _ in range(3):
+        shipper._scanned = time.monotonic() - 60  # the look at every file being read is due
+        await shipper._pass()
+    assert kept.text(output.subject("n0", "ended-unwatched", 3, 0, 0)) == (
+        "the last words before the agent restarted\n"
+    )
+
+
+async def test_a_drain_that_failed_before_the_file_was_found_then_forgotten(tmp_path: Path) -> None:
+    # The server away while a worker runs and ends: the passes and the drain before its exit
+    # fail to find its file; the exit is appended (the log's connection came back first), the
+    # runtime forgets the worker before a full pass. Nothing read its file again.
+    kept = Away()
+    workers: list[Path] = []
+    shipper = Shipper("n0", tmp_path, kept, live=lambda: workers)
+    await shipper._pass()  # the first walk, nothing on the node yet
+    path = _worker_file(tmp_path, "brief")
+    workers.append(path)
+    shipper.expect([path])
+    path.write_bytes(b"it ran and said this\n")
+    kept.away = True
+    await shipper._pass()
+    await shipper.drain([path])  # fails: the file stays unread
+    kept.away = False
+    workers.remove(path)  # its exit is in the log: forgotten
+    shipper._expected.clear()  # its start was announced more than QUIET_S ago (a long worker)
+    for _ in range(3):
+        shipper._scanned = time.monotonic() - 60
+        await shipper._pass()
+    assert kept.text(output.subject("n0", "brief", 3, 0, 0)) == "it ran and said this\n"

@@ -157,6 +157,15 @@ class Consumer:
             await asyncio.sleep(min(RETRY, self._heartbeat))
 
     def _on_delivery(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        try:
+            self._take(subject, reply, data, headers)
+        except Exception as e:  # noqa: BLE001 - a record no reader may skip in silence
+            # The connection drops a delivery its handler raises on; a record of the log so
+            # dropped would be folded by no one. The feed ends, loudly, for its service's
+            # supervisor, rather than go on past it.
+            self.fail(LogError(f"a delivery of {self._stream} could not be read: {type(e).__name__}: {e}"))
+
+    def _take(self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         if headers is not None and headers.startswith(CONTROL):
             self._control(reply, headers)
             return
@@ -176,22 +185,23 @@ class Consumer:
         if dseq != self._dseq:
             self._reset()  # a delivery went missing: start again after the last one taken
             return
-        self._dseq = dseq + 1
         if seq <= self.last:
+            self._dseq = dseq + 1
             return
+        # Whatever bytes a writer stored, the record is read (the fold refuses what it cannot
+        # take): one that raised here was skipped by every reader, as if never written. Made
+        # before the positions move on past it.
+        record = Record(
+            seq,
+            subject.decode(errors="replace"),
+            data,
+            None if headers is None else _headers(headers),
+            int(ts) / 1e9,
+        )
+        self._dseq = dseq + 1
         self.last = seq
         self._tail = reply
-        # Whatever bytes a writer stored, the record is read (the fold refuses what it cannot
-        # take): one that raised here was skipped by every reader, as if never written.
-        self.records.append(
-            Record(
-                seq,
-                subject.decode(errors="replace"),
-                data,
-                None if headers is None else _headers(headers),
-                int(ts) / 1e9,
-            )
-        )
+        self.records.append(record)
         if len(self.records) == 1:  # the reader is woken once per batch it takes, not per record
             self.ready.set()
 

@@ -92,3 +92,27 @@ async def test_a_record_stored_with_bytes_no_reader_expected_is_read_not_skipped
             await log.close()
     assert [r.seq for r in got] == [1, 2, 3]
     assert got[0].subject == "corral.in.\ufffd\ufffd.submit" and got[1].headers == {"\ufffd\ufffd": "1"}
+
+
+async def test_a_record_the_reader_cannot_take_ends_the_read_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The connection drops a delivery its handler raises on: a record of the log so dropped
+    # would be folded by no service, and nothing would say so. The read ends with the error.
+    from corral.events import reader
+    from corral.events.jetstream import JetStreamLog
+    from corral.events.log import LogError
+
+    def broken(raw: bytes) -> dict[str, str] | None:
+        raise RuntimeError("a reader's bug")
+
+    async with EmbeddedServer(tmp_path / "nats") as server:
+        log = await JetStreamLog.connect(server.url, create=True)
+        try:
+            await log.append(Append("corral.ev.job.j1", b"{}", headers={"traceparent": "x"}))
+            monkeypatch.setattr(reader, "_headers", broken)
+            with pytest.raises(LogError, match="could not be read: RuntimeError"):
+                async with asyncio.timeout(10):
+                    [r async for batch in log.read(1, None) for r in batch]
+        finally:
+            await log.close()

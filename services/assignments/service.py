@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,8 @@ from corral.services.runtime.shell import Service
 from corral.services.runtime.views import ViewStore
 
 log = logging.getLogger("corral.assignments")
+
+GONE_KEPT = 1024
 
 
 def _decide_nothing(state: State, now: float) -> list[Event]:
@@ -58,6 +61,9 @@ class AssignmentService(Service):
         self.index = Index()
         self.dirty: set[str] = set()
         self.written: dict[str, bytes] = {}  # node -> the view's body last written there
+        # ... and of the nodes deleted lately, the newest ``GONE_KEPT``: a record naming one
+        # (a refused report of its agent's, say) writes its key again only past them.
+        self.gone: OrderedDict[str, bytes] = OrderedDict()
         self.writes = 0
         self._writing = False  # holds the lease and has written every key since taking it
 
@@ -89,6 +95,7 @@ class AssignmentService(Service):
         if not self._writing:
             self.dirty |= self.index.everywhere(self.state)
             self.written.clear()
+            self.gone.clear()
             self._writing = True
         if not self.dirty:
             return 0
@@ -100,7 +107,7 @@ class AssignmentService(Service):
                 body = assignments.body(view)
                 if view.node not in self.state.nodes and not view.jobs:
                     gone.add(view.node)
-                if self.written.get(view.node) != body:
+                if self.written.get(view.node, self.gone.get(view.node)) != body:
                     pending.append((view.node, body, assignments.encode(view)))
         except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
             self.dirty |= dirty
@@ -117,12 +124,18 @@ class AssignmentService(Service):
                 self.dirty.add(node)
             else:
                 self.written[node] = body
+                self.gone.pop(node, None)
                 self.writes += 1
         for node in gone - self.dirty:
             # Its key holds a view of no node and no jobs (what an agent that comes back
-            # reads before it registers): nothing more to keep of it here, or every node name
-            # a cluster ever had would be.
-            self.written.pop(node, None)
+            # reads before it registers): nothing more to keep of it here but among the
+            # newest deleted, or every node name a cluster ever had would be.
+            last = self.written.pop(node, None)
+            if last is not None:
+                self.gone[node] = last
+                self.gone.move_to_end(node)
+                while len(self.gone) > GONE_KEPT:
+                    self.gone.popitem(last=False)
             self.index.jobs_on.pop(node, None)
             self.store.forget(node)
         return len(pending)

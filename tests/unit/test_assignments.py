@@ -294,3 +294,34 @@ async def test_a_deleted_node_is_written_once_as_gone_then_forgotten() -> None:
     gone = store.get(N1)
     assert gone is not None and gone.inventory is None and gone.jobs == ()
     assert set(svc.written) == {N0, N2} and N1 not in svc.index.jobs_on
+
+
+async def test_records_naming_a_deleted_node_do_not_write_its_key_again() -> None:
+    # Once forgotten, every record naming the node (a refused report of its agent's) wrote its
+    # view of nothing again, and its agent's watch heard it each time.
+    from corral.events.nodes import NodeConditionChanged
+    from corral.events.queues import DeleteNode
+
+    store = MemoryViews()
+    svc = assignments_service.service(InMemoryLog(), store, clock=lambda: 1_000.0)
+    await svc.restore()
+    log = base()
+    svc.fold(log.records)
+    await svc.cycle()
+    seen = len(log.records)
+    log.admin("delete-node", DeleteNode(node=N1))
+    svc.fold(log.records[seen:])
+    assert await svc.cycle() == 1 and N1 not in svc.written
+    puts = store.puts
+    for _ in range(5):
+        seen = len(log.records)
+        log.event("corral.ev.node." + N1, NodeConditionChanged(node=N1, condition="lost"))
+        svc.fold(log.records[seen:])
+        await svc.cycle()
+    assert store.puts == puts
+    seen = len(log.records)
+    log.nodes(Cluster(2))  # it comes back: its view is written again
+    svc.fold(log.records[seen:])
+    await svc.cycle()
+    back = store.get(N1)
+    assert back is not None and back.inventory is not None and N1 not in svc.gone

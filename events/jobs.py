@@ -91,6 +91,8 @@ class Resources(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbi
 
 # The most workers a job may have: admission refuses a larger submission, the fold a larger resize.
 MAX_REPLICAS = 1024
+# The most GPU models a job may name: the fold refuses a submission naming more.
+MAX_GPU_MODELS = 16
 
 
 class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_unknown_fields=True):

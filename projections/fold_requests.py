@@ -19,6 +19,7 @@ import msgspec
 from corral.events import subjects as subj
 from corral.events.base import Event, Reason
 from corral.events.jobs import (
+    MAX_GPU_MODELS,
     MAX_REPLICAS,
     CancelJob,
     JobSpec,
@@ -120,14 +121,17 @@ MAX_MIG = 32
 def _names_problem(spec: JobSpec) -> str:
     """Why the names a job gives its queue, priority class, MIG profile or GPU models could
     never name one, or "". A queue and a class are names (``subjects.is_token``, as the admin's
-    requests make them), a profile and a model are short: any string up to a request's size
-    was kept in the job and repeated in every listing of it and in admission's reason (a
-    tenant's one job filled a page of ``jobs``, sixteen emptied the admin's board)."""
+    requests make them), a profile and a model are short, and a job names a few models: any
+    string up to a request's size was kept in the job and repeated in every listing of it and
+    in admission's reason (a tenant's one job filled a page of ``jobs``, sixteen emptied the
+    admin's board)."""
     if not subj.is_token(spec.queue):
         return f"queue {_cut(spec.queue)} is not a valid name"
     if not subj.is_token(spec.priority_class):
         return f"priority class {_cut(spec.priority_class)} is not a valid name"
     res = spec.resources
+    if len(res.gpu_models) > MAX_GPU_MODELS:
+        return f"at most {MAX_GPU_MODELS} GPU models, not {len(res.gpu_models)}"
     if res.mig is not None and len(res.mig) > MAX_MIG:
         return f"MIG profile {_cut(res.mig)} is longer than {MAX_MIG} characters"
     for model in res.gpu_models:

@@ -235,4 +235,5 @@ from __future__ import annotations
 # 81: ``State.rejections_lost`` keeps at most ``MAX_REJECTIONS_LOST`` tenants, the oldest
 #    position past it kept for all (``State.rejections_lost_floor``).
 # 82: the admin's ``DeletePriorityClass`` forgets a class no unfinished job names.
-RULES = 82
+# 83: a submit naming more than ``MAX_GPU_MODELS`` GPU models is malformed too.
+RULES = 83

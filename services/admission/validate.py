@@ -20,7 +20,14 @@ tenant learns nothing of other tenants' queues by probing.
 from __future__ import annotations
 
 from corral.events.base import Reason
-from corral.events.jobs import MAX_REPLICAS, JobSpec, Resources, image_problem, mount_problem
+from corral.events.jobs import (
+    MAX_GPU_MODELS,
+    MAX_REPLICAS,
+    JobSpec,
+    Resources,
+    image_problem,
+    mount_problem,
+)
 from corral.events.nodes import labels_problem
 from corral.projections import preemption, quota
 from corral.projections.placement.inventory import Inventory
@@ -40,7 +47,6 @@ MAX_ENV_BYTES = 64 * 1024
 MAX_MOUNTS = 64
 MAX_PATH = 4096
 MAX_IMAGE = 1024
-MAX_GPU_MODELS = 16
 MAX_GRACE_S = 24 * 3600.0
 MAX_RESTARTS = 1000
 
@@ -106,6 +112,8 @@ def _resources(res: Resources) -> str | None:
         return f"gpu_milli must be 1..{WHOLE}, not {res.gpu_milli}"
     if res.gpu_milli < WHOLE and res.gpus != 1:
         return f"a fraction of a GPU (gpu_milli {res.gpu_milli}) needs gpus = 1, not {res.gpus}"
+    if len(res.gpu_models) > MAX_GPU_MODELS:
+        return f"at most {MAX_GPU_MODELS} gpu_models, not {len(res.gpu_models)}"
     if res.mig is not None:
         if res.gpus != 1 or res.gpu_milli != WHOLE:
             return f"a MIG instance ({res.mig}) needs gpus = 1 and no gpu_milli"
@@ -116,8 +124,6 @@ def _resources(res: Resources) -> str | None:
         return f"cpu_milli must be 1..{MAX_CPU_MILLI}, not {res.cpu_milli}"
     if not 1 <= res.memory_mib <= MAX_MEMORY_MIB:
         return f"memory_mib must be 1..{MAX_MEMORY_MIB}, not {res.memory_mib}"
-    if len(res.gpu_models) > MAX_GPU_MODELS:
-        return f"at most {MAX_GPU_MODELS} gpu_models, not {len(res.gpu_models)}"
     if quota.ANY in res.gpu_models:
         # ``*`` is a quota's any model, no GPU's: leave gpu_models empty for any model.
         return f"gpu_models names GPU models; {quota.ANY!r} is none (leave gpu_models out for any model)"

@@ -144,8 +144,9 @@ def test_submit_with_a_bad_request_id_is_malformed(request_id: str) -> None:
         job().priority_class("p" * 65),
         job().mig("1g.10gb" + "x" * 100),
         job().models("H100" * 40),
+        job().mig("1g.10gb").models(*(f"{i:05d}" + "M" * 123 for i in range(1900))),
     ],
-    ids=["queue-too-long", "queue-not-a-name", "class-too-long", "mig-too-long", "model-too-long"],
+    ids=["queue-too-long", "queue-not-a-name", "class-too-long", "mig-too-long", "model-too-long", "models"],
 )
 def test_a_submit_naming_what_could_never_be_a_name_is_malformed(spec: JobBuilder) -> None:
     # Any string up to a request's size was kept in the job and repeated in every listing of it

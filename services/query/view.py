@@ -128,7 +128,11 @@ class JobView:
         self.kept: Counter[str] = Counter(
             dict(self.db.execute("SELECT tenant, count(*) FROM let_go GROUP BY tenant"))
         )
+        self.kept_total = sum(self.kept.values())
         self._came = set(self.kept)  # tenants with jobs let go since the last pruning
+        # What each tenant lost is counted again as the log is folded again from its start (the
+        # jobs dropped before come again and go again): derived, as the rest.
+        self.db.execute("DELETE FROM let_go_dropped")
 
     def close(self) -> None:
         self.db.close()
@@ -240,6 +244,7 @@ class JobView:
         ).fetchone()
         if had is None:  # a file given may hold it from a fold before
             self.kept[job.tenant] += 1
+            self.kept_total += 1
             self._came.add(job.tenant)
         self.db.execute(
             "INSERT OR REPLACE INTO let_go VALUES (?, ?, ?, ?, ?, ?)",
@@ -260,7 +265,7 @@ class JobView:
             t: self.kept[t] - self.per_tenant for t in sorted(self._came) if self.kept[t] > self.per_tenant
         }
         self._came.clear()
-        excess = sum(self.kept.values()) - sum(over.values()) - self.in_all
+        excess = self.kept_total - sum(over.values()) - self.in_all
         if excess > 0:
             most = [(-(n - over.get(t, 0)), t) for t, n in self.kept.items() if n > 0]
             heapq.heapify(most)
@@ -291,6 +296,7 @@ class JobView:
             (tenant, len(gone), gone[-1][3]),
         )
         self.kept[tenant] -= len(gone)
+        self.kept_total -= len(gone)
         if self.kept[tenant] <= 0:
             del self.kept[tenant]
 
@@ -311,7 +317,7 @@ class JobView:
         newest first and no further than the budget: what a tenant made its rows weigh (a long
         command line) costs one answer its size, never more."""
         where, args = ("", ()) if asker == subjects.ADMIN else ("WHERE tenant = ?", (asker,))
-        total = sum(self.kept.values()) if asker == subjects.ADMIN else self.kept[asker]
+        total = self.kept_total if asker == subjects.ADMIN else self.kept[asker]
         rows: list[str] = []
         size = 0
         for (row,) in self.db.execute(

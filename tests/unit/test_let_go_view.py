@@ -157,3 +157,17 @@ def test_a_file_given_is_counted_and_held_to_the_bounds_it_is_opened_with(tmp_pa
     assert ask(view, "c", "jobs", all=True)["more_let_go"] == 0
     view.close()
     assert sqlite3.connect(path).execute("SELECT count(*) FROM let_go").fetchone() == (15,)
+
+
+def test_a_file_opened_again_counts_the_jobs_dropped_once(tmp_path: Path) -> None:
+    # Folded again from its start, the jobs dropped before came and went again: the owner was
+    # told twice as many were no longer kept.
+    path = str(tmp_path / "view.sqlite")
+    log = churn_log(quiet=0, churn=20)
+    for _ in range(2):
+        view = JobView(path, per_tenant=10, in_all=100)
+        view.fold(log.records)
+        told = ask(view, "c", "explain", job="c0")["error"]
+        assert "no longer keeps 10 of your jobs" in told, told
+        assert view.kept_total == 10
+        view.close()

@@ -458,23 +458,15 @@ def parser() -> argparse.ArgumentParser:
         "mounts, labels...); submissions past it are refused (default %(default)s)",
     )
     qr.set_defaults(fn=cmd_queue_retention)
-    qd = qsub.add_parser("delete", parents=[common], help="delete a queue that has no unfinished jobs")
-    qd.add_argument("name")
-    qd.set_defaults(fn=cmd_queue_delete)
-    cd = qsub.add_parser(
-        "delete-cohort",
-        parents=[common],
-        help="delete a cohort no queue or cohort is in, whose quota is not lent",
+    deletes = (
+        ("delete", cmd_queue_delete, "delete a queue that has no unfinished jobs"),
+        ("delete-cohort", cmd_cohort_delete, "delete a cohort no queue or cohort is in, its quota not lent"),
+        ("delete-priority-class", cmd_priority_class_delete, "delete a class no unfinished job names"),
     )
-    cd.add_argument("name")
-    cd.set_defaults(fn=cmd_cohort_delete)
-    pd = qsub.add_parser(
-        "delete-priority-class",
-        parents=[common],
-        help="delete a priority class no unfinished job names",
-    )
-    pd.add_argument("name")
-    pd.set_defaults(fn=cmd_priority_class_delete)
+    for verb, fn, what in deletes:
+        qd = qsub.add_parser(verb, parents=[common], help=what)
+        qd.add_argument("name")
+        qd.set_defaults(fn=fn)
     sub.add_parser("queues", parents=[common], help="quota, usage and fair share per queue").set_defaults(
         fn=cmd_queues
     )

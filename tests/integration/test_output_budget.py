@@ -15,10 +15,8 @@ Waits are on the answers, with timeouts; never sleeps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -31,30 +29,13 @@ from corral.services.query.service import ReadService
 from corral.services.runtime import output
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
 from tests.integration.polling import until
+from tests.integration.test_output_hostile import read  # noqa: F401 - the fixture, by name
 
 pytestmark = pytest.mark.integration
 
 WAIT = 60.0
 MANY = 612  # messages: more than one answer reads (``service.TAIL_READS``)
 N0, N1 = "node-00", "node-01"
-
-
-@pytest.fixture
-async def read(nats_server: str) -> AsyncIterator[tuple[JetStreamLog, ReadService]]:
-    log = await JetStreamLog.connect(nats_server, create=True)
-    await output.ensure_stream(log.nc)
-    reader = ReadService(log)
-    stop = asyncio.Event()
-    running = asyncio.create_task(reader.run(stop))
-    try:
-        await asyncio.wait_for(reader.caught_up.wait(), WAIT)
-        yield log, reader
-    finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(running, WAIT)
-        reader.close()
-        await log.close()
 
 
 @pytest.fixture
@@ -89,15 +70,22 @@ def _gang(job_id: str, ranks: int) -> list[Any]:
     return [worker(r, (N0, N1)[r % 2], whole(r // 2)) for r in range(ranks)]
 
 
-async def test_a_tail_reads_only_as_far_back_as_its_lines_need(
-    nats_server: str, read: tuple[JetStreamLog, ReadService], reads: list[int]
-) -> None:
-    log, reader = read
+async def _gang_placed(log: JetStreamLog, reader: ReadService) -> int:
+    """Tenant a's job x, four ranks over two nodes, placed and folded; its run."""
     built = LogBuilder(start_time=time.time()).nodes(Cluster(2)).queue("team-a")
     built.submit("a", "x", job().gpus(1).replicas(4)).accept("x").admit("x", replicas=4)
     built.place(placement("x", *_gang("x", 4)))
     await _placed(log, reader, built)
-    run = reader.state.jobs["x"].submitted_seq
+    return reader.state.jobs["x"].submitted_seq
+
+
+async def test_a_tail_reads_only_as_far_back_as_its_lines_need(
+    nats_server: str,
+    read: tuple[JetStreamLog, ReadService],  # noqa: F811 - the fixture
+    reads: list[int],
+) -> None:
+    log, reader = read
+    run = await _gang_placed(log, reader)
     js = log.nc.jetstream()
     blank = b"\n" * output.MAX_MESSAGE  # as the agent ships a worker printing blank lines
     for i in range(200):
@@ -127,14 +115,12 @@ async def test_a_tail_reads_only_as_far_back_as_its_lines_need(
 
 
 async def test_a_tail_says_when_the_lines_it_asks_for_lie_further_back_than_it_reads(
-    nats_server: str, read: tuple[JetStreamLog, ReadService], reads: list[int]
+    nats_server: str,
+    read: tuple[JetStreamLog, ReadService],  # noqa: F811 - the fixture
+    reads: list[int],
 ) -> None:
     log, reader = read
-    built = LogBuilder(start_time=time.time()).nodes(Cluster(2)).queue("team-a")
-    built.submit("a", "x", job().gpus(1).replicas(4)).accept("x").admit("x", replicas=4)
-    built.place(placement("x", *_gang("x", 4)))
-    await _placed(log, reader, built)
-    run = reader.state.jobs["x"].submitted_seq
+    run = await _gang_placed(log, reader)
     js = log.nc.jetstream()
     await js.publish(output.subject(N1, "x", run, 0, 3), b"rank 3's only line\n", stream=output.STREAM)
     for i in range(MANY):
@@ -159,7 +145,9 @@ async def test_a_tail_says_when_the_lines_it_asks_for_lie_further_back_than_it_r
 
 
 async def test_one_askers_flood_of_output_questions_leaves_another_asker_a_reading_slot(
-    nats_server: str, read: tuple[JetStreamLog, ReadService], monkeypatch: pytest.MonkeyPatch
+    nats_server: str,
+    read: tuple[JetStreamLog, ReadService],  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Tenant a asks about its job's output eight times at once, each read held up in the
     stream (as a long read would be); tenant b's question about its own job is answered

@@ -123,16 +123,16 @@ class JobView:
         self.per_tenant, self.in_all = per_tenant, in_all
         self.db = sqlite3.connect(path)
         self.db.executescript(_SCHEMA)
-        # How many each tenant has kept: counted once here (a file given may hold some), then
-        # as jobs come and go, so that neither keeping nor listing counts rows.
-        self.kept: Counter[str] = Counter(
-            dict(self.db.execute("SELECT tenant, count(*) FROM let_go GROUP BY tenant"))
-        )
-        self.kept_total = sum(self.kept.values())
-        self._came = set(self.kept)  # tenants with jobs let go since the last pruning
-        # What each tenant lost is counted again as the log is folded again from its start (the
-        # jobs dropped before come again and go again): derived, as the rest.
-        self.db.execute("DELETE FROM let_go_dropped")
+        # Derived, as the rest: the view is folded from the log's start whenever it opens, and
+        # a file given starts empty (kept from a fold before, the jobs it had dropped came and
+        # went again, counted twice).
+        for table in ("let_go", "let_go_workers", "let_go_dropped"):
+            self.db.execute(f"DELETE FROM {table}")  # noqa: S608 - the tables' own names
+        # How many each tenant has kept, as jobs come and go, so that neither keeping nor
+        # listing counts rows.
+        self.kept: Counter[str] = Counter()
+        self.kept_total = 0
+        self._came: set[str] = set()  # tenants with jobs let go since the last pruning
 
     def close(self) -> None:
         self.db.close()
@@ -239,13 +239,9 @@ class JobView:
         self.counting.pop(job.id, None)
         report = explain(job, self.history.pop(job.id, ()))
         report["text"] += f"\n  let go from the cluster's state at seq {seq}: it is kept here only"
-        had = self.db.execute(
-            "SELECT 1 FROM let_go WHERE id = ? AND submitted_seq = ?", (job.id, job.submitted_seq)
-        ).fetchone()
-        if had is None:  # a file given may hold it from a fold before
-            self.kept[job.tenant] += 1
-            self.kept_total += 1
-            self._came.add(job.tenant)
+        self.kept[job.tenant] += 1
+        self.kept_total += 1
+        self._came.add(job.tenant)
         self.db.execute(
             "INSERT OR REPLACE INTO let_go VALUES (?, ?, ?, ?, ?, ?)",
             (job.id, job.submitted_seq, job.tenant, seq, json.dumps(report["job"]), json.dumps(report)),

@@ -171,3 +171,19 @@ def test_a_file_opened_again_counts_the_jobs_dropped_once(tmp_path: Path) -> Non
         assert "no longer keeps 10 of your jobs" in told, told
         assert view.kept_total == 10
         view.close()
+
+
+def test_a_file_opened_again_with_lower_bounds_counts_each_job_dropped_once(tmp_path: Path) -> None:
+    # Opened again with lower bounds, the rows a fold before kept were dropped at the first
+    # batch, then came again as the log was folded from its start, and were counted again.
+    path = str(tmp_path / "view.sqlite")
+    log = churn_log(quiet=0, churn=20)
+    view = JobView(path, per_tenant=100, in_all=100)
+    view.fold(log.records)
+    view.close()
+    view = JobView(path, per_tenant=10, in_all=100)
+    for record in log.records:  # a batch at a time, as the read service folds
+        view.fold([record])
+    assert kept(view) == {"c": [f"c{i}" for i in range(10, 20)]}
+    told = ask(view, "c", "explain", job="c0")["error"]
+    assert "no longer keeps 10 of your jobs" in told, told

@@ -172,7 +172,9 @@ class Shipper:
         # it went out.
         self._files: dict[Path, _File] = {}
         self._failing = False
-        self._walked = False  # every file on the node was listed once (the first look)
+        # The node's files listed by the first look and not looked at yet (None: not listed):
+        # a look the server cut short goes on from where it stopped, without listing again.
+        self._unwalked: dict[Path, None] | None = None
         self._scanned = -SCAN_EVERY  # monotonic time of the last look at every file being read
         self._expected: dict[Path, float] = {}  # files of workers being started, since when
         self._done: dict[Path, None] = {}  # files let go, oldest first (``DONE_KEPT``)
@@ -212,7 +214,7 @@ class Shipper:
         ``SCAN_EVERY`` or when asked (``full``); with ``everything``, as on the first look, at
         every worker's file on the node too. The messages sent."""
         async with self._looking:
-            return await self._ship(walk=everything or not self._walked, full=full)
+            return await self._ship(walk=everything or self._unwalked is None, full=full)
 
     async def _ship(self, *, walk: bool, full: bool) -> int:
         now = time.monotonic()
@@ -235,13 +237,18 @@ class Shipper:
             # run).
             on_disk = set(self.root.glob("logs/*/run-*/attempt-*.rank-*.log"))
             self._done = {p: None for p in self._done if p in on_disk}  # removed: forgotten
-            paths += sorted(p for p in on_disk if self._new(p))
+            self._unwalked = dict.fromkeys(sorted(on_disk))
+        unwalked = self._unwalked or {}
+        for p in [p for p in unwalked if not self._new(p)]:
+            del unwalked[p]  # read, or let go, since
+        paths += unwalked
         for p, since in list(self._expected.items()):
             if p in self._files or now - since > QUIET_S:  # found, or its worker never started
                 del self._expected[p]
         sent = 0
         for i, path in enumerate(dict.fromkeys(paths)):
             f = self._files.get(path) or await self._found(path)
+            unwalked.pop(path, None)
             if f is None:
                 self._owed.pop(path, None)  # gone from the disk, or too old to read
             else:
@@ -253,8 +260,6 @@ class Shipper:
                     self._let_go(f)
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # a look at many files leaves the agent's loop its turns
-        if walk:
-            self._walked = True  # only once every listed file was looked at
         return sent
 
     def _new(self, path: Path) -> bool:

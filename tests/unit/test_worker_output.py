@@ -4,6 +4,7 @@ a mark, bytes that are not text or would drive a terminal shown safely, a bounde
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -543,3 +544,26 @@ async def test_a_drain_that_failed_before_the_file_was_found_then_forgotten(tmp_
         shipper._scanned = time.monotonic() - 60
         await shipper._pass()
     assert kept.text(output.subject("n0", "brief", 3, 0, 0)) == "it ran and said this\n"
+
+
+async def test_a_first_look_the_server_cut_short_goes_on_without_listing_the_node_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first look made again after the server cut it short listed the whole node every
+    # 0.25 s, and looked at each old file again, for as long as the server stayed away.
+    old = time.time() - output.MAX_AGE - 3600
+    for i in range(300):  # a node of months: old files, never asked about
+        p = _worker_file(tmp_path, f"old{i:05d}")
+        p.write_bytes(b"x\n")
+        os.utime(p, (old, old))
+    _worker_file(tmp_path, "zz-recent").write_bytes(b"hello\n")  # the last the look meets
+    kept = Away()
+    kept.away = True
+    shipper = Shipper("n0", tmp_path, kept, live=lambda: [])
+    listed = _looks_at_the_disk(monkeypatch)
+    for _ in range(8):
+        await shipper._pass()
+    assert len(listed) == 1, f"the node was listed {len(listed)} times in 8 passes"
+    kept.away = False
+    await shipper._pass()
+    assert kept.text(output.subject("n0", "zz-recent", 3, 0, 0)) == "hello\n" and len(listed) == 1

@@ -133,6 +133,9 @@ class JobView:
         self.kept: Counter[str] = Counter()
         self.kept_total = 0
         self._came: set[str] = set()  # tenants with jobs let go since the last pruning
+        # (-kept, tenant) of each tenant as its count last changed, stale ones among them: who
+        # holds the most, found without a look at every tenant (``_prune``).
+        self._most: list[tuple[int, str]] = []
 
     def close(self) -> None:
         self.db.close()
@@ -260,18 +263,22 @@ class JobView:
         over = {
             t: self.kept[t] - self.per_tenant for t in sorted(self._came) if self.kept[t] > self.per_tenant
         }
+        most = self._most
+        for t in self._came:  # their counts moved: as they stand once their own oldest go
+            heapq.heappush(most, (-(self.kept[t] - over.get(t, 0)), t))
         self._came.clear()
         excess = self.kept_total - sum(over.values()) - self.in_all
-        if excess > 0:
-            most = [(-(n - over.get(t, 0)), t) for t, n in self.kept.items() if n > 0]
-            heapq.heapify(most)
-            for _ in range(excess):
+        for _ in range(excess):
+            n, t = heapq.heappop(most)
+            while n == 0 or -n != self.kept[t] - over.get(t, 0):  # one that no longer stands
                 n, t = heapq.heappop(most)
-                over[t] = over.get(t, 0) + 1
-                if n < -1:
-                    heapq.heappush(most, (n + 1, t))
+            over[t] = over.get(t, 0) + 1
+            heapq.heappush(most, (n + 1, t))
         for tenant in sorted(over):
             self._drop(tenant, over[tenant])
+        if len(most) > 2 * len(self.kept) + 1024:  # mostly entries that no longer stand
+            self._most = [(-n, t) for t, n in self.kept.items()]
+            heapq.heapify(self._most)
 
     def _drop(self, tenant: str, n: int) -> None:
         """Let ``tenant``'s ``n`` oldest jobs let go out of the view, and note how far they reach."""

@@ -14,7 +14,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from corral.events.jobs import CancelJob
+from corral.projections.fold import apply
+from corral.projections.state import State
 from corral.services.query.decide import Ask, answer, output_scope
 from corral.services.query.view import JobView
 from tests.builders import Cluster, LogBuilder, job
@@ -187,3 +192,39 @@ def test_a_file_opened_again_with_lower_bounds_counts_each_job_dropped_once(tmp_
     assert kept(view) == {"c": [f"c{i}" for i in range(10, 20)]}
     told = ask(view, "c", "explain", job="c0")["error"]
     assert "no longer keeps 10 of your jobs" in told, told
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from("abcd"), min_size=1, max_size=40),
+    st.integers(1, 6),
+    st.integers(1, 12),
+    st.integers(1, 5),
+)
+def test_the_view_keeps_what_dropping_the_oldest_of_whoever_holds_the_most_keeps(
+    owners: list[str], per_tenant: int, in_all: int, batch: int
+) -> None:
+    # Who holds the most is kept as a heap of each tenant's count as it last moved, not found
+    # by a look at every tenant each batch: it must drop exactly what that look would.
+    log = LogBuilder().nodes(Cluster(1)).retention(0.0).queue("team-a")
+    for i, tenant in enumerate(owners):
+        let_go(log, tenant, f"{tenant}{i}")
+    log.cordon("node-00", False)  # the last one let go too
+    # Which jobs each record lets go, from a fold record by record.
+    state, let_go_at = State(), []
+    for record in log.records:
+        before = set(state.jobs)
+        apply(state, record)
+        let_go_at.append(sorted(before - set(state.jobs), key=lambda j: int(j[1:])))
+    view = JobView(":memory:", per_tenant=per_tenant, in_all=in_all)
+    model: dict[str, list[str]] = {}
+    for start in range(0, len(log.records), batch):
+        view.fold(log.records[start : start + batch])
+        for job_id in (j for gone in let_go_at[start : start + batch] for j in gone):
+            model.setdefault(job_id[0], []).append(job_id)
+        for jobs in model.values():
+            del jobs[: max(0, len(jobs) - per_tenant)]
+        while sum(map(len, model.values())) > in_all:
+            most = min(model, key=lambda t: (-len(model[t]), t))
+            model[most].pop(0)
+        assert kept(view) == {t: jobs for t, jobs in model.items() if jobs}

@@ -253,8 +253,15 @@ class _Full(asyncio.Protocol):
         transport.close()
 
 
-async def serve(feed: Feed, host: str, port: int, stop: asyncio.Event) -> None:
-    """Serve the dashboard until ``stop``; prints where, once it listens."""
+async def serve(
+    feed: Feed,
+    host: str,
+    port: int,
+    stop: asyncio.Event,
+    listening: asyncio.Future[tuple[str, int]] | None = None,
+) -> None:
+    """Serve the dashboard until ``stop``; prints where, once it listens (and gives the address
+    to ``listening``)."""
     runner = web.AppRunner(
         make_app(feed, loopback=is_loopback(host)), shutdown_timeout=1.0, keepalive_timeout=IDLE_S
     )
@@ -271,6 +278,8 @@ async def serve(feed: Feed, host: str, port: int, stop: asyncio.Event) -> None:
         print(
             f"dashboard at http://{bound[0]}:{bound[1]}/ as {feed.asker} (corral at {feed.url})", flush=True
         )
+        if listening is not None:
+            listening.set_result((bound[0], bound[1]))
         await stop.wait()
     finally:
         listener.close()

@@ -158,20 +158,17 @@ async def test_connections_that_send_nothing_are_closed_and_bounded(
     monkeypatch.setattr(app, "IDLE_S", 0.5)
     feed = Feed(f"nats://127.0.0.1:{unused_tcp_port}", "admin", None)  # no corral: the page still is
     stop = asyncio.Event()
-    served = asyncio.create_task(app.serve(feed, "127.0.0.1", unused_tcp_port, stop))
+    listening: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+    served = asyncio.create_task(app.serve(feed, "127.0.0.1", 0, stop, listening))
     try:
-        silent = []
         async with asyncio.timeout(WAIT):
-            while len(silent) < 4:
-                try:
-                    silent.append(await asyncio.open_connection("127.0.0.1", unused_tcp_port))
-                except OSError:
-                    await asyncio.sleep(0.02)  # not listening yet
-            reader, _ = await asyncio.open_connection("127.0.0.1", unused_tcp_port)
+            host, port = await listening
+            silent = [await asyncio.open_connection(host, port) for _ in range(4)]
+            reader, _ = await asyncio.open_connection(host, port)
             assert await reader.read() == b""  # the fifth: closed as it was made
             for reader, _ in silent:  # the four: closed once idle
                 assert await reader.read() == b""
-            reader, writer = await asyncio.open_connection("127.0.0.1", unused_tcp_port)
+            reader, writer = await asyncio.open_connection(host, port)
             writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             assert (await reader.readline()).startswith(b"HTTP/1.1 200")
     finally:

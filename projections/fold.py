@@ -18,6 +18,7 @@ by that record's log time (``projections/retention.py``).
 from __future__ import annotations
 
 import gc
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -226,13 +227,18 @@ def _reject(
     # at most ``MAX_REJECTIONS_PER_TENANT`` of the kept ones (the services' records, which no
     # tenant may write, share the rest).
     who = requester(subject)
-    counts = state.rejections_kept
-    counts[who] = counts.get(who, 0) + 1
-    if who and counts[who] > MAX_REJECTIONS_PER_TENANT:
-        # Its oldest (kept ones are in log order): near the front while it floods.
-        _forget_rejection(state, next(i for i, r in enumerate(kept) if requester(r.subject) == who))
+    own = state.rejections_kept.setdefault(who, [])
+    own.append(seq)
+    if who and len(own) > MAX_REJECTIONS_PER_TENANT:
+        # Its oldest: kept ones are in log order, so found by its position, not by a walk of
+        # every tenant's that cost each service 0.2 ms a refusal of a flood.
+        _forget_rejection(state, bisect_left(kept, own[0], key=_seq_of))
     while len(kept) > MAX_REJECTIONS:
         _forget_rejection(state, 0)
+
+
+def _seq_of(r: Rejection) -> int:
+    return r.seq
 
 
 def requester(subject: str) -> str:
@@ -251,14 +257,15 @@ _REQUESTS = subjects.IN + "."
 def _forget_rejection(state: State, i: int) -> None:
     gone = state.rejections.pop(i)
     who = requester(gone.subject)
-    lost, counts = state.rejections_lost, state.rejections_kept
+    lost, kept = state.rejections_lost, state.rejections_kept
     lost[who] = max(lost.get(who, 0), gone.seq)
     if len(lost) > MAX_REJECTIONS_LOST:  # a new tenant's: the oldest let go is told for all
         oldest = min(lost, key=lambda t: (lost[t], t))
         state.rejections_lost_floor = max(state.rejections_lost_floor, lost.pop(oldest))
-    counts[who] -= 1
-    if not counts[who]:
-        del counts[who]
+    own = kept[who]
+    del own[0]  # a tenant's refusals leave oldest first, as all do
+    if not own:
+        del kept[who]
 
 
 HANDLERS: dict[type[Event], Handler] = {

@@ -236,4 +236,6 @@ from __future__ import annotations
 #    position past it kept for all (``State.rejections_lost_floor``).
 # 82: the admin's ``DeletePriorityClass`` forgets a class no unfinished job names.
 # 83: a submit naming more than ``MAX_GPU_MODELS`` GPU models is malformed too.
-RULES = 83
+# 84: the State keeps the positions of each tenant's kept rejections, oldest first, not their
+#    count (72): its oldest is found without a walk of all kept.
+RULES = 84

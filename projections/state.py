@@ -210,7 +210,9 @@ class State(msgspec.Struct, gc=False):
     # past it, the newest such position kept for all of them (a verdict at or before it is
     # said to be unknown): one entry a tenant ever refused was kept for good.
     rejections_lost_floor: int = 0
-    rejections_kept: dict[str, int] = {}  # per requesting tenant, how many of ``rejections``
+    # Per requesting tenant, the positions of its refusals in ``rejections``, oldest first: the
+    # one a flood of its own pushes out is found there, not by a walk of all that are kept.
+    rejections_kept: dict[str, list[int]] = {}
     rejected_total: int = 0
     void_total: int = 0
     faults: int = 0  # internal errors caught by the fold; non-zero means a corral bug

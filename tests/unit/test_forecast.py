@@ -244,3 +244,51 @@ async def test_what_if_questions_beyond_the_caps_are_answered_busy_at_once(
     await svc._on_whatif(ask("d", 1))  # room again once they were answered
     await asyncio.gather(*svc._answering)
     assert sent[-1] == (f"{identities.inbox_prefix('d')}.1", {"seq": 0, "answered": True})
+
+
+async def test_what_ifs_at_one_log_position_share_one_encoding_and_decode_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A copy made whole on the loop for each question held the role's loop 1.2 s a question at
+    # 36,000 jobs: the loop encodes once per log position, each question decodes in its thread.
+    import asyncio
+    import json
+    import threading
+    from types import SimpleNamespace
+
+    from corral.events.log import InMemoryLog
+    from corral.services.forecast import service
+    from corral.services.runtime import identities
+
+    decoded: list[tuple[threading.Thread, int]] = []
+    real_thaw = service._thaw
+
+    def thaw(data: bytes) -> object:
+        decoded.append((threading.current_thread(), id(data)))
+        return real_thaw(data)
+
+    monkeypatch.setattr(service, "_thaw", thaw)
+    sent: list[dict[str, object]] = []
+
+    async def publish(_: str, body: bytes) -> None:
+        sent.append(json.loads(body))
+
+    log = InMemoryLog()
+    log.nc = SimpleNamespace(publish=publish, max_payload=1 << 20)  # type: ignore[attr-defined]
+    svc = service.ForecastService(log, store=None)  # type: ignore[arg-type]
+    job = b'{"job": {"queue": "default", "command": ["true"], "resources": {"gpus": 1}}}'
+    for n, who in enumerate(("a", "a", "b")):
+        reply = f"{identities.inbox_prefix(who)}.{n}"
+        await svc._on_whatif(
+            SimpleNamespace(subject=identities.read_subject(who, "whatif"), reply=reply, data=job)
+        )
+    await asyncio.gather(*svc._answering)
+    assert len(sent) == 3 and all("error" not in told for told in sent), sent
+    assert len(decoded) == 3 and threading.main_thread() not in {on for on, _ in decoded}
+    assert len({data for _, data in decoded}) == 1  # one log position: one encoding for the three
+    assert svc._frozen.data == b""  # not held once nothing decodes from it
+    frozen, state = service._Frozen(), svc.state
+    first = frozen.at(state)
+    assert frozen.at(state) is first  # the log has not moved
+    state.seq += 1
+    assert frozen.at(state) is not first

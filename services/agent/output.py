@@ -26,6 +26,13 @@ or ended while no agent watched); after that it reads only the files of the work
 says it runs (``expect``, ``live``) and those not yet shipped whole, and lets go of an ended
 worker's file once all of it went out. What a pass costs and what the shipper holds is so that
 of the node's recent workers, not of all it ran in months.
+
+While a file is read, the disk under all but its newest ``FILE_KEEP`` bytes is given back
+(``holes``: a hole punched from its start, in ``FREE_STEP``s), or one worker printing in a loop
+would fill the node's disk and take down every job there. The file's size and every offset stay,
+so the worker appends on undisturbed and the stream's offsets hold; the shipper never reads what
+was freed, being at most ``MAX_BACKLOG`` behind. A filesystem that cannot punch is said once in
+the agent's log, and its files grow as they did.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from corral.services.agent import holes
 from corral.services.agent.worker import LOG_FILE, RUN
 from corral.services.runtime.output import MAX_AGE, MAX_LINE, MAX_MESSAGE, safe_text, subject
 
@@ -62,6 +70,13 @@ READ_AT_ONCE = 256 * 1024  # bytes read from one file per look
 DRAIN_LOOKS = 64  # looks at an ended worker's file before its exit is reported: 16 MiB at most
 YIELD_EVERY = 256  # files a look goes through before it lets the agent's other tasks run
 MAX_BACKLOG = 4 * 1024 * 1024  # bytes a file may be ahead of what was shipped before skipping
+# Bytes of a worker's file kept on disk, its newest: the disk under older ones is given back.
+# At least ``MAX_BACKLOG``, so the shipper never reads what was freed (it skips ahead to at most
+# that far behind the file's end); 16 MiB, what the stream keeps of one worker.
+FILE_KEEP = 16 * 1024 * 1024
+# The disk is given back in steps of this many bytes, up to a multiple of it: not a call on every
+# look, and whole blocks on any filesystem (4 KiB to 1 MiB), which a punch frees, not zeroes.
+FREE_STEP = 4 * 1024 * 1024
 
 
 class OutputSink(Protocol):
@@ -76,6 +91,14 @@ def cut_mark(kept: int) -> str:
 
 def skip_mark(skipped: int) -> str:
     return f"[... {skipped} bytes skipped: the worker printed faster than its output is shipped]"
+
+
+def to_free(size: int, freed: int) -> tuple[int, int] | None:
+    """The part of a worker's file of ``size`` bytes, its disk given back up to ``freed``, whose
+    disk to give back now: up to its newest ``FILE_KEEP`` bytes, in whole ``FREE_STEP``s. None:
+    not a step more yet."""
+    end = max(0, size - FILE_KEEP) // FREE_STEP * FREE_STEP
+    return (freed, end) if end > freed else None
 
 
 @dataclass
@@ -148,6 +171,8 @@ class _File:
     unsent: list[tuple[bytes, int]] = field(default_factory=list)  # (message, offset it reaches)
     grew: float = 0.0  # monotonic time it last gained bytes (or was found)
     ended: bool = False  # its worker ended (``drain``): let go once all of it went out
+    freed: int = 0  # bytes from its start whose disk was given back (``to_free``)
+    freeing: bool = True  # false once giving back its disk failed (said in the log once)
 
 
 class Shipper:
@@ -179,6 +204,7 @@ class Shipper:
         self._expected: dict[Path, float] = {}  # files of workers being started, since when
         self._done: dict[Path, None] = {}  # files let go, oldest first (``DONE_KEPT``)
         self._owed: dict[Path, None] = {}  # files drained (their worker ended), not yet let go
+        self._freeing = True  # false once the filesystem turned out not to punch holes
         # One look at a time: the passes and the agent's drains before it reports exits would
         # otherwise read and send one file's lines twice or out of order.
         self._looking = asyncio.Lock()
@@ -224,6 +250,9 @@ class Shipper:
         alive = set(self.live()) if full and self.live is not None else None
         if full:
             self._scanned = now
+            for held in self._files.values():
+                if held.unsent:  # not read while the server does not take them, and still written
+                    self._free(held)
             paths = list(self._files)
         else:
             paths = [p for p, f in self._files.items() if f.unsent or now - f.grew < QUIET_S]
@@ -348,7 +377,7 @@ class Shipper:
             return []
         out: list[str] = []
         if size < f.offset:  # the file was replaced: start again
-            f.offset, f.lines = 0, Lines()
+            f.offset, f.lines, f.freed = 0, Lines(), 0
         if size - f.offset > MAX_BACKLOG:
             out.append(skip_mark(size - MAX_BACKLOG - f.offset))
             f.offset = size - MAX_BACKLOG
@@ -365,5 +394,30 @@ class Shipper:
             out += f.lines.feed(data)
         else:
             out += f.lines.flush()
+        self._free(f, size)
         reached = f.offset - len(f.lines.partial)
         return [(m, reached) for m in messages(out)]
+
+    def _free(self, f: _File, size: int | None = None) -> None:
+        """Give back the disk under ``f``'s old output (``to_free``), its ``size`` as just seen."""
+        if not (self._freeing and f.freeing):
+            return
+        try:
+            part = to_free(f.path.stat().st_size if size is None else size, f.freed)
+            if part is not None:
+                holes.punch(f.path, *part)
+                f.freed = part[1]
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            if e.errno in holes.UNSUPPORTED:
+                self._freeing = False
+                why = e.strerror or e
+                log.warning(
+                    "%s: workers' files keep all they print: their filesystem cannot free part of one (%s)",
+                    self.node,
+                    why,
+                )
+            else:
+                f.freeing = False
+                log.warning("%s: a worker's file keeps all it prints on disk: %s", self.node, e)

@@ -1,0 +1,210 @@
+"""What a node's disk holds of its workers' output (``services/agent/output.py``): a worker that
+prints without end holds its newest ``FILE_KEEP`` bytes of the disk, with its file's size and
+every offset as they were."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from corral.services.agent import output as shipping
+from corral.services.agent.decide import WorkerKey
+from corral.services.agent.output import (
+    FILE_KEEP,
+    FREE_STEP,
+    MAX_BACKLOG,
+    Shipper,
+    to_free,
+)
+from corral.services.agent.worker import log_path
+from corral.services.runtime.output import subject
+
+MiB = 1024 * 1024
+
+
+class Kept:
+    """An ``OutputSink`` in memory: what a stream would keep, per subject."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, list[tuple[bytes, int]]] = {}
+
+    async def send(self, subj: str, data: bytes, offset: int) -> None:
+        self.sent.setdefault(subj, []).append((data, offset))
+
+    async def shipped(self, subj: str) -> int | None:
+        got = self.sent.get(subj)
+        return got[-1][1] if got else None
+
+    def text(self, subj: str) -> str:
+        return b"".join(d for d, _ in self.sent.get(subj, [])).decode()
+
+
+def _worker_file(root: Path, job_id: str = "train", attempt: int = 0, rank: int = 0, run: int = 3) -> Path:
+    path = log_path(root, WorkerKey(job_id, attempt, rank), run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _on_disk(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+# -- which part of a file is freed, which files are deleted (pure) ---------------------------------
+
+
+def test_what_the_shipper_still_reads_is_never_freed() -> None:
+    # It reads at most MAX_BACKLOG behind a file's end, skipping ahead when further behind.
+    assert FILE_KEEP >= MAX_BACKLOG
+    assert FILE_KEEP % FREE_STEP == 0
+
+
+@pytest.mark.parametrize(
+    ("size", "freed", "part"),
+    [
+        (0, 0, None),
+        (FILE_KEEP, 0, None),
+        (FILE_KEEP + FREE_STEP - 1, 0, None),
+        (FILE_KEEP + FREE_STEP, 0, (0, FREE_STEP)),
+        (FILE_KEEP + FREE_STEP + 3 * MiB, FREE_STEP, None),
+        (FILE_KEEP + 2 * FREE_STEP + 5, FREE_STEP, (FREE_STEP, 2 * FREE_STEP)),
+        (FILE_KEEP + 10 * FREE_STEP + 7, 0, (0, 10 * FREE_STEP)),
+        (FILE_KEEP, 2 * FREE_STEP, None),
+    ],
+    ids=[
+        "empty",
+        "just-kept",
+        "short-of-a-step",
+        "a-step",
+        "short-of-the-next-step",
+        "the-next-step",
+        "found-by-a-restarted-agent",
+        "replaced-by-a-smaller-file",
+    ],
+)
+def test_which_part_of_a_workers_file_is_freed(size: int, freed: int, part: tuple[int, int] | None) -> None:
+    assert to_free(size, freed) == part
+
+
+@pytest.mark.parametrize("size", [0, 1, FILE_KEEP - 1, FILE_KEEP + 1, 3 * FILE_KEEP + 12345, 10**12 + 7])
+def test_the_newest_bytes_are_kept_and_whole_steps_freed(size: int) -> None:
+    part = to_free(size, 0)
+    if part is not None:
+        start, end = part
+        assert start == 0 and end % FREE_STEP == 0
+        assert size - end >= FILE_KEEP
+        assert size - end < FILE_KEEP + FREE_STEP
+
+
+# -- a worker printing without end -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shipping_keeps_up", [True, False], ids=["keeping-up", "falling-behind"])
+async def test_a_worker_printing_without_end_holds_its_newest_output_on_disk_at_every_offset(
+    tmp_path: Path, shipping_keeps_up: bool
+) -> None:
+    """A job printing in a loop filled its node's disk, and every other job there failed. The
+    disk under its old output is given back as it is shipped: its file keeps its size, the
+    worker appends where it did, the stream's offsets are the file's, and its newest output is
+    shipped whole."""
+    path = _worker_file(tmp_path, "loop")
+    subj = subject("n0", "loop", 3, 0, 0)
+    kept = Kept()
+    shipper = Shipper("n0", tmp_path, kept, live=lambda: [path])
+    line = b"%09d " + b"x" * 89 + b"\n"  # 100 bytes, numbered
+    written = 0
+    with path.open("ab") as worker:  # as the agent gives a worker its file
+        for chunk in range(48):
+            worker.write(b"".join(line % (chunk * 10_000 + i) for i in range(10_000)))  # 1 MB
+            worker.flush()
+            written += 1_000_000
+            if shipping_keeps_up or chunk == 47:
+                while await shipper.ship():
+                    pass
+    assert path.stat().st_size == written  # every offset as it was
+    assert _on_disk(path) <= FILE_KEEP + FREE_STEP + MiB  # without: all 48 MB
+    assert shipper._files[path].offset == written
+    assert kept.sent[subj][-1][1] == written  # where a restarted agent resumes
+    text = kept.text(subj)
+    newest = path.read_bytes()[-MAX_BACKLOG:].decode().split("\n", 1)[1]  # its whole lines
+    assert text.endswith(newest)  # shipped whole: nothing read from what was freed
+    assert "\x00" not in text
+    if shipping_keeps_up:
+        assert text == "".join((line % i).decode() for i in range(480_000))
+    else:
+        assert text.startswith("[... ") and "bytes skipped" in text.splitlines()[0]
+    with path.open("rb") as f:
+        assert f.read(16) == b"\0" * 16  # the oldest is a hole now
+    with path.open("ab") as worker:  # the worker prints on, after what it printed
+        worker.write(b"last words\n")
+    assert await shipper.ship() == 1
+    assert text + "last words\n" == kept.text(subj)
+    assert kept.sent[subj][-1][1] == written + len(b"last words\n")
+
+
+async def test_a_file_written_while_the_server_is_away_is_bounded_too(tmp_path: Path) -> None:
+    """The shipper reads no more of a file while the stream does not take what it read; the
+    worker prints on all the same."""
+
+    class Away(Kept):
+        away = False
+
+        async def send(self, subj: str, data: bytes, offset: int) -> None:
+            if self.away:
+                raise ConnectionError("nats: connection reconnecting")
+            await super().send(subj, data, offset)
+
+    path = _worker_file(tmp_path, "loop")
+    path.write_bytes(b"before\n")
+    kept = Away()
+    shipper = Shipper("n0", tmp_path, kept, live=lambda: [path])
+    await shipper._pass()
+    kept.away = True
+    with path.open("ab") as worker:
+        worker.write(b"read, not taken\n")
+        worker.flush()
+        await shipper._pass()
+        for _ in range(40):
+            worker.write((b"z" * 99 + b"\n") * 10_000)
+        worker.flush()
+    shipper._scanned = time.monotonic() - 60  # the look at every file being read is due
+    await shipper._pass()
+    assert _on_disk(path) <= FILE_KEEP + FREE_STEP + MiB
+    kept.away = False
+    while await shipper.ship():
+        pass
+    text = kept.text(subject("n0", "loop", 3, 0, 0))
+    assert text.startswith("before\nread, not taken\n[... ")
+    assert text.endswith("z" * 99 + "\n") and "\x00" not in text
+
+
+async def test_a_filesystem_that_cannot_free_part_of_a_file_is_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    tried: list[Path] = []
+
+    def cannot(path: Path, start: int, end: int) -> None:
+        tried.append(path)
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP), str(path))
+
+    monkeypatch.setattr(shipping.holes, "punch", cannot)
+    first, second = _worker_file(tmp_path, "a"), _worker_file(tmp_path, "b")
+    kept = Kept()
+    shipper = Shipper("n0", tmp_path, kept)
+    shipper.expect([first, second])
+    with caplog.at_level(logging.WARNING, logger=shipping.__name__):
+        for path in (first, second):
+            with path.open("ab") as worker:
+                for _ in range(3):
+                    worker.write((b"y" * 99 + b"\n") * ((FILE_KEEP + FREE_STEP) // 100) + b"newest\n")
+                    worker.flush()
+                    while await shipper.ship():
+                        pass
+    assert tried == [first]  # once: the other files are on the same filesystem
+    said = [r for r in caplog.records if "cannot free part" in r.getMessage()]
+    assert len(said) == 1 and "n0" in said[0].getMessage()
+    assert kept.text(subject("n0", "b", 3, 0, 0)).endswith("\nnewest\n")  # shipped as ever

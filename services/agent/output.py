@@ -20,12 +20,11 @@ A restarted agent resumes each file where the newest message of its subject says
 (``OutputSink.shipped``); a file older than the stream keeps anything and not yet shipped is
 not shipped now.
 
-Nothing removes the workers' files, so a node holds those of every worker it ever ran. The
-shipper lists them all once, when it starts (``walk``: the workers an earlier agent left, running
-or ended while no agent watched); after that it reads only the files of the workers the agent
-says it runs (``expect``, ``live``) and those not yet shipped whole, and lets go of an ended
-worker's file once all of it went out. What a pass costs and what the shipper holds is so that
-of the node's recent workers, not of all it ran in months.
+The shipper lists the node's files once, when it starts (``walk``: the workers an earlier agent
+left, running or ended while no agent watched); after that it reads only the files of the
+workers the agent says it runs (``expect``, ``live``) and those not yet shipped whole, and lets
+go of an ended worker's file once all of it went out. What a pass costs and what the shipper
+holds is so that of the node's recent workers, not of all it ran in months.
 
 While a file is read, the disk under all but its newest ``FILE_KEEP`` bytes is given back
 (``holes``: a hole punched from its start, in ``FREE_STEP``s), or one worker printing in a loop
@@ -33,15 +32,22 @@ would fill the node's disk and take down every job there. The file's size and ev
 so the worker appends on undisturbed and the stream's offsets hold; the shipper never reads what
 was freed, being at most ``MAX_BACKLOG`` behind. A filesystem that cannot punch is said once in
 the agent's log, and its files grow as they did.
+
+An ended worker's file is deleted, and its run's and job's directories once empty, when it has
+been untouched for longer than the stream keeps anything (``MAX_AGE``): the old ones the start-up
+listing meets, and those let go since, remembered with their time, at a look at every file once
+they are due (``DELETE_AT_ONCE`` a look). The file of a worker the agent runs (``live``,
+``expect``) is never deleted; without ``live`` the shipper cannot tell, and deletes none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -56,8 +62,8 @@ EVERY = 0.25  # seconds between looks at the files that are being written
 # Every ``SCAN_EVERY`` seconds the look is at every file being read (quiet ones that grew again)
 # and at the files of the workers the agent runs that are not read yet; in between, only at
 # those that grew within ``QUIET_S``. None of these lists the node's directories: a node keeps
-# the file of every worker it ever ran, and a list of them all every 2 s cost 2 s of the
-# agent's loop after a month of short jobs.
+# the file of every worker it ran in the last week, and a list of them all every 2 s cost 2 s
+# of the agent's loop after a month of short jobs.
 SCAN_EVERY = 2.0
 QUIET_S = 10.0
 # Files let go are remembered, the newest of them, so that a look soon after (an exit's drain
@@ -70,6 +76,9 @@ READ_AT_ONCE = 256 * 1024  # bytes read from one file per look
 DRAIN_LOOKS = 64  # looks at an ended worker's file before its exit is reported: 16 MiB at most
 YIELD_EVERY = 256  # files a look goes through before it lets the agent's other tasks run
 MAX_BACKLOG = 4 * 1024 * 1024  # bytes a file may be ahead of what was shipped before skipping
+# Ended workers' files deleted at one look at every file, at most: the old ones a node of months
+# holds when its agent starts go over minutes, not in one long stall of the agent's loop.
+DELETE_AT_ONCE = 1000
 # Bytes of a worker's file kept on disk, its newest: the disk under older ones is given back.
 # At least ``MAX_BACKLOG``, so the shipper never reads what was freed (it skips ahead to at most
 # that far behind the file's end); 16 MiB, what the stream keeps of one worker.
@@ -99,6 +108,13 @@ def to_free(size: int, freed: int) -> tuple[int, int] | None:
     not a step more yet."""
     end = max(0, size - FILE_KEEP) // FREE_STEP * FREE_STEP
     return (freed, end) if end > freed else None
+
+
+def expired(changed: Mapping[Path, float], running: Collection[Path], now: float) -> list[Path]:
+    """Of these workers' files (each with when it last changed), those to delete: untouched for
+    longer than the stream keeps anything, so nothing of them is to be shipped or read, and not
+    written by a worker the agent runs (a worker silent for a week still writes to its file)."""
+    return [p for p, t in changed.items() if now - t > MAX_AGE and p not in running]
 
 
 @dataclass
@@ -181,7 +197,8 @@ class Shipper:
     ``live``: the files of the workers the agent's runtime knows (starting, running, or ended
     with their exit not yet in the log). A file not among them, once all of it went out, is let
     go. Without it the shipper cannot tell, and lets a file go only once its worker's exit was
-    drained."""
+    drained, and deletes no file. ``clock``: the time files' ages are told by (seconds since
+    the epoch, as their mtimes)."""
 
     def __init__(
         self,
@@ -191,8 +208,10 @@ class Shipper:
         *,
         every: float = EVERY,
         live: Callable[[], Iterable[Path]] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.node, self.root, self.sink, self.every, self.live = node, Path(root), sink, every, live
+        self.clock = clock
         # The files being read: of the workers that run, and of those that ended until all of
         # it went out.
         self._files: dict[Path, _File] = {}
@@ -204,6 +223,11 @@ class Shipper:
         self._expected: dict[Path, float] = {}  # files of workers being started, since when
         self._done: dict[Path, None] = {}  # files let go, oldest first (``DONE_KEPT``)
         self._owed: dict[Path, None] = {}  # files drained (their worker ended), not yet let go
+        # Files of ended workers to delete once untouched for ``MAX_AGE``, each with when it was
+        # last known to change, and the same as a heap, the first due first: a look finds those
+        # due without going through the week's others. Kept only with ``live``.
+        self._to_delete: dict[Path, float] = {}
+        self._deletion_order: list[tuple[float, Path]] = []
         self._freeing = True  # false once the filesystem turned out not to punch holes
         # One look at a time: the passes and the agent's drains before it reports exits would
         # otherwise read and send one file's lines twice or out of order.
@@ -248,6 +272,8 @@ class Shipper:
         # Asked before the files are listed: a worker's file exists only once the runtime knows
         # the worker, so a file listed here and not among these has a worker that ended.
         alive = set(self.live()) if full and self.live is not None else None
+        if alive is not None:
+            self._delete_expired(alive)
         if full:
             self._scanned = now
             for held in self._files.values():
@@ -337,6 +363,57 @@ class Shipper:
         self._done[f.path] = None
         while len(self._done) > DONE_KEPT:
             del self._done[next(iter(self._done))]
+        self._delete_later(f.path, self.clock())
+
+    def _delete_later(self, path: Path, changed: float) -> None:
+        """Delete the file at ``path``, last known to change at ``changed``, once it is
+        untouched for ``MAX_AGE`` and its worker is not running (``_delete_expired``)."""
+        if self.live is not None and path not in self._to_delete:
+            self._to_delete[path] = changed
+            heapq.heappush(self._deletion_order, (changed, path))
+
+    def _delete_expired(self, running: set[Path]) -> None:
+        """Delete the files due (``_delete_later``) that ``expired`` says may go, and their run's
+        and job's directories left empty; the others are remembered with their latest change."""
+        now = self.clock()
+        changed: dict[Path, float] = {}
+        order = self._deletion_order
+        while order and now - order[0][0] > MAX_AGE and len(changed) < DELETE_AT_ONCE:
+            since, path = heapq.heappop(order)
+            if self._to_delete.get(path) != since:
+                continue  # remembered anew since, with a later time
+            del self._to_delete[path]
+            with contextlib.suppress(OSError):  # gone: nothing to delete
+                changed[path] = path.lstat().st_mtime
+        keep = running | self._expected.keys() | self._files.keys()
+        gone = expired(changed, keep, now)
+        deleting = set(gone)
+        for path, since in changed.items():
+            if path not in deleting:  # written since, or its worker runs
+                self._delete_later(path, since)
+        # A directory of a worker the agent runs or starts stays, though empty a moment (made
+        # before the worker opens its file).
+        busy = {p.parent for p in keep} | {p.parent.parent for p in keep}
+        deleted = 0
+        for path in gone:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                log.warning("%s: cannot delete an ended worker's file: %s", self.node, e)
+                continue
+            deleted += 1
+            self._done.pop(path, None)
+            for d in (path.parent, path.parent.parent):  # its run's, then its job's
+                if d in busy:
+                    break
+                try:
+                    d.rmdir()
+                except OSError:  # not empty
+                    break
+        if deleted:
+            log.info("%s: deleted %d ended workers' files untouched for a week or more", self.node, deleted)
 
     async def _found(self, path: Path) -> _File | None:
         m, run = LOG_FILE.fullmatch(path.name), RUN.fullmatch(path.parent.name)
@@ -347,9 +424,10 @@ class Shipper:
             st = path.stat()
         except OSError:
             return None
-        if time.time() - st.st_mtime > MAX_AGE:
+        if self.clock() - st.st_mtime > MAX_AGE:
             # Untouched for longer than the stream keeps anything: shipped long ago or never to
-            # be; not asked about (an agent started on a node of months).
+            # be; not asked about (an agent started on a node of months), and to be deleted.
+            self._delete_later(path, st.st_mtime)
             return None
         reached = await self.sink.shipped(subj)
         if reached is None:

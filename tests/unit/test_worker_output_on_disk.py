@@ -1,6 +1,7 @@
 """What a node's disk holds of its workers' output (``services/agent/output.py``): a worker that
 prints without end holds its newest ``FILE_KEEP`` bytes of the disk, with its file's size and
-every offset as they were."""
+every offset as they were, and an ended worker's file goes once the stream keeps nothing of it,
+never the file of a worker that runs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,10 +21,11 @@ from corral.services.agent.output import (
     FREE_STEP,
     MAX_BACKLOG,
     Shipper,
+    expired,
     to_free,
 )
-from corral.services.agent.worker import log_path
-from corral.services.runtime.output import subject
+from corral.services.agent.worker import log_path, log_path_before_runs
+from corral.services.runtime.output import MAX_AGE, subject
 
 MiB = 1024 * 1024
 
@@ -47,6 +50,18 @@ class Kept:
 def _worker_file(root: Path, job_id: str = "train", attempt: int = 0, rank: int = 0, run: int = 3) -> Path:
     path = log_path(root, WorkerKey(job_id, attempt, rank), run)
     path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _aged(path: Path, seconds: float, now: float | None = None) -> Path:
+    """``path`` as if last written ``seconds`` before ``now``."""
+    then = (time.time() if now is None else now) - seconds
+    os.utime(path, (then, then))
+    return path
+
+
+def _write(path: Path) -> Path:
+    path.write_bytes(b"a line\n")
     return path
 
 
@@ -98,6 +113,20 @@ def test_the_newest_bytes_are_kept_and_whole_steps_freed(size: int) -> None:
         assert start == 0 and end % FREE_STEP == 0
         assert size - end >= FILE_KEEP
         assert size - end < FILE_KEEP + FREE_STEP
+
+
+def test_which_files_are_old_enough_to_delete() -> None:
+    now = 1_000_000_000.0
+    ended_long_ago, running_silent, recent, at_the_limit = (Path(n) for n in ("a", "b", "c", "d"))
+    changed = {
+        ended_long_ago: now - MAX_AGE - 1,
+        running_silent: now - MAX_AGE - 3600,
+        recent: now - 60,
+        at_the_limit: now - MAX_AGE,
+    }
+    assert expired(changed, {running_silent}, now) == [ended_long_ago]
+    assert expired(changed, set(), now + 3600) == [ended_long_ago, running_silent, at_the_limit]
+    assert expired({}, set(), now) == []
 
 
 # -- a worker printing without end -----------------------------------------------------------------
@@ -208,3 +237,108 @@ async def test_a_filesystem_that_cannot_free_part_of_a_file_is_said_once(
     said = [r for r in caplog.records if "cannot free part" in r.getMessage()]
     assert len(said) == 1 and "n0" in said[0].getMessage()
     assert kept.text(subject("n0", "b", 3, 0, 0)).endswith("\nnewest\n")  # shipped as ever
+
+
+# -- ended workers' files ----------------------------------------------------------------------------
+
+
+def _looks_at_the_disk(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The directories the shipper lists, as it lists them."""
+    listed: list[Path] = []
+    glob = Path.glob
+
+    def counted(self: Path, pattern: str, *args: Any, **kw: Any) -> Any:
+        listed.append(self)
+        return glob(self, pattern, *args, **kw)
+
+    monkeypatch.setattr(Path, "glob", counted)
+    return listed
+
+
+async def test_the_start_up_listing_deletes_ended_workers_files_the_stream_keeps_nothing_of(
+    tmp_path: Path,
+) -> None:
+    """A node kept the file of every worker it ever ran. The agent starting deletes those
+    untouched for longer than the stream keeps anything, and their directories once empty;
+    never the file of a worker it runs, however long that one was silent."""
+    week = MAX_AGE + 3600
+    ended = _aged(_write(_worker_file(tmp_path, "ended")), week)
+    silent = _aged(_write(_worker_file(tmp_path, "silent")), week)  # runs, said nothing for a week
+    recent = _aged(_write(_worker_file(tmp_path, "recent")), 86400)  # ended yesterday
+    retried = _aged(_write(_worker_file(tmp_path, "retried")), week)  # its next attempt starts now
+    starting = log_path(tmp_path, WorkerKey("retried", 1, 0), 3)  # its directory made, no file yet
+    older_agents = log_path_before_runs(tmp_path, WorkerKey("ancient", 0, 0))  # not a run's
+    older_agents.parent.mkdir(parents=True)
+    _aged(_write(older_agents), week)
+    running = [silent, starting]
+    kept = Kept()
+    shipper = Shipper("n0", tmp_path, kept, live=lambda: running)
+    shipper.expect([starting])
+    await shipper.ship()  # the first look: lists the node
+    await shipper.ship(full=True)
+    assert not ended.exists() and not (tmp_path / "logs" / "ended").exists()
+    assert silent.exists() and recent.exists() and older_agents.exists()
+    assert not retried.exists() and starting.parent.is_dir()  # its next attempt's file goes there
+    assert kept.sent == {subject("n0", "recent", 3, 0, 0): [(b"a line\n", 7)]}
+    running.remove(silent)  # it ended, without a word more
+    await shipper.drain([silent])
+    await shipper.ship(full=True)
+    assert not silent.exists() and not (tmp_path / "logs" / "silent").exists()
+    assert recent.exists() and (tmp_path / "logs").is_dir()
+
+
+async def test_an_ended_workers_file_is_deleted_once_the_stream_keeps_nothing_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that runs for months deletes the files of the workers that ended meanwhile, a
+    week after their last line, without listing its directories again to find them."""
+    now = [time.time()]
+    running: list[Path] = []
+    shipper = Shipper("n0", tmp_path, Kept(), live=lambda: running, clock=lambda: now[0])
+    listed = _looks_at_the_disk(monkeypatch)
+    await shipper.ship()  # the first look: an empty node
+    brief, orphan = _worker_file(tmp_path, "brief"), _worker_file(tmp_path, "orphan")
+    for path in (brief, orphan):
+        running.append(path)
+        shipper.expect([path])
+        path.write_bytes(b"done\n")
+    await shipper.ship()
+    running.clear()  # both ended
+    await shipper.drain([brief, orphan])
+    assert brief not in shipper._files and orphan not in shipper._files  # let go
+    now[0] += MAX_AGE - 60
+    await shipper.ship(full=True)
+    assert brief.exists() and orphan.exists()  # the stream may still keep their lines
+    _aged(orphan, 0, now[0])  # a process it left wrote on since
+    now[0] += 120
+    await shipper.ship(full=True)
+    assert not brief.exists() and not (tmp_path / "logs" / "brief").exists()
+    assert orphan.exists()
+    now[0] += MAX_AGE + 1
+    await shipper.ship(full=True)
+    assert not orphan.exists()
+    assert len(listed) == 1  # the first look only
+    assert not shipper._to_delete and not shipper._deletion_order
+
+
+async def test_a_node_of_months_deletes_its_old_files_a_share_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shipping, "DELETE_AT_ONCE", 10)
+    old = [_aged(_write(_worker_file(tmp_path, f"old{i:03d}")), MAX_AGE + 60) for i in range(25)]
+    shipper = Shipper("n0", tmp_path, Kept(), live=lambda: [])
+    await shipper.ship()
+    left = []
+    for _ in range(3):
+        await shipper.ship(full=True)
+        left.append(sum(p.exists() for p in old))
+    assert left == [15, 5, 0]
+
+
+async def test_without_the_runtimes_word_no_file_is_deleted(tmp_path: Path) -> None:
+    """Without ``live`` the shipper cannot tell a worker that runs, silent, from one that ended."""
+    old = _aged(_write(_worker_file(tmp_path, "old")), MAX_AGE + 60)
+    shipper = Shipper("n0", tmp_path, Kept())
+    await shipper.ship()
+    await shipper.ship(full=True)
+    assert old.exists() and not shipper._to_delete

@@ -26,7 +26,7 @@ from corral.services.agent.checkpoints import Checkpoints
 from corral.services.agent.container import ContainerMode, EngineInfo, Probe
 from corral.services.agent.decide import GONE_CODE, Exited, Started, StartFailed, StartWorker, WorkerKey
 from corral.services.agent.sandbox import RunAs
-from corral.services.agent.worker import DONE, REQUEST, StartError, Worker, children_of, kill, log
+from corral.services.agent.worker import DONE, REQUEST, StartError, Worker, children_of, kill, log, log_tail
 
 SandboxMode = Literal["auto", "bwrap", "none"]
 Prepare = Callable[[StartWorker], Awaitable[None]]
@@ -305,7 +305,7 @@ class Launching(Checkpoints):
                 await asyncio.wait_for(w.done.wait(), delay)
             delay = min(delay * 2, self.poll_interval)
         if w.done.is_set():
-            problem = sandbox.bwrap_error(w.log)
+            problem = sandbox.bwrap_error(log_tail(w.log))
             if problem:
                 raise StartError(f"sandbox setup failed: {problem}")
 
@@ -330,7 +330,7 @@ class Launching(Checkpoints):
             delay = min(delay * 2, self.poll_interval)
         # The client ended before the container was seen running: the engine failed, or the
         # worker ran and ended in between (then it started, and its exit is reported).
-        problem = container.engine_error(_read(w.log)) if w.code in container.ENGINE_FAILURES else ""
+        problem = container.engine_error(log_tail(w.log)) if w.code in container.ENGINE_FAILURES else ""
         if problem:
             where = f"on node {self.node}"
             raise StartError(f"{engine.name} could not run image {w.spec.image} {where}: {problem}")
@@ -450,16 +450,6 @@ def _why(e: BaseException | None) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 def _tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "no output"
+    text = log_tail(path).strip().splitlines()
     return " | ".join(text[-lines:]) or "no output"

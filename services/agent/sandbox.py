@@ -27,7 +27,7 @@ import pwd
 import shutil
 import sys
 from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any, NamedTuple
 
 from corral.events.jobs import Mount, mount_problem
@@ -216,10 +216,8 @@ def target_problem(m: Mount, writable: list[str]) -> str:
     )
 
 
-def bwrap_error(path: Path) -> str:
-    """bwrap's own complaint in a worker's log (``bwrap: Can't mkdir …``), or ``""``."""
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
+def bwrap_error(output: str) -> str:
+    """bwrap's own complaint among the last lines of a worker's log (``bwrap: Can't mkdir …``),
+    or ``""``."""
+    lines = output.splitlines()
     return next((line for line in reversed(lines[-20:]) if line.startswith("bwrap: ")), "")

@@ -47,6 +47,22 @@ def log_path(root: str | Path, key: WorkerKey, run: int) -> Path:
     return Path(root) / "logs" / run_dir(key.job_id, run) / f"attempt-{key.attempt}.rank-{key.rank}.log"
 
 
+# A start's failure is told from the end of its worker's file: only so much of it is read, as
+# the file may be large (a worker that printed for days before a restart failed; the agent frees
+# the disk under an old part of it, whose size stays).
+TAIL_BYTES = 64 * 1024
+
+
+def log_tail(path: Path) -> str:
+    """The last ``TAIL_BYTES`` of a worker's file as text (its first line maybe cut), or ``""``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL_BYTES))
+            return f.read(TAIL_BYTES).decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def log_path_before_runs(root: str | Path, key: WorkerKey) -> Path:
     """Where an older agent, before log files were kept per run, had the worker write: a worker
     it started writes there still when a newer agent takes it back (``Runtime.reattach``)."""

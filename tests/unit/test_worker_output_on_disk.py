@@ -342,3 +342,46 @@ async def test_without_the_runtimes_word_no_file_is_deleted(tmp_path: Path) -> N
     await shipper.ship()
     await shipper.ship(full=True)
     assert old.exists() and not shipper._to_delete
+
+
+def test_a_failed_start_quotes_the_end_of_its_workers_file_reading_only_that(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A start that fails quotes its worker's last lines: read from the end, not the whole file
+    # into memory (a file of days, whose freed part still counts in its size, read as zeros).
+    from corral.services.agent import worker
+
+    path = tmp_path / "w.log"
+    with open(path, "wb") as f:
+        f.truncate(64 * MiB)  # a sparse start: what the shipper freed
+        f.seek(0, os.SEEK_END)
+        f.write(b"\n".join(b"line %d" % i for i in range(100)) + b"\nbwrap: Can't mkdir /x\n")
+    read: list[int] = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, f: Any) -> None:
+            self.f = f
+
+        def __enter__(self) -> Counting:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            self.f.close()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.f, name)
+
+        def read(self, n: int = -1) -> bytes:
+            data: bytes = self.f.read(n)
+            read.append(len(data))
+            return data
+
+    monkeypatch.setattr(worker, "open", lambda p, m: Counting(real_open(p, m)), raising=False)
+    text = worker.log_tail(path)
+    assert sum(read) <= worker.TAIL_BYTES
+    assert text.endswith("line 99\nbwrap: Can't mkdir /x\n")
+    from corral.services.agent import sandbox
+
+    assert sandbox.bwrap_error(text) == "bwrap: Can't mkdir /x"
+    assert worker.log_tail(tmp_path / "none.log") == ""

@@ -345,7 +345,7 @@ def _looks_at_the_disk(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 async def test_a_node_of_thousands_of_workers_holds_and_lists_only_its_recent_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, life: str
 ) -> None:
-    """A node keeps the file of every worker it ever ran. The shipper held each one shipped
+    """A node keeps the file of every worker it ran within a week. The shipper held each one shipped
     whole and listed them all every 2 s: 3,000 workers one after the other, 3,000 held and
     200 ms a look, a month of ten-minute jobs on eight GPUs 2.3 s of the agent's loop every 2 s.
     Now what it holds and what a look goes through are the recent workers' files, whether a

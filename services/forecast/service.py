@@ -143,6 +143,7 @@ class ForecastService(Service):
             await self._failed(e, now)
             return 0
         self._running = asyncio.create_task(self._forecast(frozen, now))
+        self._running.add_done_callback(lambda _: self._let_go_if_idle())
         return 0
 
     def _band(self, frozen: bytes, now: float) -> tuple[State, dict[str, tuple[float, float, float]]]:
@@ -161,9 +162,6 @@ class ForecastService(Service):
         except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
             await self._failed(e, now)
             return
-        finally:
-            if not self._answering:
-                self._frozen.let_go()
         self.supervision.succeeded()
         self.forecasts += 1
         if self.lease is not None and not self.lease.held:
@@ -213,6 +211,12 @@ class ForecastService(Service):
             self._asking[asker] = left
         else:
             self._asking.pop(asker, None)
+        self._let_go_if_idle()
+
+    def _let_go_if_idle(self) -> None:
+        """Let the state's encoding go once no forecast runs and no what-if is answered: told by
+        the end of each (a done callback), as a forecast still writing the bucket is not done,
+        and a what-if ended meanwhile would otherwise leave it held till the next question."""
         if (self._running is None or self._running.done()) and not self._answering:
             self._frozen.let_go()
 

@@ -292,3 +292,47 @@ async def test_what_ifs_at_one_log_position_share_one_encoding_and_decode_off_th
     assert frozen.at(state) is first  # the log has not moved
     state.seq += 1
     assert frozen.at(state) is not first
+
+
+async def test_the_encoding_is_let_go_once_a_forecast_writing_the_bucket_and_a_what_if_are_done() -> None:
+    # The forecast let go of the encoding before it wrote the bucket, a what-if answered while it
+    # wrote made it anew and, the forecast not done, did not let it go: held till the next one.
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from corral.events.log import InMemoryLog
+    from corral.services.forecast import service
+    from corral.services.runtime import identities
+
+    class SlowBucket:
+        def __init__(self) -> None:
+            self.writing, self.written = asyncio.Event(), asyncio.Event()
+
+        async def put(self, tenant: str, value: bytes) -> None:
+            self.writing.set()
+            await self.written.wait()
+
+    sent: list[dict[str, object]] = []
+
+    async def publish(_: str, body: bytes) -> None:
+        sent.append(json.loads(body))
+
+    log = InMemoryLog()
+    log.nc = SimpleNamespace(publish=publish, max_payload=1 << 20)  # type: ignore[attr-defined]
+    bucket = SlowBucket()
+    svc = service.ForecastService(log, store=bucket)  # type: ignore[arg-type]
+    svc.state = busy(("t1", "t")).state  # a waiting job: the forecast writes its tenant's key
+    await svc.cycle()
+    await asyncio.wait_for(bucket.writing.wait(), 30)
+    job = b'{"job": {"queue": "q", "command": ["true"], "resources": {"gpus": 1}}}'
+    reply = f"{identities.inbox_prefix('t')}.1"
+    asked = SimpleNamespace(subject=identities.read_subject("t", "whatif"), reply=reply, data=job)
+    await svc._on_whatif(asked)
+    await asyncio.gather(*svc._answering)
+    assert len(sent) == 1 and "error" not in sent[0], sent
+    bucket.written.set()
+    assert svc._running is not None
+    await svc._running
+    await asyncio.sleep(0)  # its done callbacks
+    assert svc._frozen.data == b""

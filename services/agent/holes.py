@@ -54,8 +54,22 @@ def punch(path: Path, start: int, end: int) -> None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if not _has_data(fd, start, end):
+            return  # freed already (by an agent before this one): a punch would touch its mtime
         if _FALLOCATE(fd, PUNCH_HOLE | KEEP_SIZE, start, end - start) != 0:
             code = ctypes.get_errno()
             raise OSError(code, os.strerror(code), str(path))
     finally:
         os.close(fd)
+
+
+def _has_data(fd: int, start: int, end: int) -> bool:
+    """Whether bytes ``start`` to ``end`` of the file hold any data, not only holes. A punch sets
+    the file's mtime even where there was nothing left to free, and the agent tells a worker's
+    file untouched for a week (to delete) by its mtime: a restarted agent, which punches each
+    file again from its start, would keep every large file a week longer at each restart. A
+    filesystem that cannot tell holes says all is data."""
+    try:
+        return os.lseek(fd, start, os.SEEK_DATA) < end
+    except OSError as e:
+        return e.errno != errno.ENXIO  # ENXIO: no data past ``start``

@@ -385,3 +385,26 @@ def test_a_failed_start_quotes_the_end_of_its_workers_file_reading_only_that(
 
     assert sandbox.bwrap_error(text) == "bwrap: Can't mkdir /x"
     assert worker.log_tail(tmp_path / "none.log") == ""
+
+
+async def test_an_agent_restarted_within_the_week_does_not_make_an_old_file_look_new(tmp_path: Path) -> None:
+    """A restarted agent frees each file it reads from its start again, and a punch sets the
+    file's mtime even where nothing was left to free: each restart kept a large file a week
+    more, and on a node whose agent restarts within every week, never deleted."""
+    from corral.services.agent import holes
+
+    path = _worker_file(tmp_path, "big")
+    path.write_bytes((b"x" * 99 + b"\n") * ((FILE_KEEP + 2 * FREE_STEP) // 100))
+    size = path.stat().st_size
+    holes.punch(path, 0, to_free(size, 0)[1])  # type: ignore[index]  # what the agent before freed
+    kept = Kept()
+    kept.sent[subject("n0", "big", 3, 0, 0)] = [(b"all of it\n", size)]
+    now = [time.time()]
+    written = _aged(path, 6 * 86400, now[0]).stat().st_mtime
+    for _ in range(2):  # restarted six days after the worker's last line, then two days later
+        shipper = Shipper("n0", tmp_path, kept, live=lambda: [], clock=lambda: now[0])
+        await shipper.ship()
+        await shipper.ship(full=True)
+        assert not path.exists() or path.stat().st_mtime == written
+        now[0] += 2 * 86400
+    assert not path.exists()

@@ -30,7 +30,8 @@ While a file is read, the disk under all but its newest ``FILE_KEEP`` bytes is g
 (``holes``: a hole punched from its start, in ``FREE_STEP``s), or one worker printing in a loop
 would fill the node's disk and take down every job there. The file's size and every offset stay,
 so the worker appends on undisturbed and the stream's offsets hold; the shipper never reads what
-was freed, being at most ``MAX_BACKLOG`` behind. A filesystem that cannot punch is said once in
+was freed, being at most ``MAX_BACKLOG`` behind; so a file not read yet (the server away before the
+stream said where it stands) is freed too. A filesystem that cannot punch is said once in
 the agent's log, and its files grow as they did.
 
 An ended worker's file is deleted, and its run's and job's directories once empty, when it has
@@ -229,6 +230,9 @@ class Shipper:
         self._to_delete: dict[Path, float] = {}
         self._deletion_order: list[tuple[float, Path]] = []
         self._freeing = True  # false once the filesystem turned out not to punch holes
+        # Files of workers the agent runs or starts not read yet, for their disk to be freed
+        # all the same (``_free_unread``).
+        self._unread: dict[Path, _File] = {}
         # One look at a time: the passes and the agent's drains before it reports exits would
         # otherwise read and send one file's lines twice or out of order.
         self._looking = asyncio.Lock()
@@ -279,6 +283,7 @@ class Shipper:
             for held in self._files.values():
                 if held.unsent:  # not read while the server does not take them, and still written
                     self._free(held)
+            self._free_unread(alive)
             paths = list(self._files)
         else:
             paths = [p for p, f in self._files.items() if f.unsent or now - f.grew < QUIET_S]
@@ -475,6 +480,19 @@ class Shipper:
         self._free(f, size)
         reached = f.offset - len(f.lines.partial)
         return [(m, reached) for m in messages(out)]
+
+    def _free_unread(self, alive: set[Path] | None) -> None:
+        """Give back the disk under the old output of the files of workers the agent runs or
+        starts that are not read yet: one is found only once the stream says where it stands,
+        and while the server is away that is never, its worker printing on. Whatever the stream
+        says, the shipper reads none of a file further back than ``MAX_BACKLOG`` from its end."""
+        wanted = {*(alive or ()), *self._expected}
+        unread = self._unread
+        for p in [p for p in unread if p not in wanted or p in self._files]:
+            del unread[p]
+        for p in wanted:
+            if p not in self._files:
+                self._free(unread.get(p) or unread.setdefault(p, _File(p, "", 0)))
 
     def _free(self, f: _File, size: int | None = None) -> None:
         """Give back the disk under ``f``'s old output (``to_free``), its ``size`` as just seen."""

@@ -408,3 +408,35 @@ async def test_an_agent_restarted_within_the_week_does_not_make_an_old_file_look
         assert not path.exists() or path.stat().st_mtime == written
         now[0] += 2 * 86400
     assert not path.exists()
+
+
+async def test_a_file_not_found_before_the_server_went_away_is_bounded_too(tmp_path: Path) -> None:
+    """The shipper reads a file once the stream said where it stands; while the server is away
+    it cannot say, and a worker started just before it went filled the node's disk for as long
+    as the server was away."""
+
+    class Away(Kept):
+        async def shipped(self, subj: str) -> int | None:
+            raise ConnectionError("nats: connection reconnecting")
+
+    path = _worker_file(tmp_path, "loop")
+    kept = Away()
+    shipper = Shipper("n0", tmp_path, kept, live=lambda: [path])
+    shipper.expect([path])
+    await shipper._pass()
+    with path.open("ab") as worker:
+        for _ in range(6):
+            for _ in range(8):
+                worker.write((b"z" * 99 + b"\n") * 10_000)
+            worker.flush()
+            shipper._scanned = time.monotonic() - 60  # the look at every file is due
+            await shipper._pass()
+    assert path not in shipper._files
+    assert _on_disk(path) <= FILE_KEEP + FREE_STEP + MiB
+    Away.shipped = Kept.shipped  # type: ignore[method-assign]  # the server back
+    while await shipper.ship():
+        pass
+    text = kept.text(subject("n0", "loop", 3, 0, 0))
+    assert text.startswith("[... ") and text.endswith("z" * 99 + "\n") and "\x00" not in text
+    await shipper.ship(full=True)
+    assert not shipper._unread  # read now: forgotten at the next look at every file

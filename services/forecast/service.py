@@ -8,12 +8,13 @@ by every replica (a queue group: each question once), since each holds the folde
 appends nothing to the log.
 
 The simulation runs in a worker thread on a copy of the state, and no cycle waits for it, so
-the loop goes on folding, renewing the lease and answering while it runs; one forecast at a
-time, the next from the state folded by then. The loop only encodes the state, once per log
-position (``_Frozen``): the forecast and every what-if at that position decode their own copy
-from those bytes in their thread. (Encoding is a fifth of a copy's cost; a copy made whole on
-the loop for each what-if held it 1.2 s a question at 36,000 jobs, so a tenant asking in a
-loop kept the role from folding.)
+the loop goes on folding, renewing the lease and answering while it runs (the simulation, in
+Python, gives the interpreter's lock up every few milliseconds); one forecast at a time, the
+next from the state folded by then. The loop encodes the state once per log position
+(``_Frozen``), for the forecast and every what-if asked there; each decodes its own copy in its
+thread. A decode is one call that holds the interpreter's lock throughout (0.33 s at 36,000
+jobs), so each question still costs the loop a pause that long: what bounds a tenant's cost is
+how many of its questions run at once and how much simulation it has used lately.
 
 Invariants:
 
@@ -28,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +40,7 @@ from corral.events.base import Event
 from corral.events.log import EventLog
 from corral.projections.state import State
 from corral.services.forecast.decide import ROLE as ROLE
-from corral.services.forecast.decide import WHATIF, due, values, waiting, whatif_answer
+from corral.services.forecast.decide import WHATIF, Spent, due, values, waiting, whatif_answer
 from corral.services.runtime import identities
 from corral.services.runtime.forecasts import ForecastStore, encode
 from corral.services.runtime.lease import Lease
@@ -56,6 +58,12 @@ _encode = msgspec.json.Encoder().encode
 # more is answered at once that the role is busy (``Busy``), and may be asked again.
 MAX_WHATIFS = 4
 MAX_WHATIFS_PER_ASKER = 2
+# ... and the simulation they use over time (``decide.Spent``): an asker keeps up a tenth of a
+# core, after a minute's worth at once; all askers together half of one, after two minutes'.
+# A what-if's budget is ``whatif.BUDGET_S``: one asker's questions on a deep backlog, each using
+# all of it, held a core of ``corral up`` and made everyone's submits 25 times slower.
+WHATIF_SHARE, WHATIF_MOST_S = 0.1, 60.0
+WHATIF_SHARE_ALL, WHATIF_MOST_ALL_S = 0.5, 120.0
 
 # Forecasts decide at most every 10 simulated seconds, not at every simulated event: a start is
 # told to the minute, and a forecast of a deep backlog costs far fewer decisions so.
@@ -116,6 +124,7 @@ class ForecastService(Service):
         self._running: asyncio.Task[None] | None = None  # the forecast under way
         self._stopping = threading.Event()  # tells a forecast's thread to give up
         self._frozen = _Frozen()
+        self._spent = Spent(WHATIF_SHARE, WHATIF_MOST_S, WHATIF_SHARE_ALL, WHATIF_MOST_ALL_S)
 
     async def cycle(self) -> int:
         """Start a forecast when one is due and none is running; it writes when done. The cycle
@@ -199,6 +208,13 @@ class ForecastService(Service):
             )
             await self._reply(msg.reply, {"seq": self.state.seq, "error": why, "busy": True})
             return
+        wait = self._spent.wait_s(asker, time.monotonic())
+        if wait > 0.0:
+            self.whatifs_refused += 1
+            why = f"busy: what-if questions used their share of the role's time; ask again in {wait:.0f} s"
+            told = {"seq": self.state.seq, "error": why, "busy": True, "retry_s": round(wait, 3)}
+            await self._reply(msg.reply, told)
+            return
         self._asking[asker] = mine + 1
         task = asyncio.create_task(self._answer(msg.reply, asker, msg.data))
         self._answering.add(task)
@@ -222,12 +238,23 @@ class ForecastService(Service):
 
     async def _answer(self, reply: str, asker: str, data: bytes) -> None:
         now = self.now()
+        used = [0.0]
+
+        def answer(frozen: bytes, errors: eta.Errors | None) -> dict[str, Any]:
+            began = time.thread_time()
+            try:
+                return whatif_answer(_thaw(frozen), asker, data, now, errors)
+            finally:
+                used[0] = time.thread_time() - began
+
         try:
             frozen, errors = self._frozen.at(self.state), self.calibration.errors()
-            told = await asyncio.to_thread(lambda: whatif_answer(_thaw(frozen), asker, data, now, errors))
+            told = await asyncio.to_thread(answer, frozen, errors)
         except Exception as e:  # noqa: BLE001 - one bad question must not take the role down
             log.exception("what-if of %s failed", asker)
             told = {"seq": self.state.seq, "error": f"what-if failed: {type(e).__name__}"}
+        finally:
+            self._spent.charge(asker, used[0], time.monotonic())
         self.whatifs += 1
         await self._reply(reply, told)
 

@@ -6,6 +6,7 @@ and the MIG slice it suggests."""
 from __future__ import annotations
 
 import math
+import time
 
 import msgspec
 import pytest
@@ -249,8 +250,8 @@ async def test_what_if_questions_beyond_the_caps_are_answered_busy_at_once(
 async def test_what_ifs_at_one_log_position_share_one_encoding_and_decode_off_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A copy made whole on the loop for each question held the role's loop 1.2 s a question at
-    # 36,000 jobs: the loop encodes once per log position, each question decodes in its thread.
+    # A copy was made whole on the loop for each question: the loop encodes once per log
+    # position, and each question decodes its copy in its thread.
     import asyncio
     import json
     import threading
@@ -336,3 +337,59 @@ async def test_the_encoding_is_let_go_once_a_forecast_writing_the_bucket_and_a_w
     await svc._running
     await asyncio.sleep(0)  # its done callbacks
     assert svc._frozen.data == b""
+
+
+def test_what_ifs_are_taken_while_their_asker_and_everyone_owe_less_than_their_most() -> None:
+    spent = decide.Spent(share=0.1, most_s=60.0, share_all=0.5, most_all_s=120.0)
+    assert spent.wait_s("a", 0.0) == 0.0
+    spent.charge("a", 20.0, 0.0)
+    spent.charge("a", 20.0, 0.0)
+    assert spent.wait_s("a", 0.0) == 0.0  # 40 s owed: under its most, asked at once
+    spent.charge("a", 30.0, 0.0)  # a question ran long: what it used is known once answered
+    assert spent.wait_s("a", 0.0) == pytest.approx(100.0)  # 70 owed, 60 the most, paid 0.1 a second
+    assert spent.wait_s("a", 100.0) == 0.0
+    assert spent.wait_s("b", 0.0) == 0.0  # another asker still asks
+    for who in "bcd":
+        spent.charge(who, 20.0, 0.0)
+    # Everyone owes 130 s, past the 120 all may: every asker waits until it is paid back.
+    assert spent.wait_s("e", 0.0) == pytest.approx(20.0)
+    assert spent.wait_s("e", 20.0) == 0.0
+
+
+async def test_an_asker_past_its_share_of_what_if_time_is_told_when_to_ask_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from corral.events.log import InMemoryLog
+    from corral.services.forecast import service
+    from corral.services.runtime import identities
+
+    def long(*_: object) -> dict[str, object]:
+        return {"seq": 0, "answered": True}
+
+    monkeypatch.setattr(service, "whatif_answer", long)
+    sent: list[tuple[str, dict[str, object]]] = []
+
+    async def publish(subject: str, body: bytes) -> None:
+        sent.append((subject, json.loads(body)))
+
+    log = InMemoryLog()
+    log.nc = SimpleNamespace(publish=publish, max_payload=1 << 20)  # type: ignore[attr-defined]
+    svc = service.ForecastService(log, store=None)  # type: ignore[arg-type]
+    svc._spent.charge("a", service.WHATIF_MOST_S + 5.0, time.monotonic())  # its questions ran long
+
+    def ask(who: str) -> SimpleNamespace:
+        reply = f"{identities.inbox_prefix(who)}.1"
+        return SimpleNamespace(subject=identities.read_subject(who, "whatif"), reply=reply, data=b"{}")
+
+    await svc._on_whatif(ask("a"))
+    await svc._on_whatif(ask("b"))
+    await asyncio.gather(*svc._answering)
+    told = dict(sent)
+    a, b = told[f"{identities.inbox_prefix('a')}.1"], told[f"{identities.inbox_prefix('b')}.1"]
+    assert a["busy"] and 0 < float(a["retry_s"]) <= 5.0 / service.WHATIF_SHARE  # type: ignore[arg-type]
+    assert b == {"seq": 0, "answered": True}
+    assert svc._spent._owed["b"][0] > 0  # what b's question used is charged to b

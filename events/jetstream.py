@@ -28,7 +28,16 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from corral.events.log import Ack, Append, ConflictError, Fence, LogError, Record, UnstorableError
+from corral.events.log import (
+    Ack,
+    Append,
+    ConflictError,
+    Fence,
+    LogError,
+    Record,
+    UnacknowledgedError,
+    UnstorableError,
+)
 from corral.events.nats_client import Client, default_replicas, open_client
 from corral.events.reader import CRLF, HEARTBEAT, UNANSWERED, Consumer
 from corral.events.subjects import STREAM, STREAM_SUBJECTS
@@ -52,6 +61,7 @@ BATCH_DUPLICATE = 10201
 # An append larger than a message may be: the server's (JetStream API error 10054, the stream's
 # maximum message size) or the connection's (the client's max payload, as 413 here).
 TOO_LARGE, TOO_LARGE_FOR_STREAM = 413, 10054
+UNACKNOWLEDGED = 408  # ours, not the server's: no acknowledgement came in time (``_timed_out``)
 STREAM_NAME_IN_USE = 10058  # JetStream API error: the stream exists with another configuration
 NO_PEERS = 10005  # JetStream API error: not enough servers of the cluster known and current yet
 # JetStream API error: the server could not make the stream's store; so it answers a creation
@@ -270,6 +280,8 @@ class JetStreamLog:
         why = f"append to {item.subject} refused: {err.description} ({err.err_code or err.code})"
         if err.code == TOO_LARGE or err.err_code == TOO_LARGE_FOR_STREAM:
             return UnstorableError(why)
+        if err.code == UNACKNOWLEDGED:
+            return UnacknowledgedError(why)
         return LogError(why)
 
     async def _settle(self, item: Append, result: Ack | LogError) -> Ack | LogError:
@@ -292,7 +304,7 @@ class JetStreamLog:
 
     def _timed_out(self, fut: asyncio.Future[_PubAck]) -> _PubAck:
         fut.cancel()
-        return _PubAck(error=_ApiError(408, 0, f"no acknowledgement within {self._ack_timeout}s"))
+        return _PubAck(error=_ApiError(UNACKNOWLEDGED, 0, f"no acknowledgement within {self._ack_timeout}s"))
 
     async def append(self, item: Append) -> Ack:
         fut = await self._send(item)

@@ -64,6 +64,11 @@ class UnstorableError(LogError):
     moment: sent again, it is refused again. A writer that keeps appends in order drops it."""
 
 
+class UnacknowledgedError(LogError):
+    """The append went out but no acknowledgement came in time: it may have been stored. Sent
+    again with the same message id, it is stored once (the stream's duplicate window)."""
+
+
 class ConflictError(LogError):
     """An append's expected last subject sequence no longer holds: another writer got there
     first. The writer should fold the tail and decide again."""

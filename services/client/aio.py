@@ -51,6 +51,9 @@ DEFAULT_SERVER = "nats://127.0.0.1:4222"
 CONNECT_TIMEOUT = 10.0  # seconds: an unreachable server is an answer, not a hang
 VERDICT_TIMEOUT = 30.0  # seconds a request's verdict is waited for, by default
 JOB_VERBS = ("submit", "cancel", "resize")  # a refusal as "unknown" of these is NoSuchJob
+# Seconds before a request the log did not acknowledge is sent again (under the same id): the
+# log was slow to answer, not necessarily away.
+MAYBE_STORED_RETRY_S = 0.5
 WHATIF_TIMEOUT = 60.0  # seconds a what-if may take: it simulates, the more so on a deep backlog
 
 
@@ -260,8 +263,10 @@ class AsyncClient:
             data, subject = codec.encode(body), subjects.intake(self.tenant, verb)
             while True:
                 ack = _intake_answer(verb, await self._request(session, subject, data, headers))
-                if isinstance(ack, Busy) and ack.too_fast and time.monotonic() + ack.retry_s <= deadline:
-                    await asyncio.sleep(ack.retry_s)  # nothing was appended: the same message again
+                if isinstance(ack, Busy) and ack.resend and time.monotonic() + ack.retry_s <= deadline:
+                    # Past its rate nothing was appended; unacknowledged, it may have been: the
+                    # same message under the same id either way, which the log stores once.
+                    await asyncio.sleep(ack.retry_s)
                     continue
                 break
         if isinstance(ack, Exception):
@@ -456,8 +461,8 @@ class AsyncClient:
 
 def _intake_answer(verb: str, msg: bytes) -> dict[str, Any] | Busy | Refused:
     """The intake's answer: where the log stored the request, or why not (503: the intake, or
-    the log behind it, cannot take it now; 429: the tenant sends faster than its rate; any other
-    code: refused)."""
+    the log behind it, cannot take it now; 429: the tenant sends faster than its rate; 504: the
+    log did not say whether it stored it; any other code: refused)."""
     try:
         ack = json.loads(msg)
     except ValueError:
@@ -466,8 +471,11 @@ def _intake_answer(verb: str, msg: bytes) -> dict[str, Any] | Busy | Refused:
         return ack  # type: ignore[no-any-return]
     error = ack["error"]
     code = error.get("code")
-    if code in (503, 429):
+    if code in (503, 429, 504):
         retry_s = error.get("retry_s")
-        retry_s = float(retry_s) if isinstance(retry_s, int | float) and retry_s >= 0 else 0.0
-        return Busy(f"{verb} not taken: {error.get('description', error)}", retry_s, too_fast=code == 429)
+        if not (isinstance(retry_s, int | float) and retry_s >= 0):
+            retry_s = MAYBE_STORED_RETRY_S if code == 504 else 0.0
+        said = "not known to be taken" if code == 504 else "not taken"
+        told = f"{verb} {said}: {error.get('description', error)}"
+        return Busy(told, float(retry_s), too_fast=code == 429, maybe_stored=code == 504)
     return Refused(str(code or ""), f"{verb} refused: {error.get('description', error)}")

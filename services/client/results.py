@@ -31,12 +31,22 @@ class Busy(CorralError):
     """corral is up but cannot take this now: the intake (or the log behind it) a request, the
     read service or the forecast role a question, with too many of this tenant's in hand or in
     all, or the tenant sending faster than its rate. Nothing was wrong with it and nothing was
-    done; send it again after ``retry_s`` seconds (0.0 when corral did not say)."""
+    done, unless ``maybe_stored`` (the log did not say whether it stored the request: the
+    client sent it again under the same id, which the log stores once, until its ``timeout``);
+    send it again after ``retry_s`` seconds (0.0 when corral did not say)."""
 
-    def __init__(self, message: str, retry_s: float = 0.0, too_fast: bool = False) -> None:
+    def __init__(
+        self, message: str, retry_s: float = 0.0, too_fast: bool = False, maybe_stored: bool = False
+    ) -> None:
         super().__init__(message)
         self.retry_s = retry_s
         self.too_fast = too_fast  # the tenant past its rate (the intake's 429), not corral busy
+        self.maybe_stored = maybe_stored
+
+    @property
+    def resend(self) -> bool:
+        """The client sends the same message again by itself (the same id)."""
+        return self.too_fast or self.maybe_stored
 
 
 class TimedOut(CorralError):

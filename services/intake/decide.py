@@ -57,11 +57,19 @@ class Refuse:
     description: str
 
 
-def decide(
-    subject: str, reply: str, headers: Mapping[str, str] | None, data: bytes, *, inbox_prefix: str
-) -> Accept | Refuse | None:
-    """The verdict on one request; None when there is nowhere safe to answer (then it is
-    dropped). ``inbox_prefix`` is where replies to identity names go (``_INBOX.corral``)."""
+@dataclass(frozen=True, slots=True)
+class Sender:
+    """Whose request it is and what it asks, known before its body is read."""
+
+    tenant: str
+    verb: str
+
+
+def addressed(subject: str, reply: str, size: int, *, inbox_prefix: str) -> Sender | Refuse | None:
+    """What the subject, the reply subject and the size say of a request, before its body is
+    decoded (the intake charges the tenant's rate first: decoding a large request costs far
+    more than refusing it). None when there is nowhere safe to answer (then it is dropped).
+    ``inbox_prefix`` is where replies to identity names go (``_INBOX.corral``)."""
     parsed = subjects.parse_intake(subject)
     if parsed is None:
         return None
@@ -71,8 +79,25 @@ def decide(
     verbs = codec.ADMIN_VERBS if tenant == subjects.ADMIN else codec.TENANT_VERBS
     if verb not in verbs:
         return Refuse(403, f"{tenant} may not {verb[:64]!r}; verbs: {', '.join(sorted(verbs))}")
-    if len(data) > MAX_REQUEST:
-        return Refuse(400, f"a request is at most {MAX_REQUEST} bytes, not {len(data)}")
+    if size > MAX_REQUEST:
+        return Refuse(400, f"a request is at most {MAX_REQUEST} bytes, not {size}")
+    return Sender(tenant, verb)
+
+
+def decide(
+    subject: str, reply: str, headers: Mapping[str, str] | None, data: bytes, *, inbox_prefix: str
+) -> Accept | Refuse | None:
+    """The verdict on one request; None when there is nowhere safe to answer (then it is
+    dropped)."""
+    sender = addressed(subject, reply, len(data), inbox_prefix=inbox_prefix)
+    if not isinstance(sender, Sender):
+        return sender
+    return judge(sender, headers, data)
+
+
+def judge(sender: Sender, headers: Mapping[str, str] | None, data: bytes) -> Accept | Refuse:
+    """The verdict on the body of a request ``addressed`` let through."""
+    tenant, verb = sender.tenant, sender.verb
     try:
         codec.decode_request(verb, data)
     except DecodeError as e:

@@ -9,6 +9,11 @@ together); past that, a request is answered 429 at once with when to send again,
 appended. The buckets are each intake replica's: with ``n`` replicas sharing the requests a
 tenant gets up to ``n`` times the rate, which is what the operator sizes.
 
+A request costs a token for each ``TOKEN_BYTES`` it starts (``cost``): a job's spec, some
+hundreds of bytes, is one, and the largest request the intake takes, 64. Counted by requests
+alone, requests of 250 KB at a fifth of the rate grew the log by 40 MB a second; so the log a
+tenant can grow is bounded in bytes too, ``per_s * TOKEN_BYTES`` a second (4 MB by default).
+
 Pure: the caller gives the time (monotonic seconds).
 """
 
@@ -35,7 +40,14 @@ class Rate:
 # client gone wrong: a day of it is some 86 million records, not unbounded.
 DEFAULT = Rate(per_s=1_000.0, burst=10_000)
 
+TOKEN_BYTES = 4096
+
 _ROUNDING = 1e-9  # of a token: the refill's floating-point error
+
+
+def cost(size: int) -> int:
+    """Tokens a request of ``size`` bytes costs: one for each ``TOKEN_BYTES`` it starts."""
+    return max(1, -(-size // TOKEN_BYTES))
 
 
 class Buckets:
@@ -46,19 +58,21 @@ class Buckets:
         self._left: dict[str, tuple[float, float]] = {}  # tenant: (tokens, when counted)
         self._forget_past = 1_024  # a size past which full buckets are let go
 
-    def take(self, tenant: str, now: float) -> float:
-        """0.0 when ``tenant`` may send a request now (its token taken); else the seconds until
-        it may."""
+    def take(self, tenant: str, now: float, tokens_asked: int = 1) -> float:
+        """0.0 when ``tenant`` may send a request of ``tokens_asked`` now (they are taken); else
+        the seconds until it may. A request never costs more than the burst: a bucket that can
+        never hold its cost would refuse it for good."""
         rate = self.rate
+        want = float(min(tokens_asked, rate.burst))
         tokens, at = self._left.get(tenant, (float(rate.burst), now))
         tokens = min(float(rate.burst), tokens + max(now - at, 0.0) * rate.per_s)
-        if tokens >= 1.0 - _ROUNDING:  # a tenant back when it was told to be is taken
-            self._left[tenant] = (max(tokens - 1.0, 0.0), now)
+        if tokens >= want - _ROUNDING:  # a tenant back when it was told to be is taken
+            self._left[tenant] = (max(tokens - want, 0.0), now)
             if len(self._left) > self._forget_past:
                 self._forget_full(now)
             return 0.0
         self._left[tenant] = (tokens, now)
-        return (1.0 - tokens) / rate.per_s
+        return (want - tokens) / rate.per_s
 
     def tenants(self) -> int:
         """How many tenants' buckets are kept (a full one is the same as none)."""

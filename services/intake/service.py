@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +28,9 @@ from nats.aio.subscription import Subscription
 
 from corral.events import subjects
 from corral.events.jetstream import JetStreamLog
-from corral.events.log import Ack, Append, LogError
-from corral.services.intake.decide import Accept, Refuse, decide
-from corral.services.intake.rate import DEFAULT, Buckets, Rate
+from corral.events.log import Ack, Append, LogError, UnacknowledgedError
+from corral.services.intake.decide import Accept, Refuse, Sender, addressed, judge
+from corral.services.intake.rate import DEFAULT, TOKEN_BYTES, Buckets, Rate, cost
 from corral.services.runtime import identities, logs
 
 log = logging.getLogger("corral.intake")
@@ -37,6 +38,9 @@ log = logging.getLogger("corral.intake")
 ROLE = "intake"
 MAX_WAITING = 10_000
 MAX_WAITING_PER_TENANT = 1_000
+LIMITED_SAID_EVERY_S = 60.0
+# The answer when the log did not acknowledge a request in time: stored or not, nobody knows.
+MAYBE_STORED = 504
 
 _encode = msgspec.json.Encoder().encode
 
@@ -57,28 +61,36 @@ class Intake:
         self.limited = 0  # requests past their tenant's rate
         self.appended = 0
         self._buckets = Buckets(rate) if rate is not None else None
-        self._limited_tenants: set[str] = set()  # told of in the service's log since they last sent in time
+        self._limited_said: dict[
+            str, float
+        ] = {}  # tenant -> when the service's log last said it was past its rate
         self._waiting: list[tuple[Accept, str]] = []  # judged, to append, with where to answer
         self._waiting_of: dict[str, int] = {}  # per tenant, how many of ``_waiting`` are theirs
         self._arrived = asyncio.Event()
 
     async def _on_request(self, msg: Msg) -> None:
-        verdict = decide(msg.subject, msg.reply, msg.headers, msg.data, inbox_prefix=identities.INBOXES)
-        if verdict is None:
+        # Whose it is and its size first, then its tenant's rate, and only then its body: a
+        # flood past the rate is refused before it costs the decoding of each request.
+        sender = addressed(msg.subject, msg.reply, len(msg.data), inbox_prefix=identities.INBOXES)
+        if sender is None:
             self.dropped += 1
             log.debug("dropped a request on %s whose answer would go to %r", msg.subject, msg.reply)
             return
+        if isinstance(sender, Sender):
+            tenant = sender.tenant
+            if self._buckets is not None:
+                over = self._over_rate(tenant, cost(len(msg.data)))
+                if over is not None:
+                    await self._answer(msg.reply, {"error": over})
+                    return
+            verdict = judge(sender, msg.headers, msg.data)
+        else:
+            verdict = sender
         if isinstance(verdict, Refuse):
             self.refused += 1
             error = {"code": verdict.code, "description": verdict.description}
             await self._answer(msg.reply, {"error": error})
             return
-        tenant = msg.subject.split(".", 3)[2]  # ``decide`` took it: corral.req.<tenant>.<verb>
-        if self._buckets is not None:
-            over = self._over_rate(tenant)
-            if over is not None:
-                await self._answer(msg.reply, {"error": over})
-                return
         mine = self._waiting_of.get(tenant, 0)
         if len(self._waiting) >= MAX_WAITING or mine >= MAX_WAITING_PER_TENANT:
             why = "the intake is busy" if mine < MAX_WAITING_PER_TENANT else f"{mine} requests of yours wait"
@@ -88,23 +100,28 @@ class Intake:
         self._waiting.append((verdict, msg.reply))
         self._arrived.set()
 
-    def _over_rate(self, tenant: str) -> dict[str, Any] | None:
-        """None when ``tenant`` is within its rate (its request's token taken); else the error
-        to answer, with the seconds until it may send again."""
+    def _over_rate(self, tenant: str, tokens: int) -> dict[str, Any] | None:
+        """None when ``tenant`` is within its rate (its request's ``tokens`` taken); else the
+        error to answer, with the seconds until it may send again."""
         assert self._buckets is not None
-        wait = self._buckets.take(tenant, asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        wait = self._buckets.take(tenant, now, tokens)
         if wait == 0.0:
-            self._limited_tenants.discard(tenant)
             return None
         self.limited += 1
         rate = self._buckets.rate
-        if tenant not in self._limited_tenants:  # once while it stays too fast, not per request
-            if len(self._limited_tenants) >= MAX_WAITING:
-                self._limited_tenants.clear()  # without logins, any name is a tenant
-            self._limited_tenants.add(tenant)
+        # Said at most once a minute a tenant: one kept at its rate has a request taken at each
+        # token it gets back, and was said anew after each, thousands of lines a minute.
+        if now - self._limited_said.get(tenant, -math.inf) >= LIMITED_SAID_EVERY_S:
+            if len(self._limited_said) >= MAX_WAITING:
+                self._limited_said.clear()  # without logins, any name is a tenant
+            self._limited_said[tenant] = now
             log.warning("tenant %s is past %g requests a second (burst %d): refused until it slows",
                         tenant, rate.per_s, rate.burst)  # fmt: skip
-        why = f"more than {rate.per_s:g} requests a second of yours (burst {rate.burst})"
+        why = f"more than {rate.per_s:g} requests a second of yours (burst {rate.burst}"
+        if tokens > 1:
+            why += f"; a request counts one for each {TOKEN_BYTES} bytes it starts: this one {tokens}"
+        why += ")"
         return {"code": 429, "description": f"{why}: retry in {wait:.3f} s", "retry_s": round(wait, 3)}
 
     async def _appending(self, stop: asyncio.Event) -> None:
@@ -124,6 +141,13 @@ class Intake:
                 await self._answer(reply, self._answer_of(accept, result))
 
     def _answer_of(self, accept: Accept, result: Ack | LogError) -> dict[str, Any]:
+        if isinstance(result, UnacknowledgedError):
+            # It may be stored: said so, not that the log did not take it (a client that then
+            # sent it anew under another id, or none, had it stored twice).
+            log.warning("no acknowledgement for a request on %s: %s", accept.subject, result)
+            why = "the log did not say whether it stored it"
+            how = "send it again with the same message id: the log stores it once"
+            return {"error": {"code": MAYBE_STORED, "description": f"{why} ({result}); {how}"}}
         if isinstance(result, LogError):
             log.warning("could not append a request on %s: %s", accept.subject, result)
             return {"error": {"code": 503, "description": f"the log did not take it: {result}"}}

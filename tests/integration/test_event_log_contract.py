@@ -29,6 +29,7 @@ from corral.events.log import (
     InMemoryLog,
     LogError,
     Record,
+    UnacknowledgedError,
     UnstorableError,
 )
 from corral.events.server import EmbeddedServer
@@ -441,6 +442,8 @@ async def test_append_to_a_stopped_server_is_a_log_error(embedded_server: Embedd
         with pytest.raises(LogError) as caught:
             await asyncio.wait_for(log.append(ev()), WAIT)
         assert not isinstance(caught.value, UnstorableError)  # for now: sent again later, stored
+        # Sent (kept by the client while it reconnects), not acknowledged: perhaps stored.
+        assert isinstance(caught.value, UnacknowledgedError), caught.value
         results = await asyncio.wait_for(log.append_many([ev(), ev()]), WAIT)
         assert all(isinstance(r, LogError) for r in results)
     finally:

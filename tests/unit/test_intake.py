@@ -207,3 +207,73 @@ async def test_a_client_past_its_rate_sends_the_same_request_again_when_told() -
     stored = await client.cancel("j1", wait=False)
     assert stored.seq == 42 and len(sent) == 3
     assert len({(data, headers["Nats-Msg-Id"]) for data, headers in sent}) == 1
+
+
+async def test_a_requests_rate_is_charged_by_its_size_before_its_body_is_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Counted by requests, cancels of 250 KB at a fifth of the rate grew the log by 40 MB a
+    # second; and each was decoded before the rate refused it. Now a request costs a token per
+    # 4 KiB it starts, charged before its body is read, and the tenant is logged once a minute.
+    import logging
+    from types import SimpleNamespace
+
+    from corral.services.intake import service
+    from corral.services.intake.rate import Rate
+
+    answers: list[dict[str, object]] = []
+
+    async def publish(_: str, body: bytes) -> None:
+        answers.append(json.loads(body))
+
+    fake = SimpleNamespace(nc=SimpleNamespace(publish=publish))
+    intake = service.Intake(fake, Rate(per_s=1.0, burst=100))  # type: ignore[arg-type]
+    big = json.dumps({"job_id": "j1", "reason": "x" * 200_000}).encode()  # 49 tokens
+    garbage = b"{" * 200_000  # not a request at all: refused for the rate, not decoded
+    with caplog.at_level(logging.WARNING, logger="corral.intake"):
+        for n, data in enumerate((big, big, garbage, garbage, SUBMIT)):
+            msg = SimpleNamespace(
+                subject="corral.req.a.cancel", reply=f"{INBOXES}.a.{n}", headers=None, data=data
+            )
+            await intake._on_request(msg)  # type: ignore[arg-type]
+    codes = [a["error"]["code"] for a in answers]  # type: ignore[index]
+    assert codes == [429, 429, 400], (
+        answers
+    )  # two large ones took 98 of 100; the small one's 400 is its verb's
+    assert "this one 49" in str(answers[0]) and len(intake._waiting) == 2
+    assert intake.limited == 2 and intake.refused == 1
+    assert len([r for r in caplog.records if "past" in r.getMessage()]) == 1
+
+
+async def test_a_request_the_log_did_not_acknowledge_is_sent_again_under_its_id() -> None:
+    # No acknowledgement in time: stored or not, nobody knows. The intake says so (504, not
+    # "not taken"), and the client sends the same message under the same id, which the stream
+    # stores once: here the first was stored, and the second comes back as its duplicate.
+    from types import SimpleNamespace
+
+    from corral.client import AsyncClient
+    from corral.events.log import UnacknowledgedError
+    from corral.services.intake import service
+    from corral.services.intake.decide import Accept
+
+    intake = service.Intake(SimpleNamespace(nc=None), None)  # type: ignore[arg-type]
+    told = intake._answer_of(
+        Accept("corral.in.a.cancel", b"{}", "a/1", None), UnacknowledgedError("no ack in 5s")
+    )
+    assert told["error"]["code"] == service.MAYBE_STORED and "same message id" in told["error"]["description"]
+
+    client = AsyncClient("nats://127.0.0.1:1", tenant="team-a", timeout=5.0)
+    sent: list[tuple[bytes, str]] = []
+    answers = [told, {"stream": "CORRAL", "seq": 42, "duplicate": True}]
+
+    async def connected() -> object:
+        return object()
+
+    async def request(_session: object, _subject: str, data: bytes, headers: dict[str, str]) -> str:
+        sent.append((data, headers["Nats-Msg-Id"]))
+        return json.dumps(answers.pop(0))
+
+    client._connected = connected  # type: ignore[method-assign,assignment]
+    client._request = request  # type: ignore[method-assign,assignment]
+    stored = await client.cancel("j1", wait=False)
+    assert stored.seq == 42 and len(sent) == 2 and len(set(sent)) == 1

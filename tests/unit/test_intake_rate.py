@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral.services.intake.rate import Buckets, Rate
+from corral.services.intake.rate import TOKEN_BYTES, Buckets, Rate, cost
 
 
 def test_a_burst_is_taken_then_the_rest_waits_its_turn() -> None:
@@ -19,6 +19,24 @@ def test_a_burst_is_taken_then_the_rest_waits_its_turn() -> None:
     assert buckets.take("a", 0.25) == pytest.approx(0.25)  # a refused request takes nothing
     assert buckets.take("a", 0.5) == 0.0
     assert buckets.take("a", 0.5) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("size", "tokens"),
+    [(0, 1), (1, 1), (TOKEN_BYTES, 1), (TOKEN_BYTES + 1, 2), (256 * 1024, 64)],
+)
+def test_a_request_costs_a_token_for_each_4_kib_it_starts(size: int, tokens: int) -> None:
+    assert cost(size) == tokens
+
+
+def test_a_large_request_takes_its_tokens_and_never_more_than_the_burst() -> None:
+    buckets = Buckets(Rate(per_s=4.0, burst=10))
+    assert buckets.take("a", 0.0, 8) == 0.0
+    assert buckets.take("a", 0.0, 4) == pytest.approx(0.5)  # 2 left: 2 more in half a second
+    assert buckets.take("a", 0.5, 4) == 0.0
+    # One that costs more than the bucket holds costs the whole bucket, not a refusal for good.
+    assert buckets.take("b", 0.0, 64) == 0.0
+    assert buckets.take("b", 0.0, 64) == pytest.approx(2.5)
 
 
 def test_a_quiet_tenant_has_its_burst_again_and_no_more() -> None:

@@ -72,8 +72,9 @@ def add_tenant_rate(p: argparse.ArgumentParser) -> None:
         "--tenant-rate",
         type=float,
         default=rate.DEFAULT.per_s,
-        help="intake: requests a second each tenant may keep sending to this replica; past it, "
-        f"answered 429 with when to retry (0: no limit; default {rate.DEFAULT.per_s:g})",
+        help="intake: requests a second each tenant may keep sending to this replica, one counted "
+        f"for each {rate.TOKEN_BYTES} bytes a request starts; past it, answered 429 with when to "
+        f"retry (0: no limit; default {rate.DEFAULT.per_s:g})",
     )
     p.add_argument(
         "--tenant-burst",

@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ import msgspec
 
 from corral.events import codec
 from corral.events.jobs import JobSpec
+from corral.projections import indexes
 from corral.projections.state import State
 from corral.services.forecast import whatif
 from corral.services.runtime.forecasts import MOST, MOST_BYTES, Eta, TenantForecast, entry_bytes, eta
@@ -34,9 +36,24 @@ REFRESH_S = 60.0  # a quiet log is forecast again this often: time alone moves s
 WHATIF = "whatif"  # the question, on corral.read.<tenant>.whatif
 
 
-def due(last_seq: int, last_at: float | None, seq: int, now: float) -> bool:
+# The most of a core forecasts keep busy: after one that simulated for ``t`` seconds, the next
+# starts no sooner than ``t * (1 / FORECAST_SHARE - 1)`` after it ended (``rest_after``). A
+# tenant's deep backlog of short estimates made one forecast 81 s of simulation, and forecasts
+# ran back to back, a core for good (in ``corral up``, the core every service shares).
+FORECAST_SHARE = 0.5
+
+
+def rest_after(ended: float, simulated_s: float, share: float = FORECAST_SHARE) -> float:
+    """When the next forecast may start, one that simulated ``simulated_s`` having ended at
+    ``ended``."""
+    return ended + simulated_s * (1.0 / share - 1.0)
+
+
+def due(last_seq: int, last_at: float | None, seq: int, now: float, rest_until: float = -math.inf) -> bool:
     """Whether to forecast at ``now`` a state folded to ``seq``, the last forecast having been of
-    ``last_seq`` at ``last_at`` (None: none yet)."""
+    ``last_seq`` at ``last_at`` (None: none yet) and the role resting until ``rest_until``."""
+    if now < rest_until:
+        return False
     if last_at is None:
         return True
     waited = now - last_at
@@ -45,7 +62,7 @@ def due(last_seq: int, last_at: float | None, seq: int, now: float) -> bool:
 
 def waiting(state: State) -> list[str]:
     """The jobs a forecast is made for: those waiting."""
-    return [j.id for j in state.jobs.values() if j.phase in WAITING]
+    return [j.id for j in indexes.jobs_in(state, *indexes.ordered(WAITING))]
 
 
 def values(

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from corral.events.base import Event
 from corral.events.log import EventLog
 from corral.projections.state import State
 from corral.services.forecast.decide import ROLE as ROLE
-from corral.services.forecast.decide import WHATIF, Spent, due, values, waiting, whatif_answer
+from corral.services.forecast.decide import WHATIF, Spent, due, rest_after, values, waiting, whatif_answer
 from corral.services.runtime import identities
 from corral.services.runtime.forecasts import ForecastStore, encode
 from corral.services.runtime.lease import Lease
@@ -113,6 +114,7 @@ class ForecastService(Service):
         self.store = store
         self.last_seq = -1
         self.last_at: float | None = None  # None: forecast at the next cycle (also after taking the lease)
+        self.rest_until = -math.inf  # no forecast before (``decide.rest_after``)
         self.tenants: set[str] = set()  # tenants whose key was written since taking the lease
         self.forecasts = 0
         self.calibration = eta.Calibration()
@@ -139,7 +141,7 @@ class ForecastService(Service):
         if self._running is not None and not self._running.done():
             return 0
         state = self.state
-        if not due(self.last_seq, self.last_at, state.seq, now):
+        if not due(self.last_seq, self.last_at, state.seq, now, self.rest_until):
             return 0
         for job_id, estimate, ran, tenant in eta.finished(state, self._counted):
             self.calibration.saw(estimate, ran, tenant)
@@ -156,10 +158,16 @@ class ForecastService(Service):
         return 0
 
     def _band(self, frozen: bytes, now: float) -> tuple[State, dict[str, tuple[float, float, float]]]:
-        copy = _thaw(frozen)
-        bands = eta.band(
-            copy, now, FORECAST, waiting(copy), eta.HORIZON_S, self.calibration, self._stopping.is_set
-        )
+        began = time.thread_time()
+        try:
+            copy = _thaw(frozen)
+            bands = eta.band(
+                copy, now, FORECAST, waiting(copy), eta.HORIZON_S, self.calibration, self._stopping.is_set
+            )
+        finally:
+            # Its own CPU, not the time it took: threads beside it (what-ifs, the loop) are not
+            # its cost. The clock is the one ``cycle`` reads.
+            self.rest_until = rest_after(self.now(), time.thread_time() - began)
         return copy, bands
 
     async def _forecast(self, frozen: bytes, now: float) -> None:

@@ -39,6 +39,47 @@ def test_when_to_forecast_again(
     assert decide.due(last_seq, last_at, seq, now) == expected
 
 
+def test_forecasts_keep_at_most_their_share_of_a_core_busy() -> None:
+    # A forecast that simulated 80 s, ended at 1000: at half a core, none before 1080, however
+    # much the log moved or whether one was ever written (a lease just taken).
+    rest = decide.rest_after(1000.0, 80.0, share=0.5)
+    assert rest == 1080.0
+    assert not decide.due(5, 900.0, 6, 1079.0, rest)
+    assert not decide.due(5, None, 6, 1079.0, rest)
+    assert decide.due(5, 900.0, 6, 1080.0, rest)
+    assert decide.rest_after(1000.0, 80.0, share=0.25) == 1240.0
+
+
+async def test_the_role_rests_after_a_forecast_for_as_long_as_its_share_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from corral.events.log import InMemoryLog
+    from corral.services.forecast import service
+
+    def costly(*_: object, **__: object) -> dict[str, tuple[float, float, float]]:
+        began = time.thread_time()
+        while time.thread_time() - began < 0.2:  # a deep backlog's simulation, in little
+            pass
+        return {}
+
+    monkeypatch.setattr(service.eta, "band", costly)
+
+    class Store:
+        async def put(self, tenant: str, value: bytes) -> None:
+            pass
+
+    rested: list[float] = []
+    monkeypatch.setattr(service, "rest_after", lambda ended, used: rested.append(used) or ended + 3600.0)
+    svc = service.ForecastService(InMemoryLog(), store=Store())  # type: ignore[arg-type]
+    await svc.cycle()
+    assert svc._running is not None
+    await svc._running
+    assert len(rested) == 1 and 0.2 <= rested[0] < 5.0  # its own CPU, what it rests by
+    svc.last_at = None  # due at once, but for the rest
+    await svc.cycle()
+    assert svc._running.done() and svc.forecasts == 1
+
+
 def spec(gpus: int = 8, queue: str = "q", estimate: float | None = 1000.0, mig: str | None = None) -> JobSpec:
     return JobSpec(
         queue=queue,

@@ -140,6 +140,10 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     if lo is None or adm is None or not lo <= ev.replicas < adm.replicas:
         raise voided(ev.job_id, f"{job.id} cannot shrink to {ev.replicas} workers")
     shrink(state, ctx, job, ev.replicas, ev.beneficiary, victim_deadline(state, ctx, ev, job, beneficiary))
+    # Counted by the guards that pass with time (cooldown, the hourly cap), not the lifetime cap
+    # (the job runs on): uncounted, a lender submitting and cancelling once a minute had a
+    # borrower's elastic job shrunk 120 times in two hours past a class allowing once an hour.
+    job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
     if beneficiary.phase == "queued":
         beneficiary.reclaim_key = ev.key
     for_whom = job_named(ev.beneficiary, beneficiary.tenant, job.tenant)

@@ -43,7 +43,7 @@ from corral.events.queues import (
     QueueSpec,
     Quota,
 )
-from corral.projections import gpu_time, indexes, quota, retention, runtimes
+from corral.projections import gpu_time, indexes, preemption, quota, retention, runtimes
 from corral.projections.fold_moves import (
     Ctx,
     Handler,
@@ -165,7 +165,14 @@ def _cancel(state: State, ctx: Ctx, req: CancelJob) -> None:
 
 def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
     """A new most workers for an elastic job. A running job above it shrinks to it at once (its
-    ranks above leave within its grace period); below it, admission grows it when quota allows."""
+    ranks above leave within its grace period, at most its queue's ``max_grace_seconds``, as a
+    drain gives); below it, admission grows it when quota allows.
+
+    Its quota is free at once and the leaving ranks hold their GPUs until they exit, so the grace
+    is capped: with its own (up to a day), an owner who shrank a job that borrowed kept the GPUs
+    a day while its queue was charged for one, and a lender within its nominal waited as long. A
+    shrink already under way (the preemptor's, for a job that waits) keeps its beneficiary and
+    its deadline, or an earlier one: a resize does not undo a reclaim."""
     job = _owned(state, ctx, req.job_id)
     lo = job.spec.min_replicas
     if lo is None or req.replicas < lo:
@@ -181,7 +188,10 @@ def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
         if job.phase == "admitted":  # nothing placed yet: it is placed at the smaller size
             readmit(state, job, req.replicas)
         elif job.phase == "running":
-            shrink(state, ctx, job, req.replicas, "", ctx.time + job.spec.grace_seconds)
+            deadline, beneficiary = ctx.time + preemption.drain_grace_s(state, job), ""
+            if job.leaving:
+                deadline, beneficiary = min(deadline, job.preempt_deadline), job.preempted_for
+            shrink(state, ctx, job, req.replicas, beneficiary, deadline)
         else:
             raise Refused("illegal", f"job {job.id} is {job.phase}: it can shrink once it runs", job.id)
     indexes.respec(state, job, msgspec.structs.replace(job.spec, replicas=req.replicas))

@@ -238,4 +238,7 @@ from __future__ import annotations
 # 83: a submit naming more than ``MAX_GPU_MODELS`` GPU models is malformed too.
 # 84: the State keeps the positions of each tenant's kept rejections, oldest first, not their
 #    count (72): its oldest is found without a walk of all kept.
-RULES = 84
+# 85: the owner's resize gives leaving ranks at most their queue's ``max_grace_seconds`` and
+#    keeps a shrink under way's beneficiary and deadline; the preemptor's shrink is a time in
+#    ``JobState.preempted_at`` (the cooldown and hourly guards count it).
+RULES = 85

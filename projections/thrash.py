@@ -12,9 +12,11 @@ restarting. Four guards, each off unless the job's ``PriorityClassSpec`` sets it
   that asks for no GPU, which must always make room for GPU work in the end.
 
 Preemption times come from the state: ``JobState.preempted_at`` (the log times of the job's
-preemptions) where it records them. A state that only counts them (``JobState.preemptions``) is
-read as if every past preemption happened when the job's current phase began: none can have
-happened later, so with that reading the guards block at least as often as with exact times.
+preemptions, and of the preemptor's shrinks of an elastic job: the guards that pass with time
+count them, the lifetime cap does not, as the job runs on) where it records them. A state that
+only counts them (``JobState.preemptions``) is read as if every past preemption happened when
+the job's current phase began: none can have happened later, so with that reading the guards
+block at least as often as with exact times.
 
 Pure: the answer depends only on the job, its class and ``now``.
 """
@@ -100,7 +102,7 @@ def guard(job: JobState, pc: PriorityClassSpec | None, now: float) -> Reason | N
         if since < pc.cooldown_s:
             return Reason(
                 "cooldown",
-                f"job {job.id} was preempted {since:.0f}s ago; class {pc.name} waits "
+                f"job {job.id} was preempted or shrunk {since:.0f}s ago; class {pc.name} waits "
                 f"{pc.cooldown_s:.0f}s between preemptions",
             )
     if capped(job, pc):
@@ -115,6 +117,7 @@ def guard(job: JobState, pc: PriorityClassSpec | None, now: float) -> Reason | N
         if recent >= cap:
             return Reason(
                 "preemption-cap",
-                f"job {job.id} was preempted {recent} times in the last hour; class {pc.name} allows {cap}",
+                f"job {job.id} was preempted or shrunk {recent} times in the last hour; "
+                f"class {pc.name} allows {cap}",
             )
     return None

@@ -467,3 +467,51 @@ def test_an_exit_for_a_rank_of_the_current_attempt_that_never_started_changes_no
     state = fold(log.exited(N0, "e", rank=0, code=1, attempt=1))
     assert state.rejections[-1].code == "illegal"
     assert state.jobs == before.jobs and state.nodes == before.nodes
+
+
+def test_the_owners_resize_gives_leaving_ranks_their_grace_at_most_their_queues_max_grace() -> None:
+    # Its quota is free at once and its leaving ranks hold their GPUs until they exit: with its
+    # own grace of a day, an owner who shrank a job that borrowed kept the GPUs that long.
+    from tests.builders import Cluster
+
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "e", job().replicas(4, minimum=2)._with(grace_seconds=86_400.0)).accept("e")
+    log.admit("e", replicas=4).place(placement("e", *ranks(4)))
+    for r in range(4):
+        log.started(N0, "e", rank=r)
+    log.at(1_000.0).request("alice", "resize", {"job_id": "e", "replicas": 2})
+    e = fold(log).jobs["e"]
+    assert e.leaving == [2, 3] and e.preempt_deadline == 1_000.0 + 600.0  # the queue's max grace
+
+
+def test_the_owners_resize_during_a_shrink_for_another_keeps_its_beneficiary_and_deadline() -> None:
+    log = _with_beneficiary(elastic_running(replicas=4, least=1)).shrink("e", 2, "b")
+    shrunk = fold(log).jobs["e"]
+    log.request("alice", "resize", {"job_id": "e", "replicas": 1})
+    e = fold(log).jobs["e"]
+    assert e.admission is not None and e.admission.replicas == 1 and e.leaving == [1, 2, 3]
+    assert (e.preempted_for, e.preempt_deadline) == ("b", shrunk.preempt_deadline)
+
+
+def test_a_shrink_counts_for_the_cooldown_of_its_jobs_class() -> None:
+    # Uncounted, a lender submitting and cancelling once a minute had a borrower's elastic job
+    # shrunk once a minute past a class allowing once an hour.
+    from corral.events.queues import ApplyPriorityClass, PriorityClassSpec
+    from tests.builders import Cluster
+
+    steady = PriorityClassSpec("steady", 0, cooldown_s=600.0)
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log.admin("priority-class", ApplyPriorityClass(priority_class=steady))
+    log.submit("alice", "e", job().replicas(4, minimum=1).priority_class("steady")).accept("e")
+    log.admit("e", replicas=4).place(placement("e", *ranks(4)))
+    for r in range(4):
+        log.started(N0, "e", rank=r)
+    log.at(100.0)
+    _with_beneficiary(log).shrink("e", 2, "b")
+    log.exited(N0, "e", rank=2, code=143, stopped=True).exited(N0, "e", rank=3, code=143, stopped=True)
+    state = fold(log)
+    assert state.jobs["e"].preempted_at[-1] >= 100.0 and state.jobs["e"].preemptions == 0
+    log.at(160.0).submit("bob", "c", job().replicas(1)).accept("c", priority=10).shrink("e", 1, "c")
+    state = fold(log)
+    assert state.rejections[-1].code == "void" and "shrunk 60s ago" in state.rejections[-1].message
+    assert state.jobs["e"].admission is not None and state.jobs["e"].admission.replicas == 2

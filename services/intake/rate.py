@@ -60,19 +60,22 @@ class Buckets:
 
     def take(self, tenant: str, now: float, tokens_asked: int = 1) -> float:
         """0.0 when ``tenant`` may send a request of ``tokens_asked`` now (they are taken); else
-        the seconds until it may. A request never costs more than the burst: a bucket that can
-        never hold its cost would refuse it for good."""
+        the seconds until it may. A request that costs more than the burst is taken once the
+        bucket is full, and leaves it owing the rest (a bucket that can never hold its cost
+        would refuse it for good; one charged only the burst would let a small burst undo the
+        bound in bytes: at a burst of 1, a 256 KiB request cost what a 4 KiB one does)."""
         rate = self.rate
-        want = float(min(tokens_asked, rate.burst))
+        want = float(tokens_asked)
+        need = min(want, float(rate.burst))  # what the bucket must hold to take it
         tokens, at = self._left.get(tenant, (float(rate.burst), now))
         tokens = min(float(rate.burst), tokens + max(now - at, 0.0) * rate.per_s)
-        if tokens >= want - _ROUNDING:  # a tenant back when it was told to be is taken
-            self._left[tenant] = (max(tokens - want, 0.0), now)
+        if tokens >= need - _ROUNDING:  # a tenant back when it was told to be is taken
+            self._left[tenant] = (max(tokens - want, need - want), now)
             if len(self._left) > self._forget_past:
                 self._forget_full(now)
             return 0.0
         self._left[tenant] = (tokens, now)
-        return (want - tokens) / rate.per_s
+        return (need - tokens) / rate.per_s
 
     def tenants(self) -> int:
         """How many tenants' buckets are kept (a full one is the same as none)."""

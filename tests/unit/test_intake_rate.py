@@ -29,14 +29,32 @@ def test_a_request_costs_a_token_for_each_4_kib_it_starts(size: int, tokens: int
     assert cost(size) == tokens
 
 
-def test_a_large_request_takes_its_tokens_and_never_more_than_the_burst() -> None:
+def test_a_large_request_takes_its_tokens_even_past_the_burst() -> None:
     buckets = Buckets(Rate(per_s=4.0, burst=10))
     assert buckets.take("a", 0.0, 8) == 0.0
     assert buckets.take("a", 0.0, 4) == pytest.approx(0.5)  # 2 left: 2 more in half a second
     assert buckets.take("a", 0.5, 4) == 0.0
-    # One that costs more than the bucket holds costs the whole bucket, not a refusal for good.
+    # One that costs more than the bucket holds is taken from a full bucket, not refused for
+    # good, and owes the rest: the next waits until all 64 are paid back and the bucket is full.
     assert buckets.take("b", 0.0, 64) == 0.0
-    assert buckets.take("b", 0.0, 64) == pytest.approx(2.5)
+    assert buckets.take("b", 0.0, 64) == pytest.approx(16.0)
+    assert buckets.take("b", 16.0, 64) == 0.0
+
+
+@pytest.mark.parametrize("burst", [1, 10, 64, 10_000])
+def test_the_bytes_a_tenant_keeps_sending_are_bounded_whatever_its_burst(burst: int) -> None:
+    # Charged at most the burst, a 256 KiB request cost one token at a burst of 1 (a strict
+    # rate): 64 times the bytes ``per_s * TOKEN_BYTES`` says.
+    rate = Rate(per_s=10.0, burst=burst)
+    buckets = Buckets(rate)
+    while buckets.take("a", 0.0) == 0.0:  # the burst spent: the steady rate is measured
+        pass
+    size, taken, now = 256 * 1024, 0, 0.0
+    while now < 100.0:
+        wait = buckets.take("a", now, cost(size))
+        taken += wait == 0.0
+        now += wait
+    assert taken * size / 100.0 <= 1.05 * rate.per_s * TOKEN_BYTES
 
 
 def test_a_quiet_tenant_has_its_burst_again_and_no_more() -> None:

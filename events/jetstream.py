@@ -62,6 +62,10 @@ BATCH_DUPLICATE = 10201
 # maximum message size) or the connection's (the client's max payload, as 413 here).
 TOO_LARGE, TOO_LARGE_FOR_STREAM = 413, 10054
 UNACKNOWLEDGED = 408  # ours, not the server's: no acknowledgement came in time (``_timed_out``)
+# JetStream API error (409): a message of this id is being stored, not stored yet (a clustered
+# stream's proposal not yet applied). Sent again once an acknowledgement did not come, the same
+# message finds its first copy in flight: that one may still be stored, as the first may.
+IN_PROCESS = 10158
 STREAM_NAME_IN_USE = 10058  # JetStream API error: the stream exists with another configuration
 NO_PEERS = 10005  # JetStream API error: not enough servers of the cluster known and current yet
 # JetStream API error: the server could not make the stream's store; so it answers a creation
@@ -277,11 +281,12 @@ class JetStreamLog:
         if err.err_code in WRONG_LAST_SEQUENCE:
             assert item.expected_last_subject_seq is not None
             return ConflictError(item.subject, item.expected_last_subject_seq, _actual(err.description))
-        why = f"append to {item.subject} refused: {err.description} ({err.err_code or err.code})"
+        said = f"{err.description} ({err.err_code or err.code})"
+        if (err.code == UNACKNOWLEDGED and not err.err_code) or err.err_code == IN_PROCESS:
+            return UnacknowledgedError(f"append to {item.subject} not acknowledged: {said}")
+        why = f"append to {item.subject} refused: {said}"
         if err.code == TOO_LARGE or err.err_code == TOO_LARGE_FOR_STREAM:
             return UnstorableError(why)
-        if err.code == UNACKNOWLEDGED:
-            return UnacknowledgedError(why)
         return LogError(why)
 
     async def _settle(self, item: Append, result: Ack | LogError) -> Ack | LogError:

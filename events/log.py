@@ -65,8 +65,10 @@ class UnstorableError(LogError):
 
 
 class UnacknowledgedError(LogError):
-    """The append went out but no acknowledgement came in time: it may have been stored. Sent
-    again with the same message id, it is stored once (the stream's duplicate window)."""
+    """The append went out but no acknowledgement came in time, or the stream says a message of
+    its id is still being stored (a clustered stream's 409, "in process"): it may have been
+    stored. Sent again with the same message id, it is stored once (the stream's duplicate
+    window)."""
 
 
 class ConflictError(LogError):

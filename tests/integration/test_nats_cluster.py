@@ -152,6 +152,32 @@ async def test_a_connection_to_a_frozen_server_goes_over_to_another(nats_cluster
         await nc.close()
 
 
+async def test_an_append_sent_again_while_its_first_copy_is_in_process_may_be_stored(
+    nats_cluster: EmbeddedCluster,
+) -> None:
+    # The stream's leader alone: an append is proposed and never committed, so no acknowledgement
+    # comes. Sent again under its id (as the client does after the intake's 504), the server
+    # answers 409/10158 "in process": that copy may be stored as well, not "refused".
+    from corral.events.log import UnacknowledgedError
+
+    setup = await JetStreamLog.connect(nats_cluster.url, create=True, replicas=3)
+    try:
+        leader = server_named(nats_cluster, await stream_leader(setup))
+    finally:
+        await setup.close()
+    log = await JetStreamLog.connect(nats_cluster.servers[leader].url, ack_timeout=1.0)
+    try:
+        for i, s in enumerate(nats_cluster.servers):
+            if i != leader:
+                await s.kill()
+        item = Append(subjects.request("a", "cancel"), b'{"job_id": "j1"}', msg_id="a/cancel:j1")
+        first, again = [(await log.append_many([item]))[0] for _ in range(2)]
+        assert isinstance(first, UnacknowledgedError), first
+        assert isinstance(again, UnacknowledgedError), again
+    finally:
+        await log.close()
+
+
 async def _read(log: JetStreamLog) -> list[list[Record]]:
     return [batch async for batch in log.read(1)]
 

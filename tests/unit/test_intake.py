@@ -277,3 +277,33 @@ async def test_a_request_the_log_did_not_acknowledge_is_sent_again_under_its_id(
     client._request = request  # type: ignore[method-assign,assignment]
     stored = await client.cancel("j1", wait=False)
     assert stored.seq == 42 and len(sent) == 2 and len(set(sent)) == 1
+
+
+def test_a_resend_that_finds_its_first_copy_being_stored_is_maybe_stored_too() -> None:
+    # A clustered stream answers the same message id sent again while its first copy is still
+    # proposed, not applied, with 409/10158 "duplicate message id is in process": exactly what
+    # the client's resend after a 504 meets when the log is slow. Read as any error, it was
+    # answered 503 "the log did not take it", and the client gave up on a request that may be
+    # stored. A server's error is told from our own timeout by its error code.
+    from types import SimpleNamespace
+
+    from corral.events.jetstream import JetStreamLog, _ApiError, _PubAck
+    from corral.events.log import Append, UnacknowledgedError
+    from corral.services.client.aio import _intake_answer
+    from corral.services.client.results import Busy
+    from corral.services.intake import service
+    from corral.services.intake.decide import Accept
+
+    item = Append("corral.in.a.cancel", b"{}", msg_id="a/1")
+    in_process = _ApiError(409, 10158, "duplicate message id is in process")
+    result = JetStreamLog._result(item, _PubAck(error=in_process))
+    assert isinstance(result, UnacknowledgedError), result
+    intake = service.Intake(SimpleNamespace(nc=None), None)  # type: ignore[arg-type]
+    told = intake._answer_of(Accept(item.subject, item.data, item.msg_id, None), result)
+    assert told["error"]["code"] == service.MAYBE_STORED
+    ack = _intake_answer("cancel", json.dumps(told).encode())
+    assert isinstance(ack, Busy) and ack.maybe_stored and ack.resend
+    ours = JetStreamLog._result(item, _PubAck(error=_ApiError(408, 0, "no acknowledgement within 5s")))
+    assert isinstance(ours, UnacknowledgedError) and "refused" not in str(ours)
+    theirs = JetStreamLog._result(item, _PubAck(error=_ApiError(408, 10999, "a server's own 408")))
+    assert not isinstance(theirs, UnacknowledgedError)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import secrets
 import time
@@ -320,7 +321,7 @@ class AsyncClient:
         error = answer.get("error")
         if error is not None:
             if answer.get("busy") is True:
-                raise Busy(str(error))
+                raise Busy(str(error), _retry_s(answer.get("retry_s")))
             if str(error).startswith("no job "):  # with whatever the service adds of why
                 raise NoSuchJob("unknown", "no such job " + str(error).removeprefix("no job "))
             raise Refused("malformed", str(error))
@@ -438,7 +439,7 @@ class AsyncClient:
             raise Unreachable(f"the forecast role answered {msg.data[:200]!r}") from None
         if "error" in told:
             if told.get("busy") is True:
-                raise Busy(str(told["error"]))
+                raise Busy(str(told["error"]), _retry_s(told.get("retry_s")))
             raise Refused("malformed", str(told["error"]))
         from corral.services.forecast.present import text
 
@@ -472,10 +473,15 @@ def _intake_answer(verb: str, msg: bytes) -> dict[str, Any] | Busy | Refused:
     error = ack["error"]
     code = error.get("code")
     if code in (503, 429, 504):
-        retry_s = error.get("retry_s")
-        if not (isinstance(retry_s, int | float) and retry_s >= 0):
-            retry_s = MAYBE_STORED_RETRY_S if code == 504 else 0.0
+        retry_s = _retry_s(error.get("retry_s"), MAYBE_STORED_RETRY_S if code == 504 else 0.0)
         said = "not known to be taken" if code == 504 else "not taken"
         told = f"{verb} {said}: {error.get('description', error)}"
         return Busy(told, float(retry_s), too_fast=code == 429, maybe_stored=code == 504)
     return Refused(str(code or ""), f"{verb} refused: {error.get('description', error)}")
+
+
+def _retry_s(said: Any, otherwise: float = 0.0) -> float:
+    """The seconds an answer said to wait before asking again (``otherwise`` when it said none
+    a client can use)."""
+    ok = isinstance(said, int | float) and not isinstance(said, bool) and 0 <= said < math.inf
+    return float(said) if ok else otherwise

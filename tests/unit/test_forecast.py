@@ -434,3 +434,27 @@ async def test_an_asker_past_its_share_of_what_if_time_is_told_when_to_ask_again
     assert a["busy"] and 0 < float(a["retry_s"]) <= 5.0 / service.WHATIF_SHARE  # type: ignore[arg-type]
     assert b == {"seq": 0, "answered": True}
     assert svc._spent._owed["b"][0] > 0  # what b's question used is charged to b
+
+
+async def test_the_client_tells_when_to_ask_a_busy_role_again() -> None:
+    # The role says when an asker past its share may ask again; Busy said 0.0, "ask at once".
+    import json
+    from types import SimpleNamespace
+
+    from corral.client import AsyncClient
+    from corral.services.client.results import Busy
+
+    told = {"seq": 7, "error": "busy: ask again in 42 s", "busy": True, "retry_s": 42.0}
+
+    class Session:
+        async def request(self, *_: object, **__: object) -> SimpleNamespace:
+            return SimpleNamespace(data=json.dumps(told).encode())
+
+    async def connected() -> Session:
+        return Session()
+
+    client = AsyncClient("nats://127.0.0.1:1", tenant="a")
+    client._connected = connected  # type: ignore[method-assign,assignment]
+    with pytest.raises(Busy) as caught:
+        await client.whatif({"queue": "q", "resources": {"gpus": 1}})
+    assert caught.value.retry_s == 42.0

@@ -51,7 +51,8 @@ def cost(size: int) -> int:
 
 
 class Buckets:
-    """A token bucket per tenant: ``take`` one request's token, or say how long until one."""
+    """A token bucket per tenant: ``take`` a request's tokens (``cost``), or say how long until
+    it may."""
 
     def __init__(self, rate: Rate) -> None:
         self.rate = rate

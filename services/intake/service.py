@@ -7,9 +7,12 @@ requests judged while a batch is on its way wait for the next, and each batch go
 batch. At most ``MAX_WAITING`` requests wait, and at most ``MAX_WAITING_PER_TENANT`` of one tenant's,
 so that a tenant sending without end cannot keep the others' requests out; past either a
 request is answered busy at once (503, as JetStream answers when it cannot take a message). A
-tenant past its rate (``rate.py``) is answered 429 with when to send again. What
-the stream says (stored at ``seq``, a duplicate, or an error) is the answer; a request the log
-could not take is answered with the error, never dropped silently.
+tenant past its rate (``rate.py``, charged by the request's size from its subject alone, before
+its body is decoded: ``decide.addressed``, then ``decide.judge``) is answered 429 with when to
+send again. What the stream says (stored at ``seq``, a duplicate, or an error) is the answer; a
+request the log could not take is answered with the error, never dropped silently, and one it
+did not acknowledge (``UnacknowledgedError``) 504: it may be stored, to be sent again under the
+same message id.
 """
 
 from __future__ import annotations

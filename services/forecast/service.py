@@ -136,7 +136,7 @@ class ForecastService(Service):
         if not self.supervision.may_decide(now):
             return 0
         if self.lease is not None and not await self.lease.hold():
-            self.last_at = None  # whoever takes the lease over writes at once
+            self.last_at = None  # whoever takes the lease over writes at once (its rest over)
             return 0
         if self._running is not None and not self._running.done():
             return 0

@@ -82,7 +82,7 @@ class Intake:
         if isinstance(sender, Sender):
             tenant = sender.tenant
             if self._buckets is not None:
-                over = self._over_rate(tenant, cost(len(msg.data)))
+                over = self._over_rate(tenant, cost(len(msg.data) + _header_bytes(msg.headers)))
                 if over is not None:
                     await self._answer(msg.reply, {"error": over})
                     return
@@ -149,7 +149,12 @@ class Intake:
             # sent it anew under another id, or none, had it stored twice).
             log.warning("no acknowledgement for a request on %s: %s", accept.subject, result)
             why = "the log did not say whether it stored it"
-            how = "send it again with the same message id: the log stores it once"
+            how = (
+                "send it again with the same message id: the log stores it once"
+                if accept.msg_id is not None
+                else "it carried no message id, so sent again it may be stored twice: ask the read "
+                "service for the verdict after the last position you know first"
+            )
             return {"error": {"code": MAYBE_STORED, "description": f"{why} ({result}); {how}"}}
         if isinstance(result, LogError):
             log.warning("could not append a request on %s: %s", accept.subject, result)
@@ -186,6 +191,12 @@ class Intake:
                 await sub.unsubscribe()
             self._arrived.set()  # what waits is appended and answered, then the loop ends
             await appending
+
+
+def _header_bytes(headers: dict[str, str] | None) -> int:
+    """What a request's headers weigh: charged with its body (the trace context and the message
+    id reach the log with it)."""
+    return sum(len(k) + len(v) for k, v in headers.items()) if headers else 0
 
 
 def serve(url: str, rate: Rate | None = DEFAULT, **options: Any) -> Callable[[asyncio.Event], Any]:

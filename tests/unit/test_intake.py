@@ -307,3 +307,29 @@ def test_a_resend_that_finds_its_first_copy_being_stored_is_maybe_stored_too() -
     assert isinstance(ours, UnacknowledgedError) and "refused" not in str(ours)
     theirs = JetStreamLog._result(item, _PubAck(error=_ApiError(408, 10999, "a server's own 408")))
     assert not isinstance(theirs, UnacknowledgedError)
+
+
+async def test_a_requests_headers_are_charged_with_its_body_and_a_504_without_an_id_says_so() -> None:
+    from types import SimpleNamespace
+
+    from corral.events.log import UnacknowledgedError
+    from corral.services.intake import service
+    from corral.services.intake.decide import Accept
+    from corral.services.intake.rate import Rate
+
+    answers: list[dict[str, object]] = []
+
+    async def publish(_: str, body: bytes) -> None:
+        answers.append(json.loads(body))
+
+    fake = SimpleNamespace(nc=SimpleNamespace(publish=publish))
+    intake = service.Intake(fake, Rate(per_s=0.001, burst=4))  # type: ignore[arg-type]
+    heavy = {"traceparent": "x" * 9_000}  # 3 tokens with the body
+    for n in range(2):
+        msg = SimpleNamespace(
+            subject="corral.req.a.submit", reply=f"{INBOXES}.a.{n}", headers=heavy, data=SUBMIT
+        )
+        await intake._on_request(msg)  # type: ignore[arg-type]
+    assert len(intake._waiting) == 1 and intake.limited == 1  # 3 of 4 taken, then 3 more owed
+    told = intake._answer_of(Accept("corral.in.a.cancel", b"{}", None, None), UnacknowledgedError("late"))
+    assert "no message id" in told["error"]["description"]

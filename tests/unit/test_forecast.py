@@ -236,17 +236,49 @@ def test_recent_submissions_can_be_assumed_to_come_again() -> None:
     assert set(got.starts) == {"t1"} and msgspec.msgpack.encode(state) == before
 
 
+class _Asked:
+    """A forecast role whose answers are kept, not published: ``sent`` holds (reply, answer)."""
+
+    def __init__(self, store: object = None) -> None:
+        import json
+        from types import SimpleNamespace
+
+        from corral.events.log import InMemoryLog
+        from corral.services.forecast import service
+
+        self.sent: list[tuple[str, dict[str, object]]] = []
+
+        async def publish(subject: str, body: bytes) -> None:
+            self.sent.append((subject, json.loads(body)))
+
+        log = InMemoryLog()
+        log.nc = SimpleNamespace(publish=publish, max_payload=1 << 20)  # type: ignore[attr-defined]
+        self.svc = service.ForecastService(log, store=store)  # type: ignore[arg-type]
+
+    async def ask(self, who: str, n: int = 1, data: bytes = b"{}") -> None:
+        from types import SimpleNamespace
+
+        from corral.services.runtime import identities
+
+        reply = f"{identities.inbox_prefix(who)}.{n}"
+        await self.svc._on_whatif(
+            SimpleNamespace(subject=identities.read_subject(who, "whatif"), reply=reply, data=data)
+        )
+
+    def told(self, who: str, n: int = 1) -> dict[str, object]:
+        from corral.services.runtime import identities
+
+        return dict(self.sent)[f"{identities.inbox_prefix(who)}.{n}"]
+
+
 async def test_what_if_questions_beyond_the_caps_are_answered_busy_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Each question copies the state and simulates in a thread beside the services: a tenant
     # asking in a loop gets "busy" at once past its share, and the role answers others still.
     import asyncio
-    import json
     import threading
-    from types import SimpleNamespace
 
-    from corral.events.log import InMemoryLog
     from corral.services.forecast import service
     from corral.services.runtime import identities
 
@@ -257,23 +289,12 @@ async def test_what_if_questions_beyond_the_caps_are_answered_busy_at_once(
         return {"seq": 0, "answered": True}
 
     monkeypatch.setattr(service, "whatif_answer", slow)
-    sent: list[tuple[str, dict[str, object]]] = []
-
-    async def publish(subject: str, body: bytes) -> None:
-        sent.append((subject, json.loads(body)))
-
-    log = InMemoryLog()
-    log.nc = SimpleNamespace(publish=publish, max_payload=1 << 20)  # type: ignore[attr-defined]
-    svc = service.ForecastService(log, store=None)  # type: ignore[arg-type]
-
-    def ask(who: str, n: int) -> SimpleNamespace:
-        reply = f"{identities.inbox_prefix(who)}.{n}"
-        return SimpleNamespace(subject=identities.read_subject(who, "whatif"), reply=reply, data=b"{}")
-
+    role = _Asked()
+    svc, sent = role.svc, role.sent
     for n in range(3):
-        await svc._on_whatif(ask("a", n))
+        await role.ask("a", n)
     for who in ("b", "c", "d"):
-        await svc._on_whatif(ask(who, 0))
+        await role.ask(who, 0)
     busy = {subject for subject, body in sent if body.get("busy")}
     assert busy == {
         f"{identities.inbox_prefix('a')}.2",  # a's third, past its two
@@ -283,7 +304,7 @@ async def test_what_if_questions_beyond_the_caps_are_answered_busy_at_once(
     await asyncio.gather(*svc._answering)
     answered = {subject for subject, body in sent if body.get("answered")}
     assert len(answered) == service.MAX_WHATIFS and svc._asking == {}
-    await svc._on_whatif(ask("d", 1))  # room again once they were answered
+    await role.ask("d", 1)  # room again once they were answered
     await asyncio.gather(*svc._answering)
     assert sent[-1] == (f"{identities.inbox_prefix('d')}.1", {"seq": 0, "answered": True})
 
@@ -294,13 +315,9 @@ async def test_what_ifs_at_one_log_position_share_one_encoding_and_decode_off_th
     # A copy was made whole on the loop for each question: the loop encodes once per log
     # position, and each question decodes its copy in its thread.
     import asyncio
-    import json
     import threading
-    from types import SimpleNamespace
 
-    from corral.events.log import InMemoryLog
     from corral.services.forecast import service
-    from corral.services.runtime import identities
 
     decoded: list[tuple[threading.Thread, int]] = []
     real_thaw = service._thaw
@@ -310,21 +327,13 @@ async def test_what_ifs_at_one_log_position_share_one_encoding_and_decode_off_th
         return real_thaw(data)
 
     monkeypatch.setattr(service, "_thaw", thaw)
-    sent: list[dict[str, object]] = []
-
-    async def publish(_: str, body: bytes) -> None:
-        sent.append(json.loads(body))
-
-    log = InMemoryLog()
-    log.nc = SimpleNamespace(publish=publish, max_payload=1 << 20)  # type: ignore[attr-defined]
-    svc = service.ForecastService(log, store=None)  # type: ignore[arg-type]
+    role = _Asked()
+    svc = role.svc
     job = b'{"job": {"queue": "default", "command": ["true"], "resources": {"gpus": 1}}}'
     for n, who in enumerate(("a", "a", "b")):
-        reply = f"{identities.inbox_prefix(who)}.{n}"
-        await svc._on_whatif(
-            SimpleNamespace(subject=identities.read_subject(who, "whatif"), reply=reply, data=job)
-        )
+        await role.ask(who, n, job)
     await asyncio.gather(*svc._answering)
+    sent = [told for _, told in role.sent]
     assert len(sent) == 3 and all("error" not in told for told in sent), sent
     assert len(decoded) == 3 and threading.main_thread() not in {on for on, _ in decoded}
     assert len({data for _, data in decoded}) == 1  # one log position: one encoding for the three
@@ -340,12 +349,6 @@ async def test_the_encoding_is_let_go_once_a_forecast_writing_the_bucket_and_a_w
     # The forecast let go of the encoding before it wrote the bucket, a what-if answered while it
     # wrote made it anew and, the forecast not done, did not let it go: held till the next one.
     import asyncio
-    import json
-    from types import SimpleNamespace
-
-    from corral.events.log import InMemoryLog
-    from corral.services.forecast import service
-    from corral.services.runtime import identities
 
     class SlowBucket:
         def __init__(self) -> None:
@@ -355,24 +358,15 @@ async def test_the_encoding_is_let_go_once_a_forecast_writing_the_bucket_and_a_w
             self.writing.set()
             await self.written.wait()
 
-    sent: list[dict[str, object]] = []
-
-    async def publish(_: str, body: bytes) -> None:
-        sent.append(json.loads(body))
-
-    log = InMemoryLog()
-    log.nc = SimpleNamespace(publish=publish, max_payload=1 << 20)  # type: ignore[attr-defined]
     bucket = SlowBucket()
-    svc = service.ForecastService(log, store=bucket)  # type: ignore[arg-type]
+    role = _Asked(store=bucket)
+    svc = role.svc
     svc.state = busy(("t1", "t")).state  # a waiting job: the forecast writes its tenant's key
     await svc.cycle()
     await asyncio.wait_for(bucket.writing.wait(), 30)
-    job = b'{"job": {"queue": "q", "command": ["true"], "resources": {"gpus": 1}}}'
-    reply = f"{identities.inbox_prefix('t')}.1"
-    asked = SimpleNamespace(subject=identities.read_subject("t", "whatif"), reply=reply, data=job)
-    await svc._on_whatif(asked)
+    await role.ask("t", 1, b'{"job": {"queue": "q", "command": ["true"], "resources": {"gpus": 1}}}')
     await asyncio.gather(*svc._answering)
-    assert len(sent) == 1 and "error" not in sent[0], sent
+    assert len(role.sent) == 1 and "error" not in role.told("t"), role.sent
     bucket.written.set()
     assert svc._running is not None
     await svc._running
@@ -401,36 +395,20 @@ async def test_an_asker_past_its_share_of_what_if_time_is_told_when_to_ask_again
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import asyncio
-    import json
-    from types import SimpleNamespace
 
-    from corral.events.log import InMemoryLog
     from corral.services.forecast import service
-    from corral.services.runtime import identities
 
     def long(*_: object) -> dict[str, object]:
         return {"seq": 0, "answered": True}
 
     monkeypatch.setattr(service, "whatif_answer", long)
-    sent: list[tuple[str, dict[str, object]]] = []
-
-    async def publish(subject: str, body: bytes) -> None:
-        sent.append((subject, json.loads(body)))
-
-    log = InMemoryLog()
-    log.nc = SimpleNamespace(publish=publish, max_payload=1 << 20)  # type: ignore[attr-defined]
-    svc = service.ForecastService(log, store=None)  # type: ignore[arg-type]
+    role = _Asked()
+    svc = role.svc
     svc._spent.charge("a", service.WHATIF_MOST_S + 5.0, time.monotonic())  # its questions ran long
-
-    def ask(who: str) -> SimpleNamespace:
-        reply = f"{identities.inbox_prefix(who)}.1"
-        return SimpleNamespace(subject=identities.read_subject(who, "whatif"), reply=reply, data=b"{}")
-
-    await svc._on_whatif(ask("a"))
-    await svc._on_whatif(ask("b"))
+    await role.ask("a")
+    await role.ask("b")
     await asyncio.gather(*svc._answering)
-    told = dict(sent)
-    a, b = told[f"{identities.inbox_prefix('a')}.1"], told[f"{identities.inbox_prefix('b')}.1"]
+    a, b = role.told("a"), role.told("b")
     assert a["busy"] and 0 < float(a["retry_s"]) <= 5.0 / service.WHATIF_SHARE  # type: ignore[arg-type]
     assert b == {"seq": 0, "answered": True}
     assert svc._spent._owed["b"][0] > 0  # what b's question used is charged to b

@@ -26,31 +26,9 @@ from corral.services.agent.output import (
 )
 from corral.services.agent.worker import log_path, log_path_before_runs
 from corral.services.runtime.output import MAX_AGE, subject
+from tests.unit.test_worker_output import Kept, _looks_at_the_disk, _worker_file
 
 MiB = 1024 * 1024
-
-
-class Kept:
-    """An ``OutputSink`` in memory: what a stream would keep, per subject."""
-
-    def __init__(self) -> None:
-        self.sent: dict[str, list[tuple[bytes, int]]] = {}
-
-    async def send(self, subj: str, data: bytes, offset: int) -> None:
-        self.sent.setdefault(subj, []).append((data, offset))
-
-    async def shipped(self, subj: str) -> int | None:
-        got = self.sent.get(subj)
-        return got[-1][1] if got else None
-
-    def text(self, subj: str) -> str:
-        return b"".join(d for d, _ in self.sent.get(subj, [])).decode()
-
-
-def _worker_file(root: Path, job_id: str = "train", attempt: int = 0, rank: int = 0, run: int = 3) -> Path:
-    path = log_path(root, WorkerKey(job_id, attempt, rank), run)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _aged(path: Path, seconds: float, now: float | None = None) -> Path:
@@ -240,19 +218,6 @@ async def test_a_filesystem_that_cannot_free_part_of_a_file_is_said_once(
 
 
 # -- ended workers' files ----------------------------------------------------------------------------
-
-
-def _looks_at_the_disk(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    """The directories the shipper lists, as it lists them."""
-    listed: list[Path] = []
-    glob = Path.glob
-
-    def counted(self: Path, pattern: str, *args: Any, **kw: Any) -> Any:
-        listed.append(self)
-        return glob(self, pattern, *args, **kw)
-
-    monkeypatch.setattr(Path, "glob", counted)
-    return listed
 
 
 async def test_the_start_up_listing_deletes_ended_workers_files_the_stream_keeps_nothing_of(

@@ -171,8 +171,11 @@ def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
     Its quota is free at once and the leaving ranks hold their GPUs until they exit, so the grace
     is capped: with its own (up to a day), an owner who shrank a job that borrowed kept the GPUs
     a day while its queue was charged for one, and a lender within its nominal waited as long. A
-    shrink already under way (the preemptor's, for a job that waits) keeps its beneficiary and
-    its deadline, or an earlier one: a resize does not undo a reclaim."""
+    shrink already under way for a job that waits (the preemptor's) keeps its beneficiary and
+    its deadline, or an earlier one: a resize does not undo a reclaim. After an owner's earlier
+    shrink, for nobody, the ranks leaving now get their grace too (no rank's deadline moves
+    earlier): with the first's deadline, perhaps past while a rank of it was slow to exit, they
+    were stopped at once."""
     job = _owned(state, ctx, req.job_id)
     lo = job.spec.min_replicas
     if lo is None or req.replicas < lo:
@@ -189,8 +192,10 @@ def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
             readmit(state, job, req.replicas)
         elif job.phase == "running":
             deadline, beneficiary = ctx.time + preemption.drain_grace_s(state, job), ""
-            if job.leaving:
+            if job.leaving and job.preempted_for:
                 deadline, beneficiary = min(deadline, job.preempt_deadline), job.preempted_for
+            elif job.leaving:
+                deadline = max(deadline, job.preempt_deadline)
             shrink(state, ctx, job, req.replicas, beneficiary, deadline)
         else:
             raise Refused("illegal", f"job {job.id} is {job.phase}: it can shrink once it runs", job.id)

@@ -241,4 +241,6 @@ from __future__ import annotations
 # 85: the owner's resize gives leaving ranks at most their queue's ``max_grace_seconds`` and
 #    keeps a shrink under way's beneficiary and deadline; the preemptor's shrink is a time in
 #    ``JobState.preempted_at`` (the cooldown and hourly guards count it).
-RULES = 85
+# 86: the owner's resize during an owner's earlier shrink (no beneficiary) gives the ranks leaving
+#    now their capped grace, not the earlier shrink's deadline (perhaps past).
+RULES = 86

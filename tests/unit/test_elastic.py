@@ -515,3 +515,15 @@ def test_a_shrink_counts_for_the_cooldown_of_its_jobs_class() -> None:
     state = fold(log)
     assert state.rejections[-1].code == "void" and "shrunk 60s ago" in state.rejections[-1].message
     assert state.jobs["e"].admission is not None and state.jobs["e"].admission.replicas == 2
+
+
+def test_the_owners_second_resize_gives_the_ranks_leaving_now_their_grace() -> None:
+    # Rank 3 of the first resize is slow to exit, past its deadline: with that deadline, rank 2
+    # of the second was stopped at once. No job waits on the owner's shrink: rank 2 gets its
+    # grace, and rank 3's deadline does not move earlier.
+    log = elastic_running(replicas=4, least=1)
+    log.at(2_000.0).request("alice", "resize", {"job_id": "e", "replicas": 3})
+    assert fold(log).jobs["e"].preempt_deadline == 2_000.0 + 30.0
+    log.at(3_000.0).request("alice", "resize", {"job_id": "e", "replicas": 2})
+    e = fold(log).jobs["e"]
+    assert (e.leaving, e.preempted_for, e.preempt_deadline) == ([2, 3], "", 3_000.0 + 30.0)

@@ -78,6 +78,8 @@ def lifts_at(job: JobState, pc: PriorityClassSpec | None, now: float) -> float:
         at = max(at, times[-1] + pc.cooldown_s)
     cap = pc.max_preemptions_per_hour
     if cap is not None:
+        if cap <= 0:
+            return math.inf  # none an hour: no time lifts it (and no time in the hour to wait out)
         recent = [t for t in times if now - t < HOUR]
         if len(recent) >= cap:
             at = max(at, recent[len(recent) - cap] + HOUR)

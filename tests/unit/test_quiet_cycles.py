@@ -195,6 +195,14 @@ def test_a_lifetime_cap_never_lifts() -> None:
     assert thrash.lifts_at(_running(0.0, (10.0,)), capped, 1_000.0) == math.inf
 
 
+@pytest.mark.parametrize("preempted_at", [(), (10.0,)], ids=["never-preempted", "preempted"])
+def test_a_cap_of_none_an_hour_never_lifts(preempted_at: tuple[float, ...]) -> None:
+    # The fold takes a cap of 0 ("0 or more"): with no time in the hour to wait out, the
+    # preemptor's wake indexed an empty list and raised on every idle cycle.
+    never = PriorityClassSpec("normal", 0, max_preemptions_per_hour=0)
+    assert thrash.lifts_at(_running(0.0, preempted_at), never, 1_000.0) == math.inf
+
+
 def test_the_preemptor_wakes_when_a_running_jobs_guard_lifts() -> None:
     lb = (
         LogBuilder()

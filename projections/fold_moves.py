@@ -26,7 +26,7 @@ from corral.projections.state import (
     State,
 )
 
-MAX_PREEMPTION_TIMES = 32  # enough for any per-hour cap a priority class sets
+MAX_PREEMPTION_TIMES = 32  # the most per-hour cap a priority class may set (preemptions and shrinks)
 
 
 class Refused(Exception):

@@ -45,6 +45,7 @@ from corral.events.queues import (
 )
 from corral.projections import gpu_time, indexes, preemption, quota, retention, runtimes
 from corral.projections.fold_moves import (
+    MAX_PREEMPTION_TIMES,
     Ctx,
     Handler,
     Refused,
@@ -165,8 +166,8 @@ def _cancel(state: State, ctx: Ctx, req: CancelJob) -> None:
 
 def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
     """A new most workers for an elastic job. A running job above it shrinks to it at once (its
-    ranks above leave within its grace period, at most its queue's ``max_grace_seconds``, as a
-    drain gives); below it, admission grows it when quota allows.
+    ranks above leave within its grace period, at most the least ``max_grace_seconds`` of its
+    cohort tree, ``preemption.shrink_grace_s``); below it, admission grows it when quota allows.
 
     Its quota is free at once and the leaving ranks hold their GPUs until they exit, so the grace
     is capped: with its own (up to a day), an owner who shrank a job that borrowed kept the GPUs
@@ -191,7 +192,7 @@ def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
         if job.phase == "admitted":  # nothing placed yet: it is placed at the smaller size
             readmit(state, job, req.replicas)
         elif job.phase == "running":
-            deadline, beneficiary = ctx.time + preemption.drain_grace_s(state, job), ""
+            deadline, beneficiary = ctx.time + preemption.shrink_grace_s(state, job), ""
             if job.leaving and job.preempted_for:
                 deadline, beneficiary = min(deadline, job.preempt_deadline), job.preempted_for
             elif job.leaving:
@@ -411,6 +412,13 @@ def _apply_priority_class(state: State, ctx: Ctx, req: ApplyPriorityClass) -> No
             raise Refused(
                 "malformed", f"priority class {pc.name}: {field} {times} is not a number of times, 0 or more"
             )
+    hourly = pc.max_preemptions_per_hour
+    if hourly is not None and hourly > MAX_PREEMPTION_TIMES:  # the times a job keeps: no more binds
+        raise Refused(
+            "malformed",
+            f"priority class {pc.name}: max_preemptions_per_hour is at most {MAX_PREEMPTION_TIMES}, "
+            f"not {hourly}",
+        )
     before = state.priority_classes.get(req.priority_class.name)
     state.priority_classes[req.priority_class.name] = req.priority_class
     turned = (before is None or before.preemptible) != pc.preemptible

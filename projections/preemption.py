@@ -421,6 +421,40 @@ def drain_grace_s(state: State, job: JobState) -> float:
     return _capped(state, job, job.spec.queue)
 
 
+def shrink_grace_s(state: State, job: JobState) -> float:
+    """How long an owner's shrink gives ``job``'s leaving ranks: its own ``grace_seconds``, at
+    most the least ``max_grace_seconds`` of the queues of its cohort tree. Its quota is free at
+    once and the ranks keep their GPUs until they exit, and the GPUs may be a lender's: a cap
+    of its own queue's alone let a borrower's queue with none keep a lender waiting a day."""
+    own = max(0.0, job.spec.grace_seconds)
+    caps = [
+        (spec.preemption if spec is not None else DEFAULT_PREEMPTION).max_grace_seconds
+        for spec in [state.queues.get(q) for q in _tree_queues(state, job.spec.queue)]
+    ]
+    return min([own, *(c for c in caps if c is not None)])
+
+
+def _tree_queues(state: State, queue: str) -> list[str]:
+    """The queues of ``queue``'s cohort tree (``queue`` alone when it is in no cohort)."""
+    root = _root(state, queue)
+    if root is None:
+        return [queue]
+    return [name for name in state.queues if _root(state, name) == root]
+
+
+def _root(state: State, queue: str) -> str | None:
+    spec = state.queues.get(queue)
+    cohort = spec.cohort if spec is not None else None
+    seen: set[str] = set()
+    while cohort is not None and cohort not in seen:  # a cycle is refused by the fold; bounded all the same
+        seen.add(cohort)
+        parent = state.cohorts.get(cohort)
+        if parent is None or parent.parent is None:
+            return cohort
+        cohort = parent.parent
+    return cohort
+
+
 def _capped(state: State, job: JobState, queue: str) -> float:
     """``job``'s own grace, at most ``queue``'s ``max_grace_seconds``."""
     own = max(0.0, job.spec.grace_seconds)

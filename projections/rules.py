@@ -243,4 +243,7 @@ from __future__ import annotations
 #    ``JobState.preempted_at`` (the cooldown and hourly guards count it).
 # 86: the owner's resize during an owner's earlier shrink (no beneficiary) gives the ranks leaving
 #    now their capped grace, not the earlier shrink's deadline (perhaps past).
-RULES = 86
+# 87: an owner's shrink is capped by the least ``max_grace_seconds`` of its cohort tree's
+#    queues (``preemption.shrink_grace_s``); a class's ``max_preemptions_per_hour`` above
+#    ``MAX_PREEMPTION_TIMES`` is malformed.
+RULES = 87

@@ -119,7 +119,7 @@ class JobState(msgspec.Struct, gc=False):
     # queue's fixed part (``State.quota_held_fixed``) until it holds none, whatever happens
     # meanwhile. None: never admitted by the fold (a state made by hand reads the rule itself).
     fixed: bool | None = None
-    preempted_at: tuple[float, ...] = ()  # log times of the latest preemptions (anti-thrash)
+    preempted_at: tuple[float, ...] = ()  # log times of the latest preemptions and shrinks (anti-thrash)
     preempted_for: str = ""  # the beneficiary of the preemption under way
     # Where a move (a consolidation, ``PreemptionRequested.moves``) is to put it: the placer
     # holds those GPUs for it while it stops and is admitted again, until it is placed.

@@ -5,7 +5,7 @@ restarting. Four guards, each off unless the job's ``PriorityClassSpec`` sets it
 
 - ``min_runtime_s``: the job has run at least this long in its current attempt (a job that is
   placed or starting has run for 0 s, so a guarded class is never preempted before it runs);
-- ``cooldown_s``: at least this long since the job was last preempted;
+- ``cooldown_s``: at least this long since the job was last preempted (or shrunk);
 - ``max_preemptions_per_hour``: fewer than this many preemptions of the job in the last hour;
 - ``max_preemptions``: fewer than this many preemptions of the job in its whole life (a job
   stopped that often runs to its end: it bounds the work any one job can lose); not for a job

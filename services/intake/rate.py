@@ -9,10 +9,11 @@ together); past that, a request is answered 429 at once with when to send again,
 appended. The buckets are each intake replica's: with ``n`` replicas sharing the requests a
 tenant gets up to ``n`` times the rate, which is what the operator sizes.
 
-A request costs a token for each ``TOKEN_BYTES`` it starts (``cost``): a job's spec, some
-hundreds of bytes, is one, and the largest request the intake takes, 64. Counted by requests
-alone, requests of 250 KB at a fifth of the rate grew the log by 40 MB a second; so the log a
-tenant can grow is bounded in bytes too, ``per_s * TOKEN_BYTES`` a second (4 MB by default).
+A request costs a token for each ``TOKEN_BYTES`` it starts (``cost``), its headers with its body:
+a job's spec, some hundreds of bytes, is one, and the largest request the intake takes about 65.
+Counted by requests alone, requests of 250 KB at a fifth of the rate grew the log by 40 MB a
+second; so the log a tenant can grow is bounded in bytes too, ``per_s * TOKEN_BYTES`` a second
+(4 MB by default).
 
 Pure: the caller gives the time (monotonic seconds).
 """
@@ -85,7 +86,8 @@ class Buckets:
     def _forget_full(self, now: float) -> None:
         """Let go of the buckets that have filled again: a tenant with none starts full. Without
         logins anyone may name any tenant, so the buckets are bounded by the tenants active
-        within ``burst / per_s`` seconds; the size that triggers this doubles with what is kept,
+        within ``(burst + the largest cost) / per_s`` seconds (a bucket may owe what a request
+        cost past it); the size that triggers this doubles with what is kept,
         so that each request pays for it a constant share."""
         rate = self.rate
         self._left = {

@@ -527,3 +527,20 @@ def test_the_owners_second_resize_gives_the_ranks_leaving_now_their_grace() -> N
     log.at(3_000.0).request("alice", "resize", {"job_id": "e", "replicas": 2})
     e = fold(log).jobs["e"]
     assert (e.leaving, e.preempted_for, e.preempt_deadline) == ([2, 3], "", 3_000.0 + 30.0)
+
+
+def test_the_owners_shrink_is_capped_by_the_least_max_grace_of_its_cohort_tree() -> None:
+    # e of team-a borrows team-b's idle GPUs, then its owner shrinks it: the GPUs its leaving
+    # ranks hold may be team-b's, so team-b's cap (600 s) bounds them, not team-a's (none).
+    from corral.events.queues import PreemptionPolicy
+    from tests.builders import Cluster
+
+    a = queue_spec("team-a", 1, cohort="c", preemption=PreemptionPolicy(max_grace_seconds=None))
+    log = LogBuilder().nodes(Cluster(1)).queue(a).queue(queue_spec("team-b", 7, cohort="c"))
+    log.submit("alice", "e", job().replicas(4, minimum=1)._with(grace_seconds=86_400.0)).accept("e")
+    log.admit("e", replicas=4).place(placement("e", *ranks(4)))
+    for r in range(4):
+        log.started(N0, "e", rank=r)
+    log.at(2_000.0).request("alice", "resize", {"job_id": "e", "replicas": 1})
+    e = fold(log).jobs["e"]
+    assert e.leaving == [1, 2, 3] and e.preempt_deadline == 2_000.0 + 600.0

@@ -337,6 +337,7 @@ def test_invalid_queue_is_malformed(spec: QueueSpec) -> None:
         {"cooldown_s": float("inf")},
         {"max_preemptions": -1},
         {"max_preemptions_per_hour": -5},
+        {"max_preemptions_per_hour": 33},  # past the times a job keeps: it would never bind
     ],
     ids=[
         "negative-min-runtime",
@@ -345,6 +346,7 @@ def test_invalid_queue_is_malformed(spec: QueueSpec) -> None:
         "infinite-cooldown",
         "cap",
         "hourly-cap",
+        "hourly-cap-past-the-times-kept",
     ],
 )
 def test_a_priority_class_of_negative_times_is_malformed(changes: dict[str, object]) -> None:

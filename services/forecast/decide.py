@@ -99,10 +99,12 @@ class Spent:
     """Seconds of simulation what-ifs used, per asker and in all, paid back at ``share`` of a
     core a second: a question is taken while what its asker, and everyone, owe is under
     ``most_s``, and charged what it used once answered (what a question costs is known only
-    then: a few milliseconds, or its whole budget on a deep backlog). The number of questions
-    running at once bounds the work in flight; this bounds the work over time, since each
-    question holds the interpreter's lock that the role's loop (in ``corral up``, every
-    service) shares for most of its simulation. Pure: the caller gives the time."""
+    then: a few milliseconds, or its whole budget on a deep backlog). What everyone owes binds
+    only askers who used half their own ``most_s`` lately: one asker using the whole of it had
+    every other tenant's question answered busy. The number of questions running at once
+    bounds the work in flight; this bounds the work over time, since each question holds the
+    interpreter's lock that the role's loop (in ``corral up``, every service) shares for most of
+    its simulation. Pure: the caller gives the time."""
 
     def __init__(self, share: float, most_s: float, share_all: float, most_all_s: float) -> None:
         self.share, self.most_s, self.share_all, self.most_all_s = share, most_s, share_all, most_all_s
@@ -115,11 +117,11 @@ class Spent:
 
     def wait_s(self, asker: str, now: float) -> float:
         """0.0 when ``asker`` may ask now; else the seconds until it may."""
-        waits = [
-            (self._now_owed(key, now) - most) / share
-            for key, most, share in ((asker, self.most_s, self.share), ("", self.most_all_s, self.share_all))
-        ]
-        return max(0.0, *waits)
+        own = self._now_owed(asker, now)
+        wait = (own - self.most_s) / self.share
+        if own >= self.most_s / 2:
+            wait = max(wait, (self._now_owed("", now) - self.most_all_s) / self.share_all)
+        return max(0.0, wait)
 
     def charge(self, asker: str, seconds: float, now: float) -> None:
         for key in (asker, ""):

@@ -59,12 +59,12 @@ _encode = msgspec.json.Encoder().encode
 # more is answered at once that the role is busy (``Busy``), and may be asked again.
 MAX_WHATIFS = 4
 MAX_WHATIFS_PER_ASKER = 2
-# ... and the simulation they use over time (``decide.Spent``): an asker keeps up a tenth of a
-# core, after a minute's worth at once; all askers together half of one, after two minutes'.
-# A what-if's budget is ``whatif.BUDGET_S``: one asker's questions on a deep backlog, each using
-# all of it, held a core of ``corral up`` and made everyone's submits 25 times slower.
-WHATIF_SHARE, WHATIF_MOST_S = 0.1, 60.0
-WHATIF_SHARE_ALL, WHATIF_MOST_ALL_S = 0.5, 120.0
+# ... and the simulation they use over time (``decide.Spent``): an asker keeps up a twentieth of
+# a core, after 20 s at once (one question's whole budget, ``whatif.BUDGET_S``); all askers
+# together a quarter of one, after 40 s. One asker's questions on a deep backlog held a core of
+# ``corral up`` and made everyone's submits 25 times slower.
+WHATIF_SHARE, WHATIF_MOST_S = 0.05, 20.0
+WHATIF_SHARE_ALL, WHATIF_MOST_ALL_S = 0.25, 40.0
 
 # Forecasts decide at most every 10 simulated seconds, not at every simulated event: a start is
 # told to the minute, and a forecast of a deep backlog costs far fewer decisions so.

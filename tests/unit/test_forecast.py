@@ -385,10 +385,16 @@ def test_what_ifs_are_taken_while_their_asker_and_everyone_owe_less_than_their_m
     assert spent.wait_s("a", 100.0) == 0.0
     assert spent.wait_s("b", 0.0) == 0.0  # another asker still asks
     for who in "bcd":
-        spent.charge(who, 20.0, 0.0)
-    # Everyone owes 130 s, past the 120 all may: every asker waits until it is paid back.
-    assert spent.wait_s("e", 0.0) == pytest.approx(20.0)
-    assert spent.wait_s("e", 20.0) == 0.0
+        spent.charge(who, 30.0, 0.0)
+    # Everyone owes 160 s, past the 120 all may: the askers who used half their own most wait
+    # until it is paid back; one who asked little (or nothing) lately still asks.
+    assert spent.wait_s("b", 0.0) == pytest.approx(80.0)
+    assert spent.wait_s("b", 80.0) == 0.0
+    assert spent.wait_s("e", 0.0) == 0.0
+    spent.charge("e", 29.0, 0.0)
+    assert spent.wait_s("e", 0.0) == 0.0
+    spent.charge("e", 1.0, 0.0)
+    assert spent.wait_s("e", 0.0) == pytest.approx((190.0 - 120.0) / 0.5)
 
 
 async def test_an_asker_past_its_share_of_what_if_time_is_told_when_to_ask_again(

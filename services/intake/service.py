@@ -64,9 +64,8 @@ class Intake:
         self.limited = 0  # requests past their tenant's rate
         self.appended = 0
         self._buckets = Buckets(rate) if rate is not None else None
-        self._limited_said: dict[
-            str, float
-        ] = {}  # tenant -> when the service's log last said it was past its rate
+        # Per tenant, when the service's log last said it was past its rate.
+        self._limited_said: dict[str, float] = {}
         self._waiting: list[tuple[Accept, str]] = []  # judged, to append, with where to answer
         self._waiting_of: dict[str, int] = {}  # per tenant, how many of ``_waiting`` are theirs
         self._arrived = asyncio.Event()

@@ -469,16 +469,22 @@ def test_an_exit_for_a_rank_of_the_current_attempt_that_never_started_changes_no
     assert state.jobs == before.jobs and state.nodes == before.nodes
 
 
+def _runs_with_a_days_grace(log: LogBuilder, least: int = 1) -> LogBuilder:
+    """Elastic job ``e`` of team-a (``least``..4 one-GPU workers, a day of grace) running 4 ranks
+    on node-00."""
+    log.submit("alice", "e", job().replicas(4, minimum=least)._with(grace_seconds=86_400.0)).accept("e")
+    log.admit("e", replicas=4).place(placement("e", *ranks(4)))
+    for r in range(4):
+        log.started(N0, "e", rank=r)
+    return log
+
+
 def test_the_owners_resize_gives_leaving_ranks_their_grace_at_most_their_queues_max_grace() -> None:
     # Its quota is free at once and its leaving ranks hold their GPUs until they exit: with its
     # own grace of a day, an owner who shrank a job that borrowed kept the GPUs that long.
     from tests.builders import Cluster
 
-    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
-    log.submit("alice", "e", job().replicas(4, minimum=2)._with(grace_seconds=86_400.0)).accept("e")
-    log.admit("e", replicas=4).place(placement("e", *ranks(4)))
-    for r in range(4):
-        log.started(N0, "e", rank=r)
+    log = _runs_with_a_days_grace(LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8)), least=2)
     log.at(1_000.0).request("alice", "resize", {"job_id": "e", "replicas": 2})
     e = fold(log).jobs["e"]
     assert e.leaving == [2, 3] and e.preempt_deadline == 1_000.0 + 600.0  # the queue's max grace
@@ -536,11 +542,9 @@ def test_the_owners_shrink_is_capped_by_the_least_max_grace_of_its_cohort_tree()
     from tests.builders import Cluster
 
     a = queue_spec("team-a", 1, cohort="c", preemption=PreemptionPolicy(max_grace_seconds=None))
-    log = LogBuilder().nodes(Cluster(1)).queue(a).queue(queue_spec("team-b", 7, cohort="c"))
-    log.submit("alice", "e", job().replicas(4, minimum=1)._with(grace_seconds=86_400.0)).accept("e")
-    log.admit("e", replicas=4).place(placement("e", *ranks(4)))
-    for r in range(4):
-        log.started(N0, "e", rank=r)
+    log = _runs_with_a_days_grace(
+        LogBuilder().nodes(Cluster(1)).queue(a).queue(queue_spec("team-b", 7, cohort="c"))
+    )
     log.at(2_000.0).request("alice", "resize", {"job_id": "e", "replicas": 1})
     e = fold(log).jobs["e"]
     assert e.leaving == [1, 2, 3] and e.preempt_deadline == 2_000.0 + 600.0

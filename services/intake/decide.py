@@ -84,6 +84,12 @@ def addressed(subject: str, reply: str, size: int, *, inbox_prefix: str) -> Send
     return Sender(tenant, verb)
 
 
+def weight(data: bytes, headers: Mapping[str, str] | None) -> int:
+    """What a request weighs for its tenant's rate: its body and its headers (the trace context
+    and the message id reach the log with it)."""
+    return len(data) + (sum(len(k) + len(v) for k, v in headers.items()) if headers else 0)
+
+
 def decide(
     subject: str, reply: str, headers: Mapping[str, str] | None, data: bytes, *, inbox_prefix: str
 ) -> Accept | Refuse | None:

@@ -32,7 +32,7 @@ from nats.aio.subscription import Subscription
 from corral.events import subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import Ack, Append, LogError, UnacknowledgedError
-from corral.services.intake.decide import Accept, Refuse, Sender, addressed, judge
+from corral.services.intake.decide import Accept, Refuse, Sender, addressed, judge, weight
 from corral.services.intake.rate import DEFAULT, TOKEN_BYTES, Buckets, Rate, cost
 from corral.services.runtime import identities, logs
 
@@ -81,7 +81,7 @@ class Intake:
         if isinstance(sender, Sender):
             tenant = sender.tenant
             if self._buckets is not None:
-                over = self._over_rate(tenant, cost(len(msg.data) + _header_bytes(msg.headers)))
+                over = self._over_rate(tenant, cost(weight(msg.data, msg.headers)))
                 if over is not None:
                     await self._answer(msg.reply, {"error": over})
                     return
@@ -190,12 +190,6 @@ class Intake:
                 await sub.unsubscribe()
             self._arrived.set()  # what waits is appended and answered, then the loop ends
             await appending
-
-
-def _header_bytes(headers: dict[str, str] | None) -> int:
-    """What a request's headers weigh: charged with its body (the trace context and the message
-    id reach the log with it)."""
-    return sum(len(k) + len(v) for k, v in headers.items()) if headers else 0
 
 
 def serve(url: str, rate: Rate | None = DEFAULT, **options: Any) -> Callable[[asyncio.Event], Any]:

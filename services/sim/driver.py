@@ -95,6 +95,7 @@ from corral.services.admission.decide import wake as admission_wake
 from corral.services.placer.decide import decide as placer_decide
 from corral.services.preemptor.decide import PreemptorConfig
 from corral.services.preemptor.decide import decide as preemptor_decide
+from corral.services.preemptor.decide import wake as preemptor_wake
 
 _VERBS: dict[type[Event], str] = {t: verb for verb, t in codec.ADMIN_VERBS.items()}
 # Reports that change no service's answer at the time they are made (see the module docstring).
@@ -523,13 +524,16 @@ class Simulation:
 
     def _wake_scheduler(self, now: float) -> None:
         """Admission's answer may change by the passing of time alone (``admission.decide.wake``:
-        a placement timeout, a back-off ending), and so may a scheduler's in place of corral's
-        services (``SimConfig.scheduler``, its ``wake_at``: Tiresias's jobs crossing a queue's
-        threshold): a live one decides on a timer, so the simulation decides then too."""
+        a placement timeout, a back-off ending), and so may the preemptor's (its ``wake``: an
+        anti-thrash guard lifting off the job a beneficiary waits to stop) and a scheduler's in
+        place of corral's services (``SimConfig.scheduler``, its ``wake_at``: Tiresias's jobs
+        crossing a queue's threshold): a live one decides on a timer, so the simulation decides
+        then too."""
         if self.config.scheduler is None:
-            at: float | None = admission_wake(self.state, now, self.config.admission)
-            if at is not None and math.isinf(at):
-                at = None
+            soonest = admission_wake(self.state, now, self.config.admission)
+            if self.config.preemptor is not None:
+                soonest = min(soonest, preemptor_wake(self.state, now))
+            at: float | None = None if math.isinf(soonest) else soonest
         else:
             at = getattr(self.roles[0][1], "wake_at", None)
         if at is not None and at > now and at != self._wake:

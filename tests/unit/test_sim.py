@@ -18,10 +18,12 @@ from corral.events.nodes import CheckpointCompleted
 from corral.events.queues import (
     ApplyCohort,
     ApplyFairShare,
+    ApplyPriorityClass,
     ApplyQueue,
     ApplyRetention,
     CohortSpec,
     FairShareSpec,
+    PriorityClassSpec,
     QueueSpec,
     Quota,
     RetentionSpec,
@@ -670,3 +672,19 @@ def test_a_forecast_from_a_state_with_a_shrink_under_way_lets_its_leaving_ranks_
     sim.run()
     first = sim.stats["b1"].first_start
     assert first is not None and first <= deadline, (first, deadline)
+
+
+def test_a_reclaim_waiting_for_a_guard_happens_when_the_guard_lifts() -> None:
+    """Nothing happens between team-b's arrival and the end of the guard that keeps team-a's
+    borrower running for its first 1,500 s: a live preemptor decides again when the guard lifts
+    (its ``wake``), and so does the simulation, not only when the borrower ends."""
+    guarded = ApplyPriorityClass(priority_class=PriorityClassSpec("guarded", 0, min_runtime_s=1500.0))
+    borrower = gpus(8, work=2000.0, checkpointable=True, grace_seconds=60.0, priority_class="guarded")
+    jobs = [
+        SimJob("a", "team-a", borrower, 0.0, 2000.0),
+        SimJob("b", "team-b", gpus(4, "team-b", 500.0), 1000.0, 500.0),
+    ]
+    quiet = AgentModel(checkpoint_interval_s=10_000.0, checkpoint_save_s=30.0)  # no record until then
+    sim = run(jobs, [guarded, *two_teams(4)], SimConfig(agents=quiet))
+    assert sim.stats["a"].preemptions == 1
+    assert sim.stats["b"].first_start == 1530.0  # the guard lifted at 1,500 s, then a 30 s save

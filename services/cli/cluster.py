@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import sys
 from pathlib import Path
 
@@ -223,7 +224,7 @@ def cmd_dashboard(args: argparse.Namespace) -> None:
     feed = Feed(server_url(args.server), asker, login.password if login is not None else None)
 
     async def run() -> None:
-        await serve(feed, args.host, args.port, stop_on_signals())
+        await serve(feed, args.host, args.port, stop_on_signals(), key=secrets.token_urlsafe(24))
 
     try:
         asyncio.run(run())

@@ -13,13 +13,17 @@ the read service a bounded number of questions whatever its rate.
 Tenancy is the read service's: the dashboard asks as its identity (a login's, or on a server
 without logins the ``--tenant`` it is given, else ``admin``) and shows what the answers hold. One
 dashboard is one identity: anyone who can open its page sees what that identity may, so it
-listens on localhost unless told otherwise.
+listens on localhost unless told otherwise, and ``corral dashboard`` makes a key that every
+request but the page's static files must carry (``?key=``, in the address it prints): a job's
+workers share their node's network, and the page of a dashboard running there, the admin's by
+default, named every tenant's jobs to any job that opened localhost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import importlib.resources
 import ipaddress
 import json
@@ -215,10 +219,29 @@ async def _loopback_hosts(
     return await handler(request)
 
 
-def make_app(feed: Feed, loopback: bool = True) -> web.Application:
+def _keyed(key: str) -> Any:
+    """Answer only requests that carry ``key`` (the static files excepted: they hold no one's
+    data). Listening on loopback keeps out other machines, not what runs on this one."""
+
+    @web.middleware
+    async def keyed(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        given = request.query.get("key", "")
+        if not request.path.startswith("/static/") and not hmac.compare_digest(given.encode(), key.encode()):
+            raise web.HTTPForbidden(text="open the address `corral dashboard` printed: it carries its key")
+        return await handler(request)
+
+    return keyed
+
+
+def make_app(feed: Feed, loopback: bool = True, key: str | None = None) -> web.Application:
     """The dashboard's routes; ``loopback``: it listens on loopback only, and answers only
-    requests whose Host names it so."""
-    app = web.Application(middlewares=[_loopback_hosts] if loopback else [])
+    requests whose Host names it so; ``key``: only requests that carry it (None: any)."""
+    middlewares: list[Any] = [_loopback_hosts] if loopback else []
+    if key is not None:
+        middlewares.append(_keyed(key))
+    app = web.Application(middlewares=middlewares)
     app[FEED] = feed
 
     async def follow(app: web.Application) -> Any:
@@ -259,11 +282,12 @@ async def serve(
     port: int,
     stop: asyncio.Event,
     listening: asyncio.Future[tuple[str, int]] | None = None,
+    key: str | None = None,
 ) -> None:
-    """Serve the dashboard until ``stop``; prints where, once it listens (and gives the address
-    to ``listening``)."""
+    """Serve the dashboard until ``stop``, to requests carrying ``key`` (None: any); prints
+    where, with the key, once it listens (and gives the address to ``listening``)."""
     runner = web.AppRunner(
-        make_app(feed, loopback=is_loopback(host)), shutdown_timeout=1.0, keepalive_timeout=IDLE_S
+        make_app(feed, loopback=is_loopback(host), key=key), shutdown_timeout=1.0, keepalive_timeout=IDLE_S
     )
     await runner.setup()
     server = runner.server
@@ -275,8 +299,10 @@ async def serve(
     listener = await asyncio.get_running_loop().create_server(accept, host, port)
     try:
         bound = listener.sockets[0].getsockname()
+        query = "" if key is None else f"?key={key}"
         print(
-            f"dashboard at http://{bound[0]}:{bound[1]}/ as {feed.asker} (corral at {feed.url})", flush=True
+            f"dashboard at http://{bound[0]}:{bound[1]}/{query} as {feed.asker} (corral at {feed.url})",
+            flush=True,
         )
         if listening is not None:
             listening.set_result((bound[0], bound[1]))

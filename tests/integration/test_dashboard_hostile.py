@@ -174,3 +174,48 @@ async def test_connections_that_send_nothing_are_closed_and_bounded(
     finally:
         stop.set()
         await served
+
+
+async def test_only_requests_carrying_the_printed_key_are_answered(unused_tcp_port: int) -> None:
+    # A job's workers share their node's network: a job on the node a dashboard ran on opened
+    # localhost and read its page, the admin's by default, every tenant's jobs and timelines.
+    # `corral dashboard` prints its address with a key; a request without it learns nothing.
+    import asyncio
+    import os
+    import signal
+    import sys
+    from urllib.parse import parse_qs, urlsplit
+
+    import aiohttp
+
+    root = Path(__file__).resolve().parents[2]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "corral", "dashboard", "--server", f"nats://127.0.0.1:{unused_tcp_port}",
+        "--tenant", "admin", "--port", "0",
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), WAIT)).decode()
+        address = urlsplit(line.split()[2])
+        key = parse_qs(address.query).get("key", [""])[0]
+        assert len(key) >= 16, line
+        base = f"http://{address.netloc}"
+        async with aiohttp.ClientSession() as http:
+            keyless = ("/", "/api/board", "/api/jobs/j-1", "/events", "/api/board?key=", "/api/board?key=x")
+            for path in keyless:
+                async with http.get(base + path) as r:
+                    assert r.status == 403, path
+            async with http.get(f"{base}/static/dashboard.js") as r:
+                assert r.status == 200  # the page's code, no one's data
+            for path in ("/", "/api/board"):
+                async with http.get(f"{base}{path}?key={key}") as r:
+                    assert r.status == 200, path
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()

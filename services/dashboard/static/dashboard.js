@@ -6,6 +6,10 @@
 
 const $ = (sel) => document.querySelector(sel);
 
+// The dashboard's key, from the address it printed: every question to it carries it.
+const KEY = new URLSearchParams(location.search).get("key") || "";
+const keyed = (path) => (KEY ? `${path}?key=${encodeURIComponent(KEY)}` : path);
+
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -147,7 +151,7 @@ async function loadJob(job) {
   timelineSeq = asked;
   let t;
   try {
-    const r = await fetch("/api/jobs/" + encodeURIComponent(job));
+    const r = await fetch(keyed("/api/jobs/" + encodeURIComponent(job)));
     t = await r.json();
   } catch (e) {
     timelineSeq = -1;
@@ -199,12 +203,12 @@ function drawTimeline(job, t) {
 
 $("#job-close").addEventListener("click", () => {
   selected = null;
-  history.replaceState(null, "", location.pathname);
+  history.replaceState(null, "", location.pathname + location.search);
   $("#job").hidden = true;
 });
 
 function connect() {
-  const es = new EventSource("/events");
+  const es = new EventSource(keyed("/events"));
   es.addEventListener("board", (m) => render(JSON.parse(m.data)));
   es.onerror = () => setStatus("reconnecting…", false);
 }

@@ -10,10 +10,15 @@ in a ``shortest-first`` queue, by priority then the highest response ratio
 2. is a short job, when the admin opened the short-job lane (``FairShareSpec.short_job_gpu_s``,
    ``queueing.short``): among heads that borrow equally far, short jobs of any queue go before
    the rest, then by the rules below,
-3. has the lowest weighted dominant share: the largest, over GPU keys, of
+3. among heads that borrow, has the higher priority (Kueue's ``PrioritySortingWithinCohort``):
+   a borrower of another queue may be stopped by a waiting borrower of a higher priority, so
+   letting the lower one in first only starts work the preemptor stops at once (Armada's
+   "Queued jobs are not preempted cross queue"). Within their nominal, heads keep fair-share
+   order: nobody may stop them there,
+4. has the lowest weighted dominant share: the largest, over GPU keys, of
    (held now + decayed past holding) / all quota of that key in the queue's cohort tree,
    divided by the queue's weight,
-4. then the head with the higher priority, the earlier submission, the smaller id.
+5. then the head with the higher priority, the earlier submission, the smaller id.
 
 After each admission the admitting queue's share is recomputed before its next head competes,
 so teams interleave rather than one queue draining first. A strict-FIFO queue stops at a head
@@ -201,7 +206,7 @@ class FairShareOrder:
         self._lookahead = lookahead
         self._free = SKIPS  # jobs ``passed`` may still pass uncounted this cycle
         self._fair = fair
-        self._heap: list[tuple[int, bool, float, int, int, str, str]] = []
+        self._heap: list[tuple[int, bool, int, float, int, int, str, str]] = []
         self.cursors: dict[str, Cursor] = {}
         for name in sorted(waiting):
             jobs = waiting[name]
@@ -218,11 +223,13 @@ class FairShareOrder:
         if cur.blocked or cur.stopped or cur.pos >= len(cur.jobs):
             return
         job = cur.head
+        borrows = self._borrows(cur, job)
         heapq.heappush(
             self._heap,
             (
-                self._borrows(cur, job),
+                borrows,
                 not queueing.short(job, self._fair.short_gpu_s),
+                -job.priority if borrows else 0,
                 self._fair.share(cur.name),
                 -job.priority,
                 job.submitted_seq,

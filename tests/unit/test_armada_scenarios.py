@@ -598,9 +598,6 @@ PREEMPTING_CASES = [
             {"A": 1, "B": 1},
             (Round(jobs("A", 32, PC0) + jobs("B", 32, PC1), ids("B", range(32))), Round()),
         ),
-        # corral admits A's jobs by fair share beside B's, then B's jobs of a higher priority
-        # stop them at once: the place ends as Armada's, with A's jobs stopped on the way.
-        pytest.mark.xfail(reason="admission lets in borrowers a higher priority stops at once", strict=True),
     ),
     _case(
         "Queued jobs are not preempted cross queue with some scheduled",
@@ -613,9 +610,6 @@ PREEMPTING_CASES = [
                 Round(),
             ),
         ),
-        # corral admits A's jobs by fair share beside B's, then B's jobs of a higher priority
-        # stop them at once: the place ends as Armada's, with A's jobs stopped on the way.
-        pytest.mark.xfail(reason="admission lets in borrowers a higher priority stops at once", strict=True),
     ),
     _case(
         "Queued jobs are not preempted cross queue with non-preemptible jobs",

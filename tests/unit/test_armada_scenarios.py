@@ -682,3 +682,24 @@ PREEMPTING_CASES = [
 @pytest.mark.parametrize("c", PREEMPTING_CASES)
 def test_preempting_queue_scheduler(c: Case) -> None:
     _check(c)
+
+
+# -- TestGangScheduler -------------------------------------------------------------------------------
+
+GANG_CASES = [
+    _case("simple success", Case(GANG, nodes(1), {"A": 1}, (Round((gang("g", "A", 32),), ("g",)),))),
+    # Armada leaves the gang unscheduled; corral refuses at submission a gang no nodes could hold
+    # (DESIGN.md §6 admission, "A job that no node could ever host ... is rejected").
+    _case("simple failure", Case(GANG, nodes(1), {"A": 1}, (Round((gang("g", "A", 33),), rejected=("g",)),))),
+    # The second gang fits once the first ends: it waits, placed nowhere in part.
+    _case(
+        "one success and one failure",
+        Case(GANG, nodes(1), {"A": 1}, (Round((gang("g1", "A", 32), gang("g2", "A", 1)), ("g1",)),)),
+    ),
+    _case("multiple nodes", Case(GANG, nodes(2), {"A": 1}, (Round((gang("g", "A", 64),), ("g",)),))),
+]
+
+
+@pytest.mark.parametrize("c", GANG_CASES)
+def test_gang_scheduler(c: Case) -> None:
+    _check(c)

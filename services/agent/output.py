@@ -36,8 +36,9 @@ the agent's log, and its files grow as they did.
 
 An ended worker's file is deleted, and its run's and job's directories once empty, when it has
 been untouched for longer than the stream keeps anything (``MAX_AGE``): the old ones the start-up
-listing meets, and those let go since, remembered with their time, at a look at every file once
-they are due (``DELETE_AT_ONCE`` a look). The file of a worker the agent runs (``live``,
+listing meets (those older agents left directly under their job too, never shipped), and those
+let go since, remembered with their time, at a look at every file once they are due
+(``DELETE_AT_ONCE`` a look). The file of a worker the agent runs (``live``,
 ``expect``) is never deleted; without ``live`` the shipper cannot tell, and deletes none.
 """
 
@@ -295,7 +296,8 @@ class Shipper:
             # Each run's files (``worker.log_path``); those an older agent left directly under
             # the job are not looked at (``Runtime.reattach`` moves a running worker's into its
             # run).
-            on_disk = set(self.root.glob("logs/*/run-*/attempt-*.rank-*.log"))
+            on_disk, before_runs = self._listed()
+            self._before_runs(before_runs)
             self._done = {p: None for p in self._done if p in on_disk}  # removed: forgotten
             self._unwalked = dict.fromkeys(sorted(on_disk))
         unwalked = self._unwalked or {}
@@ -377,6 +379,28 @@ class Shipper:
             self._to_delete[path] = changed
             heapq.heappush(self._deletion_order, (changed, path))
 
+    def _listed(self) -> tuple[set[Path], list[Path]]:
+        """The workers' files on the node, in one listing: those in their run's directory
+        (``worker.log_path``), and those older agents left directly under their job
+        (``worker.log_path_before_runs``)."""
+        logs = self.root / "logs"
+        runs, before_runs = set(), []
+        for path in logs.glob("*/**/attempt-*.rank-*.log"):
+            if path.parent.parent.parent == logs and path.parent.name.startswith("run-"):
+                runs.add(path)
+            elif path.parent.parent == logs:
+                before_runs.append(path)
+        return runs, before_runs
+
+    def _before_runs(self, paths: Iterable[Path]) -> None:
+        """Files older agents left directly under their job are not shipped, but deleted as the
+        others are, once untouched for ``MAX_AGE``: kept, a node's disk held every one of them
+        for good. A worker still writing to one is among the runtime's (``Runtime.reattach``
+        moves its file into its run, or leaves it its own)."""
+        for path in paths:
+            with contextlib.suppress(OSError):  # gone: nothing to delete
+                self._delete_later(path, path.lstat().st_mtime)
+
     def _delete_expired(self, running: set[Path]) -> None:
         """Delete the files due (``_delete_later``) that ``expired`` says may go, and their run's
         and job's directories left empty; the others are remembered with their latest change."""
@@ -411,7 +435,7 @@ class Shipper:
             deleted += 1
             self._done.pop(path, None)
             for d in (path.parent, path.parent.parent):  # its run's, then its job's
-                if d in busy:
+                if d in busy or d == self.root / "logs":  # an older agent's file has no run
                     break
                 try:
                     d.rmdir()

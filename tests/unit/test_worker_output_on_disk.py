@@ -242,7 +242,8 @@ async def test_the_start_up_listing_deletes_ended_workers_files_the_stream_keeps
     await shipper.ship()  # the first look: lists the node
     await shipper.ship(full=True)
     assert not ended.exists() and not (tmp_path / "logs" / "ended").exists()
-    assert silent.exists() and recent.exists() and older_agents.exists()
+    assert silent.exists() and recent.exists()
+    assert not older_agents.exists() and not older_agents.parent.exists()
     assert not retried.exists() and starting.parent.is_dir()  # its next attempt's file goes there
     assert kept.sent == {subject("n0", "recent", 3, 0, 0): [(b"a line\n", 7)]}
     running.remove(silent)  # it ended, without a word more
@@ -298,6 +299,28 @@ async def test_a_node_of_months_deletes_its_old_files_a_share_at_a_time(
         await shipper.ship(full=True)
         left.append(sum(p.exists() for p in old))
     assert left == [15, 5, 0]
+
+
+async def test_files_older_agents_left_under_their_job_are_deleted_after_the_week_too(
+    tmp_path: Path,
+) -> None:
+    """Before files were kept per run, a worker wrote ``logs/<job>/attempt-<a>.rank-<r>.log``.
+    Those files are never shipped; a node that ran months before the change kept every one.
+    The old are deleted with their job's directory, the recent kept, and ``logs`` stays."""
+    old = [log_path_before_runs(tmp_path, WorkerKey(f"j{i:03d}", 0, r)) for i in range(40) for r in (0, 1)]
+    for path in old:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _aged(_write(path), MAX_AGE + 60)
+    recent = log_path_before_runs(tmp_path, WorkerKey("lately", 2, 0))
+    recent.parent.mkdir(parents=True)
+    _aged(_write(recent), 3600)
+    before = sum(p.exists() for p in old)
+    shipper = Shipper("n0", tmp_path, Kept(), live=lambda: [])
+    await shipper.ship()  # the first look lists the node
+    await shipper.ship(full=True)
+    assert (before, sum(p.exists() for p in old)) == (80, 0)
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["lately"]
+    assert recent.exists() and not shipper._files  # not shipped, kept until its week is over
 
 
 async def test_without_the_runtimes_word_no_file_is_deleted(tmp_path: Path) -> None:

@@ -491,6 +491,9 @@ class NodeAgent:
             except Exception:  # noqa: BLE001 - one action failing must not take the node down
                 log.exception("%s: %s failed; it is decided again next cycle", self.node, action)
         await self._gang_deadlines(now)
+        sweep = getattr(self.runtime, "sweep_workdirs", None)  # ``bench``'s timers have none
+        if sweep is not None:
+            sweep()
         return await self.flush(now)
 
     def _start(self, gang: StartGang, now: float) -> None:

@@ -92,6 +92,7 @@ from corral.services.agent.launch import Launching, Prepare
 # The Runtime's sandbox= choices, named from here by whoever builds a Runtime.
 from corral.services.agent.launch import SandboxMode as SandboxMode
 from corral.services.agent.sandbox import RunAs
+from corral.services.agent.workdirs import Workdirs
 from corral.services.agent.worker import Worker, kill, log, log_path_before_runs
 
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
@@ -162,6 +163,7 @@ class Runtime(Launching):
         self._engine_calls: set[asyncio.Task[None]] = set()
         self._prepare = prepare
         self._workers: dict[WorkerKey, Worker] = {}
+        self.workdirs = Workdirs(self.root)  # ended workers' directories, deleted after a day
         if base_env is None:
             base_env = {k: v for k, v in os.environ.items() if _passed_on(k, v)}
             base_env = {"PYTHONUNBUFFERED": "1", **base_env}  # logs readable while it runs
@@ -250,6 +252,11 @@ class Runtime(Launching):
         if w is not None and w.phase == "exited":
             del self._workers[key]
             w.drop()
+            self.workdirs.ended(w.workdir)
+
+    def sweep_workdirs(self) -> None:
+        """Delete the directories of workers that ended ``workdirs.KEEP_S`` ago."""
+        self.workdirs.sweep({w.workdir for w in self._workers.values()})
 
     def appended(self, key: WorkerKey, what: Literal["start", "exit"]) -> None:
         """The log holds the worker's start or exit now: a later agent must not report it again."""
@@ -291,6 +298,8 @@ class Runtime(Launching):
             w = self._taken(kept)
             if w is not None:
                 taken.append(w.key)
+        # The directories of workers that ended under earlier agents, by when they ended.
+        self.workdirs.listed({w.workdir for w in self._workers.values()})
         return taken
 
     def _taken(self, kept: Kept) -> Worker | None:

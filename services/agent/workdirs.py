@@ -1,0 +1,114 @@
+"""Deletes the working directories of this node's ended workers, ``KEEP_S`` after they ended.
+
+Each worker runs in ``<root>/work/<job>/run-<n>/attempt-<a>/rank-<r>`` (``Worker.workdir``), which
+is scratch: a later attempt gets a directory of its own, and what a job keeps goes to its
+checkpoint directory (never deleted here: a checkpoint is its owner's data). Kept, a node held
+the scratch of every worker it ever ran. A day after its worker ended, long enough for a person
+to look at what a failed attempt left there, the directory goes, and its attempt's, run's and
+job's once empty.
+
+When a worker ended is written into its directory's mtime as the runtime forgets it (``ended``),
+so an agent starting on the node (``listed``) tells from the directory alone how long ago the
+workers that ended under an earlier agent did. A directory of a worker the runtime knows is
+never deleted. At most ``DELETE_AT_ONCE`` go in one ``sweep``, in a thread: a tree of millions
+of files does not stall the agent's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+KEEP_S = 24 * 3600.0  # how long an ended worker's working directory stays
+DELETE_AT_ONCE = 100
+
+
+class Workdirs:
+    """The ended workers' directories under ``root`` (an agent's work directory) still kept, the
+    first due first. ``clock``: seconds since the epoch, as mtimes."""
+
+    def __init__(self, root: Path, *, keep_s: float = KEEP_S, clock: Callable[[], float] = time.time) -> None:
+        self.work = Path(root) / "work"
+        self.keep_s = keep_s
+        self.clock = clock
+        self._kept: dict[Path, float] = {}  # directory -> when its worker last ended
+        self._due: list[tuple[float, Path]] = []  # the same as a heap, the first due first
+        self._sweeping: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def ended(self, workdir: Path) -> None:
+        """The worker of ``workdir`` ended and the runtime forgets it: delete it after ``KEEP_S``."""
+        now = self.clock()
+        with contextlib.suppress(OSError):  # never made (a worker that did not start), or gone
+            os.utime(workdir, (now, now), follow_symlinks=False)
+            self._remember(workdir, now)
+
+    def listed(self, known: Collection[Path]) -> None:
+        """Remember every worker's directory on the node but ``known`` (the runtime's), by when it
+        last changed: those of workers that ended under earlier agents."""
+        for d in self.work.glob("*/run-*/attempt-*/rank-*"):
+            if d not in known:
+                with contextlib.suppress(OSError):
+                    self._remember(d, d.lstat().st_mtime)
+
+    def _remember(self, workdir: Path, ended: float) -> None:
+        if self._kept.get(workdir, -1.0) < ended:
+            self._kept[workdir] = ended
+            heapq.heappush(self._due, (ended, workdir))
+
+    def due(self, known: Collection[Path]) -> list[Path]:
+        """The directories kept ``KEEP_S`` and of no worker in ``known``, at most
+        ``DELETE_AT_ONCE``; no longer remembered. One a worker runs in again (the same attempt
+        started anew) is remembered again when that worker ends."""
+        now = self.clock()
+        out: list[Path] = []
+        while self._due and now - self._due[0][0] > self.keep_s and len(out) < DELETE_AT_ONCE:
+            ended, d = heapq.heappop(self._due)
+            if self._kept.get(d) != ended:
+                continue  # its worker ran again since, and ended later
+            del self._kept[d]
+            if d not in known:
+                out.append(d)
+        return out
+
+    def sweep(self, known: Collection[Path]) -> None:
+        """Delete the directories due, in a thread; one sweep at a time."""
+        if self._sweeping is not None and not self._sweeping.done():
+            return
+        due = self.due(known)
+        if due:
+            self._sweeping = asyncio.get_running_loop().create_task(asyncio.to_thread(self.delete, due))
+
+    async def wait(self) -> None:
+        if self._sweeping is not None:
+            await asyncio.gather(self._sweeping, return_exceptions=True)
+
+    def delete(self, workdirs: Collection[Path]) -> None:
+        """Delete each directory, without following links (``shutil.rmtree``), and its attempt's,
+        run's and job's directories once empty."""
+        for d in workdirs:
+            if d.parent.parent.parent.parent != self.work:
+                continue  # not a worker's directory
+            try:
+                shutil.rmtree(d)
+            except FileNotFoundError:
+                pass
+            except OSError as e:  # files a container's user owns, say: said, and left
+                log.warning("cannot delete an ended worker's directory %s: %s", d, e)
+                continue
+            for parent in (d.parent, d.parent.parent, d.parent.parent.parent):
+                try:
+                    parent.rmdir()
+                except OSError:  # not empty: another rank, attempt or run of the job
+                    break

@@ -44,7 +44,7 @@ from corral.events.nodes import (
     NodeRegistered,
     NodeShutdown,
 )
-from corral.events.queues import CordonNode
+from corral.events.queues import CordonNode, DeleteNode
 from corral.projections import trace_ids
 from corral.projections.lifecycle import FINAL
 from corral.projections.state import JobState, State
@@ -176,6 +176,9 @@ class JobTraces:
                 self._void(state, record, body, rejection.voided or ((rejection.job_id, rejection.message),))
             if rejection.code != "void" or not rejection.voided:
                 return  # refused whole: nothing moved
+        if isinstance(body, DeleteNode) and body.node not in state.nodes:
+            # Gone for good: kept, every node name a cluster ever had would be, in every role.
+            self.nodes.pop(body.node, None)
         node_link = self._node_fact(state, record, body, mine)
         for job in _moved(state, seq):
             self._moved(state, job, record, body, mine, node_link)

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from corral.events import codec
 from corral.events.base import Event
+from corral.events.queues import DeleteNode
 from corral.projections import trace_ids
 from corral.projections.fold import apply
 from corral.projections.state import State
@@ -198,3 +199,21 @@ def test_a_shrink_is_a_span_of_the_shrunk_job_linked_from_its_beneficiary(fresh:
     assert [(lk.context.trace_id, lk.context.span_id) for lk in asked.links] == [
         (shrunk.context.trace_id, shrunk.context.span_id)
     ]
+
+
+def test_a_node_deleted_from_the_cluster_is_forgotten_by_every_roles_traces() -> None:
+    """Nodes come and go (a cloud's, each under a name of its own): each role's traces keep the
+    nodes the cluster has, not every name it ever had."""
+    inventory = next(Cluster(1).events()).inventory
+    log = LogBuilder()
+    for i in range(2_000):
+        log.node(f"spot-{i}", inventory).admin("delete-node", DeleteNode(node=f"spot-{i}"))
+    log.node("stays", inventory)
+    traces = JobTraces("health", "health@t:1")
+    state = State()
+    for r in log.records:
+        rejected = state.rejected_total
+        apply(state, r)
+        traces.folded(state, r, rejected)
+    assert set(state.nodes) == {"stays"}
+    assert set(traces.nodes) == {"stays"}

@@ -85,6 +85,7 @@ def cmd_up(args: argparse.Namespace) -> None:
                 settings,
                 args.metrics_port,
                 args.metrics_host,
+                args.metrics_token_file,
             )
         )
     except (Refused, Unavailable) as e:

@@ -100,6 +100,11 @@ def add_observing(p: argparse.ArgumentParser) -> None:
         "every interface, as a container scraped from outside needs)",
     )
     p.add_argument(
+        "--metrics-token-file",
+        help="answer /metrics only to scrapers bearing the token in this file (Prometheus: "
+        "authorization.credentials_file); a job's workers reach this host's loopback too",
+    )
+    p.add_argument(
         "--log-level", choices=LEVELS, default="info", help="JSON lines on stderr unless it is a terminal"
     )
 

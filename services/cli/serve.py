@@ -128,7 +128,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
         announce(args.role, holder, "started; no lease: every replica answers its share")
 
         async def serve_one() -> None:
-            async with metrics.serving(f"corral-{args.role}", args.metrics_port, args.metrics_host):
+            async with metrics.serving(
+                f"corral-{args.role}", args.metrics_port, args.metrics_host, args.metrics_token_file
+            ):
                 await run_one(stop_on_signals())
 
         ended(serve_one)
@@ -136,7 +138,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
     needs_log(f"serve {args.role}", login)
 
     async def run() -> None:
-        async with metrics.serving(f"corral-{args.role}", args.metrics_port, args.metrics_host):
+        async with metrics.serving(
+            f"corral-{args.role}", args.metrics_port, args.metrics_host, args.metrics_token_file
+        ):
             await run_leased()
 
     async def run_leased() -> None:
@@ -228,7 +232,9 @@ def serve_agent(args: argparse.Namespace) -> None:
 
     async def run() -> None:
         # The agent's own figures (its process, its exports); the cluster's come from the read service.
-        async with metrics.serving("corral-agent", args.metrics_port, args.metrics_host):
+        async with metrics.serving(
+            "corral-agent", args.metrics_port, args.metrics_host, args.metrics_token_file
+        ):
             await run_agent()
 
     async def run_agent() -> None:

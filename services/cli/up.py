@@ -504,6 +504,7 @@ async def run_cluster(
     settings: Settings | None = None,
     metrics_port: int | None = None,
     metrics_host: str | None = None,
+    metrics_token_file: str | None = None,
 ) -> None:
     """Run a corral until Ctrl-C or SIGTERM. One that comes while it is still starting (a server
     slow to answer) ends it at once, with ``KeyboardInterrupt``."""
@@ -514,7 +515,7 @@ async def run_cluster(
 
     async def serve() -> None:
         async with (
-            metrics.serving("corral", metrics_port, metrics_host) as telemetry,
+            metrics.serving("corral", metrics_port, metrics_host, metrics_token_file) as telemetry,
             cluster(server, nodes, profile, data_dir, port, settings=settings) as running,
         ):
             started.set()

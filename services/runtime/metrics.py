@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -223,6 +225,7 @@ class Telemetry:
                     explicit_bucket_boundaries_advisory=list(buckets),
                 )
         self._server: asyncio.AbstractServer | None = None
+        self._token: bytes | None = None  # what a scraper's Authorization must say, if anything
         self._exporting: asyncio.Task[None] | None = None
         self.port = 0
 
@@ -285,9 +288,10 @@ class Telemetry:
 
         return bytes(generate_latest(self.registry))
 
-    async def start(self, port: int | None = None, host: str = LOOPBACK) -> None:
-        """Serve ``/metrics`` on ``port`` of ``host`` (if given) and start the OTLP export (if
-        configured)."""
+    async def start(self, port: int | None = None, host: str = LOOPBACK, token: str | None = None) -> None:
+        """Serve ``/metrics`` on ``port`` of ``host`` (if given), to scrapers that send ``token``
+        as a bearer token when one is given, and start the OTLP export (if configured)."""
+        self._token = None if token is None else b"bearer " + token.encode()
         if port is not None:
             try:
                 self._server = await asyncio.start_server(self._answer, host, port)
@@ -334,14 +338,19 @@ class Telemetry:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
-            if request.startswith(b"GET ") and path.split(b"?")[0] in (b"/metrics", b"/"):
+            extra = b""
+            if not (request.startswith(b"GET ") and path.split(b"?")[0] in (b"/metrics", b"/")):
+                body, status, kind = b"not found\n", b"404 Not Found", b"text/plain"
+            elif not self._bears_token(request):
+                body, status, kind = b"a bearer token is required\n", b"401 Unauthorized", b"text/plain"
+                extra = b"\r\nWWW-Authenticate: Bearer"
+            else:
                 body, status = self.prometheus_text(), b"200 OK"
                 kind = b"text/plain; version=0.0.4; charset=utf-8"
-            else:
-                body, status, kind = b"not found\n", b"404 Not Found", b"text/plain"
             writer.write(
                 b"HTTP/1.0 "
                 + status
+                + extra
                 + b"\r\nContent-Type: "
                 + kind
                 + b"\r\nContent-Length: "
@@ -354,6 +363,19 @@ class Telemetry:
             pass
         finally:
             writer.close()
+
+    def _bears_token(self, request: bytes) -> bool:
+        """Whether ``request`` may read the figures: no token asked, or its ``Authorization``
+        header carries it. Loopback is not only the operator: a job's workers share their node's
+        network, and the figures name every queue, those closed to the job's tenant included."""
+        if self._token is None:
+            return True
+        for line in request.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"authorization":
+                scheme, _, credentials = value.strip().partition(b" ")
+                return hmac.compare_digest(scheme.lower() + b" " + credentials.strip(), self._token)
+        return False
 
 
 _current: Telemetry | None = None
@@ -465,20 +487,36 @@ def _lost_hours(job: JobState, phase: str, since: float, held_milli: int, now: f
 
 
 @contextlib.asynccontextmanager
-async def serving(service: str, port: int | None, host: str | None = None) -> AsyncIterator[Telemetry | None]:
+async def serving(
+    service: str, port: int | None, host: str | None = None, token_file: str | None = None
+) -> AsyncIterator[Telemetry | None]:
     """The process's telemetry while the block runs: ``/metrics`` on ``port`` of ``host`` (None:
-    no endpoint), OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; neither: none at all."""
+    no endpoint), to scrapers bearing the token in ``token_file`` if given; OTLP when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; neither: none at all."""
     if port is None and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         yield None
         return
+    token = None if token_file is None else read_token(token_file)
     telemetry = Telemetry(service)
-    await telemetry.start(port, host or LOOPBACK)
+    await telemetry.start(port, host or LOOPBACK, token)
     install(telemetry)
     try:
         yield telemetry
     finally:
         install(None)
         await telemetry.stop()
+
+
+def read_token(path: str) -> str:
+    """The bearer token a scraper must send, from its file (as Prometheus's
+    ``authorization.credentials_file`` reads it: the whole file, less surrounding whitespace)."""
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise Unavailable(f"cannot read the metrics token from {path}: {e}") from None
+    if not token or any(c.isspace() for c in token):
+        raise Unavailable(f"the metrics token in {path} must be one word, not empty")
+    return token
 
 
 # -- names as Prometheus shows them ------------------------------------------------------------

@@ -8,9 +8,11 @@ estimate), and a job admitted but not placed yet holds its quota for its runtime
 now (``expected_end``, ``quota_end``).
 
 A best-effort queue's first job that does not fit holds its share of the queue's nominal quota
-(``Hold``, ``hold``): later jobs of the queue may use only what leaves it room, unless they end
-before the queue's own jobs are projected to give it that room, or the held job may stop them
-to take it back (its queue's ``within_queue`` policy). Admission keeps the hold when it admits;
+(``Hold``, ``hold``): later jobs of the queue may use only what leaves it room when the queue's
+own jobs are projected to give it that room (so that they do not put its start off, as Slurm's
+backfill starts a lower-priority job only if the higher one's expected start does not move),
+unless they end before then, or the held job may stop them to take it back (its queue's
+``within_queue`` policy). Admission keeps the hold when it admits;
 the preemptor keeps the same hold when it chooses victims.
 """
 
@@ -52,7 +54,8 @@ class Hold:
     """``need`` milli-GPU of ``key`` of its queue's nominal quota kept for ``job_id``, the queue's
     first job that does not fit; ``start``: when the queue's own jobs are projected to have given
     it that room (``inf``: not known, as jobs without a runtime estimate hold it, so no job is
-    known to end before then). ``held`` (the job) and ``policy`` (its queue's) say which later
+    known to end before then). ``freed``: milli-GPU of the queue's own holders projected to have
+    given quota back by ``start``. ``held`` (the job) and ``policy`` (its queue's) say which later
     jobs it may stop."""
 
     job_id: str
@@ -61,18 +64,22 @@ class Hold:
     start: float
     policy: PreemptionPolicy = NO_STOPS
     held: JobState | None = None
+    freed: int = 0
 
     def spare(self, ledger: Ledger, queue: str, key: str, job: JobState, now: float) -> int | None:
         """How much of ``key`` a later ``job`` of the queue may take past the held job (None: no
-        limit beyond the ledger's): what leaves the held job room within the nominal, unless
-        ``job`` cannot delay it: its runtime estimate ends by ``start``, or the held job may stop
-        it to take the room back (``takes_back``)."""
+        limit beyond the ledger's): what leaves the held job room within the nominal at
+        ``start``, once what is projected to end by then has ended (a job that runs past it
+        there puts the held job's start off by nothing); no limit if ``job`` cannot delay it: its
+        runtime estimate ends by ``start``, or the held job may stop it to take the room back
+        (``takes_back``). With ``start`` unknown, what leaves it room now."""
         if key != self.key or self.takes_back(ledger, job, now):
             return None
         estimate = runtimes.of(job)
         if estimate is not None and now + estimate <= self.start < math.inf:
             return None
-        return ledger.nominal(queue, key) - ledger.used(queue, key) - self.need
+        freed = self.freed if self.start < math.inf else 0
+        return ledger.nominal(queue, key) - (ledger.used(queue, key) - freed) - self.need
 
     def takes_back(self, ledger: Ledger, job: JobState, now: float) -> bool:
         """Whether ``job`` may go past the held job because the held job may stop it for its
@@ -143,4 +150,4 @@ def hold(
     if left + need > nominal:  # held by more than the projection knows of
         start = math.inf
     policy = ledger.spec(queue).preemption
-    return Hold(job.id, key, need, start, policy, job)
+    return Hold(job.id, key, need, start, policy, job, ledger.used(queue, key) - left)

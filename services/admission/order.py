@@ -13,8 +13,11 @@ in a ``shortest-first`` queue, by priority then the highest response ratio
 3. among heads that borrow, has the higher priority (Kueue's ``PrioritySortingWithinCohort``):
    a borrower of another queue may be stopped by a waiting borrower of a higher priority, so
    letting the lower one in first only starts work the preemptor stops at once (Armada's
-   "Queued jobs are not preempted cross queue"). Within their nominal, heads keep fair-share
-   order: nobody may stop them there,
+   "Queued jobs are not preempted cross queue"). A head counts here only the priorities its
+   queue's policy lets it stop borrowers of (``borrow_within_cohort``, at most
+   ``borrow_priority_threshold`` + 1; none under ``never``, after those that count one): over a
+   borrower it may not stop, a higher priority wins nothing by going first, and fair share
+   decides. Within their nominal, heads keep fair-share order: nobody may stop them there,
 4. has the lowest weighted dominant share: the largest, over GPU keys, of
    (held now + decayed past holding) / all quota of that key in the queue's cohort tree,
    divided by the queue's weight,
@@ -49,6 +52,7 @@ dependence (queues are visited by name, ties end at job id).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from itertools import islice
 from operator import attrgetter, lt
@@ -206,7 +210,7 @@ class FairShareOrder:
         self._lookahead = lookahead
         self._free = SKIPS  # jobs ``passed`` may still pass uncounted this cycle
         self._fair = fair
-        self._heap: list[tuple[int, bool, int, float, int, int, str, str]] = []
+        self._heap: list[tuple[int, bool, float, float, int, int, str, str]] = []
         self.cursors: dict[str, Cursor] = {}
         for name in sorted(waiting):
             jobs = waiting[name]
@@ -229,7 +233,7 @@ class FairShareOrder:
             (
                 borrows,
                 not queueing.short(job, self._fair.short_gpu_s),
-                -job.priority if borrows else 0,
+                self._borrowing_rank(cur, job) if borrows else 0,
                 self._fair.share(cur.name),
                 -job.priority,
                 job.submitted_seq,
@@ -302,6 +306,19 @@ class FairShareOrder:
         if counted == budget and pos < len(jobs):
             cur.stopped = True
         self.push(cur)
+
+    @staticmethod
+    def _borrowing_rank(cur: Cursor, job: JobState) -> float:
+        """Among borrowers, lower first: minus the priority above every borrower the head's queue
+        may stop for it (``preemption.may_borrow_over``: a lower one, at most the threshold), so
+        that it goes before them; ``inf`` where its queue may stop no borrower by priority, such
+        heads going by fair share among themselves, after the others (no one total order puts
+        each head before exactly those it may stop)."""
+        policy = cur.spec.preemption
+        if policy.borrow_within_cohort != "lower-priority":
+            return math.inf
+        threshold = policy.borrow_priority_threshold
+        return -(job.priority if threshold is None else min(job.priority, threshold + 1))
 
     def _borrows(self, cur: Cursor, job: JobState) -> int:
         """How far up its cohort tree the head would borrow (``Ledger.borrowing_height``) on the key

@@ -348,6 +348,33 @@ def test_jobs_within_nominal_go_before_borrowers() -> None:
     assert [j.id for j in pending_order(s, 0.0)] == ["b0", "a0"]
 
 
+@pytest.mark.parametrize(
+    ("policy", "first"),
+    [
+        pytest.param(PreemptionPolicy(), "a0", id="it may stop the lower one: the higher priority first"),
+        pytest.param(
+            PreemptionPolicy(borrow_within_cohort="never"), "b0", id="it may stop no borrower: share decides"
+        ),
+        pytest.param(
+            PreemptionPolicy(borrow_priority_threshold=-1),
+            "b0",
+            id="the lower one is above its threshold: fair share decides",
+        ),
+    ],
+)
+def test_a_borrowers_priority_goes_first_only_over_borrowers_its_queue_may_stop(
+    policy: PreemptionPolicy, first: str
+) -> None:
+    # Both heads borrow what team-c lends; team-a's has the higher priority, team-b holds less.
+    s = two_teams(a=Quota(2), b=Quota(2))
+    s.queues["team-c"] = QueueSpec("team-c", cohort="ml", quotas={H: Quota(8)}, tenants=("c",))
+    s.queues["team-a"] = msgspec.structs.replace(s.queues["team-a"], preemption=policy)
+    job("a-run").gpus(2, H).running().into(s)
+    job("a0").gpus(1, H).with_(priority=5, seq=100).into(s)
+    job("b0", "team-b").gpus(3, H).with_(tenant="b", seq=101).into(s)
+    assert [j.id for j in pending_order(s, 0.0)] == [first, ({"a0", "b0"} - {first}).pop()]
+
+
 def test_order_does_not_depend_on_the_order_jobs_are_held_in() -> None:
     s = two_teams()
     rng = random.Random(1)

@@ -491,8 +491,11 @@ class NodeAgent:
             except Exception:  # noqa: BLE001 - one action failing must not take the node down
                 log.exception("%s: %s failed; it is decided again next cycle", self.node, action)
         await self._gang_deadlines(now)
+        # Not before the node's first view: until then ``decide`` cannot name the workers lost
+        # with an earlier agent that the log still has live here (``ReportGone``), and the
+        # directory of one that ran for days reads as of a worker that ended as long ago.
         sweep = getattr(self.runtime, "sweep_workdirs", None)  # ``bench``'s timers have none
-        if sweep is not None:
+        if sweep is not None and self.view.seq:
             sweep()
         return await self.flush(now)
 

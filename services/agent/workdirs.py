@@ -10,8 +10,10 @@ job's once empty.
 When a worker ended is written into its directory's mtime as the runtime forgets it (``ended``),
 so an agent starting on the node (``listed``) tells from the directory alone how long ago the
 workers that ended under an earlier agent did. A directory of a worker the runtime knows is
-never deleted. At most ``DELETE_AT_ONCE`` go in one ``sweep``, in a thread: a tree of millions
-of files does not stall the agent's loop.
+never deleted, nor any before the agent's first view of its node: a worker lost with an earlier
+agent, which the log still has live, is known only once reported gone, and its directory's mtime
+may be days older than its end. At most ``DELETE_AT_ONCE`` go in one ``sweep``, in a thread: a
+tree of millions of files does not stall the agent's loop.
 """
 
 from __future__ import annotations

@@ -104,3 +104,40 @@ def test_a_directory_its_worker_ran_in_again_counts_from_its_later_end(tmp_path:
     now[0] += KEEP_S / 2
     assert w.due(()) == [d]
     assert workdirs.DELETE_AT_ONCE >= 1
+
+
+async def test_a_worker_lost_with_an_earlier_agent_keeps_its_directory_until_the_log_is_read(
+    tmp_path: Path,
+) -> None:
+    # A node rebooted: a worker that ran two days, writing below its directory (which leaves the
+    # directory's own mtime at its start), was lost with the agent. The log still has it live
+    # here: the new agent reports it gone, and its directory stays a day from then. Until its
+    # node's view arrives, the agent does not know that, and must not judge it ended long ago.
+    import time
+
+    from corral.events.log import InMemoryLog
+    from corral.projections.assignments import Assignment, NodeView
+    from corral.services.agent.service import NodeAgent
+    from corral.services.runtime.views import MemoryViews
+
+    lost = tmp_path / "work" / "lost" / "run-3" / "attempt-0" / "rank-0"
+    (lost / "scratch").mkdir(parents=True)
+    started = time.time() - 2 * DAY
+    os.utime(lost, (started, started))
+    agent = NodeAgent("node-00", InMemoryLog(), MemoryViews(), work_dir=tmp_path)
+    agent.runtime = Runtime(tmp_path, sandbox="none", containers="none")
+    agent.runtime.reattach()
+    await agent.cycle()  # no view yet: the first one was late
+    await agent.runtime.workdirs.wait()
+    assert lost.is_dir()
+    view = NodeView(
+        "node-00",
+        seq=5,
+        time=time.time(),
+        jobs=(Assignment("lost", 0, "running", run=3, held_attempt=0, live=(0,)),),
+    )
+    agent._saw(view)
+    await agent.cycle()
+    await agent.runtime.workdirs.wait()
+    assert lost.is_dir()
+    assert WorkerKey("lost", 0, 0) in agent.runtime._workers  # reported gone: kept as exited

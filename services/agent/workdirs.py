@@ -13,7 +13,9 @@ workers that ended under an earlier agent did. A directory of a worker the runti
 never deleted, nor any before the agent's first view of its node: a worker lost with an earlier
 agent, which the log still has live, is known only once reported gone, and its directory's mtime
 may be days older than its end. At most ``DELETE_AT_ONCE`` go in one ``sweep``, in a thread: a
-tree of millions of files does not stall the agent's loop.
+tree of millions of files does not stall the agent's loop; each is moved aside first, on the
+loop, so that a rank started again in its directory meanwhile (an elastic job growing back into
+the same attempt) writes into a new one, not one the thread is emptying.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import heapq
 import logging
 import os
 import shutil
+import stat
+import tempfile
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -45,6 +49,7 @@ class Workdirs:
         self._kept: dict[Path, float] = {}  # directory -> when its worker last ended
         self._due: list[tuple[float, Path]] = []  # the same as a heap, the first due first
         self._sweeping: asyncio.Task[None] | None = None
+        self._trash_read = False
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -85,32 +90,69 @@ class Workdirs:
         return out
 
     def sweep(self, known: Collection[Path]) -> None:
-        """Delete the directories due, in a thread; one sweep at a time."""
+        """Delete the directories due, in a thread; one sweep at a time. Each is first moved
+        aside (``set_aside``) here, on the agent's loop, where workers start: a rank started
+        again in its directory (an elastic job growing back) after the thread began gets a new
+        one, never one the thread is emptying."""
         if self._sweeping is not None and not self._sweeping.done():
             return
-        due = self.due(known)
-        if due:
-            self._sweeping = asyncio.get_running_loop().create_task(asyncio.to_thread(self.delete, due))
+        aside = self.set_aside(self.due(known))
+        if aside:
+            self._sweeping = asyncio.get_running_loop().create_task(asyncio.to_thread(self._remove, aside))
 
     async def wait(self) -> None:
         if self._sweeping is not None:
             await asyncio.gather(self._sweeping, return_exceptions=True)
 
     def delete(self, workdirs: Collection[Path]) -> None:
-        """Delete each directory, without following links (``shutil.rmtree``), and its attempt's,
-        run's and job's directories once empty."""
+        """Delete each directory at once (``set_aside``, then removed)."""
+        self._remove(self.set_aside(workdirs))
+
+    def set_aside(self, workdirs: Collection[Path]) -> list[Path]:
+        """Move each worker's directory (a link is moved, not followed) into a directory of its
+        own in ``.deleting``, and remove its attempt's, run's and job's directories once empty;
+        what is there to delete. What an agent stopped before deleting is deleted by the next
+        one's first sweep."""
+        trash = self.work / ".deleting"
+        out: list[Path] = []
         for d in workdirs:
             if d.parent.parent.parent.parent != self.work:
                 continue  # not a worker's directory
+            try:
+                with contextlib.suppress(FileExistsError):
+                    trash.mkdir()
+                if not stat.S_ISDIR(trash.lstat().st_mode):  # a link: not ours to empty
+                    raise NotADirectoryError(f"{trash} is not a directory")
+                if not self._trash_read:  # what an agent stopped mid-deletion left there
+                    self._trash_read = True
+                    out.extend(trash.iterdir())
+                aside = Path(tempfile.mkdtemp(dir=trash))  # a name of its own
+            except OSError as e:
+                log.warning("cannot delete an ended worker's directory %s: %s", d, e)
+                continue
+            try:
+                os.rename(d, aside / d.name)
+            except OSError as e:
+                aside.rmdir()
+                if not isinstance(e, FileNotFoundError):
+                    log.warning("cannot delete an ended worker's directory %s: %s", d, e)
+                continue
+            out.append(aside)
+            for parent in (d.parent, d.parent.parent, d.parent.parent.parent):
+                try:
+                    parent.rmdir()
+                except OSError:  # not empty: another rank, attempt or run of the job
+                    break
+        return out
+
+    def _remove(self, aside: Collection[Path]) -> None:
+        """Delete what ``set_aside`` moved, without following links (``shutil.rmtree``)."""
+        for d in aside:
             try:
                 shutil.rmtree(d)
             except FileNotFoundError:
                 pass
             except OSError as e:  # files a container's user owns, say: said, and left
                 log.warning("cannot delete an ended worker's directory %s: %s", d, e)
-                continue
-            for parent in (d.parent, d.parent.parent, d.parent.parent.parent):
-                try:
-                    parent.rmdir()
-                except OSError:  # not empty: another rank, attempt or run of the job
-                    break
+        with contextlib.suppress(OSError):  # not empty: what could not be deleted
+            (self.work / ".deleting").rmdir()

@@ -141,3 +141,39 @@ async def test_a_worker_lost_with_an_earlier_agent_keeps_its_directory_until_the
     await agent.runtime.workdirs.wait()
     assert lost.is_dir()
     assert WorkerKey("lost", 0, 0) in agent.runtime._workers  # reported gone: kept as exited
+
+
+async def test_a_rank_started_again_while_its_old_directory_is_deleted_keeps_what_it_writes(
+    tmp_path: Path,
+) -> None:
+    # An elastic job shrank away from rank 1 and grows back a day later, in the same attempt: the
+    # rank runs in the same directory. The sweep chose it while the rank was away; the deletion,
+    # in a thread, must not take what the rank started again writes there meanwhile.
+    now = [1_000.0]
+    d = tmp_path / "work" / "j" / "run-1" / "attempt-0" / "rank-1"
+    (d / "scratch").mkdir(parents=True)
+    w = Workdirs(tmp_path, clock=lambda: now[0])
+    w.ended(d)
+    now[0] += KEEP_S + 1
+    w.sweep(())
+    d.mkdir(parents=True, exist_ok=True)  # the rank started again, before the thread ran
+    (d / "new").write_text("mine")
+    await w.wait()
+    assert (d / "new").read_text() == "mine"
+    assert not (d / "scratch").exists()
+
+
+async def test_what_an_agent_stopped_mid_deletion_left_goes_with_the_next_ones_first_sweep(
+    tmp_path: Path,
+) -> None:
+    left = tmp_path / "work" / ".deleting" / "tmp1" / "rank-0"
+    (left / "scratch").mkdir(parents=True)
+    now = [1_000.0]
+    d = tmp_path / "work" / "j" / "run-1" / "attempt-0" / "rank-0"
+    d.mkdir(parents=True)
+    w = Workdirs(tmp_path, clock=lambda: now[0])
+    w.ended(d)
+    now[0] += KEEP_S + 1
+    w.sweep(())
+    await w.wait()
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())

@@ -293,9 +293,9 @@ class Shipper:
             paths += [p for p in alive if self._new(p)]  # a worker's file that came late
         paths += [p for p in self._owed if self._new(p)]  # drained before it was found
         if walk:
-            # Each run's files (``worker.log_path``); those an older agent left directly under
-            # the job are not looked at (``Runtime.reattach`` moves a running worker's into its
-            # run).
+            # Each run's files (``worker.log_path``) are shipped; those an older agent left
+            # directly under the job are only deleted once due (``Runtime.reattach`` moves a
+            # running worker's into its run).
             on_disk, before_runs = self._listed()
             self._before_runs(before_runs)
             self._done = {p: None for p in self._done if p in on_disk}  # removed: forgotten

@@ -15,7 +15,8 @@ agent, which the log still has live, is known only once reported gone, and its d
 may be days older than its end. At most ``DELETE_AT_ONCE`` go in one ``sweep``, in a thread: a
 tree of millions of files does not stall the agent's loop; each is moved aside first, on the
 loop, so that a rank started again in its directory meanwhile (an elastic job growing back into
-the same attempt) writes into a new one, not one the thread is emptying.
+the same attempt) writes into a new one, not one the thread is emptying (one that cannot be
+moved, on another filesystem, is deleted in place rather than kept for good).
 """
 
 from __future__ import annotations
@@ -112,7 +113,10 @@ class Workdirs:
         """Move each worker's directory (a link is moved, not followed) into a directory of its
         own in ``.deleting``, and remove its attempt's, run's and job's directories once empty;
         what is there to delete. What an agent stopped before deleting is deleted by the next
-        one's first sweep."""
+        one's first sweep. One that cannot be moved there (on another filesystem than ``work``,
+        as under a job's directory mounted apart; ``.deleting`` not a directory this agent may
+        write in) is deleted where it is, as before directories were moved aside: left, it
+        would stay for good, and every worker's scratch after it too."""
         trash = self.work / ".deleting"
         out: list[Path] = []
         for d in workdirs:
@@ -128,25 +132,34 @@ class Workdirs:
                     out.extend(trash.iterdir())
                 aside = Path(tempfile.mkdtemp(dir=trash))  # a name of its own
             except OSError as e:
-                log.warning("cannot delete an ended worker's directory %s: %s", d, e)
+                log.warning("cannot move an ended worker's directory %s aside, deleted in place: %s", d, e)
+                out.append(d)
                 continue
             try:
                 os.rename(d, aside / d.name)
             except OSError as e:
                 aside.rmdir()
                 if not isinstance(e, FileNotFoundError):
-                    log.warning("cannot delete an ended worker's directory %s: %s", d, e)
+                    log.warning(
+                        "cannot move an ended worker's directory %s aside, deleted in place: %s", d, e
+                    )
+                    out.append(d)
                 continue
             out.append(aside)
-            for parent in (d.parent, d.parent.parent, d.parent.parent.parent):
-                try:
-                    parent.rmdir()
-                except OSError:  # not empty: another rank, attempt or run of the job
-                    break
+            self._prune(d)
         return out
 
+    def _prune(self, workdir: Path) -> None:
+        """Remove the attempt's, run's and job's directories of ``workdir``, once gone, if empty."""
+        for parent in (workdir.parent, workdir.parent.parent, workdir.parent.parent.parent):
+            try:
+                parent.rmdir()
+            except OSError:  # not empty: another rank, attempt or run of the job
+                break
+
     def _remove(self, aside: Collection[Path]) -> None:
-        """Delete what ``set_aside`` moved, without following links (``shutil.rmtree``)."""
+        """Delete what ``set_aside`` moved, or could not move, without following links
+        (``shutil.rmtree``)."""
         for d in aside:
             try:
                 shutil.rmtree(d)
@@ -154,5 +167,8 @@ class Workdirs:
                 pass
             except OSError as e:  # files a container's user owns, say: said, and left
                 log.warning("cannot delete an ended worker's directory %s: %s", d, e)
+                continue
+            if d.parent.parent.parent.parent == self.work:  # a worker's, deleted in place
+                self._prune(d)
         with contextlib.suppress(OSError):  # not empty: what could not be deleted
             (self.work / ".deleting").rmdir()

@@ -3,8 +3,11 @@ ended (``workdirs.KEEP_S``), never a directory of a worker it runs, never a chec
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+import pytest
 
 from corral.services.agent import workdirs
 from corral.services.agent.decide import WorkerKey
@@ -177,3 +180,38 @@ async def test_what_an_agent_stopped_mid_deletion_left_goes_with_the_next_ones_f
     w.sweep(())
     await w.wait()
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
+
+
+def test_a_directory_that_cannot_be_moved_aside_is_deleted_where_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job's directory is on a filesystem of its own (a mount): the rename into .deleting
+    # fails with EXDEV. Left where it is, the directory would stay for good: it is deleted in
+    # place, as before directories were moved aside.
+    d = tmp_path / "work" / "j" / "run-1" / "attempt-0" / "rank-0"
+    (d / "scratch").mkdir(parents=True)
+    (d / "scratch" / "data.bin").write_bytes(b"x" * 4096)
+    rename = os.rename
+
+    def across(src: object, dst: object) -> None:
+        if Path(str(src)) == d:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        rename(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(workdirs.os, "rename", across)
+    Workdirs(tmp_path).delete([d])
+    assert not d.exists()
+    assert not (tmp_path / "work" / "j").exists()
+
+
+def test_a_deleting_that_is_not_a_directory_stops_no_deletion(tmp_path: Path) -> None:
+    # A link (or file) named .deleting under work: nothing is moved into it, yet the scratch of
+    # ended workers still goes.
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / ".deleting").symlink_to(tmp_path / "elsewhere")
+    d = tmp_path / "work" / "j" / "run-1" / "attempt-0" / "rank-0"
+    (d / "scratch").mkdir(parents=True)
+    Workdirs(tmp_path).delete([d])
+    assert not d.exists()
+    assert not any((tmp_path / "elsewhere").iterdir())

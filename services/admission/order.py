@@ -13,11 +13,10 @@ in a ``shortest-first`` queue, by priority then the highest response ratio
 3. among heads that borrow, has the higher priority (Kueue's ``PrioritySortingWithinCohort``):
    a borrower of another queue may be stopped by a waiting borrower of a higher priority, so
    letting the lower one in first only starts work the preemptor stops at once (Armada's
-   "Queued jobs are not preempted cross queue"). A head counts here only the priorities its
-   queue's policy lets it stop borrowers of (``borrow_within_cohort``, at most
-   ``borrow_priority_threshold`` + 1; none under ``never``, after those that count one): over a
-   borrower it may not stop, a higher priority wins nothing by going first, and fair share
-   decides. Within their nominal, heads keep fair-share order: nobody may stop them there,
+   "Queued jobs are not preempted cross queue"). Under a ``borrow_priority_threshold`` a head
+   counts its priority up to one above it: over a borrower it may not stop, a higher priority
+   wins nothing by going first, and fair share decides. Within their nominal, heads keep
+   fair-share order: nobody may stop them there,
 4. has the lowest weighted dominant share: the largest, over GPU keys, of
    (held now + decayed past holding) / all quota of that key in the queue's cohort tree,
    divided by the queue's weight,
@@ -52,7 +51,6 @@ dependence (queues are visited by name, ties end at job id).
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from itertools import islice
 from operator import attrgetter, lt
@@ -308,17 +306,20 @@ class FairShareOrder:
         self.push(cur)
 
     @staticmethod
-    def _borrowing_rank(cur: Cursor, job: JobState) -> float:
-        """Among borrowers, lower first: minus the priority above every borrower the head's queue
-        may stop for it (``preemption.may_borrow_over``: a lower one, at most the threshold), so
-        that it goes before them; ``inf`` where its queue may stop no borrower by priority, such
-        heads going by fair share among themselves, after the others (no one total order puts
-        each head before exactly those it may stop)."""
+    def _borrowing_rank(cur: Cursor, job: JobState) -> int:
+        """Among borrowers, lower first: minus the head's priority, as Kueue sorts them, but
+        under a ``borrow_priority_threshold`` no higher than one above it (``preemption.
+        may_borrow_over``: the borrowers it may stop are of at most the threshold), so that over
+        one it may not stop a higher priority wins nothing and fair share decides. A queue under
+        ``never`` counts its priority whole: ranked after every other (as if it could stop
+        none), its borrowers would wait behind theirs at equal priority, whatever the shares, and
+        with every job of the default class that is every time. (No one total order puts each
+        head before exactly those it may stop.)"""
         policy = cur.spec.preemption
-        if policy.borrow_within_cohort != "lower-priority":
-            return math.inf
         threshold = policy.borrow_priority_threshold
-        return -(job.priority if threshold is None else min(job.priority, threshold + 1))
+        if policy.borrow_within_cohort != "lower-priority" or threshold is None:
+            return -job.priority
+        return -min(job.priority, threshold + 1)
 
     def _borrows(self, cur: Cursor, job: JobState) -> int:
         """How far up its cohort tree the head would borrow (``Ledger.borrowing_height``) on the key

@@ -353,7 +353,7 @@ def test_jobs_within_nominal_go_before_borrowers() -> None:
     [
         pytest.param(PreemptionPolicy(), "a0", id="it may stop the lower one: the higher priority first"),
         pytest.param(
-            PreemptionPolicy(borrow_within_cohort="never"), "b0", id="it may stop no borrower: share decides"
+            PreemptionPolicy(borrow_within_cohort="never"), "a0", id="never: by priority, as Kueue sorts them"
         ),
         pytest.param(
             PreemptionPolicy(borrow_priority_threshold=-1),
@@ -362,7 +362,7 @@ def test_jobs_within_nominal_go_before_borrowers() -> None:
         ),
     ],
 )
-def test_a_borrowers_priority_goes_first_only_over_borrowers_its_queue_may_stop(
+def test_a_borrowers_priority_goes_first_up_to_its_queues_threshold(
     policy: PreemptionPolicy, first: str
 ) -> None:
     # Both heads borrow what team-c lends; team-a's has the higher priority, team-b holds less.
@@ -373,6 +373,22 @@ def test_a_borrowers_priority_goes_first_only_over_borrowers_its_queue_may_stop(
     job("a0").gpus(1, H).with_(priority=5, seq=100).into(s)
     job("b0", "team-b").gpus(3, H).with_(tenant="b", seq=101).into(s)
     assert [j.id for j in pending_order(s, 0.0)] == [first, ({"a0", "b0"} - {first}).pop()]
+
+
+@pytest.mark.parametrize("policy", ["never", "lower-priority"])
+def test_at_equal_priority_borrowers_go_by_share_whatever_their_queues_may_stop(policy: str) -> None:
+    # team-a may stop no borrower; team-b holds more. Ranked after every queue that may stop
+    # lower-priority borrowers, team-a's borrowers waited behind team-b's at equal priority for
+    # as long as team-b had any, whatever the shares.
+    s = two_teams(a=Quota(2), b=Quota(2))
+    s.queues["team-c"] = QueueSpec("team-c", cohort="ml", quotas={H: Quota(8)}, tenants=("c",))
+    s.queues["team-a"] = msgspec.structs.replace(
+        s.queues["team-a"], preemption=PreemptionPolicy(borrow_within_cohort=policy)
+    )
+    job("b-run", "team-b").gpus(2, H).with_(tenant="b").running().into(s)
+    job("b0", "team-b").gpus(3, H).with_(tenant="b", seq=100).into(s)
+    job("a0").gpus(3, H).with_(seq=101).into(s)
+    assert [j.id for j in pending_order(s, 0.0)] == ["a0", "b0"]
 
 
 def test_order_does_not_depend_on_the_order_jobs_are_held_in() -> None:

@@ -20,11 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
-import signal
-import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +31,7 @@ import pytest
 from corral.events.queues import ApplyQueue, PriorityClassSpec, QueueSpec, Quota
 from corral.services.query.queues import queue_rows
 from tests.integration.test_cluster_failures import LONG, checkpointed, job_spec, live, phase
+from tests.integration.test_dashboard_hostile import dashboard
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = [
@@ -46,35 +44,10 @@ pytestmark = [
     pytest.mark.timeout(60),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 WAIT = 30.0  # generous: two cores shared with other work start Chromium and Python slowly
 CLASSES = (PriorityClassSpec("batch", 10), PriorityClassSpec("urgent", 1000, preemptible=False))
 SLEEP = ("sleep", "600")  # runs until the corral stops
 T = TypeVar("T")
-
-
-async def dashboard(url: str, tenant: str) -> AsyncIterator[str]:
-    """``corral dashboard`` as ``tenant`` on a free port; yields the page's address."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("CORRAL_PASSWORD", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "corral", "dashboard", "--server", url, "--tenant", tenant, "--port", "0",
-        stdout=asyncio.subprocess.PIPE,
-        env=env,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), WAIT)).decode()
-        assert line.startswith("dashboard at http://"), line
-        yield line.split()[2]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
 
 
 class Browser:
@@ -180,10 +153,7 @@ async def test_the_dashboard_shows_the_cluster_live_and_each_tenant_its_own(tmp_
         it = await stack.enter_async_context(live(tmp_path, nodes=2, classes=CLASSES))
         team_b = QueueSpec("team-b", quotas={"*": Quota(nominal=8)}, tenants=("team-b",))
         await it.request("admin", "queue", ApplyQueue(queue=team_b), "queue:team-b")
-        pages = [
-            stack.enter_async_context(contextlib.asynccontextmanager(dashboard)(it.cluster.url, who))
-            for who in ("admin", "team-a")
-        ]
+        pages = [stack.enter_async_context(dashboard(it.cluster.url, who)) for who in ("admin", "team-a")]
         opening, starting = (
             asyncio.gather(*pages),
             asyncio.ensure_future(call(Browser, tmp_path / "chromium", shots)),

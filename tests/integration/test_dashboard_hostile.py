@@ -8,10 +8,16 @@ dashboard's feed and the read service behind it carry on answering afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -21,6 +27,7 @@ from tests.integration.test_cluster_failures import Live, job_spec, live, phase
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 WAIT = 30.0
+ROOT = Path(__file__).resolve().parents[2]
 
 # Ids a visitor can put in the address bar: subject wildcards and separators, control bytes,
 # a path climbing out, quotes, one long enough to be a denial of service, and unicode.
@@ -176,31 +183,39 @@ async def test_connections_that_send_nothing_are_closed_and_bounded(
         await served
 
 
-async def test_only_requests_carrying_the_printed_key_are_answered(unused_tcp_port: int) -> None:
-    # A job's workers share their node's network: a job on the node a dashboard ran on opened
-    # localhost and read its page, the admin's by default, every tenant's jobs and timelines.
-    # `corral dashboard` prints its address with a key; a request without it learns nothing.
-    import asyncio
-    import os
-    import signal
-    import sys
-    from urllib.parse import parse_qs, urlsplit
-
-    import aiohttp
-
-    root = Path(__file__).resolve().parents[2]
+@contextlib.asynccontextmanager
+async def dashboard(url: str, tenant: str) -> AsyncIterator[str]:
+    """``corral dashboard`` as ``tenant`` on a free port; yields the page's address, with its key."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("CORRAL_PASSWORD", None)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "corral", "dashboard", "--server", f"nats://127.0.0.1:{unused_tcp_port}",
-        "--tenant", "admin", "--port", "0",
+        sys.executable, "-m", "corral", "dashboard", "--server", url, "--tenant", tenant, "--port", "0",
         stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(root)},
+        env=env,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), WAIT)).decode()
-        address = urlsplit(line.split()[2])
+        assert line.startswith("dashboard at http://"), line
+        yield line.split()[2]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_only_requests_carrying_the_printed_key_are_answered(unused_tcp_port: int) -> None:
+    # A job's workers share their node's network: a job on the node a dashboard ran on opened
+    # localhost and read its page, the admin's by default, every tenant's jobs and timelines.
+    # `corral dashboard` prints its address with a key; a request without it learns nothing.
+    async with dashboard(f"nats://127.0.0.1:{unused_tcp_port}", "admin") as page:
+        address = urlsplit(page)
         key = parse_qs(address.query).get("key", [""])[0]
-        assert len(key) >= 16, line
+        assert len(key) >= 16, page
         base = f"http://{address.netloc}"
         async with aiohttp.ClientSession() as http:
             keyless = ("/", "/api/board", "/api/jobs/j-1", "/events", "/api/board?key=", "/api/board?key=x")
@@ -212,10 +227,3 @@ async def test_only_requests_carrying_the_printed_key_are_answered(unused_tcp_po
             for path in ("/", "/api/board"):
                 async with http.get(f"{base}{path}?key={key}") as r:
                     assert r.status == 200, path
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()

@@ -14,7 +14,9 @@ relative paths of a command mean what they meant to the person who typed them.
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,12 +33,40 @@ class BadInput(ValueError):
     pass
 
 
-def load_document(path: str | Path) -> Any:
-    p = Path(path)
+# The largest job or queue file read: a job is at most a request's 256 KiB on the wire, and a
+# queue file of thousands of queues is far below this. A path that is a link to /dev/zero would
+# otherwise be read until memory ran out.
+MAX_DOCUMENT = 4 * 1024 * 1024
+
+
+def read_document(p: Path) -> str:
+    """The text of the file at ``p``: a regular file of at most ``MAX_DOCUMENT`` bytes, UTF-8
+    (a leading byte-order mark, as some editors write, is skipped), or a BadInput saying why
+    not. Opened without blocking: a FIFO would hold the command until someone wrote to it."""
     try:
-        text = p.read_text()
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise BadInput(f"{p}: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadInput(f"{p}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_DOCUMENT + 1)
+    except OSError as e:
+        raise BadInput(f"{p}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_DOCUMENT:
+        raise BadInput(f"{p}: larger than any job or queue file is ({MAX_DOCUMENT} bytes at most)")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{p}: not UTF-8 text (byte {e.start} is {data[e.start]:#04x})") from None
+
+
+def load_document(path: str | Path) -> Any:
+    p = Path(path)
+    text = read_document(p)
     kind = p.suffix.lstrip(".").upper()
     try:
         match p.suffix.lower():

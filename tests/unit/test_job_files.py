@@ -4,12 +4,14 @@ type expected), and what a job's relative command paths become."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from corral.events.jobs import JobSpec
-from corral.services.cli.jobfile import BadInput, command_here, convert, load_document
+from corral.services.cli.jobfile import MAX_DOCUMENT, BadInput, command_here, convert, load_document
 from corral.services.cli.queues import QueueFile
 
 JOB, QUEUES = JobSpec, QueueFile
@@ -172,6 +174,59 @@ def test_a_job_file_id_is_known_and_a_near_miss_of_it_is_suggested(tmp_path: Pat
     path.write_text("ids: train-1\nqueue: a\n")
     with pytest.raises(BadInput, match=r"unknown field ids \(did you mean id\?\)"):
         convert(load_document(path), JobSpec, str(path), also=("id",))
+
+
+def _link_to_zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)  # no writer: an open or a read that blocks holds the command for good
+
+
+def _huge(path: Path) -> None:
+    with path.open("wb") as f:
+        f.truncate(MAX_DOCUMENT + 1)
+
+
+NOT_READ = [
+    ("a link to /dev/zero", _link_to_zero, ": not a regular file"),
+    ("a FIFO", _fifo, ": not a regular file"),
+    ("a directory", Path.mkdir, ": not a regular file"),
+    (
+        "larger than any document",
+        _huge,
+        f": larger than any job or queue file is ({MAX_DOCUMENT} bytes at most)",
+    ),
+    ("not UTF-8", lambda p: p.write_bytes(b'{"queue": "\xff"}'), ": not UTF-8 text (byte 11 is 0xff)"),
+]
+
+
+@pytest.mark.parametrize(("make", "says"), [c[1:] for c in NOT_READ], ids=[c[0] for c in NOT_READ])
+def test_a_file_that_is_no_document_is_refused_without_reading_it_all(
+    tmp_path: Path, make: Callable[[Path], object], says: str
+) -> None:
+    path = tmp_path / "job.json"
+    make(path)
+    with pytest.raises(BadInput) as refused:
+        load_document(path)
+    assert str(refused.value) == f"{path}{says}"
+
+
+@pytest.mark.parametrize("name", ["job.json", "job.toml", "job.yaml"])
+def test_a_byte_order_mark_some_editors_write_is_skipped(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(
+        b"\xef\xbb\xbf"
+        + (
+            b'{"queue": "a"}'
+            if name.endswith(".json")
+            else b'queue = "a"\n'
+            if name.endswith(".toml")
+            else b"queue: a\n"
+        )
+    )
+    assert load_document(path) == {"queue": "a"}
 
 
 def test_a_right_file_reads_as_written(tmp_path: Path) -> None:

@@ -52,7 +52,13 @@ def explain(job: JobState, history: Sequence[JobEvent], eta: dict[str, Any] | No
     for e in history:
         refused_note = f"  (refused: {e.refused})" if e.refused else ""
         lines.append(f"    {e.seq:>6}  {_when(e.time)}  {e.summary}{refused_note}")
-    return {"job": row, "reasons": reasons, "history": events, "refused": refused, "text": "\n".join(lines)}
+    return {
+        "job": row,
+        "reasons": reasons,
+        "history": events,
+        "refused": refused,
+        "text": "\n".join(map(present.one_line, lines)),
+    }
 
 
 def _workers(job: JobState) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,17 @@ import msgspec
 
 from corral.projections.shape import Shape
 from corral.projections.state import WHOLE, JobState, NodeState, State
+
+_BREAKS = re.compile("[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line of a table or of ``explain``, its line breaks written as JSON's
+    escapes (``\\u000a``). Much of what a line shows is text tenants wrote (a cancel's reason, a
+    MIG profile or a mount target that a refusal quotes): a break in it would start a line of
+    the tenant's making, a forged row of the admin's ``corral jobs``. (The CLI's screen escapes
+    every other control character; these it must keep, between lines.)"""
+    return _BREAKS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def gpu_request(job: JobState) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.jobs import PendingReasonChanged
+from corral.services.cli import table
 from corral.services.query.view import explain_log
 from tests.builders import Cluster, LogBuilder, job
 
@@ -39,3 +40,31 @@ def test_another_tenants_job_is_no_job_and_the_admin_sees_it() -> None:
     assert explain_log(records, "j1", "bob") is None
     assert explain_log(records, "nope", None) is None
     assert explain_log(records, "j1", "admin") is not None
+
+
+FORGED = "bye\nj9  bob  team-b  running  0  1 of 1"  # a row of another tenant's, made up
+
+
+def _cancelled_with_a_forged_line() -> LogBuilder:
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "j1", job()).accept("j1")
+    return log.request("alice", "cancel", {"job_id": "j1", "reason": FORGED})
+
+
+def test_a_tenants_text_cannot_start_a_line_of_explain() -> None:
+    report = explain_log(_cancelled_with_a_forged_line().records, "j1", "admin")
+    assert report is not None
+    lines = report["text"].splitlines()
+    assert not any(line.startswith("j9") for line in lines)
+    assert "why: [cancelled] bye\\u000aj9  bob" in report["text"]
+    assert "cancel requested: bye\\u000aj9  bob" in report["text"]
+    assert report["reasons"][0]["message"] == FORGED  # the data as said; only the text is one line
+
+
+def test_a_tenants_text_cannot_start_a_row_of_a_table() -> None:
+    text = table.render(["id", "reason"], [["j1", FORGED], ["j2", "done\r\u2028"]])
+    assert text.splitlines() == [
+        "ID  REASON",
+        "j1  bye\\u000aj9  bob  team-b  running  0  1 of 1",
+        "j2  done\\u000d\\u2028",
+    ]

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from corral.events import codec
+from corral.events import codec, documents
 from corral.events.jobs import JobSpec
 from corral.projections import indexes
 from corral.projections.state import State
@@ -148,10 +148,17 @@ _decode_whatif = msgspec.json.Decoder(WhatIf).decode
 
 
 def parse_whatif(data: bytes) -> WhatIf:
+    """The question in ``data``, read by the rule the intake reads a submit by: a field given
+    twice in one object is refused, not taken as one reader's guess (a what-if of the last
+    ``queue`` would answer for a job the intake refuses)."""
     try:
-        return _decode_whatif(data)
+        ask = _decode_whatif(data)
     except codec.UNREADABLE as e:
         raise BadWhatIf(f"unreadable what-if: {e}") from None
+    twice = documents.given_twice(data)
+    if twice is not None:
+        raise BadWhatIf(f"unreadable what-if: {twice!r} given twice")
+    return ask
 
 
 def whatif_answer(

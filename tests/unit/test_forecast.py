@@ -16,6 +16,7 @@ from corral.events.queues import ApplyQueue, QueueSpec, Quota
 from corral.services.agent import inventory
 from corral.services.forecast import decide, whatif
 from corral.services.forecast.decide import EVERY_S, REFRESH_S
+from corral.services.intake.decide import Refuse, Sender, judge
 from corral.services.query.decide import Ask, answer, tenants_to_read
 from corral.services.query.present import eta_text
 from corral.services.runtime import forecasts
@@ -168,6 +169,16 @@ def test_a_whatif_tells_nothing_of_another_tenants_job() -> None:
     assert "u-secret" not in msgspec.json.encode(told).decode()
     assert "error" in decide.whatif_answer(state, "t", b'{"job": {"queue": 1}}', 1.0)
     assert msgspec.msgpack.encode(state) == msgspec.msgpack.encode(busy().state)  # nothing written
+
+
+def test_a_whatif_naming_a_field_twice_is_refused_as_the_intake_refuses_its_submit() -> None:
+    data = b'{"job": {"queue": "nowhere", "queue": "q"}}'
+    told = decide.whatif_answer(busy().state, "t", data, 1.0)
+    assert told["error"] == "unreadable what-if: 'queue' given twice"
+    intake = judge(
+        Sender("t", "submit"), None, b'{"request_id": "x", "job": {"queue": "nowhere", "queue": "q"}}'
+    )
+    assert isinstance(intake, Refuse) and "'queue' given twice" in intake.description
 
 
 def test_a_whole_gpu_job_is_offered_a_mig_slice_where_a_node_has_one() -> None:

@@ -71,6 +71,15 @@ class UnacknowledgedError(LogError):
     window)."""
 
 
+class RetryLater(LogError):
+    """Not taken, for now: the writer sends past its rate (the intake's 429). Nothing was
+    appended; the same append may be sent again after ``retry_s`` seconds."""
+
+    def __init__(self, message: str, retry_s: float) -> None:
+        super().__init__(message)
+        self.retry_s = retry_s
+
+
 class ConflictError(LogError):
     """An append's expected last subject sequence no longer holds: another writer got there
     first. The writer should fold the tail and decide again."""

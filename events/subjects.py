@@ -11,6 +11,9 @@ IN = "corral.in"
 # ``corral.in.<tenant>.<verb>`` and answers. No client publishes into the stream itself, since
 # JetStream sends its acknowledgement wherever the publisher's reply subject points.
 REQ = "corral.req"
+# Where node agents send their reports, request-reply on core NATS, for the same reason: the
+# intake appends each at ``corral.ev.node.<node>``, the node taken from this subject.
+NREQ = "corral.nreq"
 EV = "corral.ev"
 STREAM_SUBJECTS = (f"{IN}.>", f"{EV}.>")
 ADMIN = "admin"
@@ -38,6 +41,19 @@ def intake(tenant: str, verb: str) -> str:
 def parse_intake(subject: str) -> tuple[str, str] | None:
     """``corral.req.<tenant>.<verb>`` → (tenant, verb); None for anything else."""
     return _tenant_and_verb(subject, "req")
+
+
+def node_intake(node_id: str) -> str:
+    """Where ``node_id``'s agent sends its reports (the intake's subject for nodes)."""
+    return f"{NREQ}.{node_id}"
+
+
+def parse_node_intake(subject: str) -> str | None:
+    """``corral.nreq.<node>`` → the node; None for anything else."""
+    parts = subject.split(".")
+    if len(parts) != 3 or f"{parts[0]}.{parts[1]}" != NREQ or not is_token(parts[2]):
+        return None
+    return parts[2]
 
 
 def admin(verb: str) -> str:

@@ -1,4 +1,5 @@
-"""What one client request becomes: an append to the log as its tenant's, a refusal, or nothing.
+"""What one client request or node report becomes: an append to the log as its sender's, a
+refusal, or nothing.
 
 Clients send requests request-reply on ``corral.req.<tenant>.<verb>``, never into the stream: a
 JetStream publish is acknowledged on whatever reply subject the publisher names, by the server
@@ -18,6 +19,21 @@ lease bucket. The intake appends for them, with its own identity and its own inb
   the trace context travels; ``Nats-Expected-*``, ``Nats-Rollup`` and the like are the intake's
   to set, never a client's.
 
+Node agents send their reports the same way, on ``corral.nreq.<node>`` (NATS lets each agent
+send only on its own node's), for the same reason and one more: the log is kept for good and every
+replica folds it, so a node taken over must not grow it as fast as it can publish.
+
+- The node is the subject's third token, never the report's say: a report about another node
+  (``routing.subject_of`` its body) is refused.
+- The answer goes only into the node's agent's inbox (``_INBOX.agent.<node>.``).
+- A report must decode as an envelope whose body is a kind a node agent writes
+  (``NODE_REPORTS``: its registration, its workers' starts and exits, checkpoints, its
+  shutdown; not the health monitor's word on it, nor anything else), name no field twice and fit
+  in ``MAX_REQUEST`` bytes.
+- It is appended as sent at ``corral.ev.node.<node>``, with the agent's message id filed under
+  the agent's identity (``agent-<node>/<id>``): no node, and no tenant (whose names never start
+  ``agent-``), can take another's id first.
+
 The answer has the shape of a JetStream acknowledgement (``{"stream", "seq", "duplicate"}`` or
 ``{"error": {"code", "description"}}``), so a client written against the stream reads it as is.
 What the fold and admission then make of the request, the read service tells (ask ``after`` the
@@ -29,14 +45,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from corral.events import codec, documents, subjects
+from corral.events import codec, documents, routing, subjects
+from corral.events.base import Event
 from corral.events.codec import DecodeError
+from corral.events.nodes import (
+    CheckpointCompleted,
+    NodeRegistered,
+    NodeShutdown,
+    WorkerExited,
+    WorkerStarted,
+)
 
 MAX_REQUEST = 256 * 1024  # bytes: a job spec is bounded far below this by admission
 MAX_MSG_ID = 128
+# An agent's ids name a job (up to 64 characters), its run, attempt, rank and pid: longer than a
+# client's can be.
+MAX_REPORT_ID = 256
 MSG_ID = "Nats-Msg-Id"
 FORWARDED_HEADERS = ("traceparent", "tracestate")
 MAX_REASON = 512
+AGENT_PREFIX = "agent-"  # a node agent's identity is agent-<node> (``runtime.identities``)
+NODE_INBOXES = "_INBOX.agent"  # where node agents hear their answers: _INBOX.agent.<node>.<...>
+# What a node agent may say of its node; the health monitor's word on it (condition, GPU
+# health) and everything else is written by others.
+NODE_REPORTS: tuple[type[Event], ...] = (
+    NodeRegistered,
+    WorkerStarted,
+    WorkerExited,
+    CheckpointCompleted,
+    NodeShutdown,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +102,38 @@ class Sender:
     tenant: str
     verb: str
 
+    @property
+    def who(self) -> str:
+        """The identity it is charged to (its rate, its share of what waits)."""
+        return self.tenant
 
-def addressed(subject: str, reply: str, size: int, *, inbox_prefix: str) -> Sender | Refuse | None:
-    """What the subject, the reply subject and the size say of a request, before its body is
-    decoded (the intake charges the tenant's rate first: decoding a large request costs far
-    more than refusing it). None when there is nowhere safe to answer (then it is dropped).
-    ``inbox_prefix`` is where replies to identity names go (``_INBOX.corral``)."""
+
+@dataclass(frozen=True, slots=True)
+class Reporter:
+    """Whose node report it is, known before its body is read."""
+
+    node: str
+
+    @property
+    def who(self) -> str:
+        return AGENT_PREFIX + self.node
+
+
+def addressed(
+    subject: str, reply: str, size: int, *, inbox_prefix: str, node_inboxes: str = NODE_INBOXES
+) -> Sender | Reporter | Refuse | None:
+    """What the subject, the reply subject and the size say of a request or a node report,
+    before its body is decoded (the intake charges the sender's rate first: decoding a large
+    request costs far more than refusing it). None when there is nowhere safe to answer (then it
+    is dropped). ``inbox_prefix`` is where replies to identity names go (``_INBOX.corral``),
+    ``node_inboxes`` where they go to node agents (``_INBOX.agent``)."""
+    node = subjects.parse_node_intake(subject)
+    if node is not None:
+        if not reply.startswith(f"{node_inboxes}.{node}."):
+            return None
+        if size > MAX_REQUEST:
+            return Refuse(400, f"a report is at most {MAX_REQUEST} bytes, not {size}")
+        return Reporter(node)
     parsed = subjects.parse_intake(subject)
     if parsed is None:
         return None
@@ -85,7 +149,7 @@ def addressed(subject: str, reply: str, size: int, *, inbox_prefix: str) -> Send
 
 
 def weight(data: bytes, headers: Mapping[str, str] | None) -> int:
-    """What a request weighs for its tenant's rate: its body and its headers (the trace context
+    """What a request weighs for its sender's rate: its body and its headers (the trace context
     and the message id reach the log with it)."""
     return len(data) + (sum(len(k) + len(v) for k, v in headers.items()) if headers else 0)
 
@@ -96,13 +160,15 @@ def decide(
     """The verdict on one request; None when there is nowhere safe to answer (then it is
     dropped)."""
     sender = addressed(subject, reply, len(data), inbox_prefix=inbox_prefix)
-    if not isinstance(sender, Sender):
+    if not isinstance(sender, Sender | Reporter):
         return sender
     return judge(sender, headers, data)
 
 
-def judge(sender: Sender, headers: Mapping[str, str] | None, data: bytes) -> Accept | Refuse:
-    """The verdict on the body of a request ``addressed`` let through."""
+def judge(sender: Sender | Reporter, headers: Mapping[str, str] | None, data: bytes) -> Accept | Refuse:
+    """The verdict on the body of a request or a report ``addressed`` let through."""
+    if isinstance(sender, Reporter):
+        return _judge_report(sender.node, headers, data)
     tenant, verb = sender.tenant, sender.verb
     try:
         codec.decode_request(verb, data)
@@ -111,16 +177,43 @@ def judge(sender: Sender, headers: Mapping[str, str] | None, data: bytes) -> Acc
     twice = documents.given_twice(data)
     if twice is not None:
         return Refuse(400, _bounded(f"not a {verb} request: {twice!r} given twice"))
+    return _passed(subjects.request(tenant, verb), data, headers, tenant, MAX_MSG_ID)
+
+
+def _judge_report(node: str, headers: Mapping[str, str] | None, data: bytes) -> Accept | Refuse:
+    """A node's report: a kind a node agent writes, about that node, appended on its subject."""
+    try:
+        body = codec.decode_envelope(data).body
+    except DecodeError as e:
+        return Refuse(400, _bounded(f"not a node report: {e}"))
+    if not isinstance(body, NODE_REPORTS):
+        kinds = ", ".join(t.__name__ for t in NODE_REPORTS)
+        return Refuse(403, f"a node agent does not write {type(body).__name__}; it writes {kinds}")
+    own = subjects.node(node)
+    if routing.subject_of(body) != own:
+        said = getattr(body, "node", "")
+        return Refuse(403, _bounded(f"{node}'s agent reports for {node} only, not for {said!r}"))
+    twice = documents.given_twice(data)
+    if twice is not None:
+        return Refuse(400, _bounded(f"not a node report: {twice!r} given twice"))
+    return _passed(own, data, headers, AGENT_PREFIX + node, MAX_REPORT_ID)
+
+
+def _passed(
+    subject: str, data: bytes, headers: Mapping[str, str] | None, who: str, max_id: int
+) -> Accept | Refuse:
+    """Append ``data`` at ``subject``, the sender's message id filed under ``who``, its trace
+    context passed on and nothing else of its headers."""
     msg_id = None
     forwarded: dict[str, str] = {}
     for name, value in (headers or {}).items():
         if name == MSG_ID:
-            if not 0 < len(value) <= MAX_MSG_ID:
-                return Refuse(400, f"a message id is 1..{MAX_MSG_ID} characters")
-            msg_id = f"{tenant}/{value}"
+            if not 0 < len(value) <= max_id:
+                return Refuse(400, f"a message id is 1..{max_id} characters")
+            msg_id = f"{who}/{value}"
         elif name.lower() in FORWARDED_HEADERS:
             forwarded[name.lower()] = value[:256]
-    return Accept(subjects.request(tenant, verb), data, msg_id, forwarded or None)
+    return Accept(subject, data, msg_id, forwarded or None)
 
 
 def _bounded(text: str) -> str:

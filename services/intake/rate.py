@@ -1,4 +1,4 @@
-"""How fast one tenant's requests go into the log: a token bucket per tenant.
+"""How fast one tenant's requests, or one node's reports, go into the log: a token bucket each.
 
 Every request the intake appends is in the log for good (the log is append-only), and every
 service folds it. A tenant's client in a loop would grow the log, and every replica's work, as
@@ -40,6 +40,15 @@ class Rate:
 # Generous for people and their sweeps (10,000 jobs at once, then 1,000 a second), a bound on a
 # client gone wrong: a day of it is some 86 million records, not unbounded.
 DEFAULT = Rate(per_s=1_000.0, burst=10_000)
+
+# A node agent's reports are each well under a token (a start some 360 bytes, an exit 460, a
+# registration of 8 GPUs 1,200), and a node runs at most 256 workers unless it says more
+# (``events.nodes.MAX_WORKERS``). Its busiest honest second is every worker ending and as many
+# starting: some 513 reports; kept up, 256 workers of 10 s each with a checkpoint of each every
+# 30 s send 60 a second. So a node may send 2,000 at once and 100 a second: a node taken over
+# grows the log by at most 400 KB a second (with 8 MB at once), and an honest one is never
+# told to wait.
+NODE_DEFAULT = Rate(per_s=100.0, burst=2_000)
 
 TOKEN_BYTES = 4096
 

@@ -1,4 +1,5 @@
-"""The intake's shell: requests in on ``corral.req.*.*``, appends to the log, answers out.
+"""The intake's shell: requests in on ``corral.req.*.*``, node agents' reports in on
+``corral.nreq.*``, appends to the log, answers out.
 
 Replicas share the requests (a queue group), each answered once; the intake keeps no state and
 folds nothing, so any replica answers any request, and it needs no lease. Appends are batched:
@@ -12,7 +13,8 @@ its body is decoded: ``decide.addressed``, then ``decide.judge``) is answered 42
 send again. What the stream says (stored at ``seq``, a duplicate, or an error) is the answer; a
 request the log could not take is answered with the error, never dropped silently, and one it
 did not acknowledge (``UnacknowledgedError``) 504: it may be stored, to be sent again under the
-same message id.
+same message id. Node reports take the same path, each node's at its own rate
+(``NODE_DEFAULT``, its share of what waits as a tenant's), answered the same way.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from nats.aio.subscription import Subscription
 from corral.events import subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import Ack, Append, LogError, UnacknowledgedError
-from corral.services.intake.decide import Accept, Refuse, Sender, addressed, judge, weight
-from corral.services.intake.rate import DEFAULT, TOKEN_BYTES, Buckets, Rate, cost
+from corral.services.intake.decide import Accept, Refuse, Reporter, Sender, addressed, judge, weight
+from corral.services.intake.rate import DEFAULT, NODE_DEFAULT, TOKEN_BYTES, Buckets, Rate, cost
 from corral.services.runtime import identities, logs
 
 log = logging.getLogger("corral.intake")
@@ -55,33 +57,44 @@ async def connect(url: str, **options: Any) -> JetStreamLog:
 
 
 class Intake:
-    def __init__(self, log_: JetStreamLog, rate: Rate | None = DEFAULT) -> None:
-        """``rate``: how fast each tenant's requests are taken (None: as fast as they come)."""
+    def __init__(
+        self, log_: JetStreamLog, rate: Rate | None = DEFAULT, node_rate: Rate | None = NODE_DEFAULT
+    ) -> None:
+        """``rate``: how fast each tenant's requests are taken, ``node_rate`` each node's
+        reports (None: as fast as they come)."""
         self.log = log_
         self.ready = asyncio.Event()
         self.dropped = 0  # requests with nowhere safe to answer
         self.refused = 0
-        self.limited = 0  # requests past their tenant's rate
+        self.limited = 0  # requests past their sender's rate
         self.appended = 0
         self._buckets = Buckets(rate) if rate is not None else None
-        # Per tenant, when the service's log last said it was past its rate.
+        self._node_buckets = Buckets(node_rate) if node_rate is not None else None
+        # Per sender, when the service's log last said it was past its rate.
         self._limited_said: dict[str, float] = {}
         self._waiting: list[tuple[Accept, str]] = []  # judged, to append, with where to answer
-        self._waiting_of: dict[str, int] = {}  # per tenant, how many of ``_waiting`` are theirs
+        self._waiting_of: dict[str, int] = {}  # per sender, how many of ``_waiting`` are theirs
         self._arrived = asyncio.Event()
 
     async def _on_request(self, msg: Msg) -> None:
-        # Whose it is and its size first, then its tenant's rate, and only then its body: a
+        # Whose it is and its size first, then its sender's rate, and only then its body: a
         # flood past the rate is refused before it costs the decoding of each request.
-        sender = addressed(msg.subject, msg.reply, len(msg.data), inbox_prefix=identities.INBOXES)
+        sender = addressed(
+            msg.subject,
+            msg.reply,
+            len(msg.data),
+            inbox_prefix=identities.INBOXES,
+            node_inboxes=identities.AGENT_INBOXES,
+        )
         if sender is None:
             self.dropped += 1
             log.debug("dropped a request on %s whose answer would go to %r", msg.subject, msg.reply)
             return
-        if isinstance(sender, Sender):
-            tenant = sender.tenant
-            if self._buckets is not None:
-                over = self._over_rate(tenant, cost(weight(msg.data, msg.headers)))
+        if isinstance(sender, Sender | Reporter):
+            who = sender.who
+            buckets = self._node_buckets if isinstance(sender, Reporter) else self._buckets
+            if buckets is not None:
+                over = self._over_rate(buckets, sender, cost(weight(msg.data, msg.headers)))
                 if over is not None:
                     await self._answer(msg.reply, {"error": over})
                     return
@@ -93,34 +106,36 @@ class Intake:
             error = {"code": verdict.code, "description": verdict.description}
             await self._answer(msg.reply, {"error": error})
             return
-        mine = self._waiting_of.get(tenant, 0)
+        mine = self._waiting_of.get(who, 0)
         if len(self._waiting) >= MAX_WAITING or mine >= MAX_WAITING_PER_TENANT:
             why = "the intake is busy" if mine < MAX_WAITING_PER_TENANT else f"{mine} requests of yours wait"
             await self._answer(msg.reply, {"error": {"code": 503, "description": f"{why}: retry"}})
             return
-        self._waiting_of[tenant] = mine + 1
+        self._waiting_of[who] = mine + 1
         self._waiting.append((verdict, msg.reply))
         self._arrived.set()
 
-    def _over_rate(self, tenant: str, tokens: int) -> dict[str, Any] | None:
-        """None when ``tenant`` is within its rate (its request's ``tokens`` taken); else the
+    def _over_rate(self, buckets: Buckets, sender: Sender | Reporter, tokens: int) -> dict[str, Any] | None:
+        """None when ``sender`` is within its rate (its request's ``tokens`` taken); else the
         error to answer, with the seconds until it may send again."""
-        assert self._buckets is not None
         now = asyncio.get_running_loop().time()
-        wait = self._buckets.take(tenant, now, tokens)
+        who = sender.who
+        wait = buckets.take(who, now, tokens)
         if wait == 0.0:
             return None
         self.limited += 1
-        rate = self._buckets.rate
-        # Said at most once a minute a tenant: one kept at its rate has a request taken at each
+        rate = buckets.rate
+        what = "reports" if isinstance(sender, Reporter) else "requests"
+        # Said at most once a minute a sender: one kept at its rate has a request taken at each
         # token it gets back, and was said anew after each, thousands of lines a minute.
-        if now - self._limited_said.get(tenant, -math.inf) >= LIMITED_SAID_EVERY_S:
+        if now - self._limited_said.get(who, -math.inf) >= LIMITED_SAID_EVERY_S:
             if len(self._limited_said) >= MAX_WAITING:
                 self._limited_said.clear()  # without logins, any name is a tenant
-            self._limited_said[tenant] = now
-            log.warning("tenant %s is past %g requests a second (burst %d): refused until it slows",
-                        tenant, rate.per_s, rate.burst)  # fmt: skip
-        why = f"more than {rate.per_s:g} requests a second of yours (burst {rate.burst}"
+            self._limited_said[who] = now
+            whose = f"node {sender.node}" if isinstance(sender, Reporter) else f"tenant {who}"
+            log.warning("%s is past %g %s a second (burst %d): refused until it slows",
+                        whose, rate.per_s, what, rate.burst)  # fmt: skip
+        why = f"more than {rate.per_s:g} {what} a second of yours (burst {rate.burst}"
         if tokens > 1:
             why += f"; a request counts one for each {TOKEN_BYTES} bytes it starts: this one {tokens}"
         why += ")"
@@ -173,6 +188,9 @@ class Intake:
         sub: Subscription = await self.log.nc.subscribe(
             f"{subjects.REQ}.*.*", queue=ROLE, cb=self._on_request
         )
+        node_sub: Subscription = await self.log.nc.subscribe(
+            f"{subjects.NREQ}.*", queue=ROLE, cb=self._on_request
+        )
         appending = asyncio.create_task(self._appending(stop))
         self.ready.set()
         lost = self.log.lost
@@ -186,19 +204,22 @@ class Intake:
             if lost.is_set() and not stop.is_set():
                 raise LogError("the intake lost its connection to NATS for good")
         finally:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+            for each in (sub, node_sub):
+                with contextlib.suppress(nats.errors.Error):
+                    await each.unsubscribe()
             self._arrived.set()  # what waits is appended and answered, then the loop ends
             await appending
 
 
-def serve(url: str, rate: Rate | None = DEFAULT, **options: Any) -> Callable[[asyncio.Event], Any]:
+def serve(
+    url: str, rate: Rate | None = DEFAULT, node_rate: Rate | None = NODE_DEFAULT, **options: Any
+) -> Callable[[asyncio.Event], Any]:
     """``corral serve intake``: connect, then run until ``stop``; the connection closes after."""
 
     async def run(stop: asyncio.Event) -> None:
         intake_log = await connect(url, **options)
         try:
-            await Intake(intake_log, rate).run(stop)
+            await Intake(intake_log, rate, node_rate).run(stop)
         finally:
             await intake_log.close()
 

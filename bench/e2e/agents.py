@@ -2,8 +2,8 @@
 
 What runs is the node agent of ``services/agent`` (``NodeAgent.run``: its registration, its watch
 of its node's view in the ``corral_assignments`` bucket through ``KvNodeViews``, its ``decide`` on
-that view at every new view and every tick, its gang start barrier, its reports appended with their
-message ids, its heartbeats on core NATS), with one part swapped: ``TimerRuntime`` stands where
+that view at every new view and every tick, its gang start barrier, its reports sent to the intake
+with their message ids, its heartbeats on core NATS), with one part swapped: ``TimerRuntime`` stands where
 ``services.agent.workers.Runtime`` starts processes. A job's command must be ``sleep N``; the
 timer "runs" it as the process would (started, then exited 0 after N seconds, or exited 143 when
 the agent stops it) without a process, so 10,000 GPUs' worth of workers fit on a laptop. No agent
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from corral.events.jetstream import JetStreamLog
+from corral.events.nats_client import Client, open_client
 from corral.services.agent import discovery
 from corral.services.agent.decide import (
     GONE_CODE,
@@ -50,6 +50,7 @@ from corral.services.agent.decide import (
     WorkerKey,
     WorkerPhase,
 )
+from corral.services.agent.intake import IntakeReports
 from corral.services.agent.service import NodeAgent
 from corral.services.runtime.shell import stop_on_signals
 from corral.services.runtime.views import KvNodeViews
@@ -145,16 +146,16 @@ def _sleep_seconds(command: Sequence[str]) -> float | None:
     return None
 
 
-def timed_agent(name: str, log_: JetStreamLog, work_dir: Path, tick: float, heartbeat: float) -> NodeAgent:
-    """A real ``NodeAgent`` of a simulated 8xH100 node, reading its view through ``log_``'s
-    connection, whose runtime is ``TimerRuntime``."""
+def timed_agent(name: str, nc: Client, work_dir: Path, tick: float, heartbeat: float) -> NodeAgent:
+    """A real ``NodeAgent`` of a simulated 8xH100 node, reading its view and sending its
+    reports to the intake through ``nc``, whose runtime is ``TimerRuntime``."""
     agent = NodeAgent(
         name,
-        log_,
-        KvNodeViews(log_.nc),
+        IntakeReports(nc, name),
+        KvNodeViews(nc),
         work_dir=work_dir / name,
         found=discovery.simulated(name, "h100-8x", labels=_labels(name)),
-        publish=log_.nc.publish,
+        publish=nc.publish,
         tick=tick,
         heartbeat_interval=heartbeat,
         sandbox="none",
@@ -185,12 +186,12 @@ async def host(url: str, names: list[str], work: Path, tick: float, heartbeat: f
     event loop reads and writes the shared connection between any two agents' cycles, and a
     cycle decides on one node's view, not on the log."""
     stop = stop_on_signals()
-    conns: list[JetStreamLog] = []
+    conns: list[Client] = []
     try:
         if shared:
-            conns.append(await JetStreamLog.connect(url, name=f"agents-{names[0]}"))
+            conns.append(await open_client(url, name=f"agents-{names[0]}"))
         else:
-            conns += [await JetStreamLog.connect(url, name=f"agent-{n}") for n in names]
+            conns += [await open_client(url, name=f"agent-{n}") for n in names]
         agents = [timed_agent(n, conns[i % len(conns)], work, tick, heartbeat) for i, n in enumerate(names)]
         tasks = [asyncio.create_task(a.run(stop)) for a in agents]
         try:

@@ -6,7 +6,8 @@ keeps in the ``corral_assignments`` bucket; ``services/runtime/views.py``). It d
 log: its start-up and memory are its node's, not the log's. On every new view (and every
 ``tick``) it asks ``decide`` what its node must start, checkpoint and stop; the runtime carries
 that out with real processes, and its reports become ``WorkerStarted`` / ``WorkerExited`` /
-``CheckpointCompleted`` on ``corral.ev.node.<node>``. Beside the log it publishes a heartbeat on
+``CheckpointCompleted`` on ``corral.ev.node.<node>``, appended through the intake (``intake.py``:
+the agent may not write the log itself). Beside the log it publishes a heartbeat on
 core NATS (``corral.hb.<node>``) every interval, with the health and load of its GPUs and the XID
 errors seen since the last one.
 
@@ -24,7 +25,8 @@ Invariants:
   with its job's later reports, in order, and they are sent again on the next cycle: pipelined,
   a later report could be stored while an earlier one failed, and a checkpoint retried after its
   worker's exit was lost. One the log refuses for what it is (too large) is dropped, logged and
-  counted: kept, it would hold back its job's reports for good.
+  counted: kept, it would hold back its job's reports for good. Past its node's rate the intake
+  says when to send again (``RetryLater``): every report waits, in order, until then.
 - A gang whose job has restarted before starts only after its restart backoff (counted from its
   placement); a gang whose ranks on other nodes do not all start within ``gang_timeout`` is
   stopped here, so the fold restarts it whole.
@@ -66,7 +68,7 @@ import msgspec
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
 from corral.events.heartbeats import GpuHealthSample, Heartbeat, XidReport
-from corral.events.log import Append, EventLog, LogError, UnstorableError
+from corral.events.log import Ack, Append, LogError, RetryLater, UnstorableError
 from corral.events.nodes import (
     CheckpointCompleted,
     NodeInventory,
@@ -107,6 +109,13 @@ XID_WINDOW = 60.0
 _XIDS_KEPT = 256
 
 Publish = Callable[[str, bytes], Awaitable[None]]
+
+
+class Reports(Protocol):
+    """Where an agent's reports are appended: the intake (``intake.IntakeReports``), or in a
+    test any ``EventLog``."""
+
+    async def append(self, item: Append) -> Ack: ...
 
 
 def _job_of(body: Event) -> str | None:
@@ -262,7 +271,7 @@ class NodeAgent:
     def __init__(
         self,
         node: str,
-        log_: EventLog,
+        log_: Reports,
         views: NodeViews,
         *,
         work_dir: str | Path,
@@ -348,6 +357,9 @@ class NodeAgent:
         self._halt = asyncio.Event()
         self._ending: Literal["stop", "leave", "crash"] = "stop"
         self._unsent: list[Event] = []
+        # Past its node's rate, the intake said when to send again (the loop's clock); until
+        # then ``flush`` sends nothing.
+        self._held_until = 0.0
         self._starting: dict[tuple[str, int], asyncio.Task[Any]] = {}
 
     # -- failures a test (or an operator's drill) can play -------------------------------------
@@ -394,11 +406,25 @@ class NodeAgent:
     # -- registering and heartbeats ------------------------------------------------------------
 
     async def register(self) -> None:
-        """Announce the node, unless the log already holds this very inventory."""
+        """Announce the node, unless the log already holds this very inventory. Sent again
+        while the intake cannot take it yet (none answering while a corral starts, past the
+        node's rate, not acknowledged: the same message id, stored once), until stored or the
+        agent is told to end; refused for what it is, raised."""
         inventory = self.found.inventory
         if self.view.inventory != inventory:
-            body = NodeRegistered(node=self.node, inventory=inventory)
-            await self.log.append(self._append(body, self.clock()))
+            item = self._append(NodeRegistered(node=self.node, inventory=inventory), self.clock())
+            while True:
+                try:
+                    await self.log.append(item)
+                    break
+                except UnstorableError:
+                    raise
+                except LogError as e:
+                    wait = e.retry_s if isinstance(e, RetryLater) else 1.0
+                    log.warning("%s: registration not stored, sent again in %gs: %s", self.node, wait, e)
+                    await asyncio.wait({asyncio.ensure_future(self._halt.wait())}, timeout=wait)
+                    if self._halt.is_set():
+                        return
         self.registered.set()
 
     async def _heartbeats(self) -> None:
@@ -548,14 +574,30 @@ class NodeAgent:
                 log.warning("%s: gang %s attempt %s did not start everywhere", self.node, *key[:2])
                 await self.runtime.stop(key, STOP_GRACE)
 
-    async def flush(self, now: float | None = None) -> int:
+    async def flush(self, now: float | None = None, *, patient: bool = False) -> int:
         """Append the runtime's reports as node events: each job's in order, each once the one
         before it is stored, the jobs side by side; a node's own fact (its shutdown) after all
         before it, before all after it. A job's report that failed is kept with the job's later
         ones, and with everything after the next node fact. This is the queue's only reader, so
         reports keep the order the runtime made them in. Returns how many were appended (or
-        dropped for good)."""
+        dropped for good). Told to send again later (past the node's rate), it sends nothing
+        until then; ``patient`` (the last flushes, bounded by their caller) waits for it, and
+        again while it is told to, instead."""
         self._take_reports()
+        if not self._unsent:
+            return 0
+        loop, done = asyncio.get_running_loop(), 0
+        while True:
+            wait = self._held_until - loop.time()
+            if wait > 0:
+                if not patient:
+                    return done
+                await asyncio.sleep(wait)
+            done += await self._flush(now)
+            if not (patient and self._unsent and self._held_until > loop.time()):
+                return done
+
+    async def _flush(self, now: float | None) -> int:
         if not self._unsent:
             return 0
         now = self.clock() if now is None else now
@@ -621,6 +663,13 @@ class NodeAgent:
             return True
         try:
             await self.log.append(item)
+        except RetryLater as e:
+            # Nothing of it was appended: it and everything after it waits until told.
+            held = asyncio.get_running_loop().time() + e.retry_s
+            if held > self._held_until:
+                log.warning("%s: reports held for %.3gs: %s", self.node, e.retry_s, e)
+                self._held_until = held
+            return False
         except UnstorableError as e:
             # Refused for what it is, it would be refused for ever, and every report after it
             # of its job would wait behind it.
@@ -786,7 +835,7 @@ class NodeAgent:
         if ending != "crash":  # a node that stops cleanly says its workers stopped; one that
             # leaves them says what they reported so far
             try:
-                await asyncio.wait_for(self.flush(), 10.0)
+                await asyncio.wait_for(self.flush(patient=True), 10.0)
             except (TimeoutError, LogError) as e:
                 log.warning("%s: last reports not appended: %s", self.node, e)
         await self.gpus.close()
@@ -798,7 +847,7 @@ class NodeAgent:
         self._take_reports()
         self._unsent.append(NodeShutdown(node=self.node, at=self.clock()))
         try:
-            await asyncio.wait_for(self.flush(), 10.0)  # what it did not store is kept, in order
+            await asyncio.wait_for(self.flush(patient=True), 10.0)  # what it did not store is kept, in order
         except (TimeoutError, LogError) as e:
             log.warning("%s: shutdown not appended before stopping workers: %s", self.node, e)
 

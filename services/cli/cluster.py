@@ -72,6 +72,7 @@ def cmd_up(args: argparse.Namespace) -> None:
         nats_servers=args.cluster or 1,
         replicas=args.replicas,
         tenant_rate=tenant_rate(args.tenant_rate, args.tenant_burst),
+        node_rate=tenant_rate(args.node_rate, args.node_burst, "node"),
     )
     observe(args)
     try:

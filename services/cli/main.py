@@ -83,6 +83,21 @@ def add_tenant_rate(p: argparse.ArgumentParser) -> None:
         help="intake: requests a tenant may send at once after a quiet while "
         f"(default {rate.DEFAULT.burst:,})",
     )
+    p.add_argument(
+        "--node-rate",
+        type=float,
+        default=rate.NODE_DEFAULT.per_s,
+        help="intake: reports a second each node's agent may keep sending to this replica, counted "
+        f"as requests are; past it, answered 429 and sent again when told (0: no limit; default "
+        f"{rate.NODE_DEFAULT.per_s:g})",
+    )
+    p.add_argument(
+        "--node-burst",
+        type=int,
+        default=rate.NODE_DEFAULT.burst,
+        help="intake: reports a node may send at once after a quiet while "
+        f"(default {rate.NODE_DEFAULT.burst:,})",
+    )
 
 
 def add_observing(p: argparse.ArgumentParser) -> None:

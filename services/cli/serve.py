@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import socket
@@ -71,14 +72,15 @@ def serve_roles() -> dict[str, str]:
     return {**dict.fromkeys(leased, "leased"), **dict.fromkeys(shared, "shared"), "agent": "node"}
 
 
-def tenant_rate(per_s: float, burst: int) -> Rate | None:
-    """The intake's rate per tenant from ``--tenant-rate`` and ``--tenant-burst`` (0: none)."""
+def tenant_rate(per_s: float, burst: int, whose: str = "tenant") -> Rate | None:
+    """The intake's rate per tenant from ``--tenant-rate`` and ``--tenant-burst`` (0: none);
+    ``whose`` "node": per node, from ``--node-rate`` and ``--node-burst``."""
     if per_s == 0:
         return None
     try:
         return Rate(per_s, burst)
     except ValueError as e:
-        raise BadInput(f"--tenant-rate {per_s:g} --tenant-burst {burst}: {e}") from None
+        raise BadInput(f"--{whose}-rate {per_s:g} --{whose}-burst {burst}: {e}") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -99,6 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
             f"({args.heartbeat_s * SUSPECT_AFTER:g} s), when a silent node is suspect"
         )
     rate = tenant_rate(args.tenant_rate, args.tenant_burst)
+    node_rate = tenant_rate(args.node_rate, args.node_burst, "node")
     if args.role == "agent":
         serve_agent(args)
         return
@@ -124,6 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
         if args.role == intake_service.ROLE:
             creds["rate"] = rate
+            creds["node_rate"] = node_rate
         run_one = stateless[args.role](server_url(args.server), **creds, **reconnecting(args.reconnect_s))
         announce(args.role, holder, "started; no lease: every replica answers its share")
 
@@ -201,8 +205,9 @@ def serve_agent(args: argparse.Namespace) -> None:
     (an agent restart: an upgrade, a crash of the agent alone); ``--stop-workers`` stops them
     instead and reports their exits (the node is being taken out of service), after telling
     the log so (``NodeShutdown``): their jobs requeue without counting a restart."""
-    from corral.events.jetstream import JetStreamLog
+    from corral.events.nats_client import open_client
     from corral.services.agent import discovery
+    from corral.services.agent.intake import IntakeReports
     from corral.services.agent.service import NodeAgent
     from corral.services.runtime import metrics
     from corral.services.runtime.output import JetStreamOutput
@@ -238,22 +243,26 @@ def serve_agent(args: argparse.Namespace) -> None:
             await run_agent()
 
     async def run_agent() -> None:
-        log = await JetStreamLog.connect(
-            server_url(args.server),
-            name=f"agent-{args.node}",
-            inbox_prefix=identities.agent_inbox(args.node),
-            **creds,
-        )
+        # Its reports go to the intake (it may not write the log): a plain NATS connection.
+        try:
+            nc = await open_client(
+                server_url(args.server),
+                name=f"agent-{args.node}",
+                inbox_prefix=identities.agent_inbox(args.node),
+                **creds,
+            )
+        except Exception as e:
+            raise LogError(f"cannot connect to {server_url(args.server)}: {e}") from e
         try:
             agent = NodeAgent(
                 args.node,
-                log,
-                KvNodeViews(log.nc),
+                IntakeReports(nc, args.node),
+                KvNodeViews(nc),
                 found=found,
                 work_dir=work,
                 checkpoint_root=args.checkpoint_dir,
-                publish=log.nc.publish,
-                output=JetStreamOutput(log.nc),
+                publish=nc.publish,
+                output=JetStreamOutput(nc),
                 heartbeat_interval=args.heartbeat_s,
                 sandbox=args.sandbox,
                 hidden=list(args.hide or ()),
@@ -270,7 +279,8 @@ def serve_agent(args: argparse.Namespace) -> None:
                     await agent.leave()
             await running
         finally:
-            await log.close()
+            with contextlib.suppress(Exception):  # the server may be gone already
+                await nc.close()
 
     ended(run)
 

@@ -40,12 +40,13 @@ from typing import Any
 from corral.events import codec, subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import Append, EventLog, LogError
-from corral.events.nats_client import answers
+from corral.events.nats_client import Client, answers, open_client
 from corral.events.nats_client import servers as server_list
 from corral.events.nodes import NodeInventory, NodeRegistered
 from corral.events.server import EmbeddedCluster, EmbeddedServer
 from corral.services.admission import service as admission_service
 from corral.services.agent import discovery, inventory
+from corral.services.agent.intake import IntakeReports
 from corral.services.agent.service import NodeAgent
 from corral.services.agent.workers import SandboxMode
 from corral.services.assignments import service as assignments_service
@@ -55,7 +56,7 @@ from corral.services.health.service import ROLE as HEALTH
 from corral.services.health.service import HealthMonitor
 from corral.services.intake import service as intake_service
 from corral.services.intake.rate import DEFAULT as DEFAULT_RATE
-from corral.services.intake.rate import Rate
+from corral.services.intake.rate import NODE_DEFAULT, Rate
 from corral.services.placer import service as placer_service
 from corral.services.preemptor import service as preemptor_service
 from corral.services.query import service as read_service
@@ -124,6 +125,7 @@ class Settings:
     replicas: int | None = None
     connect_within: float = 5.0  # seconds to reach a server given with ``--server``
     tenant_rate: Rate | None = DEFAULT_RATE  # how fast the intake takes each tenant's requests
+    node_rate: Rate | None = NODE_DEFAULT  # and each node agent's reports
 
 
 @dataclass
@@ -331,9 +333,11 @@ async def cluster(
         intake_log = await intake_service.connect(url, **login(identities.INTAKE))
         stack.push_async_callback(intake_log.close)
         service_logs.append(intake_log)
-        intake = intake_service.Intake(intake_log, cfg.tenant_rate)
+        intake = intake_service.Intake(intake_log, cfg.tenant_rate, cfg.node_rate)
         running.intake = intake
-        tasks.append(asyncio.create_task(intake.run(stop), name=intake_service.ROLE))
+        # The agents' reports go through the intake: it stops after them (``stop_intake``).
+        intake_stop = asyncio.Event()
+        intake_task = asyncio.create_task(intake.run(intake_stop), name=intake_service.ROLE)
         # Each node's view of the log, in the bucket its agent watches: agents fold nothing.
         views_log = await service_log()
         holder = f"{assignments_service.ROLE}@{socket.gethostname()}:{os.getpid()}"
@@ -372,16 +376,16 @@ async def cluster(
         agents_stop = asyncio.Event()
         agent_tasks = []
 
-        def make_agent(name: str, inv: NodeInventory, agent_log: JetStreamLog) -> NodeAgent:
+        def make_agent(name: str, inv: NodeInventory, agent_nc: Client) -> NodeAgent:
             return NodeAgent(
                 name,
-                agent_log,
-                node_views.KvNodeViews(agent_log.nc),
+                IntakeReports(agent_nc, name),
+                node_views.KvNodeViews(agent_nc),
                 work_dir=data_dir / "nodes" / name,
                 checkpoint_root=data_dir / "checkpoints",
                 found=discovery.simulated(name, inv.labels["profile"], labels=inv.labels),
-                publish=agent_log.nc.publish,
-                output=worker_output.JetStreamOutput(agent_log.nc),
+                publish=agent_nc.publish,
+                output=worker_output.JetStreamOutput(agent_nc),
                 clock=clock,
                 tick=cfg.agent_tick,
                 heartbeat_interval=cfg.heartbeat,
@@ -397,15 +401,19 @@ async def cluster(
                 stop_grace=cfg.stop_grace,
             )
 
-        agent_logs: dict[str, tuple[NodeInventory, JetStreamLog]] = {}
+        agent_ncs: dict[str, tuple[NodeInventory, Client]] = {}
         for name, inv in simulated if cfg.agents else ():
-            # Each agent as its own node's identity: it may report for that node only.
-            agent_log = await connect(
-                url, inbox_prefix=identities.agent_inbox(name), **login(identities.agent(name))
+            # Each agent as its own node's identity: it may report for that node only, and only
+            # through the intake.
+            agent_nc = await open_client(
+                url,
+                name=f"agent-{name}",
+                inbox_prefix=identities.agent_inbox(name),
+                **login(identities.agent(name)),
             )
-            stack.push_async_callback(agent_log.close)
-            agent_logs[name] = (inv, agent_log)
-            agent = make_agent(name, inv, agent_log)
+            stack.push_async_callback(agent_nc.close)
+            agent_ncs[name] = (inv, agent_nc)
+            agent = make_agent(name, inv, agent_nc)
             running.agents[name] = agent
             agent_tasks.append(asyncio.create_task(agent.run(agents_stop), name=f"agent-{name}"))
 
@@ -420,7 +428,7 @@ async def cluster(
             await task
             if meanwhile is not None:
                 await meanwhile()
-            agent = make_agent(name, *agent_logs[name])
+            agent = make_agent(name, *agent_ncs[name])
             running.agents[name] = agent
             task = asyncio.create_task(agent.run(agents_stop), name=f"agent-{name}")
             agent_tasks.append(task)
@@ -440,7 +448,7 @@ async def cluster(
                         await opened.close()
 
         async def stop_agents() -> None:
-            await server_gone(agent_log for _, agent_log in agent_logs.values())
+            await server_gone(agent_nc for _, agent_nc in agent_ncs.values())
             agents_stop.set()
             await _finish(agent_tasks, cfg.stop_grace + 20)
 
@@ -449,13 +457,20 @@ async def cluster(
             stop.set()
             await _finish(tasks, 10)
 
-        running.tasks = {t.get_name(): t for t in tasks + agent_tasks + server_tasks}
+        async def stop_intake() -> None:
+            intake_stop.set()
+            await _finish([intake_task], 10)
+
+        running.tasks = {t.get_name(): t for t in [*tasks, intake_task, *agent_tasks, *server_tasks]}
+        # Last pushed, first run: the services, then the agents (their last reports), then the
+        # intake that appends those.
+        stack.push_async_callback(stop_intake)
         stack.push_async_callback(stop_agents)
         stack.push_async_callback(stop_services)
         ready = [s.caught_up for s in running.services] + [reader.caught_up, intake.ready, monitor.caught_up]
         ready.append(projection.caught_up)
         ready += [a.registered for a in running.agents.values()]
-        await _ready(ready, tasks + agent_tasks)
+        await _ready(ready, [*tasks, intake_task, *agent_tasks])
         yield running
 
 

@@ -8,13 +8,17 @@ only, a JSON object of user name to password). The server, not corral's code, en
   purge or delete a stream (the log or the leases' bucket): those are the administrator's.
 - ``agent-<node>``, one per node: its agent reads its own node's view and no other (its key in
   the ``corral_assignments`` bucket: a direct get whose subject names the key, and the key's
-  subject to hear it change), appends on its own node's subject ``corral.ev.node.<node>`` and
+  subject to hear it change), sends its reports to the intake on ``corral.nreq.<node>`` (never
+  into the stream: the intake appends them at ``corral.ev.node.<node>``, at the node's rate),
   heartbeats on ``corral.hb.<node>``, ships its workers' output on ``corral.out.<node>.>`` (and
-  reads back the newest of it, to resume), nothing else; so an agent (or whoever took its node) cannot
-  read the log or other nodes' assignments, report for another node or write decisions.
-- ``intake``: takes clients' requests on ``corral.req.>`` and appends them to the log at
-  ``corral.in.<tenant>.<verb>``; it may publish there, into askers' inboxes (its answers) and
-  ask the stream's info, nothing else. Its JetStream acknowledgements come to its own inbox.
+  reads back the newest of it, to resume), nothing else; so an agent (or whoever took its node)
+  cannot read or write the log, read other nodes' assignments, report for another node or write
+  decisions.
+- ``intake``: takes clients' requests on ``corral.req.>`` and node agents' reports on
+  ``corral.nreq.>``, and appends them to the log at ``corral.in.<tenant>.<verb>`` and
+  ``corral.ev.node.<node>``; it may publish there, into askers' and agents' inboxes (its
+  answers) and ask the stream's info, nothing else. Its JetStream acknowledgements come to its
+  own inbox.
 - ``query``: the read service. It may read the stream (stream info, its own consumers and their
   flow control), the start forecasts' bucket and the workers' output (direct gets; it hears
   ``corral.out.>`` to follow a job's output), take questions on
@@ -159,9 +163,8 @@ def permissions(name: str) -> Permissions | None:
     if node is not None:
         return Permissions(
             publish=(
-                subjects.node(node),
+                subjects.node_intake(node),  # its reports, to the intake
                 subjects.heartbeat(node),
-                f"$JS.API.STREAM.INFO.{subjects.STREAM}",  # that the log is there, to append to it
                 views.direct_get_subject(node),
                 views.parts_subject(node),  # its view's parts, where it is too large for one message
                 # its own workers' output, and where it had shipped it to (a restarted agent)
@@ -172,8 +175,14 @@ def permissions(name: str) -> Permissions | None:
         )
     if name == INTAKE:
         return Permissions(
-            publish=(f"{subjects.IN}.>", f"{INBOXES}.>", f"$JS.API.STREAM.INFO.{subjects.STREAM}"),
-            subscribe=(f"{INTAKE_INBOX}.>", f"{subjects.REQ}.>"),
+            publish=(
+                f"{subjects.IN}.>",
+                subjects.node("*"),
+                f"{INBOXES}.>",
+                f"{AGENT_INBOXES}.>",
+                f"$JS.API.STREAM.INFO.{subjects.STREAM}",
+            ),
+            subscribe=(f"{INTAKE_INBOX}.>", f"{subjects.REQ}.>", f"{subjects.NREQ}.>"),
         )
     # The admin and every tenant: their own requests, their own questions, their own inbox.
     own = (f"{subjects.REQ}.{name}.>", f"{READ}.{name}.>")

@@ -169,8 +169,21 @@ def test_tenant_permissions_are_its_own_subjects_only() -> None:
 def test_the_intake_appends_requests_and_answers_into_inboxes_only() -> None:
     p = identities.permissions(identities.INTAKE)
     assert p is not None
-    assert set(p.publish) == {"corral.in.>", "_INBOX.corral.>", "$JS.API.STREAM.INFO.CORRAL"}
-    assert set(p.subscribe) == {"corral.req.>", "_INBOX.intake.>"}
+    assert set(p.publish) == {
+        "corral.in.>",
+        "corral.ev.node.*",  # the node agents' reports
+        "_INBOX.corral.>",
+        "_INBOX.agent.>",
+        "$JS.API.STREAM.INFO.CORRAL",
+    }
+    assert set(p.subscribe) == {"corral.req.>", "corral.nreq.>", "_INBOX.intake.>"}
+
+
+def test_an_agent_sends_its_reports_to_the_intake_and_writes_no_stream_subject() -> None:
+    p = identities.permissions(identities.agent("n1"))
+    assert p is not None
+    assert "corral.nreq.n1" in p.publish
+    assert not any(s.startswith(("corral.ev", "corral.in", "$JS.API.STREAM.INFO.CORRAL")) for s in p.publish)
 
 
 def test_read_service_publishes_only_into_inboxes_and_reads_the_stream() -> None:

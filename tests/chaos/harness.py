@@ -1,6 +1,7 @@
 """A corral of separate processes for the chaos tests: one real nats-server (the test's), each
-role as its own ``corral serve`` process, node agents as ``corral serve agent`` processes running
-real (short) workers, a steady load of submissions, and the checks every chaos test ends with.
+role as its own ``corral serve`` process (the intake too, which the agents report through),
+node agents as ``corral serve agent`` processes running real (short) workers, a steady load of
+submissions, and the checks every chaos test ends with.
 
 Leases expire ``LEASE_TTL`` seconds after their holder's last renewal (the bucket is made with
 that age, as ``corral up`` makes it with its own; every replica renews on the bucket's age), so
@@ -179,18 +180,21 @@ class Corral:
 
     async def stop_all(self) -> None:
         """SIGTERM every live part (each saves its snapshot and gives its lease up), then
-        SIGKILL what has not ended."""
+        SIGKILL what has not ended: the agents first, whose last reports go through the
+        intake, then the rest."""
         live = [p for p in self.parts.values() if p.proc.poll() is None]
-        for p in live:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGCONT)
-                os.kill(p.pid, signal.SIGTERM)
-        for p in live:
-            try:
-                await asyncio.to_thread(p.proc.wait, 30)
-            except subprocess.TimeoutExpired:
-                p.proc.kill()
-                await asyncio.to_thread(p.proc.wait)
+        agents = [p for p in live if p.name.startswith("agent-")]
+        for wave in (agents, [p for p in live if p not in agents]):
+            for p in wave:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGCONT)
+                    os.kill(p.pid, signal.SIGTERM)
+            for p in wave:
+                try:
+                    await asyncio.to_thread(p.proc.wait, 30)
+                except subprocess.TimeoutExpired:
+                    p.proc.kill()
+                    await asyncio.to_thread(p.proc.wait)
 
     # -- work -----------------------------------------------------------------------------------------
 
@@ -367,6 +371,7 @@ async def corral(  # type: ignore[no-untyped-def]
                     c.role(f"{role}-{i}", role)
                     if i == 0 and n > 1:
                         await c.leader(role)  # the first replica leads; the next stands by
+            c.start("intake-0", "intake", snapshot=False)  # the agents' reports come through it
             for i in range(nodes):
                 c.agent(f"node-{i}")
             await c.until(lambda s: QUEUE in s.queues and len(s.nodes) == nodes)

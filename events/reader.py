@@ -147,7 +147,7 @@ class Consumer:
                     raise
                 if not said:
                     log.warning(
-                        "reading %s waits for NATS to answer: %s", self._stream, e or type(e).__name__
+                        "reading %s waits for NATS to answer: %s", self._stream, str(e) or type(e).__name__
                     )
                     said = True
             except (nats.errors.Error, nats.js.errors.Error):

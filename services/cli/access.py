@@ -155,9 +155,9 @@ async def open_log(
             timeout=10,
         )
     except (TimeoutError, OSError, LogError) as e:
-        raise Failure(f"cannot reach the corral server at {url}: {e or type(e).__name__}") from None
+        raise Failure(f"cannot reach the corral server at {url}: {str(e) or type(e).__name__}") from None
     except Exception as e:  # nats-py raises its own family for refused connections
-        raise Failure(f"cannot reach the corral server at {url}: {e or type(e).__name__}") from None
+        raise Failure(f"cannot reach the corral server at {url}: {str(e) or type(e).__name__}") from None
 
 
 async def read_all(log: EventLog, until: int | None = None) -> list[Record]:

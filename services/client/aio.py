@@ -125,6 +125,11 @@ class AsyncClient:
             await session.close()
 
     async def _connected(self) -> wire.Session:
+        # A session does not reconnect; one whose server went (killed, or paused past its pings)
+        # is replaced by a new one, on whichever server of the list answers: kept, every later
+        # call of a long-lived client failed while the rest of the cluster served.
+        if self._session is not None and self._session.closed:
+            await self.close()
         if self._session is None:
             name = self.user or self.tenant
             try:
@@ -262,8 +267,24 @@ class AsyncClient:
             tp = tracing.traceparent_of(span) if tracing.enabled("client") else None
             headers = {wire.MSG_ID: msg_id, **({"traceparent": tp} if tp else {})}
             data, subject = codec.encode(body), subjects.intake(self.tenant, verb)
+            lost = False
             while True:
-                ack = _intake_answer(verb, await self._request(session, subject, data, headers))
+                try:
+                    answer = await self._request(session, subject, data, headers)
+                except _Lost:
+                    # Its connection closed under it: the intake may have appended it. Sent
+                    # again under the same id through another server, it is stored once; sent
+                    # anew by the caller, under another id, it was stored twice.
+                    lost = True
+                    if time.monotonic() + MAYBE_STORED_RETRY_S > deadline:
+                        said = f"{verb} not known to be taken: its connection closed"
+                        raise Busy(said, MAYBE_STORED_RETRY_S, maybe_stored=True) from None
+                    await asyncio.sleep(MAYBE_STORED_RETRY_S)
+                    session = await self._connected()
+                    continue
+                ack = _intake_answer(verb, answer)
+                if isinstance(ack, Busy) and lost:
+                    ack.maybe_stored = True  # this copy was not taken; the one lost may have been
                 if isinstance(ack, Busy) and ack.resend and time.monotonic() + ack.retry_s <= deadline:
                     # Past its rate nothing was appended; unacknowledged, it may have been: the
                     # same message under the same id either way, which the log stores once.
@@ -279,6 +300,8 @@ class AsyncClient:
     ) -> bytes:
         try:
             return (await session.request(subject, data, headers)).data
+        except wire.Lost as e:
+            raise _Lost(str(e)) from None
         except wire.Refused as e:
             if "permissions violation" in str(e).lower():
                 raise Forbidden(str(e)) from None
@@ -313,7 +336,10 @@ class AsyncClient:
     async def _ask(self, question: str, **fields: Any) -> dict[str, Any]:
         session = await self._connected()
         try:
-            answer = await session.ask(self.asker, question, **fields)
+            try:
+                answer = await session.ask(self.asker, question, **fields)
+            except wire.Lost:  # a question changes nothing: asked again through another server
+                answer = await (await self._connected()).ask(self.asker, question, **fields)
         except wire.Refused as e:
             if "permissions violation" in str(e).lower():
                 raise Forbidden(str(e)) from None
@@ -458,6 +484,10 @@ class AsyncClient:
                 return job
             if time.monotonic() >= deadline:
                 raise TimedOut(f"{job_id} is {job.phase}, not {state}, after {timeout:g}s")
+
+
+class _Lost(Unreachable):
+    """A request's connection closed under it (``wire.Lost``): it may have been acted on."""
 
 
 def _intake_answer(verb: str, msg: bytes) -> dict[str, Any] | Busy | Refused:

@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import random
 from typing import Any, Protocol
 
 import nats
@@ -25,7 +26,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from corral.events import subjects
-from corral.events.nats_client import open_client
+from corral.events.nats_client import open_client, servers
 from corral.services.runtime import identities
 
 MSG_ID = "Nats-Msg-Id"
@@ -33,6 +34,12 @@ MSG_ID = "Nats-Msg-Id"
 
 class Refused(Exception):
     """The server refused the connection or the message, or nobody answered."""
+
+
+class Lost(Refused):
+    """The connection closed under a request, after it was sent: it may have been delivered and
+    acted on. The session is closed for good (it does not reconnect): open another, which may
+    reach another server of the cluster."""
 
 
 class Session:
@@ -43,6 +50,7 @@ class Session:
         self.nc: NATS | None = None
         self.timeout = timeout
         self._refused: asyncio.Future[str] | None = None
+        self._gone = asyncio.Event()  # the connection closed: nats-py leaves a request waiting
 
     @classmethod
     async def open(
@@ -53,22 +61,34 @@ class Session:
         takes the tenant's it speaks for, where the intake answers that tenant."""
         session = cls(timeout)
         creds = {"user": user, "password": password} if password is not None else {}
-        try:
-            # ``open_client``: a reply no reader of it can parse is dropped, not the connection.
-            session.nc = await open_client(
-                url,
-                **creds,
-                inbox_prefix=identities.inbox_prefix(inbox or user),
-                error_cb=session._on_error,
-                connect_timeout=3,
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-            )
-        except nats.errors.AuthorizationError:
-            raise Refused(f"the server at {url} did not accept {user} and that password") from None
-        except (OSError, TimeoutError, nats.errors.Error) as e:
-            raise Refused(f"cannot reach the corral server at {url}: {e or type(e).__name__}") from None
-        return session
+        # Each server of the list in turn, in a random order as nats-py spreads its clients:
+        # without reconnecting, nats-py tries only the first it picks, and with one server of
+        # three down a session failed to open one time in three.
+        urls = servers(url)
+        random.shuffle(urls)
+        why = ""
+        for one in urls:
+            try:
+                # ``open_client``: a reply no reader of it can parse is dropped, not the connection.
+                session.nc = await open_client(
+                    one,
+                    **creds,
+                    inbox_prefix=identities.inbox_prefix(inbox or user),
+                    error_cb=session._on_error,
+                    closed_cb=session._on_closed,
+                    connect_timeout=3,
+                    allow_reconnect=False,
+                    max_reconnect_attempts=1,
+                )
+                return session
+            except nats.errors.AuthorizationError:
+                raise Refused(f"the server at {url} did not accept {user} and that password") from None
+            except (OSError, TimeoutError, nats.errors.Error) as e:
+                why = str(e) or type(e).__name__
+        raise Refused(f"cannot reach the corral server at {url}: {why or 'no server given'}")
+
+    async def _on_closed(self) -> None:
+        self._gone.set()
 
     async def _on_error(self, e: Exception) -> None:
         # nats-py reports a permissions violation here and keeps the connection open.
@@ -86,11 +106,14 @@ class Session:
         self._refused = refused
         asked = self.nc.request(subject, data, timeout=timeout, headers=headers)
         reply: asyncio.Future[Msg] = asyncio.ensure_future(asked)
+        gone = asyncio.ensure_future(self._gone.wait())
         try:
-            either: list[asyncio.Future[Any]] = [reply, refused]
+            either: list[asyncio.Future[Any]] = [reply, refused, gone]
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if refused.done():
                 raise Refused(f"the server refused: {refused.result()}")
+            if gone.done() and not reply.done():  # its server died, or stopped answering pings
+                raise Lost(f"no answer on {subject}: the connection closed")
             try:
                 return reply.result()
             except nats.errors.NoRespondersError:
@@ -98,11 +121,12 @@ class Session:
             except nats.errors.TimeoutError:
                 raise Refused(f"no answer on {subject} within {timeout}s") from None
             except (nats.errors.Error, OSError) as e:  # the connection closed, or lost, under it
-                raise Refused(f"no answer on {subject}: {e or type(e).__name__}") from None
+                raise Lost(f"no answer on {subject}: {str(e) or type(e).__name__}") from None
         finally:
             self._refused = None
             reply.cancel()
             refused.cancel()
+            gone.cancel()
             with contextlib.suppress(BaseException):
                 await reply
 
@@ -165,6 +189,12 @@ class Session:
         except ValueError:
             raise Refused(f"the read service answered {msg.data[:200]!r}") from None
         return answer
+
+    @property
+    def closed(self) -> bool:
+        """The connection is gone (its server died or stopped answering pings): this session
+        answers nothing again."""
+        return self.nc is None or self.nc.is_closed or self._gone.is_set()
 
     async def close(self) -> None:
         if self.nc is not None and not self.nc.is_closed:

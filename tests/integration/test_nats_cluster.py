@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -150,6 +151,68 @@ async def test_a_connection_to_a_frozen_server_goes_over_to_another(nats_cluster
     finally:
         os.kill(pid, signal.SIGCONT)
         await nc.close()
+
+
+async def test_a_client_whose_server_dies_sends_again_through_another_and_is_stored_once(
+    nats_cluster: EmbeddedCluster,
+) -> None:
+    # A client's session does not reconnect. Its server killed after the intake appended a
+    # submit and before the answer reached it: the client raised Unreachable, its caller sent
+    # the job again under a new message id (the log held it twice), and every later call of
+    # that client failed while two servers of three served. A session opened on a list with a
+    # dead server in it failed whenever nats-py happened to pick that one first.
+    from corral.services.client.aio import AsyncClient
+    from corral.services.intake import service as intake_service
+
+    setup = await JetStreamLog.connect(nats_cluster.url, create=True, replicas=3)
+    leader = server_named(nats_cluster, await stream_leader(setup))
+    urls = [s.url for s in nats_cluster.servers]
+    client = AsyncClient(nats_cluster.url, tenant="team-a", timeout=15.0)
+    while True:  # on a server that does not lead the stream: no election to wait out
+        session = await client._connected()
+        assert session.nc is not None and session.nc.connected_url is not None
+        victim = next(i for i, u in enumerate(urls) if u.endswith(f":{session.nc.connected_url.port}"))
+        if victim != leader:
+            break
+        await client.close()
+    others = [u for i, u in enumerate(urls) if i != victim]
+    intake_log = await intake_service.connect(",".join(others))
+    intake = intake_service.Intake(intake_log, rate=None)
+    answer = intake._answer
+
+    async def answer_once_its_server_is_gone(reply: str, body: dict[str, object]) -> None:
+        if nats_cluster.servers[victim].pid is not None:
+            await nats_cluster.servers[victim].kill()  # the request was appended; its answer is lost
+        await answer(reply, body)
+
+    intake._answer = answer_once_its_server_is_gone  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    serving = asyncio.create_task(intake.run(stop))
+    spec = {"queue": "team-a", "resources": {"gpus": 1}, "command": ["sleep", "1"]}
+    try:
+        await asyncio.wait_for(intake.ready.wait(), WAIT)
+        first = await client.submit(spec, id="j1", wait=False)
+        assert first.duplicate  # the copy sent again found the first one stored
+        assert (await client.submit(spec, id="j2", wait=False)).seq > first.seq  # and it goes on
+        # Any client opens on a list with a dead server in it.
+        dead_first = f"{urls[victim]},{others[0]}"
+        for i in range(8):
+            async with AsyncClient(dead_first, tenant="team-a", timeout=15.0) as c:
+                await c.submit(spec, id=f"k{i}", wait=False)
+        stored = [r for batch in await _read(setup) for r in batch]
+        ids = Counter(
+            json.loads(r.data)["request_id"]
+            for r in stored
+            if r.subject == subjects.request("team-a", "submit")
+        )
+        assert ids == Counter(["j1", "j2", *(f"k{i}" for i in range(8))])
+        assert next(r.seq for r in stored if json.loads(r.data)["request_id"] == "j1") == first.seq
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, WAIT)
+        await client.close()
+        await intake_log.close()
+        await setup.close()
 
 
 async def test_an_append_sent_again_while_its_first_copy_is_in_process_may_be_stored(

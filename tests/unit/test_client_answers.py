@@ -18,6 +18,8 @@ from corral.services.query.decide import refusal
 class Session:
     """Stands in for the wire session: answers every question with ``answer``."""
 
+    closed = False
+
     def __init__(self, answer: dict[str, Any]) -> None:
         self.answer = json.loads(json.dumps(answer))  # as it comes over the wire
 

@@ -124,6 +124,14 @@ class AsyncClient:
             session, self._session = self._session, None
             await session.close()
 
+    async def _drop(self, session: wire.Session) -> None:
+        """Forget ``session`` after a request it carried got no answer: its server may be
+        frozen, and the connection would find out only once its pings went unanswered (15 s
+        and more), every call on it meanwhile waiting out its timeout. The next call opens a
+        new one on whichever server answers."""
+        if self._session is session:
+            await self.close()
+
     async def _connected(self) -> wire.Session:
         # A session does not reconnect; one whose server went (killed, or paused past its pings)
         # is replaced by a new one, on whichever server of the list answers: kept, every later
@@ -302,6 +310,9 @@ class AsyncClient:
             return (await session.request(subject, data, headers)).data
         except wire.Lost as e:
             raise _Lost(str(e)) from None
+        except wire.NoAnswer as e:
+            await self._drop(session)
+            raise Unreachable(str(e)) from None
         except wire.Refused as e:
             if "permissions violation" in str(e).lower():
                 raise Forbidden(str(e)) from None
@@ -340,6 +351,9 @@ class AsyncClient:
                 answer = await session.ask(self.asker, question, **fields)
             except wire.Lost:  # a question changes nothing: asked again through another server
                 answer = await (await self._connected()).ask(self.asker, question, **fields)
+        except wire.NoAnswer as e:
+            await self._drop(session)
+            raise Unreachable(str(e)) from None
         except wire.Refused as e:
             if "permissions violation" in str(e).lower():
                 raise Forbidden(str(e)) from None

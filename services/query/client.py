@@ -36,6 +36,11 @@ class Refused(Exception):
     """The server refused the connection or the message, or nobody answered."""
 
 
+class NoAnswer(Refused):
+    """Nobody answered a request in time. Its server may be frozen (a paused VM, a host cut off),
+    which the connection finds out only after its pings go unanswered, many seconds on."""
+
+
 class Lost(Refused):
     """The connection closed under a request, after it was sent: it may have been delivered and
     acted on. The session is closed for good (it does not reconnect): open another, which may
@@ -119,7 +124,7 @@ class Session:
             except nats.errors.NoRespondersError:
                 raise Refused(f"nobody answers on {subject}") from None
             except nats.errors.TimeoutError:
-                raise Refused(f"no answer on {subject} within {timeout}s") from None
+                raise NoAnswer(f"no answer on {subject} within {timeout}s") from None
             except (nats.errors.Error, OSError) as e:  # the connection closed, or lost, under it
                 raise Lost(f"no answer on {subject}: {str(e) or type(e).__name__}") from None
         finally:

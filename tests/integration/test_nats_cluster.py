@@ -199,7 +199,11 @@ async def test_a_client_whose_server_dies_sends_again_through_another_and_is_sto
         for i in range(8):
             async with AsyncClient(dead_first, tenant="team-a", timeout=15.0) as c:
                 await c.submit(spec, id=f"k{i}", wait=False)
-        stored = [r for batch in await _read(setup) for r in batch]
+        reader = await JetStreamLog.connect(",".join(others))  # not through the dead server
+        try:
+            stored = [r for batch in await _read(reader) for r in batch]
+        finally:
+            await reader.close()
         ids = Counter(
             json.loads(r.data)["request_id"]
             for r in stored
@@ -213,6 +217,50 @@ async def test_a_client_whose_server_dies_sends_again_through_another_and_is_sto
         await client.close()
         await intake_log.close()
         await setup.close()
+
+
+async def test_a_client_whose_server_freezes_goes_over_to_another(nats_cluster: EmbeddedCluster) -> None:
+    # A frozen server keeps its sockets open: the client's session learnt it only after three
+    # pings went unanswered (15 s and more), and every call meanwhile waited out its timeout.
+    # One unanswered request now sends the next through a new session.
+    import os
+    import signal
+
+    from corral.services.client.aio import AsyncClient
+    from corral.services.client.results import Unreachable
+    from corral.services.intake import service as intake_service
+
+    setup = await JetStreamLog.connect(nats_cluster.url, create=True, replicas=3)
+    leader = server_named(nats_cluster, await stream_leader(setup))
+    await setup.close()
+    urls = [s.url for s in nats_cluster.servers]
+    client = AsyncClient(nats_cluster.url, tenant="team-a", timeout=2.0)
+    while True:  # on a server that does not lead the stream: no election to wait out
+        session = await client._connected()
+        assert session.nc is not None and session.nc.connected_url is not None
+        victim = next(i for i, u in enumerate(urls) if u.endswith(f":{session.nc.connected_url.port}"))
+        if victim != leader:
+            break
+        await client.close()
+    intake_log = await intake_service.connect(",".join(u for i, u in enumerate(urls) if i != victim))
+    intake = intake_service.Intake(intake_log, rate=None)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(intake.run(stop))
+    spec = {"queue": "team-a", "resources": {"gpus": 1}, "command": ["sleep", "1"]}
+    pid = nats_cluster.servers[victim].pid
+    assert pid is not None
+    try:
+        await asyncio.wait_for(intake.ready.wait(), WAIT)
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(Unreachable, match="no answer"):
+            await client.submit(spec, id="j1", wait=False)
+        assert (await client.submit(spec, id="j2", wait=False)).seq > 0  # not one more timeout
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        stop.set()
+        await asyncio.wait_for(serving, WAIT)
+        await client.close()
+        await intake_log.close()
 
 
 async def test_an_append_sent_again_while_its_first_copy_is_in_process_may_be_stored(

@@ -29,6 +29,7 @@ from corral.projections.lifecycle import FINAL
 from corral.services.client.results import (
     Applied,
     Busy,
+    CorralError,
     Explanation,
     Forbidden,
     Invalid,
@@ -55,6 +56,8 @@ JOB_VERBS = ("submit", "cancel", "resize")  # a refusal as "unknown" of these is
 # Seconds before a request the log did not acknowledge is sent again (under the same id): the
 # log was slow to answer, not necessarily away.
 MAYBE_STORED_RETRY_S = 0.5
+# Requests of unknown fate a client remembers, to send again under their ids (the oldest go).
+MAX_UNSETTLED = 1_000
 WHATIF_TIMEOUT = 60.0  # seconds a what-if may take: it simulates, the more so on a deep backlog
 
 
@@ -111,6 +114,11 @@ class AsyncClient:
         self.asker = speaks_for or tenant
         self.timeout = timeout
         self._session: wire.Session | None = None
+        # Per (verb, job), the bytes and message id of a request whose fate is unknown (no
+        # answer, or none saying whether the log stored it): the same request sent again is
+        # the same message, which the log stores once, even where the first copy comes late
+        # (one held by a server that froze is delivered when it wakes).
+        self._unsettled: dict[tuple[str, str], tuple[bytes, str]] = {}
 
     async def __aenter__(self) -> AsyncClient:
         await self._connected()
@@ -261,11 +269,41 @@ class AsyncClient:
         repeat of a message id. The message id's unguessable part keeps another tenant from
         taking it first (the stream deduplicates ids across all subjects). Past the tenant's
         rate the intake says when to send again: sent again then, the same message, while that
-        is within the client's ``timeout``; else ``Busy``."""
+        is within the client's ``timeout``; else ``Busy``. A request of unknown fate (``Busy``
+        with ``maybe_stored``, ``Unreachable``) sent again by this client, the same bytes about
+        the same job, goes under its first id: within the stream's duplicate window (two
+        minutes) it is stored once, whichever copy comes first."""
+        data, key = codec.encode(body), (verb, job_id)
+        kept = self._unsettled.get(key)
+        if kept is not None and kept[0] == data:
+            msg_id = kept[1]
+        else:
+            msg_id = f"{verb}:{self.tenant}:{job_id}:{secrets.token_hex(8)}"
+        try:
+            seq, duplicate = await self._send(verb, data, msg_id)
+        except Unreachable:
+            self._unsettle(key, data, msg_id)
+            raise
+        except Busy as e:
+            if e.maybe_stored:
+                self._unsettle(key, data, msg_id)
+            raise
+        except CorralError:
+            self._unsettled.pop(key, None)  # refused: nothing of it stored
+            raise
+        self._unsettled.pop(key, None)
+        return seq, duplicate
+
+    def _unsettle(self, key: tuple[str, str], data: bytes, msg_id: str) -> None:
+        self._unsettled.pop(key, None)
+        if len(self._unsettled) >= MAX_UNSETTLED:
+            del self._unsettled[next(iter(self._unsettled))]  # the oldest
+        self._unsettled[key] = (data, msg_id)
+
+    async def _send(self, verb: str, data: bytes, msg_id: str) -> tuple[int, bool]:
         from corral.services.runtime import tracing
 
         session = await self._connected()
-        msg_id = f"{verb}:{self.tenant}:{job_id}:{secrets.token_hex(8)}"
         deadline = time.monotonic() + self.timeout
         # The request's span is the root of its job's trace only when it is exported (a collector
         # configured by OTEL_EXPORTER_OTLP_*): a trace under a parent nobody records would have no
@@ -274,7 +312,7 @@ class AsyncClient:
         with tracing.span(f"corral.{verb}", attributes=attributes, service="client") as span:
             tp = tracing.traceparent_of(span) if tracing.enabled("client") else None
             headers = {wire.MSG_ID: msg_id, **({"traceparent": tp} if tp else {})}
-            data, subject = codec.encode(body), subjects.intake(self.tenant, verb)
+            subject = subjects.intake(self.tenant, verb)
             lost = False
             while True:
                 try:

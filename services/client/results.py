@@ -32,8 +32,9 @@ class Busy(CorralError):
     read service or the forecast role a question, with too many of this tenant's in hand or in
     all, or the tenant sending faster than its rate. Nothing was wrong with it and nothing was
     done, unless ``maybe_stored`` (the log did not say whether it stored the request: the
-    client sent it again under the same id, which the log stores once, until its ``timeout``);
-    send it again after ``retry_s`` seconds (0.0 when corral did not say)."""
+    client sent it again under the same id, which the log stores once, until its ``timeout``,
+    and sends it under that id again when asked to send the same request again); send it again
+    after ``retry_s`` seconds (0.0 when corral did not say)."""
 
     def __init__(
         self, message: str, retry_s: float = 0.0, too_fast: bool = False, maybe_stored: bool = False

@@ -64,7 +64,6 @@ class Session:
         """``password`` None: no login (a server without logins), acting as ``user``. Answers come
         to the inbox of ``inbox`` (default: ``user``'s): the services login, which may hear any,
         takes the tenant's it speaks for, where the intake answers that tenant."""
-        session = cls(timeout)
         creds = {"user": user, "password": password} if password is not None else {}
         # Each server of the list in turn, in a random order as nats-py spreads its clients:
         # without reconnecting, nats-py tries only the first it picks, and with one server of
@@ -73,6 +72,7 @@ class Session:
         random.shuffle(urls)
         why = ""
         for one in urls:
+            session = cls(timeout)  # a failed try closes its connection, which it would hear
             try:
                 # ``open_client``: a reply no reader of it can parse is dropped, not the connection.
                 session.nc = await open_client(

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
@@ -222,13 +223,16 @@ async def test_a_client_whose_server_dies_sends_again_through_another_and_is_sto
 async def test_a_client_whose_server_freezes_goes_over_to_another(nats_cluster: EmbeddedCluster) -> None:
     # A frozen server keeps its sockets open: the client's session learnt it only after three
     # pings went unanswered (15 s and more), and every call meanwhile waited out its timeout.
-    # One unanswered request now sends the next through a new session.
+    # One unanswered request now sends the next through a new session. The request may have
+    # been stored all the same: sent again, it goes under its first message id.
     import os
     import signal
 
+    from corral.events.log import Ack
     from corral.services.client.aio import AsyncClient
     from corral.services.client.results import Unreachable
     from corral.services.intake import service as intake_service
+    from corral.services.intake.decide import Accept
 
     setup = await JetStreamLog.connect(nats_cluster.url, create=True, replicas=3)
     leader = server_named(nats_cluster, await stream_leader(setup))
@@ -244,6 +248,21 @@ async def test_a_client_whose_server_freezes_goes_over_to_another(nats_cluster: 
         await client.close()
     intake_log = await intake_service.connect(",".join(u for i, u in enumerate(urls) if i != victim))
     intake = intake_service.Intake(intake_log, rate=None)
+    answer, answer_of, lost = intake._answer, intake._answer_of, list[bool]()
+
+    def losing_j3_once(accept: Accept, result: Ack | LogError) -> dict[str, Any]:
+        if not lost and json.loads(accept.data)["request_id"] == "j3":
+            lost.append(True)  # appended; its answer (next) goes nowhere
+        return answer_of(accept, result)
+
+    async def unless_lost(reply: str, body: dict[str, Any]) -> None:
+        if lost and lost[-1]:
+            lost[-1] = False
+        else:
+            await answer(reply, body)
+
+    intake._answer_of = losing_j3_once  # type: ignore[method-assign]
+    intake._answer = unless_lost  # type: ignore[method-assign]
     stop = asyncio.Event()
     serving = asyncio.create_task(intake.run(stop))
     spec = {"queue": "team-a", "resources": {"gpus": 1}, "command": ["sleep", "1"]}
@@ -255,6 +274,20 @@ async def test_a_client_whose_server_freezes_goes_over_to_another(nats_cluster: 
         with pytest.raises(Unreachable, match="no answer"):
             await client.submit(spec, id="j1", wait=False)
         assert (await client.submit(spec, id="j2", wait=False)).seq > 0  # not one more timeout
+        os.kill(pid, signal.SIGCONT)
+        # A request stored whose answer never came, sent again by the caller: under its first
+        # id, so stored once (under a new id the log held it twice, as when a frozen server
+        # delivers the first copy once it wakes).
+        with pytest.raises(Unreachable, match="no answer"):
+            await client.submit(spec, id="j3", wait=False)
+        assert (await client.submit(spec, id="j3", wait=False)).duplicate
+        reader = await JetStreamLog.connect(nats_cluster.url)
+        try:
+            stored = [r for batch in await _read(reader) for r in batch]
+        finally:
+            await reader.close()
+        ids = Counter(json.loads(r.data)["request_id"] for r in stored)
+        assert ids["j2"] == ids["j3"] == 1, ids
     finally:
         os.kill(pid, signal.SIGCONT)
         stop.set()

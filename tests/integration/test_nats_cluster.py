@@ -93,6 +93,23 @@ def server_named(nats: EmbeddedCluster, name: str) -> int:
 # -- the stream and buckets ------------------------------------------------------------------
 
 
+async def off_the_leader(nats: EmbeddedCluster, log: JetStreamLog, timeout: float) -> tuple[Any, int]:
+    """A client of team-a (``AsyncClient``) whose session is on a server that does not lead the
+    stream (a fault of its server has no election to wait out), and that server's index."""
+    from corral.services.client.aio import AsyncClient
+
+    leader = server_named(nats, await stream_leader(log))
+    urls = [s.url for s in nats.servers]
+    while True:
+        client = AsyncClient(nats.url, tenant="team-a", timeout=timeout)
+        session = await client._connected()
+        assert session.nc is not None and session.nc.connected_url is not None
+        server = next(i for i, u in enumerate(urls) if u.endswith(f":{session.nc.connected_url.port}"))
+        if server != leader:
+            return client, server
+        await client.close()
+
+
 async def test_the_log_and_both_buckets_have_three_replicas_and_an_ack_survives_its_leader(
     nats_cluster: EmbeddedCluster,
 ) -> None:
@@ -166,16 +183,8 @@ async def test_a_client_whose_server_dies_sends_again_through_another_and_is_sto
     from corral.services.intake import service as intake_service
 
     setup = await JetStreamLog.connect(nats_cluster.url, create=True, replicas=3)
-    leader = server_named(nats_cluster, await stream_leader(setup))
     urls = [s.url for s in nats_cluster.servers]
-    client = AsyncClient(nats_cluster.url, tenant="team-a", timeout=15.0)
-    while True:  # on a server that does not lead the stream: no election to wait out
-        session = await client._connected()
-        assert session.nc is not None and session.nc.connected_url is not None
-        victim = next(i for i, u in enumerate(urls) if u.endswith(f":{session.nc.connected_url.port}"))
-        if victim != leader:
-            break
-        await client.close()
+    client, victim = await off_the_leader(nats_cluster, setup, 15.0)
     others = [u for i, u in enumerate(urls) if i != victim]
     intake_log = await intake_service.connect(",".join(others))
     intake = intake_service.Intake(intake_log, rate=None)
@@ -229,23 +238,14 @@ async def test_a_client_whose_server_freezes_goes_over_to_another(nats_cluster: 
     import signal
 
     from corral.events.log import Ack
-    from corral.services.client.aio import AsyncClient
     from corral.services.client.results import Unreachable
     from corral.services.intake import service as intake_service
     from corral.services.intake.decide import Accept
 
     setup = await JetStreamLog.connect(nats_cluster.url, create=True, replicas=3)
-    leader = server_named(nats_cluster, await stream_leader(setup))
-    await setup.close()
     urls = [s.url for s in nats_cluster.servers]
-    client = AsyncClient(nats_cluster.url, tenant="team-a", timeout=2.0)
-    while True:  # on a server that does not lead the stream: no election to wait out
-        session = await client._connected()
-        assert session.nc is not None and session.nc.connected_url is not None
-        victim = next(i for i, u in enumerate(urls) if u.endswith(f":{session.nc.connected_url.port}"))
-        if victim != leader:
-            break
-        await client.close()
+    client, victim = await off_the_leader(nats_cluster, setup, 2.0)
+    await setup.close()
     intake_log = await intake_service.connect(",".join(u for i, u in enumerate(urls) if i != victim))
     intake = intake_service.Intake(intake_log, rate=None)
     answer, answer_of, lost = intake._answer, intake._answer_of, list[bool]()

@@ -14,6 +14,10 @@ REQ = "corral.req"
 # Where node agents send their reports, request-reply on core NATS, for the same reason: the
 # intake appends each at ``corral.ev.node.<node>``, the node taken from this subject.
 NREQ = "corral.nreq"
+# A node agent's identity is agent-<node> (no tenant's name starts so), and it hears the
+# intake's answers on _INBOX.agent.<node>.<...>: the intake and the agents read both from here.
+AGENT_PREFIX = "agent-"
+AGENT_INBOXES = "_INBOX.agent"
 EV = "corral.ev"
 STREAM_SUBJECTS = (f"{IN}.>", f"{EV}.>")
 ADMIN = "admin"

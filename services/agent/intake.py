@@ -32,11 +32,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from corral.events import subjects
+from corral.events.jetstream import MSG_ID
 from corral.events.log import Ack, Append, LogError, RetryLater, UnacknowledgedError, UnstorableError
 from corral.events.nats_client import Client
 
-MSG_ID = "Nats-Msg-Id"
-AGENT_INBOXES = "_INBOX.agent"  # ``runtime.identities.AGENT_INBOXES``
 # Seconds a report waits for the intake's answer: the intake waits up to 5 s for the log's
 # acknowledgement (``jetstream.ACK_TIMEOUT``) after what waits before it in its batch.
 ANSWER_TIMEOUT = 10.0
@@ -51,7 +50,7 @@ class IntakeReports:
         self.node = node
         self.subject = subjects.node_intake(node)
         self.timeout = timeout
-        self._inbox = f"{AGENT_INBOXES}.{node}.{secrets.token_hex(8)}."
+        self._inbox = f"{subjects.AGENT_INBOXES}.{node}.{secrets.token_hex(8)}."
         self._sub: Subscription | None = None
         self._tokens = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[Msg]] = {}

@@ -64,8 +64,6 @@ MAX_REPORT_ID = 256
 MSG_ID = "Nats-Msg-Id"
 FORWARDED_HEADERS = ("traceparent", "tracestate")
 MAX_REASON = 512
-AGENT_PREFIX = "agent-"  # a node agent's identity is agent-<node> (``runtime.identities``)
-NODE_INBOXES = "_INBOX.agent"  # where node agents hear their answers: _INBOX.agent.<node>.<...>
 # What a node agent may say of its node; the health monitor's word on it (condition, GPU
 # health) and everything else is written by others.
 NODE_REPORTS: tuple[type[Event], ...] = (
@@ -116,11 +114,11 @@ class Reporter:
 
     @property
     def who(self) -> str:
-        return AGENT_PREFIX + self.node
+        return subjects.AGENT_PREFIX + self.node
 
 
 def addressed(
-    subject: str, reply: str, size: int, *, inbox_prefix: str, node_inboxes: str = NODE_INBOXES
+    subject: str, reply: str, size: int, *, inbox_prefix: str, node_inboxes: str = subjects.AGENT_INBOXES
 ) -> Sender | Reporter | Refuse | None:
     """What the subject, the reply subject and the size say of a request or a node report,
     before its body is decoded (the intake charges the sender's rate first: decoding a large
@@ -196,7 +194,7 @@ def _judge_report(node: str, headers: Mapping[str, str] | None, data: bytes) -> 
     twice = documents.given_twice(data)
     if twice is not None:
         return Refuse(400, _bounded(f"not a node report: {twice!r} given twice"))
-    return _passed(own, data, headers, AGENT_PREFIX + node, MAX_REPORT_ID)
+    return _passed(own, data, headers, subjects.AGENT_PREFIX + node, MAX_REPORT_ID)
 
 
 def _passed(

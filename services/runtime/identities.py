@@ -62,8 +62,8 @@ READ = "corral.read"  # corral.read.<asker>.<question>: questions to the read se
 INBOXES = "_INBOX.corral"  # _INBOX.corral.<name>.<...>: where each identity hears its replies
 QUERY_INBOX = "_INBOX.query"  # the read service's own replies (JetStream API, deliveries)
 INTAKE_INBOX = "_INBOX.intake"  # the intake's own replies (JetStream acknowledgements)
-AGENT_PREFIX = "agent-"  # agent-<node>: a node agent's identity
-AGENT_INBOXES = "_INBOX.agent"  # _INBOX.agent.<node>.<...>: where each agent hears its replies
+AGENT_PREFIX = subjects.AGENT_PREFIX  # agent-<node>: a node agent's identity
+AGENT_INBOXES = subjects.AGENT_INBOXES  # _INBOX.agent.<node>.<...>: where each agent hears its replies
 
 
 class CredentialsError(Exception):

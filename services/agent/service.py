@@ -422,7 +422,8 @@ class NodeAgent:
                 except LogError as e:
                     wait = e.retry_s if isinstance(e, RetryLater) else 1.0
                     log.warning("%s: registration not stored, sent again in %gs: %s", self.node, wait, e)
-                    await asyncio.wait({asyncio.ensure_future(self._halt.wait())}, timeout=wait)
+                    with contextlib.suppress(TimeoutError):  # the wait is cancelled, not left behind
+                        await asyncio.wait_for(self._halt.wait(), wait)
                     if self._halt.is_set():
                         return
         self.registered.set()

@@ -223,3 +223,39 @@ async def test_an_agent_stopping_waits_for_the_time_it_was_told_and_then_stores_
     agent._unsent = [NodeShutdown(node=N1, at=1.0), exited]
     assert await agent.flush(patient=True) == 2
     assert [json.loads(a.data)["body"]["type"] for a in log.stored] == ["NodeShutdown", "WorkerExited"]
+
+
+async def test_a_registration_not_taken_yet_is_sent_again_until_stored(tmp_path: Path) -> None:
+    # While a corral starts no intake may answer, or the node may be past its rate: the agent
+    # sends the same registration again when told, and registers once it is stored.
+    from corral.services.agent.service import NodeAgent
+    from corral.services.runtime.views import MemoryViews
+
+    log = _Slowed(retry_s=0.01)
+    agent = NodeAgent(N1, log, MemoryViews(), work_dir=tmp_path)
+    await agent.register()
+    assert agent.registered.is_set() and log.asked == 2
+    assert [json.loads(a.data)["body"]["type"] for a in log.stored] == ["NodeRegistered"]
+
+
+class _Away:
+    """A log nobody answers for, or one that refuses what it is sent."""
+
+    def __init__(self, error: LogError) -> None:
+        self.error = error
+
+    async def append(self, item: Append) -> Ack:
+        raise self.error
+
+
+async def test_a_registration_ends_with_the_agent_or_is_raised_when_refused(tmp_path: Path) -> None:
+    from corral.services.agent.service import NodeAgent
+    from corral.services.runtime.views import MemoryViews
+
+    agent = NodeAgent(N1, _Away(LogError("no intake answers")), MemoryViews(), work_dir=tmp_path)
+    agent._halt.set()  # told to end while it waits to send again
+    await agent.register()
+    assert not agent.registered.is_set()
+    refused = NodeAgent(N1, _Away(UnstorableError("too large")), MemoryViews(), work_dir=tmp_path)
+    with pytest.raises(UnstorableError):
+        await refused.register()

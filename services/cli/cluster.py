@@ -32,7 +32,7 @@ from corral.services.cli.access import (
 )
 from corral.services.cli.display import emit, node_table
 from corral.services.cli.jobfile import BadInput
-from corral.services.cli.serve import observe, tenant_rate
+from corral.services.cli.serve import intake_rate, observe
 from corral.services.query import present
 from corral.services.runtime import identities
 
@@ -71,8 +71,8 @@ def cmd_up(args: argparse.Namespace) -> None:
         tenants=tenants,
         nats_servers=args.cluster or 1,
         replicas=args.replicas,
-        tenant_rate=tenant_rate(args.tenant_rate, args.tenant_burst),
-        node_rate=tenant_rate(args.node_rate, args.node_burst, "node"),
+        tenant_rate=intake_rate(args.tenant_rate, args.tenant_burst),
+        node_rate=intake_rate(args.node_rate, args.node_burst, "node"),
     )
     observe(args)
     try:

@@ -72,8 +72,8 @@ def serve_roles() -> dict[str, str]:
     return {**dict.fromkeys(leased, "leased"), **dict.fromkeys(shared, "shared"), "agent": "node"}
 
 
-def tenant_rate(per_s: float, burst: int, whose: str = "tenant") -> Rate | None:
-    """The intake's rate per tenant from ``--tenant-rate`` and ``--tenant-burst`` (0: none);
+def intake_rate(per_s: float, burst: int, whose: str = "tenant") -> Rate | None:
+    """An intake's rate per tenant from ``--tenant-rate`` and ``--tenant-burst`` (0: none);
     ``whose`` "node": per node, from ``--node-rate`` and ``--node-burst``."""
     if per_s == 0:
         return None
@@ -100,8 +100,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
             f"--lost-after-s {args.lost_after_s:g}: more than {SUSPECT_AFTER} heartbeats "
             f"({args.heartbeat_s * SUSPECT_AFTER:g} s), when a silent node is suspect"
         )
-    rate = tenant_rate(args.tenant_rate, args.tenant_burst)
-    node_rate = tenant_rate(args.node_rate, args.node_burst, "node")
+    rate = intake_rate(args.tenant_rate, args.tenant_burst)
+    node_rate = intake_rate(args.node_rate, args.node_burst, "node")
     if args.role == "agent":
         serve_agent(args)
         return

@@ -109,9 +109,13 @@ def test_bad_flags_are_one_line_and_exit_2(env: dict[str, str], tmp_path: Path) 
         "--cluster": ["--cluster", "2"],
         "--tenant-rate": ["--tenant-rate", "-1"],
         "--tenant-burst": ["--tenant-burst", "0"],
+        "--node-rate": ["--node-rate", "-1"],
+        "--node-burst": ["--node-burst", "0"],
     }
     for flag, args in cases.items():
         assert flag in one_line(corral("up", "--data", data, *args, env=env)), flag
+    token = ["--metrics-port", "0", "--metrics-token-file", str(tmp_path / "no-token")]
+    assert "cannot read the metrics token" in one_line(corral("up", "--data", data, *token, env=env))
     serve_cases = {
         "--reconnect-s": [("placer", "--reconnect-s", "0"), ("placer", "--reconnect-s", "nan")],
         "--heartbeat-s": [("agent", "--heartbeat-s", "-1"), ("health", "--heartbeat-s", "nan"),
@@ -121,6 +125,8 @@ def test_bad_flags_are_one_line_and_exit_2(env: dict[str, str], tmp_path: Path) 
                            ("health", "--heartbeat-s", "1", "--lost-after-s", "3")],
         "--tenant-rate": [("intake", "--tenant-rate", "nan"), ("intake", "--tenant-rate", "inf")],
         "--tenant-burst": [("intake", "--tenant-burst", "-5")],
+        "--node-rate": [("intake", "--node-rate", "nan"), ("intake", "--node-rate", "inf")],
+        "--node-burst": [("intake", "--node-burst", "-5")],
         "--max-workers": [("agent", "--node", "n1", "--max-workers", "0"),
                           ("agent", "--node", "n1", "--max-workers", "100000")],
     }  # fmt: skip

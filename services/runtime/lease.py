@@ -9,7 +9,10 @@ partition) loses it at its next attempt, when its revision is no longer the late
 that gets no answer (a NATS cluster electing the bucket's leader) is not a refusal: the holder
 decides nothing meanwhile and tries again with the same revision until the lease would have
 expired, and a renewal stored late (sent when the connection came back) is recognised by its
-value, the holder's own name, so a leader keeps its role across a NATS failover.
+value, the holder's own name, so a leader keeps its role across a NATS failover. While the
+bucket answers nothing, a replica asks again at most every ``ttl / 20`` (a standby's cycles come
+with every record it folds: it would otherwise ask, and fail, many times a second) and says so
+once when it starts, every ``SAY_EVERY_S`` while it lasts, and once when answers come back.
 
 This is for efficiency, not safety: two replicas deciding at once (a holder that has not yet
 noticed it lost its lease) only make proposals the fold arbitrates, and the expected-sequence
@@ -33,6 +36,7 @@ log = logging.getLogger("corral.lease")
 
 BUCKET = "corral_leases"
 TTL = 10.0  # seconds a lease outlives its holder's last renewal
+SAY_EVERY_S = 30.0  # while the bucket answers nothing, how often a replica says it still does not
 
 
 class Lease(Protocol):
@@ -88,6 +92,14 @@ class KvLease:
         # What ``on_change`` last said. Not ``held``: a renewal nobody answered keeps its claim
         # (``held``) but decides nothing (``hold`` says False), and says so once, not per tick.
         self._leading = False
+        # While the bucket answers nothing: since when (``pause_clock``), how many tries, when
+        # the next may go and when it was last said. The pause is this process's own pacing,
+        # on its monotonic clock, whatever ``clock`` the lease's age is read by.
+        self.pause_clock: Callable[[], float] = time.monotonic
+        self._silent_since: float | None = None
+        self._tries = 0
+        self._retry_at = 0.0
+        self._said_at = 0.0
 
     @classmethod
     async def open(
@@ -128,6 +140,8 @@ class KvLease:
         now = self.clock()
         if self._revision is not None and now - self._renewed < self.ttl / 3:
             return True
+        if self._silent_since is not None and self.pause_clock() < self._retry_at:
+            return False  # asked moments ago and got no answer: decide nothing meanwhile
         value = self.holder.encode()
         try:
             if self._revision is None:
@@ -136,6 +150,7 @@ class KvLease:
             else:
                 self._revision = await self.kv.update(self.role, value, last=self._revision)
         except js_errors.KeyWrongLastSequenceError:
+            self._answered()
             ours = await self._late_renewal() if self._revision is not None else None
             if ours is not None:
                 # A renewal that got no answer was stored after all (sent when the connection
@@ -147,7 +162,7 @@ class KvLease:
             self._revision = None
             return False
         except (nats_errors.Error, TimeoutError) as e:  # no answer: decide nothing meanwhile
-            log.warning("%s: lease of %s not renewed: %s", self.role, self.holder, e)
+            self._unanswered(e)
             if self._revision is not None and now - self._renewed < self.ttl:
                 # No answer is not a refusal (a NATS cluster electing the bucket's leader): try
                 # again with the same revision, which succeeds only if nobody took the lease
@@ -155,8 +170,32 @@ class KvLease:
                 return False
             self._revision = None
             return False
+        self._answered()
         self._renewed = now
         return True
+
+    def _unanswered(self, error: BaseException) -> None:
+        at = self.pause_clock()
+        self._tries += 1
+        self._retry_at = at + self.ttl / 20
+        if self._silent_since is None:
+            self._silent_since = self._said_at = at
+            log.warning("%s: lease of %s not renewed: %s", self.role, self.holder, error)
+        elif at - self._said_at >= SAY_EVERY_S:
+            self._said_at = at
+            log.warning(
+                "%s: lease of %s still not renewed after %.0f s (%d tries): %s",
+                self.role, self.holder, at - self._silent_since, self._tries, error,
+            )  # fmt: skip
+
+    def _answered(self) -> None:
+        if self._silent_since is not None:
+            log.info(
+                "%s: the leases' bucket answers %s again after %.1f s (%d tries)",
+                self.role, self.holder, self.pause_clock() - self._silent_since, self._tries,
+            )  # fmt: skip
+            self._silent_since = None
+            self._tries = 0
 
     async def _late_renewal(self) -> int | None:
         """The key's revision if its value is still this holder's (no one else writes it)."""

@@ -150,6 +150,7 @@ async def test_a_renewal_nobody_answers_is_tried_again_with_the_same_revision(
         async with asyncio.timeout(WAIT):  # a few ticks while the connection comes back
             while not await a.hold():
                 assert not await b.hold()
+                await asyncio.sleep(0.05)  # a tick's pacing: unanswered, a lease asks again later
         assert a.held and not await b.hold()
         # It said once that it stopped leading while nobody answered, and that it leads again.
         assert said == [True, False, True]

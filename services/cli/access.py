@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corral.events import subjects
-from corral.events.log import EventLog, LogError, Record
+from corral.events.log import EventLog, Record
 from corral.projections.fold import fold
 from corral.projections.state import State
 from corral.services.cli.jobfile import BadInput
@@ -132,6 +133,9 @@ def _asked(url: str, login: Login, asking: Callable[[Session], Awaitable[dict[st
     return asyncio.run(run())
 
 
+OPEN_AGAIN_S = 1.0  # between a starting service's tries to open the log
+
+
 async def open_log(
     url: str, login: Login | None = None, *, create: bool = False, reconnect: float = 0.0
 ) -> JetStreamLog:
@@ -140,24 +144,43 @@ async def open_log(
     configure streams can). ``reconnect``: a long-running service's connection, which
     reconnects to any server of the list for that many seconds when it loses its own (0: a
     command's, which gives up at once)."""
+    from nats import errors as nats_errors
+
     from corral.events.jetstream import JetStreamLog
     from corral.events.nats_client import reconnecting
 
+    refused: list[Exception] = []
+
     async def quiet(e: Exception) -> None:
-        return None  # the one-line failure below says it; nats-py would print a traceback
+        # The one-line failure below says it (nats-py would print a traceback); a connection
+        # that reconnects hears of a refused login only here, as the server's -ERR text.
+        if isinstance(e, nats_errors.AuthorizationError) or "authorization violation" in str(e).lower():
+            refused.append(e)
 
     creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
     once: dict[str, Any] = {"allow_reconnect": False, "max_reconnect_attempts": 1, "reconnect_time_wait": 0.1}
     options = {**(reconnecting(reconnect) if reconnect else once), "connect_timeout": 3, "error_cb": quiet}
-    try:
-        return await asyncio.wait_for(
-            JetStreamLog.connect(url, **creds, create=create, **options),
-            timeout=10,
-        )
-    except (TimeoutError, OSError, LogError) as e:
-        raise Failure(f"cannot reach the corral server at {url}: {str(e) or type(e).__name__}") from None
-    except Exception as e:  # nats-py raises its own family for refused connections
-        raise Failure(f"cannot reach the corral server at {url}: {str(e) or type(e).__name__}") from None
+    # A service starting while its servers are away (restarting, a NATS cluster electing the
+    # stream's leader) tries for as long as it would reconnect once running, then gives up.
+    # A login refused is refused again: that is said at once.
+    loop = asyncio.get_running_loop()
+    until = loop.time() + reconnect
+    said = False
+    while True:
+        try:
+            return await asyncio.wait_for(
+                JetStreamLog.connect(url, **creds, create=create, **options),
+                timeout=10,
+            )
+        except Exception as e:  # nats-py raises its own family for refused connections
+            e = refused[-1] if refused else e
+            why = f"cannot reach the corral server at {url}: {str(e) or type(e).__name__}"
+            if refused or loop.time() + OPEN_AGAIN_S >= until:
+                raise Failure(why) from None
+        if not said:
+            said = True
+            print(f"corral: {why}; trying again for {reconnect:g} s", file=sys.stderr, flush=True)
+        await asyncio.sleep(OPEN_AGAIN_S)
 
 
 async def read_all(log: EventLog, until: int | None = None) -> list[Record]:

@@ -237,7 +237,7 @@ def parser() -> argparse.ArgumentParser:
         "--reconnect-s",
         type=float,
         default=RECONNECT_FOR,
-        help="seconds to try the servers again after losing them before exiting 1, for a supervisor "
+        help="seconds to try the servers, at start or after losing them, before exiting 1, for a supervisor "
         f"to restart the service (default {RECONNECT_FOR:g})",
     )
     sv.set_defaults(fn=cmd_serve)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from corral.events.base import Reason
 from corral.events.decisions import GpuClaim, Placement, WorkerSlot
 from corral.projections.placement.framework import Chain, Request
-from corral.projections.placement.plugins.topology import Level, islands, levels, whole_free
+from corral.projections.placement.plugins.topology import Level, islands, levels, path_labels, whole_free
 from corral.projections.placement.snapshot import Snapshot
 
 MAX_DOMAINS = 32  # domains tried per level before giving up: bounds the cost of a hopeless gang
@@ -115,11 +115,13 @@ def place_beside(
                 ),
             )
         return Placement(req.job_id, req.attempt, tuple(slots))
-    key = label_keys[level]
-    value = snap.view(first.node).labels.get(key)
-    if value is None:
+    keys = path_labels(level, label_keys)
+    tags = snap.view(first.node).labels
+    if keys[-1] not in tags:
         return place(chain, snap, req, label_keys)
-    return place(chain, snap, dataclasses.replace(req, selector=(*req.selector, (key, value))), label_keys)
+    # The domain's whole path: the rack of that name in the running workers' block, no other.
+    selector = tuple(sorted({*req.selector, *((k, tags[k]) for k in keys if k in tags)}))
+    return place(chain, snap, dataclasses.replace(req, selector=selector), label_keys)
 
 
 def _at_level(
@@ -196,7 +198,7 @@ def _in_domains(
     # is passed over when its workers do not all fit. Not the nodes a node selector turns down:
     # counted, racks of a pool the job does not run in looked roomy, and past MAX_DOMAINS of
     # them the one rack that could hold the gang was never tried.
-    domain_of = snap.domains(label_keys[level])
+    domain_of = snap.domains(path_labels(level, label_keys))
     if req.selector:
         domain_of = {n: d for n, d in domain_of.items() if chain.statically_fits(req, snap, n)}
     models = [m for m in snap.models() if req.need.model_ok(m)]
@@ -216,14 +218,15 @@ def _in_domains(
 
 # Every candidate node is visited for every gang that asks for a domain: the loops read what they
 # need once (a gang of 8-GPU workers at 1,250 nodes spent most of its search here).
-_Rooms = tuple[dict[str, list[str]], dict[str, int]]
+Domain = tuple[str, ...]  # a rack or block by its path of label values (``Snapshot.domains``)
+_Rooms = tuple[dict[Domain, list[str]], dict[Domain, int]]
 
 
-def _room(snap: Snapshot, req: Request, models: list[str], domain_of: dict[str, str]) -> _Rooms:
+def _room(snap: Snapshot, req: Request, models: list[str], domain_of: dict[str, Domain]) -> _Rooms:
     """Each domain's candidate nodes, in the order ``candidates`` gives them, and how many
     workers of ``req`` they hold (any shape, any number of models)."""
-    members: dict[str, list[str]] = {}
-    room: dict[str, int] = {}
+    members: dict[Domain, list[str]] = {}
+    room: dict[Domain, int] = {}
     whole, per = req.need.kind == "whole", req.need.gpus
     count = snap.free_whole_count
     for name in candidates(snap, req):
@@ -242,11 +245,11 @@ def _room(snap: Snapshot, req: Request, models: list[str], domain_of: dict[str, 
     return members, room
 
 
-def _room_by_buckets(snap: Snapshot, req: Request, model: str, domain_of: dict[str, str]) -> _Rooms:
+def _room_by_buckets(snap: Snapshot, req: Request, model: str, domain_of: dict[str, Domain]) -> _Rooms:
     """``_room`` for whole GPUs of one model: the index's buckets are the candidates, in the
     same order, and a bucket's place is its nodes' free count: no generator, no look-ups."""
-    members: dict[str, list[str]] = {}
-    room: dict[str, int] = {}
+    members: dict[Domain, list[str]] = {}
+    room: dict[Domain, int] = {}
     per = req.need.gpus
     buckets = snap.buckets(model)
     for n in range(per, len(buckets)):

@@ -44,7 +44,7 @@ from corral.projections.placement.framework import Chain, Need, Request
 from corral.projections.placement.plugins.fragmentation import Workload
 from corral.projections.placement.plugins.model import suits
 from corral.projections.placement.plugins.packing import Fragmentation
-from corral.projections.placement.plugins.topology import islands, levels
+from corral.projections.placement.plugins.topology import islands, levels, path_labels
 from corral.projections.placement.snapshot import GpuView, NodeView, Snapshot
 from corral.projections.shape import placed_resources
 from corral.projections.state import GpuState, JobState, NodeState, State
@@ -429,11 +429,12 @@ def _gang(
         if best < n:
             return f"needs {gang_of} on one node; the most one node holds is {best}"
     elif widest in ("rack", "block"):
-        label = idle.label_keys[widest]
-        domains: dict[str, list[str]] = {}
-        for view in hosts:
+        keys = path_labels(widest, idle.label_keys)
+        label = keys[-1]
+        domains: dict[tuple[str, ...], list[str]] = {}
+        for view in hosts:  # a rack by its block and its name, as the search reads it
             if label in view.labels:
-                domains.setdefault(view.labels[label], []).append(view.name)
+                domains.setdefault(tuple(view.labels.get(k, "") for k in keys), []).append(view.name)
         if not domains:
             return f"needs {gang_of} in one {widest}, but no node that could host one has a {label} label"
         best = max(_count(idle, req, names) for names in domains.values())

@@ -95,7 +95,8 @@ class Snapshot:
         # model -> free whole GPU count -> nodes (dicts as insertion-ordered sets: deterministic)
         self._whole: dict[str, list[dict[str, None]]] = {}
         self._count: dict[tuple[str, str], int] = {}
-        self._domains: dict[str, dict[str, str]] = {}  # label -> node -> its value (``domains``)
+        # labels -> node -> its path (``domains``)
+        self._domains: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
         self.ready: list[str] = []
         # The chain's answers for this snapshot (whether and how a worker fits a node), keyed by
         # the node's version: valid only for this snapshot, whose views the versions count.
@@ -167,18 +168,21 @@ class Snapshot:
     def free_whole_count(self, name: str, model: str) -> int:
         return self._count.get((name, model), 0)
 
-    def domains(self, label: str) -> dict[str, str]:
-        """Each ready node's value of ``label`` (its rack, its block), for nodes that carry it:
-        read once per snapshot, as every gang of the cycle that asks for a domain reads them all."""
-        found = self._domains.get(label)
+    def domains(self, labels: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        """Each ready node's domain as its path of ``labels``' values, widest first (a rack is
+        its block's and its own: racks of two blocks may share a name), for nodes that carry the
+        last, the domain's own, label; an upper label a node lacks reads as "". Read once per
+        snapshot, as every gang of the cycle that asks for a domain reads them all."""
+        found = self._domains.get(labels)
         if found is None:
             nodes = self.state.nodes
+            own = labels[-1]
             found = {}
             for name in self.ready:
-                value = nodes[name].inventory.labels.get(label)
-                if value is not None:
-                    found[name] = value
-            self._domains[label] = found
+                tags = nodes[name].inventory.labels
+                if own in tags:
+                    found[name] = tuple(tags.get(k, "") for k in labels)
+            self._domains[labels] = found
         return found
 
     # -- the overlay ----------------------------------------------------------------------------

@@ -4,7 +4,8 @@ is required (KAI-Scheduler's topology plugin, ``job_filtering_test.go``, "mixed 
 with required constraint - choose zone with existing pods"; Kueue's "elastic workload scale up:
 delta-only placement preserves previous assignment"); and a rack asked for with a node selector
 is found among racks of other pools however many come first (Kueue's ``tas_cache_test.go``,
-"only nodes with matching labels are considered; matching node is found")."""
+"only nodes with matching labels are considered; matching node is found"), in its own block's
+rack of that name (Kueue's TAS concepts: rack labels are unique within a block only)."""
 
 from __future__ import annotations
 
@@ -121,3 +122,18 @@ def test_a_required_rack_with_a_node_selector_is_found_behind_many_of_other_pool
     )
     got = grown_on(cycle(log), "j")
     assert {n.split("-")[0] for n, _ in got} == {"zz"}, got
+
+
+def test_a_grown_gang_stays_in_its_own_blocks_rack_of_that_name() -> None:
+    # Racks are named within their block (Kueue's TAS: "there could be two nodes with the same
+    # 'rack' label, but in different 'blocks'"). Kept to the label "rack=r1" alone, the added
+    # ranks went to rack r1 of block b2, roomier per node and the tighter rack.
+    log = LogBuilder().queue("team-a")
+    log.node("a1", inv(1, labels={"block": "b1", "rack": "r1"}))
+    log.node("a2", inv(4, labels={"block": "b1", "rack": "r1"}))
+    log.node("a3", inv(4, labels={"block": "b1", "rack": "r1"}))
+    log.node("c1", inv(6, labels={"block": "b2", "rack": "r1"}))
+    running(log, "j", spec(3, "rack", True, min_replicas=1), "a1", 0)
+    log.grow("j", 3)
+    got = grown_on(cycle(log), "j")
+    assert len(got) == 3 and {n for n, _ in got} <= {"a1", "a2", "a3"}, got

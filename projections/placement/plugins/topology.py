@@ -2,7 +2,8 @@
 
 Within a node, GPUs joined all-to-all by NVLink/NVSwitch form an island (``GpuInfo.island``;
 -1 is PCIe only, an island of one). Across nodes the domains are the node itself, then the
-``rack`` and ``block`` labels (the label keys are configurable). A job asks to pack its whole gang
+``rack`` and ``block`` labels (the label keys are configurable; a rack is named by its block and
+its own label, so that racks of two blocks may share a name). A job asks to pack its whole gang
 into one ``nvlink`` island, one ``node``, one ``rack`` or one ``block`` (``required``: that or
 nothing; preferred: that if possible, else the next wider domain, down to anywhere), or to
 ``spread`` its workers over distinct nodes. ``levels`` lists the domains to try in order.
@@ -34,6 +35,14 @@ def levels(req: Request) -> tuple[Level, ...]:
     if req.required:
         return (start,)
     return WIDER[WIDER.index(start) :]
+
+
+def path_labels(level: Level, label_keys: dict[str, str]) -> tuple[str, ...]:
+    """The labels that name a ``rack`` or ``block`` domain, widest first: a rack is named by its
+    block too (two blocks may each have a rack ``r1``, as Kueue's topologies do)."""
+    if level == "rack":
+        return (label_keys["block"], label_keys["rack"])
+    return (label_keys[level],)
 
 
 def islands(gpus: list[GpuView]) -> dict[int, list[GpuView]]:

@@ -206,11 +206,22 @@ def _in_domains(
         members, room = _room_by_buckets(snap, req, models[0], domain_of)
     else:
         members, room = _room(snap, req, models, domain_of)
-    fitting = sorted((k for k in members if room[k] >= req.replicas), key=lambda k: (room[k], k))
+    # The domain that holds the fewest workers (the gang at least), and of those the one with the
+    # fewest GPUs free: a rack of two 3-GPU nodes holds two 2-GPU workers as a rack of one 4-GPU
+    # node does, but would leave a GPU stranded on each node.
+    count = snap.free_whole_count
+    whole = req.need.kind == "whole"
+
+    def spare(key: Domain) -> int:
+        return sum(count(n, m) for n in members[key] for m in models) if whole else 0
+
+    fitting = sorted((k for k in members if room[k] >= req.replicas), key=lambda k: (room[k], spare(k), k))
     for key in fitting[:MAX_DOMAINS]:
-        # Within the domain, fill the roomiest nodes first: fewer nodes, closer ranks.
-        order = sorted(members[key], key=lambda n: -len(whole_free(req, snap.view(n))))
-        slots = _first_fit(chain, snap, req, order)
+        if whole:
+            slots = _best_fit(chain, snap, req, members[key])
+        else:  # the roomiest nodes first: fewer nodes, closer ranks
+            order = sorted(members[key], key=lambda n: -len(whole_free(req, snap.view(n))))
+            slots = _first_fit(chain, snap, req, order)
         if slots is not None:
             return slots
     return None
@@ -265,6 +276,34 @@ def _room_by_buckets(snap: Snapshot, req: Request, model: str, domain_of: dict[s
             nodes.append(name)
             room[key] += workers
     return members, room
+
+
+def _best_fit(chain: Chain, snap: Snapshot, req: Request, nodes: list[str]) -> list[WorkerSlot] | None:
+    """Whole-GPU workers on the roomiest nodes of a domain first (fewer nodes, closer ranks),
+    except that once one node can take all the workers left, the tightest such node takes them
+    (Kueue's BestFit): for seven workers on nodes free for 3, 3, 2 and 1, the last one goes to
+    the node of 1, and the node of 2 stays whole. Each node is filled as far as it takes workers."""
+    per = req.need.gpus
+    room = {n: len(whole_free(req, snap.view(n))) // per for n in nodes}
+    left = sorted(nodes, key=lambda n: -room[n])
+    attempt = Attempt(snap, req)
+    while len(attempt.slots) < req.replicas:
+        wanted = req.replicas - len(attempt.slots)
+        holding = [n for n in left if room[n] >= wanted]
+        if holding:
+            name: str | None = min(holding, key=lambda n: room[n])
+        else:
+            name = next((n for n in left if room[n] > 0), None)
+        if name is None:
+            attempt.undo()
+            return None
+        left.remove(name)
+        for _ in range(min(wanted, room[name])):
+            pick = chain.best(snap, req, (name,))
+            if pick is None:  # its CPU, memory or a filter: the next node takes the rest
+                break
+            attempt.take(pick.node, pick.gpus)
+    return attempt.slots
 
 
 def _first_fit(chain: Chain, snap: Snapshot, req: Request, order: list[str]) -> list[WorkerSlot] | None:

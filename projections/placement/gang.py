@@ -323,16 +323,16 @@ def _first_fit(chain: Chain, snap: Snapshot, req: Request, order: list[str]) -> 
 
 def _why_not(chain: Chain, snap: Snapshot, req: Request) -> tuple[Reason, ...]:
     reasons = chain.diagnose(snap, req)
-    if reasons:
-        return reasons
     # Every node could take one worker, but not the whole gang at once in the domain it asked for.
-    where = f"in one {levels(req)[0]}" if req.pack not in ("none", "spread") else "at once"
+    widest = levels(req)[-1]  # a preferred domain's last is the cluster: no one domain to name
+    where = f"in one {widest}" if widest != "cluster" else "at once"
     if req.pack == "spread" and req.required:
         where = "on distinct nodes"
-    return (
-        Reason(
-            "gang",
-            f"no room for all {req.replicas} workers ({req.need.describe()} each) {where}",
-            True,
-        ),
-    )
+    gang = f"no room for all {req.replicas} workers ({req.need.describe()} each) {where}"
+    if not reasons:
+        return (Reason("gang", gang, True),)
+    if where == "at once":
+        return reasons
+    # Some nodes said no (cordoned, busy): said alone, that read as if the others together could
+    # hold the gang, where it waits for one domain that can. Freeing GPUs helps it as it helps them.
+    return (*reasons, Reason("gang", gang, any(r.preemption_helps for r in reasons)))

@@ -11,8 +11,11 @@ lease bucket. The intake appends for them, with its own identity and its own inb
 - The answer goes only into the tenant's own inbox (``_INBOX.corral.<tenant>.``); a request
   naming any other reply subject is dropped unanswered, and nothing is appended for it.
 - A request must decode as its verb's type (admin verbs only for ``admin``), name no field twice
-  in one object (``documents.given_twice``: parsers differ on which one counts) and fit in
-  ``MAX_REQUEST`` bytes; else it is refused with the reason, and nothing is appended.
+  in one object (``documents.given_twice``: parsers differ on which one counts), fit in
+  ``MAX_REQUEST`` bytes and give as a name (a job id, a queue, a node...) only a name
+  (``names_problem``); else it is refused with the reason, and nothing is appended. A job id
+  that is no subject token can never be a job: appended, it was kept in the log for good only
+  for the fold to refuse it.
 - What is appended is the request's bytes as sent, at ``corral.in.<tenant>.<verb>``, with the
   client's message id under the tenant's name (``<tenant>/<id>``): the stream deduplicates ids
   across every subject, and a tenant may not pre-empt another's id. Of the client's headers only
@@ -42,18 +45,29 @@ answered ``seq``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from corral.events import codec, documents, routing, subjects
 from corral.events.base import Event
 from corral.events.codec import DecodeError
+from corral.events.jobs import CancelJob, ResizeJob, SubmitJob
 from corral.events.nodes import (
     CheckpointCompleted,
     NodeRegistered,
     NodeShutdown,
     WorkerExited,
     WorkerStarted,
+)
+from corral.events.queues import (
+    ApplyCohort,
+    ApplyPriorityClass,
+    ApplyQueue,
+    CordonNode,
+    DeleteCohort,
+    DeleteNode,
+    DeletePriorityClass,
+    DeleteQueue,
 )
 
 MAX_REQUEST = 256 * 1024  # bytes: a job spec is bounded far below this by admission
@@ -169,13 +183,58 @@ def judge(sender: Sender | Reporter, headers: Mapping[str, str] | None, data: by
         return _judge_report(sender.node, headers, data)
     tenant, verb = sender.tenant, sender.verb
     try:
-        codec.decode_request(verb, data)
+        body = codec.decode_request(verb, data)
     except DecodeError as e:
         return Refuse(400, _bounded(f"not a {verb} request: {e}"))
     twice = documents.given_twice(data)
     if twice is not None:
         return Refuse(400, _bounded(f"not a {verb} request: {twice!r} given twice"))
+    problem = names_problem(body)
+    if problem:
+        return Refuse(400, _bounded(f"not a {verb} request: {problem}"))
     return _passed(subjects.request(tenant, verb), data, headers, tenant, MAX_MSG_ID)
+
+
+def names_problem(body: Event) -> str:
+    """Why a name ``body`` gives (a job id, a queue, a cohort, a priority class, a tenant, a
+    node) could never name one, or "". Each becomes a subject token (``subjects.is_token``), and
+    the fold makes and finds nothing under any other: such a request could only be refused, after
+    the log had kept it for good."""
+    for what, name in _names(body):
+        if not subjects.is_token(name):
+            shown = repr(name[:64]) + ("..." if len(name) > 64 else "")
+            return f"{what} {shown} is not a name (1 to 64 letters, digits, '-' or '_')"
+    return ""
+
+
+def _names(body: Event) -> Iterator[tuple[str, str]]:
+    match body:
+        case SubmitJob():
+            yield "job id", body.request_id
+            yield "queue", body.job.queue
+            yield "priority class", body.job.priority_class
+        case CancelJob() | ResizeJob():
+            yield "job id", body.job_id
+        case ApplyQueue():
+            yield "queue", body.queue.name
+            if body.queue.cohort is not None:
+                yield "cohort", body.queue.cohort
+            for tenant in body.queue.tenants:
+                yield "tenant", tenant
+        case ApplyCohort():
+            yield "cohort", body.cohort.name
+            if body.cohort.parent is not None:
+                yield "cohort", body.cohort.parent
+        case ApplyPriorityClass():
+            yield "priority class", body.priority_class.name
+        case DeleteQueue():
+            yield "queue", body.name
+        case DeleteCohort():
+            yield "cohort", body.name
+        case DeletePriorityClass():
+            yield "priority class", body.name
+        case CordonNode() | DeleteNode():
+            yield "node", body.node
 
 
 def _judge_report(node: str, headers: Mapping[str, str] | None, data: bytes) -> Accept | Refuse:

@@ -82,6 +82,39 @@ def test_what_is_not_a_request_of_the_tenant_is_refused(
     assert len(got.description) <= 512
 
 
+# (verb, body, what the refusal names): a name that is no subject token could never name a job,
+# queue, cohort, class, tenant or node; appended, it was kept in the log only to be refused.
+NOT_NAMES = [
+    ("submit", {"request_id": "", "job": {"queue": "q"}}, "job id ''"),
+    ("submit", {"request_id": "j.1", "job": {"queue": "q"}}, "job id 'j.1'"),
+    ("submit", {"request_id": "j" * 65, "job": {"queue": "q"}}, "job id 'jjjj"),
+    ("submit", {"request_id": "j1", "job": {"queue": ""}}, "queue ''"),
+    ("submit", {"request_id": "j1", "job": {"queue": "q", "priority_class": "a b"}}, "priority class 'a b'"),
+    ("cancel", {"job_id": ""}, "job id ''"),
+    ("cancel", {"job_id": "*"}, "job id '*'"),
+    ("resize", {"job_id": "", "replicas": 2}, "job id ''"),
+    ("queue", {"queue": {"name": ""}}, "queue ''"),
+    ("queue", {"queue": {"name": "q", "cohort": ""}}, "cohort ''"),
+    ("queue", {"queue": {"name": "q", "tenants": ["a", ""]}}, "tenant ''"),
+    ("cohort", {"cohort": {"name": ""}}, "cohort ''"),
+    ("cohort", {"cohort": {"name": "c", "parent": "o>"}}, "cohort 'o>'"),
+    ("priority-class", {"priority_class": {"name": "", "value": 1}}, "priority class ''"),
+    ("delete-queue", {"name": ""}, "queue ''"),
+    ("delete-cohort", {"name": ""}, "cohort ''"),
+    ("delete-priority-class", {"name": "x\n"}, "priority class 'x\\n'"),
+    ("cordon", {"node": ""}, "node ''"),
+    ("delete-node", {"node": "n.1"}, "node 'n.1'"),
+]
+
+
+@pytest.mark.parametrize(("verb", "body", "named"), NOT_NAMES, ids=[f"{v} {n}" for v, _, n in NOT_NAMES])
+def test_a_name_that_could_never_name_anything_is_refused(verb: str, body: object, named: str) -> None:
+    got = _decide(f"corral.req.admin.{verb}", json.dumps(body).encode(), "_INBOX.corral.admin.1")
+    assert isinstance(got, Refuse) and got.code == 400, got
+    assert got.description.startswith(f"not a {verb} request: {named}"), got.description
+    assert "is not a name" in got.description
+
+
 def test_the_admin_may_use_admin_verbs() -> None:
     assert _decide("corral.req.admin.queue", QUEUE, "_INBOX.corral.admin.1") == Accept(
         "corral.in.admin.queue", QUEUE, None, None

@@ -17,7 +17,8 @@ lease bucket. The intake appends for them, with its own identity and its own inb
   that is no subject token can never be a job: appended, it was kept in the log for good only
   for the fold to refuse it.
 - What is appended is the request's bytes as sent, at ``corral.in.<tenant>.<verb>``, with the
-  client's message id under the tenant's name (``<tenant>/<id>``): the stream deduplicates ids
+  client's message id (``Nats-Msg-Id``, its name in any case; two different ids are refused)
+  under the tenant's name (``<tenant>/<id>``): the stream deduplicates ids
   across every subject, and a tenant may not pre-empt another's id. Of the client's headers only
   the trace context travels; ``Nats-Expected-*``, ``Nats-Rollup`` and the like are the intake's
   to set, never a client's.
@@ -76,6 +77,7 @@ MAX_MSG_ID = 128
 # client's can be.
 MAX_REPORT_ID = 256
 MSG_ID = "Nats-Msg-Id"
+_MSG_ID = MSG_ID.lower()
 FORWARDED_HEADERS = ("traceparent", "tracestate")
 MAX_REASON = 512
 # What a node agent may say of its node; the health monitor's word on it (condition, GPU
@@ -264,9 +266,14 @@ def _passed(
     msg_id = None
     forwarded: dict[str, str] = {}
     for name, value in (headers or {}).items():
-        if name == MSG_ID:
+        # A header's name in any case: NATS headers are MIME headers, whose names are not
+        # case-sensitive, and a client that sends ``nats-msg-id`` means the id as much as one
+        # sending ``Nats-Msg-Id``. Dropped, it was stored without one, not deduplicated.
+        if name.lower() == _MSG_ID:
             if not 0 < len(value) <= max_id:
                 return Refuse(400, f"a message id is 1..{max_id} characters")
+            if msg_id is not None and msg_id != f"{who}/{value}":
+                return Refuse(400, "two message ids: give one Nats-Msg-Id header")
             msg_id = f"{who}/{value}"
         elif name.lower() in FORWARDED_HEADERS:
             forwarded[name.lower()] = value[:256]

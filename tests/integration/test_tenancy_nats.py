@@ -392,6 +392,23 @@ async def test_a_tenant_cannot_take_another_tenants_message_id(secured: Secured)
     assert state.jobs["mine"].tenant == "a"
 
 
+async def test_a_message_id_in_a_lower_case_header_deduplicates_as_any(secured: Secured) -> None:
+    # A client in another language sending ``nats-msg-id`` had its id dropped by the intake: its
+    # retry was stored again, while it believed the stream would take it once.
+    a = await secured.session("a")
+    try:
+        body = codec.encode(SubmitJob(request_id="lower", job=JobSpec(queue="qa")))
+        acks = []
+        for _ in range(2):
+            msg = await a.request(subjects.intake("a", "submit"), body, {"nats-msg-id": "submit:lower"})
+            acks.append(json.loads(msg.data))
+    finally:
+        await a.close()
+    assert acks[1] == {**acks[0], "duplicate": True}, acks
+    state = await secured.until(acks[0]["seq"])
+    assert state.jobs["lower"].tenant == "a" and state.rejected_total == 0, state.rejections
+
+
 async def test_the_intake_refuses_what_is_not_a_request(secured: Secured) -> None:
     a = await secured.session("a")
     try:

@@ -127,6 +127,21 @@ def test_headers_only_the_intake_may_set_are_not_passed_on() -> None:
     assert got == Accept("corral.in.a.submit", SUBMIT, None, None)
 
 
+@pytest.mark.parametrize("name", ["Nats-Msg-Id", "nats-msg-id", "NATS-MSG-ID", "nats-Msg-id"])
+def test_a_message_id_is_the_senders_whatever_the_case_of_its_header(name: str) -> None:
+    # A client in another language that spells the header in lower case asked to be
+    # deduplicated as much as one that does not: its id was dropped, and a retry stored twice.
+    got = _decide("corral.req.a.submit", **{name: "submit:j1"})
+    assert got == Accept("corral.in.a.submit", SUBMIT, "a/submit:j1", None)
+
+
+def test_two_message_ids_of_a_request_are_refused() -> None:
+    got = _decide("corral.req.a.submit", **{"Nats-Msg-Id": "submit:j1", "nats-msg-id": "submit:j2"})
+    assert isinstance(got, Refuse) and got.code == 400 and "two message ids" in got.description
+    same = _decide("corral.req.a.submit", **{"Nats-Msg-Id": "submit:j1", "nats-msg-id": "submit:j1"})
+    assert isinstance(same, Accept) and same.msg_id == "a/submit:j1"
+
+
 def test_a_message_id_is_bounded() -> None:
     assert isinstance(_decide("corral.req.a.submit", **{"Nats-Msg-Id": "x" * 129}), Refuse)
 

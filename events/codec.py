@@ -10,6 +10,7 @@ upcaster registered in ``UPCASTERS`` that rewrites the old payload before it is 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -147,6 +148,45 @@ class DecodeError(ValueError):
         self.code = code
 
 
+# Every escape of a JSON text, so that one read in order pairs each backslash with what follows it
+# (``\\ud800`` in a JSON text is a backslash and "ud800", not a surrogate).
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+
+
+def unreadable(exc: Exception, data: bytes) -> str:
+    """What is wrong with ``data``, which did not decode (``exc``), in words its sender can act
+    on. A string holding half of a UTF-16 surrogate pair (``"\\ud800"``) is no character, and
+    msgspec says of one near the end that the input "was truncated": sent whole, its sender
+    would look for what cut it."""
+    said = str(exc)
+    if "truncated" in said or "surrogate" in said:
+        lone = _lone_surrogate(data)
+        if lone is not None:
+            at, escape = lone
+            return (
+                f"JSON is malformed: {escape} at byte {at} is half of a UTF-16 surrogate pair "
+                "without its other half, which is no character"
+            )
+    return said
+
+
+def _lone_surrogate(data: bytes) -> tuple[int, str] | None:
+    """Where the first escape of half a surrogate pair without its other half is, and it."""
+    high: re.Match[bytes] | None = None
+    for m in _ESCAPE.finditer(data):
+        code = int(m[1], 16) if m[1] is not None else -1
+        if high is not None:
+            if 0xDC00 <= code <= 0xDFFF and m.start() == high.end():
+                high = None
+                continue
+            break
+        if 0xD800 <= code <= 0xDBFF:
+            high = m
+        elif 0xDC00 <= code <= 0xDFFF:
+            return m.start(), m[0].decode()
+    return None if high is None else (high.start(), high[0].decode())
+
+
 # type -> function rewriting a raw body dict of an older schema into the current one.
 UPCASTERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
@@ -219,7 +259,7 @@ def decode_envelope(data: bytes) -> Envelope:
     except UNREADABLE as exc:
         upcast = _upcast(data)
         if upcast is None:
-            raise DecodeError(str(exc)) from None
+            raise DecodeError(unreadable(exc, data)) from None
         env = upcast
     return readable(env)
 
@@ -255,7 +295,7 @@ def decode_request(verb: str, data: bytes) -> Event:
     try:
         return decoder.decode(data)
     except UNREADABLE as exc:
-        raise DecodeError(str(exc)) from None
+        raise DecodeError(unreadable(exc, data)) from None
 
 
 class Decoded(NamedTuple):
@@ -304,7 +344,7 @@ def decode_record(
         try:
             return decode(data), tenant, trace
         except UNREADABLE as exc:
-            raise DecodeError(str(exc)) from None
+            raise DecodeError(unreadable(exc, data)) from None
     raise DecodeError(f"subject {subject} is not corral's", "unknown")
 
 

@@ -115,6 +115,31 @@ def test_a_name_that_could_never_name_anything_is_refused(verb: str, body: objec
     assert "is not a name" in got.description
 
 
+LONE = "half of a UTF-16 surrogate pair without its other half"
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        # msgspec said "Input data was truncated" of these: the sender looked for what cut it
+        (b'{"request_id":"j","job":{"queue":"q","command":["\\ud800"]}}', f"\\ud800 at byte 49 is {LONE}"),
+        (b'{"request_id":"j","job":{"queue":"q","env":{"A":"\\udbff"}}}', f"\\udbff at byte 49 is {LONE}"),
+        (b'{"request_id":"\\ud800","job":{"queue":"q"}}', f"\\ud800 at byte 15 is {LONE}"),
+        (b'{"request_id":"\\udc00","job":{"queue":"q"}}', f"\\udc00 at byte 15 is {LONE}"),
+        (b'{"request_id":"\\ud800\\u0041","job":{"queue":"q"}}', f"\\ud800 at byte 15 is {LONE}"),
+        # a whole pair is a character; an escaped backslash before "ud800" is no escape of one
+        (b'{"request_id":"\\ud83d\\ude00","job":{"queue":"q"}}', "job id '\U0001f600' is not a name"),
+        (b'{"request_id":"\\\\ud800","job":{"queue":"q"}}', "job id '\\\\ud800' is not a name"),
+        (b'{"request_id":"j","job":{"queue":"q"', "Input data was truncated"),  # it was
+    ],
+    ids=["end", "env", "id", "low", "unpaired", "pair", "backslash", "truncated"],
+)
+def test_a_lone_surrogate_is_refused_as_what_it_is(data: bytes, says: str) -> None:
+    got = _decide("corral.req.a.submit", data)
+    assert isinstance(got, Refuse) and got.code == 400, got
+    assert says in got.description, got.description
+
+
 def test_the_admin_may_use_admin_verbs() -> None:
     assert _decide("corral.req.admin.queue", QUEUE, "_INBOX.corral.admin.1") == Accept(
         "corral.in.admin.queue", QUEUE, None, None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import resource
 import struct
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import termios
 from pathlib import Path
 
 import pytest
+
+from corral.services.cli import logfile
 
 pytestmark = pytest.mark.e2e
 
@@ -135,6 +138,42 @@ def test_a_wrong_or_missing_file_is_refused_in_one_line(
     )
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == f"corral: {says.format(here=tmp_path)}\n"
+
+
+def _bounded_memory() -> None:
+    # Where a command reads without bound, it fails here, not on the machine that runs the tests.
+    resource.setrlimit(resource.RLIMIT_AS, (2 * 1024**3, 2 * 1024**3))
+
+
+@pytest.mark.parametrize("argv", [["log", "import", "log.jsonl", *NOWHERE], ["replay", "log.jsonl"]])
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "a line too long"])
+def test_a_log_file_that_is_no_regular_file_or_too_large_is_refused_in_one_line(
+    tmp_path: Path, kind: str, argv: list[str]
+) -> None:
+    # A FIFO held ``log import`` until someone wrote to it, and a link to /dev/zero was read
+    # until memory ran out: a log file is a regular file, of lines no longer than a record's.
+    path = tmp_path / "log.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+        says = "log.jsonl: not a regular file"
+    elif kind == "/dev/zero":
+        path.symlink_to("/dev/zero")
+        says = "log.jsonl: not a regular file"
+    else:
+        with path.open("wb") as f:
+            f.write(b'{"seq": 1, "subject": "corral.ev.job.j", "data": "' + b"x" * logfile.MAX_LINE + b'"}\n')
+        says = f"log.jsonl:1: longer than any record's line ({logfile.MAX_LINE} bytes at most)"
+    env = {**os.environ, "CORRAL_HOME": str(tmp_path / "home"), "PYTHONPATH": os.getcwd()}
+    done = subprocess.run(
+        [*CORRAL, *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_bounded_memory,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", f"corral: {says}\n")
 
 
 def _on_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:

@@ -4,7 +4,11 @@ It runs under a lease like the decision services (``corral serve assignments``; 
 runs one): one replica writes, the others fold and stand by. The replica that takes the lease
 (at start, or from another) writes every node's key from its own state, so keys a dead writer
 left behind are made right; after that it writes a key only when the node's view differs from
-what it last wrote there. It appends nothing to the log.
+what it last wrote there. A node deleted from the cluster (no jobs left on it) has its key
+purged, and the replica that takes the lease purges every key of a node its state no longer
+has, those deleted while no replica wrote (or before keys were purged) included: a cluster
+whose nodes are replaced over months kept a key for every node it ever had. It appends nothing
+to the log.
 
 Invariants:
 
@@ -17,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -33,8 +36,6 @@ from corral.services.runtime.shell import Service
 from corral.services.runtime.views import ViewStore
 
 log = logging.getLogger("corral.assignments")
-
-GONE_KEPT = 1024
 
 
 def _decide_nothing(state: State, now: float) -> list[Event]:
@@ -61,10 +62,13 @@ class AssignmentService(Service):
         self.index = Index()
         self.dirty: set[str] = set()
         self.written: dict[str, bytes] = {}  # node -> the view's body last written there
-        # ... and of the nodes deleted lately, the newest ``GONE_KEPT``: a record naming one
-        # (a refused report of its agent's, say) writes its key again only past them.
-        self.gone: OrderedDict[str, bytes] = OrderedDict()
+        # Nodes whose key holds a view, as far as this replica knows (the bucket's keys when it
+        # took the lease, and what it wrote since): a deleted node's key is purged only if it
+        # has one, so a record naming a node long gone (a refused report of its agent's) writes
+        # nothing.
+        self.stored: set[str] = set()
         self.writes = 0
+        self.purges = 0
         self._writing = False  # holds the lease and has written every key since taking it
 
     def _touched(self, state: State, batch: list[Record]) -> None:
@@ -93,21 +97,32 @@ class AssignmentService(Service):
             self._writing = False
             return 0
         if not self._writing:
-            self.dirty |= self.index.everywhere(self.state)
+            try:
+                self.stored = await self.store.nodes()
+            except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
+                await self._failed(e, now)
+                return 0
+            # Every node the state has, and every key of one it no longer has (purged below).
+            self.dirty |= self.index.everywhere(self.state) | self.stored
             self.written.clear()
-            self.gone.clear()
             self._writing = True
         if not self.dirty:
             return 0
         dirty, self.dirty = self.dirty, set()
         pending = []
-        gone = set()  # nodes deleted from the cluster: their key says so, then they are forgotten
+        gone = []  # nodes deleted from the cluster whose key holds a view: it is purged
         try:
             for view in views(self.state, self.index, dirty):
-                body = assignments.body(view)
                 if view.node not in self.state.nodes and not view.jobs:
-                    gone.add(view.node)
-                if self.written.get(view.node, self.gone.get(view.node)) != body:
+                    # Nothing more to keep of it here, or every node name a cluster ever had
+                    # would be.
+                    self.written.pop(view.node, None)
+                    self.index.jobs_on.pop(view.node, None)
+                    if view.node in self.stored:
+                        gone.append(view.node)
+                    continue
+                body = assignments.body(view)
+                if self.written.get(view.node) != body:
                     pending.append((view.node, body, assignments.encode(view)))
         except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
             self.dirty |= dirty
@@ -116,29 +131,26 @@ class AssignmentService(Service):
             return 0
         self.supervision.succeeded()
         results = await asyncio.gather(
-            *(self.store.put(node, value) for node, _, value in pending), return_exceptions=True
+            *(self.store.put(node, value) for node, _, value in pending),
+            *(self.store.remove(node) for node in gone),
+            return_exceptions=True,
         )
-        for (node, body, _), result in zip(pending, results, strict=True):
+        for (node, body, _), result in zip(pending, results[: len(pending)], strict=True):
             if isinstance(result, BaseException):
                 log.warning("%s: view not written, will retry: %s", node, result)
                 self.dirty.add(node)
             else:
                 self.written[node] = body
-                self.gone.pop(node, None)
+                self.stored.add(node)
                 self.writes += 1
-        for node in gone - self.dirty:
-            # Its key holds a view of no node and no jobs (what an agent that comes back
-            # reads before it registers): nothing more to keep of it here but among the
-            # newest deleted, or every node name a cluster ever had would be.
-            last = self.written.pop(node, None)
-            if last is not None:
-                self.gone[node] = last
-                self.gone.move_to_end(node)
-                while len(self.gone) > GONE_KEPT:
-                    self.gone.popitem(last=False)
-            self.index.jobs_on.pop(node, None)
-            self.store.forget(node)
-        return len(pending)
+        for node, result in zip(gone, results[len(pending) :], strict=True):
+            if isinstance(result, BaseException):
+                log.warning("%s: the key of a deleted node not purged, will retry: %s", node, result)
+                self.dirty.add(node)
+            else:
+                self.stored.discard(node)
+                self.purges += 1
+        return len(pending) + len(gone)
 
 
 def service(log_: EventLog, store: ViewStore, **options: Any) -> AssignmentService:

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import msgspec
 from nats import errors as nats_errors
+from nats.js import errors as kv_errors
 
 from corral.events.jetstream import answered
 from corral.events.log import LogError
@@ -98,8 +99,13 @@ class ViewStore(Protocol):
 
     async def put(self, node: str, value: bytes) -> None: ...
 
-    def forget(self, node: str) -> None:
-        """Keep nothing in memory about ``node``'s key (a node deleted from the cluster)."""
+    async def remove(self, node: str) -> None:
+        """Purge ``node``'s key and its view's parts, and keep nothing in memory about them (a
+        node deleted from the cluster)."""
+        ...
+
+    async def nodes(self) -> set[str]:
+        """The nodes with a key in the store: what a writer that takes over reconciles with."""
         ...
 
 
@@ -147,8 +153,24 @@ class KvViewStore:
                 await self.kv.purge(part_key(node, i))
         self._parts[node] = now
 
-    def forget(self, node: str) -> None:
-        self._parts.pop(node, None)  # a later write reads the bucket's note again
+    async def remove(self, node: str) -> None:
+        # Purged, not deleted: the key's last value goes, and what stays of it is one marker
+        # without a value (a purge replaces the key's history; the bucket keeps one), which
+        # reads as no key. The parts first, so that no note is left naming parts gone.
+        parts = self._parts.get(node)
+        if parts is None:
+            parts = await self._stored_parts(node)
+        for i in range(parts):
+            await self.kv.purge(part_key(node, i))
+        await self.kv.purge(node)
+        self._parts.pop(node, None)
+
+    async def nodes(self) -> set[str]:
+        try:
+            keys = await self.kv.keys()
+        except kv_errors.NoKeysError:
+            return set()
+        return {key.split(".", 1)[0] for key in keys}
 
     async def _stored_parts(self, node: str) -> int:
         try:
@@ -182,6 +204,8 @@ class KvNodeViews:
     async def _resolved(self, node: str, raw: bytes) -> NodeView | None:
         """The view ``raw`` is, or the one it names the parts of (None where they do not add up
         to the digest: another view's were written over them meanwhile)."""
+        if not raw:  # the key purged: its node was deleted, and the agent keeps what it has
+            return None
         parts = parts_of(raw)
         if parts is None:
             return _decoded(node, raw)
@@ -247,8 +271,13 @@ class MemoryViews:
             self.puts += 1
             self._changed.notify_all()
 
-    def forget(self, node: str) -> None:
-        pass  # the values are the bucket's stand-in: kept as the bucket keeps them
+    async def remove(self, node: str) -> None:
+        async with self._changed:
+            self.values.pop(node, None)
+            self._changed.notify_all()
+
+    async def nodes(self) -> set[str]:
+        return set(self.values)
 
     def get(self, node: str) -> NodeView | None:
         raw = self.values.get(node)

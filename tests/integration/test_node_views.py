@@ -183,3 +183,60 @@ async def test_parts_no_view_names_any_more_are_purged(tmp_path: Path) -> None:
         await restarted.put("node-00", encode(NodeView("node-00", seq=7)))
         assert not [i for i in range(many[0]) if await stored(kv, node_views.part_key("node-00", i))]
         assert (await mine.get("node-00")).seq == 7  # type: ignore[union-attr]
+
+
+async def test_a_deleted_nodes_key_and_parts_are_purged_and_a_restarted_writer_purges_the_rest(
+    tmp_path: Path,
+) -> None:
+    # A node deleted from the cluster kept its key in the bucket for good, and so did every
+    # node deleted while no assignments service wrote: over months, every node a cluster had.
+    from corral.events.log import InMemoryLog
+    from corral.events.queues import DeleteNode
+    from corral.services.assignments import service as assignments_service
+    from tests.builders import Cluster, LogBuilder
+
+    async def keys(kv: Any) -> set[str]:
+        return set(await kv.keys())
+
+    async with logged_in(tmp_path) as (store, agent):
+        kv = store.kv
+        # Written before: node-05 (in parts) and node-06 are nodes the cluster no longer has.
+        await store.put("node-05", encode(_large_view("node-05", 3, jobs=20)))
+        await store.put("node-06", encode(NodeView("node-06", seq=2)))
+        assert {"node-05", "node-05.part-0", "node-06"} <= await keys(kv)
+        log = LogBuilder().nodes(Cluster(2))
+        heard: asyncio.Queue[NodeView] = asyncio.Queue()
+        mine = node_views.KvNodeViews(agent, timeout=2.0)
+
+        async def follow() -> None:
+            async for view in mine.watch("node-00"):
+                heard.put_nowait(view)
+
+        following = asyncio.create_task(follow())
+        try:
+            writer = assignments_service.service(InMemoryLog(), node_views.KvViewStore(kv), clock=lambda: 1.0)
+            await writer.restore()
+            writer.fold(log.records)
+            await writer.cycle()  # takes over: writes the nodes it has, purges the others
+            assert await keys(kv) == {"node-00", "node-01"} and writer.purges == 2
+            assert (await asyncio.wait_for(heard.get(), WAIT)).inventory is not None
+
+            seen = len(log.records)
+            log.admin("delete-node", DeleteNode(node="node-00"))
+            writer.fold(log.records[seen:])
+            assert writer.state.rejected_total == 0, writer.state.rejections
+            await writer.cycle()
+            assert await keys(kv) == {"node-01"} and writer.purges == 3
+            assert await mine.get("node-00") is None  # its agent reads no view, as a new node's
+
+            restarted = assignments_service.service(
+                InMemoryLog(), node_views.KvViewStore(kv), clock=lambda: 1.0
+            )
+            await restarted.restore()
+            restarted.fold(log.records)
+            await restarted.cycle()
+            assert await keys(kv) == {"node-01"} and restarted.purges == 0
+        finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following

@@ -272,9 +272,10 @@ async def test_a_standby_keeps_no_index_and_writes_every_view_once_it_leads() ->
     assert svc.index.nodes_by_job == {} and not svc.dirty
 
 
-async def test_a_deleted_node_is_written_once_as_gone_then_forgotten() -> None:
-    # Every node ever deleted stayed in the service's memory (the view last written, its index
-    # entry): a cluster whose nodes are replaced under new names grew it without end.
+async def test_a_deleted_nodes_key_is_purged_and_the_node_forgotten() -> None:
+    # Every node ever deleted kept its key (a view of no node and no jobs) in the bucket, and
+    # stayed in the service's memory (the view last written, its index entry): a cluster whose
+    # nodes are replaced under new names grew both without end.
     from corral.events.queues import DeleteNode
 
     store = MemoryViews()
@@ -291,9 +292,8 @@ async def test_a_deleted_node_is_written_once_as_gone_then_forgotten() -> None:
     svc.fold(log.records[seen:])
     assert svc.state.rejected_total == 0 and N1 not in svc.state.nodes, svc.state.rejections
     assert await svc.cycle() == 1
-    gone = store.get(N1)
-    assert gone is not None and gone.inventory is None and gone.jobs == ()
-    assert set(svc.written) == {N0, N2} and N1 not in svc.index.jobs_on
+    assert set(store.values) == {N0, N2} and svc.purges == 1
+    assert set(svc.written) == {N0, N2} and N1 not in svc.index.jobs_on and N1 not in svc.stored
 
 
 async def test_records_naming_a_deleted_node_do_not_write_its_key_again() -> None:
@@ -311,17 +311,34 @@ async def test_records_naming_a_deleted_node_do_not_write_its_key_again() -> Non
     seen = len(log.records)
     log.admin("delete-node", DeleteNode(node=N1))
     svc.fold(log.records[seen:])
-    assert await svc.cycle() == 1 and N1 not in svc.written
+    assert await svc.cycle() == 1 and N1 not in svc.written and N1 not in store.values
     puts = store.puts
     for _ in range(5):
         seen = len(log.records)
         log.event("corral.ev.node." + N1, NodeConditionChanged(node=N1, condition="lost"))
         svc.fold(log.records[seen:])
-        await svc.cycle()
-    assert store.puts == puts
+        assert await svc.cycle() == 0
+    assert store.puts == puts and svc.purges == 1 and N1 not in store.values
     seen = len(log.records)
     log.nodes(Cluster(2))  # it comes back: its view is written again
     svc.fold(log.records[seen:])
     await svc.cycle()
     back = store.get(N1)
-    assert back is not None and back.inventory is not None and N1 not in svc.gone
+    assert back is not None and back.inventory is not None and N1 in svc.stored
+
+
+async def test_a_writer_that_takes_over_purges_the_keys_of_nodes_its_state_no_longer_has() -> None:
+    # Keys of nodes deleted while no replica wrote, or before keys were purged, stayed for good:
+    # the replica taking the lease reconciles the bucket's keys with its state.
+    lease, store = _Turn(), MemoryViews()
+    for stale in ("node-09", "node-10"):
+        await store.put(stale, encode(node_view(State(), stale)))
+    svc = assignments_service.service(InMemoryLog(), store, lease=lease, clock=lambda: 1_000.0)
+    await svc.restore()
+    svc.fold(base().records)
+    assert await svc.cycle() == 0 and set(store.values) == {"node-09", "node-10"}  # a standby
+    lease.held = True
+    assert await svc.cycle() == 5
+    assert set(store.values) == {N0, N1, N2} and svc.purges == 2
+    for n in (N0, N1, N2):
+        assert store.values[n] == encode(node_view(svc.state, n)), n

@@ -18,7 +18,8 @@ how many of its questions run at once and how much simulation it has used lately
 
 Invariants:
 
-- a tenant's key holds only that tenant's jobs (``decide.values``);
+- a tenant's key holds only that tenant's jobs (``decide.values``), and a tenant with none
+  waiting has no key (purged, also by the replica that takes the lease);
 - a what-if answer goes only into the asker's own inbox (``_INBOX.corral.<asker>.``), as the read
   service's do; a question naming any other reply subject is dropped.
 """
@@ -115,7 +116,11 @@ class ForecastService(Service):
         self.last_seq = -1
         self.last_at: float | None = None  # None: forecast at the next cycle (also after taking the lease)
         self.rest_until = -math.inf  # no forecast before (``decide.rest_after``)
-        self.tenants: set[str] = set()  # tenants whose key was written since taking the lease
+        # Tenants whose key holds a forecast: those written since taking the lease, and the
+        # bucket's keys when it was taken (``_listed``), so that a tenant with none waiting any
+        # more has its key purged, whoever wrote it.
+        self.tenants: set[str] = set()
+        self._listed = False
         self.forecasts = 0
         self.calibration = eta.Calibration()
         self._counted: set[str] = set()  # succeeded jobs already in the calibration
@@ -137,6 +142,7 @@ class ForecastService(Service):
             return 0
         if self.lease is not None and not await self.lease.hold():
             self.last_at = None  # whoever takes the lease over writes at once (its rest over)
+            self._listed = False  # and reads the bucket's keys again when it does
             return 0
         if self._running is not None and not self._running.done():
             return 0
@@ -173,6 +179,9 @@ class ForecastService(Service):
     async def _forecast(self, frozen: bytes, now: float) -> None:
         try:
             copy, bands = await asyncio.to_thread(self._band, frozen, now)
+            if not self._listed:  # the keys another writer, or this one before, left
+                self.tenants |= await self.store.tenants()
+                self._listed = True
             written = values(copy, bands, now, self.tenants)
         except eta.Cancelled:
             return  # stopping
@@ -184,7 +193,11 @@ class ForecastService(Service):
         if self.lease is not None and not self.lease.held:
             return  # another replica writes now
         results = await asyncio.gather(
-            *(self.store.put(tenant, encode(v)) for tenant, v in written.items()), return_exceptions=True
+            *(
+                self.store.put(tenant, encode(v)) if v.jobs else self.store.remove(tenant)
+                for tenant, v in written.items()
+            ),
+            return_exceptions=True,
         )
         kept = set()
         for (tenant, v), result in zip(written.items(), results, strict=True):

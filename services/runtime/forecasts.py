@@ -6,7 +6,10 @@ every job of that tenant's that waits; the read service reads the asker's key (t
 tenant's) and adds each job's forecast to its ``jobs`` and ``explain`` answers. A key per tenant,
 not one for the whole cluster, so that what one answer reads is what its asker may see, and a
 tenant's value stays small. The log stays the truth: the bucket is derived, keeps one value per
-key and is rewritten by whichever replica takes the role's lease.
+key and is rewritten by whichever replica takes the role's lease. A tenant with no job waiting
+has no key: the role purges it once the tenant's last waiting job starts or ends, and the
+replica that takes the lease purges every key of a tenant with none (tenants come and go over
+months, and each kept a key of nothing for good).
 
 The read service, whose identity may not create consumers on it, reads a key with a direct get
 that names it in the subject (as an agent reads its node's view, ``views.py``).
@@ -20,6 +23,7 @@ from typing import Any, Protocol
 
 import msgspec
 from nats import errors as nats_errors
+from nats.js import errors as kv_errors
 
 from corral.events.jetstream import answered
 from corral.services.runtime import buckets
@@ -98,6 +102,14 @@ class ForecastStore(Protocol):
 
     async def get(self, tenant: str) -> TenantForecast | None: ...
 
+    async def remove(self, tenant: str) -> None:
+        """Purge the tenant's key: it has no job waiting."""
+        ...
+
+    async def tenants(self) -> set[str]:
+        """The tenants with a key: what a writer that takes over reconciles with."""
+        ...
+
 
 async def ensure_bucket(nc: Any, replicas: int = 1) -> None:
     """Create the forecasts' bucket if it is missing, with ``replicas`` (the log's), or bring it
@@ -122,6 +134,19 @@ class KvForecasts:
         assert self.kv is not None, "opened to read only"
         await self.kv.put(tenant, value)
 
+    async def remove(self, tenant: str) -> None:
+        # Purged: the value goes, and what stays is one marker without a value (a purge
+        # replaces the key's history), which reads as no forecast.
+        assert self.kv is not None, "opened to read only"
+        await self.kv.purge(tenant)
+
+    async def tenants(self) -> set[str]:
+        assert self.kv is not None, "opened to read only"
+        try:
+            return set(await self.kv.keys())
+        except kv_errors.NoKeysError:
+            return set()
+
     async def get(self, tenant: str) -> TenantForecast | None:
         """The tenant's forecast; None when there is none (or the server did not answer)."""
         try:
@@ -135,3 +160,23 @@ class KvForecasts:
         if headers.get("Status") or not msg.data:  # 404: nothing written yet
             return None
         return decode(msg.data)
+
+
+class MemoryForecasts:
+    """The bucket kept in memory: its stand-in where there is no NATS (unit tests)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    async def put(self, tenant: str, value: bytes) -> None:
+        self.values[tenant] = value
+
+    async def get(self, tenant: str) -> TenantForecast | None:
+        raw = self.values.get(tenant)
+        return None if raw is None else decode(raw)
+
+    async def remove(self, tenant: str) -> None:
+        self.values.pop(tenant, None)
+
+    async def tenants(self) -> set[str]:
+        return set(self.values)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -89,3 +90,44 @@ async def test_a_waiting_job_gets_a_forecast_and_whatif_keeps_tenancy(secured: S
             await s.request(identities.read_subject("b", "whatif"), b'{"job": {"queue": "qb"}}')
     finally:
         await s.close()
+
+
+async def test_a_tenant_with_no_job_waiting_has_no_key_after_the_role_restarts(tmp_path: Path) -> None:
+    # A tenant's key outlived its last waiting job (an empty value, for good), and one the role
+    # wrote before it restarted kept its stale forecasts: over months, a key per tenant ever.
+    import math
+
+    import nats
+
+    from corral.events.log import InMemoryLog
+    from corral.events.server import EmbeddedServer
+    from corral.services.forecast import service
+    from tests.unit.test_forecast import busy
+
+    async with EmbeddedServer(tmp_path / "nats") as server:
+        nc = await nats.connect(server.url)
+        try:
+            await forecasts.ensure_bucket(nc)
+            store = await forecasts.KvForecasts.open(nc)
+            stale = forecasts.TenantForecast(1, 0.0, HOUR, "", {"old": forecasts.Eta(5.0, 4.0, 6.0)})
+            await store.put("gone", forecasts.encode(stale))
+
+            async def forecast(svc: service.ForecastService, waiting: tuple[tuple[str, str], ...]) -> None:
+                svc.state, svc.last_at, svc.rest_until = busy(*waiting).state, None, -math.inf
+                await svc.cycle()
+                assert svc._running is not None
+                await svc._running
+
+            role = service.ForecastService(InMemoryLog(), store)
+            await forecast(role, (("t1", "t"), ("u1", "u")))
+            assert await store.tenants() == {"t", "u"} and await store.get("gone") is None
+            told = await store.get("t")
+            assert told is not None and set(told.jobs) == {"t1"}
+            await forecast(role, (("u1", "u"),))  # t1 is no longer waiting
+            assert await store.tenants() == {"u"} and await store.get("t") is None
+
+            restarted = service.ForecastService(InMemoryLog(), store)  # u1 started meanwhile
+            await forecast(restarted, ())
+            assert await store.tenants() == set()
+        finally:
+            await nc.close()

@@ -13,6 +13,7 @@ import pytest
 
 from corral.events.jobs import JobSpec, Resources
 from corral.events.queues import ApplyQueue, QueueSpec, Quota
+from corral.projections.state import State
 from corral.services.agent import inventory
 from corral.services.forecast import decide, whatif
 from corral.services.forecast.decide import EVERY_S, REFRESH_S
@@ -65,13 +66,9 @@ async def test_the_role_rests_after_a_forecast_for_as_long_as_its_share_says(
 
     monkeypatch.setattr(service.eta, "band", costly)
 
-    class Store:
-        async def put(self, tenant: str, value: bytes) -> None:
-            pass
-
     rested: list[float] = []
     monkeypatch.setattr(service, "rest_after", lambda ended, used: rested.append(used) or ended + 3600.0)
-    svc = service.ForecastService(InMemoryLog(), store=Store())  # type: ignore[arg-type]
+    svc = service.ForecastService(InMemoryLog(), store=forecasts.MemoryForecasts())
     await svc.cycle()
     assert svc._running is not None
     await svc._running
@@ -361,8 +358,9 @@ async def test_the_encoding_is_let_go_once_a_forecast_writing_the_bucket_and_a_w
     # wrote made it anew and, the forecast not done, did not let it go: held till the next one.
     import asyncio
 
-    class SlowBucket:
+    class SlowBucket(forecasts.MemoryForecasts):
         def __init__(self) -> None:
+            super().__init__()
             self.writing, self.written = asyncio.Event(), asyncio.Event()
 
         async def put(self, tenant: str, value: bytes) -> None:
@@ -383,6 +381,29 @@ async def test_the_encoding_is_let_go_once_a_forecast_writing_the_bucket_and_a_w
     await svc._running
     await asyncio.sleep(0)  # its done callbacks
     assert svc._frozen.data == b""
+
+
+async def test_a_tenant_with_no_job_waiting_has_no_key_whoever_wrote_it() -> None:
+    # A tenant's key stayed once its jobs had all started (a value of no jobs, for good), and
+    # a key written before the role restarted stayed with its stale forecasts: tenants come and
+    # go over months, and each kept one.
+    store = forecasts.MemoryForecasts()
+    stale = forecasts.TenantForecast(1, 0.0, 3600.0, "", {"old": forecasts.Eta(5.0, 4.0, 6.0)})
+    await store.put("gone", forecasts.encode(stale))  # by the role before it restarted
+    svc = _Asked(store=store).svc
+
+    async def forecast(state: State) -> None:
+        svc.state, svc.last_at, svc.rest_until = state, None, -math.inf
+        await svc.cycle()
+        assert svc._running is not None
+        await svc._running
+
+    await forecast(busy(("t1", "t")).state)
+    assert set(store.values) == {"t"}
+    told = await store.get("t")
+    assert told is not None and set(told.jobs) == {"t1"}
+    await forecast(busy().state)  # t1 is no longer waiting
+    assert store.values == {}
 
 
 def test_what_ifs_are_taken_while_their_asker_and_everyone_owe_less_than_their_most() -> None:

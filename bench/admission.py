@@ -34,6 +34,7 @@ COHORTS = 20
 ORGS = 2
 PENDING = 100_000
 MODELS = ("H100-80GB", "A100-80GB")
+TRAIN = ("python", "train.py")  # what each job runs (admission refuses a job with nothing to run)
 
 
 def build(pending: int, held_fraction: float, phase: Phase, seed: int = 7) -> State:
@@ -61,7 +62,7 @@ def build(pending: int, held_fraction: float, phase: Phase, seed: int = 7) -> St
         for i in range(int(16 * held_fraction)):
             seq += 1
             jid = f"r-{q}-{i}"
-            spec = JobSpec(queue=f"q-{q}", resources=Resources(gpus=1))
+            spec = JobSpec(queue=f"q-{q}", resources=Resources(gpus=1), command=TRAIN)
             s.jobs[jid] = JobState(
                 id=jid, tenant="t", spec=spec, submitted_seq=seq, submitted_at=seq, phase="running",
                 admission=Admission(jid, 0, 1, {"*": 1}), phase_since=seq,
@@ -82,7 +83,14 @@ def build(pending: int, held_fraction: float, phase: Phase, seed: int = 7) -> St
         replicas = rng.choice((1, 1, 1, 2, 4))
         lo = 1 if r > 0.95 else None
         pc = rng.choice(("low", "normal", "normal", "high"))
-        spec = JobSpec(queue=f"q-{q}", priority_class=pc, replicas=replicas, min_replicas=lo, resources=res)
+        spec = JobSpec(
+            queue=f"q-{q}",
+            priority_class=pc,
+            replicas=replicas,
+            min_replicas=lo,
+            resources=res,
+            command=TRAIN,
+        )
         jid = f"j-{i}"
         s.jobs[jid] = JobState(
             id=jid, tenant="t", spec=spec, submitted_seq=seq, submitted_at=seq, phase=phase,

@@ -46,6 +46,7 @@ QUEUES = 200
 COHORTS = 20
 QUEUED = 100_000
 ADMITTED = 50
+TRAIN = ("python", "train.py")  # what each job runs (admission refuses a job with nothing to run)
 _VERBS = {t: verb for verb, t in ADMIN_VERBS.items()}
 
 
@@ -133,7 +134,9 @@ def build(finished: int, seed: int = 7) -> State:
 
     def spec(q: int, gpus: int, prio: str, estimate: float | None = None) -> JobSpec:
         res = Resources(gpus=gpus, cpu_milli=1000 * gpus, memory_mib=8192 * gpus)
-        return JobSpec(queue=_queue(q), priority_class=prio, resources=res, runtime_estimate_s=estimate)
+        return JobSpec(
+            queue=_queue(q), priority_class=prio, resources=res, runtime_estimate_s=estimate, command=TRAIN
+        )
 
     # Finished jobs first: they ran, in batches, on the cluster that the running ones hold now.
     batch = 2000
@@ -155,7 +158,8 @@ def build(finished: int, seed: int = 7) -> State:
         n += 1
         job_id = f"adm-{n}"
         res = Resources(gpus=8, cpu_milli=8000, memory_mib=65536)
-        w.request("t", SubmitJob(request_id=job_id, job=JobSpec(queue=_queue(i % QUEUES), resources=res)))
+        js = JobSpec(queue=_queue(i % QUEUES), resources=res, command=TRAIN)
+        w.request("t", SubmitJob(request_id=job_id, job=js))
         w.event(JobAccepted(job_id=job_id, priority=0))
         w.event(JobsAdmitted(based_on=w.seq, now=w.now, admissions=(Admission(job_id, 0, 1, {"*": 8}),)))
     # Queued behind quota, as bench.admission's backlog: sizes, models, gangs, priorities.
@@ -171,6 +175,7 @@ def build(finished: int, seed: int = 7) -> State:
             replicas=rng.choice((1, 1, 1, 2, 4)),
             min_replicas=lo,
             resources=res,
+            command=TRAIN,
         )
         w.request("t", SubmitJob(request_id=f"wait-{n}", job=js))
         w.event(JobAccepted(job_id=f"wait-{n}", priority=prios[prio]))

@@ -38,6 +38,7 @@ from corral.services.sim import alibaba
 
 TRACE = Path("/work/shared/traces/alibaba-gpu-2023")
 NODES = 1250
+TRAIN = ("python", "train.py")  # what each job runs (admission refuses a job with nothing to run)
 
 
 def busy_cluster(nodes: int = NODES, busy: float = 0.5, seed: int = 1) -> State:
@@ -60,7 +61,7 @@ def busy_cluster(nodes: int = NODES, busy: float = 0.5, seed: int = 1) -> State:
             continue
         n += 1
         res = Resources(gpus=k, cpu_milli=4000 * k, memory_mib=16384 * k)
-        spec = JobSpec(queue="q", resources=res, runtime_estimate_s=rng.uniform(600, 36000))
+        spec = JobSpec(queue="q", resources=res, runtime_estimate_s=rng.uniform(600, 36000), command=TRAIN)
         job = JobState(
             id=f"busy-{n}", tenant="t", spec=spec, submitted_seq=0, submitted_at=0.0, phase="running"
         )
@@ -76,7 +77,7 @@ def busy_cluster(nodes: int = NODES, busy: float = 0.5, seed: int = 1) -> State:
 
 def gang_job(job_id: str, gpus: int, replicas: int, pack: TopologyPack, milli: int = 1000) -> JobState:
     res = Resources(gpus=gpus, gpu_milli=milli, cpu_milli=8000, memory_mib=32768)
-    spec = JobSpec(queue="q", replicas=replicas, resources=res, topology=Topology(pack))
+    spec = JobSpec(queue="q", replicas=replicas, resources=res, topology=Topology(pack), command=TRAIN)
     job = JobState(id=job_id, tenant="t", spec=spec, submitted_seq=10**9, submitted_at=0.0, phase="admitted")
     job.admission = Admission(job_id, 0, replicas)
     return job

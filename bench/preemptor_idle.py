@@ -62,7 +62,10 @@ def backlog(queued: int, running: int = 0, seed: int = 7) -> State:
         n += 1
         job_id = f"{queue}-{n}"
         spec = JobSpec(
-            queue=queue, resources=Resources(gpus=1), runtime_estimate_s=round(rng.uniform(5, 60), 1)
+            queue=queue,
+            resources=Resources(gpus=1),
+            runtime_estimate_s=round(rng.uniform(5, 60), 1),
+            command=("python", "train.py"),
         )
         w.request("t", SubmitJob(request_id=job_id, job=spec))
         w.event(JobAccepted(job_id=job_id, priority=0))

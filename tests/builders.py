@@ -82,6 +82,9 @@ AMPLE = 1024
 
 # -- job specs ------------------------------------------------------------------------------------
 
+# What the jobs tests build run, unless a test is about what a job runs.
+TRAIN = ("python", "train.py")
+
 
 class JobBuilder:
     """An immutable JobSpec under construction: every method returns a new builder."""
@@ -158,8 +161,9 @@ def spec_of(spec: SpecLike | None) -> JobSpec:
 
 
 def job(queue: str = "team-a") -> JobBuilder:
-    """A one-worker job asking for one whole GPU, 1 CPU and 1 GiB in ``queue``."""
-    return JobBuilder(JobSpec(queue=queue, resources=Resources(gpus=1)))
+    """A one-worker job asking for one whole GPU, 1 CPU and 1 GiB in ``queue``, running
+    ``python train.py`` (admission refuses a job with nothing to run)."""
+    return JobBuilder(JobSpec(queue=queue, resources=Resources(gpus=1), command=TRAIN))
 
 
 # -- queues and admissions ------------------------------------------------------------------------

@@ -255,6 +255,9 @@ SEED = 0
 COHORT = "philly"
 FIFO_QUEUE = "fifo"
 TIRESIAS_QUEUE = "tiresias"
+# The trace says what a job asked for and how long it ran, not what it ran: each trains a model,
+# as admission needs a job to run something.
+COMMAND = ("python", "train.py")
 POLICIES = ("corral", "fifo", "tiresias")
 # Nothing reads a finished job's state: the fold lets it go at the next record.
 RETENTION = ApplyRetention(retention=RetentionSpec(finished_s=0.0))
@@ -402,6 +405,7 @@ class Experiment:
                 grace_seconds=60.0,
                 # Tiresias schedules without knowing how long a job runs: it is told nothing.
                 runtime_estimate_s=None if policy == "tiresias" else j.duration,
+                command=COMMAND,
             )
             out.append(SimJob(j.id, j.team, spec, j.arrival, j.duration))
         return out

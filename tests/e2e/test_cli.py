@@ -97,19 +97,23 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     assert "fair share" in out.stdout
 
     job_file = tmp_path / "train.yaml"
-    job_file.write_text("id: train-1\nqueue: team-a\nreplicas: 2\nresources: {gpus: 4}\n")
+    job_file.write_text(
+        "id: train-1\nqueue: team-a\nreplicas: 2\nresources: {gpus: 4}\ncommand: [sleep, '600']\n"
+    )
     out = corral("submit", str(job_file), "--server", cluster, "--tenant", "team-a", env=env)
     assert out.stdout.strip() == "train-1"
-    out = corral(
-        "submit", "--queue", "team-a", "--gpus", "1", "--server", cluster, "--tenant", "team-a", env=env
-    )
+    flags = ("--queue", "team-a", "--gpus", "1", "--server", cluster, "--tenant", "team-a")
+    out = corral("submit", *flags, "--", "sleep", "600", env=env)
     flag_job = out.stdout.strip()
 
     # Any NATS client in any language: plain JSON to the intake, request-reply, answered from
     # the tenant's own inbox with where the log stored it.
     nc = await nats.connect(cluster, inbox_prefix="_INBOX.corral.team-b")
     try:
-        body = {"request_id": "raw-1", "job": {"queue": "team-b", "resources": {"gpus": 2}}}
+        body = {
+            "request_id": "raw-1",
+            "job": {"queue": "team-b", "resources": {"gpus": 2}, "command": ["sleep", "600"]},
+        }
         answer = await nc.request("corral.req.team-b.submit", json.dumps(body).encode(), timeout=10)
         assert json.loads(answer.data)["seq"] > 0
     finally:
@@ -128,7 +132,10 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     assert len(nodes) == 5
 
     elastic = tmp_path / "elastic.yaml"
-    elastic.write_text("id: el-1\nqueue: team-a\nreplicas: 4\nmin_replicas: 2\nresources: {gpus: 1}\n")
+    elastic.write_text(
+        "id: el-1\nqueue: team-a\nreplicas: 4\nmin_replicas: 2\nresources: {gpus: 1}\n"
+        "command: [sleep, '600']\n"
+    )
     corral("submit", str(elastic), "--server", cluster, "--tenant", "team-a", env=env)
     out = corral("resize", "el-1", "6", "--server", cluster, "--tenant", "team-a", env=env)
     assert "el-1" in out.stdout
@@ -151,11 +158,10 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     requests = [
         r for r in map(json.loads, exported.read_text().splitlines()) if r["subject"].startswith("corral.in.")
     ]
-    out = corral(
-        "whatif", "--queue", "team-a", "--gpus", "2", "--server", cluster, "--tenant", "team-a", env=env
-    )
+    asker = ("--server", cluster, "--tenant", "team-a")
+    out = corral("whatif", "--queue", "team-a", "--gpus", "2", *asker, "--", "sleep", "600", env=env)
     assert out.stdout.startswith("accepted"), out.stdout
-    out = corral("whatif", "--queue", "nowhere", "--server", cluster, "--tenant", "team-a", env=env)
+    out = corral("whatif", "--queue", "nowhere", *asker, "--", "sleep", "600", env=env)
     assert out.stdout.startswith("not accepted"), out.stdout
     corral("log", "export", str(exported), "--server", cluster, env=env)
     after = [

@@ -63,7 +63,8 @@ def test_nodes_are_cordoned_drained_and_uncordoned_and_queues_deleted(
     again = corral("node", "delete", "node-02", *server, env=env, check=False)
     assert (again.returncode, one_line(again)) == (1, "corral: no node node-02")
 
-    corral("submit", "--id", "busy", "--queue", "team-a", "--tenant", "team-a", *server, env=env)
+    busy_job = ("--id", "busy", "--queue", "team-a", "--tenant", "team-a", *server)
+    corral("submit", *busy_job, "--", "sleep", "600", env=env)
     busy = corral("queue", "delete", "team-a", *server, env=env, check=False)
     assert (busy.returncode, one_line(busy)) == (1, "corral: queue team-a still has jobs")
     in_use = corral("queue", "delete-cohort", "spares", *server, env=env, check=False)

@@ -37,7 +37,7 @@ def test_each_verb_says_what_became_of_it(cluster: str, env: dict[str, str], tmp
     assert ok.stdout.strip() == "ok-1"
     again = corral("submit", *long, env=env)
     assert again.stdout.strip() == "ok-1"  # the same id twice is one job
-    taken = corral("submit", "--id", "ok-1", "--queue", "team-b", *as_b, env=env, check=False)
+    taken = corral("submit", "--id", "ok-1", "--queue", "team-b", *as_b, "--", "true", env=env, check=False)
     assert taken.returncode == 1 and "job id ok-1 is taken" in one_line(taken)
 
     refusals = {
@@ -49,7 +49,7 @@ def test_each_verb_says_what_became_of_it(cluster: str, env: dict[str, str], tmp
         ),
     }
     for name, (flags, why) in refusals.items():
-        done = corral("submit", *flags, *as_a, env=env, check=False)
+        done = corral("submit", *flags, *as_a, "--", "sleep", "600", env=env, check=False)
         assert (done.returncode, done.stdout) == (1, ""), name
         line = one_line(done)
         assert "rejected" in line and why in line, (name, line)
@@ -62,7 +62,10 @@ def test_each_verb_says_what_became_of_it(cluster: str, env: dict[str, str], tmp
     assert not_elastic.returncode == 1 and "not elastic" in one_line(not_elastic)
 
     elastic = tmp_path / "elastic.yaml"
-    elastic.write_text("id: el-2\nqueue: team-a\nreplicas: 4\nmin_replicas: 2\nresources: {gpus: 1}\n")
+    elastic.write_text(
+        "id: el-2\nqueue: team-a\nreplicas: 4\nmin_replicas: 2\nresources: {gpus: 1}\n"
+        "command: [sleep, '600']\n"
+    )
     corral("submit", str(elastic), *as_a, env=env)
     assert corral("resize", "el-2", "6", *as_a, env=env).stdout.strip() == "el-2 resized to at most 6 workers"
 
@@ -70,7 +73,7 @@ def test_each_verb_says_what_became_of_it(cluster: str, env: dict[str, str], tmp
     twice = corral("cancel", "ok-1", *as_a, env=env, check=False)
     assert twice.returncode == 1 and "already cancelled" in one_line(twice)
 
-    fire = corral("submit", "--no-wait", "--queue", "nosuch", *as_a, env=env)
+    fire = corral("submit", "--no-wait", "--queue", "nosuch", *as_a, "--", "sleep", "600", env=env)
     assert re.fullmatch(r"j-[0-9a-f]+", fire.stdout.strip())  # fire-and-forget: stored, not judged
     explained = corral("explain", "ok-1", *as_b, env=env, check=False)
     assert (explained.returncode, one_line(explained)) == (1, "corral: no such job ok-1")
@@ -110,7 +113,7 @@ async def test_the_readme_sweep_runs_and_the_client_says_no_as_the_cli(
         with pytest.raises(NoSuchJob):
             await client.cancel("sweep-lr-1e-3")
         with pytest.raises(Rejected, match="does not exist"):
-            await client.submit({"queue": "team-a"})
+            await client.submit({"queue": "team-a", "command": ["sleep", "600"]})
         spec = {"queue": "team-b", "resources": {"gpus": 1}, "command": ["sleep", "600"]}
         submitted = await client.submit(spec, id="b-1")
         assert submitted.phase and submitted.seq > 0

@@ -22,6 +22,7 @@ from corral.events.jobs import JobSpec, Resources
 from corral.services.client import AsyncClient, NoSuchJob
 from corral.services.query.client import Refused, Session
 from corral.services.runtime import forecasts, identities
+from tests.builders import TRAIN
 from tests.integration.test_tenancy_nats import WAIT, Secured
 from tests.integration.test_tenancy_nats import secured as secured  # the fixture
 
@@ -39,13 +40,13 @@ async def test_a_waiting_job_gets_a_forecast_and_whatif_keeps_tenancy(secured: S
     try:
         # b's job takes the one node for an hour; a's job waits behind it.
         await secured.submit(
-            "b", "b-holds", JobSpec(queue="qb", resources=WHOLE_NODE, runtime_estimate_s=HOUR)
+            "b", "b-holds", JobSpec(queue="qb", resources=WHOLE_NODE, runtime_estimate_s=HOUR, command=TRAIN)
         )
         await secured.watch.until(
             lambda st: st.jobs.get("b-holds") is not None and st.jobs["b-holds"].held, WAIT
         )
         await secured.submit(
-            "a", "a-waits", JobSpec(queue="qa", resources=WHOLE_NODE, runtime_estimate_s=600)
+            "a", "a-waits", JobSpec(queue="qa", resources=WHOLE_NODE, runtime_estimate_s=600, command=TRAIN)
         )
 
         async def forecast_of_a() -> forecasts.TenantForecast:
@@ -74,7 +75,9 @@ async def test_a_waiting_job_gets_a_forecast_and_whatif_keeps_tenancy(secured: S
             await a.explain("b-holds")
 
         # What if a submitted another whole-node job: accepted, waits, starts after both.
-        what = await a.whatif(JobSpec(queue="qa", resources=WHOLE_NODE, runtime_estimate_s=60), "a-maybe")
+        what = await a.whatif(
+            JobSpec(queue="qa", resources=WHOLE_NODE, runtime_estimate_s=60, command=TRAIN), "a-maybe"
+        )
         assert what.accepted and not what.starts_now
         assert what.start is not None and what.start >= what.now + HOUR - 120
         assert "estimated start: in" in what.text

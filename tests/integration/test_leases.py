@@ -22,6 +22,7 @@ from corral.services.cli.watch import Watcher
 from corral.services.runtime.lease import KvLease
 from corral.services.runtime.lease import bucket as lease_bucket
 from corral.services.runtime.shell import Service
+from tests.builders import TRAIN
 
 WAIT = 20.0
 
@@ -90,7 +91,7 @@ async def test_of_two_admission_replicas_only_the_lease_holder_decides(nats_serv
     tasks = [asyncio.create_task(r.run(stops[i])) for i, r in enumerate(replicas)]
 
     async def submit(job_id: str) -> None:
-        req = SubmitJob(request_id=job_id, job=JobSpec(queue="q", resources=Resources(gpus=0)))
+        req = SubmitJob(request_id=job_id, job=JobSpec(queue="q", resources=Resources(gpus=0), command=TRAIN))
         await logs[2].append(Append(subjects.request("team-a", "submit"), codec.encode(req), job_id))
 
     def accepted_by(watch: Watcher, job_id: str) -> str | None:

@@ -29,10 +29,11 @@ from corral.services.cli.up import Settings, cluster, connect
 from corral.services.cli.watch import Watcher
 from corral.services.query.client import Session
 from corral.services.runtime import identities
+from tests.builders import TRAIN
 
 WAIT = 30.0
 LOGINS = Settings(tick=0.1, agents=False, auth=True, tenants=("a", "b"))
-SMALL = JobSpec(queue="qa", resources=Resources(gpus=1))
+SMALL = JobSpec(queue="qa", resources=Resources(gpus=1), command=TRAIN)
 
 
 class Corral:

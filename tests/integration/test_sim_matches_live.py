@@ -52,6 +52,7 @@ from corral.services.agent import inventory
 from corral.services.cli.up import Settings, cluster, connect
 from corral.services.cli.watch import Watcher
 from corral.services.sim.driver import AgentModel, SimConfig, SimJob, SimRecord, Simulation
+from tests.builders import TRAIN
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +74,7 @@ def job(job_id: str, team: str, gpus: int, arrival: float, work: float, **spec: 
         replicas=replicas,
         resources=Resources(gpus=gpus, cpu_milli=2000, memory_mib=8192),
         runtime_estimate_s=work,
+        command=TRAIN,
         **spec,
     )
     return SimJob(job_id, team, body, arrival, work)

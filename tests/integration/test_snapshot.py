@@ -60,7 +60,7 @@ from corral.projections.fold import apply, fold
 from corral.projections.snapshot import KEEP, SnapshotStore, restore
 from corral.projections.state import JobState, State
 from corral.services.agent.inventory import cluster
-from tests.builders import LogBuilder, job
+from tests.builders import TRAIN, LogBuilder, job
 
 TENANTS = ("alpha", "beta")
 SHAPES = (
@@ -145,6 +145,7 @@ class Cluster:
             priority_class=self.rng.choice(("normal", "high")),
             checkpointable=self.rng.random() < 0.5,
             restart_policy=self.rng.choice(("never", "on-failure")),
+            command=TRAIN,
         )
         self.request(self.rng.choice(TENANTS), "submit", SubmitJob(request_id=job_id, job=spec))
 

@@ -46,6 +46,7 @@ from corral.services.runtime.lease import BUCKET, KvLease, bucket
 from corral.services.runtime.shell import Service
 from corral.services.runtime.status import StatusBoard
 from corral.services.runtime.supervise import Supervision
+from tests.builders import TRAIN
 
 WAIT = 30.0
 HOST = socket.gethostname()
@@ -78,7 +79,7 @@ async def kv_until(kv: KeyValue, key: str, holds: Callable[[bytes], bool], timeo
 
 
 async def submit(log: JetStreamLog, job_id: str) -> None:
-    req = SubmitJob(request_id=job_id, job=JobSpec(queue="q", resources=Resources(gpus=0)))
+    req = SubmitJob(request_id=job_id, job=JobSpec(queue="q", resources=Resources(gpus=0), command=TRAIN))
     await log.append(Append(subjects.request("team-a", "submit"), codec.encode(req), job_id))
 
 

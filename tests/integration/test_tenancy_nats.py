@@ -42,6 +42,7 @@ from corral.services.client import AsyncClient, Busy
 from corral.services.intake.rate import Rate
 from corral.services.query.client import Refused, Session
 from corral.services.runtime import identities
+from tests.builders import TRAIN
 
 WAIT = 30.0
 LOGINS = Settings(tick=0.1, agents=False, auth=True, tenants=("a", "b"))
@@ -51,7 +52,7 @@ QUEUES = (
 )
 # One node of 8 GPUs: a gang of two 8-GPU workers fits its queue's quota but never the cluster,
 # so admission rejects it with the reason.
-TOO_BIG = JobSpec(queue="qa", replicas=2, resources=Resources(gpus=8))
+TOO_BIG = JobSpec(queue="qa", replicas=2, resources=Resources(gpus=8), command=TRAIN)
 
 
 @dataclass
@@ -141,7 +142,7 @@ async def test_tenant_submits_and_reads_why_its_job_waits(secured: Secured) -> N
 
 async def test_server_refuses_what_a_tenant_may_not_do(secured: Secured) -> None:
     before = await secured.log.last_seq()
-    stolen = codec.encode(SubmitJob(request_id="stolen", job=JobSpec(queue="qb")))
+    stolen = codec.encode(SubmitJob(request_id="stolen", job=JobSpec(queue="qb", command=TRAIN)))
     a = await secured.session("a")
     try:
         for subject in ("corral.in.b.submit", "corral.in.admin.queue", "corral.ev.job.stolen"):
@@ -243,7 +244,7 @@ async def test_payload_tricks_change_nothing(secured: Secured) -> None:
         del body["tenant"]
         seq = await a.send("corral.in.a.submit", json.dumps(body).encode(), "submit:ja")
         # An id with a dot never becomes a job: the intake says why, and nothing is appended.
-        dotted = codec.encode(SubmitJob(request_id="jb.x", job=JobSpec(queue="qa")))
+        dotted = codec.encode(SubmitJob(request_id="jb.x", job=JobSpec(queue="qa", command=TRAIN)))
         with pytest.raises(Refused, match="job id 'jb.x' is not a name"):
             await a.send("corral.in.a.submit", dotted, "submit:jb.x")
         assert (await a.ask("a", "rejections", after=seq))["rejections"] == []
@@ -290,12 +291,13 @@ async def test_cli_acts_as_the_tenant_it_is_given(secured: Secured, tmp_path: Pa
     # then drop a's submit as its repeat. The CLI's ids are unguessable, so a's job still comes.
     b = await secured.session("b")
     try:
-        decoy = codec.encode(SubmitJob(request_id="decoy", job=JobSpec(queue="qb")))
+        decoy = codec.encode(SubmitJob(request_id="decoy", job=JobSpec(queue="qb", command=TRAIN)))
         await b.send("corral.in.b.submit", decoy, "submit:a:cli-1")
     finally:
         await b.close()
-    submit = ("submit", "--id", "cli-1", "--queue", "qa", "--gpus", "8", "--replicas", "2")
-    code, out, err = await corral(*submit)
+    job = tmp_path / "cli-1.yaml"
+    job.write_text("id: cli-1\nqueue: qa\nreplicas: 2\nresources: {gpus: 8}\ncommand: [sleep, '600']\n")
+    code, out, err = await corral("submit", str(job))
     # It came (the decoy took no id of a's), and the one node can never hold it: the verdict says so.
     assert (code, out) == (1, "") and err.startswith("corral: cli-1 rejected: "), err
     await secured.watch.until(lambda st: bool(st.jobs.get("cli-1") and st.jobs["cli-1"].reasons), WAIT)
@@ -309,7 +311,8 @@ async def test_cli_acts_as_the_tenant_it_is_given(secured: Secured, tmp_path: Pa
     assert (code, err.strip()) == (1, "corral: no such job jb")
 
     # As a, speaking for b: the server refuses it.
-    code, out, err = await corral("submit", "--user", "a", "--tenant", "b", "--queue", "qb")
+    job.write_text("queue: qb\ncommand: [sleep, '600']\n")
+    code, out, err = await corral("submit", str(job), "--user", "a", "--tenant", "b")
     assert code == 2 and "permissions violation" in err, err
     code, out, err = await corral("log", "export", str(tmp_path / "log.jsonl"))
     assert code == 2 and "services login" in err, err
@@ -348,7 +351,7 @@ async def test_no_reply_subject_a_tenant_chooses_makes_anyone_write_for_it(secur
     a = await secured.session("a")
     try:
         assert a.nc is not None
-        body = codec.encode(SubmitJob(request_id="via-reply", job=JobSpec(queue="qa")))
+        body = codec.encode(SubmitJob(request_id="via-reply", job=JobSpec(queue="qa", command=TRAIN)))
         for target in targets:
             # Straight into the stream, on a's own request subject: the server refuses it.
             with pytest.raises(Refused, match="permissions violation"):
@@ -358,7 +361,7 @@ async def test_no_reply_subject_a_tenant_chooses_makes_anyone_write_for_it(secur
         # Headers a client must not set do not reach the log: a conditional append would let a
         # tenant fence services out of their own subjects.
         forged = {"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Rollup": "all"}
-        honest = codec.encode(SubmitJob(request_id="honest", job=JobSpec(queue="qa")))
+        honest = codec.encode(SubmitJob(request_id="honest", job=JobSpec(queue="qa", command=TRAIN)))
         seq = await a.send("corral.in.a.submit", honest, "honest", headers=forged)
         await a.nc.flush()
     finally:
@@ -379,9 +382,9 @@ async def test_a_tenant_cannot_take_another_tenants_message_id(secured: Secured)
     b = await secured.session("b")
     a = await secured.session("a")
     try:
-        decoy = codec.encode(SubmitJob(request_id="decoy", job=JobSpec(queue="qb")))
+        decoy = codec.encode(SubmitJob(request_id="decoy", job=JobSpec(queue="qb", command=TRAIN)))
         await b.send("corral.in.b.submit", decoy, "submit:mine")
-        real = codec.encode(SubmitJob(request_id="mine", job=JobSpec(queue="qa")))
+        real = codec.encode(SubmitJob(request_id="mine", job=JobSpec(queue="qa", command=TRAIN)))
         seq = await a.send("corral.in.a.submit", real, "submit:mine")
         again = await a.send("corral.in.a.submit", real, "submit:mine")  # a's own retry: one record
     finally:
@@ -499,11 +502,13 @@ async def test_a_tenant_past_its_rate_is_told_when_to_retry_and_nothing_of_it_is
         before = await secured.log.last_seq()
         login = {"user": "a", "password": secured.passwords["a"]}
         async with AsyncClient(secured.url, tenant="a", **login) as a:
-            taken = [await a.submit(JobSpec(queue="qa"), f"burst-{i}", wait=False) for i in range(3)]
+            taken = [
+                await a.submit(JobSpec(queue="qa", command=TRAIN), f"burst-{i}", wait=False) for i in range(3)
+            ]
             with pytest.raises(Busy, match=r"more than 0.01 requests a second of yours \(burst 3\)") as told:
-                await a.submit(JobSpec(queue="qa"), "burst-3", wait=False)
+                await a.submit(JobSpec(queue="qa", command=TRAIN), "burst-3", wait=False)
             assert 90 < told.value.retry_s <= 100
-        b_at = await secured.submit("b", "jb", JobSpec(queue="qb"))
+        b_at = await secured.submit("b", "jb", JobSpec(queue="qb", command=TRAIN))
         state = await secured.watch.until(lambda st: st.seq >= b_at and "jb" in st.jobs, WAIT)
         assert sorted(j for j in state.jobs if j.startswith("burst-")) == ["burst-0", "burst-1", "burst-2"]
         appended = await records_since(secured.log, before)

@@ -33,6 +33,7 @@ from corral.projections.quota import ANY, Ledger
 from corral.projections.state import WHOLE, State
 from corral.services.admission.decide import AdmissionConfig, decide
 from corral.services.admission.order import pending_order
+from tests.builders import TRAIN
 
 KEYS = (ANY, "H100")
 PRIORITY_CLASSES = ("normal", "high", "low")
@@ -119,6 +120,7 @@ def jobs(draw: st.DrawFn, queues: int) -> JobSpec:
         min_replicas=lo,
         priority_class=draw(st.sampled_from(PRIORITY_CLASSES)),
         resources=res,
+        command=TRAIN,
     )
 
 

@@ -14,6 +14,7 @@ from corral.events.jobs import JobSpec, Resources
 from corral.services.admission.decide import decide as admission
 from corral.services.placer.decide import decide as placer
 from corral.services.preemptor.decide import decide as preemptor
+from tests.builders import TRAIN
 from tests.unit.test_preemptor import World
 
 GPUS = 8  # per node of the h100-8x profile
@@ -39,6 +40,7 @@ def fragmented(draw: st.DrawFn) -> tuple[World, str]:
                 queue=draw(st.sampled_from(("a", "b"))),
                 resources=Resources(gpus=size),
                 preemptible=draw(st.booleans()) or draw(st.booleans()),
+                command=TRAIN,
             )
             claims = tuple(GpuClaim(g) for g in range(used, used + size))
             w.run(f"r{n}", spec, (node, claims), priority=draw(st.sampled_from((0, 0, 5))))
@@ -50,7 +52,10 @@ def fragmented(draw: st.DrawFn) -> tuple[World, str]:
     replicas = draw(st.sampled_from((1, 1, 2)))
     per_worker = draw(st.integers(most + 1, max(most + 1, min(GPUS, total // replicas))))
     spec = JobSpec(
-        queue=draw(st.sampled_from(("a", "b"))), replicas=replicas, resources=Resources(gpus=per_worker)
+        queue=draw(st.sampled_from(("a", "b"))),
+        replicas=replicas,
+        resources=Resources(gpus=per_worker),
+        command=TRAIN,
     )
     w.submit("waiting", spec, priority=1)
     for e in admission(w.state, w.time):

@@ -22,6 +22,7 @@ from corral.events.queues import (
 )
 from corral.services.agent import inventory
 from corral.services.sim.driver import SimConfig, SimJob, Simulation
+from tests.builders import TRAIN
 
 NORMAL = PriorityClassSpec("normal", 0, min_runtime_s=300.0, max_preemptions=3)
 FAIR = PreemptionPolicy(fair_sharing=("less-than-or-equal-to-final-share", "less-than-initial-share"))
@@ -53,6 +54,7 @@ def workloads(draw: st.DrawFn) -> tuple[dict[str, int], list[SimJob]]:
             preemptible=saves or gpus > quotas[team],
             grace_seconds=60.0,
             runtime_estimate_s=work,
+            command=TRAIN,
         )
         jobs.append(SimJob(f"j{i:02d}", team, spec, arrival, work))
     jobs.sort(key=lambda j: (j.arrival, j.id))

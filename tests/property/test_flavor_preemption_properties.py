@@ -33,6 +33,7 @@ from corral.projections.preemption import demand, planning_ledger
 from corral.projections.quota import Ledger
 from corral.services.agent.inventory import cluster
 from corral.services.preemptor.decide import PreemptorConfig, decide
+from tests.builders import TRAIN
 from tests.property.test_preemptor_properties import World, _first_fit, policies
 
 H100, A100 = "H100-80GB", "A100-80GB"
@@ -72,6 +73,7 @@ def model_worlds(draw: st.DrawFn) -> World:
             replicas=n,
             min_replicas=1 if elastic else None,
             resources=Resources(gpus=per, gpu_models=models),
+            command=TRAIN,
         )
         w.emit(subj.request("t", "submit"), SubmitJob(request_id=jid, job=spec), "t")
         w.emit(subj.job(jid), JobAccepted(job_id=jid, priority=prio))

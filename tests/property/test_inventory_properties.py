@@ -21,7 +21,7 @@ from corral.projections import quota
 from corral.projections.placement.inventory import CODE, never_fits
 from corral.services.agent.inventory import PROFILES
 from corral.services.placer.decide import decide
-from tests.builders import Cluster, LogBuilder
+from tests.builders import TRAIN, Cluster, LogBuilder
 
 QUEUE = QueueSpec("team-a", quotas={quota.ANY: Quota(1_000_000)})
 MODELS = [(), (), (), (), ("H100-80GB",), ("A100-80GB", "T4"), ("A100-40GB",), ("B200",)]
@@ -54,6 +54,7 @@ def specs(draw: st.DrawFn) -> JobSpec:
         resources=res,
         topology=Topology(pack, draw(st.booleans())),  # type: ignore[arg-type]
         node_selector=selector,
+        command=TRAIN,
     )
 
 

@@ -30,7 +30,7 @@ from corral.projections.fold import apply_event
 from corral.projections.state import WHOLE, State
 from corral.services.agent.inventory import PROFILES
 from corral.services.placer.decide import decide
-from tests.builders import Cluster, LogBuilder
+from tests.builders import TRAIN, Cluster, LogBuilder
 
 QUEUE = QueueSpec("team-a", quotas={quota.ANY: Quota(1_000_000)})
 MIG_PROFILES = ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
@@ -68,6 +68,7 @@ def job_specs(draw: st.DrawFn) -> tuple[JobSpec, int]:
         node_selector=selector,
         preemptible=draw(st.booleans()),
         runtime_estimate_s=draw(st.none() | st.sampled_from([60.0, 3600.0])),
+        command=TRAIN,
     )
     return spec, replicas
 

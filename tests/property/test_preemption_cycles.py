@@ -34,6 +34,7 @@ from corral.events.queues import (
 )
 from corral.services.agent import inventory
 from corral.services.sim.driver import SimJob, Simulation
+from tests.builders import TRAIN
 
 TEAMS = ("team-a", "team-b", "team-c")
 CLASSES = {"low": 0, "mid": 5, "high": 10}
@@ -75,6 +76,7 @@ def workloads(draw: st.DrawFn) -> tuple[list[Event], list[SimJob]]:
             resources=Resources(gpus=n, cpu_milli=1000, memory_mib=1024),
             checkpointable=True,
             grace_seconds=60.0,
+            command=TRAIN,
         )
         work.append(SimJob(f"j{i:02d}", team, spec, float(arrival), float(seconds)))
     return setup, work

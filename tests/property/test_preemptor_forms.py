@@ -16,6 +16,7 @@ from corral.events.jobs import JobAccepted, JobSpec, Resources, SubmitJob, Topol
 from corral.events.queues import ApplyPriorityClass, ApplyQueue, QueueSpec, Quota
 from corral.projections.quota import ANY, Ledger
 from corral.services.preemptor.decide import PreemptorConfig, beneficiaries, decide, plan
+from tests.builders import TRAIN
 from tests.property.test_preemptor_properties import CLASSES, World, _start, org_world, policies
 
 QUEUES = ("team-a", "team-b", "team-c")  # a and b share cohort org; c is alone
@@ -64,6 +65,7 @@ def backlogs(draw: st.DrawFn) -> World:
             resources=Resources(gpus=per),
             topology=Topology(pack=pack),  # type: ignore[arg-type]
             runtime_estimate_s=estimate,
+            command=TRAIN,
         )
         if i in unseen:
             w.emit(subj.request("t", "submit"), SubmitJob(request_id=f"j{i:02d}", job=spec), "t")
@@ -97,7 +99,7 @@ def test_the_turns_job_by_job_are_every_queued_job_in_order() -> None:
     w.emit(subj.admin("queue"), ApplyQueue(queue=queue), subj.ADMIN)
     ledger = Ledger.from_state(w.state)
     for i, pc in enumerate(["low", "high", "low", "mid"]):
-        spec = JobSpec(queue="team-a", priority_class=pc, resources=Resources(gpus=1 + i % 2))
+        spec = JobSpec(queue="team-a", priority_class=pc, resources=Resources(gpus=1 + i % 2), command=TRAIN)
         _start(w, _never, ledger, f"j{i}", spec, 1.0, CLASSES[pc].value)
     assert [j.id for j in beneficiaries(w.state, w.time)] == ["j1", "j3", "j0", "j2"]
 

@@ -70,6 +70,7 @@ from corral.services.preemptor.victims import (
     preemptible,
     queued_target,
 )
+from tests.builders import TRAIN
 
 CLASSES = {
     "low": PriorityClassSpec("low", 0),
@@ -164,6 +165,7 @@ def worlds(draw: st.DrawFn) -> World:
             resources=Resources(gpus=per),
             preemptible=ok,
             grace_seconds=float(10 * (i % 4)),
+            command=TRAIN,
         )
         _start(w, draw, ledger, jid, spec, dt, CLASSES[pc].value)
     w.time += draw(st.floats(0, 600))
@@ -231,11 +233,15 @@ def lender_worlds(draw: st.DrawFn) -> World:
             replicas=n if elastic else 1,
             min_replicas=1 if elastic else None,
             resources=Resources(gpus=1 if elastic else n),
+            command=TRAIN,
         )
         _start(w, draw, ledger, f"j{i:02d}", spec, 1.0, CLASSES[pc].value)
     w.time += 600.0  # past every class's guards
     spec = JobSpec(
-        queue="team-a", priority_class="high", resources=Resources(gpus=draw(st.sampled_from([2, 4, 8])))
+        queue="team-a",
+        priority_class="high",
+        resources=Resources(gpus=draw(st.sampled_from([2, 4, 8]))),
+        command=TRAIN,
     )
     _start(w, draw, ledger, "urgent", spec, 1.0, CLASSES["high"].value)
     return w
@@ -533,7 +539,7 @@ def spread_worlds(draw: st.DrawFn) -> World:
     )
     for i, (q, pc, n, node) in enumerate(draw(st.lists(shapes, min_size=4, max_size=12))):
         jid = f"j{i:02d}"
-        spec = JobSpec(queue=q, priority_class=pc, resources=Resources(gpus=n))
+        spec = JobSpec(queue=q, priority_class=pc, resources=Resources(gpus=n), command=TRAIN)
         free = [g.info.index for g in w.state.nodes[node].gpus if not g.holders]
         w.emit(subj.request("t", "submit"), SubmitJob(request_id=jid, job=spec), "t", draw(st.floats(1, 60)))
         w.emit(subj.job(jid), JobAccepted(job_id=jid, priority=CLASSES[pc].value))
@@ -552,6 +558,7 @@ def spread_worlds(draw: st.DrawFn) -> World:
         priority_class="high",
         resources=Resources(gpus=draw(st.sampled_from([4, 8]))),
         topology=Topology("node", True),
+        command=TRAIN,
     )
     _start(w, draw, ledger, "urgent", spec, 1.0, CLASSES["high"].value)
     return w
@@ -627,7 +634,7 @@ def full_cohorts(draw: st.DrawFn) -> World:
                 pc = "high"
             else:
                 fixed_room[q] -= 8
-        spec = JobSpec(queue=q, priority_class=pc, resources=Resources(gpus=8))
+        spec = JobSpec(queue=q, priority_class=pc, resources=Resources(gpus=8), command=TRAIN)
         w.emit(subj.request("t", "submit"), SubmitJob(request_id=jid, job=spec), "t", draw(st.floats(1, 600)))
         w.emit(subj.job(jid), JobAccepted(job_id=jid, priority=CLASSES[pc].value))
         adm = quota.admission(w.state.queues[spec.queue], w.state.jobs[jid])
@@ -635,7 +642,12 @@ def full_cohorts(draw: st.DrawFn) -> World:
         p = Placement(jid, 0, (WorkerSlot(0, node, tuple(GpuClaim(g) for g in range(8))),))
         w.emit(subj.decision("placer"), JobsPlaced(based_on=w.seq, now=w.time, placements=(p,)))
         w.emit(subj.node(node), WorkerStarted(node=node, job_id=jid, attempt=0, rank=0))
-    spec = JobSpec(queue=draw(st.sampled_from(queues)), priority_class="urgent", resources=Resources(gpus=8))
+    spec = JobSpec(
+        queue=draw(st.sampled_from(queues)),
+        priority_class="urgent",
+        resources=Resources(gpus=8),
+        command=TRAIN,
+    )
     w.emit(
         subj.request("t", "submit"), SubmitJob(request_id="urgent", job=spec), "t", draw(st.floats(1, 600))
     )

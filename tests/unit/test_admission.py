@@ -39,7 +39,7 @@ from corral.services.admission import order
 from corral.services.admission.decide import AdmissionConfig, decide
 from corral.services.admission.order import pending_order
 from corral.services.admission.validate import validate
-from tests.builders import Cluster, JobBuilder, LogBuilder, move_to, on, queue_spec
+from tests.builders import TRAIN, Cluster, JobBuilder, LogBuilder, move_to, on, queue_spec
 from tests.builders import job as spec
 
 H = "H100"
@@ -105,7 +105,7 @@ class Job:
 
 
 def job(job_id: str, queue: str = "team-a") -> Job:
-    return Job(job_id, JobSpec(queue=queue, resources=Resources(gpus=1)))
+    return Job(job_id, JobSpec(queue=queue, resources=Resources(gpus=1), command=TRAIN))
 
 
 A16, B8 = Quota(16), Quota(8)
@@ -156,7 +156,7 @@ def fold_all(s: State, events: list[Event]) -> int:
 
 def _spec(**kw: Any) -> JobSpec:
     res = kw.pop("res", Resources(gpus=1, gpu_models=(H,)))
-    return JobSpec(queue=kw.pop("queue", "team-a"), resources=res, **kw)
+    return JobSpec(queue=kw.pop("queue", "team-a"), resources=res, **{"command": TRAIN, **kw})
 
 
 VALID = [

@@ -76,6 +76,7 @@ from corral.events.queues import (
     Quota,
 )
 from corral.projections.quota import ANY
+from tests.builders import TRAIN
 from tests.unit.test_preemptor import World
 from tests.unit.test_volcano_scenarios import settle
 
@@ -130,6 +131,7 @@ class Job:
             preemptible=CLASSES[self.priority][1],
             checkpointable=True,
             node_selector=self.selector,
+            command=TRAIN,
         )
 
 

@@ -19,6 +19,7 @@ from corral.projections.state import JobState, State
 from corral.services.agent import inventory
 from corral.services.sim import eta
 from corral.services.sim.driver import SimJob, Simulation
+from tests.builders import TRAIN
 
 
 def spec(gpus: int = 1, name: str = "", queue: str = "q", estimate: float | None = None) -> JobSpec:
@@ -27,6 +28,7 @@ def spec(gpus: int = 1, name: str = "", queue: str = "q", estimate: float | None
         name=name,
         resources=Resources(gpus=gpus, cpu_milli=1000, memory_mib=1024),
         runtime_estimate_s=estimate,
+        command=TRAIN,
     )
 
 

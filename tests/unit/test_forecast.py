@@ -23,6 +23,7 @@ from corral.services.query.present import eta_text
 from corral.services.runtime import forecasts
 from corral.services.sim import eta
 from corral.services.sim.driver import SimJob, Simulation
+from tests.builders import TRAIN
 
 
 @pytest.mark.parametrize(
@@ -84,6 +85,7 @@ def spec(gpus: int = 8, queue: str = "q", estimate: float | None = 1000.0, mig: 
         resources=Resources(gpus=gpus, cpu_milli=1000, memory_mib=1024, mig=mig),
         runtime_estimate_s=estimate,
         preemptible=False,
+        command=TRAIN,
     )
 
 
@@ -122,7 +124,7 @@ def test_a_tenants_value_fits_a_message_whatever_its_ids() -> None:
     for i in range(forecasts.MOST):
         job_id = f"{i:05d}-" + "x" * 58
         state.jobs[job_id] = JobState(
-            id=job_id, tenant="t", spec=JobSpec(queue="q"), submitted_seq=i, submitted_at=0
+            id=job_id, tenant="t", spec=JobSpec(queue="q", command=TRAIN), submitted_seq=i, submitted_at=0
         )
         start = 1.7e9 + i * 1.234567
         bands[job_id] = (start - 100.5, start, start + 200.25)

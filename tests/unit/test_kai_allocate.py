@@ -157,6 +157,7 @@ from corral.services.admission.decide import decide as admission_decide
 from corral.services.placer.decide import decide as placer_decide
 from corral.services.preemptor.decide import PreemptorConfig
 from corral.services.sim.driver import SimConfig, Simulation
+from tests.builders import TRAIN
 
 ALLOCATE = "allocate/allocate_test.go"
 FRACTION = "allocate/allocateFractionalGpu_test.go"
@@ -241,6 +242,7 @@ class J:
             resources=res,
             topology=Topology(self.pack, self.required),
             checkpointable=True,
+            command=TRAIN,
         )
 
 

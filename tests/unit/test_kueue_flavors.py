@@ -30,6 +30,7 @@ from corral.services.admission.validate import validate
 from corral.services.agent.inventory import cluster
 from corral.services.placer.decide import decide as placer
 from corral.services.preemptor.decide import decide as preemptor
+from tests.builders import TRAIN
 from tests.unit.test_preemptor import World, whole
 
 H100, A100 = "H100-80GB", "A100-80GB"
@@ -49,7 +50,7 @@ def _world(a_a100: int = 4) -> World:
 
 
 def spec(queue: str, n: int, *models: str, **kw: object) -> JobSpec:
-    return JobSpec(queue=queue, resources=Resources(gpus=n, gpu_models=models), **kw)  # type: ignore[arg-type]
+    return JobSpec(queue=queue, resources=Resources(gpus=n, gpu_models=models), command=TRAIN, **kw)  # type: ignore[arg-type]
 
 
 def preemptions(w: World) -> list[PreemptionRequested]:

@@ -15,13 +15,14 @@ from corral.projections.fold import apply_event
 from corral.services.admission.validate import validate
 from corral.services.preemptor.decide import PreemptorConfig, decide
 from corral.services.preemptor.victims import COHORT, Pool, Simulation, blocked_targets, candidates
+from tests.builders import TRAIN
 from tests.unit.test_preemptor import N0, World, gpus, whole
 
 ALL_CPUS = 224_000  # an h100-8x node's
 
 
 def rider(queue: str = "team-b", **kw: object) -> JobSpec:
-    return JobSpec(queue=queue, resources=Resources(gpus=0, cpu_milli=ALL_CPUS), **kw)  # type: ignore[arg-type]
+    return JobSpec(queue=queue, resources=Resources(gpus=0, cpu_milli=ALL_CPUS), command=TRAIN, **kw)  # type: ignore[arg-type]
 
 
 def _world() -> World:
@@ -90,7 +91,11 @@ def test_no_job_that_asks_for_no_gpu_is_stopped_for_one_blocked_by_quota() -> No
     w = World().cohort("c").queue("team-a", nominal=8, cohort="c").queue("team-b", nominal=0, cohort="c")
     w.run("b-borrows", gpus(8, "team-b"), whole(N0, *range(8)))
     for i in range(20):
-        w.run(f"ride-{i}", JobSpec(queue="team-b", resources=Resources(gpus=0, cpu_milli=1000)), (N0, ()))
+        w.run(
+            f"ride-{i}",
+            JobSpec(queue="team-b", resources=Resources(gpus=0, cpu_milli=1000), command=TRAIN),
+            (N0, ()),
+        )
     w.submit("a-job", gpus(8))
     sim = Simulation(w.state, PreemptorConfig().placer, w.time)
     (target,) = blocked_targets(w.state, sim.ledger, w.state.jobs["a-job"])

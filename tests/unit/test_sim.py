@@ -34,6 +34,7 @@ from corral.services.cli.jobfile import BadInput
 from corral.services.sim import philly
 from corral.services.sim.driver import AgentModel, SimConfig, SimJob, Simulation
 from corral.services.sim.traces import philly as philly_trace
+from tests.builders import TRAIN
 
 
 def gpus(n: int, queue: str = "team-a", work: float = 100.0, **spec: object) -> JobSpec:
@@ -41,6 +42,7 @@ def gpus(n: int, queue: str = "team-a", work: float = 100.0, **spec: object) -> 
         queue=queue,
         resources=Resources(gpus=n, cpu_milli=1000, memory_mib=1024),
         runtime_estimate_s=work,
+        command=TRAIN,
         **spec,  # type: ignore[arg-type]
     )
 
@@ -606,8 +608,14 @@ def test_a_job_that_always_restarts_runs_again_and_every_forecast_goes_on() -> N
     from corral.services.sim import eta
 
     setup: list[Event] = [ApplyQueue(queue=QueueSpec("q", quotas={"*": Quota(8)}))]
-    svc = JobSpec(queue="q", resources=Resources(gpus=1), restart_policy="always", runtime_estimate_s=100.0)
-    big = JobSpec(queue="q", resources=Resources(gpus=8), runtime_estimate_s=600.0)
+    svc = JobSpec(
+        queue="q",
+        resources=Resources(gpus=1),
+        restart_policy="always",
+        runtime_estimate_s=100.0,
+        command=TRAIN,
+    )
+    big = JobSpec(queue="q", resources=Resources(gpus=8), runtime_estimate_s=600.0, command=TRAIN)
     jobs = [SimJob("svc", "eve", svc, 0.0, 100.0), SimJob("big", "bob", big, 10.0, 600.0)]
     sim = Simulation(inventory.cluster(1, "h100-8x"), setup, jobs, record=True)
     sim.run(until=250.0)  # past its first run's end
@@ -663,7 +671,7 @@ def test_a_forecast_from_a_state_with_a_shrink_under_way_lets_its_leaving_ranks_
     from tests.unit.test_preemptor import elastic_borrower
 
     w = elastic_borrower()
-    w.submit("b1", JobSpec(queue="team-b", resources=Resources(gpus=8)))
+    w.submit("b1", JobSpec(queue="team-b", resources=Resources(gpus=8), command=TRAIN))
     w.cycle(admission)
     w.cycle(preemptor)
     deadline = w.state.jobs["elastic"].preempt_deadline

@@ -9,6 +9,7 @@ from corral.events.jobs import JobSpec, Resources
 from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, QueueSpec, Quota
 from corral.services.agent import inventory
 from corral.services.sim.driver import SimConfig, SimJob, Simulation
+from tests.builders import TRAIN
 
 HOUR = 3600.0
 
@@ -22,6 +23,7 @@ def job(job_id: str, queue: str, at: float, hours: float, gpus: int, replicas: i
         checkpointable=True,
         preemptible=True,
         runtime_estimate_s=hours * HOUR,
+        command=TRAIN,
     )
     return SimJob(job_id, queue, spec, at, hours * HOUR)
 

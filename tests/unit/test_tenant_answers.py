@@ -29,11 +29,14 @@ from corral.services.preemptor.decide import PreemptorConfig
 from corral.services.query.decide import Ask, answer
 from corral.services.query.view import JobView
 from corral.services.sim.driver import SimConfig, SimJob, Simulation
+from tests.builders import TRAIN
 
 
 def spec(queue: str, gpus: int = 1, estimate: float = 1000.0, preemptible: bool = True, **kw: Any) -> JobSpec:
     res = Resources(gpus=gpus, cpu_milli=1000, memory_mib=1024)
-    return JobSpec(queue=queue, resources=res, runtime_estimate_s=estimate, preemptible=preemptible, **kw)
+    return JobSpec(
+        queue=queue, resources=res, runtime_estimate_s=estimate, preemptible=preemptible, command=TRAIN, **kw
+    )
 
 
 def folded(
@@ -156,7 +159,9 @@ def test_a_shrink_names_neither_side_to_the_other() -> None:
 
 
 def test_nodes_show_whose_mig_instance_only_to_its_owner() -> None:
-    mig = JobSpec(queue="qa", resources=Resources(gpus=1, mig="1g.10gb", cpu_milli=1000, memory_mib=1024))
+    mig = JobSpec(
+        queue="qa", resources=Resources(gpus=1, mig="1g.10gb", cpu_milli=1000, memory_mib=1024), command=TRAIN
+    )
     jobs = [SimJob("alice-secret-finetune", "alice", mig, 0.0, 1000.0)]
     view = folded([closed("qa", "alice", 8), closed("qb", "bob", 8)], jobs, 10.0, "h100-8x-mig")
 
@@ -179,7 +184,15 @@ def test_a_what_if_names_neither_another_tenants_job_nor_a_queue_closed_to_the_a
         SimJob("alice-secret-2", "alice", spec("alice-private", 4, 9000), 1.0, 9000.0),
     ]
     view = folded(setup, jobs, until=10.0)
-    probe = {"id": "probe", "job": {"queue": "qb", "resources": {"gpus": 4}, "runtime_estimate_s": 100}}
+    probe = {
+        "id": "probe",
+        "job": {
+            "queue": "qb",
+            "resources": {"gpus": 4},
+            "runtime_estimate_s": 100,
+            "command": ["python", "train.py"],
+        },
+    }
     told = whatif_answer(view.state, "bob", json.dumps(probe).encode(), 20.0)
     assert told["preempts"] == ["a job of another queue"], told
     assert "alice" not in json.dumps(told)

@@ -17,6 +17,7 @@ from corral.services.agent import inventory
 from corral.services.sim import tiresias
 from corral.services.sim.driver import AgentModel, SimConfig, SimJob, Simulation
 from corral.services.sim.tiresias import HIGH, LOW, Candidate, Service, TiresiasConfig
+from tests.builders import TRAIN
 
 CONFIG = TiresiasConfig(threshold_gpu_s=3600.0, promote_knob=8.0)
 
@@ -60,7 +61,7 @@ def test_a_job_of_the_low_queue_comes_back_up_after_waiting_knob_times_as_long_a
 
 
 def job_state(phase: str, since: float = 0.0, preempted_at: tuple[float, ...] = ()) -> JobState:
-    spec = JobSpec(queue="tiresias", resources=Resources(gpus=2))
+    spec = JobSpec(queue="tiresias", resources=Resources(gpus=2), command=TRAIN)
     return JobState(
         id="j", tenant="t", spec=spec, submitted_seq=1, submitted_at=0.0, phase=phase,  # type: ignore[arg-type]
         phase_since=since, preempted_at=preempted_at,
@@ -246,6 +247,7 @@ def job(
         preemptible=saves,
         grace_seconds=60.0,
         runtime_estimate_s=work if estimate else None,
+        command=TRAIN,
     )
     return SimJob(job_id, "team", spec, arrival, work)
 

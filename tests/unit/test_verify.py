@@ -24,6 +24,7 @@ from corral.services.cli.up import register_nodes, service_roles
 from corral.services.replay.report import as_dict, format_report
 from corral.services.replay.verify import verify
 from corral.services.runtime.shell import Decide, Service
+from tests.builders import TRAIN
 
 T0 = 1_700_000_000.0
 
@@ -31,7 +32,9 @@ T0 = 1_700_000_000.0
 
 
 def _submit(tenant: str, job_id: str, gpus: int, replicas: int = 1) -> Append:
-    spec = JobSpec(queue=tenant, replicas=replicas, resources=Resources(gpus=gpus, cpu_milli=1000))
+    spec = JobSpec(
+        queue=tenant, replicas=replicas, resources=Resources(gpus=gpus, cpu_milli=1000), command=TRAIN
+    )
     body = SubmitJob(request_id=job_id, job=spec)
     return Append(subjects.request(tenant, "submit"), codec.encode(body), msg_id=f"submit:{job_id}")
 

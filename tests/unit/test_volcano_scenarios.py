@@ -109,6 +109,7 @@ from corral.projections.state import State
 from corral.services.admission.decide import decide as admission
 from corral.services.placer.decide import decide as placer
 from corral.services.preemptor.decide import decide as preemptor
+from tests.builders import TRAIN
 from tests.unit.test_preemptor import World
 
 ALLOCATE = "pkg/scheduler/actions/allocate/allocate_test.go"
@@ -181,6 +182,7 @@ class Job:
             preemptible=self.preemptible,
             checkpointable=True,
             node_selector=self.selector,
+            command=TRAIN,
         )
 
 

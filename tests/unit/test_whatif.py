@@ -12,6 +12,7 @@ from corral.events.queues import ApplyQueue, QueueSpec, Quota
 from corral.services.agent import inventory
 from corral.services.forecast import whatif
 from corral.services.sim.driver import SimJob, Simulation
+from tests.builders import TRAIN
 
 
 def spec(gpus: int = 1, replicas: int = 1, queue: str = "q", estimate: float = 100.0) -> JobSpec:
@@ -21,6 +22,7 @@ def spec(gpus: int = 1, replicas: int = 1, queue: str = "q", estimate: float = 1
         resources=Resources(gpus=gpus, cpu_milli=1000, memory_mib=1024),
         runtime_estimate_s=estimate,
         preemptible=False,
+        command=TRAIN,
     )
 
 
@@ -116,7 +118,7 @@ def test_a_job_an_elastic_jobs_shrink_makes_room_for_is_told_so() -> None:
     from tests.unit.test_preemptor import elastic_borrower
 
     w = elastic_borrower()
-    ask = JobSpec(queue="team-b", resources=Resources(gpus=8))
+    ask = JobSpec(queue="team-b", resources=Resources(gpus=8), command=TRAIN)
     o = whatif.whatif(w.state, "bob", "b1", ask, w.time)
     assert o.stops == ["a job of queue team-a (shrunk to 8 workers)"], o.stops
     assert not o.starts_now and o.start <= w.time + 60, o.start

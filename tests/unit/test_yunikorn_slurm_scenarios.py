@@ -71,6 +71,7 @@ from corral.events.queues import (
     Quota,
 )
 from corral.projections.quota import ANY
+from tests.builders import TRAIN
 from tests.unit.test_armada_scenarios import Node, _inventory
 from tests.unit.test_preemptor import World
 from tests.unit.test_volcano_scenarios import settle
@@ -117,6 +118,7 @@ class Job:
             checkpointable=True,
             runtime_estimate_s=self.est,
             node_selector=self.selector,
+            command=TRAIN,
         )
 
 

@@ -3,11 +3,12 @@
 ``validate`` is pure and answers with the first problem found, as a Reason a person can act on,
 or None. It checks, in order: the queue exists and admits the tenant (the tenant is the one the
 fold took from the request's subject, never the payload), the priority class exists, sizes and
-limits are sane, the content a job carries is bounded, the gang could ever fit the queue's
-quota (nominal plus what it may borrow with the whole tree idle), and some part of the cluster
-could host it (``projections.placement.inventory``: the placer's own chain and gang search over
-an idle copy of the nodes registered now, cordoned ones included, lost ones not). A job that
-passes may still wait; a job that fails would wait forever, so it is rejected now.
+limits are sane, the job has something to run (a command or an image), the content it carries
+is bounded, the gang could ever fit the queue's quota (nominal plus what it may borrow with the
+whole tree idle), and some part of the cluster could host it
+(``projections.placement.inventory``: the placer's own chain and gang search over an idle copy of
+the nodes registered now, cordoned ones included, lost ones not). A job that passes may still
+wait; a job that fails would wait forever, so it is rejected now.
 
 A cluster with no node registered yet (still starting) has no inventory to judge by: jobs
 submitted then are not refused for it, and wait until nodes register (admission holds back a
@@ -27,6 +28,7 @@ from corral.events.jobs import (
     Resources,
     image_problem,
     mount_problem,
+    run_problem,
 )
 from corral.events.nodes import labels_problem
 from corral.projections import preemption, quota
@@ -142,6 +144,9 @@ def _bounds(spec: JobSpec) -> str | None:
     # values may: they go to a process, not to a screen.
     if not spec.name.isprintable():
         return "name has control characters"
+    problem = run_problem(spec)
+    if problem:
+        return problem
     cmd = spec.command
     if cmd and (len(cmd) > MAX_ARGS or sum(map(len, cmd)) > MAX_COMMAND_BYTES):
         return f"command is too long: at most {MAX_ARGS} arguments and {MAX_COMMAND_BYTES} bytes"

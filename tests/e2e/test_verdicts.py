@@ -4,11 +4,13 @@ Python client running the README's own sweep."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import nats
 import pytest
 
 from corral.client import AsyncClient, NoSuchJob, Rejected
@@ -121,3 +123,18 @@ async def test_the_readme_sweep_runs_and_the_client_says_no_as_the_cli(
         assert running.phase == "running"
         told = await client.explain("b-1")
         assert told.job.tenant == "team-b" and "b-1" in told.text
+
+        # Neither a command nor an image: stored, and admission rejects it, saying why.
+        nc = await nats.connect(cluster, inbox_prefix="_INBOX.corral.team-b")
+        try:
+            body = {"request_id": "b-idle", "job": {"queue": "team-b", "resources": {"gpus": 1}}}
+            stored = await nc.request("corral.req.team-b.submit", json.dumps(body).encode(), timeout=10)
+            ask = {"job": "b-idle", "after": json.loads(stored.data)["seq"], "verb": "submit", "wait": 30}
+            verdict = await nc.request("corral.read.team-b.verdict", json.dumps(ask).encode(), timeout=40)
+        finally:
+            await nc.close()
+        said = json.loads(verdict.data)
+        nothing = "nothing to run: give a command, or an image whose entrypoint runs"
+        assert (said["verdict"], said["code"], said["reason"]) == ("rejected", "invalid", nothing), said
+        idle = await client.explain("b-idle")
+        assert idle.job.phase == "rejected" and nothing in idle.text

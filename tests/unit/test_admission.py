@@ -182,6 +182,8 @@ VALID = [
     ),
     ("env too large", _spec(env={f"K{i}": "v" * 100 for i in range(1000)}), "a", "invalid"),
     ("command too long", _spec(command=("x" * 70_000,)), "a", "invalid"),
+    ("nothing to run", _spec(command=()), "a", "invalid"),
+    ("an image's own entrypoint", _spec(command=(), image="nvcr.io/nvidia/pytorch:24.05-py3"), "a", None),
     ("too many mounts", _spec(mounts=tuple(Mount(f"/s{i}", f"/t{i}") for i in range(65))), "a", "invalid"),
     ("negative grace", _spec(grace_seconds=-1.0), "a", "invalid"),
     (
@@ -225,6 +227,24 @@ def test_rejections_say_what_to_do() -> None:
     j = JobState(id="j", tenant="a", spec=_spec(res=Resources(gpus=1)), submitted_seq=1, submitted_at=0.0)
     why = validate(s, j)
     assert why is not None and "set gpu_models to one of H100" in why.message
+
+
+def test_a_job_with_nothing_to_run_is_rejected_before_it_holds_anything() -> None:
+    # Accepted, it was admitted and placed, and failed to start on every node, attempt after
+    # attempt: no command to run, and no image whose entrypoint would run instead.
+    s = two_teams()
+    j = JobState(
+        id="j", tenant="a", spec=_spec(command=()), submitted_seq=1, submitted_at=0.0, phase="submitted"
+    )
+    assert validate(s, j) == Reason(
+        "invalid", "nothing to run: give a command, or an image whose entrypoint runs"
+    )
+    s.jobs["j"] = j
+    indexes.add(s, j)
+    s.seq = 1
+    out = decide(s, 0.0)
+    assert [(e.job_id, e.reason.code) for e in of(out, JobRejected)] == [("j", "invalid")]
+    assert not of(out, JobsAdmitted)
 
 
 def test_a_queue_without_tenants_admits_anyone() -> None:

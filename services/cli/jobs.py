@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from corral.events import subjects
-from corral.events.jobs import JobSpec, Resources, Topology
+from corral.events.jobs import JobSpec, Resources, Topology, run_problem
 from corral.projections.fold import fold
 from corral.services.cli import flags, logfile
 from corral.services.cli.access import (
@@ -56,6 +56,9 @@ def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
             if spec.command:
                 raise BadInput(f"{args.file} gives the command already: give it there or after --, not both")
             spec = msgspec.structs.replace(spec, command=tuple(args.command))
+        problem = run_problem(spec)
+        if problem:
+            raise BadInput(f"{args.file}: {problem}")
         return job_id, spec
     if not args.queue:
         raise BadInput("give a job file, or at least --queue")
@@ -94,6 +97,13 @@ def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
         mounts=tuple(flags.mount(m) for m in args.mount or ()),
         **{k: v for k, v in given.items() if v is not None},
     )
+    if run_problem(spec):
+        # Admission would reject it; said here, before anything is sent, in the flags' words.
+        verb = getattr(args, "verb", "submit")
+        raise BadInput(
+            f"nothing to run: give the command after -- (corral {verb} --queue {args.queue} -- "
+            "python train.py), or an --image whose entrypoint runs"
+        )
     return None, spec
 
 

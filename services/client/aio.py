@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from corral.events import codec, documents, subjects
-from corral.events.jobs import CancelJob, JobSpec, ResizeJob, SubmitJob
+from corral.events.jobs import CancelJob, JobSpec, ResizeJob, SubmitJob, run_problem
 from corral.events.queues import CordonNode, DeleteCohort, DeleteNode, DeletePriorityClass, DeleteQueue
 from corral.projections.lifecycle import FINAL
 from corral.services.client.results import (
@@ -173,12 +173,17 @@ class AsyncClient:
     ) -> Submitted:
         """Submit a job (a ``JobSpec`` or a dict of its fields); returns once admission accepted
         it (``wait``), or once the log stored it. Raises ``Rejected`` with admission's reason,
-        ``Refused`` for an id another job holds, ``TimedOut`` if no verdict came in time."""
+        ``Refused`` for an id another job holds, ``TimedOut`` if no verdict came in time, and
+        ``Invalid``, sending nothing, for a job with nothing to run (admission's rule, said early:
+        without ``wait`` it would only be rejected later)."""
         if not isinstance(spec, JobSpec):
             try:  # the rule job files follow: each unknown field by its path, types in words
                 spec = documents.convert(spec, JobSpec, "job spec")
             except documents.NotValid as e:
                 raise Invalid(str(e)) from None
+        problem = run_problem(spec)
+        if problem:
+            raise Invalid(problem)
         job_id = id or f"j-{secrets.token_hex(5)}"
         if not subjects.is_token(job_id):
             raise Invalid(f"job id {job_id!r}: use letters, digits, '-' and '_' (at most 64)")

@@ -13,7 +13,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from corral.client import AsyncClient, NoSuchJob, Rejected
+from corral.client import AsyncClient, Invalid, NoSuchJob, Rejected
 from tests.e2e.test_cli import QUEUES, cluster, corral, env  # noqa: F401 - fixtures used by name
 
 pytestmark = pytest.mark.e2e
@@ -55,6 +55,11 @@ def test_each_verb_says_what_became_of_it(cluster: str, env: dict[str, str], tmp
         assert (done.returncode, done.stdout) == (1, ""), name
         line = one_line(done)
         assert "rejected" in line and why in line, (name, line)
+    # Neither a command nor an image: nothing a node could start. Said before anything is sent
+    # (admission's own rejection, for a request sent otherwise, is in the sweep's test below).
+    idle = corral("submit", "--queue", "team-a", "--gpus", "1", *as_a, env=env, check=False)
+    assert (idle.returncode, idle.stdout) == (2, "")
+    assert one_line(idle).startswith("corral: nothing to run: give the command after --")
 
     nosuch = corral("cancel", "nosuchjob", *as_a, env=env, check=False)
     assert (nosuch.returncode, one_line(nosuch)) == (1, "corral: no such job nosuchjob")
@@ -116,6 +121,8 @@ async def test_the_readme_sweep_runs_and_the_client_says_no_as_the_cli(
             await client.cancel("sweep-lr-1e-3")
         with pytest.raises(Rejected, match="does not exist"):
             await client.submit({"queue": "team-a", "command": ["sleep", "600"]})
+        with pytest.raises(Invalid, match="nothing to run"):  # before anything is sent
+            await client.submit({"queue": "team-b", "resources": {"gpus": 1}})
         spec = {"queue": "team-b", "resources": {"gpus": 1}, "command": ["sleep", "600"]}
         submitted = await client.submit(spec, id="b-1")
         assert submitted.phase and submitted.seq > 0
@@ -124,7 +131,7 @@ async def test_the_readme_sweep_runs_and_the_client_says_no_as_the_cli(
         told = await client.explain("b-1")
         assert told.job.tenant == "team-b" and "b-1" in told.text
 
-        # Neither a command nor an image: stored, and admission rejects it, saying why.
+        # Any other client sends such a job as it is: stored, and admission rejects it, saying why.
         nc = await nats.connect(cluster, inbox_prefix="_INBOX.corral.team-b")
         try:
             body = {"request_id": "b-idle", "job": {"queue": "team-b", "resources": {"gpus": 1}}}

@@ -98,12 +98,20 @@ def test_submit_flags_fill_the_spec_and_a_flag_beside_a_job_file_is_refused(tmp_
         False,
     )
     assert spec.resources.gpu_models == ("H100-80GB",) and spec.command == ("python", "train.py")
-    plain = job_from_args(parse(["submit", "--queue", "q"]))[1]
+    plain = job_from_args(parse(["submit", "--queue", "q", "--", "python", "train.py"]))[1]
     assert plain.grace_seconds == 30.0 and plain.preemptible and plain.min_replicas is None
+    entrypoint = job_from_args(parse(["submit", "--queue", "q", "--image", "pytorch:24.05"]))[1]
+    assert (entrypoint.command, entrypoint.image) == ((), "pytorch:24.05")  # the image's own runs
+    with pytest.raises(
+        BadInput, match=r"nothing to run: give the command after -- \(corral submit --queue q"
+    ):
+        job_from_args(parse(["submit", "--queue", "q"]))
     job_file = tmp_path / "job.yaml"
     job_file.write_text("queue: q\n")
     with pytest.raises(BadInput, match="--gpus: give the job's fields in .*job.yaml or as flags"):
         job_from_args(parse(["submit", str(job_file), "--gpus", "4"]))
+    with pytest.raises(BadInput, match="job.yaml: nothing to run: give a command, or an image"):
+        job_from_args(parse(["submit", str(job_file)]))
     for bad, why in ((["--env", "LR"], "NAME=VALUE"), (["--mount", "/data"], "SOURCE:TARGET")):
         with pytest.raises(BadInput, match=why):
             job_from_args(parse(["submit", "--queue", "q", *bad]))

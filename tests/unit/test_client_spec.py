@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from corral.client import AsyncClient, Client, Invalid
+from corral.client import AsyncClient, Client, Invalid, Unreachable
 from corral.events.jobs import JobSpec
 from corral.services.cli.jobfile import BadInput, convert, load_document
 
@@ -50,3 +50,19 @@ def test_the_sync_client_refuses_it_too() -> None:
         pytest.raises(Invalid, match="did you mean"),
     ):
         client.submit({"queue": "q", "resources": {"gpu": 1}})
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{"queue": "q", "resources": {"gpus": 1}}, JobSpec(queue="q")],
+    ids=["dict", "spec"],
+)
+async def test_a_job_with_nothing_to_run_is_refused_before_it_is_sent(spec: dict[str, Any] | JobSpec) -> None:
+    # Admission would reject it; without ``wait`` the caller would not hear of it. No server
+    # answers here: had it been sent, the error would be Unreachable.
+    client = AsyncClient("nats://127.0.0.1:1", tenant="team-a")
+    with pytest.raises(Invalid, match="^nothing to run: give a command, or an image whose entrypoint runs$"):
+        await client.submit(spec, wait=False)
+    with_image = {"queue": "q", "image": "nvcr.io/nvidia/pytorch:24.05-py3"}
+    with pytest.raises(Unreachable):  # its image's entrypoint runs: sent, to nobody here
+        await client.submit(with_image, wait=False)

@@ -57,7 +57,7 @@ from corral.projections.placement.inventory import Inventory
 from corral.projections.state import JobState
 from corral.services.admission.validate import validate
 from corral.services.placer.decide import decide
-from tests.builders import LogBuilder
+from tests.builders import TRAIN, LogBuilder
 
 TAS = "pkg/cache/tas_cache_test.go"
 DOCS = "site/content/en/docs/concepts/topology_aware_scheduling.md"
@@ -347,6 +347,7 @@ def _spec(case: Case) -> JobSpec:
         replicas=case.count,
         min_replicas=case.min_count,
         topology=Topology(case.pack, case.required),
+        command=TRAIN,
     )
 
 
@@ -356,7 +357,7 @@ def _world(case: Case) -> LogBuilder:
         log.node(name, _inventory(name, gpus))
     for n, (name, held) in enumerate(case.busy.items()):
         job_id = f"busy-{n}"
-        busy = JobSpec(queue="team-a", resources=Resources(gpus=held))
+        busy = JobSpec(queue="team-a", resources=Resources(gpus=held), command=TRAIN)
         log.submit("alice", job_id, busy).accept(job_id).admit(job_id)
         log.place(Placement(job_id, 0, (WorkerSlot(0, name, tuple(GpuClaim(g) for g in range(held))),)))
         log.started(name, job_id)

@@ -7,8 +7,10 @@ left behind are made right; after that it writes a key only when the node's view
 what it last wrote there. A node deleted from the cluster (no jobs left on it) has its key
 purged, and the replica that takes the lease purges every key of a node its state no longer
 has, those deleted while no replica wrote (or before keys were purged) included: a cluster
-whose nodes are replaced over months kept a key for every node it ever had. It appends nothing
-to the log.
+whose nodes are replaced over months kept a key for every node it ever had. Those it purges
+only once it has folded as far as the log went when it took the lease: a replica behind it
+lacks the nodes registered lately, and an agent reads its key purged as its node gone from the
+cluster (``views.gone``). It appends nothing to the log.
 
 Invariants:
 
@@ -67,6 +69,13 @@ class AssignmentService(Service):
         # has one, so a record naming a node long gone (a refused report of its agent's) writes
         # nothing.
         self.stored: set[str] = set()
+        # Keys of nodes the state did not have when this replica took the lease, and the log's
+        # last sequence then: they are purged once the state has folded that far, if it still
+        # has no such node. A replica behind the log (a NATS failover slows its reader as it
+        # takes the lease) lacks the nodes registered lately, and its agents read a purged key
+        # as their node gone from the cluster, which stops their workers.
+        self.orphans: set[str] = set()
+        self._orphans_after = 0
         self.writes = 0
         self.purges = 0
         self._writing = False  # holds the lease and has written every key since taking it
@@ -93,19 +102,28 @@ class AssignmentService(Service):
             return 0  # backing off after a failure; a standby holds the lease meanwhile
         if self.lease is not None and not await self.lease.hold():
             if self._writing:  # another replica writes now: what this one knew goes stale
-                self.index, self.dirty = Index(), set()
+                self.index, self.dirty, self.orphans = Index(), set(), set()
             self._writing = False
             return 0
         if not self._writing:
             try:
-                self.stored = await self.store.nodes()
+                listed = await self.store.nodes()
+                head = await self.log.last_seq()
             except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
                 await self._failed(e, now)
                 return 0
-            # Every node the state has, and every key of one it no longer has (purged below).
-            self.dirty |= self.index.everywhere(self.state) | self.stored
+            # Every node the state has; the keys of nodes it has not are purged once it has
+            # folded as far as the log went (below).
+            self.orphans = listed - self.state.nodes.keys()
+            self._orphans_after = head
+            self.stored = listed - self.orphans
+            self.dirty |= self.index.everywhere(self.state)
             self.written.clear()
             self._writing = True
+        if self.orphans and self.state.seq >= self._orphans_after:
+            self.stored |= self.orphans
+            self.dirty |= self.orphans
+            self.orphans = set()
         if not self.dirty:
             return 0
         dirty, self.dirty = self.dirty, set()

@@ -342,3 +342,34 @@ async def test_a_writer_that_takes_over_purges_the_keys_of_nodes_its_state_no_lo
     assert set(store.values) == {N0, N1, N2} and svc.purges == 2
     for n in (N0, N1, N2):
         assert store.values[n] == encode(node_view(svc.state, n)), n
+
+
+async def test_a_writer_behind_the_log_purges_no_key_of_a_node_registered_since() -> None:
+    # A replica taking the lease behind the log (its reader slowed by the NATS failover that
+    # cost the last writer the lease) lacks the nodes registered lately. Purged, such a node's
+    # key read to its agent as its node gone from the cluster, and its workers stopped.
+    class Log(InMemoryLog):
+        head = 0
+
+        async def last_seq(self) -> int:
+            return self.head
+
+    log = base()
+    seen = len(log.records)
+    log.nodes(Cluster(4))  # node-03 registers
+    log_ = Log()
+    log_.head = log.records[-1].seq
+    lease, store = _Turn(), MemoryViews()
+    late = "node-03"
+    await store.put(late, encode(node_view(log.fold(), late)))  # as the last writer wrote it
+    await store.put("node-09", encode(node_view(State(), "node-09")))  # a node deleted long ago
+    svc = assignments_service.service(log_, store, lease=lease, clock=lambda: 1_000.0)
+    await svc.restore()
+    svc.fold(log.records[:seen])
+    lease.held = True
+    assert await svc.cycle() == 3  # the nodes it has
+    assert late in store.values and "node-09" in store.values and svc.purges == 0
+    svc.fold(log.records[seen:])
+    await svc.cycle()  # folded as far as the log went: node-03 written, node-09 purged
+    assert set(store.values) == {N0, N1, N2, late} and svc.purges == 1
+    assert store.values[late] == encode(node_view(svc.state, late)) and store.get("node-09") is not None

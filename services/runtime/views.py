@@ -197,15 +197,16 @@ class KvNodeViews:
             log.warning("%s: view not read: %s", node, e)
             return None
         headers = msg.headers or {}
-        if headers.get("Status") or not msg.data:  # 404: nothing written yet
+        if headers.get("Status"):  # 404: nothing written yet
             return None
         return await self._resolved(node, msg.data)
 
     async def _resolved(self, node: str, raw: bytes) -> NodeView | None:
         """The view ``raw`` is, or the one it names the parts of (None where they do not add up
-        to the digest: another view's were written over them meanwhile)."""
-        if not raw:  # the key purged: its node was deleted, and the agent keeps what it has
-            return None
+        to the digest: another view's were written over them meanwhile). A key purged (no
+        value) is a node the cluster no longer has: a view of nothing (``gone``)."""
+        if not raw:
+            return gone(node)
         parts = parts_of(raw)
         if parts is None:
             return _decoded(node, raw)
@@ -235,6 +236,7 @@ class KvNodeViews:
 
         sub = await self.nc.subscribe(key_subject(node), cb=on_message)
         newest = -1
+        was_gone = False  # the last view yielded said the node is gone (it has no log position)
         try:
             while True:
                 if getattr(self.nc, "lost", None) is not None and self.nc.lost.is_set():
@@ -243,8 +245,9 @@ class KvNodeViews:
                     raise LogError(f"{node}: lost the connection to NATS for good")
                 found = await self.get(node)  # after subscribing: nothing falls in between
                 while True:
-                    if found is not None and found.seq > newest:
-                        newest = found.seq
+                    if found is not None and (found.seq > newest or _is_gone(found) and not was_gone):
+                        newest = max(newest, found.seq)
+                        was_gone = _is_gone(found)
                         yield found
                     try:
                         raw = await asyncio.wait_for(heard.get(), self.refresh)
@@ -256,24 +259,39 @@ class KvNodeViews:
                 await sub.unsubscribe()
 
 
+def gone(node: str) -> NodeView:
+    """What a purged key says to its agent: the cluster no longer has the node (deleted, perhaps
+    while the agent was cut off and its jobs went elsewhere), so nothing runs there. Its workers
+    stop, as the view of a lost node's would have stopped them: kept running on the view the
+    agent had, they ran beside the ranks placed anew elsewhere for as long as the agent lived."""
+    return NodeView(node)
+
+
+def _is_gone(view: NodeView) -> bool:
+    return view.seq == 0 and view.inventory is None and not view.jobs
+
+
 class MemoryViews:
     """Node views kept in memory: the bucket's stand-in where there is no NATS (unit tests, one
     process), both sides of it."""
 
     def __init__(self) -> None:
         self.values: dict[str, bytes] = {}
+        self.purged: set[str] = set()  # keys purged: the bucket keeps a marker of no value
         self.puts = 0
         self._changed = asyncio.Condition()
 
     async def put(self, node: str, value: bytes) -> None:
         async with self._changed:
             self.values[node] = value
+            self.purged.discard(node)
             self.puts += 1
             self._changed.notify_all()
 
     async def remove(self, node: str) -> None:
         async with self._changed:
-            self.values.pop(node, None)
+            if self.values.pop(node, None) is not None:
+                self.purged.add(node)
             self._changed.notify_all()
 
     async def nodes(self) -> set[str]:
@@ -281,21 +299,25 @@ class MemoryViews:
 
     def get(self, node: str) -> NodeView | None:
         raw = self.values.get(node)
-        return None if raw is None else _decoded(node, raw)
+        if raw is None:
+            return gone(node) if node in self.purged else None
+        return _decoded(node, raw)
 
     async def watch(self, node: str) -> AsyncIterator[NodeView]:
         newest = -1
+        was_gone = False
 
         def newer() -> bool:
             v = self.get(node)
-            return v is not None and v.seq > newest
+            return v is not None and (v.seq > newest or _is_gone(v) and not was_gone)
 
         while True:
             async with self._changed:
                 await self._changed.wait_for(newer)
                 view = self.get(node)
             assert view is not None
-            newest = view.seq
+            newest = max(newest, view.seq)
+            was_gone = _is_gone(view)
             yield view
 
 

@@ -227,7 +227,8 @@ async def test_a_deleted_nodes_key_and_parts_are_purged_and_a_restarted_writer_p
             assert writer.state.rejected_total == 0, writer.state.rejections
             await writer.cycle()
             assert await keys(kv) == {"node-01"} and writer.purges == 3
-            assert await mine.get("node-00") is None  # its agent reads no view, as a new node's
+            left = await mine.get("node-00")  # its agent reads that nothing runs there
+            assert left is not None and left.jobs == () and left.inventory is None
 
             restarted = assignments_service.service(
                 InMemoryLog(), node_views.KvViewStore(kv), clock=lambda: 1.0
@@ -240,3 +241,27 @@ async def test_a_deleted_nodes_key_and_parts_are_purged_and_a_restarted_writer_p
             following.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await following
+
+
+async def test_an_agent_whose_node_was_deleted_while_it_was_cut_off_hears_that_nothing_runs_there(
+    tmp_path: Path,
+) -> None:
+    # A node lost (its agent cut off, a VM paused), its jobs placed anew elsewhere, then deleted:
+    # its key purged, the agent that came back read no view and kept the one it had, and so ran
+    # its workers beside the ranks placed anew, for as long as it lived.
+    from corral.projections.assignments import Assignment
+
+    async with logged_in(tmp_path) as (store, agent):
+        job = Assignment(job_id="j", attempt=0, phase="running")
+        await store.put("node-00", encode(NodeView("node-00", seq=5, jobs=(job,))))
+        mine = node_views.KvNodeViews(agent, timeout=2.0)
+        views = aiter(mine.watch("node-00"))
+        assert (await asyncio.wait_for(anext(views), WAIT)).jobs == (job,)
+        await store.remove("node-00")
+        left = await asyncio.wait_for(anext(views), WAIT)
+        assert left.jobs == () and left.inventory is None
+        assert await mine.get("node-00") == left
+        # It comes back into the cluster: its next view is heard as any newer one.
+        await store.put("node-00", encode(NodeView("node-00", seq=9)))
+        assert (await asyncio.wait_for(anext(views), WAIT)).seq == 9
+        await views.aclose()  # type: ignore[attr-defined]

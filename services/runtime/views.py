@@ -130,6 +130,10 @@ class KvViewStore:
     def __init__(self, kv: Any) -> None:
         self.kv = kv
         self._parts: dict[str, int] = {}  # per node, how many parts its stored view has
+        # ... and how many the bucket's keys named when last listed (``nodes``): parts no note
+        # names any more (a writer stopped between them and its note, or a purge of a note whose
+        # read failed) are purged with their node's key all the same.
+        self._listed_parts: dict[str, int] = {}
 
     @classmethod
     async def open(cls, nc: Any) -> KvViewStore:
@@ -159,23 +163,35 @@ class KvViewStore:
         # reads as no key. The parts first, so that no note is left naming parts gone.
         parts = self._parts.get(node)
         if parts is None:
-            parts = await self._stored_parts(node)
-        for i in range(parts):
+            parts = await self._stored_parts(node, strict=True)
+        for i in range(max(parts, self._listed_parts.get(node, 0))):
             await self.kv.purge(part_key(node, i))
         await self.kv.purge(node)
         self._parts.pop(node, None)
+        self._listed_parts.pop(node, None)
 
     async def nodes(self) -> set[str]:
         try:
             keys = await self.kv.keys()
         except kv_errors.NoKeysError:
-            return set()
+            keys = []
+        self._listed_parts = {}
+        for key in keys:
+            node, _, part = key.partition(".part-")
+            if part.isdigit():
+                self._listed_parts[node] = max(self._listed_parts.get(node, 0), int(part) + 1)
         return {key.split(".", 1)[0] for key in keys}
 
-    async def _stored_parts(self, node: str) -> int:
+    async def _stored_parts(self, node: str, strict: bool = False) -> int:
+        """How many parts the key's note names (0: a whole view, or none). ``strict``: a key
+        that cannot be read now raises, rather than reading as one of no parts."""
         try:
             entry = await self.kv.get(node)
-        except nats_errors.Error:  # none (KeyNotFoundError is one), or not readable now
+        except (kv_errors.KeyNotFoundError, kv_errors.KeyDeletedError):  # none, or purged
+            return 0
+        except nats_errors.Error:  # not readable now
+            if strict:
+                raise
             return 0
         found = parts_of(entry.value or b"")
         return 0 if found is None else found[0]

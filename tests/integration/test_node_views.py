@@ -265,3 +265,18 @@ async def test_an_agent_whose_node_was_deleted_while_it_was_cut_off_hears_that_n
         await store.put("node-00", encode(NodeView("node-00", seq=9)))
         assert (await asyncio.wait_for(anext(views), WAIT)).seq == 9
         await views.aclose()  # type: ignore[attr-defined]
+
+
+async def test_parts_no_note_names_are_purged_with_their_deleted_nodes_key(tmp_path: Path) -> None:
+    # Parts whose note was gone (a writer stopped between them and its note, a note purged when
+    # it could not be read) were listed as their node's at every take-over and never purged:
+    # each a piece of up to 512 KiB, for good.
+    async with logged_in(tmp_path) as (store, _):
+        kv = store.kv
+        await store.put("node-05", encode(_large_view("node-05", 3, jobs=20)))
+        await kv.purge("node-05")  # the note gone, its parts left
+        restarted = node_views.KvViewStore(kv)
+        assert await restarted.nodes() == {"node-05"}
+        await restarted.remove("node-05")
+        with contextlib.suppress(nats_errors.Error):
+            assert not await kv.keys()

@@ -373,3 +373,26 @@ async def test_a_writer_behind_the_log_purges_no_key_of_a_node_registered_since(
     await svc.cycle()  # folded as far as the log went: node-03 written, node-09 purged
     assert set(store.values) == {N0, N1, N2, late} and svc.purges == 1
     assert store.values[late] == encode(node_view(svc.state, late)) and store.get("node-09") is not None
+
+
+async def test_a_deleted_nodes_key_whose_note_cannot_be_read_is_purged_later_not_without_its_parts() -> None:
+    # The note's read failing (a server not answering) read as a view of no parts: the note was
+    # purged, and the parts it named stayed in the bucket for good, a piece of up to 512 KiB each.
+    from nats import errors as nats_errors
+
+    from corral.services.runtime.views import KvViewStore
+
+    class Bucket:
+        def __init__(self) -> None:
+            self.purged: list[str] = []
+
+        async def get(self, key: str) -> Any:
+            raise nats_errors.TimeoutError
+
+        async def purge(self, key: str) -> None:
+            self.purged.append(key)
+
+    kv = Bucket()
+    with pytest.raises(nats_errors.TimeoutError):
+        await KvViewStore(kv).remove(N1)
+    assert kv.purged == []  # the service tries again (``AssignmentService.cycle``)

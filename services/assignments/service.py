@@ -39,6 +39,8 @@ from corral.services.runtime.views import ViewStore
 
 log = logging.getLogger("corral.assignments")
 
+LIST_AGAIN_S = 30.0  # after the bucket's keys could not be listed, seconds before trying again
+
 
 def _decide_nothing(state: State, now: float) -> list[Event]:
     return []  # what it writes goes to the bucket, not the log: ``AssignmentService.cycle``
@@ -76,6 +78,7 @@ class AssignmentService(Service):
         # as their node gone from the cluster, which stops their workers.
         self.orphans: set[str] = set()
         self._orphans_after = 0
+        self._list_at: float | None = None  # when to list the bucket's keys (None: listed)
         self.writes = 0
         self.purges = 0
         self._writing = False  # holds the lease and has written every key since taking it
@@ -96,6 +99,23 @@ class AssignmentService(Service):
             jobs, node = touched(body)
             self.index.mark(state, jobs, node, self.dirty)
 
+    async def _list(self, now: float) -> None:
+        """Learn the bucket's keys: those of nodes the state has not are purged once it has
+        folded as far as the log went (``cycle``). Not listed (a server not answering), the
+        views are written all the same, and the keys are listed again later: the views are what
+        agents start workers from, the purge only tidies."""
+        try:
+            listed = await self.store.nodes()
+            head = await self.log.last_seq()
+        except Exception as e:  # noqa: BLE001 - tried again in LIST_AGAIN_S
+            log.warning("the bucket's keys not listed, will retry in %g s: %s", LIST_AGAIN_S, e)
+            self._list_at = now + LIST_AGAIN_S
+            return
+        self.orphans = listed - self.state.nodes.keys()
+        self._orphans_after = head
+        self.stored |= listed - self.orphans
+        self._list_at = None
+
     async def cycle(self) -> int:
         now = self.now()
         if not self.supervision.may_decide(now):
@@ -106,20 +126,13 @@ class AssignmentService(Service):
             self._writing = False
             return 0
         if not self._writing:
-            try:
-                listed = await self.store.nodes()
-                head = await self.log.last_seq()
-            except Exception as e:  # noqa: BLE001 - supervised as every service's cycle is
-                await self._failed(e, now)
-                return 0
-            # Every node the state has; the keys of nodes it has not are purged once it has
-            # folded as far as the log went (below).
-            self.orphans = listed - self.state.nodes.keys()
-            self._orphans_after = head
-            self.stored = listed - self.orphans
-            self.dirty |= self.index.everywhere(self.state)
+            self.dirty |= self.index.everywhere(self.state)  # every node the state has
             self.written.clear()
+            self.stored = set()
+            self._list_at = now
             self._writing = True
+        if self._list_at is not None and now >= self._list_at:
+            await self._list(now)
         if self.orphans and self.state.seq >= self._orphans_after:
             self.stored |= self.orphans
             self.dirty |= self.orphans

@@ -396,3 +396,28 @@ async def test_a_deleted_nodes_key_whose_note_cannot_be_read_is_purged_later_not
     with pytest.raises(nats_errors.TimeoutError):
         await KvViewStore(kv).remove(N1)
     assert kv.purged == []  # the service tries again (``AssignmentService.cycle``)
+
+
+async def test_a_writer_that_cannot_list_the_buckets_keys_writes_every_view_all_the_same() -> None:
+    # The keys are listed only to purge those of nodes gone: a listing that failed (a server not
+    # answering) held up every view, and agents start workers from nothing else.
+    class Unlisted(MemoryViews):
+        fails = True
+
+        async def nodes(self) -> set[str]:
+            if self.fails:
+                raise TimeoutError
+            return await super().nodes()
+
+    lease, store = _Turn(), Unlisted()
+    await store.put("node-09", encode(node_view(State(), "node-09")))
+    t = [1_000_000.0]  # past the log's time: the service's clock is never behind it
+    svc = assignments_service.service(InMemoryLog(), store, lease=lease, clock=lambda: t[0])
+    await svc.restore()
+    svc.fold(base().records)
+    lease.held = True
+    assert await svc.cycle() == 3 and set(store.values) == {N0, N1, N2, "node-09"}
+    store.fails = False
+    assert await svc.cycle() == 0  # not tried again at once
+    t[0] += assignments_service.LIST_AGAIN_S
+    assert await svc.cycle() == 1 and set(store.values) == {N0, N1, N2} and svc.purges == 1

@@ -43,7 +43,10 @@ JOB_FLAGS = {
 def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
     if args.file:
         # A flag beside a job file would be ignored: say so rather than submit something else.
-        beside = [k for k, default in JOB_FLAGS.items() if getattr(args, k, default) != default]
+        # The command after ``--`` is the one thing a file may leave to the command line.
+        beside = [
+            k for k, default in JOB_FLAGS.items() if k != "command" and getattr(args, k, default) != default
+        ]
         if beside:
             flag = "--" + beside[0].replace("_", "-")
             raise BadInput(f"{flag}: give the job's fields in {args.file} or as flags, not both")

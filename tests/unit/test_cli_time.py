@@ -112,6 +112,12 @@ def test_submit_flags_fill_the_spec_and_a_flag_beside_a_job_file_is_refused(tmp_
         job_from_args(parse(["submit", str(job_file), "--gpus", "4"]))
     with pytest.raises(BadInput, match="job.yaml: nothing to run: give a command, or an image"):
         job_from_args(parse(["submit", str(job_file)]))
+    # The command may follow the file, once.
+    given = job_from_args(parse(["submit", str(job_file), "--", "python", "train.py", "--lr", "0.1"]))[1]
+    assert (given.queue, given.command) == ("q", ("python", "train.py", "--lr", "0.1"))
+    job_file.write_text("queue: q\ncommand: [python, train.py]\n")
+    with pytest.raises(BadInput, match="gives the command already: give it there or after --, not both"):
+        job_from_args(parse(["submit", str(job_file), "--", "python", "eval.py"]))
     for bad, why in ((["--env", "LR"], "NAME=VALUE"), (["--mount", "/data"], "SOURCE:TARGET")):
         with pytest.raises(BadInput, match=why):
             job_from_args(parse(["submit", "--queue", "q", *bad]))

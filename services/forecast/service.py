@@ -180,8 +180,11 @@ class ForecastService(Service):
         try:
             copy, bands = await asyncio.to_thread(self._band, frozen, now)
             if not self._listed:  # the keys another writer, or this one before, left
-                self.tenants |= await self.store.tenants()
-                self._listed = True
+                try:
+                    self.tenants |= await self.store.tenants()
+                    self._listed = True
+                except Exception as e:  # noqa: BLE001 - the forecasts go out all the same
+                    log.warning("forecast: the bucket's keys not listed, will retry: %s", e)
             written = values(copy, bands, now, self.tenants)
         except eta.Cancelled:
             return  # stopping

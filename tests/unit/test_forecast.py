@@ -476,3 +476,31 @@ async def test_the_client_tells_when_to_ask_a_busy_role_again() -> None:
     with pytest.raises(Busy) as caught:
         await client.whatif({"queue": "q", "resources": {"gpus": 1}})
     assert caught.value.retry_s == 42.0
+
+
+async def test_forecasts_are_written_while_the_buckets_keys_cannot_be_listed() -> None:
+    # Listing the keys a writer before left is for their removal alone: while the bucket would
+    # not list them, no forecast went out at all.
+    class Unlisted(forecasts.MemoryForecasts):
+        listings = 0
+
+        async def tenants(self) -> set[str]:
+            self.listings += 1
+            if self.listings == 1:
+                raise TimeoutError("no answer")
+            return await super().tenants()
+
+    store = Unlisted()
+    await store.put("gone", forecasts.encode(forecasts.TenantForecast(1, 0.0, 3600.0, "", {})))
+    svc = _Asked(store=store).svc
+
+    async def forecast(state: State) -> None:
+        svc.state, svc.last_at, svc.rest_until = state, None, -math.inf
+        await svc.cycle()
+        assert svc._running is not None
+        await svc._running
+
+    await forecast(busy(("t1", "t")).state)
+    assert set(store.values) == {"t", "gone"}  # written; the old key left for the next listing
+    await forecast(busy(("t1", "t")).state)
+    assert set(store.values) == {"t"}

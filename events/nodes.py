@@ -23,6 +23,10 @@ NodeCondition = Literal["ready", "suspect", "lost"]
 MAX_LABELS = 64
 MAX_LABEL_BYTES = 320  # key + value
 MAX_GPU_NAME = 128  # a GPU's model or UUID: NVML's are under 100 characters
+# A checkpoint's location: as long as a path may be. It is the job's next attempts'
+# ``CORRAL_RESUME_FROM`` on whatever node they run, so a NUL or any control character in it (which
+# no environment can carry) made every later start of the job fail, on every node.
+MAX_LOCATION = 4096
 
 
 def labels_problem(labels: Mapping[str, str]) -> str | None:
@@ -31,6 +35,13 @@ def labels_problem(labels: Mapping[str, str]) -> str | None:
         return f"at most {MAX_LABELS} entries of at most {MAX_LABEL_BYTES} bytes each"
     if not all(k.isprintable() and v.isprintable() for k, v in labels.items()):
         return "keys and values may not have control characters"
+    return None
+
+
+def location_problem(location: str) -> str | None:
+    """Why ``location`` cannot be a checkpoint's location; None if it can."""
+    if not 0 < len(location) <= MAX_LOCATION or not location.isprintable():
+        return f"a checkpoint's location is 1..{MAX_LOCATION} printable characters"
     return None
 
 

@@ -27,6 +27,7 @@ from corral.events.nodes import (
     WorkerExited,
     WorkerStarted,
     labels_problem,
+    location_problem,
 )
 from corral.projections import claims, gpu_time, indexes, preemption, runtimes, xids
 from corral.projections.fold_moves import (
@@ -368,6 +369,10 @@ def _worker_failed(state: State, job: JobState, ctx: Ctx, why: str) -> None:
 
 def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
     job = _placed_job(state, ev)
+    # The agent checks what its workers wrote; the fold checks what any agent sent.
+    why = location_problem(ev.location)
+    if why is not None:
+        raise Refused("malformed", f"job {job.id}: {why}", job.id)
     # A checkpoint is its node's to report, as an exit is: the attempt must have a worker there,
     # or any agent could point another node's job at a location of its choosing. Its workers
     # report their last checkpoint before their exits, so the attempt still holds its GPUs when

@@ -214,7 +214,8 @@ def summarize(
             how = "stopped" if body.stopped else "exited"
             return f"rank {body.rank} {how} with code {body.code} on {body.node}"
         case CheckpointCompleted():
-            return f"checkpoint at step {body.step}: {body.location}"
+            # The location as any agent sent it, refused or not: one line's worth of it.
+            return f"checkpoint at step {body.step}: {said_reason(body.location)}"
     return _generic(body)
 
 

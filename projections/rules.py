@@ -246,4 +246,6 @@ from __future__ import annotations
 # 87: an owner's shrink is capped by the least ``max_grace_seconds`` of its cohort tree's
 #    queues (``preemption.shrink_grace_s``); a class's ``max_preemptions_per_hour`` above
 #    ``MAX_PREEMPTION_TIMES`` is malformed.
-RULES = 87
+# 88: a checkpoint whose location no worker could resume from (empty, longer than a path, a
+#    control character) is malformed.
+RULES = 88

@@ -13,6 +13,7 @@ import json
 import signal
 import time
 
+from corral.events.nodes import MAX_LOCATION, location_problem
 from corral.services.agent import confined
 from corral.services.agent.decide import Checkpointed, Report, WorkerKey
 from corral.services.agent.stopping import Stopping
@@ -22,7 +23,6 @@ from corral.services.agent.worker import DONE, REQUEST, Worker, kill, log
 # of any size there, for the agent to read into memory), a location as long as a path may be, a
 # step an event's integer holds.
 MAX_DONE_BYTES = 64 * 1024
-MAX_LOCATION = 4096
 MAX_STEP = 2**63 - 1
 # A worker's checkpoints written unasked are reported at most once in this many seconds, and
 # only past the step last reported: every report is a record of the log, which nothing purges
@@ -124,8 +124,7 @@ class Checkpoints(Stopping):
             step is None
             or not 0 <= step <= MAX_STEP
             or not isinstance(location, str)
-            or not 0 < len(location) <= MAX_LOCATION
-            or not location.isprintable()
+            or location_problem(location) is not None
         ):
             # (a NUL would be the next attempt's CORRAL_RESUME_FROM, which no process can be
             # given; a lone surrogate, a report no codec can write)

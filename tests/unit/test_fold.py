@@ -28,7 +28,15 @@ from corral.events.jobs import (
     SubmitJob,
 )
 from corral.events.log import Record
-from corral.events.nodes import GpuInfo, NodeInventory, NodeRegistered, WorkerExited, WorkerStarted
+from corral.events.nodes import (
+    MAX_LOCATION,
+    CheckpointCompleted,
+    GpuInfo,
+    NodeInventory,
+    NodeRegistered,
+    WorkerExited,
+    WorkerStarted,
+)
 from corral.events.queues import (
     ApplyCohort,
     ApplyFairShare,
@@ -666,6 +674,22 @@ def test_a_checkpoint_is_its_own_nodes_to_report() -> None:
     assert last(state).code == "illegal" and "no worker of attempt 0 on node-01" in last(state).message
     log.checkpoint(N0, "j1", step=5)
     assert fold(log).jobs["j1"].checkpoint.step == 5  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "location",
+    ["/ckpt/j1/a\x00b", "/ckpt/j1\n/5", "", "/" + "c" * MAX_LOCATION],
+    ids=["nul", "newline", "empty", "longer-than-a-path"],
+)
+def test_a_checkpoint_no_worker_could_resume_from_is_malformed(location: str) -> None:
+    # The location is every later attempt's CORRAL_RESUME_FROM, on whatever node it runs: one
+    # with a NUL (no environment carries it) made each start of the job fail, on every node.
+    log = queued().admit("j1")
+    log.place(placement("j1", worker(0, N0, whole(0)))).started(N0, "j1").checkpoint(N0, "j1", step=5)
+    bad = CheckpointCompleted(node=N0, job_id="j1", attempt=0, location=location, step=9)
+    state = fold(log.event(subj.node(N0), bad))
+    assert last(state).code == "malformed" and last(state).job_id == "j1"
+    assert state.jobs["j1"].checkpoint.location == "/ckpt/j1/5"  # type: ignore[union-attr]
 
 
 def test_a_late_checkpoint_of_an_attempt_over_is_a_straggler_and_changes_nothing() -> None:

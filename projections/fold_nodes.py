@@ -18,6 +18,7 @@ from corral.events.base import Event, Reason
 from corral.events.decisions import Placement, WorkerSlot
 from corral.events.nodes import (
     MAX_GPU_NAME,
+    SHUTDOWN_REASON_CHARS,
     CheckpointCompleted,
     GpuHealthChanged,
     NodeConditionChanged,
@@ -435,7 +436,10 @@ def _shutdown(state: State, ctx: Ctx, ev: NodeShutdown) -> None:
     the workers' exits come (the node is not gone: its processes may still be using them). An
     exit folded before it counts as ever; after it, it is a straggler of an attempt over."""
     find_node(state, ev.node)
-    why = f"node {ev.node} shut down" + (f": {ev.reason}" if ev.reason else "")
+    reason = ev.reason
+    if len(reason) > SHUTDOWN_REASON_CHARS:
+        reason = reason[: SHUTDOWN_REASON_CHARS - 1] + "…"
+    why = f"node {ev.node} shut down" + (f": {reason}" if reason else "")
     interrupt_on(state, ctx, ev.node, None, why, node_gone=False)
 
 

@@ -1655,6 +1655,14 @@ def test_a_shut_down_nodes_gpus_are_held_until_its_workers_exit() -> None:
     assert holders(state)[:2] == [{}, {}] and state.jobs["j1"].held is None and state.rejected_total == 0
 
 
+def test_a_shutdowns_reason_is_kept_to_a_line_in_the_jobs_it_interrupts() -> None:
+    # Every job on the node, whichever tenant's, takes it as its reason, shown in each listing:
+    # a node's agent sending a report's worth of reason made each of them that large.
+    state = fold(running(nodes=Cluster(2)).shutdown(N0, "r" * 200_000))
+    message = state.jobs["j1"].reasons[0].message
+    assert message.startswith(f"node {N0} shut down: rrr") and len(message) < 600
+
+
 def test_gpu_unhealthy_interrupts_the_job_holding_it_only() -> None:
     log = running("j1", gpus=(0,), nodes=Cluster(2))
     running("j2", gpus=(1,), log=log).gpu_health(N0, 0, False, signal="xid:79")

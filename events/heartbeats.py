@@ -60,7 +60,9 @@ class Heartbeat(msgspec.Struct, frozen=True, omit_defaults=True):
     ``seq`` grows with every heartbeat (a repeated one is ignored; one that goes back is the
     agent's next run, its clock stepped back); ``xids`` are those
     seen since the previous heartbeat (``NvmlGpus.wait_xid``); ``ok`` is false when the agent
-    cannot do its work (NVML broken, runtime failing).
+    cannot do its work (NVML broken, runtime failing, its work directory out of space), and
+    ``why`` then says what is wrong: the monitor takes the node out of placement (suspect) until
+    its agent is well again.
     """
 
     node: str
@@ -68,3 +70,4 @@ class Heartbeat(msgspec.Struct, frozen=True, omit_defaults=True):
     gpus: tuple[GpuHealthSample, ...] = ()
     xids: tuple[XidReport, ...] = ()
     ok: bool = True
+    why: str = ""

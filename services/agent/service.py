@@ -53,6 +53,7 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -107,6 +108,24 @@ log = logging.getLogger("corral.agent")
 # as it happens, the process dies of it moments later. And how many of the latest are kept.
 XID_WINDOW = 60.0
 _XIDS_KEPT = 256
+
+# Free space under which a work or checkpoint directory is too full to start workers in: a
+# worker's record, keeper files, log and first checkpoint go there, and a start that cannot write
+# them fails and is charged to its job. The heartbeat then says so, and the node takes no work.
+MIN_FREE_BYTES = 16 << 20
+
+
+def short_of_space(paths: Sequence[Path | str], least: int = MIN_FREE_BYTES) -> str:
+    """Why workers cannot be started under ``paths`` for lack of space ("" if they can)."""
+    for p in dict.fromkeys(str(p) for p in paths):
+        try:
+            free = shutil.disk_usage(p).free
+        except OSError:
+            continue  # not made yet, or gone: the start says what is wrong with it
+        if free < least:
+            return f"{p} has {free >> 20} MiB free, under the {least >> 20} MiB a worker's start needs"
+    return ""
+
 
 Publish = Callable[[str, bytes], Awaitable[None]]
 
@@ -457,7 +476,8 @@ class NodeAgent:
         self._hb_seq = max(self._hb_seq + 1, int(self.clock() * 1000))
         self._take_xids()
         sent, self._xids_unsent = tuple(self._xids_unsent), []
-        return Heartbeat(node=self.node, seq=self._hb_seq, gpus=samples, xids=sent)
+        why = short_of_space((self.work_dir, self.checkpoint_root))
+        return Heartbeat(node=self.node, seq=self._hb_seq, gpus=samples, xids=sent, ok=not why, why=why)
 
     def _take_xids(self) -> None:
         now = self.clock()

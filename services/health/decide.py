@@ -27,7 +27,9 @@ agent could not name a GPU for drains the node and fails none. A verdict names t
 too, and the fold voids one whose index names another GPU by then (``adopt``).
 
 Node conditions (``HeartbeatTracker``): ready → suspect after ``suspect_after`` missed heartbeat
-intervals → lost after ``lost_after`` seconds of silence. A suspect or lost node becomes ready
+intervals, or at the first heartbeat whose agent says it cannot do its work (its work directory
+full: every start there would fail and be charged to its job) → lost after ``lost_after``
+seconds of silence. A suspect or lost node becomes ready
 again only after on-time heartbeats, every one of them saying the agent is well, for
 ``probation`` seconds: a node that flaps is not trusted. The health monitor never uncordons a
 node; a person does.
@@ -113,7 +115,7 @@ class _Gpu:
 class _Node:
     __slots__ = (
         "known", "condition", "cordoned", "draining", "gpus", "since", "last_seen", "last_seq",
-        "probation_from", "drain_signal", "early",
+        "probation_from", "drain_signal", "early", "unwell",
     )  # fmt: skip
 
     def __init__(self, since: float) -> None:
@@ -129,6 +131,8 @@ class _Node:
         self.drain_signal = ""
         # XIDs on GPUs of a registration not folded yet (by UUID): marked once it is.
         self.early: dict[str, tuple[str, Action]] = {}
+        # What its agent's latest heartbeat said it cannot do ("" while it says it is well).
+        self.unwell = ""
 
 
 class HeartbeatTracker:
@@ -311,6 +315,9 @@ class HeartbeatTracker:
         self._heard_of(node, n)
         if n.condition != "ready":
             self._unready.add(node)  # visited until it is trusted again, or lost again
+        n.unwell = "" if payload.ok else payload.why or "its agent cannot do its work"
+        if n.unwell and n.condition == "ready":
+            self._pending.add(node)  # placed on, its starts would fail: taken out of placement
         if not payload.ok or gap > self._suspect_silence:
             n.probation_from = now if payload.ok else None
         elif n.probation_from is None:
@@ -451,6 +458,8 @@ class HeartbeatTracker:
         elif n.condition == "ready" and silence > self._suspect_silence:
             missed = int(silence // self.interval)
             new, reason = "suspect", f"missed {missed} heartbeats ({silence:.0f}s)"
+        elif n.condition == "ready" and n.unwell:
+            new, reason = "suspect", n.unwell
         elif (
             n.condition != "ready"
             and n.probation_from is not None

@@ -187,6 +187,22 @@ def test_heartbeats_from_an_unwell_agent_do_not_count_towards_probation() -> Non
     assert c.conditions(T0 + 106) == ["ready"]
 
 
+def test_a_ready_node_whose_agent_says_it_cannot_start_workers_is_suspect_until_well_again() -> None:
+    # Its work directory full: every job placed there would fail to start and be charged a
+    # restart, so it takes no work from the first heartbeat that says so.
+    c = Clock(nodes=1)
+    c.beat(T0)
+    c.beat(T0 + 5, ok=False, why="/work has 0 MiB free")
+    [changed] = [e for e in c.t.evaluate(T0 + 6) if isinstance(e, NodeConditionChanged)]
+    assert (changed.condition, changed.reason) == ("suspect", "/work has 0 MiB free")
+    c.beat(T0 + 10, ok=False, why="/work has 0 MiB free")
+    assert c.conditions(T0 + 11) == []  # said once
+    c.beats(T0 + 15, T0 + 40)
+    assert c.conditions(T0 + 41) == []  # on probation
+    c.beats(T0 + 45, T0 + 45)
+    assert c.conditions(T0 + 46) == ["ready"]
+
+
 def test_a_suspect_node_recovers_through_probation_too() -> None:
     c = Clock(nodes=1)
     c.beat(T0)

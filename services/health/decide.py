@@ -135,6 +135,16 @@ class _Node:
         self.unwell = ""
 
 
+# What an agent says is wrong becomes the reason of its node's condition, kept in the log: a line
+# of at most this many characters, however much an agent taken over sends.
+MAX_WHY = 256
+
+
+def _said(why: str) -> str:
+    line = "".join(c if c.isprintable() else " " for c in why[:MAX_WHY]).strip()
+    return line or "its agent cannot do its work"
+
+
 class HeartbeatTracker:
     """Heartbeats in, node and GPU health facts out, each fact once.
 
@@ -315,7 +325,7 @@ class HeartbeatTracker:
         self._heard_of(node, n)
         if n.condition != "ready":
             self._unready.add(node)  # visited until it is trusted again, or lost again
-        n.unwell = "" if payload.ok else payload.why or "its agent cannot do its work"
+        n.unwell = "" if payload.ok else _said(payload.why)
         if n.unwell and n.condition == "ready":
             self._pending.add(node)  # placed on, its starts would fail: taken out of placement
         if not payload.ok or gap > self._suspect_silence:

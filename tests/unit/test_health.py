@@ -15,6 +15,7 @@ from corral.events.nodes import GpuHealthChanged, NodeConditionChanged, NodeCord
 from corral.events.queues import CordonNode
 from corral.services.health.decide import (
     MAX_NOTICES,
+    MAX_WHY,
     MAX_XIDS,
     XID_ACTIONS,
     Action,
@@ -201,6 +202,16 @@ def test_a_ready_node_whose_agent_says_it_cannot_start_workers_is_suspect_until_
     assert c.conditions(T0 + 41) == []  # on probation
     c.beats(T0 + 45, T0 + 45)
     assert c.conditions(T0 + 46) == ["ready"]
+
+
+def test_what_an_agent_says_is_wrong_reaches_the_log_as_one_bounded_line() -> None:
+    # The reason is kept in the log for good: an agent taken over sent 200 KB of escape codes.
+    c = Clock(nodes=1)
+    c.beat(T0)
+    c.beat(T0 + 5, ok=False, why="\x1b[2J\nfull" + "x" * 200_000)
+    [changed] = [e for e in c.t.evaluate(T0 + 6) if isinstance(e, NodeConditionChanged)]
+    assert changed.reason.startswith("[2J full") and len(changed.reason) <= MAX_WHY
+    assert changed.reason.isprintable()
 
 
 def test_a_suspect_node_recovers_through_probation_too() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import msgspec
 import pytest
@@ -385,6 +386,14 @@ async def test_the_encoding_is_let_go_once_a_forecast_writing_the_bucket_and_a_w
     assert svc._frozen.data == b""
 
 
+async def _forecast(svc: Any, state: State) -> None:
+    """One forecast of ``state`` by ``svc``, whenever it last forecast, written when it returns."""
+    svc.state, svc.last_at, svc.rest_until = state, None, -math.inf
+    await svc.cycle()
+    assert svc._running is not None
+    await svc._running
+
+
 async def test_a_tenant_with_no_job_waiting_has_no_key_whoever_wrote_it() -> None:
     # A tenant's key stayed once its jobs had all started (a value of no jobs, for good), and
     # a key written before the role restarted stayed with its stale forecasts: tenants come and
@@ -394,17 +403,11 @@ async def test_a_tenant_with_no_job_waiting_has_no_key_whoever_wrote_it() -> Non
     await store.put("gone", forecasts.encode(stale))  # by the role before it restarted
     svc = _Asked(store=store).svc
 
-    async def forecast(state: State) -> None:
-        svc.state, svc.last_at, svc.rest_until = state, None, -math.inf
-        await svc.cycle()
-        assert svc._running is not None
-        await svc._running
-
-    await forecast(busy(("t1", "t")).state)
+    await _forecast(svc, busy(("t1", "t")).state)
     assert set(store.values) == {"t"}
     told = await store.get("t")
     assert told is not None and set(told.jobs) == {"t1"}
-    await forecast(busy().state)  # t1 is no longer waiting
+    await _forecast(svc, busy().state)  # t1 is no longer waiting
     assert store.values == {}
 
 
@@ -494,13 +497,7 @@ async def test_forecasts_are_written_while_the_buckets_keys_cannot_be_listed() -
     await store.put("gone", forecasts.encode(forecasts.TenantForecast(1, 0.0, 3600.0, "", {})))
     svc = _Asked(store=store).svc
 
-    async def forecast(state: State) -> None:
-        svc.state, svc.last_at, svc.rest_until = state, None, -math.inf
-        await svc.cycle()
-        assert svc._running is not None
-        await svc._running
-
-    await forecast(busy(("t1", "t")).state)
+    await _forecast(svc, busy(("t1", "t")).state)
     assert set(store.values) == {"t", "gone"}  # written; the old key left for the next listing
-    await forecast(busy(("t1", "t")).state)
+    await _forecast(svc, busy(("t1", "t")).state)
     assert set(store.values) == {"t"}

@@ -113,6 +113,7 @@ _XIDS_KEPT = 256
 # worker's record, keeper files, log and first checkpoint go there, and a start that cannot write
 # them fails and is charged to its job. The heartbeat then says so, and the node takes no work.
 MIN_FREE_BYTES = 16 << 20
+SPACE_WAIT_S = 1.0  # the longest a heartbeat waits to hear how much space is free
 
 
 def short_of_space(paths: Sequence[Path | str], least: int = MIN_FREE_BYTES) -> str:
@@ -342,6 +343,9 @@ class NodeAgent:
         # given and report must mean the same there as here.
         self.work_dir = Path(work_dir).resolve()
         self.checkpoint_root = str(Path(checkpoint_root or self.work_dir / "checkpoints").resolve())
+        # The free-space question asked in a thread (``_space``), and the last answer it gave.
+        self._space_asked: asyncio.Future[str] | None = None
+        self._space_said = ""
         self.runtime = Runtime(
             self.work_dir,
             sandbox=sandbox,
@@ -476,8 +480,23 @@ class NodeAgent:
         self._hb_seq = max(self._hb_seq + 1, int(self.clock() * 1000))
         self._take_xids()
         sent, self._xids_unsent = tuple(self._xids_unsent), []
-        why = short_of_space((self.work_dir, self.checkpoint_root))
+        why = await self._space()
         return Heartbeat(node=self.node, seq=self._hb_seq, gpus=samples, xids=sent, ok=not why, why=why)
+
+    async def _space(self) -> str:
+        """``short_of_space`` of the work and checkpoint directories, asked in a thread: a
+        checkpoint root on a network filesystem that hangs must not stop the heartbeats (the
+        node would be lost, every job on it interrupted). While a question has no answer within
+        ``SPACE_WAIT_S`` the last answer stands, and no other is asked beside it."""
+        asked = self._space_asked
+        if asked is not None and asked.done() and not asked.cancelled() and asked.exception() is None:
+            self._space_said = asked.result()  # answered since the last heartbeat stopped waiting
+        if asked is None or asked.done():
+            paths = (self.work_dir, self.checkpoint_root)
+            asked = self._space_asked = asyncio.ensure_future(asyncio.to_thread(short_of_space, paths))
+        with contextlib.suppress(TimeoutError):
+            self._space_said = await asyncio.wait_for(asyncio.shield(asked), SPACE_WAIT_S)
+        return self._space_said
 
     def _take_xids(self) -> None:
         now = self.clock()

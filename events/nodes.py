@@ -27,9 +27,6 @@ MAX_GPU_NAME = 128  # a GPU's model or UUID: NVML's are under 100 characters
 # ``CORRAL_RESUME_FROM`` on whatever node they run, so a NUL or any control character in it (which
 # no environment can carry) made every later start of the job fail, on every node.
 MAX_LOCATION = 4096
-# Of a node's shutdown reason, kept: it becomes the reason of every job the shutdown interrupts,
-# shown in each of their listings, whichever tenant's they are.
-SHUTDOWN_REASON_CHARS = 512
 
 
 def labels_problem(labels: Mapping[str, str]) -> str | None:

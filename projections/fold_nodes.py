@@ -16,9 +16,9 @@ import msgspec
 from corral.events import subjects as subj
 from corral.events.base import Event, Reason
 from corral.events.decisions import Placement, WorkerSlot
+from corral.events.jobs import said_reason
 from corral.events.nodes import (
     MAX_GPU_NAME,
-    SHUTDOWN_REASON_CHARS,
     CheckpointCompleted,
     GpuHealthChanged,
     NodeConditionChanged,
@@ -436,9 +436,8 @@ def _shutdown(state: State, ctx: Ctx, ev: NodeShutdown) -> None:
     the workers' exits come (the node is not gone: its processes may still be using them). An
     exit folded before it counts as ever; after it, it is a straggler of an attempt over."""
     find_node(state, ev.node)
-    reason = ev.reason
-    if len(reason) > SHUTDOWN_REASON_CHARS:
-        reason = reason[: SHUTDOWN_REASON_CHARS - 1] + "…"
+    # It becomes the reason of every job interrupted, whichever tenant's: kept as a tenant's is.
+    reason = said_reason(ev.reason)
     why = f"node {ev.node} shut down" + (f": {reason}" if reason else "")
     interrupt_on(state, ctx, ev.node, None, why, node_gone=False)
 

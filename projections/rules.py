@@ -248,6 +248,6 @@ from __future__ import annotations
 #    ``MAX_PREEMPTION_TIMES`` is malformed.
 # 88: a checkpoint whose location no worker could resume from (empty, longer than a path, a
 #    control character) is malformed.
-# 89: a node's shutdown reason is kept to ``SHUTDOWN_REASON_CHARS`` in the reasons of the jobs
+# 89: a node's shutdown reason is kept as a tenant's (``said_reason``) in the reasons of the jobs
 #    it interrupts.
 RULES = 89

@@ -136,22 +136,31 @@ async def test_a_renewal_nobody_answers_is_tried_again_with_the_same_revision(
 ) -> None:
     # A NATS cluster electing the bucket's leader answers nothing for seconds: the holder keeps
     # its claim and renews it once answered, unless the lease would have expired meanwhile.
-    conn = await nats.connect(embedded_server.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
-    now = [0.0]
+    back = asyncio.Event()
+
+    async def reconnected() -> None:
+        back.set()
+
+    conn = await nats.connect(
+        embedded_server.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1, reconnected_cb=reconnected
+    )
+    now, paused = [0.0], [0.0]  # the leases' age, and their pacing of unanswered tries
     try:
         bucket = await lease_bucket(conn, ttl=30.0)
         said: list[bool] = []
         a = KvLease(bucket, "placer", "replica-a", ttl=30.0, clock=lambda: now[0], on_change=said.append)
         b = KvLease(bucket, "placer", "replica-b", ttl=30.0, clock=lambda: now[0])
+        a.pause_clock = b.pause_clock = lambda: paused[0]
         assert await a.hold()
         await embedded_server.stop()
         now[0] = 11.0  # past a third of the ttl: a renews, and nobody answers
         assert not await asyncio.wait_for(a.hold(), WAIT) and a.held
         await embedded_server.start()  # the same store: the key is still a's
-        async with asyncio.timeout(WAIT):  # a few ticks while the connection comes back
+        await asyncio.wait_for(back.wait(), WAIT)
+        async with asyncio.timeout(WAIT):  # a few tries while JetStream comes back
             while not await a.hold():
                 assert not await b.hold()
-                await asyncio.sleep(0.05)  # a tick's pacing: unanswered, a lease asks again later
+                paused[0] += 2.0  # past ttl / 20: each asks the server again
         assert a.held and not await b.hold()
         # It said once that it stopped leading while nobody answered, and that it leads again.
         assert said == [True, False, True]

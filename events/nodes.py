@@ -144,6 +144,25 @@ class NodeShutdown(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
+# What a node agent writes of its node, each with what its event's id begins with (the agent's
+# ``msg_id``): the intake takes no other kind from a node, and no id another writer's could be
+# (a decision's id names its role, ``placer:<based_on>:<index>``, and ``corral verify`` reruns
+# the cycle an id names).
+REPORT_IDS: dict[type[Event], str] = {
+    NodeRegistered: "register:",
+    WorkerStarted: "started:",
+    WorkerExited: "exited:",
+    CheckpointCompleted: "checkpoint:",
+    NodeShutdown: "shutdown:",
+}
+
+
+def agent_producer(node: str) -> str:
+    """What the producer of every event node ``node``'s agent writes begins with (the agent's
+    host and pid follow): the role traces and ``corral verify`` read from it is ``agent``."""
+    return f"agent/{node}@"
+
+
 class NodeConditionChanged(Event, frozen=True, kw_only=True):
     """Health monitor: node suspect (missed heartbeats), lost (timed out) or ready again."""
 

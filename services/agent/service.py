@@ -71,12 +71,14 @@ from corral.events.base import Event
 from corral.events.heartbeats import GpuHealthSample, Heartbeat, XidReport
 from corral.events.log import Ack, Append, LogError, RetryLater, UnstorableError
 from corral.events.nodes import (
+    REPORT_IDS,
     CheckpointCompleted,
     NodeInventory,
     NodeRegistered,
     NodeShutdown,
     WorkerExited,
     WorkerStarted,
+    agent_producer,
 )
 from corral.projections import trace_ids, xids
 from corral.projections.assignments import NodeView
@@ -152,20 +154,20 @@ def msg_id(body: Event, run: int = 0) -> str:
     again once its job was let go has attempts, ranks and checkpoint steps of the same numbers,
     which are other facts, not duplicates of the earlier run's (a worker that starts no process
     reports no pid)."""
+    kind = REPORT_IDS.get(type(body))
+    if kind is None:
+        raise ValueError(f"a node agent does not write {type(body).__name__}")
     of = f"@{run}" if run else ""
     match body:
-        case WorkerStarted():
+        case WorkerStarted() | WorkerExited():
             pid = f":{body.pid}" if body.pid else ""
-            return f"started:{body.job_id}{of}:{body.attempt}:{body.rank}{pid}"
-        case WorkerExited():
-            pid = f":{body.pid}" if body.pid else ""
-            return f"exited:{body.job_id}{of}:{body.attempt}:{body.rank}{pid}"
+            return f"{kind}{body.job_id}{of}:{body.attempt}:{body.rank}{pid}"
         case CheckpointCompleted():
-            return f"checkpoint:{body.job_id}{of}:{body.attempt}:{body.step}"
+            return f"{kind}{body.job_id}{of}:{body.attempt}:{body.step}"
         case NodeRegistered():
-            return f"register:{body.node}:{zlib.crc32(codec.encode(body.inventory)):08x}"
+            return f"{kind}{body.node}:{zlib.crc32(codec.encode(body.inventory)):08x}"
         case NodeShutdown():
-            return f"shutdown:{body.node}:{round(body.at * 1000)}"
+            return f"{kind}{body.node}:{round(body.at * 1000)}"
     raise ValueError(f"a node agent does not write {type(body).__name__}")
 
 
@@ -335,7 +337,7 @@ class NodeAgent:
         self.log_clock = LogClock(clock)
         self.tick = tick
         self.first_view_wait = first_view_wait
-        self.producer = f"agent/{node}@{socket.gethostname()}:{os.getpid()}"
+        self.producer = f"{agent_producer(node)}{socket.gethostname()}:{os.getpid()}"
         self.spans = WorkerSpans(node, self._trace_of)
         self.found = found if found is not None else discovery.discover(node)
         self.gpus = gpus if gpus is not None else gpu_watch(self.found)

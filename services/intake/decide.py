@@ -32,8 +32,10 @@ replica folds it, so a node taken over must not grow it as fast as it can publis
 - The answer goes only into the node's agent's inbox (``_INBOX.agent.<node>.``).
 - A report must decode as an envelope whose body is a kind a node agent writes
   (``NODE_REPORTS``: its registration, its workers' starts and exits, checkpoints, its
-  shutdown; not the health monitor's word on it, nor anything else), name no field twice and fit
-  in ``MAX_REQUEST`` bytes.
+  shutdown; not the health monitor's word on it, nor anything else), name no field twice, fit
+  in ``MAX_REQUEST`` bytes, speak as the node's agent (its producer ``agent/<node>@…``, its id
+  of its kind's form, ``events.nodes.REPORT_IDS``, no causation: traces and ``corral verify``
+  read the writer and a decision's cycle from them) and name only jobs a name could be.
 - It is appended as sent at ``corral.ev.node.<node>``, with the agent's message id filed under
   the agent's identity (``agent-<node>/<id>``): no node, and no tenant (whose names never start
   ``agent-``), can take another's id first.
@@ -54,11 +56,8 @@ from corral.events.base import Event
 from corral.events.codec import DecodeError
 from corral.events.jobs import CancelJob, ResizeJob, SubmitJob
 from corral.events.nodes import (
-    CheckpointCompleted,
-    NodeRegistered,
-    NodeShutdown,
-    WorkerExited,
-    WorkerStarted,
+    REPORT_IDS,
+    agent_producer,
 )
 from corral.events.queues import (
     ApplyCohort,
@@ -82,13 +81,8 @@ FORWARDED_HEADERS = ("traceparent", "tracestate")
 MAX_REASON = 512
 # What a node agent may say of its node; the health monitor's word on it (condition, GPU
 # health) and everything else is written by others.
-NODE_REPORTS: tuple[type[Event], ...] = (
-    NodeRegistered,
-    WorkerStarted,
-    WorkerExited,
-    CheckpointCompleted,
-    NodeShutdown,
-)
+NODE_REPORTS: tuple[type[Event], ...] = tuple(REPORT_IDS)
+MAX_PRODUCER = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +198,13 @@ def names_problem(body: Event) -> str:
     the log had kept it for good."""
     for what, name in _names(body):
         if not subjects.is_token(name):
-            shown = repr(name[:64]) + ("..." if len(name) > 64 else "")
-            return f"{what} {shown} is not a name (1 to 64 letters, digits, '-' or '_')"
+            return names_problem_of(what, name)
     return ""
+
+
+def names_problem_of(what: str, name: str) -> str:
+    shown = repr(name[:64]) + ("..." if len(name) > 64 else "")
+    return f"{what} {shown} is not a name (1 to 64 letters, digits, '-' or '_')"
 
 
 def _names(body: Event) -> Iterator[tuple[str, str]]:
@@ -242,9 +240,10 @@ def _names(body: Event) -> Iterator[tuple[str, str]]:
 def _judge_report(node: str, headers: Mapping[str, str] | None, data: bytes) -> Accept | Refuse:
     """A node's report: a kind a node agent writes, about that node, appended on its subject."""
     try:
-        body = codec.decode_envelope(data).body
+        env = codec.decode_envelope(data)
     except DecodeError as e:
         return Refuse(400, _bounded(f"not a node report: {e}"))
+    body = env.body
     if not isinstance(body, NODE_REPORTS):
         kinds = ", ".join(t.__name__ for t in NODE_REPORTS)
         return Refuse(403, f"a node agent does not write {type(body).__name__}; it writes {kinds}")
@@ -255,7 +254,32 @@ def _judge_report(node: str, headers: Mapping[str, str] | None, data: bytes) -> 
     twice = documents.given_twice(data)
     if twice is not None:
         return Refuse(400, _bounded(f"not a node report: {twice!r} given twice"))
+    problem = _report_problem(node, env)
+    if problem:
+        return Refuse(403, _bounded(f"{node}'s report: {problem}"))
     return _passed(own, data, headers, subjects.AGENT_PREFIX + node, MAX_REPORT_ID)
+
+
+def _report_problem(node: str, env: codec.Envelope) -> str:
+    """Why the envelope of node ``node``'s report speaks for someone else, or "". Traces and
+    ``corral verify`` take a record's writer from its producer and a decision's cycle from its
+    id: a node's report signed as the placer, or with an id of the placer's form, would be read
+    as the placer's decision. Nor is a report caused by or part of anything (a client's trace
+    context comes in its headers)."""
+    mine = agent_producer(node)
+    if not (env.producer.startswith(mine) and len(env.producer) <= MAX_PRODUCER):
+        most = f"at most {MAX_PRODUCER} characters"
+        return f"its producer is {mine}<host>:<pid> ({most}), not {env.producer[:80]!r}"
+    kind = REPORT_IDS[type(env.body)]
+    if not (env.id.startswith(kind) and len(env.id) <= MAX_REPORT_ID):
+        most = f"at most {MAX_REPORT_ID} characters"
+        return f"the id of a {env.type} begins {kind!r} ({most}), not {env.id[:80]!r}"
+    if env.causation is not None or env.correlation is not None:
+        return "a node's report names no causation or correlation"
+    job_id = getattr(env.body, "job_id", None)
+    if isinstance(job_id, str) and not subjects.is_token(job_id):
+        return names_problem_of("job id", job_id)
+    return ""
 
 
 def _passed(

@@ -27,8 +27,9 @@ from corral.events.base import Event
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import Ack, Append, RetryLater, UnstorableError
 from corral.events.nats_client import Client, open_client
-from corral.events.nodes import CheckpointCompleted, WorkerStarted
+from corral.events.nodes import CheckpointCompleted, WorkerStarted, agent_producer
 from corral.services.agent.intake import IntakeReports
+from corral.services.agent.service import msg_id as agent_msg_id
 from corral.services.cli.up import Settings, cluster, connect
 from corral.services.intake.rate import TOKEN_BYTES, Rate
 from corral.services.runtime import identities
@@ -74,7 +75,9 @@ async def nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
 
 
 def _append(body: Event, msg_id: str) -> Append:
-    env = codec.seal(body, event_id=msg_id, time=time.time(), producer="test")
+    """``body`` sealed as its node's agent seals it, appended under ``msg_id``."""
+    producer = agent_producer(body.node) + "test:1"
+    env = codec.seal(body, event_id=agent_msg_id(body), time=time.time(), producer=producer)
     return Append(subjects.node(body.node), codec.encode(env), msg_id)
 
 

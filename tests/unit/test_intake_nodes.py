@@ -17,6 +17,7 @@ from corral.events.base import Event
 from corral.events.jobs import CancelJob
 from corral.events.log import Ack, Append, LogError, RetryLater, UnacknowledgedError, UnstorableError
 from corral.events.nodes import (
+    REPORT_IDS,
     CheckpointCompleted,
     GpuHealthChanged,
     NodeConditionChanged,
@@ -27,6 +28,7 @@ from corral.events.nodes import (
 )
 from corral.services.agent.intake import _ack
 from corral.services.agent.inventory import h100_8x_nvswitch
+from corral.services.agent.service import msg_id
 from corral.services.intake import service
 from corral.services.intake.decide import MAX_REQUEST, Accept, Refuse, Reporter, Sender, addressed, judge
 from corral.services.intake.rate import Rate
@@ -35,11 +37,19 @@ INBOXES, NODE_INBOXES = "_INBOX.corral", "_INBOX.agent"
 N1 = "n1"
 
 
-def _report(body: Event) -> bytes:
-    return codec.encode(codec.seal(body, event_id="x", time=1.0, producer="agent/n1"))
+def _report(body: Event, **envelope: Any) -> bytes:
+    """``body`` sealed as node n1's agent seals it (``envelope``: fields given otherwise)."""
+    sealed = {
+        "event_id": msg_id(body) if type(body) in REPORT_IDS else "x",
+        "time": 1.0,
+        "producer": f"agent/{getattr(body, 'node', N1)}@host-1:4242",
+        **envelope,
+    }
+    return codec.encode(codec.seal(body, **sealed))
 
 
 START = _report(WorkerStarted(node=N1, job_id="j", attempt=0, rank=0, pid=7))
+STARTED_J = WorkerStarted(node=N1, job_id="j", attempt=0, rank=0)
 
 
 def _decide(
@@ -103,6 +113,23 @@ def test_only_a_node_intake_subject_naming_one_node_is_taken(subject: str) -> No
         (b"{", 400, "not a node report"),
         (b" " * (MAX_REQUEST + 1), 400, "at most"),
         (START.replace(b'"job_id":"j"', b'"job_id":"j","job_id":"k"'), 400, "'job_id' given twice"),
+        # the envelope speaks for the node's agent only: traces and ``corral verify`` take the
+        # writer from the producer and a decision's cycle from the id
+        (_report(STARTED_J, producer="placer@h:1"), 403, "producer"),
+        (_report(STARTED_J, producer="agent/n10@h:1"), 403, "producer"),
+        (_report(NodeShutdown(node=N1, at=1.0), producer="agent/n1@" + "h" * 300), 403, "at most 256"),
+        (_report(STARTED_J, event_id="placer:5:0"), 403, "'started:'"),
+        (_report(STARTED_J, event_id="exited:j:0:0"), 403, "begins"),
+        (_report(NodeShutdown(node=N1, at=1.0), event_id="shutdown:" + "9" * 300), 403, "at most 256"),
+        (_report(NodeShutdown(node=N1, at=1.0), causation="admission:4:0"), 403, "no causation"),
+        (_report(NodeShutdown(node=N1, at=1.0), correlation="j"), 403, "no causation"),
+        # a job id no job could have is kept out of the log, as a tenant's is
+        (_report(WorkerExited(node=N1, job_id="a.b", attempt=0, rank=0, code=1)), 403, "'a.b' is not"),
+        (
+            _report(CheckpointCompleted(node=N1, job_id="", attempt=0, step=1, location="/c")),
+            403,
+            "not a name",
+        ),
     ],
     ids=[
         "other-node",
@@ -114,6 +141,16 @@ def test_only_a_node_intake_subject_naming_one_node_is_taken(subject: str) -> No
         "not-json",
         "too-large",
         "given-twice",
+        "producer-of-a-role",
+        "producer-of-another-node",
+        "producer-too-long",
+        "id-of-a-decision",
+        "id-of-another-kind",
+        "id-too-long",
+        "causation",
+        "correlation",
+        "job-id-no-token",
+        "job-id-empty",
     ],
 )
 def test_what_is_not_a_report_of_the_node_is_refused(data: bytes, code: int, words: str) -> None:

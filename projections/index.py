@@ -46,7 +46,7 @@ from corral.projections import visibility
 from corral.projections.shape import Shape
 from corral.projections.state import Rejection, State
 
-__all__ = ["JobEvent", "job_events", "job_ids_of", "summarize"]
+__all__ = ["JobEvent", "deadline_text", "job_events", "job_ids_of", "summarize"]
 
 
 class JobEvent(msgspec.Struct, frozen=True):
@@ -101,7 +101,7 @@ def _own_deadline(state: State, job_id: str, body: Event) -> float | None:
 
 def _by(deadline: float, due: float | None) -> str:
     """When a victim is due: its own deadline, else the record's (its victims' longest grace)."""
-    return _when(due) if due is not None else f"{_when(deadline)} at the latest"
+    return deadline_text(due) if due is not None else f"{deadline_text(deadline)} at the latest"
 
 
 def _named_for(state: State, owner: str | None) -> Callable[[str], str]:
@@ -271,7 +271,7 @@ def _generic(body: Event) -> str:
     return _WORD.sub(" ", type(body).__name__).lower()
 
 
-def _when(t: float) -> str:
+def deadline_text(t: float) -> str:
     """A deadline as a person reads it: a UTC time of day (a simulated log that starts at 0: its
     seconds since the start)."""
     if t < 1e9:

@@ -95,6 +95,7 @@ from corral.events.jobs import (
 )
 from corral.projections import indexes, preemption, queueing, quota, runtimes
 from corral.projections.holds import Hold, hold, quota_end
+from corral.projections.index import deadline_text
 from corral.projections.lifecycle import Phase
 from corral.projections.placement.inventory import Inventory
 from corral.projections.quota import Ledger, fmt_gpus, key_name
@@ -610,8 +611,8 @@ def _admit(
 
 def _made_room_for(state: State, beneficiary: JobState) -> Reason | None:
     """Why a beneficiary waits while jobs stop or shrink for it: how many, and by when (a log
-    time, stable from cycle to cycle). Whose they are is not said: they may be other tenants'.
-    None if none does."""
+    time, written as a person reads it, and stable from cycle to cycle). Whose they are is not
+    said: they may be other tenants'. None if none does."""
     deadlines = []
     for victim_id in beneficiary.victims:
         victim = state.jobs.get(victim_id)
@@ -623,7 +624,7 @@ def _made_room_for(state: State, beneficiary: JobState) -> Reason | None:
         return None
     n = len(deadlines)
     jobs = "1 job stops or shrinks" if n == 1 else f"{n} jobs stop or shrink"
-    return Reason("preempting", f"{jobs} to make room for it, by t={max(deadlines):.0f}")
+    return Reason("preempting", f"{jobs} to make room for it, by {deadline_text(max(deadlines))}")
 
 
 def _ends_at(ends: _Ends, job: JobState, adm: Admission, now: float) -> None:

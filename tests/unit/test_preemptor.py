@@ -7,6 +7,7 @@ to it and to nobody else. States are built by folding events."""
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -704,8 +705,11 @@ def test_two_beneficiaries_never_share_freed_gpus() -> None:
 
 def test_a_beneficiary_is_told_that_jobs_stop_for_it_and_by_when() -> None:
     # It kept "would fit now if team-a's 8 borrowed GPUs were reclaimed (preemption could
-    # help)" while its victim checkpointed for it.
-    w = World(nodes=2).cohort("ml").queue("team-a", 8, cohort="ml").queue("team-b", 8, cohort="ml")
+    # help)" while its victim checkpointed for it; and by when as a time of day, where it
+    # said "by t=1796616142".
+    w = World(nodes=2)
+    w.time = 1_796_616_000.0  # 2026-12-07 04:00:00Z: a cluster's log time, not a simulation's
+    w.cohort("ml").queue("team-a", 8, cohort="ml").queue("team-b", 8, cohort="ml")
     w.run("a1", gpus(8, checkpointable=True, grace_seconds=300), whole(N0, *range(8)))
     w.run("a2", gpus(8, checkpointable=True, grace_seconds=300), whole(N1, *range(8)))
     w.submit("b1", gpus(8, "team-b"))
@@ -713,9 +717,10 @@ def test_a_beneficiary_is_told_that_jobs_stop_for_it_and_by_when() -> None:
     assert w.state.jobs["b1"].reasons[0].preemption_helps
     (stop,) = [e for e in w.cycle(decide) if isinstance(e, PreemptionRequested)]
     deadline = w.state.jobs[stop.victims[0].job_id].preempt_deadline
+    when = dt.datetime.fromtimestamp(deadline, dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
     said = [e for e in w.wait(5).cycle(admission) if isinstance(e, PendingReasonChanged) and e.job_id == "b1"]
     assert said and said[0].reasons == (
-        Reason("preempting", f"1 job stops or shrinks to make room for it, by t={deadline:.0f}"),
+        Reason("preempting", f"1 job stops or shrinks to make room for it, by {when}"),
     )
     assert not [e for e in w.wait(5).cycle(admission) if isinstance(e, PendingReasonChanged)]  # said once
 

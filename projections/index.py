@@ -194,8 +194,12 @@ def summarize(
             return f"growth withdrawn, running on: {_reasons_text([body.reason])}"
         case AdmissionWithdrawn():
             return f"admission withdrawn, back in its queue: {_reasons_text([body.reason])}"
+        case JobRequeued() if body.reason.code == "requeued":
+            # Admission's reason says why, back where, for which attempt and from which step.
+            at = f"; checkpoint {said_reason(body.resume_from)}" if body.resume_from else ""
+            return f"requeued: {body.reason.message}{at}"
         case JobRequeued():
-            resume = f", resuming from {body.resume_from}" if body.resume_from else ""
+            resume = f", resuming from {said_reason(body.resume_from)}" if body.resume_from else ""
             return f"requeued for attempt {body.attempt + 1}: {_reasons_text([body.reason])}{resume}"
         case PreemptionRequested():
             if job_id == body.beneficiary:
@@ -257,10 +261,10 @@ def batch_lines(body: JobsAdmitted | JobsPlaced | JobsUnschedulable) -> dict[str
         case JobsPlaced():
             for p in body.placements:
                 if p.job_id not in lines:
-                    nodes = sorted({w.node for w in p.workers})
-                    lines[p.job_id] = (
-                        f"placed attempt {p.attempt}: {len(p.workers)} workers on {', '.join(nodes)}"
-                    )
+                    nodes = ", ".join(sorted({w.node for w in p.workers}))
+                    n = len(p.workers)
+                    workers = f"{n} worker{'s' if n != 1 else ''}"
+                    lines[p.job_id] = f"placed attempt {p.attempt}: {workers} on {nodes}"
         case JobsUnschedulable():
             for u in body.jobs:
                 lines.setdefault(u.job_id, f"unschedulable: {_reasons_text(u.reasons)}")

@@ -260,6 +260,8 @@ def _requeue_reason(job: JobState) -> Reason:
     msg = f"{why}; back in queue {job.spec.queue} for attempt {job.attempt + 1}"
     if job.checkpoint is not None:
         msg += f", resuming from step {job.checkpoint.step}"
+    else:  # what it had done is lost: its owner and the admin should not have to guess
+        msg += ", from the start (no checkpoint)"
     return Reason("requeued", msg)
 
 

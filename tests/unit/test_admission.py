@@ -667,6 +667,18 @@ def test_requeues_stopped_jobs_from_their_checkpoint_and_admits_them() -> None:
     assert s.jobs["pre"].phase == "admitted"
 
 
+def test_a_job_requeued_without_a_checkpoint_is_said_to_start_over() -> None:
+    # It read "preempted for hi; back in queue team-a for attempt 1" alone: nothing told its
+    # owner, or the admin, that the work it had done was lost.
+    s = two_teams()
+    j = move_to(s, job("pre").gpus(8, H).running().into(s).id, "preempted")
+    j.reasons = (Reason("preempted", "preempted for hi"),)
+    (rq,) = of(decide(s, 0.0), JobRequeued)
+    assert rq.resume_from is None
+    said = "preempted for hi; back in queue team-a for attempt 1, from the start (no checkpoint)"
+    assert rq.reason.message == said
+
+
 def test_a_job_without_gpus_needs_no_quota() -> None:
     s = two_teams(a=Quota(0, borrowing_limit=0))
     job("cpu").gpus(0).into(s)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 from corral.events import subjects as subj
-from corral.events.jobs import Admission, JobsAdmitted, SubmitJob
+from corral.events.base import Reason
+from corral.events.decisions import JobsPlaced
+from corral.events.jobs import Admission, JobRequeued, JobsAdmitted, SubmitJob
 from corral.events.queues import CordonNode
 from corral.projections.index import batch_lines, summarize
 from corral.projections.state import State
@@ -88,6 +90,25 @@ def test_an_admission_reads_as_gpus_of_quota() -> None:
     assert summarize(by_model, "g") == "admitted attempt 0: 1 worker, holding 8 H100-80GB of quota"
     submitted = SubmitJob(request_id="g", job=job().gpus(4).replicas(4, minimum=2).build())
     assert summarize(submitted, "g") == "submitted to queue team-a: 2..4 × 4 GPU"
+
+
+def test_a_placement_and_a_requeue_read_as_a_person_writes_them() -> None:
+    # It read "placed attempt 0: 1 workers on node-02", and "requeued for attempt 1: requeued:
+    # preempted for hi; back in queue team-a for attempt 1, resuming from step 174, resuming
+    # from /ckpt/step-174.npz": the attempt and the resumption twice.
+    one = JobsPlaced(based_on=1, now=0.0, placements=(placement("p", worker(0, "node-02", whole(0))),))
+    assert summarize(one, "p") == "placed attempt 0: 1 worker on node-02"
+    two = JobsPlaced(
+        based_on=1, now=0.0, placements=(placement("p", worker(0, "node-02"), worker(1, "node-01")),)
+    )
+    assert summarize(two, "p") == "placed attempt 0: 2 workers on node-01, node-02"
+    why = "preempted for hi; back in queue team-a for attempt 1, resuming from step 174"
+    resumed = JobRequeued(
+        job_id="p", attempt=0, reason=Reason("requeued", why), resume_from="/ckpt/step-174.npz"
+    )
+    assert summarize(resumed, "p") == f"requeued: {why}; checkpoint /ckpt/step-174.npz"
+    anew = JobRequeued(job_id="p", attempt=0, reason=Reason("preempted", "x"))
+    assert summarize(anew, "p") == "requeued for attempt 1: preempted: x"
 
 
 def test_a_batch_reads_each_job_as_its_own_item_once_read_whole() -> None:

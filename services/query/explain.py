@@ -3,7 +3,8 @@
 ``explain(job, history)`` is the one presentation, used by the CLI reading the log itself and by
 the read service answering a tenant (``view.py``: for a job the state still holds, and for one
 the fold let go, as it stood then). A tenant sees only its own jobs; another tenant's job is
-"no such job".
+"no such job". The admin, who sees every job, is also told the other side of its preemptions
+(``other_sides``), which its owner's texts leave unnamed.
 """
 
 from __future__ import annotations
@@ -13,13 +14,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from corral.projections.index import JobEvent
-from corral.projections.state import JobState
+from corral.projections.state import JobState, State
 from corral.services.query import present
 
 
-def explain(job: JobState, history: Sequence[JobEvent], eta: dict[str, Any] | None = None) -> dict[str, Any]:
+def explain(
+    job: JobState,
+    history: Sequence[JobEvent],
+    eta: dict[str, Any] | None = None,
+    sides: Sequence[str] = (),
+) -> dict[str, Any]:
     """A job's row (with its forecast start, ``eta``, when it waits), why it waits, its history
-    and what of it was refused, and the text a person reads."""
+    and what of it was refused, and the text a person reads; ``sides``: the lines
+    ``other_sides`` gives the admin (empty for a tenant)."""
     row = {**present.job_row(job), "eta": eta}
     reasons = [
         {"code": r.code, "message": r.message, "preemption_helps": r.preemption_helps} for r in job.reasons
@@ -45,6 +52,7 @@ def explain(job: JobState, history: Sequence[JobEvent], eta: dict[str, Any] | No
     for r in job.reasons:
         hint = " (preemption could help)" if r.preemption_helps else ""
         lines.append(f"  why: [{r.code}] {r.message}{hint}")
+    lines.extend(f"  {side}" for side in sides)
     if eta is not None:
         lines.append(f"  estimated start: {present.eta_text(eta)}")
         lines.append(f"    forecast at {present.clock(eta['forecast_at'])}; {eta['assumption']}")
@@ -59,6 +67,25 @@ def explain(job: JobState, history: Sequence[JobEvent], eta: dict[str, Any] | No
         "refused": refused,
         "text": "\n".join(map(present.one_line, lines)),
     }
+
+
+def other_sides(state: State, job: JobState) -> list[str]:
+    """For the admin alone: the other side of each preemption a job's texts speak of. Those texts
+    are its owner's, so they say "another tenant's job"; the admin, who sees every job, is told
+    which, whose and in which queue: whom the job was stopped (or shrunk) for, and whom the fold
+    stopped or shrank for its own room."""
+
+    def whose(job_id: str) -> str:
+        other = state.jobs.get(job_id)
+        return job_id if other is None else f"{job_id} ({other.tenant}, queue {other.spec.queue})"
+
+    stopped_for = list(dict.fromkeys(b for b, _, _ in job.stopped_for))
+    lines = [f"preempted for: {', '.join(map(whose, stopped_for))}"] if stopped_for else []
+    if job.preempted_for and job.preempted_for not in stopped_for:
+        lines.append(f"shrunk for: {whose(job.preempted_for)}")
+    if job.victims:
+        lines.append(f"stopped or shrunk for it: {', '.join(map(whose, job.victims))}")
+    return lines
 
 
 def _workers(job: JobState) -> str:

@@ -145,6 +145,24 @@ def test_a_preemption_names_neither_side_to_the_other() -> None:
     assert "bob-secret" not in json.dumps(victim) and "alice-secret" not in json.dumps(beneficiary)
 
 
+def test_the_admin_is_told_both_sides_of_a_preemption() -> None:
+    # The admin's explain read the owners' texts alone: "preempted for another tenant's job",
+    # "victims another tenant's job", with nothing to say which, short of reading the log.
+    jobs = [
+        SimJob("alice-a1", "alice", spec("qa", 4, 9000), 0.0, 9000.0),
+        SimJob("alice-borrow", "alice", spec("qa", 4, 9000), 1.0, 9000.0),
+        SimJob("bob-urgent", "bob", spec("qb", 4, 100), 50.0, 100.0),
+    ]
+    view = folded(COHORT, jobs, until=51.0)
+    victim = ask(view, "admin", "explain", job="alice-borrow")["text"]
+    assert "  preempted for: bob-urgent (bob, queue qb)\n" in victim, victim
+    beneficiary = ask(view, "admin", "explain", job="bob-urgent")["text"]
+    assert "  stopped or shrunk for it: alice-borrow (alice, queue qa)\n" in beneficiary, beneficiary
+    for tenant, job_id in (("alice", "alice-borrow"), ("bob", "bob-urgent")):
+        told = json.dumps(ask(view, tenant, "explain", job=job_id))
+        assert "preempted for:" not in told and "shrunk for it:" not in told
+
+
 def test_a_shrink_names_neither_side_to_the_other() -> None:
     jobs = [
         SimJob("alice-secret-elastic", "alice", spec("qa", 1, 9000, replicas=8, min_replicas=2), 0.0, 9000.0),

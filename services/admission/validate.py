@@ -209,7 +209,7 @@ def _fits_ever(ledger: Ledger, spec: JobSpec) -> Reason | None:
     ceiling, _, key = best
     name = quota.key_name(key)
     need = quota.fmt_gpus(quota.worker_milli(res, key) * lo)
-    gang = f"{lo} workers" if lo > 1 else "1 worker"
+    gang = f"{lo} workers need" if lo > 1 else "1 worker needs"
     if not ledger.listed(spec.queue, key):
         listed = sorted(q.quotas)
         hint = (
@@ -232,7 +232,7 @@ def _fits_ever(ledger: Ledger, spec: JobSpec) -> Reason | None:
         how = f"nominal {quota.fmt_gpus(nominal)} + what its cohort can lend"
     return Reason(
         "never-fits",
-        f"{gang} need {need} {name} but queue {spec.queue} can hold at most "
+        f"{gang} {need} {name} but queue {spec.queue} can hold at most "
         f"{quota.fmt_gpus(ceiling)} {name} ({how}); ask for at most {quota.fmt_gpus(ceiling)} "
         f"{name} in all, or use a queue with more quota",
     )

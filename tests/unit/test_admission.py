@@ -224,6 +224,10 @@ def test_rejections_say_what_to_do() -> None:
         "4 workers need 32 H100 but queue team-a can hold at most 24 H100 (nominal 16 + what its "
         "cohort can lend); ask for at most 24 H100 in all, or use a queue with more quota"
     )
+    one = _spec(res=Resources(gpus=32, gpu_models=(H,)))
+    j = JobState(id="j", tenant="a", spec=one, submitted_seq=1, submitted_at=0.0)
+    why = validate(s, j)
+    assert why is not None and why.message.startswith("1 worker needs 32 H100 but"), why  # not "need"
     j = JobState(id="j", tenant="a", spec=_spec(res=Resources(gpus=1)), submitted_seq=1, submitted_at=0.0)
     why = validate(s, j)
     assert why is not None and "set gpu_models to one of H100" in why.message

@@ -500,8 +500,11 @@ def _delete_queue(state: State, ctx: Ctx, req: DeleteQueue) -> None:
     if req.name not in state.queues:
         raise Refused("unknown", f"no queue {req.name}")
     # Every unfinished job, whatever its queue: a rare request, and it costs no finished job.
-    if any(j.spec.queue == req.name for j in indexes.unfinished(state)):
-        raise Refused("illegal", f"queue {req.name} still has jobs")
+    held = sorted(j.id for j in indexes.unfinished(state) if j.spec.queue == req.name)
+    if held:
+        # Which, as a priority class's refusal says: the admin is to cancel them or let them end.
+        said = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise Refused("illegal", f"queue {req.name} still has jobs not finished: {said}")
     del state.queues[req.name]
     # What its jobs held, decayed: nothing is held any longer, and a queue made again under
     # the name starts without a history that is not its own.

@@ -66,7 +66,8 @@ def test_nodes_are_cordoned_drained_and_uncordoned_and_queues_deleted(
     busy_job = ("--id", "busy", "--queue", "team-a", "--tenant", "team-a", *server)
     corral("submit", *busy_job, "--", "sleep", "600", env=env)
     busy = corral("queue", "delete", "team-a", *server, env=env, check=False)
-    assert (busy.returncode, one_line(busy)) == (1, "corral: queue team-a still has jobs")
+    said = "corral: queue team-a still has jobs not finished: busy"
+    assert (busy.returncode, one_line(busy)) == (1, said)
     in_use = corral("queue", "delete-cohort", "spares", *server, env=env, check=False)
     assert (in_use.returncode, one_line(in_use)) == (
         1,

@@ -349,7 +349,7 @@ def test_no_decision_and_no_node_event_walks_every_job() -> None:
     state = log.gpu_health(N1, 5, False).condition(N0, "lost").cordon(N1, drain=True).fold(state)
     state = log.admin("delete-queue", DeleteQueue(name="team-b")).fold(state)
     assert state.faults == 0 and state.jobs["v"].phase == "interrupted"
-    assert state.rejections[-1].message == "queue team-b still has jobs"
+    assert state.rejections[-1].message == "queue team-b still has jobs not finished: hi, new"
 
 
 @pytest.mark.parametrize(

@@ -225,6 +225,8 @@ def cmd_queues(args: argparse.Namespace) -> None:
         rows = answer_of(ask(server_url(args.server), client, "queues"), "queues")
     else:
         rows = queue_rows(asyncio.run(remote_state(server_url(args.server), login)))
+    if args.output != "json":  # a limit not set is no limit: "-", as a queue in no cohort
+        rows = [{k: "-" if v is None and k.endswith("_limit") else v for k, v in r.items()} for r in rows]
     emit(args, rows, list(rows[0]) if rows else ["queue"])
 
 

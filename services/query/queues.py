@@ -1,4 +1,5 @@
-"""``corral queues``: each queue's quota, usage, borrowed and lent GPUs, and its fair share.
+"""``corral queues``: each queue's quota and its limits, usage, borrowed and lent GPUs, and its
+fair share.
 
 ``queue_usage`` works the figures out from the quota ledger (``projections.quota``); ``queue_rows``
 puts them with each queue's pending and running jobs into the rows the CLI and the read service
@@ -40,6 +41,10 @@ def queue_rows(state: State) -> list[dict[str, Any]]:
                     "cohort": u.cohort or "-",
                     "gpu": quota.key_name(key),
                     "nominal": gpus(k.nominal),
+                    # As the queue file set them (None: no limit), so that the admin sees what
+                    # bounds its borrowing and lending, and a limit set past its nominal.
+                    "borrowing_limit": k.borrowing_limit,
+                    "lending_limit": k.lending_limit,
                     "used": gpus(k.used),
                     "recent": gpus(recent),
                     "borrowed": gpus(k.borrowed),

@@ -49,6 +49,16 @@ def test_json_rows_hold_numbers_not_their_text() -> None:
     assert all(not isinstance(q[k], str) for k in ("nominal", "used", "recent", "borrowed", "lent"))
 
 
+def test_a_queues_row_shows_its_borrowing_and_lending_limits() -> None:
+    # They were nowhere in ``corral queues``: an admin could not see what bounds a queue's
+    # borrowing, nor a lending limit set past its nominal (which lends it all).
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("capped", 4, borrowing_limit=2, lending_limit=8))
+    state = log.queue(queue_spec("open", 4)).fold()
+    rows = {r["queue"]: r for r in queue_rows(state)}
+    assert (rows["capped"]["borrowing_limit"], rows["capped"]["lending_limit"]) == (2, 8)
+    assert (rows["open"]["borrowing_limit"], rows["open"]["lending_limit"]) == (None, None)
+
+
 def test_a_fraction_and_a_mig_slice_per_worker() -> None:
     log = LogBuilder().nodes(Cluster(1, profile="h100-8x-mig")).queue(queue_spec("team-a", 8))
     log.submit("alice", "f", job().milli(250)).submit("alice", "m", job().mig("3g.40gb"))

@@ -22,11 +22,11 @@ def explain(
     job: JobState,
     history: Sequence[JobEvent],
     eta: dict[str, Any] | None = None,
-    sides: Sequence[str] = (),
+    notes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A job's row (with its forecast start, ``eta``, when it waits), why it waits, its history
-    and what of it was refused, and the text a person reads; ``sides``: the lines
-    ``other_sides`` gives the admin (empty for a tenant)."""
+    and what of it was refused, and the text a person reads; ``notes``: lines from the state
+    around it, ``node_notes`` for anyone who sees it and ``other_sides`` for the admin."""
     row = {**present.job_row(job), "eta": eta}
     reasons = [
         {"code": r.code, "message": r.message, "preemption_helps": r.preemption_helps} for r in job.reasons
@@ -52,7 +52,7 @@ def explain(
     for r in job.reasons:
         hint = " (preemption could help)" if r.preemption_helps else ""
         lines.append(f"  why: [{r.code}] {r.message}{hint}")
-    lines.extend(f"  {side}" for side in sides)
+    lines.extend(f"  {note}" for note in notes)
     if eta is not None:
         lines.append(f"  estimated start: {present.eta_text(eta)}")
         lines.append(f"    forecast at {present.clock(eta['forecast_at'])}; {eta['assumption']}")
@@ -67,6 +67,27 @@ def explain(
         "refused": refused,
         "text": "\n".join(map(present.one_line, lines)),
     }
+
+
+def node_notes(state: State, job: JobState) -> list[str]:
+    """What is wrong with the nodes a placed job is on that nothing about the job says yet: a
+    node whose agent went silent shows the job running as before, until the health monitor calls
+    the node lost and the job moves."""
+    if job.placement is None:
+        return []
+    out = []
+    for name in sorted({w.node for w in job.placement.workers}):
+        node = state.nodes.get(name)
+        if node is None:
+            out.append(f"node {name}: no longer known to the cluster")
+        elif node.condition == "suspect":
+            out.append(
+                f"node {name} is suspect: its agent missed heartbeats, so what runs there is not "
+                "known; the job moves if the node is called lost"
+            )
+        elif node.condition != "ready":
+            out.append(f"node {name} is {node.condition}")
+    return out
 
 
 def other_sides(state: State, job: JobState) -> list[str]:

@@ -14,9 +14,10 @@ from corral.projections.index import batch_lines, summarize
 from corral.projections.state import State
 from corral.services.cli.display import job_table, node_table
 from corral.services.query import present
+from corral.services.query.decide import Ask, answer
 from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
-from tests.builders import Cluster, LogBuilder, job, mig_slot, placement, queue_spec, whole, worker
+from tests.builders import Cluster, LogBuilder, job, mig_slot, on, placement, queue_spec, whole, worker
 
 N0 = "node-00"
 
@@ -47,6 +48,21 @@ def test_json_rows_hold_numbers_not_their_text() -> None:
     (q,) = queue_rows(state)
     assert (q["nominal"], q["used"], q["borrowed"]) == (8, 3, 0)
     assert all(not isinstance(q[k], str) for k in ("nominal", "used", "recent", "borrowed", "lent"))
+
+
+N0 = "node-00"
+
+
+def test_a_job_on_a_silent_node_is_said_to_be_there() -> None:
+    # Its explain read "running, placed on node-00" and nothing else for the minute its node's
+    # agent was silent: the job looked as healthy as any.
+    log = LogBuilder().nodes(Cluster(2)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "j", job().gpus(1)).accept("j").admit("j")
+    log.place(on(N0, 0, job_id="j")).started(N0, "j")
+    said = answer(log.fold(), {}, "alice", "explain", Ask(job="j"))["text"]
+    assert "node-00 is suspect" not in said
+    said = answer(log.condition(N0, "suspect").fold(), {}, "alice", "explain", Ask(job="j"))["text"]
+    assert "\n  node node-00 is suspect: its agent missed heartbeats" in said, said
 
 
 def test_a_queues_row_shows_its_borrowing_and_lending_limits() -> None:

@@ -231,6 +231,19 @@ def _quota_problem(what: str, quotas: Mapping[str, Quota]) -> str:
     return ""
 
 
+def _lending_problem(what: str, quotas: Mapping[str, Quota]) -> str:
+    """Why a queue's ``quotas`` lend more than they hold, or ``""``: a queue lends its nominal at
+    most, so a lending limit above it bounds nothing yet reads as a bound (Kueue refuses one
+    too). A cohort's may be above its own quota: it bounds what its whole subtree lends."""
+    for key, q in quotas.items():
+        if q.lending_limit is not None and q.lending_limit > q.nominal:
+            return (
+                f"{what}: lending_limit of {key} is {q.lending_limit} GPUs, more than its nominal "
+                f"{q.nominal}: at most the nominal can be lent (leave the limit out to lend it all)"
+            )
+    return ""
+
+
 def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
     _admin(ctx)
     q = req.queue
@@ -240,7 +253,7 @@ def _apply_queue(state: State, ctx: Ctx, req: ApplyQueue) -> None:
         raise Refused(
             "malformed", f"queue {q.name}: weight must be a number of at least {MIN_WEIGHT:g}, not {q.weight}"
         )
-    problem = _quota_problem(f"queue {q.name}", q.quotas)
+    problem = _quota_problem(f"queue {q.name}", q.quotas) or _lending_problem(f"queue {q.name}", q.quotas)
     if problem:
         raise Refused("malformed", problem)
     cap = q.preemption.max_grace_seconds

@@ -250,4 +250,5 @@ from __future__ import annotations
 #    control character) is malformed.
 # 89: a node's shutdown reason is kept as a tenant's (``said_reason``) in the reasons of the jobs
 #    it interrupts.
-RULES = 89
+# 90: a queue's lending limit above its nominal is malformed (as Kueue's).
+RULES = 90

@@ -85,9 +85,10 @@ def clusters(draw: st.DrawFn) -> tuple[list[ApplyCohort], list[ApplyQueue]]:
     queues = []
     for i in range(draw(st.integers(2, 6))):
         quotas = {
-            k: Quota(draw(st.integers(0, 8)), limit(draw, 6), limit(draw, 10))
+            k: Quota(nominal, limit(draw, 6), limit(draw, nominal))  # it lends its nominal at most
             for k in KEYS
             if k == ANY or draw(st.booleans())
+            for nominal in [draw(st.integers(0, 8))]
         }
         cohort = draw(st.sampled_from([*teams, None])) if i else teams[0]
         spec = QueueSpec(

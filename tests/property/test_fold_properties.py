@@ -688,7 +688,11 @@ def quota_stories(draw: st.DrawFn) -> QuotaStory:
     """Three queues, each alone or in one cohort with its own limits; whole-GPU gangs, some
     elastic; admission cycles asking for several of them at once (some twice, some out of their
     elastic range, some naming the wrong GPUs), and cancels that give quota back."""
-    limits = st.builds(Quota, st.integers(0, 8), st.none() | st.integers(0, 4), st.none() | st.integers(0, 4))
+    limits = st.integers(0, 8).flatmap(  # a queue lends its nominal at most
+        lambda n: st.builds(
+            Quota, st.just(n), st.none() | st.integers(0, 4), st.none() | st.integers(0, min(n, 4))
+        )
+    )
     queues = {
         q: QueueSpec(q, cohort=draw(st.none() | st.just(COHORT)), quotas={"*": draw(limits)}) for q in QUEUES
     }

@@ -67,11 +67,11 @@ def test_a_job_on_a_silent_node_is_said_to_be_there() -> None:
 
 def test_a_queues_row_shows_its_borrowing_and_lending_limits() -> None:
     # They were nowhere in ``corral queues``: an admin could not see what bounds a queue's
-    # borrowing, nor a lending limit set past its nominal (which lends it all).
-    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("capped", 4, borrowing_limit=2, lending_limit=8))
+    # borrowing and lending.
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("capped", 4, borrowing_limit=2, lending_limit=3))
     state = log.queue(queue_spec("open", 4)).fold()
     rows = {r["queue"]: r for r in queue_rows(state)}
-    assert (rows["capped"]["borrowing_limit"], rows["capped"]["lending_limit"]) == (2, 8)
+    assert (rows["capped"]["borrowing_limit"], rows["capped"]["lending_limit"]) == (2, 3)
     assert (rows["open"]["borrowing_limit"], rows["open"]["lending_limit"]) == (None, None)
 
 

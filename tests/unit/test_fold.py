@@ -536,6 +536,21 @@ def test_a_cohort_of_negative_quota_is_malformed(quotas: dict[str, Quota]) -> No
     assert state.cohorts == {} and last(state).code == "malformed"
 
 
+def test_a_queues_lending_limit_above_its_nominal_is_malformed() -> None:
+    # Kueue refuses it as well: a queue lends its nominal at most, and a limit of 8 on a nominal
+    # of 4 read, in ``corral queues``, as a bound on lending it is not.
+    state = fold(LogBuilder().queue(QueueSpec("team-a", quotas={"*": Quota(4, lending_limit=5)})))
+    assert state.queues == {} and last(state).code == "malformed"
+    assert "lending_limit of * is 5 GPUs, more than its nominal 4" in last(state).message
+    assert (
+        "team-a"
+        in fold(LogBuilder().queue(QueueSpec("team-a", quotas={"*": Quota(4, lending_limit=4)}))).queues
+    )
+    # A cohort's bounds what its whole subtree lends: above its own quota it means something.
+    cohort = CohortSpec("org", quotas={"*": Quota(0, lending_limit=3)})
+    assert "org" in fold(LogBuilder().admin("cohort", ApplyCohort(cohort=cohort))).cohorts
+
+
 @pytest.mark.parametrize(
     ("cohorts", "accepted", "refused"),
     [

@@ -51,9 +51,9 @@ class FitFilter:
         usable = [g for g in suitable(need, node) if g.healthy]
         if need.kind == "mig":
             if node.cpu_free < need.cpu:
-                return _short("cpu", node, f"{node.cpu_free} of {need.cpu} milli-CPU free")
+                return _short("cpu", node, f"needs {need.cpu} milli-CPU free, has {node.cpu_free}")
             if node.mem_free < need.memory:
-                return _short("memory", node, f"{node.mem_free} of {need.memory} MiB free")
+                return _short("memory", node, f"needs {need.memory} MiB of memory free, has {node.mem_free}")
             if not any(mig_plugin.free_starts(g, need) for g in usable):
                 return _short("mig", node, f"no free slices for a MIG {need.mig} instance")
             return None
@@ -64,15 +64,15 @@ class FitFilter:
         if code is None:
             return None
         if code == "cpu":
-            return _short("cpu", node, f"{node.cpu_free} of {need.cpu} milli-CPU free")
+            return _short("cpu", node, f"needs {need.cpu} milli-CPU free, has {node.cpu_free}")
         if code == "memory":
-            return _short("memory", node, f"{node.mem_free} of {need.memory} MiB free")
+            return _short("memory", node, f"needs {need.memory} MiB of memory free, has {node.mem_free}")
         if need.kind == "fraction":
             return _short(
                 "gpus", node, f"no GPU has {need.milli} milli-GPU free (most: {max(free, default=0)})"
             )
         whole = sum(1 for g in free if g >= need.milli)
-        return _short("gpus", node, f"{whole} of {need.gpus} suitable GPUs free")
+        return _short("gpus", node, f"needs {need.gpus} free GPUs it can use, has {whole}")
 
 
 def _short(code: str, node: NodeView, what: str) -> Reason:

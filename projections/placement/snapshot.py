@@ -63,8 +63,8 @@ class NodeView:
     """One node as this cycle sees it: the state's numbers minus what the cycle has taken."""
 
     __slots__ = (
-        "name", "ready", "cordoned", "condition", "labels", "cpu_free", "mem_free", "workers_free",
-        "gpus", "version", "suitable",
+        "name", "ready", "cordoned", "draining", "condition", "labels", "cpu_free", "mem_free",
+        "workers_free", "gpus", "version", "suitable",
     )  # fmt: skip
 
     def __init__(self, node: NodeState) -> None:
@@ -72,6 +72,7 @@ class NodeView:
         self.version = 0  # bumped by every take and give-back: answers about the node may be cached by it
         self.ready = node.schedulable
         self.cordoned = node.cordoned
+        self.draining = node.draining
         self.condition = node.condition
         self.labels = node.inventory.labels
         self.cpu_free = node.inventory.cpu_milli - node.cpu_used

@@ -76,6 +76,7 @@ class N:
     labels: dict[str, str] = field(default_factory=dict)
     condition: NodeCondition = "ready"
     cordoned: bool = False
+    draining: bool = False
     load: dict[int, int] = field(default_factory=dict)  # GPU -> milli used by others
     sick: set[int] = field(default_factory=set)
     slices: dict[int, list[tuple[str, int]]] = field(default_factory=dict)  # GPU -> MIG (profile, start)
@@ -124,6 +125,7 @@ class N:
             gpus=gpus,
             condition=self.condition,
             cordoned=self.cordoned,
+            draining=self.draining,
             cpu_used=self.cpu_used,
         )
 
@@ -185,6 +187,15 @@ HEALTH = [
 @pytest.mark.parametrize(("node", "request_", "want"), HEALTH)
 def test_node_health_filter(node: N, request_: Request, want: str | None) -> None:
     assert code(NodeHealthFilter().check(request_, node.view())) == want
+
+
+def test_a_node_an_operator_drains_says_draining_not_cordoned() -> None:
+    # A drain cordons the node too, and the job turned away read "cordoned", which the
+    # operator who asked for a drain did not.
+    said = NodeHealthFilter().check(req(), N(cordoned=True, draining=True).view())
+    assert said is not None and (said.code, said.message) == ("cordoned", "node n1 is draining")
+    said = NodeHealthFilter().check(req(), N(cordoned=True).view())
+    assert said is not None and said.message == "node n1 is cordoned"
 
 
 GPU_HEALTH = [

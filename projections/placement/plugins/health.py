@@ -19,7 +19,9 @@ class NodeHealthFilter:
 
     def check(self, req: Request, node: NodeView) -> Reason | None:
         if node.cordoned:
-            return Reason("cordoned", f"node {node.name} is cordoned")
+            # A drain cordons the node too; the operator asked for a drain, and reads that.
+            what = "draining" if node.draining else "cordoned"
+            return Reason("cordoned", f"node {node.name} is {what}")
         if node.condition != "ready":
             return Reason("node-not-ready", f"node {node.name} is {node.condition}")
         return None

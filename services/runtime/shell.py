@@ -46,6 +46,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import msgspec
+
 from corral.events import codec, routing, subjects
 from corral.events.base import Event
 from corral.events.log import Append, ConflictError, EventLog, Fence, LogError, Record
@@ -61,6 +63,15 @@ from corral.services.runtime.supervise import Supervision
 from corral.services.runtime.traced import EMIT_EVERY_S, TracedPosition
 
 log = logging.getLogger("corral.shell")
+
+_DECISIONS = subjects.decision("")  # every role's decision subject: one record per cycle
+
+
+class _Sealed(msgspec.Struct):
+    rules: int = 0
+
+
+_sealed = msgspec.json.Decoder(_Sealed)
 
 MIN_QUIET_S = 2.0  # the least a quiet state waits for time alone to change its answer
 MAX_CYCLE_LINKS = 128  # a cycle that moved thousands of jobs links the first ones: a span stays small
@@ -140,6 +151,7 @@ class Service:
         if self.traces is not None and isinstance(lease, KvLease):
             self._traced = TracedPosition(lease.kv, role)
         self._traced_every = (lease.ttl if isinstance(lease, KvLease) else 10.0) / 3
+        self._newer_rules_seen: set[int] = set()  # rules newer than RULES found in the log, said once
         self._traced_seen: int | None = None  # the last position a holder posted, as read here
         self._traced_to: int | None = None  # while holding: how far this replica traced
         self._traced_posted = (-1, -1e9)  # (position, monotonic time) of our last post
@@ -160,10 +172,34 @@ class Service:
                     spans.folded(state, r, rejected)
                 if r.subject == self.decision_subject:
                     self._last_decision_seq = r.seq
+                if r.subject.startswith(_DECISIONS):
+                    self._newer_rules(r)
         heap.settle()  # what the batch folded lives long: no full collection walks it
         self.log_clock.saw(state.time)
         if self.on_fold is not None:
             self.on_fold(state, batch)
+
+    def _newer_rules(self, r: Record) -> None:
+        """Say, once per rules version, that a cycle in the log was decided under newer rules
+        than this build's: in a rolling upgrade, or after a rollback, this replica folds it by
+        its own rules, so where the two differ its state (and what it decides on it) is not the
+        newer replicas'. It goes on: refusing would leave a rolled-back corral nothing to decide."""
+        try:
+            rules = _sealed.decode(r.data).rules
+        except msgspec.DecodeError:
+            return  # the fold records what is wrong with it
+        if rules <= RULES or rules in self._newer_rules_seen:
+            return
+        self._newer_rules_seen.add(rules)
+        log.error(
+            "%s: %s folds log seq %d, decided under rules %d, by this build's older rules %d: "
+            "where they differ its state is not the newer replicas'; upgrade it (corral --version)",
+            self.role,
+            self.producer,
+            r.seq,
+            rules,
+            RULES,
+        )
 
     def now(self) -> float:
         """The time to decide at: the host's clock, never behind the log time folded."""

@@ -3,12 +3,17 @@ since written to is refused whole, whichever subjects its events are on."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
+import pytest
+
+from corral.events import codec, subjects
 from corral.events.base import Event
 from corral.events.decisions import JobsPlaced
 from corral.events.jobs import JobAccepted
 from corral.events.log import InMemoryLog, Record
+from corral.projections.rules import RULES
 from corral.projections.state import State
 from corral.services.runtime.shell import Service
 
@@ -101,3 +106,26 @@ async def test_a_snapshot_that_cannot_be_written_does_not_stop_the_service() -> 
     await _folded(svc, log)
     await svc._maybe_snapshot()
     assert snapshots.tried == 1 and await svc.cycle() == 2  # and it decides on
+
+
+def _sealed_under(rules: int, seq: int) -> Record:
+    body = JobsPlaced(based_on=seq - 1, now=1.0, placements=())
+    env = codec.seal(body, event_id=f"placer:{seq}", time=1.0, producer="placer@b:2", rules=rules)
+    data = codec.encode(env)
+    return Record(seq, subjects.decision("placer"), data, {}, 1.0)
+
+
+async def test_a_cycle_decided_under_newer_rules_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A replica of an older build, beside newer ones in a rolling upgrade or brought back in a
+    rollback, folds their cycles by its own rules: where the rules differ, its state is not
+    theirs. It says so, once per newer rules version, naming the record and both versions."""
+    svc = Service("admission", facts_only, InMemoryLog(), clock=lambda: 1.0)
+    with caplog.at_level(logging.ERROR, logger="corral.shell"):
+        svc.fold([_sealed_under(RULES, 1), _sealed_under(RULES + 1, 2), _sealed_under(RULES + 1, 3)])
+        svc.fold([_sealed_under(RULES + 2, 4)])
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert f"log seq 2, decided under rules {RULES + 1}, by this build's older rules {RULES}" in said[0]
+    assert "upgrade it" in said[0]
+    assert f"log seq 4, decided under rules {RULES + 2}" in said[1]
+    assert svc.state.seq == 4  # folded all the same: a rolled-back corral still decides

@@ -147,7 +147,26 @@ class SnapshotStore:
                     continue  # a torn or foreign blob: an older snapshot still helps
                 if state.seq == seq:
                     return state
+        await self._say_passed_over()
         return None
+
+    async def _say_passed_over(self) -> None:
+        """After an upgrade (or a rollback) a replica's file holds only what another build wrote:
+        it folds the whole log again, which on a long log takes a while, so it says why."""
+        async with self._db.execute(
+            "SELECT seq, format FROM snapshots WHERE format != ? ORDER BY seq DESC LIMIT 1", (self._format,)
+        ) as cursor:
+            row = await cursor.fetchone()
+        if row is not None:
+            seq, other = row
+            _log.warning(
+                "snapshot file %s: its newest snapshot (log seq %d) was written by another build or of "
+                "another stream (%s; this one reads %s): folding the log from the start",
+                self._path,
+                seq,
+                other,
+                self._format,
+            )
 
     async def seqs(self) -> list[int]:
         """Sequences of the stored snapshots, newest first (any format)."""

@@ -4,6 +4,7 @@ fold of the whole log, at any cut, on generated logs of a busy cluster."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import sqlite3
 from collections.abc import Callable
@@ -418,6 +419,27 @@ async def test_a_snapshot_of_another_format_is_discarded(tmp_path: Path) -> None
         await store.save(small_state())
     async with await SnapshotStore.open(path) as store:
         assert await store.load() is None
+
+
+async def test_a_snapshot_another_build_wrote_is_passed_over_aloud(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After an upgrade the replica's file holds only the older build's snapshots (other rules):
+    the replica folds the whole log again, and says why, naming both."""
+    path = str(tmp_path / "snap.db")
+    async with await SnapshotStore.open(path, format_id="1.87:older") as store:
+        await store.save(small_state())
+    with caplog.at_level(logging.WARNING, logger="corral.snapshot"):
+        async with await SnapshotStore.open(path) as store:
+            assert await store.load() is None
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1, said
+    assert "(1.87:older; this one reads " in said[0] and "folding the log from the start" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="corral.snapshot"):
+        async with await SnapshotStore.open(str(tmp_path / "empty.db")) as store:
+            assert await store.load() is None
+    assert not caplog.records  # a new file is no news
 
 
 async def test_a_corrupt_snapshot_is_discarded_for_an_older_good_one(tmp_path: Path) -> None:

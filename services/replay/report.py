@@ -36,6 +36,7 @@ from corral.events.jobs import (
 )
 from corral.projections import quota
 from corral.projections.quota import key_name
+from corral.projections.rules import RULES
 
 _body_encoder = msgspec.json.Encoder()
 
@@ -58,6 +59,7 @@ class Divergence(msgspec.Struct, kw_only=True):
     logged: list[str]  # the cycle's events as logged, one line each
     decided: list[str]  # what the code decides now, one line each
     changes: list[str]  # the difference, job by job
+    rules: list[int] = []  # the fold's rules its events were written under, where not this build's
 
 
 class Report(msgspec.Struct, kw_only=True):
@@ -247,7 +249,8 @@ def format_report(report: Report) -> str:
         lines.append("")
         lines.append(f"seq {d.seq}: {d.role} decision {based}{now} [{d.kind}]")
         if d.producers:
-            lines.append(f"  written by: {', '.join(d.producers)}")
+            under = f", under rules {', '.join(map(str, d.rules))} (this build's {RULES})" if d.rules else ""
+            lines.append(f"  written by: {', '.join(d.producers)}{under}")
         for i, text in enumerate(d.logged):
             lines.append(f"  {'logged:' if i == 0 else '':<8} {text}")
         if d.kind in ("differs", "foreign"):

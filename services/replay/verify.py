@@ -553,6 +553,7 @@ def _bad(seq: int, role: str, based_on: int | None, why: str) -> Divergence:
 def _fill_logged(d: Divergence, events: list[_Logged]) -> None:
     d.seqs = sorted(e.seq for e in events)
     d.producers = sorted({e.producer for e in events})
+    d.rules = sorted({e.rules for e in events if e.rules != RULES})
     d.logged = summaries([(e.seq, e.body) for e in sorted(events, key=lambda e: e.seq)])
 
 

@@ -18,6 +18,7 @@ from corral.events.jobs import Admission, JobAccepted, JobsAdmitted, JobSpec, Re
 from corral.events.log import Append, InMemoryLog, Record
 from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec, QueueSpec, Quota
 from corral.projections.fold import fold
+from corral.projections.rules import RULES
 from corral.projections.state import State
 from corral.services.agent import inventory
 from corral.services.cli.up import register_nodes, service_roles
@@ -140,6 +141,22 @@ def test_a_placement_on_another_gpu_is_reported(records: list[Record]) -> None:
     )
     assert any(c.startswith(f"job {p.job_id}: placed differently") and str(other) in c for c in first.changes)
     assert f"seq {r.seq}: placer decision based on seq {placed.based_on}" in format_report(report)
+
+
+def test_a_divergence_names_the_older_rules_it_was_decided_under(records: list[Record]) -> None:
+    """After a rolling upgrade the log holds cycles an older build decided; where one differs,
+    its report says under which rules it was written, beside who wrote it."""
+    r, env = _first(records, JobsPlaced)
+    assert isinstance(env.body, JobsPlaced)
+    older = msgspec.structs.replace(
+        env, body=msgspec.structs.replace(env.body, placements=()), rules=RULES - 2
+    )
+    tampered = list(records)
+    tampered[r.seq - 1] = msgspec.structs.replace(r, data=codec.encode(older))
+    report = verify(tampered, service_roles())
+    first = report.divergences[0]
+    assert first.seq == r.seq and first.rules == [RULES - 2]
+    assert f"{env.producer}, under rules {RULES - 2} (this build's {RULES})" in format_report(report)
 
 
 def test_an_admission_left_out_is_reported(records: list[Record]) -> None:

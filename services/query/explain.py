@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from corral.projections.index import JobEvent
+from corral.projections.lifecycle import HOLDS_GPUS
 from corral.projections.state import JobState, State
 from corral.services.query import present
 
@@ -72,8 +73,9 @@ def explain(
 def node_notes(state: State, job: JobState) -> list[str]:
     """What is wrong with the nodes a placed job is on that nothing about the job says yet: a
     node whose agent went silent shows the job running as before, until the health monitor calls
-    the node lost and the job moves."""
-    if job.placement is None:
+    the node lost and the job moves. A job that ended, or was stopped, keeps its placement but
+    is on no node: nothing is said of where it ran."""
+    if job.placement is None or job.phase not in HOLDS_GPUS:
         return []
     out = []
     for name in sorted({w.node for w in job.placement.workers}):

@@ -65,6 +65,19 @@ def test_a_job_on_a_silent_node_is_said_to_be_there() -> None:
     assert "\n  node node-00 is suspect: its agent missed heartbeats" in said, said
 
 
+def test_a_finished_job_is_not_said_to_be_on_its_nodes() -> None:
+    # A job that ended keeps its placement: once its node fell silent, or was lost, its explain
+    # read as if it still ran there and would move if the node were called lost.
+    log = LogBuilder().nodes(Cluster(2)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "j", job().gpus(1)).accept("j").admit("j")
+    log.place(on(N0, 0, job_id="j")).started(N0, "j").exited(N0, "j")
+    for condition in ("suspect", "lost"):
+        state = log.condition(N0, condition).fold()
+        assert state.jobs["j"].phase == "succeeded"
+        said = answer(state, {}, "alice", "explain", Ask(job="j"))["text"]
+        assert f"node {N0} is" not in said, said
+
+
 def test_a_queues_row_shows_its_borrowing_and_lending_limits() -> None:
     # They were nowhere in ``corral queues``: an admin could not see what bounds a queue's
     # borrowing and lending.

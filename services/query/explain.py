@@ -98,13 +98,17 @@ def other_sides(state: State, job: JobState) -> list[str]:
     which, whose and in which queue: whom the job was stopped (or shrunk) for, and whom the fold
     stopped or shrank for its own room."""
 
-    def whose(job_id: str) -> str:
+    def whose(job_id: str, as_of: int | None = None) -> str:
         other = state.jobs.get(job_id)
-        return job_id if other is None else f"{job_id} ({other.tenant}, queue {other.spec.queue})"
+        # ``stopped_for`` outlives the jobs it names: a job of the id submitted after ``as_of``
+        # (the beneficiary's priority_seq then) is a later one, perhaps another tenant's.
+        if other is None or (as_of is not None and other.submitted_seq > as_of):
+            return job_id
+        return f"{job_id} ({other.tenant}, queue {other.spec.queue})"
 
-    stopped_for = list(dict.fromkeys(b for b, _, _ in job.stopped_for))
-    lines = [f"preempted for: {', '.join(map(whose, stopped_for))}"] if stopped_for else []
-    if job.preempted_for and job.preempted_for not in stopped_for:
+    stopped_for = list(dict.fromkeys(whose(b, as_of) for b, as_of, _ in job.stopped_for))
+    lines = [f"preempted for: {', '.join(stopped_for)}"] if stopped_for else []
+    if job.preempted_for and not any(b == job.preempted_for for b, _, _ in job.stopped_for):
         lines.append(f"shrunk for: {whose(job.preempted_for)}")
     if job.victims:
         lines.append(f"stopped or shrunk for it: {', '.join(map(whose, job.victims))}")

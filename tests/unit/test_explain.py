@@ -6,7 +6,9 @@ from __future__ import annotations
 from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.jobs import PendingReasonChanged
+from corral.projections.state import JobState, State
 from corral.services.cli import table
+from corral.services.query.explain import other_sides
 from corral.services.query.view import explain_log
 from tests.builders import Cluster, LogBuilder, job
 
@@ -68,3 +70,15 @@ def test_a_tenants_text_cannot_start_a_row_of_a_table() -> None:
         "j1  bye\\u000aj9  bob  team-b  running  0  1 of 1",
         "j2  done\\u000d\\u2028",
     ]
+
+
+def test_the_admin_is_not_told_a_later_job_of_the_id_a_job_was_preempted_for() -> None:
+    # ``stopped_for`` keeps the ids of jobs long let go; bob's "train", submitted once alice's was
+    # let go, read as the job v had been stopped for, with bob and his queue.
+    state = State()
+    v = JobState("v", "carol", job("qc").build(), submitted_seq=1, submitted_at=0.0, phase="running")
+    v.stopped_for = (("train", 2, 1), ("urgent", 5, 1))
+    state.jobs["v"] = v
+    state.jobs["train"] = JobState("train", "bob", job("qb").build(), submitted_seq=90, submitted_at=0.0)
+    state.jobs["urgent"] = JobState("urgent", "dave", job("qd").build(), submitted_seq=4, submitted_at=0.0)
+    assert other_sides(state, v) == ["preempted for: train, urgent (dave, queue qd)"]

@@ -286,6 +286,16 @@ def test_fit_filter(node: N, request_: Request, want: str | None) -> None:
     assert reason is None or reason.preemption_helps  # capacity: evicting work could help
 
 
+def test_a_node_short_of_room_says_what_the_job_needs_and_what_it_has() -> None:
+    # "needs 1 free GPUs": a one-GPU worker, the most common, read as several.
+    one = FitFilter().check(req(gpus=1), N(gpus=1).used(0, 300).view())
+    assert one is not None and one.message == "node n1: needs 1 free GPU it can use, has 0"
+    four = FitFilter().check(req(gpus=4), N(gpus=2).view())
+    assert four is not None and four.message == "node n1: needs 4 free GPUs it can use, has 2"
+    cpu = FitFilter().check(req(cpu=2000), N(cpu=1000).view())
+    assert cpu is not None and cpu.message == "node n1: needs 2000 milli-CPU free, has 1000"
+
+
 NODE_FITS = [
     pytest.param((8000, 1000, "T4", (1000, 1000)), (4000, 500, TaskShape(4000, 1000, 2)), None, id="fits"),
     pytest.param(

@@ -72,7 +72,8 @@ class FitFilter:
                 "gpus", node, f"no GPU has {need.milli} milli-GPU free (most: {max(free, default=0)})"
             )
         whole = sum(1 for g in free if g >= need.milli)
-        return _short("gpus", node, f"needs {need.gpus} free GPUs it can use, has {whole}")
+        gpus = f"{need.gpus} free GPU{'s' if need.gpus != 1 else ''}"
+        return _short("gpus", node, f"needs {gpus} it can use, has {whole}")
 
 
 def _short(code: str, node: NodeView, what: str) -> Reason:

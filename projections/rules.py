@@ -250,5 +250,6 @@ from __future__ import annotations
 #    control character) is malformed.
 # 89: a node's shutdown reason is kept as a tenant's (``said_reason``) in the reasons of the jobs
 #    it interrupts.
-# 90: a queue's lending limit above its nominal is malformed (as Kueue's).
+# 90: a queue's lending limit above its nominal is malformed (as Kueue's); a queue that cannot be
+#    deleted names the unfinished jobs that keep it in its refusal.
 RULES = 90

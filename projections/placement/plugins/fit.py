@@ -51,9 +51,9 @@ class FitFilter:
         usable = [g for g in suitable(need, node) if g.healthy]
         if need.kind == "mig":
             if node.cpu_free < need.cpu:
-                return _short("cpu", node, f"needs {need.cpu} milli-CPU free, has {node.cpu_free}")
+                return _short_cpu(node, need.cpu)
             if node.mem_free < need.memory:
-                return _short("memory", node, f"needs {need.memory} MiB of memory free, has {node.mem_free}")
+                return _short_memory(node, need.memory)
             if not any(mig_plugin.free_starts(g, need) for g in usable):
                 return _short("mig", node, f"no free slices for a MIG {need.mig} instance")
             return None
@@ -64,9 +64,9 @@ class FitFilter:
         if code is None:
             return None
         if code == "cpu":
-            return _short("cpu", node, f"needs {need.cpu} milli-CPU free, has {node.cpu_free}")
+            return _short_cpu(node, need.cpu)
         if code == "memory":
-            return _short("memory", node, f"needs {need.memory} MiB of memory free, has {node.mem_free}")
+            return _short_memory(node, need.memory)
         if need.kind == "fraction":
             return _short(
                 "gpus", node, f"no GPU has {need.milli} milli-GPU free (most: {max(free, default=0)})"
@@ -74,6 +74,14 @@ class FitFilter:
         whole = sum(1 for g in free if g >= need.milli)
         gpus = f"{need.gpus} free GPU{'s' if need.gpus != 1 else ''}"
         return _short("gpus", node, f"needs {gpus} it can use, has {whole}")
+
+
+def _short_cpu(node: NodeView, cpu: int) -> Reason:
+    return _short("cpu", node, f"needs {cpu} milli-CPU free, has {node.cpu_free}")
+
+
+def _short_memory(node: NodeView, memory: int) -> Reason:
+    return _short("memory", node, f"needs {memory} MiB of memory free, has {node.mem_free}")
 
 
 def _short(code: str, node: NodeView, what: str) -> Reason:

@@ -43,7 +43,7 @@ from corral.projections.lifecycle import FINAL, WAITING
 from corral.projections.state import JobState, NodeState, State
 from corral.projections.visibility import sees_job, sees_queue
 from corral.services.query import present
-from corral.services.query.explain import explain, node_notes, other_sides
+from corral.services.query.explain import explain, notes_for
 from corral.services.query.queues import queue_rows
 from corral.services.runtime.forecasts import TenantForecast
 
@@ -432,7 +432,7 @@ def answer(
     if question == "explain":
         job = state.jobs.get(ask.job)
         if job is not None and sees_job(asker, job):
-            notes = node_notes(state, job) + (other_sides(state, job) if asker == subjects.ADMIN else [])
+            notes = notes_for(state, job, asker)
             return {"seq": state.seq, **explain(job, history.get(job.id, ()), eta_of(job, etas), notes)}
         kept = let_go.explain(ask.job, asker) if let_go is not None else None
         if kept is None:

@@ -13,6 +13,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from corral.events import subjects
 from corral.projections.index import JobEvent
 from corral.projections.lifecycle import HOLDS_GPUS
 from corral.projections.state import JobState, State
@@ -27,7 +28,7 @@ def explain(
 ) -> dict[str, Any]:
     """A job's row (with its forecast start, ``eta``, when it waits), why it waits, its history
     and what of it was refused, and the text a person reads; ``notes``: lines from the state
-    around it, ``node_notes`` for anyone who sees it and ``other_sides`` for the admin."""
+    around it (``notes_for`` the asker)."""
     row = {**present.job_row(job), "eta": eta}
     reasons = [
         {"code": r.code, "message": r.message, "preemption_helps": r.preemption_helps} for r in job.reasons
@@ -68,6 +69,13 @@ def explain(
         "refused": refused,
         "text": "\n".join(map(present.one_line, lines)),
     }
+
+
+def notes_for(state: State, job: JobState, asker: str) -> list[str]:
+    """The lines from the state around ``job`` that ``asker`` (who sees the job) is told:
+    ``node_notes`` for anyone, ``other_sides`` for the admin alone."""
+    notes = node_notes(state, job)
+    return notes + other_sides(state, job) if asker == subjects.ADMIN else notes
 
 
 def node_notes(state: State, job: JobState) -> list[str]:

@@ -44,7 +44,7 @@ from corral.projections.fold import apply
 from corral.projections.index import JobEvent, job_events
 from corral.projections.state import JobState, State
 from corral.services.query.decide import OutputScope
-from corral.services.query.explain import explain, node_notes, other_sides
+from corral.services.query.explain import explain, notes_for
 
 if TYPE_CHECKING:
     from corral.services.runtime.metrics import FoldWatch
@@ -381,9 +381,7 @@ def explain_log(records: Sequence[Record], job_id: str, tenant: str | None) -> d
         asker = subjects.ADMIN if tenant is None else tenant
         job = view.state.jobs.get(job_id)
         if job is not None and asker in (subjects.ADMIN, job.tenant):
-            notes = node_notes(view.state, job)
-            notes += other_sides(view.state, job) if asker == subjects.ADMIN else []
-            return explain(job, view.history.get(job_id, ()), notes=notes)
+            return explain(job, view.history.get(job_id, ()), notes=notes_for(view.state, job, asker))
         return view.explain(job_id, asker)
     finally:
         view.close()

@@ -294,6 +294,11 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         if pool is None:
             pool = Pool(state, sim.ledger, now)  # reads only which queues the ledger knows
         target, found, vain = _choose(sim, pool, targets, config)
+        if found is not None and found.removed and len(targets) == 1 and job.phase == "queued":
+            run = _run_behind(turns, holds, job, under_way, now, config.max_beneficiaries - searched)
+            if run:
+                undo(sim, target, found)
+                found = _search_in_run(sim, pool, target, config, run)
         for t in vain:
             hopeless[t.shape()] = job.priority
         if found is None and job.phase == "admitted" and not sim.taken:
@@ -375,6 +380,47 @@ def _choose(
     return target, _search(sim, pool, target, config), vain
 
 
+def _run_behind(
+    turns: _Turns, holds: _Holds, job: JobState, under_way: set[str], now: float, most: int
+) -> int:
+    """How many jobs right behind queued ``job`` in the cycle's turns are like it (its form and
+    priority, queued, not backing off, no hold keeping it out, no preemption under way for it),
+    at most ``most``: the cycle searches for each of them next, unless its room runs out first."""
+    form = _form(job)
+    n = 0
+    for other in turns.following(most):
+        if (
+            other.phase != "queued"
+            or other.priority != job.priority
+            or other.id in under_way
+            or queueing.backs_off(other, now)
+            or _form(other) != form
+            or holds.keeps_out(other)
+        ):
+            break
+        n += 1
+    return n
+
+
+def _search_in_run(
+    sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig, run: int
+) -> Found | None:
+    """The victims for ``target``, the first of ``run`` more like it: of the victims the whole
+    run needs together, the ones it needs alone. Searched one by one from all candidates, each
+    would take what loses least for itself (one small job each) until the last found only a
+    large one left, whose room would have done for all: the small ones were stopped for nothing
+    (Armada's "gang preemption"). So the first is searched among what the run needs, and the
+    rest then find the room it leaves, with what is kept in the simulation. Where the run does
+    not fit whatever is stopped, or its first fits nothing of what the run needs, as alone.
+    Asked only of a job whose search alone found victims: a hopeless form costs no more."""
+    together = _search(sim, pool, target, config, copies=run + 1)
+    if together is None:
+        return _search(sim, pool, target, config)
+    undo(sim, target, together)
+    found = _search(sim, pool, target, config, only=frozenset(u.job.id for u, _ in together.removed))
+    return found if found is not None else _search(sim, pool, target, config)
+
+
 def _preference(sim: Simulation, target: Target, found: Found) -> tuple[int, int]:
     """How Kueue's flavor assigner ranks a flavor it can preempt on (``isPreferred``, its default
     ``BorrowingOverPreemption``), lower first: taking back only what other queues hold before
@@ -388,12 +434,20 @@ def _preference(sim: Simulation, target: Target, found: Found) -> tuple[int, int
     return (0 if reclaims else 1, 1 if borrows else 0)
 
 
-def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig) -> Found | None:
+def _search(
+    sim: Simulation,
+    pool: Pool,
+    target: Target,
+    config: PreemptorConfig,
+    copies: int = 1,
+    only: frozenset[str] | None = None,
+) -> Found | None:
     """Kueue's attempts, under the beneficiary's queue's policy: first with other queues' jobs
     that hold what its side lent, borrowers first (those it may borrow over, and those it takes
     back lent quota from, its side then within its own quota), and its own queue's (under fair
     sharing, if no set in that order is allowed, its own queue's first); then, if that is not
-    enough, its own queue's jobs alone, the beneficiary borrowing."""
+    enough, its own queue's jobs alone, the beneficiary borrowing. ``copies``: room for that
+    many like jobs at once (``victims.search``); ``only``: candidates among those jobs alone."""
     policy = preemption.policy_of(sim.state, target.job)
     # Kueue's fair-sharing strategies are tried in order, each only if those before found too
     # little: one cohort attempt per strategy, with it and those before it.
@@ -409,8 +463,10 @@ def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig
                 target, pool, sim.taken, sim.rules, rules, mode=mode, shrink=config.shrink, shares=shares
             )
         )
+        if only is not None:
+            units = [u for u in units if u.job.id in only]
         checked = rules if mode == COHORT else None
-        found = search(sim, target, units, checked)
+        found = search(sim, target, units, checked, copies)
         if found is None and len(units) > 1:
             # The victims' order is quota's: a borrower's queue stops being a candidate once it
             # gave back what it borrowed, which can happen on nodes where the gang still does
@@ -418,7 +474,7 @@ def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig
             # on that node. Ask once more with the same candidates taken node by node, the node
             # they would free most first, each standing on its own: whether the record may take
             # them all is then the fold's rule alone (``Simulation.allowed``).
-            found = search(sim, target, by_node(sim.state, units), checked)
+            found = search(sim, target, by_node(sim.state, units), checked, copies)
         if found is None and shares is not None and {u.borrower for u in units} == {True, False}:
             # Fair sharing judges a record by where it leaves each queue's share, and taking more
             # of a borrower's jobs can turn an allowed record into one that is not (the share it
@@ -427,7 +483,7 @@ def _search(sim: Simulation, pool: Pool, target: Target, config: PreemptorConfig
             # lower-priority jobs first, and fewer of the borrower's, is (Kueue's tournament
             # takes from its own queue when its share is the highest). Where both kinds are
             # candidates, ask once more, own first.
-            found = search(sim, target, own_first(units), checked)
+            found = search(sim, target, own_first(units), checked, copies)
         if found is not None:
             return found
     return None
@@ -620,6 +676,16 @@ class _Turns:
             self._current = (key, s)
             return self._jobs[key[3]]
         return None
+
+    def following(self, most: int) -> list[JobState]:
+        """Up to ``most`` jobs after the current one in its stream, in its order, none taken:
+        those the cycle takes next of it (other streams' jobs may come between)."""
+        if self._current is None or most <= 0:
+            return []
+        s = self._current[1]
+        pos = self._pos[s]
+        end = min(len(self._streams[s]), pos + most)
+        return [self._jobs[self._key(s, p)[3]] for p in range(pos, end)]
 
     def pass_form(self) -> None:
         """The rest of the current job's form gets the verdict it got: its turns are over."""

@@ -53,7 +53,7 @@ import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
@@ -629,32 +629,61 @@ class Simulation:
 
 
 def search(
-    sim: Simulation, target: Target, units: Iterable[Unit], policy: PreemptionPolicy | None = None
+    sim: Simulation,
+    target: Target,
+    units: Iterable[Unit],
+    policy: PreemptionPolicy | None = None,
+    copies: int = 1,
 ) -> Found | None:
     """The minimal victims that let ``target``'s gang fit, with the gang placed on the snapshot;
     None (and the snapshot as it was) if no set of candidates is enough. No victims at all when
     the gang fits already. With the beneficiary's queue's ``policy``, the gang fits only if the
-    fold will let it take every other queue's job removed (``Simulation.allowed``)."""
-    placed = sim.place(target)
-    if placed is not None:
-        return Found([], [], placed)
+    fold will let it take every other queue's job removed (``Simulation.allowed``).
+
+    With ``copies`` above one, the victims that make room for that many jobs like ``target``'s
+    together (a run of like beneficiaries, ``services/preemptor/decide.py``), quota and GPUs,
+    with ``target`` alone placed: the one search that sees the run's needs as a whole."""
+    run = target if copies == 1 else replace(target, need=target.need * copies)
+
+    def room() -> bool:
+        return sim.fits(target) if copies == 1 else _fits_copies(sim, target, copies)
+
+    if copies == 1 or room():
+        placed = sim.place(target)
+        if placed is not None:
+            return Found([], [], placed)
     before = {job_id: len(ranks) for job_id, ranks in sim.released.items()}
 
     def allowed() -> bool:
-        return policy is None or sim.allowed(target, policy, before)
+        return policy is None or sim.allowed(run, policy, before)
 
     def fits() -> bool:
-        return sim.fits(target) and allowed()
+        return room() and allowed()
 
-    removed = _remove(sim, target, units, lambda: sim.fits(target), allowed)
+    removed = _remove(sim, target, units, room, allowed)
     if removed is None:
         return None
     removed = _fill_back(sim, removed, fits)
-    placed = sim.place(target) if allowed() else None
+    placed = sim.place(target) if allowed() and (copies == 1 or room()) else None
     if placed is None:  # the placer's search need not be monotone; give up rather than guess
         _restore_all(sim, removed)
         return None
     return _found(removed, placed)
+
+
+def _fits_copies(sim: Simulation, target: Target, copies: int) -> bool:
+    """Whether ``copies`` jobs like ``target``'s all fit at once, each placed as it would be."""
+    placed: list[Placement] = []
+    try:
+        for _ in range(copies):
+            found = sim.place(target)
+            if found is None:
+                return False
+            placed.append(found)
+        return True
+    finally:
+        for p in reversed(placed):
+            sim.unplace(target, p)
 
 
 def _remove(

@@ -511,11 +511,10 @@ PREEMPTING_CASES = [
                 Round(jobs("A", 17, PC1, tag="x"), ids("A", range(17), "x"), ("c",)),
             ),
         ),
-        # corral ends where Armada does (A's 17 run, the gang is stopped whole, B's 16 run), but
-        # on the way its preemptor plans each of A's 17 jobs alone in one cycle: the first 16
-        # take one of B's one-GPU jobs each (the least work lost for one GPU), the 17th the gang,
-        # whose 32 GPUs would have done for all 17. B's jobs are stopped and run again.
-        pytest.mark.xfail(reason="a cycle's preemptions do not share what they free", strict=True),
+        # A's 17 jobs are one run of like jobs: planned one by one, the first 16 would each take
+        # one of B's one-GPU jobs (the least work lost for one GPU) and the 17th the gang, whose
+        # 32 GPUs do for all 17; the preemptor finds what the run needs together first, so B's
+        # jobs are not stopped for nothing.
     ),
     _case(
         "gang preemption avoid cascading preemption",

@@ -755,6 +755,48 @@ def test_each_beneficiary_gets_its_own_victims() -> None:
     assert w.victims() == {"u1": ["l1"], "u2": ["l0"]}  # l1 is younger: it goes first
 
 
+def like_jobs_behind_a_full_queue(run: int) -> World:
+    """team-a at its nominal 16 on two nodes: four one-GPU jobs (the least work lost) and one
+    that may not stop on node-00, an older 8-GPU job on node-01; then ``run`` like one-GPU jobs
+    of priority 10, queued: quota blocks them."""
+    w = World(nodes=2).queue("team-a", 16)
+    w.run("big", gpus(8), whole(N1, *range(8)))
+    w.wait(3600)
+    for i in range(4):
+        w.run(f"small{i}", gpus(1), whole(N0, i))
+    w.run("pinned", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+    for i in range(run):
+        w.submit(f"u{i}", gpus(1), priority=10)
+    return w
+
+
+def test_a_run_of_like_jobs_stops_what_they_need_together_not_one_small_job_each() -> None:
+    # Searched one by one, u0..u3 would each stop one of the small jobs (the least work lost for
+    # one GPU) and u4 the big one, whose 8 GPUs do for all five: the small ones for nothing.
+    w = like_jobs_behind_a_full_queue(5)
+    assert w.victims() == {"u0": ["big"]}
+    # ... and every one of the run gets going once it is gone, no second round of stops.
+    for _ in range(4):
+        w.cycle(admission)
+        w.cycle(placer)
+        w.wait(1).cycle(decide)
+    w.stop("big")
+    for _ in range(3):
+        w.cycle(admission)
+        w.cycle(placer)
+        w.wait(1).cycle(decide)
+    jobs = w.state.jobs
+    assert [jobs[f"u{i}"].phase for i in range(5)] == ["placed"] * 5
+    assert [jobs[f"small{i}"].phase for i in range(4)] == ["running"] * 4
+
+
+def test_a_run_the_small_jobs_suffice_for_still_stops_them_first() -> None:
+    w = like_jobs_behind_a_full_queue(3)
+    assert w.victims() == {"u0": ["small3"], "u1": ["small2"], "u2": ["small1"]}
+    # One beneficiary a cycle: no run is looked at beyond what the cycle searches.
+    assert w.victims(PreemptorConfig(max_beneficiaries=1)) == {"u0": ["small3"]}
+
+
 def test_a_preemption_under_way_is_left_alone() -> None:
     w = World().queue("team-a")
     w.run("l1", gpus(4), whole(N0, 0, 1, 2, 3))

@@ -429,12 +429,12 @@ def shrink_grace_s(state: State, job: JobState) -> float:
     own = max(0.0, job.spec.grace_seconds)
     caps = [
         (spec.preemption if spec is not None else DEFAULT_PREEMPTION).max_grace_seconds
-        for spec in [state.queues.get(q) for q in _tree_queues(state, job.spec.queue)]
+        for spec in [state.queues.get(q) for q in tree_queues(state, job.spec.queue)]
     ]
     return min([own, *(c for c in caps if c is not None)])
 
 
-def _tree_queues(state: State, queue: str) -> list[str]:
+def tree_queues(state: State, queue: str) -> list[str]:
     """The queues of ``queue``'s cohort tree (``queue`` alone when it is in no cohort)."""
     root = _root(state, queue)
     if root is None:

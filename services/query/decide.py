@@ -43,7 +43,7 @@ from corral.projections.lifecycle import FINAL, WAITING
 from corral.projections.state import JobState, NodeState, State
 from corral.projections.visibility import sees_job, sees_queue
 from corral.services.query import present
-from corral.services.query.explain import explain, notes_for
+from corral.services.query.explain import anyone_stoppable, explain, notes_for
 from corral.services.query.queues import queue_rows
 from corral.services.runtime.forecasts import TenantForecast
 
@@ -433,7 +433,11 @@ def answer(
         job = state.jobs.get(ask.job)
         if job is not None and sees_job(asker, job):
             notes = notes_for(state, job, asker)
-            return {"seq": state.seq, **explain(job, history.get(job.id, ()), eta_of(job, etas), notes)}
+            stoppable = anyone_stoppable(state, job)
+            return {
+                "seq": state.seq,
+                **explain(job, history.get(job.id, ()), eta_of(job, etas), notes, stoppable),
+            }
         kept = let_go.explain(ask.job, asker) if let_go is not None else None
         if kept is None:
             return no_job(state, asker, ask.job, let_go)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from corral.events import subjects
+from corral.projections import indexes, preemption
 from corral.projections.index import JobEvent
 from corral.projections.lifecycle import HOLDS_GPUS
 from corral.projections.state import JobState, State
@@ -25,10 +26,12 @@ def explain(
     history: Sequence[JobEvent],
     eta: dict[str, Any] | None = None,
     notes: Sequence[str] = (),
+    stoppable: bool = True,
 ) -> dict[str, Any]:
     """A job's row (with its forecast start, ``eta``, when it waits), why it waits, its history
     and what of it was refused, and the text a person reads; ``notes``: lines from the state
-    around it (``notes_for`` the asker)."""
+    around it (``notes_for`` the asker); ``stoppable``: whether any running job could be stopped
+    for it (``anyone_stoppable``), which a reason that freed GPUs would help leaves open."""
     row = {**present.job_row(job), "eta": eta}
     reasons = [
         {"code": r.code, "message": r.message, "preemption_helps": r.preemption_helps} for r in job.reasons
@@ -52,7 +55,9 @@ def explain(
     if job.checkpoint is not None:
         lines.append(f"  last checkpoint: step {job.checkpoint.step} at {job.checkpoint.location}")
     for r in job.reasons:
-        hint = " (preemption could help)" if r.preemption_helps else ""
+        hint = ""
+        if r.preemption_helps:
+            hint = " (preemption could help)" if stoppable else " (no running job may be stopped for it)"
         lines.append(f"  why: [{r.code}] {r.message}{hint}")
     lines.extend(f"  {note}" for note in notes)
     if eta is not None:
@@ -69,6 +74,25 @@ def explain(
         "refused": refused,
         "text": "\n".join(map(present.one_line, lines)),
     }
+
+
+def anyone_stoppable(state: State, job: JobState) -> bool:
+    """Whether a reason of ``job``'s that freed GPUs would help may say preemption could: some
+    running job that may be preempted is of a lower priority, or of another queue of its cohort
+    tree (which may be borrowing what the job's side lent, or be judged by fair sharing). Not the
+    preemptor's search, which weighs quota, guards and room too: where this is false, no rule
+    stops anyone for the job, as when only jobs of its priority or higher hold the GPUs. Asked
+    only of a job with such a reason: it walks the running jobs."""
+    if not any(r.preemption_helps for r in job.reasons):
+        return True
+    tree = set(preemption.tree_queues(state, job.spec.queue))
+    queue, priority = job.spec.queue, job.priority
+    return any(
+        other.id != job.id
+        and (other.priority < priority or (other.spec.queue != queue and other.spec.queue in tree))
+        and preemption.preemptible(state, other)
+        for other in indexes.jobs_in(state, "running")
+    )
 
 
 def notes_for(state: State, job: JobState, asker: str) -> list[str]:

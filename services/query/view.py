@@ -44,7 +44,7 @@ from corral.projections.fold import apply
 from corral.projections.index import JobEvent, job_events
 from corral.projections.state import JobState, State
 from corral.services.query.decide import OutputScope
-from corral.services.query.explain import explain, notes_for
+from corral.services.query.explain import anyone_stoppable, explain, notes_for
 
 if TYPE_CHECKING:
     from corral.services.runtime.metrics import FoldWatch
@@ -381,7 +381,10 @@ def explain_log(records: Sequence[Record], job_id: str, tenant: str | None) -> d
         asker = subjects.ADMIN if tenant is None else tenant
         job = view.state.jobs.get(job_id)
         if job is not None and asker in (subjects.ADMIN, job.tenant):
-            return explain(job, view.history.get(job_id, ()), notes=notes_for(view.state, job, asker))
+            notes = notes_for(view.state, job, asker)
+            return explain(
+                job, view.history.get(job_id, ()), notes=notes, stoppable=anyone_stoppable(view.state, job)
+            )
         return view.explain(job_id, asker)
     finally:
         view.close()

@@ -3,14 +3,19 @@ it was refused, and nothing of it for another tenant."""
 
 from __future__ import annotations
 
+import pytest
+
 from corral.events import subjects as subj
 from corral.events.base import Reason
+from corral.events.decisions import GpuClaim
 from corral.events.jobs import PendingReasonChanged
+from corral.events.queues import ApplyCohort, CohortSpec, QueueSpec, Quota
+from corral.projections.quota import ANY
 from corral.projections.state import JobState, State
 from corral.services.cli import table
 from corral.services.query.explain import other_sides
 from corral.services.query.view import explain_log
-from tests.builders import Cluster, LogBuilder, job
+from tests.builders import Cluster, LogBuilder, job, placement, worker
 
 
 def _log() -> LogBuilder:
@@ -26,7 +31,10 @@ def test_explain_tells_the_history_the_reason_and_what_was_refused() -> None:
     assert report is not None
     text = report["text"]
     assert "j1 of alice in queue team-a: queued" in text
-    assert "why: [quota] needs 2 GPUs; queue team-a at its nominal 16/16 (preemption could help)" in text
+    # Nothing runs that could be stopped for it: preemption could not help.
+    assert (
+        "why: [quota] needs 2 GPUs; queue team-a at its nominal 16/16 (no running job may be stopped" in text
+    )
     assert "submitted to queue team-a: 2 ×" in text and "accepted at priority 0" in text
     assert [r["code"] for r in report["refused"]] == ["illegal"]
     assert [h["type"] for h in report["history"]] == [
@@ -82,3 +90,45 @@ def test_the_admin_is_not_told_a_later_job_of_the_id_a_job_was_preempted_for() -
     state.jobs["train"] = JobState("train", "bob", job("qb").build(), submitted_seq=90, submitted_at=0.0)
     state.jobs["urgent"] = JobState("urgent", "dave", job("qd").build(), submitted_seq=4, submitted_at=0.0)
     assert other_sides(state, v) == ["preempted for: train, urgent (dave, queue qd)"]
+
+
+def _holding(
+    priority: int, queue: str = "team-a", preemptible: bool = True, cohort: bool = False
+) -> LogBuilder:
+    """j1 (priority 5, queue team-a) waits for GPUs that ``holder`` of ``priority`` holds; with
+    ``cohort``, team-a and team-b share one."""
+    log = LogBuilder().nodes(Cluster(1))
+    if cohort:
+        log.admin("cohort", ApplyCohort(cohort=CohortSpec("ml")))
+    for name in ("team-a", "team-b"):
+        log.queue(QueueSpec(name=name, cohort="ml" if cohort else None, quotas={ANY: Quota(8)}))
+    log.submit("bob", "holder", job().queue(queue).gpus(8).preemptible(preemptible)).accept(
+        "holder", priority
+    )
+    log.admit("holder").place(placement("holder", worker(0, "node-00", *(GpuClaim(g) for g in range(8)))))
+    log.started("node-00", "holder")
+    log.submit("alice", "j1", job().gpus(8)).accept("j1", 5).admit("j1")
+    why = Reason("gpus", "node node-00: needs 8 free GPUs it can use, has 0", preemption_helps=True)
+    return log.event(subj.job("j1"), PendingReasonChanged(job_id="j1", reasons=(why,)))
+
+
+@pytest.mark.parametrize(
+    ("priority", "queue", "preemptible", "cohort", "could"),
+    [
+        (0, "team-a", True, False, True),  # a lower-priority job of its queue
+        (5, "team-a", True, False, False),  # only a job of its priority holds the GPUs
+        (9, "team-a", True, False, False),  # ... or of a higher one
+        (0, "team-a", False, False, False),  # ... or one that may not be preempted
+        (9, "team-b", True, False, False),  # another queue, in no cohort with it: nothing to reclaim
+        (9, "team-b", True, True, True),  # one of its cohort, which may borrow what team-a lent
+    ],
+)
+def test_preemption_could_help_only_where_a_running_job_may_be_stopped(
+    priority: int, queue: str, preemptible: bool, cohort: bool, could: bool
+) -> None:
+    # It said "preemption could help" beside every node short of room, also where only jobs of a
+    # higher priority held the GPUs and no rule would stop one of them.
+    report = explain_log(_holding(priority, queue, preemptible, cohort).records, "j1", None)
+    assert report is not None
+    hint = "(preemption could help)" if could else "(no running job may be stopped for it)"
+    assert f"has 0 {hint}" in report["text"]

@@ -40,9 +40,10 @@ from corral.events.jobs import (
     said_reason,
 )
 from corral.events.log import Record
-from corral.events.nodes import CheckpointCompleted, WorkerExited, WorkerStarted
+from corral.events.nodes import CheckpointCompleted, NodeCordoned, WorkerExited, WorkerStarted
+from corral.events.queues import CordonNode
 from corral.events.routing import job_ids as job_ids_of
-from corral.projections import visibility
+from corral.projections import indexes, visibility
 from corral.projections.shape import Shape
 from corral.projections.state import Rejection, State
 
@@ -74,7 +75,11 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
         refusal = refusals.get(rec.seq)
         kind = type(body).__name__
         batch = batch_lines(body) if isinstance(body, BATCHES) else None
-        for job_id in job_ids_of(body):
+        drained = _drained(state, body) if refusal is None else {}
+        for job_id in drained or job_ids_of(body):
+            if job_id in drained:
+                out.append(JobEvent(job_id, rec.seq, rec.subject, kind, rec.time, drained[job_id], ""))
+                continue
             if tenant is not None and not _may_speak_of(state, tenant, job_id, body):
                 continue
             # A job's history is its owner's to read: other tenants' jobs are not named in it.
@@ -84,6 +89,27 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
             due = None if refused else _own_deadline(state, job_id, body)
             summary = summarize(body, job_id, batch, named, due)
             out.append(JobEvent(job_id, rec.seq, rec.subject, kind, rec.time, summary, refused))
+    return out
+
+
+def _drained(state: State, body: Event) -> dict[str, str]:
+    """A drain's line for each job it sent away from its node (``fold_nodes.drain_jobs``), by job
+    id: a record of the node's names none of them, and their histories said nothing of the drain
+    until they were requeued. The jobs are those still on the node with the drain's reason once
+    its batch is folded (one that stopped within the batch too is told of by its requeue)."""
+    if not isinstance(body, CordonNode | NodeCordoned) or not (body.cordoned and body.drain):
+        return {}
+    out = {}
+    for job in indexes.holding_on(state, body.node):
+        why = job.reasons[0] if job.reasons else None
+        if why is None or why.code != "drained":
+            continue
+        if job.phase == "checkpointing" and job.preempt_deadline:
+            out[job.id] = (
+                f"asked to checkpoint and leave by {deadline_text(job.preempt_deadline)}: {why.message}"
+            )
+        else:
+            out[job.id] = f"stopped: {why.message}"
     return out
 
 

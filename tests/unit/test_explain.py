@@ -9,7 +9,7 @@ from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.decisions import GpuClaim
 from corral.events.jobs import PendingReasonChanged
-from corral.events.queues import ApplyCohort, CohortSpec, QueueSpec, Quota
+from corral.events.queues import ApplyCohort, CohortSpec, CordonNode, QueueSpec, Quota
 from corral.projections.quota import ANY
 from corral.projections.state import JobState, State
 from corral.services.cli import table
@@ -132,3 +132,30 @@ def test_preemption_could_help_only_where_a_running_job_may_be_stopped(
     assert report is not None
     hint = "(preemption could help)" if could else "(no running job may be stopped for it)"
     assert f"has 0 {hint}" in report["text"]
+
+
+def test_a_drain_joins_the_history_of_the_jobs_it_sends_away() -> None:
+    # A drain is a record of the node's: the jobs it asked to checkpoint and leave had nothing of
+    # it in their histories until they were requeued, while they checkpointed.
+    log = LogBuilder().nodes(Cluster(2)).queues("team-a")
+    for jid, node in (("j1", "node-00"), ("j2", "node-01")):
+        log.submit("alice", jid, job().gpus(8).checkpointable()).accept(jid).admit(jid)
+        log.place(placement(jid, worker(0, node, *(GpuClaim(g) for g in range(8))))).started(node, jid)
+    log.admin("cordon", CordonNode(node="node-00", drain=True, reason="fan failure"))
+    for asker in (None, "alice"):
+        report = explain_log(log.records, "j1", asker)
+        assert report is not None
+        (line,) = [h for h in report["history"] if h["type"] == "CordonNode"]
+        assert line["summary"].startswith("asked to checkpoint and leave by ")
+        assert line["summary"].endswith(": node node-00 is draining: fan failure")
+    report = explain_log(log.records, "j2", None)
+    assert report is not None and not [h for h in report["history"] if h["type"] == "CordonNode"]
+    # A cordon alone sends nothing away.
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "j1", job().gpus(8)).accept("j1").admit("j1")
+    log.place(placement("j1", worker(0, "node-00", *(GpuClaim(g) for g in range(8))))).started(
+        "node-00", "j1"
+    )
+    log.admin("cordon", CordonNode(node="node-00", reason="maintenance"))
+    report = explain_log(log.records, "j1", None)
+    assert report is not None and not [h for h in report["history"] if h["type"] == "CordonNode"]

@@ -249,7 +249,9 @@ def format_report(report: Report) -> str:
         lines.append("")
         lines.append(f"seq {d.seq}: {d.role} decision {based}{now} [{d.kind}]")
         if d.producers:
-            under = f", under rules {', '.join(map(str, d.rules))} (this build's {RULES})" if d.rules else ""
+            # 0: sealed before envelopes carried their rules (not "rules 0", which never was).
+            said = ", ".join(str(r) if r else "not recorded" for r in d.rules)
+            under = f", under rules {said} (this build's {RULES})" if d.rules else ""
             lines.append(f"  written by: {', '.join(d.producers)}{under}")
         for i, text in enumerate(d.logged):
             lines.append(f"  {'logged:' if i == 0 else '':<8} {text}")

@@ -159,6 +159,20 @@ def test_a_divergence_names_the_older_rules_it_was_decided_under(records: list[R
     assert f"{env.producer}, under rules {RULES - 2} (this build's {RULES})" in format_report(report)
 
 
+def test_a_divergence_of_a_record_sealed_before_rules_were_recorded_says_so(records: list[Record]) -> None:
+    # It said "under rules 0", a version that never was.
+    r, env = _first(records, JobsPlaced)
+    assert isinstance(env.body, JobsPlaced)
+    older = msgspec.structs.replace(env, body=msgspec.structs.replace(env.body, placements=()), rules=0)
+    tampered = list(records)
+    tampered[r.seq - 1] = msgspec.structs.replace(r, data=codec.encode(older))
+    report = verify(tampered, service_roles())
+    assert report.divergences[0].rules == [0]
+    text = format_report(report)
+    assert f"{env.producer}, under rules not recorded (this build's {RULES})" in text
+    assert "rules 0" not in text
+
+
 def test_an_admission_left_out_is_reported(records: list[Record]) -> None:
     r, env = _first(records, JobsAdmitted)
     admitted = env.body

@@ -410,13 +410,18 @@ def _search_in_run(
     would take what loses least for itself (one small job each) until the last found only a
     large one left, whose room would have done for all: the small ones were stopped for nothing
     (Armada's "gang preemption"). So the first is searched among what the run needs, and the
-    rest then find the room it leaves, with what is kept in the simulation. Where the run does
-    not fit whatever is stopped, or its first fits nothing of what the run needs, as alone.
-    Asked only of a job whose search alone found victims: a hopeless form costs no more."""
+    rest then find the room it leaves, with what is kept in the simulation. Only where every job
+    the run needs stopped is of a lower priority than the run: the rest of the run is named in
+    no record, so admission keeps no room for it (it keeps room for a beneficiary), and a job
+    stopped of the run's priority (by a reclaim, or fair sharing) may be admitted into that room
+    first. Where the run does not fit whatever is stopped, or its first fits nothing of what the
+    run needs, as alone. Asked only of a job whose search alone found victims: a hopeless form
+    costs no more."""
     together = _search(sim, pool, target, config, copies=run + 1)
-    if together is None:
+    if together is not None:
+        undo(sim, target, together)
+    if together is None or any(u.job.priority >= target.job.priority for u, _ in together.removed):
         return _search(sim, pool, target, config)
-    undo(sim, target, together)
     found = _search(sim, pool, target, config, only=frozenset(u.job.id for u, _ in together.removed))
     return found if found is not None else _search(sim, pool, target, config)
 

@@ -797,6 +797,28 @@ def test_a_run_the_small_jobs_suffice_for_still_stops_them_first() -> None:
     assert w.victims(PreemptorConfig(max_beneficiaries=1)) == {"u0": ["small3"]}
 
 
+def test_a_run_that_reclaims_from_jobs_of_its_priority_is_searched_one_by_one() -> None:
+    # team-b borrows 8 of team-a's GPUs with four small jobs and an older 8-GPU one, all of
+    # priority 0, as is team-a's run of five. Only a beneficiary is kept room for by admission:
+    # taking the big job for the first of the run alone, the other four would wait in the
+    # fair-share order with the big job once it is requeued, and it might take the room back.
+    w = World(nodes=2).cohort("ml").queue("team-a", 12, cohort="ml").queue("team-b", 4, cohort="ml")
+    w.run("big", gpus(8, "team-b"), whole(N1, *range(8)))
+    w.wait(3600)
+    for i in range(4):
+        w.run(f"small{i}", gpus(1, "team-b"), whole(N0, i))
+    w.run("pinned", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+    for i in range(5):
+        w.submit(f"u{i}", gpus(1))
+    assert w.victims() == {
+        "u0": ["small3"],
+        "u1": ["small2"],
+        "u2": ["small1"],
+        "u3": ["small0"],
+        "u4": ["big"],
+    }
+
+
 def test_a_preemption_under_way_is_left_alone() -> None:
     w = World().queue("team-a")
     w.run("l1", gpus(4), whole(N0, 0, 1, 2, 3))

@@ -108,7 +108,11 @@ class WorkerExited(Event, frozen=True, kw_only=True):
     the one its start reported (0 if none did): a rank of an elastic job may run more than once in
     one attempt, and each run's start and exit are facts of their own. ``xids``: the XIDs its
     agent saw on the worker's GPUs lately, with a failed exit: one that says the GPU is at fault
-    (``projections.xids.hardware``) makes the exit the GPU's failure, not the job's."""
+    (``projections.xids.hardware``) makes the exit the GPU's failure, not the job's.
+    ``node_fault``: why the node, not the job, kept the worker from starting (its directories
+    could not be made, no container engine or sandbox works there, a device it was given is not
+    there), as its agent judged: the job goes back to its queue without counting a restart, and
+    a node that keeps failing starts so is taken out of placement (``NodeState.start_faults``)."""
 
     node: str
     job_id: str
@@ -119,6 +123,7 @@ class WorkerExited(Event, frozen=True, kw_only=True):
     pid: Int = 0
     run: Int = 0
     xids: tuple[XidReport, ...] = ()
+    node_fault: str = ""
 
 
 class CheckpointCompleted(Event, frozen=True, kw_only=True):

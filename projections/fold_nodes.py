@@ -250,6 +250,8 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
         raise Refused("illegal", f"rank {rank} of job {job.id} is not running", job.id)
     if job.placement is not None:
         _ran_here(job.placement, ev, job.id)
+    node_fault = bool(ev.node_fault) and ev.code != 0 and not ev.stopped
+    _count_start_faults(state, ev.node, node_fault)
     live.discard(rank)
     job.updated_seq = ctx.seq
     # The GPU failed under it, as its agent saw: the GPU's failure, not the job's (the health
@@ -267,11 +269,26 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
                 move(state, job, "stop", ctx)
         elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
             _succeed_if_done(state, job, ctx)
+        elif node_fault and not faulted:
+            # The node's failure, not the job's: back to its queue, no restart counted.
+            move(state, job, "interrupt", ctx)
+            why = f"node {ev.node} could not start rank {rank}: {said_reason(ev.node_fault)}"
+            job.reasons = (Reason("interrupted", why),)
+            indexes.explain(state, job)
         elif not faulted:
             _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
         _release_if_over(state, job, ctx)
     if faulted:
         _fail_gpus(state, ctx, ev, job.id, faulted)
+
+
+def _count_start_faults(state: State, node: str, fault: bool) -> None:
+    """A worker's exit on ``node``: one more start it failed in a row for its own fault, or a
+    worker that ran there (the run of faults is over). The health monitor takes a node whose
+    run reaches ``QUARANTINE_AFTER`` out of placement."""
+    ns = state.nodes.get(node)
+    if ns is not None:
+        ns.start_faults = ns.start_faults + 1 if fault else 0
 
 
 def _fail_gpus(state: State, ctx: Ctx, ev: WorkerExited, job_id: str, faulted: dict[int, str]) -> None:
@@ -479,6 +496,8 @@ def cordon(state: State, ctx: Ctx, name: str, cordoned: bool, drain: bool, why: 
     node = find_node(state, name)
     node.cordoned = cordoned
     node.draining = cordoned and drain
+    if not cordoned:
+        node.start_faults = 0  # a person looked at it: its run of failed starts is forgotten
     if node.draining:
         drain_jobs(state, ctx, name, f"node {name} is draining: {why}")
 

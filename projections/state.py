@@ -72,6 +72,9 @@ class NodeState(msgspec.Struct, gc=False):
     cpu_used: int = 0
     memory_used: int = 0
     workers: int = 0  # workers that hold CPU, memory or GPUs here (at most ``inventory.max_workers``)
+    # Workers its agent could not start here, in a row, for the node's fault (``WorkerExited.
+    # node_fault``): any other exit here, or a person lifting its cordon, sets it back to 0.
+    start_faults: int = 0
 
     @property
     def schedulable(self) -> bool:

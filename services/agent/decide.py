@@ -146,8 +146,11 @@ class Started(msgspec.Struct, frozen=True):
 
 
 class StartFailed(msgspec.Struct, frozen=True):
+    """``node_fault``: the node kept it from starting, not the job (``StartError.node``)."""
+
     key: WorkerKey
     reason: str
+    node_fault: bool = False
 
 
 class Exited(msgspec.Struct, frozen=True):
@@ -413,7 +416,9 @@ def report_events(node: str, report: Report, xids: tuple[XidReport, ...] = ()) -
     """The node events a runtime report becomes (``xids``: those seen on a failed worker's GPUs).
 
     A worker that never started is reported as started and exited with ``START_FAILED_CODE``, so
-    the fold fails or restarts its gang by the job's restart policy. Only rank 0's checkpoint is
+    the fold fails or restarts its gang by the job's restart policy; or, where the node kept it
+    from starting (``StartFailed.node_fault``), sends the job back to its queue, no restart
+    counted, the reason in ``WorkerExited.node_fault``. Only rank 0's checkpoint is
     the job's (data-parallel ranks hold the same weights); other ranks' reports only tell the
     agent they are ready to stop.
     """
@@ -435,7 +440,14 @@ def report_events(node: str, report: Report, xids: tuple[XidReport, ...] = ()) -
     if isinstance(report, StartFailed):
         return [
             WorkerStarted(node=node, job_id=k.job_id, attempt=k.attempt, rank=k.rank),
-            WorkerExited(node=node, job_id=k.job_id, attempt=k.attempt, rank=k.rank, code=START_FAILED_CODE),
+            WorkerExited(
+                node=node,
+                job_id=k.job_id,
+                attempt=k.attempt,
+                rank=k.rank,
+                code=START_FAILED_CODE,
+                node_fault=report.reason if report.node_fault else "",
+            ),
         ]
     if k.rank != 0:
         return []

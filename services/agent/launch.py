@@ -69,7 +69,9 @@ class Launching(Checkpoints):
             self._probe = asyncio.ensure_future(sandbox.probe())
         self._bwrap = await asyncio.shield(self._probe)
         if self._mode == "bwrap" and self._bwrap is None:
-            raise StartError("sandbox 'bwrap' was asked for, but bwrap is missing or cannot run here")
+            raise StartError(
+                "sandbox 'bwrap' was asked for, but bwrap is missing or cannot run here", node=True
+            )
         return self._bwrap is not None
 
     async def container_engine(self) -> Probe:
@@ -92,13 +94,13 @@ class Launching(Checkpoints):
         done, pending = await asyncio.wait(
             launches.values(), timeout=timeout, return_when=asyncio.FIRST_EXCEPTION
         )
-        failures: list[tuple[WorkerKey, str]] = []
+        failures: list[tuple[WorkerKey, str, bool]] = []  # (rank, why, the node's fault)
         for w in gang:
             t = launches[w.key]
             if t in done and t.exception() is not None:
-                failures.append((w.key, _why(t.exception())))
+                failures.append((w.key, _why(t.exception()), _node_fault(t.exception())))
             elif t in pending:
-                failures.append((w.key, f"not started within {timeout:g}s"))
+                failures.append((w.key, f"not started within {timeout:g}s", False))
         if not failures:
             for w in sorted(gang, key=lambda w: w.key.rank):
                 if w.phase == "starting":
@@ -124,11 +126,16 @@ class Launching(Checkpoints):
                     w.drop()
         # A rank that failed says more than the ranks cancelled with the gang.
         real = [f for f in failures if launches[f[0]] in done]
-        key, reason = min(real or failures, key=lambda f: f[0].rank)
+        key, reason, node_fault = min(real or failures, key=lambda f: f[0].rank)
         log.warning(
-            "gang %s attempt %s failed to start: rank %s: %s", key.job_id, key.attempt, key.rank, reason
+            "gang %s attempt %s failed to start: rank %s: %s%s",
+            key.job_id,
+            key.attempt,
+            key.rank,
+            reason,
+            " (the node's fault)" if node_fault else "",
         )
-        self.reports.put_nowait(StartFailed(key, reason))
+        self.reports.put_nowait(StartFailed(key, reason, node_fault))
         return GangResult((), key, reason)
 
     async def _launch(self, w: Worker) -> None:
@@ -142,7 +149,9 @@ class Launching(Checkpoints):
         spec = w.spec = _resolved(spec, self._hidden)
         for m in spec.mounts:
             if not sandboxed and os.path.realpath(m.source) != os.path.realpath(m.target):
-                raise StartError(f"data mount {m.target} needs bubblewrap (bwrap), which this node lacks")
+                raise StartError(
+                    f"data mount {m.target} needs bubblewrap (bwrap), which this node lacks", node=True
+                )
         env = await self._prepare_start(w, {**self._base_env, **spec.env})
         if sandboxed:
             await self._spawn_sandboxed(w, env)
@@ -159,12 +168,14 @@ class Launching(Checkpoints):
         if engine is None:
             raise StartError(
                 f"image {spec.image} needs podman or docker, none can run containers on node "
-                f"{self.node}: {found.why}"
+                f"{self.node}: {found.why}",
+                node=True,
             )
         if spec.gpus and engine.name == "docker" and engine.major() < container.DOCKER_CDI_MAJOR:
             raise StartError(
                 f"docker {engine.version} on node {self.node} cannot give containers GPUs: CDI devices "
-                f"need docker {container.DOCKER_CDI_MAJOR} or newer"
+                f"need docker {container.DOCKER_CDI_MAJOR} or newer",
+                node=True,
             )
         for m in spec.mounts:
             problem = container.mount_problem(m)
@@ -174,8 +185,8 @@ class Launching(Checkpoints):
         env = await self._prepare_start(w, container.container_env(spec.env))
         try:
             devices = container.gpu_devices(spec.gpus, self._mig)
-        except LookupError as e:
-            raise StartError(str(e)) from None
+        except LookupError as e:  # a GPU or MIG device it was placed on is not here
+            raise StartError(str(e), node=True) from None
         ulimits = None
         if engine.name == "podman":
             nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -238,8 +249,8 @@ class Launching(Checkpoints):
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,  # Ctrl-C at the agent's terminal is not the worker's
                 )  # fmt: skip
-            except OSError as e:
-                raise StartError(f"cannot run {command[0]}: {e.strerror or e}") from None
+            except OSError as e:  # the keeper is corral's own: the node could not run it
+                raise StartError(f"cannot run {command[0]}: {e.strerror or e}", node=True) from None
         keeper = w.keeper
         try:
             state = await self._keeper_state(w, lambda s: True)
@@ -436,7 +447,9 @@ def _prepare_directories(w: Worker, user: RunAs | None = None) -> None:
                 confined.remove(fd, stale)
             if user is not None:  # the worker's own directories are the only ones it may write
                 os.fchown(fd, user.uid, user.gid)
-    except (OSError, ValueError) as e:
+    except OSError as e:  # the node's disk or permissions, under corral's own directories
+        raise StartError(f"cannot prepare directories: {e}", node=True) from None
+    except ValueError as e:  # the job's checkpoint directory, as it names it
         raise StartError(f"cannot prepare directories: {e}") from None
 
 
@@ -448,6 +461,12 @@ def _why(e: BaseException | None) -> str:
     if isinstance(e, StartError):
         return str(e)
     return f"{type(e).__name__}: {e}"
+
+
+def _node_fault(e: BaseException | None) -> bool:
+    """Whether a start failed for the node's fault (``StartError.node``): also an error of the
+    system the launch met writing corral's own files (a worker's record on a full disk)."""
+    return e.node if isinstance(e, StartError) else isinstance(e, OSError)
 
 
 def _tail(path: Path, lines: int = 3) -> str:

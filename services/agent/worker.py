@@ -31,7 +31,15 @@ log = logging.getLogger("corral.services.agent.workers")
 
 
 class StartError(Exception):
-    """A worker could not be started; the message says why in an operator's words."""
+    """A worker could not be started; the message says why in an operator's words. ``node``: the
+    node is at fault, not the job (its directories cannot be made, no sandbox or container
+    engine works here, a device is missing): the job is not charged, and the node is taken out
+    of placement if it keeps failing so. Only what is plainly the node's is said so: a command,
+    image or mount the job names that cannot be run is the job's."""
+
+    def __init__(self, message: str, *, node: bool = False) -> None:
+        super().__init__(message)
+        self.node = node
 
 
 # A worker's file in its run's directory: ``attempt-<a>.rank-<r>.log``.

@@ -112,10 +112,17 @@ class _Gpu:
         self.live = ""  # the worst counter signal of the latest sample
 
 
+# Starts a node may fail in a row for its own fault (``WorkerExited.node_fault``: its disk full,
+# its container engine broken) before it is taken out of placement: such a node fails every job
+# placed on it at once and, free again at once, takes the next, a black hole that empties the
+# queues. The fold counts them (``NodeState.start_faults``); one failure is not yet a pattern.
+QUARANTINE_AFTER = 3
+
+
 class _Node:
     __slots__ = (
         "known", "condition", "cordoned", "draining", "gpus", "since", "last_seen", "last_seq",
-        "probation_from", "drain_signal", "early", "unwell",
+        "probation_from", "drain_signal", "early", "unwell", "quarantine",
     )  # fmt: skip
 
     def __init__(self, since: float) -> None:
@@ -133,6 +140,8 @@ class _Node:
         self.early: dict[str, tuple[str, Action]] = {}
         # What its agent's latest heartbeat said it cannot do ("" while it says it is well).
         self.unwell = ""
+        # Why it is to be cordoned for the starts it failed in a row ("" if it is not).
+        self.quarantine = ""
 
 
 # What an agent says is wrong becomes the reason of its node's condition, kept in the log: a line
@@ -224,6 +233,8 @@ class HeartbeatTracker:
             self._pending.add(name)
             self._set_condition(name, n, ns.condition)
             n.cordoned, n.draining = ns.cordoned, ns.draining
+            if ns.start_faults >= QUARANTINE_AFTER and not ns.cordoned:
+                n.quarantine = _quarantine(ns.start_faults, "")
             for g, gs in zip(n.gpus, ns.gpus, strict=False):
                 g.healthy, g.signal = gs.healthy, gs.signal
                 if not gs.healthy and _sticky(gs.signal):
@@ -247,6 +258,18 @@ class HeartbeatTracker:
                 if not gs.healthy and _sticky(gs.signal):
                     g.sticky = g.sticky or gs.signal
         self._pending.add(name)
+
+    def start_faults(self, name: str, count: int, why: str) -> bool:
+        """The fold counts ``count`` starts in a row that node ``name`` failed for its own fault,
+        the latest for ``why``: from ``QUARANTINE_AFTER`` on, the node is cordoned (not drained:
+        what runs there may be well; a person looks, and lifts the cordon). Whether there is a
+        fact to state."""
+        n = self._nodes.get(name)
+        if n is None or not n.known or n.cordoned or count < QUARANTINE_AFTER:
+            return False
+        n.quarantine = _quarantine(count, why)
+        self._pending.add(name)
+        return True
 
     def observe(self, event: Event, now: float) -> bool:
         """A node event folded from the log (ours or anyone's), or an admin's cordon request the
@@ -497,13 +520,17 @@ class HeartbeatTracker:
         return out
 
     def _cordon(self, name: str, n: _Node) -> list[Event]:
-        if not n.drain_signal:
-            return []
-        signal, n.drain_signal = n.drain_signal, ""
-        if n.cordoned and n.draining:
-            return []
-        n.cordoned = n.draining = True
-        return [NodeCordoned(node=name, cordoned=True, drain=True, reason=signal)]
+        quarantine, n.quarantine = n.quarantine, ""
+        if n.drain_signal:  # a drain cordons too
+            signal, n.drain_signal = n.drain_signal, ""
+            if n.cordoned and n.draining:
+                return []
+            n.cordoned = n.draining = True
+            return [NodeCordoned(node=name, cordoned=True, drain=True, reason=signal)]
+        if quarantine and not n.cordoned:
+            n.cordoned = True
+            return [NodeCordoned(node=name, cordoned=True, reason=quarantine)]
+        return []
 
     def condition(self, node: str) -> NodeCondition | None:
         n = self._nodes.get(node)
@@ -513,6 +540,12 @@ class HeartbeatTracker:
 # The most XIDs kept per node for GPUs it has not registered yet (a node has at most
 # ``MAX_GPUS_PER_NODE`` GPUs; an agent that names many unknown ones is not believed further).
 _EARLY = 64
+
+
+def _quarantine(count: int, why: str) -> str:
+    """A quarantine's reason, as the cordon's reason in the log: a bounded line."""
+    last = f"; the last: {why}" if why else ""
+    return _said(f"quarantined: {count} starts in a row failed for the node's own fault{last}")
 
 
 def _index(n: _Node, gpu: int, uuid: str) -> int | None:

@@ -129,6 +129,12 @@ class HealthMonitor(Service):
                     continue
                 if r.subject.startswith(_NODE_EVENTS) or r.subject in (_CORDON, _DELETE):
                     body = codec.decode_body(r.subject, r.data, r.headers).body
+                    if isinstance(body, WorkerExited) and body.node_fault:
+                        # A start its node failed: a node that fails them in a row is cordoned.
+                        ns = state.nodes.get(body.node)
+                        count = ns.start_faults if ns is not None else 0
+                        if self.tracker.start_faults(body.node, count, body.node_fault):
+                            self._facts_folded = True
                     if isinstance(body, WorkerExited) and body.xids:
                         # A worker's exit may have failed a GPU it died of: the tracker reads it.
                         self.tracker.adopt(body.node, state)

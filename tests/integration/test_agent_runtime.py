@@ -663,7 +663,30 @@ async def test_a_command_that_does_not_exist_cannot_start(plain: Runtime, tmp_pa
     assert result.failed == s.key and "/no/such/program" in result.reason
     [failed] = await until(plain, lambda r: True)
     assert isinstance(failed, StartFailed) and failed.key == s.key
+    assert not failed.node_fault  # the job's command: its own fault, on any node
     assert plain.workers() == {s.key: "exited"}  # kept until the log has the failure
+
+
+async def test_a_node_whose_directories_cannot_be_made_fails_the_start_for_its_own_fault(
+    tmp_path: Path,
+) -> None:
+    # The agent's work directory cannot be written (a full or read-only disk): every start here
+    # fails, and was charged to the job placed here, its restarts used up on a node that runs
+    # nothing. It is the node's fault.
+    root = tmp_path / "agent"
+    rt = Runtime(root, sandbox="none", node="node-07")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "work").write_text("not a directory")  # where every worker's directory goes
+    try:
+        s = spec_for(tmp_path, "x", ["/bin/true"])
+        result = await rt.start_gang([s], timeout=WAIT)
+        assert result.failed == s.key and result.reason.startswith("cannot prepare directories: ")
+        [failed] = await until(rt, lambda r: True)
+        assert failed == StartFailed(s.key, result.reason, node_fault=True)
+        started, exited = report_events("node-07", failed)
+        assert isinstance(exited, WorkerExited) and exited.node_fault == result.reason
+    finally:
+        await rt.close(grace=2.0)
 
 
 async def test_a_worker_lost_with_an_earlier_agent_is_reported_gone_once(plain: Runtime) -> None:

@@ -201,7 +201,8 @@ async def test_an_image_job_with_no_engine_fails_to_start_and_never_runs_on_the_
             "daemon running?; podman is not installed"
         )
         assert result.failed == s.key and result.reason == reason
-        assert await rt.next_report(WAIT) == StartFailed(s.key, reason)
+        # No engine works here: the node's fault, not the job's.
+        assert await rt.next_report(WAIT) == StartFailed(s.key, reason, node_fault=True)
         assert rt.workers() == {s.key: "exited"}
     finally:
         await rt.close(grace=2.0)

@@ -1284,6 +1284,55 @@ def test_restart_policy(policy: RestartPolicy, code: int, phase: str) -> None:
     assert state.jobs["j1"].phase == phase and holders(state)[0] == {}
 
 
+def _start_fault(
+    job_id: str = "j1", attempt: int = 0, why: str = "cannot prepare directories: disk full"
+) -> WorkerExited:
+    return WorkerExited(node=N0, job_id=job_id, attempt=attempt, rank=0, code=127, node_fault=why)
+
+
+def test_a_start_the_node_failed_sends_the_job_back_without_counting_a_restart() -> None:
+    # It was charged to the job: one with no restarts failed, on a node that could start nothing.
+    log = running(spec=job(), nodes=Cluster(2)).event(subj.node(N0), _start_fault())
+    state = fold(log)
+    j = state.jobs["j1"]
+    assert (j.phase, j.restarts, j.attempt) == ("interrupted", 0, 0)
+    assert j.reasons == (
+        Reason("interrupted", f"node {N0} could not start rank 0: cannot prepare directories: disk full"),
+    )
+    assert holders(state)[0] == {} and j.held is None
+    assert state.nodes[N0].start_faults == 1
+
+
+def test_a_node_counts_the_starts_it_failed_in_a_row_until_a_worker_runs_or_a_person_uncordons_it() -> None:
+    log = LogBuilder().nodes(Cluster(1)).queue("team-a")
+    for i in range(3):
+        running(f"j{i}", job(), log=log).event(subj.node(N0), _start_fault(f"j{i}"))
+        assert fold(log).nodes[N0].start_faults == i + 1
+    # A worker that ran here and ended, even failing: the node could start it.
+    running("ok", job(), log=log).exited(N0, "ok", code=3)
+    assert fold(log).nodes[N0].start_faults == 0
+    running("j9", job(), log=log).event(subj.node(N0), _start_fault("j9"))
+    log.admin("cordon", CordonNode(node=N0, reason="quarantined"))
+    assert fold(log).nodes[N0].start_faults == 1  # a cordon keeps the count
+    log.admin("cordon", CordonNode(node=N0, cordoned=False))
+    assert fold(log).nodes[N0].start_faults == 0
+
+
+@pytest.mark.parametrize(
+    ("code", "stopped"),
+    [(0, False), (127, True)],
+)
+def test_a_node_fault_on_an_exit_that_is_no_failure_changes_nothing(code: int, stopped: bool) -> None:
+    # A clean exit, or one corral stopped, is no start the node failed, whatever its agent says.
+    body = WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=code, stopped=stopped)
+    plain = fold(running(spec=job(), nodes=Cluster(2)).event(subj.node(N0), body))
+    faulted = msgspec.structs.replace(body, node_fault="the node's fault, it says")
+    state = fold(running(spec=job(), nodes=Cluster(2)).event(subj.node(N0), faulted))
+    j, k = state.jobs["j1"], plain.jobs["j1"]
+    assert (j.phase, j.reasons, j.restarts) == (k.phase, k.reasons, k.restarts)
+    assert state.nodes[N0].start_faults == 0
+
+
 def _exit_with(xid: int, uuid: str = f"GPU-{N0}-00") -> WorkerExited:
     return WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=1, xids=(XidReport(0, xid, uuid=uuid),))
 

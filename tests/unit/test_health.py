@@ -17,6 +17,7 @@ from corral.services.health.decide import (
     MAX_NOTICES,
     MAX_WHY,
     MAX_XIDS,
+    QUARANTINE_AFTER,
     XID_ACTIONS,
     Action,
     Heartbeat,
@@ -564,3 +565,28 @@ def test_a_deleted_node_is_forgotten_and_never_turns_lost() -> None:
     c.beats(T0 + 25, T0 + 200, node=N0)
     facts = c.t.evaluate(T0 + 200)
     assert not [e for e in facts if getattr(e, "node", None) == N1]
+
+
+def test_a_node_that_failed_starts_in_a_row_is_cordoned_by_a_monitor_that_starts_after() -> None:
+    # The count is the fold's: a monitor that takes over, or starts from a snapshot, cordons a
+    # node the log says failed its last starts, unless it is cordoned already.
+    state = LogBuilder().nodes(Cluster(3)).fold()
+    state.nodes[N0].start_faults = QUARANTINE_AFTER
+    state.nodes[N1].start_faults = QUARANTINE_AFTER - 1
+    state.nodes["node-02"].start_faults, state.nodes["node-02"].cordoned = QUARANTINE_AFTER + 4, True
+    t = HeartbeatTracker()
+    t.sync(state, T0)
+    out = t.evaluate(T0)
+    assert out == [
+        NodeCordoned(
+            node=N0,
+            cordoned=True,
+            reason=f"quarantined: {QUARANTINE_AFTER} starts in a row failed for the node's own fault",
+        )
+    ]
+    assert t.evaluate(T0 + 1) == []
+    assert not t.start_faults(N0, QUARANTINE_AFTER + 1, "again")  # cordoned: nothing more to say
+    assert not t.start_faults(N1, QUARANTINE_AFTER - 1, "once more")
+    assert t.start_faults(N1, QUARANTINE_AFTER, "x" * 10_000)
+    [(cordon)] = t.evaluate(T0 + 2)
+    assert isinstance(cordon, NodeCordoned) and cordon.node == N1 and len(cordon.reason) <= MAX_WHY

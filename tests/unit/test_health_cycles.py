@@ -11,7 +11,13 @@ from corral.events import codec, subjects
 from corral.events.heartbeats import GpuHealthSample, Heartbeat, XidReport
 from corral.events.jobs import SubmitJob
 from corral.events.log import Append, InMemoryLog
-from corral.events.nodes import GpuHealthChanged, NodeConditionChanged, NodeRegistered, WorkerExited
+from corral.events.nodes import (
+    GpuHealthChanged,
+    NodeConditionChanged,
+    NodeCordoned,
+    NodeRegistered,
+    WorkerExited,
+)
 from corral.events.queues import CordonNode
 from corral.services.health.decide import HeartbeatTracker
 from corral.services.health.service import HealthMonitor
@@ -178,3 +184,63 @@ async def test_a_gpu_a_worker_died_of_stays_failed_when_a_counter_signal_comes_a
         await _append(log, lb, monitor)
         clock.t += 1.0
     assert not monitor.state.nodes["node-00"].gpus[2].healthy
+
+
+async def test_a_node_that_fails_starts_in_a_row_for_its_own_fault_is_cordoned_once() -> None:
+    # A node whose disk is full fails every start at once and, free again, takes the next job:
+    # every job placed there failed in turn. From the third in a row it is cordoned (not
+    # drained), said once; jobs elsewhere, and a worker that ran in between, reset the count.
+    log, lb, monitor, clock = await _monitor()
+
+    def start_fault(jid: str, node: str = "node-00") -> None:
+        lb.submit("alice", jid, job("q").gpus(1)).accept(jid).admit(jid).place(on(node, 0, job_id=jid))
+        lb.started(node, jid)
+        why = "cannot prepare directories: [Errno 28] No space left on device"
+        lb.event(
+            subjects.node(node),
+            WorkerExited(node=node, job_id=jid, attempt=0, rank=0, code=127, node_fault=why),
+        )
+
+    async def cycle() -> None:
+        await monitor.cycle()
+        for r in log.records[len(lb.records) :]:  # what the monitor appended, in the builder too
+            lb.raw(r.subject, r.data, r.headers)
+        await _append(log, lb, monitor)
+
+    def cordons() -> list[NodeCordoned]:
+        return [
+            body
+            for r in log.records
+            if isinstance(body := codec.decode_body(r.subject, r.data, r.headers).body, NodeCordoned)
+        ]
+
+    start_fault("a")
+    start_fault("b")
+    lb.submit("alice", "ok", job("q").gpus(1)).accept("ok").admit("ok").place(on("node-00", 1, job_id="ok"))
+    lb.started("node-00", "ok").exited("node-00", "ok", code=1)  # it ran: the run of faults is over
+    start_fault("c")
+    start_fault("d")
+    start_fault("e", "node-01")
+    await _append(log, lb, monitor)
+    await cycle()
+    assert cordons() == [] and monitor.state.nodes["node-00"].start_faults == 2
+    start_fault("f")
+    await _append(log, lb, monitor)
+    await cycle()
+    [cordon] = cordons()
+    assert (cordon.node, cordon.cordoned, cordon.drain) == ("node-00", True, False)
+    assert cordon.reason.startswith(
+        "quarantined: 3 starts in a row failed for the node's own fault; the last: "
+    )
+    assert monitor.state.nodes["node-00"].cordoned and not monitor.state.nodes["node-00"].draining
+    assert [monitor.state.jobs[j].phase for j in "cdf"] == ["interrupted"] * 3  # none charged
+    clock.t += 1.0
+    await cycle()
+    assert len(cordons()) == 1  # said once
+    # A person looks, frees the disk and lifts the cordon: the count starts again from nothing.
+    lb.admin("cordon", CordonNode(node="node-00", cordoned=False))
+    await _append(log, lb, monitor)
+    assert monitor.state.nodes["node-00"].start_faults == 0
+    assert not monitor.state.nodes["node-00"].cordoned
+    await cycle()
+    assert len(cordons()) == 1

@@ -239,6 +239,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
     # burst) does not run the placer's search once per admitted job for nothing.
     untried: list[JobState] = []
     busy: str | None = None  # why no move may be made this cycle ("": none), once asked
+    in_run: set[str] = set()  # jobs behind the first of a run searched together (``_run_behind``)
     turns = _Turns(state, now, config.by_form)
     while (job := turns.next()) is not None:
         if searched >= config.max_beneficiaries:
@@ -294,11 +295,22 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         if pool is None:
             pool = Pool(state, sim.ledger, now)  # reads only which queues the ledger knows
         target, found, vain = _choose(sim, pool, targets, config)
-        if found is not None and found.removed and len(targets) == 1 and job.phase == "queued":
-            run = _run_behind(turns, holds, job, under_way, now, config.max_beneficiaries - searched)
+        if (
+            found is not None
+            and found.removed
+            and len(targets) == 1
+            and job.phase == "queued"
+            and job.id not in in_run
+        ):
+            most = config.max_beneficiaries - searched
+            run = _run_behind(turns, holds, sim.ledger, job, under_way, now, most)
             if run:
+                # Its run is searched together once, for its first: each of the rest searched
+                # again as the first of what is left would place copies of itself at every step
+                # of a search, a cycle's cost growing with the cube of the run.
+                in_run.update(j.id for j in run)
                 undo(sim, target, found)
-                found = _search_in_run(sim, pool, target, config, run)
+                found = _search_in_run(sim, pool, target, config, len(run))
         for t in vain:
             hopeless[t.shape()] = job.priority
         if found is None and job.phase == "admitted" and not sim.taken:
@@ -381,13 +393,23 @@ def _choose(
 
 
 def _run_behind(
-    turns: _Turns, holds: _Holds, job: JobState, under_way: set[str], now: float, most: int
-) -> int:
-    """How many jobs right behind queued ``job`` in the cycle's turns are like it (its form and
-    priority, queued, not backing off, no hold keeping it out, no preemption under way for it),
-    at most ``most``: the cycle searches for each of them next, unless its room runs out first."""
+    turns: _Turns,
+    holds: _Holds,
+    ledger: Ledger,
+    job: JobState,
+    under_way: set[str],
+    now: float,
+    most: int,
+) -> list[JobState]:
+    """The jobs right behind queued ``job`` in the cycle's turns that are like it (its form and
+    priority, queued, not backing off, no hold keeping it out, no preemption under way for it,
+    and borrowing as it may: ``Ledger.may_borrow``, which its form does not say, decides what
+    quota admission gives it), at most ``most``: the cycle searches for each of them next,
+    unless its room runs out first. One that may not borrow where ``job`` may is no copy of it:
+    room made for it beyond its queue's nominal would be made for nobody."""
     form = _form(job)
-    n = 0
+    borrow = ledger.may_borrow(job)
+    out: list[JobState] = []
     for other in turns.following(most):
         if (
             other.phase != "queued"
@@ -395,11 +417,12 @@ def _run_behind(
             or other.id in under_way
             or queueing.backs_off(other, now)
             or _form(other) != form
+            or ledger.may_borrow(other) != borrow
             or holds.keeps_out(other)
         ):
             break
-        n += 1
-    return n
+        out.append(other)
+    return out
 
 
 def _search_in_run(

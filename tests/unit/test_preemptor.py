@@ -797,6 +797,50 @@ def test_a_run_the_small_jobs_suffice_for_still_stops_them_first() -> None:
     assert w.victims(PreemptorConfig(max_beneficiaries=1)) == {"u0": ["small3"]}
 
 
+def test_jobs_that_may_not_borrow_are_no_run_for_one_that_may() -> None:
+    # team-a holds its nominal 4 with ``pinned`` and borrows 12 of team-b's. u0 may borrow;
+    # u1..u4, of its form and priority, may not be preempted, so may not borrow: admission admits
+    # none of them however much is stopped. Taken for a run of five, u0 stopped ``big`` (8 GPUs,
+    # an hour's work) where one small job was enough.
+    w = World(nodes=2).cohort("ml").queue("team-a", 4, cohort="ml").queue("team-b", 12, cohort="ml")
+    w.run("big", gpus(8), whole(N1, *range(8)))
+    w.wait(3600)
+    for i in range(4):
+        w.run(f"small{i}", gpus(1), whole(N0, i))
+    w.run("pinned", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+    w.submit("u0", gpus(1), priority=10)
+    for i in range(1, 5):
+        w.submit(f"u{i}", gpus(1, preemptible=False), priority=10)
+    assert w.victims() == {"u0": ["small3"]}
+
+
+def test_a_run_is_searched_together_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Eight small jobs do for a run of five: each of the run found one, and each asked again for
+    # the rest of the run together (copies of it placed at every step of a search), a cycle's
+    # cost growing with the cube of the run.
+    from corral.services.preemptor import victims
+
+    w = World(nodes=2).queue("team-a", 16)
+    w.run("big", gpus(8), whole(N1, *range(8)))
+    w.wait(3600)
+    for i in range(8):
+        w.run(f"small{i}", gpus(1), whole(N0, i))
+    for i in range(5):
+        w.submit(f"u{i}", gpus(1), priority=10)
+    runs: list[int] = []
+    search = victims.search
+
+    def counted(*args: Any, **kw: Any) -> victims.Found | None:
+        copies = args[4] if len(args) > 4 else kw.get("copies", 1)
+        if copies > 1:
+            runs.append(copies)
+        return search(*args, **kw)
+
+    monkeypatch.setattr("corral.services.preemptor.decide.search", counted)
+    assert w.victims() == {f"u{i}": [f"small{7 - i}"] for i in range(5)}
+    assert runs == [5]
+
+
 def test_a_run_that_reclaims_from_jobs_of_its_priority_is_searched_one_by_one() -> None:
     # team-b borrows 8 of team-a's GPUs with four small jobs and an older 8-GPU one, all of
     # priority 0, as is team-a's run of five. Only a beneficiary is kept room for by admission:

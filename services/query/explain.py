@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from corral.events import subjects
-from corral.projections import indexes, preemption
+from corral.projections import indexes, preemption, quota
 from corral.projections.index import JobEvent
 from corral.projections.lifecycle import HOLDS_GPUS
 from corral.projections.state import JobState, State
@@ -78,21 +78,58 @@ def explain(
 
 def anyone_stoppable(state: State, job: JobState) -> bool:
     """Whether a reason of ``job``'s that freed GPUs would help may say preemption could: some
-    running job that may be preempted is of a lower priority, or of another queue of its cohort
-    tree (which may be borrowing what the job's side lent, or be judged by fair sharing). Not the
-    preemptor's search, which weighs quota, guards and room too: where this is false, no rule
-    stops anyone for the job, as when only jobs of its priority or higher hold the GPUs. Asked
-    only of a job with such a reason: it walks the running jobs."""
+    job holding GPUs in a phase a preemption stops (placed, starting or running) that may be
+    preempted is of a lower priority, or of another queue of its cohort tree (which may be
+    borrowing what the job's side lent, or be judged by fair sharing), or of its priority and
+    its queue, submitted later, where the queue's ``within_queue`` lets it stop such a job, or
+    asks for no GPU (``preemption.rides``) where the job asks for some; or, for an admitted job
+    the free GPUs would hold but for how they are scattered, is of its priority or a lower one
+    (a consolidation moves it, ``services/preemptor/consolidation.py``). Not the preemptor's
+    search, which weighs quota, guards and room too: where this is false, no rule stops or
+    moves anyone for the job, as when only jobs of its priority or higher hold the GPUs. Asked
+    only of a job with such a reason: it walks the jobs holding GPUs."""
     if not any(r.preemption_helps for r in job.reasons):
         return True
     tree = set(preemption.tree_queues(state, job.spec.queue))
     queue, priority = job.spec.queue, job.priority
-    return any(
-        other.id != job.id
-        and (other.priority < priority or (other.spec.queue != queue and other.spec.queue in tree))
-        and preemption.preemptible(state, other)
-        for other in indexes.jobs_in(state, "running")
-    )
+    newer = preemption.policy_of(state, job).within_queue == "lower-or-newer-equal-priority"
+    rides = preemption.rides(job)
+    moves: bool | None = None  # whether a consolidation could make room for it, once asked
+
+    def may(other: JobState) -> bool:
+        nonlocal moves
+        if other.id == job.id or not preemption.preemptible(state, other):
+            return False
+        if other.priority < priority or (other.spec.queue != queue and other.spec.queue in tree):
+            return True
+        if preemption.rides(other) and not rides:
+            return True
+        if other.priority != priority:
+            return False
+        if newer and other.spec.queue == queue and other.submitted_seq > job.submitted_seq:
+            return True
+        if moves is None:
+            moves = job.phase == "admitted" and _scattered_room(state, job)
+        return moves
+
+    return any(may(other) for other in indexes.jobs_in(state, "placed", "starting", "running"))
+
+
+def _scattered_room(state: State, job: JobState) -> bool:
+    """Whether the free GPUs of the nodes new work may land on add up to what ``job``'s gang
+    asks (as ``consolidation.room_anywhere`` counts them, CPU and memory left out): where not,
+    moving work frees no room for it. A job of MIG slices, or of no GPU, may have room made."""
+    res = job.spec.resources
+    if res.mig is not None or res.gpus <= 0:
+        return True
+    replicas = job.admission.replicas if job.admission is not None else job.spec.replicas
+    need = quota.worker_milli(res) * replicas
+    for node in state.nodes.values():
+        if node.schedulable:
+            need -= sum(g.free_milli for g in node.gpus if g.healthy and not g.mig)
+            if need <= 0:
+                return True
+    return False
 
 
 def notes_for(state: State, job: JobState, asker: str) -> list[str]:

@@ -13,9 +13,11 @@ from corral.events.queues import ApplyCohort, CohortSpec, CordonNode, QueueSpec,
 from corral.projections.quota import ANY
 from corral.projections.state import JobState, State
 from corral.services.cli import table
-from corral.services.query.explain import other_sides
+from corral.services.query.explain import anyone_stoppable, other_sides
 from corral.services.query.view import explain_log
 from tests.builders import Cluster, LogBuilder, job, placement, worker
+from tests.unit.test_consolidation import world as scattered
+from tests.unit.test_preemptor import N0, World, gpus, whole
 
 
 def _log() -> LogBuilder:
@@ -159,3 +161,27 @@ def test_a_drain_joins_the_history_of_the_jobs_it_sends_away() -> None:
     log.admin("cordon", CordonNode(node="node-00", reason="maintenance"))
     report = explain_log(log.records, "j1", None)
     assert report is not None and not [h for h in report["history"] if h["type"] == "CordonNode"]
+
+
+def test_preemption_could_help_where_a_job_placed_and_not_started_may_be_stopped() -> None:
+    # A preemption stops a job placed and not started as it stops a running one: only running
+    # jobs were looked at, and the hint said none could be stopped.
+    w = World().queue("team-a", 16)
+    w.submit("holder", gpus(8)).admit("holder").place("holder", whole(N0, *range(8)))
+    w.waiting("j1", gpus(8), priority=10)
+    assert w.state.jobs["holder"].phase == "placed"
+    assert w.victims() == {"j1": ["holder"]}
+    assert anyone_stoppable(w.state, w.state.jobs["j1"])
+
+
+def test_preemption_could_help_where_a_job_of_its_priority_may_be_moved() -> None:
+    # b1 waits for GPUs scattered over two nodes, all held by jobs of its priority: the
+    # preemptor moves a2 to make room (a consolidation), and the hint said no job could be.
+    w = scattered()
+    [p] = w.plan()
+    assert [v.job_id for v in p.victims] == ["a2"] and p.moves
+    assert anyone_stoppable(w.state, w.state.jobs["b1"])
+    # Where the free GPUs do not add up to its ask, no move makes room for it.
+    w = scattered(a3_gpus=8)
+    assert w.plan() == []
+    assert not anyone_stoppable(w.state, w.state.jobs["b1"])

@@ -75,7 +75,7 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
         refusal = refusals.get(rec.seq)
         kind = type(body).__name__
         batch = batch_lines(body) if isinstance(body, BATCHES) else None
-        drained = _drained(state, body) if refusal is None else {}
+        drained = _drained(state, body, rec.seq) if refusal is None else {}
         for job_id in drained or job_ids_of(body):
             if job_id in drained:
                 out.append(JobEvent(job_id, rec.seq, rec.subject, kind, rec.time, drained[job_id], ""))
@@ -92,17 +92,21 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
     return out
 
 
-def _drained(state: State, body: Event) -> dict[str, str]:
+def _drained(state: State, body: Event, seq: int) -> dict[str, str]:
     """A drain's line for each job it sent away from its node (``fold_nodes.drain_jobs``), by job
     id: a record of the node's names none of them, and their histories said nothing of the drain
     until they were requeued. The jobs are those still on the node with the drain's reason once
-    its batch is folded (one that stopped within the batch too is told of by its requeue)."""
+    its batch is folded (one that stopped within the batch too is told of by its requeue), this
+    node's, and changed by the record at ``seq`` or later: a job an earlier drain sent away (of
+    this node, or of another it holds GPUs on too) keeps its deadline, and a drain that asks
+    nothing more of it is no line of its history."""
     if not isinstance(body, CordonNode | NodeCordoned) or not (body.cordoned and body.drain):
         return {}
     out = {}
+    this = f"node {body.node} is draining:"
     for job in indexes.holding_on(state, body.node):
         why = job.reasons[0] if job.reasons else None
-        if why is None or why.code != "drained":
+        if why is None or why.code != "drained" or job.updated_seq < seq or not why.message.startswith(this):
             continue
         if job.phase == "checkpointing" and job.preempt_deadline:
             out[job.id] = (

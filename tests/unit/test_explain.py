@@ -185,3 +185,21 @@ def test_preemption_could_help_where_a_job_of_its_priority_may_be_moved() -> Non
     w = scattered(a3_gpus=8)
     assert w.plan() == []
     assert not anyone_stoppable(w.state, w.state.jobs["b1"])
+
+
+def test_a_drain_that_sends_a_job_nowhere_is_not_in_its_history() -> None:
+    # j1 spans both nodes. Drained off node-00, it checkpoints and keeps its deadline: draining
+    # node-01 too, or node-00 again, asks nothing more of it, yet each added a line saying it was
+    # asked to leave (under node-01's record, "node node-00 is draining").
+    log = LogBuilder().nodes(Cluster(2)).queues("team-a")
+    log.submit("alice", "j1", job().gpus(8).replicas(2).checkpointable()).accept("j1").admit("j1", replicas=2)
+    gpus = tuple(GpuClaim(g) for g in range(8))
+    log.place(placement("j1", worker(0, "node-00", *gpus), worker(1, "node-01", *gpus)))
+    log.started("node-00", "j1", rank=0).started("node-01", "j1", rank=1)
+    log.admin("cordon", CordonNode(node="node-00", drain=True, reason="fan failure"))
+    log.admin("cordon", CordonNode(node="node-00", drain=True, reason="fan failure, still"))
+    log.admin("cordon", CordonNode(node="node-01", drain=True, reason="maintenance"))
+    report = explain_log(log.records, "j1", None)
+    assert report is not None
+    lines = [h["summary"] for h in report["history"] if h["type"] == "CordonNode"]
+    assert len(lines) == 1 and lines[0].endswith(": node node-00 is draining: fan failure"), lines

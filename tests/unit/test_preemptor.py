@@ -814,6 +814,23 @@ def test_jobs_that_may_not_borrow_are_no_run_for_one_that_may() -> None:
     assert w.victims() == {"u0": ["small3"]}
 
 
+@pytest.mark.xfail(reason="a form's verdict is taken from its first job, borrow as it may", strict=True)
+def test_a_job_that_may_not_borrow_hides_none_of_its_form_that_may() -> None:
+    # team-a's fixed part is full (``pinned``), so u0, which may not be preempted, may not
+    # borrow and no preemption could get it admitted: its form was taken for one quota does not
+    # block, and u1 and u2 behind it, which may borrow and stop a small job each, waited with it.
+    w = World(nodes=2).cohort("ml").queue("team-a", 4, cohort="ml").queue("team-b", 12, cohort="ml")
+    w.run("big", gpus(8), whole(N1, *range(8)))
+    w.wait(3600)
+    for i in range(4):
+        w.run(f"small{i}", gpus(1), whole(N0, i))
+    w.run("pinned", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+    w.submit("u0", gpus(1, preemptible=False), priority=10)
+    for i in (1, 2):
+        w.submit(f"u{i}", gpus(1), priority=10)
+    assert w.victims() == {"u1": ["small3"], "u2": ["small2"]}
+
+
 def test_a_run_is_searched_together_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # Eight small jobs do for a run of five: each of the run found one, and each asked again for
     # the rest of the run together (copies of it placed at every step of a search), a cycle's

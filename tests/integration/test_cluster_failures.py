@@ -348,3 +348,32 @@ async def test_a_gpu_fallen_off_the_bus_drains_its_node_and_the_job_moves(tmp_pa
         assert s.nodes[bad].cordoned and not s.nodes[bad].gpus[gpu].healthy
         assert s.jobs["xid"].restarts == 0
         await cancel(it, "xid")
+
+
+async def test_a_node_that_cannot_start_workers_is_quarantined_and_its_jobs_run_elsewhere(
+    tmp_path: Path,
+) -> None:
+    # node-00's agent cannot make its workers' directories (where they go is a file: a broken
+    # disk). Every job placed there failed at once, charged to the job, and the node, free again,
+    # took the next. Now its jobs are requeued uncharged, and from its third start so in a row
+    # the health monitor cordons it; every job runs on node-01.
+    bad = "node-00"
+    work = tmp_path / "corral" / "nodes" / bad / "work"
+    async with live(tmp_path, nodes=2) as it:
+        work.parent.mkdir(parents=True, exist_ok=True)
+        work.write_text("not a directory")
+        jobs = [f"j{i}" for i in range(4)]
+        for jid in jobs:
+            await it.submit(jid, job_spec(train(20), gpus=8))
+        s = await it.until(
+            lambda s: s.nodes[bad].cordoned and all(phase(s, j) == "succeeded" for j in jobs),
+            timeout=2 * WAIT,
+        )
+        [(_, cordon)] = it.events(NodeCordoned)
+        assert (cordon.node, cordon.cordoned, cordon.drain) == (bad, True, False)
+        assert cordon.reason.startswith("quarantined: 3 starts in a row failed for the node's own fault")
+        faults = [e for _, e in it.events(WorkerExited) if e.node_fault]
+        assert len(faults) == 3 and {e.node for e in faults} == {bad}
+        assert all("cannot prepare directories" in e.node_fault for e in faults)
+        assert [s.jobs[j].restarts for j in jobs] == [0] * len(jobs)  # none charged
+        assert {node_of(s, j) for j in jobs} == {"node-01"}

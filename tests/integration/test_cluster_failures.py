@@ -365,10 +365,7 @@ async def test_a_node_that_cannot_start_workers_is_quarantined_and_its_jobs_run_
         jobs = [f"j{i}" for i in range(4)]
         for jid in jobs:
             await it.submit(jid, job_spec(train(20), gpus=8))
-        s = await it.until(
-            lambda s: s.nodes[bad].cordoned and all(phase(s, j) == "succeeded" for j in jobs),
-            timeout=2 * WAIT,
-        )
+        s = await it.until(lambda s: s.nodes[bad].cordoned and all(phase(s, j) == "succeeded" for j in jobs))
         [(_, cordon)] = it.events(NodeCordoned)
         assert (cordon.node, cordon.cordoned, cordon.drain) == (bad, True, False)
         assert cordon.reason.startswith("quarantined: 3 starts in a row failed for the node's own fault")

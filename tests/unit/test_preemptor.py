@@ -797,17 +797,23 @@ def test_a_run_the_small_jobs_suffice_for_still_stops_them_first() -> None:
     assert w.victims(PreemptorConfig(max_beneficiaries=1)) == {"u0": ["small3"]}
 
 
-def test_jobs_that_may_not_borrow_are_no_run_for_one_that_may() -> None:
-    # team-a holds its nominal 4 with ``pinned`` and borrows 12 of team-b's. u0 may borrow;
-    # u1..u4, of its form and priority, may not be preempted, so may not borrow: admission admits
-    # none of them however much is stopped. Taken for a run of five, u0 stopped ``big`` (8 GPUs,
-    # an hour's work) where one small job was enough.
+def team_a_borrowing() -> World:
+    """Cohort ``ml`` on two nodes: team-a (nominal 4) holds it with ``pinned``, which may not be
+    preempted, and borrows 12 of team-b's with an older 8-GPU job and four one-GPU ones."""
     w = World(nodes=2).cohort("ml").queue("team-a", 4, cohort="ml").queue("team-b", 12, cohort="ml")
     w.run("big", gpus(8), whole(N1, *range(8)))
     w.wait(3600)
     for i in range(4):
         w.run(f"small{i}", gpus(1), whole(N0, i))
-    w.run("pinned", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+    return w.run("pinned", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+
+
+def test_jobs_that_may_not_borrow_are_no_run_for_one_that_may() -> None:
+    # team-a holds its nominal 4 with ``pinned`` and borrows 12 of team-b's. u0 may borrow;
+    # u1..u4, of its form and priority, may not be preempted, so may not borrow: admission admits
+    # none of them however much is stopped. Taken for a run of five, u0 stopped ``big`` (8 GPUs,
+    # an hour's work) where one small job was enough.
+    w = team_a_borrowing()
     w.submit("u0", gpus(1), priority=10)
     for i in range(1, 5):
         w.submit(f"u{i}", gpus(1, preemptible=False), priority=10)
@@ -819,12 +825,7 @@ def test_a_job_that_may_not_borrow_hides_none_of_its_form_that_may() -> None:
     # team-a's fixed part is full (``pinned``), so u0, which may not be preempted, may not
     # borrow and no preemption could get it admitted: its form was taken for one quota does not
     # block, and u1 and u2 behind it, which may borrow and stop a small job each, waited with it.
-    w = World(nodes=2).cohort("ml").queue("team-a", 4, cohort="ml").queue("team-b", 12, cohort="ml")
-    w.run("big", gpus(8), whole(N1, *range(8)))
-    w.wait(3600)
-    for i in range(4):
-        w.run(f"small{i}", gpus(1), whole(N0, i))
-    w.run("pinned", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+    w = team_a_borrowing()
     w.submit("u0", gpus(1, preemptible=False), priority=10)
     for i in (1, 2):
         w.submit(f"u{i}", gpus(1), priority=10)

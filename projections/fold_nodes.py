@@ -251,7 +251,7 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     if job.placement is not None:
         _ran_here(job.placement, ev, job.id)
     node_fault = bool(ev.node_fault) and ev.code != 0 and not ev.stopped
-    _count_start_faults(state, ev.node, node_fault)
+    _count_start_faults(state, ev.node, job.id if node_fault else "")
     live.discard(rank)
     job.updated_seq = ctx.seq
     # The GPU failed under it, as its agent saw: the GPU's failure, not the job's (the health
@@ -269,12 +269,17 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
                 move(state, job, "stop", ctx)
         elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
             _succeed_if_done(state, job, ctx)
-        elif node_fault and not faulted:
+        elif node_fault and not faulted and job.node_faults < NODE_FAULTS_FREE:
             # The node's failure, not the job's: back to its queue, no restart counted.
+            job.node_faults += 1
             move(state, job, "interrupt", ctx)
             why = f"node {ev.node} could not start rank {rank}: {said_reason(ev.node_fault)}"
             job.reasons = (Reason("interrupted", why),)
             indexes.explain(state, job)
+        elif node_fault and not faulted:
+            # Nodes said so of this job's starts too often: its own doing, whatever they say.
+            why = f"rank {rank} could not start on {ev.node} ({said_reason(ev.node_fault)})"
+            _worker_failed(state, job, ctx, f"{why}, after {job.node_faults} starts nodes failed")
         elif not faulted:
             _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
         _release_if_over(state, job, ctx)
@@ -282,13 +287,27 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
         _fail_gpus(state, ctx, ev, job.id, faulted)
 
 
-def _count_start_faults(state: State, node: str, fault: bool) -> None:
-    """A worker's exit on ``node``: one more start it failed in a row for its own fault, or a
-    worker that ran there (the run of faults is over). The health monitor takes a node whose
-    run reaches ``QUARANTINE_AFTER`` out of placement."""
+# Starts of one job that nodes may fail for their own fault (``WorkerExited.node_fault``) before
+# the next is charged to the job: an honest node's fault costs a job nothing, but a job that
+# makes every node it lands on fail its start (links planted in its own directories) is not
+# requeued for ever, free, on node after node.
+NODE_FAULTS_FREE = 3
+# The jobs a node's run of failed starts is counted in (``NodeState.start_faults``).
+START_FAULTS_KEPT = 8
+
+
+def _count_start_faults(state: State, node: str, job_id: str) -> None:
+    """A worker's exit on ``node``: a start it failed for its own fault, of job ``job_id``, or
+    (``job_id`` empty) a worker that ran there, which ends the run of faults. The run counts
+    each job once: the health monitor takes a node out of placement where ``QUARANTINE_AFTER``
+    jobs' starts failed in a row, which one job, failing its own starts, cannot make."""
     ns = state.nodes.get(node)
-    if ns is not None:
-        ns.start_faults = ns.start_faults + 1 if fault else 0
+    if ns is None:
+        return
+    if not job_id:
+        ns.start_faults = ()
+    elif job_id not in ns.start_faults:
+        ns.start_faults = (*ns.start_faults[-(START_FAULTS_KEPT - 1) :], job_id)
 
 
 def _fail_gpus(state: State, ctx: Ctx, ev: WorkerExited, job_id: str, faulted: dict[int, str]) -> None:
@@ -497,7 +516,7 @@ def cordon(state: State, ctx: Ctx, name: str, cordoned: bool, drain: bool, why: 
     node.cordoned = cordoned
     node.draining = cordoned and drain
     if not cordoned:
-        node.start_faults = 0  # a person looked at it: its run of failed starts is forgotten
+        node.start_faults = ()  # a person looked at it: its run of failed starts is forgotten
     if node.draining:
         drain_jobs(state, ctx, name, f"node {name} is draining: {why}")
 

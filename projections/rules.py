@@ -253,6 +253,8 @@ from __future__ import annotations
 # 90: a queue's lending limit above its nominal is malformed (as Kueue's); a queue that cannot be
 #    deleted names the unfinished jobs that keep it in its refusal.
 # 91: an exit whose agent says the node kept the worker from starting (``node_fault``) sends the
-#    job back to its queue without counting a restart, and the node counts such starts in a row
-#    (``NodeState.start_faults``, reset by any other exit there or the lifting of its cordon).
+#    job back to its queue without counting a restart, up to ``NODE_FAULTS_FREE`` times a job
+#    (then it is the job's failure), and the node keeps the jobs whose starts it so failed in a
+#    row (``NodeState.start_faults``, emptied by any other exit there or the lifting of its
+#    cordon).
 RULES = 91

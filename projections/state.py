@@ -72,9 +72,10 @@ class NodeState(msgspec.Struct, gc=False):
     cpu_used: int = 0
     memory_used: int = 0
     workers: int = 0  # workers that hold CPU, memory or GPUs here (at most ``inventory.max_workers``)
-    # Workers its agent could not start here, in a row, for the node's fault (``WorkerExited.
-    # node_fault``): any other exit here, or a person lifting its cordon, sets it back to 0.
-    start_faults: int = 0
+    # The jobs whose workers its agent could not start here, in a row, for the node's own fault
+    # (``WorkerExited.node_fault``), each once, the latest few: any other exit here, or a person
+    # lifting its cordon, empties it.
+    start_faults: tuple[str, ...] = ()
 
     @property
     def schedulable(self) -> bool:
@@ -118,6 +119,8 @@ class JobState(msgspec.Struct, gc=False):
     reasons: tuple[Reason, ...] = ()
     restarts: int = 0
     preemptions: int = 0
+    # Starts of it that nodes failed for their own fault, uncharged (``fold_nodes.NODE_FAULTS_FREE``).
+    node_faults: int = 0
     # Admitted as one that may not borrow (``quota.Ledger.may_borrow``): what it holds is its
     # queue's fixed part (``State.quota_held_fixed``) until it holds none, whatever happens
     # meanwhile. None: never admitted by the fold (a state made by hand reads the rule itself).

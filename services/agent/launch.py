@@ -447,6 +447,8 @@ def _prepare_directories(w: Worker, user: RunAs | None = None) -> None:
                 confined.remove(fd, stale)
             if user is not None:  # the worker's own directories are the only ones it may write
                 os.fchown(fd, user.uid, user.gid)
+    except confined.Escaped as e:  # a link or file the job's own workers left in its directories
+        raise StartError(f"cannot prepare directories: {e}") from None
     except OSError as e:  # the node's disk or permissions, under corral's own directories
         raise StartError(f"cannot prepare directories: {e}", node=True) from None
     except ValueError as e:  # the job's checkpoint directory, as it names it
@@ -466,7 +468,9 @@ def _why(e: BaseException | None) -> str:
 def _node_fault(e: BaseException | None) -> bool:
     """Whether a start failed for the node's fault (``StartError.node``): also an error of the
     system the launch met writing corral's own files (a worker's record on a full disk)."""
-    return e.node if isinstance(e, StartError) else isinstance(e, OSError)
+    if isinstance(e, StartError):
+        return e.node
+    return isinstance(e, OSError) and not isinstance(e, confined.Escaped)
 
 
 def _tail(path: Path, lines: int = 3) -> str:

@@ -112,10 +112,11 @@ class _Gpu:
         self.live = ""  # the worst counter signal of the latest sample
 
 
-# Starts a node may fail in a row for its own fault (``WorkerExited.node_fault``: its disk full,
-# its container engine broken) before it is taken out of placement: such a node fails every job
-# placed on it at once and, free again at once, takes the next, a black hole that empties the
-# queues. The fold counts them (``NodeState.start_faults``); one failure is not yet a pattern.
+# Jobs whose starts a node may fail in a row for its own fault (``WorkerExited.node_fault``: its
+# disk full, its container engine broken) before it is taken out of placement: such a node fails
+# every job placed on it at once and, free again at once, takes the next, a black hole that
+# empties the queues. The fold counts them, each job once (``NodeState.start_faults``): one job
+# failing its own starts, whatever the node says, does not cordon node after node.
 QUARANTINE_AFTER = 3
 
 
@@ -233,8 +234,8 @@ class HeartbeatTracker:
             self._pending.add(name)
             self._set_condition(name, n, ns.condition)
             n.cordoned, n.draining = ns.cordoned, ns.draining
-            if ns.start_faults >= QUARANTINE_AFTER and not ns.cordoned:
-                n.quarantine = _quarantine(ns.start_faults, "")
+            if len(ns.start_faults) >= QUARANTINE_AFTER and not ns.cordoned:
+                n.quarantine = _quarantine(len(ns.start_faults), "")
             for g, gs in zip(n.gpus, ns.gpus, strict=False):
                 g.healthy, g.signal = gs.healthy, gs.signal
                 if not gs.healthy and _sticky(gs.signal):
@@ -260,8 +261,8 @@ class HeartbeatTracker:
         self._pending.add(name)
 
     def start_faults(self, name: str, count: int, why: str) -> bool:
-        """The fold counts ``count`` starts in a row that node ``name`` failed for its own fault,
-        the latest for ``why``: from ``QUARANTINE_AFTER`` on, the node is cordoned (not drained:
+        """The fold counts ``count`` jobs whose starts node ``name`` failed in a row for its own
+        fault, the latest for ``why``: from ``QUARANTINE_AFTER`` on, the node is cordoned (not drained:
         what runs there may be well; a person looks, and lifts the cordon). Whether there is a
         fact to state."""
         n = self._nodes.get(name)
@@ -545,7 +546,7 @@ _EARLY = 64
 def _quarantine(count: int, why: str) -> str:
     """A quarantine's reason, as the cordon's reason in the log: a bounded line."""
     last = f"; the last: {why}" if why else ""
-    return _said(f"quarantined: {count} starts in a row failed for the node's own fault{last}")
+    return _said(f"quarantined: the starts of {count} jobs in a row failed for the node's own fault{last}")
 
 
 def _index(n: _Node, gpu: int, uuid: str) -> int | None:

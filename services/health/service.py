@@ -132,7 +132,7 @@ class HealthMonitor(Service):
                     if isinstance(body, WorkerExited) and body.node_fault:
                         # A start its node failed: a node that fails them in a row is cordoned.
                         ns = state.nodes.get(body.node)
-                        count = ns.start_faults if ns is not None else 0
+                        count = len(ns.start_faults) if ns is not None else 0
                         if self.tracker.start_faults(body.node, count, body.node_fault):
                             self._facts_folded = True
                     if isinstance(body, WorkerExited) and body.xids:

@@ -667,6 +667,23 @@ async def test_a_command_that_does_not_exist_cannot_start(plain: Runtime, tmp_pa
     assert plain.workers() == {s.key: "exited"}  # kept until the log has the failure
 
 
+async def test_a_link_the_job_left_in_its_checkpoint_directory_fails_its_start_as_its_own_fault(
+    plain: Runtime, tmp_path: Path
+) -> None:
+    # Its workers write below its checkpoint directory; a link there stops the agent (it never
+    # follows one), and was taken for the node's fault: the job requeued free and the node
+    # counted towards its quarantine, on every node the job's next start landed on.
+    s = spec_for(tmp_path, "x", ["/bin/true"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    Path(s.job_checkpoint_dir).mkdir(parents=True)
+    Path(s.checkpoint_dir).symlink_to(elsewhere)
+    result = await plain.start_gang([s], timeout=WAIT)
+    assert result.failed == s.key and "is not a directory of its own" in result.reason
+    [failed] = await until(plain, lambda r: True)
+    assert failed == StartFailed(s.key, result.reason, node_fault=False)
+
+
 async def test_a_node_whose_directories_cannot_be_made_fails_the_start_for_its_own_fault(
     tmp_path: Path,
 ) -> None:

@@ -368,7 +368,9 @@ async def test_a_node_that_cannot_start_workers_is_quarantined_and_its_jobs_run_
         s = await it.until(lambda s: s.nodes[bad].cordoned and all(phase(s, j) == "succeeded" for j in jobs))
         [(_, cordon)] = it.events(NodeCordoned)
         assert (cordon.node, cordon.cordoned, cordon.drain) == (bad, True, False)
-        assert cordon.reason.startswith("quarantined: 3 starts in a row failed for the node's own fault")
+        assert cordon.reason.startswith(
+            "quarantined: the starts of 3 jobs in a row failed for the node's own fault"
+        )
         faults = [e for _, e in it.events(WorkerExited) if e.node_fault]
         assert len(faults) == 3 and {e.node for e in faults} == {bad}
         assert all("cannot prepare directories" in e.node_fault for e in faults)

@@ -55,6 +55,7 @@ from corral.events.queues import (
 )
 from corral.projections import indexes
 from corral.projections.fold import apply, apply_event, requester
+from corral.projections.fold_nodes import NODE_FAULTS_FREE
 from corral.projections.state import MAX_REJECTIONS, MAX_REJECTIONS_PER_TENANT, GpuState, Rejection, State
 from corral.services.admission import decide as admission
 from corral.services.agent.inventory import h100_8x_mig
@@ -1300,22 +1301,43 @@ def test_a_start_the_node_failed_sends_the_job_back_without_counting_a_restart()
         Reason("interrupted", f"node {N0} could not start rank 0: cannot prepare directories: disk full"),
     )
     assert holders(state)[0] == {} and j.held is None
-    assert state.nodes[N0].start_faults == 1
+    assert state.nodes[N0].start_faults == ("j1",) and j.node_faults == 1
 
 
-def test_a_node_counts_the_starts_it_failed_in_a_row_until_a_worker_runs_or_a_person_uncordons_it() -> None:
+def test_a_node_counts_the_jobs_whose_starts_it_failed_in_a_row_until_a_worker_runs_or_it_is_uncordoned() -> (
+    None
+):
     log = LogBuilder().nodes(Cluster(1)).queue("team-a")
     for i in range(3):
         running(f"j{i}", job(), log=log).event(subj.node(N0), _start_fault(f"j{i}"))
-        assert fold(log).nodes[N0].start_faults == i + 1
+        assert fold(log).nodes[N0].start_faults == tuple(f"j{k}" for k in range(i + 1))
     # A worker that ran here and ended, even failing: the node could start it.
     running("ok", job(), log=log).exited(N0, "ok", code=3)
-    assert fold(log).nodes[N0].start_faults == 0
+    assert fold(log).nodes[N0].start_faults == ()
     running("j9", job(), log=log).event(subj.node(N0), _start_fault("j9"))
     log.admin("cordon", CordonNode(node=N0, reason="quarantined"))
-    assert fold(log).nodes[N0].start_faults == 1  # a cordon keeps the count
+    assert fold(log).nodes[N0].start_faults == ("j9",)  # a cordon keeps the count
     log.admin("cordon", CordonNode(node=N0, cordoned=False))
-    assert fold(log).nodes[N0].start_faults == 0
+    assert fold(log).nodes[N0].start_faults == ()
+
+
+def test_one_job_whose_starts_nodes_keep_failing_counts_once_and_is_charged_past_its_free_ones() -> None:
+    # A job can make its own starts fail on any node (links left in its directories, where a
+    # node's agent cannot tell): counted once per node, it cordons none, and past
+    # NODE_FAULTS_FREE of them the next is its own failure, not a free requeue for ever.
+    log = running(spec=job().restarts(1), nodes=Cluster(1))
+    for attempt in range(NODE_FAULTS_FREE):
+        log.event(subj.node(N0), _start_fault(attempt=attempt)).requeue("j1", attempt)
+        log.admit("j1", attempt=attempt + 1).place(on(N0, 0, job_id="j1", attempt=attempt + 1))
+        log.started(N0, "j1", attempt=attempt + 1)
+    state = fold(log)
+    j = state.jobs["j1"]
+    assert (j.node_faults, j.restarts, j.attempt) == (NODE_FAULTS_FREE, 0, NODE_FAULTS_FREE)
+    assert state.nodes[N0].start_faults == ("j1",)
+    state = fold(log.event(subj.node(N0), _start_fault(attempt=NODE_FAULTS_FREE)))
+    j = state.jobs["j1"]
+    assert (j.phase, j.restarts, j.reasons[0].code) == ("interrupted", 1, "restarting")
+    assert f"after {NODE_FAULTS_FREE} starts nodes failed" in j.reasons[0].message
 
 
 @pytest.mark.parametrize(
@@ -1330,7 +1352,7 @@ def test_a_node_fault_on_an_exit_that_is_no_failure_changes_nothing(code: int, s
     state = fold(running(spec=job(), nodes=Cluster(2)).event(subj.node(N0), faulted))
     j, k = state.jobs["j1"], plain.jobs["j1"]
     assert (j.phase, j.reasons, j.restarts) == (k.phase, k.reasons, k.restarts)
-    assert state.nodes[N0].start_faults == 0
+    assert state.nodes[N0].start_faults == ()
 
 
 def _exit_with(xid: int, uuid: str = f"GPU-{N0}-00") -> WorkerExited:

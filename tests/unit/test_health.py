@@ -571,9 +571,10 @@ def test_a_node_that_failed_starts_in_a_row_is_cordoned_by_a_monitor_that_starts
     # The count is the fold's: a monitor that takes over, or starts from a snapshot, cordons a
     # node the log says failed its last starts, unless it is cordoned already.
     state = LogBuilder().nodes(Cluster(3)).fold()
-    state.nodes[N0].start_faults = QUARANTINE_AFTER
-    state.nodes[N1].start_faults = QUARANTINE_AFTER - 1
-    state.nodes["node-02"].start_faults, state.nodes["node-02"].cordoned = QUARANTINE_AFTER + 4, True
+    jobs = tuple(f"j{i}" for i in range(QUARANTINE_AFTER + 4))
+    state.nodes[N0].start_faults = jobs[:QUARANTINE_AFTER]
+    state.nodes[N1].start_faults = jobs[: QUARANTINE_AFTER - 1]
+    state.nodes["node-02"].start_faults, state.nodes["node-02"].cordoned = jobs, True
     t = HeartbeatTracker()
     t.sync(state, T0)
     out = t.evaluate(T0)
@@ -581,7 +582,8 @@ def test_a_node_that_failed_starts_in_a_row_is_cordoned_by_a_monitor_that_starts
         NodeCordoned(
             node=N0,
             cordoned=True,
-            reason=f"quarantined: {QUARANTINE_AFTER} starts in a row failed for the node's own fault",
+            reason=f"quarantined: the starts of {QUARANTINE_AFTER} jobs in a row failed"
+            " for the node's own fault",
         )
     ]
     assert t.evaluate(T0 + 1) == []

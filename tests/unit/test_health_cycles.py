@@ -223,14 +223,14 @@ async def test_a_node_that_fails_starts_in_a_row_for_its_own_fault_is_cordoned_o
     start_fault("e", "node-01")
     await _append(log, lb, monitor)
     await cycle()
-    assert cordons() == [] and monitor.state.nodes["node-00"].start_faults == 2
+    assert cordons() == [] and monitor.state.nodes["node-00"].start_faults == ("c", "d")
     start_fault("f")
     await _append(log, lb, monitor)
     await cycle()
     [cordon] = cordons()
     assert (cordon.node, cordon.cordoned, cordon.drain) == ("node-00", True, False)
     assert cordon.reason.startswith(
-        "quarantined: 3 starts in a row failed for the node's own fault; the last: "
+        "quarantined: the starts of 3 jobs in a row failed for the node's own fault; the last: "
     )
     assert monitor.state.nodes["node-00"].cordoned and not monitor.state.nodes["node-00"].draining
     assert [monitor.state.jobs[j].phase for j in "cdf"] == ["interrupted"] * 3  # none charged
@@ -240,7 +240,7 @@ async def test_a_node_that_fails_starts_in_a_row_for_its_own_fault_is_cordoned_o
     # A person looks, frees the disk and lifts the cordon: the count starts again from nothing.
     lb.admin("cordon", CordonNode(node="node-00", cordoned=False))
     await _append(log, lb, monitor)
-    assert monitor.state.nodes["node-00"].start_faults == 0
+    assert monitor.state.nodes["node-00"].start_faults == ()
     assert not monitor.state.nodes["node-00"].cordoned
     await cycle()
     assert len(cordons()) == 1

@@ -269,9 +269,9 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
                 move(state, job, "stop", ctx)
         elif ev.code == 0 and not ev.stopped and job.spec.restart_policy != "always":
             _succeed_if_done(state, job, ctx)
-        elif node_fault and not faulted and job.node_faults < NODE_FAULTS_FREE:
+        elif node_fault and not faulted and len(job.fault_nodes) < NODE_FAULTS_FREE:
             # The node's failure, not the job's: back to its queue, no restart counted.
-            job.node_faults += 1
+            job.fault_nodes = (*job.fault_nodes, ev.node)
             move(state, job, "interrupt", ctx)
             why = f"node {ev.node} could not start rank {rank}: {said_reason(ev.node_fault)}"
             job.reasons = (Reason("interrupted", why),)
@@ -279,7 +279,7 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
         elif node_fault and not faulted:
             # Nodes said so of this job's starts too often: its own doing, whatever they say.
             why = f"rank {rank} could not start on {ev.node} ({said_reason(ev.node_fault)})"
-            _worker_failed(state, job, ctx, f"{why}, after {job.node_faults} starts nodes failed")
+            _worker_failed(state, job, ctx, f"{why}, after {len(job.fault_nodes)} starts nodes failed")
         elif not faulted:
             _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
         _release_if_over(state, job, ctx)

@@ -119,8 +119,10 @@ class JobState(msgspec.Struct, gc=False):
     reasons: tuple[Reason, ...] = ()
     restarts: int = 0
     preemptions: int = 0
-    # Starts of it that nodes failed for their own fault, uncharged (``fold_nodes.NODE_FAULTS_FREE``).
-    node_faults: int = 0
+    # The nodes that failed its starts for their own fault, in order, each start uncharged (at
+    # most ``fold_nodes.NODE_FAULTS_FREE``): the placer tries none of them for it again while
+    # that node's run of failed starts still counts it (``NodeState.start_faults``).
+    fault_nodes: tuple[str, ...] = ()
     # Admitted as one that may not borrow (``quota.Ledger.may_borrow``): what it holds is its
     # queue's fixed part (``State.quota_held_fixed``) until it holds none, whatever happens
     # meanwhile. None: never admitted by the fold (a state made by hand reads the rule itself).

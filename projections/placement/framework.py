@@ -79,6 +79,9 @@ class Request:
     required: bool
     preemptible: bool
     runtime_estimate_s: float | None
+    # Nodes not to try for it (``services.placer.decide.avoided``): nodes that failed its starts
+    # for their own fault. Outside the chain's caches, which are per shape, not per job.
+    avoid: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, job: JobState, priority_classes: Mapping[str, PriorityClassSpec] | None = None) -> Request:
@@ -204,8 +207,9 @@ class Chain:
         GPUs to give; earlier candidates win ties."""
         best: Pick | None = None
         seen = 0
+        avoid = req.avoid
         for name in candidates:
-            if name in exclude:
+            if name in exclude or name in avoid:
                 continue
             node = snap.view(name)
             key = (req.need, req.selector, name, node.version, island)

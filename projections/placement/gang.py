@@ -132,6 +132,8 @@ def _at_level(
     if level in ("island", "node"):
         tried = 0
         for name in candidates(snap, req, per_node=req.replicas):
+            if name in req.avoid:
+                continue
             node = snap.view(name)
             if chain.reject(req, node) is not None:
                 continue
@@ -199,8 +201,12 @@ def _in_domains(
     # counted, racks of a pool the job does not run in looked roomy, and past MAX_DOMAINS of
     # them the one rack that could hold the gang was never tried.
     domain_of = snap.domains(path_labels(level, label_keys))
-    if req.selector:
-        domain_of = {n: d for n, d in domain_of.items() if chain.statically_fits(req, snap, n)}
+    if req.selector or req.avoid:
+        domain_of = {
+            n: d
+            for n, d in domain_of.items()
+            if n not in req.avoid and (not req.selector or chain.statically_fits(req, snap, n))
+        }
     models = [m for m in snap.models() if req.need.model_ok(m)]
     if req.need.kind == "whole" and len(models) == 1:
         members, room = _room_by_buckets(snap, req, models[0], domain_of)

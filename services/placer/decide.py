@@ -217,7 +217,7 @@ class _Cycle:
             ]
             for node, res, claimed in gone:
                 self.snap.give_back(node, res, claimed)
-            req = Request.of(b, self.state.priority_classes)
+            req = self.request(b)
             if b.admission is None:
                 req = dataclasses.replace(req, replicas=quota.min_replicas(b.spec))
             found = gang.place(self.chain, self.snap, req, self.config.label_keys)
@@ -257,9 +257,7 @@ class _Cycle:
         """Place the ranks admission added to a running elastic job, if they all fit now."""
         have = job.placement
         assert have is not None and job.admission is not None
-        req = dataclasses.replace(
-            Request.of(job, self.state.priority_classes), replicas=job.admission.replicas - len(have.workers)
-        )
+        req = dataclasses.replace(self.request(job), replicas=job.admission.replicas - len(have.workers))
         found = gang.place_beside(self.chain, self.snap, req, self.config.label_keys, have)
         if not isinstance(found, Placement):
             return
@@ -271,8 +269,14 @@ class _Cycle:
         else:
             self.snap.release(found, req.res)
 
-    def _place(self, job: JobState) -> tuple[Reason, ...] | None:
+    def request(self, job: JobState) -> Request:
+        """``job``'s placement request, not to be placed on the nodes it avoids (``avoided``)."""
         req = Request.of(job, self.state.priority_classes)
+        avoid = avoided(self.state, job)
+        return dataclasses.replace(req, avoid=avoid) if avoid else req
+
+    def _place(self, job: JobState) -> tuple[Reason, ...] | None:
+        req = self.request(job)
         held = self.reservation
         hidden = held is not None and not held.admits(job, req, self.now)
         if held is not None and hidden:
@@ -303,6 +307,13 @@ class _Cycle:
             )
             if self.reservation is not None:
                 return (self.reservation.reason(), *result)
+        if req.avoid:
+            nodes = ", ".join(sorted(req.avoid))
+            why = f"not placed again on {nodes}, which failed its start for the node's own fault"
+            return (
+                Reason("avoids", f"{why}, until a worker runs there or its cordon is lifted", False),
+                *result,
+            )
         return result
 
     def _behind(
@@ -331,6 +342,20 @@ def _free(snap: Snapshot, node: str, res: Resources, gpus: tuple[GpuClaim, ...])
         if not g.healthy or g.mig or g.free < c.milli or (c.milli >= WHOLE and g.holders):
             return False
     return True
+
+
+def avoided(state: State, job: JobState) -> frozenset[str]:
+    """The nodes not to place ``job`` on: those that failed its starts for their own fault
+    (``JobState.fault_nodes``) while their run of failed starts still counts it
+    (``NodeState.start_faults``). A node with a full disk takes no attempt of a job twice, so
+    the job's free requeues go to other nodes; once a worker runs there, or a person lifts the
+    node's cordon, the run is over and the node may host the job again. (The preemptor's
+    simulation does not read them: a stop it makes for such a job on such a node waits on the
+    placer, which places the job elsewhere or not yet.)"""
+    if not job.fault_nodes:
+        return frozenset()
+    nodes = state.nodes
+    return frozenset(n for n in job.fault_nodes if n in nodes and job.id in nodes[n].start_faults)
 
 
 def _for_capacity(reasons: tuple[Reason, ...]) -> bool:

@@ -1301,7 +1301,7 @@ def test_a_start_the_node_failed_sends_the_job_back_without_counting_a_restart()
         Reason("interrupted", f"node {N0} could not start rank 0: cannot prepare directories: disk full"),
     )
     assert holders(state)[0] == {} and j.held is None
-    assert state.nodes[N0].start_faults == ("j1",) and j.node_faults == 1
+    assert state.nodes[N0].start_faults == ("j1",) and j.fault_nodes == (N0,)
 
 
 def test_a_node_counts_the_jobs_whose_starts_it_failed_in_a_row_until_a_worker_runs_or_it_is_uncordoned() -> (
@@ -1332,7 +1332,7 @@ def test_one_job_whose_starts_nodes_keep_failing_counts_once_and_is_charged_past
         log.started(N0, "j1", attempt=attempt + 1)
     state = fold(log)
     j = state.jobs["j1"]
-    assert (j.node_faults, j.restarts, j.attempt) == (NODE_FAULTS_FREE, 0, NODE_FAULTS_FREE)
+    assert (j.fault_nodes, j.restarts, j.attempt) == ((N0,) * NODE_FAULTS_FREE, 0, NODE_FAULTS_FREE)
     assert state.nodes[N0].start_faults == ("j1",)
     state = fold(log.event(subj.node(N0), _start_fault(attempt=NODE_FAULTS_FREE)))
     j = state.jobs["j1"]

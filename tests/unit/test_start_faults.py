@@ -1,0 +1,70 @@
+"""A start a node fails for its own fault (``WorkerExited.node_fault``): the job goes back to its
+queue uncharged, and the placer does not place it on that node again while the node's run of
+failed starts counts it (``NodeState.start_faults``): a node with a full disk that is the
+tightest fit took the same job's every requeue, each one free, for ever."""
+
+from __future__ import annotations
+
+from corral.events import subjects as subj
+from corral.events.decisions import JobsPlaced, JobsUnschedulable
+from corral.events.nodes import WorkerExited
+from corral.events.queues import CordonNode
+from corral.projections.state import State
+from corral.services.placer.decide import avoided, decide
+from tests.builders import Cluster, LogBuilder, job, on
+
+N0, N1 = "node-00", "node-01"
+WHY = "cannot prepare directories: [Errno 28] No space left on device"
+
+
+def _faulted(nodes: int) -> LogBuilder:
+    """``j1`` (8 GPUs) placed on node-00, which failed its start; requeued and admitted again."""
+    log = LogBuilder().nodes(Cluster(nodes)).queue("team-a")
+    log.submit("alice", "j1", job().gpus(8)).accept("j1").admit("j1").place(on(N0, *range(8), job_id="j1"))
+    log.started(N0, "j1").event(
+        subj.node(N0), WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=127, node_fault=WHY)
+    )
+    return log.requeue("j1", 0).admit("j1", attempt=1)
+
+
+def _placed(state: State) -> tuple[dict[str, str], dict[str, list[str]]]:
+    where: dict[str, str] = {}
+    why: dict[str, list[str]] = {}
+    for ev in decide(state, state.time + 1):
+        if isinstance(ev, JobsPlaced):
+            where.update({p.job_id: p.workers[0].node for p in ev.placements})
+        elif isinstance(ev, JobsUnschedulable):
+            why.update({u.job_id: [f"{r.code}: {r.message}" for r in u.reasons] for u in ev.jobs})
+    return where, why
+
+
+def test_a_job_is_not_placed_again_on_the_node_that_failed_its_start() -> None:
+    state = _faulted(2).fold()
+    assert avoided(state, state.jobs["j1"]) == {N0}
+    assert _placed(state)[0] == {"j1": N1}  # node-00, first in order and as free, is passed over
+
+
+def test_a_job_with_no_other_node_waits_and_says_why_until_the_node_runs_a_worker() -> None:
+    log = _faulted(1)
+    where, why = _placed(log.fold())
+    assert where == {}
+    assert why["j1"][0] == (
+        f"avoids: not placed again on {N0}, which failed its start for the node's own fault, "
+        "until a worker runs there or its cordon is lifted"
+    )
+    # A person looks at the node and lifts its cordon: its run of failed starts is over.
+    log.admin("cordon", CordonNode(node=N0, reason="disk")).admin(
+        "cordon", CordonNode(node=N0, cordoned=False)
+    )
+    state = log.fold()
+    assert avoided(state, state.jobs["j1"]) == frozenset()
+    assert _placed(state)[0] == {"j1": N0}
+
+
+def test_another_jobs_worker_that_runs_there_ends_the_avoidance() -> None:
+    log = _faulted(1)
+    log.submit("bob", "j2", job().gpus(1)).accept("j2").admit("j2").place(on(N0, 0, job_id="j2"))
+    log.started(N0, "j2").exited(N0, "j2", code=0)
+    state = log.fold()
+    assert state.nodes[N0].start_faults == () and avoided(state, state.jobs["j1"]) == frozenset()
+    assert _placed(state)[0] == {"j1": N0}

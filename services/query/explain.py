@@ -79,12 +79,13 @@ def explain(
 def anyone_stoppable(state: State, job: JobState) -> bool:
     """Whether a reason of ``job``'s that freed GPUs would help may say preemption could: some
     job holding GPUs in a phase a preemption stops (placed, starting or running) that may be
-    preempted is of a lower priority, or of another queue of its cohort tree (which may be
-    borrowing what the job's side lent, or be judged by fair sharing), or of its priority and
-    its queue, submitted later, where the queue's ``within_queue`` lets it stop such a job, or
-    asks for no GPU (``preemption.rides``) where the job asks for some; or, for an admitted job
-    the free GPUs would hold but for how they are scattered, is of its priority or a lower one
-    (a consolidation moves it, ``services/preemptor/consolidation.py``). Not the preemptor's
+    preempted is of its queue and a priority its ``within_queue`` lets it stop (a lower one,
+    or its own where the job was submitted later and the policy says so), or of another queue
+    of its cohort tree that holds quota the job's side lent (``Ledger.borrows_from``: what it
+    may take back, borrow over or share; a queue within its nominal loses nothing to another
+    queue), or asks for no GPU (``preemption.rides``) where the job asks for some; or, for an
+    admitted job the free GPUs would hold but for how they are scattered, is of its priority or
+    a lower one (a consolidation moves it, ``services/preemptor/consolidation.py``). Not the preemptor's
     search, which weighs quota, guards and room too: where this is false, no rule stops or
     moves anyone for the job, as when only jobs of its priority or higher hold the GPUs. Asked
     only of a job with such a reason: it walks the jobs holding GPUs."""
@@ -92,22 +93,34 @@ def anyone_stoppable(state: State, job: JobState) -> bool:
         return True
     tree = set(preemption.tree_queues(state, job.spec.queue))
     queue, priority = job.spec.queue, job.priority
-    newer = preemption.policy_of(state, job).within_queue == "lower-or-newer-equal-priority"
+    policy = preemption.policy_of(state, job)
     rides = preemption.rides(job)
+    ledger: quota.Ledger | None = None  # the quota the preemption rule reads, once asked
     moves: bool | None = None  # whether a consolidation could make room for it, once asked
+
+    def lent(other: JobState) -> bool:
+        nonlocal ledger
+        if ledger is None:
+            ledger = preemption.planning_ledger(state)
+        key = preemption.charged_key(ledger, other)
+        return key is not None and ledger.borrows_from(other.spec.queue, queue, key)
 
     def may(other: JobState) -> bool:
         nonlocal moves
         if other.id == job.id or not preemption.preemptible(state, other):
             return False
-        if other.priority < priority or (other.spec.queue != queue and other.spec.queue in tree):
-            return True
         if preemption.rides(other) and not rides:
             return True
-        if other.priority != priority:
-            return False
-        if newer and other.spec.queue == queue and other.submitted_seq > job.submitted_seq:
+        if other.spec.queue == queue:
+            later = other.submitted_seq > job.submitted_seq
+            if preemption.may_stop_within(policy, other.priority, priority) and (
+                other.priority < priority or later
+            ):
+                return True
+        elif other.spec.queue in tree and lent(other):
             return True
+        if other.priority > priority:
+            return False
         if moves is None:
             moves = job.phase == "admitted" and _scattered_room(state, job)
         return moves

@@ -95,15 +95,16 @@ def test_the_admin_is_not_told_a_later_job_of_the_id_a_job_was_preempted_for() -
 
 
 def _holding(
-    priority: int, queue: str = "team-a", preemptible: bool = True, cohort: bool = False
+    priority: int, queue: str = "team-a", preemptible: bool = True, cohort: bool = False, nominal_b: int = 8
 ) -> LogBuilder:
     """j1 (priority 5, queue team-a) waits for GPUs that ``holder`` of ``priority`` holds; with
-    ``cohort``, team-a and team-b share one."""
+    ``cohort``, team-a and team-b share one; team-b's nominal is ``nominal_b``."""
     log = LogBuilder().nodes(Cluster(1))
     if cohort:
         log.admin("cohort", ApplyCohort(cohort=CohortSpec("ml")))
     for name in ("team-a", "team-b"):
-        log.queue(QueueSpec(name=name, cohort="ml" if cohort else None, quotas={ANY: Quota(8)}))
+        nominal = nominal_b if name == "team-b" else 8
+        log.queue(QueueSpec(name=name, cohort="ml" if cohort else None, quotas={ANY: Quota(nominal)}))
     log.submit("bob", "holder", job().queue(queue).gpus(8).preemptible(preemptible)).accept(
         "holder", priority
     )
@@ -115,22 +116,26 @@ def _holding(
 
 
 @pytest.mark.parametrize(
-    ("priority", "queue", "preemptible", "cohort", "could"),
+    ("priority", "queue", "preemptible", "cohort", "nominal_b", "could"),
     [
-        (0, "team-a", True, False, True),  # a lower-priority job of its queue
-        (5, "team-a", True, False, False),  # only a job of its priority holds the GPUs
-        (9, "team-a", True, False, False),  # ... or of a higher one
-        (0, "team-a", False, False, False),  # ... or one that may not be preempted
-        (9, "team-b", True, False, False),  # another queue, in no cohort with it: nothing to reclaim
-        (9, "team-b", True, True, True),  # one of its cohort, which may borrow what team-a lent
+        (0, "team-a", True, False, 8, True),  # a lower-priority job of its queue
+        (5, "team-a", True, False, 8, False),  # only a job of its priority holds the GPUs
+        (9, "team-a", True, False, 8, False),  # ... or of a higher one
+        (0, "team-a", False, False, 8, False),  # ... or one that may not be preempted
+        (9, "team-b", True, False, 8, False),  # another queue, in no cohort with it: nothing to reclaim
+        (0, "team-b", True, False, 8, False),  # ... of a lower priority too
+        (9, "team-b", True, True, 8, False),  # one of its cohort within its nominal: it lent nothing
+        (0, "team-b", True, True, 8, False),  # ... of a lower priority too
+        (9, "team-b", True, True, 4, True),  # one of its cohort that borrows what team-a lent
     ],
 )
 def test_preemption_could_help_only_where_a_running_job_may_be_stopped(
-    priority: int, queue: str, preemptible: bool, cohort: bool, could: bool
+    priority: int, queue: str, preemptible: bool, cohort: bool, nominal_b: int, could: bool
 ) -> None:
     # It said "preemption could help" beside every node short of room, also where only jobs of a
-    # higher priority held the GPUs and no rule would stop one of them.
-    report = explain_log(_holding(priority, queue, preemptible, cohort).records, "j1", None)
+    # higher priority held the GPUs and no rule would stop one of them, or where a queue of its
+    # cohort held them within its nominal, which no other queue's job may take from it.
+    report = explain_log(_holding(priority, queue, preemptible, cohort, nominal_b).records, "j1", None)
     assert report is not None
     hint = "(preemption could help)" if could else "(no running job may be stopped for it)"
     assert f"has 0 {hint}" in report["text"]

@@ -170,7 +170,11 @@ def command_here(command: Sequence[str], here: Path) -> tuple[tuple[str, ...], l
         path = here / arg
         # A directory only when written as a path: ``python -m train`` names a module, and
         # a folder train/ beside it does not make it ``python -m /home/me/train``.
-        if path.is_file() or ("/" in arg and path.is_dir()):
+        try:
+            found = path.is_file() or ("/" in arg and path.is_dir())
+        except OSError:  # no file's name (longer than one may be), or under a folder not readable
+            found = False
+        if found:
             absolute = str(path.resolve())
             out.append(absolute)
             changed.append((arg, absolute))

@@ -280,6 +280,18 @@ def test_relative_paths_of_a_command_are_taken_from_the_submit_directory(
     assert [absolute for _, absolute in changed] == [a for a in got if a not in command]
 
 
+def test_an_argument_no_file_could_be_named_is_left_as_given(here: Path) -> None:
+    # A long argument without a space (a script for python -c, a key=value of a config) was
+    # looked up as a file: the name too long for one raised, and the CLI printed a traceback.
+    long = "x=1;" * 100
+    for command in (["python", "-c", long], ["python", "run.py", f"sub/{long}"]):
+        (here / "run.py").touch()
+        got, _ = command_here(command, here)
+        assert got[-1] == command[-1]
+    with pytest.raises(BadInput):
+        command_here([f"./{long}.py"], here)
+
+
 @pytest.mark.parametrize(
     "command",
     [["python", "trian.py"], ["python", "src/train.py"], ["./missing.sh"], ["bin/train", "--steps", "3"]],

@@ -39,7 +39,7 @@ from corral.events import codec, subjects
 from corral.events.base import Event
 from corral.events.heartbeats import Heartbeat
 from corral.events.log import EventLog, Record
-from corral.events.nodes import GpuHealthChanged, WorkerExited
+from corral.events.nodes import GpuHealthChanged, NodeCordoned, WorkerExited
 from corral.projections.fold import apply, collector_paused
 from corral.projections.state import State
 from corral.services.health.decide import HeartbeatTracker
@@ -100,6 +100,16 @@ class HealthMonitor(Service):
                 log.warning("node %s GPU %s: %s (%s)", n.node, n.gpu, n.signal, n.action)
             else:
                 log.warning("node %s GPU %s: %s (%s), %d times", n.node, n.gpu, n.signal, n.action, times)
+        for ev in events:
+            if isinstance(ev, NodeCordoned) and ev.cordoned and not ev.drain:
+                # A quarantine: its reason is in the log alone, and the node stays out of
+                # placement until a person lifts the cordon.
+                log.warning(
+                    "node %s cordoned: %s; `corral node uncordon %s` once repaired",
+                    ev.node,
+                    ev.reason,
+                    ev.node,
+                )
         return events
 
     def settled(self, now: float) -> bool:

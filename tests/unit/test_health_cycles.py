@@ -5,6 +5,7 @@ busy log of job records brings no evaluation of its own, and a quiet log still g
 from __future__ import annotations
 
 import msgspec
+import pytest
 from nats.aio.client import Client
 
 from corral.events import codec, subjects
@@ -186,7 +187,9 @@ async def test_a_gpu_a_worker_died_of_stays_failed_when_a_counter_signal_comes_a
     assert not monitor.state.nodes["node-00"].gpus[2].healthy
 
 
-async def test_a_node_that_fails_starts_in_a_row_for_its_own_fault_is_cordoned_once() -> None:
+async def test_a_node_that_fails_starts_in_a_row_for_its_own_fault_is_cordoned_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # A node whose disk is full fails every start at once and, free again, takes the next job:
     # every job placed there failed in turn. From the third in a row it is cordoned (not
     # drained), said once; jobs elsewhere, and a worker that ran in between, reset the count.
@@ -234,6 +237,14 @@ async def test_a_node_that_fails_starts_in_a_row_for_its_own_fault_is_cordoned_o
     )
     assert monitor.state.nodes["node-00"].cordoned and not monitor.state.nodes["node-00"].draining
     assert [monitor.state.jobs[j].phase for j in "cdf"] == ["interrupted"] * 3  # none charged
+    # The operator is told in the monitor's log too: the reason is nowhere else but the log.
+    [said] = [
+        r.getMessage() for r in caplog.records if r.name == "corral.health" and "cordoned" in r.getMessage()
+    ]
+    assert (
+        said.startswith("node node-00 cordoned: quarantined: 3 starts in a row")
+        and "uncordon node-00" in said
+    )
     clock.t += 1.0
     await cycle()
     assert len(cordons()) == 1  # said once

@@ -242,7 +242,7 @@ async def test_a_node_that_fails_starts_in_a_row_for_its_own_fault_is_cordoned_o
         r.getMessage() for r in caplog.records if r.name == "corral.health" and "cordoned" in r.getMessage()
     ]
     assert (
-        said.startswith("node node-00 cordoned: quarantined: 3 starts in a row")
+        said.startswith("node node-00 cordoned: quarantined: the starts of 3 jobs in a row")
         and "uncordon node-00" in said
     )
     clock.t += 1.0

@@ -515,6 +515,7 @@ def cordon(state: State, ctx: Ctx, name: str, cordoned: bool, drain: bool, why: 
     node = find_node(state, name)
     node.cordoned = cordoned
     node.draining = cordoned and drain
+    node.cordon_reason = said_reason(why) if cordoned else ""
     if not cordoned:
         node.start_faults = ()  # a person looked at it: its run of failed starts is forgotten
     if node.draining:

@@ -560,7 +560,8 @@ def _cordon_request(state: State, ctx: Ctx, req: CordonNode) -> None:
     _admin(ctx)
     if req.repaired and req.cordoned:
         raise Refused("malformed", f"node {req.node}: repaired goes with an uncordon, not a cordon")
-    cordon(state, ctx, req.node, req.cordoned, req.drain, req.reason or "drained by admin")
+    default = "drained by admin" if req.drain else "cordoned by admin"
+    cordon(state, ctx, req.node, req.cordoned, req.drain, req.reason or default)
     if req.repaired:
         for g in state.nodes[req.node].gpus:
             g.healthy, g.signal = True, ""

@@ -108,11 +108,11 @@ def _drained(state: State, body: Event, seq: int) -> dict[str, str]:
         why = job.reasons[0] if job.reasons else None
         if why is None or why.code != "drained" or job.updated_seq < seq or not why.message.startswith(this):
             continue
-        if job.phase == "checkpointing" and job.preempt_deadline:
+        if job.phase == "checkpointing" and job.preempt_deadline and job.spec.checkpointable:
             out[job.id] = (
                 f"asked to checkpoint and leave by {deadline_text(job.preempt_deadline)}: {why.message}"
             )
-        else:
+        else:  # one that does not checkpoint is stopped at once: nothing of it to save
             out[job.id] = f"stopped: {why.message}"
     return out
 
@@ -244,6 +244,10 @@ def summarize(
             return f"asked to shrink to {body.replicas} workers for {whom} by {by}"
         case WorkerStarted():
             return f"rank {body.rank} started on {body.node}"
+        case WorkerExited() if body.node_fault and body.code and not body.stopped:
+            # A start the node failed: not the job's exit (127 reads as its command not found).
+            why = said_reason(body.node_fault)
+            return f"rank {body.rank} could not start on {body.node}, the node's own fault: {why}"
         case WorkerExited():
             how = "stopped" if body.stopped else "exited"
             return f"rank {body.rank} {how} with code {body.code} on {body.node}"

@@ -69,6 +69,7 @@ class NodeState(msgspec.Struct, gc=False):
     condition: NodeCondition = "ready"
     cordoned: bool = False
     draining: bool = False
+    cordon_reason: str = ""  # why it is cordoned (the admin's words, or the health monitor's)
     cpu_used: int = 0
     memory_used: int = 0
     workers: int = 0  # workers that hold CPU, memory or GPUs here (at most ``inventory.max_workers``)

@@ -450,7 +450,9 @@ def _prepare_directories(w: Worker, user: RunAs | None = None) -> None:
     except confined.Escaped as e:  # a link or file the job's own workers left in its directories
         raise StartError(f"cannot prepare directories: {e}") from None
     except OSError as e:  # the node's disk or permissions, under corral's own directories
-        raise StartError(f"cannot prepare directories: {e}", node=True) from None
+        # Where, for the node's operator; the job's owner is told what, not the node's paths.
+        log.warning("worker %s: cannot prepare directories: %s", w.key, e)
+        raise StartError(f"cannot prepare directories: {_what(e)}", node=True) from None
     except ValueError as e:  # the job's checkpoint directory, as it names it
         raise StartError(f"cannot prepare directories: {e}") from None
 
@@ -462,7 +464,15 @@ def _pid(w: Worker) -> int:
 def _why(e: BaseException | None) -> str:
     if isinstance(e, StartError):
         return str(e)
+    if isinstance(e, OSError):
+        log.warning("a worker's start failed: %s", e)  # with the node's paths, for its operator
+        return f"{type(e).__name__}: {_what(e)}"
     return f"{type(e).__name__}: {e}"
+
+
+def _what(e: OSError) -> str:
+    """What went wrong, without the node's paths an ``OSError`` names (the job's owner reads it)."""
+    return e.strerror or type(e).__name__
 
 
 def _node_fault(e: BaseException | None) -> bool:

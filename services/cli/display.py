@@ -27,7 +27,7 @@ def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = No
 JOB_COLUMNS = [
     "id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "starts", "reason"
 ]  # fmt: skip
-NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "health", "mig"]
+NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "health", "mig", "why"]
 PHASES = get_args(Phase)
 
 

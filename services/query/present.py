@@ -86,6 +86,7 @@ def node_row(
         "condition": condition,
         "cordoned": node.cordoned,
         "draining": node.draining,
+        "why": node.cordon_reason,
         "model": ",".join(models) or "-",
         "gpus": len(node.gpus),
         "free": sum(1 for g in node.gpus if g.idle and g.healthy),

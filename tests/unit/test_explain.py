@@ -9,6 +9,7 @@ from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.decisions import GpuClaim
 from corral.events.jobs import PendingReasonChanged
+from corral.events.nodes import WorkerExited
 from corral.events.queues import ApplyCohort, CohortSpec, CordonNode, QueueSpec, Quota
 from corral.projections.quota import ANY
 from corral.projections.state import JobState, State
@@ -144,7 +145,7 @@ def test_preemption_could_help_only_where_a_running_job_may_be_stopped(
 def test_a_drain_joins_the_history_of_the_jobs_it_sends_away() -> None:
     # A drain is a record of the node's: the jobs it asked to checkpoint and leave had nothing of
     # it in their histories until they were requeued, while they checkpointed.
-    log = LogBuilder().nodes(Cluster(2)).queues("team-a")
+    log = LogBuilder().nodes(Cluster(3)).queues("team-a")
     for jid, node in (("j1", "node-00"), ("j2", "node-01")):
         log.submit("alice", jid, job().gpus(8).checkpointable()).accept(jid).admit(jid)
         log.place(placement(jid, worker(0, node, *(GpuClaim(g) for g in range(8))))).started(node, jid)
@@ -157,6 +158,17 @@ def test_a_drain_joins_the_history_of_the_jobs_it_sends_away() -> None:
         assert line["summary"].endswith(": node node-00 is draining: fan failure")
     report = explain_log(log.records, "j2", None)
     assert report is not None and not [h for h in report["history"] if h["type"] == "CordonNode"]
+    # A job that does not checkpoint is stopped at once: it was told it had until a deadline.
+    log.submit("alice", "j3", job().gpus(8)).accept("j3").admit("j3")
+    log.place(placement("j3", worker(0, "node-02", *(GpuClaim(g) for g in range(8))))).started(
+        "node-02", "j3"
+    )
+    log.admin("cordon", CordonNode(node="node-02", drain=True, reason="cables"))
+    report = explain_log(log.records, "j3", None)
+    assert report is not None
+    assert [h["summary"] for h in report["history"] if h["type"] == "CordonNode"] == [
+        "stopped: node node-02 is draining: cables"
+    ]
     # A cordon alone sends nothing away.
     log = LogBuilder().nodes(Cluster(1)).queues("team-a")
     log.submit("alice", "j1", job().gpus(8)).accept("j1").admit("j1")
@@ -208,3 +220,20 @@ def test_a_drain_that_sends_a_job_nowhere_is_not_in_its_history() -> None:
     assert report is not None
     lines = [h["summary"] for h in report["history"] if h["type"] == "CordonNode"]
     assert len(lines) == 1 and lines[0].endswith(": node node-00 is draining: fan failure"), lines
+
+
+def test_a_start_its_node_failed_reads_as_the_nodes_fault_not_the_jobs_exit() -> None:
+    # It read "rank 0 exited with code 127 on node-00": the job's own command not found.
+    log = LogBuilder().nodes(Cluster(2)).queues("team-a")
+    log.submit("alice", "j1", job().gpus(8)).accept("j1").admit("j1")
+    log.place(placement("j1", worker(0, "node-00", *(GpuClaim(g) for g in range(8))))).started(
+        "node-00", "j1"
+    )
+    why = "cannot prepare directories: No space left on device"
+    body = WorkerExited(node="node-00", job_id="j1", attempt=0, rank=0, code=127, node_fault=why)
+    log.event(subj.node("node-00"), body)
+    report = explain_log(log.records, "j1", "alice")
+    assert report is not None
+    assert [h["summary"] for h in report["history"] if h["type"] == "WorkerExited"] == [
+        f"rank 0 could not start on node-00, the node's own fault: {why}"
+    ]

@@ -20,8 +20,10 @@ from corral.events.nodes import (
     WorkerExited,
 )
 from corral.events.queues import CordonNode
+from corral.services.cli.display import node_table
 from corral.services.health.decide import HeartbeatTracker
 from corral.services.health.service import HealthMonitor
+from corral.services.query import present
 from tests.builders import Cluster, LogBuilder, job, on, spec_of
 
 T0 = 1_000.0
@@ -236,6 +238,10 @@ async def test_a_node_that_fails_starts_in_a_row_for_its_own_fault_is_cordoned_o
         "quarantined: the starts of 3 jobs in a row failed for the node's own fault; the last: "
     )
     assert monitor.state.nodes["node-00"].cordoned and not monitor.state.nodes["node-00"].draining
+    # ``corral nodes`` says why, where it showed "cordoned" alone and the reason was the log's.
+    row = present.node_row(monitor.state.nodes["node-00"])
+    assert row["condition"] == "cordoned" and row["why"] == cordon.reason
+    assert "quarantined: the starts of 3 jobs" in node_table([row])
     assert [monitor.state.jobs[j].phase for j in "cdf"] == ["interrupted"] * 3  # none charged
     # The operator is told in the monitor's log too: the reason is nowhere else but the log.
     [said] = [
@@ -253,5 +259,6 @@ async def test_a_node_that_fails_starts_in_a_row_for_its_own_fault_is_cordoned_o
     await _append(log, lb, monitor)
     assert monitor.state.nodes["node-00"].start_faults == ()
     assert not monitor.state.nodes["node-00"].cordoned
+    assert present.node_row(monitor.state.nodes["node-00"])["why"] == ""
     await cycle()
     assert len(cordons()) == 1

@@ -297,6 +297,9 @@ class HeartbeatTracker:
             self._set_condition(name, n, event.condition)
         elif isinstance(event, NodeCordoned | CordonNode):  # CordonNode: an admin, by hand
             n.cordoned, n.draining = event.cordoned, event.cordoned and event.drain
+            # A quarantine not said yet (a standby never evaluates) is settled either way: the
+            # node is cordoned, or a person lifted its cordon and the fold forgot its run.
+            n.quarantine = ""
             if isinstance(event, CordonNode) and event.repaired:  # reset by a person: cleared
                 for g in n.gpus:
                     g.sticky, g.healthy, g.signal = "", True, ""

@@ -592,3 +592,23 @@ def test_a_node_that_failed_starts_in_a_row_is_cordoned_by_a_monitor_that_starts
     assert t.start_faults(N1, QUARANTINE_AFTER, "x" * 10_000)
     [(cordon)] = t.evaluate(T0 + 2)
     assert isinstance(cordon, NodeCordoned) and cordon.node == N1 and len(cordon.reason) <= MAX_WHY
+
+
+def test_a_quarantine_not_yet_said_is_dropped_once_the_node_is_cordoned_or_its_cordon_lifted() -> None:
+    # A standby replica folds what the holder folds but never evaluates: a quarantine it noted
+    # for a node the holder then cordoned, and a person later uncordoned, must not be said again
+    # once it takes over (the fold forgot the run of failed starts with the uncordon).
+    state = LogBuilder().nodes(Cluster(2)).fold()
+    t = HeartbeatTracker()
+    t.sync(state, T0)
+    assert t.evaluate(T0) == []
+    assert t.start_faults(N0, QUARANTINE_AFTER, "disk full")  # noted, not evaluated (a standby)
+    said = "quarantined: the starts of 3 jobs in a row failed for the node's own fault"
+    t.observe(NodeCordoned(node=N0, cordoned=True, reason=said), T0 + 1)  # the holder's
+    t.observe(CordonNode(node=N0, cordoned=False), T0 + 2)  # a person lifts it
+    assert t.evaluate(T0 + 3) == []
+    # An admin's cordon before the monitor evaluated settles it too: nothing to say once lifted.
+    assert t.start_faults(N1, QUARANTINE_AFTER, "disk full")
+    t.observe(CordonNode(node=N1, cordoned=True, reason="looking at it"), T0 + 4)
+    t.observe(CordonNode(node=N1, cordoned=False), T0 + 5)
+    assert t.evaluate(T0 + 6) == []

@@ -349,9 +349,8 @@ def avoided(state: State, job: JobState) -> frozenset[str]:
     (``JobState.fault_nodes``) while their run of failed starts still counts it
     (``NodeState.start_faults``). A node with a full disk takes no attempt of a job twice, so
     the job's free requeues go to other nodes; once a worker runs there, or a person lifts the
-    node's cordon, the run is over and the node may host the job again. (The preemptor's
-    simulation does not read them: a stop it makes for such a job on such a node waits on the
-    placer, which places the job elsewhere or not yet.)"""
+    node's cordon, the run is over and the node may host the job again. The preemptor's
+    simulation of an admitted job reads them too (``preemptor.victims.admitted_target``)."""
     if not job.fault_nodes:
         return frozenset()
     nodes = state.nodes

@@ -105,7 +105,7 @@ def consolidate(sim: Simulation, target: Target, units: Sequence[Unit], most: in
     moved: list[tuple[Target, Placement]] = []
     # The largest first: the small ones fit in what the large ones leave.
     for u, _ in sorted(removed, key=lambda r: (-gpus_held(sim.state, r[0].job), r[0].job.id)):
-        mover = admitted_target(sim.ledger, u.job)
+        mover = admitted_target(sim.state, sim.ledger, u.job)
         again = sim.place(mover)
         if again is None or moves.misplaced(u.job, again, placed) is not None:
             if again is not None:

@@ -253,7 +253,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             continue
         form: tuple[object, ...] | None = None
         if job.phase == "admitted":
-            targets = [admitted_target(sim.ledger, job)]
+            targets = [admitted_target(sim.state, sim.ledger, job)]
         else:
             # Each verdict below on a queued job holds for the rest of its form (its jobs come in
             # its queue's order, priority first): a hopeless form for good (``hopeless`` only
@@ -751,7 +751,7 @@ def _takes_its_gpus(sim: Simulation, job: JobState) -> None:
     (a queued job blocked by quota would have victims stopped for its quota, then find its GPUs
     taken and wait for a second preemption). Where it does not fit, nothing is stopped for it
     until the placer says preemption would help."""
-    target = admitted_target(sim.ledger, job)
+    target = admitted_target(sim.state, sim.ledger, job)
     found = search(sim, target, ())
     if found is not None:
         commit(sim, target, found)
@@ -800,7 +800,9 @@ def _settle(sim: Simulation, state: State) -> set[str]:
             sim.taken.add(victim.id)
         target: Target | None
         target = (
-            admitted_target(sim.ledger, b) if b.phase == "admitted" else queued_target(state, sim.ledger, b)
+            admitted_target(sim.state, sim.ledger, b)
+            if b.phase == "admitted"
+            else queued_target(state, sim.ledger, b)
         )
         # Placed on the GPUs freed, unless it still holds some of an earlier attempt's.
         if target is None or (b.held is None and sim.place(target) is not None):

@@ -69,6 +69,7 @@ from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, JobState, State
+from corral.services.placer.decide import avoided
 
 RUNNING: tuple[Phase, ...] = ("placed", "starting", "running")  # the phases a PreemptionRequested may stop
 
@@ -137,13 +138,23 @@ class Target:
             r.pack,
             r.required,
             r.replicas,
+            r.avoid,
         )
 
 
-def admitted_target(ledger: Ledger, job: JobState) -> Target:
+def admitted_target(state: State, ledger: Ledger, job: JobState) -> Target:
     adm = job.admission
     key = next(iter(adm.gpus)) if adm is not None and len(adm.gpus) == 1 else None
-    return Target(job, Request.of(job), key, 0)
+    return Target(job, _request(state, job), key, 0)
+
+
+def _request(state: State, job: JobState) -> Request:
+    """``job``'s request as the placer makes it: not on the nodes that failed its start while
+    their run of failed starts still counts it (``placer.decide.avoided``). Room made there for
+    it would stand idle, and the room it needs elsewhere was never made."""
+    req = Request.of(job)
+    avoid = avoided(state, job)
+    return replace(req, avoid=avoid) if avoid else req
 
 
 def queued_target(state: State, ledger: Ledger, job: JobState) -> Target | None:

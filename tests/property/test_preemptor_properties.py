@@ -593,7 +593,9 @@ def test_no_victim_is_stopped_that_the_beneficiary_fits_without(w: World, shrink
                 job = state.jobs[v.job_id]
                 sim.release(job, *charge_of(sim.ledger, job), None)
         target = (
-            admitted_target(sim.ledger, b) if b.phase == "admitted" else queued_target(state, sim.ledger, b)
+            admitted_target(sim.state, sim.ledger, b)
+            if b.phase == "admitted"
+            else queued_target(state, sim.ledger, b)
         )
         assert target is not None
         assert not (sim.fits(target) and sim.allowed(target, policy, {})), f"{kept.job_id} was not needed"

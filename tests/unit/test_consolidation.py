@@ -340,9 +340,9 @@ def test_the_search_checks_the_moved_jobs_places_with_the_folds_arithmetic() -> 
     that stays is refused before it is proposed."""
     w = world()
     sim = Simulation(w.state, PreemptorConfig().placer, w.time)
-    target = admitted_target(sim.ledger, w.state.jobs["b1"])
+    target = admitted_target(sim.state, sim.ledger, w.state.jobs["b1"])
     a2 = w.state.jobs["a2"]
-    mover = admitted_target(sim.ledger, a2)
+    mover = admitted_target(sim.state, sim.ledger, a2)
     fits = Found([a2], [], _at_b1(w), moves=[(mover, _at(w, "a2", N1, 6, 7))])
     collides = Found([a2], [], _at_b1(w), moves=[(mover, _at(w, "a2", N1, 0, 1))])
     assert sim.gate(target, collides) is not None
@@ -381,7 +381,7 @@ def test_a_refused_gate_puts_every_moved_job_back() -> None:
     w.wait(600)
     sim = Simulation(w.state, PreemptorConfig().placer, w.time)
     pool = Pool(w.state, sim.ledger, w.time)
-    target = admitted_target(sim.ledger, w.state.jobs["b1"])
+    target = admitted_target(sim.state, sim.ledger, w.state.jobs["b1"])
 
     def free() -> dict[tuple[str, str], int]:
         return {(n, m): sim.snap.free_whole_count(n, m) for n in (N0, N1) for m in sim.snap.models()}
@@ -459,13 +459,13 @@ def test_no_gang_search_where_the_free_gpus_add_up_to_less_than_the_gang() -> No
     searched: list[object] = []
     place = sim.place
     sim.place = lambda t: searched.append(t) or place(t)  # type: ignore[method-assign]
-    target = admitted_target(sim.ledger, w.state.jobs["b1"])
+    target = admitted_target(sim.state, sim.ledger, w.state.jobs["b1"])
     assert not consolidation.room_anywhere(sim, target)
     assert consolidation.find(sim, Pool(w.state, sim.ledger, w.time), target, 4) is None
     assert searched == []
     w2 = world()
     sim2 = Simulation(w2.state, PreemptorConfig().placer, w2.time)
-    assert consolidation.room_anywhere(sim2, admitted_target(sim2.ledger, w2.state.jobs["b1"]))
+    assert consolidation.room_anywhere(sim2, admitted_target(sim2.state, sim2.ledger, w2.state.jobs["b1"]))
 
 
 def test_a_move_may_free_gpus_of_the_jobs_model_by_moving_work_onto_another_model() -> None:

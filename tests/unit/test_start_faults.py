@@ -11,6 +11,7 @@ from corral.events.nodes import WorkerExited
 from corral.events.queues import CordonNode
 from corral.projections.state import State
 from corral.services.placer.decide import avoided, decide
+from corral.services.preemptor.decide import plan
 from tests.builders import Cluster, LogBuilder, job, on
 
 N0, N1 = "node-00", "node-01"
@@ -68,3 +69,24 @@ def test_another_jobs_worker_that_runs_there_ends_the_avoidance() -> None:
     state = log.fold()
     assert state.nodes[N0].start_faults == () and avoided(state, state.jobs["j1"]) == frozenset()
     assert _placed(state)[0] == {"j1": N0}
+
+
+def test_the_preemptor_makes_room_elsewhere_for_a_job_the_node_it_fits_failed() -> None:
+    # The preemptor's simulation placed the job on the node that failed its start, free and
+    # avoided, and so stopped nothing: the job waited behind preemptible work of a lower
+    # priority for as long as that ran, and nobody else came to end the node's run.
+    log = LogBuilder().nodes(Cluster(2)).queue("team-a")
+    log.submit("alice", "j1", job().gpus(8)).accept("j1", priority=10).admit("j1")
+    log.place(on(N0, *range(8), job_id="j1")).started(N0, "j1")
+    log.event(subj.node(N0), WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=127, node_fault=WHY))
+    log.submit("bob", "low", job().gpus(8).preemptible()).accept("low").admit("low")
+    log.place(on(N1, *range(8), job_id="low")).started(N1, "low")
+    log.requeue("j1", 0).admit("j1", attempt=1)
+    state = log.fold()
+    for ev in decide(state, state.time + 1):
+        log.event(subj.decision("placer"), ev)
+    state = log.fold()
+    assert state.jobs["j1"].phase == "admitted" and avoided(state, state.jobs["j1"]) == {N0}
+    [p] = plan(state, state.time + 1)
+    assert p.beneficiary == "j1" and [v.job_id for v in p.victims] == ["low"]
+    assert {w.node for w in p.placement.workers} == {N1}

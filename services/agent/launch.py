@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import re
 import resource
@@ -249,7 +250,10 @@ class Launching(Checkpoints):
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,  # Ctrl-C at the agent's terminal is not the worker's
                 )  # fmt: skip
-            except OSError as e:  # the keeper is corral's own: the node could not run it
+            except OSError as e:
+                if e.errno == errno.E2BIG:  # an argument or variable of the job's, too long to run
+                    raise StartError(f"cannot run {what}: its command or environment is too long") from None
+                # The keeper is corral's own: the node could not run it.
                 raise StartError(f"cannot run {command[0]}: {e.strerror or e}", node=True) from None
         keeper = w.keeper
         try:

@@ -684,6 +684,23 @@ async def test_a_link_the_job_left_in_its_checkpoint_directory_fails_its_start_a
     assert failed == StartFailed(s.key, result.reason, node_fault=False)
 
 
+async def test_a_command_line_too_long_to_run_fails_its_start_as_its_own_fault(
+    plain: Runtime, tmp_path: Path
+) -> None:
+    # An argument or variable longer than the kernel runs (MAX_ARG_STRLEN, 128 KiB) is the job's
+    # own: the keeper, corral's, could not be run with it on any node. Taken for the node's
+    # fault, the job was requeued free and counted towards the quarantine of every node it
+    # landed on, which three such jobs cordoned.
+    big = "x" * 200_000
+    for name, command, env in (("arg", ["/bin/true", big], {}), ("env", ["/bin/true"], {"BIG": big})):
+        s = spec_for(tmp_path, name, command)
+        s = msgspec.structs.replace(s, env={**s.env, **env})
+        result = await plain.start_gang([s], timeout=WAIT)
+        assert result.failed == s.key and result.reason.endswith("its command or environment is too long")
+        [failed] = await until(plain, lambda r: True)
+        assert failed == StartFailed(s.key, result.reason, node_fault=False)
+
+
 async def test_a_node_whose_directories_cannot_be_made_fails_the_start_for_its_own_fault(
     tmp_path: Path,
 ) -> None:

@@ -251,7 +251,12 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
     if job.placement is not None:
         _ran_here(job.placement, ev, job.id)
     node_fault = bool(ev.node_fault) and ev.code != 0 and not ev.stopped
-    _count_start_faults(state, ev.node, job.id if node_fault else "")
+    if not node_fault:
+        _count_start_faults(state, ev.node, "")
+    elif len(job.fault_nodes) < NODE_FAULTS_FREE:
+        _count_start_faults(state, ev.node, job.id)
+    # (A node's fault charged to the job, past its free ones, is taken for the job's doing: it
+    # neither counts towards the node's quarantine nor ends the node's run.)
     live.discard(rank)
     job.updated_seq = ctx.seq
     # The GPU failed under it, as its agent saw: the GPU's failure, not the job's (the health

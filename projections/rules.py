@@ -254,7 +254,7 @@ from __future__ import annotations
 #    deleted names the unfinished jobs that keep it in its refusal.
 # 91: an exit whose agent says the node kept the worker from starting (``node_fault``) sends the
 #    job back to its queue without counting a restart, up to ``NODE_FAULTS_FREE`` times a job
-#    (then it is the job's failure), and the node keeps the jobs whose starts it so failed in a
-#    row (``NodeState.start_faults``, emptied by any other exit there or the lifting of its
-#    cordon).
+#    (then it is the job's failure, which counts for no node), and the node keeps the jobs whose
+#    starts it so failed in a row (``NodeState.start_faults``, emptied by any other exit there or
+#    the lifting of its cordon); a cordon keeps its reason (``NodeState.cordon_reason``).
 RULES = 91

@@ -31,7 +31,7 @@ from corral.events.queues import PriorityClassSpec
 from corral.projections import runtimes, thrash
 from corral.projections.placement.snapshot import NodeView, Snapshot
 from corral.projections.shape import Shape, ShapeKind, placed_resources
-from corral.projections.state import JobState
+from corral.projections.state import JobState, State
 
 # Static filters' answers a chain keeps (per need, node selector and node) before it lets them
 # go: a cycle asks far fewer; a chain kept for long, as admission's idle copy of the inventory
@@ -79,7 +79,7 @@ class Request:
     required: bool
     preemptible: bool
     runtime_estimate_s: float | None
-    # Nodes not to try for it (``services.placer.decide.avoided``): nodes that failed its starts
+    # Nodes not to try for it (``avoided``): nodes that failed its starts
     # for their own fault. Outside the chain's caches, which are per shape, not per job.
     avoid: frozenset[str] = frozenset()
 
@@ -104,6 +104,19 @@ class Request:
             # The owner's estimate, else the one learned from history (``runtimes.py``).
             runtime_estimate_s=runtimes.of(job),
         )
+
+
+def avoided(state: State, job: JobState) -> frozenset[str]:
+    """The nodes not to place ``job`` on (``Request.avoid``), as the placer places it and the
+    preemptor searches for it: those that failed its starts for their own fault
+    (``JobState.fault_nodes``) while their run of failed starts still counts it
+    (``NodeState.start_faults``). A node with a full disk takes no attempt of a job twice, so
+    the job's free requeues go to other nodes; once a worker runs there, or a person lifts the
+    node's cordon, the run is over and the node may host the job again."""
+    if not job.fault_nodes:
+        return frozenset()
+    nodes = state.nodes
+    return frozenset(n for n in job.fault_nodes if n in nodes and job.id in nodes[n].start_faults)
 
 
 class Filter(Protocol):

@@ -150,9 +150,9 @@ class Launching(Checkpoints):
         spec = w.spec = _resolved(spec, self._hidden)
         for m in spec.mounts:
             if not sandboxed and os.path.realpath(m.source) != os.path.realpath(m.target):
-                raise StartError(
-                    f"data mount {m.target} needs bubblewrap (bwrap), which this node lacks", node=True
-                )
+                # What this job asks of a node that does not offer it (every job without data mounts
+                # starts here): the job's to fail, not the node's, which no quarantine should take.
+                raise StartError(f"data mount {m.target} needs bubblewrap (bwrap), which this node lacks")
         env = await self._prepare_start(w, {**self._base_env, **spec.env})
         if sandboxed:
             await self._spawn_sandboxed(w, env)
@@ -166,17 +166,15 @@ class Launching(Checkpoints):
             raise StartError(problem)
         found = await self.container_engine()
         engine = found.engine
-        if engine is None:
+        if engine is None:  # as a data mount without bwrap: what the job asks, not a fault here
             raise StartError(
                 f"image {spec.image} needs podman or docker, none can run containers on node "
-                f"{self.node}: {found.why}",
-                node=True,
+                f"{self.node}: {found.why}"
             )
         if spec.gpus and engine.name == "docker" and engine.major() < container.DOCKER_CDI_MAJOR:
             raise StartError(
                 f"docker {engine.version} on node {self.node} cannot give containers GPUs: CDI devices "
-                f"need docker {container.DOCKER_CDI_MAJOR} or newer",
-                node=True,
+                f"need docker {container.DOCKER_CDI_MAJOR} or newer"
             )
         for m in spec.mounts:
             problem = container.mount_problem(m)

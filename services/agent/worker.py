@@ -32,10 +32,12 @@ log = logging.getLogger("corral.services.agent.workers")
 
 class StartError(Exception):
     """A worker could not be started; the message says why in an operator's words. ``node``: the
-    node is at fault, not the job (its directories cannot be made, no sandbox or container
-    engine works here, a device is missing): the job is not charged, and the node is taken out
-    of placement if it keeps failing so. Only what is plainly the node's is said so: a command,
-    image or mount the job names that cannot be run is the job's."""
+    node is at fault, not the job, and would fail any job so (its directories cannot be made,
+    the sandbox it is set to use cannot run, a device is missing): the job is not charged, and
+    the node is taken out of placement if it keeps failing so. Only what is plainly the node's
+    is said so: a command, image or mount the job names that cannot be run is the job's, and so
+    is what the job asks of a node that does not offer it (an image where no container engine
+    runs, a data mount where no sandbox does), which every other job may still start there."""
 
     def __init__(self, message: str, *, node: bool = False) -> None:
         super().__init__(message)

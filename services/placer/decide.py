@@ -55,7 +55,7 @@ from corral.events.jobs import Resources
 from corral.projections import claims, indexes, preemption, quota
 from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
-from corral.projections.placement.framework import Request
+from corral.projections.placement.framework import Request, avoided
 from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
@@ -342,19 +342,6 @@ def _free(snap: Snapshot, node: str, res: Resources, gpus: tuple[GpuClaim, ...])
         if not g.healthy or g.mig or g.free < c.milli or (c.milli >= WHOLE and g.holders):
             return False
     return True
-
-
-def avoided(state: State, job: JobState) -> frozenset[str]:
-    """The nodes not to place ``job`` on: those that failed its starts for their own fault
-    (``JobState.fault_nodes``) while their run of failed starts still counts it
-    (``NodeState.start_faults``). A node with a full disk takes no attempt of a job twice, so
-    the job's free requeues go to other nodes; once a worker runs there, or a person lifts the
-    node's cordon, the run is over and the node may host the job again. The preemptor's
-    simulation of an admitted job reads them too (``preemptor.victims.admitted_target``)."""
-    if not job.fault_nodes:
-        return frozenset()
-    nodes = state.nodes
-    return frozenset(n for n in job.fault_nodes if n in nodes and job.id in nodes[n].start_faults)
 
 
 def _for_capacity(reasons: tuple[Reason, ...]) -> bool:

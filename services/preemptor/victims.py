@@ -63,13 +63,12 @@ from corral.events.queues import PreemptionPolicy
 from corral.projections import claims, indexes, preemption, quota
 from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
-from corral.projections.placement.framework import Chain, Request
+from corral.projections.placement.framework import Chain, Request, avoided
 from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
 from corral.projections.state import WHOLE, JobState, State
-from corral.services.placer.decide import avoided
 
 RUNNING: tuple[Phase, ...] = ("placed", "starting", "running")  # the phases a PreemptionRequested may stop
 
@@ -150,7 +149,7 @@ def admitted_target(state: State, ledger: Ledger, job: JobState) -> Target:
 
 def _request(state: State, job: JobState) -> Request:
     """``job``'s request as the placer makes it: not on the nodes that failed its start while
-    their run of failed starts still counts it (``placer.decide.avoided``). Room made there for
+    their run of failed starts still counts it (``placement.framework.avoided``). Room made there for
     it would stand idle, and the room it needs elsewhere was never made."""
     req = Request.of(job)
     avoid = avoided(state, job)

@@ -1334,10 +1334,15 @@ def test_one_job_whose_starts_nodes_keep_failing_counts_once_and_is_charged_past
     j = state.jobs["j1"]
     assert (j.fault_nodes, j.restarts, j.attempt) == ((N0,) * NODE_FAULTS_FREE, 0, NODE_FAULTS_FREE)
     assert state.nodes[N0].start_faults == ("j1",)
+    # Another job's worker runs on the node: its run of failed starts is over.
+    running("ok", job(), log=log, gpus=(1,)).exited(N0, "ok", code=0)
+    assert fold(log).nodes[N0].start_faults == ()
     state = fold(log.event(subj.node(N0), _start_fault(attempt=NODE_FAULTS_FREE)))
     j = state.jobs["j1"]
     assert (j.phase, j.restarts, j.reasons[0].code) == ("interrupted", 1, "restarting")
     assert f"after {NODE_FAULTS_FREE} starts nodes failed" in j.reasons[0].message
+    # Charged to the job, it is taken for the job's doing: no step towards the node's quarantine.
+    assert state.nodes[N0].start_faults == ()
 
 
 @pytest.mark.parametrize(

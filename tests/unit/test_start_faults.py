@@ -9,8 +9,9 @@ from corral.events import subjects as subj
 from corral.events.decisions import JobsPlaced, JobsUnschedulable
 from corral.events.nodes import WorkerExited
 from corral.events.queues import CordonNode
+from corral.projections.placement.framework import avoided
 from corral.projections.state import State
-from corral.services.placer.decide import avoided, decide
+from corral.services.placer.decide import decide
 from corral.services.preemptor.decide import plan
 from tests.builders import Cluster, LogBuilder, job, on
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from corral.events.queues import PreemptionPolicy
 from corral.projections import indexes, quota, runtimes
+from corral.projections.index import expected_text
 from corral.projections.preemption import eligible
 from corral.projections.quota import Ledger
 from corral.projections.state import JobState, State
@@ -100,7 +101,7 @@ class Hold:
         # An absolute log time, as the placer's reservation says it: stable from cycle to cycle.
         if math.isinf(self.start):
             return "when jobs without a runtime estimate end"
-        return f"at t={self.start:.0f}"
+        return f"at {expected_text(self.start)}"
 
 
 def quota_end(job: JobState, now: float) -> float:

@@ -10,6 +10,7 @@ listing it (admissions, placements, unschedulable jobs, a preemption's beneficia
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -315,3 +316,10 @@ def deadline_text(t: float) -> str:
     if t < 1e9:
         return f"t={t:.0f}s"
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def expected_text(t: float) -> str:
+    """A projected time as a person reads it (``deadline_text``), up to the next whole minute: a
+    projection that moves by seconds from cycle to cycle says the same, and its reason is not
+    written again each time (a simulated log's, to the second, as its tests read it)."""
+    return deadline_text(t if t < 1e9 else math.ceil(t / 60) * 60)

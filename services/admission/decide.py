@@ -460,8 +460,8 @@ def _placement_timeouts(
         why = job.reasons[0].message
         reason = Reason(
             "placement-timeout",
-            f"admitted at t={job.phase_since:.0f} and placed nowhere for {timeout:.0f} s ({why}); "
-            f"its quota given back, it may be admitted again from t={after:.0f}",
+            f"admitted at {deadline_text(job.phase_since)} and placed nowhere for {timeout:.0f} s "
+            f"({why}); its quota given back, it may be admitted again from {deadline_text(after)}",
         )
         withdrawn = AdmissionWithdrawn(job_id=job.id, attempt=job.attempt, reason=reason, admit_after=after)
         events.append(withdrawn)
@@ -484,9 +484,9 @@ def _growth_timeouts(
         after = now + config.placement_backoff_s
         reason = Reason(
             "growth-timeout",
-            f"grown to {job.admission.replicas} workers at t={job.grown_at:.0f} and its added ranks "
-            f"placed nowhere for {timeout:.0f} s; it runs on at {len(job.placement.workers)}, the "
-            f"quota of the rest given back, and may grow again from t={after:.0f}",
+            f"grown to {job.admission.replicas} workers at {deadline_text(job.grown_at)} and its added "
+            f"ranks placed nowhere for {timeout:.0f} s; it runs on at {len(job.placement.workers)}, "
+            f"the quota of the rest given back, and may grow again from {deadline_text(after)}",
         )
         withdrawn = AdmissionWithdrawn(job_id=job.id, attempt=job.attempt, reason=reason, admit_after=after)
         events.append(withdrawn)

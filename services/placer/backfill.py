@@ -30,6 +30,7 @@ from corral.events.decisions import GpuClaim, Placement
 from corral.events.jobs import Resources
 from corral.projections import indexes, mig, queueing
 from corral.projections.holds import expected_end
+from corral.projections.index import expected_text
 from corral.projections.placement import gang
 from corral.projections.placement.framework import Chain, Request
 from corral.projections.placement.snapshot import NodeView, Snapshot
@@ -74,14 +75,15 @@ class Reservation:
         # while the projection does, so it is not announced again every cycle.
         if math.isinf(self.start):
             return "when jobs without a runtime estimate end"
-        return f"at t={self.start:.0f}"
+        return f"at {expected_text(self.start)}"
 
     def reason(self) -> Reason:
         nodes = sorted({w.node for w in self.placement.workers})
         where = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
         return Reason(
             queueing.RESERVED if math.isfinite(self.start) else queueing.RESERVED_UNTIMED,
-            f"holds a reservation on {self.gpus()} GPUs of {where}, free {self.when()}",
+            f"holds a reservation on {self.gpus()} GPU{'s' if self.gpus() != 1 else ''} of {where}, "
+            f"free {self.when()}",
             True,
         )
 

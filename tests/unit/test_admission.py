@@ -813,7 +813,7 @@ def test_the_first_job_that_does_not_fit_holds_its_queues_quota_against_later_jo
     assert reasons(out)["s2"] == Reason(
         "quota-held",
         "needs 4 H100, which fits now, but queue team-a holds 12 H100 of its nominal quota for gang, "
-        "its first job that does not fit, free of its own jobs at t=100; a job behind it goes first only "
+        "its first job that does not fit, free of its own jobs at t=100s; a job behind it goes first only "
         "if it leaves it that room or its runtime estimate ends by then; position 2 of 2 in team-a",
     )
     assert reasons(out)["gang"].code == "quota"

@@ -12,13 +12,14 @@ import pytest
 
 from corral.events import routing
 from corral.events.base import Event, Reason
-from corral.events.decisions import PreemptionRequested
-from corral.events.jobs import AdmissionWithdrawn, PendingReasonChanged
+from corral.events.decisions import GpuClaim, Placement, PreemptionRequested, WorkerSlot
+from corral.events.jobs import AdmissionWithdrawn, PendingReasonChanged, Resources
 from corral.events.queues import ApplyPriorityClass, ApplyQueue, PriorityClassSpec
 from corral.projections.queueing import MAX_BACKOFF_S
 from corral.projections.state import State
 from corral.services.admission.decide import AdmissionConfig, decide, wake
 from corral.services.agent.inventory import h100_8x_nvswitch
+from corral.services.placer.backfill import Reservation
 from corral.services.preemptor.decide import decide as preemptor_decide
 from corral.services.sim.driver import SimConfig, SimJob, Simulation
 from tests.builders import LogBuilder, job, on, queue_spec
@@ -209,3 +210,17 @@ def test_a_simulation_with_nothing_else_to_do_admits_a_job_whose_back_off_ended(
     sim = Simulation(nodes, setup, jobs, SimConfig(admission=CONFIG)).run()
     assert sim.unfinished() == []
     assert sum(1 for s in sim.stats.values() if s.finished is not None) == 10
+
+
+def test_a_reservations_reason_says_a_time_of_day_to_the_minute_and_counts_its_gpus() -> None:
+    # It said "holds a reservation on 1 GPUs of node-01, free at t=1796628026": a raw log time,
+    # moving by seconds as the projection did, so the same reason was written again and again.
+    def reason(start: float, gpus: int) -> str:
+        placement = Placement("j", 0, (WorkerSlot(0, "node-01", tuple(GpuClaim(g) for g in range(gpus))),))
+        return Reservation("j", start, placement, Resources(gpus=gpus), ()).reason().message
+
+    live = 1_796_628_026.0  # 2026-12-07 07:20:26Z
+    assert reason(live, 1) == "holds a reservation on 1 GPU of node-01, free at 2026-12-07 07:21:00Z"
+    assert reason(live + 20, 1) == reason(live, 1)  # the same minute: the same reason
+    assert reason(live, 8) == "holds a reservation on 8 GPUs of node-01, free at 2026-12-07 07:21:00Z"
+    assert reason(9000.0, 8).endswith("free at t=9000s")  # a simulated log's seconds

@@ -124,6 +124,9 @@ class WorkerExited(Event, frozen=True, kw_only=True):
     run: Int = 0
     xids: tuple[XidReport, ...] = ()
     node_fault: str = ""
+    # Why a worker that never started could not, where that is the job's own doing (its command
+    # not found, its image not to be had): what its owner is told, not only "code 127".
+    start_error: str = ""
 
 
 class CheckpointCompleted(Event, frozen=True, kw_only=True):

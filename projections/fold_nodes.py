@@ -285,6 +285,8 @@ def _worker_exited(state: State, ctx: Ctx, ev: WorkerExited) -> None:
             # Nodes said so of this job's starts too often: its own doing, whatever they say.
             why = f"rank {rank} could not start on {ev.node} ({said_reason(ev.node_fault)})"
             _worker_failed(state, job, ctx, f"{why}, after {len(job.fault_nodes)} starts nodes failed")
+        elif not faulted and ev.start_error and not ev.stopped:
+            _worker_failed(state, job, ctx, f"rank {rank} could not start: {said_reason(ev.start_error)}")
         elif not faulted:
             _worker_failed(state, job, ctx, f"rank {rank} exited with code {ev.code}")
         _release_if_over(state, job, ctx)

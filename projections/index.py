@@ -245,6 +245,8 @@ def summarize(
             return f"asked to shrink to {body.replicas} workers for {whom} by {by}"
         case WorkerStarted():
             return f"rank {body.rank} started on {body.node}"
+        case WorkerExited() if body.start_error and body.code and not body.stopped and not body.node_fault:
+            return f"rank {body.rank} could not start on {body.node}: {said_reason(body.start_error)}"
         case WorkerExited() if body.node_fault and body.code and not body.stopped:
             # A start the node failed: not the job's exit (127 reads as its command not found).
             why = said_reason(body.node_fault)

@@ -256,5 +256,7 @@ from __future__ import annotations
 #    job back to its queue without counting a restart, up to ``NODE_FAULTS_FREE`` times a job
 #    (then it is the job's failure, which counts for no node), and the node keeps the jobs whose
 #    starts it so failed in a row (``NodeState.start_faults``, emptied by any other exit there or
-#    the lifting of its cordon); a cordon keeps its reason (``NodeState.cordon_reason``).
+#    the lifting of its cordon); a cordon keeps its reason (``NodeState.cordon_reason``); a
+#    worker that never started for its job's own fault says why in the job's reason
+#    (``start_error``).
 RULES = 91

@@ -447,6 +447,7 @@ def report_events(node: str, report: Report, xids: tuple[XidReport, ...] = ()) -
                 rank=k.rank,
                 code=START_FAILED_CODE,
                 node_fault=report.reason if report.node_fault else "",
+                start_error="" if report.node_fault else report.reason,
             ),
         ]
     if k.rank != 0:

@@ -664,6 +664,9 @@ async def test_a_command_that_does_not_exist_cannot_start(plain: Runtime, tmp_pa
     [failed] = await until(plain, lambda r: True)
     assert isinstance(failed, StartFailed) and failed.key == s.key
     assert not failed.node_fault  # the job's command: its own fault, on any node
+    # ... and its owner is told why, not only "code 127".
+    _, exited = report_events("node-07", failed)
+    assert isinstance(exited, WorkerExited) and exited.start_error == result.reason and not exited.node_fault
     assert plain.workers() == {s.key: "exited"}  # kept until the log has the failure
 
 

@@ -464,8 +464,13 @@ def test_reports_become_node_events() -> None:
     ]
     assert report_events(N0, StartFailed(K, "no such file")) == [
         WorkerStarted(node=N0, job_id="j1", attempt=0, rank=0),
-        WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=START_FAILED_CODE),
+        WorkerExited(
+            node=N0, job_id="j1", attempt=0, rank=0, code=START_FAILED_CODE, start_error="no such file"
+        ),
     ]
+    assert report_events(N0, StartFailed(K, "disk full", node_fault=True))[1] == WorkerExited(
+        node=N0, job_id="j1", attempt=0, rank=0, code=START_FAILED_CODE, node_fault="disk full"
+    )
     assert report_events(N0, Checkpointed(K, 7, "/c/7")) == [
         CheckpointCompleted(node=N0, job_id="j1", attempt=0, location="/c/7", step=7)
     ]
@@ -480,7 +485,7 @@ def test_a_failed_start_restarts_the_gang_through_the_fold() -> None:
         log.event(subj.node(N0), ev)
     j = fold(log).jobs["j1"]
     assert (j.phase, j.restarts, j.held) == ("interrupted", 1, None)
-    assert "code 127" in j.reasons[0].message
+    assert j.reasons[0].message == "rank 0 could not start: bwrap: cannot mount; restart 1"  # not "code 127"
 
 
 def test_simulated_inventory_matches_its_profile() -> None:

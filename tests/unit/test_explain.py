@@ -237,3 +237,19 @@ def test_a_start_its_node_failed_reads_as_the_nodes_fault_not_the_jobs_exit() ->
     assert [h["summary"] for h in report["history"] if h["type"] == "WorkerExited"] == [
         f"rank 0 could not start on node-00, the node's own fault: {why}"
     ]
+
+
+def test_a_start_that_failed_for_the_jobs_own_fault_reads_so_in_its_history() -> None:
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "j1", job().gpus(8)).accept("j1").admit("j1")
+    log.place(placement("j1", worker(0, "node-00", *(GpuClaim(g) for g in range(8))))).started(
+        "node-00", "j1"
+    )
+    why = "cannot run bwrap: bwrap: execvp no-such-command: No such file or directory"
+    body = WorkerExited(node="node-00", job_id="j1", attempt=0, rank=0, code=127, start_error=why)
+    log.event(subj.node("node-00"), body)
+    report = explain_log(log.records, "j1", "alice")
+    assert report is not None
+    assert [h["summary"] for h in report["history"] if h["type"] == "WorkerExited"] == [
+        f"rank 0 could not start on node-00: {why}"
+    ]

@@ -1345,6 +1345,18 @@ def test_one_job_whose_starts_nodes_keep_failing_counts_once_and_is_charged_past
     assert state.nodes[N0].start_faults == ()
 
 
+def test_a_start_that_failed_for_the_jobs_own_fault_says_why() -> None:
+    # It said "rank 0 exited with code 127": its owner could not tell a missing command from a
+    # command that ran and failed, the agent's words in the node's log alone.
+    why = "cannot run bwrap: bwrap: execvp no-such-command: No such file or directory"
+    body = WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=127, start_error=why)
+    state = fold(running(spec=job().restarts(1), nodes=Cluster(2)).event(subj.node(N0), body))
+    j = state.jobs["j1"]
+    assert (j.phase, j.restarts) == ("interrupted", 1)
+    assert j.reasons == (Reason("restarting", f"rank 0 could not start: {why}; restart 1"),)
+    assert state.nodes[N0].start_faults == () and j.fault_nodes == ()  # the job's, not the node's
+
+
 @pytest.mark.parametrize(
     ("code", "stopped"),
     [(0, False), (127, True)],

@@ -222,34 +222,31 @@ def test_a_drain_that_sends_a_job_nowhere_is_not_in_its_history() -> None:
     assert len(lines) == 1 and lines[0].endswith(": node node-00 is draining: fan failure"), lines
 
 
-def test_a_start_its_node_failed_reads_as_the_nodes_fault_not_the_jobs_exit() -> None:
-    # It read "rank 0 exited with code 127 on node-00": the job's own command not found.
-    log = LogBuilder().nodes(Cluster(2)).queues("team-a")
-    log.submit("alice", "j1", job().gpus(8)).accept("j1").admit("j1")
-    log.place(placement("j1", worker(0, "node-00", *(GpuClaim(g) for g in range(8))))).started(
-        "node-00", "j1"
-    )
-    why = "cannot prepare directories: No space left on device"
-    body = WorkerExited(node="node-00", job_id="j1", attempt=0, rank=0, code=127, node_fault=why)
-    log.event(subj.node("node-00"), body)
-    report = explain_log(log.records, "j1", "alice")
-    assert report is not None
-    assert [h["summary"] for h in report["history"] if h["type"] == "WorkerExited"] == [
-        f"rank 0 could not start on node-00, the node's own fault: {why}"
-    ]
+NODE_FULL = "cannot prepare directories: No space left on device"
+NO_COMMAND = "cannot run bwrap: bwrap: execvp no-such-command: No such file or directory"
 
 
-def test_a_start_that_failed_for_the_jobs_own_fault_reads_so_in_its_history() -> None:
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        ({"node_fault": NODE_FULL}, f"rank 0 could not start on node-00, the node's own fault: {NODE_FULL}"),
+        ({"start_error": NO_COMMAND}, f"rank 0 could not start on node-00: {NO_COMMAND}"),
+    ],
+    ids=["the-node's", "the-job's"],
+)
+def test_a_start_that_failed_reads_so_in_its_history_and_says_whose_fault(
+    fault: dict[str, str], said: str
+) -> None:
+    # It read "rank 0 exited with code 127 on node-00", as a command that ran and failed so, or
+    # was not there: neither whose fault nor why.
     log = LogBuilder().nodes(Cluster(1)).queues("team-a")
     log.submit("alice", "j1", job().gpus(8)).accept("j1").admit("j1")
     log.place(placement("j1", worker(0, "node-00", *(GpuClaim(g) for g in range(8))))).started(
         "node-00", "j1"
     )
-    why = "cannot run bwrap: bwrap: execvp no-such-command: No such file or directory"
-    body = WorkerExited(node="node-00", job_id="j1", attempt=0, rank=0, code=127, start_error=why)
-    log.event(subj.node("node-00"), body)
+    log.event(
+        subj.node("node-00"), WorkerExited(node="node-00", job_id="j1", attempt=0, rank=0, code=127, **fault)
+    )
     report = explain_log(log.records, "j1", "alice")
     assert report is not None
-    assert [h["summary"] for h in report["history"] if h["type"] == "WorkerExited"] == [
-        f"rank 0 could not start on node-00: {why}"
-    ]
+    assert [h["summary"] for h in report["history"] if h["type"] == "WorkerExited"] == [said]

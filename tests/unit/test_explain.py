@@ -3,6 +3,7 @@ it was refused, and nothing of it for another tenant."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from corral.events import subjects as subj
@@ -244,9 +245,8 @@ def test_a_start_that_failed_reads_so_in_its_history_and_says_whose_fault(
     log.place(placement("j1", worker(0, "node-00", *(GpuClaim(g) for g in range(8))))).started(
         "node-00", "j1"
     )
-    log.event(
-        subj.node("node-00"), WorkerExited(node="node-00", job_id="j1", attempt=0, rank=0, code=127, **fault)
-    )
+    exited = WorkerExited(node="node-00", job_id="j1", attempt=0, rank=0, code=127)
+    log.event(subj.node("node-00"), msgspec.structs.replace(exited, **fault))
     report = explain_log(log.records, "j1", "alice")
     assert report is not None
     assert [h["summary"] for h in report["history"] if h["type"] == "WorkerExited"] == [said]

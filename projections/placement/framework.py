@@ -84,7 +84,14 @@ class Request:
     avoid: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, job: JobState, priority_classes: Mapping[str, PriorityClassSpec] | None = None) -> Request:
+    def of(
+        cls,
+        job: JobState,
+        priority_classes: Mapping[str, PriorityClassSpec] | None = None,
+        state: State | None = None,
+    ) -> Request:
+        """``job``'s request; with ``state``, as the placer places it: off the nodes it avoids
+        (``avoided``), which the preemptor's search for an admitted job reads too."""
         spec = job.spec
         replicas = job.admission.replicas if job.admission is not None else spec.replicas
         pc = (priority_classes or {}).get(spec.priority_class)
@@ -103,6 +110,7 @@ class Request:
             preemptible=spec.preemptible and (pc is None or pc.preemptible) and not thrash.capped(job, pc),
             # The owner's estimate, else the one learned from history (``runtimes.py``).
             runtime_estimate_s=runtimes.of(job),
+            avoid=avoided(state, job) if state is not None else frozenset(),
         )
 
 

@@ -55,7 +55,7 @@ from corral.events.jobs import Resources
 from corral.projections import claims, indexes, preemption, quota
 from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
-from corral.projections.placement.framework import Request, avoided
+from corral.projections.placement.framework import Request
 from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
@@ -270,10 +270,8 @@ class _Cycle:
             self.snap.release(found, req.res)
 
     def request(self, job: JobState) -> Request:
-        """``job``'s placement request, not to be placed on the nodes it avoids (``avoided``)."""
-        req = Request.of(job, self.state.priority_classes)
-        avoid = avoided(self.state, job)
-        return dataclasses.replace(req, avoid=avoid) if avoid else req
+        """``job``'s placement request, not to be placed on the nodes it avoids."""
+        return Request.of(job, self.state.priority_classes, self.state)
 
     def _place(self, job: JobState) -> tuple[Reason, ...] | None:
         req = self.request(job)

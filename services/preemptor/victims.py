@@ -63,7 +63,7 @@ from corral.events.queues import PreemptionPolicy
 from corral.projections import claims, indexes, preemption, quota
 from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
-from corral.projections.placement.framework import Chain, Request, avoided
+from corral.projections.placement.framework import Chain, Request
 from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
@@ -144,16 +144,9 @@ class Target:
 def admitted_target(state: State, ledger: Ledger, job: JobState) -> Target:
     adm = job.admission
     key = next(iter(adm.gpus)) if adm is not None and len(adm.gpus) == 1 else None
-    return Target(job, _request(state, job), key, 0)
-
-
-def _request(state: State, job: JobState) -> Request:
-    """``job``'s request as the placer makes it: not on the nodes that failed its start while
-    their run of failed starts still counts it (``placement.framework.avoided``). Room made there for
-    it would stand idle, and the room it needs elsewhere was never made."""
-    req = Request.of(job)
-    avoid = avoided(state, job)
-    return replace(req, avoid=avoid) if avoid else req
+    # As the placer places it, off the nodes that failed its start (``Request.of`` with the
+    # state): room made there for it would stand idle, and the room it needs elsewhere never made.
+    return Target(job, Request.of(job, state=state), key, 0)
 
 
 def queued_target(state: State, ledger: Ledger, job: JobState) -> Target | None:

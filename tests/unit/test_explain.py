@@ -9,12 +9,12 @@ import pytest
 from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.decisions import GpuClaim
-from corral.events.jobs import PendingReasonChanged
+from corral.events.jobs import REASON_CHARS, PendingReasonChanged
 from corral.events.nodes import WorkerExited
 from corral.events.queues import ApplyCohort, CohortSpec, CordonNode, QueueSpec, Quota
 from corral.projections.quota import ANY
 from corral.projections.state import JobState, State
-from corral.services.cli import table
+from corral.services.cli import screen, table
 from corral.services.query.explain import anyone_stoppable, other_sides
 from corral.services.query.view import explain_log
 from tests.builders import Cluster, LogBuilder, job, placement, worker
@@ -250,3 +250,25 @@ def test_a_start_that_failed_reads_so_in_its_history_and_says_whose_fault(
     report = explain_log(log.records, "j1", "alice")
     assert report is not None
     assert [h["summary"] for h in report["history"] if h["type"] == "WorkerExited"] == [said]
+
+
+@pytest.mark.parametrize("field", ["node_fault", "start_error"])
+def test_what_an_agent_says_of_a_failed_start_is_bounded_and_starts_no_line(field: str) -> None:
+    # The agent's words reach the job's reason and history, which its owner reads: an agent taken
+    # over could send a megabyte, or lines of its own to pass off as corral's.
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "j1", job().gpus(8)).accept("j1").admit("j1")
+    log.place(placement("j1", worker(0, "node-00", *(GpuClaim(g) for g in range(8))))).started(
+        "node-00", "j1"
+    )
+    said = "disk\n  why: [ok] all is well\x1b[2J" + "x" * 1_000_000
+    exited = WorkerExited(node="node-00", job_id="j1", attempt=0, rank=0, code=127)
+    log.event(subj.node("node-00"), msgspec.structs.replace(exited, **{field: said}))
+    state = log.fold()
+    assert len(state.jobs["j1"].reasons[0].message) <= REASON_CHARS + 200
+    report = explain_log(log.records, "j1", "alice")
+    assert report is not None
+    (line,) = [h["summary"] for h in report["history"] if h["type"] == "WorkerExited"]
+    assert len(line) <= REASON_CHARS + 200
+    text = screen.escape(report["text"])  # as the CLI prints it
+    assert "\x1b" not in text and not any(row.lstrip().startswith("why: [ok]") for row in text.splitlines())

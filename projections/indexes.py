@@ -38,7 +38,7 @@ asks for:
   host, not the whole backlog. Kept where a job's phase changes (``moved``) and where a queued
   job's spec does (``respec``).
 - ``State.queued_by_form``: per form (``form_key``: a queue and what the preemptor's verdict
-  on a queued job reads besides its priority), the places of the queued jobs of that form,
+  on a queued job reads besides its priority and the ledger), the places of the queued jobs of that form,
   sorted as ``queued_by_queue``: the preemptor judges a backlog form by form, and passes over
   the rest of a form it found no victims for without reading its jobs. Kept with
   ``queued_by_queue`` and, where a queued job's spec changes, by ``respec``.
@@ -219,12 +219,14 @@ def host_shape(spec: JobSpec) -> str:
 def form_key(spec: JobSpec) -> str:
     """The form of a queued job, as ``queued_by_form`` keys it: its queue, worker ask, replicas,
     minimum replicas, topology and node selector, which decide (with its priority and the
-    quota ledger) whether preemption could get it admitted and placed. Equal forms give equal
-    keys; the runtime estimate is not part of it."""
+    quota ledger) whether preemption could get it admitted and placed, and whether it may be
+    preempted at all (its ``preemptible`` and priority class): one that may not be may not
+    borrow either, so its verdict says nothing of the jobs behind it that may. Equal forms give
+    equal keys; the runtime estimate is not part of it."""
     return queued_keys(spec)[0]
 
 
-_queued_keys: dict[tuple[str, Resources, int, int | None, Topology], tuple[str, str]] = {}
+_queued_keys: dict[tuple[str, Resources, int, int | None, Topology, bool, str], tuple[str, str]] = {}
 
 
 def queued_keys(spec: JobSpec) -> tuple[str, str]:
@@ -233,7 +235,15 @@ def queued_keys(spec: JobSpec) -> tuple[str, str]:
     one look-up finds both."""
     if spec.node_selector:  # a dict, not hashable: written each time (few jobs select nodes)
         return _form(spec, sorted(spec.node_selector.items())), host_shape(spec)
-    known = (spec.queue, spec.resources, spec.replicas, spec.min_replicas, spec.topology)
+    known = (
+        spec.queue,
+        spec.resources,
+        spec.replicas,
+        spec.min_replicas,
+        spec.topology,
+        spec.preemptible,
+        spec.priority_class,
+    )
     keys = _queued_keys.get(known)
     if keys is None:
         keys = (_form(spec, []), host_shape(spec))
@@ -252,6 +262,8 @@ def _form(spec: JobSpec, selector: list[tuple[str, str]]) -> str:
         spec.min_replicas,
         _plain(spec.topology),
         selector,
+        spec.preemptible,
+        spec.priority_class,
     )
     return msgspec.json.encode(form).decode()
 

@@ -259,4 +259,7 @@ from __future__ import annotations
 #    the lifting of its cordon); a cordon keeps its reason (``NodeState.cordon_reason``); a
 #    worker that never started for its job's own fault says why in the job's reason
 #    (``start_error``).
-RULES = 91
+# 92: a queued job's form (``indexes.form_key``) holds whether it may be preempted at all (its
+#    ``preemptible`` and priority class), so that one that may not borrow does not stand for the
+#    jobs behind it that may.
+RULES = 92

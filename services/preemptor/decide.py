@@ -259,26 +259,33 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             # its queue's order, priority first): a hopeless form for good (``hopeless`` only
             # grows, and once the first of them waited, ``holds.note`` does nothing for the
             # rest), one quota does not block until a commit (``unblocked``). A hold keeping a
-            # job out reads its runtime estimate, which the jobs of a form do not share.
+            # job out reads its runtime estimate, which the jobs of a form do not share. A job
+            # preempted as often as its class allows may not borrow where the rest of its form
+            # may (``Ledger.may_borrow``): it is judged alone, and its verdict is its own.
+            alone = _capped(sim.ledger, job)
             if holds.keeps_out(job):
+                if alone:
+                    continue
                 form = _form(job)
                 if form in unblocked:
                     turns.rest_until_committed()
                 elif hopeless.get(form, job.priority - 1) >= job.priority:
                     turns.pass_form()
                 continue
-            form = _form(job)
-            if form in unblocked:
-                turns.rest_until_committed()
-                continue
-            if hopeless.get(form, job.priority - 1) >= job.priority:
-                holds.note(job)
-                turns.pass_form()
-                continue
+            if not alone:
+                form = _form(job)
+                if form in unblocked:
+                    turns.rest_until_committed()
+                    continue
+                if hopeless.get(form, job.priority - 1) >= job.priority:
+                    holds.note(job)
+                    turns.pass_form()
+                    continue
             targets = blocked_targets(state, sim.ledger, job)
             if not targets:
-                unblocked.add(form)
-                turns.rest_until_committed()
+                if form is not None:
+                    unblocked.add(form)
+                    turns.rest_until_committed()
                 continue
         targets = [t for t in targets if hopeless.get(t.shape(), job.priority - 1) < job.priority]
         if not targets:
@@ -605,10 +612,27 @@ class _Holds:
 
 
 def _form(job: JobState) -> tuple[object, ...]:
-    """What decides, besides priority and the ledger, a queued job's target and candidates."""
+    """What decides, besides priority and the ledger, a queued job's target and candidates: as
+    the fold's form (``indexes.form_key``), whether it may be preempted at all among them."""
     spec = job.spec
     selector = tuple(sorted(spec.node_selector.items())) if spec.node_selector else ()
-    return ("queued", spec.queue, spec.resources, spec.replicas, spec.min_replicas, spec.topology, selector)
+    return (
+        "queued",
+        spec.queue,
+        spec.resources,
+        spec.replicas,
+        spec.min_replicas,
+        spec.topology,
+        selector,
+        spec.preemptible,
+        spec.priority_class,
+    )
+
+
+def _capped(ledger: Ledger, job: JobState) -> bool:
+    """Whether ``job`` may be preempted by its spec and class but not borrow (its class's cap on
+    preemptions reached): the one difference ``_form`` leaves between jobs of a form."""
+    return ledger.may_be_preempted(job.spec) and not ledger.may_borrow(job)
 
 
 def beneficiaries(state: State, now: float = 0.0) -> list[JobState]:

@@ -2,7 +2,8 @@
 it found hopeless, or that quota does not block, is passed over unread) proposes exactly what it
 proposes reading every queued job in turn: on random clusters whose queues (of every strategy
 and preemption policy) run work of drawn priorities and hold deep backlogs of a few forms, with
-drawn runtime estimates (which a hold reads job by job), for any bound on the beneficiaries of a
+drawn runtime estimates (which a hold reads job by job), jobs that may not be preempted (nor
+borrow) among forms that may, for any bound on the beneficiaries of a
 cycle, and again with the first cycle's preemptions under way."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ forms = st.tuples(
     st.sampled_from([1, 1, 2]),  # replicas
     st.booleans(),  # elastic (min 1)
     st.sampled_from(["none", "nvlink"]),
+    st.sampled_from([True, True, False]),  # may be preempted (else may not borrow)
 )
 
 
@@ -56,7 +58,7 @@ def backlogs(draw: st.DrawFn) -> World:
     )
     # Some of the backlog admission has not judged yet: queued, though their quota may be free.
     unseen = draw(st.sets(st.integers(len(running), len(running) + len(waiting))))
-    for i, ((q, per, n, elastic, pack), pc, estimate) in enumerate([*running, *waiting]):
+    for i, ((q, per, n, elastic, pack, preemptible), pc, estimate) in enumerate([*running, *waiting]):
         spec = JobSpec(
             queue=q,
             priority_class=pc,
@@ -65,6 +67,7 @@ def backlogs(draw: st.DrawFn) -> World:
             resources=Resources(gpus=per),
             topology=Topology(pack=pack),  # type: ignore[arg-type]
             runtime_estimate_s=estimate,
+            preemptible=preemptible,
             command=TRAIN,
         )
         if i in unseen:

@@ -43,7 +43,8 @@ def test_values_asked_for_after_a_burst_of_others_are_kept() -> None:
     assert ("team-a", "", later.command, later.resources, 1, "q") in runtimes._known
     assert later.resources in indexes._ask_keys
     assert (later.resources, later.topology, 1, False) in indexes._shape_keys
-    assert ("q", later.resources, 1, None, later.topology) in indexes._queued_keys
+    known = ("q", later.resources, 1, None, later.topology, later.preemptible, later.priority_class)
+    assert known in indexes._queued_keys
     assert len(runtimes._known) <= runtimes._MAX_KNOWN
     assert len(indexes._ask_keys) <= indexes._MAX_KEYS
     assert len(indexes._shape_keys) <= indexes._MAX_KEYS

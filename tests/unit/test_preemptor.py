@@ -820,15 +820,35 @@ def test_jobs_that_may_not_borrow_are_no_run_for_one_that_may() -> None:
     assert w.victims() == {"u0": ["small3"]}
 
 
-@pytest.mark.xfail(reason="a form's verdict is taken from its first job, borrow as it may", strict=True)
 def test_a_job_that_may_not_borrow_hides_none_of_its_form_that_may() -> None:
     # team-a's fixed part is full (``pinned``), so u0, which may not be preempted, may not
     # borrow and no preemption could get it admitted: its form was taken for one quota does not
-    # block, and u1 and u2 behind it, which may borrow and stop a small job each, waited with it.
+    # block, and u1 and u2 behind it, which may borrow and stop a small job each, waited with it
+    # for as long as u0 waited.
     w = team_a_borrowing()
     w.submit("u0", gpus(1, preemptible=False), priority=10)
     for i in (1, 2):
         w.submit(f"u{i}", gpus(1), priority=10)
+    assert w.victims() == {"u1": ["small3"], "u2": ["small2"]}
+
+
+def test_a_job_preempted_as_often_as_its_class_allows_hides_none_of_its_form() -> None:
+    # u0 was preempted once, as often as class ``batch`` allows: it may not borrow, and team-a's
+    # fixed part is full. u1 and u2, of its form and class, never preempted, may borrow.
+    w = World(nodes=2).cohort("ml").queue("team-a", 4, cohort="ml").queue("team-b", 12, cohort="ml")
+    w.priority_class("batch", 10, max_preemptions=1)
+    w.run("big", gpus(8), whole(N1, *range(8)))
+    w.run("u0", gpus(1, priority_class="batch"), whole(N0, 0), priority=10)
+    w.submit("first", gpus(1), priority=20).admit("first")
+    w.preempt("first", "u0").stop("u0").requeue("u0")
+    w.emit(subj.request("alice", "cancel"), CancelJob(job_id="first"), "alice")
+    w.wait(3600)
+    for i in range(4):
+        w.run(f"small{i}", gpus(1), whole(N0, i))
+    w.run("pinned", gpus(4, preemptible=False), whole(N0, 4, 5, 6, 7))
+    for i in (1, 2):
+        w.submit(f"u{i}", gpus(1, priority_class="batch"), priority=10)
+    assert w.state.jobs["u0"].phase == "queued" and w.state.jobs["u0"].preemptions == 1
     assert w.victims() == {"u1": ["small3"], "u2": ["small2"]}
 
 

@@ -195,7 +195,8 @@ def _as_admitted(state: State, ledger: Ledger, job: JobState, key: str, need: in
     q = job.spec.queue
     adm = quota.admission(state.queues[q], job, replicas=quota.min_replicas(job.spec), key=key)
     as_admitted = msgspec.structs.replace(job, admission=adm)
-    return Target(as_admitted, Request.of(as_admitted), key, need, named)
+    # Off the nodes that failed its starts, as the placer will place it (``admitted_target``).
+    return Target(as_admitted, Request.of(as_admitted, state=state), key, need, named)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from corral.projections.placement.framework import avoided
 from corral.projections.state import State
 from corral.services.placer.decide import decide
 from corral.services.preemptor.decide import plan
-from tests.builders import Cluster, LogBuilder, job, on
+from tests.builders import Cluster, LogBuilder, job, on, queue_spec
 
 N0, N1 = "node-00", "node-01"
 WHY = "cannot prepare directories: [Errno 28] No space left on device"
@@ -91,3 +91,28 @@ def test_the_preemptor_makes_room_elsewhere_for_a_job_the_node_it_fits_failed() 
     [p] = plan(state, state.time + 1)
     assert p.beneficiary == "j1" and [v.job_id for v in p.victims] == ["low"]
     assert {w.node for w in p.placement.workers} == {N1}
+
+
+def test_the_preemptor_stops_nothing_for_a_queued_job_that_fits_only_the_node_it_avoids() -> None:
+    # team-a's quota (8) blocks j1 (8 GPUs) while ``low`` holds 4 of it. node-00, which failed
+    # j1's start, is free; node-01 holds ``low`` and team-b's job. Searched as if j1 could go to
+    # node-00, stopping ``low`` was enough: ``low`` was stopped, and j1, admitted, had nowhere
+    # to go (team-b's job is within its own quota).
+    log = LogBuilder().nodes(Cluster(2)).queue(queue_spec("team-a", 8)).queue(queue_spec("team-b", 8))
+    log.submit("alice", "j1", job().gpus(8)).accept("j1", priority=10).admit("j1")
+    log.place(on(N0, *range(8), job_id="j1")).started(N0, "j1")
+    log.event(subj.node(N0), WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=127, node_fault=WHY))
+    log.submit("bob", "low", job().gpus(4).preemptible()).accept("low").admit("low")
+    log.place(on(N1, 0, 1, 2, 3, job_id="low")).started(N1, "low")
+    log.submit("carol", "other", job().queue("team-b").gpus(4)).accept("other").admit("other")
+    log.place(on(N1, 4, 5, 6, 7, job_id="other")).started(N1, "other")
+    state = log.requeue("j1", 0).fold()
+    assert state.jobs["j1"].phase == "queued" and avoided(state, state.jobs["j1"]) == {N0}
+    assert plan(state, state.time + 1) == []
+    # Once the node's run of failed starts is over, stopping ``low`` is enough again.
+    log.admin("cordon", CordonNode(node=N0, reason="disk")).admin(
+        "cordon", CordonNode(node=N0, cordoned=False)
+    )
+    state = log.fold()
+    [p] = plan(state, state.time + 1)
+    assert p.beneficiary == "j1" and [v.job_id for v in p.victims] == ["low"]

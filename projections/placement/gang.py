@@ -337,8 +337,9 @@ def _why_not(chain: Chain, snap: Snapshot, req: Request) -> tuple[Reason, ...]:
     gang = f"no room for all {req.replicas} workers ({req.need.describe()} each) {where}"
     if not reasons:
         return (Reason("gang", gang, True),)
-    if where == "at once":
+    if req.replicas == 1:
         return reasons
     # Some nodes said no (cordoned, busy): said alone, that read as if the others together could
-    # hold the gang, where it waits for one domain that can. Freeing GPUs helps it as it helps them.
+    # hold the gang, where it waits for one domain (or enough nodes at once) that can. Freeing
+    # GPUs helps it as it helps them.
     return (*reasons, Reason("gang", gang, any(r.preemption_helps for r in reasons)))

@@ -917,6 +917,21 @@ def test_gang_is_all_or_nothing() -> None:
     assert all(snap.view(n).free_whole("H100-80GB") == 8 for n in state.nodes)
 
 
+def test_a_gang_that_some_nodes_refuse_says_the_rest_cannot_hold_it_all() -> None:
+    # node-01 is full; node-00 could take one 8-GPU worker of three. Said alone, node-01's
+    # reason read as if node-00 could hold the gang.
+    state = cluster_state(2)
+    for g in state.nodes["node-01"].gpus:
+        g.used_milli, g.holders = 1000, {"x": 1000}
+    got = place(state, req(gpus=8, replicas=3))
+    assert isinstance(got, tuple)
+    assert [r.code for r in got][-1] == "gang"
+    assert got[-1].message.startswith("no room for all 3 workers") and got[-1].preemption_helps
+    # One worker is no gang: its nodes' reasons say it all.
+    one = place(state, req(gpus=8, models=("A100-80GB",)))
+    assert isinstance(one, tuple) and [r.code for r in one] == ["gpu-model"]
+
+
 def test_required_node_packing_fails_rather_than_split() -> None:
     got = place(cluster_state(2), req(gpus=4, replicas=3, pack="node", required=True))
     assert isinstance(got, tuple) and got[0].code == "gang"

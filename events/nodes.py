@@ -95,12 +95,17 @@ class NodeRegistered(Event, frozen=True, kw_only=True):
 
 
 class WorkerStarted(Event, frozen=True, kw_only=True):
+    """``failed``: no process was started. The fold takes a worker's exit only after its start,
+    so an agent reports a start that failed as one so marked, its ``WorkerExited`` next saying
+    why (``start_error`` or ``node_fault``); a job's history says nothing of it as a start."""
+
     node: str
     job_id: str
     attempt: Index
     rank: Index
     pid: Int = 0
     run: Int = 0
+    failed: bool = False
 
 
 class WorkerExited(Event, frozen=True, kw_only=True):

@@ -71,7 +71,8 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
     out: list[JobEvent] = []
     for rec in records:
         body, tenant = _decode(rec)
-        if body is None:
+        if body is None or isinstance(body, WorkerStarted) and body.failed:
+            # A start that failed is no start: its exit, next, says the rank could not start.
             continue
         refusal = refusals.get(rec.seq)
         kind = type(body).__name__

@@ -415,12 +415,12 @@ def start_worker(job: Assignment, rank: AssignedRank, checkpoint_root: str) -> S
 def report_events(node: str, report: Report, xids: tuple[XidReport, ...] = ()) -> list[Event]:
     """The node events a runtime report becomes (``xids``: those seen on a failed worker's GPUs).
 
-    A worker that never started is reported as started and exited with ``START_FAILED_CODE``, so
-    the fold fails or restarts its gang by the job's restart policy; or, where the node kept it
-    from starting (``StartFailed.node_fault``), sends the job back to its queue, no restart
-    counted, the reason in ``WorkerExited.node_fault``. Only rank 0's checkpoint is
-    the job's (data-parallel ranks hold the same weights); other ranks' reports only tell the
-    agent they are ready to stop.
+    A worker that never started is reported as a start marked failed (``WorkerStarted.failed``:
+    not one its history tells) and an exit with ``START_FAILED_CODE``, so the fold fails or
+    restarts its gang by the job's restart policy; or, where the node kept it from starting
+    (``StartFailed.node_fault``), sends the job back to its queue, no restart counted, the reason
+    in ``WorkerExited.node_fault``. Only rank 0's checkpoint is the job's (data-parallel ranks
+    hold the same weights); other ranks' reports only tell the agent they are ready to stop.
     """
     k = report.key
     if isinstance(report, Started):
@@ -439,7 +439,7 @@ def report_events(node: str, report: Report, xids: tuple[XidReport, ...] = ()) -
         return [ev]
     if isinstance(report, StartFailed):
         return [
-            WorkerStarted(node=node, job_id=k.job_id, attempt=k.attempt, rank=k.rank),
+            WorkerStarted(node=node, job_id=k.job_id, attempt=k.attempt, rank=k.rank, failed=True),
             WorkerExited(
                 node=node,
                 job_id=k.job_id,

@@ -112,6 +112,8 @@ def describe(body: Event, tenant: str | None = None) -> str:
         case NodeRegistered(node=n, inventory=inv):
             models = sorted({g.model for g in inv.gpus})
             return f"node {n} registers {len(inv.gpus)} × {','.join(models) or 'no GPU'}"
+        case WorkerStarted(node=n, job_id=jid, rank=rank, failed=True):
+            return f"{jid} rank {rank} could not start on {n}"
         case WorkerStarted(node=n, job_id=jid, rank=rank):
             return f"{jid} rank {rank} starts on {n}"
         case WorkerExited(node=n, job_id=jid, rank=rank, code=code):

@@ -463,7 +463,7 @@ def test_reports_become_node_events() -> None:
         WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=143, stopped=True)
     ]
     assert report_events(N0, StartFailed(K, "no such file")) == [
-        WorkerStarted(node=N0, job_id="j1", attempt=0, rank=0),
+        WorkerStarted(node=N0, job_id="j1", attempt=0, rank=0, failed=True),
         WorkerExited(
             node=N0, job_id="j1", attempt=0, rank=0, code=START_FAILED_CODE, start_error="no such file"
         ),

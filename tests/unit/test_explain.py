@@ -14,6 +14,7 @@ from corral.events.nodes import WorkerExited
 from corral.events.queues import ApplyCohort, CohortSpec, CordonNode, QueueSpec, Quota
 from corral.projections.quota import ANY
 from corral.projections.state import JobState, State
+from corral.services.agent.decide import StartFailed, WorkerKey, report_events
 from corral.services.cli import screen, table
 from corral.services.query.explain import anyone_stoppable, other_sides
 from corral.services.query.view import explain_log
@@ -250,6 +251,22 @@ def test_a_start_that_failed_reads_so_in_its_history_and_says_whose_fault(
     report = explain_log(log.records, "j1", "alice")
     assert report is not None
     assert [h["summary"] for h in report["history"] if h["type"] == "WorkerExited"] == [said]
+
+
+@pytest.mark.parametrize("node_fault", [True, False], ids=["the-node's", "the-job's"])
+def test_a_start_that_failed_is_not_said_to_have_started(node_fault: bool) -> None:
+    # Its history read "rank 0 started on node-00", then "rank 0 could not start on node-00":
+    # the agent reports a failed start as a start and its exit, which the fold needs in turn.
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "j1", job().gpus(8)).accept("j1").admit("j1")
+    log.place(placement("j1", worker(0, "node-00", *(GpuClaim(g) for g in range(8)))))
+    for ev in report_events("node-00", StartFailed(WorkerKey("j1", 0, 0), NODE_FULL, node_fault)):
+        log.event(subj.node("node-00"), ev)
+    report = explain_log(log.records, "j1", "alice")
+    assert report is not None
+    lines = [h["summary"] for h in report["history"] if h["type"].startswith("Worker")]
+    assert len(lines) == 1 and lines[0].startswith("rank 0 could not start on node-00"), lines
+    assert "started" not in report["text"]
 
 
 @pytest.mark.parametrize("field", ["node_fault", "start_error"])

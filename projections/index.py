@@ -89,7 +89,8 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
             named = _named_for(state, owner) if isinstance(body, _OF_OTHERS) else None
             refused = _refused(refusal, body, job_id, named)
             due = None if refused else _own_deadline(state, job_id, body)
-            summary = summarize(body, job_id, batch, named, due)
+            current = state.jobs[job_id].attempt if job_id in state.jobs else None
+            summary = summarize(body, job_id, batch, named, due, current)
             out.append(JobEvent(job_id, rec.seq, rec.subject, kind, rec.time, summary, refused))
     return out
 
@@ -194,13 +195,16 @@ def summarize(
     batch: Mapping[str, str] | None = None,
     named: Callable[[str], str] | None = None,
     due: float | None = None,
+    current: int | None = None,
 ) -> str:
     """One line on what ``body`` says about job ``job_id``; for a batch decision, ``batch`` is its
     ``batch_lines`` when the caller has them already (a record of a few hundred jobs is then read
     once, not once per job). ``named`` says how to name the other jobs of a decision that speaks
     of several (a preemption's, a shrink's) to whoever reads the line; by their ids if None.
     ``due``: the log time the fold gave a victim of a preemption or shrink (else the record's
-    deadline, the longest of its victims', is told as the latest)."""
+    deadline, the longest of its victims', is told as the latest). ``current``: the job's
+    attempt now; a worker's report of an earlier one (a late exit of a worker of an attempt
+    already over) names its attempt, else it reads as the current attempt's."""
     name = _by_id if named is None else named
     if isinstance(body, BATCHES):
         line = (batch_lines(body) if batch is None else batch).get(job_id)
@@ -245,20 +249,33 @@ def summarize(
             whom = name(body.beneficiary)
             return f"asked to shrink to {body.replicas} workers for {whom} by {by}"
         case WorkerStarted():
-            return f"rank {body.rank} started on {body.node}"
+            return f"{_rank(body, current)} started on {body.node}"
         case WorkerExited() if body.start_error and body.code and not body.stopped and not body.node_fault:
-            return f"rank {body.rank} could not start on {body.node}: {said_reason(body.start_error)}"
+            return f"{_rank(body, current)} could not start on {body.node}: {said_reason(body.start_error)}"
         case WorkerExited() if body.node_fault and body.code and not body.stopped:
             # A start the node failed: not the job's exit (127 reads as its command not found).
             why = said_reason(body.node_fault)
-            return f"rank {body.rank} could not start on {body.node}, the node's own fault: {why}"
+            return f"{_rank(body, current)} could not start on {body.node}, the node's own fault: {why}"
         case WorkerExited():
             how = "stopped" if body.stopped else "exited"
-            return f"rank {body.rank} {how} with code {body.code} on {body.node}"
+            return f"{_rank(body, current)} {how} with code {body.code} on {body.node}"
         case CheckpointCompleted():
             # The location as any agent sent it, refused or not: one line's worth of it.
-            return f"checkpoint at step {body.step}: {said_reason(body.location)}"
+            earlier = f" of earlier attempt {body.attempt}" if _earlier(body.attempt, current) else ""
+            return f"checkpoint{earlier} at step {body.step}: {said_reason(body.location)}"
     return _generic(body)
+
+
+def _earlier(attempt: int, current: int | None) -> bool:
+    return current is not None and attempt < current
+
+
+def _rank(body: WorkerStarted | WorkerExited, current: int | None) -> str:
+    """The worker a report is of: its rank, and its attempt where that is over (a late report,
+    its job requeued since, would read as the attempt that runs now)."""
+    if _earlier(body.attempt, current):
+        return f"rank {body.rank} of earlier attempt {body.attempt}"
+    return f"rank {body.rank}"
 
 
 def _by_id(job_id: str) -> str:

@@ -18,7 +18,7 @@ from corral.services.agent.decide import StartFailed, WorkerKey, report_events
 from corral.services.cli import screen, table
 from corral.services.query.explain import anyone_stoppable, other_sides
 from corral.services.query.view import explain_log
-from tests.builders import Cluster, LogBuilder, job, placement, worker
+from tests.builders import Cluster, LogBuilder, job, on, placement, worker
 from tests.unit.test_consolidation import world as scattered
 from tests.unit.test_preemptor import N0, World, gpus, whole
 
@@ -267,6 +267,27 @@ def test_a_start_that_failed_is_not_said_to_have_started(node_fault: bool) -> No
     lines = [h["summary"] for h in report["history"] if h["type"].startswith("Worker")]
     assert len(lines) == 1 and lines[0].startswith("rank 0 could not start on node-00"), lines
     assert "started" not in report["text"]
+
+
+def test_a_late_report_of_an_earlier_attempt_names_its_attempt() -> None:
+    # node-00 was lost and j1 runs again on node-01; its rank 0 on node-00 then reported its
+    # exit, which read "rank 0 exited with code 137 on node-00" as if the attempt now had ended.
+    log = LogBuilder().nodes(Cluster(2)).queues("team-a")
+    log.submit("alice", "j1", job().gpus(1)).accept("j1").admit("j1")
+    log.place(on("node-00", 0, job_id="j1")).started("node-00", "j1").condition("node-00", "lost")
+    log.requeue("j1", 0).admit("j1", attempt=1).place(on("node-01", 0, job_id="j1", attempt=1))
+    log.started("node-01", "j1", attempt=1).checkpoint("node-00", "j1", 5)
+    log.exited("node-00", "j1", code=137).exited("node-01", "j1", attempt=1)
+    report = explain_log(log.records, "j1", "alice")
+    assert report is not None
+    lines = [h["summary"] for h in report["history"] if h["type"].startswith(("Worker", "Checkpoint"))]
+    assert lines == [
+        "rank 0 started on node-00",
+        "rank 0 started on node-01",
+        "checkpoint of earlier attempt 0 at step 5: /ckpt/j1/5",
+        "rank 0 of earlier attempt 0 exited with code 137 on node-00",
+        "rank 0 exited with code 0 on node-01",
+    ], lines
 
 
 @pytest.mark.parametrize("field", ["node_fault", "start_error"])

@@ -31,6 +31,7 @@ from corral.events.jobs import Resources
 from corral.projections.state import WHOLE, JobState
 
 ShapeKind = Literal["cpu", "whole", "fraction", "mig"]
+NO_GPU = "no GPU"  # a worker's GPU part, in a table cell, where it asks for none
 
 
 def kind_of(gpus: int, gpu_milli: int, mig: str | None) -> ShapeKind:
@@ -100,7 +101,7 @@ class Shape:
         if self.kind == "mig":
             return f"MIG {self.mig}"
         if self.kind == "cpu":
-            return "no GPU"
+            return NO_GPU
         return f"{self.gpu_milli / WHOLE:g} GPU"
 
 

@@ -25,15 +25,17 @@ def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = No
 
 
 JOB_COLUMNS = [
-    "id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "starts", "reason"
+    "id", "tenant", "queue", "phase", "attempt", "workers", "gpus", "nodes", "starts", "reason"
 ]  # fmt: skip
 NODE_COLUMNS = ["name", "condition", "profile", "model", "gpus", "free", "health", "mig", "why"]
 PHASES = get_args(Phase)
 
 
 def job_table(rows: Sequence[dict[str, Any]], header: bool = True) -> str:
-    """Jobs for people: workers as running of most (``3 of 2..4`` for an elastic job)."""
-    cells = [[present.workers_text(r) if c == "workers" else r.get(c, "") for c in JOB_COLUMNS] for r in rows]
+    """Jobs for people: workers as running of most (``3 of 2..4`` for an elastic job), GPUs as
+    what the job asks in all (``4×8 GPU``)."""
+    texts = {"workers": present.workers_text, "gpus": present.wants_text}
+    cells = [[texts[c](r) if c in texts else r.get(c, "") for c in JOB_COLUMNS] for r in rows]
     text = table.render(JOB_COLUMNS, cells)
     return text if header else "\n".join(text.splitlines()[1:])
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from corral.projections.lifecycle import FINAL, HOLDS_GPUS
+from corral.services.query import present
 
 MILLI = 1000  # milli-GPU in one GPU
 OTHER = "#9aa0a6"  # GPU taken by jobs the asker may not see
@@ -139,7 +140,8 @@ def _queue(q: Mapping[str, Any], colours: Mapping[str, str]) -> dict[str, Any]:
 
 def _job(j: Mapping[str, Any], colours: Mapping[str, str]) -> dict[str, Any]:
     fields = ("id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "reason")
-    row = {**{f: j[f] for f in fields}, "colour": colours.get(j["queue"], UNKNOWN_QUEUE)}
+    row = {**{f: j[f] for f in fields}, "wants": present.wants_text(j)}
+    row["colour"] = colours.get(j["queue"], UNKNOWN_QUEUE)
     return {**row, "eta": j.get("eta")}  # a waiting job's forecast start, when there is one
 
 
@@ -199,7 +201,7 @@ def timeline(job_id: str, explained: Answer) -> dict[str, Any]:
     row = explained["job"]
     return {
         "id": job_id,
-        "job": row,
+        "job": {**row, "wants": present.wants_text(row)},
         "reasons": list(explained["reasons"]),
         "attempts": attempts,
         "seq": explained["seq"],

@@ -47,7 +47,7 @@ def explain(
             refused.append({"seq": e.seq, "code": code, "message": message})
     lines = [
         f"job {job.id} of {job.tenant} in queue {job.spec.queue}: {job.phase} (attempt {job.attempt})",
-        f"  wants {_workers(job)} × {row['per_worker']}, priority {job.priority}; "
+        f"  wants {present.wants_text(row)} ({_workers(job)}), priority {job.priority}; "
         f"{row['running_workers']} running",
     ]
     if job.placement is not None:
@@ -201,7 +201,7 @@ def _workers(job: JobState) -> str:
     most, least = job.spec.replicas, job.spec.min_replicas
     if least is not None and least != most:
         admitted = f", admitted at {job.admission.replicas}" if job.admission is not None else ""
-        return f"{least} to {most} workers (elastic{admitted})"
+        return f"{least} to {most} workers, elastic{admitted}"
     return f"{most} worker{'s' if most != 1 else ''}"
 
 

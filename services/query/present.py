@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
 
-from corral.projections.shape import Shape
+from corral.projections.shape import NO_GPU, Shape
 from corral.projections.state import WHOLE, JobState, NodeState, State
 
 _BREAKS = re.compile("[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
@@ -54,6 +54,18 @@ def job_row(job: JobState) -> dict[str, Any]:
         "nodes": ",".join(nodes),
         "reason": "; ".join(r.message for r in job.reasons),
     }
+
+
+def wants_text(row: Mapping[str, Any]) -> str:
+    """What a job asks in all, the one way every view writes it: ``8 GPU`` for one worker,
+    ``4×8 GPU`` for a gang of four workers of 8 GPUs each (its ``per_worker`` alone read as the
+    whole job's), ``2..4×8 GPU`` for an elastic one, ``2×MIG 3g.40gb``, ``no GPU``."""
+    per = str(row.get("per_worker", ""))
+    most = row.get("workers", 0)
+    least = row.get("min_workers") or most
+    if per == NO_GPU or (most == least == 1):
+        return per
+    return f"{least}..{most}×{per}" if least != most else f"{most}×{per}"
 
 
 def workers_text(row: dict[str, Any]) -> str:

@@ -38,7 +38,26 @@ def test_an_elastic_job_shows_how_many_run_of_its_range() -> None:
     assert present.workers_text(row) == "2 of 2..4"
     assert "2 of 2..4" in job_table([row])
     text = explain(state.jobs["e"], ())["text"]
-    assert "wants 2 to 4 workers (elastic, admitted at 3) × 1 GPU" in text and "2 running" in text
+    assert "wants 2..4×1 GPU (2 to 4 workers, elastic, admitted at 3)" in text and "2 running" in text
+
+
+def test_a_gang_shows_what_it_asks_in_all_alike_in_every_view() -> None:
+    # ``corral jobs`` showed "8 GPU" for a gang of four workers of 8 GPUs each: read as the job's
+    # all, a quarter of what it holds.
+    from corral.services.dashboard import board
+
+    log = LogBuilder().nodes(Cluster(4)).queue(queue_spec("team-a", 32))
+    log.submit("alice", "g", job().gpus(8).replicas(4)).submit("alice", "one", job().gpus(8))
+    log.submit("alice", "cpu", job().gpus(0).replicas(2))
+    log.submit("alice", "m", job().mig("3g.40gb").replicas(2))
+    state = log.fold()
+    rows = {j: present.job_row(state.jobs[j]) for j in ("g", "one", "cpu", "m")}
+    said = {j: present.wants_text(r) for j, r in rows.items()}
+    assert said == {"g": "4×8 GPU", "one": "8 GPU", "cpu": "no GPU", "m": "2×MIG 3g.40gb"}
+    assert "4×8 GPU" in job_table([rows["g"]]).splitlines()[1]
+    assert "wants 4×8 GPU (4 workers)" in explain(state.jobs["g"], ())["text"]
+    assert board._job(rows["g"], {})["wants"] == "4×8 GPU"
+    assert board.timeline("g", {**explain(state.jobs["g"], ()), "seq": 1})["job"]["wants"] == "4×8 GPU"
 
 
 def test_json_rows_hold_numbers_not_their_text() -> None:

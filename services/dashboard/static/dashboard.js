@@ -108,7 +108,7 @@ function jobRow(j, ...last) {
     el("td", { class: "queue" }, el("span", { class: "swatch", style: { background: j.colour } }), j.queue),
     el("td", { class: "phase" }, j.phase),
     el("td", { class: "num attempt" }, j.attempt),
-    el("td", { class: "wants" }, `${j.workers} × ${j.per_worker}`),
+    el("td", { class: "wants" }, j.wants),
     ...last);
 }
 
@@ -173,7 +173,7 @@ function drawTimeline(job, t) {
   }
   const j = t.job;
   $("#job-line").textContent =
-    `${j.tenant}'s job in queue ${j.queue}: ${j.phase} (attempt ${j.attempt}), ${j.workers} × ${j.per_worker}` +
+    `${j.tenant}'s job in queue ${j.queue}: ${j.phase} (attempt ${j.attempt}), ${j.wants}` +
     (j.nodes ? ` on ${j.nodes}` : "");
   $("#job-reasons").replaceChildren(...t.reasons.map((r) =>
     el("li", { class: "why", dataset: { code: r.code } },

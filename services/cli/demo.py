@@ -167,8 +167,10 @@ async def act_share(d: Demo) -> None:
     ids = [job_id for _, job_id, _ in workload]
     state = await d.until("the Philly jobs to finish", lambda s: all(d.phase(i) in FINAL for i in ids))
     _say("")
-    cols = ["id", "queue", "phase", "per_worker", "nodes"]
-    _say(table.render(cols, [[present.job_row(state.jobs[i])[c] for c in cols] for i in ids]))
+    cols = ["id", "queue", "phase", "gpus", "nodes"]
+    texts = {"gpus": present.wants_text, "nodes": present.nodes_text}
+    rows = [present.job_row(state.jobs[i]) for i in ids]
+    _say(table.render(cols, [[texts[c](r) if c in texts else r[c] for c in cols] for r in rows]))
 
 
 async def act_gang(d: Demo) -> str:

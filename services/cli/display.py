@@ -33,8 +33,8 @@ PHASES = get_args(Phase)
 
 def job_table(rows: Sequence[dict[str, Any]], header: bool = True) -> str:
     """Jobs for people: workers as running of most (``3 of 2..4`` for an elastic job), GPUs as
-    what the job asks in all (``4×8 GPU``)."""
-    texts = {"workers": present.workers_text, "gpus": present.wants_text}
+    what the job asks in all (``4×8 GPU``), a job that ended as where it was (``was on node-01``)."""
+    texts = {"workers": present.workers_text, "gpus": present.wants_text, "nodes": present.nodes_text}
     cells = [[texts[c](r) if c in texts else r.get(c, "") for c in JOB_COLUMNS] for r in rows]
     text = table.render(JOB_COLUMNS, cells)
     return text if header else "\n".join(text.splitlines()[1:])

@@ -122,7 +122,8 @@ class Job(msgspec.Struct, frozen=True):
     least an elastic job runs with (``workers`` for any other; 0 in rows of jobs let go before
     it was recorded), ``running_workers`` how many run now; ``per_worker`` for people,
     ``gpus_per_worker`` (whole or a fraction; 0 for a MIG slice, named in ``mig``) for programs;
-    ``eta``, its forecast start while it waits."""
+    ``eta``, its forecast start while it waits; ``nodes`` where it holds GPUs now, ``was_on``
+    where it was once it holds them no more."""
 
     id: str
     tenant: str
@@ -138,6 +139,7 @@ class Job(msgspec.Struct, frozen=True):
     gpus_per_worker: int | float = 0
     mig: str = ""
     eta: Eta | None = None
+    was_on: str = ""
 
 
 class Reason(msgspec.Struct, frozen=True):

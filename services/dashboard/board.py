@@ -140,7 +140,7 @@ def _queue(q: Mapping[str, Any], colours: Mapping[str, str]) -> dict[str, Any]:
 
 def _job(j: Mapping[str, Any], colours: Mapping[str, str]) -> dict[str, Any]:
     fields = ("id", "tenant", "queue", "phase", "attempt", "workers", "per_worker", "nodes", "reason")
-    row = {**{f: j[f] for f in fields}, "wants": present.wants_text(j)}
+    row = {**{f: j[f] for f in fields}, "wants": present.wants_text(j), "where": present.nodes_text(j)}
     row["colour"] = colours.get(j["queue"], UNKNOWN_QUEUE)
     return {**row, "eta": j.get("eta")}  # a waiting job's forecast start, when there is one
 
@@ -201,7 +201,7 @@ def timeline(job_id: str, explained: Answer) -> dict[str, Any]:
     row = explained["job"]
     return {
         "id": job_id,
-        "job": {**row, "wants": present.wants_text(row)},
+        "job": {**row, "wants": present.wants_text(row), "where": present.nodes_text(row)},
         "reasons": list(explained["reasons"]),
         "attempts": attempts,
         "seq": explained["seq"],

@@ -50,8 +50,10 @@ def explain(
         f"  wants {present.wants_text(row)} ({_workers(job)}), priority {job.priority}; "
         f"{row['running_workers']} running",
     ]
-    if job.placement is not None:
+    if row["nodes"]:
         lines.append(f"  placed on {row['nodes']}")
+    elif row["was_on"]:
+        lines.append(f"  {present.nodes_text(row)}")  # ended, or stopped: on no node now
     if job.checkpoint is not None:
         lines.append(f"  last checkpoint: step {job.checkpoint.step} at {job.checkpoint.location}")
     for r in job.reasons:

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from corral.projections.lifecycle import HOLDS_GPUS
 from corral.projections.shape import NO_GPU, Shape
 from corral.projections.state import WHOLE, JobState, NodeState, State
 
@@ -36,8 +37,11 @@ def gpus(milli: int) -> int | float:
 def job_row(job: JobState) -> dict[str, Any]:
     """A job as ``corral jobs`` lists it. Numbers stay numbers (``-o json``); ``workers`` is the
     most it asks for, ``min_workers`` the least an elastic job runs with (``workers`` for any
-    other), ``running_workers`` how many run now; the table writes them with ``workers_text``."""
-    nodes = sorted({w.node for w in job.placement.workers}) if job.placement else []
+    other), ``running_workers`` how many run now; the table writes them with ``workers_text``.
+    ``nodes``: where it holds GPUs now; ``was_on``: where its attempt was placed, once it holds
+    them no more (it ended, or was stopped), so that no view shows it on a node it has left."""
+    placed = sorted({w.node for w in job.placement.workers}) if job.placement else []
+    here = job.phase in HOLDS_GPUS
     shape = Shape.of(job.spec.resources)
     return {
         "id": job.id,
@@ -51,7 +55,8 @@ def job_row(job: JobState) -> dict[str, Any]:
         "per_worker": shape.gpus_short(),
         "gpus_per_worker": 0 if shape.kind in ("mig", "cpu") else gpus(shape.gpu_milli),
         "mig": (shape.mig or "") if shape.kind == "mig" else "",
-        "nodes": ",".join(nodes),
+        "nodes": ",".join(placed) if here else "",
+        "was_on": "" if here else ",".join(placed),
         "reason": "; ".join(r.message for r in job.reasons),
     }
 
@@ -66,6 +71,14 @@ def wants_text(row: Mapping[str, Any]) -> str:
     if per == NO_GPU or (most == least == 1):
         return per
     return f"{least}..{most}×{per}" if least != most else f"{most}×{per}"
+
+
+def nodes_text(row: Mapping[str, Any]) -> str:
+    """Where a job is, the one way every view writes it: its nodes while it holds GPUs there,
+    ``was on node-01`` once it left them (a job that ended is on no node)."""
+    if row.get("nodes"):
+        return str(row["nodes"])
+    return f"was on {row['was_on']}" if row.get("was_on") else ""
 
 
 def workers_text(row: dict[str, Any]) -> str:

@@ -97,6 +97,25 @@ def test_a_finished_job_is_not_said_to_be_on_its_nodes() -> None:
         assert f"node {N0} is" not in said, said
 
 
+def test_a_finished_job_shows_where_it_was_not_where_it_is() -> None:
+    # ``corral jobs`` and explain showed a job that had ended on its node, as a running one.
+    from corral.services.dashboard import board
+
+    log = LogBuilder().nodes(Cluster(2)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "j", job().gpus(1)).accept("j").admit("j")
+    log.place(on(N0, 0, job_id="j")).started(N0, "j")
+    running = present.job_row(log.fold().jobs["j"])
+    assert (running["nodes"], running["was_on"], present.nodes_text(running)) == (N0, "", N0)
+    state = log.exited(N0, "j").fold()
+    row = present.job_row(state.jobs["j"])
+    assert (row["nodes"], row["was_on"]) == ("", N0)
+    assert f"was on {N0}" in job_table([row]).splitlines()[1]
+    said = explain(state.jobs["j"], ())
+    assert f"\n  was on {N0}\n" in said["text"] and "placed on" not in said["text"], said["text"]
+    assert board._job(row, {})["where"] == f"was on {N0}"
+    assert board.timeline("j", {**said, "seq": 1})["job"]["where"] == f"was on {N0}"
+
+
 def test_a_queues_row_shows_its_borrowing_and_lending_limits() -> None:
     # They were nowhere in ``corral queues``: an admin could not see what bounds a queue's
     # borrowing and lending.

@@ -174,7 +174,7 @@ function drawTimeline(job, t) {
   const j = t.job;
   $("#job-line").textContent =
     `${j.tenant}'s job in queue ${j.queue}: ${j.phase} (attempt ${j.attempt}), ${j.wants}` +
-    (j.nodes ? ` on ${j.nodes}` : "");
+    (j.nodes ? ` on ${j.nodes}` : j.where ? `, ${j.where}` : "");
   $("#job-reasons").replaceChildren(...t.reasons.map((r) =>
     el("li", { class: "why", dataset: { code: r.code } },
       `[${r.code}] ${r.message}${r.preemption_helps ? " (preemption could help)" : ""}`)));

@@ -237,6 +237,12 @@ def summarize(
         case JobRequeued():
             resume = f", resuming from {said_reason(body.resume_from)}" if body.resume_from else ""
             return f"requeued for attempt {body.attempt + 1}: {_reasons_text([body.reason])}{resume}"
+        case PreemptionRequested() if body.moves:
+            # A consolidation: its victims run on elsewhere, moved to make room, not preempted.
+            if job_id == body.beneficiary:
+                return f"room made on its behalf by moving {_listed(body.victims, name)}"
+            by, whom = _by(body.deadline, due), name(body.beneficiary)
+            return f"asked to checkpoint and move elsewhere, to make room for {whom}, by {by}"
         case PreemptionRequested():
             if job_id == body.beneficiary:
                 return f"preemption requested on its behalf: victims {_listed(body.victims, name)}"

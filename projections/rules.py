@@ -262,4 +262,6 @@ from __future__ import annotations
 # 92: a queued job's form (``indexes.form_key``) holds whether it may be preempted at all (its
 #    ``preemptible`` and priority class), so that one that may not borrow does not stand for the
 #    jobs behind it that may.
-RULES = 92
+# 93: a job a consolidation stops to run elsewhere keeps that it was moved for the other
+#    (``JobState.moved_for``), not only that it was stopped for it.
+RULES = 93

@@ -138,6 +138,9 @@ class JobState(msgspec.Struct, gc=False):
     # again, so two jobs never take the same GPUs from each other in turn. (A shrink is not
     # counted: an elastic job may shrink, then be stopped whole, for one job.)
     stopped_for: tuple[tuple[str, int, int], ...] = ()  # (beneficiary, its priority_seq, this job's)
+    # Those of ``stopped_for`` that were moves (a consolidation): stopped to run elsewhere, to
+    # make room for the other, not preempted for it; what ``explain`` tells the admin.
+    moved_for: tuple[tuple[str, int, int], ...] = ()
     # The log position of its last change of priority, or of its submission: never the same for
     # two jobs, so a ``stopped_for`` entry never names a later job given a let-go job's id.
     priority_seq: int = 0

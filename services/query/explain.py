@@ -179,8 +179,8 @@ def node_notes(state: State, job: JobState) -> list[str]:
 def other_sides(state: State, job: JobState) -> list[str]:
     """For the admin alone: the other side of each preemption a job's texts speak of. Those texts
     are its owner's, so they say "another tenant's job"; the admin, who sees every job, is told
-    which, whose and in which queue: whom the job was stopped (or shrunk) for, and whom the fold
-    stopped or shrank for its own room."""
+    which, whose and in which queue: whom the job was stopped (or shrunk, or moved) for, and whom
+    the fold stopped, shrank or moved for its own room."""
 
     def whose(job_id: str, as_of: int | None = None) -> str:
         other = state.jobs.get(job_id)
@@ -190,12 +190,17 @@ def other_sides(state: State, job: JobState) -> list[str]:
             return job_id
         return f"{job_id} ({other.tenant}, queue {other.spec.queue})"
 
-    stopped_for = list(dict.fromkeys(whose(b, as_of) for b, as_of, _ in job.stopped_for))
+    # A consolidation stops a job only to run it elsewhere: it was moved, not preempted.
+    moves = set(job.moved_for)
+    stopped_for = list(dict.fromkeys(whose(e[0], e[1]) for e in job.stopped_for if e not in moves))
+    moved_for = list(dict.fromkeys(whose(e[0], e[1]) for e in job.stopped_for if e in moves))
     lines = [f"preempted for: {', '.join(stopped_for)}"] if stopped_for else []
+    if moved_for:
+        lines.append(f"moved to make room for: {', '.join(moved_for)}")
     if job.preempted_for and not any(b == job.preempted_for for b, _, _ in job.stopped_for):
         lines.append(f"shrunk for: {whose(job.preempted_for)}")
     if job.victims:
-        lines.append(f"stopped or shrunk for it: {', '.join(map(whose, job.victims))}")
+        lines.append(f"stopped, shrunk or moved for it: {', '.join(map(whose, job.victims))}")
     return lines
 
 

@@ -8,10 +8,11 @@ import pytest
 
 from corral.events import subjects as subj
 from corral.events.base import Reason
-from corral.events.decisions import GpuClaim
+from corral.events.decisions import GpuClaim, PreemptionRequested
 from corral.events.jobs import REASON_CHARS, PendingReasonChanged
 from corral.events.nodes import WorkerExited
 from corral.events.queues import ApplyCohort, CohortSpec, CordonNode, QueueSpec, Quota
+from corral.projections.index import summarize
 from corral.projections.quota import ANY
 from corral.projections.state import JobState, State
 from corral.services.agent.decide import StartFailed, WorkerKey, report_events
@@ -95,6 +96,23 @@ def test_the_admin_is_not_told_a_later_job_of_the_id_a_job_was_preempted_for() -
     state.jobs["train"] = JobState("train", "bob", job("qb").build(), submitted_seq=90, submitted_at=0.0)
     state.jobs["urgent"] = JobState("urgent", "dave", job("qd").build(), submitted_seq=4, submitted_at=0.0)
     assert other_sides(state, v) == ["preempted for: train, urgent (dave, queue qd)"]
+
+
+def test_a_job_moved_to_make_room_reads_as_moved_not_preempted() -> None:
+    # The admin's explain of a job a consolidation moved read "preempted for: b1", and its history
+    # "asked to checkpoint and yield to b1": as if b1 had taken its place, not made it run elsewhere.
+    w = scattered()
+    [move] = w.decide()
+    assert isinstance(move, PreemptionRequested) and move.moves
+    w.emit(subj.decision("preemptor"), move)
+    a2 = w.state.jobs["a2"]
+    (line,) = other_sides(w.state, a2)
+    assert line.startswith("moved to make room for: b1 ("), line
+    asked = "asked to checkpoint and move elsewhere, to make room for b1, by "
+    assert summarize(move, "a2").startswith(asked)
+    assert summarize(move, "b1") == "room made on its behalf by moving a2"
+    (beneficiary,) = other_sides(w.state, w.state.jobs["b1"])
+    assert beneficiary.startswith("stopped, shrunk or moved for it: a2 ("), beneficiary
 
 
 def _holding(

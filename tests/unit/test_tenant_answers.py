@@ -157,7 +157,7 @@ def test_the_admin_is_told_both_sides_of_a_preemption() -> None:
     victim = ask(view, "admin", "explain", job="alice-borrow")["text"]
     assert "  preempted for: bob-urgent (bob, queue qb)\n" in victim, victim
     beneficiary = ask(view, "admin", "explain", job="bob-urgent")["text"]
-    assert "  stopped or shrunk for it: alice-borrow (alice, queue qa)\n" in beneficiary, beneficiary
+    assert "  stopped, shrunk or moved for it: alice-borrow (alice, queue qa)\n" in beneficiary, beneficiary
     for tenant, job_id in (("alice", "alice-borrow"), ("bob", "bob-urgent")):
         told = json.dumps(ask(view, tenant, "explain", job=job_id))
         assert "preempted for:" not in told and "shrunk for it:" not in told

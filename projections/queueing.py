@@ -41,6 +41,8 @@ RESERVED = "reserved"
 # ever will (one that may not be preempted may hold them for good), so the job's admission times
 # out like any other's, and others meanwhile use its quota on the GPUs that are free.
 RESERVED_UNTIMED = "reserved-untimed"
+# The placer's reason code for an admitted job the reservation keeps off the free GPUs that fit.
+RESERVATION = "reservation"
 
 # The longest placement back-off the fold takes (log time past the withdrawal's record): a longer
 # one, or one that is not a number, would keep a job out of admission for ever, and is void.

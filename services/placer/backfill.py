@@ -91,7 +91,7 @@ class Reservation:
         """Why a job of tenant ``reader`` the reservation keeps off the free GPUs waits."""
         held_for = job_named(self.job_id, self.tenant, reader)
         return Reason(
-            "reservation",
+            queueing.RESERVATION,
             f"the free GPUs that fit are reserved for {held_for} (free {self.when()}); a job may use them "
             "only if its runtime estimate ends before then or it is preemptible",
             True,

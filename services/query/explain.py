@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from corral.events import subjects
-from corral.projections import indexes, preemption, quota
+from corral.projections import indexes, preemption, queueing, quota
 from corral.projections.index import JobEvent
 from corral.projections.lifecycle import HOLDS_GPUS
 from corral.projections.state import JobState, State
@@ -179,8 +179,9 @@ def node_notes(state: State, job: JobState) -> list[str]:
 def other_sides(state: State, job: JobState) -> list[str]:
     """For the admin alone: the other side of each preemption a job's texts speak of. Those texts
     are its owner's, so they say "another tenant's job"; the admin, who sees every job, is told
-    which, whose and in which queue: whom the job was stopped (or shrunk, or moved) for, and whom
-    the fold stopped, shrank or moved for its own room."""
+    which, whose and in which queue: whom the job was stopped (or shrunk, or moved) for, whom
+    the fold stopped, shrank or moved for its own room, and whom the free GPUs it waits for are
+    reserved for."""
 
     def whose(job_id: str, as_of: int | None = None) -> str:
         other = state.jobs.get(job_id)
@@ -201,7 +202,17 @@ def other_sides(state: State, job: JobState) -> list[str]:
         lines.append(f"shrunk for: {whose(job.preempted_for)}")
     if job.victims:
         lines.append(f"stopped, shrunk or moved for it: {', '.join(map(whose, job.victims))}")
+    if any(r.code == queueing.RESERVATION for r in job.reasons):
+        # Its reason names the job the free GPUs are reserved for only to that job's owner.
+        held = [j.id for j in indexes.jobs_in(state, "admitted") if _reserved(j) and j.id != job.id]
+        if held:
+            lines.append(f"the free GPUs that fit are reserved for: {', '.join(map(whose, sorted(held)))}")
     return lines
+
+
+def _reserved(job: JobState) -> bool:
+    """Whether the placer holds a reservation for ``job`` (its reason says so)."""
+    return bool(job.reasons) and job.reasons[0].code in (queueing.RESERVED, queueing.RESERVED_UNTIMED)
 
 
 def _workers(job: JobState) -> str:

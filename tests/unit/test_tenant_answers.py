@@ -116,6 +116,16 @@ def test_why_a_job_waits_names_no_other_tenants_job(
     assert "secret" in json.dumps(ask(view, "admin", "jobs"))  # the admin sees every job
 
 
+def test_the_admin_is_told_whom_the_gpus_a_job_waits_for_are_reserved_for() -> None:
+    # The admin's explain of bob-1 read "reserved for another tenant's job", its owner's words,
+    # with nothing to say which, short of reading the log.
+    view = folded(APART, RESERVED, until=10.0)
+    said = "the free GPUs that fit are reserved for: secret-70b (alice, queue qa)"
+    assert said in ask(view, "admin", "explain", job="bob-1")["text"]
+    told = ask(view, "bob", "explain", job="bob-1")
+    assert "reserved for:" not in told["text"] and "secret" not in json.dumps(told)
+
+
 @pytest.mark.parametrize(
     ("setup", "jobs", "said"),
     [

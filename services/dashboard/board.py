@@ -173,7 +173,8 @@ def timeline(job_id: str, explained: Answer) -> dict[str, Any]:
     """The job's attempts in order, each with the records of it: an attempt ends where the job
     is requeued (after a preemption, a failure or a lost node) and the next begins. A record the
     fold refused is kept, marked, and moves nothing. A preemption the job asked for (it was the
-    beneficiary) is ``preempting``, one it suffered ``preempted``."""
+    beneficiary) is ``preempting``, one it suffered ``preempted``; a consolidation's stop, which
+    runs it on elsewhere, ``moved``."""
     if "error" in explained:
         raise Unanswered(str(explained["error"]))
     attempts: list[dict[str, Any]] = [{"attempt": 0, "events": []}]
@@ -181,6 +182,8 @@ def timeline(job_id: str, explained: Answer) -> dict[str, Any]:
         kind = KINDS.get(e["type"], "other")
         if kind in ("preempted", "shrink") and "on its behalf" in e["summary"]:
             kind = "preempting"
+        elif kind == "preempted" and "move elsewhere" in e["summary"]:  # ``index.summarize``'s
+            kind = "moved"
         event = {
             "seq": e["seq"],
             "time": e["time"],

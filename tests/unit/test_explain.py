@@ -17,6 +17,7 @@ from corral.projections.quota import ANY
 from corral.projections.state import JobState, State
 from corral.services.agent.decide import StartFailed, WorkerKey, report_events
 from corral.services.cli import screen, table
+from corral.services.dashboard.board import timeline
 from corral.services.query.explain import anyone_stoppable, other_sides
 from corral.services.query.view import explain_log
 from tests.builders import Cluster, LogBuilder, job, on, placement, worker
@@ -113,6 +114,12 @@ def test_a_job_moved_to_make_room_reads_as_moved_not_preempted() -> None:
     assert summarize(move, "b1") == "room made on its behalf by moving a2"
     (beneficiary,) = other_sides(w.state, w.state.jobs["b1"])
     assert beneficiary.startswith("stopped, shrunk or moved for it: a2 ("), beneficiary
+    # The dashboard's timeline marks it moved, and counts no preemption.
+    entry = {"seq": 9, "time": 1.0, "type": "PreemptionRequested", "summary": summarize(move, "a2")}
+    told = {"job": {"per_worker": "2 GPU", "workers": 1}, "reasons": [], "history": [entry], "seq": 9}
+    t = timeline("a2", told)
+    assert [e["kind"] for a in t["attempts"] for e in a["events"]] == ["moved"]
+    assert t["counts"]["preempted"] == 0
 
 
 def _holding(

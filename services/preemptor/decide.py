@@ -64,6 +64,7 @@ from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
 from corral.projections import indexes, moves, preemption, queueing, runtimes, thrash
 from corral.projections.holds import Hold, hold, quota_ends
+from corral.projections.placement.framework import avoided
 from corral.projections.placement.inventory import Inventory
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.quota import Ledger
@@ -261,8 +262,10 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             # rest), one quota does not block until a commit (``unblocked``). A hold keeping a
             # job out reads its runtime estimate, which the jobs of a form do not share. A job
             # preempted as often as its class allows may not borrow where the rest of its form
-            # may (``Ledger.may_borrow``): it is judged alone, and its verdict is its own.
-            alone = _capped(sim.ledger, job)
+            # may (``Ledger.may_borrow``), and one kept off the nodes that failed its starts
+            # (``avoided``) finds no room where the rest may: each is judged alone, and its
+            # verdict is its own.
+            alone = _capped(sim.ledger, job) or bool(avoided(state, job))
             if holds.keeps_out(job):
                 if alone:
                     continue
@@ -631,7 +634,8 @@ def _form(job: JobState) -> tuple[object, ...]:
 
 def _capped(ledger: Ledger, job: JobState) -> bool:
     """Whether ``job`` may be preempted by its spec and class but not borrow (its class's cap on
-    preemptions reached): the one difference ``_form`` leaves between jobs of a form."""
+    preemptions reached): a difference ``_form`` leaves between jobs of a form, as it leaves the
+    nodes a job avoids (``avoided``)."""
     return ledger.may_be_preempted(job.spec) and not ledger.may_borrow(job)
 
 

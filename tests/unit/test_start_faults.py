@@ -116,3 +116,25 @@ def test_the_preemptor_stops_nothing_for_a_queued_job_that_fits_only_the_node_it
     state = log.fold()
     [p] = plan(state, state.time + 1)
     assert p.beneficiary == "j1" and [v.job_id for v in p.victims] == ["low"]
+
+
+def test_a_queued_job_that_avoids_a_node_does_not_speak_for_its_form() -> None:
+    # j1 and j2 ask alike, but node-00 failed j1's start. Stopping ``low`` there lets j2 in (of
+    # a lower priority, it goes past j1's hold: j1 may stop it to take the room back); j1,
+    # searched first, found nothing off node-00, and its form was taken for hopeless: j2, behind
+    # it, waited every cycle for as long as node-00's run of failed starts counted j1.
+    log = LogBuilder().nodes(Cluster(2)).queue(queue_spec("team-a", 16))
+    log.submit("alice", "j1", job().gpus(8)).accept("j1", priority=10).admit("j1")
+    log.place(on(N0, *range(8), job_id="j1")).started(N0, "j1")
+    log.event(subj.node(N0), WorkerExited(node=N0, job_id="j1", attempt=0, rank=0, code=127, node_fault=WHY))
+    log.requeue("j1", 0)
+    log.submit("bob", "low", job().gpus(8).preemptible()).accept("low").admit("low")
+    log.place(on(N0, *range(8), job_id="low")).started(N0, "low")
+    log.submit("carol", "high", job().gpus(8)).accept("high", priority=20).admit("high")
+    log.place(on(N1, *range(8), job_id="high")).started(N1, "high")
+    log.submit("alice", "j2", job().gpus(8)).accept("j2", priority=5)
+    state = log.fold()
+    assert [state.jobs[j].phase for j in ("j1", "j2")] == ["queued", "queued"]
+    assert avoided(state, state.jobs["j1"]) == {N0}
+    [p] = plan(state, state.time + 1)
+    assert p.beneficiary == "j2" and [v.job_id for v in p.victims] == ["low"]

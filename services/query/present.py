@@ -39,9 +39,12 @@ def job_row(job: JobState) -> dict[str, Any]:
     most it asks for, ``min_workers`` the least an elastic job runs with (``workers`` for any
     other), ``running_workers`` how many run now; the table writes them with ``workers_text``.
     ``nodes``: where it holds GPUs now; ``was_on``: where its attempt was placed, once it holds
-    them no more (it ended, or was stopped), so that no view shows it on a node it has left."""
-    placed = sorted({w.node for w in job.placement.workers}) if job.placement else []
-    here = job.phase in HOLDS_GPUS
+    them no more (it ended, or was stopped), so that no view shows it on a node it has left. A
+    job cancelled, failed or stopped holds its GPUs until its last worker is gone (``held``):
+    it is on its nodes until then, as the nodes' GPUs say."""
+    where = job.placement or job.held  # a requeued job's workers of its last attempt: held alone
+    placed = sorted({w.node for w in where.workers}) if where else []
+    here = job.phase in HOLDS_GPUS or job.held is not None
     shape = Shape.of(job.spec.resources)
     return {
         "id": job.id,

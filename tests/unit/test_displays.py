@@ -8,7 +8,7 @@ import json
 from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.decisions import JobsPlaced
-from corral.events.jobs import Admission, JobRequeued, JobsAdmitted, SubmitJob
+from corral.events.jobs import Admission, CancelJob, JobRequeued, JobsAdmitted, SubmitJob
 from corral.events.queues import CordonNode
 from corral.projections.index import batch_lines, summarize
 from corral.projections.state import State
@@ -114,6 +114,21 @@ def test_a_finished_job_shows_where_it_was_not_where_it_is() -> None:
     assert f"\n  was on {N0}\n" in said["text"] and "placed on" not in said["text"], said["text"]
     assert board._job(row, {})["where"] == f"was on {N0}"
     assert board.timeline("j", {**said, "seq": 1})["job"]["where"] == f"was on {N0}"
+
+
+def test_a_cancelled_job_is_on_its_node_until_its_workers_are_gone() -> None:
+    # Cancelled, a job holds its GPUs until its workers exit: explain read "1 running" and "was
+    # on node-00" while node-00's GPU was still its.
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "j", job().gpus(1)).accept("j").admit("j")
+    log.place(on(N0, 0, job_id="j")).started(N0, "j").request("alice", "cancel", CancelJob(job_id="j"))
+    state = log.fold()
+    assert state.jobs["j"].phase == "cancelled" and state.nodes[N0].gpus[0].holders == {"j": 1000}
+    row = present.job_row(state.jobs["j"])
+    assert (row["nodes"], row["was_on"]) == (N0, "")
+    assert f"\n  placed on {N0}\n" in explain(state.jobs["j"], ())["text"]
+    row = present.job_row(log.exited(N0, "j", code=143, stopped=True).fold().jobs["j"])
+    assert (row["nodes"], row["was_on"]) == ("", N0)
 
 
 def test_a_queues_row_shows_its_borrowing_and_lending_limits() -> None:

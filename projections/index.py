@@ -71,10 +71,13 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
     out: list[JobEvent] = []
     for rec in records:
         body, tenant = _decode(rec)
-        if body is None or isinstance(body, WorkerStarted) and body.failed:
-            # A start that failed is no start: its exit, next, says the rank could not start.
+        if body is None:
             continue
         refusal = refusals.get(rec.seq)
+        if isinstance(body, WorkerStarted) and body.failed and refusal is None:
+            # A start that failed is no start: its exit, next, says the rank could not start.
+            # One the fold refused has no exit taken to say so, and is kept, marked, as any.
+            continue
         kind = type(body).__name__
         batch = batch_lines(body) if isinstance(body, BATCHES) else None
         drained = _drained(state, body, rec.seq) if refusal is None else {}
@@ -254,6 +257,8 @@ def summarize(
             by = _by(body.deadline, due)
             whom = name(body.beneficiary)
             return f"asked to shrink to {body.replicas} workers for {whom} by {by}"
+        case WorkerStarted() if body.failed:
+            return f"{_rank(body, current)} could not start on {body.node}"
         case WorkerStarted():
             return f"{_rank(body, current)} started on {body.node}"
         case WorkerExited() if body.start_error and body.code and not body.stopped and not body.node_fault:

@@ -10,7 +10,7 @@ from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.decisions import GpuClaim, PreemptionRequested
 from corral.events.jobs import REASON_CHARS, PendingReasonChanged
-from corral.events.nodes import WorkerExited
+from corral.events.nodes import WorkerExited, WorkerStarted
 from corral.events.queues import ApplyCohort, CohortSpec, CordonNode, QueueSpec, Quota
 from corral.projections.index import summarize
 from corral.projections.quota import ANY
@@ -292,6 +292,21 @@ def test_a_start_that_failed_is_not_said_to_have_started(node_fault: bool) -> No
     lines = [h["summary"] for h in report["history"] if h["type"].startswith("Worker")]
     assert len(lines) == 1 and lines[0].startswith("rank 0 could not start on node-00"), lines
     assert "started" not in report["text"]
+
+
+def test_a_failed_start_the_fold_refused_is_kept_in_the_history() -> None:
+    # A start marked failed is left out of a job's history, its exit telling of it; one the fold
+    # refused (sent by another node's agent) has no exit to tell of it, and went unseen with it.
+    log = LogBuilder().nodes(Cluster(2)).queues("team-a")
+    log.submit("alice", "j1", job().gpus(8)).accept("j1").admit("j1")
+    log.place(placement("j1", worker(0, "node-00", *(GpuClaim(g) for g in range(8)))))
+    forged = WorkerStarted(node="node-01", job_id="j1", attempt=0, rank=0, failed=True)
+    log.event(subj.node("node-01"), forged)
+    report = explain_log(log.records, "j1", "alice")
+    assert report is not None
+    [entry] = [h for h in report["history"] if h["type"] == "WorkerStarted"]
+    assert [r["seq"] for r in report["refused"]] == [entry["seq"]], report["refused"]
+    assert entry["summary"] == "rank 0 could not start on node-01"
 
 
 def test_a_late_report_of_an_earlier_attempt_names_its_attempt() -> None:

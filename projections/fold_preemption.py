@@ -111,8 +111,8 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
         job.preempted_at = (*job.preempted_at[-(MAX_PREEMPTION_TIMES - 1) :], ctx.time)
         indexes.name(state, job, ev.beneficiary)
         job.stopped_for = stopped_for(job, beneficiary)
-        if ev.moves:
-            job.moved_for = moved_for(job, beneficiary)
+        if ev.moves or job.moved_for:
+            job.moved_for = moved_for(job, beneficiary, moved=bool(ev.moves))
         job.preempt_deadline = victim_deadline(state, ctx, ev, job, beneficiary)
         job.reasons = (
             Reason("preempted", what.format(job_named(ev.beneficiary, beneficiary.tenant, job.tenant))),
@@ -189,11 +189,13 @@ def stopped_for(job: JobState, beneficiary: JobState) -> tuple[tuple[str, int, i
     return (*job.stopped_for[-(MAX_PREEMPTION_TIMES - 1) :], entry)
 
 
-def moved_for(job: JobState, beneficiary: JobState) -> tuple[tuple[str, int, int], ...]:
-    """``job.moved_for`` with this move added (once), none that ``stopped_for`` no longer keeps."""
+def moved_for(job: JobState, beneficiary: JobState, moved: bool) -> tuple[tuple[str, int, int], ...]:
+    """``job.moved_for`` with this stop added (once) if it is a move, else taken out, none that
+    ``stopped_for`` no longer keeps. A stop for a job it was moved for before, once that move
+    was dropped from ``stopped_for`` (past its bound), may be a preemption: it is no move."""
     entry = (beneficiary.id, beneficiary.priority_seq, job.priority_seq)
-    kept = [e for e in job.moved_for if e != entry and e in job.stopped_for]
-    return (*kept, entry)
+    kept = tuple(e for e in job.moved_for if e != entry and e in job.stopped_for)
+    return (*kept, entry) if moved else kept
 
 
 def shrink(state: State, ctx: Ctx, job: JobState, replicas: int, beneficiary: str, deadline: float) -> None:

@@ -264,4 +264,6 @@ from __future__ import annotations
 #    jobs behind it that may.
 # 93: a job a consolidation stops to run elsewhere keeps that it was moved for the other
 #    (``JobState.moved_for``), not only that it was stopped for it.
-RULES = 93
+# 94: a job stopped by a preemption (not a move) for one it was moved for before, that move
+#    since dropped from ``stopped_for``, keeps no move for it (``JobState.moved_for``).
+RULES = 94

@@ -9,9 +9,10 @@ import pytest
 from corral.events import subjects as subj
 from corral.events.base import Reason
 from corral.events.decisions import GpuClaim, PreemptionRequested
-from corral.events.jobs import REASON_CHARS, PendingReasonChanged
+from corral.events.jobs import REASON_CHARS, CancelJob, PendingReasonChanged
 from corral.events.nodes import WorkerExited, WorkerStarted
 from corral.events.queues import ApplyCohort, CohortSpec, CordonNode, QueueSpec, Quota
+from corral.projections.fold_moves import MAX_PREEMPTION_TIMES
 from corral.projections.index import summarize
 from corral.projections.quota import ANY
 from corral.projections.state import JobState, State
@@ -21,6 +22,7 @@ from corral.services.dashboard.board import timeline
 from corral.services.query.explain import anyone_stoppable, other_sides
 from corral.services.query.view import explain_log
 from tests.builders import Cluster, LogBuilder, job, on, placement, worker
+from tests.unit.test_consolidation import N1, _at, _gpus, _move
 from tests.unit.test_consolidation import world as scattered
 from tests.unit.test_preemptor import N0, World, gpus, whole
 
@@ -120,6 +122,23 @@ def test_a_job_moved_to_make_room_reads_as_moved_not_preempted() -> None:
     t = timeline("a2", told)
     assert [e["kind"] for a in t["attempts"] for e in a["events"]] == ["moved"]
     assert t["counts"]["preempted"] == 0
+
+
+def test_a_job_preempted_for_one_it_was_moved_for_long_ago_reads_as_preempted() -> None:
+    # a2 was moved for b1, then stopped for as many others as ``stopped_for`` keeps, which
+    # dropped the move: b1 could then preempt it (team-a borrows b's quota), and the admin read
+    # "moved to make room for: b1" of that preemption, and nothing of it under "preempted for".
+    w = scattered(nominal=(4, 28), cohort=True)
+    assert _move(w, ("a2",), (_at(w, "b1", N0, 4, 5, 6, 7), _at(w, "a2", N1, 6, 7))) is None
+    w.stop("a2").requeue("a2")
+    for i in range(MAX_PREEMPTION_TIMES):
+        w.admit("a2").place("a2", (N1, _gpus(6, 7))).start("a2")
+        w.waiting(f"c{i}", job().queue("a").gpus(1).build(), priority=10)
+        w.preempt(f"c{i}", "a2").stop("a2").requeue("a2")
+        w.emit(subj.request("alice", "cancel"), CancelJob(job_id=f"c{i}"), "alice")
+    w.admit("a2").place("a2", (N1, _gpus(6, 7))).start("a2").preempt("b1", "a2")
+    said = other_sides(w.state, w.state.jobs["a2"])
+    assert said[0].endswith(", b1 (alice, queue b)") and len(said) == 1, said
 
 
 def _holding(

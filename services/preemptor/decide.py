@@ -579,7 +579,16 @@ class _Holds:
             return False  # (the verdicts below are for jobs the held job may not stop)
         # The estimate is the job's own (its owner's, else the one learned at its submission), as
         # admission reads it: jobs of one ask with different learned estimates get each its own.
-        ask = (spec.queue, spec.resources, spec.replicas, spec.min_replicas, runtimes.of(job))
+        # So is whether it may borrow: of several models, one that may not borrow may count
+        # against another model than one that may (``Ledger.key_for``), which the hold may not be on.
+        ask = (
+            spec.queue,
+            spec.resources,
+            spec.replicas,
+            spec.min_replicas,
+            runtimes.of(job),
+            self.ledger.may_borrow(job),
+        )
         found = self._verdicts.get(ask)
         if found is None:
             found = self._verdicts[ask] = self._keeps_out(held, job)

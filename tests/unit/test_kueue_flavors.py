@@ -377,3 +377,27 @@ def test_the_pending_order_charges_no_model_that_no_node_could_host_the_job_on()
     admitted = [a.job_id for e in admission(w.state, w.time) for a in getattr(e, "admissions", ())]
     assert admitted == ["a1", "b1", "a2"]
     assert [j.id for j in pending_order(w.state, w.time)] == admitted
+
+
+def test_a_job_that_may_not_borrow_is_not_kept_out_for_one_that_may_of_its_ask() -> None:
+    # ``h`` waits for a's H100 and holds them. p and q ask alike, H100 or A100; p may borrow and
+    # counts against the H100 (c2's are free to borrow), where the hold keeps it out. q may not
+    # be preempted, so may not borrow: it counts against the A100, which b borrows from a, and
+    # stopping b-run would admit it. The verdict on p was taken for q's: q waited for b-run.
+    w = World(nodes=2, profile="mixed").cohort("c")
+    policy = PreemptionPolicy(within_queue="lower-priority", reclaim_within_cohort="any")
+    for q in (
+        QueueSpec("a", cohort="c", quotas={H100: Quota(4), A100: Quota(4)}, preemption=policy),
+        QueueSpec("c2", cohort="c", quotas={H100: Quota(4)}, preemption=policy),
+        QueueSpec("b", cohort="c", quotas={A100: Quota(0)}, preemption=policy),
+    ):
+        w.emit(subj.admin("queue"), ApplyQueue(queue=q), subj.ADMIN)
+    w.run("a-fixed", spec("a", 4, H100, preemptible=False), whole(N_H100, 0, 1, 2, 3), priority=20)
+    w.run("c2-run", spec("c2", 2, H100, preemptible=False), whole(N_H100, 4, 5), priority=30)
+    w.run("b-run", spec("b", 4, A100), whole(N_A100, 0, 1, 2, 3))
+    w.wait(3600)
+    w.submit("h", spec("a", 4, H100), priority=10)
+    w.submit("p", spec("a", 1, H100, A100), priority=10)
+    w.submit("q", spec("a", 1, H100, A100, preemptible=False), priority=10)
+    found = preemptions(w)
+    assert [(e.beneficiary, [v.job_id for v in e.victims], e.key) for e in found] == [("q", ["b-run"], A100)]

@@ -28,6 +28,7 @@ from corral.events.decisions import (
     Victim,
 )
 from corral.events.jobs import (
+    Admission,
     AdmissionWithdrawn,
     CancelJob,
     JobAccepted,
@@ -37,6 +38,7 @@ from corral.events.jobs import (
     JobsAdmitted,
     PendingReasonChanged,
     ResizeJob,
+    Resources,
     SubmitJob,
     said_reason,
 )
@@ -44,9 +46,9 @@ from corral.events.log import Record
 from corral.events.nodes import CheckpointCompleted, NodeCordoned, WorkerExited, WorkerStarted
 from corral.events.queues import CordonNode
 from corral.events.routing import job_ids as job_ids_of
-from corral.projections import indexes, visibility
+from corral.projections import indexes, quota, visibility
 from corral.projections.shape import Shape
-from corral.projections.state import Rejection, State
+from corral.projections.state import WHOLE, Rejection, State
 
 __all__ = ["JobEvent", "deadline_text", "job_events", "job_ids_of", "summarize"]
 
@@ -79,7 +81,7 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
             # One the fold refused has no exit taken to say so, and is kept, marked, as any.
             continue
         kind = type(body).__name__
-        batch = batch_lines(body) if isinstance(body, BATCHES) else None
+        batch = batch_lines(body, _resources_in(state)) if isinstance(body, BATCHES) else None
         drained = _drained(state, body, rec.seq) if refusal is None else {}
         for job_id in drained or job_ids_of(body):
             if job_id in drained:
@@ -306,22 +308,43 @@ def _listed(victims: Sequence[Victim], name: Callable[[str], str]) -> str:
 _OF_OTHERS = (PreemptionRequested, ShrinkRequested)
 
 
-def batch_lines(body: JobsAdmitted | JobsPlaced | JobsUnschedulable) -> dict[str, str]:
+def _resources_in(state: State) -> Callable[[str], Resources | None]:
+    """What each job of ``state`` asks of a worker, by id (None: a job it does not hold)."""
+    jobs = state.jobs
+    return lambda job_id: jobs[job_id].spec.resources if job_id in jobs else None
+
+
+def _held(a: Admission, resources: Resources | None) -> str:
+    """What an admission holds of quota, as ``quota.holding`` charges it where the job's worker is
+    known: a share of a GPU or a MIG slice for what it is (``Admission.gpus`` rounds it up to a
+    whole GPU, and "holding 1 GPU" read as four times what a quarter GPU's queue is charged);
+    else the whole GPUs the admission records. The key ``*`` is any model: "4 GPUs", not "4 *"."""
+    if resources is not None and len(a.gpus) == 1:
+        ((key, _),) = a.gpus.items()
+        milli = quota.worker_milli(resources, key) * a.replicas
+        n = quota.fmt_gpus(milli)
+        return f"{n} GPU{'s' if milli != WHOLE else ''}" if key == quota.ANY else f"{n} {key}"
+    return ", ".join(
+        f"{n} GPU{'s' if n != 1 else ''}" if m == quota.ANY else f"{n} {m}" for m, n in sorted(a.gpus.items())
+    )
+
+
+def batch_lines(
+    body: JobsAdmitted | JobsPlaced | JobsUnschedulable,
+    resources: Callable[[str], Resources | None] | None = None,
+) -> dict[str, str]:
     """A batch decision's line per job it speaks of, each item read once (a job listed twice
-    reads as its first item; an admission before a growth)."""
+    reads as its first item; an admission before a growth). ``resources``: what each job asks of
+    a worker, where the caller knows it (``_held``)."""
     lines: dict[str, str] = {}
     match body:
         case JobsAdmitted():
             for a in body.admissions:
                 if a.job_id not in lines:
-                    # The quota key ``*`` is any model: "4 GPUs", not "4 *".
-                    held = ", ".join(
-                        f"{n} GPU{'s' if n != 1 else ''}" if m == "*" else f"{n} {m}"
-                        for m, n in sorted(a.gpus.items())
-                    )
-                    quota = f"holding {held} of quota" if held else "no GPU quota"
+                    held = _held(a, None if resources is None else resources(a.job_id))
+                    quota_held = f"holding {held} of quota" if held else "no GPU quota"
                     workers = f"{a.replicas} worker{'s' if a.replicas != 1 else ''}"
-                    lines[a.job_id] = f"admitted attempt {a.attempt}: {workers}, {quota}"
+                    lines[a.job_id] = f"admitted attempt {a.attempt}: {workers}, {quota_held}"
             for g in body.growths:
                 lines.setdefault(g.job_id, f"grown to {g.replicas} workers")
         case JobsPlaced():

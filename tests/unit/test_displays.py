@@ -10,7 +10,8 @@ from corral.events.base import Reason
 from corral.events.decisions import JobsPlaced
 from corral.events.jobs import Admission, CancelJob, JobRequeued, JobsAdmitted, SubmitJob
 from corral.events.queues import CordonNode
-from corral.projections.index import batch_lines, summarize
+from corral.projections.fold import fold_refusals
+from corral.projections.index import batch_lines, job_events, summarize
 from corral.projections.state import State
 from corral.services.cli.display import job_table, node_table
 from corral.services.query import present
@@ -182,6 +183,27 @@ def test_an_admission_reads_as_gpus_of_quota() -> None:
     assert summarize(by_model, "g") == "admitted attempt 0: 1 worker, holding 8 H100-80GB of quota"
     submitted = SubmitJob(request_id="g", job=job().gpus(4).replicas(4, minimum=2).build())
     assert summarize(submitted, "g") == "submitted to queue team-a: 2..4 × 4 GPU"
+
+
+def test_a_share_or_a_slice_of_a_gpu_is_said_to_hold_what_its_queue_is_charged() -> None:
+    # A quarter of a GPU and a 3g.40gb slice read "holding 1 GPU of quota" in their histories,
+    # while their queue was charged 0.25 and 0.5 and their waits said "needs 0.25 GPUs".
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log.submit("alice", "q", job().milli(250)).accept("q")
+    log.submit("alice", "s", job().mig("3g.40gb").models("H100-80GB")).accept("s")
+    log.submit("alice", "w", job().gpus(2)).accept("w").admit("q", "s", "w")
+    state = State()
+    held = {
+        e.job_id: e.summary
+        for e in job_events(state, log.records, fold_refusals(state, log.records))
+        if e.type == "JobsAdmitted"
+    }
+    assert held == {
+        "q": "admitted attempt 0: 1 worker, holding 0.25 GPUs of quota",
+        "s": "admitted attempt 0: 1 worker, holding 0.5 GPUs of quota",
+        "w": "admitted attempt 0: 1 worker, holding 2 GPUs of quota",
+    }
+    assert state.quota_held["team-a"] == {"*": 250 + 500 + 2000}
 
 
 def test_a_placement_and_a_requeue_read_as_a_person_writes_them() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
@@ -32,10 +33,35 @@ def convert(doc: Any, kind: type[T], where: str, also: Sequence[str] = ()) -> T:
     unknown = list(unknown_fields(doc, mi.type_info(kind), "", also))
     if unknown:
         raise NotValid(f"{where}: {_unknown_text(unknown)}")
+    odd = _not_finite(doc, "")
+    if odd is not None:
+        at, value = odd
+        raise NotValid(f"{where}: {at}: expected a finite number, got {value}")
     try:
         return msgspec.convert(doc, kind, strict=False)
     except msgspec.ValidationError as e:
         raise NotValid(f"{where}: {in_words(str(e), kind)}") from None
+
+
+def _not_finite(doc: Any, at: str) -> tuple[str, float] | None:
+    """The path and value of the first NaN or infinite number in ``doc``, or None. YAML's
+    ``.nan`` and ``.inf``, TOML's ``nan`` and ``inf`` and Python's ``NaN`` in JSON are numbers to
+    their parsers, and JSON on the wire has none: sent, a job's ``runtime_estimate_s: .inf``
+    became null, a job without an estimate, and ``grace_seconds: .nan`` a request the intake
+    could not read."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return at, doc
+    if isinstance(doc, dict):
+        items: Iterable[tuple[str, Any]] = ((f"{at}.{k}" if at else str(k), v) for k, v in doc.items())
+    elif isinstance(doc, list | tuple):
+        items = ((f"{at}[{i}]", v) for i, v in enumerate(doc))
+    else:
+        return None
+    for path, value in items:
+        found = _not_finite(value, path)
+        if found is not None:
+            return found
+    return None
 
 
 # -- keys given twice ---------------------------------------------------------------------------

@@ -83,6 +83,29 @@ REFUSED = [
         ": command: expected a list, got a string",
     ),
     (
+        # YAML's .inf became null on the wire: a job without an estimate, accepted as such.
+        "an infinite runtime estimate",
+        "job.yaml",
+        "queue: a\nruntime_estimate_s: .inf\n",
+        JOB,
+        ": runtime_estimate_s: expected a finite number, got inf",
+    ),
+    (
+        # ... and a NaN grace a request the intake could not read, after the file was passed.
+        "a grace that is not a number",
+        "job.toml",
+        'queue = "a"\ngrace_seconds = nan\n',
+        JOB,
+        ": grace_seconds: expected a finite number, got nan",
+    ),
+    (
+        "an infinite estimate in JSON, as Python writes it",
+        "job.json",
+        '{"queue": "a", "mounts": [{"source": "/d", "target": "/d"}], "runtime_estimate_s": -Infinity}',
+        JOB,
+        ": runtime_estimate_s: expected a finite number, got -inf",
+    ),
+    (
         "resources as a list",
         "job.yaml",
         "queue: a\nresources: [1]\n",

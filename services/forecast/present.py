@@ -21,10 +21,10 @@ def text(told: dict[str, Any]) -> str:
             islands = ", ".join(map(str, p["islands"])) or "-"
             lines.append(f"  rank {p['rank']}: {p['node']} GPUs {where} (NVLink island {islands})")
         if stops:
-            lines.append(f"it would preempt {len(stops)}: {', '.join(stops)}")
+            lines.append(f"it would preempt {len(stops)}: {stopped(stops)}")
         return "\n".join(lines)
     if stops:
-        lines.append(f"it would preempt {len(stops)}: {', '.join(stops)} (and start once they stop)")
+        lines.append(f"it would preempt {len(stops)}: {stopped(stops)} (and start once they stop)")
     if told["why_waiting"]:
         lines.append(f"waits now: {told['why_waiting']}")
     if told["start"] is None and told.get("cut_s") is not None:
@@ -42,6 +42,24 @@ def text(told: dict[str, Any]) -> str:
         else:
             lines.append("no smaller ask tried starts it now")
     return "\n".join(lines)
+
+
+def stopped(stops: list[str]) -> str:
+    """Whom it would stop, each alike counted once: another tenant's jobs are all "a job of
+    queue X", and four of them read "a job of queue X, a job of queue X, ..." where "4 jobs of
+    queue X" says it."""
+    counted: dict[str, int] = {}
+    for who in stops:
+        counted[who] = counted.get(who, 0) + 1
+    return ", ".join(_times(who, n) for who, n in counted.items())
+
+
+def _times(who: str, n: int) -> str:
+    if n == 1:
+        return who
+    if who.startswith("a job of "):
+        return f"{n} jobs of {who.removeprefix('a job of ')}"
+    return f"{n} × {who}"
 
 
 def span(seconds: float) -> str:

@@ -118,7 +118,8 @@ def whatif(
         if isinstance(body, PreemptionRequested) and body.beneficiary == job_id:
             out.stops.extend(called(v.job_id) for v in body.victims)
         elif isinstance(body, ShrinkRequested) and body.beneficiary == job_id:
-            out.stops.append(f"{called(body.job_id)} (shrunk to {body.replicas} workers)")
+            workers = f"{body.replicas} worker{'s' if body.replicas != 1 else ''}"
+            out.stops.append(f"{called(body.job_id)} (shrunk to {workers})")
     if job.placement is not None:
         for w in job.placement.workers:
             node = sim.state.nodes[w.node]

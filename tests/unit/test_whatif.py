@@ -125,3 +125,42 @@ def test_a_job_an_elastic_jobs_shrink_makes_room_for_is_told_so() -> None:
     w.submit("b1", ask)
     assert not [e for e in w.cycle(admission) if isinstance(e, JobsAdmitted)]
     assert [type(e).__name__ for e in w.cycle(preemptor)] == ["ShrinkRequested"]
+
+
+def test_the_jobs_it_would_stop_of_one_queue_are_counted_not_listed_each() -> None:
+    # Another tenant's jobs are each "a job of queue X": a lender's what-if over three of a
+    # borrower's read "it would preempt 3: a job of queue team-a, a job of queue team-a, a job of
+    # queue team-a".
+    from corral.events.decisions import GpuClaim
+    from tests.unit.test_preemptor import World
+
+    w = World().cohort("ml").queue("team-a", 0, cohort="ml").queue("team-b", 8, cohort="ml")
+    one = JobSpec(queue="team-a", resources=Resources(gpus=2), checkpointable=True, command=TRAIN)
+    for i in range(4):
+        w.run(f"a{i}", one, ("node-00", (GpuClaim(2 * i), GpuClaim(2 * i + 1))))
+    ask = JobSpec(queue="team-b", resources=Resources(gpus=6), command=TRAIN)
+    told = whatif.answer(w.state, "bob", "b1", ask, w.time)
+    assert len(told["preempts"]) == 3 and not told["starts_now"], told
+    said = whatif.text(told)
+    assert "it would preempt 3: 3 jobs of queue team-a (and start once they stop)" in said, said
+
+
+def test_a_job_shrunk_to_one_worker_is_said_so() -> None:
+    from corral.events.decisions import GpuClaim
+    from tests.unit.test_preemptor import World
+
+    w = World().cohort("ml").queue("team-a", 1, cohort="ml").queue("team-b", 1, cohort="ml")
+    spec = JobSpec(
+        queue="team-a",
+        resources=Resources(gpus=1),
+        replicas=2,
+        min_replicas=1,
+        checkpointable=True,
+        command=TRAIN,
+    )
+    w.submit("elastic", spec).admit("elastic", 2)
+    w.place("elastic", ("node-00", (GpuClaim(0),)), ("node-00", (GpuClaim(1),))).start("elastic")
+    o = whatif.whatif(
+        w.state, "bob", "b1", JobSpec(queue="team-b", resources=Resources(gpus=1), command=TRAIN), w.time
+    )
+    assert o.stops == ["a job of queue team-a (shrunk to 1 worker)"], o.stops

@@ -216,7 +216,12 @@ def eta_text(eta: dict[str, Any], now: float | None = None) -> str:
     if start is None:
         return f"not within {eta['horizon_s'] / 3600:g} h of the forecast at {clock(eta['forecast_at'])}"
     if now is not None:
-        return f"in {span(start - now)} (between {span(early - now)} and {_later(late, now)})"
+        point, lo, hi = span(start - now), span(early - now), _later(late, now)
+        if point == "now":
+            return "now"
+        if lo == hi == point:  # a band that reads as its start says nothing more
+            return f"in {point}"
+        return f"in {point} (between {lo} and {hi})"
     lo = clock(early) if early is not None else "?"
     hi = clock(late) if late is not None else "beyond the horizon"
     return f"{clock(start)} (between {lo} and {hi})"

@@ -157,6 +157,10 @@ def test_the_read_service_adds_a_waiting_jobs_start_for_its_own_tenant_only() ->
 def test_eta_text() -> None:
     e = {"start": 700.0, "early": 400.0, "late": 1900.0, "forecast_at": 100.0, "horizon_s": 7200.0}
     assert eta_text({**e, "assumption": "x"}, now=100.0) == "in 10 min (between 5 min and 30 min)"
+    # A start and band all within the minute read "in < 1 min (between < 1 min and < 1 min)".
+    soon = {**e, "start": 130.0, "early": 110.0, "late": 150.0}
+    assert eta_text(soon, now=100.0) == "in < 1 min"
+    assert eta_text({**soon, "start": 90.0, "early": 80.0}, now=100.0) == "now"
     beyond = {**e, "start": None, "early": None, "late": None, "assumption": "x"}
     assert eta_text(beyond).startswith("not within 2 h of the forecast at 1970-01-01 00:01:40")
 

@@ -164,15 +164,24 @@ async def probe() -> str | None:
 SYSTEM = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt"})
 
 
+def _environment() -> set[str]:
+    """This interpreter's environment, where it is: a virtualenv reached through a link
+    (``proj/.venv`` made a link to a shared one) is the directory the link names, and shown only
+    as the link, the worker's ``python`` was "No such file or directory"."""
+    return {p for prefix in (sys.prefix, sys.base_prefix) for p in (prefix, os.path.realpath(prefix))}
+
+
 def runs_from(command: Sequence[str]) -> list[str]:
     """What outside ``SYSTEM`` and ``/tmp`` the command runs from: this interpreter's
     environment (a virtualenv and the Python it was made from), and the directory of each file
-    the command names by its absolute path (its program, its script)."""
-    wanted = {sys.prefix, sys.base_prefix}
+    the command names by its absolute path (its program, its script), the one it names through
+    a linked directory too (the kernel follows the path as named, link by link)."""
+    wanted = _environment()
     program = shutil.which(command[0]) if command else None
     for path in [*(a for a in command if a.startswith("/")), *([program] if program else [])]:
         real = os.path.realpath(path)
         wanted.add(real if os.path.isdir(real) else os.path.dirname(real))
+        wanted.add(os.path.realpath(os.path.dirname(path)))
     out = []
     for path in sorted(wanted):
         parts = PurePosixPath(path).parts
@@ -185,7 +194,7 @@ def needed_under_tmp(command: Sequence[str]) -> list[str]:
     """What the worker needs from the host's ``/tmp``, which its private ``/tmp`` hides: the
     top-level directories there holding the command's files, this interpreter's environment or
     the agent's working directory (a checkout or virtualenv may well live in ``/tmp``)."""
-    candidates = [sys.prefix, os.getcwd(), *(a for a in command if a.startswith("/"))]
+    candidates = [*_environment(), os.getcwd(), *(a for a in command if a.startswith("/"))]
     tops = set()
     for c in candidates:
         parts = PurePosixPath(c).parts

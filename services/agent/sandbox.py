@@ -97,7 +97,14 @@ def args(
             args += ["--ro-bind", path, path]
             bound.append(path)
     if narrow:
-        for path in runs_from(command):
+        shown = runs_from(command)
+        if as_user:
+            # What the command runs from lies below directories the sandbox's root lacks (/var,
+            # /home, /root/.pyenv), which bwrap makes only its creator may enter: a worker run as
+            # another user could open neither its script nor its interpreter.
+            for d in _leading(shown, bound):
+                args += ["--perms", "0755", "--dir", d]
+        for path in shown:
             args += ["--ro-bind", path, path]
             bound.append(path)
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]

@@ -55,3 +55,18 @@ def test_a_program_named_through_a_linked_directory_is_shown_along_the_way(
     tools.symlink_to(real_tools)
     shown = sandbox.runs_from([str(tools / "run")])
     assert str(program.parent) in shown and str(real_tools) in shown, shown
+
+
+def test_the_directories_leading_to_what_it_runs_from_may_be_entered_by_its_user(outside: Path) -> None:
+    # bwrap makes the directories a bind needs with its own user's mode alone: with logins, a
+    # worker running as nobody read "can't open file '/var/…/hello.py': Permission denied".
+    script = outside / "proj" / "hello.py"
+    script.parent.mkdir()
+    script.write_text("print('hello')\n")
+    built = sandbox.args(
+        "/tmp/w", "/tmp/c", ["/usr/bin/python3", str(script)], (), 4, narrow=True, as_user=True
+    )
+    bind = built.index(str(script.parent))
+    made = {built[i + 1] for i in range(2, bind) if built[i - 2 : i + 1] == ["--perms", "0755", "--dir"]}
+    assert {str(p) for p in script.parent.parents if str(p) != "/"} <= made, built
+    assert built[bind - 1] == "--ro-bind"

@@ -51,9 +51,16 @@ _decoder = msgspec.json.Decoder(_Line)
 
 
 def write(path: str | Path, records: Iterable[Record]) -> int:
+    """Write ``records`` to ``path``, readable by its owner only, as the credentials are: the log
+    is every tenant's jobs, commands and environments, and a job's sandbox shows the directory
+    ``corral up`` runs from, where an export at the default mode was any tenant's to read. A
+    file already there is made so too; what is not a file (``/dev/stdout``) keeps its mode."""
     n = 0
     try:
-        with open(path, "wb") as f:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
             for r in records:
                 try:
                     line = _Line(r.seq, r.subject, r.time, r.headers, data=r.data.decode())

@@ -527,7 +527,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     and a job's command after ``--`` (``corral submit --queue q -- python train.py``)."""
     argv = list(argv)
     command: list[str] | None = None
-    if "--" in argv:
+    # Only a verb that runs a command takes one after ``--``; to any other, ``--`` is argparse's
+    # end of options: ``corral resize j1 -- 4`` read "the following arguments are required:
+    # replicas", its replicas taken for a command.
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    if "--" in argv and verb in ("submit", "whatif"):
         at = argv.index("--")
         argv, command = argv[:at], argv[at + 1 :]
     fixed: list[str] = []
@@ -538,8 +542,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
             fixed.append(arg)
     args = parser().parse_args(fixed)
     if command is not None:
-        if args.verb not in ("submit", "whatif"):
-            parser().error("only submit and whatif take a command after --")
         if args.command:
             parser().error("give the command after --command or after --, not both")
         if not command:

@@ -77,6 +77,9 @@ def test_a_relative_time_and_a_command_after_dashes_reach_their_verbs() -> None:
     assert (args.queue, args.gpus, args.command) == ("q", 2, ["python", "train.py", "--lr", "3"])
     with pytest.raises(SystemExit):
         parse(["cancel", "j1", "--", "x"])  # only submit and whatif run a command
+    # To any other verb "--" ends the options: a resize's count after it is its count.
+    assert parse(["resize", "j1", "--", "4"]).replicas == 4
+    assert parse(["resize", "--tenant", "t", "j1", "--", "-1"]).replicas == -1
 
 
 def test_submit_flags_fill_the_spec_and_a_flag_beside_a_job_file_is_refused(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ change of what the queue holds, at log time ``t``:
     U <- U * d + r * h / ln 2 * (1 - d),    d = 2 ** (-(t - t0) / h),    t0 <- t
 
 and then ``r`` changes. Reading at ``now`` is the same formula, stored nowhere. A change of the
-half-life brings every ``U`` to that log time at the old rate; it decays at the new one from
-then on. ``U`` is in milli-GPU-seconds; ``recent`` divides it by ``h / ln 2`` (what holding one
+half-life brings every ``U`` to that log time at the old rate and scales it by new / old, so
+that what it reads as (below) does not jump; it decays at the new one from then on. ``U`` is in milli-GPU-seconds; ``recent`` divides it by ``h / ln 2`` (what holding one
 milli-GPU for ever adds up to), so that holding ``g`` GPUs for ever counts as ``g``.
 
 Log time is the stream time of the record being folded (``Ctx.time``), as for every other time
@@ -100,9 +100,15 @@ def track(state: State, job: JobState, now: float) -> None:
 
 def apply_settings(state: State, spec: FairShareSpec, now: float) -> None:
     """New fair-share settings from log time ``now``: what was held until then decays at the old
-    half-life, and at the new one from then on."""
+    half-life, and at the new one from then on. What a queue held lately (``recent``) reads the
+    same across the change: each ``U`` is scaled by new half-life / old. Kept as it was, ``U``
+    read by the new ``h / ln 2`` made every queue's history jump by old / new against what it
+    holds now (24 times from a day to an hour), for hours, in fair-share order and fair-sharing
+    preemption alike."""
     old = state.fair_share.half_life_s
+    scale = spec.half_life_s / old
     for per_key in state.gpu_time.values():
         for g in per_key.values():
             _bring(g, now, old)
+            g.decayed *= scale
     state.fair_share = spec

@@ -266,4 +266,6 @@ from __future__ import annotations
 #    (``JobState.moved_for``), not only that it was stopped for it.
 # 94: a job stopped by a preemption (not a move) for one it was moved for before, that move
 #    since dropped from ``stopped_for``, keeps no move for it (``JobState.moved_for``).
-RULES = 94
+# 95: a change of the fair-share half-life scales each queue's decayed GPU time by new / old
+#    (``gpu_time.apply_settings``), so that what a queue held lately reads the same across it.
+RULES = 95

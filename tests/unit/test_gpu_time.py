@@ -191,18 +191,25 @@ def test_what_is_held_now_counts_up_to_the_reading() -> None:
     )
 
 
-def test_a_change_of_half_life_keeps_what_was_decayed_and_decays_at_the_new_rate() -> None:
+def test_a_change_of_half_life_keeps_what_was_held_lately_and_decays_at_the_new_rate() -> None:
     log = base(HOUR)
     running("j1", job(), log=log.at(T0))
     log.at(T0 + HOUR).fair_share(2 * HOUR)
+    state = log.fold()
+    g = state.gpu_time["team-a"][ANY]
+    # At the change: half a GPU held lately under a 1 h half-life, read so under the 2 h one too
+    # (it read a quarter, and 2 GPUs after a change from 2 h to 1 h: history jumped by old / new).
+    assert gpu_time.recent(g, T0 + HOUR, 2 * HOUR) == pytest.approx(500.0)
     log.at(T0 + 3 * HOUR).exited("node-00", "j1")
     state = log.fold()
     assert state.fair_share.half_life_s == 2 * HOUR
     g = state.gpu_time["team-a"][ANY]
-    # At the change: half a GPU's worth under a 1 h half-life (1000 * h / ln 2 * (1 - 1/2)).
-    # Two hours on at a 2 h half-life: that halves, and the GPU held meanwhile adds 1000 * 2 h
-    # / ln 2 * (1 - 1/2). In GPUs held: (0.5 * 1 h * 0.5 + 2 h * 0.5) / 2 h = 0.625.
-    assert gpu_time.recent(g, T0 + 3 * HOUR, 2 * HOUR) == pytest.approx(625.0)
+    # Two hours on at a 2 h half-life, the GPU held all along: half the way from 0.5 to 1.
+    assert gpu_time.recent(g, T0 + 3 * HOUR, 2 * HOUR) == pytest.approx(750.0)
+    # Back to 1 h, and a queue that held nothing still holds nothing.
+    log.at(T0 + 3 * HOUR).fair_share(HOUR)
+    g = log.fold().gpu_time["team-a"][ANY]
+    assert gpu_time.recent(g, T0 + 3 * HOUR, HOUR) == pytest.approx(750.0)
 
 
 def test_gpu_time_counts_on_the_quota_key_the_job_was_placed_under() -> None:

@@ -15,8 +15,9 @@ change of what the queue holds, at log time ``t``:
 
 and then ``r`` changes. Reading at ``now`` is the same formula, stored nowhere. A change of the
 half-life brings every ``U`` to that log time at the old rate and scales it by new / old, so
-that what it reads as (below) does not jump; it decays at the new one from then on. ``U`` is in milli-GPU-seconds; ``recent`` divides it by ``h / ln 2`` (what holding one
-milli-GPU for ever adds up to), so that holding ``g`` GPUs for ever counts as ``g``.
+that what it reads as (below) does not jump; it decays at the new one from then on. ``U`` is in
+milli-GPU-seconds; ``recent`` divides it by ``h / ln 2`` (what holding one milli-GPU for ever
+adds up to), so that holding ``g`` GPUs for ever counts as ``g``.
 
 Log time is the stream time of the record being folded (``Ctx.time``), as for every other time
 the fold keeps; a record stamped earlier than the last change counts no time at all.

@@ -11,7 +11,7 @@ from corral.events.decisions import JobsPlaced, JobsUnschedulable, PreemptionReq
 from corral.events.jobs import (
     Admission,
 )
-from corral.projections import claims, gpu_time, indexes, moves, preemption, quota
+from corral.projections import claims, gpu_time, indexes, moves, preemption, quota, shape
 from corral.projections.fold_moves import (
     MAX_PREEMPTION_TIMES,
     Ctx,
@@ -149,7 +149,7 @@ def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:
     if beneficiary.phase == "queued":
         beneficiary.reclaim_key = ev.key
     for_whom = job_named(ev.beneficiary, beneficiary.tenant, job.tenant)
-    job.reasons = (Reason("shrunk", f"shrunk to {ev.replicas} workers for {for_whom}"),)
+    job.reasons = (Reason("shrunk", f"shrunk to {shape.workers_text(ev.replicas)} for {for_whom}"),)
     indexes.explain(state, job)
 
 

@@ -43,7 +43,7 @@ from corral.events.queues import (
     QueueSpec,
     Quota,
 )
-from corral.projections import gpu_time, indexes, preemption, quota, retention, runtimes
+from corral.projections import gpu_time, indexes, preemption, quota, retention, runtimes, shape
 from corral.projections.fold_moves import (
     MAX_PREEMPTION_TIMES,
     Ctx,
@@ -179,8 +179,18 @@ def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
     were stopped at once."""
     job = _owned(state, ctx, req.job_id)
     lo = job.spec.min_replicas
-    if lo is None or req.replicas < lo:
-        raise Refused("illegal", f"job {job.id} is not elastic down to {req.replicas}", job.id)
+    if lo is None:
+        n = job.spec.replicas
+        raise Refused(
+            "illegal",
+            f"job {job.id} is not elastic: it runs {shape.workers_text(n)}, no more and no fewer "
+            "(a job is resized between its min_replicas and any size up to the most)",
+            job.id,
+        )
+    if req.replicas < lo:
+        raise Refused(
+            "illegal", f"job {job.id} is elastic down to {shape.workers_text(lo)}, not {req.replicas}", job.id
+        )
     if req.replicas > MAX_REPLICAS:  # as a submission of that size is refused
         raise Refused(
             "illegal", f"job {job.id} may have at most {MAX_REPLICAS} workers, not {req.replicas}", job.id
@@ -314,8 +324,8 @@ def _fixed_cut(state: State, was: dict[tuple[str, str], int]) -> str | None:
         most = ledger.fixed_limit(queue, key) if ledger.has_queue(queue) else 0
         if milli > most and most < before:
             return (
-                f"queue {queue}'s jobs that may not be stopped hold {milli / WHOLE:g} GPUs of {key}, "
-                f"past the {most / WHOLE:g} it would leave them (its nominal and its part of a "
+                f"queue {queue}'s jobs that may not be stopped hold {quota.gpus_text(milli, key)}, "
+                f"past the {quota.fmt_gpus(most)} it would leave them (its nominal and its part of a "
                 "cohort's shared quota): they could never give back the rest, a loan nobody could "
                 "take back; make the change once they end"
             )
@@ -471,7 +481,10 @@ def _fixed_past_limit(state: State, was: dict[str, dict[str, int]]) -> str | Non
         for key, milli in sorted(held.items()):
             most = ledger.fixed_limit(queue, key)
             if milli > most and milli > was.get(queue, {}).get(key, 0):
-                return f"queue {queue}'s would hold {milli / 1000:g} GPUs of {key}, past its {most / 1000:g}"
+                return (
+                    f"queue {queue}'s would hold {quota.gpus_text(milli, key)}, "
+                    f"past its {quota.fmt_gpus(most)}"
+                )
     return None
 
 

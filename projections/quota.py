@@ -148,6 +148,13 @@ def key_name(key: str) -> str:
     return "GPUs" if key == ANY else key
 
 
+def gpus_text(milli: int, key: str = ANY) -> str:
+    """``milli`` milli-GPU of quota ``key`` for people: ``1 GPU``, ``2.5 GPUs``, ``4 H100-80GB``."""
+    if key != ANY:
+        return f"{fmt_gpus(milli)} {key}"
+    return f"{fmt_gpus(milli)} GPU{'' if milli == WHOLE else 's'}"
+
+
 # -- the cohort tree -------------------------------------------------------------------------------
 
 
@@ -856,11 +863,11 @@ class Ledger:
                 else f" and its part of its cohort's own quota, {fmt_gpus(limit - nominal)}"
             )
             return (
-                f"needs {fmt_gpus(milli)} {key_name(key)} and may not be preempted, so may not "
+                f"needs {gpus_text(milli, key)} and may not be preempted, so may not "
                 f"borrow: jobs of queue {queue} that may not be preempted hold {fmt_gpus(fixed)} "
                 f"of its nominal {fmt_gpus(nominal)}{part}"
             )
-        return f"needs {fmt_gpus(milli)} {key_name(key)}; {self.standing(queue, key)}"
+        return f"needs {gpus_text(milli, key)}; {self.standing(queue, key)}"
 
     def standing(self, queue: str, key: str) -> str:
         """Where the queue stands on ``key``: its usage against nominal, what its cohort lends."""
@@ -874,7 +881,7 @@ class Ledger:
         elif used == nominal:
             text = f"queue {queue} at its nominal {fmt_gpus(used)}/{fmt_gpus(nominal)} {name}"
         else:
-            text = f"queue {queue} using {fmt_gpus(used)} of its nominal {fmt_gpus(nominal)} {name}"
+            text = f"queue {queue} using {fmt_gpus(used)} of its nominal {gpus_text(nominal, key)}"
         limit = self.quota(queue, key).borrowing_limit
         if limit is not None:
             text += f", borrowing limit {limit}"

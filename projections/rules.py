@@ -268,4 +268,7 @@ from __future__ import annotations
 #    since dropped from ``stopped_for``, keeps no move for it (``JobState.moved_for``).
 # 95: a change of the fair-share half-life scales each queue's decayed GPU time by new / old
 #    (``gpu_time.apply_settings``), so that what a queue held lately reads the same across it.
-RULES = 95
+# 96: the fold's own words count as people do: "1 worker", "1 GPU" (a shrink's reason, the
+#    refusals of a resize and of a quota cut, which no longer name the any-model key ``*``), and a
+#    resize of a job that is not elastic says so.
+RULES = 96

@@ -34,6 +34,11 @@ ShapeKind = Literal["cpu", "whole", "fraction", "mig"]
 NO_GPU = "no GPU"  # a worker's GPU part, in a table cell, where it asks for none
 
 
+def workers_text(n: int) -> str:
+    """``n`` workers for people: ``1 worker``, ``4 workers``."""
+    return f"{n} worker{'' if n == 1 else 's'}"
+
+
 def kind_of(gpus: int, gpu_milli: int, mig: str | None) -> ShapeKind:
     """How a worker asking for ``gpus`` GPUs of ``gpu_milli`` each (and ``mig``) uses GPUs."""
     if mig is not None:

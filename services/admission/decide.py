@@ -98,7 +98,7 @@ from corral.projections.holds import Hold, hold, quota_end
 from corral.projections.index import deadline_text
 from corral.projections.lifecycle import Phase
 from corral.projections.placement.inventory import Inventory
-from corral.projections.quota import Ledger, fmt_gpus, key_name
+from corral.projections.quota import Ledger, fmt_gpus, gpus_text, key_name
 from corral.projections.state import JobState, State
 from corral.projections.visibility import job_named, sees_queue
 from corral.services.admission.backlog import Backlog
@@ -689,17 +689,17 @@ class _Explainer:
             if self.ledger.fits(cur.name, key, need):
                 kept = self._kept_from(cur.name, key, need, job)
                 if kept:
-                    found = (f"needs {fmt_gpus(need)} {key_name(key)}; {kept}", "")
+                    found = (f"needs {gpus_text(need, key)}; {kept}", "")
                 else:
                     # Not looked at this cycle: further back than a best-effort queue's lookahead.
-                    fits_now = f"needs {fmt_gpus(need)} {key_name(key)}, which fits now"
+                    fits_now = f"needs {gpus_text(need, key)}, which fits now"
                     text = f"{fits_now}; waiting behind jobs that do not"
                     found = (text, "")
             else:
                 standing = self._standing.get((cur.name, key))
                 if standing is None:
                     standing = self._standing[cur.name, key] = self.ledger.standing(cur.name, key)
-                text = f"needs {fmt_gpus(need)} {key_name(key)}; {standing}"
+                text = f"needs {gpus_text(need, key)}; {standing}"
                 found = (text, self._help(cur.name, key, need, job.priority, job.tenant))
             self._quota[cache_key] = found
         return found
@@ -821,11 +821,10 @@ class _Explainer:
         spare = hold.spare(self.ledger, cur.name, key, job, now)
         if spare is None or need <= spare or not self.ledger.fits(cur.name, key, need):
             return None
-        name = key_name(key)
         held_for = job_named(hold.job_id, None if hold.held is None else hold.held.tenant, job.tenant)
         return (
-            f"needs {fmt_gpus(need)} {name}, which fits now, but queue {cur.name} holds "
-            f"{fmt_gpus(hold.need)} {name} of its nominal quota for {held_for}, its first job that "
+            f"needs {gpus_text(need, key)}, which fits now, but queue {cur.name} holds "
+            f"{gpus_text(hold.need, key)} of its nominal quota for {held_for}, its first job that "
             f"does not fit, free of its own jobs {hold.when()}; a job behind it goes first only if it "
             f"leaves it that room or its runtime estimate ends by then"
         )

@@ -20,6 +20,7 @@ import msgspec
 from corral.events import subjects
 from corral.events.jobs import JobSpec, Resources, Topology, run_problem
 from corral.projections.fold import fold
+from corral.projections.shape import workers_text
 from corral.services.cli import flags, logfile
 from corral.services.cli.access import (
     Failure,
@@ -137,7 +138,7 @@ def cmd_cancel(args: argparse.Namespace) -> None:
 def cmd_resize(args: argparse.Namespace) -> None:
     with client_for(args) as client:
         done = client.resize(args.job, args.replicas, wait=not args.no_wait, timeout=args.wait_timeout)
-    most = f"at most {args.replicas} workers"
+    most = f"at most {workers_text(args.replicas)}"
     print(f"{args.job} resized to {most}" if done.applied else f"resize of {args.job} to {most} requested")
 
 

@@ -79,10 +79,21 @@ def cmd_queue_apply(args: argparse.Namespace) -> None:
         told = f"{len(malformed)} of {len(requests)} changes not valid, none sent"
         raise BadInput(f"{args.file}: {told}: " + "; ".join(malformed))
     send_admin(args, requests)
-    counts = f"{len(doc.priority_classes)} priority classes, {len(doc.cohorts)} cohorts"
+    counts = ", ".join(
+        _count(n, what)
+        for n, what in (
+            (len(doc.priority_classes), "priority class"),
+            (len(doc.cohorts), "cohort"),
+            (len(doc.queues), "queue"),
+        )
+    )
     fair = ", fair share" if doc.fair_share is not None else ""
     fair += ", retention" if doc.retention is not None else ""
-    print(f"applied {counts}, {len(doc.queues)} queues{fair}")
+    print(f"applied {counts}{fair}")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}es" if what.endswith("s") else f"{n} {what}s"
 
 
 # The queue file's durations, by path: written as people write them ("7d", "1h30m") or in

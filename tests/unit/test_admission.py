@@ -33,7 +33,7 @@ from corral.events.queues import (
 from corral.projections import indexes
 from corral.projections.fold import apply_event
 from corral.projections.lifecycle import Phase
-from corral.projections.quota import ANY, Ledger
+from corral.projections.quota import ANY, Ledger, gpus_text
 from corral.projections.state import Checkpoint, JobState, State
 from corral.services.admission import order
 from corral.services.admission.decide import AdmissionConfig, decide
@@ -958,3 +958,19 @@ def test_in_a_cohort_tree_who_borrows_less_goes_first() -> None:
     assert ledger.borrowing_height("g", ANY, 4000) == 1
     assert ledger.borrowing_height("best-effort", ANY, 4000) == 2
     assert set(admitted(decide(s, 0.0))) == {"g1"}
+
+
+def test_one_gpu_is_said_as_one() -> None:
+    # "needs 1 GPUs" and "of its nominal 1 GPUs" in the reasons of one-GPU jobs and queues.
+    s = two_teams(a=Quota(2, borrowing_limit=0), key=ANY)
+    job("run").gpus(1).running().into(s)
+    job("two").gpus(2).into(s)
+    why = reasons(decide(s, 0.0))["two"].message
+    assert why.startswith("needs 2 GPUs; queue team-a using 1 of its nominal 2 GPUs"), why
+    s = two_teams(a=Quota(1, borrowing_limit=0), key=ANY)
+    job("run").gpus(1).running().into(s)
+    job("one").gpus(1).into(s)
+    why = reasons(decide(s, 0.0))["one"].message
+    assert why.startswith("needs 1 GPU; queue team-a at its nominal 1/1 GPUs"), why
+    assert gpus_text(1000) == "1 GPU" and gpus_text(2500) == "2.5 GPUs"
+    assert gpus_text(250) == "0.25 GPUs" and gpus_text(1000, "H100") == "1 H100"

@@ -548,3 +548,21 @@ def test_the_owners_shrink_is_capped_by_the_least_max_grace_of_its_cohort_tree()
     log.at(2_000.0).request("alice", "resize", {"job_id": "e", "replicas": 1})
     e = fold(log).jobs["e"]
     assert e.leaving == [1, 2, 3] and e.preempt_deadline == 2_000.0 + 600.0
+
+
+def test_a_resize_refused_says_why_in_the_owners_words() -> None:
+    # Growing a job that is not elastic read "job g is not elastic down to 3".
+    from corral.events.jobs import ResizeJob
+
+    log = LogBuilder().queue(queue_spec("team-a", 8))
+    log.submit("alice", "g", job("team-a").replicas(2)).accept("g")
+    log.request("alice", "resize", ResizeJob(job_id="g", replicas=3))
+    why = fold(log).rejections[-1]
+    assert why.code == "illegal" and why.message.startswith(
+        "job g is not elastic: it runs 2 workers, no more and no fewer"
+    ), why
+    state = fold(elastic_running(least=1).request("alice", "resize", ResizeJob(job_id="e", replicas=0)))
+    assert state.rejections[-1].message == "job e is elastic down to 1 worker, not 0"
+    # A shrink to one worker is said so, not "1 workers".
+    state = fold(elastic_running().request("alice", "resize", ResizeJob(job_id="e", replicas=1)))
+    assert state.rejections[-1].message == "job e is elastic down to 2 workers, not 1"

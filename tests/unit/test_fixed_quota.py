@@ -163,7 +163,7 @@ def _refused_keeps(lb: LogBuilder, kind: str, change: object, before: State) -> 
     """Fold ``change`` after ``lb``'s log: it must be refused, the queues and cohorts kept."""
     state = lb.admin(kind, change).fold()
     why = state.rejections[-1]
-    assert why.code == "forbidden" and "hold 3 GPUs of *, past the" in why.message, why
+    assert why.code == "forbidden" and "hold 3 GPUs, past the" in why.message, why
     assert (state.queues, state.cohorts) == (before.queues, before.cohorts)
     return state
 

@@ -511,7 +511,7 @@ def test_a_queues_quota_may_not_be_cut_below_what_its_unstoppable_jobs_hold() ->
     cut = QueueSpec("team-a", cohort="org", quotas={"*": Quota(nominal=2)})
     state = fold(log.queue(cut))
     why = last(state)
-    assert why.code == "forbidden" and "may not be stopped hold 4 GPUs of *, past the 2" in why.message
+    assert why.code == "forbidden" and "may not be stopped hold 4 GPUs, past the 2" in why.message
     assert state.queues["team-a"].quotas["*"].nominal == 4
     raised = fold(log.queue(QueueSpec("team-a", cohort="org", quotas={"*": Quota(nominal=6)})))
     assert raised.queues["team-a"].quotas["*"].nominal == 6

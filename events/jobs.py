@@ -123,8 +123,12 @@ class JobSpec(msgspec.Struct, frozen=True, omit_defaults=True, gc=False, forbid_
 def run_problem(spec: JobSpec) -> str:
     """Why a node could start nothing for ``spec``, or ``""``: a worker runs the job's command,
     or a container image's own entrypoint, and a job with neither would be admitted and placed
-    only to fail to start on every node. Admission rejects it; the CLI and the client say so
-    before sending it."""
+    only to fail to start on every node, and so would one whose program is named "". Admission
+    rejects it; the CLI and the client say so before sending it."""
+    if spec.command and not spec.command[0]:
+        # No program has an empty name: every start would fail ("No such file"), restart after
+        # restart, the job's GPUs held for nothing.
+        return "command: its program (the first argument) is empty"
     if spec.command or spec.image is not None:
         return ""
     return "nothing to run: give a command, or an image whose entrypoint runs"

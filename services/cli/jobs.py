@@ -101,7 +101,10 @@ def job_from_args(args: argparse.Namespace) -> tuple[str | None, JobSpec]:
         mounts=tuple(flags.mount(m) for m in args.mount or ()),
         **{k: v for k, v in given.items() if v is not None},
     )
-    if run_problem(spec):
+    problem = run_problem(spec)
+    if problem and spec.command:
+        raise BadInput(problem)  # as admission would say it, before anything is sent
+    if problem:
         # Admission would reject it; said here, before anything is sent, in the flags' words.
         verb = getattr(args, "verb", "submit")
         raise BadInput(

@@ -109,12 +109,18 @@ def test_submit_flags_fill_the_spec_and_a_flag_beside_a_job_file_is_refused(tmp_
         BadInput, match=r"nothing to run: give the command after -- \(corral submit --queue q"
     ):
         job_from_args(parse(["submit", "--queue", "q"]))
+    with pytest.raises(BadInput, match=r"^command: its program \(the first argument\) is empty$"):
+        job_from_args(parse(["submit", "--queue", "q", "--", "", "train.py"]))
     job_file = tmp_path / "job.yaml"
     job_file.write_text("queue: q\n")
     with pytest.raises(BadInput, match="--gpus: give the job's fields in .*job.yaml or as flags"):
         job_from_args(parse(["submit", str(job_file), "--gpus", "4"]))
     with pytest.raises(BadInput, match="job.yaml: nothing to run: give a command, or an image"):
         job_from_args(parse(["submit", str(job_file)]))
+    job_file.write_text('queue: q\ncommand: [""]\n')
+    with pytest.raises(BadInput, match="job.yaml: command: its program .* is empty"):
+        job_from_args(parse(["submit", str(job_file)]))
+    job_file.write_text("queue: q\n")
     # The command may follow the file, once.
     given = job_from_args(parse(["submit", str(job_file), "--", "python", "train.py", "--lr", "0.1"]))[1]
     assert (given.queue, given.command) == ("q", ("python", "train.py", "--lr", "0.1"))

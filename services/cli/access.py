@@ -204,7 +204,18 @@ def tenant_of(args: argparse.Namespace, login: Login | None = None) -> str:
     tenant: str = args.tenant or (client.user if client is not None else "default")
     if not subjects.is_token(tenant):
         raise BadInput(f"tenant {tenant!r}: use letters, digits, '-' and '_'")
+    _speaks_for(client, tenant)
     return tenant
+
+
+def _speaks_for(client: Login | None, tenant: str) -> None:
+    """A login speaks for its own tenant only (the server lets it publish nowhere else): asked
+    for another, the command would wait for answers that never come, or read an empty list."""
+    if client is not None and tenant != client.user:
+        raise Failure(
+            f"--tenant {tenant} and the login {client.user} disagree: a login speaks for its own "
+            f"tenant only; leave out --tenant, or use {tenant}'s credentials"
+        )
 
 
 def client_for(args: argparse.Namespace, *, reading: bool = False) -> Client:
@@ -227,6 +238,7 @@ def admin_client(args: argparse.Namespace) -> Client:
     login = login_of(args, identities.ADMIN)
     client = as_client(login)
     tenant = args.tenant or (client.user if client is not None else identities.ADMIN)
+    _speaks_for(client, tenant)
     if login is None:
         return Client(server_url(args.server), tenant=tenant)
     return Client(server_url(args.server), tenant=tenant, user=login.user, password=login.password)

@@ -199,9 +199,11 @@ def runs_from(command: Sequence[str]) -> list[str]:
 
 def needed_under_tmp(command: Sequence[str]) -> list[str]:
     """What the worker needs from the host's ``/tmp``, which its private ``/tmp`` hides: the
-    top-level directories there holding the command's files, this interpreter's environment or
-    the agent's working directory (a checkout or virtualenv may well live in ``/tmp``)."""
-    candidates = [*_environment(), os.getcwd(), *(a for a in command if a.startswith("/"))]
+    top-level directories there holding the command's files or this interpreter's environment
+    (a checkout or virtualenv may well live in ``/tmp``). Not the agent's working directory: a
+    worker runs in its own, relative paths are made absolute at submission, and where ``corral
+    up`` was started (its log exports, job and queue files) was shown to every tenant's jobs."""
+    candidates = [*_environment(), *(a for a in command if a.startswith("/"))]
     tops = set()
     for c in candidates:
         parts = PurePosixPath(c).parts

@@ -70,3 +70,17 @@ def test_the_directories_leading_to_what_it_runs_from_may_be_entered_by_its_user
     made = {built[i + 1] for i in range(2, bind) if built[i - 2 : i + 1] == ["--perms", "0755", "--dir"]}
     assert {str(p) for p in script.parent.parents if str(p) != "/"} <= made, built
     assert built[bind - 1] == "--ro-bind"
+
+
+def test_where_the_agent_was_started_is_not_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # corral up started in /tmp/x: every tenant's job saw /tmp/x, with the job files, queue
+    # files and log exports an operator leaves there.
+    here = tmp_path / "operator"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setattr(sys, "prefix", "/usr")
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    assert sandbox.needed_under_tmp(["/usr/bin/python3", "-c", "pass"]) == []
+    script = here / "train.py"
+    script.write_text("pass\n")
+    assert sandbox.needed_under_tmp(["/usr/bin/python3", str(script)]) == [f"/tmp/{tmp_path.parts[2]}"]

@@ -700,7 +700,10 @@ class _Explainer:
                 if standing is None:
                     standing = self._standing[cur.name, key] = self.ledger.standing(cur.name, key)
                 text = f"needs {gpus_text(need, key)}; {standing}"
-                found = (text, self._help(cur.name, key, need, job.priority, job.tenant))
+                helps = self._help(cur.name, key, need, job.priority, job.tenant)
+                if not helps:
+                    text += self._lent_for_good(cur.name, key, need, job.tenant)
+                found = (text, helps)
             self._quota[cache_key] = found
         return found
 
@@ -781,6 +784,31 @@ class _Explainer:
             if fits:
                 return f"; would fit now if lower-priority jobs of {queue} gave back {fmt_gpus(lower)} {name}"
         return ""
+
+    def _lent_for_good(self, queue: str, key: str, need: int, tenant: str) -> str:
+        """Where a job within its queue's nominal waits for quota its queue lent out and no
+        preemption may take back (borrowed by jobs that may not be stopped: not preemptible, or
+        preempted as often as their class allows): who holds it, as far as the tenant may see,
+        and that it comes back as they end. Else "": the owner read only "0 to lend"."""
+        ledger = self.ledger
+        if ledger.used(queue, key) + need > ledger.nominal(queue, key):
+            return ""
+        borrowers, _ = self._borrowers(queue, key)
+        kept: list[tuple[str, int]] = []
+        for other, borrowed in borrowers:
+            stoppable = sum(m for _, m, ok in self.holders.get((other, key), ()) if ok)
+            if borrowed > stoppable:
+                kept.append((other, borrowed - stoppable))
+        if not kept:
+            return ""
+        seen = [f"{q} {fmt_gpus(m)}" for q, m in kept if sees_queue(tenant, ledger.spec(q))]
+        unseen = sum(m for q, m in kept if not sees_queue(tenant, ledger.spec(q)))
+        if unseen:
+            seen.append(f"other queues {fmt_gpus(unseen)}")
+        return (
+            f"; of what it lent, jobs that may not be stopped (not preemptible, or preempted as "
+            f"often as their class allows) borrow {', '.join(seen)}: it comes back as they end"
+        )
 
     def _borrowers(self, queue: str, key: str) -> tuple[list[tuple[str, int]], int]:
         """Other queues of the tree above their nominal, biggest first, and what they borrow."""

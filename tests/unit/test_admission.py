@@ -982,3 +982,24 @@ def test_one_gpu_is_said_as_one() -> None:
     assert why.startswith("needs 1 GPU; queue team-a at its nominal 1/1 GPUs"), why
     assert gpus_text(1000) == "1 GPU" and gpus_text(2500) == "2.5 GPUs"
     assert gpus_text(250) == "0.25 GPUs" and gpus_text(1000, "H100") == "1 H100"
+
+
+def test_a_job_within_its_nominal_hears_who_borrows_it_for_good() -> None:
+    # team-a lent its 8 GPUs to team-b's job, which may not be stopped: its own job waited
+    # reading "using 0 of its nominal 8 GPUs; cohort ml has 0 to lend", and no more.
+    s = two_teams(a=Quota(8), b=Quota(0), key=ANY)
+    job("kept", "team-b").gpus(8).with_(tenant="b").with_spec(preemptible=False).running().into(s)
+    job("mine").gpus(8).into(s)
+    why = reasons(decide(s, 0.0))["mine"]
+    assert why.message.startswith("needs 8 GPUs; queue team-a using 0 of its nominal 8 GPUs"), why
+    assert (
+        "; of what it lent, jobs that may not be stopped (not preemptible, or preempted as often as "
+        "their class allows) borrow other queues 8: it comes back as they end" in why.message
+    ), why
+    assert not why.preemption_helps
+    # A borrower that may be stopped is reclaimed: the reason says so, not the above.
+    s = two_teams(a=Quota(8), b=Quota(0), key=ANY)
+    job("lent", "team-b").gpus(8).with_(tenant="b").running().into(s)
+    job("mine").gpus(8).into(s)
+    why = reasons(decide(s, 0.0))["mine"]
+    assert why.preemption_helps and "may not be stopped" not in why.message, why

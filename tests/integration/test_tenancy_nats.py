@@ -310,10 +310,10 @@ async def test_cli_acts_as_the_tenant_it_is_given(secured: Secured, tmp_path: Pa
     code, out, err = await corral("explain", "jb")
     assert (code, err.strip()) == (1, "corral: no such job jb")
 
-    # As a, speaking for b: the server refuses it.
+    # As a, speaking for b: the CLI says so before sending (the server would refuse it: above).
     job.write_text("queue: qb\ncommand: [sleep, '600']\n")
     code, out, err = await corral("submit", str(job), "--user", "a", "--tenant", "b")
-    assert code == 2 and "permissions violation" in err, err
+    assert code == 2 and "--tenant b and the login a disagree" in err, err
     code, out, err = await corral("log", "export", str(tmp_path / "log.jsonl"))
     assert code == 2 and "services login" in err, err
 

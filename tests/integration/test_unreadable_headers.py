@@ -29,14 +29,20 @@ async def server(tmp_path: Path) -> AsyncIterator[EmbeddedServer]:
         yield s
 
 
-async def _raw_publish(server: EmbeddedServer, subject: bytes, header: bytes, body: bytes) -> None:
-    """HPUB as a client of its own writes it, the server passing the header block on as is."""
+async def _raw_publish(
+    server: EmbeddedServer, subject: bytes, header: bytes, body: bytes, *more: bytes
+) -> None:
+    """HPUB as a client of its own writes it, the server passing the header block on as is;
+    ``more``: further (subject, header, body) triples, sent after it on the same connection, so
+    that subscribers get them in that order (NATS keeps one publisher's order, not two's)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
         await reader.readline()  # INFO
-        size = len(header) + len(body)
         writer.write(b'CONNECT {"headers":true,"verbose":false}\r\n')
-        writer.write(b"HPUB %s %d %d\r\n%s%s\r\nPING\r\n" % (subject, len(header), size, header, body))
+        triples = [(subject, header, body), *zip(more[0::3], more[1::3], more[2::3], strict=True)]
+        for subj, head, data in triples:
+            writer.write(b"HPUB %s %d %d\r\n%s%s\r\n" % (subj, len(head), len(head) + len(data), head, data))
+        writer.write(b"PING\r\n")
         await writer.drain()
         assert (await reader.readline()).strip() == b"PONG"
     finally:
@@ -67,8 +73,9 @@ async def test_an_unreadable_header_drops_that_message_only(
 
             await nc.subscribe("ask.>", cb=on_message)
         await nc.flush()
-        await _raw_publish(server, b"ask.bad", header, b"garbage")
-        await _raw_publish(server, b"ask.good", b"NATS/1.0\r\nx: 1\r\n\r\n", b"after")
+        await _raw_publish(
+            server, b"ask.bad", header, b"garbage", b"ask.good", b"NATS/1.0\r\nx: 1\r\n\r\n", b"after"
+        )
         assert await asyncio.wait_for(heard.get(), 5.0) == b"after"
         assert nc.unreadable_total == 1 and nc.is_connected
     finally:

@@ -38,7 +38,7 @@ from corral.events.queues import (
 from corral.projections.fold import fold
 from corral.projections.lifecycle import FINAL
 from corral.projections.state import State
-from corral.services.cli import logfile, narrate, table
+from corral.services.cli import display, logfile, narrate, table
 from corral.services.cli.up import Settings, cluster, connect
 from corral.services.cli.watch import Watcher
 from corral.services.query import present
@@ -168,9 +168,8 @@ async def act_share(d: Demo) -> None:
     state = await d.until("the Philly jobs to finish", lambda s: all(d.phase(i) in FINAL for i in ids))
     _say("")
     cols = ["id", "queue", "phase", "gpus", "nodes"]
-    texts = {"gpus": present.wants_text, "nodes": present.nodes_text}
     rows = [present.job_row(state.jobs[i]) for i in ids]
-    _say(table.render(cols, [[texts[c](r) if c in texts else r[c] for c in cols] for r in rows]))
+    _say(table.render(cols, display.job_cells(rows, cols)))
 
 
 async def act_gang(d: Demo) -> str:
@@ -307,8 +306,9 @@ def summarize(state: State, watch: Watcher, data_dir: Path) -> State:
     cols = ["queue", "cohort", "gpu", "nominal", "used", "borrowed", "lent", "pending", "admitted"]
     _say(table.render(cols, [[r[c] for c in cols] for r in queue_rows(state)]))
     _say("")
-    jcols = ["id", "queue", "phase", "attempt", "workers", "per_worker", "nodes"]
-    _say(table.render(jcols, [[present.job_row(j)[c] for c in jcols] for j in state.jobs.values()]))
+    jcols = ["id", "queue", "phase", "attempt", "workers", "gpus", "nodes"]
+    rows = [present.job_row(j) for j in state.jobs.values()]
+    _say(table.render(jcols, display.job_cells(rows, jcols)))
     s = present.summary(state)
     phases = present.phases_text(s["phases"])
     _say(f"\n{s['jobs']} jobs ({phases}); {s['rejected']} records refused ({s['void']} void proposals)")

@@ -34,10 +34,16 @@ PHASES = get_args(Phase)
 def job_table(rows: Sequence[dict[str, Any]], header: bool = True) -> str:
     """Jobs for people: workers as running of most (``3 of 2..4`` for an elastic job), GPUs as
     what the job asks in all (``4×8 GPU``), a job that ended as where it was (``was on node-01``)."""
-    texts = {"workers": present.workers_text, "gpus": present.wants_text, "nodes": present.nodes_text}
-    cells = [[texts[c](r) if c in texts else r.get(c, "") for c in JOB_COLUMNS] for r in rows]
-    text = table.render(JOB_COLUMNS, cells)
+    text = table.render(JOB_COLUMNS, job_cells(rows, JOB_COLUMNS))
     return text if header else "\n".join(text.splitlines()[1:])
+
+
+_JOB_TEXTS = {"workers": present.workers_text, "gpus": present.wants_text, "nodes": present.nodes_text}
+
+
+def job_cells(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> list[list[Any]]:
+    """``columns`` of job rows (``present.job_row``) as every table writes them."""
+    return [[_JOB_TEXTS[c](r) if c in _JOB_TEXTS else r.get(c, "") for c in columns] for r in rows]
 
 
 def node_table(rows: Sequence[dict[str, Any]]) -> str:

@@ -13,6 +13,7 @@ from corral.events.queues import CordonNode
 from corral.projections.fold import fold_refusals
 from corral.projections.index import batch_lines, job_events, summarize
 from corral.projections.state import State
+from corral.services.cli import display
 from corral.services.cli.display import job_table, node_table
 from corral.services.query import present
 from corral.services.query.decide import Ask, answer
@@ -56,6 +57,8 @@ def test_a_gang_shows_what_it_asks_in_all_alike_in_every_view() -> None:
     said = {j: present.wants_text(r) for j, r in rows.items()}
     assert said == {"g": "4×8 GPU", "one": "8 GPU", "cpu": "no GPU", "m": "2×MIG 3g.40gb"}
     assert "4×8 GPU" in job_table([rows["g"]]).splitlines()[1]
+    # The demo's tables write jobs as corral jobs does (they listed "1 GPU" per worker).
+    assert display.job_cells([rows["g"]], ["id", "workers", "gpus"]) == [["g", "0 of 4", "4×8 GPU"]]
     assert "wants 4×8 GPU (4 workers)" in explain(state.jobs["g"], ())["text"]
     assert board._job(rows["g"], {})["wants"] == "4×8 GPU"
     assert board.timeline("g", {**explain(state.jobs["g"], ()), "seq": 1})["job"]["wants"] == "4×8 GPU"

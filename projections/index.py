@@ -47,7 +47,7 @@ from corral.events.nodes import CheckpointCompleted, NodeCordoned, WorkerExited,
 from corral.events.queues import CordonNode
 from corral.events.routing import job_ids as job_ids_of
 from corral.projections import indexes, quota, visibility
-from corral.projections.shape import Shape
+from corral.projections.shape import Shape, workers_text
 from corral.projections.state import WHOLE, Rejection, State
 
 __all__ = ["JobEvent", "deadline_text", "job_events", "job_ids_of", "summarize"]
@@ -321,12 +321,8 @@ def _held(a: Admission, resources: Resources | None) -> str:
     else the whole GPUs the admission records. The key ``*`` is any model: "4 GPUs", not "4 *"."""
     if resources is not None and len(a.gpus) == 1:
         ((key, _),) = a.gpus.items()
-        milli = quota.worker_milli(resources, key) * a.replicas
-        n = quota.fmt_gpus(milli)
-        return f"{n} GPU{'s' if milli != WHOLE else ''}" if key == quota.ANY else f"{n} {key}"
-    return ", ".join(
-        f"{n} GPU{'s' if n != 1 else ''}" if m == quota.ANY else f"{n} {m}" for m, n in sorted(a.gpus.items())
-    )
+        return quota.gpus_text(quota.worker_milli(resources, key) * a.replicas, key)
+    return ", ".join(quota.gpus_text(n * WHOLE, m) for m, n in sorted(a.gpus.items()))
 
 
 def batch_lines(
@@ -343,7 +339,7 @@ def batch_lines(
                 if a.job_id not in lines:
                     held = _held(a, None if resources is None else resources(a.job_id))
                     quota_held = f"holding {held} of quota" if held else "no GPU quota"
-                    workers = f"{a.replicas} worker{'s' if a.replicas != 1 else ''}"
+                    workers = workers_text(a.replicas)
                     lines[a.job_id] = f"admitted attempt {a.attempt}: {workers}, {quota_held}"
             for g in body.growths:
                 lines.setdefault(g.job_id, f"grown to {g.replicas} workers")

@@ -37,6 +37,7 @@ from corral.events.decisions import PreemptionRequested, ShrinkRequested
 from corral.events.jobs import JobSpec, SubmitJob, Topology
 from corral.projections import mig
 from corral.projections.fold import apply_event
+from corral.projections.shape import workers_text
 from corral.projections.state import State
 from corral.projections.visibility import queue_named
 from corral.services.forecast.present import SOON_S, text
@@ -118,8 +119,7 @@ def whatif(
         if isinstance(body, PreemptionRequested) and body.beneficiary == job_id:
             out.stops.extend(called(v.job_id) for v in body.victims)
         elif isinstance(body, ShrinkRequested) and body.beneficiary == job_id:
-            workers = f"{body.replicas} worker{'s' if body.replicas != 1 else ''}"
-            out.stops.append(f"{called(body.job_id)} (shrunk to {workers})")
+            out.stops.append(f"{called(body.job_id)} (shrunk to {workers_text(body.replicas)})")
     if job.placement is not None:
         for w in job.placement.workers:
             node = sim.state.nodes[w.node]

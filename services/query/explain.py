@@ -17,6 +17,7 @@ from corral.events import subjects
 from corral.projections import indexes, preemption, queueing, quota
 from corral.projections.index import JobEvent
 from corral.projections.lifecycle import HOLDS_GPUS
+from corral.projections.shape import workers_text
 from corral.projections.state import JobState, State
 from corral.services.query import present
 
@@ -220,7 +221,7 @@ def _workers(job: JobState) -> str:
     if least is not None and least != most:
         admitted = f", admitted at {job.admission.replicas}" if job.admission is not None else ""
         return f"{least} to {most} workers, elastic{admitted}"
-    return f"{most} worker{'s' if most != 1 else ''}"
+    return workers_text(most)
 
 
 def _when(t: float) -> str:

@@ -442,6 +442,15 @@ class Simulation:
     scratch: State = field(init=False)
     released: dict[str, set[int]] = field(default_factory=dict)  # job -> ranks given back
     taken: set[str] = field(default_factory=set)  # jobs stopped or shrunk this cycle
+    # What a search removed, kept as it removes and restores so that judging it costs what it
+    # removed, not what the whole cycle released (a run of like beneficiaries can stop hundreds of
+    # jobs, and sparing each again asks ``allowed``): since the last ``mark``, each job whose ranks
+    # given back changed, with how many it had given back at the mark; each job with more given
+    # back now, with how many more; and per quota key and queue, what those free of the key (per
+    # job: milli-GPU, and the least one piece of it could free alone).
+    since_mark: dict[str, int] = field(default_factory=dict)
+    removed_since: dict[str, int] = field(default_factory=dict)
+    freed_since: dict[str, dict[str, tuple[dict[str, int], dict[str, int]]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.snap = Snapshot(self.state)
@@ -468,16 +477,37 @@ class Simulation:
             return False
         return self.ledger.borrows_from(unit.job.spec.queue, target.job.spec.queue, h.key)
 
-    def allowed(self, target: Target, policy: PreemptionPolicy, before: dict[str, int]) -> bool:
+    def mark(self) -> None:
+        """Begin a search: ``allowed`` judges the removals made after this."""
+        self.since_mark, self.removed_since, self.freed_since = {}, {}, {}
+
+    def _moved(self, job: JobState, gone: set[int]) -> None:
+        """Count ``job``'s ranks given back (``gone``) against the mark, after a change."""
+        n = len(gone) - self.since_mark[job.id]
+        if n > 0:
+            self.removed_since[job.id] = n
+        else:
+            self.removed_since.pop(job.id, None)
+        key, per_worker = charge_of(self.ledger, job)
+        if key is None or not per_worker:
+            return
+        amounts, pieces = self.freed_since.setdefault(key, {}).setdefault(job.spec.queue, ({}, {}))
+        if n > 0:
+            amounts[job.id], pieces[job.id] = per_worker * n, preemption.least_given(job, per_worker, n)
+        else:
+            amounts.pop(job.id, None)
+            pieces.pop(job.id, None)
+
+    def allowed(self, target: Target, policy: PreemptionPolicy) -> bool:
         """Whether the fold will let ``target`` take every other queue's job the search removed
-        since ``before`` (ranks given back per job when it began), judged by the fold's own rule
+        since the ``mark``, judged by the fold's own rule
         (``preemption.eligible``) on the record as a whole: one the policy lets it borrow over,
         one it takes back lent quota from as ``reclaim_within_cohort`` allows (its side of the
         tree then within its own quota with every removal counted), or one its fair-sharing
         strategies let it take with every removal counted; each only if it holds quota lent by
         the beneficiary's side as the fold reads it before the record."""
         q, key = target.job.spec.queue, target.key
-        freed = self._freed(key, before) if key is not None else {}  # per queue, of ``key``
+        freed = self._freed(key) if key is not None else {}  # per queue, of ``key``
         rules = self.rules
         mine: float | None = None  # the beneficiary's queue's share, once a victim needs it
         if key is not None and any(
@@ -485,9 +515,7 @@ class Simulation:
             for other, (gone, _, piece) in freed.items()
         ):
             return False
-        for job_id, ranks in self.released.items():
-            if len(ranks) <= before.get(job_id, 0):
-                continue
+        for job_id in self.removed_since:
             victim = self.state.jobs[job_id]
             other = victim.spec.queue
             if other == q:
@@ -511,21 +539,15 @@ class Simulation:
                 return False
         return True
 
-    def _freed(self, key: str, before: dict[str, int]) -> dict[str, tuple[int, int, int]]:
-        """Per queue, the milli-GPU of ``key`` the removals since ``before`` free, the least any
+    def _freed(self, key: str) -> dict[str, tuple[int, int, int]]:
+        """Per queue, the milli-GPU of ``key`` the removals since the mark free, the least any
         one job there frees, and the least any one piece could have freed alone
         (``preemption.least_given``: a rank of an elastic job)."""
-        out: dict[str, tuple[int, int, int]] = {}
-        for job_id, ranks in self.released.items():
-            n = len(ranks) - before.get(job_id, 0)
-            if n > 0:
-                job = self.state.jobs[job_id]
-                k, per_worker = charge_of(self.ledger, job)
-                if k == key and per_worker:
-                    amount, one = per_worker * n, preemption.least_given(job, per_worker, n)
-                    total, least, piece = out.get(job.spec.queue, (0, amount, one))
-                    out[job.spec.queue] = (total + amount, min(least, amount), min(piece, one))
-        return out
+        return {
+            queue: (sum(amounts.values()), min(amounts.values()), min(pieces.values()))
+            for queue, (amounts, pieces) in self.freed_since.get(key, {}).items()
+            if amounts
+        }
 
     def release(self, job: JobState, key: str | None, per_worker: int, rank: int | None) -> tuple[int, ...]:
         """Give back what ``job`` holds (only ``rank`` if given) in the snapshot and the ledger;
@@ -533,18 +555,22 @@ class Simulation:
         if job.held is None:
             return ()
         gone = self.released.setdefault(job.id, set())
+        self.since_mark.setdefault(job.id, len(gone))
         slots = [w for w in job.held.workers if (rank is None or w.rank == rank) and w.rank not in gone]
         self._apply(job, key, per_worker, slots, +1)
         gone.update(w.rank for w in slots)
+        self._moved(job, gone)
         return tuple(w.rank for w in slots)
 
     def restore(self, job: JobState, key: str | None, per_worker: int, ranks: tuple[int, ...]) -> None:
         if job.held is None or not ranks:
             return
-        gone = self.released.get(job.id, set())
+        gone = self.released.setdefault(job.id, set())
+        self.since_mark.setdefault(job.id, len(gone))
         slots = [w for w in job.held.workers if w.rank in ranks]
         self._apply(job, key, per_worker, slots, -1)
         gone.difference_update(ranks)
+        self._moved(job, gone)
 
     def _apply(
         self, job: JobState, key: str | None, per_worker: int, slots: list[WorkerSlot], sign: int
@@ -656,10 +682,10 @@ def search(
         placed = sim.place(target)
         if placed is not None:
             return Found([], [], placed)
-    before = {job_id: len(ranks) for job_id, ranks in sim.released.items()}
+    sim.mark()
 
     def allowed() -> bool:
-        return policy is None or sim.allowed(run, policy, before)
+        return policy is None or sim.allowed(run, policy)
 
     def fits() -> bool:
         return room() and allowed()

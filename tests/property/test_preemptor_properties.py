@@ -598,7 +598,7 @@ def test_no_victim_is_stopped_that_the_beneficiary_fits_without(w: World, shrink
             else queued_target(state, sim.ledger, b)
         )
         assert target is not None
-        assert not (sim.fits(target) and sim.allowed(target, policy, {})), f"{kept.job_id} was not needed"
+        assert not (sim.fits(target) and sim.allowed(target, policy)), f"{kept.job_id} was not needed"
 
 
 # -- an urgent job on a full cohort, from arrival to placement ------------------------------------------

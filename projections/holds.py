@@ -19,7 +19,7 @@ the preemptor keeps the same hold when it chooses victims.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from corral.events.queues import PreemptionPolicy
@@ -114,27 +114,65 @@ def quota_end(job: JobState, now: float) -> float:
     return expected_end(job, now)
 
 
-def quota_ends(state: State, now: float) -> dict[tuple[str, str], list[tuple[float, int]]]:
-    """Per (queue, key), when the jobs holding its quota give it back: (time, milli-GPU)."""
-    out: dict[tuple[str, str], list[tuple[float, int]]] = {}
-    for job in indexes.jobs_in(state, *indexes.HOLDS_QUOTA):
-        for key, milli in quota.holding(job):
-            out.setdefault((job.spec.queue, key), []).append((quota_end(job, now), milli))
-    return out
+class QuotaHolders:
+    """Per queue and quota key, the jobs holding that quota: when each is expected to give it
+    back (``ends``: log time, milli-GPU) and who they are (``jobs``: priority, milli-GPU, whether
+    it could be stopped to give it back, ``quota.stoppable``). A queue's are read from the fold's
+    index of its holders (``State.holding_quota_by_queue``) the first time the cycle asks about
+    it, so that a cycle pays for the queues it asks about, not for every job running in the
+    cluster. ``end`` counts what the cycle itself adds: jobs it admits, victims it keeps stopped.
+    Only a job held on one key is counted (one of several keys holds them as recorded, and no
+    projection reads it). Queues ``has_queue`` does not know have none."""
+
+    def __init__(self, state: State, now: float, has_queue: Callable[[str], bool]) -> None:
+        self._state = state
+        self._now = now
+        self._has_queue = has_queue
+        self._read: set[str] = set()
+        self._ends: dict[tuple[str, str], list[tuple[float, int]]] = {}
+        self._jobs: dict[tuple[str, str], list[tuple[int, int, bool]]] = {}
+
+    def ends(self, queue: str, key: str) -> list[tuple[float, int]]:
+        self._read_queue(queue)
+        return self._ends.get((queue, key), [])
+
+    def jobs(self, queue: str, key: str) -> list[tuple[int, int, bool]]:
+        self._read_queue(queue)
+        return self._jobs.get((queue, key), [])
+
+    def end(self, queue: str, key: str, at: float, milli: int) -> None:
+        """Count ``milli`` of ``key`` in ``queue`` given back at ``at``, besides its holders."""
+        self._ends.setdefault((queue, key), []).append((at, milli))
+
+    def _read_queue(self, queue: str) -> None:
+        if queue in self._read:
+            return
+        self._read.add(queue)
+        if not self._has_queue(queue):
+            return
+        state, now = self._state, self._now
+        classes = state.priority_classes
+        for job in indexes.holding_quota(state, queue):
+            held = quota.holding(job)
+            if len(held) == 1:
+                key, milli = held[0]
+                self._ends.setdefault((queue, key), []).append((quota_end(job, now), milli))
+                self._jobs.setdefault((queue, key), []).append(
+                    (job.priority, milli, quota.stoppable(job, classes))
+                )
 
 
 def hold(
     ledger: Ledger,
     queue: str,
     job: JobState,
-    ends: Mapping[tuple[str, str], list[tuple[float, int]]],
+    holders: QuotaHolders,
     now: float,
 ) -> Hold | None:
     """The quota ``job`` holds in ``queue`` as its first job that does not fit: what it would be
     admitted with (its minimum replicas, on the key it counts against now, ``Ledger.key_for``),
-    and when the queue's holders of that key, given per (queue, key) by (expected end,
-    milli-GPU) in ``ends``, leave room for it in the nominal. None if it needs no quota or more
-    than the nominal."""
+    and when the queue's holders of that key (``holders``) leave room for it in the nominal.
+    None if it needs no quota or more than the nominal."""
     found = ledger.key_for(queue, job)
     if found is None:
         return None
@@ -143,7 +181,7 @@ def hold(
     if need > nominal:
         return None
     left, start = ledger.used(queue, key), now
-    for end, milli in sorted(ends.get((queue, key), ())):
+    for end, milli in sorted(holders.ends(queue, key)):
         if left + need <= nominal:
             break
         left -= milli

@@ -23,6 +23,11 @@ asks for:
 - ``State.holding_by_node``: node -> ids of the jobs holding GPUs, CPU or memory there
   (``JobState.held``), in the order they took them. ``held`` changes only through ``hold``
   (``projections/claims.py`` and ``fold_nodes`` call it), which keeps this.
+- ``State.holding_quota_by_queue``: queue -> ids of its jobs in a phase that holds quota
+  (``HOLDS_QUOTA``), in the order they entered one: what admission and the preemptor read of a
+  queue's holders (when each gives its quota back, whether it could be stopped) is read for the
+  queues a cycle asks about, not by a walk of every job running in the cluster
+  (``holds.QuotaHolders``). Kept where a job's phase changes (``moved``).
 - ``State.naming_by_beneficiary``: beneficiary -> ids of the jobs that name it
   (``JobState.preempted_for``) in a phase of ``NAMING`` (stopping, stopped, or requeued and
   not placed again), so that the placer and the preemptor find the nominated beneficiaries
@@ -85,6 +90,7 @@ UNFINISHED: tuple[Phase, ...] = tuple(p for p in PHASES if p not in FINAL)
 NAMING: tuple[Phase, ...] = ("checkpointing", "preempted", "queued", "admitted")
 _NAMING = frozenset(NAMING)
 HOLDS_QUOTA: tuple[Phase, ...] = ordered(lifecycle.HOLDS_QUOTA)
+_HOLDS_QUOTA = lifecycle.HOLDS_QUOTA
 
 Index = dict[str, dict[str, None]]
 # A queued job's place in its queue: sorted ascending, highest priority first, then submission.
@@ -330,6 +336,8 @@ def add(state: State, job: JobState, size: int | None = None) -> None:
     held = state.spec_bytes_by_tenant
     held[job.tenant] = held.get(job.tenant, 0) + (spec_bytes(job.spec) if size is None else size)
     _add(state.jobs_by_phase, job.phase, job.id)
+    if job.phase in _HOLDS_QUOTA:
+        _add(state.holding_quota_by_queue, job.spec.queue, job.id)
     if job.phase == "queued":
         form, shape = queued_keys(job.spec)
         _enqueue(state, job, form)
@@ -373,6 +381,11 @@ def moved(state: State, job: JobState, before: Phase) -> None:
         _add(state.queued_by_shape, shape, job_id)
     if before == "queued" or after == "queued":
         explain(state, job)
+    if (before in _HOLDS_QUOTA) != (after in _HOLDS_QUOTA):
+        if after in _HOLDS_QUOTA:
+            _add(state.holding_quota_by_queue, job.spec.queue, job_id)
+        else:
+            _remove(state.holding_quota_by_queue, job.spec.queue, job_id)
     if (before in FINAL) != (after in FINAL):
         _count_ask(state, job.spec, -1 if after in FINAL else 1)
     b = job.preempted_for
@@ -485,6 +498,7 @@ def forget(state: State, job: JobState) -> None:
         else:
             del held[job.tenant]
     _remove(state.jobs_by_phase, job.phase, job.id)
+    _remove(state.holding_quota_by_queue, job.spec.queue, job.id)
     if job.phase == "queued":
         form, shape = queued_keys(job.spec)
         _dequeue(state, job, place_of(job), form)
@@ -548,6 +562,12 @@ def explained(state: State, queue: str) -> list[JobState]:
     return [jobs[i] for i in state.explained_by_queue.get(queue, ())]
 
 
+def holding_quota(state: State, queue: str) -> list[JobState]:
+    """The jobs of ``queue`` in a phase that holds quota, in the order they entered one."""
+    jobs = state.jobs
+    return [jobs[i] for i in state.holding_quota_by_queue.get(queue, ())]
+
+
 def holding(state: State) -> list[JobState]:
     """Every job holding GPUs, CPU or memory anywhere, once, node by node."""
     jobs = state.jobs
@@ -565,6 +585,7 @@ def rebuild(state: State) -> State:
     state.jobs_by_phase = {}
     state.queued_by_queue = {}
     state.holding_by_node = {}
+    state.holding_quota_by_queue = {}
     state.workers_by_ask = {}
     state.naming_by_beneficiary = {}
     state.explained_by_queue = {}
@@ -613,6 +634,7 @@ def check(state: State) -> None:
     for name in (
         "jobs_by_phase",
         "holding_by_node",
+        "holding_quota_by_queue",
         "naming_by_beneficiary",
         "explained_by_queue",
         "queued_by_shape",

@@ -271,4 +271,7 @@ from __future__ import annotations
 # 96: the fold's own words count as people do: "1 worker", "1 GPU" (a shrink's reason, the
 #    refusals of a resize and of a quota cut, which no longer name the any-model key ``*``), and a
 #    resize of a job that is not elastic says so.
-RULES = 96
+# 97: the fold keeps, per queue, the jobs in a phase that holds quota
+#    (``State.holding_quota_by_queue``, ``projections/indexes.py``), so that admission and the
+#    preemptor read a queue's holders when a cycle asks about that queue, not every job running.
+RULES = 97

@@ -248,14 +248,16 @@ class State(msgspec.Struct, gc=False):
     # Indexes of ``jobs`` the fold keeps (``projections/indexes.py``): job ids per phase, in the
     # order they entered it; per queue, its queued jobs' places (-priority, submitted_seq, id),
     # sorted: the order the queue serves them in; per node, the ids of the jobs holding GPUs
-    # there; per worker ask (its Resources as JSON), the workers unfinished jobs ask for; per
-    # beneficiary, the jobs stopped for it that name it; per queue, its queued jobs that carry a
-    # reason; per host shape (``indexes.host_shape``), its queued jobs; per form
-    # (``indexes.form_key``), its queued jobs' places, sorted as a queue's. So that a cycle costs
-    # the jobs it asks for, not every job that ever existed.
+    # there; per queue, the ids of its jobs holding quota; per worker ask (its Resources as
+    # JSON), the workers unfinished jobs ask for; per beneficiary, the jobs stopped for it that
+    # name it; per queue, its queued jobs that carry a reason; per host shape
+    # (``indexes.host_shape``), its queued jobs; per form (``indexes.form_key``), its queued
+    # jobs' places, sorted as a queue's. So that a cycle costs the jobs it asks for, not every
+    # job that ever existed.
     jobs_by_phase: dict[str, dict[str, None]] = {}
     queued_by_queue: dict[str, list[tuple[int, int, str]]] = {}
     holding_by_node: dict[str, dict[str, None]] = {}
+    holding_quota_by_queue: dict[str, dict[str, None]] = {}
     workers_by_ask: dict[str, int] = {}
     naming_by_beneficiary: dict[str, dict[str, None]] = {}
     explained_by_queue: dict[str, dict[str, None]] = {}

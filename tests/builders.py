@@ -72,7 +72,7 @@ from corral.events.queues import (
 )
 from corral.projections import indexes, quota
 from corral.projections.fold import fold
-from corral.projections.lifecycle import Phase
+from corral.projections.lifecycle import HOLDS_QUOTA, Phase
 from corral.projections.state import JobState, State
 from corral.services.agent.inventory import cluster
 
@@ -199,6 +199,9 @@ def move_to(state: State, job_id: str, phase: Phase) -> JobState:
     job = state.jobs[job_id]
     before, job.phase = job.phase, phase
     indexes.moved(state, job, before)
+    change = (phase in HOLDS_QUOTA) - (before in HOLDS_QUOTA)
+    if change:
+        quota.count_holding(state, job, change)
     return job
 
 

@@ -94,7 +94,7 @@ from corral.events.jobs import (
     PendingReasonChanged,
 )
 from corral.projections import indexes, preemption, queueing, quota, runtimes
-from corral.projections.holds import Hold, hold, quota_end
+from corral.projections.holds import Hold, QuotaHolders, hold
 from corral.projections.index import deadline_text
 from corral.projections.lifecycle import Phase
 from corral.projections.placement.inventory import Inventory
@@ -134,37 +134,25 @@ DEFAULT = AdmissionConfig()
 # Submission order, which a walk of ``State.jobs`` gave (the fold adds jobs as they are submitted).
 _SUBMISSION = attrgetter("submitted_seq", "id")
 
-# A holder of quota that preemption could stop: (priority, milli-GPU, preemptible).
-_Holder = tuple[int, int, bool]
-# Per (queue, key), when its holders of quota are expected to give it back: (time, milli-GPU).
-_Ends = dict[tuple[str, str], list[tuple[float, int]]]
-
 
 def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[Event]:
-    # 0. Snapshot, from the fold's indexes: usage from the jobs holding quota, each queue's
-    # backlog from its queued jobs, in the queue's order. No finished job is looked at.
-    ledger = Ledger(state)
+    # 0. Snapshot, from what the fold keeps: usage per queue, each queue's holders as the cycle
+    # asks about them, each queue's backlog from its queued jobs, in the queue's order. No
+    # finished job is looked at, and of the jobs holding quota only the queues asked about.
+    ledger = Ledger.from_state(state)
     inventory = Inventory(state)
     ledger.hosts = inventory.hosts_spec  # a job's order and holds on a model it can run on
     fair = FairShare(ledger, state, now)
-    holders: dict[tuple[str, str], list[_Holder]] = {}
+    holders = QuotaHolders(state, now, ledger.has_queue)  # read per queue, as asked
     waiting = _Waiting(state)
     explained: defaultdict[str, list[JobState]] = defaultdict(list)  # waiting jobs with a reason
     stopping: set[str] = set()  # beneficiaries some victim still checkpoints for
     elastic: list[JobState] = []  # running elastic jobs, which may grow
-    ends: _Ends = {}
-    for job in indexes.jobs_in(state, *indexes.HOLDS_QUOTA):
-        phase = job.phase
-        if phase == "checkpointing" and job.preempted_for:
+    for job in indexes.jobs_in(state, "checkpointing"):
+        if job.preempted_for:
             stopping.add(job.preempted_for)
-        held = ledger.hold(job)
-        if held is not None:
-            # (whether it could be stopped at all: preemptible, its class's cap not run out)
-            holders.setdefault((job.spec.queue, held[0]), []).append(
-                (job.priority, held[1], ledger.may_take_back(job))
-            )
-            ends.setdefault((job.spec.queue, held[0]), []).append((quota_end(job, now), held[1]))
-        if phase == "running" and job.spec.min_replicas is not None:
+    for job in indexes.jobs_in(state, "running"):
+        if job.spec.min_replicas is not None:
             elastic.append(job)
             if job.preempted_for and job.leaving:  # shrinking for a beneficiary
                 stopping.add(job.preempted_for)
@@ -207,7 +195,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
                 explained[queue] = [j for j in explained.get(queue, ()) if j.id != job_id]
                 if beneficiary.reasons != (why,):
                     events.append(PendingReasonChanged(job_id=job_id, reasons=(why,)))
-    stopped, nominated = _nominations(state, stopped, stopping, ledger, ends, now)
+    stopped, nominated = _nominations(state, stopped, stopping, ledger, holders, now)
     nominated -= stopping
     stopped.sort(key=lambda j: (j.submitted_seq, j.id))
     for job in stopped:
@@ -232,12 +220,12 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     )
     first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions, inventory)
     for adm in first:
-        _ends_at(ends, state.jobs[adm.job_id], adm, now)
+        _ends_at(holders, state.jobs[adm.job_id], adm, now)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, waiting.keys(), now)
     lending_holds = LendingHolds(ledger)
-    lending_holds.keep_for_heads(waiting, ends, now)
+    lending_holds.keep_for_heads(waiting, holders, now)
     admissions = first + _admit(
-        order, ledger, config.max_admissions - len(first), now, ends, lending_holds, inventory
+        order, ledger, config.max_admissions - len(first), now, holders, lending_holds, inventory
     )
     most = inventory.most_workers
     grown = growths(state, ledger, elastic, waiting, admissions, now, most) if config.grow else []
@@ -269,7 +257,12 @@ def _requeue_reason(job: JobState) -> Reason:
 
 
 def _nominations(
-    state: State, stopped: list[JobState], stopping: set[str], ledger: Ledger, ends: _Ends, now: float
+    state: State,
+    stopped: list[JobState],
+    stopping: set[str],
+    ledger: Ledger,
+    holders: QuotaHolders,
+    now: float,
 ) -> tuple[list[JobState], set[str]]:
     """Split the stopped jobs: those to requeue now, and victims kept stopped because another
     victim of their waiting beneficiary still checkpoints (charged to the ledger again, to be
@@ -287,7 +280,7 @@ def _nominations(
         if b in stopping and beneficiary is not None and beneficiary.phase in ("queued", "admitted"):
             held = ledger.hold(job)
             if held is not None:
-                ends.setdefault((job.spec.queue, held[0]), []).append((now, held[1]))
+                holders.end(job.spec.queue, held[0], now, held[1])
         else:
             requeue.append(job)
     return requeue, nominated
@@ -551,7 +544,7 @@ def _admit(
     ledger: Ledger,
     cap: int,
     now: float,
-    ends: _Ends,
+    holders: QuotaHolders,
     lending_holds: LendingHolds,
     inventory: Inventory,
 ) -> list[Admission]:
@@ -598,11 +591,11 @@ def _admit(
                 cur.fixed_room[key] -= milli
             gpus = quota.admission_gpus(key, milli)
             out.append(Admission(job_id=job.id, attempt=job.attempt, replicas=replicas, gpus=gpus))
-            _ends_at(ends, job, out[-1], now)
+            _ends_at(holders, job, out[-1], now)
             order.admitted(cur)
         else:
             if held is None:
-                found = hold(ledger, cur.name, job, ends, now)
+                found = hold(ledger, cur.name, job, holders, now)
                 if found is not None:
                     lending_holds.keep(cur.name, job.id, found)
                     if not cur.strict:  # a strict queue goes no further than its head anyway
@@ -629,14 +622,14 @@ def _made_room_for(state: State, beneficiary: JobState) -> Reason | None:
     return Reason("preempting", f"{jobs} to make room for it, by {deadline_text(max(deadlines))}")
 
 
-def _ends_at(ends: _Ends, job: JobState, adm: Admission, now: float) -> None:
+def _ends_at(holders: QuotaHolders, job: JobState, adm: Admission, now: float) -> None:
     """Count a job admitted this cycle among its queue's holders: it ends its runtime estimate
     from now."""
     if len(adm.gpus) == 1:
         key = next(iter(adm.gpus))
         est = runtimes.of(job)
         milli = quota.worker_milli(job.spec.resources, key) * adm.replicas
-        ends.setdefault((job.spec.queue, key), []).append((math.inf if est is None else now + est, milli))
+        holders.end(job.spec.queue, key, math.inf if est is None else now + est, milli)
 
 
 # -- 5. reasons ------------------------------------------------------------------------------------
@@ -648,7 +641,7 @@ class _Explainer:
     def __init__(
         self,
         ledger: Ledger,
-        holders: dict[tuple[str, str], list[_Holder]],
+        holders: QuotaHolders,
         detail: int,
         lending: LendingHolds | None = None,
     ) -> None:
@@ -753,7 +746,7 @@ class _Explainer:
             for other, borrowed in borrowers:
                 stoppable = sum(
                     m
-                    for p, m, ok in self.holders.get((other, key), ())
+                    for p, m, ok in self.holders.jobs(other, key)
                     if ok and (fair or preemption.may_reclaim(policy, p, priority))
                 )
                 amount = min(borrowed, stoppable)
@@ -774,7 +767,7 @@ class _Explainer:
                 return f"; would fit now if {', '.join(said)} borrowed {name} were reclaimed"
         lower = sum(
             m
-            for p, m, ok in self.holders.get((queue, key), ())
+            for p, m, ok in self.holders.jobs(queue, key)
             if ok and p < priority and preemption.may_stop_within(policy, p, priority)
         )
         if lower > 0:
@@ -796,7 +789,7 @@ class _Explainer:
         borrowers, _ = self._borrowers(queue, key)
         kept: list[tuple[str, int]] = []
         for other, borrowed in borrowers:
-            stoppable = sum(m for _, m, ok in self.holders.get((other, key), ()) if ok)
+            stoppable = sum(m for _, m, ok in self.holders.jobs(other, key) if ok)
             if borrowed > stoppable:
                 kept.append((other, borrowed - stoppable))
         if not kept:
@@ -875,7 +868,7 @@ def _reasons(
     order: FairShareOrder,
     explained: dict[str, list[JobState]],
     ledger: Ledger,
-    holders: dict[tuple[str, str], list[_Holder]],
+    holders: QuotaHolders,
     detail: int,
     now: float,
     lending: LendingHolds | None = None,

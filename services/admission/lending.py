@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from corral.events.queues import QueueSpec
-from corral.projections.holds import Hold, hold
+from corral.projections.holds import Hold, QuotaHolders, hold
 from corral.projections.quota import Ledger
 from corral.services.admission.backlog import Backlog
 
@@ -45,7 +45,7 @@ class LendingHolds:
     def keep_for_heads(
         self,
         waiting: Mapping[str, Backlog],
-        ends: Mapping[tuple[str, str], list[tuple[float, int]]],
+        holders: QuotaHolders,
         now: float,
     ) -> None:
         """Before anyone is admitted, the holds of the queues' first waiting jobs: of one that
@@ -69,7 +69,7 @@ class LendingHolds:
                 if 0 < need <= ledger.nominal(name, key) - ledger.used(name, key):
                     self.keep(name, head.id, Hold(head.id, key, need, now))
                 continue
-            found = hold(ledger, name, head, ends, now)
+            found = hold(ledger, name, head, holders, now)
             if found is not None:
                 self.keep(name, head.id, found)
 

@@ -63,7 +63,7 @@ import msgspec
 from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
 from corral.projections import indexes, moves, preemption, queueing, runtimes, thrash
-from corral.projections.holds import Hold, hold, quota_ends
+from corral.projections.holds import Hold, QuotaHolders, hold
 from corral.projections.placement.framework import avoided
 from corral.projections.placement.inventory import Inventory
 from corral.projections.placement.stack import PlacerConfig
@@ -566,7 +566,7 @@ class _Holds:
         self.ledger = ledger
         self.now = now
         self.by_queue: dict[str, Hold] = {}
-        self._ends: dict[tuple[str, str], list[tuple[float, int]]] | None = None  # built on first use
+        self._holders: QuotaHolders | None = None  # made on first use
         # Verdicts per queue and ask (what ``keeps_out`` reads of a job): a deep backlog behind a
         # hold asks the same question many times. Valid until a hold is added or the ledger moves.
         self._verdicts: dict[tuple[object, ...], bool] = {}
@@ -615,9 +615,9 @@ class _Holds:
         demand = queued_demand(self.state, self.ledger, job)
         if demand is None:
             return
-        if self._ends is None:
-            self._ends = quota_ends(self.state, self.now)
-        found = hold(self.ledger, q, job, self._ends, self.now)
+        if self._holders is None:
+            self._holders = QuotaHolders(self.state, self.now, self.ledger.has_queue)
+        found = hold(self.ledger, q, job, self._holders, self.now)
         if found is not None:
             self.by_queue[q] = found
             self._verdicts.clear()

@@ -30,9 +30,9 @@ from corral.events.queues import (
     QueueSpec,
     Quota,
 )
-from corral.projections import indexes
+from corral.projections import indexes, quota
 from corral.projections.fold import apply_event
-from corral.projections.lifecycle import Phase
+from corral.projections.lifecycle import HOLDS_QUOTA, Phase
 from corral.projections.quota import ANY, Ledger, gpus_text
 from corral.projections.state import Checkpoint, JobState, State
 from corral.services.admission import order
@@ -101,6 +101,8 @@ class Job:
             phase_since=self.at,
         )
         indexes.add(s, job)
+        if job.phase in HOLDS_QUOTA:
+            quota.count_holding(s, job, 1)  # as the fold counts it when the job is admitted
         return job
 
 

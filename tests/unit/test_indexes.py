@@ -4,6 +4,7 @@ jobs entered; nothing that decides walks every job."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -23,6 +24,7 @@ from corral.events.jobs import (
 from corral.events.nodes import NodeInventory
 from corral.events.queues import ApplyQueue, ApplyRetention, DeleteQueue, QueueSpec, Quota, RetentionSpec
 from corral.projections import indexes
+from corral.projections.holds import QuotaHolders
 from corral.projections.state import State
 from corral.services.admission.decide import decide as admission_decide
 from corral.services.placer.decide import decide as placer_decide
@@ -61,6 +63,38 @@ def test_a_job_is_indexed_from_submit_to_success() -> None:
     assert view(state) == {"phase": {"running": ["j"]}, "queued": {}, "holding": {N0: ["j"]}}
     state = log.exited(N0, "j").fold(state)
     assert view(state) == {"phase": {"succeeded": ["j"]}, "queued": {}, "holding": {}}
+
+
+def test_a_queues_holders_of_quota_are_indexed_from_admission_to_release() -> None:
+    log = base().submit("alice", "a", job().gpus(8)).submit("bob", "b", job(queue="team-b").gpus(1))
+    state = log.accept("a").accept("b").fold()
+    assert state.holding_quota_by_queue == {}
+    state = log.admit("a").admit("b").fold(state)
+    assert state.holding_quota_by_queue == {"team-a": {"a": None}, "team-b": {"b": None}}
+    state = log.place(on(N0, *range(8), job_id="a")).started(N0, "a").fold(state)
+    assert [j.id for j in indexes.holding_quota(state, "team-a")] == ["a"]
+    state = log.exited(N0, "a").fold(state)
+    assert state.holding_quota_by_queue == {"team-b": {"b": None}}
+    indexes.check(state)
+
+
+def test_quota_holders_are_read_for_the_queues_asked_about() -> None:
+    """A cycle reads the holders of the queues it asks about, from the fold's index, and the
+    ends it adds itself on top."""
+    log = (
+        base()
+        .submit("alice", "a", job().gpus(8).estimate(600))
+        .submit("bob", "b", job(queue="team-b").gpus(1))
+    )
+    state = log.accept("a").accept("b").admit("a").admit("b").fold()
+    state = log.place(on(N0, *range(8), job_id="a")).started(N0, "a").fold(state)
+    now = state.time + 60
+    holders = QuotaHolders(state, now, lambda q: q in state.queues)
+    holders.end("team-b", "*", now + 5, 1000)
+    assert holders.jobs("team-a", "*") == [(0, 8000, True)]
+    assert holders.ends("team-a", "*") == [(state.jobs["a"].phase_since + 600, 8000)]
+    assert holders.ends("team-b", "*") == [(now + 5, 1000), (math.inf, 1000)]  # no estimate: never
+    assert holders.jobs("team-c", "*") == [] and holders.ends("gone", "*") == []
 
 
 def test_a_rejected_job_leaves_submitted() -> None:
@@ -210,6 +244,11 @@ def test_rebuild_makes_the_indexes_of_the_jobs_in_their_order() -> None:
         pytest.param(lambda s: s.workers_by_ask.clear(), id="asks lost"),
         pytest.param(lambda s: s.holding_by_node.setdefault(N1, {}), id="an empty entry kept"),
         pytest.param(lambda s: s.holding_by_node.pop(N0), id="a holder missing"),
+        pytest.param(lambda s: s.holding_quota_by_queue.pop("team-a"), id="a holder of quota missing"),
+        pytest.param(
+            lambda s: s.holding_quota_by_queue.setdefault("team-b", {}).update(a=None),
+            id="a holder of quota in another queue",
+        ),
         pytest.param(
             lambda s: s.naming_by_beneficiary.setdefault("b", {}).update(a=None), id="a name not given"
         ),

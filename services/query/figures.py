@@ -1,8 +1,9 @@
 """The cluster's figures for the metrics (``services/runtime/metrics.py``), from a folded state.
 
 Pure: the read service hands this to its ``Telemetry``, which calls it once per log position a
-collection finds. It costs the fold's indexes, never every job: the waiting and quota-holding
-jobs (``indexes.jobs_in``), each queue's quota ledger (``queues.queue_usage``), each node's GPUs,
+collection finds. It costs the fold's indexes, never every job: each queue's queued and quota-holding
+jobs counted by their indexes, the few jobs submitted or stopped and not queued again yet
+(``indexes.jobs_in``), each queue's quota ledger (``queues.queue_usage``), each node's GPUs,
 and the fragmentation measure the placer uses (``fragmentation_of``: the unfinished jobs' shapes).
 """
 
@@ -15,8 +16,10 @@ from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.state import WHOLE, NodeState, State
 from corral.services.query.queues import queue_usage
 
-# The jobs counted as waiting in their queue: accepted and not admitted yet, or back from a stop.
+# The jobs counted as waiting in their queue: accepted and not admitted yet, or back from a stop;
+# the queued ones are counted from their queue's index, the others (few) one by one.
 WAITING: tuple[Phase, ...] = ("submitted", "queued", "preempted", "interrupted")
+_NOT_QUEUED: tuple[Phase, ...] = tuple(p for p in WAITING if p != "queued")
 
 Figures = dict[str, list[tuple[float, dict[str, str]]]]
 
@@ -31,10 +34,12 @@ def cluster_figures(state: State) -> Figures:
     out: Figures = {}
     pending: dict[str, int] = dict.fromkeys(state.queues, 0)
     admitted: dict[str, int] = dict.fromkeys(state.queues, 0)
-    for job in indexes.jobs_in(state, *WAITING):
+    for queue, places in state.queued_by_queue.items():
+        pending[queue] = len(places)
+    for job in indexes.jobs_in(state, *_NOT_QUEUED):
         pending[job.spec.queue] = pending.get(job.spec.queue, 0) + 1
-    for job in indexes.jobs_in(state, *indexes.HOLDS_QUOTA):
-        admitted[job.spec.queue] = admitted.get(job.spec.queue, 0) + 1
+    for queue, holders in state.holding_quota_by_queue.items():
+        admitted[queue] = len(holders)
     out["corral.queue.jobs.pending"] = [(n, {"corral.queue": q}) for q, n in sorted(pending.items())]
     out["corral.queue.jobs.admitted"] = [(n, {"corral.queue": q}) for q, n in sorted(admitted.items())]
     for measure in ("nominal", "used", "borrowed", "lent"):

@@ -75,6 +75,14 @@ def cmd_log_import(args: argparse.Namespace) -> None:
         # Importing sets a log up: into a server with no corral yet, the stream is made.
         log = await open_log(server_url(args.server), login, create=True)
         try:
+            # Records appended after a live log's own would be folded again as if they had just
+            # happened: jobs submitted anew, nodes shut down, placements made twice.
+            held = await log.last_seq()
+            if held:
+                raise Failure(
+                    f"the log at {server_url(args.server)} already holds {held} records: import "
+                    "sets a log up in a server with no corral yet (a new data directory)"
+                )
             items = [Append(r.subject, r.data, headers=kept_headers(r.headers)) for r in records]
             results: list[Any] = []
             with progress.shown("importing", len(items), "records", scale=True) as done:

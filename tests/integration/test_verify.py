@@ -197,3 +197,28 @@ async def test_records_of_one_message_id_all_import(tmp_path: Path) -> None:
     back = await _imported(tmp_path, records)
     assert [r.data for r in back] == [r.data for r in records]
     assert all(r.headers == {"traceparent": headers["traceparent"]} for r in back)
+
+
+async def test_a_log_does_not_import_into_a_server_whose_log_holds_records(tmp_path: Path) -> None:
+    """Imported behind a live log's own records, a file's records would be folded as if they had
+    just happened (its jobs submitted again, its nodes shut down again): the import is refused,
+    and the log is left as it was."""
+    from corral.services.cli.main import main
+
+    lb = LogBuilder().queues("team-a").submit("alice", "j1", job()).accept("j1")
+    path = tmp_path / "log.jsonl"
+    logfile.write(path, lb.records)
+    async with EmbeddedServer(tmp_path / "nats") as server:
+        await asyncio.to_thread(main, ["log", "import", str(path), "--server", server.url])
+        try:
+            await asyncio.to_thread(main, ["log", "import", str(path), "--server", server.url])
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError("a second import into the same log was taken")
+        log = await connect(server.url)
+        try:
+            back = await _read_all(log)
+        finally:
+            await log.close()
+    assert [r.data for r in back] == [r.data for r in lb.records]

@@ -343,7 +343,13 @@ async def cluster(
         holder = f"{assignments_service.ROLE}@{socket.gethostname()}:{os.getpid()}"
         lease = await KvLease.open(views_log.nc, assignments_service.ROLE, holder)
         store = await node_views.KvViewStore.open(views_log.nc)
-        projection = assignments_service.service(views_log, store, clock=clock, lease=lease)
+        projection = assignments_service.service(
+            views_log,
+            store,
+            clock=clock,
+            lease=lease,
+            status=await StatusBoard.open(views_log.nc, assignments_service.ROLE, holder),
+        )
         running.assignments = projection
         tasks.append(asyncio.create_task(projection.run(stop), name=assignments_service.ROLE))
         # Every waiting job's start forecast, in the bucket the read service reads; what-if.

@@ -237,6 +237,25 @@ async def test_a_part_that_dies_stops_the_corral(tmp_path: Path) -> None:
         assert stopped.value.name == "placer"
 
 
+async def test_every_role_of_a_corral_up_that_holds_a_lease_posts_its_status(tmp_path: Path) -> None:
+    """``corral status`` lists each leased replica from the board: a role of ``corral up`` that
+    took its lease but posted nothing would be missing there, dead or alive alike."""
+    settings = Settings(tick=0.1, agents=False)
+    async with cluster(None, 1, "h100-8x", tmp_path / "data", settings=settings) as running:
+        nc = await nats.connect(running.url)
+        try:
+            kv = await bucket(nc)
+            leased = ("admission", "placer", "preemptor", "health", "assignments", "forecast")
+            for role in leased:
+                holder = await kv_until(kv, role, lambda v: True)
+                await kv_until(kv, status.key(role, holder.decode()), lambda v: True)
+            holders, replicas = await status.read(nc)
+            assert sorted(holders) == sorted(leased)
+            assert sorted(r.role for r in replicas) == sorted(leased)
+        finally:
+            await nc.close()
+
+
 def _children(pid: int) -> list[tuple[int, str]]:
     """The processes whose parent is ``pid``: (pid, name)."""
     out = []

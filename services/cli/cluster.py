@@ -32,7 +32,7 @@ from corral.services.cli.access import (
 )
 from corral.services.cli.display import emit, node_table
 from corral.services.cli.jobfile import BadInput
-from corral.services.cli.serve import intake_rate, observe
+from corral.services.cli.serve import intake_rate, observe, serve_roles
 from corral.services.query import present
 from corral.services.runtime import identities
 
@@ -169,12 +169,24 @@ def cmd_status(args: argparse.Namespace) -> None:
                 ),
             }
         )
+    # A role whose every replica stopped leaves the board: said here, not left out unnoticed.
+    posted = {r.role for r in replicas}
+    missing = [role for role, how in serve_roles().items() if how == "leased" and role not in posted]
     if args.output == "json":
-        emit(args, {"leases": holders, "replicas": [msgspec.to_builtins(r) for r in replicas]})
+        emit(
+            args,
+            {
+                "leases": holders,
+                "replicas": [msgspec.to_builtins(r) for r in replicas],
+                "missing": missing if replicas else [],
+            },
+        )
         return
     if not rows:
         print("no service has posted its status (none running, or none with a lease)")
         return
+    blank = dict.fromkeys(rows[0], "")
+    rows += [{**blank, "ROLE": role, "REPLICA": "none running", "LEADS": "no"} for role in missing]
     emit(args, rows, list(rows[0]))
 
 

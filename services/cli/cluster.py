@@ -66,6 +66,13 @@ def cmd_up(args: argparse.Namespace) -> None:
         raise BadInput(f"--replicas {args.replicas}: JetStream keeps 1 to 5 replicas")
     if args.replicas is not None and args.server is None and args.replicas > (args.cluster or 1):
         raise BadInput(f"--replicas {args.replicas}: more than the {args.cluster or 1} NATS servers started")
+    data = Path(args.data)
+    if data.exists() and not data.is_dir():
+        raise BadInput(f"--data {args.data}: not a directory")
+    try:  # before anything is started in it: a parent that is a file, or not ours to write
+        data.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"--data {args.data}: {e.strerror or e}") from None
     settings = Settings(
         auth=args.auth,
         tenants=tenants,
@@ -81,7 +88,7 @@ def cmd_up(args: argparse.Namespace) -> None:
                 args.server,
                 args.nodes,
                 args.profile,
-                Path(args.data),
+                data,
                 args.port,
                 settings,
                 args.metrics_port,

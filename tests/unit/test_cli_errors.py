@@ -100,3 +100,17 @@ def test_a_gpu_nodes_agent_without_nvml_exits_with_why_and_offers_no_simulated_g
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--gpus nvml" in err and "pynvml is not installed" in err
+
+
+@pytest.mark.parametrize("where", ["file", "file/data"])
+@pytest.mark.parametrize("auth", [[], ["--auth"]])
+def test_a_data_directory_that_cannot_be_one_is_refused_before_anything_starts(
+    where: str, auth: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("queues, not a corral\n")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["up", "--nodes", "1", "--data", str(tmp_path / where), *auth])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"corral: --data {tmp_path / where}: "), err
+    assert (tmp_path / "file").read_text() == "queues, not a corral\n"

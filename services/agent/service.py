@@ -798,8 +798,15 @@ class NodeAgent:
         if reattach is not None:
             taken = reattach()
             self.spans.taken_back(taken)
-            if taken:
-                log.info("%s: took back %d workers left running: %s", self.node, len(taken), taken)
+            # A worker whose keeper wrote its exit is taken back only to report that exit: it
+            # is not said to run, as after a whole corral stopped its workers and started again.
+            phases = self.runtime.workers()
+            left = [k for k in taken if phases.get(k) != "exited"]
+            ended = [k for k in taken if phases.get(k) == "exited"]
+            if left:
+                log.info("%s: took back %d workers left running: %s", self.node, len(left), left)
+            if ended:
+                log.info("%s: %d workers of an earlier agent had ended: %s", self.node, len(ended), ended)
         views = aiter(self.views.watch(self.node))
         nxt: asyncio.Future[NodeView] = asyncio.ensure_future(anext(views))
         try:

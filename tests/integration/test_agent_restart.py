@@ -19,9 +19,12 @@ and that no worker process outlives the corral. Nothing sleeps: every wait has a
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from corral.events.jobs import JobRequeued
 from corral.events.nodes import NodeConditionChanged, NodeShutdown, WorkerExited, WorkerStarted
@@ -130,7 +133,10 @@ async def test_a_worker_taken_back_has_its_run_in_its_job_s_trace(
     assert worker.duration > 0 and not worker.error
 
 
-async def test_a_worker_that_ends_while_its_agent_is_away_is_reported_once(tmp_path: Path) -> None:
+async def test_a_worker_that_ends_while_its_agent_is_away_is_reported_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="corral.agent")
     finish = tmp_path / "finish"
     async with live(tmp_path) as it:
         await it.submit("away", job_spec(stepping(finish)))
@@ -150,6 +156,9 @@ async def test_a_worker_that_ends_while_its_agent_is_away_is_reported_once(tmp_p
         await it.watch.caught_up()
         exits = [(e.attempt, e.code, e.stopped, e.pid) for _, e in it.events(WorkerExited, "away")]
         assert exits == [(0, 0, False, pid)]
+    # The agent that came back says the worker had ended, not that it runs.
+    said = [r.getMessage() for r in caplog.records if r.name == "corral.agent" and "away" in r.getMessage()]
+    assert any("had ended" in m for m in said) and not any("left running" in m for m in said), said
 
 
 async def test_an_agent_away_past_the_lost_node_timeout_loses_its_node(tmp_path: Path) -> None:

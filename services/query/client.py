@@ -122,7 +122,7 @@ class Session:
             try:
                 return reply.result()
             except nats.errors.NoRespondersError:
-                raise Refused(f"nobody answers on {subject}") from None
+                raise Refused(f"nobody answers on {subject}{_who_answers(subject)}") from None
             except nats.errors.TimeoutError:
                 raise NoAnswer(f"no answer on {subject} within {timeout}s") from None
             except (nats.errors.Error, OSError) as e:  # the connection closed, or lost, under it
@@ -233,3 +233,13 @@ async def every_page(
     if "error" in page:
         return page
     return {**first, key: [row for rows in pages for row in rows]}
+
+
+def _who_answers(subject: str) -> str:
+    """Which role a subject's answers come from, so that a person told nobody answers knows
+    which part of the corral to look at: ``corral status`` lists only the leased ones."""
+    if subject.startswith(identities.READ + "."):
+        return " (the read service, corral serve query, is not running)"
+    if subject.startswith((subjects.REQ + ".", subjects.NREQ + ".")):
+        return " (the intake, corral serve intake, is not running)"
+    return ""

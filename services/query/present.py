@@ -224,6 +224,8 @@ def eta_text(eta: dict[str, Any], now: float | None = None) -> str:
         return f"in {point} (between {lo} and {hi})"
     lo = clock(early) if early is not None else "?"
     hi = clock(late) if late is not None else "beyond the horizon"
+    if lo == hi == clock(start):  # as above: a start that cannot move (a back-off's end)
+        return clock(start)
     return f"{clock(start)} (between {lo} and {hi})"
 
 

@@ -161,6 +161,11 @@ def test_eta_text() -> None:
     soon = {**e, "start": 130.0, "early": 110.0, "late": 150.0}
     assert eta_text(soon, now=100.0) == "in < 1 min"
     assert eta_text({**soon, "start": 90.0, "early": 80.0}, now=100.0) == "now"
+    # Explain's form, by the clock: a start its band cannot move (a placement back-off's end).
+    band = "(between 1970-01-01 00:06:40 UTC and 1970-01-01 00:31:40 UTC)"
+    assert eta_text(e) == f"1970-01-01 00:11:40 UTC {band}"
+    fixed = {**e, "early": 700.0, "late": 700.0}
+    assert eta_text(fixed) == "1970-01-01 00:11:40 UTC"
     beyond = {**e, "start": None, "early": None, "late": None, "assumption": "x"}
     assert eta_text(beyond).startswith("not within 2 h of the forecast at 1970-01-01 00:01:40")
 

@@ -73,6 +73,13 @@ def cmd_up(args: argparse.Namespace) -> None:
         data.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BadInput(f"--data {args.data}: {e.strerror or e}") from None
+    if not args.auth and (data / identities.CREDENTIALS).exists():
+        # Started again without --auth, a corral set up with logins would take anyone's requests
+        # as any tenant's and run their jobs unsandboxed: it is not done for a forgotten flag.
+        raise BadInput(
+            f"--data {args.data} was set up with logins ({identities.CREDENTIALS}): give --auth, "
+            "or remove that file to run it without"
+        )
     settings = Settings(
         auth=args.auth,
         tenants=tenants,

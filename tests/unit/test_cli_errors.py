@@ -114,3 +114,17 @@ def test_a_data_directory_that_cannot_be_one_is_refused_before_anything_starts(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"corral: --data {tmp_path / where}: "), err
     assert (tmp_path / "file").read_text() == "queues, not a corral\n"
+
+
+def test_a_data_directory_set_up_with_logins_is_not_started_without_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "credentials.json").write_text('{"admin": "secret"}\n')
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["up", "--nodes", "1", "--data", str(data)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "set up with logins" in err and "--auth" in err, err
+    assert sorted(p.name for p in data.iterdir()) == ["credentials.json"]

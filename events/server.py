@@ -271,10 +271,14 @@ class EmbeddedServer:
             delay = min(delay * 2, 0.1)
 
     def _log_tail(self, lines: int = 10) -> str:
+        """The end of the server's log; where it stopped on a fatal error, that error alone (a
+        port in use, a store it cannot open), which the lines of its banner before it bury."""
         try:
-            return " | ".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
+        fatal = [line.split("[FTL] ", 1)[1] for line in text if "[FTL] " in line]
+        return " | ".join(fatal or text[-lines:])
 
     async def exited(self) -> int:
         """Wait until the server process ends, however it ends; its exit status."""

@@ -38,6 +38,7 @@ from corral.services.runtime import identities
 
 
 def cmd_up(args: argparse.Namespace) -> None:
+    from corral.events.server import ServerError
     from corral.services.agent.inventory import MIXED
     from corral.services.cli.up import PartStopped, Refused, Settings, run_cluster
     from corral.services.runtime.metrics import Unavailable
@@ -103,7 +104,7 @@ def cmd_up(args: argparse.Namespace) -> None:
                 args.metrics_token_file,
             )
         )
-    except (Refused, Unavailable) as e:
+    except (Refused, Unavailable, ServerError) as e:  # ServerError: a port in use, a store unreadable
         raise Failure(str(e)) from None
     except PartStopped as e:  # not a person's mistake: status 1, for a supervisor to restart it
         print(f"corral: {e}", file=sys.stderr)

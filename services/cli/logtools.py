@@ -119,6 +119,8 @@ FOLD_BATCH = 5000  # records folded between two moves of the bar
 
 
 def cmd_replay(args: argparse.Namespace) -> None:
+    if args.until is not None and args.until < 0:  # else the state before the log: no error
+        raise BadInput(f"--until: {args.until} is not a log sequence (0 or more)")
     if args.file:
         records = read_file_shown(args.file)
     else:

@@ -128,3 +128,10 @@ def test_a_data_directory_set_up_with_logins_is_not_started_without_them(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "set up with logins" in err and "--auth" in err, err
     assert sorted(p.name for p in data.iterdir()) == ["credentials.json"]
+
+
+@pytest.mark.parametrize("where", [[], ["log.jsonl"]], ids=["server", "file"])
+def test_a_negative_sequence_to_replay_until_is_refused(
+    where: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    refused_for(["replay", *where, "--until=-5"], "--until", capsys)

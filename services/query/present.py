@@ -114,7 +114,7 @@ def node_row(
         "condition": condition,
         "cordoned": node.cordoned,
         "draining": node.draining,
-        "why": node.cordon_reason,
+        "why": _node_why(node),
         "model": ",".join(models) or "-",
         "gpus": len(node.gpus),
         "free": sum(1 for g in node.gpus if g.idle and g.healthy),
@@ -128,6 +128,21 @@ def node_row(
         ],
         "profile": node.inventory.labels.get("profile", ""),
     }
+
+
+# Why a node that is not ready is not: its agent's silence, as the health monitor reads it.
+_SILENT = {
+    "suspect": "its agent missed heartbeats: nothing new goes here, and what runs here is not known",
+    "lost": "its agent went silent: its jobs went back to their queues; nothing goes here until it is heard",
+}
+
+
+def _node_why(node: NodeState) -> str:
+    """Why ``node`` takes no new work: its cordon's reason, else its agent's silence."""
+    if node.condition != "ready":
+        silent = _SILENT.get(node.condition, "")
+        return f"{silent}; {node.cordon_reason}" if node.cordon_reason else silent
+    return node.cordon_reason
 
 
 def node_gpus(node: NodeState, state: State, visible: Callable[[JobState], bool]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from corral.services.query.explain import explain
 from corral.services.query.queues import queue_rows
 from tests.builders import Cluster, LogBuilder, job, mig_slot, on, placement, queue_spec, whole, worker
 
-N0 = "node-00"
+N0, N1 = "node-00", "node-01"
 
 
 def elastic(running: int) -> LogBuilder:
@@ -73,7 +73,7 @@ def test_json_rows_hold_numbers_not_their_text() -> None:
     assert all(not isinstance(q[k], str) for k in ("nominal", "used", "recent", "borrowed", "lent"))
 
 
-N0 = "node-00"
+N0, N1 = "node-00", "node-01"
 
 
 def test_a_job_on_a_silent_node_is_said_to_be_there() -> None:
@@ -167,6 +167,20 @@ def test_a_node_shows_its_cordon_health_and_mig_instances() -> None:
     assert present.mig_text(row) == "8 GPUs: 3g.40gb"
     shown = node_table([row])
     assert "draining" in shown and "gpu 5 xid:79" in shown and "8 GPUs: 3g.40gb" in shown
+
+
+def test_a_node_whose_agent_went_silent_says_why_it_takes_no_work() -> None:
+    log = LogBuilder().nodes(Cluster(2)).condition(N0, "suspect").condition(N1, "lost")
+    state = log.fold()
+    suspect, lost = (present.node_row(state.nodes[n]) for n in (N0, N1))
+    assert suspect["why"].startswith("its agent missed heartbeats: nothing new goes here")
+    assert lost["why"].startswith("its agent went silent: its jobs went back to their queues")
+    shown = node_table([suspect, lost])
+    assert "missed heartbeats" in shown and "went silent" in shown
+    # A cordon's reason is kept beside it.
+    state = log.cordon(N1).fold()
+    why = present.node_row(state.nodes[N1])["why"]
+    assert why.startswith("its agent went silent") and why.endswith(state.nodes[N1].cordon_reason)
 
 
 def test_an_admin_uncordons_a_node_the_health_monitor_drained() -> None:

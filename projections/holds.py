@@ -121,8 +121,8 @@ class QuotaHolders:
     index of its holders (``State.holding_quota_by_queue``) the first time the cycle asks about
     it, so that a cycle pays for the queues it asks about, not for every job running in the
     cluster. ``end`` counts what the cycle itself adds: jobs it admits, victims it keeps stopped.
-    Only a job held on one key is counted (one of several keys holds them as recorded, and no
-    projection reads it). Queues ``has_queue`` does not know have none."""
+    A job's admission names one key (the fold refuses any other); one that named several would
+    not be counted. Queues ``has_queue`` does not know have none."""
 
     def __init__(self, state: State, now: float, has_queue: Callable[[str], bool]) -> None:
         self._state = state

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -35,6 +36,21 @@ from corral.services.cli.jobfile import BadInput
 from corral.services.cli.serve import intake_rate, observe, serve_roles
 from corral.services.query import present
 from corral.services.runtime import identities
+
+
+def _not_a_data_directory(data: Path) -> str:
+    """Why ``data`` could not be made or used as a data directory (it, or a directory above it,
+    is a file; the nearest that exists is not ours to write); "" if it could. Nothing is made:
+    a refused start leaves nothing behind."""
+    for path in (data, *data.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            return "not a directory" if path == data else f"{path} is not a directory"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"{path} is not writable"
+        return ""
+    return ""
 
 
 def cmd_up(args: argparse.Namespace) -> None:
@@ -68,12 +84,9 @@ def cmd_up(args: argparse.Namespace) -> None:
     if args.replicas is not None and args.server is None and args.replicas > (args.cluster or 1):
         raise BadInput(f"--replicas {args.replicas}: more than the {args.cluster or 1} NATS servers started")
     data = Path(args.data)
-    if data.exists() and not data.is_dir():
-        raise BadInput(f"--data {args.data}: not a directory")
-    try:  # before anything is started in it: a parent that is a file, or not ours to write
-        data.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BadInput(f"--data {args.data}: {e.strerror or e}") from None
+    why = _not_a_data_directory(data)
+    if why:
+        raise BadInput(f"--data {args.data}: {why}")
     if not args.auth and (data / identities.CREDENTIALS).exists():
         # Started again without --auth, a corral set up with logins would take anyone's requests
         # as any tenant's and run their jobs unsandboxed: it is not done for a forgotten flag.

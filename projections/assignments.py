@@ -102,6 +102,9 @@ class NodeView(msgspec.Struct, frozen=True, omit_defaults=True):
     inventory: NodeInventory | None = None
     used_milli: tuple[int, ...] = ()  # per GPU, what the fold says is held: heartbeats report it
     jobs: tuple[Assignment, ...] = ()
+    # The log position of the shutdown the node's agent has not come back from (0: none): an
+    # agent that reads it registers the node again, which puts it back in service.
+    shut_down: int = 0
 
     def job(self, job_id: str) -> Assignment | None:
         for a in self.jobs:
@@ -151,6 +154,7 @@ def node_view(state: State, node: str, jobs: Iterable[str] | None = None) -> Nod
         inventory=None if here is None else here.inventory,
         used_milli=() if here is None else tuple(g.used_milli for g in here.gpus),
         jobs=tuple(found),
+        shut_down=0 if here is None else here.shut_down,
     )
 
 

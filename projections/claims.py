@@ -123,7 +123,7 @@ def _check_workers(
     if len(workers) == 1:  # most jobs: one worker, so the rounds are one after the other
         w = workers[0]
         node = nodes.get(w.node)
-        if node is None or node.condition != "ready" or node.cordoned or selector:
+        if node is None or not node.schedulable or selector:
             node = _worker_node(nodes, w, selector)
         check_worker_shape(res, w.gpus, k)
         inventory = node.inventory
@@ -157,8 +157,8 @@ def _worker_node(nodes: dict[str, NodeState], w: WorkerSlot, selector: dict[str,
     node = nodes.get(w.node)
     if node is None:
         raise ClaimError("node", f"node {w.node} is not registered")
-    if node.condition != "ready" or node.cordoned:
-        raise ClaimError("node", f"node {w.node} is {_node_condition(node)}")
+    if not node.schedulable:
+        raise ClaimError("node", f"node {w.node} is {node.standing}")
     if selector and any(node.inventory.labels.get(k) != v for k, v in selector.items()):
         raise ClaimError("labels", f"node {w.node} lacks the labels the job selects")
     return node
@@ -221,10 +221,6 @@ def _check_shared(state: State, res: Resources, workers: tuple[WorkerSlot, ...])
         _check_room(state.nodes[name], name, res.cpu_milli * n, res.memory_mib * n, n)
     for (name, index), claims in taken.items():
         _check_gpu(state.nodes[name], index, claims, res)
-
-
-def _node_condition(node: NodeState) -> str:
-    return "cordoned" if node.cordoned else node.condition
 
 
 def _where(node: NodeState, index: int) -> str:

@@ -127,6 +127,7 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
     else:
         old.inventory = ev.inventory
         old.gpus = gpus
+        old.shut_down = 0  # its agent is back
     if moved:
         _gpus_moved(state, ctx, ev.node, moved)
     if switched:
@@ -477,12 +478,15 @@ def _shutdown(state: State, ctx: Ctx, ev: NodeShutdown) -> None:
     their queue without counting a restart and resume from their last checkpoint. Only the jobs
     holding GPUs on this node (the subject binds the agent to it); their GPUs are given back as
     the workers' exits come (the node is not gone: its processes may still be using them). An
-    exit folded before it counts as ever; after it, it is a straggler of an attempt over."""
-    find_node(state, ev.node)
+    exit folded before it counts as ever; after it, it is a straggler of an attempt over. The
+    node takes no new work until its agent registers it again (``_registered``): its
+    heartbeats stop only as the agent exits, and the health monitor calls it lost a minute later."""
+    node = find_node(state, ev.node)
     # It becomes the reason of every job interrupted, whichever tenant's: kept as a tenant's is.
     reason = said_reason(ev.reason)
     why = f"node {ev.node} shut down" + (f": {reason}" if reason else "")
     interrupt_on(state, ctx, ev.node, None, why, node_gone=False)
+    node.shut_down = ctx.seq
 
 
 def _condition(state: State, ctx: Ctx, ev: NodeConditionChanged) -> None:

@@ -274,4 +274,6 @@ from __future__ import annotations
 # 97: the fold keeps, per queue, the jobs in a phase that holds quota
 #    (``State.holding_quota_by_queue``, ``projections/indexes.py``), so that admission and the
 #    preemptor read a queue's holders when a cycle asks about that queue, not every job running.
-RULES = 97
+# 98: a node whose agent shut it down (``NodeShutdown``) takes no new work until its agent
+#    registers it again (``NodeState.shut_down``), which a placement there is refused for.
+RULES = 98

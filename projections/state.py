@@ -77,10 +77,26 @@ class NodeState(msgspec.Struct, gc=False):
     # (``WorkerExited.node_fault``), each once, the latest few: any other exit here, or a person
     # lifting its cordon, empties it.
     start_faults: tuple[str, ...] = ()
+    # The log position of the shutdown its agent has not come back from (``NodeShutdown``; 0:
+    # none): until the agent registers the node again nothing new goes here, though its
+    # heartbeats stop only as it exits and the health monitor calls it lost a minute later.
+    shut_down: int = 0
 
     @property
     def schedulable(self) -> bool:
-        return self.condition == "ready" and not self.cordoned
+        return self.condition == "ready" and not self.cordoned and not self.shut_down
+
+    @property
+    def standing(self) -> str:
+        """The node as the scheduler reads it, in one word or two: "ready" only when it takes
+        new work; else its agent's silence, its shutdown, or its cordon (or drain)."""
+        if self.condition != "ready":
+            return self.condition
+        if self.shut_down:
+            return "shut down"
+        if self.cordoned:
+            return "draining" if self.draining else "cordoned"
+        return "ready"
 
 
 class Checkpoint(msgspec.Struct, frozen=True, gc=False):

@@ -73,7 +73,7 @@ class NodeView:
         self.ready = node.schedulable
         self.cordoned = node.cordoned
         self.draining = node.draining
-        self.condition = node.condition
+        self.condition = node.standing
         self.labels = node.inventory.labels
         self.cpu_free = node.inventory.cpu_milli - node.cpu_used
         self.mem_free = node.inventory.memory_mib - node.memory_used

@@ -164,8 +164,8 @@ def msg_id(body: Event, run: int = 0) -> str:
             return f"{kind}{body.job_id}{of}:{body.attempt}:{body.rank}{pid}"
         case CheckpointCompleted():
             return f"{kind}{body.job_id}{of}:{body.attempt}:{body.step}"
-        case NodeRegistered():
-            return f"{kind}{body.node}:{zlib.crc32(codec.encode(body.inventory)):08x}"
+        case NodeRegistered():  # ``run``: the shutdown it comes back from, a fact of its own
+            return f"{kind}{body.node}{of}:{zlib.crc32(codec.encode(body.inventory)):08x}"
         case NodeShutdown():
             return f"{kind}{body.node}:{round(body.at * 1000)}"
     raise ValueError(f"a node agent does not write {type(body).__name__}")
@@ -386,6 +386,8 @@ class NodeAgent:
         # then ``flush`` sends nothing.
         self._held_until = 0.0
         self._starting: dict[tuple[str, int], asyncio.Task[Any]] = {}
+        # The shutdown (its log position) this agent registered the node again after: once each.
+        self._back_from = 0
 
     # -- failures a test (or an operator's drill) can play -------------------------------------
 
@@ -431,13 +433,16 @@ class NodeAgent:
     # -- registering and heartbeats ------------------------------------------------------------
 
     async def register(self) -> None:
-        """Announce the node, unless the log already holds this very inventory. Sent again
-        while the intake cannot take it yet (none answering while a corral starts, past the
-        node's rate, not acknowledged: the same message id, stored once), until stored or the
-        agent is told to end; refused for what it is, raised."""
+        """Announce the node, unless the log already holds this very inventory in service (not
+        shut down by an agent before this one). Sent again while the intake cannot take it yet
+        (none answering while a corral starts, past the node's rate, not acknowledged: the same
+        message id, stored once), until stored or the agent is told to end; refused for what it
+        is, raised."""
         inventory = self.found.inventory
-        if self.view.inventory != inventory:
-            item = self._append(NodeRegistered(node=self.node, inventory=inventory), self.clock())
+        back_from = self._back_from = self.view.shut_down
+        if self.view.inventory != inventory or back_from:
+            body = NodeRegistered(node=self.node, inventory=inventory)
+            item = self._append(body, self.clock(), run=back_from)
             while True:
                 try:
                     await self.log.append(item)
@@ -752,9 +757,9 @@ class NodeAgent:
                 return msgspec.structs.replace(body, run=run)
         return body
 
-    def _append(self, body: Event, now: float) -> Append:
+    def _append(self, body: Event, now: float, run: int | None = None) -> Append:
         body = self._stamped(body)
-        mid = msg_id(body, getattr(body, "run", 0))
+        mid = msg_id(body, getattr(body, "run", 0) if run is None else run)
         traceparent = self._traceparent(body)
         env = codec.seal(
             body, event_id=mid, time=now, producer=self.producer, traceparent=traceparent, rules=RULES
@@ -841,6 +846,10 @@ class NodeAgent:
                 if nxt in done:
                     self._saw(nxt.result())
                     nxt = asyncio.ensure_future(anext(views))
+                    if self.view.shut_down not in (0, self._back_from):
+                        # Shut down by an agent before this one, which the first view did not
+                        # say yet (a view written before that agent's shutdown was folded).
+                        await self.register()
                 if report in done:
                     arrived.clear()  # the cycle below appends everything reported so far
                     report = asyncio.ensure_future(arrived.wait())

@@ -172,8 +172,8 @@ def node_notes(state: State, job: JobState) -> list[str]:
                 f"node {name} is suspect: its agent missed heartbeats, so what runs there is not "
                 "known; the job moves if the node is called lost"
             )
-        elif node.condition != "ready":
-            out.append(f"node {name} is {node.condition}")
+        elif node.condition != "ready" or node.shut_down:
+            out.append(f"node {name} is {node.standing}")
     return out
 
 

@@ -106,12 +106,9 @@ def node_row(
         return job_id if job is not None and visible(job) else ""
 
     models = sorted({g.info.model for g in node.gpus})
-    condition: str = node.condition
-    if node.condition == "ready" and node.cordoned:
-        condition = "draining" if node.draining else "cordoned"
     return {
         "name": node.name,
-        "condition": condition,
+        "condition": node.standing,
         "cordoned": node.cordoned,
         "draining": node.draining,
         "why": _node_why(node),
@@ -137,12 +134,20 @@ _SILENT = {
 }
 
 
+_SHUT_DOWN = (
+    "its agent shut it down: its jobs went back to their queues; nothing goes here until the agent is back"
+)
+
+
 def _node_why(node: NodeState) -> str:
-    """Why ``node`` takes no new work: its cordon's reason, else its agent's silence."""
+    """Why ``node`` takes no new work: its agent's silence or shutdown, and its cordon's reason."""
     if node.condition != "ready":
-        silent = _SILENT.get(node.condition, "")
-        return f"{silent}; {node.cordon_reason}" if node.cordon_reason else silent
-    return node.cordon_reason
+        away = _SILENT.get(node.condition, "")
+    else:
+        away = _SHUT_DOWN if node.shut_down else ""
+    if not away:
+        return node.cordon_reason
+    return f"{away}; {node.cordon_reason}" if node.cordon_reason else away
 
 
 def node_gpus(node: NodeState, state: State, visible: Callable[[JobState], bool]) -> dict[str, Any]:

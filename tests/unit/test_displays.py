@@ -183,6 +183,18 @@ def test_a_node_whose_agent_went_silent_says_why_it_takes_no_work() -> None:
     assert why.startswith("its agent went silent") and why.endswith(state.nodes[N1].cordon_reason)
 
 
+def test_a_node_its_agent_shut_down_says_so_until_the_agent_is_back() -> None:
+    log = LogBuilder().nodes(Cluster(2)).shutdown(N0)
+    row = present.node_row(log.fold().nodes[N0])
+    assert row["condition"] == "shut down" and row["why"].startswith("its agent shut it down")
+    assert "shut down" in node_table([row])
+    # Silent since, it is lost: that is what it is now, and why.
+    row = present.node_row(log.condition(N0, "lost").fold().nodes[N0])
+    assert row["condition"] == "lost" and row["why"].startswith("its agent went silent")
+    node = log.condition(N0, "ready").node(N0, Cluster(1).nodes[0][1]).fold().nodes[N0]
+    assert present.node_row(node)["condition"] == "ready" and present.node_row(node)["why"] == ""
+
+
 def test_an_admin_uncordons_a_node_the_health_monitor_drained() -> None:
     log = LogBuilder().nodes(Cluster(1)).cordon(N0, drain=True)
     assert present.node_row(log.fold().nodes[N0])["condition"] == "draining"

@@ -1663,6 +1663,7 @@ def _shut_down_twice() -> LogBuilder:
         .shutdown(N0)
         .exited(N0, "j1", code=143, stopped=True)
     )
+    log.node(N0, Cluster(2).nodes[0][1])  # its agent back
     log.requeue("j1", 0).admit("j1", attempt=1).place(on(N0, 0, job_id="j1", attempt=1))
     log.started(N0, "j1", attempt=1).shutdown(N0)
     return log.exited(N0, "j1", code=143, attempt=1, stopped=True)

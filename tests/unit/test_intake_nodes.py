@@ -5,6 +5,7 @@ reports held in order until the intake said to send again."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,6 +33,7 @@ from corral.services.agent.service import msg_id
 from corral.services.intake import service
 from corral.services.intake.decide import MAX_REQUEST, Accept, Refuse, Reporter, Sender, addressed, judge
 from corral.services.intake.rate import Rate
+from tests.integration import polling
 
 INBOXES, NODE_INBOXES = "_INBOX.corral", "_INBOX.agent"
 N1 = "n1"
@@ -296,3 +298,57 @@ async def test_a_registration_ends_with_the_agent_or_is_raised_when_refused(tmp_
     refused = NodeAgent(N1, _Away(UnstorableError("too large")), MemoryViews(), work_dir=tmp_path)
     with pytest.raises(UnstorableError):
         await refused.register()
+
+
+async def test_an_agent_back_from_a_shutdown_registers_its_node_again_once_per_shutdown(
+    tmp_path: Path,
+) -> None:
+    # The log holds the node as it is, but out of service since an earlier agent shut it down:
+    # this agent's registration puts it back, and is not the first registration's duplicate.
+    from corral.projections.assignments import NodeView
+    from corral.services.agent.discovery import simulated
+    from corral.services.agent.service import NodeAgent
+    from corral.services.runtime.views import MemoryViews
+
+    found = simulated(N1, "h100-8x")
+    inventory = found.inventory
+    log = _Slowed(retry_s=0.01)
+    agent = NodeAgent(N1, log, MemoryViews(), work_dir=tmp_path, found=found)
+    agent._saw(NodeView(node=N1, inventory=inventory))
+    await agent.register()
+    assert log.stored == []  # in service as it is: nothing to say
+    ids = []
+    for shutdown in (40, 90):
+        agent._saw(NodeView(node=N1, inventory=inventory, shut_down=shutdown))
+        await agent.register()
+        ids.append(log.stored[-1].msg_id)
+    assert len(log.stored) == 2 and ids[0] != ids[1]
+    assert ids[0] != msg_id(NodeRegistered(node=N1, inventory=inventory))
+
+
+async def test_an_agent_whose_view_says_later_that_its_node_was_shut_down_registers_it_again(
+    tmp_path: Path,
+) -> None:
+    # Its first view was written before the earlier agent's shutdown was folded: the view that
+    # says so comes while it runs, and the node must not stay out of service for it.
+    from corral.projections.assignments import NodeView, encode
+    from corral.services.agent.discovery import simulated
+    from corral.services.agent.service import NodeAgent
+    from corral.services.runtime.views import MemoryViews
+
+    found = simulated(N1, "h100-8x")
+    views = MemoryViews()
+    await views.put(N1, encode(NodeView(node=N1, seq=5, inventory=found.inventory)))
+    log = _Slowed(retry_s=0.01)
+    agent = NodeAgent(N1, log, views, work_dir=tmp_path, found=found, tick=0.01)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 10)
+        assert log.stored == []
+        await views.put(N1, encode(NodeView(node=N1, seq=8, inventory=found.inventory, shut_down=7)))
+        await polling.until(lambda: len(log.stored) == 1, 10)
+        assert json.loads(log.stored[0].data)["body"]["type"] == "NodeRegistered"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)

@@ -185,3 +185,27 @@ def test_a_failed_gpu_nobody_holds_stays_failed_when_its_node_registers_again() 
     placed = [p for e in events if isinstance(e, JobsPlaced) for p in e.placements]
     assert [c.gpu for p in placed for w in p.workers for c in w.gpus] == [1]
     assert lb.gpu_health(NODE, 0, True).node(NODE, FULL).fold().nodes[NODE].gpus[0].healthy
+
+
+def test_a_node_shut_down_takes_no_new_work_until_its_agent_registers_it_again() -> None:
+    # Its agent stopped its workers and exited: its heartbeats end with it, and only a minute of
+    # silence makes it lost. Meanwhile the placer put new jobs where no agent would start them.
+    other = "node-01"
+    lb = _running_on(0).node(other, h100_8x_nvswitch(other)).shutdown(NODE)
+    lb.submit("bob", "k", job().gpus(8)).accept("k").admit("k")
+    state = lb.fold()
+    assert state.nodes[NODE].shut_down and not state.nodes[NODE].schedulable
+    assert state.nodes[NODE].standing == "shut down" and state.nodes[other].standing == "ready"
+    events = decide(state, state.time + 1)
+    placed = [p for e in events if isinstance(e, JobsPlaced) for p in e.placements]
+    assert [w.node for p in placed for w in p.workers] == [other]
+    # A proposal that puts work there anyway is refused for it.
+    lb.place(on(NODE, 1, 2, 3, 4, 5, 6, 7, 0, job_id="k"))
+    state = lb.fold()
+    assert state.jobs["k"].phase == "admitted" and f"{NODE} is shut down" in state.rejections[-1].message
+    # Its agent back, the same hardware registered again: in service.
+    lb.exited(NODE, "j", code=143, stopped=True).node(NODE, FULL)
+    state = lb.fold()
+    assert not state.nodes[NODE].shut_down and state.nodes[NODE].schedulable
+    lb.place(on(NODE, 1, 2, 3, 4, 5, 6, 7, 0, job_id="k"))
+    assert lb.fold().jobs["k"].phase == "placed"

@@ -1,8 +1,8 @@
 """Health: only ready, uncordoned nodes take work, and only on healthy GPUs.
 
-A node that is suspect, lost or cordoned is skipped whole; a node whose suitable GPUs are
-unhealthy (an XID, ECC or NVLink fault reported by the health monitor) cannot host the worker even
-if they are idle. Neither is something preemption can fix.
+A node that is suspect, lost, shut down by its agent or cordoned is skipped whole; a node whose
+suitable GPUs are unhealthy (an XID, ECC or NVLink fault reported by the health monitor) cannot
+host the worker even if they are idle. Neither is something preemption can fix.
 """
 
 from __future__ import annotations

@@ -95,10 +95,12 @@ def as_client(login: Login | None) -> Login | None:
     return login if login is not None and not login.reads_log else None
 
 
-def needs_log(verb: str, login: Login | None) -> None:
+def needs_log(verb: str, login: Login | None, reads: str = "the whole log") -> None:
+    """Refuse ``verb`` to a login that is not the services' (``reads``: what it reads that only
+    they may)."""
     if login is not None and not login.reads_log:
         who = identities.SERVICES
-        raise Failure(f"{verb} reads the whole log: it takes the {who} login, not {login.user}")
+        raise Failure(f"{verb} reads {reads}: it takes the {who} login, not {login.user}")
 
 
 async def session(url: str, login: Login) -> Session:

@@ -169,7 +169,7 @@ def cmd_status(args: argparse.Namespace) -> None:
     from corral.services.runtime import status
 
     login = login_of(args, identities.SERVICES)
-    needs_log("status", login)
+    needs_log("status", login, reads="every service's status board")
 
     async def read() -> tuple[dict[str, str], list[status.ServiceStatus]]:
         log = await open_log(server_url(args.server), login)

@@ -80,7 +80,8 @@ def cmd_log_import(args: argparse.Namespace) -> None:
             held = await log.last_seq()
             if held:
                 raise Failure(
-                    f"the log at {server_url(args.server)} already holds {held} records: import "
+                    f"the log at {server_url(args.server)} already holds records (the last at "
+                    f"position {held}): import "
                     "sets a log up in a server with no corral yet (a new data directory)"
                 )
             items = [Append(r.subject, r.data, headers=kept_headers(r.headers)) for r in records]
@@ -159,8 +160,15 @@ def cmd_replay(args: argparse.Namespace) -> None:
         for i in range(0, len(records), FOLD_BATCH):
             fold(records[i : i + FOLD_BATCH], state)
             done(len(records[i : i + FOLD_BATCH]))
+    # A replay reads every tenant's records (the log, or its file): ``--tenant`` narrows the
+    # jobs it lists to that tenant's, as every list does.
+    tenant = args.tenant
+    jobs = [j for j in state.jobs.values() if tenant is None or j.tenant == tenant]
     if args.output == "json":
-        emit(args, present.full(state))
+        shown = present.full(state)
+        if tenant is not None:
+            shown["jobs"] = {j.id: shown["jobs"][j.id] for j in jobs}
+        emit(args, shown)
         return
     s = present.summary(state)
     print(f"state at seq {s['seq']}: {s['nodes']} nodes, {s['gpus']} GPUs, {s['jobs']} jobs")
@@ -169,4 +177,6 @@ def cmd_replay(args: argparse.Namespace) -> None:
     print()
     print(node_table([present.node_row(n) for n in sorted(state.nodes.values(), key=lambda n: n.name)]))
     print()
-    print(job_table([present.job_row(j) for j in state.jobs.values()]))
+    if tenant is not None:
+        print(f"jobs of tenant {tenant}: {len(jobs)} of {len(state.jobs)}")
+    print(job_table([present.job_row(j) for j in jobs]))

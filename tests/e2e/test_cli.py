@@ -151,6 +151,12 @@ async def test_submit_export_and_replay(cluster: str, env: dict[str, str], tmp_p
     assert from_file["faults"] == 0
     assert {"train-1", "raw-1"} <= set(from_file["jobs"])
     assert from_file["jobs"]["el-1"]["spec"]["replicas"] == 6
+    # --tenant narrows the jobs a replay lists, as every list.
+    theirs = json.loads(corral("replay", str(exported), "-o", "json", "--tenant", "team-b", env=env).stdout)
+    assert set(theirs["jobs"]) == {"raw-1"} and theirs["seq"] == from_file["seq"]
+    shown = corral("replay", str(exported), "--tenant", "team-b", env=env).stdout
+    assert f"jobs of tenant team-b: 1 of {len(from_file['jobs'])}" in shown
+    assert "raw-1" in shown and "train-1" not in shown
     assert from_file["fair_share"]["half_life_s"] == 43200.0
     assert from_file["fair_share"]["short_job_gpu_s"] == 7200.0
 

@@ -316,6 +316,8 @@ async def test_cli_acts_as_the_tenant_it_is_given(secured: Secured, tmp_path: Pa
     assert code == 2 and "--tenant b and the login a disagree" in err, err
     code, out, err = await corral("log", "export", str(tmp_path / "log.jsonl"))
     assert code == 2 and "services login" in err, err
+    code, out, err = await corral("status")
+    assert code == 2 and "status reads every service's status board: it takes the services login" in err, err
 
 
 async def test_server_without_users_stays_open(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from corral.events import codec, subjects
 from corral.events.decisions import GpuClaim, JobsPlaced
@@ -199,7 +200,9 @@ async def test_records_of_one_message_id_all_import(tmp_path: Path) -> None:
     assert all(r.headers == {"traceparent": headers["traceparent"]} for r in back)
 
 
-async def test_a_log_does_not_import_into_a_server_whose_log_holds_records(tmp_path: Path) -> None:
+async def test_a_log_does_not_import_into_a_server_whose_log_holds_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Imported behind a live log's own records, a file's records would be folded as if they had
     just happened (its jobs submitted again, its nodes shut down again): the import is refused,
     and the log is left as it was."""
@@ -214,6 +217,8 @@ async def test_a_log_does_not_import_into_a_server_whose_log_holds_records(tmp_p
             await asyncio.to_thread(main, ["log", "import", str(path), "--server", server.url])
         except SystemExit as e:
             assert e.code == 2
+            said = capsys.readouterr().err
+            assert f"already holds records (the last at position {len(lb.records)})" in said, said
         else:
             raise AssertionError("a second import into the same log was taken")
         log = await connect(server.url)

@@ -42,6 +42,11 @@ asks for:
   judges each shape once against the inventory and walks only the jobs of shapes no node can
   host, not the whole backlog. Kept where a job's phase changes (``moved``) and where a queued
   job's spec does (``respec``).
+- ``State.elastic_by_phase``: phase -> ids of its elastic jobs (``JobSpec.min_replicas`` given,
+  which no resize changes), in the order they entered it, as ``jobs_by_phase``: the running
+  ones are what growth and shrinking read (admission's growths and their time-outs, the
+  placer's ranks to add, the preemptor's shrinks under way), not every job running. Kept with
+  ``jobs_by_phase``.
 - ``State.queued_by_form``: per form (``form_key``: a queue and what the preemptor's verdict
   on a queued job reads besides its priority and the ledger), the places of the queued jobs of that form,
   sorted as ``queued_by_queue``: the preemptor judges a backlog form by form, and passes over
@@ -336,6 +341,8 @@ def add(state: State, job: JobState, size: int | None = None) -> None:
     held = state.spec_bytes_by_tenant
     held[job.tenant] = held.get(job.tenant, 0) + (spec_bytes(job.spec) if size is None else size)
     _add(state.jobs_by_phase, job.phase, job.id)
+    if job.spec.min_replicas is not None:
+        _add(state.elastic_by_phase, job.phase, job.id)
     if job.phase in _HOLDS_QUOTA:
         _add(state.holding_quota_by_queue, job.spec.queue, job.id)
     if job.phase == "queued":
@@ -371,6 +378,9 @@ def moved(state: State, job: JobState, before: Phase) -> None:
         by_phase[after] = {job_id: None}
     else:
         ids[job_id] = None
+    if job.spec.min_replicas is not None:
+        _remove(state.elastic_by_phase, before, job_id)
+        _add(state.elastic_by_phase, after, job_id)
     if before == "queued":
         form, shape = queued_keys(job.spec)
         _dequeue(state, job, place_of(job), form)
@@ -498,6 +508,7 @@ def forget(state: State, job: JobState) -> None:
         else:
             del held[job.tenant]
     _remove(state.jobs_by_phase, job.phase, job.id)
+    _remove(state.elastic_by_phase, job.phase, job.id)
     _remove(state.holding_quota_by_queue, job.spec.queue, job.id)
     if job.phase == "queued":
         form, shape = queued_keys(job.spec)
@@ -524,6 +535,12 @@ def jobs_in(state: State, *phases: Phase) -> list[JobState]:
     if len(phases) == 1:
         return [jobs[i] for i in by_phase.get(phases[0], ())]
     return [jobs[i] for p in phases for i in by_phase.get(p, ())]
+
+
+def elastic_in(state: State, phase: Phase) -> list[JobState]:
+    """The elastic jobs in ``phase``, in the order they entered it (``jobs_in``'s, theirs only)."""
+    jobs = state.jobs
+    return [jobs[i] for i in state.elastic_by_phase.get(phase, ())]
 
 
 def count(state: State, *phases: Phase) -> int:
@@ -591,6 +608,7 @@ def rebuild(state: State) -> State:
     state.explained_by_queue = {}
     state.queued_by_shape = {}
     state.queued_by_form = {}
+    state.elastic_by_phase = {}
     state.jobs_by_tenant = {}
     state.spec_bytes_by_tenant = {}
     jobs = list(state.jobs.values())
@@ -638,6 +656,7 @@ def check(state: State) -> None:
         "naming_by_beneficiary",
         "explained_by_queue",
         "queued_by_shape",
+        "elastic_by_phase",
     ):
         have_index: Index = getattr(state, name)
         want_index: Index = getattr(want, name)

@@ -276,4 +276,7 @@ from __future__ import annotations
 #    preemptor read a queue's holders when a cycle asks about that queue, not every job running.
 # 98: a node whose agent shut it down (``NodeShutdown``) takes no new work until its agent
 #    registers it again (``NodeState.shut_down``), which a placement there is refused for.
-RULES = 98
+# 99: the fold keeps, per phase, its elastic jobs (``State.elastic_by_phase``,
+#    ``projections/indexes.py``), so that growth and shrinking read the running elastic jobs,
+#    not every job running.
+RULES = 99

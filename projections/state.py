@@ -279,6 +279,9 @@ class State(msgspec.Struct, gc=False):
     explained_by_queue: dict[str, dict[str, None]] = {}
     queued_by_shape: dict[str, dict[str, None]] = {}
     queued_by_form: dict[str, list[tuple[int, int, str]]] = {}
+    # ... and per phase, the ids of its elastic jobs (``min_replicas`` given), in the order they
+    # entered it: the running ones are those that may grow or shrink.
+    elastic_by_phase: dict[str, dict[str, None]] = {}
     # Per tenant, its jobs in ``jobs`` (any phase, finished ones not let go yet included): what
     # the limit of ``RetentionSpec.jobs_per_tenant`` is judged by.
     jobs_by_tenant: dict[str, int] = {}

@@ -147,15 +147,13 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     waiting = _Waiting(state)
     explained: defaultdict[str, list[JobState]] = defaultdict(list)  # waiting jobs with a reason
     stopping: set[str] = set()  # beneficiaries some victim still checkpoints for
-    elastic: list[JobState] = []  # running elastic jobs, which may grow
+    elastic = indexes.elastic_in(state, "running")  # which may grow
     for job in indexes.jobs_in(state, "checkpointing"):
         if job.preempted_for:
             stopping.add(job.preempted_for)
-    for job in indexes.jobs_in(state, "running"):
-        if job.spec.min_replicas is not None:
-            elastic.append(job)
-            if job.preempted_for and job.leaving:  # shrinking for a beneficiary
-                stopping.add(job.preempted_for)
+    for job in elastic:
+        if job.preempted_for and job.leaving:  # shrinking for a beneficiary
+            stopping.add(job.preempted_for)
     # Each queue's backlog is read from its order the fold keeps, only as far as the cycle goes
     # (``Backlog``); the queued jobs with a reason, from the fold's index of them: a deep backlog
     # carries none, and is not walked.
@@ -500,9 +498,7 @@ def wake(state: State, now: float, config: AdmissionConfig = DEFAULT) -> float:
         for job in indexes.explained(state, name):
             if now < job.admit_after < soonest:
                 soonest = job.admit_after
-    for job in indexes.jobs_in(state, "running"):  # growths placed nowhere, and their back-offs
-        if job.spec.min_replicas is None:
-            continue
+    for job in indexes.elastic_in(state, "running"):  # growths placed nowhere, and their back-offs
         if timeout is not None and queueing.growth_unplaced(job):
             at = job.grown_at + timeout
             if now < at < soonest:

@@ -115,7 +115,7 @@ def growing(state: State) -> list[JobState]:
     """Running elastic jobs with admitted ranks to place, in submission order."""
     jobs = [
         j
-        for j in indexes.jobs_in(state, "running")
+        for j in indexes.elastic_in(state, "running")
         if j.admission is not None
         and j.placement is not None
         and j.admission.replicas > len(j.placement.workers)

@@ -812,7 +812,7 @@ def _settle(sim: Simulation, state: State) -> set[str]:
         who = preempted_for(job)
         if who:
             leaving.setdefault(who, []).append(job)
-    for job in indexes.jobs_in(state, "running"):
+    for job in indexes.elastic_in(state, "running"):  # only an elastic job shrinks
         if job.preempted_for and job.leaving:
             leaving.setdefault(job.preempted_for, []).append(job)
     for victims in leaving.values():

@@ -226,6 +226,22 @@ def test_forget_takes_a_job_out_of_the_state_and_every_index() -> None:
     assert view(state) == {"phase": {}, "queued": {}, "holding": {}}
 
 
+def test_a_phases_elastic_jobs_are_indexed_and_a_resize_keeps_them() -> None:
+    elastic = job().gpus(1).replicas(4, minimum=2)
+    log = base().submit("alice", "e", elastic).submit("alice", "r", job().gpus(1)).accept("e").accept("r")
+    state = log.admit("e", replicas=4).admit("r").fold()
+    assert state.elastic_by_phase == {"admitted": {"e": None}}
+    log.place(on(N0, 0, job_id="r"), placement("e", *(worker(i, N0, whole(i + 1)) for i in range(4))))
+    state = log.started(N0, "r").fold(state)
+    for rank in range(4):
+        state = log.started(N0, "e", rank=rank).fold(state)
+    assert [j.id for j in indexes.jobs_in(state, "running")] == ["r", "e"]
+    assert [j.id for j in indexes.elastic_in(state, "running")] == ["e"]
+    state = log.request("alice", "resize", {"job_id": "e", "replicas": 3}).fold(state)
+    assert [j.id for j in indexes.elastic_in(state, "running")] == ["e"]
+    indexes.check(state)
+
+
 def test_rebuild_makes_the_indexes_of_the_jobs_in_their_order() -> None:
     log = base().submit("alice", "a").submit("alice", "b", job().gpus(1)).accept("a").accept("b").admit("b")
     state = log.place(on(N0, 3, job_id="b")).fold()
@@ -257,6 +273,7 @@ def test_rebuild_makes_the_indexes_of_the_jobs_in_their_order() -> None:
             lambda s: s.queued_by_shape.setdefault("[]", {}).update(b=None), id="a shape not queued"
         ),
         pytest.param(lambda s: s.queued_by_form.clear(), id="forms lost"),
+        pytest.param(lambda s: s.elastic_by_phase.setdefault("placed", {}).update(b=None), id="not elastic"),
         pytest.param(
             lambda s: s.queued_by_form.setdefault("[]", []).append((0, 1, "b")), id="a form not queued"
         ),

@@ -186,7 +186,9 @@ class WhatIf(msgspec.Struct, frozen=True):
     """What corral would do with a job submitted now (``corral whatif``); nothing is written.
     ``start`` None: not accepted, or not within ``horizon_s``, or not found within the ``cut_s``
     seconds a what-if may simulate (``cut_s`` set then). ``preempts``: the jobs it would
-    stop (another tenant's as "a job of queue X", or of "another queue"). ``start_now_with``:
+    stop (another tenant's as "a job of queue X", or of "another queue"); a job that stops any
+    does not start now: its ``start`` is when they must have left, ``early`` when it would if
+    they left as soon as they could. ``start_now_with``:
     smaller asks that would start it at once, each checked by running it. ``text``: as a person
     reads it."""
 
@@ -197,6 +199,7 @@ class WhatIf(msgspec.Struct, frozen=True):
     reason: str = ""
     starts_now: bool = False
     start: float | None = None
+    early: float | None = None
     horizon_s: float = 0.0
     cut_s: float | None = None
     placed: list[Placed] = []

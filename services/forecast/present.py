@@ -31,6 +31,13 @@ def text(told: dict[str, Any]) -> str:
         lines.append(f"estimated start: not found in the {told['cut_s']:.0f} s a what-if may simulate")
     elif told["start"] is None:
         lines.append(f"estimated start: not within {told['horizon_s'] / 86400:.0f} days")
+    elif stops and told.get("early") is not None and told["early"] < told["start"]:
+        # by the deadline its stops are given; sooner only if they leave sooner
+        soonest = span(max(0.0, told["early"] - told["now"]))
+        lines.append(
+            f"estimated start: in {span(told['start'] - told['now'])}, when the jobs it stops must "
+            f"have left (in {soonest} if they leave as soon as they can)"
+        )
     else:
         lines.append(f"estimated start: in {span(told['start'] - told['now'])}")
     lines.append(f"({told['assumption']})")

@@ -4,11 +4,16 @@ The job's submission is folded into a copy of the live state, and the simulator 
 there with the services' own decision functions (``services/sim/eta.py``): so the answer is
 exactly what corral would do if nothing else changed (no later submission; jobs end at their
 runtime estimates). It says whether the job would be accepted, whether it is admitted and
-placed at once (on which nodes and NVLink islands, stopping which jobs), and its forecast
-start. When it would not start soon, it tries the smallest changes, each by running the same
-what-if: fewer workers, another queue open to the tenant, a relaxed topology, a share of a GPU
-in place of a whole one or a MIG slice where a node's GPUs are in MIG mode, and lists those
-that start at once.
+placed at once (on which nodes and NVLink islands), and its forecast start. A job that needs
+others stopped or shrunk is not placed at once: the preemptor only asks them to checkpoint and
+leave by their grace deadline, and the fold gives their GPUs over once their workers have
+exited. So its start is that deadline (where the admission, the placer and the preemptor
+themselves expect those GPUs back, ``holds.expected_end``, and past which the agents stop what is
+left), and the soonest it could start (``early``) is when the simulated agents, saving a
+checkpoint in the time one takes, have stopped them. When it would not start soon, it tries the
+smallest changes, each by running the same what-if: fewer workers, another queue open to the
+tenant, a relaxed topology, a share of a GPU in place of a whole one or a MIG slice where a
+node's GPUs are in MIG mode, and lists those that start at once.
 
 Tenancy: the jobs it would stop are named only when they are the tenant's own; another tenant's
 is "a job of queue X", or "a job of another queue" where X is not open to the tenant; the reasons
@@ -42,7 +47,7 @@ from corral.projections.state import State
 from corral.projections.visibility import queue_named
 from corral.services.forecast.present import SOON_S, text
 from corral.services.sim import eta
-from corral.services.sim.driver import SimConfig
+from corral.services.sim.driver import SimConfig, SimRecord
 
 HORIZON_S = eta.HORIZON_S
 # The host seconds one what-if may simulate, its smaller asks included: a deep backlog made one
@@ -56,6 +61,7 @@ class Outcome:
     accepted: bool
     reason: str = ""
     start: float = math.inf
+    early: float = math.inf  # the soonest it could start: its stops done sooner than their deadline
     now: float = 0.0
     placed: list[tuple[int, str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
@@ -64,7 +70,9 @@ class Outcome:
 
     @property
     def starts_now(self) -> bool:
-        return self.accepted and self.start <= self.now + 1e-6
+        """Placed at once: stopping nobody, since a stop is only asked for now and its GPUs are
+        given over once its workers have exited."""
+        return self.accepted and not self.stops and self.start <= self.now + 1e-6
 
 
 def whatif(
@@ -120,18 +128,21 @@ def whatif(
             out.stops.extend(called(v.job_id) for v in body.victims)
         elif isinstance(body, ShrinkRequested) and body.beneficiary == job_id:
             out.stops.append(f"{called(body.job_id)} (shrunk to {workers_text(body.replicas)})")
-    if job.placement is not None:
+    if job.placement is not None and not out.stops:
         for w in job.placement.workers:
             node = sim.state.nodes[w.node]
             islands = tuple(sorted({node.gpus[c.gpu].info.island for c in w.gpus}))
             out.placed.append((w.rank, w.node, tuple(c.gpu for c in w.gpus), islands))
     first = sim.stats[job_id].first_start
-    if first is not None:
-        out.start = first
-    else:
+    if first is None:
         sim.run(until=now + horizon_s)
         first = sim.stats[job_id].first_start
-        out.start = math.inf if first is None else first
+    out.early = math.inf if first is None else first
+    stopped_by = max((_left_by(r, job_id) for r in sim.records), default=-math.inf)
+    # The simulated agents stop a victim once it has saved a checkpoint in the time one takes
+    # (at once if it cannot): a guess at how fast another's job checkpoints. Live, its workers
+    # may take their whole grace, and its GPUs are given over only once they have exited.
+    out.start = max(out.early, stopped_by)
     out.cut = sim.cut and out.start == math.inf
     return out
 
@@ -230,6 +241,7 @@ def answer(
     told |= {
         "starts_now": o.starts_now,
         "start": None if math.isinf(o.start) else o.start,
+        "early": None if math.isinf(o.early) else o.early,
         "horizon_s": HORIZON_S,
         "cut_s": BUDGET_S if o.cut else None,
         "placed": [
@@ -251,6 +263,16 @@ def report(state: State, tenant: str, job_id: str, spec: JobSpec, now: float) ->
     """What ``corral whatif`` prints, from the state at hand (``corral whatif --log FILE``), run
     by the errors of the jobs it holds that succeeded."""
     return text(answer(state, tenant, job_id, spec, now, eta.Calibration.of(state).errors()))
+
+
+def _left_by(record: SimRecord, job_id: str) -> float:
+    """When the jobs ``record`` stops or shrinks for ``job_id`` must have left, in log time as the
+    fold reads it (``fold_preemption.log_deadline``): the record asks for its victims' longest
+    grace, and the fold gives each its own at most. ``-inf`` for any other record."""
+    body = record.body
+    if not isinstance(body, PreemptionRequested | ShrinkRequested) or body.beneficiary != job_id:
+        return -math.inf
+    return record.time + max(0.0, body.deadline - body.now)
 
 
 def _queue_called(state: State, name: str, tenant: str) -> str:

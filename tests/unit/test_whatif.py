@@ -164,3 +164,32 @@ def test_a_job_shrunk_to_one_worker_is_said_so() -> None:
         w.state, "bob", "b1", JobSpec(queue="team-b", resources=Resources(gpus=1), command=TRAIN), w.time
     )
     assert o.stops == ["a job of queue team-a (shrunk to 1 worker)"], o.stops
+
+
+@pytest.mark.parametrize("checkpointable", [True, False], ids=["saves-a-checkpoint", "cannot-checkpoint"])
+def test_a_job_that_stops_others_starts_when_their_grace_is_over_not_before(checkpointable: bool) -> None:
+    # Victims given 10 minutes' grace were taken to be gone in the 30 s a simulated save takes
+    # ("estimated start: in 30 s"), or at once when they could not checkpoint ("admitted and
+    # placed now"); live, their GPUs are given over only once their workers have exited, which
+    # they may put off until their deadline, and the placer waits for that.
+    from corral.events.decisions import GpuClaim
+    from tests.unit.test_preemptor import World
+
+    w = World().cohort("ml").queue("team-a", 0, cohort="ml").queue("team-b", 8, cohort="ml")
+    one = JobSpec(
+        queue="team-a",
+        resources=Resources(gpus=2),
+        checkpointable=checkpointable,
+        grace_seconds=600.0,
+        command=TRAIN,
+    )
+    for i in range(4):
+        w.run(f"a{i}", one, ("node-00", (GpuClaim(2 * i), GpuClaim(2 * i + 1))))
+    ask = JobSpec(queue="team-b", resources=Resources(gpus=6), command=TRAIN)
+    told = whatif.answer(w.state, "bob", "b1", ask, w.time)
+    assert len(told["preempts"]) == 3 and not told["starts_now"] and not told["placed"], told
+    assert told["start"] == w.time + 600.0, told  # by their deadline: their whole grace
+    assert told["early"] == w.time + (30.0 if checkpointable else 0.0), told  # if they leave at once
+    said = whatif.text(told)
+    assert "placed now" not in said, said
+    assert "estimated start: in 10 min, when the jobs it stops must have left" in said, said

@@ -15,15 +15,17 @@ smallest changes, each by running the same what-if: fewer workers, another queue
 tenant, a relaxed topology, a share of a GPU in place of a whole one or a MIG slice where a
 node's GPUs are in MIG mode, and lists those that start at once.
 
-Tenancy: the jobs it would stop are named only when they are the tenant's own; another tenant's
-is "a job of queue X", or "a job of another queue" where X is not open to the tenant; the reasons
-it waits name no other tenant's job (``projections/visibility.py``). ``answer`` is what the
-forecast role sends the asker (``corral whatif`` prints it with ``text``), plain data with
-nothing else of other tenants in it. A question that names no id is asked under one no job
-holds (``free_id``): under a fixed one, a tenant owning a job of that id would have every other
-tenant's what-if answered "not accepted: the id is taken". One that names another tenant's id is
-asked the same way: the answer is of the job, and says nothing of whether some other tenant holds
-that id (a submission under it is refused, and the refusal is in the log).
+Tenancy: the jobs it would stop are named only where the asker sees them, as ``corral jobs`` and
+``explain`` do (its own; the admin, every job); another tenant's is "a job of queue X", or "a job
+of another queue" where X is not open to the tenant; the reasons it waits name no other tenant's
+job (``projections/visibility.py``). ``answer`` is what the forecast role sends the asker
+(``corral whatif`` prints it with ``text``), plain data with nothing else of other tenants in it.
+A question that names no id is asked under one no job holds (``free_id``): under a fixed one, a
+tenant owning a job of that id would have every other tenant's what-if answered "not accepted:
+the id is taken". One that names another tenant's id is asked the same way, as ``explain``
+answers of another's job as of one never submitted: the answer is of the job, and says nothing of
+whether some other tenant holds that id (a submission under it is refused, and the refusal is in
+the log). The admin, who sees every job, is told the id is taken.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from corral.projections import mig
 from corral.projections.fold import apply_event
 from corral.projections.shape import workers_text
 from corral.projections.state import State
-from corral.projections.visibility import queue_named
+from corral.projections.visibility import queue_named, sees_job
 from corral.services.forecast.present import SOON_S, text
 from corral.services.sim import eta
 from corral.services.sim.driver import SimConfig, SimRecord
@@ -114,12 +116,11 @@ def whatif(
         return Outcome(False, why, now=now)
     out = Outcome(True, now=now)
     out.why_waiting = "; ".join(r.message for r in job.reasons)
-    own = {j.id for j in state.jobs.values() if j.tenant == tenant}
 
-    def called(victim_id: str) -> str:  # by its queue, where that is open to the asker
-        if victim_id in own:
-            return victim_id
+    def called(victim_id: str) -> str:  # by its id where the asker sees the job, else by its queue
         victim = state.jobs.get(victim_id)
+        if victim is not None and sees_job(tenant, victim):
+            return victim_id
         return f"a job of {_queue_called(state, victim.spec.queue if victim is not None else '', tenant)}"
 
     for r in sim.records:

@@ -193,3 +193,19 @@ def test_a_job_that_stops_others_starts_when_their_grace_is_over_not_before(chec
     said = whatif.text(told)
     assert "placed now" not in said, said
     assert "estimated start: in 10 min, when the jobs it stops must have left" in said, said
+
+
+def test_the_admin_is_told_which_jobs_it_would_stop() -> None:
+    # The admin lists and explains every job, yet a what-if told it "a job of queue team-a" of
+    # the jobs it would stop, as it tells a tenant of another's.
+    from corral.events.decisions import GpuClaim
+    from tests.unit.test_preemptor import World
+
+    w = World().cohort("ml").queue("team-a", 0, cohort="ml").queue("team-b", 8, cohort="ml")
+    one = JobSpec(queue="team-a", resources=Resources(gpus=2), checkpointable=True, command=TRAIN)
+    for i in range(4):
+        w.run(f"a{i}", one, ("node-00", (GpuClaim(2 * i), GpuClaim(2 * i + 1))))
+    ask = JobSpec(queue="team-b", resources=Resources(gpus=6), command=TRAIN)
+    assert whatif.answer(w.state, "admin", "b1", ask, w.time)["preempts"] == ["a1", "a2", "a3"]
+    assert whatif.answer(w.state, "alice", "b1", ask, w.time)["preempts"] == ["a1", "a2", "a3"]  # hers
+    assert whatif.answer(w.state, "bob", "b1", ask, w.time)["preempts"] == ["a job of queue team-a"] * 3

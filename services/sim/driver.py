@@ -357,7 +357,9 @@ class Simulation:
         self._runs[job.id] = run
         self.held[job.tenant] = self.held.get(job.tenant, 0.0) + share
         if job.phase == "checkpointing" or job.phase in FINAL:
-            self._preempted(job.id, run, now, max(now, job.preempt_deadline))
+            # Asked to stop at ``phase_since``: its save counts from then, not from each
+            # forecast anew (which kept its end "in 30 s" until its deadline).
+            self._preempted(job.id, run, now, max(now, job.preempt_deadline), asked=job.phase_since)
         else:
             self._push(now + self.by_id[job.id].work_s, _FINISH, job.id, run.token)
             if job.leaving:  # a shrink under way: its leaving ranks are on their way out
@@ -653,17 +655,23 @@ class Simulation:
     def _finish(self, job_id: str, run: _Run, now: float) -> None:
         self._exit(job_id, run, now, stopped=False)
 
-    def _preempted(self, job_id: str, run: _Run, now: float, deadline: float) -> None:
+    def _preempted(
+        self, job_id: str, run: _Run, now: float, deadline: float, asked: float | None = None
+    ) -> None:
+        """``job_id`` is asked to stop by ``deadline``: it saves a checkpoint in the time the
+        agents take for one (``asked``: when it was asked, for a job taken over while stopping;
+        default now), or stops at once if it cannot. One taken over still there after that save
+        took longer than the agents are taken to: it is gone by its deadline at the latest."""
         job = self.by_id[job_id]
         run.stopping = True
         run.frozen = self._progress(job_id, run, now)
         self._tokens += 1
         run.token = self._tokens  # what was scheduled for the attempt no longer happens
-        save = self.config.agents.checkpoint_save_s
+        saved = (now if asked is None else asked) + self.config.agents.checkpoint_save_s
         if not job.spec.checkpointable:
             self._exit(job_id, run, now, stopped=True)
-        elif now + save <= deadline:
-            self._push(now + save, _SAVED, job_id, run.token)
+        elif now <= saved <= deadline:
+            self._push(saved, _SAVED, job_id, run.token)
         else:
             self._push(deadline, _KILL, job_id, run.token)
 

@@ -31,7 +31,7 @@ from corral.events.queues import (
 from corral.projections.fold import fold
 from corral.services.agent import inventory
 from corral.services.cli.jobfile import BadInput
-from corral.services.sim import philly
+from corral.services.sim import eta, philly
 from corral.services.sim.driver import AgentModel, SimConfig, SimJob, Simulation
 from corral.services.sim.traces import philly as philly_trace
 from tests.builders import TRAIN
@@ -158,6 +158,24 @@ def test_a_preempted_job_that_cannot_checkpoint_starts_over() -> None:
     assert b.first_start == 1000.0  # stopped at once
     assert a.lost_gpu_s == 8 * 1000.0
     assert a.finished == 1500.0 + 2000.0
+
+
+def test_a_forecast_counts_a_victims_save_from_when_it_was_asked_and_then_its_deadline() -> None:
+    # A forecast takes over the jobs stopping: the save began when the stop was asked, not at
+    # each forecast; one still there past the save the agents are taken to need is gone by
+    # its deadline at the latest.
+    spec = gpus(8, work=2000.0, checkpointable=True, grace_seconds=600.0)
+    jobs = [
+        SimJob("a", "team-a", spec, 0.0, 2000.0),
+        SimJob("b", "team-b", gpus(4, "team-b", 500.0), 1000.0, 500.0),
+    ]
+    config = SimConfig(agents=AGENTS)
+    sim = Simulation(nodes(), two_teams(4), jobs, config).run(until=1010.0)  # type: ignore[arg-type]
+    a = sim.state.jobs["a"]
+    assert (a.phase, a.phase_since, a.preempt_deadline) == ("checkpointing", 1000.0, 1600.0)
+    ahead = {"hold_s": None, "batch_s": None}
+    assert eta.forecast(sim.state, 1010.0, config, **ahead).starts["b"] == 1030.0  # type: ignore[arg-type]
+    assert eta.forecast(sim.state, 1100.0, config, **ahead).starts["b"] == 1600.0  # type: ignore[arg-type]
 
 
 def test_without_a_preemptor_the_lender_waits() -> None:
@@ -605,7 +623,6 @@ def test_a_job_that_always_restarts_runs_again_and_every_forecast_goes_on() -> N
     # simulator took that for a fault and raised, so one tenant's service job made every
     # forecast (and every what-if reaching its end) fail, for everyone.
     from corral.events.jobs import JobsAdmitted
-    from corral.services.sim import eta
 
     setup: list[Event] = [ApplyQueue(queue=QueueSpec("q", quotas={"*": Quota(8)}))]
     svc = JobSpec(

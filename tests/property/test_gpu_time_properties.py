@@ -62,7 +62,8 @@ def test_gpu_time_is_never_negative_and_counts_what_is_held(records_: list[Recor
 def _integrated(log: list[Record]) -> tuple[State, dict[tuple[str, str], float]]:
     """Fold ``log`` with an infinite half-life, and integrate over it, record by record, the
     milli-GPU each job's held workers count for: on the key of the admission it held when its
-    GPUs were taken (a requeue clears it before they are given back)."""
+    GPUs were taken (a requeue clears it before they are given back), until its queue is
+    deleted."""
     state = State(fair_share=FairShareSpec(half_life_s=math.inf))
     placed_on: dict[str, str] = {}  # job -> key its held GPUs were taken under
     rates: dict[tuple[str, str], int] = {}
@@ -75,6 +76,9 @@ def _integrated(log: list[Record]) -> tuple[State, dict[tuple[str, str], float]]
                 totals[k] = totals.get(k, 0.0) + rate * (r.time - last)
         last = r.time
         apply(state, r)
+        # A deleted queue's GPU time goes with it: one made again under its name starts anew.
+        for k in [k for k in totals if k[0] not in state.queues]:
+            del totals[k]
         rates = {}
         for j in state.jobs.values():
             if j.held is None:

@@ -150,11 +150,15 @@ class NodeShutdown(Event, frozen=True, kw_only=True):
     restart, as for a lost node; their workers' exits that follow are the stops of attempts
     already over. Written before the first worker is stopped, after every report made until
     then. ``at``: the agent's clock when it began; with the node it names this shutdown, since
-    a node may be shut down twice within the stream's duplicate window."""
+    a node may be shut down twice within the stream's duplicate window. ``registers_again``:
+    its agent registers the node again when it is back, so the node takes no new work until
+    then (an agent that does not, of an older build, leaves it in service, as its logs were
+    folded)."""
 
     node: str
     at: float
     reason: str = ""
+    registers_again: bool = False
 
 
 # What a node agent writes of its node, each with what its event's id begins with (the agent's

@@ -479,14 +479,16 @@ def _shutdown(state: State, ctx: Ctx, ev: NodeShutdown) -> None:
     holding GPUs on this node (the subject binds the agent to it); their GPUs are given back as
     the workers' exits come (the node is not gone: its processes may still be using them). An
     exit folded before it counts as ever; after it, it is a straggler of an attempt over. The
-    node takes no new work until its agent registers it again (``_registered``): its
-    heartbeats stop only as the agent exits, and the health monitor calls it lost a minute later."""
+    node takes no new work until its agent registers it again (``_registered``), where the
+    agent says it will (``registers_again``): its heartbeats stop only as the agent exits, and
+    the health monitor calls it lost a minute later."""
     node = find_node(state, ev.node)
     # It becomes the reason of every job interrupted, whichever tenant's: kept as a tenant's is.
     reason = said_reason(ev.reason)
     why = f"node {ev.node} shut down" + (f": {reason}" if reason else "")
     interrupt_on(state, ctx, ev.node, None, why, node_gone=False)
-    node.shut_down = ctx.seq
+    if ev.registers_again:
+        node.shut_down = ctx.seq
 
 
 def _condition(state: State, ctx: Ctx, ev: NodeConditionChanged) -> None:

@@ -274,8 +274,9 @@ from __future__ import annotations
 # 97: the fold keeps, per queue, the jobs in a phase that holds quota
 #    (``State.holding_quota_by_queue``, ``projections/indexes.py``), so that admission and the
 #    preemptor read a queue's holders when a cycle asks about that queue, not every job running.
-# 98: a node whose agent shut it down (``NodeShutdown``) takes no new work until its agent
-#    registers it again (``NodeState.shut_down``), which a placement there is refused for.
+# 98: a node whose agent shut it down saying it registers the node again when back
+#    (``NodeShutdown.registers_again``) takes no new work until it does (``NodeState.shut_down``),
+#    which a placement there is refused for.
 # 99: the fold keeps, per phase, its elastic jobs (``State.elastic_by_phase``,
 #    ``projections/indexes.py``), so that growth and shrinking read the running elastic jobs,
 #    not every job running.

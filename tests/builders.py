@@ -452,8 +452,9 @@ class LogBuilder:
         )
         return self.event(subj.node(node), body)
 
-    def shutdown(self, node: str, reason: str = "") -> LogBuilder:
-        return self.event(subj.node(node), NodeShutdown(node=node, at=self.time, reason=reason))
+    def shutdown(self, node: str, reason: str = "", registers_again: bool = True) -> LogBuilder:
+        body = NodeShutdown(node=node, at=self.time, reason=reason, registers_again=registers_again)
+        return self.event(subj.node(node), body)
 
     def condition(self, node: str, condition: NodeCondition) -> LogBuilder:
         return self.event(subj.node(node), NodeConditionChanged(node=node, condition=condition))
@@ -594,7 +595,7 @@ service_events: st.SearchStrategy[Event] = st.one_of(
     st.builds(NodeConditionChanged, node=names, condition=st.sampled_from(["ready", "suspect", "lost"])),
     st.builds(GpuHealthChanged, node=names, gpu=small_ints, healthy=st.booleans(), signal=names),
     st.builds(NodeCordoned, node=names, cordoned=st.booleans(), drain=st.booleans()),
-    st.builds(NodeShutdown, node=names, at=st.just(_T), reason=names),
+    st.builds(NodeShutdown, node=names, at=st.just(_T), reason=names, registers_again=st.booleans()),
 )
 
 

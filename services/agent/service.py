@@ -164,7 +164,7 @@ def msg_id(body: Event, run: int = 0) -> str:
             return f"{kind}{body.job_id}{of}:{body.attempt}:{body.rank}{pid}"
         case CheckpointCompleted():
             return f"{kind}{body.job_id}{of}:{body.attempt}:{body.step}"
-        case NodeRegistered():  # ``run``: the shutdown it comes back from, a fact of its own
+        case NodeRegistered():  # ``run``: the log position of the node's view it registers against
             return f"{kind}{body.node}{of}:{zlib.crc32(codec.encode(body.inventory)):08x}"
         case NodeShutdown():
             return f"{kind}{body.node}:{round(body.at * 1000)}"
@@ -442,7 +442,10 @@ class NodeAgent:
         back_from = self._back_from = self.view.shut_down
         if self.view.inventory != inventory or back_from:
             body = NodeRegistered(node=self.node, inventory=inventory)
-            item = self._append(body, self.clock(), run=back_from)
+            # Named by the view it answers, so that it is not taken for a duplicate of an
+            # earlier registration of the same hardware (before a shutdown, or before the
+            # hardware changed and changed back) still in the stream's duplicate window.
+            item = self._append(body, self.clock(), run=self.view.seq)
             while True:
                 try:
                     await self.log.append(item)
@@ -457,6 +460,12 @@ class NodeAgent:
                     if self._halt.is_set():
                         return
         self.registered.set()
+
+    def _registered_again(self, task: asyncio.Task[None]) -> None:
+        """Say why a registration after a shutdown was not stored (the node stays out of service
+        until the next agent registers it)."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: registration after a shutdown refused: %s", self.node, task.exception())
 
     async def _heartbeats(self) -> None:
         subject = subjects.heartbeat(self.node)
@@ -838,6 +847,7 @@ class NodeAgent:
         arrived = self.reports.arrived
         report = asyncio.ensure_future(arrived.wait())
         ended = asyncio.ensure_future(_first(stop.wait(), self._halt.wait()))
+        again: asyncio.Task[None] | None = None  # a registration after a shutdown, under way
         try:
             await self.cycle()
             while not ended.done():
@@ -846,10 +856,12 @@ class NodeAgent:
                 if nxt in done:
                     self._saw(nxt.result())
                     nxt = asyncio.ensure_future(anext(views))
-                    if self.view.shut_down not in (0, self._back_from):
+                    if self.view.shut_down not in (0, self._back_from) and (again is None or again.done()):
                         # Shut down by an agent before this one, which the first view did not
-                        # say yet (a view written before that agent's shutdown was folded).
-                        await self.register()
+                        # say yet (a view written before that agent's shutdown was folded):
+                        # registered again beside the cycles, which go on meanwhile.
+                        again = asyncio.create_task(self.register())
+                        again.add_done_callback(self._registered_again)
                 if report in done:
                     arrived.clear()  # the cycle below appends everything reported so far
                     report = asyncio.ensure_future(arrived.wait())
@@ -857,11 +869,12 @@ class NodeAgent:
                     break
                 await self.cycle()
         finally:
-            for f in (nxt, report, ended, beat):
+            waited = [f for f in (nxt, report, ended, beat, again) if f is not None]
+            for f in waited:
                 f.cancel()
             # Each cancelled read must end before the feed is closed: closing a generator that a
             # pending read is still inside fails, and leaves that read's error unretrieved.
-            await asyncio.gather(nxt, report, ended, beat, return_exceptions=True)
+            await asyncio.gather(*waited, return_exceptions=True)
             aclose = getattr(views, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
@@ -903,7 +916,7 @@ class NodeAgent:
         fold then interrupts their jobs without counting a restart. What the workers reported until
         now goes first, so an exit of their own before the shutdown still counts as theirs."""
         self._take_reports()
-        self._unsent.append(NodeShutdown(node=self.node, at=self.clock()))
+        self._unsent.append(NodeShutdown(node=self.node, at=self.clock(), registers_again=True))
         try:
             await asyncio.wait_for(self.flush(patient=True), 10.0)  # what it did not store is kept, in order
         except (TimeoutError, LogError) as e:

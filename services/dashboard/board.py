@@ -78,7 +78,7 @@ def waiting(phase: str) -> bool:
 def node_health(node: Mapping[str, Any]) -> str:
     """The one word a person reads first: what stops work landing on the node, if anything."""
     if node["condition"] != "ready":
-        return str(node["condition"])  # suspect, lost
+        return str(node["condition"])  # suspect, lost, shut down (or a cordon's word)
     if node["draining"]:
         return "draining"
     if node["cordoned"]:

@@ -176,7 +176,7 @@ def node_gpus(node: NodeState, state: State, visible: Callable[[JobState], bool]
         )
     return {
         "name": node.name,
-        "condition": node.condition,
+        "condition": node.standing,
         "cordoned": node.cordoned,
         "draining": node.draining,
         "profile": node.inventory.labels.get("profile", ""),

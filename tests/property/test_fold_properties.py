@@ -293,7 +293,7 @@ plausible_events: st.SearchStrategy[Event] = st.one_of(
         st.sampled_from(["ready", "suspect", "lost"]),
     ),
     st.builds(lambda n, c: NodeCordoned(node=n, cordoned=c), node_ids, st.booleans()),
-    st.builds(lambda n: NodeShutdown(node=n, at=_T), node_ids),
+    st.builds(lambda n, back: NodeShutdown(node=n, at=_T, registers_again=back), node_ids, st.booleans()),
     st.builds(
         lambda n, k: NodeRegistered(node=n, inventory=_shrunk(n, k)), node_ids, st.sampled_from([0, 1, 2, 8])
     ),

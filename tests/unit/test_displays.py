@@ -15,6 +15,7 @@ from corral.projections.index import batch_lines, job_events, summarize
 from corral.projections.state import State
 from corral.services.cli import display
 from corral.services.cli.display import job_table, node_table
+from corral.services.dashboard import board
 from corral.services.query import present
 from corral.services.query.decide import Ask, answer
 from corral.services.query.explain import explain
@@ -185,9 +186,13 @@ def test_a_node_whose_agent_went_silent_says_why_it_takes_no_work() -> None:
 
 def test_a_node_its_agent_shut_down_says_so_until_the_agent_is_back() -> None:
     log = LogBuilder().nodes(Cluster(2)).shutdown(N0)
-    row = present.node_row(log.fold().nodes[N0])
+    state = log.fold()
+    row = present.node_row(state.nodes[N0])
     assert row["condition"] == "shut down" and row["why"].startswith("its agent shut it down")
     assert "shut down" in node_table([row])
+    # ... and the dashboard, which reads the node's GPUs, in its one word.
+    gpus = present.node_gpus(state.nodes[N0], state, lambda _: True)
+    assert board.node_health(gpus) == "shut down"
     # Silent since, it is lost: that is what it is now, and why.
     row = present.node_row(log.condition(N0, "lost").fold().nodes[N0])
     assert row["condition"] == "lost" and row["why"].startswith("its agent went silent")

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
 from corral.events import codec
@@ -304,7 +305,8 @@ async def test_an_agent_back_from_a_shutdown_registers_its_node_again_once_per_s
     tmp_path: Path,
 ) -> None:
     # The log holds the node as it is, but out of service since an earlier agent shut it down:
-    # this agent's registration puts it back, and is not the first registration's duplicate.
+    # this agent's registration puts it back, and is not taken for a duplicate of an earlier
+    # registration of the same hardware (named by the view it answers).
     from corral.projections.assignments import NodeView
     from corral.services.agent.discovery import simulated
     from corral.services.agent.service import NodeAgent
@@ -314,16 +316,21 @@ async def test_an_agent_back_from_a_shutdown_registers_its_node_again_once_per_s
     inventory = found.inventory
     log = _Slowed(retry_s=0.01)
     agent = NodeAgent(N1, log, MemoryViews(), work_dir=tmp_path, found=found)
-    agent._saw(NodeView(node=N1, inventory=inventory))
+    agent._saw(NodeView(node=N1, seq=12, inventory=inventory))
     await agent.register()
     assert log.stored == []  # in service as it is: nothing to say
     ids = []
     for shutdown in (40, 90):
-        agent._saw(NodeView(node=N1, inventory=inventory, shut_down=shutdown))
+        agent._saw(NodeView(node=N1, seq=shutdown + 3, inventory=inventory, shut_down=shutdown))
         await agent.register()
         ids.append(log.stored[-1].msg_id)
-    assert len(log.stored) == 2 and ids[0] != ids[1]
-    assert ids[0] != msg_id(NodeRegistered(node=N1, inventory=inventory))
+    # The hardware changed meanwhile, and changed back: registered again, under another id.
+    other = msgspec.structs.replace(inventory, memory_mib=inventory.memory_mib // 2)
+    agent._saw(NodeView(node=N1, seq=120, inventory=other))
+    await agent.register()
+    ids.append(log.stored[-1].msg_id)
+    assert len(log.stored) == 3 and len(set(ids)) == 3
+    assert msg_id(NodeRegistered(node=N1, inventory=inventory)) not in ids
 
 
 async def test_an_agent_whose_view_says_later_that_its_node_was_shut_down_registers_it_again(
@@ -352,3 +359,56 @@ async def test_an_agent_whose_view_says_later_that_its_node_was_shut_down_regist
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+class _NoRegistrations:
+    """An intake that stores every report but no registration (one it cannot take yet)."""
+
+    def __init__(self) -> None:
+        self.registrations = 0
+        self.stored: list[Append] = []
+
+    async def append(self, item: Append) -> Ack:
+        if (item.msg_id or "").startswith(REPORT_IDS[NodeRegistered]):
+            self.registrations += 1
+            raise LogError("no intake answers")
+        self.stored.append(item)
+        return Ack(len(self.stored))
+
+
+async def test_an_agent_registering_its_node_again_goes_on_and_stops_when_told(tmp_path: Path) -> None:
+    # The registration after another agent's shutdown is sent again until stored: meanwhile
+    # the agent's cycles go on, and it stops when told, not once the registration is stored.
+    from corral.projections.assignments import NodeView, encode
+    from corral.services.agent.discovery import simulated
+    from corral.services.agent.service import NodeAgent
+    from corral.services.runtime.views import MemoryViews
+
+    found = simulated(N1, "h100-8x")
+    views = MemoryViews()
+    await views.put(N1, encode(NodeView(node=N1, seq=5, inventory=found.inventory)))
+    log = _NoRegistrations()
+    agent = NodeAgent(N1, log, views, work_dir=tmp_path, found=found, tick=0.01, stop_grace=0.1)
+    stop = asyncio.Event()
+    cycles = 0
+    cycle = agent.cycle
+
+    async def counted() -> int:
+        nonlocal cycles
+        cycles += 1
+        return await cycle()
+
+    agent.cycle = counted  # type: ignore[method-assign]
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 10)
+        await views.put(N1, encode(NodeView(node=N1, seq=8, inventory=found.inventory, shut_down=7)))
+        await polling.until(lambda: log.registrations >= 1, 10)
+        then = cycles
+        await polling.until(lambda: cycles > then + 3, 10)
+        stop.set()
+        await asyncio.wait_for(asyncio.shield(task), 10)
+    finally:
+        agent._halt.set()
+        await asyncio.wait_for(task, 30)
+    assert [json.loads(a.data)["body"]["type"] for a in log.stored] == ["NodeShutdown"]

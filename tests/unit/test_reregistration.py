@@ -209,3 +209,13 @@ def test_a_node_shut_down_takes_no_new_work_until_its_agent_registers_it_again()
     assert not state.nodes[NODE].shut_down and state.nodes[NODE].schedulable
     lb.place(on(NODE, 1, 2, 3, 4, 5, 6, 7, 0, job_id="k"))
     assert lb.fold().jobs["k"].phase == "placed"
+
+
+def test_a_shutdown_whose_agent_does_not_say_it_registers_again_leaves_the_node_in_service() -> None:
+    # An agent of an older build registers only hardware that changed: the placements its
+    # logs hold after a shutdown fold as they did (a finished job does not run again).
+    lb = _running_on(0).shutdown(NODE, registers_again=False).exited(NODE, "j", code=143, stopped=True)
+    lb.submit("bob", "k", job().gpus(1)).accept("k").admit("k").place(on(NODE, 1, job_id="k"))
+    state = lb.started(NODE, "k").exited(NODE, "k", code=0).fold()
+    assert state.nodes[NODE].schedulable and state.jobs["k"].phase == "succeeded"
+    assert state.rejected_total == 0

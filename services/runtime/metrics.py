@@ -402,6 +402,10 @@ class FoldWatch:
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
         self._queued_since: dict[str, float] = {}  # admitted jobs: when they entered the queue
+        # Victims still stopping: (attempt, log time from which their work is not saved, the
+        # milli-GPU they held). What a preemption loses is known only once the victim stops: a
+        # job that checkpoints when asked saves the work the request found unsaved.
+        self._stopping: dict[str, tuple[int, float, int]] = {}
 
     def before(self, state: State, record: Record) -> list[tuple[JobState, tuple[Any, ...]]] | None:
         subject = record.subject
@@ -420,6 +424,11 @@ class FoldWatch:
         elif isinstance(body, ShrinkRequested | WorkerExited):
             ids = [body.job_id]
         else:
+            ids = []
+        if self._stopping and subject.startswith("corral.ev.node."):
+            # A node's report may stop a victim: its last worker's exit, or its node lost.
+            ids += [job_id for job_id in self._stopping if job_id not in ids]
+        if not ids:
             return None
         seen = []
         for job_id in ids:
@@ -445,11 +454,23 @@ class FoldWatch:
                     t.record("corral.job.placement.duration", max(0.0, record.time - waited_from), queue)
             if job.restarts > restarts:
                 t.add("corral.job.restarts", job.restarts - restarts, queue)
+            stopping = self._stopping.get(job.id)
+            if stopping is not None and job.phase != "checkpointing":
+                del self._stopping[job.id]
+                attempt, unsaved_from, milli = stopping
+                if job.phase == "preempted" and job.attempt == attempt:  # stopped, not cancelled
+                    lost = _lost_hours(job, unsaved_from, milli, record.time)
+                    t.add("corral.job.preemption.lost_gpu_time", lost, queue)
             if job.preemptions > preemptions:
                 why = {**queue, REASON: _reason(state, job), KIND: "stop"}
                 t.add("corral.job.preemptions", 1, why)
-                lost = _lost_hours(job, phase, since, held, record.time)
-                t.add("corral.job.preemption.lost_gpu_time", lost, queue)
+                if phase != "running":  # placed or starting: no work done yet
+                    t.add("corral.job.preemption.lost_gpu_time", 0.0, queue)
+                elif job.phase == "checkpointing":
+                    self._stopping[job.id] = (job.attempt, since, held)
+                else:  # stopped at once
+                    lost = _lost_hours(job, since, held, record.time)
+                    t.add("corral.job.preemption.lost_gpu_time", lost, queue)
             elif (
                 isinstance(replicas, int) and job.admission is not None and job.admission.replicas < replicas
             ):
@@ -458,6 +479,10 @@ class FoldWatch:
             # Jobs withdrawn or cancelled while admitted: keep only those still admitted.
             admitted = state.jobs_by_phase.get("admitted", {})
             self._queued_since = {j: s for j, s in self._queued_since.items() if j in admitted}
+        if len(self._stopping) > 2 * len(state.jobs_by_phase.get("checkpointing", ())) + 100:
+            # Victims cancelled while they stopped: keep only those still stopping.
+            still = state.jobs_by_phase.get("checkpointing", {})
+            self._stopping = {j: s for j, s in self._stopping.items() if j in still}
 
 
 def _facts(job: JobState) -> tuple[Any, ...]:
@@ -474,11 +499,10 @@ def _reason(state: State, job: JobState) -> str:
     )
 
 
-def _lost_hours(job: JobState, phase: str, since: float, held_milli: int, now: float) -> float:
-    """GPU-hours of the work a preempted job loses: from the later of its start running and its
-    last checkpoint of this attempt, to the preemption, on the GPUs it held."""
-    if phase != "running":
-        return 0.0  # placed or starting: no work done yet
+def _lost_hours(job: JobState, since: float, held_milli: int, now: float) -> float:
+    """GPU-hours of the work a preempted job loses: from the later of its start running (``since``)
+    and its last checkpoint of this attempt, to its stop (``now``), on the GPUs it held; a
+    checkpoint it saved when asked counts."""
     start = since
     cp = job.checkpoint
     if cp is not None and cp.attempt == job.attempt and cp.time > start:

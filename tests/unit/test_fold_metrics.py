@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from corral.projections.fold import apply
 from corral.projections.state import State
 from corral.services.runtime import metrics
@@ -49,5 +51,27 @@ def test_a_preemption_counts_its_reason_and_the_work_lost_since_the_checkpoint()
     state, got = counted(lb)
     assert state.jobs["low"].preemptions == 1
     assert got["corral_job_preemptions_total"] == 1
-    # 8 GPUs for the half hour since the checkpoint at log time 3600.
-    assert got["corral_job_preemption_lost_gpu_time_hours_total"] == 8 * 0.5
+    # What it loses is known once it stops.
+    assert "corral_job_preemption_lost_gpu_time_hours_total" not in got
+    lb.at(5760.0).exited("node-00", "low", code=143, stopped=True)
+    state, got = counted(lb)
+    assert state.jobs["low"].phase == "preempted"
+    # 8 GPUs from the checkpoint at log time 3600 to its stop at 5760, saving nothing meanwhile.
+    assert got["corral_job_preemption_lost_gpu_time_hours_total"] == pytest.approx(8 * 0.6)
+
+
+def test_a_victim_that_checkpoints_when_asked_loses_only_the_work_after_that_checkpoint() -> None:
+    lb = LogBuilder().queue("team-a").nodes(Cluster(1))
+    lb.submit("team-a", "low", job().gpus(8).checkpointable()).accept("low", priority=1).admit("low")
+    lb.place(on("node-00", *range(8), job_id="low")).at(3000.0).started("node-00", "low")
+    lb.at(3600.0).checkpoint("node-00", "low", step=100)
+    lb.submit("team-a", "high", job().gpus(8)).accept("high", priority=100)
+    lb.at(7200.0).preempt("high", "low")
+    lb.at(7236.0).checkpoint("node-00", "low", step=200)
+    lb.at(7272.0).exited("node-00", "low", code=0, stopped=True)
+    state, got = counted(lb)
+    assert state.jobs["low"].phase == "preempted"
+    assert got["corral_job_preemptions_total"] == 1
+    # Not the hour since step 100 the request found unsaved: step 200 saved it; 8 GPUs for the
+    # 36 s from step 200 to its stop are lost.
+    assert got["corral_job_preemption_lost_gpu_time_hours_total"] == pytest.approx(8 * 36 / 3600)

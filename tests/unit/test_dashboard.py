@@ -98,7 +98,9 @@ def test_grafana_and_prometheus_are_provisioned_in_compose() -> None:
 def test_two_read_replicas_export_the_same_cluster_figures_and_the_dashboard_takes_their_max() -> None:
     """Two read service replicas fold the same log: each exports the cluster's figures alike, so
     a ``sum`` over replicas would show twice the GPUs; every query of a cluster figure takes the
-    ``max`` over replicas, never a ``sum``."""
+    ``max`` over replicas (``max without (instance)``: one scrape target per process), and over
+    replicas only, before it adds anything up. A ``max by`` that dropped the queue, the GPU model
+    or the reason would show the largest queue's preemptions, or one model's quota, as the total."""
     state = State(seq=7)
     one = {"corral.queue": "q", "corral.gpu.model": "H100", "corral.node.pool": "p"}
     shown = []
@@ -112,8 +114,9 @@ def test_two_read_replicas_export_the_same_cluster_figures_and_the_dashboard_tak
     assert {n for name in metrics.METRICS for n in metrics.prometheus_names(name)} - cluster  # services'
     for expr in queries(json.loads(DASHBOARD.read_text())):
         names = set(re.findall(r"\bcorral_[a-z_]+", expr)) & cluster
-        if names:
-            assert "sum" not in expr and "max by" in expr, f"{expr}: a cluster figure summed over replicas"
+        for name in names:
+            taken = re.findall(rf"(\w+(?: (?:by|without) \([^)]*\))?) \((?:rate\(|increase\()?{name}\b", expr)
+            assert taken == ["max without (instance)"], f"{expr}: {name} not taken as its replicas' max"
 
 
 @pytest.mark.parametrize(

@@ -401,7 +401,10 @@ class FoldWatch:
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
-        self._queued_since: dict[str, float] = {}  # admitted jobs: when they entered the queue
+        # Admitted jobs: when their attempt entered the queue, kept through a withdrawal (placed
+        # nowhere in time, the job is queued again at the same attempt and waits on), with the
+        # job's submission and attempt it is for.
+        self._queued_since: dict[str, tuple[int, int, float]] = {}
         # Victims still stopping: (attempt, log time from which their work is not saved, the
         # milli-GPU they held). What a preemption loses is known only once the victim stops: a
         # job that checkpoints when asked saves the work the request found unsaved.
@@ -447,9 +450,11 @@ class FoldWatch:
             queue = {QUEUE: job.spec.queue}
             if phase == "queued" and job.phase == "admitted":
                 t.record("corral.job.admission.duration", max(0.0, record.time - since), queue)
-                self._queued_since[job.id] = since
+                entered = self._queued_since.get(job.id)
+                if entered is None or entered[:2] != (job.submitted_seq, job.attempt):
+                    self._queued_since[job.id] = (job.submitted_seq, job.attempt, since)
             elif phase == "admitted" and job.phase != "admitted":
-                waited_from = self._queued_since.pop(job.id, since)
+                waited_from = self._queued_since.pop(job.id, (0, 0, since))[2]
                 if job.phase == "placed":
                     t.record("corral.job.placement.duration", max(0.0, record.time - waited_from), queue)
             if job.restarts > restarts:
@@ -475,10 +480,12 @@ class FoldWatch:
                 isinstance(replicas, int) and job.admission is not None and job.admission.replicas < replicas
             ):
                 t.add("corral.job.preemptions", 1, {**queue, REASON: _reason(state, job), KIND: "shrink"})
-        if len(self._queued_since) > 2 * len(state.jobs_by_phase.get("admitted", ())) + 100:
-            # Jobs withdrawn or cancelled while admitted: keep only those still admitted.
-            admitted = state.jobs_by_phase.get("admitted", {})
-            self._queued_since = {j: s for j, s in self._queued_since.items() if j in admitted}
+        waiting = state.jobs_by_phase.get("admitted", {}), state.jobs_by_phase.get("queued", {})
+        if len(self._queued_since) > 2 * (len(waiting[0]) + len(waiting[1])) + 100:
+            # Jobs cancelled while admitted: keep only those admitted or withdrawn.
+            self._queued_since = {
+                j: s for j, s in self._queued_since.items() if j in waiting[0] or j in waiting[1]
+            }
         if len(self._stopping) > 2 * len(state.jobs_by_phase.get("checkpointing", ())) + 100:
             # Victims cancelled while they stopped: keep only those still stopping.
             still = state.jobs_by_phase.get("checkpointing", {})

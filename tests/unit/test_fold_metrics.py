@@ -41,6 +41,19 @@ def test_a_voided_placement_counts_for_nothing_and_waits_run_from_the_queue() ->
     assert got["corral_job_admission_duration_seconds_sum"] == (2000.0 - 1990.0) + (2000.0 - 1991.0)
 
 
+def test_a_job_withdrawn_for_its_placement_timeout_waits_on_from_when_it_entered_the_queue() -> None:
+    lb = LogBuilder().queue("team-a").nodes(Cluster(1))
+    lb.submit("team-a", "a", job().gpus(8)).at(1000.0).accept("a").at(1010.0).admit("a")
+    lb.at(1310.0).withdraw("a", admit_after=1320.0).at(1320.0).admit("a")
+    lb.at(1330.0).place(on("node-00", *range(8), job_id="a"))
+    state, got = counted(lb)
+    assert state.jobs["a"].phase == "placed"
+    assert got["corral_job_placement_duration_seconds_count"] == 1
+    # Placed 330 s after it was queued, not 20 s after it was admitted again.
+    assert got["corral_job_placement_duration_seconds_sum"] == 1330.0 - 1000.0
+    assert got["corral_job_admission_duration_seconds_sum"] == (1010.0 - 1000.0) + (1320.0 - 1310.0)
+
+
 def test_a_preemption_counts_its_reason_and_the_work_lost_since_the_checkpoint() -> None:
     lb = LogBuilder().queue("team-a").nodes(Cluster(1))
     lb.submit("team-a", "low", job().gpus(8)).accept("low", priority=1).admit("low")

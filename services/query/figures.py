@@ -71,8 +71,11 @@ def cluster_figures(state: State) -> Figures:
             (milli / WHOLE, {"corral.gpu.model": m, "corral.node.pool": p})
             for (m, p), milli in sorted(figures.items())
         ]
+    # Every model the cluster has, 0 where nothing is stranded: a series that vanished instead
+    # would leave a graph at its last value once the last job of a model ended.
+    stranded = dict.fromkeys(sorted({m for m, _ in allocated}), 0.0) | fragmented(state)
     out["corral.cluster.gpus.fragmented"] = [
-        (milli / WHOLE, {"corral.gpu.model": m}) for m, milli in sorted(fragmented(state).items())
+        (milli / WHOLE, {"corral.gpu.model": m}) for m, milli in sorted(stranded.items())
     ]
     return out
 

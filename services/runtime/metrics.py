@@ -94,7 +94,9 @@ METRICS: dict[str, Metric] = {
     # -- what the fold accepted (from the read service) --
     "corral.job.admission.duration": Metric("histogram", "s", "Time from entering the queue to admission"),
     "corral.job.placement.duration": Metric("histogram", "s", "Time from entering the queue to placement"),
-    "corral.job.preemptions": Metric("counter", "{preemption}", "Jobs preempted or shrunk, by reason"),
+    "corral.job.preemptions": Metric(
+        "counter", "{preemption}", "Jobs preempted, shrunk or moved to make room (consolidation), by reason"
+    ),
     "corral.job.preemption.lost_gpu_time": Metric(
         "counter", "h", "GPU-hours of work since the last checkpoint, lost to preemption"
     ),
@@ -409,6 +411,7 @@ class FoldWatch:
         # milli-GPU they held). What a preemption loses is known only once the victim stops: a
         # job that checkpoints when asked saves the work the request found unsaved.
         self._stopping: dict[str, tuple[int, float, int]] = {}
+        self._kind = "stop"  # of the record between ``before`` and ``after``: "move" for a consolidation
 
     def before(self, state: State, record: Record) -> list[tuple[JobState, tuple[Any, ...]]] | None:
         subject = record.subject
@@ -424,6 +427,7 @@ class FoldWatch:
             ]
         elif isinstance(body, PreemptionRequested):
             ids = [v.job_id for v in body.victims]
+            self._kind = "move" if body.moves else "stop"
         elif isinstance(body, ShrinkRequested | WorkerExited):
             ids = [body.job_id]
         else:
@@ -467,7 +471,7 @@ class FoldWatch:
                     lost = _lost_hours(job, unsaved_from, milli, record.time)
                     t.add("corral.job.preemption.lost_gpu_time", lost, queue)
             if job.preemptions > preemptions:
-                why = {**queue, REASON: _reason(state, job), KIND: "stop"}
+                why = {**queue, REASON: _reason(state, job), KIND: self._kind}
                 t.add("corral.job.preemptions", 1, why)
                 if phase != "running":  # placed or starting: no work done yet
                     t.add("corral.job.preemption.lost_gpu_time", 0.0, queue)

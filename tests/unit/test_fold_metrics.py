@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from corral.events import subjects as subj
+from corral.events.decisions import PreemptionRequested, Victim
 from corral.projections.fold import apply
 from corral.projections.state import State
 from corral.services.runtime import metrics
 from tests.builders import Cluster, LogBuilder, job, on
 
 
-def counted(lb: LogBuilder) -> tuple[State, dict[str, float]]:
+def exported(lb: LogBuilder) -> tuple[State, str]:
+    """The state ``lb``'s log folds to, and what the metrics of it read, as Prometheus reads them."""
     telemetry = metrics.Telemetry(otlp=False)
     watch = metrics.FoldWatch(telemetry)
     state = State()
@@ -18,8 +23,13 @@ def counted(lb: LogBuilder) -> tuple[State, dict[str, float]]:
         seen = watch.before(state, record)
         apply(state, record)
         watch.after(state, record, seen)
+    return state, telemetry.prometheus_text().decode()
+
+
+def counted(lb: LogBuilder) -> tuple[State, dict[str, float]]:
+    state, text = exported(lb)
     figures: dict[str, float] = {}
-    for line in telemetry.prometheus_text().decode().splitlines():
+    for line in text.splitlines():
         if line.startswith("corral_job_"):
             name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
             figures[name] = figures.get(name, 0.0) + value
@@ -88,3 +98,30 @@ def test_a_victim_that_checkpoints_when_asked_loses_only_the_work_after_that_che
     # Not the hour since step 100 the request found unsaved: step 200 saved it; 8 GPUs for the
     # 36 s from step 200 to its stop are lost.
     assert got["corral_job_preemption_lost_gpu_time_hours_total"] == pytest.approx(8 * 36 / 3600)
+
+
+def test_a_job_moved_to_make_room_counts_as_a_move_not_a_stop() -> None:
+    # On node-00, a1 holds GPUs 0-3 and a2 4-5; on node-01, a3 holds 0-5: b1 (4 GPUs) fits on
+    # node-00 once a2 moves to node-01's free GPUs 6-7.
+    lb = LogBuilder().queues("a", "b").nodes(Cluster(2))
+    for name, gpus, node, at in (("a1", 4, "node-00", 0), ("a2", 2, "node-00", 4), ("a3", 6, "node-01", 0)):
+        lb.submit("a", name, job("a").gpus(gpus)).accept(name).admit(name)
+        lb.place(on(node, *range(at, at + gpus), job_id=name)).started(node, name)
+    lb.submit("b", "b1", job("b").gpus(4)).accept("b1").admit("b1")
+    lb.at(lb.time + 3600)
+    b1_there, a2_there = on("node-00", 4, 5, 6, 7, job_id="b1"), on("node-01", 6, 7, job_id="a2")
+    body = PreemptionRequested(
+        based_on=lb.last_seq,
+        now=lb.time,
+        beneficiary="b1",
+        victims=(Victim("a2", 0),),
+        deadline=lb.time + 30,
+        moves=(b1_there, a2_there),
+    )
+    lb.event(subj.decision("preemptor"), body)
+    state, text = exported(lb)
+    assert state.jobs["a2"].phase == "checkpointing"
+    kind = r'corral_job_preemptions_total\{[^}]*corral_preemption_kind="(\w+)"[^}]*\} (\S+)'
+    counts = re.findall(kind, text)
+    # Moved to make room, as consolidation does: not stopped for a higher priority or for quota.
+    assert counts == [("move", "1.0")]

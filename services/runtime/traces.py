@@ -436,7 +436,8 @@ class JobTraces:
         t = record.time
         if isinstance(body, NodeRegistered):
             first = body.node not in self.nodes
-            self.nodes[body.node] = ("ready", t)
+            if first:  # an agent back keeps its node's condition until the health monitor says
+                self.nodes[body.node] = ("ready", t)
             if first and mine:
                 nt = trace_ids.node_trace(body.node)
                 self._emit(
@@ -448,12 +449,21 @@ class JobTraces:
                     attributes={"corral.node": body.node, "corral.gpus": len(body.inventory.gpus)},
                 )
             return None
+        events: list[SpanEvent] = []
+        fact = ""  # what the runs it interrupted link to it as, if not its name
         if isinstance(body, NodeConditionChanged):
-            node, name = body.node, f"node {body.condition}"
+            # The condition the node leaves is a span from when it entered it, named for it, as a
+            # job's phase is: a span named for the new one would time the old. The change is its
+            # event, and names the links of the runs it interrupted.
+            node, fact = body.node, f"node {body.condition}"
             before, since = self.nodes.get(node, ("ready", t))
             self.nodes[node] = (body.condition, t)
-            attrs: dict[str, Any] = {"corral.reason": body.reason, "corral.node.condition.before": before}
-            start = since
+            name, start = f"node {before}", since
+            attrs: dict[str, Any] = {
+                "corral.reason": body.reason,
+                "corral.node.condition.after": body.condition,
+            }
+            events = [SpanEvent(body.condition, t, {"corral.reason": body.reason})]
         elif isinstance(body, GpuHealthChanged):
             node, start = body.node, t
             name = f"GPU {body.gpu} {'healthy' if body.healthy else 'unhealthy'}"
@@ -485,9 +495,10 @@ class JobTraces:
                 start=start,
                 end=t,
                 attributes={"corral.node": node, **attrs},
+                events=events,
                 error=name if error else "",
             )
-        return LinkTo(nt.trace_id, span_id, {"corral.link": name, "corral.node": node})
+        return LinkTo(nt.trace_id, span_id, {"corral.link": fact or name, "corral.node": node})
 
 
 def _moved(state: State, seq: int) -> list[JobState]:

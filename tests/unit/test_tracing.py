@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from corral.events import codec
 from corral.events.base import Event
+from corral.events.nodes import NodeConditionChanged
 from corral.events.queues import DeleteNode
 from corral.projections import trace_ids
 from corral.projections.fold import apply
@@ -217,3 +218,28 @@ def test_a_node_deleted_from_the_cluster_is_forgotten_by_every_roles_traces() ->
         traces.folded(state, r, rejected)
     assert set(state.nodes) == {"stays"}
     assert set(traces.nodes) == {"stays"}
+
+
+class FromHealth(AsWritten):
+    """A node's condition as the health monitor writes it."""
+
+    def event(self, subject: str, body: Event) -> LogBuilder:
+        if not isinstance(body, NodeConditionChanged):
+            return super().event(subject, body)
+        envelope = codec.seal(body, event_id=f"ev-{self.last_seq + 1}", time=self.time, producer="health@t:1")
+        return self.raw(subject, codec.encode(envelope))
+
+
+def test_a_node_condition_is_a_span_of_the_time_the_node_was_in_it(fresh: None) -> None:
+    log = FromHealth().at(1000.0).nodes(Cluster(1))
+    log.at(1100.0).condition("node-00", "suspect").at(1130.0).condition("node-00", "lost")
+    log.at(1200.0).node("node-00", Cluster(1).nodes[0][1]).at(1210.0).condition("node-00", "ready")
+    spans = [(s.name, s.start_time, s.end_time, s.status.is_ok) for s in spans_of("health", log)]
+    seconds = 1_000_000_000
+    # Ready for 100 s, suspect for 30, lost for 80 (its agent back at 1200 did not make it
+    # ready: the health monitor did, at 1210); never "suspect" for the 100 s it was ready.
+    assert spans[1:] == [
+        ("node ready", 1000 * seconds, 1100 * seconds, True),
+        ("node suspect", 1100 * seconds, 1130 * seconds, False),
+        ("node lost", 1130 * seconds, 1210 * seconds, False),
+    ]

@@ -117,7 +117,8 @@ def add_observing(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-token-file",
         help="answer /metrics only to scrapers bearing the token in this file (Prometheus: "
-        "authorization.credentials_file); a job's workers reach this host's loopback too",
+        "authorization.credentials_file); a job's workers reach this host's loopback too "
+        "(corral up --auth: DATA/metrics-token, made the first time, unless given)",
     )
     p.add_argument(
         "--log-level", choices=LEVELS, default="info", help="JSON lines on stderr unless it is a terminal"

@@ -534,9 +534,14 @@ async def run_cluster(
     stop = stop_on_signals()
     started = asyncio.Event()
 
+    token_file = metrics_token_file
+    if token_file is None and metrics_port is not None and settings is not None and settings.auth:
+        # With logins, tenants share the host: /metrics answers only scrapers bearing a token.
+        token_file = str(metrics.made_token(data_dir))
+
     async def serve() -> None:
         async with (
-            metrics.serving("corral", metrics_port, metrics_host, metrics_token_file) as telemetry,
+            metrics.serving("corral", metrics_port, metrics_host, token_file) as telemetry,
             cluster(server, nodes, profile, data_dir, port, settings=settings) as running,
         ):
             started.set()
@@ -556,8 +561,10 @@ async def run_cluster(
             print(f"  nodes: {len(running.nodes)} simulated ({profile}), one agent each", flush=True)
             print(f"  workers and their logs: {data_dir / 'nodes'}", flush=True)
             if telemetry is not None and telemetry.port:
-                host = metrics_host if metrics_host and metrics_host != "0.0.0.0" else "localhost"
-                print(f"  metrics: http://{host}:{telemetry.port}/metrics", flush=True)
+                # Where it listens: "localhost" may name ::1 first, where nothing does.
+                host = metrics_host if metrics_host and metrics_host != "0.0.0.0" else metrics.LOOPBACK
+                bearer = f" (scrapers bear the token in {token_file})" if token_file else ""
+                print(f"  metrics: http://{host}:{telemetry.port}/metrics{bearer}", flush=True)
             print("  Ctrl-C to stop", flush=True)
             try:
                 await until_stopped(running, stop)

@@ -34,6 +34,7 @@ import contextlib
 import hmac
 import logging
 import os
+import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -540,6 +541,23 @@ async def serving(
     finally:
         install(None)
         await telemetry.stop()
+
+
+TOKEN_FILE = "metrics-token"
+
+
+def made_token(directory: Path) -> Path:
+    """The token file a corral with logins keeps in its data ``directory`` (made the first
+    time, readable by its owner only; the sandbox hides the directory from every job): its
+    tenants' workers reach this host's loopback, where /metrics would otherwise tell any of
+    them every queue's figures."""
+    path = directory / TOKEN_FILE
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    return path
 
 
 def read_token(path: str) -> str:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -165,6 +167,32 @@ def test_a_second_corral_up_on_the_same_data_is_refused(env: dict[str, str], tmp
         assert "in use by another corral up" in one_line(second)
         assert first.proc.poll() is None  # the first runs on, unharmed
         assert first.interrupt() == 0
+
+
+def test_with_logins_metrics_answer_only_the_scraper_bearing_the_token(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # Tenants' workers share the host's loopback: with logins, /metrics is not theirs to read
+    # (every queue's figures), though no token file was given.
+    data = tmp_path / "data"
+    with running(["up", "--nodes", "1", "--auth", "--metrics-port", "0", "--data", str(data)], env) as up:
+        line = up.until("  metrics: ")
+        url, token_file = line.split()[1], line.split()[-1].rstrip(")")
+        assert url.startswith("http://127.0.0.1:") and Path(token_file) == data / "metrics-token"
+        assert Path(token_file).stat().st_mode & 0o777 == 0o600
+        token = Path(token_file).read_text().strip()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=WAIT)
+        assert refused.value.code == 401
+        asked = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(asked, timeout=WAIT) as answered:
+            assert answered.status == 200 and b"corral_" in answered.read()
+        assert up.interrupt() == 0
+    # Started again, it keeps the token a scraper was given.
+    with running(["up", "--nodes", "1", "--auth", "--metrics-port", "0", "--data", str(data)], env) as up:
+        assert up.until("  metrics: ").split()[-1].rstrip(")") == token_file
+        assert Path(token_file).read_text().strip() == token
+        assert up.interrupt() == 0
 
 
 def _servers_on(data: str) -> list[int]:

@@ -30,8 +30,8 @@ async def replicas_of_log(js: Any) -> int:
 
 async def ensure(js: Any, bucket: str, replicas: int, **config: Any) -> None:
     """Create ``bucket`` with ``replicas`` (and ``config``: ttl, history, direct), or bring an
-    existing one to ``replicas``. Idempotent. Each request is asked again while nobody answers
-    (a cluster electing its leader), within ``placed``'s bound."""
+    existing one to ``replicas`` and to taking per-message TTLs. Idempotent. Each request is
+    asked again while nobody answers (a cluster electing its leader), within ``placed``'s bound."""
     try:
         await answered(lambda: js.key_value(bucket))
     except js_errors.BucketNotFoundError:
@@ -42,8 +42,11 @@ async def ensure(js: Any, bucket: str, replicas: int, **config: Any) -> None:
             return
     stream = f"KV_{bucket}"
     info = await answered(lambda: js.stream_info(stream))
-    if (info.config.num_replicas or 1) != replicas:
+    # A bucket made by an older client takes no per-message TTL, which one made now does: the
+    # traced positions outlive the leases' age by one (``traced.py``).
+    if (info.config.num_replicas or 1) != replicas or not info.config.allow_msg_ttl:
         info.config.num_replicas = replicas
+        info.config.allow_msg_ttl = True
         await placed(lambda: js.update_stream(info.config))
 
 

@@ -60,7 +60,7 @@ from corral.services.runtime.clock import LogClock
 from corral.services.runtime.lease import KvLease, Lease
 from corral.services.runtime.status import ServiceStatus, StatusBoard
 from corral.services.runtime.supervise import Supervision
-from corral.services.runtime.traced import EMIT_EVERY_S, TracedPosition
+from corral.services.runtime.traced import EMIT_EVERY_S, RESUME_WITHIN, TracedPosition
 
 log = logging.getLogger("corral.shell")
 
@@ -216,8 +216,10 @@ class Service:
             self.traces.seed(self.state)
             if self._traced is not None:
                 # What the lease's holder traced: the lease's spans of records after it are kept
-                # from the replay on, for this replica may be the one to emit them.
-                self._traced_seen = self.traces.resume_after = await self._read_traced()
+                # from the replay on, for this replica may be the one to emit them (after a
+                # restart of the whole corral, those of the records written while it stopped).
+                self._traced_seen = await self._read_traced()
+                self.traces.resume_after = await self._resumable(self._traced_seen)
         async for batch in self.log.read(self.state.seq + 1):
             self.fold(batch)
         if self.traces is not None:
@@ -249,6 +251,27 @@ class Service:
         except LogError:
             return None  # read again next time
         return await self._traced.read(last)
+
+    async def _resumable(self, posted: int | None) -> int | None:
+        """``posted``, if the replay keeps the lease's spans of no more than ``RESUME_WITHIN``
+        records after it (or after the snapshot it starts from); else None, said once."""
+        if posted is None:
+            return None
+        try:
+            behind = await self.log.last_seq() - max(posted, self.state.seq)
+        except LogError:
+            return None
+        if behind <= RESUME_WITHIN:
+            return posted
+        log.warning(
+            "%s: %s starts %d records past log seq %d, where the lease's spans were traced to: "
+            "it traces what it folds from now on, not those",
+            self.role,
+            self.producer,
+            behind,
+            posted,
+        )
+        return None
 
     async def _hand_spans(self, stopping: bool = False) -> None:
         """The lease's spans (``traced.py``): the holder emits those after the position the

@@ -10,9 +10,14 @@ sequence it has traced to under ``traced.<role>`` in the leases' bucket. A stand
 the holder posted as traced; a replica that takes the lease reads the position and emits its
 kept spans after it, and says so.
 
-The key lives as long as a lease (the bucket's age): the holder rewrites it at least every
-third of that, a standby reads it as often, so a holder killed leaves its last position readable
-until the standby takes over. What is not exact: a holder killed after the collector took its
+The key outlives the bucket's age, which is a lease's: it is written with a per-message TTL
+of ``never`` (``Nats-TTL``), so a whole corral stopped and started again resumes where its last
+holder traced to. The records written while a corral stops (a node's shutdown, its workers'
+exits: ``corral up`` stops the services before the agents) are folded by no holder then; the
+next one emits their spans once, as it would after a handover. A bucket made without
+per-message TTLs (by an older corral; whoever sets the corral up turns them on,
+``buckets.ensure``) takes the position as a plain value, which expires with the lease, and the
+holder says so once. What is not exact: a holder killed after the collector took its
 spans but before its position was stored has them sent again by the next holder, with the same
 ids (the span ids are derived from the log, so a viewer shows one span); and one that lost its
 lease without knowing (paused past it) may emit beside the new holder until its next renewal.
@@ -37,6 +42,12 @@ log = logging.getLogger("corral.traced")
 
 PREFIX = "traced"
 EMIT_EVERY_S = 0.5  # how long the lease's spans wait, at most, before the holder emits them
+# A replica started far behind the posted position keeps the lease's spans of no more records
+# than these from its replay: each waits in memory until the holder emits it, and a position
+# that old (spans made while no collector was configured, say) is not worth a start's memory.
+RESUME_WITHIN = 100_000
+LASTING = {"Nats-TTL": "never"}  # the position outlives the bucket's age, a lease's
+TTL_DISABLED = 10166  # JetStream's error code for a per-message TTL on a stream that allows none
 
 
 def key(role: str) -> str:
@@ -49,6 +60,7 @@ class TracedPosition:
     def __init__(self, kv: Any, role: str) -> None:
         self.kv = kv
         self.key = key(role)
+        self.lasting = True  # the bucket takes a per-message TTL, until it says it does not
 
     async def read(self, last: int) -> int | None:
         """The log sequence the last holder traced to, if one is posted (None: none, no answer,
@@ -64,8 +76,24 @@ class TracedPosition:
         return seq if seq <= last else None
 
     async def post(self, seq: int) -> bool:
+        value = str(seq).encode()
         try:
-            await self.kv.put(self.key, str(seq).encode())
+            if self.lasting:
+                try:
+                    # Through the bucket's own JetStream context: ``KeyValue.put`` sends no headers.
+                    await self.kv._js.publish(f"{self.kv._pre}{self.key}", value, headers=LASTING)
+                    return True
+                except js_errors.APIError as e:
+                    if e.err_code != TTL_DISABLED:
+                        raise
+                    self.lasting = False
+                    log.warning(
+                        "the leases' bucket takes no per-message TTL: traced position %s expires "
+                        "with the lease, and a corral restarted later does not trace what its last "
+                        "holder did not; corral up or corral deploy setup turns it on",
+                        self.key,
+                    )
+            await self.kv.put(self.key, value)
         except (nats_errors.Error, TimeoutError) as e:  # the next post says it again
             log.warning("traced position %s not posted: %s", self.key, e)
             return False

@@ -35,7 +35,7 @@ class Cluster:
     async def stream_info(self, stream: str) -> Any:
         self._answer()
         if stream.startswith("KV_"):
-            config = type("Config", (), {"num_replicas": 1})()
+            config = type("Config", (), {"num_replicas": 1, "allow_msg_ttl": True})()
             return type("Info", (), {"config": config})()
         raise js_errors.NotFoundError()
 

@@ -9,9 +9,10 @@ decision on it as an event (admitted with which quota, placed on which node and 
 for which job, each checkpoint's step, the exit codes, the restart). Each attempt is a span over
 its phases, the job a span over its attempts; the node agents hang their workers' runs under the
 attempt (``NodeAgent``), and a job's own code under its worker (``TRACEPARENT``). Failures set
-the error status; a preemption links the beneficiary's trace and each victim's; what a node
-event interrupted links to that event's span in the node's trace; a proposal the fold voided is
-a span marked void, never a span of what it proposed.
+the error status (a planned stop, its node's shutdown, is no failure); a preemption links the
+beneficiary's trace and each victim's; what a node event interrupted links to that event's span
+in the node's trace; a proposal the fold voided is a span marked void, never a span of what it
+proposed.
 
 Every replica of every role folds the same log, so who emits a span must be one rule, or the
 span would appear once per reader: the role that wrote the record that ends it (only the replica
@@ -93,6 +94,9 @@ class _Job:
     attempt: int
     attempt_since: float = -1.0  # log time this attempt was queued (-1: not yet accepted)
     events: list[SpanEvent] = field(default_factory=list)  # for the span of the current phase
+    # Interrupted by its node's planned shutdown (``NodeShutdown``): an operator's stop, not a
+    # failure, so neither the run it cut short nor the attempt it ended is an error.
+    planned: bool = False
 
 
 def _attrs(job: JobState) -> dict[str, Any]:
@@ -230,6 +234,8 @@ class JobTraces:
             return
         trace = open_.trace
         attrs = {**_attrs(job), "corral.attempt": attempt}
+        if job.phase == "interrupted" and before != "interrupted":
+            open_.planned = isinstance(body, NodeShutdown)
         name = SPAN_OF.get(before)
         same_span = name is not None and SPAN_OF.get(job.phase) == name and job.attempt == attempt
         if name is not None and not same_span:
@@ -242,7 +248,8 @@ class JobTraces:
                 if ben is not None:
                     bt = trace_ids.job_trace(ben.id, ben.submitted_seq, ben.traceparent)
                     links.append(LinkTo(bt.trace_id, bt.job_span, {"corral.link": "preempted for"}))
-            error = _reason(job) if job.phase in _FAILED and name in ("running", "starting") else ""
+            failed = job.phase in _FAILED and not (job.phase == "interrupted" and open_.planned)
+            error = _reason(job) if failed and name in ("running", "starting") else ""
             if mine:
                 self._emit(
                     name,
@@ -269,7 +276,9 @@ class JobTraces:
                 start=open_.attempt_since,
                 end=t,
                 attributes={**attrs, "corral.outcome": before if job.phase == "queued" else job.phase},
-                error=_reason(job) if before == "interrupted" or job.phase == "failed" else "",
+                error=_reason(job)
+                if (before == "interrupted" and not open_.planned) or job.phase == "failed"
+                else "",
             )
         if job.attempt != attempt or (job.phase == "queued" and open_.attempt_since < 0):
             open_.attempt, open_.attempt_since = job.attempt, t

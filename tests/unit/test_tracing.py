@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
@@ -243,3 +243,31 @@ def test_a_node_condition_is_a_span_of_the_time_the_node_was_in_it(fresh: None) 
         ("node suspect", 1100 * seconds, 1130 * seconds, False),
         ("node lost", 1130 * seconds, 1210 * seconds, False),
     ]
+
+
+def interrupted_by(end: Callable[[LogBuilder], LogBuilder]) -> dict[str, ReadableSpan]:
+    """The spans of a job's run and attempt that ``end`` interrupted, its workers stopped and
+    the job requeued, as the roles that emit them (health: what a node fact ended; admission:
+    the attempt its requeue ended) made them."""
+    log = FromHealth().nodes(Cluster(1)).queues("team-a").submit("alice", "j1").accept("j1").admit("j1")
+    log.place(on("node-00", 0, job_id="j1")).started("node-00", "j1")
+    end(log).exited("node-00", "j1", code=143, stopped=True).requeue("j1", 0)
+    spans = []
+    for role in ("health", "admission"):
+        tracing.shutdown()  # each role's spans to its own exporter, whatever ran before
+        spans += spans_of(role, log)
+    return {s.name: s for s in spans if s.name in ("running", "interrupted", "attempt 0")}
+
+
+def test_a_job_its_node_s_planned_shutdown_stopped_is_no_error(fresh: None) -> None:
+    """An operator stopping a node (its agent's ``NodeShutdown``) stops its jobs as a drain
+    does: they resume elsewhere, and nothing failed. A node lost is a failure."""
+    planned = interrupted_by(lambda log: log.shutdown("node-00", "maintenance"))
+    assert set(planned) == {"running", "interrupted", "attempt 0"}
+    errors = {name: s.status.description for name, s in planned.items() if not s.status.is_ok}
+    assert not errors, errors
+    assert ("interrupted", "node node-00 shut down: maintenance") in [
+        (e.name, (e.attributes or {}).get("corral.reason")) for e in planned["running"].events
+    ]
+    lost = interrupted_by(lambda log: log.condition("node-00", "lost"))
+    assert not lost["running"].status.is_ok and not lost["attempt 0"].status.is_ok

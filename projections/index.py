@@ -95,7 +95,8 @@ def job_events(state: State, records: Sequence[Record], refusals: Mapping[int, R
             refused = _refused(refusal, body, job_id, named)
             due = None if refused else _own_deadline(state, job_id, body)
             current = state.jobs[job_id].attempt if job_id in state.jobs else None
-            summary = summarize(body, job_id, batch, named, due, current)
+            checkpoints = job_id not in state.jobs or state.jobs[job_id].spec.checkpointable
+            summary = summarize(body, job_id, batch, named, due, current, checkpoints)
             out.append(JobEvent(job_id, rec.seq, rec.subject, kind, rec.time, summary, refused))
     return out
 
@@ -201,6 +202,7 @@ def summarize(
     named: Callable[[str], str] | None = None,
     due: float | None = None,
     current: int | None = None,
+    checkpoints: bool = True,
 ) -> str:
     """One line on what ``body`` says about job ``job_id``; for a batch decision, ``batch`` is its
     ``batch_lines`` when the caller has them already (a record of a few hundred jobs is then read
@@ -209,8 +211,11 @@ def summarize(
     ``due``: the log time the fold gave a victim of a preemption or shrink (else the record's
     deadline, the longest of its victims', is told as the latest). ``current``: the job's
     attempt now; a worker's report of an earlier one (a late exit of a worker of an attempt
-    already over) names its attempt, else it reads as the current attempt's."""
+    already over) names its attempt, else it reads as the current attempt's. ``checkpoints``:
+    whether the job can checkpoint; a victim that cannot is asked to stop (its agent stops its
+    workers at once), not to checkpoint."""
     name = _by_id if named is None else named
+    asked = "asked to checkpoint and" if checkpoints else "asked to stop and"
     if isinstance(body, BATCHES):
         line = (batch_lines(body) if batch is None else batch).get(job_id)
         return line if line is not None else _generic(body)
@@ -247,12 +252,12 @@ def summarize(
             if job_id == body.beneficiary:
                 return f"room made on its behalf by moving {_listed(body.victims, name)}"
             by, whom = _by(body.deadline, due), name(body.beneficiary)
-            return f"asked to checkpoint and move elsewhere, to make room for {whom}, by {by}"
+            return f"{asked} move elsewhere, to make room for {whom}, by {by}"
         case PreemptionRequested():
             if job_id == body.beneficiary:
                 return f"preemption requested on its behalf: victims {_listed(body.victims, name)}"
             by = _by(body.deadline, due)
-            return f"asked to checkpoint and yield to {name(body.beneficiary)} by {by}"
+            return f"{asked} yield to {name(body.beneficiary)} by {by}"
         case ShrinkRequested():
             if job_id == body.beneficiary:
                 return f"shrink of {name(body.job_id)} to {body.replicas} workers requested on its behalf"

@@ -97,6 +97,9 @@ class _Job:
     # Interrupted by its node's planned shutdown (``NodeShutdown``): an operator's stop, not a
     # failure, so neither the run it cut short nor the attempt it ended is an error.
     planned: bool = False
+    # Sent away by its node's drain (the fold moves it as a preemption's victim, for nobody):
+    # its spans say it was drained, not preempted.
+    drained: bool = False
 
 
 def _attrs(job: JobState) -> dict[str, Any]:
@@ -153,7 +156,9 @@ class JobTraces:
 
     def _new(self, job: JobState, since: float) -> _Job:
         trace = trace_ids.job_trace(job.id, job.submitted_seq, job.traceparent)
-        return _Job(trace, job.phase, since, job.attempt, since if job.phase == "queued" else -1.0)
+        out = _Job(trace, job.phase, since, job.attempt, since if job.phase == "queued" else -1.0)
+        out.drained = job.phase in ("checkpointing", "preempted") and _drained(job)
+        return out
 
     # -- one record --------------------------------------------------------------------------------
 
@@ -236,10 +241,13 @@ class JobTraces:
         attrs = {**_attrs(job), "corral.attempt": attempt}
         if job.phase == "interrupted" and before != "interrupted":
             open_.planned = isinstance(body, NodeShutdown)
+        if job.phase in ("checkpointing", "preempted") and before not in ("checkpointing", "preempted"):
+            open_.drained = _drained(job)
         name = SPAN_OF.get(before)
         same_span = name is not None and SPAN_OF.get(job.phase) == name and job.attempt == attempt
         if name is not None and not same_span:
-            events = [*open_.events, *self._decision(job, before, t)]
+            name = _named(name, job, open_.drained)
+            events = [*open_.events, *self._decision(job, before, t, open_.drained)]
             links: list[LinkTo] = []
             if node_link is not None:
                 links.append(node_link)
@@ -275,13 +283,19 @@ class JobTraces:
                 parent=trace.job_span,
                 start=open_.attempt_since,
                 end=t,
-                attributes={**attrs, "corral.outcome": before if job.phase == "queued" else job.phase},
+                attributes={
+                    **attrs,
+                    "corral.outcome": _named(
+                        before if job.phase == "queued" else job.phase, job, open_.drained
+                    ),
+                },
                 error=_reason(job)
                 if (before == "interrupted" and not open_.planned) or job.phase == "failed"
                 else "",
             )
         if job.attempt != attempt or (job.phase == "queued" and open_.attempt_since < 0):
             open_.attempt, open_.attempt_since = job.attempt, t
+            open_.drained = False
         if job.phase in FINAL:
             del self.jobs[job.id]
             if mine:
@@ -304,8 +318,9 @@ class JobTraces:
                     error=_reason(job) if job.phase in _FAILED else "",
                 )
 
-    def _decision(self, job: JobState, before: str, t: float) -> list[SpanEvent]:
-        """The decision that ended the span of ``before``, as an event on it."""
+    def _decision(self, job: JobState, before: str, t: float, drained: bool) -> list[SpanEvent]:
+        """The decision that ended the span of ``before``, as an event on it (``drained``: the
+        job is leaving its node's drain)."""
         after = job.phase
         if after == "admitted" and job.admission is not None:
             adm = job.admission
@@ -324,6 +339,8 @@ class JobTraces:
                 )
                 for w in job.placement.workers
             ]
+        if drained and (after == "checkpointing" or (after == "preempted" and before != "checkpointing")):
+            return [SpanEvent("drained", t, {"corral.reason": _reason(job)})]
         if after == "checkpointing" or (after == "preempted" and before != "checkpointing"):
             return [SpanEvent("preempted", t, {"corral.preempted_for": job.preempted_for})]
         if after == "queued" and before in ("preempted", "interrupted"):
@@ -338,7 +355,8 @@ class JobTraces:
             out.append(SpanEvent("exited", t, {"corral.rank": rank, "corral.exit_code": code}))
         if after in ("interrupted", "failed", "cancelled", "preempted"):
             restart = {"corral.restarts": job.restarts} if after == "interrupted" else {}
-            out.append(SpanEvent(after, t, {"corral.reason": _reason(job), **restart}))
+            said = "stopped" if drained and after == "preempted" else after
+            out.append(SpanEvent(said, t, {"corral.reason": _reason(job), **restart}))
         return out
 
     # -- decisions about several jobs ------------------------------------------------------------
@@ -524,12 +542,28 @@ def _moved(state: State, seq: int) -> list[JobState]:
     return out
 
 
+def _named(span: str, job: JobState, drained: bool) -> str:
+    """``span`` as what happened to ``job`` (``SPAN_OF``'s names follow the fold's phases): one
+    that cannot checkpoint was asked to stop, not to checkpoint, and a drain's "preempted" waits
+    for no job (a drain is no preemption)."""
+    if span == "checkpointing" and not job.spec.checkpointable:
+        return "stopping"
+    if span == "preempted" and drained:
+        return "drained"
+    return span
+
+
+def _drained(job: JobState) -> bool:
+    """Whether ``job`` stops because its node drains (``fold_nodes.drain_jobs``)."""
+    return bool(job.reasons) and job.reasons[0].code == "drained"
+
+
 def _reason(job: JobState) -> str:
     return job.reasons[0].message if job.reasons else ""
 
 
 def _where(job: JobState, span: str) -> dict[str, Any]:
     """Where the span's work ran: the nodes of its placement."""
-    if span not in ("starting", "running", "checkpointing") or job.placement is None:
+    if span not in ("starting", "running", "checkpointing", "stopping") or job.placement is None:
         return {}
     return {"corral.node": sorted({w.node for w in job.placement.workers})}

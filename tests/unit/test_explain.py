@@ -369,3 +369,17 @@ def test_what_an_agent_says_of_a_failed_start_is_bounded_and_starts_no_line(fiel
     assert len(line) <= REASON_CHARS + 200
     text = screen.escape(report["text"])  # as the CLI prints it
     assert "\x1b" not in text and not any(row.lstrip().startswith("why: [ok]") for row in text.splitlines())
+
+
+@pytest.mark.parametrize(("checkpointable", "asked"), [(True, "checkpoint"), (False, "stop")])
+def test_a_preemption_asks_a_victim_that_cannot_checkpoint_to_stop(checkpointable: bool, asked: str) -> None:
+    # Its agent stops the workers of a job that cannot checkpoint at once: it was never asked to
+    # checkpoint, whatever the phase the fold keeps it in is called.
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "v", job().gpus(8).checkpointable(checkpointable)).accept("v").admit("v")
+    log.place(placement("v", worker(0, "node-00", *(GpuClaim(g) for g in range(8))))).started("node-00", "v")
+    log.submit("alice", "b", job().gpus(8)).accept("b", priority=10).preempt("b", "v")
+    report = explain_log(log.records, "v", None)
+    assert report is not None
+    [line] = [h["summary"] for h in report["history"] if h["type"] == "PreemptionRequested"]
+    assert line.startswith(f"asked to {asked} and yield to b by "), line

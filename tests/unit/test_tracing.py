@@ -271,3 +271,48 @@ def test_a_job_its_node_s_planned_shutdown_stopped_is_no_error(fresh: None) -> N
     ]
     lost = interrupted_by(lambda log: log.condition("node-00", "lost"))
     assert not lost["running"].status.is_ok and not lost["attempt 0"].status.is_ok
+
+
+def stopped_by(checkpointable: bool, stop: Callable[[LogBuilder], LogBuilder]) -> list[tuple[str, list[str]]]:
+    """The spans (name, event names) of a job ``stop`` sent away from its node, from its run to
+    its requeue, its workers' exit between, in the order they ended, whichever role emitted them."""
+    log = AsWritten().nodes(Cluster(1)).queues("team-a")
+    log.submit("alice", "j1", job("team-a").checkpointable(checkpointable)).accept("j1").admit("j1")
+    log.place(on("node-00", 0, job_id="j1")).started("node-00", "j1")
+    stop(log).exited("node-00", "j1", code=143, stopped=True).requeue("j1", 0)
+    spans = []
+    for role in ("preemptor", "admission"):
+        tracing.shutdown()
+        spans += [s for s in spans_of(role, log) if (s.attributes or {}).get("corral.job.id") == "j1"]
+    spans.sort(key=lambda s: s.end_time or 0)
+    out = [(s.name, [e.name for e in s.events]) for s in spans]
+    return out[[name for name, _ in out].index("running") :]
+
+
+def test_a_drain_is_no_preemption_and_a_job_that_cannot_checkpoint_is_asked_to_stop(fresh: None) -> None:
+    """The fold sends a drained job through the preemption's phases (checkpointing, preempted),
+    for nobody; its trace says what happened: drained, and asked to checkpoint only if it can."""
+
+    def drain(log: LogBuilder) -> LogBuilder:
+        return log.cordon("node-00", drain=True)
+
+    assert stopped_by(False, drain) == [
+        ("running", ["drained"]),
+        ("stopping", ["exited", "stopped"]),
+        ("drained", ["requeued"]),
+        ("attempt 0", []),
+    ]
+    assert stopped_by(True, drain)[1:3] == [
+        ("checkpointing", ["exited", "stopped"]),
+        ("drained", ["requeued"]),
+    ]
+
+    # A preemption stays one; a victim that cannot checkpoint is stopped for its beneficiary.
+    def preempt(log: LogBuilder) -> LogBuilder:
+        return log.submit("bob", "b", job("team-a")).accept("b", priority=10).preempt("b", "j1")
+
+    assert stopped_by(False, preempt)[:3] == [
+        ("running", ["preempted"]),
+        ("stopping", ["exited", "preempted"]),
+        ("preempted", ["requeued"]),
+    ]

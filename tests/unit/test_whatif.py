@@ -4,6 +4,8 @@ in the state it reads."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
@@ -127,17 +129,29 @@ def test_a_job_an_elastic_jobs_shrink_makes_room_for_is_told_so() -> None:
     assert [type(e).__name__ for e in w.cycle(preemptor)] == ["ShrinkRequested"]
 
 
-def test_the_jobs_it_would_stop_of_one_queue_are_counted_not_listed_each() -> None:
-    # Another tenant's jobs are each "a job of queue X": a lender's what-if over three of a
-    # borrower's read "it would preempt 3: a job of queue team-a, a job of queue team-a, a job of
-    # queue team-a".
+def _four_borrowers(checkpointable: bool = True, grace_seconds: float = 30.0) -> Any:
+    """Four of alice's 2-GPU jobs of team-a (no quota of its own) borrow team-b's 8 GPUs."""
     from corral.events.decisions import GpuClaim
     from tests.unit.test_preemptor import World
 
     w = World().cohort("ml").queue("team-a", 0, cohort="ml").queue("team-b", 8, cohort="ml")
-    one = JobSpec(queue="team-a", resources=Resources(gpus=2), checkpointable=True, command=TRAIN)
+    one = JobSpec(
+        queue="team-a",
+        resources=Resources(gpus=2),
+        checkpointable=checkpointable,
+        grace_seconds=grace_seconds,
+        command=TRAIN,
+    )
     for i in range(4):
         w.run(f"a{i}", one, ("node-00", (GpuClaim(2 * i), GpuClaim(2 * i + 1))))
+    return w
+
+
+def test_the_jobs_it_would_stop_of_one_queue_are_counted_not_listed_each() -> None:
+    # Another tenant's jobs are each "a job of queue X": a lender's what-if over three of a
+    # borrower's read "it would preempt 3: a job of queue team-a, a job of queue team-a, a job of
+    # queue team-a".
+    w = _four_borrowers()
     ask = JobSpec(queue="team-b", resources=Resources(gpus=6), command=TRAIN)
     told = whatif.answer(w.state, "bob", "b1", ask, w.time)
     assert len(told["preempts"]) == 3 and not told["starts_now"], told
@@ -172,19 +186,7 @@ def test_a_job_that_stops_others_starts_when_their_grace_is_over_not_before(chec
     # ("estimated start: in 30 s"), or at once when they could not checkpoint ("admitted and
     # placed now"); live, their GPUs are given over only once their workers have exited, which
     # they may put off until their deadline, and the placer waits for that.
-    from corral.events.decisions import GpuClaim
-    from tests.unit.test_preemptor import World
-
-    w = World().cohort("ml").queue("team-a", 0, cohort="ml").queue("team-b", 8, cohort="ml")
-    one = JobSpec(
-        queue="team-a",
-        resources=Resources(gpus=2),
-        checkpointable=checkpointable,
-        grace_seconds=600.0,
-        command=TRAIN,
-    )
-    for i in range(4):
-        w.run(f"a{i}", one, ("node-00", (GpuClaim(2 * i), GpuClaim(2 * i + 1))))
+    w = _four_borrowers(checkpointable=checkpointable, grace_seconds=600.0)
     ask = JobSpec(queue="team-b", resources=Resources(gpus=6), command=TRAIN)
     told = whatif.answer(w.state, "bob", "b1", ask, w.time)
     assert len(told["preempts"]) == 3 and not told["starts_now"] and not told["placed"], told
@@ -198,13 +200,7 @@ def test_a_job_that_stops_others_starts_when_their_grace_is_over_not_before(chec
 def test_the_admin_is_told_which_jobs_it_would_stop() -> None:
     # The admin lists and explains every job, yet a what-if told it "a job of queue team-a" of
     # the jobs it would stop, as it tells a tenant of another's.
-    from corral.events.decisions import GpuClaim
-    from tests.unit.test_preemptor import World
-
-    w = World().cohort("ml").queue("team-a", 0, cohort="ml").queue("team-b", 8, cohort="ml")
-    one = JobSpec(queue="team-a", resources=Resources(gpus=2), checkpointable=True, command=TRAIN)
-    for i in range(4):
-        w.run(f"a{i}", one, ("node-00", (GpuClaim(2 * i), GpuClaim(2 * i + 1))))
+    w = _four_borrowers()
     ask = JobSpec(queue="team-b", resources=Resources(gpus=6), command=TRAIN)
     assert whatif.answer(w.state, "admin", "b1", ask, w.time)["preempts"] == ["a1", "a2", "a3"]
     assert whatif.answer(w.state, "alice", "b1", ask, w.time)["preempts"] == ["a1", "a2", "a3"]  # hers

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import corral
+from corral.events.log import LogError
 from corral.events.nats_client import RECONNECT_FOR
 from corral.events.nodes import MAX_WORKERS
 from corral.events.queues import RetentionSpec
@@ -569,6 +570,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(3)
     except (Failure, BadInput, logfile.LogFileError, identities.CredentialsError, CorralError) as e:
         print(f"corral: {e}", file=sys.stderr)
+        sys.exit(2)
+    except LogError as e:
+        # The log answered once and then not (a NATS cluster without a majority, electing the
+        # stream's leader): a command reading it is unreachable corral, not a crash.
+        print(f"corral: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 
 from corral.events import codec, subjects
 from corral.events.jetstream import JetStreamLog
@@ -42,6 +43,7 @@ from corral.events.server import EmbeddedCluster, EmbeddedServer
 from corral.projections.fold import fold
 from corral.projections.state import State
 from corral.services.cli import deploy
+from corral.services.cli.main import main
 from corral.services.cli.up import Cluster, Settings, cluster, connect, service_roles
 from corral.services.cli.watch import Watcher
 from corral.services.replay.report import format_report
@@ -110,6 +112,23 @@ async def off_the_leader(nats: EmbeddedCluster, log: JetStreamLog, timeout: floa
         await client.close()
 
 
+async def until_leaderless(server: EmbeddedServer, stream: str) -> None:
+    """Wait until ``server``, its two peers gone, knows ``stream`` has no leader: until then it
+    may still lead it, and answer as if nothing had happened."""
+    alone = await JetStreamLog.connect(server.url)
+    try:
+
+        async def leaderless() -> bool:
+            with contextlib.suppress(TimeoutError, NatsError):
+                info = await alone.nc.jetstream(timeout=1).stream_info(stream)
+                return info.cluster is not None and info.cluster.leader is None
+            return False
+
+        await until_answered(leaderless, WAIT)
+    finally:
+        await alone.close()
+
+
 async def test_the_log_and_both_buckets_have_three_replicas_and_an_ack_survives_its_leader(
     nats_cluster: EmbeddedCluster,
 ) -> None:
@@ -138,6 +157,29 @@ async def test_the_log_and_both_buckets_have_three_replicas_and_an_ack_survives_
         assert [r.data for r in records] == [b'{"n": %d}' % i for i in range(50)]
     finally:
         await log.close()
+
+
+async def test_a_command_reading_a_log_without_a_majority_says_so_in_one_line(
+    nats_cluster: EmbeddedCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two servers of three gone: the third answers, but JetStream has no leader for the stream.
+    # ``corral log export`` (and ``nodes``, ``queues``, ``replay`` as the admin) printed a
+    # traceback and exited 1.
+    setup = await JetStreamLog.connect(nats_cluster.url, create=True, replicas=3)
+    try:
+        await setup.append(Append(subjects.job("j1"), b"{}", msg_id="m1"))  # something to read
+    finally:
+        await setup.close()
+    for s in nats_cluster.servers[:2]:
+        await s.kill()
+    await until_leaderless(nats_cluster.servers[2], subjects.STREAM)
+    with pytest.raises(SystemExit) as stop:
+        await asyncio.to_thread(
+            main, ["log", "export", str(tmp_path / "log.jsonl"), "--server", nats_cluster.url]
+        )
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("corral: ") and "Traceback" not in err, err
 
 
 async def test_a_connection_to_a_frozen_server_goes_over_to_another(nats_cluster: EmbeddedCluster) -> None:

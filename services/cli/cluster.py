@@ -178,7 +178,10 @@ def cmd_status(args: argparse.Namespace) -> None:
         finally:
             await log.close()
 
-    holders, replicas = asyncio.run(read())
+    try:
+        holders, replicas = asyncio.run(read())
+    except status.Unreadable as e:
+        raise Failure(f"cannot read every service's status: {e}") from None
     rows = []
     for r in sorted(replicas, key=lambda r: (r.role, not r.leading, r.replica)):
         last = r.last_failure

@@ -29,6 +29,10 @@ log = logging.getLogger("corral.status")
 PREFIX = "status"
 
 
+class Unreadable(Exception):
+    """The board cannot be read now: what it holds is not known, which is not an empty board."""
+
+
 class ServiceStatus(msgspec.Struct, frozen=True):
     role: str
     replica: str  # the process: role@host:pid
@@ -123,4 +127,10 @@ async def _keys(nc: Any) -> list[str]:
     three-server cluster it has come back with no keys while every role held its lease."""
     subject = f"$KV.{BUCKET}."
     info = await nc.jetstream().stream_info(f"KV_{BUCKET}", subjects_filter=subject + ">")
+    if info.cluster is not None and info.cluster.replicas and info.cluster.leader is None:
+        # A replica without a leader (its cluster has no majority, or is electing one) answers
+        # with no subjects: read as an empty board, every running replica looked stopped.
+        raise Unreadable(
+            f"the bucket {BUCKET} has no leader: its NATS servers have no majority, or are electing one"
+        )
     return sorted(s[len(subject) :] for s in (info.state.subjects or {}))

@@ -48,7 +48,8 @@ from corral.services.cli.up import Cluster, Settings, cluster, connect, service_
 from corral.services.cli.watch import Watcher
 from corral.services.replay.report import format_report
 from corral.services.replay.verify import verify
-from corral.services.runtime import forecasts, lease, views
+from corral.services.runtime import forecasts, lease, status, views
+from corral.services.runtime.status import ServiceStatus, StatusBoard
 from tests.chaos.harness import check_no_stop_for_a_placed_job, check_placed_once_and_gpus_unshared
 from tests.integration.polling import until, until_answered
 
@@ -180,6 +181,30 @@ async def test_a_command_reading_a_log_without_a_majority_says_so_in_one_line(
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("corral: ") and "Traceback" not in err, err
+
+
+async def test_status_without_a_majority_says_it_cannot_read_the_board(
+    nats_cluster: EmbeddedCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The server left answers the bucket's info with no leader and no keys: read as an empty
+    # board, ``corral status`` said no service was running (exit 0) while every one was.
+    setup = await JetStreamLog.connect(nats_cluster.url, create=True, replicas=3)
+    try:
+        await lease.ensure_bucket(setup.nc, replicas=3)
+        board = await StatusBoard.open(setup.nc, "placer", "placer@host:1")
+        await board.post(ServiceStatus("placer", "placer@host:1", True, 9, 3, 0, 0, 0.0, at=1.0))
+        _, posted = await status.read(setup.nc)
+        assert [r.replica for r in posted] == ["placer@host:1"]
+    finally:
+        await setup.close()
+    for s in nats_cluster.servers[:2]:
+        await s.kill()
+    await until_leaderless(nats_cluster.servers[2], f"KV_{lease.BUCKET}")
+    with pytest.raises(SystemExit) as stop:
+        await asyncio.to_thread(main, ["status", "--server", nats_cluster.url])
+    assert stop.value.code == 2
+    out, err = capsys.readouterr()
+    assert "none running" not in out and err.count("\n") == 1 and "no leader" in err, (out, err)
 
 
 async def test_a_connection_to_a_frozen_server_goes_over_to_another(nats_cluster: EmbeddedCluster) -> None:

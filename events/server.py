@@ -287,6 +287,15 @@ class EmbeddedServer:
             raise ServerError("the server has not been started")
         return await asyncio.to_thread(proc.wait)
 
+    async def ended_on_its_own(self) -> int | None:
+        """Wait until the server process ends; its exit status if it ended on its own (killed
+        from outside, crashed), None if ``stop`` or ``kill`` ended it."""
+        proc = self._proc
+        if proc is None:
+            raise ServerError("the server has not been started")
+        code = await asyncio.to_thread(proc.wait)
+        return code if self._proc is proc else None
+
     @property
     def route_url(self) -> str:
         """Where the other servers of its cluster reach this one."""

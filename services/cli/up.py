@@ -43,7 +43,7 @@ from corral.events.log import Append, EventLog, LogError
 from corral.events.nats_client import Client, answers, open_client
 from corral.events.nats_client import servers as server_list
 from corral.events.nodes import NodeInventory, NodeRegistered
-from corral.events.server import EmbeddedCluster, EmbeddedServer
+from corral.events.server import EmbeddedCluster, EmbeddedServer, ServerError
 from corral.services.admission import service as admission_service
 from corral.services.agent import discovery, inventory
 from corral.services.agent.intake import IntakeReports
@@ -265,6 +265,10 @@ async def cluster(
             await embedded.start()
             stack.push_async_callback(embedded.stop)
             url = embedded.url
+            # Two of three carry the log when one dies, but nothing else would bring that one
+            # back, and losing a second would stop every part: each is started again.
+            for srv in embedded.servers:
+                server_tasks.append(asyncio.create_task(_keep_up(srv), name=f"nats-server {srv.name}"))
         elif server is None:
             embedded = EmbeddedServer(data_dir, port=port or None, users=users, hold_fds=(lock,))
             await embedded.start()
@@ -483,6 +487,35 @@ async def cluster(
 async def _server_exit(srv: EmbeddedServer) -> None:
     code = await srv.exited()
     raise RuntimeError(f"nats-server exited with status {code}; its log: {srv.log_path}")
+
+
+async def _keep_up(srv: EmbeddedServer, backoff: float = 1.0, most: float = 60.0) -> None:
+    """Start a server of an embedded cluster again whenever it ends on its own, on its store and
+    its ports (the others' routes name them); said once each time. A server stopped or killed
+    on purpose (corral stopping, a drill) is left as it is until it runs again."""
+    while True:
+        if not srv.running:
+            await asyncio.sleep(0.5)
+            continue
+        code = await srv.ended_on_its_own()
+        if code is None:
+            continue
+        log.error(
+            "nats-server %s exited with status %s; starting it again; its log: %s",
+            srv.name,
+            code,
+            srv.log_path,
+        )
+        await srv.kill()  # its process is gone: forget it
+        wait = backoff
+        while not srv.running:
+            await asyncio.sleep(wait)
+            try:
+                await srv.start()
+            except ServerError as e:
+                wait = min(wait * 2, most)
+                log.error("nats-server %s did not start again (next try in %gs): %s", srv.name, wait, e)
+        log.warning("nats-server %s is running again", srv.name)
 
 
 async def _ready(events: Iterable[asyncio.Event], tasks: list[asyncio.Task[None]]) -> None:

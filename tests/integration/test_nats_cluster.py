@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
+import signal
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -600,3 +602,30 @@ async def test_restart_all_three_nats_servers(tmp_path: Path) -> None:
         await it.nats.wait_ready()
         await it.every_agent_beats_again()
         await it.jobs_carry_on()  # everyone reconnected: submits are placed again
+
+
+async def test_corral_up_starts_a_server_of_its_cluster_again_when_it_dies(tmp_path: Path) -> None:
+    # An operator's kill -9 (or the OOM killer, a crash) of one server of ``corral up --cluster
+    # 3``: it stayed down, unsaid, and a second loss would have stopped every part.
+    settings = dataclasses.replace(CLUSTERED, agents=False)
+    async with cluster(None, 1, "h100-8x", tmp_path / "corral", settings=settings) as c:
+        assert isinstance(c.nats, EmbeddedCluster)
+        victim = c.nats.servers[1]
+        first = victim.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        await until(lambda: victim.pid not in (None, first), WAIT)
+        # It is back in the cluster: the log read through it alone is the log.
+        log = await connect(c.url)
+        alone = await JetStreamLog.connect(victim.url)
+        try:
+            last = await log.last_seq()
+
+            async def caught_up() -> bool:
+                return await alone.last_seq() >= last
+
+            await until_answered(caught_up, WAIT)
+        finally:
+            await alone.close()
+            await log.close()
+        assert not any(t.done() for t in c.tasks.values()), "a part of corral stopped"

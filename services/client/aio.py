@@ -56,6 +56,10 @@ JOB_VERBS = ("submit", "cancel", "resize")  # a refusal as "unknown" of these is
 # Seconds before a request the log did not acknowledge is sent again (under the same id): the
 # log was slow to answer, not necessarily away.
 MAYBE_STORED_RETRY_S = 0.5
+# The pause before a request the intake could not take now (503: busy, or the log behind it
+# electing its leader) is sent again, doubling each time: nothing was appended, and the same
+# message under the same id is stored once.
+BUSY_PAUSE_S, BUSY_PAUSE_MOST_S = 0.25, 2.0
 # Requests of unknown fate a client remembers, to send again under their ids (the oldest go).
 MAX_UNSETTLED = 1_000
 WHATIF_TIMEOUT = 60.0  # seconds a what-if may take: it simulates, the more so on a deep backlog
@@ -319,6 +323,7 @@ class AsyncClient:
             headers = {wire.MSG_ID: msg_id, **({"traceparent": tp} if tp else {})}
             subject = subjects.intake(self.tenant, verb)
             lost = False
+            pause = BUSY_PAUSE_S
             while True:
                 try:
                     answer = await self._request(session, subject, data, headers)
@@ -336,11 +341,15 @@ class AsyncClient:
                 ack = _intake_answer(verb, answer)
                 if isinstance(ack, Busy) and lost:
                     ack.maybe_stored = True  # this copy was not taken; the one lost may have been
-                if isinstance(ack, Busy) and ack.resend and time.monotonic() + ack.retry_s <= deadline:
-                    # Past its rate nothing was appended; unacknowledged, it may have been: the
-                    # same message under the same id either way, which the log stores once.
-                    await asyncio.sleep(ack.retry_s)
-                    continue
+                if isinstance(ack, Busy):
+                    # Busy or past its rate nothing was appended; unacknowledged, it may have
+                    # been: the same message under the same id either way, which the log stores
+                    # once, within the timeout (a stream's new leader takes a few seconds).
+                    wait = ack.retry_s if ack.resend else max(ack.retry_s, pause)
+                    if time.monotonic() + wait <= deadline:
+                        await asyncio.sleep(wait)
+                        pause = min(2 * pause, BUSY_PAUSE_MOST_S)
+                        continue
                 break
         if isinstance(ack, Exception):
             raise ack

@@ -34,7 +34,8 @@ class Busy(CorralError):
     done, unless ``maybe_stored`` (the log did not say whether it stored the request: the
     client sent it again under the same id, which the log stores once, until its ``timeout``,
     and sends it under that id again when asked to send the same request again); send it again
-    after ``retry_s`` seconds (0.0 when corral did not say)."""
+    after ``retry_s`` seconds (0.0 when corral did not say). A request the intake could not
+    take was sent again by the client until its ``timeout`` already."""
 
     def __init__(
         self, message: str, retry_s: float = 0.0, too_fast: bool = False, maybe_stored: bool = False

@@ -3,6 +3,7 @@ with a reason, or dropped when there is nowhere safe to answer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -230,7 +231,7 @@ async def test_an_intake_that_cannot_take_a_request_now_is_busy_to_the_client() 
     from corral.client import AsyncClient, Busy, Refused
 
     async def answering(body: dict[str, object]) -> AsyncClient:
-        client = AsyncClient("nats://127.0.0.1:1", tenant="team-a")
+        client = AsyncClient("nats://127.0.0.1:1", tenant="team-a", timeout=0.5)
 
         async def connected() -> object:
             return object()
@@ -253,6 +254,36 @@ async def test_an_intake_that_cannot_take_a_request_now_is_busy_to_the_client() 
     refused = await answering({"error": {"code": 400, "description": "not a submit"}})
     with pytest.raises(Refused):
         await refused.cancel("j1")
+
+
+async def test_a_client_the_intake_could_not_take_sends_the_same_request_again_after_a_pause() -> None:
+    # 503: nothing appended (the intake busy, or the log behind it electing its stream's leader
+    # for a few seconds). The client sends the same message under its id again, after a pause,
+    # within its timeout: an operator's submit failed for the election.
+    from corral.client import AsyncClient
+
+    client = AsyncClient("nats://127.0.0.1:1", tenant="team-a", timeout=5.0)
+    sent: list[tuple[bytes, dict[str, str], float]] = []
+    answers = [
+        {"error": {"code": 503, "description": "the log did not take it: no stream answered (503)"}},
+        {"error": {"code": 503, "description": "the log did not take it: no stream answered (503)"}},
+        {"stream": "CORRAL", "seq": 42},
+    ]
+
+    async def connected() -> object:
+        return object()
+
+    async def request(_session: object, _subject: str, data: bytes, headers: dict[str, str]) -> str:
+        sent.append((data, headers, asyncio.get_running_loop().time()))
+        return json.dumps(answers.pop(0))
+
+    client._connected = connected  # type: ignore[method-assign,assignment]
+    client._request = request  # type: ignore[method-assign,assignment]
+    stored = await client.cancel("j1", wait=False)
+    assert stored.seq == 42 and len(sent) == 3
+    assert len({(data, headers["Nats-Msg-Id"]) for data, headers, _ in sent}) == 1
+    pauses = [b[2] - a[2] for a, b in zip(sent, sent[1:], strict=False)]
+    assert pauses[0] >= 0.25 and pauses[1] >= 0.5, pauses  # not asked again at once
 
 
 async def test_a_client_past_its_rate_sends_the_same_request_again_when_told() -> None:

@@ -888,7 +888,17 @@ class Ledger:
         cohort = self.cohort(queue)
         if cohort is None:
             return f"{text}; no cohort to borrow from"
-        return f"{text}; cohort {cohort} has {fmt_gpus(max(0, self.from_cohort(queue, key)))} to lend"
+        if used >= nominal:
+            return f"{text}; cohort {cohort} has {fmt_gpus(max(0, self.from_cohort(queue, key)))} to lend"
+        # Below its nominal, what it may take now counts its own unused nominal first: "the
+        # cohort has 5 to lend" read as 5 more than its own 5.
+        free, spare = max(0, self.available(queue, key)), nominal - used
+        text += f"; {fmt_gpus(free)} free to it now in cohort {cohort}"
+        if free > spare:
+            return f"{text}, {fmt_gpus(free - spare)} of them borrowed"
+        if free < spare:
+            return f"{text}, {fmt_gpus(spare - free)} of its nominal in use by other queues"
+        return text
 
 
 def _depth(n: _Node) -> int:

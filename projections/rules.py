@@ -280,4 +280,7 @@ from __future__ import annotations
 # 99: the fold keeps, per phase, its elastic jobs (``State.elastic_by_phase``,
 #    ``projections/indexes.py``), so that growth and shrinking read the running elastic jobs,
 #    not every job running.
-RULES = 99
+# 100: a queue below its nominal is said to have what it may take now in its cohort, its own
+#    unused nominal first, with how much of it is borrowed or of its nominal in use by other
+#    queues (``Ledger.standing``), not "the cohort has N to lend" counting its own nominal in N.
+RULES = 100

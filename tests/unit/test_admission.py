@@ -537,8 +537,9 @@ def test_borrowing_from_an_idle_team_and_the_reason_when_it_is_taken_back() -> N
     # team-a is closed to tenant b: its name is not b's to learn, what it borrows is.
     assert why == Reason(
         "quota",
-        "needs 8 H100; queue team-b using 0 of its nominal 8 H100; cohort ml has 0 to lend; position 1 of 2 "
-        "in team-b; would fit now if other queues' 8 borrowed H100 were reclaimed",
+        "needs 8 H100; queue team-b using 0 of its nominal 8 H100; 0 free to it now in cohort ml, 8 of its "
+        "nominal in use by other queues; position 1 of 2 in team-b; would fit now if other queues' 8 "
+        "borrowed H100 were reclaimed",
         True,
     )
     assert reasons(out)["b1"].message.startswith("needs 8 H100; queue team-b using 0 of its nominal 8")

@@ -1013,7 +1013,8 @@ QUOTA = [
         "over-what-the-cohort-may-lend",
         (A4, queue_spec("team-b", 8, cohort="org", lending_limit=2)),
         job().gpus(8),
-        "cohort org has 6 to lend",  # team-a's own 4 and the 2 team-b may lend
+        # team-a's own 4 and the 2 team-b may lend: "the cohort has 6 to lend" read as 6 more
+        "6 free to it now in cohort org, 2 of them borrowed",
     ),
     QuotaCase(
         "within-what-the-cohort-may-lend",
@@ -1024,7 +1025,7 @@ QUOTA = [
         "cohort-quota-in-use",
         (A4, B8),
         job().gpus(8),
-        "cohort org has 4 to lend",
+        "using 0 of its nominal 4 GPUs; 4 free to it now in cohort org",
         held=(job("team-b").gpus(8),),
     ),
     QuotaCase(

@@ -350,6 +350,20 @@ def free_ports(n: int) -> list[int]:
         return [sock.getsockname()[1] for sock in socks]
 
 
+def _free(ports: Sequence[int]) -> bool:
+    """Whether every one of ``ports`` can be bound on loopback now, as a server binds them (a
+    port its last run left in TIME_WAIT is free to it)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            for port in ports:
+                sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
 def _port(ports_file: Path, listener: str) -> int | None:
     """The port of ``listener`` ("nats", "cluster") in a server's ports file."""
     try:
@@ -379,6 +393,7 @@ async def _jetstream_ready(port: int) -> bool:
 
 
 CLUSTER_NAME = "corral"
+PORTS_FILE = "cluster-ports.json"  # under the store: the ports the cluster last ran on
 
 
 class EmbeddedCluster:
@@ -434,8 +449,31 @@ class EmbeddedCluster:
         """Every server's client URL, comma separated: what ``--server`` and clients take."""
         return ",".join(self.urls)
 
+    @property
+    def _ports_file(self) -> Path:
+        return self.store_dir / PORTS_FILE
+
+    def _ports_kept(self) -> bool:
+        """Take the ports the cluster had when it last ran on this store, if they are all free:
+        its URLs are in the ``--server`` lists of replicas started beside it, and stay right
+        across its restart. Whether it took them."""
+        try:
+            kept = json.loads(self._ports_file.read_text())
+            clients, routes = [int(p) for p in kept["client"]], [int(p) for p in kept["cluster"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        if len(clients) != len(self.servers) or len(routes) != len(self.servers):
+            return False
+        asked = [s.port for s in self.servers]
+        clients = [a if a is not None else c for a, c in zip(asked, clients, strict=True)]
+        if len(set(clients + routes)) != 2 * len(clients) or not _free(clients + routes):
+            return False
+        for s, client, route in zip(self.servers, clients, routes, strict=True):
+            s.port, s.cluster_port = client, route
+        return True
+
     async def start(self) -> str:
-        if any(s.cluster_port is None for s in self.servers):
+        if any(s.cluster_port is None for s in self.servers) and not self._ports_kept():
             # JetStream will not start a clustered server without routes, so each must know the
             # others' cluster ports before any starts: the OS picks them, all held at once so
             # that they differ, and released just before the servers bind them. Their client
@@ -455,6 +493,9 @@ class EmbeddedCluster:
         except BaseException:
             await self.stop()
             raise
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        kept = {"client": [s.port for s in self.servers], "cluster": [s.cluster_port for s in self.servers]}
+        self._ports_file.write_text(json.dumps(kept) + "\n")
         return self.url
 
     async def restart(self, index: int) -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
 from corral.events import server as server_module
-from corral.events.server import EmbeddedServer, User
+from corral.events.server import EmbeddedCluster, EmbeddedServer, User
 
 
 def _locked(path: Path) -> bool:
@@ -58,3 +59,35 @@ async def test_the_servers_log_is_rotated_and_its_oldest_files_removed(
         logs = sorted((tmp_path / "nats").glob("nats-server.log*"))
         assert 1 < len(logs) <= 2, logs  # rotated, the oldest removed
         assert sum(p.stat().st_size for p in logs) < 3 * 2048 + 4096
+
+
+async def test_a_cluster_started_again_on_its_store_keeps_its_urls_while_their_ports_are_free(
+    tmp_path: Path,
+) -> None:
+    # Replicas started beside it name its servers by URL (``corral serve --server``): a
+    # cluster that picked new ports at each start left them naming servers gone for good.
+    first = EmbeddedCluster(tmp_path / "store")
+    await first.start()
+    urls = first.urls
+    await first.stop()
+    again = EmbeddedCluster(tmp_path / "store")
+    await again.start()
+    try:
+        assert again.urls == urls
+    finally:
+        await again.stop()
+    # One of its ports taken meanwhile: it starts on others, and keeps those next time.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", int(urls[0].rsplit(":", 1)[1])))
+        moved = EmbeddedCluster(tmp_path / "store")
+        await moved.start()
+        try:
+            assert moved.urls != urls and len(set(moved.urls)) == 3
+        finally:
+            await moved.stop()
+    last = EmbeddedCluster(tmp_path / "store")
+    await last.start()
+    try:
+        assert last.urls == moved.urls
+    finally:
+        await last.stop()

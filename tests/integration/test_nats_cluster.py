@@ -115,6 +115,28 @@ async def off_the_leader(nats: EmbeddedCluster, log: JetStreamLog, timeout: floa
         await client.close()
 
 
+async def heard_through(url: str, subject: str) -> None:
+    """Wait until a request on ``subject`` through the server at ``url`` is answered (a
+    refusal will do): the interest of a responder on another server reaches it over the
+    cluster's routes a moment after that responder subscribed."""
+    import nats
+
+    from corral.services.runtime import identities
+
+    probe = await nats.connect(url, inbox_prefix=identities.inbox_prefix("team-a"))
+    try:
+
+        async def answered() -> bool:
+            with contextlib.suppress(TimeoutError, NatsError):
+                await probe.request(subject, b"{}", timeout=1)
+                return True
+            return False
+
+        await until_answered(answered, WAIT)
+    finally:
+        await probe.close()
+
+
 async def until_leaderless(server: EmbeddedServer, stream: str) -> None:
     """Wait until ``server``, its two peers gone, knows ``stream`` has no leader: until then it
     may still lead it, and answer as if nothing had happened."""
@@ -264,12 +286,13 @@ async def test_a_client_whose_server_dies_sends_again_through_another_and_is_sto
             await nats_cluster.servers[victim].kill()  # the request was appended; its answer is lost
         await answer(reply, body)
 
-    intake._answer = answer_once_its_server_is_gone  # type: ignore[method-assign]
     stop = asyncio.Event()
     serving = asyncio.create_task(intake.run(stop))
     spec = {"queue": "team-a", "resources": {"gpus": 1}, "command": ["sleep", "1"]}
     try:
         await asyncio.wait_for(intake.ready.wait(), WAIT)
+        await heard_through(urls[victim], subjects.intake("team-a", "submit"))
+        intake._answer = answer_once_its_server_is_gone  # type: ignore[method-assign]
         first = await client.submit(spec, id="j1", wait=False)
         assert first.duplicate  # the copy sent again found the first one stored
         assert (await client.submit(spec, id="j2", wait=False)).seq > first.seq  # and it goes on

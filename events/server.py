@@ -464,6 +464,8 @@ class EmbeddedCluster:
             return False
         if len(clients) != len(self.servers) or len(routes) != len(self.servers):
             return False
+        if not all(0 < p < 65536 for p in clients + routes):  # a file edited by hand
+            return False
         asked = [s.port for s in self.servers]
         clients = [a if a is not None else c for a, c in zip(asked, clients, strict=True)]
         if len(set(clients + routes)) != 2 * len(clients) or not _free(clients + routes):

@@ -91,3 +91,19 @@ async def test_a_cluster_started_again_on_its_store_keeps_its_urls_while_their_p
         assert last.urls == moved.urls
     finally:
         await last.stop()
+
+
+@pytest.mark.parametrize(
+    "kept", ["not json", '{"client": 5}', '{"client": [70000, 1, 2], "cluster": [3, 4, 5]}', "[]"]
+)
+async def test_a_cluster_whose_kept_ports_are_garbage_picks_new_ones(tmp_path: Path, kept: str) -> None:
+    # The file is under the operator's data directory: one edited by hand is passed over, not a
+    # traceback (a port past 65535 made the check of whether it was free raise).
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / server_module.PORTS_FILE).write_text(kept)
+    cluster = EmbeddedCluster(tmp_path / "store")
+    await cluster.start()
+    try:
+        assert len(set(cluster.urls)) == 3
+    finally:
+        await cluster.stop()

@@ -488,6 +488,7 @@ async def test_a_worker_cannot_lead_the_agent_to_write_or_wait_on_a_file_of_its_
     """The agent (often root) writes ``REQUEST`` and reads ``DONE`` in a directory the worker
     owns: a link planted as ``REQUEST.tmp`` had it truncate and write the file the link named,
     and a FIFO as ``DONE`` held its loop for ever, waiting for a writer."""
+    runtime.report_every = 0.5  # the FIFO is met at the poll after "armed", not 30 s later
     victim = tmp_path / "not-the-workers"
     victim.write_text("kept\n")
     s = spec_for(tmp_path, "p", [PY, "-c", PLANTS, str(victim)])

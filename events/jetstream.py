@@ -78,6 +78,9 @@ MIB = 1024 * 1024
 # new leader: a few seconds, well above a loaded machine's time to store a batch, and below
 # the several seconds a cluster takes to elect one (bench/nats_loss.py).
 ACK_TIMEOUT = 5.0
+# Seconds a read of the log waits for the server to answer (an election, a server coming back)
+# before it says it cannot read: a command run while the stream has no leader ends with that.
+READ_IDLE_TIMEOUT = 30.0
 
 T = TypeVar("T")
 
@@ -119,7 +122,7 @@ class JetStreamLog:
         ack_timeout: float = ACK_TIMEOUT,
         window: int = 2_000,
         batch: int = 10_000,
-        read_idle_timeout: float = 30.0,
+        read_idle_timeout: float | None = None,
         heartbeat: float = HEARTBEAT,
         owns_connection: bool = True,
     ) -> None:
@@ -130,7 +133,7 @@ class JetStreamLog:
         self._ack_timeout = ack_timeout
         self._window = window
         self._batch = batch
-        self._read_idle_timeout = read_idle_timeout
+        self._read_idle_timeout = READ_IDLE_TIMEOUT if read_idle_timeout is None else read_idle_timeout
         self._heartbeat = heartbeat
         self._owns = owns_connection
         self._inbox = ""

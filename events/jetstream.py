@@ -413,10 +413,26 @@ class JetStreamLog:
     # -- reads ----------------------------------------------------------------------------------
 
     async def info(self) -> StreamStatus:
-        try:
-            si = await self._js._jsm.stream_info(self.stream)
-        except (nats.errors.Error, nats.js.errors.Error) as e:
-            raise LogError(f"cannot read stream {self.stream}: {e}") from e
+        """The stream's state as its leader knows it. A replica without a leader answers with
+        what it holds, which may lag (an append is acknowledged once a majority stored it): a
+        command reading the log on it read none of the newest records and said it had read them
+        all. So while the stream has no leader (an election) it is asked again, for as long as
+        a read waits for the server (``READ_IDLE_TIMEOUT``), then refused."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._read_idle_timeout
+        while True:
+            try:
+                si = await self._js._jsm.stream_info(self.stream)
+            except (nats.errors.Error, nats.js.errors.Error) as e:
+                raise LogError(f"cannot read stream {self.stream}: {e}") from e
+            if si.cluster is None or si.cluster.leader:
+                break
+            if loop.time() >= deadline:
+                raise LogError(
+                    f"stream {self.stream} has no leader (most of its servers cannot be reached) "
+                    f"for {self._read_idle_timeout:g}s: its records cannot be read"
+                )
+            await asyncio.sleep(0.2)
         s = si.state
         return StreamStatus(s.messages, s.first_seq, s.last_seq, s.bytes)
 

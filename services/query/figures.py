@@ -14,6 +14,7 @@ from corral.projections.lifecycle import Phase
 from corral.projections.placement.plugins.fragmentation import fragment
 from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.state import WHOLE, NodeState, State
+from corral.services.query.present import free_by_gpu
 from corral.services.query.queues import queue_usage
 
 # The jobs counted as waiting in their queue: accepted and not admitted yet, or back from a stop;
@@ -59,13 +60,11 @@ def cluster_figures(state: State) -> Figures:
     unhealthy: dict[tuple[str, str], int] = {}
     for node in state.nodes.values():
         pool = pool_of(node)
-        for g in node.gpus:
+        for g, spare in zip(node.gpus, free_by_gpu(node), strict=True):  # as ``corral nodes`` counts
             at = (g.info.model, pool)
             allocated[at] = allocated.get(at, 0) + g.used_milli
-            free.setdefault(at, 0)
             unhealthy[at] = unhealthy.get(at, 0) + (0 if g.healthy else WHOLE)
-            if g.healthy and node.schedulable:
-                free[at] += g.free_milli
+            free[at] = free.get(at, 0) + spare
     for name, figures in (("allocated", allocated), ("free", free), ("unhealthy", unhealthy)):
         out[f"corral.node.gpus.{name}"] = [
             (milli / WHOLE, {"corral.gpu.model": m, "corral.node.pool": p})

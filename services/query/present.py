@@ -91,13 +91,31 @@ def workers_text(row: dict[str, Any]) -> str:
     return f"{row.get('running_workers', 0)} of {asked}"
 
 
+def free_milli(node: NodeState) -> int:
+    """What of ``node``'s GPUs work could be placed on now, in milli-GPU (``free_by_gpu``)."""
+    return sum(free_by_gpu(node))
+
+
+def free_by_gpu(node: NodeState) -> list[int]:
+    """Each of ``node``'s GPUs' milli-GPU work could be placed on now: none on a node that takes
+    no new work (silent, shut down, cordoned or draining: its ``standing`` says which), else the
+    unheld share of a healthy GPU that takes new claims (not one still held in the MIG mode it
+    left). The one count of free GPUs: ``corral nodes`` shows it and the metrics'
+    ``corral.node.gpus.free`` adds it up, so an operator comparing the two reads one number."""
+    if not node.schedulable:
+        return [0] * len(node.gpus)
+    return [g.free_milli if g.healthy and not g.held_in_other_mode else 0 for g in node.gpus]
+
+
 def node_row(
     node: NodeState, state: State | None = None, visible: Callable[[JobState], bool] | None = None
 ) -> dict[str, Any]:
     """A node as ``corral nodes`` lists it: its condition as the scheduler reads it (cordoned
     and draining over ready), each unhealthy GPU with its signal, its MIG instances and whose:
     the job's id where ``visible`` (given with the ``state`` holding the jobs) lets the asker see
-    it, else empty (everyone's, without)."""
+    it, else empty (everyone's, without). ``free``: the GPUs work could be placed on now
+    (``free_milli``: 0 on a node that takes none, whose condition says why); ``idle``: its healthy
+    GPUs nobody holds, whether or not it takes work."""
 
     def holder(job_id: str | None) -> str | None:
         if visible is None or state is None or not job_id:
@@ -114,7 +132,8 @@ def node_row(
         "why": _node_why(node),
         "model": ",".join(models) or "-",
         "gpus": len(node.gpus),
-        "free": sum(1 for g in node.gpus if g.idle and g.healthy),
+        "free": gpus(free_milli(node)),
+        "idle": sum(1 for g in node.gpus if g.idle and g.healthy),
         "gpus_used": gpus(sum(g.used_milli for g in node.gpus)),
         "unhealthy": [{"gpu": i, "signal": g.signal} for i, g in enumerate(node.gpus) if not g.healthy],
         "mig_gpus": sum(1 for g in node.gpus if g.info.mig),

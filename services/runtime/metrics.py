@@ -87,7 +87,9 @@ METRICS: dict[str, Metric] = {
     "corral.queue.quota.lent": Metric("gauge", "{gpu}", "Of the queue's nominal, GPUs others borrow"),
     # -- GPUs (cluster state) --
     "corral.node.gpus.allocated": Metric("gauge", "{gpu}", "GPUs held by jobs (fractions counted)"),
-    "corral.node.gpus.free": Metric("gauge", "{gpu}", "Healthy GPUs free on schedulable nodes"),
+    "corral.node.gpus.free": Metric(
+        "gauge", "{gpu}", "Free share of healthy GPUs on nodes taking work (corral nodes FREE)"
+    ),
     "corral.node.gpus.unhealthy": Metric("gauge", "{gpu}", "GPUs marked unhealthy"),
     "corral.cluster.gpus.fragmented": Metric(
         "gauge", "{gpu}", "Free GPU capacity the pending and running workload could not use (FGD)"

@@ -19,8 +19,20 @@ from corral.services.dashboard import board
 from corral.services.query import present
 from corral.services.query.decide import Ask, answer
 from corral.services.query.explain import explain
+from corral.services.query.figures import cluster_figures
 from corral.services.query.queues import queue_rows
-from tests.builders import Cluster, LogBuilder, job, mig_slot, on, placement, queue_spec, whole, worker
+from tests.builders import (
+    Cluster,
+    LogBuilder,
+    job,
+    mig_slot,
+    on,
+    placement,
+    queue_spec,
+    share,
+    whole,
+    worker,
+)
 
 N0, N1 = "node-00", "node-01"
 
@@ -168,6 +180,36 @@ def test_a_node_shows_its_cordon_health_and_mig_instances() -> None:
     assert present.mig_text(row) == "8 GPUs: 3g.40gb"
     shown = node_table([row])
     assert "draining" in shown and "gpu 5 xid:79" in shown and "8 GPUs: 3g.40gb" in shown
+
+
+def test_free_gpus_are_one_count_in_corral_nodes_and_in_the_metrics() -> None:
+    """FREE is what work could be placed on now: a node that takes no new work shows 0 (its
+    condition says why; its idle GPUs are ``idle`` in its JSON row), as the metrics' gauge
+    counts it, and a GPU half held is half free in both."""
+    log = LogBuilder().nodes(Cluster(7)).queue(queue_spec("team-a", 64))
+    log.submit("alice", "h", job().milli(500)).accept("h").admit("h")
+    log.place(placement("h", worker(0, N0, share(0, 500)))).started(N0, "h")
+    log.gpu_health(N0, 7, healthy=False)
+    log.condition("node-01", "lost").condition("node-02", "suspect").shutdown("node-03")
+    log.cordon("node-04").cordon("node-05", drain=True)
+    state = log.fold()
+    rows = {n: present.node_row(state.nodes[n]) for n in sorted(state.nodes)}
+    free = {n: r["free"] for n, r in rows.items()}
+    assert free == {
+        N0: 6.5,
+        "node-01": 0,
+        "node-02": 0,
+        "node-03": 0,
+        "node-04": 0,
+        "node-05": 0,
+        "node-06": 8,
+    }
+    assert [r["idle"] for r in rows.values()] == [6, 8, 8, 8, 8, 8, 8]
+    ((gauge, _),) = cluster_figures(state)["corral.node.gpus.free"]
+    assert gauge == sum(free.values()) == 14.5
+    header, *shown = node_table(list(rows.values())).splitlines()
+    at = header.index("FREE")
+    assert [line[at:].split()[0] for line in shown] == ["6.5", "0", "0", "0", "0", "0", "8"]
 
 
 def test_a_node_whose_agent_went_silent_says_why_it_takes_no_work() -> None:

@@ -410,6 +410,11 @@ class FoldWatch:
         # nowhere in time, the job is queued again at the same attempt and waits on), with the
         # job's submission and attempt it is for.
         self._queued_since: dict[str, tuple[int, int, float]] = {}
+        # Jobs queued or admitted in the state the watch started from (a snapshot's), with their
+        # submission and attempt: when they entered the queue at that attempt (before a withdrawal
+        # the state no longer shows) it did not see, so their time to place is left out rather
+        # than counted from the wrong start. None until the first record shows that state.
+        self._unseen: set[tuple[str, int, int]] | None = None
         # Victims still stopping: (attempt, log time from which their work is not saved, the
         # milli-GPU they held). What a preemption loses is known only once the victim stops: a
         # job that checkpoints when asked saves the work the request found unsaved.
@@ -417,6 +422,13 @@ class FoldWatch:
         self._kind = "stop"  # of the record between ``before`` and ``after``: "move" for a consolidation
 
     def before(self, state: State, record: Record) -> list[tuple[JobState, tuple[Any, ...]]] | None:
+        if self._unseen is None:
+            self._unseen = {
+                (job.id, job.submitted_seq, job.attempt)
+                for phase in ("queued", "admitted")
+                for job_id in state.jobs_by_phase.get(phase, ())
+                if (job := state.jobs.get(job_id)) is not None
+            }
         subject = record.subject
         if not subject.startswith(("corral.ev.decision.", "corral.ev.node.")):
             return None
@@ -452,18 +464,21 @@ class FoldWatch:
     ) -> None:
         if not seen:
             return
-        t = self.telemetry
+        t, unseen = self.telemetry, self._unseen or set()
         for job, (phase, since, restarts, preemptions, held, replicas) in seen:
             queue = {QUEUE: job.spec.queue}
+            this = (job.submitted_seq, job.attempt)  # the job's submission and attempt
             if phase == "queued" and job.phase == "admitted":
                 t.record("corral.job.admission.duration", max(0.0, record.time - since), queue)
                 entered = self._queued_since.get(job.id)
-                if entered is None or entered[:2] != (job.submitted_seq, job.attempt):
-                    self._queued_since[job.id] = (job.submitted_seq, job.attempt, since)
+                if (entered is None or entered[:2] != this) and (job.id, *this) not in unseen:
+                    self._queued_since[job.id] = (*this, since)
             elif phase == "admitted" and job.phase != "admitted":
-                waited_from = self._queued_since.pop(job.id, (0, 0, since))[2]
-                if job.phase == "placed":
-                    t.record("corral.job.placement.duration", max(0.0, record.time - waited_from), queue)
+                entered = self._queued_since.pop(job.id, None)
+                # A job admitted when the watch started (from a snapshot) is not: it entered the
+                # queue before, and the state keeps no time of it to count from.
+                if job.phase == "placed" and entered is not None and entered[:2] == this:
+                    t.record("corral.job.placement.duration", max(0.0, record.time - entered[2]), queue)
             if job.restarts > restarts:
                 t.add("corral.job.restarts", job.restarts - restarts, queue)
             stopping = self._stopping.get(job.id)
@@ -493,6 +508,8 @@ class FoldWatch:
             self._queued_since = {
                 j: s for j, s in self._queued_since.items() if j in waiting[0] or j in waiting[1]
             }
+        if unseen and len(unseen) > 2 * (len(waiting[0]) + len(waiting[1])) + 100:
+            self._unseen = {u for u in unseen if u[0] in waiting[0] or u[0] in waiting[1]}
         if len(self._stopping) > 2 * len(state.jobs_by_phase.get("checkpointing", ())) + 100:
             # Victims cancelled while they stopped: keep only those still stopping.
             still = state.jobs_by_phase.get("checkpointing", {})

@@ -14,20 +14,23 @@ from corral.services.runtime import metrics
 from tests.builders import Cluster, LogBuilder, job, on
 
 
-def exported(lb: LogBuilder) -> tuple[State, str]:
-    """The state ``lb``'s log folds to, and what the metrics of it read, as Prometheus reads them."""
+def exported(lb: LogBuilder, start: int = 0) -> tuple[State, str]:
+    """The state ``lb``'s log folds to, and what the metrics of it read, as Prometheus reads them:
+    watched from its ``start``-th record, as by a read service started from a snapshot there."""
     telemetry = metrics.Telemetry(otlp=False)
     watch = metrics.FoldWatch(telemetry)
     state = State()
-    for record in lb.records:
+    for record in lb.records[:start]:
+        apply(state, record)
+    for record in lb.records[start:]:
         seen = watch.before(state, record)
         apply(state, record)
         watch.after(state, record, seen)
     return state, telemetry.prometheus_text().decode()
 
 
-def counted(lb: LogBuilder) -> tuple[State, dict[str, float]]:
-    state, text = exported(lb)
+def counted(lb: LogBuilder, start: int = 0) -> tuple[State, dict[str, float]]:
+    state, text = exported(lb, start)
     figures: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("corral_job_"):
@@ -62,6 +65,40 @@ def test_a_job_withdrawn_for_its_placement_timeout_waits_on_from_when_it_entered
     # Placed 330 s after it was queued, not 20 s after it was admitted again.
     assert got["corral_job_placement_duration_seconds_sum"] == 1330.0 - 1000.0
     assert got["corral_job_admission_duration_seconds_sum"] == (1010.0 - 1000.0) + (1320.0 - 1310.0)
+
+
+def test_a_watch_started_from_a_snapshot_leaves_out_the_waits_it_did_not_see_start() -> None:
+    """A job admitted before the snapshot entered its queue at a time the state does not keep:
+    its time to place is left out, never counted from its admission; a job queued after it is
+    counted as the fold of the whole log counts it."""
+    lb = LogBuilder().queue("team-a").nodes(Cluster(2))
+    lb.submit("team-a", "a", job().gpus(8)).at(1000.0).accept("a").at(1010.0).admit("a")
+    snapshot = len(lb.records)
+    lb.at(1030.0).place(on("node-00", *range(8), job_id="a"))
+    lb.submit("team-a", "b", job().gpus(8)).at(1040.0).accept("b").at(1050.0).admit("b")
+    lb.at(1060.0).place(on("node-01", *range(8), job_id="b"))
+    whole_log, got = counted(lb)
+    from_snapshot, since = counted(lb, snapshot)
+    assert whole_log == from_snapshot
+    assert got["corral_job_placement_duration_seconds_count"] == 2
+    assert got["corral_job_placement_duration_seconds_sum"] == (1030.0 - 1000.0) + (1060.0 - 1040.0)
+    assert since["corral_job_placement_duration_seconds_count"] == 1
+    assert since["corral_job_placement_duration_seconds_sum"] == 1060.0 - 1040.0
+
+
+def test_a_watch_started_from_a_snapshot_leaves_out_a_wait_withdrawn_before_it() -> None:
+    """Withdrawn before the snapshot and admitted again after it, a job's wait began before the
+    withdrawal the state no longer shows: left out, not counted from the withdrawal."""
+    lb = LogBuilder().queue("team-a").nodes(Cluster(1))
+    lb.submit("team-a", "a", job().gpus(8)).at(1000.0).accept("a").at(1010.0).admit("a")
+    lb.at(1310.0).withdraw("a", admit_after=1320.0)
+    snapshot = len(lb.records)
+    lb.at(1320.0).admit("a").at(1330.0).place(on("node-00", *range(8), job_id="a"))
+    _, got = counted(lb)
+    _, since = counted(lb, snapshot)
+    assert got["corral_job_placement_duration_seconds_sum"] == 1330.0 - 1000.0
+    assert since["corral_job_admission_duration_seconds_sum"] == 1320.0 - 1310.0  # the state's
+    assert since.get("corral_job_placement_duration_seconds_count", 0) == 0
 
 
 def test_a_preemption_counts_its_reason_and_the_work_lost_since_the_checkpoint() -> None:

@@ -78,10 +78,14 @@ class KvLease:
         ttl: float = TTL,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[bool], None] | None = None,
+        nc: Any = None,
     ) -> None:
         """``on_change(leading)``: told each time this replica starts or stops holding the lease
-        (``corral serve`` says so on stderr, for whoever watches a replica)."""
+        (``corral serve`` says so on stderr, for whoever watches a replica). ``nc``: the
+        connection the bucket is on (``open``'s), which what else its role keeps in the bucket
+        is written through (``traced.py``)."""
         self.kv = kv
+        self.nc = nc
         self.role = role
         self.holder = holder
         self.ttl = ttl
@@ -119,7 +123,7 @@ class KvLease:
             age = (await kv.status()).ttl
             if age:
                 ttl = float(age)
-        return cls(kv, role, holder, ttl, on_change=on_change)
+        return cls(kv, role, holder, ttl, on_change=on_change, nc=nc)
 
     @property
     def held(self) -> bool:

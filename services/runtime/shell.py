@@ -148,8 +148,8 @@ class Service:
         # Where the lease's spans were traced to (``traced.py``): posted while holding, read
         # while standing by.
         self._traced: TracedPosition | None = None
-        if self.traces is not None and isinstance(lease, KvLease):
-            self._traced = TracedPosition(lease.kv, role)
+        if self.traces is not None and isinstance(lease, KvLease) and lease.nc is not None:
+            self._traced = TracedPosition(lease.nc, lease.kv, role)
         self._traced_every = (lease.ttl if isinstance(lease, KvLease) else 10.0) / 3
         self._newer_rules_seen: set[int] = set()  # rules newer than RULES found in the log, said once
         self._traced_seen: int | None = None  # the last position a holder posted, as read here

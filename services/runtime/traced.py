@@ -38,6 +38,8 @@ from typing import Any
 from nats import errors as nats_errors
 from nats.js import errors as js_errors
 
+from corral.services.runtime.lease import BUCKET
+
 log = logging.getLogger("corral.traced")
 
 PREFIX = "traced"
@@ -55,11 +57,16 @@ def key(role: str) -> str:
 
 
 class TracedPosition:
-    """The posted position of role ``role`` in the leases' bucket ``kv``."""
+    """The posted position of role ``role`` in the leases' bucket ``kv`` (named ``bucket``), on
+    the server ``nc`` is connected to."""
 
-    def __init__(self, kv: Any, role: str) -> None:
+    def __init__(self, nc: Any, kv: Any, role: str, bucket: str = BUCKET) -> None:
         self.kv = kv
         self.key = key(role)
+        # ``KeyValue.put`` sends no headers: a lasting value is published on the key's subject
+        # through a JetStream context of its own.
+        self.js = nc.jetstream()
+        self.subject = f"$KV.{bucket}.{self.key}"
         self.lasting = True  # the bucket takes a per-message TTL, until it says it does not
 
     async def read(self, last: int) -> int | None:
@@ -80,8 +87,7 @@ class TracedPosition:
         try:
             if self.lasting:
                 try:
-                    # Through the bucket's own JetStream context: ``KeyValue.put`` sends no headers.
-                    await self.kv._js.publish(f"{self.kv._pre}{self.key}", value, headers=LASTING)
+                    await self.js.publish(self.subject, value, headers=LASTING)
                     return True
                 except js_errors.APIError as e:
                     if e.err_code != TTL_DISABLED:

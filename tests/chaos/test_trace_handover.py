@@ -52,7 +52,7 @@ async def goes_on(c: Corral) -> None:
 
 async def traced_past(c: Corral, seq: int) -> None:
     """Wait until the admission holder has posted that it traced the log up to ``seq``."""
-    position = TracedPosition(await lease.bucket(c.log.nc), "admission")
+    position = TracedPosition(c.log.nc, await lease.bucket(c.log.nc), "admission")
 
     async def traced() -> bool:
         got = await position.read(await c.log.last_seq())

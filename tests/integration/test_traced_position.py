@@ -57,7 +57,7 @@ async def test_only_a_position_in_the_log_is_read(nats_server: str, value: bytes
         await lease.ensure_bucket(nc)
         kv = await lease.bucket(nc)
         await kv.put(key("admission"), value)
-        assert await TracedPosition(kv, "admission").read(LAST) == read
+        assert await TracedPosition(nc, kv, "admission").read(LAST) == read
     finally:
         await nc.close()
 
@@ -68,7 +68,7 @@ async def test_an_acknowledgement_written_over_the_key_is_no_position(nats_serve
         await lease.ensure_bucket(nc)
         await output.ensure_stream(nc)
         kv = await lease.bucket(nc)
-        position = TracedPosition(kv, "admission")
+        position = TracedPosition(nc, kv, "admission")
         assert await position.post(LAST)
         # What an agent may publish, with the key's subject as its reply: the server acknowledges there.
         await nc.publish(
@@ -104,9 +104,9 @@ async def test_the_position_outlives_the_leases(nats_server: str) -> None:
     try:
         await lease.ensure_bucket(nc, ttl=1.0)
         kv = await lease.bucket(nc, ttl=1.0)
-        assert await TracedPosition(kv, "admission").post(42)
+        assert await TracedPosition(nc, kv, "admission").post(42)
         await outlived(kv, "admission")
-        assert await TracedPosition(kv, "admission").read(LAST) == 42
+        assert await TracedPosition(nc, kv, "admission").read(LAST) == 42
     finally:
         await nc.close()
 
@@ -131,14 +131,14 @@ async def test_a_bucket_without_per_message_ttls_takes_the_position_as_a_lease_a
             )
         )
         kv = await lease.bucket(nc)
-        old = TracedPosition(kv, "admission")
+        old = TracedPosition(nc, kv, "admission")
         assert await old.post(41) and not old.lasting
         assert await old.read(LAST) == 41
         await lease.ensure_bucket(nc)
         assert (await js.stream_info(f"KV_{lease.BUCKET}")).config.allow_msg_ttl
-        assert await TracedPosition(kv, "admission").post(42)
+        assert await TracedPosition(nc, kv, "admission").post(42)
         await outlived(kv, "admission")
-        assert await TracedPosition(kv, "admission").read(LAST) == 42
+        assert await TracedPosition(nc, kv, "admission").read(LAST) == 42
     finally:
         await nc.close()
 
@@ -176,7 +176,7 @@ async def test_a_corral_started_again_traces_what_the_last_one_did_not_once(nats
         write(log.records)
         first, stop, task = await holder("first")
         await first.caught_up.wait()
-        position = TracedPosition(kv, "admission")
+        position = TracedPosition(nc, kv, "admission")
 
         async def traced() -> bool:
             return await position.read(await memory.last_seq()) == log.last_seq

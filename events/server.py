@@ -178,6 +178,9 @@ class EmbeddedServer:
         self.config_path = self.store_dir / CONFIG_NAME
         self._proc: subprocess.Popen[bytes] | None = None
         self._ports_dir: str | None = None
+        # Set once a process ``start`` made is ready, cleared as ``stop`` or ``kill`` forgets it
+        # (one that ended on its own is still the server's until then): ``started`` waits on it.
+        self._ready = asyncio.Event()
 
     @property
     def url(self) -> str:
@@ -246,7 +249,13 @@ class EmbeddedServer:
         except BaseException:
             await self.stop()
             raise
+        self._ready.set()
         return self.url
+
+    async def started(self) -> None:
+        """Wait until the server has been started and is ready: at once while it is, else
+        until a ``start`` (after a ``stop`` or ``kill``: someone brings it back) has made one."""
+        await self._ready.wait()
 
     async def _wait_ready(self, proc: subprocess.Popen[bytes], exe: str) -> None:
         assert self._ports_dir is not None
@@ -306,6 +315,7 @@ class EmbeddedServer:
     async def kill(self) -> None:
         """SIGKILL: the server dies as on a power loss of its own, without flushing anything."""
         proc, self._proc = self._proc, None
+        self._ready.clear()
         if proc is not None and proc.poll() is None:
             proc.kill()
             await asyncio.to_thread(proc.wait)
@@ -316,6 +326,7 @@ class EmbeddedServer:
     async def stop(self) -> None:
         """SIGTERM (JetStream flushes and closes its store), then kill if it will not stop."""
         proc, self._proc = self._proc, None
+        self._ready.clear()
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + self.stop_timeout

@@ -492,14 +492,12 @@ async def _server_exit(srv: EmbeddedServer) -> None:
 async def _keep_up(srv: EmbeddedServer, backoff: float = 1.0, most: float = 60.0) -> None:
     """Start a server of an embedded cluster again whenever it ends on its own, on its store and
     its ports (the others' routes name them); said once each time. A server stopped or killed
-    on purpose (corral stopping, a drill) is left as it is until it runs again."""
+    on purpose (corral stopping, a drill) is left as it is until it is started again."""
     while True:
-        if not srv.running:
-            await asyncio.sleep(0.5)
-            continue
-        code = await srv.ended_on_its_own()
+        await srv.started()  # at once while it runs; one stopped on purpose, when it is back
+        code = await srv.ended_on_its_own()  # waits on its process's exit
         if code is None:
-            continue
+            continue  # stopped or killed on purpose: not ours to start
         log.error(
             "nats-server %s exited with status %s; starting it again; its log: %s",
             srv.name,

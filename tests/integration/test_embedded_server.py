@@ -107,3 +107,23 @@ async def test_a_cluster_whose_kept_ports_are_garbage_picks_new_ones(tmp_path: P
         assert len(set(cluster.urls)) == 3
     finally:
         await cluster.stop()
+
+
+async def test_started_waits_for_a_server_stopped_or_killed_until_it_is_started_again(tmp_path: Path) -> None:
+    server = EmbeddedServer(tmp_path / "nats")
+    waiting = asyncio.create_task(server.started())
+    try:
+        await server.start()
+        await asyncio.wait_for(waiting, 15.0)
+        await asyncio.wait_for(server.started(), 1.0)  # at once while it runs
+        for end in (server.stop, server.kill):
+            await end()
+            waiting = asyncio.create_task(server.started())
+            await asyncio.sleep(0)
+            assert not waiting.done()
+            await server.start()
+            await asyncio.wait_for(waiting, 15.0)
+            assert server.running
+    finally:
+        waiting.cancel()
+        await server.stop()

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -39,7 +40,7 @@ from corral.events.log import (
     UnstorableError,
 )
 from corral.events.nats_client import Client, default_replicas, open_client
-from corral.events.reader import CRLF, HEARTBEAT, UNANSWERED, Consumer
+from corral.events.reader import CRLF, HEARTBEAT, UNANSWERED, Consumer, Stall, why_unread
 from corral.events.subjects import STREAM, STREAM_SUBJECTS
 
 MSG_ID = "Nats-Msg-Id"
@@ -81,6 +82,8 @@ ACK_TIMEOUT = 5.0
 # Seconds a read of the log waits for the server to answer (an election, a server coming back)
 # before it says it cannot read: a command run while the stream has no leader ends with that.
 READ_IDLE_TIMEOUT = 30.0
+# Seconds between a follower's looks at whether the stream has a leader (``watch_leader``).
+LEADER_CHECK_S = 2.0
 
 T = TypeVar("T")
 
@@ -142,6 +145,7 @@ class JetStreamLog:
         self._tokens = itertools.count(1)
         self._consumers: set[Consumer] = set()
         self._lost_watch: asyncio.Future[None] | None = None
+        self._leaderless: Stall | None = None  # what ``watch_leader`` last found, since when
 
     @property
     def nc(self) -> Client:
@@ -445,6 +449,36 @@ class JetStreamLog:
         reader (None: no reader has taken one in yet). What a service has not folded of the log."""
         known = [c.last + c.pending for c in self._consumers if c.pending >= 0]
         return max(known, default=None)
+
+    def stalled(self) -> Stall | None:
+        """Whether this log's readers cannot read on, asking the server nothing: the longest
+        stalled reader's stall (None: every reader reads, as far as it knows). A reader stalls
+        once its stream goes silent past two heartbeats, and reads again once its consumer is
+        made again: a cluster without a majority of its servers has no stream leader to make it."""
+        stalls = [c.stalled for c in self._consumers if c.stalled is not None]
+        if self._leaderless is not None:
+            stalls.append(self._leaderless)
+        return min(stalls, default=None)
+
+    async def watch_leader(self, every: float | None = None) -> None:
+        """Look every ``every`` seconds (``LEADER_CHECK_S``) whether the stream has a leader, for
+        ``stalled``; until cancelled. A reader's consumer on the one server of three left goes
+        on sending heartbeats with nothing to send: the reader alone cannot tell that the
+        stream lost its leader, and the log its appends."""
+        while True:
+            why = None
+            try:
+                si = await self._js._jsm.stream_info(self.stream)
+                if si.cluster is not None and not si.cluster.leader:
+                    why = "no stream leader"
+            except (nats.errors.Error, nats.js.errors.Error) as e:
+                why = why_unread(e)
+            if why is None:
+                self._leaderless = None
+            else:
+                since = time.time() if self._leaderless is None else self._leaderless.since
+                self._leaderless = Stall(since, why)
+            await asyncio.sleep(LEADER_CHECK_S if every is None else every)
 
     async def identity(self) -> str:
         """Which stream this is: its name and when it was created. A stream deleted and created

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 import nats.errors
 import nats.js.errors
@@ -41,6 +42,27 @@ UNANSWERED: tuple[type[Exception], ...] = (
     nats.errors.OutboundBufferLimitError,
     nats.js.errors.ServiceUnavailableError,
 )
+
+
+class Stall(NamedTuple):
+    """A reader that cannot read on: since when (the wall clock) and why, in an operator's words."""
+
+    since: float
+    why: str
+
+
+def why_unread(error: BaseException | None) -> str:
+    """Why a consumer could not be made again, as an operator reads it. No answer from JetStream
+    is what a cluster without a majority gives (no meta leader, so no stream leader either) and
+    what a cluster electing gives for a few seconds: it is not told apart from an election."""
+    if error is None:
+        return "the stream stopped sending (its server or leader is gone)"
+    if isinstance(error, UNANSWERED):
+        return "no stream leader: JetStream does not answer"
+    if isinstance(error, nats.errors.ConnectionClosedError | nats.errors.ConnectionReconnectingError):
+        return "no NATS server answers"
+    return f"NATS refuses to read: {str(error) or type(error).__name__}"
+
 
 CONTROL = b"NATS/1.0 100"  # status line of flow control requests and idle heartbeats
 CRLF = b"\r\n"
@@ -108,6 +130,9 @@ class Consumer:
         self._active = True
         self._resetting = False
         self._tasks: set[asyncio.Task[None]] = set()
+        # Set while the consumer is to be made again and is not yet: the records taken are all
+        # there is to read until it is, whatever the stream holds.
+        self.stalled: Stall | None = None
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe_direct(self._nc.new_inbox(), self._on_delivery)
@@ -140,8 +165,10 @@ class Consumer:
         while not self.closed:
             try:
                 await self.start()
+                self.stalled = None
                 return
             except UNANSWERED as e:
+                self._stall(e)
                 await self._drop(wait=False)  # the consumer, if made after all, is dropped once idle
                 if deadline is not None and loop.time() >= deadline:
                     raise
@@ -231,6 +258,11 @@ class Consumer:
         if last is not None and int(last) != self._dseq - 1:
             self._reset()
 
+    def _stall(self, error: BaseException | None) -> None:
+        """Mark the consumer stalled (since the first time, why the latest)."""
+        since = time.time() if self.stalled is None else self.stalled.since
+        self.stalled = Stall(since, why_unread(error))
+
     def _reset(self) -> None:
         if self._resetting or self.closed:
             return
@@ -244,9 +276,11 @@ class Consumer:
                 self._dseq = 1
                 try:
                     await self.start()
+                    self.stalled = None
                     return
-                except (nats.errors.Error, nats.js.errors.Error):
+                except (nats.errors.Error, nats.js.errors.Error) as e:
                     # The server is away (restarting, or the connection is reconnecting).
+                    self._stall(e)
                     await asyncio.sleep(min(RETRY, self._heartbeat))
         finally:
             self._resetting = False
@@ -258,6 +292,7 @@ class Consumer:
             # consumer is gone (a server restart loses it: it lives in memory).
             await asyncio.sleep(2 * self._heartbeat)
             if not self._active and sub is self._sub:
+                self._stall(None)
                 self._reset()
                 return
             self._active = False

@@ -13,6 +13,9 @@ Invariants:
   names any other reply subject is dropped. Under authentication the server enforces the same
   (the ``query`` identity may publish nowhere else), so no question can make this service write
   into the log or into another identity's inbox;
+- while the service cannot read the log on (its reader's consumer cannot be made again, or the
+  stream has no leader), every answer says since when and why (``decide.as_of``): what it
+  folded is answered still, never as if it were current;
 - questions are taken only once the log has been folded to where it stood at start, and a
   question that asks for a later position (``after``) waits for it, at most ``freshness_wait``;
   one that asks to wait for its answer to settle (``wait``: a request's verdict, a job reaching
@@ -52,6 +55,7 @@ from corral.services.query.decide import (
     BadAsk,
     OutputScope,
     answer,
+    as_of,
     output_ended,
     output_scope,
     parse_ask,
@@ -423,9 +427,11 @@ class ReadService:
 
     async def _send(self, reply: str, body: dict[str, Any]) -> None:
         nc = self.log.nc
-        data = _encode(body)
+        stall = self.log.stalled()
+        data = _encode(as_of(body, stall))
         if len(data) > nc.max_payload:
-            data = _encode(refusal(self.state, f"the answer is {len(data)} bytes, more than NATS carries"))
+            too_big = refusal(self.state, f"the answer is {len(data)} bytes, more than NATS carries")
+            data = _encode(as_of(too_big, stall))
         try:
             await nc.publish(reply, data)
         except nats.errors.Error as e:
@@ -449,6 +455,8 @@ class ReadService:
         nc = self.log.nc
         # A queue group: replicas of the read service share the questions, each answered once.
         serving = asyncio.create_task(self._serve_queued(), name="query-answers")
+        # Whether the stream has a leader, for answers to say when they may be stale (``_send``).
+        leader = asyncio.create_task(self.log.watch_leader(), name="query-stream-leader")
         sub: Subscription = await nc.subscribe(f"{identities.READ}.*.*", queue=ROLE, cb=self._on_question)
         self.caught_up.set()
         batches = self.log.follow(self.state.seq + 1)
@@ -466,11 +474,12 @@ class ReadService:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
             serving.cancel()
+            leader.cancel()
             for task in list(self._waiting):
                 task.cancel()
             nxt.cancel()
             stopping.cancel()
-            await asyncio.gather(nxt, stopping, serving, *self._waiting, return_exceptions=True)
+            await asyncio.gather(nxt, stopping, serving, leader, *self._waiting, return_exceptions=True)
             aclose = getattr(batches, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):

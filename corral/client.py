@@ -3,6 +3,7 @@ their results and errors. See that package's docstring."""
 
 from corral.services.client import (
     Applied,
+    AsOf,
     AsyncClient,
     Busy,
     Client,
@@ -25,6 +26,7 @@ from corral.services.client import (
 
 __all__ = [
     "Applied",
+    "AsOf",
     "AsyncClient",
     "Busy",
     "Client",

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any, get_args
 
 from corral.projections.lifecycle import Phase
 from corral.services.cli import table
+from corral.services.client.results import AsOf
 from corral.services.query import present
 
 
@@ -22,6 +24,13 @@ def emit(args: argparse.Namespace, data: Any, headers: Sequence[str] | None = No
         print(table.render(headers, [[row.get(h, "") for h in headers] for row in data]))
     else:
         print(data)
+
+
+def say_if_stale(as_of: AsOf | None) -> None:
+    """One line on stderr when the read service answered from a state it cannot bring up to
+    date (the log has no stream leader, NATS does not answer): what was shown is as of then."""
+    if as_of is not None and not as_of.current:
+        print(f"corral: {as_of.text}", file=sys.stderr, flush=True)
 
 
 JOB_COLUMNS = [

@@ -27,7 +27,7 @@ from corral.services.cli.access import (
     client_for,
     tenant_of,
 )
-from corral.services.cli.display import PHASES, emit, job_table
+from corral.services.cli.display import PHASES, emit, job_table, say_if_stale
 from corral.services.cli.jobfile import BadInput, command_here, convert, load_document
 from corral.services.query import present
 
@@ -181,11 +181,19 @@ def cmd_jobs(args: argparse.Namespace) -> None:
                 print(job_table(rows))
             if more:
                 print(f"corral: and {more} older jobs let go, not shown", file=sys.stderr)
+            say_if_stale(client.as_of)
             return
         seen: dict[str, dict[str, Any]] = {}
+        stale_since: float | None = None
         for i, jobs in enumerate(client.watch(all=args.all)):
             changed = [r for r in shown(jobs) if seen.get(r["id"]) != r]
             seen.update((r["id"], r) for r in changed)
+            as_of = client.as_of
+            if as_of is not None and as_of.stale_since != stale_since:  # said as it changes
+                if as_of.current:
+                    print(f"corral: the log is read again, as of position {as_of.seq}", file=sys.stderr)
+                stale_since = as_of.stale_since
+                say_if_stale(as_of)
             if args.output == "json":
                 for r in changed:
                     print(json.dumps(r, sort_keys=True), flush=True)
@@ -229,6 +237,7 @@ def cmd_logs(args: argparse.Namespace) -> None:
                 print(f"==> {line.node}: attempt-{line.attempt}.rank-{line.rank} <==")
             print(line.text, flush=args.follow)
             printed = True
+        say_if_stale(client.as_of)
     if not printed and not args.follow and args.tail != 0:
         which = f" rank {args.rank}" if args.rank is not None else ""
         raise Failure(f"no output of job {args.job}{which} (yet)")
@@ -238,3 +247,4 @@ def cmd_explain(args: argparse.Namespace) -> None:
     with client_for(args, reading=True) as client:
         told = client.explain(args.job)
     emit(args, msgspec.to_builtins(told) if args.output == "json" else told.text)
+    say_if_stale(client.as_of)

@@ -10,6 +10,7 @@ are built on it.
 from corral.services.client.aio import AsyncClient
 from corral.services.client.results import (
     Applied,
+    AsOf,
     Busy,
     CorralError,
     Eta,
@@ -33,6 +34,7 @@ from corral.services.client.sync import Client
 
 __all__ = [
     "Applied",
+    "AsOf",
     "AsyncClient",
     "Busy",
     "Client",

@@ -28,6 +28,7 @@ from corral.events.queues import CordonNode, DeleteCohort, DeleteNode, DeletePri
 from corral.projections.lifecycle import FINAL
 from corral.services.client.results import (
     Applied,
+    AsOf,
     Busy,
     CorralError,
     Explanation,
@@ -42,6 +43,7 @@ from corral.services.client.results import (
     TimedOut,
     Unreachable,
     WhatIf,
+    as_of,
 )
 from corral.services.query import client as wire
 from corral.services.query.decide import MAX_WAIT
@@ -123,6 +125,10 @@ class AsyncClient:
         # the same message, which the log stores once, even where the first copy comes late
         # (one held by a server that froze is delivered when it wakes).
         self._unsettled: dict[tuple[str, str], tuple[bytes, str]] = {}
+        # How current the read service's last answer was (None: nothing asked yet). While it
+        # cannot read the log on, it answers from what it folded, and says so: a caller that
+        # shows the answer shows that too (the CLI prints ``as_of.text``).
+        self.as_of: AsOf | None = None
 
     async def __aenter__(self) -> AsyncClient:
         await self._connected()
@@ -410,6 +416,7 @@ class AsyncClient:
             if "permissions violation" in str(e).lower():
                 raise Forbidden(str(e)) from None
             raise Unreachable(str(e)) from None
+        self.as_of = as_of(answer)
         error = answer.get("error")
         if error is not None:
             if answer.get("busy") is True:

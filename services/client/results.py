@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
+from corral.services.query.present import stale_text
+
 
 class CorralError(Exception):
     """Anything the client could not do; ``str()`` is one line for a person."""
@@ -174,6 +176,42 @@ class Explanation(msgspec.Struct, frozen=True):
     history: list[HistoryEntry]
     text: str
     refused: list[Refusal] = []
+
+
+class AsOf(msgspec.Struct, frozen=True):
+    """How current an answer of the read service is: the log position its state was folded up to
+    (``seq``) and, while it cannot read the log on (the stream has no leader, NATS does not
+    answer), since when (``stale_since``, seconds since the epoch) and ``why``. ``text`` says
+    it in one line ("" while current)."""
+
+    seq: int
+    stale_since: float | None = None
+    why: str = ""
+
+    @property
+    def current(self) -> bool:
+        return self.stale_since is None
+
+    @property
+    def text(self) -> str:
+        if self.stale_since is None:
+            return ""
+        return stale_text(self.seq, self.stale_since, self.why)
+
+
+def as_of(answer: dict[str, object]) -> AsOf:
+    """An answer's ``AsOf``: ``seq``, and ``stale`` when the read service said it (one that
+    predates it says nothing, read as current)."""
+    seq = answer.get("seq", 0)
+    stale = answer.get("stale")
+    if not isinstance(stale, dict):
+        return AsOf(seq if isinstance(seq, int) else 0)
+    since, why = stale.get("since"), stale.get("why")
+    return AsOf(
+        seq if isinstance(seq, int) else 0,
+        float(since) if isinstance(since, int | float) else 0.0,
+        why if isinstance(why, str) else "",
+    )
 
 
 class Placed(msgspec.Struct, frozen=True):

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from corral.events.jobs import JobSpec
 from corral.services.client.aio import VERDICT_TIMEOUT, WHATIF_TIMEOUT, AsyncClient
-from corral.services.client.results import Applied, Explanation, Job, OutputLine, Submitted, WhatIf
+from corral.services.client.results import Applied, AsOf, Explanation, Job, OutputLine, Submitted, WhatIf
 
 T = TypeVar("T")
 
@@ -100,6 +100,11 @@ class Client:
     @property
     def tenant(self) -> str:
         return self.aio.tenant
+
+    @property
+    def as_of(self) -> AsOf | None:
+        """How current the read service's last answer was (``AsyncClient.as_of``)."""
+        return self.aio.as_of
 
     def submit(
         self,

@@ -283,5 +283,11 @@ def span(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
+def stale_text(seq: int, since: float, why: str) -> str:
+    """What an answer of a read service that cannot read the log on says of itself: since when,
+    why, and how far it is current."""
+    return f"the log cannot be read since {clock(since)} ({why}); this answer is as of position {seq}"
+
+
 def clock(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

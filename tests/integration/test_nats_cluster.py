@@ -5,6 +5,8 @@
   server;
 - a connection that gives up reconnecting ends its reader with a ``LogError`` (a service then
   exits for its supervisor), never a wait for ever;
+- two servers of three gone, the read service's answers say since when and why they may be
+  stale, and ``corral jobs`` says it in one line beside the jobs; current again once one is back;
 - under a steady load of submits, with every service and an agent per node running against the
   cluster: kill -9 one NATS server (the stream's leader) and bring it back; stop all three and
   start them again. The agents reconnect, report their workers, and jobs finish again; at the
@@ -235,6 +237,74 @@ async def test_status_without_a_majority_says_it_cannot_read_the_board(
     assert stop.value.code == 2
     out, err = capsys.readouterr()
     assert "none running" not in out and err.count("\n") == 1 and "no leader" in err, (out, err)
+
+
+async def test_the_read_service_says_its_answers_are_stale_while_the_stream_has_no_leader(
+    nats_cluster: EmbeddedCluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two servers of three gone, the read service answered from what it had folded as if
+    # nothing had happened: a job read "pending" while the log could not be read at all. Its
+    # answers say since when and why they may be stale, the CLI says so in one line beside
+    # what it shows, and once a majority is back the answers are current again.
+    from corral.services.client.aio import AsyncClient
+    from corral.services.client.results import AsOf, Unreachable
+    from corral.services.query.service import ReadService
+    from tests.builders import LogBuilder, job
+
+    monkeypatch.setattr(jetstream, "LEADER_CHECK_S", 0.2)
+    setup = await JetStreamLog.connect(nats_cluster.url, create=True, replicas=3)
+    try:
+        built = LogBuilder(start_time=1.0).queue("team-a").submit("team-a", "j1", job().gpus(1))
+        for r in built.records:
+            await setup.append(Append(r.subject, r.data, headers=r.headers))
+    finally:
+        await setup.close()
+    # Heartbeats every half second: a consumer on a server that died is found out at once.
+    read_log = await JetStreamLog.connect(nats_cluster.url, heartbeat=0.5)
+    reader = ReadService(read_log)
+    stop = asyncio.Event()
+    running = asyncio.create_task(reader.run(stop))
+    survivor = nats_cluster.servers[2]
+    client = AsyncClient(survivor.url, tenant="team-a", timeout=2.0)
+    try:
+        await asyncio.wait_for(reader.caught_up.wait(), WAIT)
+        await until(lambda: reader.state.seq >= built.last_seq, WAIT)
+        assert [j.id for j in await client.jobs()] == ["j1"]
+        assert client.as_of == AsOf(built.last_seq)
+
+        async def answered(current: bool) -> bool:
+            with contextlib.suppress(Unreachable):  # the read service reconnecting to the survivor
+                jobs = await client.jobs()
+                assert [j.id for j in jobs] == ["j1"]  # what it has, shown still
+                return client.as_of is not None and client.as_of.current == current
+            return False
+
+        for s in nats_cluster.servers[:2]:
+            await s.kill()
+        await until_leaderless(survivor, subjects.STREAM)
+        await until_answered(lambda: answered(False), WAIT)
+        assert client.as_of is not None and client.as_of.seq == built.last_seq
+        assert "leader" in client.as_of.why, client.as_of
+
+        capsys.readouterr()
+        await asyncio.to_thread(main, ["jobs", "--server", survivor.url])
+        out, err = capsys.readouterr()
+        assert "j1" in out, out
+        assert err.count("\n") == 1 and err.startswith("corral: the log cannot be read since "), err
+        assert f"as of position {built.last_seq}" in err, err
+
+        await nats_cluster.restart(0)
+        await until_answered(lambda: answered(True), WAIT)
+        await asyncio.to_thread(main, ["jobs", "--server", survivor.url])
+        out, err = capsys.readouterr()
+        assert "j1" in out and err == "", (out, err)
+    finally:
+        await client.close()
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(running, WAIT)
+        reader.close()
+        await read_log.close()
 
 
 async def test_a_connection_to_a_frozen_server_goes_over_to_another(nats_cluster: EmbeddedCluster) -> None:

@@ -3,6 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Test processes for the tiers that may share the machine; the end-to-end and fault tiers run
+# alone, one test at a time, as their timings assume.
+JOBS ?= 2
 
 .PHONY: demo test lint bench clean
 
@@ -18,7 +21,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check corral/*.py events projections services tests bench
 	$(BIN)/mypy corral
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup tests/unit tests/property tests/integration
+	$(BIN)/pytest -q -p no:cacheprovider tests/e2e tests/chaos
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.fold

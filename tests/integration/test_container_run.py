@@ -48,6 +48,10 @@ from corral.services.agent.worker import REQUEST, log_path
 from corral.services.agent.workers import Runtime
 from tests.integration.test_agent_runtime import exit_of, until
 
+# Container names are one namespace for the user's engine, and this module's jobs share ids:
+# its tests run one at a time, in one test process (``--dist loadgroup``).
+pytestmark = pytest.mark.xdist_group("containers")
+
 WAIT = 60.0
 IMAGE = "localhost/corral-busybox:test"
 APPLETS = ("sh", "true", "echo", "cat", "mv", "sleep", "pwd", "env", "touch", "ls", "test", "[", "printf")
@@ -82,7 +86,10 @@ def _build_image(engine: EngineInfo, scratch: Path) -> str:
         return f"{engine.name} import failed: {imported.stderr.strip() or imported.stdout.strip()}"
     work = scratch / "work"
     work.mkdir()
-    trial = StartWorker("probe", 0, 0, (), {}, ("/bin/true",), str(work), str(work), image=IMAGE)
+    # Every test process looks at collection: a name of its own (two probes of one name, at
+    # once, had one of them skip every container test).
+    probe = f"probe-{os.getpid()}"
+    trial = StartWorker(probe, 0, 0, (), {}, ("/bin/true",), str(work), str(work), image=IMAGE)
     argv = container.run_args(
         engine.name, trial, workdir=str(work), env={}, ulimits=_ulimits(engine), exe=engine.path
     )

@@ -200,7 +200,7 @@ class JetStreamLog:
         """Raise LogError unless the stream exists. A cluster electing the stream's leader
         answers nothing for a few seconds: asked again meanwhile, for a bounded time."""
         try:
-            await answered(lambda: self._js._jsm.stream_info(self.stream))
+            await answered(lambda: self._js.stream_info(self.stream))
         except nats.js.errors.NotFoundError:
             raise LogError(f"there is no stream {self.stream}: `corral up` creates it") from None
         except (nats.errors.Error, nats.js.errors.Error) as e:
@@ -230,7 +230,7 @@ class JetStreamLog:
             allow_direct=True,
             allow_atomic=True,  # decision cycles are appended as atomic batches
         )
-        jsm = self._js._jsm
+        jsm = self._js
         try:
             await placed(lambda: jsm.add_stream(config))
         except nats.js.errors.BadRequestError as e:
@@ -307,7 +307,7 @@ class JetStreamLog:
         if not (isinstance(result, ConflictError) and item.msg_id and result.actual):
             return result
         try:
-            stored = await self._js._jsm.get_msg(self.stream, seq=result.actual, direct=True)
+            stored = await self._js.get_msg(self.stream, seq=result.actual, direct=True)
         except (nats.errors.Error, nats.js.errors.Error):
             return result
         if stored.subject == item.subject and (stored.headers or {}).get(MSG_ID) == item.msg_id:
@@ -426,7 +426,7 @@ class JetStreamLog:
         deadline = loop.time() + self._read_idle_timeout
         while True:
             try:
-                si = await self._js._jsm.stream_info(self.stream)
+                si = await self._js.stream_info(self.stream)
             except (nats.errors.Error, nats.js.errors.Error) as e:
                 raise LogError(f"cannot read stream {self.stream}: {e}") from e
             if si.cluster is None or si.cluster.leader:
@@ -468,7 +468,7 @@ class JetStreamLog:
         while True:
             why = None
             try:
-                si = await self._js._jsm.stream_info(self.stream)
+                si = await self._js.stream_info(self.stream)
                 if si.cluster is not None and not si.cluster.leader:
                     why = "no stream leader"
             except (nats.errors.Error, nats.js.errors.Error) as e:
@@ -484,7 +484,7 @@ class JetStreamLog:
         """Which stream this is: its name and when it was created. A stream deleted and created
         again under the same name is another history, and has another identity."""
         try:
-            si = await self._js._jsm.stream_info(self.stream)
+            si = await self._js.stream_info(self.stream)
         except (nats.errors.Error, nats.js.errors.Error) as e:
             raise LogError(f"cannot read stream {self.stream}: {e}") from e
         created = si.created.isoformat() if si.created is not None else "unknown"

@@ -148,7 +148,7 @@ class Consumer:
             num_replicas=1,
             inactive_threshold=60.0,  # the server drops it if this client vanishes
         )
-        info = await self._js._jsm.add_consumer(self._stream, config)
+        info = await self._js.add_consumer(self._stream, config)
         self._name = info.name
         self._ack = f"$JS.ACK.{self._stream}.{info.name}.".encode()
         self._spawn(self._watch())
@@ -318,7 +318,7 @@ class Consumer:
 
     async def _delete(self, name: str) -> None:
         with contextlib.suppress(nats.errors.Error, nats.js.errors.Error):
-            await self._js._jsm.delete_consumer(self._stream, name)
+            await self._js.delete_consumer(self._stream, name)
 
     def take(self) -> list[Record]:
         batch, self.records = self.records, []

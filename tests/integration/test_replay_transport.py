@@ -54,7 +54,7 @@ async def read_all(log: JetStreamLog, start: int = 1) -> list[Record]:
 
 async def stored(log: JetStreamLog, seq: int) -> Record:
     """The record at ``seq`` as nats-py's own direct get returns it: the reference."""
-    msg = await log.nc.jetstream()._jsm.get_msg(log.stream, seq=seq, direct=True)
+    msg = await log.nc.jetstream().get_msg(log.stream, seq=seq, direct=True)
     assert msg.subject is not None and msg.headers is not None
     headers = {k: v for k, v in msg.headers.items() if not k.startswith("Nats-")} or None
     return Record(seq, msg.subject, msg.data or b"", headers, stamp(msg.headers["Nats-Time-Stamp"]))

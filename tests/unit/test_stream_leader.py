@@ -27,7 +27,7 @@ class Jsm:
 
 
 def log_on(jsm: Jsm) -> JetStreamLog:
-    nc: Any = SimpleNamespace(jetstream=lambda: SimpleNamespace(_jsm=jsm))
+    nc: Any = SimpleNamespace(jetstream=lambda: jsm)
     return JetStreamLog(nc, read_idle_timeout=0.5)
 
 
@@ -50,5 +50,5 @@ async def test_a_server_of_its_own_names_itself_leader() -> None:
 
 def test_the_wait_is_the_read_s(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jetstream, "READ_IDLE_TIMEOUT", 1.5)
-    nc: Any = SimpleNamespace(jetstream=lambda: SimpleNamespace(_jsm=Jsm("x")))
+    nc: Any = SimpleNamespace(jetstream=lambda: Jsm("x"))
     assert JetStreamLog(nc)._read_idle_timeout == 1.5

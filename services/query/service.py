@@ -17,7 +17,8 @@ Invariants:
   stream has no leader), every answer says since when and why (``decide.as_of``): what it
   folded is answered still, never as if it were current;
 - questions are taken only once the log has been folded to where it stood at start, and a
-  question that asks for a later position (``after``) waits for it, at most ``freshness_wait``;
+  question that asks for a later position (``after``) waits for it, at most ``freshness_wait``
+  (not while the log cannot be read on: it is answered at once, saying as of when);
   one that asks to wait for its answer to settle (``wait``: a request's verdict, a job reaching
   a phase) waits for that, at most as long as it asked (``decide.MAX_WAIT`` at most);
 - at most ``MAX_WAITING`` questions wait at once, ``MAX_WAITING_PER_ASKER`` of one asker's:
@@ -174,7 +175,10 @@ class ReadService:
             # asker's flood of them hold every other asker's output behind its own.
             ask = msgspec.structs.replace(ask, wait=0.0)
         else:
-            wait = max(self.freshness_wait if ask.after > self.state.seq else 0.0, ask.patience())
+            # A later position is waited for while the log is read; not while it cannot be
+            # (the answer then says as of when it is, at once).
+            behind = ask.after > self.state.seq and self.log.stalled() is None
+            wait = max(self.freshness_wait if behind else 0.0, ask.patience())
             if wait > 0 and may_wait and not self._settled(asker, question, ask):
                 self._wait(asker, self._answer_later(msg.reply, asker, question, ask, wait))
                 return

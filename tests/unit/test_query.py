@@ -16,6 +16,7 @@ from corral.events import subjects
 from corral.events.base import Reason
 from corral.events.jobs import CancelJob, JobAccepted, JobRejected, PendingReasonChanged
 from corral.events.queues import QueueSpec, Quota
+from corral.events.reader import Stall
 from corral.projections.index import JobEvent
 from corral.projections.state import State
 from corral.services.query.decide import Ask, BadAsk, answer, parse_ask, settled
@@ -401,8 +402,9 @@ def test_how_long_a_question_may_wait_is_bounded(wait: float, patience: float) -
     assert Ask(wait=wait).patience() == patience
 
 
-def _reader() -> tuple[Any, list[tuple[str, dict[str, object]]]]:
-    """A read service with no log and no forecasts, and the answers it sends, as sent."""
+def _reader(stall: Stall | None = None) -> tuple[Any, list[tuple[str, dict[str, object]]]]:
+    """A read service with no log and no forecasts, and the answers it sends, as sent; its log
+    cannot be read on since ``stall`` (None: it can)."""
     import json
     from types import SimpleNamespace
 
@@ -412,7 +414,8 @@ def _reader() -> tuple[Any, list[tuple[str, dict[str, object]]]]:
         async def get(self, tenant: str) -> None:
             return None
 
-    reader = service.ReadService(SimpleNamespace(nc=None), forecasts=NoForecasts())  # type: ignore[arg-type]
+    log = SimpleNamespace(nc=None, stalled=lambda: stall)
+    reader = service.ReadService(log, forecasts=NoForecasts())  # type: ignore[arg-type]
     replies: list[tuple[str, dict[str, object]]] = []
 
     async def send(reply: str, body: object) -> None:
@@ -478,6 +481,23 @@ async def test_output_questions_past_the_waits_are_taken_in_turn(monkeypatch: py
         await asyncio.wait_for(reader._answer_queued(), 10)
         order = [r.rsplit(".", 2)[-2] for r, body in replies if body.get("busy") is not True]
         assert order[:3] == ["b", "a", "b"] and order.count("b") == service.MAX_QUEUED_PER_ASKER
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("stall", [None, Stall(1.0, "no stream leader")])
+async def test_a_later_position_is_waited_for_only_while_the_log_is_read(stall: Stall | None) -> None:
+    # A question after a position the service has not folded waits for it (a client's own
+    # submission); while the log cannot be read it waited the whole 5 s for nothing.
+    from types import SimpleNamespace
+
+    reader, replies = _reader(stall)
+    inbox = f"{identities.inbox_prefix('a')}.0"
+    asked = SimpleNamespace(subject=identities.read_subject("a", "jobs"), reply=inbox, data=b'{"after": 9}')
+    try:
+        await reader._on_question(asked)  # type: ignore[arg-type]
+        assert bool(reader._waiting) is (stall is None)
+        assert bool(reader._queued) is (stall is not None)
     finally:
         reader.close()
 

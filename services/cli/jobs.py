@@ -214,6 +214,7 @@ def cmd_whatif(args: argparse.Namespace) -> None:
         return
     with client_for(args) as client:
         told = client.whatif(spec, job_id)
+        say_if_stale(client.as_of)
     emit(args, msgspec.to_builtins(told) if args.output == "json" else told.text)
 
 

@@ -536,6 +536,7 @@ class AsyncClient:
             told = msgspec.json.decode(msg.data)
         except msgspec.DecodeError:
             raise Unreachable(f"the forecast role answered {msg.data[:200]!r}") from None
+        self.as_of = as_of(told)
         if "error" in told:
             if told.get("busy") is True:
                 raise Busy(str(told["error"]), _retry_s(told.get("retry_s")))

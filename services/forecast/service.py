@@ -43,6 +43,7 @@ from corral.events.log import EventLog
 from corral.projections.state import State
 from corral.services.forecast.decide import ROLE as ROLE
 from corral.services.forecast.decide import WHATIF, Spent, due, rest_after, values, waiting, whatif_answer
+from corral.services.query.decide import as_of
 from corral.services.runtime import identities
 from corral.services.runtime.forecasts import ForecastStore, encode
 from corral.services.runtime.lease import Lease
@@ -286,9 +287,14 @@ class ForecastService(Service):
         nc = getattr(self.log, "nc", None)
         if nc is None:
             return
-        body = _encode(told)
+        # A what-if runs on what was folded: while the log cannot be read on, it says as of
+        # when, as the read service's answers do.
+        stalled = getattr(self.log, "stalled", None)
+        stall = stalled() if stalled is not None else None
+        body = _encode(as_of(told, stall))
         if len(body) > nc.max_payload:
-            body = _encode({"seq": told.get("seq"), "error": "the answer is more than NATS carries"})
+            too_big = {"seq": told.get("seq"), "error": "the answer is more than NATS carries"}
+            body = _encode(as_of(too_big, stall))
         try:
             await nc.publish(reply, body)
         except nats.errors.Error as e:
@@ -308,11 +314,18 @@ class ForecastService(Service):
                 sub = await nc.subscribe(subject, queue=ROLE, cb=self._on_whatif)
 
         listening = asyncio.create_task(listen())
+        # Whether the stream has a leader, for answers to say when they may be stale (``_reply``).
+        watch = getattr(self.log, "watch_leader", None)
+        leader = asyncio.create_task(watch(), name="forecast-stream-leader") if watch is not None else None
         try:
             await super().run(stop)
         finally:
             self._stopping.set()
             listening.cancel()
+            if leader is not None:
+                leader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await leader
             if sub is not None:
                 with contextlib.suppress(nats.errors.Error):
                     await sub.unsubscribe()

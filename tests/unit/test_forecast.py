@@ -510,3 +510,26 @@ async def test_forecasts_are_written_while_the_buckets_keys_cannot_be_listed() -
     assert set(store.values) == {"t", "gone"}  # written; the old key left for the next listing
     await _forecast(svc, busy(("t1", "t")).state)
     assert set(store.values) == {"t"}
+
+
+async def test_a_what_if_says_as_of_when_while_the_log_cannot_be_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A what-if runs on the state folded so far: with the stream's leader gone it answered as
+    # if that state were current, where the read service's answers say since when they may not be.
+    import asyncio
+
+    from corral.events.reader import Stall
+    from corral.services.forecast import service
+
+    monkeypatch.setattr(service, "whatif_answer", lambda *_: {"seq": 0, "answered": True})
+    role = _Asked()
+    stall: list[Stall | None] = [None]
+    role.svc.log.stalled = lambda: stall[0]  # type: ignore[attr-defined]
+    await role.ask("a", 0)
+    await asyncio.gather(*role.svc._answering)
+    stall[0] = Stall(1700000000.0, "no stream leader")
+    await role.ask("a", 1)
+    await asyncio.gather(*role.svc._answering)
+    assert "stale" not in role.told("a", 0)
+    assert role.told("a", 1)["stale"] == {"since": 1700000000.0, "why": "no stream leader"}

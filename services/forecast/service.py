@@ -43,8 +43,8 @@ from corral.events.log import EventLog
 from corral.projections.state import State
 from corral.services.forecast.decide import ROLE as ROLE
 from corral.services.forecast.decide import WHATIF, Spent, due, rest_after, values, waiting, whatif_answer
-from corral.services.query.decide import as_of
 from corral.services.runtime import identities
+from corral.services.runtime.answers import as_of
 from corral.services.runtime.forecasts import ForecastStore, encode
 from corral.services.runtime.lease import Lease
 from corral.services.runtime.shell import Service

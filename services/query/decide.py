@@ -163,17 +163,6 @@ def no_job(state: State, asker: str, job_id: str, let_go: LetGo | None) -> dict[
     )
 
 
-def as_of(body: dict[str, Any], stall: tuple[float, str] | None) -> dict[str, Any]:
-    """An answer as sent. While the service cannot read the log on (``stall``: since when, on the
-    wall clock, and why), the answer says so under ``stale``: its ``seq`` is how far the service
-    folded, and the log may have gone on past it, or may be unreadable to anyone. A user read
-    "pending" from a cluster that had lost its stream leader, with nothing to say it might not be."""
-    if stall is None:
-        return body
-    since, why = stall
-    return {**body, "stale": {"since": since, "why": why}}
-
-
 def refusal(state: State, message: str, *, busy: bool = False) -> dict[str, Any]:
     """An answer that is no answer. ``busy``: nothing was wrong with the question, the service
     has too many of the asker's waiting; asked again later, it is answered."""

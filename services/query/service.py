@@ -14,7 +14,7 @@ Invariants:
   (the ``query`` identity may publish nowhere else), so no question can make this service write
   into the log or into another identity's inbox;
 - while the service cannot read the log on (its reader's consumer cannot be made again, or the
-  stream has no leader), every answer says since when and why (``decide.as_of``): what it
+  stream has no leader), every answer says since when and why (``answers.as_of``): what it
   folded is answered still, never as if it were current;
 - questions are taken only once the log has been folded to where it stood at start, and a
   question that asks for a later position (``after``) waits for it, at most ``freshness_wait``
@@ -56,7 +56,6 @@ from corral.services.query.decide import (
     BadAsk,
     OutputScope,
     answer,
-    as_of,
     output_ended,
     output_scope,
     parse_ask,
@@ -66,6 +65,7 @@ from corral.services.query.decide import (
 )
 from corral.services.query.view import KEPT_IN_ALL, KEPT_PER_TENANT, JobView
 from corral.services.runtime import heap, identities, logs, metrics, output
+from corral.services.runtime.answers import as_of
 from corral.services.runtime.forecasts import ForecastStore, KvForecasts, TenantForecast
 
 log = logging.getLogger("corral.query")

@@ -1,7 +1,7 @@
 """How current an answer of the read service is, from its reader to the CLI's line.
 
 A read service that cannot read the log on (the stream has no leader, NATS does not answer)
-answers from what it folded, and says since when and why (``decide.as_of``); the client reads
+answers from what it folded, and says since when and why (``answers.as_of``); the client reads
 that as an ``AsOf`` (an answer of an older read service, saying nothing, as current), and the
 CLI prints it in one line. The reader names why in an operator's words (``why_unread``).
 """
@@ -20,8 +20,9 @@ from corral.events.reader import Stall, why_unread
 from corral.projections.state import State
 from corral.services.cli.display import say_if_stale
 from corral.services.client.results import as_of as read_as_of
-from corral.services.query.decide import as_of, refusal
+from corral.services.query.decide import refusal
 from corral.services.query.present import clock, stale_text
+from corral.services.runtime.answers import as_of
 from tests.unit.test_client_answers import client_answered
 
 SINCE = 1_800_000_000.0

@@ -3,7 +3,8 @@ free loopback port with its store in the test's temporary directory."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -37,3 +38,18 @@ async def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterato
         yield cluster
     finally:
         await cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _corral_logging_let_go() -> Iterator[None]:
+    """A command run in-process (``main([...])``, ``corral serve`` in a test) configures the
+    root logger onto the stream it had then: a test's captured output. Left there, a later
+    record (a thread's, another test's) went to a closed file, and the logging error that
+    followed landed in the output of whatever test ran then, which asserts on it."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for h in list(root.handlers):
+        if h.get_name() == "corral":
+            root.removeHandler(h)
+    root.setLevel(level)

@@ -486,9 +486,31 @@ def _shutdown(state: State, ctx: Ctx, ev: NodeShutdown) -> None:
     # It becomes the reason of every job interrupted, whichever tenant's: kept as a tenant's is.
     reason = said_reason(ev.reason)
     why = f"node {ev.node} shut down" + (f": {reason}" if reason else "")
+    # The work it ran keeps its place for the agent's return (``JobState.kept_place``): placed
+    # or running, not stopping for a preemption or a drain.
+    here = indexes.holding_on(state, ev.node) if ev.registers_again else []
+    keep = {j.id: _place_kept(j) for j in here if _keeps(j)}
     interrupt_on(state, ctx, ev.node, None, why, node_gone=False)
+    for job_id, place in keep.items():
+        job = state.jobs[job_id]
+        if job.phase == "interrupted":
+            job.kept_place = place
     if ev.registers_again:
         node.shut_down = ctx.seq
+
+
+def _keeps(job: JobState) -> bool:
+    return job.phase in ("placed", "starting", "running") and job.placement is not None
+
+
+def _place_kept(job: JobState) -> Placement:
+    """Its placement, less the ranks a shrink took away (they were leaving)."""
+    assert job.placement is not None
+    leaving = job.leaving
+    if not leaving:
+        return job.placement
+    kept = tuple(w for w in job.placement.workers if w.rank not in leaving)
+    return msgspec.structs.replace(job.placement, workers=kept)
 
 
 def _condition(state: State, ctx: Ctx, ev: NodeConditionChanged) -> None:

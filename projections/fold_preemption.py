@@ -62,6 +62,8 @@ def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
         move(state, job, "place", ctx)
         job.placement = p
         job.moved_to = None  # placed again, where its move said or elsewhere
+        if job.kept_place is not None:  # ... and back in place, or elsewhere
+            job.kept_place = None
         if job.reasons:  # a store costs more than the look (Structs)
             job.reasons = ()
             indexes.explain(state, job)

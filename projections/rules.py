@@ -283,4 +283,8 @@ from __future__ import annotations
 # 100: a queue below its nominal is said to have what it may take now in its cohort, its own
 #    unused nominal first, with how much of it is borrowed or of its nominal in use by other
 #    queues (``Ledger.standing``), not "the cohort has N to lend" counting its own nominal in N.
-RULES = 100
+# 101: a job a planned shutdown of its node (``NodeShutdown.registers_again``) interrupted while
+#    placed or running keeps where it ran (``JobState.kept_place``) until it is placed again, its
+#    admission is withdrawn or it ends, so that admission and the placer give it its place back
+#    before anyone else (``queueing.keeps_place``).
+RULES = 101

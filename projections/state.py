@@ -149,6 +149,11 @@ class JobState(msgspec.Struct, gc=False):
     # Where a move (a consolidation, ``PreemptionRequested.moves``) is to put it: the placer
     # holds those GPUs for it while it stops and is admitted again, until it is placed.
     moved_to: Placement | None = None
+    # Where it ran when a planned shutdown of its node interrupted it (``NodeShutdown`` with
+    # ``registers_again``: corral stopped on purpose, to start again): it keeps that place, so a
+    # restart reorders no work (``queueing.keeps_place``), until it is placed again, its
+    # admission is withdrawn, or it ends.
+    kept_place: Placement | None = None
     # Every job it was preempted for (the latest MAX_PREEMPTION_TIMES), with when each of the two
     # last had its priority changed: while neither changed, neither is stopped for the other
     # again, so two jobs never take the same GPUs from each other in turn. (A shrink is not

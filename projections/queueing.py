@@ -70,6 +70,32 @@ def growth_unplaced(job: JobState) -> bool:
     )
 
 
+# Admission's reason code for a job it sent back to its queue for its next attempt
+# (``JobRequeued``), until it says otherwise.
+REQUEUED = "requeued"
+
+# Where a job that keeps its place waits for it (``keeps_place``): interrupted (not requeued
+# yet) and admitted; queued only until admission has said why it waits.
+_KEEPING: tuple[str, ...] = ("interrupted", "admitted")
+
+
+def keeps_place(job: JobState) -> bool:
+    """Whether ``job`` comes back to the place a planned shutdown of its node took it from
+    (``JobState.kept_place``): corral stopped and started again reorders no work, as a restart
+    of the control plane preempts nothing. Admission admits such a job before anyone else in the
+    cycle that requeues it (the quota it gave back at the shutdown); the placer places it first,
+    and, until it is placed, hides what of its place is free from every other job. Queued and
+    not admitted in that cycle, it waits for quota (the admin lowered it meanwhile), and GPUs
+    held for it would stand idle: admission's reason replaces its requeue's, and its place is
+    kept again only once it is admitted. A placement timeout (its node not back) ends it."""
+    if job.kept_place is None:
+        return False
+    phase = job.phase
+    if phase in _KEEPING:
+        return True
+    return phase == "queued" and len(job.reasons) == 1 and job.reasons[0].code == REQUEUED
+
+
 def short(job: JobState, limit_gpu_s: float) -> bool:
     """Whether ``job`` takes the short-job lane (``FairShareSpec.short_job_gpu_s``): it is
     expected to need at most ``limit_gpu_s`` of GPU time, its runtime estimate times its GPUs

@@ -25,6 +25,7 @@ from corral.events.base import Event, Reason
 from corral.events.decisions import (
     GpuClaim,
     JobsPlaced,
+    JobsUnschedulable,
     MigSlot,
     Placement,
     PreemptionRequested,
@@ -603,7 +604,7 @@ def home_subject(ev: Event) -> str:
     """The subject a service event belongs on (where the fold accepts it from its writer)."""
     if isinstance(ev, JobsAdmitted):
         return subj.decision("admission")
-    if isinstance(ev, JobsPlaced):
+    if isinstance(ev, JobsPlaced | JobsUnschedulable):
         return subj.decision("placer")
     if isinstance(ev, PreemptionRequested | ShrinkRequested):
         return subj.decision("preemptor")

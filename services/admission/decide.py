@@ -196,6 +196,7 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
     stopped, nominated = _nominations(state, stopped, stopping, ledger, holders, now)
     nominated -= stopping
     stopped.sort(key=lambda j: (j.submitted_seq, j.id))
+    back: list[JobState] = []  # requeued jobs that keep their place (a planned shutdown's)
     for job in stopped:
         reason = _requeue_reason(job)
         resume = job.checkpoint.location if job.checkpoint is not None else None
@@ -205,6 +206,8 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         )
         waiting[job.spec.queue].add(as_queued)
         explained[job.spec.queue].append(as_queued)
+        if queueing.keeps_place(as_queued):
+            back.append(as_queued)
     unhosted = _unhosted(state, inventory, ledger, waiting, explained, events)
     nominated -= unhosted
     _placement_timeouts(state, config, nominated | stopping | unhosted, now, events)
@@ -216,7 +219,11 @@ def decide(state: State, now: float, config: AdmissionConfig = DEFAULT) -> list[
         (job for name, jobs in waiting.items() if not ledger.has_queue(name) for job in jobs),
         key=lambda j: (j.submitted_seq, j.id),
     )
-    first = _admit_nominated(state, nominated, waiting, explained, ledger, config.max_admissions, inventory)
+    back = [j for j in back if j.id not in unhosted]
+    first = _admit_first(back, waiting, explained, ledger, config.max_admissions, inventory)
+    first += _admit_nominated(
+        state, nominated, waiting, explained, ledger, config.max_admissions - len(first), inventory
+    )
     for adm in first:
         _ends_at(holders, state.jobs[adm.job_id], adm, now)
     order = FairShareOrder(waiting, ledger, fair, config.lookahead, waiting.keys(), now)
@@ -248,7 +255,7 @@ def _requeue_reason(job: JobState) -> Reason:
         msg += f", resuming from step {job.checkpoint.step}"
     else:  # what it had done is lost: its owner and the admin should not have to guess
         msg += ", from the start (no checkpoint)"
-    return Reason("requeued", msg)
+    return Reason(queueing.REQUEUED, msg)
 
 
 # -- nominations -----------------------------------------------------------------------------------
@@ -297,8 +304,25 @@ def _admit_nominated(
     fair-share order: the quota their victims gave back is theirs. Those admitted leave
     ``waiting`` and ``explained``."""
     found = [state.jobs[b] for b in nominated if b in state.jobs]
-    found = [b for b in found if b.phase == "queued" and ledger.has_queue(b.spec.queue)]
+    found = [b for b in found if b.phase == "queued"]
     found.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
+    return _admit_first(found, waiting, explained, ledger, cap, inventory)
+
+
+def _admit_first(
+    found: list[JobState],
+    waiting: _Waiting,
+    explained: dict[str, list[JobState]],
+    ledger: Ledger,
+    cap: int,
+    inventory: Inventory,
+) -> list[Admission]:
+    """Admit the queued jobs ``found``, in that order, ahead of the fair-share order, each whole
+    where its quota allows: beneficiaries of preemptions (the quota their victims gave back),
+    and, before them, jobs a planned shutdown requeued that keep their place
+    (``queueing.keeps_place``: the quota they gave back at the shutdown). Those admitted leave
+    ``waiting`` and ``explained``."""
+    found = [j for j in found if ledger.has_queue(j.spec.queue)]
     out: list[Admission] = []
     for job in found[: max(0, cap)]:
         queue = job.spec.queue

@@ -2,8 +2,8 @@
 
 ``decide(state, now, config)`` reads the folded state and returns the events to append:
 
-1. heads: admitted jobs, nominated beneficiaries of preemptions first (below), then highest
-   priority first, then in submission order;
+1. heads: admitted jobs, those back from a planned shutdown and nominated beneficiaries of
+   preemptions first (below), then highest priority first, then in admission's order;
 2. snapshot: what is free where, indexed, with an overlay for what this cycle gives away, and
    the GPUs held for beneficiaries of preemptions under way taken out (below);
 3. place: each job's whole gang or nothing, through the plugin chain (``stack.py``), each
@@ -37,6 +37,12 @@ stopped or is admitted again (not while it waits for quota): the part of that pl
 is hidden from every other job, before the beneficiaries' holds are sought, and given back to
 it at its turn.
 
+Kept places. A job that ran where a planned shutdown of its node stopped it (``corral up``
+stopped and started again; ``JobState.kept_place``) keeps that place while it is interrupted,
+requeued and admitted again (``queueing.keeps_place``): the part of it that is free is hidden,
+before anything else, from every other job, and it is placed first, so that a restart gives
+no job, the one the reservation was for included, the GPUs work had before it.
+
 Both events carry ``based_on=state.seq`` and ``now``, so ``corral replay --verify`` can re-run
 the cycle. Same state, same ``now``, same config: same events.
 """
@@ -52,7 +58,7 @@ from corral.events import codec
 from corral.events.base import Event, Reason
 from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Placement, Unschedulable
 from corral.events.jobs import Resources
-from corral.projections import claims, indexes, preemption, quota
+from corral.projections import claims, indexes, preemption, queueing, quota
 from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Request
@@ -92,12 +98,18 @@ class Nominations:
     stopping: dict[str, list[JobState]] = field(default_factory=dict)
     # Jobs a move stopped, until they are placed again: while stopping, or admitted again.
     moved: list[JobState] = field(default_factory=list)
+    # Jobs a planned shutdown interrupted that keep their place (``queueing.keeps_place``),
+    # in submission order: placed first too, their places held until then.
+    back: list[JobState] = field(default_factory=list)
 
     @classmethod
     def of(cls, state: State) -> Nominations:
         """Who is named, from the fold's index (a requeued victim may be queued anywhere in the
-        backlog), and a look at every job stopping, in the order they began to stop."""
+        backlog), and a look at every job stopping, in the order they began to stop, and at
+        every job interrupted, admitted, or queued since its requeue."""
         out = cls(first=preemption.nominated(state))
+        out.back = keeping(state)
+        out.first.update(j.id for j in out.back)
         for job in indexes.jobs_in(state, *_STOPPING):
             b = job.preempted_for
             if b:
@@ -109,6 +121,16 @@ class Nominations:
                 if job.moved_to is not None and job.phase in _MOVING:
                     out.moved.append(job)
         return out
+
+
+def keeping(state: State) -> list[JobState]:
+    """The jobs that keep the place a planned shutdown took them from, in submission order:
+    interrupted, admitted, or queued with their requeue's reason (a handful, bar a restart)."""
+    jobs = [j for j in indexes.jobs_in(state, "interrupted", "admitted") if queueing.keeps_place(j)]
+    for queue in state.explained_by_queue:  # a queued job keeps it only while it carries a reason
+        jobs.extend(j for j in indexes.explained(state, queue) if queueing.keeps_place(j))
+    jobs.sort(key=lambda j: (j.submitted_seq, j.id))
+    return jobs
 
 
 def growing(state: State) -> list[JobState]:
@@ -174,21 +196,26 @@ class _Cycle:
         self.first = nominated.first if nominated is not None else set()
         self.held: dict[str, _Held] = {}
         if nominated is not None:
-            # The moved jobs' places first: a beneficiary's search must not be given them.
-            self.held.update(self._hold_moved(nominated.moved))
+            # The places of the jobs back from a planned shutdown, then the moved jobs', first:
+            # a beneficiary's search must not be given them.
+            self.held.update(self._hold_places([(j, j.kept_place) for j in nominated.back]))
+            self.held.update(self._hold_places([(j, j.moved_to) for j in nominated.moved]))
             self.held.update(self._hold(nominated.stopping))
 
-    def _hold_moved(self, moved: list[JobState]) -> dict[str, _Held]:
-        """For each job a move stopped and that is not placed again yet: the workers of the place
-        its move named (``JobState.moved_to``) that are free now, taken from the snapshot so that
-        no other job of the cycle gets them (a worker whose place was taken meanwhile is not
-        held: the job is placed wherever the search finds room)."""
+    def _hold_places(self, places: list[tuple[JobState, Placement | None]]) -> dict[str, _Held]:
+        """For each job not placed yet that has a place held for it (where its move puts it,
+        ``JobState.moved_to``; where it ran when a planned shutdown stopped it,
+        ``JobState.kept_place``): the workers of that place that are free now, taken from the
+        snapshot so that no other job of the cycle gets them (a worker whose place was taken
+        meanwhile is not held: the job is placed wherever the search finds room)."""
         out: dict[str, _Held] = {}
-        for job in moved:
-            assert job.moved_to is not None
+        for job, place in places:
+            assert place is not None
+            if job.id in self.held:  # held for it already
+                continue
             res = job.spec.resources
             part: _Held = []
-            for w in job.moved_to.workers:
+            for w in place.workers:
                 if w.node in self.state.nodes and _free(self.snap, w.node, res, w.gpus):
                     self.snap.take(w.node, res, w.gpus)
                     part.append((w.node, res, w.gpus))

@@ -684,6 +684,8 @@ class _Turns:
                     # asked again per admitted job cost a walk of every queued job each.
                     first = preemption.nominated(state)
         named = first or set()
+        # The placer places the jobs back in their kept place first too (``queueing.keeps_place``).
+        named.update(j.id for j in admitted if not j.reasons and queueing.keeps_place(j))
         # Each stream: its keys in order, or (``_places``) the fold's places (-priority,
         # submitted_seq, id), each standing for the key (True, *place).
         self._streams: list[Sequence[_Key] | Sequence[indexes.Place]] = [

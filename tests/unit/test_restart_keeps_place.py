@@ -1,0 +1,156 @@
+"""A corral stopped and started again on purpose reorders no work.
+
+``corral up`` stopping shuts every node down (``NodeShutdown.registers_again``): the jobs there
+are interrupted and requeued, uncharged. When corral comes back, a job that was running keeps its
+place: admission admits it before anyone else in the cycle that requeues it, and the placer holds
+what of its old place is free and places it first, so that the job whose reservation waited for
+those GPUs (or one that waited for its quota) does not take them. A job its node's loss, or a
+shutdown after which no agent registers again, interrupted keeps nothing.
+
+Each case is one node of 8 GPUs, ``run`` on all of them, ``next`` admitted and holding the
+placer's reservation on them, at the point of the restart where the case says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from corral.events.base import Event
+from corral.events.decisions import JobsPlaced
+from corral.events.jobs import JobRequeued, JobsAdmitted
+from corral.projections import queueing
+from corral.projections.state import State
+from corral.services.admission import decide as admission
+from corral.services.placer import decide as placer
+from corral.services.preemptor import decide as preemptor
+from tests.builders import Cluster, LogBuilder, home_subject, job, on, queue_spec
+
+N0 = "node-00"
+EIGHT = job().gpus(8).estimate(3600.0)
+
+
+def _append(log: LogBuilder, events: list[Event]) -> LogBuilder:
+    for ev in events:
+        log.event(home_subject(ev), ev)
+    return log
+
+
+def _before(nominal: int = 1024, next_priority: int = 0, next_admitted: bool = True) -> LogBuilder:
+    """``run`` runs on the whole node; ``next``, submitted after it, waits: admitted behind the
+    placer's reservation (or, ``next_admitted=False``, queued for the quota ``run`` holds)."""
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec(nominal=nominal))
+    log.submit("alice", "run", EIGHT).accept("run").admit("run").place(on(N0, *range(8), job_id="run"))
+    log.started(N0, "run").checkpoint(N0, "run", 100)
+    log.submit("bob", "next", EIGHT).accept("next", priority=next_priority)
+    if next_admitted:
+        log.admit("next")
+        _append(log, placer.decide(log.fold(), log.time))
+    return log
+
+
+def _stopped(log: LogBuilder, registers_again: bool = True) -> LogBuilder:
+    """``corral up`` stops: the agent shuts its node down and stops the worker."""
+    return log.shutdown(N0, "corral up stopped", registers_again).exited(N0, "run", code=143, stopped=True)
+
+
+def _back(log: LogBuilder) -> LogBuilder:
+    """The agent is back and registers its node again."""
+    return log.node(N0, Cluster(1).nodes[0][1])
+
+
+def _admission_cycle(log: LogBuilder) -> LogBuilder:
+    return _append(log, admission.decide(log.fold(), log.time))
+
+
+def _placed(state: State) -> list[str]:
+    return [
+        p.job_id
+        for ev in placer.decide(state, state.time)
+        if isinstance(ev, JobsPlaced)
+        for p in ev.placements
+    ]
+
+
+@dataclass
+class Restart:
+    id: str
+    story: Callable[[], LogBuilder]
+    placed: list[str]  # what the placer's next cycle places
+
+
+RESTARTS = [
+    Restart(
+        "requeued-and-admitted-then-the-node-back: the running job is placed, not the holder",
+        lambda: _back(_admission_cycle(_stopped(_before()))),
+        ["run"],
+    ),
+    Restart(
+        "the-node-back-before-admission-requeues: nobody takes its place meanwhile",
+        lambda: _back(_stopped(_before())),
+        [],
+    ),
+    Restart(
+        "the-node-back-then-requeued-and-admitted: the running job is placed",
+        lambda: _admission_cycle(_back(_stopped(_before()))),
+        ["run"],
+    ),
+    Restart(
+        "a-holder-of-a-higher-priority-waits-too",
+        lambda: _back(_admission_cycle(_stopped(_before(next_priority=100)))),
+        ["run"],
+    ),
+    Restart(
+        "back-and-waiting-for-quota-the-admin-took-away: its GPUs do not stand idle for it",
+        lambda: _back(_admission_cycle(_stopped(_before()).queue(queue_spec(nominal=0)))),
+        ["next"],
+    ),
+    Restart(
+        "a-shutdown-after-which-no-agent-registers-again-keeps-no-place",
+        lambda: _back(_admission_cycle(_stopped(_before(), registers_again=False))),
+        ["next"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", RESTARTS, ids=[c.id.split(":")[0] for c in RESTARTS])
+def test_a_restart_gives_the_running_job_its_place_back(case: Restart) -> None:
+    assert _placed(case.story().fold()) == case.placed
+
+
+def test_the_holder_keeps_its_reservation_behind_the_job_back_in_place() -> None:
+    before = _before().fold().jobs["next"]
+    assert (before.phase, before.reasons[0].code) == ("admitted", queueing.RESERVED)
+    log = _back(_admission_cycle(_stopped(_before())))
+    _append(log, placer.decide(log.fold(), log.time))
+    state = log.fold()
+    assert (state.jobs["run"].phase, state.jobs["run"].attempt) == ("placed", 1)
+    assert state.jobs["next"].phase == "admitted"
+    assert state.jobs["next"].reasons[0].code == queueing.RESERVED
+    assert state.jobs["run"].kept_place is None  # placed again: it keeps nothing more
+
+
+def test_admission_admits_the_job_back_before_one_that_waited_for_its_quota() -> None:
+    # ``next`` (a higher priority, in the same queue of 8 GPUs) waited for the quota ``run``
+    # held; the restart gives that quota back, and ``run`` takes it again.
+    log = _stopped(_before(nominal=8, next_priority=100, next_admitted=False))
+    events = admission.decide(log.fold(), log.time)
+    assert [e.job_id for e in events if isinstance(e, JobRequeued)] == ["run"]
+    [admitted] = [e for e in events if isinstance(e, JobsAdmitted)]
+    assert [a.job_id for a in admitted.admissions] == ["run"]
+
+
+def test_a_lost_node_keeps_no_place() -> None:
+    log = _before().condition(N0, "lost").exited(N0, "run", code=143, stopped=True)
+    state = log.fold()
+    assert state.jobs["run"].phase == "interrupted" and state.jobs["run"].kept_place is None
+
+
+def test_the_preemptor_simulates_the_job_back_first() -> None:
+    # Both admitted, untried by the placer: the job back in its place goes first, as the
+    # placer places it, so no stop is sought for the GPUs it is about to take.
+    state = _back(_admission_cycle(_stopped(_before(next_priority=100)))).fold()
+    turns = preemptor._Turns(state, state.time, by_form=False)
+    assert [j.id for j in iter(turns.next, None)][:2] == ["run", "next"]

@@ -11,7 +11,8 @@ new one started on the same work directory.
 - an agent that stays away past the lost-node timeout still makes its node lost: the job moves
   on, uncharged, and the worker the returning agent takes back is stopped as superseded;
 - a whole corral stopped (its agents stop their workers) and started again on the same data
-  directory: the job is charged no restart and resumes from its last checkpoint.
+  directory: the job is charged no restart and resumes from its last checkpoint, on its node,
+  before the job holding the reservation on that node's GPUs is placed there.
 
 The harness (``live``) replays the log and checks that no report was stored twice or refused,
 and that no worker process outlives the corral. Nothing sleeps: every wait has a timeout.
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.events.decisions import JobsPlaced
 from corral.events.jobs import JobRequeued
 from corral.events.nodes import NodeConditionChanged, NodeShutdown, WorkerExited, WorkerStarted
 from corral.projections.lifecycle import FINAL
@@ -205,3 +207,23 @@ async def test_a_corral_stopped_and_started_again_charges_its_job_nothing_and_it
         first, second = it.cluster.agents["node-00"].logs("long")
         assert step >= 100 and f"rank 0: resumed from step {step} " in second.read_text()
         await cancel(it, "long")
+
+
+async def test_a_corral_stopped_and_started_again_gives_its_running_job_its_place_back(
+    tmp_path: Path,
+) -> None:
+    async with live(tmp_path) as it:
+        await it.submit("long", job_spec(LONG, gpus=8, checkpointable=True))
+        await it.until(checkpointed("long", 100))
+        # Admitted behind it (the queue holds 16 GPUs), with the reservation on its node's GPUs.
+        await it.submit("next", job_spec(LONG, gpus=8))
+        await it.until(lambda s: phase(s, "next") == "admitted" and bool(s.jobs["next"].reasons))
+    async with live(tmp_path) as it:
+        back = checkpointed("long", 0, attempt=1)
+        s = await it.until(lambda s: back(s) or phase(s, "next") != "admitted")
+        assert phase(s, "next") == "admitted", (phase(s, "next"), s.jobs["long"].reasons)
+        # Placed first as the node came back: the job of the reservation never had its GPUs.
+        placed = [p.job_id for _, ev in it.events(JobsPlaced) for p in ev.placements]
+        assert placed == ["long", "long"], placed
+        await cancel(it, "long")
+        await cancel(it, "next")

@@ -52,6 +52,7 @@ def _accepted(state: State, ctx: Ctx, ev: JobAccepted) -> None:
     # taken out and put back.
     job.priority = ev.priority
     move(state, job, "accept", ctx)
+    job.attempt_since = ctx.time
     if job.reasons:  # a store costs more than the look (Structs)
         job.reasons = ()
         indexes.explain(state, job)
@@ -188,6 +189,7 @@ def _requeued(state: State, ctx: Ctx, ev: JobRequeued) -> None:
         raise voided(job.id, f"job {job.id} is at attempt {job.attempt}, not {ev.attempt}")
     move(state, job, "requeue", ctx)
     job.attempt += 1
+    job.attempt_since = ctx.time
     job.admission = None
     job.placement = None
     job.started = set()

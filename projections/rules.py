@@ -287,4 +287,6 @@ from __future__ import annotations
 #    placed or running keeps where it ran (``JobState.kept_place``) until it is placed again, its
 #    admission is withdrawn or it ends, so that admission and the placer give it its place back
 #    before anyone else (``queueing.keeps_place``).
-RULES = 101
+# 102: a job keeps the log time its current attempt entered its queue (``JobState.attempt_since``),
+#    so that a trace taken up from a snapshot times the attempt as one that folded the log does.
+RULES = 102

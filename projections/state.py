@@ -175,6 +175,9 @@ class JobState(msgspec.Struct, gc=False):
     reclaim_key: str = ""
     preempt_deadline: float = 0.0  # log time by which the preemption under way must be done
     phase_since: float = 0.0
+    # Log time its current attempt entered its queue (accepted, or requeued): where the attempt's
+    # span starts, which a trace taken up from a snapshot could not know otherwise.
+    attempt_since: float = 0.0
     updated_seq: int = 0
     traceparent: str = ""  # the trace every event about this job joins
     # The runtime estimate learned, at its submission, from the jobs that finished before it

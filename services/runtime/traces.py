@@ -156,7 +156,9 @@ class JobTraces:
 
     def _new(self, job: JobState, since: float) -> _Job:
         trace = trace_ids.job_trace(job.id, job.submitted_seq, job.traceparent)
-        out = _Job(trace, job.phase, since, job.attempt, since if job.phase == "queued" else -1.0)
+        # A job taken up from a snapshot has its attempt's start from the fold, as it was folded.
+        attempt_since = -1.0 if job.phase == "submitted" else job.attempt_since
+        out = _Job(trace, job.phase, since, job.attempt, attempt_since)
         out.drained = job.phase in ("checkpointing", "preempted") and _drained(job)
         return out
 

@@ -8,6 +8,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 
+import msgspec
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -127,14 +128,20 @@ class AsWritten(LogBuilder):
         return self.raw(subject, codec.encode(envelope))
 
 
-def spans_of(role: str, log: LogBuilder) -> list[ReadableSpan]:
-    """What role ``role`` emits while it folds ``log`` as its writer of record and lease holder."""
+def spans_of(role: str, log: LogBuilder, snapshot_at: int = 0) -> list[ReadableSpan]:
+    """What role ``role`` emits while it folds ``log`` as its writer of record and lease holder;
+    from a snapshot of log sequence ``snapshot_at`` if given, taken up as the shell does."""
     got = InMemorySpanExporter()
     tracing.setup(role, processor=SimpleSpanProcessor(got))
     traces = JobTraces(role, f"{role}@t:1")
     traces.live = True
     state = State()
-    for r in log.records:
+    for r in log.records[:snapshot_at]:
+        apply(state, r)
+    if snapshot_at:
+        state = msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)
+        traces.seed(state)
+    for r in log.records[snapshot_at:]:
         rejected = state.rejected_total
         apply(state, r)
         traces.folded(state, r, rejected)
@@ -257,6 +264,47 @@ def interrupted_by(end: Callable[[LogBuilder], LogBuilder]) -> dict[str, Readabl
         tracing.shutdown()  # each role's spans to its own exporter, whatever ran before
         spans += spans_of(role, log)
     return {s.name: s for s in spans if s.name in ("running", "interrupted", "attempt 0")}
+
+
+def seen(spans: list[ReadableSpan]) -> list[tuple[object, ...]]:
+    """What a reader of the trace sees of each span, ids included, in the order they ended."""
+    return [
+        (
+            s.name,
+            s.context and s.context.span_id,
+            s.parent and s.parent.span_id,
+            s.start_time,
+            s.end_time,
+            s.status.status_code,
+            s.status.description,
+            dict(s.attributes or {}),
+            [(e.name, dict(e.attributes or {})) for e in s.events],
+        )
+        for s in spans
+    ]
+
+
+def from_snapshot_and_whole(end: Callable[[LogBuilder], LogBuilder]) -> tuple[list[tuple[object, ...]], ...]:
+    """The lease's spans of the records after a snapshot taken while ``end`` had left the job
+    interrupted (before its workers' exit and its requeue): as a replica started from that
+    snapshot emits them, and as one that folded the whole log did."""
+    log = FromHealth().nodes(Cluster(1)).queues("team-a").submit("alice", "j1").accept("j1").admit("j1")
+    log.place(on("node-00", 0, job_id="j1")).started("node-00", "j1")
+    cut = end(log).last_seq
+    log.exited("node-00", "j1", code=143, stopped=True).requeue("j1", 0)
+    taken = log.records[cut - 1].time * 1_000_000_000
+    tracing.shutdown()
+    whole = [s for s in spans_of("admission", log) if (s.end_time or 0) > taken]
+    tracing.shutdown()
+    return seen(spans_of("admission", log, snapshot_at=cut)), seen(whole)
+
+
+def test_a_replica_started_from_a_snapshot_emits_the_spans_of_one_that_folded_the_log(fresh: None) -> None:
+    """The attempt a snapshot caught under way is timed from when it entered its queue, which
+    the fold keeps: a replica taking it up emits the attempt's span, as one that saw it start."""
+    snapshot, whole = from_snapshot_and_whole(lambda log: log.condition("node-00", "lost"))
+    assert [span[0] for span in whole] == ["interrupted", "attempt 0"]
+    assert snapshot == whole
 
 
 def test_a_job_its_node_s_planned_shutdown_stopped_is_no_error(fresh: None) -> None:

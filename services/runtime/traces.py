@@ -95,7 +95,9 @@ class _Job:
     attempt_since: float = -1.0  # log time this attempt was queued (-1: not yet accepted)
     events: list[SpanEvent] = field(default_factory=list)  # for the span of the current phase
     # Interrupted by its node's planned shutdown (``NodeShutdown``): an operator's stop, not a
-    # failure, so neither the run it cut short nor the attempt it ended is an error.
+    # failure, so neither the run it cut short nor the attempt it ended is an error. Read from
+    # the job (``_shut_down``), not from the record that stopped it, which a replica started
+    # from a snapshot never saw.
     planned: bool = False
     # Sent away by its node's drain (the fold moves it as a preemption's victim, for nobody):
     # its spans say it was drained, not preempted.
@@ -160,6 +162,7 @@ class JobTraces:
         attempt_since = -1.0 if job.phase == "submitted" else job.attempt_since
         out = _Job(trace, job.phase, since, job.attempt, attempt_since)
         out.drained = job.phase in ("checkpointing", "preempted") and _drained(job)
+        out.planned = job.phase == "interrupted" and _shut_down(job)
         return out
 
     # -- one record --------------------------------------------------------------------------------
@@ -242,7 +245,7 @@ class JobTraces:
         trace = open_.trace
         attrs = {**_attrs(job), "corral.attempt": attempt}
         if job.phase == "interrupted" and before != "interrupted":
-            open_.planned = isinstance(body, NodeShutdown)
+            open_.planned = _shut_down(job)
         if job.phase in ("checkpointing", "preempted") and before not in ("checkpointing", "preempted"):
             open_.drained = _drained(job)
         name = SPAN_OF.get(before)
@@ -558,6 +561,19 @@ def _named(span: str, job: JobState, drained: bool) -> str:
 def _drained(job: JobState) -> bool:
     """Whether ``job`` stops because its node drains (``fold_nodes.drain_jobs``)."""
     return bool(job.reasons) and job.reasons[0].code == "drained"
+
+
+def _shut_down(job: JobState) -> bool:
+    """Whether ``job`` was interrupted by a planned shutdown of a node it ran on: the reason
+    the fold gives it then (``fold_nodes._shutdown``: "node N shut down", with what the agent
+    said after a colon), which it keeps until it is requeued."""
+    if not job.reasons or job.reasons[0].code != "interrupted" or job.placement is None:
+        return False
+    said = job.reasons[0].message
+    return any(
+        said == f"node {node} shut down" or said.startswith(f"node {node} shut down: ")
+        for node in {w.node for w in job.placement.workers}
+    )
 
 
 def _reason(job: JobState) -> str:

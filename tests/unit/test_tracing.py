@@ -13,6 +13,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from corral.events import codec
 from corral.events.base import Event
@@ -364,3 +365,18 @@ def test_a_drain_is_no_preemption_and_a_job_that_cannot_checkpoint_is_asked_to_s
         ("stopping", ["exited", "preempted"]),
         ("preempted", ["requeued"]),
     ]
+
+
+def test_a_replica_started_from_a_snapshot_knows_a_planned_shutdown_from_the_job(fresh: None) -> None:
+    """A snapshot taken between a node's planned shutdown and its jobs' requeue holds no record
+    of the shutdown, only the jobs it interrupted: what they say is what tells the stop was
+    planned, so the attempt it ended is no error there either."""
+    snapshot, whole = from_snapshot_and_whole(lambda log: log.shutdown("node-00", "maintenance"))
+    assert [(span[0], span[5]) for span in whole] == [
+        ("interrupted", StatusCode.UNSET),
+        ("attempt 0", StatusCode.UNSET),
+    ]
+    assert snapshot == whole
+    # Said without a reason too (an agent of an older build), and not registering again.
+    snapshot, whole = from_snapshot_and_whole(lambda log: log.shutdown("node-00", registers_again=False))
+    assert snapshot == whole and all(span[5] == StatusCode.UNSET for span in whole)

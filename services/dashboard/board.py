@@ -89,16 +89,19 @@ def node_health(node: Mapping[str, Any]) -> str:
 
 
 def _node(node: Mapping[str, Any], colours: Mapping[str, str]) -> dict[str, Any]:
+    health = node_health(node)
     return {
         "name": node["name"],
-        "health": node_health(node),
+        "health": health,
         "profile": node["profile"],
-        "gpus": [_gpu(node["name"], g, colours) for g in node["gpus"]],
+        "gpus": [_gpu(node["name"], health, g, colours) for g in node["gpus"]],
     }
 
 
-def _gpu(node: str, gpu: Mapping[str, Any], colours: Mapping[str, str]) -> dict[str, Any]:
-    """A GPU cell: the share each job holds, then the others' share, then what is free."""
+def _gpu(node: str, health: str, gpu: Mapping[str, Any], colours: Mapping[str, str]) -> dict[str, Any]:
+    """A GPU cell: the share each job holds, then the others' share, then what is free (the read
+    service's ``free_milli``, what ``corral nodes`` counts), then what nobody holds and no work
+    may go on: the GPUs of a node that takes none (``health`` says why), an unhealthy one."""
     segments = [
         {
             "job": h["job"],
@@ -113,7 +116,8 @@ def _gpu(node: str, gpu: Mapping[str, Any], colours: Mapping[str, str]) -> dict[
         segments.append(
             {"job": "", "queue": "", "colour": OTHER, "tint": 0, "share": gpu["others_milli"] / MILLI}
         )
-    free = max(0, MILLI - gpu["used_milli"]) / MILLI
+    idle = max(0, MILLI - gpu["used_milli"])
+    free = min(idle, gpu["free_milli"])
     title = f"{node} GPU {gpu['index']} ({gpu['model']}{', MIG' if gpu['mig'] else ''})"
     if not gpu["healthy"]:
         title += f": unhealthy{' (' + gpu['signal'] + ')' if gpu['signal'] else ''}"
@@ -122,13 +126,23 @@ def _gpu(node: str, gpu: Mapping[str, Any], colours: Mapping[str, str]) -> dict[
         title += f"; held by {held}"
     if gpu["others_milli"]:
         title += f"; {gpu['others_milli'] / MILLI:g} by others' jobs"
+    unavailable = ""
+    if idle > free:
+        unavailable = (
+            f"node {health}"
+            if health not in ("ready", "degraded")
+            else ("GPU unhealthy" if not gpu["healthy"] else "GPU held in the MIG mode it left")
+        )
+        title += f"; {(idle - free) / MILLI:g} idle, not available: {unavailable}"
     return {
         "id": f"{node}/{gpu['index']}",
         "index": gpu["index"],
         "healthy": gpu["healthy"],
         "signal": gpu["signal"],
         "segments": segments,
-        "free": free,
+        "free": free / MILLI,
+        "unavailable": (idle - free) / MILLI,
+        "unavailable_why": unavailable,
         "title": title,
     }
 

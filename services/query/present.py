@@ -171,9 +171,10 @@ def _node_why(node: NodeState) -> str:
 
 def node_gpus(node: NodeState, state: State, visible: Callable[[JobState], bool]) -> dict[str, Any]:
     """A node's health and each of its GPUs with what holds it: the jobs ``visible`` says the
-    asker may see by id and queue, the others' share only as ``others_milli``."""
+    asker may see by id and queue, the others' share only as ``others_milli``; ``free_milli``:
+    what work could be placed on now (``free_by_gpu``, what ``corral nodes`` counts)."""
     gpus = []
-    for g in node.gpus:
+    for g, free in zip(node.gpus, free_by_gpu(node), strict=True):
         holders, others = [], 0
         for job_id, milli in sorted(g.holders.items()):
             job = state.jobs.get(job_id)
@@ -191,6 +192,7 @@ def node_gpus(node: NodeState, state: State, visible: Callable[[JobState], bool]
                 "used_milli": g.used_milli,
                 "holders": holders,
                 "others_milli": others,
+                "free_milli": free,
             }
         )
     return {

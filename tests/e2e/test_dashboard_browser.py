@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 
-from corral.events.queues import ApplyQueue, PriorityClassSpec, QueueSpec, Quota
+from corral.events.queues import ApplyQueue, CordonNode, PriorityClassSpec, QueueSpec, Quota
 from corral.services.query.queues import queue_rows
 from tests.integration.test_cluster_failures import LONG, checkpointed, job_spec, live, phase
 from tests.integration.test_dashboard_hostile import dashboard
@@ -227,6 +227,26 @@ async def test_the_dashboard_shows_the_cluster_live_and_each_tenant_its_own(tmp_
             "2 attempt(s), 1 placement(s), 1 preemption(s)"
         )
         await call(browser.shot, "2-admin-preempted")
+
+        # A node cordoned takes no work: its idle GPUs are drawn not available, never free, as
+        # ``corral nodes`` counts none of them free.
+        [cordoned] = {gpu.split("/")[0] for gpu, _ in browser.cells("b1")}
+        await it.request("admin", "cordon", CordonNode(node=cordoned, cordoned=True), f"cordon:{cordoned}")
+        await it.until(lambda s: s.nodes[cordoned].cordoned)
+        idle = sum(1 for g in it.state.nodes[cordoned].gpus if g.idle)
+
+        def drawn_not_available() -> bool:
+            shown = browser.js(
+                "const n = document.querySelector(`#grid .node[data-node='${arguments[0]}']`);"
+                "return n && [n.querySelectorAll('.seg.free').length,"
+                " [...n.querySelectorAll('.seg.unavailable')].map(s => s.dataset.why)];",
+                cordoned,
+            )
+            return bool(shown) and shown == [0, ["node cordoned"] * idle]
+
+        assert idle > 0
+        await call(browser.wait, f"{cordoned}'s {idle} idle GPUs not available", drawn_not_available)
+        await call(browser.shot, "2-admin-cordoned")
 
         # Tenant team-a's page: its own jobs; team-b's GPUs only as taken, its queue and jobs unnamed.
         await call(browser.open, tenant_url)

@@ -20,6 +20,7 @@ from corral.events.queues import QueueSpec, Quota
 from corral.projections.index import JobEvent
 from corral.projections.state import State
 from corral.services.dashboard import board
+from corral.services.query import present
 from corral.services.query.decide import Ask, answer
 from corral.services.query.view import JobView
 from tests.builders import Cluster, LogBuilder, job, on, placement, share, worker
@@ -201,3 +202,49 @@ def test_queue_colours_are_distinct_and_stable() -> None:
     colours = board.queue_colours(names)
     assert len(set(colours.values())) == 8
     assert board.queue_colours(list(reversed(names))) == colours
+
+
+def test_a_gpu_no_work_may_go_on_is_not_drawn_free(world: tuple[State, dict[str, list[JobEvent]]]) -> None:
+    """A cell's free share is the read service's (``present.free_by_gpu``, what ``corral nodes``
+    counts): none on a node that takes no work (node-01 drains), whose idle GPUs are drawn not
+    available, saying why, as is an unhealthy GPU's idle share."""
+    state, _ = world
+    b = board_of(world, subjects.ADMIN)
+    for n in b["nodes"]:
+        drawn = [round(g["free"] * board.MILLI) for g in n["gpus"]]
+        assert drawn == present.free_by_gpu(state.nodes[n["name"]]), n["name"]
+    gpus = {g["id"]: g for n in b["nodes"] for g in n["gpus"]}
+    idle = gpus[f"{N1}/1"]
+    assert (idle["segments"], idle["free"], idle["unavailable"]) == ([], 0, 1.0)
+    assert (
+        idle["unavailable_why"] == "node draining" and "1 idle, not available: node draining" in idle["title"]
+    )
+    # On a node that takes work, a GPU's unheld share is free, and nothing is unavailable.
+    shared = gpus[f"{N0}/2"]
+    assert (shared["free"], shared["unavailable"], shared["unavailable_why"]) == (pytest.approx(0.25), 0, "")
+
+
+def test_an_unhealthy_gpu_on_a_node_that_takes_work_is_not_free() -> None:
+    gpu = {
+        "index": 3,
+        "model": "H100",
+        "healthy": False,
+        "signal": "xid:79",
+        "mig": False,
+        "used_milli": 0,
+        "holders": [],
+        "others_milli": 0,
+        "free_milli": 0,
+    }
+    node = {
+        "name": N0,
+        "condition": "ready",
+        "cordoned": False,
+        "draining": False,
+        "profile": "",
+        "gpus": [gpu],
+    }
+    [cell] = board.build(
+        "admin", {"seq": 1, "nodes": [node]}, {"seq": 1, "queues": []}, {"seq": 1, "jobs": []}
+    )["nodes"][0]["gpus"]
+    assert (cell["free"], cell["unavailable"], cell["unavailable_why"]) == (0, 1.0, "GPU unhealthy")

@@ -58,6 +58,7 @@ function drawLegend(b) {
     el("span", { dataset: { queue: q } }, el("span", { class: "swatch", style: { background: c } }), q));
   items.push(el("span", {}, el("span", { class: "swatch", style: { background: "#9aa0a6" } }), "others' jobs"));
   items.push(el("span", {}, el("span", { class: "swatch", style: { background: "#fff" } }), "free"));
+  items.push(el("span", {}, el("span", { class: "swatch unavailable" }), "not available"));
   items.push(el("span", {}, el("span", { class: "swatch unhealthy" }), "unhealthy"));
   $("#legend").replaceChildren(...items);
 }
@@ -76,6 +77,13 @@ function drawGrid(b) {
           onclick: s.job ? () => select(s.job) : undefined,
         }, s.job));
       if (g.free > 0) segs.push(el("div", { class: "seg free", style: { flexGrow: String(g.free), flexBasis: "0" } }));
+      // Idle, but no work may go on it (its node takes none, or the GPU is unhealthy): never drawn as free.
+      if (g.unavailable > 0) {
+        segs.push(el("div", {
+          class: "seg unavailable", dataset: { why: g.unavailable_why },
+          style: { flexGrow: String(g.unavailable), flexBasis: "0" },
+        }));
+      }
       return el("div", {
         class: "gpu" + (g.healthy ? "" : " unhealthy"),
         title: g.title,

@@ -109,6 +109,12 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
     sick = {g.info.uuid: g for g in old.gpus if not g.healthy} if old is not None else {}
     now_at = {g.uuid: g.index for g in ev.inventory.gpus}
     moved = {g.info.index: now_at.get(u) for u, g in held.items() if now_at.get(u) != g.info.index}
+    # Every GPU's, held or not: a place kept across a shutdown names GPUs the work gave back.
+    renumbered = {
+        g.info.index: now_at.get(g.info.uuid)
+        for g in (old.gpus if old is not None else ())
+        if now_at.get(g.info.uuid) != g.info.index
+    }
     gpus = []
     switched = set()  # held GPUs now in or out of MIG mode, or another model: their work may not go on
     for info in ev.inventory.gpus:
@@ -130,6 +136,8 @@ def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
         old.shut_down = 0  # its agent is back
     if moved:
         _gpus_moved(state, ctx, ev.node, moved)
+    if renumbered:
+        _kept_places_moved(state, ev.node, renumbered)
     if switched:
         # Their claims name what they no longer are (and their quota another model's): the jobs
         # hold them until their workers are gone (in the other mode, ``GpuState.held_in_other_mode``:
@@ -160,6 +168,26 @@ def _gpus_moved(state: State, ctx: Ctx, node: str, moved: dict[int, int | None])
             job.reasons = (Reason("interrupted", f"a GPU it held on node {node} left or was renumbered"),)
             indexes.explain(state, job)
         stop_holding(state, job, ctx)
+
+
+def _kept_places_moved(state: State, node: str, moved: dict[int, int | None]) -> None:
+    """The places kept across a shutdown of ``node`` (``JobState.kept_place``) follow its GPUs
+    to their new indexes (``moved``: old index → new, None if it left the node), as claims do
+    (``_gpus_moved``): held by their old indexes, the placer held other GPUs for the job, and
+    gave the ones it had run on to whoever came next. A worker one of whose GPUs left keeps no place
+    there (the placer finds it one). A job keeps a place only while interrupted, queued or
+    admitted (placing, withdrawing or ending it forgets it), and GPUs are seldom renumbered:
+    those phases are all looked at, only then."""
+    for job in indexes.jobs_in(state, "interrupted", "queued", "admitted"):
+        kept = job.kept_place
+        if kept is None or not any(w.node == node and _on(w, moved) for w in kept.workers):
+            continue
+        there = tuple(w for w in kept.workers if w.node != node or _stays(w, moved))
+        job.kept_place = _renumbered(msgspec.structs.replace(kept, workers=there), node, moved)
+
+
+def _stays(worker: WorkerSlot, moved: dict[int, int | None]) -> bool:
+    return all(moved.get(c.gpu, c.gpu) is not None for c in worker.gpus)
 
 
 def _on(worker: WorkerSlot, moved: dict[int, int | None]) -> bool:

@@ -289,4 +289,7 @@ from __future__ import annotations
 #    before anyone else (``queueing.keeps_place``).
 # 102: a job keeps the log time its current attempt entered its queue (``JobState.attempt_since``),
 #    so that a trace taken up from a snapshot times the attempt as one that folded the log does.
-RULES = 102
+# 103: a registration that renumbers a node's GPUs moves the places kept across its shutdown
+#    (``JobState.kept_place``) with them, by UUID, as it moves claims: held by the old indexes,
+#    the place fell on other GPUs (a worker one of whose GPUs left keeps none there).
+RULES = 103

@@ -14,13 +14,15 @@ placer's reservation on them, at the point of the restart where the case says.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import msgspec
 import pytest
 
 from corral.events.base import Event
-from corral.events.decisions import JobsPlaced
+from corral.events.decisions import JobsPlaced, Placement
 from corral.events.jobs import JobRequeued, JobsAdmitted
+from corral.events.nodes import NodeInventory
 from corral.projections import queueing
 from corral.projections.state import State
 from corral.services.admission import decide as admission
@@ -30,6 +32,7 @@ from tests.builders import Cluster, LogBuilder, home_subject, job, on, queue_spe
 
 N0 = "node-00"
 EIGHT = job().gpus(8).estimate(3600.0)
+FOUR = job().gpus(4).estimate(3600.0)
 
 
 def _append(log: LogBuilder, events: list[Event]) -> LogBuilder:
@@ -56,22 +59,49 @@ def _stopped(log: LogBuilder, registers_again: bool = True) -> LogBuilder:
     return log.shutdown(N0, "corral up stopped", registers_again).exited(N0, "run", code=143, stopped=True)
 
 
-def _back(log: LogBuilder) -> LogBuilder:
-    """The agent is back and registers its node again."""
-    return log.node(N0, Cluster(1).nodes[0][1])
+def _halves() -> LogBuilder:
+    """``run`` runs on GPUs 0-3, ``beside`` on 4-7; ``corral up`` stops, and both stop."""
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec())
+    for owner, job_id, gpus in (("alice", "run", range(4)), ("bob", "beside", range(4, 8))):
+        log.submit(owner, job_id, FOUR).accept(job_id).admit(job_id).place(on(N0, *gpus, job_id=job_id))
+        log.started(N0, job_id)
+    log.shutdown(N0, "corral up stopped", True)
+    return log.exited(N0, "run", code=143, stopped=True).exited(N0, "beside", code=143, stopped=True)
+
+
+def _back(log: LogBuilder, swapped: tuple[int, int] | None = None) -> LogBuilder:
+    """The agent is back and registers its node again (NVML numbering two of its GPUs the
+    other's way round, ``swapped``)."""
+    return log.node(N0, _renumbered(swapped) if swapped else Cluster(1).nodes[0][1])
+
+
+def _renumbered(swapped: tuple[int, int]) -> NodeInventory:
+    inv = Cluster(1).nodes[0][1]
+    a, b = swapped
+    gpus = list(inv.gpus)
+    gpus[a], gpus[b] = (msgspec.structs.replace(gpus[b], index=a), msgspec.structs.replace(gpus[a], index=b))
+    return msgspec.structs.replace(inv, gpus=tuple(gpus))
 
 
 def _admission_cycle(log: LogBuilder) -> LogBuilder:
     return _append(log, admission.decide(log.fold(), log.time))
 
 
+def _placements(state: State) -> list[Placement]:
+    return [p for ev in placer.decide(state, state.time) if isinstance(ev, JobsPlaced) for p in ev.placements]
+
+
 def _placed(state: State) -> list[str]:
-    return [
-        p.job_id
-        for ev in placer.decide(state, state.time)
-        if isinstance(ev, JobsPlaced)
-        for p in ev.placements
-    ]
+    return [p.job_id for p in _placements(state)]
+
+
+def _uuids(state: State) -> dict[str, list[str]]:
+    """The GPUs (by UUID) the placer's next cycle places each job on."""
+    gpus = {name: node.gpus for name, node in state.nodes.items()}
+    return {
+        p.job_id: sorted(gpus[w.node][c.gpu].info.uuid for w in p.workers for c in w.gpus)
+        for p in _placements(state)
+    }
 
 
 @dataclass
@@ -79,6 +109,7 @@ class Restart:
     id: str
     story: Callable[[], LogBuilder]
     placed: list[str]  # what the placer's next cycle places
+    on: dict[str, list[str]] = field(default_factory=dict)  # some of them, on these GPUs (UUIDs)
 
 
 RESTARTS = [
@@ -112,12 +143,24 @@ RESTARTS = [
         lambda: _back(_admission_cycle(_stopped(_before(), registers_again=False))),
         ["next"],
     ),
+    Restart(
+        "back-with-two-gpus-renumbered: each job is placed on the GPUs it ran on, by UUID",
+        lambda: _back(_admission_cycle(_halves()), swapped=(3, 4)),
+        ["run", "beside"],
+        {
+            "run": [f"GPU-{N0}-{i:02d}" for i in range(4)],
+            "beside": [f"GPU-{N0}-{i:02d}" for i in range(4, 8)],
+        },
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", RESTARTS, ids=[c.id.split(":")[0] for c in RESTARTS])
 def test_a_restart_gives_the_running_job_its_place_back(case: Restart) -> None:
-    assert _placed(case.story().fold()) == case.placed
+    state = case.story().fold()
+    assert _placed(state) == case.placed
+    uuids = _uuids(state)
+    assert {j: uuids[j] for j in case.on} == case.on
 
 
 def test_the_holder_keeps_its_reservation_behind_the_job_back_in_place() -> None:
@@ -154,3 +197,15 @@ def test_the_preemptor_simulates_the_job_back_first() -> None:
     state = _back(_admission_cycle(_stopped(_before(next_priority=100)))).fold()
     turns = preemptor._Turns(state, state.time, by_form=False)
     assert [j.id for j in iter(turns.next, None)][:2] == ["run", "next"]
+
+
+def test_a_worker_whose_gpu_left_keeps_no_place() -> None:
+    # GPU 5 fell off the bus: NVML numbers 6 and 7 as 5 and 6. ``beside``'s worker had it, and
+    # has no place left to keep; ``run``'s GPUs kept their indexes, and so does its place.
+    inv = Cluster(1).nodes[0][1]
+    rest = [g for g in inv.gpus if g.index != 5]
+    gpus = tuple(msgspec.structs.replace(g, index=i) for i, g in enumerate(rest))
+    state = _admission_cycle(_halves()).node(N0, msgspec.structs.replace(inv, gpus=gpus)).fold()
+    assert state.jobs["run"].kept_place == on(N0, 0, 1, 2, 3, job_id="run")
+    kept = state.jobs["beside"].kept_place
+    assert kept is not None and kept.workers == ()

@@ -150,9 +150,32 @@ def _scattered_room(state: State, job: JobState) -> bool:
 
 def notes_for(state: State, job: JobState, asker: str) -> list[str]:
     """The lines from the state around ``job`` that ``asker`` (who sees the job) is told:
-    ``node_notes`` for anyone, ``other_sides`` for the admin alone."""
-    notes = node_notes(state, job)
+    ``node_notes`` and ``kept_place_notes`` for anyone, ``other_sides`` for the admin alone."""
+    notes = node_notes(state, job) + kept_place_notes(job)
     return notes + other_sides(state, job) if asker == subjects.ADMIN else notes
+
+
+def kept_place_notes(job: JobState) -> list[str]:
+    """Where a job a planned shutdown of its node interrupted comes back to, while the placer
+    holds that place for it (``queueing.keeps_place``): its reasons say it was interrupted, or
+    admitted, and nothing of why it goes before jobs that waited longer or rank higher."""
+    place = job.kept_place
+    if place is None or not queueing.keeps_place(job):
+        return []
+    gpus: dict[str, set[int]] = {}
+    for w in place.workers:
+        gpus.setdefault(w.node, set()).update(c.gpu for c in w.gpus)
+    if not gpus:  # each worker had a GPU that left its node: it keeps its turn, not its place
+        return ["back from a planned shutdown of its node (corral stopped): it is placed first"]
+    where = ", ".join(
+        f"{name} (GPUs {', '.join(map(str, sorted(on)))})" if on else name
+        for name, on in sorted(gpus.items())
+    )
+    nodes = "node" if len(gpus) == 1 else "nodes"
+    return [
+        f"keeps its place on {nodes} {where} from before a planned shutdown (corral stopped): "
+        "held from every other job, it is placed first"
+    ]
 
 
 def node_notes(state: State, job: JobState) -> list[str]:

@@ -22,6 +22,7 @@ from corral.services.dashboard.board import timeline
 from corral.services.query.explain import anyone_stoppable, other_sides
 from corral.services.query.view import explain_log
 from tests.builders import Cluster, LogBuilder, job, on, placement, worker
+from tests.unit import test_restart_keeps_place as keeps
 from tests.unit.test_consolidation import N1, _at, _gpus, _move
 from tests.unit.test_consolidation import world as scattered
 from tests.unit.test_preemptor import N0, World, gpus, whole
@@ -383,3 +384,20 @@ def test_a_preemption_asks_a_victim_that_cannot_checkpoint_to_stop(checkpointabl
     assert report is not None
     [line] = [h["summary"] for h in report["history"] if h["type"] == "PreemptionRequested"]
     assert line.startswith(f"asked to {asked} and yield to b by "), line
+
+
+def test_a_job_back_from_a_planned_shutdown_says_it_keeps_its_place() -> None:
+    # ``run`` ran on the whole node when ``corral up`` stopped; requeued and admitted again, it
+    # waits for the node to come back, ahead of the job its reservation was for.
+    records = keeps._admission_cycle(keeps._stopped(keeps._before())).records
+    line = (
+        "keeps its place on node node-00 (GPUs 0, 1, 2, 3, 4, 5, 6, 7) from before a planned shutdown "
+        "(corral stopped): held from every other job, it is placed first"
+    )
+    for asker in (None, "alice"):
+        report = explain_log(records, "run", asker)
+        assert report is not None and line in report["text"]
+    # A node lost keeps nobody's place, and the job's explain says nothing of one.
+    lost = keeps._before().condition(N0, "lost").exited(N0, "run", code=143, stopped=True)
+    report = explain_log(keeps._admission_cycle(lost).records, "run", None)
+    assert report is not None and "keeps its place" not in report["text"]

@@ -429,7 +429,7 @@ class JetStreamLog:
                 si = await self._js.stream_info(self.stream)
             except (nats.errors.Error, nats.js.errors.Error) as e:
                 raise LogError(f"cannot read stream {self.stream}: {e}") from e
-            if si.cluster is None or si.cluster.leader:
+            if not _leaderless(si):
                 break
             if loop.time() >= deadline:
                 raise LogError(
@@ -469,7 +469,7 @@ class JetStreamLog:
             why = None
             try:
                 si = await self._js.stream_info(self.stream)
-                if si.cluster is not None and not si.cluster.leader:
+                if _leaderless(si):
                     why = "no stream leader"
             except (nats.errors.Error, nats.js.errors.Error) as e:
                 why = why_unread(e)
@@ -634,6 +634,12 @@ async def answered(ask: Callable[[], Awaitable[T]], within: float = PLACING_WITH
             if asyncio.get_running_loop().time() > deadline:
                 raise
         await asyncio.sleep(0.2)
+
+
+def _leaderless(si: Any) -> bool:
+    """Whether stream info ``si`` says the stream has no leader: a replica of a cluster answers
+    with what it holds, which may lag. (A server of its own names itself leader.)"""
+    return si.cluster is not None and not si.cluster.leader
 
 
 async def connect(url: str | list[str], **kwargs: Any) -> JetStreamLog:

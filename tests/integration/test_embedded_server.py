@@ -119,8 +119,8 @@ async def test_started_waits_for_a_server_stopped_or_killed_until_it_is_started_
         for end in (server.stop, server.kill):
             await end()
             waiting = asyncio.create_task(server.started())
-            await asyncio.sleep(0)
-            assert not waiting.done()
+            done, _ = await asyncio.wait({waiting}, timeout=0.5)  # what must not come, bounded
+            assert not done
             await server.start()
             await asyncio.wait_for(waiting, 15.0)
             assert server.running

@@ -64,6 +64,9 @@ MAX_GPUS_PER_NODE = 256
 # The most workers a node may say it runs at once (``NodeInventory.max_workers``): a kubelet
 # allows at most a few hundred pods; more, and one node's agent would run a process per job.
 MAX_WORKERS_PER_NODE = 4096
+# The reason code of a job a planned shutdown of its node stopped (``NodeShutdown``): an
+# interruption the job is not charged for, which traces and operators tell from a fault.
+SHUT_DOWN = "shut-down"
 
 
 def _registered(state: State, ctx: Ctx, ev: NodeRegistered) -> None:
@@ -468,11 +471,18 @@ def _checkpointed(state: State, ctx: Ctx, ev: CheckpointCompleted) -> None:
 
 
 def interrupt_on(
-    state: State, ctx: Ctx, node: str, gpus: AbstractSet[int] | None, why: str, node_gone: bool = True
+    state: State,
+    ctx: Ctx,
+    node: str,
+    gpus: AbstractSet[int] | None,
+    why: str,
+    node_gone: bool = True,
+    code: str = "interrupted",
 ) -> None:
     """Jobs holding GPUs on ``node`` (only those of ``gpus`` if given) lost them: their workers
     there are gone, and the job goes back to its queue (not counted against its restarts). It
-    costs the jobs on the node, in submission order (``indexes.holding_on``)."""
+    costs the jobs on the node, in submission order (``indexes.holding_on``). ``code`` is their
+    reason's: ``SHUT_DOWN`` where a planned shutdown stopped them."""
     for job in indexes.holding_on(state, node):
         if job.held is None:
             continue
@@ -496,7 +506,7 @@ def interrupt_on(
                 job.live.discard(rank)
         if job.phase in ("placed", "starting", "running", "checkpointing"):
             move(state, job, "interrupt", ctx)
-            job.reasons = (Reason("interrupted", why),)
+            job.reasons = (Reason(code, why),)
             indexes.explain(state, job)
         stop_holding(state, job, ctx)
 
@@ -518,7 +528,7 @@ def _shutdown(state: State, ctx: Ctx, ev: NodeShutdown) -> None:
     # or running, not stopping for a preemption or a drain.
     here = indexes.holding_on(state, ev.node) if ev.registers_again else []
     keep = {j.id: _place_kept(j) for j in here if _keeps(j)}
-    interrupt_on(state, ctx, ev.node, None, why, node_gone=False)
+    interrupt_on(state, ctx, ev.node, None, why, node_gone=False, code=SHUT_DOWN)
     for job_id, place in keep.items():
         job = state.jobs[job_id]
         if job.phase == "interrupted":

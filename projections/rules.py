@@ -292,4 +292,7 @@ from __future__ import annotations
 # 103: a registration that renumbers a node's GPUs moves the places kept across its shutdown
 #    (``JobState.kept_place``) with them, by UUID, as it moves claims: held by the old indexes,
 #    the place fell on other GPUs (a worker one of whose GPUs left keeps none there).
-RULES = 103
+# 104: a job a planned shutdown of its node stops has its own reason code,
+#    ``fold_nodes.SHUT_DOWN``, where it had a fault's ("interrupted"): traces told the two apart
+#    by the reason's words.
+RULES = 104

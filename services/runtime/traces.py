@@ -46,7 +46,7 @@ from corral.events.nodes import (
     NodeShutdown,
 )
 from corral.events.queues import CordonNode, DeleteNode
-from corral.projections import trace_ids
+from corral.projections import fold_nodes, trace_ids
 from corral.projections.lifecycle import FINAL
 from corral.projections.state import JobState, State
 from corral.projections.trace_ids import JobTrace
@@ -565,15 +565,8 @@ def _drained(job: JobState) -> bool:
 
 def _shut_down(job: JobState) -> bool:
     """Whether ``job`` was interrupted by a planned shutdown of a node it ran on: the reason
-    the fold gives it then (``fold_nodes._shutdown``: "node N shut down", with what the agent
-    said after a colon), which it keeps until it is requeued."""
-    if not job.reasons or job.reasons[0].code != "interrupted" or job.placement is None:
-        return False
-    said = job.reasons[0].message
-    return any(
-        said == f"node {node} shut down" or said.startswith(f"node {node} shut down: ")
-        for node in {w.node for w in job.placement.workers}
-    )
+    the fold gives it then (``fold_nodes.SHUT_DOWN``), which it keeps until it is requeued."""
+    return bool(job.reasons) and job.reasons[0].code == fold_nodes.SHUT_DOWN
 
 
 def _reason(job: JobState) -> str:

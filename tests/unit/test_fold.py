@@ -53,7 +53,7 @@ from corral.events.queues import (
     QueueSpec,
     Quota,
 )
-from corral.projections import indexes
+from corral.projections import fold_nodes, indexes
 from corral.projections.fold import apply, apply_event, requester
 from corral.projections.fold_nodes import NODE_FAULTS_FREE
 from corral.projections.state import MAX_REJECTIONS, MAX_REJECTIONS_PER_TENANT, GpuState, Rejection, State
@@ -1755,7 +1755,8 @@ def test_a_shut_down_nodes_gpus_are_held_until_its_workers_exit() -> None:
     log = running(spec=job().gpus(2), gpus=(0, 1), nodes=Cluster(2)).shutdown(N0)
     state = fold(log)
     assert state.jobs["j1"].live == {0} and holders(state)[:2] == [{"j1": 1000}] * 2
-    assert state.jobs["j1"].reasons[0].message == f"node {N0} shut down"
+    # Its own reason code: a planned stop told from a fault by what a program reads, not words.
+    assert state.jobs["j1"].reasons[0] == Reason(fold_nodes.SHUT_DOWN, f"node {N0} shut down")
     state = fold(log.exited(N0, "j1", code=143, stopped=True))
     assert holders(state)[:2] == [{}, {}] and state.jobs["j1"].held is None and state.rejected_total == 0
 

@@ -53,6 +53,25 @@ CREATE TABLE IF NOT EXISTS snapshots (
 )
 """
 
+# The newest few of this build's, and of the build that wrote last before it (the one an upgrade
+# rolled back goes back to): a rollback then starts from its own snapshot, not from the log's first
+# record. A third build's are let go, so a file holds at most two builds' few. (Two builds'
+# snapshots of one log position share its row: the later write takes it, the other build keeps
+# its older ones.)
+_PRUNE = """
+DELETE FROM snapshots WHERE seq NOT IN (
+    SELECT seq FROM (
+        SELECT seq FROM snapshots WHERE format = :mine ORDER BY seq DESC LIMIT :keep
+    )
+    UNION
+    SELECT seq FROM (
+        SELECT seq FROM snapshots WHERE format = (
+            SELECT format FROM snapshots WHERE format != :mine ORDER BY seq DESC LIMIT 1
+        ) ORDER BY seq DESC LIMIT :keep
+    )
+)
+"""
+
 _decoder = msgspec.msgpack.Decoder(State)
 _log = logging.getLogger("corral.snapshot")
 
@@ -113,11 +132,7 @@ class SnapshotStore:
                 "INSERT OR REPLACE INTO snapshots (seq, format, time, state) VALUES (?, ?, ?, ?)",
                 (seq, self._format, time, blob),
             )
-            await db.execute(
-                "DELETE FROM snapshots WHERE seq NOT IN "
-                "(SELECT seq FROM snapshots ORDER BY seq DESC LIMIT ?)",
-                (self._keep,),
-            )
+            await db.execute(_PRUNE, {"mine": self._format, "keep": self._keep})
             await db.execute("COMMIT")
         except BaseException:
             await db.execute("ROLLBACK")

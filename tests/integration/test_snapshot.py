@@ -442,6 +442,30 @@ async def test_a_snapshot_another_build_wrote_is_passed_over_aloud(
     assert not caplog.records  # a new file is no news
 
 
+async def test_a_rolled_back_build_finds_its_own_snapshots(tmp_path: Path) -> None:
+    """An upgrade that is rolled back: the new build's snapshots did not take the older build's
+    place in the file, so the older build starts from its own newest, not from the log's first
+    record. Only the build before the newest is kept beside it: a third's are let go."""
+    path = str(tmp_path / "snap.db")
+    sim = busy_log(3, 60)
+    assert len(sim.log.records) >= 15
+
+    async def saved(format_id: str, cuts: range) -> None:
+        async with await SnapshotStore.open(path, format_id=format_id) as store:
+            for cut in cuts:
+                await store.save(fold(sim.log.records[:cut]))
+
+    await saved("1.1:old", range(4, 9))
+    await saved("1.2:new", range(9, 14))
+    async with await SnapshotStore.open(path, format_id="1.1:old") as store:
+        loaded = await store.load()
+        assert await store.seqs() == [13, 12, 11, 8, 7, 6]
+    assert loaded is not None and loaded.seq == 8
+    await saved("1.3:newer", range(14, 16))
+    async with await SnapshotStore.open(path, format_id="1.3:newer") as store:
+        assert await store.seqs() == [15, 14, 13, 12, 11]
+
+
 async def test_a_corrupt_snapshot_is_discarded_for_an_older_good_one(tmp_path: Path) -> None:
     path = str(tmp_path / "snap.db")
     sim = busy_log(5, 60)

@@ -43,6 +43,17 @@ requeued and admitted again (``queueing.keeps_place``): the part of it that is f
 before anything else, from every other job, and it is placed first, so that a restart gives
 no job, the one the reservation was for included, the GPUs work had before it.
 
+Back in place. At its turn, a moved job or one that kept its place goes on those very GPUs,
+not wherever the search would put it: a resumed job finds its node's local checkpoint and
+cache and its NVLink island again, and a move's layout (the one ``projections.moves`` checked)
+is the one that happens. Each worker of the place stays where the chain still takes its node
+for the job (health, cordon, drain, labels, models, room) and its GPUs are ones the chain's
+reserves could give it; the whole gang is then checked with the gate. A worker that cannot
+stay (its GPUs taken meanwhile or unhealthy, its node turned away) is searched for beside the
+ones that do, as a grown job's added ranks are (``gang.place_beside``), so that one lost GPU
+does not move the whole gang; only if nothing stays, those ranks find no room, or the gate
+refuses, is the whole gang searched for as any job's is.
+
 Both events carry ``based_on=state.seq`` and ``now``, so ``corral replay --verify`` can re-run
 the cycle. Same state, same ``now``, same config: same events.
 """
@@ -56,14 +67,22 @@ import msgspec
 
 from corral.events import codec
 from corral.events.base import Event, Reason
-from corral.events.decisions import GpuClaim, JobsPlaced, JobsUnschedulable, Placement, Unschedulable
+from corral.events.decisions import (
+    GpuClaim,
+    JobsPlaced,
+    JobsUnschedulable,
+    Placement,
+    Unschedulable,
+    WorkerSlot,
+)
 from corral.events.jobs import Resources
 from corral.projections import claims, indexes, preemption, queueing, quota
 from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang, stack
 from corral.projections.placement.framework import Request
+from corral.projections.placement.plugins.model import suits
 from corral.projections.placement.plugins.packing import fragmentation_of
-from corral.projections.placement.snapshot import Snapshot
+from corral.projections.placement.snapshot import NodeView, Snapshot
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.state import WHOLE, JobState, NodeState, State
 from corral.services.placer import backfill
@@ -195,6 +214,9 @@ class _Cycle:
         self.reservation: Reservation | None = None
         self.first = nominated.first if nominated is not None else set()
         self.held: dict[str, _Held] = {}
+        # The whole place held for a job back from a planned shutdown or moved, by job: where
+        # it is placed at its turn, as far as that place still takes it (``_back_in_place``).
+        self.places: dict[str, Placement] = {}
         if nominated is not None:
             # The places of the jobs back from a planned shutdown, then the moved jobs', first:
             # a beneficiary's search must not be given them.
@@ -207,7 +229,7 @@ class _Cycle:
         ``JobState.moved_to``; where it ran when a planned shutdown stopped it,
         ``JobState.kept_place``): the workers of that place that are free now, taken from the
         snapshot so that no other job of the cycle gets them (a worker whose place was taken
-        meanwhile is not held: the job is placed wherever the search finds room)."""
+        meanwhile is not held: it is searched for at the job's turn, ``_back_in_place``)."""
         out: dict[str, _Held] = {}
         for job, place in places:
             assert place is not None
@@ -221,6 +243,7 @@ class _Cycle:
                     part.append((w.node, res, w.gpus))
             if part:
                 out[job.id] = part
+                self.places[job.id] = place
         return out
 
     def _hold(self, stopping: dict[str, list[JobState]]) -> dict[str, _Held]:
@@ -266,7 +289,8 @@ class _Cycle:
 
     def place(self, job: JobState) -> tuple[Reason, ...] | None:
         """Place ``job`` (None) or say why it waits; a beneficiary or a moved job may use what is
-        held for it, which stays hidden from the rest of the cycle unless it was placed."""
+        held for it, which stays hidden from the rest of the cycle unless it was placed. A moved
+        job or one back from a planned shutdown goes back on its place if it still may."""
         if job.held is not None:
             return (Reason("draining", "workers of its previous attempt still hold GPUs", False),)
         held = self.held.pop(job.id, None)
@@ -274,11 +298,66 @@ class _Cycle:
             return self._place(job)
         for node, res, claimed in held:
             self.snap.give_back(node, res, claimed)
+        place = self.places.pop(job.id, None)
+        back = self._back_in_place(job, place) if place is not None else None
+        if back is not None:
+            self.placed.append(back)
+            return None
         result = self._place(job)
         if result is not None:
             for node, res, claimed in held:
                 self.snap.take(node, res, claimed)
         return result
+
+    def _back_in_place(self, job: JobState, place: Placement) -> tuple[Placement, Request] | None:
+        """``job`` placed on the very GPUs held for it (``place``), each worker that may still
+        go there taken from the snapshot and checked with the gate; or None, nothing taken.
+
+        A worker stays only where the chain still takes its node for the job (its health, cordon
+        or drain, labels, models, room) and its GPUs are ones the chain's reserves could give it
+        (suitable, healthy, free: ``_gives``). The ranks that cannot (their GPUs taken meanwhile,
+        unhealthy, or the node turned away) are searched for beside those that stay, as a grown
+        job's added ranks are (``gang.place_beside``: a required topology keeps them in the
+        staying workers' domain); if they find no room, the whole gang is searched as ever."""
+        req = self.request(job)
+        staying: list[WorkerSlot] = []
+        for w in sorted(place.workers, key=lambda w: w.rank):
+            if w.rank < req.replicas and w.node in self.state.nodes and self._stays(req, w):
+                self.snap.take(w.node, req.res, w.gpus)
+                staying.append(w)
+        if not staying:
+            return None
+        kept = Placement(job.id, job.attempt, tuple(staying))
+        ranks = {w.rank for w in staying}
+        missing = [r for r in range(req.replicas) if r not in ranks]
+        added: tuple[WorkerSlot, ...] = ()
+        if missing:
+            rest = dataclasses.replace(req, replicas=len(missing))
+            reserved = self.reservation  # a moved job is not placed first: it may come after one
+            hidden = reserved is not None and not reserved.admits(job, req, self.now)
+            if reserved is not None and hidden:
+                reserved.hide(self.snap)
+            found = gang.place_beside(self.chain, self.snap, rest, self.config.label_keys, kept)
+            if reserved is not None and hidden:
+                reserved.unhide(self.snap)
+            if not isinstance(found, Placement):
+                self.snap.release(kept, req.res)
+                return None
+            added = tuple(
+                msgspec.structs.replace(w, rank=r) for w, r in zip(found.workers, missing, strict=True)
+            )
+        whole = Placement(job.id, job.attempt, tuple(sorted((*staying, *added), key=lambda w: w.rank)))
+        if self.gate.check(job, whole) is not None:
+            self.snap.release(whole, req.res)
+            return None
+        return whole, req
+
+    def _stays(self, req: Request, w: WorkerSlot) -> bool:
+        """Whether worker ``w`` of a held place may go back there now (``_back_in_place``)."""
+        if w.node in req.avoid:
+            return False
+        node = self.snap.view(w.node)
+        return self.chain.reject(req, node) is None and _gives(req, node, w.gpus)
 
     def grow(self, job: JobState) -> None:
         """Place the ranks admission added to a running elastic job, if they all fit now."""
@@ -365,6 +444,23 @@ def _free(snap: Snapshot, node: str, res: Resources, gpus: tuple[GpuClaim, ...])
             return False
         g = v.gpus[c.gpu]
         if not g.healthy or g.mig or g.free < c.milli or (c.milli >= WHOLE and g.holders):
+            return False
+    return True
+
+
+def _gives(req: Request, node: NodeView, gpus: tuple[GpuClaim, ...]) -> bool:
+    """Whether ``gpus`` on ``node`` are a share the chain's reserves could give one worker of
+    ``req`` now: as many GPUs as it asks, each of the share it asks, suitable (model, memory,
+    mode), healthy and with that share free (a whole one held by nobody). A MIG slice is never
+    held for a job, and a MIG worker is searched for."""
+    need = req.need
+    if need.kind == "mig" or len(gpus) != need.gpus or len({c.gpu for c in gpus}) != len(gpus):
+        return False
+    for c in gpus:
+        if c.mig is not None or c.milli != need.milli or not 0 <= c.gpu < len(node.gpus):
+            return False
+        g = node.gpus[c.gpu]
+        if not suits(need, g) or not g.healthy or g.free < c.milli or (c.milli >= WHOLE and g.holders):
             return False
     return True
 

@@ -7,6 +7,7 @@ each case reads as "a node like this, a job like that, this answer".
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -1240,3 +1241,157 @@ def test_reservation_reason_is_stable_across_cycles() -> None:
     fold_events(state, first)
     assert state.jobs["head"].reasons[0].code == "reserved"
     assert decide(state, 200.0) == []  # nothing changed: nothing re-announced
+
+
+# -- places held for a job back from a planned shutdown, or moved ----------------------------------
+
+
+@dataclass
+class Held:
+    """A job admitted again with its place held (kept across a planned shutdown of its node, or
+    named by a consolidation's move), what the nodes look like now, and where the cycle puts it."""
+
+    id: str
+    nodes: int
+    gpus: int  # per worker
+    place: list[tuple[str, tuple[int, ...]]]  # rank -> (node, GPUs) it ran on, or is moved to
+    at: dict[int, tuple[str, tuple[int, ...]]]  # rank -> where the cycle must put it
+    moved: bool = False
+    now: Callable[[State], None] = lambda state: None  # what changed since the place was held
+    never: set[tuple[str, int | None]] = field(default_factory=set)  # (node, GPU; None: any) it must not get
+    placed: bool = True
+
+
+def _sick(node: str, gpu: int) -> Callable[[State], None]:
+    def change(state: State) -> None:
+        g = state.nodes[node].gpus[gpu]
+        g.healthy, g.signal = False, "xid:79"
+
+    return change
+
+
+def _cordoned(node: str) -> Callable[[State], None]:
+    def change(state: State) -> None:
+        state.nodes[node].cordoned = True
+
+    return change
+
+
+def _relabelled(node: str) -> Callable[[State], None]:
+    def change(state: State) -> None:  # registered again in another pool than the job's
+        inv = state.nodes[node].inventory
+        state.nodes[node].inventory = msgspec.structs.replace(inv, labels={**inv.labels, "pool": "b"})
+
+    return change
+
+
+N0, N1, N2 = "node-00", "node-01", "node-02"
+
+HELD = [
+    Held(
+        "kept-on-gpus-2-3-of-an-idle-node: back on 2-3, not the first two free",
+        nodes=1,
+        gpus=2,
+        place=[(N0, (2, 3))],
+        at={0: (N0, (2, 3))},
+    ),
+    Held(
+        "a-two-node-gang-kept: back on its two nodes and their GPUs",
+        nodes=3,
+        gpus=2,
+        place=[(N1, (4, 5)), (N2, (6, 7))],
+        at={0: (N1, (4, 5)), 1: (N2, (6, 7))},
+    ),
+    Held(
+        "a-gang-with-a-kept-gpu-now-unhealthy: the other worker stays, this one is searched",
+        nodes=2,
+        gpus=2,
+        place=[(N0, (2, 3)), (N1, (2, 3))],
+        at={0: (N0, (2, 3))},
+        now=_sick(N1, 3),
+        never={(N1, 3)},
+    ),
+    Held(
+        "a-gang-with-a-kept-node-now-cordoned: the other worker stays, none goes there",
+        nodes=3,
+        gpus=2,
+        place=[(N0, (2, 3)), (N1, (2, 3))],
+        at={0: (N0, (2, 3))},
+        now=_cordoned(N1),
+        never={(N1, None)},
+    ),
+    Held(
+        "one-worker-with-a-kept-gpu-now-unhealthy: searched as ever, never on that GPU",
+        nodes=1,
+        gpus=2,
+        place=[(N0, (2, 3))],
+        at={},
+        now=_sick(N0, 3),
+        never={(N0, 3)},
+    ),
+    Held(
+        "kept-on-a-node-now-in-another-pool: not placed there, whatever is free",
+        nodes=1,
+        gpus=2,
+        place=[(N0, (2, 3))],
+        at={},
+        now=_relabelled(N0),
+        placed=False,
+    ),
+    Held(
+        "moved-to-gpus-6-7: lands on the place its move named",
+        nodes=2,
+        gpus=2,
+        place=[(N1, (6, 7))],
+        at={0: (N1, (6, 7))},
+        moved=True,
+    ),
+]
+
+
+def held_state(case: Held) -> State:
+    """``case``'s nodes, and its job ``back`` admitted with its place held; every node in pool
+    ``a``, which the job asks for."""
+    state = cluster_state(case.nodes)
+    for node in state.nodes.values():
+        node.inventory = msgspec.structs.replace(
+            node.inventory, labels={**node.inventory.labels, "pool": "a"}
+        )
+    spec = JobSpec(
+        queue="q",
+        replicas=len(case.place),
+        resources=Resources(gpus=case.gpus),
+        node_selector={"pool": "a"},
+        preemptible=False,
+    )
+    j = JobState(id="back", tenant="t", spec=spec, submitted_seq=5, submitted_at=0.0, phase="admitted")
+    j.admission = Admission("back", 0, len(case.place))
+    place = Placement(
+        "back",
+        0,
+        tuple(WorkerSlot(r, n, tuple(GpuClaim(g) for g in gpus)) for r, (n, gpus) in enumerate(case.place)),
+    )
+    if case.moved:
+        j.moved_to, j.preempted_for = place, "gone"  # its move's beneficiary, placed and ended
+    else:
+        j.kept_place = place
+    indexes.add(state, j)
+    case.now(state)
+    return state
+
+
+@pytest.mark.parametrize("case", HELD, ids=[c.id.split(":")[0] for c in HELD])
+def test_a_job_with_its_place_held_lands_on_those_very_gpus(case: Held) -> None:
+    state = held_state(case)
+    events = decide(state, 100.0)
+    placed = {p.job_id: p for e in events if isinstance(e, JobsPlaced) for p in e.placements}
+    assert ("back" in placed) is case.placed
+    if not case.placed:
+        return
+    got = {w.rank: (w.node, tuple(c.gpu for c in w.gpus)) for w in placed["back"].workers}
+    assert sorted(got) == list(range(len(case.place)))
+    assert {r: got[r] for r in case.at} == case.at
+    for node, gpus in got.values():
+        assert (node, None) not in case.never and not {(node, g) for g in gpus} & case.never
+    fold_events(state, events)
+    assert state.void_total == 0 and state.jobs["back"].phase == "placed"

@@ -18,16 +18,16 @@ placements must respect GPUs already held. For every cycle:
 from __future__ import annotations
 
 import msgspec
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from corral.events import subjects
-from corral.events.decisions import JobsPlaced, Placement
+from corral.events.decisions import GpuClaim, JobsPlaced, Placement, WorkerSlot
 from corral.events.jobs import Admission, JobsAdmitted, JobSpec, Resources, Topology
 from corral.events.queues import ApplyQueue, QueueSpec, Quota
-from corral.projections import claims, mig, quota
+from corral.projections import claims, indexes, mig, quota
 from corral.projections.fold import apply_event
-from corral.projections.state import WHOLE, State
+from corral.projections.state import WHOLE, JobState, State
 from corral.services.agent.inventory import PROFILES
 from corral.services.placer.decide import decide
 from tests.builders import TRAIN, Cluster, LogBuilder
@@ -171,3 +171,90 @@ def test_placements_are_safe_whole_and_deterministic(
     admit(more, "b", second)
     more.fold(state)
     check_cycle(state, 3000.0)
+
+
+# -- a place held for a job back from a planned shutdown ------------------------------------------
+
+
+@st.composite
+def held_places(draw: st.DrawFn) -> tuple[State, Placement, str | None]:
+    """Up to three 8-GPU nodes with some GPUs busy; a job ``back`` admitted again with its place
+    kept (free GPUs, one worker per rank, any topology intent); higher-priority jobs admitted
+    beside it; and, ``spoiled``, what turned one of its workers away since (``None``: nothing)."""
+    state = LogBuilder().nodes(Cluster(draw(st.integers(1, 3)))).fold()
+    free: dict[str, list[int]] = {}
+    for name, node in state.nodes.items():
+        busy = draw(st.sets(st.integers(0, 7), max_size=6))
+        for i in busy:
+            node.gpus[i].used_milli, node.gpus[i].holders = WHOLE, {"other": WHOLE}
+        free[name] = [i for i in range(8) if i not in busy]
+    per = draw(st.sampled_from([1, 2, 4]))
+    # Where it ran, the placer put it as its intent asks (one NVSwitch island per node here).
+    pack = draw(st.sampled_from(["none", "nvlink", "node", "spread"]))
+    required = draw(st.booleans())
+    workers: list[WorkerSlot] = []
+    for rank in range(draw(st.integers(1, 3))):
+        roomy = [n for n, gpus in free.items() if len(gpus) >= per]
+        if required and workers and pack in ("nvlink", "node"):
+            roomy = [n for n in roomy if n == workers[0].node]
+        elif required and pack == "spread":
+            roomy = [n for n in roomy if all(w.node != n for w in workers)]
+        if not roomy:
+            break
+        name = draw(st.sampled_from(roomy))
+        gpus = draw(st.permutations(free[name]))[:per]
+        free[name] = [g for g in free[name] if g not in gpus]
+        workers.append(WorkerSlot(rank, name, tuple(GpuClaim(g) for g in sorted(gpus))))
+    assume(workers)
+    spec = JobSpec(
+        queue="team-a",
+        replicas=len(workers),
+        resources=Resources(gpus=per, cpu_milli=2000, memory_mib=16_384),
+        topology=Topology(pack, required),  # type: ignore[arg-type]
+        command=TRAIN,
+    )
+    place = Placement("back", 0, tuple(workers))
+    jobs = [("back", spec, 0)]
+    for i in range(draw(st.integers(0, 3))):
+        gpus = draw(st.sampled_from([1, 2, 4, 8]))
+        rival = JobSpec(queue="team-a", resources=Resources(gpus=gpus), command=TRAIN)
+        jobs.append((f"r{i}", rival, draw(st.integers(1, 100))))
+    for seq, (job_id, s, priority) in enumerate(jobs):
+        j = JobState(
+            id=job_id,
+            tenant="t",
+            spec=s,
+            submitted_seq=seq,
+            submitted_at=0.0,
+            phase="admitted",
+            priority=priority,
+        )
+        j.admission = Admission(job_id, 0, s.replicas)
+        if job_id == "back":
+            j.kept_place = place
+        indexes.add(state, j)
+    spoiled = draw(st.sampled_from([None, "sick", "cordoned"]))
+    if spoiled is not None:
+        w = draw(st.sampled_from(workers))
+        node = state.nodes[w.node]
+        if spoiled == "sick":
+            g = node.gpus[w.gpus[0].gpu]
+            g.healthy, g.signal = False, "xid:79"
+        else:
+            node.cordoned = True
+    return state, place, spoiled
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(held_places())
+def test_a_held_place_wholly_free_and_passing_the_chain_is_the_one_taken(
+    scenario: tuple[State, Placement, str | None],
+) -> None:
+    state, place, spoiled = scenario
+    events = decide(state, 2000.0)
+    placed = {p.job_id: p for e in events if isinstance(e, JobsPlaced) for p in e.placements}
+    if spoiled is None:
+        assert "back" in placed and placed["back"].workers == place.workers
+    for p in placed.values():
+        check_placement(state, p)
+    check_cycle(state, 2000.0)

@@ -432,6 +432,19 @@ def test_the_place_a_move_names_is_held_for_the_moved_job() -> None:
     assert w.state.jobs["c1"].phase == "admitted"
 
 
+def test_a_moved_job_lands_on_the_gpus_its_move_named() -> None:
+    """With node-01's GPUs 4-7 free, a move of a2 to 6-7 puts it on 6-7 (the layout the fold
+    checked), not on 4-5, where the search would put a 2-GPU job on an idle island."""
+    w = world(a3_gpus=4)
+    assert _move(w, ("a2",), (_at_b1(w), _at(w, "a2", N1, 6, 7))) is None
+    w.stop("a2")
+    for _ in range(3):
+        _emit_all(w, admission(w.state, w.time))
+        _emit_all(w, placer(w.state, w.time))
+    a2 = w.state.jobs["a2"]
+    assert a2.phase == "placed" and a2.held == Placement("a2", 1, _at(w, "a2", N1, 6, 7).workers)
+
+
 def test_a_moved_job_waiting_for_quota_holds_no_gpus() -> None:
     """Requeued and not admitted again (its quota taken meanwhile), a moved job waits for quota:
     the GPUs its move named are not held for it, and another job may be placed there."""

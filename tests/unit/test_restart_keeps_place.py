@@ -69,6 +69,14 @@ def _halves() -> LogBuilder:
     return log.exited(N0, "run", code=143, stopped=True).exited(N0, "beside", code=143, stopped=True)
 
 
+def _on_two(gpus: tuple[int, int] = (2, 3)) -> LogBuilder:
+    """``run`` (2 GPUs) runs on ``gpus`` of the node, the rest idle; ``corral up`` stops."""
+    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec())
+    log.submit("alice", "run", job().gpus(2).estimate(3600.0)).accept("run").admit("run")
+    log.place(on(N0, *gpus, job_id="run")).started(N0, "run")
+    return log.shutdown(N0, "corral up stopped", True).exited(N0, "run", code=143, stopped=True)
+
+
 def _back(log: LogBuilder, swapped: tuple[int, int] | None = None) -> LogBuilder:
     """The agent is back and registers its node again (NVML numbering two of its GPUs the
     other's way round, ``swapped``)."""
@@ -151,6 +159,12 @@ RESTARTS = [
             "run": [f"GPU-{N0}-{i:02d}" for i in range(4)],
             "beside": [f"GPU-{N0}-{i:02d}" for i in range(4, 8)],
         },
+    ),
+    Restart(
+        "back-on-a-node-otherwise-idle: on the GPUs it ran on, not the first two free",
+        lambda: _back(_admission_cycle(_on_two())),
+        ["run"],
+        {"run": [f"GPU-{N0}-02", f"GPU-{N0}-03"]},
     ),
 ]
 

@@ -48,9 +48,14 @@ class Reason(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """Why something did not happen, in terms an operator can act on.
 
     ``code`` is stable and machine-readable; ``message`` is for people; ``preemption_helps`` says
-    whether evicting lower-priority work could change the answer.
+    whether evicting lower-priority work could change the answer. ``reserved_for``, of a job the
+    placer's reservation keeps off the free GPUs (code ``reservation``), is the job they are
+    reserved for: the message, its owner's words, names that job only to that job's owner, so
+    whoever shows the reason to a tenant shows the field only where the message names it
+    (``projections/visibility.py``). None in reasons recorded before it was kept.
     """
 
     code: str
     message: str
     preemption_helps: bool = False
+    reserved_for: str | None = None

@@ -295,4 +295,7 @@ from __future__ import annotations
 # 104: a job a planned shutdown of its node stops has its own reason code,
 #    ``fold_nodes.SHUT_DOWN``, where it had a fault's ("interrupted"): traces told the two apart
 #    by the reason's words.
-RULES = 104
+# 105: the reason of a job the placer's reservation keeps off the free GPUs names, as data, the
+#    job they are reserved for (``Reason.reserved_for``), which the state keeps with the reason;
+#    the placer writes the reason again when only that job changed.
+RULES = 105

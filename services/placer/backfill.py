@@ -95,6 +95,9 @@ class Reservation:
             f"the free GPUs that fit are reserved for {held_for} (free {self.when()}); a job may use them "
             "only if its runtime estimate ends before then or it is preemptible",
             True,
+            # The admin's explain names it from here; an answer to a tenant who may not see that
+            # job leaves it out, as the message does.
+            reserved_for=self.job_id,
         )
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from corral.events import codec
 from corral.events import subjects as subj
 from corral.events.base import Reason
-from corral.events.decisions import GpuClaim, PreemptionRequested
+from corral.events.decisions import GpuClaim, JobsUnschedulable, PreemptionRequested, Unschedulable
 from corral.events.jobs import REASON_CHARS, CancelJob, PendingReasonChanged
 from corral.events.nodes import WorkerExited, WorkerStarted
 from corral.events.queues import ApplyCohort, CohortSpec, CordonNode, QueueSpec, Quota
+from corral.projections import queueing
 from corral.projections.fold_moves import MAX_PREEMPTION_TIMES
 from corral.projections.index import summarize
 from corral.projections.quota import ANY
@@ -140,6 +142,48 @@ def test_a_job_preempted_for_one_it_was_moved_for_long_ago_reads_as_preempted() 
     w.admit("a2").place("a2", (N1, _gpus(6, 7))).start("a2").preempt("b1", "a2")
     said = other_sides(w.state, w.state.jobs["a2"])
     assert said[0].endswith(", b1 (alice, queue b)") and len(said) == 1, said
+
+
+def _two_reservations(reserved_for: str | None) -> LogBuilder:
+    """big-c (carol) holds the reservation a placer cycle made for it, big-a (alice) still says
+    it holds one from an earlier cycle, and bob's w waits behind one of them (``reserved_for``;
+    None: as a placer that did not say which wrote it)."""
+    log = LogBuilder().nodes(Cluster(1)).queues("team-a", "team-b", "team-c")
+    for tenant, job_id, queue in (
+        ("alice", "big-a", "team-a"),
+        ("carol", "big-c", "team-c"),
+        ("bob", "w", "team-b"),
+    ):
+        log.submit(tenant, job_id, job(queue)).accept(job_id)
+    log.admit("big-a", "big-c", "w")
+    held = Reason(queueing.RESERVED, "holds a reservation on 8 GPUs of n0, free at t=5000s", True)
+    earlier = JobsUnschedulable(
+        based_on=log.last_seq, now=log.time, jobs=(Unschedulable("big-a", 0, (held,)),)
+    )
+    log.event(subj.decision("placer"), earlier)
+    why = "the free GPUs that fit are reserved for another tenant's job (free at t=6000s); ..."
+    waits = Reason(queueing.RESERVATION, why, True, reserved_for=reserved_for)
+    now = (Unschedulable("big-c", 0, (held,)), Unschedulable("w", 0, (waits,)))
+    return log.event(
+        subj.decision("placer"), JobsUnschedulable(based_on=log.last_seq, now=log.time, jobs=now)
+    )
+
+
+def test_a_log_that_does_not_say_which_reservation_reads_as_before() -> None:
+    # A placer that did not record which job a reason waits behind wrote reasons without the
+    # field: they decode, encode again to the same bytes, and the admin is told every job that
+    # says it holds a reservation, as then.
+    records = _two_reservations(None).records
+    waits = codec.decode_envelope(records[-1].data)
+    assert isinstance(waits.body, JobsUnschedulable)
+    (reason,) = waits.body.jobs[1].reasons
+    assert reason.reserved_for is None
+    assert b"reserved_for" not in records[-1].data and codec.encode(waits) == records[-1].data
+    told = explain_log(records, "w", None)
+    assert told is not None and "reserved_for" not in told["reasons"][0]
+    assert (
+        "the free GPUs that fit are reserved for: big-a (alice, queue team-a), big-c (carol" in told["text"]
+    )
 
 
 def _holding(

@@ -39,6 +39,14 @@ def job_of(jobs: Mapping[str, JobState], job_id: str, reader: str) -> str:
     return job_named(job_id, None if other is None else other.tenant, reader)
 
 
+def job_told(jobs: Mapping[str, JobState], job_id: str, reader: str) -> str | None:
+    """Job ``job_id`` as a field of an answer to ``reader`` gives it: its id where ``reader`` sees
+    that job (the admin every job; a tenant its own, of the state ``jobs``), else None, the
+    field left out where a text says "another tenant's job"."""
+    other = jobs.get(job_id)
+    return job_id if reader == subjects.ADMIN or (other is not None and other.tenant == reader) else None
+
+
 def queue_named(queues: Mapping[str, QueueSpec], name: str, reader: str) -> str:
     """Queue ``name`` as a text for tenant ``reader`` names it."""
     spec = queues.get(name)

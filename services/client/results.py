@@ -146,9 +146,13 @@ class Job(msgspec.Struct, frozen=True):
 
 
 class Reason(msgspec.Struct, frozen=True):
+    """Why a job waits. ``reserved_for``: the job the free GPUs it waits for are reserved for,
+    where the asker may see that job (the admin, or that job's owner); else None."""
+
     code: str
     message: str
     preemption_helps: bool = False
+    reserved_for: str | None = None
 
 
 class HistoryEntry(msgspec.Struct, frozen=True):

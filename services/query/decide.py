@@ -436,7 +436,9 @@ def answer(
             stoppable = anyone_stoppable(state, job)
             return {
                 "seq": state.seq,
-                **explain(job, history.get(job.id, ()), eta_of(job, etas), notes, stoppable),
+                **explain(
+                    job, history.get(job.id, ()), eta_of(job, etas), notes, stoppable, state.jobs, asker
+                ),
             }
         kept = let_go.explain(ask.job, asker) if let_go is not None else None
         if kept is None:

@@ -10,15 +10,17 @@ the fold let go, as it stood then). A tenant sees only its own jobs; another ten
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from corral.events import subjects
+from corral.events.base import Reason
 from corral.projections import indexes, preemption, queueing, quota
 from corral.projections.index import JobEvent
 from corral.projections.lifecycle import HOLDS_GPUS
 from corral.projections.shape import workers_text
 from corral.projections.state import JobState, State
+from corral.projections.visibility import job_told
 from corral.services.query import present
 
 
@@ -28,15 +30,17 @@ def explain(
     eta: dict[str, Any] | None = None,
     notes: Sequence[str] = (),
     stoppable: bool = True,
+    jobs: Mapping[str, JobState] | None = None,
+    reader: str | None = None,
 ) -> dict[str, Any]:
     """A job's row (with its forecast start, ``eta``, when it waits), why it waits, its history
     and what of it was refused, and the text a person reads; ``notes``: lines from the state
     around it (``notes_for`` the asker); ``stoppable``: whether any running job could be stopped
-    for it (``anyone_stoppable``), which a reason that freed GPUs would help leaves open."""
+    for it (``anyone_stoppable``), which a reason that freed GPUs would help leaves open;
+    ``reader`` (the job's owner if None) and the state's ``jobs``: which other jobs its reasons
+    may name as data (``visibility.job_told``; none where ``jobs`` is not given)."""
     row = {**present.job_row(job), "eta": eta}
-    reasons = [
-        {"code": r.code, "message": r.message, "preemption_helps": r.preemption_helps} for r in job.reasons
-    ]
+    reasons = [_reason(r, jobs or {}, job.tenant if reader is None else reader) for r in job.reasons]
     events = [
         {"seq": e.seq, "time": e.time, "type": e.type, "subject": e.subject, "summary": e.summary}
         for e in history
@@ -77,6 +81,14 @@ def explain(
         "refused": refused,
         "text": "\n".join(map(present.one_line, lines)),
     }
+
+
+def _reason(r: Reason, jobs: Mapping[str, JobState], reader: str) -> dict[str, Any]:
+    told: dict[str, Any] = {"code": r.code, "message": r.message, "preemption_helps": r.preemption_helps}
+    reserved_for = None if r.reserved_for is None else job_told(jobs, r.reserved_for, reader)
+    if reserved_for is not None:
+        told["reserved_for"] = reserved_for
+    return told
 
 
 def anyone_stoppable(state: State, job: JobState) -> bool:

@@ -240,7 +240,9 @@ class JobView:
         self.left_out.pop(job.id, None)
         self.requests.pop(job.id, None)
         self.counting.pop(job.id, None)
-        report = explain(job, self.history.pop(job.id, ()))
+        # Kept once for its owner and the admin alike: its reasons name as data only jobs of its
+        # owner's, as their messages do.
+        report = explain(job, self.history.pop(job.id, ()), jobs=self.state.jobs)
         report["text"] += f"\n  let go from the cluster's state at seq {seq}: it is kept here only"
         self.kept[job.tenant] += 1
         self.kept_total += 1
@@ -382,9 +384,9 @@ def explain_log(records: Sequence[Record], job_id: str, tenant: str | None) -> d
         job = view.state.jobs.get(job_id)
         if job is not None and asker in (subjects.ADMIN, job.tenant):
             notes = notes_for(view.state, job, asker)
-            return explain(
-                job, view.history.get(job_id, ()), notes=notes, stoppable=anyone_stoppable(view.state, job)
-            )
+            stoppable = anyone_stoppable(view.state, job)
+            history = view.history.get(job_id, ())
+            return explain(job, history, None, notes, stoppable, view.state.jobs, asker)
         return view.explain(job_id, asker)
     finally:
         view.close()

@@ -126,6 +126,27 @@ def test_the_admin_is_told_whom_the_gpus_a_job_waits_for_are_reserved_for() -> N
     assert "reserved for:" not in told["text"] and "secret" not in json.dumps(told)
 
 
+def reserved_for(answer: dict[str, Any]) -> list[str | None]:
+    return [r.get("reserved_for") for r in answer["reasons"]]
+
+
+def test_which_job_the_gpus_are_reserved_for_is_data_only_to_whom_may_see_it() -> None:
+    # The reason says which job a waiting job waits behind as data too, where the reader may see
+    # that job: the admin always, the owner only of its own.
+    view = folded(APART, RESERVED, until=10.0)
+    assert reserved_for(ask(view, "admin", "explain", job="bob-1")) == ["secret-70b"]
+    for told in (ask(view, "bob", "explain", job="bob-1"), ask(view, "bob", "jobs")):
+        assert "secret" not in json.dumps(told)
+    assert reserved_for(ask(view, "bob", "explain", job="bob-1")) == [None]
+    own = [
+        SimJob("bob-run", "bob", spec("qb", 4, 1000, preemptible=False), 0.0, 1000.0),
+        SimJob("bob-70b", "bob", spec("qb", 8, 5000, preemptible=False), 1.0, 5000.0),
+        SimJob("bob-1", "bob", spec("qb", 2, 5000, preemptible=False), 2.0, 5000.0),
+    ]
+    view = folded([closed("qb", "bob", 16)], own, until=10.0)
+    assert reserved_for(ask(view, "bob", "explain", job="bob-1")) == ["bob-70b"]
+
+
 @pytest.mark.parametrize(
     ("setup", "jobs", "said"),
     [

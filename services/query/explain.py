@@ -238,16 +238,26 @@ def other_sides(state: State, job: JobState) -> list[str]:
         lines.append(f"shrunk for: {whose(job.preempted_for)}")
     if job.victims:
         lines.append(f"stopped, shrunk or moved for it: {', '.join(map(whose, job.victims))}")
-    if any(r.code == queueing.RESERVATION for r in job.reasons):
-        # Its reason names the job the free GPUs are reserved for only to that job's owner.
-        held = [j.id for j in indexes.jobs_in(state, "admitted") if _reserved(j) and j.id != job.id]
-        if held:
-            lines.append(f"the free GPUs that fit are reserved for: {', '.join(map(whose, sorted(held)))}")
+    held = _reserved_for(state, job)
+    if held:
+        lines.append(f"the free GPUs that fit are reserved for: {', '.join(map(whose, held))}")
     return lines
 
 
+def _reserved_for(state: State, job: JobState) -> list[str]:
+    """The job ``job``'s reason says the free GPUs it waits for are reserved for (its message
+    names it only to that job's owner). A reason recorded before reasons said which is read as
+    it was then: every other admitted job whose reason says it holds a reservation, which may
+    name jobs it does not wait behind (such a reason outlives the cycle that wrote it)."""
+    waits = [r for r in job.reasons if r.code == queueing.RESERVATION]
+    said = sorted({r.reserved_for for r in waits if r.reserved_for is not None})
+    if said or not waits:
+        return said
+    return sorted(j.id for j in indexes.jobs_in(state, "admitted") if _reserved(j) and j.id != job.id)
+
+
 def _reserved(job: JobState) -> bool:
-    """Whether the placer holds a reservation for ``job`` (its reason says so)."""
+    """Whether a job's reason says the placer holds a reservation for it."""
     return bool(job.reasons) and job.reasons[0].code in (queueing.RESERVED, queueing.RESERVED_UNTIMED)
 
 

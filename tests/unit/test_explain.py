@@ -3,6 +3,8 @@ it was refused, and nothing of it for another tenant."""
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
 
@@ -146,8 +148,8 @@ def test_a_job_preempted_for_one_it_was_moved_for_long_ago_reads_as_preempted() 
 
 def _two_reservations(reserved_for: str | None) -> LogBuilder:
     """big-c (carol) holds the reservation a placer cycle made for it, big-a (alice) still says
-    it holds one from an earlier cycle, and bob's w waits behind one of them (``reserved_for``;
-    None: as a placer that did not say which wrote it)."""
+    it holds one from an earlier cycle, and bob's w waits behind ``reserved_for`` (None: its
+    reason does not say which, as one recorded before reasons said it)."""
     log = LogBuilder().nodes(Cluster(1)).queues("team-a", "team-b", "team-c")
     for tenant, job_id, queue in (
         ("alice", "big-a", "team-a"),
@@ -167,6 +169,19 @@ def _two_reservations(reserved_for: str | None) -> LogBuilder:
     return log.event(
         subj.decision("placer"), JobsUnschedulable(based_on=log.last_seq, now=log.time, jobs=now)
     )
+
+
+def test_the_admin_is_told_the_one_reservation_a_job_waits_behind() -> None:
+    # Two admitted jobs said they held a reservation (one from an earlier cycle), and the admin
+    # read both as the jobs the free GPUs w waits for are reserved for.
+    told = explain_log(_two_reservations("big-c").records, "w", None)
+    assert told is not None
+    said = [line.strip() for line in told["text"].splitlines() if "reserved for:" in line]
+    assert said == ["the free GPUs that fit are reserved for: big-c (carol, queue team-c)"]
+    assert told["reasons"][0]["reserved_for"] == "big-c"
+    # Its owner is told neither, in the text or the data.
+    mine = explain_log(_two_reservations("big-c").records, "w", "bob")
+    assert mine is not None and "big-c" not in json.dumps(mine) and "reserved_for" not in json.dumps(mine)
 
 
 def test_a_log_that_does_not_say_which_reservation_reads_as_before() -> None:

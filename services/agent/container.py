@@ -8,9 +8,13 @@ runs anything: it asks each engine whether it answers here.
 
 Invariants of a worker's container:
 
-- Its name is ``container_name(job, attempt, rank)``: the same on every call, different between
-  attempts and ranks, so the agent reaches it by name to signal or stop it, and a restarted
-  agent can remove a container its predecessor lost.
+- Its name is ``container_name(job, attempt, rank, agent=…)``: the same on every call, different
+  between attempts and ranks, so the agent reaches it by name to signal or stop it, and a
+  restarted agent can remove a container its predecessor lost. Job ids are unique within one
+  corral only, and an engine's names are one namespace for the whole host: the name (and the
+  ``corral.agent`` label) also carries the id of the agent's work directory (``agent_id``), so
+  agents of two corrals on one host, each on its own work directory, never reach each other's
+  containers, and an agent restarted on the same work directory reaches its predecessor's.
 - It sees what a plain worker sees: the contract's environment (``-e`` for each variable), the
   host's network (``MASTER_ADDR``/``MASTER_PORT`` reach other nodes as they do from the host) and
   IPC (NCCL's shared-memory transport between ranks on one node, PyTorch's data loaders), its
@@ -28,12 +32,16 @@ Invariants of a worker's container:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import os
 import re
+import secrets
 import shutil
 import signal
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Literal, NamedTuple
 
 from corral.events import jobs
@@ -58,6 +66,8 @@ ENGINE_FAILURES = frozenset({125, 126, 127})
 DOCKER_CDI_MAJOR = 25  # docker passes CDI devices to --device from 25 on
 PODMAN_NPROC_CAP = 32768
 _ENGINES: tuple[Engine, ...] = ("docker", "podman")  # a running docker daemon is a deliberate setup
+AGENT_ID_FILE = "agent.id"  # in the agent's work directory
+_AGENT_ID = re.compile(r"[0-9a-f]{12}")
 _ENGINE_ERROR = re.compile(r"^(Error: |Error response from daemon: |docker: )")
 
 
@@ -81,14 +91,14 @@ class Probe(NamedTuple):
 # -- names, devices, mounts ----------------------------------------------------------------------
 
 
-def container_name(job_id: str, attempt: int, rank: int) -> str:
-    """``corral-<job>-a<attempt>-r<rank>``. A job id with characters a container name cannot hold
-    (or a very long one) is cut to what it can, with a checksum of the whole id, so that two jobs
-    never share a name."""
+def container_name(job_id: str, attempt: int, rank: int, *, agent: str) -> str:
+    """``corral-<agent>-<job>-a<attempt>-r<rank>``, ``agent`` the id of the agent's work directory
+    (``agent_id``). A job id with characters a container name cannot hold (or a very long one) is
+    cut to what it can, with a checksum of the whole id, so that two jobs never share a name."""
     job = re.sub(r"[^a-zA-Z0-9_.-]", "-", job_id)[:80]
     if job != job_id:
         job = f"{job}-{zlib.crc32(job_id.encode()):08x}"
-    return f"corral-{job}-a{attempt}-r{rank}"
+    return f"corral-{agent}-{job}-a{attempt}-r{rank}"
 
 
 def cdi_device(gpu: int | str, mig: int | None = None) -> str:
@@ -161,6 +171,7 @@ def run_args(
     engine: Engine,
     spec: StartWorker,
     *,
+    agent: str,
     workdir: str,
     env: Mapping[str, str],
     devices: Sequence[str] = (),
@@ -168,12 +179,13 @@ def run_args(
     exe: str | None = None,
     user: tuple[int, int] | None = None,
 ) -> list[str]:
-    """``<engine> run …`` for one worker: ``env`` is its whole environment (``container_env``),
-    ``devices`` the CDI names of its GPUs (``gpu_devices``). The image's entrypoint, if it has
-    one, runs the job's command; a job without a command runs the image's own. With ``user``
-    (uid, gid; a corral whose tenants share nodes), the worker runs as that host user whatever
-    the image says, with no capability and no way to gain privileges, as a sandboxed worker does."""
-    name = container_name(spec.job_id, spec.attempt, spec.rank)
+    """``<engine> run …`` for one worker of the agent whose work directory's id is ``agent``
+    (``agent_id``): ``env`` is its whole environment (``container_env``), ``devices`` the CDI
+    names of its GPUs (``gpu_devices``). The image's entrypoint, if it has one, runs the job's
+    command; a job without a command runs the image's own. With ``user`` (uid, gid; a corral
+    whose tenants share nodes), the worker runs as that host user whatever the image says, with
+    no capability and no way to gain privileges, as a sandboxed worker does."""
+    name = container_name(spec.job_id, spec.attempt, spec.rank, agent=agent)
     args = [exe or engine, "run", "--rm", "--name", name]
     if user is not None:
         args += ["--user", f"{user[0]}:{user[1]}", "--cap-drop", "ALL"]
@@ -182,7 +194,7 @@ def run_args(
         # The image's root keeps the engine's default capabilities, less making device nodes:
         # one made in a directory the agent reads (its checkpoint directory) is no worker's file.
         args += ["--cap-drop", "MKNOD"]
-    args += ["--label", f"corral.job={spec.job_id}"]
+    args += ["--label", f"corral.agent={agent}", "--label", f"corral.job={spec.job_id}"]
     args += ["--label", f"corral.attempt={spec.attempt}", "--label", f"corral.rank={spec.rank}"]
     args += ["--network", "host", "--ipc", "host", "--init"]
     args += ["--stop-timeout", str(max(0, math.ceil(spec.grace_seconds)))]
@@ -244,6 +256,33 @@ def engine_error(output: str) -> str:
     """The engine's own complaint among the last lines of a worker's log, or ``""``."""
     lines = output.strip().splitlines()[-20:]
     return next((line.strip() for line in reversed(lines) if _ENGINE_ERROR.match(line.strip())), "")
+
+
+# -- whose containers ------------------------------------------------------------------------------
+
+
+def agent_id(work_dir: Path) -> str:
+    """The id of the agent's work directory: made once, at random, and kept there
+    (``AGENT_ID_FILE``), so that it outlives the agent as its workers do. It is what a
+    container's name is scoped by (``container_name``). Not the corral's stream: an agent may
+    not read the log. Not the directory's path: agents in containers of their own may each have
+    another directory at one path, and share the host's engine. Two corrals never share a work
+    directory (their keepers' records would be one), and an agent restarted on its directory
+    takes back its predecessor's workers, containers with them. Raises ``OSError`` where the id
+    cannot be read or kept."""
+    path = work_dir / AGENT_ID_FILE
+    with contextlib.suppress(FileNotFoundError):
+        kept = path.read_text().strip()
+        if _AGENT_ID.fullmatch(kept):
+            return kept
+    work_dir.mkdir(parents=True, exist_ok=True)
+    made = work_dir / f".{AGENT_ID_FILE}.{os.getpid()}"
+    made.write_text(secrets.token_hex(6) + "\n")
+    try:
+        os.replace(made, path)
+    finally:
+        made.unlink(missing_ok=True)
+    return path.read_text().strip()
 
 
 # -- which engine runs here ----------------------------------------------------------------------

@@ -57,6 +57,7 @@ class Launching(Checkpoints):
     _probe: asyncio.Future[str | None] | None
     _containers: ContainerMode
     _engine_probe: asyncio.Future[Probe] | None
+    _agent: str | None
     _prepare: Prepare | None
     _base_env: dict[str, str]
     _mig: dict[tuple[str, int], str]
@@ -81,6 +82,14 @@ class Launching(Checkpoints):
         if self._engine_probe is None:
             self._engine_probe = asyncio.ensure_future(container.probe(self._containers))
         return await asyncio.shield(self._engine_probe)
+
+    def agent_id(self) -> str:
+        """The id of this agent's work directory, which its containers' names carry
+        (``container.agent_id``): read once, made by the first agent on the directory. Raises
+        ``OSError`` where it cannot be read or kept."""
+        if self._agent is None:
+            self._agent = container.agent_id(self.root)
+        return self._agent
 
     async def start_gang(self, specs: Sequence[StartWorker], timeout: float) -> GangResult:
         """Start a gang's workers on this node together. When every one has started, report
@@ -192,9 +201,15 @@ class Launching(Checkpoints):
             ulimits = container.podman_ulimits(nofile, resource.getrlimit(resource.RLIMIT_NPROC))
         workdir = str(w.workdir)
         user = None if self._as is None else (self._as.uid, self._as.gid)
+        try:
+            agent = self.agent_id()
+        except OSError as e:  # the node's disk or permissions, under corral's own directory
+            log.warning("worker %s: cannot keep the agent's id: %s", w.key, e)
+            raise StartError(f"cannot keep the agent's id: {_what(e)}", node=True) from None
         argv = container.run_args(
             engine.name,
             spec,
+            agent=agent,
             workdir=workdir,
             env=env,
             devices=devices,
@@ -324,7 +339,7 @@ class Launching(Checkpoints):
 
     async def _spawn_container(self, w: Worker, engine: EngineInfo, argv: list[str]) -> None:
         w.engine = engine
-        w.container = name = container.container_name(w.key.job_id, w.key.attempt, w.key.rank)
+        w.container = name = container.container_name(*w.key, agent=self.agent_id())
         # One left by an agent that died while this attempt ran here would hold the name.
         await container.run_quietly(container.remove_args(engine.name, name, engine.path), 60.0)
         await self._keep(w, argv, None, engine.path)

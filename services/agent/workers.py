@@ -161,6 +161,7 @@ class Runtime(Launching):
         self._containers = containers
         self._engine_probe: asyncio.Future[Probe] | None = None
         self._engine_calls: set[asyncio.Task[None]] = set()
+        self._agent: str | None = None  # the work directory's id, read when a container needs it
         self._prepare = prepare
         self._workers: dict[WorkerKey, Worker] = {}
         self.workdirs = Workdirs(self.root)  # ended workers' directories, deleted after a day
@@ -230,7 +231,7 @@ class Runtime(Launching):
         if key in self._workers:
             return
         if self._containers != "none":
-            self._track(self._remove_lost_container(key))
+            self._track(self._remove_lost_container(key, None))
         spec = StartWorker(key.job_id, key.attempt, key.rank, (), {}, (), "", "", run=run)
         w = Worker(spec, self.root)
         w.phase = "exited"
@@ -239,13 +240,22 @@ class Runtime(Launching):
         self._workers[key] = w
         self.reports.put_nowait(Exited(key, GONE_CODE))
 
-    async def _remove_lost_container(self, key: WorkerKey) -> None:
+    async def _remove_lost_container(self, key: WorkerKey, name: str | None) -> None:
         """A container outlives the agent that started it (its engine keeps it): one that still
-        runs a worker reported gone would hold its GPUs with no one to stop it."""
+        runs a worker reported gone would hold its GPUs with no one to stop it. ``name``: the one
+        the worker's record kept, which an agent before this one gave it (an older version's
+        name, perhaps); None: the name this work directory's agents give it. Never a name made
+        up otherwise: an agent of another corral on this host may run a job of the same id."""
         engine = (await self.container_engine()).engine
-        if engine is not None:
-            name = container.container_name(*key)
-            await container.run_quietly(container.remove_args(engine.name, name, engine.path), 60.0)
+        if engine is None:
+            return
+        if name is None:
+            try:
+                name = container.container_name(*key, agent=self.agent_id())
+            except OSError as e:  # no id kept: no container of this directory's agents either
+                log.warning("%s: worker %s's container not looked for: %s", self.node, key, e)
+                return
+        await container.run_quietly(container.remove_args(engine.name, name, engine.path), 60.0)
 
     def forget(self, key: WorkerKey) -> None:
         w = self._workers.get(key)
@@ -319,7 +329,7 @@ class Runtime(Launching):
             if running and w.keeper_id is not None:
                 kill(w.keeper_id[0], signal.SIGKILL)
             if w.container is not None and self._containers != "none":
-                self._track(self._remove_lost_container(w.key))
+                self._track(self._remove_lost_container(w.key, w.container))
             w.drop()
             return None
         w.settled.set()

@@ -91,7 +91,13 @@ def _build_image(engine: EngineInfo, scratch: Path) -> str:
     probe = f"probe-{os.getpid()}"
     trial = StartWorker(probe, 0, 0, (), {}, ("/bin/true",), str(work), str(work), image=IMAGE)
     argv = container.run_args(
-        engine.name, trial, workdir=str(work), env={}, ulimits=_ulimits(engine), exe=engine.path
+        engine.name,
+        trial,
+        agent="probe",
+        workdir=str(work),
+        env={},
+        ulimits=_ulimits(engine),
+        exe=engine.path,
     )
     ran = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     if ran.returncode != 0:
@@ -383,7 +389,7 @@ async def test_closing_the_runtime_stops_its_containers(tmp_path: Path) -> None:
     rt = Runtime(tmp_path / "agent", containers=ENGINE.name, node="node-00", poll_interval=0.02)
     s = spec_for(tmp_path, "closing", ["/bin/sh", "-c", "while true; do sleep 0.05; done"])
     await start_one(rt, s)
-    assert containers_of("closing") == [container.container_name("closing", 0, 0)]
+    assert containers_of("closing") == [container.container_name("closing", 0, 0, agent=rt.agent_id())]
     await rt.close(grace=0.0)  # as when the agent crashes
     assert ran(await rt.next_report(WAIT)) == Exited(s.key, 128 + signal.SIGKILL, stopped=True)
     assert containers_of("closing") == []
@@ -394,7 +400,7 @@ async def test_a_container_lost_with_an_earlier_agent_is_removed_when_reported_g
     runtime: Runtime, tmp_path: Path
 ) -> None:
     assert ENGINE is not None
-    name = container.container_name("lost", 1, 0)
+    name = container.container_name("lost", 1, 0, agent=runtime.agent_id())
     argv = [ENGINE.path, "run", "-d", "--name", name, "--label", "corral.job=lost"]
     argv += [f"--ulimit={k}={a}:{b}" for k, (a, b) in (_ulimits(ENGINE) or {}).items()]
     started = subprocess.run([*argv, IMAGE, "/bin/sleep", "600"], capture_output=True, text=True, timeout=60)
@@ -403,3 +409,69 @@ async def test_a_container_lost_with_an_earlier_agent_is_removed_when_reported_g
     assert await runtime.next_report(WAIT) == Exited(WorkerKey("lost", 1, 0), -1)
     await runtime.close()  # waits for the removal it started
     assert containers_of("lost") == []
+
+
+# -- two corrals on one host ----------------------------------------------------------------------
+
+
+def running_containers_of(job_id: str) -> list[str]:
+    assert ENGINE is not None
+    listed = subprocess.run(
+        [ENGINE.path, "ps", "--filter", f"label=corral.job={job_id}", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return sorted(listed.stdout.split())
+
+
+@needs_engine
+async def test_agents_of_two_corrals_on_one_host_never_touch_each_others_containers(
+    tmp_path: Path,
+) -> None:
+    """Job ids are unique within one corral only: a staging and a production corral on one GPU
+    host may each run job ``twin``, attempt 0, rank 0, at once. Neither agent's start, restart,
+    clean-up of a worker lost with an earlier agent, or stop reaches the other's container."""
+    assert ENGINE is not None
+    forever = ["/bin/sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.05; done"]
+
+    def runtime_of(corral: str) -> Runtime:
+        assert ENGINE is not None
+        return Runtime(tmp_path / corral / "agent", containers=ENGINE.name, node="gpu-1", poll_interval=0.02)
+
+    staging, production = runtime_of("staging"), runtime_of("production")
+    ours, theirs = (
+        spec_for(tmp_path / "staging", "twin", forever),
+        spec_for(tmp_path / "production", "twin", forever),
+    )
+    key = ours.key
+    restarted: Runtime | None = None
+    try:
+        await start_one(staging, ours)
+        await start_one(production, theirs)  # a leftover of the same name would be removed first
+        assert len(running_containers_of("twin")) == 2
+        assert staging.workers() == {key: "running"} and staging.reports.empty()
+
+        # Staging's agent restarts, takes its worker back, and a third corral's agent on this
+        # host reports a worker of the same key lost with its own predecessor.
+        await staging.leave()
+        restarted = runtime_of("staging")
+        assert restarted.reattach() == [key]
+        third = runtime_of("third")
+        third.report_gone(key)
+        assert await third.next_report(WAIT) == Exited(key, -1)
+        await third.close()  # waits for the removal it started
+        assert len(running_containers_of("twin")) == 2
+
+        # Staging stops its own worker: production's runs on.
+        await restarted.stop(key, grace=WAIT)
+        *_, exited = await until(restarted, exit_of(key))  # after its start, told again
+        assert ran(exited) == Exited(key, 0, stopped=True)
+        assert running_containers_of("twin") == [container.container_name(*key, agent=production.agent_id())]
+        assert production.workers() == {key: "running"} and production.reports.empty()
+    finally:
+        for rt in (restarted, production, staging):
+            if rt is not None:
+                await rt.close(grace=2.0)
+        for name in containers_of("twin"):  # whatever a failure left behind
+            subprocess.run([ENGINE.path, "rm", "--force", name], capture_output=True, timeout=60)

@@ -6,6 +6,7 @@ Everything here is pure except ``probe``, which is given fake engines (small she
 
 from __future__ import annotations
 
+import re
 import signal
 import stat
 from pathlib import Path
@@ -37,6 +38,7 @@ from corral.services.agent.container import (
 from corral.services.agent.decide import StartWorker
 
 WORK = "/var/lib/corral/work/train/attempt-2/rank-1"
+AGENT = "0123456789ab"  # the id of the agent's work directory (``container.agent_id``)
 
 
 def spec(**kw: object) -> StartWorker:
@@ -68,14 +70,16 @@ def test_a_podman_run_reads_as_the_worker_contract() -> None:
     args = run_args(
         "podman",
         spec(mounts=(Mount("/datasets/imagenet", "/data"),)),
+        agent=AGENT,
         workdir=WORK,
         env=env,
         devices=["nvidia.com/gpu=3"],
         ulimits={"nofile": (1024, 20000), "nproc": (32768, 32768)},
     )
     assert args == [
-        "podman", "run", "--rm", "--name", "corral-train-a2-r1", "--cap-drop", "MKNOD",
-        "--label", "corral.job=train", "--label", "corral.attempt=2", "--label", "corral.rank=1",
+        "podman", "run", "--rm", "--name", "corral-0123456789ab-train-a2-r1", "--cap-drop", "MKNOD",
+        "--label", "corral.agent=0123456789ab", "--label", "corral.job=train",
+        "--label", "corral.attempt=2", "--label", "corral.rank=1",
         "--network", "host", "--ipc", "host", "--init", "--stop-timeout", "30", "--pids-limit=-1",
         "--log-driver", "none",
         "--ulimit", "nofile=1024:20000", "--ulimit", "nproc=32768:32768",
@@ -89,14 +93,14 @@ def test_a_podman_run_reads_as_the_worker_contract() -> None:
 
 
 def test_docker_gets_no_podman_only_flags_and_the_resolved_executable() -> None:
-    args = run_args("docker", spec(), workdir=WORK, env={}, exe="/usr/local/bin/docker")
+    args = run_args("docker", spec(), agent=AGENT, workdir=WORK, env={}, exe="/usr/local/bin/docker")
     assert args[:2] == ["/usr/local/bin/docker", "run"]
     assert "--log-driver" not in args and "--ulimit" not in args
     assert args[-5:] == ["registry.local/team/train:1.0", "python", "train.py", "--steps", "100"]
 
 
 def test_a_job_without_a_command_runs_the_images_own() -> None:
-    args = run_args("podman", spec(command=()), workdir=WORK, env={})
+    args = run_args("podman", spec(command=()), agent=AGENT, workdir=WORK, env={})
     assert args[-3:] == ["-w", WORK, "registry.local/team/train:1.0"]
 
 
@@ -106,7 +110,7 @@ def test_a_job_without_a_command_runs_the_images_own() -> None:
     ids=["whole", "part", "none", "up"],
 )
 def test_the_stop_timeout_is_the_grace_rounded_up(grace: float, flag: str) -> None:
-    args = run_args("podman", spec(grace_seconds=grace), workdir=WORK, env={})
+    args = run_args("podman", spec(grace_seconds=grace), agent=AGENT, workdir=WORK, env={})
     assert pairs(args, "--stop-timeout") == [flag]
 
 
@@ -129,7 +133,7 @@ def test_container_environment(job_env: dict[str, str], want: dict[str, str]) ->
 
 def test_every_variable_is_one_e_flag_in_name_order_and_no_host_path_leaks() -> None:
     env = container_env({"WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "EMPTY": ""})
-    got = pairs(run_args("podman", spec(), workdir=WORK, env=env), "-e")
+    got = pairs(run_args("podman", spec(), agent=AGENT, workdir=WORK, env=env), "-e")
     assert got == [
         "CUDA_VISIBLE_DEVICES=GPU-a,GPU-b", "EMPTY=", "NVIDIA_VISIBLE_DEVICES=void",
         "PYTHONUNBUFFERED=1", "WORLD_SIZE=2",
@@ -156,7 +160,7 @@ def test_every_variable_is_one_e_flag_in_name_order_and_no_host_path_leaks() -> 
 def test_data_mounts_follow_the_workdir_and_the_checkpoints(
     mounts: tuple[Mount, ...], want: list[str]
 ) -> None:
-    got = pairs(run_args("podman", spec(mounts=mounts), workdir=WORK, env={}), "-v")
+    got = pairs(run_args("podman", spec(mounts=mounts), agent=AGENT, workdir=WORK, env={}), "-v")
     assert got == [f"{WORK}:{WORK}", "/ckpt/train:/ckpt/train", *want]
 
 
@@ -220,7 +224,12 @@ def test_a_mig_slot_without_an_instance_gets_no_device_at_all() -> None:
 
 def test_devices_are_passed_in_order() -> None:
     args = run_args(
-        "docker", spec(), workdir=WORK, env={}, devices=["nvidia.com/gpu=1", "nvidia.com/gpu=1:0"]
+        "docker",
+        spec(),
+        agent=AGENT,
+        workdir=WORK,
+        env={},
+        devices=["nvidia.com/gpu=1", "nvidia.com/gpu=1:0"],
     )
     assert pairs(args, "--device") == ["nvidia.com/gpu=1", "nvidia.com/gpu=1:0"]
 
@@ -231,29 +240,60 @@ def test_devices_are_passed_in_order() -> None:
 @pytest.mark.parametrize(
     ("job", "attempt", "rank", "name"),
     [
-        ("train", 0, 0, "corral-train-a0-r0"),
-        ("llama-70b.v2_run", 3, 15, "corral-llama-70b.v2_run-a3-r15"),
-        ("team/a b", 1, 0, "corral-team-a-b-b1c076eb-a1-r0"),
-        ("-x", 0, 0, "corral--x-a0-r0"),
+        ("train", 0, 0, "corral-0123456789ab-train-a0-r0"),
+        ("llama-70b.v2_run", 3, 15, "corral-0123456789ab-llama-70b.v2_run-a3-r15"),
+        ("team/a b", 1, 0, "corral-0123456789ab-team-a-b-b1c076eb-a1-r0"),
+        ("-x", 0, 0, "corral-0123456789ab--x-a0-r0"),
     ],
     ids=["simple", "dots-and-underscores", "odd-characters", "leading-dash"],
 )
 def test_container_names(job: str, attempt: int, rank: int, name: str) -> None:
-    assert container_name(job, attempt, rank) == name
+    assert container_name(job, attempt, rank, agent=AGENT) == name
 
 
 def test_names_differ_by_attempt_rank_and_jobs_that_look_alike() -> None:
     names = {
-        container_name("j", 0, 0),
-        container_name("j", 1, 0),
-        container_name("j", 0, 1),
-        container_name("a/b", 0, 0),
-        container_name("a b", 0, 0),
-        container_name("x" * 200, 0, 0),
-        container_name("x" * 201, 0, 0),
+        container_name("j", 0, 0, agent=AGENT),
+        container_name("j", 1, 0, agent=AGENT),
+        container_name("j", 0, 1, agent=AGENT),
+        container_name("a/b", 0, 0, agent=AGENT),
+        container_name("a b", 0, 0, agent=AGENT),
+        container_name("x" * 200, 0, 0, agent=AGENT),
+        container_name("x" * 201, 0, 0, agent=AGENT),
     }
     assert len(names) == 7
     assert all(len(n) < 128 for n in names)
+
+
+# -- whose containers -----------------------------------------------------------------------------
+
+
+def test_one_job_of_two_corrals_on_one_host_gets_two_names_and_labels() -> None:
+    """Job ids are unique within one corral only; an engine's names are one namespace for the
+    host. Each agent's containers carry its work directory's id, in the name and a label."""
+    ours, theirs = AGENT, "ba9876543210"
+    assert container_name("train", 2, 1, agent=ours) != container_name("train", 2, 1, agent=theirs)
+    for agent in (ours, theirs):
+        args = run_args("podman", spec(), agent=agent, workdir=WORK, env={})
+        assert pairs(args, "--name") == [container_name("train", 2, 1, agent=agent)]
+        assert f"corral.agent={agent}" in pairs(args, "--label")
+
+
+def test_a_work_directorys_id_is_made_once_and_kept(tmp_path: Path) -> None:
+    first = container.agent_id(tmp_path / "node-a")
+    assert container.agent_id(tmp_path / "node-a") == first  # an agent restarted on it
+    assert (tmp_path / "node-a" / container.AGENT_ID_FILE).read_text() == f"{first}\n"
+    assert container.agent_id(tmp_path / "node-b") != first  # another corral's agent
+    # A valid container name whatever the job, and short.
+    assert re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", container_name("x" * 300, 0, 0, agent=first))
+    assert len(container_name("x" * 300, 99, 999, agent=first)) < 128
+    assert sorted(p.name for p in (tmp_path / "node-a").iterdir()) == [container.AGENT_ID_FILE]
+
+
+def test_a_damaged_id_is_made_again(tmp_path: Path) -> None:
+    (tmp_path / container.AGENT_ID_FILE).write_text("not an id\n")
+    made = container.agent_id(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{12}", made) and container.agent_id(tmp_path) == made
 
 
 # -- signals, stops, removal, inspection ----------------------------------------------------------

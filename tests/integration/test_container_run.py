@@ -33,7 +33,7 @@ import msgspec
 import pytest
 
 from corral.events.jobs import Mount
-from corral.services.agent import container
+from corral.services.agent import container, handover
 from corral.services.agent.container import EngineInfo
 from corral.services.agent.decide import (
     Checkpointed,
@@ -474,4 +474,43 @@ async def test_agents_of_two_corrals_on_one_host_never_touch_each_others_contain
             if rt is not None:
                 await rt.close(grace=2.0)
         for name in containers_of("twin"):  # whatever a failure left behind
+            subprocess.run([ENGINE.path, "rm", "--force", name], capture_output=True, timeout=60)
+
+
+@needs_engine
+async def test_a_container_named_by_an_older_agent_is_removed_by_the_name_its_record_kept(
+    tmp_path: Path,
+) -> None:
+    """An agent of an earlier version named its containers without its work directory's id
+    (``corral-<job>-a<attempt>-r<rank>``). Upgraded and restarted on the same work directory, the
+    agent reaches such a container by the name the worker's record kept: one whose keeper is
+    gone is removed, not left holding its GPUs."""
+    assert ENGINE is not None
+    before = Runtime(tmp_path / "agent", containers=ENGINE.name, node="gpu-1", poll_interval=0.02)
+    s = spec_for(tmp_path, "older", ["/bin/sh", "-c", "while true; do sleep 0.05; done"])
+    old_name = "corral-older-a0-r0"
+    try:
+        await start_one(before, s)
+        await before.leave()
+        renamed = subprocess.run(
+            [ENGINE.path, "rename", container.container_name(*s.key, agent=before.agent_id()), old_name],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert renamed.returncode == 0, renamed.stderr
+        [kept] = handover.kept(before.root, set())
+        record = msgspec.structs.replace(kept.record, container=old_name)
+        handover.save(handover.keeper_dir(before.root, s.key), record)
+        assert kept.keeper_id is not None
+        os.kill(kept.keeper_id[0], signal.SIGKILL)  # the worker's keeper is gone, without an exit
+        async with asyncio.timeout(WAIT):
+            while handover.alive(kept.keeper_id, kept.boot):
+                await asyncio.sleep(0.02)  # no event tells a process's end to a non-parent
+        after = Runtime(tmp_path / "agent", containers=ENGINE.name, node="gpu-1", poll_interval=0.02)
+        assert after.reattach() == []
+        await after.close()  # waits for the removal it started
+        assert containers_of("older") == []
+    finally:
+        for name in containers_of("older"):  # whatever a failure left behind
             subprocess.run([ENGINE.path, "rm", "--force", name], capture_output=True, timeout=60)

@@ -620,6 +620,16 @@ class Faulted:
         await until(lambda: all(self.heard.get(n, 0) > since[n] + 1 for n in since), WAIT)
 
 
+async def answers_from(alone: JetStreamLog) -> int:
+    """The log's last sequence as told through a server just started again, or 0 while it
+    cannot tell yet: until it has rejoined the cluster's routes, its JetStream requests go
+    unanswered or are refused."""
+    try:
+        return await alone.last_seq()
+    except LogError:
+        return 0
+
+
 def finished(s: State, job_id: str) -> bool:
     return job_id in s.jobs and s.jobs[job_id].phase == "succeeded"
 
@@ -696,7 +706,7 @@ async def test_kill_one_nats_server_of_three_then_bring_it_back(tmp_path: Path) 
             await until(lambda: it.watch.state.seq >= last, WAIT)
 
             async def caught_up() -> bool:
-                return await alone.last_seq() >= last
+                return await answers_from(alone) >= last
 
             await until_answered(caught_up, WAIT)
             through_it = [r for batch in [b async for b in alone.read(1, last)] for r in batch]
@@ -725,6 +735,9 @@ async def test_corral_up_starts_a_server_of_its_cluster_again_when_it_dies(tmp_p
         assert first is not None
         os.kill(first, signal.SIGKILL)
         await until(lambda: victim.pid not in (None, first), WAIT)
+        # Its new process has a pid from the moment it is spawned, before it listens: a
+        # connection then was refused.
+        await asyncio.wait_for(victim.started(), WAIT)
         # It is back in the cluster: the log read through it alone is the log.
         log = await connect(c.url)
         alone = await JetStreamLog.connect(victim.url)
@@ -732,7 +745,7 @@ async def test_corral_up_starts_a_server_of_its_cluster_again_when_it_dies(tmp_p
             last = await log.last_seq()
 
             async def caught_up() -> bool:
-                return await alone.last_seq() >= last
+                return await answers_from(alone) >= last
 
             await until_answered(caught_up, WAIT)
         finally:

@@ -29,6 +29,13 @@ from corral.services.runtime import views as node_views
 from tests.integration.test_cluster_failures import LONG, WAIT, events_of, job_spec, live, phase, train
 
 
+async def refused_get(agent: Any, node: str) -> NodeView | None:
+    """``node``'s view as ``agent`` reads it where the server refuses it: a refused request is
+    never answered, so the read waits out its timeout, kept short here. (A read that is answered
+    is given ``WAIT``: with a timeout of two seconds, a loaded machine's stall read as no view.)"""
+    return await node_views.KvNodeViews(agent, timeout=2.0).get(node)
+
+
 async def key_of(url: str, node: str, until: object, timeout: float = WAIT) -> NodeView:
     """The node's key once ``until(view)`` holds, read as the services read it."""
     nc = await nats.connect(url)
@@ -107,10 +114,10 @@ async def test_an_agent_may_read_its_own_view_and_nothing_else(tmp_path: Path) -
     async with logged_in(tmp_path) as (store, agent):
         for n in ("node-00", "node-01"):
             await store.put(n, encode(NodeView(n, seq=7)))
-        mine = node_views.KvNodeViews(agent, timeout=2.0)
+        mine = node_views.KvNodeViews(agent, timeout=WAIT)
         own = await mine.get("node-00")
         assert own is not None and own.node == "node-00"
-        assert await mine.get("node-01") is None  # refused: another node's key
+        assert await refused_get(agent, "node-01") is None  # another node's key
         views = aiter(mine.watch("node-00"))
         assert (await asyncio.wait_for(anext(views), WAIT)).seq == 7
         await store.put("node-00", encode(NodeView("node-00", seq=9)))
@@ -142,9 +149,9 @@ async def test_a_view_larger_than_a_message_reaches_its_agent_in_parts(tmp_path:
         assert len(encode(big)) > agent.max_payload
         await store.put("node-00", encode(big))
         await store.put("node-01", encode(_large_view("node-01", 3, jobs=20)))
-        mine = node_views.KvNodeViews(agent, timeout=2.0)
+        mine = node_views.KvNodeViews(agent, timeout=WAIT)
         assert await mine.get("node-00") == big
-        assert await mine.get("node-01") is None  # another node's view and its parts: refused
+        assert await refused_get(agent, "node-01") is None  # another node's view and its parts
         views = aiter(mine.watch("node-00"))
         assert (await asyncio.wait_for(anext(views), WAIT)) == big
         bigger = _large_view("node-00", 9, jobs=30)
@@ -177,7 +184,7 @@ async def test_parts_no_view_names_any_more_are_purged(tmp_path: Path) -> None:
         assert many is not None and fewer is not None and many[0] > fewer[0]
         kept = [await stored(kv, node_views.part_key("node-00", i)) for i in range(many[0])]
         assert kept == [True] * fewer[0] + [False] * (many[0] - fewer[0])
-        mine = node_views.KvNodeViews(agent, timeout=2.0)
+        mine = node_views.KvNodeViews(agent, timeout=WAIT)
         assert await mine.get("node-00") == decode(big)
         restarted = node_views.KvViewStore(kv)  # knows nothing of what was written before
         await restarted.put("node-00", encode(NodeView("node-00", seq=7)))
@@ -206,7 +213,7 @@ async def test_a_deleted_nodes_key_and_parts_are_purged_and_a_restarted_writer_p
         assert {"node-05", "node-05.part-0", "node-06"} <= await keys(kv)
         log = LogBuilder().nodes(Cluster(2))
         heard: asyncio.Queue[NodeView] = asyncio.Queue()
-        mine = node_views.KvNodeViews(agent, timeout=2.0)
+        mine = node_views.KvNodeViews(agent, timeout=WAIT)
 
         async def follow() -> None:
             async for view in mine.watch("node-00"):
@@ -254,7 +261,7 @@ async def test_an_agent_whose_node_was_deleted_while_it_was_cut_off_hears_that_n
     async with logged_in(tmp_path) as (store, agent):
         job = Assignment(job_id="j", attempt=0, phase="running")
         await store.put("node-00", encode(NodeView("node-00", seq=5, jobs=(job,))))
-        mine = node_views.KvNodeViews(agent, timeout=2.0)
+        mine = node_views.KvNodeViews(agent, timeout=WAIT)
         views = aiter(mine.watch("node-00"))
         assert (await asyncio.wait_for(anext(views), WAIT)).jobs == (job,)
         await store.remove("node-00")

@@ -437,7 +437,15 @@ async def test_append_to_a_stopped_server_is_a_log_error(embedded_server: Embedd
         embedded_server.url, ack_timeout=0.3, reconnect_time_wait=0.1, create=True
     )
     try:
-        await log.append(ev())
+        # Stored while the server runs, however long a loaded machine takes to acknowledge it:
+        # the short ack timeout is for the append to the stopped server, which no answer ends.
+        async def stored() -> bool:
+            with contextlib.suppress(UnacknowledgedError):
+                await log.append(ev(msg_id="before-the-stop"))
+                return True
+            return False
+
+        await polling.until_answered(stored, WAIT)
         await embedded_server.stop()
         with pytest.raises(LogError) as caught:
             await asyncio.wait_for(log.append(ev()), WAIT)

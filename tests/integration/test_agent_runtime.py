@@ -750,14 +750,17 @@ async def test_a_gang_that_does_not_start_in_time_is_stopped_whole(runtime: Runt
 
     rt = Runtime(runtime.root, sandbox="bwrap" if await runtime.sandboxed() else "none", prepare=prepare)
     gang = [spec_for(tmp_path, "gang", [PY, "-c", LOOP], rank=r) for r in range(3)]
+    # Ranks 0 and 2 must have started (real processes) when the gang's time is up: with one
+    # second, a loaded machine left rank 0 starting too, and the gang's failure was rank 0's.
+    within = 5.0
     try:
-        result = await rt.start_gang(gang, timeout=1.0)
+        result = await rt.start_gang(gang, timeout=within)
         assert result.started == () and result.failed == gang[1].key
-        assert result.reason == "not started within 1s"
+        assert result.reason == f"not started within {within:g}s"
         # The ranks that did start are stopped, and silently: the log never heard of them.
         for s in (gang[0], gang[2]):
             assert await rt.wait_exited(s.key, WAIT) in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
-        assert await rt.next_report(WAIT) == StartFailed(gang[1].key, "not started within 1s")
+        assert await rt.next_report(WAIT) == StartFailed(gang[1].key, f"not started within {within:g}s")
         assert rt.reports.empty()
         assert set(rt.workers().values()) == {"exited"}
     finally:

@@ -251,6 +251,17 @@ async def open_client(url: str | Sequence[str], **options: Any) -> Client:
 CLUSTER_REPLICAS = 3
 
 
+async def heard(nc: Any) -> None:
+    """Wait until the server has every command ``nc`` sent so far (its subscriptions): a part
+    says it is ready only then, for a request sent from elsewhere meanwhile found nobody to
+    answer it. ``flush`` alone does not do: nats-py writes its PING straight to the socket, ahead
+    of the commands still in the connection's buffer, so its PONG may come before they are
+    sent. They are written first (``_flush_pending``, forced), then the PING follows them. On
+    a cluster, the other servers learn of a subscription over their routes later still."""
+    await nc._flush_pending(force_flush=True)
+    await nc.flush()
+
+
 def servers_in_cluster(nc: Client) -> int:
     """How many servers the one ``nc`` is connected to says its cluster has: its INFO names the
     cluster and lists every member's client URL (``connect_urls``, gossiped along the routes,

@@ -31,7 +31,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from corral.events import subjects
+from corral.events import nats_client, subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import Ack, Append, LogError, UnacknowledgedError
 from corral.services.intake.decide import Accept, Refuse, Reporter, Sender, addressed, judge, weight
@@ -192,6 +192,9 @@ class Intake:
             f"{subjects.NREQ}.*", queue=ROLE, cb=self._on_request
         )
         appending = asyncio.create_task(self._appending(stop))
+        # Ready once the server has the subscriptions, not once they are in the connection's
+        # buffer: a request sent meanwhile from elsewhere found nobody to answer it.
+        await nats_client.heard(self.log.nc)
         self.ready.set()
         lost = self.log.lost
         try:

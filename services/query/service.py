@@ -49,7 +49,7 @@ from nats.js import errors as js_errors
 
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import LogError, Record
-from corral.events.nats_client import open_client
+from corral.events.nats_client import heard, open_client
 from corral.projections.state import State
 from corral.services.query.decide import (
     Ask,
@@ -462,6 +462,9 @@ class ReadService:
         # Whether the stream has a leader, for answers to say when they may be stale (``_send``).
         leader = asyncio.create_task(self.log.watch_leader(), name="query-stream-leader")
         sub: Subscription = await nc.subscribe(f"{identities.READ}.*.*", queue=ROLE, cb=self._on_question)
+        # Caught up once the server has the subscription, not once it is in the connection's
+        # buffer: a question asked meanwhile from elsewhere found nobody to answer it.
+        await heard(nc)
         self.caught_up.set()
         batches = self.log.follow(self.state.seq + 1)
         stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())

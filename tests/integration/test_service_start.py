@@ -1,5 +1,6 @@
 """A service started while its server is away waits for it, for as long as it would reconnect
-once running; a login the server refuses is said at once, not tried for that long."""
+once running; a login the server refuses is said at once, not tried for that long. The intake
+and the read service say they are ready only once the server has their subscriptions."""
 
 from __future__ import annotations
 
@@ -45,3 +46,37 @@ async def test_a_command_gives_up_at_once_and_a_refused_login_is_not_tried_again
         with pytest.raises(Failure, match="[Aa]uthoriz"):
             await open_log(url, Login("a", "wrong"), reconnect=60.0)
     assert time.monotonic() - began < 30  # neither waited out the 60 s a service reconnects for
+
+
+async def test_the_intake_and_the_read_service_answer_from_the_moment_they_say_they_are_ready(
+    nats_server: str,
+) -> None:
+    # Each said so once it had subscribed, while its subscription could still wait in its
+    # connection's buffer: a request from another connection then (``corral up`` said ready, a
+    # person submitted) could reach the server first, and nobody answered it.
+    import nats
+
+    from corral.events import subjects
+    from corral.services.intake.service import Intake
+    from corral.services.query.service import ReadService
+    from corral.services.runtime import identities
+
+    intake_log = await JetStreamLog.connect(nats_server, create=True)
+    read_log = await JetStreamLog.connect(nats_server)
+    intake, reader = Intake(intake_log, rate=None), ReadService(read_log)
+    asker = await nats.connect(nats_server, inbox_prefix=identities.inbox_prefix("team-a"))
+    stop = asyncio.Event()
+    running = [asyncio.create_task(intake.run(stop)), asyncio.create_task(reader.run(stop))]
+    try:
+        await asyncio.wait_for(intake.ready.wait(), 30)
+        # Answered, a refusal will do; nats-py raises NoRespondersError where nobody listens.
+        await asker.request(subjects.intake("team-a", "submit"), b"{}", timeout=30)
+        await asyncio.wait_for(reader.caught_up.wait(), 30)
+        await asker.request(identities.read_subject("team-a", "jobs"), b"{}", timeout=30)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
+        await asker.close()
+        reader.close()
+        await intake_log.close()
+        await read_log.close()

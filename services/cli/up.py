@@ -478,7 +478,7 @@ async def cluster(
         stack.push_async_callback(stop_agents)
         stack.push_async_callback(stop_services)
         ready = [s.caught_up for s in running.services] + [reader.caught_up, intake.ready, monitor.caught_up]
-        ready.append(projection.caught_up)
+        ready += [projection.caught_up, forecaster.answering]
         ready += [a.registered for a in running.agents.values()]
         await _ready(ready, [*tasks, intake_task, *agent_tasks])
         yield running

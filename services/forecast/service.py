@@ -40,6 +40,7 @@ import nats.errors
 
 from corral.events.base import Event
 from corral.events.log import EventLog
+from corral.events.nats_client import heard
 from corral.projections.state import State
 from corral.services.forecast.decide import ROLE as ROLE
 from corral.services.forecast.decide import WHATIF, Spent, due, rest_after, values, waiting, whatif_answer
@@ -128,6 +129,9 @@ class ForecastService(Service):
         self.whatifs = 0
         self.whatifs_refused = 0  # answered at once that the role was busy
         self._answering: set[asyncio.Task[None]] = set()
+        # Set once the server has the what-if subscription (after ``caught_up``): ``corral up``
+        # says it is ready only then, else a what-if asked at once found nobody to answer it.
+        self.answering = asyncio.Event()
         self._asking: dict[str, int] = {}  # asker -> questions of theirs being answered
         self._running: asyncio.Task[None] | None = None  # the forecast under way
         self._stopping = threading.Event()  # tells a forecast's thread to give up
@@ -312,6 +316,8 @@ class ForecastService(Service):
             if nc is not None:
                 subject = identities.read_subject("*", WHATIF)
                 sub = await nc.subscribe(subject, queue=ROLE, cb=self._on_whatif)
+                await heard(nc)
+            self.answering.set()
 
         listening = asyncio.create_task(listen())
         # Whether the stream has a leader, for answers to say when they may be stale (``_reply``).

@@ -48,10 +48,11 @@ async def test_a_command_gives_up_at_once_and_a_refused_login_is_not_tried_again
     assert time.monotonic() - began < 30  # neither waited out the 60 s a service reconnects for
 
 
-async def test_the_intake_and_the_read_service_answer_from_the_moment_they_say_they_are_ready(
+async def test_the_intake_the_read_service_and_what_if_answer_from_the_moment_they_say_they_are_ready(
     nats_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Each said so once it had subscribed, while its subscription could still wait in its
+    # Each said so once it had subscribed (the forecast role even before, as it caught up),
+    # while its subscription could still wait in its
     # connection's buffer: a request from another connection then (``corral up`` said ready, a
     # person submitted) could reach the server first, and nobody answered it. Here the
     # services' connections write what they buffered 0.3 s late, as on a loaded machine (a
@@ -71,26 +72,34 @@ async def test_the_intake_and_the_read_service_answer_from_the_moment_they_say_t
     monkeypatch.setattr(Client, "_flush_pending", late)
 
     from corral.events import subjects
+    from corral.services.forecast import service as forecast_service
     from corral.services.intake.service import Intake
     from corral.services.query.service import ReadService
-    from corral.services.runtime import identities
+    from corral.services.runtime import forecasts, identities
 
     intake_log = await JetStreamLog.connect(nats_server, create=True)
     read_log = await JetStreamLog.connect(nats_server)
+    forecast_log = await JetStreamLog.connect(nats_server)
     intake, reader = Intake(intake_log, rate=None), ReadService(read_log)
+    forecaster = forecast_service.service(forecast_log, forecasts.MemoryForecasts())
     asker = await nats.connect(nats_server, inbox_prefix=identities.inbox_prefix("team-a"))
     stop = asyncio.Event()
-    running = [asyncio.create_task(intake.run(stop)), asyncio.create_task(reader.run(stop))]
+    running = []
     try:
-        await asyncio.wait_for(intake.ready.wait(), 30)
-        # Answered, a refusal will do; nats-py raises NoRespondersError where nobody listens.
-        await asker.request(subjects.intake("team-a", "submit"), b"{}", timeout=30)
-        await asyncio.wait_for(reader.caught_up.wait(), 30)
-        await asker.request(identities.read_subject("team-a", "jobs"), b"{}", timeout=30)
+        # One at a time, each asked the moment it says it is ready. Answered, a refusal will
+        # do; nats-py raises NoRespondersError where nobody listens.
+        for part, ready, subject in (
+            (intake, intake.ready, subjects.intake("team-a", "submit")),
+            (reader, reader.caught_up, identities.read_subject("team-a", "jobs")),
+            (forecaster, forecaster.answering, identities.read_subject("team-a", forecast_service.WHATIF)),
+        ):
+            running.append(asyncio.create_task(part.run(stop)))
+            await asyncio.wait_for(ready.wait(), 30)
+            await asker.request(subject, b"{}", timeout=30)
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
         await asker.close()
         reader.close()
-        await intake_log.close()
-        await read_log.close()
+        for log in (intake_log, read_log, forecast_log):
+            await log.close()

@@ -125,7 +125,8 @@ class AsyncClient:
         # the same message, which the log stores once, even where the first copy comes late
         # (one held by a server that froze is delivered when it wakes).
         self._unsettled: dict[tuple[str, str], tuple[bytes, str]] = {}
-        # How current the read service's last answer was (None: nothing asked yet). While it
+        # How current the read service's last answer was (of a list of several pages, its least
+        # current page; None: nothing asked yet). While it
         # cannot read the log on, it answers from what it folded, and says so: a caller that
         # shows the answer shows that too (the CLI prints ``as_of.text``).
         self.as_of: AsOf | None = None
@@ -443,9 +444,14 @@ class AsyncClient:
         page at a time, in the order the jobs were submitted, each at least as new as the first)."""
         jobs = msgspec.convert(answer["jobs"], list[Job])
         seq = int(answer.get("seq", 0))
+        first = self.as_of
         while answer.get("next"):
             answer = await self._ask("jobs", page_after=int(answer["next"]), after=seq)
             jobs += msgspec.convert(answer["jobs"], list[Job])
+            # The list is as current as its least current page: one stale page is a stale list.
+            if first is not None and not first.current:
+                self.as_of = first
+            first = self.as_of
         return jobs
 
     async def watch(self, *, all: bool = False) -> AsyncGenerator[list[Job], None]:  # noqa: A002

@@ -15,7 +15,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from corral.client import AsOf, NoSuchJob
+from corral.client import AsOf, AsyncClient, NoSuchJob
 from corral.events.reader import Stall, why_unread
 from corral.projections.state import State
 from corral.services.cli.display import say_if_stale
@@ -100,3 +100,33 @@ def test_the_cli_says_it_in_one_line_and_only_when_stale(capsys: pytest.CaptureF
     say_if_stale(AsOf(7, SINCE, "no stream leader"))
     out, err = capsys.readouterr()
     assert out == "" and err == f"corral: {stale_text(7, SINCE, 'no stream leader')}\n"
+
+
+class Pages:
+    """Stands in for the wire session: answers each question with the next of ``answers``."""
+
+    closed = False
+
+    def __init__(self, *answers: dict[str, object]) -> None:
+        self.answers = [json.loads(json.dumps(a)) for a in answers]
+
+    async def ask(self, asker: str, question: str, **fields: object) -> dict[str, object]:
+        return self.answers.pop(0)
+
+
+async def test_a_list_of_several_pages_is_as_current_as_its_least_current_page() -> None:
+    # The client kept the last page's as_of: a first page answered from a stale state read as
+    # current once a later page was.
+    stale = as_of({"seq": 4, "jobs": [], "next": 1}, Stall(SINCE, "no stream leader"))
+    current = as_of({"seq": 9, "jobs": []}, None)
+    client = AsyncClient("nats://127.0.0.1:1", tenant="team-a")
+    client._session = Pages(stale, current)  # type: ignore[assignment]
+    assert await client.jobs() == []
+    assert client.as_of == AsOf(4, SINCE, "no stream leader")
+    last = {k: v for k, v in stale.items() if k != "next"}
+    client._session = Pages({**current, "next": 1}, last)  # type: ignore[assignment]
+    assert await client.jobs() == []
+    assert client.as_of == AsOf(4, SINCE, "no stream leader")
+    client._session = Pages({**current, "next": 1}, {"seq": 11, "jobs": []})  # type: ignore[assignment]
+    assert await client.jobs() == []
+    assert client.as_of == AsOf(11)

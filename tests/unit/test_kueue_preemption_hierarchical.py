@@ -3,13 +3,14 @@ preemptor answers them.
 
 Follows ``TestHierarchicalPreemptions`` in Kueue's
 ``pkg/scheduler/preemption/preemption_hierarchical_test.go`` (kubernetes-sigs/kueue), and
-``TestFairPreemptions`` in ``preemption_fair_test.go`` (their own section below says how shares
-and weights translate). Each case keeps Kueue's name as its id. Kueue's CPU quantities are
-whole GPUs on quota key ``"*"``; a ClusterQueue is a queue, a Cohort (with its parent and its
-own quota) a cohort; admitted workloads are jobs that run, the incoming workload a queued job
-its queue's quota blocks. The cluster has a spare node or more, so that quota, not room on the
-nodes, decides every case, as in Kueue's table. Each queue's three preemption fields are
-written out, as Kueue's case sets them (Kueue's default is ``never``; corral's is not).
+``TestFairPreemptions`` and ``TestFairPreemptionSkipsUnsatisfiableTournament`` in
+``preemption_fair_test.go`` (their own section below says how shares and weights translate). Each
+case keeps Kueue's name as its id. Kueue's CPU quantities are whole GPUs on quota key ``"*"``; a
+ClusterQueue is a queue, a Cohort (with its parent and its own quota) a cohort; admitted workloads
+are jobs that run, the incoming workload a queued job its queue's quota blocks. The cluster has a
+spare node or more, so that quota, not room on the nodes, decides every case, as in Kueue's table.
+Each queue's three preemption fields are written out, as Kueue's case sets them (Kueue's default is
+``never``; corral's is not).
 
 The outcome checked is Kueue's ``wantPreempted`` (or corral's, where a difference the README
 documents explains it, as the case says): the victims the preemptor proposes for the incoming
@@ -504,6 +505,7 @@ class Fair:
     cohorts: tuple[Cohort, ...] = ()
     queues: tuple[Queue, ...] = ()
     weights: tuple[tuple[str, float], ...] = ()  # per queue; 1 unless named
+    then: tuple[Cohort, ...] = ()  # cohort quota cut once the jobs run, as ``Case.then``
 
 
 def _fair_queue(w: World, q: Queue, weight: float, strategies: tuple[str, ...]) -> None:
@@ -548,6 +550,9 @@ def _fair_world(case: Fair) -> World:
             workers.append(whole(f"node-{n:02d}", *taken))
         spec = gpus(per_worker, r.queue, replicas=replicas)
         w.run(r.job_id, spec, *workers, priority=r.priority)
+    for c in case.then:
+        quotas = {} if c.nominal is None else {ANY: Quota(c.nominal)}
+        w.emit(subj.admin("cohort"), ApplyCohort(cohort=CohortSpec(c.name, c.parent, quotas)), subj.ADMIN)
     w.wait(30 * HALF_LIFE_S)
     w.submit("in", gpus(case.gpus, case.queue), priority=case.priority)
     return w
@@ -963,6 +968,109 @@ FAIR_CASES = [
             preempted=("b1",),
         ),
         id="cohort with zero weight can reclaim nominal quota",
+    ),
+    # Kueue's table admits a1, b1 and b2 on a and b's 2 GPUs of nominal (its snapshot holds more
+    # than its quota); the fold admits nothing beyond quota, so cohort all holds the third GPU
+    # here, which b borrows as in Kueue. a borrows with the job, on a weight of 0: its share is
+    # far above b's, and neither strategy lets it take from b.
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("all", None, 1),),
+            queues=(Queue("a", "all", 1, policy=RECLAIM_ANY), Queue("b", "all", 1, policy=NEVER)),
+            weights=(("a", ZERO),),
+            running=(*_units("a", 1), *_units("b", 2)),
+            queue="a",
+            gpus=1,
+            preempted=(),
+        ),
+        id="zero weight borrowing preemptor cannot preempt from a borrowing CQ with a non-zero weight",
+    ),
+    # a would borrow 1 with the job, b borrows 3: on equal weights of 0 (here: equally tiny), a's
+    # share (1) is below b's (3) and stays at or below b's without b1 (2).
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("all", None, 3),),
+            queues=(Queue("a", "all", 1, policy=RECLAIM_ANY), Queue("b", "all", 0, policy=NEVER)),
+            weights=(("a", ZERO), ("b", ZERO)),
+            running=_units("b", 3),
+            queue="a",
+            gpus=2,
+            preempted=("b1",),
+        ),
+        id="zero weight borrowing preemptor can preempt from a borrowing CQ which also has zero weight",
+    ),
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("all", None, 3),),
+            queues=(Queue("a", "all", 1, policy=RECLAIM_ANY), Queue("b", "all", 0, policy=NEVER)),
+            running=_units("b", 3),
+            queue="a",
+            gpus=2,
+            preempted=("b1",),
+        ),
+        id="non-zero weight borrowing preemptor preempts from a borrowing CQ",
+    ),
+    # ``TestFairPreemptionSkipsUnsatisfiableTournament`` (preemption_fair_test.go): the topology
+    # of the first case above, a's weight 0 or 1. Kueue checks that the tournament it cannot win
+    # is skipped; the outcome, nothing stopped, is the same either way. With a weight of 1, a's
+    # share with the job (1) is b's now (1), and above b's without one of its jobs (0).
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("all", None, 1),),
+            queues=(Queue("a", "all", 1, policy=RECLAIM_ANY), Queue("b", "all", 1, policy=NEVER)),
+            weights=(("a", ZERO),),
+            running=(*_units("a", 1), *_units("b", 2)),
+            queue="a",
+            gpus=1,
+            preempted=(),
+        ),
+        id="zero weight preemptor: share is +Inf and the tournament is skipped",
+    ),
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("all", None, 1),),
+            queues=(Queue("a", "all", 1, policy=RECLAIM_ANY), Queue("b", "all", 1, policy=NEVER)),
+            running=(*_units("a", 1), *_units("b", 2)),
+            queue="a",
+            gpus=1,
+            preempted=(),
+        ),
+        id="non-zero weight preemptor: share is finite so the tournament runs",
+    ),
+    #        ROOT(2, then 0)
+    #       /      \
+    #    A(1)       x(1)
+    #    /  \
+    # p(2)  y(2)
+    # Kueue weighs A 0 (A borrows, so its share is infinite) and finds y1, then x1, the latter
+    # only in its second strategy. Its table holds two GPUs more than the tree's quota; here ROOT
+    # holds those two while the jobs are admitted, then none, so that p's job fits only once
+    # three GPUs are back, as in Kueue. Kueue lets x1 go because, y1 gone, A (p's side of the
+    # tree below ROOT) no longer borrows and its share is 0, below x's. corral compares queues'
+    # shares only, and a cohort has no weight (README: a queue's share is its GPU time less its
+    # nominal, over its weight): p's share with the job is 1, x's 1 now and 0 without x1, y's 0
+    # without y1; neither strategy lets p take x1 or y2, and no set frees enough, so nobody is
+    # stopped.
+    pytest.param(
+        Fair(
+            cohorts=(Cohort("root", None, 2), Cohort("A", "root", 1)),
+            queues=(
+                Queue("p", "A", 2, policy=RECLAIM_ANY),
+                Queue("y", "A", 2, policy=NEVER),
+                Queue("x", "root", 1, policy=NEVER),
+            ),
+            running=(
+                Running("p1", "p", 0, 2),
+                Running("y1", "y", 0, 2),
+                Running("y2", "y", 0, 2),
+                *_units("x", 2),
+            ),
+            then=(Cohort("root"),),
+            queue="p",
+            gpus=1,
+            preempted=(),
+        ),
+        id="candidates skipped by the first strategy are still available to the second strategy",
     ),
 ]
 

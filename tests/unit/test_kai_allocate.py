@@ -6,7 +6,8 @@ cluster with given queues. Each case carries KAI's name, which its test id spell
 it comes from (``Case.source``; the paths below are under ``pkg/scheduler/actions/``):
 ``allocate/allocate_test.go``, ``allocate/allocateFractionalGpu_test.go``,
 ``allocate/allocateMIG_test.go``, ``allocate/allocateElastic_test.go``,
-``allocate/allocateTopology_test.go`` and ``integration_tests/allocate/allocate_test.go``.
+``allocate/allocateTopology_test.go``, ``allocate/allocateGang_test.go`` and
+``integration_tests/allocate/allocate_test.go``.
 
 Translation.
 
@@ -85,6 +86,7 @@ Not expressible in corral:
 - "Pipeline fractional interactive gpu task when a task is evicting - ...": pipelining onto GPUs
   still being released (corral places on GPUs free now).
 - "test gpuSharingOrder for a node that has a gpu reservation pod pending - two pods": the same.
+- "Pipeline if resource aren't currently allocatable" (allocateGang_test.go): the same, a gang.
 - "MIG job requesting unavailable MIG device": KAI's fixed MIG instances (corral carves them by
   geometry, so an A100-40GB offers 1g.10gb).
 - "MIG job requesting MIG device on node with Legacy MIG jobs", "Pending legacy MIG job": legacy
@@ -164,6 +166,7 @@ FRACTION = "allocate/allocateFractionalGpu_test.go"
 MIG = "allocate/allocateMIG_test.go"
 ELASTIC = "allocate/allocateElastic_test.go"
 TOPOLOGY = "allocate/allocateTopology_test.go"
+GANG = "allocate/allocateGang_test.go"
 INTEGRATION = "integration_tests/allocate/allocate_test.go"
 
 # KAI's priority classes (pkg/scheduler/constants/priorities.go); from build up a job may not be
@@ -894,6 +897,54 @@ CASES = [
         # KAI gives 3 and 2. corral admits an elastic job at the largest size its quota allows
         # (README, "An elastic job gives a range"): the first gets all 4, the second the 1 left.
         want={"pending_job0": "4 placed", "pending_job1": "1 placed"},
+    ),
+    # -- allocate/allocateGang_test.go: a gang is placed whole or not at all
+    case(
+        "Allocate train gang job",
+        GANG,
+        # Deserved 1, two tasks: the train job borrows the second GPU from the default department.
+        nodes=gpus(2),
+        queues=(Q("queue0", 1),),
+        jobs=(pend("pending_job0", "queue0", tasks=2),),
+        want={"pending_job0": "node0+node0"},
+    ),
+    case(
+        "Allocate build gang job",
+        GANG,
+        nodes=gpus(2),
+        queues=(Q("queue0", 2),),
+        jobs=(pend("pending_job0", "queue0", tasks=2, priority="build"),),
+        want={"pending_job0": "node0+node0"},
+    ),
+    case(
+        "Allocate build gang job on 2 nodes",
+        GANG,
+        nodes=gpus(1, 1),
+        queues=(Q("queue0", 2),),
+        jobs=(pend("pending_job0", "queue0", tasks=2, priority="build"),),
+        want={"pending_job0": "node0+node1"},
+    ),
+    case(
+        "Don't allocate gang job if not all tasks are allocatable",
+        GANG,
+        # Four GPUs on a cluster of two, and more than the queue's nominal of 2 for a job that may
+        # not be preempted: nothing could ever hold the gang, so corral rejects it at submission
+        # where KAI leaves it pending (README, "A job no node could ever host ...").
+        nodes=gpus(2),
+        queues=(Q("queue0", 2),),
+        jobs=(pend("pending_job0", "queue0", 2, tasks=2, priority="build"),),
+        want={"pending_job0": "rejected"},
+    ),
+    case(
+        "Don't allocate gang interactive job if it will go over quota",
+        GANG,
+        # Four GPUs of a job that may not be preempted, in a queue of 3: KAI leaves it pending; it
+        # needs more than its queue's nominal, all such a job may hold, so corral refuses it at
+        # submission (README: "One larger than its queue's nominal is refused at submission").
+        nodes=gpus(10),
+        queues=(Q("queue0", 3),),
+        jobs=(pend("pending_job0", "queue0", 2, tasks=2, priority="build"),),
+        want={"pending_job0": "rejected"},
     ),
     # -- allocate/allocateTopology_test.go
     case(

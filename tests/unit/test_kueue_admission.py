@@ -65,7 +65,8 @@ Cases left out, and why:
   requests zero of a resource not defined in ClusterQueue" and the three preemption gate cases.
   "workload requiring reclaimation prioritized over wl in another full cq" is kept for what it
   says of admission: nothing fits, nothing is admitted.
-- Fair sharing, whose admission cases Kueue now keeps in ``scheduler_fs_test.go``, not this table.
+- Fair sharing, whose admission cases Kueue keeps in ``scheduler_fs_test.go``: some of them
+  follow this table (``FS_CASES``), with the cases they leave out.
 
 The table has no case of a queueing strategy at work (strict FIFO blocking a queue, best effort
 letting later workloads pass): Kueue tests that in its queue manager. The strategies of its
@@ -98,6 +99,7 @@ def cq(
     lending_limit: int | None = None,
     strategy: Literal["best-effort-fifo", "strict-fifo"] = "best-effort-fifo",
     reclaim: ReclaimWithinCohort = "any",
+    weight: float = 1.0,
 ) -> QueueSpec:
     quota = Quota(nominal, borrowing_limit=borrowing_limit, lending_limit=lending_limit)
     return QueueSpec(
@@ -106,6 +108,7 @@ def cq(
         quotas={ANY: quota},
         strategy=strategy,
         preemption=PreemptionPolicy(reclaim_within_cohort=reclaim),
+        weight=weight,
     )
 
 
@@ -444,6 +447,140 @@ CASES = [
     ),
 ]
 
+# ``TestScheduleForFairSharing`` in Kueue's ``pkg/scheduler/scheduler_fs_test.go`` (the file as
+# of commit ff69552e): the same cycle, with Kueue's fair sharing on. corral's admission always
+# weighs shares (``services/admission/order.py``), so the cases run on the same table; each
+# names its cohorts and queues, next to Kueue's base ones. Kueue's fair-sharing mode orders
+# heads by each queue's dominant share with the job admitted; corral's order is Kueue's
+# classical one, the shares (the job's own ask not counted) breaking ties (README: "Fair-share
+# admission order is Kueue's classical one ..."), so where the two part, the case expects
+# corral's. corral refuses a weight of 0: a tiny weight stands for it.
+ZERO_WEIGHT = 1e-3
+
+FS_CASES = [
+    pytest.param(
+        # b borrows 4 of cohort A's 8 with b0; b1 and c1 would each borrow 4 more. Kueue admits
+        # c1, whose queue's share is 0 against b's infinite one, b1's priority only a tie-break.
+        # corral ranks borrowers by priority before shares (order.py, rule 3: a borrower of a
+        # higher priority could stop the lower one at once), so b1 goes first, and c1 no longer
+        # fits.
+        case(
+            running("eng-alpha/b0", "b", 4),
+            pending("eng-alpha/b1", "b", 4, priority=9001),
+            pending("eng-alpha/c1", "c", 4),
+            queues=(
+                cq("b", 0, cohort="A", weight=ZERO_WEIGHT),
+                cq("c", 0, cohort="A", weight=ZERO_WEIGHT),
+            ),
+            cohorts=(CohortSpec("A", quotas={ANY: Quota(8)}),),
+            holding={"eng-alpha/b0", "eng-alpha/b1"},
+            left={"eng-alpha/c1"},
+        ),
+        id="fair sharing two queues with weight 0 schedules workload which borrows less",
+    ),
+    pytest.param(
+        # As above, on weights of 123456789: the same order, priority before shares.
+        case(
+            running("eng-alpha/b0", "b", 4),
+            pending("eng-alpha/b1", "b", 4, priority=9001),
+            pending("eng-alpha/c1", "c", 4),
+            queues=(cq("b", 0, cohort="A", weight=123456789), cq("c", 0, cohort="A", weight=123456789)),
+            cohorts=(CohortSpec("A", quotas={ANY: Quota(8)}),),
+            holding={"eng-alpha/b0", "eng-alpha/b1"},
+            left={"eng-alpha/c1"},
+        ),
+        id="fair sharing two queues with high weight schedules workload which borrows less",
+    ),
+    pytest.param(
+        # a's quota is its cohort's, b's its own in a cohort of one, c stands alone: all admit.
+        case(
+            pending("eng-alpha/a1", "a", 10),
+            pending("eng-alpha/b1", "b", 10),
+            pending("eng-alpha/c1", "c", 10),
+            queues=(cq("a", 0, cohort="A"), cq("b", 10, cohort="B"), cq("c", 10)),
+            cohorts=(CohortSpec("A", quotas={ANY: Quota(10)}), CohortSpec("B")),
+            holding={"eng-alpha/a1", "eng-alpha/b1", "eng-alpha/c1"},
+        ),
+        id="fair sharing schedule singleton cqs and cq without cohort",
+    ),
+    pytest.param(
+        case(
+            pending("eng-alpha/b1", "b", 10, priority=99),
+            pending("eng-alpha/c1", "c", 10, priority=101),
+            queues=(cq("b", 0, cohort="A"), cq("c", 0, cohort="A")),
+            cohorts=(CohortSpec("A", quotas={ANY: Quota(10)}), CohortSpec("B")),
+            holding={"eng-alpha/c1"},
+            left={"eng-alpha/b1"},
+        ),
+        id="fair sharing schedule highest priority first",
+    ),
+    pytest.param(
+        # Kueue's c1 was created a second before b1: here it is submitted first.
+        case(
+            pending("eng-alpha/c1", "c", 10, priority=101),
+            pending("eng-alpha/b1", "b", 10, priority=101),
+            queues=(cq("b", 0, cohort="A"), cq("c", 0, cohort="A")),
+            cohorts=(CohortSpec("A", quotas={ANY: Quota(10)}), CohortSpec("B")),
+            holding={"eng-alpha/c1"},
+            left={"eng-alpha/b1"},
+        ),
+        id="fair sharing schedule earliest timestamp first",
+    ),
+    pytest.param(
+        # 100 on sales' 50, which borrows nothing. (At submission corral refuses a job its
+        # queue could never hold; put straight into the state, admission leaves it waiting.)
+        case(pending("sales/new", "sales", 100), holding=set(), left={"sales/new"}),
+        id="not enough resources with fair sharing enabled",
+    ),
+    pytest.param(
+        # Cohort A (100): b holds 10 with b0 and asks 50 more, c asks 75. Kueue weighs each
+        # queue's share with its job admitted (b 60, c 75) and admits b1. corral's share leaves
+        # the job's own ask out (README: "Fair-share admission order is Kueue's classical
+        # one"): b's share is 10, c's 0, so c1 goes first, and b1 no longer fits.
+        case(
+            running("eng-alpha/b0", "b", 10),
+            pending("eng-alpha/b1", "b", 50),
+            pending("eng-alpha/c1", "c", 75),
+            queues=(cq("b", 0, cohort="A"), cq("c", 0, cohort="A")),
+            cohorts=(CohortSpec("A", quotas={ANY: Quota(100)}),),
+            holding={"eng-alpha/b0", "eng-alpha/c1"},
+            left={"eng-alpha/b1"},
+        ),
+        id="fair sharing schedule workload with lowest drf after admission",
+    ),
+    pytest.param(
+        #            root
+        #          /      \
+        #   Cohort-A(10)  Cohort-B
+        #       |         /      \
+        #     cq-a(0)  cq-b(5)  cq-c(0)
+        # c0 holds 10 of cq-c's, borrowing cq-b's 5 and 5 of Cohort-A's; 5 are free. Kueue
+        # compares subtrees at root: Cohort-B borrows, Cohort-A would not with wl-a, so wl-a goes
+        # first and wl-b no longer fits. corral's order is Kueue's classical one (README:
+        # "Fair-share admission order is Kueue's classical one (who borrows least far up the tree
+        # goes first)"): wl-b is within cq-b's own nominal, which it may take back from c0, so
+        # it goes first, and wl-a waits.
+        case(
+            running("eng-alpha/c0", "cq-c", 10),
+            pending("eng-alpha/wl-a", "cq-a", 5),
+            pending("eng-alpha/wl-b", "cq-b", 5),
+            queues=(
+                cq("cq-a", 0, cohort="Cohort-A"),
+                cq("cq-b", 5, cohort="Cohort-B"),
+                cq("cq-c", 0, cohort="Cohort-B"),
+            ),
+            cohorts=(
+                CohortSpec("root"),
+                CohortSpec("Cohort-A", parent="root", quotas={ANY: Quota(10)}),
+                CohortSpec("Cohort-B", parent="root"),
+            ),
+            holding={"eng-alpha/c0", "eng-alpha/wl-b"},
+            left={"eng-alpha/wl-a"},
+        ),
+        id="with fair sharing: hierarchical nominal-first prefers non-borrowing subtree",
+    ),
+]
+
 
 def world(c: Case) -> State:
     s = State()
@@ -456,7 +593,7 @@ def world(c: Case) -> State:
     return s
 
 
-@pytest.mark.parametrize("c", CASES)
+@pytest.mark.parametrize("c", CASES + FS_CASES)
 def test_one_admission_cycle_admits_what_kueue_admits(c: Case) -> None:
     s = world(c)
     out = decide(s, 0.0)

@@ -44,15 +44,13 @@ before anything else, from every other job, and it is placed first, so that a re
 no job, the one the reservation was for included, the GPUs work had before it.
 
 Back in place. At its turn, a moved job or one that kept its place goes on those very GPUs,
-not wherever the search would put it: a resumed job finds its node's local checkpoint and
-cache and its NVLink island again, and a move's layout (the one ``projections.moves`` checked)
-is the one that happens. Each worker of the place stays where the chain still takes its node
-for the job (health, cordon, drain, labels, models, room) and its GPUs are ones the chain's
-reserves could give it; the whole gang is then checked with the gate. A worker that cannot
-stay (its GPUs taken meanwhile or unhealthy, its node turned away) is searched for beside the
-ones that do, as a grown job's added ranks are (``gang.place_beside``), so that one lost GPU
-does not move the whole gang; only if nothing stays, those ranks find no room, or the gate
-refuses, is the whole gang searched for as any job's is.
+not wherever the search would put it (``placement.back``, the rule the preemptor's simulation
+foresees it by): each worker of the place stays where the chain still takes its node for the
+job and its GPUs are ones the chain's reserves could give it; a worker that cannot stay is
+searched for beside the ones that do (``gang.place_beside``), out of the reservation's reach
+if the job could delay the job it is for; the whole gang is then checked with the gate. Only
+if nothing stays, those ranks find no room, or the gate refuses, is the whole gang searched for
+as any job's is.
 
 Both events carry ``based_on=state.seq`` and ``now``, so ``corral replay --verify`` can re-run
 the cycle. Same state, same ``now``, same config: same events.
@@ -73,16 +71,14 @@ from corral.events.decisions import (
     JobsUnschedulable,
     Placement,
     Unschedulable,
-    WorkerSlot,
 )
 from corral.events.jobs import Resources
 from corral.projections import claims, indexes, preemption, queueing, quota
 from corral.projections.lifecycle import Phase
-from corral.projections.placement import gang, stack
+from corral.projections.placement import back, gang, stack
 from corral.projections.placement.framework import Request
-from corral.projections.placement.plugins.model import suits
 from corral.projections.placement.plugins.packing import fragmentation_of
-from corral.projections.placement.snapshot import NodeView, Snapshot
+from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
 from corral.projections.state import WHOLE, JobState, NodeState, State
 from corral.services.placer import backfill
@@ -103,9 +99,6 @@ def admitted(state: State) -> list[JobState]:
 
 # A preemption under way, in the order the phases come.
 _STOPPING: tuple[Phase, ...] = ("checkpointing", "preempted")
-# A moved job whose new place is held for it: stopping, or admitted again. (Requeued and not
-# admitted, it waits for quota, and GPUs held for it would stand idle.)
-_MOVING: tuple[Phase, ...] = (*_STOPPING, "admitted")
 
 
 @dataclass
@@ -137,7 +130,7 @@ class Nominations:
         for named in state.naming_by_beneficiary.values():
             for job_id in named:
                 job = jobs[job_id]
-                if job.moved_to is not None and job.phase in _MOVING:
+                if job.moved_to is not None and job.phase in back.MOVING:
                     out.moved.append(job)
         return out
 
@@ -310,54 +303,20 @@ class _Cycle:
         return result
 
     def _back_in_place(self, job: JobState, place: Placement) -> tuple[Placement, Request] | None:
-        """``job`` placed on the very GPUs held for it (``place``), each worker that may still
-        go there taken from the snapshot and checked with the gate; or None, nothing taken.
-
-        A worker stays only where the chain still takes its node for the job (its health, cordon
-        or drain, labels, models, room) and its GPUs are ones the chain's reserves could give it
-        (suitable, healthy, free: ``_gives``). The ranks that cannot (their GPUs taken meanwhile,
-        unhealthy, or the node turned away) are searched for beside those that stay, as a grown
-        job's added ranks are (``gang.place_beside``: a required topology keeps them in the
-        staying workers' domain); if they find no room, the whole gang is searched as ever."""
+        """``job`` placed on the very GPUs held for it (``place``) as far as they still take it,
+        by the rule the preemptor's simulation foresees it by (``placement.back``), and checked
+        with the gate; or None, nothing taken. A moved job is not placed first: it may come
+        after the reservation, which the ranks searched for may then not be given."""
         req = self.request(job)
-        staying: list[WorkerSlot] = []
-        for w in sorted(place.workers, key=lambda w: w.rank):
-            if w.rank < req.replicas and w.node in self.state.nodes and self._stays(req, w):
-                self.snap.take(w.node, req.res, w.gpus)
-                staying.append(w)
-        if not staying:
+        reserved = self.reservation
+        hidden = reserved if reserved is not None and not reserved.admits(job, req, self.now) else None
+        whole = back.back_in_place(self.chain, self.snap, req, place, self.config.label_keys, hidden)
+        if whole is None:
             return None
-        kept = Placement(job.id, job.attempt, tuple(staying))
-        ranks = {w.rank for w in staying}
-        missing = [r for r in range(req.replicas) if r not in ranks]
-        added: tuple[WorkerSlot, ...] = ()
-        if missing:
-            rest = dataclasses.replace(req, replicas=len(missing))
-            reserved = self.reservation  # a moved job is not placed first: it may come after one
-            hidden = reserved is not None and not reserved.admits(job, req, self.now)
-            if reserved is not None and hidden:
-                reserved.hide(self.snap)
-            found = gang.place_beside(self.chain, self.snap, rest, self.config.label_keys, kept)
-            if reserved is not None and hidden:
-                reserved.unhide(self.snap)
-            if not isinstance(found, Placement):
-                self.snap.release(kept, req.res)
-                return None
-            added = tuple(
-                msgspec.structs.replace(w, rank=r) for w, r in zip(found.workers, missing, strict=True)
-            )
-        whole = Placement(job.id, job.attempt, tuple(sorted((*staying, *added), key=lambda w: w.rank)))
         if self.gate.check(job, whole) is not None:
             self.snap.release(whole, req.res)
             return None
         return whole, req
-
-    def _stays(self, req: Request, w: WorkerSlot) -> bool:
-        """Whether worker ``w`` of a held place may go back there now (``_back_in_place``)."""
-        if w.node in req.avoid:
-            return False
-        node = self.snap.view(w.node)
-        return self.chain.reject(req, node) is None and _gives(req, node, w.gpus)
 
     def grow(self, job: JobState) -> None:
         """Place the ranks admission added to a running elastic job, if they all fit now."""
@@ -444,23 +403,6 @@ def _free(snap: Snapshot, node: str, res: Resources, gpus: tuple[GpuClaim, ...])
             return False
         g = v.gpus[c.gpu]
         if not g.healthy or g.mig or g.free < c.milli or (c.milli >= WHOLE and g.holders):
-            return False
-    return True
-
-
-def _gives(req: Request, node: NodeView, gpus: tuple[GpuClaim, ...]) -> bool:
-    """Whether ``gpus`` on ``node`` are a share the chain's reserves could give one worker of
-    ``req`` now: as many GPUs as it asks, each of the share it asks, suitable (model, memory,
-    mode), healthy and with that share free (a whole one held by nobody). A MIG slice is never
-    held for a job, and a MIG worker is searched for."""
-    need = req.need
-    if need.kind == "mig" or len(gpus) != need.gpus or len({c.gpu for c in gpus}) != len(gpus):
-        return False
-    for c in gpus:
-        if c.mig is not None or c.milli != need.milli or not 0 <= c.gpu < len(node.gpus):
-            return False
-        g = node.gpus[c.gpu]
-        if not suits(need, g) or not g.healthy or g.free < c.milli or (c.milli >= WHOLE and g.holders):
             return False
     return True
 

@@ -39,13 +39,14 @@ from corral.projections.state import WHOLE, JobState
 MOVING: tuple[Phase, ...] = ("checkpointing", "preempted", "admitted")
 
 
-def held_place(job: JobState) -> Placement | None:
+def held_place(job: JobState, admitted: bool = False) -> Placement | None:
     """The place held for ``job`` as it stands: the one a planned shutdown left it, else the one
     its move names while the move still names a beneficiary (the fold lets a moved job go when
-    its beneficiary ends); None if it has none."""
-    if queueing.keeps_place(job):
+    its beneficiary ends); None if it has none. With ``admitted``, as it will be once admitted
+    (a queued job the preemptor simulates as admission would admit it)."""
+    if job.kept_place is not None and (admitted or queueing.keeps_place(job)):
         return job.kept_place
-    if job.moved_to is not None and job.preempted_for and job.phase in MOVING:
+    if job.moved_to is not None and job.preempted_for and (admitted or job.phase in MOVING):
         return job.moved_to
     return None
 

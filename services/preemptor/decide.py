@@ -64,6 +64,7 @@ from corral.events.base import Event
 from corral.events.decisions import Placement, PreemptionRequested, ShrinkRequested, Victim
 from corral.projections import indexes, moves, preemption, queueing, runtimes, thrash
 from corral.projections.holds import Hold, QuotaHolders, hold
+from corral.projections.placement import back
 from corral.projections.placement.framework import avoided
 from corral.projections.placement.inventory import Inventory
 from corral.projections.placement.stack import PlacerConfig
@@ -262,10 +263,11 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             # rest), one quota does not block until a commit (``unblocked``). A hold keeping a
             # job out reads its runtime estimate, which the jobs of a form do not share. A job
             # preempted as often as its class allows may not borrow where the rest of its form
-            # may (``Ledger.may_borrow``), and one kept off the nodes that failed its starts
-            # (``avoided``) finds no room where the rest may: each is judged alone, and its
-            # verdict is its own.
-            alone = _capped(sim.ledger, job) or bool(avoided(state, job))
+            # may (``Ledger.may_borrow``), one kept off the nodes that failed its starts
+            # (``avoided``) finds no room where the rest may, and one with a place held for it
+            # goes back there (``placement.back``): each is judged alone, and its verdict is its
+            # own.
+            alone = _capped(sim.ledger, job) or bool(avoided(state, job)) or _held(job)
             if holds.keeps_out(job):
                 if alone:
                     continue
@@ -311,6 +313,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             and len(targets) == 1
             and job.phase == "queued"
             and job.id not in in_run
+            and target.place is None
         ):
             most = config.max_beneficiaries - searched
             run = _run_behind(turns, holds, sim.ledger, job, under_way, now, most)
@@ -414,9 +417,10 @@ def _run_behind(
     """The jobs right behind queued ``job`` in the cycle's turns that are like it (its form and
     priority, queued, not backing off, no hold keeping it out, no preemption under way for it,
     and borrowing as it may: ``Ledger.may_borrow``, which its form does not say, decides what
-    quota admission gives it), at most ``most``: the cycle searches for each of them next,
-    unless its room runs out first. One that may not borrow where ``job`` may is no copy of it:
-    room made for it beyond its queue's nominal would be made for nobody."""
+    quota admission gives it, and no place held for it), at most ``most``: the cycle searches
+    for each of them next, unless its room runs out first. One that may not borrow where ``job``
+    may is no copy of it: room made for it beyond its queue's nominal would be made for nobody;
+    nor is one the placer puts back on a place held for it."""
     form = _form(job)
     borrow = ledger.may_borrow(job)
     out: list[JobState] = []
@@ -429,6 +433,7 @@ def _run_behind(
             or _form(other) != form
             or ledger.may_borrow(other) != borrow
             or holds.keeps_out(other)
+            or _held(other)
         ):
             break
         out.append(other)
@@ -639,6 +644,13 @@ def _form(job: JobState) -> tuple[object, ...]:
         spec.preemptible,
         spec.priority_class,
     )
+
+
+def _held(job: JobState) -> bool:
+    """Whether queued ``job`` has a place held for it once admitted (``placement.back``): the
+    placer puts it there, where the rest of its form have no place, so it stands for none of
+    them."""
+    return back.held_place(job, admitted=True) is not None
 
 
 def _capped(ledger: Ledger, job: JobState) -> bool:

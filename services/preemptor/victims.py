@@ -36,12 +36,13 @@ under its queue's preemption policy (``PreemptionPolicy``, the rule of ``project
    above it. What is left is minimal: no victim can be spared.
 
 "Fits" is the placer's own gang search (``services/placer``: filters, reserves, topology) on its
-``Snapshot``, plus the queue's quota (``projections.quota.Ledger``) for a beneficiary that is
-not yet admitted: a queued job blocked by quota needs both, so its victims are the smallest set
-after which admission can admit it and the placer can place it. The result is then checked with
-the fold's arithmetic (``projections.claims``) on scratch copies of the nodes involved,
-cumulative over the cycle, exactly as the fold will see the GPUs once the victims are gone and
-the beneficiary is placed.
+``Snapshot``, a job whose place is held put back on it first as the placer puts it
+(``projections.placement.back``), plus the queue's quota (``projections.quota.Ledger``) for a
+beneficiary that is not yet admitted: a queued job blocked by quota needs both, so its victims
+are the smallest set after which admission can admit it and the placer can place it. The result
+is then checked with the fold's arithmetic (``projections.claims``) on scratch copies of the
+nodes involved, cumulative over the cycle, exactly as the fold will see the GPUs once the
+victims are gone and the beneficiary is placed.
 
 The ``Simulation`` is the cycle's one mutable view; the State itself is never touched.
 """
@@ -62,7 +63,7 @@ from corral.events.decisions import Placement, WorkerSlot
 from corral.events.queues import PreemptionPolicy
 from corral.projections import claims, indexes, preemption, quota
 from corral.projections.lifecycle import Phase
-from corral.projections.placement import gang, stack
+from corral.projections.placement import back, gang, stack
 from corral.projections.placement.framework import Chain, Request
 from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
@@ -124,6 +125,9 @@ class Target:
     # The key a proposal for it names (``PreemptionRequested.key``): empty for a job that
     # counts against one key only, so that the log of such jobs names none.
     named: str = ""
+    # The place held for it (``placement.back.held_place``): the placer puts it back there as
+    # far as that place still takes it, and so does the simulation.
+    place: Placement | None = None
 
     def shape(self) -> tuple[object, ...]:
         """What decides, besides priority, which candidates it has and whether they suffice."""
@@ -138,6 +142,8 @@ class Target:
             r.required,
             r.replicas,
             r.avoid,
+            # A place held for it is its own: whether that place takes it says nothing of others.
+            self.job.id if self.place is not None else None,
         )
 
 
@@ -146,7 +152,7 @@ def admitted_target(state: State, ledger: Ledger, job: JobState) -> Target:
     key = next(iter(adm.gpus)) if adm is not None and len(adm.gpus) == 1 else None
     # As the placer places it, off the nodes that failed its start (``Request.of`` with the
     # state): room made there for it would stand idle, and the room it needs elsewhere never made.
-    return Target(job, Request.of(job, state=state), key, 0)
+    return Target(job, Request.of(job, state=state), key, 0, place=back.held_place(job))
 
 
 def queued_target(state: State, ledger: Ledger, job: JobState) -> Target | None:
@@ -196,7 +202,8 @@ def _as_admitted(state: State, ledger: Ledger, job: JobState, key: str, need: in
     adm = quota.admission(state.queues[q], job, replicas=quota.min_replicas(job.spec), key=key)
     as_admitted = msgspec.structs.replace(job, admission=adm)
     # Off the nodes that failed its starts, as the placer will place it (``admitted_target``).
-    return Target(as_admitted, Request.of(as_admitted, state=state), key, need, named)
+    place = back.held_place(job, admitted=True)
+    return Target(as_admitted, Request.of(as_admitted, state=state), key, need, named, place)
 
 
 @dataclass(frozen=True, slots=True)
@@ -612,12 +619,25 @@ class Simulation:
             or not self.ledger.fits(q, target.key, target.need, self.ledger.may_borrow(target.job))
         ):
             return None
-        found = gang.place(self.chain, self.snap, target.req, self.placer.label_keys)
-        if not isinstance(found, Placement):
+        found = self._gang(target)
+        if found is None:
             return None
         if target.need and target.key is not None:
             self.ledger.charge(q, target.key, target.need, self.ledger.held_fixed(target.job))
         return found
+
+    def _gang(self, target: Target) -> Placement | None:
+        """Where the placer puts ``target``'s gang now, taken from the snapshot: a job whose
+        place is held back on it as far as it still takes it (``placement.back``), else, or
+        failing that, wherever its search finds room."""
+        if target.place is not None:
+            found = back.back_in_place(
+                self.chain, self.snap, target.req, target.place, self.placer.label_keys
+            )
+            if found is not None:
+                return found
+        placed = gang.place(self.chain, self.snap, target.req, self.placer.label_keys)
+        return placed if isinstance(placed, Placement) else None
 
     def unplace(self, target: Target, placement: Placement) -> None:
         self.snap.release(placement, target.req.res)

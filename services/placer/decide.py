@@ -29,7 +29,11 @@ other job: neither the GPUs its stopped victims left nor free GPUs it is countin
 anyone else meanwhile. An admitted beneficiary is placed before anyone else while a victim of it
 still checkpoints, is stopped, or waits to be placed again after being requeued, so that the
 cycle that first sees it admitted (admission requeues its victims in the cycle it admits it)
-places it first; placed out of priority order, it does not take the cycle's reservation.
+places it first; placed out of priority order, it does not take the cycle's reservation. A
+beneficiary with a place held for it (moved, or back from a planned shutdown: below) is sought
+back on that place, as it is placed at its turn, and what is held for it is that place with the
+rest of where it goes: held apart, its place stayed out of the snapshot for the whole cycle,
+given back neither to it nor to anyone else.
 
 Moves. A job a consolidation stopped has the place its move named held for it in the same way
 (``JobState.moved_to``), from the record until it is placed again, while it checkpoints, is
@@ -242,7 +246,10 @@ class _Cycle:
     def _hold(self, stopping: dict[str, list[JobState]]) -> dict[str, _Held]:
         """For each waiting beneficiary of a preemption under way, highest priority first: where
         its gang goes once its victims are gone; the part of it free now is taken from the
-        snapshot, so that no other job of the cycle gets it."""
+        snapshot, so that no other job of the cycle gets it. A beneficiary with a place held for
+        it (``_hold_places``) goes back there as far as it may, as at its turn: what is held for
+        it is then that part with the rest of where its gang goes (it was taken out of the
+        snapshot under its name, and given back only to it)."""
         jobs = self.state.jobs
         waiting = [jobs[b] for b in stopping if b in jobs and jobs[b].phase in ("queued", "admitted")]
         waiting.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
@@ -250,7 +257,9 @@ class _Cycle:
         for b in waiting:
             if b.held is not None:
                 continue
-            # What its victims still hold, given back for the search only.
+            # Its place, held already, and what its victims still hold, given back for the search
+            # only.
+            own = self.held.get(b.id, [])
             gone = [
                 (w.node, v.spec.resources, w.gpus)
                 for v in stopping[b.id]
@@ -258,20 +267,25 @@ class _Cycle:
                 for w in v.held.workers
                 if w.node in self.state.nodes
             ]
-            for node, res, claimed in gone:
+            for node, res, claimed in (*own, *gone):
                 self.snap.give_back(node, res, claimed)
             req = self.request(b)
             if b.admission is None:
                 req = dataclasses.replace(req, replicas=quota.min_replicas(b.spec))
-            found = gang.place(self.chain, self.snap, req, self.config.label_keys)
+            place = self.places.get(b.id)
+            found: Placement | tuple[Reason, ...] | None = None
+            if place is not None:
+                found = back.back_in_place(self.chain, self.snap, req, place, self.config.label_keys)
+            if found is None:
+                found = gang.place(self.chain, self.snap, req, self.config.label_keys)
             if isinstance(found, Placement):
                 self.snap.release(found, req.res)
-            for node, res, claimed in gone:
+            for node, res, claimed in (*own, *gone):
                 self.snap.take(node, res, claimed)
             if not isinstance(found, Placement):
                 continue
-            busy = {(node, c.gpu) for node, _, claimed in gone for c in claimed}
-            part: _Held = []
+            busy = {(node, c.gpu) for node, _, claimed in (*own, *gone) for c in claimed}
+            part: _Held = list(own)
             for w in found.workers:
                 free = tuple(c for c in w.gpus if (w.node, c.gpu) not in busy)
                 if free:

@@ -223,3 +223,21 @@ def test_a_worker_whose_gpu_left_keeps_no_place() -> None:
     assert state.jobs["run"].kept_place == on(N0, 0, 1, 2, 3, job_id="run")
     kept = state.jobs["beside"].kept_place
     assert kept is not None and kept.workers == ()
+
+
+def _back_and_named() -> LogBuilder:
+    """``run`` is back and admitted, its place (GPUs 2-3) free; ``low``, placed on GPUs 4-7 since
+    the node came back, is checkpointing for ``run``: a preemption for it is under way."""
+    log = _admission_cycle(_back(_on_two()))
+    log.submit("bob", "low", job().gpus(4).estimate(3600.0)).accept("low", priority=-10).admit("low")
+    log.place(on(N0, 4, 5, 6, 7, job_id="low")).started(N0, "low")
+    return log.preempt("run", "low")
+
+
+def test_a_job_back_in_place_and_named_by_a_stop_is_placed_on_its_place() -> None:
+    # Both its kept place and the GPUs its victim frees were held for it: the kept place is
+    # given back to it at its turn, not left out of the cycle for good.
+    state = _back_and_named().fold()
+    assert state.jobs["low"].phase == "checkpointing" and state.jobs["low"].preempted_for == "run"
+    assert state.jobs["run"].phase == "admitted" and queueing.keeps_place(state.jobs["run"])
+    assert _uuids(state) == {"run": [f"GPU-{N0}-02", f"GPU-{N0}-03"]}

@@ -316,7 +316,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             and target.place is None
         ):
             most = config.max_beneficiaries - searched
-            run = _run_behind(turns, holds, sim.ledger, job, under_way, now, most)
+            run = _run_behind(state, turns, holds, sim.ledger, job, under_way, now, most)
             if run:
                 # Its run is searched together once, for its first: each of the rest searched
                 # again as the first of what is left would place copies of itself at every step
@@ -406,6 +406,7 @@ def _choose(
 
 
 def _run_behind(
+    state: State,
     turns: _Turns,
     holds: _Holds,
     ledger: Ledger,
@@ -420,9 +421,11 @@ def _run_behind(
     quota admission gives it, and no place held for it), at most ``most``: the cycle searches
     for each of them next, unless its room runs out first. One that may not borrow where ``job``
     may is no copy of it: room made for it beyond its queue's nominal would be made for nobody;
-    nor is one the placer puts back on a place held for it."""
+    nor is one the placer puts back on a place held for it, nor one kept off other nodes than
+    ``job`` is (``avoided``): room made for it where it may not go would be made for nobody."""
     form = _form(job)
     borrow = ledger.may_borrow(job)
+    avoids = avoided(state, job)
     out: list[JobState] = []
     for other in turns.following(most):
         if (
@@ -434,6 +437,7 @@ def _run_behind(
             or ledger.may_borrow(other) != borrow
             or holds.keeps_out(other)
             or _held(other)
+            or avoided(state, other) != avoids
         ):
             break
         out.append(other)

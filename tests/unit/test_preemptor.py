@@ -797,6 +797,19 @@ def test_a_run_the_small_jobs_suffice_for_still_stops_them_first() -> None:
     assert w.victims(PreemptorConfig(max_beneficiaries=1)) == {"u0": ["small3"]}
 
 
+def test_jobs_kept_off_a_node_are_no_run_for_one_that_may_go_there() -> None:
+    # u1..u4 failed their starts on node-01 for the node's fault: the placer keeps them off it
+    # (``avoided``). Taken for copies of u0, which may go there, they had ``big`` (8 GPUs on
+    # node-01, an hour's work) stopped as if all five could use its GPUs: only u0 could.
+    w = like_jobs_behind_a_full_queue(5)
+    for i in range(1, 5):
+        w.state.jobs[f"u{i}"].fault_nodes = (N1,)
+    w.state.nodes[N1].start_faults = tuple(f"u{i}" for i in range(1, 5))
+    stopped = w.victims()
+    assert "big" not in [v for vs in stopped.values() for v in vs], stopped
+    assert stopped["u0"] == ["small3"]
+
+
 def team_a_borrowing() -> World:
     """Cohort ``ml`` on two nodes: team-a (nominal 4) holds it with ``pinned``, which may not be
     preempted, and borrows 12 of team-b's with an older 8-GPU job and four one-GPU ones."""

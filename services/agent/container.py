@@ -272,7 +272,8 @@ def agent_id(work_dir: Path) -> str:
     cannot be read or kept."""
     path = work_dir / AGENT_ID_FILE
     with contextlib.suppress(FileNotFoundError):
-        kept = path.read_text().strip()
+        # Damaged (a disk's garbage, not text at all) is read as any other damage: made again.
+        kept = path.read_text(errors="replace").strip()
         if _AGENT_ID.fullmatch(kept):
             return kept
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -282,7 +283,7 @@ def agent_id(work_dir: Path) -> str:
         os.replace(made, path)
     finally:
         made.unlink(missing_ok=True)
-    return path.read_text().strip()
+    return path.read_text(errors="replace").strip()
 
 
 # -- which engine runs here ----------------------------------------------------------------------

@@ -290,8 +290,11 @@ def test_a_work_directorys_id_is_made_once_and_kept(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "node-a").iterdir()) == [container.AGENT_ID_FILE]
 
 
-def test_a_damaged_id_is_made_again(tmp_path: Path) -> None:
-    (tmp_path / container.AGENT_ID_FILE).write_text("not an id\n")
+@pytest.mark.parametrize("damaged", [b"not an id\n", b"\xff\xfe\x00garbage"], ids=["text", "not-text"])
+def test_a_damaged_id_is_made_again(tmp_path: Path, damaged: bytes) -> None:
+    # Not text at all, it raised UnicodeDecodeError, which no caller takes for the OSError of
+    # an id that cannot be kept: every container start here failed as the job's own fault.
+    (tmp_path / container.AGENT_ID_FILE).write_bytes(damaged)
     made = container.agent_id(tmp_path)
     assert re.fullmatch(r"[0-9a-f]{12}", made) and container.agent_id(tmp_path) == made
 

@@ -103,3 +103,35 @@ async def test_the_intake_the_read_service_and_what_if_answer_from_the_moment_th
         reader.close()
         for log in (intake_log, read_log, forecast_log):
             await log.close()
+
+
+async def test_the_what_if_role_says_it_is_ready_though_the_server_is_slow_to_confirm_its_subscription(
+    nats_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its confirmation ran in a task nothing awaited before the role stopped: a server that did
+    # not answer its PING in time ended that task, the error unseen, and ``corral up`` waited
+    # for ``answering`` for ever.
+    import nats
+    import nats.errors
+
+    from corral.services.forecast import service as forecast_service
+    from corral.services.runtime import forecasts, identities
+
+    async def slow(nc: object) -> None:
+        raise nats.errors.FlushTimeoutError
+
+    monkeypatch.setattr(forecast_service, "heard", slow)
+    await (await JetStreamLog.connect(nats_server, create=True)).close()
+    forecast_log = await JetStreamLog.connect(nats_server)
+    forecaster = forecast_service.service(forecast_log, forecasts.MemoryForecasts())
+    asker = await nats.connect(nats_server, inbox_prefix=identities.inbox_prefix("team-a"))
+    stop = asyncio.Event()
+    running = asyncio.create_task(forecaster.run(stop))
+    try:
+        await asyncio.wait_for(forecaster.answering.wait(), 30)
+        await asker.request(identities.read_subject("team-a", forecast_service.WHATIF), b"{}", timeout=30)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 30)
+        await asker.close()
+        await forecast_log.close()

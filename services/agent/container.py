@@ -277,10 +277,21 @@ def agent_id(work_dir: Path) -> str:
         if _AGENT_ID.fullmatch(kept):
             return kept
     work_dir.mkdir(parents=True, exist_ok=True)
-    made = work_dir / f".{AGENT_ID_FILE}.{os.getpid()}"
+    # Two agents on one directory (in containers, perhaps, of one pid) never share a temporary
+    # file; linked, not moved, into place, an id is made once: an agent that made one at the
+    # same moment reads the one that was kept, not its own that another replaced.
+    made = work_dir / f".{AGENT_ID_FILE}.{secrets.token_hex(8)}"
     made.write_text(secrets.token_hex(6) + "\n")
     try:
-        os.replace(made, path)
+        try:
+            os.link(made, path)
+        except FileExistsError:
+            kept = path.read_text(errors="replace").strip()
+            if _AGENT_ID.fullmatch(kept):
+                return kept
+            os.replace(made, path)  # damaged: made again
+        except OSError:  # a file system without hard links
+            os.replace(made, path)
     finally:
         made.unlink(missing_ok=True)
     return path.read_text(errors="replace").strip()

@@ -299,6 +299,27 @@ def test_a_damaged_id_is_made_again(tmp_path: Path, damaged: bytes) -> None:
     assert re.fullmatch(r"[0-9a-f]{12}", made) and container.agent_id(tmp_path) == made
 
 
+def test_two_agents_making_the_id_at_once_keep_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two agents found no id and each made one: the second replaced the first's, which the
+    # first had already named its containers by, and after its restart it never found them.
+    # Here the other agent's id lands between this agent's look and its own write.
+    path = tmp_path / container.AGENT_ID_FILE
+    read = Path.read_text
+    looked: list[Path] = []
+
+    def first_look_finds_none(self: Path, *args: object, **kw: object) -> str:
+        if self == path and not looked:
+            looked.append(self)
+            path.write_text("0a1b2c3d4e5f\n")  # the other agent's, made meanwhile
+            raise FileNotFoundError(self)
+        return read(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", first_look_finds_none)
+    assert container.agent_id(tmp_path) == "0a1b2c3d4e5f"
+    assert read(path) == "0a1b2c3d4e5f\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [container.AGENT_ID_FILE]
+
+
 # -- signals, stops, removal, inspection ----------------------------------------------------------
 
 

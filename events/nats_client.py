@@ -251,15 +251,24 @@ async def open_client(url: str | Sequence[str], **options: Any) -> Client:
 CLUSTER_REPLICAS = 3
 
 
-async def heard(nc: Any) -> None:
+async def heard(nc: Any, what: str) -> bool:
     """Wait until the server has every command ``nc`` sent so far (its subscriptions): a part
     says it is ready only then, for a request sent from elsewhere meanwhile found nobody to
     answer it. ``flush`` alone does not do: nats-py writes its PING straight to the socket, ahead
     of the commands still in the connection's buffer, so its PONG may come before they are
     sent. They are written first (``_flush_pending``, forced), then the PING follows them. On
-    a cluster, the other servers learn of a subscription over their routes later still."""
-    await nc._flush_pending(force_flush=True)
-    await nc.flush()
+    a cluster, the other servers learn of a subscription over their routes later still.
+
+    False, said, where the server did not confirm in time (slow, or gone a while): it has the
+    subscriptions once it answers again (a reconnection sends them anew), and ``what`` (the
+    part waiting) goes on as ready rather than end, or wait, for a confirmation."""
+    try:
+        await nc._flush_pending(force_flush=True)
+        await nc.flush()
+    except nats.errors.Error as e:
+        log.warning("%s: the server has not confirmed its subscriptions: %s", what, e)
+        return False
+    return True
 
 
 def servers_in_cluster(nc: Client) -> int:

@@ -316,13 +316,9 @@ class ForecastService(Service):
             if nc is not None:
                 subject = identities.read_subject("*", WHATIF)
                 sub = await nc.subscribe(subject, queue=ROLE, cb=self._on_whatif)
-                try:
-                    await heard(nc)
-                except nats.errors.Error as e:
-                    # The server slow to answer, or gone a while: it has the subscription once
-                    # it answers again. Nothing awaits this task before the role stops, and
-                    # ``corral up`` would have waited for ``answering`` for ever.
-                    log.warning("what-if subscription not confirmed by the server: %s", e)
+                # Never raises: nothing awaits this task before the role stops, and ``corral
+                # up`` would wait for ``answering`` for ever.
+                await heard(nc, "what-if")
             self.answering.set()
 
         listening = asyncio.create_task(listen())

@@ -194,7 +194,7 @@ class Intake:
         appending = asyncio.create_task(self._appending(stop))
         # Ready once the server has the subscriptions, not once they are in the connection's
         # buffer: a request sent meanwhile from elsewhere found nobody to answer it.
-        await nats_client.heard(self.log.nc)
+        await nats_client.heard(self.log.nc, ROLE)
         self.ready.set()
         lost = self.log.lost
         try:

@@ -464,7 +464,7 @@ class ReadService:
         sub: Subscription = await nc.subscribe(f"{identities.READ}.*.*", queue=ROLE, cb=self._on_question)
         # Caught up once the server has the subscription, not once it is in the connection's
         # buffer: a question asked meanwhile from elsewhere found nobody to answer it.
-        await heard(nc)
+        await heard(nc, ROLE)
         self.caught_up.set()
         batches = self.log.follow(self.state.seq + 1)
         stopping: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())

@@ -105,33 +105,50 @@ async def test_the_intake_the_read_service_and_what_if_answer_from_the_moment_th
             await log.close()
 
 
-async def test_the_what_if_role_says_it_is_ready_though_the_server_is_slow_to_confirm_its_subscription(
+async def test_each_says_it_is_ready_though_the_server_is_slow_to_confirm_its_subscriptions(
     nats_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Its confirmation ran in a task nothing awaited before the role stopped: a server that did
-    # not answer its PING in time ended that task, the error unseen, and ``corral up`` waited
-    # for ``answering`` for ever.
+    # The forecast role's confirmation ran in a task nothing awaited before the role stopped: a
+    # server that did not answer its PING in time ended that task, the error unseen, and
+    # ``corral up`` waited for ``answering`` for ever. The intake and the read service ended
+    # with their tasks left running. Each goes on as ready: the server has the subscriptions
+    # once it answers again.
     import nats
     import nats.errors
+    from nats.aio.client import Client
 
+    from corral.events import subjects
     from corral.services.forecast import service as forecast_service
+    from corral.services.intake.service import Intake
+    from corral.services.query.service import ReadService
     from corral.services.runtime import forecasts, identities
 
-    async def slow(nc: object) -> None:
-        raise nats.errors.FlushTimeoutError
-
-    monkeypatch.setattr(forecast_service, "heard", slow)
-    await (await JetStreamLog.connect(nats_server, create=True)).close()
+    intake_log = await JetStreamLog.connect(nats_server, create=True)
+    read_log = await JetStreamLog.connect(nats_server)
     forecast_log = await JetStreamLog.connect(nats_server)
+    intake, reader = Intake(intake_log, rate=None), ReadService(read_log)
     forecaster = forecast_service.service(forecast_log, forecasts.MemoryForecasts())
     asker = await nats.connect(nats_server, inbox_prefix=identities.inbox_prefix("team-a"))
+
+    async def slow(self: Client, timeout: int = 10) -> None:
+        raise nats.errors.FlushTimeoutError
+
+    monkeypatch.setattr(Client, "flush", slow)
     stop = asyncio.Event()
-    running = asyncio.create_task(forecaster.run(stop))
+    running = [asyncio.create_task(p.run(stop)) for p in (intake, reader, forecaster)]
     try:
-        await asyncio.wait_for(forecaster.answering.wait(), 30)
-        await asker.request(identities.read_subject("team-a", forecast_service.WHATIF), b"{}", timeout=30)
+        for ready, subject in (
+            (intake.ready, subjects.intake("team-a", "submit")),
+            (reader.caught_up, identities.read_subject("team-a", "jobs")),
+            (forecaster.answering, identities.read_subject("team-a", forecast_service.WHATIF)),
+        ):
+            await asyncio.wait_for(ready.wait(), 30)
+            await asker.request(subject, b"{}", timeout=30)
+        assert not any(t.done() for t in running)
     finally:
         stop.set()
-        await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 30)
+        await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
         await asker.close()
-        await forecast_log.close()
+        reader.close()
+        for log in (intake_log, read_log, forecast_log):
+            await log.close()

@@ -177,7 +177,7 @@ def _withdrawn(state: State, ctx: Ctx, ev: AdmissionWithdrawn) -> None:
         return
     move(state, job, "withdraw", ctx)  # before the admission goes: the move gives back what it holds
     job.admission = None
-    job.kept_place = None  # placed nowhere for the timeout: its place is not held any longer
+    indexes.keep_place(state, job, None)  # placed nowhere for the timeout: its place is not held any longer
     job.admit_after = ev.admit_after
     job.reasons = (ev.reason,)
     indexes.explain(state, job)

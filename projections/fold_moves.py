@@ -135,12 +135,14 @@ def _ended(state: State, job: JobState) -> None:
     """``job`` reached its end: the jobs stopped for it stop naming it (a beneficiary that ended
     counts for none, as it will once let go: the placer no longer keeps a moved job's place for
     it, nor does a move wait on its victims), it stops naming the one it was stopped for (whose
-    ``victims`` so stay the live ones), it keeps no place a shutdown left it, and, holding no
-    GPUs, it counts as finished."""
+    ``victims`` so stay the live ones), it keeps no place a shutdown or a move left it (a job
+    ended has none held, ``State.places_held``), and, holding no GPUs, it counts as finished."""
     if job.preempted_for:
         indexes.name(state, job, "")
     if job.kept_place is not None:
-        job.kept_place = None
+        indexes.keep_place(state, job, None)
+    if job.moved_to is not None:
+        indexes.move_to(state, job, None)
     jobs = state.jobs
     for v in job.victims:
         victim = jobs.get(v)

@@ -179,14 +179,14 @@ def _kept_places_moved(state: State, node: str, moved: dict[int, int | None]) ->
     (``_gpus_moved``): held by their old indexes, the placer held other GPUs for the job, and
     gave the ones it had run on to whoever came next. A worker one of whose GPUs left keeps no place
     there (the placer finds it one). A job keeps a place only while interrupted, queued or
-    admitted (placing, withdrawing or ending it forgets it), and GPUs are seldom renumbered:
-    those phases are all looked at, only then."""
-    for job in indexes.jobs_in(state, "interrupted", "queued", "admitted"):
+    admitted (placing, withdrawing or ending it forgets it): the jobs a place is held for are
+    looked at (``State.places_held``), not every job waiting."""
+    for job in indexes.places_held(state):
         kept = job.kept_place
         if kept is None or not any(w.node == node and _on(w, moved) for w in kept.workers):
             continue
         there = tuple(w for w in kept.workers if w.node != node or _stays(w, moved))
-        job.kept_place = _renumbered(msgspec.structs.replace(kept, workers=there), node, moved)
+        indexes.keep_place(state, job, _renumbered(msgspec.structs.replace(kept, workers=there), node, moved))
 
 
 def _stays(worker: WorkerSlot, moved: dict[int, int | None]) -> bool:
@@ -532,7 +532,7 @@ def _shutdown(state: State, ctx: Ctx, ev: NodeShutdown) -> None:
     for job_id, place in keep.items():
         job = state.jobs[job_id]
         if job.phase == "interrupted":
-            job.kept_place = place
+            indexes.keep_place(state, job, place)
     if ev.registers_again:
         node.shut_down = ctx.seq
 

@@ -61,9 +61,10 @@ def _placed(state: State, ctx: Ctx, ev: JobsPlaced) -> None:
         gpu_time.track(state, job, ctx.time)  # its queue holds GPU time from now
         move(state, job, "place", ctx)
         job.placement = p
-        job.moved_to = None  # placed again, where its move said or elsewhere
+        if job.moved_to is not None:  # placed again, where its move said or elsewhere
+            indexes.move_to(state, job, None)
         if job.kept_place is not None:  # ... and back in place, or elsewhere
-            job.kept_place = None
+            indexes.keep_place(state, job, None)
         if job.reasons:  # a store costs more than the look (Structs)
             job.reasons = ()
             indexes.explain(state, job)
@@ -124,7 +125,7 @@ def _preemption(state: State, ctx: Ctx, ev: PreemptionRequested) -> None:
             move(state, job, "stop", ctx)
             stop_holding(state, job, ctx)
     for p in ev.moves[1:]:
-        state.jobs[p.job_id].moved_to = p
+        indexes.move_to(state, state.jobs[p.job_id], p)
 
 
 def _shrink_requested(state: State, ctx: Ctx, ev: ShrinkRequested) -> None:

@@ -52,6 +52,12 @@ asks for:
   sorted as ``queued_by_queue``: the preemptor judges a backlog form by form, and passes over
   the rest of a form it found no victims for without reading its jobs. Kept with
   ``queued_by_queue`` and, where a queued job's spec changes, by ``respec``.
+- ``State.places_held``: ids of the jobs a place is held for, one a planned shutdown left them
+  (``JobState.kept_place``) or one a move names (``JobState.moved_to``), in the order they were
+  given one: the few the placer takes out of its snapshot before anything else, the
+  preemptor's simulation too, and whose places a registration that renumbers GPUs moves, out
+  of every job interrupted, queued or admitted. Both fields change only through ``keep_place``
+  and ``move_to``; a job that ends keeps neither (``fold_moves._ended``).
 
 They are ids, not the ``JobState`` objects again, so that a snapshot encodes each job once. They
 are part of the State: snapshots carry them and every replica builds them in the same order, so
@@ -358,6 +364,8 @@ def add(state: State, job: JobState, size: int | None = None) -> None:
         _add(state.naming_by_beneficiary, job.preempted_for, job.id)
     if job.phase == "queued" and job.reasons:
         _add(state.explained_by_queue, job.spec.queue, job.id)
+    if job.kept_place is not None or job.moved_to is not None:
+        state.places_held[job.id] = None
 
 
 def moved(state: State, job: JobState, before: Phase) -> None:
@@ -439,6 +447,27 @@ def explain(state: State, job: JobState) -> None:
         _add(state.explained_by_queue, job.spec.queue, job.id)
     else:
         _remove(state.explained_by_queue, job.spec.queue, job.id)
+
+
+def keep_place(state: State, job: JobState, place: Placement | None) -> None:
+    """Set the place a planned shutdown left ``job`` (``JobState.kept_place``; None: it keeps
+    none): the one way it changes."""
+    job.kept_place = place
+    _place_held(state, job)
+
+
+def move_to(state: State, job: JobState, place: Placement | None) -> None:
+    """Set where a move is to put ``job`` (``JobState.moved_to``; None: nowhere): the one way
+    it changes."""
+    job.moved_to = place
+    _place_held(state, job)
+
+
+def _place_held(state: State, job: JobState) -> None:
+    if job.kept_place is not None or job.moved_to is not None:
+        state.places_held[job.id] = None
+    else:
+        state.places_held.pop(job.id, None)
 
 
 def reprioritised(state: State, job: JobState, before: int) -> None:
@@ -523,6 +552,7 @@ def forget(state: State, job: JobState) -> None:
         _remove(state.naming_by_beneficiary, job.preempted_for, job.id)
         _unlist(state, job.preempted_for, job.id)
     _remove(state.explained_by_queue, job.spec.queue, job.id)
+    state.places_held.pop(job.id, None)
 
 
 # -- read ---------------------------------------------------------------------------------------------
@@ -585,6 +615,13 @@ def holding_quota(state: State, queue: str) -> list[JobState]:
     return [jobs[i] for i in state.holding_quota_by_queue.get(queue, ())]
 
 
+def places_held(state: State) -> list[JobState]:
+    """The jobs a place is held for (kept across a planned shutdown, or named by a move), in
+    the order they were given one."""
+    jobs = state.jobs
+    return [jobs[i] for i in state.places_held]
+
+
 def holding(state: State) -> list[JobState]:
     """Every job holding GPUs, CPU or memory anywhere, once, node by node."""
     jobs = state.jobs
@@ -611,6 +648,7 @@ def rebuild(state: State) -> State:
     state.elastic_by_phase = {}
     state.jobs_by_tenant = {}
     state.spec_bytes_by_tenant = {}
+    state.places_held = {}
     jobs = list(state.jobs.values())
     state.jobs.clear()
     for job in jobs:
@@ -621,8 +659,8 @@ def rebuild(state: State) -> State:
 def check(state: State) -> None:
     """Raise AssertionError, saying where, unless every index holds exactly what ``State.jobs``
     says it should: each queue's and form's places in full sorted order, the asks' worker counts exactly;
-    by phase, node, beneficiary named, queue explained and host shape the same ids (their order is the
-    fold's history, which this cannot know)."""
+    by phase, node, beneficiary named, queue explained and host shape, and the places held, the same
+    ids (their order is the fold's history, which this cannot know)."""
     want = rebuild(State(jobs=dict(state.jobs)))
     problems = []
     queued = [j for j in state.jobs.values() if j.phase == "queued"]
@@ -641,6 +679,12 @@ def check(state: State) -> None:
                 problems.append(f"{name}[{key}] is empty and kept")
             if (have_places or []) != want_places:
                 problems.append(f"{name}[{key}]: {(have_places or [])[:5]}, not {want_places[:5]}")
+    if set(state.places_held) != set(want.places_held):
+        extra, missing = (
+            sorted(state.places_held.keys() - want.places_held),
+            sorted(want.places_held.keys() - state.places_held),
+        )
+        problems.append(f"places_held: has {extra[:5]} ({len(extra)}), lacks {missing[:5]} ({len(missing)})")
     if state.workers_by_ask != want.workers_by_ask:
         problems.append(f"workers_by_ask: {state.workers_by_ask}, not {want.workers_by_ask}")
     if state.jobs_by_tenant != want.jobs_by_tenant:

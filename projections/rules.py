@@ -298,4 +298,8 @@ from __future__ import annotations
 # 105: the reason of a job the placer's reservation keeps off the free GPUs names, as data, the
 #    job they are reserved for (``Reason.reserved_for``), which the state keeps with the reason;
 #    the placer writes the reason again when only that job changed.
-RULES = 105
+# 106: the fold keeps the jobs a place is held for (``State.places_held``: ``JobState.kept_place``
+#    or ``moved_to`` given, ``projections/indexes.py``), so that the placer, the preemptor and a
+#    registration that renumbers GPUs read those, not every job waiting; a job that ends keeps no
+#    place a move named (``moved_to``), as it kept none a shutdown left it.
+RULES = 106

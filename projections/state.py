@@ -296,6 +296,10 @@ class State(msgspec.Struct, gc=False):
     # ... and what their specs hold (``indexes.spec_bytes``): what ``RetentionSpec``'s
     # ``spec_bytes_per_tenant`` is judged by.
     spec_bytes_by_tenant: dict[str, int] = {}
+    # The ids of the jobs a place is held for (``JobState.kept_place`` or ``moved_to`` given), in
+    # the order they were given one: a handful, which the placer, the preemptor and a
+    # registration that renumbers GPUs read instead of every job waiting (``indexes.keep_place``).
+    places_held: dict[str, None] = {}
     # Per class of similar jobs, the running times of the latest that succeeded, the class
     # updated longest ago first: what runtime estimates are learned from (``runtimes.py``).
     runtimes: dict[str, list[float]] = {}

@@ -33,7 +33,15 @@ from corral.events.decisions import (
     Victim,
     WorkerSlot,
 )
-from corral.events.jobs import CancelJob, JobRequeued, JobsAdmitted, JobSpec, ResizeJob, SubmitJob
+from corral.events.jobs import (
+    AdmissionWithdrawn,
+    CancelJob,
+    JobRequeued,
+    JobsAdmitted,
+    JobSpec,
+    ResizeJob,
+    SubmitJob,
+)
 from corral.events.log import Record
 from corral.events.nodes import (
     CheckpointCompleted,
@@ -246,8 +254,26 @@ job_ids = st.sampled_from(sorted(JOBS))
 node_ids = st.sampled_from(["node-00", "node-01"])
 _T = 0.0
 
+
+def _move(b: str, ab: int, gb: int, v: str, av: int, gv: int, other: bool) -> PreemptionRequested:
+    """A consolidation: ``v`` stopped to run elsewhere (on its node, or on the other), so that
+    ``b`` is placed where it ran."""
+    return PreemptionRequested(
+        based_on=0,
+        now=_T,
+        beneficiary=b,
+        victims=(Victim(v, av),),
+        deadline=_T,
+        moves=(
+            Placement(b, ab, (WorkerSlot(0, _node_of(b, False), (_claim_for(b, gb, 0),)),)),
+            Placement(v, av, (WorkerSlot(0, _node_of(v, other), (_claim_for(v, gv, 4),)),)),
+        ),
+    )
+
+
 # Events that make sense for the base jobs, so the fold goes deep: admissions, placements,
-# starts, exits, checkpoints, requeues, preemptions, health, re-registrations that shrink a node.
+# starts, exits, checkpoints, requeues, preemptions and moves, placement timeouts, health, shutdowns,
+# re-registrations that shrink a node or renumber its GPUs.
 plausible_events: st.SearchStrategy[Event] = st.one_of(
     st.builds(_admitted, job_ids, attempts),
     st.builds(
@@ -283,6 +309,24 @@ plausible_events: st.SearchStrategy[Event] = st.one_of(
         job_ids,
         job_ids,
         attempts,
+    ),
+    st.builds(
+        _move,
+        job_ids,
+        attempts,
+        st.integers(0, 2),
+        job_ids,
+        attempts,
+        st.integers(0, 2),
+        st.booleans(),
+    ),
+    st.builds(
+        lambda j, a, after: AdmissionWithdrawn(
+            job_id=j, attempt=a, reason=Reason("placement-timeout", "placed nowhere"), admit_after=after
+        ),
+        job_ids,
+        attempts,
+        st.sampled_from([_T, 30.0]),
     ),
     st.builds(
         lambda n, g, h: GpuHealthChanged(node=n, gpu=g, healthy=h), node_ids, st.integers(0, 2), st.booleans()
@@ -374,8 +418,10 @@ def stories(draw: st.DrawFn) -> list[Record]:
         lane: list[Event] = []
         for a in range(draw(st.integers(1, 2))):
             claim = _claim_for(j, draw(st.integers(0, 2)), draw(st.sampled_from([0, 4])))
+            lane.append(_admitted(j, a))
+            if j == "j2" and draw(st.booleans()):  # j1 moved for it, where j1 is at that attempt
+                lane.append(_move(j, a, draw(st.integers(0, 2)), "j1", a, draw(st.integers(0, 2)), False))
             lane += [
-                _admitted(j, a),
                 JobsPlaced(
                     based_on=0, now=_T, placements=(Placement(j, a, (WorkerSlot(0, node, (claim,)),)),)
                 ),
@@ -389,6 +435,7 @@ def stories(draw: st.DrawFn) -> list[Record]:
         lanes.append([_home(ev) for ev in lane])
     lanes.append(draw(st.lists(plausible_events.map(_home), max_size=12)))
     lanes.append(draw(st.lists(parts, max_size=4)))
+
     merged: list[tuple[str, bytes]] = []
     while any(lanes):
         lane_index = draw(st.sampled_from([i for i, lane in enumerate(lanes) if lane]))
@@ -909,9 +956,10 @@ def preemptions_of_running_jobs(draw: st.DrawFn) -> list[Record]:
 @given(st.one_of(preemptions_of_running_jobs(), logs, st.permutations(STORY), st.permutations(GANG_STORY)))
 def test_no_writer_stops_a_job_the_rules_protect(records: list[Record]) -> None:
     """Whatever preemptions and shrinks any writer proposes, a job is stopped (or shrunk) for
-    another only if it may be preempted, and the other is of its queue with a higher priority or
-    of a queue of its cohort tree. Judged without the rule's code: the queues of these logs are
-    each their own tree, so no job is ever stopped for another queue's."""
+    another only if it may be preempted, and, unless it is moved (a move takes no quota), the
+    other is of its queue with a higher priority or of a queue of its cohort tree. Judged without
+    the rule's code: the queues of these logs are each their own tree, so no job is ever stopped
+    for another queue's."""
     from corral.projections.fold import apply
 
     state = State()
@@ -928,6 +976,8 @@ def test_no_writer_stops_a_job_the_rules_protect(records: list[Record]) -> None:
             beneficiary = state.jobs[stopped.preempted_for]
             cohorts = {state.queues[q].cohort for q in (queue, beneficiary.spec.queue) if q in state.queues}
             assert preemptible, (stopped.id, "may not be preempted")
+            if stopped.moved_to is not None:
+                continue  # moved: a move takes no one's quota, whatever the queues (``moves.may_move``)
             if beneficiary.spec.queue == queue:
                 assert priority < beneficiary.priority, (stopped.id, beneficiary.id)
             else:

@@ -277,6 +277,7 @@ def test_rebuild_makes_the_indexes_of_the_jobs_in_their_order() -> None:
         pytest.param(
             lambda s: s.queued_by_form.setdefault("[]", []).append((0, 1, "b")), id="a form not queued"
         ),
+        pytest.param(lambda s: s.places_held.update(a=None), id="a place not held"),
     ],
 )
 def test_check_says_where_an_index_differs_from_the_jobs(spoil: Any) -> None:

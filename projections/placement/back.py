@@ -10,6 +10,12 @@ by this rule at its turn, and the preemptor's simulation foresees it by the same
 the GPUs the preemptor counts as taken (or as free for a beneficiary) are the ones the placer
 takes.
 
+Until its turn, what of its place is free is its own: the placer, and the preemptor's simulation
+with it, takes that part out of the snapshot before anything else (``hold_places``, over the
+jobs the fold keeps a place for, ``held_places``) and gives it back to that job alone, at its
+turn. Counted free, it would go to a job whose turn comes first (a beneficiary searched for
+before it), or make the preemptor stop nobody for a job the placer gives no room.
+
 Each worker of the place stays where the chain still takes its node for the job (health, cordon,
 drain, labels, models, room) and its GPUs are ones the chain's reserves could give it. A worker
 that cannot stay (its GPUs taken meanwhile or unhealthy, its node turned away) is searched for
@@ -26,13 +32,14 @@ from typing import Protocol
 import msgspec
 
 from corral.events.decisions import GpuClaim, Placement, WorkerSlot
-from corral.projections import queueing
+from corral.events.jobs import Resources
+from corral.projections import indexes, queueing
 from corral.projections.lifecycle import Phase
 from corral.projections.placement import gang
 from corral.projections.placement.framework import Chain, Request
 from corral.projections.placement.plugins.model import suits
 from corral.projections.placement.snapshot import NodeView, Snapshot
-from corral.projections.state import WHOLE, JobState
+from corral.projections.state import WHOLE, JobState, State
 
 # A moved job whose new place is held for it: stopping, or admitted again. (Requeued and not
 # admitted, it waits for quota, and GPUs held for it would stand idle.)
@@ -49,6 +56,74 @@ def held_place(job: JobState, admitted: bool = False) -> Placement | None:
     if job.moved_to is not None and job.preempted_for and (admitted or job.phase in MOVING):
         return job.moved_to
     return None
+
+
+def held_places(state: State) -> list[tuple[JobState, Placement]]:
+    """Every job with a place held for it now (``held_place``) and that place: those a planned
+    shutdown left one first, in submission order (the placer places them before anyone), then
+    the moved ones, in submission order. Read from the jobs the fold keeps a place for
+    (``State.places_held``), not from every job waiting."""
+    kept: list[tuple[JobState, Placement]] = []
+    moved: list[tuple[JobState, Placement]] = []
+    for job in indexes.places_held(state):
+        place = held_place(job)
+        if place is not None:
+            (kept if queueing.keeps_place(job) else moved).append((job, place))
+    kept.sort(key=lambda jp: (jp[0].submitted_seq, jp[0].id))
+    moved.sort(key=lambda jp: (jp[0].submitted_seq, jp[0].id))
+    return kept + moved
+
+
+# (node, resources, claims) of one worker's share of a place, as taken from a snapshot
+Held = list[tuple[str, Resources, tuple[GpuClaim, ...]]]
+
+
+def hold_places(snap: Snapshot, places: list[tuple[JobState, Placement]]) -> dict[str, Held]:
+    """For each job and the place held for it (``held_places``), in order: the workers of that
+    place that are free now, taken from ``snap`` so that no other job gets them, by job (none
+    for a job nothing of whose place is free). A worker whose place was taken meanwhile is not
+    held: it is searched for at the job's turn (``back_in_place``). Each is given back to its
+    job alone, at its turn (``give_back``)."""
+    nodes = snap.state.nodes
+    out: dict[str, Held] = {}
+    for job, place in places:
+        res = job.spec.resources
+        part: Held = []
+        for w in place.workers:
+            if w.node in nodes and free(snap, w.node, res, w.gpus):
+                snap.take(w.node, res, w.gpus)
+                part.append((w.node, res, w.gpus))
+        if part:
+            out[job.id] = part
+    return out
+
+
+def give_back(snap: Snapshot, part: Held) -> None:
+    """What ``hold_places`` took for a job, back into ``snap`` for it at its turn."""
+    for node, res, claimed in part:
+        snap.give_back(node, res, claimed)
+
+
+def take_again(snap: Snapshot, part: Held) -> None:
+    """What ``give_back`` gave back for a job its turn did not place: held for it again."""
+    for node, res, claimed in part:
+        snap.take(node, res, claimed)
+
+
+def free(snap: Snapshot, node: str, res: Resources, gpus: tuple[GpuClaim, ...]) -> bool:
+    """Whether one worker's share (``res``, ``gpus``) is free on ``node`` as ``snap`` sees it: a
+    ready node, its CPU and memory, and each GPU healthy with the claim's share unused (a whole
+    one held by nobody; a MIG slice is not held this way)."""
+    v = snap.view(node)
+    if not v.ready or v.cpu_free < res.cpu_milli or v.mem_free < res.memory_mib or v.workers_free < 1:
+        return False
+    for c in gpus:
+        if c.mig is not None or not 0 <= c.gpu < len(v.gpus):
+            return False
+        g = v.gpus[c.gpu]
+        if not g.healthy or g.mig or g.free < c.milli or (c.milli >= WHOLE and g.holders):
+            return False
+    return True
 
 
 class Hidden(Protocol):

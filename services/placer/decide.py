@@ -45,7 +45,9 @@ Kept places. A job that ran where a planned shutdown of its node stopped it (``c
 stopped and started again; ``JobState.kept_place``) keeps that place while it is interrupted,
 requeued and admitted again (``queueing.keeps_place``): the part of it that is free is hidden,
 before anything else, from every other job, and it is placed first, so that a restart gives
-no job, the one the reservation was for included, the GPUs work had before it.
+no job, the one the reservation was for included, the GPUs work had before it. The jobs with a
+kept or moved place are the fold's (``State.places_held``), and what of their places is held is
+taken out by one rule, the preemptor's simulation's too (``placement.back.hold_places``).
 
 Back in place. At its turn, a moved job or one that kept its place goes on those very GPUs,
 not wherever the search would put it (``placement.back``, the rule the preemptor's simulation
@@ -70,13 +72,11 @@ import msgspec
 from corral.events import codec
 from corral.events.base import Event, Reason
 from corral.events.decisions import (
-    GpuClaim,
     JobsPlaced,
     JobsUnschedulable,
     Placement,
     Unschedulable,
 )
-from corral.events.jobs import Resources
 from corral.projections import claims, indexes, preemption, queueing, quota
 from corral.projections.lifecycle import Phase
 from corral.projections.placement import back, gang, stack
@@ -84,7 +84,7 @@ from corral.projections.placement.framework import Request
 from corral.projections.placement.plugins.packing import fragmentation_of
 from corral.projections.placement.snapshot import Snapshot
 from corral.projections.placement.stack import PlacerConfig
-from corral.projections.state import WHOLE, JobState, NodeState, State
+from corral.projections.state import JobState, NodeState, State
 from corral.services.placer import backfill
 from corral.services.placer.backfill import Reservation
 
@@ -112,41 +112,25 @@ class Nominations:
 
     first: set[str] = field(default_factory=set)
     stopping: dict[str, list[JobState]] = field(default_factory=dict)
-    # Jobs a move stopped, until they are placed again: while stopping, or admitted again.
-    moved: list[JobState] = field(default_factory=list)
-    # Jobs a planned shutdown interrupted that keep their place (``queueing.keeps_place``),
-    # in submission order: placed first too, their places held until then.
-    back: list[JobState] = field(default_factory=list)
+    # The jobs a place is held for and those places (``placement.back.held_places``): those a
+    # planned shutdown interrupted that keep theirs (``queueing.keeps_place``), placed first
+    # too, then the jobs a move stopped, until they are placed again (while stopping, or
+    # admitted again); each place held until its job's turn.
+    places: list[tuple[JobState, Placement]] = field(default_factory=list)
 
     @classmethod
     def of(cls, state: State) -> Nominations:
         """Who is named, from the fold's index (a requeued victim may be queued anywhere in the
-        backlog), and a look at every job stopping, in the order they began to stop, and at
-        every job interrupted, admitted, or queued since its requeue."""
+        backlog), a look at every job stopping, in the order they began to stop, and the jobs
+        the fold keeps a place for (``State.places_held``)."""
         out = cls(first=preemption.nominated(state))
-        out.back = keeping(state)
-        out.first.update(j.id for j in out.back)
+        out.places = back.held_places(state)
+        out.first.update(j.id for j, _ in out.places if queueing.keeps_place(j))
         for job in indexes.jobs_in(state, *_STOPPING):
             b = job.preempted_for
             if b:
                 out.stopping.setdefault(b, []).append(job)
-        jobs = state.jobs
-        for named in state.naming_by_beneficiary.values():
-            for job_id in named:
-                job = jobs[job_id]
-                if job.moved_to is not None and job.phase in back.MOVING:
-                    out.moved.append(job)
         return out
-
-
-def keeping(state: State) -> list[JobState]:
-    """The jobs that keep the place a planned shutdown took them from, in submission order:
-    interrupted, admitted, or queued with their requeue's reason (a handful, bar a restart)."""
-    jobs = [j for j in indexes.jobs_in(state, "interrupted", "admitted") if queueing.keeps_place(j)]
-    for queue in state.explained_by_queue:  # a queued job keeps it only while it carries a reason
-        jobs.extend(j for j in indexes.explained(state, queue) if queueing.keeps_place(j))
-    jobs.sort(key=lambda j: (j.submitted_seq, j.id))
-    return jobs
 
 
 def growing(state: State) -> list[JobState]:
@@ -190,10 +174,6 @@ def decide(state: State, now: float, config: PlacerConfig = DEFAULT) -> list[Eve
     return events
 
 
-# (node, resources, claims) of one worker's share of what is held for a beneficiary
-_Held = list[tuple[str, Resources, tuple[GpuClaim, ...]]]
-
-
 class _Cycle:
     """One cycle's working set: the snapshot, the chain, the gate, what is placed so far, and the
     reservation once one is made."""
@@ -210,50 +190,29 @@ class _Cycle:
         self.placed: list[tuple[Placement, Request]] = []
         self.reservation: Reservation | None = None
         self.first = nominated.first if nominated is not None else set()
-        self.held: dict[str, _Held] = {}
+        self.held: dict[str, back.Held] = {}
         # The whole place held for a job back from a planned shutdown or moved, by job: where
         # it is placed at its turn, as far as that place still takes it (``_back_in_place``).
         self.places: dict[str, Placement] = {}
         if nominated is not None:
             # The places of the jobs back from a planned shutdown, then the moved jobs', first:
-            # a beneficiary's search must not be given them.
-            self.held.update(self._hold_places([(j, j.kept_place) for j in nominated.back]))
-            self.held.update(self._hold_places([(j, j.moved_to) for j in nominated.moved]))
+            # a beneficiary's search must not be given them (``placement.back.hold_places``, as
+            # the preemptor's simulation holds them).
+            self.held.update(back.hold_places(self.snap, nominated.places))
+            self.places.update((j.id, p) for j, p in nominated.places if j.id in self.held)
             self.held.update(self._hold(nominated.stopping))
 
-    def _hold_places(self, places: list[tuple[JobState, Placement | None]]) -> dict[str, _Held]:
-        """For each job not placed yet that has a place held for it (where its move puts it,
-        ``JobState.moved_to``; where it ran when a planned shutdown stopped it,
-        ``JobState.kept_place``): the workers of that place that are free now, taken from the
-        snapshot so that no other job of the cycle gets them (a worker whose place was taken
-        meanwhile is not held: it is searched for at the job's turn, ``_back_in_place``)."""
-        out: dict[str, _Held] = {}
-        for job, place in places:
-            assert place is not None
-            if job.id in self.held:  # held for it already
-                continue
-            res = job.spec.resources
-            part: _Held = []
-            for w in place.workers:
-                if w.node in self.state.nodes and _free(self.snap, w.node, res, w.gpus):
-                    self.snap.take(w.node, res, w.gpus)
-                    part.append((w.node, res, w.gpus))
-            if part:
-                out[job.id] = part
-                self.places[job.id] = place
-        return out
-
-    def _hold(self, stopping: dict[str, list[JobState]]) -> dict[str, _Held]:
+    def _hold(self, stopping: dict[str, list[JobState]]) -> dict[str, back.Held]:
         """For each waiting beneficiary of a preemption under way, highest priority first: where
         its gang goes once its victims are gone; the part of it free now is taken from the
         snapshot, so that no other job of the cycle gets it. A beneficiary with a place held for
-        it (``_hold_places``) goes back there as far as it may, as at its turn: what is held for
+        it (``placement.back.hold_places``) goes back there as far as it may, as at its turn: what is held for
         it is then that part with the rest of where its gang goes (it was taken out of the
         snapshot under its name, and given back only to it)."""
         jobs = self.state.jobs
         waiting = [jobs[b] for b in stopping if b in jobs and jobs[b].phase in ("queued", "admitted")]
         waiting.sort(key=lambda j: (-j.priority, j.submitted_seq, j.id))
-        out: dict[str, _Held] = {}
+        out: dict[str, back.Held] = {}
         for b in waiting:
             if b.held is not None:
                 continue
@@ -285,7 +244,7 @@ class _Cycle:
             if not isinstance(found, Placement):
                 continue
             busy = {(node, c.gpu) for node, _, claimed in (*own, *gone) for c in claimed}
-            part: _Held = list(own)
+            part: back.Held = list(own)
             for w in found.workers:
                 free = tuple(c for c in w.gpus if (w.node, c.gpu) not in busy)
                 if free:
@@ -303,17 +262,15 @@ class _Cycle:
         held = self.held.pop(job.id, None)
         if held is None:
             return self._place(job)
-        for node, res, claimed in held:
-            self.snap.give_back(node, res, claimed)
+        back.give_back(self.snap, held)
         place = self.places.pop(job.id, None)
-        back = self._back_in_place(job, place) if place is not None else None
-        if back is not None:
-            self.placed.append(back)
+        again = self._back_in_place(job, place) if place is not None else None
+        if again is not None:
+            self.placed.append(again)
             return None
         result = self._place(job)
         if result is not None:
-            for node, res, claimed in held:
-                self.snap.take(node, res, claimed)
+            back.take_again(self.snap, held)
         return result
 
     def _back_in_place(self, job: JobState, place: Placement) -> tuple[Placement, Request] | None:
@@ -403,22 +360,6 @@ class _Cycle:
             self.snap.release(probe, req.res)
             return (held.blocking(tenant),)
         return why
-
-
-def _free(snap: Snapshot, node: str, res: Resources, gpus: tuple[GpuClaim, ...]) -> bool:
-    """Whether one worker's share (``res``, ``gpus``) is free on ``node`` as the cycle sees it:
-    a ready node, its CPU and memory, and each GPU healthy with the claim's share unused (a
-    whole one held by nobody; a MIG slice is not held this way)."""
-    v = snap.view(node)
-    if not v.ready or v.cpu_free < res.cpu_milli or v.mem_free < res.memory_mib or v.workers_free < 1:
-        return False
-    for c in gpus:
-        if c.mig is not None or not 0 <= c.gpu < len(v.gpus):
-            return False
-        g = v.gpus[c.gpu]
-        if not g.healthy or g.mig or g.free < c.milli or (c.milli >= WHOLE and g.holders):
-            return False
-    return True
 
 
 def _for_capacity(reasons: tuple[Reason, ...]) -> bool:

@@ -26,11 +26,11 @@ HELD = Placement("back", 0, (WorkerSlot(0, N1, tuple(GpuClaim(g) for g in range(
 
 
 def _kept(w: World, job: JobState) -> None:
-    job.kept_place = HELD  # a planned shutdown of node-01 stopped it there; admitted again
+    indexes.keep_place(w.state, job, HELD)  # a planned shutdown of node-01 stopped it there; admitted again
 
 
 def _moved(w: World, job: JobState) -> None:
-    job.moved_to = HELD  # a consolidation moved it there; admitted again, its move named
+    indexes.move_to(w.state, job, HELD)  # a consolidation moved it there; admitted again, its move named
     indexes.name(w.state, job, "wide-before")
 
 

@@ -147,7 +147,7 @@ class JobState(msgspec.Struct, gc=False):
     preempted_at: tuple[float, ...] = ()  # log times of the latest preemptions and shrinks (anti-thrash)
     preempted_for: str = ""  # the beneficiary of the preemption under way
     # Where a move (a consolidation, ``PreemptionRequested.moves``) is to put it: the placer
-    # holds those GPUs for it while it stops and is admitted again, until it is placed.
+    # holds those GPUs for it while it stops and is admitted again, until it is placed (or ends).
     moved_to: Placement | None = None
     # Where it ran when a planned shutdown of its node interrupted it (``NodeShutdown`` with
     # ``registers_again``: corral stopped on purpose, to start again): it keeps that place, so a

@@ -5,7 +5,11 @@ IO, no clock.
 append, each with ``based_on = state.seq`` and ``now``:
 
 0. snapshot: the placer's view of free GPUs, the quota ledger and the jobs that may be stopped
-   (preemptible, not protected by the anti-thrash guards), read once (``victims.Simulation``);
+   (preemptible, not protected by the anti-thrash guards), read once (``victims.Simulation``),
+   with what of each place held for a job (kept across a planned shutdown, or named by a move)
+   is free taken out up front, as the placer takes it out, and given back at that job's turn
+   (``Simulation.hold_places``, ``turn``): no beneficiary whose turn comes first is found room
+   on GPUs the placer will give that job;
 1. in flight: jobs still checkpointing, or stopped and not yet requeued, for a beneficiary that
    still waits count as gone, and their GPUs (and quota) as that beneficiary's: it is skipped
    this cycle (its preemption is under way) and nobody else is offered the GPUs being freed for
@@ -214,6 +218,8 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         return []  # nobody a search could be for: the snapshot of the cluster would go unread
     # 0. Snapshot.
     sim = Simulation(state, config.placer, now)
+    # What of the places held for jobs is free is theirs, until their turns (as the placer has it).
+    sim.hold_places()
     # A job of several models is searched for, and counts, only on models it could run on.
     sim.ledger.hosts = Inventory(state, config.placer.label_keys).hosts_spec
     # 1. Preemptions under way.
@@ -306,6 +312,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         untried.clear()
         if pool is None:
             pool = Pool(state, sim.ledger, now)  # reads only which queues the ledger knows
+        own = sim.turn(job)  # what of a place held for it is free is its own now
         target, found, vain = _choose(sim, pool, targets, config)
         if (
             found is not None
@@ -332,6 +339,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
             if not busy:
                 found = consolidation.find(sim, pool, target, config.max_moved)
         if found is None:
+            sim.not_placed(job, own)
             hopeless[target.shape()] = job.priority
             holds.note(job)
             if form is not None:
@@ -341,6 +349,7 @@ def plan(state: State, now: float, config: PreemptorConfig = DEFAULT) -> list[Pl
         committed = commit(sim, target, found)
         holds.moved()
         if committed is not None:
+            sim.not_placed(job, own)
             holds.note(job)
             continue
         unblocked.clear()
@@ -807,9 +816,10 @@ def _takes_its_gpus(sim: Simulation, job: JobState) -> None:
     taken and wait for a second preemption). Where it does not fit, nothing is stopped for it
     until the placer says preemption would help."""
     target = admitted_target(sim.state, sim.ledger, job)
+    own = sim.turn(job)
     found = search(sim, target, ())
-    if found is not None:
-        commit(sim, target, found)
+    if found is None or commit(sim, target, found) is not None:
+        sim.not_placed(job, own)
 
 
 def preempted_for(job: JobState) -> str:
@@ -859,8 +869,13 @@ def _settle(sim: Simulation, state: State) -> set[str]:
             if b.phase == "admitted"
             else queued_target(state, sim.ledger, b)
         )
-        # Placed on the GPUs freed, unless it still holds some of an earlier attempt's.
-        if target is None or (b.held is None and sim.place(target) is not None):
+        # Placed on the GPUs freed (and on what of a place held for it is free), unless it still
+        # holds some of an earlier attempt's.
+        own = sim.turn(b)
+        if target is not None and b.held is None and sim.place(target) is not None:
+            continue
+        sim.not_placed(b, own)
+        if target is None:
             continue
         if b.phase == "queued" and target.need and target.key is not None:
             # Its quota is charged whether or not it is placed (after a quota cut the tree may

@@ -37,12 +37,12 @@ under its queue's preemption policy (``PreemptionPolicy``, the rule of ``project
 
 "Fits" is the placer's own gang search (``services/placer``: filters, reserves, topology) on its
 ``Snapshot``, a job whose place is held put back on it first as the placer puts it
-(``projections.placement.back``), plus the queue's quota (``projections.quota.Ledger``) for a
-beneficiary that is not yet admitted: a queued job blocked by quota needs both, so its victims
-are the smallest set after which admission can admit it and the placer can place it. The result
-is then checked with the fold's arithmetic (``projections.claims``) on scratch copies of the
-nodes involved, cumulative over the cycle, exactly as the fold will see the GPUs once the
-victims are gone and the beneficiary is placed.
+(``projections.placement.back``), that place's free part held for it until its turn, plus the
+queue's quota (``projections.quota.Ledger``) for a beneficiary that is not yet admitted: a queued
+job blocked by quota needs both, so its victims are the smallest set after which admission can
+admit it and the placer can place it. The result is then checked with the fold's arithmetic
+(``projections.claims``) on scratch copies of the nodes involved, cumulative over the cycle,
+exactly as the fold will see the GPUs once the victims are gone and the beneficiary is placed.
 
 The ``Simulation`` is the cycle's one mutable view; the State itself is never touched.
 """
@@ -458,6 +458,9 @@ class Simulation:
     since_mark: dict[str, int] = field(default_factory=dict)
     removed_since: dict[str, int] = field(default_factory=dict)
     freed_since: dict[str, dict[str, tuple[dict[str, int], dict[str, int]]]] = field(default_factory=dict)
+    # Per job a place is held for, what of it was free and is taken out of the snapshot until
+    # the job's turn (``hold_places``).
+    held: dict[str, back.Held] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.snap = Snapshot(self.state)
@@ -473,6 +476,30 @@ class Simulation:
             built = stack.build(self.placer, fragmentation_of(self.state))
             self._chain = _FitOnly(built.filters, built.reserves, built.scores, built.limit)
         return self._chain
+
+    # -- places held ------------------------------------------------------------------------------
+
+    def hold_places(self) -> None:
+        """Take out of the snapshot, as the placer does before anything else, what of each place
+        held for a job (kept across a planned shutdown, or named by a move) is free: the placer
+        gives it to that job alone, at its turn, so that a beneficiary whose turn comes first
+        (one not yet admitted, a moved job's of a higher priority, one whose victims are
+        stopping) is not offered it, and is not found room there that it will not get."""
+        self.held = back.hold_places(self.snap, back.held_places(self.state))
+
+    def turn(self, job: JobState) -> back.Held:
+        """``job``'s turn: what of its place was held for it is back in the snapshot, for it (and
+        returned, to be held again with ``not_placed`` if the turn places it nowhere)."""
+        part = self.held.pop(job.id, [])
+        back.give_back(self.snap, part)
+        return part
+
+    def not_placed(self, job: JobState, part: back.Held) -> None:
+        """``job``'s turn placed it nowhere: what of its place was held for it is held again,
+        as the placer holds it again for the rest of its cycle."""
+        if part:
+            back.take_again(self.snap, part)
+            self.held[job.id] = part
 
     # -- removing and restoring work --------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from corral.services.agent.decide import (
 )
 from corral.services.agent.worker import REQUEST, log_path
 from corral.services.agent.workers import Runtime
+from tests.integration import polling
 from tests.integration.test_agent_runtime import exit_of, until
 
 # Container names are one namespace for the user's engine, and this module's jobs share ids:
@@ -504,9 +505,8 @@ async def test_a_container_named_by_an_older_agent_is_removed_by_the_name_its_re
         handover.save(handover.keeper_dir(before.root, s.key), record)
         assert kept.keeper_id is not None
         os.kill(kept.keeper_id[0], signal.SIGKILL)  # the worker's keeper is gone, without an exit
-        async with asyncio.timeout(WAIT):
-            while handover.alive(kept.keeper_id, kept.boot):
-                await asyncio.sleep(0.02)  # no event tells a process's end to a non-parent
+        # No event tells a process's end to a non-parent: its end is looked for until it comes.
+        await polling.until(lambda: not handover.alive(kept.keeper_id, kept.boot), WAIT)
         after = Runtime(tmp_path / "agent", containers=ENGINE.name, node="gpu-1", poll_interval=0.02)
         assert after.reattach() == []
         await after.close()  # waits for the removal it started

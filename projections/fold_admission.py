@@ -177,7 +177,10 @@ def _withdrawn(state: State, ctx: Ctx, ev: AdmissionWithdrawn) -> None:
         return
     move(state, job, "withdraw", ctx)  # before the admission goes: the move gives back what it holds
     job.admission = None
-    indexes.keep_place(state, job, None)  # placed nowhere for the timeout: its place is not held any longer
+    # Placed nowhere for the timeout: the place a shutdown left it or a move named is held no
+    # longer (held again once it is admitted again, it would stand idle behind the same wait).
+    indexes.keep_place(state, job, None)
+    indexes.move_to(state, job, None)
     job.admit_after = ev.admit_after
     job.reasons = (ev.reason,)
     indexes.explain(state, job)

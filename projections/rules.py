@@ -302,4 +302,7 @@ from __future__ import annotations
 #    or ``moved_to`` given, ``projections/indexes.py``), so that the placer, the preemptor and a
 #    registration that renumbers GPUs read those, not every job waiting; a job that ends keeps no
 #    place a move named (``moved_to``), as it kept none a shutdown left it.
-RULES = 106
+# 107: a moved job whose admission is withdrawn (placed nowhere for the timeout, or no node
+#    can host it) keeps no place its move named (``moved_to``), as it keeps none a shutdown
+#    left it: admitted again, the GPUs were held for it once more, idle behind the same wait.
+RULES = 107

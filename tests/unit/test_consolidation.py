@@ -15,9 +15,9 @@ import pytest
 
 from corral.events import routing
 from corral.events import subjects as subj
-from corral.events.base import Event
+from corral.events.base import Event, Reason
 from corral.events.decisions import GpuClaim, Placement, PreemptionRequested, Victim, WorkerSlot
-from corral.events.jobs import JobSpec, Resources
+from corral.events.jobs import AdmissionWithdrawn, JobSpec, Resources
 from corral.events.nodes import NodeRegistered
 from corral.events.queues import ApplyQueue, QueueSpec, Quota
 from corral.projections import claims, moves
@@ -452,6 +452,28 @@ def test_a_moved_job_waiting_for_quota_holds_no_gpus() -> None:
     _emit_all(w, decide(w.state, w.time))
     w.stop("a2").requeue("a2")
     assert w.state.jobs["a2"].phase == "queued" and w.state.jobs["a2"].moved_to is not None
+    w.submit("c1", _spec("b", 2)).admit("c1")
+    _emit_all(w, placer(w.state, w.time))
+    c1 = w.state.jobs["c1"]
+    assert c1.phase == "placed" and claims.nodes_of(c1.held) == {N1}
+
+
+def test_a_moved_job_placed_nowhere_for_the_timeout_holds_its_place_no_longer() -> None:
+    """Admitted again and then withdrawn (placed nowhere for the placement timeout), a moved job
+    has its moved place held no longer, as a job back from a planned shutdown has its kept place
+    held no longer: admitted once more, it is placed where there is room, and the GPUs its move
+    named go to whoever fits there. Held again, they would stand idle behind a place the job
+    could not take the first time."""
+    w = world()
+    _emit_all(w, decide(w.state, w.time))
+    w.stop("a2").requeue("a2").admit("a2")
+    a2 = w.state.jobs["a2"]
+    assert a2.phase == "admitted" and a2.moved_to is not None
+    timeout = Reason("placement-timeout", "placed nowhere for the timeout")
+    _emit_all(w, [AdmissionWithdrawn(job_id="a2", attempt=a2.attempt, reason=timeout, admit_after=w.time)])
+    a2 = w.state.jobs["a2"]
+    assert a2.phase == "queued" and a2.moved_to is None
+    assert "a2" not in w.state.places_held
     w.submit("c1", _spec("b", 2)).admit("c1")
     _emit_all(w, placer(w.state, w.time))
     c1 = w.state.jobs["c1"]

@@ -112,18 +112,22 @@ def take_again(snap: Snapshot, part: Held) -> None:
 
 def free(snap: Snapshot, node: str, res: Resources, gpus: tuple[GpuClaim, ...]) -> bool:
     """Whether one worker's share (``res``, ``gpus``) is free on ``node`` as ``snap`` sees it: a
-    ready node, its CPU and memory, and each GPU healthy with the claim's share unused (a whole
-    one held by nobody; a MIG slice is not held this way)."""
+    ready node, its CPU and memory, and each GPU's share unheld (``unheld``)."""
     v = snap.view(node)
     if not v.ready or v.cpu_free < res.cpu_milli or v.mem_free < res.memory_mib or v.workers_free < 1:
         return False
-    for c in gpus:
-        if c.mig is not None or not 0 <= c.gpu < len(v.gpus):
-            return False
-        g = v.gpus[c.gpu]
-        if not g.healthy or g.mig or g.free < c.milli or (c.milli >= WHOLE and g.holders):
-            return False
-    return True
+    return all(unheld(v, c) for c in gpus)
+
+
+def unheld(node: NodeView, c: GpuClaim) -> bool:
+    """Whether claim ``c``'s share of its GPU on ``node`` is free to hold for a job: a GPU of the
+    node, healthy, not in MIG mode, with that share unused (a whole one held by nobody). A MIG
+    slice is never held for a job (a MIG worker is searched for). What ``free`` and ``gives``
+    both ask of each GPU."""
+    if c.mig is not None or not 0 <= c.gpu < len(node.gpus):
+        return False
+    g = node.gpus[c.gpu]
+    return g.healthy and not g.mig and g.free >= c.milli and not (c.milli >= WHOLE and g.holders)
 
 
 class Hidden(Protocol):
@@ -185,15 +189,8 @@ def stays(chain: Chain, snap: Snapshot, req: Request, w: WorkerSlot) -> bool:
 def gives(req: Request, node: NodeView, gpus: tuple[GpuClaim, ...]) -> bool:
     """Whether ``gpus`` on ``node`` are a share the chain's reserves could give one worker of
     ``req`` now: as many GPUs as it asks, each of the share it asks, suitable (model, memory,
-    mode), healthy and with that share free (a whole one held by nobody). A MIG slice is never
-    held for a job, and a MIG worker is searched for."""
+    mode) and unheld (``unheld``)."""
     need = req.need
     if need.kind == "mig" or len(gpus) != need.gpus or len({c.gpu for c in gpus}) != len(gpus):
         return False
-    for c in gpus:
-        if c.mig is not None or c.milli != need.milli or not 0 <= c.gpu < len(node.gpus):
-            return False
-        g = node.gpus[c.gpu]
-        if not suits(need, g) or not g.healthy or g.free < c.milli or (c.milli >= WHOLE and g.holders):
-            return False
-    return True
+    return all(c.milli == need.milli and unheld(node, c) and suits(need, node.gpus[c.gpu]) for c in gpus)

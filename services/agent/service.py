@@ -323,7 +323,8 @@ class NodeAgent:
         them (default: under ``work_dir``); ``publish``: core NATS publish for heartbeats (none: no
         heartbeats); ``output``: where its workers' output is shipped (none: it stays in their files
         only); ``hidden``: directories no sandboxed worker may see (corral's data directory:
-        credentials, the log's store, other jobs' files); ``worker_user``: the unprivileged host user
+        credentials, the log's store), besides its own work and checkpoint directories, which it
+        always hides; ``worker_user``: the unprivileged host user
         workers run as (none: the agent's own); ``narrow_view``: the sandbox shows the system's directories
         and what the job runs from, not the host's whole root; ``first_view_wait``: how long it waits for
         its node's view before registering (a node the log already holds as it is now need not be announced
@@ -353,7 +354,10 @@ class NodeAgent:
             sandbox=sandbox,
             mig_devices=self.found.mig_devices,
             node=self.node,
-            hidden=hidden,
+            # Its own directories too, whatever the operator names: they hold every job's
+            # working directory, output and keeper, and every tenant's checkpoints (a served
+            # agent's --work-dir and --checkpoint-dir lie outside any data directory named).
+            hidden=[*hidden, self.work_dir, self.checkpoint_root],
             worker_user=worker_user,
             narrow_view=narrow_view,
         )

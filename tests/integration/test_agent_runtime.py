@@ -1081,6 +1081,63 @@ async def test_a_data_mount_may_not_show_what_the_agent_hides(tmp_path: Path, wh
     assert result.reason == f"mount source {source} would show corral's own directory {data} to the job"
 
 
+PEEK = r"""
+import json, os, pathlib, sys
+print(json.dumps({"seen": [pathlib.Path(p).exists() for p in sys.argv[1:]],
+                  "own_checkpoints": os.access(os.environ["CORRAL_CHECKPOINT_DIR"], os.W_OK)}))
+"""
+
+
+def _others(agent: NodeAgent) -> tuple[Path, Path]:
+    """Another job's output on the agent's node and its checkpoint where the node's jobs
+    checkpoint (``--work-dir`` and ``--checkpoint-dir`` apart, no ``--hide``)."""
+    their_log = agent.work_dir / "logs" / "theirs" / "run-1" / "attempt-0.rank-0.log"
+    their_ckpt = Path(agent.checkpoint_root) / "theirs" / "run-1" / "attempt-0" / "rank-0" / "model.pt"
+    for path in (their_log, their_ckpt):
+        path.parent.mkdir(parents=True)
+        path.write_text("another tenant's")
+    return their_log, their_ckpt
+
+
+async def test_a_worker_never_sees_the_agent_s_own_directories(tmp_path: Path) -> None:
+    """Whatever directories its operator names to hide, an agent hides its own work directory
+    (every job's working directory, output and keeper) and where its node's jobs checkpoint
+    (every tenant's checkpoints, on storage the nodes share): a job sees its own directories
+    there, not another's."""
+    if shutil.which("bwrap") is None or not await bwrap_works():
+        pytest.skip("bubblewrap (bwrap) is not installed or cannot create namespaces here")
+    agent = NodeAgent(
+        N0, InMemoryLog(), MemoryViews(), work_dir=tmp_path / "agent", checkpoint_root=tmp_path / "ckpt",
+        sandbox="bwrap",
+    )  # fmt: skip
+    their_log, their_ckpt = _others(agent)
+    s = spec_for(tmp_path, "peek", [PY, "-c", PEEK, str(their_log), str(their_ckpt)])
+    try:
+        seen = await last_line_of(agent.runtime, s)
+    finally:
+        await agent.runtime.close(grace=2.0)
+    assert seen == {"seen": [False, False], "own_checkpoints": True}
+
+
+@pytest.mark.parametrize("whose", ["output", "checkpoints"])
+async def test_a_data_mount_may_not_show_another_job_s_directories(tmp_path: Path, whose: str) -> None:
+    """Nor may a job mount them (a container shows no host directory but its mounts): a mount
+    of another job's output or checkpoints fails to start, saying why."""
+    agent = NodeAgent(
+        N0, InMemoryLog(), MemoryViews(), work_dir=tmp_path / "agent", checkpoint_root=tmp_path / "ckpt",
+        sandbox="none",
+    )  # fmt: skip
+    their_log, their_ckpt = _others(agent)
+    source = {"output": their_log.parent, "checkpoints": their_ckpt.parent}[whose]
+    s = spec_for(tmp_path, "peek", [PY, "-c", "print('ran')"], mounts=(Mount(str(source), str(source)),))
+    try:
+        result = await agent.runtime.start_gang([s], timeout=WAIT)
+    finally:
+        await agent.runtime.close(grace=2.0)
+    assert result.failed == s.key
+    assert result.reason is not None and "would show corral's own directory" in result.reason
+
+
 def test_a_data_mount_is_bound_by_the_path_it_resolved_to(tmp_path: Path) -> None:
     """A source reached through a symlink is bound by where the link pointed when it was checked:
     re-pointed at the hidden directory after the check (by the tenant's other job, say), it is not

@@ -208,6 +208,7 @@ def serve_agent(args: argparse.Namespace) -> None:
     from corral.events.nats_client import open_client
     from corral.services.agent import discovery
     from corral.services.agent.intake import IntakeReports
+    from corral.services.agent.launch import isolation
     from corral.services.agent.service import NodeAgent
     from corral.services.runtime import metrics
     from corral.services.runtime.output import JetStreamOutput
@@ -264,8 +265,9 @@ def serve_agent(args: argparse.Namespace) -> None:
                 publish=nc.publish,
                 output=JetStreamOutput(nc),
                 heartbeat_interval=args.heartbeat_s,
-                sandbox=args.sandbox,
                 hidden=list(args.hide or ()),
+                # With a login, its tenants share the node.
+                **isolation(login is not None, args.sandbox)._asdict(),
             )
             stop, ended = stop_on_signals(), asyncio.Event()
             running = asyncio.create_task(agent.run(ended))

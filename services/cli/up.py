@@ -47,6 +47,7 @@ from corral.events.server import EmbeddedCluster, EmbeddedServer, ServerError
 from corral.services.admission import service as admission_service
 from corral.services.agent import discovery, inventory
 from corral.services.agent.intake import IntakeReports
+from corral.services.agent.launch import WORKER_USER, isolation
 from corral.services.agent.service import NodeAgent
 from corral.services.agent.workers import SandboxMode
 from corral.services.assignments import service as assignments_service
@@ -117,7 +118,7 @@ class Settings:
     tenants: tuple[str, ...] = ()  # with auth: the tenants that get a login
     # With auth: the unprivileged host user workers run as (None: the agent's own user, without
     # capabilities).
-    worker_user: str | None = "nobody"
+    worker_user: str | None = WORKER_USER
     # Embedded nats-servers: 1, or a JetStream cluster of this many on loopback (odd, 3 or more).
     nats_servers: int = 1
     # The log's stream's and the buckets' replica count; None: one per embedded server (at most
@@ -399,12 +400,10 @@ async def cluster(
                 clock=clock,
                 tick=cfg.agent_tick,
                 heartbeat_interval=cfg.heartbeat,
-                # With logins, tenants share nodes: a worker runs sandboxed or not at all, and
-                # never sees the data directory (the credentials, the log's store, others' jobs).
-                sandbox="bwrap" if cfg.auth and cfg.sandbox == "auto" else cfg.sandbox,
+                # A worker never sees the data directory (the credentials, the log's store,
+                # others' jobs); with logins, tenants share nodes (``isolation``).
                 hidden=[data_dir],
-                worker_user=cfg.worker_user if cfg.auth else None,
-                narrow_view=cfg.auth,
+                **isolation(cfg.auth, cfg.sandbox, cfg.worker_user)._asdict(),
                 backoff=cfg.restart_backoff,
                 start_timeout=cfg.start_timeout,
                 gang_timeout=cfg.gang_timeout,

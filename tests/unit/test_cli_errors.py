@@ -135,3 +135,52 @@ def test_a_negative_sequence_to_replay_until_is_refused(
     where: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     refused_for(["replay", *where, "--until=-5"], "--until", capsys)
+
+
+@pytest.mark.parametrize("logins", [False, True])
+def test_a_served_agent_with_a_login_runs_its_workers_as_corral_up_with_logins_does(
+    logins: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With logins, tenants share the nodes: a served agent runs every worker sandboxed (or
+    none), as an unprivileged user, shown only the system's directories, as ``corral up --auth``
+    does. Run as the agent's own user with the host's whole root shown, a job read the files
+    the agent may read (its login's password among them) and spoke for the node."""
+    from corral.events import nats_client
+    from corral.services.agent import service
+    from corral.services.runtime import output
+
+    built: dict[str, object] = {}
+
+    class Built(Exception):
+        pass
+
+    class Connection:
+        async def publish(self, *args: object, **kw: object) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+    async def connect(*args: object, **kw: object) -> Connection:
+        return Connection()
+
+    def agent(*args: object, **kw: object) -> None:
+        built.update(kw)
+        raise Built
+
+    monkeypatch.setattr(nats_client, "open_client", connect)
+    monkeypatch.setattr(service, "NodeAgent", agent)
+    monkeypatch.setattr(output, "JetStreamOutput", lambda nc: None)
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path))
+    monkeypatch.delenv("CORRAL_CREDENTIALS", raising=False)
+    if logins:
+        monkeypatch.setenv("CORRAL_PASSWORD", "agent's")
+    else:
+        monkeypatch.delenv("CORRAL_PASSWORD", raising=False)
+    with pytest.raises(Built):
+        cli.main(["serve", "agent", "--node", "n1", "--server", "nats://127.0.0.1:1"])
+    shown = {k: built.get(k) for k in ("sandbox", "worker_user", "narrow_view")}
+    if logins:
+        assert shown == {"sandbox": "bwrap", "worker_user": "nobody", "narrow_view": True}
+    else:
+        assert shown == {"sandbox": "auto", "worker_user": None, "narrow_view": False}

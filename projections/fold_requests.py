@@ -3,7 +3,8 @@
 queues, cohorts, priority classes, fair-share settings, retention and cordons (the admin only).
 
 A job id is unique among the jobs the state holds: a submit naming one of them is refused (a
-duplicate of the owner's, or a taken id), one naming a job the state let go
+duplicate of the owner's, the same spec again; a conflict, the owner's id with another spec; or
+a taken id), one naming a job the state let go
 (``projections/retention.py``) is a new job, as a Kubernetes name is free again once its
 object is deleted. A cancel or resize of a job let go is refused as of a job that does not exist.
 """
@@ -78,8 +79,16 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         raise Refused("malformed", why, req.request_id)
     existing = state.jobs.get(req.request_id)
     if existing is not None:
-        if existing.tenant == ctx.tenant:
+        if existing.tenant == ctx.tenant and _sent_again(existing, req.job):
             raise Refused("duplicate", f"job {req.request_id} was already submitted", req.request_id)
+        if existing.tenant == ctx.tenant:
+            # Not the job it names: taken for a duplicate, its sender was told its job was
+            # accepted while the job of the id ran what was sent first.
+            raise Refused(
+                "conflict",
+                f"job {req.request_id} was submitted with another spec; submit this one under another id",
+                req.request_id,
+            )
         raise Refused("forbidden", f"job id {req.request_id} is taken", req.request_id)
     held, most = state.jobs_by_tenant.get(ctx.tenant, 0), state.retention.jobs_per_tenant
     if held >= most:
@@ -113,6 +122,14 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
         overrun=None if req.job.runtime_estimate_s is None else runtimes.overrun(state, ctx.tenant),
     )
     indexes.add(state, job, size)
+
+
+def _sent_again(job: JobState, spec: JobSpec) -> bool:
+    """Whether ``spec`` is ``job``'s as it was submitted: its own, but for the most workers a
+    resize may have changed since."""
+    if job.spec.min_replicas is not None:
+        spec = msgspec.structs.replace(spec, replicas=job.spec.replicas)
+    return spec == job.spec
 
 
 # The longest MIG profile a job may name: NVIDIA's are a dozen characters (``1g.10gb+me``).

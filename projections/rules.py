@@ -305,4 +305,6 @@ from __future__ import annotations
 # 107: a moved job whose admission is withdrawn (placed nowhere for the timeout, or no node
 #    can host it) keeps no place its move named (``moved_to``), as it keeps none a shutdown
 #    left it: admitted again, the GPUs were held for it once more, idle behind the same wait.
-RULES = 107
+# 108: a submit of its owner's job id with another spec than the job's (but for a resize's
+#    most workers) is refused as a conflict, not recorded as a duplicate of that job.
+RULES = 108

@@ -125,11 +125,33 @@ def test_a_payload_that_names_a_tenant_is_refused() -> None:
 
 
 def test_duplicate_submit_by_the_same_tenant_is_one_job() -> None:
-    log = LogBuilder().submit("alice", "j1", job().gpus(1)).submit("alice", "j1", job().gpus(8))
+    log = LogBuilder().submit("alice", "j1", job().gpus(1)).submit("alice", "j1", job().gpus(1))
     state = fold(log)
     assert list(state.jobs) == ["j1"]
     assert state.jobs["j1"].spec.resources.gpus == 1 and state.jobs["j1"].submitted_seq == 1
     assert (last(state).code, last(state).job_id, state.rejected_total) == ("duplicate", "j1", 1)
+
+
+def test_a_submit_of_a_held_id_with_another_spec_is_a_conflict_not_the_same_job() -> None:
+    """Sent again with another spec (a job file edited, an id reused by hand), a submit is not
+    the job it names: taken for a duplicate, its sender was told its job was accepted, and
+    the job of the id ran what it had sent first."""
+    log = LogBuilder().submit("alice", "j1", job().gpus(1)).submit("alice", "j1", job().gpus(8))
+    state = fold(log)
+    assert state.jobs["j1"].spec.resources.gpus == 1 and state.jobs["j1"].submitted_seq == 1
+    assert (last(state).code, last(state).job_id) == ("conflict", "j1")
+    assert "job j1 was submitted with another spec" in last(state).message
+
+
+def test_a_resized_job_sent_again_as_submitted_is_a_duplicate() -> None:
+    from corral.events.jobs import ResizeJob
+
+    sent = job().replicas(4, minimum=1)
+    log = LogBuilder().submit("alice", "j1", sent)
+    log.request("alice", "resize", ResizeJob(job_id="j1", replicas=2)).submit("alice", "j1", sent)
+    state = fold(log)
+    assert state.jobs["j1"].spec.replicas == 2
+    assert (last(state).code, last(state).job_id) == ("duplicate", "j1")
 
 
 def test_submit_of_a_job_id_another_tenant_owns_is_forbidden() -> None:

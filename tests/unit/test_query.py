@@ -255,6 +255,7 @@ def verdict_log() -> tuple[LogBuilder, dict[str, int]]:
     log.event(subjects.job("jr"), JobRejected(job_id="jr", request_seq=at["submit jr"], reason=why))
     stored("submit jw", log.submit("a", "jw", job("qa")))  # admission has not judged it yet
     stored("submit ja again", log.submit("a", "ja", job("qa")))
+    stored("submit ja changed", log.submit("a", "ja", job("qa").gpus(8)))
     stored("b takes ja's id", log.submit("b", "ja", job("qa")))
     stored("cancel nosuch", log.request("a", "cancel", CancelJob(job_id="nosuch")))
     stored("b cancels ja", log.request("b", "cancel", CancelJob(job_id="ja")))
@@ -268,6 +269,14 @@ VERDICTS = {
     "rejected with admission's reason": ("a", "submit", "jr", "submit jr", ("rejected", "needs 80 GPUs")),
     "not judged yet": ("a", "submit", "jw", "submit jw", ("pending", None)),
     "the same id twice is one job": ("a", "submit", "ja", "submit ja again", ("accepted", None)),
+    # Told "accepted", its owner took the job of the id for the one it sent again, changed.
+    "the same id with another spec is refused": (
+        "a",
+        "submit",
+        "ja",
+        "submit ja changed",
+        ("refused", "job ja was submitted with another spec"),
+    ),
     "another's id is taken": ("b", "submit", "ja", "b takes ja's id", ("refused", "job id ja is taken")),
     "cancel of no job": ("a", "cancel", "nosuch", "cancel nosuch", ("refused", "no such job nosuch")),
     "cancel of another's job": ("b", "cancel", "ja", "b cancels ja", ("refused", "no such job ja")),

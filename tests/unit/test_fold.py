@@ -701,6 +701,22 @@ def test_gang_runs_when_every_rank_started_and_succeeds_when_every_rank_exited_z
     assert all(h == {} for h in holders(state, N0) + holders(state, N1))
 
 
+def test_a_workers_report_finds_its_rank_wherever_the_placement_lists_it() -> None:
+    # The placer lists ranks in order, and the fold looks there first; a placement may list them
+    # in any order, and each rank is still its own node's to report.
+    spec = job().gpus(8).replicas(2).pack("nvlink")
+    log = queued(spec=spec).admit("j1", replicas=2)
+    log.place(placement("j1", worker(1, N1, *map(whole, range(8))), worker(0, N0, *map(whole, range(8)))))
+    state = fold(log.started(N1, "j1", rank=0))
+    assert last(state).code == "illegal" and "no rank 0 on node-01" in last(state).message
+    state = fold(log.started(N0, "j1", rank=0).started(N1, "j1", rank=1))
+    assert state.jobs["j1"].phase == "running" and state.rejected_total == 1
+    state = fold(log.exited(N0, "j1", rank=1, code=0))
+    assert last(state).code == "illegal" and "rank 1 of job j1 is not on node-00" in last(state).message
+    state = fold(log.exited(N1, "j1", rank=1, code=0).exited(N0, "j1", rank=0, code=0))
+    assert state.jobs["j1"].phase == "succeeded" and state.rejected_total == 2
+
+
 def test_a_checkpoint_is_its_own_nodes_to_report() -> None:
     # node-01's agent may not point node-00's job at a location of its choosing, nor, with the
     # largest step, make the job ignore every checkpoint its own workers report after.

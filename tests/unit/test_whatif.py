@@ -90,7 +90,7 @@ def test_a_whatif_says_nothing_of_whether_another_tenant_holds_an_id() -> None:
     assert told == whatif.answer(state, "t", "no-one-has-this", spec(2), 10.0)
     assert told["accepted"] and told["starts_now"], told
     own = whatif.answer(state, "t", "mine", spec(2), 10.0)  # its own id: it knows it has it
-    assert not own["accepted"] and "already submitted" in own["reason"]
+    assert not own["accepted"] and "submitted with another spec" in own["reason"]
     admin = whatif.answer(state, "admin", "train-7", spec(2), 10.0)  # it lists every job anyway
     assert not admin["accepted"] and "taken" in admin["reason"]
 

@@ -217,6 +217,9 @@ class ReadService:
                     await self._answer(reply, asker, question, ask)
             except Exception:  # noqa: BLE001 - one bad answer must not stop the others
                 log.exception("answering %s's %s failed", asker, question)
+            # An answer is work on the loop with no wait in it: a pass over every asker's queue
+            # answered whole held the fold (in ``corral up``, every service) for its sum.
+            await asyncio.sleep(0)
 
     def _wait(self, asker: str, answering: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(answering)

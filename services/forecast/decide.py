@@ -27,6 +27,7 @@ from corral.projections import indexes
 from corral.projections.state import State
 from corral.services.forecast import whatif
 from corral.services.runtime.forecasts import MOST, MOST_BYTES, Eta, TenantForecast, entry_bytes, eta
+from corral.services.runtime.spent import Spent as Spent
 from corral.services.sim import eta as sim_eta
 from corral.services.sim.driver import WAITING
 
@@ -93,43 +94,6 @@ def values(
             kept[job_id] = told
         out[tenant] = TenantForecast(state.seq, now, horizon_s, sim_eta.ASSUMPTION, kept)
     return out
-
-
-class Spent:
-    """Seconds of simulation what-ifs used, per asker and in all, paid back at ``share`` of a
-    core a second: a question is taken while what its asker, and everyone, owe is under
-    ``most_s``, and charged what it used once answered (what a question costs is known only
-    then: a few milliseconds, or its whole budget on a deep backlog). What everyone owes binds
-    only askers who used half their own ``most_s`` lately: one asker using the whole of it had
-    every other tenant's question answered busy. The number of questions running at once
-    bounds the work in flight; this bounds the work over time, since each question holds the
-    interpreter's lock that the role's loop (in ``corral up``, every service) shares for most of
-    its simulation. Pure: the caller gives the time."""
-
-    def __init__(self, share: float, most_s: float, share_all: float, most_all_s: float) -> None:
-        self.share, self.most_s, self.share_all, self.most_all_s = share, most_s, share_all, most_all_s
-        self._owed: dict[str, tuple[float, float]] = {}  # asker ("": all): (seconds, as of)
-
-    def _now_owed(self, key: str, now: float) -> float:
-        owed, at = self._owed.get(key, (0.0, now))
-        share = self.share_all if key == "" else self.share
-        return max(0.0, owed - max(0.0, now - at) * share)
-
-    def wait_s(self, asker: str, now: float) -> float:
-        """0.0 when ``asker`` may ask now; else the seconds until it may."""
-        own = self._now_owed(asker, now)
-        wait = (own - self.most_s) / self.share
-        if own >= self.most_s / 2:
-            wait = max(wait, (self._now_owed("", now) - self.most_all_s) / self.share_all)
-        return max(0.0, wait)
-
-    def charge(self, asker: str, seconds: float, now: float) -> None:
-        for key in (asker, ""):
-            self._owed[key] = (self._now_owed(key, now) + seconds, now)
-        if len(self._owed) > 1_024:  # askers who owe nothing now are as good as unknown
-            self._owed = {
-                k: (o, now) for k in list(self._owed) if (o := self._now_owed(k, now)) > 0 or k == ""
-            }
 
 
 class WhatIf(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -62,7 +62,7 @@ _encode = msgspec.json.Encoder().encode
 # more is answered at once that the role is busy (``Busy``), and may be asked again.
 MAX_WHATIFS = 4
 MAX_WHATIFS_PER_ASKER = 2
-# ... and the simulation they use over time (``decide.Spent``): an asker keeps up a twentieth of
+# ... and the simulation they use over time (``runtime.spent.Spent``): an asker keeps up a twentieth of
 # a core, after 20 s at once (one question's whole budget, ``whatif.BUDGET_S``); all askers
 # together a quarter of one, after 40 s. One asker's questions on a deep backlog held a core of
 # ``corral up`` and made everyone's submits 25 times slower.

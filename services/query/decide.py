@@ -163,11 +163,17 @@ def no_job(state: State, asker: str, job_id: str, let_go: LetGo | None) -> dict[
     )
 
 
-def refusal(state: State, message: str, *, busy: bool = False) -> dict[str, Any]:
+def refusal(
+    state: State, message: str, *, busy: bool = False, retry_s: float | None = None
+) -> dict[str, Any]:
     """An answer that is no answer. ``busy``: nothing was wrong with the question, the service
-    has too many of the asker's waiting; asked again later, it is answered."""
+    has too many of the asker's waiting, or the asker used its share of the service's time;
+    asked again later (after ``retry_s``, where it is known), it is answered."""
     if busy:
-        return {"seq": state.seq, "error": message, "busy": True}
+        told: dict[str, Any] = {"seq": state.seq, "error": message, "busy": True}
+        if retry_s is not None:
+            told["retry_s"] = round(retry_s, 3)
+        return told
     return {"seq": state.seq, "error": message}
 
 

@@ -26,6 +26,10 @@ Invariants:
   pages included), so no one asker can take every wait, or every answer, from the others;
 - a job's output is shown only from its run's subjects, of the workers the fold placed for it
   (``decide.OutputScope``): never an earlier job of its id's.
+- what one asker's answers take of the service's time is bounded (``runtime.spent.Spent``:
+  ``ANSWER_SHARE`` of a core kept up, ``ANSWER_MOST_S`` at once); past it, its next question is
+  answered busy with when to ask again, not a request's verdict (a submit's would read as not
+  taken) nor output (bounded by its reading slots), and never the admin's.
 - one output answer costs bounded work, a ``tail`` too (it reads back from the job's newest
   message only as far as its lines need, ``TAIL_READS`` and ``TAIL_BYTES`` at most), and at
   most ``READING_AT_ONCE`` are read at once, ``READING_PER_ASKER`` of one asker's.
@@ -37,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -47,6 +52,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import errors as js_errors
 
+from corral.events import subjects
 from corral.events.jetstream import JetStreamLog
 from corral.events.log import LogError, Record
 from corral.events.nats_client import heard, open_client
@@ -67,6 +73,7 @@ from corral.services.query.view import KEPT_IN_ALL, KEPT_PER_TENANT, JobView
 from corral.services.runtime import heap, identities, logs, metrics, output
 from corral.services.runtime.answers import as_of
 from corral.services.runtime.forecasts import ForecastStore, KvForecasts, TenantForecast
+from corral.services.runtime.spent import Spent
 
 log = logging.getLogger("corral.query")
 
@@ -78,6 +85,18 @@ MAX_WAITING_PER_ASKER = 32
 # tenant asking in a loop delays another's question by at most one of its own; past this many
 # queued, one asker's next is answered at once that the service is busy.
 MAX_QUEUED_PER_ASKER = 64
+# What one asker's answers may take of the service's time (``Spent``): a tenant keeps up a tenth
+# of a core, after 2 s at once (thousands of its jobs listed page by page, each page a walk of
+# the state); askers together half a core, after 4 s, binding only askers who used half their own
+# lately. Turns per asker bounded how long one tenant's loop of questions delayed another's, not
+# how much of the service it took: a page of jobs costs some 30 ms at 40,000 jobs, and one tenant
+# asking in a loop kept the fold (in ``corral up``, every service) behind its answers.
+ANSWER_SHARE, ANSWER_MOST_S = 0.1, 2.0
+ANSWER_SHARE_ALL, ANSWER_MOST_ALL_S = 0.5, 4.0
+# Questions no share binds: a request's verdict (how a client learns what became of what it
+# sent; refused busy, a stored submit would read as not taken), and output, whose pages have
+# bounds of their own (``ReadingSlots``, ``TAIL_READS``).
+UNCHARGED = ("verdict", "output")
 PAGE_BYTES = 256 * 1024  # workers' output in one answer, as sent (NATS carries 1 MiB by default)
 READING_AT_ONCE = 8  # pages of output read at once: what answers hold in memory is bounded
 # ... of one asker's: another asker's question is not queued behind one asker's flood of them
@@ -134,6 +153,7 @@ class ReadService:
         self._queue_moved = asyncio.Event()
         self._watch: metrics.FoldWatch | None = None
         self._reading = ReadingSlots(READING_AT_ONCE, READING_PER_ASKER)
+        self.spent = Spent(ANSWER_SHARE, ANSWER_MOST_S, ANSWER_SHARE_ALL, ANSWER_MOST_ALL_S)
 
     # -- folding --------------------------------------------------------------------------------
 
@@ -160,6 +180,8 @@ class ReadService:
             return  # the forecast role answers what-if questions (``services/forecast``)
         if not msg.reply.startswith(identities.inbox_prefix(asker) + "."):
             log.debug("dropped a question of %s whose answer would go to %r", asker, msg.reply)
+            return
+        if await self._past_share(msg.reply, asker, question):
             return
         try:
             ask = parse_ask(msg.data)
@@ -213,7 +235,7 @@ class ReadService:
             try:
                 if question == "output":
                     await self._output(reply, asker, ask)
-                else:
+                elif not await self._past_share(reply, asker, question):  # used since it came?
                     await self._answer(reply, asker, question, ask)
             except Exception:  # noqa: BLE001 - one bad answer must not stop the others
                 log.exception("answering %s's %s failed", asker, question)
@@ -234,6 +256,18 @@ class ReadService:
 
         task.add_done_callback(done)
 
+    async def _past_share(self, reply: str, asker: str, question: str) -> bool:
+        """Whether ``asker``'s answers used their share of the service's time lately (``spent``):
+        then it is told so, and when to ask again."""
+        if asker == subjects.ADMIN or question in UNCHARGED:
+            return False  # the admin is the operator: its dashboard lists every tenant's jobs
+        wait = self.spent.wait_s(asker, time.monotonic())
+        if wait <= 0.0:
+            return False
+        busy = f"busy: your questions used their share of the read service's time; ask again in {wait:.1f} s"
+        await self._send(reply, refusal(self.state, busy, busy=True, retry_s=wait))
+        return True
+
     def _settled(self, asker: str, question: str, ask: Ask) -> bool:
         return settled(self.state, asker, question, ask, self.view)
 
@@ -252,7 +286,11 @@ class ReadService:
         if wanted:
             got = await asyncio.gather(*(self.forecasts.get(t) for t in wanted), return_exceptions=True)
             forecasts = {t: f for t, f in zip(wanted, got, strict=True) if isinstance(f, TenantForecast)}
-        await self._send(reply, answer(view.state, view.history, asker, question, ask, view, forecasts))
+        began = time.thread_time()  # the answer is work on the loop's own thread, with no wait
+        told = answer(view.state, view.history, asker, question, ask, view, forecasts)
+        if question not in UNCHARGED:
+            self.spent.charge(asker, time.thread_time() - began, time.monotonic())
+        await self._send(reply, told)
 
     async def _output(self, reply: str, asker: str, ask: Ask) -> None:
         """A page of a job's output past ``ask.cursor`` (``services/runtime/output.py``), for the

@@ -498,6 +498,48 @@ async def test_the_loop_runs_between_answers() -> None:
         reader.close()
 
 
+async def test_an_asker_past_its_share_of_the_read_services_time_is_told_busy() -> None:
+    # One tenant asking in a loop kept the read service busy answering it alone (a page of
+    # jobs costs some 30 ms at 40,000 jobs): its turns bounded how long another tenant waited,
+    # nothing bounded how much of the service's time it took from the fold and, in ``corral
+    # up``, from every service. Each asker has a share of its time; past it, it is told busy
+    # with when to ask again, and another asker is still answered.
+    from types import SimpleNamespace
+
+    from corral.services.runtime.spent import Spent
+
+    reader, replies = _reader()
+    # paid back so slowly that whatever the first answer cost is owed at the second question
+    reader.spent = Spent(share=1e-9, most_s=0.0, share_all=1e-9, most_all_s=1e9)
+
+    def question(who: str, n: int) -> SimpleNamespace:
+        inbox = f"{identities.inbox_prefix(who)}.{n}"
+        return SimpleNamespace(subject=identities.read_subject(who, "queues"), reply=inbox, data=b"{}")
+
+    try:
+        await reader._on_question(question("a", 0))  # type: ignore[arg-type]
+        await reader._answer_queued()
+        await reader._on_question(question("a", 1))  # type: ignore[arg-type]
+        await reader._on_question(question("b", 0))  # type: ignore[arg-type]
+        await reader._answer_queued()
+        told = dict(replies)
+        assert "queues" in told[f"{identities.inbox_prefix('a')}.0"]
+        busy = told[f"{identities.inbox_prefix('a')}.1"]
+        assert busy.get("busy") is True and float(busy["retry_s"]) > 0, busy  # type: ignore[arg-type]
+        assert "share" in str(busy["error"])
+        assert "queues" in told[f"{identities.inbox_prefix('b')}.0"]
+        # what became of a request it sent is still told: refused busy, a stored submit would
+        # read as not taken
+        verdict = b'{"job": "ja", "verb": "submit"}'
+        inbox = f"{identities.inbox_prefix('a')}.2"
+        asked = SimpleNamespace(subject=identities.read_subject("a", "verdict"), reply=inbox, data=verdict)
+        await reader._on_question(asked)  # type: ignore[arg-type]
+        await reader._answer_queued()
+        assert "verdict" in dict(replies)[inbox]
+    finally:
+        reader.close()
+
+
 async def test_output_questions_past_the_waits_are_taken_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     # Past its waits, each of one tenant's output questions was a task of its own, and 3,000
     # of them held another tenant's `corral logs` for seconds: they wait their turn like any

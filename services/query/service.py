@@ -26,6 +26,8 @@ Invariants:
   pages included), so no one asker can take every wait, or every answer, from the others;
 - a job's output is shown only from its run's subjects, of the workers the fold placed for it
   (``decide.OutputScope``): never an earlier job of its id's.
+- a question is at most ``MAX_QUESTION_BYTES``, so what questions queued or waiting hold is
+  bounded too;
 - what one asker's answers take of the service's time is bounded (``runtime.spent.Spent``:
   ``ANSWER_SHARE`` of a core kept up, ``ANSWER_MOST_S`` at once); past it, its next question is
   answered busy with when to ask again, not a request's verdict (a submit's would read as not
@@ -93,6 +95,9 @@ MAX_QUEUED_PER_ASKER = 64
 # asking in a loop kept the fold (in ``corral up``, every service) behind its answers.
 ANSWER_SHARE, ANSWER_MOST_S = 0.1, 2.0
 ANSWER_SHARE_ALL, ANSWER_MOST_ALL_S = 0.5, 4.0
+# A question is a few short fields (ids are NATS tokens); one as large as NATS carries, a
+# megabyte, was parsed and held queued or waiting, 96 of them per tenant at once.
+MAX_QUESTION_BYTES = 16 * 1024
 # Questions no share binds: a request's verdict (how a client learns what became of what it
 # sent; refused busy, a stored submit would read as not taken), and output, whose pages have
 # bounds of their own (``ReadingSlots``, ``TAIL_READS``).
@@ -180,6 +185,10 @@ class ReadService:
             return  # the forecast role answers what-if questions (``services/forecast``)
         if not msg.reply.startswith(identities.inbox_prefix(asker) + "."):
             log.debug("dropped a question of %s whose answer would go to %r", asker, msg.reply)
+            return
+        if len(msg.data) > MAX_QUESTION_BYTES:
+            too_big = f"a question is at most {MAX_QUESTION_BYTES} bytes, not {len(msg.data)}"
+            await self._send(msg.reply, refusal(self.state, too_big))
             return
         if await self._past_share(msg.reply, asker, question):
             return

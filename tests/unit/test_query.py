@@ -540,6 +540,28 @@ async def test_an_asker_past_its_share_of_the_read_services_time_is_told_busy() 
         reader.close()
 
 
+async def test_a_question_larger_than_any_question_is_refused_unheld() -> None:
+    # A question is a few short fields, but one of a megabyte (as much as NATS carries) was
+    # parsed and held, queued or waiting up to a minute: 96 of them per tenant kept 96 MiB of
+    # the read service's memory. Past ``MAX_QUESTION_BYTES`` it is refused at once, unread.
+    import json
+    from types import SimpleNamespace
+
+    from corral.services.query import service
+
+    reader, replies = _reader()
+    inbox = f"{identities.inbox_prefix('a')}.0"
+    huge = json.dumps({"job": "x" * (1 << 20), "after": 99, "wait": 60}).encode()
+    asked = SimpleNamespace(subject=identities.read_subject("a", "explain"), reply=inbox, data=huge)
+    try:
+        await reader._on_question(asked)  # type: ignore[arg-type]
+        assert not reader._waiting and not reader._queued
+        told = dict(replies)[inbox]
+        assert str(service.MAX_QUESTION_BYTES) in str(told["error"]) and "busy" not in told
+    finally:
+        reader.close()
+
+
 async def test_output_questions_past_the_waits_are_taken_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     # Past its waits, each of one tenant's output questions was a task of its own, and 3,000
     # of them held another tenant's `corral logs` for seconds: they wait their turn like any

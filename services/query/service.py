@@ -391,8 +391,8 @@ class ReadService:
         size = skipped = 0
         while (chunk := await output.next_chunk(js, ask.job, scope.run, rank, cursor)) is not None:
             src = chunk.source
-            if not scope.shows(src.node, src.attempt, src.rank, chunk.time):
-                if self._maybe_shown(scope, chunk):
+            if src is None or not scope.shows(src.node, src.attempt, src.rank, chunk.time):
+                if src is not None and self._maybe_shown(scope, chunk):
                     return lines, cursor, False
                 cursor = chunk.seq  # an agent wrote it where the job never ran: never shown
                 skipped += 1
@@ -456,6 +456,8 @@ class ReadService:
                 break
             for chunk in reversed(window):  # newest first
                 src = chunk.source
+                if src is None:
+                    continue  # a subject no corral agent writes: never shown
                 if scope.shows(src.node, src.attempt, src.rank, chunk.time):
                     tail.add(src, chunk.text)
                 elif self._maybe_shown(scope, chunk):
@@ -544,7 +546,8 @@ class ReadService:
 
 
 MAX_TAIL = 1 << 20  # lines of each worker a tail keeps at most (the answer holds PAGE_BYTES of them)
-MAX_SKIPPED = 4096  # messages not the job's that one answer walks past at most
+# messages not the job's that one answer walks past at most, of subjects no agent writes too
+MAX_SKIPPED = 4096
 _MARK_COST = 256  # what a mark line of the read service costs in an answer, at most
 
 

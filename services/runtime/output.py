@@ -160,7 +160,10 @@ class JetStreamOutput:
 
 class Chunk(NamedTuple):
     seq: int
-    source: Source
+    # None: a subject no corral agent writes (an attempt or rank no number), never shown. Given
+    # to the reader, not skipped here: it counts them against what one answer walks past, and
+    # an agent not corral's own wrote any number of them.
+    source: Source | None
     text: str  # whole lines, each ending in a newline
     time: float  # when the stream stored it (seconds since the epoch; 0: not said)
 
@@ -170,22 +173,21 @@ async def next_chunk(
 ) -> Chunk | None:
     """The first message of the job's ``run`` past stream sequence ``after`` (None: none yet, or
     none up to ``until``)."""
-    while until is None or after < until:
-        try:
-            msg = await js.get_msg(
-                STREAM, seq=after + 1, subject=job_filter(job_id, run, rank), direct=True, next=True
-            )
-        except (js_errors.NotFoundError, nats.errors.NoRespondersError):  # none; no stream yet
-            return None
-        if until is not None and msg.seq > until:
-            return None
-        source = parse(msg.subject)
-        if source is None or source.job_id != job_id or source.run != run:
-            after = msg.seq  # not a subject an agent writes: skipped, never shown
-            continue
-        stored = msg.time.timestamp() if msg.time is not None else 0.0
-        return Chunk(msg.seq, source, (msg.data or b"").decode("utf-8", errors="replace"), stored)
-    return None
+    if until is not None and after >= until:
+        return None
+    try:
+        msg = await js.get_msg(
+            STREAM, seq=after + 1, subject=job_filter(job_id, run, rank), direct=True, next=True
+        )
+    except (js_errors.NotFoundError, nats.errors.NoRespondersError):  # none; no stream yet
+        return None
+    if until is not None and msg.seq > until:
+        return None
+    source = parse(msg.subject)
+    if source is not None and (source.job_id != job_id or source.run != run):
+        source = None
+    stored = msg.time.timestamp() if msg.time is not None else 0.0
+    return Chunk(msg.seq, source, (msg.data or b"").decode("utf-8", errors="replace"), stored)
 
 
 async def last_seq(nc: Any, job_id: str, run: int, rank: int | None) -> int | None:

@@ -192,3 +192,48 @@ async def test_one_askers_flood_of_output_questions_leaves_another_asker_a_readi
         await asyncio.gather(*flood, return_exceptions=True)
         await a.close()
         await b.close()
+
+
+async def test_an_answer_walks_past_few_messages_of_subjects_no_agent_writes(
+    nats_server: str,
+    read: tuple[JetStreamLog, ReadService],  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An agent not corral's own writes messages under its node on a job's subjects with an
+    attempt no number: never shown, and one answer walked past every one of them, however many
+    (its bound, ``MAX_SKIPPED``, counted only messages of workers the job never had), holding a
+    reading slot for as long. It walks past at most ``MAX_SKIPPED`` of either, then says more
+    follows; the job's own lines come on the pages after."""
+    log, reader = read
+    monkeypatch.setattr(service, "MAX_SKIPPED", 16)
+    built = LogBuilder(start_time=time.time()).nodes(Cluster(1)).queue("team-a")
+    built.submit("a", "x", job().gpus(1)).accept("x").admit("x").place(on(N0, 0, job_id="x"))
+    await _placed(log, reader, built)
+    run = reader.state.jobs["x"].submitted_seq
+    js = log.nc.jetstream()
+    for i in range(100):
+        await js.publish(f"corral.out.{N0}.x.{run}.a{i}.0", b"forged\n", stream=output.STREAM)
+    await js.publish(output.subject(N0, "x", run, 0, 0), b"mine\n", stream=output.STREAM)
+
+    parsed: list[str] = []
+    parse = output.parse
+
+    def counted(subj: str) -> output.Source | None:
+        parsed.append(subj)
+        return parse(subj)
+
+    monkeypatch.setattr(output, "parse", counted)
+    a = await nats.connect(nats_server, inbox_prefix="_INBOX.corral.a")
+    try:
+        told = await _ask(a, "a", job="x")
+        assert told["lines"] == [] and told["more"] is True, told
+        assert len(parsed) <= 16 + 1  # past its bound, and the one message that told it so
+        lines: list[str] = []
+        for _ in range(100):  # the pages after, each as bounded
+            told = await _ask(a, "a", job="x", cursor=told["cursor"])
+            lines += [row[3] for row in told["lines"]]
+            if not told["more"]:
+                break
+        assert lines == ["mine"]
+    finally:
+        await a.close()

@@ -32,6 +32,7 @@ from corral.services.query.service import ReadService
 from corral.services.runtime import output
 from tests.builders import Cluster, LogBuilder, job, on, placement, whole, worker
 from tests.integration.polling import until
+from tests.integration.reading import serving
 
 pytestmark = pytest.mark.integration
 
@@ -41,20 +42,8 @@ N0, N1 = "node-00", "node-01"
 
 @pytest.fixture
 async def read(nats_server: str) -> AsyncIterator[tuple[JetStreamLog, ReadService]]:
-    log = await JetStreamLog.connect(nats_server, create=True)
-    await output.ensure_stream(log.nc)
-    reader = ReadService(log)
-    stop = asyncio.Event()
-    running = asyncio.create_task(reader.run(stop))
-    try:
-        await asyncio.wait_for(reader.caught_up.wait(), WAIT)
-        yield log, reader
-    finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(running, WAIT)
-        reader.close()
-        await log.close()
+    async with serving(nats_server, with_output=True) as served:
+        yield served
 
 
 async def _append(log: JetStreamLog, built: LogBuilder, since: int) -> int:

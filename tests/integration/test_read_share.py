@@ -12,8 +12,6 @@ Waits are on the answers, with timeouts; never sleeps.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +26,7 @@ from corral.services.query.service import ReadService
 from corral.services.runtime.spent import Spent
 from tests.builders import Cluster, LogBuilder, job
 from tests.integration.polling import until
+from tests.integration.reading import serving
 
 pytestmark = pytest.mark.integration
 
@@ -37,19 +36,8 @@ ASKED_AT_MOST = 5_000  # questions of ``a`` before the test gives up on its shar
 
 @pytest.fixture
 async def read(nats_server: str) -> AsyncIterator[tuple[JetStreamLog, ReadService]]:
-    log = await JetStreamLog.connect(nats_server, create=True)
-    reader = ReadService(log)
-    stop = asyncio.Event()
-    running = asyncio.create_task(reader.run(stop))
-    try:
-        await asyncio.wait_for(reader.caught_up.wait(), WAIT)
-        yield log, reader
-    finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(running, WAIT)
-        reader.close()
-        await log.close()
+    async with serving(nats_server) as served:
+        yield served
 
 
 async def test_a_tenant_asking_in_a_loop_is_told_busy_and_another_is_answered(

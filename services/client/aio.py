@@ -427,6 +427,22 @@ class AsyncClient:
             raise Refused("malformed", str(error))
         return answer
 
+    async def _ask_in_time(
+        self, question: str, deadline: float | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """``_ask``, asked again after a busy answer's ``retry_s`` (``FOLLOW_PAUSE`` at least)
+        until ``deadline`` (``time.monotonic()``; None: for as long as it takes). For the loops
+        that ask until something happens (``watch``, ``wait``): a tenant's questions past its
+        share of the read service's time are answered busy, which ended them."""
+        while True:
+            try:
+                return await self._ask(question, **fields)
+            except Busy as e:
+                pause = max(e.retry_s, FOLLOW_PAUSE)
+                if deadline is not None and time.monotonic() + pause >= deadline:
+                    raise
+                await asyncio.sleep(pause)
+
     # -- questions ----------------------------------------------------------------------------
 
     async def jobs(self, *, all: bool = False) -> list[Job]:  # noqa: A002 - as `corral jobs --all`
@@ -439,14 +455,16 @@ class AsyncClient:
         answer = await self._ask("jobs", everything=all)
         return await self._rest_of(answer), int(answer.get("more_let_go", 0))
 
-    async def _rest_of(self, answer: dict[str, Any]) -> list[Job]:
+    async def _rest_of(self, answer: dict[str, Any], *, patient: bool = False) -> list[Job]:
         """The jobs of a ``jobs`` answer and of the pages after it (the read service answers a
-        page at a time, in the order the jobs were submitted, each at least as new as the first)."""
+        page at a time, in the order the jobs were submitted, each at least as new as the first);
+        ``patient``: a page answered busy is asked again when the answer says."""
         jobs = msgspec.convert(answer["jobs"], list[Job])
         seq = int(answer.get("seq", 0))
         first = self.as_of
         while answer.get("next"):
-            answer = await self._ask("jobs", page_after=int(answer["next"]), after=seq)
+            fields = {"page_after": int(answer["next"]), "after": seq}
+            answer = await (self._ask_in_time("jobs", **fields) if patient else self._ask("jobs", **fields))
             jobs += msgspec.convert(answer["jobs"], list[Job])
             # The list is as current as its least current page: one stale page is a stale list.
             if first is not None and not first.current:
@@ -460,10 +478,10 @@ class AsyncClient:
         so nothing is asked while nothing happens. Ends when the caller stops iterating."""
         after = 0
         while True:
-            answer = await self._ask("jobs", everything=all, after=after, wait=MAX_WAIT)
+            answer = await self._ask_in_time("jobs", everything=all, after=after, wait=MAX_WAIT)
             seq = int(answer.get("seq", 0))
             if after == 0 or seq >= after:
-                yield await self._rest_of(answer)
+                yield await self._rest_of(answer, patient=True)
             after = seq + 1
 
     async def logs(
@@ -558,7 +576,9 @@ class AsyncClient:
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
-            answer = await self._ask("explain", job=job_id, until=state, wait=min(max(left, 0), MAX_WAIT))
+            answer = await self._ask_in_time(
+                "explain", deadline, job=job_id, until=state, wait=min(max(left, 0), MAX_WAIT)
+            )
             job = msgspec.convert(answer["job"], Job)
             if job.phase == state or job.phase in FINAL:
                 return job

@@ -72,3 +72,41 @@ async def test_no_job_keeps_what_the_read_service_says_of_why() -> None:
     assert raised.value.code == "unknown"
     with pytest.raises(NoSuchJob, match="^no such job j1$"):
         await client_answered(refusal(State(), "no job j1")).explain("j1")
+
+
+class Answers(Session):
+    """Answers each question with the next of ``answers``, the last over and over."""
+
+    def __init__(self, *answers: dict[str, Any]) -> None:
+        self.answers = [json.loads(json.dumps(a)) for a in answers]
+        self.asked = 0
+
+    async def ask(self, asker: str, question: str, **fields: Any) -> dict[str, Any]:
+        self.asked += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def _share_used() -> dict[str, Any]:
+    return refusal(State(), "busy: your questions used their share", busy=True, retry_s=0.01)
+
+
+async def test_a_watch_waits_out_a_busy_answer_and_goes_on() -> None:
+    # A watch lists the jobs again each time the log moves: a tenant with many jobs uses its
+    # share of the read service's time, and `corral jobs --watch` ended at the first busy
+    # answer. Told when to ask again, it waits that long and asks.
+    client = AsyncClient("nats://127.0.0.1:1", tenant="team-a")
+    client._session = Answers({"seq": 5, "jobs": []}, _share_used(), {"seq": 6, "jobs": []})  # type: ignore[assignment]
+    watched = client.watch()
+    assert await anext(watched) == []
+    assert await anext(watched) == []
+    await watched.aclose()
+
+
+async def test_waiting_for_a_phase_waits_out_a_busy_answer() -> None:
+    # ``wait`` asks until the job gets there or its timeout passes: a busy answer in between
+    # is a reason to ask again later, not an end of the wait.
+    job = {"id": "j", "tenant": "team-a", "queue": "q", "phase": "running", "attempt": 1, "workers": 1}
+    job |= {"per_worker": "1 GPU", "nodes": "n0", "reason": ""}
+    client = AsyncClient("nats://127.0.0.1:1", tenant="team-a")
+    client._session = Answers(_share_used(), {"seq": 5, "job": job})  # type: ignore[assignment]
+    assert (await client.wait("j", timeout=5.0)).phase == "running"

@@ -286,7 +286,8 @@ class ReadService:
                 await asyncio.wait_for(
                     self._folded.wait_for(lambda: self._settled(asker, question, ask)), wait
                 )
-        await self._answer(reply, asker, question, ask)
+        if not await self._past_share(reply, asker, question):  # used since it came?
+            await self._answer(reply, asker, question, ask)
 
     async def _answer(self, reply: str, asker: str, question: str, ask: Ask) -> None:
         view = self.view

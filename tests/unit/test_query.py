@@ -540,6 +540,29 @@ async def test_an_asker_past_its_share_of_the_read_services_time_is_told_busy() 
         reader.close()
 
 
+async def test_a_question_that_waited_for_the_log_is_told_busy_past_the_share() -> None:
+    # A question about a position not yet folded waits for the log to get there; an asker past
+    # its share by the time it is answered is told busy, as a queued question is: else 32
+    # waiting pages of jobs were answered at every move of the log, whatever the share.
+    from types import SimpleNamespace
+
+    from corral.services.runtime.spent import Spent
+
+    reader, replies = _reader()
+    reader.spent = Spent(share=1e-9, most_s=0.0, share_all=1e-9, most_all_s=1e9)
+    inbox = f"{identities.inbox_prefix('a')}"
+    asked = SimpleNamespace(subject=identities.read_subject("a", "queues"), reply=f"{inbox}.0", data=b"{}")
+    try:
+        await reader._on_question(asked)  # type: ignore[arg-type]
+        await reader._answer_queued()  # its first answer is owed at once
+        await reader._answer_later(f"{inbox}.1", "a", "queues", Ask(), 0.01)
+        told = dict(replies)
+        assert "queues" in told[f"{inbox}.0"]
+        assert told[f"{inbox}.1"].get("busy") is True, told[f"{inbox}.1"]
+    finally:
+        reader.close()
+
+
 async def test_a_question_larger_than_any_question_is_refused_unheld() -> None:
     # A question is a few short fields, but one of a megabyte (as much as NATS carries) was
     # parsed and held, queued or waiting up to a minute: 96 of them per tenant kept 96 MiB of

@@ -298,9 +298,10 @@ class ReadService:
             forecasts = {t: f for t, f in zip(wanted, got, strict=True) if isinstance(f, TenantForecast)}
         began = time.thread_time()  # the answer is work on the loop's own thread, with no wait
         told = answer(view.state, view.history, asker, question, ask, view, forecasts)
+        used = time.thread_time() - began
+        used += await self._send(reply, told)  # a page of 512 KiB costs its encoding too
         if question not in UNCHARGED:
-            self.spent.charge(asker, time.thread_time() - began, time.monotonic())
-        await self._send(reply, told)
+            self.spent.charge(asker, used, time.monotonic())
 
     async def _output(self, reply: str, asker: str, ask: Ask) -> None:
         """A page of a job's output past ``ask.cursor`` (``services/runtime/output.py``), for the
@@ -482,17 +483,21 @@ class ReadService:
         tail = self.log.tail()
         return tail is None or self.state.seq >= tail
 
-    async def _send(self, reply: str, body: dict[str, Any]) -> None:
+    async def _send(self, reply: str, body: dict[str, Any]) -> float:
+        """Answer ``body`` on ``reply``; the seconds of this thread its encoding took."""
         nc = self.log.nc
         stall = self.log.stalled()
+        began = time.thread_time()
         data = _encode(as_of(body, stall))
         if len(data) > nc.max_payload:
             too_big = refusal(self.state, f"the answer is {len(data)} bytes, more than NATS carries")
             data = _encode(as_of(too_big, stall))
+        used = time.thread_time() - began
         try:
             await nc.publish(reply, data)
         except nats.errors.Error as e:
             log.warning("could not answer on %s: %s", reply, e)
+        return used
 
     # -- running --------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ says what the answer must (and must not) show.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -427,8 +428,9 @@ def _reader(stall: Stall | None = None) -> tuple[Any, list[tuple[str, dict[str, 
     reader = service.ReadService(log, forecasts=NoForecasts())  # type: ignore[arg-type]
     replies: list[tuple[str, dict[str, object]]] = []
 
-    async def send(reply: str, body: object) -> None:
+    async def send(reply: str, body: object) -> float:
         replies.append((reply, json.loads(json.dumps(body, default=str))))
+        return 0.0
 
     reader._send = send  # type: ignore[method-assign]
     return reader, replies
@@ -561,6 +563,42 @@ async def test_a_question_that_waited_for_the_log_is_told_busy_past_the_share() 
         assert told[f"{inbox}.1"].get("busy") is True, told[f"{inbox}.1"]
     finally:
         reader.close()
+
+
+async def test_an_answers_encoding_is_charged_to_its_asker() -> None:
+    # A page of jobs is up to 512 KiB of JSON: its encoding is work of the answer, charged to
+    # the asker's share as the answer's reading of the state is.
+    from types import SimpleNamespace
+
+    from corral.services.query import service
+    from corral.services.runtime.spent import Spent
+
+    class Publisher:
+        max_payload = 1 << 20
+
+        async def publish(self, subject: str, data: bytes) -> None:
+            return None
+
+    class NoForecasts:
+        async def get(self, tenant: str) -> None:
+            return None
+
+    def slow_encode(body: object) -> bytes:  # as a large page's encoding would take
+        began = time.thread_time()
+        while time.thread_time() - began < 0.05:
+            pass
+        return b"{}"
+
+    log = SimpleNamespace(nc=Publisher(), stalled=lambda: None)
+    reader = service.ReadService(log, forecasts=NoForecasts())  # type: ignore[arg-type]
+    reader.spent = Spent(share=1e-9, most_s=0.04, share_all=1e-9, most_all_s=1e9)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service, "_encode", slow_encode)
+        try:
+            await reader._answer(f"{identities.inbox_prefix('a')}.0", "a", "queues", Ask())
+            assert reader.spent.wait_s("a", time.monotonic()) > 0  # past the 0.04 s it may use
+        finally:
+            reader.close()
 
 
 async def test_a_question_larger_than_any_question_is_refused_unheld() -> None:

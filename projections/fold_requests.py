@@ -90,7 +90,7 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
                 req.request_id,
             )
         raise Refused("forbidden", f"job id {req.request_id} is taken", req.request_id)
-    held, most = state.jobs_by_tenant.get(ctx.tenant, 0), state.retention.jobs_per_tenant
+    held, most = len(state.jobs_by_tenant.get(ctx.tenant, ())), state.retention.jobs_per_tenant
     if held >= most:
         raise Refused(
             "limit",

@@ -342,8 +342,7 @@ def spec_bytes(spec: JobSpec) -> int:
 def add(state: State, job: JobState, size: int | None = None) -> None:
     """Put a new job into the State and its indexes; ``size``: its ``spec_bytes``, when known."""
     state.jobs[job.id] = job
-    tenants = state.jobs_by_tenant
-    tenants[job.tenant] = tenants.get(job.tenant, 0) + 1
+    _add(state.jobs_by_tenant, job.tenant, job.id)
     held = state.spec_bytes_by_tenant
     held[job.tenant] = held.get(job.tenant, 0) + (spec_bytes(job.spec) if size is None else size)
     _add(state.jobs_by_phase, job.phase, job.id)
@@ -524,12 +523,8 @@ def forget(state: State, job: JobState) -> None:
     """Take ``job`` out of the State and every index."""
     known = state.jobs.pop(job.id, None) is not None
     if known:
-        tenants = state.jobs_by_tenant
-        left = tenants[job.tenant] - 1
-        if left:
-            tenants[job.tenant] = left
-        else:
-            del tenants[job.tenant]
+        _remove(state.jobs_by_tenant, job.tenant, job.id)
+        left = job.tenant in state.jobs_by_tenant
         held = state.spec_bytes_by_tenant
         rest = held[job.tenant] - spec_bytes(job.spec)
         if left:
@@ -689,6 +684,10 @@ def check(state: State) -> None:
         problems.append(f"workers_by_ask: {state.workers_by_ask}, not {want.workers_by_ask}")
     if state.jobs_by_tenant != want.jobs_by_tenant:
         problems.append(f"jobs_by_tenant: {state.jobs_by_tenant}, not {want.jobs_by_tenant}")
+    for tenant, ids in state.jobs_by_tenant.items():
+        seqs = [state.jobs[i].submitted_seq for i in ids if i in state.jobs]
+        if seqs != sorted(seqs):
+            problems.append(f"jobs_by_tenant[{tenant}] is not in submission order")
     if state.spec_bytes_by_tenant != want.spec_bytes_by_tenant:
         problems.append(
             f"spec_bytes_by_tenant: {state.spec_bytes_by_tenant}, not {want.spec_bytes_by_tenant}"

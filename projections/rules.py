@@ -307,4 +307,6 @@ from __future__ import annotations
 #    left it: admitted again, the GPUs were held for it once more, idle behind the same wait.
 # 108: a submit of its owner's job id with another spec than the job's (but for a resize's
 #    most workers) is refused as a conflict, not recorded as a duplicate of that job.
-RULES = 108
+# 109: the fold keeps each tenant's job ids in submission order (``State.jobs_by_tenant``, its
+#    count before), so that a tenant's list of its jobs reads its own, not every tenant's.
+RULES = 109

@@ -290,9 +290,11 @@ class State(msgspec.Struct, gc=False):
     # ... and per phase, the ids of its elastic jobs (``min_replicas`` given), in the order they
     # entered it: the running ones are those that may grow or shrink.
     elastic_by_phase: dict[str, dict[str, None]] = {}
-    # Per tenant, its jobs in ``jobs`` (any phase, finished ones not let go yet included): what
-    # the limit of ``RetentionSpec.jobs_per_tenant`` is judged by.
-    jobs_by_tenant: dict[str, int] = {}
+    # Per tenant, the ids of its jobs in ``jobs`` (any phase, finished ones not let go yet
+    # included), in the order they were submitted: what the limit of
+    # ``RetentionSpec.jobs_per_tenant`` is judged by, and what a tenant's list of its jobs reads
+    # (a walk of every tenant's jobs made each page of a tenant's list cost the whole cluster).
+    jobs_by_tenant: dict[str, dict[str, None]] = {}
     # ... and what their specs hold (``indexes.spec_bytes``): what ``RetentionSpec``'s
     # ``spec_bytes_per_tenant`` is judged by.
     spec_bytes_by_tenant: dict[str, int] = {}

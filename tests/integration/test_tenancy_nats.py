@@ -479,7 +479,7 @@ async def test_a_tenant_past_its_jobs_in_the_state_hears_why_and_another_is_not_
     b_at = await secured.submit("b", "jb", msgspec.structs.replace(TOO_BIG, queue="qb"))
     state = await secured.watch.until(lambda st: st.seq >= b_at and "jb" in st.jobs, WAIT)
     assert sorted(j for j in state.jobs if j.startswith("flood-")) == ["flood-0", "flood-1", "flood-2"]
-    assert state.jobs_by_tenant == {"a": 3, "b": 1}
+    assert {t: len(ids) for t, ids in state.jobs_by_tenant.items()} == {"a": 3, "b": 1}
     a = await secured.session("a")
     try:
         for i, seq in enumerate(stored):

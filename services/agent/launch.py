@@ -17,7 +17,7 @@ import resource
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -26,36 +26,10 @@ from corral.services.agent import confined, container, handover, sandbox
 from corral.services.agent.checkpoints import Checkpoints
 from corral.services.agent.container import ContainerMode, EngineInfo, Probe
 from corral.services.agent.decide import GONE_CODE, Exited, Started, StartFailed, StartWorker, WorkerKey
-from corral.services.agent.sandbox import RunAs
+from corral.services.agent.sandbox import RunAs, SandboxMode
 from corral.services.agent.worker import DONE, REQUEST, StartError, Worker, children_of, kill, log, log_tail
 
-SandboxMode = Literal["auto", "bwrap", "none"]
 Prepare = Callable[[StartWorker], Awaitable[None]]
-WORKER_USER = "nobody"  # whom workers run as where tenants share nodes, unless told otherwise
-
-
-class Isolation(NamedTuple):
-    """How an agent keeps its workers from the host and from each other (``NodeAgent``'s
-    arguments of these names)."""
-
-    sandbox: SandboxMode
-    worker_user: str | None
-    narrow_view: bool
-
-
-def isolation(
-    logins: bool, sandbox: SandboxMode = "auto", worker_user: str | None = WORKER_USER
-) -> Isolation:
-    """The isolation of an agent whose corral has logins (``logins``: its tenants share nodes)
-    or not, whoever starts it (``corral up``, ``corral serve agent``). With logins a worker runs
-    sandboxed or not at all (``auto`` becomes ``bwrap``), as ``worker_user``, shown only the
-    host's system directories and what it runs from: run as the agent's own user with the
-    host's whole root shown, a job could read whatever the agent may (its login's password
-    among it) and speak for the node. Without, workers run as the agent's user, shown the
-    host's root, sandboxed where bwrap works."""
-    if not logins:
-        return Isolation(sandbox, None, False)
-    return Isolation("bwrap" if sandbox == "auto" else sandbox, worker_user, True)
 
 
 _MIG_PLACEHOLDER = re.compile(r"mig:([^/,]+)/([^@,]+)@(\d+)")

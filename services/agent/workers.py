@@ -88,10 +88,10 @@ from corral.services.agent.decide import (
 from corral.services.agent.discovery import MigDevice
 from corral.services.agent.handover import Kept
 from corral.services.agent.launch import Launching, Prepare
+from corral.services.agent.sandbox import RunAs
 
 # The Runtime's sandbox= choices, named from here by whoever builds a Runtime.
-from corral.services.agent.launch import SandboxMode as SandboxMode
-from corral.services.agent.sandbox import RunAs
+from corral.services.agent.sandbox import SandboxMode as SandboxMode
 from corral.services.agent.workdirs import Workdirs
 from corral.services.agent.worker import Worker, kill, log, log_path_before_runs
 

@@ -208,7 +208,7 @@ def serve_agent(args: argparse.Namespace) -> None:
     from corral.events.nats_client import open_client
     from corral.services.agent import discovery
     from corral.services.agent.intake import IntakeReports
-    from corral.services.agent.launch import isolation
+    from corral.services.agent.sandbox import isolation
     from corral.services.agent.service import NodeAgent
     from corral.services.runtime import metrics
     from corral.services.runtime.output import JetStreamOutput

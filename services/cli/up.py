@@ -47,7 +47,7 @@ from corral.events.server import EmbeddedCluster, EmbeddedServer, ServerError
 from corral.services.admission import service as admission_service
 from corral.services.agent import discovery, inventory
 from corral.services.agent.intake import IntakeReports
-from corral.services.agent.launch import WORKER_USER, isolation
+from corral.services.agent.sandbox import WORKER_USER, isolation
 from corral.services.agent.service import NodeAgent
 from corral.services.agent.workers import SandboxMode
 from corral.services.assignments import service as assignments_service

@@ -109,7 +109,14 @@ class Feed:
                     seq = int(probe["seq"])
                     await self._publish(made, "")
                 await asyncio.sleep(self.min_interval)
-            except (Refused, board.Unanswered) as e:
+            except board.Unanswered as e:
+                log.warning("the read service: %s", e)
+                if e.retry_s:  # busy: the session is sound, the asker asks again when told
+                    await self._publish(None, str(e))
+                    await asyncio.sleep(max(e.retry_s, RETRY_S))
+                else:
+                    await self._again(str(e))
+            except Refused as e:
                 log.warning("the read service: %s", e)
                 await self._again(str(e))
             except Exception as e:  # noqa: BLE001 - a feed that ends shows its last board as live

@@ -35,12 +35,25 @@ Answer = Mapping[str, Any]
 
 
 class Unanswered(ValueError):
-    """The read service answered with an error, not the data the board needs."""
+    """The read service answered with an error, not the data the board needs; ``retry_s``: it
+    was busy (the asker past its share of the service's time), and says when to ask again."""
+
+    def __init__(self, message: str, retry_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_s = retry_s
+
+
+def unanswered(answer: Answer) -> Unanswered:
+    """The error of an answer that carries one, with when to ask again if it was busy."""
+    retry_s = answer.get("retry_s")
+    if answer.get("busy") is True and isinstance(retry_s, (int, float)) and 0.0 < retry_s < 3600.0:
+        return Unanswered(str(answer["error"]), float(retry_s))
+    return Unanswered(str(answer["error"]))
 
 
 def _rows(answer: Answer, key: str) -> Sequence[Mapping[str, Any]]:
     if "error" in answer:
-        raise Unanswered(str(answer["error"]))
+        raise unanswered(answer)
     rows: Sequence[Mapping[str, Any]] = answer[key]
     return rows
 
@@ -190,7 +203,7 @@ def timeline(job_id: str, explained: Answer) -> dict[str, Any]:
     beneficiary) is ``preempting``, one it suffered ``preempted``; a consolidation's stop, which
     runs it on elsewhere, ``moved``."""
     if "error" in explained:
-        raise Unanswered(str(explained["error"]))
+        raise unanswered(explained)
     attempts: list[dict[str, Any]] = [{"attempt": 0, "events": []}]
     for e in explained["history"]:
         kind = KINDS.get(e["type"], "other")

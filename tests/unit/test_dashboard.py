@@ -137,3 +137,43 @@ async def test_a_question_on_a_connection_lost_under_it_is_refused_not_raised_th
     s.nc = Closed()  # type: ignore[assignment]
     with pytest.raises(Refused, match="no answer on"):
         await s.ask("a", "gpus")
+
+
+async def test_a_busy_answer_keeps_the_feeds_session_and_the_board_follows_after() -> None:
+    # Past its share of the read service's time, a tenant's dashboard was answered busy: the
+    # feed took it for a broken session, closed it and opened another every second, asking
+    # again sooner than the answer said. It shows why it is stale, keeps the session and asks
+    # again when told; the board then follows as before.
+    import asyncio
+
+    from corral.services.dashboard import app
+
+    opened: list[object] = []
+    closed: list[object] = []
+    busy = {"seq": 3, "error": "busy: ask again in 0.1 s", "busy": True, "retry_s": 0.1}
+    answers = {"gpus": [busy, {"seq": 3, "nodes": []}], "queues": [{"seq": 3, "queues": []}]}
+
+    class Session:
+        async def ask(self, asker: str, question: str, **fields: Any) -> dict[str, Any]:
+            left = answers.get(question) or [{"seq": 3, question: []}]
+            return left.pop(0) if len(left) > 1 else left[0]
+
+        async def close(self) -> None:
+            closed.append(self)
+
+    async def session() -> Session:
+        opened.append(Session())
+        return opened[-1]  # type: ignore[return-value]
+
+    feed = app.Feed("nats://nowhere", "team-a", None, min_interval=0.01)
+    feed._session = session  # type: ignore[method-assign]
+    following = asyncio.create_task(feed.run())
+    try:
+        seen = await feed.wait_newer(0, 10.0)
+        assert feed.problem.startswith("busy") and feed.board is None
+        while feed.board is None:
+            seen = await feed.wait_newer(seen, 10.0)
+        assert feed.problem == "" and len(opened) == 1 and not closed
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)

@@ -432,13 +432,29 @@ def grow(state: State, job: JobState, placement: Placement) -> None:
     indexes.hold(state, job, placement)
 
 
+def slot_of(placement: Placement, rank: int) -> WorkerSlot | None:
+    """The worker of ``rank`` in ``placement``: the fold's one look-up of a rank. The placer
+    lists a gang's ranks in order, so it is looked for at its own index first: every start and
+    exit of a gang of n workers walked the list, n² in all. A placement may list them in any
+    order (each rank once: the fold refuses any other), so one elsewhere is found by the walk."""
+    workers = placement.workers
+    if 0 <= rank < len(workers):
+        w = workers[rank]
+        if w.rank == rank:
+            return w
+    for w in workers:
+        if w.rank == rank:
+            return w
+    return None
+
+
 def release_rank(state: State, job: JobState, rank: int) -> None:
     """Give back what one worker of the job holds (an elastic job's rank that left); the job
     keeps the rest."""
     held = job.held
     if held is None:
         return
-    slot = next((w for w in held.workers if w.rank == rank), None)
+    slot = slot_of(held, rank)
     if slot is None:
         return
     res = job.spec.resources

@@ -234,7 +234,7 @@ def _worker_started(state: State, ctx: Ctx, ev: WorkerStarted) -> None:
         raise Refused("illegal", f"job {job.id} has no attempt {ev.attempt} yet", job.id)
     rank = ev.rank
     placement = job.placement
-    slot = None if placement is None else _slot(placement, rank)
+    slot = None if placement is None else claims.slot_of(placement, rank)
     if ev.attempt != job.attempt or slot is None or slot.node != ev.node:
         raise Refused("illegal", f"job {job.id} has no rank {rank} on {ev.node} now", job.id)
     if job.phase == "running" and rank not in job.started:  # a rank an elastic job grew by
@@ -365,7 +365,8 @@ def _faulted(state: State, placement: Placement | None, ev: WorkerExited) -> dic
     node = state.nodes.get(ev.node)
     if node is None or placement is None:
         return {}
-    mine = {c.gpu for w in placement.workers if w.rank == ev.rank for c in w.gpus}
+    slot = claims.slot_of(placement, ev.rank)
+    mine = {c.gpu for c in slot.gpus} if slot is not None else set()
     out: dict[int, str] = {}
     for x in ev.xids:
         if xids.hardware(x.xid):
@@ -390,25 +391,9 @@ def _release_if_over(state: State, job: JobState, ctx: Ctx) -> None:
 
 def _ran_here(placement: Placement, ev: WorkerExited, job_id: str) -> None:
     """An exit is its node's to report: a rank placed on another node is not this agent's."""
-    w = _slot(placement, ev.rank)
+    w = claims.slot_of(placement, ev.rank)
     if w is not None and w.node != ev.node:
         raise Refused("illegal", f"rank {ev.rank} of job {job_id} is not on {ev.node}", job_id)
-
-
-def _slot(placement: Placement, rank: int) -> WorkerSlot | None:
-    """The worker of ``rank`` in ``placement``. The placer lists a gang's ranks in order, so it
-    is looked for at its own index first: every start and exit of a gang of n workers walked
-    the list, n² in all. A placement may list them in any order (each rank once: the fold
-    refuses any other), so one elsewhere is found by the walk."""
-    workers = placement.workers
-    if 0 <= rank < len(workers):
-        w = workers[rank]
-        if w.rank == rank:
-            return w
-    for w in workers:
-        if w.rank == rank:
-            return w
-    return None
 
 
 def _succeed_if_done(state: State, job: JobState, ctx: Ctx) -> None:

@@ -133,7 +133,14 @@ async def test_each_says_it_is_ready_though_the_server_is_slow_to_confirm_its_su
     import nats.errors
     from nats.aio.client import Client
 
+    # The server's PONG comes after the wait gave up: what the connection wrote before its PING
+    # (the subscriptions) has reached the server, only the confirmation is late. Raising before
+    # the buffer was written would model a client that never sent its subscriptions, and a
+    # request could then find nobody listening.
+    flush = Client.flush
+
     async def slow(self: Client, timeout: int = 10) -> None:
+        await flush(self, timeout)
         raise nats.errors.FlushTimeoutError
 
     async with Answering(nats_server, asyncio.Event()) as parts:

@@ -125,11 +125,11 @@ def _submit(state: State, ctx: Ctx, req: SubmitJob) -> None:
 
 
 def _sent_again(job: JobState, spec: JobSpec) -> bool:
-    """Whether ``spec`` is ``job``'s as it was submitted: its own, but for the most workers a
-    resize may have changed since."""
-    if job.spec.min_replicas is not None:
-        spec = msgspec.structs.replace(spec, replicas=job.spec.replicas)
-    return spec == job.spec
+    """Whether ``spec`` is ``job``'s as it was submitted: its own, with the most workers it was
+    submitted with where a resize has changed them since."""
+    if job.sent_replicas is None:
+        return spec == job.spec
+    return spec == msgspec.structs.replace(job.spec, replicas=job.sent_replicas)
 
 
 # The longest MIG profile a job may name: NVIDIA's are a dozen characters (``1g.10gb+me``).
@@ -227,6 +227,8 @@ def _resize(state: State, ctx: Ctx, req: ResizeJob) -> None:
             shrink(state, ctx, job, req.replicas, beneficiary, deadline)
         else:
             raise Refused("illegal", f"job {job.id} is {job.phase}: it can shrink once it runs", job.id)
+    if job.sent_replicas is None and req.replicas != job.spec.replicas:
+        job.sent_replicas = job.spec.replicas
     indexes.respec(state, job, msgspec.structs.replace(job.spec, replicas=req.replicas))
     job.updated_seq = ctx.seq
 

@@ -309,4 +309,7 @@ from __future__ import annotations
 #    most workers) is refused as a conflict, not recorded as a duplicate of that job.
 # 109: the fold keeps each tenant's job ids in submission order (``State.jobs_by_tenant``, its
 #    count before), so that a tenant's list of its jobs reads its own, not every tenant's.
-RULES = 109
+# 110: an elastic job resized keeps the most workers it was submitted with
+#    (``JobState.sent_replicas``): a submit of its id with another count is a conflict, where
+#    any count was taken for a duplicate of it.
+RULES = 110

@@ -195,6 +195,9 @@ class JobState(msgspec.Struct, gc=False):
     # again, a growth of it withdrawn for the same timeout (``AdmissionWithdrawn.admit_after``).
     grown_at: float = 0.0
     grow_after: float = 0.0
+    # An elastic job's most workers as its owner submitted it, once a resize changed
+    # ``spec.replicas`` (None: never resized): a submit of its id is the same job only with it.
+    sent_replicas: int | None = None
 
     @property
     def leaving(self) -> list[int]:

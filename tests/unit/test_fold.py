@@ -154,6 +154,21 @@ def test_a_resized_job_sent_again_as_submitted_is_a_duplicate() -> None:
     assert (last(state).code, last(state).job_id) == ("duplicate", "j1")
 
 
+@pytest.mark.parametrize("resized", [False, True], ids=["as-sent", "resized"])
+@pytest.mark.parametrize("most", [2, 8], ids=["fewer", "more"])
+def test_an_elastic_job_sent_again_with_other_most_workers_is_a_conflict(resized: bool, most: int) -> None:
+    """Its most workers are part of what was sent: another count is another job, whether or not
+    a resize changed the job's since (to the count sent now, or not)."""
+    from corral.events.jobs import ResizeJob
+
+    log = LogBuilder().submit("alice", "j1", job().replicas(4, minimum=1))
+    if resized:
+        log.request("alice", "resize", ResizeJob(job_id="j1", replicas=most))
+    state = fold(log.submit("alice", "j1", job().replicas(most, minimum=1)))
+    assert (last(state).code, last(state).job_id) == ("conflict", "j1")
+    assert state.jobs["j1"].spec.replicas == (most if resized else 4)
+
+
 def test_submit_of_a_job_id_another_tenant_owns_is_forbidden() -> None:
     state = fold(LogBuilder().submit("alice", "j1").submit("bob", "j1"))
     assert state.jobs["j1"].tenant == "alice"

@@ -653,6 +653,29 @@ class Simulation:
             self.ledger.charge(q, target.key, target.need, self.ledger.held_fixed(target.job))
         return found
 
+    def quota_fits(self, target: Target, copies: int) -> bool:
+        """Whether the quota ``place`` checks lets ``copies`` jobs like ``target``'s in one
+        after another, each charged as ``place`` charges it; the ledger is left as it was. The
+        gangs' search reads no quota, so this is the quota half of placing the copies in turn."""
+        if not target.need:
+            return True
+        q, key = target.job.spec.queue, target.key
+        if key is None:
+            return False
+        ledger = self.ledger
+        borrow, fixed = ledger.may_borrow(target.job), ledger.held_fixed(target.job)
+        charged = 0
+        try:
+            for _ in range(copies):
+                if not ledger.fits(q, key, target.need, borrow):
+                    return False
+                ledger.charge(q, key, target.need, fixed)
+                charged += 1
+            return True
+        finally:
+            for _ in range(charged):
+                ledger.charge(q, key, -target.need, fixed)
+
     def _gang(self, target: Target) -> Placement | None:
         """Where the placer puts ``target``'s gang now, taken from the snapshot: a job whose
         place is held back on it as far as it still takes it (``placement.back``), else, or
@@ -749,7 +772,13 @@ def search(
 
 
 def _fits_copies(sim: Simulation, target: Target, copies: int) -> bool:
-    """Whether ``copies`` jobs like ``target``'s all fit at once, each placed as it would be."""
+    """Whether ``copies`` jobs like ``target``'s all fit at once, each placed as it would be.
+    Quota first: placing them in turn fails at the first copy whose quota or gang does not fit,
+    and a run of queued jobs is held back by quota far more often than by GPUs (the search's
+    steps toward enough victims), so that no gang is searched for a set whose quota cannot
+    take them all (at 100,000 queued, most of the gangs a cycle searched for)."""
+    if not sim.quota_fits(target, copies):
+        return False
     placed: list[Placement] = []
     try:
         for _ in range(copies):

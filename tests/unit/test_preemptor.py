@@ -892,6 +892,44 @@ def test_a_run_is_searched_together_once(monkeypatch: pytest.MonkeyPatch) -> Non
     assert runs == [5]
 
 
+def test_a_run_searches_no_gang_for_copies_its_quota_cannot_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A run of five waits on team-a's quota of 8, which eight small jobs hold, while node-01 is
+    # idle: every step of the search toward enough victims that quota refuses is a "no" without
+    # a single gang searched (placed one copy after another, the quota refused the last copies
+    # only after the first ones' gangs were searched: at 100,000 queued, most of a cycle's).
+    from corral.services.preemptor import victims
+
+    w = World(nodes=2).queue("team-a", 8)
+    for i in range(8):
+        w.run(f"small{i}", gpus(1), whole(N0, i))
+        w.wait(60)
+    for i in range(5):
+        w.submit(f"u{i}", gpus(1), priority=10)
+    gangs = 0
+    gang = victims.Simulation._gang
+
+    def counted_gang(sim: victims.Simulation, target: victims.Target) -> Placement | None:
+        nonlocal gangs
+        gangs += 1
+        return gang(sim, target)
+
+    asked: list[tuple[bool, int]] = []  # per room asked for copies: whether found, gangs searched
+    fits_copies = victims._fits_copies
+
+    def counted_copies(sim: victims.Simulation, target: victims.Target, copies: int) -> bool:
+        before = gangs
+        found = fits_copies(sim, target, copies)
+        asked.append((found, gangs - before))
+        return found
+
+    monkeypatch.setattr(victims.Simulation, "_gang", counted_gang)
+    monkeypatch.setattr(victims, "_fits_copies", counted_copies)
+    assert w.victims() == {f"u{i}": [f"small{7 - i}"] for i in range(5)}
+    assert any(not found for found, _ in asked)  # the quota said no on the way
+    assert all(n == 0 for found, n in asked if not found)
+    assert all(n == 5 for found, n in asked if found)
+
+
 def test_a_run_that_reclaims_from_jobs_of_its_priority_is_searched_one_by_one() -> None:
     # team-b borrows 8 of team-a's GPUs with four small jobs and an older 8-GPU one, all of
     # priority 0, as is team-a's run of five. Only a beneficiary is kept room for by admission:

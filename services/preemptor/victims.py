@@ -443,7 +443,6 @@ class Simulation:
     state: State
     placer: PlacerConfig
     now: float = 0.0  # log time, for the fair shares
-    snap: Snapshot = field(init=False)
     ledger: Ledger = field(init=False)
     rules: Ledger = field(init=False)  # quota as the fold reads it for the rule: proposals only
     scratch: State = field(init=False)
@@ -463,12 +462,22 @@ class Simulation:
     held: dict[str, back.Held] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.snap = Snapshot(self.state)
+        # Built on first use (``snap``): a walk of every GPU of the cluster, which a cycle whose
+        # beneficiaries are all passed over (a backlog no preemption can help, jobs admission
+        # admits as they are) never reads; at 100,000 queued, most of such a cycle's cost.
+        self._snap: Snapshot | None = None
         self.ledger = Ledger.from_state(self.state)
         self.rules = preemption.planning_ledger(self.state)
         self.shares = preemption.Shares(self.state, self.rules, self.now)
         self.scratch = State(seq=self.state.seq, nodes={})
         self._chain: Chain | None = None  # built on first use: a cycle may never place anything
+
+    @property
+    def snap(self) -> Snapshot:
+        """The placer's view of what is free where, with what the cycle has taken and given back."""
+        if self._snap is None:
+            self._snap = Snapshot(self.state)
+        return self._snap
 
     @property
     def chain(self) -> Chain:
@@ -485,13 +494,15 @@ class Simulation:
         gives it to that job alone, at its turn, so that a beneficiary whose turn comes first
         (one not yet admitted, a moved job's of a higher priority, one whose victims are
         stopping) is not offered it, and is not found room there that it will not get."""
-        self.held = back.hold_places(self.snap, back.held_places(self.state))
+        places = back.held_places(self.state)
+        self.held = back.hold_places(self.snap, places) if places else {}
 
     def turn(self, job: JobState) -> back.Held:
         """``job``'s turn: what of its place was held for it is back in the snapshot, for it (and
         returned, to be held again with ``not_placed`` if the turn places it nowhere)."""
         part = self.held.pop(job.id, [])
-        back.give_back(self.snap, part)
+        if part:
+            back.give_back(self.snap, part)
         return part
 
     def not_placed(self, job: JobState, part: back.Held) -> None:

@@ -930,6 +930,33 @@ def test_a_run_searches_no_gang_for_copies_its_quota_cannot_take(monkeypatch: py
     assert all(n == 5 for found, n in asked if found)
 
 
+def test_a_cycle_that_searches_no_gang_reads_no_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A backlog behind team-a's quota, which jobs of its own priority hold: no victims, and no
+    # gang searched. The cycle's snapshot of the cluster (a walk of every GPU) went unread; at
+    # 100,000 queued behind bench.e2e's backlog quota it was most of every preemptor cycle.
+    from corral.services.preemptor import victims
+
+    w = World(nodes=2).queue("team-a", 8)
+    for i in range(8):
+        w.run(f"small{i}", gpus(1), whole(N0, i))
+    for i in range(3):
+        w.submit(f"u{i}", gpus(1))
+    built: list[victims.Snapshot] = []
+
+    class Counted(victims.Snapshot):
+        def __init__(self, state: State) -> None:
+            super().__init__(state)
+            built.append(self)
+
+    monkeypatch.setattr(victims, "Snapshot", Counted)
+    assert w.decide() == []
+    assert built == []
+    # A search that does need it still builds it, once.
+    w.submit("urgent", gpus(1), priority=10)
+    assert w.victims() == {"urgent": ["small7"]}
+    assert len(built) == 1
+
+
 def test_a_run_that_reclaims_from_jobs_of_its_priority_is_searched_one_by_one() -> None:
     # team-b borrows 8 of team-a's GPUs with four small jobs and an older 8-GPU one, all of
     # priority 0, as is team-a's run of five. Only a beneficiary is kept room for by admission:

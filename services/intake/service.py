@@ -156,12 +156,12 @@ class Intake:
             results = await self.log.append_many(items)
             for (accept, reply), result in zip(batch, results, strict=True):
                 await self._answer(reply, self._answer_of(accept, result))
+            _say_unstored(batch, results)
 
     def _answer_of(self, accept: Accept, result: Ack | LogError) -> dict[str, Any]:
         if isinstance(result, UnacknowledgedError):
             # It may be stored: said so, not that the log did not take it (a client that then
             # sent it anew under another id, or none, had it stored twice).
-            log.warning("no acknowledgement for a request on %s: %s", accept.subject, result)
             why = "the log did not say whether it stored it"
             how = (
                 "send it again with the same message id: the log stores it once"
@@ -171,7 +171,6 @@ class Intake:
             )
             return {"error": {"code": MAYBE_STORED, "description": f"{why} ({result}); {how}"}}
         if isinstance(result, LogError):
-            log.warning("could not append a request on %s: %s", accept.subject, result)
             return {"error": {"code": 503, "description": f"the log did not take it: {result}"}}
         self.appended += 1
         answer: dict[str, Any] = {"stream": subjects.STREAM, "seq": result.seq}
@@ -212,6 +211,25 @@ class Intake:
                     await each.unsubscribe()
             self._arrived.set()  # what waits is appended and answered, then the loop ends
             await appending
+
+
+def _say_unstored(batch: list[tuple[Accept, str]], results: list[Ack | LogError]) -> None:
+    """Say in the service's log what of a batch the log did not store: one line for those it
+    did not acknowledge and one for those it refused, with how many and the first of them. A
+    line a request, a tenant's flood that slowed the log had the intake write thousands of
+    lines a second, the operator's log buried under one tenant's requests."""
+    late: list[tuple[str, LogError]] = []
+    refused: list[tuple[str, LogError]] = []
+    for (accept, _), result in zip(batch, results, strict=True):
+        if isinstance(result, UnacknowledgedError):
+            late.append((accept.subject, result))
+        elif isinstance(result, LogError):
+            refused.append((accept.subject, result))
+    for failed, what in ((late, "not acknowledged"), (refused, "not stored")):
+        if failed:
+            subject, first = failed[0]
+            log.warning("%d of %d requests appended at once %s, the first on %s: %s",
+                        len(failed), len(batch), what, subject, first)  # fmt: skip
 
 
 def serve(

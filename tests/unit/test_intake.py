@@ -437,3 +437,45 @@ async def test_a_requests_headers_are_charged_with_its_body_and_a_504_without_an
     assert len(intake._waiting) == 1 and intake.limited == 1  # 3 of 4 taken, then 3 more owed
     told = intake._answer_of(Accept("corral.in.a.cancel", b"{}", None, None), UnacknowledgedError("late"))
     assert "no message id" in told["error"]["description"]
+
+
+async def test_what_the_log_did_not_store_of_a_batch_is_said_once_not_once_a_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A tenant's flood slowed the log: each of thousands of requests not acknowledged was a line
+    # of the intake's log of its own, the operator's log buried under one tenant's requests.
+    # Each is still answered as what became of it; the log says a batch's count and its first.
+    import logging
+    from types import SimpleNamespace
+
+    from corral.events.log import LogError, UnacknowledgedError
+    from corral.services.intake import service
+
+    answers: list[dict[str, object]] = []
+
+    async def publish(_: str, body: bytes) -> None:
+        answers.append(json.loads(body))
+
+    async def append_many(items: list[object]) -> list[object]:
+        late = [UnacknowledgedError(f"no acknowledgement {n}") for n in range(len(items) - 2)]
+        return [*late, LogError("the stream has no leader"), LogError("the stream has no leader")]
+
+    fake = SimpleNamespace(nc=SimpleNamespace(publish=publish), append_many=append_many)
+    intake = service.Intake(fake, None)  # type: ignore[arg-type]
+    for n in range(300):
+        msg = SimpleNamespace(
+            subject="corral.req.a.cancel", reply=f"{INBOXES}.a.{n}", headers=None, data=b'{"job_id": "j"}'
+        )
+        await intake._on_request(msg)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    stop.set()
+    with caplog.at_level(logging.WARNING, logger="corral.intake"):
+        await intake._appending(stop)
+    codes = [body["error"]["code"] for body in answers]  # type: ignore[index]
+    assert codes == [service.MAYBE_STORED] * 298 + [503, 503]
+    said = [r.getMessage() for r in caplog.records if r.name == "corral.intake"]
+    assert len(said) == 2, said
+    assert said[0].startswith(
+        "298 of 300 requests appended at once not acknowledged, the first on corral.in.a.cancel"
+    )
+    assert said[1].startswith("2 of 300 requests appended at once not stored") and "no leader" in said[1]

@@ -35,7 +35,8 @@ replica folds it, so a node taken over must not grow it as fast as it can publis
   shutdown; not the health monitor's word on it, nor anything else), name no field twice, fit
   in ``MAX_REQUEST`` bytes, speak as the node's agent (its producer ``agent/<node>@…``, its id
   of its kind's form, ``events.nodes.REPORT_IDS``, no causation: traces and ``corral verify``
-  read the writer and a decision's cycle from them) and name only jobs a name could be.
+  read the writer and a decision's cycle from them), be typed as what its body is (readers in
+  other languages route by the envelope's ``type``) and name only jobs a name could be.
 - It is appended as sent at ``corral.ev.node.<node>``, with the agent's message id filed under
   the agent's identity (``agent-<node>/<id>``): no node, and no tenant (whose names never start
   ``agent-``), can take another's id first.
@@ -270,6 +271,12 @@ def _report_problem(node: str, env: codec.Envelope) -> str:
     if not (env.producer.startswith(mine) and len(env.producer) <= MAX_PRODUCER):
         most = f"at most {MAX_PRODUCER} characters"
         return f"its producer is {mine}<host>:<pid> ({most}), not {env.producer[:80]!r}"
+    # ``type`` is what a reader in another language routes a record by without reading its
+    # body (``schema/events.json``): a report typed as the placer's decision or the health
+    # monitor's word is read as one there.
+    written = type(env.body).__name__
+    if env.type != written:
+        return f"its type is its body's, {written}, not {env.type[:80]!r}"
     kind = REPORT_IDS[type(env.body)]
     if not (env.id.startswith(kind) and len(env.id) <= MAX_REPORT_ID):
         most = f"at most {MAX_REPORT_ID} characters"

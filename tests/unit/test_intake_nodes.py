@@ -126,6 +126,12 @@ def test_only_a_node_intake_subject_naming_one_node_is_taken(subject: str) -> No
         (_report(NodeShutdown(node=N1, at=1.0), event_id="shutdown:" + "9" * 300), 403, "at most 256"),
         (_report(NodeShutdown(node=N1, at=1.0), causation="admission:4:0"), 403, "no causation"),
         (_report(NodeShutdown(node=N1, at=1.0), correlation="j"), 403, "no causation"),
+        # a reader in another language routes by the envelope's type, not its body's
+        (
+            START.replace(b'"type":"WorkerStarted","time"', b'"type":"JobsPlaced","time"'),
+            403,
+            "not 'JobsPlaced'",
+        ),
         # a job id no job could have is kept out of the log, as a tenant's is
         (_report(WorkerExited(node=N1, job_id="a.b", attempt=0, rank=0, code=1)), 403, "'a.b' is not"),
         (
@@ -152,6 +158,7 @@ def test_only_a_node_intake_subject_naming_one_node_is_taken(subject: str) -> No
         "id-too-long",
         "causation",
         "correlation",
+        "typed-as-another-kind",
         "job-id-no-token",
         "job-id-empty",
     ],

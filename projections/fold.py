@@ -89,9 +89,13 @@ def apply(state: State, record: Record) -> State:
     if seq <= state.seq:
         return state  # already folded (a redelivery, or a snapshot ahead of this record)
     state.seq = seq
-    time = record.time
-    if time > state.time:
-        state.time = time
+    # Log time never goes back: a record stamped before the newest folded (the stream leader's
+    # clock stepped back, or a failover to a server whose clock lags) is folded at the log's
+    # time so far. Stamped with its own, the facts it states would lie in the log's past: a
+    # preemption's grace ended before anyone read it, a job placed had run for the step.
+    if record.time > state.time:
+        state.time = record.time
+    time = state.time
     fin, first = state.finished, state.finished_from
     if len(fin) > first and fin[first][0] + state.retention.finished_s <= state.time:
         retention.let_go(state)  # the finished jobs whose retention period has passed: O(them)
@@ -135,7 +139,7 @@ def apply_event(
     if retention.is_due(state, state.time):
         retention.let_go(state)
     try:
-        _dispatch(state, Ctx(seq, subject, time, tenant), body)
+        _dispatch(state, Ctx(seq, subject, state.time, tenant), body)  # log time never goes back
     except Exception as e:  # noqa: BLE001
         _refused(state, seq, subject, e)
     return state

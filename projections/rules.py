@@ -312,4 +312,7 @@ from __future__ import annotations
 # 110: an elastic job resized keeps the most workers it was submitted with
 #    (``JobState.sent_replicas``): a submit of its id with another count is a conflict, where
 #    any count was taken for a duplicate of it.
-RULES = 110
+# 111: log time never goes back: a record stamped before the newest log time folded (a stream
+#    leader's clock stepped back) is folded at the log's time so far, so that no fact it states
+#    (a preemption's deadline, a phase's start) lies in the log's past.
+RULES = 111

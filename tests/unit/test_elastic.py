@@ -485,9 +485,10 @@ def test_the_owners_resize_gives_leaving_ranks_their_grace_at_most_their_queues_
     from tests.builders import Cluster
 
     log = _runs_with_a_days_grace(LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8)), least=2)
-    log.at(1_000.0).request("alice", "resize", {"job_id": "e", "replicas": 2})
+    at = log.time
+    log.request("alice", "resize", {"job_id": "e", "replicas": 2})
     e = fold(log).jobs["e"]
-    assert e.leaving == [2, 3] and e.preempt_deadline == 1_000.0 + 600.0  # the queue's max grace
+    assert e.leaving == [2, 3] and e.preempt_deadline == at + 600.0  # the queue's max grace
 
 
 def test_the_owners_resize_during_a_shrink_for_another_keeps_its_beneficiary_and_deadline() -> None:
@@ -506,7 +507,7 @@ def test_a_shrink_counts_for_the_cooldown_of_its_jobs_class() -> None:
     from tests.builders import Cluster
 
     steady = PriorityClassSpec("steady", 0, cooldown_s=600.0)
-    log = LogBuilder().nodes(Cluster(1)).queue(queue_spec("team-a", 8))
+    log = LogBuilder(start_time=0.0).nodes(Cluster(1)).queue(queue_spec("team-a", 8))
     log.admin("priority-class", ApplyPriorityClass(priority_class=steady))
     log.submit("alice", "e", job().replicas(4, minimum=1).priority_class("steady")).accept("e")
     log.admit("e", replicas=4).place(placement("e", *ranks(4)))

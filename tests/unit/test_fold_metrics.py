@@ -55,7 +55,7 @@ def test_a_voided_placement_counts_for_nothing_and_waits_run_from_the_queue() ->
 
 
 def test_a_job_withdrawn_for_its_placement_timeout_waits_on_from_when_it_entered_the_queue() -> None:
-    lb = LogBuilder().queue("team-a").nodes(Cluster(1))
+    lb = LogBuilder(start_time=900.0).queue("team-a").nodes(Cluster(1))
     lb.submit("team-a", "a", job().gpus(8)).at(1000.0).accept("a").at(1010.0).admit("a")
     lb.at(1310.0).withdraw("a", admit_after=1320.0).at(1320.0).admit("a")
     lb.at(1330.0).place(on("node-00", *range(8), job_id="a"))
@@ -71,7 +71,7 @@ def test_a_watch_started_from_a_snapshot_leaves_out_the_waits_it_did_not_see_sta
     """A job admitted before the snapshot entered its queue at a time the state does not keep:
     its time to place is left out, never counted from its admission; a job queued after it is
     counted as the fold of the whole log counts it."""
-    lb = LogBuilder().queue("team-a").nodes(Cluster(2))
+    lb = LogBuilder(start_time=900.0).queue("team-a").nodes(Cluster(2))
     lb.submit("team-a", "a", job().gpus(8)).at(1000.0).accept("a").at(1010.0).admit("a")
     snapshot = len(lb.records)
     lb.at(1030.0).place(on("node-00", *range(8), job_id="a"))
@@ -89,7 +89,7 @@ def test_a_watch_started_from_a_snapshot_leaves_out_the_waits_it_did_not_see_sta
 def test_a_watch_started_from_a_snapshot_leaves_out_a_wait_withdrawn_before_it() -> None:
     """Withdrawn before the snapshot and admitted again after it, a job's wait began before the
     withdrawal the state no longer shows: left out, not counted from the withdrawal."""
-    lb = LogBuilder().queue("team-a").nodes(Cluster(1))
+    lb = LogBuilder(start_time=900.0).queue("team-a").nodes(Cluster(1))
     lb.submit("team-a", "a", job().gpus(8)).at(1000.0).accept("a").at(1010.0).admit("a")
     lb.at(1310.0).withdraw("a", admit_after=1320.0)
     snapshot = len(lb.records)

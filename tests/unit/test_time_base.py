@@ -7,8 +7,11 @@ from collections.abc import Sequence
 
 import pytest
 
+from corral.events import subjects
 from corral.events.base import Event
+from corral.events.decisions import PreemptionRequested, Victim
 from corral.events.log import Append, InMemoryLog
+from corral.projections.fold import apply_event
 from corral.services.runtime.clock import LogClock
 from corral.services.runtime.shell import Service
 from tests.builders import Cluster, LogBuilder, job, on, placement, queue_spec, whole, worker
@@ -46,6 +49,34 @@ def test_a_shrink_deadline_is_log_time_too(skew: float) -> None:
     state = lb.shrink("e", 2, "b", decided_at=at + skew).fold()
     assert state.jobs["e"].leaving == [2, 3]
     assert state.jobs["e"].preempt_deadline == at + 30.0
+
+
+def test_log_time_never_goes_back_when_the_stream_s_clock_does() -> None:
+    """A stream leader's clock stepped back (an NTP correction, or a failover to a server whose
+    clock lags the last leader's) stamps records before the log time already folded. What the
+    fold stamps from them is the log's time so far: a preemption's grace counted from an hour
+    back was over before any agent read it, and its victim was killed without its checkpoint,
+    and a job placed then had run an hour to every guard."""
+    lb = _victim_and_beneficiary()
+    newest = lb.time - 1.0  # the last record's time, the newest folded
+    lb.at(newest - 3600.0)  # the server's clock goes back an hour
+    state = lb.preempt("b", "v").fold()
+    assert state.time == newest
+    assert state.jobs["v"].phase == "checkpointing"
+    assert state.jobs["v"].preempt_deadline == newest + 30.0
+    assert state.jobs["v"].phase_since == newest
+
+
+def test_log_time_never_goes_back_in_the_simulator_s_fold_either() -> None:
+    lb = _victim_and_beneficiary()
+    newest = lb.time - 1.0
+    state = lb.fold()
+    body = PreemptionRequested(
+        based_on=state.seq, now=newest - 3600.0, beneficiary="b",
+        victims=(Victim(job_id="v", attempt=0),), deadline=newest - 3600.0 + 30.0,
+    )  # fmt: skip
+    apply_event(state, state.seq + 1, subjects.decision("preemptor"), body, newest - 3600.0)
+    assert state.jobs["v"].preempt_deadline == newest + 30.0
 
 
 class Clocks:

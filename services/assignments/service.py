@@ -16,7 +16,10 @@ Invariants:
 
 - A key's value is ``node_view`` of the folded state at some log position, the one the value
   names (``NodeView.seq``); a value is never older than one written before it by the same writer.
-- A write that fails leaves its node dirty, to be written at the next cycle.
+- A write that fails leaves its node dirty, to be written at the next cycle. Writes are
+  conditional on the key's revision (``views.KvViewStore``): a late write of a replica that
+  lost the lease is refused, not stored over this one's; one of this replica's refused so is
+  written again, the key's revision read anew.
 """
 
 from __future__ import annotations

@@ -23,6 +23,14 @@ reads the parts by direct get (allowed on ``<node>.>``) and keeps the view only 
 matches: parts of two views written one over the other read as no view, and the next note
 brings the newer one whole. Parts a smaller view no longer names are purged once its note or
 value is written, so a node whose view was once large does not keep its old pieces for good.
+
+Every write is conditional on the key being where this writer last saw it (its revision, read
+before its first write there): a write another writer's followed, whatever its delay, is
+refused (``Superseded``), never stored over the newer view. A replica of the assignments service
+cut off with a write in flight (a network stall, a VM paused) loses its lease, the replica that
+takes it over writes every key, and the late write then arrives as it was sent: a plain put
+stored it over the newer view, and an agent starting then read a job that had moved away as
+still its node's, and started it beside its new ranks.
 """
 
 from __future__ import annotations
@@ -124,11 +132,18 @@ async def ensure_bucket(nc: Any, replicas: int = 1) -> None:
     await buckets.ensure(nc.jetstream(), BUCKET, replicas, history=1, direct=True)
 
 
+class Superseded(Exception):
+    """A write refused: another writer wrote the key since this one last saw it there."""
+
+
 class KvViewStore:
     """The bucket, as the assignments service writes it."""
 
     def __init__(self, kv: Any) -> None:
         self.kv = kv
+        # Per key, its revision as this writer last wrote or read it: the condition of its next
+        # write there. Not known (never read, or refused): read again before writing.
+        self._revisions: dict[str, int] = {}
         self._parts: dict[str, int] = {}  # per node, how many parts its stored view has
         # ... and how many the bucket's keys named when last listed (``nodes``): parts no note
         # names any more (a writer stopped between them and its note, or a purge of a note whose
@@ -144,18 +159,43 @@ class KvViewStore:
         if before is None:  # first written by this store: the bucket's note says (a restart)
             before = await self._stored_parts(node)
         if len(value) <= PART_BYTES:
-            await self.kv.put(node, value)
+            await self._write(node, value)
             now = 0
         else:
             pieces, note = split(value)
             for i, piece in enumerate(pieces):  # the parts before the note that names them
-                await self.kv.put(part_key(node, i), piece)
-            await self.kv.put(node, note)
+                await self._write(part_key(node, i), piece)
+            await self._write(node, note)
             now = len(pieces)
         for i in range(now, before):  # named by no note now
-            with contextlib.suppress(nats_errors.Error):
-                await self.kv.purge(part_key(node, i))
+            await self._purge(part_key(node, i))
         self._parts[node] = now
+
+    async def _write(self, key: str, value: bytes) -> None:
+        """Write ``key`` if no other writer has since this one last saw it (``Superseded``)."""
+        last = self._revisions.pop(key, None)
+        if last is None:
+            last = await self._revision(key)
+        try:
+            self._revisions[key] = await self.kv.update(key, value, last=last)
+        except kv_errors.KeyWrongLastSequenceError as e:
+            raise Superseded(f"{key}: written by another writer since revision {last}") from e
+
+    async def _revision(self, key: str) -> int:
+        """The key's revision now: its last value's, or its purge marker's; 0 if never written."""
+        try:
+            return int((await self.kv.get(key)).revision)
+        except kv_errors.KeyNotFoundError as e:  # none, or purged (the marker is the entry)
+            return int(e.entry.revision) if e.entry is not None else 0
+
+    async def _purge(self, key: str, strict: bool = False) -> None:
+        """Purge ``key``; its revision is then the marker's, read before the next write."""
+        self._revisions.pop(key, None)
+        if strict:
+            await self.kv.purge(key)
+        else:
+            with contextlib.suppress(nats_errors.Error):
+                await self.kv.purge(key)
 
     async def remove(self, node: str) -> None:
         # Purged, not deleted: the key's last value goes, and what stays of it is one marker
@@ -165,8 +205,8 @@ class KvViewStore:
         if parts is None:
             parts = await self._stored_parts(node, strict=True)
         for i in range(max(parts, self._listed_parts.get(node, 0))):
-            await self.kv.purge(part_key(node, i))
-        await self.kv.purge(node)
+            await self._purge(part_key(node, i), strict=True)
+        await self._purge(node, strict=True)
         self._parts.pop(node, None)
         self._listed_parts.pop(node, None)
 
@@ -187,12 +227,14 @@ class KvViewStore:
         that cannot be read now raises, rather than reading as one of no parts."""
         try:
             entry = await self.kv.get(node)
-        except (kv_errors.KeyNotFoundError, kv_errors.KeyDeletedError):  # none, or purged
+        except (kv_errors.KeyNotFoundError, kv_errors.KeyDeletedError) as e:  # none, or purged
+            self._revisions[node] = int(e.entry.revision) if getattr(e, "entry", None) is not None else 0
             return 0
         except nats_errors.Error:  # not readable now
             if strict:
                 raise
             return 0
+        self._revisions[node] = int(entry.revision)  # read here, the condition of the next write
         found = parts_of(entry.value or b"")
         return 0 if found is None else found[0]
 

@@ -287,3 +287,36 @@ async def test_parts_no_note_names_are_purged_with_their_deleted_nodes_key(tmp_p
         await restarted.remove("node-05")
         with contextlib.suppress(nats_errors.Error):
             assert not await kv.keys()
+
+
+async def test_a_late_write_of_a_writer_that_lost_the_lease_leaves_the_new_holders_view(
+    tmp_path: Path,
+) -> None:
+    # An assignments replica cut off (a network stall, a VM paused) with a view's write in
+    # flight loses its lease; the replica that takes it over writes every key; then the late
+    # write arrives, as it was sent. Stored over the newer view, it told an agent starting then
+    # that a job which had moved away still ran on its node, so the agent started it beside its
+    # new ranks, and nothing corrected the key until the node's view changed again.
+    from corral.projections.assignments import Assignment
+
+    async with logged_in(tmp_path) as (old, agent):
+        moved = Assignment(job_id="j", attempt=0, phase="running")
+        await old.put("node-00", encode(NodeView("node-00", seq=5, jobs=(moved,))))
+        new = node_views.KvViewStore(old.kv)  # the replica that took the lease over
+        await new.put("node-00", encode(NodeView("node-00", seq=9)))
+        # The late write carries what its writer knew when it sent it: the key as it had left it.
+        with pytest.raises(node_views.Superseded):
+            await old.put("node-00", encode(NodeView("node-00", seq=6, jobs=(moved,))))
+        view = await node_views.KvNodeViews(agent, timeout=WAIT).get("node-00")
+        assert view is not None and (view.seq, view.jobs) == (9, ())
+        # The new holder goes on writing the key.
+        await new.put("node-00", encode(NodeView("node-00", seq=12)))
+        views = node_views.KvNodeViews(agent, timeout=WAIT)
+        assert (await views.get("node-00")).seq == 12  # type: ignore[union-attr]
+        # A write of its refused (another's landed between its read of the key and its write) is
+        # made again at its next cycle, on the key's revision read anew.
+        await node_views.KvViewStore(old.kv).put("node-00", encode(NodeView("node-00", seq=11)))
+        with pytest.raises(node_views.Superseded):
+            await new.put("node-00", encode(NodeView("node-00", seq=14)))
+        await new.put("node-00", encode(NodeView("node-00", seq=14)))
+        assert (await views.get("node-00")).seq == 14  # type: ignore[union-attr]

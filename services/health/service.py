@@ -17,6 +17,13 @@ Like the decision services it may run as several replicas (``corral serve health
 listens to every heartbeat and folds the log, and only the holder of the ``health`` lease
 states facts; a standby's tracker is as current, so it takes over where the holder stopped.
 
+A monitor whose process did not run for a while (stopped, a VM paused, starved) has heard
+nothing meanwhile: the heartbeats sent then wait unread in its connection, and every node looks
+silent for as long as it stood still. An evaluation that comes ``STALL_TICKS`` ticks or more
+after the monitor last ran (a cycle ended, a heartbeat was read) is put off by a tick, once, so
+that it reads what waited first: a monitor stopped while it waited for its lease's renewal went
+on, once resumed, to state every node lost.
+
 Its time is its own clock, not log time: what it measures is silences between heartbeats it
 received itself, which are not in the log, so a receive time is only ever compared with
 another receive time of the same host, on a clock no step of the wall clock moves
@@ -57,6 +64,7 @@ _NODE_EVENTS = subjects.node("")
 _CORDON = subjects.admin("cordon")
 _DELETE = subjects.admin("delete-node")
 _decode_heartbeat = msgspec.json.Decoder(Heartbeat).decode
+STALL_TICKS = 3  # ticks without running after which an evaluation first reads what waited
 
 
 class HealthMonitor(Service):
@@ -88,9 +96,25 @@ class HealthMonitor(Service):
         # was folded since it last ran (``settled``).
         self._evaluated_at = -math.inf
         self._facts_folded = True
+        # When this process last ran (a cycle ended, a heartbeat was read), and whether the
+        # last evaluation was put off for a stall (``_evaluate``).
+        self._awake_at = -math.inf
+        self._put_off = False
 
     def _evaluate(self, state: State, now: float) -> list[Event]:
         at = self.receive_clock()
+        if at - self._awake_at >= STALL_TICKS * self.tick and not self._put_off:
+            # Stopped meanwhile: what was sent to it since waits unread. Once, not again at
+            # the next tick, so that a monitor slow at every tick still evaluates.
+            log.warning(
+                "%s did not run for %.1f s: evaluating the nodes once it has read what waited",
+                self.producer,
+                at - self._awake_at,
+            )
+            self._put_off = True
+            self._evaluated_at = at
+            return []
+        self._put_off = False
         self._evaluated_at, self._facts_folded = at, False
         events = self.tracker.evaluate(at)
         for n, times in self.tracker.take_notices():
@@ -155,7 +179,14 @@ class HealthMonitor(Service):
 
     async def restore(self) -> None:
         await super().restore()
-        self.tracker.sync(self.state, self.receive_clock())
+        self._awake_at = at = self.receive_clock()
+        self.tracker.sync(self.state, at)
+
+    async def cycle(self) -> int:
+        try:
+            return await super().cycle()
+        finally:
+            self._awake_at = self.receive_clock()
 
     def _on_heartbeat(self, subject: str, data: bytes) -> None:
         node = subject.rsplit(".", 1)[-1]
@@ -167,7 +198,8 @@ class HealthMonitor(Service):
         if beat.node != node:
             log.warning("heartbeat on %s names node %s: ignored", subject, beat.node)
             return
-        self.tracker.record(node, self.receive_clock(), beat)
+        self._awake_at = at = self.receive_clock()
+        self.tracker.record(node, at, beat)
         self.heartbeats += 1
         if self.lease is not None and not self.lease.held:
             self.tracker.take_notices()  # the holder logs them; a standby's would only pile up

@@ -262,3 +262,46 @@ async def test_a_node_that_fails_starts_in_a_row_for_its_own_fault_is_cordoned_o
     assert present.node_row(monitor.state.nodes["node-00"])["why"] == ""
     await cycle()
     assert len(cordons()) == 1
+
+
+class _RenewedAcrossAPause:
+    """A lease held, whose renewal's answer comes only after this process was stopped for
+    ``pause`` seconds (SIGSTOP, a VM paused) while it waited for it: the heartbeats sent
+    meanwhile wait in the connection, unread, when the cycle goes on."""
+
+    def __init__(self, clock: Clock, pause: float) -> None:
+        self.clock, self.pause, self.held = clock, pause, True
+
+    async def hold(self) -> bool:
+        self.clock.t += self.pause
+        self.pause = 0.0
+        return True
+
+    async def release(self) -> None:
+        self.held = False
+
+
+async def test_a_monitor_stopped_past_the_lost_node_timeout_marks_no_node_lost_for_its_own_pause() -> None:
+    # Stopped while it waited for its lease's renewal, the monitor went on, once resumed, to
+    # evaluate before it read the heartbeats waiting in its connection: every node had been
+    # silent for the pause on its clock, and every one was stated lost (its jobs interrupted
+    # everywhere); on the decision subject nobody writes, no fence refused it.
+    log, clock = InMemoryLog(), Clock()
+    lb = LogBuilder().nodes(Cluster(2)).queue("q")
+    tracker = HeartbeatTracker(interval=5.0, suspect_after=3, lost_after=60.0)
+    lease = _RenewedAcrossAPause(clock, 0.0)
+    monitor = HealthMonitor(log, Client(), tracker=tracker, clock=clock, tick=1.0, lease=lease)
+    await _append(log, lb, monitor)
+    await monitor.restore()
+    for node in ("node-00", "node-01"):
+        monitor._on_heartbeat(f"corral.hb.{node}", codec.encode(Heartbeat(node=node, seq=1)))
+    await monitor.cycle()
+    before = len(log.records)
+    lease.pause = 90.0
+    await monitor.cycle()  # resumed: what it has heard is from before the pause
+    for seq in range(2, 5):  # it reads the heartbeats that waited, and hears them on
+        for node in ("node-00", "node-01"):
+            monitor._on_heartbeat(f"corral.hb.{node}", codec.encode(Heartbeat(node=node, seq=seq)))
+        clock.t += 1.0
+        await monitor.cycle()
+    assert _conditions(log, before) == []

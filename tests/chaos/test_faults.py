@@ -3,6 +3,9 @@
 - the nats-server killed -9 in the middle of a burst of submissions and started again on the
   same JetStream store: every part reconnects and goes on (none exits), jobs submitted after it
   came back run, and every submission acknowledged before the kill is still a job;
+- the health role's leader frozen (SIGSTOP) past the lost-node timeout while its standby
+  takes over, then resumed with the silences its own pause made: it says it stopped leading,
+  and no node is stated lost or suspect, by it or anyone (every agent beat all along);
 - a node agent frozen (SIGSTOP) past the lost-node timeout, then resumed (SIGCONT) with the
   state it had: its node is found lost and its job runs elsewhere meanwhile; once resumed, the
   agent stops the worker of the attempt that moved away (reported stopped, never counted as the
@@ -106,3 +109,27 @@ async def test_an_agent_frozen_past_the_lost_node_timeout_stops_its_moved_worker
         conditions = [e.condition for _, e in changes if e.node == node]
         assert "lost" in conditions
         await c.check()
+
+
+async def test_a_health_leader_frozen_past_the_lost_node_timeout_states_nothing_for_its_pause(
+    nats_server: str, tmp_path: Path
+) -> None:
+    roles = {r: 2 if r == "health" else 1 for r in LEASED}
+    async with corral(nats_server, tmp_path, roles, heartbeat=HEARTBEAT, lost_after=LOST_AFTER) as c:
+        c.start_load()
+        await c.until(running("load-0002"))
+        leader = await c.leader("health")
+        [standby] = [p for n, p in c.parts.items() if n.startswith("health-") and p is not leader]
+        frozen_at = c.watch.state.time
+        c.kill(leader, signal.SIGSTOP)
+        await c.says(standby, "leads")
+        # Well past the lost-node timeout, in log time (the load's records carry it on).
+        await c.until(lambda s: s.time >= frozen_at + 1.5 * LOST_AFTER)
+        c.kill(leader, signal.SIGCONT)
+        await c.says(leader, "stops leading")
+        last = max(int(j.split("-")[1]) for j in c.acked if j.startswith("load-"))
+        await c.until(running(f"load-{last:04d}"))
+        records = list(c.watch.records)
+        await c.check()
+    said = [(e.node, e.condition) for _, e in events(records, NodeConditionChanged)]
+    assert said == [], said

@@ -172,7 +172,9 @@ def refusal(
     if busy:
         told: dict[str, Any] = {"seq": state.seq, "error": message, "busy": True}
         if retry_s is not None:
-            told["retry_s"] = round(retry_s, 3)
+            # Up to the millisecond, not to the nearest: a wait under half of one said 0.0, and
+            # a client asked again at once, to be told busy again.
+            told["retry_s"] = math.ceil(retry_s * 1000) / 1000
         return told
     return {"seq": state.seq, "error": message}
 

@@ -739,3 +739,17 @@ def test_a_page_cursor_that_is_no_integer_is_a_bad_question() -> None:
     for body in (b'{"page_after": "j1"}', b'{"page_after": 1e400}', b'{"page_after": 18446744073709551616}'):
         with pytest.raises(BadAsk):
             parse_ask(body)
+
+
+@pytest.mark.parametrize("wait", [1e-6, 0.0004, 0.0014, 2.5])
+def test_a_busy_answer_never_says_to_ask_again_at_once(wait: float) -> None:
+    # The read service answers busy while its asker's wait is above zero, and said that wait to
+    # the millisecond: one under half of one was "retry_s": 0.0, which a client asks again at
+    # once on (and a tenant's dashboard took for a broken session, and dropped it). The time
+    # said is never shorter than the wait, nor zero.
+    from corral.services.dashboard import board
+    from corral.services.query.decide import refusal
+
+    told = refusal(State(), "busy: your questions used their share", busy=True, retry_s=wait)
+    assert told["retry_s"] >= wait and told["retry_s"] > 0
+    assert board.unanswered(told).retry_s == told["retry_s"]

@@ -427,21 +427,16 @@ class AsyncClient:
             raise Refused("malformed", str(error))
         return answer
 
-    async def _ask_in_time(
-        self, question: str, deadline: float | None = None, **fields: Any
-    ) -> dict[str, Any]:
-        """``_ask``, asked again after a busy answer's ``retry_s`` (``FOLLOW_PAUSE`` at least)
-        until ``deadline`` (``time.monotonic()``; None: for as long as it takes). For the loops
-        that ask until something happens (``watch``, ``wait``): a tenant's questions past its
-        share of the read service's time are answered busy, which ended them."""
+    async def _ask_in_time(self, question: str, **fields: Any) -> dict[str, Any]:
+        """``_ask``, asked again after a busy answer's ``retry_s`` (``FOLLOW_PAUSE`` at least),
+        for as long as it takes. For the loops that ask until something happens (``watch``): a
+        tenant's questions past its share of the read service's time are answered busy, which
+        ended them."""
         while True:
             try:
                 return await self._ask(question, **fields)
             except Busy as e:
-                pause = max(e.retry_s, FOLLOW_PAUSE)
-                if deadline is not None and time.monotonic() + pause >= deadline:
-                    raise
-                await asyncio.sleep(pause)
+                await asyncio.sleep(max(e.retry_s, FOLLOW_PAUSE))
 
     # -- questions ----------------------------------------------------------------------------
 
@@ -576,9 +571,18 @@ class AsyncClient:
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
-            answer = await self._ask_in_time(
-                "explain", deadline, job=job_id, until=state, wait=min(max(left, 0), MAX_WAIT)
-            )
+            try:
+                answer = await self._ask("explain", job=job_id, until=state, wait=min(max(left, 0), MAX_WAIT))
+            except Busy as e:
+                # Past the tenant's share of the read service's time: asked again when told, for
+                # what is left of the timeout then (the wait asked before the pause ran past it).
+                pause = max(e.retry_s, FOLLOW_PAUSE)
+                if time.monotonic() + pause >= deadline:
+                    raise TimedOut(
+                        f"{job_id} not seen {state} in {timeout:g}s: the read service said {e}"
+                    ) from None
+                await asyncio.sleep(pause)
+                continue
             job = msgspec.convert(answer["job"], Job)
             if job.phase == state or job.phase in FINAL:
                 return job

@@ -110,3 +110,40 @@ async def test_waiting_for_a_phase_waits_out_a_busy_answer() -> None:
     client = AsyncClient("nats://127.0.0.1:1", tenant="team-a")
     client._session = Answers(_share_used(), {"seq": 5, "job": job})  # type: ignore[assignment]
     assert (await client.wait("j", timeout=5.0)).phase == "running"
+
+
+class Recorded(Answers):
+    """``Answers``, keeping the fields of each question asked."""
+
+    def __init__(self, *answers: dict[str, Any]) -> None:
+        super().__init__(*answers)
+        self.fields: list[dict[str, Any]] = []
+
+    async def ask(self, asker: str, question: str, **fields: Any) -> dict[str, Any]:
+        self.fields.append(fields)
+        return await super().ask(asker, question, **fields)
+
+
+async def test_a_wait_asked_again_after_a_busy_answer_asks_only_what_is_left_of_its_timeout() -> None:
+    # After waiting out a busy answer, the wait asked again for as long as its whole timeout
+    # had left before the pause: answered only then, it ended past its timeout by the pause.
+    job = {"id": "j", "tenant": "team-a", "queue": "q", "phase": "running", "attempt": 1, "workers": 1}
+    job |= {"per_worker": "1 GPU", "nodes": "n0", "reason": ""}
+    busy = refusal(State(), "busy: your questions used their share", busy=True, retry_s=0.3)
+    client = AsyncClient("nats://127.0.0.1:1", tenant="team-a")
+    session = client._session = Recorded(busy, {"seq": 5, "job": job})  # type: ignore[assignment]
+    assert (await client.wait("j", timeout=5.0)).phase == "running"
+    first, again = session.fields[0]["wait"], session.fields[1]["wait"]
+    assert again <= first - 0.3, session.fields
+
+
+async def test_a_wait_with_no_time_left_to_ask_again_after_a_busy_answer_times_out() -> None:
+    # Its timeout passing before it may ask again, the job was not seen in the phase in time:
+    # TimedOut, as the wait says it raises, not the busy answer's Busy.
+    from corral.client import TimedOut
+
+    busy = refusal(State(), "busy: your questions used their share", busy=True, retry_s=30.0)
+    client = AsyncClient("nats://127.0.0.1:1", tenant="team-a")
+    client._session = Answers(busy)  # type: ignore[assignment]
+    with pytest.raises(TimedOut, match="busy"):
+        await client.wait("j", timeout=0.5)

@@ -53,8 +53,9 @@ def isolation(
     sandboxed or not at all (``auto`` becomes ``bwrap``), as ``worker_user``, shown only the
     host's system directories and what it runs from: run as the agent's own user with the
     host's whole root shown, a job could read whatever the agent may (its login's password
-    among it) and speak for the node. Without, workers run as the agent's user, shown the
-    host's root, sandboxed where bwrap works."""
+    among it) and speak for the node; ``none`` is passed on as asked (a test's choice: the CLI
+    refuses it with a login). Without, workers run as the agent's user, shown the host's root,
+    sandboxed where bwrap works."""
     if not logins:
         return Isolation(sandbox, None, False)
     return Isolation("bwrap" if sandbox == "auto" else sandbox, worker_user, True)

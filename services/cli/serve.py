@@ -218,6 +218,13 @@ def serve_agent(args: argparse.Namespace) -> None:
     if not args.node:
         raise BadInput("serve agent: name the node with --node")
     login = login_of(args, identities.agent(args.node))
+    if login is not None and args.sandbox == "none":
+        # With a login its tenants share the node: unsandboxed, a job sees the host's whole root
+        # as the agent's user (the password in its environment, its credentials file among it).
+        raise BadInput(
+            "serve agent --sandbox none: with a login, tenants share the node and a job runs "
+            "sandboxed (bwrap) or not at all"
+        )
     creds: dict[str, Any] = {"user": login.user, "password": login.password} if login else {}
     creds.update(reconnecting(args.reconnect_s))
     work = Path(args.work_dir or Path(STATE_DIR) / "nodes" / args.node)

@@ -184,3 +184,32 @@ def test_a_served_agent_with_a_login_runs_its_workers_as_corral_up_with_logins_d
         assert shown == {"sandbox": "bwrap", "worker_user": "nobody", "narrow_view": True}
     else:
         assert shown == {"sandbox": "auto", "worker_user": None, "narrow_view": False}
+
+
+def test_a_served_agent_with_a_login_refuses_to_run_jobs_unsandboxed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With logins, no sandbox means no job (DESIGN §10): ``--sandbox none`` ran every worker
+    with the host's whole root shown, as the agent's own user unless it ran as root, where a
+    job read the agent's password (its environment, its credentials file) and spoke for the
+    node. A served agent given a login refuses it, starting nothing."""
+    from corral.events import nats_client
+    from corral.services.agent import service
+
+    built: list[object] = []
+
+    async def connect(*args: object, **kw: object) -> None:
+        built.append("a connection")
+        raise OSError("nowhere to connect to")
+
+    monkeypatch.setattr(nats_client, "open_client", connect)
+    monkeypatch.setattr(service, "NodeAgent", lambda *a, **kw: built.append(kw))
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path))
+    monkeypatch.delenv("CORRAL_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CORRAL_PASSWORD", "agent's")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["serve", "agent", "--node", "n1", "--server", "nats://127.0.0.1:1", "--sandbox", "none"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--sandbox none" in err and "login" in err
+    assert built == []

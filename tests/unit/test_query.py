@@ -699,6 +699,29 @@ def test_a_tenants_page_of_jobs_reads_its_own_jobs_only() -> None:
         assert len(got["jobs"]) == 502 and [row["id"] for row in got["jobs"]][-2:] == ["mine", "later"]
 
 
+@pytest.mark.parametrize("asker", ["b", subjects.ADMIN])
+def test_a_later_page_of_jobs_reads_only_the_jobs_after_its_cursor(asker: str) -> None:
+    # Each page read and sorted all the asker's jobs to find those after its cursor: the last
+    # page of a tenant of 40,000 jobs cost all of them. Both lists are in submission order; a
+    # page starts where its cursor falls (a binary search) and reads on from there.
+    log = LogBuilder().queues("qa")
+    for i in range(500):
+        log.submit("b", f"b{i:03d}", job("qa"))
+    state = log.fold()
+    after = state.jobs["b494"].submitted_seq
+    read: list[str] = []
+
+    class Counted(dict[str, Any]):
+        def __getitem__(self, job_id: str) -> Any:
+            read.append(job_id)
+            return super().__getitem__(job_id)
+
+    state.jobs = Counted(state.jobs)
+    got = answer(state, {}, asker, "jobs", Ask(page_after=after))
+    assert [row["id"] for row in got["jobs"]] == [f"b{i}" for i in range(495, 500)]
+    assert len(read) < 40, len(read)  # the five on the page, and the search's few
+
+
 def test_jobs_come_a_page_at_a_time_that_fits_a_message() -> None:
     # Past some 3,500 jobs the answer was more than NATS carries, and nobody could list jobs.
     import msgspec

@@ -60,7 +60,8 @@ Cases left out, and why:
   prefers stopping a lower-priority job to admitting fewer pods; corral's admission admits what
   fits and its preemptor acts on its own), "minimal preemptions when target queue is exhausted",
   "A workload is only eligible to do preemptions if it fits fully within nominal quota", the
-  three "multiple preemptions ..." cases, "prefer reclamation over cq priority based
+  three "multiple preemptions ..." cases (run to their end in
+  ``test_kueue_integration_scenarios.py``), "prefer reclamation over cq priority based
   preemption", the two "prefer first preemption flavor ..." cases, "preempt when workload
   requests zero of a resource not defined in ClusterQueue" and the three preemption gate cases.
   "workload requiring reclaimation prioritized over wl in another full cq" is kept for what it

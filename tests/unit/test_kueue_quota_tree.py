@@ -18,6 +18,9 @@ them, and the search finds the set Kueue's ``minimalPreemptions`` and
 ``fillBackWorkloads`` find in the integration case "Should preempt Workloads in the cohort
 borrowing quota, when the ClusterQueue is using less than nominal quota"
 (``test/integration/singlecluster/scheduler/preemption_test.go``).
+
+The arithmetic itself, what each queue may still take and could ever take, follows
+``TestAvailable`` in ``pkg/cache/scheduler/resource_test.go`` (its own section below).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import pytest
 
 from corral.events import subjects as subj
 from corral.events.decisions import PreemptionRequested, Victim
-from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, PreemptionPolicy, QueueSpec
+from corral.events.queues import ApplyCohort, ApplyQueue, CohortSpec, PreemptionPolicy, QueueSpec, Quota
 from corral.projections.fold import apply_event
 from corral.projections.quota import ANY, Ledger
+from corral.projections.state import State
 from corral.services.preemptor.decide import decide
 from tests.builders import queue_spec
 from tests.unit.test_preemptor import World, gpus, whole
@@ -192,3 +196,143 @@ def test_a_victim_of_its_own_queue_found_late_spares_a_borrower_taken_early() ->
         [("alpha-low", "alpha-cq", 1, -1), ("beta-mid", "beta-cq", 1, 0), ("beta-high", "beta-cq", 4, 1)],
     )
     assert _victims(w, "alpha-cq", 2, 0) == ["alpha-low", "beta-mid"]
+
+
+# -- TestAvailable ---------------------------------------------------------------------------------
+#
+# ``TestAvailable`` in Kueue's ``pkg/cache/scheduler/resource_test.go`` (as of commit ff69552e):
+# how much more each ClusterQueue may hold (``Available``) and the most it could hold with the tree
+# idle (``PotentialAvailable``), given quotas, limits and usage. corral's ``Ledger.available`` and
+# ``Ledger.ceiling`` answer the same, in milli-GPU as Kueue's amounts are milli-CPU; Kueue's
+# flavors ``red`` and ``blue`` are two GPU models, each a quota key. Each case is checked idle
+# (available equals the ceiling) and with the usage charged.
+
+
+def _tree(
+    queues: list[tuple[str, str | None, dict[str, Quota]]],
+    cohorts: list[tuple[str, str | None, dict[str, Quota]]],
+) -> State:
+    state = State()
+    seq = 0
+    for name, parent, quotas in cohorts:
+        seq += 1
+        body = ApplyCohort(cohort=CohortSpec(name, parent, quotas=quotas))
+        apply_event(state, seq, subj.admin("cohort"), body, float(seq), subj.ADMIN)
+    for name, cohort, quotas in queues:
+        seq += 1
+        body = ApplyQueue(queue=QueueSpec(name, cohort=cohort, quotas=quotas))
+        apply_event(state, seq, subj.admin("queue"), body, float(seq), subj.ADMIN)
+    return state
+
+
+R = "red"
+_Q = list[tuple[str, str | None, dict[str, Quota]]]
+_Use = dict[tuple[str, str], int]
+
+AVAILABLE_CASES: list[Any] = [
+    pytest.param(
+        [("cq1", None, {R: Quota(0)}), ("cq2", None, {R: Quota(5), "blue": Quota(10)})],
+        [],
+        {("cq1", R): 1000, ("cq2", R): 2500, ("cq2", "blue"): 1000},
+        # cq1 holds 1 of a nominal of 0 (a quota cut): Kueue reads 0 left, corral how far over
+        # (``Ledger.available``: may be < 0 after a quota cut); either admits nothing.
+        {("cq1", R): -1000, ("cq2", R): 2500, ("cq2", "blue"): 9000},
+        {("cq1", R): 0, ("cq2", R): 5000, ("cq2", "blue"): 10000},
+        id="base cqs",
+    ),
+    pytest.param(
+        [("cq1", "cohort", {R: Quota(10)}), ("cq2", "cohort", {R: Quota(10, lending_limit=9)})],
+        [("cohort", None, {R: Quota(10)})],
+        {("cq1", R): 1000, ("cq2", R): 500},
+        {("cq1", R): 28000, ("cq2", R): 28500},
+        {("cq1", R): 29000, ("cq2", R): 30000},
+        id="cqs with cohort",
+    ),
+    pytest.param(
+        [("cq1", "cohort", {R: Quota(10)})],
+        [("cohort", None, {R: Quota(10)})],
+        {("cq1", R): 11000},
+        {("cq1", R): 9000},
+        {("cq1", R): 20000},
+        id="cq borrows from cohort",
+    ),
+    pytest.param(
+        [
+            ("cq1", "cohort", {R: Quota(10)}),
+            ("cq2", "cohort", {R: Quota(10, borrowing_limit=0, lending_limit=0)}),
+        ],
+        [("cohort", None, {R: Quota(10)})],
+        {("cq1", R): 31000},
+        # cq1 holds 31 of the 30 it could reach (a quota cut). Kueue lets the excess eat cq2's
+        # 10, which cq2 lends to nobody, so that the tree admits nothing; corral keeps cq2's
+        # guaranteed quota its own (README, "A quota cut does not spill over").
+        {("cq1", R): 0, ("cq2", R): 10000},
+        {("cq1", R): 20000, ("cq2", R): 10000},
+        id="cq oversubscription spills into cohort",
+    ),
+    pytest.param(
+        [
+            ("cq1", "cohort", {R: Quota(10)}),
+            ("cq2", "cohort", {R: Quota(10, borrowing_limit=2)}),
+            ("cq3", "cohort", {R: Quota(10, lending_limit=5)}),
+        ],
+        [("cohort", None, {R: Quota(10)})],
+        {("cq1", R): 20000, ("cq2", R): 10000, ("cq3", R): 6000},
+        {("cq1", R): 4000, ("cq2", R): 2000, ("cq3", R): 4000},
+        {("cq1", R): 35000, ("cq2", R): 12000, ("cq3", R): 40000},
+        id="lending and borrowing limits respected",
+    ),
+    pytest.param(
+        [("cq1", "left", {R: Quota(10)}), ("cq2", "right", {R: Quota(10, lending_limit=0)})],
+        [("root", None, {}), ("left", "root", {R: Quota(10)}), ("right", "root", {R: Quota(10)})],
+        {("cq1", R): 10000, ("cq2", R): 5000},
+        {("cq1", R): 20000, ("cq2", R): 25000},
+        {("cq1", R): 30000, ("cq2", R): 40000},
+        id="hierarchical cohort",
+    ),
+    pytest.param(
+        [
+            ("left-cq1", "left", {R: Quota(10)}),
+            ("left-cq2", "left", {R: Quota(10, borrowing_limit=5)}),
+            ("right-cq", "right", {R: Quota(10)}),
+        ],
+        [
+            ("root", None, {}),
+            ("left", "root", {R: Quota(10, borrowing_limit=5)}),
+            ("right", "root", {R: Quota(10)}),
+        ],
+        {},
+        {("left-cq1", R): 35000, ("left-cq2", R): 15000, ("right-cq", R): 50000},
+        {("left-cq1", R): 35000, ("left-cq2", R): 15000, ("right-cq", R): 50000},
+        id="hierarchical cohort respects borrowing limit",
+    ),
+    pytest.param(
+        [
+            ("left-cq1", "left", {R: Quota(10, lending_limit=5)}),
+            ("left-cq2", "left", {R: Quota(10)}),
+            ("right-cq", "right", {R: Quota(0)}),
+            ("root-cq", "root", {R: Quota(0)}),
+        ],
+        [
+            ("root", None, {}),
+            ("left", "root", {R: Quota(0, lending_limit=5)}),
+            ("right", "root", {R: Quota(0)}),
+        ],
+        {},
+        {("left-cq1", R): 20000, ("left-cq2", R): 15000, ("right-cq", R): 5000, ("root-cq", R): 5000},
+        {("left-cq1", R): 20000, ("left-cq2", R): 15000, ("right-cq", R): 5000, ("root-cq", R): 5000},
+        id="hierarchical cohort respects lending limit",
+    ),
+]
+
+
+@pytest.mark.parametrize(("queues", "cohorts", "usage", "available", "ceiling"), AVAILABLE_CASES)
+def test_available(queues: _Q, cohorts: _Q, usage: _Use, available: _Use, ceiling: _Use) -> None:
+    ledger = Ledger(_tree(queues, cohorts))
+    # Idle, a queue may hold the most it ever could.
+    assert {qk: ledger.available(*qk) for qk in ceiling} == ceiling
+    assert {qk: ledger.ceiling(*qk) for qk in ceiling} == ceiling
+    for (queue, key), milli in usage.items():
+        ledger.charge(queue, key, milli)
+    assert {qk: ledger.available(*qk) for qk in available} == available
+    assert {qk: ledger.ceiling(*qk) for qk in ceiling} == ceiling

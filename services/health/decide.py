@@ -97,6 +97,9 @@ class Notice(NamedTuple):
 # one notice are counted, and a node's notices past ``MAX_NOTICES`` distinct ones only counted.
 MAX_XIDS = 64
 MAX_NOTICES = 64
+# Nodes kept before the names heard of but never registered, and silent since, are let go on a
+# heartbeat (``HeartbeatTracker._forget_silent``): the size doubles with what stays.
+FORGET_PAST = 1_024
 _URGENCY = {"node": 0, "gpu": 1}
 
 
@@ -191,6 +194,7 @@ class HeartbeatTracker:
         self._heard: list[tuple[float, int, str]] = []
         self._stamps: dict[str, int] = {}
         self._stamp = 0
+        self._forget_past = FORGET_PAST
 
     @property
     def _suspect_silence(self) -> float:
@@ -199,9 +203,25 @@ class HeartbeatTracker:
     def _node(self, name: str, now: float) -> _Node:
         n = self._nodes.get(name)
         if n is None:
+            if len(self._nodes) >= self._forget_past:
+                self._forget_silent(now)
             n = self._nodes[name] = _Node(now)
             self._heard_of(name, n)
         return n
+
+    def _forget_silent(self, now: float) -> None:
+        """Let go of the names heard of but never registered, and silent longer than a ready
+        node may be, as ``evaluate`` does: a standby never evaluates, and anyone may heartbeat
+        on a server without logins, so each name made up stayed in every standby for good. The
+        size that triggers this doubles with what stays, so each new name pays a constant share."""
+        most = self._watched_silence
+        for name, n in list(self._nodes.items()):
+            if not n.known and now - (n.last_seen if n.last_seen is not None else n.since) > most:
+                del self._nodes[name]
+                self._stamps.pop(name, None)
+                self._pending.discard(name)
+                self._unready.discard(name)
+        self._forget_past = max(FORGET_PAST, 2 * len(self._nodes))
 
     def _heard_of(self, name: str, n: _Node) -> None:
         """Note when ``name`` was last heard of (its silence counts from then)."""

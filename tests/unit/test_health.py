@@ -554,6 +554,22 @@ def test_names_heard_but_never_registered_are_let_go_once_silent() -> None:
     assert set(t._nodes) == {"made-up-1"}
 
 
+def test_a_standby_lets_go_of_names_never_registered_without_evaluating() -> None:
+    # A standby records every heartbeat and never evaluates: a flood of names made up, one every
+    # tenth of a second, must not stay in it for good; a registered node stays, silent or not.
+    t = HeartbeatTracker(interval=5.0, suspect_after=3, lost_after=60.0)
+    t.observe(next(Cluster(1).events()), T0)
+    for i in range(10_000):
+        name = f"made-up-{i}"
+        t.record(name, T0 + i / 10, Heartbeat(node=name, seq=1))
+    assert N0 in t._nodes
+    assert len(t._nodes) <= 2_048 and len(t._stamps) <= 2_048
+    assert len(t._heard) <= 4 * len(t._nodes) + 64
+    assert "made-up-9999" in t._nodes  # heard of lately: kept
+    t.record("made-up-0", T0 + 1_001, Heartbeat(node="made-up-0", seq=2))  # heard again: known again
+    assert "made-up-0" in t._nodes
+
+
 def test_a_deleted_node_is_forgotten_and_never_turns_lost() -> None:
     from corral.events.queues import DeleteNode
 

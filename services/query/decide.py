@@ -157,9 +157,11 @@ def no_job(state: State, asker: str, job_id: str, let_go: LetGo | None) -> dict[
         return refusal(state, f"no job {job_id}")
     jobs, through = dropped
     whose = "jobs" if asker == subjects.ADMIN else "of your jobs"
+    # 0: the tenant's own count is no longer kept, only how far the jobs no longer kept reach.
+    lost = f"no longer keeps {jobs} {whose}" if jobs else f"may no longer keep some {whose}"
     return refusal(
         state,
-        f"no job {job_id} among those the read service keeps: it no longer keeps {jobs} {whose} "
+        f"no job {job_id} among those the read service keeps: it {lost} "
         f"let go from the cluster's state at seq {through} or before; if {job_id} is one, it is "
         "older than the read service keeps, and the log has it",
     )

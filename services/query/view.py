@@ -21,7 +21,10 @@ Invariants:
   tenant that has the most go), so the file stops growing and one tenant's churn pushes out
   its own history, not another's; what each tenant lost is kept as one row (``dropped``: how
   many, the newest position one of them was let go at), which ``explain`` of a job no longer
-  kept tells its owner, and no one else;
+  kept tells its owner, and no one else; rows of at most ``dropped_kept`` tenants, those that
+  lost jobs latest: an older one joins the row of no tenant, whose position is then told to
+  every tenant without a row of its own (each name a tenant ever used, one job each, was a row
+  for good);
 - the view is derived: by default a private temporary SQLite database, gone when the view
   closes, since the read service refolds the log from its start whenever it starts.
 """
@@ -74,6 +77,7 @@ CREATE TABLE IF NOT EXISTS let_go_dropped (
     jobs INTEGER NOT NULL,
     through_seq INTEGER NOT NULL
 );
+CREATE INDEX IF NOT EXISTS let_go_dropped_oldest ON let_go_dropped (through_seq, tenant);
 """
 # The jobs let go that the view keeps, the oldest let go first out. A job let go takes about
 # 4.3 kB of the file with a short history, about 120 kB with a full one (``HISTORY_MOST``
@@ -97,6 +101,10 @@ REQUESTS_LEFT_OUT = "RequestsLeftOut"
 # "applied" from a question about a position where the asker made none. A verdict is asked just
 # after the request; one older than every kept is "unknown".
 REQUESTS_KEPT = 16_384
+# Tenants whose jobs no longer kept are counted in a row of their own (``let_go_dropped``), those
+# that lost one latest; the others' are counted in the row of no tenant (``_ANYONE``).
+DROPPED_KEPT = 1_024
+_ANYONE = ""  # no tenant's name: a name is a token
 _REQUEST = subjects.IN + "."
 _SUBMIT = ".submit"
 
@@ -104,10 +112,16 @@ _SUBMIT = ".submit"
 class JobView:
     """The folded state, each held job's history, and the jobs let go (SQLite at ``path``; the
     empty path is a private temporary database, ``":memory:"`` one in memory): at most
-    ``per_tenant`` of one tenant's and ``in_all`` of everyone's."""
+    ``per_tenant`` of one tenant's and ``in_all`` of everyone's, and the counts of those no
+    longer kept of ``dropped_kept`` tenants."""
 
     def __init__(
-        self, path: str = "", *, per_tenant: int = KEPT_PER_TENANT, in_all: int = KEPT_IN_ALL
+        self,
+        path: str = "",
+        *,
+        per_tenant: int = KEPT_PER_TENANT,
+        in_all: int = KEPT_IN_ALL,
+        dropped_kept: int = DROPPED_KEPT,
     ) -> None:
         if per_tenant < 1 or in_all < 1:
             raise ValueError(f"jobs let go kept: {per_tenant} per tenant, {in_all} in all; at least 1 each")
@@ -120,7 +134,8 @@ class JobView:
         self.placed: dict[str, Workers] = {}  # held job -> every worker the fold placed for it
         self.taken: OrderedDict[int, tuple[str, str]] = OrderedDict()  # seq -> (subject, job id)
         self.taken_from = 0  # every request taken from this position on is in ``taken``
-        self.per_tenant, self.in_all = per_tenant, in_all
+        self.per_tenant, self.in_all, self.dropped_kept = per_tenant, in_all, dropped_kept
+        self._dropped_rows = 0  # tenants with a row of ``let_go_dropped`` of their own
         self.db = sqlite3.connect(path)
         self.db.executescript(_SCHEMA)
         # Derived, as the rest: the view is folded from the log's start whenever it opens, and
@@ -295,26 +310,58 @@ class JobView:
         self.db.executemany(
             "DELETE FROM let_go_workers WHERE id = ? AND submitted_seq = ?", [(r[1], r[2]) for r in gone]
         )
-        self.db.execute(
-            "INSERT INTO let_go_dropped VALUES (?, ?, ?) ON CONFLICT (tenant) DO UPDATE SET"
-            " jobs = jobs + excluded.jobs, through_seq = max(through_seq, excluded.through_seq)",
-            (tenant, len(gone), gone[-1][3]),
-        )
+        had = self.db.execute("SELECT 1 FROM let_go_dropped WHERE tenant = ?", (tenant,)).fetchone()
+        self._count_dropped(tenant, len(gone), gone[-1][3])
+        if had is None:
+            self._dropped_rows += 1
+            if self._dropped_rows > self.dropped_kept:
+                # The tenant that lost a job longest ago joins no tenant's row: with no login,
+                # any name is a tenant, and one job under each new name let go past ``in_all``
+                # was a row each, for good.
+                oldest = self.db.execute(
+                    "SELECT tenant, jobs, through_seq FROM let_go_dropped WHERE tenant != ?"
+                    " ORDER BY through_seq, tenant LIMIT 1",
+                    (_ANYONE,),
+                ).fetchone()
+                self.db.execute("DELETE FROM let_go_dropped WHERE tenant = ?", (oldest[0],))
+                self._count_dropped(_ANYONE, oldest[1], oldest[2])
+                self._dropped_rows -= 1
         self.kept[tenant] -= len(gone)
         self.kept_total -= len(gone)
         if self.kept[tenant] <= 0:
             del self.kept[tenant]
 
+    def _count_dropped(self, tenant: str, jobs: int, through: int) -> None:
+        self.db.execute(
+            "INSERT INTO let_go_dropped VALUES (?, ?, ?) ON CONFLICT (tenant) DO UPDATE SET"
+            " jobs = jobs + excluded.jobs, through_seq = max(through_seq, excluded.through_seq)",
+            (tenant, jobs, through),
+        )
+
     # -- reading --------------------------------------------------------------------------------
 
     def dropped(self, asker: str) -> tuple[int, int] | None:
         """How many of ``asker``'s jobs let go (the admin's: anyone's) the view no longer keeps,
-        and the newest position one of them was let go at; None if none."""
-        where, args = ("", ()) if asker == subjects.ADMIN else (" WHERE tenant = ?", (asker,))
-        jobs, through = self.db.execute(
-            f"SELECT sum(jobs), max(through_seq) FROM let_go_dropped{where}", args
-        ).fetchone()
-        return None if not jobs else (int(jobs), int(through))
+        and the newest position one of them was let go at; None if none. A tenant without a
+        row of its own may have lost some counted in no tenant's: 0 jobs (how many is not
+        known) at least as far as that row goes."""
+        if asker == subjects.ADMIN:
+            jobs, through = self.db.execute(
+                "SELECT sum(jobs), max(through_seq) FROM let_go_dropped"
+            ).fetchone()
+            return None if not jobs else (int(jobs), int(through))
+        rows = dict(
+            (tenant, (jobs, through))
+            for tenant, jobs, through in self.db.execute(
+                "SELECT tenant, jobs, through_seq FROM let_go_dropped WHERE tenant IN (?, ?)",
+                (asker, _ANYONE),
+            )
+        )
+        own, anyone = rows.get(asker), rows.get(_ANYONE)
+        if own is None and anyone is None:
+            return None
+        jobs = own[0] if own is not None else 0
+        return jobs, max(int(r[1]) for r in (own, anyone) if r is not None)
 
     def jobs(self, asker: str, limit: int, budget: int) -> tuple[list[dict[str, Any]], int]:
         """The rows of the newest jobs let go that ``asker`` may see, at most ``limit`` of them

@@ -228,3 +228,23 @@ def test_the_view_keeps_what_dropping_the_oldest_of_whoever_holds_the_most_keeps
             most = min(model, key=lambda t: (-len(model[t]), t))
             model[most].pop(0)
         assert kept(view) == {t: jobs for t, jobs in model.items() if jobs}
+
+
+def test_the_counts_of_jobs_no_longer_kept_stay_bounded_however_many_tenants() -> None:
+    # Without logins any name is a tenant: one job under each new name, let go past the bound
+    # in all, was a row of the counts of jobs no longer kept, each for good.
+    log = LogBuilder().nodes(Cluster(1)).retention(0.0).queue("team-a")
+    tenants = [f"t{i}" for i in range(2_000)]
+    for t in tenants:
+        let_go(log, t, f"{t}-job")
+    log.cordon("node-00", False)
+    view = JobView(":memory:", per_tenant=10, in_all=5, dropped_kept=16)
+    view.fold(log.records)
+    (rows,) = view.db.execute("SELECT count(*) FROM let_go_dropped").fetchone()
+    assert rows <= 17  # the latest 16 tenants' own, and no tenant's
+    assert ask(view, "admin", "explain", job="t0-job")["error"].count("no longer keeps 1995 jobs") == 1
+    # A tenant whose own count went is told its job may be among those no longer kept; one
+    # whose count is kept, how many of its own.
+    told = ask(view, "t0", "explain", job="t0-job")["error"]
+    assert "may no longer keep some of your jobs" in told and "the log has it" in told, told
+    assert "no longer keeps 1 of your jobs" in ask(view, "t1994", "explain", job="t1994-job")["error"]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from corral.events.base import Reason
 from corral.events.jobs import Admission, JobSpec, Resources
@@ -182,6 +183,37 @@ class _Node:
         return n
 
 
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """A queue, or a cohort with every queue and cohort under it: one side of the tree below
+    the cohort two queues meet in (Kueue's "almost lowest common ancestor"), or one step of the
+    way down from a tree's root to a queue. Fair sharing compares branches' shares."""
+
+    name: str
+    queues: tuple[str, ...]  # the queue itself, or every queue under the cohort
+    cohorts: tuple[str, ...] = ()  # the cohort and every cohort under it; none for a queue
+
+    @property
+    def is_queue(self) -> bool:
+        return not self.cohorts
+
+
+def _branch(n: _Node) -> Branch:
+    if n.is_queue:
+        return Branch(n.name, (n.name,))
+    queues: list[str] = []
+    cohorts: list[str] = []
+    todo = [n]
+    while todo:
+        m = todo.pop()
+        if m.is_queue:
+            queues.append(m.name)
+        else:
+            cohorts.append(m.name)
+            todo.extend(m.children)
+    return Branch(n.name, tuple(sorted(queues)), tuple(sorted(cohorts)))
+
+
 def _height(n: _Node) -> int:
     """How far ``n``'s furthest queue is below it: 0 for a queue, 1 for a cohort of queues, one
     more for each level of cohorts under it."""
@@ -312,6 +344,7 @@ class Ledger:
         self._ceilings: dict[tuple[str, str], int] = {}  # depend on the tree only
         self._fixed_limits: dict[tuple[str, str], int] = {}  # ... as these do
         self._shared = {name for name, c in state.cohorts.items() if c.share_own_quota}
+        self._branches: dict[tuple[bool, str], Branch] = {}  # depend on the tree only
         # Whether some node could host a job of ``spec`` on GPUs of a model it names
         # (``Inventory.hosts_spec``), where the deciding service has an inventory: a job of
         # several models runs on the one it is charged to, so one no node could host it on is
@@ -662,6 +695,45 @@ class Ledger:
                 return below[m], theirs
             m, theirs = m.parent, m
         return None
+
+    def branches(self, queue: str, other: str) -> tuple[Branch, Branch] | None:
+        """The two sides (``sides``) as branches, ``queue``'s first."""
+        sides = self.sides(queue, other)
+        return None if sides is None else (self._as_branch(sides[0]), self._as_branch(sides[1]))
+
+    def lineage(self, queue: str) -> tuple[Branch, ...]:
+        """The way down from ``queue``'s tree's root to it: the root's child that holds it, its
+        child that holds it, and so on to the queue itself (the queue alone with no cohort)."""
+        way: list[Branch] = []
+        n: _Node | None = self._queues[queue]
+        while n is not None and n.parent is not None:
+            way.append(self._as_branch(n))
+            n = n.parent
+        return tuple(reversed(way)) if way else (self._as_branch(self._queues[queue]),)
+
+    def branch_nominal(self, branch: Branch, key: str) -> int:
+        """The nominal quota of ``key`` in ``branch``: its queues' and its cohorts' own."""
+        if branch.is_queue:
+            return self.nominal(branch.name, key)
+        own = sum(self._cohorts[c].quotas.get(key, _NO_QUOTA).nominal for c in branch.cohorts)
+        return own * WHOLE + sum(self.nominal(q, key) for q in branch.queues)
+
+    def branch_weight(self, branch: Branch) -> float:
+        """A branch's fair-sharing weight: a queue's own; a cohort's, its queues' on average. A
+        cohort has no weight of its own: Kueue weighs one 1 unless told otherwise, as a queue,
+        whatever it holds, so that a team is judged on the scale of a queue beside it. The sum
+        would make a big team's borrowing cheap: a department of two queues that borrows a
+        GPU would read half the share of one of one queue that borrows a GPU, and take it.
+        With every weight the default (1), a cohort weighs 1, as Kueue's."""
+        if branch.is_queue:
+            return self._weight(branch.name)
+        return sum(self._weight(q) for q in branch.queues) / len(branch.queues) if branch.queues else 0.0
+
+    def _as_branch(self, n: _Node) -> Branch:
+        found = self._branches.get((n.is_queue, n.name))
+        if found is None:
+            found = self._branches[(n.is_queue, n.name)] = _branch(n)
+        return found
 
     def borrows_from(self, holder: str, queue: str, key: str) -> bool:
         """Whether ``holder`` holds quota of ``key`` lent by ``queue``'s side of the tree: it holds

@@ -18,7 +18,9 @@ A running job (or an elastic job's top ranks) may be stopped for a beneficiary o
   with the beneficiary admitted and the record's victims gone is at most the victim's queue's
   share once the record's victims are gone (``less-than-or-equal-to-final-share``, rule S2-a),
   or strictly below the victim's queue's share before the record
-  (``less-than-initial-share``, S2-b). A queue's share (``Shares``) is its decayed GPU time held
+  (``less-than-initial-share``, S2-b); for queues of different cohorts, the shares of their
+  branches below the cohort the two meet in (``Shares.may_take_from``). A queue's share
+  (``Shares``) is its decayed GPU time held
   (``gpu_time.recent``, what fair-share admission orders by), with the stops under way and the
   record's change counted in full, less its nominal, over its weight: negative for a queue that
   ran under its nominal lately, high for one that has long held others' quota; the
@@ -42,12 +44,12 @@ proposals to it as the fold will, so that the two read every proposal the same w
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from corral.events.queues import DEFAULT_PREEMPTION, FairSharingStrategy, PreemptionPolicy
 from corral.projections import gpu_time, indexes, quota, thrash
 from corral.projections.lifecycle import Phase
-from corral.projections.quota import Ledger
+from corral.projections.quota import Branch, Ledger
 from corral.projections.shape import gpu_less
 from corral.projections.state import WHOLE, JobState, State
 
@@ -162,17 +164,41 @@ class Shares:
         own victims), of which ``unheld`` the ledger does not hold yet (an admitted beneficiary
         holds its admission there; ``change`` must not count what a stop under way for it
         holds): its history or what it will hold, whichever is more."""
-        held = self.ledger.used(queue, key) + unheld
-        return self._over(queue, key, max(self._history(queue, key) + change, held))
+        return self._over(queue, key, self._taken(queue, key, change, unheld))
 
     def beneficiary(self, job: JobState, key: str, need: int, freed: int) -> float:
         """The share of ``job``'s queue (``taker``) with ``job`` admitted and ``freed`` milli-GPU
         of its own queue's victims gone; ``need``: what of its admission the ledger does not
         hold yet (a queued job's whole demand, or 0 where a stop under way for it is charged
         there already; 0 for an admitted one, whose admission the ledger holds)."""
+        return self.beneficiary_side(Branch(job.spec.queue, (job.spec.queue,)), job, key, need, freed)
+
+    def beneficiary_side(self, side: Branch, job: JobState, key: str, need: int, freed: int) -> float:
+        """The share of ``side``, a branch that holds ``job``'s queue, read as ``beneficiary``
+        reads the queue: the queue as ``taker`` reads it, each other queue of the branch at its
+        history or what it holds, whichever is more, nothing of theirs counted gone (the light
+        least favourable to the preemption, as the queue's own)."""
+        queue = job.spec.queue
         queued = job.phase == "queued" or job.admission is None
         ask = need if queued else asks(self.state, self.ledger, job, key)
-        return self.taker(job.spec.queue, key, ask - freed, need - freed)
+        mine = self._taken(queue, key, ask - freed, need - freed)
+        if side.is_queue:
+            return self._over(queue, key, mine)
+        others = sum(max(self._history(q, key), self.ledger.used(q, key)) for q in side.queues if q != queue)
+        return self._over_branch(side, key, mine + others)
+
+    def side(self, branch: Branch, key: str, change: int = 0) -> float:
+        """The share of a branch taken from, with ``change`` milli-GPU more: a queue's as
+        ``share`` reads it; a cohort's from every queue under it read so, less the branch's
+        nominal (``Ledger.branch_nominal``), over its weight (``Ledger.branch_weight``)."""
+        if branch.is_queue:
+            return self.share(branch.name, key, change)
+        held = sum(min(self._history(q, key), self.ledger.used(q, key)) for q in branch.queues)
+        return self._over_branch(branch, key, held + change)
+
+    def _taken(self, queue: str, key: str, change: int, unheld: int) -> float:
+        held = self.ledger.used(queue, key) + unheld
+        return max(self._history(queue, key) + change, held)
 
     def _history(self, queue: str, key: str) -> float:
         pending = self.ledger.used(queue, key) - self.state.quota_held.get(queue, {}).get(key, 0)
@@ -183,24 +209,59 @@ class Shares:
         above = milli - self.ledger.nominal(queue, key)
         return above / WHOLE / weight if weight > 0 else math.inf
 
+    def _over_branch(self, branch: Branch, key: str, milli: float) -> float:
+        weight = self.ledger.branch_weight(branch)
+        above = milli - self.ledger.branch_nominal(branch, key)
+        return above / WHOLE / weight if weight > 0 else math.inf
+
     def may_take(
         self,
         strategies: Sequence[FairSharingStrategy],
         mine: float,
-        other: str,
+        theirs: Branch,
         key: str,
         gone: int,
         least: int,
     ) -> bool:
-        """Whether ``strategies`` let a queue whose share will be ``mine`` take ``gone`` milli-GPU
-        of ``key`` from queue ``other`` in one record, the smallest of its victims there freeing
-        ``least``. Kueue judges each victim against the other queue's share just before it (S2-b)
-        and just after it (S2-a), those taken before it already gone: the last one taken binds
-        both, and of the orders the record's victims could be taken in, the one that ends with
-        the smallest is the least favourable to the taker, which is the order judged. So a
-        record never takes a queue past the point where the imbalance would switch sides."""
-        final = self.share(other, key, -gone)
-        return fair_allows(strategies, mine, self.share(other, key, least - gone), final)
+        """Whether ``strategies`` let a side whose share will be ``mine`` take ``gone`` milli-GPU
+        of ``key`` from the branch ``theirs`` in one record, the smallest of its victims there
+        freeing ``least``. Kueue judges each victim against the other side's share just before
+        it (S2-b) and just after it (S2-a), those taken before it already gone: the last one
+        taken binds both, and of the orders the record's victims could be taken in, the one that
+        ends with the smallest is the least favourable to the taker, which is the order judged.
+        So a record never takes a side past the point where the imbalance would switch sides."""
+        final = self.side(theirs, key, -gone)
+        return fair_allows(strategies, mine, self.side(theirs, key, least - gone), final)
+
+    def may_take_from(
+        self,
+        strategies: Sequence[FairSharingStrategy],
+        job: JobState,
+        key: str,
+        need: int,
+        freed: Mapping[str, tuple[int, int]],
+        other: str,
+    ) -> bool:
+        """Whether ``strategies`` let ``job`` (``need``: as ``beneficiary``) take what a record
+        frees of ``key`` from queue ``other``'s side of the tree: ``freed`` per queue, (milli-GPU
+        the record frees there, the least any one of its victims there frees). As Kueue, the
+        shares compared are those of the two branches below the cohort the two queues meet in
+        (``Ledger.branches``): the beneficiary's with it admitted and its own queue's victims
+        gone (``beneficiary_side``), the other's with every victim of the record under it gone,
+        the smallest last (``may_take``). Two queues of one cohort compare their own shares; a
+        queue that borrows inside a department at its quota is not judged against a department
+        that borrows from the others. The fold and the preemptor's search both judge by it."""
+        sides = self.ledger.branches(job.spec.queue, other)
+        if sides is None:
+            return False
+        mine_side, theirs = sides
+        mine = self.beneficiary_side(mine_side, job, key, need, freed.get(job.spec.queue, (0, 0))[0])
+        if theirs.is_queue:
+            gone, least = freed.get(other, (0, 0))
+        else:
+            under = [freed[q] for q in theirs.queues if q in freed]
+            gone, least = sum(g for g, _ in under), min((piece for _, piece in under), default=0)
+        return self.may_take(strategies, mine, theirs, key, gone, least)
 
 
 def fair_allows(
@@ -535,10 +596,10 @@ def may_stop(
     fair: dict[str, bool] = {}
     if policy.fair_sharing and key is not None and ledger.has_queue(queue):
         shares = Shares(state, ledger, now)  # read before the record's victims are charged
-        mine = shares.beneficiary(beneficiary, key, need, freed.get(queue, 0))
-        for other, gone in freed.items():
+        record = {q: (gone, least[q]) for q, gone in freed.items()}
+        for other in freed:
             if other != queue and ledger.has_queue(other):
-                fair[other] = shares.may_take(policy.fair_sharing, mine, other, key, gone, least[other])
+                fair[other] = shares.may_take_from(policy.fair_sharing, beneficiary, key, need, record, other)
     for q, k, milli in given:
         ledger.charge(q, k, -milli)
     for victim, victim_key in charged:

@@ -315,4 +315,8 @@ from __future__ import annotations
 # 111: log time never goes back: a record stamped before the newest log time folded (a stream
 #    leader's clock stepped back) is folded at the log's time so far, so that no fact it states
 #    (a preemption's deadline, a phase's start) lies in the log's past.
-RULES = 111
+# 112: fair sharing between queues of different cohorts compares the shares of the two sides of
+#    the tree below the cohort they meet in (Kueue's almost lowest common ancestors): a cohort's
+#    from its queues' GPU time less its nominal, over its queues' weight on average
+#    (``Shares.may_take_from``), where it compared the two queues' own shares.
+RULES = 112

@@ -13,8 +13,9 @@ under its queue's preemption policy (``PreemptionPolicy``, the rule of ``project
 2. order: shrinks before whole jobs; then other queues' jobs before the beneficiary's own; then
    the lowest priority, the least work lost (seconds since the last checkpoint of the running
    attempt, or since it started running, times the GPUs held), the youngest; ties by job id.
-   Under fair sharing, other queues' jobs come by Kueue's tournament instead: the next from the
-   queue whose share is the highest with the ones before it gone;
+   Under fair sharing, other queues' jobs come by Kueue's tournament instead: from the tree's
+   root down, the branch whose share is the highest at each level, to the next job of the
+   queue it ends in, with the ones before it gone;
 3. remove candidates from a snapshot in that order until the gang fits and the fold will let it
    take every victim (``Simulation.allowed``, by the fold's own ``preemption.eligible`` on the
    record as a whole: one taken only to take back lent quota needs ``reclaim_within_cohort`` to
@@ -298,7 +299,8 @@ def candidates(
     allows (those only the latter allows need the beneficiary within its side's own quota once
     the victims are gone: ``Simulation.allowed``), or, with ``shares`` and a policy that shares
     fairly, its ``fair_sharing`` strategies allow; those queues then in Kueue's order, the
-    highest share first. Lazy: the search usually stops long before the end."""
+    highest share first, branch by branch from the root. Lazy: the search usually stops long
+    before the end."""
     b = target.job
     queue = b.spec.queue
     key = target.key
@@ -316,7 +318,7 @@ def candidates(
     # from its queue, and the beneficiary's queue as if every job of it the policy lets it stop
     # were stopped too (its share then the least it can be): a candidate, not a verdict, for
     # ``Simulation.allowed`` judges the whole record as the fold will.
-    mine = 0.0
+    spared = 0
     if shares is not None and key is not None and lending:
         spared = sum(
             h.frees
@@ -326,13 +328,12 @@ def candidates(
             )
             if h.key == key and h.job.id not in taken
         )
-        mine = shares.beneficiary(b, key, target.need, spared)
 
     def fair(h: Holder) -> bool:
         if shares is None or key is None or h.key != key:
             return False
-        other = h.job.spec.queue
-        return shares.may_take(policy.fair_sharing, mine, other, key, h.frees, h.frees)
+        record = {queue: (spared, spared), h.job.spec.queue: (h.frees, h.frees)}
+        return shares.may_take_from(policy.fair_sharing, b, key, target.need, record, h.job.spec.queue)
 
     def may(h: Holder) -> bool:
         if h.job.id in taken:
@@ -370,21 +371,43 @@ def candidates(
     def tournament(
         index: dict[str, list[Holder]], shares: preemption.Shares, key: str
     ) -> Iterator[tuple[Holder, bool]]:
-        """Kueue's fair sharing (KEP-1714 C1): the next victim from the queue whose share is the
-        highest, asked again after every victim with those before it gone (the search removes
-        a prefix of this order), so that one queue is not drained while another's share has
-        become the higher."""
+        """Kueue's fair sharing (KEP-1714 C1, ``TargetClusterQueueOrdering``): from the tree's
+        root down, into the branch whose share is the highest at each level (a cohort before a
+        queue of the same share, the cohort's highest branch then chosen in turn), to the next
+        victim of the queue it ends in, asked again after every victim with those before it
+        gone (the search removes a prefix of this order), so that one branch is not drained
+        while another's share has become the higher. A branch that holds the beneficiary's
+        queue counts its ask (Kueue simulates the preemptor's usage while it orders). With
+        every queue in one cohort, the queue of highest share first."""
         queues = {q: iter(index.get(q, ())) for q in lenders}
         gone = dict.fromkeys(lenders, 0)
-        ranked = [(-shares.share(q, key), q) for q in lenders]
+        ways = {q: shares.ledger.lineage(q) for q in lenders}
+
+        def rank(q: str) -> tuple[tuple[tuple[float, int], ...], str]:
+            steps = []
+            for branch in ways[q]:
+                change = -sum(gone[m] for m in branch.queues if m in gone)
+                if not branch.is_queue and queue in branch.queues:
+                    change += target.need
+                steps.append((-shares.side(branch, key, change), 1 if branch.is_queue else 0))
+            return tuple(steps), q
+
+        # A victim lowers the shares of the branches above its queue only, so a queue's rank
+        # never improves: one popped whose rank is still what it was pushed with is the next.
+        ranked = [rank(q) for q in lenders]
         heapq.heapify(ranked)
         while ranked:
-            _, q = heapq.heappop(ranked)
+            was = heapq.heappop(ranked)
+            q = was[1]
+            now = rank(q)
+            if now != was:
+                heapq.heappush(ranked, now)
+                continue
             for h in queues[q]:
                 if not preemption.rides(h.job) and may(h):
                     yield h, True
                     gone[q] += h.frees
-                    heapq.heappush(ranked, (-shares.share(q, key, -gone[q]), q))
+                    heapq.heappush(ranked, rank(q))
                     break
 
     if shrink:
@@ -554,7 +577,7 @@ class Simulation:
         q, key = target.job.spec.queue, target.key
         freed = self._freed(key) if key is not None else {}  # per queue, of ``key``
         rules = self.rules
-        mine: float | None = None  # the beneficiary's queue's share, once a victim needs it
+        record = {other: (gone, least) for other, (gone, least, _) in freed.items()}
         if key is not None and any(
             other != q and rules.has_queue(other) and preemption.below_nominal(rules, other, key, piece, gone)
             for other, (gone, _, piece) in freed.items()
@@ -576,10 +599,7 @@ class Simulation:
                 continue
             if key is None or not policy.fair_sharing:
                 return False
-            if mine is None:  # the beneficiary's side is the same against every victim
-                mine = self.shares.beneficiary(target.job, key, target.need, freed.get(q, (0, 0, 0))[0])
-            gone, least, _ = freed.get(other, (0, 0, 0))
-            fair = self.shares.may_take(policy.fair_sharing, mine, other, key, gone, least)
+            fair = self.shares.may_take_from(policy.fair_sharing, target.job, key, target.need, record, other)
             if not judge(fair=fair):
                 return False
         return True

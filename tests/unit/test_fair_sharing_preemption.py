@@ -219,3 +219,41 @@ def test_a_set_the_fold_allows_is_found_though_a_longer_one_is_refused() -> None
         ("urgent", ["j01"])
     ]
     assert lb.preempt("urgent", "j01").fold().jobs["j01"].phase in ("checkpointing", "preempted")
+
+
+def _departments() -> LogBuilder:
+    """Two departments of cohort org: dept-x holds team-a (nominal 0, sharing fairly by S2-a,
+    never reclaiming) and team-d (nominal 12, idle); dept-y holds team-b (nominal 0), which runs
+    ``v1`` on 8 GPUs and ``v2`` on 2, borrowing 10 of team-d's. Late: team-b's share is 10,
+    dept-y's too; dept-x's 12 under its nominal."""
+    policy = PreemptionPolicy(reclaim_within_cohort="never", fair_sharing=(FINAL,))
+    lb = LogBuilder().nodes(Cluster(2)).fair_share(1000.0)
+    lb.admin("cohort", ApplyCohort(cohort=CohortSpec("org")))
+    for dept in ("dept-x", "dept-y"):
+        lb.admin("cohort", ApplyCohort(cohort=CohortSpec(dept, parent="org")))
+    lb.queue(queue_spec("team-a", 0, cohort="dept-x", preemption=policy))
+    lb.queue(queue_spec("team-d", 12, cohort="dept-x")).queue(queue_spec("team-b", 0, cohort="dept-y"))
+    for job_id, node, gpus in (("v1", N0, tuple(range(8))), ("v2", N1, (0, 1))):
+        lb.submit("t", job_id, job("team-b").gpus(len(gpus)).checkpointable()).accept(job_id)
+        lb.admit(job_id).place(on(node, *gpus, job_id=job_id)).started(node, job_id)
+    return lb.at(LATE)
+
+
+def test_departments_share_fairly_as_wholes() -> None:
+    # team-a's b asks 4, and stopping v1 leaves team-b 2. The two queues meet in org, so the
+    # shares compared are their departments' (Kueue's almost lowest common ancestors): dept-x's
+    # with b admitted is 4 - 12 = -8, at most dept-y's 2 once v1 is gone, and S2-a allows it.
+    # By the queues' own shares (team-a's 4 above team-b's 2) it would be refused, though
+    # dept-x lent all that team-b borrows.
+    state = _preempt(_departments(), 4, "v1")
+    assert state.jobs["v1"].phase == "checkpointing"
+
+
+def test_the_preemptor_proposes_what_the_fold_accepts_across_departments() -> None:
+    lb = _departments()
+    lb.submit("alice", "b", job("team-a").gpus(4)).accept("b")
+    state = lb.fold()
+    found = [v.job_id for p in plan(state, lb.time) for v in p.victims]
+    assert found == ["v2"]  # 2 GPUs back are enough quota, and b fits on node-01's free GPUs
+    folded = lb.preempt("b", *found).fold()
+    assert folded.jobs["v2"].phase == "checkpointing"

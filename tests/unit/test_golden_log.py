@@ -15,7 +15,7 @@ from corral.services.cli import logfile
 from tests.golden_log import HASH, LOG, state_hash
 
 # The rules the golden files were written under.
-GOLDEN_RULES = 111
+GOLDEN_RULES = 112
 
 
 def test_the_golden_log_folds_to_the_golden_state() -> None:

@@ -1427,11 +1427,10 @@ CASES += [
         ),
     ),
     # d1_project1's 3 are lent to its sibling d1_project2 (4 on a nominal of 1), while d2 borrows
-    # 4 that d4 leaves idle. KAI takes from d2, the department over its deserved; so would Kueue,
-    # whose fair-sharing tournament (``TargetClusterQueueOrdering.nextTarget``) descends from the
-    # root to the child subtree of highest share at each level: d2 borrows, d1 does not. corral's
-    # tournament ranks the lending queues by their own shares (d1_project2's 3 against
-    # d2_project1's 1) and stops d1_p2_job4.
+    # 4 that d4 leaves idle. KAI takes from d2, the department over its deserved; so does Kueue's
+    # fair-sharing tournament (``TargetClusterQueueOrdering.nextTarget``), and corral's with it:
+    # from the root down to the branch of highest share at each level, d2 (4 over its quota)
+    # before d1 (at its quota), though d1_project2's own share (3) is above d2_project1's (1).
     _case(
         "Reclaim from overquota department with multiple departments",
         Case(
@@ -1460,10 +1459,6 @@ CASES += [
                 "d4_job1": "waits",
             },
             departments=(Department("d1", 4), Department("d2", 4), Department("d3", 4), Department("d4", 4)),
-        ),
-        pytest.mark.xfail(
-            strict=True,
-            reason="fair-sharing victims are ranked by queue share, not subtree by subtree from the root",
         ),
     ),
 ]

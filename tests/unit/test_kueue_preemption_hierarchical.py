@@ -840,11 +840,15 @@ FAIR_CASES = [
     #     a(1)    b(1)       d(1)     e(1)
     # a and LEFT weigh 2, e 0.99. Kueue stops b1, b2, c1, c2 and e1, comparing shares level by
     # level (LEFT, c and RIGHT below ROOT, then a and b below LEFT), LEFT's weight counting.
-    # corral compares queues' shares only, and a cohort has no weight (README: a queue's share
-    # is its GPU time less its nominal, over its weight). a's share with the job is (5 - 1) / 2
-    # = 2; e's is 4 / 0.99, b's, c's and d's 4: the highest first, asked again after each
-    # victim, gives e1, one each of b, c and d (3 left, e 3 / 0.99), then e2, and each queue
-    # stays at or above 2.
+    # corral compares them level by level too, but a cohort has no weight of its own: its
+    # queues' on average (LEFT 1.5, RIGHT 0.995), and its share is its queues' GPU time less
+    # its nominal (LEFT 7, RIGHT 7). LEFT's with the job is (5 + 5 - 7) / 1.5 = 2; c's 4,
+    # RIGHT's 3 / 0.995. The tournament from the root takes c1, e1 (RIGHT's highest), c2 and d1;
+    # c ends at 2, RIGHT at 1 / 0.995, below LEFT's 2, which the first strategy refuses and the
+    # second allows (RIGHT was at 2 / 0.995 before d1); below LEFT, b's 4 against a's
+    # (5 - 1) / 2 gives b1. Kueue's first strategy passes over d1 (it judges each victim with
+    # those before it gone; corral offers each judged alone, the record judged whole), then
+    # finds b2.
     pytest.param(
         Fair(
             cohorts=(Cohort("root", None, 5), Cohort("left", "root", 5), Cohort("right", "root", 5)),
@@ -859,7 +863,7 @@ FAIR_CASES = [
             running=tuple(Running(f"{q}{i}", q, i, 1) for q in "bcde" for i in range(1, 6)),
             queue="a",
             gpus=5,
-            preempted=("b1", "c1", "d1", "e1", "e2"),
+            preempted=("b1", "c1", "c2", "d1", "e1"),
         ),
         id="hierarchical preemption",
     ),
@@ -903,10 +907,10 @@ FAIR_CASES = [
             # Kueue never offers b1 to fair sharing: reclaimWithinCohort (lower priority) picks
             # the other queues' candidates. corral's fair sharing takes borrowers of any priority
             # (README: the fair_sharing field), and less-than-initial-share alone would take b1
-            # (a's share 0.2 against b's 40); less-than-or-equal-to-final-share comes first. b1
-            # gone leaves b's share, read from its history, just below 0 (b1 has held 4 GPUs for
-            # 30 half-lives, not for ever), and a's is at least 0 with any of its own jobs left:
-            # that strategy finds a's own jobs alone, so the answer is Kueue's.
+            # (a's share 0.2 against RIGHT's (4 - 3) / 0.1 = 10); less-than-or-equal-to-final-share
+            # comes first. b1 gone leaves RIGHT's share, read from b's history, near -30, and a's
+            # is at least 0 with any of its own jobs left: that strategy finds a's own jobs alone,
+            # so the answer is Kueue's.
             preempted=("a1", "a2", "a3"),
         ),
         id="forced to preempt within clusterqueue because borrowing workload too important",
@@ -1046,11 +1050,12 @@ FAIR_CASES = [
     # only in its second strategy. Its table holds two GPUs more than the tree's quota; here ROOT
     # holds those two while the jobs are admitted, then none, so that p's job fits only once
     # three GPUs are back, as in Kueue. Kueue lets x1 go because, y1 gone, A (p's side of the
-    # tree below ROOT) no longer borrows and its share is 0, below x's. corral compares queues'
-    # shares only, and a cohort has no weight (README: a queue's share is its GPU time less its
-    # nominal, over its weight): p's share with the job is 1, x's 1 now and 0 without x1, y's 0
-    # without y1; neither strategy lets p take x1 or y2, and no set frees enough, so nobody is
-    # stopped.
+    # tree below ROOT) no longer borrows and its share is 0, below x's. corral compares A and x
+    # too, but reads p's side in the light least favourable to the taker, its other queues'
+    # victims not counted gone (``Shares.beneficiary_side``): A's share with the job is
+    # (3 + 4 - 5) / 1 = 2, x's 1 now and 0 without x1; below A, p's 1 against y's 2, 0 without
+    # y1. Neither strategy lets p take x1, y1 alone frees too little and y2 after it too much
+    # of y's, so nobody is stopped.
     pytest.param(
         Fair(
             cohorts=(Cohort("root", None, 2), Cohort("A", "root", 1)),

@@ -57,6 +57,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import msgspec
+
 from corral.events import subjects as subj
 from corral.events.decisions import PreemptionRequested
 from corral.events.jobs import JobSpec, Resources, SubmitJob
@@ -67,7 +69,6 @@ from corral.events.queues import (
     BorrowWithinCohort,
     CohortSpec,
     FairSharingStrategy,
-    PreemptionPolicy,
     QueueSpec,
     Quota,
     ReclaimWithinCohort,
@@ -78,6 +79,7 @@ from corral.services.admission.decide import decide as admission
 from corral.services.placer.decide import decide as placer
 from corral.services.preemptor.decide import decide as preemptor
 from tests.builders import TRAIN
+from tests.unit.test_kueue_preemption import _queue as kueue_queue
 from tests.unit.test_preemptor import World
 from tests.unit.test_volcano_scenarios import Node, _inventory
 
@@ -106,22 +108,25 @@ def cq(
     fair: bool = False,
     weight: float = 1.0,
 ) -> QueueSpec:
-    """A ClusterQueue: every preemption field written, Kueue's default ``never`` unless the spec
-    sets it."""
-    policy = PreemptionPolicy(
-        within_queue=within,
-        reclaim_within_cohort=reclaim,
-        borrow_within_cohort=borrow,
-        borrow_priority_threshold=threshold,
-        fair_sharing=FAIR_SHARING if fair else (),
+    """A ClusterQueue as ``test_kueue_preemption`` writes one (every preemption field, Kueue's
+    default ``never`` unless the spec sets it), with its queueing strategy, fair sharing and
+    weight."""
+    spec = kueue_queue(
+        name,
+        nominal,
+        cohort,
+        borrowing_limit=borrowing_limit,
+        lending_limit=lending_limit,
+        within=within,
+        reclaim=reclaim,
+        borrow=borrow,
+        threshold=threshold,
     )
-    quota = Quota(nominal, borrowing_limit=borrowing_limit, lending_limit=lending_limit)
+    policy = msgspec.structs.replace(spec.preemption, fair_sharing=FAIR_SHARING if fair else ())
     strategy: Literal["strict-fifo", "best-effort-fifo"] = (
         "strict-fifo" if strict_fifo else "best-effort-fifo"
     )
-    return QueueSpec(
-        name=name, cohort=cohort, quotas={ANY: quota}, preemption=policy, strategy=strategy, weight=weight
-    )
+    return msgspec.structs.replace(spec, preemption=policy, strategy=strategy, weight=weight)
 
 
 @dataclass
